@@ -1,0 +1,120 @@
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | simulate."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+USAGE = """usage: wagma-bench COMMAND [ARGS]
+
+commands:
+  run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
+  comm-bench  time our communication backend against the raw library calls
+  report      time-to-accuracy tables and figures over run or sweep directories
+
+`wagma-bench run --help` lists the configuration groups and their options.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        return run_command(rest)
+    if command == "comm-bench":
+        from wagma_bench.commbench import main as bench_main
+
+        return bench_main(rest)
+    if command == "report":
+        from wagma_bench.report import main as report_main
+
+        return report_main(rest)
+    print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def run_command(overrides: list[str]) -> int:
+    """Compose the config with Hydra (run dir, multirun, launcher plugins) and run it."""
+    import hydra
+
+    from wagma_bench.launch import detect_world
+
+    world = detect_world()
+    if world is not None and world.rank != 0:
+        # Only rank 0 keeps Hydra's config copy and log file.
+        overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    sys.argv = [sys.argv[0]] + overrides
+    app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
+    app()
+    return 0
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _run_job(cfg) -> dict | None:
+    """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from wagma_bench.config import ConfigError, validate
+    from wagma_bench.events import finalize
+    from wagma_bench.launch import RunFailed, World, detect_world, run_rank, slurm_master, spawn_local
+    from wagma_bench.workloads import get_workload
+
+    try:
+        run_cfg = validate(cfg)
+        get_workload(run_cfg.workload.name).check(run_cfg)
+    except (ConfigError, ValueError) as err:
+        _fail(str(err), 2)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    raw = run_cfg.raw
+    world = detect_world()
+    if world is not None:
+        master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
+        if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
+            master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
+        return run_rank(raw, str(run_dir), world, master)
+    if run_cfg.comm.name == "mpi":
+        return _reexec_under_mpiexec(run_cfg.launcher.nproc, run_dir)
+    print(f"wagma-bench: {run_cfg.launcher.nproc} local ranks, run directory {run_dir}", flush=True)
+    try:
+        spawn_local(raw, run_dir, run_cfg.launcher.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
+    except RunFailed as err:
+        finalize(run_dir, status="failed", error=str(err))
+        _fail(f"{err}; see the rank's traceback above. Run directory: {run_dir}", 1)
+    summary_path = run_dir / "summary.json"
+    print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
+    return None
+
+
+def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
+    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
+    import subprocess
+
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", 2)
+    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
+           f"hydra.run.dir={run_dir}"]
+    print("wagma-bench: " + " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        from wagma_bench.events import finalize
+
+        finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
+        _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

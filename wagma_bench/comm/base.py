@@ -1,0 +1,98 @@
+"""The one communication interface every algorithm uses.
+
+Algorithms talk to a :class:`Comm`, never to torch.distributed or MPI. Two implementations share it:
+:mod:`.torch_dist` (gloo on CPU, nccl on GPU) and :mod:`.mpi` (mpi4py). Groups are addressed by the
+sorted tuple of their world ranks; every group an algorithm will use is created once, collectively, with
+:meth:`Comm.new_groups` (a process-group or communicator creation is a collective over the world).
+
+A progress thread must not share process groups with the main thread (gloo aborts with "collective
+mismatch"): :meth:`Comm.fork` returns a communicator with its own groups for that thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterable, Protocol, Sequence
+
+import torch
+
+Ranks = tuple[int, ...]
+
+
+class Handle(Protocol):
+    """An operation in flight; ``wait()`` returns once its result is in the tensor."""
+
+    def wait(self) -> None: ...
+
+
+class Done:
+    """Handle of an operation that completed at call time."""
+
+    def wait(self) -> None:
+        return None
+
+
+class CommError(RuntimeError):
+    """A collective failed: a peer died, hung past the timeout, or the world is misconfigured."""
+
+
+class Comm(abc.ABC):
+    """Point-to-point and collective operations over one world of ranks."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend_name: str  # "gloo", "nccl" or "mpi"
+
+    # --- collectives over the world or a created group ------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, tensor: torch.Tensor, op: str = "mean", group: Ranks | None = None,
+                  async_op: bool = False) -> Handle:
+        """In-place sum or mean of ``tensor`` over ``group`` (the world when None)."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Ranks | None = None) -> None:
+        """In-place broadcast from world rank ``src``."""
+
+    @abc.abstractmethod
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack of every rank's ``tensor`` (shape ``[world_size, *tensor.shape]``)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None: ...
+
+    # --- point to point -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle: ...
+
+    @abc.abstractmethod
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle: ...
+
+    @abc.abstractmethod
+    def recv_any(self, tensor: torch.Tensor, tag: int) -> int:
+        """Blocking receive from any rank with ``tag``; returns the sender's rank."""
+
+    # --- groups and threads ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def new_groups(self, groups: Iterable[Sequence[int]]) -> None:
+        """Create the given groups (collective: every rank passes the same list in the same order)."""
+
+    @abc.abstractmethod
+    def fork(self) -> "Comm":
+        """A communicator over the same world with its own groups, for another thread (collective)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # --- helpers shared by the implementations --------------------------------------------------
+    def group_allreduce(self, tensor: torch.Tensor, groups: Sequence[Ranks], op: str = "mean") -> None:
+        """Allreduce within this rank's group of a partition (``groups`` is one schedule stage)."""
+        mine = next(g for g in groups if self.rank in g)
+        if len(mine) > 1:
+            self.allreduce(tensor, op=op, group=mine)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self.isend(tensor, dst, tag).wait()
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        self.irecv(tensor, src, tag).wait()

@@ -1,0 +1,188 @@
+"""Schemas of the configuration and their check.
+
+Hydra composes the YAML files under ``conf/``; :func:`validate` then checks every section against a
+dataclass, so a typo in a key or a wrong type fails in the launching process, before any rank starts.
+Option-dependent sections (``optimizer``, ``imbalance``, ``data``, ``workload``) are checked against the
+dataclass registered for the chosen option; the registries are explicit dicts in their modules.
+
+The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq`` registers groups named
+``optimizer``, ``model``, ``task`` ... there, and ours must never merge with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what is allowed."""
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32
+    local_optimizer: str = "sgd"
+    lr: float = 0.1
+    lr_reference_batch: int = 256
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    schedule: str = "step"
+    warmup_epochs: float = 0.0
+    milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
+    decay: float = 0.1
+    epochs: float = 90.0
+    max_steps: Optional[int] = None
+    time_limit_s: Optional[float] = None
+    grad_clip: Optional[float] = None
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: float = 1.0
+    every_steps: Optional[int] = None
+    target: Optional[float] = None
+    stop_at_target: bool = True
+    model: str = "auto"
+
+
+@dataclass
+class CheckpointConfig:
+    every_s: float = 600.0
+    resume: bool = True
+
+
+@dataclass
+class CommConfig:
+    name: str = "torch"
+    backend: str = "auto"
+    timeout_s: float = 300.0
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"
+    nproc: int = 4
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    rendezvous_timeout_s: float = 120.0
+
+
+@dataclass
+class LoggerConfig:
+    progress: str = "auto"
+    log_every_s: float = 10.0
+    mllog: bool = False
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = "resnet"
+    arch: str = "resnet20"
+    num_workers: int = 0
+
+
+@dataclass
+class DataConfig:
+    name: str = "mnist5k"
+    root: Optional[str] = None
+    num_samples: int = 4096
+
+
+CHOICES = {
+    "train.local_optimizer": ("sgd", "adam"),
+    "train.schedule": ("step", "cosine", "constant", "inverse_sqrt"),
+    "eval.model": ("auto", "local", "average"),
+    "comm.name": ("torch", "mpi"),
+    "comm.backend": ("auto", "gloo", "nccl", "mpi"),
+    "logger.progress": ("auto", "bar", "lines", "off"),
+}
+
+FIXED_SECTIONS: dict[str, type] = {
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "comm": CommConfig,
+    "launcher": LauncherConfig,
+    "logger": LoggerConfig,
+    "workload": WorkloadConfig,
+    "data": DataConfig,
+}
+TOP_LEVEL_SCALARS = {"seed": int}
+
+
+def option_schemas() -> dict[str, dict[str, type]]:
+    """Schemas of option-dependent sections, keyed by section then option name."""
+    from wagma_bench.imbalance import IMBALANCES
+    from wagma_bench.optim import OPTIMIZERS
+
+    return {
+        "optimizer": {name: cls.Settings for name, cls in OPTIMIZERS.items()},
+        "imbalance": {name: cls.Settings for name, cls in IMBALANCES.items()},
+    }
+
+
+@dataclass
+class RunConfig:
+    """The whole, checked configuration of one run (typed; built by :func:`validate`)."""
+
+    seed: int
+    train: TrainConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    comm: CommConfig
+    launcher: LauncherConfig
+    logger: LoggerConfig
+    workload: WorkloadConfig
+    data: DataConfig
+    optimizer: Any
+    imbalance: Any
+    raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
+
+
+def _typed(section: str, schema: type, node: Any) -> Any:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        valid = ", ".join(f.name for f in dataclasses.fields(schema))
+        raise ConfigError(f"{section}: {err.msg if hasattr(err, 'msg') else err}\n  valid keys of "
+                          f"{section}: {valid}") from None
+
+
+def validate(cfg: DictConfig | dict) -> RunConfig:
+    """Check a composed config against the schemas; return it typed. Raises :class:`ConfigError`."""
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    raw.pop("hydra", None)
+    missing = sorted(OmegaConf.missing_keys(OmegaConf.create(raw)))
+    if missing:
+        raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")
+    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"optimizer", "imbalance", "experiment"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    typed: dict[str, Any] = {k: _typed(k, schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
+    for section, options in option_schemas().items():
+        node = dict(raw.get(section) or {})
+        name = node.get("name")
+        if name not in options:
+            raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
+        typed[section] = _typed(section, options[name], node)
+    for dotted, allowed in CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(typed[section], key)
+        if value not in allowed:
+            raise ConfigError(f"{dotted}={value!r} is not valid; choose one of: {', '.join(allowed)}")
+    seed = raw.get("seed", 1)
+    if not isinstance(seed, int):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    raw.pop("experiment", None)
+    return RunConfig(seed=seed, raw=raw, **typed)

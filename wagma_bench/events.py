@@ -1,0 +1,154 @@
+"""Run events: the single source of truth for every figure.
+
+Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
+each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
+``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
+atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+EVENTS = "events.jsonl"
+SUMMARY = "summary.json"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+class EventLog:
+    """Append-only event log of rank 0 (other ranks hold a disabled one)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, mllog: bool = False):
+        self.enabled, self.mllog = enabled, mllog
+        self.path = run_dir / EVENTS
+        self._f = open(self.path, "a") if enabled else None
+
+    def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
+        if not self.enabled:
+            return
+        event = {"key": key, "value": value, "time_ms": round(time.time() * 1000, 3), "metadata": metadata}
+        line = json.dumps(event, sort_keys=True)
+        self._f.write(line + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self.mllog:
+            print(f":::MLLOG {line}", flush=True)
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+class StepLog:
+    """Per-rank step timings, buffered and flushed at synchronisation points."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        d = run_dir / "steps"
+        d.mkdir(parents=True, exist_ok=True)
+        self._f = open(d / f"rank{rank}.jsonl", "a")
+        self._buf: list[str] = []
+
+    def record(self, **fields: Any) -> None:
+        self._buf.append(json.dumps(fields))
+
+    def flush(self) -> None:
+        if self._buf:
+            self._f.write("\n".join(self._buf) + "\n")
+            self._f.flush()
+            self._buf.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._f.close()
+
+
+def _first(events: Iterable[dict], key: str) -> dict | None:
+    return next((e for e in events if e["key"] == key), None)
+
+
+def summarize(events: list[dict], status: str | None = None) -> dict:
+    """The run summary, computed from its events only.
+
+    Time-to-target is the training clock (``metadata.train_s``: wall time since run start minus
+    evaluation, checkpoint and queue time) at the first evaluation at or above the target.
+    """
+    start = _first(events, "run_start") or {"value": None, "metadata": {}}
+    meta = dict(start["metadata"])
+    evals = [e for e in events if e["key"] == "eval_accuracy"]
+    stops = [e for e in events if e["key"] == "run_stop"]
+    progress = [e for e in events if e["key"] in ("eval_accuracy", "progress", "run_stop")]
+    last = progress[-1]["metadata"] if progress else {}
+    target = meta.get("target")
+    reached_at = next((e for e in evals if target is not None and e["value"] >= target), None)
+    values = [e["value"] for e in evals]
+    train_s = last.get("train_s", 0.0)
+    samples = last.get("samples", 0)
+    final_status = status or (stops[-1]["metadata"].get("status") if stops else "incomplete")
+    return {
+        "workload": meta.get("workload"),
+        "data": meta.get("data"),
+        "optimizer": meta.get("optimizer"),
+        "imbalance": meta.get("imbalance"),
+        "world_size": meta.get("world_size"),
+        "seed": meta.get("seed"),
+        "target_metric": meta.get("metric"),
+        "target": target,
+        "reached": reached_at is not None,
+        "time_to_target_s": reached_at["metadata"]["train_s"] if reached_at else None,
+        "steps_to_target": reached_at["metadata"]["step"] if reached_at else None,
+        "final_metric": values[-1] if values else None,
+        "best_metric": max(values) if values else None,
+        "eval_model": meta.get("eval_model"),
+        "steps": last.get("step", 0),
+        "samples": samples,
+        "throughput_samples_per_s": samples / train_s if train_s > 0 else None,
+        "wall_s": last.get("wall_s", 0.0),
+        "train_s": train_s,
+        "eval_s": last.get("eval_s", 0.0),
+        "restarts": sum(1 for e in events if e["key"] == "run_resume"),
+        "status": final_status,
+        "error": stops[-1]["metadata"].get("error") if stops else None,
+        "config_hash": meta.get("config_hash"),
+        "git_sha": meta.get("git_sha"),
+        "versions": meta.get("versions"),
+        "hosts": meta.get("hosts"),
+    }
+
+
+def finalize(run_dir: Path, status: str | None = None, error: str | None = None) -> dict:
+    """Write ``summary.json`` from the run's events (used after a crash by the launcher)."""
+    events = read_jsonl(run_dir / EVENTS)
+    summary = summarize(events, status)
+    if error and not summary.get("error"):
+        summary["error"] = error
+    write_json_atomic(run_dir / SUMMARY, summary)
+    return summary

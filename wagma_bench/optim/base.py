@@ -1,0 +1,90 @@
+"""The interface every distributed optimizer (algorithm) implements.
+
+An algorithm owns how models and gradients are combined across ranks; the local update rule (momentum
+SGD or Adam, with the learning rate the trainer sets each step) is a plain ``torch.optim`` optimizer it
+is given. The trainer calls, per step::
+
+    algo.zero_grad(); loss.backward(); info = algo.step()
+
+``step`` combines across ranks as the algorithm prescribes and applies the local optimizer. It returns the
+round the rank has reached: synchronous algorithms advance one round per step; wait-avoiding ones may skip
+rounds (a slow rank joins rounds passively through its progress thread). Every ``sync_period`` rounds all
+ranks pass through the same round together; the trainer evaluates, checkpoints and stops only there.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from wagma_bench.comm.base import Comm
+from wagma_bench.comm.buckets import Bucket, flatten_into_buckets, zero_grads
+
+
+@dataclass
+class StepInfo:
+    round: int              # the round this rank has completed (>= previous + 1)
+    comm_s: float = 0.0     # time the compute thread spent waiting on communication in this step
+    staleness: int = 0      # rounds this rank's model was stale in the last group average (0: fresh)
+
+
+class Algorithm(abc.ABC):
+    """Base class: flat parameter buckets, the local optimizer, round bookkeeping."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]
+    #: which model evaluation uses when eval.model=auto: "local" (rank 0's) or "average" (global mean)
+    default_eval_model: ClassVar[str] = "local"
+
+    def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
+                 bucket_mb: float = float("inf")):
+        self.settings = settings
+        self.model = model
+        self.comm = comm
+        self.seed = seed
+        self.buckets: list[Bucket] = flatten_into_buckets(model, bucket_mb)
+        self.optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
+        self.round = 0
+
+    # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
+    @property
+    def sync_period(self) -> int:
+        return 1
+
+    def zero_grad(self) -> None:
+        zero_grads(self.buckets)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @abc.abstractmethod
+    def step(self) -> StepInfo:
+        """Combine across ranks and apply the local update; called after backward."""
+
+    def broadcast_initial_model(self) -> None:
+        """Start every rank from rank 0's weights (one broadcast per bucket)."""
+        for b in self.buckets:
+            self.comm.broadcast(b.data, src=0)
+
+    def average_model(self, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Global mean of the models into ``out`` (fresh tensors when None); a collective."""
+        out = out or [torch.empty_like(b.data) for b in self.buckets]
+        for b, o in zip(self.buckets, out):
+            o.copy_(b.data)
+            self.comm.allreduce(o, op="mean")
+        return out
+
+    def state_dict(self) -> dict:
+        return {"round": self.round, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.round = state["round"]
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        """Stop background threads; called on every rank at the same synchronisation point."""

@@ -1,0 +1,337 @@
+"""The one training loop, shared by every workload and optimizer.
+
+Per step: next batch, forward/backward, injected straggler delay, ``algo.step()`` (combine across ranks
+and apply the local update). Evaluation, checkpoints, stop decisions and the exchange of control flags
+happen only at synchronisation points (rounds that are multiples of ``algo.sync_period``), where every
+rank is known to be at the same round. The clock that every reported time is read from excludes
+evaluation and checkpointing (and, after a requeue, the time spent in the queue).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from wagma_bench import __version__
+from wagma_bench.comm.base import Comm
+from wagma_bench.config import RunConfig
+from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
+from wagma_bench.imbalance import make_imbalance
+from wagma_bench.optim import get_optimizer
+from wagma_bench.progress import Progress
+from wagma_bench.schedules import lr_at, peak_lr
+from wagma_bench.workloads import get_workload
+
+CONTROL_EVERY = 10  # rounds between exchanges of control flags (rounded up to the sync period)
+
+
+@dataclass
+class Clock:
+    """Training time: wall time minus paused spans (evaluation, checkpoints)."""
+
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    wall_s: float = 0.0
+    _mark: float = field(default_factory=time.perf_counter)
+    _wall_mark: float = field(default_factory=time.perf_counter)
+
+    def start(self) -> None:
+        """(Re)start measuring from now; spans before (set-up, time in a queue) are not counted."""
+        self._mark = self._wall_mark = time.perf_counter()
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.train_s += now - self._mark
+        self.wall_s += now - self._wall_mark
+        self._mark = self._wall_mark = now
+
+    def paused(self, into: str | None = None):
+        clock = self
+
+        class _Pause:
+            def __enter__(self):
+                clock.tick()
+
+            def __exit__(self, *exc):
+                now = time.perf_counter()
+                if into == "eval":
+                    clock.eval_s += now - clock._mark
+                clock.wall_s += now - clock._wall_mark
+                clock._mark = clock._wall_mark = now
+
+        return _Pause()
+
+
+def round_up(value: int, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def make_local_optimizer(train):
+    if train.local_optimizer == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=train.lr, momentum=train.momentum,
+                                              nesterov=train.nesterov, weight_decay=train.weight_decay)
+    return lambda params: torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
+                                            weight_decay=train.weight_decay)
+
+
+def config_hash(raw: dict) -> str:
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        sha = out.stdout.strip()
+        return sha if out.returncode == 0 and sha else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions(comm: Comm) -> dict:
+    out = {"wagma_bench": __version__, "torch": torch.__version__, "comm": comm.backend_name}
+    if comm.backend_name == "nccl":
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    elif comm.backend_name == "mpi":
+        from mpi4py import MPI
+
+        out["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+        out["mpi4py"] = __import__("mpi4py").__version__
+    return out
+
+
+class EvalModel:
+    """Builds the model that evaluation sees: rank 0's local model, or the global average."""
+
+    def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
+        self.model, self.mode, self.identical, self.comm = model, mode, models_identical, comm
+        self._copy = None
+
+    def get(self):
+        if self.mode == "local" and self.identical:
+            return self.model
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model)
+        state = self.model.state_dict()
+        floats = [k for k, v in state.items() if v.is_floating_point()]
+        flat = torch.cat([state[k].reshape(-1) for k in floats])
+        if self.mode == "average":
+            self.comm.allreduce(flat, op="mean")
+        else:
+            self.comm.broadcast(flat, src=0)
+        offset, target = 0, self._copy.state_dict()
+        for k in floats:
+            n = target[k].numel()
+            target[k].copy_(flat[offset:offset + n].view_as(target[k]))
+            offset += n
+        return self._copy
+
+
+class Preemption:
+    """SIGUSR1 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (tests)
+                pass
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+
+def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
+    """Run one rank of a training run; rank 0 returns the summary."""
+    rank, world = comm.rank, comm.world_size
+    torch.manual_seed(cfg.seed)
+    workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
+    model = workload.build_model().to(comm.device)
+    algo_cls = get_optimizer(cfg.optimizer.name)
+    algo = algo_cls(cfg.optimizer, model, make_local_optimizer(cfg.train), comm, seed=cfg.seed)
+    imbalance = make_imbalance(cfg.imbalance, cfg.seed)
+    eval_mode = algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
+    evaluator = EvalModel(model, eval_mode, getattr(algo, "models_identical", False), comm)
+
+    sync = algo.sync_period
+    spe = workload.steps_per_epoch()
+    total = round_up(min(cfg.train.max_steps or 10**12, math.ceil(cfg.train.epochs * spe)), sync)
+    eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * spe)), sync)
+    control_every = round_up(CONTROL_EVERY, sync)
+    peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
+    schedule = dict(peak=peak, start=cfg.train.lr, warmup_epochs=cfg.train.warmup_epochs,
+                    schedule=cfg.train.schedule, epochs=cfg.train.epochs, milestones=cfg.train.milestones,
+                    decay=cfg.train.decay)
+
+    events = EventLog(run_dir, enabled=rank == 0, mllog=cfg.logger.mllog)
+    steps = StepLog(run_dir, rank)
+    clock = Clock()
+    ckpt = Checkpointer(run_dir, rank)
+    state = {"local_step": 0, "samples_local": 0, "next_eval": eval_every, "best": None}
+    resumed = cfg.checkpoint.resume and ckpt.exists()
+    if resumed:
+        saved = ckpt.load(model, algo)
+        state.update(saved["state"])
+        clock.train_s, clock.eval_s, clock.wall_s = saved["clock"]
+    else:
+        algo.broadcast_initial_model()
+    comm.barrier()
+    clock.start()
+    if resumed:
+        events.emit("run_resume", None, step=algo.round, train_s=clock.train_s)
+    else:
+        events.emit("run_start", None, workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name,
+                    imbalance=cfg.imbalance.name, world_size=world, seed=cfg.seed,
+                    metric=workload.metric_name, target=cfg.eval.target, eval_model=eval_mode,
+                    global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+                    steps_total=total, sync_period=sync, config_hash=config_hash(cfg.raw), git_sha=git_sha(),
+                    versions=versions(comm), hosts=sorted(set(_hostnames(comm))), config=cfg.raw)
+
+    progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
+                        f"{cfg.workload.name}/{algo.name} x{world}")
+    preempt = Preemption()
+    batches = workload.batches(state["local_step"])
+    diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
+    try:
+        while status is None:
+            algo.set_lr(lr_at(algo.round / spe, **schedule))
+            batch = next(batches)
+            t0 = time.perf_counter()
+            algo.zero_grad()
+            loss, n = workload.forward(model, batch)
+            loss.backward()
+            compute_s = time.perf_counter() - t0
+            delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
+            if delay_s > 0:
+                time.sleep(delay_s)
+            info = algo.step()
+            loss_value = float(loss.detach())
+            diverged = diverged or not math.isfinite(loss_value)
+            state["local_step"] += 1
+            state["samples_local"] += n
+            clock.tick()
+            steps.record(step=state["local_step"], round=info.round, t=round(clock.train_s, 4),
+                         compute_s=round(compute_s, 5), delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
+                         samples=n, loss=round(loss_value, 5), staleness=info.staleness)
+            r = info.round
+            if r % sync or (r % control_every and r < state["next_eval"] and r < total):
+                continue
+            # --- synchronisation point: every rank is at round r ---------------------------------
+            steps.flush()
+            want_ckpt = rank == 0 and clock.train_s - last_ckpt >= cfg.checkpoint.every_s
+            over_time = rank == 0 and cfg.train.time_limit_s is not None and clock.train_s >= cfg.train.time_limit_s
+            ctrl = torch.tensor([float(diverged), float(preempt.signal is not None), float(state["samples_local"]),
+                                 float(want_ckpt), float(over_time)], dtype=torch.float64, device=comm.device)
+            comm.allreduce(ctrl, op="sum")
+            ctrl = ctrl.cpu().tolist()
+            samples = int(ctrl[2])
+            meta = dict(step=r, epoch=round(r / spe, 4), samples=samples, train_s=round(clock.train_s, 4))
+            if ctrl[0] > 0:
+                status = "diverged"
+                break
+            if r >= state["next_eval"] or r >= total:
+                with clock.paused("eval"):
+                    t_eval = time.perf_counter()
+                    metric = workload.evaluate(evaluator.get(), comm)
+                    eval_took = time.perf_counter() - t_eval
+                state["next_eval"] = r + eval_every
+                state["best"] = metric if state["best"] is None else max(state["best"], metric)
+                events.emit("eval_accuracy", metric, **meta, wall_s=round(clock.wall_s, 4),
+                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo))
+                progress.update(r, f"{workload.metric_name}={metric:.4f} loss={loss_value:.3f}", force=True)
+                if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
+                    status = "completed"
+            elif rank == 0 and clock.wall_s - last_progress >= cfg.logger.log_every_s:
+                events.emit("progress", None, **meta, wall_s=round(clock.wall_s, 4), eval_s=round(clock.eval_s, 4))
+                last_progress = clock.wall_s
+                progress.update(r, f"loss={loss_value:.3f}")
+            if status is None and r >= total:
+                status = "completed"
+            if status is None and ctrl[4] > 0:
+                status = "time_limit"
+            if ctrl[1] > 0 or ctrl[3] > 0:
+                with clock.paused():
+                    ckpt.save(model, algo, state, clock)
+                last_ckpt = clock.train_s
+                events.emit("checkpoint", None, **meta)
+                if ctrl[1] > 0 and status is None:
+                    status = "preempted"
+        final = dict(step=algo.round, samples=_global_samples(comm, state), train_s=round(clock.train_s, 4),
+                     wall_s=round(clock.wall_s, 4), eval_s=round(clock.eval_s, 4))
+        algo.close()
+    except BaseException as err:
+        if rank == 0:
+            events.emit("run_stop", None, status="failed", error=f"{type(err).__name__}: {err}",
+                        step=algo.round, train_s=round(clock.train_s, 4), wall_s=round(clock.wall_s, 4),
+                        eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
+            write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
+        raise
+    finally:
+        progress.close()
+        steps.close()
+    events.emit("run_stop", None, status=status, **final)
+    events.close()
+    if rank != 0:
+        return None
+    summary = summarize(read_jsonl(run_dir / "events.jsonl"))
+    write_json_atomic(run_dir / SUMMARY, summary)
+    return summary
+
+
+def algo_lr(algo) -> float:
+    return float(algo.optimizer.param_groups[0]["lr"])
+
+
+def _global_samples(comm: Comm, state: dict) -> int:
+    t = torch.tensor([float(state["samples_local"])], dtype=torch.float64, device=comm.device)
+    comm.allreduce(t, op="sum")
+    return int(t.item())
+
+
+def _hostnames(comm: Comm) -> list[str]:
+    name = socket.gethostname().encode()[:64].ljust(64, b"\0")
+    gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
+    return [bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
+
+
+class Checkpointer:
+    """Per-rank checkpoints (decentralised models differ per rank), written atomically; ``meta.json``
+    (rank 0, after every rank has saved) marks a complete set."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.dir = run_dir / "checkpoint"
+        self.rank = rank
+
+    def exists(self) -> bool:
+        return (self.dir / "meta.json").exists() and (self.dir / f"rank{self.rank}.pt").exists()
+
+    def save(self, model, algo, state: dict, clock: Clock) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"rank{self.rank}.pt"
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
+                    "clock": (clock.train_s, clock.eval_s, clock.wall_s),
+                    "rng": torch.get_rng_state()}, tmp)
+        tmp.replace(path)
+        algo.comm.barrier()
+        if self.rank == 0:
+            write_json_atomic(self.dir / "meta.json", {"round": algo.round, "world_size": algo.comm.world_size})
+
+    def load(self, model, algo) -> dict:
+        # our own files, written by this code: full unpickling is safe here
+        saved = torch.load(self.dir / f"rank{self.rank}.pt", map_location=algo.comm.device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        algo.load_state_dict(saved["algo"])
+        torch.set_rng_state(saved["rng"])
+        return saved

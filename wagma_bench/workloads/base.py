@@ -1,0 +1,48 @@
+"""The interface of a workload: model, loss, this rank's share of the data, evaluation.
+
+Workloads do not know which distributed optimizer runs; the trainer drives them.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from wagma_bench.comm.base import Comm
+
+
+class Workload(abc.ABC):
+    name: ClassVar[str]
+    metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
+    sample_unit: ClassVar[str] = "samples"
+
+    def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """Validate data paths and options in the launching process (raise ConfigError)."""
+
+    @abc.abstractmethod
+    def build_model(self) -> nn.Module: ...
+
+    @property
+    @abc.abstractmethod
+    def train_size(self) -> int:
+        """Number of training samples in one epoch (all ranks together)."""
+
+    @abc.abstractmethod
+    def batches(self, start_step: int) -> Iterator[Any]:
+        """This rank's training batches, forever, starting at its local step ``start_step``."""
+
+    @abc.abstractmethod
+    def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
+        """Training loss of ``batch`` (to backpropagate) and the number of samples it holds."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: nn.Module, comm: Comm) -> float:
+        """The validation metric of ``model`` over the whole validation set (collective: every rank
+        evaluates its shard and the counts are summed)."""
