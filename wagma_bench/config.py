@@ -81,20 +81,6 @@ class LoggerConfig:
     mllog: bool = False
 
 
-@dataclass
-class WorkloadConfig:
-    name: str = "resnet"
-    arch: str = "resnet20"
-    num_workers: int = 0
-
-
-@dataclass
-class DataConfig:
-    name: str = "mnist5k"
-    root: Optional[str] = None
-    num_samples: int = 4096
-
-
 CHOICES = {
     "train.local_optimizer": ("sgd", "adam"),
     "train.schedule": ("step", "cosine", "constant", "inverse_sqrt"),
@@ -111,18 +97,25 @@ FIXED_SECTIONS: dict[str, type] = {
     "comm": CommConfig,
     "launcher": LauncherConfig,
     "logger": LoggerConfig,
-    "workload": WorkloadConfig,
-    "data": DataConfig,
 }
 TOP_LEVEL_SCALARS = {"seed": int}
+
+
+def workload_data_schemas(workload: str) -> dict[str, type]:
+    """Data options of a workload: option name -> schema dataclass (the workload's ``DATA``)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    return WORKLOADS[workload].DATA
 
 
 def option_schemas() -> dict[str, dict[str, type]]:
     """Schemas of option-dependent sections, keyed by section then option name."""
     from wagma_bench.imbalance import IMBALANCES
     from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.workloads import WORKLOADS
 
     return {
+        "workload": {name: cls.Settings for name, cls in WORKLOADS.items()},
         "optimizer": {name: cls.Settings for name, cls in OPTIMIZERS.items()},
         "imbalance": {name: cls.Settings for name, cls in IMBALANCES.items()},
     }
@@ -139,8 +132,8 @@ class RunConfig:
     comm: CommConfig
     launcher: LauncherConfig
     logger: LoggerConfig
-    workload: WorkloadConfig
-    data: DataConfig
+    workload: Any
+    data: Any
     optimizer: Any
     imbalance: Any
     raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
@@ -165,7 +158,7 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
     missing = sorted(OmegaConf.missing_keys(OmegaConf.create(raw)))
     if missing:
         raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")
-    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"optimizer", "imbalance", "experiment"}
+    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "data", "optimizer", "imbalance", "experiment"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
@@ -176,6 +169,12 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
         if name not in options:
             raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
         typed[section] = _typed(section, options[name], node)
+    data_options = workload_data_schemas(typed["workload"].name)
+    data_name = (raw.get("data") or {}).get("name")
+    if data_name not in data_options:
+        raise ConfigError(f"workload={typed['workload'].name} has no data={data_name!r}; choose one of: "
+                          f"{', '.join(sorted(data_options))}")
+    typed["data"] = _typed("data", data_options[data_name], raw["data"])
     for dotted, allowed in CHOICES.items():
         section, key = dotted.split(".")
         value = getattr(typed[section], key)

@@ -223,7 +223,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             clock.tick()
             steps.record(step=state["local_step"], round=info.round, t=round(clock.train_s, 4),
                          compute_s=round(compute_s, 5), delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
-                         samples=n, loss=round(loss_value, 5), staleness=info.staleness)
+                         samples=n, loss=round(loss_value, 5), staleness=info.staleness, **workload.step_stats())
             r = info.round
             if r % sync or (r % control_every and r < state["next_eval"] and r < total):
                 continue

@@ -16,6 +16,8 @@ from wagma_bench.comm.base import Comm
 
 class Workload(abc.ABC):
     name: ClassVar[str]
+    Settings: ClassVar[type]             # schema of the `workload:` section
+    DATA: ClassVar[dict[str, type]]      # data option name -> schema of the `data:` section
     metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
     sample_unit: ClassVar[str] = "samples"
 
@@ -41,6 +43,14 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
         """Training loss of ``batch`` (to backpropagate) and the number of samples it holds."""
+
+    def steps_per_epoch(self) -> int:
+        """Steps (rounds) of one epoch; the unit of eval.every_epochs, train.epochs and the LR schedule."""
+        return max(1, -(-self.train_size // (self.cfg.train.batch_size * self.world_size)))
+
+    def step_stats(self) -> dict:
+        """Extra per-step fields for this rank's step log (e.g. tokens in the batch); empty by default."""
+        return {}
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module, comm: Comm) -> float:

@@ -7,8 +7,9 @@ All three go through the same sharding, loss and evaluation code.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -103,9 +104,35 @@ def check_imagenet_root(root: str | None) -> Path:
     return path
 
 
+@dataclass
+class Mnist5kData:
+    name: str = "mnist5k"
+    root: Optional[str] = None
+
+
+@dataclass
+class ImageNetData:
+    name: str = "imagenet"
+    root: Optional[str] = None  # ROOT/train/<class>/*.JPEG, ROOT/val/<class>/*.JPEG
+
+
+@dataclass
+class SyntheticImageData:
+    name: str = "synthetic"
+    root: Optional[str] = None
+    num_samples: int = 4096     # per rank
+
+
 class ResNetWorkload(Workload):
     name = "resnet"
     metric_name = "top1"
+    DATA = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
+
+    @dataclass
+    class Settings:
+        name: str = "resnet"
+        arch: str = "resnet20"   # resnet20 | resnet32 | resnet56 (CIFAR-style) | resnet50 (torchvision)
+        num_workers: int = 0     # DataLoader worker processes per rank (ImageFolder data)
 
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
@@ -158,9 +185,6 @@ class ResNetWorkload(Workload):
         if self.data_name == "imagenet":
             return len(self.train_set)
         return self.cfg.data.num_samples * self.world_size
-
-    def steps_per_epoch(self) -> int:
-        return max(1, math.ceil(self.train_size / (self.batch * self.world_size)))
 
     def batches(self, start_step: int) -> Iterator:
         if self.data_name == "synthetic":
