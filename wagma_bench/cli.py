@@ -15,6 +15,7 @@ commands:
   run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
   comm-bench  time our communication backend against the raw library calls
   report      time-to-accuracy tables and figures over run or sweep directories
+  sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
 
 `wagma-bench run --help` lists the configuration groups and their options.
 """
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from wagma_bench.commbench import main as bench_main
 
         return bench_main(rest)
+    if command == "sweep":
+        from wagma_bench.sweep import main as sweep_main
+
+        return sweep_main(rest)
     if command == "report":
         from wagma_bench.report import main as report_main
 
@@ -104,7 +109,10 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
         _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", 2)
-    args = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
+    from hydra.core.hydra_config import HydraConfig
+
+    # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
+    args = list(HydraConfig.get().overrides.task)
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={run_dir}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
@@ -114,6 +122,8 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
 
         finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
         _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)
+    summary_path = run_dir / "summary.json"
+    print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
 
 
 if __name__ == "__main__":

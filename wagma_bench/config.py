@@ -28,13 +28,14 @@ class TrainConfig:
     batch_size: int = 32
     local_optimizer: str = "sgd"
     lr: float = 0.1
-    lr_reference_batch: int = 256
+    lr_reference_batch: Optional[int] = 256   # null: no linear scaling (the peak rate is lr; RL)
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 1e-4
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     schedule: str = "step"
     warmup_epochs: float = 0.0
+    warmup_start_lr: Optional[float] = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
     milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
     decay: float = 0.1
     epochs: float = 90.0
@@ -75,10 +76,24 @@ class LauncherConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str = "wagma-bench"
+    entity: Optional[str] = None
+    group: Optional[str] = None           # null: the sweep directory's name in a multirun, else none
+    mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
+    per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
+
+    def __post_init__(self):
+        if self.mode not in ("auto", "offline", "online"):
+            raise ConfigError(f"logger.wandb.mode={self.mode!r} is not valid; choose one of: auto, offline, online")
+
+
+@dataclass
 class LoggerConfig:
     progress: str = "auto"
     log_every_s: float = 10.0
     mllog: bool = False
+    wandb: Optional[WandbConfig] = None   # set by logger=wandb
 
 
 CHOICES = {
@@ -106,6 +121,13 @@ def workload_data_schemas(workload: str) -> dict[str, type]:
     from wagma_bench.workloads import WORKLOADS
 
     return WORKLOADS[workload].DATA
+
+
+def data_section_names() -> dict[str, str]:
+    """Workload -> the top-level section its data options live in (``data``; ``env`` for RL workloads)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    return {name: getattr(cls, "DATA_SECTION", "data") for name, cls in WORKLOADS.items()}
 
 
 def option_schemas() -> dict[str, dict[str, type]]:
@@ -158,7 +180,9 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
     missing = sorted(OmegaConf.missing_keys(OmegaConf.create(raw)))
     if missing:
         raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")
-    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "data", "optimizer", "imbalance", "experiment"}
+    data_sections = data_section_names()
+    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "optimizer", "imbalance", "experiment"}
+    known |= set(data_sections.values())
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
@@ -169,12 +193,19 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
         if name not in options:
             raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
         typed[section] = _typed(section, options[name], node)
-    data_options = workload_data_schemas(typed["workload"].name)
-    data_name = (raw.get("data") or {}).get("name")
+    # The workload's data options (an environment for RL) live in its own section; typed as `data`.
+    workload = typed["workload"].name
+    data_key = data_sections[workload]
+    stray = sorted(k for k in set(data_sections.values()) - {data_key} if k in raw)
+    if stray:
+        raise ConfigError(f"workload={workload} takes its data options from `{data_key}:`; "
+                          f"remove the section(s): {', '.join(stray)}")
+    data_options = workload_data_schemas(workload)
+    data_name = (raw.get(data_key) or {}).get("name")
     if data_name not in data_options:
-        raise ConfigError(f"workload={typed['workload'].name} has no data={data_name!r}; choose one of: "
+        raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
                           f"{', '.join(sorted(data_options))}")
-    typed["data"] = _typed("data", data_options[data_name], raw["data"])
+    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
     for dotted, allowed in CHOICES.items():
         section, key = dotted.split(".")
         value = getattr(typed[section], key)

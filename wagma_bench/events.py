@@ -44,12 +44,26 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class EventLog:
-    """Append-only event log of rank 0 (other ranks hold a disabled one)."""
+    """Append-only event log of rank 0 (other ranks hold a disabled one).
 
-    def __init__(self, run_dir: Path, enabled: bool, mllog: bool = False):
-        self.enabled, self.mllog = enabled, mllog
+    Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (MLPerf lines, W&B;
+    see :mod:`wagma_bench.loggers`), which only mirror it.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, mllog: bool = False, sinks: Iterable = ()):
+        from wagma_bench.loggers import MllogSink
+
+        self.enabled = enabled
         self.path = run_dir / EVENTS
         self._f = open(self.path, "a") if enabled else None
+        self.sinks = (list(sinks) + ([MllogSink()] if mllog else [])) if enabled else []
+
+    @classmethod
+    def for_run(cls, cfg, run_dir: Path, rank: int) -> EventLog:
+        """The event log of one rank of a run, with the sinks its ``logger`` config asks for."""
+        from wagma_bench.loggers import make_sinks
+
+        return cls(run_dir, enabled=rank == 0, sinks=make_sinks(cfg, run_dir, rank))
 
     def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
         if not self.enabled:
@@ -59,13 +73,16 @@ class EventLog:
         self._f.write(line + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
-        if self.mllog:
-            print(f":::MLLOG {line}", flush=True)
+        for sink in self.sinks:
+            sink.emit(event)
 
     def close(self) -> None:
         if self._f:
             self._f.close()
             self._f = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 class StepLog:

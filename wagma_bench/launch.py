@@ -75,7 +75,8 @@ def _pin_threads(local_world_size: int) -> None:
 
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     """Create this rank's communicator (the one backend every algorithm uses)."""
-    use_cuda = torch.cuda.is_available() and cfg.comm.backend in ("auto", "nccl")
+    # comm=mpi (backend "mpi") also trains on the GPU when there is one; MpiComm stages CUDA tensors.
+    use_cuda = torch.cuda.is_available() and cfg.comm.backend in ("auto", "nccl", "mpi")
     device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -106,6 +107,11 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     comm = make_comm(cfg, world, master)
     try:
         return train(cfg, comm, Path(run_dir))
+    except BaseException:
+        if cfg.comm.name == "mpi":  # end the MPI job now rather than let the peers wait for their timeout
+            traceback.print_exc()
+            comm.abort(1)
+        raise
     finally:
         comm.close()
 

@@ -13,7 +13,9 @@ import bisect
 import math
 
 
-def peak_lr(lr: float, batch_per_rank: int, world_size: int, reference_batch: int) -> float:
+def peak_lr(lr: float, batch_per_rank: int, world_size: int, reference_batch: int | None) -> float:
+    if reference_batch is None:  # no scaling (DD-PPO keeps its rate at any number of workers)
+        return lr
     return lr * batch_per_rank * world_size / reference_batch
 
 

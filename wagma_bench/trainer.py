@@ -138,7 +138,11 @@ class EvalModel:
 
 
 class Preemption:
-    """SIGUSR1 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point."""
+    """SIGUSR1 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
+
+    After USR1 (SLURM's warning before the time limit) rank 0 then requeues the job; after TERM the run
+    just ends (see :mod:`wagma_bench.slurm_util` for which signal reaches whom).
+    """
 
     def __init__(self):
         self.signal: int | None = None
@@ -151,12 +155,19 @@ class Preemption:
     def _handle(self, signum, frame):
         self.signal = signum
 
+    @property
+    def requeue(self) -> bool:
+        from wagma_bench.slurm_util import REQUEUE_SIGNALS
+
+        return self.signal in REQUEUE_SIGNALS
+
 
 def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
     rank, world = comm.rank, comm.world_size
     torch.manual_seed(cfg.seed)
     workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
+    workload.attach(comm)
     model = workload.build_model().to(comm.device)
     algo_cls = get_optimizer(cfg.optimizer.name)
     algo = algo_cls(cfg.optimizer, model, make_local_optimizer(cfg.train), comm, seed=cfg.seed)
@@ -170,11 +181,12 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * spe)), sync)
     control_every = round_up(CONTROL_EVERY, sync)
     peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
-    schedule = dict(peak=peak, start=cfg.train.lr, warmup_epochs=cfg.train.warmup_epochs,
+    warmup_start = cfg.train.lr if cfg.train.warmup_start_lr is None else cfg.train.warmup_start_lr
+    schedule = dict(peak=peak, start=warmup_start, warmup_epochs=cfg.train.warmup_epochs,
                     schedule=cfg.train.schedule, epochs=cfg.train.epochs, milestones=cfg.train.milestones,
                     decay=cfg.train.decay)
 
-    events = EventLog(run_dir, enabled=rank == 0, mllog=cfg.logger.mllog)
+    events = EventLog.for_run(cfg, run_dir, rank)
     steps = StepLog(run_dir, rank)
     clock = Clock()
     ckpt = Checkpointer(run_dir, rank)
@@ -203,9 +215,12 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     preempt = Preemption()
     batches = workload.batches(state["local_step"])
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
+    requeue = False
     try:
         while status is None:
-            algo.set_lr(lr_at(algo.round / spe, **schedule))
+            # Each rank follows the schedule by its own data consumption (local steps): identical to the
+            # round count for synchronous optimizers; wait-avoiding ranks may skip rounds.
+            algo.set_lr(lr_at(state["local_step"] / spe, **schedule))
             batch = next(batches)
             t0 = time.perf_counter()
             algo.zero_grad()
@@ -232,7 +247,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             want_ckpt = rank == 0 and clock.train_s - last_ckpt >= cfg.checkpoint.every_s
             over_time = rank == 0 and cfg.train.time_limit_s is not None and clock.train_s >= cfg.train.time_limit_s
             ctrl = torch.tensor([float(diverged), float(preempt.signal is not None), float(state["samples_local"]),
-                                 float(want_ckpt), float(over_time)], dtype=torch.float64, device=comm.device)
+                                 float(want_ckpt), float(over_time), float(preempt.requeue)], dtype=torch.float64,
+                                device=comm.device)
             comm.allreduce(ctrl, op="sum")
             ctrl = ctrl.cpu().tolist()
             samples = int(ctrl[2])
@@ -267,6 +283,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 events.emit("checkpoint", None, **meta)
                 if ctrl[1] > 0 and status is None:
                     status = "preempted"
+                    requeue = ctrl[5] > 0
         final = dict(step=algo.round, samples=_global_samples(comm, state), train_s=round(clock.train_s, 4),
                      wall_s=round(clock.wall_s, 4), eval_s=round(clock.eval_s, 4))
         algo.close()
@@ -286,6 +303,10 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         return None
     summary = summarize(read_jsonl(run_dir / "events.jsonl"))
     write_json_atomic(run_dir / SUMMARY, summary)
+    if requeue:  # after the summary: the requeue ends this job's steps
+        from wagma_bench.slurm_util import requeue_job
+
+        requeue_job()
     return summary
 
 

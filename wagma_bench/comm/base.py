@@ -61,6 +61,13 @@ class Comm(abc.ABC):
     @abc.abstractmethod
     def barrier(self) -> None: ...
 
+    # --- a counter shared by all ranks --------------------------------------------------------------
+    @abc.abstractmethod
+    def store_add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the named counter shared by all ranks (created at 0) and return
+        its new value. Not a collective: any rank may call it at any time (DD-PPO counts the ranks that
+        finished their rollout with it). Use a new key for every use; keys are never deleted."""
+
     # --- point to point -------------------------------------------------------------------------
     @abc.abstractmethod
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle: ...
@@ -78,8 +85,11 @@ class Comm(abc.ABC):
         """Create the given groups (collective: every rank passes the same list in the same order)."""
 
     @abc.abstractmethod
-    def fork(self) -> "Comm":
-        """A communicator over the same world with its own groups, for another thread (collective)."""
+    def fork(self, timeout_s: float | None = None) -> "Comm":
+        """A communicator over the same world with its own groups, for another thread (collective).
+
+        ``timeout_s`` overrides the operation timeout (a listener that idles between messages needs a
+        long one; failures of peers are then detected by the other threads)."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

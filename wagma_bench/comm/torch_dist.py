@@ -46,6 +46,7 @@ class TorchComm(Comm):
         self.backend_name = dist.get_backend(world_pg)
         self._world = world_pg
         self._timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
         self._groups: dict[Ranks, object] = {tuple(range(self.world_size)): world_pg}
 
     @classmethod
@@ -54,6 +55,14 @@ class TorchComm(Comm):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return cls(dist.group.WORLD, timeout_s, device)
+
+    def store_add(self, key: str, amount: int) -> int:
+        # The rendezvous TCPStore of the default group: its add() is an atomic fetch-and-add on the server.
+        store = dist.distributed_c10d._get_default_store()
+        try:
+            return int(store.add(f"wagma/{key}", int(amount)))
+        except RuntimeError as err:
+            raise CommError(f"store_add({key!r}) failed: {err}") from err
 
     def _pg(self, group: Ranks | None):
         if group is None:
@@ -106,11 +115,10 @@ class TorchComm(Comm):
                 continue
             self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
 
-    def fork(self) -> "TorchComm":
-        pg = dist.new_group(list(range(self.world_size)), timeout=self._timeout)
-        twin = TorchComm.__new__(TorchComm)
-        twin.__init__(pg, self._timeout.total_seconds(), self.device)
-        return twin
+    def fork(self, timeout_s: float | None = None) -> "TorchComm":
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s))
+        return TorchComm(pg, timeout_s, self.device)
 
     def close(self) -> None:
         if self._world is dist.group.WORLD and dist.is_initialized():

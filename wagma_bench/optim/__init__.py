@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from wagma_bench.optim.adpsgd import ADPSGD
 from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.local_sgd import LocalSGD
+from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.wagma import WagmaSGD
 
 OPTIMIZERS: dict[str, type[Algorithm]] = {
     AllreduceSGD.name: AllreduceSGD,
+    WagmaSGD.name: WagmaSGD,
+    LocalSGD.name: LocalSGD,
+    DPSGD.name: DPSGD,
+    ADPSGD.name: ADPSGD,
+    SGP.name: SGP,
 }
 
 

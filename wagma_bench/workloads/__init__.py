@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from wagma_bench.workloads.base import Workload
+from wagma_bench.workloads.ddppo import DDPPOWorkload
 from wagma_bench.workloads.resnet import ResNetWorkload
+from wagma_bench.workloads.transformer import TransformerWorkload
 
 WORKLOADS: dict[str, type[Workload]] = {
     ResNetWorkload.name: ResNetWorkload,
+    DDPPOWorkload.name: DDPPOWorkload,
+    TransformerWorkload.name: TransformerWorkload,
 }
 
 

@@ -18,6 +18,7 @@ class Workload(abc.ABC):
     name: ClassVar[str]
     Settings: ClassVar[type]             # schema of the `workload:` section
     DATA: ClassVar[dict[str, type]]      # data option name -> schema of the `data:` section
+    DATA_SECTION: ClassVar[str] = "data"  # the config section holding the data options (ddppo: `env`)
     metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
     sample_unit: ClassVar[str] = "samples"
 
@@ -27,6 +28,10 @@ class Workload(abc.ABC):
     @classmethod
     def check(cls, cfg) -> None:
         """Validate data paths and options in the launching process (raise ConfigError)."""
+
+    def attach(self, comm: Comm) -> None:
+        """Called by the trainer right after construction with the run's communicator (for workloads
+        that coordinate outside the optimizer, e.g. DD-PPO's shared count of finished rollouts)."""
 
     @abc.abstractmethod
     def build_model(self) -> nn.Module: ...

@@ -1,0 +1,211 @@
+"""Exact oracles of the baseline optimizers on real gloo worlds: every parameter starts at the rank number.
+
+- D-PSGD: one step with zero gradients gives exactly the mean of the rank and its ring neighbours.
+- SGP: the de-biased values follow the push-sum recursion exactly, step by step (synchronous and 1-overlap),
+  reach the exact global mean in log2(P) steps on a power-of-two world, and conserve mass.
+- Local SGD: models are averaged exactly after rounds that are multiples of ``period`` (after warm-up),
+  and are otherwise exactly what the local step made of them; warm-up steps average gradients.
+- Local SGD agrees with torch's own ``PeriodicModelAverager`` / ``PostLocalSGDOptimizer`` within 1e-6.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.test_optim_util import Vector, flat_params, make_algorithm, run_world, sgd
+from wagma_bench.comm.topology import exponential_in_peer, exponential_peer, ring_neighbours
+
+WORLDS = [3, 4, 8]
+SGP_STEPS = 40
+
+
+# --- one world runs every oracle (a world costs more than the oracles) -------------------------------
+def _oracles(comm):
+    rank = comm.rank
+    out = {}
+    # D-PSGD: one zero-gradient step
+    model = Vector(3, rank)
+    algo = make_algorithm("dpsgd", comm, model, sgd())
+    algo.zero_grad()
+    algo.step()
+    out["dpsgd"] = flat_params(model)
+    # SGP, synchronous and 1-overlap: zero gradients, record the de-biased model after each step
+    for overlap in (False, True):
+        model = Vector(3, rank)
+        algo = make_algorithm("sgp", comm, model, sgd(), overlap=overlap)
+        trace = []
+        for _ in range(SGP_STEPS):
+            algo.zero_grad()
+            algo.step()
+            trace.append((flat_params(model), algo.weight))
+        algo.close()  # folds the message still in flight into the model
+        out[f"sgp{overlap}"] = (trace, flat_params(model) * algo.weight, algo.weight)
+    # Local SGD: gradient (rank + 1) everywhere, plain SGD with lr 0.5, warm-up 2, period 3
+    model = Vector(3, rank)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5), period=3, warmup_steps=2)
+    trace = []
+    for _ in range(10):
+        algo.zero_grad()
+        for b in algo.buckets:
+            b.grad.fill_(rank + 1.0)
+        trace.append((algo.step().round, flat_params(model)))
+    out["local_sgd"] = trace
+    return out
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def oracle_results(request):
+    return request.param, run_world(_oracles, request.param)
+
+
+def test_dpsgd_one_step_is_exact_neighbour_mean(oracle_results):
+    world, results = oracle_results
+    for rank, res in enumerate(results):
+        members = {rank, *ring_neighbours(rank, world)}
+        expected = torch.full_like(res["dpsgd"], float(sum(members)) / len(members))
+        assert torch.equal(res["dpsgd"], expected), (rank, res["dpsgd"], expected)
+
+
+def _push_sum(world: int, steps: int, overlap: bool):
+    """Reference push-sum (float64) of x = rank, w = 1 on the exponential graph; returns z per step and
+    the final (x, w) after the last in-flight message is folded in."""
+    x, w = [float(r) for r in range(world)], [1.0] * world
+    inflight = None  # overlap: messages pushed at the previous step, by receiver
+    trace = []
+    for t in range(steps):
+        x, w = [v / 2 for v in x], [v / 2 for v in w]
+        msgs = {exponential_peer(r, world, t): (x[r], w[r]) for r in range(world)}
+        assert all(exponential_in_peer(dst, world, t) == src for src in range(world)
+                   for dst in [exponential_peer(src, world, t)])
+        deliver = inflight if overlap else msgs
+        if deliver:
+            x = [x[r] + deliver[r][0] for r in range(world)]
+            w = [w[r] + deliver[r][1] for r in range(world)]
+        inflight = msgs
+        trace.append(([x[r] / w[r] for r in range(world)], list(w)))
+    if overlap:
+        x = [x[r] + inflight[r][0] for r in range(world)]
+        w = [w[r] + inflight[r][1] for r in range(world)]
+    return trace, x, w
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sgp_debiased_values_are_exact_and_reach_consensus(oracle_results, overlap):
+    world, results = oracle_results
+    ref_trace, ref_x, ref_w = _push_sum(world, SGP_STEPS, overlap)
+    mean = (world - 1) / 2
+    for rank, res in enumerate(results):
+        trace, final_x, final_w = res[f"sgp{overlap}"]
+        for t, ((z, w), (ref_z, ref_ws)) in enumerate(zip(trace, ref_trace)):
+            assert w == pytest.approx(ref_ws[rank], rel=0 if t < 16 else 1e-6), (rank, t, w, ref_ws[rank])
+            expected = torch.full_like(z, ref_z[rank])
+            if overlap or t >= 16:  # x / w with w != 1, or values with more than 24 bits, round in float32
+                torch.testing.assert_close(z, expected, rtol=1e-6, atol=1e-6, msg=f"rank {rank} step {t}")
+            else:
+                assert torch.equal(z, expected), (rank, t, z, ref_z[rank])
+            if not overlap and world & (world - 1) == 0 and t + 1 >= world.bit_length() - 1:
+                assert torch.equal(z, torch.full_like(z, mean)), (rank, t, z)  # exact consensus
+        assert final_w == pytest.approx(ref_w[rank], rel=1e-6)
+        torch.testing.assert_close(final_x, torch.full_like(final_x, ref_x[rank]), rtol=1e-6, atol=1e-6)
+        # consensus to the global mean, also for worlds that are not powers of two
+        torch.testing.assert_close(trace[-1][0], torch.full_like(final_x, mean), rtol=0, atol=2e-4)
+    # push-sum conserves mass: the sums of x and of w over ranks are the initial ones
+    assert sum(r[f"sgp{overlap}"][2] for r in results) == pytest.approx(world, abs=1e-6)
+    total = sum(float(r[f"sgp{overlap}"][1][0]) for r in results)
+    assert total == pytest.approx(world * mean, rel=1e-6)
+
+
+def test_local_sgd_averages_exactly_at_multiples_of_period(oracle_results):
+    world, results = oracle_results
+    period, warmup, lr = 3, 2, 0.5
+    mean_grad = sum(r + 1.0 for r in range(world)) / world
+    x = [torch.full((7,), float(r)) for r in range(world)]
+    for t in range(1, 11):
+        if t <= warmup:  # Allreduce-SGD: the averaged gradient, every model identical
+            x = [v - lr * mean_grad for v in x]
+        else:
+            x = [v - lr * (r + 1.0) for r, v in enumerate(x)]
+        averaged = t > warmup and t % period == 0
+        if averaged:
+            mean = sum(v.double() for v in x) / world
+            x = [mean.float() for _ in x]
+        for rank, res in enumerate(results):
+            r, got = res["local_sgd"][t - 1]
+            assert r == t
+            if averaged and world & (world - 1):  # sum / 3 rounds in float32 (order of the gloo sum)
+                torch.testing.assert_close(got, x[rank], rtol=1e-6, atol=1e-6)
+                x[rank] = got  # continue from the exact values the ranks hold
+            else:
+                assert torch.equal(got, x[rank]), (t, rank, got, x[rank])
+        if averaged:
+            assert all(torch.equal(results[0]["local_sgd"][t - 1][1], res["local_sgd"][t - 1][1])
+                       for res in results), "models differ right after an averaging"
+
+
+# --- agreement with torch's post-local SGD ------------------------------------------------------------
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _batches(rank: int, steps: int):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)) for _ in range(steps)]
+
+
+def _torch_reference(comm, period, warmup, steps):
+    """torch's recipe: DDP + post_localSGD_hook for the warm-up, PostLocalSGDOptimizer with a
+    PeriodicModelAverager afterwards (averaging offset so that it averages after multiples of ``period``)."""
+    import torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook as post_local
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = _net()
+    ddp = DistributedDataParallel(module)
+    ddp.register_comm_hook(post_local.PostLocalSGDState(None, None, start_localSGD_iter=warmup,
+                                                        post_local_gradient_allreduce=False),
+                           post_local.post_localSGD_hook)
+    first_average = (warmup // period + 1) * period
+    averager = PeriodicModelAverager(period=period, warmup_steps=first_average - 1)
+    opt = PostLocalSGDOptimizer(torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9), averager)
+    trace = []
+    for xb, yb in _batches(comm.rank, steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(xb), yb).backward()
+        opt.step()
+        trace.append(flat_params(module))
+    return trace
+
+
+def _ours(comm, period, warmup, steps):
+    model = _net()
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), period=period,
+                          warmup_steps=warmup)
+    trace = []
+    for xb, yb in _batches(comm.rank, steps):
+        algo.zero_grad()
+        nn.functional.mse_loss(model(xb), yb).backward()
+        algo.step()
+        trace.append(flat_params(model))
+    return trace
+
+
+def _agreement(comm):
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    return {(period, warmup): (_torch_reference(comm, period, warmup, 14), _ours(comm, period, warmup, 14))
+            for period, warmup in [(4, 0), (3, 5), (1, 0)]}
+
+
+def test_local_sgd_agrees_with_torch_post_local_sgd():
+    results = run_world(_agreement, 4)
+    for rank, res in enumerate(results):
+        for (period, warmup), (ref, ours) in res.items():
+            for t, (a, b) in enumerate(zip(ref, ours), start=1):
+                torch.testing.assert_close(b, a, rtol=0, atol=1e-6,
+                                           msg=f"rank {rank} period {period} warm-up {warmup} step {t}")
+            assert not torch.equal(ref[-1], results[(rank + 1) % 4][(period, warmup)][0][-1]) or period == 1

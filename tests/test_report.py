@@ -1,0 +1,340 @@
+"""`wagma-bench report`, the W&B mirror and MLPerf log lines.
+
+Hand-written runs with known numbers check the statistics exactly; one real 2-rank run (module-scoped,
+shared by the tests that need it) checks the path from the trainer's files to the report, W&B offline
+and the ``:::MLLOG`` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from wagma_bench import plots, report
+from wagma_bench.events import summarize, write_json_atomic
+from wagma_bench.loggers import has_api_key, mllog_records, resolve_mode, sweep_group
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- hand-written runs -------------------------------------------------------------------------------
+
+def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, float]], *, target=0.9,
+              world=4, workload="resnet", imbalance="none", samples_per_step=128, crashed=False,
+              step_ranks: dict[int, float] | None = None) -> Path:
+    """A run directory as the trainer writes it; ``curve``: (step, train_s, metric) per evaluation."""
+    d.mkdir(parents=True)
+    t0 = 1.7e12
+    events = [{"key": "run_start", "value": None, "time_ms": t0, "metadata": {
+        "workload": workload, "data": "mnist5k", "optimizer": optimizer, "imbalance": imbalance,
+        "world_size": world, "seed": seed, "metric": "top1", "target": target, "eval_model": "local",
+        "global_batch_size": samples_per_step, "train_samples": 4500, "config": {"seed": seed},
+        "hosts": ["a"], "versions": {"torch": "x"}, "git_sha": "abc", "config_hash": "h"}}]
+    for step, train_s, value in curve:
+        events.append({"key": "eval_accuracy", "value": value, "time_ms": t0 + 1000 * train_s, "metadata": {
+            "step": step, "epoch": step / 10, "samples": step * samples_per_step, "train_s": train_s,
+            "wall_s": train_s + 1, "eval_s": 1.0}})
+    last = curve[-1]
+    if not crashed:
+        events.append({"key": "run_stop", "value": None, "time_ms": t0 + 1000 * last[1] + 1, "metadata": {
+            "status": "completed", "step": last[0], "samples": last[0] * samples_per_step, "train_s": last[1],
+            "wall_s": last[1] + 1, "eval_s": 1.0}})
+    lines = [json.dumps(e) for e in events]
+    text = "\n".join(lines) + "\n"
+    if crashed:  # killed while writing a progress event: torn last line, no run_stop, no summary.json
+        text += '{"key": "progress", "value": null, "met'
+    (d / "events.jsonl").write_text(text)
+    if not crashed:
+        write_json_atomic(d / "summary.json", summarize(events))
+    steps = d / "steps"
+    steps.mkdir()
+    for rank, delay in (step_ranks or {0: 0.0, 1: 0.3}).items():
+        recs = [{"step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
+                 "samples": 32, "loss": 1.0, "staleness": 0} for s in range(1, 21)]
+        (steps / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def reach_at(t: float | None, steps: int = 100) -> list[tuple[int, float, float]]:
+    """A curve reaching 0.9 at training time ``t`` (never when None), with evaluations every 10 s."""
+    end = 60.0 if t is None else t
+    pts = [(int(steps * s / end), s, 0.5 + 0.3 * s / end) for s in (end / 3, 2 * end / 3)]
+    return pts + [(steps, end, 0.95 if t is not None else 0.85)]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """A sweep directory laid out as Hydra's multirun writes it, with known times-to-target."""
+    root = tmp_path_factory.mktemp("sweep")
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    known = {"allreduce": [10, 12, 14, 40], "wagma": [5, 6, 9], "local_sgd": [8, None], "dpsgd": [7, 9, None]}
+    n = 0
+    for opt, times in known.items():
+        for seed, t in enumerate(times, start=1):
+            write_run(root / f"{n}_{opt}_s{seed}", opt, seed, reach_at(t))
+            n += 1
+    write_run(root / f"{n}_wagma_other_target", "wagma", 1, reach_at(5), target=0.95)
+    write_run(root / f"{n + 1}_sgp_crashed", "sgp", 1, reach_at(None)[:2], crashed=True)
+    write_run(root / f"{n + 2}_transformer", "allreduce", 1, reach_at(3), workload="transformer")
+    return root
+
+
+def rows_by_optimizer(runs) -> dict[str, dict]:
+    return {r["optimizer"]: r for r in report.series_rows(runs)}
+
+
+def test_olympic_mean_and_median():
+    assert report.olympic_mean([1.0, 2.0, 3.0, 4.0, 100.0]) == 3.0
+    assert report.olympic_mean([4.0, 2.0, 3.0]) == 3.0
+    assert report.olympic_mean([5.0, 7.0]) == 6.0            # < 3 seeds: plain mean
+    assert report.olympic_mean([5.0, math.inf]) is None      # a missing seed cannot be dropped
+    assert report.olympic_mean([5.0, 6.0, math.inf]) == 6.0  # ... but with 3 it is the slowest, dropped
+    assert report.olympic_mean([5.0, math.inf, math.inf]) is None
+    assert report.olympic_mean([]) is None
+    assert report.median([1.0, 3.0, math.inf]) == 3.0
+    assert report.median([1.0, math.inf]) is None
+
+
+def test_time_to_target_table_exact(sweep):
+    runs = [report.load_run(d) for d in report.find_runs([sweep])]
+    groups = report.group_runs(runs)
+    assert set(groups) == {("resnet", "mnist5k", "top1", 0.9), ("resnet", "mnist5k", "top1", 0.95),
+                           ("transformer", "mnist5k", "top1", 0.9)}
+    rows = rows_by_optimizer(groups[("resnet", "mnist5k", "top1", 0.9)])
+    ar, wg, ls, dp = rows["allreduce"], rows["wagma"], rows["local_sgd"], rows["dpsgd"]
+    assert (ar["ttt_median_s"], ar["ttt_olympic_s"]) == (13.0, 13.0)       # median of 4; (12 + 14) / 2
+    assert (wg["ttt_median_s"], wg["ttt_olympic_s"]) == (6.0, 6.0)
+    assert wg["speedup_ttt"] == pytest.approx(13.0 / 6.0, rel=1e-12)
+    assert (ls["reached"], ls["seeds"], ls["ttt_median_s"], ls["ttt_olympic_s"]) == (1, 2, None, None)
+    assert ls["speedup_ttt"] is None and ls["olympic_rule"] == "plain mean (< 3 seeds)"
+    assert (dp["reached"], dp["ttt_median_s"], dp["ttt_olympic_s"]) == (2, 9.0, 9.0)
+    assert dp["speedup_ttt"] == pytest.approx(13.0 / 9.0)
+    assert (ar["ttt_min_s"], ar["ttt_max_s"]) == (10.0, 40.0)
+    # throughput = samples / train_s = 100 * 128 / t, median over seeds
+    assert ar["throughput"] == pytest.approx((12800 / 12 + 12800 / 14) / 2)
+    assert wg["speedup_throughput"] == pytest.approx(wg["throughput"] / ar["throughput"])
+    assert ar["final_metric"] == 0.95 and ls["best_metric"] == pytest.approx((0.95 + 0.85) / 2)
+    # the crashed run is in the same group and marked, not dropped
+    assert rows["sgp"]["partial_runs"] == 1 and rows["sgp"]["reached"] == 0
+
+
+def test_crashed_run_is_read_and_marked(sweep):
+    run = report.load_run(next(sweep.glob("*_sgp_crashed")))
+    assert run.partial and run.summary["status"] == "incomplete"
+    assert any("torn" in p for p in run.problems) and any("summary.json" in p for p in run.problems)
+    assert any("run_stop" in p for p in run.problems)
+    assert len(run.evals) == 2 and run.meta["optimizer"] == "sgp"
+
+
+def test_report_files(sweep, tmp_path):
+    out = tmp_path / "R"
+    assert report.main([str(sweep), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    for title in ("resnet / mnist5k — top1 ≥ 0.9\n", "resnet / mnist5k — top1 ≥ 0.95", "transformer / mnist5k"):
+        assert title in md
+    assert md.count("### Comparison") == 3                   # never mixed in one table
+    assert "not reached" in md and "no run_stop event" in md and "torn last line" in md
+    assert "| local_sgd | 4 | none | 2 | 1 | not reached | not reached |" in md
+    assert "| wagma | 4 | none | 3 | 3 | 6.00 | 6.00 | 2.17× |" in md
+    slug = "resnet_mnist5k_top1_0.9"
+    for fig in ("metric", "time_to_target", "throughput", "step_times"):
+        data = (out / f"{slug}_{fig}.png").read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, fig
+        assert f"({slug}_{fig}.png)" in md
+    assert (out / "comparison.csv").read_text().count("\n") == 1 + 5 + 1 + 1  # header + series of 3 groups
+    assert report.main([str(tmp_path / "nothing-here")]) == 2
+
+
+def test_seed_band_and_step_rows(sweep):
+    xs, med, lo, hi = report.seed_band([([1, 2, 3], [0.0, 1.0, 2.0]), ([1, 2, 3], [2.0, 3.0, 4.0]),
+                                        ([1, 2, 3], [1.0, 5.0, 0.0])])
+    assert (xs, med, lo, hi) == ([1, 2, 3], [1.0, 3.0, 2.0], [0.0, 1.0, 0.0], [2.0, 5.0, 4.0])
+    xs, med, lo, hi = report.seed_band([([0, 10], [0.0, 10.0]), ([0, 5], [0.0, 0.0])], points=11)
+    assert xs[5] == 5.0 and med[5] == 2.5 and (lo[5], hi[5]) == (0.0, 5.0)
+    assert xs[-1] == 10.0 and (med[-1], lo[-1], hi[-1]) == (5.0, 0.0, 10.0)  # the shorter seed holds its end
+    run = report.load_run(next(sweep.glob("0_allreduce_s1")))
+    rows = report.step_time_rows([run])
+    assert len(rows) == 2 * 20 * 3
+    s = report.step_time_summary(rows)
+    assert s["slowest_rank"] == 1 and s["compute_median_s"] == 0.1 and s["delay_median_s"] == 0.15
+
+
+def test_throughput_plot_takes_predictions(tmp_path):
+    """The format the simulator reuses: measured and predicted rows in one tidy table, one figure."""
+    table = [{"label": "allreduce", "world_size": p, "throughput": 100.0 * p ** 0.9, "kind": "measured"}
+             for p in (2, 4, 8)]
+    table += [{"label": "allreduce", "world_size": p, "throughput": 95.0 * p ** 0.9, "kind": "predicted"}
+              for p in (2, 4, 8, 1024)]
+    path = plots.plot_throughput(table, tmp_path / "t.png", "measured vs predicted")
+    assert path.read_bytes().startswith(PNG)
+
+
+# --- W&B and MLPerf logs (pure parts) ----------------------------------------------------------------
+
+def test_wandb_mode_and_group(tmp_path):
+    empty = tmp_path / "netrc"
+    empty.write_text("")
+    assert resolve_mode("auto", {"NETRC": str(empty)}) == "offline"
+    assert resolve_mode("auto", {"NETRC": str(empty), "WANDB_API_KEY": "k" * 40}) == "online"
+    keyed = tmp_path / "netrc2"
+    keyed.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    keyed.chmod(0o600)
+    assert has_api_key({"NETRC": str(keyed)})
+    assert resolve_mode("auto", {"NETRC": str(keyed), "WANDB_MODE": "offline"}) == "offline"
+    with pytest.raises(ValueError, match="auto, offline, online"):
+        resolve_mode("cloud", {})
+    job = tmp_path / "multirun" / "2026-01-02" / "10-11-12" / "0_allreduce_s1"
+    job.mkdir(parents=True)
+    assert sweep_group(job) is None
+    (job.parent / "multirun.yaml").write_text("{}")
+    assert sweep_group(job) == "2026-01-02_10-11-12"
+
+
+def test_mllog_records():
+    start = {"key": "run_start", "value": None, "time_ms": 1000.5, "metadata": {
+        "workload": "resnet", "world_size": 8, "hosts": ["a", "b"], "seed": 3, "global_batch_size": 256,
+        "train_samples": 4500, "target": 0.9, "config": {"big": 1}}}
+    recs = mllog_records(start)
+    assert [r["key"] for r in recs] == ["submission_benchmark", "number_of_nodes", "accelerators_per_node",
+                                        "seed", "global_batch_size", "train_samples", "run_start"]
+    assert [r["value"] for r in recs[:6]] == ["resnet", 2, 4, 3, 256, 4500]
+    assert recs[-1]["event_type"] == "INTERVAL_START" and "config" not in recs[-1]["metadata"]
+    assert list(recs[-1]) == ["namespace", "time_ms", "event_type", "key", "value", "metadata"]
+    assert recs[-1]["time_ms"] == 1000
+    ev = mllog_records({"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": {"epoch": 1.5}})[0]
+    assert ev["metadata"]["epoch_num"] == 1.5 and ev["event_type"] == "POINT_IN_TIME"
+    stop = {"key": "run_stop", "value": None, "time_ms": 2, "metadata": {"status": "completed"}}
+    assert mllog_records(stop, reached=True)[0]["metadata"]["status"] == "success"
+    assert mllog_records(stop, reached=False)[0]["metadata"] == {"status": "aborted", "run_status": "completed"}
+    assert mllog_records(stop, reached=False)[0]["event_type"] == "INTERVAL_END"
+
+
+# --- a real run: trainer -> events -> W&B offline, MLLOG lines, report -------------------------------
+
+class Listener:
+    """A local TCP server that counts connections: W&B's base URL and the HTTP(S) proxies point at it, so
+    any attempt to reach the network is seen (and fails)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def env(self) -> dict[str, str]:
+        url = f"http://127.0.0.1:{self.port}"
+        return {"WANDB_BASE_URL": url, "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url,
+                "https_proxy": url, "NO_PROXY": "", "no_proxy": ""}
+
+    def close(self):
+        self.sock.close()
+
+
+def offline_env(tmp: Path, listener: Listener) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    (tmp / "netrc").write_text("")
+    env.update(listener.env(), NETRC=str(tmp / "netrc"), HOME=str(tmp / "home"))  # no key anywhere
+    (tmp / "home").mkdir(exist_ok=True)
+    return env
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real")
+    listener = Listener()
+    cwd = tmp / "cwd"
+    cwd.mkdir()
+    run_dir = tmp / "run"
+    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=15",
+           "eval.every_steps=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
+           "logger.wandb.per_rank_step_times=true", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=cwd, env=offline_env(tmp, listener), capture_output=True, text=True, timeout=300,
+                          check=False)
+    listener.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"dir": run_dir, "stdout": proc.stdout, "cwd": cwd, "home": tmp / "home", "net": listener.connections}
+
+
+@pytest.mark.slow
+def test_real_run_wandb_offline_under_run_dir(real_run):
+    run_dir = real_run["dir"]
+    assert real_run["net"] == 0, "W&B tried to reach the network"
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    data = next(offline[0].glob("run-*.wandb")).read_bytes()
+    assert b"eval/top1" in data and b"rank1/compute_s" in data   # rank 0 logged every rank's step times
+    assert f"wandb sync {offline[0]}" in real_run["stdout"]
+    assert not (real_run["cwd"] / "wandb").exists()
+    assert not [p for p in real_run["home"].rglob("*") if "wandb" in p.name]
+
+
+@pytest.mark.slow
+def test_real_run_mllog_lines(real_run):
+    recs = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in real_run["stdout"].splitlines()
+            if line.startswith(":::MLLOG ")]
+    keys = [r["key"] for r in recs]
+    for key in ("seed", "global_batch_size", "train_samples", "number_of_nodes", "accelerators_per_node",
+                "run_start", "eval_accuracy", "run_stop"):
+        assert key in keys, key
+    assert keys.index("global_batch_size") < keys.index("run_start") < keys.index("eval_accuracy") < keys.index("run_stop")
+    by_key = {r["key"]: r for r in recs}
+    assert by_key["global_batch_size"]["value"] == 64 and by_key["accelerators_per_node"]["value"] == 2
+    assert by_key["run_stop"]["metadata"]["status"] == "aborted"  # 15 steps do not reach 97 %
+    assert all(set(r) == {"namespace", "time_ms", "event_type", "key", "value", "metadata"} for r in recs)
+
+
+@pytest.mark.slow
+def test_real_run_summary_and_report(real_run, tmp_path):
+    summary = json.loads((real_run["dir"] / "summary.json").read_text())
+    assert {"torch", "comm", "wagma_bench"} <= set(summary["versions"]) and summary["hosts"]
+    assert summary["git_sha"] is None or len(summary["git_sha"]) == 40
+    out = tmp_path / "R"
+    listener = Listener()
+    env = offline_env(tmp_path, listener)
+    proc = subprocess.run([sys.executable, "-m", "wagma_bench", "report", str(real_run["dir"]), "--out", str(out),
+                           "--wandb"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    listener.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (out / "report.md").read_text()
+    assert "resnet / mnist5k — top1 ≥ 0.97" in md and "| allreduce | 2 | none | 1 | 0 | not reached |" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == [f"resnet_mnist5k_top1_0.97_{f}.png" for f in ("metric", "step_times", "throughput",
+                                                                   "time_to_target")]
+    assert all((out / p).read_bytes().startswith(PNG) for p in pngs)
+    assert len(list((out / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 and listener.connections == 0
+
+
+def test_mllog_status_after_resume(tmp_path):
+    """A requeued run's new process learns the target, and that it was reached, from events.jsonl."""
+    import io
+
+    from wagma_bench.loggers import MllogSink
+
+    d = write_run(tmp_path / "run", "wagma", 1, reach_at(5.0))
+    out = io.StringIO()
+    sink = MllogSink(stream=out, run_dir=d)
+    sink.emit({"key": "run_resume", "value": None, "time_ms": 1, "metadata": {"step": 50}})
+    sink.emit({"key": "run_stop", "value": None, "time_ms": 2, "metadata": {"status": "completed"}})
+    last = json.loads(out.getvalue().splitlines()[-1].split(":::MLLOG ", 1)[1])
+    assert last["key"] == "run_stop" and last["metadata"]["status"] == "success"

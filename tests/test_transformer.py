@@ -1,0 +1,225 @@
+"""The Transformer workload: the synthetic corpus, BLEU, and fairseq's real pipeline on 1-3 gloo ranks.
+
+fairseq is only ever imported in spawned rank processes (``import fairseq`` registers Hydra ConfigStore
+nodes; the pytest process composes configs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tests.dist_util import run_world
+from wagma_bench.cli import CONF_DIR
+from wagma_bench.config import ConfigError, validate
+from wagma_bench.workloads.mt_data import SRC_CONJ, CorpusSpec, generate
+from wagma_bench.workloads.transformer import (
+    TransformerWorkload,
+    bleu_from_statistics,
+    bleu_statistics,
+)
+
+# A tiny corpus whose token-based batches (256 tokens) do not divide by 2 or 3 ranks: the sharded
+# iterator pads the shorter shards with empty batches (asserted below, so a change of the generator
+# cannot silently drop the uneven case).
+TINY = dict(train_sentences=120, valid_sentences=12, max_len=40)
+TINY_MODEL = dict(encoder_layers=1, decoder_layers=1, embed_dim=16, ffn_dim=32, attention_heads=2)
+
+
+def compose_raw(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("wagma", overrides=list(overrides))
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw.pop("hydra", None)
+    return raw
+
+
+def tiny_raw(cache: Path, **train) -> dict:
+    over = ["workload=transformer", f"data.cache_dir={cache}", "train.batch_size=256", "eval.every_steps=1000",
+            "logger.progress=off", "workload.eval_max_tokens=512", "workload.beam=2"]
+    over += [f"data.{k}={v}" for k, v in TINY.items()] + [f"workload.{k}={v}" for k, v in TINY_MODEL.items()]
+    over += [f"train.{k}={v}" for k, v in train.items()]
+    return compose_raw(*over)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mt_cache")
+
+
+# --- the synthetic corpus -----------------------------------------------------------------------------
+def test_generator_is_deterministic_for_a_seed():
+    spec = CorpusSpec(train_sentences=300, valid_sentences=30)
+    assert generate(spec, "train") == generate(spec, "train")
+    assert generate(spec, "valid") == generate(spec, "valid")
+    assert generate(spec, "train") != generate(CorpusSpec(train_sentences=300, seed=2), "train")
+    assert generate(spec, "valid")[:30] != generate(spec, "train")[:30]
+    with pytest.raises(ValueError, match="'train' or 'valid'"):
+        generate(spec, "test")
+
+
+def test_lengths_are_long_tailed_like_wmt():
+    spec = CorpusSpec(train_sentences=4000)
+    lengths = np.array([len(src.split()) for src, _ in generate(spec, "train")])
+    median, p99 = np.median(lengths), np.percentile(lengths, 99)
+    assert 8 <= median <= 14                  # around median_len = 10 (+ the final '.')
+    assert lengths.mean() > median            # right-skewed
+    assert 2.8 <= p99 / median <= 4.5         # WMT17 En-De: ~3.5; log-normal sigma 0.55: 3.6
+    assert lengths.max() >= 4 * median        # a long tail of long sentences
+    assert lengths.max() <= spec.max_len and lengths.min() >= 3
+
+
+def test_mapping_is_a_learnable_function_not_a_copy():
+    pairs = generate(CorpusSpec(train_sentences=3000), "train")
+    src_vocab = {w for s, _ in pairs for w in s.split()}
+    tgt_vocab = {w for _, t in pairs for w in t.split()}
+    assert src_vocab & tgt_vocab == {"."}     # disjoint lexicons: nothing can be copied
+    seen: dict[str, str] = {}
+    for s, t in pairs:                        # a function: the same source always has the same target
+        assert seen.setdefault(s, t) == t
+    # Clauses align one-to-one (conjunctions translate 1:1), but tokens do not: particles merge
+    # into inflections, articles and auxiliaries appear, so lengths differ.
+    for s, t in pairs[:200]:
+        n_conj = sum(w in SRC_CONJ for w in s.split())
+        assert sum(w in ("und", "abe", "dann") for w in t.split()) == n_conj
+    assert sum(len(s.split()) != len(t.split()) for s, t in pairs) > 0.8 * len(pairs)
+
+
+# --- BLEU ------------------------------------------------------------------------------------------------
+def test_bleu_is_100_on_identical_text():
+    text = ["de wy ralote dis badaen .", "das daran wirt roen nikt de bal ."]
+    assert bleu_from_statistics(bleu_statistics(text, text)) == pytest.approx(100.0)
+
+
+def test_bleu_known_value_and_exact_combination_across_ranks():
+    # hand-computed: precisions 5/6, 3/5, 2/4, 1/3, no brevity penalty -> (1/12)^(1/4)
+    hyp, ref = "the cat sat on the mat", "the cat sat on a mat"
+    assert bleu_from_statistics(bleu_statistics([hyp], [ref])) == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-9)
+    # summing per-shard statistics gives sacrebleu's corpus BLEU of the union (not a mean of scores)
+    import sacrebleu
+
+    hyps = [hyp, "a dog ran", "it is here now", ""]
+    refs = [ref, "the dog ran away", "it is here", "nothing"]
+    shards = [bleu_statistics(hyps[r::3], refs[r::3]) for r in range(3)]
+    total = [sum(col) for col in zip(*shards)]
+    assert bleu_from_statistics(total) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    assert bleu_statistics([], []) == [0.0] * 10 and bleu_from_statistics([0.0] * 10) == 0.0
+
+
+# --- configuration -----------------------------------------------------------------------------------------
+def test_configs_compose_and_validate():
+    cfg = validate(compose_raw("workload=transformer"))
+    assert (cfg.data.name, cfg.train.local_optimizer, cfg.train.schedule) == ("synthetic_mt", "adam", "inverse_sqrt")
+    assert cfg.eval.target is not None and cfg.workload.embed_dim == 64
+    paper = validate(compose_raw("experiment=paper_transformer", "data.path=/x"))
+    assert paper.workload.arch == "transformer_wmt_en_de" and paper.workload.label_smoothing == 0.1
+    assert paper.eval.target == 25.0 and paper.train.adam_betas == [0.9, 0.98]
+    with pytest.raises(ConfigError, match="data.path"):
+        validate(compose_raw("workload=transformer", "data=wmt17_en_de"))
+
+
+def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
+    cfg = validate(compose_raw("workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path / 'nope'}"))
+    with pytest.raises(ConfigError, match="not a directory"):
+        TransformerWorkload.check(cfg)
+    (tmp_path / "dict.en.txt").write_text("")
+    cfg.data.path = str(tmp_path)
+    with pytest.raises(ConfigError, match=r"missing dict\.de\.txt, train\.en-de\.en\.bin"):
+        TransformerWorkload.check(cfg)
+    cfg.data.eval_split = "dev"
+    with pytest.raises(ConfigError, match="valid, test"):
+        TransformerWorkload.check(cfg)
+
+
+# --- fairseq's pipeline on real gloo ranks ---------------------------------------------------------------
+def _train(comm, raw: dict, run_dir: str):
+    from wagma_bench.config import validate
+    from wagma_bench.trainer import train
+
+    summary = train(validate(raw), comm, Path(run_dir))
+    from wagma_bench.workloads.transformer import TransformerWorkload
+
+    w = TransformerWorkload(validate(raw), comm.rank, comm.world_size, comm.device)
+    return summary, len(w.train_itr.frozen_batches), w.steps_per_epoch()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path):
+    raw = tiny_raw(cache, max_steps=14, lr=1e-3, warmup_epochs=0.2)
+    results = run_world(_train, world, raw, str(tmp_path), timeout_s=120)
+    summary, n_batches, spe = results[0]
+    assert n_batches % 2 and n_batches % 3                       # the uneven case is exercised
+    assert spe == math.ceil(n_batches / world) and spe < 14          # crosses an epoch boundary
+    assert summary["status"] == "completed" and summary["steps"] == 14
+    assert 0.0 <= summary["final_metric"] <= 100.0
+    steps = [[json.loads(l) for l in open(tmp_path / "steps" / f"rank{r}.jsonl")] for r in range(world)]
+    assert all(len(s) == 14 for s in steps)
+    tokens = [[rec["tokens"] for rec in s] for s in steps]
+    # every real batch is recorded with its work; padding batches (0 tokens) occur only when uneven
+    assert sum(t == 0 for ts in tokens for t in ts) == (0 if world == 1 else 2 * (world * spe - n_batches))
+    assert all({"src_tokens", "sentences", "padded_tokens"} <= set(rec) for s in steps for rec in s)
+    assert summary["samples"] == sum(map(sum, tokens))               # n = target tokens
+
+
+def _pipeline_checks(comm, raw: dict):
+    import torch
+
+    from wagma_bench.config import validate
+    from wagma_bench.workloads.transformer import TransformerWorkload
+
+    cfg = validate(raw)
+    w = TransformerWorkload(cfg, comm.rank, comm.world_size, comm.device)
+    model = w.build_model()
+    spe = w.steps_per_epoch()
+    ids = lambda b: b["id"].tolist() if b else []  # noqa: E731
+    stream = w.batches(0)
+    first = [ids(next(stream)) for _ in range(spe + 3)]
+    resumed = [ids(next(w.batches(k))) for k in (1, spe - 1, spe + 2)]
+    # a real batch: the loss is the label-smoothed sum over target tokens divided by their number
+    batch = next(w.batches(0))
+    loss, n = w.forward(model, batch)
+    summed, sample_size, _ = w.criterion(model, batch)
+    # a padding batch: zero loss and zero gradient on every parameter, still differentiable
+    empty_loss, empty_n = w.forward(model, {})
+    empty_loss.backward()
+    zero = all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    return dict(first=first, resumed=resumed, spe=spe, n=n, ntokens=int(batch["ntokens"]),
+                loss=float(loss), expected=float(summed) / float(sample_size), empty=(float(empty_loss), empty_n),
+                zero_grads=zero, stats=w.step_stats(), epoch_sizes=sorted(set(map(len, first))))
+
+
+def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(cache):
+    res = run_world(_pipeline_checks, 1, tiny_raw(cache), timeout_s=120)[0]
+    spe, first = res["spe"], res["first"]
+    assert res["resumed"] == [first[1], first[spe - 1], first[spe + 2]]   # resume mid-epoch and after
+    assert first[:spe] != first[spe:2 * spe][:spe] or spe < 2              # reshuffled each epoch
+    assert res["n"] == res["ntokens"] and res["loss"] == pytest.approx(res["expected"], rel=1e-6)
+    assert res["empty"] == (0.0, 0) and res["zero_grads"]
+    assert res["stats"] == {"tokens": 0, "src_tokens": 0, "sentences": 0, "padded_tokens": 0}
+
+
+# --- end to end: the default reaches its target ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
+def test_default_reaches_bleu_target(optimizer, tmp_path):
+    from wagma_bench.optim import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        pytest.fail(f"optimizer {optimizer} is not registered")
+    exe = Path(sys.executable).parent / "wagma-bench"
+    cmd = [str(exe), "run", "workload=transformer", f"optimizer={optimizer}", "logger.progress=lines",
+           f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reached"], summary
+    assert summary["best_metric"] >= summary["target"]

@@ -1,0 +1,286 @@
+"""Sinks that rank 0's :class:`~wagma_bench.events.EventLog` forwards every event to.
+
+The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere:
+
+- :class:`MllogSink` prints each event as an MLPerf ``:::MLLOG {json}`` line (``logger.mllog=true``);
+- :class:`WandbSink` logs evaluations, progress and the final summary to Weights & Biases
+  (``logger=wandb``), offline when no API key is configured.
+
+A sink that fails (no network, a W&B server error) prints one warning and is switched off: losing a
+mirror must never end a training run whose events are safe on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from wagma_bench.events import EVENTS, read_jsonl, summarize
+
+
+class Sink(Protocol):
+    def emit(self, event: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
+    """The sinks a run's configuration asks for (rank 0 only; other ranks log nothing)."""
+    if rank != 0:
+        return []
+    sinks: list[Sink] = []
+    if cfg.logger.mllog:
+        sinks.append(MllogSink(run_dir=run_dir))
+    if cfg.logger.wandb is not None:
+        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw))
+    return sinks
+
+
+# --- MLPerf logging --------------------------------------------------------------------------------
+
+# Our event keys and MLPerf's event types: run_start/run_stop delimit the timed interval.
+_EVENT_TYPES = {"run_start": "INTERVAL_START", "run_stop": "INTERVAL_END"}
+# Values MLPerf's checkers expect as separate POINT_IN_TIME events before run_start.
+_RUN_INFO_KEYS = ("seed", "global_batch_size", "train_samples")
+
+
+def mllog_record(key: str, value: Any, time_ms: float, metadata: dict, event_type: str | None = None) -> dict:
+    """One event in the field order of ``mlperf_logging.mllog`` (namespace, time_ms, event_type, key, value,
+    metadata); ``time_ms`` is integer milliseconds since the epoch as MLPerf writes it."""
+    return {"namespace": "", "time_ms": int(time_ms), "event_type": event_type or _EVENT_TYPES.get(key, "POINT_IN_TIME"),
+            "key": key, "value": value, "metadata": metadata}
+
+
+def mllog_records(event: dict, reached: bool | None = None) -> list[dict]:
+    """The MLPerf events for one of our events.
+
+    - ``run_start`` is preceded by ``submission_benchmark``, ``seed``, ``global_batch_size``,
+      ``train_samples``, ``number_of_nodes`` and ``accelerators_per_node`` as POINT_IN_TIME events (MLPerf
+      keeps the last two in its system description; we log them so that one log holds everything). The
+      full resolved config stays in ``events.jsonl`` only.
+    - ``eval_accuracy`` carries MLPerf's ``epoch_num`` metadata.
+    - ``run_stop`` carries MLPerf's ``status``: ``success`` when the target was reached (or, for a run
+      without a target, when it completed), ``aborted`` otherwise; our own status is kept as ``run_status``.
+    """
+    key, meta, t = event["key"], dict(event.get("metadata") or {}), event["time_ms"]
+    out = []
+    if key == "run_start":
+        hosts = meta.get("hosts") or []
+        nodes = max(1, len(hosts))
+        world = meta.get("world_size") or 1
+        info = {"submission_benchmark": meta.get("workload"), "number_of_nodes": nodes,
+                # ranks per node: one rank drives one accelerator (GPU) or one CPU process group
+                "accelerators_per_node": math.ceil(world / nodes)}
+        info.update({k: meta.get(k) for k in _RUN_INFO_KEYS})
+        out += [mllog_record(k, v, t, {}) for k, v in info.items()]
+        meta.pop("config", None)
+    elif key == "eval_accuracy":
+        meta.setdefault("epoch_num", meta.get("epoch"))
+    elif key == "run_stop":
+        ours = meta.pop("status", None)
+        ok = reached if reached is not None else ours == "completed"
+        meta = {"status": "success" if ok else "aborted", "run_status": ours, **meta}
+    out.append(mllog_record(key, event.get("value"), t, meta))
+    return out
+
+
+class MllogSink:
+    """Prints ``:::MLLOG {json}`` lines that ``mlperf_logging``'s parsers read."""
+
+    def __init__(self, stream=None, run_dir: Path | None = None):
+        self.stream = stream or sys.stdout
+        self.run_dir = run_dir
+        self._target: float | None = None
+        self._reached: bool | None = None
+
+    def emit(self, event: dict) -> None:
+        if event["key"] == "run_start":
+            self._target = event["metadata"].get("target")
+            self._reached = False if self._target is not None else None
+        elif event["key"] == "run_resume" and self.run_dir is not None:
+            # a new process after a requeue: the target and whether it was reached are in the log
+            before = summarize(read_jsonl(self.run_dir / EVENTS))
+            self._target = before["target"]
+            self._reached = before["reached"] if self._target is not None else None
+        elif event["key"] == "eval_accuracy" and self._target is not None and event["value"] is not None:
+            self._reached = self._reached or event["value"] >= self._target
+        for record in mllog_records(event, self._reached):
+            print(":::MLLOG " + json.dumps(record), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+# --- Weights & Biases ------------------------------------------------------------------------------
+
+WANDB_MODES = ("auto", "offline", "online")
+
+
+def wandb_env(base: Path) -> dict[str, str]:
+    """W&B's directories under ``base``, so nothing lands in the home or the current directory.
+
+    ``WANDB_CONFIG_DIR`` moves too unless the user set it (it holds W&B's settings; the API key itself
+    comes from ``WANDB_API_KEY`` or ``~/.netrc``, which stay where they are).
+    """
+    root = base / "wandb"
+    env = {"WANDB_DIR": str(base), "WANDB_CACHE_DIR": str(root / "cache"), "WANDB_DATA_DIR": str(root / "data"),
+           "WANDB_ARTIFACT_DIR": str(root / "artifacts"),
+           "WANDB_CONFIG_DIR": os.environ.get("WANDB_CONFIG_DIR", str(root / "config"))}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def has_api_key(env=os.environ) -> bool:
+    """A W&B API key in ``WANDB_API_KEY`` or in the netrc entry of the W&B host (as ``wandb login`` stores it)."""
+    if env.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        auth = netrc.netrc(env.get("NETRC") or None).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def resolve_mode(mode: str, env=os.environ) -> str:
+    """``auto``: online with an API key, else offline. ``WANDB_MODE`` in the environment wins over the config."""
+    if mode not in WANDB_MODES:
+        raise ValueError(f"wandb mode {mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}")
+    if env.get("WANDB_MODE") in ("offline", "online", "disabled"):
+        return env["WANDB_MODE"]
+    if mode == "auto":
+        return "online" if has_api_key(env) else "offline"
+    return mode
+
+
+def sweep_group(run_dir: Path) -> str | None:
+    """The W&B group of a run: its sweep directory when it is one job of a Hydra multirun (Hydra writes
+    ``multirun.yaml`` into the sweep directory), else none."""
+    sweep = run_dir.resolve().parent
+    if (sweep / "multirun.yaml").exists():
+        return f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+    return None
+
+
+def init_wandb(base: Path, mode: str, **init_kwargs: Any):
+    """``wandb.init`` with W&B's directories under ``base``; prints where an offline run lives and how
+    to upload it."""
+    os.environ.update(wandb_env(base))
+    resolved = resolve_mode(mode)
+    os.environ["WANDB_MODE"] = resolved
+    import wandb
+
+    run = wandb.init(dir=str(base), mode=resolved, settings=wandb.Settings(console="off", silent=True),
+                     **init_kwargs)
+    if resolved == "offline":
+        print(f"wagma-bench: W&B run {run.id} is offline (no API key configured); its files: {offline_dir(run)}\n"
+              f"wagma-bench: upload it later with: wandb sync {offline_dir(run)}", flush=True)
+    return run
+
+
+def offline_dir(run) -> Path:
+    """The directory ``wandb sync`` takes for a run (``.../wandb/offline-run-<time>-<id>``)."""
+    return Path(run.dir).parent
+
+
+class WandbSink:
+    """Mirrors a run's events to W&B: eval metric and progress against ``step`` (and ``train_s``), the
+    summary at ``run_stop``. With ``per_rank_step_times`` it also logs each rank's mean compute, injected
+    delay and communication time since the previous event, read from ``steps/rank<R>.jsonl`` (the files
+    every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
+
+    def __init__(self, settings, run_dir: Path, config: dict):
+        self.s, self.run_dir, self.config = settings, Path(run_dir), config
+        self.run = None
+        self._failed = False
+        self._offsets: dict[Path, int] = {}
+
+    def emit(self, event: dict) -> None:
+        if self._failed:
+            return
+        try:
+            self._emit(event)
+        except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; events.jsonl has it all
+            self._failed = True
+            print(f"wagma-bench: W&B logging switched off after an error ({type(err).__name__}: {err}); "
+                  f"the run continues, its events are in {self.run_dir / EVENTS}", file=sys.stderr, flush=True)
+
+    def _emit(self, event: dict) -> None:
+        key, meta = event["key"], event.get("metadata") or {}
+        if self.run is None:
+            self._start(event)
+        row: dict[str, Any] = {k: meta[k] for k in ("step", "epoch", "samples", "train_s", "wall_s") if k in meta}
+        if key == "eval_accuracy":
+            row[f"eval/{self._metric}"] = event["value"]
+            if meta.get("train_s"):
+                row["throughput_samples_per_s"] = meta["samples"] / meta["train_s"]
+        elif key in ("progress", "checkpoint", "run_resume"):
+            row[f"events/{key}"] = 1
+        if self.s.per_rank_step_times and key in ("eval_accuracy", "progress", "run_stop"):
+            row.update(self._rank_step_times())
+        if "step" in row and len(row) > 1:
+            self.run.log(row)
+        if key == "run_stop":
+            self._finish(meta.get("status"))
+
+    def _start(self, event: dict) -> None:
+        meta = event.get("metadata") or {}
+        self._metric = meta.get("metric") or "metric"
+        c = self.config
+        world = f"_x{meta['world_size']}" if meta.get("world_size") else ""
+        name = f"{c['workload']['name']}_{c['optimizer']['name']}{world}_s{c.get('seed')}"
+        # A stable id per run directory and config: a resumed run continues the same W&B run.
+        key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
+        run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.run = init_wandb(self.run_dir, self.s.mode, project=self.s.project, entity=self.s.entity,
+                              group=self.s.group or sweep_group(self.run_dir), name=name, id=run_id,
+                              resume="allow", config=c, job_type=c["optimizer"]["name"],
+                              tags=[c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]])
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        if event["key"] == "run_start":
+            self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
+                                                              "git_sha", "hosts", "versions")})
+
+    def _rank_step_times(self) -> dict[str, float]:
+        row = {}
+        for path in sorted((self.run_dir / "steps").glob("rank*.jsonl")):
+            records = self._new_records(path)
+            if records:
+                rank = path.stem[len("rank"):]
+                for field in ("compute_s", "delay_s", "comm_s"):
+                    row[f"rank{rank}/{field}"] = sum(r.get(field, 0.0) for r in records) / len(records)
+        return row
+
+    def _new_records(self, path: Path) -> list[dict]:
+        """Complete lines appended since the last read (a line still being written is left for later)."""
+        with open(path, "rb") as f:
+            f.seek(self._offsets.get(path, 0))
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._offsets[path] = self._offsets.get(path, 0) + end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+    def _finish(self, status: str | None) -> None:
+        summary = summarize(read_jsonl(self.run_dir / EVENTS))
+        self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        offline = self.run.settings.mode == "offline"
+        where = offline_dir(self.run)
+        self.run.finish(exit_code=0 if status != "failed" else 1)
+        if offline:
+            print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)
+        self.run = None
+        self._failed = True  # nothing more to log after run_stop
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

@@ -1,0 +1,127 @@
+"""SLURM helpers: preemption signals, requeue, job states, and stand-in partitions for script checks.
+
+Signal semantics (measured on SLURM 22.05 with the repo's local cluster): ``--signal=USR1@90`` and
+``scancel --signal=USR1 JOB`` deliver the signal to every task of the job's steps (our ranks under srun) and
+not to the batch shell; ``--signal=B:USR1@90`` would reach only the batch shell, which would then have to
+forward it. SLURM may send it up to a minute earlier than asked (its event resolution). When the job is
+cancelled, preempted or hits its limit, every task and the batch shell get TERM, then KILL after
+``KillWait`` seconds.
+
+The trainer reacts at its next synchronisation point: every rank saves its checkpoint; after USR1 rank 0
+also requeues the job, which SLURM starts again with the same job id and ``SLURM_RESTART_COUNT`` + 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+# What a rank does after saving its checkpoint, by signal.
+REQUEUE_SIGNALS = (signal.SIGUSR1,)  # 90 s before the time limit: save, then requeue the job
+EXIT_SIGNALS = (signal.SIGTERM,)  # cancelled or preempted: save and exit (SLURM decides about requeue)
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED"}
+
+
+def job_id(env=os.environ) -> str | None:
+    """The id to requeue: an array task's own job id (SLURM_JOB_ID), not the array's."""
+    return env.get("SLURM_JOB_ID")
+
+
+def requeue_job(job: str | None = None, env=os.environ) -> bool:
+    """``scontrol requeue`` this job (needs ``--requeue`` or JobRequeue=1). False outside SLURM.
+
+    A failure raises: a run that was told it would be killed and cannot requeue itself must say so.
+    """
+    job = job or job_id(env)
+    if job is None:
+        return False
+    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"scontrol requeue {job} failed: {out.stderr.strip() or out.stdout.strip()}")
+    return True
+
+
+def parse_scontrol_oneliners(text: str) -> list[dict[str, str]]:
+    """``scontrol show job -o`` output: one dict per job (array tasks are separate jobs)."""
+    jobs = []
+    for line in text.splitlines():
+        fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        if "JobId" in fields:
+            jobs.append(fields)
+    return jobs
+
+
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """State of each job or array task, keyed ``ID`` or ``ARRAYID_TASK``.
+
+    ``scontrol`` answers for pending, running and recently finished jobs (MinJobAge); ``sacct`` fills in
+    older ones where accounting is enabled. Unknown ids are left out.
+    """
+    states: dict[str, str] = {}
+    for jid in job_ids:
+        out = subprocess.run(["scontrol", "show", "job", "-o", jid], capture_output=True, text=True, timeout=60)
+        for job in parse_scontrol_oneliners(out.stdout if out.returncode == 0 else ""):
+            key = f"{job['ArrayJobId']}_{job['ArrayTaskId']}" if job.get("ArrayTaskId") else job["JobId"]
+            states[key] = job.get("JobState", "UNKNOWN")
+    missing = [j for j in job_ids if not any(k == j or k.startswith(f"{j}_") for k in states)]
+    if missing:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode == 0:
+            for line in out.stdout.splitlines():
+                jid, _, state = line.partition("|")
+                if jid:
+                    states[jid] = state.split()[0] if state else "UNKNOWN"
+    return states
+
+
+def standin_partition(profile: dict) -> str:
+    """slurm.conf lines declaring a cluster profile's partition with CLOUD nodes.
+
+    CLOUD nodes are schedulable but never powered up (ResumeProgram fails), so ``sbatch --test-only``
+    checks a rendered script against the cluster's real limits (partition name, node count, CPUs, GRES,
+    features, MaxTime) without running anything. Profiles may share a partition name (``gpu``), so each
+    profile gets its own stand-in controller.
+    """
+    hw = profile["hardware"]
+    prefix = (re.sub(r"[^a-z0-9]", "", profile["name"].lower()) or "x") + "n"
+    nodes = f"{prefix}[1-{hw['nodes']}]" if hw["nodes"] > 1 else f"{prefix}1"
+    gres = f" Gres=gpu:{hw['gpus_per_node']}" if hw.get("gpus_per_node") else ""
+    feats = f" Features={','.join(hw['features'])}" if hw.get("features") else ""
+    return (f"NodeName={nodes} CPUs={hw['cpus_per_node']}{gres}{feats} State=CLOUD\n"
+            f"PartitionName={profile['partition']} Nodes={nodes} MaxTime={hw['max_time']} State=UP\n")
+
+
+def local_cluster_script() -> Path:
+    return Path(__file__).resolve().parent.parent / "slurm" / "local" / "slurmctl.sh"
+
+
+@contextmanager
+def local_cluster(extra_conf: str | None = None, cpus: int = 8) -> Iterator[dict[str, str]]:
+    """Start the repo's private SLURM (slurm/local/slurmctl.sh, as root) in a fresh directory; yield the
+    environment its clients need (``SLURM_CONF``); always stop the daemons, even after an error.
+
+    The directory is made with mode 755 under /tmp: munged runs as ``munge`` and must reach its socket.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="wagma-slurm-"))
+    directory.chmod(0o755)
+    env = {**os.environ, "WAGMA_SLURM_DIR": str(directory / "cluster"), "WAGMA_SLURM_CPUS": str(cpus)}
+    cmd = [str(local_cluster_script()), "start"]
+    if extra_conf:
+        (directory / "extra.conf").write_text(extra_conf)
+        cmd += ["--extra", str(directory / "extra.conf")]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"local SLURM did not start:\n{out.stdout}{out.stderr}")
+        yield {"SLURM_CONF": str(directory / "cluster" / "slurm.conf"), "WAGMA_SLURM_DIR": str(directory / "cluster")}
+    finally:
+        subprocess.run([str(local_cluster_script()), "stop"], env=env, capture_output=True, timeout=120)

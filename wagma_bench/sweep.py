@@ -1,0 +1,553 @@
+"""``wagma-bench sweep``: render, submit and follow a SLURM sweep of ``wagma-bench run`` jobs.
+
+    wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
+        optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager experiment=paper_resnet50 \\
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit] [--out DIR] [--no-array]
+    wagma-bench sweep submit DIR        submit a rendered sweep
+    wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
+    wagma-bench sweep wait DIR          poll until every job has ended (squeue-like polling, not sbatch --wait)
+
+Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` (change one profile field),
+``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
+one with comma-separated values is a sweep axis. Every combination is composed with Hydra and checked by
+:func:`wagma_bench.config.validate` before anything is written, so a bad option fails at once.
+
+The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
+scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
+(each a normal run directory, so ``wagma-bench report DIR`` reads the sweep like any tree of runs).
+
+``--submitit`` prints instead one ``wagma-bench run -m hydra/launcher=submitit_slurm ...`` command per GPU
+count, the same profile mapped onto the submitit launcher's fields (:func:`submitit_command`), for users who
+prefer Hydra's launcher (it blocks until its jobs end and preempts through submitit's own USR2 handling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from wagma_bench.config import ConfigError, validate
+from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, write_json_atomic
+from wagma_bench.slurm_util import TERMINAL_STATES, job_states
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+TEMPLATE = ROOT / "slurm" / "job.sbatch"
+MANIFEST = "manifest.json"
+MAX_ARRAY = 1000  # SLURM's default MaxArraySize is 1001 (indices 0..1000)
+
+
+@dataclass
+class Hardware:
+    nodes: int = 1  # nodes in the partition
+    cpus_per_node: int = 1
+    gpus_per_node: int = 0  # GRES gpus SLURM knows per node (0: none declared)
+    features: list[str] = field(default_factory=list)
+    max_time: str = "INFINITE"
+
+
+@dataclass
+class ClusterProfile:
+    """conf/cluster/NAME.yaml: how jobs are requested and started on one cluster."""
+
+    name: str
+    gpus_per_node: int  # tasks (ranks) per node: one per GPU
+    cpus_per_task: int = 1
+    gres: Optional[str] = None  # GRES to request per node: --gres=<gres>:<tasks per node>
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    constraint: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "01:00:00"
+    signal: str = "USR1@90"
+    sbatch_extra: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    venv: Optional[str] = None  # auto | a prefix | null
+    launcher: dict[str, str] = field(default_factory=lambda: {"torch": "srun", "mpi": "srun --mpi=pmi2"})
+    run_overrides: list[str] = field(default_factory=list)
+    hardware: Hardware = field(default_factory=Hardware)
+    network: dict[str, Any] = field(default_factory=dict)
+
+
+def cluster_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
+
+
+def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
+    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it against :class:`ClusterProfile`."""
+    path = CONF_DIR / "cluster" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
+                               OmegaConf.from_dotlist(list(overrides)))
+        profile = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        valid = ", ".join(f.name for f in dataclasses.fields(ClusterProfile))
+        raise ConfigError(f"cluster {name}: {err}\n  valid keys: {valid}") from None
+    if profile.gpus_per_node < 1:
+        raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
+    return profile
+
+
+# --- the sweep's combinations ---------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    name: str
+    gpus: int
+    overrides: list[str]  # per-run overrides (the swept axes and the seed)
+    run_dir: str = ""
+    job: int = -1  # index into the manifest's jobs
+    array_index: Optional[int] = None
+
+
+@dataclass
+class SweepSpec:
+    cluster: ClusterProfile
+    gpus: list[int]
+    axes: dict[str, list[str]]  # key -> values (2+ values, or seed)
+    common: list[str]  # overrides with one value
+
+
+def split_values(value: str) -> list[str]:
+    """Split Hydra sweep values at top-level commas (``a,b``; ``[1,2],[3]`` gives two lists)."""
+    out, depth, cur, quote = [], 0, "", None
+    for ch in value:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    out.append(cur)
+    return [v.strip() for v in out if v.strip()]
+
+
+def parse_spec(args: list[str]) -> SweepSpec:
+    """``KEY=VALUES`` arguments -> the sweep's axes (see the module docstring)."""
+    cluster, cluster_overrides, gpus, seeds = "local", [], None, None
+    axes: dict[str, list[str]] = {}
+    common: list[str] = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"expected KEY=VALUE, got {arg!r}")
+        if key == "cluster":
+            cluster = value
+        elif key.startswith("cluster."):
+            cluster_overrides.append(f"{key[len('cluster.'):]}={value}")
+        elif key == "gpus":
+            try:
+                gpus = [int(v) for v in split_values(value)]
+            except ValueError:
+                raise ConfigError(f"gpus must be integers, e.g. gpus=8,16,32; got {value!r}") from None
+        elif key == "seeds":
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"seeds=N takes a positive count (runs seed=1..N); got {value!r}")
+            seeds = [str(s) for s in range(1, int(value) + 1)]
+        elif key.startswith(("hydra.", "launcher.")):
+            raise ConfigError(f"{key} is set by the sweep (run directory, SLURM world); leave it out")
+        else:
+            values = split_values(value)
+            if len(values) > 1:
+                axes[key] = values
+            else:
+                common.append(arg)
+    if gpus is None:
+        raise ConfigError("give the GPU counts to sweep, e.g. gpus=8,16,32")
+    if seeds is not None:
+        if "seed" in axes or any(c.startswith("seed=") for c in common):
+            raise ConfigError("give either seeds=N or seed=...")
+        axes["seed"] = seeds
+    profile = load_profile(cluster, cluster_overrides)
+    for g in gpus:
+        job_shape(profile, g)  # fail early on an impossible count
+    return SweepSpec(profile, gpus, axes, common)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """Every combination of GPU count and axes, in a stable order (GPU count outermost)."""
+    keys = list(spec.axes)
+    runs = []
+    for gpus in spec.gpus:
+        for values in itertools.product(*(spec.axes[k] for k in keys)):
+            parts = [f"{gpus:04d}gpu"]
+            for k, v in zip(keys, values):
+                parts.append(f"s{v}" if k == "seed" else (v if "." not in k else f"{k.split('.')[-1]}-{v}"))
+            runs.append(Run(_slug("_".join(parts)), gpus, [f"{k}={v}" for k, v in zip(keys, values)]))
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ConfigError("two runs of the sweep got the same directory name; make the axes' values distinct")
+    return runs
+
+
+def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
+    """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
+    composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
+    from hydra import compose, initialize_config_dir
+
+    seen: dict[tuple, None] = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="sweep"):
+        for run in runs:
+            rest = tuple(o for o in run.overrides if not o.startswith("seed="))
+            if rest in seen:
+                continue
+            seen[rest] = None
+            overrides = spec.common + spec.cluster.run_overrides + list(rest)
+            try:
+                validate(compose(config_name="wagma", overrides=overrides))
+            except ConfigError as err:
+                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
+            except Exception as err:  # Hydra's override and composition errors
+                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
+        for run in runs:
+            seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
+            if not re.fullmatch(r"-?\d+", seed):
+                raise ConfigError(f"run {run.name}: seed must be an integer, got {seed!r}")
+
+
+# --- rendering ------------------------------------------------------------------------------------------
+
+def job_shape(profile: ClusterProfile, gpus: int) -> dict[str, int]:
+    """Nodes and tasks for ``gpus`` ranks, one task per GPU, whole nodes beyond one node."""
+    per_node = profile.gpus_per_node
+    if gpus < 1:
+        raise ConfigError(f"gpus must be positive, got {gpus}")
+    if gpus > per_node and gpus % per_node:
+        raise ConfigError(f"gpus={gpus} is not a multiple of cluster {profile.name}'s {per_node} GPUs per node")
+    nodes = max(1, gpus // per_node)
+    return {"nodes": nodes, "ntasks": gpus, "ntasks_per_node": min(gpus, per_node)}
+
+
+def comm_of(overrides: list[str]) -> str:
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("comm=")), "torch")
+
+
+def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, array: Optional[int]) -> list[str]:
+    shape = job_shape(profile, gpus)
+    opts = [f"--job-name={job_name}"]
+    opts += [f"--{k}={v}" for k, v in (("partition", profile.partition), ("account", profile.account),
+                                      ("qos", profile.qos), ("constraint", profile.constraint)) if v]
+    opts += [f"--nodes={shape['nodes']}", f"--ntasks={shape['ntasks']}",
+             f"--ntasks-per-node={shape['ntasks_per_node']}", f"--cpus-per-task={profile.cpus_per_task}"]
+    if profile.gres:
+        opts.append(f"--gres={profile.gres}:{shape['ntasks_per_node']}")
+    opts += [f"--time={profile.time}", f"--signal={profile.signal}", "--requeue", "--open-mode=append",
+             f"--output={log}"]
+    if array is not None:
+        opts.append(f"--array=0-{array - 1}")
+    opts += list(profile.sbatch_extra)
+    return [f"#SBATCH {o}" for o in opts]
+
+
+def setup_lines(profile: ClusterProfile) -> list[str]:
+    lines = list(profile.setup)
+    prefix = sys.prefix if profile.venv == "auto" else profile.venv
+    if prefix:
+        lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
+    return lines
+
+
+def select_run_lines(runs: list[Run], array: bool) -> list[str]:
+    def assign(run: Run) -> str:
+        return f"RUN_DIR={shlex.quote(run.run_dir)}; OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+
+    if not array:
+        return [f"# run {runs[0].name}", assign(runs[0])]
+    lines = ['case "${SLURM_ARRAY_TASK_ID:?this script is a job array: submit it with sbatch}" in']
+    lines += [f"  {run.array_index}) {assign(run)} ;;" for run in runs]
+    lines += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    return lines
+
+
+def render_script(spec: SweepSpec, runs: list[Run], script: Path, log_dir: Path, array: bool) -> str:
+    profile, gpus = spec.cluster, runs[0].gpus
+    sweep = script.parent.parent.name
+    name = f"wb-{sweep}-{gpus}g" if array else f"wb-{runs[0].name}"
+    log = str(log_dir / ("%x_%A_%a.out" if array else "%x_%j.out"))
+    comm = comm_of(spec.common + runs[0].overrides)
+    if comm not in profile.launcher:
+        raise ConfigError(f"cluster {profile.name} has no launcher for comm={comm}; it has: "
+                          f"{', '.join(profile.launcher)}")
+    title = (f"{len(runs)} runs at {gpus} GPUs (job array)" if array else f"run {runs[0].name} at {gpus} GPUs")
+    values = {
+        "title": f"wagma-bench sweep {sweep}: {title}",
+        "cluster": profile.name,
+        "script": str(script),
+        "signal_seconds": profile.signal.rpartition("@")[2],
+        "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
+        "setup_lines": "\n".join(setup_lines(profile)),
+        "select_run": "\n".join(select_run_lines(runs, array)),
+        "launcher": f"{profile.launcher[comm]} --kill-on-bad-exit=1",
+        "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
+    }
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
+
+
+def group_jobs(runs: list[Run], array: bool) -> list[list[Run]]:
+    """One job array per GPU count and comm (they share the script's resources and srun line), split at
+    MAX_ARRAY tasks; or one job per run."""
+    if not array:
+        return [[r] for r in runs]
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.gpus, comm_of(run.overrides)), []).append(run)
+    return [g[i:i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
+
+
+def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None) -> dict:
+    """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest."""
+    runs = expand(spec)
+    validate_runs(spec, runs)
+    out = out.resolve()
+    if (out / MANIFEST).exists():
+        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
+    for d in ("jobs", "logs", "runs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for j, group in enumerate(group_jobs(runs, array)):
+        script = out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
+        for i, run in enumerate(group):
+            run.run_dir, run.job = str(out / "runs" / run.name), j
+            run.array_index = i if array else None
+        script.write_text(render_script(spec, group, script, out / "logs", array))
+        script.chmod(0o755)
+        jobs.append({"script": str(script.relative_to(out)), "gpus": group[0].gpus, "array": array,
+                     "runs": len(group), "job_id": None, "submitted": None})
+    manifest = {
+        "version": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "cluster": dataclasses.asdict(spec.cluster),
+        "gpus": spec.gpus,
+        "axes": spec.axes,
+        "common_overrides": spec.common,
+        "jobs": jobs,
+        "runs": [{"name": r.name, "gpus": r.gpus, "overrides": r.overrides, "run_dir": str(Path(r.run_dir).relative_to(out)),
+                  "job": r.job, "array_index": r.array_index} for r in runs],
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+# --- submit, status, wait -------------------------------------------------------------------------------
+
+def load_manifest(sweep_dir: Path) -> dict:
+    path = Path(sweep_dir) / MANIFEST
+    if not path.exists():
+        raise ConfigError(f"{sweep_dir} is not a sweep directory (no {MANIFEST})")
+    return json.loads(path.read_text())
+
+
+def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
+    """sbatch every job not yet submitted; records the job ids in the manifest."""
+    sweep_dir = Path(sweep_dir).resolve()
+    manifest = load_manifest(sweep_dir)
+    ids = []
+    for job in manifest["jobs"]:
+        if job["job_id"] is None:
+            out = subprocess.run([sbatch, "--parsable", str(sweep_dir / job["script"])], capture_output=True,
+                                 text=True, timeout=120)
+            if out.returncode != 0:
+                write_json_atomic(sweep_dir / MANIFEST, manifest)
+                raise RuntimeError(f"sbatch {job['script']} failed: {out.stderr.strip()}")
+            job["job_id"] = out.stdout.strip().split(";")[0]
+            job["submitted"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        ids.append(job["job_id"])
+    write_json_atomic(sweep_dir / MANIFEST, manifest)
+    return ids
+
+
+def run_slurm_id(manifest: dict, run: dict) -> Optional[str]:
+    job_id = manifest["jobs"][run["job"]]["job_id"]
+    if job_id is None:
+        return None
+    return f"{job_id}_{run['array_index']}" if run["array_index"] is not None else job_id
+
+
+def run_progress(run_dir: Path) -> dict:
+    """A run's own view: its summary when written, else its last events."""
+    summary_path = run_dir / SUMMARY
+    if summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        return {"status": s.get("status"), "step": s.get("steps"), "metric": s.get("final_metric"),
+                "restarts": s.get("restarts", 0), "reached": s.get("reached")}
+    events = read_jsonl(run_dir / EVENTS)
+    if not events:
+        return {"status": "not started", "step": None, "metric": None, "restarts": 0, "reached": None}
+    evals = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    return {"status": "running", "step": events[-1]["metadata"].get("step"), "metric": evals[-1] if evals else None,
+            "restarts": sum(e["key"] == "run_resume" for e in events), "reached": None}
+
+
+def status(sweep_dir: Path) -> list[dict]:
+    """One row per run: SLURM's state of its job (array task) and the run's own progress."""
+    sweep_dir = Path(sweep_dir).resolve()
+    manifest = load_manifest(sweep_dir)
+    ids = [j["job_id"] for j in manifest["jobs"] if j["job_id"]]
+    try:
+        states = job_states(ids) if ids else {}
+    except (OSError, subprocess.SubprocessError):
+        states = {}
+    rows = []
+    for run in manifest["runs"]:
+        sid = run_slurm_id(manifest, run)
+        slurm = "unsubmitted" if sid is None else states.get(sid, "unknown")
+        if sid is not None and slurm == "unknown" and run["array_index"] is not None:
+            # a pending array's tasks are one record until they start
+            slurm = states.get(manifest["jobs"][run["job"]]["job_id"], "unknown")
+        rows.append({"run": run["name"], "job": sid, "slurm": slurm, **run_progress(sweep_dir / run["run_dir"])})
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    cols = ["run", "job", "slurm", "status", "step", "metric", "restarts"]
+    cells = [[("-" if r[c] is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in cols]
+             for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def finished(row: dict) -> bool:
+    return row["slurm"] in TERMINAL_STATES or (row["slurm"] == "unknown" and row["status"] not in
+                                                 ("running", "not started", "preempted"))
+
+
+def wait(sweep_dir: Path, timeout_s: float = 3600.0, poll_s: float = 1.0) -> list[dict]:
+    """Poll until every submitted job has ended (sbatch --wait polls lazily: an 11 s job returned after 42 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = status(sweep_dir)
+        if all(finished(r) for r in rows if r["job"] is not None):
+            return rows
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
+        time.sleep(poll_s)
+
+
+# --- Hydra's submitit launcher ----------------------------------------------------------------------------
+
+def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
+    """The same profile as ``hydra/launcher=submitit_slurm`` fields (hydra-submitit-launcher 1.2)."""
+    shape = job_shape(profile, gpus)
+    hours, minutes = _minutes(profile.time)
+    out = ["hydra/launcher=submitit_slurm",
+           f"hydra.launcher.nodes={shape['nodes']}",
+           f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
+           f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
+           f"hydra.launcher.timeout_min={hours * 60 + minutes}",
+           f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
+           "+hydra.launcher.additional_parameters.requeue=true"]
+    fields = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,
+              "constraint": profile.constraint,
+              "gres": f"{profile.gres}:{shape['ntasks_per_node']}" if profile.gres else None}
+    out += [f"hydra.launcher.{k}={v}" for k, v in fields.items() if v]
+    return out
+
+
+def submitit_command(spec: SweepSpec, gpus: int, sweep_dir: Path) -> list[str]:
+    """``wagma-bench run -m`` over the sweep's axes at one GPU count, through Hydra's submitit launcher."""
+    axes = [f"{k}={','.join(v)}" for k, v in spec.axes.items()]
+    return ["wagma-bench", "run", "-m", *submitit_overrides(spec.cluster, gpus),
+            f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
+            *spec.common, *spec.cluster.run_overrides, *axes]
+
+
+def _minutes(limit: str) -> tuple[int, int]:
+    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:
+        parts = [0, *parts]
+    h, m, s = parts
+    return int(days or 0) * 24 + h, m + (1 if s else 0)
+
+
+# --- command line -----------------------------------------------------------------------------------------
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as err:
+        print(f"wagma-bench sweep: error: {err}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, OSError) as err:
+        print(f"wagma-bench sweep: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] in ("submit", "status", "wait"):
+        if len(argv) != 2:
+            raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
+        sweep_dir = Path(argv[1])
+        if argv[0] == "submit":
+            print("\n".join(submit(sweep_dir)))
+        else:
+            rows = wait(sweep_dir) if argv[0] == "wait" else status(sweep_dir)
+            print(format_rows(rows))
+        return 0
+    flags = {a for a in argv if a.startswith("--") and "=" not in a}
+    args = [a for a in argv if not a.startswith("--")]
+    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
+    if "--out" in flags:
+        i = argv.index("--out")
+        out, args = argv[i + 1], [a for a in args if a != argv[i + 1]]
+        flags.discard("--out")
+    unknown = flags - {"--dry-run", "--submit", "--no-array", "--submitit"}
+    if unknown or ("--dry-run" in flags and "--submit" in flags):
+        raise ConfigError(f"unknown or conflicting flags {sorted(flags)}; use --dry-run or --submit, --no-array, "
+                          "--out DIR")
+    spec = parse_spec(args)
+    if "--submitit" in flags:
+        validate_runs(spec, expand(spec))
+        for gpus in spec.gpus:
+            print(shlex.join(submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
+        return 0
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
+    t0 = time.perf_counter()
+    manifest = render(spec, out_dir, array="--no-array" not in flags, command=["wagma-bench", "sweep", *argv])
+    print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
+          f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
+    if "--submit" in flags:
+        ids = submit(out_dir)
+        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
+    else:
+        print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
+    return 0

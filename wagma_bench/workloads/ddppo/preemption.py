@@ -1,0 +1,58 @@
+"""DD-PPO's straggler preemption (Wijmans et al., ICLR 2020, Sec. 4).
+
+Every rank collects a rollout of ``num_steps`` steps. Once a fraction ``sync_frac`` of the ranks have
+finished their rollout, the others stop collecting early, provided they have at least a quarter of theirs
+(``SHORT_ROLLOUT_THRESHOLD``); they then learn from the shorter rollout. The count of finished ranks lives
+in a counter shared by all ranks (habitat-baselines uses the process group's TCPStore; here
+:meth:`Comm.store_add`), so checking it costs one store round trip and no collective.
+
+Counter keys: a run may do far more rollouts than a store should hold keys (the MPI store has a fixed
+number of slots), so rollout ``k`` uses slot ``k % SLOTS``. Every rank adds exactly 1 to a slot per use,
+so before its ``u``-th use (``u = k // SLOTS``) a slot holds ``u * world_size`` once the ranks are done
+with the previous use; the ranks done with rollout ``k`` are ``value - u * world_size``. This holds while
+no rank runs ``SLOTS`` rollouts ahead of another, which the trainer's synchronisation points (at least
+every few rounds) guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+
+from wagma_bench.comm.base import Comm
+
+SHORT_ROLLOUT_THRESHOLD = 0.25
+SLOTS = 64
+
+
+def should_stop_early(step: int, num_steps: int, num_done: int, world_size: int, sync_frac: float) -> bool:
+    """Whether a rank that has collected ``step`` steps stops, given ``num_done`` ranks have finished."""
+    return step >= num_steps * SHORT_ROLLOUT_THRESHOLD and num_done >= sync_frac * world_size
+
+
+class RolloutCounter:
+    """The shared count of ranks that finished rollout ``k`` (one instance per rank)."""
+
+    def __init__(self, comm: Comm | None, world_size: int, prefix: str = "ddppo/done"):
+        self.comm, self.world_size, self.prefix = comm, world_size, prefix
+
+    def _key(self, k: int) -> str:
+        return f"{self.prefix}/{k % SLOTS}"
+
+    def _base(self, k: int) -> int:
+        return (k // SLOTS) * self.world_size
+
+    def done(self, k: int) -> int:
+        """Ranks that have finished rollout ``k`` so far."""
+        if self.comm is None:
+            return 0
+        return self.comm.store_add(self._key(k), 0) - self._base(k)
+
+    def finish(self, k: int) -> int:
+        """Mark this rank as done with rollout ``k``; returns the count including it."""
+        if self.comm is None:
+            return 1
+        return self.comm.store_add(self._key(k), 1) - self._base(k)
+
+
+def min_steps(num_steps: int) -> int:
+    return math.ceil(num_steps * SHORT_ROLLOUT_THRESHOLD)
