@@ -1,0 +1,247 @@
+"""``wagma-bench comm-bench``: our communication backend against the raw library calls, on the same buffers.
+
+For each message size it times, on every rank, with a barrier before each repeat:
+
+- ``allreduce``        our ``Comm.allreduce`` vs ``torch.distributed.all_reduce`` / ``MPI.Allreduce``;
+- ``group_allreduce``  our butterfly-stage group allreduce vs the raw call on an equivalent raw group,
+                       for S = 2, 4, ... up to the world size;
+- ``wait_avoiding``    our wait-avoiding group allreduce (all ranks ready: the pure overhead of activation,
+                       progress thread and copies) vs the raw group allreduce it performs.
+
+The time of a repeat is the slowest rank's (a collective is done when its last member is). Reported: the
+median and the 10th/90th percentiles over repeats, the ratio ours/raw of the medians, and the algorithmic
+bandwidth (bytes / time) against this machine's memory-copy bandwidth of the same buffer.
+
+Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``;
+with ``--comm mpi`` it runs under mpiexec (started for you when needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+DEFAULT_SIZES = "4K,64K,1M,16M,100M"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    mult = UNITS.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in UNITS else text
+    try:
+        return int(float(number) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 100M") from None
+
+
+def group_sizes(world: int) -> list[int]:
+    sizes, s = [], 2
+    while s <= world:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """Bytes per second of a plain copy of a buffer of ``nbytes`` (read + write counted once)."""
+    src = torch.ones(max(1, nbytes // 4))
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return src.numel() * 4 / statistics.median(times)
+
+
+class RawTorch:
+    def __init__(self, groups):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.pgs = {g: dist.new_group(list(g)) for g in groups if len(g) > 1}
+
+    def allreduce(self, t, group=None):
+        self.dist.all_reduce(t, group=self.pgs[group] if group else None)
+
+
+class RawMpi:
+    def __init__(self, groups):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.world = MPI.COMM_WORLD.Dup()
+        self.comms = {}
+        for i, g in enumerate(groups):
+            if len(g) > 1 and self.world.rank in g:
+                self.comms[g] = self.world.Create_group(self.world.Get_group().Incl(list(g)), tag=i)
+
+    def allreduce(self, t, group=None):
+        comm = self.comms[group] if group else self.world
+        comm.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
+
+
+def _time(comm, fn, repeats: int, setup=None) -> list[float]:
+    """Per repeat, the slowest rank's time of ``fn()`` (one warm-up first; ``setup`` runs untimed)."""
+    out = []
+    for i in range(repeats + 1):
+        if setup:
+            setup()
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        if i:
+            out.append(float(comm.allgather(dt).max()))
+    return out
+
+
+def _row(op, impl, s, nbytes, times):
+    times = sorted(times)
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+    return {"op": op, "impl": impl, "group_size": s, "bytes": nbytes, "median_s": statistics.median(times),
+            "p10_s": q(0.1), "p90_s": q(0.9), "repeats": len(times)}
+
+
+def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
+    """Every measurement on this rank (a collective over all ranks)."""
+    from wagma_bench.comm.topology import butterfly_stage
+    from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
+
+    p = comm.world_size
+    stages = {s: butterfly_stage(p, s, 0) for s in group_sizes(p)}
+    all_groups = [g for part in stages.values() for g in part]
+    comm.new_groups(all_groups)
+    raw = RawMpi(all_groups) if comm.backend_name == "mpi" else RawTorch(all_groups)
+    rows = []
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4))
+        rows.append(_row("allreduce", "ours", p, nbytes, _time(comm, lambda: comm.allreduce(buf, op="sum"), repeats)))
+        rows.append(_row("allreduce", "raw", p, nbytes, _time(comm, lambda: raw.allreduce(buf), repeats)))
+        for s, part in stages.items():
+            mine = next(g for g in part if comm.rank in g)
+            rows.append(_row("group_allreduce", "ours", s, nbytes,
+                             _time(comm, lambda: comm.group_allreduce(buf, part, op="sum"), repeats)))
+            rows.append(_row("group_allreduce", "raw", s, nbytes,
+                             _time(comm, lambda: raw.allreduce(buf, mine), repeats)))
+            # All ranks ready at once (the post happens before the barrier): the pure cost of activation,
+            # the progress thread and the buffer copies over the group allreduce it performs.
+            engine = WaitAvoidingAllreduce(comm, buf, lambda r, part=part: part, all_groups, sync_every=0,
+                                           op="sum", timeout_s=getattr(comm, "timeout_s", 300.0))
+            rows.append(_row("wait_avoiding", "ours", s, nbytes,
+                             _time(comm, engine.request, repeats, setup=lambda e=engine: e.post(buf))))
+            engine.close()
+    return rows
+
+
+def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
+    """One line per (op, group size, bytes): ours vs raw (wait_avoiding is compared with the raw group
+    allreduce it performs), bandwidth and its fraction of the copy bandwidth."""
+    raw = {(r["op"], r["group_size"], r["bytes"]): r for r in rows if r["impl"] == "raw"}
+    out = []
+    for r in rows:
+        if r["impl"] != "ours":
+            continue
+        ref = raw[("group_allreduce" if r["op"] == "wait_avoiding" else r["op"], r["group_size"], r["bytes"])]
+        bw = r["bytes"] / r["median_s"]
+        out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
+                    "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
+                    "raw_ms": 1e3 * ref["median_s"], "ratio": r["median_s"] / ref["median_s"],
+                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps})
+    return out
+
+
+def human(nbytes: int) -> str:
+    for unit, mult in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:g}{unit}"
+    return f"{nbytes}B"
+
+
+def format_table(lines: list[dict]) -> str:
+    head = f"{'op':<16}{'S':>4}{'size':>8}{'ours ms':>11}{'p10-p90':>17}{'raw ms':>10}{'ours/raw':>10}{'GB/s':>8}{'/copy':>7}"
+    out = [head, "-" * len(head)]
+    for r in lines:
+        spread = f"{r['ours_p10_ms']:.2f}-{r['ours_p90_ms']:.2f}"
+        out.append(f"{r['op']:<16}{r['group_size']:>4}{human(r['bytes']):>8}{r['ours_ms']:>11.3f}{spread:>17}"
+                   f"{r['raw_ms']:>10.3f}{r['ratio']:>10.3f}{r['bandwidth_GBps']:>8.2f}{r['of_copy_bw']:>7.2f}")
+    return "\n".join(out)
+
+
+def run_and_report(comm, sizes: list[int], repeats: int, out: Path | None) -> dict | None:
+    rows = bench_rank(comm, sizes, repeats)
+    if comm.rank != 0:
+        return None
+    copy_bps = copy_bandwidth(max(sizes))
+    result = {"backend": comm.backend_name, "world_size": comm.world_size, "hostname": socket.gethostname(),
+              "torch": torch.__version__, "copy_bandwidth_GBps": copy_bps / 1e9, "results": rows,
+              "table": ratio_table(rows, copy_bps)}
+    print(f"comm-bench: backend={comm.backend_name} ranks={comm.world_size} host={result['hostname']} "
+          f"copy bandwidth {copy_bps / 1e9:.2f} GB/s, median of {repeats} repeats (slowest rank each)")
+    print(format_table(result["table"]), flush=True)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"comm-bench: wrote {out}")
+    return result
+
+
+def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
+    import torch.distributed as dist
+
+    from wagma_bench.comm.torch_dist import TorchComm
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=index == 0, timeout=timedelta(seconds=120))
+    comm = TorchComm.init("gloo", index, nproc, store, 300.0, torch.device("cpu"))
+    try:
+        run_and_report(comm, args["sizes"], args["repeats"], args["out"])
+    finally:
+        comm.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
+    parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
+    parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.nproc < 1 or args.repeats < 1:
+        parser.error("--nproc and --repeats must be >= 1")
+    from wagma_bench.launch import detect_world, free_port
+
+    world = detect_world()
+    if args.comm == "mpi":
+        if world is None:  # start ourselves under the MPI library's mpiexec
+            mpiexec = Path(sys.executable).parent / "mpiexec"
+            cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.nproc), sys.executable, "-m",
+                   "wagma_bench", "comm-bench", *argv]
+            return subprocess.call(cmd)
+        from wagma_bench.comm.mpi import MpiComm
+
+        comm = MpiComm.init(timeout_s=300.0, device=torch.device("cpu"))
+        try:
+            run_and_report(comm, sizes, args.repeats, args.out)
+        finally:
+            comm.close()
+        return 0
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,
+                                                                     "out": args.out}),
+                       nprocs=args.nproc, start_method="spawn")
+    return 0
