@@ -3,18 +3,41 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+FAIRSEQ := $(VENV)/.fairseq-0.12.3.1
 ARGS   ?= workload=resnet optimizer=wagma
 
-.PHONY: setup run test lint
+.PHONY: setup sysdeps run test lint
 setup: $(STAMP)
+
+# MiniWorld (workload=ddppo's embedded 3-D rooms) renders headless through EGL with Mesa's software
+# renderer: libEGL (glvnd) and Mesa's EGL/GL drivers. Present on this image; installed when missing.
+sysdeps:
+	@missing=0; for lib in libEGL.so.1 libEGL_mesa.so.0 libGL.so.1 libGLU.so.1; do \
+		ldconfig -p | grep -q "$$lib" || missing=1; done; \
+	if [ $$missing = 1 ]; then \
+		apt-get update -q && apt-get install -y -q --no-install-recommends libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libglu1-mesa; \
+	fi
+	@# SLURM daemons + munge for the private test cluster (tests/test_slurm.py); no-op when installed
+	slurm/local/slurmctl.sh install
 
 # torch/torchvision first: the exact builds on this machine's disk (pip would otherwise pull a second
 # multi-GB build). The project itself is installed editable with its dev extras.
 $(STAMP): pyproject.toml
+	$(MAKE) --no-print-directory sysdeps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
+	$(MAKE) --no-print-directory $(FAIRSEQ)
 	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+# fairseq (workload=transformer): fairseq-fixed is fairseq 0.12.2 with the fix that lets it import on
+# Python 3.11. Built against the torch and numpy already here (--no-build-isolation: an isolated build
+# would download a second torch), so its build requirements come first; ~4 min (6 C++/Cython
+# extensions). Its own stamp: a change of pyproject.toml does not rebuild it.
+$(FAIRSEQ):
+	$(PIP) install -q cython setuptools wheel numpy
+	$(PIP) install -q --no-build-isolation fairseq-fixed==0.12.3.1
 	touch $@
 
 run: $(STAMP)

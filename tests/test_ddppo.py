@@ -13,7 +13,15 @@ import torch
 
 from wagma_bench.config import ConfigError
 from wagma_bench.workloads.ddppo.envs.base import (
-    GOAL_KEY, MOVE_FORWARD, STOP, TURN_LEFT, TURN_RIGHT, Episode, polar_goal, spl)
+    GOAL_KEY,
+    MOVE_FORWARD,
+    STOP,
+    TURN_LEFT,
+    TURN_RIGHT,
+    Episode,
+    polar_goal,
+    spl,
+)
 from wagma_bench.workloads.ddppo.envs.gridnav import GridNavEnv, GridNavSettings, bfs_distances, make_grid
 from wagma_bench.workloads.ddppo.envs.habitat_nav import HabitatNavEnv, HabitatNavSettings, check_habitat
 from wagma_bench.workloads.ddppo.policy import PointNavPolicy
@@ -34,7 +42,7 @@ def test_gae_matches_hand_computation():
 
 def test_gae_lambda_one_is_discounted_return():
     rewards = torch.tensor([[1.0], [1.0], [1.0]])
-    adv, ret = gae(rewards, torch.zeros(3, 1), torch.zeros(3, 1), torch.tensor([10.0]), gamma=0.5, lam=1.0)
+    _, ret = gae(rewards, torch.zeros(3, 1), torch.zeros(3, 1), torch.tensor([10.0]), gamma=0.5, lam=1.0)
     assert torch.allclose(ret.flatten(), torch.tensor([1 + .5 + .25 + .125 * 10, 1 + .5 + .25 * 10, 1 + .5 * 10]))
 
 
@@ -78,7 +86,7 @@ def test_policy_sequence_forward_equals_stepwise_with_resets():
         masks = torch.ones(T, E)
         masks[2, 1] = 0.0  # an episode starts at step 2 in env 1
         h0 = torch.randn(net.initial_hidden(E).shape)
-        logits, values, h = net(obs, prev, masks, h0)
+        logits, _, h = net(obs, prev, masks, h0)
         hs, step_logits = h0, []
         for t in range(T):
             lt, _, hs = net({k: v[t:t + 1] for k, v in obs.items()}, prev[t:t + 1], masks[t:t + 1], hs)
@@ -361,3 +369,19 @@ def test_env_section_is_checked():
 
     with pytest.raises(ConfigError, match="num_mini_batch"):
         DDPPOWorkload.check(compose("env=gridnav", "env.num_envs=1"))
+
+
+@pytest.mark.parametrize("backbone,side", [("resnet18", 64), ("resnet50", 64), ("cnn", 48)])
+def test_policy_backbones_build_and_run(backbone, side):
+    net = PointNavPolicy({"depth": (side, side, 1), "rgb": (side, side, 3), GOAL_KEY: (2,)}, 4, hidden_size=32,
+                         rnn="lstm", rnn_layers=2, backbone=backbone, base_planes=8)
+    obs = {"depth": torch.rand(2, 3, side, side, 1), "rgb": torch.rand(2, 3, side, side, 3), GOAL_KEY: torch.rand(2, 3, 2)}
+    logits, values, h = net(obs, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), net.initial_hidden(3))
+    assert logits.shape == (2, 3, 4) and values.shape == (2, 3) and h.shape == (4, 3, 32)
+
+
+def test_unscaled_learning_rate_for_rl():
+    from wagma_bench.schedules import peak_lr
+
+    assert peak_lr(2.5e-4, 256, 1024, None) == 2.5e-4  # DD-PPO: the same rate at any number of GPUs
+    assert peak_lr(0.1, 128, 4, 256) == pytest.approx(0.2)

@@ -18,7 +18,6 @@ import traceback
 import torch
 from torch import nn
 
-from wagma_bench.launch import free_port
 
 # This module is preloaded too: importing it builds one torch optimizer, whose first construction
 # imports torch._dynamo (5-20 s), so that the ranks forked from the server do not each pay for it.
@@ -55,7 +54,7 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
     torch.manual_seed(1234 + rank)
     ok = False
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
         comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"))
         value = fn(comm, *args)
         # Pickled here: the queue would share tensors by file descriptor, which dies with this process.
@@ -78,9 +77,16 @@ def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_
     A rank that raises makes this raise :class:`RankFailed`, unless ``allow_errors``: then its entry is
     the tuple ``("error", type name, message)``; a rank that vanished without a report is ``None``.
     """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
+    # The parent holds the rendezvous store on a port the OS picked: no race for a "free" port.
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=60),
+                           wait_for_workers=False)
+    port = server.port
     procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, comm_timeout_s, results, fn, args),
                          daemon=True) for r in range(world_size)]
     for p in procs:

@@ -190,6 +190,8 @@ def test_wandb_mode_and_group(tmp_path):
     keyed.chmod(0o600)
     assert has_api_key({"NETRC": str(keyed)})
     assert resolve_mode("auto", {"NETRC": str(keyed), "WANDB_MODE": "offline"}) == "offline"
+    with pytest.raises(ValueError, match="needs an API key"):
+        resolve_mode("online", {"NETRC": str(empty)})
     with pytest.raises(ValueError, match="auto, offline, online"):
         resolve_mode("cloud", {})
     job = tmp_path / "multirun" / "2026-01-02" / "10-11-12" / "0_allreduce_s1"
@@ -197,6 +199,10 @@ def test_wandb_mode_and_group(tmp_path):
     assert sweep_group(job) is None
     (job.parent / "multirun.yaml").write_text("{}")
     assert sweep_group(job) == "2026-01-02_10-11-12"
+    slurm_run = tmp_path / "scaling" / "runs" / "allreduce_g8_s1"
+    slurm_run.mkdir(parents=True)
+    (tmp_path / "scaling" / "manifest.json").write_text("{}")
+    assert sweep_group(slurm_run) == "scaling"
 
 
 def test_mllog_records():
@@ -338,3 +344,17 @@ def test_mllog_status_after_resume(tmp_path):
     sink.emit({"key": "run_stop", "value": None, "time_ms": 2, "metadata": {"status": "completed"}})
     last = json.loads(out.getvalue().splitlines()[-1].split(":::MLLOG ", 1)[1])
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "success"
+
+
+def test_failed_and_resumed_runs_status(tmp_path):
+    """The launcher's summary.json names a failure the events miss; a resume after run_stop reopens a run."""
+    failed = write_run(tmp_path / "failed", "wagma", 1, reach_at(None)[:1], crashed=True)
+    write_json_atomic(failed / "summary.json", {"status": "failed", "error": "rank 2 exited with code 1"})
+    run = report.load_run(failed)
+    assert run.summary["status"] == "failed" and run.summary["error"] == "rank 2 exited with code 1"
+    assert run.partial and not any("summary.json" in p for p in run.problems)
+    resumed = write_run(tmp_path / "resumed", "wagma", 1, reach_at(None))
+    with open(resumed / "events.jsonl", "a") as f:
+        f.write(json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}}) + "\n")
+    run = report.load_run(resumed)
+    assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]

@@ -186,14 +186,16 @@ def _pipeline_checks(comm, raw: dict):
     resumed = [ids(next(w.batches(k))) for k in (1, spe - 1, spe + 2)]
     # a real batch: the loss is the label-smoothed sum over target tokens divided by their number
     batch = next(w.batches(0))
+    model.eval()  # no dropout: both passes see the same network
     loss, n = w.forward(model, batch)
     summed, sample_size, _ = w.criterion(model, batch)
+    model.train()
     # a padding batch: zero loss and zero gradient on every parameter, still differentiable
     empty_loss, empty_n = w.forward(model, {})
     empty_loss.backward()
     zero = all(p.grad is not None and not p.grad.any() for p in model.parameters())
     return dict(first=first, resumed=resumed, spe=spe, n=n, ntokens=int(batch["ntokens"]),
-                loss=float(loss), expected=float(summed) / float(sample_size), empty=(float(empty_loss), empty_n),
+                loss=loss.item(), expected=summed.item() / float(sample_size), empty=(empty_loss.item(), empty_n),
                 zero_grads=zero, stats=w.step_stats(), epoch_sizes=sorted(set(map(len, first))))
 
 

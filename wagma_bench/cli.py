@@ -96,7 +96,11 @@ def _run_job(cfg) -> dict | None:
         spawn_local(raw, run_dir, run_cfg.launcher.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
     except RunFailed as err:
         finalize(run_dir, status="failed", error=str(err))
-        _fail(f"{err}; see the rank's traceback above. Run directory: {run_dir}", 1)
+        message = f"{err}; see the rank's traceback above. Run directory: {run_dir}"
+        if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
+            print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+            return None
+        _fail(message, 1)
     summary_path = run_dir / "summary.json"
     print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
     return None

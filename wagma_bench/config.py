@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 
 class ConfigError(ValueError):
@@ -167,8 +167,13 @@ def _typed(section: str, schema: type, node: Any) -> Any:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         valid = ", ".join(f.name for f in dataclasses.fields(schema))
-        raise ConfigError(f"{section}: {err.msg if hasattr(err, 'msg') else err}\n  valid keys of "
-                          f"{section}: {valid}") from None
+        key = getattr(err, "full_key", None) or getattr(err, "key", None)
+        if isinstance(err, ConfigKeyError):
+            problem = f"{section}.{key}: unknown key"
+        else:
+            problem = f"{section}.{key}: " if key else f"{section}: "
+            problem += str(getattr(err, "msg", err)).splitlines()[0]
+        raise ConfigError(f"{problem}; valid keys of {section}: {valid}") from None
 
 
 def validate(cfg: DictConfig | dict) -> RunConfig:

@@ -151,22 +151,31 @@ def has_api_key(env=os.environ) -> bool:
 
 
 def resolve_mode(mode: str, env=os.environ) -> str:
-    """``auto``: online with an API key, else offline. ``WANDB_MODE`` in the environment wins over the config."""
+    """``auto``: online with an API key, else offline. ``WANDB_MODE`` in the environment wins over the config.
+
+    ``online`` without a key fails here, before any training, rather than at W&B's first request."""
     if mode not in WANDB_MODES:
         raise ValueError(f"wandb mode {mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}")
     if env.get("WANDB_MODE") in ("offline", "online", "disabled"):
-        return env["WANDB_MODE"]
+        mode = env["WANDB_MODE"]
     if mode == "auto":
         return "online" if has_api_key(env) else "offline"
+    if mode == "online" and not has_api_key(env):
+        raise ValueError("W&B mode online needs an API key: set WANDB_API_KEY or run `wandb login` "
+                         "(or use logger.wandb.mode=auto|offline)")
     return mode
 
 
 def sweep_group(run_dir: Path) -> str | None:
-    """The W&B group of a run: its sweep directory when it is one job of a Hydra multirun (Hydra writes
-    ``multirun.yaml`` into the sweep directory), else none."""
-    sweep = run_dir.resolve().parent
+    """The W&B group of a run: its sweep directory's name when it is one job of a Hydra multirun (Hydra
+    writes ``multirun.yaml`` into the sweep directory, named by date and time) or of a ``wagma-bench
+    sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/``); else none."""
+    run_dir = Path(run_dir).resolve()
+    sweep = run_dir.parent
     if (sweep / "multirun.yaml").exists():
         return f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+    if sweep.name == "runs" and (sweep.parent / "manifest.json").exists():
+        return sweep.parent.name
     return None
 
 
@@ -174,14 +183,15 @@ def init_wandb(base: Path, mode: str, **init_kwargs: Any):
     """``wandb.init`` with W&B's directories under ``base``; prints where an offline run lives and how
     to upload it."""
     os.environ.update(wandb_env(base))
-    resolved = resolve_mode(mode)
+    resolved = mode if mode in ("offline", "disabled") else resolve_mode(mode)
     os.environ["WANDB_MODE"] = resolved
     import wandb
 
     run = wandb.init(dir=str(base), mode=resolved, settings=wandb.Settings(console="off", silent=True),
                      **init_kwargs)
     if resolved == "offline":
-        print(f"wagma-bench: W&B run {run.id} is offline (no API key configured); its files: {offline_dir(run)}\n"
+        why = "" if has_api_key() else " (no API key configured)"
+        print(f"wagma-bench: W&B run {run.id} is offline{why}; its files: {offline_dir(run)}\n"
               f"wagma-bench: upload it later with: wandb sync {offline_dir(run)}", flush=True)
     return run
 
@@ -199,6 +209,7 @@ class WandbSink:
 
     def __init__(self, settings, run_dir: Path, config: dict):
         self.s, self.run_dir, self.config = settings, Path(run_dir), config
+        self.mode = resolve_mode(settings.mode)  # a bad mode or a missing key fails before training
         self.run = None
         self._failed = False
         self._offsets: dict[Path, int] = {}
@@ -240,7 +251,7 @@ class WandbSink:
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
         run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.run = init_wandb(self.run_dir, self.s.mode, project=self.s.project, entity=self.s.entity,
+        self.run = init_wandb(self.run_dir, self.mode, project=self.s.project, entity=self.s.entity,
                               group=self.s.group or sweep_group(self.run_dir), name=name, id=run_id,
                               resume="allow", config=c, job_type=c["optimizer"]["name"],
                               tags=[c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]])

@@ -7,7 +7,6 @@ measurements share one figure format -- see :func:`plot_throughput`'s ``kind``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,8 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
     """Validation metric against training time (left) and steps (right).
 
     ``bands[label]``: ``n`` (seeds) and, for ``train_s`` and ``step``, a tuple (x, median, lo, hi) as
-    :func:`wagma_bench.report.seed_band` returns; the band is drawn when there are several seeds.
+    :func:`wagma_bench.report.seed_band` returns; with several seeds the band and, optionally, each
+    seed's own curve (``train_s_seeds``/``step_seeds``: lists of (x, y)) are drawn thin.
     """
     plt = _plt()
     palette = colors(list(bands))
@@ -59,13 +59,15 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
                     marker="." if len(xs) < 30 else None)
             if band["n"] > 1:
                 ax.fill_between(xs, lo, hi, color=palette[label], alpha=0.2, linewidth=0)
+                for sx, sy in band.get(f"{xkey}_seeds", []):
+                    ax.plot(sx, sy, color=palette[label], alpha=0.35, linewidth=0.7)
         if target is not None:
             ax.axhline(target, color="k", linestyle="--", linewidth=1, label="target")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(metric)
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"{title}\nmedian over seeds, band: min-max", fontsize=10)
+    fig.suptitle(f"{title}\nmedian over seeds (bold), band: min-max, thin: single seeds", fontsize=10)
     return _save(fig, path)
 
 
@@ -106,7 +108,7 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     measured world size.
     """
     plt = _plt()
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     rows = [r for r in table if r.get("throughput")]
     palette = colors([r["label"] for r in rows])
@@ -115,6 +117,9 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     for r in rows:
         lines.setdefault((r["label"], r.get("kind", "measured")), []).append(r)
     ideal_drawn = False
+    all_sizes = sorted({r["world_size"] for r in rows})
+    if len(all_sizes) == 1:  # one world size: show where linear scaling would take it at twice the ranks
+        all_sizes.append(2 * all_sizes[0])
     for (label, kind), rs in lines.items():
         rs = sorted(rs, key=lambda r: r["world_size"])
         xs, ys = [r["world_size"] for r in rs], [r["throughput"] for r in rs]
@@ -126,19 +131,18 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
             ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=palette[label], capsize=3)
         if ideal and measured:
             p0, t0 = xs[0], ys[0]
-            ideal_x = sorted(set(xs)) if len(xs) > 1 else [p0, 2 * p0]
+            ideal_x = [p for p in all_sizes if p >= p0]
             ax.plot(ideal_x, [t0 * p / p0 for p in ideal_x], color=palette[label], linestyle=":", linewidth=1,
-                    label=None if ideal_drawn else "ideal linear scaling (dotted)")
+                    label=None if ideal_drawn else "ideal linear scaling (dotted, per optimizer)")
             ideal_drawn = True
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    sizes = sorted({r["world_size"] for r in rows})
-    if sizes:
-        ax.set_xticks(sizes, [str(p) for p in sizes])
-    ys = [r["throughput"] for r in rows]
-    narrow = bool(ys) and math.log10(max(ys) / min(ys)) < 1
+    if all_sizes:
+        ax.set_xticks(all_sizes, [str(p) for p in all_sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter() if narrow else NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("world size P (ranks)")
     ax.set_ylabel("throughput (samples/s, training clock)")
     ax.set_title(title, fontsize=9)

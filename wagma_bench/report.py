@@ -101,21 +101,32 @@ def load_run(path: Path) -> Run:
     start = next((e for e in events if e.get("key") == "run_start"), None)
     if start is None:
         problems.append("no run_start event")
-    if not any(e.get("key") == "run_stop" for e in events):
-        problems.append("no run_stop event (crashed, killed or still running)")
+    lifecycle = [e["key"] for e in events if e.get("key") in ("run_start", "run_resume", "run_stop")]
+    stopped = bool(lifecycle) and lifecycle[-1] == "run_stop"
+    if not stopped:
+        problems.append("no run_stop event (crashed, killed or still running)"
+                        + (" since its last resume" if "run_stop" in lifecycle else ""))
+        summary["status"] = "incomplete"
     if _torn(path / EVENTS):
         problems.append("torn last line in events.jsonl")
     saved = _read_json(path / SUMMARY)
     if saved is None:
         problems.append("no summary.json")
-    elif saved.get("status"):
-        # the launcher's finalize() records a failure the events could not
+    elif not stopped and saved.get("status") and _newer(path / SUMMARY, path / EVENTS):
+        # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
         summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
     meta = {k: v for k, v in (start or {}).get("metadata", {}).items() if k != "config"}
     evals = [{"step": e["metadata"].get("step"), "train_s": e["metadata"].get("train_s"),
               "wall_s": e["metadata"].get("wall_s"), "value": e["value"]}
              for e in events if e.get("key") == "eval_accuracy" and e.get("value") is not None]
     return Run(path, meta, evals, summary, problems)
+
+
+def _newer(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_mtime >= b.stat().st_mtime
+    except OSError:
+        return False
 
 
 def _read_json(path: Path) -> dict | None:
@@ -233,9 +244,9 @@ def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points:
     """Median and min-max band over seeds of curves y(x).
 
     Curves evaluated at the same x (e.g. the same steps) are folded point by point; otherwise each is
-    interpolated linearly on a common grid. A seed that ended earlier (at its target, or its budget)
-    holds its last value to the end of the grid, so the median does not jump when the fastest seed
-    stops; before its first evaluation a seed is left out. Returns (x, median, lo, hi) lists.
+    interpolated linearly on a common grid that starts where every seed has its first point. A seed
+    that ended earlier (at its target, or its budget) holds its last value to the end of the grid, so
+    the median does not jump when the fastest seed stops. Returns (x, median, lo, hi) lists.
     """
     import numpy as np
 
@@ -246,7 +257,7 @@ def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points:
         xs = curves[0][0]
         ys = np.array([c[1] for c in curves], dtype=float)
     else:
-        lo_x = min(c[0][0] for c in curves)
+        lo_x = max(c[0][0] for c in curves)
         hi_x = max(c[0][-1] for c in curves)
         xs = list(np.linspace(lo_x, hi_x, points))
         ys = np.array([np.where(np.array(xs) >= x[0], np.interp(xs, x, y), np.nan) for x, y in curves])
@@ -323,13 +334,16 @@ def by_label(runs: Sequence[Run]) -> dict[str, list[Run]]:
 
 
 def metric_bands(runs: Sequence[Run]) -> dict[str, dict]:
-    """Per series: number of seeds, and :func:`seed_band` of the metric against ``train_s`` and ``step``."""
+    """Per series: number of seeds; :func:`seed_band` of the metric against ``train_s`` and ``step``; and
+    each seed's own curve (``train_s_seeds``, ``step_seeds``)."""
     out = {}
     for label, rs in by_label(runs).items():
         with_evals = [r for r in rs if r.evals]
         if with_evals:
-            out[label] = {"n": len(with_evals), **{x: seed_band([([e[x] for e in r.evals], [e["value"] for e in r.evals])
-                                                                 for r in with_evals]) for x in ("train_s", "step")}}
+            out[label] = {"n": len(with_evals)}
+            for x in ("train_s", "step"):
+                curves = [([e[x] for e in r.evals], [e["value"] for e in r.evals]) for r in with_evals]
+                out[label][x], out[label][f"{x}_seeds"] = seed_band(curves), curves
     return out
 
 

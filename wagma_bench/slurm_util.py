@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 # What a rank does after saving its checkpoint, by signal.
 REQUEUE_SIGNALS = (signal.SIGUSR1,)  # 90 s before the time limit: save, then requeue the job
@@ -43,7 +44,7 @@ def requeue_job(job: str | None = None, env=os.environ) -> bool:
     job = job or job_id(env)
     if job is None:
         return False
-    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["scontrol", "requeue", job], check=False, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"scontrol requeue {job} failed: {out.stderr.strip() or out.stdout.strip()}")
     return True
@@ -67,14 +68,14 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     """
     states: dict[str, str] = {}
     for jid in job_ids:
-        out = subprocess.run(["scontrol", "show", "job", "-o", jid], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["scontrol", "show", "job", "-o", jid], check=False, capture_output=True, text=True, timeout=60)
         for job in parse_scontrol_oneliners(out.stdout if out.returncode == 0 else ""):
             key = f"{job['ArrayJobId']}_{job['ArrayTaskId']}" if job.get("ArrayTaskId") else job["JobId"]
             states[key] = job.get("JobState", "UNKNOWN")
     missing = [j for j in job_ids if not any(k == j or k.startswith(f"{j}_") for k in states)]
     if missing:
         out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
-                             capture_output=True, text=True, timeout=60)
+                             check=False, capture_output=True, text=True, timeout=60)
         if out.returncode == 0:
             for line in out.stdout.splitlines():
                 jid, _, state = line.partition("|")
@@ -119,9 +120,10 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8) -> Iterator[dict
         (directory / "extra.conf").write_text(extra_conf)
         cmd += ["--extra", str(directory / "extra.conf")]
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"local SLURM did not start:\n{out.stdout}{out.stderr}")
         yield {"SLURM_CONF": str(directory / "cluster" / "slurm.conf"), "WAGMA_SLURM_DIR": str(directory / "cluster")}
     finally:
-        subprocess.run([str(local_cluster_script()), "stop"], env=env, capture_output=True, timeout=120)
+        subprocess.run([str(local_cluster_script()), "stop"], env=env, check=False, capture_output=True, timeout=300)
+        shutil.rmtree(directory, ignore_errors=True)

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -66,16 +66,16 @@ class ClusterProfile:
     name: str
     gpus_per_node: int  # tasks (ranks) per node: one per GPU
     cpus_per_task: int = 1
-    gres: Optional[str] = None  # GRES to request per node: --gres=<gres>:<tasks per node>
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    constraint: Optional[str] = None
-    qos: Optional[str] = None
+    gres: str | None = None  # GRES to request per node: --gres=<gres>:<tasks per node>
+    partition: str | None = None
+    account: str | None = None
+    constraint: str | None = None
+    qos: str | None = None
     time: str = "01:00:00"
     signal: str = "USR1@90"
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
-    venv: Optional[str] = None  # auto | a prefix | null
+    venv: str | None = None  # auto | a prefix | null
     launcher: dict[str, str] = field(default_factory=lambda: {"torch": "srun", "mpi": "srun --mpi=pmi2"})
     run_overrides: list[str] = field(default_factory=list)
     hardware: Hardware = field(default_factory=Hardware)
@@ -112,7 +112,7 @@ class Run:
     overrides: list[str]  # per-run overrides (the swept axes and the seed)
     run_dir: str = ""
     job: int = -1  # index into the manifest's jobs
-    array_index: Optional[int] = None
+    array_index: int | None = None
 
 
 @dataclass
@@ -210,6 +210,7 @@ def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
     """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
     composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
     seen: dict[tuple, None] = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="sweep"):
@@ -223,7 +224,7 @@ def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
                 validate(compose(config_name="wagma", overrides=overrides))
             except ConfigError as err:
                 raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
-            except Exception as err:  # Hydra's override and composition errors
+            except (HydraException, OmegaConfBaseException) as err:  # bad override, unknown option
                 raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
         for run in runs:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
@@ -248,7 +249,7 @@ def comm_of(overrides: list[str]) -> str:
     return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("comm=")), "torch")
 
 
-def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, array: Optional[int]) -> list[str]:
+def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, array: int | None) -> list[str]:
     shape = job_shape(profile, gpus)
     opts = [f"--job-name={job_name}"]
     opts += [f"--{k}={v}" for k, v in (("partition", profile.partition), ("account", profile.account),
@@ -341,7 +342,7 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
                      "runs": len(group), "job_id": None, "submitted": None})
     manifest = {
         "version": 1,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "cluster": dataclasses.asdict(spec.cluster),
         "gpus": spec.gpus,
@@ -371,19 +372,19 @@ def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
     ids = []
     for job in manifest["jobs"]:
         if job["job_id"] is None:
-            out = subprocess.run([sbatch, "--parsable", str(sweep_dir / job["script"])], capture_output=True,
+            out = subprocess.run([sbatch, "--parsable", str(sweep_dir / job["script"])], check=False, capture_output=True,
                                  text=True, timeout=120)
             if out.returncode != 0:
                 write_json_atomic(sweep_dir / MANIFEST, manifest)
                 raise RuntimeError(f"sbatch {job['script']} failed: {out.stderr.strip()}")
             job["job_id"] = out.stdout.strip().split(";")[0]
-            job["submitted"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            job["submitted"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         ids.append(job["job_id"])
     write_json_atomic(sweep_dir / MANIFEST, manifest)
     return ids
 
 
-def run_slurm_id(manifest: dict, run: dict) -> Optional[str]:
+def run_slurm_id(manifest: dict, run: dict) -> str | None:
     job_id = manifest["jobs"][run["job"]]["job_id"]
     if job_id is None:
         return None

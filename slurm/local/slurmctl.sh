@@ -138,8 +138,9 @@ start() {
   chmod 755 "$DIR"
   write_conf
   start_munge
-  slurmctld -f "$DIR/slurm.conf" -i
-  slurmd -f "$DIR/slurm.conf" -N "$NODE"
+  # SLURM_CONF in the daemons' environment marks their slurmstepd children as this cluster's (see stop)
+  SLURM_CONF="$DIR/slurm.conf" slurmctld -f "$DIR/slurm.conf" -i
+  SLURM_CONF="$DIR/slurm.conf" slurmd -f "$DIR/slurm.conf" -N "$NODE"
   # slurmd/slurmctld write their PID files after daemonising
   local i
   for i in $(seq 1 50); do
@@ -151,8 +152,38 @@ start() {
   echo "export SLURM_CONF=$DIR/slurm.conf"
 }
 
+cancel_jobs() {
+  # jobs first: a step whose slurmd is gone would hang (its srun and slurmstepd never end)
+  local ids i
+  ids=$(SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+  [ -n "${ids// }" ] || return 0
+  # shellcheck disable=SC2086
+  SLURM_CONF="$DIR/slurm.conf" scancel $ids 2>/dev/null || true
+  for i in $(seq 1 100); do  # KillWait=5 s, then SIGKILL
+    [ -z "$(SLURM_CONF="$DIR/slurm.conf" squeue -h -o %A 2>/dev/null)" ] && return 0
+    sleep 0.2
+  done
+}
+
+kill_stray_steps() {
+  # slurmstepd processes of this cluster (SLURM_CONF inherited from our slurmd) and their tasks
+  local pid child pgid
+  for pid in $(pgrep -x slurmstepd || true); do
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" || continue
+    for child in $(pgrep -P "$pid" || true); do
+      pgid=$(ps -o pgid= -p "$child" | tr -d ' ')
+      if [ -n "$pgid" ] && [ "$pgid" != "$(ps -o pgid= -p $$ | tr -d ' ')" ]; then
+        kill -KILL -- "-$pgid" 2>/dev/null || true
+      fi
+      kill -KILL "$child" 2>/dev/null || true
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
 stop() {
   local name pid i
+  pid_alive "$DIR/run/slurmctld.pid" && cancel_jobs
   for name in slurmd slurmctld munged; do
     [ -f "$DIR/run/$name.pid" ] || continue
     pid=$(cat "$DIR/run/$name.pid")
@@ -163,6 +194,7 @@ stop() {
     fi
     rm -f "$DIR/run/$name.pid"
   done
+  kill_stray_steps
   echo "slurmctl: stopped (files kept under $DIR)" >&2
 }
 

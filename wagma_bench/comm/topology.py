@@ -11,7 +11,9 @@ the remaining bits and its groups are smaller.
 Worlds that are not a power of two: groups are formed on the padded world ``[0, Q)`` and the ranks
 ``>= P`` are dropped, so groups get smaller (a group can shrink to a single rank, which then keeps its
 model for that step). The members of a group are a prefix of its positions, so the hypercube over the
-members stays connected and information still reaches every rank within ``n_stages`` steps.
+members stays connected; information reaches every rank within ``2 * n_stages`` steps (one period
+carries every rank's information to rank 0 by clearing bits, the next spreads it by setting them),
+and within ``n_stages`` steps when P is a power of two.
 """
 
 from __future__ import annotations
@@ -128,3 +130,15 @@ def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]
     for a, p in zip(actives, passives):
         pairs[a], pairs[p] = p, a
     return pairs
+
+
+# --- eager-SGD majority allreduce: one random initiator per round -------------------------------------
+def random_initiator(world_size: int, round_: int, seed: int = 0) -> int:
+    """The rank whose arrival activates ``round_`` of a majority allreduce, the same on every rank.
+
+    Drawn uniformly with a shared seed (eager-SGD, Li et al. PPoPP 2020): the initiator arrives at a random
+    position among the ranks, so in expectation half of them contribute a fresh gradient.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    return random.Random(seed * 1_000_003 + round_ * 7919 + 17).randrange(world_size)

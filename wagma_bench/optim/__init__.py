@@ -6,6 +6,7 @@ from wagma_bench.optim.adpsgd import ADPSGD
 from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm, StepInfo
 from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
 from wagma_bench.optim.sgp import SGP
 from wagma_bench.optim.wagma import WagmaSGD
@@ -17,6 +18,7 @@ OPTIMIZERS: dict[str, type[Algorithm]] = {
     DPSGD.name: DPSGD,
     ADPSGD.name: ADPSGD,
     SGP.name: SGP,
+    EagerSGD.name: EagerSGD,
 }
 
 

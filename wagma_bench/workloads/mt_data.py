@@ -76,10 +76,10 @@ class CorpusSpec:
     median_len: float = 10.0   # source tokens, median of the log-normal length target
     sigma: float = 0.55        # log-normal shape: p99/median = exp(2.326 sigma)
     max_len: int = 96          # hard cap on source tokens (sentences are cut at a clause boundary)
-    nouns: int = 96
-    adjectives: int = 32
-    verbs: int = 32
-    adpositions: int = 8
+    nouns: int = 48
+    adjectives: int = 16
+    verbs: int = 16
+    adpositions: int = 6
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ fairseq is imported lazily (inside methods): ``import fairseq`` registers Hydra 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,23 +224,17 @@ class TransformerWorkload(Workload):
 
     def _setup_fairseq(self) -> None:
         import_fairseq()
+        # fairseq's DataLoaders always ask for pinned memory and its attention mixes mask types: harmless
+        # on CPU, but warned about on every epoch and batch.
+        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
+        warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask and attn_mask")
         from fairseq import options, tasks
         from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
         parser = options.get_training_parser()
         ns = options.parse_args_and_arch(parser, self.fairseq_args())
-        # fairseq composes its own Hydra config here: it clears the global Hydra state (ours, when this
-        # rank runs inside `wagma-bench run` under srun/torchrun; restored after) and uses deprecated
-        # Hydra features (warnings silenced: they are fairseq's, not the user's).
-        from hydra.core.global_hydra import GlobalHydra
-
-        ours = GlobalHydra.instance().hydra
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+        with fairseq_hydra():
             self.fs_cfg = convert_namespace_to_omegaconf(ns)
-        if ours is not None:
-            GlobalHydra.instance().clear()
-            GlobalHydra.instance().initialize(ours)
         self.task = tasks.setup_task(self.fs_cfg.task)
         self.task.load_dataset("train")
         self.task.load_dataset(self.eval_split)
@@ -346,6 +341,31 @@ def _check_settings(cfg) -> None:
         if data.detokenize not in DETOKENIZERS:
             raise ConfigError(f"data.detokenize={data.detokenize!r} is not valid; choose one of: "
                               f"{', '.join(DETOKENIZERS)}")
+
+
+@contextlib.contextmanager
+def fairseq_hydra():
+    """Let fairseq compose its own Hydra config inside a process that runs ours.
+
+    ``convert_namespace_to_omegaconf`` clears the global Hydra state (ours, when this rank runs inside
+    ``wagma-bench run`` under srun / torchrun / mpiexec) and uses the legacy ``hydra.experimental`` API,
+    which raises once our app has set version_base 1.3. Both are restored afterwards; fairseq's
+    deprecation warnings are silenced (they are fairseq's, not the user's).
+    """
+    from hydra import version
+    from hydra.core.global_hydra import GlobalHydra
+
+    ours, base = GlobalHydra.instance().hydra, version.VersionBase.instance().getbase()
+    version.VersionBase.instance().setbase(version.__compat_version__)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        version.VersionBase.instance().version_base = base
+        GlobalHydra.instance().clear()
+        if ours is not None:
+            GlobalHydra.instance().initialize(ours)
 
 
 def _moses_detokenizer(lang: str):

@@ -12,6 +12,8 @@ stage, as DD-PPO's (resnet50 with 32 base planes, i.e. half width, in the paper)
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,7 +145,7 @@ class PointNavPolicy(nn.Module):
         x = self._features(flat, prev_actions.reshape(-1), masks.reshape(-1)).view(T, E, -1)
         starts = [0] + [t for t in range(1, T) if bool((masks[t] == 0).any())] + [T]
         outs = []
-        for a, b in zip(starts[:-1], starts[1:]):
+        for a, b in itertools.pairwise(starts):
             out, hidden = self._run_rnn(x[a:b], hidden, masks[a])
             outs.append(out)
         out = torch.cat(outs)

@@ -17,8 +17,8 @@ run's), held out of training (training never draws these pairs; for habitat they
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
-    GOAL_KEY, MOVE_FORWARD, STOP, TURN_LEFT, TURN_RIGHT, Episode, EpisodeTracker, NavEnv, polar_goal)
+    GOAL_KEY,
+    MOVE_FORWARD,
+    STOP,
+    TURN_LEFT,
+    TURN_RIGHT,
+    Episode,
+    EpisodeTracker,
+    NavEnv,
+    polar_goal,
+)
 
 FOV = math.pi / 2
 RAY_STEP = 0.05  # cells between ray samples
@@ -125,7 +134,7 @@ class GridNavEnv(NavEnv):
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode = episode
         self.cell = np.array(episode.start, dtype=int)
-        self.dir = int(round(episode.heading / (math.pi / 2))) % 4
+        self.dir = round(episode.heading / (math.pi / 2)) % 4
         self.goal = tuple(int(v) for v in episode.goal)
         self.tracker = EpisodeTracker(episode.shortest, self.s.success_distance, self.s.success_reward,
                                       self.s.slack_reward)

@@ -14,8 +14,9 @@ habitat-baselines' navigation reward; success and SPL are habitat's own.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from wagma_bench.workloads.ddppo.envs.base import GOAL_KEY, STOP, Episode, Episo
 INSTALL = (
     "env=habitat needs habitat-sim and habitat-lab, which are not installed. Install them in a conda "
     "environment (habitat-sim has no wheels for this glibc, and habitat-lab pins numpy 1.x):\n"
-    "  conda create -n habitat python=3.9 cmake=3.14 && conda activate habitat\n"
+    "  conda create -n habitat python=3.10 cmake=3.14 && conda activate habitat\n"
     "  conda install habitat-sim withbullet headless -c conda-forge -c aihabitat\n"
     "  pip install habitat-lab==0.3.3 && pip install -e /path/to/wagma-bench\n"
     "and the data: the Gibson scene meshes (data/scene_datasets/gibson/*.glb, under the Gibson dataset's "
@@ -37,7 +38,7 @@ INSTALL = (
 class HabitatNavSettings:
     name: str = "habitat"
     config_path: str = "benchmark/nav/pointnav/pointnav_gibson.yaml"  # habitat-lab task config
-    data_root: Optional[str] = None  # folder that holds data/scene_datasets and data/datasets (cwd if null)
+    data_root: str | None = None  # folder that holds data/scene_datasets and data/datasets (cwd if null)
     split: str = "train"             # episodes of training; evaluation uses eval_split
     eval_split: str = "val"
     max_episode_steps: int = 500     # habitat's PointNav limit

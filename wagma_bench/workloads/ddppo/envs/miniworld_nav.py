@@ -21,7 +21,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
-    GOAL_KEY, MOVE_FORWARD, STOP, TURN_LEFT, TURN_RIGHT, Episode, EpisodeTracker, NavEnv, polar_goal)
+    GOAL_KEY,
+    MOVE_FORWARD,
+    STOP,
+    TURN_LEFT,
+    TURN_RIGHT,
+    Episode,
+    EpisodeTracker,
+    NavEnv,
+    polar_goal,
+)
 
 
 @dataclass
@@ -93,6 +102,10 @@ def dijkstra(free: np.ndarray, sources: dict[tuple[int, int], float], res: float
 
 
 def _make_world_class():
+    # torch.optim imports torch._dynamo, which loads triton's LLVM; loading it after Mesa's llvmpipe (the
+    # software renderer) segfaults the process, before it is fine. So: triton first, then pyglet/Mesa.
+    import torch._dynamo  # noqa: F401
+
     os.environ.setdefault("PYGLET_HEADLESS", "true")
     from miniworld.miniworld import MiniWorldEnv
     from miniworld.opengl import FrameBuffer
@@ -143,7 +156,7 @@ class MiniWorldNavEnv(NavEnv):
     def _build_grid(self) -> None:
         w, res = self.world, self.s.grid_resolution
         self.x0, self.y0 = w.min_x, -w.max_z
-        cols, rows = int(math.ceil((w.max_x - w.min_x) / res)), int(math.ceil((w.max_z - w.min_z) / res))
+        cols, rows = math.ceil((w.max_x - w.min_x) / res), math.ceil((w.max_z - w.min_z) / res)
         self.free = np.zeros((rows, cols), dtype=bool)
         for r in range(rows):
             for c in range(cols):

@@ -1,0 +1,94 @@
+"""eager-SGD: gradient averaging with partial collectives (Li, Ben-Nun, Di Girolamo, Alistarh & Hoefler,
+PPoPP 2020).
+
+Gradients (not models) are averaged over all ranks every round, by a *partial* allreduce that does not
+wait for every rank's computation: it is the wait-avoiding allreduce of
+:mod:`wagma_bench.comm.wait_avoiding` with the whole world as the one group. A rank posts its fresh
+gradient to its send buffer and asks for the next round; a rank still computing when a round is activated
+takes part through its progress thread with the gradient left in its send buffer, i.e. its latest,
+possibly stale, gradient (the authors' library reduces the user's send buffer as it is).
+
+- ``mode=solo``: the first rank to arrive activates the round (the fastest never waits for computation).
+- ``mode=majority``: each round one initiator, drawn with a seed shared by all ranks
+  (:func:`~wagma_bench.comm.topology.random_initiator`), activates it; the ranks ready before it wait
+  for it, so in expectation half of the ranks contribute a fresh gradient.
+- Every ``sync_every`` rounds the allreduce is synchronous (eager-SGD's "solo limiter"), which bounds the
+  gradient staleness by ``sync_every - 1`` rounds; it is also where all ranks meet (``sync_period``).
+
+Every rank applies the result of every round, in order (results of rounds it joined passively are kept
+until its compute thread asks for them), with the same learning rate, so all models stay identical; only
+the gradients are stale. Readings: majority mode keeps the synchronous round every ``sync_every`` rounds
+too (the trainer needs common points); the local optimizer (momentum SGD) is applied to the averaged
+gradient, as with Allreduce-SGD.
+
+Evaluated model: all models are identical, so the trainer evaluates rank 0's model as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from wagma_bench.comm.topology import random_initiator
+from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
+from wagma_bench.optim.base import Algorithm, StepInfo
+
+MODES = ("solo", "majority")
+
+
+class EagerSGD(Algorithm):
+    name = "eager"
+    default_eval_model = "local"
+    models_identical = True
+
+    @dataclass
+    class Settings:
+        name: str = "eager"
+        mode: str = "solo"
+        sync_every: int = 10
+
+    def __init__(self, settings, model, local_opt_factory, comm, seed=0):
+        if settings.mode not in MODES:
+            raise ValueError(f"optimizer.mode must be one of {', '.join(MODES)}; got {settings.mode!r}")
+        if settings.sync_every < 1:
+            raise ValueError(f"optimizer.sync_every must be >= 1, got {settings.sync_every}")
+        super().__init__(settings, model, local_opt_factory, comm, seed)
+        if len(self.buckets) != 1:
+            raise ValueError("eager reduces the gradient as one flat buffer")
+        self.grad = self.buckets[0].grad
+        self.engine: WaitAvoidingAllreduce | None = None
+
+    @property
+    def sync_period(self) -> int:
+        return self.settings.sync_every
+
+    def _start_engine(self) -> None:
+        # Created at the first step (the same point on every rank, fresh or resumed), so that rounds
+        # continue from the restored round counter.
+        world = tuple(range(self.comm.world_size))
+        activator = None
+        if self.settings.mode == "majority":
+            activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
+        self.engine = WaitAvoidingAllreduce(self.comm, self.grad, lambda r: (world,), [world],
+                                            sync_every=self.settings.sync_every, start_round=self.round,
+                                            timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                            in_order=True, activator=activator)
+
+    def step(self) -> StepInfo:
+        if self.comm.world_size == 1:
+            self.optimizer.step()
+            self.round += 1
+            return StepInfo(round=self.round)
+        if self.engine is None:
+            self._start_engine()
+        self.engine.post(self.grad)      # the fresh gradient, for the next round that starts
+        res = self.engine.request()      # this rank's next round, in order (may have run already)
+        self.grad.copy_(res.result)
+        self.optimizer.step()
+        self.round = res.round
+        return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

@@ -1,0 +1,523 @@
+"""Discrete-event simulation of the training loop of every optimizer in the suite.
+
+P workers run the trainer's loop (:mod:`wagma_bench.trainer`): per local step, compute (forward +
+backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
+objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
+compute time)``), then the optimizer's communication, then the update; every ``control_every`` rounds
+(rounded up to the optimizer's sync period, as the trainer does) all ranks meet in the trainer's small
+control allreduce. Communication costs come from :class:`~wagma_bench.simulate.costs.Network`.
+
+Events are processed round by round. Every interaction the optimizers have is ordered by rounds (a
+collective of round r needs round r-1 done on each member; a gossip of step t follows step t-1), so
+processing rounds in order visits events in causal order, and all ranks of a round are handled at once
+with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs on an event heap.
+
+What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`):
+
+- ``allreduce``: gradient buckets are launched as backward fills them (the delay is injected after
+  backward, so it overlaps the reduction); bucket b's allreduce starts once every rank has launched it and
+  bucket b-1 is done; a rank waits for the last bucket, then steps.
+- ``local_sgd``: local steps; after every round that is a multiple of ``period`` a blocking global
+  allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient allreduces.
+- ``dpsgd``: each step a synchronous exchange with both ring neighbours
+  (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
+- ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
+  without overlap a rank waits for its in-peer's and out-peer's messages; with ``overlap`` the message
+  pushed at step t is waited for at step t+1.
+- ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
+  thread of each even (active) rank exchanges with its partner in
+  :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
+  requests one at a time, first come first served.
+- ``wagma``: the wait-avoiding group allreduce of :mod:`wagma_bench.comm.wait_avoiding` over
+  :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
+  on a member when its progress thread is free and either its compute thread asked for it or an activation
+  arrived over the group's hypercube (:func:`~wagma_bench.comm.topology.hypercube_neighbours`, one control
+  latency per hop); the round ends when every member has started plus the group allreduce's cost; a rank's
+  request is answered by the round in flight that started after its post, else by the next round, which it
+  activates (so a slow rank skips the rounds it joined passively); every ``tau + 1``-th round is a
+  synchronous global allreduce that waits for every rank's request.
+- ``eager``: eager-SGD's partial gradient allreduce through the same engine with one group of all ranks:
+  ``solo`` -- any rank's request activates the round; ``majority`` -- only one initiator per round, drawn
+  with the shared seed, activates it (the others wait for it or join passively). This is our reading of
+  eager-SGD (Li et al., PPoPP 2020); ``sync_every`` rounds apart a synchronous round bounds staleness.
+
+Time that is neither compute, injected delay nor waiting (the optimizer update, data loading, logging) is
+the workload's ``overhead_s``, charged after the communication of each step (for the wait-avoiding
+engine: between the answer and the post, where the real update happens).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from wagma_bench.comm.topology import (
+    butterfly_stage, default_group_size, exponential_in_peer, exponential_peer, hypercube_neighbours,
+    num_stages, random_matching, ring_neighbours,
+)
+from wagma_bench.imbalance import Imbalance, NoImbalance
+from wagma_bench.simulate.costs import Network
+
+CONTROL_EVERY = 10           # wagma_bench.trainer.CONTROL_EVERY (a test keeps them equal)
+CONTROL_BYTES = 6 * 8        # the trainer's control tensor: six float64 flags
+COMPUTE_MODELS = ("constant", "lognormal", "empirical")
+
+
+@dataclass
+class Workload:
+    """What one rank's step costs: compute-time distribution, model size, batch."""
+
+    name: str = "custom"
+    step_s: float = 0.3              # median compute time (forward + backward) of one step on one rank
+    batch: int = 128                 # samples per rank and step
+    params: float = 25.6e6           # model parameters (gradients and models travel as float32)
+    bytes_per_param: int = 4
+    compute: str = "lognormal"       # constant | lognormal | empirical
+    sigma: float = 0.0               # lognormal: spread of log(compute time)
+    samples: tuple = ()              # empirical: measured compute times to resample (from --calibrate)
+    overhead_s: float = 0.0          # per-step time outside compute, delay and communication
+    backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
+    source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
+
+    @property
+    def model_bytes(self) -> float:
+        return float(self.params) * self.bytes_per_param
+
+    def draw(self, rng: np.random.Generator, world_size: int, steps: int) -> np.ndarray:
+        """Compute times ``[rank, local step]``."""
+        shape = (world_size, steps)
+        if self.compute == "constant" or (self.compute == "lognormal" and self.sigma == 0):
+            return np.full(shape, float(self.step_s))
+        if self.compute == "lognormal":
+            return self.step_s * np.exp(self.sigma * rng.standard_normal(shape))
+        if self.compute == "empirical":
+            if not len(self.samples):
+                raise ValueError("compute=empirical needs measured samples (wagma-bench simulate --calibrate RUN_DIR)")
+            return rng.choice(np.asarray(self.samples, dtype=float), size=shape)
+        raise ValueError(f"workload.compute={self.compute!r}; choose one of: {', '.join(COMPUTE_MODELS)}")
+
+
+@dataclass
+class SimConfig:
+    optimizer: str
+    world_size: int
+    workload: Workload
+    network: Network
+    imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
+    settings: dict = field(default_factory=dict)  # the optimizer's settings (conf/optimizer/NAME.yaml + overrides)
+    steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
+    seed: int = 1
+    control_every: int = CONTROL_EVERY
+
+
+@dataclass
+class SimResult:
+    optimizer: str
+    world_size: int
+    rounds: int
+    local_steps: float               # mean local steps per rank (< rounds when ranks skip rounds)
+    time_s: float                    # simulated training clock at the end
+    samples: int
+    throughput: float                # samples / s
+    wait_frac: float                 # mean share of a rank's time spent waiting on communication
+    staleness: float = 0.0           # mean staleness (rounds) of the contributions a rank got answered
+    extra: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
+
+
+# --- shared pieces -------------------------------------------------------------------------------------
+
+def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray) -> np.ndarray:
+    """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does."""
+    out = np.zeros((world_size, steps))
+    if isinstance(imbalance, NoImbalance):
+        return out
+    if hasattr(imbalance, "slow_ranks"):  # only the drawn ranks can be slow: ask them alone (fast at P=1024)
+        for k in range(steps):
+            for r in imbalance.slow_ranks(world_size, k):
+                out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
+        return out
+    for r in range(world_size):
+        for k in range(steps):
+            out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
+    return out
+
+
+def control_period(sync_period: int, control_every: int) -> int:
+    """The trainer's ``round_up(CONTROL_EVERY, sync_period)``."""
+    return max(sync_period, math.ceil(control_every / sync_period) * sync_period)
+
+
+class Run:
+    """Per-simulation arrays and bookkeeping shared by the optimizer models."""
+
+    def __init__(self, cfg: SimConfig, sync_period: int):
+        if cfg.world_size < 1:
+            raise ValueError(f"world size must be >= 1, got {cfg.world_size}")
+        self.cfg, self.P = cfg, cfg.world_size
+        self.sync_period = max(1, sync_period)
+        self.rounds = self.sync_period * max(1, math.ceil(cfg.steps / self.sync_period))
+        self.control = control_period(self.sync_period, cfg.control_every)
+        rng = np.random.default_rng(cfg.seed)
+        cols = self.rounds + 1
+        self.compute = cfg.workload.draw(rng, self.P, cols)
+        self.delay = delay_matrix(cfg.imbalance, self.P, cols, self.compute)
+        self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
+        self.overhead = float(cfg.workload.overhead_s)
+        self.nbytes = cfg.workload.model_bytes
+        self.wait = np.zeros(self.P)
+
+    def is_control(self, r: int) -> bool:
+        return r % self.control == 0 or r == self.rounds
+
+    def barrier(self, t: np.ndarray) -> np.ndarray:
+        """The trainer's control allreduce: everyone leaves at the last arrival plus its cost."""
+        return np.full(self.P, t.max() + self.ctrl_cost)
+
+    def result(self, end: float, steps_done: np.ndarray, staleness: float = 0.0, **extra: Any) -> SimResult:
+        samples = int(steps_done.sum()) * int(self.cfg.workload.batch)
+        return SimResult(self.cfg.optimizer, self.P, self.rounds, float(steps_done.mean()), float(end), samples,
+                         samples / end if end > 0 else math.inf, float(self.wait.mean() / end) if end > 0 else 0.0,
+                         float(staleness), extra)
+
+
+def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[Run, int, np.ndarray], np.ndarray]) -> SimResult:
+    """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
+    are ready to communicate in round ``r`` into the times their step's communication is done."""
+    run = Run(cfg, sync_period)
+    start = np.zeros(run.P)
+    for r in range(1, run.rounds + 1):
+        ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
+        done = comm(run, r, ready) if run.P > 1 else ready
+        run.wait += done - ready
+        start = done + run.overhead
+        if run.is_control(r) and run.P > 1:
+            start = run.barrier(start)
+    return run.result(start.max(), np.full(run.P, run.rounds))
+
+
+# --- synchronous optimizers ----------------------------------------------------------------------------
+
+def bucket_sizes(nbytes: float, bucket_mb: float) -> list[float]:
+    size = bucket_mb * 2**20
+    if not size or size <= 0 or size >= nbytes or math.isinf(size):
+        return [nbytes]
+    full = int(nbytes // size)
+    return [size] * full + ([nbytes - full * size] if nbytes - full * size > 0 else [])
+
+
+def sim_allreduce(cfg: SimConfig) -> SimResult:
+    """Allreduce-SGD: bucketed gradient allreduce overlapped with backward."""
+    sizes = bucket_sizes(cfg.workload.model_bytes, float(cfg.settings.get("bucket_mb", 25.0)))
+    costs = [cfg.network.world_allreduce(cfg.world_size, b) for b in sizes]
+    frac = np.cumsum(sizes) / sum(sizes)  # share of backward done when each bucket is full
+    bf = cfg.workload.backward_fraction
+
+    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+        c = run.compute[:, r - 1]
+        start = ready - c - run.delay[:, r - 1]
+        launch = (start + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
+        end = -math.inf
+        for b, cost in enumerate(costs):  # in order: every rank issues the same sequence
+            end = max(end, launch[:, b].max()) + cost
+        return np.maximum(ready, end)
+
+    return _lockstep(cfg, 1, comm)
+
+
+def sim_local_sgd(cfg: SimConfig) -> SimResult:
+    """Local SGD / PR-SGD: blocking global model average every ``period`` rounds."""
+    period = int(cfg.settings.get("period", 4))
+    warmup = int(cfg.settings.get("warmup_steps", 0))
+    factor = 2 if cfg.settings.get("average_momentum") else 1  # momentum buffers travel with the model (SGD)
+    avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
+    grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
+
+    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+        if r <= warmup:
+            return np.full(run.P, ready.max() + grad_cost)
+        if r % period == 0:
+            return np.full(run.P, ready.max() + avg_cost)
+        return ready
+
+    return _lockstep(cfg, period, comm)
+
+
+def sim_dpsgd(cfg: SimConfig) -> SimResult:
+    """D-PSGD: synchronous model exchange with both ring neighbours each step."""
+    P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes
+    nbs = [ring_neighbours(i, P) for i in range(P)]
+    cols = max((len(x) for x in nbs), default=0)
+    idx = np.array([list(x) + [i] * (cols - len(x)) for i, x in enumerate(nbs)], dtype=int).reshape(P, cols)
+    # sends to (and receives from) both neighbours at once: one latency, the bytes of every message
+    cost = np.array([max((net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0))
+                          for j in x), default=0.0) for i, x in enumerate(nbs)])
+
+    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+        return np.maximum(ready, ready[idx].max(axis=1)) + cost
+
+    return _lockstep(cfg, 1, comm)
+
+
+def sim_sgp(cfg: SimConfig) -> SimResult:
+    """SGP: push-sum to one exponential-graph peer per step, optionally 1-overlap."""
+    P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes + 4
+    overlap = bool(cfg.settings.get("overlap", False))
+    peers = {}
+    for t in range(max(1, math.ceil(math.log2(P))) if P > 1 else 1):
+        out = np.array([exponential_peer(i, P, t) for i in range(P)])
+        inn = np.array([exponential_in_peer(i, P, t) for i in range(P)])
+        cost = np.array([net.p2p(j, i, n) for i, j in enumerate(inn)])
+        peers[t] = (out, inn, cost)
+    hops = len(peers)
+    state = {"arrival": None, "sent_arrival": [None, None]}
+
+    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+        t = r - 1
+        out, inn, cost = peers[t % hops]
+        slot = state["sent_arrival"][t % 2]
+        if slot is not None:  # the send buffer of step t-2 must have been received
+            ready = np.maximum(ready, slot)
+        if not overlap:
+            done = np.maximum(np.maximum(ready, ready[inn]), ready[out]) + cost
+            state["sent_arrival"][t % 2] = None
+            return done
+        prev = state["arrival"]
+        done = ready if prev is None else np.maximum(ready, prev)
+        # this step's message from the in-peer, received once this rank posted its receive (at done)
+        arrival = np.maximum(ready[inn], done) + cost
+        state["arrival"] = arrival
+        sent = np.empty(P)
+        sent[inn] = arrival  # my message arrives at my out-peer when its receive completes
+        state["sent_arrival"][t % 2] = sent
+        return done
+
+    return _lockstep(cfg, 1, comm)
+
+
+# --- AD-PSGD -------------------------------------------------------------------------------------------
+
+def sim_adpsgd(cfg: SimConfig) -> SimResult:
+    """AD-PSGD: compute never waits (except at sync points); the gossip thread is simulated on a heap."""
+    sync = int(cfg.settings.get("sync_every", 10))
+    run = Run(cfg, sync)
+    P = run.P
+    start = np.zeros(P)
+    ends = np.zeros((P, run.rounds))
+    for r in range(1, run.rounds + 1):
+        done = start + run.compute[:, r - 1] + run.delay[:, r - 1]
+        ends[:, r - 1] = done
+        start = done + run.overhead
+        if run.is_control(r) and P > 1:
+            start = run.barrier(start)
+    end_time = start.max()
+    exchanges, lag = _gossip(cfg, run, ends, end_time) if P > 1 else (0, 0.0)
+    return run.result(end_time, np.full(P, run.rounds), staleness=lag,
+                      exchanges_per_step=exchanges / max(1, (P // 2) * run.rounds))
+
+
+def _gossip(cfg: SimConfig, run: Run, ends: np.ndarray, end_time: float) -> tuple[int, float]:
+    """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
+    one at a time, first come first served. Returns (exchanges, mean step lag between the pair)."""
+    P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
+    steps = [row.tolist() for row in ends]  # plain lists: bisect is much faster than numpy scalars here
+    free = [0.0] * P  # when each passive is free
+    heap = [(steps[a][0], a, 0) for a in range(0, P, 2)]  # (time the thread wakes, active, exchange no.)
+    heapq.heapify(heap)
+    count, lag_sum = 0, 0
+    matchings: dict[int, dict[int, int]] = {}  # the e-th matching is shared by every active
+    cost: dict[tuple[int, int], tuple[float, float]] = {}
+    while heap:
+        t, a, e = heapq.heappop(heap)
+        if t >= end_time:
+            continue
+        if e not in matchings:
+            matchings[e] = random_matching(P, e, cfg.seed)
+        p = matchings[e][a]
+        finish = t
+        if p != a:
+            if (a, p) not in cost:
+                cost[a, p] = (net.control(a, p), 2 * net.p2p(a, p, n))  # header; both models, one after the other
+            latency, swap = cost[a, p]
+            begin = max(t + latency, free[p])
+            finish = free[p] = begin + swap
+            count += 1
+            lag_sum += abs(bisect.bisect(steps[a], begin) - bisect.bisect(steps[p], begin))
+        # the thread then waits for a local step that ended after it woke at t
+        k = bisect.bisect(steps[a], t)
+        if k < len(steps[a]):
+            heapq.heappush(heap, (max(finish, steps[a][k]), a, e + 1))
+    return count, lag_sum / count if count else 0.0
+
+
+# --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
+
+@dataclass
+class Plan:
+    """One round's partition, prepared for vectorised activation."""
+
+    gid: np.ndarray      # [P] group index of each rank
+    order: np.ndarray    # ranks sorted by group
+    offsets: np.ndarray  # start of each group in ``order``
+    nbr: np.ndarray      # [P, D] hypercube neighbours inside the group (self where none)
+    lat: np.ndarray      # [P, D] control latency of each edge (inf where none)
+    cost: np.ndarray     # [G] the group allreduce's cost
+    solo: np.ndarray     # [P] rank's group is a singleton (completes at once)
+
+
+def make_plan(groups, net: Network, nbytes: float) -> Plan:
+    P = sum(len(g) for g in groups)
+    gid = np.empty(P, dtype=int)
+    nbs = {}
+    for g, group in enumerate(groups):
+        for r in group:
+            gid[r] = g
+            nbs[r] = hypercube_neighbours(r, group) if len(group) > 1 else ()
+    D = max(1, max(len(v) for v in nbs.values()))
+    nbr = np.tile(np.arange(P)[:, None], (1, D))
+    lat = np.full((P, D), math.inf)
+    for r, v in nbs.items():
+        for d, j in enumerate(v):
+            nbr[r, d], lat[r, d] = j, net.control(j, r)
+    order = np.concatenate([np.asarray(g, dtype=int) for g in groups])
+    offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
+    cost = np.array([net.group_allreduce(g, nbytes) if len(g) > 1 else 0.0 for g in groups])
+    solo = np.array([len(groups[gid[r]]) == 1 for r in range(P)])
+    return Plan(gid, order, offsets, nbr, lat, cost, solo)
+
+
+def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
+    """Start times of a group round: ``start_j = max(free_j, min(request_j, first activation at j))``,
+    activations travelling one hypercube hop per control latency from each member that starts.
+    Iterated to the fixed point from above (Bellman-Ford over all groups at once)."""
+    key = np.where(plan.solo, free, self_key)
+    while True:
+        via = (key[plan.nbr] + plan.lat).min(axis=1)
+        new = np.minimum(key, np.maximum(free, via))
+        if np.array_equal(new, key):
+            return key
+        key = new
+
+
+def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
+                  initiator: Callable[[int], int] | None = None) -> SimResult:
+    """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
+
+    ``initiator(r)``: the only rank whose request activates group round ``r`` (None: any member's).
+    """
+    if sync_every < 1:
+        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
+    run = Run(cfg, sync_every)
+    P, inf = run.P, math.inf
+    if P == 1:
+        return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
+    k = np.zeros(P, dtype=int)                 # local step of the pending request
+    t_post = np.zeros(P)                       # time of the last post
+    t_req = run.compute[:, 0] + run.delay[:, 0]
+    done = np.zeros(P)                         # progress thread free (round r-1 done)
+    cur_posted = np.ones(P, dtype=int)         # first round that uses the posted buffer (0: none yet)
+    prev_posted = np.ones(P, dtype=int)        # ... of the buffer before it
+    stale_max = np.zeros(P, dtype=int)
+    answered = np.zeros(P, dtype=int)
+    stale_sum = 0
+    passive_rounds = 0
+    ranks = np.arange(P)
+    for r in range(1, run.rounds + 1):
+        if r % sync_every == 0:
+            start = np.maximum(done, t_req)
+            end = np.full(P, start.max() + world_cost)
+            target = np.ones(P, dtype=bool)
+        else:
+            plan = plan_of(r)
+            can = np.ones(P, dtype=bool) if initiator is None else ranks == initiator(r)
+            start = activate(plan, done, np.where(can, np.maximum(done, t_req), inf))
+            gend = np.maximum.reduceat(start[plan.order], plan.offsets) + plan.cost
+            end = gend[plan.gid]
+            active = t_req <= start
+            target = active | ((start >= t_post) & (start <= t_req) & (t_req < end))
+            passive_rounds += int((~active).sum())
+        # staleness of what each rank contributed (WaitAvoidingAllreduce._staleness)
+        fresh = start >= t_post
+        newly = fresh & (cur_posted == 0)
+        cur_posted[newly] = r
+        stale_max = np.maximum(stale_max, r - np.where(fresh, cur_posted, prev_posted))
+        done = end
+        idx = np.nonzero(target)[0]
+        run.wait[idx] += end[idx] - t_req[idx]
+        answered[idx] += 1
+        stale_sum += int(stale_max[idx].sum())
+        stale_max[idx] = 0
+        t_post[idx] = end[idx] + run.overhead
+        prev_posted[idx] = cur_posted[idx]
+        cur_posted[idx] = 0
+        k[idx] += 1
+        nxt = t_post
+        if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
+            nxt = run.barrier(t_post)
+            if r == run.rounds:
+                break
+        kk = np.minimum(k[idx], run.compute.shape[1] - 1)
+        t_req[idx] = nxt[idx] + run.compute[idx, kk] + run.delay[idx, kk]
+    return run.result(float(nxt.max()), answered, staleness=stale_sum / max(1, answered.sum()),
+                      passive_share=passive_rounds / max(1, P * run.rounds))
+
+
+def sim_wagma(cfg: SimConfig) -> SimResult:
+    P = cfg.world_size
+    tau = int(cfg.settings.get("tau", 10))
+    if tau < 1:
+        raise ValueError(f"optimizer.tau must be >= 1, got {tau}")
+    S = int(cfg.settings.get("group_size") or default_group_size(P))
+    stages = num_stages(P, S)
+    plans = [make_plan(butterfly_stage(P, S, s), cfg.network, cfg.workload.model_bytes) for s in range(stages)]
+    res = wait_avoiding(cfg, lambda r: plans[(r - 1) % stages], tau + 1,
+                        cfg.network.world_allreduce(P, cfg.workload.model_bytes))
+    res.extra["group_size"] = S
+    return res
+
+
+def sim_eager(cfg: SimConfig) -> SimResult:
+    P = cfg.world_size
+    mode = cfg.settings.get("mode", "solo")
+    if mode not in ("solo", "majority"):
+        raise ValueError(f"optimizer.mode={mode!r}; choose one of: solo, majority")
+    sync_every = int(cfg.settings.get("sync_every", 10))
+    plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
+    initiator = None
+    if mode == "majority":
+        def initiator(r: int) -> int:
+            return random.Random((cfg.seed + 3) * 1_000_003 + r).randrange(P)
+    res = wait_avoiding(cfg, lambda r: plan, sync_every, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
+                        initiator)
+    res.extra["mode"] = mode
+    return res
+
+
+SIMULATORS: dict[str, Callable[[SimConfig], SimResult]] = {
+    "allreduce": sim_allreduce,
+    "wagma": sim_wagma,
+    "local_sgd": sim_local_sgd,
+    "dpsgd": sim_dpsgd,
+    "adpsgd": sim_adpsgd,
+    "sgp": sim_sgp,
+    "eager": sim_eager,
+}
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate ``cfg.steps`` rounds of ``cfg.optimizer`` on ``cfg.world_size`` workers."""
+    try:
+        model = SIMULATORS[cfg.optimizer]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; available: {', '.join(SIMULATORS)}") from None
+    return model(cfg)
