@@ -52,6 +52,16 @@ def _oracles(comm):
             b.grad.fill_(rank + 1.0)
         trace.append((algo.step().round, flat_params(model)))
     out["local_sgd"] = trace
+    # Local SGD with average_momentum: the momentum buffers are averaged with the models
+    model = Vector(3, rank)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5, momentum=0.9), period=2, average_momentum=True)
+    for _ in range(2):
+        algo.zero_grad()
+        for b in algo.buckets:
+            b.grad.fill_(rank + 1.0)
+        algo.step()
+    out["momentum"] = torch.cat([algo.optimizer.state[p]["momentum_buffer"].reshape(-1)
+                                 for p in model.parameters()])
     return out
 
 
@@ -144,6 +154,14 @@ def test_local_sgd_averages_exactly_at_multiples_of_period(oracle_results):
                        for res in results), "models differ right after an averaging"
 
 
+def test_local_sgd_can_average_momentum_buffers(oracle_results):
+    world, results = oracle_results
+    # two momentum steps with the constant gradient g: buffer 0.9 g + g, then averaged over ranks
+    mean = sum(0.9 * (r + 1.0) + (r + 1.0) for r in range(world)) / world
+    for rank, res in enumerate(results):
+        torch.testing.assert_close(res["momentum"], torch.full_like(res["momentum"], mean), rtol=1e-6, atol=0)
+
+
 # --- agreement with torch's post-local SGD ------------------------------------------------------------
 def _net() -> nn.Module:
     torch.manual_seed(0)
@@ -209,3 +227,30 @@ def test_local_sgd_agrees_with_torch_post_local_sgd():
                 torch.testing.assert_close(b, a, rtol=0, atol=1e-6,
                                            msg=f"rank {rank} period {period} warm-up {warmup} step {t}")
             assert not torch.equal(ref[-1], results[(rank + 1) % 4][(period, warmup)][0][-1]) or period == 1
+
+
+# --- pure schedules the baselines use -----------------------------------------------------------------
+def test_random_initiator_is_shared_and_uniform():
+    from wagma_bench.comm.topology import random_initiator
+
+    draws = [random_initiator(4, r, seed=5) for r in range(4000)]
+    assert draws == [random_initiator(4, r, seed=5) for r in range(4000)]  # the same on every rank
+    assert draws != [random_initiator(4, r, seed=6) for r in range(4000)]
+    counts = [draws.count(k) for k in range(4)]
+    assert min(counts) > 900 and max(counts) < 1100, counts
+    with pytest.raises(ValueError):
+        random_initiator(0, 1)
+
+
+def test_settings_errors_name_the_valid_choices():
+    from wagma_bench.optim import get_optimizer
+
+    model = Vector(2)
+    with pytest.raises(ValueError, match="solo, majority"):
+        cls = get_optimizer("eager")
+        cls(cls.Settings(mode="all"), model, sgd(), comm=None)
+    for name, bad in [("local_sgd", {"period": 0}), ("local_sgd", {"warmup_steps": -1}),
+                      ("adpsgd", {"sync_every": 0}), ("eager", {"sync_every": 0})]:
+        cls = get_optimizer(name)
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            cls(cls.Settings(**bad), Vector(2), sgd(), comm=None)

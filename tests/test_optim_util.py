@@ -18,7 +18,6 @@ import traceback
 import torch
 from torch import nn
 
-
 # This module is preloaded too: importing it builds one torch optimizer, whose first construction
 # imports torch._dynamo (5-20 s), so that the ranks forked from the server do not each pay for it.
 _PRELOAD = ["torch", "torch.distributed", "wagma_bench.comm.torch_dist", "wagma_bench.optim", __name__]
@@ -36,10 +35,7 @@ class RankFailed(RuntimeError):
 
 def _context():
     ctx = mp.get_context("forkserver")
-    try:
-        ctx.set_forkserver_preload(_PRELOAD)
-    except Exception:  # already started by an earlier test: keep it
-        pass
+    ctx.set_forkserver_preload(_PRELOAD)  # used when the server starts (once per test session)
     return ctx
 
 
@@ -61,7 +57,7 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
         results.put((rank, "ok", pickle.dumps(value)))
         ok = True
         comm.close()
-    except BaseException as err:
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, whatever it is
         results.put((rank, "error", (type(err).__name__, str(err), traceback.format_exc())))
     finally:
         results.close()

@@ -123,10 +123,12 @@ def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster):
     import dataclasses
 
     scripts = []
-    for array in (True, False):
+    # the default (one job array per GPU count, every optimizer and seed) and one job per run; the latter
+    # differ between runs only in the run they select, so one optimizer covers their resource lines
+    for array, optimizers, seeds in ((True, ",".join(CONF_OPTIMIZERS), 3), (False, "allreduce", 1)):
         out, manifest = render(tmp_path, [f"cluster={cluster}", "cluster.account=proj1", f"gpus={GPUS_1024}",
-                                          f"optimizer={','.join(CONF_OPTIMIZERS)}", "seeds=3" if array else "seeds=1"],
-                               array=array, name=f"array{array}")
+                                          f"optimizer={optimizers}", f"seeds={seeds}"], array=array,
+                               name=f"array{array}")
         scripts += [out / j["script"] for j in manifest["jobs"]]
     too_big, _ = render(tmp_path, [f"cluster={cluster}", f"gpus={2 * 1024}", "optimizer=allreduce"], name="big")
     with local_cluster(extra_conf=standin_partition(dataclasses.asdict(profile))) as env:

@@ -16,6 +16,7 @@ commands:
   comm-bench  time our communication backend against the raw library calls
   report      time-to-accuracy tables and figures over run or sweep directories
   sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
+  simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
 
 `wagma-bench run --help` lists the configuration groups and their options.
 """
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         from wagma_bench.report import main as report_main
 
         return report_main(rest)
+    if command == "simulate":
+        from wagma_bench.simulate.cli import main as simulate_main
+
+        return simulate_main(rest)
     print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

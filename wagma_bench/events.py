@@ -165,7 +165,7 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None)
     """Write ``summary.json`` from the run's events (used after a crash by the launcher)."""
     events = read_jsonl(run_dir / EVENTS)
     summary = summarize(events, status)
-    if error and not summary.get("error"):
-        summary["error"] = error
+    if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
+        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(run_dir / SUMMARY, summary)
     return summary

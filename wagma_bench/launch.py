@@ -91,6 +91,8 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     from wagma_bench.comm.torch_dist import TorchComm
 
     backend = cfg.comm.backend if cfg.comm.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
+        return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,

@@ -165,6 +165,7 @@ class Preemption:
 def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
     rank, world = comm.rank, comm.world_size
+    preempt = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
     torch.manual_seed(cfg.seed)
     workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
     workload.attach(comm)
@@ -212,7 +213,6 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
 
     progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
                         f"{cfg.workload.name}/{algo.name} x{world}")
-    preempt = Preemption()
     batches = workload.batches(state["local_step"])
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
     requeue = False

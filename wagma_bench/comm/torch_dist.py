@@ -52,8 +52,11 @@ class TorchComm(Comm):
     @classmethod
     def init(cls, backend: str, rank: int, world_size: int, store, timeout_s: float,
              device: torch.device) -> "TorchComm":
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:  # env:// (MASTER_ADDR/MASTER_PORT, or torchrun's agent store)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         return cls(dist.group.WORLD, timeout_s, device)
 
     def store_add(self, key: str, amount: int) -> int:

@@ -46,7 +46,9 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 EXCHANGE, STOP = 1, 0
 TAG_HEADER, TAG_MODEL = 11, 12
-CLOSE_TIMEOUT_S = 600.0
+# A passive rank waits for requests for as long as the actives evaluate or checkpoint; a dead peer is
+# detected on the model channel, which keeps the normal timeout.
+HEADER_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class ADPSGD(Algorithm):
@@ -77,7 +79,9 @@ class ADPSGD(Algorithm):
         self.exchanges = 0
         self._thread = None
         if comm.world_size > 1:
-            self._gcomm = comm.fork()  # collective: every rank forks here
+            # Collective: every rank forks here. Headers and models travel on separate communicators.
+            self._hcomm = comm.fork(timeout_s=HEADER_TIMEOUT_S)
+            self._gcomm = comm.fork()
             loop = self._active_loop if self.active else self._passive_loop
             self._thread = threading.Thread(target=self._guarded(loop), daemon=True,
                                             name=f"adpsgd-gossip-{comm.rank}")
@@ -117,9 +121,10 @@ class ADPSGD(Algorithm):
         self._closing = True
         self._stepped.set()
         # A thread blocked on a dead or hung peer ends with the communicator's timeout error.
-        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        timeout_s = 2 * getattr(self.comm, "timeout_s", 300.0)
+        self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
-            raise CommError(f"rank {self.comm.rank}: adpsgd gossip thread did not stop within {CLOSE_TIMEOUT_S} s")
+            raise CommError(f"rank {self.comm.rank}: adpsgd gossip thread did not stop within {timeout_s:.0f} s")
         self._raise_if_failed()
 
     # --- gossip thread ----------------------------------------------------------------------------
@@ -138,13 +143,13 @@ class ADPSGD(Algorithm):
                 self._exchange(partner, first=True, header=header)
         stop = torch.tensor([STOP, 0], dtype=torch.int64)
         for p in passives:
-            self._gcomm.send(stop, p, TAG_HEADER)
+            self._hcomm.send(stop, p, TAG_HEADER)
 
     def _passive_loop(self) -> None:
         stops_expected = len(range(0, self.comm.world_size, 2))
         header = torch.zeros(2, dtype=torch.int64)
         while stops_expected:
-            src = self._gcomm.recv_any(header, TAG_HEADER)
+            src = self._hcomm.recv_any(header, TAG_HEADER)
             if int(header[0]) == STOP:
                 stops_expected -= 1
                 continue
@@ -160,7 +165,7 @@ class ADPSGD(Algorithm):
             torch.add(self.flat, self._pending, out=snapshot)
             mine = torch.tensor([EXCHANGE, self.round], dtype=torch.int64)
         if first:
-            self._gcomm.send(mine, peer, TAG_HEADER)
+            self._hcomm.send(mine, peer, TAG_HEADER)
             self._gcomm.send(snapshot, peer, TAG_MODEL)
             self._gcomm.recv(header, peer, TAG_HEADER)
             self._gcomm.recv(self._received, peer, TAG_MODEL)
@@ -178,7 +183,7 @@ class ADPSGD(Algorithm):
         def run():
             try:
                 loop()
-            except BaseException as err:  # surfaced to the compute thread by step() / close()
+            except BaseException as err:  # noqa: BLE001 - surfaced to the compute thread by step() / close()
                 self._error = err
         return run
 

@@ -33,8 +33,9 @@ The ``network`` section of ``conf/cluster/NAME.yaml`` holds the parameters::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 ALGORITHMS = ("ring", "recursive_doubling", "tree")
 

@@ -52,14 +52,21 @@ import bisect
 import heapq
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from wagma_bench.comm.topology import (
-    butterfly_stage, default_group_size, exponential_in_peer, exponential_peer, hypercube_neighbours,
-    num_stages, random_matching, ring_neighbours,
+    butterfly_stage,
+    default_group_size,
+    exponential_in_peer,
+    exponential_peer,
+    hypercube_neighbours,
+    num_stages,
+    random_matching,
+    ring_neighbours,
 )
 from wagma_bench.imbalance import Imbalance, NoImbalance
 from wagma_bench.simulate.costs import Network
@@ -113,7 +120,7 @@ class SimConfig:
     settings: dict = field(default_factory=dict)  # the optimizer's settings (conf/optimizer/NAME.yaml + overrides)
     steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
     seed: int = 1
-    control_every: int = CONTROL_EVERY
+    control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
 
 
 @dataclass
@@ -167,7 +174,8 @@ class Run:
         self.cfg, self.P = cfg, cfg.world_size
         self.sync_period = max(1, sync_period)
         self.rounds = self.sync_period * max(1, math.ceil(cfg.steps / self.sync_period))
-        self.control = control_period(self.sync_period, cfg.control_every)
+        # 0: no control points but the last round (the paper's implementations have no periodic barrier)
+        self.control = control_period(self.sync_period, cfg.control_every) if cfg.control_every > 0 else 0
         rng = np.random.default_rng(cfg.seed)
         cols = self.rounds + 1
         self.compute = cfg.workload.draw(rng, self.P, cols)
@@ -178,7 +186,7 @@ class Run:
         self.wait = np.zeros(self.P)
 
     def is_control(self, r: int) -> bool:
-        return r % self.control == 0 or r == self.rounds
+        return (self.control > 0 and r % self.control == 0) or r == self.rounds
 
     def barrier(self, t: np.ndarray) -> np.ndarray:
         """The trainer's control allreduce: everyone leaves at the last arrival plus its cost."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -246,10 +247,8 @@ def import_fairseq() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        import fairseq.options  # noqa: F401
-        import fairseq.sequence_generator  # noqa: F401
-        import fairseq.tasks  # noqa: F401
-        import fairseq_cli.preprocess  # noqa: F401
+        for module in ("fairseq.options", "fairseq.sequence_generator", "fairseq.tasks", "fairseq_cli.preprocess"):
+            importlib.import_module(module)
     root.handlers[:] = handlers
     root.setLevel(level)
 

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -137,7 +138,7 @@ def bleu_from_statistics(stats: list[float]) -> float:
     """Corpus BLEU (0-100, sacrebleu's default 'exp' smoothing) from summed :func:`bleu_statistics`."""
     from sacrebleu.metrics import BLEU
 
-    stats = [int(round(s)) for s in stats]
+    stats = [round(s) for s in stats]
     if stats[2 * BLEU_ORDER] == 0:
         return 0.0
     return BLEU.compute_bleu(correct=stats[:BLEU_ORDER], total=stats[BLEU_ORDER:2 * BLEU_ORDER],
@@ -148,7 +149,7 @@ class TransformerWorkload(Workload):
     name = "transformer"
     metric_name = "bleu"
     sample_unit = "tokens"
-    DATA = {"synthetic_mt": SyntheticMTData, "wmt17_en_de": WMT17Data}
+    DATA: ClassVar[dict[str, type]] = {"synthetic_mt": SyntheticMTData, "wmt17_en_de": WMT17Data}
 
     @dataclass
     class Settings:

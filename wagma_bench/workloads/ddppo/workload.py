@@ -133,10 +133,12 @@ class DDPPOWorkload(Workload):
         return self.s.num_steps * self.num_envs * self.world_size
 
     def _episode(self, i: int) -> Episode:
-        while True:
+        for _ in range(10_000):
             ep = self.envs[i].sample_episode(self.rngs[i])
             if ep.key() not in self.holdout:
                 return ep
+        raise ConfigError(f"env={self.env_s.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
+                          "training pairs; lower workload.num_eval_episodes or enlarge the layout")
 
     def _draw_eval(self, env: NavEnv) -> list[Episode]:
         rng = np.random.default_rng(EVAL_SEED)

@@ -1,0 +1,75 @@
+"""WAGMA-SGD vs Allreduce-SGD under injected stragglers, against the throughput bounds (issue 3 benchmark).
+
+Let k of P ranks be delayed by d per step and c be the step time without imbalance. Allreduce-SGD cannot
+do better than one step per c + d; no optimizer can do better than the mean-speed bound, one step per
+c + (k/P) d on each rank. This script measures c (an imbalance=none run), sets d = 3c, and runs both
+optimizers with `imbalance=paper` (k ranks drawn per step with a shared seed), on the embedded ResNet.
+
+    .venv/bin/python reproduce/imbalance/bench.py [--steps 110] [--settings 4:1,8:2] [--out DIR]
+
+Throughput is samples per second of training time (evaluation off), from each run's summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+COMMON = ["workload=resnet", "eval.target=null", "eval.every_steps=100000", "logger.progress=off",
+          "checkpoint.every_s=1e9"]
+
+
+def run(out: Path, name: str, args: list[str]) -> dict:
+    run_dir = out / name
+    if not (run_dir / "summary.json").exists():
+        subprocess.run([str(BIN), "run", *COMMON, *args, f"hydra.run.dir={run_dir}"], check=True,
+                       stdout=subprocess.DEVNULL)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=110, help="rounds per run (a multiple of tau+1=11)")
+    ap.add_argument("--settings", default="4:1", help="P:k pairs, e.g. 4:1,8:2")
+    ap.add_argument("--delay-factor", type=float, default=3.0, help="d = factor x c")
+    ap.add_argument("--out", type=Path, default=Path("runs/imbalance-bench"))
+    args = ap.parse_args()
+    rows = []
+    for setting in args.settings.split(","):
+        p, k = map(int, setting.split(":"))
+        base = [f"launcher.nproc={p}", f"train.max_steps={args.steps}"]
+        none = run(args.out, f"P{p}_none_allreduce", base + ["optimizer=allreduce", "imbalance=none"])
+        batch = none["samples"] / none["steps"] / p
+        c = none["train_s"] / none["steps"]
+        d = args.delay_factor * c
+        slow = [f"imbalance=paper", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
+        ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)
+        wg = run(args.out, f"P{p}_k{k}_wagma", base + ["optimizer=wagma"] + slow)
+        mean_bound = p * batch / (c + k / p * d)
+        ar_bound = p * batch / (c + d)
+        row = {"P": p, "k": k, "c_s": c, "delay_s": d, "batch": batch,
+               "none_throughput": none["throughput_samples_per_s"],
+               "allreduce_throughput": ar["throughput_samples_per_s"],
+               "wagma_throughput": wg["throughput_samples_per_s"],
+               "mean_speed_bound": mean_bound, "allreduce_bound": ar_bound,
+               "wagma_of_mean_bound": wg["throughput_samples_per_s"] / mean_bound,
+               "allreduce_of_its_bound": ar["throughput_samples_per_s"] / ar_bound,
+               "wagma_over_allreduce": wg["throughput_samples_per_s"] / ar["throughput_samples_per_s"],
+               "bound_ratio": mean_bound / ar_bound}
+        rows.append(row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
+    print(f"{'P':>3}{'k':>3}{'c ms':>8}{'d ms':>8}{'AR/s':>8}{'AR/bound':>10}{'WAGMA/s':>9}"
+          f"{'WAGMA/mean-bound':>18}{'WAGMA/AR':>10}{'bound ratio':>13}")
+    for r in rows:
+        print(f"{r['P']:>3}{r['k']:>3}{1e3 * r['c_s']:>8.0f}{1e3 * r['delay_s']:>8.0f}"
+              f"{r['allreduce_throughput']:>8.0f}{r['allreduce_of_its_bound']:>10.2f}{r['wagma_throughput']:>9.0f}"
+              f"{r['wagma_of_mean_bound']:>18.2f}{r['wagma_over_allreduce']:>10.2f}{r['bound_ratio']:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""`wagma-bench run` end to end, as a user types it: real local gloo ranks, events, summary, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wagma_bench.events import read_jsonl
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=lines"]
+
+
+def run(args, timeout=600, **kw):
+    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_short_run_writes_events_steps_and_summary(tmp_path):
+    out = run(QUICK + [f"hydra.run.dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert (summary["workload"], summary["optimizer"], summary["world_size"]) == ("resnet", "allreduce", 2)
+    assert summary["steps"] == 12 and summary["samples"] == 12 * 2 * 32
+    assert summary["throughput_samples_per_s"] > 0 and summary["eval_s"] > 0
+    assert summary["train_s"] < summary["wall_s"]
+    keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
+    assert keys[0] == "run_start" and keys[-1] == "run_stop" and keys.count("eval_accuracy") == 2
+    start = read_jsonl(tmp_path / "events.jsonl")[0]["metadata"]
+    assert start["world_size"] == 2 and start["seed"] == 1 and len(start["config_hash"]) == 12
+    for rank in (0, 1):
+        steps = read_jsonl(tmp_path / "steps" / f"rank{rank}.jsonl")
+        assert [s["step"] for s in steps] == list(range(1, 13))
+    assert (tmp_path / ".hydra" / "config.yaml").exists()
+
+
+def test_resume_continues_the_same_event_log(tmp_path):
+    first = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "checkpoint" / "meta.json").exists()
+    second = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={tmp_path}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert [e["key"] for e in events].count("run_resume") == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 24 and summary["restarts"] == 1
+    steps = [s["step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
+    assert steps == list(range(1, 25))
+
+
+def test_unknown_option_fails_before_any_rank_starts(tmp_path):
+    out = run(["optimizer=nope", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert out.returncode != 0
+    assert "Available options in 'optimizer'" in out.stderr and "wagma" in out.stderr
+    assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_missing_imagenet_root_is_a_clear_error(tmp_path):
+    out = run(["data=imagenet", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert out.returncode == 2
+    assert "ROOT/train/<class>" in out.stderr and "nowhere" in out.stderr
+
+
+def test_divergence_stops_with_status_diverged(tmp_path):
+    out = run(QUICK + ["train.lr=1e12", "train.max_steps=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
+    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=3", "train.max_steps=100000", "logger.progress=off",
+                             f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (tmp_path / "events.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)
+        ranks = [c for c in _children(proc.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
+        assert len(ranks) == 3, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=200)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "exited with code" in err and "SIGKILL" in err and "rank" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank" in summary["error"]
+
+
+def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--standalone", "-m", "wagma_bench", "run",
+                          "train.max_steps=6", "eval.every_steps=6", "logger.progress=off",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["status"] == "completed"

@@ -1,0 +1,28 @@
+"""Each baseline optimizer reaches the embedded ResNet target with `wagma-bench run`, as a user types it
+(4 local gloo ranks, the embedded default: ResNet-20 on the 5,000-image MNIST subset, target 97%)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+# Evaluate often so the run stops soon after it reaches the target (the period is rounded up to the
+# optimizer's sync period).
+ARGS = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["local_sgd", "dpsgd", "adpsgd", "sgp", "eager"])
+def test_reaches_the_embedded_target(optimizer, tmp_path):
+    out = subprocess.run([str(BIN), "run", f"optimizer={optimizer}", *ARGS, f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=1200, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["optimizer"] == optimizer and summary["world_size"] == 4
+    assert summary["reached"], f"best {summary['best_metric']} < target {summary['target']} in {summary['steps']} steps"
+    assert summary["status"] == "completed"

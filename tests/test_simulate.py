@@ -1,0 +1,152 @@
+"""The simulator against cases with known answers (pure: no processes, no timing)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from wagma_bench.imbalance import FixedImbalance, PaperImbalance
+from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
+from wagma_bench.simulate.costs import Link, Network, allreduce_time
+from wagma_bench.simulate.des import CONTROL_EVERY, SIMULATORS, SimConfig, Workload, simulate
+
+STEP, BATCH = 0.1, 16
+WL = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
+
+
+def slow_rank(k: float, rank: int = 0) -> FixedImbalance:
+    return FixedImbalance(FixedImbalance.Settings(rank=rank, factor=k), seed=1)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4, 8])
+@pytest.mark.parametrize("optimizer", list(SIMULATORS))
+def test_balanced_free_network_runs_at_p_over_step_time(optimizer, world):
+    res = simulate(SimConfig(optimizer, world, WL, Network.free(), steps=60))
+    assert res.throughput == pytest.approx(world * BATCH / STEP, rel=1e-9)
+    assert res.wait_frac == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("k", [2.0, 3.5])
+def test_allreduce_runs_at_the_slow_ranks_pace(k):
+    res = simulate(SimConfig("allreduce", 8, WL, Network.free(), slow_rank(k, rank=5), steps=50))
+    assert res.throughput == pytest.approx(8 * BATCH / (k * STEP), rel=1e-9)
+
+
+def test_wagma_straggler_costs_only_the_limiter():
+    """tau=3, one rank 6x slower (k >= tau+1): per sync period of tau+1 rounds the fast ranks take tau+1
+    steps and then wait at the synchronous round for the slow rank's one step -- exactly k steps' time."""
+    tau, k, world, periods = 3, 6.0, 8, 10
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau},
+                             steps=periods * (tau + 1)))
+    samples_per_period = ((world - 1) * (tau + 1) + 1) * BATCH
+    assert res.time_s == pytest.approx(periods * k * STEP, rel=1e-9)
+    assert res.throughput == pytest.approx(samples_per_period / (k * STEP), rel=1e-9)
+    allreduce = simulate(SimConfig("allreduce", world, WL, Network.free(), slow_rank(k), steps=periods * (tau + 1)))
+    assert res.throughput > 3 * allreduce.throughput
+
+
+@pytest.mark.parametrize("k", [1.5, 2.0, 3.0])
+def test_wagma_mild_straggler_within_limiter_bound(k):
+    """k < tau+1: a sync period needs one slow step at least (the synchronous round waits for it) and lasts at
+    most the fast ranks' tau+1 steps plus one slow step (the limiter). Rounds can outpace steps: a rank's
+    activation pulls its group into the next round, so the fast ranks skip rounds too."""
+    tau, world, periods = 10, 8, 6
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k, rank=3), {"tau": tau},
+                             steps=periods * (tau + 1)))
+    assert periods * k * STEP <= res.time_s + 1e-9
+    assert res.time_s <= periods * (tau + 1 + k) * STEP + 1e-9
+    allreduce = simulate(SimConfig("allreduce", world, WL, Network.free(), slow_rank(k, rank=3), steps=66))
+    assert res.throughput > allreduce.throughput
+    assert res.local_steps < periods * (tau + 1)  # the slow rank skipped rounds it joined passively
+    assert res.staleness > 0
+
+
+def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
+    """Latency-bound (small model, slow network): a ring over a group of 4 takes 6 alphas, over 16 ranks 30."""
+    net = Network(Link(1e-3, 1e-9), Link(1e-3, 1e-9), 1, "ring")
+    wl = Workload(step_s=STEP, batch=BATCH, params=1e3, compute="constant")
+    ar = simulate(SimConfig("allreduce", 16, wl, net, steps=40))
+    wg = simulate(SimConfig("wagma", 16, wl, net, steps=44))
+    assert ar.throughput < 16 * BATCH / STEP
+    assert wg.throughput > ar.throughput
+
+
+def test_paper_imbalance_uses_the_shared_draw():
+    imb = PaperImbalance(PaperImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, {"period": 1}, steps=20))
+    # every step someone sleeps 0.3 s and period=1 averages (a barrier) after every step
+    assert res.time_s == pytest.approx(20 * (STEP + 0.3), rel=1e-9)
+
+
+def test_collective_formulas():
+    link = Link(1e-6, 1e-9)
+    assert allreduce_time("ring", 4, 1e6, link) == pytest.approx(6e-6 + 1.5e-3)
+    assert allreduce_time("recursive_doubling", 8, 1e6, link) == pytest.approx(3 * (1e-6 + 1e-3))
+    assert allreduce_time("tree", 8, 1e6, link) == pytest.approx(6 * (1e-6 + 1e-3))
+    assert allreduce_time("auto", 8, 1.0, link) == allreduce_time("recursive_doubling", 8, 1.0, link)
+    with pytest.raises(ValueError, match="ring"):
+        allreduce_time("butterfly", 4, 1.0, link)
+
+
+def test_calibration_recovers_alpha_beta_from_comm_bench_json(tmp_path):
+    alpha, beta = 2.5e-5, 1 / 1.5e9
+    link = Link(alpha, beta)
+    results = [{"op": op, "impl": "ours", "group_size": p, "bytes": n, "median_s": allreduce_time("ring", p, n, link),
+                "p10_s": 0.0, "p90_s": 0.0, "repeats": 10}
+               for op, p in (("allreduce", 4), ("group_allreduce", 2)) for n in (4, 4096, 2**20, 2**24)]
+    results.append({"op": "wait_avoiding", "impl": "ours", "group_size": 2, "bytes": 4, "median_s": 1.0,
+                    "p10_s": 1.0, "p90_s": 1.0, "repeats": 1})
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"backend": "gloo", "world_size": 4, "hostname": "h", "copy_bandwidth_GBps": 5.0,
+                                "results": results}))
+    runs, benches = find_inputs([path])
+    assert runs == [] and len(benches) == 1
+    net, report = fit_network(benches)
+    assert report["algorithm"] == "ring"
+    assert net.intra.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert net.intra.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+    assert report["rel_rms"] < 1e-6
+
+
+def test_fit_run_reads_step_records(tmp_path):
+    run = tmp_path / "run"
+    (run / "steps").mkdir(parents=True)
+    start = {"key": "run_start", "value": None, "time_ms": 0, "metadata": {
+        "optimizer": "allreduce", "world_size": 2, "seed": 3, "imbalance": "none",
+        "config": {"optimizer": {"name": "allreduce", "bucket_mb": 25}, "imbalance": {"name": "none"}}}}
+    (run / "events.jsonl").write_text(json.dumps(start) + "\n")
+    (run / "summary.json").write_text(json.dumps({"steps": 30, "throughput_samples_per_s": 100.0}))
+    for r in range(2):
+        t, lines = 0.0, []
+        for s in range(1, 31):
+            t += 0.2 + 0.05 + 0.01  # compute + comm + overhead
+            lines.append(json.dumps({"step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
+                                     "samples": 8, "loss": 1.0, "staleness": 0}))
+        (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+    fit = fit_run(run, params=1000)
+    assert fit.world_size == 2 and fit.rounds == 30 and fit.seed == 3
+    assert fit.overhead_s == pytest.approx(0.01, abs=1e-9)
+    wl = fit.to_workload()
+    assert wl.step_s == pytest.approx(0.2) and wl.batch == 8 and wl.params == 1000
+
+
+def test_control_period_matches_the_trainer():
+    src = (Path(__file__).parent.parent / "wagma_bench" / "trainer.py").read_text()
+    assert int(re.search(r"^CONTROL_EVERY = (\d+)", src, re.MULTILINE).group(1)) == CONTROL_EVERY
+
+
+def test_cli_writes_table_and_plot(tmp_path, capsys):
+    from wagma_bench.simulate.cli import main
+
+    rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=paper", "steps=22",
+               "samples_to_target=1e5", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "predictions.json").read_text())
+    assert {(r["optimizer"], r["world_size"]) for r in rows} == {(o, p) for o in ("allreduce", "wagma") for p in (2, 16)}
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+    assert "| wagma | 16 |" in capsys.readouterr().out
+    assert main(["optimizer=nope", "--out", str(tmp_path)]) == 2
+    assert main(["cluster=moon", "--out", str(tmp_path)]) == 2
