@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -242,15 +244,45 @@ def test_random_initiator_is_shared_and_uniform():
         random_initiator(0, 1)
 
 
-def test_settings_errors_name_the_valid_choices():
+def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
+    from wagma_bench.config import validate
+
+    for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
+                                      ("local_sgd", "period", 0, "period must be >= 1"),
+                                      ("local_sgd", "warmup_steps", -1, "warmup_steps must be >= 0"),
+                                      ("adpsgd", "sync_every", 0, "sync_every must be >= 1"),
+                                      ("eager", "sync_every", 0, "sync_every must be >= 1")]:
+        cfg = compose(f"optimizer={name}", f"optimizer.{key}={value}")
+        with pytest.raises(ValueError, match=message):
+            validate(cfg)
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "dpsgd", "adpsgd", "sgp", "eager"])
+def test_documented_yaml_matches_the_settings(name):
+    """Every hyperparameter in the YAML is a Settings field with the same default, and vice versa."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from wagma_bench.config import validate
     from wagma_bench.optim import get_optimizer
 
-    model = Vector(2)
-    with pytest.raises(ValueError, match="solo, majority"):
-        cls = get_optimizer("eager")
-        cls(cls.Settings(mode="all"), model, sgd(), comm=None)
-    for name, bad in [("local_sgd", {"period": 0}), ("local_sgd", {"warmup_steps": -1}),
-                      ("adpsgd", {"sync_every": 0}), ("eager", {"sync_every": 0})]:
-        cls = get_optimizer(name)
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            cls(cls.Settings(**bad), Vector(2), sgd(), comm=None)
+    yaml_conf = OmegaConf.to_container(OmegaConf.load(CONF / "optimizer" / f"{name}.yaml"))
+    defaults = {f.name: f.default for f in dataclasses.fields(get_optimizer(name).Settings)}
+    assert yaml_conf == defaults
+    text = (CONF / "optimizer" / f"{name}.yaml").read_text()
+    for key in defaults:
+        line = next(line for line in text.splitlines() if line.startswith(f"{key}:"))
+        assert key == "name" or "#" in line, f"{name}.yaml: {key} has no comment"
+    assert validate(compose(f"optimizer={name}")).optimizer.name == name
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="wagma", overrides=list(overrides))

@@ -150,3 +150,19 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     assert "| wagma | 16 |" in capsys.readouterr().out
     assert main(["optimizer=nope", "--out", str(tmp_path)]) == 2
     assert main(["cluster=moon", "--out", str(tmp_path)]) == 2
+
+
+def test_eager_in_order_follows_a_persistent_straggler_but_not_a_random_one():
+    """eager-SGD applies every round in order (one round per local step), so a rank that is always slow must
+    still step through every round: the world goes at its pace. Random stragglers average out between
+    the synchronous rounds, so there it beats Allreduce-SGD."""
+    settings = {"mode": "solo", "sync_every": 4}
+    res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), settings, steps=40))
+    assert res.local_steps == res.rounds == 40
+    assert res.throughput == pytest.approx(4 * BATCH / (6.0 * STEP), rel=1e-9)
+    imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=0.3), seed=1)
+    eager = simulate(SimConfig("eager", 8, WL, Network.free(), imb, settings, steps=40))
+    majority = simulate(SimConfig("eager", 8, WL, Network.free(), imb, settings | {"mode": "majority"}, steps=40))
+    allreduce = simulate(SimConfig("allreduce", 8, WL, Network.free(), imb, steps=40))
+    assert eager.throughput > majority.throughput > allreduce.throughput * 0.99
+    assert eager.throughput > 1.15 * allreduce.throughput

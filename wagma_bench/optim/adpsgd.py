@@ -60,9 +60,11 @@ class ADPSGD(Algorithm):
         name: str = "adpsgd"
         sync_every: int = 10
 
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            if self.sync_every < 1:
+                raise ValueError(f"optimizer.sync_every must be >= 1, got {self.sync_every}")
+
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
-        if settings.sync_every < 1:
-            raise ValueError(f"optimizer.sync_every must be >= 1, got {settings.sync_every}")
         super().__init__(settings, model, local_opt_factory, comm, seed)
         if len(self.buckets) != 1:
             raise ValueError("adpsgd averages the model as one flat buffer")

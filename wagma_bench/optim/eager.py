@@ -47,11 +47,13 @@ class EagerSGD(Algorithm):
         mode: str = "solo"
         sync_every: int = 10
 
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            if self.mode not in MODES:
+                raise ValueError(f"optimizer.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+            if self.sync_every < 1:
+                raise ValueError(f"optimizer.sync_every must be >= 1, got {self.sync_every}")
+
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
-        if settings.mode not in MODES:
-            raise ValueError(f"optimizer.mode must be one of {', '.join(MODES)}; got {settings.mode!r}")
-        if settings.sync_every < 1:
-            raise ValueError(f"optimizer.sync_every must be >= 1, got {settings.sync_every}")
         super().__init__(settings, model, local_opt_factory, comm, seed)
         if len(self.buckets) != 1:
             raise ValueError("eager reduces the gradient as one flat buffer")

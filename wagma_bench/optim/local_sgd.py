@@ -49,12 +49,11 @@ class LocalSGD(Algorithm):
         warmup_steps: int = 0
         average_momentum: bool = False
 
-    def __init__(self, settings, model, local_opt_factory, comm, seed=0):
-        if settings.period < 1:
-            raise ValueError(f"optimizer.period must be >= 1, got {settings.period}")
-        if settings.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {settings.warmup_steps}")
-        super().__init__(settings, model, local_opt_factory, comm, seed)
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            if self.period < 1:
+                raise ValueError(f"optimizer.period must be >= 1, got {self.period}")
+            if self.warmup_steps < 0:
+                raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
 
     @property
     def sync_period(self) -> int:

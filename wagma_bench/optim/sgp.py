@@ -18,7 +18,9 @@ On this graph every rank has exactly one in-peer and one out-peer per step, so w
 mixing is doubly stochastic and ``w_i`` stays exactly 1; for ``P = 2**n`` and no gradient, ``n`` steps give
 the exact global mean (the oracle the tests check). ``overlap: true`` is SGP's 1-overlap variant: the
 message pushed at step ``t`` is folded in at step ``t + 1``, so the exchange overlaps a whole step of
-computation; mass in flight makes ``w_i`` differ from 1 and the de-biasing matters.
+computation; mass in flight makes ``w_i`` differ from 1 and the de-biasing matters. A checkpoint stores
+``z_i`` and ``w_i``; the one message in flight at that moment is not in it (a resumed run loses that
+message's share of numerator and weight together, so the de-biased models stay well defined).
 
 Evaluated model: ranks' de-biased models differ; by default the trainer evaluates their global mean
 (``eval.model=auto`` -> average, the quantity SGP's convergence theorem bounds); ``eval.model=local``

@@ -52,6 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CONF = ROOT / "conf"
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "source"}
+KEYS = {"cluster", "gpus", "optimizer", "imbalance", "workload", "steps", "seed", "control_every",
+        "samples_to_target"} | WORKLOAD_KEYS
+PREFIXES = ("optimizer.", "imbalance.", "network.", "cluster.")
 # settings of optimizers that have no conf/optimizer file yet
 FALLBACK_SETTINGS = {"eager": {"name": "eager", "mode": "solo", "sync_every": 10}}
 
@@ -65,7 +68,7 @@ def _value(text: str) -> Any:
 
 
 def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE: cluster, gpus, optimizer, imbalance, workload, ...")
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
@@ -77,7 +80,11 @@ def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
         if "=" not in item:
             raise UsageError(f"expected KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        kv[k.strip()] = v.strip()
+        k = k.strip()
+        if k not in KEYS and not k.startswith(PREFIXES):
+            raise UsageError(f"unknown key {k!r}; known: {', '.join(sorted(KEYS))}, and "
+                             f"{', '.join(p + 'KEY' for p in PREFIXES)}")
+        kv[k] = v.strip()
     return kv, ns
 
 

@@ -36,10 +36,11 @@ What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim
   request is answered by the round in flight that started after its post, else by the next round, which it
   activates (so a slow rank skips the rounds it joined passively); every ``tau + 1``-th round is a
   synchronous global allreduce that waits for every rank's request.
-- ``eager``: eager-SGD's partial gradient allreduce through the same engine with one group of all ranks:
-  ``solo`` -- any rank's request activates the round; ``majority`` -- only one initiator per round, drawn
-  with the shared seed, activates it (the others wait for it or join passively). This is our reading of
-  eager-SGD (Li et al., PPoPP 2020); ``sync_every`` rounds apart a synchronous round bounds staleness.
+- ``eager``: eager-SGD's partial gradient allreduce (:mod:`wagma_bench.optim.eager`) through the same
+  engine with one group of all ranks, in order: a rank posts its gradient and asks for its next round (one
+  round per local step; a round completed passively answers at once); ``solo`` -- any rank's request
+  activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
+  does; every ``sync_every``-th round is synchronous.
 
 Time that is neither compute, injected delay nor waiting (the optimizer update, data loading, logging) is
 the workload's ``overhead_s``, charged after the communication of each step (for the wait-avoiding
@@ -51,7 +52,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -65,6 +65,7 @@ from wagma_bench.comm.topology import (
     exponential_peer,
     hypercube_neighbours,
     num_stages,
+    random_initiator,
     random_matching,
     ring_neighbours,
 )
@@ -418,10 +419,14 @@ def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
 
 
 def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
-                  initiator: Callable[[int], int] | None = None) -> SimResult:
+                  initiator: Callable[[int], int] | None = None, in_order: bool = False) -> SimResult:
     """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
 
     ``initiator(r)``: the only rank whose request activates group round ``r`` (None: any member's).
+    ``in_order`` (eager-SGD): a rank posts, then asks for its next round in order -- one round per local
+    step, a round its progress thread already completed passively answers at once; without it (WAGMA) a
+    rank asks first and posts after its update, and is answered by the round in flight that started after
+    its post, else by the next round (so it skips rounds it joined passively).
     """
     if sync_every < 1:
         raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
@@ -432,15 +437,20 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     k = np.zeros(P, dtype=int)                 # local step of the pending request
     t_post = np.zeros(P)                       # time of the last post
     t_req = run.compute[:, 0] + run.delay[:, 0]
+    resume = np.zeros(P)                       # when each compute thread continues after its last answer
     done = np.zeros(P)                         # progress thread free (round r-1 done)
     cur_posted = np.ones(P, dtype=int)         # first round that uses the posted buffer (0: none yet)
     prev_posted = np.ones(P, dtype=int)        # ... of the buffer before it
     stale_max = np.zeros(P, dtype=int)
     answered = np.zeros(P, dtype=int)
-    stale_sum = 0
-    passive_rounds = 0
+    stale_sum = passive_rounds = 0
     ranks = np.arange(P)
     for r in range(1, run.rounds + 1):
+        if in_order:  # eager posts its fresh gradient right before asking
+            newly_posted = t_req > t_post
+            prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
+            cur_posted[newly_posted] = 0
+            t_post = np.maximum(t_post, t_req)
         if r % sync_every == 0:
             start = np.maximum(done, t_req)
             end = np.full(P, start.max() + world_cost)
@@ -449,34 +459,35 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
             plan = plan_of(r)
             can = np.ones(P, dtype=bool) if initiator is None else ranks == initiator(r)
             start = activate(plan, done, np.where(can, np.maximum(done, t_req), inf))
-            gend = np.maximum.reduceat(start[plan.order], plan.offsets) + plan.cost
-            end = gend[plan.gid]
+            end = (np.maximum.reduceat(start[plan.order], plan.offsets) + plan.cost)[plan.gid]
             active = t_req <= start
-            target = active | ((start >= t_post) & (start <= t_req) & (t_req < end))
+            target = np.ones(P, dtype=bool) if in_order else \
+                active | ((start >= t_post) & (start <= t_req) & (t_req < end))
             passive_rounds += int((~active).sum())
         # staleness of what each rank contributed (WaitAvoidingAllreduce._staleness)
         fresh = start >= t_post
-        newly = fresh & (cur_posted == 0)
-        cur_posted[newly] = r
+        cur_posted[fresh & (cur_posted == 0)] = r
         stale_max = np.maximum(stale_max, r - np.where(fresh, cur_posted, prev_posted))
         done = end
         idx = np.nonzero(target)[0]
-        run.wait[idx] += end[idx] - t_req[idx]
+        answer = np.maximum(end, t_req)  # (WAGMA's targets never end before their request)
+        run.wait[idx] += answer[idx] - t_req[idx]
         answered[idx] += 1
         stale_sum += int(stale_max[idx].sum())
         stale_max[idx] = 0
-        t_post[idx] = end[idx] + run.overhead
-        prev_posted[idx] = cur_posted[idx]
-        cur_posted[idx] = 0
+        resume[idx] = answer[idx] + run.overhead
+        if not in_order:  # WAGMA posts its updated model after the update
+            t_post[idx] = resume[idx]
+            prev_posted[idx] = cur_posted[idx]
+            cur_posted[idx] = 0
         k[idx] += 1
-        nxt = t_post
         if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
-            nxt = run.barrier(t_post)
+            resume = run.barrier(resume)
             if r == run.rounds:
                 break
         kk = np.minimum(k[idx], run.compute.shape[1] - 1)
-        t_req[idx] = nxt[idx] + run.compute[idx, kk] + run.delay[idx, kk]
-    return run.result(float(nxt.max()), answered, staleness=stale_sum / max(1, answered.sum()),
+        t_req[idx] = resume[idx] + run.compute[idx, kk] + run.delay[idx, kk]
+    return run.result(float(resume.max()), answered, staleness=stale_sum / max(1, answered.sum()),
                       passive_share=passive_rounds / max(1, P * run.rounds))
 
 
@@ -504,9 +515,9 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     initiator = None
     if mode == "majority":
         def initiator(r: int) -> int:
-            return random.Random((cfg.seed + 3) * 1_000_003 + r).randrange(P)
+            return random_initiator(P, r, seed=cfg.seed)
     res = wait_avoiding(cfg, lambda r: plan, sync_every, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
-                        initiator)
+                        initiator, in_order=True)
     res.extra["mode"] = mode
     return res
 

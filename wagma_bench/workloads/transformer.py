@@ -124,13 +124,17 @@ def corpus_spec(data) -> CorpusSpec:
                       median_len=data.median_len, sigma=data.sigma, max_len=data.max_len)
 
 
-def bleu_statistics(hyps: list[str], refs: list[str]) -> list[float]:
-    """sacrebleu's sufficient statistics of a corpus: [matches x4, totals x4, sys_len, ref_len]."""
+def bleu_statistics(hyps: list[str], refs: list[str], tokenized: bool = False) -> list[float]:
+    """sacrebleu's sufficient statistics of a corpus: [matches x4, totals x4, sys_len, ref_len].
+
+    ``tokenized``: the text is tokenised by definition (the synthetic language), so sacrebleu's warning
+    about tokenised input is not wanted; real data is detokenised before scoring.
+    """
     from sacrebleu.metrics import BLEU
 
     if not hyps:
         return [0.0] * (2 * BLEU_ORDER + 2)
-    score = BLEU().corpus_score(hyps, [refs])
+    score = BLEU(force=tokenized).corpus_score(hyps, [refs])
     return [*map(float, score.counts), *map(float, score.totals), float(score.sys_len), float(score.ref_len)]
 
 
@@ -293,7 +297,8 @@ class TransformerWorkload(Workload):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, comm: Comm) -> float:
         hyps, refs = self.translate_shard(model)
-        stats = torch.tensor(bleu_statistics(hyps, refs), dtype=torch.float64, device=comm.device)
+        stats = bleu_statistics(hyps, refs, tokenized=self.cfg.data.name == "synthetic_mt")
+        stats = torch.tensor(stats, dtype=torch.float64, device=comm.device)
         comm.allreduce(stats, op="sum")
         return bleu_from_statistics(stats.cpu().tolist())
 
