@@ -221,8 +221,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             # Each rank follows the schedule by its own data consumption (local steps): identical to the
             # round count for synchronous optimizers; wait-avoiding ranks may skip rounds.
             algo.set_lr(lr_at(state["local_step"] / spe, **schedule))
+            t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
             batch = next(batches)
-            t0 = time.perf_counter()
             algo.zero_grad()
             loss, n = workload.forward(model, batch)
             loss.backward()
