@@ -128,3 +128,31 @@ def test_dead_peer_raises_clear_error():
         run_world(_dies, 2, timeout_s=10)
     # the dead rank is named; the survivor did not hang (the test would time out)
     assert "process 1" in str(info.value) or "process 0" in str(info.value)
+
+
+def _in_order(comm, with_activator):
+    """eager-SGD's use: the whole world is the group, every rank applies every round's result in order."""
+    p = comm.world_size
+    world = tuple(range(p))
+    activator = (lambda r: (r * 7) % p) if with_activator else None
+    eng = WaitAvoidingAllreduce(comm, torch.zeros(3), lambda r: (world,), [world], sync_every=4,
+                                in_order=True, activator=activator)
+    out = []
+    while True:
+        eng.post(torch.full((3,), float(comm.rank)))
+        time.sleep(0.05 if comm.rank == 0 else 0.0)
+        res = eng.request()
+        out.append((res.round, res.result.tolist()))
+        if res.round >= 8 and res.round % 4 == 0:
+            break
+    eng.close()
+    return out
+
+
+@pytest.mark.parametrize("with_activator", [False, True])
+def test_in_order_results_cover_every_round_exactly_once(with_activator):
+    results = run_world(_in_order, 3, with_activator)
+    for rounds in results:
+        assert [r for r, _ in rounds] == list(range(1, len(rounds) + 1))
+        assert all(v == pytest.approx([1.0] * 3) for _, v in rounds)
+    assert len({len(r) for r in results}) == 1

@@ -25,16 +25,24 @@ The compute thread's protocol is :meth:`post` (put the current model in the send
 the round in flight if it started after the post, else the next round, which it activates).
 A slow rank thus *skips* the rounds its progress thread completed passively while it computed.
 
-``consume=True`` is for gradient-like contributions (eager-SGD): a passive round contributes the send
-buffer and then zeroes it, so a stale contribution is counted once.
+``consume=True`` is for gradient-like contributions: a passive round contributes the send buffer and
+then zeroes it, so a stale contribution is counted once.
+
+``in_order=True`` (eager-SGD) changes what a request returns: the result of every round, in order. The
+results of rounds joined passively are kept until the compute thread asks for them, so every rank applies
+the same sequence of results (identical models); only contributions are stale.
+
+``activator`` (eager-SGD's majority mode) restricts who may start a round: ``activator(r)`` is the one rank
+whose readiness activates round ``r``; other ready ranks wait for its activation.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -65,12 +73,14 @@ class WaitAvoidingAllreduce:
 
     def __init__(self, comm: Comm, like: torch.Tensor, schedule: Callable[[int], Sequence[Ranks]],
                  all_groups: Iterable[Ranks], sync_every: int, consume: bool = False,
-                 timeout_s: float = 300.0, op: str = "mean", start_round: int = 0):
+                 timeout_s: float = 300.0, op: str = "mean", start_round: int = 0, in_order: bool = False,
+                 activator: Optional[Callable[[int], int]] = None):
         if sync_every < 0:
             raise ValueError(f"sync_every must be >= 0 (0: never), got {sync_every}")
         self.rank, self.world_size = comm.rank, comm.world_size
         self.schedule, self.sync_every, self.consume, self.op = schedule, sync_every, consume, op
-        self.timeout_s = timeout_s
+        self.timeout_s, self.in_order, self.activator = timeout_s, in_order, activator
+        self._kept: deque[tuple[int, torch.Tensor]] = deque()  # in_order: results not yet taken
         # Both forks are collective; the progress thread owns its groups, the listener its channel.
         self._pcomm = comm.fork()
         self._pcomm.new_groups(all_groups)
@@ -118,22 +128,35 @@ class WaitAvoidingAllreduce:
         t0 = time.perf_counter()
         with self._cv:
             self._raise_if_failed()
-            in_flight = self._started > self._done and self._posted_round <= self._started
-            # A round already running with the current send buffer serves; otherwise activate the next.
-            target = self._started if in_flight else self._started + 1
+            if self.in_order:
+                target = self._answered + 1  # the next round in order, possibly already completed
+            else:
+                in_flight = self._started > self._done and self._posted_round <= self._started
+                # A round already running with the current send buffer serves; else activate the next.
+                target = self._started if in_flight else self._started + 1
             self._ready = max(self._ready, target)
             self._cv.notify_all()
             deadline = time.monotonic() + 2 * self.timeout_s
-            while self._answered < target:
+            while not self._has_answer(target):
                 self._raise_if_failed()
                 if not self._cv.wait(timeout=1.0) and time.monotonic() > deadline:
                     raise CommError(f"rank {self.rank}: round {target} did not complete within "
                                     f"{2 * self.timeout_s:.0f} s")
             self._raise_if_failed()
-            out = RoundResult(self._answered, self._answer.clone(), self._staleness, 0.0)
+            if self.in_order:
+                r, result = self._kept.popleft()
+                out = RoundResult(r, result, self._staleness, 0.0)
+                self._answered = r
+            else:
+                out = RoundResult(self._answered, self._answer.clone(), self._staleness, 0.0)
             self._staleness = 0
         out.wait_s = time.perf_counter() - t0
         return out
+
+    def _has_answer(self, target: int) -> bool:
+        if self.in_order:
+            return bool(self._kept) and self._kept[0][0] >= target
+        return self._answered >= target
 
     def close(self) -> None:
         """Stop both threads. Every rank calls this after the same completed synchronous round."""
@@ -190,7 +213,9 @@ class WaitAvoidingAllreduce:
             with self._cv:
                 # A singleton group has nobody to wait for: its round completes at once.
                 solo = group is not None and len(group) == 1
-                while not (solo or self._ready >= r or (not sync and r in self._activated) or self._closing):
+                may_start = sync or self.activator is None or self.activator(r) == self.rank
+                while not (solo or (self._ready >= r and may_start) or (not sync and r in self._activated)
+                           or self._closing):
                     self._cv.wait()
                 if self._closing and self._ready < r and r not in self._activated:
                     return
@@ -208,7 +233,9 @@ class WaitAvoidingAllreduce:
                     self._acomm.send(signal, nb, _tag(r))
                 self._pcomm.allreduce(self._work, op=self.op, group=group)
             with self._cv:
-                if r == self._ready:
+                if self.in_order:
+                    self._kept.append((r, self._work.clone()))
+                elif r == self._ready:
                     self._answer.copy_(self._work)
                     self._answered = r
                 self._done = r
