@@ -77,11 +77,26 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def make_local_optimizer(train):
-    if train.local_optimizer == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=train.lr, momentum=train.momentum,
-                                              nesterov=train.nesterov, weight_decay=train.weight_decay)
-    return lambda params: torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
-                                            weight_decay=train.weight_decay)
+    """Factory of the rank-local update rule. ``train.grad_clip`` clips the gradient norm right before
+    every local step, i.e. after the algorithm combined gradients (the averaged gradient for
+    Allreduce-SGD, as DD-PPO does; the local gradient for model-averaging algorithms)."""
+
+    def build(params):
+        params = list(params)
+        if train.local_optimizer == "sgd":
+            opt = torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
+                                  weight_decay=train.weight_decay)
+        else:
+            opt = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
+                                    weight_decay=train.weight_decay)
+        if train.grad_clip:
+            def clip(*_):
+                torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+
+            opt.register_step_pre_hook(clip)
+        return opt
+
+    return build
 
 
 def config_hash(raw: dict) -> str:

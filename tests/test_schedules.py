@@ -1,0 +1,90 @@
+"""Pure pieces of the trainer: LR schedules, straggler models, gradient clipping, the event summary."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from wagma_bench.events import summarize
+from wagma_bench.imbalance import FixedImbalance, LognormalImbalance, PaperImbalance
+from wagma_bench.schedules import lr_at, peak_lr
+from wagma_bench.trainer import make_local_optimizer, round_up
+
+
+def test_linear_scaling_rule_and_paper_resnet50_schedule():
+    peak = peak_lr(0.1, 128, 64, 256)  # paper: per-GPU batch 128, lr 0.1 x global / 256
+    assert peak == pytest.approx(3.2)
+    kw = dict(peak=peak, start=0.1, warmup_epochs=5, schedule="step", epochs=90, milestones=[30, 60, 80])
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(2.5, **kw) == pytest.approx(0.1 + (3.2 - 0.1) / 2)
+    assert lr_at(5, **kw) == pytest.approx(3.2)
+    assert lr_at(29.9, **kw) == pytest.approx(3.2)
+    assert lr_at(30, **kw) == pytest.approx(0.32)
+    assert lr_at(65, **kw) == pytest.approx(0.032)
+    assert lr_at(85, **kw) == pytest.approx(0.0032)
+
+
+def test_cosine_and_inverse_sqrt():
+    kw = dict(peak=1.0, start=0.0, warmup_epochs=1, epochs=11)
+    assert lr_at(1, schedule="cosine", **kw) == pytest.approx(1.0)
+    assert lr_at(6, schedule="cosine", **kw) == pytest.approx(0.5)
+    assert lr_at(11, schedule="cosine", **kw) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(4, schedule="inverse_sqrt", **kw) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="choose"):
+        lr_at(3, schedule="linear", **kw)
+
+
+def test_paper_imbalance_draws_the_same_ranks_everywhere():
+    model = PaperImbalance(PaperImbalance.Settings(num_slow=2, delay_s=0.32), seed=5)
+    for step in range(50):
+        slow = model.slow_ranks(8, step)
+        assert len(slow) == 2
+        delays = [model.delay(r, 8, step, 0.1) for r in range(8)]
+        assert sorted(delays) == [0.0] * 6 + [0.32, 0.32]
+        assert {r for r, d in enumerate(delays) if d} == slow
+    # every rank is slow about num_slow / P of the time
+    counts = [sum(r in model.slow_ranks(8, s) for s in range(4000)) for r in range(8)]
+    assert all(abs(c / 4000 - 0.25) < 0.03 for c in counts)
+
+
+def test_fixed_and_lognormal_imbalance():
+    fixed = FixedImbalance(FixedImbalance.Settings(rank=1, factor=3.0), seed=0)
+    assert fixed.delay(1, 4, 0, 0.2) == pytest.approx(0.4) and fixed.delay(0, 4, 0, 0.2) == 0
+    logn = LognormalImbalance(LognormalImbalance.Settings(sigma=0.5), seed=0)
+    d = [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
+    assert min(d) == 0 and max(d) > 0.05 and d == [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
+
+
+def test_round_up_to_sync_points():
+    assert round_up(20, 11) == 22 and round_up(22, 11) == 22 and round_up(3, 11) == 11 and round_up(7, 1) == 7
+
+
+def test_grad_clip_applies_before_the_local_step():
+    train = SimpleNamespace(local_optimizer="sgd", lr=1.0, momentum=0.0, nesterov=False, weight_decay=0.0,
+                            adam_betas=[0.9, 0.98], grad_clip=0.5)
+    p = torch.nn.Parameter(torch.zeros(4))
+    opt = make_local_optimizer(train)([p])
+    p.grad = torch.full((4,), 10.0)
+    opt.step()
+    assert p.data.norm().item() == pytest.approx(0.5)
+
+
+def _event(key, value=None, **meta):
+    return {"key": key, "value": value, "time_ms": 0, "metadata": meta}
+
+
+def test_summary_from_events_time_to_target_excludes_eval():
+    events = [_event("run_start", workload="resnet", optimizer="wagma", world_size=4, seed=1, metric="top1",
+                     target=0.9),
+              _event("eval_accuracy", 0.5, step=10, samples=1280, train_s=10.0, wall_s=12.0, eval_s=2.0),
+              _event("eval_accuracy", 0.92, step=20, samples=2560, train_s=20.0, wall_s=24.0, eval_s=4.0),
+              _event("eval_accuracy", 0.91, step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
+              _event("run_stop", status="completed", step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0)]
+    s = summarize(events)
+    assert s["reached"] and s["time_to_target_s"] == 20.0 and s["steps_to_target"] == 20
+    assert (s["final_metric"], s["best_metric"], s["status"]) == (0.91, 0.92, "completed")
+    assert s["throughput_samples_per_s"] == pytest.approx(128.0)
+    crashed = summarize(events[:3])
+    assert crashed["status"] == "incomplete" and crashed["reached"]
