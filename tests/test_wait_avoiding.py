@@ -14,12 +14,13 @@ from wagma_bench.comm.topology import butterfly_stage, default_group_size, num_s
 from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
 
-def _engine(comm, tau, group_size=None, like=None):
+def _engine(comm, tau, group_size=None, like=None, in_order=False):
     p = comm.world_size
     s = group_size or default_group_size(p)
     groups = [g for k in range(num_stages(p, s)) for g in butterfly_stage(p, s, k)]
     like = like if like is not None else torch.zeros(5)
-    return WaitAvoidingAllreduce(comm, like, lambda r: butterfly_stage(p, s, r - 1), groups, sync_every=tau + 1)
+    return WaitAvoidingAllreduce(comm, like, lambda r: butterfly_stage(p, s, r - 1), groups, sync_every=tau + 1,
+                                 in_order=in_order)
 
 
 def _rounds_until_sync(comm, tau, min_rounds):
@@ -103,6 +104,33 @@ def test_fast_ranks_do_not_wait_for_a_straggler():
     # Staleness of every contribution stays below the limiter's bound.
     assert all(w["stale"] <= tau for w in wa)
     assert max(wa[0]["rounds"]) == max(fast[0]["rounds"])
+
+
+def _straggler_replay(comm, tau, delay_s):
+    """catch_up=replay: every rank does every round in order; rank 0 sleeps `delay_s` per step."""
+    eng = _engine(comm, tau, in_order=True)
+    t0 = time.perf_counter()
+    out = []
+    for _ in range(tau + 1):
+        eng.post(torch.full((5,), float(comm.rank)))
+        time.sleep(delay_s if comm.rank == 0 else 0.01)
+        res = eng.request()
+        out.append((res.round, time.perf_counter() - t0, res.staleness))
+    eng.close()
+    return out
+
+
+def test_replay_fast_ranks_run_ahead_until_the_synchronous_round():
+    tau, delay = 6, 0.4
+    results = run_world(_straggler_replay, 4, tau, delay)
+    for rounds in results:
+        assert [r for r, _, _ in rounds] == list(range(1, tau + 2))
+        assert max(s for _, _, s in rounds) <= tau
+    for rounds in results[1:]:
+        # the group rounds never wait for the straggler's computation ...
+        assert rounds[tau - 1][1] < 0.5 * tau * delay
+        # ... the synchronous round does (it needs the straggler's tau + 1 iterations)
+        assert rounds[tau][1] > (tau + 1) * delay * 0.9
 
 
 def _dies(comm):

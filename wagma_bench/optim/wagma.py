@@ -11,13 +11,22 @@ ready member activates it and members still computing contribute the model they 
 their previous step. Every ``tau`` group rounds one synchronous global allreduce bounds the staleness,
 so rounds ``tau+1, 2(tau+1), ...`` are where all ranks meet (``sync_period``).
 
-Readings we chose (the paper leaves them open):
-- Weight decay is applied by the local optimizer to the averaged weights (PyTorch's SGD adds
-  ``wd * W`` at the time of the update).
-- Momentum buffers stay local; only weights are averaged (as in the authors' TensorFlow code).
-- A rank that joined rounds passively while computing takes the result of the next round it activates,
-  so its gradient may be applied to a model up to ``tau - 1`` rounds newer than the one it was computed on.
-- Evaluation uses the global average of the models (``default_eval_model = "average"``).
+How a late rank catches up (``catch_up``) is the one reading the paper leaves to us:
+
+- ``replay`` (default, the paper's iteration-based reading): round ``t`` is iteration ``t`` of every rank;
+  a rank applies every round's result in order, and the rounds its progress thread already completed
+  while it computed answer at once, without communication. Fast ranks run up to ``tau`` iterations
+  ahead and wait, at the synchronous round, for the others to finish their iterations. Rounds equal
+  local steps, so epochs, the LR schedule and the step budget mean the same as for Allreduce-SGD.
+- ``skip``: a late rank takes the newest round (the round in flight that includes its posted model, or
+  the next one, which it activates) and drops the rounds it joined passively. Fast ranks then never wait
+  for a straggler's remaining iterations, only at the synchronous round for its current one; but rounds
+  are paced by the first arrival of each group, so with many noisy ranks rounds outrun local steps and
+  the synchronous round (every ``tau + 1`` rounds) comes after fewer local steps.
+
+Other readings: weight decay is applied by the local optimizer to the averaged weights; momentum
+buffers stay local, only weights are averaged (as in the authors' TensorFlow code); evaluation uses the
+global average of the models (``default_eval_model = "average"``).
 """
 
 from __future__ import annotations
@@ -40,11 +49,16 @@ class WagmaSGD(Algorithm):
         name: str = "wagma"
         group_size: Optional[int] = None   # power of two; None: sqrt(P) rounded to a power of two
         tau: int = 10                       # group rounds between synchronous global averages
+        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
+
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            if self.catch_up not in ("replay", "skip"):
+                raise ValueError(f"optimizer.catch_up must be replay or skip, got {self.catch_up!r}")
+            if self.tau < 1:
+                raise ValueError(f"optimizer.tau must be >= 1, got {self.tau}")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket
-        if settings.tau < 1:
-            raise ValueError(f"optimizer.tau must be >= 1, got {settings.tau}")
         p = comm.world_size
         self.group_size = settings.group_size or default_group_size(p)
         stages = num_stages(p, self.group_size)  # validates the power of two
@@ -67,7 +81,8 @@ class WagmaSGD(Algorithm):
         # continue from the restored round counter.
         self.engine = WaitAvoidingAllreduce(self.comm, self.data, self._schedule, self._all_groups,
                                             sync_every=self.sync_period, start_round=self.round,
-                                            timeout_s=getattr(self.comm, "timeout_s", 300.0))
+                                            timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                            in_order=self.settings.catch_up == "replay")
         self.engine.post(self.data)
 
     def step(self) -> StepInfo:

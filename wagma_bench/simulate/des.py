@@ -32,10 +32,11 @@ What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim
   :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
   on a member when its progress thread is free and either its compute thread asked for it or an activation
   arrived over the group's hypercube (:func:`~wagma_bench.comm.topology.hypercube_neighbours`, one control
-  latency per hop); the round ends when every member has started plus the group allreduce's cost; a rank's
-  request is answered by the round in flight that started after its post, else by the next round, which it
-  activates (so a slow rank skips the rounds it joined passively); every ``tau + 1``-th round is a
-  synchronous global allreduce that waits for every rank's request.
+  latency per hop); the round ends when every member has started plus the group allreduce's cost. With
+  ``catch_up=replay`` (default) a rank asks for its next round in order (a round its progress thread
+  completed passively answers at once); with ``catch_up=skip`` it is answered by the round in flight that
+  started after its post, else by the next round, which it activates (so it skips the rounds it joined
+  passively). Every ``tau + 1``-th round is a synchronous global allreduce that waits for every rank.
 - ``eager``: eager-SGD's partial gradient allreduce (:mod:`wagma_bench.optim.eager`) through the same
   engine with one group of all ranks, in order: a rank posts its gradient and asks for its next round (one
   round per local step; a round completed passively answers at once); ``solo`` -- any rank's request
@@ -419,14 +420,16 @@ def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
 
 
 def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
-                  initiator: Callable[[int], int] | None = None, in_order: bool = False) -> SimResult:
+                  initiator: Callable[[int], int] | None = None, in_order: bool = False,
+                  post_at_request: bool = False) -> SimResult:
     """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
 
     ``initiator(r)``: the only rank whose request activates group round ``r`` (None: any member's).
-    ``in_order`` (eager-SGD): a rank posts, then asks for its next round in order -- one round per local
-    step, a round its progress thread already completed passively answers at once; without it (WAGMA) a
-    rank asks first and posts after its update, and is answered by the round in flight that started after
-    its post, else by the next round (so it skips rounds it joined passively).
+    ``in_order`` (eager-SGD; WAGMA with ``catch_up=replay``): a rank asks for its next round in order -- one
+    round per local step, a round its progress thread already completed passively answers at once; without
+    it (WAGMA ``catch_up=skip``) a rank is answered by the round in flight that started after its post,
+    else by the next round (so it skips rounds it joined passively). ``post_at_request`` (eager): the rank
+    posts its fresh gradient right before asking; otherwise (WAGMA) it posts its model after the update.
     """
     if sync_every < 1:
         raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
@@ -446,7 +449,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     stale_sum = passive_rounds = 0
     ranks = np.arange(P)
     for r in range(1, run.rounds + 1):
-        if in_order:  # eager posts its fresh gradient right before asking
+        if post_at_request:  # eager posts its fresh gradient right before asking
             newly_posted = t_req > t_post
             prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
             cur_posted[newly_posted] = 0
@@ -476,7 +479,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
         stale_sum += int(stale_max[idx].sum())
         stale_max[idx] = 0
         resume[idx] = answer[idx] + run.overhead
-        if not in_order:  # WAGMA posts its updated model after the update
+        if not post_at_request:  # WAGMA posts its updated model after the update
             t_post[idx] = resume[idx]
             prev_posted[idx] = cur_posted[idx]
             cur_posted[idx] = 0
@@ -499,8 +502,11 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
     S = int(cfg.settings.get("group_size") or default_group_size(P))
     stages = num_stages(P, S)
     plans = [make_plan(butterfly_stage(P, S, s), cfg.network, cfg.workload.model_bytes) for s in range(stages)]
+    catch_up = cfg.settings.get("catch_up", "replay")
+    if catch_up not in ("replay", "skip"):
+        raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: replay, skip")
     res = wait_avoiding(cfg, lambda r: plans[(r - 1) % stages], tau + 1,
-                        cfg.network.world_allreduce(P, cfg.workload.model_bytes))
+                        cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
     res.extra["group_size"] = S
     return res
 
@@ -517,7 +523,7 @@ def sim_eager(cfg: SimConfig) -> SimResult:
         def initiator(r: int) -> int:
             return random_initiator(P, r, seed=cfg.seed)
     res = wait_avoiding(cfg, lambda r: plan, sync_every, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
-                        initiator, in_order=True)
+                        initiator, in_order=True, post_at_request=True)
     res.extra["mode"] = mode
     return res
 
