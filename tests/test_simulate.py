@@ -39,7 +39,7 @@ def test_wagma_straggler_costs_only_the_limiter():
     """tau=3, one rank 6x slower (k >= tau+1): per sync period of tau+1 rounds the fast ranks take tau+1
     steps and then wait at the synchronous round for the slow rank's one step -- exactly k steps' time."""
     tau, k, world, periods = 3, 6.0, 8, 10
-    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau},
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau, "catch_up": "skip"},
                              steps=periods * (tau + 1)))
     samples_per_period = ((world - 1) * (tau + 1) + 1) * BATCH
     assert res.time_s == pytest.approx(periods * k * STEP, rel=1e-9)
@@ -54,14 +54,34 @@ def test_wagma_mild_straggler_within_limiter_bound(k):
     most the fast ranks' tau+1 steps plus one slow step (the limiter). Rounds can outpace steps: a rank's
     activation pulls its group into the next round, so the fast ranks skip rounds too."""
     tau, world, periods = 10, 8, 6
-    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k, rank=3), {"tau": tau},
-                             steps=periods * (tau + 1)))
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k, rank=3),
+                             {"tau": tau, "catch_up": "skip"}, steps=periods * (tau + 1)))
     assert periods * k * STEP <= res.time_s + 1e-9
     assert res.time_s <= periods * (tau + 1 + k) * STEP + 1e-9
     allreduce = simulate(SimConfig("allreduce", world, WL, Network.free(), slow_rank(k, rank=3), steps=66))
     assert res.throughput > allreduce.throughput
     assert res.local_steps < periods * (tau + 1)  # the slow rank skipped rounds it joined passively
     assert res.staleness > 0
+
+
+def test_wagma_replay_persistent_straggler_paces_every_period():
+    """catch_up=replay: every rank runs every iteration, so the synchronous round waits for the slow
+    rank's tau+1 steps: a persistent straggler is not hidden (the paper's imbalance is random)."""
+    tau, k, world, periods = 3, 4.0, 8, 5
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau},
+                             steps=periods * (tau + 1)))
+    assert res.time_s == pytest.approx(periods * (tau + 1) * k * STEP, rel=1e-9)
+    assert res.local_steps == pytest.approx(periods * (tau + 1))
+
+
+def test_wagma_replay_random_stragglers_between_the_bounds():
+    """One random rank of 8 sleeps 3 steps per step: replay beats Allreduce-SGD's bound (c + d) and stays
+    under the mean-speed bound c + d k / P."""
+    world, d = 8, 3 * STEP
+    imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=d), seed=2)
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), imb, {"tau": 10}, steps=110))
+    mean_bound = world * BATCH / (STEP + d / world)
+    assert world * BATCH / (STEP + d) < res.throughput <= mean_bound * (1 + 1e-9)
 
 
 def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
