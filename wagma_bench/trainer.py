@@ -231,20 +231,29 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     batches = workload.batches(state["local_step"])
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
     requeue = False
+    last_compute_s = None
     try:
         while status is None:
             # Each rank follows the schedule by its own data consumption (local steps): identical to the
             # round count for synchronous optimizers; wait-avoiding ranks may skip rounds.
             algo.set_lr(lr_at(state["local_step"] / spe, **schedule))
+            # A straggler is late with its gradient: the injected delay comes before the computation (after
+            # backward it would hide behind the gradient buckets already in flight). Models relative to the
+            # compute time use the previous step's; the first step, which has none, sleeps after its own.
+            first = last_compute_s is None
+            delay_s = 0.0 if first else imbalance.delay(rank, world, state["local_step"], last_compute_s)
+            if delay_s > 0:
+                time.sleep(delay_s)
             t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
             batch = next(batches)
             algo.zero_grad()
             loss, n = workload.forward(model, batch)
             loss.backward()
-            compute_s = time.perf_counter() - t0
-            delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
-            if delay_s > 0:
-                time.sleep(delay_s)
+            compute_s = last_compute_s = time.perf_counter() - t0
+            if first:
+                delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
+                if delay_s > 0:
+                    time.sleep(delay_s)
             info = algo.step()
             loss_value = float(loss.detach())
             diverged = diverged or not math.isfinite(loss_value)

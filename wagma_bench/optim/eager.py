@@ -21,6 +21,10 @@ the gradients are stale. Readings: majority mode keeps the synchronous round eve
 too (the trainer needs common points); the local optimizer (momentum SGD) is applied to the averaged
 gradient, as with Allreduce-SGD.
 
+Default ``mode=majority``: on the embedded ResNet with 4 ranks sharing 2 CPU cores, ranks are late by
+CPU scheduling alone, and solo reached 0.964 of the 0.97 target in its 10 epochs while majority reached
+it (0.972 at round 240; one run each, under contention); solo is one override away.
+
 Evaluated model: all models are identical, so the trainer evaluates rank 0's model as it is.
 """
 
@@ -44,7 +48,7 @@ class EagerSGD(Algorithm):
     @dataclass
     class Settings:
         name: str = "eager"
-        mode: str = "solo"
+        mode: str = "majority"
         sync_every: int = 10
 
         def __post_init__(self):  # runs in the config check, before any rank starts

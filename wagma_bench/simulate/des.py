@@ -14,8 +14,8 @@ with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds
 
 What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`):
 
-- ``allreduce``: gradient buckets are launched as backward fills them (the delay is injected after
-  backward, so it overlaps the reduction); bucket b's allreduce starts once every rank has launched it and
+- ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
+  the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
   bucket b-1 is done; a rank waits for the last bucket, then steps.
 - ``local_sgd``: local steps; after every round that is a multiple of ``period`` a blocking global
   allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient allreduces.
@@ -147,8 +147,11 @@ class SimResult:
 # --- shared pieces -------------------------------------------------------------------------------------
 
 def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray) -> np.ndarray:
-    """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does."""
+    """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does
+    (before the step's computation, relative models seeing the previous step's compute time; the first
+    step uses its own)."""
     out = np.zeros((world_size, steps))
+    compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)
     if isinstance(imbalance, NoImbalance):
         return out
     if hasattr(imbalance, "slow_ranks"):  # only the drawn ranks can be slow: ask them alone (fast at P=1024)
@@ -236,7 +239,7 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
     def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
         c = run.compute[:, r - 1]
         start = ready - c - run.delay[:, r - 1]
-        launch = (start + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
+        launch = (start + run.delay[:, r - 1] + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
         end = -math.inf
         for b, cost in enumerate(costs):  # in order: every rank issues the same sequence
             end = max(end, launch[:, b].max()) + cost
