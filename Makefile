@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 FAIRSEQ := $(VENV)/.fairseq-0.12.3.1
 ARGS   ?= workload=resnet optimizer=wagma
 
-.PHONY: setup sysdeps run test lint
+.PHONY: setup sysdeps run test test-long lint
 setup: $(STAMP)
 
 # MiniWorld (workload=ddppo's embedded 3-D rooms) renders headless through EGL with Mesa's software
@@ -45,6 +45,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q
+
+# The multi-minute runs to a target (every baseline optimizer on ResNet, the Transformer to its BLEU).
+test-long: $(STAMP)
+	$(VENV)/bin/pytest -q -m long
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wagma_bench tests

@@ -1,42 +1,119 @@
-"""Run a function on every rank of a real local gloo world (torch.multiprocessing, a free port)."""
+"""Real local gloo worlds for the tests, started from a fork server.
+
+A fork server that has already imported torch starts a rank in about a second (spawning re-imports torch
+in every rank: 10-50 s for 8 ranks on a loaded 2-core machine). Every rank reports its result or its
+exception through a queue; the parent gives up after ``timeout_s``, kills the ranks and fails, so a hang
+becomes a test failure instead of a stuck suite.
+"""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
-import tempfile
-from pathlib import Path
+import queue
+import time
+import traceback
 
-import torch.multiprocessing as mp
+import torch
+from torch import nn
 
-from wagma_bench.launch import free_port
+# This module is preloaded too: importing it builds one torch optimizer, whose first construction
+# imports torch._dynamo (5-20 s), so that the ranks forked from the server do not each pay for it.
+_PRELOAD = ["torch", "torch.distributed", "wagma_bench.comm.torch_dist", "wagma_bench.optim", __name__]
+torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
 
 
-def _entry(rank, fn, world_size, port, out_dir, timeout_s, args):
-    import torch
+class RankFailed(RuntimeError):
+    """A rank raised; ``errors`` maps rank -> (exception type name, message, traceback)."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        first = min(errors)
+        super().__init__(f"rank {first} raised {errors[first][0]}: {errors[first][1]}\n{errors[first][2]}")
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # used when the server starts (once per test session)
+    return ctx
+
+
+def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
+    from datetime import timedelta
+
+    import torch.distributed as dist
 
     from wagma_bench.comm.torch_dist import TorchComm
 
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    torch.manual_seed(1234 + rank)
+    ok = False
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
+        comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"))
+        value = fn(comm, *args)
+        # Pickled here: the queue would share tensors by file descriptor, which dies with this process.
+        results.put((rank, "ok", pickle.dumps(value)))
+        ok = True
+        comm.close()
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, whatever it is
+        results.put((rank, "error", (type(err).__name__, str(err), traceback.format_exc())))
+    finally:
+        results.close()
+        results.join_thread()
+        # A rank whose peers died must not wait in process-group destructors.
+        os._exit(0 if ok else 1)
+
+
+def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_s: float = 120.0,
+              allow_errors: bool = False) -> list:
+    """Run module-level ``fn(comm, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
+
+    A rank that raises makes this raise :class:`RankFailed`, unless ``allow_errors``: then its entry is
+    the tuple ``("error", type name, message)``; a rank that vanished without a report is ``None``.
+    """
     from datetime import timedelta
 
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timedelta(seconds=60))
-    comm = TorchComm.init("gloo", rank, world_size, store, timeout_s, torch.device("cpu"))
+    import torch.distributed as dist
+
+    ctx = _context()
+    results = ctx.Queue()
+    # The parent holds the rendezvous store on a port the OS picked: no race for a "free" port.
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=60),
+                           wait_for_workers=False)
+    port = server.port
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, comm_timeout_s, results, fn, args),
+                         daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out: list = [None] * world_size
+    errors = {}
+    deadline = time.monotonic() + timeout_s
+    pending = world_size
     try:
-        result = fn(comm, *args)
-        with open(Path(out_dir) / f"{rank}.pkl", "wb") as f:
-            pickle.dump(result, f)
+        while pending:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break  # every rank is gone; the ones that did not report died
+            try:
+                rank, status, value = results.get(timeout=0.2)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"world of {world_size} ranks still running after {timeout_s} s "
+                                       f"(a hang); reported: {[r for r, v in enumerate(out) if v is not None]}")
+                continue
+            pending -= 1
+            if status == "ok":
+                out[rank] = pickle.loads(value)
+            else:
+                errors[rank] = value
+                out[rank] = ("error", value[0], value[1])
     finally:
-        comm.close()
-
-
-def run_world(fn, world_size: int, *args, timeout_s: float = 60.0):
-    """Run ``fn(comm, *args)`` on ``world_size`` gloo ranks; return the list of per-rank results.
-
-    ``fn`` must be a module-level function (it is pickled into spawned processes).
-    """
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_entry, args=(fn, world_size, free_port(), out, timeout_s, args), nprocs=world_size,
-                           start_method="spawn")
-        return [pickle.load(open(os.path.join(out, f"{r}.pkl"), "rb")) for r in range(world_size)]
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors and not allow_errors:
+        raise RankFailed(errors)
+    return out

@@ -213,6 +213,7 @@ def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(
 
 # --- end to end: the default reaches its target ---------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long  # 4-6 minutes each on this 2-core machine: `make test-long`
 @pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
 def test_default_reaches_bleu_target(optimizer, tmp_path):
     from wagma_bench.optim import OPTIMIZERS

@@ -25,9 +25,6 @@ The compute thread's protocol is :meth:`post` (put the current model in the send
 the round in flight if it started after the post, else the next round, which it activates).
 A slow rank thus *skips* the rounds its progress thread completed passively while it computed.
 
-``consume=True`` is for gradient-like contributions: a passive round contributes the send buffer and
-then zeroes it, so a stale contribution is counted once.
-
 ``in_order=True`` (eager-SGD) changes what a request returns: the result of every round, in order. The
 results of rounds joined passively are kept until the compute thread asks for them, so every rank applies
 the same sequence of results (identical models); only contributions are stale.
@@ -72,13 +69,13 @@ class WaitAvoidingAllreduce:
     """Wait-avoiding group allreduce of one flat buffer; see the module docstring."""
 
     def __init__(self, comm: Comm, like: torch.Tensor, schedule: Callable[[int], Sequence[Ranks]],
-                 all_groups: Iterable[Ranks], sync_every: int, consume: bool = False,
+                 all_groups: Iterable[Ranks], sync_every: int,
                  timeout_s: float = 300.0, op: str = "mean", start_round: int = 0, in_order: bool = False,
                  activator: Optional[Callable[[int], int]] = None):
         if sync_every < 0:
             raise ValueError(f"sync_every must be >= 0 (0: never), got {sync_every}")
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.schedule, self.sync_every, self.consume, self.op = schedule, sync_every, consume, op
+        self.schedule, self.sync_every, self.op = schedule, sync_every, op
         self.timeout_s, self.in_order, self.activator = timeout_s, in_order, activator
         self._kept: deque[tuple[int, torch.Tensor]] = deque()  # in_order: results not yet taken
         # Both forks are collective; the progress thread owns its groups, the listener its channel.
@@ -220,11 +217,8 @@ class WaitAvoidingAllreduce:
                 if self._closing and self._ready < r and r not in self._activated:
                     return
                 self._started = r
-                active = self._ready >= r
                 self._work.copy_(self._send)
                 self._staleness = max(self._staleness, r - self._posted_round)
-                if self.consume and not active:
-                    self._send.zero_()
             if sync:
                 self._pcomm.allreduce(self._work, op=self.op)
             elif not solo:
