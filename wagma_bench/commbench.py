@@ -137,8 +137,10 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
                              _time(comm, lambda: raw.allreduce(buf, mine), repeats)))
             # All ranks ready at once (the post happens before the barrier): the pure cost of activation,
             # the progress thread and the buffer copies over the group allreduce it performs.
+            # in_order: every rank answers the same rounds, so all of them close after the same round
+            # (the engine's stop protocol needs that; there is no synchronous round here).
             engine = WaitAvoidingAllreduce(comm, buf, lambda r, part=part: part, all_groups, sync_every=0,
-                                           op="sum", timeout_s=getattr(comm, "timeout_s", 300.0))
+                                           op="sum", timeout_s=getattr(comm, "timeout_s", 300.0), in_order=True)
             rows.append(_row("wait_avoiding", "ours", s, nbytes,
                              _time(comm, engine.request, repeats, setup=lambda e=engine: e.post(buf))))
             engine.close()
