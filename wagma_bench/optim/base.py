@@ -23,6 +23,7 @@ from torch import nn
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.comm.buckets import Bucket, flatten_into_buckets, zero_grads
+from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 
 
 @dataclass
@@ -88,3 +89,36 @@ class Algorithm(abc.ABC):
 
     def close(self) -> None:
         """Stop background threads; called on every rank at the same synchronisation point."""
+
+
+class EngineAlgorithm(Algorithm):
+    """An algorithm driven by the wait-avoiding engine (WAGMA-SGD, eager-SGD).
+
+    The engine is created at the first step: the same point on every rank, fresh or resumed, so that its
+    rounds continue from the restored round counter. A world of one has nobody to wait for.
+    """
+
+    engine: WaitAvoidingAllreduce | None = None
+
+    @abc.abstractmethod
+    def _make_engine(self) -> WaitAvoidingAllreduce: ...
+
+    @abc.abstractmethod
+    def _exchange(self) -> RoundResult:
+        """One round through the engine plus the local update; returns the round's result."""
+
+    def step(self) -> StepInfo:
+        if self.comm.world_size == 1:
+            self.optimizer.step()
+            self.round += 1
+            return StepInfo(round=self.round)
+        if self.engine is None:
+            self.engine = self._make_engine()
+        res = self._exchange()
+        self.round = res.round
+        return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from functools import partial
 
 from wagma_bench.comm.topology import random_initiator
-from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
-from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.optim.base import EngineAlgorithm
 
 MODES = ("solo", "majority")
 
 
-class EagerSGD(Algorithm):
+class EagerSGD(EngineAlgorithm):
     name = "eager"
     default_eval_model = "local"
     models_identical = True
@@ -62,39 +62,24 @@ class EagerSGD(Algorithm):
         if len(self.buckets) != 1:
             raise ValueError("eager reduces the gradient as one flat buffer")
         self.grad = self.buckets[0].grad
-        self.engine: WaitAvoidingAllreduce | None = None
 
     @property
     def sync_period(self) -> int:
         return self.settings.sync_every
 
-    def _start_engine(self) -> None:
-        # Created at the first step (the same point on every rank, fresh or resumed), so that rounds
-        # continue from the restored round counter.
+    def _make_engine(self) -> WaitAvoidingAllreduce:
         world = tuple(range(self.comm.world_size))
         activator = None
         if self.settings.mode == "majority":
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
-        self.engine = WaitAvoidingAllreduce(self.comm, self.grad, lambda r: (world,), [world],
-                                            sync_every=self.settings.sync_every, start_round=self.round,
-                                            timeout_s=getattr(self.comm, "timeout_s", 300.0),
-                                            in_order=True, activator=activator)
+        return WaitAvoidingAllreduce(self.comm, self.grad, lambda r: (world,), [world],
+                                     sync_every=self.settings.sync_every, start_round=self.round,
+                                     timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                     in_order=True, activator=activator)
 
-    def step(self) -> StepInfo:
-        if self.comm.world_size == 1:
-            self.optimizer.step()
-            self.round += 1
-            return StepInfo(round=self.round)
-        if self.engine is None:
-            self._start_engine()
+    def _exchange(self) -> RoundResult:
         self.engine.post(self.grad)      # the fresh gradient, for the next round that starts
         res = self.engine.request()      # this rank's next round, in order (may have run already)
         self.grad.copy_(res.result)
         self.optimizer.step()
-        self.round = res.round
-        return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        return res

@@ -36,11 +36,11 @@ from functools import partial
 from typing import Optional
 
 from wagma_bench.comm.topology import butterfly_stage, default_group_size, num_stages
-from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
-from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.optim.base import EngineAlgorithm
 
 
-class WagmaSGD(Algorithm):
+class WagmaSGD(EngineAlgorithm):
     name = "wagma"
     default_eval_model = "average"
 
@@ -65,7 +65,6 @@ class WagmaSGD(Algorithm):
         self.data = self.buckets[0].data
         self._schedule = partial(self._stage, p, self.group_size)
         self._all_groups = [g for k in range(stages) for g in butterfly_stage(p, self.group_size, k)]
-        self.engine: WaitAvoidingAllreduce | None = None
 
     @staticmethod
     def _stage(p: int, s: int, r: int):
@@ -76,30 +75,17 @@ class WagmaSGD(Algorithm):
     def sync_period(self) -> int:
         return self.settings.tau + 1
 
-    def _start_engine(self) -> None:
-        # Created at the first step (the same point on every rank, fresh or resumed), so the rounds
-        # continue from the restored round counter.
-        self.engine = WaitAvoidingAllreduce(self.comm, self.data, self._schedule, self._all_groups,
-                                            sync_every=self.sync_period, start_round=self.round,
-                                            timeout_s=getattr(self.comm, "timeout_s", 300.0),
-                                            in_order=self.settings.catch_up == "replay")
-        self.engine.post(self.data)
+    def _make_engine(self) -> WaitAvoidingAllreduce:
+        engine = WaitAvoidingAllreduce(self.comm, self.data, self._schedule, self._all_groups,
+                                       sync_every=self.sync_period, start_round=self.round,
+                                       timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                       in_order=self.settings.catch_up == "replay")
+        engine.post(self.data)
+        return engine
 
-    def step(self) -> StepInfo:
-        if self.comm.world_size == 1:
-            self.optimizer.step()
-            self.round += 1
-            return StepInfo(round=self.round)
-        if self.engine is None:
-            self._start_engine()
+    def _exchange(self) -> RoundResult:
         res = self.engine.request()       # average of the posted (pre-gradient) models
         self.data.copy_(res.result)
         self.optimizer.step()             # apply g(W_old) to the average
         self.engine.post(self.data)
-        self.round = res.round
-        return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        return res
