@@ -131,7 +131,8 @@ def test_calibration_recovers_alpha_beta_from_comm_bench_json(tmp_path):
     assert report["rel_rms"] < 1e-6
 
 
-def test_fit_run_reads_step_records(tmp_path):
+def write_run(tmp_path: Path) -> Path:
+    """A run directory as the trainer writes it: 2 ranks, 30 steps of 0.2 s compute, 0.05 s communication."""
     run = tmp_path / "run"
     (run / "steps").mkdir(parents=True)
     start = {"key": "run_start", "value": None, "time_ms": 0, "metadata": {
@@ -146,11 +147,40 @@ def test_fit_run_reads_step_records(tmp_path):
             lines.append(json.dumps({"step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
                                      "samples": 8, "loss": 1.0, "staleness": 0}))
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
-    fit = fit_run(run, params=1000)
+    return run
+
+
+def test_fit_run_reads_step_records(tmp_path):
+    fit = fit_run(write_run(tmp_path), params=1000)
     assert fit.world_size == 2 and fit.rounds == 30 and fit.seed == 3
     assert fit.overhead_s == pytest.approx(0.01, abs=1e-9)
     wl = fit.to_workload()
     assert wl.step_s == pytest.approx(0.2) and wl.batch == 8 and wl.params == 1000
+    assert [len(seq) for seq in wl.trace] == [30, 30]          # every step of every rank, warm-up included
+
+
+def test_calibrate_prints_resampled_and_trace_predictions(tmp_path, capsys):
+    from wagma_bench.simulate.cli import main
+
+    run = write_run(tmp_path)
+    assert main(["--calibrate", str(run), "params=1000", "--out", str(tmp_path / "sim")]) == 0
+    (row,) = json.loads((tmp_path / "sim" / "validation.json").read_text())
+    assert row["measured"] == 100.0 and row["ratio"] == pytest.approx(row["predicted"] / 100.0)
+    # constant compute times: resampling and replaying them are the same simulation
+    assert row["predicted_trace"] == pytest.approx(row["predicted"], rel=1e-9)
+    assert "predicted (trace)" in capsys.readouterr().out
+
+
+def test_trace_replays_each_ranks_steps_in_order():
+    """Two ranks whose compute alternates 0.1 s / 0.3 s in phase (as when ranks share cores and a sleeping
+    one frees them): replayed, every allreduce step lasts the ranks' common time, mean 0.2 s; resampled iid
+    from the pooled times, a step would last the slower of two draws, 0.25 s on average."""
+    trace = ((0.1, 0.3) * 5, (0.1, 0.3) * 5)                    # 10 recorded steps, simulated for 40
+    wl = Workload(step_s=0.2, batch=BATCH, params=1e6, compute="trace", trace=trace)
+    res = simulate(SimConfig("allreduce", 2, wl, Network.free(), steps=40, control_every=0))
+    assert res.throughput == pytest.approx(2 * BATCH / 0.2, rel=1e-9)
+    with pytest.raises(ValueError, match="one recorded sequence per rank"):
+        simulate(SimConfig("allreduce", 3, wl, Network.free(), steps=4))
 
 
 def test_control_period_matches_the_trainer():

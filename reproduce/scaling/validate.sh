@@ -3,7 +3,7 @@
 # simulator on those runs (+ comm-bench JSON when `wagma-bench comm-bench` is available), simulate the same
 # configurations and print predicted vs measured throughput with their ratio (goal: within 15%).
 #
-#   reproduce/scaling/validate.sh                 # full: 2,4,8 ranks x none,paper,lognormal x allreduce,wagma
+#   reproduce/scaling/validate.sh                 # full: 2,4,8 ranks x none,paper,lognormal x allreduce,wagma (27 min, 2 cores)
 #   TINY=1 reproduce/scaling/validate.sh          # pipeline check: 2 ranks, imbalance=none, 30 steps
 #   RANKS="4" IMBALANCES="paper" OPTIMIZERS="allreduce wagma sgp" STEPS=300 reproduce/scaling/validate.sh
 #

@@ -5,6 +5,7 @@ From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json`
 - the compute-time distribution: every rank's ``compute_s`` (forward + backward as the trainer timed it),
   the first ``SKIP_STEPS`` steps of each rank dropped (warm-up); kept as an empirical sample and
   summarised as a lognormal (median, and sigma from the 16th-84th percentile spread of its logarithm);
+- the compute trace: each rank's ``compute_s`` step by step, for a trace-driven replay of the same run;
 - the per-step overhead: the median of ``dt - compute_s - delay_s - comm_s`` between consecutive steps of a
   rank (optimizer update, data loading, logging: the time the trainer spends outside what it times);
 - what the run was: optimizer and its settings, world size, imbalance settings (from ``run_start``), the
@@ -63,6 +64,7 @@ class RunFit:
     seed: int
     samples_per_step: float          # mean samples a rank processes per step
     compute: list[float]             # compute times (s) after warm-up, all ranks pooled
+    trace: list[list[float]]         # per rank (0..P-1), every step's compute time in step order
     overhead_s: float                # median per-step time outside compute, delay and communication
     measured_throughput: float | None
     params: float | None             # model parameters (None: unknown, pass params=N)
@@ -77,7 +79,8 @@ class RunFit:
         median, sigma = lognormal_fit(self.compute)
         return Workload(name=self.workload or "calibrated", step_s=median, batch=max(1, round(self.samples_per_step)),
                         params=float(n), compute=compute, sigma=sigma, samples=tuple(self.compute),
-                        overhead_s=self.overhead_s, source=f"calibrated from {self.path}")
+                        trace=tuple(tuple(seq) for seq in self.trace), overhead_s=self.overhead_s,
+                        source=f"calibrated from {self.path}")
 
 
 def _step_records(run_dir: Path) -> dict[int, list[dict]]:
@@ -103,6 +106,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     if not records:
         raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
     compute, overhead, samples, comm = [], [], [], []
+    trace = [[float(r["compute_s"]) for r in sorted(records[k], key=lambda r: r["step"])] for k in sorted(records)]
     for recs in records.values():
         recs = sorted(recs, key=lambda r: r["step"])
         for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1:]):
@@ -121,7 +125,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         imbalance=dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"}), settings=opt,
         rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
-        compute=compute[::stride], overhead_s=float(np.median(overhead)),
+        compute=compute[::stride], trace=trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
         params=params if params is not None else _model_params(meta, config),
         workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),

@@ -8,8 +8,11 @@
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
-prints predicted against measured throughput. Given ``gpus=`` too, it also predicts that sweep with the
-workload pooled from the calibrated runs.
+prints predicted against measured throughput, twice: with compute times resampled i.i.d. from the run's
+pooled measurements (``compute=empirical``, the default; ``compute=lognormal`` fits a lognormal instead), as
+predictions at other scales use them, and trace-driven (each rank's recorded compute times replayed step by
+step, which tests the communication and waiting model alone). Given ``gpus=`` too, it also predicts that
+sweep with the workload pooled from the calibrated runs.
 
 ``control_every``: the trainer's control allreduce (a global barrier) every that many rounds, rounded up
 to the optimizer's sync period, as ``wagma-bench run`` does (default 10); ``control_every=0`` leaves only
@@ -51,7 +54,7 @@ from wagma_bench.simulate.presets import preset
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONF = ROOT / "conf"
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
-WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "source"}
+WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 KEYS = {"cluster", "gpus", "optimizer", "imbalance", "workload", "steps", "seed", "control_every",
         "samples_to_target"} | WORKLOAD_KEYS
 PREFIXES = ("optimizer.", "imbalance.", "network.", "cluster.")
@@ -75,6 +78,14 @@ def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
     ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR", help="runs that reached a target")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ns = ap.parse_args(argv)
+    # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
+    for opt in ("calibrate", "convergence"):
+        items = getattr(ns, opt)
+        moved = [i for i in items if "=" in i and not Path(i).exists()]
+        setattr(ns, opt, [i for i in items if i not in moved])
+        ns.overrides += moved
+        if items and not getattr(ns, opt):
+            raise UsageError(f"--{opt} needs at least one path")
     kv = {}
     for item in ns.overrides:
         if "=" not in item:
@@ -293,27 +304,31 @@ def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None,
     else:
         network, _ = load_network(kv.get("cluster", "local"), {k: v for k, v in kv.items() if k.startswith("network.")})
     rows, fits = [], []
+    compute = kv.get("compute", "empirical")
     for d in runs:
         fit = fit_run(d, params)
         fits.append(fit)
-        wl = fit.to_workload(compute=kv.get("compute", "empirical"))
-        imbalance = make_imbalance(fit.imbalance, {}, fit.seed)
-        res = simulate(SimConfig(fit.optimizer, fit.world_size, wl, network, imbalance, fit.settings,
-                                 fit.rounds, fit.seed))
-        ratio = res.throughput / fit.measured_throughput if fit.measured_throughput else None
+        wl = fit.to_workload(compute=compute)
+        measured = fit.measured_throughput
+        predicted = _replay_run(fit, wl, network)
+        # the trace-driven replay: each rank's own recorded compute times, step by step
+        traced = predicted if compute == "trace" else _replay_run(fit, dataclasses.replace(wl, compute="trace"), network)
+        ratio = predicted / measured if measured else None
         rows.append({"run": str(d), "optimizer": fit.optimizer, "world_size": fit.world_size,
                      "imbalance": fit.imbalance.get("name"), "rounds": fit.rounds, "compute_median_s": wl.step_s,
                      "compute_sigma": wl.sigma, "overhead_s": wl.overhead_s, "params": wl.params,
-                     "measured": fit.measured_throughput, "predicted": res.throughput, "ratio": ratio,
-                     "within_15pct": ratio is not None and abs(ratio - 1) <= 0.15})
-        cal["runs"].append({k: v for k, v in dataclasses.asdict(fit).items() if k != "compute"}
+                     "measured": measured, "predicted": predicted, "ratio": ratio,
+                     "within_15pct": ratio is not None and abs(ratio - 1) <= 0.15,
+                     "predicted_trace": traced, "ratio_trace": traced / measured if measured else None})
+        cal["runs"].append({k: v for k, v in dataclasses.asdict(fit).items() if k not in ("compute", "trace")}
                            | {"compute_median_s": wl.step_s, "compute_sigma": wl.sigma})
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(cal, indent=2, default=float) + "\n")
     if rows:
         write_table(rows, out, "validation")
         cols = [("optimizer", "optimizer"), ("world_size", "P"), ("imbalance", "imbalance"), ("measured", "measured"),
-                ("predicted", "predicted"), ("ratio", "predicted/measured"), ("run", "run")]
+                ("predicted", f"predicted ({compute})"), ("ratio", "ratio"), ("predicted_trace", "predicted (trace)"),
+                ("ratio_trace", "ratio"), ("run", "run")]
         print(f"## Validation: predicted vs measured throughput (samples/s)\n\n{markdown(rows, cols)}\n")
         table = [{"label": f"{r['optimizer']} {r['imbalance']}", "world_size": r["world_size"],
                   "throughput": r["measured"], "kind": "measured"} for r in rows if r["measured"]]
@@ -323,9 +338,17 @@ def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None,
     pooled = None
     if fits:
         samples = [c for f in fits for c in f.compute]
-        base = fits[-1].to_workload(compute=kv.get("compute", "empirical"))
+        # a sweep over other world sizes has no per-rank trace: resample the pooled compute times instead
+        base = fits[-1].to_workload(compute="empirical" if compute == "trace" else compute)
         pooled = dataclasses.replace(base, samples=tuple(samples), source="pooled over the calibrated runs")
     return rows, pooled, network
+
+
+def _replay_run(fit, workload: Workload, network: Network) -> float:
+    """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed)."""
+    imbalance = make_imbalance(fit.imbalance, {}, fit.seed)
+    return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, fit.settings,
+                              fit.rounds, fit.seed)).throughput
 
 
 def main(argv: list[str] | None = None) -> int:

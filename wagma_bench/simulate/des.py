@@ -75,7 +75,7 @@ from wagma_bench.simulate.costs import Network
 
 CONTROL_EVERY = 10           # wagma_bench.trainer.CONTROL_EVERY (a test keeps them equal)
 CONTROL_BYTES = 6 * 8        # the trainer's control tensor: six float64 flags
-COMPUTE_MODELS = ("constant", "lognormal", "empirical")
+COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace")
 
 
 @dataclass
@@ -87,9 +87,10 @@ class Workload:
     batch: int = 128                 # samples per rank and step
     params: float = 25.6e6           # model parameters (gradients and models travel as float32)
     bytes_per_param: int = 4
-    compute: str = "lognormal"       # constant | lognormal | empirical
+    compute: str = "lognormal"       # constant | lognormal | empirical | trace
     sigma: float = 0.0               # lognormal: spread of log(compute time)
     samples: tuple = ()              # empirical: measured compute times to resample (from --calibrate)
+    trace: tuple = ()                # trace: per rank, its measured compute times in step order (--calibrate)
     overhead_s: float = 0.0          # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
     source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
@@ -109,7 +110,21 @@ class Workload:
             if not len(self.samples):
                 raise ValueError("compute=empirical needs measured samples (wagma-bench simulate --calibrate RUN_DIR)")
             return rng.choice(np.asarray(self.samples, dtype=float), size=shape)
+        if self.compute == "trace":
+            return self._replay(world_size, steps)
         raise ValueError(f"workload.compute={self.compute!r}; choose one of: {', '.join(COMPUTE_MODELS)}")
+
+    def _replay(self, world_size: int, steps: int) -> np.ndarray:
+        """Each rank's recorded compute times, step by step (repeated from the start if the simulation runs
+        longer): a trace-driven simulation, which keeps whatever the per-step times depended on in the real
+        run (contention between ranks that share cores, data-dependent work) and tests only the model of
+        communication and waiting."""
+        if len(self.trace) != world_size:
+            raise ValueError(f"compute=trace needs one recorded sequence per rank: have {len(self.trace)}, "
+                             f"world size {world_size}")
+        if not all(len(seq) for seq in self.trace):
+            raise ValueError("compute=trace: a rank has no recorded compute times")
+        return np.stack([np.resize(np.asarray(seq, dtype=float), steps) for seq in self.trace])
 
 
 @dataclass
