@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from wagma_bench.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -19,7 +17,8 @@ QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger
 
 
 def run(args, timeout=600, **kw):
-    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, **kw)
 
 
 def test_short_run_writes_events_steps_and_summary(tmp_path):
@@ -75,7 +74,8 @@ def test_divergence_stops_with_status_diverged(tmp_path):
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
+                         check=False).stdout
     return [int(p) for p in out.split()]
 
 
@@ -103,7 +103,8 @@ def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
     out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--standalone", "-m", "wagma_bench", "run",
                           "train.max_steps=6", "eval.every_steps=6", "logger.progress=off",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600,
+                         check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed"

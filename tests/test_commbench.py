@@ -13,7 +13,7 @@ BIN = Path(sys.executable).parent / "wagma-bench"
 def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
     out_file = tmp_path / "cb.json"
     out = subprocess.run([str(BIN), "comm-bench", "--nproc", "2", "--sizes", "4K,64K", "--repeats", "2",
-                          "--out", str(out_file)], capture_output=True, text=True, timeout=300)
+                          "--out", str(out_file)], capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ours/raw" in out.stdout and "wait_avoiding" in out.stdout
     result = json.loads(out_file.read_text())

@@ -16,7 +16,8 @@ from wagma_bench.trainer import make_local_optimizer, round_up
 def test_linear_scaling_rule_and_paper_resnet50_schedule():
     peak = peak_lr(0.1, 128, 64, 256)  # paper: per-GPU batch 128, lr 0.1 x global / 256
     assert peak == pytest.approx(3.2)
-    kw = dict(peak=peak, start=0.1, warmup_epochs=5, schedule="step", epochs=90, milestones=[30, 60, 80])
+    kw = {"peak": peak, "start": 0.1, "warmup_epochs": 5, "schedule": "step", "epochs": 90,
+          "milestones": [30, 60, 80]}
     assert lr_at(0, **kw) == pytest.approx(0.1)
     assert lr_at(2.5, **kw) == pytest.approx(0.1 + (3.2 - 0.1) / 2)
     assert lr_at(5, **kw) == pytest.approx(3.2)
@@ -27,7 +28,7 @@ def test_linear_scaling_rule_and_paper_resnet50_schedule():
 
 
 def test_cosine_and_inverse_sqrt():
-    kw = dict(peak=1.0, start=0.0, warmup_epochs=1, epochs=11)
+    kw = {"peak": 1.0, "start": 0.0, "warmup_epochs": 1, "epochs": 11}
     assert lr_at(1, schedule="cosine", **kw) == pytest.approx(1.0)
     assert lr_at(6, schedule="cosine", **kw) == pytest.approx(0.5)
     assert lr_at(11, schedule="cosine", **kw) == pytest.approx(0.0, abs=1e-12)

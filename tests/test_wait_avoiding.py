@@ -4,7 +4,6 @@ staleness bound, failure of a peer."""
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import pytest
 import torch

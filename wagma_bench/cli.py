@@ -74,11 +74,10 @@ def _fail(message: str, code: int) -> None:
 def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.events import finalize
-    from wagma_bench.launch import RunFailed, World, detect_world, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import RunFailed, detect_world, run_rank, slurm_master, spawn_local
     from wagma_bench.workloads import get_workload
 
     try:

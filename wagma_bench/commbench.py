@@ -109,7 +109,7 @@ def _time(comm, fn, repeats: int, setup=None) -> list[float]:
 
 def _row(op, impl, s, nbytes, times):
     times = sorted(times)
-    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
     return {"op": op, "impl": impl, "group_size": s, "bytes": nbytes, "median_s": statistics.median(times),
             "p10_s": q(0.1), "p90_s": q(0.9), "repeats": len(times)}
 
@@ -127,14 +127,16 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
     rows = []
     for nbytes in sizes:
         buf = torch.ones(max(1, nbytes // 4))
-        rows.append(_row("allreduce", "ours", p, nbytes, _time(comm, lambda: comm.allreduce(buf, op="sum"), repeats)))
-        rows.append(_row("allreduce", "raw", p, nbytes, _time(comm, lambda: raw.allreduce(buf), repeats)))
+        rows.append(_row("allreduce", "ours", p, nbytes,
+                         _time(comm, lambda buf=buf: comm.allreduce(buf, op="sum"), repeats)))
+        rows.append(_row("allreduce", "raw", p, nbytes, _time(comm, lambda buf=buf: raw.allreduce(buf), repeats)))
         for s, part in stages.items():
             mine = next(g for g in part if comm.rank in g)
             rows.append(_row("group_allreduce", "ours", s, nbytes,
-                             _time(comm, lambda: comm.group_allreduce(buf, part, op="sum"), repeats)))
+                             _time(comm, lambda buf=buf, part=part: comm.group_allreduce(buf, part, op="sum"),
+                                   repeats)))
             rows.append(_row("group_allreduce", "raw", s, nbytes,
-                             _time(comm, lambda: raw.allreduce(buf, mine), repeats)))
+                             _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
             # All ranks ready at once (the post happens before the barrier): the pure cost of activation,
             # the progress thread and the buffer copies over the group allreduce it performs.
             # in_order: every rank answers the same rounds, so all of them close after the same round
@@ -142,7 +144,8 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
             engine = WaitAvoidingAllreduce(comm, buf, lambda r, part=part: part, all_groups, sync_every=0,
                                            op="sum", timeout_s=getattr(comm, "timeout_s", 300.0), in_order=True)
             rows.append(_row("wait_avoiding", "ours", s, nbytes,
-                             _time(comm, engine.request, repeats, setup=lambda e=engine: e.post(buf))))
+                             _time(comm, engine.request, repeats,
+                                   setup=lambda e=engine, buf=buf: e.post(buf))))
             engine.close()
     return rows
 

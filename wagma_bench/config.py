@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -28,27 +28,27 @@ class TrainConfig:
     batch_size: int = 32
     local_optimizer: str = "sgd"
     lr: float = 0.1
-    lr_reference_batch: Optional[int] = 256   # null: no linear scaling (the peak rate is lr; RL)
+    lr_reference_batch: int | None = 256   # null: no linear scaling (the peak rate is lr; RL)
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 1e-4
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     schedule: str = "step"
     warmup_epochs: float = 0.0
-    warmup_start_lr: Optional[float] = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
+    warmup_start_lr: float | None = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
     milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
     decay: float = 0.1
     epochs: float = 90.0
-    max_steps: Optional[int] = None
-    time_limit_s: Optional[float] = None
-    grad_clip: Optional[float] = None
+    max_steps: int | None = None
+    time_limit_s: float | None = None
+    grad_clip: float | None = None
 
 
 @dataclass
 class EvalConfig:
     every_epochs: float = 1.0
-    every_steps: Optional[int] = None
-    target: Optional[float] = None
+    every_steps: int | None = None
+    target: float | None = None
     stop_at_target: bool = True
     model: str = "auto"
 
@@ -71,15 +71,15 @@ class LauncherConfig:
     name: str = "local"
     nproc: int = 4
     master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = None
+    master_port: int | None = None
     rendezvous_timeout_s: float = 120.0
 
 
 @dataclass
 class WandbConfig:
     project: str = "wagma-bench"
-    entity: Optional[str] = None
-    group: Optional[str] = None           # null: the sweep directory's name in a multirun, else none
+    entity: str | None = None
+    group: str | None = None           # null: the sweep directory's name in a multirun, else none
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
 
@@ -93,7 +93,7 @@ class LoggerConfig:
     progress: str = "auto"
     log_every_s: float = 10.0
     mllog: bool = False
-    wandb: Optional[WandbConfig] = None   # set by logger=wandb
+    wandb: WandbConfig | None = None   # set by logger=wandb
 
 
 CHOICES = {

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
@@ -55,7 +56,8 @@ class EventLog:
 
         self.enabled = enabled
         self.path = run_dir / EVENTS
-        self._f = open(self.path, "a") if enabled else None
+        # open for the whole run, closed by close()
+        self._f = open(self.path, "a") if enabled else None  # noqa: SIM115
         self.sinks = (list(sinks) + ([MllogSink()] if mllog else [])) if enabled else []
 
     @classmethod
@@ -91,7 +93,7 @@ class StepLog:
     def __init__(self, run_dir: Path, rank: int):
         d = run_dir / "steps"
         d.mkdir(parents=True, exist_ok=True)
-        self._f = open(d / f"rank{rank}.jsonl", "a")
+        self._f = open(d / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - closed by close()
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:

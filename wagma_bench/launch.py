@@ -121,7 +121,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
 def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int]) -> None:
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - reported, then the process exits non-zero
         sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
         os._exit(1)  # do not wait for communication threads blocked on dead peers

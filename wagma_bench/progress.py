@@ -14,7 +14,8 @@ class Progress:
         self._last = 0.0
         self._bar = None
         if mode == "bar":
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
                                      TextColumn("{task.completed}/{task.total} {task.fields[info]}"),

@@ -106,7 +106,7 @@ def config_hash(raw: dict) -> str:
 def git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+                             text=True, timeout=5, check=False)
         sha = out.stdout.strip()
         return sha if out.returncode == 0 and sha else None
     except (OSError, subprocess.SubprocessError):
@@ -198,9 +198,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     control_every = round_up(CONTROL_EVERY, sync)
     peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
     warmup_start = cfg.train.lr if cfg.train.warmup_start_lr is None else cfg.train.warmup_start_lr
-    schedule = dict(peak=peak, start=warmup_start, warmup_epochs=cfg.train.warmup_epochs,
-                    schedule=cfg.train.schedule, epochs=cfg.train.epochs, milestones=cfg.train.milestones,
-                    decay=cfg.train.decay)
+    schedule = {"peak": peak, "start": warmup_start, "warmup_epochs": cfg.train.warmup_epochs,
+                    "schedule": cfg.train.schedule, "epochs": cfg.train.epochs, "milestones": cfg.train.milestones,
+                    "decay": cfg.train.decay}
 
     events = EventLog.for_run(cfg, run_dir, rank)
     steps = StepLog(run_dir, rank)
@@ -276,7 +276,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             comm.allreduce(ctrl, op="sum")
             ctrl = ctrl.cpu().tolist()
             samples = int(ctrl[2])
-            meta = dict(step=r, epoch=round(r / spe, 4), samples=samples, train_s=round(clock.train_s, 4))
+            meta = {"step": r, "epoch": round(r / spe, 4), "samples": samples, "train_s": round(clock.train_s, 4)}
             if ctrl[0] > 0:
                 status = "diverged"
                 break
@@ -308,8 +308,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 if ctrl[1] > 0 and status is None:
                     status = "preempted"
                     requeue = ctrl[5] > 0
-        final = dict(step=algo.round, samples=_global_samples(comm, state), train_s=round(clock.train_s, 4),
-                     wall_s=round(clock.wall_s, 4), eval_s=round(clock.eval_s, 4))
+        final = {"step": algo.round, "samples": _global_samples(comm, state), "train_s": round(clock.train_s, 4),
+                     "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
         algo.close()
     except BaseException as err:
         if rank == 0:

@@ -12,7 +12,8 @@ mismatch"): :meth:`Comm.fork` returns a communicator with its own groups for tha
 from __future__ import annotations
 
 import abc
-from typing import Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -85,7 +86,7 @@ class Comm(abc.ABC):
         """Create the given groups (collective: every rank passes the same list in the same order)."""
 
     @abc.abstractmethod
-    def fork(self, timeout_s: float | None = None) -> "Comm":
+    def fork(self, timeout_s: float | None = None) -> Comm:
         """A communicator over the same world with its own groups, for another thread (collective).
 
         ``timeout_s`` overrides the operation timeout (a listener that idles between messages needs a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,7 @@ class TorchComm(Comm):
 
     @classmethod
     def init(cls, backend: str, rank: int, world_size: int, store, timeout_s: float,
-             device: torch.device) -> "TorchComm":
+             device: torch.device) -> TorchComm:
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:  # env:// (MASTER_ADDR/MASTER_PORT, or torchrun's agent store)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
@@ -118,7 +118,7 @@ class TorchComm(Comm):
                 continue
             self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
 
-    def fork(self, timeout_s: float | None = None) -> "TorchComm":
+    def fork(self, timeout_s: float | None = None) -> TorchComm:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s))
         return TorchComm(pg, timeout_s, self.device)

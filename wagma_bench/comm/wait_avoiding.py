@@ -38,8 +38,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -71,7 +71,7 @@ class WaitAvoidingAllreduce:
     def __init__(self, comm: Comm, like: torch.Tensor, schedule: Callable[[int], Sequence[Ranks]],
                  all_groups: Iterable[Ranks], sync_every: int,
                  timeout_s: float = 300.0, op: str = "mean", start_round: int = 0, in_order: bool = False,
-                 activator: Optional[Callable[[int], int]] = None):
+                 activator: Callable[[int], int] | None = None):
         if sync_every < 0:
             raise ValueError(f"sync_every must be >= 0 (0: never), got {sync_every}")
         self.rank, self.world_size = comm.rank, comm.world_size
@@ -191,7 +191,7 @@ class WaitAvoidingAllreduce:
         def run():
             try:
                 loop()
-            except BaseException as err:  # surfaced to the compute thread by request()
+            except BaseException as err:  # noqa: BLE001 - surfaced to the compute thread by request()
                 with self._cv:
                     if not self._closing:
                         self._error = err

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 from wagma_bench.comm.topology import butterfly_stage, default_group_size, num_stages
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
@@ -47,7 +46,7 @@ class WagmaSGD(EngineAlgorithm):
     @dataclass
     class Settings:
         name: str = "wagma"
-        group_size: Optional[int] = None   # power of two; None: sqrt(P) rounded to a power of two
+        group_size: int | None = None   # power of two; None: sqrt(P) rounded to a power of two
         tau: int = 10                       # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 

@@ -6,7 +6,8 @@ Workloads do not know which distributed optimizer runs; the trainer drives them.
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn

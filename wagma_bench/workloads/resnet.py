@@ -7,9 +7,10 @@ All three go through the same sharding, loss and evaluation code.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -118,27 +119,27 @@ def check_imagenet_root(root: str | None) -> Path:
 @dataclass
 class Mnist5kData:
     name: str = "mnist5k"
-    root: Optional[str] = None
+    root: str | None = None
     shift: int = 2              # training augmentation: random translation by up to this many pixels
 
 
 @dataclass
 class ImageNetData:
     name: str = "imagenet"
-    root: Optional[str] = None  # ROOT/train/<class>/*.JPEG, ROOT/val/<class>/*.JPEG
+    root: str | None = None  # ROOT/train/<class>/*.JPEG, ROOT/val/<class>/*.JPEG
 
 
 @dataclass
 class SyntheticImageData:
     name: str = "synthetic"
-    root: Optional[str] = None
+    root: str | None = None
     num_samples: int = 4096     # per rank
 
 
 class ResNetWorkload(Workload):
     name = "resnet"
     metric_name = "top1"
-    DATA = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
+    DATA: ClassVar[dict] = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
 
     @dataclass
     class Settings:

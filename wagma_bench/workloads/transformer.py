@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -68,7 +68,7 @@ class SyntheticMTData:
     """The embedded corpus (see :mod:`wagma_bench.workloads.mt_data`), generated and binarized once."""
 
     name: str = "synthetic_mt"
-    cache_dir: Optional[str] = None   # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
+    cache_dir: str | None = None   # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
     seed: int = 1                     # corpus seed (the language itself is fixed)
     train_sentences: int = 30000
     valid_sentences: int = 400
@@ -82,11 +82,11 @@ class WMT17Data:
     """A fairseq-binarized WMT17 En-De directory (the output of ``fairseq-preprocess``)."""
 
     name: str = "wmt17_en_de"
-    path: Optional[str] = None        # DIR with dict.{src,tgt}.txt and {train,valid,test}.SRC-TGT.{SRC,TGT}.{bin,idx}
+    path: str | None = None        # DIR with dict.{src,tgt}.txt and {train,valid,test}.SRC-TGT.{SRC,TGT}.{bin,idx}
     source_lang: str = "en"
     target_lang: str = "de"
     eval_split: str = "test"          # valid | test: the split scored (newstest2013 / newstest2017 when prepared as in the README)
-    remove_bpe: Optional[str] = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
+    remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
     detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
 
 
@@ -159,11 +159,11 @@ class TransformerWorkload(Workload):
     class Settings:
         name: str = "transformer"
         arch: str = "transformer"            # a fairseq architecture: transformer, transformer_wmt_en_de, ...
-        encoder_layers: Optional[int] = None  # null: the architecture's default (likewise below)
-        decoder_layers: Optional[int] = None
-        embed_dim: Optional[int] = None       # encoder and decoder embedding width
-        ffn_dim: Optional[int] = None         # encoder and decoder feed-forward width
-        attention_heads: Optional[int] = None
+        encoder_layers: int | None = None  # null: the architecture's default (likewise below)
+        decoder_layers: int | None = None
+        embed_dim: int | None = None       # encoder and decoder embedding width
+        ffn_dim: int | None = None         # encoder and decoder feed-forward width
+        attention_heads: int | None = None
         dropout: float = 0.1
         share_embeddings: str = "decoder"     # none | decoder (input = output embedding) | all (joined dictionary)
         label_smoothing: float = 0.1
