@@ -242,3 +242,21 @@ def test_hydra_submitit_launcher(tmp_path, slurm):
     assert (s["status"], s["world_size"], s["steps"]) == ("completed", 2, 10)
     script = next((tmp_path / "runs" / "0002gpu" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --partition=local" in script and "#SBATCH --requeue" in script
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    # plain `srun -n 2` (measured on the local SLURM): no SLURM_NTASKS_PER_NODE, the step's count per node
+    ({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0"}, 2),
+    # 7 tasks on 4 nodes, compressed: 2, 2, 2, 1
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"}, 2),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+    ({"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}, 4),
+    ({"SLURM_NTASKS_PER_NODE": "8"}, 8),
+    ({}, 1),
+])
+def test_tasks_on_this_node_from_the_srun_environment(env, expected):
+    from wagma_bench.launch import detect_world, slurm_tasks_on_this_node
+
+    assert slurm_tasks_on_this_node(env) == expected
+    world = detect_world({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "7", **env})
+    assert world.local_world_size == expected and world.source == "slurm"
