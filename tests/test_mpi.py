@@ -50,3 +50,17 @@ def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
     assert "mpiexec -n 2" in out.stdout
     summary = _summary(tmp_path)
     assert summary["status"] == "completed" and summary["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_failure_of_a_nonzero_rank_is_recorded_under_a_users_mpiexec(tmp_path: Path) -> None:
+    """Rank 1 cannot open its step log (a directory is in the way): it records the failed run, naming itself,
+    before MPI_Abort ends the job (rank 0, which writes summaries otherwise, is killed by the abort)."""
+    (tmp_path / "steps" / "rank1.jsonl").mkdir(parents=True)
+    cmd = [MPIEXEC, "-n", "2", str(BIN / "wagma-bench"), "run", "comm=mpi", "train.max_steps=10",
+           "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode != 0
+    summary = _summary(tmp_path)
+    assert summary["status"] == "failed", summary
+    assert summary["error"].startswith("rank 1 failed: IsADirectoryError"), summary["error"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench.config import RunConfig, validate
+from wagma_bench.events import finalize
 
 
 @dataclass
@@ -125,9 +126,11 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     comm = make_comm(cfg, world, master)
     try:
         return train(cfg, comm, Path(run_dir))
-    except BaseException:
+    except BaseException as err:
         if cfg.comm.name == "mpi":  # end the MPI job now rather than let the peers wait for their timeout
             traceback.print_exc()
+            if world.rank != 0:  # MPI_Abort kills rank 0 too, before it can record the failure
+                finalize(Path(run_dir), status="failed", error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
             comm.abort(1)
         raise
     finally:
