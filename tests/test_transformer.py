@@ -252,8 +252,7 @@ def test_every_optimizer_trains_the_transformer_on_uneven_shards(optimizer, cach
 
 
 # --- end to end: the default reaches its target ---------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.long  # 4-6 minutes each on this 2-core machine: `make test-long`
+@pytest.mark.slow  # 80-100 s each on this 2-core machine
 @pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
 def test_default_reaches_bleu_target(optimizer, tmp_path):
     from wagma_bench.optim import OPTIMIZERS
