@@ -57,7 +57,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=20
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
@@ -71,6 +72,8 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# test pending jobs every few seconds (defaults: 60 s main loop, 30 s backfill): a requeue resumes promptly
+SchedulerParameters=sched_interval=5,bf_interval=5
 # no database: sacct reports that accounting is disabled; finished jobs are appended to jobcomp.txt
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
