@@ -79,7 +79,7 @@ class LauncherConfig:
 class WandbConfig:
     project: str = "wagma-bench"
     entity: str | None = None
-    group: str | None = None           # null: the sweep directory's name in a multirun, else none
+    group: str | None = None              # null: the sweep directory's name in a multirun, else none
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
 

@@ -199,8 +199,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
     warmup_start = cfg.train.lr if cfg.train.warmup_start_lr is None else cfg.train.warmup_start_lr
     schedule = {"peak": peak, "start": warmup_start, "warmup_epochs": cfg.train.warmup_epochs,
-                    "schedule": cfg.train.schedule, "epochs": cfg.train.epochs, "milestones": cfg.train.milestones,
-                    "decay": cfg.train.decay}
+                "schedule": cfg.train.schedule, "epochs": cfg.train.epochs,
+                "milestones": cfg.train.milestones, "decay": cfg.train.decay}
 
     events = EventLog.for_run(cfg, run_dir, rank)
     steps = StepLog(run_dir, rank)
@@ -232,6 +232,14 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
     requeue = False
     last_compute_s = None
+
+    def straggle(compute_s: float) -> float:
+        """Sleep this step's injected delay (the imbalance model, given a compute time); return it."""
+        delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return delay_s
+
     try:
         while status is None:
             # Each rank follows the schedule by its own data consumption (local steps): identical to the
@@ -241,9 +249,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             # backward it would hide behind the gradient buckets already in flight). Models relative to the
             # compute time use the previous step's; the first step, which has none, sleeps after its own.
             first = last_compute_s is None
-            delay_s = 0.0 if first else imbalance.delay(rank, world, state["local_step"], last_compute_s)
-            if delay_s > 0:
-                time.sleep(delay_s)
+            delay_s = 0.0 if first else straggle(last_compute_s)
             t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
             batch = next(batches)
             algo.zero_grad()
@@ -251,9 +257,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             loss.backward()
             compute_s = last_compute_s = time.perf_counter() - t0
             if first:
-                delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
-                if delay_s > 0:
-                    time.sleep(delay_s)
+                delay_s = straggle(compute_s)
             info = algo.step()
             loss_value = float(loss.detach())
             diverged = diverged or not math.isfinite(loss_value)
@@ -276,7 +280,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             comm.allreduce(ctrl, op="sum")
             ctrl = ctrl.cpu().tolist()
             samples = int(ctrl[2])
-            meta = {"step": r, "epoch": round(r / spe, 4), "samples": samples, "train_s": round(clock.train_s, 4)}
+            meta = {"step": r, "epoch": round(r / spe, 4), "samples": samples,
+                    "train_s": round(clock.train_s, 4)}
             if ctrl[0] > 0:
                 status = "diverged"
                 break
@@ -309,7 +314,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                     status = "preempted"
                     requeue = ctrl[5] > 0
         final = {"step": algo.round, "samples": _global_samples(comm, state), "train_s": round(clock.train_s, 4),
-                     "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
+                 "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
         algo.close()
     except BaseException as err:
         if rank == 0:

@@ -46,7 +46,7 @@ class WagmaSGD(EngineAlgorithm):
     @dataclass
     class Settings:
         name: str = "wagma"
-        group_size: int | None = None   # power of two; None: sqrt(P) rounded to a power of two
+        group_size: int | None = None       # power of two; None: sqrt(P) rounded to a power of two
         tau: int = 10                       # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 

@@ -106,9 +106,9 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     if not records:
         raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
     compute, overhead, samples, comm = [], [], [], []
-    trace = [[float(r["compute_s"]) for r in sorted(records[k], key=lambda r: r["step"])] for k in sorted(records)]
-    for recs in records.values():
-        recs = sorted(recs, key=lambda r: r["step"])
+    by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
+    trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
+    for recs in by_rank:
         for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1:]):
             compute.append(float(cur["compute_s"]))
             comm.append(float(cur.get("comm_s", 0.0)))

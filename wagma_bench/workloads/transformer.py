@@ -68,7 +68,7 @@ class SyntheticMTData:
     """The embedded corpus (see :mod:`wagma_bench.workloads.mt_data`), generated and binarized once."""
 
     name: str = "synthetic_mt"
-    cache_dir: str | None = None   # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
+    cache_dir: str | None = None      # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
     seed: int = 1                     # corpus seed (the language itself is fixed)
     train_sentences: int = 30000
     valid_sentences: int = 400
@@ -82,7 +82,8 @@ class WMT17Data:
     """A fairseq-binarized WMT17 En-De directory (the output of ``fairseq-preprocess``)."""
 
     name: str = "wmt17_en_de"
-    path: str | None = None        # DIR with dict.{src,tgt}.txt and {train,valid,test}.SRC-TGT.{SRC,TGT}.{bin,idx}
+    # DIR with dict.{src,tgt}.txt and {train,valid,test}.SRC-TGT.{SRC,TGT}.{bin,idx}
+    path: str | None = None
     source_lang: str = "en"
     target_lang: str = "de"
     eval_split: str = "test"          # valid | test: the split scored (newstest2013 / newstest2017 when prepared as in the README)
@@ -159,10 +160,10 @@ class TransformerWorkload(Workload):
     class Settings:
         name: str = "transformer"
         arch: str = "transformer"            # a fairseq architecture: transformer, transformer_wmt_en_de, ...
-        encoder_layers: int | None = None  # null: the architecture's default (likewise below)
+        encoder_layers: int | None = None    # null: the architecture's default (likewise below)
         decoder_layers: int | None = None
-        embed_dim: int | None = None       # encoder and decoder embedding width
-        ffn_dim: int | None = None         # encoder and decoder feed-forward width
+        embed_dim: int | None = None         # encoder and decoder embedding width
+        ffn_dim: int | None = None           # encoder and decoder feed-forward width
         attention_heads: int | None = None
         dropout: float = 0.1
         share_embeddings: str = "decoder"     # none | decoder (input = output embedding) | all (joined dictionary)
