@@ -9,29 +9,26 @@ import pytest
 import torch
 
 from tests.dist_util import run_world
-from wagma_bench.comm.topology import butterfly_stage, default_group_size, num_stages
+from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule, butterfly_stage, default_group_size
 from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
 
 def _engine(comm, tau, group_size=None, like=None, in_order=False):
-    p = comm.world_size
-    s = group_size or default_group_size(p)
-    groups = [g for k in range(num_stages(p, s)) for g in butterfly_stage(p, s, k)]
     like = like if like is not None else torch.zeros(5)
-    return WaitAvoidingAllreduce(comm, like, lambda r: butterfly_stage(p, s, r - 1), groups, sync_every=tau + 1,
-                                 in_order=in_order)
+    return WaitAvoidingAllreduce(comm, like, WagmaSchedule(comm.world_size, group_size, tau), in_order=in_order)
 
 
 def _rounds_until_sync(comm, tau, min_rounds):
-    """Every rank always posts its rank number (from the start: a passive first round uses the initial
-    buffer), so every round's result is an exact, known mean, whichever rounds a rank joins actively or
-    passively. Stops, like the trainer, at a synchronous round."""
-    eng = _engine(comm, tau, like=torch.full((5,), float(comm.rank)))
+    """Every rank sets its model back to its rank number after each round and meets the others at a
+    barrier before asking for the next round, so every round reduces fresh rank numbers and its result is
+    an exact, known mean. Stops, like the trainer, at a synchronous round."""
+    eng = _engine(comm, tau, like=torch.full((5,), float(comm.rank)), in_order=True)
     out = []
     while True:
-        eng.post(torch.full((5,), float(comm.rank)))
         res = eng.request()
         out.append((res.round, res.result.tolist()))
+        eng.post(torch.full((5,), float(comm.rank)))
+        comm.barrier()
         if res.round >= min_rounds and res.round % (tau + 1) == 0:
             break
     eng.close()
@@ -61,7 +58,6 @@ def test_group_and_sync_rounds_give_exact_means(world):
 def _straggler(comm, tau, steps, delay_s):
     """Rank 0 sleeps `delay_s` per step; the others compute for 10 ms."""
     eng = _engine(comm, tau)
-    eng.post(torch.full((5,), float(comm.rank)))
     t0 = time.perf_counter()
     stale, rounds = [], []
     step = 0
@@ -71,7 +67,7 @@ def _straggler(comm, tau, steps, delay_s):
         step += 1
         stale.append(res.staleness)
         rounds.append(res.round)
-        eng.post(torch.full((5,), float(comm.rank)))
+        eng.post(res.result - 1.0)
         if res.round >= steps and res.round % (tau + 1) == 0:
             break
     elapsed = time.perf_counter() - t0
@@ -112,10 +108,10 @@ def _straggler_replay(comm, tau, delay_s):
     t0 = time.perf_counter()
     out = []
     for _ in range(tau + 1):
-        eng.post(torch.full((5,), float(comm.rank)))
         time.sleep(delay_s if comm.rank == 0 else 0.01)
         res = eng.request()
         out.append((res.round, time.perf_counter() - t0, res.staleness))
+        eng.post(res.result - 1.0)
     eng.close()
     return out
 
@@ -135,7 +131,6 @@ def test_replay_fast_ranks_run_ahead_until_the_synchronous_round():
 
 def _dies(comm):
     eng = _engine(comm, tau=3)
-    eng.post(torch.zeros(5))
     eng.request()
     if comm.rank == 1:
         import os
@@ -159,13 +154,12 @@ def test_dead_peer_raises_clear_error():
 def _in_order(comm, with_activator):
     """eager-SGD's use: the whole world is the group, every rank applies every round's result in order."""
     p = comm.world_size
-    world = tuple(range(p))
     activator = (lambda r: (r * 7) % p) if with_activator else None
-    eng = WaitAvoidingAllreduce(comm, torch.zeros(3), lambda r: (world,), [world], sync_every=4,
+    eng = WaitAvoidingAllreduce(comm, torch.zeros(3), FixedSchedule(p, period=4), contribution="gradient",
                                 in_order=True, activator=activator)
     out = []
     while True:
-        eng.post(torch.full((3,), float(comm.rank)))
+        eng.post(torch.full((3,), float(comm.rank + 1)))
         time.sleep(0.05 if comm.rank == 0 else 0.0)
         res = eng.request()
         out.append((res.round, res.result.tolist()))
@@ -180,5 +174,8 @@ def test_in_order_results_cover_every_round_exactly_once(with_activator):
     results = run_world(_in_order, 3, with_activator)
     for rounds in results:
         assert [r for r, _ in rounds] == list(range(1, len(rounds) + 1))
-        assert all(v == pytest.approx([1.0] * 3) for _, v in rounds)
+        # every rank posted 1, 2 or 3 once per round: every gradient is reduced exactly once, so the
+        # results of all rounds add up to (1 + 2 + 3) / 3 per round, whichever round took which gradient
+        assert sum(v[0] for _, v in rounds) == pytest.approx(2.0 * len(rounds))
     assert len({len(r) for r in results}) == 1
+    assert all(rounds == results[0] for rounds in results)  # every rank applies the same results

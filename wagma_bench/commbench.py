@@ -116,7 +116,7 @@ def _row(op, impl, s, nbytes, times):
 
 def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
     """Every measurement on this rank (a collective over all ranks)."""
-    from wagma_bench.comm.topology import butterfly_stage
+    from wagma_bench.comm.topology import FixedSchedule, butterfly_stage
     from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
     p = comm.world_size
@@ -139,10 +139,10 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
                              _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
             # All ranks ready at once (the post happens before the barrier): the pure cost of activation,
             # the progress thread and the buffer copies over the group allreduce it performs.
-            # in_order: every rank answers the same rounds, so all of them close after the same round
-            # (the engine's stop protocol needs that; there is no synchronous round here).
-            engine = WaitAvoidingAllreduce(comm, buf, lambda r, part=part: part, all_groups, sync_every=0,
-                                           op="sum", timeout_s=getattr(comm, "timeout_s", 300.0), in_order=True)
+            # Gradient contributions, in order: every rank answers the same rounds, so all of them close
+            # after the same round (the engine's stop protocol needs that; there is no synchronous round).
+            engine = WaitAvoidingAllreduce(comm, buf, FixedSchedule(p, part), contribution="gradient",
+                                           timeout_s=getattr(comm, "timeout_s", 300.0), in_order=True)
             rows.append(_row("wait_avoiding", "ours", s, nbytes,
                              _time(comm, engine.request, repeats,
                                    setup=lambda e=engine, buf=buf: e.post(buf))))

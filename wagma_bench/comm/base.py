@@ -92,6 +92,12 @@ class Comm(abc.ABC):
         ``timeout_s`` overrides the operation timeout (a listener that idles between messages needs a
         long one; failures of peers are then detected by the other threads)."""
 
+    def fork_control(self, timeout_s: float | None = None) -> Comm:
+        """A communicator for control messages (activations, headers, any-source receives, tags), always on
+        the CPU, for another thread (collective). NCCL cannot receive from any rank nor match tags, so
+        control traffic never travels on the data plane; by default it is a fork of this communicator."""
+        return self.fork(timeout_s)
+
     @abc.abstractmethod
     def close(self) -> None: ...
 

@@ -142,3 +142,71 @@ def random_initiator(world_size: int, round_: int, seed: int = 0) -> int:
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     return random.Random(seed * 1_000_003 + round_ * 7919 + 17).randrange(world_size)
+
+
+# --- round schedules of the wait-avoiding engine ------------------------------------------------------
+# One object answers "with whom does this rank reduce in round r, and is r the synchronous round": the
+# optimizer, the wait-avoiding engine (wagma_bench.comm.wait_avoiding) and the simulator all ask it.
+class RoundSchedule:
+    """Rounds are numbered 1, 2, 3, ...; every ``period``-th round is synchronous over the whole world
+    (``period`` 0: never)."""
+
+    world_size: int
+    period: int
+
+    def is_sync(self, round_: int) -> bool:
+        return self.period > 0 and round_ % self.period == 0
+
+    def stage(self, round_: int) -> tuple[Group, ...]:
+        """The partition of the world that reduces in group round ``round_``."""
+        raise NotImplementedError
+
+    def all_groups(self) -> list[Group]:
+        """Every group any round uses (created once, collectively, before the first round)."""
+        raise NotImplementedError
+
+    def group(self, rank: int, round_: int) -> Group:
+        if self.is_sync(round_):
+            return tuple(range(self.world_size))
+        return next(g for g in self.stage(round_) if rank in g)
+
+
+class WagmaSchedule(RoundSchedule):
+    """WAGMA-SGD: round ``r`` uses butterfly stage ``r - 1`` (stages alternate round-robin); every
+    ``tau + 1``-th round is the synchronous global average that bounds the staleness."""
+
+    def __init__(self, world_size: int, group_size: int | None, tau: int):
+        if tau < 1:
+            raise ValueError(f"tau must be >= 1, got {tau}")
+        self.world_size = world_size
+        self.group_size = group_size or default_group_size(world_size)
+        self.stages = num_stages(world_size, self.group_size)  # validates the power of two
+        self.tau = tau
+        self.period = tau + 1
+
+    def stage(self, round_: int) -> tuple[Group, ...]:
+        return butterfly_stage(self.world_size, self.group_size, round_ - 1)
+
+    def all_groups(self) -> list[Group]:
+        return [g for k in range(self.stages) for g in butterfly_stage(self.world_size, self.group_size, k)]
+
+
+class FixedSchedule(RoundSchedule):
+    """The same partition every round (eager-SGD: the whole world as one group)."""
+
+    def __init__(self, world_size: int, groups: tuple[Group, ...] | None = None, period: int = 0):
+        self.world_size = world_size
+        self.groups = groups or (tuple(range(world_size)),)
+        self.period = period
+
+    def stage(self, round_: int) -> tuple[Group, ...]:
+        return self.groups
+
+    def all_groups(self) -> list[Group]:
+        return list(self.groups)
+
+
+def world_hypercube_neighbours(rank: int, world_size: int) -> tuple[int, ...]:
+    """Neighbours of ``rank`` on the hypercube over the whole world (``rank ^ 2**d`` below the world size):
+    the edges over which an activation spreads to every rank, as the authors' activation schedule does."""
+    return hypercube_neighbours(rank, tuple(range(world_size)))

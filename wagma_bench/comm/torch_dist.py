@@ -123,6 +123,12 @@ class TorchComm(Comm):
         pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s))
         return TorchComm(pg, timeout_s, self.device)
 
+    def fork_control(self, timeout_s: float | None = None) -> TorchComm:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s),
+                            backend="gloo")
+        return TorchComm(pg, timeout_s, torch.device("cpu"))
+
     def close(self) -> None:
         if self._world is dist.group.WORLD and dist.is_initialized():
             dist.destroy_process_group()

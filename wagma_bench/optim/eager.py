@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from wagma_bench.comm.topology import random_initiator
+from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
 
@@ -68,17 +68,16 @@ class EagerSGD(EngineAlgorithm):
         return self.settings.sync_every
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
-        world = tuple(range(self.comm.world_size))
         activator = None
         if self.settings.mode == "majority":
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
-        return WaitAvoidingAllreduce(self.comm, self.grad, lambda r: (world,), [world],
-                                     sync_every=self.settings.sync_every, start_round=self.round,
-                                     timeout_s=getattr(self.comm, "timeout_s", 300.0),
-                                     in_order=True, activator=activator)
+        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_every)
+        return WaitAvoidingAllreduce(self.comm, self.grad, schedule, contribution="gradient", in_order=True,
+                                     start_round=self.round, timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                     activator=activator)
 
     def _exchange(self) -> RoundResult:
-        self.engine.post(self.grad)      # the fresh gradient, for the next round that starts
+        self.engine.post(self.grad)      # the fresh gradient, reduced in the next round that starts
         res = self.engine.request()      # this rank's next round, in order (may have run already)
         self.grad.copy_(res.result)
         self.optimizer.step()

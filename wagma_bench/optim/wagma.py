@@ -32,11 +32,12 @@ global average of the models (``default_eval_model = "average"``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-from wagma_bench.comm.topology import butterfly_stage, default_group_size, num_stages
+from wagma_bench.comm.topology import WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
+
+CATCH_UP = ("replay", "skip")
 
 
 class WagmaSGD(EngineAlgorithm):
@@ -51,40 +52,29 @@ class WagmaSGD(EngineAlgorithm):
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
         def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.catch_up not in ("replay", "skip"):
+            if self.catch_up not in CATCH_UP:
                 raise ValueError(f"optimizer.catch_up must be replay or skip, got {self.catch_up!r}")
             if self.tau < 1:
                 raise ValueError(f"optimizer.tau must be >= 1, got {self.tau}")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket
-        p = comm.world_size
-        self.group_size = settings.group_size or default_group_size(p)
-        stages = num_stages(p, self.group_size)  # validates the power of two
+        self.schedule = WagmaSchedule(comm.world_size, settings.group_size, settings.tau)
+        self.group_size = self.schedule.group_size
         self.data = self.buckets[0].data
-        self._schedule = partial(self._stage, p, self.group_size)
-        self._all_groups = [g for k in range(stages) for g in butterfly_stage(p, self.group_size, k)]
-
-    @staticmethod
-    def _stage(p: int, s: int, r: int):
-        # Round r (1-based) uses butterfly stage r - 1, so stages alternate round-robin.
-        return butterfly_stage(p, s, r - 1)
 
     @property
     def sync_period(self) -> int:
-        return self.settings.tau + 1
+        return self.schedule.period
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
-        engine = WaitAvoidingAllreduce(self.comm, self.data, self._schedule, self._all_groups,
-                                       sync_every=self.sync_period, start_round=self.round,
-                                       timeout_s=getattr(self.comm, "timeout_s", 300.0),
-                                       in_order=self.settings.catch_up == "replay")
-        engine.post(self.data)
-        return engine
+        return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
+                                     in_order=self.settings.catch_up == "replay", start_round=self.round,
+                                     timeout_s=getattr(self.comm, "timeout_s", 300.0))
 
     def _exchange(self) -> RoundResult:
-        res = self.engine.request()       # average of the posted (pre-gradient) models
-        self.data.copy_(res.result)
+        res = self.engine.request()       # the group average of the models, plus this rank's own updates
+        self.data.copy_(res.result)       # since the snapshot it contributed (none when on time)
         self.optimizer.step()             # apply g(W_old) to the average
-        self.engine.post(self.data)
+        self.engine.post(self.data)       # the local update goes into the send buffer, exactly once
         return res
