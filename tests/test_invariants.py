@@ -23,7 +23,6 @@ import random
 import time
 
 import pytest
-import torch
 
 from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
 
@@ -135,7 +134,7 @@ def no_loss_sum(results, steps_per_rank, zero) -> float:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_models_carry_every_gradient_step_exactly_once(world_results, config):
-    (world, group_size, pattern, zero), all_results = world_results
+    (_, _, _, zero), all_results = world_results
     results = [r[config] for r in all_results]
     rounds = [[rec[0] for rec in r["records"]] for r in results]
     assert all(rr == rounds[0] for rr in rounds), f"ranks met at different synchronous rounds: {rounds}"

@@ -98,7 +98,7 @@ class WaitAvoidingAllreduce:
         self.timeout_s, self.activator = timeout_s, activator
         self._neighbours = world_hypercube_neighbours(self.rank, self.world_size)
         # activations are sent for group rounds only: none when every round is synchronous
-        self._activates = bool(self._neighbours) and not (schedule.period == 1)
+        self._activates = bool(self._neighbours) and schedule.period != 1
         # Both forks are collective. The progress thread owns its data-plane groups, the listener its
         # control channel (gloo aborts when two threads share a process group).
         self._data = comm.fork()
