@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,124 @@ def compose(*overrides: str):
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="wagma", overrides=list(overrides))
+
+
+# --- multi-step oracles with non-zero gradients -------------------------------------------------------
+# A quadratic per rank, f_i(x) = |x - c_i|^2 / 2, so the gradient g_i(x) = x - c_i depends on the weights it
+# is computed on: the recursions below say on which (the pre-average weights, as every paper does).
+ORACLE_STEPS, ORACLE_LR = 14, 0.3
+
+
+def _centre(rank: int, dim: int) -> torch.Tensor:
+    return torch.arange(dim, dtype=torch.float64) + 3.0 * rank
+
+
+def _lockstep(comm, name, settings, lockstep=True):
+    """Train ``name`` on the rank's quadratic for ORACLE_STEPS steps; the ranks meet at a barrier after
+    every step when ``lockstep`` (so a wait-avoiding round always has every rank's fresh model)."""
+    model = Vector(3, float(comm.rank)).double()
+    algo = make_algorithm(name, comm, model, sgd(lr=ORACLE_LR), seed=1, **settings)
+    c = _centre(comm.rank, 7)
+    trace = []
+    for _ in range(ORACLE_STEPS):
+        algo.zero_grad()
+        x = torch.cat([p.reshape(-1) for p in model.parameters()])
+        (0.5 * (x - c).pow(2).sum()).backward()
+        algo.step()
+        if lockstep:
+            comm.barrier()
+        trace.append(flat_params(model) * (algo.weight if name == "sgp" else 1.0))
+    comm.barrier()
+    algo.close()
+    return trace
+
+
+def _x0(world: int) -> list[torch.Tensor]:
+    return [torch.full((7,), float(r), dtype=torch.float64) for r in range(world)]
+
+
+def _wagma_reference(world: int, group_size: int, tau: int) -> list[list[torch.Tensor]]:
+    """W_i <- mean over i's butterfly group (the world at synchronous rounds) of W - lr * g_i(W_i)."""
+    from wagma_bench.comm.topology import WagmaSchedule
+
+    schedule = WagmaSchedule(world, group_size, tau)
+    x, trace = _x0(world), []
+    for r in range(1, ORACLE_STEPS + 1):
+        grads = [x[i] - _centre(i, 7) for i in range(world)]
+        mean = {g: sum(x[j] for j in g) / len(g) for g in {schedule.group(i, r) for i in range(world)}}
+        x = [mean[schedule.group(i, r)] - ORACLE_LR * grads[i] for i in range(world)]
+        trace.append(x)
+    return trace
+
+
+def _mixing_reference(world: int, name: str) -> list[list[torch.Tensor]]:
+    """D-PSGD: x <- W x - lr g(x) with W the ring's uniform mixing; SGP: push-sum of (x - lr g(z), w) over
+    the exponential graph, traced as w * z = x."""
+    x, w, trace = _x0(world), [1.0] * world, []
+    for t in range(ORACLE_STEPS):
+        if name == "dpsgd":
+            grads = [x[i] - _centre(i, 7) for i in range(world)]
+            mixed = [sum(x[j] for j in {i, *ring_neighbours(i, world)}) / len({i, *ring_neighbours(i, world)})
+                     for i in range(world)]
+            x = [mixed[i] - ORACLE_LR * grads[i] for i in range(world)]
+        else:
+            x = [x[i] - ORACLE_LR * (x[i] / w[i] - _centre(i, 7)) for i in range(world)]
+            half_x, half_w = [v / 2 for v in x], [v / 2 for v in w]
+            x = [half_x[i] + half_x[exponential_in_peer(i, world, t)] for i in range(world)]
+            w = [half_w[i] + half_w[exponential_in_peer(i, world, t)] for i in range(world)]
+        trace.append(x)
+    return trace
+
+
+@pytest.mark.parametrize("world,group_size", [(4, 2), (8, 2), (8, 4), (6, 2)])
+def test_wagma_on_time_equals_group_averaging_then_the_local_step(world, group_size):
+    """catch_up=replay (the default). With skip, a rank whose post a passive round already used activates
+    one more round, so on-time ranks do not take the same rounds (its test: tests/test_invariants.py)."""
+    results = run_world(_lockstep, world, "wagma", {"group_size": group_size, "tau": 4, "catch_up": "replay"})
+    reference = _wagma_reference(world, group_size, 4)
+    for rank, trace in enumerate(results):
+        for t, (got, ref) in enumerate(zip(trace, reference), start=1):
+            torch.testing.assert_close(got, ref[rank], rtol=1e-12, atol=1e-12, msg=f"rank {rank} round {t}")
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "sgp"])
+@pytest.mark.parametrize("world", [3, 4])
+def test_gossip_with_gradients_follows_the_mixing_recursion(world, name):
+    results = run_world(_lockstep, world, name, {}, False)
+    reference = _mixing_reference(world, name)
+    for rank, trace in enumerate(results):
+        for t, (got, ref) in enumerate(zip(trace, reference), start=1):
+            torch.testing.assert_close(got, ref[rank], rtol=1e-10, atol=1e-10, msg=f"{name} rank {rank} step {t}")
+
+
+def _adpsgd_consensus(comm, communicate):
+    """AD-PSGD with zero gradients from models 0, 10, 20, ...; ``communicate=False`` is the control run:
+    the same loop with the gossip replaced by nothing (a world of one per rank)."""
+    model = Vector(3, 10.0 * comm.rank).double()
+    algo = make_algorithm("adpsgd", comm, model, sgd(lr=0.1), seed=2, sync_every=10) if communicate else None
+    for _ in range(40):
+        if algo is not None:
+            algo.zero_grad()
+            algo.step()
+        time.sleep(0.005)
+    comm.barrier()
+    if algo is not None:
+        algo.close()
+        with algo._lock:
+            return float((algo.buckets[0].data + algo._pending).mean())
+    return float(flat_params(model).mean())
+
+
+def test_adpsgd_keeps_the_sum_and_shrinks_the_spread():
+    world = 4
+    initial = [10.0 * r for r in range(world)]
+    spread0 = max(initial) - min(initial)
+    tolerance = 0.25 * spread0
+    for communicate in (True, False):
+        final = run_world(_adpsgd_consensus, world, communicate)
+        assert sum(final) == pytest.approx(sum(initial), abs=1e-9)  # the pairs' sums are kept
+        spread = max(final) - min(final)
+        if communicate:
+            assert spread < tolerance, (final, spread0)
+        else:  # the control: ranks that never communicate fail the same tolerance
+            assert spread >= tolerance, (final, spread0)

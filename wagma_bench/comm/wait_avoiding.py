@@ -170,7 +170,8 @@ class WaitAvoidingAllreduce:
     def _target(self) -> int:
         if self.in_order:
             return self._answered + 1
-        # skip: a round already running with the latest post serves; else the next one
+        # skip: the round in flight if it includes the latest post, else the next one (activate it); the
+        # rounds the progress thread completed while this rank computed are already in its model
         running = self._started > self._done and self._post_round <= self._started
         return self._started if running else self._started + 1
 
