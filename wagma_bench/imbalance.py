@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Imbalance:
@@ -59,23 +59,29 @@ class PaperImbalance(Imbalance):
 
 
 class FixedImbalance(Imbalance):
-    """One given rank is ``factor`` times slower: it sleeps ``(factor - 1)`` times its compute time."""
+    """The given ranks are ``factor`` times slower, every step: each sleeps ``(factor - 1)`` times its
+    compute time (``ranks: [2, 3]`` makes a whole butterfly group of P=4, S=2 slow)."""
 
     name = "fixed"
 
     @dataclass
     class Settings:
         name: str = "fixed"
-        rank: int = 0
+        ranks: list[int] = field(default_factory=lambda: [0])
         factor: float = 2.0
 
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            if self.factor < 1:
+                raise ValueError(f"imbalance.factor must be >= 1, got {self.factor}")
+            if not self.ranks or min(self.ranks) < 0:
+                raise ValueError(f"imbalance.ranks must be a non-empty list of ranks >= 0, got {self.ranks}")
+
     def __init__(self, settings, seed: int):
-        if settings.factor < 1:
-            raise ValueError(f"imbalance.factor must be >= 1, got {settings.factor}")
         self.s = settings
 
     def delay(self, rank, world_size, step, base_s):
-        return (self.s.factor - 1.0) * base_s if rank == self.s.rank % world_size else 0.0
+        slow = {r % world_size for r in self.s.ranks}
+        return (self.s.factor - 1.0) * base_s if rank in slow else 0.0
 
 
 class LognormalImbalance(Imbalance):

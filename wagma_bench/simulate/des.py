@@ -30,9 +30,10 @@ What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim
   requests one at a time, first come first served.
 - ``wagma``: the wait-avoiding group allreduce of :mod:`wagma_bench.comm.wait_avoiding` over
   :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
-  on a member when its progress thread is free and either its compute thread asked for it or an activation
-  arrived over the group's hypercube (:func:`~wagma_bench.comm.topology.hypercube_neighbours`, one control
-  latency per hop); the round ends when every member has started plus the group allreduce's cost. With
+  on a rank when its progress thread is free and either its compute thread asked for it or an activation
+  arrived over the hypercube of the whole world
+  (:func:`~wagma_bench.comm.topology.world_hypercube_neighbours`, one control latency per hop); the round
+  ends when every member of the rank's group has started, plus the group allreduce's cost. With
   ``catch_up=replay`` (default) a rank asks for its next round in order (a round its progress thread
   completed passively answers at once); with ``catch_up=skip`` it is answered by the round in flight that
   started after its post, else by the next round, which it activates (so it skips the rounds it joined
@@ -64,11 +65,11 @@ from wagma_bench.comm.topology import (
     default_group_size,
     exponential_in_peer,
     exponential_peer,
-    hypercube_neighbours,
     num_stages,
     random_initiator,
     random_matching,
     ring_neighbours,
+    world_hypercube_neighbours,
 )
 from wagma_bench.imbalance import Imbalance, NoImbalance
 from wagma_bench.simulate.costs import Network
@@ -397,20 +398,20 @@ class Plan:
     gid: np.ndarray      # [P] group index of each rank
     order: np.ndarray    # ranks sorted by group
     offsets: np.ndarray  # start of each group in ``order``
-    nbr: np.ndarray      # [P, D] hypercube neighbours inside the group (self where none)
+    nbr: np.ndarray      # [P, D] neighbours on the hypercube over the whole world (self where none)
     lat: np.ndarray      # [P, D] control latency of each edge (inf where none)
     cost: np.ndarray     # [G] the group allreduce's cost
-    solo: np.ndarray     # [P] rank's group is a singleton (completes at once)
 
 
 def make_plan(groups, net: Network, nbytes: float) -> Plan:
+    """Activations travel over the hypercube of the whole world whatever the round's groups (the engine's
+    activation scope), so a group with no ready member starts its round as soon as an activation reaches
+    it; the groups decide only who waits for whom in the reduction."""
     P = sum(len(g) for g in groups)
     gid = np.empty(P, dtype=int)
-    nbs = {}
     for g, group in enumerate(groups):
-        for r in group:
-            gid[r] = g
-            nbs[r] = hypercube_neighbours(r, group) if len(group) > 1 else ()
+        gid[list(group)] = g
+    nbs = {r: world_hypercube_neighbours(r, P) for r in range(P)}
     D = max(1, max(len(v) for v in nbs.values()))
     nbr = np.tile(np.arange(P)[:, None], (1, D))
     lat = np.full((P, D), math.inf)
@@ -420,15 +421,14 @@ def make_plan(groups, net: Network, nbytes: float) -> Plan:
     order = np.concatenate([np.asarray(g, dtype=int) for g in groups])
     offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
     cost = np.array([net.group_allreduce(g, nbytes) if len(g) > 1 else 0.0 for g in groups])
-    solo = np.array([len(groups[gid[r]]) == 1 for r in range(P)])
-    return Plan(gid, order, offsets, nbr, lat, cost, solo)
+    return Plan(gid, order, offsets, nbr, lat, cost)
 
 
 def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
     """Start times of a group round: ``start_j = max(free_j, min(request_j, first activation at j))``,
-    activations travelling one hypercube hop per control latency from each member that starts.
-    Iterated to the fixed point from above (Bellman-Ford over all groups at once)."""
-    key = np.where(plan.solo, free, self_key)
+    activations travelling one hypercube hop per control latency from each rank that starts.
+    Iterated to the fixed point from above (Bellman-Ford over the world)."""
+    key = self_key
     while True:
         via = (key[plan.nbr] + plan.lat).min(axis=1)
         new = np.minimum(key, np.maximum(free, via))
@@ -531,7 +531,7 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
 
 def sim_eager(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    mode = cfg.settings.get("mode", "solo")
+    mode = cfg.settings.get("mode", "majority")  # EagerSGD.Settings.mode
     if mode not in ("solo", "majority"):
         raise ValueError(f"optimizer.mode={mode!r}; choose one of: solo, majority")
     sync_every = int(cfg.settings.get("sync_every", 10))
