@@ -122,6 +122,10 @@ def test_replay_fast_ranks_run_ahead_until_the_synchronous_round():
     for rounds in results:
         assert [r for r, _, _ in rounds] == list(range(1, tau + 2))
         assert max(s for _, _, s in rounds) <= tau
+    # the straggler's progress thread joined the fast ranks' rounds with its old model: the staleness it
+    # reports is the age of those contributions (the fast ranks' stay fresh)
+    assert max(s for _, _, s in results[0]) >= tau // 2, results[0]
+    assert all(s <= 1 for rounds in results[1:] for _, _, s in rounds[:-1]), results[1:]
     for rounds in results[1:]:
         # the group rounds never wait for the straggler's computation ...
         assert rounds[tau - 1][1] < 0.5 * tau * delay

@@ -38,9 +38,10 @@ What the send buffer holds, and what a round does with it (``contribution``):
   applies the same sequence of results (identical models).
 
 Which round a :meth:`request` waits for (``in_order``): ``True``, the next round in order, possibly one
-the progress thread already completed (then it answers at once); ``False`` (``catch_up=skip``), the
-round in flight that includes the latest post, else the next round, which it activates: rounds the
-progress thread completed passively are skipped.
+the progress thread already completed (then it answers at once); ``False`` (WAGMA's ``catch_up=skip``),
+the round in flight if it includes the latest post, else the next round, which it activates: the rounds
+the progress thread completed passively are skipped (with model contributions their results are already
+in the model handed out).
 
 ``activator`` (eager-SGD's majority mode) restricts who may start a round: ``activator(r)`` is the one
 rank whose readiness activates round ``r``; other ready ranks wait for its activation.

@@ -3,17 +3,20 @@ PPoPP 2020).
 
 Gradients (not models) are averaged over all ranks every round, by a *partial* allreduce that does not
 wait for every rank's computation: it is the wait-avoiding allreduce of
-:mod:`wagma_bench.comm.wait_avoiding` with the whole world as the one group. A rank posts its fresh
-gradient to its send buffer and asks for the next round; a rank still computing when a round is activated
-takes part through its progress thread with the gradient left in its send buffer, i.e. its latest,
-possibly stale, gradient (the authors' library reduces the user's send buffer as it is).
+:mod:`wagma_bench.comm.wait_avoiding` with the whole world as the one group (``contribution="gradient"``).
+A rank adds its fresh gradient to its send buffer and asks for the next round. A round reduces what is in
+every rank's send buffer and empties it (the authors zero the send buffer once a round has used it), so
+every gradient a rank computes is reduced in exactly one round: a rank still computing contributes
+zeros, and gradients a late rank posts while its progress thread is ahead are added up and reduced
+together in the next round that starts. The round's result is the sum over ranks divided by P.
 
 - ``mode=solo``: the first rank to arrive activates the round (the fastest never waits for computation).
 - ``mode=majority``: each round one initiator, drawn with a seed shared by all ranks
   (:func:`~wagma_bench.comm.topology.random_initiator`), activates it; the ranks ready before it wait
   for it, so in expectation half of the ranks contribute a fresh gradient.
-- Every ``sync_every`` rounds the allreduce is synchronous (eager-SGD's "solo limiter"), which bounds the
-  gradient staleness by ``sync_every - 1`` rounds; it is also where all ranks meet (``sync_period``).
+- Every ``sync_every`` rounds the allreduce is synchronous (eager-SGD's "solo limiter"): every gradient
+  posted before it is reduced by then, so a gradient is stale by at most ``sync_every - 1`` rounds; it is
+  also where all ranks meet (``sync_period``).
 
 Every rank applies the result of every round, in order (results of rounds it joined passively are kept
 until its compute thread asks for them), with the same learning rate, so all models stay identical; only
