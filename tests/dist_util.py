@@ -39,7 +39,7 @@ def _context():
     return ctx
 
 
-def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
+def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulate=None):
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -51,7 +51,7 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
     ok = False
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
-        comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"))
+        comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"), emulate)
         value = fn(comm, *args)
         # Pickled here: the queue would share tensors by file descriptor, which dies with this process.
         results.put((rank, "ok", pickle.dumps(value)))
@@ -67,8 +67,9 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args):
 
 
 def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_s: float = 120.0,
-              allow_errors: bool = False) -> list:
+              allow_errors: bool = False, emulate: str | None = None) -> list:
     """Run module-level ``fn(comm, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
+    ``emulate="nccl"``: the ranks' data plane refuses what NCCL refuses (``comm.emulate=nccl``).
 
     A rank that raises makes this raise :class:`RankFailed`, unless ``allow_errors``: then its entry is
     the tuple ``("error", type name, message)``; a rank that vanished without a report is ``None``.
@@ -83,7 +84,7 @@ def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_
     server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=60),
                            wait_for_workers=False)
     port = server.port
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, comm_timeout_s, results, fn, args),
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, comm_timeout_s, results, fn, args, emulate),
                          daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()

@@ -14,7 +14,8 @@ flight at a synchronous round (AD-PSGD's exchanges, SGP's 1-overlap message).
 
 Straggler patterns (sleep per local step; ``BASE`` for everyone else): one rank 10x slow, a random
 straggler every step, a whole butterfly group slow (P=4 S=2; P=8 S=2 and S=4), and a rank that falls
-several rounds behind twice.
+several rounds behind twice. One world runs every optimizer with the data plane refusing what NCCL
+refuses (``comm.emulate=nccl``): any-source receives and tags belong on the control plane.
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 ro
 }
 # Only exact once nothing is in flight: checked after close().
 AT_CLOSE_ONLY = {"adpsgd", "sgp-overlap"}
-# (world, group size, pattern, zero gradients)
+# (world, group size, pattern, zero gradients, emulated NCCL: the data plane refuses any-source and tags)
 WORLDS = [
-    (4, 2, "one_slow", False),
-    (4, 2, "one_slow", True),
-    (4, 2, "random", False),
-    (4, 2, "group_slow", False),
-    (4, 2, "late", False),
-    (8, 2, "group_slow", False),
-    (8, 4, "group_slow", False),
+    (4, 2, "one_slow", False, None),
+    (4, 2, "one_slow", True, None),
+    (4, 2, "random", False, None),
+    (4, 2, "random", False, "nccl"),
+    (4, 2, "group_slow", False, None),
+    (4, 2, "late", False, None),
+    (8, 2, "group_slow", False, None),
+    (8, 4, "group_slow", False, None),
 ]
 
 
@@ -119,10 +121,11 @@ def _world(comm, group_size, pattern, zero):
             for cid, (name, settings) in CONFIGS.items()}
 
 
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"P{w[0]}-S{w[1]}-{w[2]}{'-zero' if w[3] else ''}")
+@pytest.fixture(scope="module", params=WORLDS,
+                ids=lambda w: f"P{w[0]}-S{w[1]}-{w[2]}{'-zero' if w[3] else ''}{'-' + w[4] if w[4] else ''}")
 def world_results(request):
-    world, group_size, pattern, zero = request.param
-    return request.param, run_world(_world, world, group_size, pattern, zero, timeout_s=240)
+    world, group_size, pattern, zero, emulate = request.param
+    return request.param, run_world(_world, world, group_size, pattern, zero, timeout_s=240, emulate=emulate)
 
 
 def no_loss_sum(results, steps_per_rank, zero) -> float:
@@ -134,7 +137,7 @@ def no_loss_sum(results, steps_per_rank, zero) -> float:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_models_carry_every_gradient_step_exactly_once(world_results, config):
-    (_, _, _, zero), all_results = world_results
+    (_, _, _, zero, _), all_results = world_results
     results = [r[config] for r in all_results]
     rounds = [[rec[0] for rec in r["records"]] for r in results]
     assert all(rr == rounds[0] for rr in rounds), f"ranks met at different synchronous rounds: {rounds}"

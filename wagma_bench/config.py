@@ -64,6 +64,16 @@ class CommConfig:
     name: str = "torch"
     backend: str = "auto"
     timeout_s: float = 300.0
+    emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
+
+    def __post_init__(self):  # runs in the config check, before any rank starts
+        if self.emulate is None:
+            return
+        if self.emulate != "nccl":
+            raise ConfigError(f"comm.emulate={self.emulate!r} is not valid; choose null or nccl")
+        if self.name != "torch" or self.backend not in ("auto", "gloo"):
+            raise ConfigError(f"comm.emulate=nccl emulates NCCL on a gloo world: it needs comm=torch with "
+                              f"comm.backend=auto or gloo, not comm={self.name} comm.backend={self.backend}")
 
 
 @dataclass

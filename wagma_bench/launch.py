@@ -108,13 +108,16 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     from wagma_bench.comm.torch_dist import TorchComm
 
     backend = cfg.comm.backend if cfg.comm.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
+        backend = "gloo"
+    emulate = cfg.comm.emulate
     if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
-        return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device)
+        return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,
                           timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
-    return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device)
+    return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
 
 
 def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -37,6 +38,15 @@ class CommError(RuntimeError):
     """A collective failed: a peer died, hung past the timeout, or the world is misconfigured."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a communicator's point-to-point operations can do. NCCL (every GPU cluster) can do neither:
+    algorithms keep any-source receives and tagged messages on :meth:`Comm.fork_control`."""
+
+    any_source: bool   # recv_any: receive from whichever rank sends first
+    tags: bool         # messages are matched by tag (without: only by sender and order)
+
+
 class Comm(abc.ABC):
     """Point-to-point and collective operations over one world of ranks."""
 
@@ -44,6 +54,8 @@ class Comm(abc.ABC):
     world_size: int
     device: torch.device
     backend_name: str  # "gloo", "nccl" or "mpi"
+    timeout_s: float   # no operation waits longer; a dead or hung peer fails the run after this long
+    capabilities: Capabilities = Capabilities(any_source=True, tags=True)
 
     # --- collectives over the world or a created group ------------------------------------------
     @abc.abstractmethod

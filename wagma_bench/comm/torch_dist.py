@@ -8,7 +8,10 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from wagma_bench.comm.base import Comm, CommError, Done, Handle, Ranks
+from wagma_bench.comm.base import Capabilities, Comm, CommError, Done, Handle, Ranks
+
+NCCL_LIKE = Capabilities(any_source=False, tags=False)
+EMULATIONS = ("nccl",)
 
 
 class _Mean:
@@ -37,13 +40,22 @@ class _Checked:
 
 
 class TorchComm(Comm):
-    """One rank of a torch.distributed world. ``TorchComm.init`` creates the default process group."""
+    """One rank of a torch.distributed world. ``TorchComm.init`` creates the default process group.
 
-    def __init__(self, world_pg, timeout_s: float, device: torch.device):
+    ``emulate="nccl"`` (``comm.emulate=nccl``): on a gloo world, refuse exactly what NCCL refuses on the data
+    plane (any-source receives, tags), so that every CI run checks that algorithms keep those on the
+    control plane (:meth:`fork_control`, always gloo on the CPU)."""
+
+    def __init__(self, world_pg, timeout_s: float, device: torch.device, emulate: str | None = None):
+        if emulate not in (None, *EMULATIONS):
+            raise ValueError(f"emulate must be null or one of {', '.join(EMULATIONS)}, got {emulate!r}")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = device
         self.backend_name = dist.get_backend(world_pg)
+        self.emulate = emulate
+        if self.backend_name == "nccl" or emulate == "nccl":
+            self.capabilities = NCCL_LIKE
         self._world = world_pg
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
@@ -51,13 +63,17 @@ class TorchComm(Comm):
 
     @classmethod
     def init(cls, backend: str, rank: int, world_size: int, store, timeout_s: float,
-             device: torch.device) -> TorchComm:
+             device: torch.device, emulate: str | None = None) -> TorchComm:
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:  # env:// (MASTER_ADDR/MASTER_PORT, or torchrun's agent store)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        return cls(dist.group.WORLD, timeout_s, device)
+        return cls(dist.group.WORLD, timeout_s, device, emulate)
+
+    def _refuse(self, what: str) -> None:
+        name = "nccl (emulated: comm.emulate=nccl)" if self.emulate else self.backend_name
+        raise CommError(f"{name} cannot {what} on the data plane; use the control plane (fork_control())")
 
     def store_add(self, key: str, amount: int) -> int:
         # The rendezvous TCPStore of the default group: its add() is an atomic fetch-and-add on the server.
@@ -101,12 +117,18 @@ class TorchComm(Comm):
         self.allreduce(torch.zeros(1, device=self.device), op="sum")
 
     def isend(self, tensor, dst, tag=0) -> Handle:
+        if tag and not self.capabilities.tags:
+            self._refuse(f"match messages by tag (send to rank {dst} with tag {tag})")
         return _Checked(self._world.send([tensor], dst, tag), f"send to rank {dst}")
 
     def irecv(self, tensor, src, tag=0) -> Handle:
+        if tag and not self.capabilities.tags:
+            self._refuse(f"match messages by tag (receive from rank {src} with tag {tag})")
         return _Checked(self._world.recv([tensor], src, tag), f"receive from rank {src}")
 
     def recv_any(self, tensor, tag) -> int:
+        if not self.capabilities.any_source:
+            self._refuse("receive from any rank")
         work = self._world.recv_anysource([tensor], tag)
         _Checked(work, "receive").wait()
         return work._source_rank() if hasattr(work, "_source_rank") else -1
@@ -121,7 +143,7 @@ class TorchComm(Comm):
     def fork(self, timeout_s: float | None = None) -> TorchComm:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s))
-        return TorchComm(pg, timeout_s, self.device)
+        return TorchComm(pg, timeout_s, self.device, self.emulate)
 
     def fork_control(self, timeout_s: float | None = None) -> TorchComm:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s

@@ -45,7 +45,7 @@ from wagma_bench.comm.topology import random_matching
 from wagma_bench.optim.base import Algorithm, StepInfo
 
 EXCHANGE, STOP = 1, 0
-TAG_HEADER, TAG_MODEL = 11, 12
+TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no tags nor any-source receives)
 # A passive rank waits for requests for as long as the actives evaluate or checkpoint; a dead peer is
 # detected on the model channel, which keeps the normal timeout.
 HEADER_TIMEOUT_S = 7 * 24 * 3600.0
@@ -81,8 +81,11 @@ class ADPSGD(Algorithm):
         self.exchanges = 0
         self._thread = None
         if comm.world_size > 1:
-            # Collective: every rank forks here. Headers and models travel on separate communicators.
-            self._hcomm = comm.fork(timeout_s=HEADER_TIMEOUT_S)
+            # Collective: every rank forks here. Headers (small, tagged, received from any rank) travel on
+            # the control plane, models on the data plane, untagged: NCCL matches them by sender and order.
+            # Requests wait as long as a passive is busy; replies keep the normal timeout.
+            self._hcomm = comm.fork_control(timeout_s=HEADER_TIMEOUT_S)
+            self._rcomm = comm.fork_control()
             self._gcomm = comm.fork()
             loop = self._active_loop if self.active else self._passive_loop
             self._thread = threading.Thread(target=self._guarded(loop), daemon=True,
@@ -145,13 +148,13 @@ class ADPSGD(Algorithm):
                 self._exchange(partner, first=True, header=header)
         stop = torch.tensor([STOP, 0], dtype=torch.int64)
         for p in passives:
-            self._hcomm.send(stop, p, TAG_HEADER)
+            self._hcomm.send(stop, p, TAG_REQUEST)
 
     def _passive_loop(self) -> None:
         stops_expected = len(range(0, self.comm.world_size, 2))
         header = torch.zeros(2, dtype=torch.int64)
         while stops_expected:
-            src = self._hcomm.recv_any(header, TAG_HEADER)
+            src = self._hcomm.recv_any(header, TAG_REQUEST)
             if int(header[0]) == STOP:
                 stops_expected -= 1
                 continue
@@ -166,15 +169,16 @@ class ADPSGD(Algorithm):
         with self._lock:
             torch.add(self.flat, self._pending, out=snapshot)
             mine = torch.tensor([EXCHANGE, self.round], dtype=torch.int64)
+        # Both sides in the same order: a gloo (or NCCL) send completes only once its receive is posted.
         if first:
-            self._hcomm.send(mine, peer, TAG_HEADER)
-            self._gcomm.send(snapshot, peer, TAG_MODEL)
-            self._gcomm.recv(header, peer, TAG_HEADER)
-            self._gcomm.recv(self._received, peer, TAG_MODEL)
+            self._hcomm.send(mine, peer, TAG_REQUEST)
+            self._gcomm.send(snapshot, peer)
+            self._rcomm.recv(header, peer, TAG_REPLY)
+            self._gcomm.recv(self._received, peer)
         else:
-            self._gcomm.recv(self._received, peer, TAG_MODEL)
-            self._gcomm.send(mine, peer, TAG_HEADER)
-            self._gcomm.send(snapshot, peer, TAG_MODEL)
+            self._gcomm.recv(self._received, peer)
+            self._rcomm.send(mine, peer, TAG_REPLY)
+            self._gcomm.send(snapshot, peer)
         self._received.sub_(snapshot).mul_(0.5)
         with self._lock:
             self._pending.add_(self._received)

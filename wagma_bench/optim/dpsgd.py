@@ -51,10 +51,11 @@ class DPSGD(Algorithm):
     def mix(self) -> None:
         """Replace the model by the mean of itself and its ring neighbours' models."""
         handles = []
-        for i, (b, inbox) in enumerate(zip(self.buckets, self._inbox)):
+        # untagged (NCCL has no tags): messages between two ranks match in the order they were posted
+        for b, inbox in zip(self.buckets, self._inbox):
             for nb, buf in zip(self.neighbours, inbox):
-                handles.append(self.comm.isend(b.data, nb, tag=i))
-                handles.append(self.comm.irecv(buf, nb, tag=i))
+                handles.append(self.comm.isend(b.data, nb))
+                handles.append(self.comm.irecv(buf, nb))
         for h in handles:
             h.wait()
         for b, inbox in zip(self.buckets, self._inbox):

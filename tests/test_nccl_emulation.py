@@ -1,0 +1,77 @@
+"""NCCL-clean communication, checked on CPU: ``comm.emulate=nccl`` makes a gloo world's data plane refuse
+what NCCL refuses (any-source receives, tags), so an optimizer that sends control traffic on the data
+plane fails here as it would on a GPU cluster. The exactness of every optimizer under emulation is in
+tests/test_invariants.py (the ``-nccl`` world); here: the refusals themselves, and every optimizer run to its
+step budget through the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.dist_util import run_world
+from wagma_bench.comm.base import CommError
+from wagma_bench.optim import OPTIMIZERS
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+
+
+def _refusals(comm):
+    out = {"data": comm.capabilities, "control": None}
+    buf = torch.zeros(1)
+    for what, call in (("any-source", lambda: comm.recv_any(buf, 5)), ("tag", lambda: comm.isend(buf, 1 - comm.rank, 7))):
+        try:
+            call()
+            out[what] = "allowed"
+        except CommError as err:
+            out[what] = str(err)
+    control = comm.fork_control()
+    out["control"] = control.capabilities
+    if comm.rank == 0:  # the control plane keeps both: a tagged message, received from any rank
+        control.send(torch.tensor([3.0]), 1, tag=9)
+    else:
+        out["sender"] = control.recv_any(buf, 9)
+    comm.barrier()
+    return out
+
+
+def test_the_emulated_data_plane_refuses_what_nccl_refuses_and_the_control_plane_does_not():
+    results = run_world(_refusals, 2, emulate="nccl")
+    for res in results:
+        assert not res["data"].any_source and not res["data"].tags
+        assert res["control"].any_source and res["control"].tags
+        assert "cannot receive from any rank" in res["any-source"] and "comm.emulate=nccl" in res["any-source"]
+        assert "cannot match messages by tag" in res["tag"]
+    assert results[1]["sender"] == 0
+
+
+def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command_line(tmp_path):
+    optimizers = ",".join(OPTIMIZERS)
+    cmd = [str(BIN), "run", "-m", f"optimizer={optimizers}", "comm.emulate=nccl", "launcher.nproc=2",
+           "train.max_steps=20", "eval.every_steps=1000", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
+           "hydra.sweep.subdir=${optimizer.name}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in OPTIMIZERS:
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["status"] == "completed", (name, summary)
+        assert summary["steps"] >= 20, (name, summary["steps"])
+        start = json.loads((tmp_path / name / "events.jsonl").read_text().splitlines()[0])
+        assert start["metadata"]["config"]["comm"]["emulate"] == "nccl"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["comm=mpi", "comm.emulate=nccl"], "needs comm=torch"),
+    (["comm.emulate=mpi"], "choose null or nccl"),
+])
+def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overrides, message):
+    proc = subprocess.run([str(BIN), "run", *overrides, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not (tmp_path / "events.jsonl").exists()
