@@ -53,6 +53,7 @@ post it contains is (0: the rank posted after completing round ``r - 1``, as an 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -116,6 +117,7 @@ class WaitAvoidingAllreduce:
         self._base: torch.Tensor | None = self._send.clone() if model else None
         self._kept: deque[tuple[int, torch.Tensor, int]] = deque()  # gradient: (round, mean, age), in order
         self._cv = threading.Condition()
+        self._streams = _Streams(self._send.device)
         self._started = self._done = self._ready = self._answered = start_round
         self._activated = start_round               # highest round an activation message announced
         self._in_flight = False
@@ -136,6 +138,7 @@ class WaitAvoidingAllreduce:
         """model: ``tensor`` is the rank's model after its local update (the change since the model last
         handed out is added to the send buffer); gradient: ``tensor`` is a fresh gradient to reduce once."""
         with self._cv:
+            self._streams.compute_waits_for_rounds()
             if self.contribution == "gradient":
                 self._send.add_(tensor)
                 if self._oldest_q is None:
@@ -151,6 +154,7 @@ class WaitAvoidingAllreduce:
                 else:
                     self._send_q = self._answered
             self._post_round = self._started + 1
+            self._streams.posted()
 
     def request(self) -> RoundResult:
         """Wait for this rank's next round (see ``in_order``) and hand over its result."""
@@ -186,6 +190,7 @@ class WaitAvoidingAllreduce:
         self._raise_if_failed()
 
     def _hand_over(self, target: int) -> RoundResult:
+        self._streams.compute_waits_for_rounds()
         if self.contribution == "gradient":
             r, result, age = self._kept.popleft()
             assert r == target, (r, target)
@@ -245,6 +250,10 @@ class WaitAvoidingAllreduce:
         return asked or self._activated >= r
 
     def _progress_loop(self) -> None:
+        with self._streams.progress():
+            self._progress_rounds()
+
+    def _progress_rounds(self) -> None:
         r = self._started + 1
         while True:
             with self._cv:
@@ -268,6 +277,7 @@ class WaitAvoidingAllreduce:
     def _start_round(self, r: int) -> int:
         """Take the snapshot round ``r`` reduces (lock held); returns the age of this rank's contribution."""
         self._started, self._in_flight = r, True
+        self._streams.progress_waits_for_posts()
         if self.contribution == "model":
             self._work.copy_(self._send)
             return r - 1 - self._send_q
@@ -280,6 +290,7 @@ class WaitAvoidingAllreduce:
 
     def _finish_round(self, r: int, age: int) -> None:
         """Put round ``r``'s result where the compute thread finds it (lock held)."""
+        self._streams.progress_waits_for_posts()  # posts made while the round ran are folded in below
         if self.contribution == "model":
             # mean + whatever was posted while the round ran: the snapshot is replaced, nothing else
             self._work, self._send = self._send, self._work
@@ -293,6 +304,7 @@ class WaitAvoidingAllreduce:
             self._kept.append((r, self._work, age))
             self._work = self._free.pop() if self._free else torch.empty_like(self._send)
         self._done, self._in_flight = r, False
+        self._streams.round_done()
 
     def _listen_loop(self) -> None:
         buf = torch.zeros(1, dtype=torch.int64)
@@ -312,3 +324,38 @@ class WaitAvoidingAllreduce:
                             self._activated = max(self._activated, r)
                             self._cv.notify_all()
             r += 1
+
+
+class _Streams:
+    """CUDA ordering between the compute thread and the progress thread (no-ops on the CPU).
+
+    The progress thread issues its copies and its NCCL collective on a stream of its own, so that a round
+    overlaps the computation. Every hand-over goes through an event: the progress stream waits for the
+    compute stream's last post before it takes a snapshot, and the compute stream waits for the last
+    round's completion before it reads a result or adds to the send buffer. Events are recorded and
+    waited for under the engine's lock, so their order is the order of the protocol."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=device)
+            self._posted, self._round = torch.cuda.Event(), torch.cuda.Event()
+
+    def progress(self):
+        return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
+
+    def posted(self) -> None:
+        if self.cuda:
+            self._posted.record(torch.cuda.current_stream())
+
+    def round_done(self) -> None:
+        if self.cuda:
+            self._round.record(self.stream)
+
+    def progress_waits_for_posts(self) -> None:
+        if self.cuda:
+            self.stream.wait_event(self._posted)
+
+    def compute_waits_for_rounds(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream().wait_event(self._round)
