@@ -142,7 +142,7 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
             # Gradient contributions, in order: every rank answers the same rounds, so all of them close
             # after the same round (the engine's stop protocol needs that; there is no synchronous round).
             engine = WaitAvoidingAllreduce(comm, buf, FixedSchedule(p, part), contribution="gradient",
-                                           timeout_s=getattr(comm, "timeout_s", 300.0), in_order=True)
+                                           timeout_s=comm.timeout_s, in_order=True)
             rows.append(_row("wait_avoiding", "ours", s, nbytes,
                              _time(comm, engine.request, repeats,
                                    setup=lambda e=engine, buf=buf: e.post(buf))))

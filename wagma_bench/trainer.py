@@ -189,7 +189,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     algo = algo_cls(cfg.optimizer, model, make_local_optimizer(cfg.train), comm, seed=cfg.seed)
     imbalance = make_imbalance(cfg.imbalance, cfg.seed)
     eval_mode = algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
-    evaluator = EvalModel(model, eval_mode, getattr(algo, "models_identical", False), comm)
+    evaluator = EvalModel(model, eval_mode, algo.models_identical, comm)
 
     sync = algo.sync_period
     spe = workload.steps_per_epoch()

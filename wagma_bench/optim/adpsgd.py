@@ -126,7 +126,7 @@ class ADPSGD(Algorithm):
         self._closing = True
         self._stepped.set()
         # A thread blocked on a dead or hung peer ends with the communicator's timeout error.
-        timeout_s = 2 * getattr(self.comm, "timeout_s", 300.0)
+        timeout_s = 2 * self.comm.timeout_s
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
             raise CommError(f"rank {self.comm.rank}: adpsgd gossip thread did not stop within {timeout_s:.0f} s")

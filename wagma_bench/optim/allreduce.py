@@ -16,7 +16,9 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 class AllreduceSGD(Algorithm):
     name = "allreduce"
-    default_eval_model = "local"  # all models are identical
+    # Parameters are identical on every rank, but buffers (BatchNorm statistics) are each rank's own, so
+    # models_identical stays False: evaluation broadcasts rank 0's whole state (DDP broadcasts buffers too).
+    default_eval_model = "local"
 
     @dataclass
     class Settings:

@@ -76,7 +76,7 @@ class EagerSGD(EngineAlgorithm):
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
         schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_every)
         return WaitAvoidingAllreduce(self.comm, self.grad, schedule, contribution="gradient", in_order=True,
-                                     start_round=self.round, timeout_s=getattr(self.comm, "timeout_s", 300.0),
+                                     start_round=self.round, timeout_s=self.comm.timeout_s,
                                      activator=activator)
 
     def _exchange(self) -> RoundResult:

@@ -84,7 +84,7 @@ class WagmaSGD(EngineAlgorithm):
     def _make_engine(self) -> WaitAvoidingAllreduce:
         return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
                                      in_order=self.settings.catch_up == "replay", start_round=self.round,
-                                     timeout_s=getattr(self.comm, "timeout_s", 300.0))
+                                     timeout_s=self.comm.timeout_s)
 
     def _exchange(self) -> RoundResult:
         res = self.engine.request()       # the group average of the models, plus this rank's own updates
