@@ -129,7 +129,10 @@ class EvalModel:
     """Builds the model that evaluation sees: rank 0's local model, or the global average."""
 
     def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
-        self.model, self.mode, self.identical, self.comm = model, mode, models_identical, comm
+        # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
+        # buffers is evaluated through rank 0's broadcast state even when the parameters are identical.
+        identical = models_identical and not any(b.is_floating_point() for b in model.buffers())
+        self.model, self.mode, self.identical, self.comm = model, mode, identical, comm
         self._copy = None
 
     def get(self):
