@@ -145,6 +145,10 @@ def random_initiator(world_size: int, round_: int, seed: int = 0) -> int:
 
 
 # --- round schedules of the wait-avoiding engine ------------------------------------------------------
+# How a late WAGMA-SGD rank treats the rounds its progress thread joined passively (optim/wagma.py).
+CATCH_UP = ("replay", "skip")
+
+
 # One object answers "with whom does this rank reduce in round r, and is r the synchronous round": the
 # optimizer, the wait-avoiding engine (wagma_bench.comm.wait_avoiding) and the simulator all ask it.
 class RoundSchedule:

@@ -47,11 +47,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wagma_bench.comm.topology import WagmaSchedule
+from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
-
-CATCH_UP = ("replay", "skip")
 
 
 class WagmaSGD(EngineAlgorithm):

@@ -61,11 +61,10 @@ from typing import Any
 import numpy as np
 
 from wagma_bench.comm.topology import (
-    butterfly_stage,
-    default_group_size,
+    CATCH_UP,
+    WagmaSchedule,
     exponential_in_peer,
     exponential_peer,
-    num_stages,
     random_initiator,
     random_matching,
     ring_neighbours,
@@ -514,18 +513,14 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
 
 def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    tau = int(cfg.settings.get("tau", 10))
-    if tau < 1:
-        raise ValueError(f"optimizer.tau must be >= 1, got {tau}")
-    S = int(cfg.settings.get("group_size") or default_group_size(P))
-    stages = num_stages(P, S)
-    plans = [make_plan(butterfly_stage(P, S, s), cfg.network, cfg.workload.model_bytes) for s in range(stages)]
+    schedule = WagmaSchedule(P, cfg.settings.get("group_size"), int(cfg.settings.get("tau", 10)))
+    plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes) for k in range(schedule.stages)]
     catch_up = cfg.settings.get("catch_up", "replay")
-    if catch_up not in ("replay", "skip"):
-        raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: replay, skip")
-    res = wait_avoiding(cfg, lambda r: plans[(r - 1) % stages], tau + 1,
+    if catch_up not in CATCH_UP:
+        raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: {', '.join(CATCH_UP)}")
+    res = wait_avoiding(cfg, lambda r: plans[(r - 1) % schedule.stages], schedule.period,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
-    res.extra["group_size"] = S
+    res.extra["group_size"] = schedule.group_size
     return res
 
 
