@@ -1,13 +1,15 @@
 """Every optimizer on the embedded default, without and with injected stragglers: time-to-target and
 throughput in one table (the README's optimizer table).
 
-Runs `wagma-bench run workload=resnet optimizer=X imbalance=I` (4 local ranks, ResNet-20 on the embedded
-MNIST subset, target 97% validation top-1) for every X and I, one after another, then prints a Markdown
-table from the runs' summary.json files. Runs whose summary already exists are not repeated, so an
-interrupted comparison continues where it stopped. Measure on a quiet machine: every rank shares the CPU.
+Runs `wagma-bench run workload=resnet optimizer=X imbalance=I seed=S` (4 local ranks, ResNet-20 on the
+embedded MNIST subset, target 97% validation top-1) for every X, I and S, one after another, then prints a
+Markdown table from the runs' summary.json files: per optimizer and imbalance, the time-to-target as
+MLPerf's olympic mean over the seeds (with 3 or more: drop the fastest and the slowest), the other columns
+as medians. Runs whose summary already exists are not repeated, so an interrupted comparison continues
+where it stopped. Measure on a quiet machine: every rank shares the CPU.
 
     .venv/bin/python reproduce/optimizers/compare.py [--out DIR] [--optimizers a,b] [--imbalances none,paper]
-                                                     [--max-steps N] [-- more overrides]
+                                                     [--seeds 1,2,3] [--max-steps N] [-- more overrides]
 
 `--max-steps 8` checks the pipeline in a minute (the target is then not reached).
 """
@@ -16,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from wagma_bench.report import median, olympic_mean
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -45,11 +50,11 @@ def key_hyperparameters(optimizer: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in conf.items() if k != "name") or "-"
 
 
-def run(out: Path, optimizer: str, imbalance: str, extra: list[str]) -> dict:
-    run_dir = out / f"{optimizer}-{imbalance}"
+def run(out: Path, optimizer: str, imbalance: str, seed: int, extra: list[str]) -> dict:
+    run_dir = out / f"{optimizer}-{imbalance}-s{seed}"
     summary = run_dir / "summary.json"
     if not summary.exists():
-        cmd = [str(BIN), "run", *COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", *extra,
+        cmd = [str(BIN), "run", *COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", f"seed={seed}", *extra,
                f"hydra.run.dir={run_dir}"]
         print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
         t0 = time.perf_counter()
@@ -64,16 +69,28 @@ def fmt(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def aggregate(seeds: list[dict]) -> dict:
+    """One row from the seeds' summaries: TTT olympic mean (a seed that missed the target counts as
+    infinitely slow), medians of the rest."""
+    ttt = [s["time_to_target_s"] if s.get("reached") else math.inf for s in seeds]
+    values = lambda key: [s[key] for s in seeds if s.get(key) is not None]
+    return {"reached": f"{sum(bool(s.get('reached')) for s in seeds)}/{len(seeds)}",
+            "ttt": olympic_mean(ttt), "ttt_all": sorted(ttt),
+            "steps": median(values("steps_to_target") or values("steps")),
+            "throughput": median(values("throughput_samples_per_s")), "best": median(values("best_metric")),
+            "eval_model": seeds[0].get("eval_model", "-"),
+            "status": ",".join(sorted({s.get("status", "-") for s in seeds}))}
+
+
 def table(rows: list[tuple[str, str, dict]]) -> str:
-    header = ("| optimizer | paper | key hyperparameters | imbalance | reached | time-to-target (s) "
-              "| steps | throughput (samples/s) | best top-1 | eval model | status |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for optimizer, imbalance, s in rows:
+    header = ("| optimizer | paper | key hyperparameters | imbalance | reached | time-to-target (s), olympic mean "
+              "| per seed | steps | throughput (samples/s) | best top-1 | eval model | status |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for optimizer, imbalance, a in rows:
+        seeds = " / ".join("-" if math.isinf(v) else f"{v:.1f}" for v in a["ttt_all"])
         lines.append(f"| {optimizer} | {PAPERS.get(optimizer, '')} | {key_hyperparameters(optimizer)} | {imbalance} "
-                     f"| {'yes' if s.get('reached') else 'no'} | {fmt(s.get('time_to_target_s'))} "
-                     f"| {s.get('steps_to_target') or s.get('steps', '-')} "
-                     f"| {fmt(s.get('throughput_samples_per_s'))} | {fmt(s.get('best_metric'), '.4f')} "
-                     f"| {s.get('eval_model', '-')} | {s.get('status', '-')} |")
+                     f"| {a['reached']} | {fmt(a['ttt'])} | {seeds} | {fmt(a['steps'], '.0f')} "
+                     f"| {fmt(a['throughput'])} | {fmt(a['best'], '.4f')} | {a['eval_model']} | {a['status']} |")
     return "\n".join(lines)
 
 
@@ -82,12 +99,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "optimizers-compare")
     ap.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     ap.add_argument("--imbalances", default="none,paper")
+    ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run (after --)")
     args = ap.parse_args()
     extra = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
-    rows = [(o, i, run(args.out, o, i, extra)) for i in args.imbalances.split(",")
-            for o in args.optimizers.split(",")]
+    seeds = [int(v) for v in args.seeds.split(",")]
+    rows = [(o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))
+            for i in args.imbalances.split(",") for o in args.optimizers.split(",")]
     text = table(rows)
     (args.out / "table.md").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text + "\n")
