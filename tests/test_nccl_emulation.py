@@ -75,3 +75,17 @@ def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overri
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not (tmp_path / "events.jsonl").exists()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["comm.backend=nccl"], "needs CUDA"),
+    (["comm.backend=mpi"], "not a backend of comm=torch"),
+])
+def test_an_impossible_backend_is_refused_before_any_rank_starts(tmp_path, overrides, message):
+    if "nccl" in overrides[0] and torch.cuda.is_available():
+        pytest.skip("CUDA is present: NCCL is possible here")
+    proc = subprocess.run([str(BIN), "run", *overrides, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not (tmp_path / "events.jsonl").exists()

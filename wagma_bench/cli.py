@@ -77,12 +77,20 @@ def _run_job(cfg) -> dict | None:
 
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.events import finalize
-    from wagma_bench.launch import RunFailed, detect_world, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import (
+        RunFailed,
+        check_backend_here,
+        detect_world,
+        run_rank,
+        slurm_master,
+        spawn_local,
+    )
     from wagma_bench.workloads import get_workload
 
     try:
         run_cfg = validate(cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
+        check_backend_here(run_cfg)
     except (ConfigError, ValueError) as err:
         _fail(str(err), 2)
     run_dir = Path(HydraConfig.get().runtime.output_dir)

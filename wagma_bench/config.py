@@ -67,6 +67,10 @@ class CommConfig:
     emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
 
     def __post_init__(self):  # runs in the config check, before any rank starts
+        backends = {"torch": ("auto", "gloo", "nccl"), "mpi": ("mpi",)}.get(self.name, ())
+        if self.name in ("torch", "mpi") and self.backend not in backends:
+            raise ConfigError(f"comm.backend={self.backend!r} is not a backend of comm={self.name}; "
+                              f"choose one of: {', '.join(backends)}")
         if self.emulate is None:
             return
         if self.emulate != "nccl":

@@ -90,8 +90,16 @@ def _pin_threads(local_world_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
 
 
+def check_backend_here(cfg: RunConfig) -> None:
+    """comm.backend=nccl needs CUDA on this node: say so before anything starts (ValueError)."""
+    if cfg.comm.name == "torch" and cfg.comm.backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("comm.backend=nccl needs CUDA, and no CUDA device is visible here; use comm.backend=gloo "
+                         "(or auto), or comm.emulate=nccl to check NCCL's limits on a CPU gloo world")
+
+
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     """Create this rank's communicator (the one backend every algorithm uses)."""
+    check_backend_here(cfg)
     # comm=mpi (backend "mpi") also trains on the GPU when there is one; MpiComm stages CUDA tensors.
     use_cuda = torch.cuda.is_available() and cfg.comm.backend in ("auto", "nccl", "mpi")
     device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
