@@ -2,7 +2,6 @@
 
 The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere:
 
-- :class:`MllogSink` prints each event as an MLPerf ``:::MLLOG {json}`` line (``logger.mllog=true``);
 - :class:`WandbSink` logs evaluations, progress and the final summary to Weights & Biases
   (``logger=wandb``), offline when no API key is configured.
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import netrc
 import os
 import sys
@@ -36,86 +34,9 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
     if rank != 0:
         return []
     sinks: list[Sink] = []
-    if cfg.logger.mllog:
-        sinks.append(MllogSink(run_dir=run_dir))
     if cfg.logger.wandb is not None:
         sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw))
     return sinks
-
-
-# --- MLPerf logging --------------------------------------------------------------------------------
-
-# Our event keys and MLPerf's event types: run_start/run_stop delimit the timed interval.
-_EVENT_TYPES = {"run_start": "INTERVAL_START", "run_stop": "INTERVAL_END"}
-# Values MLPerf's checkers expect as separate POINT_IN_TIME events before run_start.
-_RUN_INFO_KEYS = ("seed", "global_batch_size", "train_samples")
-
-
-def mllog_record(key: str, value: Any, time_ms: float, metadata: dict, event_type: str | None = None) -> dict:
-    """One event in the field order of ``mlperf_logging.mllog`` (namespace, time_ms, event_type, key, value,
-    metadata); ``time_ms`` is integer milliseconds since the epoch as MLPerf writes it."""
-    return {"namespace": "", "time_ms": int(time_ms), "event_type": event_type or _EVENT_TYPES.get(key, "POINT_IN_TIME"),
-            "key": key, "value": value, "metadata": metadata}
-
-
-def mllog_records(event: dict, reached: bool | None = None) -> list[dict]:
-    """The MLPerf events for one of our events.
-
-    - ``run_start`` is preceded by ``submission_benchmark``, ``seed``, ``global_batch_size``,
-      ``train_samples``, ``number_of_nodes`` and ``accelerators_per_node`` as POINT_IN_TIME events (MLPerf
-      keeps the last two in its system description; we log them so that one log holds everything). The
-      full resolved config stays in ``events.jsonl`` only.
-    - ``eval_accuracy`` carries MLPerf's ``epoch_num`` metadata.
-    - ``run_stop`` carries MLPerf's ``status``: ``success`` when the target was reached (or, for a run
-      without a target, when it completed), ``aborted`` otherwise; our own status is kept as ``run_status``.
-    """
-    key, meta, t = event["key"], dict(event.get("metadata") or {}), event["time_ms"]
-    out = []
-    if key == "run_start":
-        hosts = meta.get("hosts") or []
-        nodes = max(1, len(hosts))
-        world = meta.get("world_size") or 1
-        info = {"submission_benchmark": meta.get("workload"), "number_of_nodes": nodes,
-                # ranks per node: one rank drives one accelerator (GPU) or one CPU process group
-                "accelerators_per_node": math.ceil(world / nodes)}
-        info.update({k: meta.get(k) for k in _RUN_INFO_KEYS})
-        out += [mllog_record(k, v, t, {}) for k, v in info.items()]
-        meta.pop("config", None)
-    elif key == "eval_accuracy":
-        meta.setdefault("epoch_num", meta.get("epoch"))
-    elif key == "run_stop":
-        ours = meta.pop("status", None)
-        ok = reached if reached is not None else ours == "completed"
-        meta = {"status": "success" if ok else "aborted", "run_status": ours, **meta}
-    out.append(mllog_record(key, event.get("value"), t, meta))
-    return out
-
-
-class MllogSink:
-    """Prints ``:::MLLOG {json}`` lines that ``mlperf_logging``'s parsers read."""
-
-    def __init__(self, stream=None, run_dir: Path | None = None):
-        self.stream = stream or sys.stdout
-        self.run_dir = run_dir
-        self._target: float | None = None
-        self._reached: bool | None = None
-
-    def emit(self, event: dict) -> None:
-        if event["key"] == "run_start":
-            self._target = event["metadata"].get("target")
-            self._reached = False if self._target is not None else None
-        elif event["key"] == "run_resume" and self.run_dir is not None:
-            # a new process after a requeue: the target and whether it was reached are in the log
-            before = summarize(read_jsonl(self.run_dir / EVENTS))
-            self._target = before["target"]
-            self._reached = before["reached"] if self._target is not None else None
-        elif event["key"] == "eval_accuracy" and self._target is not None and event["value"] is not None:
-            self._reached = self._reached or event["value"] >= self._target
-        for record in mllog_records(event, self._reached):
-            print(":::MLLOG " + json.dumps(record), file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
 
 
 # --- Weights & Biases ------------------------------------------------------------------------------

@@ -576,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
     parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
+    parser.add_argument("--mllog", action="store_true",
+                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
     parser.add_argument("--wandb-project", default="wagma-bench")
     parser.add_argument("--wandb-entity", default=None)
     parser.add_argument("--wandb-group", default=None)
@@ -587,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 2
+    if args.mllog:
+        from wagma_bench.mlperf import write_mllog
+
+        written = [p for p in (write_mllog(r.path) for g in groups for r in g.runs) if p]
+        print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")
     n_runs = sum(len(g.runs) for g in groups)
     marked = sum(r.partial for g in groups for r in g.runs)
     print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"

@@ -27,6 +27,7 @@ from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
 from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
 from wagma_bench.imbalance import make_imbalance
+from wagma_bench.mlperf import write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.schedules import lr_at, peak_lr
@@ -181,6 +182,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
     rank, world = comm.rank, comm.world_size
     preempt = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
+    init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
     torch.manual_seed(cfg.seed)
     workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
     workload.attach(comm)
@@ -217,12 +219,14 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     comm.barrier()
     clock.start()
     if resumed:
-        events.emit("run_resume", None, step=algo.round, train_s=clock.train_s)
+        events.emit("run_resume", None, step=algo.round, epoch=round(algo.round / spe, 4), train_s=clock.train_s,
+                    init_time_ms=init_time_ms)
     else:
         events.emit("run_start", None, workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name,
                     imbalance=cfg.imbalance.name, world_size=world, seed=cfg.seed,
                     metric=workload.metric_name, target=cfg.eval.target, eval_model=eval_mode,
                     global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+                    eval_samples=workload.eval_size, init_time_ms=init_time_ms,
                     steps_total=total, sync_period=sync, config_hash=config_hash(cfg.raw), git_sha=git_sha(),
                     versions=versions(comm), hosts=sorted(set(_hostnames(comm))), config=cfg.raw)
 
@@ -322,6 +326,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                         step=algo.round, train_s=round(clock.train_s, 4), wall_s=round(clock.wall_s, 4),
                         eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
             write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
+            write_mllog(run_dir)
         raise
     finally:
         progress.close()
@@ -332,6 +337,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         return None
     summary = summarize(read_jsonl(run_dir / "events.jsonl"))
     write_json_atomic(run_dir / SUMMARY, summary)
+    write_mllog(run_dir, echo=cfg.logger.mllog)
     if requeue:  # after the summary: the requeue ends this job's steps
         from wagma_bench.slurm_util import requeue_job
 

@@ -42,6 +42,11 @@ class Workload(abc.ABC):
     def train_size(self) -> int:
         """Number of training samples in one epoch (all ranks together)."""
 
+    @property
+    def eval_size(self) -> int | None:
+        """Number of samples one evaluation scores (all ranks together); None when there is no fixed set."""
+        return None
+
     @abc.abstractmethod
     def batches(self, start_step: int) -> Iterator[Any]:
         """This rank's training batches, forever, starting at its local step ``start_step``."""

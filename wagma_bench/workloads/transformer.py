@@ -260,6 +260,11 @@ class TransformerWorkload(Workload):
         """Target tokens in one epoch (fairseq counts the end-of-sentence token)."""
         return int(self.task.dataset("train").tgt_sizes.sum())
 
+    @property
+    def eval_size(self) -> int:
+        """Sentence pairs of the evaluation split."""
+        return len(self.task.dataset(self.eval_split))
+
     def steps_per_epoch(self) -> int:
         """Batches per shard: fairseq pads shorter shards, so every rank has the same count."""
         return len(self.train_itr)

@@ -132,6 +132,11 @@ class DDPPOWorkload(Workload):
     def train_size(self) -> int:
         return self.s.num_steps * self.num_envs * self.world_size
 
+    @property
+    def eval_size(self) -> int:
+        """Held-out episodes of one evaluation."""
+        return self.s.num_eval_episodes
+
     def _episode(self, i: int) -> Episode:
         for _ in range(10_000):
             ep = self.envs[i].sample_episode(self.rngs[i])
