@@ -229,6 +229,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                     eval_samples=workload.eval_size, init_time_ms=init_time_ms,
                     steps_total=total, sync_period=sync, config_hash=config_hash(cfg.raw), git_sha=git_sha(),
                     versions=versions(comm), hosts=sorted(set(_hostnames(comm))), config=cfg.raw)
+    if rank == 0 and comm.backend_name == "mpi":  # on a cluster: is it the system MPI, not a pip wheel?
+        print(f"wagma-bench: MPI library: {versions(comm)['mpi']}", flush=True)
 
     progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
                         f"{cfg.workload.name}/{algo.name} x{world}")
