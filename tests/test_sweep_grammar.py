@@ -1,0 +1,40 @@
+"""`wagma-bench sweep` reads its arguments with Hydra's override parser: the sweep grammar of `run -m`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+OPTIMIZERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "optimizer").glob("*.yaml"))
+
+
+def sweep(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    out_dir = tmp_path / "sweep"
+    out = subprocess.run([str(BIN), "sweep", *args, "--dry-run", "--out", str(out_dir)], capture_output=True,
+                         text=True, timeout=300, check=False)
+    manifest = out_dir / "manifest.json"
+    runs = [r["name"] for r in json.loads(manifest.read_text())["runs"]] if manifest.exists() else []
+    return out, runs
+
+
+def test_glob_and_range(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "optimizer=glob(*)", "seed=range(1,4)")
+    assert out.returncode == 0, out.stderr
+    assert "21 runs" in out.stdout and len(OPTIMIZERS) == 7
+    assert runs == [f"0004gpu_{o}_s{s}" for o in OPTIMIZERS for s in (1, 2, 3)]
+
+
+def test_choice_glob_exclude_and_a_gpu_range(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=generic4", "gpus=range(4,9,4)", "optimizer=choice(wagma,allreduce)",
+                      "imbalance=glob(*,exclude=[fixed,lognormal])")
+    assert out.returncode == 0, out.stderr
+    assert runs == [f"{g:04d}gpu_{o}_{i}" for g in (4, 8) for o in ("wagma", "allreduce") for i in ("none", "paper")]
+
+
+def test_interval_cannot_be_enumerated(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "train.lr=interval(0.01,0.1)")
+    assert out.returncode == 2 and "interval()" in out.stderr and "range(), choice()" in out.stderr
+    assert runs == []
