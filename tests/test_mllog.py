@@ -59,15 +59,37 @@ def test_resnet_run_is_mlperf_compliant(tmp_path):
     assert ":::MLLOG" not in out.stdout  # printed only with logger.mllog=true
 
 
-@pytest.mark.slow
-def test_transformer_run_is_mlperf_compliant(tmp_path):
-    out = run(TRANSFORMER + [f"hydra.run.dir={tmp_path}"])
+@pytest.fixture(scope="module")
+def transformer_run(tmp_path_factory) -> Path:
+    """One real 2-rank Transformer run to BLEU 25, shared by the MLPerf and the sacrebleu-signature tests."""
+    run_dir = tmp_path_factory.mktemp("transformer") / "run"
+    out = run(TRANSFORMER + [f"hydra.run.dir={run_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
-    assert_compliant(tmp_path / MLLOG, "0.7.0")
-    records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / MLLOG).read_text().splitlines()]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_transformer_run_is_mlperf_compliant(transformer_run):
+    assert_compliant(transformer_run / MLLOG, "0.7.0")
+    records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (transformer_run / MLLOG).read_text().splitlines()]
     evals = [r for r in records if r["key"] == "eval_accuracy"]
     assert all(r["value"] == pytest.approx(r["metadata"]["bleu"] / 100) for r in evals)  # MLPerf: a fraction
     assert records[-1]["key"] == "run_stop" and records[-1]["metadata"]["status"] == "success"
+
+
+@pytest.mark.slow
+def test_transformer_bleu_carries_the_sacrebleu_signature(transformer_run, tmp_path):
+    """BLEU values are comparable only under one tokenisation: every evaluation and the report name it."""
+    signatures = {e["metadata"].get("sacrebleu_signature") for e in read_jsonl(transformer_run / EVENTS)
+                  if e["key"] == "eval_accuracy"}
+    assert len(signatures) == 1
+    signature = signatures.pop()
+    assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    out = subprocess.run([str(BIN), "report", str(transformer_run), "--out", str(tmp_path / "R")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"BLEU: sacrebleu signature `{signature}`." in (tmp_path / "R" / "report.md").read_text()
+    assert signature in (tmp_path / "R" / "runs.csv").read_text()
 
 
 def rank_pids(launcher: int) -> list[int]:

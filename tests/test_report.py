@@ -325,3 +325,12 @@ def test_failed_and_resumed_runs_status(tmp_path):
         f.write(json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}}) + "\n")
     run = report.load_run(resumed)
     assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]
+
+
+def test_bleu_under_two_sacrebleu_signatures_is_flagged():
+    """Two tokenisations give incomparable BLEU: the report names both instead of comparing silently."""
+    runs = [report.Run(Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
+            for name, tok in (("a", "13a"), ("b", "intl"))]
+    assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
+    assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
+    assert report.signature_lines([report.Run(Path("c"), {}, [], {})]) == []

@@ -204,6 +204,8 @@ class _Translation:
         where = {c.EPOCH_NUM: self.epoch, c.SAMPLES_COUNT: meta.get("samples"), c.STEP_NUM: meta.get("step")}
         value = event["value"]
         ours = {self.meta.get("metric") or "metric": value, "train_s": meta.get("train_s")}
+        if "sacrebleu_signature" in meta:
+            ours["sacrebleu_signature"] = meta["sacrebleu_signature"]
         self.add("start", c.EVAL_START, None, t_begin, **where)
         self.add("event", c.EVAL_ACCURACY, value / self.scale, t_end, **where, **ours)
         self.add("end", c.EVAL_STOP, None, t_end, **where)

@@ -299,7 +299,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 state["next_eval"] = r + eval_every
                 state["best"] = metric if state["best"] is None else max(state["best"], metric)
                 events.emit("eval_accuracy", metric, **meta, wall_s=round(clock.wall_s, 4),
-                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo))
+                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo),
+                            **workload.eval_metadata())
                 progress.update(r, f"{workload.metric_name}={metric:.4f} loss={loss_value:.3f}", force=True)
                 if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
                     status = "completed"

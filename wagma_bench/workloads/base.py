@@ -63,6 +63,10 @@ class Workload(abc.ABC):
         """Extra per-step fields for this rank's step log (e.g. tokens in the batch); empty by default."""
         return {}
 
+    def eval_metadata(self) -> dict:
+        """Fields every ``eval_accuracy`` event carries besides the value (e.g. how BLEU was computed)."""
+        return {}
+
     @abc.abstractmethod
     def evaluate(self, model: nn.Module, comm: Comm) -> float:
         """The validation metric of ``model`` over the whole validation set (collective: every rank
