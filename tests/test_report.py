@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -198,11 +199,21 @@ def test_wandb_mode_and_group(tmp_path):
     job.mkdir(parents=True)
     assert sweep_group(job) is None
     (job.parent / "multirun.yaml").write_text("{}")
-    assert sweep_group(job) == "2026-01-02_10-11-12"
+    assert re.fullmatch(r"2026-01-02_10-11-12-[0-9a-f]{6}", sweep_group(job))
     slurm_run = tmp_path / "scaling" / "runs" / "allreduce_g8_s1"
     slurm_run.mkdir(parents=True)
     (tmp_path / "scaling" / "manifest.json").write_text("{}")
-    assert sweep_group(slurm_run) == "scaling"
+    assert re.fullmatch(r"scaling-[0-9a-f]{6}", sweep_group(slurm_run))
+    other = tmp_path / "elsewhere" / "scaling" / "runs" / "allreduce_g8_s1"  # same name, another sweep
+    other.mkdir(parents=True)
+    (other.parent.parent / "manifest.json").write_text("{}")
+    assert sweep_group(other) != sweep_group(slurm_run)
+    # --submitit: one Hydra multirun per GPU count in SWEEP/runs/0008gpu, one group for the sweep
+    jobs = [tmp_path / "sub" / "runs" / f"{g:04d}gpu" / "0_wagma_s1" for g in (8, 16)]
+    for j in jobs:
+        j.mkdir(parents=True)
+        (j.parent / "multirun.yaml").write_text("{}")
+    assert sweep_group(jobs[0]) == sweep_group(jobs[1]) and sweep_group(jobs[0]).startswith("sub-")
 
 
 # --- a real run: trainer -> events -> W&B offline, MLLOG lines, report -------------------------------

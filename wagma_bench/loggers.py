@@ -35,7 +35,11 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
         return []
     sinks: list[Sink] = []
     if cfg.logger.wandb is not None:
-        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw))
+        from wagma_bench.workloads import get_workload
+
+        # from the config, not from the first event: after a requeue the first event is run_resume
+        metric = get_workload(cfg.workload.name).metric_of(cfg)
+        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw, metric))
     return sinks
 
 
@@ -88,16 +92,27 @@ def resolve_mode(mode: str, env=os.environ) -> str:
 
 
 def sweep_group(run_dir: Path) -> str | None:
-    """The W&B group of a run: its sweep directory's name when it is one job of a Hydra multirun (Hydra
-    writes ``multirun.yaml`` into the sweep directory, named by date and time) or of a ``wagma-bench
-    sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/``); else none."""
+    """The W&B group of a run: one per sweep, named by the sweep's directory plus a hash of its path (two
+    sweeps named alike, e.g. by date and time on two machines, stay apart); none outside a sweep.
+
+    A sweep is a ``wagma-bench sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/NAME``), a Hydra
+    multirun (``multirun.yaml`` in the sweep directory, named by date and time), or the multiruns of a
+    ``--submitit`` sweep (one per GPU count in ``SWEEP/runs/0008gpu``: the group is ``SWEEP``'s, so
+    GPU counts do not split a sweep)."""
     run_dir = Path(run_dir).resolve()
-    sweep = run_dir.parent
-    if (sweep / "multirun.yaml").exists():
-        return f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
-    if sweep.name == "runs" and (sweep.parent / "manifest.json").exists():
-        return sweep.parent.name
-    return None
+    parent = run_dir.parent
+    if parent.name == "runs" and (parent.parent / "manifest.json").exists():
+        root, name = parent.parent, parent.parent.name
+    elif (parent / "multirun.yaml").exists() and parent.parent.name == "runs":
+        root, name = parent.parent.parent, parent.parent.parent.name
+    elif (parent / "multirun.yaml").exists():
+        root, name = parent, f"{parent.parent.name}_{parent.name}" if parent.parent.name else parent.name
+    else:
+        return None
+    return f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:6]}"
+
+
+ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
 
 
 def init_wandb(base: Path, mode: str, **init_kwargs: Any):
@@ -128,11 +143,12 @@ class WandbSink:
     delay and communication time since the previous event, read from ``steps/rank<R>.jsonl`` (the files
     every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
 
-    def __init__(self, settings, run_dir: Path, config: dict):
-        self.s, self.run_dir, self.config = settings, Path(run_dir), config
+    def __init__(self, settings, run_dir: Path, config: dict, metric: str):
+        self.s, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
         self.mode = resolve_mode(settings.mode)  # a bad mode or a missing key fails before training
         self.run = None
         self._failed = False
+        self._status: str | None = None
         self._offsets: dict[Path, int] = {}
 
     def emit(self, event: dict) -> None:
@@ -161,11 +177,10 @@ class WandbSink:
         if "step" in row and len(row) > 1:
             self.run.log(row)
         if key == "run_stop":
-            self._finish(meta.get("status"))
+            self._summarize(meta.get("status"))
 
     def _start(self, event: dict) -> None:
         meta = event.get("metadata") or {}
-        self._metric = meta.get("metric") or "metric"
         c = self.config
         world = f"_x{meta['world_size']}" if meta.get("world_size") else ""
         name = f"{c['workload']['name']}_{c['optimizer']['name']}{world}_s{c.get('seed')}"
@@ -201,18 +216,36 @@ class WandbSink:
         self._offsets[path] = self._offsets.get(path, 0) + end
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
-    def _finish(self, status: str | None) -> None:
+    def _summarize(self, status: str | None) -> None:
+        """At run_stop: the run's summary as W&B's run summary (the run is finished by :meth:`close`, once
+        the trainer has written summary.json and mllog.txt, which go into the artifact)."""
         summary = summarize(read_jsonl(self.run_dir / EVENTS))
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        self._status = status
+
+    def _log_artifact(self) -> None:
+        """events.jsonl, summary.json and mllog.txt as one artifact of type ``run-files`` (a new version
+        per process of a requeued run; the last one holds the whole run)."""
+        import wandb
+
+        artifact = wandb.Artifact(f"run-files-{self.run.id}", type="run-files",
+                                  metadata={"status": self._status, "run_dir": str(self.run_dir)})
+        for name in ARTIFACT_FILES:
+            if (self.run_dir / name).exists():
+                artifact.add_file(str(self.run_dir / name), name=name)
+        self.run.log_artifact(artifact)
+
+    def close(self) -> None:
+        if self.run is None:
+            return
+        try:
+            self._log_artifact()
+        except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; the files are on disk
+            print(f"wagma-bench: W&B artifact not logged ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
         offline = self.run.settings.mode == "offline"
         where = offline_dir(self.run)
-        self.run.finish(exit_code=0 if status != "failed" else 1)
+        self.run.finish(exit_code=0 if self._status not in ("failed", None) else 1)
         if offline:
             print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)
         self.run = None
-        self._failed = True  # nothing more to log after run_stop
-
-    def close(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+        self._failed = True  # nothing more to log

@@ -330,17 +330,20 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                         eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
             write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
             write_mllog(run_dir)
+        events.close()
         raise
     finally:
         progress.close()
         steps.close()
     events.emit("run_stop", None, status=status, **final)
-    events.close()
+    summary = None
+    if rank == 0:
+        summary = summarize(read_jsonl(run_dir / "events.jsonl"))
+        write_json_atomic(run_dir / SUMMARY, summary)
+        write_mllog(run_dir, echo=cfg.logger.mllog)
+    events.close()  # after the derived files: the W&B mirror logs them as an artifact
     if rank != 0:
         return None
-    summary = summarize(read_jsonl(run_dir / "events.jsonl"))
-    write_json_atomic(run_dir / SUMMARY, summary)
-    write_mllog(run_dir, echo=cfg.logger.mllog)
     if requeue:  # after the summary: the requeue ends this job's steps
         from wagma_bench.slurm_util import requeue_job
 

@@ -23,6 +23,11 @@ class Workload(abc.ABC):
     metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
     sample_unit: ClassVar[str] = "samples"
 
+    @classmethod
+    def metric_of(cls, cfg) -> str:
+        """The name of the evaluation metric a configuration uses, known before the workload is built."""
+        return cls.metric_name
+
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
 
