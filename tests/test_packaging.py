@@ -119,3 +119,18 @@ def test_runs_the_embedded_default_without_any_extra(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert (run_dir / "mllog.txt").exists() and (run_dir / "wagma-bench.log").exists()
+
+
+def readme_images() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text)
+
+
+def test_every_image_the_readme_shows_is_in_the_repository():
+    images = readme_images()
+    assert images
+    for image in images:
+        assert (ROOT / image).is_file(), f"README shows {image}, which does not exist"
+        ignored = subprocess.run(["git", "check-ignore", "-q", image], cwd=ROOT, check=False).returncode == 0
+        assert not ignored, f"README shows {image}, which .gitignore excludes"
+        assert (ROOT / image).stat().st_size < 200_000, f"{image} is large for a README figure"
