@@ -182,6 +182,23 @@ def test_suspend_event_and_a_run_killed_before_its_end(tmp_path):
     assert_compliant(write_mllog(write_events(tmp_path / "run", events)), "4.0.0")
 
 
+def test_ddppo_log_follows_the_common_rules(tmp_path):
+    """MLPerf has no RL benchmark: the official CLI has no rules file for `ddppo` and stops at the open
+    division's list of benchmark names, so the log is checked against training 4.0.0's common rules alone,
+    through the checker's own API."""
+    from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
+
+    start = start_event()
+    start["metadata"].update(workload="ddppo", metric="success")
+    path = write_mllog(write_events(tmp_path / "run", [start, evaluation(2000, 10, 0.5), evaluation(3000, 20, 0.95),
+                                                      event("run_stop", 3500, status="completed", step=20)]))
+    lines, errors = mlp_parser.parse_file(str(path), ruleset="4.0.0")
+    checker = mlp_compliance.make_checker("training", "4.0.0", quiet=False, werror=True)
+    checker.configured_checks(lines, str(Path(mlp_compliance.__file__).parent / "training_4.0.0" / "common.yaml"))
+    assert not errors and not checker.has_messages(), (checker.overwritable, checker.not_overwritable)
+    assert {r.key: r.value for r in mllog_records(read_jsonl(path.parent / EVENTS))}["submission_benchmark"] == "ddppo"
+
+
 def test_submission_keys_come_from_the_config(tmp_path):
     start = start_event()
     start["metadata"]["config"]["logger"] = {"submission": {"org": "SPCL", "platform": "daint-p100x64",
