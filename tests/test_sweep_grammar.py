@@ -38,3 +38,13 @@ def test_interval_cannot_be_enumerated(tmp_path):
     out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "train.lr=interval(0.01,0.1)")
     assert out.returncode == 2 and "interval()" in out.stderr and "range(), choice()" in out.stderr
     assert runs == []
+
+
+def test_cfg_job_prints_every_runs_composed_configuration(tmp_path):
+    out = subprocess.run([str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=choice(wagma,sgp)", "seed=range(1,3)",
+                          "--cfg", "job"], capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    headers = [line for line in out.stdout.splitlines() if line.startswith("# run ")]
+    assert [h.split()[2] for h in headers] == ["0004gpu_wagma_s1", "0004gpu_wagma_s2", "0004gpu_sgp_s1", "0004gpu_sgp_s2"]
+    assert "\nseed: 2\n" in out.stdout and "  name: sgp\n" in out.stdout
+    assert not list(tmp_path.iterdir())  # nothing rendered

@@ -2,7 +2,7 @@
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager experiment=paper_resnet50 \\
-        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit] [--out DIR] [--no-array]
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
     wagma-bench sweep submit DIR        submit a rendered sweep
     wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
     wagma-bench sweep wait DIR          poll until every job has ended (squeue-like polling, not sbatch --wait)
@@ -276,6 +276,17 @@ def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
             if not re.fullmatch(r"-?\d+", seed):
                 raise ConfigError(f"run {run.name}: seed must be an integer, got {seed!r}")
+
+
+def print_configs(spec: SweepSpec, runs: list[Run]) -> None:
+    """Each run's composed configuration (Hydra's ``--cfg job`` view), headed by its name and overrides."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        for run in runs:
+            overrides = spec.common + spec.cluster.run_overrides + run.overrides
+            cfg = compose(config_name="wagma", overrides=overrides)
+            print(f"# run {run.name} ({run.gpus} GPUs): {' '.join(overrides)}\n{OmegaConf.to_yaml(cfg)}")
 
 
 # --- rendering ------------------------------------------------------------------------------------------
@@ -569,6 +580,12 @@ def _main(argv: list[str]) -> int:
             rows = wait(sweep_dir) if argv[0] == "wait" else status(sweep_dir)
             print(format_rows(rows))
         return 0
+    show_cfg = "--cfg" in argv
+    if show_cfg:  # `--cfg job`, as `wagma-bench run --cfg job`: print what each run composes, render nothing
+        i = argv.index("--cfg")
+        if argv[i + 1:i + 2] != ["job"]:
+            raise ConfigError("--cfg takes `job` (the composed configuration of every run of the sweep)")
+        argv = argv[:i] + argv[i + 2:]
     flags = {a for a in argv if a.startswith("--") and "=" not in a}
     args = [a for a in argv if not a.startswith("--")]
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
@@ -581,6 +598,9 @@ def _main(argv: list[str]) -> int:
         raise ConfigError(f"unknown or conflicting flags {sorted(flags)}; use --dry-run or --submit, --no-array, "
                           "--out DIR")
     spec = parse_spec(args)
+    if show_cfg:
+        print_configs(spec, expand(spec))
+        return 0
     if "--submitit" in flags:
         validate_runs(spec, expand(spec))
         for gpus in spec.gpus:
