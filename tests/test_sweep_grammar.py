@@ -1,4 +1,5 @@
-"""`wagma-bench sweep` reads its arguments with Hydra's override parser: the sweep grammar of `run -m`."""
+"""`wagma-bench sweep` and `simulate` read their arguments with Hydra's override parser: the sweep grammar of
+`run -m`, and the same names as `run`."""
 
 from __future__ import annotations
 
@@ -48,3 +49,28 @@ def test_cfg_job_prints_every_runs_composed_configuration(tmp_path):
     assert [h.split()[2] for h in headers] == ["0004gpu_wagma_s1", "0004gpu_wagma_s2", "0004gpu_sgp_s1", "0004gpu_sgp_s2"]
     assert "\nseed: 2\n" in out.stdout and "  name: sgp\n" in out.stdout
     assert not list(tmp_path.iterdir())  # nothing rendered
+
+
+def simulate(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = subprocess.run([str(BIN), "simulate", *args, "steps=22", "--out", str(tmp_path / "sim")],
+                         capture_output=True, text=True, timeout=300, check=False)
+    predictions = tmp_path / "sim" / "predictions.json"
+    return out, json.loads(predictions.read_text()) if predictions.exists() else []
+
+
+def test_simulate_takes_runs_names(tmp_path):
+    """`simulate` names workloads as `run` does (workload=resnet data=imagenet is the ResNet-50 preset)."""
+    out, rows = simulate(tmp_path, "workload=resnet", "data=imagenet", "gpus=64,1024", "optimizer=allreduce,wagma")
+    assert out.returncode == 0, out.stderr
+    assert [(r["optimizer"], r["world_size"], r["workload"]) for r in rows] == [
+        (o, p, "resnet50") for p in (64, 1024) for o in ("allreduce", "wagma")]
+
+
+def test_simulate_takes_hydras_sweep_grammar(tmp_path):
+    out, rows = simulate(tmp_path, "workload=resnet", "gpus=range(8,17,8)",
+                         "optimizer=choice(allreduce,wagma)")
+    assert out.returncode == 0, out.stderr
+    assert [(r["optimizer"], r["world_size"], r["workload"]) for r in rows] == [
+        (o, p, "resnet20") for p in (8, 16) for o in ("allreduce", "wagma")]  # data defaults as in `run`
+    out, _ = simulate(tmp_path, "workload=transformer", "gpus=8")
+    assert out.returncode == 2 and "no simulate preset for workload=transformer" in out.stderr
