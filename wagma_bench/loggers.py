@@ -176,7 +176,7 @@ class WandbSink:
             row.update(self._rank_step_times())
         if "step" in row and len(row) > 1:
             self.run.log(row)
-        if key == "run_stop":
+        if key in ("run_stop", "run_suspend"):  # run_suspend: a preempted process that will be resumed
             self._summarize(meta.get("status"))
 
     def _start(self, event: dict) -> None:
