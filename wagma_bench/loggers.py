@@ -242,10 +242,13 @@ class WandbSink:
             self._log_artifact()
         except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; the files are on disk
             print(f"wagma-bench: W&B artifact not logged ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
-        offline = self.run.settings.mode == "offline"
-        where = offline_dir(self.run)
-        self.run.finish(exit_code=0 if self._status not in ("failed", None) else 1)
+        run, self.run, self._failed = self.run, None, True  # nothing more to log
+        try:
+            offline, where = run.settings.mode == "offline", offline_dir(run)
+            run.finish(exit_code=0 if self._status not in ("failed", None) else 1)
+        except Exception as err:  # noqa: BLE001 -- also called while a failed run unwinds: never mask its error
+            print(f"wagma-bench: W&B run not finished cleanly ({type(err).__name__}: {err})", file=sys.stderr,
+                  flush=True)
+            return
         if offline:
             print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)
-        self.run = None
-        self._failed = True  # nothing more to log

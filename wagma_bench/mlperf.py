@@ -279,3 +279,14 @@ def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
             handler.close()
     os.replace(tmp, path)
     return path
+
+
+def try_write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
+    """:func:`write_mllog` for the end of a run: a failure only warns. The MLPerf log is derived, and it
+    must neither fail a finished run nor hide the error of a failed one; ``report --mllog`` rewrites it."""
+    try:
+        return write_mllog(run_dir, echo)
+    except Exception as err:  # noqa: BLE001
+        print(f"wagma-bench: {MLLOG} not written ({type(err).__name__}: {err}); the events are in "
+              f"{Path(run_dir) / EVENTS}", file=sys.stderr, flush=True)
+        return None

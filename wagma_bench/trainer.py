@@ -27,7 +27,7 @@ from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
 from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
 from wagma_bench.imbalance import make_imbalance
-from wagma_bench.mlperf import write_mllog
+from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.schedules import lr_at, peak_lr
@@ -329,7 +329,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                         step=algo.round, train_s=round(clock.train_s, 4), wall_s=round(clock.wall_s, 4),
                         eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
             write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
-            write_mllog(run_dir)
+            try_write_mllog(run_dir)
         events.close()
         raise
     finally:
@@ -340,7 +340,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     if rank == 0:
         summary = summarize(read_jsonl(run_dir / "events.jsonl"))
         write_json_atomic(run_dir / SUMMARY, summary)
-        write_mllog(run_dir, echo=cfg.logger.mllog)
+        try_write_mllog(run_dir, echo=cfg.logger.mllog)
     events.close()  # after the derived files: the W&B mirror logs them as an artifact
     if rank != 0:
         return None
