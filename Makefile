@@ -5,6 +5,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 FAIRSEQ := $(VENV)/.fairseq-0.12.3.1
 ARGS   ?= workload=resnet optimizer=wagma
+EXTRAS := dev,mpi,wandb,transformer,ddppo
 
 .PHONY: setup sysdeps run test test-long lint
 setup: $(STAMP)
@@ -21,14 +22,14 @@ sysdeps:
 	slurm/local/slurmctl.sh install
 
 # torch/torchvision first: the exact builds on this machine's disk (pip would otherwise pull a second
-# multi-GB build). The project itself is installed editable with its dev extras.
+# multi-GB build). The project itself is installed editable with every extra the test suite uses.
 $(STAMP): pyproject.toml
 	$(MAKE) --no-print-directory sysdeps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(MAKE) --no-print-directory $(FAIRSEQ)
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[$(EXTRAS)]'
 	touch $@
 
 # fairseq (workload=transformer): fairseq-fixed is fairseq 0.12.2 with the fix that lets it import on

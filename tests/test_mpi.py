@@ -50,6 +50,9 @@ def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
     assert "mpiexec -n 2" in out.stdout
     summary = _summary(tmp_path)
     assert summary["status"] == "completed" and summary["world_size"] == 2
+    # which MPI library the ranks loaded (on a cluster: the system MPI, not the wheel), printed and recorded
+    assert f"wagma-bench: MPI library: {summary['versions']['mpi']}" in out.stdout
+    assert "MPICH" in summary["versions"]["mpi"]  # here: the mpich wheel of the [mpi] extra
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 Hand-written runs with known numbers check the statistics exactly; one real 2-rank run (module-scoped,
 shared by the tests that need it) checks the path from the trainer's files to the report, W&B offline
-and the ``:::MLLOG`` lines.
+and the ``:::MLLOG`` lines printed with ``logger.mllog=true``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from wagma_bench import plots, report
 from wagma_bench.events import summarize, write_json_atomic
-from wagma_bench.loggers import has_api_key, mllog_records, resolve_mode, sweep_group
+from wagma_bench.loggers import has_api_key, resolve_mode, sweep_group
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,30 +199,21 @@ def test_wandb_mode_and_group(tmp_path):
     job.mkdir(parents=True)
     assert sweep_group(job) is None
     (job.parent / "multirun.yaml").write_text("{}")
-    assert sweep_group(job) == "2026-01-02_10-11-12"
+    assert re.fullmatch(r"2026-01-02_10-11-12-[0-9a-f]{6}", sweep_group(job))
     slurm_run = tmp_path / "scaling" / "runs" / "allreduce_g8_s1"
     slurm_run.mkdir(parents=True)
     (tmp_path / "scaling" / "manifest.json").write_text("{}")
-    assert sweep_group(slurm_run) == "scaling"
-
-
-def test_mllog_records():
-    start = {"key": "run_start", "value": None, "time_ms": 1000.5, "metadata": {
-        "workload": "resnet", "world_size": 8, "hosts": ["a", "b"], "seed": 3, "global_batch_size": 256,
-        "train_samples": 4500, "target": 0.9, "config": {"big": 1}}}
-    recs = mllog_records(start)
-    assert [r["key"] for r in recs] == ["submission_benchmark", "number_of_nodes", "accelerators_per_node",
-                                        "seed", "global_batch_size", "train_samples", "run_start"]
-    assert [r["value"] for r in recs[:6]] == ["resnet", 2, 4, 3, 256, 4500]
-    assert recs[-1]["event_type"] == "INTERVAL_START" and "config" not in recs[-1]["metadata"]
-    assert list(recs[-1]) == ["namespace", "time_ms", "event_type", "key", "value", "metadata"]
-    assert recs[-1]["time_ms"] == 1000
-    ev = mllog_records({"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": {"epoch": 1.5}})[0]
-    assert ev["metadata"]["epoch_num"] == 1.5 and ev["event_type"] == "POINT_IN_TIME"
-    stop = {"key": "run_stop", "value": None, "time_ms": 2, "metadata": {"status": "completed"}}
-    assert mllog_records(stop, reached=True)[0]["metadata"]["status"] == "success"
-    assert mllog_records(stop, reached=False)[0]["metadata"] == {"status": "aborted", "run_status": "completed"}
-    assert mllog_records(stop, reached=False)[0]["event_type"] == "INTERVAL_END"
+    assert re.fullmatch(r"scaling-[0-9a-f]{6}", sweep_group(slurm_run))
+    other = tmp_path / "elsewhere" / "scaling" / "runs" / "allreduce_g8_s1"  # same name, another sweep
+    other.mkdir(parents=True)
+    (other.parent.parent / "manifest.json").write_text("{}")
+    assert sweep_group(other) != sweep_group(slurm_run)
+    # --submitit: one Hydra multirun per GPU count in SWEEP/runs/0008gpu, one group for the sweep
+    jobs = [tmp_path / "sub" / "runs" / f"{g:04d}gpu" / "0_wagma_s1" for g in (8, 16)]
+    for j in jobs:
+        j.mkdir(parents=True)
+        (j.parent / "multirun.yaml").write_text("{}")
+    assert sweep_group(jobs[0]) == sweep_group(jobs[1]) and sweep_group(jobs[0]).startswith("sub-")
 
 
 # --- a real run: trainer -> events -> W&B offline, MLLOG lines, report -------------------------------
@@ -296,11 +288,12 @@ def test_real_run_wandb_offline_under_run_dir(real_run):
 
 @pytest.mark.slow
 def test_real_run_mllog_lines(real_run):
-    recs = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in real_run["stdout"].splitlines()
-            if line.startswith(":::MLLOG ")]
+    """logger.mllog=true prints the MLPerf log that the run writes to RUN_DIR/mllog.txt."""
+    printed = [line for line in real_run["stdout"].splitlines() if line.startswith(":::MLLOG ")]
+    assert printed == (real_run["dir"] / "mllog.txt").read_text().splitlines()
+    recs = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in printed]
     keys = [r["key"] for r in recs]
-    for key in ("seed", "global_batch_size", "train_samples", "number_of_nodes", "accelerators_per_node",
-                "run_start", "eval_accuracy", "run_stop"):
+    for key in ("seed", "global_batch_size", "train_samples", "eval_samples", "run_start", "eval_accuracy", "run_stop"):
         assert key in keys, key
     assert keys.index("global_batch_size") < keys.index("run_start") < keys.index("eval_accuracy") < keys.index("run_stop")
     by_key = {r["key"]: r for r in recs}
@@ -331,21 +324,6 @@ def test_real_run_summary_and_report(real_run, tmp_path):
     assert len(list((out / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 and listener.connections == 0
 
 
-def test_mllog_status_after_resume(tmp_path):
-    """A requeued run's new process learns the target, and that it was reached, from events.jsonl."""
-    import io
-
-    from wagma_bench.loggers import MllogSink
-
-    d = write_run(tmp_path / "run", "wagma", 1, reach_at(5.0))
-    out = io.StringIO()
-    sink = MllogSink(stream=out, run_dir=d)
-    sink.emit({"key": "run_resume", "value": None, "time_ms": 1, "metadata": {"step": 50}})
-    sink.emit({"key": "run_stop", "value": None, "time_ms": 2, "metadata": {"status": "completed"}})
-    last = json.loads(out.getvalue().splitlines()[-1].split(":::MLLOG ", 1)[1])
-    assert last["key"] == "run_stop" and last["metadata"]["status"] == "success"
-
-
 def test_failed_and_resumed_runs_status(tmp_path):
     """The launcher's summary.json names a failure the events miss; a resume after run_stop reopens a run."""
     failed = write_run(tmp_path / "failed", "wagma", 1, reach_at(None)[:1], crashed=True)
@@ -358,3 +336,12 @@ def test_failed_and_resumed_runs_status(tmp_path):
         f.write(json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}}) + "\n")
     run = report.load_run(resumed)
     assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]
+
+
+def test_bleu_under_two_sacrebleu_signatures_is_flagged():
+    """Two tokenisations give incomparable BLEU: the report names both instead of comparing silently."""
+    runs = [report.Run(Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
+            for name, tok in (("a", "13a"), ("b", "intl"))]
+    assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
+    assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
+    assert report.signature_lines([report.Run(Path("c"), {}, [], {})]) == []

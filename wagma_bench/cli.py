@@ -9,7 +9,7 @@ from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-USAGE = """usage: wagma-bench COMMAND [ARGS]
+USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
 
 commands:
   run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from wagma_bench import __version__
+
+        print(f"wagma-bench {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
@@ -50,8 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there.
+NOT_RUN_GROUPS = ("cluster", "hydra")
+
+
 def run_command(overrides: list[str]) -> int:
     """Compose the config with Hydra (run dir, multirun, launcher plugins) and run it."""
+    if "--help" in overrides or "-h" in overrides:
+        print(run_help([o for o in overrides if o not in ("--help", "-h")]))
+        return 0
     import hydra
 
     from wagma_bench.launch import detect_world
@@ -66,6 +78,25 @@ def run_command(overrides: list[str]) -> int:
     return 0
 
 
+def run_help(overrides: list[str]) -> str:
+    """Hydra's application help, listing only the groups `run` composes (Hydra's own would list every
+    folder of conf/, `cluster` included), with the configuration the overrides compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        cfg = compose(config_name="wagma", overrides=overrides)
+        loader = GlobalHydra.instance().config_loader()
+        groups = [g for g in sorted(loader.list_groups("")) if g not in NOT_RUN_GROUPS]
+        listing = "\n".join(f"{g}: {', '.join(loader.get_group_options(g))}" for g in groups)
+    return (f"wagma-bench run: train one configuration (Hydra overrides; -m sweeps them locally).\n\n"
+            f"== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
+            f"{listing}\n\n== Config ==\nOverride anything in the config (foo.bar=value)\n\n"
+            f"{OmegaConf.to_yaml(cfg)}\n"
+            f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
+
+
 def _fail(message: str, code: int) -> None:
     print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
@@ -77,6 +108,7 @@ def _run_job(cfg) -> dict | None:
 
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.events import finalize
+    from wagma_bench.extras import check_extras
     from wagma_bench.launch import (
         RunFailed,
         check_backend_here,
@@ -89,6 +121,7 @@ def _run_job(cfg) -> dict | None:
 
     try:
         run_cfg = validate(cfg)
+        check_extras(run_cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
         check_backend_here(run_cfg)
     except (ConfigError, ValueError) as err:

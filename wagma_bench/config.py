@@ -103,10 +103,31 @@ class WandbConfig:
 
 
 @dataclass
+class SubmissionConfig:
+    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/mlperf.py)."""
+
+    org: str = "wagma-bench"              # submission_org: who ran it
+    platform: str = "unknown"             # submission_platform: the system (e.g. "daint-p100x64")
+    division: str = "open"                # closed | open (our optimizers change the training: open)
+    status: str = "research"              # cloud | onprem | preview | research
+    poc_name: str = ""                    # point of contact (optional)
+    poc_email: str = ""
+
+    def __post_init__(self):
+        for name, allowed in (("division", ("closed", "open")), ("status", ("cloud", "onprem", "preview", "research"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"logger.submission.{name}={getattr(self, name)!r} is not valid; "
+                                  f"choose one of: {', '.join(allowed)}")
+        if not self.org or not self.platform:
+            raise ConfigError("logger.submission.org and logger.submission.platform must not be empty")
+
+
+@dataclass
 class LoggerConfig:
     progress: str = "auto"
     log_every_s: float = 10.0
-    mllog: bool = False
+    mllog: bool = False                # also print the MLPerf log (RUN_DIR/mllog.txt) to stdout at the end
+    submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     wandb: WandbConfig | None = None   # set by logger=wandb
 
 

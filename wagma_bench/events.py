@@ -3,7 +3,8 @@
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
-atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure.
+atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure; so is
+the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
 """
 
 from __future__ import annotations
@@ -47,18 +48,17 @@ def read_jsonl(path: Path) -> list[dict]:
 class EventLog:
     """Append-only event log of rank 0 (other ranks hold a disabled one).
 
-    Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (MLPerf lines, W&B;
-    see :mod:`wagma_bench.loggers`), which only mirror it.
+    Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
+    :mod:`wagma_bench.loggers`), which only mirror it. The MLPerf log is derived from the file at the end
+    (:mod:`wagma_bench.mlperf`).
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, mllog: bool = False, sinks: Iterable = ()):
-        from wagma_bench.loggers import MllogSink
-
+    def __init__(self, run_dir: Path, enabled: bool, sinks: Iterable = ()):
         self.enabled = enabled
         self.path = run_dir / EVENTS
         # open for the whole run, closed by close()
         self._f = open(self.path, "a") if enabled else None  # noqa: SIM115
-        self.sinks = (list(sinks) + ([MllogSink()] if mllog else [])) if enabled else []
+        self.sinks = list(sinks) if enabled else []
 
     @classmethod
     def for_run(cls, cfg, run_dir: Path, rank: int) -> EventLog:
@@ -170,4 +170,7 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(run_dir / SUMMARY, summary)
+    from wagma_bench.mlperf import try_write_mllog  # derived from the events too; imports mlperf_logging
+
+    try_write_mllog(run_dir)
     return summary

@@ -2,7 +2,6 @@
 
 The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere:
 
-- :class:`MllogSink` prints each event as an MLPerf ``:::MLLOG {json}`` line (``logger.mllog=true``);
 - :class:`WandbSink` logs evaluations, progress and the final summary to Weights & Biases
   (``logger=wandb``), offline when no API key is configured.
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import netrc
 import os
 import sys
@@ -36,86 +34,13 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
     if rank != 0:
         return []
     sinks: list[Sink] = []
-    if cfg.logger.mllog:
-        sinks.append(MllogSink(run_dir=run_dir))
     if cfg.logger.wandb is not None:
-        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw))
+        from wagma_bench.workloads import get_workload
+
+        # from the config, not from the first event: after a requeue the first event is run_resume
+        metric = get_workload(cfg.workload.name).metric_of(cfg)
+        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw, metric))
     return sinks
-
-
-# --- MLPerf logging --------------------------------------------------------------------------------
-
-# Our event keys and MLPerf's event types: run_start/run_stop delimit the timed interval.
-_EVENT_TYPES = {"run_start": "INTERVAL_START", "run_stop": "INTERVAL_END"}
-# Values MLPerf's checkers expect as separate POINT_IN_TIME events before run_start.
-_RUN_INFO_KEYS = ("seed", "global_batch_size", "train_samples")
-
-
-def mllog_record(key: str, value: Any, time_ms: float, metadata: dict, event_type: str | None = None) -> dict:
-    """One event in the field order of ``mlperf_logging.mllog`` (namespace, time_ms, event_type, key, value,
-    metadata); ``time_ms`` is integer milliseconds since the epoch as MLPerf writes it."""
-    return {"namespace": "", "time_ms": int(time_ms), "event_type": event_type or _EVENT_TYPES.get(key, "POINT_IN_TIME"),
-            "key": key, "value": value, "metadata": metadata}
-
-
-def mllog_records(event: dict, reached: bool | None = None) -> list[dict]:
-    """The MLPerf events for one of our events.
-
-    - ``run_start`` is preceded by ``submission_benchmark``, ``seed``, ``global_batch_size``,
-      ``train_samples``, ``number_of_nodes`` and ``accelerators_per_node`` as POINT_IN_TIME events (MLPerf
-      keeps the last two in its system description; we log them so that one log holds everything). The
-      full resolved config stays in ``events.jsonl`` only.
-    - ``eval_accuracy`` carries MLPerf's ``epoch_num`` metadata.
-    - ``run_stop`` carries MLPerf's ``status``: ``success`` when the target was reached (or, for a run
-      without a target, when it completed), ``aborted`` otherwise; our own status is kept as ``run_status``.
-    """
-    key, meta, t = event["key"], dict(event.get("metadata") or {}), event["time_ms"]
-    out = []
-    if key == "run_start":
-        hosts = meta.get("hosts") or []
-        nodes = max(1, len(hosts))
-        world = meta.get("world_size") or 1
-        info = {"submission_benchmark": meta.get("workload"), "number_of_nodes": nodes,
-                # ranks per node: one rank drives one accelerator (GPU) or one CPU process group
-                "accelerators_per_node": math.ceil(world / nodes)}
-        info.update({k: meta.get(k) for k in _RUN_INFO_KEYS})
-        out += [mllog_record(k, v, t, {}) for k, v in info.items()]
-        meta.pop("config", None)
-    elif key == "eval_accuracy":
-        meta.setdefault("epoch_num", meta.get("epoch"))
-    elif key == "run_stop":
-        ours = meta.pop("status", None)
-        ok = reached if reached is not None else ours == "completed"
-        meta = {"status": "success" if ok else "aborted", "run_status": ours, **meta}
-    out.append(mllog_record(key, event.get("value"), t, meta))
-    return out
-
-
-class MllogSink:
-    """Prints ``:::MLLOG {json}`` lines that ``mlperf_logging``'s parsers read."""
-
-    def __init__(self, stream=None, run_dir: Path | None = None):
-        self.stream = stream or sys.stdout
-        self.run_dir = run_dir
-        self._target: float | None = None
-        self._reached: bool | None = None
-
-    def emit(self, event: dict) -> None:
-        if event["key"] == "run_start":
-            self._target = event["metadata"].get("target")
-            self._reached = False if self._target is not None else None
-        elif event["key"] == "run_resume" and self.run_dir is not None:
-            # a new process after a requeue: the target and whether it was reached are in the log
-            before = summarize(read_jsonl(self.run_dir / EVENTS))
-            self._target = before["target"]
-            self._reached = before["reached"] if self._target is not None else None
-        elif event["key"] == "eval_accuracy" and self._target is not None and event["value"] is not None:
-            self._reached = self._reached or event["value"] >= self._target
-        for record in mllog_records(event, self._reached):
-            print(":::MLLOG " + json.dumps(record), file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
 
 
 # --- Weights & Biases ------------------------------------------------------------------------------
@@ -167,16 +92,27 @@ def resolve_mode(mode: str, env=os.environ) -> str:
 
 
 def sweep_group(run_dir: Path) -> str | None:
-    """The W&B group of a run: its sweep directory's name when it is one job of a Hydra multirun (Hydra
-    writes ``multirun.yaml`` into the sweep directory, named by date and time) or of a ``wagma-bench
-    sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/``); else none."""
+    """The W&B group of a run: one per sweep, named by the sweep's directory plus a hash of its path (two
+    sweeps named alike, e.g. by date and time on two machines, stay apart); none outside a sweep.
+
+    A sweep is a ``wagma-bench sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/NAME``), a Hydra
+    multirun (``multirun.yaml`` in the sweep directory, named by date and time), or the multiruns of a
+    ``--submitit`` sweep (one per GPU count in ``SWEEP/runs/0008gpu``: the group is ``SWEEP``'s, so
+    GPU counts do not split a sweep)."""
     run_dir = Path(run_dir).resolve()
-    sweep = run_dir.parent
-    if (sweep / "multirun.yaml").exists():
-        return f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
-    if sweep.name == "runs" and (sweep.parent / "manifest.json").exists():
-        return sweep.parent.name
-    return None
+    parent = run_dir.parent
+    if parent.name == "runs" and (parent.parent / "manifest.json").exists():
+        root, name = parent.parent, parent.parent.name
+    elif (parent / "multirun.yaml").exists() and parent.parent.name == "runs":
+        root, name = parent.parent.parent, parent.parent.parent.name
+    elif (parent / "multirun.yaml").exists():
+        root, name = parent, f"{parent.parent.name}_{parent.name}" if parent.parent.name else parent.name
+    else:
+        return None
+    return f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:6]}"
+
+
+ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
 
 
 def init_wandb(base: Path, mode: str, **init_kwargs: Any):
@@ -207,11 +143,12 @@ class WandbSink:
     delay and communication time since the previous event, read from ``steps/rank<R>.jsonl`` (the files
     every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
 
-    def __init__(self, settings, run_dir: Path, config: dict):
-        self.s, self.run_dir, self.config = settings, Path(run_dir), config
+    def __init__(self, settings, run_dir: Path, config: dict, metric: str):
+        self.s, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
         self.mode = resolve_mode(settings.mode)  # a bad mode or a missing key fails before training
         self.run = None
         self._failed = False
+        self._status: str | None = None
         self._offsets: dict[Path, int] = {}
 
     def emit(self, event: dict) -> None:
@@ -239,12 +176,11 @@ class WandbSink:
             row.update(self._rank_step_times())
         if "step" in row and len(row) > 1:
             self.run.log(row)
-        if key == "run_stop":
-            self._finish(meta.get("status"))
+        if key in ("run_stop", "run_suspend"):  # run_suspend: a preempted process that will be resumed
+            self._summarize(meta.get("status"))
 
     def _start(self, event: dict) -> None:
         meta = event.get("metadata") or {}
-        self._metric = meta.get("metric") or "metric"
         c = self.config
         world = f"_x{meta['world_size']}" if meta.get("world_size") else ""
         name = f"{c['workload']['name']}_{c['optimizer']['name']}{world}_s{c.get('seed')}"
@@ -280,18 +216,39 @@ class WandbSink:
         self._offsets[path] = self._offsets.get(path, 0) + end
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
-    def _finish(self, status: str | None) -> None:
+    def _summarize(self, status: str | None) -> None:
+        """At run_stop: the run's summary as W&B's run summary (the run is finished by :meth:`close`, once
+        the trainer has written summary.json and mllog.txt, which go into the artifact)."""
         summary = summarize(read_jsonl(self.run_dir / EVENTS))
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
-        offline = self.run.settings.mode == "offline"
-        where = offline_dir(self.run)
-        self.run.finish(exit_code=0 if status != "failed" else 1)
-        if offline:
-            print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)
-        self.run = None
-        self._failed = True  # nothing more to log after run_stop
+        self._status = status
+
+    def _log_artifact(self) -> None:
+        """events.jsonl, summary.json and mllog.txt as one artifact of type ``run-files`` (a new version
+        per process of a requeued run; the last one holds the whole run)."""
+        import wandb
+
+        artifact = wandb.Artifact(f"run-files-{self.run.id}", type="run-files",
+                                  metadata={"status": self._status, "run_dir": str(self.run_dir)})
+        for name in ARTIFACT_FILES:
+            if (self.run_dir / name).exists():
+                artifact.add_file(str(self.run_dir / name), name=name)
+        self.run.log_artifact(artifact)
 
     def close(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+        if self.run is None:
+            return
+        try:
+            self._log_artifact()
+        except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; the files are on disk
+            print(f"wagma-bench: W&B artifact not logged ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+        run, self.run, self._failed = self.run, None, True  # nothing more to log
+        try:
+            offline, where = run.settings.mode == "offline", offline_dir(run)
+            run.finish(exit_code=0 if self._status not in ("failed", None) else 1)
+        except Exception as err:  # noqa: BLE001 -- also called while a failed run unwinds: never mask its error
+            print(f"wagma-bench: W&B run not finished cleanly ({type(err).__name__}: {err})", file=sys.stderr,
+                  flush=True)
+            return
+        if offline:
+            print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)

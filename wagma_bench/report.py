@@ -51,6 +51,7 @@ class Run:
     evals: list[dict]               # {step, train_s, wall_s, value} per evaluation
     summary: dict                   # events.summarize() of its events; status from summary.json when present
     problems: list[str] = field(default_factory=list)  # why the run is marked half-written
+    signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
 
     @property
     def partial(self) -> bool:
@@ -119,7 +120,9 @@ def load_run(path: Path) -> Run:
     evals = [{"step": e["metadata"].get("step"), "train_s": e["metadata"].get("train_s"),
               "wall_s": e["metadata"].get("wall_s"), "value": e["value"]}
              for e in events if e.get("key") == "eval_accuracy" and e.get("value") is not None]
-    return Run(path, meta, evals, summary, problems)
+    signature = next((e["metadata"]["sacrebleu_signature"] for e in reversed(events)
+                      if e.get("key") == "eval_accuracy" and "sacrebleu_signature" in e.get("metadata", {})), None)
+    return Run(path, meta, evals, summary, problems, signature)
 
 
 def _newer(a: Path, b: Path) -> bool:
@@ -229,7 +232,7 @@ def run_rows(runs: Sequence[Run], root: Path | None = None) -> list[dict]:
                      "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("steps"),
                      "final_metric": s.get("final_metric"), "best_metric": s.get("best_metric"),
                      "throughput": s.get("throughput_samples_per_s"), "train_s": s.get("train_s"),
-                     "restarts": s.get("restarts"), "problems": "; ".join(r.problems)})
+                     "restarts": s.get("restarts"), "problems": "; ".join(r.problems), "signature": r.signature})
     return rows
 
 
@@ -476,6 +479,7 @@ def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[Run], so
                   markdown_table(g.comparison, COMPARISON_COLUMNS), ""]
         rules = sorted({r["olympic_rule"] for r in g.comparison})
         lines += [f"Olympic mean: {'; '.join(rules)}.", ""]
+        lines += signature_lines(g.runs)
         captions = {"metric": "Validation metric against training time and steps (median over seeds, band "
                               "min–max).",
                     "time_to_target": "Time to target per series (bar: median; whiskers: min–max of the seeds "
@@ -500,6 +504,18 @@ def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[Run], so
                   "These directories hold an `events.jsonl` without a readable `run_start` event.", ""]
         lines += [f"- `{r.path}`: {'; '.join(r.problems)}" for r in unreadable] + [""]
     return "\n".join(lines)
+
+
+def signature_lines(runs: Sequence[Run]) -> list[str]:
+    """How the group's BLEU was computed (sacrebleu's signature); values under two signatures differ in
+    tokenisation or smoothing, so the report says so instead of comparing them silently."""
+    signatures = sorted({r.signature for r in runs if r.signature})
+    if not signatures:
+        return []
+    if len(signatures) == 1:
+        return [f"BLEU: sacrebleu signature `{signatures[0]}`.", ""]
+    listed = "; ".join(f"`{s}`" for s in signatures)
+    return [f"BLEU: **{len(signatures)} different sacrebleu signatures**, values are not comparable: {listed}.", ""]
 
 
 def write_csv(rows: Sequence[dict], path: Path) -> None:
@@ -576,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
     parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
+    parser.add_argument("--mllog", action="store_true",
+                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
     parser.add_argument("--wandb-project", default="wagma-bench")
     parser.add_argument("--wandb-entity", default=None)
     parser.add_argument("--wandb-group", default=None)
@@ -587,6 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 2
+    if args.mllog:
+        from wagma_bench.mlperf import write_mllog
+
+        written = [p for p in (write_mllog(r.path) for g in groups for r in g.runs) if p]
+        print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")
     n_runs = sum(len(g.runs) for g in groups)
     marked = sum(r.partial for g in groups for r in g.runs)
     print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"

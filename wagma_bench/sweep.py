@@ -2,14 +2,16 @@
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager experiment=paper_resnet50 \\
-        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit] [--out DIR] [--no-array]
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
     wagma-bench sweep submit DIR        submit a rendered sweep
     wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
     wagma-bench sweep wait DIR          poll until every job has ended (squeue-like polling, not sbatch --wait)
 
 Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` (change one profile field),
 ``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
-one with comma-separated values is a sweep axis. Every combination is composed with Hydra and checked by
+one with several values is a sweep axis. Arguments are read by Hydra's own override parser, so the sweep
+grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
+``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
 :func:`wagma_bench.config.validate` before anything is written, so a bad option fails at once.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
@@ -144,36 +146,80 @@ def split_values(value: str) -> list[str]:
     return [v.strip() for v in out if v.strip()]
 
 
+def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
+    """Each argument as (key, values), read with Hydra's own override parser and sweep grammar, the one
+    ``wagma-bench run -m`` reads: ``a,b``, ``choice(a,b)``, ``range(1,4)``, ``glob(*)`` over a group's
+    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except HydraException as err:
+        raise ConfigError(f"cannot parse the overrides: {err}") from None
+    parsed, globs = [], [o for o in overrides if o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP"]
+    with _config_loader(bool(globs)) as loader:
+        for o in overrides:
+            if o.is_interval_sweep():
+                raise ConfigError(f"{o.input_line}: interval() is a continuous range for an optimizing sweeper; "
+                                  "a sweep enumerates its runs: use range(), choice() or a,b,c")
+            o.config_loader = loader
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            if not values:
+                raise ConfigError(f"{o.input_line} matches no value")
+            parsed.append((o.get_key_element(), values))
+    return parsed
+
+
+class _config_loader:
+    """Hydra's config loader over conf/ (glob() lists a group's options through it), only when needed."""
+
+    def __init__(self, needed: bool):
+        self.needed, self._init = needed, None
+
+    def __enter__(self):
+        if not self.needed:
+            return None
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        self._init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench")
+        self._init.__enter__()
+        return GlobalHydra.instance().config_loader()
+
+    def __exit__(self, *exc):
+        if self._init is not None:
+            self._init.__exit__(*exc)
+
+
 def parse_spec(args: list[str]) -> SweepSpec:
     """``KEY=VALUES`` arguments -> the sweep's axes (see the module docstring)."""
     cluster, cluster_overrides, gpus, seeds = "local", [], None, None
     axes: dict[str, list[str]] = {}
     common: list[str] = []
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        if not eq:
-            raise ConfigError(f"expected KEY=VALUE, got {arg!r}")
+    for key, values in parse_overrides(args):
+        value = values[0]
         if key == "cluster":
+            if len(values) > 1:
+                raise ConfigError("a sweep runs on one cluster; give one cluster=NAME")
             cluster = value
         elif key.startswith("cluster."):
             cluster_overrides.append(f"{key[len('cluster.'):]}={value}")
         elif key == "gpus":
             try:
-                gpus = [int(v) for v in split_values(value)]
+                gpus = [int(v) for v in values]
             except ValueError:
-                raise ConfigError(f"gpus must be integers, e.g. gpus=8,16,32; got {value!r}") from None
+                raise ConfigError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
         elif key == "seeds":
-            if not value.isdigit() or int(value) < 1:
-                raise ConfigError(f"seeds=N takes a positive count (runs seed=1..N); got {value!r}")
+            if not value.isdigit() or int(value) < 1 or len(values) > 1:
+                raise ConfigError(f"seeds=N takes a positive count (runs seed=1..N); got {','.join(values)!r}")
             seeds = [str(s) for s in range(1, int(value) + 1)]
         elif key.startswith(("hydra.", "launcher.")):
             raise ConfigError(f"{key} is set by the sweep (run directory, SLURM world); leave it out")
+        elif len(values) > 1:
+            axes[key] = values
         else:
-            values = split_values(value)
-            if len(values) > 1:
-                axes[key] = values
-            else:
-                common.append(arg)
+            common.append(f"{key}={value}")
     if gpus is None:
         raise ConfigError("give the GPU counts to sweep, e.g. gpus=8,16,32")
     if seeds is not None:
@@ -230,6 +276,17 @@ def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
             if not re.fullmatch(r"-?\d+", seed):
                 raise ConfigError(f"run {run.name}: seed must be an integer, got {seed!r}")
+
+
+def print_configs(spec: SweepSpec, runs: list[Run]) -> None:
+    """Each run's composed configuration (Hydra's ``--cfg job`` view), headed by its name and overrides."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        for run in runs:
+            overrides = spec.common + spec.cluster.run_overrides + run.overrides
+            cfg = compose(config_name="wagma", overrides=overrides)
+            print(f"# run {run.name} ({run.gpus} GPUs): {' '.join(overrides)}\n{OmegaConf.to_yaml(cfg)}")
 
 
 # --- rendering ------------------------------------------------------------------------------------------
@@ -523,6 +580,12 @@ def _main(argv: list[str]) -> int:
             rows = wait(sweep_dir) if argv[0] == "wait" else status(sweep_dir)
             print(format_rows(rows))
         return 0
+    show_cfg = "--cfg" in argv
+    if show_cfg:  # `--cfg job`, as `wagma-bench run --cfg job`: print what each run composes, render nothing
+        i = argv.index("--cfg")
+        if argv[i + 1:i + 2] != ["job"]:
+            raise ConfigError("--cfg takes `job` (the composed configuration of every run of the sweep)")
+        argv = argv[:i] + argv[i + 2:]
     flags = {a for a in argv if a.startswith("--") and "=" not in a}
     args = [a for a in argv if not a.startswith("--")]
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
@@ -535,6 +598,9 @@ def _main(argv: list[str]) -> int:
         raise ConfigError(f"unknown or conflicting flags {sorted(flags)}; use --dry-run or --submit, --no-array, "
                           "--out DIR")
     spec = parse_spec(args)
+    if show_cfg:
+        print_configs(spec, expand(spec))
+        return 0
     if "--submitit" in flags:
         validate_runs(spec, expand(spec))
         for gpus in spec.gpus:

@@ -27,6 +27,7 @@ from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
 from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
 from wagma_bench.imbalance import make_imbalance
+from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.schedules import lr_at, peak_lr
@@ -184,6 +185,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
     rank, world = comm.rank, comm.world_size
     preempt = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
+    init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
     torch.manual_seed(cfg.seed)
     workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
     workload.attach(comm)
@@ -220,14 +222,18 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     comm.barrier()
     clock.start()
     if resumed:
-        events.emit("run_resume", None, step=algo.round, train_s=clock.train_s)
+        events.emit("run_resume", None, step=algo.round, epoch=round(algo.round / spe, 4), train_s=clock.train_s,
+                    init_time_ms=init_time_ms)
     else:
         events.emit("run_start", None, workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name,
                     imbalance=cfg.imbalance.name, world_size=world, seed=cfg.seed,
                     metric=workload.metric_name, target=cfg.eval.target, eval_model=eval_mode,
                     global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+                    eval_samples=workload.eval_size, init_time_ms=init_time_ms,
                     steps_total=total, sync_period=sync, config_hash=config_hash(cfg.raw), git_sha=git_sha(),
                     versions=versions(comm), hosts=sorted(set(_hostnames(comm))), config=cfg.raw)
+    if rank == 0 and comm.backend_name == "mpi":  # on a cluster: is it the system MPI, not a pip wheel?
+        print(f"wagma-bench: MPI library: {versions(comm)['mpi']}", flush=True)
 
     progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
                         f"{cfg.workload.name}/{algo.name} x{world}")
@@ -296,7 +302,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 state["next_eval"] = r + eval_every
                 state["best"] = metric if state["best"] is None else max(state["best"], metric)
                 events.emit("eval_accuracy", metric, **meta, wall_s=round(clock.wall_s, 4),
-                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo))
+                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo),
+                            **workload.eval_metadata())
                 progress.update(r, f"{workload.metric_name}={metric:.4f} loss={loss_value:.3f}", force=True)
                 if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
                     status = "completed"
@@ -325,16 +332,21 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                         step=algo.round, train_s=round(clock.train_s, 4), wall_s=round(clock.wall_s, 4),
                         eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
             write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
+            try_write_mllog(run_dir)
+        events.close()
         raise
     finally:
         progress.close()
         steps.close()
     events.emit("run_stop", None, status=status, **final)
-    events.close()
+    summary = None
+    if rank == 0:
+        summary = summarize(read_jsonl(run_dir / "events.jsonl"))
+        write_json_atomic(run_dir / SUMMARY, summary)
+        try_write_mllog(run_dir, echo=cfg.logger.mllog)
+    events.close()  # after the derived files: the W&B mirror logs them as an artifact
     if rank != 0:
         return None
-    summary = summarize(read_jsonl(run_dir / "events.jsonl"))
-    write_json_atomic(run_dir / SUMMARY, summary)
     if requeue:  # after the summary: the requeue ends this job's steps
         from wagma_bench.slurm_util import requeue_job
 

@@ -2,7 +2,7 @@
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager imbalance=paper imbalance.delay_s=0.32 \\
-        workload=resnet50 [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
+        workload=resnet data=imagenet [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
         [optimizer.tau=10 ...] [steps=500 seed=1 control_every=10] [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
@@ -49,13 +49,13 @@ from wagma_bench.events import EVENTS, read_jsonl
 from wagma_bench.imbalance import IMBALANCES, Imbalance
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import CONTROL_EVERY, SIMULATORS, SimConfig, SimResult, Workload, simulate
-from wagma_bench.simulate.presets import preset
+from wagma_bench.simulate.presets import preset_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONF = ROOT / "conf"
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
-KEYS = {"cluster", "gpus", "optimizer", "imbalance", "workload", "steps", "seed", "control_every",
+KEYS = {"cluster", "gpus", "optimizer", "imbalance", "workload", "data", "steps", "seed", "control_every",
         "samples_to_target"} | WORKLOAD_KEYS
 PREFIXES = ("optimizer.", "imbalance.", "network.", "cluster.")
 # settings of optimizers that have no conf/optimizer file yet
@@ -86,16 +86,14 @@ def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
         ns.overrides += moved
         if items and not getattr(ns, opt):
             raise UsageError(f"--{opt} needs at least one path")
+    from wagma_bench.sweep import parse_overrides  # Hydra's override grammar, as `run -m` and `sweep`
+
     kv = {}
-    for item in ns.overrides:
-        if "=" not in item:
-            raise UsageError(f"expected KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        k = k.strip()
+    for k, values in parse_overrides(ns.overrides):
         if k not in KEYS and not k.startswith(PREFIXES):
             raise UsageError(f"unknown key {k!r}; known: {', '.join(sorted(KEYS))}, and "
                              f"{', '.join(p + 'KEY' for p in PREFIXES)}")
-        kv[k] = v.strip()
+        kv[k] = ",".join(values)  # a list below is comma-separated (gpus, optimizer)
     return kv, ns
 
 
@@ -165,7 +163,7 @@ def make_imbalance(spec: dict | str, overrides: dict, seed: int) -> Imbalance:
 
 
 def make_workload(kv: dict) -> Workload:
-    wl = dataclasses.replace(preset(kv.get("workload", "resnet50")))
+    wl = dataclasses.replace(preset_for(kv.get("workload", "resnet50"), kv.get("data")))
     for k in WORKLOAD_KEYS & set(kv):
         cur = getattr(wl, k)
         val = _value(kv[k])

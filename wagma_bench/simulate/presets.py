@@ -26,6 +26,28 @@ PRESETS: dict[str, Workload] = {
 }
 
 
+# `wagma-bench run`'s names (workload, data) -> the preset that models them, so that one dialect serves
+# every subcommand: `simulate workload=resnet data=imagenet` is the ResNet-50 / ImageNet set-up. The data
+# option defaults as in `run` (workload=resnet alone is the embedded mnist5k default).
+RUN_NAMES: dict[tuple[str, str], str] = {
+    ("resnet", "imagenet"): "resnet50", ("resnet", "synthetic"): "resnet50", ("resnet", "mnist5k"): "resnet20",
+    ("ddppo", "miniworld_pointnav"): "rl", ("ddppo", "gridnav"): "rl", ("ddppo", "habitat"): "rl",
+}
+RUN_DEFAULT_DATA = {"resnet": "mnist5k", "ddppo": "miniworld_pointnav"}
+
+
+def preset_for(workload: str, data: str | None = None) -> Workload:
+    """The preset of a `run` workload and data option (or of a preset's own name, without data)."""
+    if workload in PRESETS and data is None:
+        return preset(workload)
+    key = (workload, data or RUN_DEFAULT_DATA.get(workload, ""))
+    if key not in RUN_NAMES:
+        known = ", ".join(f"workload={w} data={d}" for w, d in RUN_NAMES)
+        raise ValueError(f"no simulate preset for workload={key[0]} data={key[1]}; choose one of: {known} "
+                         "(or give step_s=, batch=, params= to describe your own)")
+    return preset(RUN_NAMES[key])
+
+
 def preset(name: str) -> Workload:
     try:
         return PRESETS[name]

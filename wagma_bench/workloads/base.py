@@ -23,6 +23,11 @@ class Workload(abc.ABC):
     metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
     sample_unit: ClassVar[str] = "samples"
 
+    @classmethod
+    def metric_of(cls, cfg) -> str:
+        """The name of the evaluation metric a configuration uses, known before the workload is built."""
+        return cls.metric_name
+
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
 
@@ -42,6 +47,11 @@ class Workload(abc.ABC):
     def train_size(self) -> int:
         """Number of training samples in one epoch (all ranks together)."""
 
+    @property
+    def eval_size(self) -> int | None:
+        """Number of samples one evaluation scores (all ranks together); None when there is no fixed set."""
+        return None
+
     @abc.abstractmethod
     def batches(self, start_step: int) -> Iterator[Any]:
         """This rank's training batches, forever, starting at its local step ``start_step``."""
@@ -56,6 +66,10 @@ class Workload(abc.ABC):
 
     def step_stats(self) -> dict:
         """Extra per-step fields for this rank's step log (e.g. tokens in the batch); empty by default."""
+        return {}
+
+    def eval_metadata(self) -> dict:
+        """Fields every ``eval_accuracy`` event carries besides the value (e.g. how BLEU was computed)."""
         return {}
 
     @abc.abstractmethod

@@ -200,6 +200,14 @@ class ResNetWorkload(Workload):
             return len(self.train_set)
         return self.cfg.data.num_samples * self.world_size
 
+    @property
+    def eval_size(self) -> int | None:
+        if self.data_name == "mnist5k":
+            return len(self.vy)
+        if self.data_name == "imagenet":
+            return len(self.val_set)
+        return None  # synthetic: throughput only
+
     def batches(self, start_step: int) -> Iterator:
         if self.data_name == "synthetic":
             step = start_step

@@ -139,6 +139,17 @@ def bleu_statistics(hyps: list[str], refs: list[str], tokenized: bool = False) -
     return [*map(float, score.counts), *map(float, score.totals), float(score.sys_len), float(score.ref_len)]
 
 
+def bleu_signature(tokenized: bool = False) -> str:
+    """sacrebleu's signature of the BLEU that :func:`bleu_statistics` computes (``nrefs:1|case:mixed|eff:no|
+    tok:13a|smooth:exp|version:...``): what makes two BLEU values comparable. sacrebleu knows the number of
+    references only after scoring, so a one-sentence corpus is scored first (ours have one reference)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(force=tokenized)
+    bleu.corpus_score(["a"], [["a"]])
+    return str(bleu.get_signature())
+
+
 def bleu_from_statistics(stats: list[float]) -> float:
     """Corpus BLEU (0-100, sacrebleu's default 'exp' smoothing) from summed :func:`bleu_statistics`."""
     from sacrebleu.metrics import BLEU
@@ -260,6 +271,11 @@ class TransformerWorkload(Workload):
         """Target tokens in one epoch (fairseq counts the end-of-sentence token)."""
         return int(self.task.dataset("train").tgt_sizes.sum())
 
+    @property
+    def eval_size(self) -> int:
+        """Sentence pairs of the evaluation split."""
+        return len(self.task.dataset(self.eval_split))
+
     def steps_per_epoch(self) -> int:
         """Batches per shard: fairseq pads shorter shards, so every rank has the same count."""
         return len(self.train_itr)
@@ -295,6 +311,9 @@ class TransformerWorkload(Workload):
         return utils.apply_to_sample(lambda t: t.to(self.device, non_blocking=True), sample)
 
     # --- evaluation ---
+    def eval_metadata(self) -> dict:
+        return {"sacrebleu_signature": bleu_signature(tokenized=self.cfg.data.name == "synthetic_mt")}
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, comm: Comm) -> float:
         hyps, refs = self.translate_shard(model)

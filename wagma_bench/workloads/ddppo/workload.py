@@ -67,11 +67,15 @@ class DDPPOWorkload(Workload):
         num_eval_episodes: int = 64       # held-out start/goal pairs per evaluation (all ranks together)
         eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
 
+    @classmethod
+    def metric_of(cls, cfg) -> str:
+        return cfg.workload.metric
+
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
         self.s, self.env_s = cfg.workload, cfg.data
         self._check_settings(self.s, self.env_s)
-        self.metric_name = self.s.metric
+        self.metric_name = self.metric_of(cfg)
         self.envs: list[NavEnv] = [make_env(self.env_s, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
                                    for i in range(self.env_s.num_envs)]
         self.num_envs = len(self.envs)
@@ -131,6 +135,11 @@ class DDPPOWorkload(Workload):
     @property
     def train_size(self) -> int:
         return self.s.num_steps * self.num_envs * self.world_size
+
+    @property
+    def eval_size(self) -> int:
+        """Held-out episodes of one evaluation."""
+        return self.s.num_eval_episodes
 
     def _episode(self, i: int) -> Episode:
         for _ in range(10_000):

@@ -1,0 +1,136 @@
+"""The package as a user installs and calls it: Python floor, extras, --version, run --help, README images."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from wagma_bench import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent / "wagma-bench"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+OPTIONAL = {"mpi": ["mpi4py", "mpich"], "wandb": ["wandb"], "transformer": ["sacrebleu", "sacremoses"],
+            "ddppo": ["miniworld"]}
+
+# Names that need a newer Python than 3.10 (attribute or imported name -> first version that has it).
+NEWER_NAMES = {"UTC": (3, 11), "tomllib": (3, 11), "TaskGroup": (3, 11), "StrEnum": (3, 11),
+               "ExceptionGroup": (3, 11), "Self": (3, 11), "batched": (3, 12), "override": (3, 12)}
+
+
+def python_needed(tree: ast.AST) -> tuple[int, int]:
+    """The oldest Python that has every name and statement of NEWER_NAMES / ``except*`` / ``type X = ...``."""
+    need = (3, 10)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            need = max(need, NEWER_NAMES.get(node.attr, need))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            need = max([need, *(NEWER_NAMES.get(a.name, need) for a in node.names)])
+        elif isinstance(node, ast.TryStar):
+            need = max(need, (3, 11))
+        elif type(node).__name__ == "TypeAlias":
+            need = max(need, (3, 12))
+    return need
+
+
+def test_requires_python_is_true_to_the_code():
+    floor = tuple(int(x) for x in re.fullmatch(r">=(\d+)\.(\d+)", PYPROJECT["project"]["requires-python"]).groups())
+    needed = max(python_needed(ast.parse(p.read_text(), str(p))) for p in (ROOT / "wagma_bench").rglob("*.py"))
+    assert floor >= needed, f"the code needs Python {needed}, pyproject.toml says >={floor}"
+    assert PYPROJECT["tool"]["ruff"]["target-version"] == f"py{floor[0]}{floor[1]}"
+
+
+def test_optional_stacks_are_extras_and_make_installs_them():
+    core = " ".join(PYPROJECT["project"]["dependencies"])
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for extra, packages in OPTIONAL.items():
+        for package in packages:
+            assert any(d.startswith(package) for d in extras[extra]), (extra, package)
+            assert not re.search(rf'(^|\s){package}\b', core), f"{package} is a core dependency"
+    assert "mlperf-logging" in " ".join(extras["dev"]) and "pytest" in " ".join(extras["dev"])
+    makefile = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^EXTRAS\s*:=\s*(\S+)", makefile, re.MULTILINE).group(1).split(",")
+    assert set(listed) == set(OPTIONAL) | {"dev"}
+    assert "-e '.[$(EXTRAS)]'" in makefile
+
+
+def cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def test_version():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"wagma-bench {__version__}"
+
+
+def test_run_help_lists_the_groups_run_uses():
+    out = cli("run", "--help")
+    assert out.returncode == 0, out.stderr
+    section = out.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = dict(line.split(": ", 1) for line in section.splitlines() if re.fullmatch(r"[a-z_]+: [a-z0-9_, ]+", line))
+    assert set(groups) == {"comm", "data", "env", "experiment", "imbalance", "launcher", "logger", "optimizer",
+                           "workload"}
+    assert "wagma" in groups["optimizer"] and "powered by Hydra" not in out.stdout
+
+
+def test_hydra_job_name():
+    out = cli("run", "--cfg", "hydra")
+    assert out.returncode == 0, out.stderr
+    job = re.search(r"^  job:\n((?:    .*\n)+)", out.stdout, re.MULTILINE).group(1)
+    assert "    name: wagma-bench\n" in job
+
+
+def hiding(modules: list[str], tmp_path: Path) -> dict[str, str]:
+    """An environment in which ``modules`` cannot be imported, in this process's children and theirs
+    (a sitecustomize on PYTHONPATH marks them missing in sys.modules): a fresh install without extras."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import sys\nfor m in {modules!r}:\n    sys.modules[m] = None\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+EVERY_OPTIONAL = ["mpi4py", "mpich", "wandb", "sacrebleu", "sacremoses", "miniworld", "fairseq", "fairseq_cli"]
+
+
+@pytest.mark.parametrize(("override", "extra"), [("comm=mpi", "mpi"), ("logger=wandb", "wandb"),
+                                                 ("workload=transformer", "transformer"),
+                                                 ("workload=ddppo", "ddppo")])
+def test_a_missing_extra_is_named(tmp_path, override, extra):
+    out = cli("run", override, f"hydra.run.dir={tmp_path / 'run'}", env=hiding(EVERY_OPTIONAL, tmp_path))
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"pip install 'wagma-bench[{extra}]'" in out.stderr
+
+
+@pytest.mark.slow
+def test_runs_the_embedded_default_without_any_extra(tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli("run", "launcher.nproc=2", "train.max_steps=6", "eval.every_steps=6", "logger.progress=off",
+              f"hydra.run.dir={run_dir}", env=hiding(EVERY_OPTIONAL, tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert (run_dir / "mllog.txt").exists() and (run_dir / "wagma-bench.log").exists()
+
+
+def readme_images() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text)
+
+
+def test_every_image_the_readme_shows_is_in_the_repository():
+    images = readme_images()
+    assert images
+    for image in images:
+        assert (ROOT / image).is_file(), f"README shows {image}, which does not exist"
+        ignored = subprocess.run(["git", "check-ignore", "-q", image], cwd=ROOT, check=False).returncode == 0
+        assert not ignored, f"README shows {image}, which .gitignore excludes"
+        assert (ROOT / image).stat().st_size < 200_000, f"{image} is large for a README figure"

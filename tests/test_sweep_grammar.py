@@ -1,0 +1,76 @@
+"""`wagma-bench sweep` and `simulate` read their arguments with Hydra's override parser: the sweep grammar of
+`run -m`, and the same names as `run`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+OPTIMIZERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "optimizer").glob("*.yaml"))
+
+
+def sweep(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    out_dir = tmp_path / "sweep"
+    out = subprocess.run([str(BIN), "sweep", *args, "--dry-run", "--out", str(out_dir)], capture_output=True,
+                         text=True, timeout=300, check=False)
+    manifest = out_dir / "manifest.json"
+    runs = [r["name"] for r in json.loads(manifest.read_text())["runs"]] if manifest.exists() else []
+    return out, runs
+
+
+def test_glob_and_range(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "optimizer=glob(*)", "seed=range(1,4)")
+    assert out.returncode == 0, out.stderr
+    assert "21 runs" in out.stdout and len(OPTIMIZERS) == 7
+    assert runs == [f"0004gpu_{o}_s{s}" for o in OPTIMIZERS for s in (1, 2, 3)]
+
+
+def test_choice_glob_exclude_and_a_gpu_range(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=generic4", "gpus=range(4,9,4)", "optimizer=choice(wagma,allreduce)",
+                      "imbalance=glob(*,exclude=[fixed,lognormal])")
+    assert out.returncode == 0, out.stderr
+    assert runs == [f"{g:04d}gpu_{o}_{i}" for g in (4, 8) for o in ("wagma", "allreduce") for i in ("none", "paper")]
+
+
+def test_interval_cannot_be_enumerated(tmp_path):
+    out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "train.lr=interval(0.01,0.1)")
+    assert out.returncode == 2 and "interval()" in out.stderr and "range(), choice()" in out.stderr
+    assert runs == []
+
+
+def test_cfg_job_prints_every_runs_composed_configuration(tmp_path):
+    out = subprocess.run([str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=choice(wagma,sgp)", "seed=range(1,3)",
+                          "--cfg", "job"], capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    headers = [line for line in out.stdout.splitlines() if line.startswith("# run ")]
+    assert [h.split()[2] for h in headers] == ["0004gpu_wagma_s1", "0004gpu_wagma_s2", "0004gpu_sgp_s1", "0004gpu_sgp_s2"]
+    assert "\nseed: 2\n" in out.stdout and "  name: sgp\n" in out.stdout
+    assert not list(tmp_path.iterdir())  # nothing rendered
+
+
+def simulate(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = subprocess.run([str(BIN), "simulate", *args, "steps=22", "--out", str(tmp_path / "sim")],
+                         capture_output=True, text=True, timeout=300, check=False)
+    predictions = tmp_path / "sim" / "predictions.json"
+    return out, json.loads(predictions.read_text()) if predictions.exists() else []
+
+
+def test_simulate_takes_runs_names(tmp_path):
+    """`simulate` names workloads as `run` does (workload=resnet data=imagenet is the ResNet-50 preset)."""
+    out, rows = simulate(tmp_path, "workload=resnet", "data=imagenet", "gpus=64,1024", "optimizer=allreduce,wagma")
+    assert out.returncode == 0, out.stderr
+    assert [(r["optimizer"], r["world_size"], r["workload"]) for r in rows] == [
+        (o, p, "resnet50") for p in (64, 1024) for o in ("allreduce", "wagma")]
+
+
+def test_simulate_takes_hydras_sweep_grammar(tmp_path):
+    out, rows = simulate(tmp_path, "workload=resnet", "gpus=range(8,17,8)",
+                         "optimizer=choice(allreduce,wagma)")
+    assert out.returncode == 0, out.stderr
+    assert [(r["optimizer"], r["world_size"], r["workload"]) for r in rows] == [
+        (o, p, "resnet20") for p in (8, 16) for o in ("allreduce", "wagma")]  # data defaults as in `run`
+    out, _ = simulate(tmp_path, "workload=transformer", "gpus=8")
+    assert out.returncode == 2 and "no simulate preset for workload=transformer" in out.stderr
