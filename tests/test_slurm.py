@@ -68,6 +68,8 @@ def test_render_1024_gpu_sweep(tmp_path):
                  "#SBATCH --constraint=gpu", "#SBATCH --signal=USR1@90", "#SBATCH --requeue",
                  f"#SBATCH --array=0-{len(CONF_OPTIMIZERS) * 3 - 1}", "module load daint-gpu"):
         assert line in script
+    (srun_line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in srun_line  # not inherited from sbatch on Slurm 22.05-23.02
     run = manifest["runs"][-1]
     assert run["name"] == f"1024gpu_{CONF_OPTIMIZERS[-1]}_s3"
     assert f"RUN_DIR={out / run['run_dir']}; OVERRIDES=(optimizer={CONF_OPTIMIZERS[-1]} seed=3)" in script

@@ -304,7 +304,8 @@ def render_script(spec: SweepSpec, runs: list[Run], script: Path, log_dir: Path,
         "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
         "setup_lines": "\n".join(setup_lines(profile)),
         "select_run": "\n".join(select_run_lines(runs, array)),
-        "launcher": f"{profile.launcher[comm]} --kill-on-bad-exit=1",
+        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun: without it each rank gets one core
+        "launcher": f'{profile.launcher[comm]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1',
         "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
     }
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
