@@ -106,6 +106,9 @@ def test_submitit_overrides_map_the_profile():
     assert "hydra.launcher.nodes=4" in over and "hydra.launcher.tasks_per_node=4" in over
     assert "hydra.launcher.gres=gpu:4" in over and "hydra.launcher.account=proj1" in over
     assert "hydra.launcher.timeout_min=720" in over and "hydra.launcher.partition=gpu" in over
+    assert "hydra.launcher.max_num_timeout=3" in over  # submitit's default 0 would never requeue at the limit
+    assert "hydra.launcher.max_num_timeout=0" in sweep.submitit_overrides(
+        sweep.load_profile("generic4", ["max_num_timeout=0"]), 16)
 
 
 # --- SLURM itself checks every rendered script ------------------------------------------------------------

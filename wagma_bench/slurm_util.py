@@ -7,8 +7,13 @@ forward it. SLURM may send it up to a minute earlier than asked (its event resol
 cancelled, preempted or hits its limit, every task and the batch shell get TERM, then KILL after
 ``KillWait`` seconds.
 
-The trainer reacts at its next synchronisation point: every rank saves its checkpoint; after USR1 rank 0
-also requeues the job, which SLURM starts again with the same job id and ``SLURM_RESTART_COUNT`` + 1.
+submitit (``sweep --submitit``) asks for ``--signal=USR2@90`` in the same form, so USR2 reaches the same ranks
+and means the same; the trainer's handler replaces submitit's own in the rank processes, so the trainer, not
+submitit, saves and requeues.
+
+The trainer reacts at its next synchronisation point: every rank saves its checkpoint; after USR1 or USR2
+rank 0 also requeues the job, which SLURM starts again with the same job id and ``SLURM_RESTART_COUNT`` + 1.
+Outside SLURM there is no job to requeue: the run stops as ``preempted`` with its checkpoint, and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # What a rank does after saving its checkpoint, by signal.
-REQUEUE_SIGNALS = (signal.SIGUSR1,)  # 90 s before the time limit: save, then requeue the job
+# USR1: our sbatch scripts' --signal=USR1@90; USR2: submitit's (hydra/launcher=submitit_slurm), same meaning.
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: save, then requeue the job
 EXIT_SIGNALS = (signal.SIGTERM,)  # cancelled or preempted: save and exit (SLURM decides about requeue)
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",

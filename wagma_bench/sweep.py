@@ -73,6 +73,7 @@ class ClusterProfile:
     qos: str | None = None
     time: str = "01:00:00"
     signal: str = "USR1@90"
+    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     venv: str | None = None  # auto | a prefix | null
@@ -465,6 +466,7 @@ def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
            f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
            f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
            f"hydra.launcher.timeout_min={hours * 60 + minutes}",
+           f"hydra.launcher.max_num_timeout={profile.max_num_timeout}",
            f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
            "+hydra.launcher.additional_parameters.requeue=true"]
     fields = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,

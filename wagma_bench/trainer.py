@@ -30,6 +30,7 @@ from wagma_bench.imbalance import make_imbalance
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.schedules import lr_at, peak_lr
+from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
 from wagma_bench.workloads import get_workload
 
 CONTROL_EVERY = 10  # rounds between exchanges of control flags (rounded up to the sync period)
@@ -153,15 +154,16 @@ class EvalModel:
 
 
 class Preemption:
-    """SIGUSR1 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
+    """SIGUSR1 / SIGUSR2 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
 
-    After USR1 (SLURM's warning before the time limit) rank 0 then requeues the job; after TERM the run
-    just ends (see :mod:`wagma_bench.slurm_util` for which signal reaches whom).
+    After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
+    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.slurm_util` for which signal
+    reaches whom).
     """
 
     def __init__(self):
         self.signal: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS):
             try:
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
@@ -172,8 +174,6 @@ class Preemption:
 
     @property
     def requeue(self) -> bool:
-        from wagma_bench.slurm_util import REQUEUE_SIGNALS
-
         return self.signal in REQUEUE_SIGNALS
 
 
@@ -332,10 +332,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         return None
     summary = summarize(read_jsonl(run_dir / "events.jsonl"))
     write_json_atomic(run_dir / SUMMARY, summary)
-    if requeue:  # after the summary: the requeue ends this job's steps
-        from wagma_bench.slurm_util import requeue_job
-
-        requeue_job()
+    if requeue and not requeue_job():  # after the summary: the requeue ends this job's steps
+        print(f"wagma-bench: preempted at step {final['step']} outside SLURM: checkpoint saved, no job to "
+              f"requeue; run the same command again to resume from {run_dir}", flush=True)
     return summary
 
 
