@@ -54,3 +54,52 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "preempted", stop
     assert ckpt["metadata"]["step"] == stop["metadata"]["step"] < 100000
     assert (tmp_path / "checkpoint" / "meta.json").exists()
+
+
+def _torchrun_with_late_rank(cwd: Path, rdzv_id: str, args: list[str]) -> subprocess.CompletedProcess:
+    """A 2-rank torchrun world (c10d rendezvous, id ``rdzv_id``) whose local rank 1 starts 3 s late, as ranks
+    on different nodes do; no hydra.run.dir, so the run directory is whatever the ranks agree on."""
+    wrapper = cwd / "late_rank1.sh"
+    wrapper.write_text(f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n')
+    wrapper.chmod(0o755)
+    from wagma_bench.launch import free_port
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id, "--no-python", str(wrapper),
+           "logger.progress=off", "checkpoint.every_s=0", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_path):
+    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=6", "eval.every_steps=6"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert len(run_dirs) == 1, run_dirs  # one directory, not one per rank's clock
+    (run_dir,) = run_dirs
+    assert run_dir.relative_to(tmp_path / "outputs").as_posix() == "torchrun-job42_resnet_allreduce"
+    for rank in (0, 1):
+        assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (run_dir / "checkpoint" / f"rank{rank}.pt").exists()
+    # a restart under the same rendezvous id (a resubmitted job) resumes there
+    second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=12", "eval.every_steps=6"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")} == {run_dir}
+    keys = [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+    assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys[-1] == "run_stop"
+    assert [s["step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
+
+
+def test_run_directory_from_the_launchers_stable_id():
+    from wagma_bench.launch import agreed_run_dir_override, launcher_run_id
+
+    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "a b/c"}) == "torchrun-a_b_c"
+    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default: shared by unrelated runs
+    assert launcher_run_id({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1"}) == "slurm-77.1"
+    assert launcher_run_id({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "8",
+                            "SLURM_STEP_ID": "0"}) == "slurm-70_8.0"
+    assert launcher_run_id({"OMPI_COMM_WORLD_RANK": "0"}) is None
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    assert agreed_run_dir_override(["optimizer=wagma"], env) == \
+        "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
+    assert agreed_run_dir_override(["hydra.run.dir=/x"], env) is None  # the user's choice wins
+    assert agreed_run_dir_override(["-m", "seed=1,2"], env) is None  # multirun: Hydra's sweep directory

@@ -54,9 +54,11 @@ def run_command(overrides: list[str]) -> int:
     """Compose the config with Hydra (run dir, multirun, launcher plugins) and run it."""
     import hydra
 
-    from wagma_bench.launch import detect_world
+    from wagma_bench.launch import agreed_run_dir_override, detect_world
 
     world = detect_world()
+    if world is not None and (run_dir := agreed_run_dir_override(overrides)):
+        overrides = overrides + [run_dir]  # the same on every rank and restart, not each rank's clock
     if world is not None and world.rank != 0:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]

@@ -9,6 +9,7 @@ the survivors are terminated and the error names the failed rank.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,6 +64,39 @@ def detect_world(env=os.environ) -> World | None:
         return World(int(env["PMI_RANK"]), int(env["PMI_SIZE"]), int(env.get("MPI_LOCALRANKID", 0)),
                      int(env.get("MPI_LOCALNRANKS", 1)), "mpi")
     return None
+
+
+def launcher_run_id(env=os.environ) -> str | None:
+    """A name for this run that every rank, and every restart or requeue of it, derives alike: torchrun's
+    rendezvous id (``torchrun-ID``; ``--standalone`` makes a fresh one per torchrun, ``--rdzv-id`` names it),
+    SLURM's job and step (``slurm-JOB.STEP`` or ``slurm-ARRAYJOB_TASK.STEP``: a requeued job keeps its id and
+    numbers its steps again from 0; the step tells apart several sruns in one allocation). None where the
+    launcher gives nothing stable (mpiexec; torchrun's default id ``none``, shared by unrelated runs)."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)
+    step = env.get("SLURM_STEP_ID", "0")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}.{step}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}.{step}"
+    return None
+
+
+def agreed_run_dir_override(overrides: list[str], env=os.environ) -> str | None:
+    """``hydra.run.dir=...`` for a rank of an external world started without one.
+
+    Hydra's default ``outputs/${now:...}`` is resolved by every rank on its own clock: ranks that start
+    seconds apart split one run into several directories, and a restart gets a fresh one and finds no
+    checkpoint. The launcher's run id names the directory instead. None where the user chose the
+    directory, for a multirun (Hydra's sweep directory), or where the launcher has no stable id.
+    """
+    if any(o.startswith(("hydra.run.dir=", "-m", "--multirun")) for o in overrides):
+        return None
+    run_id = launcher_run_id(env)
+    if run_id is None:
+        return None
+    return f"hydra.run.dir=outputs/{run_id}_${{workload.name}}_${{optimizer.name}}"
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
