@@ -8,6 +8,7 @@ controller per cluster profile declares the profile's partition with CLOUD nodes
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -111,6 +112,35 @@ def test_submitit_overrides_map_the_profile():
         sweep.load_profile("generic4", ["max_num_timeout=0"]), 16)
 
 
+def _row(run, job, slurm, status, metric=None):
+    return {"run": run, "job": job, "slurm": slurm, "status": status, "step": None, "metric": metric,
+            "restarts": 0, "reached": None}
+
+
+def test_squeue_answer_and_progress_line():
+    from wagma_bench.slurm_util import parse_squeue
+
+    assert parse_squeue("12_0|RUNNING\n12_1|PENDING\n13|COMPLETED\n14|CANCELLED by 0\n\n") == {
+        "12_0": "RUNNING", "12_1": "PENDING", "13": "COMPLETED", "14": "CANCELLED"}
+    rows = [_row("a", "12_0", "RUNNING", "running", 0.31), _row("b", "12_1", "PENDING", "not started"),
+            _row("c", "13", "COMPLETED", "completed", 0.52), _row("d", "14", "CANCELLED", "failed", 0.6),
+            _row("e", "15", "unknown", "diverged"), _row("f", None, "unsubmitted", "not started")]
+    assert sweep.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
+                                               "best metric 0.6000 (d)")
+
+
+def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
+    polls = []
+    monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
+    with pytest.raises(TimeoutError, match="not finished after 1 s"):
+        sweep.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
+    assert len(polls) in (3, 4) and all(b - a >= 0.4 for a, b in itertools.pairwise(polls)), polls
+    assert capsys.readouterr().err.count("0 pending, 1 running") == 1  # unchanged: not repeated off a terminal
+    assert sweep.main(["wait", str(tmp_path), "--interval"]) == 2
+    assert sweep.main(["wait", str(tmp_path), "--timeout=soon"]) == 2
+    assert "--interval SECONDS" in capsys.readouterr().err
+
+
 # --- SLURM itself checks every rendered script ------------------------------------------------------------
 
 def _test_only(scripts: list[Path]) -> list[str]:
@@ -164,7 +194,7 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=4", "optimizer=allreduce,wagma", *TINY], array=False)
     ids = sweep.submit(out)
     assert len(ids) == 2 and json.loads((out / "manifest.json").read_text())["jobs"][0]["job_id"] == ids[0]
-    rows = sweep.wait(out, timeout_s=600)
+    rows = sweep.wait(out, timeout_s=600, interval_s=1)
     assert [(r["slurm"], r["status"]) for r in rows] == [("COMPLETED", "completed")] * 2, rows
     for run in manifest["runs"]:
         s = summary(out / run["run_dir"])
@@ -177,13 +207,36 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
     assert "allreduce" in text and "wagma" in text
 
 
+def _count_slurm_calls(monkeypatch) -> dict[str, int]:
+    """Count the SLURM client commands run from here on (still running them)."""
+    calls = {"squeue": 0, "scontrol": 0, "sacct": 0}
+    real_run = subprocess.run
+
+    def counting_run(cmd, *args, **kwargs):
+        if isinstance(cmd, list) and cmd and cmd[0] in calls:
+            calls[cmd[0]] += 1
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    return calls
+
+
 @pytest.mark.slow
-def test_job_array(tmp_path, slurm):
+def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "seeds=2",
                                       "train.max_steps=10", "eval.every_steps=10"])
     assert len(manifest["jobs"]) == 1 and manifest["jobs"][0]["runs"] == 2
     (job_id,) = sweep.submit(out)
-    rows = sweep.wait(out, timeout_s=600)
+    calls = _count_slurm_calls(monkeypatch)
+    t0 = time.monotonic()
+    assert sweep.main(["wait", str(out), "--interval", "2", "--timeout=600"]) == 0
+    polls = (time.monotonic() - t0) / 2 + 1
+    progress = capsys.readouterr().err.splitlines()
+    # one squeue for the whole sweep per interval, never a call per job
+    assert calls["scontrol"] == 0 and 1 <= calls["squeue"] <= polls, (calls, polls)
+    assert "0 pending, 0 running, 2 done, 0 failed; best metric 0." in progress[-1], progress
+    assert "2 done" not in progress[0], progress  # a live line: printed while the jobs ran, again at each change
+    rows = sweep.status(out)
     assert [(r["job"], r["slurm"], r["status"]) for r in rows] == [
         (f"{job_id}_0", "COMPLETED", "completed"), (f"{job_id}_1", "COMPLETED", "completed")], rows
     assert [summary(out / r["run_dir"])["seed"] for r in manifest["runs"]] == [1, 2]
@@ -208,7 +261,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
-    rows = sweep.wait(out, timeout_s=600)
+    rows = sweep.wait(out, timeout_s=600, interval_s=1)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
     assert (s["status"], s["reached"], s["restarts"]) == ("completed", True, 1), s
