@@ -103,3 +103,37 @@ def test_run_directory_from_the_launchers_stable_id():
         "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
     assert agreed_run_dir_override(["hydra.run.dir=/x"], env) is None  # the user's choice wins
     assert agreed_run_dir_override(["-m", "seed=1,2"], env) is None  # multirun: Hydra's sweep directory
+
+
+def test_device_plan_ranks_backend_and_device():
+    import pytest
+
+    from wagma_bench.config import ConfigError
+    from wagma_bench.launch import DevicePlan, device_plan
+
+    assert device_plan(0, None, "auto") == DevicePlan(4, "gloo", False)  # `make run` on a CPU: 4 ranks
+    assert device_plan(8, None, "auto") == DevicePlan(8, "nccl", True)  # one rank per visible GPU
+    assert device_plan(2, 2, "nccl") == DevicePlan(2, "nccl", True)
+    one_gpu = device_plan(1, 4, "auto")  # a one-GPU workstation asked for 4 ranks
+    assert (one_gpu.nproc, one_gpu.backend, one_gpu.cuda) == (4, "gloo", True)
+    assert "gloo with CUDA tensors" in one_gpu.note
+    with pytest.raises(ConfigError, match="4 ranks on 1 GPU.*launcher.nproc<=1"):
+        device_plan(1, 4, "nccl")
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        device_plan(0, 2, "nccl")
+    assert device_plan(4, 2, "gloo") == DevicePlan(2, "gloo", False)  # gloo asked for: CPU, as before
+    assert device_plan(1, 4, "mpi") == DevicePlan(4, "mpi", True)
+
+
+def test_impossible_nccl_world_fails_before_spawning(tmp_path):
+    import re
+
+    import torch
+
+    ranks = torch.cuda.device_count() + 2  # more ranks than GPUs, wherever it runs
+    out = subprocess.run([str(BIN), "run", "comm.backend=nccl", f"launcher.nproc={ranks}", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert re.search(r"comm.backend=nccl (needs CUDA|with \d+ ranks on \d+ GPU)", out.stderr), out.stderr[-3000:]
+    assert "local ranks" not in out.stdout
+    assert not (tmp_path / "events.jsonl").exists()

@@ -69,7 +69,7 @@ class CommConfig:
 @dataclass
 class LauncherConfig:
     name: str = "local"
-    nproc: int = 4
+    nproc: int | None = None  # null: one rank per visible GPU with CUDA, else 4 (launch.device_plan)
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     rendezvous_timeout_s: float = 120.0

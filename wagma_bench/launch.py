@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench.config import RunConfig, validate
+from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.events import finalize
 
 
@@ -124,10 +124,44 @@ def _pin_threads(local_world_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
 
 
+CPU_DEFAULT_NPROC = 4  # local ranks without CUDA (launcher.nproc=null)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    nproc: int  # ranks (on this node)
+    backend: str  # torch.distributed backend: nccl | gloo | mpi
+    cuda: bool  # tensors on cuda:{local_rank % GPUs}
+    note: str = ""  # said in the run's first line where the plan is not the usual one
+
+
+def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePlan:
+    """Ranks, backend and device from the visible GPUs, the ranks asked for (None: one per GPU with CUDA,
+    else 4) and ``comm.backend``. NCCL refuses two ranks on one GPU, so more ranks than GPUs run on gloo
+    with CUDA tensors under ``auto`` and fail here, before any rank starts, under ``nccl``."""
+    ranks = nproc if nproc is not None else (cuda_devices or CPU_DEFAULT_NPROC)
+    if backend == "gloo":
+        return DevicePlan(ranks, "gloo", False)
+    if backend == "mpi":  # comm=mpi also trains on the GPU when there is one; MpiComm stages CUDA tensors
+        return DevicePlan(ranks, "mpi", cuda_devices > 0)
+    if cuda_devices == 0:
+        if backend == "nccl":
+            raise ConfigError("comm.backend=nccl needs CUDA and no GPU is visible; comm.backend=auto runs gloo on CPU")
+        return DevicePlan(ranks, "gloo", False)
+    if ranks <= cuda_devices:
+        return DevicePlan(ranks, "nccl", True)
+    if backend == "nccl":
+        raise ConfigError(f"comm.backend=nccl with {ranks} ranks on {cuda_devices} GPU(s): NCCL needs a GPU of its "
+                          f"own for every rank; use launcher.nproc<={cuda_devices}, or comm.backend=auto (gloo with "
+                          "CUDA tensors)")
+    return DevicePlan(ranks, "gloo", True, f"{ranks} ranks on {cuda_devices} GPU(s): gloo with CUDA tensors "
+                                           "(NCCL needs a GPU of its own for every rank)")
+
+
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     """Create this rank's communicator (the one backend every algorithm uses)."""
-    # comm=mpi (backend "mpi") also trains on the GPU when there is one; MpiComm stages CUDA tensors.
-    use_cuda = torch.cuda.is_available() and cfg.comm.backend in ("auto", "nccl", "mpi")
+    plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
+    use_cuda = plan.cuda
     device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -141,7 +175,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
 
     from wagma_bench.comm.torch_dist import TorchComm
 
-    backend = cfg.comm.backend if cfg.comm.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    backend = plan.backend
     if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
         return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device)
     if master is None:
