@@ -42,6 +42,7 @@ class TrainConfig:
     max_steps: int | None = None
     time_limit_s: float | None = None
     grad_clip: float | None = None
+    precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class LoggerConfig:
 CHOICES = {
     "train.local_optimizer": ("sgd", "adam"),
     "train.schedule": ("step", "cosine", "constant", "inverse_sqrt"),
+    "train.precision": ("fp32", "bf16"),
     "eval.model": ("auto", "local", "average"),
     "comm.name": ("torch", "mpi"),
     "comm.backend": ("auto", "gloo", "nccl", "mpi"),

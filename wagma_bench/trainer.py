@@ -229,6 +229,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
                         f"{cfg.workload.name}/{algo.name} x{world}")
     batches = workload.batches(state["local_step"])
+    # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
+    # and the communicated models/gradients stay fp32
+    autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
     requeue = False
     last_compute_s = None
@@ -253,7 +256,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
             batch = next(batches)
             algo.zero_grad()
-            loss, n = workload.forward(model, batch)
+            with autocast:
+                loss, n = workload.forward(model, batch)
             loss.backward()
             compute_s = last_compute_s = time.perf_counter() - t0
             if first:
