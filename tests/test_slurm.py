@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -284,6 +285,19 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
     assert "(restart 0)" in log and "(restart 1)" in log
     job = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True).stdout
     assert "Restarts=1" in job
+
+
+@pytest.mark.slow
+def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
+    """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
+    after a requeue), not one per rank's clock."""
+    cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
+           "train.max_steps=4", "eval.every_steps=4", "logger.progress=off"]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert re.fullmatch(r"slurm-\d+\.0_resnet_allreduce", run_dir.name), run_dir
+    assert summary(run_dir)["world_size"] == 2 and (run_dir / "steps" / "rank1.jsonl").exists()
 
 
 @pytest.mark.slow
