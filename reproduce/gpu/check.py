@@ -208,7 +208,11 @@ def format_report(result: dict) -> str:
 
 def main() -> int:
     dry = os.environ.get("GPU_CHECK_DRY") == "1"
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print(f"gpu-check: {sys.executable} has no torch; run it with the Python that has (GPU_PY=... make gpu-check)")
+        return 2
 
     if not dry and not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU visible to torch here: nothing to check (GPU_CHECK_DRY=1 runs the same "
