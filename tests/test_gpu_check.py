@@ -53,14 +53,21 @@ def test_gpu_check_on_a_gpu(tmp_path):
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
 
 
-def test_bf16_precision_runs_channels_last_under_autocast(tmp_path):
-    out = subprocess.run([str(BIN), "run", "launcher.nproc=2", "train.max_steps=4", "eval.every_steps=4",
-                          "train.precision=bf16", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=600, check=False)
+def test_bf16_precision_autocasts_the_training_forward(tmp_path):
+    """The same seeded run in fp32 and bf16: the first step's loss differs by bfloat16's rounding."""
+    out = subprocess.run([str(BIN), "run", "-m", "launcher.nproc=1", "train.max_steps=2", "eval.every_steps=2",
+                          "train.precision=fp32,bf16", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
+                          "hydra.sweep.subdir=${train.precision}"], capture_output=True, text=True, timeout=600,
+                         check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
-    start = read_jsonl(tmp_path / "events.jsonl")[0]["metadata"]
-    assert start["config"]["train"]["precision"] == "bf16"
+    first_loss = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = tmp_path / precision
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+        assert read_jsonl(run_dir / "events.jsonl")[0]["metadata"]["config"]["train"]["precision"] == precision
+        first_loss[precision] = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]["loss"]
+    assert first_loss["bf16"] != first_loss["fp32"]
+    assert abs(first_loss["bf16"] - first_loss["fp32"]) < 0.05 * first_loss["fp32"]
 
 
 def test_bf16_autocast_and_channels_last_in_the_resnet_forward():
