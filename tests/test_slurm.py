@@ -244,8 +244,10 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
-    """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume.
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])  # our sbatch scripts' signal, and submitit's
+def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
+    """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume;
+    USR2 (submitit's --signal=USR2@90) the same.
 
     Small target on purpose: the first evaluation is at round 30, after the preemption (round 20 at the
     latest, see below); the deterministic run reaches top-1 0.2 there (0.27 measured), or by round 90.
@@ -261,7 +263,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
                   .stat().st_size for r in range(2)):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    subprocess.run(["scancel", f"--signal={sig}", job_id], check=True, timeout=60)
     rows = sweep.wait(out, timeout_s=600, interval_s=1)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
