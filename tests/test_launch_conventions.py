@@ -56,17 +56,19 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     assert (tmp_path / "checkpoint" / "meta.json").exists()
 
 
-def _torchrun_with_late_rank(cwd: Path, rdzv_id: str, args: list[str]) -> subprocess.CompletedProcess:
-    """A 2-rank torchrun world (c10d rendezvous, id ``rdzv_id``) whose local rank 1 starts 3 s late, as ranks
-    on different nodes do; no hydra.run.dir, so the run directory is whatever the ranks agree on."""
+def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) -> subprocess.CompletedProcess:
+    """A 2-rank torchrun world (c10d rendezvous, id ``rdzv_id``; None: torchrun's default static rendezvous)
+    whose local rank 1 starts 3 s late, as ranks on different nodes do; no hydra.run.dir, so the run
+    directory is whatever the ranks agree on."""
     wrapper = cwd / "late_rank1.sh"
     wrapper.write_text(f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n')
     wrapper.chmod(0o755)
     from wagma_bench.launch import free_port
 
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id, "--no-python", str(wrapper),
+    rdzv = (["--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
+            if rdzv_id else [f"--master-port={free_port()}"])
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", *rdzv, "--no-python", str(wrapper),
            "logger.progress=off", "checkpoint.every_s=0", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
@@ -89,6 +91,14 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     assert [s["step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
 
 
+def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
+    out = _torchrun_with_late_rank(tmp_path, None, ["train.max_steps=2", "eval.every_steps=2"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert len(run_dirs) == 1, run_dirs
+    assert (run_dirs.pop() / "steps" / "rank1.jsonl").exists()
+
+
 def test_run_directory_from_the_launchers_stable_id():
     from wagma_bench.launch import agreed_run_dir_override, launcher_run_id
 
@@ -103,6 +113,11 @@ def test_run_directory_from_the_launchers_stable_id():
         "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
     assert agreed_run_dir_override(["hydra.run.dir=/x"], env) is None  # the user's choice wins
     assert agreed_run_dir_override(["-m", "seed=1,2"], env) is None  # multirun: Hydra's sweep directory
+    # torchrun's default id: the clock of the first rank, shared through torchrun's store
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert agreed_run_dir_override([], torchrun, shared_stamp=lambda env: "2026-01-02/03-04-05") == \
+        "hydra.run.dir=outputs/2026-01-02/03-04-05_${workload.name}_${optimizer.name}"
+    assert agreed_run_dir_override([], {"OMPI_COMM_WORLD_RANK": "1"}, shared_stamp=None) is None  # mpiexec
 
 
 def test_device_plan_ranks_backend_and_device():

@@ -83,20 +83,37 @@ def launcher_run_id(env=os.environ) -> str | None:
     return None
 
 
-def agreed_run_dir_override(overrides: list[str], env=os.environ) -> str | None:
+def store_shared_stamp(env=os.environ, timeout_s: float = 120.0) -> str:
+    """One timestamp for all ranks of a torchrun world: the first rank to ask puts its own clock into the
+    agent's store (MASTER_ADDR:MASTER_PORT), every rank reads that value back."""
+    from datetime import datetime, timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    mine = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return store.compare_set("wagma_bench/run_stamp", "", mine).decode()
+
+
+def agreed_run_dir_override(overrides: list[str], env=os.environ, shared_stamp=store_shared_stamp) -> str | None:
     """``hydra.run.dir=...`` for a rank of an external world started without one.
 
     Hydra's default ``outputs/${now:...}`` is resolved by every rank on its own clock: ranks that start
     seconds apart split one run into several directories, and a restart gets a fresh one and finds no
-    checkpoint. The launcher's run id names the directory instead. None where the user chose the
-    directory, for a multirun (Hydra's sweep directory), or where the launcher has no stable id.
+    checkpoint. The launcher's run id names the directory instead; under torchrun without one (its default
+    id ``none``) the ranks share the first rank's clock through torchrun's store, in the default's layout
+    (conf/wagma.yaml). None where the user chose the directory, for a multirun (Hydra's sweep directory),
+    and for mpiexec (no store before the world exists).
     """
     if any(o.startswith(("hydra.run.dir=", "-m", "--multirun")) for o in overrides):
         return None
     run_id = launcher_run_id(env)
-    if run_id is None:
-        return None
-    return f"hydra.run.dir=outputs/{run_id}_${{workload.name}}_${{optimizer.name}}"
+    if run_id is not None:
+        return f"hydra.run.dir=outputs/{run_id}_${{workload.name}}_${{optimizer.name}}"
+    if env.get("TORCHELASTIC_RUN_ID") and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"hydra.run.dir=outputs/{shared_stamp(env)}_${{workload.name}}_${{optimizer.name}}"
+    return None
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
