@@ -7,7 +7,7 @@ FAIRSEQ := $(VENV)/.fairseq-0.12.3.1
 ARGS   ?= workload=resnet optimizer=wagma
 EXTRAS := dev,mpi,wandb,transformer,ddppo
 
-.PHONY: setup sysdeps run test test-long lint
+.PHONY: setup sysdeps run test test-long lint gpu-check gpu-wheels
 setup: $(STAMP)
 
 # MiniWorld (workload=ddppo's embedded 3-D rooms) renders headless through EGL with Mesa's software
@@ -53,3 +53,21 @@ test-long: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wagma_bench tests
+
+# On a machine with a GPU (reproduce/gpu/check.py): NCCL and shared-GPU gloo worlds for every optimizer,
+# images/s against a plain torch loop in fp32 and bf16, comm-bench; sized for 8 min. No install: this repository with
+# the machine's own Python and torch (the project's .venv where there is one); without CUDA it says so.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_WHEELS := reproduce/gpu/wheels
+gpu-check:
+	$(GPU_PY) reproduce/gpu/check.py
+
+# For an offline GPU machine: Hydra, OmegaConf and their dependencies as wheels in $(GPU_WHEELS) (ignored by
+# git; copy it along). PyYAML is the one compiled wheel: for another Python than this one's, give
+# GPU_PYTHON_VERSION=3.10 (manylinux x86_64).
+gpu-wheels:
+	$(GPU_PY) -m pip wheel -q --no-deps -w $(GPU_WHEELS) hydra-core==1.3.2 omegaconf==2.3.0 \
+		antlr4-python3-runtime==4.9.3 packaging
+	$(GPU_PY) -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) PyYAML \
+		$(if $(GPU_PYTHON_VERSION),--python-version $(GPU_PYTHON_VERSION) --platform manylinux2014_x86_64)
+	@ls $(GPU_WHEELS)

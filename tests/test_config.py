@@ -69,7 +69,7 @@ def test_defaults_are_the_embedded_resnet_run():
     cfg = _compose([])
     assert (cfg.workload.name, cfg.data.name, cfg.optimizer.name) == ("resnet", "mnist5k", "allreduce")
     assert cfg.eval.target == pytest.approx(0.97)
-    assert cfg.launcher.nproc == 4
+    assert cfg.launcher.nproc is None  # one rank per GPU with CUDA, else 4 (launch.device_plan)
 
 
 def test_imagenet_selects_resnet50_and_the_mlperf_target():

@@ -8,8 +8,10 @@ controller per cluster profile declares the profile's partition with CLOUD nodes
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -68,6 +70,8 @@ def test_render_1024_gpu_sweep(tmp_path):
                  "#SBATCH --constraint=gpu", "#SBATCH --signal=USR1@90", "#SBATCH --requeue",
                  f"#SBATCH --array=0-{len(CONF_OPTIMIZERS) * 3 - 1}", "module load daint-gpu"):
         assert line in script
+    (srun_line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in srun_line  # not inherited from sbatch on Slurm 22.05-23.02
     run = manifest["runs"][-1]
     assert run["name"] == f"1024gpu_{CONF_OPTIMIZERS[-1]}_s3"
     assert f"RUN_DIR={out / run['run_dir']}; OVERRIDES=(optimizer={CONF_OPTIMIZERS[-1]} seed=3)" in script
@@ -104,6 +108,38 @@ def test_submitit_overrides_map_the_profile():
     assert "hydra.launcher.nodes=4" in over and "hydra.launcher.tasks_per_node=4" in over
     assert "hydra.launcher.gres=gpu:4" in over and "hydra.launcher.account=proj1" in over
     assert "hydra.launcher.timeout_min=720" in over and "hydra.launcher.partition=gpu" in over
+    assert "hydra.launcher.max_num_timeout=3" in over  # submitit's default 0 would never requeue at the limit
+    assert "hydra.launcher.max_num_timeout=0" in sweep.submitit_overrides(
+        sweep.load_profile("generic4", ["max_num_timeout=0"]), 16)
+
+
+def _row(run, job, slurm, status, metric=None):
+    return {"run": run, "job": job, "slurm": slurm, "status": status, "step": None, "metric": metric,
+            "restarts": 0, "reached": None}
+
+
+def test_squeue_answer_and_progress_line():
+    from wagma_bench.slurm_util import parse_squeue
+
+    assert parse_squeue("12_0|RUNNING\n12_1|PENDING\n13|COMPLETED\n14|CANCELLED by 0\n\n") == {
+        "12_0": "RUNNING", "12_1": "PENDING", "13": "COMPLETED", "14": "CANCELLED"}
+    rows = [_row("a", "12_0", "RUNNING", "running", 0.31), _row("b", "12_1", "PENDING", "not started"),
+            _row("c", "13", "COMPLETED", "completed", 0.52), _row("d", "14", "CANCELLED", "failed", 0.6),
+            _row("e", "15", "unknown", "diverged"), _row("f", None, "unsubmitted", "not started")]
+    assert sweep.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
+                                               "best metric 0.6000 (d)")
+
+
+def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
+    polls = []
+    monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
+    with pytest.raises(TimeoutError, match="not finished after 1 s"):
+        sweep.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
+    assert len(polls) in (3, 4) and all(b - a >= 0.4 for a, b in itertools.pairwise(polls)), polls
+    assert capsys.readouterr().err.count("0 pending, 1 running") == 1  # unchanged: not repeated off a terminal
+    assert sweep.main(["wait", str(tmp_path), "--interval"]) == 2
+    assert sweep.main(["wait", str(tmp_path), "--timeout=soon"]) == 2
+    assert "--interval SECONDS" in capsys.readouterr().err
 
 
 # --- SLURM itself checks every rendered script ------------------------------------------------------------
@@ -159,7 +195,7 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=4", "optimizer=allreduce,wagma", *TINY], array=False)
     ids = sweep.submit(out)
     assert len(ids) == 2 and json.loads((out / "manifest.json").read_text())["jobs"][0]["job_id"] == ids[0]
-    rows = sweep.wait(out, timeout_s=600)
+    rows = sweep.wait(out, timeout_s=600, interval_s=1)
     assert [(r["slurm"], r["status"]) for r in rows] == [("COMPLETED", "completed")] * 2, rows
     for run in manifest["runs"]:
         s = summary(out / run["run_dir"])
@@ -172,21 +208,46 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
     assert "allreduce" in text and "wagma" in text
 
 
+def _count_slurm_calls(monkeypatch) -> dict[str, int]:
+    """Count the SLURM client commands run from here on (still running them)."""
+    calls = {"squeue": 0, "scontrol": 0, "sacct": 0}
+    real_run = subprocess.run
+
+    def counting_run(cmd, *args, **kwargs):
+        if isinstance(cmd, list) and cmd and cmd[0] in calls:
+            calls[cmd[0]] += 1
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    return calls
+
+
 @pytest.mark.slow
-def test_job_array(tmp_path, slurm):
+def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "seeds=2",
                                       "train.max_steps=10", "eval.every_steps=10"])
     assert len(manifest["jobs"]) == 1 and manifest["jobs"][0]["runs"] == 2
     (job_id,) = sweep.submit(out)
-    rows = sweep.wait(out, timeout_s=600)
+    calls = _count_slurm_calls(monkeypatch)
+    t0 = time.monotonic()
+    assert sweep.main(["wait", str(out), "--interval", "2", "--timeout=600"]) == 0
+    polls = (time.monotonic() - t0) / 2 + 1
+    progress = capsys.readouterr().err.splitlines()
+    # one squeue for the whole sweep per interval, never a call per job
+    assert calls["scontrol"] == 0 and 1 <= calls["squeue"] <= polls, (calls, polls)
+    assert "0 pending, 0 running, 2 done, 0 failed; best metric 0." in progress[-1], progress
+    assert "2 done" not in progress[0], progress  # a live line: printed while the jobs ran, again at each change
+    rows = sweep.status(out)
     assert [(r["job"], r["slurm"], r["status"]) for r in rows] == [
         (f"{job_id}_0", "COMPLETED", "completed"), (f"{job_id}_1", "COMPLETED", "completed")], rows
     assert [summary(out / r["run_dir"])["seed"] for r in manifest["runs"]] == [1, 2]
 
 
 @pytest.mark.slow
-def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
-    """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume.
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])  # our sbatch scripts' signal, and submitit's
+def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
+    """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume;
+    USR2 (submitit's --signal=USR2@90) the same.
 
     Small target on purpose: the first evaluation is at round 30, after the preemption (round 20 at the
     latest, see below); the deterministic run reaches top-1 0.2 there (0.27 measured), or by round 90.
@@ -202,8 +263,8 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
                   .stat().st_size for r in range(2)):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
-    rows = sweep.wait(out, timeout_s=600)
+    subprocess.run(["scancel", f"--signal={sig}", job_id], check=True, timeout=60)
+    rows = sweep.wait(out, timeout_s=600, interval_s=1)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
     assert (s["status"], s["reached"], s["restarts"]) == ("completed", True, 1), s
@@ -226,6 +287,19 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm):
     assert "(restart 0)" in log and "(restart 1)" in log
     job = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True).stdout
     assert "Restarts=1" in job
+
+
+@pytest.mark.slow
+def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
+    """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
+    after a requeue), not one per rank's clock."""
+    cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
+           "train.max_steps=4", "eval.every_steps=4", "logger.progress=off"]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert re.fullmatch(r"slurm-\d+\.0_resnet_allreduce", run_dir.name), run_dir
+    assert summary(run_dir)["world_size"] == 2 and (run_dir / "steps" / "rank1.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -66,9 +66,11 @@ def run_command(overrides: list[str]) -> int:
         return 0
     import hydra
 
-    from wagma_bench.launch import detect_world
+    from wagma_bench.launch import agreed_run_dir_override, detect_world
 
     world = detect_world()
+    if world is not None and (run_dir := agreed_run_dir_override(overrides)):
+        overrides = overrides + [run_dir]  # the same on every rank and restart, not each rank's clock
     if world is not None and world.rank != 0:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
@@ -104,26 +106,19 @@ def _fail(message: str, code: int) -> None:
 
 def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
+    import torch
     from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.events import finalize
     from wagma_bench.extras import check_extras
-    from wagma_bench.launch import (
-        RunFailed,
-        check_backend_here,
-        detect_world,
-        run_rank,
-        slurm_master,
-        spawn_local,
-    )
+    from wagma_bench.launch import RunFailed, detect_world, device_plan, run_rank, slurm_master, spawn_local
     from wagma_bench.workloads import get_workload
 
     try:
         run_cfg = validate(cfg)
         check_extras(run_cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
-        check_backend_here(run_cfg)
     except (ConfigError, ValueError) as err:
         _fail(str(err), 2)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -134,11 +129,16 @@ def _run_job(cfg) -> dict | None:
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
         return run_rank(raw, str(run_dir), world, master)
+    try:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors or, with nccl, an error now
+        plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
+    except ConfigError as err:
+        _fail(str(err), 2)
     if run_cfg.comm.name == "mpi":
-        return _reexec_under_mpiexec(run_cfg.launcher.nproc, run_dir)
-    print(f"wagma-bench: {run_cfg.launcher.nproc} local ranks, run directory {run_dir}", flush=True)
+        return _reexec_under_mpiexec(plan.nproc, run_dir)
+    note = f" ({plan.note})" if plan.note else ""
+    print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
-        spawn_local(raw, run_dir, run_cfg.launcher.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
+        spawn_local(raw, run_dir, plan.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
     except RunFailed as err:
         finalize(run_dir, status="failed", error=str(err))
         message = f"{err}; see the rank's traceback above. Run directory: {run_dir}"

@@ -42,6 +42,7 @@ class TrainConfig:
     max_steps: int | None = None
     time_limit_s: float | None = None
     grad_clip: float | None = None
+    precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class CommConfig:
 @dataclass
 class LauncherConfig:
     name: str = "local"
-    nproc: int = 4
+    nproc: int | None = None  # null: one rank per visible GPU with CUDA, else 4 (launch.device_plan)
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     rendezvous_timeout_s: float = 120.0
@@ -134,6 +135,7 @@ class LoggerConfig:
 CHOICES = {
     "train.local_optimizer": ("sgd", "adam"),
     "train.schedule": ("step", "cosine", "constant", "inverse_sqrt"),
+    "train.precision": ("fp32", "bf16"),
     "eval.model": ("auto", "local", "average"),
     "comm.name": ("torch", "mpi"),
     "comm.backend": ("auto", "gloo", "nccl", "mpi"),

@@ -9,6 +9,7 @@ the survivors are terminated and the error names the failed rank.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench.config import RunConfig, validate
+from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.events import finalize
 
 
@@ -65,6 +66,56 @@ def detect_world(env=os.environ) -> World | None:
     return None
 
 
+def launcher_run_id(env=os.environ) -> str | None:
+    """A name for this run that every rank, and every restart or requeue of it, derives alike: torchrun's
+    rendezvous id (``torchrun-ID``; ``--standalone`` makes a fresh one per torchrun, ``--rdzv-id`` names it),
+    SLURM's job and step (``slurm-JOB.STEP`` or ``slurm-ARRAYJOB_TASK.STEP``: a requeued job keeps its id and
+    numbers its steps again from 0; the step tells apart several sruns in one allocation). None where the
+    launcher gives nothing stable (mpiexec; torchrun's default id ``none``, shared by unrelated runs)."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)
+    step = env.get("SLURM_STEP_ID", "0")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}.{step}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}.{step}"
+    return None
+
+
+def store_shared_stamp(env=os.environ, timeout_s: float = 120.0) -> str:
+    """One timestamp for all ranks of a torchrun world: the first rank to ask puts its own clock into the
+    agent's store (MASTER_ADDR:MASTER_PORT), every rank reads that value back."""
+    from datetime import datetime, timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    mine = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return store.compare_set("wagma_bench/run_stamp", "", mine).decode()
+
+
+def agreed_run_dir_override(overrides: list[str], env=os.environ, shared_stamp=store_shared_stamp) -> str | None:
+    """``hydra.run.dir=...`` for a rank of an external world started without one.
+
+    Hydra's default ``outputs/${now:...}`` is resolved by every rank on its own clock: ranks that start
+    seconds apart split one run into several directories, and a restart gets a fresh one and finds no
+    checkpoint. The launcher's run id names the directory instead; under torchrun without one (its default
+    id ``none``) the ranks share the first rank's clock through torchrun's store, in the default's layout
+    (conf/wagma.yaml). None where the user chose the directory, for a multirun (Hydra's sweep directory),
+    and for mpiexec (no store before the world exists).
+    """
+    if any(o.startswith(("hydra.run.dir=", "-m", "--multirun")) for o in overrides):
+        return None
+    run_id = launcher_run_id(env)
+    if run_id is not None:
+        return f"hydra.run.dir=outputs/{run_id}_${{workload.name}}_${{optimizer.name}}"
+    if env.get("TORCHELASTIC_RUN_ID") and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"hydra.run.dir=outputs/{shared_stamp(env)}_${{workload.name}}_${{optimizer.name}}"
+    return None
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
@@ -90,18 +141,44 @@ def _pin_threads(local_world_size: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
 
 
-def check_backend_here(cfg: RunConfig) -> None:
-    """comm.backend=nccl needs CUDA on this node: say so before anything starts (ValueError)."""
-    if cfg.comm.name == "torch" and cfg.comm.backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError("comm.backend=nccl needs CUDA, and no CUDA device is visible here; use comm.backend=gloo "
-                         "(or auto), or comm.emulate=nccl to check NCCL's limits on a CPU gloo world")
+CPU_DEFAULT_NPROC = 4  # local ranks without CUDA (launcher.nproc=null)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    nproc: int  # ranks (on this node)
+    backend: str  # torch.distributed backend: nccl | gloo | mpi
+    cuda: bool  # tensors on cuda:{local_rank % GPUs}
+    note: str = ""  # said in the run's first line where the plan is not the usual one
+
+
+def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePlan:
+    """Ranks, backend and device from the visible GPUs, the ranks asked for (None: one per GPU with CUDA,
+    else 4) and ``comm.backend``. NCCL refuses two ranks on one GPU, so more ranks than GPUs run on gloo
+    with CUDA tensors under ``auto`` and fail here, before any rank starts, under ``nccl``."""
+    ranks = nproc if nproc is not None else (cuda_devices or CPU_DEFAULT_NPROC)
+    if backend == "gloo":
+        return DevicePlan(ranks, "gloo", False)
+    if backend == "mpi":  # comm=mpi also trains on the GPU when there is one; MpiComm stages CUDA tensors
+        return DevicePlan(ranks, "mpi", cuda_devices > 0)
+    if cuda_devices == 0:
+        if backend == "nccl":
+            raise ConfigError("comm.backend=nccl needs CUDA and no GPU is visible; comm.backend=auto runs gloo on CPU")
+        return DevicePlan(ranks, "gloo", False)
+    if ranks <= cuda_devices:
+        return DevicePlan(ranks, "nccl", True)
+    if backend == "nccl":
+        raise ConfigError(f"comm.backend=nccl with {ranks} ranks on {cuda_devices} GPU(s): NCCL needs a GPU of its "
+                          f"own for every rank; use launcher.nproc<={cuda_devices}, or comm.backend=auto (gloo with "
+                          "CUDA tensors)")
+    return DevicePlan(ranks, "gloo", True, f"{ranks} ranks on {cuda_devices} GPU(s): gloo with CUDA tensors "
+                                           "(NCCL needs a GPU of its own for every rank)")
 
 
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     """Create this rank's communicator (the one backend every algorithm uses)."""
-    check_backend_here(cfg)
-    # comm=mpi (backend "mpi") also trains on the GPU when there is one; MpiComm stages CUDA tensors.
-    use_cuda = torch.cuda.is_available() and cfg.comm.backend in ("auto", "nccl", "mpi")
+    plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
+    use_cuda = plan.cuda
     device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -115,7 +192,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
 
     from wagma_bench.comm.torch_dist import TorchComm
 
-    backend = cfg.comm.backend if cfg.comm.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    backend = plan.backend
     if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
         backend = "gloo"
     emulate = cfg.comm.emulate

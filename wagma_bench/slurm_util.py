@@ -7,8 +7,13 @@ forward it. SLURM may send it up to a minute earlier than asked (its event resol
 cancelled, preempted or hits its limit, every task and the batch shell get TERM, then KILL after
 ``KillWait`` seconds.
 
-The trainer reacts at its next synchronisation point: every rank saves its checkpoint; after USR1 rank 0
-also requeues the job, which SLURM starts again with the same job id and ``SLURM_RESTART_COUNT`` + 1.
+submitit (``sweep --submitit``) asks for ``--signal=USR2@90`` in the same form, so USR2 reaches the same ranks
+and means the same; the trainer's handler replaces submitit's own in the rank processes, so the trainer, not
+submitit, saves and requeues.
+
+The trainer reacts at its next synchronisation point: every rank saves its checkpoint; after USR1 or USR2
+rank 0 also requeues the job, which SLURM starts again with the same job id and ``SLURM_RESTART_COUNT`` + 1.
+Outside SLURM there is no job to requeue: the run stops as ``preempted`` with its checkpoint, and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # What a rank does after saving its checkpoint, by signal.
-REQUEUE_SIGNALS = (signal.SIGUSR1,)  # 90 s before the time limit: save, then requeue the job
+# USR1: our sbatch scripts' --signal=USR1@90; USR2: submitit's (hydra/launcher=submitit_slurm), same meaning.
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: save, then requeue the job
 EXIT_SIGNALS = (signal.SIGTERM,)  # cancelled or preempted: save and exit (SLURM decides about requeue)
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -50,37 +56,32 @@ def requeue_job(job: str | None = None, env=os.environ) -> bool:
     return True
 
 
-def parse_scontrol_oneliners(text: str) -> list[dict[str, str]]:
-    """``scontrol show job -o`` output: one dict per job (array tasks are separate jobs)."""
-    jobs = []
+def parse_squeue(text: str) -> dict[str, str]:
+    """``squeue -h -r -o %i|%T`` output: state by id (``ID``, or ``ARRAYID_TASK``: -r lists every task)."""
+    states = {}
     for line in text.splitlines():
-        fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
-        if "JobId" in fields:
-            jobs.append(fields)
-    return jobs
+        jid, sep, state = line.strip().partition("|")
+        if sep and jid:
+            states[jid] = state.split()[0] if state.strip() else "UNKNOWN"
+    return states
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
-    """State of each job or array task, keyed ``ID`` or ``ARRAYID_TASK``.
+    """State of each job or array task, keyed ``ID`` or ``ARRAYID_TASK``, in one ``squeue`` call for them all.
 
-    ``scontrol`` answers for pending, running and recently finished jobs (MinJobAge); ``sacct`` fills in
-    older ones where accounting is enabled. Unknown ids are left out.
+    ``squeue -t all`` answers for pending, running and recently finished jobs (MinJobAge; array tasks one a
+    line, even while pending); one ``sacct`` call fills in older ones where accounting is enabled. Unknown
+    ids are left out. (squeue exits 1 when it knows none of the ids: that is an empty answer.)
     """
-    states: dict[str, str] = {}
-    for jid in job_ids:
-        out = subprocess.run(["scontrol", "show", "job", "-o", jid], check=False, capture_output=True, text=True, timeout=60)
-        for job in parse_scontrol_oneliners(out.stdout if out.returncode == 0 else ""):
-            key = f"{job['ArrayJobId']}_{job['ArrayTaskId']}" if job.get("ArrayTaskId") else job["JobId"]
-            states[key] = job.get("JobState", "UNKNOWN")
+    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids)],
+                         check=False, capture_output=True, text=True, timeout=60)
+    states = parse_squeue(out.stdout)
     missing = [j for j in job_ids if not any(k == j or k.startswith(f"{j}_") for k in states)]
     if missing:
         out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
                              check=False, capture_output=True, text=True, timeout=60)
         if out.returncode == 0:
-            for line in out.stdout.splitlines():
-                jid, _, state = line.partition("|")
-                if jid:
-                    states[jid] = state.split()[0] if state else "UNKNOWN"
+            states.update(parse_squeue(out.stdout))
     return states
 
 

@@ -5,7 +5,9 @@
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
     wagma-bench sweep submit DIR        submit a rendered sweep
     wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
-    wagma-bench sweep wait DIR          poll until every job has ended (squeue-like polling, not sbatch --wait)
+    wagma-bench sweep wait DIR [--interval S] [--timeout S]
+                                        poll SLURM for the whole sweep every S s (30) with a progress line
+                                        until every job has ended (no timeout unless given)
 
 Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` (change one profile field),
 ``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
@@ -75,6 +77,7 @@ class ClusterProfile:
     qos: str | None = None
     time: str = "01:00:00"
     signal: str = "USR1@90"
+    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     venv: str | None = None  # auto | a prefix | null
@@ -361,7 +364,8 @@ def render_script(spec: SweepSpec, runs: list[Run], script: Path, log_dir: Path,
         "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
         "setup_lines": "\n".join(setup_lines(profile)),
         "select_run": "\n".join(select_run_lines(runs, array)),
-        "launcher": f"{profile.launcher[comm]} --kill-on-bad-exit=1",
+        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun: without it each rank gets one core
+        "launcher": f'{profile.launcher[comm]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1',
         "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
     }
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
@@ -498,16 +502,57 @@ def finished(row: dict) -> bool:
                                                  ("running", "not started", "preempted"))
 
 
-def wait(sweep_dir: Path, timeout_s: float = 3600.0, poll_s: float = 1.0) -> list[dict]:
-    """Poll until every submitted job has ended (sbatch --wait polls lazily: an 11 s job returned after 42 s)."""
-    deadline = time.monotonic() + timeout_s
+ENDED_WELL = ("completed", "time_limit")  # a run's own statuses that count as done (else failed)
+
+
+def phase(row: dict) -> str:
+    """pending | running | done | failed: where one submitted run stands, for the progress line."""
+    if finished(row):
+        return "done" if row["status"] in ENDED_WELL else "failed"
+    if row["slurm"] in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING") or row["status"] == "running":
+        return "running"
+    return "pending"
+
+
+def progress_line(rows: list[dict], elapsed_s: float) -> str:
+    """One line for the whole sweep: counts by phase and the best metric so far (higher is better)."""
+    submitted = [r for r in rows if r["job"] is not None]
+    counts = {p: 0 for p in ("pending", "running", "done", "failed")}
+    for row in submitted:
+        counts[phase(row)] += 1
+    line = ", ".join(f"{n} {p}" for p, n in counts.items())
+    if len(submitted) < len(rows):
+        line += f" ({len(rows) - len(submitted)} unsubmitted)"
+    scored = [r for r in rows if r["metric"] is not None]
+    if scored:
+        best = max(scored, key=lambda r: r["metric"])
+        line += f"; best metric {best['metric']:.4f} ({best['run']})"
+    return f"[{_dt.timedelta(seconds=round(elapsed_s))}] {line}"
+
+
+def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30.0, out=None) -> list[dict]:
+    """Poll SLURM once per ``interval_s`` for the whole sweep (one squeue call) until every submitted job
+    has ended, writing a progress line to ``out`` (overwritten in place on a terminal, else one line per
+    change). ``timeout_s`` None waits as long as it takes. (Not sbatch --wait: it polls lazily, an 11 s job
+    returned after 42 s.)"""
+    t0 = time.monotonic()
+    tty = out is not None and out.isatty()
+    last = None
     while True:
         rows = status(sweep_dir)
+        line = progress_line(rows, time.monotonic() - t0)
+        counts = line.partition("] ")[2]
+        if out is not None and (tty or counts != last):
+            out.write(f"\r{line}\033[K" if tty else f"{line}\n")
+            out.flush()
+        last = counts
         if all(finished(r) for r in rows if r["job"] is not None):
+            if tty:
+                out.write("\n")
             return rows
-        if time.monotonic() > deadline:
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
-        time.sleep(poll_s)
+        time.sleep(interval_s)
 
 
 # --- Hydra's submitit launcher ----------------------------------------------------------------------------
@@ -521,6 +566,7 @@ def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
            f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
            f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
            f"hydra.launcher.timeout_min={hours * 60 + minutes}",
+           f"hydra.launcher.max_num_timeout={profile.max_num_timeout}",
            f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
            "+hydra.launcher.additional_parameters.requeue=true"]
     fields = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,
@@ -566,19 +612,41 @@ def main(argv: list[str]) -> int:
         return 1
 
 
+def _wait_command(argv: list[str]) -> int:
+    """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
+    usage = "usage: wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]"
+    options, dirs = {"--interval": 30.0, "--timeout": None}, []
+    args = iter(argv)
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if key in options:
+            try:
+                options[key] = float(value if eq else next(args))
+            except (StopIteration, ValueError):
+                raise ConfigError(f"{key} takes a number of seconds; {usage}") from None
+        else:
+            dirs.append(arg)
+    if len(dirs) != 1 or options["--interval"] <= 0:
+        raise ConfigError(usage)
+    rows = wait(Path(dirs[0]), timeout_s=options["--timeout"], interval_s=options["--interval"], out=sys.stderr)
+    print(format_rows(rows))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    if argv[0] in ("submit", "status", "wait"):
+    if argv[0] == "wait":
+        return _wait_command(argv[1:])
+    if argv[0] in ("submit", "status"):
         if len(argv) != 2:
             raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
         sweep_dir = Path(argv[1])
         if argv[0] == "submit":
             print("\n".join(submit(sweep_dir)))
         else:
-            rows = wait(sweep_dir) if argv[0] == "wait" else status(sweep_dir)
-            print(format_rows(rows))
+            print(format_rows(status(sweep_dir)))
         return 0
     show_cfg = "--cfg" in argv
     if show_cfg:  # `--cfg job`, as `wagma-bench run --cfg job`: print what each run composes, render nothing

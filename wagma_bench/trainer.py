@@ -31,6 +31,7 @@ from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.schedules import lr_at, peak_lr
+from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
 from wagma_bench.workloads import get_workload
 
 CONTROL_EVERY = 10  # rounds between exchanges of control flags (rounded up to the sync period)
@@ -157,15 +158,16 @@ class EvalModel:
 
 
 class Preemption:
-    """SIGUSR1 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
+    """SIGUSR1 / SIGUSR2 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
 
-    After USR1 (SLURM's warning before the time limit) rank 0 then requeues the job; after TERM the run
-    just ends (see :mod:`wagma_bench.slurm_util` for which signal reaches whom).
+    After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
+    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.slurm_util` for which signal
+    reaches whom).
     """
 
     def __init__(self):
         self.signal: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS):
             try:
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
@@ -176,8 +178,6 @@ class Preemption:
 
     @property
     def requeue(self) -> bool:
-        from wagma_bench.slurm_util import REQUEUE_SIGNALS
-
         return self.signal in REQUEUE_SIGNALS
 
 
@@ -238,6 +238,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
                         f"{cfg.workload.name}/{algo.name} x{world}")
     batches = workload.batches(state["local_step"])
+    # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
+    # and the communicated models/gradients stay fp32
+    autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
     diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
     requeue = False
     last_compute_s = None
@@ -262,7 +265,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
             batch = next(batches)
             algo.zero_grad()
-            loss, n = workload.forward(model, batch)
+            with autocast:
+                loss, n = workload.forward(model, batch)
             loss.backward()
             compute_s = last_compute_s = time.perf_counter() - t0
             if first:
@@ -347,10 +351,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     events.close()  # after the derived files: the W&B mirror logs them as an artifact
     if rank != 0:
         return None
-    if requeue:  # after the summary: the requeue ends this job's steps
-        from wagma_bench.slurm_util import requeue_job
-
-        requeue_job()
+    if requeue and not requeue_job():  # after the summary: the requeue ends this job's steps
+        print(f"wagma-bench: preempted at step {final['step']} outside SLURM: checkpoint saved, no job to "
+              f"requeue; run the same command again to resume from {run_dir}", flush=True)
     return summary
 
 

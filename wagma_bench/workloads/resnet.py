@@ -134,6 +134,7 @@ class SyntheticImageData:
     name: str = "synthetic"
     root: str | None = None
     num_samples: int = 4096     # per rank
+    image_size: int = 224       # ImageNet's; smaller for quick checks of the same code path
 
 
 class ResNetWorkload(Workload):
@@ -158,7 +159,8 @@ class ResNetWorkload(Workload):
             self._init_imagenet(check_imagenet_root(cfg.data.root))
         elif self.data_name == "synthetic":
             g = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
-            self.pool = [(torch.randn(self.batch, 3, 224, 224, generator=g),
+            size = cfg.data.image_size
+            self.pool = [(torch.randn(self.batch, 3, size, size, generator=g),
                           torch.randint(0, 1000, (self.batch,), generator=g)) for _ in range(4)]
         else:
             raise ConfigError(f"workload=resnet has no data={self.data_name!r}; choose mnist5k, imagenet or synthetic")
@@ -181,7 +183,15 @@ class ResNetWorkload(Workload):
 
     # --- model ---
     def build_model(self) -> nn.Module:
-        arch = self.cfg.workload.arch
+        model = self._build_model(self.cfg.workload.arch)
+        # bf16 convolutions are fastest on NHWC tensors (cuDNN / oneDNN); inputs follow in forward()
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    @property
+    def channels_last(self) -> bool:
+        return self.cfg.train.precision == "bf16"
+
+    def _build_model(self, arch: str) -> nn.Module:
         if arch == "resnet50":
             import torchvision
 
@@ -239,6 +249,8 @@ class ResNetWorkload(Workload):
         if len(y) == 0:
             return sum(p.sum() for p in model.parameters()) * 0.0, 0
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return F.cross_entropy(model(x), y), len(y)
 
     # --- evaluation ---

@@ -1,0 +1,251 @@
+"""`make gpu-check`: the one command to run on a machine with a GPU (sized to fit in 8 minutes on one
+modern GPU; not yet timed on one; nothing else needed).
+
+1. NCCL world of one rank, every optimizer: 20 steps of ResNet-50 on synthetic ImageNet-shaped data.
+2. gloo world of 4 ranks sharing that GPU (CUDA tensors; launch.device_plan's choice for more ranks than
+   GPUs), every optimizer, 20 steps: device placement at P > 1.
+3. ResNet-50 synthetic images/s through `wagma-bench run` against a plain torch loop of the same model and
+   batch, as a ratio, in fp32 and with train.precision=bf16 (autocast + channels_last).
+4. `wagma-bench comm-bench`. It has no device option yet: it times CPU (gloo) tensors, which the table says.
+
+Prints a table and writes reproduce/gpu/check-<host>-<time>.json (GPU_CHECK_OUT=DIR to write elsewhere).
+Without CUDA it says so and exits 0. GPU_CHECK_DRY=1 runs the same code paths on the CPU with 2 steps, tiny
+images, 2 optimizers and 2 ranks (the test suite runs it, so the script cannot rot).
+
+The machine's own Python and torch (>= 2.3, with torchvision and numpy) run it from this repository; Hydra and
+OmegaConf come from the machine or, offline, from the wheels that `make gpu-wheels` put in
+reproduce/gpu/wheels/ (installed into reproduce/gpu/site/, nothing outside the repository changes).
+
+    python reproduce/gpu/check.py          # or: make gpu-check
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WHEELS, SITE = HERE / "wheels", HERE / "site"
+OPTIMIZERS = ["allreduce", "wagma", "local_sgd", "dpsgd", "adpsgd", "sgp", "eager"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int  # training steps per run (rounded up by the trainer to an optimizer's sync period)
+    warmup: int  # steps left out of the images/s figures (cuDNN autotuning, allocator growth)
+    batch: int  # per rank, one rank per device
+    shared_batch: int  # per rank, several ranks sharing one device
+    image_size: int
+    optimizers: tuple[str, ...]
+    shared_ranks: int  # ranks of the gloo world on one device
+    bench_sizes: str  # comm-bench message sizes
+    timeout_s: int  # per command
+
+
+FULL = Sizes(steps=20, warmup=5, batch=64, shared_batch=32, image_size=224, optimizers=tuple(OPTIMIZERS), shared_ranks=4,
+             bench_sizes="4K,1M,16M", timeout_s=300)
+# dry: a gradient-averaging and a gossip (point-to-point) optimizer, both synchronising every step, so that
+# 2 steps stay 2 steps (WAGMA's tau would round them up to 10)
+DRY = Sizes(steps=2, warmup=1, batch=2, shared_batch=2, image_size=32, optimizers=("allreduce", "dpsgd"), shared_ranks=2,
+            bench_sizes="4K", timeout_s=300)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of `wagma-bench` runs: this repository (and the offline site) first on the path."""
+    paths = [str(ROOT)] + ([str(SITE)] if SITE.exists() else [])
+    old = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([old] if old else [])), **(extra or {})}
+
+
+def ensure_hydra() -> None:
+    """Hydra and OmegaConf from this Python, else from `make gpu-wheels`' folder, installed into SITE."""
+    try:
+        import hydra  # noqa: F401
+        import omegaconf  # noqa: F401
+        return
+    except ImportError:
+        pass
+    if not any(WHEELS.glob("*.whl")):
+        sys.exit("gpu-check: hydra-core/omegaconf missing and no wheels in reproduce/gpu/wheels (run `make gpu-wheels`"
+                 " on a machine with internet, copy the folder along)")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS),
+                    "--target", str(SITE), "hydra-core", "omegaconf"], check=True)
+    sys.path.insert(0, str(SITE))
+
+
+def wagma_bench(args: list[str], sizes: Sizes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "wagma_bench", *args]
+    print("$ wagma-bench " + " ".join(args), flush=True)
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=child_env(env), capture_output=True, text=True,
+                              timeout=sizes.timeout_s, check=False)
+    except subprocess.TimeoutExpired as err:
+        return subprocess.CompletedProcess(cmd, 124, err.stdout or "", f"timed out after {sizes.timeout_s} s")
+
+
+def resnet50_args(sizes: Sizes, batch: int | None = None) -> list[str]:
+    return ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"data.image_size={sizes.image_size}",
+            f"train.batch_size={batch or sizes.batch}", f"train.max_steps={sizes.steps}", "logger.progress=off"]
+
+
+def read_run(run_dir: Path) -> dict:
+    """What the table needs from one run directory: status, steps, the backend it ran on, its error."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return {"status": "no summary", "steps": None, "backend": None, "error": None}
+    s = json.loads(summary.read_text())
+    start = next((json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+                  if '"run_start"' in line), {})
+    backend = start.get("metadata", {}).get("versions", {}).get("comm")
+    return {"status": s.get("status"), "steps": s.get("steps"), "backend": backend, "error": s.get("error")}
+
+
+def every_optimizer(name: str, world: list[str], sizes: Sizes, out: Path, batch: int, env=None) -> dict:
+    """One multirun over the optimizers in the given world; a row per optimizer."""
+    sweep_dir = out / name
+    done = wagma_bench(["run", "-m", *resnet50_args(sizes, batch), *world, f"optimizer={','.join(sizes.optimizers)}",
+                        f"hydra.sweep.dir={sweep_dir}"], sizes, env)
+    rows = {}
+    for opt in sizes.optimizers:
+        run_dir = next(iter(sweep_dir.glob(f"*_{opt}_s1")), sweep_dir / f"missing_{opt}")
+        rows[opt] = read_run(run_dir)
+        rows[opt]["ok"] = rows[opt]["status"] == "completed"
+    return {"rows": rows, "exit": done.returncode, "stdout_head": done.stdout[:400],
+            "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+
+
+def images_per_s(run_dir: Path, batch: int, warmup: int) -> float | None:
+    """Rank 0's training-clock images/s after the warm-up steps (steps/rank0.jsonl: `t` after each step)."""
+    path = run_dir / "steps" / "rank0.jsonl"
+    if not path.exists():
+        return None
+    t = [json.loads(line)["t"] for line in path.read_text().splitlines()]
+    if len(t) <= warmup or t[-1] <= t[warmup - 1]:
+        return None
+    return (len(t) - warmup) * batch / (t[-1] - t[warmup - 1])
+
+
+def plain_loop_images_per_s(sizes: Sizes, precision: str) -> float:
+    """The same model and batch in a bare torch loop: SGD, one loss.item() per step as the trainer does."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(1)
+    bf16 = precision == "bf16"
+    model = torchvision.models.resnet50(weights=None).to(device)
+    fmt = torch.channels_last if bf16 else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(sizes.batch, 3, sizes.image_size, sizes.image_size, device=device).contiguous(memory_format=fmt)
+    y = torch.randint(0, 1000, (sizes.batch,), device=device)
+    t_start = None
+    for step in range(sizes.steps):
+        if step == sizes.warmup:
+            t_start = time.perf_counter()
+        opt.zero_grad()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()  # synchronises, as the trainer's per-step loss read does
+    return (sizes.steps - sizes.warmup) * sizes.batch / (time.perf_counter() - t_start)
+
+
+def throughput(sizes: Sizes, out: Path) -> dict:
+    """wagma-bench run (one rank, allreduce) vs the plain loop, fp32 and bf16."""
+    rows, sweep_dir = {}, out / "throughput"
+    done = wagma_bench(["run", "-m", *resnet50_args(sizes), "launcher.nproc=1", "optimizer=allreduce",
+                        "train.precision=fp32,bf16", f"hydra.sweep.dir={sweep_dir}",
+                        "hydra.sweep.subdir=${train.precision}"], sizes)
+    for precision in ("fp32", "bf16"):
+        ours = images_per_s(sweep_dir / precision, sizes.batch, sizes.warmup)
+        plain = plain_loop_images_per_s(sizes, precision)
+        rows[precision] = {"wagma_bench_images_per_s": ours, "plain_images_per_s": plain,
+                           "ratio": ours / plain if ours else None, "exit": done.returncode,
+                           "ok": done.returncode == 0 and ours is not None,
+                           "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+    return {"rows": rows}
+
+
+def comm_bench(sizes: Sizes, out: Path) -> dict:
+    path = out / "comm_bench.json"
+    done = wagma_bench(["comm-bench", "--nproc", "2", "--sizes", sizes.bench_sizes, "--repeats", "3",
+                        "--out", str(path)], sizes)
+    table = json.loads(path.read_text())["table"] if path.exists() else None
+    return {"ok": done.returncode == 0 and table is not None, "exit": done.returncode, "device": "cpu",
+            "note": "comm-bench has no device option yet: gloo on CPU tensors", "table": table,
+            "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+
+
+def format_report(result: dict) -> str:
+    dry = " [DRY: CPU, tiny sizes]" if result["dry"] else ""
+    lines = [f"gpu-check on {result['host']} ({result['device']}), torch {result['torch']}{dry}", ""]
+    for part in ("nccl_one_rank", "gloo_shared_gpu"):
+        lines.append(f"{part}:")
+        for opt, row in result[part]["rows"].items():
+            lines.append(f"  {opt:10s} {'ok  ' if row['ok'] else 'FAIL'} {row['status']!s:12s} steps={row['steps']} "
+                         f"backend={row['backend']}" + (f"  {row['error']}" if row["error"] else ""))
+    lines.append("throughput (ResNet-50 synthetic images/s, one rank): wagma-bench / plain torch loop")
+    for precision, row in result["throughput"]["rows"].items():
+        ours, plain, ratio = row["wagma_bench_images_per_s"], row["plain_images_per_s"], row["ratio"]
+        lines.append(f"  {precision:5s} {ours or 0:9.1f} / {plain:9.1f} = {ratio or 0:.3f}"
+                     f"{'' if row['ok'] else '  FAIL'}")
+    bench = result["comm_bench"]
+    lines.append(f"comm-bench: {'ok' if bench['ok'] else 'FAIL'} ({bench['note']})")
+    lines.append(f"all ok: {result['ok']}  ({result['seconds']:.0f} s)")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    dry = os.environ.get("GPU_CHECK_DRY") == "1"
+    try:
+        import torch
+    except ImportError:
+        print(f"gpu-check: {sys.executable} has no torch; run it with the Python that has (GPU_PY=... make gpu-check)")
+        return 2
+
+    if not dry and not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU visible to torch here: nothing to check (GPU_CHECK_DRY=1 runs the same "
+              "code paths on the CPU)")
+        return 0
+    ensure_hydra()
+    sizes = DRY if dry else FULL
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(os.environ.get("GPU_CHECK_OUT", HERE)).resolve()
+    work = out / f"runs-{stamp}"
+    t0 = time.perf_counter()
+    # one rank per run (nccl with CUDA); then ranks sharing the first GPU: device_plan picks gloo on CUDA tensors
+    one_rank = ["launcher.nproc=1"] + ([] if dry else ["comm.backend=nccl"])
+    shared = {} if dry else {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
+    result = {
+        "host": socket.gethostname(), "dry": dry, "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "sizes": asdict(sizes),
+        "nccl_one_rank": every_optimizer("nccl_one_rank", one_rank, sizes, work, sizes.batch),
+        "gloo_shared_gpu": every_optimizer("gloo_shared_gpu", [f"launcher.nproc={sizes.shared_ranks}"], sizes,
+                                           work, sizes.shared_batch, shared),
+        "throughput": throughput(sizes, work),
+        "comm_bench": comm_bench(sizes, work),
+    }
+    result["seconds"] = time.perf_counter() - t0
+    result["ok"] = (all(r["ok"] for p in ("nccl_one_rank", "gloo_shared_gpu") for r in result[p]["rows"].values())
+                    and all(r["ok"] for r in result["throughput"]["rows"].values()) and result["comm_bench"]["ok"])
+    path = out / f"check-{result['host']}-{stamp}{'-dry' if dry else ''}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(format_report(result))
+    print(f"gpu-check: wrote {path} (run directories in {work})")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

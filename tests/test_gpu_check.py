@@ -1,0 +1,94 @@
+"""`make gpu-check` (reproduce/gpu/check.py) and train.precision: the GPU path's code, run on the CPU here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from wagma_bench.events import read_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECK = ROOT / "reproduce" / "gpu" / "check.py"
+BIN = Path(sys.executable).parent / "wagma-bench"
+
+
+def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CHECK)], env={**os.environ, "GPU_CHECK_OUT": str(tmp_path), **env},
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
+def test_make_gpu_check_without_cuda_says_so_and_exits_0(tmp_path):
+    out = subprocess.run(["make", "-s", "gpu-check", f"GPU_PY={sys.executable}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=False, env={**os.environ, "GPU_CHECK_OUT": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "no CUDA GPU" in out.stdout and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_mode_runs_every_part_on_cpu(tmp_path):
+    out = run_check(tmp_path, GPU_CHECK_DRY="1")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (path,) = tmp_path.glob("check-*-dry.json")
+    result = json.loads(path.read_text())
+    assert result["ok"] and result["dry"]
+    for part in ("nccl_one_rank", "gloo_shared_gpu"):
+        assert [(r["status"], r["steps"]) for r in result[part]["rows"].values()] == [("completed", 2)] * 2
+    for row in result["throughput"]["rows"].values():
+        assert row["wagma_bench_images_per_s"] > 0 and row["plain_images_per_s"] > 0 and row["ratio"] > 0
+    assert result["comm_bench"]["table"]
+    assert "throughput (ResNet-50" in out.stdout and "all ok: True" in out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_check_on_a_gpu(tmp_path):
+    out = run_check(tmp_path)
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
+
+
+def test_bf16_precision_autocasts_the_training_forward(tmp_path):
+    """The same seeded run in fp32 and bf16: the first step's loss differs by bfloat16's rounding."""
+    out = subprocess.run([str(BIN), "run", "-m", "launcher.nproc=1", "train.max_steps=2", "eval.every_steps=2",
+                          "train.precision=fp32,bf16", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
+                          "hydra.sweep.subdir=${train.precision}"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first_loss = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = tmp_path / precision
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+        assert read_jsonl(run_dir / "events.jsonl")[0]["metadata"]["config"]["train"]["precision"] == precision
+        first_loss[precision] = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]["loss"]
+    assert first_loss["bf16"] != first_loss["fp32"]
+    assert abs(first_loss["bf16"] - first_loss["fp32"]) < 0.05 * first_loss["fp32"]
+
+
+def test_bf16_autocast_and_channels_last_in_the_resnet_forward():
+    from omegaconf import OmegaConf
+
+    from wagma_bench.workloads.resnet import ResNetWorkload
+
+    cfg = OmegaConf.create({"seed": 1, "train": {"batch_size": 2, "precision": "bf16"},
+                            "data": {"name": "synthetic", "image_size": 32, "num_samples": 8},
+                            "workload": {"arch": "resnet50"}})
+    workload = ResNetWorkload(cfg, 0, 1, torch.device("cpu"))
+    model = workload.build_model()
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    seen = []
+    model.fc.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, n = workload.forward(model, next(workload.batches(0)))
+    assert n == 2 and seen == [torch.bfloat16] and loss.isfinite()
+
+
+def test_precision_choices_are_validated(tmp_path):
+    out = subprocess.run([str(BIN), "run", "train.precision=fp16", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "fp32" in out.stderr and "bf16" in out.stderr, out.stderr[-2000:]

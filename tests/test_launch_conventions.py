@@ -1,0 +1,154 @@
+"""Cluster launcher conventions, end to end with real ranks: preemption signals (SLURM's USR1, submitit's
+USR2), the run directory that every rank of a torchrun world agrees on, restarts that find it again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from wagma_bench.events import read_jsonl
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+
+
+def _rank_pids(pid: int) -> list[int]:
+    """The spawned rank processes of a local `wagma-bench run` (not its resource tracker)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
+                         check=False).stdout
+    return [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Until every rank has flushed its step log (first control point): the signal handlers are installed."""
+    deadline = time.monotonic() + timeout_s
+    logs = [run_dir / "steps" / f"rank{r}.jsonl" for r in range(ranks)]
+    while not all(p.exists() and p.stat().st_size for p in logs):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.2)
+
+
+def test_usr2_checkpoints_and_stops_preempted(tmp_path):
+    """submitit's USR2 reaches every rank (as SLURM's USR1 does): checkpoint at the next sync point, stop."""
+    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=2", "train.max_steps=100000", "eval.every_steps=100000",
+                             "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_steps(tmp_path, 2, proc)
+        ranks = _rank_pids(proc.pid)
+        assert len(ranks) == 2, ranks
+        for pid in ranks:
+            os.kill(pid, signal.SIGUSR2)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "no job to requeue" in out  # outside SLURM: said, not attempted
+    events = read_jsonl(tmp_path / "events.jsonl")
+    ckpt = next(e for e in events if e["key"] == "checkpoint")
+    stop = events[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "preempted", stop
+    assert ckpt["metadata"]["step"] == stop["metadata"]["step"] < 100000
+    assert (tmp_path / "checkpoint" / "meta.json").exists()
+
+
+def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) -> subprocess.CompletedProcess:
+    """A 2-rank torchrun world (c10d rendezvous, id ``rdzv_id``; None: torchrun's default static rendezvous)
+    whose local rank 1 starts 3 s late, as ranks on different nodes do; no hydra.run.dir, so the run
+    directory is whatever the ranks agree on."""
+    wrapper = cwd / "late_rank1.sh"
+    wrapper.write_text(f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n')
+    wrapper.chmod(0o755)
+    from wagma_bench.launch import free_port
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    rdzv = (["--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
+            if rdzv_id else [f"--master-port={free_port()}"])
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", *rdzv, "--no-python", str(wrapper),
+           "logger.progress=off", "checkpoint.every_s=0", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_path):
+    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=6", "eval.every_steps=6"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert len(run_dirs) == 1, run_dirs  # one directory, not one per rank's clock
+    (run_dir,) = run_dirs
+    assert run_dir.relative_to(tmp_path / "outputs").as_posix() == "torchrun-job42_resnet_allreduce"
+    for rank in (0, 1):
+        assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (run_dir / "checkpoint" / f"rank{rank}.pt").exists()
+    # a restart under the same rendezvous id (a resubmitted job) resumes there
+    second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=12", "eval.every_steps=6"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")} == {run_dir}
+    keys = [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+    assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys[-1] == "run_stop"
+    assert [s["step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
+
+
+def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
+    out = _torchrun_with_late_rank(tmp_path, None, ["train.max_steps=2", "eval.every_steps=2"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
+    assert len(run_dirs) == 1, run_dirs
+    assert (run_dirs.pop() / "steps" / "rank1.jsonl").exists()
+
+
+def test_run_directory_from_the_launchers_stable_id():
+    from wagma_bench.launch import agreed_run_dir_override, launcher_run_id
+
+    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "a b/c"}) == "torchrun-a_b_c"
+    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default: shared by unrelated runs
+    assert launcher_run_id({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1"}) == "slurm-77.1"
+    assert launcher_run_id({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "8",
+                            "SLURM_STEP_ID": "0"}) == "slurm-70_8.0"
+    assert launcher_run_id({"OMPI_COMM_WORLD_RANK": "0"}) is None
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    assert agreed_run_dir_override(["optimizer=wagma"], env) == \
+        "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
+    assert agreed_run_dir_override(["hydra.run.dir=/x"], env) is None  # the user's choice wins
+    assert agreed_run_dir_override(["-m", "seed=1,2"], env) is None  # multirun: Hydra's sweep directory
+    # torchrun's default id: the clock of the first rank, shared through torchrun's store
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert agreed_run_dir_override([], torchrun, shared_stamp=lambda env: "2026-01-02/03-04-05") == \
+        "hydra.run.dir=outputs/2026-01-02/03-04-05_${workload.name}_${optimizer.name}"
+    assert agreed_run_dir_override([], {"OMPI_COMM_WORLD_RANK": "1"}, shared_stamp=None) is None  # mpiexec
+
+
+def test_device_plan_ranks_backend_and_device():
+    import pytest
+
+    from wagma_bench.config import ConfigError
+    from wagma_bench.launch import DevicePlan, device_plan
+
+    assert device_plan(0, None, "auto") == DevicePlan(4, "gloo", False)  # `make run` on a CPU: 4 ranks
+    assert device_plan(8, None, "auto") == DevicePlan(8, "nccl", True)  # one rank per visible GPU
+    assert device_plan(2, 2, "nccl") == DevicePlan(2, "nccl", True)
+    one_gpu = device_plan(1, 4, "auto")  # a one-GPU workstation asked for 4 ranks
+    assert (one_gpu.nproc, one_gpu.backend, one_gpu.cuda) == (4, "gloo", True)
+    assert "gloo with CUDA tensors" in one_gpu.note
+    with pytest.raises(ConfigError, match="4 ranks on 1 GPU.*launcher.nproc<=1"):
+        device_plan(1, 4, "nccl")
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        device_plan(0, 2, "nccl")
+    assert device_plan(4, 2, "gloo") == DevicePlan(2, "gloo", False)  # gloo asked for: CPU, as before
+    assert device_plan(1, 4, "mpi") == DevicePlan(4, "mpi", True)
+
+
+def test_impossible_nccl_world_fails_before_spawning(tmp_path):
+    import re
+
+    import torch
+
+    ranks = torch.cuda.device_count() + 2  # more ranks than GPUs, wherever it runs
+    out = subprocess.run([str(BIN), "run", "comm.backend=nccl", f"launcher.nproc={ranks}", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert re.search(r"comm.backend=nccl (needs CUDA|with \d+ ranks on \d+ GPU)", out.stderr), out.stderr[-3000:]
+    assert "local ranks" not in out.stdout
+    assert not (tmp_path / "events.jsonl").exists()
