@@ -80,14 +80,14 @@ def _run_job(cfg) -> dict | None:
     from wagma_bench.launch import RunFailed, detect_world, run_rank, slurm_master, spawn_local
     from wagma_bench.workloads import get_workload
 
+    world = detect_world()
     try:
-        run_cfg = validate(cfg)
+        run_cfg = validate(cfg, world.world_size if world else None)
         get_workload(run_cfg.workload.name).check(run_cfg)
     except (ConfigError, ValueError) as err:
         _fail(str(err), 2)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     raw = run_cfg.raw
-    world = detect_world()
     if world is not None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:

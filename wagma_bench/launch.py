@@ -121,7 +121,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     """Entry point of one rank, in a spawned process or under an external launcher."""
     from wagma_bench.trainer import train
 
-    cfg = validate(raw_cfg)
+    cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
     comm = make_comm(cfg, world, master)
     try:

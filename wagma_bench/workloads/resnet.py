@@ -111,9 +111,21 @@ def check_imagenet_root(root: str | None) -> Path:
         d = path / split
         if not d.is_dir():
             raise ConfigError(f"ImageNet root {path} has no '{split}/' folder; expected {IMAGENET_LAYOUT}")
-        if not any(c.is_dir() for c in d.iterdir()):
+        classes = sorted(c for c in d.iterdir() if c.is_dir())
+        if not classes:
             raise ConfigError(f"ImageNet folder {d} holds no class sub-folders; expected {IMAGENET_LAYOUT}")
+        empty = [c for c in classes if not _has_image(c)]
+        if empty:  # torchvision's ImageFolder would fail inside every rank, after the world started
+            raise ConfigError(f"data.root={root}: class folder {empty[0]} holds no images "
+                              f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
+                              f"every class needs at least one image: {IMAGENET_LAYOUT}")
     return path
+
+
+def _has_image(folder: Path) -> bool:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return any(f.suffix.lower() in IMG_EXTENSIONS for f in folder.rglob("*") if f.is_file())
 
 
 @dataclass
