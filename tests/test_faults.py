@@ -5,14 +5,19 @@ across restarts, checkpoints verified as sets."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 
 import pytest
 
 from wagma_bench.config import FIXED_SECTIONS, RANGES, option_schemas
+from wagma_bench.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -87,3 +92,135 @@ def _numeric_fields() -> list[str]:
 def test_every_numeric_setting_has_an_allowed_range():
     missing = [key for key in _numeric_fields() if key not in RANGES]
     assert not missing, f"add these to wagma_bench.config.RANGES: {missing}"
+
+
+# --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------
+
+def start(args) -> subprocess.Popen:
+    """A run in the background, in its own process group (to kill the launcher and its ranks at once)."""
+    return subprocess.Popen([str(BIN), "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for(condition, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and its ranks, as a crash or an OOM killer would."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate(timeout=60)
+
+
+def keys(run_dir: Path) -> list[str]:
+    return [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+def logged_steps(run_dir: Path, rank: int) -> list[int]:
+    return [s["step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
+
+
+def checkpoints(run_dir: Path) -> list[int]:
+    return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+
+
+def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
+    """Row 1, and row 13's first half: the killed first run leaves a stale lock and no checkpoint; the
+    rerun takes the lock over and starts afresh, appending nothing to the killed attempt's logs."""
+    first = start(QUICK[:1] + ["train.max_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: logged_steps(tmp_path, 0) or (tmp_path / "steps" / "rank0.jsonl").exists(), "rank 0")
+        t0 = time.monotonic()
+        second = run(["optimizer=wagma"] + QUICK + [f"hydra.run.dir={tmp_path}"], timeout=120)
+        refused_s = time.monotonic() - t0
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "in use by another run" in second.stderr and f"PID {first.pid}" in second.stderr
+        assert refused_s < 15
+        assert first.poll() is None  # the holder runs on, undisturbed
+    finally:
+        kill_run(first)
+    assert keys(tmp_path).count("run_start") == 1
+    third = run(QUICK + [f"hydra.run.dir={tmp_path}"])
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "taking over the stale lock" in third.stderr and f"PID {first.pid}" in third.stderr
+    assert keys(tmp_path).count("run_start") == 1 and keys(tmp_path).count("run_stop") == 1
+    assert logged_steps(tmp_path, 0) == logged_steps(tmp_path, 1) == list(range(1, 13))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["optimizer"], summary["steps"], summary["status"]) == ("allreduce", 12, "completed")
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(tmp_path):
+    """Row 12."""
+    args = QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"]
+    first = run(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    events, summary = (tmp_path / "events.jsonl").read_bytes(), (tmp_path / "summary.json").read_bytes()
+    t0 = time.monotonic()
+    again = run(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert time.monotonic() - t0 < 20
+    assert "already holds this run, completed" in again.stdout and '"steps": 12' in again.stdout
+    assert (tmp_path / "events.jsonl").read_bytes() == events
+    assert (tmp_path / "summary.json").read_bytes() == summary
+
+
+def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
+    """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
+    logs every step once and the events hold one run_start, one run_resume and one run_stop."""
+    args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=1", "logger.progress=off",
+                        f"hydra.run.dir={tmp_path}"]
+    first = start(args + ["train.max_steps=400"])
+    try:
+        wait_for(lambda: checkpoints(tmp_path) and max(logged_steps(tmp_path, 0)) > checkpoints(tmp_path)[-1],
+                 "steps logged after a checkpoint")
+    finally:
+        kill_run(first)
+    at = int(json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["round"])
+    assert max(logged_steps(tmp_path, 0)) > at
+    total = at + 10
+    second = run(args + [f"train.max_steps={total}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    for rank in (0, 1):
+        assert logged_steps(tmp_path, rank) == list(range(1, total + 1))
+    k = keys(tmp_path)
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    resume = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_resume")
+    before = read_jsonl(tmp_path / "events.jsonl")[:k.index("run_resume")]
+    assert all(e["metadata"].get("step", 0) <= resume["metadata"]["step"] for e in before)
+
+
+def _ranks_of(proc: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True,
+                         check=False).stdout
+    return [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
+    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
+    args = QUICK[:1] + ["eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    first = start(args + ["train.max_steps=400"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
+        for pid in _ranks_of(first):
+            os.kill(pid, signal.SIGTERM)
+        first.communicate(timeout=120)
+    finally:
+        kill_run(first)
+    assert first.returncode == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
+    assert keys(tmp_path)[-1] == "run_suspend" and "run_stop" not in keys(tmp_path)
+    at = checkpoints(tmp_path)[-1]
+    second = run(args + [f"train.max_steps={at + 10}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    k = keys(tmp_path)
+    assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
+    assert k[-1] == "run_stop"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 10)

@@ -202,8 +202,6 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 "schedule": cfg.train.schedule, "epochs": cfg.train.epochs,
                 "milestones": cfg.train.milestones, "decay": cfg.train.decay}
 
-    events = EventLog.for_run(cfg, run_dir, rank)
-    steps = StepLog(run_dir, rank)
     clock = Clock()
     ckpt = Checkpointer(run_dir, rank)
     state = {"local_step": 0, "samples_local": 0, "next_eval": eval_every, "best": None}
@@ -214,6 +212,11 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         clock.train_s, clock.eval_s, clock.wall_s = saved["clock"]
     else:
         algo.broadcast_initial_model()
+        if rank == 0:  # an earlier attempt's summary must not stand for this one
+            (run_dir / SUMMARY).unlink(missing_ok=True)
+    # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
+    events = EventLog.for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
+    steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)
     comm.barrier()
     clock.start()
     if resumed:
@@ -326,7 +329,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     finally:
         progress.close()
         steps.close()
-    events.emit("run_stop", None, status=status, **final)
+    # A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop.
+    events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **final)
     events.close()
     if rank != 0:
         return None
