@@ -135,6 +135,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
     from hydra.core.hydra_config import HydraConfig
 
+    from wagma_bench.checkpoint import CheckpointError, check_against_run
+    from wagma_bench.config import ConfigError
     from wagma_bench.events import finalize
     from wagma_bench.launch import RunFailed, run_rank, slurm_master, spawn_local
     from wagma_bench.rundir import finished_summary
@@ -146,6 +148,13 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
               f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
               f"{json.dumps(done, indent=2, sort_keys=True)}", flush=True)
         return None
+    if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
+        world_size, world_from = ((world.world_size, f"the {world.source} world") if world else
+                                  (run_cfg.launcher.nproc, f"launcher.nproc={run_cfg.launcher.nproc}"))
+        try:
+            check_against_run(run_dir, raw, world_size, world_from)
+        except (ConfigError, CheckpointError) as err:
+            _fail(str(err), 2)
     if world is not None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
