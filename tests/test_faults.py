@@ -323,3 +323,55 @@ def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
     in_flight = sum(float(a["in_flight"][-1]) for a in algos if a.get("in_flight") is not None)
     assert held < 2 - 1e-6  # some mass is on its way at a checkpoint ...
     assert held + in_flight == pytest.approx(2.0, abs=1e-5)  # ... and the checkpoint holds it
+
+
+# --- row 9: ranks die with their launcher --------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
+    """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
+    next synchronisation point and end the run as preempted, resumable; none trains on unsupervised."""
+    launcher = start(QUICK[:1] + ["train.max_steps=100000", "eval.every_steps=1000", "logger.progress=off",
+                                  f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
+        ranks = _ranks_of(launcher)
+        assert len(ranks) == 2, ranks
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.communicate(timeout=60)
+        t0 = time.monotonic()
+        wait_for(lambda: not any(_alive(p) for p in ranks), "the ranks to end", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        kill_run(launcher)
+    assert took < 30
+    assert keys(tmp_path)[-1] == "run_suspend"
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
+    assert (tmp_path / "checkpoint" / "latest").exists()
+
+
+# --- row 15: a corrupt sample names its file -----------------------------------------------------------
+
+def test_corrupt_jpeg_is_named(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for c, cls in enumerate(("cat", "dog")):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (32, 32), (60 * c + 10 * i, 0, 0)).save(root / split / cls / f"{i}.JPEG")
+    bad = root / "train" / "dog" / "2.JPEG"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated, as a broken copy leaves it
+    out = run(["data=imagenet", f"data.root={root}", "workload.arch=resnet20", "workload.num_workers=0",
+               "launcher.nproc=1", "train.batch_size=8", "train.max_steps=2", "eval.every_steps=2",
+               "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"cannot read image {bad}" in out.stderr
+    assert f"cannot read image {bad}" in json.loads((tmp_path / "run" / "summary.json").read_text())["error"]

@@ -174,6 +174,13 @@ class Checkpointer:
         torch.set_rng_state(saved["rng"])
         return saved
 
+    def discard_earlier_attempt(self) -> None:
+        """A fresh start (rank 0, before any rank saves): drop the sets of an earlier attempt, so that no
+        later resume can mix them with this attempt's logs."""
+        (self.dir / LATEST).unlink(missing_ok=True)
+        for p in self.dir.glob("round-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
     # --- save --------------------------------------------------------------------------------------
     def save(self, model, algo, state: dict, clock) -> None:
         """Write this rank's file; rank 0 then writes the manifest and moves ``latest`` (collective)."""

@@ -213,8 +213,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         clock.train_s, clock.eval_s, clock.wall_s = saved["clock"]
     else:
         algo.broadcast_initial_model()
-        if rank == 0:  # an earlier attempt's summary must not stand for this one
+        if rank == 0:  # an earlier attempt's summary and checkpoints must not stand for this one
             (run_dir / SUMMARY).unlink(missing_ok=True)
+            ckpt.discard_earlier_attempt()
     # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
     events = EventLog.for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
     steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)

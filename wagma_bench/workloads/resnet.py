@@ -122,6 +122,17 @@ def check_imagenet_root(root: str | None) -> Path:
     return path
 
 
+def load_image(path: str):
+    """torchvision's image loader, with the file named when it cannot be read (PIL's errors do not say
+    which of a million files is corrupt). Module level: DataLoader workers pickle it."""
+    from torchvision.datasets.folder import default_loader
+
+    try:
+        return default_loader(path)
+    except (OSError, ValueError, SyntaxError) as err:  # PIL raises all three for damaged files
+        raise OSError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
+
+
 def _has_image(folder: Path) -> bool:
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -187,9 +198,10 @@ class ResNetWorkload(Workload):
 
         norm = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         self.train_set = datasets.ImageFolder(root / "train", transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]))
+            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]),
+            loader=load_image)
         self.val_set = datasets.ImageFolder(root / "val", transforms.Compose([
-            transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]))
+            transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]), loader=load_image)
 
     # --- model ---
     def build_model(self) -> nn.Module:
