@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -375,3 +376,35 @@ def test_corrupt_jpeg_is_named(tmp_path):
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"cannot read image {bad}" in out.stderr
     assert f"cannot read image {bad}" in json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
+
+
+# --- the lock's rules, without processes -------------------------------------------------------------
+
+def _write_lock(run_dir: Path, **holder) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "slurm_job_id": None}
+    (run_dir / ".lock").write_text(json.dumps({**base, **holder}))
+
+
+def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch, capsys):
+    from wagma_bench.rundir import RunDirLock, RunDirLocked
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    cases = {"live": {"pid": os.getppid()}, "other_host": {"host": "elsewhere", "pid": dead.pid}}
+    for name, holder in cases.items():
+        _write_lock(tmp_path / name, **holder)
+        with pytest.raises(RunDirLocked, match=f"PID {holder['pid']} on {holder.get('host', socket.gethostname())}"):
+            RunDirLock(tmp_path / name).acquire()
+    _write_lock(tmp_path / "dead", pid=dead.pid)
+    lock = RunDirLock(tmp_path / "dead")
+    lock.acquire()
+    assert "its process is gone" in capsys.readouterr().err
+    assert json.loads((tmp_path / "dead" / ".lock").read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / "dead" / ".lock").exists()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # a requeued job on another node finds its own old lock
+    _write_lock(tmp_path / "requeued", host="node17", pid=1, slurm_job_id="4242")
+    RunDirLock(tmp_path / "requeued").acquire()
+    assert "earlier incarnation of this SLURM job" in capsys.readouterr().err
