@@ -93,7 +93,7 @@ class RunDirLock:
         try:
             for _ in range(3):
                 try:
-                    os.link(tmp, self.path)  # atomic: fails when a lock exists
+                    self._create(tmp, me)
                     self.held = True
                     return
                 except FileExistsError:
@@ -110,6 +110,19 @@ class RunDirLock:
             raise RunDirLocked(f"could not lock run directory {self.path.parent}: other runs keep taking it")
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _create(self, tmp: Path, me: dict) -> None:
+        """Create the lock atomically, complete from its first instant: a hard link of the written file;
+        where the file system has no hard links, an exclusive create (a reader may then briefly see it
+        empty, and reports the holder as unknown). Raises FileExistsError when a lock exists."""
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            raise
+        except OSError:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
 
     def _holder(self) -> dict | None:
         try:
