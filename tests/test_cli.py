@@ -43,7 +43,7 @@ def test_short_run_writes_events_steps_and_summary(tmp_path):
 def test_resume_continues_the_same_event_log(tmp_path):
     first = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
     assert first.returncode == 0, first.stderr[-3000:]
-    assert (tmp_path / "checkpoint" / "meta.json").exists()
+    assert (tmp_path / "checkpoint" / "latest").exists()
     second = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={tmp_path}"])
     assert second.returncode == 0, second.stderr[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")

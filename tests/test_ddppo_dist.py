@@ -71,7 +71,8 @@ def _train(comm, run_root: str, optimizers: list[str], preemption: bool = False)
         run_dir.mkdir(parents=True, exist_ok=True)
         comm.barrier()
         summary = train(_cfg([*TINY, f"optimizer={name}"]), comm, run_dir)
-        state = torch.load(run_dir / "checkpoint" / f"rank{comm.rank}.pt", weights_only=False)["model"]
+        latest = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
+        state = torch.load(latest / f"rank{comm.rank}.pt", weights_only=False)["model"]
         flat = torch.cat([v.flatten().float() for v in state.values()])
         out[name] = {"summary": summary, "fingerprint": flat}
     return out

@@ -271,8 +271,10 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     events = read_jsonl(run_dir / "events.jsonl")
     keys = [e["key"] for e in events]
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1
-    stops = [e for e in events if e["key"] == "run_stop"]
-    assert [e["metadata"]["status"] for e in stops] == ["preempted", "completed"]
+    # the preempted job is suspended (run_suspend); only the real end writes a run_stop
+    stops = [e for e in events if e["key"] in ("run_suspend", "run_stop")]
+    assert [(e["key"], e["metadata"]["status"]) for e in stops] == [("run_suspend", "preempted"),
+                                                                    ("run_stop", "completed")]
     ckpt = next(e for e in events if e["key"] == "checkpoint")
     resume = next(e for e in events if e["key"] == "run_resume")
     assert resume["metadata"]["step"] == ckpt["metadata"]["step"] == stops[0]["metadata"]["step"] <= 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -76,7 +77,14 @@ def run_command(overrides: list[str]) -> int:
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
-    app()
+    try:
+        explicit = _explicit_run_dir(overrides)
+        if explicit is not None and (world is None or world.rank == 0):
+            _lock_run_dir(explicit)  # before Hydra writes its config copy and log there
+        app()
+    finally:
+        for lock in _LOCKS.values():
+            lock.release()
     return 0
 
 
@@ -99,6 +107,33 @@ def run_help(overrides: list[str]) -> str:
             f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
 
 
+_LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
+LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
+
+
+def _explicit_run_dir(overrides: list[str]) -> Path | None:
+    """The run directory named on the command line (not under -m, where each job has its own)."""
+    if "-m" in overrides or "--multirun" in overrides:
+        return None
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    return Path(given[-1]) if given else None
+
+
+def _lock_run_dir(run_dir: Path) -> None:
+    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it."""
+    from wagma_bench.rundir import RunDirLock, RunDirLocked
+
+    key = run_dir.resolve()
+    if key in _LOCKS or os.environ.get(LOCK_HELD_ENV) == str(key):  # ours, or our launching process's
+        return
+    lock = RunDirLock(key)
+    try:
+        lock.acquire()
+    except RunDirLocked as err:
+        _fail(str(err), 2)
+    _LOCKS[key] = lock
+
+
 def _fail(message: str, code: int) -> None:
     print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
@@ -106,33 +141,68 @@ def _fail(message: str, code: int) -> None:
 
 def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
-    import torch
     from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.config import ConfigError, validate
-    from wagma_bench.events import finalize
     from wagma_bench.extras import check_extras
-    from wagma_bench.launch import RunFailed, detect_world, device_plan, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import detect_world
     from wagma_bench.workloads import get_workload
 
+    world = detect_world()
     try:
-        run_cfg = validate(cfg)
+        run_cfg = validate(cfg, world.world_size if world else None)
         check_extras(run_cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
     except (ConfigError, ValueError) as err:
         _fail(str(err), 2)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if world is None or world.rank == 0:
+        _lock_run_dir(run_dir)
+    try:
+        return _run_locked(run_cfg, run_dir, world)
+    finally:
+        lock = _LOCKS.pop(run_dir.resolve(), None)
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
+    """The job, with the run directory locked: a finished run is reported, else run its ranks."""
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    from wagma_bench.checkpoint import CheckpointError, check_against_run
+    from wagma_bench.config import ConfigError, check_group_size
+    from wagma_bench.events import finalize
+    from wagma_bench.launch import RunFailed, device_plan, run_rank, slurm_master, spawn_local
+    from wagma_bench.rundir import finished_summary
+
     raw = run_cfg.raw
-    world = detect_world()
+    plan = None
+    if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
+        try:
+            plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
+            check_group_size(run_cfg.optimizer, plan.nproc)  # the world size is known now
+        except ConfigError as err:
+            _fail(str(err), 2)
+    done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
+    if done is not None:  # every rank reads the same summary, so all of them stop here
+        print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "
+              f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
+              f"{json.dumps(done, indent=2, sort_keys=True)}", flush=True)
+        return None
+    if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
+        world_size, world_from = ((world.world_size, f"the {world.source} world") if world else
+                                  (plan.nproc, f"launcher.nproc={plan.nproc}"))
+        try:
+            check_against_run(run_dir, raw, world_size, world_from)
+        except (ConfigError, CheckpointError) as err:
+            _fail(str(err), 2)
     if world is not None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
         return run_rank(raw, str(run_dir), world, master)
-    try:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors or, with nccl, an error now
-        plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
-    except ConfigError as err:
-        _fail(str(err), 2)
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
     note = f" ({plan.note})" if plan.note else ""
@@ -165,7 +235,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={run_dir}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd)
+    rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
     if rc != 0:
         from wagma_bench.events import finalize
 

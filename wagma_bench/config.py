@@ -23,6 +23,115 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message says what is allowed."""
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take; ``None`` (unset, where the schema allows it) always passes."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False   # low itself is excluded
+    high_open: bool = False  # high itself is excluded
+
+    def allows(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or not (value > self.high or (self.high_open and value == self.high))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+FRACTION = Range(0, 1)               # a probability or a share
+FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
+ANY = Range()
+
+# Allowed range of every numeric setting, keyed by section.key (option sections: whichever option has the
+# key; `env` is DD-PPO's data section). tests/test_faults.py checks that every numeric field of every
+# schema is listed, so a new setting cannot slip through unchecked.
+RANGES: dict[str, Range] = {
+    "seed": ANY,
+    "train.batch_size": AT_LEAST_ONE, "train.lr": POSITIVE, "train.lr_reference_batch": AT_LEAST_ONE,
+    "train.momentum": FRACTION_BELOW_ONE, "train.weight_decay": NON_NEGATIVE,
+    "train.adam_betas": FRACTION_BELOW_ONE, "train.warmup_epochs": NON_NEGATIVE,
+    "train.warmup_start_lr": NON_NEGATIVE, "train.milestones": NON_NEGATIVE, "train.decay": POSITIVE,
+    "train.epochs": POSITIVE, "train.max_steps": AT_LEAST_ONE, "train.time_limit_s": POSITIVE,
+    "train.grad_clip": POSITIVE,
+    "eval.every_epochs": POSITIVE, "eval.every_steps": AT_LEAST_ONE, "eval.target": ANY,
+    "checkpoint.every_s": NON_NEGATIVE,
+    "comm.timeout_s": POSITIVE,
+    "launcher.nproc": AT_LEAST_ONE, "launcher.master_port": Range(1, 65535),
+    "launcher.rendezvous_timeout_s": POSITIVE,
+    "logger.log_every_s": NON_NEGATIVE,
+    # resnet / transformer / ddppo
+    "workload.num_workers": NON_NEGATIVE,
+    "workload.encoder_layers": AT_LEAST_ONE, "workload.decoder_layers": AT_LEAST_ONE,
+    "workload.embed_dim": AT_LEAST_ONE, "workload.ffn_dim": AT_LEAST_ONE, "workload.attention_heads": AT_LEAST_ONE,
+    "workload.dropout": FRACTION_BELOW_ONE, "workload.label_smoothing": FRACTION_BELOW_ONE,
+    "workload.max_positions": AT_LEAST_ONE, "workload.beam": AT_LEAST_ONE, "workload.lenpen": ANY,
+    "workload.max_len_a": NON_NEGATIVE, "workload.max_len_b": NON_NEGATIVE, "workload.eval_max_tokens": AT_LEAST_ONE,
+    "workload.base_planes": AT_LEAST_ONE, "workload.hidden_size": AT_LEAST_ONE, "workload.rnn_layers": AT_LEAST_ONE,
+    "workload.num_steps": AT_LEAST_ONE, "workload.ppo_epoch": AT_LEAST_ONE, "workload.num_mini_batch": AT_LEAST_ONE,
+    "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
+    "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": FRACTION,
+    "workload.num_eval_episodes": AT_LEAST_ONE,
+    # optimizers (group_size: also a power of two, checked against the world in validate)
+    "optimizer.bucket_mb": POSITIVE, "optimizer.group_size": AT_LEAST_ONE, "optimizer.tau": AT_LEAST_ONE,
+    "optimizer.period": AT_LEAST_ONE, "optimizer.warmup_steps": NON_NEGATIVE, "optimizer.sync_every": AT_LEAST_ONE,
+    # imbalance
+    "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
+    "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
+    # image and translation data
+    "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": ANY, "data.image_size": AT_LEAST_ONE,
+    "data.train_sentences": AT_LEAST_ONE, "data.valid_sentences": AT_LEAST_ONE, "data.median_len": POSITIVE,
+    "data.sigma": NON_NEGATIVE, "data.max_len": AT_LEAST_ONE,
+    # navigation environments
+    "env.room_size": POSITIVE, "env.wall": NON_NEGATIVE, "env.door_width": POSITIVE, "env.obs_width": AT_LEAST_ONE,
+    "env.obs_height": AT_LEAST_ONE, "env.max_depth": POSITIVE, "env.forward_step": POSITIVE,
+    "env.turn_angle": POSITIVE, "env.max_episode_steps": AT_LEAST_ONE, "env.success_distance": POSITIVE,
+    "env.min_geodesic": NON_NEGATIVE, "env.max_geodesic": POSITIVE, "env.grid_resolution": POSITIVE,
+    "env.success_reward": ANY, "env.slack_reward": ANY, "env.num_envs": AT_LEAST_ONE, "env.gpu_device_id": Range(-1),
+}
+
+
+def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
+    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry."""
+    for f in dataclasses.fields(schema):
+        value = merged.get(f.name)
+        value = list(value) if OmegaConf.is_list(value) else value
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            allowed = RANGES.get(f"{section}.{f.name}")
+            if allowed is None:
+                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES")
+            if not allowed.allows(v):
+                shown = value if value is v else f"{value} (element {v})"
+                raise ConfigError(f"{section}.{f.name}={shown} is not allowed; it must be {allowed}")
+
+
+def check_group_size(optimizer: Any, world_size: int | None) -> None:
+    """WAGMA's groups: a power of two that fits the world padded to the next power of two (``world_size``
+    None: not known yet, e.g. ``launcher.nproc=null`` before the visible GPUs are counted)."""
+    size = getattr(optimizer, "group_size", None)
+    if size is None:
+        return
+    if size < 1 or size & (size - 1):
+        raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+    if world_size is None:
+        return
+    padded = 1 << (world_size - 1).bit_length()
+    if size > padded:
+        raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a power "
+                          f"of two up to {padded} (the world padded to a power of two)")
+
+
 @dataclass
 class TrainConfig:
     batch_size: int = 32
@@ -201,7 +310,8 @@ class RunConfig:
 def _typed(section: str, schema: type, node: Any) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)
+        check_ranges(section, schema, merged)  # before the schema's own __post_init__ checks: one message style
+        typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         valid = ", ".join(f.name for f in dataclasses.fields(schema))
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
@@ -211,10 +321,18 @@ def _typed(section: str, schema: type, node: Any) -> Any:
             problem = f"{section}.{key}: " if key else f"{section}: "
             problem += str(getattr(err, "msg", err)).splitlines()[0]
         raise ConfigError(f"{problem}; valid keys of {section}: {valid}") from None
+    except ConfigError:
+        raise
+    except ValueError as err:  # a schema's own __post_init__ check (after OmegaConf's, which are ValueErrors too)
+        raise ConfigError(str(err)) from None
+    return typed
 
 
-def validate(cfg: DictConfig | dict) -> RunConfig:
-    """Check a composed config against the schemas; return it typed. Raises :class:`ConfigError`."""
+def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig:
+    """Check a composed config against the schemas; return it typed. Raises :class:`ConfigError`.
+
+    ``world_size``: the world an external launcher (torchrun, srun, mpiexec) gives; None: ``launcher.nproc``.
+    """
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
@@ -256,5 +374,6 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
     seed = raw.get("seed", 1)
     if not isinstance(seed, int):
         raise ConfigError(f"seed must be an integer, got {seed!r}")
+    check_group_size(typed["optimizer"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

@@ -30,6 +30,32 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def rewrite_jsonl(path: Path, records: list[dict]) -> None:
+    """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
+    """Open a log for this attempt: empty on a fresh start (never appending to an earlier attempt's lines);
+    on a resume, cut back to what the checkpoint at ``resume_step`` has seen (``keep(record, step)``)."""
+    if resume_step is None:
+        return open(path, "w")  # the caller closes it
+    if path.exists():
+        rewrite_jsonl(path, [r for r in read_jsonl(path) if keep(r, resume_step)])
+    return open(path, "a")
+
+
+def _event_before_checkpoint(event: dict, step: int) -> bool:
+    # An earlier attempt's run_stop (failed, killed) is no end: the resumed run writes the one final stop.
+    at = (event.get("metadata") or {}).get("step")
+    return event.get("key") != "run_stop" and (at is None or at <= step)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped."""
     out = []
@@ -53,19 +79,20 @@ class EventLog:
     (:mod:`wagma_bench.mlperf`).
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, sinks: Iterable = ()):
+    def __init__(self, run_dir: Path, enabled: bool, sinks: Iterable = (), resume_step: int | None = None):
         self.enabled = enabled
         self.path = run_dir / EVENTS
-        # open for the whole run, closed by close()
-        self._f = open(self.path, "a") if enabled else None  # noqa: SIM115
+        # open for the whole run, closed by close(); resume_step None: a fresh start
+        self._f = _open_for_attempt(self.path, resume_step, _event_before_checkpoint) if enabled else None
         self.sinks = list(sinks) if enabled else []
 
     @classmethod
-    def for_run(cls, cfg, run_dir: Path, rank: int) -> EventLog:
-        """The event log of one rank of a run, with the sinks its ``logger`` config asks for."""
+    def for_run(cls, cfg, run_dir: Path, rank: int, resume_step: int | None = None) -> EventLog:
+        """The event log of one rank of a run, with the sinks its ``logger`` config asks for; on a resume
+        (``resume_step``: the checkpoint's round) cut back to the events up to the checkpoint."""
         from wagma_bench.loggers import make_sinks
 
-        return cls(run_dir, enabled=rank == 0, sinks=make_sinks(cfg, run_dir, rank))
+        return cls(run_dir, enabled=rank == 0, sinks=make_sinks(cfg, run_dir, rank), resume_step=resume_step)
 
     def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
         if not self.enabled:
@@ -90,10 +117,11 @@ class EventLog:
 class StepLog:
     """Per-rank step timings, buffered and flushed at synchronisation points."""
 
-    def __init__(self, run_dir: Path, rank: int):
+    def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
         d = run_dir / "steps"
         d.mkdir(parents=True, exist_ok=True)
-        self._f = open(d / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - closed by close()
+        # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
+        self._f = _open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:
@@ -124,14 +152,18 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     meta = dict(start["metadata"])
     evals = [e for e in events if e["key"] == "eval_accuracy"]
     stops = [e for e in events if e["key"] == "run_stop"]
-    progress = [e for e in events if e["key"] in ("eval_accuracy", "progress", "run_stop")]
+    progress = [e for e in events if e["key"] in ("eval_accuracy", "progress", "run_suspend", "run_stop")]
+    # run_suspend: stopped to be resumed (preempted, requeued); run_stop: the one real end
+    lifecycle = [e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")]
+    ended = lifecycle[-1] if lifecycle else None
     last = progress[-1]["metadata"] if progress else {}
     target = meta.get("target")
     reached_at = next((e for e in evals if target is not None and e["value"] >= target), None)
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
     samples = last.get("samples", 0)
-    final_status = status or (stops[-1]["metadata"].get("status") if stops else "incomplete")
+    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None, "run_suspend": "preempted"}
+    final_status = status or by_end.get(ended) or "incomplete"
     return {
         "workload": meta.get("workload"),
         "data": meta.get("data"),
@@ -155,7 +187,7 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "eval_s": last.get("eval_s", 0.0),
         "restarts": sum(1 for e in events if e["key"] == "run_resume"),
         "status": final_status,
-        "error": stops[-1]["metadata"].get("error") if stops else None,
+        "error": stops[-1]["metadata"].get("error") if stops and ended == "run_stop" else None,
         "config_hash": meta.get("config_hash"),
         "git_sha": meta.get("git_sha"),
         "versions": meta.get("versions"),

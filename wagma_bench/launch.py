@@ -209,7 +209,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     """Entry point of one rank, in a spawned process or under an external launcher."""
     from wagma_bench.trainer import train
 
-    cfg = validate(raw_cfg)
+    cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
     comm = make_comm(cfg, world, master)
     try:
@@ -225,7 +225,35 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
         comm.close()
 
 
-def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int]) -> None:
+def _die_with_launcher(launcher_pid: int) -> None:
+    """Ask Linux to send SIGTERM to this rank when its launcher dies (SIGKILLed, OOM), so ranks never train
+    on unsupervised: the TERM handler checkpoints at the next synchronisation point and ends the run as
+    preempted (``run_suspend``), resumable. Elsewhere (no prctl) a watchdog thread does the same."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        def watch():
+            while os.getppid() == launcher_pid:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+    if os.getppid() != launcher_pid:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],
+                  launcher_pid: int | None = None) -> None:
+    if launcher_pid is not None:
+        _die_with_launcher(launcher_pid)
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
     except BaseException:  # noqa: BLE001 - reported, then the process exits non-zero
@@ -243,7 +271,7 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
     import torch.multiprocessing as mp
 
     master = (addr, port or free_port(addr))
-    ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master), nprocs=nproc,
+    ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid()), nprocs=nproc,
                              join=False, start_method="spawn")
     try:
         while not ctx.join():

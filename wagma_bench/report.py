@@ -102,8 +102,8 @@ def load_run(path: Path) -> Run:
     start = next((e for e in events if e.get("key") == "run_start"), None)
     if start is None:
         problems.append("no run_start event")
-    lifecycle = [e["key"] for e in events if e.get("key") in ("run_start", "run_resume", "run_stop")]
-    stopped = bool(lifecycle) and lifecycle[-1] == "run_stop"
+    lifecycle = [e["key"] for e in events if e.get("key") in ("run_start", "run_resume", "run_suspend", "run_stop")]
+    stopped = bool(lifecycle) and lifecycle[-1] in ("run_stop", "run_suspend")  # suspended: preempted, to resume
     if not stopped:
         problems.append("no run_stop event (crashed, killed or still running)"
                         + (" since its last resume" if "run_stop" in lifecycle else ""))

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench import __version__
+from wagma_bench.checkpoint import Checkpointer
 from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
 from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
@@ -207,18 +208,22 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
                 "schedule": cfg.train.schedule, "epochs": cfg.train.epochs,
                 "milestones": cfg.train.milestones, "decay": cfg.train.decay}
 
-    events = EventLog.for_run(cfg, run_dir, rank)
-    steps = StepLog(run_dir, rank)
     clock = Clock()
-    ckpt = Checkpointer(run_dir, rank)
+    ckpt = Checkpointer(run_dir, rank, cfg.raw)
     state = {"local_step": 0, "samples_local": 0, "next_eval": eval_every, "best": None}
-    resumed = cfg.checkpoint.resume and ckpt.exists()
+    resumed = ckpt.agree(comm, cfg.checkpoint.resume)  # verified set, same decision on every rank
     if resumed:
         saved = ckpt.load(model, algo)
         state.update(saved["state"])
         clock.train_s, clock.eval_s, clock.wall_s = saved["clock"]
     else:
         algo.broadcast_initial_model()
+        if rank == 0:  # an earlier attempt's summary and checkpoints must not stand for this one
+            (run_dir / SUMMARY).unlink(missing_ok=True)
+            ckpt.discard_earlier_attempt()
+    # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
+    events = EventLog.for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
+    steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)
     comm.barrier()
     clock.start()
     if resumed:
@@ -342,7 +347,8 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     finally:
         progress.close()
         steps.close()
-    events.emit("run_stop", None, status=status, **final)
+    # A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop.
+    events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **final)
     summary = None
     if rank == 0:
         summary = summarize(read_jsonl(run_dir / "events.jsonl"))
@@ -371,35 +377,3 @@ def _hostnames(comm: Comm) -> list[str]:
     name = socket.gethostname().encode()[:64].ljust(64, b"\0")
     gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
     return [bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
-
-
-class Checkpointer:
-    """Per-rank checkpoints (decentralised models differ per rank), written atomically; ``meta.json``
-    (rank 0, after every rank has saved) marks a complete set."""
-
-    def __init__(self, run_dir: Path, rank: int):
-        self.dir = run_dir / "checkpoint"
-        self.rank = rank
-
-    def exists(self) -> bool:
-        return (self.dir / "meta.json").exists() and (self.dir / f"rank{self.rank}.pt").exists()
-
-    def save(self, model, algo, state: dict, clock: Clock) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"rank{self.rank}.pt"
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
-                    "clock": (clock.train_s, clock.eval_s, clock.wall_s),
-                    "rng": torch.get_rng_state()}, tmp)
-        tmp.replace(path)
-        algo.comm.barrier()
-        if self.rank == 0:
-            write_json_atomic(self.dir / "meta.json", {"round": algo.round, "world_size": algo.comm.world_size})
-
-    def load(self, model, algo) -> dict:
-        # our own files, written by this code: full unpickling is safe here
-        saved = torch.load(self.dir / f"rank{self.rank}.pt", map_location=algo.comm.device, weights_only=False)
-        model.load_state_dict(saved["model"])
-        algo.load_state_dict(saved["algo"])
-        torch.set_rng_state(saved["rng"])
-        return saved

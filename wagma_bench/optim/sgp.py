@@ -59,6 +59,7 @@ class SGP(Algorithm):
         self._sending: list = [None, None]  # send in flight from each of the two buffers
         self._in = torch.empty_like(self._out[0])
         self._receiving = None  # receive in flight (overlap: the message pushed at the previous step)
+        self._received = False  # _in holds a message that arrived but is not folded in yet (checkpoints)
 
     @property
     def weight(self) -> float:
@@ -99,21 +100,35 @@ class SGP(Algorithm):
             self._receiving = self.comm.irecv(self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t))
         return waited
 
+    def _collect(self) -> None:
+        """Wait for the receive in flight (if any); its message stays in ``_in`` until folded in."""
+        if self._receiving is not None:
+            self._receiving.wait()
+            self._receiving = None
+            self._received = True
+
     def _fold_in(self) -> None:
-        """Wait for the receive in flight (if any) and add its mass to (x, w)."""
-        if self._receiving is None:
+        """Add the mass of the message received (waiting for it if in flight) to (x, w)."""
+        self._collect()
+        if not self._received:
             return
-        self._receiving.wait()
-        self._receiving = None
+        self._received = False
         self.flat.add_(self._in[:-1])
         self._w.add_(self._in[-1])
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "weight": self.weight}
+        # Overlap: the message in flight carries mass its sender no longer has; without it a resumed run
+        # would lose it (the sum of the weights would drop below the world size).
+        self._collect()
+        in_flight = self._in.clone() if self._received else None
+        return {**super().state_dict(), "weight": self.weight, "in_flight": in_flight}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._w.fill_(state["weight"])
+        if state.get("in_flight") is not None:  # folded in at the next step, as the lost receive would be
+            self._in.copy_(state["in_flight"])
+            self._received = True
 
     def close(self) -> None:
         """Overlap: take in the last step's message and finish the sends, so no peer is left waiting."""

@@ -111,9 +111,32 @@ def check_imagenet_root(root: str | None) -> Path:
         d = path / split
         if not d.is_dir():
             raise ConfigError(f"ImageNet root {path} has no '{split}/' folder; expected {IMAGENET_LAYOUT}")
-        if not any(c.is_dir() for c in d.iterdir()):
+        classes = sorted(c for c in d.iterdir() if c.is_dir())
+        if not classes:
             raise ConfigError(f"ImageNet folder {d} holds no class sub-folders; expected {IMAGENET_LAYOUT}")
+        empty = [c for c in classes if not _has_image(c)]
+        if empty:  # torchvision's ImageFolder would fail inside every rank, after the world started
+            raise ConfigError(f"data.root={root}: class folder {empty[0]} holds no images "
+                              f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
+                              f"every class needs at least one image: {IMAGENET_LAYOUT}")
     return path
+
+
+def load_image(path: str):
+    """torchvision's image loader, with the file named when it cannot be read (PIL's errors do not say
+    which of a million files is corrupt). Module level: DataLoader workers pickle it."""
+    from torchvision.datasets.folder import default_loader
+
+    try:
+        return default_loader(path)
+    except (OSError, ValueError, SyntaxError) as err:  # PIL raises all three for damaged files
+        raise OSError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
+
+
+def _has_image(folder: Path) -> bool:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return any(f.suffix.lower() in IMG_EXTENSIONS for f in folder.rglob("*") if f.is_file())
 
 
 @dataclass
@@ -177,9 +200,10 @@ class ResNetWorkload(Workload):
 
         norm = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
         self.train_set = datasets.ImageFolder(root / "train", transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]))
+            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]),
+            loader=load_image)
         self.val_set = datasets.ImageFolder(root / "val", transforms.Compose([
-            transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]))
+            transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]), loader=load_image)
 
     # --- model ---
     def build_model(self) -> nn.Module:

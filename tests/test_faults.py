@@ -1,0 +1,410 @@
+"""Faults a demanding user or a hostile tester provokes (issue 15's table), each through the real CLI and
+real local gloo ranks: bad values refused up front, one writer per run directory, consistent event logs
+across restarts, checkpoints verified as sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from wagma_bench.config import FIXED_SECTIONS, RANGES, option_schemas
+from wagma_bench.events import read_jsonl
+from wagma_bench.workloads import WORKLOADS
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+
+
+def run(args, timeout=300, **kw):
+    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, **kw)
+
+
+def no_rank_started(run_dir: Path) -> bool:
+    return not (run_dir / "events.jsonl").exists() and not (run_dir / "steps").exists()
+
+
+# --- rows 6, 7, 8: every bad value refused before any rank starts ------------------------------------
+
+BAD_VALUES = [
+    ("train.batch_size", "-4", []),
+    ("train.batch_size", "0", []),
+    ("launcher.nproc", "0", []),
+    ("launcher.nproc", "-1", []),
+    ("optimizer.group_size", "3", ["optimizer=wagma"]),
+    ("optimizer.group_size", "8", ["optimizer=wagma"]),       # larger than 2 ranks padded to a power of two
+    ("train.max_steps", "0", []),
+    ("eval.every_steps", "0", []),
+    ("imbalance.delay_s", "-1", ["imbalance=paper"]),
+    ("train.momentum", "1.5", []),                            # a fraction
+    ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
+    ("workload.gamma", "1.01", ["workload=ddppo"]),
+    ("optimizer.period", "0", ["optimizer=local_sgd"]),       # a schema's own __post_init__ check
+]
+
+
+@pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
+def test_bad_value_is_refused_before_any_rank_starts(tmp_path, key, value, extra):
+    out = run(extra + ["launcher.nproc=2", f"{key}={value}", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "wagma-bench run: error:" in out.stderr
+    assert f"{key}={value}" in out.stderr, out.stderr[-2000:]
+    assert "must be" in out.stderr  # ... and what is allowed
+    assert no_rank_started(tmp_path)
+
+
+def test_imagenet_class_folder_without_images_is_refused(tmp_path):
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (root / split / cls).mkdir(parents=True)
+            (root / split / cls / "a.JPEG").write_bytes(b"")  # never opened: the layout check runs first
+    for f in (root / "train" / "dog").iterdir():
+        f.unlink()
+    run_dir = tmp_path / "run"
+    out = run(["data=imagenet", f"data.root={root}", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"class folder {root / 'train' / 'dog'} holds no images" in out.stderr
+    assert no_rank_started(run_dir)
+
+
+def _numeric_fields() -> list[str]:
+    schemas = [(section, cls) for section, cls in FIXED_SECTIONS.items()]
+    schemas += [(section, cls) for section, options in option_schemas().items() for cls in options.values()]
+    schemas += [(getattr(w, "DATA_SECTION", "data"), cls) for w in WORKLOADS.values() for cls in w.DATA.values()]
+    keys = []
+    for section, cls in schemas:
+        hints = typing.get_type_hints(cls)
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)
+                 if any(t in str(hints[f.name]) for t in ("int", "float")) and hints[f.name] is not bool]
+    return sorted(set(keys))
+
+
+def test_every_numeric_setting_has_an_allowed_range():
+    missing = [key for key in _numeric_fields() if key not in RANGES]
+    assert not missing, f"add these to wagma_bench.config.RANGES: {missing}"
+
+
+# --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------
+
+def start(args) -> subprocess.Popen:
+    """A run in the background, in its own process group (to kill the launcher and its ranks at once)."""
+    return subprocess.Popen([str(BIN), "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for(condition, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and its ranks, as a crash or an OOM killer would."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate(timeout=60)
+
+
+def keys(run_dir: Path) -> list[str]:
+    return [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+def logged_steps(run_dir: Path, rank: int) -> list[int]:
+    return [s["step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
+
+
+def latest_manifest(run_dir: Path) -> dict:
+    name = (run_dir / "checkpoint" / "latest").read_text().strip()
+    return json.loads((run_dir / "checkpoint" / name / "manifest.json").read_text())
+
+
+def checkpoints(run_dir: Path) -> list[int]:
+    return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+
+
+def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
+    """Row 1, and row 13's first half: the killed first run leaves a stale lock and no checkpoint; the
+    rerun takes the lock over and starts afresh, appending nothing to the killed attempt's logs."""
+    first = start(QUICK[:1] + ["train.max_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: logged_steps(tmp_path, 0) or (tmp_path / "steps" / "rank0.jsonl").exists(), "rank 0")
+        t0 = time.monotonic()
+        second = run(["optimizer=wagma"] + QUICK + [f"hydra.run.dir={tmp_path}"], timeout=120)
+        refused_s = time.monotonic() - t0
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "in use by another run" in second.stderr and f"PID {first.pid}" in second.stderr
+        assert refused_s < 15
+        assert first.poll() is None  # the holder runs on, undisturbed
+    finally:
+        kill_run(first)
+    assert keys(tmp_path).count("run_start") == 1
+    third = run(QUICK + [f"hydra.run.dir={tmp_path}"])
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "taking over the stale lock" in third.stderr and f"PID {first.pid}" in third.stderr
+    assert keys(tmp_path).count("run_start") == 1 and keys(tmp_path).count("run_stop") == 1
+    assert logged_steps(tmp_path, 0) == logged_steps(tmp_path, 1) == list(range(1, 13))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["optimizer"], summary["steps"], summary["status"]) == ("allreduce", 12, "completed")
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(tmp_path):
+    """Row 12."""
+    args = QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"]
+    first = run(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    events, summary = (tmp_path / "events.jsonl").read_bytes(), (tmp_path / "summary.json").read_bytes()
+    t0 = time.monotonic()
+    again = run(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert time.monotonic() - t0 < 20
+    assert "already holds this run, completed" in again.stdout and '"steps": 12' in again.stdout
+    assert (tmp_path / "events.jsonl").read_bytes() == events
+    assert (tmp_path / "summary.json").read_bytes() == summary
+
+
+def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
+    """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
+    logs every step once and the events hold one run_start, one run_resume and one run_stop."""
+    args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=1", "logger.progress=off",
+                        f"hydra.run.dir={tmp_path}"]
+    first = start(args + ["train.max_steps=400"])
+    try:
+        wait_for(lambda: checkpoints(tmp_path) and max(logged_steps(tmp_path, 0)) > checkpoints(tmp_path)[-1],
+                 "steps logged after a checkpoint")
+    finally:
+        kill_run(first)
+    at = latest_manifest(tmp_path)["round"]
+    assert max(logged_steps(tmp_path, 0)) > at
+    total = at + 10
+    second = run(args + [f"train.max_steps={total}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    for rank in (0, 1):
+        assert logged_steps(tmp_path, rank) == list(range(1, total + 1))
+    k = keys(tmp_path)
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    resume = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_resume")
+    before = read_jsonl(tmp_path / "events.jsonl")[:k.index("run_resume")]
+    assert all(e["metadata"].get("step", 0) <= resume["metadata"]["step"] for e in before)
+
+
+def _ranks_of(proc: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True,
+                         check=False).stdout
+    return [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
+    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
+    args = QUICK[:1] + ["eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    first = start(args + ["train.max_steps=400"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
+        for pid in _ranks_of(first):
+            os.kill(pid, signal.SIGTERM)
+        first.communicate(timeout=120)
+    finally:
+        kill_run(first)
+    assert first.returncode == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
+    assert keys(tmp_path)[-1] == "run_suspend" and "run_stop" not in keys(tmp_path)
+    at = checkpoints(tmp_path)[-1]
+    second = run(args + [f"train.max_steps={at + 10}"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    k = keys(tmp_path)
+    assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
+    assert k[-1] == "run_stop"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 10)
+
+
+# --- rows 2, 3, 4: checkpoints as verified sets --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory) -> Path:
+    """A finished 2-rank run with checkpoints at rounds 10 and 12 (copied by each test)."""
+    run_dir = tmp_path_factory.mktemp("checkpointed")
+    out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
+def resume_copy(checkpointed: Path, tmp_path: Path, *args: str, timeout: float = 120):
+    """Resume a copy of the checkpointed run with a larger budget (a plain rerun would only report it)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpointed, run_dir)
+    events = (run_dir / "events.jsonl").read_bytes()
+    t0 = time.monotonic()
+    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [*args, f"hydra.run.dir={run_dir}"],
+              timeout=timeout)
+    return out, time.monotonic() - t0, run_dir, events
+
+
+def test_checkpoint_sets_are_kept_two_deep_with_a_manifest(checkpointed):
+    sets = sorted(p.name for p in (checkpointed / "checkpoint").glob("round-*"))
+    assert sets == ["round-10", "round-12"]
+    manifest = latest_manifest(checkpointed)
+    assert (manifest["round"], manifest["world_size"]) == (12, 2) and sorted(manifest["files"]) == ["rank0.pt",
+                                                                                                   "rank1.pt"]
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_resume_with_another_world_size_is_refused_before_any_rank_starts(checkpointed, tmp_path, nproc):
+    """Row 2 (a 2-rank checkpoint; the issue's 4-rank one behaves alike)."""
+    out, took, run_dir, events = resume_copy(checkpointed, tmp_path, f"launcher.nproc={nproc}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"checkpoint round-12 in {run_dir / 'checkpoint'} was written by 2 ranks, this run has {nproc} " \
+           f"(launcher.nproc={nproc})" in out.stderr
+    assert took < 20 and (run_dir / "events.jsonl").read_bytes() == events
+
+
+def test_damaged_rank_file_is_named_and_nothing_is_loaded(checkpointed, tmp_path):
+    """Row 3: 4 KB overwritten inside rank 1's file; every rank checks its own file before loading."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpointed, run_dir)
+    path = run_dir / "checkpoint" / "round-12" / "rank1.pt"
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(os.urandom(4096))
+    t0 = time.monotonic()
+    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"rank 1: {path} is damaged" in out.stderr
+    assert "previous complete set is round-10" in out.stderr
+    assert time.monotonic() - t0 < 90
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert "run_resume" not in keys(run_dir)
+
+
+def test_missing_rank_file_is_refused_before_any_rank_starts(checkpointed, tmp_path):
+    """Row 4."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpointed, run_dir)
+    (run_dir / "checkpoint" / "round-12" / "rank1.pt").unlink()
+    t0 = time.monotonic()
+    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"],
+              timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"{run_dir / 'checkpoint' / 'round-12' / 'rank1.pt'} is missing" in out.stderr
+    assert time.monotonic() - t0 < 20
+
+
+def test_changed_configuration_is_refused_naming_the_key(checkpointed, tmp_path):
+    out, _, run_dir, events = resume_copy(checkpointed, tmp_path, "train.lr=0.05")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "written with another configuration (train.lr: " in out.stderr and " -> 0.05)" in out.stderr
+    assert (run_dir / "events.jsonl").read_bytes() == events
+
+
+def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
+    """Push-sum conserves mass: the weights of all ranks plus the messages in flight sum to the world
+    size. A checkpoint without the in-flight message loses that mass on resume."""
+    out = run(QUICK[:1] + ["optimizer=sgp", "optimizer.overlap=true", "train.max_steps=10", "eval.every_steps=10",
+                           "logger.progress=off", "checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = tmp_path / "checkpoint" / "round-10"
+    algos = [torch.load(folder / f"rank{r}.pt", weights_only=False)["algo"] for r in (0, 1)]
+    held = sum(a["weight"] for a in algos)
+    in_flight = sum(float(a["in_flight"][-1]) for a in algos if a.get("in_flight") is not None)
+    assert held < 2 - 1e-6  # some mass is on its way at a checkpoint ...
+    assert held + in_flight == pytest.approx(2.0, abs=1e-5)  # ... and the checkpoint holds it
+
+
+# --- row 9: ranks die with their launcher --------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
+    """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
+    next synchronisation point and end the run as preempted, resumable; none trains on unsupervised."""
+    launcher = start(QUICK[:1] + ["train.max_steps=100000", "eval.every_steps=1000", "logger.progress=off",
+                                  f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
+        ranks = _ranks_of(launcher)
+        assert len(ranks) == 2, ranks
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.communicate(timeout=60)
+        t0 = time.monotonic()
+        wait_for(lambda: not any(_alive(p) for p in ranks), "the ranks to end", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        kill_run(launcher)
+    assert took < 30
+    assert keys(tmp_path)[-1] == "run_suspend"
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
+    assert (tmp_path / "checkpoint" / "latest").exists()
+
+
+# --- row 15: a corrupt sample names its file -----------------------------------------------------------
+
+def test_corrupt_jpeg_is_named(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for c, cls in enumerate(("cat", "dog")):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (32, 32), (60 * c + 10 * i, 0, 0)).save(root / split / cls / f"{i}.JPEG")
+    bad = root / "train" / "dog" / "2.JPEG"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated, as a broken copy leaves it
+    out = run(["data=imagenet", f"data.root={root}", "workload.arch=resnet20", "workload.num_workers=0",
+               "launcher.nproc=1", "train.batch_size=8", "train.max_steps=2", "eval.every_steps=2",
+               "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"cannot read image {bad}" in out.stderr
+    assert f"cannot read image {bad}" in json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
+
+
+# --- the lock's rules, without processes -------------------------------------------------------------
+
+def _write_lock(run_dir: Path, **holder) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "slurm_job_id": None}
+    (run_dir / ".lock").write_text(json.dumps({**base, **holder}))
+
+
+def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch, capsys):
+    from wagma_bench.rundir import RunDirLock, RunDirLocked
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    cases = {"live": {"pid": os.getppid()}, "other_host": {"host": "elsewhere", "pid": dead.pid}}
+    for name, holder in cases.items():
+        _write_lock(tmp_path / name, **holder)
+        with pytest.raises(RunDirLocked, match=f"PID {holder['pid']} on {holder.get('host', socket.gethostname())}"):
+            RunDirLock(tmp_path / name).acquire()
+    _write_lock(tmp_path / "dead", pid=dead.pid)
+    lock = RunDirLock(tmp_path / "dead")
+    lock.acquire()
+    assert "its process is gone" in capsys.readouterr().err
+    assert json.loads((tmp_path / "dead" / ".lock").read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / "dead" / ".lock").exists()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # a requeued job on another node finds its own old lock
+    _write_lock(tmp_path / "requeued", host="node17", pid=1, slurm_job_id="4242")
+    RunDirLock(tmp_path / "requeued").acquire()
+    assert "earlier incarnation of this SLURM job" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""One writer per run directory, and what a rerun into an existing one means.
+
+The launching process (rank 0 only under torchrun / srun / mpiexec) takes ``.lock`` in the run directory
+before any rank starts: a JSON file with the holder's host, PID, SLURM job and start time, created
+atomically (written aside, then hard-linked into place, which fails when the lock exists). A second run
+into a locked directory fails at once naming the holder. A lock whose holder is gone (its PID is dead on
+this host, or it is an earlier incarnation of this same SLURM job, i.e. a requeue) is taken over with a
+message.
+
+A rerun of a finished run with the same configuration and budget prints the earlier summary instead of
+training again; raising the budget (``train.max_steps``, ``train.epochs``, ``train.time_limit_s``) continues
+it from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from wagma_bench.events import EVENTS, SUMMARY, read_jsonl
+
+LOCK = ".lock"
+# Sections and keys that may change between a run and its resume: how it is launched and logged, how
+# often it checkpoints, and how long it trains. Every other key is the run's identity (its config hash).
+RESUMABLE_SECTIONS = ("launcher", "logger", "checkpoint")
+BUDGET_KEYS = ("max_steps", "epochs", "time_limit_s")
+FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
+
+
+class RunDirLocked(RuntimeError):
+    """Another live run writes into this run directory."""
+
+
+def identity(raw: dict) -> dict:
+    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`)."""
+    out = {k: v for k, v in raw.items() if k not in RESUMABLE_SECTIONS}
+    out["train"] = {k: v for k, v in (raw.get("train") or {}).items() if k not in BUDGET_KEYS}
+    return out
+
+
+def identity_hash(raw: dict) -> str:
+    return hashlib.sha256(json.dumps(identity(raw), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def budget(raw: dict) -> dict:
+    return {k: (raw.get("train") or {}).get(k) for k in BUDGET_KEYS}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def _describe(holder: dict) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
+    return f"PID {holder.get('pid')} on {holder.get('host')}{job}, started {started}"
+
+
+class RunDirLock:
+    """The lock of one run directory; :meth:`acquire` raises :class:`RunDirLocked` naming a live holder."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.held = False
+
+    def _stale(self, holder: dict) -> str | None:
+        """Why the holder is gone (None: it may be alive)."""
+        job = os.environ.get("SLURM_JOB_ID")
+        if job and holder.get("slurm_job_id") == job and holder.get("pid") != os.getpid():
+            return "an earlier incarnation of this SLURM job (requeued)"
+        if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
+            return "its process is gone"
+        return None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+        tmp = self.path.with_name(f"{LOCK}.{me['host']}.{me['pid']}")
+        tmp.write_text(json.dumps(me))
+        try:
+            for _ in range(3):
+                try:
+                    self._create(tmp, me)
+                    self.held = True
+                    return
+                except FileExistsError:
+                    holder = self._holder()
+                    why = self._stale(holder) if holder else None
+                    if why is None:
+                        raise RunDirLocked(f"run directory {self.path.parent} is in use by another run "
+                                           f"({_describe(holder) if holder else 'holder unknown'}); "
+                                           f"wait for it or choose another hydra.run.dir") from None
+                    print(f"wagma-bench: taking over the stale lock of {self.path.parent} "
+                          f"({_describe(holder)}: {why})", file=sys.stderr, flush=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.path.unlink()
+            raise RunDirLocked(f"could not lock run directory {self.path.parent}: other runs keep taking it")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _create(self, tmp: Path, me: dict) -> None:
+        """Create the lock atomically, complete from its first instant: a hard link of the written file;
+        where the file system has no hard links, an exclusive create (a reader may then briefly see it
+        empty, and reports the holder as unknown). Raises FileExistsError when a lock exists."""
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            raise
+        except OSError:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.held:
+            holder = self._holder()
+            if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def finished_summary(run_dir: Path, raw: dict) -> dict | None:
+    """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
+    try:
+        summary = json.loads((Path(run_dir) / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("status") not in FINISHED:
+        return None
+    start = next((e for e in read_jsonl(Path(run_dir) / EVENTS) if e.get("key") == "run_start"), None)
+    earlier = (start or {}).get("metadata", {}).get("config")
+    if not earlier or identity_hash(earlier) != identity_hash(raw) or budget(earlier) != budget(raw):
+        return None
+    return summary
