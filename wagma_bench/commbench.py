@@ -13,7 +13,9 @@ median and the 10th/90th percentiles over repeats, the ratio ours/raw of the med
 bandwidth (bytes / time) against this machine's memory-copy bandwidth of the same buffer.
 
 Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``;
-with ``--comm mpi`` it runs under mpiexec (started for you when needed).
+with ``--comm mpi`` it runs under mpiexec (started for you when needed); ``--device cuda`` puts the buffers
+on the GPUs (NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and
+synchronises the device before a repeat's clock stops.
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def _time(comm, fn, repeats: int, setup=None) -> list[float]:
         comm.barrier()
         t0 = time.perf_counter()
         fn()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        if comm.device.type == "cuda":  # the kernels, not only their launch
+            torch.cuda.synchronize(comm.device)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=comm.device)
         if i:
             out.append(float(comm.allgather(dt).max()))
     return out
@@ -126,7 +130,7 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
     raw = RawMpi(all_groups) if comm.backend_name == "mpi" else RawTorch(all_groups)
     rows = []
     for nbytes in sizes:
-        buf = torch.ones(max(1, nbytes // 4))
+        buf = torch.ones(max(1, nbytes // 4), device=comm.device)
         rows.append(_row("allreduce", "ours", p, nbytes,
                          _time(comm, lambda buf=buf: comm.allreduce(buf, op="sum"), repeats)))
         rows.append(_row("allreduce", "raw", p, nbytes, _time(comm, lambda buf=buf: raw.allreduce(buf), repeats)))
@@ -207,9 +211,16 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
 
     from wagma_bench.comm.torch_dist import TorchComm
 
+    from wagma_bench.launch import device_plan
+
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    backend, device = "gloo", torch.device("cpu")
+    if args["device"] == "cuda":
+        backend = device_plan(torch.cuda.device_count(), nproc, "auto").backend
+        device = torch.device(f"cuda:{index % torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, nproc, is_master=index == 0, timeout=timedelta(seconds=120))
-    comm = TorchComm.init("gloo", index, nproc, store, 300.0, torch.device("cpu"))
+    comm = TorchComm.init(backend, index, nproc, store, 300.0, device)
     try:
         run_and_report(comm, args["sizes"], args["repeats"], args["out"])
     finally:
@@ -222,11 +233,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
     parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
     parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.nproc < 1 or args.repeats < 1:
         parser.error("--nproc and --repeats must be >= 1")
+    if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
+        parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
     from wagma_bench.launch import detect_world, free_port
 
     world = detect_world()
@@ -247,6 +261,6 @@ def main(argv: list[str]) -> int:
     import torch.multiprocessing as mp
 
     mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,
-                                                                     "out": args.out}),
+                                                                     "out": args.out, "device": args.device}),
                        nprocs=args.nproc, start_method="spawn")
     return 0

@@ -6,7 +6,8 @@ modern GPU; not yet timed on one; nothing else needed).
    GPUs), every optimizer, 20 steps: device placement at P > 1.
 3. ResNet-50 synthetic images/s through `wagma-bench run` against a plain torch loop of the same model and
    batch, as a ratio, in fp32 and with train.precision=bf16 (autocast + channels_last).
-4. `wagma-bench comm-bench`. It has no device option yet: it times CPU (gloo) tensors, which the table says.
+4. `wagma-bench comm-bench --device cuda`: our allreduce, group allreduce and wait-avoiding allreduce against
+   the raw torch.distributed calls on CUDA tensors (CPU tensors in the dry run).
 
 Prints a table and writes reproduce/gpu/check-<host>-<time>.json (GPU_CHECK_OUT=DIR to write elsewhere).
 Without CUDA it says so and exits 0. GPU_CHECK_DRY=1 runs the same code paths on the CPU with 2 steps, tiny
@@ -177,14 +178,14 @@ def throughput(sizes: Sizes, out: Path) -> dict:
     return {"rows": rows}
 
 
-def comm_bench(sizes: Sizes, out: Path) -> dict:
+def comm_bench(sizes: Sizes, out: Path, device: str) -> dict:
     path = out / "comm_bench.json"
     done = wagma_bench(["comm-bench", "--nproc", "2", "--sizes", sizes.bench_sizes, "--repeats", "3",
-                        "--out", str(path)], sizes)
+                        "--device", device, "--out", str(path)], sizes)
     table = json.loads(path.read_text())["table"] if path.exists() else None
-    return {"ok": done.returncode == 0 and table is not None, "exit": done.returncode, "device": "cpu",
-            "note": "comm-bench has no device option yet: gloo on CPU tensors", "table": table,
-            "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+    note = "CUDA tensors" if device == "cuda" else "CPU tensors (dry run)"
+    return {"ok": done.returncode == 0 and table is not None, "exit": done.returncode, "device": device,
+            "note": note, "table": table, "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
 
 
 def format_report(result: dict) -> str:
@@ -235,7 +236,7 @@ def main() -> int:
         "gloo_shared_gpu": every_optimizer("gloo_shared_gpu", [f"launcher.nproc={sizes.shared_ranks}"], sizes,
                                            work, sizes.shared_batch, shared),
         "throughput": throughput(sizes, work),
-        "comm_bench": comm_bench(sizes, work),
+        "comm_bench": comm_bench(sizes, work, "cpu" if dry else "cuda"),
     }
     result["seconds"] = time.perf_counter() - t0
     result["ok"] = (all(r["ok"] for p in ("nccl_one_rank", "gloo_shared_gpu") for r in result[p]["rows"].values())
