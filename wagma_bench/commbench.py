@@ -210,7 +210,6 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
     import torch.distributed as dist
 
     from wagma_bench.comm.torch_dist import TorchComm
-
     from wagma_bench.launch import device_plan
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
