@@ -46,7 +46,7 @@ def main() -> None:
         batch = none["samples"] / none["steps"] / p
         c = none["train_s"] / none["steps"]
         d = args.delay_factor * c
-        slow = [f"imbalance=paper", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
+        slow = ["imbalance=paper", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
         ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)
         wg = run(args.out, f"P{p}_k{k}_wagma", base + ["optimizer=wagma"] + slow)
         sk = run(args.out, f"P{p}_k{k}_wagma_skip", base + ["optimizer=wagma", "optimizer.catch_up=skip"] + slow)
