@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from wagma_bench.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -40,6 +42,7 @@ def test_short_run_writes_events_steps_and_summary(tmp_path):
     assert (tmp_path / ".hydra" / "config.yaml").exists()
 
 
+@pytest.mark.long  # resumes are covered in make test by tests/test_faults.py (cut-back logs, one run_stop)
 def test_resume_continues_the_same_event_log(tmp_path):
     first = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
     assert first.returncode == 0, first.stderr[-3000:]

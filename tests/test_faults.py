@@ -55,7 +55,32 @@ BAD_VALUES = [
 ]
 
 
+# Through the real CLI (3-5 s each): one of each kind; every value of BAD_VALUES in the launching process's
+# own check, below (the same validate() the CLI calls before any rank starts).
+THROUGH_THE_CLI = {"train.batch_size=-4", "launcher.nproc=0", "optimizer.group_size=3", "train.max_steps=0",
+                   "imbalance.delay_s=-1", "optimizer.period=0"}
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        return compose(config_name="wagma", overrides=list(overrides))
+
+
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
+def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(key, value, extra):
+    from wagma_bench.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(_compose(*extra, "launcher.nproc=2", f"{key}={value}"))
+    assert f"{key}={value}" in str(err.value) and "must be" in str(err.value), str(err.value)
+
+
+CLI_CASES = [case for case in BAD_VALUES if f"{case[0]}={case[1]}" in THROUGH_THE_CLI]
+
+
+@pytest.mark.parametrize("key,value,extra", CLI_CASES, ids=[f"{k}={v}" for k, v, _ in CLI_CASES])
 def test_bad_value_is_refused_before_any_rank_starts(tmp_path, key, value, extra):
     out = run(extra + ["launcher.nproc=2", f"{key}={value}", f"hydra.run.dir={tmp_path}"], timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]

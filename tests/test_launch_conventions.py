@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from wagma_bench.checkpoint import latest_set
 from wagma_bench.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -50,10 +51,10 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     assert "no job to requeue" in out  # outside SLURM: said, not attempted
     events = read_jsonl(tmp_path / "events.jsonl")
     ckpt = next(e for e in events if e["key"] == "checkpoint")
-    stop = events[-1]
-    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "preempted", stop
+    stop = events[-1]  # stopped to be resumed: suspended, not the run's one run_stop
+    assert stop["key"] == "run_suspend" and stop["metadata"]["status"] == "preempted", stop
     assert ckpt["metadata"]["step"] == stop["metadata"]["step"] < 100000
-    assert (tmp_path / "checkpoint" / "meta.json").exists()
+    assert latest_set(tmp_path) is not None
 
 
 def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) -> subprocess.CompletedProcess:
@@ -80,8 +81,10 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     assert len(run_dirs) == 1, run_dirs  # one directory, not one per rank's clock
     (run_dir,) = run_dirs
     assert run_dir.relative_to(tmp_path / "outputs").as_posix() == "torchrun-job42_resnet_allreduce"
+    found = latest_set(run_dir)
+    assert found is not None, "no complete checkpoint set"
     for rank in (0, 1):
-        assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (run_dir / "checkpoint" / f"rank{rank}.pt").exists()
+        assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (found[0] / f"rank{rank}.pt").exists()
     # a restart under the same rendezvous id (a resubmitted job) resumes there
     second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=12", "eval.every_steps=6"])
     assert second.returncode == 0, second.stderr[-3000:]

@@ -249,10 +249,11 @@ def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
     from wagma_bench.config import validate
 
     for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
-                                      ("local_sgd", "period", 0, "period must be >= 1"),
-                                      ("local_sgd", "warmup_steps", -1, "warmup_steps must be >= 0"),
-                                      ("adpsgd", "sync_every", 0, "sync_every must be >= 1"),
-                                      ("eager", "sync_every", 0, "sync_every must be >= 1")]:
+                                      ("local_sgd", "period", 0, "period=0 is not allowed; it must be >= 1"),
+                                      ("local_sgd", "warmup_steps", -1, "warmup_steps=-1 is not allowed; it must be >= 0"),
+                                      ("adpsgd", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
+                                      ("eager", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
+                                      ("wagma", "catch_up", "late", "replay or skip")]:
         cfg = compose(f"optimizer={name}", f"optimizer.{key}={value}")
         with pytest.raises(ValueError, match=message):
             validate(cfg)

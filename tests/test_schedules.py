@@ -51,8 +51,10 @@ def test_paper_imbalance_draws_the_same_ranks_everywhere():
 
 
 def test_fixed_and_lognormal_imbalance():
-    fixed = FixedImbalance(FixedImbalance.Settings(rank=1, factor=3.0), seed=0)
+    fixed = FixedImbalance(FixedImbalance.Settings(ranks=[1], factor=3.0), seed=0)
     assert fixed.delay(1, 4, 0, 0.2) == pytest.approx(0.4) and fixed.delay(0, 4, 0, 0.2) == 0
+    group = FixedImbalance(FixedImbalance.Settings(ranks=[2, 3], factor=2.0), seed=0)  # a whole group slow
+    assert [group.delay(r, 4, 0, 0.1) for r in range(4)] == [0, 0, pytest.approx(0.1), pytest.approx(0.1)]
     logn = LognormalImbalance(LognormalImbalance.Settings(sigma=0.5), seed=0)
     d = [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
     assert min(d) == 0 and max(d) > 0.05 and d == [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]

@@ -244,7 +244,8 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["USR1", "USR2"])  # our sbatch scripts' signal, and submitit's
+# our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
+@pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
 def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume;
     USR2 (submitit's --signal=USR2@90) the same.
