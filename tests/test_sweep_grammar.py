@@ -74,3 +74,17 @@ def test_simulate_takes_hydras_sweep_grammar(tmp_path):
         (o, p, "resnet20") for p in (8, 16) for o in ("allreduce", "wagma")]  # data defaults as in `run`
     out, _ = simulate(tmp_path, "workload=transformer", "gpus=8")
     assert out.returncode == 2 and "no simulate preset for workload=transformer" in out.stderr
+
+
+def test_simulate_cfg_job_prints_what_it_would_simulate_and_simulates_nothing(tmp_path):
+    import yaml
+
+    out = subprocess.run([str(BIN), "simulate", "workload=resnet", "data=imagenet", "gpus=64,1024",
+                          "optimizer=allreduce,wagma", "optimizer.tau=5", "imbalance=paper", "--cfg", "job",
+                          "--out", str(tmp_path / "sim")], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    job = yaml.safe_load(out.stdout)
+    assert job["gpus"] == [64, 1024] and job["workload"]["name"] == "resnet50"
+    assert job["optimizers"]["wagma"]["tau"] == 5 and set(job["optimizers"]) == {"allreduce", "wagma"}
+    assert job["imbalance"]["name"] == "paper"
+    assert not (tmp_path / "sim").exists()

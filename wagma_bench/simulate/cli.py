@@ -77,6 +77,7 @@ def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
     ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR", help="runs that reached a target")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
+    ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
     # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
     for opt in ("calibrate", "convergence"):
@@ -279,6 +280,26 @@ def predict(kv: dict, ns, network: Network, workload: Workload, out: Path) -> li
     return rows
 
 
+def composed(kv: dict, network: Network, workload: Workload) -> str:
+    """``--cfg job``: the cluster's network, the workload, the imbalance and every optimizer's settings that
+    the simulations of these overrides would use, as YAML."""
+    from dataclasses import asdict
+
+    names = _list(kv.get("optimizer"), SIMULATORS)
+    opt_over = {k: v for k, v in kv.items() if k.startswith("optimizer.")}
+    check_optimizer_overrides(names, opt_over)
+    imbalance = make_imbalance(kv.get("imbalance", "none"), {k: v for k, v in kv.items() if k.startswith("imbalance.")},
+                               int(kv.get("seed", 1)))
+    job = {"gpus": [int(g) for g in _list(kv.get("gpus"), DEFAULT_GPUS)], "cluster": kv.get("cluster", "daint"),
+           "network": {k: v for k, v in asdict(network).items() if not k.startswith("_")},
+           "workload": asdict(workload),
+           "imbalance": {"name": imbalance.name, **(asdict(imbalance.s) if hasattr(imbalance, "s") else {})},
+           "optimizers": {n: optimizer_settings(n, opt_over) for n in names},
+           "steps": int(kv.get("steps", 500)), "seed": int(kv.get("seed", 1)),
+           "control_every": int(kv.get("control_every", CONTROL_EVERY))}
+    return yaml.safe_dump(job, sort_keys=False)
+
+
 def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, took: float) -> dict:
     r = res.row()
     r.update(label=res.optimizer, imbalance=imbalance.name, workload=wl.name,
@@ -361,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             network, _ = load_network(kv.get("cluster", "daint"), {k: v for k, v in kv.items() if k.startswith("network.")})
             workload = make_workload(kv)
+        if ns.cfg == "job":
+            print(composed(kv, network, workload))
+            return 0
         predict(kv, ns, network, workload, out)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
