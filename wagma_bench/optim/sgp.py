@@ -19,8 +19,8 @@ mixing is doubly stochastic and ``w_i`` stays exactly 1; for ``P = 2**n`` and no
 the exact global mean (the oracle the tests check). ``overlap: true`` is SGP's 1-overlap variant: the
 message pushed at step ``t`` is folded in at step ``t + 1``, so the exchange overlaps a whole step of
 computation; mass in flight makes ``w_i`` differ from 1 and the de-biasing matters. A checkpoint stores
-``z_i`` and ``w_i``; the one message in flight at that moment is not in it (a resumed run loses that
-message's share of numerator and weight together, so the de-biased models stay well defined).
+``z_i``, ``w_i`` and the one message in flight at that moment (received, folded in at the next step after
+a resume), so no push-sum mass is lost across a restart.
 
 Evaluated model: ranks' de-biased models differ; by default the trainer evaluates their global mean
 (``eval.model=auto`` -> average, the quantity SGP's convergence theorem bounds); ``eval.model=local``
