@@ -272,26 +272,26 @@ def test_a_whole_slow_group_does_not_pace_wagma_rounds():
     assert wa.throughput > 1.8 * ar.throughput, (wa.throughput, ar.throughput)
 
 
-def _stderr_of(capsys, call) -> tuple[int, str]:
+def _stderr_of(capsys, main, argv: list[str]) -> tuple[int, str]:
     try:
-        rc = call()
+        rc = main(argv)
     except SystemExit as stop:
         rc = stop.code
     return rc, capsys.readouterr().err
 
 
-def test_simulate_refuses_what_run_refuses_with_runs_message(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("bad", [["optimizer=wagma", "optimizer.group_size=3"], ["imbalance.nonsense=1"]])
+def test_simulate_refuses_what_run_refuses_with_runs_message(bad, tmp_path, capsys, monkeypatch):
     """One configuration: `simulate` composes conf/ and checks it as `run` does, before anything runs."""
     from wagma_bench.cli import main as wagma_bench
     from wagma_bench.simulate.cli import main as simulate_main
 
     monkeypatch.chdir(tmp_path)
-    for bad in (["optimizer=wagma", "optimizer.group_size=3"], ["imbalance.nonsense=1"]):
-        run_rc, run_err = _stderr_of(capsys, lambda: wagma_bench(["run", *bad, f"hydra.run.dir={tmp_path}/run"]))
-        sim_rc, sim_err = _stderr_of(capsys, lambda: simulate_main([*bad, "gpus=8", "--out", str(tmp_path / "sim")]))
-        assert run_rc != 0 and sim_rc == 2
-        message = run_err.replace("wagma-bench run: error: ", "").split("\n\nSet the environment")[0].strip()
-        assert message and sim_err == f"wagma-bench simulate: error: {message}\n", (run_err, sim_err)
+    run_rc, run_err = _stderr_of(capsys, wagma_bench, ["run", *bad, f"hydra.run.dir={tmp_path}/run"])
+    sim_rc, sim_err = _stderr_of(capsys, simulate_main, [*bad, "gpus=8", "--out", str(tmp_path / "sim")])
+    assert run_rc != 0 and sim_rc == 2
+    message = run_err.replace("wagma-bench run: error: ", "").split("\n\nSet the environment")[0].strip()
+    assert message and sim_err == f"wagma-bench simulate: error: {message}\n", (run_err, sim_err)
     assert not (tmp_path / "sim").exists() and not (tmp_path / "run" / "events.jsonl").exists()
 
 

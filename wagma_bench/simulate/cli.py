@@ -2,9 +2,25 @@
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager imbalance=paper imbalance.delay_s=0.32 \\
-        workload=resnet data=imagenet [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
-        [optimizer.tau=10 ...] [steps=500 seed=1 control_every=10] [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
+        workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
+        [steps=500 control_every=10] [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
+        [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
+
+One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
+``optimizer=``, ``optimizer.KEY=``, ``imbalance=``, ``seed=``, anything else `run` takes), composed from
+``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.validate`, so a value `run` refuses is
+refused here with the same message; each optimizer model gets its optimizer's typed ``Settings``. The
+cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
+``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
+``optimizer`` take several values (``a,b``, ``'gpus=range(8,1025,8)'``, ``'optimizer=glob(*)'``); an
+``optimizer.KEY`` applies to the selected optimizers that have that setting. Simulate's own keys: ``gpus``,
+``steps`` (rounds, default 500), ``control_every``, ``samples_to_target`` and the workload's cost model
+(``step_s``, ``batch``, ``params``, ``compute``, ``sigma``, ``overhead_s``, ``backward_fraction``,
+``bytes_per_param``: the preset's numbers, :mod:`.presets`). Defaults where they differ from `run`'s:
+every optimizer, ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet``
+(the paper's ResNet-50 set-up) when no workload is given; a data path `run` would need (``data.root``) is
+not needed.
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
@@ -15,8 +31,10 @@ step, which tests the communication and waiting model alone). Given ``gpus=`` to
 sweep with the workload pooled from the calibrated runs.
 
 ``control_every``: the trainer's control allreduce (a global barrier) every that many rounds, rounded up
-to the optimizer's sync period, as ``wagma-bench run`` does (default 10); ``control_every=0`` leaves only
-the optimizers' own synchronisation -- the paper's implementations, which have no such barrier.
+to the optimizer's sync period, as ``wagma-bench run`` does (default 10,
+:data:`wagma_bench.schedules.CONTROL_EVERY`: the rule and the constant the trainer imports);
+``control_every=0`` leaves only the optimizers' own synchronisation -- the paper's implementations, which
+have no such barrier.
 
 Convergence model (time-to-target): samples to the target per optimizer, from real runs that reached it
 (``--convergence RUN_DIR...``: the ``samples`` of the first evaluation at or above the target, median over
