@@ -19,8 +19,8 @@ cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.
 (``step_s``, ``batch``, ``params``, ``compute``, ``sigma``, ``overhead_s``, ``backward_fraction``,
 ``bytes_per_param``: the preset's numbers, :mod:`.presets`). Defaults where they differ from `run`'s:
 every optimizer, ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet``
-(the paper's ResNet-50 set-up) when no workload is given; a data path `run` would need (``data.root``) is
-not needed.
+(the paper's ResNet-50 set-up) when neither a workload nor an ``experiment`` is given; a data path `run`
+would need (``data.root``) is not needed.
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
@@ -134,7 +134,7 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
     `run`'s: every optimizer, and the paper's ResNet-50 / ImageNet set-up when no workload is given."""
     req = Request()
     keys = {k for k, _ in parsed}
-    if "workload" not in keys:
+    if not keys & {"workload", "experiment"}:  # an experiment preset picks its own workload
         req.run_overrides += ["workload=resnet"] + ([] if "data" in keys else ["data=imagenet"])
     for key, values in parsed:
         if len(values) > 1 and key not in SWEPT_KEYS:
