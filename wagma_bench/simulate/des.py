@@ -531,7 +531,7 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
     catch_up = cfg.settings.catch_up
     if catch_up not in CATCH_UP:
         raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: {', '.join(CATCH_UP)}")
-    res = wait_avoiding(cfg, lambda r: plans[(r - 1) % schedule.stages], schedule.period,
+    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
     res.extra["group_size"] = schedule.group_size
     return res
