@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench import sweep
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.events import read_jsonl
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.slurm_util import local_cluster, standin_partition

@@ -18,9 +18,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from wagma_bench.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what is allowed."""
+__all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 
 

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.mt_data import SRC, TGT, CorpusSpec, ensure_corpus, import_fairseq
 

@@ -25,7 +25,7 @@ import torch
 from torch.distributions import Categorical
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
 from wagma_bench.workloads.ddppo.policy import PointNavPolicy

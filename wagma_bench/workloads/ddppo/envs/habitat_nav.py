@@ -53,7 +53,7 @@ def habitat_available() -> bool:
 
 
 def check_habitat(s: HabitatNavSettings) -> None:
-    from wagma_bench.config import ConfigError
+    from wagma_bench.errors import ConfigError
 
     if not habitat_available():
         raise ConfigError(INSTALL)
