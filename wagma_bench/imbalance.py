@@ -12,6 +12,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from wagma_bench.errors import ConfigError
+
 
 class Imbalance:
     name: str
@@ -70,11 +72,9 @@ class FixedImbalance(Imbalance):
         ranks: list[int] = field(default_factory=lambda: [0])
         factor: float = 2.0
 
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.factor < 1:
-                raise ValueError(f"imbalance.factor must be >= 1, got {self.factor}")
-            if not self.ranks or min(self.ranks) < 0:
-                raise ValueError(f"imbalance.ranks must be a non-empty list of ranks >= 0, got {self.ranks}")
+        def __post_init__(self):  # runs in the config check (after RANGES), before any rank starts
+            if not self.ranks:
+                raise ConfigError("imbalance.ranks=[] is not allowed; it must list at least one rank")
 
     def __init__(self, settings, seed: int):
         self.s = settings

@@ -60,6 +60,8 @@ class _Bottleneck(nn.Module):
 
 
 RESNETS = {"resnet18": (_Basic, (2, 2, 2, 2)), "resnet50": (_Bottleneck, (3, 4, 6, 3))}
+BACKBONES = ("cnn", *RESNETS)  # workload.backbone
+RNNS = ("gru", "lstm")         # workload.rnn
 
 
 def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 256) -> nn.Module:
@@ -69,8 +71,6 @@ def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 
     if kind == "cnn":
         return nn.Sequential(nn.Conv2d(in_channels, 32, 8, 4), nn.ReLU(True), nn.Conv2d(32, 64, 4, 2),
                              nn.ReLU(True), nn.Conv2d(64, 32, 3, 1), nn.ReLU(True), nn.Flatten())
-    if kind not in RESNETS:
-        raise ValueError(f"unknown workload.backbone={kind!r}; choose cnn, {', '.join(RESNETS)}")
     block, depths = RESNETS[kind]
     layers: list[nn.Module] = [nn.Conv2d(in_channels, base_planes, 7, 2, 3, bias=False),
                                nn.GroupNorm(_groups(base_planes), base_planes), nn.ReLU(True), nn.MaxPool2d(3, 2, 1)]
@@ -91,8 +91,6 @@ class PointNavPolicy(nn.Module):
     def __init__(self, obs_shapes: dict[str, tuple[int, ...]], num_actions: int, hidden_size: int = 512,
                  rnn: str = "gru", rnn_layers: int = 1, backbone: str = "cnn", base_planes: int = 32):
         super().__init__()
-        if rnn not in ("gru", "lstm"):
-            raise ValueError(f"unknown workload.rnn={rnn!r}; choose gru or lstm")
         self.visual_keys = [k for k in ("depth", "rgb") if k in obs_shapes]
         if not self.visual_keys:
             raise ValueError("the policy needs a 'depth' or 'rgb' observation")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
-from wagma_bench.workloads.ddppo.policy import PointNavPolicy
+from wagma_bench.workloads.ddppo.policy import BACKBONES, RNNS, PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early
 
@@ -47,7 +48,7 @@ class DDPPOWorkload(Workload):
         name: str = "ddppo"
         backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
         base_planes: int = 32             # ResNet width at the first stage (DD-PPO: 32, half width)
-        hidden_size: int = 256            # visual fc and recurrent state (DD-PPO: 512)
+        hidden_size: int = 128            # visual fc and recurrent state (DD-PPO: 512)
         rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
         rnn_layers: int = 1               # (DD-PPO: 2)
         num_steps: int = 64               # rollout length per environment (DD-PPO: 128)
@@ -66,6 +67,8 @@ class DDPPOWorkload(Workload):
         metric: str = "success"           # success | spl (the evaluation metric that eval.target refers to)
         num_eval_episodes: int = 64       # held-out start/goal pairs per evaluation (all ranks together)
         eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
+
+        CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}
 
     @classmethod
     def metric_of(cls, cfg) -> str:
@@ -92,19 +95,12 @@ class DDPPOWorkload(Workload):
         self._stats: dict = {}
         self._eval_stats: dict = {}
 
-    @staticmethod
-    def _check_settings(s, env_s) -> None:
-        if s.metric not in ("success", "spl"):
-            raise ConfigError(f"workload.metric={s.metric!r} is not valid; choose success or spl")
-        if env_s.num_envs < s.num_mini_batch:
-            raise ConfigError(f"workload.num_mini_batch={s.num_mini_batch} needs env.num_envs >= it "
-                              f"(minibatches split the environments); got env.num_envs={env_s.num_envs}")
-        if not 0.0 < s.sync_frac <= 1.0:
-            raise ConfigError(f"workload.sync_frac={s.sync_frac} must be in (0, 1]")
-
     @classmethod
     def check(cls, cfg) -> None:
-        cls._check_settings(cfg.workload, cfg.data)
+        s, env_s = cfg.workload, cfg.data
+        if env_s.num_envs < s.num_mini_batch:
+            raise ConfigError(f"workload.num_mini_batch={s.num_mini_batch} is not allowed with env.num_envs="
+                              f"{env_s.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
         if cfg.data.name == "habitat":
             from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
 

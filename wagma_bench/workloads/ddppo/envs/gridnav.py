@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
+    LAYOUTS,
     MOVE_FORWARD,
     STOP,
     TURN_LEFT,
@@ -46,6 +48,8 @@ class GridNavSettings:
     success_reward: float = 2.5     # habitat's PointNav reward
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
 
 
 def make_grid(layout: str, room: int) -> np.ndarray:

@@ -17,11 +17,13 @@ import heapq
 import math
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
+    LAYOUTS,
     MOVE_FORWARD,
     STOP,
     TURN_LEFT,
@@ -54,6 +56,8 @@ class MiniWorldNavSettings:
     success_reward: float = 2.5     # habitat's PointNav reward
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
 
 
 def room_rects(layout: str, size: float, wall: float) -> tuple[list[tuple[float, float, float, float]],
