@@ -97,12 +97,6 @@ def test_bad_sweeps_fail_before_rendering(tmp_path, args, message):
     assert not (tmp_path / "sweep" / "manifest.json").exists()
 
 
-def test_split_values():
-    assert sweep.split_values("a,b") == ["a", "b"]
-    assert sweep.split_values("[30,60],[10]") == ["[30,60]", "[10]"]
-    assert sweep.split_values("'x,y',z") == ["'x,y'", "z"]
-
-
 def test_submitit_overrides_map_the_profile():
     over = sweep.submitit_overrides(sweep.load_profile("generic4", ["account=proj1"]), 16)
     assert "hydra.launcher.nodes=4" in over and "hydra.launcher.tasks_per_node=4" in over

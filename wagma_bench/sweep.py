@@ -128,27 +128,6 @@ class SweepSpec:
     common: list[str]  # overrides with one value
 
 
-def split_values(value: str) -> list[str]:
-    """Split Hydra sweep values at top-level commas (``a,b``; ``[1,2],[3]`` gives two lists)."""
-    out, depth, cur, quote = [], 0, "", None
-    for ch in value:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    out.append(cur)
-    return [v.strip() for v in out if v.strip()]
-
-
 def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
     """Each argument as (key, values), read with Hydra's own override parser and sweep grammar, the one
     ``wagma-bench run -m`` reads: ``a,b``, ``choice(a,b)``, ``range(1,4)``, ``glob(*)`` over a group's

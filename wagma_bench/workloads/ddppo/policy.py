@@ -17,7 +17,6 @@ import itertools
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Categorical
 
 GOAL_EMBED = 32
 ACTION_EMBED = 32
@@ -148,12 +147,3 @@ class PointNavPolicy(nn.Module):
             outs.append(out)
         out = torch.cat(outs)
         return self.actor(out), self.critic(out).squeeze(-1), hidden
-
-    @torch.no_grad()
-    def act(self, obs: dict, prev_actions, masks, hidden, deterministic: bool = False):
-        """One step for ``E`` environments: actions, their log-probabilities, values, next hidden."""
-        logits, values, hidden = self.forward({k: v.unsqueeze(0) for k, v in obs.items()},
-                                              prev_actions.unsqueeze(0), masks.unsqueeze(0), hidden)
-        dist = Categorical(logits=logits[0])
-        actions = dist.probs.argmax(-1) if deterministic else dist.sample()
-        return actions, dist.log_prob(actions), values[0], hidden

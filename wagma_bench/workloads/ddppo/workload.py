@@ -76,16 +76,15 @@ class DDPPOWorkload(Workload):
 
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
-        self.s, self.env_s = cfg.workload, cfg.data
-        self._check_settings(self.s, self.env_s)
+        self.settings, self.env_settings = cfg.workload, cfg.data
         self.metric_name = self.metric_of(cfg)
-        self.envs: list[NavEnv] = [make_env(self.env_s, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
-                                   for i in range(self.env_s.num_envs)]
+        self.envs: list[NavEnv] = [make_env(self.env_settings, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
+                                   for i in range(self.env_settings.num_envs)]
         self.num_envs = len(self.envs)
         self.eval_env: NavEnv | None = None
         self.eval_episodes: list[Episode] | None = None
         self.holdout: set = set()
-        if self.env_s.name != "habitat":  # same scenes: hold the evaluation pairs out of training
+        if self.env_settings.name != "habitat":  # same scenes: hold the evaluation pairs out of training
             self.eval_episodes = self._draw_eval(self.envs[0])
             self.holdout = {ep.key() for ep in self.eval_episodes}
         self.rngs = [np.random.default_rng((cfg.seed, rank, i)) for i in range(self.num_envs)]
@@ -97,10 +96,10 @@ class DDPPOWorkload(Workload):
 
     @classmethod
     def check(cls, cfg) -> None:
-        s, env_s = cfg.workload, cfg.data
-        if env_s.num_envs < s.num_mini_batch:
-            raise ConfigError(f"workload.num_mini_batch={s.num_mini_batch} is not allowed with env.num_envs="
-                              f"{env_s.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
+        settings, env = cfg.workload, cfg.data
+        if env.num_envs < settings.num_mini_batch:
+            raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
+                              f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
         if cfg.data.name == "habitat":
             from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
 
@@ -115,7 +114,7 @@ class DDPPOWorkload(Workload):
 
     # --- model ------------------------------------------------------------------------------------
     def build_model(self) -> PointNavPolicy:
-        s = self.s
+        s = self.settings
         self.model = PointNavPolicy(self.envs[0].obs_shapes, NUM_ACTIONS, s.hidden_size, s.rnn, s.rnn_layers,
                                     s.backbone, s.base_planes)
         return self.model
@@ -123,31 +122,31 @@ class DDPPOWorkload(Workload):
     # --- data: rollouts ---------------------------------------------------------------------------
     @property
     def steps_per_rollout(self) -> int:
-        return self.s.ppo_epoch * self.s.num_mini_batch
+        return self.settings.ppo_epoch * self.settings.num_mini_batch
 
     def steps_per_epoch(self) -> int:
         return self.steps_per_rollout
 
     @property
     def train_size(self) -> int:
-        return self.s.num_steps * self.num_envs * self.world_size
+        return self.settings.num_steps * self.num_envs * self.world_size
 
     @property
     def eval_size(self) -> int:
         """Held-out episodes of one evaluation."""
-        return self.s.num_eval_episodes
+        return self.settings.num_eval_episodes
 
     def _episode(self, i: int) -> Episode:
         for _ in range(10_000):
             ep = self.envs[i].sample_episode(self.rngs[i])
             if ep.key() not in self.holdout:
                 return ep
-        raise ConfigError(f"env={self.env_s.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
+        raise ConfigError(f"env={self.env_settings.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
                           "training pairs; lower workload.num_eval_episodes or enlarge the layout")
 
     def _draw_eval(self, env: NavEnv) -> list[Episode]:
         rng = np.random.default_rng(EVAL_SEED)
-        return [env.sample_episode(rng) for _ in range(self.s.num_eval_episodes)]
+        return [env.sample_episode(rng) for _ in range(self.settings.num_eval_episodes)]
 
     def _to_tensors(self, obs: list[dict]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.stack([o[k] for o in obs])).to(self.device) for k in obs[0]}
@@ -158,7 +157,7 @@ class DDPPOWorkload(Workload):
         self.prev_actions = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.masks = torch.zeros(self.num_envs, device=self.device)
         shapes = {k: tuple(v.shape) for k, v in self.obs[0].items()}
-        self.buffer = RolloutBuffer(self.s.num_steps, self.num_envs, shapes, tuple(self.hidden.shape))
+        self.buffer = RolloutBuffer(self.settings.num_steps, self.num_envs, shapes, tuple(self.hidden.shape))
 
     def _sample(self, logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
         if deterministic:
@@ -169,7 +168,7 @@ class DDPPOWorkload(Workload):
     @torch.no_grad()
     def collect(self, k: int) -> int:
         """Rollout ``k`` with the current model; returns the frames collected (preemption may cut it)."""
-        model, s, buf = self.model, self.s, self.buffer
+        model, s, buf = self.model, self.settings, self.buffer
         t0 = time.perf_counter()
         buf.length = 0
         buf.hidden0.copy_(self.hidden.cpu())
@@ -217,8 +216,8 @@ class DDPPOWorkload(Workload):
         k, offset = divmod(start_step, self.steps_per_rollout)
         while True:
             frames = self.collect(k)
-            minibatches = [mb for _ in range(self.s.ppo_epoch)
-                           for mb in self.buffer.minibatches(self.s.num_mini_batch, self.gen)]
+            minibatches = [mb for _ in range(self.settings.ppo_epoch)
+                           for mb in self.buffer.minibatches(self.settings.num_mini_batch, self.gen)]
             for i, mb in enumerate(minibatches[offset:]):
                 mb["frames"] = frames if i == 0 else 0
                 yield mb
@@ -233,8 +232,8 @@ class DDPPOWorkload(Workload):
         dist = Categorical(logits=logits)
         terms = ppo_loss(dist.log_prob(batch["actions"].to(dev)), batch["log_probs"].to(dev),
                          batch["advantages"].to(dev), values, batch["values"].to(dev), batch["returns"].to(dev),
-                         dist.entropy(), self.s.clip, self.s.value_loss_coef, self.s.entropy_coef,
-                         self.s.clip_value_loss)
+                         dist.entropy(), self.settings.clip, self.settings.value_loss_coef, self.settings.entropy_coef,
+                         self.settings.clip_value_loss)
         self._loss_stats = {"value_loss": round(float(terms.value), 5), "entropy": round(float(terms.entropy), 4)}
         return terms.loss, int(batch["frames"])
 
@@ -249,8 +248,8 @@ class DDPPOWorkload(Workload):
     @torch.no_grad()
     def evaluate(self, model, comm: Comm) -> float:
         if self.eval_env is None:
-            self.eval_env = make_env(self.env_s, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
-                                     split=getattr(self.env_s, "eval_split", None))
+            self.eval_env = make_env(self.env_settings, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
+                                     split=getattr(self.env_settings, "eval_split", None))
         if self.eval_episodes is None:
             self.eval_episodes = self._draw_eval(self.eval_env)
         gen = torch.Generator().manual_seed(EVAL_SEED + self.rank)
@@ -262,7 +261,7 @@ class DDPPOWorkload(Workload):
         comm.allreduce(totals, op="sum")
         success, spl_ = (totals[:2] / totals[2].clamp(min=1)).cpu().tolist()
         self._eval_stats = {"eval_success": round(success, 4), "eval_spl": round(spl_, 4)}
-        return success if self.s.metric == "success" else spl_
+        return success if self.settings.metric == "success" else spl_
 
     def _run_episode(self, model, ep: Episode, gen: torch.Generator) -> dict:
         obs = self.eval_env.reset(ep)
@@ -272,7 +271,7 @@ class DDPPOWorkload(Workload):
         while True:
             o = {k: v.unsqueeze(0) for k, v in self._to_tensors([obs]).items()}
             logits, _, hidden = model(o, prev.unsqueeze(0), mask.unsqueeze(0), hidden)
-            if self.s.eval_deterministic:
+            if self.settings.eval_deterministic:
                 action = logits[0].argmax(-1)
             else:
                 action = torch.multinomial(torch.softmax(logits[0].float().cpu(), -1), 1, generator=gen).squeeze(-1)
