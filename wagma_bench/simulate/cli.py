@@ -308,7 +308,9 @@ def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, 
     return r
 
 
-def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None, Network]:
+def fit_and_replay_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None, Network]:
+    """Fit the compute and network models to measured runs (and comm-bench JSON), then replay each run in the
+    simulator and compare with its measured throughput (``--calibrate``)."""
     from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 
     runs, benches = find_inputs(ns.calibrate)
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         kv, ns = parse(list(sys.argv[1:] if argv is None else argv))
         out = Path(ns.out)
         if ns.calibrate:
-            _, pooled, network = validate_runs(kv, ns, out)
+            _, pooled, network = fit_and_replay_runs(kv, ns, out)
             if "gpus" not in kv:
                 return 0
             workload = pooled if pooled is not None else make_workload(kv)
