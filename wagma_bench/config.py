@@ -208,11 +208,11 @@ class CommConfig:
     def __post_init__(self):  # runs in the config check, before any rank starts
         backends = {"torch": ("auto", "gloo", "nccl"), "mpi": ("mpi",)}.get(self.name, ())
         if self.name in ("torch", "mpi") and self.backend not in backends:
-            raise ConfigError(f"comm.backend={self.backend!r} is not a backend of comm={self.name}; "
+            raise ConfigError(f"comm.backend={self.backend!r} is not allowed with comm={self.name}; "
                               f"choose one of: {', '.join(backends)}")
         if self.emulate is not None and (self.name != "torch" or self.backend not in ("auto", "gloo")):
-            raise ConfigError(f"comm.emulate=nccl emulates NCCL on a gloo world: it needs comm=torch with "
-                              f"comm.backend=auto or gloo, not comm={self.name} comm.backend={self.backend}")
+            raise ConfigError(f"comm.emulate=nccl is not allowed with comm={self.name} comm.backend={self.backend}: "
+                              "it emulates NCCL on a gloo world, so it needs comm=torch with comm.backend=auto or gloo")
 
 
 @dataclass
@@ -250,8 +250,10 @@ class SubmissionConfig:
                                            "status": ("cloud", "onprem", "preview", "research")}
 
     def __post_init__(self):
-        if not self.org or not self.platform:
-            raise ConfigError("logger.submission.org and logger.submission.platform must not be empty")
+        for key in ("org", "platform"):
+            if not getattr(self, key):
+                raise ConfigError(f"logger.submission.{key}='' is not allowed; it must name the submitter's "
+                                  f"{'organisation' if key == 'org' else 'system'}")
 
 
 @dataclass
@@ -286,7 +288,7 @@ def data_section_names() -> dict[str, str]:
     """Workload -> the top-level section its data options live in (``data``; ``env`` for RL workloads)."""
     from wagma_bench.workloads import WORKLOADS
 
-    return {name: getattr(cls, "DATA_SECTION", "data") for name, cls in WORKLOADS.items()}
+    return {name: cls.DATA_SECTION for name, cls in WORKLOADS.items()}
 
 
 def option_schemas() -> dict[str, dict[str, type]]:

@@ -92,6 +92,7 @@ class DDPPOWorkload(Workload):
         self.model: PointNavPolicy | None = None
         self.counter: RolloutCounter | None = None
         self._stats: dict = {}
+        self._loss_stats: dict = {}  # of the last PPO minibatch
         self._eval_stats: dict = {}
 
     @classmethod
@@ -238,7 +239,7 @@ class DDPPOWorkload(Workload):
         return terms.loss, int(batch["frames"])
 
     def step_stats(self) -> dict:
-        out = dict(getattr(self, "_loss_stats", {}))
+        out = dict(self._loss_stats)
         out.update(self._stats)       # rollout timing: only on the step that collected it
         out.update(self._eval_stats)  # both evaluation metrics, on the first step after an evaluation
         self._stats, self._eval_stats = {}, {}
