@@ -79,7 +79,7 @@ def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overri
 
 @pytest.mark.parametrize("overrides,message", [
     (["comm.backend=nccl"], "needs CUDA"),
-    (["comm.backend=mpi"], "not a backend of comm=torch"),
+    (["comm.backend=mpi"], "comm.backend='mpi' is not allowed with comm=torch; choose one of: auto, gloo, nccl"),
 ])
 def test_an_impossible_backend_is_refused_before_any_rank_starts(tmp_path, overrides, message):
     if "nccl" in overrides[0] and torch.cuda.is_available():

@@ -53,7 +53,7 @@ HEADER_TIMEOUT_S = 7 * 24 * 3600.0
 
 class ADPSGD(Algorithm):
     name = "adpsgd"
-    models_identical = False  # each rank keeps its own model between global averages
+    models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 
     @dataclass

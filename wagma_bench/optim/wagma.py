@@ -55,7 +55,7 @@ from wagma_bench.optim.base import EngineAlgorithm
 
 class WagmaSGD(EngineAlgorithm):
     name = "wagma"
-    models_identical = False  # each rank keeps its own model between global averages
+    models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 
     @dataclass
