@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from wagma_bench.errors import ConfigError
 
 
 class Imbalance:
     name: str
+    settings: Any  # the option's Settings (the `imbalance:` section)
 
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
@@ -31,7 +33,7 @@ class NoImbalance(Imbalance):
         name: str = "none"
 
     def __init__(self, settings, seed: int):
-        pass
+        self.settings = settings
 
     def delay(self, rank, world_size, step, base_s):
         return 0.0

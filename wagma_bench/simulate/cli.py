@@ -293,7 +293,7 @@ def composed(kv: dict, network: Network, workload: Workload) -> str:
     job = {"gpus": [int(g) for g in _list(kv.get("gpus"), DEFAULT_GPUS)], "cluster": kv.get("cluster", "daint"),
            "network": {k: v for k, v in asdict(network).items() if not k.startswith("_")},
            "workload": asdict(workload),
-           "imbalance": {"name": imbalance.name, **(asdict(imbalance.s) if hasattr(imbalance, "s") else {})},
+           "imbalance": {"name": imbalance.name, **asdict(imbalance.settings)},
            "optimizers": {n: optimizer_settings(n, opt_over) for n in names},
            "steps": int(kv.get("steps", 500)), "seed": int(kv.get("seed", 1)),
            "control_every": int(kv.get("control_every", CONTROL_EVERY))}
