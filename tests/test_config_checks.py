@@ -3,6 +3,7 @@ message style: the key, the bad value and what is allowed (the numeric ranges: t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -76,3 +77,25 @@ def test_workload_rules_fail_its_check_in_the_launching_process(overrides, messa
     cfg = validate(_compose(*overrides))
     with pytest.raises(ConfigError, match=re.escape(message)):
         get_workload(cfg.workload.name).check(cfg)
+
+
+@dataclasses.dataclass
+class _Inner:
+    timeout_s: float = 1.0
+
+
+@dataclasses.dataclass
+class _Outer:
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+def test_a_nested_section_is_range_checked(monkeypatch):
+    """`logger.wandb` is a section inside a section: its numbers are checked like any other."""
+    from omegaconf import OmegaConf
+
+    from wagma_bench.config import POSITIVE, RANGES, check_ranges
+
+    monkeypatch.setitem(RANGES, "x.inner.timeout_s", POSITIVE)
+    merged = OmegaConf.merge(OmegaConf.structured(_Outer), {"inner": {"timeout_s": -1}})
+    with pytest.raises(ConfigError, match=re.escape("x.inner.timeout_s=-1.0 is not allowed; it must be > 0")):
+        check_ranges("x", _Outer, merged)

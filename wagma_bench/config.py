@@ -105,9 +105,13 @@ RANGES: dict[str, Range] = {
 
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
-    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry."""
+    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry;
+    nested sections (``logger.wandb``) too."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
+        if _is_section(value):
+            check_ranges(f"{section}.{f.name}", OmegaConf.get_type(value), value)
+            continue
         value = list(value) if OmegaConf.is_list(value) else value
         values = value if isinstance(value, list) else [value]
         for v in values:
@@ -130,8 +134,13 @@ def check_choices(section: str, schema: type, merged: DictConfig) -> None:
             raise ConfigError(f"{section}.{key}={value!r} is not allowed; choose one of: {shown}")
     for f in dataclasses.fields(schema):
         nested = merged[f.name]
-        if OmegaConf.is_config(nested) and dataclasses.is_dataclass(OmegaConf.get_type(nested)):
+        if _is_section(nested):
             check_choices(f"{section}.{f.name}", OmegaConf.get_type(nested), nested)
+
+
+def _is_section(node: Any) -> bool:
+    """A nested section with a schema of its own (``logger.submission``, ``logger.wandb``)."""
+    return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
 def check_group_size(optimizer: Any, world_size: int | None) -> None:
