@@ -13,7 +13,7 @@ from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 from wagma_bench.simulate.costs import Link, Network, allreduce_time
-from wagma_bench.simulate.des import SIMULATORS, Run, SimConfig, Workload, local_state_tensors, simulate
+from wagma_bench.simulate.des import SIMULATORS, SimConfig, SimState, Workload, local_state_tensors, simulate
 
 STEP, BATCH = 0.1, 16
 WL = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
@@ -195,10 +195,10 @@ def test_control_exchanges_fall_on_sync_rounds():
     schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11, 22."""
     assert CONTROL_EVERY == 10
     assert [control_period(s) for s in (1, 2, 3, 4, 10, 11, 25)] == [10, 10, 12, 12, 10, 11, 25]
-    run = Run(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48), 4)
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [12, 24, 36, 48]
-    run = Run(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48,
-                        control_every=0), 4)
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48,
+                             control_every=0), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
 
 

@@ -133,7 +133,7 @@ class EvalModel:
         self._copy = None
 
     def get(self):
-        if self.mode == "local" and self.identical:
+        if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
             return self.model
         if self._copy is None:
             self._copy = copy.deepcopy(self.model)

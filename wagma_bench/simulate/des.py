@@ -200,7 +200,7 @@ def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.
     return out
 
 
-class Run:
+class SimState:
     """Per-simulation arrays and bookkeeping shared by the optimizer models."""
 
     def __init__(self, cfg: SimConfig, sync_period: int):
@@ -234,10 +234,10 @@ class Run:
                          float(staleness), extra)
 
 
-def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[Run, int, np.ndarray], np.ndarray]) -> SimResult:
+def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
     """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
     are ready to communicate in round ``r`` into the times their step's communication is done."""
-    run = Run(cfg, sync_period)
+    run = SimState(cfg, sync_period)
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
         ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
@@ -266,7 +266,7 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
     frac = np.cumsum(sizes) / sum(sizes)  # share of backward done when each bucket is full
     bf = cfg.workload.backward_fraction
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         c = run.compute[:, r - 1]
         start = ready - c - run.delay[:, r - 1]
         launch = (start + run.delay[:, r - 1] + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
@@ -285,7 +285,7 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
     grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         if r <= warmup:
             return np.full(run.P, ready.max() + grad_cost)
         if r % period == 0:
@@ -305,7 +305,7 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
     cost = np.array([max((net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0))
                           for j in x), default=0.0) for i, x in enumerate(nbs)])
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         return np.maximum(ready, ready[idx].max(axis=1)) + cost
 
     return _lockstep(cfg, 1, comm)
@@ -324,7 +324,7 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
     hops = len(peers)
     state = {"arrival": None, "sent_arrival": [None, None]}
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         t = r - 1
         out, inn, cost = peers[t % hops]
         slot = state["sent_arrival"][t % 2]
@@ -351,7 +351,7 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
     """AD-PSGD: compute never waits (except at sync points); the gossip thread is simulated on a heap."""
-    run = Run(cfg, cfg.settings.sync_every)
+    run = SimState(cfg, cfg.settings.sync_every)
     P = run.P
     start = np.zeros(P)
     ends = np.zeros((P, run.rounds))
@@ -367,7 +367,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
                       exchanges_per_step=exchanges / max(1, (P // 2) * run.rounds))
 
 
-def _gossip(cfg: SimConfig, run: Run, ends: np.ndarray, end_time: float) -> tuple[int, float]:
+def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float) -> tuple[int, float]:
     """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
     one at a time, first come first served. Returns (exchanges, mean step lag between the pair)."""
     P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
@@ -463,7 +463,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     """
     if sync_every < 1:
         raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
-    run = Run(cfg, sync_every)
+    run = SimState(cfg, sync_every)
     P, inf = run.P, math.inf
     if P == 1:
         return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
