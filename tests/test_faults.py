@@ -433,3 +433,39 @@ def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch,
     _write_lock(tmp_path / "requeued", host="node17", pid=1, slurm_job_id="4242")
     RunDirLock(tmp_path / "requeued").acquire()
     assert "earlier incarnation of this SLURM job" in capsys.readouterr().err
+
+
+# --- row 11: a SIGKILLed rank ends the run within seconds, always recorded --------------------------------
+
+def _rank_pids(launcher: subprocess.Popen, nproc: int) -> list[int]:
+    """The ranks' PIDs by rank (spawned in rank order, so in increasing PID order)."""
+    wait_for(lambda: len(_ranks_of(launcher)) == nproc, "the ranks to start", timeout=60)
+    return sorted(_ranks_of(launcher))
+
+
+def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_path):
+    """Row 11: rank 0 (the one that writes the events) is SIGKILLed mid-run; the survivor may be blocked in
+    eager-SGD's progress thread, deaf to SIGTERM. The launcher ends it within seconds and records the
+    failure itself: a run_stop naming the rank and the signal, and summary.json."""
+    launcher = start(QUICK[:1] + ["optimizer=eager", "train.max_steps=100000", "eval.every_steps=1000",
+                                  f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 0)
+                 and keys(tmp_path) == ["run_start"], "steps")
+        os.kill(_rank_pids(launcher, 2)[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_run(launcher)
+    assert launcher.returncode == 1, err[-3000:]
+    assert took < 12, f"{took:.1f} s"
+    assert "rank 0 was killed by signal SIGKILL" in err, err[-3000:]
+    stops = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
+    assert len(stops) == 1 and keys(tmp_path)[-1] == "run_stop"
+    assert stops[0]["metadata"]["status"] == "failed"
+    assert "rank 0 was killed by signal SIGKILL" in stops[0]["metadata"]["error"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank 0 was killed by signal SIGKILL" in summary["error"]
+    assert "see its traceback" not in summary["error"]
+    assert summary["steps"] > 0
