@@ -469,3 +469,98 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
     assert summary["status"] == "failed" and "rank 0 was killed by signal SIGKILL" in summary["error"]
     assert "see its traceback" not in summary["error"]
     assert summary["steps"] > 0
+
+
+# --- row 10: a hung rank is named, within comm.timeout_s plus seconds -------------------------------------
+
+HUNG_TIMEOUT_S = 5  # comm.timeout_s: short, yet long enough for the set-up's collectives on a busy machine
+
+
+@pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
+def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimizer):
+    """Row 10: rank 1 is SIGSTOPped mid-run. Its peers' collectives time out and fail, naming themselves;
+    the launcher names rank 1, the one whose heartbeat stopped, and ends the run (the stopped process
+    included) within comm.timeout_s plus a few seconds."""
+    launcher = start(QUICK[:1] + [f"optimizer={optimizer}", "train.max_steps=100000", "eval.every_steps=1000",
+                                  f"comm.timeout_s={HUNG_TIMEOUT_S}", f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 1), "steps")
+        stopped = _rank_pids(launcher, 2)[1]
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+        assert not _alive(stopped)
+    finally:
+        kill_run(launcher)
+    assert launcher.returncode == 1, err[-3000:]
+    assert "rank 1 (no heartbeat for" in err and "hung" in err, err[-3000:]
+    assert "rank 0 (no heartbeat" not in err
+    assert took < HUNG_TIMEOUT_S + 8, f"{took:.1f} s"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("rank 1 (no heartbeat for")
+    assert keys(tmp_path)[-1] == "run_stop"
+
+
+# --- row 14: a full file system ---------------------------------------------------------------------------
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 256 KiB tmpfs: room for the configuration copy and the logs, not for a checkpoint (about 380 KB
+    per rank on the embedded ResNet)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {out.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_ends_the_run_with_a_clear_message_and_leaves_no_temp_files(small_fs):
+    """Row 14: the first checkpoint fills the disk. The run fails naming the cause; the launcher removes the
+    incomplete set and records run_stop and summary.json (status failed, the reason); no temporary file
+    is left; every complete line of the logs reads back."""
+    run_dir = small_fs / "run"
+    out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr.split("wagma-bench run: error:")[-1]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("wagma-bench run: error: rank ") and "No space left on device" in last, last
+    assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+    assert not [p for p in (run_dir / "checkpoint").glob("round-*") if not (p / "manifest.json").exists()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert keys(run_dir)[0] == "run_start" and keys(run_dir)[-1] == "run_stop"
+    assert logged_steps(run_dir, 0)
+
+
+# --- row 5: W&B without network never runs on the training clock ------------------------------------------
+
+def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path):
+    """Row 5: an API key, but W&B's server does not answer (every connection is closed at once). W&B's
+    online start runs in the sink's own thread and gives up after logger.wandb.timeout_s; the run logs
+    offline instead, says so, and its training clock holds none of the wait."""
+    from tests.test_report import Listener, offline_env
+
+    timeout_s = 8
+    listener = Listener()
+    env = {**offline_env(tmp_path, listener), "WANDB_API_KEY": "k" * 40}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([str(BIN), "run", *QUICK, "logger=wandb", f"logger.wandb.timeout_s={timeout_s}",
+                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=300, check=False,
+                         env=env, cwd=tmp_path)
+    listener.close()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert listener.connections > 0  # it did try to go online
+    assert f"W&B online start failed within logger.wandb.timeout_s={timeout_s}" in out.stderr
+    assert "logging offline instead" in out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["wandb"]["mode"] == "offline" and summary["wandb"]["reason"].startswith("fallback: online start")
+    # the first step's training time: before, it held W&B's whole wait (logger.wandb.timeout_s at least)
+    first = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]
+    assert first["t"] < timeout_s, first
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))

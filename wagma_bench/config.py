@@ -67,7 +67,7 @@ RANGES: dict[str, Range] = {
     "comm.timeout_s": POSITIVE,
     "launcher.nproc": AT_LEAST_ONE, "launcher.master_port": Range(1, 65535),
     "launcher.rendezvous_timeout_s": POSITIVE,
-    "logger.log_every_s": NON_NEGATIVE,
+    "logger.log_every_s": NON_NEGATIVE, "logger.wandb.timeout_s": POSITIVE,
     # resnet / transformer / ddppo
     "workload.num_workers": NON_NEGATIVE,
     "workload.encoder_layers": AT_LEAST_ONE, "workload.decoder_layers": AT_LEAST_ONE,
@@ -206,10 +206,14 @@ class WandbConfig:
     group: str | None = None              # null: the sweep directory's name in a multirun, else none
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
+    timeout_s: float = 30.0               # an online start slower than this falls back to an offline run
 
     def __post_init__(self):
         if self.mode not in ("auto", "offline", "online"):
             raise ConfigError(f"logger.wandb.mode={self.mode!r} is not valid; choose one of: auto, offline, online")
+        if not RANGES["logger.wandb.timeout_s"].allows(self.timeout_s):
+            raise ConfigError(f"logger.wandb.timeout_s={self.timeout_s} is not allowed; it must be "
+                              f"{RANGES['logger.wandb.timeout_s']}")
 
 
 @dataclass

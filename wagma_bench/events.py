@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +21,28 @@ EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
+    """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
+    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
 
 
 def rewrite_jsonl(path: Path, records: list[dict]) -> None:
     """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:

@@ -21,7 +21,7 @@ import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.events import finalize
-from wagma_bench.supervise import start_heartbeat, supervise
+from wagma_bench.supervise import report_error, start_heartbeat, supervise
 
 
 @dataclass
@@ -259,9 +259,11 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
         start_heartbeat(heartbeat_dir, index)
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
-    except BaseException:  # noqa: BLE001 - reported, then the process exits non-zero
+    except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
         sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
+        if heartbeat_dir is not None:
+            report_error(heartbeat_dir, index, err)
         os._exit(1)  # do not wait for communication threads blocked on dead peers
 
 

@@ -16,6 +16,7 @@ collectives at once, and rank 0 then records its own view), then SIGTERM, then a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -44,6 +45,15 @@ def start_heartbeat(folder: str, rank: int) -> None:
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def report_error(folder: str, rank: int, err: BaseException) -> None:
+    """Leave a failing rank's error for the launcher's message and the summary (best effort: the folder is
+    the launcher's, in the temp directory, so it is writable when the run directory's disk is full)."""
+    try:
+        (Path(folder) / f"rank{rank}.error").write_text(f"{type(err).__name__}: {err}"[:2000])
+    except OSError:
+        pass
 
 
 def heartbeat_ages(folder: Path, nproc: int) -> dict[int, float]:
@@ -77,16 +87,44 @@ def supervise(ctx, folder: Path, hung_after_s: float) -> None:
         except mp.ProcessExitedException as err:
             stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
             if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
-                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err)}") from None
-            raise RunFailed(_exit_message(err)) from None
+                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
+            raise RunFailed(_exit_message(err, folder)) from None
         except mp.ProcessRaisedException as err:
             raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
 
 
-def _exit_message(err) -> str:
+FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space is reported as full
+
+
+def record_failed_run(run_dir: Path, error: str) -> str:
+    """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
+    removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
+    Returns the message for the user: the error, and what could not be recorded."""
+    from wagma_bench.checkpoint import discard_incomplete_sets
+    from wagma_bench.events import record_failure
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        error += f"; the run directory's file system is full ({free // 1024} KiB free)"
+    discard_incomplete_sets(run_dir)
+    try:
+        record_failure(run_dir, error)
+    except OSError as err:
+        return f"{error}; the failure could not be recorded in {run_dir / 'summary.json'}: {err}"
+    return error
+
+
+def _exit_message(err, folder: Path) -> str:
     if err.signal_name:
         return f"rank {err.error_index} was killed by signal {err.signal_name} (it left no traceback)"
-    return f"rank {err.error_index} failed with exit code {err.exit_code}; see its traceback above"
+    try:
+        error = ": " + (folder / f"rank{err.error_index}.error").read_text()
+    except OSError:
+        error = ""
+    return f"rank {err.error_index} failed with exit code {err.exit_code}{error} (its traceback is above)"
 
 
 def _hung_message(stalled: dict[int, float], after_s: float) -> str:
