@@ -5,6 +5,7 @@ across restarts, checkpoints verified as sets."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -564,3 +565,62 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
     first = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]
     assert first["t"] < timeout_s, first
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+# --- identical continuation ---------------------------------------------------------------------------------
+
+def _continued(tmp_path: Path, optimizer: str) -> tuple[Path, list[str]]:
+    """A run of 10 rounds continued to 20 from its checkpoint at round 10 (a resume loads the same state
+    whether the first process completed or was killed after that checkpoint), and its arguments."""
+    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
+                        "logger.progress=off"]
+    cut = tmp_path / "cut"
+    for steps in (10, 20):
+        out = run(args + [f"train.max_steps={steps}", f"hydra.run.dir={cut}"])
+        assert out.returncode == 0, out.stderr[-3000:]
+    return cut, args
+
+
+def _final_state(run_dir: Path, rank: int) -> dict:
+    return torch.load(run_dir / "checkpoint" / "round-20" / f"rank{rank}.pt", weights_only=False)["model"]
+
+
+DETERMINISTIC = [pytest.param("allreduce")] + [pytest.param(o, marks=pytest.mark.long) for o in
+                                               ("local_sgd", "dpsgd", "sgp")]
+
+
+@pytest.mark.parametrize("optimizer", DETERMINISTIC)
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, optimizer):
+    """Deterministic optimizers: 10 rounds, then resumed to 20, end bit-identical to 20 rounds at once
+    (the final checkpoint set of each; every rank's model, buffers included)."""
+    cut, args = _continued(tmp_path, optimizer)
+    whole = tmp_path / "whole"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = _final_state(whole, rank), _final_state(cut, rank)
+        assert a.keys() == b.keys()
+        different = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not different, f"rank {rank}: {different[:5]}"
+
+
+ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]
+
+
+@pytest.mark.parametrize("optimizer", ASYNCHRONOUS)
+def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optimizer):
+    """Asynchronous optimizers (no bit-identical oracle): the resumed run's step logs hold every local step
+    once, rounds strictly increasing and meeting the checkpoint's round exactly once; one run_start, one
+    run_resume at the checkpoint's round, one run_stop at round 20."""
+    cut, _ = _continued(tmp_path, optimizer)
+    k = keys(cut)
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    events = read_jsonl(cut / "events.jsonl")
+    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["step"]
+    assert resume == 10 and events[-1]["metadata"]["step"] == 20
+    for rank in (0, 1):
+        records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")
+        steps, rounds = [r["step"] for r in records], [r["round"] for r in records]
+        assert steps == list(range(1, len(steps) + 1)), steps
+        assert all(a < b for a, b in itertools.pairwise(rounds)), rounds
+        assert rounds.count(resume) == 1 and rounds[-1] == 20, rounds
