@@ -5,6 +5,7 @@ across restarts, checkpoints verified as sets."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -433,3 +434,197 @@ def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch,
     _write_lock(tmp_path / "requeued", host="node17", pid=1, slurm_job_id="4242")
     RunDirLock(tmp_path / "requeued").acquire()
     assert "earlier incarnation of this SLURM job" in capsys.readouterr().err
+
+
+# --- row 11: a SIGKILLed rank ends the run within seconds, always recorded --------------------------------
+
+def _rank_pids(launcher: subprocess.Popen, nproc: int) -> list[int]:
+    """The ranks' PIDs by rank (spawned in rank order, so in increasing PID order)."""
+    wait_for(lambda: len(_ranks_of(launcher)) == nproc, "the ranks to start", timeout=60)
+    return sorted(_ranks_of(launcher))
+
+
+def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_path):
+    """Row 11: rank 0 (the one that writes the events) is SIGKILLed mid-run; the survivor may be blocked in
+    eager-SGD's progress thread, deaf to SIGTERM. The launcher ends it within seconds and records the
+    failure itself: a run_stop naming the rank and the signal, and summary.json."""
+    launcher = start(QUICK[:1] + ["optimizer=eager", "train.max_steps=100000", "eval.every_steps=1000",
+                                  f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 0)
+                 and keys(tmp_path) == ["run_start"], "steps")
+        os.kill(_rank_pids(launcher, 2)[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_run(launcher)
+    assert launcher.returncode == 1, err[-3000:]
+    assert took < 12, f"{took:.1f} s"
+    assert "rank 0 was killed by signal SIGKILL" in err, err[-3000:]
+    stops = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
+    assert len(stops) == 1 and keys(tmp_path)[-1] == "run_stop"
+    assert stops[0]["metadata"]["status"] == "failed"
+    assert "rank 0 was killed by signal SIGKILL" in stops[0]["metadata"]["error"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank 0 was killed by signal SIGKILL" in summary["error"]
+    assert "see its traceback" not in summary["error"]
+    assert summary["steps"] > 0
+
+
+# --- row 10: a hung rank is named, within comm.timeout_s plus seconds -------------------------------------
+
+HUNG_TIMEOUT_S = 5  # comm.timeout_s: short, yet long enough for the set-up's collectives on a busy machine
+
+
+@pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
+def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimizer):
+    """Row 10: rank 1 is SIGSTOPped mid-run. Its peers' collectives time out and fail, naming themselves;
+    the launcher names rank 1, the one whose heartbeat stopped, and ends the run (the stopped process
+    included) within comm.timeout_s plus a few seconds."""
+    launcher = start(QUICK[:1] + [f"optimizer={optimizer}", "train.max_steps=100000", "eval.every_steps=1000",
+                                  f"comm.timeout_s={HUNG_TIMEOUT_S}", f"hydra.run.dir={tmp_path}"])
+    try:
+        wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 1), "steps")
+        stopped = _rank_pids(launcher, 2)[1]
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+        assert not _alive(stopped)
+    finally:
+        kill_run(launcher)
+    assert launcher.returncode == 1, err[-3000:]
+    assert "rank 1 (no heartbeat for" in err and "hung" in err, err[-3000:]
+    assert "rank 0 (no heartbeat" not in err
+    assert took < HUNG_TIMEOUT_S + 8, f"{took:.1f} s"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("rank 1 (no heartbeat for")
+    assert keys(tmp_path)[-1] == "run_stop"
+
+
+# --- row 14: a full file system ---------------------------------------------------------------------------
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 256 KiB tmpfs: room for the configuration copy and the logs, not for a checkpoint (about 380 KB
+    per rank on the embedded ResNet)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {out.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_ends_the_run_with_a_clear_message_and_leaves_no_temp_files(small_fs):
+    """Row 14: the first checkpoint fills the disk. The run fails naming the cause; the launcher removes the
+    incomplete set and records run_stop and summary.json (status failed, the reason); no temporary file
+    is left; every complete line of the logs reads back."""
+    run_dir = small_fs / "run"
+    out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr.split("wagma-bench run: error:")[-1]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("wagma-bench run: error: rank ") and "No space left on device" in last, last
+    assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+    assert not [p for p in (run_dir / "checkpoint").glob("round-*") if not (p / "manifest.json").exists()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert keys(run_dir)[0] == "run_start" and keys(run_dir)[-1] == "run_stop"
+    assert logged_steps(run_dir, 0)
+
+
+# --- row 5: W&B without network never runs on the training clock ------------------------------------------
+
+def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path):
+    """Row 5: an API key, but W&B's server does not answer (every connection is closed at once). W&B's
+    online start runs in the sink's own thread and gives up after logger.wandb.timeout_s; the run logs
+    offline instead, says so, and its training clock holds none of the wait."""
+    from tests.test_report import Listener, offline_env
+
+    timeout_s = 8
+    listener = Listener()
+    env = {**offline_env(tmp_path, listener), "WANDB_API_KEY": "k" * 40}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([str(BIN), "run", *QUICK, "logger=wandb", f"logger.wandb.timeout_s={timeout_s}",
+                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=300, check=False,
+                         env=env, cwd=tmp_path)
+    listener.close()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert listener.connections > 0  # it did try to go online
+    assert f"W&B online start failed within logger.wandb.timeout_s={timeout_s}" in out.stderr
+    assert "logging offline instead" in out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["wandb"]["mode"] == "offline" and summary["wandb"]["reason"].startswith("fallback: online start")
+    # the first step's training time: before, it held W&B's whole wait (logger.wandb.timeout_s at least)
+    first = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]
+    assert first["t"] < timeout_s, first
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+# --- identical continuation ---------------------------------------------------------------------------------
+
+def _continued(tmp_path: Path, optimizer: str) -> tuple[Path, list[str]]:
+    """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
+    the first process completed or was killed after that checkpoint), and its arguments. Both budgets are
+    rounded up to the optimizer's synchronisation period."""
+    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
+                        "logger.progress=off"]
+    cut = tmp_path / "cut"
+    for steps in (10, 20):
+        out = run(args + [f"train.max_steps={steps}", f"hydra.run.dir={cut}"])
+        assert out.returncode == 0, out.stderr[-3000:]
+    return cut, args
+
+
+def _final_state(run_dir: Path, rank: int) -> dict:
+    newest = (run_dir / "checkpoint" / "latest").read_text().strip()
+    return torch.load(run_dir / "checkpoint" / newest / f"rank{rank}.pt", weights_only=False)["model"]
+
+
+DETERMINISTIC = [pytest.param("allreduce")] + [pytest.param(o, marks=pytest.mark.long) for o in
+                                               ("local_sgd", "dpsgd", "sgp")]
+
+
+@pytest.mark.parametrize("optimizer", DETERMINISTIC)
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, optimizer):
+    """Deterministic optimizers: 10 rounds, then resumed to 20, end bit-identical to 20 rounds at once
+    (the final checkpoint set of each; every rank's model, buffers included)."""
+    cut, args = _continued(tmp_path, optimizer)
+    whole = tmp_path / "whole"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = _final_state(whole, rank), _final_state(cut, rank)
+        assert a.keys() == b.keys()
+        different = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not different, f"rank {rank}: {different[:5]}"
+
+
+ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]
+
+
+@pytest.mark.parametrize("optimizer", ASYNCHRONOUS)
+def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optimizer):
+    """Asynchronous optimizers (no bit-identical oracle): the resumed run's step logs hold every local step
+    once, rounds strictly increasing and meeting the checkpoint's round exactly once; one run_start, one
+    run_resume at the checkpoint's round, one run_stop at round 20."""
+    cut, _ = _continued(tmp_path, optimizer)
+    k = keys(cut)
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    events = read_jsonl(cut / "events.jsonl")
+    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["step"]
+    end = events[-1]["metadata"]["step"]  # the budgets 10 and 20, rounded up to the sync period
+    before = [e["metadata"]["step"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
+    assert 10 <= resume < 20 <= end and resume == before[-1]
+    for rank in (0, 1):
+        records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")
+        steps, rounds = [r["step"] for r in records], [r["round"] for r in records]
+        assert steps == list(range(1, len(steps) + 1)), steps
+        assert all(a < b for a, b in itertools.pairwise(rounds)), rounds
+        assert rounds.count(resume) == 1 and rounds[-1] == end, rounds

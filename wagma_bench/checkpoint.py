@@ -22,14 +22,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import write_json_atomic
+from wagma_bench.events import atomic_write, write_json_atomic
 from wagma_bench.rundir import identity, identity_hash
 
 LATEST = "latest"
@@ -47,12 +46,7 @@ def _set_name(round_: int) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(data), binary=True)  # no temporary file left on a full disk
 
 
 def _sha256(path: Path) -> str:
@@ -109,6 +103,15 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
                           f"({len(missing)} of {len(manifest['files'])} rank files)"
                           + _older_hint(folder))
+
+
+def discard_incomplete_sets(run_dir: Path) -> None:
+    """After a failed run (in the launcher, once every rank has ended): remove the sets without a manifest,
+    which no resume can use; after a failure on a full disk this is the space the summary needs."""
+    root = Path(run_dir) / "checkpoint"
+    for p in root.glob("round-*"):
+        if not (p / MANIFEST).exists():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _older_hint(folder: Path) -> str:

@@ -173,9 +173,9 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
 
     from wagma_bench.checkpoint import CheckpointError, check_against_run
     from wagma_bench.config import ConfigError, check_group_size
-    from wagma_bench.events import finalize
-    from wagma_bench.launch import RunFailed, device_plan, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import device_plan, run_rank, slurm_master, spawn_local
     from wagma_bench.rundir import finished_summary
+    from wagma_bench.supervise import RunFailed, record_failed_run
 
     raw = run_cfg.raw
     plan = None
@@ -210,8 +210,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     try:
         spawn_local(raw, run_dir, plan.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
     except RunFailed as err:
-        finalize(run_dir, status="failed", error=str(err))
-        message = f"{err}; see the rank's traceback above. Run directory: {run_dir}"
+        message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return None

@@ -72,7 +72,7 @@ RANGES: dict[str, Range] = {
     "comm.timeout_s": POSITIVE,
     "launcher.nproc": AT_LEAST_ONE, "launcher.master_port": Range(1, 65535),
     "launcher.rendezvous_timeout_s": POSITIVE,
-    "logger.log_every_s": NON_NEGATIVE,
+    "logger.log_every_s": NON_NEGATIVE, "logger.wandb.timeout_s": POSITIVE,
     # resnet / transformer / ddppo
     "workload.num_workers": NON_NEGATIVE,
     "workload.encoder_layers": AT_LEAST_ONE, "workload.decoder_layers": AT_LEAST_ONE,
@@ -240,6 +240,7 @@ class WandbConfig:
     group: str | None = None              # null: the sweep directory's name in a multirun, else none
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
+    timeout_s: float = 30.0               # an online start slower than this falls back to an offline run
 
     CHOICES: ClassVar[dict[str, tuple]] = {"mode": ("auto", "offline", "online")}
 

@@ -3,7 +3,8 @@
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
-atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure; so is
+atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
+also writes the ``run_stop`` rank 0 could not: :func:`record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +21,28 @@ EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
+    """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
+    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
 
 
 def rewrite_jsonl(path: Path, records: list[dict]) -> None:
     """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
@@ -206,3 +211,44 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None)
 
     try_write_mllog(run_dir)
     return summary
+
+
+def record_failure(run_dir: Path, error: str) -> dict:
+    """The launcher's record of a failed run: the ``run_stop`` rank 0 could not write (it was killed, or
+    ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
+    gives the launcher's view first, then rank 0's."""
+    path = run_dir / EVENTS
+    events = read_jsonl(path)
+    lifecycle = [e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")]
+    if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
+        return finalize(run_dir, status="failed", error=error)
+    progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
+    last = {k: v for k, v in (progress[-1] if progress else {}).items()
+            if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
+    logged = _progress_in_step_logs(run_dir)
+    if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
+        last.update(logged)
+    event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
+             "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
+    with open(path, "ab") as f:
+        torn = f.tell() > 0 and not _ends_with_newline(path)  # rank 0 died in the middle of a line
+        f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return finalize(run_dir, status="failed")
+
+
+def _progress_in_step_logs(run_dir: Path) -> dict:
+    """Rank 0's last logged round and training time, and the samples of every rank's logged steps."""
+    records = {p: read_jsonl(p) for p in sorted((run_dir / "steps").glob("rank*.jsonl"))}
+    mine = records.get(run_dir / "steps" / "rank0.jsonl")
+    if not mine:
+        return {}
+    return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
+            "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"

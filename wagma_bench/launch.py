@@ -2,8 +2,8 @@
 
 ``wagma-bench run`` runs as one rank of an existing world when started by torchrun (RANK/WORLD_SIZE),
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
-``launcher.nproc`` local ranks with torch.multiprocessing. A rank that dies or raises ends the whole run:
-the survivors are terminated and the error names the failed rank.
+``launcher.nproc`` local ranks with torch.multiprocessing. A rank that dies, raises or hangs ends the whole
+run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.supervise`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.events import finalize
+from wagma_bench.supervise import report_error, start_heartbeat, supervise
 
 
 @dataclass
@@ -251,34 +252,35 @@ def _die_with_launcher(launcher_pid: int) -> None:
 
 
 def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],
-                  launcher_pid: int | None = None) -> None:
+                  launcher_pid: int | None = None, heartbeat_dir: str | None = None) -> None:
     if launcher_pid is not None:
         _die_with_launcher(launcher_pid)
+    if heartbeat_dir is not None:
+        start_heartbeat(heartbeat_dir, index)
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
-    except BaseException:  # noqa: BLE001 - reported, then the process exits non-zero
+    except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
         sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
+        if heartbeat_dir is not None:
+            report_error(heartbeat_dir, index, err)
         os._exit(1)  # do not wait for communication threads blocked on dead peers
 
 
-class RunFailed(RuntimeError):
-    pass
-
-
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> None:
-    """Spawn ``nproc`` local ranks and wait; the first failure terminates the others."""
+    """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
+    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it."""
+    import shutil
+    import tempfile
+
     import torch.multiprocessing as mp
 
     master = (addr, port or free_port(addr))
-    ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid()), nprocs=nproc,
-                             join=False, start_method="spawn")
+    heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     try:
-        while not ctx.join():
-            pass
-    except mp.ProcessExitedException as err:
-        raise RunFailed(f"rank {err.error_index} exited with code {err.exit_code} "
-                        f"(signal {err.signal_name})" if err.signal_name else
-                        f"rank {err.error_index} exited with code {err.exit_code}") from None
-    except mp.ProcessRaisedException as err:
-        raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
+        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                                      str(heartbeats)),
+                                 nprocs=nproc, join=False, start_method="spawn")
+        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]))
+    finally:
+        shutil.rmtree(heartbeats, ignore_errors=True)

@@ -6,7 +6,10 @@ The event log (``events.jsonl``) stays the source of truth; a sink only mirrors 
   (``logger=wandb``), offline when no API key is configured.
 
 A sink that fails (no network, a W&B server error) prints one warning and is switched off: losing a
-mirror must never end a training run whose events are safe on disk.
+mirror must never end a training run whose events are safe on disk. Nor may it slow one down: the W&B sink
+hands events to a thread of its own, so W&B's initialisation and uploads never run on the training clock;
+an online initialisation that does not finish within ``logger.wandb.timeout_s`` falls back to an offline
+run, with a message, and ``summary.json`` says which mode was used and why (its ``wandb`` entry).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import hashlib
 import json
 import netrc
 import os
+import queue
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.events import EVENTS, read_jsonl, summarize
+from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, summarize, write_json_atomic
 
 
 class Sink(Protocol):
@@ -115,18 +120,19 @@ def sweep_group(run_dir: Path) -> str | None:
 ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
 
 
-def init_wandb(base: Path, mode: str, **init_kwargs: Any):
+def init_wandb(base: Path, mode: str, timeout_s: float | None = None, **init_kwargs: Any):
     """``wandb.init`` with W&B's directories under ``base``; prints where an offline run lives and how
-    to upload it."""
+    to upload it. ``timeout_s``: W&B's own ``init_timeout`` (how long an online start may take)."""
     os.environ.update(wandb_env(base))
     resolved = mode if mode in ("offline", "disabled") else resolve_mode(mode)
     os.environ["WANDB_MODE"] = resolved
     import wandb
 
-    run = wandb.init(dir=str(base), mode=resolved, settings=wandb.Settings(console="off", silent=True),
+    limit = {} if timeout_s is None else {"init_timeout": timeout_s}
+    run = wandb.init(dir=str(base), mode=resolved, settings=wandb.Settings(console="off", silent=True, **limit),
                      **init_kwargs)
     if resolved == "offline":
-        why = "" if has_api_key() else " (no API key configured)"
+        why = "" if has_api_key() or mode == "offline" else " (no API key configured)"
         print(f"wagma-bench: W&B run {run.id} is offline{why}; its files: {offline_dir(run)}\n"
               f"wagma-bench: upload it later with: wandb sync {offline_dir(run)}", flush=True)
     return run
@@ -150,16 +156,27 @@ class WandbSink:
         self._failed = False
         self._status: str | None = None
         self._offsets: dict[Path, int] = {}
+        self.used: dict[str, str] = {}  # the mode W&B ran in and why (summary.json's ``wandb`` entry)
+        # W&B works in a thread of its own: the training loop only queues events (off the timed path)
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="wandb-sink", daemon=True)
+        self._thread.start()
 
     def emit(self, event: dict) -> None:
-        if self._failed:
-            return
-        try:
-            self._emit(event)
-        except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; events.jsonl has it all
-            self._failed = True
-            print(f"wagma-bench: W&B logging switched off after an error ({type(err).__name__}: {err}); "
-                  f"the run continues, its events are in {self.run_dir / EVENTS}", file=sys.stderr, flush=True)
+        self._queue.put(event)
+
+    def _work(self) -> None:
+        while (event := self._queue.get()) is not None:
+            if self._failed:
+                continue
+            try:
+                self._emit(event)
+            except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; events.jsonl has it all
+                self._failed = True
+                print(f"wagma-bench: W&B logging switched off after an error ({type(err).__name__}: {err}); "
+                      f"the run continues, its events are in {self.run_dir / EVENTS}", file=sys.stderr,
+                      flush=True)
+        self._finish()
 
     def _emit(self, event: dict) -> None:
         key, meta = event["key"], event.get("metadata") or {}
@@ -187,15 +204,41 @@ class WandbSink:
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
         run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.run = init_wandb(self.run_dir, self.mode, project=self.settings.project, entity=self.settings.entity,
-                              group=self.settings.group or sweep_group(self.run_dir), name=name, id=run_id,
-                              resume="allow", config=c, job_type=c["optimizer"]["name"],
-                              tags=[c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]])
+        kwargs = {"project": self.settings.project, "entity": self.settings.entity, "name": name, "id": run_id,
+                  "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": c,
+                  "job_type": c["optimizer"]["name"],
+                  "tags": [c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]]}
+        self.run = self._init(kwargs)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         if event["key"] == "run_start":
             self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
                                                               "git_sha", "hosts", "versions")})
+
+    def _init(self, kwargs: dict):
+        """The W&B run: online within ``timeout_s``, else (no network, W&B down) offline, with a message."""
+        if self.mode != "online":
+            why = ("WANDB_MODE" if os.environ.get("WANDB_MODE") == self.mode else
+                   f"logger.wandb.mode={self.settings.mode}" if self.settings.mode == self.mode else "no API key configured")
+            self.used = {"mode": self.mode, "reason": why}
+            return init_wandb(self.run_dir, self.mode, **kwargs)
+        try:
+            run = init_wandb(self.run_dir, "online", timeout_s=self.settings.timeout_s, **kwargs)
+            self.used = {"mode": "online", "reason": "an API key is configured"}
+            return run
+        except Exception as err:  # noqa: BLE001 -- any failure to start online: fall back to offline
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            why = (f"online start failed within logger.wandb.timeout_s={self.settings.timeout_s:g} "
+                   f"({type(err).__name__}: {first})")
+        print(f"wagma-bench: W&B {why}; logging offline instead", file=sys.stderr, flush=True)
+        import wandb
+
+        try:  # W&B's service keeps retrying the online run and would never answer the offline one
+            wandb.teardown()
+        except Exception:  # noqa: BLE001, S110 -- a fresh service starts either way
+            pass
+        self.used = {"mode": "offline", "reason": "fallback: " + why}
+        return init_wandb(self.run_dir, "offline", **kwargs)
 
     def _rank_step_times(self) -> dict[str, float]:
         row = {}
@@ -236,6 +279,21 @@ class WandbSink:
         self.run.log_artifact(artifact)
 
     def close(self) -> None:
+        """Finish the W&B run (after the trainer wrote summary.json and mllog.txt: they go into the
+        artifact), then record in summary.json which mode W&B ran in and why."""
+        self._queue.put(None)
+        self._thread.join(timeout=self.settings.timeout_s + 60)
+        if self._thread.is_alive():
+            print(f"wagma-bench: W&B did not finish within {self.settings.timeout_s + 60:g} s; the run's files are in "
+                  f"{self.run_dir}", file=sys.stderr, flush=True)
+        if self.used and (self.run_dir / SUMMARY).exists():
+            try:
+                summary = json.loads((self.run_dir / SUMMARY).read_text())
+                write_json_atomic(self.run_dir / SUMMARY, {**summary, "wandb": dict(self.used)})
+            except (OSError, ValueError) as err:
+                print(f"wagma-bench: W&B mode not recorded in {SUMMARY} ({err})", file=sys.stderr, flush=True)
+
+    def _finish(self) -> None:
         if self.run is None:
             return
         try:

@@ -186,7 +186,7 @@ class ResNetWorkload(Workload):
         self.batch = cfg.train.batch_size
         if self.data_name == "mnist5k":
             self.x, self.y, self.vx, self.vy = mnist5k_split()
-            self._aug = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
+            self._aug = torch.Generator()  # reseeded for every step (_load): a resume draws the same shifts
         elif self.data_name == "imagenet":
             self._init_imagenet(check_imagenet_root(cfg.data.root))
         elif self.data_name == "synthetic":
@@ -263,12 +263,15 @@ class ResNetWorkload(Workload):
                 chunk = idx[i * self.batch:(i + 1) * self.batch]
                 if len(chunk) == 0:  # this rank's shard is exhausted: an empty batch (zero gradient)
                     chunk = idx[:0]
-                yield self._load(chunk)
+                yield self._load(chunk, epoch * per_epoch + i)
             epoch, offset = epoch + 1, 0
 
-    def _load(self, idx: np.ndarray):
+    def _load(self, idx: np.ndarray, step: int):
         if self.data_name == "mnist5k":
             t = torch.from_numpy(idx)
+            # the shifts of a step depend on (seed, rank, step) only, not on how many batches this process
+            # drew before: a resumed run trains on the same batches as an uninterrupted one
+            self._aug.manual_seed((self.cfg.seed * 7919 + self.rank) * 1_000_003 + step)
             return random_shift(self.x[t], self.cfg.data.shift, self._aug), self.y[t]
         samples = [self.train_set[int(i)] for i in idx]
         if not samples:

@@ -8,10 +8,14 @@ in a counter shared by all ranks (habitat-baselines uses the process group's TCP
 
 Counter keys: a run may do far more rollouts than a store should hold keys (the MPI store has a fixed
 number of slots), so rollout ``k`` uses slot ``k % SLOTS``. Every rank adds exactly 1 to a slot per use,
-so before its ``u``-th use (``u = k // SLOTS``) a slot holds ``u * world_size`` once the ranks are done
-with the previous use; the ranks done with rollout ``k`` are ``value - u * world_size``. This holds while
-no rank runs ``SLOTS`` rollouts ahead of another, which the trainer's synchronisation points (at least
-every few rounds) guarantee.
+so once the ranks are done with a slot's previous use it holds a multiple of the world size ``W``; while
+rollout ``k`` is under way it holds that multiple plus the ranks done with ``k``. A rank still collecting
+``k`` reads that count as ``value % W`` (it is below ``W``, the reader not being done); ``finish`` reads
+``(value - 1) % W + 1``. Neither depends on how many uses the slot had, so the counter is right on a fresh
+store whatever the rollout index: a resumed run starts with a new rendezvous store at rollout ``k`` (it
+once subtracted ``(k // SLOTS) * W``, which on a fresh store past rollout 64 read -1 with 3 of 4 ranks
+done, and preemption never fired again). This holds while no rank runs ``SLOTS`` rollouts ahead of
+another, which the trainer's synchronisation points (at least every few rounds) guarantee.
 """
 
 from __future__ import annotations
@@ -36,18 +40,15 @@ class RolloutCounter:
     def _key(self, k: int) -> str:
         return f"{self.prefix}/{k % SLOTS}"
 
-    def _base(self, k: int) -> int:
-        return (k // SLOTS) * self.world_size
-
     def done(self, k: int) -> int:
         """Ranks that have finished rollout ``k`` so far."""
         if self.comm is None:
             return 0
-        return self.comm.store_add(self._key(k), 0) - self._base(k)
+        return self.comm.store_add(self._key(k), 0) % self.world_size
 
     def finish(self, k: int) -> int:
         """Mark this rank as done with rollout ``k``; returns the count including it."""
         if self.comm is None:
             return 1
-        return self.comm.store_add(self._key(k), 1) - self._base(k)
+        return (self.comm.store_add(self._key(k), 1) - 1) % self.world_size + 1
 

@@ -1,0 +1,142 @@
+"""Supervision of local ranks by their launcher: heartbeats, a failed or hung rank ends the run within
+seconds, and the launcher records the failure itself when no rank could.
+
+Each spawned rank touches its own heartbeat file (in a folder private to the launcher) from a thread every
+:data:`HEARTBEAT_S`. The thread runs while the rank computes or waits in a collective (torch and gloo
+release the interpreter), so a heartbeat goes stale only when the whole process stops: SIGSTOP, a debugger,
+a native call stuck holding the interpreter. A rank whose heartbeat is older than ``comm.timeout_s`` is
+named as hung and the run ends; the peers' own communication timeouts would otherwise end it naming
+whichever waiting rank timed out first, not the one that stalled.
+
+A rank that fails first gets :data:`GRACE_S` for the others to notice (a closed connection fails their
+collectives at once, and rank 0 then records its own view), then SIGTERM, then after another
+:data:`GRACE_S` SIGKILL: a rank blocked in a communication or progress thread never runs its TERM handler.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+HEARTBEAT_S = 0.5  # period of a rank's heartbeat
+STALE_S = 2.5  # a heartbeat this old, while another rank fails, marks its rank as the one that stalled
+GRACE_S = 2.0  # after a rank fails: time for the others to end on their own, then between TERM and KILL
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def start_heartbeat(folder: str, rank: int) -> None:
+    """Touch ``folder/rank<R>`` every :data:`HEARTBEAT_S` from a daemon thread, for the launcher to read."""
+    path = Path(folder) / f"rank{rank}"
+    path.touch()
+
+    def beat():
+        while True:
+            try:
+                os.utime(path)
+            except OSError:  # the launcher is gone (its folder with it): nobody is listening
+                return
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def report_error(folder: str, rank: int, err: BaseException) -> None:
+    """Leave a failing rank's error for the launcher's message and the summary (best effort: the folder is
+    the launcher's, in the temp directory, so it is writable when the run directory's disk is full)."""
+    try:
+        (Path(folder) / f"rank{rank}.error").write_text(f"{type(err).__name__}: {err}"[:2000])
+    except OSError:
+        pass
+
+
+def heartbeat_ages(folder: Path, nproc: int) -> dict[int, float]:
+    """Seconds since each started rank's last heartbeat (ranks not started yet are left out)."""
+    now, ages = time.time(), {}
+    for rank in range(nproc):
+        try:
+            ages[rank] = now - (folder / f"rank{rank}").stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return ages
+
+
+def supervise(ctx, folder: Path, hung_after_s: float) -> None:
+    """Wait for the ranks of a ``torch.multiprocessing`` context; raise :class:`RunFailed` naming the rank
+    that failed or hung, after every rank has ended."""
+    import torch.multiprocessing as mp
+
+    hung_after_s = max(hung_after_s, STALE_S)
+    while True:
+        # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
+        ages = {r: age for r, age in heartbeat_ages(folder, len(ctx.processes)).items()
+                if ctx.processes[r].is_alive()}
+        hung = {r: age for r, age in ages.items() if age > hung_after_s}
+        if hung:
+            _kill_all(ctx)
+            raise RunFailed(_hung_message(hung, hung_after_s))
+        try:
+            if ctx.join(timeout=HEARTBEAT_S, grace_period=GRACE_S):
+                return
+        except mp.ProcessExitedException as err:
+            stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
+            if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
+                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
+            raise RunFailed(_exit_message(err, folder)) from None
+        except mp.ProcessRaisedException as err:
+            raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
+
+
+FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space is reported as full
+
+
+def record_failed_run(run_dir: Path, error: str) -> str:
+    """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
+    removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
+    Returns the message for the user: the error, and what could not be recorded."""
+    from wagma_bench.checkpoint import discard_incomplete_sets
+    from wagma_bench.events import record_failure
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        error += f"; the run directory's file system is full ({free // 1024} KiB free)"
+    discard_incomplete_sets(run_dir)
+    try:
+        record_failure(run_dir, error)
+    except OSError as err:
+        return f"{error}; the failure could not be recorded in {run_dir / 'summary.json'}: {err}"
+    return error
+
+
+def _exit_message(err, folder: Path) -> str:
+    if err.signal_name:
+        return f"rank {err.error_index} was killed by signal {err.signal_name} (it left no traceback)"
+    try:
+        error = ": " + (folder / f"rank{err.error_index}.error").read_text()
+    except OSError:
+        error = ""
+    return f"rank {err.error_index} failed with exit code {err.exit_code}{error} (its traceback is above)"
+
+
+def _hung_message(stalled: dict[int, float], after_s: float) -> str:
+    ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
+    return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
+            f"interpreter) for more than {after_s:g} s")
+
+
+def _kill_all(ctx) -> None:
+    # A stopped process ignores SIGTERM until continued; the run is lost anyway (no collective can complete)
+    for process in ctx.processes:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGKILL)
+    for process in ctx.processes:
+        process.join()
