@@ -173,9 +173,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
 
     from wagma_bench.checkpoint import CheckpointError, check_against_run
     from wagma_bench.config import ConfigError, check_group_size
-    from wagma_bench.events import finalize
     from wagma_bench.launch import RunFailed, device_plan, run_rank, slurm_master, spawn_local
-    from wagma_bench.rundir import finished_summary
+    from wagma_bench.rundir import finalize, finished_summary
 
     raw = run_cfg.raw
     plan = None
@@ -237,7 +236,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     print("wagma-bench: " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
     if rc != 0:
-        from wagma_bench.events import finalize
+        from wagma_bench.rundir import finalize
 
         finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
         _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)

@@ -10,6 +10,9 @@ message.
 A rerun of a finished run with the same configuration and budget prints the earlier summary instead of
 training again; raising the budget (``train.max_steps``, ``train.epochs``, ``train.time_limit_s``) continues
 it from its checkpoint.
+
+After a failure the launcher writes the run's ``summary.json`` and MLPerf log from its events
+(:func:`finalize`; the trainer writes them itself at a clean end).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl
+from wagma_bench.events import SUMMARY, RunRecord, write_json_atomic
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -140,14 +143,23 @@ class RunDirLock:
 
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
-    try:
-        summary = json.loads((Path(run_dir) / SUMMARY).read_text())
-    except (OSError, ValueError):
+    record = RunRecord.read(run_dir)
+    summary = record.saved_summary
+    if summary is None or summary.get("status") not in FINISHED:
         return None
-    if summary.get("status") not in FINISHED:
-        return None
-    start = next((e for e in read_jsonl(Path(run_dir) / EVENTS) if e.get("key") == "run_start"), None)
-    earlier = (start or {}).get("metadata", {}).get("config")
+    earlier = record.start.config if record.start else None
     if not earlier or identity_hash(earlier) != identity_hash(raw) or budget(earlier) != budget(raw):
         return None
+    return summary
+
+
+def finalize(run_dir: Path, status: str | None = None, error: str | None = None) -> dict:
+    """Write ``summary.json`` and the MLPerf log from the run's events (used after a crash by the launcher)."""
+    from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
+
+    summary = RunRecord.read(run_dir).summary(status)
+    if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
+        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
+    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    try_write_mllog(run_dir)
     return summary

@@ -26,8 +26,9 @@ from wagma_bench import __version__
 from wagma_bench.checkpoint import Checkpointer
 from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
-from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
+from wagma_bench.events import SUMMARY, StepLog, read_jsonl, summarize, write_json_atomic
 from wagma_bench.imbalance import make_imbalance
+from wagma_bench.loggers import event_log_for_run
 from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
@@ -222,7 +223,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             (run_dir / SUMMARY).unlink(missing_ok=True)
             ckpt.discard_earlier_attempt()
     # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
-    events = EventLog.for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
+    events = event_log_for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
     steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)
     comm.barrier()
     clock.start()
