@@ -202,6 +202,7 @@ class WandbSink:
         self.run.define_metric("*", step_metric="step")
         if event["key"] == "run_start":
             self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
+                                                              "model_params", "group_size", "sync_period",
                                                               "git_sha", "hosts", "versions")})
 
     def _rank_step_times(self) -> dict[str, float]:
