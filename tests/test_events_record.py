@@ -1,4 +1,4 @@
-"""The one reader of a run directory (``events.RunRecord``) and the import graph around the event log.
+"""The one reader of a run directory (``events.RunEvents``) and the import graph around the event log.
 
 Hand-written run directories with known events: a torn last line, a preempted and resumed run, and a
 run_start logged before it carried the model size and the derived values (each reader must still read it).
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench import mlperf, report, sweep
-from wagma_bench.events import RunRecord, RunStart, summarize, write_json_atomic
+from wagma_bench.events import RunEvents, RunStart, summarize, write_json_atomic
 from wagma_bench.schedules import peak_lr
 from wagma_bench.simulate.cli import samples_to_target
 
@@ -52,7 +52,7 @@ def resumed_events() -> list[dict]:
 def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     events = [event("run_start", 0, **OLD_START), evaluation(10, 0.5)]
     d = write_events(tmp_path / "run", events, tail='{"key": "progress", "value": null, "met')
-    record = RunRecord.read(d)
+    record = RunEvents.read(d)
     assert record.torn and [e["key"] for e in record.events] == ["run_start", "eval_accuracy"]
     assert not record.stopped and record.saved_summary is None and record.last_step == 10
     assert [(e.step, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
@@ -65,7 +65,7 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     events = resumed_events()
     d = write_events(tmp_path / "run", events)
     write_json_atomic(d / "summary.json", summarize(events))
-    record = RunRecord.read(d)
+    record = RunEvents.read(d)
     assert record.lifecycle == ["run_start", "run_suspend", "run_resume", "run_stop"]
     assert record.stopped and record.resumes == 1 and not record.torn
     # the first evaluation at or above the target, as logged (the rolled-back one at step 20 included)
@@ -95,7 +95,7 @@ def test_old_run_start_without_the_derived_fields_falls_back(tmp_path):
 
 def test_a_directory_without_run_start_is_listed_not_fatal(tmp_path):
     d = write_events(tmp_path / "run", [event("progress", 1, step=5)])
-    record = RunRecord.read(d)
+    record = RunEvents.read(d)
     assert record.start is None and record.first_at_target is None and record.evaluations == []
     assert "no run_start event" in report.load_run(d).problems
     assert mlperf.mllog_records(record.events) == []

@@ -7,7 +7,7 @@ atomically (temporary file, then rename), by rank 0 at the end or by the launche
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
 
 Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the
-W&B mirror) reads it through :class:`RunRecord`, so a rule such as "which run_start, which evaluation
+W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
 reached the target, did the run end" is written once, here.
 """
 
@@ -301,7 +301,7 @@ class RunStart:
 
 
 @dataclass
-class RunRecord:
+class RunEvents:
     """One run directory read once: its events (``events.jsonl``, a torn last line skipped) and the
     ``summary.json`` written from them. A half-written run (crashed, killed, still running) reads too; its
     properties say what is missing rather than failing."""
@@ -313,7 +313,7 @@ class RunRecord:
     summary_after_events: bool      # summary.json is no older than events.jsonl
 
     @classmethod
-    def read(cls, run_dir: Path) -> RunRecord:
+    def read(cls, run_dir: Path) -> RunEvents:
         run_dir = Path(run_dir)
         events = [e for e in read_jsonl(run_dir / EVENTS) if isinstance(e, dict) and "key" in e]
         summary = _read_json(run_dir / SUMMARY)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.events import EVENTS, EventLog, RunRecord
+from wagma_bench.events import EVENTS, EventLog, RunEvents
 
 
 class Sink(Protocol):
@@ -227,7 +227,7 @@ class WandbSink:
     def _summarize(self, status: str | None) -> None:
         """At run_stop: the run's summary as W&B's run summary (the run is finished by :meth:`close`, once
         the trainer has written summary.json and mllog.txt, which go into the artifact)."""
-        summary = RunRecord.read(self.run_dir).summary()
+        summary = RunEvents.read(self.run_dir).summary()
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
         self._status = status
 

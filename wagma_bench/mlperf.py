@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.events import EVENTS, RunRecord, RunStart
+from wagma_bench.events import EVENTS, RunEvents, RunStart
 
 MLLOG = "mllog.txt"
 
@@ -250,7 +250,7 @@ def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
     from mlperf_logging.mllog import mllog
 
     run_dir = Path(run_dir)
-    records = mllog_records(RunRecord.read(run_dir).events)
+    records = mllog_records(RunEvents.read(run_dir).events)
     if not records:
         return None
     path = run_dir / MLLOG

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench import plots
-from wagma_bench.events import EVENTS, RunRecord, read_jsonl
+from wagma_bench.events import EVENTS, RunEvents, read_jsonl
 
 REFERENCE = "allreduce"
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
@@ -81,7 +81,7 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
 
 def load_run(path: Path) -> Run:
     """Read one run directory; never fails on a half-written one, it lists what is missing instead."""
-    record = RunRecord.read(path)
+    record = RunEvents.read(path)
     summary = record.summary()
     problems = []
     if record.start is None:

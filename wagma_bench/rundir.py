@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import SUMMARY, RunRecord, write_json_atomic
+from wagma_bench.events import SUMMARY, RunEvents, write_json_atomic
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -143,7 +143,7 @@ class RunDirLock:
 
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
-    record = RunRecord.read(run_dir)
+    record = RunEvents.read(run_dir)
     summary = record.saved_summary
     if summary is None or summary.get("status") not in FINISHED:
         return None
@@ -157,7 +157,7 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None)
     """Write ``summary.json`` and the MLPerf log from the run's events (used after a crash by the launcher)."""
     from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
 
-    summary = RunRecord.read(run_dir).summary(status)
+    summary = RunEvents.read(run_dir).summary(status)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)

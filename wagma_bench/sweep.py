@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config import ConfigError, validate
-from wagma_bench.events import RunRecord, write_json_atomic
+from wagma_bench.events import RunEvents, write_json_atomic
 from wagma_bench.slurm_util import TERMINAL_STATES, job_states
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -454,7 +454,7 @@ def run_slurm_id(manifest: dict, run: dict) -> str | None:
 
 def run_progress(run_dir: Path) -> dict:
     """A run's own view: its summary when written, else its last events."""
-    record = RunRecord.read(run_dir)
+    record = RunEvents.read(run_dir)
     s = record.saved_summary
     if s is not None:
         return {"status": s.get("status"), "step": s.get("steps"), "metric": s.get("final_metric"),

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wagma_bench.events import EVENTS, SUMMARY, RunRecord, RunStart, read_jsonl
+from wagma_bench.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload
 
@@ -97,7 +97,7 @@ def _step_records(run_dir: Path) -> dict[int, list[dict]]:
 def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     """Read one run directory and fit its compute-time distribution and per-step overhead."""
     run_dir = Path(run_dir)
-    record = RunRecord.read(run_dir)
+    record = RunEvents.read(run_dir)
     start = record.start
     if start is None:
         raise ValueError(f"{run_dir}: no run_start event in {EVENTS}; is this a wagma-bench run directory?")

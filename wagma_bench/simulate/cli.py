@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from wagma_bench import plots
-from wagma_bench.events import RunRecord
+from wagma_bench.events import RunEvents
 from wagma_bench.imbalance import IMBALANCES, Imbalance
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import CONTROL_EVERY, SIMULATORS, SimConfig, SimResult, Workload, simulate
@@ -183,7 +183,7 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
 
     found: dict[str, dict[int, list[float]]] = {}
     for d in find_runs([Path(p) for p in run_dirs]):
-        record = RunRecord.read(d)
+        record = RunEvents.read(d)
         hit = record.first_at_target
         if hit is not None:
             found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
