@@ -108,7 +108,7 @@ def test_imagenet_class_folder_without_images_is_refused(tmp_path):
 def _numeric_fields() -> list[str]:
     schemas = [(section, cls) for section, cls in FIXED_SECTIONS.items()]
     schemas += [(section, cls) for section, options in option_schemas().items() for cls in options.values()]
-    schemas += [(getattr(w, "DATA_SECTION", "data"), cls) for w in WORKLOADS.values() for cls in w.DATA.values()]
+    schemas += [(w.DATA_SECTION, cls) for w in WORKLOADS.values() for cls in w.DATA.values()]
     keys = []
     for section, cls in schemas:
         hints = typing.get_type_hints(cls)

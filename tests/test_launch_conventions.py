@@ -126,7 +126,7 @@ def test_run_directory_from_the_launchers_stable_id():
 def test_device_plan_ranks_backend_and_device():
     import pytest
 
-    from wagma_bench.config import ConfigError
+    from wagma_bench.errors import ConfigError
     from wagma_bench.launch import DevicePlan, device_plan
 
     assert device_plan(0, None, "auto") == DevicePlan(4, "gloo", False)  # `make run` on a CPU: 4 ranks

@@ -70,7 +70,7 @@ def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command
 
 @pytest.mark.parametrize("overrides,message", [
     (["comm=mpi", "comm.emulate=nccl"], "needs comm=torch"),
-    (["comm.emulate=mpi"], "choose null or nccl"),
+    (["comm.emulate=mpi"], "comm.emulate='mpi' is not allowed; choose one of: null, nccl"),
 ])
 def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overrides, message):
     proc = subprocess.run([str(BIN), "run", *overrides, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
@@ -82,7 +82,7 @@ def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overri
 
 @pytest.mark.parametrize("overrides,message", [
     (["comm.backend=nccl"], "needs CUDA"),
-    (["comm.backend=mpi"], "not a backend of comm=torch"),
+    (["comm.backend=mpi"], "comm.backend='mpi' is not allowed with comm=torch; choose one of: auto, gloo, nccl"),
 ])
 def test_an_impossible_backend_is_refused_before_any_rank_starts(tmp_path, overrides, message):
     if "nccl" in overrides[0] and torch.cuda.is_available():

@@ -253,7 +253,7 @@ def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
                                       ("local_sgd", "warmup_steps", -1, "warmup_steps=-1 is not allowed; it must be >= 0"),
                                       ("adpsgd", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
                                       ("eager", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
-                                      ("wagma", "catch_up", "late", "replay or skip")]:
+                                      ("wagma", "catch_up", "late", "catch_up=.late. is not allowed; choose one of: replay, skip")]:
         cfg = compose(f"optimizer={name}", f"optimizer.{key}={value}")
         with pytest.raises(ValueError, match=message):
             validate(cfg)

@@ -340,8 +340,8 @@ def test_failed_and_resumed_runs_status(tmp_path):
 
 def test_bleu_under_two_sacrebleu_signatures_is_flagged():
     """Two tokenisations give incomparable BLEU: the report names both instead of comparing silently."""
-    runs = [report.Run(Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
+    runs = [report.RunRecord(Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
             for name, tok in (("a", "13a"), ("b", "intl"))]
     assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
     assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
-    assert report.signature_lines([report.Run(Path("c"), {}, [], {})]) == []
+    assert report.signature_lines([report.RunRecord(Path("c"), {}, [], {})]) == []

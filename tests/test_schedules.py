@@ -9,8 +9,8 @@ import torch
 
 from wagma_bench.events import summarize
 from wagma_bench.imbalance import FixedImbalance, LognormalImbalance, PaperImbalance
-from wagma_bench.schedules import lr_at, peak_lr
-from wagma_bench.trainer import make_local_optimizer, round_up
+from wagma_bench.schedules import lr_at, peak_lr, round_up
+from wagma_bench.trainer import make_local_optimizer
 
 
 def test_linear_scaling_rule_and_paper_resnet50_schedule():

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from wagma_bench.imbalance import FixedImbalance, PaperImbalance
+from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 from wagma_bench.simulate.costs import Link, Network, allreduce_time
-from wagma_bench.simulate.des import CONTROL_EVERY, SIMULATORS, SimConfig, Workload, simulate
+from wagma_bench.simulate.des import SIMULATORS, SimConfig, SimState, Workload, local_state_tensors, simulate
 
 STEP, BATCH = 0.1, 16
 WL = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
+
+
+def typed(optimizer: str, **settings):
+    """The optimizer's own Settings dataclass, as `run` and `simulate` compose it."""
+    return OPTIMIZERS[optimizer].Settings(**settings)
 
 
 def slow_rank(k: float, rank: int = 0) -> FixedImbalance:
@@ -39,7 +46,7 @@ def test_wagma_straggler_costs_only_the_limiter():
     """tau=3, one rank 6x slower (k >= tau+1): per sync period of tau+1 rounds the fast ranks take tau+1
     steps and then wait at the synchronous round for the slow rank's one step -- exactly k steps' time."""
     tau, k, world, periods = 3, 6.0, 8, 10
-    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau, "catch_up": "skip"},
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), typed("wagma", tau=tau, catch_up="skip"),
                              steps=periods * (tau + 1)))
     samples_per_period = ((world - 1) * (tau + 1) + 1) * BATCH
     assert res.time_s == pytest.approx(periods * k * STEP, rel=1e-9)
@@ -55,7 +62,7 @@ def test_wagma_mild_straggler_within_limiter_bound(k):
     activation pulls its group into the next round, so the fast ranks skip rounds too."""
     tau, world, periods = 10, 8, 6
     res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k, rank=3),
-                             {"tau": tau, "catch_up": "skip"}, steps=periods * (tau + 1)))
+                             typed("wagma", tau=tau, catch_up="skip"), steps=periods * (tau + 1)))
     assert periods * k * STEP <= res.time_s + 1e-9
     assert res.time_s <= periods * (tau + 1 + k) * STEP + 1e-9
     allreduce = simulate(SimConfig("allreduce", world, WL, Network.free(), slow_rank(k, rank=3), steps=66))
@@ -68,7 +75,7 @@ def test_wagma_replay_persistent_straggler_paces_every_period():
     """catch_up=replay: every rank runs every iteration, so the synchronous round waits for the slow
     rank's tau+1 steps: a persistent straggler is not hidden (the paper's imbalance is random)."""
     tau, k, world, periods = 3, 4.0, 8, 5
-    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), {"tau": tau},
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), slow_rank(k), typed("wagma", tau=tau),
                              steps=periods * (tau + 1)))
     assert res.time_s == pytest.approx(periods * (tau + 1) * k * STEP, rel=1e-9)
     assert res.local_steps == pytest.approx(periods * (tau + 1))
@@ -79,7 +86,7 @@ def test_wagma_replay_random_stragglers_between_the_bounds():
     under the mean-speed bound c + d k / P."""
     world, d = 8, 3 * STEP
     imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=d), seed=2)
-    res = simulate(SimConfig("wagma", world, WL, Network.free(), imb, {"tau": 10}, steps=110))
+    res = simulate(SimConfig("wagma", world, WL, Network.free(), imb, typed("wagma", tau=10), steps=110))
     mean_bound = world * BATCH / (STEP + d / world)
     assert world * BATCH / (STEP + d) < res.throughput <= mean_bound * (1 + 1e-9)
 
@@ -96,7 +103,7 @@ def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
 
 def test_paper_imbalance_uses_the_shared_draw():
     imb = PaperImbalance(PaperImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
-    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, {"period": 1}, steps=20))
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
     # every step someone sleeps 0.3 s and period=1 averages (a barrier) after every step
     assert res.time_s == pytest.approx(20 * (STEP + 0.3), rel=1e-9)
 
@@ -183,9 +190,44 @@ def test_trace_replays_each_ranks_steps_in_order():
         simulate(SimConfig("allreduce", 3, wl, Network.free(), steps=4))
 
 
-def test_control_period_matches_the_trainer():
-    src = (Path(__file__).parent.parent / "wagma_bench" / "trainer.py").read_text()
-    assert int(re.search(r"^CONTROL_EVERY = (\d+)", src, re.MULTILINE).group(1)) == CONTROL_EVERY
+def test_control_exchanges_fall_on_sync_rounds():
+    """The trainer's control exchange every CONTROL_EVERY rounds, rounded up to the sync period (the
+    schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11, 22."""
+    assert CONTROL_EVERY == 10
+    assert [control_period(s) for s in (1, 2, 3, 4, 10, 11, 25)] == [10, 10, 12, 12, 10, 11, 25]
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48), 4)
+    assert [r for r in range(1, 49) if run.is_control(r)] == [12, 24, 36, 48]
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48,
+                             control_every=0), 4)
+    assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
+
+
+def test_simulators_cover_the_optimizer_registry_and_take_its_settings():
+    assert list(SIMULATORS) == list(OPTIMIZERS)
+    for name, algorithm in OPTIMIZERS.items():
+        assert isinstance(SimConfig(name, 2, WL, Network.free()).settings, algorithm.Settings)  # its defaults
+    assert SimConfig("eager", 2, WL, Network.free()).settings.mode == "majority"  # EagerSGD's, not a copy
+    with pytest.raises(TypeError, match="WagmaSGD.Settings"):
+        SimConfig("wagma", 2, WL, Network.free(), settings={"tau": 3})
+    with pytest.raises(ValueError, match="unknown optimizer 'nope'"):
+        SimConfig("nope", 2, WL, Network.free())
+
+
+def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
+    """average_momentum sends the model and the local optimizer's state: SGD's momentum buffer (2 model
+    sizes), AdamW's two moments (3 model sizes)."""
+    assert local_state_tensors("sgd", 0.9) == 1 and local_state_tensors("sgd", 0.0) == 0
+    assert local_state_tensors("adam", 0.0) == 2
+    net = Network.from_profile({"inter": {"alpha_s": 0.0, "bandwidth_GBps": 1.0}}, 1)
+    wl = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
+    avg = typed("local_sgd", period=1, average_momentum=True)
+
+    def comm_time(state: int) -> float:
+        res = simulate(SimConfig("local_sgd", 2, wl, net, settings=avg, steps=10, control_every=0, local_state=state))
+        return res.time_s - 10 * STEP
+
+    one = net.world_allreduce(2, wl.model_bytes)
+    assert comm_time(1) == pytest.approx(10 * 2 * one) and comm_time(2) == pytest.approx(10 * 3 * one)
 
 
 def test_cli_writes_table_and_plot(tmp_path, capsys):
@@ -206,13 +248,14 @@ def test_eager_in_order_follows_a_persistent_straggler_but_not_a_random_one():
     """eager-SGD applies every round in order (one round per local step), so a rank that is always slow must
     still step through every round: the world goes at its pace. Random stragglers average out between
     the synchronous rounds, so there it beats Allreduce-SGD."""
-    settings = {"mode": "solo", "sync_every": 4}
-    res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), settings, steps=40))
+    solo = typed("eager", mode="solo", sync_every=4)
+    res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), solo, steps=40))
     assert res.local_steps == res.rounds == 40
     assert res.throughput == pytest.approx(4 * BATCH / (6.0 * STEP), rel=1e-9)
     imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=0.3), seed=1)
-    eager = simulate(SimConfig("eager", 8, WL, Network.free(), imb, settings, steps=40))
-    majority = simulate(SimConfig("eager", 8, WL, Network.free(), imb, settings | {"mode": "majority"}, steps=40))
+    eager = simulate(SimConfig("eager", 8, WL, Network.free(), imb, solo, steps=40))
+    majority = simulate(SimConfig("eager", 8, WL, Network.free(), imb, dataclasses.replace(solo, mode="majority"),
+                                  steps=40))
     allreduce = simulate(SimConfig("allreduce", 8, WL, Network.free(), imb, steps=40))
     assert eager.throughput > majority.throughput > allreduce.throughput * 0.99
     assert eager.throughput > 1.15 * allreduce.throughput
@@ -225,5 +268,53 @@ def test_a_whole_slow_group_does_not_pace_wagma_rounds():
     group = FixedImbalance(FixedImbalance.Settings(ranks=[2, 3], factor=4), seed=1)
     ar = simulate(SimConfig("allreduce", 4, WL, Network.free(), imbalance=group, steps=220, control_every=0))
     wa = simulate(SimConfig("wagma", 4, WL, Network.free(), imbalance=group, steps=220, control_every=0,
-                            settings={"catch_up": "skip", "group_size": 2}))
+                            settings=typed("wagma", catch_up="skip", group_size=2)))
     assert wa.throughput > 1.8 * ar.throughput, (wa.throughput, ar.throughput)
+
+
+def _stderr_of(capsys, main, argv: list[str]) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as stop:
+        rc = stop.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["optimizer=wagma", "optimizer.group_size=3"], ["imbalance.nonsense=1"]])
+def test_simulate_refuses_what_run_refuses_with_runs_message(bad, tmp_path, capsys, monkeypatch):
+    """One configuration: `simulate` composes conf/ and checks it as `run` does, before anything runs."""
+    from wagma_bench.cli import main as wagma_bench
+    from wagma_bench.simulate.cli import main as simulate_main
+
+    monkeypatch.chdir(tmp_path)
+    run_rc, run_err = _stderr_of(capsys, wagma_bench, ["run", *bad, f"hydra.run.dir={tmp_path}/run"])
+    sim_rc, sim_err = _stderr_of(capsys, simulate_main, [*bad, "gpus=8", "--out", str(tmp_path / "sim")])
+    assert run_rc != 0 and sim_rc == 2
+    message = run_err.replace("wagma-bench run: error: ", "").split("\n\nSet the environment")[0].strip()
+    assert message and sim_err == f"wagma-bench simulate: error: {message}\n", (run_err, sim_err)
+    assert not (tmp_path / "sim").exists() and not (tmp_path / "run" / "events.jsonl").exists()
+
+
+def test_simulate_accepts_runs_option_names(tmp_path, capsys):
+    """Any override `run` takes is taken (and checked), whether or not the simulation depends on it."""
+    from wagma_bench.simulate.cli import main as simulate_main
+
+    rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
+                        "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
+                        "imbalance=paper", "imbalance.delay_s=0.1", "gpus=8", "steps=20", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    (row,) = json.loads((tmp_path / "predictions.json").read_text())
+    assert (row["optimizer"], row["world_size"], row["workload"], row["rounds"]) == ("local_sgd", 8, "resnet50", 20)
+
+
+def test_no_simulate_module_reads_yaml():
+    """The simulator takes its configuration from Hydra's composition, not from its own YAML reading."""
+    import ast
+
+    import wagma_bench.simulate
+
+    for path in Path(wagma_bench.simulate.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.split(".")[0] == "yaml"], path.name

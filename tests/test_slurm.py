@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench import sweep
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.events import read_jsonl
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.slurm_util import local_cluster, standin_partition
@@ -95,12 +95,6 @@ def test_bad_sweeps_fail_before_rendering(tmp_path, args, message):
     with pytest.raises(ConfigError, match=message):
         render(tmp_path, args)
     assert not (tmp_path / "sweep" / "manifest.json").exists()
-
-
-def test_split_values():
-    assert sweep.split_values("a,b") == ["a", "b"]
-    assert sweep.split_values("[30,60],[10]") == ["[30,60]", "[10]"]
-    assert sweep.split_values("'x,y',z") == ["'x,y'", "z"]
 
 
 def test_submitit_overrides_map_the_profile():

@@ -136,9 +136,8 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
     cfg.data.path = str(tmp_path)
     with pytest.raises(ConfigError, match=r"missing dict\.de\.txt, train\.en-de\.en\.bin"):
         TransformerWorkload.check(cfg)
-    cfg.data.eval_split = "dev"
-    with pytest.raises(ConfigError, match="valid, test"):
-        TransformerWorkload.check(cfg)
+    with pytest.raises(ConfigError, match="data.eval_split='dev' is not allowed; choose one of: valid, test"):
+        validate(compose_raw("workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path}", "data.eval_split=dev"))
 
 
 # --- fairseq's pipeline on real gloo ranks ---------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.events import write_json_atomic
 from wagma_bench.rundir import identity, identity_hash
 

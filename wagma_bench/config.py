@@ -5,6 +5,11 @@ dataclass, so a typo in a key or a wrong type fails in the launching process, be
 Option-dependent sections (``optimizer``, ``imbalance``, ``data``, ``workload``) are checked against the
 dataclass registered for the chosen option; the registries are explicit dicts in their modules.
 
+One validation style, all before any rank starts, every failure a :class:`ConfigError` that names the key,
+the bad value and what is allowed: a numeric setting's range is in :data:`RANGES`; a string setting's allowed
+values are in its schema's ``CHOICES`` (next to the field); a rule between settings (``comm.emulate`` needs
+gloo, ...) is the schema's ``__post_init__``; data paths and installed packages are a workload's ``check``.
+
 The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq`` registers groups named
 ``optimizer``, ``model``, ``task`` ... there, and ours must never merge with them.
 """
@@ -13,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from wagma_bench.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what is allowed."""
+__all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ RANGES: dict[str, Range] = {
     "workload.base_planes": AT_LEAST_ONE, "workload.hidden_size": AT_LEAST_ONE, "workload.rnn_layers": AT_LEAST_ONE,
     "workload.num_steps": AT_LEAST_ONE, "workload.ppo_epoch": AT_LEAST_ONE, "workload.num_mini_batch": AT_LEAST_ONE,
     "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
-    "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": FRACTION,
+    "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": Range(0, 1, low_open=True),
     "workload.num_eval_episodes": AT_LEAST_ONE,
     # optimizers (group_size: also a power of two, checked against the world in validate)
     "optimizer.bucket_mb": POSITIVE, "optimizer.group_size": AT_LEAST_ONE, "optimizer.tau": AT_LEAST_ONE,
@@ -89,7 +94,7 @@ RANGES: dict[str, Range] = {
     # image and translation data
     "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": ANY, "data.image_size": AT_LEAST_ONE,
     "data.train_sentences": AT_LEAST_ONE, "data.valid_sentences": AT_LEAST_ONE, "data.median_len": POSITIVE,
-    "data.sigma": NON_NEGATIVE, "data.max_len": AT_LEAST_ONE,
+    "data.sigma": NON_NEGATIVE, "data.max_len": Range(3),  # sentences are 3 to max_len tokens (mt_data)
     # navigation environments
     "env.room_size": POSITIVE, "env.wall": NON_NEGATIVE, "env.door_width": POSITIVE, "env.obs_width": AT_LEAST_ONE,
     "env.obs_height": AT_LEAST_ONE, "env.max_depth": POSITIVE, "env.forward_step": POSITIVE,
@@ -100,9 +105,13 @@ RANGES: dict[str, Range] = {
 
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
-    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry."""
+    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry;
+    nested sections (``logger.wandb``) too."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
+        if _is_section(value):
+            check_ranges(f"{section}.{f.name}", OmegaConf.get_type(value), value)
+            continue
         value = list(value) if OmegaConf.is_list(value) else value
         values = value if isinstance(value, list) else [value]
         for v in values:
@@ -114,6 +123,24 @@ def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
             if not allowed.allows(v):
                 shown = value if value is v else f"{value} (element {v})"
                 raise ConfigError(f"{section}.{f.name}={shown} is not allowed; it must be {allowed}")
+
+
+def check_choices(section: str, schema: type, merged: DictConfig) -> None:
+    """Every string setting of one section (and of its nested sections) among its schema's ``CHOICES``."""
+    for key, allowed in getattr(schema, "CHOICES", {}).items():
+        value = merged[key]
+        if value not in allowed:
+            shown = ", ".join("null" if a is None else str(a) for a in allowed)
+            raise ConfigError(f"{section}.{key}={value!r} is not allowed; choose one of: {shown}")
+    for f in dataclasses.fields(schema):
+        nested = merged[f.name]
+        if _is_section(nested):
+            check_choices(f"{section}.{f.name}", OmegaConf.get_type(nested), nested)
+
+
+def _is_section(node: Any) -> bool:
+    """A nested section with a schema of its own (``logger.submission``, ``logger.wandb``)."""
+    return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
 def check_group_size(optimizer: Any, world_size: int | None) -> None:
@@ -153,6 +180,12 @@ class TrainConfig:
     grad_clip: float | None = None
     precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
 
+    CHOICES: ClassVar[dict[str, tuple]] = {
+        "local_optimizer": ("sgd", "adam"),
+        "schedule": ("step", "cosine", "constant", "inverse_sqrt"),
+        "precision": ("fp32", "bf16"),
+    }
+
 
 @dataclass
 class EvalConfig:
@@ -161,6 +194,8 @@ class EvalConfig:
     target: float | None = None
     stop_at_target: bool = True
     model: str = "auto"
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"model": ("auto", "local", "average")}
 
 
 @dataclass
@@ -176,18 +211,17 @@ class CommConfig:
     timeout_s: float = 300.0
     emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
 
+    CHOICES: ClassVar[dict[str, tuple]] = {"name": ("torch", "mpi"), "backend": ("auto", "gloo", "nccl", "mpi"),
+                                           "emulate": (None, "nccl")}
+
     def __post_init__(self):  # runs in the config check, before any rank starts
         backends = {"torch": ("auto", "gloo", "nccl"), "mpi": ("mpi",)}.get(self.name, ())
         if self.name in ("torch", "mpi") and self.backend not in backends:
-            raise ConfigError(f"comm.backend={self.backend!r} is not a backend of comm={self.name}; "
+            raise ConfigError(f"comm.backend={self.backend!r} is not allowed with comm={self.name}; "
                               f"choose one of: {', '.join(backends)}")
-        if self.emulate is None:
-            return
-        if self.emulate != "nccl":
-            raise ConfigError(f"comm.emulate={self.emulate!r} is not valid; choose null or nccl")
-        if self.name != "torch" or self.backend not in ("auto", "gloo"):
-            raise ConfigError(f"comm.emulate=nccl emulates NCCL on a gloo world: it needs comm=torch with "
-                              f"comm.backend=auto or gloo, not comm={self.name} comm.backend={self.backend}")
+        if self.emulate is not None and (self.name != "torch" or self.backend not in ("auto", "gloo")):
+            raise ConfigError(f"comm.emulate=nccl is not allowed with comm={self.name} comm.backend={self.backend}: "
+                              "it emulates NCCL on a gloo world, so it needs comm=torch with comm.backend=auto or gloo")
 
 
 @dataclass
@@ -207,9 +241,7 @@ class WandbConfig:
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
 
-    def __post_init__(self):
-        if self.mode not in ("auto", "offline", "online"):
-            raise ConfigError(f"logger.wandb.mode={self.mode!r} is not valid; choose one of: auto, offline, online")
+    CHOICES: ClassVar[dict[str, tuple]] = {"mode": ("auto", "offline", "online")}
 
 
 @dataclass
@@ -223,13 +255,14 @@ class SubmissionConfig:
     poc_name: str = ""                    # point of contact (optional)
     poc_email: str = ""
 
+    CHOICES: ClassVar[dict[str, tuple]] = {"division": ("closed", "open"),
+                                           "status": ("cloud", "onprem", "preview", "research")}
+
     def __post_init__(self):
-        for name, allowed in (("division", ("closed", "open")), ("status", ("cloud", "onprem", "preview", "research"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"logger.submission.{name}={getattr(self, name)!r} is not valid; "
-                                  f"choose one of: {', '.join(allowed)}")
-        if not self.org or not self.platform:
-            raise ConfigError("logger.submission.org and logger.submission.platform must not be empty")
+        for key in ("org", "platform"):
+            if not getattr(self, key):
+                raise ConfigError(f"logger.submission.{key}='' is not allowed; it must name the submitter's "
+                                  f"{'organisation' if key == 'org' else 'system'}")
 
 
 @dataclass
@@ -240,16 +273,7 @@ class LoggerConfig:
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     wandb: WandbConfig | None = None   # set by logger=wandb
 
-
-CHOICES = {
-    "train.local_optimizer": ("sgd", "adam"),
-    "train.schedule": ("step", "cosine", "constant", "inverse_sqrt"),
-    "train.precision": ("fp32", "bf16"),
-    "eval.model": ("auto", "local", "average"),
-    "comm.name": ("torch", "mpi"),
-    "comm.backend": ("auto", "gloo", "nccl", "mpi"),
-    "logger.progress": ("auto", "bar", "lines", "off"),
-}
+    CHOICES: ClassVar[dict[str, tuple]] = {"progress": ("auto", "bar", "lines", "off")}
 
 FIXED_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -273,7 +297,7 @@ def data_section_names() -> dict[str, str]:
     """Workload -> the top-level section its data options live in (``data``; ``env`` for RL workloads)."""
     from wagma_bench.workloads import WORKLOADS
 
-    return {name: getattr(cls, "DATA_SECTION", "data") for name, cls in WORKLOADS.items()}
+    return {name: cls.DATA_SECTION for name, cls in WORKLOADS.items()}
 
 
 def option_schemas() -> dict[str, dict[str, type]]:
@@ -310,7 +334,8 @@ class RunConfig:
 def _typed(section: str, schema: type, node: Any) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        check_ranges(section, schema, merged)  # before the schema's own __post_init__ checks: one message style
+        check_ranges(section, schema, merged)  # before the schema's own __post_init__ checks (rules between keys)
+        check_choices(section, schema, merged)
         typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         valid = ", ".join(f.name for f in dataclasses.fields(schema))
@@ -321,10 +346,6 @@ def _typed(section: str, schema: type, node: Any) -> Any:
             problem = f"{section}.{key}: " if key else f"{section}: "
             problem += str(getattr(err, "msg", err)).splitlines()[0]
         raise ConfigError(f"{problem}; valid keys of {section}: {valid}") from None
-    except ConfigError:
-        raise
-    except ValueError as err:  # a schema's own __post_init__ check (after OmegaConf's, which are ValueErrors too)
-        raise ConfigError(str(err)) from None
     return typed
 
 
@@ -366,11 +387,6 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
         raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
                           f"{', '.join(sorted(data_options))}")
     typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
-    for dotted, allowed in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(typed[section], key)
-        if value not in allowed:
-            raise ConfigError(f"{dotted}={value!r} is not valid; choose one of: {', '.join(allowed)}")
     seed = raw.get("seed", 1)
     if not isinstance(seed, int):
         raise ConfigError(f"seed must be an integer, got {seed!r}")

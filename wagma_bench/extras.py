@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from wagma_bench.config import ConfigError, RunConfig
+from wagma_bench.config import RunConfig
+from wagma_bench.errors import ConfigError
 
 FAIRSEQ_HINT = ("pip install --no-build-isolation fairseq-fixed==0.12.3.1 (after cython, setuptools, wheel "
                 "and numpy; `make setup` does it)")

@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Any
+
+from wagma_bench.errors import ConfigError
 
 
 class Imbalance:
     name: str
+    settings: Any  # the option's Settings (the `imbalance:` section)
 
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
@@ -29,7 +33,7 @@ class NoImbalance(Imbalance):
         name: str = "none"
 
     def __init__(self, settings, seed: int):
-        pass
+        self.settings = settings
 
     def delay(self, rank, world_size, step, base_s):
         return 0.0
@@ -48,14 +52,14 @@ class PaperImbalance(Imbalance):
         delay_s: float = 0.3
 
     def __init__(self, settings, seed: int):
-        self.s, self.seed = settings, seed
+        self.settings, self.seed = settings, seed
 
     def slow_ranks(self, world_size: int, step: int) -> set[int]:
         rng = random.Random((self.seed + 1) * 1_000_003 + step)
-        return set(rng.sample(range(world_size), min(self.s.num_slow, world_size)))
+        return set(rng.sample(range(world_size), min(self.settings.num_slow, world_size)))
 
     def delay(self, rank, world_size, step, base_s):
-        return self.s.delay_s if rank in self.slow_ranks(world_size, step) else 0.0
+        return self.settings.delay_s if rank in self.slow_ranks(world_size, step) else 0.0
 
 
 class FixedImbalance(Imbalance):
@@ -70,18 +74,16 @@ class FixedImbalance(Imbalance):
         ranks: list[int] = field(default_factory=lambda: [0])
         factor: float = 2.0
 
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.factor < 1:
-                raise ValueError(f"imbalance.factor must be >= 1, got {self.factor}")
-            if not self.ranks or min(self.ranks) < 0:
-                raise ValueError(f"imbalance.ranks must be a non-empty list of ranks >= 0, got {self.ranks}")
+        def __post_init__(self):  # runs in the config check (after RANGES), before any rank starts
+            if not self.ranks:
+                raise ConfigError("imbalance.ranks=[] is not allowed; it must list at least one rank")
 
     def __init__(self, settings, seed: int):
-        self.s = settings
+        self.settings = settings
 
     def delay(self, rank, world_size, step, base_s):
-        slow = {r % world_size for r in self.s.ranks}
-        return (self.s.factor - 1.0) * base_s if rank in slow else 0.0
+        slow = {r % world_size for r in self.settings.ranks}
+        return (self.settings.factor - 1.0) * base_s if rank in slow else 0.0
 
 
 class LognormalImbalance(Imbalance):
@@ -97,12 +99,12 @@ class LognormalImbalance(Imbalance):
         scale_s: float = 0.0   # > 0: use this as the step-time base instead of the measured compute time
 
     def __init__(self, settings, seed: int):
-        self.s, self.seed = settings, seed
+        self.settings, self.seed = settings, seed
 
     def delay(self, rank, world_size, step, base_s):
         rng = random.Random(((self.seed + 7) * 1_000_003 + step) * 65_537 + rank)
-        factor = math.exp(rng.gauss(0.0, self.s.sigma))
-        base = self.s.scale_s if self.s.scale_s > 0 else base_s
+        factor = math.exp(rng.gauss(0.0, self.settings.sigma))
+        base = self.settings.scale_s if self.settings.scale_s > 0 else base_s
         return max(0.0, factor - 1.0) * base
 
 

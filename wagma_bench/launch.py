@@ -215,9 +215,9 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     try:
         return train(cfg, comm, Path(run_dir))
     except BaseException as err:
-        if cfg.comm.name == "mpi":  # end the MPI job now rather than let the peers wait for their timeout
+        if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
             traceback.print_exc()
-            if world.rank != 0:  # MPI_Abort kills rank 0 too, before it can record the failure
+            if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
                 finalize(Path(run_dir), status="failed", error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
             comm.abort(1)
         raise

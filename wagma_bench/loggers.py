@@ -151,7 +151,7 @@ class WandbSink:
     every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
 
     def __init__(self, settings, run_dir: Path, config: dict, metric: str):
-        self.s, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
+        self.settings, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
         self.mode = resolve_mode(settings.mode)  # a bad mode or a missing key fails before training
         self.run = None
         self._failed = False
@@ -179,7 +179,7 @@ class WandbSink:
                 row["throughput_samples_per_s"] = meta["samples"] / meta["train_s"]
         elif key in ("progress", "checkpoint", "run_resume"):
             row[f"events/{key}"] = 1
-        if self.s.per_rank_step_times and key in ("eval_accuracy", "progress", "run_stop"):
+        if self.settings.per_rank_step_times and key in ("eval_accuracy", "progress", "run_stop"):
             row.update(self._rank_step_times())
         if "step" in row and len(row) > 1:
             self.run.log(row)
@@ -194,8 +194,8 @@ class WandbSink:
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
         run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.run = init_wandb(self.run_dir, self.mode, project=self.s.project, entity=self.s.entity,
-                              group=self.s.group or sweep_group(self.run_dir), name=name, id=run_id,
+        self.run = init_wandb(self.run_dir, self.mode, project=self.settings.project, entity=self.settings.entity,
+                              group=self.settings.group or sweep_group(self.run_dir), name=name, id=run_id,
                               resume="allow", config=c, job_type=c["optimizer"]["name"],
                               tags=[c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]])
         self.run.define_metric("step")

@@ -42,7 +42,7 @@ INF = math.inf
 # --- loading -----------------------------------------------------------------------------------------
 
 @dataclass
-class Run:
+class RunRecord:
     """One run directory, read as is (a crashed run included)."""
 
     path: Path
@@ -79,7 +79,7 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
     return sorted(found)
 
 
-def load_run(path: Path) -> Run:
+def load_run(path: Path) -> RunRecord:
     """Read one run directory; never fails on a half-written one, it lists what is missing instead."""
     record = RunEvents.read(path)
     summary = record.summary()
@@ -100,12 +100,12 @@ def load_run(path: Path) -> Run:
         summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
     meta = record.start.settings if record.start else {}
     evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
-    return Run(Path(path), meta, evals, summary, problems, record.signature)
+    return RunRecord(Path(path), meta, evals, summary, problems, record.signature)
 
 
-def group_runs(runs: Iterable[Run]) -> dict[tuple, list[Run]]:
+def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
     """Runs by (workload, data, metric, target); runs without a run_start are left out (listed apart)."""
-    groups: dict[tuple, list[Run]] = {}
+    groups: dict[tuple, list[RunRecord]] = {}
     for run in runs:
         if run.meta:
             groups.setdefault(run.group_key, []).append(run)
@@ -136,15 +136,15 @@ def median(values: Sequence[float]) -> float | None:
     return None if math.isinf(m) else m
 
 
-def time_to_target(run: Run) -> float:
+def time_to_target(run: RunRecord) -> float:
     """Training time at the first evaluation at or above the target; inf when never reached."""
     t = run.summary.get("time_to_target_s")
     return INF if t is None else float(t)
 
 
-def series_rows(runs: Sequence[Run]) -> list[dict]:
+def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
     """The comparison table of one group: one row per (optimizer, world size, imbalance), seeds folded."""
-    by_series: dict[tuple, list[Run]] = {}
+    by_series: dict[tuple, list[RunRecord]] = {}
     for run in runs:
         by_series.setdefault(run.series_key, []).append(run)
     has_target = any(r.meta.get("target") is not None for r in runs)
@@ -185,7 +185,7 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
-def run_rows(runs: Sequence[Run], root: Path | None = None) -> list[dict]:
+def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
     """Every run of a group, one row each (never drops one that did not reach the target)."""
     rows = []
     for r in sorted(runs, key=lambda r: (tuple(str(x) for x in r.series_key), str(r.meta.get("seed")))):
@@ -247,7 +247,7 @@ def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[in
     return out
 
 
-def step_time_rows(runs: Sequence[Run]) -> list[dict]:
+def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
     """Tidy per-rank step-time components of one series (seeds pooled): rank, component, seconds.
 
     Components: ``compute`` (forward + backward), ``delay`` (injected straggler sleep), ``comm`` (time in
@@ -287,20 +287,20 @@ def series_label(key: tuple, vary: set[str]) -> str:
     return " ".join(parts)
 
 
-def varying(runs: Sequence[Run]) -> set[str]:
+def varying(runs: Sequence[RunRecord]) -> set[str]:
     """Which of world size and imbalance take more than one value among the runs."""
     return {name for i, name in ((1, "world_size"), (2, "imbalance")) if len({r.series_key[i] for r in runs}) > 1}
 
 
-def by_label(runs: Sequence[Run]) -> dict[str, list[Run]]:
+def by_label(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
     vary = varying(runs)
-    out: dict[str, list[Run]] = {}
+    out: dict[str, list[RunRecord]] = {}
     for r in sorted(runs, key=lambda r: tuple(str(x) for x in r.series_key)):
         out.setdefault(series_label(r.series_key, vary), []).append(r)
     return out
 
 
-def metric_bands(runs: Sequence[Run]) -> dict[str, dict]:
+def metric_bands(runs: Sequence[RunRecord]) -> dict[str, dict]:
     """Per series: number of seeds; :func:`seed_band` of the metric against ``train_s`` and ``step``; and
     each seed's own curve (``train_s_seeds``, ``step_seeds``)."""
     out = {}
@@ -314,7 +314,7 @@ def metric_bands(runs: Sequence[Run]) -> dict[str, dict]:
     return out
 
 
-def ttt_bars(rows: Sequence[dict], runs: Sequence[Run]) -> list[dict]:
+def ttt_bars(rows: Sequence[dict], runs: Sequence[RunRecord]) -> list[dict]:
     """The time-to-target figure's bars: one per comparison row (median, min-max of the seeds that
     reached, those seeds' times, reached / seeds)."""
     vary = varying(runs)
@@ -392,14 +392,14 @@ def group_slug(key: tuple) -> str:
 @dataclass
 class GroupReport:
     key: tuple
-    runs: list[Run]
+    runs: list[RunRecord]
     comparison: list[dict]
     run_table: list[dict]
     step_times: dict[str, dict]
     figures: dict[str, Path]
 
 
-def build_group(key: tuple, runs: list[Run], out: Path, root: Path | None) -> GroupReport:
+def build_group(key: tuple, runs: list[RunRecord], out: Path, root: Path | None) -> GroupReport:
     rows = series_rows(runs)
     for r in rows:
         r["ttt_median"], r["ttt_olympic"] = _ttt_cell(r, "ttt_median_s"), _ttt_cell(r, "ttt_olympic_s")
@@ -432,7 +432,7 @@ HOW_TO_READ = (
     "they are read up to their last complete event.")
 
 
-def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[Run], sources: Sequence[str],
+def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[RunRecord], sources: Sequence[str],
                     out: Path) -> str:
     n = sum(len(g.runs) for g in groups) + len(unreadable)
     header = (f"{n} run(s) from {', '.join(f'`{s}`' for s in sources)}; generated "
@@ -470,7 +470,7 @@ def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[Run], so
     return "\n".join(lines)
 
 
-def signature_lines(runs: Sequence[Run]) -> list[str]:
+def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
     """How the group's BLEU was computed (sacrebleu's signature); values under two signatures differ in
     tokenisation or smoothing, so the report says so instead of comparing them silently."""
     signatures = sorted({r.signature for r in runs if r.signature})

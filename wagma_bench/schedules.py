@@ -1,4 +1,4 @@
-"""Learning-rate schedules: pure functions of training progress.
+"""Schedules of a run: pure functions of training progress (the learning rate; the control exchanges).
 
 Linear scaling rule (Goyal et al. 2017): the peak rate is ``lr * global_batch / lr_reference_batch``.
 Warm-up ramps linearly from ``lr`` (the rate at the reference batch, capped at the peak) to the peak over
@@ -11,6 +11,22 @@ from __future__ import annotations
 
 import bisect
 import math
+
+# Rounds between the trainer's exchanges of control flags (stop, evaluate, checkpoint, preempt), rounded up to
+# the optimizer's sync period by :func:`control_period`. The simulator models the same exchange.
+CONTROL_EVERY = 10
+
+
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (at least one ``multiple``)."""
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def control_period(sync_period: int, control_every: int = CONTROL_EVERY) -> int:
+    """Rounds between two control exchanges: ``control_every`` rounded up to the sync period, because the
+    flags may only change at rounds where every rank holds the same model (a stop, checkpoint or
+    evaluation there is consistent)."""
+    return round_up(control_every, sync_period)
 
 
 def peak_lr(lr: float, batch_per_rank: int, world_size: int, reference_batch: int | None) -> float:

@@ -111,7 +111,7 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
 # --- the sweep's combinations ---------------------------------------------------------------------------
 
 @dataclass
-class Run:
+class SweepRun:
     name: str
     gpus: int
     overrides: list[str]  # per-run overrides (the swept axes and the seed)
@@ -126,27 +126,6 @@ class SweepSpec:
     gpus: list[int]
     axes: dict[str, list[str]]  # key -> values (2+ values, or seed)
     common: list[str]  # overrides with one value
-
-
-def split_values(value: str) -> list[str]:
-    """Split Hydra sweep values at top-level commas (``a,b``; ``[1,2],[3]`` gives two lists)."""
-    out, depth, cur, quote = [], 0, "", None
-    for ch in value:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    out.append(cur)
-    return [v.strip() for v in out if v.strip()]
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
@@ -239,7 +218,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")
 
 
-def expand(spec: SweepSpec) -> list[Run]:
+def expand(spec: SweepSpec) -> list[SweepRun]:
     """Every combination of GPU count and axes, in a stable order (GPU count outermost)."""
     keys = list(spec.axes)
     runs = []
@@ -248,14 +227,14 @@ def expand(spec: SweepSpec) -> list[Run]:
             parts = [f"{gpus:04d}gpu"]
             for k, v in zip(keys, values):
                 parts.append(f"s{v}" if k == "seed" else (v if "." not in k else f"{k.split('.')[-1]}-{v}"))
-            runs.append(Run(_slug("_".join(parts)), gpus, [f"{k}={v}" for k, v in zip(keys, values)]))
+            runs.append(SweepRun(_slug("_".join(parts)), gpus, [f"{k}={v}" for k, v in zip(keys, values)]))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError("two runs of the sweep got the same directory name; make the axes' values distinct")
     return runs
 
 
-def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
+def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
     """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
     composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
     from hydra import compose, initialize_config_dir
@@ -281,7 +260,7 @@ def validate_runs(spec: SweepSpec, runs: list[Run]) -> None:
                 raise ConfigError(f"run {run.name}: seed must be an integer, got {seed!r}")
 
 
-def print_configs(spec: SweepSpec, runs: list[Run]) -> None:
+def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
     """Each run's composed configuration (Hydra's ``--cfg job`` view), headed by its name and overrides."""
     from hydra import compose, initialize_config_dir
 
@@ -334,8 +313,8 @@ def setup_lines(profile: ClusterProfile) -> list[str]:
     return lines
 
 
-def select_run_lines(runs: list[Run], array: bool) -> list[str]:
-    def assign(run: Run) -> str:
+def select_run_lines(runs: list[SweepRun], array: bool) -> list[str]:
+    def assign(run: SweepRun) -> str:
         return f"RUN_DIR={shlex.quote(run.run_dir)}; OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
 
     if not array:
@@ -346,7 +325,7 @@ def select_run_lines(runs: list[Run], array: bool) -> list[str]:
     return lines
 
 
-def render_script(spec: SweepSpec, runs: list[Run], script: Path, log_dir: Path, array: bool) -> str:
+def render_script(spec: SweepSpec, runs: list[SweepRun], script: Path, log_dir: Path, array: bool) -> str:
     profile, gpus = spec.cluster, runs[0].gpus
     sweep = script.parent.parent.name
     name = f"wb-{sweep}-{gpus}g" if array else f"wb-{runs[0].name}"
@@ -371,12 +350,12 @@ def render_script(spec: SweepSpec, runs: list[Run], script: Path, log_dir: Path,
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
 
 
-def group_jobs(runs: list[Run], array: bool) -> list[list[Run]]:
+def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
     """One job array per GPU count and comm (they share the script's resources and srun line), split at
     MAX_ARRAY tasks; or one job per run."""
     if not array:
         return [[r] for r in runs]
-    groups: dict[tuple, list[Run]] = {}
+    groups: dict[tuple, list[SweepRun]] = {}
     for run in runs:
         groups.setdefault((run.gpus, comm_of(run.overrides)), []).append(run)
     return [g[i:i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
@@ -385,7 +364,7 @@ def group_jobs(runs: list[Run], array: bool) -> list[list[Run]]:
 def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None) -> dict:
     """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest."""
     runs = expand(spec)
-    validate_runs(spec, runs)
+    check_run_configs(spec, runs)
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
@@ -669,7 +648,7 @@ def _main(argv: list[str]) -> int:
         print_configs(spec, expand(spec))
         return 0
     if "--submitit" in flags:
-        validate_runs(spec, expand(spec))
+        check_run_configs(spec, expand(spec))
         for gpus in spec.gpus:
             print(shlex.join(submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
         return 0

@@ -32,11 +32,9 @@ from wagma_bench.loggers import event_log_for_run
 from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
-from wagma_bench.schedules import lr_at, peak_lr
+from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
 from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
 from wagma_bench.workloads import get_workload
-
-CONTROL_EVERY = 10  # rounds between exchanges of control flags (rounded up to the sync period)
 
 
 @dataclass
@@ -74,10 +72,6 @@ class Clock:
                 clock._mark = clock._wall_mark = now
 
         return _Pause()
-
-
-def round_up(value: int, multiple: int) -> int:
-    return max(multiple, math.ceil(value / multiple) * multiple)
 
 
 def make_local_optimizer(train):
@@ -140,7 +134,7 @@ class EvalModel:
         self._copy = None
 
     def get(self):
-        if self.mode == "local" and self.identical:
+        if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
             return self.model
         if self._copy is None:
             self._copy = copy.deepcopy(self.model)
@@ -222,7 +216,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     spe = workload.steps_per_epoch()
     total = round_up(min(cfg.train.max_steps or 10**12, math.ceil(cfg.train.epochs * spe)), sync)
     eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * spe)), sync)
-    control_every = round_up(CONTROL_EVERY, sync)
+    control_every = control_period(sync)
     peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
     warmup_start = cfg.train.lr if cfg.train.warmup_start_lr is None else cfg.train.warmup_start_lr
     schedule = {"peak": peak, "start": warmup_start, "warmup_epochs": cfg.train.warmup_epochs,

@@ -56,6 +56,9 @@ class Comm(abc.ABC):
     backend_name: str  # "gloo", "nccl" or "mpi"
     timeout_s: float   # no operation waits longer; a dead or hung peer fails the run after this long
     capabilities: Capabilities = Capabilities(any_source=True, tags=True)
+    #: abort() ends every rank of the job at once, rank 0 included (so a failing rank records the failure
+    #: itself first); False: it does nothing and the launcher ends the world when a rank exits with an error
+    abort_ends_job: bool = False
 
     # --- collectives over the world or a created group ------------------------------------------
     @abc.abstractmethod
@@ -112,6 +115,10 @@ class Comm(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def abort(self, code: int = 1) -> None:
+        """After this rank failed: end the whole job now rather than let the peers wait out ``timeout_s``.
+        torch.distributed needs nothing here (see :attr:`abort_ends_job`)."""
 
     # --- helpers shared by the implementations --------------------------------------------------
     def group_allreduce(self, tensor: torch.Tensor, groups: Sequence[Ranks], op: str = "mean") -> None:

@@ -61,12 +61,3 @@ def zero_grads(buckets: list[Bucket]) -> None:
     for b in buckets:
         b.grad.zero_()
 
-
-def check_views(buckets: list[Bucket]) -> None:
-    """Fail loudly if something (e.g. ``zero_grad(set_to_none=True)``) detached a gradient view."""
-    for b in buckets:
-        for p in b.params:
-            if p.grad is None or p.grad.data_ptr() < b.grad.data_ptr() or \
-                    p.grad.data_ptr() >= b.grad.data_ptr() + b.grad.numel() * b.grad.element_size():
-                raise RuntimeError("a parameter's gradient no longer points into its flat bucket; "
-                                   "do not call optimizer.zero_grad(set_to_none=True) on a flattened model")

@@ -105,6 +105,8 @@ def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
 class MpiComm(Comm):
     """One rank of an MPI world. ``MpiComm.init`` checks the thread level and duplicates COMM_WORLD."""
 
+    abort_ends_job = True  # MPI_Abort
+
     def __init__(self, world: MPI.Intracomm, timeout_s: float, device: torch.device, store: _CounterStore):
         self.rank = world.Get_rank()
         self.world_size = world.Get_size()

@@ -188,8 +188,12 @@ class WagmaSchedule(RoundSchedule):
         self.tau = tau
         self.period = tau + 1
 
+    def stage_index(self, round_: int) -> int:
+        """Which of the ``stages`` butterfly stages group round ``round_`` uses."""
+        return (round_ - 1) % self.stages
+
     def stage(self, round_: int) -> tuple[Group, ...]:
-        return butterfly_stage(self.world_size, self.group_size, round_ - 1)
+        return butterfly_stage(self.world_size, self.group_size, self.stage_index(round_))
 
     def all_groups(self) -> list[Group]:
         return [g for k in range(self.stages) for g in butterfly_stage(self.world_size, self.group_size, k)]

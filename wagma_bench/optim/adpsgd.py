@@ -53,16 +53,13 @@ HEADER_TIMEOUT_S = 7 * 24 * 3600.0
 
 class ADPSGD(Algorithm):
     name = "adpsgd"
+    models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 
     @dataclass
     class Settings:
         name: str = "adpsgd"
         sync_every: int = 10
-
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.sync_every < 1:
-                raise ValueError(f"optimizer.sync_every must be >= 1, got {self.sync_every}")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

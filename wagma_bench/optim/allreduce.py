@@ -16,8 +16,9 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 class AllreduceSGD(Algorithm):
     name = "allreduce"
-    # Parameters are identical on every rank, but buffers (BatchNorm statistics) are each rank's own, so
-    # models_identical stays False: evaluation broadcasts rank 0's whole state (DDP broadcasts buffers too).
+    # Every rank applies the same averaged gradient to the same weights. Buffers (BatchNorm statistics) are
+    # each rank's own: evaluation still broadcasts rank 0's state for a model with float buffers (EvalModel).
+    models_identical = True
     default_eval_model = "local"
 
     @dataclass

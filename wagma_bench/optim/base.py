@@ -40,9 +40,10 @@ class Algorithm(abc.ABC):
     Settings: ClassVar[type]
     #: which model evaluation uses when eval.model=auto: "local" (rank 0's) or "average" (global mean)
     default_eval_model: ClassVar[str] = "local"
-    #: every rank holds the same model, buffers included, at every synchronisation point (evaluation then
-    #: skips the copy and the broadcast of rank 0's model)
-    models_identical: ClassVar[bool] = False
+    #: every rank holds the same parameters at every synchronisation point (evaluation then skips the copy and
+    #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
+    #: Every algorithm sets it.
+    models_identical: ClassVar[bool]
 
     def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
                  bucket_mb: float = float("inf")):

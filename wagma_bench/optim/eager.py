@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
@@ -54,11 +55,7 @@ class EagerSGD(EngineAlgorithm):
         mode: str = "majority"
         sync_every: int = 10
 
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.mode not in MODES:
-                raise ValueError(f"optimizer.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
-            if self.sync_every < 1:
-                raise ValueError(f"optimizer.sync_every must be >= 1, got {self.sync_every}")
+        CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -49,12 +49,6 @@ class LocalSGD(Algorithm):
         warmup_steps: int = 0
         average_momentum: bool = False
 
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.period < 1:
-                raise ValueError(f"optimizer.period must be >= 1, got {self.period}")
-            if self.warmup_steps < 0:
-                raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
-
     @property
     def sync_period(self) -> int:
         return self.settings.period

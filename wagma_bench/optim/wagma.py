@@ -46,6 +46,7 @@ global average of the models (``default_eval_model = "average"``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
@@ -54,6 +55,7 @@ from wagma_bench.optim.base import EngineAlgorithm
 
 class WagmaSGD(EngineAlgorithm):
     name = "wagma"
+    models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 
     @dataclass
@@ -63,11 +65,7 @@ class WagmaSGD(EngineAlgorithm):
         tau: int = 10                       # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            if self.catch_up not in CATCH_UP:
-                raise ValueError(f"optimizer.catch_up must be replay or skip, got {self.catch_up!r}")
-            if self.tau < 1:
-                raise ValueError(f"optimizer.tau must be >= 1, got {self.tau}")
+        CHOICES: ClassVar[dict[str, tuple]] = {"catch_up": CATCH_UP}  # checked with the config (wagma_bench.config)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket

@@ -33,7 +33,7 @@ import numpy as np
 
 from wagma_bench.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
-from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.des import Workload, local_state_tensors
 
 SKIP_STEPS = 3          # first steps of each rank left out of the fits (start-up, allocator warm-up)
 MAX_SAMPLES = 20000     # compute times kept for the empirical distribution
@@ -71,6 +71,7 @@ class RunFit:
     params: float | None             # model parameters (None: unknown, pass params=N)
     workload: str | None = None
     comm_s_mean: float = 0.0
+    local_state: int = 1             # model-sized tensors of the run's local optimizer state (des.local_state_tensors)
     extra: dict = field(default_factory=dict)
 
     def to_workload(self, params: float | None = None, compute: str = "empirical") -> Workload:
@@ -119,6 +120,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
     summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
+    train = config.get("train") or {}
     stride = max(1, len(compute) // MAX_SAMPLES)
     return RunFit(
         path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
@@ -129,7 +131,8 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         measured_throughput=summary.get("throughput_samples_per_s"),
         params=params if params is not None else model_params_of(start),
         workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
-        comm_s_mean=float(np.mean(comm)))
+        comm_s_mean=float(np.mean(comm)),
+        local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
 
 
 def model_params_of(start: RunStart) -> float | None:

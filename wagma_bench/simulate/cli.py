@@ -2,9 +2,25 @@
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager imbalance=paper imbalance.delay_s=0.32 \\
-        workload=resnet data=imagenet [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
-        [optimizer.tau=10 ...] [steps=500 seed=1 control_every=10] [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
+        workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
+        [steps=500 control_every=10] [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
+        [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
+
+One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
+``optimizer=``, ``optimizer.KEY=``, ``imbalance=``, ``seed=``, anything else `run` takes), composed from
+``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.validate`, so a value `run` refuses is
+refused here with the same message; each optimizer model gets its optimizer's typed ``Settings``. The
+cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
+``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
+``optimizer`` take several values (``a,b``, ``'gpus=range(8,1025,8)'``, ``'optimizer=glob(*)'``); an
+``optimizer.KEY`` applies to the selected optimizers that have that setting. Simulate's own keys: ``gpus``,
+``steps`` (rounds, default 500), ``control_every``, ``samples_to_target`` and the workload's cost model
+(``step_s``, ``batch``, ``params``, ``compute``, ``sigma``, ``overhead_s``, ``backward_fraction``,
+``bytes_per_param``: the preset's numbers, :mod:`.presets`). Defaults where they differ from `run`'s:
+every optimizer, ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet``
+(the paper's ResNet-50 set-up) when neither a workload nor an ``experiment`` is given; a data path `run`
+would need (``data.root``) is not needed.
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
@@ -15,8 +31,10 @@ step, which tests the communication and waiting model alone). Given ``gpus=`` to
 sweep with the workload pooled from the calibrated runs.
 
 ``control_every``: the trainer's control allreduce (a global barrier) every that many rounds, rounded up
-to the optimizer's sync period, as ``wagma-bench run`` does (default 10); ``control_every=0`` leaves only
-the optimizers' own synchronisation -- the paper's implementations, which have no such barrier.
+to the optimizer's sync period, as ``wagma-bench run`` does (default 10,
+:data:`wagma_bench.schedules.CONTROL_EVERY`: the rule and the constant the trainer imports);
+``control_every=0`` leaves only the optimizers' own synchronisation -- the paper's implementations, which
+have no such barrier.
 
 Convergence model (time-to-target): samples to the target per optimizer, from real runs that reached it
 (``--convergence RUN_DIR...``: the ``samples`` of the first evaluation at or above the target, median over
@@ -39,41 +57,62 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from wagma_bench import plots
+from wagma_bench.config import RunConfig, check_group_size, validate
 from wagma_bench.events import RunEvents
-from wagma_bench.imbalance import IMBALANCES, Imbalance
+from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
+from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.schedules import CONTROL_EVERY
 from wagma_bench.simulate.costs import Network
-from wagma_bench.simulate.des import CONTROL_EVERY, SIMULATORS, SimConfig, SimResult, Workload, simulate
+from wagma_bench.simulate.des import SIMULATORS, SimConfig, SimResult, Workload, local_state_tensors, simulate
 from wagma_bench.simulate.presets import preset_for
+from wagma_bench.sweep import CONF_DIR, load_profile, parse_overrides
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-CONF = ROOT / "conf"
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
-KEYS = {"cluster", "gpus", "optimizer", "imbalance", "workload", "data", "steps", "seed", "control_every",
-        "samples_to_target"} | WORKLOAD_KEYS
-PREFIXES = ("optimizer.", "imbalance.", "network.", "cluster.")
-# settings of optimizers that have no conf/optimizer file yet
-FALLBACK_SETTINGS = {"eager": {"name": "eager", "mode": "solo", "sync_every": 10}}
+# simulate's own keys, beside `run`'s: the world sizes, how long to simulate, the convergence model and the
+# workload's cost model (the preset's numbers)
+OWN_KEYS = {"gpus", "steps", "control_every", "samples_to_target"} | WORKLOAD_KEYS
+SWEPT_KEYS = ("gpus", "optimizer")  # the keys that take several values (a,b / range() / glob())
+# a missing data path (data.root=???) does not change a prediction: filled with this before `validate`
+NOT_READ = "(not read by simulate)"
 
 
 class UsageError(ValueError):
     pass
 
 
-def _value(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else None
+@dataclass
+class Request:
+    """The command line, sorted: `run`'s overrides (composed with Hydra), the cluster (read as `sweep` reads
+    it) and simulate's own keys."""
+
+    run_overrides: list[str] = field(default_factory=list)  # one value each, optimizer=... excluded
+    optimizers: list[str] = field(default_factory=lambda: list(SIMULATORS))
+    optimizer_overrides: list[tuple[str, str]] = field(default_factory=list)  # (KEY, VALUE) of optimizer.KEY
+    gpus: list[int] | None = None
+    cluster: str | None = None
+    cluster_overrides: list[str] = field(default_factory=list)  # KEY=VALUE of cluster.KEY
+    own: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.own.get("steps", 500))
+
+    @property
+    def control_every(self) -> int:
+        return int(self.own.get("control_every", CONTROL_EVERY))
 
 
-def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
+def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="KEY=VALUE: cluster, gpus, optimizer, imbalance, workload, ...")
+    ap.add_argument("overrides", nargs="*", help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
+                    "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE")
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
     ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR", help="runs that reached a target")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
@@ -87,91 +126,121 @@ def parse(argv: list[str]) -> tuple[dict, argparse.Namespace]:
         ns.overrides += moved
         if items and not getattr(ns, opt):
             raise UsageError(f"--{opt} needs at least one path")
-    from wagma_bench.sweep import parse_overrides  # Hydra's override grammar, as `run -m` and `sweep`
-
-    kv = {}
-    for k, values in parse_overrides(ns.overrides):
-        if k not in KEYS and not k.startswith(PREFIXES):
-            raise UsageError(f"unknown key {k!r}; known: {', '.join(sorted(KEYS))}, and "
-                             f"{', '.join(p + 'KEY' for p in PREFIXES)}")
-        kv[k] = ",".join(values)  # a list below is comma-separated (gpus, optimizer)
-    return kv, ns
+    return sort_overrides(parse_overrides(ns.overrides)), ns
 
 
-def _list(text: str | None, default) -> list:
-    if text is None:
-        return list(default)
-    return [t.strip() for t in str(text).split(",") if t.strip()]
+def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
+    """Hydra-parsed ``(key, values)`` -> a :class:`Request`. Simulate's defaults where they differ from
+    `run`'s: every optimizer, and the paper's ResNet-50 / ImageNet set-up when no workload is given."""
+    req = Request()
+    keys = {k for k, _ in parsed}
+    if not keys & {"workload", "experiment"}:  # an experiment preset picks its own workload
+        req.run_overrides += ["workload=resnet"] + ([] if "data" in keys else ["data=imagenet"])
+    for key, values in parsed:
+        if len(values) > 1 and key not in SWEPT_KEYS:
+            raise UsageError(f"{key}={','.join(values)}: only {' and '.join(SWEPT_KEYS)} take several values")
+        if key == "gpus":
+            try:
+                req.gpus = [int(v) for v in values]
+            except ValueError:
+                raise UsageError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
+        elif key == "optimizer":
+            req.optimizers = values
+        elif key.startswith("optimizer."):
+            req.optimizer_overrides.append((key[len("optimizer."):], values[0]))
+        elif key == "cluster":
+            req.cluster = values[0]
+        elif key.startswith("cluster."):
+            req.cluster_overrides.append(f"{key[len('cluster.'):]}={values[0]}")
+        elif key in OWN_KEYS:
+            req.own[key] = values[0]
+        else:
+            req.run_overrides.append(f"{key}={values[0]}")
+    return req
 
 
-# --- building the pieces from KEY=VALUE -----------------------------------------------------------------
+# --- building the pieces: `run`'s configuration, `sweep`'s cluster profiles -----------------------------
 
-def load_network(cluster: str, overrides: dict) -> tuple[Network, dict]:
-    path = CONF / "cluster" / f"{cluster}.yaml"
-    if not path.exists():
-        names = ", ".join(sorted(p.stem for p in (CONF / "cluster").glob("*.yaml")))
-        raise UsageError(f"cluster={cluster!r} is not available; choose one of: {names}")
-    prof = yaml.safe_load(path.read_text()) or {}
-    net = dict(prof.get("network") or {})
-    for k, v in overrides.items():  # network.inter.alpha_s=2e-6
-        node = net
-        *parents, leaf = k.split(".")[1:]
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = _value(v)
-    gpn = int(overrides.get("cluster.gpus_per_node", prof.get("gpus_per_node", 1)))
-    return Network.from_profile(net, gpn, f"conf/cluster/{cluster}.yaml network"), net
+def load_network(cluster: str, overrides: list[str]) -> Network:
+    """The cluster profile's ``network:`` section, read by `sweep`'s loader (``cluster.network.KEY=VALUE``
+    changes one number)."""
+    profile = load_profile(cluster, overrides)
+    return Network.from_profile(profile.network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
 
 
-def optimizer_settings(name: str, overrides: dict) -> dict:
-    if name not in SIMULATORS:
-        raise UsageError(f"unknown optimizer {name!r}; available: {', '.join(SIMULATORS)}")
-    path = CONF / "optimizer" / f"{name}.yaml"
-    base = yaml.safe_load(path.read_text()) if path.exists() else dict(FALLBACK_SETTINGS.get(name, {"name": name}))
-    for k, v in overrides.items():
-        key = k.split(".", 1)[1]
-        if key in base:
-            base[key] = _value(v)
-    return base
+def compose_runs(req: Request) -> dict[str, RunConfig]:
+    """Per optimizer, the configuration `wagma-bench run` would compose and check with these overrides.
+    An ``optimizer.KEY`` goes to the selected optimizers that have that setting (to all when none has it,
+    so that the error is `run`'s)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    runs = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        for name in req.optimizers:
+            mine = optimizer_overrides(req, name)
+            overrides = req.run_overrides + [f"optimizer={name}"] + mine
+            try:
+                cfg = compose(config_name="wagma", overrides=overrides)
+            except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: Hydra's message
+                raise UsageError(hydra_message(err)) from None
+            for key in OmegaConf.missing_keys(cfg):
+                if key.split(".")[0] in ("data", "env"):
+                    OmegaConf.update(cfg, key, NOT_READ)
+            runs[name] = validate(cfg)
+    return runs
 
 
-def check_optimizer_overrides(names: list[str], overrides: dict) -> None:
-    known = set()
-    for n in names:
-        known |= set(optimizer_settings(n, {}))
-    bad = [k for k in overrides if k.split(".", 1)[1] not in known]
-    if bad:
-        raise UsageError(f"{', '.join(bad)}: no selected optimizer has that setting; known: {', '.join(sorted(known))}")
+def hydra_message(err: BaseException) -> str:
+    """A composition error as `run` shows it (Hydra prints the error and the errors that caused it)."""
+    lines = []
+    while err is not None:
+        lines.append(str(err).strip())
+        err = err.__cause__
+    return "\n".join(lines)
 
 
-def make_imbalance(spec: dict | str, overrides: dict, seed: int) -> Imbalance:
-    fields = dict(spec) if isinstance(spec, dict) else None
-    name = fields["name"] if fields else spec
-    if name not in IMBALANCES:
-        raise UsageError(f"unknown imbalance {name!r}; choose one of: {', '.join(IMBALANCES)}")
-    if fields is None:
-        path = CONF / "imbalance" / f"{name}.yaml"
-        fields = yaml.safe_load(path.read_text()) if path.exists() else {"name": name}
-    for k, v in overrides.items():
-        fields[k.split(".", 1)[1]] = _value(v)
-    cls = IMBALANCES[name]
-    try:
-        settings = cls.Settings(**fields)
-    except TypeError:
-        valid = ", ".join(f.name for f in dataclasses.fields(cls.Settings))
-        raise UsageError(f"imbalance {name}: unknown setting in {sorted(fields)}; valid: {valid}") from None
-    return cls(settings, seed)
+def optimizer_overrides(req: Request, name: str) -> list[str]:
+    """The ``optimizer.KEY`` overrides for optimizer ``name``: those of its settings, and any KEY that no
+    selected optimizer has (so that `run`'s own error names it)."""
+    def settings(opt: str) -> set[str]:
+        return {f.name for f in dataclasses.fields(OPTIMIZERS[opt].Settings)} if opt in OPTIMIZERS else set()
+
+    anyone = set().union(*(settings(o) for o in req.optimizers))
+    return [f"optimizer.{k}={v}" for k, v in req.optimizer_overrides if k in settings(name) or k not in anyone]
 
 
-def make_workload(kv: dict) -> Workload:
-    wl = dataclasses.replace(preset_for(kv.get("workload", "resnet50"), kv.get("data")))
-    for k in WORKLOAD_KEYS & set(kv):
-        cur = getattr(wl, k)
-        val = _value(kv[k])
-        setattr(wl, k, type(cur)(val) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else val)
-    if kv.keys() & WORKLOAD_KEYS:
+def check_worlds(runs: dict[str, RunConfig], gpus: list[int]) -> None:
+    """Each optimizer's settings against each world size, as `run` checks them against its world."""
+    for run in runs.values():
+        for p in gpus:
+            check_group_size(run.optimizer, p)
+
+
+def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
+    """The preset of `run`'s workload and data options, with simulate's own workload keys applied."""
+    wl = dataclasses.replace(preset_for(run.workload.name, run.data.name))
+    for key in WORKLOAD_KEYS & set(own):
+        cur = getattr(wl, key)
+        if isinstance(cur, (int, float)) and not isinstance(cur, bool):
+            try:
+                number = float(own[key])
+            except ValueError:
+                raise UsageError(f"{key}={own[key]!r} is not a number") from None
+            setattr(wl, key, int(number) if isinstance(cur, int) else number)
+        else:
+            setattr(wl, key, own[key])
         wl.source = "preset + overrides"
     return wl
+
+
+def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Network, imbalance: Imbalance,
+               steps: int, control_every: int = CONTROL_EVERY) -> SimConfig:
+    """One simulation of a composed run configuration."""
+    return SimConfig(run.optimizer.name, world_size, workload, network, imbalance, run.optimizer, steps, run.seed,
+                     control_every, local_state_tensors(run.train.local_optimizer, run.train.momentum))
 
 
 # --- convergence model ----------------------------------------------------------------------------------
@@ -242,30 +311,26 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
 
 # --- the two modes --------------------------------------------------------------------------------------
 
-def predict(kv: dict, ns, network: Network, workload: Workload, out: Path) -> list[dict]:
-    gpus = [int(g) for g in _list(kv.get("gpus"), DEFAULT_GPUS)]
-    names = _list(kv.get("optimizer"), SIMULATORS)
-    opt_over = {k: v for k, v in kv.items() if k.startswith("optimizer.")}
-    check_optimizer_overrides(names, opt_over)
-    imb_over = {k: v for k, v in kv.items() if k.startswith("imbalance.")}
-    seed, steps = int(kv.get("seed", 1)), int(kv.get("steps", 500))
-    imbalance = make_imbalance(kv.get("imbalance", "none"), imb_over, seed)
+def predict(req: Request, ns, runs: dict[str, RunConfig], network: Network, workload: Workload,
+            out: Path) -> list[dict]:
+    gpus = req.gpus or list(DEFAULT_GPUS)
+    first = next(iter(runs.values()))
+    imbalance = make_imbalance(first.imbalance, first.seed)
     conv = samples_to_target(ns.convergence) if ns.convergence else {}
-    if "samples_to_target" in kv:
-        conv = {n: float(_value(kv["samples_to_target"])) for n in names} | conv
+    if "samples_to_target" in req.own:
+        conv = {n: float(req.own["samples_to_target"]) for n in runs} | conv
     rows = []
     for p in gpus:
-        for name in names:
+        for name, run in runs.items():
             t0 = time.perf_counter()
-            res = simulate(SimConfig(name, p, workload, network, imbalance, optimizer_settings(name, opt_over),
-                                     steps, seed, int(kv.get("control_every", CONTROL_EVERY))))
+            res = simulate(sim_config(run, p, workload, network, imbalance, req.steps, req.control_every))
             rows.append(_row(res, imbalance, workload, conv.get(name), time.perf_counter() - t0))
     ref = {r["world_size"]: r["throughput"] for r in rows if r["optimizer"] == "allreduce"}
     for r in rows:
         r["speedup_vs_allreduce"] = r["throughput"] / ref[r["world_size"]] if r["world_size"] in ref else None
     write_table(rows, out, "predictions")
-    title = (f"predicted: {workload.name}, imbalance={imbalance.name}, cluster={kv.get('cluster', 'daint')} "
-             f"({steps} rounds simulated)")
+    title = (f"predicted: {workload.name}, imbalance={imbalance.name}, cluster={req.cluster or 'daint'} "
+             f"({req.steps} rounds simulated)")
     plots.plot_throughput([dict(r, kind="predicted") for r in rows], out / "throughput.png", title, ideal=False)
     if any(r.get("time_to_target_s") for r in rows):
         plot_time_to_target(rows, out / "time_to_target.png", title)
@@ -276,24 +341,21 @@ def predict(kv: dict, ns, network: Network, workload: Workload, out: Path) -> li
     return rows
 
 
-def composed(kv: dict, network: Network, workload: Workload) -> str:
+def composed(req: Request, runs: dict[str, RunConfig], network: Network, workload: Workload) -> str:
     """``--cfg job``: the cluster's network, the workload, the imbalance and every optimizer's settings that
     the simulations of these overrides would use, as YAML."""
     from dataclasses import asdict
 
-    names = _list(kv.get("optimizer"), SIMULATORS)
-    opt_over = {k: v for k, v in kv.items() if k.startswith("optimizer.")}
-    check_optimizer_overrides(names, opt_over)
-    imbalance = make_imbalance(kv.get("imbalance", "none"), {k: v for k, v in kv.items() if k.startswith("imbalance.")},
-                               int(kv.get("seed", 1)))
-    job = {"gpus": [int(g) for g in _list(kv.get("gpus"), DEFAULT_GPUS)], "cluster": kv.get("cluster", "daint"),
+    from omegaconf import OmegaConf
+
+    first = next(iter(runs.values()))
+    job = {"gpus": req.gpus or list(DEFAULT_GPUS), "cluster": req.cluster or "daint",
            "network": {k: v for k, v in asdict(network).items() if not k.startswith("_")},
-           "workload": asdict(workload),
-           "imbalance": {"name": imbalance.name, **(asdict(imbalance.s) if hasattr(imbalance, "s") else {})},
-           "optimizers": {n: optimizer_settings(n, opt_over) for n in names},
-           "steps": int(kv.get("steps", 500)), "seed": int(kv.get("seed", 1)),
-           "control_every": int(kv.get("control_every", CONTROL_EVERY))}
-    return yaml.safe_dump(job, sort_keys=False)
+           "workload": asdict(workload), "imbalance": asdict(first.imbalance),
+           "optimizers": {n: asdict(r.optimizer) for n, r in runs.items()},
+           "local_state": local_state_tensors(first.train.local_optimizer, first.train.momentum),
+           "steps": req.steps, "seed": first.seed, "control_every": req.control_every}
+    return OmegaConf.to_yaml(OmegaConf.create(job))
 
 
 def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, took: float) -> dict:
@@ -304,11 +366,14 @@ def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, 
     return r
 
 
-def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None, Network]:
+def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload | None, Network]:
+    """``--calibrate``: fit each run and the network, simulate each run's own configuration, and write
+    predicted against measured throughput; returns the rows, the workload pooled over the runs and the
+    network."""
     from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 
     runs, benches = find_inputs(ns.calibrate)
-    params = float(_value(kv["params"])) if "params" in kv else None
+    params = float(req.own["params"]) if "params" in req.own else None
     cal: dict[str, Any] = {"runs": [], "network": None}
     if benches:
         network, report = fit_network(benches)
@@ -317,9 +382,9 @@ def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None,
               f"alpha={report['alpha_s']:.3g} s, bandwidth={report['bandwidth_GBps']:.3g} GB/s "
               f"(relative RMS error {report['rel_rms']:.2f})\n")
     else:
-        network, _ = load_network(kv.get("cluster", "local"), {k: v for k, v in kv.items() if k.startswith("network.")})
+        network = load_network(req.cluster or "local", req.cluster_overrides)
     rows, fits = [], []
-    compute = kv.get("compute", "empirical")
+    compute = req.own.get("compute", "empirical")
     for d in runs:
         fit = fit_run(d, params)
         fits.append(fit)
@@ -361,27 +426,43 @@ def validate_runs(kv: dict, ns, out: Path) -> tuple[list[dict], Workload | None,
 
 def _replay_run(fit, workload: Workload, network: Network) -> float:
     """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed)."""
-    imbalance = make_imbalance(fit.imbalance, {}, fit.seed)
-    return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, fit.settings,
-                              fit.rounds, fit.seed)).throughput
+    settings = typed_settings("optimizer", OPTIMIZERS, fit.settings)
+    imbalance = make_imbalance(typed_settings("imbalance", IMBALANCES, fit.imbalance), fit.seed)
+    return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
+                              fit.rounds, fit.seed, local_state=fit.local_state)).throughput
+
+
+def typed_settings(section: str, registry: dict, values: dict) -> Any:
+    """A run's recorded ``section`` settings (``run_start``'s config) as its option's typed ``Settings``."""
+    name = values.get("name")
+    if name not in registry:
+        raise UsageError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(registry))}")
+    try:
+        return registry[name].Settings(**values)
+    except TypeError:
+        valid = ", ".join(f.name for f in dataclasses.fields(registry[name].Settings))
+        raise UsageError(f"{section} {name}: unknown setting in {sorted(values)}; valid: {valid}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        kv, ns = parse(list(sys.argv[1:] if argv is None else argv))
+        req, ns = parse(list(sys.argv[1:] if argv is None else argv))
         out = Path(ns.out)
+        runs = compose_runs(req)
+        check_worlds(runs, req.gpus or ([] if ns.calibrate else list(DEFAULT_GPUS)))
+        first = next(iter(runs.values()))
         if ns.calibrate:
-            _, pooled, network = validate_runs(kv, ns, out)
-            if "gpus" not in kv:
+            _, pooled, network = compare_with_runs(req, ns, out)
+            if req.gpus is None:
                 return 0
-            workload = pooled if pooled is not None else make_workload(kv)
+            workload = pooled if pooled is not None else make_workload(first, req.own)
         else:
-            network, _ = load_network(kv.get("cluster", "daint"), {k: v for k, v in kv.items() if k.startswith("network.")})
-            workload = make_workload(kv)
+            network = load_network(req.cluster or "daint", req.cluster_overrides)
+            workload = make_workload(first, req.own)
         if ns.cfg == "job":
-            print(composed(kv, network, workload))
+            print(composed(req, runs, network, workload))
             return 0
-        predict(kv, ns, network, workload, out)
+        predict(req, ns, runs, network, workload, out)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
     except (UsageError, ValueError, FileNotFoundError) as err:

@@ -71,9 +71,10 @@ from wagma_bench.comm.topology import (
     world_hypercube_neighbours,
 )
 from wagma_bench.imbalance import Imbalance, NoImbalance
+from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.costs import Network
 
-CONTROL_EVERY = 10           # wagma_bench.trainer.CONTROL_EVERY (a test keeps them equal)
 CONTROL_BYTES = 6 * 8        # the trainer's control tensor: six float64 flags
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace")
 
@@ -134,10 +135,29 @@ class SimConfig:
     workload: Workload
     network: Network
     imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
-    settings: dict = field(default_factory=dict)  # the optimizer's settings (conf/optimizer/NAME.yaml + overrides)
+    settings: Any = None             # the optimizer's typed Settings (OPTIMIZERS[optimizer].Settings); None: defaults
     steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
     seed: int = 1
     control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
+    local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
+
+    def __post_init__(self):
+        algorithm = OPTIMIZERS.get(self.optimizer)
+        if algorithm is None or self.optimizer not in SIMULATORS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(SIMULATORS)}")
+        if self.settings is None:
+            self.settings = algorithm.Settings()
+        elif not isinstance(self.settings, algorithm.Settings):
+            raise TypeError(f"optimizer {self.optimizer}: settings must be {algorithm.__name__}.Settings, "
+                            f"got {type(self.settings).__name__}")
+
+
+def local_state_tensors(local_optimizer: str, momentum: float) -> int:
+    """Model-sized tensors the rank-local optimizer keeps (``trainer.make_local_optimizer``): SGD one momentum
+    buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them too."""
+    if local_optimizer == "adam":
+        return 2
+    return 1 if momentum else 0
 
 
 @dataclass
@@ -180,12 +200,7 @@ def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.
     return out
 
 
-def control_period(sync_period: int, control_every: int) -> int:
-    """The trainer's ``round_up(CONTROL_EVERY, sync_period)``."""
-    return max(sync_period, math.ceil(control_every / sync_period) * sync_period)
-
-
-class Run:
+class SimState:
     """Per-simulation arrays and bookkeeping shared by the optimizer models."""
 
     def __init__(self, cfg: SimConfig, sync_period: int):
@@ -219,10 +234,10 @@ class Run:
                          float(staleness), extra)
 
 
-def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[Run, int, np.ndarray], np.ndarray]) -> SimResult:
+def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
     """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
     are ready to communicate in round ``r`` into the times their step's communication is done."""
-    run = Run(cfg, sync_period)
+    run = SimState(cfg, sync_period)
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
         ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
@@ -246,12 +261,12 @@ def bucket_sizes(nbytes: float, bucket_mb: float) -> list[float]:
 
 def sim_allreduce(cfg: SimConfig) -> SimResult:
     """Allreduce-SGD: bucketed gradient allreduce overlapped with backward."""
-    sizes = bucket_sizes(cfg.workload.model_bytes, float(cfg.settings.get("bucket_mb", 25.0)))
+    sizes = bucket_sizes(cfg.workload.model_bytes, cfg.settings.bucket_mb)
     costs = [cfg.network.world_allreduce(cfg.world_size, b) for b in sizes]
     frac = np.cumsum(sizes) / sum(sizes)  # share of backward done when each bucket is full
     bf = cfg.workload.backward_fraction
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         c = run.compute[:, r - 1]
         start = ready - c - run.delay[:, r - 1]
         launch = (start + run.delay[:, r - 1] + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
@@ -265,13 +280,12 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
 
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
     """Local SGD / PR-SGD: blocking global model average every ``period`` rounds."""
-    period = int(cfg.settings.get("period", 4))
-    warmup = int(cfg.settings.get("warmup_steps", 0))
-    factor = 2 if cfg.settings.get("average_momentum") else 1  # momentum buffers travel with the model (SGD)
+    period, warmup = cfg.settings.period, cfg.settings.warmup_steps
+    factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
     grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         if r <= warmup:
             return np.full(run.P, ready.max() + grad_cost)
         if r % period == 0:
@@ -291,7 +305,7 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
     cost = np.array([max((net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0))
                           for j in x), default=0.0) for i, x in enumerate(nbs)])
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         return np.maximum(ready, ready[idx].max(axis=1)) + cost
 
     return _lockstep(cfg, 1, comm)
@@ -300,7 +314,7 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
 def sim_sgp(cfg: SimConfig) -> SimResult:
     """SGP: push-sum to one exponential-graph peer per step, optionally 1-overlap."""
     P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes + 4
-    overlap = bool(cfg.settings.get("overlap", False))
+    overlap = cfg.settings.overlap
     peers = {}
     for t in range(max(1, math.ceil(math.log2(P))) if P > 1 else 1):
         out = np.array([exponential_peer(i, P, t) for i in range(P)])
@@ -310,7 +324,7 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
     hops = len(peers)
     state = {"arrival": None, "sent_arrival": [None, None]}
 
-    def comm(run: Run, r: int, ready: np.ndarray) -> np.ndarray:
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         t = r - 1
         out, inn, cost = peers[t % hops]
         slot = state["sent_arrival"][t % 2]
@@ -337,8 +351,7 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
     """AD-PSGD: compute never waits (except at sync points); the gossip thread is simulated on a heap."""
-    sync = int(cfg.settings.get("sync_every", 10))
-    run = Run(cfg, sync)
+    run = SimState(cfg, cfg.settings.sync_every)
     P = run.P
     start = np.zeros(P)
     ends = np.zeros((P, run.rounds))
@@ -354,7 +367,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
                       exchanges_per_step=exchanges / max(1, (P // 2) * run.rounds))
 
 
-def _gossip(cfg: SimConfig, run: Run, ends: np.ndarray, end_time: float) -> tuple[int, float]:
+def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float) -> tuple[int, float]:
     """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
     one at a time, first come first served. Returns (exchanges, mean step lag between the pair)."""
     P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
@@ -450,7 +463,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     """
     if sync_every < 1:
         raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
-    run = Run(cfg, sync_every)
+    run = SimState(cfg, sync_every)
     P, inf = run.P, math.inf
     if P == 1:
         return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
@@ -513,12 +526,12 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
 
 def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    schedule = WagmaSchedule(P, cfg.settings.get("group_size"), int(cfg.settings.get("tau", 10)))
+    schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
     plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes) for k in range(schedule.stages)]
-    catch_up = cfg.settings.get("catch_up", "replay")
+    catch_up = cfg.settings.catch_up
     if catch_up not in CATCH_UP:
         raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: {', '.join(CATCH_UP)}")
-    res = wait_avoiding(cfg, lambda r: plans[(r - 1) % schedule.stages], schedule.period,
+    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
     res.extra["group_size"] = schedule.group_size
     return res
@@ -526,10 +539,9 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
 
 def sim_eager(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    mode = cfg.settings.get("mode", "majority")  # EagerSGD.Settings.mode
+    mode, sync_every = cfg.settings.mode, cfg.settings.sync_every
     if mode not in ("solo", "majority"):
         raise ValueError(f"optimizer.mode={mode!r}; choose one of: solo, majority")
-    sync_every = int(cfg.settings.get("sync_every", 10))
     plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
     initiator = None
     if mode == "majority":
@@ -541,6 +553,8 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     return res
 
 
+# The optimizer registry's names (wagma_bench.optim.OPTIMIZERS: name -> algorithm and its Settings) -> the
+# model of each algorithm's communication; a test keeps the two key sets equal.
 SIMULATORS: dict[str, Callable[[SimConfig], SimResult]] = {
     "allreduce": sim_allreduce,
     "wagma": sim_wagma,
@@ -554,8 +568,4 @@ SIMULATORS: dict[str, Callable[[SimConfig], SimResult]] = {
 
 def simulate(cfg: SimConfig) -> SimResult:
     """Simulate ``cfg.steps`` rounds of ``cfg.optimizer`` on ``cfg.world_size`` workers."""
-    try:
-        model = SIMULATORS[cfg.optimizer]
-    except KeyError:
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; available: {', '.join(SIMULATORS)}") from None
-    return model(cfg)
+    return SIMULATORS[cfg.optimizer](cfg)

@@ -1,4 +1,5 @@
-"""Workload presets of ``wagma-bench simulate workload=NAME`` (every field can be overridden, e.g. step_s=0.5).
+"""Workload presets of ``wagma-bench simulate``, chosen by `run`'s ``workload`` and ``data`` options (every
+field can be overridden, e.g. step_s=0.5).
 
 The numbers are the paper's set-ups where the paper gives them and stated assumptions where it does not;
 a calibrated run (``--calibrate RUN_DIR``) replaces them with measurements.
@@ -28,19 +29,16 @@ PRESETS: dict[str, Workload] = {
 
 # `wagma-bench run`'s names (workload, data) -> the preset that models them, so that one dialect serves
 # every subcommand: `simulate workload=resnet data=imagenet` is the ResNet-50 / ImageNet set-up. The data
-# option defaults as in `run` (workload=resnet alone is the embedded mnist5k default).
+# option defaults as in `run` (Hydra composes it: workload=resnet alone is the embedded mnist5k default).
 RUN_NAMES: dict[tuple[str, str], str] = {
     ("resnet", "imagenet"): "resnet50", ("resnet", "synthetic"): "resnet50", ("resnet", "mnist5k"): "resnet20",
     ("ddppo", "miniworld_pointnav"): "rl", ("ddppo", "gridnav"): "rl", ("ddppo", "habitat"): "rl",
 }
-RUN_DEFAULT_DATA = {"resnet": "mnist5k", "ddppo": "miniworld_pointnav"}
 
 
-def preset_for(workload: str, data: str | None = None) -> Workload:
-    """The preset of a `run` workload and data option (or of a preset's own name, without data)."""
-    if workload in PRESETS and data is None:
-        return preset(workload)
-    key = (workload, data or RUN_DEFAULT_DATA.get(workload, ""))
+def preset_for(workload: str, data: str) -> Workload:
+    """The preset of a composed `run` configuration's workload and data options."""
+    key = (workload, data)
     if key not in RUN_NAMES:
         known = ", ".join(f"workload={w} data={d}" for w, d in RUN_NAMES)
         raise ValueError(f"no simulate preset for workload={key[0]} data={key[1]}; choose one of: {known} "

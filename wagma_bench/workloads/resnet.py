@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 
 
@@ -160,6 +160,15 @@ class SyntheticImageData:
     image_size: int = 224       # ImageNet's; smaller for quick checks of the same code path
 
 
+def check_arch(arch: str) -> None:
+    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth 6n+2 (resnet20, resnet32, ...)."""
+    depth = arch.removeprefix("resnet")
+    if arch == "resnet50" or (arch.startswith("resnet") and depth.isdigit() and int(depth) % 6 == 2):
+        return
+    raise ConfigError(f"workload.arch={arch!r} is not allowed; choose resnet50 or resnet<6n+2> (resnet20, resnet32, "
+                      "resnet56, ...)")
+
+
 class ResNetWorkload(Workload):
     name = "resnet"
     metric_name = "top1"
@@ -190,10 +199,9 @@ class ResNetWorkload(Workload):
 
     @classmethod
     def check(cls, cfg) -> None:
+        check_arch(cfg.workload.arch)
         if cfg.data.name == "imagenet":
             check_imagenet_root(cfg.data.root)
-        elif cfg.data.name not in ("mnist5k", "synthetic"):
-            raise ConfigError(f"workload=resnet has no data={cfg.data.name!r}; choose mnist5k, imagenet or synthetic")
 
     def _init_imagenet(self, root: Path) -> None:
         from torchvision import datasets, transforms
@@ -216,14 +224,13 @@ class ResNetWorkload(Workload):
         return self.cfg.train.precision == "bf16"
 
     def _build_model(self, arch: str) -> nn.Module:
+        check_arch(arch)
         if arch == "resnet50":
             import torchvision
 
             return torchvision.models.resnet50(weights=None)
-        if arch.startswith("resnet") and arch[6:].isdigit():
-            in_ch = 1 if self.data_name == "mnist5k" else 3
-            return CifarResNet(int(arch[6:]), in_ch, 10)
-        raise ConfigError(f"unknown workload.arch={arch!r}; choose resnet20, resnet32, resnet56 or resnet50")
+        in_ch = 1 if self.data_name == "mnist5k" else 3
+        return CifarResNet(int(arch[6:]), in_ch, 10)
 
     # --- data ---
     @property

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.mt_data import SRC, TGT, CorpusSpec, ensure_corpus, import_fairseq
 
@@ -90,9 +90,10 @@ class WMT17Data:
     remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
     detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
 
+    # checked with the config (wagma_bench.config)
+    CHOICES: ClassVar[dict[str, tuple]] = {"eval_split": ("valid", "test"), "detokenize": ("moses", "none")}
 
-EVAL_SPLITS = ("valid", "test")
-DETOKENIZERS = ("moses", "none")
+
 SHARE_EMBEDDINGS = ("none", "decoder", "all")
 
 
@@ -186,9 +187,10 @@ class TransformerWorkload(Workload):
         max_len_b: int = 10
         eval_max_tokens: int = 8192           # tokens per generation batch
 
+        CHOICES: ClassVar[dict[str, tuple]] = {"share_embeddings": SHARE_EMBEDDINGS}
+
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
-        _check_settings(cfg)
         self.batch_tokens = cfg.train.batch_size
         data = cfg.data
         if data.name == "synthetic_mt":
@@ -205,17 +207,9 @@ class TransformerWorkload(Workload):
 
     @classmethod
     def check(cls, cfg) -> None:
-        _check_settings(cfg)
         data = cfg.data
         if data.name == "wmt17_en_de":
             check_binarized_dir(data.path, data.source_lang, data.target_lang, data.eval_split)
-        elif data.name == "synthetic_mt":
-            if data.train_sentences < 1 or data.valid_sentences < 1:
-                raise ConfigError("data.train_sentences and data.valid_sentences must be >= 1")
-            if data.max_len < 3:
-                raise ConfigError(f"data.max_len must be >= 3, got {data.max_len}")
-        else:
-            raise ConfigError(f"workload=transformer has no data={data.name!r}; choose synthetic_mt or wmt17_en_de")
 
     # --- fairseq set-up ---
     def fairseq_args(self) -> list[str]:
@@ -353,20 +347,6 @@ class TransformerWorkload(Workload):
         # distinct <unk> strings so that unknown words never match (as fairseq's own BLEU validation)
         text = self.task.target_dictionary.string(tokens.int().cpu(), self.remove_bpe, unk_string=unk)
         return self.detok(text) if self.detok else text
-
-
-def _check_settings(cfg) -> None:
-    w = cfg.workload
-    if w.share_embeddings not in SHARE_EMBEDDINGS:
-        raise ConfigError(f"workload.share_embeddings={w.share_embeddings!r} is not valid; choose one of: "
-                          f"{', '.join(SHARE_EMBEDDINGS)}")
-    data = cfg.data
-    if data.name == "wmt17_en_de":
-        if data.eval_split not in EVAL_SPLITS:
-            raise ConfigError(f"data.eval_split={data.eval_split!r} is not valid; choose one of: {', '.join(EVAL_SPLITS)}")
-        if data.detokenize not in DETOKENIZERS:
-            raise ConfigError(f"data.detokenize={data.detokenize!r} is not valid; choose one of: "
-                              f"{', '.join(DETOKENIZERS)}")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ import itertools
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Categorical
 
 GOAL_EMBED = 32
 ACTION_EMBED = 32
@@ -60,6 +59,8 @@ class _Bottleneck(nn.Module):
 
 
 RESNETS = {"resnet18": (_Basic, (2, 2, 2, 2)), "resnet50": (_Bottleneck, (3, 4, 6, 3))}
+BACKBONES = ("cnn", *RESNETS)  # workload.backbone
+RNNS = ("gru", "lstm")         # workload.rnn
 
 
 def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 256) -> nn.Module:
@@ -69,8 +70,6 @@ def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 
     if kind == "cnn":
         return nn.Sequential(nn.Conv2d(in_channels, 32, 8, 4), nn.ReLU(True), nn.Conv2d(32, 64, 4, 2),
                              nn.ReLU(True), nn.Conv2d(64, 32, 3, 1), nn.ReLU(True), nn.Flatten())
-    if kind not in RESNETS:
-        raise ValueError(f"unknown workload.backbone={kind!r}; choose cnn, {', '.join(RESNETS)}")
     block, depths = RESNETS[kind]
     layers: list[nn.Module] = [nn.Conv2d(in_channels, base_planes, 7, 2, 3, bias=False),
                                nn.GroupNorm(_groups(base_planes), base_planes), nn.ReLU(True), nn.MaxPool2d(3, 2, 1)]
@@ -91,8 +90,6 @@ class PointNavPolicy(nn.Module):
     def __init__(self, obs_shapes: dict[str, tuple[int, ...]], num_actions: int, hidden_size: int = 512,
                  rnn: str = "gru", rnn_layers: int = 1, backbone: str = "cnn", base_planes: int = 32):
         super().__init__()
-        if rnn not in ("gru", "lstm"):
-            raise ValueError(f"unknown workload.rnn={rnn!r}; choose gru or lstm")
         self.visual_keys = [k for k in ("depth", "rgb") if k in obs_shapes]
         if not self.visual_keys:
             raise ValueError("the policy needs a 'depth' or 'rgb' observation")
@@ -150,12 +147,3 @@ class PointNavPolicy(nn.Module):
             outs.append(out)
         out = torch.cat(outs)
         return self.actor(out), self.critic(out).squeeze(-1), hidden
-
-    @torch.no_grad()
-    def act(self, obs: dict, prev_actions, masks, hidden, deterministic: bool = False):
-        """One step for ``E`` environments: actions, their log-probabilities, values, next hidden."""
-        logits, values, hidden = self.forward({k: v.unsqueeze(0) for k, v in obs.items()},
-                                              prev_actions.unsqueeze(0), masks.unsqueeze(0), hidden)
-        dist = Categorical(logits=logits[0])
-        actions = dist.probs.argmax(-1) if deterministic else dist.sample()
-        return actions, dist.log_prob(actions), values[0], hidden

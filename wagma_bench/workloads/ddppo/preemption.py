@@ -16,8 +16,6 @@ every few rounds) guarantee.
 
 from __future__ import annotations
 
-import math
-
 from wagma_bench.comm.base import Comm
 
 SHORT_ROLLOUT_THRESHOLD = 0.25
@@ -53,6 +51,3 @@ class RolloutCounter:
             return 1
         return self.comm.store_add(self._key(k), 1) - self._base(k)
 
-
-def min_steps(num_steps: int) -> int:
-    return math.ceil(num_steps * SHORT_ROLLOUT_THRESHOLD)

@@ -19,16 +19,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.distributions import Categorical
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
-from wagma_bench.workloads.ddppo.policy import PointNavPolicy
+from wagma_bench.workloads.ddppo.policy import BACKBONES, RNNS, PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early
 
@@ -47,7 +48,7 @@ class DDPPOWorkload(Workload):
         name: str = "ddppo"
         backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
         base_planes: int = 32             # ResNet width at the first stage (DD-PPO: 32, half width)
-        hidden_size: int = 256            # visual fc and recurrent state (DD-PPO: 512)
+        hidden_size: int = 128            # visual fc and recurrent state (DD-PPO: 512)
         rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
         rnn_layers: int = 1               # (DD-PPO: 2)
         num_steps: int = 64               # rollout length per environment (DD-PPO: 128)
@@ -67,22 +68,23 @@ class DDPPOWorkload(Workload):
         num_eval_episodes: int = 64       # held-out start/goal pairs per evaluation (all ranks together)
         eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
 
+        CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}
+
     @classmethod
     def metric_of(cls, cfg) -> str:
         return cfg.workload.metric
 
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
-        self.s, self.env_s = cfg.workload, cfg.data
-        self._check_settings(self.s, self.env_s)
+        self.settings, self.env_settings = cfg.workload, cfg.data
         self.metric_name = self.metric_of(cfg)
-        self.envs: list[NavEnv] = [make_env(self.env_s, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
-                                   for i in range(self.env_s.num_envs)]
+        self.envs: list[NavEnv] = [make_env(self.env_settings, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
+                                   for i in range(self.env_settings.num_envs)]
         self.num_envs = len(self.envs)
         self.eval_env: NavEnv | None = None
         self.eval_episodes: list[Episode] | None = None
         self.holdout: set = set()
-        if self.env_s.name != "habitat":  # same scenes: hold the evaluation pairs out of training
+        if self.env_settings.name != "habitat":  # same scenes: hold the evaluation pairs out of training
             self.eval_episodes = self._draw_eval(self.envs[0])
             self.holdout = {ep.key() for ep in self.eval_episodes}
         self.rngs = [np.random.default_rng((cfg.seed, rank, i)) for i in range(self.num_envs)]
@@ -90,21 +92,15 @@ class DDPPOWorkload(Workload):
         self.model: PointNavPolicy | None = None
         self.counter: RolloutCounter | None = None
         self._stats: dict = {}
+        self._loss_stats: dict = {}  # of the last PPO minibatch
         self._eval_stats: dict = {}
-
-    @staticmethod
-    def _check_settings(s, env_s) -> None:
-        if s.metric not in ("success", "spl"):
-            raise ConfigError(f"workload.metric={s.metric!r} is not valid; choose success or spl")
-        if env_s.num_envs < s.num_mini_batch:
-            raise ConfigError(f"workload.num_mini_batch={s.num_mini_batch} needs env.num_envs >= it "
-                              f"(minibatches split the environments); got env.num_envs={env_s.num_envs}")
-        if not 0.0 < s.sync_frac <= 1.0:
-            raise ConfigError(f"workload.sync_frac={s.sync_frac} must be in (0, 1]")
 
     @classmethod
     def check(cls, cfg) -> None:
-        cls._check_settings(cfg.workload, cfg.data)
+        settings, env = cfg.workload, cfg.data
+        if env.num_envs < settings.num_mini_batch:
+            raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
+                              f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
         if cfg.data.name == "habitat":
             from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
 
@@ -119,7 +115,7 @@ class DDPPOWorkload(Workload):
 
     # --- model ------------------------------------------------------------------------------------
     def build_model(self) -> PointNavPolicy:
-        s = self.s
+        s = self.settings
         self.model = PointNavPolicy(self.envs[0].obs_shapes, NUM_ACTIONS, s.hidden_size, s.rnn, s.rnn_layers,
                                     s.backbone, s.base_planes)
         return self.model
@@ -127,31 +123,31 @@ class DDPPOWorkload(Workload):
     # --- data: rollouts ---------------------------------------------------------------------------
     @property
     def steps_per_rollout(self) -> int:
-        return self.s.ppo_epoch * self.s.num_mini_batch
+        return self.settings.ppo_epoch * self.settings.num_mini_batch
 
     def steps_per_epoch(self) -> int:
         return self.steps_per_rollout
 
     @property
     def train_size(self) -> int:
-        return self.s.num_steps * self.num_envs * self.world_size
+        return self.settings.num_steps * self.num_envs * self.world_size
 
     @property
     def eval_size(self) -> int:
         """Held-out episodes of one evaluation."""
-        return self.s.num_eval_episodes
+        return self.settings.num_eval_episodes
 
     def _episode(self, i: int) -> Episode:
         for _ in range(10_000):
             ep = self.envs[i].sample_episode(self.rngs[i])
             if ep.key() not in self.holdout:
                 return ep
-        raise ConfigError(f"env={self.env_s.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
+        raise ConfigError(f"env={self.env_settings.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
                           "training pairs; lower workload.num_eval_episodes or enlarge the layout")
 
     def _draw_eval(self, env: NavEnv) -> list[Episode]:
         rng = np.random.default_rng(EVAL_SEED)
-        return [env.sample_episode(rng) for _ in range(self.s.num_eval_episodes)]
+        return [env.sample_episode(rng) for _ in range(self.settings.num_eval_episodes)]
 
     def _to_tensors(self, obs: list[dict]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.stack([o[k] for o in obs])).to(self.device) for k in obs[0]}
@@ -162,7 +158,7 @@ class DDPPOWorkload(Workload):
         self.prev_actions = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.masks = torch.zeros(self.num_envs, device=self.device)
         shapes = {k: tuple(v.shape) for k, v in self.obs[0].items()}
-        self.buffer = RolloutBuffer(self.s.num_steps, self.num_envs, shapes, tuple(self.hidden.shape))
+        self.buffer = RolloutBuffer(self.settings.num_steps, self.num_envs, shapes, tuple(self.hidden.shape))
 
     def _sample(self, logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
         if deterministic:
@@ -173,7 +169,7 @@ class DDPPOWorkload(Workload):
     @torch.no_grad()
     def collect(self, k: int) -> int:
         """Rollout ``k`` with the current model; returns the frames collected (preemption may cut it)."""
-        model, s, buf = self.model, self.s, self.buffer
+        model, s, buf = self.model, self.settings, self.buffer
         t0 = time.perf_counter()
         buf.length = 0
         buf.hidden0.copy_(self.hidden.cpu())
@@ -221,8 +217,8 @@ class DDPPOWorkload(Workload):
         k, offset = divmod(start_step, self.steps_per_rollout)
         while True:
             frames = self.collect(k)
-            minibatches = [mb for _ in range(self.s.ppo_epoch)
-                           for mb in self.buffer.minibatches(self.s.num_mini_batch, self.gen)]
+            minibatches = [mb for _ in range(self.settings.ppo_epoch)
+                           for mb in self.buffer.minibatches(self.settings.num_mini_batch, self.gen)]
             for i, mb in enumerate(minibatches[offset:]):
                 mb["frames"] = frames if i == 0 else 0
                 yield mb
@@ -237,13 +233,13 @@ class DDPPOWorkload(Workload):
         dist = Categorical(logits=logits)
         terms = ppo_loss(dist.log_prob(batch["actions"].to(dev)), batch["log_probs"].to(dev),
                          batch["advantages"].to(dev), values, batch["values"].to(dev), batch["returns"].to(dev),
-                         dist.entropy(), self.s.clip, self.s.value_loss_coef, self.s.entropy_coef,
-                         self.s.clip_value_loss)
+                         dist.entropy(), self.settings.clip, self.settings.value_loss_coef, self.settings.entropy_coef,
+                         self.settings.clip_value_loss)
         self._loss_stats = {"value_loss": round(float(terms.value), 5), "entropy": round(float(terms.entropy), 4)}
         return terms.loss, int(batch["frames"])
 
     def step_stats(self) -> dict:
-        out = dict(getattr(self, "_loss_stats", {}))
+        out = dict(self._loss_stats)
         out.update(self._stats)       # rollout timing: only on the step that collected it
         out.update(self._eval_stats)  # both evaluation metrics, on the first step after an evaluation
         self._stats, self._eval_stats = {}, {}
@@ -253,8 +249,8 @@ class DDPPOWorkload(Workload):
     @torch.no_grad()
     def evaluate(self, model, comm: Comm) -> float:
         if self.eval_env is None:
-            self.eval_env = make_env(self.env_s, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
-                                     split=getattr(self.env_s, "eval_split", None))
+            self.eval_env = make_env(self.env_settings, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
+                                     split=getattr(self.env_settings, "eval_split", None))
         if self.eval_episodes is None:
             self.eval_episodes = self._draw_eval(self.eval_env)
         gen = torch.Generator().manual_seed(EVAL_SEED + self.rank)
@@ -266,7 +262,7 @@ class DDPPOWorkload(Workload):
         comm.allreduce(totals, op="sum")
         success, spl_ = (totals[:2] / totals[2].clamp(min=1)).cpu().tolist()
         self._eval_stats = {"eval_success": round(success, 4), "eval_spl": round(spl_, 4)}
-        return success if self.s.metric == "success" else spl_
+        return success if self.settings.metric == "success" else spl_
 
     def _run_episode(self, model, ep: Episode, gen: torch.Generator) -> dict:
         obs = self.eval_env.reset(ep)
@@ -276,7 +272,7 @@ class DDPPOWorkload(Workload):
         while True:
             o = {k: v.unsqueeze(0) for k, v in self._to_tensors([obs]).items()}
             logits, _, hidden = model(o, prev.unsqueeze(0), mask.unsqueeze(0), hidden)
-            if self.s.eval_deterministic:
+            if self.settings.eval_deterministic:
                 action = logits[0].argmax(-1)
             else:
                 action = torch.multinomial(torch.softmax(logits[0].float().cpu(), -1), 1, generator=gen).squeeze(-1)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
+    LAYOUTS,
     MOVE_FORWARD,
     STOP,
     TURN_LEFT,
@@ -46,6 +48,8 @@ class GridNavSettings:
     success_reward: float = 2.5     # habitat's PointNav reward
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
 
 
 def make_grid(layout: str, room: int) -> np.ndarray:
@@ -111,7 +115,7 @@ def raycast_depth(free: np.ndarray, pos: np.ndarray, heading: float, width: int,
 
 class GridNavEnv(NavEnv):
     def __init__(self, s: GridNavSettings):
-        self.s = s
+        self.settings = s
         self.free = make_grid(s.layout, s.room_size)
         self.cells = np.argwhere(self.free)[:, ::-1]  # (x, y) of every free cell
         self.obs_shapes = {"depth": (s.obs_height, s.obs_width, 1), GOAL_KEY: (2,)}
@@ -126,25 +130,25 @@ class GridNavEnv(NavEnv):
         for _ in range(1000):
             start, goal = (tuple(int(v) for v in self.cells[i]) for i in rng.integers(len(self.cells), size=2))
             d = self._field(goal)[start[1], start[0]]
-            if self.s.min_geodesic <= d <= self.s.max_geodesic:
+            if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
                 return Episode(start=start, heading=int(rng.integers(4)) * math.pi / 2, goal=goal, shortest=float(d))
-        raise ValueError(f"gridnav: no start/goal pair with geodesic distance in [{self.s.min_geodesic}, "
-                         f"{self.s.max_geodesic}] in layout {self.s.layout} of room_size {self.s.room_size}")
+        raise ValueError(f"gridnav: no start/goal pair with geodesic distance in [{self.settings.min_geodesic}, "
+                         f"{self.settings.max_geodesic}] in layout {self.settings.layout} of room_size {self.settings.room_size}")
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode = episode
         self.cell = np.array(episode.start, dtype=int)
         self.dir = round(episode.heading / (math.pi / 2)) % 4
         self.goal = tuple(int(v) for v in episode.goal)
-        self.tracker = EpisodeTracker(episode.shortest, self.s.success_distance, self.s.success_reward,
-                                      self.s.slack_reward)
+        self.tracker = EpisodeTracker(episode.shortest, self.settings.success_distance, self.settings.success_reward,
+                                      self.settings.slack_reward)
         return self._obs()
 
     def _obs(self) -> dict[str, np.ndarray]:
         heading = self.dir * math.pi / 2
         centre = self.cell + 0.5
-        return {"depth": raycast_depth(self.free, centre, heading, self.s.obs_width, self.s.obs_height,
-                                       self.s.max_depth),
+        return {"depth": raycast_depth(self.free, centre, heading, self.settings.obs_width, self.settings.obs_height,
+                                       self.settings.max_depth),
                 GOAL_KEY: polar_goal(centre, heading, np.asarray(self.goal) + 0.5)}
 
     def step(self, action: int):
@@ -162,5 +166,5 @@ class GridNavEnv(NavEnv):
             raise ValueError(f"action {action} is not one of 0..3 (STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT)")
         distance = float(self._field(self.goal)[self.cell[1], self.cell[0]])
         reward, success = self.tracker.step(moved, distance, stopped=action == STOP)
-        done = action == STOP or self.tracker.steps >= self.s.max_episode_steps
+        done = action == STOP or self.tracker.steps >= self.settings.max_episode_steps
         return self._obs(), reward, done, self.tracker.metrics(success) if done else {}

@@ -53,7 +53,7 @@ def habitat_available() -> bool:
 
 
 def check_habitat(s: HabitatNavSettings) -> None:
-    from wagma_bench.config import ConfigError
+    from wagma_bench.errors import ConfigError
 
     if not habitat_available():
         raise ConfigError(INSTALL)
@@ -81,7 +81,7 @@ class HabitatNavEnv(NavEnv):
     """One habitat-lab environment behind our :class:`NavEnv` interface."""
 
     def __init__(self, s: HabitatNavSettings, env_factory: Callable[[], Any]):
-        self.s = s
+        self.settings = s
         self.env = env_factory()
         depth = self.env.observation_space.spaces["depth"].shape
         self.obs_shapes = {"depth": tuple(depth), GOAL_KEY: (2,)}
@@ -99,7 +99,7 @@ class HabitatNavEnv(NavEnv):
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.env.current_episode = episode.ref
         obs = self.env.reset()
-        self.tracker = EpisodeTracker(episode.shortest, 0.0, self.s.success_reward, self.s.slack_reward)
+        self.tracker = EpisodeTracker(episode.shortest, 0.0, self.settings.success_reward, self.settings.slack_reward)
         return self._obs(obs)
 
     @staticmethod
@@ -113,7 +113,7 @@ class HabitatNavEnv(NavEnv):
         success = bool(m["success"]) if action == STOP else False
         reward, _ = self.tracker.step(0.0, float(m["distance_to_goal"]), stopped=False)
         if success:
-            reward += self.s.success_reward
+            reward += self.settings.success_reward
         done = bool(self.env.episode_over)
         info = {}
         if done:

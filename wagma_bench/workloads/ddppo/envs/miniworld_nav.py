@@ -17,11 +17,13 @@ import heapq
 import math
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
+    LAYOUTS,
     MOVE_FORWARD,
     STOP,
     TURN_LEFT,
@@ -54,6 +56,8 @@ class MiniWorldNavSettings:
     success_reward: float = 2.5     # habitat's PointNav reward
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
 
 
 def room_rects(layout: str, size: float, wall: float) -> tuple[list[tuple[float, float, float, float]],
@@ -115,7 +119,7 @@ def _make_world_class():
         """The static rooms; the agent is moved by :class:`MiniWorldNavEnv`, the goal is not drawn."""
 
         def __init__(self, s: MiniWorldNavSettings):
-            self.s = s
+            self.settings = s
             params = DEFAULT_PARAMS.no_random()
             params.set("forward_step", s.forward_step)
             params.set("forward_drift", 0.0)
@@ -126,9 +130,9 @@ def _make_world_class():
             self.obs_fb = FrameBuffer(s.obs_width, s.obs_height, 1)
 
         def _gen_world(self):
-            rects, pairs = room_rects(self.s.layout, self.s.room_size, self.s.wall)
+            rects, pairs = room_rects(self.settings.layout, self.settings.room_size, self.settings.wall)
             rooms = [self.add_rect_room(min_x=a, max_x=b, min_z=c, max_z=d) for a, b, c, d in rects]
-            half = self.s.door_width / 2
+            half = self.settings.door_width / 2
             for i, j in pairs:
                 a, b = rects[i], rects[j]
                 if a[2] == b[2]:   # side by side: a door in the wall between them, centred in z
@@ -144,7 +148,7 @@ def _make_world_class():
 
 class MiniWorldNavEnv(NavEnv):
     def __init__(self, s: MiniWorldNavSettings):
-        self.s = s
+        self.settings = s
         self.world = _make_world_class()(s)
         self.obs_shapes = {"depth": (s.obs_height, s.obs_width, 1), GOAL_KEY: (2,)}
         if s.rgb:
@@ -154,7 +158,7 @@ class MiniWorldNavEnv(NavEnv):
 
     # --- geometry -----------------------------------------------------------------------------------
     def _build_grid(self) -> None:
-        w, res = self.world, self.s.grid_resolution
+        w, res = self.world, self.settings.grid_resolution
         self.x0, self.y0 = w.min_x, -w.max_z
         cols, rows = math.ceil((w.max_x - w.min_x) / res), math.ceil((w.max_z - w.min_z) / res)
         self.free = np.zeros((rows, cols), dtype=bool)
@@ -164,7 +168,7 @@ class MiniWorldNavEnv(NavEnv):
         self.free_cells = np.argwhere(self.free)
 
     def _centre(self, r: int, c: int) -> np.ndarray:
-        res = self.s.grid_resolution
+        res = self.settings.grid_resolution
         return np.array([self.x0 + (c + 0.5) * res, self.y0 + (r + 0.5) * res])
 
     def _fits(self, p: np.ndarray) -> bool:
@@ -173,7 +177,7 @@ class MiniWorldNavEnv(NavEnv):
             not self.world.intersect(self.world.agent, pos3, self.world.agent.radius)
 
     def _near_cells(self, p: np.ndarray):
-        res = self.s.grid_resolution
+        res = self.settings.grid_resolution
         fc, fr = (p[0] - self.x0) / res - 0.5, (p[1] - self.y0) / res - 0.5
         for r in (math.floor(fr), math.floor(fr) + 1):
             for c in (math.floor(fc), math.floor(fc) + 1):
@@ -185,12 +189,12 @@ class MiniWorldNavEnv(NavEnv):
             if len(self._fields) > 64:
                 self._fields.clear()
             sources = dict(self._near_cells(np.asarray(goal)))
-            self._fields[goal] = dijkstra(self.free, sources, self.s.grid_resolution)
+            self._fields[goal] = dijkstra(self.free, sources, self.settings.grid_resolution)
         return self._fields[goal]
 
     def _visible(self, p: np.ndarray, q: np.ndarray) -> bool:
         """Whether the straight segment p-q stays where the agent's body fits (checked on the grid)."""
-        res, length = self.s.grid_resolution, float(np.hypot(*(q - p)))
+        res, length = self.settings.grid_resolution, float(np.hypot(*(q - p)))
         if length <= 2 * res:
             return True
         t = np.arange(res, length - res, res / 2) / length
@@ -210,7 +214,7 @@ class MiniWorldNavEnv(NavEnv):
 
     # --- episodes -----------------------------------------------------------------------------------
     def _sample_point(self, rng: np.random.Generator) -> tuple[float, float]:
-        res = self.s.grid_resolution
+        res = self.settings.grid_resolution
         while True:
             r, c = self.free_cells[rng.integers(len(self.free_cells))]
             p = self._centre(r, c) + rng.uniform(-res / 2, res / 2, size=2)
@@ -221,18 +225,18 @@ class MiniWorldNavEnv(NavEnv):
         for _ in range(1000):
             start, goal = self._sample_point(rng), self._sample_point(rng)
             d = self.geodesic(np.asarray(start), goal)
-            if self.s.min_geodesic <= d <= self.s.max_geodesic:
+            if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
                 return Episode(start=start, heading=float(rng.uniform(-math.pi, math.pi)), goal=goal, shortest=d)
         raise ValueError(f"miniworld_pointnav: no start/goal pair with geodesic distance in "
-                         f"[{self.s.min_geodesic}, {self.s.max_geodesic}] in layout {self.s.layout}")
+                         f"[{self.settings.min_geodesic}, {self.settings.max_geodesic}] in layout {self.settings.layout}")
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode, self.goal = episode, tuple(episode.goal)
         agent = self.world.agent
         agent.pos = np.array([episode.start[0], 0.0, -episode.start[1]])
         agent.dir = episode.heading
-        self.tracker = EpisodeTracker(episode.shortest, self.s.success_distance, self.s.success_reward,
-                                      self.s.slack_reward)
+        self.tracker = EpisodeTracker(episode.shortest, self.settings.success_distance, self.settings.success_reward,
+                                      self.settings.slack_reward)
         return self._obs(self.world.render_obs())
 
     def _pos(self) -> np.ndarray:
@@ -240,9 +244,9 @@ class MiniWorldNavEnv(NavEnv):
 
     def _obs(self, rgb: np.ndarray) -> dict[str, np.ndarray]:
         depth = self.world.obs_fb.get_depth_map(0.04, 100.0)  # the depth buffer of the frame just drawn
-        obs = {"depth": (np.clip(depth, 0, self.s.max_depth) / self.s.max_depth).astype(np.float32),
+        obs = {"depth": (np.clip(depth, 0, self.settings.max_depth) / self.settings.max_depth).astype(np.float32),
                GOAL_KEY: polar_goal(self._pos(), self.world.agent.dir, np.asarray(self.goal))}
-        if self.s.rgb:
+        if self.settings.rgb:
             obs["rgb"] = rgb.astype(np.float32) / 255.0
         return obs
 
@@ -259,7 +263,7 @@ class MiniWorldNavEnv(NavEnv):
             raise ValueError(f"action {action} is not one of 0..3 (STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT)")
         moved = float(np.hypot(*(self._pos() - before)))
         reward, success = self.tracker.step(moved, self.geodesic(self._pos(), self.goal), stopped=action == STOP)
-        done = action == STOP or self.tracker.steps >= self.s.max_episode_steps
+        done = action == STOP or self.tracker.steps >= self.settings.max_episode_steps
         return self._obs(rgb), reward, done, self.tracker.metrics(success) if done else {}
 
     def close(self) -> None:

@@ -1,0 +1,101 @@
+"""Every string setting with a fixed set of values is checked with the config, before any rank starts, with one
+message style: the key, the bad value and what is allowed (the numeric ranges: tests/test_faults.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from wagma_bench.config import FIXED_SECTIONS, WandbConfig, option_schemas, validate
+from wagma_bench.errors import ConfigError
+from wagma_bench.workloads import WORKLOADS, get_workload
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _choice_cases() -> list[tuple[list[str], str, tuple]]:
+    """(overrides that choose the option, dotted key, allowed values) for every declared choice."""
+    cases = []
+    for section, schema in FIXED_SECTIONS.items():
+        cases += [([], f"{section}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
+    cases += [(["logger=wandb"], f"logger.wandb.{k}", v) for k, v in WandbConfig.CHOICES.items()]
+    cases += [([], f"logger.submission.{k}", v) for k, v in
+              FIXED_SECTIONS["logger"].__dataclass_fields__["submission"].default_factory.CHOICES.items()]
+    for section, options in option_schemas().items():
+        for name, schema in options.items():
+            cases += [([f"{section}={name}"], f"{section}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
+    for workload in WORKLOADS.values():
+        for name, schema in workload.DATA.items():
+            pick = [f"workload={workload.name}", f"{workload.DATA_SECTION}={name}"]
+            pick += ["data.path=/data"] if name == "wmt17_en_de" else []  # required there
+            cases += [(pick, f"{workload.DATA_SECTION}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
+    return cases
+
+
+CASES = _choice_cases()
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("wagma", overrides=list(overrides))
+
+
+def test_choices_are_declared_where_rank_time_code_used_to_check_them():
+    keys = {key for _, key, _ in CASES}
+    assert {"optimizer.mode", "optimizer.catch_up", "comm.emulate", "workload.backbone", "workload.rnn",
+            "workload.metric", "workload.share_embeddings", "data.eval_split", "data.detokenize", "env.layout",
+            "logger.wandb.mode", "logger.submission.division"} <= keys
+
+
+@pytest.mark.parametrize("pick,key,allowed", CASES, ids=[key for _, key, _ in CASES])
+def test_a_value_outside_the_choices_fails_the_config_check(pick, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        validate(_compose(*pick, f"{key}=nope"))
+    shown = ", ".join("null" if a is None else str(a) for a in allowed)
+    assert str(err.value) == f"{key}='nope' is not allowed; choose one of: {shown}"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["workload=ddppo", "workload.sync_frac=0"], "workload.sync_frac=0.0 is not allowed; it must be in (0, 1]"),
+    (["workload=transformer", "data.max_len=2"], "data.max_len=2 is not allowed; it must be >= 3"),
+    (["imbalance=fixed", "imbalance.ranks=[]"], "imbalance.ranks=[] is not allowed"),
+])
+def test_rules_once_checked_on_the_ranks_fail_the_config_check(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(_compose(*overrides))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["workload.arch=resnet21"], "workload.arch='resnet21' is not allowed; choose resnet50 or resnet<6n+2>"),
+    (["workload=ddppo", "workload.num_mini_batch=8"], "workload.num_mini_batch=8 is not allowed with env.num_envs=4"),
+])
+def test_workload_rules_fail_its_check_in_the_launching_process(overrides, message):
+    cfg = validate(_compose(*overrides))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_workload(cfg.workload.name).check(cfg)
+
+
+@dataclasses.dataclass
+class _Inner:
+    timeout_s: float = 1.0
+
+
+@dataclasses.dataclass
+class _Outer:
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+def test_a_nested_section_is_range_checked(monkeypatch):
+    """`logger.wandb` is a section inside a section: its numbers are checked like any other."""
+    from omegaconf import OmegaConf
+
+    from wagma_bench.config import POSITIVE, RANGES, check_ranges
+
+    monkeypatch.setitem(RANGES, "x.inner.timeout_s", POSITIVE)
+    merged = OmegaConf.merge(OmegaConf.structured(_Outer), {"inner": {"timeout_s": -1}})
+    with pytest.raises(ConfigError, match=re.escape("x.inner.timeout_s=-1.0 is not allowed; it must be > 0")):
+        check_ranges("x", _Outer, merged)
