@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench.events import read_jsonl
+from wagma_bench.events import RunStart, read_jsonl
+from wagma_bench.simulate.calibrate import model_params_of
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=lines"]
@@ -36,6 +37,12 @@ def test_short_run_writes_events_steps_and_summary(tmp_path):
     assert keys[0] == "run_start" and keys[-1] == "run_stop" and keys.count("eval_accuracy") == 2
     start = read_jsonl(tmp_path / "events.jsonl")[0]["metadata"]
     assert start["world_size"] == 2 and start["seed"] == 1 and len(start["config_hash"]) == 12
+    # what readers would otherwise recompute, logged once: the model size (calibration rebuilt the model
+    # for it), where it ran and the scaled learning rate (the MLPerf log), the schedule
+    old = RunStart({k: v for k, v in start.items() if k not in ("model_params", "base_lr", "nodes")})
+    assert start["model_params"] == model_params_of(old) and start["base_lr"] == pytest.approx(old.base_lr)
+    assert (start["nodes"], start["ranks_per_node"], start["group_size"], start["sync_period"]) == (1, 2, None, 1)
+    assert (start["steps_total"], start["eval_every"], start["control_every"]) == (12, 6, 10)
     for rank in (0, 1):
         steps = read_jsonl(tmp_path / "steps" / f"rank{rank}.jsonl")
         assert [s["step"] for s in steps] == list(range(1, 13))

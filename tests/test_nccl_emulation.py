@@ -16,6 +16,7 @@ import torch
 
 from tests.dist_util import run_world
 from wagma_bench.comm.base import CommError
+from wagma_bench.comm.topology import default_group_size
 from wagma_bench.optim import OPTIMIZERS
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -63,6 +64,8 @@ def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command
         assert summary["steps"] >= 20, (name, summary["steps"])
         start = json.loads((tmp_path / name / "events.jsonl").read_text().splitlines()[0])
         assert start["metadata"]["config"]["comm"]["emulate"] == "nccl"
+        # the effective group size, after WAGMA's default rule; optimizers without groups log none
+        assert start["metadata"]["group_size"] == (default_group_size(2) if name == "wagma" else None), name
 
 
 @pytest.mark.parametrize("overrides,message", [

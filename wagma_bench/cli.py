@@ -236,7 +236,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     print("wagma-bench: " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
     if rc != 0:
-        from wagma_bench.events import finalize
+        from wagma_bench.rundir import finalize
 
         finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
         _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)

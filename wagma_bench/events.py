@@ -4,16 +4,22 @@ Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, 
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
 atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
-also writes the ``run_stop`` rank 0 could not: :func:`record_failure`); so is
+also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.rundir.record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
+
+Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the
+W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
+reached the target, did the run end" is written once, here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +86,8 @@ class EventLog:
     """Append-only event log of rank 0 (other ranks hold a disabled one).
 
     Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
-    :mod:`wagma_bench.loggers`), which only mirror it. The MLPerf log is derived from the file at the end
+    :mod:`wagma_bench.loggers`, whose :func:`~wagma_bench.loggers.event_log_for_run` builds the log
+    of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
     (:mod:`wagma_bench.mlperf`).
     """
 
@@ -90,14 +97,6 @@ class EventLog:
         # open for the whole run, closed by close(); resume_step None: a fresh start
         self._f = _open_for_attempt(self.path, resume_step, _event_before_checkpoint) if enabled else None
         self.sinks = list(sinks) if enabled else []
-
-    @classmethod
-    def for_run(cls, cfg, run_dir: Path, rank: int, resume_step: int | None = None) -> EventLog:
-        """The event log of one rank of a run, with the sinks its ``logger`` config asks for; on a resume
-        (``resume_step``: the checkpoint's round) cut back to the events up to the checkpoint."""
-        from wagma_bench.loggers import make_sinks
-
-        return cls(run_dir, enabled=rank == 0, sinks=make_sinks(cfg, run_dir, rank), resume_step=resume_step)
 
     def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
         if not self.enabled:
@@ -200,55 +199,209 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     }
 
 
-def finalize(run_dir: Path, status: str | None = None, error: str | None = None) -> dict:
-    """Write ``summary.json`` from the run's events (used after a crash by the launcher)."""
-    events = read_jsonl(run_dir / EVENTS)
-    summary = summarize(events, status)
-    if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
-        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
-    write_json_atomic(run_dir / SUMMARY, summary)
-    from wagma_bench.mlperf import try_write_mllog  # derived from the events too; imports mlperf_logging
+# --- reading a run directory ------------------------------------------------------------------------
 
-    try_write_mllog(run_dir)
-    return summary
+LIFECYCLE = ("run_start", "run_resume", "run_suspend", "run_stop")
 
 
-def record_failure(run_dir: Path, error: str) -> dict:
-    """The launcher's record of a failed run: the ``run_stop`` rank 0 could not write (it was killed, or
-    ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
-    gives the launcher's view first, then rank 0's."""
-    path = run_dir / EVENTS
-    events = read_jsonl(path)
-    lifecycle = [e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")]
-    if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
-        return finalize(run_dir, status="failed", error=error)
-    progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
-    last = {k: v for k, v in (progress[-1] if progress else {}).items()
-            if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
-    logged = _progress_in_step_logs(run_dir)
-    if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
-        last.update(logged)
-    event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
-             "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
-    with open(path, "ab") as f:
-        torn = f.tell() > 0 and not _ends_with_newline(path)  # rank 0 died in the middle of a line
-        f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return finalize(run_dir, status="failed")
+@dataclass(frozen=True)
+class Evaluation:
+    """One ``eval_accuracy`` event: the metric and where in the run it was measured."""
+
+    value: float
+    step: int | None
+    epoch: float | None
+    samples: int | None
+    train_s: float | None           # the training clock (time-to-target is read from it)
+    wall_s: float | None
+    took_s: float                   # how long the evaluation itself took
+    signature: str | None           # how the metric was computed (sacrebleu's signature for BLEU)
+    time_ms: float | None
+
+    @classmethod
+    def of(cls, event: dict) -> Evaluation:
+        meta = event.get("metadata") or {}
+        return cls(value=event["value"], step=meta.get("step"), epoch=meta.get("epoch"), samples=meta.get("samples"),
+                   train_s=meta.get("train_s"), wall_s=meta.get("wall_s"), took_s=meta.get("eval_took_s") or 0.0,
+                   signature=meta.get("sacrebleu_signature"), time_ms=event.get("time_ms"))
 
 
-def _progress_in_step_logs(run_dir: Path) -> dict:
-    """Rank 0's last logged round and training time, and the samples of every rank's logged steps."""
-    records = {p: read_jsonl(p) for p in sorted((run_dir / "steps").glob("rank*.jsonl"))}
-    mine = records.get(run_dir / "steps" / "rank0.jsonl")
-    if not mine:
-        return {}
-    return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
-            "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+@dataclass(frozen=True)
+class RunStart:
+    """What ``run_start`` says about a run: its identity, and every value derived from its config that a
+    reader would otherwise recompute (the trainer computes each once, see ``trainer.run_start_fields``).
+
+    A field a run logged before it existed reads as None; the derived values that can be recomputed from
+    the logged config fall back to that (``base_lr``, ``nodes``, ``ranks_per_node``), the model size does
+    not (it takes the model: see ``simulate.calibrate``)."""
+
+    metadata: dict                  # as logged, the resolved config (``config``) included
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def settings(self) -> dict:
+        """The logged fields without the resolved config (the report's view of a run)."""
+        return {k: v for k, v in self.metadata.items() if k != "config"}
+
+    @property
+    def config(self) -> dict:
+        return self.metadata.get("config") or {}
+
+    @property
+    def workload(self) -> str | None:
+        return self.metadata.get("workload")
+
+    @property
+    def optimizer(self) -> str | None:
+        return self.metadata.get("optimizer")
+
+    @property
+    def world_size(self) -> int | None:
+        return self.metadata.get("world_size")
+
+    @property
+    def metric(self) -> str | None:
+        return self.metadata.get("metric")
+
+    @property
+    def target(self) -> float | None:
+        return self.metadata.get("target")
+
+    @property
+    def model_params(self) -> int | None:
+        """Parameters of the model (None: logged before run_start said)."""
+        return self.metadata.get("model_params") or None
+
+    @property
+    def group_size(self) -> int | None:
+        """Ranks that average together in a round (WAGMA's S); None for optimizers without groups."""
+        return self.metadata.get("group_size")
+
+    @property
+    def sync_period(self) -> int | None:
+        return self.metadata.get("sync_period")
+
+    @property
+    def base_lr(self) -> float | None:
+        """The peak learning rate after batch scaling (MLPerf's ``opt_base_learning_rate``)."""
+        if "base_lr" in self.metadata:
+            return self.metadata["base_lr"]
+        train = self.config.get("train") or {}
+        if "lr" not in train:
+            return None
+        from wagma_bench.schedules import peak_lr
+
+        return peak_lr(train["lr"], train["batch_size"], self.world_size or 1, train.get("lr_reference_batch"))
+
+    @property
+    def nodes(self) -> int:
+        """Hosts the ranks ran on (at least 1)."""
+        return self.metadata.get("nodes") or max(1, len(self.metadata.get("hosts") or []))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.metadata.get("ranks_per_node") or math.ceil((self.world_size or 1) / self.nodes)
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+@dataclass
+class RunEvents:
+    """One run directory read once: its events (``events.jsonl``, a torn last line skipped) and the
+    ``summary.json`` written from them. A half-written run (crashed, killed, still running) reads too; its
+    properties say what is missing rather than failing."""
+
+    path: Path
+    events: list[dict]
+    torn: bool                      # the last line of events.jsonl was cut mid-write (and is skipped)
+    saved_summary: dict | None      # summary.json as written; None when absent or unreadable
+    summary_after_events: bool      # summary.json is no older than events.jsonl
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunEvents:
+        run_dir = Path(run_dir)
+        events = [e for e in read_jsonl(run_dir / EVENTS) if isinstance(e, dict) and "key" in e]
+        summary = _read_json(run_dir / SUMMARY)
+        return cls(run_dir, events, _torn(run_dir / EVENTS), summary,
+                   summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS))
+
+    @property
+    def start(self) -> RunStart | None:
+        """The run's run_start (a resumed run has one, from its first process); None: never started."""
+        event = _first(self.events, "run_start")
+        return RunStart(event.get("metadata") or {}) if event else None
+
+    @property
+    def evaluations(self) -> list[Evaluation]:
+        """Every evaluation with a value, in order (a resume's repeated ones included, as logged)."""
+        return [Evaluation.of(e) for e in self.events if e["key"] == "eval_accuracy" and e.get("value") is not None]
+
+    @property
+    def lifecycle(self) -> list[str]:
+        """run_start / run_resume / run_suspend / run_stop, in order."""
+        return [e["key"] for e in self.events if e["key"] in LIFECYCLE]
+
+    @property
+    def resumes(self) -> int:
+        return sum(e["key"] == "run_resume" for e in self.events)
+
+    @property
+    def stopped(self) -> bool:
+        """The last process ended cleanly: its last lifecycle event is run_stop or run_suspend (preempted,
+        to be resumed); False for a run that crashed, was killed or still runs."""
+        lifecycle = self.lifecycle
+        return bool(lifecycle) and lifecycle[-1] in ("run_stop", "run_suspend")
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last event (where a running or crashed run got to)."""
+        return (self.events[-1].get("metadata") or {}).get("step") if self.events else None
+
+    @property
+    def first_at_target(self) -> Evaluation | None:
+        """The first evaluation at or above the target (None: no target, or not reached)."""
+        target = self.start.target if self.start else None
+        if target is None:
+            return None
+        return next((e for e in self.evaluations if e.value >= target), None)
+
+    @property
+    def signature(self) -> str | None:
+        """The last evaluation's metric signature (sacrebleu's, for BLEU)."""
+        return next((e.signature for e in reversed(self.evaluations) if e.signature), None)
+
+    def summary(self, status: str | None = None) -> dict:
+        """The summary computed from the events (:func:`summarize`; ``status`` overrides theirs), never
+        summary.json."""
+        return summarize(self.events, status)
+
+    def summary_or_saved(self) -> dict:
+        """summary.json when it was written and is readable, else the summary computed from the events."""
+        return self.saved_summary if self.saved_summary is not None else self.summary()
+
+
+def _torn(path: Path) -> bool:
+    """True when the file's last line was cut mid-write (no final newline)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def _no_older(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_mtime >= b.stat().st_mtime
+    except OSError:
+        return False
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or not JSON (a torn write, another file's bytes)
+        return None

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
-from wagma_bench.events import finalize
+from wagma_bench.rundir import finalize
 from wagma_bench.supervise import report_error, start_heartbeat, supervise
 
 

@@ -1,6 +1,7 @@
 """Sinks that rank 0's :class:`~wagma_bench.events.EventLog` forwards every event to.
 
-The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere:
+The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere
+(:func:`event_log_for_run` builds a rank's event log with the sinks its config asks for):
 
 - :class:`WandbSink` logs evaluations, progress and the final summary to Weights & Biases
   (``logger=wandb``), offline when no API key is configured.
@@ -25,13 +26,19 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, summarize, write_json_atomic
+from wagma_bench.events import EVENTS, SUMMARY, EventLog, RunEvents, write_json_atomic
 
 
 class Sink(Protocol):
     def emit(self, event: dict) -> None: ...
 
     def close(self) -> None: ...
+
+
+def event_log_for_run(cfg, run_dir: Path, rank: int, resume_step: int | None = None) -> EventLog:
+    """The event log of one rank of a run, with the sinks its ``logger`` config asks for; on a resume
+    (``resume_step``: the checkpoint's round) cut back to the events up to the checkpoint."""
+    return EventLog(run_dir, enabled=rank == 0, sinks=make_sinks(cfg, run_dir, rank), resume_step=resume_step)
 
 
 def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
@@ -213,6 +220,7 @@ class WandbSink:
         self.run.define_metric("*", step_metric="step")
         if event["key"] == "run_start":
             self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
+                                                              "model_params", "group_size", "sync_period",
                                                               "git_sha", "hosts", "versions")})
 
     def _init(self, kwargs: dict):
@@ -262,7 +270,7 @@ class WandbSink:
     def _summarize(self, status: str | None) -> None:
         """At run_stop: the run's summary as W&B's run summary (the run is finished by :meth:`close`, once
         the trainer has written summary.json and mllog.txt, which go into the artifact)."""
-        summary = summarize(read_jsonl(self.run_dir / EVENTS))
+        summary = RunEvents.read(self.run_dir).summary()
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
         self._status = status
 

@@ -42,14 +42,13 @@ How our run maps onto MLPerf's keys:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.events import EVENTS, read_jsonl
+from wagma_bench.events import EVENTS, RunEvents, RunStart
 
 MLLOG = "mllog.txt"
 
@@ -120,9 +119,9 @@ class _Translation:
     def __init__(self, events: list[dict], start_i: int):
         self.events, self.records = events, []
         start = events[start_i]
-        self.meta = start["metadata"]
-        self.scale = METRIC_SCALE.get(self.meta.get("metric"), 1.0)
-        self.target = self.meta.get("target")
+        self.start = RunStart(start["metadata"])
+        self.scale = METRIC_SCALE.get(self.start.metric, 1.0)
+        self.target = self.start.target
         self.reached = False
         self.block_first: float | None = None  # first epoch of the open block; None: no block open
         self.epoch = 0.0
@@ -140,12 +139,11 @@ class _Translation:
     def _preamble(self, start: dict) -> None:
         from mlperf_logging.mllog import constants as c
 
-        t, meta = start["time_ms"], self.meta
-        config = meta.get("config") or {}
-        t_init = meta.get("init_time_ms", t)
+        t, config = start["time_ms"], self.start.config
+        t_init = self.start.get("init_time_ms", t)
         self.add("event", c.CACHE_CLEAR, False, t_init)
         self.add("start", c.INIT_START, None, t_init)
-        benchmark = BENCHMARKS.get(meta.get("workload"), (meta.get("workload"), None))[0]
+        benchmark = BENCHMARKS.get(self.start.workload, (self.start.workload, None))[0]
         sub = submission_settings(config)
         for key, value in ((c.SUBMISSION_BENCHMARK, benchmark), (c.SUBMISSION_ORG, sub["org"]),
                            (c.SUBMISSION_PLATFORM, sub["platform"]), (c.SUBMISSION_DIVISION, sub["division"]),
@@ -162,21 +160,17 @@ class _Translation:
     def _hyperparameters(self, config: dict) -> dict:
         from mlperf_logging.mllog import constants as c
 
-        from wagma_bench.schedules import peak_lr
-
-        meta, train = self.meta, config.get("train") or {}
-        world = meta.get("world_size") or 1
-        hosts = meta.get("hosts") or []
-        out = {c.SEED: meta.get("seed"), c.GLOBAL_BATCH_SIZE: meta.get("global_batch_size"),
-               c.GRADIENT_ACCUMULATION_STEPS: 1, c.TRAIN_SAMPLES: meta.get("train_samples"),
-               c.EVAL_SAMPLES: meta.get("eval_samples") or 0,
+        start, train = self.start, config.get("train") or {}
+        out = {c.SEED: start.get("seed"), c.GLOBAL_BATCH_SIZE: start.get("global_batch_size"),
+               c.GRADIENT_ACCUMULATION_STEPS: 1, c.TRAIN_SAMPLES: start.get("train_samples"),
+               c.EVAL_SAMPLES: start.get("eval_samples") or 0,
                # ours: the distributed algorithm and where it ran (MLPerf keeps these in its system description)
-               "distributed_optimizer": meta.get("optimizer"), "world_size": world,
-               "number_of_nodes": max(1, len(hosts)), "accelerators_per_node": math.ceil(world / max(1, len(hosts)))}
+               "distributed_optimizer": start.optimizer, "world_size": start.world_size or 1,
+               "number_of_nodes": start.nodes, "accelerators_per_node": start.ranks_per_node}
         if train:
             adam = train.get("local_optimizer") == "adam"
             out[c.OPT_NAME] = (c.ADAMW if train.get("weight_decay") else c.ADAM) if adam else c.SGD
-            out[c.OPT_BASE_LR] = peak_lr(train["lr"], train["batch_size"], world, train.get("lr_reference_batch"))
+            out[c.OPT_BASE_LR] = start.base_lr
             out[c.OPT_WEIGHT_DECAY] = train.get("weight_decay")
         return out
 
@@ -204,7 +198,7 @@ class _Translation:
         self._close_block(t_begin)
         where = {c.EPOCH_NUM: self.epoch, c.SAMPLES_COUNT: meta.get("samples"), c.STEP_NUM: meta.get("step")}
         value = event["value"]
-        ours = {self.meta.get("metric") or "metric": value, "train_s": meta.get("train_s")}
+        ours = {self.start.metric or "metric": value, "train_s": meta.get("train_s")}
         if "sacrebleu_signature" in meta:
             ours["sacrebleu_signature"] = meta["sacrebleu_signature"]
         self.add("start", c.EVAL_START, None, t_begin, **where)
@@ -256,7 +250,7 @@ def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
     from mlperf_logging.mllog import mllog
 
     run_dir = Path(run_dir)
-    records = mllog_records(read_jsonl(run_dir / EVENTS))
+    records = mllog_records(RunEvents.read(run_dir).events)
     if not records:
         return None
     path = run_dir / MLLOG

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import re
 import statistics
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench import plots
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, summarize
+from wagma_bench.events import EVENTS, RunEvents, read_jsonl
 
 REFERENCE = "allreduce"
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
@@ -80,63 +79,28 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
     return sorted(found)
 
 
-def _torn(path: Path) -> bool:
-    """True when the file's last line was cut mid-write (no final newline)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            if f.tell() == 0:
-                return False
-            f.seek(-1, 2)
-            return f.read(1) != b"\n"
-    except OSError:
-        return False
-
-
 def load_run(path: Path) -> RunRecord:
     """Read one run directory; never fails on a half-written one, it lists what is missing instead."""
-    path = Path(path)
-    events = read_jsonl(path / EVENTS)
-    summary = summarize(events)
+    record = RunEvents.read(path)
+    summary = record.summary()
     problems = []
-    start = next((e for e in events if e.get("key") == "run_start"), None)
-    if start is None:
+    if record.start is None:
         problems.append("no run_start event")
-    lifecycle = [e["key"] for e in events if e.get("key") in ("run_start", "run_resume", "run_suspend", "run_stop")]
-    stopped = bool(lifecycle) and lifecycle[-1] in ("run_stop", "run_suspend")  # suspended: preempted, to resume
-    if not stopped:
+    if not record.stopped:
         problems.append("no run_stop event (crashed, killed or still running)"
-                        + (" since its last resume" if "run_stop" in lifecycle else ""))
+                        + (" since its last resume" if "run_stop" in record.lifecycle else ""))
         summary["status"] = "incomplete"
-    if _torn(path / EVENTS):
+    if record.torn:
         problems.append("torn last line in events.jsonl")
-    saved = _read_json(path / SUMMARY)
+    saved = record.saved_summary
     if saved is None:
         problems.append("no summary.json")
-    elif not stopped and saved.get("status") and _newer(path / SUMMARY, path / EVENTS):
+    elif not record.stopped and saved.get("status") and record.summary_after_events:
         # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
         summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
-    meta = {k: v for k, v in (start or {}).get("metadata", {}).items() if k != "config"}
-    evals = [{"step": e["metadata"].get("step"), "train_s": e["metadata"].get("train_s"),
-              "wall_s": e["metadata"].get("wall_s"), "value": e["value"]}
-             for e in events if e.get("key") == "eval_accuracy" and e.get("value") is not None]
-    signature = next((e["metadata"]["sacrebleu_signature"] for e in reversed(events)
-                      if e.get("key") == "eval_accuracy" and "sacrebleu_signature" in e.get("metadata", {})), None)
-    return RunRecord(path, meta, evals, summary, problems, signature)
-
-
-def _newer(a: Path, b: Path) -> bool:
-    try:
-        return a.stat().st_mtime >= b.stat().st_mtime
-    except OSError:
-        return False
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    meta = record.start.settings if record.start else {}
+    evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
+    return RunRecord(Path(path), meta, evals, summary, problems, record.signature)
 
 
 def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:

@@ -10,6 +10,9 @@ message.
 A rerun of a finished run with the same configuration and budget prints the earlier summary instead of
 training again; raising the budget (``train.max_steps``, ``train.epochs``, ``train.time_limit_s``) continues
 it from its checkpoint.
+
+After a failure the launcher writes the run's ``summary.json`` and MLPerf log from its events
+(:func:`finalize`; the trainer writes them itself at a clean end).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl
+from wagma_bench.events import EVENTS, LIFECYCLE, SUMMARY, RunEvents, read_jsonl, write_json_atomic
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -140,14 +143,64 @@ class RunDirLock:
 
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
-    try:
-        summary = json.loads((Path(run_dir) / SUMMARY).read_text())
-    except (OSError, ValueError):
+    record = RunEvents.read(run_dir)
+    summary = record.saved_summary
+    if summary is None or summary.get("status") not in FINISHED:
         return None
-    if summary.get("status") not in FINISHED:
-        return None
-    start = next((e for e in read_jsonl(Path(run_dir) / EVENTS) if e.get("key") == "run_start"), None)
-    earlier = (start or {}).get("metadata", {}).get("config")
+    earlier = record.start.config if record.start else None
     if not earlier or identity_hash(earlier) != identity_hash(raw) or budget(earlier) != budget(raw):
         return None
     return summary
+
+
+def finalize(run_dir: Path, status: str | None = None, error: str | None = None) -> dict:
+    """Write ``summary.json`` and the MLPerf log from the run's events (used after a crash by the launcher)."""
+    from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
+
+    summary = RunEvents.read(run_dir).summary(status)
+    if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
+        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
+    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    try_write_mllog(run_dir)
+    return summary
+
+
+def record_failure(run_dir: Path, error: str) -> dict:
+    """The launcher's record of a failed run: the ``run_stop`` rank 0 could not write (it was killed, or
+    ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
+    gives the launcher's view first, then rank 0's."""
+    path = run_dir / EVENTS
+    events = read_jsonl(path)
+    lifecycle = [e["key"] for e in events if e["key"] in LIFECYCLE]
+    if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
+        return finalize(run_dir, status="failed", error=error)
+    progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
+    last = {k: v for k, v in (progress[-1] if progress else {}).items()
+            if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
+    logged = _progress_in_step_logs(run_dir)
+    if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
+        last.update(logged)
+    event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
+             "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
+    with open(path, "ab") as f:
+        torn = f.tell() > 0 and not _ends_with_newline(path)  # rank 0 died in the middle of a line
+        f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return finalize(run_dir, status="failed")
+
+
+def _progress_in_step_logs(run_dir: Path) -> dict:
+    """Rank 0's last logged round and training time, and the samples of every rank's logged steps."""
+    records = {p: read_jsonl(p) for p in sorted((run_dir / "steps").glob("rank*.jsonl"))}
+    mine = records.get(run_dir / "steps" / "rank0.jsonl")
+    if not mine:
+        return {}
+    return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
+            "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"

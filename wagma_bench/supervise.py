@@ -101,7 +101,7 @@ def record_failed_run(run_dir: Path, error: str) -> str:
     removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
     Returns the message for the user: the error, and what could not be recorded."""
     from wagma_bench.checkpoint import discard_incomplete_sets
-    from wagma_bench.events import record_failure
+    from wagma_bench.rundir import record_failure
 
     try:
         free = shutil.disk_usage(run_dir).free

@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config import ConfigError, validate
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, write_json_atomic
+from wagma_bench.events import RunEvents, write_json_atomic
 from wagma_bench.slurm_util import TERMINAL_STATES, job_states
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -433,17 +433,16 @@ def run_slurm_id(manifest: dict, run: dict) -> str | None:
 
 def run_progress(run_dir: Path) -> dict:
     """A run's own view: its summary when written, else its last events."""
-    summary_path = run_dir / SUMMARY
-    if summary_path.exists():
-        s = json.loads(summary_path.read_text())
+    record = RunEvents.read(run_dir)
+    s = record.saved_summary
+    if s is not None:
         return {"status": s.get("status"), "step": s.get("steps"), "metric": s.get("final_metric"),
                 "restarts": s.get("restarts", 0), "reached": s.get("reached")}
-    events = read_jsonl(run_dir / EVENTS)
-    if not events:
+    if not record.events:
         return {"status": "not started", "step": None, "metric": None, "restarts": 0, "reached": None}
-    evals = [e["value"] for e in events if e["key"] == "eval_accuracy"]
-    return {"status": "running", "step": events[-1]["metadata"].get("step"), "metric": evals[-1] if evals else None,
-            "restarts": sum(e["key"] == "run_resume" for e in events), "reached": None}
+    evals = record.evaluations
+    return {"status": "running", "step": record.last_step, "metric": evals[-1].value if evals else None,
+            "restarts": record.resumes, "reached": None}
 
 
 def status(sweep_dir: Path) -> list[dict]:

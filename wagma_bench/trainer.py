@@ -26,8 +26,9 @@ from wagma_bench import __version__
 from wagma_bench.checkpoint import Checkpointer
 from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
-from wagma_bench.events import SUMMARY, EventLog, StepLog, read_jsonl, summarize, write_json_atomic
+from wagma_bench.events import SUMMARY, StepLog, read_jsonl, summarize, write_json_atomic
 from wagma_bench.imbalance import make_imbalance
+from wagma_bench.loggers import event_log_for_run
 from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
@@ -176,6 +177,26 @@ class Preemption:
         return self.signal in REQUEUE_SIGNALS
 
 
+def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
+    """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
+    reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
+
+    Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
+    through :class:`wagma_bench.events.RunStart`, which also reads runs logged before a field existed."""
+    world = comm.world_size
+    hosts = sorted(set(_hostnames(comm)))
+    return dict(
+        workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
+        world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
+        global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+        eval_samples=workload.eval_size, sync_period=algo.sync_period,
+        # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
+        group_size=getattr(algo, "group_size", None),
+        model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
+        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
+        git_sha=git_sha(), versions=versions(comm), hosts=hosts, config=cfg.raw)
+
+
 def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
     rank, world = comm.rank, comm.world_size
@@ -216,7 +237,7 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
             (run_dir / SUMMARY).unlink(missing_ok=True)
             ckpt.discard_earlier_attempt()
     # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
-    events = EventLog.for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
+    events = event_log_for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
     steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)
     comm.barrier()
     clock.start()
@@ -224,13 +245,9 @@ def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
         events.emit("run_resume", None, step=algo.round, epoch=round(algo.round / spe, 4), train_s=clock.train_s,
                     init_time_ms=init_time_ms)
     else:
-        events.emit("run_start", None, workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name,
-                    imbalance=cfg.imbalance.name, world_size=world, seed=cfg.seed,
-                    metric=workload.metric_name, target=cfg.eval.target, eval_model=eval_mode,
-                    global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
-                    eval_samples=workload.eval_size, init_time_ms=init_time_ms,
-                    steps_total=total, sync_period=sync, config_hash=config_hash(cfg.raw), git_sha=git_sha(),
-                    versions=versions(comm), hosts=sorted(set(_hostnames(comm))), config=cfg.raw)
+        events.emit("run_start", None, **run_start_fields(
+            cfg, comm, workload, algo, model, eval_model=eval_mode, init_time_ms=init_time_ms, steps_total=total,
+            steps_per_epoch=spe, eval_every=eval_every, control_every=control_every, base_lr=peak))
     if rank == 0 and comm.backend_name == "mpi":  # on a cluster: is it the system MPI, not a pip wheel?
         print(f"wagma-bench: MPI library: {versions(comm)['mpi']}", flush=True)
 

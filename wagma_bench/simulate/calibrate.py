@@ -8,8 +8,9 @@ From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json`
 - the compute trace: each rank's ``compute_s`` step by step, for a trace-driven replay of the same run;
 - the per-step overhead: the median of ``dt - compute_s - delay_s - comm_s`` between consecutive steps of a
   rank (optimizer update, data loading, logging: the time the trainer spends outside what it times);
-- what the run was: optimizer and its settings, world size, imbalance settings (from ``run_start``), the
-  rounds it ran, samples per step, and its measured throughput (``summary.json``).
+- what the run was: optimizer and its settings, world size, imbalance settings and the model's parameter
+  count (from ``run_start``; a run logged before run_start carried the count rebuilds the model from its
+  config), the rounds it ran, samples per step, and its measured throughput (``summary.json``).
 
 From comm-bench JSON (``{"backend", "world_size", "hostname", "results": [{"op", "impl", "group_size",
 "bytes", "median_s", ...}]}``): alpha and beta by least squares on the allreduce rows, for each collective
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wagma_bench.events import EVENTS, SUMMARY, read_jsonl, summarize
+from wagma_bench.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -97,12 +98,11 @@ def _step_records(run_dir: Path) -> dict[int, list[dict]]:
 def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     """Read one run directory and fit its compute-time distribution and per-step overhead."""
     run_dir = Path(run_dir)
-    events = read_jsonl(run_dir / EVENTS)
-    start = next((e for e in events if e.get("key") == "run_start"), None)
+    record = RunEvents.read(run_dir)
+    start = record.start
     if start is None:
         raise ValueError(f"{run_dir}: no run_start event in {EVENTS}; is this a wagma-bench run directory?")
-    meta = start["metadata"]
-    config = meta.get("config") or {}
+    meta, config = start.metadata, start.config
     records = _step_records(run_dir)
     if not records:
         raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
@@ -118,7 +118,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
             overhead.append(max(0.0, dt - cur["compute_s"] - cur.get("delay_s", 0.0) - cur.get("comm_s", 0.0)))
     if not compute:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
-    summary = _summary(run_dir, events)
+    summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
     train = config.get("train") or {}
     stride = max(1, len(compute) // MAX_SAMPLES)
@@ -129,35 +129,25 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
         compute=compute[::stride], trace=trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
-        params=params if params is not None else _model_params(meta, config),
+        params=params if params is not None else model_params_of(start),
         workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
 
 
-def _summary(run_dir: Path, events: list[dict]) -> dict:
-    path = run_dir / SUMMARY
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError:
-            pass
-    return summarize(events)
-
-
-def _model_params(meta: dict, config: dict) -> float | None:
-    """The model's parameter count: from the run's metadata when the trainer logged it, else by building the
-    model from the run's own config (cheap for the embedded workloads); None when that fails."""
-    if meta.get("model_params"):
-        return float(meta["model_params"])
+def model_params_of(start: RunStart) -> float | None:
+    """The model's parameter count, as run_start logged it; for a run logged before run_start said, from
+    the model built from the run's own config (cheap for the embedded workloads); None when that fails."""
+    if start.model_params:
+        return float(start.model_params)
     try:
         import torch
 
         from wagma_bench.config import validate
         from wagma_bench.workloads import get_workload
 
-        cfg = validate(config)
-        workload = get_workload(cfg.workload.name)(cfg, 0, int(meta["world_size"]), torch.device("cpu"))
+        cfg = validate(start.config)
+        workload = get_workload(cfg.workload.name)(cfg, 0, int(start.world_size), torch.device("cpu"))
         return float(sum(p.numel() for p in workload.build_model().parameters()))
     except Exception:  # noqa: BLE001 - any failure means "unknown"; the caller asks for params=N
         return None

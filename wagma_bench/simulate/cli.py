@@ -63,7 +63,7 @@ from typing import Any
 
 from wagma_bench import plots
 from wagma_bench.config import RunConfig, check_group_size, validate
-from wagma_bench.events import EVENTS, read_jsonl
+from wagma_bench.events import RunEvents
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.schedules import CONTROL_EVERY
@@ -252,15 +252,11 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
 
     found: dict[str, dict[int, list[float]]] = {}
     for d in find_runs([Path(p) for p in run_dirs]):
-        events = read_jsonl(d / EVENTS)
-        start = next((e for e in events if e["key"] == "run_start"), None)
-        if not start or start["metadata"].get("target") is None:
-            continue
-        m = start["metadata"]
-        hit = next((e for e in events if e["key"] == "eval_accuracy" and e["value"] >= m["target"]), None)
+        record = RunEvents.read(d)
+        hit = record.first_at_target
         if hit is not None:
-            found.setdefault(m["optimizer"], {}).setdefault(int(m["world_size"]), []).append(
-                float(hit["metadata"]["samples"]))
+            found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
+                float(hit.samples))
     return {opt: statistics.median(by_p[min(by_p)]) for opt, by_p in found.items()}
 
 

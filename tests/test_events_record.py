@@ -1,0 +1,119 @@
+"""The one reader of a run directory (``events.RunEvents``) and the import graph around the event log.
+
+Hand-written run directories with known events: a torn last line, a preempted and resumed run, and a
+run_start logged before it carried the model size and the derived values (each reader must still read it).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from wagma_bench import mlperf, report, sweep
+from wagma_bench.events import RunEvents, RunStart, summarize, write_json_atomic
+from wagma_bench.schedules import peak_lr
+from wagma_bench.simulate.cli import samples_to_target
+
+PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"
+T0 = 1.7e12
+CONFIG = {"train": {"lr": 0.1, "batch_size": 32, "lr_reference_batch": 256, "weight_decay": 0.0001}}
+OLD_START = {"workload": "resnet", "data": "mnist5k", "optimizer": "wagma", "imbalance": "none", "world_size": 4,
+             "seed": 1, "metric": "top1", "target": 0.9, "global_batch_size": 128, "train_samples": 4500,
+             "eval_samples": 500, "steps_total": 40, "sync_period": 10, "hosts": ["a", "b"], "config": CONFIG}
+
+
+def event(key: str, t_s: float, value=None, **metadata) -> dict:
+    return {"key": key, "value": value, "time_ms": T0 + 1000 * t_s, "metadata": metadata}
+
+
+def evaluation(step: int, value: float) -> dict:
+    return event("eval_accuracy", step, value, step=step, epoch=step / 10, samples=step * 128, train_s=float(step),
+                 wall_s=step + 1.0, eval_took_s=0.5)
+
+
+def write_events(d: Path, events: list[dict], tail: str = "") -> Path:
+    d.mkdir(parents=True)
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + tail)
+    return d
+
+
+def resumed_events() -> list[dict]:
+    """Preempted at step 20 after a checkpoint at 10; resumed from 10; reaches the target at step 30."""
+    end = {"step": 40, "samples": 40 * 128, "train_s": 40.0, "wall_s": 41.0, "eval_s": 2.0}
+    return [event("run_start", 0, **OLD_START), evaluation(10, 0.5), event("checkpoint", 10, step=10),
+            evaluation(20, 0.95), event("run_suspend", 20, status="preempted", step=20, train_s=20.0),
+            event("run_resume", 21, step=10, epoch=1.0, train_s=10.0), evaluation(20, 0.7), evaluation(30, 0.92),
+            evaluation(40, 0.93), event("run_stop", 41, status="completed", **end)]
+
+
+def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
+    events = [event("run_start", 0, **OLD_START), evaluation(10, 0.5)]
+    d = write_events(tmp_path / "run", events, tail='{"key": "progress", "value": null, "met')
+    record = RunEvents.read(d)
+    assert record.torn and [e["key"] for e in record.events] == ["run_start", "eval_accuracy"]
+    assert not record.stopped and record.saved_summary is None and record.last_step == 10
+    assert [(e.step, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
+    run = report.load_run(d)
+    assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
+    assert sweep.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "restarts": 0, "reached": None}
+
+
+def test_resumed_run_reads_as_one_run(tmp_path):
+    events = resumed_events()
+    d = write_events(tmp_path / "run", events)
+    write_json_atomic(d / "summary.json", summarize(events))
+    record = RunEvents.read(d)
+    assert record.lifecycle == ["run_start", "run_suspend", "run_resume", "run_stop"]
+    assert record.stopped and record.resumes == 1 and not record.torn
+    # the first evaluation at or above the target, as logged (the rolled-back one at step 20 included)
+    assert (record.first_at_target.step, record.first_at_target.samples) == (20, 20 * 128)
+    assert record.summary() == record.saved_summary == summarize(events)
+    assert record.summary()["restarts"] == 1 and record.summary()["status"] == "completed"
+    assert samples_to_target([str(tmp_path)]) == {"wagma": 20 * 128.0}
+    assert sweep.run_progress(d)["restarts"] == 1
+    assert report.load_run(d).problems == []
+    # MLPerf's log keeps the run that produced the final model: the rolled-back evaluation at step 20 goes
+    steps = [r.metadata["step_num"] for r in mlperf.mllog_records(record.events) if r.key == "eval_accuracy"]
+    assert steps == [10, 20, 30, 40]
+    assert [r.value for r in mlperf.mllog_records(record.events) if r.key == "eval_accuracy"][1] == 0.7
+
+
+def test_old_run_start_without_the_derived_fields_falls_back(tmp_path):
+    start = RunStart(OLD_START)
+    assert start.model_params is None and start.group_size is None and start.sync_period == 10
+    assert start.base_lr == pytest.approx(peak_lr(0.1, 32, 4, 256)) and start.nodes == 2 and start.ranks_per_node == 2
+    assert start.settings == {k: v for k, v in OLD_START.items() if k != "config"}
+    new = RunStart({**OLD_START, "model_params": 1234, "group_size": 2, "base_lr": 0.5, "nodes": 1,
+                    "ranks_per_node": 4})
+    assert (new.model_params, new.group_size, new.base_lr, new.nodes, new.ranks_per_node) == (1234, 2, 0.5, 1, 4)
+    hyper = {r.key: r.value for r in mlperf.mllog_records([event("run_start", 0, **OLD_START)])}
+    assert hyper["opt_base_learning_rate"] == pytest.approx(0.05) and hyper["number_of_nodes"] == 2
+
+
+def test_a_directory_without_run_start_is_listed_not_fatal(tmp_path):
+    d = write_events(tmp_path / "run", [event("progress", 1, step=5)])
+    record = RunEvents.read(d)
+    assert record.start is None and record.first_at_target is None and record.evaluations == []
+    assert "no run_start event" in report.load_run(d).problems
+    assert mlperf.mllog_records(record.events) == []
+
+
+def _imports(path: Path) -> set[str]:
+    """Every wagma_bench module ``path`` imports, deferred (in-function) imports included."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("wagma_bench"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("wagma_bench"))
+    return out
+
+
+def test_the_event_log_imports_none_of_its_readers():
+    """events is the leaf every reader and sink imports; it imports no other module of the package, so
+    no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    assert _imports(PACKAGE / "events.py") <= {"wagma_bench.schedules"}
+    assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "schedules.py")}
