@@ -5,11 +5,17 @@ and apply the local update). Evaluation, checkpoints, stop decisions and the exc
 happen only at synchronisation points (rounds that are multiples of ``algo.sync_period``), where every
 rank is known to be at the same round. The clock that every reported time is read from excludes
 evaluation and checkpointing (and, after a requeue, the time spent in the queue).
+
+:meth:`Trainer.train` tells a run in one screen: start or resume, then ``train_step`` until a
+synchronisation point, where the ranks exchange :class:`ControlFlags` in one allreduce and decide to
+evaluate, checkpoint or stop; :meth:`Trainer.finalize` writes the last event and the summary, for every end.
+What a checkpoint carries besides the model and the algorithm is a :class:`TrainState`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -197,189 +203,339 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         git_sha=git_sha(), versions=versions(comm), hosts=hosts, config=cfg.raw)
 
 
+@dataclass
+class TrainState:
+    """The loop's counters that a checkpoint carries besides the model and the algorithm (saved as a dict
+    with these keys, so checkpoints written before this class existed still load)."""
+
+    local_step: int = 0          # steps this rank took (its data consumption; may trail the round count)
+    samples_local: int = 0       # samples this rank trained on
+    next_eval: int = 0           # round of the next evaluation
+    best: float | None = None    # best metric so far
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> TrainState:
+        return cls(**saved)
+
+
+@dataclass
+class ControlFlags:
+    """What every rank must agree on at a synchronisation point, exchanged in one sum-allreduce: a flag is
+    set when any rank set it; ``samples`` adds up to the samples of all ranks."""
+
+    diverged: bool = False           # a non-finite loss on some rank
+    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM) reached some rank
+    samples: int = 0                 # samples trained on (each rank sends its own)
+    checkpoint_due: bool = False     # rank 0: checkpoint.every_s of training time since the last one
+    over_time: bool = False          # rank 0: train.time_limit_s reached
+    requeue: bool = False            # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
+
+    def to_tensor(self, device) -> torch.Tensor:
+        return torch.tensor([float(v) for v in dataclasses.astuple(self)], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_tensor(cls, summed: torch.Tensor) -> ControlFlags:
+        values = dict(zip((f.name for f in dataclasses.fields(cls)), summed.cpu().tolist()))
+        samples = int(values.pop("samples"))
+        return cls(samples=samples, **{name: v > 0 for name, v in values.items()})
+
+    def exchange(self, comm: Comm) -> ControlFlags:
+        """Every rank's flags combined (collective)."""
+        summed = self.to_tensor(comm.device)
+        comm.allreduce(summed, op="sum")
+        return ControlFlags.from_tensor(summed)
+
+
+@dataclass
+class RunPlan:
+    """The run's lengths in rounds, each a multiple of the sync period, and its learning-rate schedule."""
+
+    sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
+    steps_per_epoch: int
+    total: int                  # rounds to train
+    eval_every: int
+    control_every: int          # rounds between exchanges of control flags
+    lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
+
+    @classmethod
+    def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
+        t = cfg.train
+        total = round_up(min(t.max_steps or 10**12, math.ceil(t.epochs * steps_per_epoch)), sync)
+        eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch)), sync)
+        schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
+                    "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
+                    "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
+                    "milestones": t.milestones, "decay": t.decay}
+        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule)
+
+
 def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
     """Run one rank of a training run; rank 0 returns the summary."""
-    rank, world = comm.rank, comm.world_size
-    preempt = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
-    init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
-    torch.manual_seed(cfg.seed)
-    workload = get_workload(cfg.workload.name)(cfg, rank, world, comm.device)
-    workload.attach(comm)
-    model = workload.build_model().to(comm.device)
-    algo_cls = get_optimizer(cfg.optimizer.name)
-    algo = algo_cls(cfg.optimizer, model, make_local_optimizer(cfg.train), comm, seed=cfg.seed)
-    imbalance = make_imbalance(cfg.imbalance, cfg.seed)
-    eval_mode = algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
-    evaluator = EvalModel(model, eval_mode, algo.models_identical, comm)
+    return Trainer(cfg, comm, run_dir).train()
 
-    sync = algo.sync_period
-    spe = workload.steps_per_epoch()
-    total = round_up(min(cfg.train.max_steps or 10**12, math.ceil(cfg.train.epochs * spe)), sync)
-    eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * spe)), sync)
-    control_every = control_period(sync)
-    peak = peak_lr(cfg.train.lr, cfg.train.batch_size, world, cfg.train.lr_reference_batch)
-    warmup_start = cfg.train.lr if cfg.train.warmup_start_lr is None else cfg.train.warmup_start_lr
-    schedule = {"peak": peak, "start": warmup_start, "warmup_epochs": cfg.train.warmup_epochs,
-                "schedule": cfg.train.schedule, "epochs": cfg.train.epochs,
-                "milestones": cfg.train.milestones, "decay": cfg.train.decay}
 
-    clock = Clock()
-    ckpt = Checkpointer(run_dir, rank, cfg.raw)
-    state = {"local_step": 0, "samples_local": 0, "next_eval": eval_every, "best": None}
-    resumed = ckpt.agree(comm, cfg.checkpoint.resume)  # verified set, same decision on every rank
-    if resumed:
-        saved = ckpt.load(model, algo)
-        state.update(saved["state"])
-        clock.train_s, clock.eval_s, clock.wall_s = saved["clock"]
-    else:
-        algo.broadcast_initial_model()
-        if rank == 0:  # an earlier attempt's summary and checkpoints must not stand for this one
-            (run_dir / SUMMARY).unlink(missing_ok=True)
-            ckpt.discard_earlier_attempt()
-    # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
-    events = event_log_for_run(cfg, run_dir, rank, resume_step=algo.round if resumed else None)
-    steps = StepLog(run_dir, rank, resume_step=state["local_step"] if resumed else None)
-    comm.barrier()
-    clock.start()
-    if resumed:
-        events.emit("run_resume", None, step=algo.round, epoch=round(algo.round / spe, 4), train_s=clock.train_s,
-                    init_time_ms=init_time_ms)
-    else:
-        events.emit("run_start", None, **run_start_fields(
-            cfg, comm, workload, algo, model, eval_model=eval_mode, init_time_ms=init_time_ms, steps_total=total,
-            steps_per_epoch=spe, eval_every=eval_every, control_every=control_every, base_lr=peak))
-    if rank == 0 and comm.backend_name == "mpi":  # on a cluster: is it the system MPI, not a pip wheel?
-        print(f"wagma-bench: MPI library: {versions(comm)['mpi']}", flush=True)
+class Trainer:
+    """One rank of a training run: set up here, then :meth:`train` runs it to its end."""
 
-    progress = Progress(cfg.logger.progress if rank == 0 else "off", total, cfg.logger.log_every_s,
-                        f"{cfg.workload.name}/{algo.name} x{world}")
-    batches = workload.batches(state["local_step"])
-    # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
-    # and the communicated models/gradients stay fp32
-    autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
-    diverged, status, last_ckpt, last_progress = False, None, clock.train_s, 0.0
-    requeue = False
-    last_compute_s = None
+    def __init__(self, cfg: RunConfig, comm: Comm, run_dir: Path):
+        self.cfg, self.comm, self.run_dir = cfg, comm, run_dir
+        self.rank, self.world = comm.rank, comm.world_size
+        self.preemption = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
+        self.init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
+        torch.manual_seed(cfg.seed)
+        self.workload = get_workload(cfg.workload.name)(cfg, self.rank, self.world, comm.device)
+        self.workload.attach(comm)
+        self.model = self.workload.build_model().to(comm.device)
+        self.algo = get_optimizer(cfg.optimizer.name)(cfg.optimizer, self.model, make_local_optimizer(cfg.train),
+                                                      comm, seed=cfg.seed)
+        self.imbalance = make_imbalance(cfg.imbalance, cfg.seed)
+        self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
+        self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
+        self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
+        self.clock = Clock()
+        self.checkpointer = Checkpointer(run_dir, self.rank, cfg.raw)
+        self.state = TrainState(next_eval=self.plan.eval_every)
+        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
+        # and the communicated models/gradients stay fp32
+        self.autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
+        self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted
+        self.requeue = False
+        self.diverged = False            # this rank saw a non-finite loss (shared at the next control exchange)
+        self.loss = math.nan             # the last step's loss
+        self.last_compute_s: float | None = None
+        self.last_checkpoint_s = self.last_progress_s = 0.0
 
-    def straggle(compute_s: float) -> float:
+    def train(self) -> dict | None:
+        """The story of a run: start or resume, then steps until a synchronisation point decides to stop."""
+        resumed = self.start_or_resume()
+        self.open_logs(resumed)
+        batches = self.workload.batches(self.state.local_step)
+        try:
+            while self.status is None:
+                r = self.train_step(batches)
+                if not self.at_control_point(r):
+                    continue
+                # --- synchronisation point: every rank is at round r ---------------------------------
+                self.steps.flush()
+                flags = self.control_flags().exchange(self.comm)
+                if flags.diverged:
+                    self.status = "diverged"
+                    break
+                meta = {"step": r, "epoch": self.epoch(r), "samples": flags.samples,
+                        "train_s": round(self.clock.train_s, 4)}
+                if self.should_evaluate(r):
+                    self.evaluate(r, meta)
+                elif self.should_report_progress():
+                    self.report_progress(r, meta)
+                self.status = self.status or self.stop_reason(r, flags)
+                if self.should_checkpoint(flags):
+                    self.checkpoint(meta)
+                    if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
+                        self.status, self.requeue = "preempted", flags.requeue
+            counts = self.final_counts()
+            self.algo.close()
+        except BaseException as err:
+            self.finalize("failed", self.counts_at_failure(), error=err)
+            raise
+        finally:
+            self.progress.close()
+            self.steps.close()
+        summary = self.finalize(self.status, counts)
+        if self.requeue and self.rank == 0:
+            self.requeue_or_explain(counts["step"])
+        return summary
+
+    # --- start ---------------------------------------------------------------------------------------
+    def start_or_resume(self) -> bool:
+        """Load the latest verified checkpoint set (the same decision on every rank) or start fresh."""
+        resumed = self.checkpointer.agree(self.comm, self.cfg.checkpoint.resume)
+        if resumed:
+            saved = self.checkpointer.load(self.model, self.algo)
+            self.state = TrainState.from_dict({**self.state.to_dict(), **saved["state"]})
+            self.clock.train_s, self.clock.eval_s, self.clock.wall_s = saved["clock"]
+            self.last_checkpoint_s = self.clock.train_s  # checkpoint.every_s counts from the resumed one
+        else:
+            self.algo.broadcast_initial_model()
+            if self.rank == 0:  # an earlier attempt's summary and checkpoints must not stand for this one
+                (self.run_dir / SUMMARY).unlink(missing_ok=True)
+                self.checkpointer.discard_earlier_attempt()
+        return resumed
+
+    def open_logs(self, resumed: bool) -> None:
+        """Open the event and step logs, start the clock, log run_start (or run_resume), show progress."""
+        cfg, algo = self.cfg, self.algo
+        # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
+        self.events = event_log_for_run(cfg, self.run_dir, self.rank, resume_step=algo.round if resumed else None)
+        self.steps = StepLog(self.run_dir, self.rank, resume_step=self.state.local_step if resumed else None)
+        self.comm.barrier()
+        self.clock.start()
+        if resumed:
+            self.events.emit("run_resume", None, step=algo.round, epoch=self.epoch(algo.round),
+                             train_s=self.clock.train_s, init_time_ms=self.init_time_ms)
+        else:
+            plan = self.plan
+            self.events.emit("run_start", None, **run_start_fields(
+                cfg, self.comm, self.workload, algo, self.model, eval_model=self.eval_mode,
+                init_time_ms=self.init_time_ms, steps_total=plan.total, steps_per_epoch=plan.steps_per_epoch,
+                eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"]))
+        if self.rank == 0 and self.comm.backend_name == "mpi":  # on a cluster: the system MPI, not a pip wheel?
+            print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
+        self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
+                                 cfg.logger.log_every_s, f"{cfg.workload.name}/{algo.name} x{self.world}")
+
+    # --- the step ------------------------------------------------------------------------------------
+    def train_step(self, batches) -> int:
+        """One local step (learning rate, straggler delay, batch, forward/backward, the algorithm's step),
+        logged to the step log; returns the round this rank has completed."""
+        state = self.state
+        # Each rank follows the schedule by its own data consumption (local steps): identical to the round
+        # count for synchronous optimizers; wait-avoiding ranks may skip rounds.
+        self.algo.set_lr(lr_at(state.local_step / self.plan.steps_per_epoch, **self.plan.lr_schedule))
+        # A straggler is late with its gradient: the injected delay comes before the computation (after
+        # backward it would hide behind the gradient buckets already in flight). Models relative to the
+        # compute time use the previous step's; the first step, which has none, sleeps after its own.
+        first = self.last_compute_s is None
+        delay_s = 0.0 if first else self.straggle(self.last_compute_s)
+        t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
+        batch = next(batches)
+        self.algo.zero_grad()
+        with self.autocast:
+            loss, n = self.workload.forward(self.model, batch)
+        loss.backward()
+        compute_s = self.last_compute_s = time.perf_counter() - t0
+        if first:
+            delay_s = self.straggle(compute_s)
+        info = self.algo.step()
+        self.loss = float(loss.detach())
+        self.diverged = self.diverged or not math.isfinite(self.loss)
+        state.local_step += 1
+        state.samples_local += n
+        self.clock.tick()
+        self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
+                          compute_s=round(compute_s, 5), delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
+                          samples=n, loss=round(self.loss, 5), staleness=info.staleness,
+                          **self.workload.step_stats())
+        return info.round
+
+    def straggle(self, compute_s: float) -> float:
         """Sleep this step's injected delay (the imbalance model, given a compute time); return it."""
-        delay_s = imbalance.delay(rank, world, state["local_step"], compute_s)
+        delay_s = self.imbalance.delay(self.rank, self.world, self.state.local_step, compute_s)
         if delay_s > 0:
             time.sleep(delay_s)
         return delay_s
 
-    try:
-        while status is None:
-            # Each rank follows the schedule by its own data consumption (local steps): identical to the
-            # round count for synchronous optimizers; wait-avoiding ranks may skip rounds.
-            algo.set_lr(lr_at(state["local_step"] / spe, **schedule))
-            # A straggler is late with its gradient: the injected delay comes before the computation (after
-            # backward it would hide behind the gradient buckets already in flight). Models relative to the
-            # compute time use the previous step's; the first step, which has none, sleeps after its own.
-            first = last_compute_s is None
-            delay_s = 0.0 if first else straggle(last_compute_s)
-            t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
-            batch = next(batches)
-            algo.zero_grad()
-            with autocast:
-                loss, n = workload.forward(model, batch)
-            loss.backward()
-            compute_s = last_compute_s = time.perf_counter() - t0
-            if first:
-                delay_s = straggle(compute_s)
-            info = algo.step()
-            loss_value = float(loss.detach())
-            diverged = diverged or not math.isfinite(loss_value)
-            state["local_step"] += 1
-            state["samples_local"] += n
-            clock.tick()
-            steps.record(step=state["local_step"], round=info.round, t=round(clock.train_s, 4),
-                         compute_s=round(compute_s, 5), delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
-                         samples=n, loss=round(loss_value, 5), staleness=info.staleness, **workload.step_stats())
-            r = info.round
-            if r % sync or (r % control_every and r < state["next_eval"] and r < total):
-                continue
-            # --- synchronisation point: every rank is at round r ---------------------------------
-            steps.flush()
-            want_ckpt = rank == 0 and clock.train_s - last_ckpt >= cfg.checkpoint.every_s
-            over_time = rank == 0 and cfg.train.time_limit_s is not None and clock.train_s >= cfg.train.time_limit_s
-            ctrl = torch.tensor([float(diverged), float(preempt.signal is not None), float(state["samples_local"]),
-                                 float(want_ckpt), float(over_time), float(preempt.requeue)], dtype=torch.float64,
-                                device=comm.device)
-            comm.allreduce(ctrl, op="sum")
-            ctrl = ctrl.cpu().tolist()
-            samples = int(ctrl[2])
-            meta = {"step": r, "epoch": round(r / spe, 4), "samples": samples,
-                    "train_s": round(clock.train_s, 4)}
-            if ctrl[0] > 0:
-                status = "diverged"
-                break
-            if r >= state["next_eval"] or r >= total:
-                with clock.paused("eval"):
-                    t_eval = time.perf_counter()
-                    metric = workload.evaluate(evaluator.get(), comm)
-                    eval_took = time.perf_counter() - t_eval
-                state["next_eval"] = r + eval_every
-                state["best"] = metric if state["best"] is None else max(state["best"], metric)
-                events.emit("eval_accuracy", metric, **meta, wall_s=round(clock.wall_s, 4),
-                            eval_s=round(clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(algo),
-                            **workload.eval_metadata())
-                progress.update(r, f"{workload.metric_name}={metric:.4f} loss={loss_value:.3f}", force=True)
-                if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
-                    status = "completed"
-            elif rank == 0 and clock.wall_s - last_progress >= cfg.logger.log_every_s:
-                events.emit("progress", None, **meta, wall_s=round(clock.wall_s, 4), eval_s=round(clock.eval_s, 4))
-                last_progress = clock.wall_s
-                progress.update(r, f"loss={loss_value:.3f}")
-            if status is None and r >= total:
-                status = "completed"
-            if status is None and ctrl[4] > 0:
-                status = "time_limit"
-            if ctrl[1] > 0 or ctrl[3] > 0:
-                with clock.paused():
-                    ckpt.save(model, algo, state, clock)
-                last_ckpt = clock.train_s
-                events.emit("checkpoint", None, **meta)
-                if ctrl[1] > 0 and status is None:
-                    status = "preempted"
-                    requeue = ctrl[5] > 0
-        final = {"step": algo.round, "samples": _global_samples(comm, state), "train_s": round(clock.train_s, 4),
-                 "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
-        algo.close()
-    except BaseException as err:
-        if rank == 0:
-            events.emit("run_stop", None, status="failed", error=f"{type(err).__name__}: {err}",
-                        step=algo.round, train_s=round(clock.train_s, 4), wall_s=round(clock.wall_s, 4),
-                        eval_s=round(clock.eval_s, 4), samples=state["samples_local"] * world)
-            write_json_atomic(run_dir / SUMMARY, summarize(read_jsonl(events.path)))
-            try_write_mllog(run_dir)
-        events.close()
-        raise
-    finally:
-        progress.close()
-        steps.close()
-    # A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop.
-    events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **final)
-    summary = None
-    if rank == 0:
-        summary = summarize(read_jsonl(run_dir / "events.jsonl"))
-        write_json_atomic(run_dir / SUMMARY, summary)
-        try_write_mllog(run_dir, echo=cfg.logger.mllog)
-    events.close()  # after the derived files: the W&B mirror logs them as an artifact
-    if rank != 0:
-        return None
-    if requeue and not requeue_job():  # after the summary: the requeue ends this job's steps
-        print(f"wagma-bench: preempted at step {final['step']} outside SLURM: checkpoint saved, no job to "
-              f"requeue; run the same command again to resume from {run_dir}", flush=True)
-    return summary
+    # --- synchronisation points ----------------------------------------------------------------------
+    def at_control_point(self, r: int) -> bool:
+        """Round r is a synchronisation point where the ranks exchange control flags: a multiple of the
+        sync period that is due for a control exchange, an evaluation or the end."""
+        if r % self.plan.sync:
+            return False
+        return r % self.plan.control_every == 0 or r >= self.state.next_eval or r >= self.plan.total
+
+    def control_flags(self) -> ControlFlags:
+        """This rank's flags (the time-based ones are rank 0's: its clock decides for all)."""
+        clock, limit = self.clock, self.cfg.train.time_limit_s
+        return ControlFlags(
+            diverged=self.diverged, preempted=self.preemption.signal is not None,
+            samples=self.state.samples_local,
+            checkpoint_due=self.rank == 0 and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
+            over_time=self.rank == 0 and limit is not None and clock.train_s >= limit,
+            requeue=self.preemption.requeue)
+
+    def should_evaluate(self, r: int) -> bool:
+        return r >= self.state.next_eval or r >= self.plan.total
+
+    def evaluate(self, r: int, meta: dict) -> None:
+        """Evaluate (off the training clock), log eval_accuracy; reaching the target may end the run."""
+        with self.clock.paused("eval"):
+            t_eval = time.perf_counter()
+            metric = self.workload.evaluate(self.evaluator.get(), self.comm)
+            eval_took = time.perf_counter() - t_eval
+        state, cfg = self.state, self.cfg
+        state.next_eval = r + self.plan.eval_every
+        state.best = metric if state.best is None else max(state.best, metric)
+        self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
+                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(self.algo),
+                         **self.workload.eval_metadata())
+        self.progress.update(r, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
+        if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
+            self.status = "completed"
+
+    def should_report_progress(self) -> bool:
+        return self.rank == 0 and self.clock.wall_s - self.last_progress_s >= self.cfg.logger.log_every_s
+
+    def report_progress(self, r: int, meta: dict) -> None:
+        self.events.emit("progress", None, **meta, wall_s=round(self.clock.wall_s, 4),
+                         eval_s=round(self.clock.eval_s, 4))
+        self.last_progress_s = self.clock.wall_s
+        self.progress.update(r, f"loss={self.loss:.3f}")
+
+    def stop_reason(self, r: int, flags: ControlFlags) -> str | None:
+        """Why the run ends at round r when nothing ended it before: its length, or rank 0's time limit."""
+        if r >= self.plan.total:
+            return "completed"
+        return "time_limit" if flags.over_time else None
+
+    @staticmethod
+    def should_checkpoint(flags: ControlFlags) -> bool:
+        """A checkpoint is due (rank 0's clock) or a preemption signal asks for one before the run stops."""
+        return flags.preempted or flags.checkpoint_due
+
+    def checkpoint(self, meta: dict) -> None:
+        """Save every rank's state (off the training clock) as one verified set; log it."""
+        with self.clock.paused():
+            self.checkpointer.save(self.model, self.algo, self.state.to_dict(), self.clock)
+        self.last_checkpoint_s = self.clock.train_s
+        self.events.emit("checkpoint", None, **meta)
+
+    def epoch(self, r: int) -> float:
+        return round(r / self.plan.steps_per_epoch, 4)
+
+    # --- end -----------------------------------------------------------------------------------------
+    def final_counts(self) -> dict:
+        """The run's totals for its last event (collective: the samples of all ranks)."""
+        clock = self.clock
+        return {"step": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
+                "train_s": round(clock.train_s, 4), "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
+
+    def counts_at_failure(self) -> dict:
+        """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
+        clock = self.clock
+        return {"step": self.algo.round, "train_s": round(clock.train_s, 4), "wall_s": round(clock.wall_s, 4),
+                "eval_s": round(clock.eval_s, 4), "samples": self.state.samples_local * self.world}
+
+    def finalize(self, status: str, counts: dict, error: BaseException | None = None) -> dict | None:
+        """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
+
+        A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop.
+        """
+        detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
+        self.events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **detail,
+                         **counts)
+        summary = None
+        if self.rank == 0:
+            summary = summarize(read_jsonl(self.events.path))
+            write_json_atomic(self.run_dir / SUMMARY, summary)
+            try_write_mllog(self.run_dir, echo=self.cfg.logger.mllog and error is None)
+        self.events.close()  # after the derived files: the W&B mirror logs them as an artifact
+        return summary
+
+    def requeue_or_explain(self, step: int) -> None:
+        """Rank 0, after the summary (the requeue ends this job's steps)."""
+        if not requeue_job():
+            print(f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
+                  f"requeue; run the same command again to resume from {self.run_dir}", flush=True)
 
 
 def algo_lr(algo) -> float:
     return float(algo.optimizer.param_groups[0]["lr"])
 
 
-def _global_samples(comm: Comm, state: dict) -> int:
-    t = torch.tensor([float(state["samples_local"])], dtype=torch.float64, device=comm.device)
+def _global_samples(comm: Comm, samples_local: int) -> int:
+    t = torch.tensor([float(samples_local)], dtype=torch.float64, device=comm.device)
     comm.allreduce(t, op="sum")
     return int(t.item())
 
