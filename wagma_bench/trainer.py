@@ -197,7 +197,7 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
         eval_samples=workload.eval_size, sync_period=algo.sync_period,
         # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
-        group_size=getattr(algo, "group_size", None),
+        group_size=algo.group_size,
         model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
         ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
         git_sha=git_sha(), versions=versions(comm), hosts=hosts, config=cfg.raw)

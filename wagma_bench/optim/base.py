@@ -44,6 +44,9 @@ class Algorithm(abc.ABC):
     #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
     #: Every algorithm sets it.
     models_identical: ClassVar[bool]
+    #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
+    #: None for algorithms without groups. run_start logs it.
+    group_size: int | None = None
 
     def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
                  bucket_mb: float = float("inf")):
