@@ -208,7 +208,9 @@ def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(tmp_path
 def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
     logs every step once and the events hold one run_start, one run_resume and one run_stop."""
-    args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=1", "logger.progress=off",
+    # checkpoints 3 s apart: the kill lands after the steps logged past one checkpoint and (on a busy
+    # machine too) before the next one is written
+    args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=3", "logger.progress=off",
                         f"hydra.run.dir={tmp_path}"]
     first = start(args + ["train.max_steps=400"])
     try:
