@@ -82,7 +82,7 @@ def supervise(ctx, folder: Path, hung_after_s: float) -> None:
             _kill_all(ctx)
             raise RunFailed(_hung_message(hung, hung_after_s))
         try:
-            if ctx.join(timeout=HEARTBEAT_S, grace_period=GRACE_S):
+            if _join(ctx, HEARTBEAT_S):
                 return
         except mp.ProcessExitedException as err:
             stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
@@ -131,6 +131,19 @@ def _hung_message(stalled: dict[int, float], after_s: float) -> str:
     ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
     return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
             f"interpreter) for more than {after_s:g} s")
+
+
+def _join(ctx, timeout: float) -> bool:
+    """``ProcessContext.join`` giving the survivors of a failure :data:`GRACE_S` before SIGTERM and again before
+    SIGKILL. An older torch (before 2024) has no ``grace_period``: there the survivors get SIGTERM at once, then SIGKILL only
+    after torch's own wait, as before this module."""
+    import inspect
+
+    from torch.multiprocessing.spawn import ProcessContext
+
+    if "grace_period" in inspect.signature(ProcessContext.join).parameters:
+        return ctx.join(timeout=timeout, grace_period=GRACE_S)
+    return ctx.join(timeout=timeout)
 
 
 def _kill_all(ctx) -> None:
