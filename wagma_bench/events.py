@@ -322,7 +322,7 @@ class RunEvents:
         run_dir = Path(run_dir)
         events = [e for e in read_jsonl(run_dir / EVENTS) if isinstance(e, dict) and "key" in e]
         summary = _read_json(run_dir / SUMMARY)
-        return cls(run_dir, events, _torn(run_dir / EVENTS), summary,
+        return cls(run_dir, events, torn_last_line(run_dir / EVENTS), summary,
                    summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS))
 
     @property
@@ -380,7 +380,7 @@ class RunEvents:
         return self.saved_summary if self.saved_summary is not None else self.summary()
 
 
-def _torn(path: Path) -> bool:
+def torn_last_line(path: Path) -> bool:
     """True when the file's last line was cut mid-write (no final newline)."""
     try:
         with open(path, "rb") as f:

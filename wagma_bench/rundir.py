@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import EVENTS, LIFECYCLE, SUMMARY, RunEvents, read_jsonl, write_json_atomic
+from wagma_bench.events import EVENTS, SUMMARY, RunEvents, read_jsonl, torn_last_line, write_json_atomic
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -170,8 +170,8 @@ def record_failure(run_dir: Path, error: str) -> dict:
     ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
     gives the launcher's view first, then rank 0's."""
     path = run_dir / EVENTS
-    events = read_jsonl(path)
-    lifecycle = [e["key"] for e in events if e["key"] in LIFECYCLE]
+    record = RunEvents.read(run_dir)
+    events, lifecycle = record.events, record.lifecycle
     if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
         return finalize(run_dir, status="failed", error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
@@ -183,7 +183,7 @@ def record_failure(run_dir: Path, error: str) -> dict:
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
              "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
     with open(path, "ab") as f:
-        torn = f.tell() > 0 and not _ends_with_newline(path)  # rank 0 died in the middle of a line
+        torn = torn_last_line(path)  # rank 0 died in the middle of a line
         f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
@@ -198,9 +198,3 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
         return {}
     return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
             "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"

@@ -15,6 +15,8 @@ collectives at once, and rank 0 then records its own view), then SIGTERM, then a
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import shutil
 import signal
@@ -135,15 +137,18 @@ def _hung_message(stalled: dict[int, float], after_s: float) -> str:
 
 def _join(ctx, timeout: float) -> bool:
     """``ProcessContext.join`` giving the survivors of a failure :data:`GRACE_S` before SIGTERM and again before
-    SIGKILL. An older torch (before 2024) has no ``grace_period``: there the survivors get SIGTERM at once, then SIGKILL only
-    after torch's own wait, as before this module."""
-    import inspect
-
-    from torch.multiprocessing.spawn import ProcessContext
-
-    if "grace_period" in inspect.signature(ProcessContext.join).parameters:
+    SIGKILL. An older torch (before 2024) has no ``grace_period``: there the survivors get SIGTERM at once,
+    then SIGKILL only after torch's own wait, as before this module."""
+    if _join_has_grace_period():
         return ctx.join(timeout=timeout, grace_period=GRACE_S)
     return ctx.join(timeout=timeout)
+
+
+@functools.cache
+def _join_has_grace_period() -> bool:  # asked once, not at every heartbeat of the supervision loop
+    from torch.multiprocessing.spawn import ProcessContext
+
+    return "grace_period" in inspect.signature(ProcessContext.join).parameters
 
 
 def _kill_all(ctx) -> None:
