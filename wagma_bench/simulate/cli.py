@@ -68,7 +68,14 @@ from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.schedules import CONTROL_EVERY
 from wagma_bench.simulate.costs import Network
-from wagma_bench.simulate.des import SIMULATORS, SimConfig, SimResult, Workload, local_state_tensors, simulate
+from wagma_bench.simulate.des import (
+    SimConfig,
+    SimResult,
+    Workload,
+    local_state_tensors,
+    simulate,
+    simulated_optimizers,
+)
 from wagma_bench.simulate.presets import preset_for
 from wagma_bench.sweep import CONF_DIR, load_profile, parse_overrides
 
@@ -92,7 +99,7 @@ class Request:
     it) and simulate's own keys."""
 
     run_overrides: list[str] = field(default_factory=list)  # one value each, optimizer=... excluded
-    optimizers: list[str] = field(default_factory=lambda: list(SIMULATORS))
+    optimizers: list[str] = field(default_factory=simulated_optimizers)
     optimizer_overrides: list[tuple[str, str]] = field(default_factory=list)  # (KEY, VALUE) of optimizer.KEY
     gpus: list[int] | None = None
     cluster: str | None = None

@@ -72,6 +72,14 @@ from wagma_bench.comm.topology import (
 )
 from wagma_bench.imbalance import Imbalance, NoImbalance
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.adpsgd import ADPSGD
+from wagma_bench.optim.allreduce import AllreduceSGD
+from wagma_bench.optim.base import Algorithm
+from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.eager import EagerSGD
+from wagma_bench.optim.local_sgd import LocalSGD
+from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.wagma import WagmaSGD
 from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.costs import Network
 
@@ -143,8 +151,8 @@ class SimConfig:
 
     def __post_init__(self):
         algorithm = OPTIMIZERS.get(self.optimizer)
-        if algorithm is None or self.optimizer not in SIMULATORS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(SIMULATORS)}")
+        if algorithm not in SIMULATIONS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(simulated_optimizers())}")
         if self.settings is None:
             self.settings = algorithm.Settings()
         elif not isinstance(self.settings, algorithm.Settings):
@@ -553,19 +561,25 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     return res
 
 
-# The optimizer registry's names (wagma_bench.optim.OPTIMIZERS: name -> algorithm and its Settings) -> the
-# model of each algorithm's communication; a test keeps the two key sets equal.
-SIMULATORS: dict[str, Callable[[SimConfig], SimResult]] = {
-    "allreduce": sim_allreduce,
-    "wagma": sim_wagma,
-    "local_sgd": sim_local_sgd,
-    "dpsgd": sim_dpsgd,
-    "adpsgd": sim_adpsgd,
-    "sgp": sim_sgp,
-    "eager": sim_eager,
+# Each algorithm of the one optimizer registry (wagma_bench.optim.OPTIMIZERS: name -> algorithm, which carries
+# its Settings) -> the model of its communication. Keyed by the class, so an optimizer's name is written once,
+# in its module; a test checks that every registered algorithm has a simulation.
+SIMULATIONS: dict[type[Algorithm], Callable[[SimConfig], SimResult]] = {
+    AllreduceSGD: sim_allreduce,
+    WagmaSGD: sim_wagma,
+    LocalSGD: sim_local_sgd,
+    DPSGD: sim_dpsgd,
+    ADPSGD: sim_adpsgd,
+    SGP: sim_sgp,
+    EagerSGD: sim_eager,
 }
+
+
+def simulated_optimizers() -> list[str]:
+    """The ``optimizer=`` names the simulator models, in the registry's order."""
+    return [name for name, algorithm in OPTIMIZERS.items() if algorithm in SIMULATIONS]
 
 
 def simulate(cfg: SimConfig) -> SimResult:
     """Simulate ``cfg.steps`` rounds of ``cfg.optimizer`` on ``cfg.world_size`` workers."""
-    return SIMULATORS[cfg.optimizer](cfg)
+    return SIMULATIONS[OPTIMIZERS[cfg.optimizer]](cfg)
