@@ -63,6 +63,9 @@ def test_a_value_outside_the_choices_fails_the_config_check(pick, key, allowed):
     (["workload=ddppo", "workload.sync_frac=0"], "workload.sync_frac=0.0 is not allowed; it must be in (0, 1]"),
     (["workload=transformer", "data.max_len=2"], "data.max_len=2 is not allowed; it must be >= 3"),
     (["imbalance=fixed", "imbalance.ranks=[]"], "imbalance.ranks=[] is not allowed"),
+    (["imbalance=fixed", "imbalance.ranks=[1,7]", "launcher.nproc=4"],  # was taken modulo the world: rank 3
+     "imbalance.ranks=[1, 7] is not allowed with 4 ranks; every rank must be below 4"),
+    (["seed=1.5"], "seed=1.5 is not allowed; it must be an integer"),
 ])
 def test_rules_once_checked_on_the_ranks_fail_the_config_check(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

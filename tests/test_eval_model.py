@@ -11,8 +11,11 @@ from tests.dist_util import run_world
 from wagma_bench.optim import OPTIMIZERS
 
 
-def test_every_algorithm_says_whether_its_models_are_identical():
-    assert {name: "models_identical" in cls.__dict__ for name, cls in OPTIMIZERS.items()} == dict.fromkeys(OPTIMIZERS, True)
+def test_every_algorithm_declares_its_class_attributes():
+    """What the trainer and the tables read from the class: set by each algorithm, not inherited."""
+    for declared in ("name", "paper", "models_identical", "Settings"):
+        assert {name: declared in cls.__dict__ for name, cls in OPTIMIZERS.items()} == dict.fromkeys(OPTIMIZERS, True)
+    assert all(cls.name == name for name, cls in OPTIMIZERS.items())
     assert OPTIMIZERS["allreduce"].models_identical
 
 

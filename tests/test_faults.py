@@ -611,6 +611,13 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, opt
 ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]
 
 
+def test_every_registered_optimizer_has_a_resume_test():
+    """Bit-identical continuation (deterministic ones) or every step and round logged once (asynchronous)."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    assert {p.values[0] for p in DETERMINISTIC + ASYNCHRONOUS} == set(OPTIMIZERS)
+
+
 @pytest.mark.parametrize("optimizer", ASYNCHRONOUS)
 def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optimizer):
     """Asynchronous optimizers (no bit-identical oracle): the resumed run's step logs hold every local step

@@ -154,3 +154,10 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
     assert got == pytest.approx(no_loss_sum(results, steps, zero), rel=1e-9, abs=1e-5), (config, got, steps)
     if config != "wagma-skip":  # every other optimizer takes one local step per round
         assert all(r["records"][-1][1] == r["records"][-1][0] for r in results)
+
+
+def test_every_registered_optimizer_has_an_invariant_case():
+    """A new optimizer in the registry fails here until CONFIGS gives it a case (README, "Adding an optimizer")."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    assert {optimizer for optimizer, _ in CONFIGS.values()} == set(OPTIMIZERS)

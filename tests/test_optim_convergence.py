@@ -15,16 +15,14 @@ import torch
 from torch import nn
 
 from tests.test_optim_util import make_algorithm, run_world
+from wagma_bench.optim import OPTIMIZERS as REGISTRY
+from wagma_bench.schedules import round_up
 
-# name -> (registered optimizer, settings)
-OPTIMIZERS = {
-    "local_sgd": ("local_sgd", {}),
-    "dpsgd": ("dpsgd", {}),
-    "adpsgd": ("adpsgd", {}),
-    "sgp": ("sgp", {}),
+# name -> (registered optimizer, settings): every registered optimizer at its defaults, and the other modes
+OPTIMIZERS = {name: (name, {}) for name in REGISTRY} | {
     "sgp_overlap": ("sgp", {"overlap": True}),
     "eager_solo": ("eager", {"mode": "solo"}),
-    "eager_majority": ("eager", {"mode": "majority"}),
+    "wagma_skip": ("wagma", {"catch_up": "skip"}),
 }
 DIM, ROWS, STEPS, LR = 8, 32, 200, 0.1
 COMPUTE_S = 0.002
@@ -61,12 +59,15 @@ def _train(comm, name: str):
     optimizer, settings = OPTIMIZERS[name]
     algo = make_algorithm(optimizer, comm, model, lambda params: torch.optim.SGD(params, lr=LR, momentum=0.5),
                           seed=3, **settings)
-    for t in range(STEPS):
-        algo.set_lr(LR * min(1.0, 2 * (1 - t / STEPS)))  # constant, then linear decay to 0 in the last half
+    # rounds, as the trainer counts them: up to a synchronous round, and a step may complete several rounds
+    # (WAGMA-SGD with catch_up=skip leaves out the rounds a rank joined passively)
+    rounds, done = round_up(STEPS, algo.sync_period), 0
+    while done < rounds:
+        algo.set_lr(LR * min(1.0, 2 * (1 - done / rounds)))  # constant, then linear decay to 0 in the last half
         algo.zero_grad()
         (0.5 * (model(a) - b).pow(2).mean()).backward()
         time.sleep(COMPUTE_S)  # a gradient takes time: asynchronous gossip needs some to overlap with
-        algo.step()
+        done = algo.step().round
     comm.barrier()  # all ranks at the same round, as at the trainer's synchronisation points
     mean = algo.average_model()[0].double()
     algo.close()

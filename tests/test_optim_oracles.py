@@ -409,3 +409,29 @@ def test_adpsgd_keeps_the_sum_and_shrinks_the_spread():
             assert spread < tolerance, (final, spread0)
         else:  # the control: ranks that never communicate fail the same tolerance
             assert spread >= tolerance, (final, spread0)
+
+
+# Each registered optimizer's exact oracle (an independent computation of what its models must be), by test;
+# a new optimizer fails the test below until it names one here (README, "Adding an optimizer").
+ORACLES = {
+    "allreduce": "tests/test_allreduce_ddp.py::test_same_weights_as_ddp_after_k_steps",
+    "wagma": "tests/test_optim_oracles.py::test_wagma_on_time_equals_group_averaging_then_the_local_step",
+    "local_sgd": "tests/test_optim_oracles.py::test_local_sgd_averages_exactly_at_multiples_of_period",
+    "dpsgd": "tests/test_optim_oracles.py::test_dpsgd_one_step_is_exact_neighbour_mean",
+    "adpsgd": "tests/test_optim_oracles.py::test_adpsgd_keeps_the_sum_and_shrinks_the_spread",
+    "sgp": "tests/test_optim_oracles.py::test_sgp_debiased_values_are_exact_and_reach_consensus",
+    "eager": "tests/test_optim_async.py::test_slow_rank_clean_shutdown_and_wait_avoidance",
+}
+
+
+def test_every_registered_optimizer_has_an_oracle():
+    import ast
+
+    from wagma_bench.optim import OPTIMIZERS
+
+    assert set(ORACLES) == set(OPTIMIZERS)
+    root = Path(__file__).resolve().parents[1]
+    for name, node_id in ORACLES.items():
+        path, test = node_id.split("::")
+        tests = {n.name for n in ast.parse((root / path).read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert test in tests, f"{name}: {node_id} does not exist"

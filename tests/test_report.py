@@ -181,6 +181,27 @@ def test_throughput_plot_takes_predictions(tmp_path):
 
 # --- W&B and MLPerf logs (pure parts) ----------------------------------------------------------------
 
+def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path, monkeypatch):
+    """The check `run` makes before it starts any rank (cli._run_job -> extras.check_extras), so the ranks
+    never meet it on rank 0 after they are up."""
+    from hydra import compose, initialize_config_dir
+
+    from wagma_bench.config import ConfigError, validate
+    from wagma_bench.extras import check_extras
+
+    empty = tmp_path / "netrc"
+    empty.write_text("")
+    monkeypatch.setenv("NETRC", str(empty))
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = validate(compose(config_name="wagma", overrides=["logger=wandb", "logger.wandb.mode=online"]))
+    with pytest.raises(ConfigError, match=r"logger.wandb.mode=online is not allowed without a W&B API key"):
+        check_extras(cfg)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_extras(cfg)
+
+
 def test_wandb_mode_and_group(tmp_path):
     empty = tmp_path / "netrc"
     empty.write_text("")
@@ -191,7 +212,7 @@ def test_wandb_mode_and_group(tmp_path):
     keyed.chmod(0o600)
     assert has_api_key({"NETRC": str(keyed)})
     assert resolve_mode("auto", {"NETRC": str(keyed), "WANDB_MODE": "offline"}) == "offline"
-    with pytest.raises(ValueError, match="needs an API key"):
+    with pytest.raises(ValueError, match="not allowed without a W&B API key"):
         resolve_mode("online", {"NETRC": str(empty)})
     with pytest.raises(ValueError, match="auto, offline, online"):
         resolve_mode("cloud", {})

@@ -233,7 +233,7 @@ def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
 def test_cli_writes_table_and_plot(tmp_path, capsys):
     from wagma_bench.simulate.cli import main
 
-    rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=paper", "steps=22",
+    rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=paper", "train.max_steps=22",
                "samples_to_target=1e5", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads((tmp_path / "predictions.json").read_text())
@@ -301,10 +301,29 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 
     rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
-                        "imbalance=paper", "imbalance.delay_s=0.1", "gpus=8", "steps=20", "--out", str(tmp_path)])
+                        "imbalance=paper", "imbalance.delay_s=0.1", "gpus=8", "train.max_steps=20", "--out", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
     assert (row["optimizer"], row["world_size"], row["workload"], row["rounds"]) == ("local_sgd", 8, "resnet50", 20)
+
+
+def test_simulate_reads_runs_batch_and_steps_and_refuses_epochs(tmp_path, capsys):
+    """`run`'s train.max_steps and train.batch_size are the simulation's rounds and batch (no second name);
+    what a throughput model cannot honour is refused, not ignored."""
+    from wagma_bench.simulate.cli import main as simulate_main
+
+    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8"]
+    out = ["--out", str(tmp_path)]
+    assert simulate_main([*base, "train.max_steps=30", "train.batch_size=64", "step_s=0.16", *out]) == 0
+    (row,) = json.loads((tmp_path / "predictions.json").read_text())
+    assert row["rounds"] == 30 and row["samples"] == 30 * 8 * 64
+    for args, message in [(["train.epochs=3"], "simulate counts rounds, not epochs: give train.max_steps=N"),
+                          (["steps=30"], "steps=30: simulate takes run's option names; give train.max_steps=30"),
+                          (["batch=64"], "give train.batch_size=64"),
+                          (["train.batch_size=64"], "preset's step_s=0.32 s is one step at batch 128; give step_s=")]:
+        capsys.readouterr()
+        assert simulate_main([*base, *args, *out]) == 2, args
+        assert message in capsys.readouterr().err, args
 
 
 def test_no_simulate_module_reads_yaml():

@@ -172,7 +172,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.checkpoint import CheckpointError, check_against_run
-    from wagma_bench.config import ConfigError, check_group_size
+    from wagma_bench.config import ConfigError, check_world
     from wagma_bench.launch import device_plan, run_rank, slurm_master, spawn_local
     from wagma_bench.rundir import finished_summary
     from wagma_bench.supervise import RunFailed, record_failed_run
@@ -182,7 +182,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
             plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
-            check_group_size(run_cfg.optimizer, plan.nproc)  # the world size is known now
+            check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
         except ConfigError as err:
             _fail(str(err), 2)
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None

@@ -143,6 +143,15 @@ def _is_section(node: Any) -> bool:
     return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
+def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
+    """The settings that depend on the world size, once it is known (``None``: not yet)."""
+    check_group_size(optimizer, world_size)
+    ranks = getattr(imbalance, "ranks", None)  # imbalance=fixed names its slow ranks
+    if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
+        raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
+                          f"must be below {world_size}")
+
+
 def check_group_size(optimizer: Any, world_size: int | None) -> None:
     """WAGMA's groups: a power of two that fits the world padded to the next power of two (``world_size``
     None: not known yet, e.g. ``launcher.nproc=null`` before the visible GPUs are counted)."""
@@ -389,8 +398,8 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
                           f"{', '.join(sorted(data_options))}")
     typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
     seed = raw.get("seed", 1)
-    if not isinstance(seed, int):
-        raise ConfigError(f"seed must be an integer, got {seed!r}")
-    check_group_size(typed["optimizer"], world_size or typed["launcher"].nproc)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
+    check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

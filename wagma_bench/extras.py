@@ -11,6 +11,7 @@ import importlib.util
 
 from wagma_bench.config import RunConfig
 from wagma_bench.errors import ConfigError
+from wagma_bench.loggers import resolve_mode
 
 FAIRSEQ_HINT = ("pip install --no-build-isolation fairseq-fixed==0.12.3.1 (after cython, setuptools, wheel "
                 "and numpy; `make setup` does it)")
@@ -32,11 +33,13 @@ def require(module: str, extra: str, needed_by: str) -> None:
 
 
 def check_extras(cfg: RunConfig) -> None:
-    """Every optional package the configuration uses is installed (else a ConfigError naming its extra)."""
+    """Every optional package the configuration uses is installed (else a ConfigError naming its extra), and
+    W&B's mode can be met (``online`` needs an API key)."""
     if cfg.comm.name == "mpi":
         require("mpi4py", "mpi", "comm=mpi")
     if cfg.logger.wandb is not None:
         require("wandb", "wandb", "logger=wandb")
+        resolve_mode(cfg.logger.wandb.mode)  # online needs an API key: refused here, not on rank 0 later
     if cfg.workload.name == "transformer":
         require("sacrebleu", "transformer", "workload=transformer")
         require("sacremoses", "transformer", "workload=transformer")

@@ -82,8 +82,8 @@ class FixedImbalance(Imbalance):
         self.settings = settings
 
     def delay(self, rank, world_size, step, base_s):
-        slow = {r % world_size for r in self.settings.ranks}
-        return (self.settings.factor - 1.0) * base_s if rank in slow else 0.0
+        # every listed rank exists: config.check_world refuses a rank outside the world before any rank starts
+        return (self.settings.factor - 1.0) * base_s if rank in self.settings.ranks else 0.0
 
 
 class LognormalImbalance(Imbalance):

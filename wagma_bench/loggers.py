@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from wagma_bench.config import WandbConfig
+from wagma_bench.errors import ConfigError
 from wagma_bench.events import EVENTS, SUMMARY, EventLog, RunEvents, write_json_atomic
 
 
@@ -57,9 +59,6 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
 
 # --- Weights & Biases ------------------------------------------------------------------------------
 
-WANDB_MODES = ("auto", "offline", "online")
-
-
 def wandb_env(base: Path) -> dict[str, str]:
     """W&B's directories under ``base``, so nothing lands in the home or the current directory.
 
@@ -90,16 +89,19 @@ def has_api_key(env=os.environ) -> bool:
 def resolve_mode(mode: str, env=os.environ) -> str:
     """``auto``: online with an API key, else offline. ``WANDB_MODE`` in the environment wins over the config.
 
-    ``online`` without a key fails here, before any training, rather than at W&B's first request."""
-    if mode not in WANDB_MODES:
-        raise ValueError(f"wandb mode {mode!r} is not valid; choose one of: {', '.join(WANDB_MODES)}")
+    ``online`` without a key is a :class:`ConfigError`: the launcher asks (``extras.check_extras``) before any
+    rank starts, rather than W&B at its first request."""
+    allowed = WandbConfig.CHOICES["mode"]
+    if mode not in allowed:
+        raise ConfigError(f"logger.wandb.mode={mode!r} is not allowed; choose one of: {', '.join(allowed)}")
     if env.get("WANDB_MODE") in ("offline", "online", "disabled"):
         mode = env["WANDB_MODE"]
     if mode == "auto":
         return "online" if has_api_key(env) else "offline"
     if mode == "online" and not has_api_key(env):
-        raise ValueError("W&B mode online needs an API key: set WANDB_API_KEY or run `wandb login` "
-                         "(or use logger.wandb.mode=auto|offline)")
+        origin = "WANDB_MODE=online" if env.get("WANDB_MODE") == "online" else "logger.wandb.mode=online"
+        raise ConfigError(f"{origin} is not allowed without a W&B API key: set WANDB_API_KEY or run `wandb login` "
+                          "(or use logger.wandb.mode=auto|offline)")
     return mode
 
 
@@ -158,7 +160,7 @@ class WandbSink:
 
     def __init__(self, settings, run_dir: Path, config: dict, metric: str):
         self.settings, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
-        self.mode = resolve_mode(settings.mode)  # a bad mode or a missing key fails before training
+        self.mode = resolve_mode(settings.mode)  # checked before the ranks started (extras.check_extras)
         self.run = None
         self._failed = False
         self._status: str | None = None

@@ -1,7 +1,7 @@
 """``wagma-bench sweep``: render, submit and follow a SLURM sweep of ``wagma-bench run`` jobs.
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager experiment=paper_resnet50 \\
+        'optimizer=glob(*)' experiment=paper_resnet50 \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
     wagma-bench sweep submit DIR        submit a rendered sweep
     wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)

@@ -35,7 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WHEELS, SITE = HERE / "wheels", HERE / "site"
-OPTIMIZERS = ["allreduce", "wagma", "local_sgd", "dpsgd", "adpsgd", "sgp", "eager"]
+# every optimizer of the registry (conf/optimizer/NAME.yaml, one per algorithm; read without importing torch)
+OPTIMIZERS = sorted(p.stem for p in (ROOT / "conf" / "optimizer").glob("*.yaml"))
 
 
 @dataclass(frozen=True)

@@ -26,20 +26,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.report import median, olympic_mean
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent / "wagma-bench"
-OPTIMIZERS = ["allreduce", "wagma", "local_sgd", "dpsgd", "adpsgd", "sgp", "eager"]
-PAPERS = {
-    "allreduce": "Allreduce-SGD (synchronous data parallelism)",
-    "wagma": "WAGMA-SGD, Li et al., TPDS 2020",
-    "local_sgd": "PR-SGD / local SGD, Yu, Yang & Zhu, AAAI 2019",
-    "dpsgd": "D-PSGD, Lian et al., NeurIPS 2017",
-    "adpsgd": "AD-PSGD, Lian et al., ICML 2018",
-    "sgp": "SGP, Assran et al., ICML 2019",
-    "eager": "eager-SGD, Li et al., PPoPP 2020",
-}
 # Evaluate every 10 rounds (rounded up to the optimizer's sync period), so time-to-target is resolved
 # finely; evaluation time is excluded from the training clock.
 COMMON = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]
@@ -88,7 +79,7 @@ def table(rows: list[tuple[str, str, dict]]) -> str:
     lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for optimizer, imbalance, a in rows:
         seeds = " / ".join("-" if math.isinf(v) else f"{v:.1f}" for v in a["ttt_all"])
-        lines.append(f"| {optimizer} | {PAPERS.get(optimizer, '')} | {key_hyperparameters(optimizer)} | {imbalance} "
+        lines.append(f"| {optimizer} | {OPTIMIZERS[optimizer].paper} | {key_hyperparameters(optimizer)} | {imbalance} "
                      f"| {a['reached']} | {fmt(a['ttt'])} | {seeds} | {fmt(a['steps'], '.0f')} "
                      f"| {fmt(a['throughput'])} | {fmt(a['best'], '.4f')} | {a['eval_model']} | {a['status']} |")
     return "\n".join(lines)
@@ -103,6 +94,9 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run (after --)")
     args = ap.parse_args()
+    unknown = sorted(set(args.optimizers.split(",")) - set(OPTIMIZERS))
+    if unknown:
+        ap.error(f"--optimizers: unknown {', '.join(unknown)}; choose from: {', '.join(OPTIMIZERS)}")
     extra = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
     seeds = [int(v) for v in args.seeds.split(",")]
     rows = [(o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))

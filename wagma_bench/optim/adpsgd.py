@@ -53,6 +53,7 @@ HEADER_TIMEOUT_S = 7 * 24 * 3600.0
 
 class ADPSGD(Algorithm):
     name = "adpsgd"
+    paper = "AD-PSGD, Lian et al., ICML 2018"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 

@@ -16,6 +16,7 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 class AllreduceSGD(Algorithm):
     name = "allreduce"
+    paper = "Allreduce-SGD (synchronous data parallelism)"
     # Every rank applies the same averaged gradient to the same weights. Buffers (BatchNorm statistics) are
     # each rank's own: evaluation still broadcasts rank 0's state for a model with float buffers (EvalModel).
     models_identical = True

@@ -37,6 +37,8 @@ class Algorithm(abc.ABC):
     """Base class: flat parameter buckets, the local optimizer, round bookkeeping."""
 
     name: ClassVar[str]
+    #: what the tables print for it: the method and its paper
+    paper: ClassVar[str]
     Settings: ClassVar[type]
     #: which model evaluation uses when eval.model=auto: "local" (rank 0's) or "average" (global mean)
     default_eval_model: ClassVar[str] = "local"

@@ -29,6 +29,7 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 class DPSGD(Algorithm):
     name = "dpsgd"
+    paper = "D-PSGD, Lian et al., NeurIPS 2017"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 

@@ -46,6 +46,7 @@ MODES = ("solo", "majority")
 
 class EagerSGD(EngineAlgorithm):
     name = "eager"
+    paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
 

@@ -39,6 +39,7 @@ MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 
 class LocalSGD(Algorithm):
     name = "local_sgd"
+    paper = "PR-SGD / local SGD, Yu, Yang & Zhu, AAAI 2019"
     default_eval_model = "local"
     models_identical = True  # at every synchronisation point (the only places the trainer evaluates)
 

@@ -40,6 +40,7 @@ from wagma_bench.optim.base import Algorithm, StepInfo
 
 class SGP(Algorithm):
     name = "sgp"
+    paper = "SGP, Assran et al., ICML 2019"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 

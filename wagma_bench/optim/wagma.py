@@ -55,6 +55,7 @@ from wagma_bench.optim.base import EngineAlgorithm
 
 class WagmaSGD(EngineAlgorithm):
     name = "wagma"
+    paper = "WAGMA-SGD, Li et al., TPDS 2020"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
 

@@ -1,9 +1,9 @@
 """``wagma-bench simulate``: predicted throughput and time-to-target of every optimizer against world size.
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        optimizer=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager imbalance=paper imbalance.delay_s=0.32 \\
+        'optimizer=glob(*)' imbalance=paper imbalance.delay_s=0.32 \\
         workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
-        [steps=500 control_every=10] [step_s=0.32 batch=128 params=25.6e6 sigma=0.02 overhead_s=0] \\
+        [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
@@ -14,13 +14,15 @@ refused here with the same message; each optimizer model gets its optimizer's ty
 cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
 ``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
 ``optimizer`` take several values (``a,b``, ``'gpus=range(8,1025,8)'``, ``'optimizer=glob(*)'``); an
-``optimizer.KEY`` applies to the selected optimizers that have that setting. Simulate's own keys: ``gpus``,
-``steps`` (rounds, default 500), ``control_every``, ``samples_to_target`` and the workload's cost model
-(``step_s``, ``batch``, ``params``, ``compute``, ``sigma``, ``overhead_s``, ``backward_fraction``,
-``bytes_per_param``: the preset's numbers, :mod:`.presets`). Defaults where they differ from `run`'s:
-every optimizer, ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet``
-(the paper's ResNet-50 set-up) when neither a workload nor an ``experiment`` is given; a data path `run`
-would need (``data.root``) is not needed.
+``optimizer.KEY`` applies to the selected optimizers that have that setting. `run`'s keys the simulation
+reads: ``train.max_steps`` (the rounds simulated; default 500) and ``train.batch_size`` (the cost model's
+batch per rank, given with its ``step_s``); ``train.epochs`` is refused (the model counts rounds); the others
+are checked and do not change a prediction. Simulate's own keys: ``gpus``, ``control_every``,
+``samples_to_target`` and the workload's cost model (``step_s``, ``params``, ``compute``, ``sigma``,
+``overhead_s``, ``backward_fraction``, ``bytes_per_param``: the preset's numbers, :mod:`.presets`).
+Defaults where they differ from `run`'s: every optimizer, ``cluster=daint`` (``local`` with
+``--calibrate``), and ``workload=resnet data=imagenet`` (the paper's ResNet-50 set-up) when neither a
+workload nor an ``experiment`` is given; a data path `run` would need (``data.root``) is not needed.
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
@@ -62,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench import plots
-from wagma_bench.config import RunConfig, check_group_size, validate
+from wagma_bench.config import RunConfig, check_world, validate
 from wagma_bench.events import RunEvents
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
@@ -81,9 +83,16 @@ from wagma_bench.sweep import CONF_DIR, load_profile, parse_overrides
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
-# simulate's own keys, beside `run`'s: the world sizes, how long to simulate, the convergence model and the
-# workload's cost model (the preset's numbers)
-OWN_KEYS = {"gpus", "steps", "control_every", "samples_to_target"} | WORKLOAD_KEYS
+# `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
+# DEFAULT_ROUNDS) and the workload's batch per rank (a number of the cost model, next to step_s)
+RUN_KEYS_READ = {"train.max_steps": "steps", "train.batch_size": "batch"}
+DEFAULT_ROUNDS = 500
+# `run`'s keys a throughput model cannot honour: refused, not ignored
+RUN_KEYS_REFUSED = {"train.epochs": "simulate counts rounds, not epochs: give train.max_steps=N "
+                                    f"(default {DEFAULT_ROUNDS})"}
+# simulate's own keys, beside `run`'s: the world sizes, the control barrier, the convergence model and the
+# workload's cost model (the preset's numbers; its batch is `run`'s train.batch_size)
+OWN_KEYS = {"gpus", "control_every", "samples_to_target"} | (WORKLOAD_KEYS - {"batch"})
 SWEPT_KEYS = ("gpus", "optimizer")  # the keys that take several values (a,b / range() / glob())
 # a missing data path (data.root=???) does not change a prediction: filled with this before `validate`
 NOT_READ = "(not read by simulate)"
@@ -108,7 +117,9 @@ class Request:
 
     @property
     def steps(self) -> int:
-        return int(self.own.get("steps", 500))
+        """Rounds to simulate: `run`'s ``train.max_steps`` (``null``, `run`'s default: 500)."""
+        steps = self.own.get("steps", "null")
+        return DEFAULT_ROUNDS if steps in ("null", "None") else int(steps)
 
     @property
     def control_every(self) -> int:
@@ -161,8 +172,15 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
             req.cluster_overrides.append(f"{key[len('cluster.'):]}={values[0]}")
         elif key in OWN_KEYS:
             req.own[key] = values[0]
+        elif key in RUN_KEYS_REFUSED:
+            raise UsageError(f"{key}={values[0]}: {RUN_KEYS_REFUSED[key]}")
+        elif key in ("steps", "batch"):  # simulate's names before it took run's
+            run_key = next(k for k, v in RUN_KEYS_READ.items() if v == key)
+            raise UsageError(f"{key}={values[0]}: simulate takes run's option names; give {run_key}={values[0]}")
         else:
             req.run_overrides.append(f"{key}={values[0]}")
+            if key in RUN_KEYS_READ:  # checked by `run`'s validate with the rest, then read here
+                req.own[RUN_KEYS_READ[key]] = values[0]
     return req
 
 
@@ -223,12 +241,17 @@ def check_worlds(runs: dict[str, RunConfig], gpus: list[int]) -> None:
     """Each optimizer's settings against each world size, as `run` checks them against its world."""
     for run in runs.values():
         for p in gpus:
-            check_group_size(run.optimizer, p)
+            check_world(run.optimizer, run.imbalance, p)
 
 
 def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
-    """The preset of `run`'s workload and data options, with simulate's own workload keys applied."""
+    """The preset of `run`'s workload and data options, with simulate's own workload keys applied. A batch
+    other than the preset's (``train.batch_size``) needs its step time (``step_s``): the preset's is measured
+    at its own batch, and the model does not guess how compute scales with the batch."""
     wl = dataclasses.replace(preset_for(run.workload.name, run.data.name))
+    if "batch" in own and "step_s" not in own and int(own["batch"]) != wl.batch:
+        raise UsageError(f"train.batch_size={own['batch']}: the {wl.name} preset's step_s={wl.step_s} s is one "
+                         f"step at batch {wl.batch}; give step_s= for batch {own['batch']} too")
     for key in WORKLOAD_KEYS & set(own):
         cur = getattr(wl, key)
         if isinstance(cur, (int, float)) and not isinstance(cur, bool):

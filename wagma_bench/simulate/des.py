@@ -59,9 +59,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from wagma_bench.comm.topology import (
-    CATCH_UP,
     WagmaSchedule,
     exponential_in_peer,
     exponential_peer,
@@ -70,6 +70,7 @@ from wagma_bench.comm.topology import (
     ring_neighbours,
     world_hypercube_neighbours,
 )
+from wagma_bench.config import check_choices
 from wagma_bench.imbalance import Imbalance, NoImbalance
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.optim.adpsgd import ADPSGD
@@ -158,6 +159,8 @@ class SimConfig:
         elif not isinstance(self.settings, algorithm.Settings):
             raise TypeError(f"optimizer {self.optimizer}: settings must be {algorithm.__name__}.Settings, "
                             f"got {type(self.settings).__name__}")
+        # the check `run` makes of the same settings (one place for the allowed values: the schema's CHOICES)
+        check_choices("optimizer", algorithm.Settings, OmegaConf.structured(self.settings))
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
@@ -537,8 +540,6 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
     schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
     plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes) for k in range(schedule.stages)]
     catch_up = cfg.settings.catch_up
-    if catch_up not in CATCH_UP:
-        raise ValueError(f"optimizer.catch_up={catch_up!r}; choose one of: {', '.join(CATCH_UP)}")
     res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
     res.extra["group_size"] = schedule.group_size
@@ -548,8 +549,6 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
 def sim_eager(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
     mode, sync_every = cfg.settings.mode, cfg.settings.sync_every
-    if mode not in ("solo", "majority"):
-        raise ValueError(f"optimizer.mode={mode!r}; choose one of: solo, majority")
     plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
     initiator = None
     if mode == "majority":

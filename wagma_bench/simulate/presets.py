@@ -42,7 +42,7 @@ def preset_for(workload: str, data: str) -> Workload:
     if key not in RUN_NAMES:
         known = ", ".join(f"workload={w} data={d}" for w, d in RUN_NAMES)
         raise ValueError(f"no simulate preset for workload={key[0]} data={key[1]}; choose one of: {known} "
-                         "(or give step_s=, batch=, params= to describe your own)")
+                         "(a preset's numbers can then be changed: step_s=, params=, train.batch_size=, ...)")
     return preset(RUN_NAMES[key])
 
 
@@ -50,5 +50,4 @@ def preset(name: str) -> Workload:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown workload preset {name!r}; choose one of: {', '.join(PRESETS)} "
-                         "(or give step_s=, batch=, params= to describe your own)") from None
+        raise ValueError(f"unknown workload preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
