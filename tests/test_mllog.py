@@ -108,6 +108,7 @@ def wait_for_event(run_dir: Path, key: str, proc: subprocess.Popen, timeout: flo
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test checks the MLPerf log of the preempted run of tests/test_faults.py
 def test_preempted_and_resumed_run_is_mlperf_compliant(tmp_path):
     """SIGTERM to every rank (SLURM's preemption) checkpoints and stops the run; the same command resumes
     it. The MLPerf log holds exactly one run_start and one run_stop, and our run_suspend / run_resume."""
