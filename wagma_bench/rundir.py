@@ -153,15 +153,17 @@ def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     return summary
 
 
-def finalize(run_dir: Path, status: str | None = None, error: str | None = None) -> dict:
-    """Write ``summary.json`` and the MLPerf log from the run's events (used after a crash by the launcher)."""
+def finalize(run_dir: Path, status: str | None = None, error: str | None = None, echo_mllog: bool = False) -> dict:
+    """Write ``summary.json`` and the MLPerf log from the run's events: by rank 0 at the end of a run, by the
+    launcher after a crash (``status``, ``error``: its view of the failure). ``echo_mllog``: also print the
+    MLPerf log's lines (``logger.mllog``)."""
     from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
 
     summary = RunEvents.read(run_dir).summary(status)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
-    try_write_mllog(run_dir)
+    try_write_mllog(run_dir, echo=echo_mllog)
     return summary
 
 

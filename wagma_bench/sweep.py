@@ -257,7 +257,7 @@ def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
         for run in runs:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
             if not re.fullmatch(r"-?\d+", seed):
-                raise ConfigError(f"run {run.name}: seed must be an integer, got {seed!r}")
+                raise ConfigError(f"run {run.name}: seed={seed!r} is not allowed; it must be an integer")
 
 
 def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:

@@ -32,12 +32,12 @@ from wagma_bench import __version__
 from wagma_bench.checkpoint import Checkpointer
 from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
-from wagma_bench.events import SUMMARY, StepLog, read_jsonl, summarize, write_json_atomic
+from wagma_bench.events import SUMMARY, StepLog
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.loggers import event_log_for_run
-from wagma_bench.mlperf import try_write_mllog
 from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
+from wagma_bench.rundir import finalize as write_summary
 from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
 from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
 from wagma_bench.workloads import get_workload
@@ -62,6 +62,10 @@ class Clock:
         self.train_s += now - self._mark
         self.wall_s += now - self._wall_mark
         self._mark = self._wall_mark = now
+
+    def totals(self) -> dict:
+        """The three clocks as the events log them."""
+        return {"train_s": round(self.train_s, 4), "wall_s": round(self.wall_s, 4), "eval_s": round(self.eval_s, 4)}
 
     def paused(self, into: str | None = None):
         clock = self
@@ -497,15 +501,12 @@ class Trainer:
     # --- end -----------------------------------------------------------------------------------------
     def final_counts(self) -> dict:
         """The run's totals for its last event (collective: the samples of all ranks)."""
-        clock = self.clock
         return {"step": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
-                "train_s": round(clock.train_s, 4), "wall_s": round(clock.wall_s, 4), "eval_s": round(clock.eval_s, 4)}
+                **self.clock.totals()}
 
     def counts_at_failure(self) -> dict:
         """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
-        clock = self.clock
-        return {"step": self.algo.round, "train_s": round(clock.train_s, 4), "wall_s": round(clock.wall_s, 4),
-                "eval_s": round(clock.eval_s, 4), "samples": self.state.samples_local * self.world}
+        return {"step": self.algo.round, **self.clock.totals(), "samples": self.state.samples_local * self.world}
 
     def finalize(self, status: str, counts: dict, error: BaseException | None = None) -> dict | None:
         """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
@@ -516,10 +517,8 @@ class Trainer:
         self.events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **detail,
                          **counts)
         summary = None
-        if self.rank == 0:
-            summary = summarize(read_jsonl(self.events.path))
-            write_json_atomic(self.run_dir / SUMMARY, summary)
-            try_write_mllog(self.run_dir, echo=self.cfg.logger.mllog and error is None)
+        if self.rank == 0:  # the same writer the launcher uses after a crash
+            summary = write_summary(self.run_dir, echo_mllog=self.cfg.logger.mllog and error is None)
         self.events.close()  # after the derived files: the W&B mirror logs them as an artifact
         return summary
 
