@@ -228,8 +228,12 @@ class WandbSink:
     def _init(self, kwargs: dict):
         """The W&B run: online within ``timeout_s``, else (no network, W&B down) offline, with a message."""
         if self.mode != "online":
-            why = ("WANDB_MODE" if os.environ.get("WANDB_MODE") == self.mode else
-                   f"logger.wandb.mode={self.settings.mode}" if self.settings.mode == self.mode else "no API key configured")
+            if os.environ.get("WANDB_MODE") == self.mode:
+                why = "WANDB_MODE"
+            elif self.settings.mode == self.mode:
+                why = f"logger.wandb.mode={self.mode}"
+            else:  # auto without a key
+                why = "no API key configured"
             self.used = {"mode": self.mode, "reason": why}
             return init_wandb(self.run_dir, self.mode, **kwargs)
         try:

@@ -132,8 +132,9 @@ class GridNavEnv(NavEnv):
             d = self._field(goal)[start[1], start[0]]
             if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
                 return Episode(start=start, heading=int(rng.integers(4)) * math.pi / 2, goal=goal, shortest=float(d))
-        raise ValueError(f"gridnav: no start/goal pair with geodesic distance in [{self.settings.min_geodesic}, "
-                         f"{self.settings.max_geodesic}] in layout {self.settings.layout} of room_size {self.settings.room_size}")
+        s = self.settings
+        raise ValueError(f"gridnav: no start/goal pair with geodesic distance in [{s.min_geodesic}, "
+                         f"{s.max_geodesic}] in layout {s.layout} of room_size {s.room_size}")
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode = episode

@@ -227,8 +227,9 @@ class MiniWorldNavEnv(NavEnv):
             d = self.geodesic(np.asarray(start), goal)
             if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
                 return Episode(start=start, heading=float(rng.uniform(-math.pi, math.pi)), goal=goal, shortest=d)
+        s = self.settings
         raise ValueError(f"miniworld_pointnav: no start/goal pair with geodesic distance in "
-                         f"[{self.settings.min_geodesic}, {self.settings.max_geodesic}] in layout {self.settings.layout}")
+                         f"[{s.min_geodesic}, {s.max_geodesic}] in layout {s.layout}")
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode, self.goal = episode, tuple(episode.goal)
