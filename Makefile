@@ -1,4 +1,4 @@
-# Two entry points (see README): `make run` and `make test`. Both install into .venv/ when needed.
+# Two entry points (see README.md, "Quick start"): `make run` and `make test`. Both install into .venv/ when needed.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip

@@ -157,7 +157,7 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
 
 
 def test_every_registered_optimizer_has_an_invariant_case():
-    """A new optimizer in the registry fails here until CONFIGS gives it a case (README, "Adding an optimizer")."""
+    """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding an optimizer")."""
     from wagma_bench.optim import OPTIMIZERS
 
     assert {optimizer for optimizer, _ in CONFIGS.values()} == set(OPTIMIZERS)

@@ -412,7 +412,7 @@ def test_adpsgd_keeps_the_sum_and_shrinks_the_spread():
 
 
 # Each registered optimizer's exact oracle (an independent computation of what its models must be), by test;
-# a new optimizer fails the test below until it names one here (README, "Adding an optimizer").
+# a new optimizer fails the test below until it names one here (docs/architecture.md, "Adding an optimizer").
 ORACLES = {
     "allreduce": "tests/test_allreduce_ddp.py::test_same_weights_as_ddp_after_k_steps",
     "wagma": "tests/test_optim_oracles.py::test_wagma_on_time_equals_group_averaging_then_the_local_step",

@@ -1,4 +1,4 @@
-"""The package as a user installs and calls it: Python floor, extras, --version, run --help, README images."""
+"""The package as a user installs and calls it: Python floor, extras, --version, run --help, the docs' images."""
 
 from __future__ import annotations
 
@@ -121,16 +121,21 @@ def test_runs_the_embedded_default_without_any_extra(tmp_path):
     assert (run_dir / "mllog.txt").exists() and (run_dir / "wagma-bench.log").exists()
 
 
-def readme_images() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text)
+def readme_images() -> list[tuple[str, Path]]:
+    """(page, image path from the repository root) of every image README.md and docs/*.md show."""
+    images = []
+    for page in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]:
+        text = page.read_text()
+        for src in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text):
+            images.append((str(page.relative_to(ROOT)), (page.parent / src).resolve().relative_to(ROOT)))
+    return images
 
 
 def test_every_image_the_readme_shows_is_in_the_repository():
     images = readme_images()
-    assert images
-    for image in images:
-        assert (ROOT / image).is_file(), f"README shows {image}, which does not exist"
-        ignored = subprocess.run(["git", "check-ignore", "-q", image], cwd=ROOT, check=False).returncode == 0
-        assert not ignored, f"README shows {image}, which .gitignore excludes"
+    assert any(page == "README.md" for page, _ in images), "README.md shows no figure"
+    for page, image in images:
+        assert (ROOT / image).is_file(), f"{page} shows {image}, which does not exist"
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(image)], cwd=ROOT, check=False).returncode == 0
+        assert not ignored, f"{page} shows {image}, which .gitignore excludes"
         assert (ROOT / image).stat().st_size < 200_000, f"{image} is large for a README figure"

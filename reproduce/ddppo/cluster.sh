@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's DD-PPO comparison on a SLURM cluster with habitat-sim: every registered optimizer at the
-# paper's GPU counts, experiment=paper_ddppo (habitat-lab PointNav on Gibson). See README.md.
+# paper's GPU counts, experiment=paper_ddppo (habitat-lab PointNav on Gibson). See reproduce/ddppo/README.md.
 #   reproduce/ddppo/cluster.sh DATA_ROOT [--dry-run | --submit | --submitit] [more overrides]
 # DATA_ROOT: the folder holding habitat's data/scene_datasets/gibson and data/datasets/pointnav/gibson/v1.
 # Environment: CLUSTER (profile in conf/cluster/, default daint), GPUS (default 64,256,1024),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The DD-PPO comparison on this machine: MiniWorld point-goal navigation (the embedded default), 4 local
 # ranks, every registered optimizer one after another under a fixed training-time budget, then the
-# report. See README.md.
+# report. See reproduce/ddppo/README.md.
 #   reproduce/ddppo/mini.sh [more overrides]      (SEEDS=1,2,3 for three seeds; TIME_S=600 per run)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,5 +1,5 @@
 """Every optimizer on the embedded default, without and with injected stragglers: time-to-target and
-throughput in one table (the README's optimizer table).
+throughput in one table (the optimizer table of docs/optimizers.md).
 
 Runs `wagma-bench run workload=resnet optimizer=X imbalance=I seed=S` (4 local ranks, ResNet-20 on the
 embedded MNIST subset, target 97% validation top-1) for every X, I and S, one after another, then prints a

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The paper's Transformer / WMT17 En-De comparison on a SLURM cluster: every registered optimizer at the
-# paper's GPU counts, experiment=paper_transformer. See README.md.
+# paper's GPU counts, experiment=paper_transformer. See reproduce/transformer/README.md.
 #   reproduce/transformer/cluster.sh DATA_DIR [--dry-run | --submit | --submitit] [more overrides]
-# DATA_DIR: the fairseq-binarized WMT17 En-De directory (main README, "WMT17 English-German").
+# DATA_DIR: the fairseq-binarized WMT17 En-De directory (reproduce/transformer/README.md, "Preparing WMT17 English-German").
 # Environment: CLUSTER (profile in conf/cluster/, default daint), GPUS (default 16,32,64),
 # SEEDS (seeds per configuration, default 1), OPTIMIZERS (default: all registered).
 set -euo pipefail

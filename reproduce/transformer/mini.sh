@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Transformer comparison on this machine: the embedded synthetic_mt corpus, 4 local ranks, every
-# registered optimizer one after another, then the report. See README.md.
+# registered optimizer one after another, then the report. See reproduce/transformer/README.md.
 #   reproduce/transformer/mini.sh [more overrides]      (SEEDS=1,2,3 for three seeds)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

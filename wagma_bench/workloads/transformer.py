@@ -86,7 +86,7 @@ class WMT17Data:
     path: str | None = None
     source_lang: str = "en"
     target_lang: str = "de"
-    eval_split: str = "test"          # valid | test: the split scored (newstest2013 / newstest2017 when prepared as in the README)
+    eval_split: str = "test"          # valid | test: the split scored (newstest2013 / newstest2017, reproduce/transformer/README.md)
     remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
     detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
 
@@ -110,7 +110,8 @@ def check_binarized_dir(path: str | None, src: str, tgt: str, eval_split: str) -
     expected = f"dict.{src}.txt, dict.{tgt}.txt and {{train,{eval_split}}}.{src}-{tgt}.{{{src},{tgt}}}.{{bin,idx}}"
     if not path:
         raise ConfigError(f"data=wmt17_en_de needs data.path=DIR, a fairseq-binarized directory "
-                          f"(fairseq-preprocess output) holding {expected}; see the README for the preparation")
+                          f"(fairseq-preprocess output) holding {expected}; see reproduce/transformer/README.md, "
+                          f"'Preparing WMT17 English-German'")
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ConfigError(f"data.path={root} is not a directory; expected fairseq-preprocess output with {expected}")
