@@ -86,7 +86,7 @@ class WMT17Data:
     path: str | None = None
     source_lang: str = "en"
     target_lang: str = "de"
-    eval_split: str = "test"          # valid | test: the split scored (newstest2013 / newstest2017, see conf/data/wmt17_en_de.yaml)
+    eval_split: str = "test"          # valid | test: the split scored (newstest2013 | newstest2017)
     remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
     detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
 
