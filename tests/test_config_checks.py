@@ -102,3 +102,37 @@ def test_a_nested_section_is_range_checked(monkeypatch):
     merged = OmegaConf.merge(OmegaConf.structured(_Outer), {"inner": {"timeout_s": -1}})
     with pytest.raises(ConfigError, match=re.escape("x.inner.timeout_s=-1.0 is not allowed; it must be > 0")):
         check_ranges("x", _Outer, merged)
+
+
+def test_an_optimizers_own_range_wins_over_the_shared_one(monkeypatch):
+    """`optimizer/NAME.KEY` binds only that optimizer; `optimizer.KEY` every optimizer that has the key."""
+    from wagma_bench.config import RANGES, Range
+
+    with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
+        validate(_compose("optimizer=wagma", "optimizer.tau=0"))
+    monkeypatch.setitem(RANGES, "optimizer/eager.sync_every", Range(5))
+    with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=3 is not allowed; it must be >= 5")):
+        validate(_compose("optimizer=eager", "optimizer.sync_every=3"))
+    assert validate(_compose("optimizer=adpsgd", "optimizer.sync_every=3")).optimizer.sync_every == 3
+    with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=0 is not allowed; it must be >= 1")):
+        validate(_compose("optimizer=adpsgd", "optimizer.sync_every=0"))
+
+
+@dataclasses.dataclass
+class _NewOptimizer:
+    tau: int = 3
+
+
+def test_another_optimizers_range_does_not_cover_a_new_one():
+    """A new optimizer's `tau` is not checked with WAGMA-SGD's range: it has none until declared."""
+    from omegaconf import OmegaConf
+
+    from wagma_bench.config import check_ranges
+
+    merged = OmegaConf.structured(_NewOptimizer)
+    with pytest.raises(ConfigError) as err:
+        check_ranges("optimizer", _NewOptimizer, merged, "new")
+    assert str(err.value) == (
+        "optimizer.tau has no allowed range in wagma_bench.config.RANGES; add `optimizer/new.tau` (this "
+        "optimizer's own) or `optimizer.tau` (shared by every optimizer with that key) to RANGES in "
+        "wagma_bench/config.py")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wagma_bench.config import FIXED_SECTIONS, RANGES, option_schemas
+from wagma_bench.config import FIXED_SECTIONS, RANGES, allowed_range, missing_range_hint, option_schemas
 from wagma_bench.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
@@ -106,21 +106,42 @@ def test_imagenet_class_folder_without_images_is_refused(tmp_path):
     assert no_rank_started(run_dir)
 
 
-def _numeric_fields() -> list[str]:
-    schemas = [(section, cls) for section, cls in FIXED_SECTIONS.items()]
-    schemas += [(section, cls) for section, options in option_schemas().items() for cls in options.values()]
-    schemas += [(w.DATA_SECTION, cls) for w in WORKLOADS.values() for cls in w.DATA.values()]
+def numeric_fields(cls: type) -> list[str]:
+    """The numeric keys of a schema, those of its nested sections (``wandb.timeout_s``) included."""
+    hints = typing.get_type_hints(cls)
     keys = []
-    for section, cls in schemas:
-        hints = typing.get_type_hints(cls)
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)
-                 if any(t in str(hints[f.name]) for t in ("int", "float")) and hints[f.name] is not bool]
-    return sorted(set(keys))
+    for f in dataclasses.fields(cls):
+        nested = [t for t in typing.get_args(hints[f.name]) or [hints[f.name]] if dataclasses.is_dataclass(t)]
+        if nested:  # WandbConfig | None
+            keys += [f"{f.name}.{key}" for key in numeric_fields(nested[0])]
+        elif any(t in str(hints[f.name]) for t in ("int", "float")) and hints[f.name] is not bool:
+            keys.append(f.name)
+    return keys
+
+
+def _numeric_settings() -> list[tuple[str, str, str | None]]:
+    """(section, key, option) of every numeric setting; option None for the fixed sections."""
+    schemas = [(section, cls, None) for section, cls in FIXED_SECTIONS.items()]
+    schemas += [(section, cls, name) for section, options in option_schemas().items()
+                for name, cls in options.items()]
+    schemas += [(w.DATA_SECTION, cls, name) for w in WORKLOADS.values() for name, cls in w.DATA.items()]
+    return sorted({(section, key, option) for section, cls, option in schemas for key in numeric_fields(cls)},
+                  key=str)
 
 
 def test_every_numeric_setting_has_an_allowed_range():
-    missing = [key for key in _numeric_fields() if key not in RANGES]
-    assert not missing, f"add these to wagma_bench.config.RANGES: {missing}"
+    missing = [f"{section}.{key}" + (f" ({section}={option}): " if option else ": ")
+               + missing_range_hint(section, key, option)
+               for section, key, option in _numeric_settings() if allowed_range(section, key, option) is None]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_range_entry_names_a_setting_that_exists():
+    """A RANGES key left behind by a removed or renamed setting (or a misspelt option) is found."""
+    known = {f"{section}.{key}" for section, key, _ in _numeric_settings()}
+    known |= {f"{section}/{option}.{key}" for section, key, option in _numeric_settings() if option}
+    stale = sorted(set(RANGES) - known - {"seed"})
+    assert not stale, f"RANGES in wagma_bench/config.py: remove or fix {', '.join(stale)} (no such setting)"
 
 
 # --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------

@@ -56,9 +56,11 @@ FRACTION = Range(0, 1)               # a probability or a share
 FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
 ANY = Range()
 
-# Allowed range of every numeric setting, keyed by section.key (option sections: whichever option has the
-# key; `env` is DD-PPO's data section). tests/test_faults.py checks that every numeric field of every
-# schema is listed, so a new setting cannot slip through unchecked.
+# Allowed range of every numeric setting, keyed by section.key; `env` is DD-PPO's data section. In an option
+# section (optimizer, workload, imbalance) a key is either one option's, `section/OPTION.key`
+# (`optimizer/wagma.tau`), or shared by every option that has it, `section.key`; the option's own entry
+# wins (allowed_range). tests/test_faults.py checks that every numeric field of every schema has one, so a
+# new setting cannot slip through unchecked.
 RANGES: dict[str, Range] = {
     "seed": ANY,
     "train.batch_size": AT_LEAST_ONE, "train.lr": POSITIVE, "train.lr_reference_batch": AT_LEAST_ONE,
@@ -85,9 +87,12 @@ RANGES: dict[str, Range] = {
     "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
     "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": Range(0, 1, low_open=True),
     "workload.num_eval_episodes": AT_LEAST_ONE,
-    # optimizers (group_size: also a power of two, checked against the world in validate)
-    "optimizer.bucket_mb": POSITIVE, "optimizer.group_size": AT_LEAST_ONE, "optimizer.tau": AT_LEAST_ONE,
-    "optimizer.period": AT_LEAST_ONE, "optimizer.warmup_steps": NON_NEGATIVE, "optimizer.sync_every": AT_LEAST_ONE,
+    # optimizers: each one's own keys (group_size: also a power of two, checked against the world in
+    # validate), then the keys they share
+    "optimizer/allreduce.bucket_mb": POSITIVE,
+    "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
+    "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
+    "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
     # imbalance
     "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
     "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
@@ -104,9 +109,26 @@ RANGES: dict[str, Range] = {
 }
 
 
-def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
-    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry;
-    nested sections (``logger.wandb``) too."""
+def allowed_range(section: str, key: str, option: str | None = None) -> Range | None:
+    """The :data:`RANGES` entry of ``section.key``: the option's own (``section/OPTION.key``) where
+    ``option`` is given and declares one, else the shared one; None where neither is declared."""
+    own = RANGES.get(f"{section}/{option}.{key}") if option is not None else None
+    return own if own is not None else RANGES.get(f"{section}.{key}")
+
+
+def missing_range_hint(section: str, key: str, option: str | None = None) -> str:
+    """What to add to :data:`RANGES` for a numeric setting without a range."""
+    shared = f"`{section}.{key}`"
+    if option is None:
+        return f"add {shared} to RANGES in wagma_bench/config.py"
+    return (f"add `{section}/{option}.{key}` (this {section}'s own) or {shared} (shared by every {section} "
+            f"with that key) to RANGES in wagma_bench/config.py")
+
+
+def check_ranges(section: str, schema: type, merged: DictConfig, option: str | None = None) -> None:
+    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry
+    (``option``: the option chosen for an option section, whose own entries come first); nested sections
+    (``logger.wandb``) too."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
         if _is_section(value):
@@ -117,9 +139,10 @@ def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            allowed = RANGES.get(f"{section}.{f.name}")
+            allowed = allowed_range(section, f.name, option)
             if allowed is None:
-                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES")
+                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES; "
+                                  f"{missing_range_hint(section, f.name, option)}")
             if not allowed.allows(v):
                 shown = value if value is v else f"{value} (element {v})"
                 raise ConfigError(f"{section}.{f.name}={shown} is not allowed; it must be {allowed}")
@@ -341,10 +364,10 @@ class RunConfig:
     raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
 
 
-def _typed(section: str, schema: type, node: Any) -> Any:
+def _typed(section: str, schema: type, node: Any, option: str | None = None) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        check_ranges(section, schema, merged)  # before the schema's own __post_init__ checks (rules between keys)
+        check_ranges(section, schema, merged, option)  # before the schema's own __post_init__ checks (rules between keys)
         check_choices(section, schema, merged)
         typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
@@ -383,7 +406,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
         name = node.get("name")
         if name not in options:
             raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
-        typed[section] = _typed(section, options[name], node)
+        typed[section] = _typed(section, options[name], node, name)
     # The workload's data options (an environment for RL) live in its own section; typed as `data`.
     workload = typed["workload"].name
     data_key = data_sections[workload]
@@ -396,7 +419,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     if data_name not in data_options:
         raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
                           f"{', '.join(sorted(data_options))}")
-    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
+    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key], data_name)
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
