@@ -1,0 +1,220 @@
+"""What a registered optimizer needs besides its class, walked for every entry of the registry
+(``wagma_bench.optim.OPTIMIZERS``): each missing piece is reported as ``NAME: add X to FILE``, so a
+contributor adding an optimizer (docs/architecture.md, "Adding an optimizer") runs one test and reads a
+list of edits. The per-piece tests elsewhere call the same checks (``missing(piece, name)``).
+
+A piece is a check of one file; the architecture page's list names every piece's file, and that is
+checked here too, so the list and this test cannot drift apart."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+from omegaconf import OmegaConf
+
+from wagma_bench.config import allowed_range, missing_range_hint
+from wagma_bench.optim import OPTIMIZERS
+
+ROOT = Path(__file__).resolve().parents[1]
+MD = MarkdownIt("commonmark").enable("table")
+
+
+@dataclass(frozen=True)
+class Piece:
+    what: str
+    file: str                              # the file to edit, NAME standing for the optimizer's name
+    check: Callable[[str], list[str]]      # name -> what is missing, each "NAME: add X to FILE"
+
+
+def module_and_attributes(name: str) -> list[str]:
+    cls, path = OPTIMIZERS[name], f"wagma_bench/optim/{name}.py"
+    if cls.__module__ != f"wagma_bench.optim.{name}":
+        return [(f"{name}: add the class {cls.__name__} to {path} (it is in {cls.__module__}; one module per "
+                f"optimizer, named after its option)")]
+    return [f"{name}: add `{attr}` ({why}) to {cls.__name__} in {path}"
+            for attr, why in (("name", f"= {name!r}, its option name"), ("paper", "what the tables print"),
+                              ("models_identical", "every rank holds the same model at a sync point"),
+                              ("Settings", "a dataclass of its settings"))
+            if attr not in cls.__dict__] + (
+        [f"{name}: set `name = {name!r}` in {cls.__name__} in {path} (the registry's key is {name!r})"]
+        if cls.__dict__.get("name", name) != name else [])
+
+
+def yaml_file(name: str) -> list[str]:
+    path = f"conf/optimizer/{name}.yaml"
+    settings = OPTIMIZERS[name].Settings
+    defaults = {f.name: f.default for f in dataclasses.fields(settings)}
+    listing = ", ".join(f"{k}: {v!r}" for k, v in defaults.items())
+    if not (ROOT / path).is_file():
+        return [(f"{name}: add {path} (every setting of {settings.__qualname__} with its default and a comment: "
+                f"{listing})")]
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / path))
+    lines = {line.split(":")[0]: line for line in (ROOT / path).read_text().splitlines() if ":" in line}
+    out = []
+    for key, default in defaults.items():
+        if key not in node:
+            out.append(f"{name}: add `{key}: {default}` with a comment to {path}")
+        elif node[key] != default:
+            out.append(f"{name}: make `{key}` in {path} ({node[key]!r}) equal {settings.__qualname__}'s default "
+                       f"({default!r}), in one of the two files")
+        elif key != "name" and "#" not in lines.get(key, ""):
+            out.append(f"{name}: add a comment (what `{key}` does, its values) to its line in {path}")
+    out += [f"{name}: remove `{key}` from {path} (not a field of {settings.__qualname__})"
+            for key in node if key not in defaults]
+    return out
+
+
+def ranges(name: str) -> list[str]:
+    settings = OPTIMIZERS[name].Settings
+    hints = typing.get_type_hints(settings)
+    numeric = [f.name for f in dataclasses.fields(settings)
+               if hints[f.name] is not bool and any(t in str(hints[f.name]) for t in ("int", "float"))]
+    return [f"{name}: {missing_range_hint('optimizer', key, name)} (its range of allowed values)"
+            for key in numeric if allowed_range("optimizer", key, name) is None]
+
+
+def simulation(name: str) -> list[str]:
+    from wagma_bench.simulate.des import SIMULATIONS
+
+    cls = OPTIMIZERS[name]
+    if cls in SIMULATIONS:
+        return []
+    return [(f"{name}: add a `sim_{name}(cfg)` and `{cls.__name__}: sim_{name}` to SIMULATIONS in "
+            f"wagma_bench/simulate/des.py (its communication as a discrete-event model)")]
+
+
+def invariant_case(name: str) -> list[str]:
+    from tests.test_invariants import CONFIGS
+
+    if any(optimizer == name for optimizer, _ in CONFIGS.values()):
+        return []
+    return [(f"{name}: add a case `\"{name}\": (\"{name}\", {{settings}})` to CONFIGS in tests/test_invariants.py "
+            f"(the sum of the models under every straggler pattern)")]
+
+
+def oracle(name: str) -> list[str]:
+    from tests.test_optim_oracles import ORACLES
+
+    if name not in ORACLES:
+        return [(f"{name}: add `\"{name}\": \"tests/FILE.py::TEST\"` (a test of its exact recursion) to ORACLES in "
+                f"tests/test_optim_oracles.py")]
+    path, test = ORACLES[name].split("::")
+    tests = {n.name for n in ast.parse((ROOT / path).read_text()).body if isinstance(n, ast.FunctionDef)} \
+        if (ROOT / path).is_file() else set()
+    if test not in tests:
+        return [(f"{name}: add the test {ORACLES[name]} that ORACLES in tests/test_optim_oracles.py names "
+                f"(it does not exist), or name an existing one there")]
+    return []
+
+
+def resume_entry(name: str) -> list[str]:
+    from tests.test_faults import ASYNCHRONOUS, DETERMINISTIC
+
+    if any(p.values[0] == name for p in DETERMINISTIC + ASYNCHRONOUS):
+        return []
+    return [(f"{name}: add `pytest.param(\"{name}\")` to DETERMINISTIC (a resume ends bit-identical) or "
+            f"ASYNCHRONOUS (every step logged once) in tests/test_faults.py")]
+
+
+def _tables(path: Path) -> list[tuple[int, list[list[str]]]]:
+    """(line, rows of cell texts, the header first) of every table of a Markdown page."""
+    tables, rows, start = [], None, 0
+    tokens = MD.parse(path.read_text())
+    for i, tok in enumerate(tokens):
+        if tok.type == "table_open":
+            rows, start = [], tok.map[0] + 1
+        elif tok.type == "tr_open":
+            rows.append([])
+        elif tok.type == "inline" and rows is not None and tokens[i - 1].type in ("th_open", "td_open"):
+            rows[-1].append(tok.content.strip())
+        elif tok.type == "table_close":
+            tables.append((start, rows))
+            rows = None
+    return tables
+
+
+def docs_rows(name: str) -> list[str]:
+    out = []
+    page = "docs/optimizers.md"
+    for line, rows in _tables(ROOT / page):
+        if rows[0][0] == "optimizer" and name not in {row[0].strip("`") for row in rows[1:]}:
+            out.append(f"{name}: add a row `| {name} | ...` to the optimizer table at line {line} of {page} "
+                       f"(its measured record, or 'not measured yet')")
+    page = "docs/configuration.md"
+    option_rows = [row for _, rows in _tables(ROOT / page) for row in rows if row[0] == "`optimizer`"]
+    if not option_rows:
+        out.append(f"{name}: add the row | `optimizer` | ... | to the option table of {page}")
+    elif f"`{name}`" not in option_rows[0][1]:
+        out.append(f"{name}: add `{name}` to the `optimizer` row of the option table in {page}")
+    return out
+
+
+PIECES = [
+    Piece("the algorithm's module and class attributes", "wagma_bench/optim/NAME.py", module_and_attributes),
+    Piece("the option's YAML", "conf/optimizer/NAME.yaml", yaml_file),
+    Piece("the range of every numeric setting", "wagma_bench/config.py", ranges),
+    Piece("the simulation", "wagma_bench/simulate/des.py", simulation),
+    Piece("the invariant case", "tests/test_invariants.py", invariant_case),
+    Piece("the oracle", "tests/test_optim_oracles.py", oracle),
+    Piece("the resume test", "tests/test_faults.py", resume_entry),
+    Piece("the documentation's rows", "docs/optimizers.md", docs_rows),
+    Piece("the option table", "docs/configuration.md", docs_rows),
+]
+
+
+def missing(check: Callable[[str], list[str]], names: list[str] | None = None) -> list[str]:
+    """What the registry's optimizers (or ``names``) lack for one piece; empty when nothing."""
+    return [problem for name in (names or list(OPTIMIZERS)) for problem in check(name)]
+
+
+def test_optimizer_conformance():
+    """Every registered optimizer has every piece; the failure lists each missing one as NAME: add X to FILE."""
+    checks = list(dict.fromkeys(piece.check for piece in PIECES))
+    problems = [problem for name in OPTIMIZERS for check in checks for problem in check(name)]
+    assert not problems, "a registered optimizer lacks pieces:\n" + "\n".join(problems)
+
+
+def _adding_an_optimizer_list() -> str:
+    """The text of the numbered list under "Adding an optimizer" in docs/architecture.md."""
+    tokens = MD.parse((ROOT / "docs" / "architecture.md").read_text())
+    start = next(i for i, tok in enumerate(tokens) if tok.type == "inline" and "Adding an optimizer" in tok.content)
+    first = next(i for i in range(start, len(tokens)) if tokens[i].type == "ordered_list_open")
+    last = next(i for i in range(first, len(tokens)) if tokens[i].type == "ordered_list_close")
+    return "\n".join(tok.content for tok in tokens[first:last] if tok.type == "inline")
+
+
+def test_the_architecture_pages_list_names_every_piece_and_only_files_that_exist():
+    text = _adding_an_optimizer_list()
+    unnamed = [f"{piece.file} ({piece.what})" for piece in PIECES if f"`{piece.file}`" not in text]
+    assert not unnamed, "docs/architecture.md, 'Adding an optimizer': name " + ", ".join(unnamed)
+    paths = re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|yaml|md))`", text)
+    gone = [p for p in paths for name in OPTIMIZERS if not (ROOT / p.replace("NAME", name)).is_file()]
+    assert not gone, f"docs/architecture.md, 'Adding an optimizer' names files that do not exist: {gone}"
+
+
+@pytest.mark.parametrize("piece", PIECES, ids=[p.what for p in PIECES])
+def test_a_new_optimizer_without_any_piece_is_told_each_file_to_edit(piece, monkeypatch):
+    """The check itself: an optimizer registered with nothing else fails every piece, naming its file."""
+
+    @dataclass
+    class Settings:
+        name: str = "newopt"
+        beta: float = 0.5
+
+    class NewOpt(OPTIMIZERS["allreduce"]):
+        pass
+
+    NewOpt.Settings = Settings
+    NewOpt.__module__ = "somewhere.else"
+    monkeypatch.setitem(OPTIMIZERS, "newopt", NewOpt)
+    found = piece.check("newopt")
+    assert found and all(p.startswith("newopt: ") for p in found), found
+    assert any(piece.file.replace("NAME", "newopt") in p for p in found), found
