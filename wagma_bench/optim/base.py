@@ -1,4 +1,4 @@
-"""The interface every distributed optimizer (algorithm) implements.
+"""The interface every distributed optimizer (algorithm) implements, and when the trainer calls it.
 
 An algorithm owns how models and gradients are combined across ranks; the local update rule (momentum
 SGD or Adam, with the learning rate the trainer sets each step) is a plain ``torch.optim`` optimizer it
@@ -10,6 +10,48 @@ is given. The trainer calls, per step::
 round the rank has reached: synchronous algorithms advance one round per step; wait-avoiding ones may skip
 rounds (a slow rank joins rounds passively through its progress thread). Every ``sync_period`` rounds all
 ranks pass through the same round together; the trainer evaluates, checkpoints and stops only there.
+
+Lifecycle (``wagma_bench/trainer.py``; every rank makes the same calls in the same order, so any of them
+may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py`` checks the order):
+
+1. **Construction**, ``cls(settings, model, local_opt_factory, comm, seed=cfg.seed)``, in ``Trainer.__init__``
+   once the workload has built the model on ``comm.device``. It may assume: ``settings`` is its checked
+   ``Settings`` (ranges, choices, ``__post_init__`` and the rules against the world size all passed);
+   ``comm`` is the run's communicator, whose world is complete (forking planes here is allowed: every rank
+   forks at the same point). It may not assume the ranks' models are equal yet, nor that this is round 0:
+   one of the next two calls follows. Background threads may start here, but must not exchange models
+   before the first ``step`` (the engine algorithms create their engine at the first step instead).
+   ``sync_period`` and ``models_identical`` are read right after, once: they must not change during a run.
+2. Then exactly one of:
+
+   - **``broadcast_initial_model()``**, on a fresh start: every rank takes rank 0's weights (the default
+     broadcasts each bucket). State besides the model (momentum, weights of push-sum, counters) is at its
+     constructed value.
+   - **``load_state_dict(state)``**, on a resume, instead (no broadcast: the ranks' models differ
+     legitimately). It may assume: the model already holds this rank's own checkpointed weights
+     (``model.load_state_dict`` ran first); ``state`` is what this rank's ``state_dict()`` returned at the
+     checkpoint, tensors mapped to ``comm.device``, with the same settings and world size (the checkpoint
+     check refuses any other). It must restore ``round`` (the base class does) and everything ``step``
+     needs to continue as if never stopped: a deterministic algorithm's resumed run ends bit-identical to
+     an uninterrupted one (``tests/test_faults.py``). It should not communicate.
+3. **Steps**, repeated: ``set_lr(lr)``, ``zero_grad()``, the forward and backward pass (gradients land in
+   the buckets' gradient storage), ``step()``. ``step`` returns a :class:`StepInfo` whose ``round`` is at
+   least the previous one plus one. Between steps the model's parameters are this rank's current model,
+   the one evaluation and checkpoints read.
+4. **Synchronisation points**: after a ``step`` that returned a round ``r`` that is a multiple of
+   ``sync_period`` (and is due for the control exchange, an evaluation or the end), every rank is at round
+   ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
+   broadcast or an average of the model unless ``models_identical``), maybe a checkpoint. So nothing of
+   the algorithm may use ``comm`` concurrently: background threads communicate on forked planes only.
+5. **``state_dict()``**, at a synchronisation point chosen for a checkpoint, on every rank at the same
+   round (an allgather follows). It returns everything ``load_state_dict`` needs, including anything in
+   flight (SGP's message with overlap); it may wait for this rank's own pending communication.
+6. **``close()``**, once, at the last synchronisation point of a run that ends normally (completed, time
+   limit, diverged, preempted), after its last checkpoint: stop background threads and finish what is in
+   flight, so that no peer is left waiting. After it the model holds the rank's final weights. A run that
+   fails does not call it (ranks may be gone); threads are daemons, and the launcher ends the processes.
+
+``average_model`` is a helper (a collective); the trainer does not call it.
 """
 
 from __future__ import annotations

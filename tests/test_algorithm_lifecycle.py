@@ -1,0 +1,81 @@
+"""The order in which the trainer calls an algorithm, as ``wagma_bench/optim/base.py`` documents it, on a
+real 2-rank gloo world through the real trainer: a fresh run (construction, the initial broadcast, steps,
+state saved at synchronisation points, close) and its resume (construction, load_state_dict instead of the
+broadcast, steps from the checkpoint's round, close)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.dist_util import run_world
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=2", "eval.every_steps=4", "eval.target=null",
+        "checkpoint.every_s=0", "logger.progress=off"]
+
+
+def _recorded_runs(comm, run_dir: str) -> list:
+    """Train 8 rounds, then resume the same run to 12, with the registry's local SGD wrapped to record every
+    call the trainer makes in this rank; returns each run's calls and (rank 0) status."""
+    from hydra import compose, initialize_config_dir
+
+    from wagma_bench import optim
+    from wagma_bench.config import validate
+    from wagma_bench.trainer import train
+
+    calls: list = []
+    base = optim.OPTIMIZERS["local_sgd"]
+
+    class Recording(base):
+        def __init__(self, *args, **kwargs):
+            calls.append(("init",))
+            super().__init__(*args, **kwargs)
+
+        def broadcast_initial_model(self):
+            calls.append(("broadcast_initial_model",))
+            super().broadcast_initial_model()
+
+        def load_state_dict(self, state):
+            calls.append(("load_state_dict", state["round"]))
+            super().load_state_dict(state)
+
+        def step(self):
+            info = super().step()
+            calls.append(("step", info.round))
+            return info
+
+        def state_dict(self):
+            calls.append(("state_dict", self.round))
+            return super().state_dict()
+
+        def close(self):
+            calls.append(("close", self.round))
+            super().close()
+
+    optim.OPTIMIZERS["local_sgd"] = Recording
+    runs = []
+    for max_steps in (8, 12):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = validate(compose("wagma", overrides=[*TINY, f"train.max_steps={max_steps}"]))
+        summary = train(cfg, comm, Path(run_dir))  # rank 0's summary; None on the others
+        runs.append((list(calls), summary["status"] if summary else None))
+        calls.clear()
+    return runs
+
+
+def test_the_trainer_calls_an_algorithm_in_the_documented_order(tmp_path):
+    results = run_world(_recorded_runs, 2, str(tmp_path), timeout_s=240)
+    assert [runs[0][1] for runs in results] == ["completed", None] and results[0][1][1] == "completed"
+    for (fresh, _), (resumed, _) in results:
+        assert fresh[:2] == [("init",), ("broadcast_initial_model",)]
+        assert not any(c[0] == "load_state_dict" for c in fresh)
+        assert [c for c in fresh if c[0] == "step"] == [("step", r) for r in range(1, 9)]
+        # state saved right after the step that reached a synchronisation point (every 4 rounds here)
+        saved = [i for i, c in enumerate(fresh) if c[0] == "state_dict"]
+        assert [fresh[i] for i in saved] == [("state_dict", 4), ("state_dict", 8)]
+        assert all(fresh[i - 1] == ("step", fresh[i][1]) for i in saved)
+        assert fresh[-1] == ("close", 8) and sum(c[0] == "close" for c in fresh) == 1
+        assert resumed[:2] == [("init",), ("load_state_dict", 8)]  # instead of the broadcast
+        assert ("broadcast_initial_model",) not in resumed
+        assert [c for c in resumed if c[0] == "step"] == [("step", r) for r in range(9, 13)]
+        assert resumed[-1] == ("close", 12)
