@@ -157,11 +157,13 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
 
 
 def test_every_registered_optimizer_has_an_invariant_case():
-    """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding an optimizer")."""
+    """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding an
+    optimizer")."""
     from tests.test_optimizer_conformance import invariant_case, missing
     from wagma_bench.optim import OPTIMIZERS
 
     problems = missing(invariant_case)
     problems += [f"tests/test_invariants.py: CONFIGS[{case!r}] names {optimizer!r}, which is not a registered "
-                 f"optimizer; fix or remove it" for case, (optimizer, _) in CONFIGS.items() if optimizer not in OPTIMIZERS]
+                 f"optimizer; fix or remove it"
+                 for case, (optimizer, _) in CONFIGS.items() if optimizer not in OPTIMIZERS]
     assert not problems, "\n".join(problems)

@@ -367,7 +367,7 @@ class RunConfig:
 def _typed(section: str, schema: type, node: Any, option: str | None = None) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        check_ranges(section, schema, merged, option)  # before the schema's own __post_init__ checks (rules between keys)
+        check_ranges(section, schema, merged, option)  # before the schema's __post_init__ (rules between keys)
         check_choices(section, schema, merged)
         typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
