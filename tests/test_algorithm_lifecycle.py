@@ -11,6 +11,7 @@ from tests.dist_util import run_world
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=2", "eval.every_steps=4", "eval.target=null",
+        "workload.arch=resnet8", "train.batch_size=8",
         "checkpoint.every_s=0", "logger.progress=off"]
 
 
