@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,12 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
     cfg = validate(compose_raw("workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path / 'nope'}"))
     with pytest.raises(ConfigError, match="not a directory"):
         TransformerWorkload.check(cfg)
+    cfg.data.path = None  # the message points at the page and section that say how to prepare the data
+    with pytest.raises(ConfigError, match=re.escape("see reproduce/transformer/README.md, 'Preparing WMT17 "
+                                                    "English-German'")):
+        TransformerWorkload.check(cfg)
+    page = Path(__file__).resolve().parents[1] / "reproduce" / "transformer" / "README.md"
+    assert "\n## Preparing WMT17 English-German\n" in page.read_text()
     (tmp_path / "dict.en.txt").write_text("")
     cfg.data.path = str(tmp_path)
     with pytest.raises(ConfigError, match=r"missing dict\.de\.txt, train\.en-de\.en\.bin"):
