@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there.
-NOT_RUN_GROUPS = ("cluster", "hydra")
+# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
+# `tune` its search spaces.
+NOT_RUN_GROUPS = ("cluster", "hydra", "search_space")
 
 
 def run_command(overrides: list[str]) -> int:
