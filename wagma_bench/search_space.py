@@ -170,8 +170,14 @@ def check_against_config(space: SearchSpace, where: str) -> None:
             valid = sorted([*REQUIRED, *(f"optimizer.{k}" for k in settings),
                             *(f"train.{k}" for k in train if f"train.{k}" not in SET_BY_REQUIRED)])
             raise ConfigError(f"{where}: {d.key}: unknown key; valid keys: {', '.join(valid)}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="tune"):
-        base = compose(config_name="wagma", overrides=[f"optimizer={space.optimizer}"])
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [f"optimizer={space.optimizer}"]
+    if GlobalHydra.instance().is_initialized():  # inside tune's own compose session (over the same conf/)
+        base = compose(config_name="wagma", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="tune"):
+            base = compose(config_name="wagma", overrides=overrides)
     for d in space.dims:
         if d.key in REQUIRED:
             continue
