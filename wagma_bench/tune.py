@@ -352,6 +352,13 @@ def write_scores(tune_dir: Path) -> dict:
     return result
 
 
+def winning_runs(tune_dir: Path) -> list[Path]:
+    """The run directory of each combination's winning trial (none for a combination that never reached
+    the target): what ``simulate --convergence`` reads from a tuning directory."""
+    result = score(tune_dir)
+    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"] if e["winner"]]
+
+
 def format_scores(result: dict) -> str:
     lines = [f"{'combination':32} {'score (s)':>10}  per-study best (s)            reached  winner"]
     for e in result["results"]:
