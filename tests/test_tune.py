@@ -182,6 +182,8 @@ def test_the_plan_partitions_points_into_studies_and_is_reproducible():
     (["tune.budget=3", "--out", "x"], "tune.budget: unknown key; valid keys of tune: trials, studies"),
     (["tune.trials=2"], "--out DIR is required"),
     (["seed=3", "--out", "x"], "seed is set by tune"),
+    (["optimizer=wagma", "optimizer.tau=5", "--out", "x"], ("optimizer.tau=5: optimizer.tau is tuned by the search "
+                                                           "space wagma.yaml of optimizer=wagma; leave it out")),
 ])
 def test_bad_tune_arguments_are_refused(argv, message, capsys):
     assert tune.main(argv) == 2

@@ -160,6 +160,7 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
             opt = base.optimizer.name
             if opt not in spaces:
                 spaces[opt] = load_space(opt)
+                _check_not_tuned(spaces[opt], [*spec.common, *axis])
             name = name or opt
             points = draw(spaces[opt], args.studies * args.trials, args.seed)
             for i, point in enumerate(points):
@@ -173,6 +174,16 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
                 raws[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
                                                     trial.name).raw
     return spec, trials, raws
+
+
+def _check_not_tuned(space, overrides: list[str]) -> None:
+    """A setting the search space tunes cannot also be given (the trial's value would silently win)."""
+    tuned = {d.key for d in space.dims} | {"train.warmup_epochs"}
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+")
+        if key in tuned:
+            raise ConfigError(f"{o}: {key} is tuned by the search space {space.path.name} of "
+                              f"optimizer={space.optimizer}; leave it out (train.lr sets the base of lr_multiplier)")
 
 
 def _compose_checked(compose, validate, overrides: list[str], name: str):
