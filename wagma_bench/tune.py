@@ -234,10 +234,12 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
 
 # --- running ------------------------------------------------------------------------------------------
 
-def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=sys.stdout) -> None:
+def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
-    skipped, an interrupted one resumes from its checkpoint."""
+    skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
     from wagma_bench.rundir import finished_summary
+
+    out = out or sys.stdout
 
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     n, t0 = len(trials), time.monotonic()
