@@ -164,13 +164,13 @@ def test_performance_profile_by_hand():
 
 
 def test_the_plan_partitions_points_into_studies_and_is_reproducible():
-    args = tune.parse_args(["optimizer=allreduce,wagma", "launcher.nproc=2", "tune.trials=2", "tune.studies=3",
+    args = tune.parse_args(["optimizer=allreduce,wagma", "launcher.nproc=2", "tune.trials=3", "tune.studies=2",
                             "tune.seed=5", "--out", "/nonexistent"])
     _, trials, _ = tune.make_plan(args)
     _, again, _ = tune.make_plan(args)
     assert [t.overrides for t in trials] == [t.overrides for t in again]
     wagma = [t for t in trials if t.combo == "wagma"]
-    assert [(t.study, t.trial) for t in wagma] == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
+    assert [(t.study, t.trial) for t in wagma] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
     points = search_space.draw(search_space.load_space("wagma", check=False), 6, 5)
     assert [t.params for t in wagma] == points  # study s holds points (s-1)*O .. s*O-1 of one sequence
     assert len({t.seed for t in wagma}) == 6
