@@ -1,4 +1,4 @@
-"""``wagma-bench`` command line: run | comm-bench | report | sweep | simulate."""
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ commands:
   comm-bench  time our communication backend against the raw library calls
   report      time-to-accuracy tables and figures over run or sweep directories
   sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
+  tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
   simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
 
 `wagma-bench run --help` lists the configuration groups and their options.
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         from wagma_bench.sweep import main as sweep_main
 
         return sweep_main(rest)
+    if command == "tune":
+        from wagma_bench.tune import main as tune_main
+
+        return tune_main(rest)
     if command == "report":
         from wagma_bench.report import main as report_main
 
@@ -56,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there.
-NOT_RUN_GROUPS = ("cluster", "hydra")
+# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
+# `tune` its search spaces.
+NOT_RUN_GROUPS = ("cluster", "hydra", "search_space")
 
 
 def run_command(overrides: list[str]) -> int:

@@ -187,3 +187,22 @@ def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_r
     axes[-1, 0].set_xlabel("rank")
     fig.suptitle(f"{title}\nper-rank step time components (all steps, seeds pooled)", fontsize=10)
     return _save(fig, path)
+
+
+def plot_performance_profile(profiles: dict[str, tuple[list[float], list[float]]], path: Path, problems: int,
+                             title: str = "performance profile (tuned)") -> Path:
+    """AlgoPerf's performance profiles: per optimizer, the fraction of workloads (``problems`` in all) on
+    which its tuned score is within a factor tau of the best optimizer's, against tau (a step curve; an
+    optimizer that missed a workload never reaches 1). ``profiles[label]``: (taus, fractions)."""
+    plt = _plt()
+    palette = colors(list(profiles))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, (taus, fractions) in profiles.items():
+        ax.step(taus, fractions, where="post", color=palette[label], label=label, linewidth=1.8)
+    ax.set_xlabel("tau: score / best score on the workload")
+    ax.set_ylabel(f"fraction of workloads (of {problems}) within tau")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)

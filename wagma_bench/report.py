@@ -33,6 +33,7 @@ from typing import Any
 
 from wagma_bench import plots
 from wagma_bench.events import EVENTS, RunEvents, read_jsonl
+from wagma_bench.tune import PLAN as TUNE_PLAN
 
 REFERENCE = "allreduce"
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
@@ -155,6 +156,7 @@ def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
         finals = [r.summary["final_metric"] for r in rs if r.summary.get("final_metric") is not None]
         bests = [r.summary["best_metric"] for r in rs if r.summary.get("best_metric") is not None]
         tputs = [r.summary["throughput_samples_per_s"] for r in rs if r.summary.get("throughput_samples_per_s")]
+        spreads = [r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None]
         rows.append({
             "optimizer": opt, "world_size": world, "imbalance": imb, "seeds": len(rs),
             "reached": len(reached) if has_target else None,
@@ -165,6 +167,7 @@ def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
             "final_metric": median(finals), "best_metric": median(bests),
             "throughput": median(tputs), "throughput_min": min(tputs) if tputs else None,
             "throughput_max": max(tputs) if tputs else None,
+            "compute_imbalance": median(spreads),
             "partial_runs": sum(r.partial for r in rs),
         })
     return add_speedups(rows)
@@ -196,7 +199,7 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
                      "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("steps"),
                      "final_metric": s.get("final_metric"), "best_metric": s.get("best_metric"),
                      "throughput": s.get("throughput_samples_per_s"), "train_s": s.get("train_s"),
-                     "restarts": s.get("restarts"), "problems": "; ".join(r.problems), "signature": r.signature})
+                     "restarts": s.get("restarts"), "compute_imbalance": s.get("compute_imbalance"), "problems": "; ".join(r.problems), "signature": r.signature})
     return rows
 
 
@@ -370,13 +373,15 @@ COMPARISON_COLUMNS = [("optimizer", "optimizer", ""), ("world_size", "P", ""), (
                       ("ttt_olympic", "TTT olympic mean (s)", ""), ("speedup_ttt", "speed-up vs allreduce", "x"),
                       ("final_metric", "final metric", "metric"), ("best_metric", "best metric", "metric"),
                       ("throughput", "throughput (samples/s)", ""),
-                      ("speedup_throughput", "throughput vs allreduce", "x"), ("partial_runs", "half-written", "")]
+                      ("speedup_throughput", "throughput vs allreduce", "x"),
+                      ("compute_imbalance", "compute imbalance", ""), ("partial_runs", "half-written", "")]
 
 RUN_COLUMNS = [("run", "run", ""), ("optimizer", "optimizer", ""), ("world_size", "P", ""),
                ("imbalance", "imbalance", ""), ("seed", "seed", ""), ("status", "status", ""),
                ("reached", "reached", ""), ("time_to_target_s", "TTT (s)", ""), ("steps", "steps", ""),
                ("final_metric", "final", "metric"), ("best_metric", "best", "metric"),
-               ("throughput", "samples/s", ""), ("restarts", "restarts", ""), ("problems", "marked", "")]
+               ("throughput", "samples/s", ""), ("restarts", "restarts", ""),
+               ("compute_imbalance", "compute imbalance", ""), ("problems", "marked", "")]
 
 
 def group_title(key: tuple) -> str:
@@ -429,7 +434,9 @@ HOW_TO_READ = (
     "MLPerf's score: with ≥ 3 seeds the fastest and slowest are dropped and the rest averaged; with "
     "1–2 seeds it is the plain mean. Speed-ups compare olympic means (throughput: medians) with "
     "`allreduce` at the same P and imbalance. Runs marked *half-written* crashed or were cut off; "
-    "they are read up to their last complete event.")
+    "they are read up to their last complete event. *Compute imbalance* is how uneven the ranks' compute "
+    "was: the mean over steps of the slowest rank's compute time (injected delay included) over the ranks' "
+    "mean (1.00: even; median over seeds; — for runs recorded before it was measured).")
 
 
 def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[RunRecord], sources: Sequence[str],
@@ -492,12 +499,15 @@ def write_csv(rows: Sequence[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport]]:
-    """Read every run under ``paths``; write ``out/report.md``, the figures and CSV tables."""
+def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
+    """Read every run under ``paths``; write ``out/report.md``, the figures and CSV tables. A tuning
+    directory (``wagma-bench tune``) gives the tuned section; its trials stay out of the untuned tables."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    run_dirs = find_runs(paths)
-    if not run_dirs:
+    tune_dirs = [Path(p) for p in paths if (Path(p) / TUNE_PLAN).exists()]
+    tuned = tuned_section(tune_dirs, out) if tune_dirs else None
+    run_dirs = [d for d in find_runs(paths) if not any(d.is_relative_to(t.resolve()) for t in tune_dirs)]
+    if not run_dirs and tuned is None:
         raise FileNotFoundError(f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})")
     runs = [load_run(d) for d in run_dirs]
     root = _common_root(run_dirs)
@@ -507,8 +517,12 @@ def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupRepor
     write_csv(comparison, out / "comparison.csv")
     write_csv([{"group": group_title(g.key), **r} for g in groups for r in g.run_table], out / "runs.csv")
     report = out / "report.md"
-    report.write_text(render_markdown(groups, unreadable, [str(p) for p in paths], out))
-    return report, groups
+    text = render_markdown(groups, unreadable, [str(p) for p in paths], out)
+    if tuned is not None:
+        write_csv(tuned.rows, out / "tuned.csv")
+        text = _with_tuned(text, tuned, out, untuned=bool(groups))
+    report.write_text(text)
+    return report, groups, tuned
 
 
 def _common_root(dirs: Sequence[Path]) -> Path | None:
@@ -521,10 +535,113 @@ def _common_root(dirs: Sequence[Path]) -> Path | None:
         return None
 
 
+# --- tuned comparisons (wagma-bench tune) -----------------------------------------------------------
+
+@dataclass
+class TunedSection:
+    rows: list[dict]                 # one per tuned combination
+    figures: dict[str, Path]
+    sources: list[str]
+    protocol: str                    # "S studies x O trials ..." per tuning directory
+
+
+def tuned_rows(results: Sequence[dict]) -> list[dict]:
+    """The tuned table: per combination its score, per-study bests, winner and speed-up against tuned
+    allreduce (score over score) at the same workload, data, world size and imbalance."""
+    rows = []
+    for e in results:
+        bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
+        win = e.get("winner") or {}
+        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": e.get("optimizer"),
+                     "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
+                     "target": e.get("target"), "score_s": e.get("score_s"), "study_bests": bests,
+                     "reached": f"{e['reached']}/{e['trials']}", "unfinished": e.get("unfinished"),
+                     "winner": win.get("trial"),
+                     "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
+                     "compute_imbalance": e.get("compute_imbalance")})
+    refs = {_problem(r): r["score_s"] for r in rows if r["optimizer"] == REFERENCE}
+    for r in rows:
+        r["speedup_vs_tuned_allreduce"] = _ratio(refs.get(_problem(r)), r["score_s"])
+    return rows
+
+
+def _problem(row: dict) -> tuple:
+    """What a tuned score is compared within: a workload on its data, at one world size and imbalance."""
+    return (row["workload"], row["data"], row["world_size"], row["imbalance"])
+
+
+def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
+    """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
+    P, imbalance) where its score is at most tau x the best score of any optimizer there; a missed
+    (infinite) score never counts. Returns {optimizer: (taus, fractions)} and the number of problems."""
+    scores: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        scores.setdefault(_problem(r), {})[r["optimizer"]] = INF if r["score_s"] is None else r["score_s"]
+    ratios: dict[str, list[float]] = {}
+    for per_opt in scores.values():
+        best = min(per_opt.values())
+        for opt, s in per_opt.items():
+            ratios.setdefault(opt, []).append(s / best if math.isfinite(best) else INF)
+    finite = [x for rs in ratios.values() for x in rs if math.isfinite(x)]
+    if taus is None:
+        top = max(finite + [1.0]) * 1.25
+        taus = [1.0 + (top - 1.0) * i / 200 for i in range(201)]
+    n = len(scores)
+    return {opt: (list(taus), [sum(x <= t for x in rs) / n for t in taus]) for opt, rs in sorted(ratios.items())}, n
+
+
+TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer", "optimizer", ""),
+                 ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score_s", "score (s)", ""),
+                 ("study_bests", "per-study best (s)", ""), ("reached", "trials reached", ""),
+                 ("speedup_vs_tuned_allreduce", "speed-up vs tuned allreduce", "x"),
+                 ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", "")]
+
+
+def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
+    from wagma_bench.tune import score
+
+    results, protocol = [], []
+    for d in tune_dirs:
+        scored = score(d)
+        results += scored["results"]
+        budget = f", tune.max_runtime_s={scored['max_runtime_s']:g}" if scored.get("max_runtime_s") else ""
+        protocol.append(f"`{d}`: {scored['studies']} studies × {scored['trials_per_study']} trials, "
+                        f"tune.seed={scored['seed']}{budget}")
+    rows = tuned_rows(results)
+    profiles, n = performance_profile(rows)
+    figures = {"performance_profile": plots.plot_performance_profile(profiles, out / "tuned_performance_profile.png",
+                                                                     n)}
+    return TunedSection(rows, figures, [str(d) for d in tune_dirs], protocol)
+
+
+TUNED_HOW_TO_READ = (
+    "Tuned by MLCommons AlgoPerf's external tuning ruleset (`wagma-bench tune`, docs/tuning.md): each "
+    "optimizer's one search space (conf/search_space/), S studies of O quasirandom trials; per study the "
+    "fastest trial to the target (training clock); the **score** is the median over studies of those bests, "
+    "a study whose trials all missed counting as infinite (∞: half the studies or more missed). The winning "
+    "settings are the fastest trial's. Speed-up: tuned allreduce's score over the row's, at the same "
+    "workload, data, P and imbalance.")
+
+
+def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str:
+    """The report with the tuned section after its header, the untuned tables (if any) labelled below it."""
+    head, sep, rest = text.partition("\n## ")
+    rows = [{**r, "score_s": r["score_s"] if r["score_s"] is not None else "∞ (missed)"} for r in tuned.rows]
+    lines = ["## Tuned comparisons", "", TUNED_HOW_TO_READ, "", *(f"- {p}" for p in tuned.protocol), "",
+             markdown_table(rows, TUNED_COLUMNS), ""]
+    for name, path in tuned.figures.items():
+        lines += [f"![{name}]({path.relative_to(out)})", "",
+                  ("*Performance profile across workloads: per optimizer, the fraction of workloads (workload, "
+                  "data, P, imbalance) on which its tuned score is within a factor τ of the best optimizer's.*"), ""]
+    if untuned:
+        lines += ["# Untuned comparisons (every optimizer at the configured defaults)", ""]
+    return head + "\n" + "\n".join(lines) + (sep + rest if sep else "")
+
+
 # --- W&B ---------------------------------------------------------------------------------------------
 
 def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity: str | None, group: str | None,
-                 mode: str) -> Path:
+                 mode: str, tuned: TunedSection | None = None) -> Path:
     """Log the report's tables and figures as one W&B run (``job_type=report``), offline without a key."""
     import wandb
 
@@ -538,6 +655,11 @@ def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity:
             cols = list(dict.fromkeys(k for r in rows for k in r))
             run.log({f"{slug}/{name}": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows])})
         run.log({f"{slug}/{name}": wandb.Image(str(path)) for name, path in g.figures.items()})
+    if tuned is not None:  # the tuned table and the performance profile, apart from the untuned groups
+        cols = list(dict.fromkeys(k for r in tuned.rows for k in r))
+        run.log({"tuned/comparison": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols]
+                                                                     for r in tuned.rows])})
+        run.log({f"tuned/{name}": wandb.Image(str(path)) for name, path in tuned.figures.items()})
     run.save(str(out / "report.md"), base_path=str(out), policy="now")
     where = offline_dir(run)
     run.finish()
@@ -565,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="auto: online with an API key, else offline")
     args = parser.parse_args(argv)
     try:
-        report, groups = make_report(args.dirs, args.out)
+        report, groups, tuned = make_report(args.dirs, args.out)
     except FileNotFoundError as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 2
@@ -577,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     n_runs = sum(len(g.runs) for g in groups)
     marked = sum(r.partial for g in groups for r in g.runs)
     print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"
-          + (f", {marked} half-written (marked)" if marked else "") + f"; wrote {report}")
+          + (f", {marked} half-written (marked)" if marked else "")
+          + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
     if args.wandb:
-        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode)
+        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode,
+                     tuned)
     return 0

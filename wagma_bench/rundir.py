@@ -160,6 +160,7 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None,
     from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
 
     summary = RunEvents.read(run_dir).summary(status)
+    summary["compute_imbalance"] = compute_imbalance(run_dir)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
@@ -200,3 +201,25 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
         return {}
     return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
             "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+
+
+def compute_imbalance(run_dir: Path) -> float | None:
+    """How uneven the ranks' compute was: the mean over steps of slowest / mean rank compute time, from the
+    step logs (1.0: perfectly even; 2.0: the slowest rank took twice the mean). A rank's compute is its
+    forward + backward (``compute_s``, batch loading included) plus its injected straggler delay
+    (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
+    index, over the steps every rank logged; None without step logs."""
+    per_rank = [read_jsonl(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))]
+    per_rank = [{r["step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "step" in r}
+                for recs in per_rank]
+    per_rank = [times for times in per_rank if times]
+    if not per_rank:
+        return None
+    common = set.intersection(*(set(times) for times in per_rank))
+    ratios = []
+    for step in common:
+        values = [times[step] for times in per_rank]
+        mean = sum(values) / len(values)
+        if mean > 0:
+            ratios.append(max(values) / mean)
+    return round(sum(ratios) / len(ratios), 4) if ratios else None

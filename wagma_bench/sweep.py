@@ -361,20 +361,22 @@ def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
     return [g[i:i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
 
 
-def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None) -> dict:
-    """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest."""
-    runs = expand(spec)
+def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None,
+           runs: list[SweepRun] | None = None, runs_dir: str = "runs") -> dict:
+    """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest.
+    ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
+    runs = expand(spec) if runs is None else runs
     check_run_configs(spec, runs)
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    for d in ("jobs", "logs", "runs"):
+    for d in ("jobs", "logs", runs_dir):
         (out / d).mkdir(parents=True, exist_ok=True)
     jobs = []
     for j, group in enumerate(group_jobs(runs, array)):
         script = out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
         for i, run in enumerate(group):
-            run.run_dir, run.job = str(out / "runs" / run.name), j
+            run.run_dir, run.job = str(out / runs_dir / run.name), j
             run.array_index = i if array else None
         script.write_text(render_script(spec, group, script, out / "logs", array))
         script.chmod(0o755)

@@ -4,7 +4,7 @@
         'optimizer=glob(*)' imbalance=paper imbalance.delay_s=0.32 \\
         workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
-        [samples_to_target=N] [--convergence RUN_DIR...] [--out DIR]
+        [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
@@ -40,7 +40,8 @@ have no such barrier.
 
 Convergence model (time-to-target): samples to the target per optimizer, from real runs that reached it
 (``--convergence RUN_DIR...``: the ``samples`` of the first evaluation at or above the target, median over
-runs, taken at the smallest world size measured) or one value for all (``samples_to_target=N``). It is
+runs, taken at the smallest world size measured; a ``wagma-bench tune`` directory counts as its winning
+trials, one per tuned combination) or one value for all (``samples_to_target=N``). It is
 held constant in P -- the linear-scaling regime of large-batch SGD (Goyal et al. 2017), where epochs to a
 target do not change with the global batch; beyond the critical batch size this is optimistic, for every
 optimizer alike. time_to_target(P) = samples_to_target / predicted throughput(P).
@@ -132,7 +133,8 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     ap.add_argument("overrides", nargs="*", help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
                     "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE")
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
-    ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR", help="runs that reached a target")
+    ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR",
+                    help="runs that reached a target, or tuning directories (their winning trials)")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
@@ -277,17 +279,28 @@ def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Net
 
 def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
     """Per optimizer: median global samples at the first evaluation reaching the target, over the runs at
-    the smallest world size that reached it."""
+    the smallest world size that reached it. A tuning directory (``wagma-bench tune``) stands for its
+    winning trials (:func:`wagma_bench.tune.winning_runs`), so predictions rest on tuned convergence."""
     from wagma_bench.report import find_runs
+    from wagma_bench.tune import winning_runs
 
+    dirs: list[Path] = []
+    for p in map(Path, run_dirs):
+        dirs += winning_runs(p) if is_tuning_dir(p) else [p]
     found: dict[str, dict[int, list[float]]] = {}
-    for d in find_runs([Path(p) for p in run_dirs]):
+    for d in find_runs(dirs):
         record = RunEvents.read(d)
         hit = record.first_at_target
         if hit is not None:
             found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
                 float(hit.samples))
     return {opt: statistics.median(by_p[min(by_p)]) for opt, by_p in found.items()}
+
+
+def is_tuning_dir(path: Path) -> bool:
+    from wagma_bench.tune import PLAN
+
+    return (Path(path) / PLAN).exists()
 
 
 # --- tables, files, plots -------------------------------------------------------------------------------

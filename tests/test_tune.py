@@ -1,0 +1,325 @@
+"""``wagma-bench tune``: search spaces, quasirandom points, AlgoPerf scoring, resume, the command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wagma_bench import search_space, tune
+from wagma_bench.config import ConfigError
+from wagma_bench.optim import OPTIMIZERS
+
+# --- search spaces ------------------------------------------------------------------------------------
+
+def test_every_registered_optimizer_has_a_valid_search_space():
+    """Walks the registry: a new optimizer without a space fails here with the file to add."""
+    for name in OPTIMIZERS:
+        path = search_space.space_path(name)
+        assert path.exists(), f"{name}: add a search space to conf/search_space/{name}.yaml (see docs/tuning.md)"
+        space = search_space.load_space(name)  # refuses what the run config would refuse
+        keys = [d.key for d in space.dims]
+        assert "lr_multiplier" in keys and "warmup_fraction" in keys, name
+
+
+def _space_file(tmp_path, monkeypatch, text: str, name: str = "wagma") -> None:
+    (tmp_path / f"{name}.yaml").write_text(text)
+    monkeypatch.setattr(search_space, "SPACE_DIR", tmp_path)
+
+
+BASE = "lr_multiplier: {low: 0.5, high: 2.0, scale: log}\nwarmup_fraction: {low: 0.0, high: 0.1}\n"
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("optimizer.tau: {low: 5, high: 5}\n", "optimizer.tau low=5 high=5 is an empty range; it must have low < high"),
+    ("optimizer.tua: {low: 2, high: 5}\n", "optimizer.tua: unknown key; valid keys: "),
+    ("optimizer.tau: {low: 0, high: 5}\n", ("optimizer.tau=0 would be refused by the run config: optimizer.tau=0 is "
+                                           "not allowed; it must be >= 1")),
+    ("optimizer.group_size: {choices: [2, 3]}\n", ("optimizer.group_size=3 would be refused by the run config: "
+                                                  "optimizer.group_size=3 is not allowed; it must be a power of two")),
+    ("optimizer.catch_up: {choices: [replay, later]}\n", "optimizer.catch_up='later' is not allowed; choose one"),
+    ("optimizer.tau: {low: 2, high: 5, step: 1}\n", "optimizer.tau.step: unknown field"),
+    ("optimizer.tau: {choices: []}\n", "optimizer.tau.choices=[] is not allowed; it must be a non-empty list"),
+    ("train.lr: {low: 0.1, high: 0.2}\n", "train.lr: unknown key"),
+    ("train.momentum: {low: 0.0, high: 1.0}\n", "train.momentum=1.0 would be refused by the run config"),
+])
+def test_a_bad_search_space_is_refused_up_front(tmp_path, monkeypatch, extra, message):
+    _space_file(tmp_path, monkeypatch, BASE + extra)
+    with pytest.raises(ConfigError) as err:
+        search_space.load_space("wagma")
+    assert message in str(err.value)
+    assert str(err.value).startswith(f"search space {tmp_path}/wagma.yaml: ")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("warmup_fraction: {low: 0.0, high: 0.1}\n", "lr_multiplier not given"),
+    ("lr_multiplier: {low: 0.5, high: 2.0}\nwarmup_fraction: {low: 0.0, high: 0.1}\n", "it must be log-uniform"),
+    ("lr_multiplier: {low: 0.0, high: 2.0, scale: log}\nwarmup_fraction: {low: 0.0, high: 0.1}\n",
+     "lr_multiplier.low=0.0 is not allowed with scale: log"),
+    ("lr_multiplier: {low: 0.5, high: 2.0, scale: log}\nwarmup_fraction: {low: 0.0, high: 1.0}\n",
+     "it must be in [0, 1)"),
+])
+def test_the_required_dimensions_are_checked(tmp_path, monkeypatch, text, message):
+    _space_file(tmp_path, monkeypatch, text)
+    with pytest.raises(ConfigError) as err:
+        search_space.load_space("wagma")
+    assert message in str(err.value)
+
+
+def test_an_optimizer_without_a_space_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(search_space, "SPACE_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=f"optimizer=sgp has no search space; add one to {tmp_path}/sgp.yaml"):
+        search_space.load_space("sgp")
+
+
+# --- quasirandom points -------------------------------------------------------------------------------
+
+def test_the_same_seed_draws_the_same_points_and_another_seed_others():
+    space = search_space.load_space("wagma", check=False)
+    a, b, c = (search_space.draw(space, 6, seed) for seed in (7, 7, 8))
+    assert a == b and a != c
+    for p in a:  # inside the declared space, with the declared types
+        assert 0.25 <= p["lr_multiplier"] <= 4.0 and 0.0 <= p["warmup_fraction"] <= 0.1
+        assert isinstance(p["optimizer.tau"], int) and 2 <= p["optimizer.tau"] <= 20
+        assert p["optimizer.group_size"] in (None, 2)
+    assert search_space.draw(space, 3, 7) == a[:3]  # a prefix of the same sequence
+
+
+def test_integer_log_dimension_reaches_both_bounds():
+    dim = search_space.Dimension("optimizer.tau", 2.0, 20.0, log=True, integer=True)
+    assert dim.value(0.0) == 2 and dim.value(0.999999) == 20
+    assert sorted({dim.value(i / 1000) for i in range(1000)}) == list(range(2, 21))
+
+
+# --- scoring (AlgoPerf), against hand-computed cases ---------------------------------------------------
+
+def _trials(times: list[list[float | None]]) -> tuple[list[tune.Trial], dict]:
+    """Trials of S studies (rows) x O trials; a time None: the trial missed the target."""
+    trials, summaries = [], {}
+    for s, row in enumerate(times, 1):
+        for o, t in enumerate(row, 1):
+            name = f"c_study{s}_trial{o}"
+            trials.append(tune.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
+            summaries[name] = {"status": "completed", "reached": t is not None, "time_to_target_s": t}
+    return trials, summaries
+
+
+def test_score_is_the_median_of_the_per_study_bests():
+    trials, summaries = _trials([[30.0, 20.0], [50.0, None], [10.0, 40.0]])
+    e = tune.score_combo(trials, summaries, None)
+    assert [s["best_time_s"] for s in e["studies"]] == [20.0, 50.0, 10.0]
+    assert [s["trial"] for s in e["studies"]] == ["c_study1_trial2", "c_study2_trial1", "c_study3_trial1"]
+    assert e["score_s"] == 20.0  # median(20, 50, 10)
+    assert (e["reached"], e["trials"], e["unfinished"]) == (5, 6, 0)
+    assert e["winner"]["trial"] == "c_study3_trial1" and e["winner"]["params"] == {"lr_multiplier": 4.0}
+
+
+def test_a_study_that_missed_counts_as_infinite():
+    trials, summaries = _trials([[None, None], [12.0, None], [8.0, 30.0]])
+    e = tune.score_combo(trials, summaries, None)
+    assert [s["best_time_s"] for s in e["studies"]] == [None, 12.0, 8.0]
+    assert e["score_s"] == 12.0  # median(inf, 12, 8) = 12
+
+
+def test_most_studies_missing_make_the_score_infinite():
+    trials, summaries = _trials([[None], [None], [5.0]])
+    e = tune.score_combo(trials, summaries, None)
+    assert e["score_s"] is None and e["winner"]["trial"] == "c_study3_trial1"
+    trials, summaries = _trials([[None], [5.0]])  # even S: half missing -> (5 + inf) / 2 = inf
+    assert tune.score_combo(trials, summaries, None)["score_s"] is None
+    trials, summaries = _trials([[None], [None]])
+    e = tune.score_combo(trials, summaries, None)
+    assert e["score_s"] is None and e["winner"] is None and e["reached"] == 0
+    assert math.isinf(tune.median_score([]))
+
+
+def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_too():
+    trials, summaries = _trials([[30.0, 20.0], [50.0, 10.0]])
+    e = tune.score_combo(trials, summaries, 25.0)
+    assert [s["best_time_s"] for s in e["studies"]] == [20.0, 10.0] and e["score_s"] == 15.0
+    e = tune.score_combo(trials, summaries, 15.0)
+    assert [s["best_time_s"] for s in e["studies"]] == [None, 10.0] and e["score_s"] is None
+    summaries["c_study2_trial2"] = None  # never ran (or killed before its summary)
+    e = tune.score_combo(trials, summaries, None)
+    assert e["unfinished"] == 1 and [s["best_time_s"] for s in e["studies"]] == [20.0, 50.0]
+
+
+def test_performance_profile_by_hand():
+    from wagma_bench.report import performance_profile
+
+    rows = [{"workload": w, "data": "d", "world_size": 4, "imbalance": "none", "optimizer": o, "score_s": s}
+            for w, o, s in [("a", "allreduce", 10.0), ("a", "wagma", 20.0), ("b", "allreduce", None),
+                            ("b", "wagma", 30.0)]]
+    profiles, n = performance_profile(rows, taus=[1.0, 1.9, 2.0, 100.0])
+    assert n == 2
+    assert profiles["allreduce"] == ([1.0, 1.9, 2.0, 100.0], [0.5, 0.5, 0.5, 0.5])  # missed b: never counts
+    assert profiles["wagma"][1] == [0.5, 0.5, 1.0, 1.0]  # best on b, 2x on a
+
+
+def test_the_plan_partitions_points_into_studies_and_is_reproducible():
+    args = tune.parse_args(["optimizer=allreduce,wagma", "launcher.nproc=2", "tune.trials=3", "tune.studies=2",
+                            "tune.seed=5", "--out", "/nonexistent"])
+    _, trials, _ = tune.make_plan(args)
+    _, again, _ = tune.make_plan(args)
+    assert [t.overrides for t in trials] == [t.overrides for t in again]
+    wagma = [t for t in trials if t.combo == "wagma"]
+    assert [(t.study, t.trial) for t in wagma] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+    points = search_space.draw(search_space.load_space("wagma", check=False), 6, 5)
+    assert [t.params for t in wagma] == points  # study s holds points (s-1)*O .. s*O-1 of one sequence
+    assert len({t.seed for t in wagma}) == 6
+    assert "train.lr=" + str(float(f"{0.2 * points[0]['lr_multiplier']:.6g}")) in wagma[0].overrides
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["tune.trials=0", "--out", "x"], "tune.trials=0 is not allowed; it must be >= 1"),
+    (["tune.budget=3", "--out", "x"], "tune.budget: unknown key; valid keys of tune: trials, studies"),
+    (["tune.trials=2"], "--out DIR is required"),
+    (["seed=3", "--out", "x"], "seed is set by tune"),
+    (["optimizer=wagma", "optimizer.tau=5", "--out", "x"], ("optimizer.tau=5: optimizer.tau is tuned by the search "
+                                                           "space wagma.yaml of optimizer=wagma; leave it out")),
+])
+def test_bad_tune_arguments_are_refused(argv, message, capsys):
+    assert tune.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+# --- imbalance ----------------------------------------------------------------------------------------
+
+def test_compute_imbalance_by_hand(tmp_path):
+    from wagma_bench.rundir import compute_imbalance
+
+    (tmp_path / "steps").mkdir()
+    rows = {0: [(1, 1.0, 0.0), (2, 1.0, 0.0), (3, 9.0, 0.0)], 1: [(1, 1.0, 2.0), (2, 1.0, 0.0)]}
+    for rank, recs in rows.items():
+        (tmp_path / "steps" / f"rank{rank}.jsonl").write_text(
+            "".join(json.dumps({"step": s, "compute_s": c, "delay_s": d}) + "\n" for s, c, d in recs))
+    # step 1: ranks 1 and 3 -> 3 / 2 = 1.5; step 2: 1.0; step 3 only one rank logged: left out
+    assert compute_imbalance(tmp_path) == 1.25
+    assert compute_imbalance(tmp_path / "none") is None
+
+
+# --- the command end to end (real runs) ----------------------------------------------------------------
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+# A reachable target (the embedded MNIST at 2 steps) so that trials score; 2 ranks, 2 steps each.
+TINY = ["workload=resnet", "launcher.nproc=2", "train.max_steps=2", "eval.every_steps=2", "eval.target=0.05",
+        "logger.progress=off"]
+
+
+def _tune(args, timeout=900, **kw):
+    return subprocess.run([str(BIN), "tune", *args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, **kw)
+
+
+@pytest.mark.slow
+def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
+    """allreduce and wagma, one study of one trial each (2 runs): tuning.json, the tuned report, a rerun
+    that skips both, and simulate's convergence read from the tuning directory."""
+    out = tmp_path / "tune"
+    res = _tune([*TINY, "optimizer=allreduce,wagma", "tune.trials=1", "tune.studies=1", "--out", str(out)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[tune 1/2" in res.stdout and "[tune 2/2" in res.stdout
+    result = json.loads((out / "tuning.json").read_text())
+    by_opt = {e["optimizer"]: e for e in result["results"]}
+    assert set(by_opt) == {"allreduce", "wagma"}
+    for e in by_opt.values():
+        assert e["workload"] == "resnet" and e["world_size"] == 2 and e["reached"] == 1
+        assert e["score_s"] == e["studies"][0]["best_time_s"] > 0 and e["winner"]["params"]["lr_multiplier"] > 0
+        assert e["compute_imbalance"] >= 1.0
+    trial = out / "trials" / by_opt["wagma"]["winner"]["trial"]
+    summary = json.loads((trial / "summary.json").read_text())
+    assert summary["compute_imbalance"] >= 1.0  # every new summary.json has it
+    events = {p: p.read_bytes() for p in (out / "trials").glob("*/events.jsonl")}
+    capsys.readouterr()
+    # the same command again (in this process: a finished trial is skipped before any run starts)
+    assert tune.main([*TINY, "optimizer=allreduce,wagma", "tune.trials=1", "tune.studies=1", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("finished earlier") == 2
+    assert {p: p.read_bytes() for p in events} == events  # nothing trained twice
+    from wagma_bench.report import main as report_main
+
+    assert report_main([str(out), "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Tuned comparisons" in text and "speed-up vs tuned allreduce" in text
+    assert (tmp_path / "rep" / "tuned_performance_profile.png").stat().st_size > 0
+    from wagma_bench.simulate.cli import samples_to_target
+
+    conv = samples_to_target([str(out)])
+    assert set(conv) == {"allreduce", "wagma"} and all(v > 0 for v in conv.values())
+
+
+def test_another_tuning_into_the_same_directory_is_refused(tmp_path):
+    out = str(tmp_path / "tune")
+    args = tune.parse_args(["optimizer=allreduce", "launcher.nproc=2", "tune.trials=1", "tune.studies=1", "--out", out])
+    spec, trials, _ = tune.make_plan(args)
+    tune.write_plan(args, spec, trials, ["first"])
+    tune.write_plan(args, spec, trials, ["same trials"])  # the same plan: a resume
+    other = tune.parse_args(["optimizer=allreduce", "launcher.nproc=2", "tune.trials=1", "tune.studies=1",
+                             "tune.seed=2", "--out", out])
+    spec, trials, _ = tune.make_plan(other)
+    with pytest.raises(ConfigError, match="holds another tuning"):
+        tune.write_plan(other, spec, trials, ["other"])
+
+
+def test_cluster_mode_renders_the_trials_as_a_sweep(tmp_path):
+    out = tmp_path / "tune"
+    assert tune.main(["cluster=generic4", "gpus=4", "optimizer=allreduce,local_sgd", "tune.trials=2",
+                      "tune.studies=1", "--dry-run", "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["runs"]) == 4 and all(r["run_dir"].startswith("trials/") for r in manifest["runs"])
+    script = (out / manifest["jobs"][0]["script"]).read_text()
+    assert "train.lr=" in script and "optimizer.period=" in script
+    result = tune.score(out)  # nothing ran yet: every trial unfinished, every score infinite
+    assert all(e["score_s"] is None and e["unfinished"] == 2 for e in result["results"])
+
+
+@pytest.mark.long
+def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_path):
+    """Two trials; the tune is SIGKILLed (launcher and ranks) while the second trains, after a checkpoint;
+    the same command again skips the first and resumes the second from its checkpoint."""
+    out = tmp_path / "tune"
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=40", "eval.every_steps=20",
+            "checkpoint.every_s=0", "logger.progress=off", "optimizer=allreduce", "tune.trials=2",
+            "tune.studies=1", "--out", str(out)]
+    proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    second = out / "trials" / "allreduce_study1_trial2"
+    deadline = time.monotonic() + 600
+    while not (second / "checkpoint" / "latest").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the second trial never checkpointed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    first = out / "trials" / "allreduce_study1_trial1"
+    first_events = (first / "events.jsonl").read_bytes()
+    res = _tune(args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "allreduce_study1_trial1: finished earlier" in res.stdout
+    assert (first / "events.jsonl").read_bytes() == first_events
+    keys = [json.loads(line)["key"] for line in (second / "events.jsonl").read_text().splitlines()]
+    assert (keys.count("run_start"), keys.count("run_resume"), keys.count("run_stop")) == (1, 1, 1)
+    steps = [json.loads(line)["step"] for line in (second / "steps" / "rank0.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 41))  # every step once
+    assert json.loads((out / "tuning.json").read_text())["results"][0]["trials"] == 2
+
+
+@pytest.mark.long
+def test_the_done_when_command(tmp_path):
+    """The issue's command: 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
+    out = tmp_path / "tune"
+    res = _tune(["workload=resnet", "optimizer=allreduce,wagma", "tune.trials=2", "tune.studies=2",
+                 "train.max_steps=60", "logger.progress=off", "--out", str(out)], timeout=3000)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(list((out / "trials").glob("*/summary.json"))) == 8
+    result = json.loads((out / "tuning.json").read_text())
+    assert {e["optimizer"] for e in result["results"]} == {"allreduce", "wagma"}
+    assert all(len(e["studies"]) == 2 for e in result["results"])
+    rep = subprocess.run([str(BIN), "report", str(out), "--out", str(tmp_path / "rep")], capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert rep.returncode == 0 and "## Tuned comparisons" in (tmp_path / "rep" / "report.md").read_text()
