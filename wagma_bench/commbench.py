@@ -168,11 +168,13 @@ def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int) -> di
 
     row = _row("wait_avoiding", "ours", s, nbytes,
                _time(comm, engine.request, repeats, setup=lambda: engine.post(buf), warmed=warmed))
-    count, extra = engine.extra_buffers()
+    buffers = engine.extra_buffers()
     engine.close()
-    mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES], dtype=torch.float64,
-                        device=comm.device)
-    phases = comm.allgather(mine).reshape(comm.world_size, len(PHASES)).mean(0).tolist()
+    mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES] + list(buffers),
+                        dtype=torch.float64, device=comm.device)
+    every = comm.allgather(mine).reshape(comm.world_size, len(PHASES) + 2)
+    phases = every[:, :len(PHASES)].mean(0).tolist()
+    count, extra = (int(v) for v in every[:, len(PHASES):].max(0).values.tolist())  # the rank holding most
     row["round_ms"] = {k: 1e3 * v for k, v in zip(PHASES, phases, strict=True)}
     row["round_ms"]["other"] = 1e3 * row["median_s"] - sum(row["round_ms"].values())
     row["extra_buffers"], row["extra_bytes"] = count, extra
