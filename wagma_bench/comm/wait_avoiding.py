@@ -403,9 +403,10 @@ class _Streams:
 
     The progress thread issues its copies and its NCCL collective on a stream of its own, so that a round
     overlaps the computation. Every hand-over goes through an event: the progress stream waits for the
-    compute stream's last post before it takes a snapshot, and the compute stream waits for the last
-    round's completion before it reads a result or adds to the send buffer. Events are recorded and
-    waited for under the engine's lock, so their order is the order of the protocol."""
+    compute stream's last post, request or hand-over copy before a round reads or reduces the model (or
+    W), and the compute stream waits for the last round's completion before it reads a result, copies W
+    into the model or adds to the send buffer. Events are recorded and waited for under the engine's
+    lock, so their order is the order of the protocol."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
