@@ -7,7 +7,8 @@ For each message size it times, on every rank, with a barrier before each repeat
                        for S = 2, 4, ... up to the world size;
 - ``wait_avoiding``    our wait-avoiding group allreduce as WAGMA-SGD uses it (model contributions, the
                        caller's buffer updated in place; all ranks ready: the pure overhead of activation,
-                       progress thread and copies) vs the raw group allreduce it performs. Also reported:
+                       progress thread and copies) vs the raw group allreduce it performs, the two timed
+                       alternately, repeat by repeat, so that both see the same load. Also reported:
                        the model-sized buffers the engine holds beyond the caller's (count and bytes) and
                        where a round's time goes (activation messages, snapshot copy, collective, hand-over
                        copy, each the mean per round over the ranks; "other", the slowest rank's median
@@ -148,11 +149,12 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
                                    repeats)))
             rows.append(_row("group_allreduce", "raw", s, nbytes,
                              _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
-            rows.append(_wait_avoiding_row(comm, buf, part, s, nbytes, repeats))
+            rows.append(_wait_avoiding_row(comm, buf, part, s, nbytes, repeats,
+                                           raw=lambda buf=buf, mine=mine: raw.allreduce(buf, mine)))
     return rows
 
 
-def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int) -> dict:
+def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw) -> dict:
     """All ranks ready at once (each posts before the barrier, then asks for the round): the pure cost of
     activation, the progress thread and the buffer copies over the group allreduce the engine performs.
     In order, every rank answers the same rounds, so all of them close after the same round (the engine's
@@ -166,8 +168,14 @@ def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int) -> di
     def warmed():
         engine.timings, engine.rounds = dict.fromkeys(PHASES, 0.0), 0
 
-    row = _row("wait_avoiding", "ours", s, nbytes,
-               _time(comm, engine.request, repeats, setup=lambda: engine.post(buf), warmed=warmed))
+    # Each repeat times the raw group allreduce ``raw()`` and then the engine's round, one after the other,
+    # so that the ratio compares the two under the same load (a shared machine's load drifts within a run).
+    ours, paired = [], []
+    for i in range(repeats):
+        paired += _time(comm, raw, 1)
+        ours += _time(comm, engine.request, 1, setup=lambda: engine.post(buf), warmed=warmed if i == 0 else None)
+    row = _row("wait_avoiding", "ours", s, nbytes, ours)
+    row["paired_raw_s"] = paired
     buffers = engine.extra_buffers()
     engine.close()
     mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES] + list(buffers),
@@ -190,6 +198,8 @@ def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
         if r["impl"] != "ours":
             continue
         ref = raw[("group_allreduce" if r["op"] == "wait_avoiding" else r["op"], r["group_size"], r["bytes"])]
+        if "paired_raw_s" in r:  # the raw call timed alternately with ours
+            ref = _row(ref["op"], "raw", r["group_size"], r["bytes"], r["paired_raw_s"])
         bw = r["bytes"] / r["median_s"]
         out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
                     "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
