@@ -5,7 +5,7 @@ round, with whom a rank reduces (a butterfly stage, or the whole world) and whet
 *synchronous* (every ``period``-th round: the staleness limiter).
 
 Each rank runs a communication **progress thread** that takes part in every round, in order, with the
-rank's *send buffer*:
+rank's contribution (its model as last posted, or its unreduced gradients; see below):
 
 - **Activation over the whole world.** A group round starts on every rank as soon as any rank's compute
   thread asks for it (is *ready*): the progress thread that starts a round sends one activation message
@@ -21,7 +21,7 @@ Every rank sends exactly one activation per group round to each hypercube neighb
 knows how many to expect and none is left unmatched. A separate **listener thread** blocks on "receive
 from any rank" for them (gloo cannot poll a pending receive). Activations and every other any-source or
 tagged message travel on the *control plane* (``comm.fork_control()``, gloo or MPI on the CPU); the
-reduction of the send buffer on the *data plane* (``comm.fork()``, NCCL on GPUs).
+reduction of the contributions on the *data plane* (``comm.fork()``, NCCL on GPUs).
 
 What a round reduces (``contribution``):
 

@@ -8,7 +8,7 @@ paper)::
 
 The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any
 rank that is ready activates the round for the whole world, and ranks still computing take part through
-their progress threads with the model in their send buffer. Every ``tau`` group rounds one synchronous
+their progress threads with the model they last posted. Every ``tau`` group rounds one synchronous
 global allreduce bounds the staleness, so rounds ``tau+1, 2(tau+1), ...`` are where all ranks meet
 (``sync_period``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which the engine and
 the simulator use too.
