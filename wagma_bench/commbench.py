@@ -5,8 +5,14 @@ For each message size it times, on every rank, with a barrier before each repeat
 - ``allreduce``        our ``Comm.allreduce`` vs ``torch.distributed.all_reduce`` / ``MPI.Allreduce``;
 - ``group_allreduce``  our butterfly-stage group allreduce vs the raw call on an equivalent raw group,
                        for S = 2, 4, ... up to the world size;
-- ``wait_avoiding``    our wait-avoiding group allreduce (all ranks ready: the pure overhead of activation,
-                       progress thread and copies) vs the raw group allreduce it performs.
+- ``wait_avoiding``    our wait-avoiding group allreduce as WAGMA-SGD uses it (model contributions, the
+                       caller's buffer updated in place; all ranks ready: the pure overhead of activation,
+                       progress thread and copies) vs the raw group allreduce it performs, the two timed
+                       alternately, repeat by repeat, so that both see the same load. Also reported:
+                       the model-sized buffers the engine holds beyond the caller's (count and bytes) and
+                       where a round's time goes (activation messages, snapshot copy, collective, hand-over
+                       copy, each the mean per round over the ranks; "other", the slowest rank's median
+                       minus those: thread hand-offs, waking up, waiting for the last member).
 
 The time of a repeat is the slowest rank's (a collective is done when its last member is). Reported: the
 median and the 10th/90th percentiles over repeats, the ratio ours/raw of the medians, and the algorithmic
@@ -94,10 +100,13 @@ class RawMpi:
         comm.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
 
 
-def _time(comm, fn, repeats: int, setup=None) -> list[float]:
-    """Per repeat, the slowest rank's time of ``fn()`` (one warm-up first; ``setup`` runs untimed)."""
+def _time(comm, fn, repeats: int, setup=None, warmed=None) -> list[float]:
+    """Per repeat, the slowest rank's time of ``fn()`` (one warm-up first, then ``warmed()``; ``setup`` runs
+    untimed before each)."""
     out = []
     for i in range(repeats + 1):
+        if i == 1 and warmed:
+            warmed()
         if setup:
             setup()
         comm.barrier()
@@ -120,8 +129,7 @@ def _row(op, impl, s, nbytes, times):
 
 def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
     """Every measurement on this rank (a collective over all ranks)."""
-    from wagma_bench.comm.topology import FixedSchedule, butterfly_stage
-    from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
+    from wagma_bench.comm.topology import butterfly_stage
 
     p = comm.world_size
     stages = {s: butterfly_stage(p, s, 0) for s in group_sizes(p)}
@@ -141,17 +149,44 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
                                    repeats)))
             rows.append(_row("group_allreduce", "raw", s, nbytes,
                              _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
-            # All ranks ready at once (the post happens before the barrier): the pure cost of activation,
-            # the progress thread and the buffer copies over the group allreduce it performs.
-            # Gradient contributions, in order: every rank answers the same rounds, so all of them close
-            # after the same round (the engine's stop protocol needs that; there is no synchronous round).
-            engine = WaitAvoidingAllreduce(comm, buf, FixedSchedule(p, part), contribution="gradient",
-                                           timeout_s=comm.timeout_s, in_order=True)
-            rows.append(_row("wait_avoiding", "ours", s, nbytes,
-                             _time(comm, engine.request, repeats,
-                                   setup=lambda e=engine, buf=buf: e.post(buf))))
-            engine.close()
+            rows.append(_wait_avoiding_row(comm, buf, part, s, nbytes, repeats,
+                                           raw=lambda buf=buf, mine=mine: raw.allreduce(buf, mine)))
     return rows
+
+
+def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw) -> dict:
+    """All ranks ready at once (each posts before the barrier, then asks for the round): the pure cost of
+    activation, the progress thread and the buffer copies over the group allreduce the engine performs.
+    In order, every rank answers the same rounds, so all of them close after the same round (the engine's
+    stop protocol needs that; there is no synchronous round)."""
+    from wagma_bench.comm.topology import FixedSchedule
+    from wagma_bench.comm.wait_avoiding import PHASES, WaitAvoidingAllreduce
+
+    engine = WaitAvoidingAllreduce(comm, buf, FixedSchedule(comm.world_size, part), contribution="model",
+                                   timeout_s=comm.timeout_s, in_order=True, in_place=True)
+
+    def warmed():
+        engine.timings, engine.rounds = dict.fromkeys(PHASES, 0.0), 0
+
+    # Each repeat times the raw group allreduce ``raw()`` and then the engine's round, one after the other,
+    # so that the ratio compares the two under the same load (a shared machine's load drifts within a run).
+    ours, paired = [], []
+    for i in range(repeats):
+        paired += _time(comm, raw, 1)
+        ours += _time(comm, engine.request, 1, setup=lambda: engine.post(buf), warmed=warmed if i == 0 else None)
+    row = _row("wait_avoiding", "ours", s, nbytes, ours)
+    row["paired_raw_s"] = paired
+    buffers = engine.extra_buffers()
+    engine.close()
+    mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES] + list(buffers),
+                        dtype=torch.float64, device=comm.device)
+    every = comm.allgather(mine).reshape(comm.world_size, len(PHASES) + 2)
+    phases = every[:, :len(PHASES)].mean(0).tolist()
+    count, extra = (int(v) for v in every[:, len(PHASES):].max(0).values.tolist())  # the rank holding most
+    row["round_ms"] = {k: 1e3 * v for k, v in zip(PHASES, phases, strict=True)}
+    row["round_ms"]["other"] = 1e3 * row["median_s"] - sum(row["round_ms"].values())
+    row["extra_buffers"], row["extra_bytes"] = count, extra
+    return row
 
 
 def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
@@ -163,11 +198,14 @@ def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
         if r["impl"] != "ours":
             continue
         ref = raw[("group_allreduce" if r["op"] == "wait_avoiding" else r["op"], r["group_size"], r["bytes"])]
+        if "paired_raw_s" in r:  # the raw call timed alternately with ours
+            ref = _row(ref["op"], "raw", r["group_size"], r["bytes"], r["paired_raw_s"])
         bw = r["bytes"] / r["median_s"]
         out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
                     "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
                     "raw_ms": 1e3 * ref["median_s"], "ratio": r["median_s"] / ref["median_s"],
-                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps})
+                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps,
+                    **{k: r[k] for k in ("extra_buffers", "extra_bytes", "round_ms") if k in r}})
     return out
 
 
@@ -185,6 +223,11 @@ def format_table(lines: list[dict]) -> str:
         spread = f"{r['ours_p10_ms']:.2f}-{r['ours_p90_ms']:.2f}"
         out.append(f"{r['op']:<16}{r['group_size']:>4}{human(r['bytes']):>8}{r['ours_ms']:>11.3f}{spread:>17}"
                    f"{r['raw_ms']:>10.3f}{r['ratio']:>10.3f}{r['bandwidth_GBps']:>8.2f}{r['of_copy_bw']:>7.2f}")
+    for r in lines:
+        if "round_ms" in r:
+            phases = ", ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in r["round_ms"].items())
+            out.append(f"wait_avoiding S={r['group_size']} {human(r['bytes'])}: extra buffers {r['extra_buffers']} "
+                       f"({human(r['extra_bytes'])}); per round, ms: {phases}")
     return "\n".join(out)
 
 

@@ -5,7 +5,7 @@ round, with whom a rank reduces (a butterfly stage, or the whole world) and whet
 *synchronous* (every ``period``-th round: the staleness limiter).
 
 Each rank runs a communication **progress thread** that takes part in every round, in order, with the
-rank's *send buffer*:
+rank's contribution (its model as last posted, or its unreduced gradients; see below):
 
 - **Activation over the whole world.** A group round starts on every rank as soon as any rank's compute
   thread asks for it (is *ready*): the progress thread that starts a round sends one activation message
@@ -21,27 +21,36 @@ Every rank sends exactly one activation per group round to each hypercube neighb
 knows how many to expect and none is left unmatched. A separate **listener thread** blocks on "receive
 from any rank" for them (gloo cannot poll a pending receive). Activations and every other any-source or
 tagged message travel on the *control plane* (``comm.fork_control()``, gloo or MPI on the CPU); the
-reduction of the send buffer on the *data plane* (``comm.fork()``, NCCL on GPUs).
+reduction of the contributions on the *data plane* (``comm.fork()``, NCCL on GPUs).
 
-What the send buffer holds, and what a round does with it (``contribution``):
+What a round reduces (``contribution``):
 
-- ``"model"`` (WAGMA-SGD): the rank's model as the communication side knows it. The compute thread adds
-  its local change to it (:meth:`post` adds ``x - (the model it was last handed)``). A round reduces a
-  snapshot and puts back ``mean + (whatever was added while the round ran)``. Each group average then
-  keeps the sum of the models over the group, and every local update stays in the model exactly once,
-  however late the rank is: a late rank's updates since the snapshot it contributed are kept on top of
-  the group mean (``result + (current - contributed)``). :meth:`request` hands the current model.
-- ``"gradient"`` (eager-SGD): gradients not yet reduced. :meth:`post` adds the fresh gradient; a round
-  reduces what was there and removes it from the buffer, so every gradient is reduced in exactly one
-  round (the authors zero the send buffer once a round has used it) and a passive round of a rank with
-  nothing new contributes zeros. Results are kept per round and handed out in order, so every rank
-  applies the same sequence of results (identical models).
+- ``"model"`` (WAGMA-SGD): the rank's model. The engine keeps it in one tensor ``M`` (with ``in_place``, the
+  caller's own model, which the engine then updates in place; else a copy of ``like``) and one work tensor
+  ``W``: at most two model-sized buffers beyond the caller's model, one with ``in_place``. The caller's
+  turns and the rounds take turns on ``M``: :meth:`request` hands ``M`` over when no round is in flight, and
+  no round starts while the caller *holds* it (from the hand-over to its :meth:`post`, i.e. during its local
+  update), so no post ever lands in a round in flight. A round then reduces, without a copy, ``M`` itself
+  when the caller is waiting in :meth:`request` for this round or a later one, or ``W`` when ``W`` already
+  holds the rank's newest model (a passive round after a passive round); only a round that starts while
+  the caller may be reading ``M`` (computing) reduces a snapshot copy in ``W``, and the hand-over copies
+  the result back into ``M``. A rank's model is the group mean of what it contributed plus its own changes
+  since: every group round keeps the sum of the models over the group, and every local update stays in
+  the model exactly once, however late the rank is. :meth:`post` with ``M`` itself (``in_place``) costs
+  nothing; with another tensor it copies it into ``M``.
+- ``"gradient"`` (eager-SGD): gradients not yet reduced. :meth:`post` adds the fresh gradient to the send
+  buffer (copies it, when the buffer is empty); a round reduces what was there and empties the buffer, so
+  every gradient is reduced in exactly one round (the authors zero the send buffer once a round has used
+  it) and a passive round of a rank with nothing new contributes zeros. Results are kept per round and
+  handed out in order, so every rank applies the same sequence of results (identical models).
 
 Which round a :meth:`request` waits for (``in_order``): ``True``, the next round in order, possibly one
 the progress thread already completed (then it answers at once); ``False`` (WAGMA's ``catch_up=skip``),
 the round in flight if it includes the latest post, else the next round, which it activates: the rounds
 the progress thread completed passively are skipped (with model contributions their results are already
-in the model handed out).
+in the model handed out). With model contributions, a request whose round is complete but that finds a
+later round in flight waits for that round (communication only: no round waits for a caller's
+computation, only for its local update) and is handed the model after it.
 
 ``activator`` (eager-SGD's majority mode) restricts who may start a round: ``activator(r)`` is the one
 rank whose readiness activates round ``r``; other ready ranks wait for its activation.
@@ -70,12 +79,16 @@ STOP = -1
 # is detected by the progress thread's collectives, which keep the normal timeout.
 LISTENER_TIMEOUT_S = 7 * 24 * 3600.0
 CONTRIBUTIONS = ("model", "gradient")
+# Where a round's time goes (seconds summed over rounds, in ``timings``): the activation messages, the
+# snapshot copy, the collective (progress thread) and the copy of a result into the caller's model.
+PHASES = ("activation", "snapshot", "collective", "hand_over")
 
 
 @dataclass
 class RoundResult:
     round: int               # the round this rank has reached
-    result: torch.Tensor     # model: the current model; gradient: the round's mean. Valid until the next request()
+    result: torch.Tensor     # model: the rank's model, valid until the next post() or request();
+                             # gradient: the round's mean, valid until the next request()
     staleness: int           # largest age of this rank's contributions to the rounds handed over
     wait_s: float            # time the caller waited
 
@@ -85,16 +98,24 @@ def _tag(r: int) -> int:
     return 1 + r % 32000
 
 
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+
+
 class WaitAvoidingAllreduce:
-    """Wait-avoiding allreduce of one flat buffer over the rounds of ``schedule``; see the module docstring."""
+    """Wait-avoiding allreduce of one flat buffer over the rounds of ``schedule``; see the module docstring.
+
+    ``in_place`` (model contributions): ``like`` is the caller's model; requests update it in place and
+    hand it back, and posting it costs nothing."""
 
     def __init__(self, comm: Comm, like: torch.Tensor, schedule: RoundSchedule, contribution: str = "model",
                  in_order: bool = True, timeout_s: float = 300.0, start_round: int = 0,
-                 activator: Callable[[int], int] | None = None):
+                 activator: Callable[[int], int] | None = None, in_place: bool = False):
         if contribution not in CONTRIBUTIONS:
             raise ValueError(f"contribution must be one of {', '.join(CONTRIBUTIONS)}, got {contribution!r}")
-        if contribution == "gradient" and not in_order:
-            raise ValueError("gradient contributions are handed out in order (in_order=True)")
+        if contribution == "gradient" and (not in_order or in_place):
+            raise ValueError("gradient contributions are handed out in order (in_order=True), from the engine's "
+                             "own buffers (in_place=False)")
         self.rank, self.world_size = comm.rank, comm.world_size
         self.schedule, self.contribution, self.in_order = schedule, contribution, in_order
         self.timeout_s, self.activator = timeout_s, activator
@@ -106,26 +127,21 @@ class WaitAvoidingAllreduce:
         self._data = comm.fork()
         self._data.new_groups(schedule.all_groups())
         self._control = comm.fork_control(timeout_s=LISTENER_TIMEOUT_S)
-        model = contribution == "model"
-        self._send = like.detach().clone() if model else torch.zeros_like(like)
-        self._work = torch.empty_like(self._send)  # the snapshot a round reduces in place
-        self._added = torch.zeros_like(self._send) if model else None  # model: posts while a round runs
-        self._added_dirty = False
-        self._free: list[torch.Tensor] = []        # recycled result buffers (a fresh one costs page faults)
-        self._lent: torch.Tensor | None = None     # the result the caller holds until its next request()
-        # model: what the caller's model was last set from; post() adds the caller's change relative to it
-        self._base: torch.Tensor | None = self._send.clone() if model else None
-        self._kept: deque[tuple[int, torch.Tensor, int]] = deque()  # gradient: (round, mean, age), in order
+        self._like = like.detach()
+        self._init_buffers(in_place)
         self._cv = threading.Condition()
-        self._streams = _Streams(self._send.device)
+        self._streams = _Streams(like.device)
         self._started = self._done = self._ready = self._answered = start_round
         self._activated = start_round               # highest round an activation message announced
         self._in_flight = False
+        self._asking, self._target_r = False, start_round  # the caller waits in request() for round _target_r
         self._post_round = start_round + 1          # first round that includes the latest post
-        self._send_q = start_round    # model: the answered round at the newest post in the send buffer
-        self._added_q = start_round   # model: the same for posts made while a round ran
+        self._send_q = start_round    # model: the answered round at the newest post in the model
         self._oldest_q: int | None = None           # gradient: answered round at the oldest unreduced post
         self._staleness = 0
+        self.timings = dict.fromkeys(PHASES, 0.0)
+        self.rounds = 0                             # rounds this rank took part in (the timings' count)
+        self._sent: tuple[torch.Tensor | None, list] = (None, [])  # the last activation and its sends
         self._error: BaseException | None = None
         self._closing = False
         self._threads = [threading.Thread(target=self._guard(loop), daemon=True, name=f"wagma-{what}-{self.rank}")
@@ -133,26 +149,51 @@ class WaitAvoidingAllreduce:
         for t in self._threads:
             t.start()
 
+    def _init_buffers(self, in_place: bool) -> None:
+        self._in_place = in_place
+        self._model: torch.Tensor | None = None     # model: M, the rank's model (see the module docstring)
+        self._work: torch.Tensor | None = None      # model: W, made at the first snapshot; gradient: in flight
+        self._pending = False     # model: W, not M, holds the rank's newest model (M gets it at the hand-over)
+        self._holding = True      # model: the caller may change M (until its post); no round starts meanwhile
+        self._send: torch.Tensor | None = None      # gradient: the unreduced gradients
+        self._send_empty = True                     # gradient: the send buffer holds nothing yet
+        self._free: list[torch.Tensor] = []         # gradient: recycled result buffers (fresh ones page-fault)
+        self._lent: torch.Tensor | None = None      # gradient: the result the caller holds until its next request()
+        self._kept: deque[tuple[int, torch.Tensor, int]] = deque()  # gradient: (round, mean, age), in order
+        if self.contribution == "model":
+            self._model = self._like if in_place else self._like.clone()
+        else:
+            self._send, self._work = torch.empty_like(self._like), torch.empty_like(self._like)
+
+    def extra_buffers(self) -> tuple[int, int]:
+        """Model-sized buffers the engine holds beyond the caller's model (``in_place``): count and bytes."""
+        held = [self._model, self._work, self._send, self._lent, *self._free, *(t for _, t, _ in self._kept)]
+        mine = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held if t is not None}
+        if self._in_place:
+            mine.pop(self._like.untyped_storage().data_ptr(), None)
+        return len(mine), sum(mine.values())
+
     # --- compute-thread API -----------------------------------------------------------------------
     def post(self, tensor: torch.Tensor) -> None:
-        """model: ``tensor`` is the rank's model after its local update (the change since the model last
-        handed out is added to the send buffer); gradient: ``tensor`` is a fresh gradient to reduce once."""
+        """model: ``tensor`` is the rank's model after its local update (``M`` itself costs nothing);
+        gradient: ``tensor`` is a fresh gradient to reduce once."""
         with self._cv:
             self._streams.compute_waits_for_rounds()
             if self.contribution == "gradient":
-                self._send.add_(tensor)
+                if self._send_empty:
+                    self._send.copy_(tensor)
+                else:
+                    self._send.add_(tensor)
+                self._send_empty = False
                 if self._oldest_q is None:
                     self._oldest_q = self._answered
             else:
-                if self._base is None:
+                if not self._holding:
                     raise RuntimeError("post() the model once after each request() (its change is counted once)")
-                target = self._added if self._in_flight else self._send
-                target.add_(tensor).sub_(self._base)
-                self._base = None
-                if self._in_flight:
-                    self._added_dirty, self._added_q = True, self._answered
-                else:
-                    self._send_q = self._answered
+                if not _same_storage(tensor, self._model):
+                    self._model.copy_(tensor)
+                self._holding, self._send_q = False, self._answered
+                self._cv.notify_all()   # rounds may start again
             self._post_round = self._started + 1
             self._streams.posted()
 
@@ -166,9 +207,14 @@ class WaitAvoidingAllreduce:
                 self._lent = None
             target = self._target()
             self._ready = max(self._ready, target)
+            self._holding, self._asking, self._target_r = False, True, target
+            self._streams.posted()  # the caller's queued reads of M come before any round that writes it
             self._cv.notify_all()
-            self._wait_for(target)
-            out = self._hand_over(target)
+            try:
+                self._wait_for(target)
+                out = self._hand_over(target)
+            finally:
+                self._asking = False
         out.wait_s = time.perf_counter() - t0
         return out
 
@@ -181,8 +227,9 @@ class WaitAvoidingAllreduce:
         return self._started if running else self._started + 1
 
     def _wait_for(self, target: int) -> None:
+        """Until round ``target`` is done; model: and no round is in flight (none starts once it is done)."""
         deadline = time.monotonic() + 2 * self.timeout_s
-        while self._done < target:
+        while self._done < target or (self._in_flight and self._model is not None):
             self._raise_if_failed()
             if not self._cv.wait(timeout=1.0) and time.monotonic() > deadline:
                 raise CommError(f"rank {self.rank}: round {target} did not complete within "
@@ -194,27 +241,29 @@ class WaitAvoidingAllreduce:
         if self.contribution == "gradient":
             r, result, age = self._kept.popleft()
             assert r == target, (r, target)
+            self._lent = result
         else:
-            result = self._free.pop() if self._free else torch.empty_like(self._send)
-            result.copy_(self._send)
-            if self._added_dirty:  # posts made while the round now in flight runs
-                result.add_(self._added)
+            if self._pending:  # the newest rounds ran on W while the caller computed
+                t0 = time.perf_counter()
+                self._model.copy_(self._work)
+                self.timings["hand_over"] += time.perf_counter() - t0
+                self._pending = False
+                self._streams.posted()  # the next snapshot into W comes after this copy
+            result, self._holding = self._model, True
             age, self._staleness = self._staleness, 0
         self._answered = target
-        self._lent = result
-        if self.contribution == "model":
-            self._base = result
         return RoundResult(target, result, age, 0.0)
 
     def close(self) -> None:
         """Stop both threads. Every rank calls this after the same completed synchronous round."""
         with self._cv:
-            self._closing = True
+            self._closing, self._holding = True, False
             self._cv.notify_all()
             failed = self._error is not None
             last = self._answered
         self._threads[0].join(timeout=self.timeout_s)
         if not failed and self._activates:
+            self._sent_wait()
             # Every listener waits for the first group round after `last`: send each neighbour its STOP there.
             r = last + 1
             while self.schedule.is_sync(r):
@@ -242,6 +291,8 @@ class WaitAvoidingAllreduce:
 
     def _may_start(self, r: int) -> bool:
         """Called with the lock held: round ``r`` can start on this rank now."""
+        if self._model is not None and (self._holding or (self._asking and self._done >= self._target_r)):
+            return False  # the caller holds M, or is about to be handed it
         asked = self._ready >= r
         if self.schedule.is_sync(r):
             return asked
@@ -261,44 +312,65 @@ class WaitAvoidingAllreduce:
                     self._cv.wait()
                 if not self._may_start(r):
                     return  # closing, and nobody asked for round r
-                age = self._start_round(r)
+                buf, age = self._start_round(r)
+            t0 = time.perf_counter()
             if not self.schedule.is_sync(r):  # (then self._activates)
-                signal = torch.tensor([r], dtype=torch.int64)
-                for nb in self._neighbours:
-                    self._control.send(signal, nb, _tag(r))
+                self._activate(r)
+            t1 = time.perf_counter()
             group = self.schedule.group(self.rank, r)
             if len(group) > 1:
-                self._data.allreduce(self._work, op="mean", group=None if len(group) == self.world_size else group)
+                self._data.allreduce(buf, op="mean", group=None if len(group) == self.world_size else group)
+            t2 = time.perf_counter()
             with self._cv:
+                self.timings["activation"] += t1 - t0
+                self.timings["collective"] += t2 - t1
                 self._finish_round(r, age)
                 self._cv.notify_all()
             r += 1
 
-    def _start_round(self, r: int) -> int:
-        """Take the snapshot round ``r`` reduces (lock held); returns the age of this rank's contribution."""
+    def _activate(self, r: int) -> None:
+        """Send round ``r``'s activation to every hypercube neighbour without waiting for delivery (the
+        collective starts at once); the previous round's sends are complete by now, or raise here."""
+        self._sent_wait()
+        signal = torch.tensor([r], dtype=torch.int64)
+        self._sent = (signal, [self._control.isend(signal, nb, _tag(r)) for nb in self._neighbours])
+
+    def _sent_wait(self) -> None:
+        for handle in self._sent[1]:
+            handle.wait()
+        self._sent = (None, [])
+
+    def _start_round(self, r: int) -> tuple[torch.Tensor, int]:
+        """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it and this rank's age in it."""
         self._started, self._in_flight = r, True
+        self.rounds += 1
         self._streams.progress_waits_for_posts()
         if self.contribution == "model":
-            self._work.copy_(self._send)
-            return r - 1 - self._send_q
+            age = r - 1 - self._send_q
+            if self._pending:  # W holds the model and nobody reads W
+                return self._work, age
+            if self._asking and self._target_r >= r:  # the caller waits for this round: M is the round's
+                return self._model, age
+            t0 = time.perf_counter()  # the caller may be reading M: reduce a snapshot of it
+            if self._work is None:
+                self._work = torch.empty_like(self._model)
+            self._work.copy_(self._model)
+            self.timings["snapshot"] += time.perf_counter() - t0
+            self._pending = True
+            return self._work, age
         # gradient: the unreduced gradients go into the round; the send buffer starts empty again
         self._work, self._send = self._send, self._work
-        self._send.zero_()
+        if self._send_empty:  # nothing posted since the last round: contribute zeros
+            self._work.zero_()
+        self._send_empty = True
         age = 0 if self._oldest_q is None else r - 1 - self._oldest_q
         self._oldest_q = None
-        return age
+        return self._work, age
 
     def _finish_round(self, r: int, age: int) -> None:
-        """Put round ``r``'s result where the compute thread finds it (lock held)."""
-        self._streams.progress_waits_for_posts()  # posts made while the round ran are folded in below
+        """Put round ``r``'s result where the compute thread finds it (lock held). Model: it is already
+        there (in M, or in W until the hand-over): no post lands while a round is in flight."""
         if self.contribution == "model":
-            # mean + whatever was posted while the round ran: the snapshot is replaced, nothing else
-            self._work, self._send = self._send, self._work
-            if self._added_dirty:
-                self._send.add_(self._added)
-                self._added.zero_()
-                self._added_dirty = False
-                self._send_q = max(self._send_q, self._added_q)
             self._staleness = max(self._staleness, age)
         else:
             self._kept.append((r, self._work, age))
@@ -331,9 +403,10 @@ class _Streams:
 
     The progress thread issues its copies and its NCCL collective on a stream of its own, so that a round
     overlaps the computation. Every hand-over goes through an event: the progress stream waits for the
-    compute stream's last post before it takes a snapshot, and the compute stream waits for the last
-    round's completion before it reads a result or adds to the send buffer. Events are recorded and
-    waited for under the engine's lock, so their order is the order of the protocol."""
+    compute stream's last post, request or hand-over copy before a round reads or reduces the model (or
+    W), and the compute stream waits for the last round's completion before it reads a result, copies W
+    into the model or adds to the send buffer. Events are recorded and waited for under the engine's
+    lock, so their order is the order of the protocol."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"

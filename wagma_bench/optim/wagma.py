@@ -8,14 +8,15 @@ paper)::
 
 The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any
 rank that is ready activates the round for the whole world, and ranks still computing take part through
-their progress threads with the model in their send buffer. Every ``tau`` group rounds one synchronous
+their progress threads with the model they last posted. Every ``tau`` group rounds one synchronous
 global allreduce bounds the staleness, so rounds ``tau+1, 2(tau+1), ...`` are where all ranks meet
 (``sync_period``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which the engine and
 the simulator use too.
 
-A late rank loses nothing and counts nothing twice: the send buffer is the rank's model as the
-communication side knows it; a round replaces the snapshot it reduced by the group mean and keeps what the
-rank added meanwhile, so the rank's model is ``group mean + (current - contributed)``. Each group round
+A late rank loses nothing and counts nothing twice: the engine updates the rank's model in place
+(``in_place``); a round reduces the model the rank last posted (itself, or a snapshot while the rank
+computes) and no post lands while a round is in flight, so the rank's model is ``group mean + (current -
+contributed)``. Each group round
 keeps the sum of the models over its group; every local step is in that sum exactly once until the next
 synchronous round (``tests/test_invariants.py`` checks it under five straggler patterns). The authors'
 op instead returns ``(S * mean + x) / (S + 1)``: the newest group result weighted with the caller's current
@@ -81,11 +82,12 @@ class WagmaSGD(EngineAlgorithm):
     def _make_engine(self) -> WaitAvoidingAllreduce:
         return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
                                      in_order=self.settings.catch_up == "replay", start_round=self.round,
-                                     timeout_s=self.comm.timeout_s)
+                                     timeout_s=self.comm.timeout_s, in_place=True)
 
     def _exchange(self) -> RoundResult:
-        res = self.engine.request()       # the group average of the models, plus this rank's own updates
-        self.data.copy_(res.result)       # since the snapshot it contributed (none when on time)
+        # self.data becomes, in place, the group average of the models plus this rank's own updates since
+        # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
+        res = self.engine.request()
         self.optimizer.step()             # apply g(W_old) to the average
-        self.engine.post(self.data)       # the local update goes into the send buffer, exactly once
+        self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
         return res

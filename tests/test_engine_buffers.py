@@ -1,0 +1,81 @@
+"""The wait-avoiding engine's memory: at most two model-sized buffers beyond the model (issue 26).
+
+The count does not ask the engine: it walks every tensor the engine object holds (attributes, lists,
+queues) and counts the distinct storages of at least the model's size, other than the model's own. It is
+sampled after every step of a real WAGMA-SGD run with a straggler, so passive rounds, results kept for a
+late rank and rounds in flight are all seen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
+
+DIM = 4096
+BIN = Path(sys.executable).parent / "wagma-bench"
+
+
+def model_sized_storages(obj, numel: int, out: set[int] | None = None) -> set[int]:
+    """Storage addresses of the tensors of at least ``numel`` elements reachable from ``obj``'s attributes
+    and containers (not through other objects: the communicators are not the engine's memory)."""
+    out = set() if out is None else out
+    if isinstance(obj, torch.Tensor):
+        if obj.numel() >= numel:
+            out.add(obj.untyped_storage().data_ptr())
+    elif isinstance(obj, (list, tuple, deque, set)):
+        for item in obj:
+            model_sized_storages(item, numel, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            model_sized_storages(item, numel, out)
+    return out
+
+
+def _count_during_run(comm, catch_up):
+    algo = make_algorithm("wagma", comm, Vector(DIM, comm.rank), sgd(lr=0.01), group_size=2, tau=3,
+                          catch_up=catch_up)
+    model = algo.data.untyped_storage().data_ptr()
+    numel = algo.data.numel()
+    counts, reported = [], []
+    while True:
+        for p in algo.model.parameters():
+            p.grad.fill_(1.0)
+        time.sleep(0.03 if comm.rank == 0 else 0.0)  # rank 0 late: its progress thread runs rounds passively
+        info = algo.step()
+        counts.append(len(model_sized_storages(vars(algo.engine), numel) - {model}))
+        reported.append(algo.engine.extra_buffers())
+        if info.round >= 12 and info.round % algo.sync_period == 0:
+            break
+    comm.barrier()
+    algo.close()
+    return {"counts": counts, "reported": reported, "bytes": numel * 4}
+
+
+@pytest.mark.parametrize("catch_up", ["replay", "skip"])
+def test_the_engine_holds_at_most_two_model_sized_buffers_beyond_the_model(catch_up):
+    for res in run_world(_count_during_run, 2, catch_up):
+        assert max(res["counts"]) <= 2, res["counts"]
+        # what the engine reports (comm-bench prints it) is what it holds
+        assert [n for n, _ in res["reported"]] == res["counts"]
+        assert all(nbytes == n * res["bytes"] for n, nbytes in res["reported"])
+
+
+def test_comm_bench_reports_the_engines_buffers_and_a_round_breakdown(tmp_path):
+    out_file = tmp_path / "cb.json"
+    out = subprocess.run([str(BIN), "comm-bench", "--nproc", "2", "--sizes", "64K", "--repeats", "2",
+                          "--out", str(out_file)], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "extra buffers" in out.stdout and "snapshot" in out.stdout
+    row = next(r for r in json.loads(out_file.read_text())["table"] if r["op"] == "wait_avoiding")
+    assert 0 <= row["extra_buffers"] <= 2 and row["extra_bytes"] == row["extra_buffers"] * 64 * 2**10
+    phases = row["round_ms"]
+    assert set(phases) == {"activation", "snapshot", "collective", "hand_over", "other"}
+    assert phases["collective"] > 0 and all(v >= 0 for k, v in phases.items() if k != "other")
