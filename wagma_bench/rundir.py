@@ -200,3 +200,16 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
         return {}
     return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
             "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+
+
+def live_holder(run_dir: Path) -> dict | None:
+    """The lock holder of a run still in progress: its lock names a process alive on this host (None: no
+    lock, a stale one, or one of another host, which cannot be checked from here)."""
+    try:
+        holder = json.loads((Path(run_dir) / LOCK).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+        return None
+    pid = holder.get("pid")
+    return holder if isinstance(pid, int) and pid > 0 and _pid_alive(pid) else None

@@ -190,7 +190,8 @@ def load_network(cluster: str, overrides: list[str]) -> Network:
     """The cluster profile's ``network:`` section, read by `sweep`'s loader (``cluster.network.KEY=VALUE``
     changes one number)."""
     profile = load_profile(cluster, overrides)
-    return Network.from_profile(profile.network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
+    network = profile.network.as_dict() if profile.network else {}
+    return Network.from_profile(network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
 
 
 def compose_runs(req: Request) -> dict[str, RunConfig]:
