@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent / "wagma-bench"
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def run(args: list[str], timeout: float = 300, command: str = "run", **kw) -> subprocess.CompletedProcess:
+def run(args: list[str], timeout: float = 900, command: str = "run", **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN), command, *args], capture_output=True, text=True, timeout=timeout,
                           check=False, **kw)
 
@@ -108,28 +108,16 @@ def test_unknown_nested_cluster_key_is_refused_by_sweep(args):
         sweep.parse_spec(["gpus=8", "optimizer=allreduce", *args])
 
 
-def test_unknown_nested_cluster_key_is_refused_by_simulate():
-    out = run(["cluster=local", "cluster.network.alpah_s=1e-6", "gpus=8", "optimizer=allreduce"], command="simulate",
-              timeout=120)
-    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-    assert "cluster.network.alpah_s: unknown key" in out.stderr
-    assert "valid keys of cluster.network: allreduce, intra, inter, control_alpha_s" in out.stderr
+def test_unknown_nested_cluster_key_is_refused_by_simulate(tmp_path, capsys):
+    from wagma_bench.simulate.cli import main
 
-
-def test_world_beyond_the_machine_memory_is_refused_before_any_rank_starts(tmp_path):
-    from wagma_bench.config import check_memory, machine_memory_mb
-    from wagma_bench.workloads import WORKLOADS
-
-    per_rank = WORKLOADS["resnet"].RANK_MEMORY_MB
-    check_memory("resnet", 4, total_mb=4 * per_rank)  # fits exactly
-    with pytest.raises(ConfigError, match=r"launcher.nproc=64 is not allowed on this machine: 64 ranks x about"):
-        check_memory("resnet", 64, total_mb=24 * 1024)  # the 24 GiB machine
-    nproc = int(machine_memory_mb() // per_rank) + 1
-    run_dir = tmp_path / "run"
-    out = run([f"launcher.nproc={nproc}", f"hydra.run.dir={run_dir}"], timeout=120)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert f"launcher.nproc={nproc} is not allowed on this machine" in out.stderr and "it must be at most" in out.stderr
-    assert not (run_dir / "events.jsonl").exists() and not (run_dir / "steps").exists()
+    code = main(["cluster=local", "cluster.network.alpah_s=1e-6", "gpus=8", "optimizer=allreduce", "--out",
+                 str(tmp_path / "sim")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cluster.network.alpah_s: unknown key" in err
+    assert "valid keys of cluster.network: allreduce, intra, inter, control_alpha_s" in err
+    assert not (tmp_path / "sim").exists()
 
 
 # --- point 10: run directories with quotes, spaces, non-ASCII; a failed parse creates nothing --------------

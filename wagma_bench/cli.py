@@ -256,9 +256,11 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
+    from wagma_bench.overrides import quoted
+
     args = list(HydraConfig.get().overrides.task)
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
-           f"hydra.run.dir={run_dir}"]
+           f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
     if rc not in (0, EXIT_DIVERGED):  # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary

@@ -117,3 +117,11 @@ def _unknown_key(key: str, overrides: list[str], conf_dir: Path) -> str:
                                                                              "data", "env") else ""
     return (f"{key}: unknown key ({chosen}given as {', '.join(given)}); valid keys of {parent or 'the config'}: "
             f"{', '.join(map(str, keys))}")
+
+
+def quoted(value: str) -> str:
+    """``value`` as a quoted Hydra override value, so that spaces, quotes, commas or brackets in a path
+    (``hydra.run.dir=...`` passed on to a re-executed command) reach Hydra as they are."""
+    body = value.replace("'", "\\'")  # Hydra unescapes only backslashes before a quote ...
+    trailing = len(body) - len(body.rstrip("\\"))
+    return "'" + body + "\\" * trailing + "'"  # ... the closing one included
