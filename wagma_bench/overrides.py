@@ -71,7 +71,10 @@ def _variants(parsed: list, multirun: bool) -> list[list[str]]:
 
 def _compose(overrides: list[str], conf_dir: Path) -> Any:
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    if GlobalHydra.instance().is_initialized():  # within a caller's initialize_config_dir of conf/ (simulate)
+        return compose(config_name="wagma", overrides=overrides, return_hydra_config=True)
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="wagma-bench"):
         return compose(config_name="wagma", overrides=overrides, return_hydra_config=True)
 
@@ -80,16 +83,24 @@ def _compose_checked(overrides: list[str], conf_dir: Path) -> Any:
     """The composed config; an unknown key raises ConfigError with the valid keys of its section; any other
     composition error returns None (Hydra reports it its own way when the job starts)."""
     from hydra.errors import ConfigCompositionException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     try:
         return _compose(overrides, conf_dir)
     except ConfigCompositionException as err:
-        cause = err.__cause__
-        key = getattr(cause, "full_key", None) if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) else None
-        if not key:
+        message = unknown_key_message(err, overrides, conf_dir)
+        if message is None:
             return None
-        raise ConfigError(_unknown_key(str(key), overrides, conf_dir)) from None
+        raise ConfigError(message) from None
+
+
+def unknown_key_message(err: BaseException, overrides: list[str], conf_dir: Path) -> str | None:
+    """For a composition error that is a misspelt key (Hydra's struct error): the message with the valid keys
+    of its section (what `run` prints; `simulate` prints the same); None for any other error."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None) if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) else None
+    return _unknown_key(str(key), overrides, conf_dir) if key else None
 
 
 def _unknown_key(key: str, overrides: list[str], conf_dir: Path) -> str:

@@ -203,6 +203,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from wagma_bench.overrides import unknown_key_message
+
     runs = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
         for name in req.optimizers:
@@ -210,8 +212,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
-            except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: Hydra's message
-                raise UsageError(hydra_message(err)) from None
+            except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
+                raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or hydra_message(err)) from None
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)
