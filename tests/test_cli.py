@@ -77,9 +77,10 @@ def test_missing_imagenet_root_is_a_clear_error(tmp_path):
     assert "ROOT/train/<class>" in out.stderr and "nowhere" in out.stderr
 
 
+@pytest.mark.long  # make test: tests/test_hostile_input.py's diverged run (exit 3, where and why, strict JSON)
 def test_divergence_stops_with_status_diverged(tmp_path):
     out = run(QUICK + ["train.lr=1e12", "train.max_steps=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 3, out.stderr[-3000:]  # EXIT_DIVERGED
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import atomic_write, write_json_atomic
+from wagma_bench.events import EVENTS, RunEvents, atomic_write, write_json_atomic
 from wagma_bench.rundir import identity, identity_hash
 
 LATEST = "latest"
@@ -103,6 +103,24 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
                           f"({len(missing)} of {len(manifest['files'])} rank files)"
                           + _older_hint(folder))
+
+
+def check_event_log(run_dir: Path) -> None:
+    """A checkpoint to resume from needs the run's record: an ``events.jsonl`` with its ``run_start``. Without
+    it a resume would train on while the run's identity (workload, optimizer, world, seed), its evaluations
+    and its clock are gone, and the report would not find the run; refused, saying how to start afresh."""
+    found = latest_set(run_dir)
+    if found is None:
+        return
+    path = Path(run_dir) / EVENTS
+    record = RunEvents.read(run_dir)
+    if record.start is not None:
+        return
+    what = (f"its event log {path} is missing" if not path.exists() else
+            f"its event log {path} has no readable run_start event")
+    raise ConfigError(f"run directory {run_dir} holds checkpoint {found[0].name} but {what}, so a resume would "
+                      f"continue a run whose record is lost; restore that file, or start afresh with "
+                      f"checkpoint.resume=false (the old checkpoints are then discarded) or another hydra.run.dir")
 
 
 def discard_incomplete_sets(run_dir: Path) -> None:

@@ -81,10 +81,16 @@ def run_command(overrides: list[str]) -> int:
     if world is not None and world.rank != 0:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.overrides import precheck
+
+    try:  # a parse error or a misspelt key: exit 2 before anything is created
+        explicit = precheck(overrides, CONF_DIR)
+    except ConfigError as err:
+        _fail(str(err), 2)
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
-        explicit = _explicit_run_dir(overrides)
         if explicit is not None and (world is None or world.rank == 0):
             _lock_run_dir(explicit)  # before Hydra writes its config copy and log there
         app()
@@ -113,16 +119,13 @@ def run_help(overrides: list[str]) -> str:
             f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
 
 
+# Exit codes of `wagma-bench run`: 0 a run that ended by its rules (completed, time limit, preempted), or a
+# rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank started
+# (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss).
+EXIT_DIVERGED = 3
+
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
 LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
-
-
-def _explicit_run_dir(overrides: list[str]) -> Path | None:
-    """The run directory named on the command line (not under -m, where each job has its own)."""
-    if "-m" in overrides or "--multirun" in overrides:
-        return None
-    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
-    return Path(given[-1]) if given else None
 
 
 def _lock_run_dir(run_dir: Path) -> None:
@@ -177,8 +180,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     import torch
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.checkpoint import CheckpointError, check_against_run
-    from wagma_bench.config import ConfigError, check_world
+    from wagma_bench.checkpoint import CheckpointError, check_against_run, check_event_log
+    from wagma_bench.config import ConfigError, check_memory, check_world
     from wagma_bench.launch import device_plan, run_rank, slurm_master, spawn_local
     from wagma_bench.rundir import finished_summary
     from wagma_bench.supervise import RunFailed, record_failed_run
@@ -189,6 +192,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         try:
             plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
             check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
+            check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
             _fail(str(err), 2)
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
@@ -201,6 +205,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         world_size, world_from = ((world.world_size, f"the {world.source} world") if world else
                                   (plan.nproc, f"launcher.nproc={plan.nproc}"))
         try:
+            if world is None or world.rank == 0:  # rank 0's node holds the event log
+                check_event_log(run_dir)
             check_against_run(run_dir, raw, world_size, world_from)
         except (ConfigError, CheckpointError) as err:
             _fail(str(err), 2)
@@ -208,7 +214,10 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
-        return run_rank(raw, str(run_dir), world, master)
+        summary = run_rank(raw, str(run_dir), world, master)
+        if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
+            _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", EXIT_DIVERGED)
+        return summary
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
     note = f" ({plan.note})" if plan.note else ""
@@ -221,9 +230,26 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return None
         _fail(message, 1)
-    summary_path = run_dir / "summary.json"
-    print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
+    _report_end(run_dir)
     return None
+
+
+def _report_end(run_dir: Path) -> None:
+    """Print the summary; a diverged run then fails with :data:`EXIT_DIVERGED` and one line saying where and
+    why (under -m the line is printed and the sweep goes on)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    summary_path = run_dir / "summary.json"
+    text = summary_path.read_text()
+    print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
+    summary = json.loads(text)
+    if summary.get("status") != "diverged":
+        return
+    message = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+        return
+    _fail(message, EXIT_DIVERGED)
 
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
@@ -236,18 +262,19 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
+    from wagma_bench.overrides import quoted
+
     args = list(HydraConfig.get().overrides.task)
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
-           f"hydra.run.dir={run_dir}"]
+           f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
-    if rc != 0:
+    if rc not in (0, EXIT_DIVERGED):  # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
         from wagma_bench.rundir import finalize
 
         finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
         _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)
-    summary_path = run_dir / "summary.json"
-    print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
+    _report_end(run_dir)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq``
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -44,9 +47,14 @@ class Range:
 
     def __str__(self) -> str:
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
         left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"in {left}{self.low:g}, {self.high:g}{right}"
+        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
+
+
+def _number(x: float) -> str:
+    """A bound as written: 2147483647, not 2.14748e+09; 0.5 and 1e-06 as usual."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 POSITIVE = Range(0, low_open=True)
@@ -55,6 +63,9 @@ AT_LEAST_ONE = Range(1)
 FRACTION = Range(0, 1)               # a probability or a share
 FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
 ANY = Range()
+# Seeds: numpy refuses negative ones, and torch's generators take (seed * 7919 + rank) * 1_000_003 + step
+# (wagma_bench/workloads/resnet.py), which must stay below 2**64.
+SEED = Range(0, 2**31 - 1)
 
 # Allowed range of every numeric setting, keyed by section.key; `env` is DD-PPO's data section. In an option
 # section (optimizer, workload, imbalance) a key is either one option's, `section/OPTION.key`
@@ -62,7 +73,7 @@ ANY = Range()
 # wins (allowed_range). tests/test_faults.py checks that every numeric field of every schema has one, so a
 # new setting cannot slip through unchecked.
 RANGES: dict[str, Range] = {
-    "seed": ANY,
+    "seed": SEED,
     "train.batch_size": AT_LEAST_ONE, "train.lr": POSITIVE, "train.lr_reference_batch": AT_LEAST_ONE,
     "train.momentum": FRACTION_BELOW_ONE, "train.weight_decay": NON_NEGATIVE,
     "train.adam_betas": FRACTION_BELOW_ONE, "train.warmup_epochs": NON_NEGATIVE,
@@ -97,7 +108,7 @@ RANGES: dict[str, Range] = {
     "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
     "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
     # image and translation data
-    "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": ANY, "data.image_size": AT_LEAST_ONE,
+    "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": SEED, "data.image_size": AT_LEAST_ONE,
     "data.train_sentences": AT_LEAST_ONE, "data.valid_sentences": AT_LEAST_ONE, "data.median_len": POSITIVE,
     "data.sigma": NON_NEGATIVE, "data.max_len": Range(3),  # sentences are 3 to max_len tokens (mt_data)
     # navigation environments
@@ -143,9 +154,18 @@ def check_ranges(section: str, schema: type, merged: DictConfig, option: str | N
             if allowed is None:
                 raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES; "
                                   f"{missing_range_hint(section, f.name, option)}")
-            if not allowed.allows(v):
-                shown = value if value is v else f"{value} (element {v})"
-                raise ConfigError(f"{section}.{f.name}={shown} is not allowed; it must be {allowed}")
+            check_value(f"{section}.{f.name}", v, allowed, value)
+
+
+def check_value(key: str, v: float, allowed: Range, whole: Any = None) -> None:
+    """One number within its range, and finite (a NaN compares false with every bound, so a range alone
+    would let ``train.lr=nan`` through). ``whole``: the list ``v`` is an element of, for the message."""
+    shown = v if whole is None or whole is v else f"{whole} (element {v})"
+    if isinstance(v, float) and not math.isfinite(v):
+        finite = "" if allowed.low is None and allowed.high is None else f" {allowed}"
+        raise ConfigError(f"{key}={shown} is not allowed; it must be a finite number{finite}")
+    if not allowed.allows(v):
+        raise ConfigError(f"{key}={shown} is not allowed; it must be {allowed}")
 
 
 def check_choices(section: str, schema: type, merged: DictConfig) -> None:
@@ -166,6 +186,22 @@ def _is_section(node: Any) -> bool:
     return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
+def check_target(target: float | None, workload: Any, data: Any) -> None:
+    """``eval.target`` within the range of the workload's metric (a top-1 fraction cannot reach 1.5); the
+    workload class declares its metrics' ranges (``METRIC_RANGES``)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    if target is None:
+        return
+    cls = WORKLOADS[workload.name]
+    metric = cls.metric_of(SimpleNamespace(workload=workload, data=data))
+    allowed = Range(*cls.METRIC_RANGES[metric])
+    check_value("eval.target", target, ANY)
+    if not allowed.allows(target):
+        raise ConfigError(f"eval.target={target} is not allowed with workload={workload.name}; its metric "
+                          f"({metric}) is {allowed}, so the target must be too")
+
+
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     """The settings that depend on the world size, once it is known (``None``: not yet)."""
     check_group_size(optimizer, world_size)
@@ -173,6 +209,30 @@ def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
         raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
                           f"must be below {world_size}")
+
+
+def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
+    """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
+    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
+    that cannot fit would only swap or meet the OOM killer before its first step."""
+    from wagma_bench.workloads import WORKLOADS
+
+    per_rank = WORKLOADS[workload].RANK_MEMORY_MB
+    total_mb = machine_memory_mb() if total_mb is None else total_mb
+    if not total_mb or nproc * per_rank <= total_mb:
+        return
+    most = max(1, int(total_mb // per_rank))
+    raise ConfigError(f"launcher.nproc={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank:.0f} "
+                      f"MiB per rank (workload={workload}, measured) = {nproc * per_rank / 1024:.1f} GiB, more than its "
+                      f"{total_mb / 1024:.1f} GiB of memory; it must be at most {most}")
+
+
+def machine_memory_mb() -> float | None:
+    """This machine's physical memory in MiB (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def check_group_size(optimizer: Any, world_size: int | None) -> None:
@@ -206,6 +266,10 @@ class TrainConfig:
     warmup_start_lr: float | None = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
     milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
     decay: float = 0.1
+    # The budget. A run's length is train.max_steps when set (also beyond train.epochs: max_steps wins, and
+    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
+    # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
+    # rank 0 says at the start which budget ends it.
     epochs: float = 90.0
     max_steps: int | None = None
     time_limit_s: float | None = None
@@ -423,6 +487,8 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
+    check_value("seed", seed, RANGES["seed"])
+    check_target(typed["eval"].target, typed["workload"], typed["data"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

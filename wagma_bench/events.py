@@ -42,13 +42,30 @@ def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) 
         raise
 
 
+def strict_json(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that writes valid JSON: Python writes a NaN or an infinity as the bare tokens ``NaN`` /
+    ``Infinity``, which strict readers (jq, JavaScript, Go) refuse; here they are ``null`` (a diverged run's
+    loss: its run_stop says where and why)."""
+    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
+    atomic_write(path, lambda f: f.write(strict_json(obj, indent=2, sort_keys=True) + "\n"))
 
 
 def rewrite_jsonl(path: Path, records: list[dict]) -> None:
     """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
-    atomic_write(path, lambda f: f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    atomic_write(path, lambda f: f.writelines(strict_json(r, sort_keys=True) + "\n" for r in records))
 
 
 def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
@@ -67,16 +84,18 @@ def _event_before_checkpoint(event: dict, step: int) -> bool:
     return event.get("key") != "run_stop" and (at is None or at <= step)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped."""
+def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
+    """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped, and so is any other
+    line that is not JSON (``skipped``, when given, receives their 1-based numbers, for a warning)."""
     out = []
     try:
         with open(path) as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError:
-                    continue
+                    if skipped is not None:
+                        skipped.append(number)
     except FileNotFoundError:
         pass
     return out
@@ -102,7 +121,7 @@ class EventLog:
         if not self.enabled:
             return
         event = {"key": key, "value": value, "time_ms": round(time.time() * 1000, 3), "metadata": metadata}
-        line = json.dumps(event, sort_keys=True)
+        line = strict_json(event, sort_keys=True)
         self._f.write(line + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
@@ -129,7 +148,7 @@ class StepLog:
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:
-        self._buf.append(json.dumps(fields))
+        self._buf.append(strict_json(fields))
 
     def flush(self) -> None:
         if self._buf:
@@ -316,14 +335,16 @@ class RunEvents:
     torn: bool                      # the last line of events.jsonl was cut mid-write (and is skipped)
     saved_summary: dict | None      # summary.json as written; None when absent or unreadable
     summary_after_events: bool      # summary.json is no older than events.jsonl
+    skipped: tuple[int, ...] = ()   # numbers of the lines of events.jsonl that are not JSON (and were skipped)
 
     @classmethod
     def read(cls, run_dir: Path) -> RunEvents:
         run_dir = Path(run_dir)
-        events = [e for e in read_jsonl(run_dir / EVENTS) if isinstance(e, dict) and "key" in e]
+        skipped: list[int] = []
+        events = [e for e in read_jsonl(run_dir / EVENTS, skipped) if isinstance(e, dict) and "key" in e]
         summary = _read_json(run_dir / SUMMARY)
         return cls(run_dir, events, torn_last_line(run_dir / EVENTS), summary,
-                   summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS))
+                   summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS), tuple(skipped))
 
     @property
     def start(self) -> RunStart | None:

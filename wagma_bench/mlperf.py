@@ -251,9 +251,10 @@ def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
 
     run_dir = Path(run_dir)
     records = mllog_records(RunEvents.read(run_dir).events)
-    if not records:
-        return None
     path = run_dir / MLLOG
+    if not records:
+        path.unlink(missing_ok=True)  # an earlier attempt's log must not stand for this end
+        return None
     tmp = path.with_name(f".{MLLOG}.tmp{os.getpid()}")
     handlers: list[logging.Handler] = [logging.FileHandler(tmp, mode="w")]
     if echo:
@@ -281,6 +282,7 @@ def try_write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
     try:
         return write_mllog(run_dir, echo)
     except Exception as err:  # noqa: BLE001
+        (Path(run_dir) / MLLOG).unlink(missing_ok=True)  # a stale log (an earlier end's) would mislead
         print(f"wagma-bench: {MLLOG} not written ({type(err).__name__}: {err}); the events are in "
               f"{Path(run_dir) / EVENTS}", file=sys.stderr, flush=True)
         return None

@@ -33,6 +33,7 @@ from typing import Any
 
 from wagma_bench import plots
 from wagma_bench.events import EVENTS, RunEvents, read_jsonl
+from wagma_bench.rundir import live_holder
 from wagma_bench.tune import PLAN as TUNE_PLAN
 
 REFERENCE = "allreduce"
@@ -52,6 +53,8 @@ class RunRecord:
     summary: dict                   # events.summarize() of its events; status from summary.json when present
     problems: list[str] = field(default_factory=list)  # why the run is marked half-written
     signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
+    running: bool = False           # its lock names a live process: shown, but left out of comparisons
+    warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
 
     @property
     def partial(self) -> bool:
@@ -99,9 +102,17 @@ def load_run(path: Path) -> RunRecord:
     elif not record.stopped and saved.get("status") and record.summary_after_events:
         # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
         summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
+    holder = live_holder(path) if not record.stopped else None
+    if holder is not None:
+        summary["status"] = "running"
+        problems = [f"running (PID {holder.get('pid')} holds its lock): not compared"]
+    warnings = [f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
+                for n in record.skipped]
+    if record.skipped:
+        problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
     meta = record.start.settings if record.start else {}
     evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
-    return RunRecord(Path(path), meta, evals, summary, problems, record.signature)
+    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings)
 
 
 def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
@@ -155,7 +166,9 @@ def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
         reached = [t for t in times if not math.isinf(t)]
         finals = [r.summary["final_metric"] for r in rs if r.summary.get("final_metric") is not None]
         bests = [r.summary["best_metric"] for r in rs if r.summary.get("best_metric") is not None]
-        tputs = [r.summary["throughput_samples_per_s"] for r in rs if r.summary.get("throughput_samples_per_s")]
+        # a diverged run trained on non-finite numbers: its throughput is no measure of the optimizer's
+        tputs = [r.summary["throughput_samples_per_s"] for r in rs
+                 if r.summary.get("throughput_samples_per_s") and r.summary.get("status") != "diverged"]
         spreads = [r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None]
         rows.append({
             "optimizer": opt, "world_size": world, "imbalance": imb, "seeds": len(rs),
@@ -169,6 +182,7 @@ def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
             "throughput_max": max(tputs) if tputs else None,
             "compute_imbalance": median(spreads),
             "partial_runs": sum(r.partial for r in rs),
+            "diverged_runs": sum(r.summary.get("status") == "diverged" for r in rs),
         })
     return add_speedups(rows)
 
@@ -374,7 +388,8 @@ COMPARISON_COLUMNS = [("optimizer", "optimizer", ""), ("world_size", "P", ""), (
                       ("final_metric", "final metric", "metric"), ("best_metric", "best metric", "metric"),
                       ("throughput", "throughput (samples/s)", ""),
                       ("speedup_throughput", "throughput vs allreduce", "x"),
-                      ("compute_imbalance", "compute imbalance", ""), ("partial_runs", "half-written", "")]
+                      ("compute_imbalance", "compute imbalance", ""), ("partial_runs", "half-written", ""),
+                      ("diverged_runs", "diverged", "")]
 
 RUN_COLUMNS = [("run", "run", ""), ("optimizer", "optimizer", ""), ("world_size", "P", ""),
                ("imbalance", "imbalance", ""), ("seed", "seed", ""), ("status", "status", ""),
@@ -405,6 +420,8 @@ class GroupReport:
 
 
 def build_group(key: tuple, runs: list[RunRecord], out: Path, root: Path | None) -> GroupReport:
+    """One group's tables and figures; a run in progress is listed in the run table only."""
+    listed, runs = runs, [r for r in runs if not r.running]
     rows = series_rows(runs)
     for r in rows:
         r["ttt_median"], r["ttt_olympic"] = _ttt_cell(r, "ttt_median_s"), _ttt_cell(r, "ttt_olympic_s")
@@ -421,8 +438,8 @@ def build_group(key: tuple, runs: list[RunRecord], out: Path, root: Path | None)
     steps = {k: v for k, v in steps.items() if v}
     if steps:
         figures["step_times"] = plots.plot_step_times(steps, out / f"{slug}_step_times.png", title)
-    return GroupReport(key, runs, rows, run_rows(runs, root), {k: step_time_summary(v) for k, v in steps.items()},
-                       figures)
+    return GroupReport(key, listed, rows, run_rows(listed, root),
+                       {k: step_time_summary(v) for k, v in steps.items()}, figures)
 
 
 HOW_TO_READ = (
@@ -510,6 +527,8 @@ def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupRepor
     if not run_dirs and tuned is None:
         raise FileNotFoundError(f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})")
     runs = [load_run(d) for d in run_dirs]
+    for warning in (w for r in runs for w in r.warnings):
+        print(f"wagma-bench report: warning: {warning}", file=sys.stderr, flush=True)
     root = _common_root(run_dirs)
     groups = [build_group(k, rs, out, root) for k, rs in group_runs(runs).items()]
     unreadable = [r for r in runs if not r.meta]

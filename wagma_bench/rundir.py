@@ -223,3 +223,16 @@ def compute_imbalance(run_dir: Path) -> float | None:
         if mean > 0:
             ratios.append(max(values) / mean)
     return round(sum(ratios) / len(ratios), 4) if ratios else None
+
+
+def live_holder(run_dir: Path) -> dict | None:
+    """The lock holder of a run still in progress: its lock names a process alive on this host (None: no
+    lock, a stale one, or one of another host, which cannot be checked from here)."""
+    try:
+        holder = json.loads((Path(run_dir) / LOCK).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+        return None
+    pid = holder.get("pid")
+    return holder if isinstance(pid, int) and pid > 0 and _pid_alive(pid) else None

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from wagma_bench.config import ConfigError, validate
 from wagma_bench.events import RunEvents, write_json_atomic
@@ -61,6 +61,36 @@ class Hardware:
     gpus_per_node: int = 0  # GRES gpus SLURM knows per node (0: none declared)
     features: list[str] = field(default_factory=list)
     max_time: str = "INFINITE"
+
+
+@dataclass
+class LinkProfile:
+    """One link level of `simulate`'s alpha-beta model (wagma_bench/simulate/costs.py: ``parse_link``)."""
+
+    alpha_s: float | None = None            # latency (s)
+    bandwidth_GBps: float | None = None     # per rank and direction (GB/s)
+    beta_s_per_byte: float | None = None    # or the inverse bandwidth directly
+
+
+@dataclass
+class NetworkProfile:
+    """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
+
+    allreduce: str = "auto"                 # ring | recursive_doubling | tree | auto (the cheapest)
+    intra: LinkProfile | None = None        # a group within one node (null: as inter)
+    inter: LinkProfile | None = None
+    control_alpha_s: float | None = None    # latency of a control message (null: inter's alpha)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The set keys, as ``Network.from_profile`` reads them."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        for level in ("intra", "inter"):
+            if level in out:
+                out[level] = {k: v for k, v in out[level].items() if v is not None}
+        return out
+
+
+LAUNCHER_KEYS = ("torch", "mpi")  # profile.launcher: the command that starts the ranks, per comm
 
 
 @dataclass
@@ -84,7 +114,7 @@ class ClusterProfile:
     launcher: dict[str, str] = field(default_factory=lambda: {"torch": "srun", "mpi": "srun --mpi=pmi2"})
     run_overrides: list[str] = field(default_factory=list)
     hardware: Hardware = field(default_factory=Hardware)
-    network: dict[str, Any] = field(default_factory=dict)
+    network: NetworkProfile | None = None
 
 
 def cluster_names() -> list[str]:
@@ -101,11 +131,32 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
                                OmegaConf.from_dotlist(list(overrides)))
         profile = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
-        valid = ", ".join(f.name for f in dataclasses.fields(ClusterProfile))
-        raise ConfigError(f"cluster {name}: {err}\n  valid keys: {valid}") from None
+        raise ConfigError(_profile_error(name, err)) from None
+    stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
+    if stray:
+        raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
+                          f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
+
+
+# A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
+PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
+                                     "network.intra": LinkProfile, "network.inter": LinkProfile}
+
+
+def _profile_error(name: str, err: OmegaConfBaseException) -> str:
+    """The common message for a profile key that does not fit its schema: the key with its full path under
+    ``cluster.``, what is wrong, and the valid keys of the section it is in (nested sections too)."""
+    key = str(getattr(err, "full_key", "") or "")
+    parent = key.rpartition(".")[0]
+    schema = PROFILE_SECTIONS.get(parent, ClusterProfile)
+    section = f"cluster.{parent}" if parent in PROFILE_SECTIONS and parent else "cluster"
+    valid = ", ".join(f.name for f in dataclasses.fields(schema))
+    unknown = isinstance(err, (ConfigKeyError, ConfigAttributeError))
+    what = "unknown key" if unknown else str(err).splitlines()[0]
+    return f"cluster.{key}: {what} (cluster {name}); valid keys of {section}: {valid}"
 
 
 # --- the sweep's combinations ---------------------------------------------------------------------------

@@ -263,17 +263,41 @@ class RunPlan:
     eval_every: int
     control_every: int          # rounds between exchanges of control flags
     lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
+    ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
+    epoch_steps: int = 0        # the rounds train.epochs would give
 
     @classmethod
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
         t = cfg.train
-        total = round_up(min(t.max_steps or 10**12, math.ceil(t.epochs * steps_per_epoch)), sync)
+        epoch_steps = round_up(math.ceil(t.epochs * steps_per_epoch), sync)
+        # train.max_steps, when set, is the run's length, also beyond train.epochs (which then only shapes the
+        # learning-rate schedule); see TrainConfig
+        ends_by = "epochs" if t.max_steps is None else "max_steps"
+        total = epoch_steps if t.max_steps is None else round_up(t.max_steps, sync)
         eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch)), sync)
         schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
                     "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
                     "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
                     "milestones": t.milestones, "decay": t.decay}
-        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule)
+        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps)
+
+    def budget_line(self, cfg: RunConfig) -> str:
+        """Which budget ends the run, said at its start: its length, then what may end it earlier."""
+        t = cfg.train
+        if self.ends_by == "max_steps":
+            length = f"step {self.total} (train.max_steps={t.max_steps}"
+            if self.total > self.epoch_steps:
+                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
+                           f"learning-rate schedule still spans train.epochs")
+            length += ")"
+        else:
+            length = f"step {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} steps per epoch)"
+        earlier = []
+        if cfg.eval.target is not None and cfg.eval.stop_at_target:
+            earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")
+        if t.time_limit_s is not None:
+            earlier.append(f"at train.time_limit_s={t.time_limit_s:g} s of training time")
+        return f"the run ends at {length}" + (f", or earlier {' or '.join(earlier)}" if earlier else "")
 
 
 def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
@@ -308,6 +332,8 @@ class Trainer:
         self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted
         self.requeue = False
         self.diverged = False            # this rank saw a non-finite loss (shared at the next control exchange)
+        self.diverged_at: tuple[int, float] | None = None  # (local step, loss) of this rank's first non-finite loss
+        self.stop_detail: str | None = None  # where and why a diverged run stopped (run_stop's error)
         self.loss = math.nan             # the last step's loss
         self.last_compute_s: float | None = None
         self.last_checkpoint_s = self.last_progress_s = 0.0
@@ -326,7 +352,7 @@ class Trainer:
                 self.steps.flush()
                 flags = self.control_flags().exchange(self.comm)
                 if flags.diverged:
-                    self.status = "diverged"
+                    self.status, self.stop_detail = "diverged", self.where_diverged()
                     break
                 meta = {"step": r, "epoch": self.epoch(r), "samples": flags.samples,
                         "train_s": round(self.clock.train_s, 4)}
@@ -347,7 +373,7 @@ class Trainer:
         finally:
             self.progress.close()
             self.steps.close()
-        summary = self.finalize(self.status, counts)
+        summary = self.finalize(self.status, counts, reason=self.stop_detail)
         if self.requeue and self.rank == 0:
             self.requeue_or_explain(counts["step"])
         return summary
@@ -384,7 +410,10 @@ class Trainer:
             self.events.emit("run_start", None, **run_start_fields(
                 cfg, self.comm, self.workload, algo, self.model, eval_model=self.eval_mode,
                 init_time_ms=self.init_time_ms, steps_total=plan.total, steps_per_epoch=plan.steps_per_epoch,
-                eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"]))
+                eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"],
+                ends_by=plan.ends_by))
+        if self.rank == 0:
+            print(f"wagma-bench: {self.plan.budget_line(cfg)}", flush=True)
         if self.rank == 0 and self.comm.backend_name == "mpi":  # on a cluster: the system MPI, not a pip wheel?
             print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
         self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
@@ -414,8 +443,9 @@ class Trainer:
             delay_s = self.straggle(compute_s)
         info = self.algo.step()
         self.loss = float(loss.detach())
-        self.diverged = self.diverged or not math.isfinite(self.loss)
         state.local_step += 1
+        if not math.isfinite(self.loss) and self.diverged_at is None:
+            self.diverged, self.diverged_at = True, (state.local_step, self.loss)
         state.samples_local += n
         self.clock.tick()
         self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
@@ -448,6 +478,17 @@ class Trainer:
             checkpoint_due=self.rank == 0 and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
             over_time=self.rank == 0 and limit is not None and clock.train_s >= limit,
             requeue=self.preemption.requeue)
+
+    def where_diverged(self) -> str:
+        """Where the run diverged, the same text on every rank (collective): the rank whose loss became
+        non-finite at the earliest local step (the lowest such rank on a tie)."""
+        step, loss = self.diverged_at or (math.inf, math.nan)
+        rows = self.comm.allgather(torch.tensor([float(step), loss], dtype=torch.float64, device=self.comm.device))
+        rows = rows.cpu().tolist()
+        rank = min(range(len(rows)), key=lambda i: (rows[i][0], i))
+        step, loss = rows[rank]
+        return (f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite loss; "
+                f"lower train.lr, or set train.grad_clip)")
 
     def should_evaluate(self, r: int) -> bool:
         return r >= self.state.next_eval or r >= self.plan.total
@@ -508,12 +549,16 @@ class Trainer:
         """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
         return {"step": self.algo.round, **self.clock.totals(), "samples": self.state.samples_local * self.world}
 
-    def finalize(self, status: str, counts: dict, error: BaseException | None = None) -> dict | None:
+    def finalize(self, status: str, counts: dict, error: BaseException | None = None,
+                 reason: str | None = None) -> dict | None:
         """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
 
-        A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop.
+        A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop. ``reason``:
+        why a run that ended by its own rules is no success (a divergence), logged as its error.
         """
         detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
+        if reason is not None:
+            detail["error"] = reason
         self.events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **detail,
                          **counts)
         summary = None

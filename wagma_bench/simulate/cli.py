@@ -192,7 +192,8 @@ def load_network(cluster: str, overrides: list[str]) -> Network:
     """The cluster profile's ``network:`` section, read by `sweep`'s loader (``cluster.network.KEY=VALUE``
     changes one number)."""
     profile = load_profile(cluster, overrides)
-    return Network.from_profile(profile.network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
+    network = profile.network.as_dict() if profile.network else {}
+    return Network.from_profile(network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
 
 
 def compose_runs(req: Request) -> dict[str, RunConfig]:
@@ -204,6 +205,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from wagma_bench.overrides import unknown_key_message
+
     runs = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
         for name in req.optimizers:
@@ -211,8 +214,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
-            except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: Hydra's message
-                raise UsageError(hydra_message(err)) from None
+            except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
+                raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or hydra_message(err)) from None
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)

@@ -21,6 +21,13 @@ class Workload(abc.ABC):
     DATA: ClassVar[dict[str, type]]      # data option name -> schema of the `data:` section
     DATA_SECTION: ClassVar[str] = "data"  # the config section holding the data options (ddppo: `env`)
     metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
+    # Peak resident memory of one rank on the workload's embedded default data, in MiB, measured by
+    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run; docs/run-budget-and-exit-codes.md):
+    # ranks x this must fit in the machine's memory (config.check_memory, before any rank starts). A lower
+    # bound for larger data (ImageNet, WMT), so it refuses only worlds that cannot fit.
+    RANK_MEMORY_MB: ClassVar[float]
+    # every metric's range (eval.target is checked against it before any rank starts)
+    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
     sample_unit: ClassVar[str] = "samples"
 
     @classmethod

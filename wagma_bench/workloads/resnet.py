@@ -172,6 +172,8 @@ def check_arch(arch: str) -> None:
 class ResNetWorkload(Workload):
     name = "resnet"
     metric_name = "top1"
+    # peak RSS of one rank, ResNet-20 on mnist5k: 1,095 MiB (reproduce/memory/footprint.py, 2026-12-01)
+    RANK_MEMORY_MB: ClassVar[float] = 1100.0
     DATA: ClassVar[dict] = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
 
     @dataclass

@@ -166,6 +166,9 @@ def bleu_from_statistics(stats: list[float]) -> float:
 class TransformerWorkload(Workload):
     name = "transformer"
     metric_name = "bleu"
+    # peak RSS of one rank, synthetic_mt: 1,247 MiB (reproduce/memory/footprint.py, 2026-12-01)
+    RANK_MEMORY_MB: ClassVar[float] = 1250.0
+    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"bleu": (0.0, 100.0)}  # sacrebleu's scale
     sample_unit = "tokens"
     DATA: ClassVar[dict[str, type]] = {"synthetic_mt": SyntheticMTData, "wmt17_en_de": WMT17Data}
 

@@ -39,6 +39,10 @@ EVAL_SEED = 2**31 - 1  # the held-out evaluation pairs do not depend on the run'
 class DDPPOWorkload(Workload):
     name = "ddppo"
     metric_name = "success"
+    # peak RSS of one rank, miniworld_pointnav: 1,244 MiB (reproduce/memory/footprint.py, 2026-12-01)
+    RANK_MEMORY_MB: ClassVar[float] = 1250.0
+    # a success rate, and SPL (success weighted by path length) is at most the success
+    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"success": (0.0, 1.0), "spl": (0.0, 1.0)}
     sample_unit = "frames"
     DATA = ENVS
     DATA_SECTION = "env"
