@@ -11,6 +11,7 @@
 #   slurm/local/slurmctl.sh exec NODE CMD...     run CMD on a host of a --nodes N cluster (its network + UTS
 #                                                namespaces: its hostname and address)
 #   slurm/local/slurmctl.sh kill-node NODE       SIGKILL every process of that host (slurmd included): a lost node
+#   slurm/local/slurmctl.sh start-node NODE      start that host's slurmd again (the node returns to service)
 #
 # --nodes 1 (the default): the node is this host, at 127.0.0.1.
 # --nodes N>1: N hosts wagma-n1..wagma-nN, each a network namespace + UTS namespace with its own hostname,
@@ -121,6 +122,8 @@ DependencyParameters=kill_invalid_depend
 # finished jobs stay visible to squeue/scontrol for 10 minutes; cancelled steps are killed after 5 s
 MinJobAge=600
 KillWait=5
+# a node whose slurmd stopped answering is DOWN after this long (default 300 s), its jobs end (NODE_FAIL)
+SlurmdTimeout=$([ "$NODES" = 1 ] && echo 300 || echo 15)
 InactiveLimit=0
 GresTypes=gpu
 # stand-in CLOUD nodes (--extra) are never powered up: they only exist for sbatch --test-only
@@ -383,6 +386,8 @@ EXTRA=
 case "$cmd" in
   exec) load_env; [ $# -ge 2 ] || die "usage: $0 exec NODE CMD..."; on_node "$@"; exit ;;
   kill-node) load_env; [ $# = 1 ] || die "usage: $0 kill-node NODE"; kill_node "$1"; exit ;;
+  start-node) load_env; [ $# = 1 ] || die "usage: $0 start-node NODE"
+    on_node "$1" env SLURM_CONF="$DIR/slurm.conf" slurmd -f "$DIR/slurm.conf" -N "$1"; exit ;;
 esac
 while [ $# -gt 0 ]; do
   case "$1" in
