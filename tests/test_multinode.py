@@ -97,6 +97,19 @@ def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
 
 
 @pytest.mark.slow
+def test_srun_one_rank_on_each_host(cluster, tmp_path):
+    """The short cross-host run of `make test`: rendezvous at wagma-n1's NodeAddr, gloo over the hosts'
+    eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous timeout.)"""
+    out = srun(["-N", "2", "--ntasks-per-node", "1", *run_cmd("train.max_steps=4", "eval.every_steps=4",
+                                                                f"hydra.run.dir={tmp_path}")])
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = summary(tmp_path)
+    assert (s["status"], s["world_size"], s["hosts"]) == ("completed", 2, HOSTS), s
+    meta = first_event(tmp_path, "run_start")["metadata"]
+    assert (meta["rank_hosts"], meta["local_ranks"]) == (HOSTS, [0, 0])
+
+
+@pytest.mark.long
 def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     """The issue's "Done when": `srun -N 2 --ntasks-per-node 2 wagma-bench run optimizer=wagma` completes,
     its summary names both hosts, run_start each rank's host and node-local rank. (Before the fix the ranks
@@ -218,3 +231,52 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     (resume,) = [e for e in events if e["key"] == "run_resume"]
     assert resume["metadata"]["step"] == checkpoints[-1], (resume, checkpoints)
     assert summary(tmp_path)["status"] == "completed"
+
+
+@pytest.mark.long
+def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_path):
+    """USR1 to a two-node job's ranks (as --signal=USR1@90 sends it): every rank on both hosts saves, rank 0
+    requeues the job, which starts again on both hosts and resumes from the checkpoint in the same run
+    directory: one run_start, one run_resume, ranks on both hosts both times."""
+    from wagma_bench import sweep
+
+    out = tmp_path / "sweep"
+    manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
+                                              "optimizer=allreduce", "train.max_steps=60", "eval.every_steps=60",
+                                              "checkpoint.every_s=1e9"]), out, array=False)
+    (job_id,) = sweep.submit(out)
+    run_dir = out / manifest["runs"][0]["run_dir"]
+    deadline = time.monotonic() + 600
+    while not all((run_dir / "steps" / f"rank{r}.jsonl").exists() and (run_dir / "steps" / f"rank{r}.jsonl")
+                  .stat().st_size for r in range(4)):
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    rows = sweep.wait(out, timeout_s=900, interval_s=2)
+    assert rows[0]["slurm"] == "COMPLETED", rows
+    s = summary(run_dir)
+    assert (s["status"], s["restarts"], s["hosts"]) == ("completed", 1, HOSTS), s
+    events = read_jsonl(run_dir / "events.jsonl")
+    keys = [e["key"] for e in events]
+    assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys.count("run_stop") == 1
+    suspend = next(e for e in events if e["key"] == "run_suspend")
+    resume = next(e for e in events if e["key"] == "run_resume")
+    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["step"] == suspend["metadata"]["step"]
+    log = next((out / "logs").glob("*.out")).read_text()
+    assert "(restart 0) on wagma-n[1-2]" in log and "(restart 1) on wagma-n[1-2]" in log
+
+
+@pytest.mark.long
+def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
+    """comm=mpi under `srun --mpi=pmi2` (SLURM 22.05's PMI-2 server, the mpich wheel's PMI-2 client) on two
+    hosts: the MPI oracles with two ranks a host (allreduce, butterfly groups, p2p, recv_any, the counter
+    window, timeouts), then a WAGMA-SGD run with one rank a host."""
+    oracle = Path(__file__).with_name("mpi_oracle.py")
+    out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", sys.executable, str(oracle)], timeout=300)
+    assert out.returncode == 0 and "ok 4 ranks" in out.stdout, out.stderr[-3000:]
+    out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1",
+                *run_cmd("comm=mpi", "optimizer=wagma", "train.max_steps=22", "eval.every_steps=11",
+                         f"hydra.run.dir={tmp_path}")])
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = summary(tmp_path)
+    assert (s["status"], s["world_size"], s["hosts"], s["versions"]["comm"]) == ("completed", 2, HOSTS, "mpi"), s

@@ -321,23 +321,27 @@ kill_stray_steps() {
   done
 }
 
-stop_pid() {  # TERM, then KILL after 5 s
-  local pid i
-  [ -f "$1" ] || return 0
-  pid=$(cat "$1")
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$1"
+stop_pids() {  # TERM them all, then KILL what is left after 5 s
+  local f pid pids="" i
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f"); rm -f "$f"
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && pids="$pids $pid"
+  done
+  for i in $(seq 1 50); do
+    for pid in $pids; do kill -0 "$pid" 2>/dev/null && break; pid=; done
+    [ -z "${pid:-}" ] && return 0
+    sleep 0.1
+  done
+  for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
 stop() {
-  local f
   trap - EXIT
   pid_alive "$DIR/run/slurmctld.pid" && cancel_jobs
-  for f in $(slurmd_pidfiles) "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do stop_pid "$f"; done
+  # shellcheck disable=SC2046
+  stop_pids $(slurmd_pidfiles) "$DIR/run/slurmctld.pid"
+  stop_pids "$DIR/run/munged.pid"  # the daemons' last words may need munge
   kill_stray_steps
   if [ "$NODES" != 1 ] && [ -n "$NET" ]; then
     remove_hosts
