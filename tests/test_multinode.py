@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench.events import read_jsonl
-from wagma_bench.slurm_util import local_cluster, local_cluster_script
+from wagma_bench.slurm_util import local_cluster, local_cluster_script, on_host
 
 BIN = Path(sys.executable).parent
 HOSTS = ["wagma-n1", "wagma-n2"]
@@ -280,3 +280,59 @@ def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
     assert (s["status"], s["world_size"], s["hosts"], s["versions"]["comm"]) == ("completed", 2, HOSTS, "mpi"), s
+
+
+def _address(cluster: dict, node: str) -> str:
+    out = subprocess.run(on_host(cluster, node, ["ip", "-4", "-o", "addr", "show", "eth0"]), capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    return out.split()[3].split("/")[0]
+
+
+def _worker_pids(cluster: dict, node: str) -> list[int]:
+    """The wagma-bench rank processes (not torchrun's agent) on a host."""
+    ns = f"wagma{Path(cluster['WAGMA_SLURM_DIR']).joinpath('cluster.env').read_text().split('NET=')[1].split()[0]}"
+    pids = subprocess.run(["ip", "netns", "pids", f"{ns}-{node.removeprefix('wagma-')}"], capture_output=True,
+                          text=True, check=False).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"wagma-bench") for a in args) and not any(a.endswith(b"torchrun") for a in args):
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.long
+def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
+    """`torchrun --nnodes 2` on each host, c10d rendezvous at wagma-n1: a worker killed on wagma-n2 is
+    restarted by its agent (--max-restarts 1), both workers resume from the checkpoint, every step is
+    logged once. The hosts' names resolve nowhere, so torchrun is given what it would otherwise look up:
+    --local-addr (its agents' store and the workers' MASTER_ADDR) and is_host (which agent hosts the
+    rendezvous store; torch compares the endpoint with the resolved hostname)."""
+    endpoint = f"{_address(cluster, HOSTS[0])}:29517"
+    procs = []
+    for node in HOSTS:
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
+               "--local-addr", _address(cluster, node), "--rdzv-id", "mn-torchrun", "--max-restarts", "1",
+               "--no-python", *run_cmd("train.max_steps=60", "eval.every_steps=60", "checkpoint.every_s=0.5",
+                                       f"hydra.run.dir={tmp_path}")]
+        procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
+                                                              *cmd]),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        _wait_for_checkpoint(tmp_path, procs[1])
+        (worker,) = _worker_pids(cluster, HOSTS[1])
+        os.kill(worker, 9)
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs[1][-3000:]
+    s = summary(tmp_path)
+    assert (s["status"], s["world_size"], s["hosts"], s["restarts"]) == ("completed", 2, HOSTS, 1), s
+    for r in range(2):
+        steps = [rec["step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
+        assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
