@@ -224,6 +224,8 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     (stop,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert named in stop["metadata"]["error"]
     checkpoints = [e["metadata"]["step"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
+    # no lock left, even where rank 0's host is gone: a rerun whose rank 0 lands elsewhere must not be refused
+    assert not (tmp_path / ".lock").exists()
     _node_back(cluster, lost)
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -270,9 +272,14 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
 def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
     """comm=mpi under `srun --mpi=pmi2` (SLURM 22.05's PMI-2 server, the mpich wheel's PMI-2 client) on two
     hosts: the MPI oracles with two ranks a host (allreduce, butterfly groups, p2p, recv_any, the counter
-    window, timeouts), then a WAGMA-SGD run with one rank a host."""
+    window, timeouts), then a WAGMA-SGD run with one rank a host.
+
+    The oracles run without MPICH's shared memory (MPIR_CVAR_NOLOCAL=1): with it, rank 0's any-source
+    receive sometimes never matches a message from the other host (2 of 4 runs timed out there; 4 of 4
+    passed without it): docs/multinode.md."""
     oracle = Path(__file__).with_name("mpi_oracle.py")
-    out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", sys.executable, str(oracle)], timeout=300)
+    out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", sys.executable, str(oracle)], timeout=300,
+               env={"MPIR_CVAR_NOLOCAL": "1"})
     assert out.returncode == 0 and "ok 4 ranks" in out.stdout, out.stderr[-3000:]
     out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1",
                 *run_cmd("comm=mpi", "optimizer=wagma", "train.max_steps=22", "eval.every_steps=11",

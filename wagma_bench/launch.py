@@ -21,7 +21,7 @@ import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
-from wagma_bench.rundir import finalize
+from wagma_bench.rundir import LOCK, finalize
 from wagma_bench.supervise import (
     HEARTBEATS,
     SHARED_HEARTBEAT_S,
@@ -238,6 +238,8 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
         survivors = sorted(set(range(world.world_size)) - set(err.ranks))
         if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
             record_failed_run(Path(run_dir), str(err))
+            # nor release its run directory's lock, which a rerun on another host could not tell stale
+            (Path(run_dir) / LOCK).unlink(missing_ok=True)
         raise
     except BaseException as err:
         if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
