@@ -129,8 +129,9 @@ def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     pytest.param("nosuch0", "GLOO_SOCKET_IFNAME=nosuch0: no such interface on host wagma-n", marks=pytest.mark.long),
 ])
 def test_wrong_gloo_interface_fails_fast_naming_it(cluster, tmp_path, interface, message):
-    """Loopback on two hosts: gloo would bind 127.0.0.1 and the peers' connections would be refused until
-    comm.timeout_s (600 s here); the reachability check fails the world within seconds, naming it."""
+    """Loopback on two hosts: gloo binds 127.0.0.1 and the peers' connections are refused. Before the check,
+    gloo's own error named only addresses (`remote=[127.0.0.1]:PORT ... Connection refused`); now every rank
+    fails within seconds (comm.timeout_s is 600 s here) naming the interface, the hosts and the ranks."""
     t0 = time.monotonic()
     out = srun(["-N", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
                 *run_cmd("train.max_steps=4", "comm.timeout_s=600", f"hydra.run.dir={tmp_path}")],

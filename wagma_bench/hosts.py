@@ -6,11 +6,13 @@ Three things that only go wrong across hosts, each measured on the local multi-h
 - A SLURM node name need not resolve (DNS or /etc/hosts); slurmctld reaches the node at its ``NodeAddr``.
   :func:`node_address` asks slurmctld when the name does not resolve.
 - gloo binds to the address its host name resolves to, and falls back to loopback where it resolves to none
-  (or, as on Debian's default /etc/hosts, to 127.0.1.1): ranks on other hosts then cannot connect, and the
-  world fails only after ``comm.timeout_s``. :func:`choose_gloo_interface` sets ``GLOO_SOCKET_IFNAME`` to the
-  interface of the route to the rendezvous host when the user has not named one.
-- A named interface that does not exist, or that the other hosts cannot reach, would also fail after the
-  timeout. :func:`check_reachable` fails in seconds, naming the interface, the hosts and the ranks.
+  (or, as on Debian's default /etc/hosts, to 127.0.1.1): ranks on other hosts then cannot connect.
+  :func:`choose_gloo_interface` sets ``GLOO_SOCKET_IFNAME`` to the interface of the route to the rendezvous
+  host when the user has not named one.
+- A named interface that does not exist, or that the other hosts cannot reach, ends in gloo's own error,
+  which names addresses only (``failed to connect ... remote=[127.0.0.1]:PORT ... Connection refused``,
+  after 3 retries where the connection is refused; where nothing answers, after the connect timeout).
+  :func:`check_reachable` fails in seconds, naming the interface, the hosts and the ranks.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def check_reachable(store, rank: int, world_size: int, interface: str | None, pr
     """Before gloo connects its full mesh: each rank listens on the address gloo will use, publishes it in
     the rendezvous store, and connects to the next rank's (a ring visits every host). Any rank that cannot
     connect records why; after all have tried, every rank raises :class:`NetworkError` with the first
-    reason, so the whole world fails in seconds, not after ``comm.timeout_s``, naming the interface.
+    reason, so the whole world fails in seconds, naming the interface, the hosts and the ranks.
 
     The listener never accepts: the kernel completes the connection (the backlog), so no thread of ours
     must run while the main thread waits in the store (which holds the interpreter)."""
