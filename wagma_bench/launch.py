@@ -20,8 +20,17 @@ from pathlib import Path
 import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
-from wagma_bench.rundir import finalize
-from wagma_bench.supervise import report_error, start_heartbeat, supervise
+from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
+from wagma_bench.rundir import LOCK, finalize
+from wagma_bench.supervise import (
+    HEARTBEATS,
+    SHARED_HEARTBEAT_S,
+    RanksLost,
+    record_failed_run,
+    report_error,
+    start_heartbeat,
+    supervise,
+)
 
 
 @dataclass
@@ -124,7 +133,8 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 
 def slurm_master(env=os.environ) -> tuple[str, int]:
-    """First host of the job's node list (via scontrol) and a port derived from the job id."""
+    """An address of the first host of the step's node list (its name, or slurmctld's NodeAddr for it where
+    the name does not resolve: :func:`wagma_bench.hosts.node_address`) and a port derived from the job id."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     try:
         hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
@@ -133,7 +143,7 @@ def slurm_master(env=os.environ) -> tuple[str, int]:
     except (OSError, subprocess.SubprocessError):
         host = nodelist.split(",")[0]
     port = 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
-    return host, port
+    return node_address(host), port
 
 
 def _pin_threads(local_world_size: int) -> None:
@@ -198,11 +208,18 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
         backend = "gloo"
     emulate = cfg.comm.emulate
     if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
+        interface = choose_gloo_interface(os.environ["MASTER_ADDR"], os.environ)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # the agent's store outlives a restart
+        check_reachable(store, world.rank, world.world_size, interface, prefix=f"wagma/reach/{restart}")
         return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,
                           timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
+    if world.source != "local":  # ranks may be on several hosts: gloo must bind where the others reach it
+        check_reachable(store, world.rank, world.world_size, choose_gloo_interface(master[0], os.environ))
     return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
 
 
@@ -212,9 +229,18 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
 
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
+    if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
+        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S)
     comm = make_comm(cfg, world, master)
     try:
-        return train(cfg, comm, Path(run_dir))
+        return train(cfg, comm, Path(run_dir), world.local_rank)
+    except RanksLost as err:
+        survivors = sorted(set(range(world.world_size)) - set(err.ranks))
+        if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
+            record_failed_run(Path(run_dir), str(err))
+            # nor release its run directory's lock, which a rerun on another host could not tell stale
+            (Path(run_dir) / LOCK).unlink(missing_ok=True)
+        raise
     except BaseException as err:
         if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
             traceback.print_exc()

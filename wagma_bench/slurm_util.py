@@ -107,16 +107,19 @@ def local_cluster_script() -> Path:
 
 
 @contextmanager
-def local_cluster(extra_conf: str | None = None, cpus: int = 8) -> Iterator[dict[str, str]]:
+def local_cluster(extra_conf: str | None = None, cpus: int = 8, nodes: int = 1) -> Iterator[dict[str, str]]:
     """Start the repo's private SLURM (slurm/local/slurmctl.sh, as root) in a fresh directory; yield the
-    environment its clients need (``SLURM_CONF``); always stop the daemons, even after an error.
+    environment its clients need (``SLURM_CONF``, and ``WAGMA_SLURM_DIR`` for ``slurmctl.sh exec``);
+    always stop it, even after an error: its daemons, and with ``nodes`` > 1 its hosts' processes,
+    namespaces, veths and bridge. A test process killed outright leaves them for ``slurmctl.sh stop``
+    (or the next ``start`` in the same directory) to remove.
 
     The directory is made with mode 755 under /tmp: munged runs as ``munge`` and must reach its socket.
     """
     directory = Path(tempfile.mkdtemp(prefix="wagma-slurm-"))
     directory.chmod(0o755)
     env = {**os.environ, "WAGMA_SLURM_DIR": str(directory / "cluster"), "WAGMA_SLURM_CPUS": str(cpus)}
-    cmd = [str(local_cluster_script()), "start"]
+    cmd = [str(local_cluster_script()), "start", "--nodes", str(nodes)]
     if extra_conf:
         (directory / "extra.conf").write_text(extra_conf)
         cmd += ["--extra", str(directory / "extra.conf")]
@@ -128,3 +131,8 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8) -> Iterator[dict
     finally:
         subprocess.run([str(local_cluster_script()), "stop"], env=env, check=False, capture_output=True, timeout=300)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def on_host(cluster: dict[str, str], node: str, cmd: list[str]) -> list[str]:
+    """``cmd`` run on ``node`` of a local multi-host cluster (its network and UTS namespaces)."""
+    return ["env", f"WAGMA_SLURM_DIR={cluster['WAGMA_SLURM_DIR']}", str(local_cluster_script()), "exec", node, *cmd]

@@ -20,11 +20,17 @@ import inspect
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
+# Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
+# directory (the shared file system), less often: 1,024 ranks make 512 updates a second there.
+SHARED_HEARTBEAT_S = 2.0
+HEARTBEATS = ".heartbeats"  # the folder of those heartbeats, in the run directory
+LOST_AFTER_S = 3 * SHARED_HEARTBEAT_S  # a shared heartbeat this much older than our own: its rank is gone
 STALE_S = 2.5  # a heartbeat this old, while another rank fails, marks its rank as the one that stalled
 GRACE_S = 2.0  # after a rank fails: time for the others to end on their own, then between TERM and KILL
 
@@ -33,10 +39,20 @@ class RunFailed(RuntimeError):
     pass
 
 
-def start_heartbeat(folder: str, rank: int) -> None:
-    """Touch ``folder/rank<R>`` every :data:`HEARTBEAT_S` from a daemon thread, for the launcher to read."""
+class RanksLost(RuntimeError):
+    """Ranks of the world stopped beating (their host or process is gone); the message names hosts and ranks."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S) -> None:
+    """Touch ``folder/rank<R>`` (which holds the rank's host name) every ``period_s`` from a daemon thread,
+    for the launcher, or (:func:`lost_ranks`) the other ranks, to read."""
     path = Path(folder) / f"rank{rank}"
-    path.touch()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(socket.gethostname())
 
     def beat():
         while True:
@@ -44,7 +60,7 @@ def start_heartbeat(folder: str, rank: int) -> None:
                 os.utime(path)
             except OSError:  # the launcher is gone (its folder with it): nobody is listening
                 return
-            time.sleep(HEARTBEAT_S)
+            time.sleep(period_s)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
@@ -93,6 +109,55 @@ def supervise(ctx, folder: Path, hung_after_s: float) -> None:
             raise RunFailed(_exit_message(err, folder)) from None
         except mp.ProcessRaisedException as err:
             raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
+
+
+def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) -> RanksLost | None:
+    """After a communication failure of a rank of an external launcher: the ranks whose shared heartbeat
+    stopped, as an error naming their hosts (all of a host's ranks: the host is lost); None where every
+    rank still beats, or no heartbeats were kept. Waits up to :data:`LOST_AFTER_S` for a fresh loss to show.
+
+    Ages are taken against this rank's own heartbeat, not the clock: on a shared file system the times are
+    the file server's."""
+    folder = Path(run_dir) / HEARTBEATS
+    if not isinstance(err, RuntimeError) or not (folder / f"rank{rank}").exists():
+        return None
+    stale = _stale_shared(folder, rank, world_size)
+    if not stale:
+        time.sleep(LOST_AFTER_S + SHARED_HEARTBEAT_S)
+        stale = _stale_shared(folder, rank, world_size)
+    if not stale:
+        return None
+    hosts = _hosts_of(folder, world_size)
+    parts = []
+    for host in sorted({hosts.get(r, "?") for r in stale}):
+        mine = sorted(r for r in stale if hosts.get(r, "?") == host)
+        whole = mine == sorted(r for r, h in hosts.items() if h == host)
+        what = f"host {host} lost" if whole else f"rank(s) on host {host} lost"
+        parts.append(f"{what}: rank{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine))} "
+                     f"(no heartbeat for {max(stale[r] for r in mine):.0f} s)")
+    return RanksLost(f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
+                     sorted(stale))
+
+
+def _stale_shared(folder: Path, rank: int, world_size: int) -> dict[int, float]:
+    mine = (folder / f"rank{rank}").stat().st_mtime
+    ages = {}
+    for r in range(world_size):
+        try:
+            ages[r] = mine - (folder / f"rank{r}").stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return {r: age for r, age in ages.items() if age > LOST_AFTER_S}
+
+
+def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
+    hosts = {}
+    for r in range(world_size):
+        try:
+            hosts[r] = (folder / f"rank{r}").read_text().strip() or "?"
+        except OSError:
+            continue
+    return hosts
 
 
 FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space is reported as full

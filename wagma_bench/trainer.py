@@ -40,6 +40,7 @@ from wagma_bench.progress import Progress
 from wagma_bench.rundir import finalize as write_summary
 from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
 from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
+from wagma_bench.supervise import lost_ranks
 from wagma_bench.workloads import get_workload
 
 
@@ -194,7 +195,8 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
     Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
     through :class:`wagma_bench.events.RunStart`, which also reads runs logged before a field existed."""
     world = comm.world_size
-    hosts = sorted(set(_hostnames(comm)))
+    placement = _placement(comm, derived.pop("local_rank"))
+    hosts = sorted({host for host, _ in placement})
     return dict(
         workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
         world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
@@ -204,7 +206,9 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         group_size=algo.group_size,
         model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
         ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
-        git_sha=git_sha(), versions=versions(comm), hosts=hosts, config=cfg.raw)
+        git_sha=git_sha(), versions=versions(comm), hosts=hosts,
+        # where each rank ran, by rank: its host and its rank on that host
+        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
 
 
 @dataclass
@@ -300,17 +304,19 @@ class RunPlan:
         return f"the run ends at {length}" + (f", or earlier {' or '.join(earlier)}" if earlier else "")
 
 
-def train(cfg: RunConfig, comm: Comm, run_dir: Path) -> dict | None:
-    """Run one rank of a training run; rank 0 returns the summary."""
-    return Trainer(cfg, comm, run_dir).train()
+def train(cfg: RunConfig, comm: Comm, run_dir: Path, local_rank: int | None = None) -> dict | None:
+    """Run one rank of a training run; rank 0 returns the summary. ``local_rank``: the rank's index on its
+    host, as its launcher numbers it (None: the ranks of one host, numbered like the world)."""
+    return Trainer(cfg, comm, run_dir, local_rank).train()
 
 
 class Trainer:
     """One rank of a training run: set up here, then :meth:`train` runs it to its end."""
 
-    def __init__(self, cfg: RunConfig, comm: Comm, run_dir: Path):
+    def __init__(self, cfg: RunConfig, comm: Comm, run_dir: Path, local_rank: int | None = None):
         self.cfg, self.comm, self.run_dir = cfg, comm, run_dir
         self.rank, self.world = comm.rank, comm.world_size
+        self.local_rank = self.rank if local_rank is None else local_rank
         self.preemption = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
         self.init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
         torch.manual_seed(cfg.seed)
@@ -368,7 +374,10 @@ class Trainer:
             counts = self.final_counts()
             self.algo.close()
         except BaseException as err:
-            self.finalize("failed", self.counts_at_failure(), error=err)
+            lost = lost_ranks(self.run_dir, self.rank, self.world, err)  # which hosts went, where it can tell
+            self.finalize("failed", self.counts_at_failure(), error=lost or err)
+            if lost is not None:
+                raise lost from err
             raise
         finally:
             self.progress.close()
@@ -408,7 +417,7 @@ class Trainer:
         else:
             plan = self.plan
             self.events.emit("run_start", None, **run_start_fields(
-                cfg, self.comm, self.workload, algo, self.model, eval_model=self.eval_mode,
+                cfg, self.comm, self.workload, algo, self.model, local_rank=self.local_rank, eval_model=self.eval_mode,
                 init_time_ms=self.init_time_ms, steps_total=plan.total, steps_per_epoch=plan.steps_per_epoch,
                 eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"],
                 ends_by=plan.ends_by))
@@ -584,7 +593,9 @@ def _global_samples(comm: Comm, samples_local: int) -> int:
     return int(t.item())
 
 
-def _hostnames(comm: Comm) -> list[str]:
-    name = socket.gethostname().encode()[:64].ljust(64, b"\0")
+def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
+    """Every rank's (host name, rank on its host), by rank (collective)."""
+    name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
     gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
-    return [bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
+    rows = [bytes(row.cpu().tolist()) for row in gathered]
+    return [(row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows]
