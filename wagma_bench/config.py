@@ -88,6 +88,9 @@ RANGES: dict[str, Range] = {
     # optimizers (group_size: also a power of two, checked against the world in validate)
     "optimizer.bucket_mb": POSITIVE, "optimizer.group_size": AT_LEAST_ONE, "optimizer.tau": AT_LEAST_ONE,
     "optimizer.period": AT_LEAST_ONE, "optimizer.warmup_steps": NON_NEGATIVE, "optimizer.sync_every": AT_LEAST_ONE,
+    # outer optimizers (wagma_bench/optim/outer.py), on every model-averaging optimizer
+    "optimizer.outer_lr": POSITIVE, "optimizer.outer_momentum": FRACTION_BELOW_ONE,
+    "optimizer.outer_period": AT_LEAST_ONE,
     # imbalance
     "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
     "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
@@ -141,6 +144,17 @@ def check_choices(section: str, schema: type, merged: DictConfig) -> None:
 def _is_section(node: Any) -> bool:
     """A nested section with a schema of its own (``logger.submission``, ``logger.wandb``)."""
     return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+
+
+def check_outer(optimizer: Any) -> None:
+    """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    if optimizer.outer == "none" or OPTIMIZERS[optimizer.name].outer_at is not None:
+        return
+    applies = ", ".join(name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None)
+    raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
+                      f"{OPTIMIZERS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
 
 
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
@@ -400,6 +414,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
+    check_outer(typed["optimizer"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

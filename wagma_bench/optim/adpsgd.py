@@ -43,6 +43,7 @@ import torch
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import random_matching
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterChoice
 
 EXCHANGE, STOP = 1, 0
 TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no tags nor any-source receives)
@@ -56,9 +57,11 @@ class ADPSGD(Algorithm):
     paper = "AD-PSGD, Lian et al., ICML 2018"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
+    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
+                     "models' exact average (not implemented)")
 
     @dataclass
-    class Settings:
+    class Settings(OuterChoice):
         name: str = "adpsgd"
         sync_every: int = 10
 

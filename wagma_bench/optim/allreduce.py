@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterChoice
 
 
 class AllreduceSGD(Algorithm):
@@ -21,9 +22,10 @@ class AllreduceSGD(Algorithm):
     # each rank's own: evaluation still broadcasts rank 0's state for a model with float buffers (EvalModel).
     models_identical = True
     default_eval_model = "local"
+    outer_refusal = "it averages gradients, not models: every rank holds the same model after every step"
 
     @dataclass
-    class Settings:
+    class Settings(OuterChoice):
         name: str = "allreduce"
         bucket_mb: float = 25.0
 

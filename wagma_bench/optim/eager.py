@@ -40,6 +40,7 @@ from typing import ClassVar
 from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
+from wagma_bench.optim.outer import OuterChoice
 
 MODES = ("solo", "majority")
 
@@ -49,9 +50,11 @@ class EagerSGD(EngineAlgorithm):
     paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
+    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
+                     "stay identical and there is no model average to correct")
 
     @dataclass
-    class Settings:
+    class Settings(OuterChoice):
         name: str = "eager"
         mode: str = "majority"
         sync_every: int = 10
