@@ -43,7 +43,6 @@ import torch
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import random_matching
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.outer import OuterChoice
 
 EXCHANGE, STOP = 1, 0
 TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no tags nor any-source receives)
@@ -61,9 +60,10 @@ class ADPSGD(Algorithm):
                      "models' exact average (not implemented)")
 
     @dataclass
-    class Settings(OuterChoice):
+    class Settings:
         name: str = "adpsgd"
         sync_every: int = 10
+        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

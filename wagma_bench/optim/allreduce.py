@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.outer import OuterChoice
 
 
 class AllreduceSGD(Algorithm):
@@ -25,9 +24,10 @@ class AllreduceSGD(Algorithm):
     outer_refusal = "it averages gradients, not models: every rank holds the same model after every step"
 
     @dataclass
-    class Settings(OuterChoice):
+    class Settings:
         name: str = "allreduce"
         bucket_mb: float = 25.0
+        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed, bucket_mb=settings.bucket_mb)

@@ -40,7 +40,6 @@ from typing import ClassVar
 from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
-from wagma_bench.optim.outer import OuterChoice
 
 MODES = ("solo", "majority")
 
@@ -54,10 +53,11 @@ class EagerSGD(EngineAlgorithm):
                      "stay identical and there is no model average to correct")
 
     @dataclass
-    class Settings(OuterChoice):
+    class Settings:
         name: str = "eager"
         mode: str = "majority"
         sync_every: int = 10
+        outer: str = "none"  # refused unless none (outer_refusal)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config)
 

@@ -44,17 +44,12 @@ EXACT_DEFAULT_PERIOD = 12
 
 
 @dataclass
-class OuterChoice:
-    """Every optimizer's ``outer`` key (so that ``optimizer.outer=...`` reaches the config check, which
-    refuses it with the reason where an outer step does not apply: :func:`wagma_bench.config.check_outer`)."""
+class OuterSettings:
+    """The outer optimizer's settings, mixed into the Settings of every optimizer whose models are averaged. The
+    others declare only ``outer: str = "none"``, so that ``optimizer.outer=...`` reaches the config check, which
+    refuses it with the reason (:func:`wagma_bench.config.check_outer`)."""
 
     outer: str = "none"           # none | slowmo | nesterov
-
-
-@dataclass
-class OuterSettings(OuterChoice):
-    """The outer optimizer's settings, mixed into the Settings of every optimizer whose models are averaged."""
-
     outer_lr: float | None = None         # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
     outer_momentum: float | None = None   # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
     outer_period: int | None = None  # rounds between outer steps; null: the base's global averaging rounds
