@@ -34,6 +34,8 @@ CONFIGS = {  # name: overrides
     "sgp": ["optimizer=sgp"],
     "sgp+slowmo": ["optimizer=sgp", *SLOWMO],
     "diloco": ["experiment=diloco"],
+    # SlowMo's step with alpha / (1 - beta) = 1: the same long-run step size as the base, momentum smoothing only
+    "local_sgd+slowmo-a0.5": ["optimizer=local_sgd", *SLOWMO, "optimizer.outer_lr=0.5"],
 }
 WORKLOADS = {"transformer": ["workload=transformer", "launcher.nproc=4", "logger.progress=off"],
              "resnet": ["workload=resnet", "imbalance=paper", "launcher.nproc=4", "eval.every_steps=10",
