@@ -53,6 +53,8 @@ BAD_VALUES = [
     ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
     ("workload.gamma", "1.01", ["workload=ddppo"]),
     ("optimizer.period", "0", ["optimizer=local_sgd"]),       # a schema's own __post_init__ check
+    ("optimizer.outer_momentum", "1", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),
+    ("optimizer.outer_period", "6", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),  # not a multiple of 4
 ]
 
 
@@ -76,6 +78,29 @@ def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(k
     with pytest.raises(ConfigError) as err:
         validate(_compose(*extra, "launcher.nproc=2", f"{key}={value}"))
     assert f"{key}={value}" in str(err.value) and "must be" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("extra,reason", [
+    (["optimizer=allreduce"], "it averages gradients, not models"),
+    (["optimizer=eager"], "it averages gradients, not models"),
+    (["optimizer=adpsgd"], "corrections in flight"),
+    (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
+])
+def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(extra, reason):
+    from wagma_bench.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(_compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))
+    assert "optimizer.outer=slowmo is not allowed with optimizer=" in str(err.value), str(err.value)
+    assert reason in str(err.value), str(err.value)
+
+
+def test_an_outer_optimizer_on_allreduce_is_refused_before_any_rank_starts(tmp_path):
+    out = run(["optimizer=allreduce", "optimizer.outer=nesterov", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "optimizer.outer=nesterov is not allowed with optimizer=allreduce" in out.stderr, out.stderr[-2000:]
+    assert "an outer optimizer applies to: wagma, local_sgd, dpsgd, sgp" in out.stderr
+    assert no_rank_started(tmp_path)
 
 
 CLI_CASES = [case for case in BAD_VALUES if f"{case[0]}={case[1]}" in THROUGH_THE_CLI]
@@ -602,12 +627,12 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
 
 # --- identical continuation ---------------------------------------------------------------------------------
 
-def _continued(tmp_path: Path, optimizer: str) -> tuple[Path, list[str]]:
+def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[str]]:
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
     the first process completed or was killed after that checkpoint), and its arguments. Both budgets are
     rounded up to the optimizer's synchronisation period."""
     args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
-                        "logger.progress=off"]
+                        "logger.progress=off", *extra]
     cut = tmp_path / "cut"
     for steps in (10, 20):
         out = run(args + [f"train.max_steps={steps}", f"hydra.run.dir={cut}"])
@@ -615,9 +640,9 @@ def _continued(tmp_path: Path, optimizer: str) -> tuple[Path, list[str]]:
     return cut, args
 
 
-def _final_state(run_dir: Path, rank: int) -> dict:
+def _final_state(run_dir: Path, rank: int, part: str = "model") -> dict:
     newest = (run_dir / "checkpoint" / "latest").read_text().strip()
-    return torch.load(run_dir / "checkpoint" / newest / f"rank{rank}.pt", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoint" / newest / f"rank{rank}.pt", weights_only=False)[part]
 
 
 DETERMINISTIC = [pytest.param("allreduce")] + [pytest.param(o, marks=pytest.mark.long) for o in
@@ -637,6 +662,27 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, opt
         assert a.keys() == b.keys()
         different = [k for k in a if not torch.equal(a[k], b[k])]
         assert not different, f"rank {rank}: {different[:5]}"
+
+
+OUTER_RESUMES = [pytest.param("local_sgd", "nesterov"),
+                 *(pytest.param(o, "slowmo", marks=pytest.mark.long) for o in ("dpsgd", "sgp"))]
+
+
+@pytest.mark.parametrize("optimizer,outer", OUTER_RESUMES)
+def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path, optimizer, outer):
+    """The outer state (the previous outer model, the momentum) is checkpointed: 10 rounds resumed to 20 end
+    with the model and outer state of 20 rounds at once (outer period 4: the cut falls between outer steps)."""
+    extra = [f"optimizer.outer={outer}"] + ([] if optimizer == "local_sgd" else ["optimizer.outer_period=4"])
+    cut, args = _continued(tmp_path, optimizer, *extra)
+    whole = tmp_path / "whole"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = _final_state(whole, rank), _final_state(cut, rank)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
+        a, b = _final_state(whole, rank, "algo")["outer"], _final_state(cut, rank, "algo")["outer"]
+        assert all(torch.equal(x, y) for key in ("prev", "u") for x, y in zip(a[key], b[key])), f"rank {rank}"
+        assert any(u.abs().sum() > 0 for u in a["u"])  # the momentum was in use when the run was cut
 
 
 ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]

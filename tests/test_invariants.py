@@ -10,7 +10,9 @@ round the models must add up to exactly the no-loss value
 where ``n_i`` is the number of local steps rank ``i`` has taken (equal to the round for every optimizer
 but WAGMA-SGD with ``catch_up=skip``). With zero gradients that says: no round changes the sum. Checked
 at every synchronous round, and after ``close()`` for the optimizers whose messages may still be in
-flight at a synchronous round (AD-PSGD's exchanges, SGP's 1-overlap message).
+flight at a synchronous round (AD-PSGD's exchanges, SGP's 1-overlap message). An outer optimizer
+(``optim/outer.py``) changes the sum on purpose at its outer rounds: its cases declare the expected sums
+from SlowMo's and DiLoCo's recursions instead (``outer_sums``).
 
 Straggler patterns (sleep per local step; ``BASE`` for everyone else): one rank 10x slow, a random
 straggler every step, a whole butterfly group slow (P=4 S=2; P=8 S=2 and S=4), and a rank that falls
@@ -42,6 +44,19 @@ CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 ro
     "dpsgd": ("dpsgd", {}),
     "local_sgd": ("local_sgd", {"period": 3}),
     "allreduce": ("allreduce", {}),
+    # outer optimizers change the sum on purpose: the expected sums come from the recursion (OUTER below)
+    "local_sgd-slowmo": ("local_sgd", {"period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5}),
+    "wagma-nesterov": ("wagma", {"catch_up": "replay", "tau": 5, "outer": "nesterov"}),
+    "dpsgd-nesterov": ("dpsgd", {"outer": "nesterov", "outer_period": 3}),
+    "sgp-slowmo": ("sgp", {"outer": "slowmo", "outer_period": 3}),
+}
+# Outer optimizers: (rule, outer lr, momentum, outer period, whether the outer step comes before the round's
+# local step). Their declared expected value at each synchronous round is OUTER's recursion on the sums.
+OUTER = {
+    "local_sgd-slowmo": ("slowmo", 0.8, 0.5, 3, False),
+    "wagma-nesterov": ("nesterov", 0.7, 0.9, 6, True),  # DiLoCo's defaults; WAGMA: between average and local step
+    "dpsgd-nesterov": ("nesterov", 0.7, 0.9, 3, False),
+    "sgp-slowmo": ("slowmo", 1.0, 0.5, 3, False),
 }
 # Only exact once nothing is in flight: checked after close().
 AT_CLOSE_ONLY = {"adpsgd", "sgp-overlap"}
@@ -135,23 +150,63 @@ def no_loss_sum(results, steps_per_rank, zero) -> float:
     return total
 
 
+def outer_sums(config: str, results, zero: bool, rounds: list[int]) -> list[float]:
+    """The models' sum at each of ``rounds`` with the outer step of OUTER[config], from the papers' recursions
+    on the sums (every rank takes one local step per round; x_prev starts as each rank's initial model).
+    SlowMo: U <- beta U + (X_prev - X_avg) / lr, X <- X_prev - alpha lr U; Nesterov (DiLoCo):
+    M <- mu M + D, X <- X_prev - eta (D + mu M), with D = X_prev - X_avg; all summed over ranks, which is exact
+    because every rank holds the same average."""
+    rule, lr, momentum, period, before = OUTER[config]
+    world = len(results)
+    total = prev = sum(r["x0"] for r in results)
+    u, out = 0.0, {}
+    for r in range(1, max(rounds) + 1):
+        step = 0.0 if zero else LR * 7 * sum(gradient(rank, r) for rank in range(world))
+        if not before:
+            total -= step
+        if r % period == 0:
+            d = prev - total
+            if rule == "slowmo":
+                u = momentum * u + d / LR
+                total = prev - lr * LR * u
+            else:
+                u = momentum * u + d
+                total = prev - lr * (d + momentum * u)
+            prev = total
+        if before:
+            total -= step
+        out[r] = total
+    return [out[r] for r in rounds]
+
+
+def expected_sums(config: str, results, zero: bool, records: list[int]) -> list[float]:
+    """The declared expected value at each record (``records``: indices into the ranks' records, -1: the end)."""
+    if config in OUTER:
+        rounds = [results[0]["records"][k][0] if k >= 0 else results[0]["records"][-1][0] for k in records]
+        return outer_sums(config, results, zero, rounds)
+    return [no_loss_sum(results, [r["records"][k][1] if k >= 0 else r["final"][0] for r in results], zero)
+            for k in records]
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_models_carry_every_gradient_step_exactly_once(world_results, config):
+    """Every gradient step exactly once in the sum of the models; with an outer optimizer, the sums its
+    recursion declares."""
     (_, _, _, zero, _), all_results = world_results
     results = [r[config] for r in all_results]
     rounds = [[rec[0] for rec in r["records"]] for r in results]
     assert all(rr == rounds[0] for rr in rounds), f"ranks met at different synchronous rounds: {rounds}"
     checks = [] if config in AT_CLOSE_ONLY else list(range(len(rounds[0])))
-    for k in checks:
+    declared = expected_sums(config, results, zero, checks + [-1])
+    for k, expected in zip(checks, declared):
         steps = [r["records"][k][1] for r in results]
         got = sum(r["records"][k][2] for r in results)
-        expected = no_loss_sum(results, steps, zero)
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-5), \
-            f"{config}: at synchronous round {rounds[0][k]} the models add up to {got}, no loss gives {expected} " \
+            f"{config}: at synchronous round {rounds[0][k]} the models add up to {got}, declared {expected} " \
             f"(local steps per rank {steps})"
     steps = [r["final"][0] for r in results]
     got = sum(r["final"][1] for r in results)
-    assert got == pytest.approx(no_loss_sum(results, steps, zero), rel=1e-9, abs=1e-5), (config, got, steps)
+    assert got == pytest.approx(declared[-1], rel=1e-9, abs=1e-5), (config, got, steps)
     if config != "wagma-skip":  # every other optimizer takes one local step per round
         assert all(r["records"][-1][1] == r["records"][-1][0] for r in results)
 

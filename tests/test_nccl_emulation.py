@@ -92,3 +92,18 @@ def test_an_impossible_backend_is_refused_before_any_rank_starts(tmp_path, overr
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not (tmp_path / "events.jsonl").exists()
+
+
+@pytest.mark.long
+def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_the_command_line(tmp_path):
+    """The outer layer's global average (D-PSGD, SGP) and its step inside WAGMA-SGD's synchronous round on a data
+    plane that refuses what NCCL refuses (their exactness under emulation: the -nccl world of test_invariants)."""
+    bases = [name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None]
+    cmd = [str(BIN), "run", "-m", f"optimizer={','.join(bases)}", "optimizer.outer=slowmo", "comm.emulate=nccl",
+           "launcher.nproc=2", "train.max_steps=24", "eval.every_steps=1000", "logger.progress=off",
+           f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${optimizer.name}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in bases:
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] >= 24, (name, summary)

@@ -299,9 +299,10 @@ def _centre(rank: int, dim: int) -> torch.Tensor:
     return torch.arange(dim, dtype=torch.float64) + 3.0 * rank
 
 
-def _lockstep(comm, name, settings, lockstep=True):
+def _lockstep(comm, name, settings, lockstep=True, average_every=0):
     """Train ``name`` on the rank's quadratic for ORACLE_STEPS steps; the ranks meet at a barrier after
-    every step when ``lockstep`` (so a wait-avoiding round always has every rank's fresh model)."""
+    every step when ``lockstep`` (so a wait-avoiding round always has every rank's fresh model). With
+    ``average_every``, the test itself replaces the models by their global mean after every such round."""
     model = Vector(3, float(comm.rank)).double()
     algo = make_algorithm(name, comm, model, sgd(lr=ORACLE_LR), seed=1, **settings)
     c = _centre(comm.rank, 7)
@@ -310,7 +311,10 @@ def _lockstep(comm, name, settings, lockstep=True):
         algo.zero_grad()
         x = torch.cat([p.reshape(-1) for p in model.parameters()])
         (0.5 * (x - c).pow(2).sum()).backward()
-        algo.step()
+        r = algo.step().round
+        if average_every and r % average_every == 0:
+            for b in algo.buckets:
+                comm.allreduce(b.data, op="mean")
         if lockstep:
             comm.barrier()
         trace.append(flat_params(model) * (algo.weight if name == "sgp" else 1.0))
@@ -430,3 +434,109 @@ def test_every_registered_optimizer_has_an_oracle():
     problems += [f"tests/test_optim_oracles.py: remove {name!r} from ORACLES (not a registered optimizer)"
                  for name in ORACLES if name not in OPTIMIZERS]
     assert not problems, "\n".join(problems)
+
+
+
+# --- outer optimizers (wagma_bench/optim/outer.py) on every base they wrap ------------------------------
+# Each base with its own global averaging period 4 (local SGD period 4, WAGMA-SGD tau 3) or an outer period of
+# 4 (D-PSGD, SGP: the outer layer takes the global average), in one world of 4 ranks, lock-stepped.
+OUTER_BASES = {"local_sgd": {"period": 4}, "wagma": {"group_size": 2, "tau": 3, "catch_up": "replay"},
+               "dpsgd": {"outer_period": 4}, "sgp": {"outer_period": 4}}
+OUTER_RULES = {"identity-slowmo": ("slowmo", 1.0, 0.0), "identity-nesterov": ("nesterov", 1.0, 0.0),
+               "slowmo": ("slowmo", 0.6, 0.7), "nesterov": ("nesterov", 0.7, 0.9)}
+OUTER_WORLD = 4
+
+
+def _outer_traces(comm):
+    out = {}
+    for name, settings in OUTER_BASES.items():
+        out[name, "none"] = _lockstep(comm, name, settings)
+        # what SlowMo's identity step (alpha 1, beta 0) must equal: the base with a global average every 4 rounds
+        # (D-PSGD, SGP: the outer layer's own; local SGD, WAGMA-SGD already average there)
+        out[name, "averaged"] = _lockstep(comm, name, settings, average_every=4) if "outer_period" in settings \
+            else out[name, "none"]
+        for rule_id, (rule, lr, momentum) in OUTER_RULES.items():
+            out[name, rule_id] = _lockstep(comm, name, {**settings, "outer": rule, "outer_lr": lr,
+                                                          "outer_momentum": momentum})
+    return out
+
+
+@pytest.fixture(scope="module")
+def outer_traces():
+    return run_world(_outer_traces, OUTER_WORLD)
+
+
+def _outer_reference(world: int, name: str, rule: str, lr: float, momentum: float) -> list[list[torch.Tensor]]:
+    """The base's recursion (as the references above) with the papers' outer step every 4 rounds, written as
+    the papers write it. SlowMo: u <- beta u + (x_prev - x_avg) / gamma, x <- x_prev - alpha gamma u. DiLoCo
+    (torch's Nesterov SGD on the pseudo-gradient d = x_prev - x_avg): m <- mu m + d, x <- x_prev - eta (d + mu m).
+    x_prev starts as each rank's own initial model (no initial broadcast here)."""
+    from wagma_bench.comm.topology import WagmaSchedule
+
+    schedule = WagmaSchedule(world, 2, 3)
+    x, w, trace = _x0(world), [1.0] * world, []
+    prev, u = [v.clone() for v in x], [torch.zeros(7, dtype=torch.float64) for _ in range(world)]
+
+    def outer(avg: torch.Tensor) -> list[torch.Tensor]:
+        new = []
+        for i in range(world):
+            d = prev[i] - avg
+            if rule == "slowmo":
+                u[i] = momentum * u[i] + d / ORACLE_LR
+                new.append(prev[i] - lr * ORACLE_LR * u[i])
+            else:
+                u[i] = momentum * u[i] + d
+                new.append(prev[i] - lr * (d + momentum * u[i]))
+            prev[i] = new[i].clone()
+        return new
+
+    for r in range(1, ORACLE_STEPS + 1):
+        due = r % 4 == 0
+        if name == "wagma":  # the outer step comes between the synchronous average and the local step
+            grads = [x[i] - _centre(i, 7) for i in range(world)]
+            mean = {g: sum(x[j] for j in g) / len(g) for g in {schedule.group(i, r) for i in range(world)}}
+            mixed = [mean[schedule.group(i, r)] for i in range(world)]
+            if due:
+                mixed = outer(mixed[0])
+            x = [mixed[i] - ORACLE_LR * grads[i] for i in range(world)]
+        elif name == "local_sgd":
+            x = [x[i] - ORACLE_LR * (x[i] - _centre(i, 7)) for i in range(world)]
+            if due:
+                x = outer(sum(x) / world)
+        elif name == "dpsgd":
+            grads = [x[i] - _centre(i, 7) for i in range(world)]
+            members = [{i, *ring_neighbours(i, world)} for i in range(world)]
+            x = [sum(x[j] for j in members[i]) / len(members[i]) - ORACLE_LR * grads[i] for i in range(world)]
+            if due:
+                x = outer(sum(x) / world)
+        else:  # sgp, synchronous: w stays 1
+            x = [x[i] - ORACLE_LR * (x[i] / w[i] - _centre(i, 7)) for i in range(world)]
+            x = [x[i] / 2 + x[exponential_in_peer(i, world, r - 1)] / 2 for i in range(world)]
+            if due:
+                x = outer(sum(x) / world)
+        trace.append(x)
+    return trace
+
+
+@pytest.mark.parametrize("name", list(OUTER_BASES))
+def test_identity_outer_step_is_bit_identical_to_the_base(outer_traces, name):
+    """outer_lr 1, outer_momentum 0: every rank's model after every round equals the plain base's, bit for bit
+    (D-PSGD and SGP: the plain base with the global average every outer period that the outer layer adds,
+    which is what SlowMo says its identity step reduces to)."""
+    for rule_id in ("identity-slowmo", "identity-nesterov"):
+        for rank, traces in enumerate(outer_traces):
+            plain, wrapped = traces[name, "averaged"], traces[name, rule_id]
+            for t, (a, b) in enumerate(zip(plain, wrapped), start=1):
+                assert torch.equal(a, b), f"{name} {rule_id}: rank {rank} round {t}: {a.tolist()} != {b.tolist()}"
+
+
+@pytest.mark.parametrize("rule_id", ["slowmo", "nesterov"])
+@pytest.mark.parametrize("name", list(OUTER_BASES))
+def test_outer_momentum_follows_the_papers_recursion(outer_traces, name, rule_id):
+    rule, lr, momentum = OUTER_RULES[rule_id]
+    reference = _outer_reference(OUTER_WORLD, name, rule, lr, momentum)
+    for rank, traces in enumerate(outer_traces):
+        trace, plain = traces[name, rule_id], traces[name, "none"]
+        for t, (got, ref) in enumerate(zip(trace, reference), start=1):
+            torch.testing.assert_close(got, ref[rank], rtol=1e-11, atol=1e-11, msg=f"{name} {rule_id} rank {rank} round {t}")
+        assert not torch.equal(trace[-1], plain[-1])  # the outer momentum did change the models

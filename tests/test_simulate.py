@@ -342,3 +342,22 @@ def test_no_simulate_module_reads_yaml():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not [n for n in names if n.split(".")[0] == "yaml"], path.name
+
+
+@pytest.mark.parametrize("optimizer,settings", [("local_sgd", {"period": 4}), ("wagma", {"tau": 3}),
+                                                ("dpsgd", {"outer_period": 4}), ("sgp", {"outer_period": 4})])
+def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(optimizer, settings):
+    """The same communication as the base plus, every outer period, the outer step's memory passes (and the
+    global model allreduce D-PSGD and SGP lack); the identity rule costs the same as any other."""
+    from wagma_bench.simulate.des import OUTER_PASSES
+
+    net = Network(Link(1e-4, 1e-9), Link(1e-4, 1e-9), 8)
+    world, steps = 8, 48
+    plain = simulate(SimConfig(optimizer, world, WL, net, settings=typed(optimizer, **settings), steps=steps,
+                               control_every=0))
+    outer = simulate(SimConfig(optimizer, world, WL, net, steps=steps, control_every=0,
+                               settings=typed(optimizer, **settings, outer="slowmo", outer_lr=1.0, outer_momentum=0.0)))
+    per_step = OUTER_PASSES * WL.model_bytes / (WL.memory_GBps * 1e9)
+    if optimizer in ("dpsgd", "sgp"):
+        per_step += net.world_allreduce(world, WL.model_bytes)
+    assert outer.time_s == pytest.approx(plain.time_s + steps / 4 * per_step, rel=1e-9)

@@ -104,6 +104,9 @@ RANGES: dict[str, Range] = {
     "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
     "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
     "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
+    # outer optimizers (wagma_bench/optim/outer.py), shared by every model-averaging optimizer
+    "optimizer.outer_lr": POSITIVE, "optimizer.outer_momentum": FRACTION_BELOW_ONE,
+    "optimizer.outer_period": AT_LEAST_ONE,
     # imbalance
     "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
     "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
@@ -200,6 +203,17 @@ def check_target(target: float | None, workload: Any, data: Any) -> None:
     if not allowed.allows(target):
         raise ConfigError(f"eval.target={target} is not allowed with workload={workload.name}; its metric "
                           f"({metric}) is {allowed}, so the target must be too")
+
+
+def check_outer(optimizer: Any) -> None:
+    """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    if optimizer.outer == "none" or OPTIMIZERS[optimizer.name].outer_at is not None:
+        return
+    applies = ", ".join(name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None)
+    raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
+                      f"{OPTIMIZERS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
 
 
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
@@ -489,6 +503,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
         raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
     check_value("seed", seed, RANGES["seed"])
     check_target(typed["eval"].target, typed["workload"], typed["data"])
+    check_outer(typed["optimizer"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

@@ -56,11 +56,14 @@ class ADPSGD(Algorithm):
     paper = "AD-PSGD, Lian et al., ICML 2018"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
+    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
+                     "models' exact average (not implemented)")
 
     @dataclass
     class Settings:
         name: str = "adpsgd"
         sync_every: int = 10
+        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -21,11 +21,13 @@ class AllreduceSGD(Algorithm):
     # each rank's own: evaluation still broadcasts rank 0's state for a model with float buffers (EvalModel).
     models_identical = True
     default_eval_model = "local"
+    outer_refusal = "it averages gradients, not models: every rank holds the same model after every step"
 
     @dataclass
     class Settings:
         name: str = "allreduce"
         bucket_mb: float = 25.0
+        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed, bucket_mb=settings.bucket_mb)

@@ -66,6 +66,7 @@ from torch import nn
 from wagma_bench.comm.base import Comm
 from wagma_bench.comm.buckets import Bucket, flatten_into_buckets, zero_grads
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.optim.outer import OuterStep
 
 
 @dataclass
@@ -91,6 +92,12 @@ class Algorithm(abc.ABC):
     #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None
+    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
+    #: globally itself and calls :meth:`outer_round` right after), "exact" (the base never averages globally:
+    #: :meth:`outer_round`, called at the end of each round, takes the average first), None: it does not apply
+    outer_at: ClassVar[str | None] = None
+    #: why an outer optimizer does not apply (outer_at None): the config check's message says it
+    outer_refusal: ClassVar[str] = ""
 
     def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
                  bucket_mb: float = float("inf")):
@@ -101,6 +108,9 @@ class Algorithm(abc.ABC):
         self.buckets: list[Bucket] = flatten_into_buckets(model, bucket_mb)
         self.optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
         self.round = 0
+        self.outer: OuterStep | None = None
+        if self.outer_at is not None and settings.outer != "none":
+            self.outer = OuterStep(settings, [b.data for b in self.buckets])
 
     # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
     @property
@@ -122,6 +132,19 @@ class Algorithm(abc.ABC):
         """Start every rank from rank 0's weights (one broadcast per bucket)."""
         for b in self.buckets:
             self.comm.broadcast(b.data, src=0)
+        if self.outer is not None:
+            self.outer.restart([b.data for b in self.buckets])
+
+    def outer_round(self, round_: int) -> None:
+        """The outer optimizer's step, where one is set and due after ``round_``: bases with ``outer_at="average"``
+        call it right after their global average of the models, ``"exact"`` ones at the end of every round
+        (then the global average is taken here: a collective)."""
+        if self.outer is None or not self.outer.due(round_):
+            return
+        data = [b.data for b in self.buckets]
+        if self.outer_at == "exact":
+            self.average_model(out=data)
+        self.outer.step(data, float(self.optimizer.param_groups[0]["lr"]))
 
     def average_model(self, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Global mean of the models into ``out`` (fresh tensors when None); a collective."""
@@ -132,11 +155,16 @@ class Algorithm(abc.ABC):
         return out
 
     def state_dict(self) -> dict:
-        return {"round": self.round, "optimizer": self.optimizer.state_dict()}
+        state = {"round": self.round, "optimizer": self.optimizer.state_dict()}
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
 
     def close(self) -> None:
         """Stop background threads; called on every rank at the same synchronisation point."""
@@ -159,7 +187,8 @@ class EngineAlgorithm(Algorithm):
         """One round through the engine plus the local update; returns the round's result."""
 
     def step(self) -> StepInfo:
-        if self.comm.world_size == 1:
+        if self.comm.world_size == 1:  # every round is a synchronous one: the outer step comes before the local step
+            self.outer_round(self.round + 1)
             self.optimizer.step()
             self.round += 1
             return StepInfo(round=self.round)

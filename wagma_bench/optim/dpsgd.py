@@ -25,6 +25,7 @@ import torch
 
 from wagma_bench.comm.topology import ring_neighbours
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterSettings
 
 
 class DPSGD(Algorithm):
@@ -32,9 +33,10 @@ class DPSGD(Algorithm):
     paper = "D-PSGD, Lian et al., NeurIPS 2017"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
+    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
-    class Settings:
+    class Settings(OuterSettings):
         name: str = "dpsgd"
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
@@ -48,6 +50,7 @@ class DPSGD(Algorithm):
         comm_s = time.perf_counter() - t0
         self.optimizer.step()  # the gradient was computed on the pre-average model
         self.round += 1
+        self.outer_round(self.round)
         return StepInfo(round=self.round, comm_s=comm_s)
 
     def mix(self) -> None:

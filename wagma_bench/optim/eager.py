@@ -49,12 +49,15 @@ class EagerSGD(EngineAlgorithm):
     paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
+    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
+                     "stay identical and there is no model average to correct")
 
     @dataclass
     class Settings:
         name: str = "eager"
         mode: str = "majority"
         sync_every: int = 10
+        outer: str = "none"  # refused unless none (outer_refusal)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config)
 

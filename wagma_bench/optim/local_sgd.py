@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterSettings
 
 # per-parameter optimizer state that is a running average of gradients (averaged with average_momentum)
 MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
@@ -42,13 +43,20 @@ class LocalSGD(Algorithm):
     paper = "PR-SGD / local SGD, Yu, Yang & Zhu, AAAI 2019"
     default_eval_model = "local"
     models_identical = True  # at every synchronisation point (the only places the trainer evaluates)
+    outer_at = "average"     # right after the global average (optim/outer.py)
 
     @dataclass
-    class Settings:
+    class Settings(OuterSettings):
         name: str = "local_sgd"
         period: int = 4
         warmup_steps: int = 0
         average_momentum: bool = False
+
+        def averaging_period(self) -> int:
+            return self.period
+
+        def default_outer_period(self) -> int:
+            return self.period
 
     @property
     def sync_period(self) -> int:
@@ -74,6 +82,7 @@ class LocalSGD(Algorithm):
             if self.settings.average_momentum:
                 self._average_optimizer_state()
             comm_s += time.perf_counter() - t0
+            self.outer_round(r)
         self.round = r
         return StepInfo(round=r, comm_s=comm_s)
 

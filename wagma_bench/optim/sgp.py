@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from wagma_bench.comm.topology import exponential_in_peer, exponential_peer
+from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterSettings
 
 
 class SGP(Algorithm):
@@ -43,11 +45,19 @@ class SGP(Algorithm):
     paper = "SGP, Assran et al., ICML 2019"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
+    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
-    class Settings:
+    class Settings(OuterSettings):
         name: str = "sgp"
         overlap: bool = False
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.overlap and self.outer != "none":
+                raise ConfigError(f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
+                                  "push-sum mass is in flight at every round, so no round has the models' exact "
+                                  "average; use overlap=false")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)
@@ -74,6 +84,7 @@ class SGP(Algorithm):
         comm_s = self._gossip(t) if self.comm.world_size > 1 else 0.0
         self.flat.div_(self._w)  # de-bias: z = x / w
         self.round += 1
+        self.outer_round(self.round)  # synchronous gossip keeps w = 1: the average of the z is the models'
         return StepInfo(round=self.round, comm_s=comm_s, staleness=int(self.settings.overlap))
 
     def _gossip(self, t: int) -> float:

@@ -52,6 +52,7 @@ from typing import ClassVar
 from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
+from wagma_bench.optim.outer import OuterSettings
 
 
 class WagmaSGD(EngineAlgorithm):
@@ -59,15 +60,23 @@ class WagmaSGD(EngineAlgorithm):
     paper = "WAGMA-SGD, Li et al., TPDS 2020"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
+    outer_at = "average"  # at the synchronous rounds, between the global average and the local step
 
     @dataclass
-    class Settings:
+    class Settings(OuterSettings):
         name: str = "wagma"
         group_size: int | None = None       # power of two; None: sqrt(P) rounded to a power of two
         tau: int = 10                       # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
-        CHOICES: ClassVar[dict[str, tuple]] = {"catch_up": CATCH_UP}  # checked with the config (wagma_bench.config)
+        # checked with the config (wagma_bench.config)
+        CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
+
+        def averaging_period(self) -> int:
+            return self.tau + 1
+
+        def default_outer_period(self) -> int:
+            return self.tau + 1
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket
@@ -88,6 +97,8 @@ class WagmaSGD(EngineAlgorithm):
         # self.data becomes, in place, the group average of the models plus this rank's own updates since
         # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
         res = self.engine.request()
+        if res.round % self.schedule.period == 0:  # a synchronous round: the model is the global average
+            self.outer_round(res.round)   # the outer step's change stays in the model with the local one
         self.optimizer.step()             # apply g(W_old) to the average
         self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
         return res

@@ -44,6 +44,11 @@ What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim
   activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
   does; every ``sync_every``-th round is synchronous.
 
+Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
+every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
+workload's ``memory_GBps``) and, for the bases without a global average of their own (D-PSGD, SGP), the global
+model allreduce the outer layer takes first; the ranks leave that round together.
+
 Time that is neither compute, injected delay nor waiting (the optimizer update, data loading, logging) is
 the workload's ``overhead_s``, charged after the communication of each step (for the wait-avoiding
 engine: between the answer and the post, where the real update happens).
@@ -79,6 +84,7 @@ from wagma_bench.optim.base import Algorithm
 from wagma_bench.optim.dpsgd import DPSGD
 from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
+from wagma_bench.optim.outer import OuterSettings
 from wagma_bench.optim.sgp import SGP
 from wagma_bench.optim.wagma import WagmaSGD
 from wagma_bench.schedules import CONTROL_EVERY, control_period
@@ -103,6 +109,7 @@ class Workload:
     trace: tuple = ()                # trace: per rank, its measured compute times in step order (--calibrate)
     overhead_s: float = 0.0          # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
+    memory_GBps: float = 20.0        # memory bandwidth of a rank's elementwise updates (the outer step's cost)
     source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
 
     @property
@@ -245,14 +252,34 @@ class SimState:
                          float(staleness), extra)
 
 
+# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a) d,
+# x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
+OUTER_PASSES = 14
+
+
+def outer_cost(cfg: SimConfig) -> tuple[int, float]:
+    """(rounds between outer steps, seconds of each) of the configured outer optimizer; (0, 0.0) without one."""
+    settings = cfg.settings
+    if not isinstance(settings, OuterSettings) or settings.outer == "none":
+        return 0, 0.0
+    seconds = OUTER_PASSES * cfg.workload.model_bytes / (cfg.workload.memory_GBps * 1e9)
+    if OPTIMIZERS[cfg.optimizer].outer_at == "exact":  # the outer layer's own global average of the models
+        seconds += cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
+    return settings.effective_outer_period(), seconds
+
+
 def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
     """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
-    are ready to communicate in round ``r`` into the times their step's communication is done."""
+    are ready to communicate in round ``r`` into the times their step's communication is done; an outer
+    optimizer's round adds its cost after the slowest rank's."""
     run = SimState(cfg, sync_period)
+    outer_every, outer_s = outer_cost(cfg)
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
         ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
         done = comm(run, r, ready) if run.P > 1 else ready
+        if outer_every and r % outer_every == 0:
+            done = np.full(run.P, done.max() + outer_s)
         run.wait += done - ready
         start = done + run.overhead
         if run.is_control(r) and run.P > 1:
@@ -476,6 +503,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
         raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
     run = SimState(cfg, sync_every)
     P, inf = run.P, math.inf
+    outer_every, outer_s = outer_cost(cfg)  # WAGMA-SGD: at (a multiple of) the synchronous rounds
     if P == 1:
         return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
     k = np.zeros(P, dtype=int)                 # local step of the pending request
@@ -497,7 +525,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
             t_post = np.maximum(t_post, t_req)
         if r % sync_every == 0:
             start = np.maximum(done, t_req)
-            end = np.full(P, start.max() + world_cost)
+            end = np.full(P, start.max() + world_cost + (outer_s if outer_every and r % outer_every == 0 else 0.0))
             target = np.ones(P, dtype=bool)
         else:
             plan = plan_of(r)
