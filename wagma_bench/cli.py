@@ -120,16 +120,19 @@ def _explicit_run_dir(overrides: list[str]) -> Path | None:
 
 
 def _lock_run_dir(run_dir: Path) -> None:
-    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it."""
-    from wagma_bench.rundir import RunDirLock, RunDirLocked
+    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it, or
+    naming a file of the run that is a symbolic link."""
+    from wagma_bench.events import SymlinkRefused
+    from wagma_bench.rundir import RunDirLock, RunDirLocked, refuse_symlinks
 
     key = run_dir.resolve()
     if key in _LOCKS or os.environ.get(LOCK_HELD_ENV) == str(key):  # ours, or our launching process's
         return
     lock = RunDirLock(key)
     try:
+        refuse_symlinks(key)
         lock.acquire()
-    except RunDirLocked as err:
+    except (RunDirLocked, SymlinkRefused) as err:
         _fail(str(err), 2)
     _LOCKS[key] = lock
 

@@ -197,13 +197,29 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
     if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
         backend = "gloo"
     emulate = cfg.comm.emulate
-    if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
-        return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device, emulate)
+    if world.source == "torchrun":  # torchrun's agent hosts the store: join it, in this attempt's namespace
+        store = torchrun_attempt_store(cfg.launcher.rendezvous_timeout_s)
+        return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,
                           timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
     return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+
+
+def torchrun_attempt_store(timeout_s: float, env=os.environ):
+    """torchrun's store (env://), its keys under this attempt's prefix (``TORCHELASTIC_RESTART_COUNT``).
+
+    The agent's store outlives the workers: after a restart (``--max-restarts``) the new workers would find
+    the previous attempt's keys of the same names, and gloo would connect to the dead workers' addresses
+    (``Gloo connectFullMesh failed ... Connection refused``) whenever it reads a peer's key before that
+    peer has rewritten it. torch's env:// handler adds no prefix of its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:

@@ -26,7 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import EVENTS, SUMMARY, RunEvents, read_jsonl, torn_last_line, write_json_atomic
+from wagma_bench.events import (
+    EVENTS,
+    SUMMARY,
+    RunEvents,
+    open_run_file,
+    read_jsonl,
+    refuse_link,
+    torn_last_line,
+    write_json_atomic,
+)
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -92,7 +101,10 @@ class RunDirLock:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
               "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
         tmp = self.path.with_name(f"{LOCK}.{me['host']}.{me['pid']}")
-        tmp.write_text(json.dumps(me))
+        tmp.unlink(missing_ok=True)  # a leftover of an earlier process with our PID, or a planted link
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
         try:
             for _ in range(3):
                 try:
@@ -141,6 +153,24 @@ class RunDirLock:
             self.held = False
 
 
+# What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
+RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint")
+
+
+def refuse_symlinks(run_dir: Path) -> None:
+    """Raise :class:`SymlinkRefused` naming the first file or folder of the run that is a symbolic link
+    (checked before any rank starts; every writer also opens without following links)."""
+    run_dir = Path(run_dir)
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_symlink():
+            raise refuse_link(path)
+        if name in ("steps", "checkpoint", ".hydra") and path.is_dir():
+            for inner in sorted(path.rglob("*")):  # rglob does not descend into linked folders
+                if inner.is_symlink():
+                    raise refuse_link(inner)
+
+
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
@@ -184,7 +214,7 @@ def record_failure(run_dir: Path, error: str) -> dict:
         last.update(logged)
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
              "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
-    with open(path, "ab") as f:
+    with open_run_file(path, "ab") as f:
         torn = torn_last_line(path)  # rank 0 died in the middle of a line
         f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
         f.flush()

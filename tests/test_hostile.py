@@ -1,0 +1,151 @@
+"""Hostile and careless input, round two (issue 23, points 1-5 and 12): links planted in a run directory,
+two runs on one port, Ctrl-C, torchrun restarts, a killed MPI rank, the teardown after the last collective.
+Each through the real CLI with real ranks where a process is involved."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wagma_bench.events import read_jsonl
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+
+
+def run(args, timeout=300, **kw):
+    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, **kw)
+
+
+def keys(run_dir: Path) -> list[str]:
+    return [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+# --- point 1: a run never writes through a symbolic link --------------------------------------------------
+
+# the user's own file; it reads as a started run, so that the launcher's record of a failure appends to it
+VICTIM = json.dumps({"key": "run_start", "value": None, "time_ms": 0, "metadata": {}}) + "\n"
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text(VICTIM)
+    return victim
+
+
+def test_planted_events_symlink_is_refused_naming_it_and_its_target_is_unchanged(tmp_path):
+    victim = _victim(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").symlink_to(victim)
+    out = run(QUICK + [f"hydra.run.dir={run_dir}"], timeout=120)
+    assert victim.read_text() == VICTIM
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{run_dir.resolve() / 'events.jsonl'} is a symbolic link (to {victim})" in out.stderr, out.stderr[-2000:]
+    assert not (run_dir / "steps").exists()  # refused before any rank started
+
+
+def test_planted_temp_file_symlink_does_not_redirect_the_summary(tmp_path):
+    """The temporary name of an atomic write was guessable (``.summary.json.tmp<PID>``): a link planted there
+    received the summary, and the rename made ``summary.json`` itself that link."""
+    from wagma_bench.events import write_json_atomic
+
+    victim = _victim(tmp_path)
+    (tmp_path / f".summary.json.tmp{os.getpid()}").symlink_to(victim)
+    write_json_atomic(tmp_path / "summary.json", {"status": "completed"})
+    assert victim.read_text() == VICTIM
+    assert not (tmp_path / "summary.json").is_symlink()
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "completed"}
+
+
+def _event_log(run_dir: Path):
+    from wagma_bench.events import EventLog
+
+    EventLog(run_dir, enabled=True).close()
+
+
+def _event_log_resumed(run_dir: Path):
+    from wagma_bench.events import EventLog
+
+    EventLog(run_dir, enabled=True, resume_step=4).close()
+
+
+def _step_log(run_dir: Path):
+    from wagma_bench.events import StepLog
+
+    StepLog(run_dir, rank=0).close()
+
+
+def _launcher_record(run_dir: Path):
+    from wagma_bench.rundir import record_failure
+
+    record_failure(run_dir, "rank 1 was killed")
+
+
+def _mllog(run_dir: Path):
+    from wagma_bench.mlperf import write_mllog
+
+    write_mllog(run_dir)
+
+
+def _lock(run_dir: Path):
+    from wagma_bench.rundir import RunDirLock
+
+    RunDirLock(run_dir).acquire()
+
+
+# (what writes, the name planted as a link, the files the run holds already)
+WRITERS = [
+    (_event_log, "events.jsonl"),
+    (_event_log_resumed, "events.jsonl"),
+    (_step_log, "steps/rank0.jsonl"),
+    (_step_log, "steps"),
+    (_launcher_record, "events.jsonl"),
+]
+
+
+@pytest.mark.parametrize("write,name", WRITERS, ids=[f"{w.__name__}-{n}" for w, n in WRITERS])
+def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write, name):
+    from wagma_bench.events import SymlinkRefused
+
+    run_dir = tmp_path / "run"
+    (run_dir / "steps").mkdir(parents=True)
+    victim = _victim(tmp_path)
+    link = run_dir / name
+    if link.is_dir():
+        link.rmdir()
+        victim = tmp_path / "victim_dir"
+        victim.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(SymlinkRefused, match=f"{link} is a symbolic link"):
+        write(run_dir)
+    assert victim.is_dir() and not any(victim.iterdir()) if victim.is_dir() else victim.read_text() == VICTIM
+
+
+@pytest.fixture(scope="module")
+def completed_run(tmp_path_factory) -> Path:
+    """A finished 2-rank run (copied by each test that changes it)."""
+    run_dir = tmp_path_factory.mktemp("completed") / "run"
+    out = run(QUICK + [f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("write,name", [(_mllog, f".mllog.txt.tmp{os.getpid()}"),
+                                        (_lock, f".lock.{os.uname().nodename}.{os.getpid()}")])
+def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, completed_run, write, name):
+    victim = _victim(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes((completed_run / "events.jsonl").read_bytes())
+    (run_dir / name).symlink_to(victim)
+    write(run_dir)
+    assert victim.read_text() == VICTIM
