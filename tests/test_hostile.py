@@ -217,3 +217,53 @@ def test_torchrun_restart_after_a_killed_worker_resumes(tmp_path):
 def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_path):
     for attempt in range(10):
         torchrun_kill_and_restart(tmp_path / str(attempt))
+
+
+# --- point 2: every world a rank joins is its own run's ---------------------------------------------------
+
+def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_completes(tmp_path):
+    from wagma_bench.launch import free_port
+
+    port = free_port()
+    holder_dir, second_dir = tmp_path / "holder", tmp_path / "second"
+    holder = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=60", "eval.every_steps=1000",
+                               "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={holder_dir}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "run_start" not in keys(holder_dir):
+            assert holder.poll() is None, holder.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the holder did not start"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        second = run(QUICK + [f"launcher.master_port={port}", f"hydra.run.dir={second_dir}"], timeout=120)
+        took = time.monotonic() - t0
+        _, err = holder.communicate(timeout=300)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.communicate()
+    assert holder.returncode == 0, err[-3000:]  # the innocent run is untouched
+    assert json.loads((holder_dir / "summary.json").read_text())["status"] == "completed"
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert f"launcher.master_port={port} is in use" in second.stderr
+    assert str(holder_dir) in second.stderr, second.stderr[-3000:]  # names the run that holds it
+    assert took < 15, f"{took:.1f} s"
+    assert not (second_dir / "steps").exists()
+
+
+def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_and_the_run(tmp_path):
+    """The race the port check cannot close (the port taken between the check and rank 0's bind, or a SLURM
+    port derived from the job id): a rank of run B that reaches run A's store fails before it writes a key
+    there; A's store serves A on."""
+    from wagma_bench.launch import ForeignStore, free_port, join_store
+
+    port = free_port()
+    theirs = join_store(("127.0.0.1", port), 0, 30, "/runs/a [1234]")
+    t0 = time.monotonic()
+    with pytest.raises(ForeignStore, match=rf"store at 127.0.0.1:{port} belongs to another run \(/runs/a \[1234\]\)"):
+        join_store(("127.0.0.1", port), 1, 30, "/runs/b [5678]")
+    assert time.monotonic() - t0 < 5
+    assert theirs.num_keys() == 1  # nothing of B's in A's store
+    ours = join_store(("127.0.0.1", port), 1, 30, "/runs/a [1234]")  # A's own ranks still join
+    assert ours.get("wagma_bench/run") == b"/runs/a [1234]"

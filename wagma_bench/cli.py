@@ -212,6 +212,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
         spawn_local(raw, run_dir, plan.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
+    except ConfigError as err:  # a fixed port in use: before any rank started
+        _fail(str(err), 2)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job

@@ -176,7 +176,7 @@ def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePla
                                            "(NCCL needs a GPU of its own for every rank)")
 
 
-def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
+def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_dir: str = ""):
     """Create this rank's communicator (the one backend every algorithm uses)."""
     plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
     use_cuda = plan.cuda
@@ -187,10 +187,6 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
         from wagma_bench.comm.mpi import MpiComm
 
         return MpiComm.init(timeout_s=cfg.comm.timeout_s, device=device)
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     from wagma_bench.comm.torch_dist import TorchComm
 
     backend = plan.backend
@@ -202,9 +198,83 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
         return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,
-                          timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
+    store = join_store(master, world.rank, cfg.launcher.rendezvous_timeout_s, run_identity(run_dir))
     return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+
+
+RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by rank 0, checked by every other rank
+RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
+
+
+def run_identity(run_dir: str, env=os.environ) -> str:
+    """Who this run is, the same on each of its ranks: its run directory, and the local launcher's nonce or the
+    cluster launcher's run id (two sruns of one job into one directory differ by their step)."""
+    tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or ""
+    return f"{run_dir} [{tag}]" if tag else str(run_dir)
+
+
+class ForeignStore(RuntimeError):
+    """The rendezvous store at the run's address serves another run."""
+
+
+def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str):
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it).
+
+    A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
+    another run holds) fails here, before any key of that run's world is touched, naming the port and the
+    run it found: joining would break both worlds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
+        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
+        store.set(RUN_KEY, identity)
+        return store
+    store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
+    try:
+        store.wait([RUN_KEY])
+    except RuntimeError as err:  # DistStoreError (a timeout) is a RuntimeError
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
+                           f"(launcher.rendezvous_timeout_s): another program's store? ({err})") from None
+    theirs = store.get(RUN_KEY).decode(errors="replace")
+    if theirs != identity:
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
+                           f"this run ({identity}) does not join it: choose another launcher.master_port, or "
+                           "leave it null for a free one")
+    return store
+
+
+def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
+    """The run whose rendezvous store listens at ``addr:port`` (None: no store of a run answers there)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store.wait([RUN_KEY])
+        return store.get(RUN_KEY).decode(errors="replace")
+    except (RuntimeError, ValueError):
+        return None
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Refuse a fixed ``launcher.master_port`` that something already listens on, before any rank starts,
+    naming the run that holds it where it is one of ours. SO_REUSEADDR as the store's own server: a port whose
+    earlier connections linger in TIME_WAIT is free."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+            return
+        except OSError as err:
+            reason = err.strerror
+    holder = store_holder(addr, port)
+    by = f"the rendezvous store of run {holder}" if holder else f"another program ({reason})"
+    raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
+                      "launcher.master_port=null for a free one")
 
 
 def torchrun_attempt_store(timeout_s: float, env=os.environ):
@@ -228,7 +298,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
 
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
-    comm = make_comm(cfg, world, master)
+    comm = make_comm(cfg, world, master, run_dir)
     try:
         return train(cfg, comm, Path(run_dir))
     except BaseException as err:
@@ -285,13 +355,18 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
 
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> None:
     """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
-    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it."""
+    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
+    :class:`ConfigError` before any rank starts."""
+    import secrets
     import shutil
     import tempfile
 
     import torch.multiprocessing as mp
 
+    if port:
+        check_port_free(addr, port)
     master = (addr, port or free_port(addr))
+    os.environ[RUN_NONCE_ENV] = secrets.token_hex(8)  # inherited by the spawned ranks
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     try:
         ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
