@@ -267,3 +267,141 @@ def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_an
     assert theirs.num_keys() == 1  # nothing of B's in A's store
     ours = join_store(("127.0.0.1", port), 1, 30, "/runs/a [1234]")  # A's own ranks still join
     assert ours.get("wagma_bench/run") == b"/runs/a [1234]"
+
+
+# --- point 3: Ctrl-C is a preemption ------------------------------------------------------------------------
+
+def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
+    deadline = time.monotonic() + 120
+    while True:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(launcher.pid)], capture_output=True, text=True,
+                             check=False).stdout
+        ranks = [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        if len(ranks) == nproc:
+            return ranks
+        assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _started(run_dir: Path, launcher: subprocess.Popen) -> None:
+    """Until both ranks have logged steps (their signal handlers are installed)."""
+    deadline = time.monotonic() + 240
+    logs = [run_dir / "steps" / f"rank{r}.jsonl" for r in (0, 1)]
+    while not all(p.exists() and p.stat().st_size for p in logs):
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)
+
+
+def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses: int = 1):
+    """Ctrl-C a running 2-rank run: SIGINT to the launcher alone, or to its whole process group (a terminal's
+    Ctrl-C); returns (launcher, its stderr, seconds from the first press until every rank has ended)."""
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+                                 "logger.progress=off", *extra, f"hydra.run.dir={run_dir}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _started(run_dir, launcher)
+        ranks = _ranks_of(launcher)
+        t0 = time.monotonic()
+        for press in range(presses):
+            if press:
+                time.sleep(0.3)
+            os.killpg(launcher.pid, signal.SIGINT) if to_group else os.kill(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+        while any(_alive(p) for p in ranks):
+            assert time.monotonic() - t0 < 60, "ranks outlive their launcher"
+            time.sleep(0.1)
+        return launcher, err, time.monotonic() - t0
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["launcher", "process_group"])
+def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp_path, to_group):
+    launcher, err, took = _ctrl_c(tmp_path, to_group)
+    assert launcher.returncode == 130, err[-3000:]
+    assert took < 15, f"{took:.1f} s"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert events[-1]["key"] == "run_suspend" and events[-1]["metadata"]["status"] == "interrupted"
+    assert "run_stop" not in keys(tmp_path)
+    at = events[-1]["metadata"]["step"]
+    assert [e["metadata"]["step"] for e in events if e["key"] == "checkpoint"][-1] == at
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    assert f"interrupted at step {at}, checkpoint saved" in err
+    if to_group:
+        return  # the rerun is the same for both
+    again = run(QUICK[:1] + ["eval.every_steps=100000", "logger.progress=off", f"train.max_steps={at + 4}",
+                             f"hydra.run.dir={tmp_path}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    k = keys(tmp_path)
+    assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == at + 4
+
+
+def test_second_ctrl_c_stops_at_once_and_the_stop_is_recorded(tmp_path):
+    """Rank 0 is 50x slower than its compute (the next synchronisation point is seconds away): the second
+    Ctrl-C stops the ranks there and then, and the run's end is still recorded."""
+    launcher, err, took = _ctrl_c(tmp_path, True, ("imbalance=fixed", "imbalance.factor=50"), presses=2)
+    assert launcher.returncode == 130, err[-3000:]
+    assert took < 15, f"{took:.1f} s"
+    assert "Traceback" not in err, err[-3000:]
+    assert "stopped at once by a second Ctrl-C" in err
+    stop = read_jsonl(tmp_path / "events.jsonl")[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "interrupted", stop
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] > 0
+
+
+# --- point 5: comm=mpi, a killed rank is named and recorded as comm=torch records it ---------------------
+
+def _mpi_rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The PID of an MPI rank of this run (the mpich wheel's hydra sets PMI_RANK)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if str(run_dir) not in proc.joinpath("cmdline").read_text() or not proc.name.isdigit():
+                continue
+            env = proc.joinpath("environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_path):
+    launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", *QUICK[:1], "train.max_steps=100000",
+                                 "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _started(tmp_path, launcher)
+        pid = _mpi_rank_pid(tmp_path, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 1, err[-3000:]
+    assert took < 15, f"{took:.1f} s"
+    assert "rank 1 was killed by signal SIGKILL" in err, (out + err)[-3000:]
+    stop = read_jsonl(tmp_path / "events.jsonl")[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "failed"
+    assert "rank 1 was killed by signal SIGKILL" in stop["metadata"]["error"]
+    logged = read_jsonl(tmp_path / "steps" / "rank0.jsonl")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank 1 was killed by signal SIGKILL" in summary["error"]
+    assert summary["steps"] == logged[-1]["round"] > 0
+    assert summary["samples"] >= sum(s["samples"] for s in logged) > 0

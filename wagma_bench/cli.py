@@ -172,13 +172,11 @@ def _run_job(cfg) -> dict | None:
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
     import torch
-    from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.checkpoint import CheckpointError, check_against_run
     from wagma_bench.config import ConfigError, check_world
-    from wagma_bench.launch import device_plan, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import device_plan, run_rank, slurm_master
     from wagma_bench.rundir import finished_summary
-    from wagma_bench.supervise import RunFailed, record_failed_run
 
     raw = run_cfg.raw
     plan = None
@@ -208,26 +206,53 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         return run_rank(raw, str(run_dir), world, master)
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
+    return _run_local(run_cfg, run_dir, plan)
+
+
+def _run_local(run_cfg, run_dir: Path, plan) -> None:
+    """Spawn the local ranks and report how the run ended: its summary; a failure (exit 1, recorded); a
+    Ctrl-C (exit 130: the first stops the ranks at a checkpoint, the second at once, recorded)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from wagma_bench.config import ConfigError
+    from wagma_bench.launch import spawn_local
+    from wagma_bench.supervise import RunFailed, RunInterrupted, record_failed_run
+
     note = f" ({plan.note})" if plan.note else ""
     print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
-        spawn_local(raw, run_dir, plan.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
+        interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
+                                  run_cfg.launcher.master_port)
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), 2)
+    except RunInterrupted as err:
+        print(f"wagma-bench: {record_failed_run(run_dir, str(err), 'interrupted')}; run the same command again "
+              f"to resume from the last checkpoint in {run_dir}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
-            return None
+            return
         _fail(message, 1)
     summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    if interrupted and summary.get("status") == "interrupted":
+        print(f"wagma-bench: interrupted at step {summary.get('steps')}, checkpoint saved; run the same command "
+              f"again to resume from {run_dir}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
     print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
-    return None
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C ended
 
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
     import subprocess
+    import tempfile
+
+    from wagma_bench.launch import RANK_DIR_ENV
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
@@ -239,14 +264,25 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={run_dir}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
-    if rc != 0:
-        from wagma_bench.rundir import finalize
+    with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
+        rc, tail = _tee(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace",
+                                         env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}))
+        if rc != 0:  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
+            from wagma_bench.supervise import mpiexec_failure, record_failed_run
 
-        finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
-        _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)
+            _fail(f"{record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks)))}. Run directory: {run_dir}", 1)
     summary_path = run_dir / "summary.json"
     print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
+
+
+def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
+    """Pass a child's output through, line by line; its exit code and its last ``keep`` lines."""
+    tail: list[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail = (tail + [line])[-keep:]
+    return proc.wait(), tail
 
 
 if __name__ == "__main__":

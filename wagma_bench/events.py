@@ -210,7 +210,9 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
     samples = last.get("samples", 0)
-    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None, "run_suspend": "preempted"}
+    suspends = [e for e in events if e["key"] == "run_suspend"]  # preempted, or interrupted (Ctrl-C)
+    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None,
+              "run_suspend": suspends[-1]["metadata"].get("status", "preempted") if suspends else None}
     final_status = status or by_end.get(ended) or "incomplete"
     return {
         "workload": meta.get("workload"),

@@ -21,7 +21,7 @@ import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.rundir import finalize
-from wagma_bench.supervise import report_error, start_heartbeat, supervise
+from wagma_bench.supervise import CtrlC, ranks_ignore_ctrl_c, report_error, start_heartbeat, supervise
 
 
 @dataclass
@@ -202,6 +202,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
     return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
 
 
+RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
 RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by rank 0, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
 
@@ -298,10 +299,15 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
 
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
+    ranks_dir = os.environ.get(RANK_DIR_ENV)
+    if ranks_dir:  # for the launcher's message when this rank ends the job
+        (Path(ranks_dir) / f"rank{world.rank}.pid").write_text(str(os.getpid()))
     comm = make_comm(cfg, world, master, run_dir)
     try:
         return train(cfg, comm, Path(run_dir))
     except BaseException as err:
+        if ranks_dir:
+            report_error(ranks_dir, world.rank, err)
         if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
             traceback.print_exc()
             if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
@@ -346,17 +352,19 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
-        sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
+        if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
+            sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
+            sys.stderr.flush()
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
-        os._exit(1)  # do not wait for communication threads blocked on dead peers
+        os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
 
 
-def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> None:
+def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> bool:
     """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
     (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
-    :class:`ConfigError` before any rank starts."""
+    :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
+    then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
     import secrets
     import shutil
     import tempfile
@@ -368,10 +376,16 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
     master = (addr, port or free_port(addr))
     os.environ[RUN_NONCE_ENV] = secrets.token_hex(8)  # inherited by the spawned ranks
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
+    ctrl_c = None
     try:
-        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
-                                                      str(heartbeats)),
-                                 nprocs=nproc, join=False, start_method="spawn")
-        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]))
+        with ranks_ignore_ctrl_c():
+            ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                                          str(heartbeats)),
+                                     nprocs=nproc, join=False, start_method="spawn")
+        ctrl_c = CtrlC(ctx.processes)
+        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
     finally:
+        if ctrl_c is not None:
+            ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
+    return ctrl_c.count > 0

@@ -197,15 +197,15 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None,
     return summary
 
 
-def record_failure(run_dir: Path, error: str) -> dict:
-    """The launcher's record of a failed run: the ``run_stop`` rank 0 could not write (it was killed, or
-    ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
-    gives the launcher's view first, then rank 0's."""
+def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
+    """The launcher's record of a failed run (``status``: ``failed``, or ``interrupted`` by a second Ctrl-C):
+    the ``run_stop`` rank 0 could not write (it was killed, or ended before it could), then ``summary.json``.
+    Where rank 0 wrote its own stop, the summary's error gives the launcher's view first, then rank 0's."""
     path = run_dir / EVENTS
     record = RunEvents.read(run_dir)
     events, lifecycle = record.events, record.lifecycle
     if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
-        return finalize(run_dir, status="failed", error=error)
+        return finalize(run_dir, status=status, error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
     last = {k: v for k, v in (progress[-1] if progress else {}).items()
             if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
@@ -213,13 +213,13 @@ def record_failure(run_dir: Path, error: str) -> dict:
     if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
         last.update(logged)
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
-             "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
+             "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"}}
     with open_run_file(path, "ab") as f:
         torn = torn_last_line(path)  # rank 0 died in the middle of a line
         f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
-    return finalize(run_dir, status="failed")
+    return finalize(run_dir, status=status)
 
 
 def _progress_in_step_logs(run_dir: Path) -> dict:
