@@ -405,3 +405,36 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     assert summary["status"] == "failed" and "rank 1 was killed by signal SIGKILL" in summary["error"]
     assert summary["steps"] == logged[-1]["round"] > 0
     assert summary["samples"] >= sum(s["samples"] for s in logged) > 0
+
+
+# --- point 12: a completed run ends completed (the teardown after the last collective) -------------------
+
+@pytest.fixture
+def busy_loop():
+    """One niced busy process beside the run, as another job on the node: the ranks' teardowns interleave."""
+    proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+    yield
+    proc.kill()
+    proc.wait()
+
+
+def short_runs_end_completed(tmp_path: Path, runs: int) -> None:
+    """``runs`` short runs, alternating 4 ranks of WAGMA-SGD (progress threads, forked planes) and 2 of
+    eager-SGD, each until its last collective and teardown: every one must end completed, exit 0."""
+    for i in range(runs):
+        nproc, optimizer = ((4, "wagma"), (2, "eager"))[i % 2]
+        run_dir = tmp_path / str(i)
+        out = run([f"launcher.nproc={nproc}", f"optimizer={optimizer}", "train.max_steps=2", "eval.every_steps=2",
+                   "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={run_dir}"])
+        assert out.returncode == 0, f"run {i}: {out.stderr[-3000:]}"
+        assert "SIGABRT" not in out.stderr
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_completed_run_ends_completed_under_a_busy_loop(tmp_path, busy_loop):
+    short_runs_end_completed(tmp_path, 1)
+
+
+@pytest.mark.long
+def test_forty_short_runs_end_completed_under_a_busy_loop(tmp_path, busy_loop):
+    short_runs_end_completed(tmp_path, 40)

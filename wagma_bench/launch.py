@@ -351,6 +351,7 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
         start_heartbeat(heartbeat_dir, index)
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
+        _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
         if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
             sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
@@ -358,6 +359,18 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
         os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
+
+
+def _exit_now(code: int) -> None:
+    """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
+    close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> bool:

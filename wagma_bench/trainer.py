@@ -359,6 +359,10 @@ class Trainer:
                         self.requeue = flags.requeue and not flags.interrupted
             counts = self.final_counts()
             self.algo.close()
+            # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
+            # on any group) before any rank tears its groups down; a rank that left first would fail a late
+            # peer's last collective, or be torn down under it.
+            self.comm.barrier()
         except BaseException as err:  # a second Ctrl-C ends the run as interrupted, anything else as failed
             self.finalize("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
                           self.counts_at_failure(), error=err)
