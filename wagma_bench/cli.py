@@ -235,6 +235,11 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return
         _fail(message, 1)
+    _report_end(run_dir, interrupted)
+
+
+def _report_end(run_dir: Path, interrupted: bool = True) -> None:
+    """The summary of a run whose ranks ended cleanly; a run they stopped after a Ctrl-C: one line, exit 130."""
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
     if interrupted and summary.get("status") == "interrupted":
@@ -249,6 +254,7 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C e
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
+    import signal
     import subprocess
     import tempfile
 
@@ -264,15 +270,23 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={run_dir}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
+    # Ctrl-C reaches mpiexec (the terminal's process group), which passes it to the ranks; this process
+    # waits for them (it never exits while they run) and reports an interrupted run as the local launcher does
+    # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        rc, tail = _tee(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace",
-                                         env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}))
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            rc, tail = _tee(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if rc != 0:  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
             from wagma_bench.supervise import mpiexec_failure, record_failed_run
 
-            _fail(f"{record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks)))}. Run directory: {run_dir}", 1)
-    summary_path = run_dir / "summary.json"
-    print(f"wagma-bench: summary {summary_path}\n{summary_path.read_text()}", flush=True)
+            error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks)))
+            _fail(f"{error}. Run directory: {run_dir}", 1)
+    _report_end(run_dir)
 
 
 def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
