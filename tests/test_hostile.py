@@ -130,25 +130,18 @@ def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write,
     assert victim.is_dir() and not any(victim.iterdir()) if victim.is_dir() else victim.read_text() == VICTIM
 
 
-@pytest.fixture(scope="module")
-def completed_run(tmp_path_factory) -> Path:
-    """A finished 2-rank run (copied by each test that changes it)."""
-    run_dir = tmp_path_factory.mktemp("completed") / "run"
-    out = run(QUICK + [f"hydra.run.dir={run_dir}"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir
-
-
 @pytest.mark.parametrize("write,name", [(_mllog, f".mllog.txt.tmp{os.getpid()}"),
                                         (_lock, f".lock.{os.uname().nodename}.{os.getpid()}")])
-def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, completed_run, write, name):
+def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, write, name):
+    from tests.test_mllog import evaluation, event, start_event, write_events
+
     victim = _victim(tmp_path)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "events.jsonl").write_bytes((completed_run / "events.jsonl").read_bytes())
+    run_dir = write_events(tmp_path / "run", [start_event(), evaluation(2000, 10, 0.95),
+                                              event("run_stop", 2100, step=10, status="completed")])
     (run_dir / name).symlink_to(victim)
     write(run_dir)
     assert victim.read_text() == VICTIM
+    assert not (run_dir / "mllog.txt").is_symlink()
 
 
 # --- point 4: a torchrun restart resumes, every time ------------------------------------------------------
