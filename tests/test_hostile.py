@@ -252,14 +252,24 @@ def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_an
     from wagma_bench.launch import ForeignStore, free_port, join_store
 
     port = free_port()
-    theirs = join_store(("127.0.0.1", port), 0, 30, "/runs/a [1234]")
+    theirs = join_store(("127.0.0.1", port), 0, 30, "1234 /runs/a")
     t0 = time.monotonic()
-    with pytest.raises(ForeignStore, match=rf"store at 127.0.0.1:{port} belongs to another run \(/runs/a \[1234\]\)"):
-        join_store(("127.0.0.1", port), 1, 30, "/runs/b [5678]")
+    with pytest.raises(ForeignStore, match=rf"store at 127.0.0.1:{port} belongs to another run \(1234 /runs/a\)"):
+        join_store(("127.0.0.1", port), 1, 30, "5678 /runs/b")
     assert time.monotonic() - t0 < 5
     assert theirs.num_keys() == 1  # nothing of B's in A's store
-    ours = join_store(("127.0.0.1", port), 1, 30, "/runs/a [1234]")  # A's own ranks still join
-    assert ours.get("wagma_bench/run") == b"/runs/a [1234]"
+    ours = join_store(("127.0.0.1", port), 1, 30, "1234 /mnt/runs/a")  # A's own ranks join (the same id)
+    assert ours.get("wagma_bench/run") == b"1234 /runs/a"
+
+
+def test_run_identity_is_the_launchers_id_else_the_directory():
+    from wagma_bench.launch import _same_run, run_identity
+
+    assert run_identity("/r", {"WAGMA_BENCH_RUN_NONCE": "ab12"}) == "ab12 /r"
+    assert run_identity("/r", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1"}) == "slurm-7.1 /r"
+    assert run_identity("/r", {}) == "- /r"  # mpiexec: no id
+    assert _same_run("slurm-7.1 /a", "slurm-7.1 /b") and not _same_run("slurm-7.1 /a", "slurm-7.2 /a")
+    assert _same_run("- /a", "- /a") and not _same_run("- /a", "- /b")
 
 
 # --- point 3: Ctrl-C is a preemption ------------------------------------------------------------------------

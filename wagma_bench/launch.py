@@ -208,10 +208,17 @@ RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ra
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
-    """Who this run is, the same on each of its ranks: its run directory, and the local launcher's nonce or the
-    cluster launcher's run id (two sruns of one job into one directory differ by their step)."""
-    tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or ""
-    return f"{run_dir} [{tag}]" if tag else str(run_dir)
+    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's run
+    id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
+    (mpiexec) the directory alone identifies it."""
+    tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or "-"
+    return f"{tag} {run_dir}"
+
+
+def _same_run(theirs: str, mine: str) -> bool:
+    # by the id where there is one (a node may see the run directory under another path), else by directory
+    tag, mine_tag = theirs.split(" ", 1)[0], mine.split(" ", 1)[0]
+    return tag == mine_tag if mine_tag != "-" else theirs == mine
 
 
 class ForeignStore(RuntimeError):
@@ -240,7 +247,7 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
         raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
                            f"(launcher.rendezvous_timeout_s): another program's store? ({err})") from None
     theirs = store.get(RUN_KEY).decode(errors="replace")
-    if theirs != identity:
+    if not _same_run(theirs, identity):
         raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
                            f"this run ({identity}) does not join it: choose another launcher.master_port, or "
                            "leave it null for a free one")
