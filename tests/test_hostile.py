@@ -214,6 +214,24 @@ def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_p
 
 # --- point 2: every world a rank joins is its own run's ---------------------------------------------------
 
+def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts(tmp_path):
+    """The quick form of the next test: the port is held by a rendezvous store of another run (as its rank 0
+    hosts it); the run is refused within seconds naming the port and that run, whose store is untouched."""
+    from wagma_bench.launch import free_port, join_store
+
+    port = free_port()
+    holder = join_store(("127.0.0.1", port), 0, 30, f"c0ffee {tmp_path / 'holder'}")
+    t0 = time.monotonic()
+    out = run(QUICK + [f"launcher.master_port={port}", f"hydra.run.dir={tmp_path / 'second'}"], timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert time.monotonic() - t0 < 15
+    assert f"launcher.master_port={port} is in use on 127.0.0.1 by the rendezvous store of run c0ffee " \
+           f"{tmp_path / 'holder'}" in out.stderr, out.stderr[-3000:]
+    assert not (tmp_path / "second" / "steps").exists()
+    assert holder.num_keys() == 1
+
+
+@pytest.mark.long
 def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_completes(tmp_path):
     from wagma_bench.launch import free_port
 
@@ -329,7 +347,9 @@ def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses:
             launcher.communicate()
 
 
-@pytest.mark.parametrize("to_group", [False, True], ids=["launcher", "process_group"])
+# to the launcher in make test; to the process group (and the rerun) in make test-long
+@pytest.mark.parametrize("to_group", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["launcher", "process_group"])
 def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp_path, to_group):
     launcher, err, took = _ctrl_c(tmp_path, to_group)
     assert launcher.returncode == 130, err[-3000:]
@@ -342,8 +362,8 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     assert [e["metadata"]["step"] for e in events if e["key"] == "checkpoint"][-1] == at
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
     assert f"interrupted at step {at}, checkpoint saved" in err
-    if to_group:
-        return  # the rerun is the same for both
+    if not to_group:
+        return  # the rerun is the same for both (the resume of a suspended run: tests/test_faults.py too)
     again = run(QUICK[:1] + ["eval.every_steps=100000", "logger.progress=off", f"train.max_steps={at + 4}",
                              f"hydra.run.dir={tmp_path}"])
     assert again.returncode == 0, again.stderr[-3000:]
@@ -352,6 +372,7 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == at + 4
 
 
+@pytest.mark.long
 def test_second_ctrl_c_stops_at_once_and_the_stop_is_recorded(tmp_path):
     """Rank 0 is 50x slower than its compute (the first synchronisation point is seconds away): the second
     Ctrl-C stops the ranks there and then, and the run's end is still recorded."""
@@ -382,6 +403,7 @@ def _mpi_rank_pid(run_dir: Path, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.long
 def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_path):
     launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", *QUICK[:1], "train.max_steps=100000",
                                  "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
@@ -423,10 +445,10 @@ def busy_loop():
 
 
 def short_runs_end_completed(tmp_path: Path, runs: int) -> None:
-    """``runs`` short runs, alternating 4 ranks of WAGMA-SGD (progress threads, forked planes) and 2 of
+    """``runs`` short runs, alternating 2 ranks of WAGMA-SGD (progress threads, forked planes) and 4 of
     eager-SGD, each until its last collective and teardown: every one must end completed, exit 0."""
     for i in range(runs):
-        nproc, optimizer = ((4, "wagma"), (2, "eager"))[i % 2]
+        nproc, optimizer = ((2, "wagma"), (4, "eager"))[i % 2]
         run_dir = tmp_path / str(i)
         out = run([f"launcher.nproc={nproc}", f"optimizer={optimizer}", "train.max_steps=2", "eval.every_steps=2",
                    "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={run_dir}"])
