@@ -217,10 +217,15 @@ def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_p
 def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts(tmp_path):
     """The quick form of the next test: the port is held by a rendezvous store of another run (as its rank 0
     hosts it); the run is refused within seconds naming the port and that run, whose store is untouched."""
-    from wagma_bench.launch import free_port, join_store
+    from datetime import timedelta
 
-    port = free_port()
-    holder = join_store(("127.0.0.1", port), 0, 30, f"c0ffee {tmp_path / 'holder'}")
+    import torch.distributed as dist
+
+    from wagma_bench.launch import free_port
+
+    port = free_port()  # the other run's rank 0 hosts its store there and names the run in it
+    holder = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    holder.set("wagma_bench/run", f"c0ffee {tmp_path / 'holder'}")
     t0 = time.monotonic()
     out = run(QUICK + [f"launcher.master_port={port}", f"hydra.run.dir={tmp_path / 'second'}"], timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
