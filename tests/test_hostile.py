@@ -102,7 +102,7 @@ def _lock(run_dir: Path):
     RunDirLock(run_dir).acquire()
 
 
-# (what writes, the name planted as a link, the files the run holds already)
+# (what writes, the name in the run directory planted as a link)
 WRITERS = [
     (_event_log, "events.jsonl"),
     (_event_log_resumed, "events.jsonl"),
@@ -127,7 +127,10 @@ def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write,
     link.symlink_to(victim)
     with pytest.raises(SymlinkRefused, match=f"{link} is a symbolic link"):
         write(run_dir)
-    assert victim.is_dir() and not any(victim.iterdir()) if victim.is_dir() else victim.read_text() == VICTIM
+    if victim.is_dir():
+        assert not any(victim.iterdir())
+    else:
+        assert victim.read_text() == VICTIM
 
 
 @pytest.mark.parametrize("write,name", [(_mllog, f".mllog.txt.tmp{os.getpid()}"),
