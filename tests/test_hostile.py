@@ -212,6 +212,7 @@ def test_torchrun_restart_after_a_killed_worker_resumes(tmp_path):
 @pytest.mark.long
 def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_path):
     for attempt in range(10):
+        (tmp_path / str(attempt)).mkdir()
         torchrun_kill_and_restart(tmp_path / str(attempt))
 
 
