@@ -57,11 +57,12 @@ def test_the_training_loop_reads_in_one_screen():
 def test_control_flags_sum_across_ranks_to_any_flag_and_the_total_samples():
     ranks = [ControlFlags(samples=96, checkpoint_due=True, over_time=False),
              ControlFlags(diverged=True, samples=64),
-             ControlFlags(preempted=True, requeue=True, samples=32)]
+             ControlFlags(preempted=True, requeue=True, samples=32, interrupted=True)]
     summed = torch.stack([f.to_tensor(torch.device("cpu")) for f in ranks]).sum(0)  # what allreduce(sum) does
-    assert summed.dtype == torch.float64 and summed.shape == (6,)
+    assert summed.dtype == torch.float64 and summed.shape == (7,)
     assert ControlFlags.from_tensor(summed) == ControlFlags(diverged=True, preempted=True, samples=192,
-                                                            checkpoint_due=True, over_time=False, requeue=True)
+                                                            checkpoint_due=True, over_time=False, requeue=True,
+                                                            interrupted=True)
     assert ControlFlags.from_tensor(ControlFlags().to_tensor(torch.device("cpu"))) == ControlFlags()
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import EVENTS, RunEvents, atomic_write, write_json_atomic
+from wagma_bench.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
 from wagma_bench.rundir import identity, identity_hash
 
 LATEST = "latest"
@@ -206,8 +206,7 @@ class Checkpointer:
     def save(self, model, algo, state: dict, clock) -> None:
         """Write this rank's file; rank 0 then writes the manifest and moves ``latest`` (collective)."""
         comm = algo.comm
-        folder = self.dir / _set_name(algo.round)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
         buf = io.BytesIO()
         torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
                     "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}, buf)

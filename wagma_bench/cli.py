@@ -129,16 +129,19 @@ LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under 
 
 
 def _lock_run_dir(run_dir: Path) -> None:
-    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it."""
-    from wagma_bench.rundir import RunDirLock, RunDirLocked
+    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it, or
+    naming a file of the run that is a symbolic link."""
+    from wagma_bench.events import SymlinkRefused
+    from wagma_bench.rundir import RunDirLock, RunDirLocked, refuse_symlinks
 
     key = run_dir.resolve()
     if key in _LOCKS or os.environ.get(LOCK_HELD_ENV) == str(key):  # ours, or our launching process's
         return
     lock = RunDirLock(key)
     try:
+        refuse_symlinks(key)
         lock.acquire()
-    except RunDirLocked as err:
+    except (RunDirLocked, SymlinkRefused) as err:
         _fail(str(err), 2)
     _LOCKS[key] = lock
 
@@ -178,13 +181,11 @@ def _run_job(cfg) -> dict | None:
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
     import torch
-    from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.checkpoint import CheckpointError, check_against_run, check_event_log
     from wagma_bench.config import ConfigError, check_memory, check_world
-    from wagma_bench.launch import device_plan, run_rank, slurm_master, spawn_local
+    from wagma_bench.launch import device_plan, run_rank, slurm_master
     from wagma_bench.rundir import finished_summary
-    from wagma_bench.supervise import RunFailed, record_failed_run
 
     raw = run_cfg.raw
     plan = None
@@ -220,18 +221,62 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         return summary
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
+    return _run_local(run_cfg, run_dir, plan)
+
+
+def _run_local(run_cfg, run_dir: Path, plan) -> None:
+    """Spawn the local ranks and report how the run ended: its summary; a failure (exit 1, recorded); a
+    Ctrl-C (exit 130: the first stops the ranks at a checkpoint, the second at once, recorded)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from wagma_bench.config import ConfigError
+    from wagma_bench.launch import spawn_local
+    from wagma_bench.supervise import RunFailed, RunInterrupted, record_failed_run
+
     note = f" ({plan.note})" if plan.note else ""
     print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
-        spawn_local(raw, run_dir, plan.nproc, run_cfg.launcher.master_addr, run_cfg.launcher.master_port)
+        interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
+                                  run_cfg.launcher.master_port)
+    except ConfigError as err:  # a fixed port in use: before any rank started
+        _fail(str(err), 2)
+    except RunInterrupted as err:
+        print(f"wagma-bench: {record_failed_run(run_dir, str(err), 'interrupted')}; run the same command again "
+              f"to resume from the last checkpoint in {run_dir}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
-            return None
+            return
         _fail(message, 1)
-    _report_end(run_dir)
-    return None
+    _report_end(run_dir, interrupted)
+
+
+def _report_end(run_dir: Path, interrupted: bool = True) -> None:
+    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; a
+    diverged run fails with :data:`EXIT_DIVERGED` and one line saying where and why (under -m the line is
+    printed and the sweep goes on)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    summary_path = run_dir / "summary.json"
+    text = summary_path.read_text()
+    summary = json.loads(text)
+    if interrupted and summary.get("status") == "interrupted":
+        print(f"wagma-bench: interrupted at step {summary.get('steps')}, checkpoint saved; run the same command "
+              f"again to resume from {run_dir}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
+    print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
+    if summary.get("status") != "diverged":
+        return
+    message = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+        return
+    _fail(message, EXIT_DIVERGED)
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C ended
 
 
 def _report_end(run_dir: Path) -> None:
@@ -254,7 +299,11 @@ def _report_end(run_dir: Path) -> None:
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
+    import signal
     import subprocess
+    import tempfile
+
+    from wagma_bench.launch import RANK_DIR_ENV
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
@@ -268,13 +317,34 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, env={**os.environ, LOCK_HELD_ENV: str(run_dir.resolve())})
-    if rc not in (0, EXIT_DIVERGED):  # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
-        from wagma_bench.rundir import finalize
+    # Ctrl-C reaches mpiexec (the terminal's process group), which passes it to the ranks; this process
+    # waits for them (it never exits while they run) and reports an interrupted run as the local launcher does
+    # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
+    with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            rc, tail = _tee(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
+        if rc not in (0, EXIT_DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
+            from wagma_bench.supervise import mpiexec_failure, record_failed_run
 
-        finalize(run_dir, status="failed", error=f"mpiexec exited with code {rc}")
-        _fail(f"mpiexec exited with code {rc}. Run directory: {run_dir}", 1)
+            error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks)))
+            _fail(f"{error}. Run directory: {run_dir}", 1)
     _report_end(run_dir)
+
+
+def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
+    """Pass a child's output through, line by line; its exit code and its last ``keep`` lines."""
+    tail: list[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail = (tail + [line])[-keep:]
+    return proc.wait(), tail
 
 
 if __name__ == "__main__":

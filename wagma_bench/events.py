@@ -14,25 +14,68 @@ reached the target, did the run end" is written once, here.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
 
 
+class SymlinkRefused(OSError):
+    """A file or folder of a run that is a symbolic link. A run never writes through one: on a shared file
+    system anyone who can write the run directory could otherwise make the run overwrite their choice of the
+    user's files (``events.jsonl`` -> ``~/.bashrc``)."""
+
+
+def refuse_link(path: Path) -> SymlinkRefused:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); a run never writes through a "
+                                       "link: remove it, or choose another hydra.run.dir")
+
+
+def open_run_file(path: Path, mode: str) -> IO:
+    """Open a file of a run for writing (``mode``: w, a, wb, ab) without following a symbolic link in its last
+    component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises :class:`SymlinkRefused`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise refuse_link(path) from None
+        raise
+    return os.fdopen(fd, mode)
+
+
+def run_subdir(path: Path) -> Path:
+    """Create a folder of a run (``steps``, ``checkpoint/round-R``); refuse one that is a symbolic link."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        raise refuse_link(path)
+    return path
+
+
 def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
     """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
-    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed.
+
+    The temporary file gets a fresh name, created exclusively (O_CREAT|O_EXCL, never through a link planted
+    under a guessable name); the rename replaces a link at ``path`` itself, never its target."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb" if binary else "w") as f:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's files from the user's group
+        with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -72,10 +115,12 @@ def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
     """Open a log for this attempt: empty on a fresh start (never appending to an earlier attempt's lines);
     on a resume, cut back to what the checkpoint at ``resume_step`` has seen (``keep(record, step)``)."""
     if resume_step is None:
-        return open(path, "w")  # the caller closes it
+        return open_run_file(path, "w")  # the caller closes it
+    if path.is_symlink():
+        raise refuse_link(path)
     if path.exists():
         rewrite_jsonl(path, [r for r in read_jsonl(path) if keep(r, resume_step)])
-    return open(path, "a")
+    return open_run_file(path, "a")
 
 
 def _event_before_checkpoint(event: dict, step: int) -> bool:
@@ -141,8 +186,7 @@ class StepLog:
     """Per-rank step timings, buffered and flushed at synchronisation points."""
 
     def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
-        d = run_dir / "steps"
-        d.mkdir(parents=True, exist_ok=True)
+        d = run_subdir(run_dir / "steps")
         # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
         self._f = _open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
         self._buf: list[str] = []
@@ -185,7 +229,9 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
     samples = last.get("samples", 0)
-    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None, "run_suspend": "preempted"}
+    suspends = [e for e in events if e["key"] == "run_suspend"]  # preempted, or interrupted (Ctrl-C)
+    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None,
+              "run_suspend": suspends[-1]["metadata"].get("status", "preempted") if suspends else None}
     final_status = status or by_end.get(ended) or "incomplete"
     return {
         "workload": meta.get("workload"),

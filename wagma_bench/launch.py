@@ -25,7 +25,9 @@ from wagma_bench.rundir import LOCK, finalize
 from wagma_bench.supervise import (
     HEARTBEATS,
     SHARED_HEARTBEAT_S,
+    CtrlC,
     RanksLost,
+    ranks_ignore_ctrl_c,
     record_failed_run,
     report_error,
     start_heartbeat,
@@ -186,7 +188,7 @@ def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePla
                                            "(NCCL needs a GPU of its own for every rank)")
 
 
-def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
+def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_dir: str = ""):
     """Create this rank's communicator (the one backend every algorithm uses)."""
     plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
     use_cuda = plan.cuda
@@ -197,30 +199,121 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None):
         from wagma_bench.comm.mpi import MpiComm
 
         return MpiComm.init(timeout_s=cfg.comm.timeout_s, device=device)
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     from wagma_bench.comm.torch_dist import TorchComm
 
     backend = plan.backend
     if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
         backend = "gloo"
     emulate = cfg.comm.emulate
-    if world.source == "torchrun":  # torchrun's agent hosts the store: join it through env://
+    if world.source == "torchrun":  # torchrun's agent hosts the store: join it, in this attempt's namespace
         interface = choose_gloo_interface(os.environ["MASTER_ADDR"], os.environ)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # the agent's store outlives a restart
-        check_reachable(store, world.rank, world.world_size, interface, prefix=f"wagma/reach/{restart}")
-        return TorchComm.init(backend, world.rank, world.world_size, None, cfg.comm.timeout_s, device, emulate)
+        store = torchrun_attempt_store(cfg.launcher.rendezvous_timeout_s)
+        check_reachable(store, world.rank, world.world_size, interface)
+        return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    store = dist.TCPStore(master[0], master[1], world.world_size, is_master=world.rank == 0,
-                          timeout=timedelta(seconds=cfg.launcher.rendezvous_timeout_s))
+    store = join_store(master, world.rank, cfg.launcher.rendezvous_timeout_s, run_identity(run_dir))
     if world.source != "local":  # ranks may be on several hosts: gloo must bind where the others reach it
         check_reachable(store, world.rank, world.world_size, choose_gloo_interface(master[0], os.environ))
     return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+
+
+RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
+RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by rank 0, checked by every other rank
+RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
+
+
+def run_identity(run_dir: str, env=os.environ) -> str:
+    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's run
+    id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
+    (mpiexec) the directory alone identifies it."""
+    tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or "-"
+    return f"{tag} {run_dir}"
+
+
+def _same_run(theirs: str, mine: str) -> bool:
+    # by the id where there is one (a node may see the run directory under another path), else by directory
+    tag, mine_tag = theirs.split(" ", 1)[0], mine.split(" ", 1)[0]
+    return tag == mine_tag if mine_tag != "-" else theirs == mine
+
+
+class ForeignStore(RuntimeError):
+    """The rendezvous store at the run's address serves another run."""
+
+
+def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str):
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it).
+
+    A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
+    another run holds) fails here, before any key of that run's world is touched, naming the port and the
+    run it found: joining would break both worlds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
+        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
+        store.set(RUN_KEY, identity)
+        return store
+    store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
+    try:
+        store.wait([RUN_KEY])
+    except RuntimeError as err:  # DistStoreError (a timeout) is a RuntimeError
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
+                           f"(launcher.rendezvous_timeout_s): another program's store? ({err})") from None
+    theirs = store.get(RUN_KEY).decode(errors="replace")
+    if not _same_run(theirs, identity):
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
+                           f"this run ({identity}) does not join it: choose another launcher.master_port, or "
+                           "leave it null for a free one")
+    return store
+
+
+def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
+    """The run whose rendezvous store listens at ``addr:port`` (None: no store of a run answers there)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store.wait([RUN_KEY])
+        return store.get(RUN_KEY).decode(errors="replace")
+    except (RuntimeError, ValueError):
+        return None
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Refuse a fixed ``launcher.master_port`` that something already listens on, before any rank starts,
+    naming the run that holds it where it is one of ours. SO_REUSEADDR as the store's own server: a port whose
+    earlier connections linger in TIME_WAIT is free."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+            return
+        except OSError as err:
+            reason = err.strerror
+    holder = store_holder(addr, port)
+    by = f"the rendezvous store of run {holder}" if holder else f"another program ({reason})"
+    raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
+                      "launcher.master_port=null for a free one")
+
+
+def torchrun_attempt_store(timeout_s: float, env=os.environ):
+    """torchrun's store (env://), its keys under this attempt's prefix (``TORCHELASTIC_RESTART_COUNT``).
+
+    The agent's store outlives the workers: after a restart (``--max-restarts``) the new workers would find
+    the previous attempt's keys of the same names, and gloo would connect to the dead workers' addresses
+    (``Gloo connectFullMesh failed ... Connection refused``) whenever it reads a peer's key before that
+    peer has rewritten it. torch's env:// handler adds no prefix of its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:
@@ -231,7 +324,10 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     _pin_threads(world.local_world_size)
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
         start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S)
-    comm = make_comm(cfg, world, master)
+    ranks_dir = os.environ.get(RANK_DIR_ENV)
+    if ranks_dir:  # for the launcher's message when this rank ends the job
+        (Path(ranks_dir) / f"rank{world.rank}.pid").write_text(str(os.getpid()))
+    comm = make_comm(cfg, world, master, run_dir)
     try:
         return train(cfg, comm, Path(run_dir), world.local_rank)
     except RanksLost as err:
@@ -242,6 +338,8 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
             (Path(run_dir) / LOCK).unlink(missing_ok=True)
         raise
     except BaseException as err:
+        if ranks_dir:
+            report_error(ranks_dir, world.rank, err)
         if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
             traceback.print_exc()
             if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
@@ -285,28 +383,54 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
         start_heartbeat(heartbeat_dir, index)
     try:
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
+        _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
-        sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
+        if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
+            sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
+            sys.stderr.flush()
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
-        os._exit(1)  # do not wait for communication threads blocked on dead peers
+        os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
 
 
-def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> None:
+def _exit_now(code: int) -> None:
+    """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
+    close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> bool:
     """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
-    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it."""
+    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
+    :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
+    then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
+    import secrets
     import shutil
     import tempfile
 
     import torch.multiprocessing as mp
 
+    if port:
+        check_port_free(addr, port)
     master = (addr, port or free_port(addr))
+    os.environ[RUN_NONCE_ENV] = secrets.token_hex(8)  # inherited by the spawned ranks
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
+    ctrl_c = None
     try:
-        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
-                                                      str(heartbeats)),
-                                 nprocs=nproc, join=False, start_method="spawn")
-        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]))
+        with ranks_ignore_ctrl_c():
+            ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                                          str(heartbeats)),
+                                     nprocs=nproc, join=False, start_method="spawn")
+        ctrl_c = CtrlC(ctx.processes)
+        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
     finally:
+        if ctrl_c is not None:
+            ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
+    return ctrl_c.count > 0

@@ -42,13 +42,12 @@ How our run maps onto MLPerf's keys:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from wagma_bench.events import EVENTS, RunEvents, RunStart
+from wagma_bench.events import EVENTS, RunEvents, RunStart, atomic_write
 
 MLLOG = "mllog.txt"
 
@@ -247,16 +246,20 @@ def _clock(meta: dict) -> dict:
 def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
     """(Re)write ``RUN_DIR/mllog.txt`` from the run's events, through ``mlperf_logging``'s MLLogger; with
     ``echo`` the lines also go to stdout. Returns the file, or None when the run has no ``run_start``."""
-    from mlperf_logging.mllog import mllog
-
     run_dir = Path(run_dir)
     records = mllog_records(RunEvents.read(run_dir).events)
-    path = run_dir / MLLOG
     if not records:
-        path.unlink(missing_ok=True)  # an earlier attempt's log must not stand for this end
+        (run_dir / MLLOG).unlink(missing_ok=True)  # an earlier attempt's log must not stand for this end
         return None
-    tmp = path.with_name(f".{MLLOG}.tmp{os.getpid()}")
-    handlers: list[logging.Handler] = [logging.FileHandler(tmp, mode="w")]
+    atomic_write(run_dir / MLLOG, lambda f: _log_records(records, f, echo))
+    return run_dir / MLLOG
+
+
+def _log_records(records: list[Record], stream: IO, echo: bool) -> None:
+    """The records through ``mlperf_logging``'s MLLogger, into ``stream`` (and stdout with ``echo``)."""
+    from mlperf_logging.mllog import mllog
+
+    handlers: list[logging.Handler] = [logging.StreamHandler(stream)]
     if echo:
         handlers.append(logging.StreamHandler(sys.stdout))
     logger = logging.getLogger("wagma_bench.mllog")
@@ -271,9 +274,7 @@ def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
     finally:
         for handler in handlers:
             logger.removeHandler(handler)
-            handler.close()
-    os.replace(tmp, path)
-    return path
+            handler.flush()
 
 
 def try_write_mllog(run_dir: Path, echo: bool = False) -> Path | None:

@@ -26,7 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import EVENTS, SUMMARY, RunEvents, read_jsonl, torn_last_line, write_json_atomic
+from wagma_bench.events import (
+    EVENTS,
+    SUMMARY,
+    RunEvents,
+    open_run_file,
+    read_jsonl,
+    refuse_link,
+    torn_last_line,
+    write_json_atomic,
+)
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
@@ -92,7 +101,10 @@ class RunDirLock:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
               "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
         tmp = self.path.with_name(f"{LOCK}.{me['host']}.{me['pid']}")
-        tmp.write_text(json.dumps(me))
+        tmp.unlink(missing_ok=True)  # a leftover of an earlier process with our PID, or a planted link
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
         try:
             for _ in range(3):
                 try:
@@ -141,6 +153,24 @@ class RunDirLock:
             self.held = False
 
 
+# What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
+RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint")
+
+
+def refuse_symlinks(run_dir: Path) -> None:
+    """Raise :class:`SymlinkRefused` naming the first file or folder of the run that is a symbolic link
+    (checked before any rank starts; every writer also opens without following links)."""
+    run_dir = Path(run_dir)
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_symlink():
+            raise refuse_link(path)
+        if name in ("steps", "checkpoint", ".hydra") and path.is_dir():
+            for inner in sorted(path.rglob("*")):  # rglob does not descend into linked folders
+                if inner.is_symlink():
+                    raise refuse_link(inner)
+
+
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
@@ -168,15 +198,15 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None,
     return summary
 
 
-def record_failure(run_dir: Path, error: str) -> dict:
-    """The launcher's record of a failed run: the ``run_stop`` rank 0 could not write (it was killed, or
-    ended before it could), then ``summary.json``. Where rank 0 wrote its own stop, the summary's error
-    gives the launcher's view first, then rank 0's."""
+def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
+    """The launcher's record of a failed run (``status``: ``failed``, or ``interrupted`` by a second Ctrl-C):
+    the ``run_stop`` rank 0 could not write (it was killed, or ended before it could), then ``summary.json``.
+    Where rank 0 wrote its own stop, the summary's error gives the launcher's view first, then rank 0's."""
     path = run_dir / EVENTS
     record = RunEvents.read(run_dir)
     events, lifecycle = record.events, record.lifecycle
     if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
-        return finalize(run_dir, status="failed", error=error)
+        return finalize(run_dir, status=status, error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
     last = {k: v for k, v in (progress[-1] if progress else {}).items()
             if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
@@ -184,13 +214,13 @@ def record_failure(run_dir: Path, error: str) -> dict:
     if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
         last.update(logged)
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
-             "metadata": {**last, "status": "failed", "error": error, "recorded_by": "launcher"}}
-    with open(path, "ab") as f:
+             "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"}}
+    with open_run_file(path, "ab") as f:
         torn = torn_last_line(path)  # rank 0 died in the middle of a line
         f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
-    return finalize(run_dir, status="failed")
+    return finalize(run_dir, status=status)
 
 
 def _progress_in_step_logs(run_dir: Path) -> dict:

@@ -32,6 +32,12 @@ from pathlib import Path
 # USR1: our sbatch scripts' --signal=USR1@90; USR2: submitit's (hydra/launcher=submitit_slurm), same meaning.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: save, then requeue the job
 EXIT_SIGNALS = (signal.SIGTERM,)  # cancelled or preempted: save and exit (SLURM decides about requeue)
+# Ctrl-C: the first saves and stops the run as `interrupted` (resumable); the second stops it at once.
+INTERRUPT_SIGNALS = (signal.SIGINT,)
+# The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN), so
+# that one Ctrl-C to the whole process group counts once, not once from the terminal and once from the
+# launcher: the launcher alone decides, and forwards each Ctrl-C as this real-time signal of our own.
+FORWARDED_INTERRUPT = signal.SIGRTMIN + 2
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}

@@ -15,12 +15,15 @@ collectives at once, and rank 0 then records its own view), then SIGTERM, then a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import re
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +40,60 @@ GRACE_S = 2.0  # after a rank fails: time for the others to end on their own, th
 
 class RunFailed(RuntimeError):
     pass
+
+
+class RunInterrupted(RunFailed):
+    """A second Ctrl-C stopped the ranks at once (the first stops them at a synchronisation point, cleanly)."""
+
+
+class CtrlC:
+    """The local launcher's Ctrl-C (SIGINT, from the terminal to the process group or to the launcher alone).
+
+    The ranks ignore SIGINT (:func:`ranks_ignore_ctrl_c`); the launcher forwards each Ctrl-C to every live rank
+    as :data:`~wagma_bench.slurm_util.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
+    first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``); the second
+    stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one blocked in a
+    collective never runs its handler). The launcher itself never exits while its ranks run."""
+
+    def __init__(self, processes: list):
+        from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+        self.processes, self.signal = processes, FORWARDED_INTERRUPT
+        self.count = 0
+        self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
+                  "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
+        elif self.kill_at is None:
+            self.kill_at = time.monotonic() + GRACE_S
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, self.signal)
+
+    def overdue(self) -> bool:
+        return self.kill_at is not None and time.monotonic() > self.kill_at
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+@contextlib.contextmanager
+def ranks_ignore_ctrl_c():
+    """While ranks are spawned: SIGINT and the forwarded interrupt ignored, a disposition the ranks inherit (a
+    Ctrl-C before a rank has installed its handlers is lost, not a traceback; the second one still ends it)."""
+    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, FORWARDED_INTERRUPT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class RanksLost(RuntimeError):
@@ -85,13 +142,25 @@ def heartbeat_ages(folder: Path, nproc: int) -> dict[int, float]:
     return ages
 
 
-def supervise(ctx, folder: Path, hung_after_s: float) -> None:
+def supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
     """Wait for the ranks of a ``torch.multiprocessing`` context; raise :class:`RunFailed` naming the rank
-    that failed or hung, after every rank has ended."""
+    that failed or hung, after every rank has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
+    try:
+        _supervise(ctx, folder, hung_after_s, ctrl_c)
+    except RunFailed as err:
+        if ctrl_c is not None and ctrl_c.count > 1:
+            raise RunInterrupted(f"stopped at once by a second Ctrl-C ({err})") from None
+        raise
+
+
+def _supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None) -> None:
     import torch.multiprocessing as mp
 
     hung_after_s = max(hung_after_s, STALE_S)
     while True:
+        if ctrl_c is not None and ctrl_c.overdue():
+            _kill_all(ctx)
+            raise RunFailed("ranks still running were killed")
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
         ages = {r: age for r, age in heartbeat_ages(folder, len(ctx.processes)).items()
                 if ctx.processes[r].is_alive()}
@@ -163,7 +232,7 @@ def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
 FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space is reported as full
 
 
-def record_failed_run(run_dir: Path, error: str) -> str:
+def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
     """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
     removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
     Returns the message for the user: the error, and what could not be recorded."""
@@ -178,10 +247,47 @@ def record_failed_run(run_dir: Path, error: str) -> str:
         error += f"; the run directory's file system is full ({free // 1024} KiB free)"
     discard_incomplete_sets(run_dir)
     try:
-        record_failure(run_dir, error)
+        record_failure(run_dir, error, status)
     except OSError as err:
         return f"{error}; the failure could not be recorded in {run_dir / 'summary.json'}: {err}"
     return error
+
+
+# How mpiexec names the process whose end ended the job: MPICH's hydra by PID (its exit code a signal number
+# when one killed it), Open MPI by rank and signal.
+_MPICH_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)")
+_MPICH_CODE = re.compile(r"EXIT CODE: (\d+)")
+_OPENMPI_BAD = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+
+
+def mpiexec_failure(rc: int, output_tail: list[str], folder: Path) -> str:
+    """Which rank ended an mpiexec job, and how, from mpiexec's last lines and the ranks' PID and error
+    files in ``folder`` (written by the ranks under the re-executing launcher, ``RANK_DIR_ENV``)."""
+    text = "".join(output_tail)
+    rank = signum = None
+    if match := _OPENMPI_BAD.search(text):
+        rank, signum = int(match.group(1)), int(match.group(2))
+    elif match := _MPICH_BAD.search(text):
+        pids = {}
+        for path in folder.glob("rank*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pids[int(path.read_text())] = int(path.stem.removeprefix("rank"))
+        rank = pids.get(int(match.group(1)))
+        code = _MPICH_CODE.search(text)
+        signum = int(code.group(1)) if code and rank is not None and _is_signal(int(code.group(1))) else None
+    if rank is None:
+        return f"mpiexec exited with code {rc}"
+    try:
+        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text()
+    except OSError:
+        pass
+    if signum is not None:
+        return f"rank {rank} was killed by signal {signal.Signals(signum).name} (it left no traceback)"
+    return f"rank {rank} ended the job (mpiexec exited with code {rc})"
+
+
+def _is_signal(number: int) -> bool:
+    return number in {s.value for s in signal.Signals}
 
 
 def _exit_message(err, folder: Path) -> str:

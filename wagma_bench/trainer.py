@@ -39,7 +39,13 @@ from wagma_bench.optim import get_optimizer
 from wagma_bench.progress import Progress
 from wagma_bench.rundir import finalize as write_summary
 from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
-from wagma_bench.slurm_util import EXIT_SIGNALS, REQUEUE_SIGNALS, requeue_job
+from wagma_bench.slurm_util import (
+    EXIT_SIGNALS,
+    FORWARDED_INTERRUPT,
+    INTERRUPT_SIGNALS,
+    REQUEUE_SIGNALS,
+    requeue_job,
+)
 from wagma_bench.supervise import lost_ranks
 from wagma_bench.workloads import get_workload
 
@@ -165,22 +171,32 @@ class EvalModel:
 
 
 class Preemption:
-    """SIGUSR1 / SIGUSR2 / SIGTERM set a flag; the loop saves a checkpoint at the next synchronisation point.
+    """SIGUSR1 / SIGUSR2 / SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the next synchronisation
+    point and stops.
 
     After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
     then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.slurm_util` for which signal
-    reaches whom).
+    reaches whom). Ctrl-C (SIGINT, or the local launcher's forward of it) ends the run as ``interrupted``; a
+    second Ctrl-C raises KeyboardInterrupt at once (the run's end is still recorded). A SIGINT that the
+    launching process set to be ignored stays ignored: that launcher forwards Ctrl-C itself.
     """
 
     def __init__(self):
         self.signal: int | None = None
-        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS):
+        self.interrupts = 0
+        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
             try:
+                if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # the local launcher's ranks: it forwards Ctrl-C as FORWARDED_INTERRUPT
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
                 pass
 
     def _handle(self, signum, frame):
+        if signum in (*INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
+            self.interrupts += 1
+            if self.interrupts > 1:
+                raise KeyboardInterrupt("stopped at once by a second Ctrl-C")
         self.signal = signum
 
     @property
@@ -235,11 +251,12 @@ class ControlFlags:
     set when any rank set it; ``samples`` adds up to the samples of all ranks."""
 
     diverged: bool = False           # a non-finite loss on some rank
-    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM) reached some rank
+    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM / Ctrl-C) reached some rank
     samples: int = 0                 # samples trained on (each rank sends its own)
     checkpoint_due: bool = False     # rank 0: checkpoint.every_s of training time since the last one
     over_time: bool = False          # rank 0: train.time_limit_s reached
     requeue: bool = False            # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
+    interrupted: bool = False        # the signal is a Ctrl-C (the run ends as interrupted, not preempted)
 
     def to_tensor(self, device) -> torch.Tensor:
         return torch.tensor([float(v) for v in dataclasses.astuple(self)], dtype=torch.float64, device=device)
@@ -335,7 +352,7 @@ class Trainer:
         # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
         # and the communicated models/gradients stay fp32
         self.autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
-        self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted
+        self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted, interrupted
         self.requeue = False
         self.diverged = False            # this rank saw a non-finite loss (shared at the next control exchange)
         self.diverged_at: tuple[int, float] | None = None  # (local step, loss) of this rank's first non-finite loss
@@ -370,12 +387,18 @@ class Trainer:
                 if self.should_checkpoint(flags):
                     self.checkpoint(meta)
                     if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
-                        self.status, self.requeue = "preempted", flags.requeue
+                        self.status = "interrupted" if flags.interrupted else "preempted"
+                        self.requeue = flags.requeue and not flags.interrupted
             counts = self.final_counts()
             self.algo.close()
-        except BaseException as err:
+            # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
+            # on any group) before any rank tears its groups down; a rank that left first would fail a late
+            # peer's last collective, or be torn down under it.
+            self.comm.barrier()
+        except BaseException as err:  # a second Ctrl-C ends the run as interrupted, anything else as failed
             lost = lost_ranks(self.run_dir, self.rank, self.world, err)  # which hosts went, where it can tell
-            self.finalize("failed", self.counts_at_failure(), error=lost or err)
+            self.finalize("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                          self.counts_at_failure(), error=lost or err)
             if lost is not None:
                 raise lost from err
             raise
@@ -486,7 +509,7 @@ class Trainer:
             samples=self.state.samples_local,
             checkpoint_due=self.rank == 0 and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
             over_time=self.rank == 0 and limit is not None and clock.train_s >= limit,
-            requeue=self.preemption.requeue)
+            requeue=self.preemption.requeue, interrupted=self.preemption.interrupts > 0)
 
     def where_diverged(self) -> str:
         """Where the run diverged, the same text on every rank (collective): the rank whose loss became
@@ -562,14 +585,15 @@ class Trainer:
                  reason: str | None = None) -> dict | None:
         """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
 
-        A preempted run is suspended, to be resumed: only the real end writes the (one) run_stop. ``reason``:
-        why a run that ended by its own rules is no success (a divergence), logged as its error.
+        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end writes
+        the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts it.)
+        ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its error.
         """
         detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
         if reason is not None:
             detail["error"] = reason
-        self.events.emit("run_suspend" if status == "preempted" else "run_stop", None, status=status, **detail,
-                         **counts)
+        suspended = status in ("preempted", "interrupted") and error is None
+        self.events.emit("run_suspend" if suspended else "run_stop", None, status=status, **detail, **counts)
         summary = None
         if self.rank == 0:  # the same writer the launcher uses after a crash
             summary = write_summary(self.run_dir, echo_mllog=self.cfg.logger.mllog and error is None)
