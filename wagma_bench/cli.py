@@ -279,24 +279,6 @@ def _report_end(run_dir: Path, interrupted: bool = True) -> None:
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C ended
 
 
-def _report_end(run_dir: Path) -> None:
-    """Print the summary; a diverged run then fails with :data:`EXIT_DIVERGED` and one line saying where and
-    why (under -m the line is printed and the sweep goes on)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    summary_path = run_dir / "summary.json"
-    text = summary_path.read_text()
-    print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
-    summary = json.loads(text)
-    if summary.get("status") != "diverged":
-        return
-    message = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
-    if HydraConfig.get().mode.name == "MULTIRUN":
-        print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
-        return
-    _fail(message, EXIT_DIVERGED)
-
-
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
     import signal
