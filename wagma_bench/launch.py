@@ -342,9 +342,12 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
             report_error(ranks_dir, world.rank, err)
         if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
             traceback.print_exc()
-            if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
-                finalize(Path(run_dir), status="failed", error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
-            comm.abort(1)
+            try:
+                if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
+                    finalize(Path(run_dir), status="failed",
+                             error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
+            finally:  # whatever the record met, the job ends now (the peers would wait for comm.timeout_s)
+                comm.abort(1)
         raise
     finally:
         comm.close()

@@ -239,7 +239,8 @@ def compute_imbalance(run_dir: Path) -> float | None:
     forward + backward (``compute_s``, batch loading included) plus its injected straggler delay
     (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
     index, over the steps every rank logged; None without step logs."""
-    per_rank = [read_jsonl(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))]
+    # regular files only: the summary of a failed run is written whatever stands in the way of a step log
+    per_rank = [read_jsonl(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
     per_rank = [{r["step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "step" in r}
                 for recs in per_rank]
     per_rank = [times for times in per_rank if times]
