@@ -141,7 +141,6 @@ class WaitAvoidingAllreduce:
         self._staleness = 0
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.rounds = 0                             # rounds this rank took part in (the timings' count)
-        self._sent: tuple[torch.Tensor | None, list] = (None, [])  # the last activation and its sends
         self._error: BaseException | None = None
         self._closing = False
         self._threads = [threading.Thread(target=self._guard(loop), daemon=True, name=f"wagma-{what}-{self.rank}")
@@ -263,7 +262,6 @@ class WaitAvoidingAllreduce:
             last = self._answered
         self._threads[0].join(timeout=self.timeout_s)
         if not failed and self._activates:
-            self._sent_wait()
             # Every listener waits for the first group round after `last`: send each neighbour its STOP there.
             r = last + 1
             while self.schedule.is_sync(r):
@@ -314,31 +312,23 @@ class WaitAvoidingAllreduce:
                     return  # closing, and nobody asked for round r
                 buf, age = self._start_round(r)
             t0 = time.perf_counter()
+            sent = []  # the activations go out while the collective runs (the group's members need none)
             if not self.schedule.is_sync(r):  # (then self._activates)
-                self._activate(r)
+                signal = torch.tensor([r], dtype=torch.int64)
+                sent = [self._control.isend(signal, nb, _tag(r)) for nb in self._neighbours]
             t1 = time.perf_counter()
             group = self.schedule.group(self.rank, r)
             if len(group) > 1:
                 self._data.allreduce(buf, op="mean", group=None if len(group) == self.world_size else group)
             t2 = time.perf_counter()
+            for handle in sent:
+                handle.wait()
             with self._cv:
-                self.timings["activation"] += t1 - t0
+                self.timings["activation"] += t1 - t0 + time.perf_counter() - t2
                 self.timings["collective"] += t2 - t1
                 self._finish_round(r, age)
                 self._cv.notify_all()
             r += 1
-
-    def _activate(self, r: int) -> None:
-        """Send round ``r``'s activation to every hypercube neighbour without waiting for delivery (the
-        collective starts at once); the previous round's sends are complete by now, or raise here."""
-        self._sent_wait()
-        signal = torch.tensor([r], dtype=torch.int64)
-        self._sent = (signal, [self._control.isend(signal, nb, _tag(r)) for nb in self._neighbours])
-
-    def _sent_wait(self) -> None:
-        for handle in self._sent[1]:
-            handle.wait()
-        self._sent = (None, [])
 
     def _start_round(self, r: int) -> tuple[torch.Tensor, int]:
         """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it and this rank's age in it."""
