@@ -30,7 +30,11 @@ class RankFailed(RuntimeError):
     def __init__(self, errors: dict):
         self.errors = errors
         first = min(errors)
-        super().__init__(f"rank {first} raised {errors[first][0]}: {errors[first][1]}\n{errors[first][2]}")
+        # Every failed rank's one-line error first: a rank that timed out waiting names only its own wait;
+        # where the others were is what tells a hang from a slow peer.
+        each = "\n".join(f"  rank {r}: {errors[r][0]}: {str(errors[r][1]).splitlines()[0][:300]}"
+                         for r in sorted(errors))
+        super().__init__(f"{len(errors)} rank(s) raised:\n{each}\nrank {first}'s traceback:\n{errors[first][2]}")
 
 
 def _context():

