@@ -147,6 +147,17 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
         validate(compose_raw("workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path}", "data.eval_split=dev"))
 
 
+@pytest.mark.parametrize("value, message", [
+    ("0", "workload.max_sentences=0 is not allowed; it must be >= 1"),
+    ("-1", "workload.max_sentences=-1 is not allowed; it must be >= 1"),
+    ("1.5", "workload.max_sentences: Value '1.5' of type 'float' could not be converted to Integer"),
+])
+def test_bad_max_sentences_is_refused_naming_the_key(value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(compose_raw("workload=transformer", f"workload.max_sentences={value}"))
+    assert validate(compose_raw("workload=transformer")).workload.max_sentences is None  # the default: tokens
+
+
 # --- fairseq's pipeline on real gloo ranks ---------------------------------------------------------------
 def _train(comm, raw: dict, run_dir: str):
     from wagma_bench.config import validate
@@ -217,6 +228,50 @@ def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(
     assert res["n"] == res["ntokens"] and res["loss"] == pytest.approx(res["expected"], rel=1e-6)
     assert res["empty"] == (0.0, 0) and res["zero_grads"]
     assert res["stats"] == {"tokens": 0, "src_tokens": 0, "sentences": 0, "padded_tokens": 0}
+
+
+def _epoch_batches(comm, raws: list[dict], world: int):
+    """Per config (one per batching mode), per shard of ``world``: (sentences, target tokens) of every batch
+    of the first epoch, (0, 0) for a padding batch; with the mode's fairseq command line and the number of
+    training sentences. No training."""
+    from wagma_bench.config import validate
+    from wagma_bench.workloads.transformer import TransformerWorkload
+
+    modes = []
+    for raw in raws:
+        cfg, shards = validate(raw), []
+        for shard in range(world):
+            w = TransformerWorkload(cfg, shard, world, comm.device)
+            stream = w.batches(0)
+            batches = [next(stream) for _ in range(w.steps_per_epoch())]
+            shards.append([(int(b["target"].size(0)), int(b["ntokens"])) if b else (0, 0) for b in batches])
+        modes.append((shards, w.fairseq_args(), len(w.task.dataset("train"))))
+    return modes
+
+
+def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
+    """``workload.max_sentences=N``: every batch of every shard holds N sentences, but one (the epoch's
+    remainder); their token counts spread far more than token batches' (the paper's imbalance)."""
+    n = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
+    raws = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={n}")]
+    (tok_shards, tok_args, size), (sent_shards, sent_args, _) = run_world(_epoch_batches, 1, raws, 2,
+                                                                          timeout_s=120)[0]
+    assert "--max-tokens" in tok_args and "--batch-size" not in tok_args
+    assert sent_args[sent_args.index("--batch-size") + 1] == str(n) and "--max-tokens" not in sent_args
+    sentences = [s for shard in sent_shards for s, _ in shard if s]
+    assert sum(sentences) == size and len(sentences) == math.ceil(size / n)   # every sentence once
+    remainder = size % n or n
+    assert sorted(sentences) == [remainder] + [n] * (len(sentences) - 1)     # N each, but the remainder
+    assert len({s for shard in tok_shards for s, _ in shard if s}) > 1       # token batches: not N each
+
+    def cv(shards) -> float:
+        """Coefficient of variation of the target tokens of the real (non-padding) batches."""
+        tokens = np.array([t for shard in shards for s, t in shard if s], dtype=float)
+        return float(tokens.std() / tokens.mean())
+
+    cv_tok, cv_sent = cv(tok_shards), cv(sent_shards)
+    print(f"tokens per batch, coefficient of variation: token batches {cv_tok:.3f}, {n} sentences {cv_sent:.3f}")
+    assert cv_sent > 2 * cv_tok, (cv_tok, cv_sent)
 
 
 def _train_losses(comm, raw: dict, run_dir: str):

@@ -93,6 +93,7 @@ RANGES: dict[str, Range] = {
     "workload.dropout": FRACTION_BELOW_ONE, "workload.label_smoothing": FRACTION_BELOW_ONE,
     "workload.max_positions": AT_LEAST_ONE, "workload.beam": AT_LEAST_ONE, "workload.lenpen": ANY,
     "workload.max_len_a": NON_NEGATIVE, "workload.max_len_b": NON_NEGATIVE, "workload.eval_max_tokens": AT_LEAST_ONE,
+    "workload.max_sentences": AT_LEAST_ONE,  # null (token batches) passes
     "workload.base_planes": AT_LEAST_ONE, "workload.hidden_size": AT_LEAST_ONE, "workload.rnn_layers": AT_LEAST_ONE,
     "workload.num_steps": AT_LEAST_ONE, "workload.ppo_epoch": AT_LEAST_ONE, "workload.num_mini_batch": AT_LEAST_ONE,
     "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,

@@ -2,30 +2,40 @@
 
 Our trainer and optimizers drive it; fairseq provides what a fairseq user trains: the ``translation``
 task (binarized ``LanguagePairDataset``), a ``transformer`` architecture (``transformer_wmt_en_de`` in
-the paper preset), the ``label_smoothed_cross_entropy`` criterion, token-based batches from
+the paper preset), the ``label_smoothed_cross_entropy`` criterion, token- or sentence-based batches from
 ``task.get_batch_iterator(..., num_shards=W, shard_id=rank)`` and beam search with ``SequenceGenerator``.
 fairseq's own trainer and distributed mode are not used (they assume one CUDA device per rank).
 
 Choices (our readings, where fairseq and the paper leave room):
 
-- Batch size is in tokens: ``train.batch_size`` is the maximum number of (padded) tokens per rank and
-  step, fairseq's ``--max-tokens``. ``forward`` returns ``n`` = target tokens of the batch (fairseq's
-  ``ntokens``), so samples and throughput in events and reports are target tokens (fairseq's "wps",
-  MLPerf's unit for this benchmark); ``sample_unit = "tokens"``.
+- Batches: by default in tokens: ``train.batch_size`` is the maximum number of (padded) tokens per rank
+  and step, fairseq's ``--max-tokens``, so every rank gets about the same work per step. With
+  ``workload.max_sentences=N`` a batch is exactly N sentences per rank and step (fairseq's
+  ``--batch-size``, ``max_sentences`` of ``task.get_batch_iterator`` with ``max_tokens=None``; only an
+  epoch's last batch can be smaller), so its tokens vary with the sentences' lengths (fairseq sorts by
+  length before batching: a batch of long sentences holds several times the tokens of a batch of short
+  ones). That is the batching that gives the paper's inherent imbalance. ``train.batch_size`` then
+  limits no batch; it stays the tokens per rank that the linear learning-rate scaling (peak =
+  ``train.lr`` x ``train.batch_size`` x ranks / ``train.lr_reference_batch``) and the logged
+  ``global_batch_size`` use, so set it to the mean tokens of an N-sentence batch to keep the peak rate.
+  ``forward`` returns ``n`` = target tokens of the batch (fairseq's ``ntokens``), so samples and throughput
+  in events and reports are target tokens in both modes (fairseq's "wps", MLPerf's unit for this
+  benchmark); ``sample_unit = "tokens"``.
 - Loss normalisation: each rank backpropagates its batch's summed label-smoothed loss divided by its own
   token count (the per-token mean). fairseq instead divides the sum over all workers by the global
   token count, which needs the token counts of every rank before the backward pass: an extra global
   collective per step that would make every wait-avoiding or decentralised optimizer wait for the
   slowest rank, the barrier they exist to avoid. With Allreduce-SGD the averaged gradient equals
   fairseq's when ranks hold equal token counts and weights batches instead of tokens otherwise
-  (token-based batches keep the counts close); the loss scale does not matter for Adam anyway.
+  (token-based batches keep the counts close; sentence-based ones do not, so there a short-sentence
+  batch's tokens weigh more); the loss scale does not matter for Adam anyway.
 - Empty batches: the sharded iterator pads the shorter shards with empty batches at the end of an
   epoch. Such a rank returns ``sum(p.sum()) * 0`` (a zero gradient connected to every parameter) and
   ``n = 0``, so it still takes part in every collective of every optimizer.
 - Per-rank work per step goes to ``steps/rank<R>.jsonl`` through :meth:`step_stats`: target tokens,
   source tokens, sentences and padded positions. Token-based batches of long-tailed sentence lengths
-  give uneven work (padding, quadratic attention, per-sentence overhead): the inherent load imbalance
-  of the paper's Transformer experiment.
+  differ a little (padding, quadratic attention, per-sentence overhead); sentence-based batches differ
+  in their tokens too, the inherent load imbalance of the paper's Transformer experiment.
 - Evaluation: beam search over this rank's shard of the validation (or test) split, hypotheses and
   references decoded (BPE removed, Moses-detokenised for real WMT data) and scored with sacrebleu.
   The n-gram match counts, totals and lengths are summed over ranks before BLEU is computed, so the
@@ -190,12 +200,17 @@ class TransformerWorkload(Workload):
         max_len_a: float = 1.2                # hypotheses up to a * source length + b tokens
         max_len_b: int = 10
         eval_max_tokens: int = 8192           # tokens per generation batch
+        # null: token batches (train.batch_size tokens at most, fairseq --max-tokens); N: exactly N sentences
+        # per rank and step (fairseq --batch-size), so the tokens vary with the sentences' lengths
+        max_sentences: int | None = None
 
         CHOICES: ClassVar[dict[str, tuple]] = {"share_embeddings": SHARE_EMBEDDINGS}
 
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
-        self.batch_tokens = cfg.train.batch_size
+        # exactly one of the two limits a training batch (see the module docstring, "Batches")
+        self.max_sentences = cfg.workload.max_sentences
+        self.batch_tokens = cfg.train.batch_size if self.max_sentences is None else None
         data = cfg.data
         if data.name == "synthetic_mt":
             self.data_dir = ensure_corpus(corpus_spec(data), data.cache_dir)  # file lock: one builder
@@ -218,11 +233,11 @@ class TransformerWorkload(Workload):
     # --- fairseq set-up ---
     def fairseq_args(self) -> list[str]:
         """Our settings as fairseq's command line (its own parser fills in every architecture default)."""
-        w, t = self.cfg.workload, self.cfg.train
+        w = self.cfg.workload
         args = [str(self.data_dir), "--task", "translation", "--source-lang", self.src, "--target-lang", self.tgt,
                 "--arch", w.arch, "--criterion", "label_smoothed_cross_entropy",
                 "--label-smoothing", str(w.label_smoothing), "--dropout", str(w.dropout),
-                "--max-tokens", str(t.batch_size), "--seed", str(self.cfg.seed),
+                *self._batch_args(), "--seed", str(self.cfg.seed),
                 "--max-source-positions", str(w.max_positions), "--max-target-positions", str(w.max_positions)]
         if self.device.type != "cuda":
             args.append("--cpu")
@@ -236,6 +251,12 @@ class TransformerWorkload(Workload):
                 if v is not None:
                     args += [f"--{side}-{flag}", str(v)]
         return args
+
+    def _batch_args(self) -> list[str]:
+        """What limits a training batch, as fairseq's flag: tokens or (``workload.max_sentences``) sentences."""
+        if self.cfg.workload.max_sentences is None:
+            return ["--max-tokens", str(self.cfg.train.batch_size)]
+        return ["--batch-size", str(self.cfg.workload.max_sentences)]
 
     def _setup_fairseq(self) -> None:
         import_fairseq()
@@ -256,7 +277,8 @@ class TransformerWorkload(Workload):
         self.criterion = self.task.build_criterion(self.fs_cfg.criterion)
         self.max_positions = (self.cfg.workload.max_positions, self.cfg.workload.max_positions)
         self.train_itr = self.task.get_batch_iterator(
-            dataset=self.task.dataset("train"), max_tokens=self.batch_tokens, max_positions=self.max_positions,
+            dataset=self.task.dataset("train"), max_tokens=self.batch_tokens, max_sentences=self.max_sentences,
+            max_positions=self.max_positions,
             ignore_invalid_inputs=True, seed=self.cfg.seed, num_shards=self.world_size, shard_id=self.rank,
             disable_iterator_cache=True)
 
