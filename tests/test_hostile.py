@@ -102,8 +102,22 @@ def _lock(run_dir: Path):
     RunDirLock(run_dir).acquire()
 
 
+def _shared_heartbeat(run_dir: Path):
+    from wagma_bench.supervise import HEARTBEATS, start_heartbeat
+
+    start_heartbeat(run_dir / HEARTBEATS, 0, period_s=60)
+
+
+def _rank_error(run_dir: Path):
+    from wagma_bench.supervise import HEARTBEATS, report_error
+
+    report_error(str(run_dir / HEARTBEATS), 0, RuntimeError("boom"))
+
+
 # (what writes, the name in the run directory planted as a link)
 WRITERS = [
+    (_shared_heartbeat, ".heartbeats"),
+    (_shared_heartbeat, ".heartbeats/rank0"),
     (_event_log, "events.jsonl"),
     (_event_log_resumed, "events.jsonl"),
     (_step_log, "steps/rank0.jsonl"),
@@ -118,6 +132,7 @@ def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write,
 
     run_dir = tmp_path / "run"
     (run_dir / "steps").mkdir(parents=True)
+    (run_dir / ".heartbeats").mkdir()
     victim = _victim(tmp_path)
     link = run_dir / name
     if link.is_dir():
@@ -473,3 +488,13 @@ def test_a_completed_run_ends_completed_under_a_busy_loop(tmp_path, busy_loop):
 @pytest.mark.long
 def test_forty_short_runs_end_completed_under_a_busy_loop(tmp_path, busy_loop):
     short_runs_end_completed(tmp_path, 40)
+
+
+def test_a_rank_error_is_not_written_through_a_planted_link(tmp_path):
+    """report_error is best effort (the launcher may be gone): through a link it writes nothing, silently."""
+    victim = _victim(tmp_path)
+    run_dir = tmp_path / "run"
+    (run_dir / ".heartbeats").mkdir(parents=True)
+    (run_dir / ".heartbeats" / "rank0.error").symlink_to(victim)
+    _rank_error(run_dir)
+    assert victim.read_text() == VICTIM

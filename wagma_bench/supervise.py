@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from wagma_bench.events import open_run_file, run_subdir
+
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
 # Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
 # directory (the shared file system), less often: 1,024 ranks make 512 updates a second there.
@@ -106,15 +108,17 @@ class RanksLost(RuntimeError):
 
 def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S) -> None:
     """Touch ``folder/rank<R>`` (which holds the rank's host name) every ``period_s`` from a daemon thread,
-    for the launcher, or (:func:`lost_ranks`) the other ranks, to read."""
-    path = Path(folder) / f"rank{rank}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(socket.gethostname())
+    for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
+    directory's ``.heartbeats``: neither it nor the file is ever followed through a symbolic link
+    (:class:`~wagma_bench.events.SymlinkRefused`)."""
+    path = run_subdir(Path(folder)) / f"rank{rank}"
+    with open_run_file(path, "w") as f:
+        f.write(socket.gethostname())
 
     def beat():
         while True:
             try:
-                os.utime(path)
+                os.utime(path, follow_symlinks=False)
             except OSError:  # the launcher is gone (its folder with it): nobody is listening
                 return
             time.sleep(period_s)
@@ -126,8 +130,9 @@ def report_error(folder: str, rank: int, err: BaseException) -> None:
     """Leave a failing rank's error for the launcher's message and the summary (best effort: the folder is
     the launcher's, in the temp directory, so it is writable when the run directory's disk is full)."""
     try:
-        (Path(folder) / f"rank{rank}.error").write_text(f"{type(err).__name__}: {err}"[:2000])
-    except OSError:
+        with open_run_file(Path(folder) / f"rank{rank}.error", "w") as f:
+            f.write(f"{type(err).__name__}: {err}"[:2000])
+    except OSError:  # SymlinkRefused included: nothing is written through a link
         pass
 
 
