@@ -8,7 +8,6 @@ own temporary directory, which pytest rotates (the last three sessions are kept)
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import pytest
@@ -17,14 +16,8 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _scratch_in_pytest_tmp(tmp_path_factory):
     scratch = tmp_path_factory.mktemp("scratch")
-    old = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(scratch)  # inherited by every subprocess
-    tempfile.tempdir = None  # this process recomputes its own from TMPDIR
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(scratch))  # inherited by every subprocess
+        tempfile.tempdir = None  # this process recomputes its own from TMPDIR
         yield scratch
-    finally:
-        if old is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = old
-        tempfile.tempdir = None
+    tempfile.tempdir = None
