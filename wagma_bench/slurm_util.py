@@ -120,9 +120,10 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8, nodes: int = 1) 
     namespaces, veths and bridge. A test process killed outright leaves them for ``slurmctl.sh stop``
     (or the next ``start`` in the same directory) to remove.
 
-    The directory is made with mode 755 under /tmp: munged runs as ``munge`` and must reach its socket.
+    The directory is made with mode 755 under /tmp itself, whatever ``TMPDIR`` says: munged runs as ``munge``
+    and must reach its log and socket, which a private temporary directory (mode 700, as pytest's) forbids.
     """
-    directory = Path(tempfile.mkdtemp(prefix="wagma-slurm-"))
+    directory = Path(tempfile.mkdtemp(prefix="wagma-slurm-", dir="/tmp"))
     directory.chmod(0o755)
     env = {**os.environ, "WAGMA_SLURM_DIR": str(directory / "cluster"), "WAGMA_SLURM_CPUS": str(cpus)}
     cmd = [str(local_cluster_script()), "start", "--nodes", str(nodes)]
