@@ -32,7 +32,12 @@ def _cfg(overrides):
 
 
 def _preempt_and_count(comm) -> dict:
-    """Rank 2 is held at its 20th step until two ranks finished: it must stop right there (20 >= 64/4)."""
+    """Rank 2 is held at its 20th step until two ranks finished: it must stop right there (20 >= 64/4).
+
+    The first rollout is choreographed through the store, so that it does not depend on how fast each rank
+    starts: ranks 0 and 1 begin stepping only once rank 2 has reached its 20th step (else a rank 2 that
+    starts late is preempted at step 16, before it is ever held, and its hold then fell into the second
+    rollout, where nobody releases it: a 60 s stall and a barrier timeout)."""
     from wagma_bench.workloads.ddppo import DDPPOWorkload
 
     total = comm.store_add("test/sum", comm.rank + 1)
@@ -43,22 +48,29 @@ def _preempt_and_count(comm) -> dict:
     w.attach(comm)
     w.build_model()
     w._start()
-    if comm.rank == 2:
-        env, calls, inner = w.envs[0], [0], w.envs[0].step
+    env, calls, inner, first_rollout = w.envs[0], [0], w.envs[0].step, [True]
 
-        def held_step(action):
-            calls[0] += 1
-            if calls[0] == 20:
-                deadline = time.monotonic() + 60
-                while w.counter.done(0) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-            return inner(action)
+    def wait_until(ready) -> None:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert time.monotonic() < deadline, f"rank {comm.rank}: the choreography stalled"
+            time.sleep(0.01)
 
-        env.step = held_step
+    def choreographed_step(action):
+        calls[0] += 1
+        if first_rollout[0] and comm.rank == 2 and calls[0] == 20:
+            comm.store_add("test/held", 1)
+            wait_until(lambda: w.counter.done(0) >= 2)
+        elif first_rollout[0] and comm.rank != 2 and calls[0] == 1:
+            wait_until(lambda: comm.store_add("test/held", 0) >= 1)
+        return inner(action)
+
+    env.step = choreographed_step
     first = w.collect(0)
+    first_rollout[0] = False
     comm.barrier()
     second = w.collect(1)  # a new rollout: a new count
-    comm.barrier()  # rank 0 hosts the store: nobody leaves while another may still read it
+    comm.barrier()  # the parent hosts the store; nobody leaves while another may still read it
     return {"first_add": total, "sum": final, "frames": [first, second], "stats": w._stats}
 
 
