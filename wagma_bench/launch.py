@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from wagma_bench.config import ConfigError, RunConfig, validate
+from wagma_bench.events import open_run_file
 from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
 from wagma_bench.rundir import LOCK, finalize
 from wagma_bench.supervise import (
@@ -326,7 +327,8 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
         start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S)
     ranks_dir = os.environ.get(RANK_DIR_ENV)
     if ranks_dir:  # for the launcher's message when this rank ends the job
-        (Path(ranks_dir) / f"rank{world.rank}.pid").write_text(str(os.getpid()))
+        with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it
+            f.write(str(os.getpid()))
     comm = make_comm(cfg, world, master, run_dir)
     try:
         return train(cfg, comm, Path(run_dir), world.local_rank)
