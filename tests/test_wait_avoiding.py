@@ -222,3 +222,46 @@ def test_a_whole_slow_group_never_makes_a_ready_rank_wait_at_a_group_round(world
         assert p90 < 0.1 * delay, f"rank {rank} waited {group_waits} s at group rounds (slow delay {delay} s)"
         # the synchronous rounds are where it waits for the slow group (skip: for its current step only)
         assert max(w for r, w in res["waits"] if r % 6 == 0) > 0.5 * delay
+
+
+def _means_against_the_plain_allreduce(comm, groups, dtype):
+    """Six rounds of distinguishable models of every magnitude; the odd ranks ask late, so their progress
+    threads run the round passively (on a snapshot), and all meet at a barrier after each round, so round
+    k reduces the models of step k. Each result against the same models' mean by the plain group allreduce
+    (sum, then divide), which adds in the same order."""
+    def model(k):
+        g = torch.Generator().manual_seed(100 * k + comm.rank)
+        low, high = (-20, 10) if dtype == torch.float16 else (-40, 40)  # float16: no overflow, subnormals
+        scale = 2.0 ** torch.randint(low, high, (4096,), generator=g)
+        return (torch.randn(4096, generator=g) * scale).to(dtype)
+
+    eng = WaitAvoidingAllreduce(comm, torch.zeros(4096, dtype=dtype), FixedSchedule(comm.world_size, groups),
+                                in_order=True)
+    results = []
+    for k in range(6):
+        eng.post(model(k))
+        time.sleep(0.03 * (comm.rank % 2))
+        results.append(eng.request().result.clone())
+        comm.barrier()
+    snapshots = eng.timings["snapshot"]
+    eng.close()
+    comm.new_groups(groups)
+    group = next(g for g in groups if comm.rank in g)
+    same = []
+    for k, result in enumerate(results):
+        ref = model(k)
+        comm.allreduce(ref, op="mean", group=None if len(group) == comm.world_size else group)
+        same.append(torch.equal(result, ref))
+    return {"same": same, "snapshots": snapshots}
+
+
+@pytest.mark.parametrize("world,groups,dtype", [
+    (4, ((0, 1), (2, 3)), torch.float32),   # divided before the sum (a power of two)
+    (4, ((0, 1, 2, 3),), torch.float64),
+    (3, ((0, 1, 2),), torch.float32),       # divided after: 3 is not a power of two
+    (4, ((0, 1, 2, 3),), torch.float16),    # divided after: half precision's range is too small
+])
+def test_a_round_is_bit_identical_to_the_plain_mean_on_every_path(world, groups, dtype):
+    out = run_world(_means_against_the_plain_allreduce, world, groups, dtype)
+    assert all(all(o["same"]) for o in out), [o["same"] for o in out]
+    assert any(o["snapshots"] > 0 for o in out)  # the snapshot path (dividing while it copies) was taken

@@ -310,7 +310,7 @@ class WaitAvoidingAllreduce:
                     self._cv.wait()
                 if not self._may_start(r):
                     return  # closing, and nobody asked for round r
-                buf, age = self._start_round(r)
+                buf, age, scaled = self._start_round(r)
             t0 = time.perf_counter()
             sent = []  # the activations go out while the collective runs (the group's members need none)
             if not self.schedule.is_sync(r):  # (then self._activates)
@@ -319,7 +319,11 @@ class WaitAvoidingAllreduce:
             t1 = time.perf_counter()
             group = self.schedule.group(self.rank, r)
             if len(group) > 1:
-                self._data.allreduce(buf, op="mean", group=None if len(group) == self.world_size else group)
+                divides_first = self._divides_first(len(group))
+                if divides_first and not scaled:
+                    buf.div_(len(group))
+                self._data.allreduce(buf, op="sum" if divides_first else "mean",
+                                     group=None if len(group) == self.world_size else group)
             t2 = time.perf_counter()
             for handle in sent:
                 handle.wait()
@@ -330,24 +334,42 @@ class WaitAvoidingAllreduce:
                 self._cv.notify_all()
             r += 1
 
-    def _start_round(self, r: int) -> tuple[torch.Tensor, int]:
-        """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it and this rank's age in it."""
+    def _divides_first(self, size: int) -> bool:
+        """A round over ``size`` ranks divides each model before the sum instead of the sum afterwards.
+
+        Where ``size`` is a power of two and the dtype has float32's exponent range (or more), the sum of
+        the divided models is bit for bit the sum divided afterwards (scaling by a power of two commutes with
+        rounding; exact for every value above ``size`` times the smallest normal, 1.2e-38 in float32), and a
+        snapshot then divides as it copies: a passive round makes one pass over the model instead of two.
+        Every member of a group decides alike, so a group never mixes divided and undivided models.
+        Gradient contributions and float16 models (smallest normal 6e-5, within real weights) divide after."""
+        return (self.contribution == "model" and size & (size - 1) == 0
+                and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16))
+
+    def _start_round(self, r: int) -> tuple[torch.Tensor, int, bool]:
+        """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it, this rank's age in it and
+        whether it already holds the model divided by the group's size (a snapshot, see _divides_first)."""
         self._started, self._in_flight = r, True
         self.rounds += 1
         self._streams.progress_waits_for_posts()
         if self.contribution == "model":
             age = r - 1 - self._send_q
             if self._pending:  # W holds the model and nobody reads W
-                return self._work, age
+                return self._work, age, False
             if self._asking and self._target_r >= r:  # the caller waits for this round: M is the round's
-                return self._model, age
+                return self._model, age, False
             t0 = time.perf_counter()  # the caller may be reading M: reduce a snapshot of it
             if self._work is None:
                 self._work = torch.empty_like(self._model)
-            self._work.copy_(self._model)
+            size = len(self.schedule.group(self.rank, r))
+            scaled = size > 1 and self._divides_first(size)
+            if scaled:
+                torch.div(self._model, size, out=self._work)
+            else:
+                self._work.copy_(self._model)
             self.timings["snapshot"] += time.perf_counter() - t0
             self._pending = True
-            return self._work, age
+            return self._work, age, scaled
         # gradient: the unreduced gradients go into the round; the send buffer starts empty again
         self._work, self._send = self._send, self._work
         if self._send_empty:  # nothing posted since the last round: contribute zeros
@@ -355,7 +377,7 @@ class WaitAvoidingAllreduce:
         self._send_empty = True
         age = 0 if self._oldest_q is None else r - 1 - self._oldest_q
         self._oldest_q = None
-        return self._work, age
+        return self._work, age, False
 
     def _finish_round(self, r: int, age: int) -> None:
         """Put round ``r``'s result where the compute thread finds it (lock held). Model: it is already
