@@ -305,24 +305,24 @@ class WaitAvoidingAllreduce:
     def _progress_rounds(self) -> None:
         r = self._started + 1
         while True:
+            group = self.schedule.group(self.rank, r)
+            divisor = len(group) if self._divides_first(len(group)) else 1
             with self._cv:
                 while not (self._may_start(r) or self._closing):
                     self._cv.wait()
                 if not self._may_start(r):
                     return  # closing, and nobody asked for round r
-                buf, age, scaled = self._start_round(r)
+                buf, age, divided = self._start_round(r, divisor)
             t0 = time.perf_counter()
             sent = []  # the activations go out while the collective runs (the group's members need none)
             if not self.schedule.is_sync(r):  # (then self._activates)
                 signal = torch.tensor([r], dtype=torch.int64)
                 sent = [self._control.isend(signal, nb, _tag(r)) for nb in self._neighbours]
             t1 = time.perf_counter()
-            group = self.schedule.group(self.rank, r)
             if len(group) > 1:
-                divides_first = self._divides_first(len(group))
-                if divides_first and not scaled:
-                    buf.div_(len(group))
-                self._data.allreduce(buf, op="sum" if divides_first else "mean",
+                if divisor > 1 and not divided:
+                    buf.div_(divisor)
+                self._data.allreduce(buf, op="sum" if divisor > 1 else "mean",
                                      group=None if len(group) == self.world_size else group)
             t2 = time.perf_counter()
             for handle in sent:
@@ -343,12 +343,12 @@ class WaitAvoidingAllreduce:
         snapshot then divides as it copies: a passive round makes one pass over the model instead of two.
         Every member of a group decides alike, so a group never mixes divided and undivided models.
         Gradient contributions and float16 models (smallest normal 6e-5, within real weights) divide after."""
-        return (self.contribution == "model" and size & (size - 1) == 0
+        return (self.contribution == "model" and size > 1 and size & (size - 1) == 0
                 and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16))
 
-    def _start_round(self, r: int) -> tuple[torch.Tensor, int, bool]:
+    def _start_round(self, r: int, divisor: int) -> tuple[torch.Tensor, int, bool]:
         """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it, this rank's age in it and
-        whether it already holds the model divided by the group's size (a snapshot, see _divides_first)."""
+        whether it already holds the model divided by ``divisor`` (a snapshot, see _divides_first)."""
         self._started, self._in_flight = r, True
         self.rounds += 1
         self._streams.progress_waits_for_posts()
@@ -361,15 +361,13 @@ class WaitAvoidingAllreduce:
             t0 = time.perf_counter()  # the caller may be reading M: reduce a snapshot of it
             if self._work is None:
                 self._work = torch.empty_like(self._model)
-            size = len(self.schedule.group(self.rank, r))
-            scaled = size > 1 and self._divides_first(size)
-            if scaled:
-                torch.div(self._model, size, out=self._work)
+            if divisor > 1:
+                torch.div(self._model, divisor, out=self._work)
             else:
                 self._work.copy_(self._model)
             self.timings["snapshot"] += time.perf_counter() - t0
             self._pending = True
-            return self._work, age, scaled
+            return self._work, age, divisor > 1
         # gradient: the unreduced gradients go into the round; the send buffer starts empty again
         self._work, self._send = self._send, self._work
         if self._send_empty:  # nothing posted since the last round: contribute zeros
