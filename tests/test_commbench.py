@@ -21,3 +21,9 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
     assert {("allreduce", "ours"), ("allreduce", "raw"), ("group_allreduce", "raw"), ("wait_avoiding", "ours")} <= ops
     assert len(result["table"]) == 2 * 3  # two sizes x (allreduce, group S=2, wait-avoiding S=2)
     assert all(r["ratio"] > 0 and r["bandwidth_GBps"] > 0 for r in result["table"])
+    wait_avoiding = [r for r in result["table"] if r["op"] == "wait_avoiding"]
+    # the engine computes a mean: its ratio to the raw sum-then-divide, timed alternately, is reported too
+    assert all(r["raw_mean_ms"] > 0 and r["ratio_to_raw_mean"] > 0 for r in wait_avoiding), wait_avoiding
+    assert "ours/raw-mean" in out.stdout
+    rows = [r for r in result["results"] if r["op"] == "wait_avoiding"]
+    assert all(len(r["paired_raw_s"]) == len(r["paired_raw_mean_s"]) == 2 for r in rows)

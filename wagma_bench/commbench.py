@@ -8,7 +8,10 @@ For each message size it times, on every rank, with a barrier before each repeat
 - ``wait_avoiding``    our wait-avoiding group allreduce as WAGMA-SGD uses it (model contributions, the
                        caller's buffer updated in place; all ranks ready: the pure overhead of activation,
                        progress thread and copies) vs the raw group allreduce it performs, the two timed
-                       alternately, repeat by repeat, so that both see the same load. Also reported:
+                       alternately, repeat by repeat, so that both see the same load. The engine computes
+                       a mean and the raw call a sum, so the cheapest raw mean (the raw sum, then one
+                       division of the buffer: gloo has no average) is timed alternately too and
+                       reported beside it: the engine's own cost is its time over that. Also reported:
                        the model-sized buffers the engine holds beyond the caller's (count and bytes) and
                        where a round's time goes (activation messages, snapshot copy, collective, hand-over
                        copy, each the mean per round over the ranks; "other", the slowest rank's median
@@ -150,11 +153,12 @@ def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
             rows.append(_row("group_allreduce", "raw", s, nbytes,
                              _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
             rows.append(_wait_avoiding_row(comm, buf, part, s, nbytes, repeats,
-                                           raw=lambda buf=buf, mine=mine: raw.allreduce(buf, mine)))
+                                           raw=lambda buf=buf, mine=mine: raw.allreduce(buf, mine),
+                                           raw_mean=lambda buf=buf, mine=mine, s=s: (raw.allreduce(buf, mine), buf.div_(s))))
     return rows
 
 
-def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw) -> dict:
+def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw, raw_mean) -> dict:
     """All ranks ready at once (each posts before the barrier, then asks for the round): the pure cost of
     activation, the progress thread and the buffer copies over the group allreduce the engine performs.
     In order, every rank answers the same rounds, so all of them close after the same round (the engine's
@@ -168,14 +172,15 @@ def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw) 
     def warmed():
         engine.timings, engine.rounds = dict.fromkeys(PHASES, 0.0), 0
 
-    # Each repeat times the raw group allreduce ``raw()`` and then the engine's round, one after the other,
-    # so that the ratio compares the two under the same load (a shared machine's load drifts within a run).
-    ours, paired = [], []
+    # Each repeat times the raw group allreduce ``raw()``, the raw mean and then the engine's round, one after
+    # the other, so that the ratios compare them under the same load (a shared machine's load drifts).
+    ours, paired, paired_mean = [], [], []
     for i in range(repeats):
         paired += _time(comm, raw, 1)
+        paired_mean += _time(comm, raw_mean, 1)
         ours += _time(comm, engine.request, 1, setup=lambda: engine.post(buf), warmed=warmed if i == 0 else None)
     row = _row("wait_avoiding", "ours", s, nbytes, ours)
-    row["paired_raw_s"] = paired
+    row["paired_raw_s"], row["paired_raw_mean_s"] = paired, paired_mean
     buffers = engine.extra_buffers()
     engine.close()
     mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES] + list(buffers),
@@ -198,14 +203,16 @@ def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
         if r["impl"] != "ours":
             continue
         ref = raw[("group_allreduce" if r["op"] == "wait_avoiding" else r["op"], r["group_size"], r["bytes"])]
-        if "paired_raw_s" in r:  # the raw call timed alternately with ours
+        extra = {k: r[k] for k in ("extra_buffers", "extra_bytes", "round_ms") if k in r}
+        if "paired_raw_s" in r:  # the raw call (and the raw mean) timed alternately with ours
             ref = _row(ref["op"], "raw", r["group_size"], r["bytes"], r["paired_raw_s"])
+            mean_s = statistics.median(r["paired_raw_mean_s"])
+            extra |= {"raw_mean_ms": 1e3 * mean_s, "ratio_to_raw_mean": r["median_s"] / mean_s}
         bw = r["bytes"] / r["median_s"]
         out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
                     "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
                     "raw_ms": 1e3 * ref["median_s"], "ratio": r["median_s"] / ref["median_s"],
-                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps,
-                    **{k: r[k] for k in ("extra_buffers", "extra_bytes", "round_ms") if k in r}})
+                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps, **extra})
     return out
 
 
@@ -226,8 +233,9 @@ def format_table(lines: list[dict]) -> str:
     for r in lines:
         if "round_ms" in r:
             phases = ", ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in r["round_ms"].items())
-            out.append(f"wait_avoiding S={r['group_size']} {human(r['bytes'])}: extra buffers {r['extra_buffers']} "
-                       f"({human(r['extra_bytes'])}); per round, ms: {phases}")
+            out.append(f"wait_avoiding S={r['group_size']} {human(r['bytes'])}: raw mean (sum, then division) "
+                       f"{r['raw_mean_ms']:.3f} ms, ours/raw-mean {r['ratio_to_raw_mean']:.3f}; extra buffers "
+                       f"{r['extra_buffers']} ({human(r['extra_bytes'])}); per round, ms: {phases}")
     return "\n".join(out)
 
 
