@@ -401,10 +401,14 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
 def _exit_now(code: int) -> None:
     """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
     close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
-    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT."""
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT. multiprocessing's
+    own finalizers run first: they release the named semaphores a library made (fairseq makes one at import),
+    which the launcher's resource tracker would otherwise report as leaked."""
     import logging
+    from multiprocessing import util
 
     logging.shutdown()
+    util._run_finalizers()  # what multiprocessing's exit function does; no public name for it
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
