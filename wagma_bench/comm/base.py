@@ -59,6 +59,9 @@ class Comm(abc.ABC):
     #: abort() ends every rank of the job at once, rank 0 included (so a failing rank records the failure
     #: itself first); False: it does nothing and the launcher ends the world when a rank exits with an error
     abort_ends_job: bool = False
+    #: a mean is part of the collective (NCCL's ReduceOp.AVG); False: the sum is divided afterwards, one more
+    #: pass over the buffer (gloo and MPI have no average)
+    averages_in_collective: bool = False
 
     # --- collectives over the world or a created group ------------------------------------------
     @abc.abstractmethod

@@ -57,6 +57,7 @@ class TorchComm(Comm):
         self.emulate = emulate
         if self.backend_name == "nccl" or emulate == "nccl":
             self.capabilities = NCCL_LIKE
+        self.averages_in_collective = self.backend_name == "nccl"  # not the emulation: gloo has no AVG
         self._world = world_pg
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
@@ -95,11 +96,13 @@ class TorchComm(Comm):
     def allreduce(self, tensor, op="mean", group=None, async_op=False) -> Handle:
         pg = self._pg(group)
         size = len(group) if group is not None else self.world_size
+        fused = op == "mean" and self.averages_in_collective
         try:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG if fused else dist.ReduceOp.SUM, group=pg,
+                                   async_op=True)
         except RuntimeError as err:
             raise CommError(f"allreduce failed: {err}") from err
-        handle = _Mean(work, tensor, size) if op == "mean" else _Checked(work, "allreduce")
+        handle = _Mean(work, tensor, size) if op == "mean" and not fused else _Checked(work, "allreduce")
         if not async_op:
             handle.wait()
             return Done()

@@ -342,9 +342,11 @@ class WaitAvoidingAllreduce:
         rounding; exact for every value above ``size`` times the smallest normal, 1.2e-38 in float32), and a
         snapshot then divides as it copies: a passive round makes one pass over the model instead of two.
         Every member of a group decides alike, so a group never mixes divided and undivided models.
-        Gradient contributions and float16 models (smallest normal 6e-5, within real weights) divide after."""
+        Gradient contributions and float16 models (smallest normal 6e-5, within real weights) divide after,
+        and so does nothing on NCCL, whose average is part of the collective (no pass of its own)."""
         return (self.contribution == "model" and size > 1 and size & (size - 1) == 0
-                and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16))
+                and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16)
+                and not self._data.averages_in_collective)
 
     def _start_round(self, r: int, divisor: int) -> tuple[torch.Tensor, int, bool]:
         """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it, this rank's age in it and
