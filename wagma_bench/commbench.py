@@ -89,11 +89,10 @@ class RawTorch:
 
     def mean(self, t, group):
         """The cheapest raw mean: NCCL's average, else the sum and one division (gloo has no AVG)."""
-        pg = self.pgs[group]
-        if self.dist.get_backend(pg) == "nccl":
-            self.dist.all_reduce(t, op=self.dist.ReduceOp.AVG, group=pg)
+        if self.dist.get_backend(self.pgs[group]) == "nccl":
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.AVG, group=self.pgs[group])
         else:
-            self.dist.all_reduce(t, group=pg)
+            self.allreduce(t, group)
             t.div_(len(group))
 
 

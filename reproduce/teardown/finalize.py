@@ -21,7 +21,6 @@ import argparse
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -46,14 +45,10 @@ def rank_main(rank: int, port: int, ending: str) -> None:
         os._exit(0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_try(ending: str) -> str | None:
     """Run the two ranks once; a description of a rank that ended by a signal (or failed), else None."""
+    from wagma_bench.launch import free_port  # here, not at the top: the ranks run no wagma-bench code
+
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--ending", ending],
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
