@@ -1,4 +1,4 @@
-"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate."""
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ commands:
   sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
   tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
   simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
+  claims      the papers' claims: measured here with intervals, predicted at scale, a verdict for each
 
 `wagma-bench run --help` lists the configuration groups and their options.
 """
@@ -57,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         from wagma_bench.simulate.cli import main as simulate_main
 
         return simulate_main(rest)
+    if command == "claims":
+        from wagma_bench.claims import main as claims_main
+
+        return claims_main(rest)
     print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

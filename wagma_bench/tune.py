@@ -312,7 +312,7 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
     won = math.isfinite(times[winner.name])
     return {"score_s": _finite(score), "studies": studies,
             "reached": sum(math.isfinite(v) for v in times.values()), "trials": len(trials),
-            "unfinished": sum(1 for t in trials if not _finished(summaries.get(t.name))),
+            "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
             "winner": {"trial": winner.name, "time_s": times[winner.name], "params": winner.params,
                        "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
 
@@ -321,24 +321,32 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _finished(summary: dict | None) -> bool:
+def trial_finished(summary: dict | None) -> bool:
     from wagma_bench.rundir import FINISHED
 
     return bool(summary) and summary.get("status") in (*FINISHED, "failed")
 
 
-def score(tune_dir: Path) -> dict:
-    """Score every combination of a tuning directory from its trials' run directories."""
+def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, dict | None]]:
+    """A tuning directory's plan, its trials by combination (in plan order) and each trial's saved summary
+    (None where the trial has not finished a summary)."""
     tune_dir = Path(tune_dir)
     path = tune_dir / PLAN
     if not path.exists():
         raise ConfigError(f"{tune_dir} is not a tuning directory (no {PLAN}); make one with wagma-bench tune")
     plan = json.loads(path.read_text())
     trials = [Trial(**t) for t in plan["trials"]]
+    combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
+    summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
+    return plan, combos, summaries
+
+
+def score(tune_dir: Path) -> dict:
+    """Score every combination of a tuning directory from its trials' run directories."""
+    plan, combos, all_summaries = load_trials(tune_dir)
     entries = []
-    for combo in dict.fromkeys(t.combo for t in trials):
-        mine = [t for t in trials if t.combo == combo]
-        summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in mine}
+    for combo, mine in combos.items():
+        summaries = {t.name: all_summaries[t.name] for t in mine}
         entries.append({"combo": combo, **_key_of(summaries.values()),
                         **score_combo(mine, summaries, plan.get("max_runtime_s")),
                         "compute_imbalance": _median_of(summaries.values(), "compute_imbalance")})

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Tuned comparisons on this machine (docs/tuning.md): AlgoPerf's external tuning at a budget a 2-core
 # machine affords, then one report over all of them.
-#   reproduce/tuning/mini.sh [transformer|resnet_paper|ddppo ...]   (default: all three)
-# Environment: OPTIMIZERS (default allreduce,wagma), TRIALS (O, default 2), STUDIES (S, default 2),
-# OUT (default tuned/<date>). Rerunning the same command skips finished trials and resumes a killed one.
+#   reproduce/tuning/mini.sh [SETUP ...]   (default: transformer resnet_paper ddppo)
+# SETUP names the tuning directory (what reproduce/claims.yaml's `measured.tuning` reads): transformer,
+# transformer_sentences, transformer_budget, resnet_paper, resnet_none, ddppo, ddppo_budget.
+# Environment: OPTIMIZERS (default every registered optimizer, 'glob(*)'), TRIALS (O, default 3), STUDIES
+# (S, default 3), OUT (default tuned/<date>). Rerunning the same command skips finished trials and resumes a
+# killed one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
-optimizers=${OPTIMIZERS:-allreduce,wagma}
-budget=(tune.trials="${TRIALS:-2}" tune.studies="${STUDIES:-2}")
+optimizers=${OPTIMIZERS:-glob(*)}
+budget=(tune.trials="${TRIALS:-3}" tune.studies="${STUDIES:-3}")
 out=${OUT:-tuned/$(date +%Y%m%d)}
-# Per workload: its overrides and the trial cap (tune.max_runtime_s, about 2.5x the untuned
-# Allreduce-SGD's time to target here; a trial past it counts as missing the target).
+# Per setup: its overrides and the trial cap (tune.max_runtime_s, about 2.5x the untuned Allreduce-SGD's
+# time to target here; a trial past it counts as missing the target). The *_budget setups train every trial
+# for a fixed number of steps with no target (about two thirds of tuned Allreduce-SGD's steps to the
+# target, so that the metric has not saturated): what a final-quality claim reads (the best metric).
 declare -A setup=(
   [transformer]="workload=transformer tune.max_runtime_s=150"
+  [transformer_sentences]="workload=transformer workload.max_sentences=62 tune.max_runtime_s=150"
+  [transformer_budget]="workload=transformer train.max_steps=300 eval.target=null eval.every_steps=50"
   [resnet_paper]="workload=resnet imbalance=paper tune.max_runtime_s=150"
+  [resnet_none]="workload=resnet imbalance=none tune.max_runtime_s=150"
   [ddppo]="workload=ddppo tune.max_runtime_s=150"
+  [ddppo_budget]="workload=ddppo train.max_steps=130 eval.target=null"
 )
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(transformer resnet_paper ddppo)

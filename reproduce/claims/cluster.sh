@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The claims at the paper's scale on a SLURM cluster: every tuning as a sweep of SLURM jobs, then the table.
+#   CLUSTER=daint reproduce/claims/cluster.sh submit   # render and submit every tuning (sbatch)
+#   CLUSTER=daint reproduce/claims/cluster.sh finish   # after the jobs: wait, score, predict, the table
+#   CLUSTER=daint reproduce/claims/cluster.sh dry-run  # render only, submit nothing
+# CLUSTER names conf/cluster/NAME.yaml; OUT (default tuned/claims-cluster) holds one tuning directory per setup,
+# named as reproduce/claims.yaml's `measured.tuning` reads them. Budget: 3 studies x 3 trials per optimizer,
+# i.e. 63 jobs per setup; GPUS (default 64) for the tunings, the paper's ResNet-50 and Transformer scale.
+# IMAGENET (data.root) and WMT (fairseq's binarized WMT17 En-De, data.path) name the data sets on the cluster
+# (docs/workloads.md); DD-PPO needs habitat-sim there.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
+cluster=${CLUSTER:?CLUSTER=NAME (conf/cluster/NAME.yaml)}
+out=${OUT:-tuned/claims-cluster}
+gpus=${GPUS:-64}
+imagenet=${IMAGENET:?IMAGENET=DIR (ImageNet for torchvision)}
+wmt=${WMT:?WMT=DIR (binarized WMT17 En-De)}
+mode=${1:?submit | finish | dry-run}
+declare -A setup=(
+  [resnet_paper]="experiment=paper_resnet50 data.root=$imagenet imbalance=paper imbalance.delay_s=0.32"
+  [resnet_none]="experiment=paper_resnet50 data.root=$imagenet imbalance=none"
+  [transformer]="experiment=paper_transformer data.path=$wmt"
+  [transformer_budget]="experiment=paper_transformer data.path=$wmt eval.target=null"
+  [ddppo]="experiment=paper_ddppo"
+  [ddppo_budget]="experiment=paper_ddppo eval.target=null"
+)
+case "$mode" in
+  submit|dry-run)
+    for s in "${!setup[@]}"; do
+      # shellcheck disable=SC2086  # the setup string is a list of overrides
+      "$bin" tune cluster="$cluster" gpus="$gpus" 'optimizer=glob(*)' ${setup[$s]} tune.trials=3 tune.studies=3 \
+        --out "$out/$s" "--$mode"
+    done ;;
+  finish)
+    for s in "${!setup[@]}"; do "$bin" sweep wait "$out/$s"; "$bin" tune score "$out/$s"; done
+    "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=paper \
+      imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
+      --out "$out/paper-scale/resnet50"
+    "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*)' imbalance=lognormal \
+      imbalance.sigma=0.5 control_every=0 --out "$out/paper-scale/rl"
+    "$bin" claims "$out" --out "$out/claims" ;;
+  *) echo "unknown mode '$mode': submit | finish | dry-run" >&2; exit 2 ;;
+esac

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Every claim of reproduce/claims.yaml on this machine, then the table (docs/claims.md):
+#   reproduce/claims/mini.sh        # about 12 hours on the 2-core development machine, idle
+# Each tuning is AlgoPerf's external tuning of every optimizer at 3 studies x 3 trials (reproduce/tuning/mini.sh,
+# ~360 trials of 1-3 minutes); the paper-scale predictions take a few minutes. OUT chooses where (default
+# tuned/claims-<date>); rerunning skips finished trials and resumes a killed one. Run it under the measure lock
+# (flock /tmp/wagma-measure.lock ...) so that no other measurement shares the cores.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
+out=${OUT:-tuned/claims-$(date +%Y%m%d)}
+OUT="$out" reproduce/tuning/mini.sh resnet_paper resnet_none transformer transformer_sentences transformer_budget \
+  ddppo ddppo_budget
+# The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners.
+"$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=paper \
+  imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=500 control_every=0 \
+  --convergence "$out/resnet_paper" --out "$out/paper-scale/resnet50"
+"$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*)' imbalance=lognormal \
+  imbalance.sigma=0.5 train.max_steps=500 control_every=0 --out "$out/paper-scale/rl"
+"$bin" claims "$out" --out "$out/claims"

@@ -1,0 +1,247 @@
+"""`wagma-bench claims`: the exact bootstrap against hand-computed cases and brute-force enumeration, the verdict
+rule on hand-made cases, the claims file, the command end to end on a tiny fixture, and the README's headline
+table against what the command makes of the committed results."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from wagma_bench import intervals
+from wagma_bench.claims import (
+    CLAIMS_FILE,
+    README_BLOCK,
+    decide,
+    find_sources,
+    load_claims,
+    main,
+    make_claims,
+    summary_table,
+)
+from wagma_bench.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+INF = math.inf
+
+
+# --- the exact two-stage bootstrap -----------------------------------------------------------------------
+
+def test_one_study_best_of_two_by_hand():
+    # two trials (10, 20): a resample misses the 10 only when it draws the 20 twice: 1/4
+    assert intervals.tuned_score([[10, 20]]) == pytest.approx({10.0: 0.75, 20.0: 0.25})
+
+
+def test_three_single_trial_studies_by_hand():
+    # the median of 3 draws from {10, 20, 30}: 10 when at least two draws are 10, 3 (1/3)^2 (2/3) + (1/3)^3 = 7/27
+    dist = intervals.tuned_score([[10], [20], [30]])
+    assert dist == pytest.approx({10.0: 7 / 27, 20.0: 13 / 27, 30.0: 7 / 27})
+    assert intervals.interval(dist) == (10.0, 30.0)
+    assert intervals.interval(dist, level=0.4) == (20.0, 20.0)  # the 30% and 70% quantiles: CDF 7/27, then 20/27
+
+
+def test_even_number_of_studies_by_hand():
+    # two single-trial studies (10, 30): the median of two draws is 10, 20 (one of each) or 30
+    assert intervals.tuned_score([[10], [30]]) == pytest.approx({10.0: 0.25, 20.0: 0.5, 30.0: 0.25})
+    # a missed study: (10 + inf) / 2 is inf, as tune's own score counts it
+    assert intervals.tuned_score([[10], [INF]]) == pytest.approx({10.0: 0.25, INF: 0.75})
+
+
+@pytest.mark.parametrize("studies,trials", [(1, 3), (2, 2), (3, 3), (4, 2), (5, 1)])
+def test_exact_distribution_equals_brute_force_enumeration(studies, trials):
+    """The independent oracle: every resample of studies, then of each drawn study's trials, enumerated."""
+    rng = random.Random(studies * 10 + trials)
+    times = [[rng.choice([12.0, 15.0, 20.0, 31.0, INF]) for _ in range(trials)] for _ in range(studies)]
+    counts: dict[float, int] = {}
+    for drawn in itertools.product(range(studies), repeat=studies):
+        per_study = [list(itertools.product(times[s], repeat=trials)) for s in drawn]
+        for picks in itertools.product(*per_study):
+            m = statistics.median(min(p) for p in picks)
+            counts[m] = counts.get(m, 0) + 1
+    total = sum(counts.values())
+    exact = intervals.tuned_score(times)
+    assert set(exact) == set(counts)
+    for v, c in counts.items():
+        assert exact[v] == pytest.approx(c / total, abs=1e-12)
+
+
+def test_ratio_best_of_and_both_missed():
+    assert intervals.ratio({10.0: 0.5, 20.0: 0.5}, {10.0: 1.0}) == pytest.approx({1.0: 0.5, 2.0: 0.5})
+    assert intervals.ratio({INF: 1.0}, {INF: 1.0}) == {1.0: 1.0}          # both missed: a tie
+    assert intervals.ratio({INF: 1.0}, {10.0: 1.0}) == {INF: 1.0}
+    best = intervals.best_of([{10.0: 0.5, 30.0: 0.5}, {20.0: 1.0}], lower_is_better=True)
+    assert best == pytest.approx({10.0: 0.5, 20.0: 0.5})
+
+
+# --- the verdict rule --------------------------------------------------------------------------------------
+
+def test_verdict_rule_on_hand_made_cases():
+    assert decide((1.1, 1.4), 1.0, [])[0] == "holds"
+    assert decide((0.6, 0.9), 1.0, [])[0] == "does not hold"
+    assert decide((0.9, 1.2), 1.0, [])[0] == "inconclusive"
+    assert decide((1.0, 1.2), 1.0, [])[0] == "inconclusive"          # touching the threshold is not above it
+    assert decide((0.96, 0.99), 0.95, [])[0] == "holds"             # a claim's own threshold
+    # a missing comparator: above is not enough, below is (one more comparator can only lower the speed-up)
+    verdict, reason = decide((1.1, 1.4), 1.0, ["sgp"])
+    assert verdict == "inconclusive" and "sgp" in reason
+    assert decide((0.6, 0.9), 1.0, ["sgp"])[0] == "does not hold"
+    assert decide(None, 1.0, ["dpsgd"]) == ("inconclusive", "no measurement of dpsgd")
+
+
+# --- the claims file ----------------------------------------------------------------------------------------
+
+def test_committed_claims_cover_the_papers():
+    claims = {c.id: c for c in load_claims()}
+    metrics = {(c.measured["tuning"].split("_")[0], c.metric) for c in claims.values()}
+    assert {("resnet", "throughput"), ("resnet", "time_to_target"), ("transformer", "time_to_target"),
+            ("transformer", "final_metric"), ("ddppo", "throughput"), ("ddppo", "final_metric")} <= metrics
+    assert claims["rl-throughput-1024"].predicted["world_size"] == 1024
+    assert any(c.subject == "local_sgd" and c.comparators == ("allreduce",) for c in claims.values())  # PR-SGD
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"metric": "bleu"}, "metric='bleu' is not allowed; one of time_to_target"),
+    ({"subject": "nesterov"}, "optimizer 'nesterov' is not registered"),
+    ({"colour": "red"}, "unknown key(s) colour"),
+    ({"predicted": {"simulate": "rl"}}, "predicted needs simulate, world_size and assumptions"),
+])
+def test_a_bad_claim_is_refused_naming_it(tmp_path, change, message):
+    good = {"id": "c1", "paper": "p", "says": "s", "condition": "c", "metric": "throughput", "subject": "wagma",
+            "comparators": ["allreduce"], "measured": {"tuning": "t"}}
+    path = tmp_path / "claims.yaml"
+    path.write_text(json.dumps({"claims": [{**good, **change}]}))
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_claims(path)
+    assert "claim c1" in str(err.value)
+
+
+# --- end to end on a tiny fixture --------------------------------------------------------------------------
+
+def _tuning(root: Path, name: str, times: dict[str, list[list[float | None]]], throughput: dict[str, float]) -> Path:
+    """A tuning directory as `wagma-bench tune` writes it: tune.json and each trial's summary.json
+    (None: a trial that has not finished)."""
+    d = root / name
+    trials = []
+    for opt, studies in times.items():
+        for s, study in enumerate(studies, 1):
+            for o, t in enumerate(study, 1):
+                trial = f"{opt}_study{s}_trial{o}"
+                trials.append({"name": trial, "combo": opt, "study": s, "trial": o, "seed": len(trials) + 1,
+                               "params": {}, "overrides": [f"optimizer={opt}"], "gpus": 0})
+                if t is None:
+                    continue
+                run = d / "trials" / trial
+                run.mkdir(parents=True)
+                (run / "summary.json").write_text(json.dumps({
+                    "status": "completed" if math.isfinite(t) else "time_limit", "optimizer": opt,
+                    "workload": "resnet", "world_size": 4, "imbalance": "paper", "reached": math.isfinite(t),
+                    "time_to_target_s": t if math.isfinite(t) else None, "compute_imbalance": 1.5,
+                    "throughput_samples_per_s": throughput[opt] + o, "best_metric": 0.9}))
+    (d / "tune.json").parent.mkdir(parents=True, exist_ok=True)
+    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": len(next(iter(times.values()))),
+                                             "trials_per_study": 3, "seed": 1, "max_runtime_s": 150.0,
+                                             "trials": trials}))
+    return d
+
+
+def _claims_file(tmp_path: Path) -> Path:
+    path = tmp_path / "claims.yaml"
+    base = {"paper": "WAGMA-SGD", "says": "faster", "condition": "stragglers", "subject": "wagma"}
+    path.write_text(json.dumps({"claims": [
+        {**base, "id": "fast", "metric": "time_to_target", "comparators": ["allreduce", "sgp"],
+         "measured": {"tuning": "resnet_paper", "here": "ResNet-20"},
+         "predicted": {"simulate": "resnet50", "world_size": 64, "assumptions": "Daint"}},
+        {**base, "id": "slower-than-sgp", "metric": "throughput", "comparators": ["sgp"],
+         "measured": {"tuning": "resnet_paper"}},
+        {**base, "id": "missing-one", "metric": "time_to_target", "comparators": ["allreduce", "dpsgd"],
+         "measured": {"tuning": "resnet_paper"}},
+        {**base, "id": "no-data", "metric": "time_to_target", "comparators": ["allreduce"],
+         "measured": {"tuning": "transformer"}},
+    ]}))
+    return path
+
+
+def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
+    results = tmp_path / "results"
+    _tuning(results, "resnet_paper", {
+        "wagma": [[30, 32, 35], [31, 33, INF], [29, 36, 40]],
+        "allreduce": [[70, 72, 80], [66, 75, INF], [71, 73, 90]],
+        "sgp": [[60, 65, 62], [61, 64, 68], [59, 70, None]],     # one trial not finished: left out
+    }, throughput={"wagma": 400.0, "allreduce": 300.0, "sgp": 500.0})
+    sim = results / "paper-scale" / "resnet50"
+    sim.mkdir(parents=True)
+    (sim / "predictions.json").write_text(json.dumps([
+        {"optimizer": o, "world_size": p, "throughput": tp, "time_to_target_s": 1e6 / tp}
+        for o, tp in (("wagma", 2000.0), ("allreduce", 1000.0), ("sgp", 1600.0)) for p in (16, 64)]))
+    out = tmp_path / "claims"
+    readme = tmp_path / "README.md"
+    readme.write_text("# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nthe rest\n")
+    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]) == 0
+    assert "4 claims (1 holds, 1 does not hold, 2 inconclusive)" in capsys.readouterr().out
+    got = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
+
+    fast = got["fast"]
+    assert fast["verdict"] == "holds"
+    assert fast["measured"]["best_comparator"] == "sgp"
+    assert fast["measured"]["speedup"] == pytest.approx(statistics.median([60, 61, 59]) / statistics.median([30, 31, 29]))
+    lo, hi = fast["measured"]["interval"]
+    assert 1 < lo <= fast["measured"]["speedup"] <= hi
+    sgp = fast["measured"]["optimizers"]["sgp"]
+    assert (sgp["finished"], sgp["planned"]) == (8, 9)
+    assert fast["predicted"]["speedup"] == pytest.approx(2000 / 1600)  # times: 1e6/1600 (sgp) over 1e6/2000
+    assert fast["predicted"]["best"] == "sgp"
+
+    assert got["slower-than-sgp"]["verdict"] == "does not hold"
+    assert got["missing-one"]["verdict"] == "inconclusive"
+    assert got["missing-one"]["measured"]["missing"] == ["dpsgd"]
+    assert got["no-data"]["verdict"] == "inconclusive" and "not measured" in got["no-data"]["reason"]
+    text = (out / "claims.md").read_text()
+    assert "1 hold, 1 do not hold, 2 inconclusive (of 4)" in text
+    assert "| `fast` |" in text and "**holds**" in text
+    table = text[text.index("| claim |"):text.index("\n\n", text.index("| claim |"))]
+    assert readme.read_text() == f"# A\n\n<!-- claims:begin -->\n{table}\n<!-- claims:end -->\n\nthe rest\n"
+
+
+def test_two_sources_of_one_name_are_refused(tmp_path):
+    for where in ("a", "b"):
+        _tuning(tmp_path / where, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
+    with pytest.raises(ConfigError, match="two tuning directories named 'resnet_paper'"):
+        find_sources([tmp_path])
+
+
+def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path):
+    results = tmp_path / "results"
+    _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.md"
+    victim.write_text("keep me\n")
+    (out / "claims.md").symlink_to(victim)
+    make_claims([results], out, _claims_file(tmp_path))
+    assert victim.read_text() == "keep me\n"          # the rename replaced the link, not its target
+    assert not (out / "claims.md").is_symlink()
+
+
+# --- the README's headline is the generated table ------------------------------------------------------------
+
+SOURCES = ROOT / "reproduce" / "claims" / "sources"
+
+
+def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path):
+    dirs = [ROOT / line.strip() for line in SOURCES.read_text().splitlines() if line.strip()]
+    results = make_claims(dirs, tmp_path / "claims", CLAIMS_FILE)
+    readme = (ROOT / "README.md").read_text()
+    block = README_BLOCK.search(readme)
+    assert block, "README.md has no <!-- claims:begin --> ... <!-- claims:end --> block"
+    assert block.group(0) == README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2),
+                                              block.group(0)), (
+        "README.md's claims table differs from what `wagma-bench claims` makes of the committed results: run "
+        "wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md")
+    committed = (ROOT / "reproduce" / "claims" / "claims.md").read_text()
+    assert summary_table(results).strip() in committed, "reproduce/claims/claims.md is stale: regenerate it"
