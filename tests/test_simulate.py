@@ -361,3 +361,32 @@ def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(
     if optimizer in ("dpsgd", "sgp"):
         per_step += net.world_allreduce(world, WL.model_bytes)
     assert outer.time_s == pytest.approx(plain.time_s + steps / 4 * per_step, rel=1e-9)
+
+
+def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, capsys):
+    from wagma_bench.simulate.cli import main, measured_spread
+
+    run = write_run(tmp_path)
+    for r, times in ((0, [0.1] * 15 + [0.3] * 15), (1, [0.2] * 30)):   # rank 0 uneven, rank 1 even
+        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+                             "samples": 8}) for s, c in enumerate(times, 1)]
+        (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+    shape = measured_spread([str(run)])
+    # the calibration's warm-up left out (its first 4 steps per rank): 11 x 0.1, 15 x 0.3, 26 x 0.2; median 0.2
+    assert sorted(set(shape)) == pytest.approx([0.5, 1.0, 1.5])
+    assert len(shape) == 52 and shape.count(1.0) == 26 and shape.count(0.5) == 11
+    out = tmp_path / "sim"
+    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8", "train.max_steps=50",
+            "control_every=0", "--out"]
+    assert main([*base, str(out / "preset")]) == 0
+    assert main([*base, str(out / "measured"), "--compute-from", str(run)]) == 0
+    preset, measured = (json.loads((out / k / "predictions.json").read_text())[0]["throughput"]
+                        for k in ("preset", "measured"))
+    assert measured < 0.8 * preset   # Allreduce-SGD waits for the slowest of 8 draws of up to 1.5x the median
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*base, str(out / "x"), "--compute-from"])
+    (run / "steps" / "rank0.jsonl").unlink()
+    (run / "steps" / "rank1.jsonl").unlink()
+    assert main([*base, str(out / "y"), "--compute-from", str(run)]) == 2
+    assert "--compute-from" in capsys.readouterr().err

@@ -5,6 +5,7 @@
         workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
+        [--compute-from RUN_DIR|TUNE_DIR...]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
@@ -45,6 +46,11 @@ trials, one per tuned combination) or one value for all (``samples_to_target=N``
 held constant in P -- the linear-scaling regime of large-batch SGD (Goyal et al. 2017), where epochs to a
 target do not change with the global batch; beyond the critical batch size this is optimistic, for every
 optimizer alike. time_to_target(P) = samples_to_target / predicted throughput(P).
+
+``--compute-from RUN_DIR...``: each rank's compute time per step is drawn from the given runs' measured
+compute times, each run's divided by its own median and scaled to the workload's ``step_s`` (the preset's or
+the one given): the spread of real runs (their natural imbalance) at the modelled machine's speed, in place of
+the preset's assumed distribution (:func:`measured_spread`).
 
 Outputs in ``--out`` (default ``sim/``): ``predictions.csv|json``, ``throughput.png`` (``plots.plot_throughput``,
 the report's figure, predictions dashed), ``time_to_target.png``, and with ``--calibrate``
@@ -135,17 +141,20 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
     ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR",
                     help="runs that reached a target, or tuning directories (their winning trials)")
+    ap.add_argument("--compute-from", nargs="+", default=[], metavar="RUN_DIR",
+                    help="runs or tuning directories whose measured compute spread (over its median) replaces the "
+                    "preset's distribution, scaled to its step_s")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
     # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
-    for opt in ("calibrate", "convergence"):
+    for opt in ("calibrate", "convergence", "compute_from"):
         items = getattr(ns, opt)
         moved = [i for i in items if "=" in i and not Path(i).exists()]
         setattr(ns, opt, [i for i in items if i not in moved])
         ns.overrides += moved
         if items and not getattr(ns, opt):
-            raise UsageError(f"--{opt} needs at least one path")
+            raise UsageError(f"--{opt.replace('_', '-')} needs at least one path")
     return sort_overrides(parse_overrides(ns.overrides)), ns
 
 
@@ -298,6 +307,34 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
             found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
                 float(hit.samples))
     return {opt: statistics.median(by_p[min(by_p)]) for opt, by_p in found.items()}
+
+
+def measured_spread(paths: list[str]) -> tuple[float, ...]:
+    """Every run's compute times (forward and backward; injected delays are the imbalance model's) over that
+    run's own median, pooled: the natural imbalance of real runs as a shape, without their machine's speed. A
+    tuning directory counts as all its trials. Drawn i.i.d. per rank and step (``compute=empirical``): a rank
+    that is slow in every step is not kept as such."""
+    from wagma_bench.report import find_runs
+    from wagma_bench.simulate.calibrate import fit_run
+
+    shape: list[float] = []
+    for d in find_runs(map(Path, paths)):
+        try:
+            times = fit_run(d).compute
+        except ValueError as err:  # no step records (a summary-only copy), too few steps
+            raise UsageError(f"--compute-from: {err}") from None
+        median = statistics.median(times)
+        shape += [t / median for t in times]
+    if not shape:
+        raise UsageError(f"--compute-from: no run directory under {', '.join(paths)}")
+    return tuple(shape)
+
+
+def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
+    """The workload with the runs' measured spread scaled to its median step time (``--compute-from``)."""
+    shape = measured_spread(paths)
+    return dataclasses.replace(workload, compute="empirical", samples=tuple(workload.step_s * x for x in shape),
+                               source=f"{workload.source}; compute spread measured in {', '.join(paths)}")
 
 
 def is_tuning_dir(path: Path) -> bool:
@@ -505,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             network = load_network(req.cluster or "daint", req.cluster_overrides)
             workload = make_workload(first, req.own)
+        if ns.compute_from:
+            workload = with_measured_spread(workload, ns.compute_from)
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
             return 0
