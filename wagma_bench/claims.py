@@ -337,12 +337,27 @@ def predicted_cell(r: dict) -> str:
     return f"{times(p['speedup'])} vs {p['best']} at P={p['world_size']}"
 
 
+def budget_cell(r: dict) -> str:
+    """Studies x trials of the subject's tuning ("a-b" where the optimizers' budgets differ)."""
+    budgets = sorted({(x["studies"], x["trials_per_study"]) for x in r["measured"]["optimizers"].values()})
+    return " / ".join(f"{s} x {o}" for s, o in budgets) or "—"
+
+
+def imbalance_cell(r: dict) -> str:
+    """The compute imbalance of the subject's runs and of the best comparator's."""
+    m = r["measured"]
+    shown = [o for o in (r["subject"], m["best_comparator"]) if o in m["optimizers"]]
+    return " / ".join(num(m["optimizers"][o]["compute_imbalance"]) for o in shown) or "—"
+
+
 def summary_table(results: list[dict]) -> str:
     rows = [{"claim": f"`{r['id']}`", "paper": r["figure"] or "direction only",
-             "measured": measured_cell(r), "predicted": predicted_cell(r),
-             "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
+             "measured": measured_cell(r), "budget": budget_cell(r), "imbalance": imbalance_cell(r),
+             "predicted": predicted_cell(r), "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
     return markdown_table(rows, [("claim", "claim", ""), ("paper", "the paper", ""),
                                  ("measured", "measured here: speed-up [95% interval]", ""),
+                                 ("budget", "studies x trials", ""),
+                                 ("imbalance", "compute imbalance (subject / best)", ""),
                                  ("predicted", "predicted at the paper's scale", ""), ("verdict", "verdict", "")])
 
 
