@@ -215,7 +215,7 @@ def test_two_sources_of_one_name_are_refused(tmp_path):
         find_sources([tmp_path])
 
 
-def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path):
+def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path, capsys):
     results = tmp_path / "results"
     _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
     out = tmp_path / "out"
@@ -223,9 +223,10 @@ def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path):
     victim = tmp_path / "victim.md"
     victim.write_text("keep me\n")
     (out / "claims.md").symlink_to(victim)
-    make_claims([results], out, _claims_file(tmp_path))
-    assert victim.read_text() == "keep me\n"          # the rename replaced the link, not its target
-    assert not (out / "claims.md").is_symlink()
+    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out / 'claims.md'} is a symbolic link (to {victim})" in err[0]
+    assert victim.read_text() == "keep me\n" and (out / "claims.md").is_symlink()
 
 
 # --- the README's headline is the generated table ------------------------------------------------------------

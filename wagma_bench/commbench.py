@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from wagma_bench.events import OUTPUT_HINT, refuse_link, write_text_atomic
+
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"
 
@@ -266,7 +268,7 @@ def run_and_report(comm, sizes: list[int], repeats: int, out: Path | None) -> di
     print(format_table(result["table"]), flush=True)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(out, json.dumps(result, indent=2))
         print(f"comm-bench: wrote {out}")
     return result
 
@@ -305,6 +307,9 @@ def main(argv: list[str]) -> int:
         parser.error("--nproc and --repeats must be >= 1")
     if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
         parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
+    if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
+        print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
+        return 2
     from wagma_bench.launch import detect_world, free_port
 
     world = detect_world()

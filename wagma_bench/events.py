@@ -35,42 +35,51 @@ class SymlinkRefused(OSError):
     user's files (``events.jsonl`` -> ``~/.bashrc``)."""
 
 
-def refuse_link(path: Path) -> SymlinkRefused:
+RUN_HINT = "a run never writes through a link: remove it, or choose another hydra.run.dir"
+OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose another output directory"
+
+
+def refuse_link(path: Path, hint: str = RUN_HINT) -> SymlinkRefused:
     try:
         target = os.readlink(path)
     except OSError:
         target = "?"
-    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); a run never writes through a "
-                                       "link: remove it, or choose another hydra.run.dir")
+    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); {hint}")
 
 
-def open_run_file(path: Path, mode: str) -> IO:
-    """Open a file of a run for writing (``mode``: w, a, wb, ab) without following a symbolic link in its last
-    component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises :class:`SymlinkRefused`."""
+def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
+    """Open a file of a run (or a command's log) for writing (``mode``: w, a, wb, ab) without following a
+    symbolic link in its last component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises
+    :class:`SymlinkRefused`."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise refuse_link(path) from None
+            raise refuse_link(path, hint) from None
         raise
     return os.fdopen(fd, mode)
 
 
-def run_subdir(path: Path) -> Path:
-    """Create a folder of a run (``steps``, ``checkpoint/round-R``); refuse one that is a symbolic link."""
+def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
+    """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
+    refuse one that is a symbolic link."""
     path.mkdir(parents=True, exist_ok=True)
     if path.is_symlink():
-        raise refuse_link(path)
+        raise refuse_link(path, hint)
     return path
 
 
 def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
     """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
-    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed.
+    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed. Every
+    output file of every command is written here (run files, reports, tunings, sweeps, predictions, claims).
 
-    The temporary file gets a fresh name, created exclusively (O_CREAT|O_EXCL, never through a link planted
-    under a guessable name); the rename replaces a link at ``path`` itself, never its target."""
+    A symbolic link at ``path`` is refused, naming it (someone else's link in a shared output directory must
+    not be silently replaced, nor written through). The temporary file gets a fresh name, created exclusively
+    (O_CREAT|O_EXCL, never through a link planted under a guessable name)."""
+    if path.is_symlink():
+        raise refuse_link(path, OUTPUT_HINT)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp")
     tmp = Path(name)
     try:
@@ -104,6 +113,10 @@ def _finite(obj: Any) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write(path, lambda f: f.write(strict_json(obj, indent=2, sort_keys=True) + "\n"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text))
 
 
 def rewrite_jsonl(path: Path, records: list[dict]) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.events import atomic_write
+
 MAX_RANKS_SHOWN = 32  # per-rank step-time figure: beyond this, the slowest ranks only
 
 
@@ -33,8 +35,10 @@ def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    try:  # atomically: a full disk leaves no half-written PNG, a planted link is refused (events.atomic_write)
+        atomic_write(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110), binary=True)
+    finally:
+        _plt().close(fig)
     return path
 
 

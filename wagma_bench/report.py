@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench import plots
-from wagma_bench.events import EVENTS, RunEvents, read_jsonl
+from wagma_bench.events import EVENTS, RunEvents, SymlinkRefused, atomic_write, read_jsonl, write_text_atomic
 from wagma_bench.rundir import live_holder
 from wagma_bench.tune import PLAN as TUNE_PLAN
 
@@ -510,10 +510,13 @@ def write_csv(rows: Sequence[dict], path: Path) -> None:
     if not rows:
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+
+    def write(f) -> None:
+        w = csv.DictWriter(f, fieldnames=keys, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
+
+    atomic_write(path, write)
 
 
 def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
@@ -540,7 +543,7 @@ def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupRepor
     if tuned is not None:
         write_csv(tuned.rows, out / "tuned.csv")
         text = _with_tuned(text, tuned, out, untuned=bool(groups))
-    report.write_text(text)
+    write_text_atomic(report, text)
     return report, groups, tuned
 
 
@@ -707,9 +710,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report, groups, tuned = make_report(args.dirs, args.out)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, SymlinkRefused) as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full or read-only disk: nothing half-written is left (events.atomic_write)
+        print(f"wagma-bench report: error: {err}", file=sys.stderr)
+        return 1
     if args.mllog:
         from wagma_bench.mlperf import write_mllog
 

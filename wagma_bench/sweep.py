@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from wagma_bench.config import ConfigError, validate
-from wagma_bench.events import RunEvents, write_json_atomic
+from wagma_bench.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
 from wagma_bench.slurm_util import TERMINAL_STATES, job_states
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,7 +429,7 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
         for i, run in enumerate(group):
             run.run_dir, run.job = str(out / runs_dir / run.name), j
             run.array_index = i if array else None
-        script.write_text(render_script(spec, group, script, out / "logs", array))
+        write_text_atomic(script, render_script(spec, group, script, out / "logs", array))
         script.chmod(0o755)
         jobs.append({"script": str(script.relative_to(out)), "gpus": group[0].gpus, "array": array,
                      "runs": len(group), "job_id": None, "submitted": None})
@@ -635,7 +635,7 @@ USAGE = __doc__.split("\n\n")[1]
 def main(argv: list[str]) -> int:
     try:
         return _main(argv)
-    except ConfigError as err:
+    except (ConfigError, SymlinkRefused) as err:
         print(f"wagma-bench sweep: error: {err}", file=sys.stderr)
         return 2
     except (RuntimeError, TimeoutError, OSError) as err:

@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.config import ConfigError
-from wagma_bench.events import RunEvents, write_json_atomic
+from wagma_bench.events import (
+    OUTPUT_HINT,
+    RunEvents,
+    SymlinkRefused,
+    open_run_file,
+    run_subdir,
+    write_json_atomic,
+)
 from wagma_bench.search_space import CONF_DIR, draw, load_space
 
 PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
@@ -241,7 +248,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
 
     out = out or sys.stdout
 
-    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    run_subdir(args.out / "logs", OUTPUT_HINT)
     n, t0 = len(trials), time.monotonic()
     for k, trial in enumerate(trials, 1):
         run_dir = args.out / TRIALS / trial.name
@@ -254,7 +261,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
         cmd = [sys.executable, "-m", "wagma_bench", "run", *spec.common, *trial.overrides,
                f"hydra.run.dir={run_dir.resolve()}"]
         log = args.out / "logs" / f"{trial.name}.log"
-        with open(log, "a") as f:
+        with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")
             f.flush()
             rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
@@ -398,7 +405,7 @@ USAGE = __doc__.split("\n\n")[1]
 def main(argv: list[str]) -> int:
     try:
         return _main(argv)
-    except ConfigError as err:
+    except (ConfigError, SymlinkRefused) as err:
         print(f"wagma-bench tune: error: {err}", file=sys.stderr)
         return 2
     except (RuntimeError, OSError) as err:

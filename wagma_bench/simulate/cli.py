@@ -72,9 +72,10 @@ from typing import Any
 
 from wagma_bench import plots
 from wagma_bench.config import RunConfig, check_world, validate
-from wagma_bench.events import RunEvents
+from wagma_bench.events import RunEvents, SymlinkRefused, write_text_atomic
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.report import write_csv
 from wagma_bench.schedules import CONTROL_EVERY
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (
@@ -360,15 +361,9 @@ def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
 
 
 def write_table(rows: list[dict], out: Path, stem: str) -> None:
-    import csv
-
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(rows, indent=2, default=float) + "\n")
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_text_atomic(out / f"{stem}.json", json.dumps(rows, indent=2, default=float) + "\n")
+    write_csv(rows, out / f"{stem}.csv")
 
 
 def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
@@ -486,7 +481,7 @@ def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload
         cal["runs"].append({k: v for k, v in dataclasses.asdict(fit).items() if k not in ("compute", "trace")}
                            | {"compute_median_s": wl.step_s, "compute_sigma": wl.sigma})
     out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.json").write_text(json.dumps(cal, indent=2, default=float) + "\n")
+    write_text_atomic(out / "calibration.json", json.dumps(cal, indent=2, default=float) + "\n")
     if rows:
         write_table(rows, out, "validation")
         cols = [("optimizer", "optimizer"), ("world_size", "P"), ("imbalance", "imbalance"), ("measured", "measured"),
@@ -550,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         predict(req, ns, runs, network, workload, out)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
-    except (UsageError, ValueError, FileNotFoundError) as err:
+    except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:
         print(f"wagma-bench simulate: error: {err}", file=sys.stderr)
         return 2
 
