@@ -150,11 +150,13 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("value, message", [
     ("0", "workload.max_sentences=0 is not allowed; it must be >= 1"),
     ("-1", "workload.max_sentences=-1 is not allowed; it must be >= 1"),
-    ("1.5", "workload.max_sentences: Value '1.5' of type 'float' could not be converted to Integer"),
+    ("1.5", "workload.max_sentences=1.5 is not allowed; it must be an integer"),
+    ("many", "workload.max_sentences='many' is not allowed; it must be an integer"),
 ])
 def test_bad_max_sentences_is_refused_naming_the_key(value, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
         validate(compose_raw("workload=transformer", f"workload.max_sentences={value}"))
+    assert "valid keys" not in str(err.value)  # the key is right: a list of keys would read as a typo
     assert validate(compose_raw("workload=transformer")).workload.max_sentences is None  # the default: tokens
 
 

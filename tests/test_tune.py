@@ -179,6 +179,10 @@ def test_the_plan_partitions_points_into_studies_and_is_reproducible():
 
 @pytest.mark.parametrize("argv,message", [
     (["tune.trials=0", "--out", "x"], "tune.trials=0 is not allowed; it must be >= 1"),
+    (["tune.max_runtime_s=nan", "--out", "x"],
+     "tune.max_runtime_s=nan is not allowed; it must be a finite number of seconds > 0"),
+    (["tune.max_runtime_s=inf", "--out", "x"],
+     "tune.max_runtime_s=inf is not allowed; it must be a finite number of seconds > 0"),
     (["tune.budget=3", "--out", "x"], "tune.budget: unknown key; valid keys of tune: trials, studies"),
     (["tune.trials=2"], "--out DIR is required"),
     (["seed=3", "--out", "x"], "seed is set by tune"),

@@ -452,13 +452,21 @@ def _typed(section: str, schema: type, node: Any, option: str | None = None) -> 
     except OmegaConfBaseException as err:
         valid = ", ".join(f.name for f in dataclasses.fields(schema))
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
+        message = str(getattr(err, "msg", err)).splitlines()[0]
+        kind = next((k for pattern, k in WRONG_TYPE.items() if pattern in message), None)
+        if key and kind:  # a value of the wrong type: the key is right, so no list of keys (it reads as a typo)
+            raise ConfigError(f"{section}.{key}={getattr(err, 'value', '?')!r} is not allowed; it must be {kind}") from None
         if isinstance(err, ConfigKeyError):
             problem = f"{section}.{key}: unknown key"
         else:
-            problem = f"{section}.{key}: " if key else f"{section}: "
-            problem += str(getattr(err, "msg", err)).splitlines()[0]
+            problem = (f"{section}.{key}: " if key else f"{section}: ") + message
         raise ConfigError(f"{problem}; valid keys of {section}: {valid}") from None
     return typed
+
+
+# OmegaConf's conversion errors -> what the key takes
+WRONG_TYPE = {"converted to Integer": "an integer", "converted to Float": "a number",
+              "is not a valid bool": "true or false"}
 
 
 def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig:

@@ -123,8 +123,8 @@ def _own_value(key: str, value: str) -> Any:
         raise ConfigError(f"tune.{key}={value!r} is not allowed; it must be {kind}") from None
     if key in ("trials", "studies") and v < 1:
         raise ConfigError(f"tune.{key}={value} is not allowed; it must be >= 1")
-    if key == "max_runtime_s" and v <= 0:
-        raise ConfigError(f"tune.max_runtime_s={value} is not allowed; it must be > 0")
+    if key == "max_runtime_s" and not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"tune.max_runtime_s={value} is not allowed; it must be a finite number of seconds > 0")
     return v
 
 
