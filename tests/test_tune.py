@@ -327,3 +327,32 @@ def test_the_done_when_command(tmp_path):
     rep = subprocess.run([str(BIN), "report", str(out), "--out", str(tmp_path / "rep")], capture_output=True,
                          text=True, timeout=300, check=False)
     assert rep.returncode == 0 and "## Tuned comparisons" in (tmp_path / "rep" / "report.md").read_text()
+
+
+# --- search-space overrides on the command line --------------------------------------------------------
+
+def test_space_overrides_change_the_tuned_range_and_are_checked_like_the_file(tmp_path):
+    args = tune.parse_args(["workload=resnet", "optimizer=allreduce,wagma", "tune.trials=4", "tune.studies=1",
+                            "space.lr_multiplier.high=2", "space.optimizer.tau={low: 2, high: 5}",
+                            "--out", str(tmp_path)])
+    _, trials, _ = tune.make_plan(args)
+    lrs = [t.params["lr_multiplier"] for t in trials]
+    assert max(lrs) <= 2 and min(lrs) >= 0.25
+    assert {t.params["optimizer.tau"] for t in trials if t.combo == "wagma"} <= {2, 3, 4, 5}
+    assert all("optimizer.tau" not in t.params for t in trials if t.combo == "allreduce")  # only where it is
+
+
+@pytest.mark.parametrize("override,message", [
+    ("space.lr_multiplier.low=8", "lr_multiplier low=8 high=4.0 is an empty range"),
+    ("space.optimizer.tau.high=0", "optimizer.tau low=2 high=0 is an empty range"),
+    ("space.optimizer.tau={low: 0, high: 3}", "optimizer.tau=0 would be refused by the run config"),
+    ("space.lr_multiplier.colour=2", "space.lr_multiplier.colour: unknown field colour; valid fields: choices, high"),
+    ("space.optimizer.period.high=9", "space.optimizer.period.high=9: no tuned search space has the dimension"),
+    ("space.lr_multiplier.high", "a search-space override is space.KEY.FIELD=VALUE"),
+])
+def test_bad_space_overrides_are_refused_before_any_trial(override, message, tmp_path, capsys):
+    assert tune.main(["workload=resnet", "optimizer=wagma", "tune.trials=1", "tune.studies=1", override,
+                      "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "t" / "trials").exists()

@@ -95,8 +95,9 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_space(optimizer: str, check: bool = True) -> SearchSpace:
-    """Read and check ``conf/search_space/OPTIMIZER.yaml``; raises :class:`ConfigError` naming the file."""
+def load_space(optimizer: str, check: bool = True, overrides: tuple[tuple[str, Any], ...] = ()) -> SearchSpace:
+    """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides applied
+    (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
     path = space_path(optimizer)
     where = f"search space {_shown(path)}"
     if not path.exists():
@@ -107,6 +108,10 @@ def load_space(optimizer: str, check: bool = True) -> SearchSpace:
         raise ConfigError(f"{where}: cannot be read: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must map keys to dimensions, e.g. lr_multiplier: {{low: 0.25, high: 4, scale: log}}")
+    mine = tuple(o for o in overrides if _applies(o, raw))
+    if mine:
+        raw = apply_overrides(raw, mine)
+        where += " with " + " ".join(f"space.{'.'.join(k for k in path_ if k)}={v}" for path_, v in mine)
     missing = [k for k in REQUIRED if k not in raw]
     if missing:
         raise ConfigError(f"{where}: {', '.join(missing)} not given; every space tunes {' and '.join(REQUIRED)}")
@@ -115,6 +120,56 @@ def load_space(optimizer: str, check: bool = True) -> SearchSpace:
     if check:
         check_against_config(space, where)
     return space
+
+
+def parse_space_override(item: str) -> tuple[tuple[str, str | None], Any]:
+    """``space.KEY.FIELD=VALUE`` (FIELD one of low, high, scale, choices) or ``space.KEY=VALUE`` (a whole
+    dimension, e.g. ``space.optimizer.tau={low: 2, high: 8}``) -> ((KEY, FIELD or None), VALUE as YAML)."""
+    import yaml
+
+    name, sep, text = item.partition("=")
+    if not sep or not name.startswith("space.") or name == "space.":
+        raise ConfigError(f"{item}: a search-space override is space.KEY.FIELD=VALUE (FIELD: "
+                          f"{', '.join(sorted(FIELDS))}) or space.KEY={{low: .., high: ..}}")
+    key = name[len("space."):]
+    head, _, last = key.rpartition(".")
+    field = last if head and last in FIELDS else None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{item}: the value is not YAML ({str(err).splitlines()[0]})") from None
+    return (head if field else key, field), value
+
+
+def _applies(override: tuple, raw: dict) -> bool:
+    """An override goes to the spaces that have its dimension; a whole dimension that no optimizer's space has
+    is new, and goes to every tuned space."""
+    (key, field), _ = override
+    if key in raw or key.rpartition(".")[0] in raw:
+        return True
+    known = {k for f in SPACE_DIR.glob("*.yaml") for k in (OmegaConf.to_container(OmegaConf.load(f)) or {})}
+    return field is None and key not in known and key.rpartition(".")[0] not in known
+
+
+def apply_overrides(raw: dict, overrides: tuple[tuple[tuple[str, str | None], Any], ...]) -> dict:
+    """The space's file with the overrides applied (checked afterwards like the file itself). A field of a
+    dimension this space does not have is left to the other optimizers' spaces (``tune`` refuses an
+    override that no tuned space takes)."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for (key, field), value in overrides:
+        head, _, last = key.rpartition(".")
+        if field is None and key not in raw and head in raw:
+            raise ConfigError(f"space.{key}: unknown field {last}; valid fields: {', '.join(sorted(FIELDS))}")
+        if field is None:
+            raw[key] = value
+        elif isinstance(raw.get(key), dict):
+            raw[key][field] = value
+            if field == "choices":
+                for other in ("low", "high", "scale"):
+                    raw[key].pop(other, None)
+            elif field in ("low", "high"):
+                raw[key].pop("choices", None)
+    return raw
 
 
 def _dimension(where: str, key: str, spec: Any) -> Dimension:

@@ -1,7 +1,7 @@
 """``wagma-bench tune``: tuned comparisons by MLCommons AlgoPerf's external tuning ruleset.
 
     wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
-        [tune.seed=1] [tune.max_runtime_s=SECONDS] [any run override] --out DIR
+        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
     wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
@@ -13,7 +13,9 @@ blocks of one sequence, so the S studies are independent tunings of O trials eac
 ``wagma-bench run`` into ``DIR/trials/NAME`` with the point's settings as overrides (``train.lr`` = the
 multiplier x the workload's ``train.lr``, ``train.warmup_epochs`` = the fraction x ``train.epochs``) and
 its own seed (1 + its index). ``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer
-stops it there), and a trial past it counts as missing the target.
+stops it there), and a trial past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``,
+``scale``, ``choices``) or ``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in
+every tuned optimizer's space that has KEY (a whole dimension: in every space), checked as the file is.
 
 Locally the trials run one after another with a progress line (each trial's output in ``DIR/logs/``);
 running the same command again skips the finished trials and resumes an interrupted one from its checkpoint
@@ -48,7 +50,7 @@ from wagma_bench.events import (
     run_subdir,
     write_json_atomic,
 )
-from wagma_bench.search_space import CONF_DIR, draw, load_space
+from wagma_bench.search_space import CONF_DIR, draw, load_space, parse_space_override
 
 PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
 TUNING = "tuning.json"      # the scores
@@ -67,6 +69,7 @@ class TuneArgs:
     seed: int = 1                         # of the quasirandom sequence
     max_runtime_s: float | None = None
     flags: set[str] = field(default_factory=set)
+    space: tuple = ()                     # search-space overrides: ((KEY, FIELD or None), value) per space.KEY...
 
     @property
     def cluster(self) -> bool:
@@ -89,7 +92,7 @@ class Trial:
 def parse_args(argv: list[str]) -> TuneArgs:
     """``tune.KEY=VALUE`` (trials, studies, seed, max_runtime_s), ``--out DIR``, cluster flags; the rest are
     run overrides."""
-    args, out, flags, own = [], None, set(), {}
+    args, out, flags, own, space = [], None, set(), {}, []
     it = iter(argv)
     for a in it:
         if a == "--out" or a.startswith("--out="):
@@ -98,6 +101,8 @@ def parse_args(argv: list[str]) -> TuneArgs:
             if a not in CLUSTER_FLAGS:
                 raise ConfigError(f"{a}: unknown flag; valid: --out DIR, {', '.join(sorted(CLUSTER_FLAGS))}")
             flags.add(a)
+        elif a.startswith("space."):
+            space.append(parse_space_override(a))
         elif a.startswith("tune."):
             key, _, value = a[len("tune."):].partition("=")
             if key not in OWN_KEYS:
@@ -107,7 +112,7 @@ def parse_args(argv: list[str]) -> TuneArgs:
             args.append(a)
     if not out:
         raise ConfigError("--out DIR is required (the tuning directory: trials, tune.json, tuning.json)")
-    parsed = TuneArgs(args, Path(out), flags=flags)
+    parsed = TuneArgs(args, Path(out), flags=flags, space=tuple(space))
     for key, value in own.items():
         setattr(parsed, key, _own_value(key, value))
     if "--dry-run" in flags and "--submit" in flags:
@@ -166,7 +171,7 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
             base = _compose_checked(compose, validate, [*spec.common, *extra, *axis], name)
             opt = base.optimizer.name
             if opt not in spaces:
-                spaces[opt] = load_space(opt)
+                spaces[opt] = load_space(opt, overrides=args.space)
                 _check_not_tuned(spaces[opt], [*spec.common, *axis])
             name = name or opt
             points = draw(spaces[opt], args.studies * args.trials, args.seed)
@@ -180,7 +185,18 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
                 trials.append(trial)
                 raws[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
                                                     trial.name).raw
+    _check_overrides_taken(args.space, spaces)
     return spec, trials, raws
+
+
+def _check_overrides_taken(overrides: tuple, spaces: dict) -> None:
+    """Every ``space.KEY...`` override names a dimension of at least one tuned optimizer's space."""
+    keys = {d.key for space in spaces.values() for d in space.dims}
+    for (key, part), value in overrides:
+        if key not in keys:
+            name = f"space.{key}" + (f".{part}" if part else "")
+            raise ConfigError(f"{name}={value}: no tuned search space has the dimension {key}; theirs: "
+                              f"{', '.join(sorted(keys))} (a new one is given whole: space.{key}={{low: .., high: ..}})")
 
 
 def _check_not_tuned(space, overrides: list[str]) -> None:
