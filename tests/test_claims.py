@@ -246,3 +246,15 @@ def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path)
         "wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md")
     committed = (ROOT / "reproduce" / "claims" / "claims.md").read_text()
     assert summary_table(results).strip() in committed, "reproduce/claims/claims.md is stale: regenerate it"
+
+
+def test_one_command_makes_every_claims_data():
+    """reproduce/claims/mini.sh runs every tuning and simulation the claims read (by their folder names)."""
+    claims = load_claims()
+    setups = set(re.findall(r"^\s+\[(\w+)\]=", (ROOT / "reproduce" / "tuning" / "mini.sh").read_text(), re.MULTILINE))
+    script = (ROOT / "reproduce" / "claims" / "mini.sh").read_text()
+    for c in claims:
+        assert c.measured["tuning"] in setups, f"{c.id}: reproduce/tuning/mini.sh has no setup {c.measured['tuning']}"
+        assert re.search(rf"\b{c.measured['tuning']}\b", script), f"{c.id}: reproduce/claims/mini.sh skips it"
+        if c.predicted:
+            assert f"paper-scale/{c.predicted['simulate']}\"" in script, f"{c.id}: no simulation writes it"
