@@ -27,3 +27,15 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
     assert "ours/raw-mean" in out.stdout
     rows = [r for r in result["results"] if r["op"] == "wait_avoiding"]
     assert all(len(r["paired_raw_s"]) == len(r["paired_raw_mean_s"]) == 2 for r in rows)
+
+
+def test_bandwidths_are_nccl_tests_algbw_and_busbw():
+    from wagma_bench.commbench import format_table, ratio_table
+
+    rows = [{"op": "allreduce", "impl": impl, "group_size": n, "bytes": 100_000_000, "median_s": 0.1,
+             "p10_s": 0.09, "p90_s": 0.11} for impl in ("ours", "raw") for n in (4, 2)]
+    table = {r["group_size"]: r for r in ratio_table(rows, copy_bps=10e9)}
+    assert table[4]["algbw_GBps"] == 1.0 and table[4]["busbw_GBps"] == 1.5    # 2 (n - 1) / n = 1.5 at n = 4
+    assert table[2]["busbw_GBps"] == table[2]["algbw_GBps"] == 1.0             # ... and 1 at n = 2
+    text = format_table(list(table.values()))
+    assert "algbw" in text and "busbw" in text and "    1.00    1.50" in text

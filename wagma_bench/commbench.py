@@ -228,8 +228,15 @@ def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
         out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
                     "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
                     "raw_ms": 1e3 * ref["median_s"], "ratio": r["median_s"] / ref["median_s"],
-                    "bandwidth_GBps": bw / 1e9, "of_copy_bw": bw / copy_bps, **extra})
+                    "bandwidth_GBps": bw / 1e9, "algbw_GBps": bw / 1e9,
+                    "busbw_GBps": bw * bus_factor(r["group_size"]) / 1e9, "of_copy_bw": bw / copy_bps, **extra})
     return out
+
+
+def bus_factor(n: int) -> float:
+    """nccl-tests' bus bandwidth of an allreduce over n ranks: busbw = algbw x 2(n-1)/n, the rate each link
+    carries in a bandwidth-optimal allreduce, comparable across n (and with nccl-tests' and OSU's figures)."""
+    return 2 * (n - 1) / n
 
 
 def human(nbytes: int) -> str:
@@ -240,12 +247,14 @@ def human(nbytes: int) -> str:
 
 
 def format_table(lines: list[dict]) -> str:
-    head = f"{'op':<16}{'S':>4}{'size':>8}{'ours ms':>11}{'p10-p90':>17}{'raw ms':>10}{'ours/raw':>10}{'GB/s':>8}{'/copy':>7}"
-    out = [head, "-" * len(head)]
+    head = (f"{'op':<16}{'S':>4}{'size':>8}{'ours ms':>11}{'p10-p90':>17}{'raw ms':>10}{'ours/raw':>10}"
+            f"{'algbw':>8}{'busbw':>8}{'/copy':>7}")
+    out = [head + "   (algbw, busbw: nccl-tests' GB/s)", "-" * len(head)]
     for r in lines:
         spread = f"{r['ours_p10_ms']:.2f}-{r['ours_p90_ms']:.2f}"
         out.append(f"{r['op']:<16}{r['group_size']:>4}{human(r['bytes']):>8}{r['ours_ms']:>11.3f}{spread:>17}"
-                   f"{r['raw_ms']:>10.3f}{r['ratio']:>10.3f}{r['bandwidth_GBps']:>8.2f}{r['of_copy_bw']:>7.2f}")
+                   f"{r['raw_ms']:>10.3f}{r['ratio']:>10.3f}{r['algbw_GBps']:>8.2f}{r['busbw_GBps']:>8.2f}"
+                   f"{r['of_copy_bw']:>7.2f}")
     for r in lines:
         if "round_ms" in r:
             phases = ", ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in r["round_ms"].items())
