@@ -153,7 +153,7 @@ def test_counter_slots_are_reused_without_mixing_rollouts():
 
 @pytest.mark.parametrize("first", [SLOTS + 3, 5 * SLOTS - 1])
 def test_counter_is_right_on_a_fresh_store_past_the_first_slots(first):
-    """A resumed run (issue 15): the rendezvous store is new, the rollout index is not. Preemption must
+    """A resumed run: the rendezvous store is new, the rollout index is not. Preemption must
     fire from the first rollout on, as in the run before the restart."""
     store = DictStore()
     for k in range(first, first + SLOTS + 2):

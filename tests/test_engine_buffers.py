@@ -1,4 +1,4 @@
-"""The wait-avoiding engine's memory: at most two model-sized buffers beyond the model (issue 26).
+"""The wait-avoiding engine's memory: at most two model-sized buffers beyond the model.
 
 The count does not ask the engine: it walks every tensor the engine object holds (attributes, lists,
 queues) and counts the distinct storages of at least the model's size, other than the model's own. It is

@@ -1,4 +1,4 @@
-"""Evaluation skips the copy and the broadcast where every rank holds the same model (issue 17), on a real
+"""Evaluation skips the copy and the broadcast where every rank holds the same model, on a real
 gloo world: an Allreduce-SGD run's model is evaluated as it is; a model with float buffers (BatchNorm
 statistics, each rank's own) is still broadcast."""
 

@@ -1,4 +1,4 @@
-"""Faults a demanding user or a hostile tester provokes (issue 15's table), each through the real CLI and
+"""Faults a demanding user or a hostile tester provokes (docs/failure-behaviour.md), each through the real CLI and
 real local gloo ranks: bad values refused up front, one writer per run directory, consistent event logs
 across restarts, checkpoints verified as sets."""
 

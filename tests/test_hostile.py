@@ -1,4 +1,4 @@
-"""Hostile and careless input, round two (issue 23, points 1-5 and 12): links planted in a run directory,
+"""Hostile and careless input, round two: links planted in a run directory,
 two runs on one port, Ctrl-C, torchrun restarts, a killed MPI rank, the teardown after the last collective.
 Each through the real CLI with real ranks where a process is involved."""
 
@@ -29,7 +29,7 @@ def keys(run_dir: Path) -> list[str]:
     return [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
 
 
-# --- point 1: a run never writes through a symbolic link --------------------------------------------------
+# --- a run never writes through a symbolic link --------------------------------------------------
 
 # the user's own file; it reads as a started run, so that the launcher's record of a failure appends to it
 VICTIM = json.dumps({"key": "run_start", "value": None, "time_ms": 0, "metadata": {}}) + "\n"
@@ -162,7 +162,7 @@ def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, write
     assert not (run_dir / "mllog.txt").is_symlink()
 
 
-# --- point 4: a torchrun restart resumes, every time ------------------------------------------------------
+# --- a torchrun restart resumes, every time ------------------------------------------------------
 
 def _workers_by_local_rank(agent_pid: int) -> dict[int, int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True, text=True,
@@ -231,7 +231,7 @@ def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_p
         torchrun_kill_and_restart(tmp_path / str(attempt))
 
 
-# --- point 2: every world a rank joins is its own run's ---------------------------------------------------
+# --- every world a rank joins is its own run's ---------------------------------------------------
 
 def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts(tmp_path):
     """The quick form of the next test: the port is held by a rendezvous store of another run (as its rank 0
@@ -314,7 +314,7 @@ def test_run_identity_is_the_launchers_id_else_the_directory():
     assert _same_run("- /a", "- /a") and not _same_run("- /a", "- /b")
 
 
-# --- point 3: Ctrl-C is a preemption ------------------------------------------------------------------------
+# --- Ctrl-C is a preemption ------------------------------------------------------------------------
 
 def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
     deadline = time.monotonic() + 120
@@ -411,7 +411,7 @@ def test_second_ctrl_c_stops_at_once_and_the_stop_is_recorded(tmp_path):
     assert summary["status"] == "interrupted" and "step" in stop["metadata"]
 
 
-# --- point 5: comm=mpi, a killed rank is named and recorded as comm=torch records it ---------------------
+# --- comm=mpi, a killed rank is named and recorded as comm=torch records it ---------------------
 
 def _mpi_rank_pid(run_dir: Path, rank: int) -> int | None:
     """The PID of an MPI rank of this run (the mpich wheel's hydra sets PMI_RANK)."""
@@ -457,7 +457,7 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     assert summary["samples"] >= sum(s["samples"] for s in logged) > 0
 
 
-# --- point 12: a completed run ends completed (the teardown after the last collective) -------------------
+# --- a completed run ends completed (the teardown after the last collective) -------------------
 
 @pytest.fixture
 def busy_loop():

@@ -1,4 +1,4 @@
-"""Careless and hostile input, round two (issue 23, points 6-11): values that cannot be right refused before
+"""Careless and hostile input, round two: values that cannot be right refused before
 anything starts, a diverged run that says so, run directories that lost their event log, the report's
 warnings, paths Hydra quotes, and which budget ends a run. Each through the real CLI where the user meets it."""
 
@@ -31,7 +31,7 @@ def compose(*overrides: str):
         return hydra_compose(config_name="wagma", overrides=list(overrides))
 
 
-# --- point 6: values that cannot be right, refused before anything starts -----------------------------
+# --- values that cannot be right, refused before anything starts -----------------------------
 
 REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),
@@ -120,7 +120,7 @@ def test_unknown_nested_cluster_key_is_refused_by_simulate(tmp_path, capsys):
     assert not (tmp_path / "sim").exists()
 
 
-# --- point 10: run directories with quotes, spaces, non-ASCII; a failed parse creates nothing --------------
+# --- run directories with quotes, spaces, non-ASCII; a failed parse creates nothing --------------
 
 def test_quoted_run_dir_with_spaces_and_non_ascii_is_used_as_hydra_reads_it(tmp_path):
     target = tmp_path / "a dir" / "Läufe ü"
@@ -142,7 +142,7 @@ def test_failed_override_parse_creates_nothing(tmp_path):
     assert not run_dir.exists()
 
 
-# --- point 7: a diverged run exits non-zero saying where and why; its logs stay strict JSON --------------
+# --- a diverged run exits non-zero saying where and why; its logs stay strict JSON --------------
 
 def _strict(path: Path) -> list[dict]:
     """Every line of a JSONL file read by a strict reader (no NaN / Infinity tokens)."""
@@ -174,7 +174,7 @@ def test_diverged_run_exits_3_naming_step_and_rank_with_strict_json_logs(tmp_pat
     assert comparison.rstrip().endswith("| 1 |"), comparison  # one diverged run, its throughput not counted
 
 
-# --- point 8: checkpoints without their event log; the MLPerf log of every end ---------------------------
+# --- checkpoints without their event log; the MLPerf log of every end ---------------------------
 
 def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(tmp_path):
     run_dir = tmp_path / "run"
@@ -202,11 +202,11 @@ def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):
     assert not (tmp_path / "mllog.txt").exists()
 
 
-# --- point 9: the report names the lines it skipped, and leaves running runs out of comparisons ----------
+# --- the report names the lines it skipped, and leaves running runs out of comparisons ----------
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A short finished run (also point 11's: 4,500 samples / (2 ranks x 64) = 36 steps per epoch, so
+    """A short finished run (also the run budget's: 4,500 samples / (2 ranks x 64) = 36 steps per epoch, so
     train.epochs=0.1 gives 4 steps and train.max_steps=6 goes beyond them)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     out = run(["launcher.nproc=2", "train.batch_size=64", "train.epochs=0.1", "train.max_steps=6",
@@ -263,7 +263,7 @@ def test_report_shows_a_run_with_a_live_lock_as_running_and_does_not_compare_it(
     assert comparison.startswith("| allreduce | 2 | none | 1 |"), comparison  # one seed: the finished run
 
 
-# --- point 11: the run says which budget ends it; max_steps beyond the epochs wins -------------------------
+# --- the run says which budget ends it; max_steps beyond the epochs wins -------------------------
 
 def test_run_says_which_budget_ends_it_and_max_steps_beyond_the_epochs_wins(finished_run):
     run_dir, out = finished_run

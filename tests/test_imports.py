@@ -9,8 +9,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wagma_bench"
 
-# Known cycles, each to be broken by a change of issue 17 in flight; remove an entry once it has landed.
-# (events -> loggers and events -> mlperf are gone: `for_run` moved into loggers, `finalize` into rundir.)
+# Known cycles, each to be broken by a change in flight; remove an entry once it has landed.
 EXPECTED_TO_BE_FIXED: set[tuple[str, str]] = set()
 
 
