@@ -390,3 +390,12 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
     (run / "steps" / "rank1.jsonl").unlink()
     assert main([*base, str(out / "y"), "--compute-from", str(run)]) == 2
     assert "--compute-from" in capsys.readouterr().err
+
+
+def test_control_exchange_size_is_the_trainers_control_tensor():
+    import dataclasses
+
+    from wagma_bench.simulate.des import CONTROL_BYTES
+    from wagma_bench.trainer import ControlFlags
+
+    assert CONTROL_BYTES == ControlFlags().to_tensor("cpu").nbytes == 8 * len(dataclasses.fields(ControlFlags))

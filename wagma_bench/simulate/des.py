@@ -90,7 +90,7 @@ from wagma_bench.optim.wagma import WagmaSGD
 from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.costs import Network
 
-CONTROL_BYTES = 6 * 8        # the trainer's control tensor: six float64 flags
+CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace")
 
 
