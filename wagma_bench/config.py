@@ -99,8 +99,8 @@ RANGES: dict[str, Range] = {
     "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
     "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": Range(0, 1, low_open=True),
     "workload.num_eval_episodes": AT_LEAST_ONE,
-    # optimizers: each one's own keys (group_size: also a power of two, checked against the world in
-    # validate), then the keys they share
+    # optimizers: each one's own keys (wagma's group_size is also a power of two that fits the world:
+    # WagmaSGD.check_world), then the keys they share
     "optimizer/allreduce.bucket_mb": POSITIVE,
     "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
     "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
@@ -218,8 +218,11 @@ def check_outer(optimizer: Any) -> None:
 
 
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
-    """The settings that depend on the world size, once it is known (``None``: not yet)."""
-    check_group_size(optimizer, world_size)
+    """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
+    rules (``Algorithm.check_world``), then the imbalance's."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    OPTIMIZERS[optimizer.name].check_world(optimizer, world_size)
     ranks = getattr(imbalance, "ranks", None)  # imbalance=fixed names its slow ranks
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
         raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
@@ -248,22 +251,6 @@ def machine_memory_mb() -> float | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def check_group_size(optimizer: Any, world_size: int | None) -> None:
-    """WAGMA's groups: a power of two that fits the world padded to the next power of two (``world_size``
-    None: not known yet, e.g. ``launcher.nproc=null`` before the visible GPUs are counted)."""
-    size = getattr(optimizer, "group_size", None)
-    if size is None:
-        return
-    if size < 1 or size & (size - 1):
-        raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
-    if world_size is None:
-        return
-    padded = 1 << (world_size - 1).bit_length()
-    if size > padded:
-        raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a power "
-                          f"of two up to {padded} (the world padded to a power of two)")
 
 
 @dataclass

@@ -99,6 +99,12 @@ class Algorithm(abc.ABC):
     #: why an outer optimizer does not apply (outer_at None): the config check's message says it
     outer_refusal: ClassVar[str] = ""
 
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Refuse, with a ``ConfigError`` naming the key, settings this algorithm cannot run on ``world_size``
+        ranks (None: not known yet). The configuration check calls it before any rank starts; an algorithm
+        with a rule about the world (WAGMA-SGD's power-of-two groups) overrides it."""
+
     def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
                  bucket_mb: float = float("inf")):
         self.settings = settings

@@ -51,6 +51,7 @@ from typing import ClassVar
 
 from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import EngineAlgorithm
 from wagma_bench.optim.outer import OuterSettings
 
@@ -77,6 +78,21 @@ class WagmaSGD(EngineAlgorithm):
 
         def default_outer_period(self) -> int:
             return self.tau + 1
+
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Groups of a power of two that fits the world padded to the next power of two (the butterfly)."""
+        size = settings.group_size
+        if size is None:
+            return
+        if size < 1 or size & (size - 1):
+            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+        if world_size is None:
+            return
+        padded = 1 << (world_size - 1).bit_length()
+        if size > padded:
+            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
+                              f"power of two up to {padded} (the world padded to a power of two)")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket
