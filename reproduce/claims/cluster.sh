@@ -36,6 +36,7 @@ case "$mode" in
     for s in "${!setup[@]}"; do "$bin" sweep wait "$out/$s"; "$bin" tune score "$out/$s"; done
     "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=paper \
       imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
+      --compute-from "$out/resnet_paper" \
       --out "$out/paper-scale/resnet50"
     "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*)' imbalance=lognormal \
       imbalance.sigma=0.5 control_every=0 --out "$out/paper-scale/rl"

@@ -11,10 +11,11 @@ bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
 out=${OUT:-tuned/claims-$(date +%Y%m%d)}
 OUT="$out" reproduce/tuning/mini.sh resnet_paper resnet_none transformer transformer_sentences transformer_budget \
   ddppo ddppo_budget
-# The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners.
+# The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
+# ResNet-50's per-step compute spread from the tuned runs (scaled to the preset's 0.32 s step).
 "$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=paper \
   imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=500 control_every=0 \
-  --convergence "$out/resnet_paper" --out "$out/paper-scale/resnet50"
+  --convergence "$out/resnet_paper" --compute-from "$out/resnet_paper" --out "$out/paper-scale/resnet50"
 "$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*)' imbalance=lognormal \
   imbalance.sigma=0.5 train.max_steps=500 control_every=0 --out "$out/paper-scale/rl"
 "$bin" claims "$out" --out "$out/claims"
