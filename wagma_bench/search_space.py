@@ -95,7 +95,11 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_space(optimizer: str, check: bool = True, overrides: tuple[tuple[str, Any], ...] = ()) -> SearchSpace:
+# a command line's ``space.KEY[.FIELD]=VALUE``: ((KEY, FIELD or None), VALUE)
+Override = tuple[tuple[str, str | None], Any]
+
+
+def load_space(optimizer: str, check: bool = True, overrides: tuple[Override, ...] = ()) -> SearchSpace:
     """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides applied
     (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
     path = space_path(optimizer)
@@ -122,7 +126,7 @@ def load_space(optimizer: str, check: bool = True, overrides: tuple[tuple[str, A
     return space
 
 
-def parse_space_override(item: str) -> tuple[tuple[str, str | None], Any]:
+def parse_space_override(item: str) -> Override:
     """``space.KEY.FIELD=VALUE`` (FIELD one of low, high, scale, choices) or ``space.KEY=VALUE`` (a whole
     dimension, e.g. ``space.optimizer.tau={low: 2, high: 8}``) -> ((KEY, FIELD or None), VALUE as YAML)."""
     import yaml
@@ -141,7 +145,7 @@ def parse_space_override(item: str) -> tuple[tuple[str, str | None], Any]:
     return (head if field else key, field), value
 
 
-def _applies(override: tuple, raw: dict) -> bool:
+def _applies(override: Override, raw: dict) -> bool:
     """An override goes to the spaces that have its dimension; a whole dimension that no optimizer's space has
     is new, and goes to every tuned space."""
     (key, field), _ = override
@@ -151,7 +155,7 @@ def _applies(override: tuple, raw: dict) -> bool:
     return field is None and key not in known and key.rpartition(".")[0] not in known
 
 
-def apply_overrides(raw: dict, overrides: tuple[tuple[tuple[str, str | None], Any], ...]) -> dict:
+def apply_overrides(raw: dict, overrides: tuple[Override, ...]) -> dict:
     """The space's file with the overrides applied (checked afterwards like the file itself). A field of a
     dimension this space does not have is left to the other optimizers' spaces (``tune`` refuses an
     override that no tuned space takes)."""

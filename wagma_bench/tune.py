@@ -69,7 +69,7 @@ class TuneArgs:
     seed: int = 1                         # of the quasirandom sequence
     max_runtime_s: float | None = None
     flags: set[str] = field(default_factory=set)
-    space: tuple = ()                     # search-space overrides: ((KEY, FIELD or None), value) per space.KEY...
+    space: tuple = ()                     # search-space overrides (search_space.Override), from space.KEY...
 
     @property
     def cluster(self) -> bool:
