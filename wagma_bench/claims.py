@@ -320,12 +320,21 @@ def times(v: float | None) -> str:
     return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.2f}x")
 
 
+def bound(v: float, threshold: float) -> str:
+    """An interval's end, with a third decimal where two would round it onto the threshold it misses."""
+    text = times(v)
+    if math.isfinite(v) and v != threshold and f"{v:.2f}" == f"{threshold:.2f}":
+        text = f"{v:.3f}x"
+    return text
+
+
 def measured_cell(r: dict) -> str:
     m = r["measured"]
     if m["speedup"] is None:
         return "subject only: no comparator measured" if r["subject"] in m["optimizers"] else "no data"
     lo, hi = m["interval"]
-    return f"{times(m['speedup'])} vs {m['best_comparator']} [{times(lo)}, {times(hi)}]"
+    return (f"{times(m['speedup'])} vs {m['best_comparator']} [{bound(lo, r['threshold'])}, "
+            f"{bound(hi, r['threshold'])}]")
 
 
 def predicted_cell(r: dict) -> str:
