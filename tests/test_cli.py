@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_util import rank_pids
 from wagma_bench.events import RunStart, read_jsonl
 from wagma_bench.simulate.calibrate import model_params_of
 
@@ -84,12 +85,6 @@ def test_divergence_stops_with_status_diverged(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
-                         check=False).stdout
-    return [int(p) for p in out.split()]
-
-
 def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
     proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=3", "train.max_steps=100000", "logger.progress=off",
                              f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,7 +93,7 @@ def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
         while not (tmp_path / "events.jsonl").exists() and time.time() < deadline:
             time.sleep(0.5)
         time.sleep(2)
-        ranks = [c for c in _children(proc.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
+        ranks = rank_pids(proc.pid)
         assert len(ranks) == 3, ranks
         os.kill(ranks[-1], signal.SIGKILL)
         _, err = proc.communicate(timeout=200)

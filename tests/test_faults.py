@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.proc_util import rank_pids
 from wagma_bench.config import FIXED_SECTIONS, RANGES, allowed_range, missing_range_hint, option_schemas
 from wagma_bench.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
@@ -278,19 +279,13 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     assert all(e["metadata"].get("step", 0) <= resume["metadata"]["step"] for e in before)
 
 
-def _ranks_of(proc: subprocess.Popen) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True,
-                         check=False).stdout
-    return [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
-
-
 def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
     """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
     args = QUICK[:1] + ["eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
     first = start(args + ["train.max_steps=400"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
-        for pid in _ranks_of(first):
+        for pid in rank_pids(first.pid):
             os.kill(pid, signal.SIGTERM)
         first.communicate(timeout=120)
     finally:
@@ -425,7 +420,7 @@ def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
                                   f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
-        ranks = _ranks_of(launcher)
+        ranks = rank_pids(launcher.pid)
         assert len(ranks) == 2, ranks
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.communicate(timeout=60)
@@ -497,8 +492,8 @@ def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch,
 
 def _rank_pids(launcher: subprocess.Popen, nproc: int) -> list[int]:
     """The ranks' PIDs by rank (spawned in rank order, so in increasing PID order)."""
-    wait_for(lambda: len(_ranks_of(launcher)) == nproc, "the ranks to start", timeout=60)
-    return sorted(_ranks_of(launcher))
+    wait_for(lambda: len(rank_pids(launcher.pid)) == nproc, "the ranks to start", timeout=60)
+    return sorted(rank_pids(launcher.pid))
 
 
 def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_path):
@@ -509,7 +504,7 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
                                   f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 0)
-                 and keys(tmp_path) == ["run_start"], "steps")
+                 and keys(tmp_path) == ["run_start", "startup"], "steps")
         os.kill(_rank_pids(launcher, 2)[0], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = launcher.communicate(timeout=120)

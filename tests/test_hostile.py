@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_util import children, rank_pids
 from wagma_bench.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -319,9 +320,7 @@ def test_run_identity_is_the_launchers_id_else_the_directory():
 def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
     deadline = time.monotonic() + 120
     while True:
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(launcher.pid)], capture_output=True, text=True,
-                             check=False).stdout
-        ranks = [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        ranks = rank_pids(launcher.pid)
         if len(ranks) == nproc:
             return ranks
         assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
@@ -508,3 +507,53 @@ def test_a_rank_error_is_not_written_through_a_planted_link(tmp_path):
     (run_dir / ".heartbeats" / "rank0.error").symlink_to(victim)
     _rank_error(run_dir)
     assert victim.read_text() == VICTIM
+
+
+def _ctrl_c_while_starting(run_dir: Path, presses: int):
+    """Ctrl-C the launcher as it starts its ranks (its fork server still importing torch): no rank exists yet
+    to take the forward, nor, a moment later, has one installed its handler."""
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+                                 "logger.progress=off", f"hydra.run.dir={run_dir}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
+        time.sleep(0.1)
+        assert [p for p in children(launcher.pid) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert not rank_pids(launcher.pid), "the ranks had started: too late to test their start"
+        for press in range(presses):
+            os.kill(launcher.pid, signal.SIGINT)
+            time.sleep(0.3)
+        _, err = launcher.communicate(timeout=180)
+        return launcher, err
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+def test_ctrl_c_while_the_ranks_start_stops_the_run_at_its_first_synchronisation_point(tmp_path):
+    launcher, err = _ctrl_c_while_starting(tmp_path, presses=1)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] <= 20, summary  # not trained on
+    assert f"interrupted at step {summary['steps']}, checkpoint saved" in err
+
+
+def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_checkpoint(tmp_path):
+    launcher, err = _ctrl_c_while_starting(tmp_path, presses=2)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "stopped at once by a second Ctrl-C" in err and "no checkpoint was saved" in err, err[-3000:]
+    assert "resume from the last checkpoint" not in err
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(0.5)  # Python and Hydra start: the launcher has not taken Ctrl-C over
+    os.kill(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode in (130, -signal.SIGINT), err[-3000:]  # -SIGINT: before Python's own handler
+    assert "Traceback" not in err, err[-3000:]

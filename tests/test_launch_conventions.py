@@ -10,17 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from tests.proc_util import rank_pids
 from wagma_bench.checkpoint import latest_set
 from wagma_bench.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
-
-
-def _rank_pids(pid: int) -> list[int]:
-    """The spawned rank processes of a local `wagma-bench run` (not its resource tracker)."""
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
-                         check=False).stdout
-    return [int(p) for p in out.split() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
 
 
 def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:
@@ -40,7 +34,7 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_steps(tmp_path, 2, proc)
-        ranks = _rank_pids(proc.pid)
+        ranks = rank_pids(proc.pid)
         assert len(ranks) == 2, ranks
         for pid in ranks:
             os.kill(pid, signal.SIGUSR2)

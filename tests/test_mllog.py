@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_util import rank_pids
 from wagma_bench.events import EVENTS, read_jsonl
 from wagma_bench.mlperf import MLLOG, mllog_records, write_mllog
 
@@ -90,13 +91,6 @@ def test_transformer_bleu_carries_the_sacrebleu_signature(transformer_run, tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"BLEU: sacrebleu signature `{signature}`." in (tmp_path / "R" / "report.md").read_text()
     assert signature in (tmp_path / "R" / "runs.csv").read_text()
-
-
-def rank_pids(launcher: int) -> list[int]:
-    """The spawned rank processes of a local launcher (not multiprocessing's resource tracker)."""
-    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    return [int(pid) for pid in children
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def wait_for_event(run_dir: Path, key: str, proc: subprocess.Popen, timeout: float = 300) -> None:

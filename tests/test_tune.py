@@ -300,6 +300,8 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
+    # the trial's launcher has a process group of its own: tune's death interrupts it (parent-death signal)
+    _wait_until_no_process_names(second, timeout=120)
     first = out / "trials" / "allreduce_study1_trial1"
     first_events = (first / "events.jsonl").read_bytes()
     res = _tune(args)
@@ -356,3 +358,49 @@ def test_bad_space_overrides_are_refused_before_any_trial(override, message, tmp
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "t" / "trials").exists()
+
+
+def _processes_naming(path: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_until_no_process_names(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _processes_naming(path):
+        assert time.monotonic() < deadline, f"processes of {path} still run: {_processes_naming(path)}"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_line(tmp_path):
+    """SIGINT to tune alone while a trial trains: tune forwards it to the trial, whose ranks checkpoint and
+    stop; tune waits for them, says what to do in one line and exits 130; nothing of the trial runs on."""
+    out = tmp_path / "tune"
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=100000", "eval.every_steps=100000",
+            "logger.progress=off", "optimizer=allreduce", "tune.trials=2", "tune.studies=1", "--out", str(out)]
+    proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    first = out / "trials" / "allreduce_study1_trial1"
+    try:
+        deadline = time.monotonic() + 300
+        while not ((first / "steps" / "rank0.jsonl").exists() and (first / "steps" / "rank0.jsonl").stat().st_size):
+            assert time.monotonic() < deadline and proc.poll() is None, "the first trial never trained"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "interrupted in trial allreduce_study1_trial1" in err, err[-3000:]
+    assert not _processes_naming(first)
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert (first / "checkpoint" / "latest").exists()
+    assert not (out / "trials" / "allreduce_study1_trial2").exists()  # the next trial never started

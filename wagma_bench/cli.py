@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
-        return run_command(rest)
+        try:
+            return run_command(rest)
+        except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
+            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
     if command == "comm-bench":
         from wagma_bench.commbench import main as bench_main
 
@@ -160,14 +164,18 @@ def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
 
+    from wagma_bench import startup
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.extras import check_extras
-    from wagma_bench.launch import detect_world
+    from wagma_bench.launch import detect_world, start_rank_server
     from wagma_bench.workloads import get_workload
 
+    startup.new_job()
     world = detect_world()
     try:
         run_cfg = validate(cfg, world.world_size if world else None)
+        if world is None and run_cfg.comm.name != "mpi":  # local ranks to come: their imports start now
+            start_rank_server()
         check_extras(run_cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
     except (ConfigError, ValueError) as err:
@@ -246,8 +254,12 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), 2)
     except RunInterrupted as err:
-        print(f"wagma-bench: {record_failed_run(run_dir, str(err), 'interrupted')}; run the same command again "
-              f"to resume from the last checkpoint in {run_dir}", file=sys.stderr, flush=True)
+        from wagma_bench.checkpoint import latest_set
+
+        message = record_failed_run(run_dir, str(err), "interrupted")
+        again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
+                 f"to start it over (no checkpoint was saved in {run_dir})")
+        print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_EXIT)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"

@@ -338,7 +338,10 @@ def main(argv: list[str]) -> int:
         return 0
     import torch.multiprocessing as mp
 
+    from wagma_bench.launch import start_rank_server
+
+    start_rank_server()  # the ranks are forked from it, torch imported once
     mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,
                                                                      "out": args.out, "device": args.device}),
-                       nprocs=args.nproc, start_method="spawn")
+                       nprocs=args.nproc, start_method="forkserver")
     return 0

@@ -274,6 +274,10 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "git_sha": meta.get("git_sha"),
         "versions": meta.get("versions"),
         "hosts": meta.get("hosts"),
+        # rank 0's CPU seconds by thread over the last attempt (wagma_bench.cpu), at the run's end
+        "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s") if stops and ended == "run_stop" else None,
+        # where the last attempt's start went (wagma_bench.startup), seconds per phase
+        "startup": next((e["metadata"] for e in reversed(events) if e["key"] == "startup"), None),
     }
 
 

@@ -2,7 +2,8 @@
 
 ``wagma-bench run`` runs as one rank of an existing world when started by torchrun (RANK/WORLD_SIZE),
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
-``launcher.nproc`` local ranks with torch.multiprocessing. A rank that dies, raises or hangs ends the whole
+``launcher.nproc`` local ranks with torch.multiprocessing, forked from a fork server that has imported torch and
+the suite once (:func:`start_rank_server`). A rank that dies, raises or hangs ends the whole
 run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.supervise`).
 """
 
@@ -17,14 +18,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from wagma_bench import startup
 from wagma_bench.config import ConfigError, RunConfig, validate
 from wagma_bench.events import open_run_file
 from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
 from wagma_bench.rundir import LOCK, finalize
 from wagma_bench.supervise import (
     HEARTBEATS,
+    LAUNCHER_DIR_ENV,
     SHARED_HEARTBEAT_S,
     CtrlC,
     RanksLost,
@@ -152,6 +153,8 @@ def slurm_master(env=os.environ) -> tuple[str, int]:
 def _pin_threads(local_world_size: int) -> None:
     # Several ranks on one CPU would each start one intra-op thread per core and thrash.
     if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
 
 
@@ -191,6 +194,8 @@ def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePla
 
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_dir: str = ""):
     """Create this rank's communicator (the one backend every algorithm uses)."""
+    import torch
+
     plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
     use_cuda = plan.cuda
     device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
@@ -319,8 +324,10 @@ def torchrun_attempt_store(timeout_s: float, env=os.environ):
 
 def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:
     """Entry point of one rank, in a spawned process or under an external launcher."""
+    startup.mark("rank")
     from wagma_bench.trainer import train
 
+    startup.mark("imported")
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
@@ -330,6 +337,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
         with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it
             f.write(str(os.getpid()))
     comm = make_comm(cfg, world, master, run_dir)
+    startup.mark("world")
     try:
         return train(cfg, comm, Path(run_dir), world.local_rank)
     except RanksLost as err:
@@ -356,32 +364,68 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
 
 
 def _die_with_launcher(launcher_pid: int) -> None:
-    """Ask Linux to send SIGTERM to this rank when its launcher dies (SIGKILLed, OOM), so ranks never train
-    on unsupervised: the TERM handler checkpoints at the next synchronisation point and ends the run as
-    preempted (``run_suspend``), resumable. Elsewhere (no prctl) a watchdog thread does the same."""
-    import ctypes
+    """SIGTERM to this rank when its launcher dies (SIGKILLed, OOM), so ranks never train on unsupervised: the
+    TERM handler checkpoints at the next synchronisation point and ends the run as preempted (``run_suspend``),
+    resumable. The rank's parent is the launcher's fork server, which outlives the launcher while any rank lives
+    (each rank holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread
+    waits on the launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
+    import select
     import signal
     import threading
     import time
 
-    pr_set_pdeathsig = 1
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl")
-    except (OSError, AttributeError):
-        def watch():
-            while os.getppid() == launcher_pid:
-                time.sleep(1.0)
-            os.kill(os.getpid(), signal.SIGTERM)
+        pidfd = os.pidfd_open(launcher_pid)
+    except (AttributeError, OSError):  # no pidfd here, or the launcher is already gone
+        pidfd = None
 
-        threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
-    if os.getppid() != launcher_pid:  # it died before prctl took effect
+    def watch():
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the launcher has exited
+        else:
+            while _alive(launcher_pid):
+                time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process took the number: ours is gone
+        return False
+    return True
+
+
+# What every local rank imports, imported once by the fork server the ranks are forked from (each rank
+# importing them itself took 4-5 s of CPU: torch 2.2 s, torch._dynamo, which torch.optim's first step
+# imports, 2.0 s). Only modules that start no thread and touch no device: a fork copies no thread.
+RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.trainer", "wagma_bench.comm.torch_dist",
+                "wagma_bench.optim", "wagma_bench.workloads.resnet")
+
+
+def start_rank_server() -> None:
+    """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
+    (Hydra, validation, its torch import). It inherits the launcher's ignored Ctrl-C (see
+    :func:`~wagma_bench.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
+    arguments, not in the server's environment, which is the launcher's at this moment. Idempotent."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+    with ranks_ignore_ctrl_c():
+        forkserver.ensure_running()
 
 
 def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],
-                  launcher_pid: int | None = None, heartbeat_dir: str | None = None) -> None:
+                  launcher_pid: int | None = None, heartbeat_dir: str | None = None,
+                  env: dict | None = None) -> None:
+    _ignore_ctrl_c()
+    os.environ.update(env or {})
+    startup.inherit()
     if launcher_pid is not None:
         _die_with_launcher(launcher_pid)
     if heartbeat_dir is not None:
@@ -396,6 +440,17 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
         os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
+
+
+def _ignore_ctrl_c() -> None:
+    """A rank's Ctrl-C is its launcher's to forward (the trainer installs its handlers); until then it is
+    ignored, whatever the fork server's own disposition was."""
+    import signal
+
+    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+    for sig in (signal.SIGINT, FORWARDED_INTERRUPT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _exit_now(code: int) -> None:
@@ -428,15 +483,18 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
     if port:
         check_port_free(addr, port)
     master = (addr, port or free_port(addr))
-    os.environ[RUN_NONCE_ENV] = secrets.token_hex(8)  # inherited by the spawned ranks
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = None
     try:
-        with ranks_ignore_ctrl_c():
-            ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
-                                                          str(heartbeats)),
-                                     nprocs=nproc, join=False, start_method="spawn")
-        ctrl_c = CtrlC(ctx.processes)
+        ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
+        start_rank_server()
+        startup.mark("spawned")
+        env = {RUN_NONCE_ENV: secrets.token_hex(8), startup.STARTUP_ENV: startup.for_ranks(),
+               LAUNCHER_DIR_ENV: str(heartbeats)}
+        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                                      str(heartbeats), env),
+                                 nprocs=nproc, join=False, start_method="forkserver")
+        ctrl_c.processes = ctx.processes
         supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
     finally:
         if ctrl_c is not None:

@@ -55,18 +55,29 @@ class CtrlC:
     as :data:`~wagma_bench.slurm_util.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
     first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``); the second
     stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one blocked in a
-    collective never runs its handler). The launcher itself never exits while its ranks run."""
+    collective never runs its handler). The launcher itself never exits while its ranks run.
 
-    def __init__(self, processes: list):
+    It is installed before the ranks exist, so a Ctrl-C while they start is not lost, nor one that reaches a
+    rank before its handler is in place (ranks ignore the forward until then). Before forwarding, the launcher
+    writes how many Ctrl-Cs it took into :data:`INTERRUPTS_FILE` in its folder ``folder``; a rank reads it in
+    its handler and once more after installing it (:func:`launcher_interrupts`), so each Ctrl-C counts once
+    whether its forward arrived, arrived twice, or was ignored."""
+
+    def __init__(self, processes: list, folder: Path | None = None):
         from wagma_bench.slurm_util import FORWARDED_INTERRUPT
 
-        self.processes, self.signal = processes, FORWARDED_INTERRUPT
+        self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
         self.count = 0
         self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
         self._previous = signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                tmp = self.folder / f".{INTERRUPTS_FILE}.tmp"
+                tmp.write_text(str(self.count))
+                os.replace(tmp, self.folder / INTERRUPTS_FILE)
         if self.count == 1:
             print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
                   "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
@@ -82,6 +93,20 @@ class CtrlC:
 
     def restore(self) -> None:
         signal.signal(signal.SIGINT, self._previous)
+
+
+INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
+LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
+
+
+def launcher_interrupts(folder: str | Path | None) -> int:
+    """How many Ctrl-Cs this rank's local launcher took (0 without a launcher of ours, see :class:`CtrlC`)."""
+    if not folder:
+        return 0
+    try:
+        return int((Path(folder) / INTERRUPTS_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 @contextlib.contextmanager

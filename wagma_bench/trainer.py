@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -28,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench import __version__
+from wagma_bench import __version__, startup
 from wagma_bench.checkpoint import Checkpointer
 from wagma_bench.comm.base import Comm
 from wagma_bench.config import RunConfig
+from wagma_bench.cpu import thread_cpu_s
 from wagma_bench.events import SUMMARY, StepLog
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.loggers import event_log_for_run
@@ -46,7 +48,7 @@ from wagma_bench.slurm_util import (
     REQUEUE_SIGNALS,
     requeue_job,
 )
-from wagma_bench.supervise import lost_ranks
+from wagma_bench.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, lost_ranks
 from wagma_bench.workloads import get_workload
 
 
@@ -184,6 +186,7 @@ class Preemption:
     def __init__(self):
         self.signal: int | None = None
         self.interrupts = 0
+        self.launcher_dir = os.environ.get(LAUNCHER_DIR_ENV)  # a local launcher's: it counts its Ctrl-Cs there
         for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
             try:
                 if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:
@@ -191,10 +194,14 @@ class Preemption:
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
                 pass
+        if launcher_interrupts(self.launcher_dir):  # a Ctrl-C while this rank started, its forward ignored
+            self._handle(FORWARDED_INTERRUPT, None)
 
     def _handle(self, signum, frame):
         if signum in (*INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
-            self.interrupts += 1
+            # the launcher's count where it keeps one: a forward that came twice, or not at all, counts right
+            counted = launcher_interrupts(self.launcher_dir) if signum == FORWARDED_INTERRUPT else 0
+            self.interrupts = max(self.interrupts + (counted == 0), counted)
             if self.interrupts > 1:
                 raise KeyboardInterrupt("stopped at once by a second Ctrl-C")
         self.signal = signum
@@ -338,6 +345,7 @@ class Trainer:
         self.init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
         torch.manual_seed(cfg.seed)
         self.workload = get_workload(cfg.workload.name)(cfg, self.rank, self.world, comm.device)
+        startup.mark("data")
         self.workload.attach(comm)
         self.model = self.workload.build_model().to(comm.device)
         self.algo = get_optimizer(cfg.optimizer.name)(cfg.optimizer, self.model, make_local_optimizer(cfg.train),
@@ -360,15 +368,19 @@ class Trainer:
         self.loss = math.nan             # the last step's loss
         self.last_compute_s: float | None = None
         self.last_checkpoint_s = self.last_progress_s = 0.0
+        self.startup_logged = False
 
     def train(self) -> dict | None:
         """The story of a run: start or resume, then steps until a synchronisation point decides to stop."""
         resumed = self.start_or_resume()
         self.open_logs(resumed)
         batches = self.workload.batches(self.state.local_step)
+        startup.mark("ready")
         try:
             while self.status is None:
                 r = self.train_step(batches)
+                if self.rank == 0 and not self.startup_logged:
+                    self.log_startup()
                 if not self.at_control_point(r):
                     continue
                 # --- synchronisation point: every rank is at round r ---------------------------------
@@ -389,7 +401,8 @@ class Trainer:
                     if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
                         self.status = "interrupted" if flags.interrupted else "preempted"
                         self.requeue = flags.requeue and not flags.interrupted
-            counts = self.final_counts()
+            # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
+            counts = {**self.final_counts(), **({"threads_cpu_s": thread_cpu_s()} if self.rank == 0 else {})}
             self.algo.close()
             # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
             # on any group) before any rank tears its groups down; a rank that left first would fail a late
@@ -450,6 +463,12 @@ class Trainer:
             print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
         self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
                                  cfg.logger.log_every_s, f"{cfg.workload.name}/{algo.name} x{self.world}")
+
+    def log_startup(self) -> None:
+        """Where this attempt's start went (:mod:`wagma_bench.startup`), once its first step is done."""
+        startup.mark("first_step")
+        self.events.emit("startup", None, **startup.phases())
+        self.startup_logged = True
 
     # --- the step ------------------------------------------------------------------------------------
     def train_step(self, batches) -> int:

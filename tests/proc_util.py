@@ -1,0 +1,29 @@
+"""The processes of a local ``wagma-bench run``, as the tests find them from the launcher's PID.
+
+The launcher starts a fork server (``multiprocessing.forkserver``) and the ranks are forked from it, so the
+ranks are the server's children, not the launcher's; they are forked in rank order, so PID order is rank
+order (the tests' runs are far from a PID wrap-around)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # it has ended
+        return []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def rank_pids(launcher: int) -> list[int]:
+    """The live ranks of the local launcher ``launcher``, by rank (not its fork server or resource tracker)."""
+    servers = [p for p in children(launcher) if b"forkserver" in _cmdline(p)]
+    return sorted(p for server in servers for p in children(server))

