@@ -43,6 +43,8 @@ def test_gpu_check_dry_mode_runs_every_part_on_cpu(tmp_path):
     for row in result["throughput"]["rows"].values():
         assert row["wagma_bench_images_per_s"] > 0 and row["plain_images_per_s"] > 0 and row["ratio"] > 0
     assert result["comm_bench"]["table"]
+    goals = result["comm_bench"]["wait_avoiding_goals"]  # gloo on the CPU: computed, not judged
+    assert goals and all(g["bytes"] == 2**20 and g["goal"] == 1.5 and not g["judged"] for g in goals)
     assert "throughput (ResNet-50" in out.stdout and "all ok: True" in out.stdout
 
 

@@ -69,3 +69,17 @@ def test_a_run_records_where_its_start_went(tmp_path):
     assert sum(phases[p] for p in PHASES) == pytest.approx(phases["total_s"], abs=1e-3)
     keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
     assert keys.index("run_start") < keys.index("startup") < keys.index("run_stop")
+
+
+def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
+    """The launcher's and a rank's modules import none of the packages only some runs use (fairseq, MiniWorld,
+    W&B, matplotlib, ...): those are imported where they are used. A fresh interpreter, so that what this test
+    session imported elsewhere does not count."""
+    code = ("import sys\n"
+            "import wagma_bench.cli, wagma_bench.launch, wagma_bench.trainer, wagma_bench.workloads, wagma_bench.optim\n"
+            "import wagma_bench.comm.torch_dist, wagma_bench.mlperf, wagma_bench.rundir\n"
+            "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'matplotlib', 'sacrebleu', 'mpi4py',\n"
+            "         'submitit', 'torchvision')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout

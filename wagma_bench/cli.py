@@ -82,7 +82,7 @@ def run_command(overrides: list[str]) -> int:
         return 0
     import hydra
 
-    from wagma_bench.launch import agreed_run_dir_override, detect_world
+    from wagma_bench.launch import agreed_run_dir_override, detect_world, start_rank_server
 
     world = detect_world()
     if world is not None and (run_dir := agreed_run_dir_override(overrides)):
@@ -91,12 +91,14 @@ def run_command(overrides: list[str]) -> int:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     from wagma_bench.errors import ConfigError
-    from wagma_bench.overrides import precheck
+    from wagma_bench.overrides import MULTIRUN_FLAGS, precheck
 
     try:  # a parse error or a misspelt key: exit 2 before anything is created
         explicit = precheck(overrides, CONF_DIR)
     except ConfigError as err:
         _fail(str(err), 2)
+    if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
+        start_rank_server()  # local ranks to come (most likely): the server's imports overlap Hydra's work
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
@@ -167,15 +169,15 @@ def _run_job(cfg) -> dict | None:
     from wagma_bench import startup
     from wagma_bench.config import ConfigError, validate
     from wagma_bench.extras import check_extras
-    from wagma_bench.launch import detect_world, start_rank_server
+    from wagma_bench.launch import detect_world, stop_rank_server
     from wagma_bench.workloads import get_workload
 
     startup.new_job()
     world = detect_world()
     try:
         run_cfg = validate(cfg, world.world_size if world else None)
-        if world is None and run_cfg.comm.name != "mpi":  # local ranks to come: their imports start now
-            start_rank_server()
+        if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
+            stop_rank_server()
         check_extras(run_cfg)
         get_workload(run_cfg.workload.name).check(run_cfg)
     except (ConfigError, ValueError) as err:

@@ -9,6 +9,7 @@ run within seconds: the survivors are terminated and the error names the failed 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -411,13 +412,30 @@ def start_rank_server() -> None:
     """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
     (Hydra, validation, its torch import). It inherits the launcher's ignored Ctrl-C (see
     :func:`~wagma_bench.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
-    arguments, not in the server's environment, which is the launcher's at this moment. Idempotent."""
+    arguments, not in the server's environment, which is the launcher's at this moment. Idempotent; the server
+    is stopped when the launcher exits (:func:`stop_rank_server`), so a command refused after this point does
+    not leave it importing."""
+    import atexit
     import multiprocessing
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
     with ranks_ignore_ctrl_c():
         forkserver.ensure_running()
+    atexit.unregister(stop_rank_server)
+    atexit.register(stop_rank_server)
+
+
+def stop_rank_server() -> None:
+    """Kill the fork server (a server still importing would only notice the launcher's exit once done). Its
+    ranks, if any still run, are not its to end: they are separate processes."""
+    import signal
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],

@@ -484,12 +484,14 @@ class Trainer:
         first = self.last_compute_s is None
         delay_s = 0.0 if first else self.straggle(self.last_compute_s)
         t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
+        cpu0 = time.thread_time()  # this thread's CPU: compute_s minus it is time it waited for a core
         batch = next(batches)
         self.algo.zero_grad()
         with self.autocast:
             loss, n = self.workload.forward(self.model, batch)
         loss.backward()
         compute_s = self.last_compute_s = time.perf_counter() - t0
+        compute_cpu_s = time.thread_time() - cpu0
         if first:
             delay_s = self.straggle(compute_s)
         info = self.algo.step()
@@ -500,7 +502,8 @@ class Trainer:
         state.samples_local += n
         self.clock.tick()
         self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
-                          compute_s=round(compute_s, 5), delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
+                          compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
+                          delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
                           samples=n, loss=round(self.loss, 5), staleness=info.staleness,
                           **self.workload.step_stats())
         return info.round

@@ -9,7 +9,8 @@ alternating, ``--repeats`` times each:
     .venv/bin/python reproduce/engine/compute_gap.py --table reproduce/engine/results-....json
 
 Per run, from the step logs (every rank, the first ``WARMUP`` steps left out): the median compute time per
-step (batch, forward, backward), the median communication time per step (what the optimizer's step waited),
+step (batch, forward, backward) on the wall clock and in the compute thread's CPU (the difference is time the
+thread waited for a core), the median communication time per step (what the optimizer's step waited),
 and from ``summary.json`` the throughput (tokens/s for the Transformer, images/s for ResNet) and rank 0's CPU
 seconds by thread (``threads_cpu_s``), per step. The figures are medians over the repeats. Run it on an idle
 machine (``flock /tmp/wagma-measure.lock``).
@@ -46,6 +47,7 @@ def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int
                 for name, seconds in (summary.get("threads_cpu_s") or {}).items()}
     tokens = sum(r.get("tokens", 0) for r in records)
     return {"compute_ms": 1e3 * statistics.median(r["compute_s"] for r in kept),
+            "compute_cpu_ms": 1e3 * statistics.median(r["compute_cpu_s"] for r in kept),
             "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in kept),
             "throughput": (tokens if tokens else summary["samples"]) / summary["train_s"],
             "unit": "tokens/s" if tokens else "samples/s", "thread_cpu_ms_per_step": per_step}
@@ -62,7 +64,7 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
                     print(f"{workload} x{nproc} {opt} #{i + 1}: {runs[opt][-1]}", flush=True)
             row = {"workload": workload, "nproc": nproc, "steps": steps, "repeats": repeats, "runs": runs}
             for opt in OPTIMIZERS:
-                for key in ("compute_ms", "comm_ms", "throughput"):
+                for key in ("compute_ms", "compute_cpu_ms", "comm_ms", "throughput"):
                     row[f"{opt}_{key}"] = round(statistics.median(r[key] for r in runs[opt]), 3)
                 threads = runs[opt][0]["thread_cpu_ms_per_step"].keys()
                 row[f"{opt}_thread_cpu_ms_per_step"] = {
@@ -78,14 +80,16 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
 def table(rows: list[dict]) -> str:
     """The Markdown table of a committed result."""
     lines = ["| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
+             "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
              "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
              "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cpu = r["wagma_thread_cpu_ms_per_step"]
         lines.append(
             f"| {r['workload']} | {r['nproc']} | {r['allreduce_compute_ms']:.1f}, {r['wagma_compute_ms']:.1f} | "
-            f"{r['compute_ratio']:.3f} | {r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
+            f"{r['compute_ratio']:.3f} | {r['allreduce_compute_cpu_ms']:.1f}, {r['wagma_compute_cpu_ms']:.1f} | "
+            f"{r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
             f"{r['allreduce_throughput']:.0f}, {r['wagma_throughput']:.0f} {r['unit']} | {r['throughput_ratio']:.3f} | "
             f"{cpu.get('wagma-progress', 0):.2f}, {cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} |")
     return "\n".join(lines)
