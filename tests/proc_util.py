@@ -23,7 +23,11 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def fork_servers(launcher: int) -> list[int]:
+    """The fork server of the local launcher ``launcher`` (a list: empty before it starts and after it ends)."""
+    return [p for p in children(launcher) if b"forkserver" in _cmdline(p)]
+
+
 def rank_pids(launcher: int) -> list[int]:
     """The live ranks of the local launcher ``launcher``, by rank (not its fork server or resource tracker)."""
-    servers = [p for p in children(launcher) if b"forkserver" in _cmdline(p)]
-    return sorted(p for server in servers for p in children(server))
+    return sorted(p for server in fork_servers(launcher) for p in children(server))

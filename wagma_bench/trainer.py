@@ -402,7 +402,8 @@ class Trainer:
                         self.status = "interrupted" if flags.interrupted else "preempted"
                         self.requeue = flags.requeue and not flags.interrupted
             # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
-            counts = {**self.final_counts(), **({"threads_cpu_s": thread_cpu_s()} if self.rank == 0 else {})}
+            counts = {**self.final_counts(),
+                      **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {})}
             self.algo.close()
             # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
             # on any group) before any rank tears its groups down; a rank that left first would fail a late

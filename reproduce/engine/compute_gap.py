@@ -50,7 +50,8 @@ def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int
             "compute_cpu_ms": 1e3 * statistics.median(r["compute_cpu_s"] for r in kept),
             "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in kept),
             "throughput": (tokens if tokens else summary["samples"]) / summary["train_s"],
-            "unit": "tokens/s" if tokens else "samples/s", "thread_cpu_ms_per_step": per_step}
+            "unit": "tokens/s" if tokens else "samples/s", "thread_cpu_ms_per_step": per_step,
+            "engine": summary.get("engine")}
 
 
 def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: list[int]) -> list[dict]:
@@ -71,6 +72,12 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
                     t: round(statistics.median(r["thread_cpu_ms_per_step"].get(t, 0.0) for r in runs[opt]), 3)
                     for t in threads}
             row["unit"] = runs["allreduce"][0]["unit"]
+            engines = [r["engine"] for r in runs["wagma"] if r["engine"]]
+            row["wagma_progress_cpu_ms_per_round"] = {
+                k: round(statistics.median(e["progress_cpu_ms_per_round"][k] for e in engines), 4)
+                for k in engines[0]["progress_cpu_ms_per_round"]} if engines else None
+            row["wagma_snapshot_share"] = (round(statistics.median(e["snapshots"] / max(1, e["rounds"]) for e in engines), 3)
+                                           if engines else None)
             row["compute_ratio"] = round(row["wagma_compute_ms"] / row["allreduce_compute_ms"], 3)
             row["throughput_ratio"] = round(row["wagma_throughput"] / row["allreduce_throughput"], 3)
             rows.append(row)
@@ -82,8 +89,9 @@ def table(rows: list[dict]) -> str:
     lines = ["| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
              "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
              "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
-             "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native "
+             "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cpu = r["wagma_thread_cpu_ms_per_step"]
         lines.append(
@@ -91,8 +99,17 @@ def table(rows: list[dict]) -> str:
             f"{r['compute_ratio']:.3f} | {r['allreduce_compute_cpu_ms']:.1f}, {r['wagma_compute_cpu_ms']:.1f} | "
             f"{r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
             f"{r['allreduce_throughput']:.0f}, {r['wagma_throughput']:.0f} {r['unit']} | {r['throughput_ratio']:.3f} | "
-            f"{cpu.get('wagma-progress', 0):.2f}, {cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} |")
+            f"{cpu.get('wagma-progress', 0):.2f}, {cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} | "
+            f"{_split(r.get('wagma_progress_cpu_ms_per_round'))} | {_share(r.get('wagma_snapshot_share'))} |")
     return "\n".join(lines)
+
+
+def _split(cpu: dict | None) -> str:
+    return ", ".join(f"{cpu[k]:.3f}" for k in ("waiting", "start", "communication")) if cpu else "-"
+
+
+def _share(share: float | None) -> str:
+    return f"{100 * share:.0f}%" if share is not None else "-"
 
 
 def main() -> None:

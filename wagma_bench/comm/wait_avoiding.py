@@ -82,6 +82,10 @@ CONTRIBUTIONS = ("model", "gradient")
 # Where a round's time goes (seconds summed over rounds, in ``timings``): the activation messages, the
 # snapshot copy, the collective (progress thread) and the copy of a result into the caller's model.
 PHASES = ("activation", "snapshot", "collective", "hand_over")
+# The progress thread's own CPU time (its thread clock), summed over rounds, in ``progress_cpu``: blocked until
+# a round may start (it waits on a condition, so this stays near zero), choosing the buffer with its snapshot
+# copy, and posting the activations and the collective (gloo's reduction runs in gloo's threads, not here).
+PROGRESS_CPU = ("waiting", "start", "communication")
 
 
 @dataclass
@@ -140,7 +144,9 @@ class WaitAvoidingAllreduce:
         self._oldest_q: int | None = None           # gradient: answered round at the oldest unreduced post
         self._staleness = 0
         self.timings = dict.fromkeys(PHASES, 0.0)
+        self.progress_cpu = dict.fromkeys(PROGRESS_CPU, 0.0)
         self.rounds = 0                             # rounds this rank took part in (the timings' count)
+        self.snapshots = 0                          # of which started while the caller computed (a copy)
         self._error: BaseException | None = None
         self._closing = False
         self._threads = [threading.Thread(target=self._guard(loop), daemon=True, name=f"wagma-{what}-{self.rank}")
@@ -163,6 +169,14 @@ class WaitAvoidingAllreduce:
             self._model = self._like if in_place else self._like.clone()
         else:
             self._send, self._work = torch.empty_like(self._like), torch.empty_like(self._like)
+
+    def report(self) -> dict:
+        """Per round this rank took part in, in ms: where its time went (wall clock, :data:`PHASES`) and the
+        progress thread's CPU (:data:`PROGRESS_CPU`); and how many rounds ran on a snapshot (passive rounds)."""
+        per = 1e3 / max(1, self.rounds)
+        return {"rounds": self.rounds, "snapshots": self.snapshots,
+                "wall_ms_per_round": {k: round(v * per, 4) for k, v in self.timings.items()},
+                "progress_cpu_ms_per_round": {k: round(v * per, 4) for k, v in self.progress_cpu.items()}}
 
     def extra_buffers(self) -> tuple[int, int]:
         """Model-sized buffers the engine holds beyond the caller's model (``in_place``): count and bytes."""
@@ -307,12 +321,15 @@ class WaitAvoidingAllreduce:
         while True:
             group = self.schedule.group(self.rank, r)
             divisor = len(group) if self._divides_first(len(group)) else 1
+            c0 = time.thread_time()
             with self._cv:
                 while not (self._may_start(r) or self._closing):
                     self._cv.wait()
                 if not self._may_start(r):
                     return  # closing, and nobody asked for round r
+                c1 = time.thread_time()
                 buf, age, divided = self._start_round(r, divisor)
+            c2 = time.thread_time()
             t0 = time.perf_counter()
             sent = []  # the activations go out while the collective runs (the group's members need none)
             if not self.schedule.is_sync(r):  # (then self._activates)
@@ -330,6 +347,9 @@ class WaitAvoidingAllreduce:
             with self._cv:
                 self.timings["activation"] += t1 - t0 + time.perf_counter() - t2
                 self.timings["collective"] += t2 - t1
+                c3 = time.thread_time()
+                for phase, spent in zip(PROGRESS_CPU, (c1 - c0, c2 - c1, c3 - c2), strict=True):
+                    self.progress_cpu[phase] += spent
                 self._finish_round(r, age)
                 self._cv.notify_all()
             r += 1
@@ -361,6 +381,7 @@ class WaitAvoidingAllreduce:
             if self._asking and self._target_r >= r:  # the caller waits for this round: M is the round's
                 return self._model, age, False
             t0 = time.perf_counter()  # the caller may be reading M: reduce a snapshot of it
+            self.snapshots += 1
             if self._work is None:
                 self._work = torch.empty_like(self._model)
             if divisor > 1:

@@ -51,7 +51,9 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
    flight, so that no peer is left waiting. After it the model holds the rank's final weights. A run that
    fails does not call it (ranks may be gone); threads are daemons, and the launcher ends the processes.
 
-``average_model`` is a helper (a collective); the trainer does not call it.
+``report()`` (not a collective; rank 0 only, just before ``close()``) returns what the algorithm measured
+about itself for the run's last event (the wait-avoiding engine's rounds and their cost). ``average_model``
+is a helper (a collective); the trainer does not call it.
 """
 
 from __future__ import annotations
@@ -175,6 +177,10 @@ class Algorithm(abc.ABC):
     def close(self) -> None:
         """Stop background threads; called on every rank at the same synchronisation point."""
 
+    def report(self) -> dict:
+        """What the algorithm measured about itself over the run, for ``run_stop`` (before :meth:`close`)."""
+        return {}
+
 
 class EngineAlgorithm(Algorithm):
     """An algorithm driven by the wait-avoiding engine (WAGMA-SGD, eager-SGD).
@@ -203,6 +209,9 @@ class EngineAlgorithm(Algorithm):
         res = self._exchange()
         self.round = res.round
         return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
+
+    def report(self) -> dict:
+        return {"engine": self.engine.report()} if self.engine is not None else {}
 
     def close(self) -> None:
         if self.engine is not None:
