@@ -37,3 +37,33 @@ def test_readme_straggler_figures_are_the_committed_runs():
     assert f"{p4['wagma_of_mean_bound']:.2f} of the mean-speed bound" in said
     assert f"{p4['wagma_over_allreduce']:.2f}x Allreduce-SGD" in said
     assert f"the bound is {p4['bound_ratio']:.2f}x" in said
+
+
+def _script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STARTUP = [ROOT / "reproduce" / "startup" / name
+           for name in ("results-2core-20261202-before.json", "results-2core-20261202.json")]
+
+
+def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
+    table = _script(ROOT / "reproduce" / "startup" / "bench.py").table([json.loads(p.read_text()) for p in STARTUP])
+    block = re.search(r"<!-- startup:begin -->\n(.*?)\n<!-- startup:end -->", (ROOT / "README.md").read_text(),
+                      re.DOTALL)
+    assert block, "README.md has no <!-- startup:begin --> ... <!-- startup:end --> block"
+    assert block.group(1) == table, ("README.md differs from `reproduce/startup/bench.py --table "
+                                     + " ".join(str(p.relative_to(ROOT)) for p in STARTUP) + "`")
+
+
+def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run():
+    result = ROOT / "reproduce" / "engine" / "results-2core-20261202.json"
+    table = _script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(json.loads(result.read_text())["rows"])
+    doc = (ROOT / "docs" / "wait-avoiding-engine.md").read_text()
+    block = re.search(r"<!-- compute-gap:begin -->\n(.*?)\n<!-- compute-gap:end -->", doc, re.DOTALL)
+    assert block, "docs/wait-avoiding-engine.md has no <!-- compute-gap:begin --> ... <!-- compute-gap:end --> block"
+    assert block.group(1) == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
+    assert result.name in doc

@@ -456,6 +456,30 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     assert summary["samples"] >= sum(s["samples"] for s in logged) > 0
 
 
+def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_killed(tmp_path):
+    """mpiexec (MPICH's hydra) names the PID it lists first among the ranks it killed in its clean-up (rank 0's
+    when rank 2 was killed); the launcher names the rank whose process ended first."""
+    launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", "launcher.nproc=4", "train.max_steps=100000",
+                                 "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((tmp_path / "steps" / "rank3.jsonl").exists() and (tmp_path / "steps" / "rank3.jsonl").stat().st_size):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.1)
+        pid = _mpi_rank_pid(tmp_path, 2)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 1, err[-3000:]
+    assert "rank 2 was killed by signal SIGKILL" in err, err[-3000:]
+    assert "rank 2 was killed by signal SIGKILL" in json.loads((tmp_path / "summary.json").read_text())["error"]
+
+
 # --- a completed run ends completed (the teardown after the last collective) -------------------
 
 @pytest.fixture

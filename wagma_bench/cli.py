@@ -323,17 +323,19 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
         env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
+        from wagma_bench.supervise import FirstToEnd, mpiexec_failure, record_failed_run
+
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
+        first = FirstToEnd(Path(ranks), nproc)  # mpiexec's own report may name a rank its clean-up killed
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             rc, tail = _tee(proc)
         finally:
             signal.signal(signal.SIGINT, previous)
+            ended_first = first.stop()
         # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
         if rc not in (0, EXIT_DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
-            from wagma_bench.supervise import mpiexec_failure, record_failed_run
-
-            error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks)))
+            error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
             _fail(f"{error}. Run directory: {run_dir}", 1)
     _report_end(run_dir)
 

@@ -283,20 +283,95 @@ def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
     return error
 
 
+class FirstToEnd:
+    """Which ranks of an mpiexec job ended first, watched from outside (a thread of the re-executing launcher).
+
+    mpiexec's own report cannot tell: once a rank dies, MPICH's hydra kills the others and names whichever
+    process it lists first (SIGKILL of the rank with PMI_RANK=2 was reported at rank 0's PID). Each rank writes
+    its PID into ``folder`` (``rank<R>.pid``) as it starts; this thread opens a pidfd for each (Linux 5.3+; it
+    polls every 50 ms elsewhere) and records the ranks whose processes had ended at its first wake-up, within
+    microseconds of the first end, well before hydra's clean-up (a round trip through its proxies) ends the rest."""
+
+    def __init__(self, folder: Path, nproc: int):
+        self.folder, self.nproc = Path(folder), nproc
+        self.ranks: list[int] | None = None  # the ranks seen ended at the first wake-up; None: none yet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="first-to-end", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[int] | None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.ranks
+
+    def _pids(self) -> dict[int, int] | None:
+        pids = {}
+        for rank in range(self.nproc):
+            try:
+                pids[rank] = int((self.folder / f"rank{rank}.pid").read_text())
+            except (OSError, ValueError):
+                return None
+        return pids
+
+    def _watch(self) -> None:
+        import select
+
+        while (pids := self._pids()) is None:  # every rank has started
+            if self._stop.wait(0.05):
+                return
+        fds: dict[int, int] = {}
+        try:
+            for rank, pid in pids.items():
+                try:
+                    fds[os.pidfd_open(pid)] = rank
+                except ProcessLookupError:  # ended already
+                    self.ranks = sorted({*(self.ranks or []), rank})
+                except (AttributeError, OSError):
+                    break
+            while self.ranks is None and not self._stop.is_set():
+                if len(fds) == self.nproc:
+                    ready, _, _ = select.select(list(fds), [], [], 0.2)
+                    ended = sorted(fds[fd] for fd in ready)
+                else:  # no pidfd here
+                    time.sleep(0.05)
+                    ended = [r for r, pid in pids.items() if not _process_alive(pid)]
+                self.ranks = ended or None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # How mpiexec names the process whose end ended the job: MPICH's hydra by PID (its exit code a signal number
-# when one killed it), Open MPI by rank and signal.
+# when one killed it; the PID is not reliable, see FirstToEnd), Open MPI by rank and signal.
 _MPICH_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 _MPICH_CODE = re.compile(r"EXIT CODE: (\d+)")
 _OPENMPI_BAD = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 
 
-def mpiexec_failure(rc: int, output_tail: list[str], folder: Path) -> str:
-    """Which rank ended an mpiexec job, and how, from mpiexec's last lines and the ranks' PID and error
-    files in ``folder`` (written by the ranks under the re-executing launcher, ``RANK_DIR_ENV``)."""
+def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[int] | None = None) -> str:
+    """Which rank ended an mpiexec job, and how, from the ranks seen to end first (:class:`FirstToEnd`),
+    mpiexec's last lines and the ranks' PID and error files in ``folder`` (written by the ranks under the
+    re-executing launcher, ``RANK_DIR_ENV``)."""
     text = "".join(output_tail)
     rank = signum = None
     if match := _OPENMPI_BAD.search(text):
         rank, signum = int(match.group(1)), int(match.group(2))
+    elif first and len(first) == 1 and (match := _MPICH_BAD.search(text)):  # hydra's PID may be another rank's
+        rank = first[0]
+        code = _MPICH_CODE.search(text)
+        signum = int(code.group(1)) if code and _is_signal(int(code.group(1))) else None
+    elif first and len(first) > 1 and _MPICH_BAD.search(text):
+        return f"ranks {', '.join(map(str, first))} ended at once (mpiexec exited with code {rc})"
     elif match := _MPICH_BAD.search(text):
         pids = {}
         for path in folder.glob("rank*.pid"):
