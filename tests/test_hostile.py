@@ -555,13 +555,19 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
             launcher.communicate()
 
 
-def test_ctrl_c_while_the_ranks_start_stops_the_run_at_its_first_synchronisation_point(tmp_path):
+def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_path):
     launcher, err = _ctrl_c_while_starting(tmp_path, presses=1)
     assert launcher.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] <= 20, summary  # not trained on
-    assert f"interrupted at step {summary['steps']}, checkpoint saved" in err
+    assert summary["status"] == "interrupted" and summary["steps"] == 0, summary  # no step after the Ctrl-C
+    assert not list((tmp_path / "steps").glob("*.jsonl")) or not any(
+        p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl"))
+    assert "interrupted before its first step (nothing to checkpoint)" in err, err[-3000:]
+    assert keys(tmp_path)[-1] == "run_suspend"  # resumable: the rerun starts it
+    again = run(QUICK[:1] + ["train.max_steps=4", "eval.every_steps=4", f"hydra.run.dir={tmp_path}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
 
 def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_checkpoint(tmp_path):

@@ -282,8 +282,13 @@ def _report_end(run_dir: Path, interrupted: bool = True) -> None:
     text = summary_path.read_text()
     summary = json.loads(text)
     if interrupted and summary.get("status") == "interrupted":
-        print(f"wagma-bench: interrupted at step {summary.get('steps')}, checkpoint saved; run the same command "
-              f"again to resume from {run_dir}", file=sys.stderr, flush=True)
+        from wagma_bench.checkpoint import latest_set
+
+        saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "
+                 f"{run_dir}" if latest_set(run_dir) is not None else
+                 f"before its first step (nothing to checkpoint); run the same command again to start it in "
+                 f"{run_dir}")
+        print(f"wagma-bench: interrupted {saved}", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED_EXIT)
     print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
     if summary.get("status") != "diverged":

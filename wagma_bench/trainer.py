@@ -377,6 +377,7 @@ class Trainer:
         batches = self.workload.batches(self.state.local_step)
         startup.mark("ready")
         try:
+            self.stop_before_training()
             while self.status is None:
                 r = self.train_step(batches)
                 if self.rank == 0 and not self.startup_logged:
@@ -464,6 +465,14 @@ class Trainer:
             print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
         self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
                                  cfg.logger.log_every_s, f"{cfg.workload.name}/{algo.name} x{self.world}")
+
+    def stop_before_training(self) -> None:
+        """A Ctrl-C or a preemption signal that reached any rank while the ranks started (collective): the
+        run stops before its first step, with nothing to checkpoint (a resume would start where it stands)."""
+        flags = self.control_flags().exchange(self.comm)
+        if flags.preempted:
+            self.status = "interrupted" if flags.interrupted else "preempted"
+            self.requeue = flags.requeue and not flags.interrupted
 
     def log_startup(self) -> None:
         """Where this attempt's start went (:mod:`wagma_bench.startup`), once its first step is done."""
