@@ -288,6 +288,34 @@ def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_
     assert not (second_dir / "steps").exists()
 
 
+def test_two_runs_racing_for_one_fixed_port_one_completes_the_other_exits_2_before_any_rank_starts(tmp_path):
+    """Both launchers start at the same moment; each probes the port and finds it free. The launcher itself
+    binds the port (it hosts the run's store) before it starts any rank, so the second to bind exits 2 naming
+    the port, while the first runs to its end."""
+    from wagma_bench.launch import free_port
+
+    port = free_port()
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    procs = [subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=8", "eval.every_steps=1000",
+                               "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={d}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for d in dirs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], [o[1][-2000:] for o in outs]
+    loser = next(i for i, p in enumerate(procs) if p.returncode == 2)
+    err = outs[loser][1]
+    assert f"wagma-bench run: error: launcher.master_port={port} is in use" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert not (dirs[loser] / "events.jsonl").exists() and not (dirs[loser] / "steps").exists()  # no rank started
+    assert json.loads((dirs[1 - loser] / "summary.json").read_text())["status"] == "completed"
+
+
 def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_and_the_run(tmp_path):
     """The race the port check cannot close (the port taken between the check and rank 0's bind, or a SLURM
     port derived from the job id): a rank of run B that reaches run A's store fails before it writes a key

@@ -228,6 +228,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
 RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by rank 0, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
+STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher hosts the store; rank 0 joins it too
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
@@ -248,8 +249,22 @@ class ForeignStore(RuntimeError):
     """The rendezvous store at the run's address serves another run."""
 
 
-def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str):
-    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it).
+def host_store(addr: str, port: int, timeout_s: float, identity: str):
+    """The rendezvous store of a local launcher's run, hosted by the launcher on ``port`` (0: a free one) and named
+    for the run, before any rank starts and for as long as it holds it: of two runs racing for one fixed port the
+    second fails to bind here, not after its ranks have started. ``store.port`` is the port it listens on."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(addr, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    store.set(RUN_KEY, identity)
+    return store
+
+
+def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
+    local launcher does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
 
     A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
     another run holds) fails here, before any key of that run's world is touched, naming the port and the
@@ -259,7 +274,9 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
     import torch.distributed as dist
 
     timeout = timedelta(seconds=timeout_s)
-    if rank == 0:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
+    if host is None:
+        host = rank == 0 and os.environ.get(STORE_HOSTED_ENV) != "1"
+    if host:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
         store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
         store.set(RUN_KEY, identity)
         return store
@@ -499,16 +516,22 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
     import torch.multiprocessing as mp
 
     if port:
-        check_port_free(addr, port)
-    master = (addr, port or free_port(addr))
+        check_port_free(addr, port)  # names the run that holds it
+    nonce = secrets.token_hex(8)
+    try:
+        store = host_store(addr, port or 0, float(raw_cfg["launcher"]["rendezvous_timeout_s"]), f"{nonce} {run_dir}")
+    except (RuntimeError, OSError) as err:  # taken between the check and the bind (DistNetworkError included)
+        raise ConfigError(f"launcher.master_port={port} is in use on {addr} ({str(err).splitlines()[0]}); choose "
+                          "another port, or leave launcher.master_port=null for a free one") from None
+    master = (addr, store.port)
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = None
     try:
         ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
         start_rank_server()
         startup.mark("spawned")
-        env = {RUN_NONCE_ENV: secrets.token_hex(8), startup.STARTUP_ENV: startup.for_ranks(),
-               LAUNCHER_DIR_ENV: str(heartbeats)}
+        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
+               STORE_HOSTED_ENV: "1"}
         ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
                                                       str(heartbeats), env),
                                  nprocs=nproc, join=False, start_method="forkserver")
@@ -518,4 +541,5 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
         if ctrl_c is not None:
             ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
+        del store  # the port is the run's until its ranks have ended
     return ctrl_c.count > 0
