@@ -270,3 +270,54 @@ def test_run_says_which_budget_ends_it_and_max_steps_beyond_the_epochs_wins(fini
     assert ("the run ends at step 6 (train.max_steps=6, beyond train.epochs=0.1 = 4 steps: max_steps wins"
             in out.stdout), out.stdout[-2000:]
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+
+
+# --- operational errors: one line, the documented exit code, never a traceback --------------------------
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs at a fresh folder (root only; skipped where mounting is not allowed); yields a
+    function that remounts it read-only or fills it."""
+    where = tmp_path / "fs"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+    def make(state: str) -> Path:
+        if state == "read-only":
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        elif state == "full":
+            try:
+                with open(where / "filler", "wb") as f:
+                    while True:
+                        f.write(b"\0" * 4096)
+                        f.flush()
+            except OSError:  # ENOSPC: full
+                pass
+        return where
+
+    yield make
+    subprocess.run(["umount", str(where)], check=False)
+
+
+def _one_line(out: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == code and len(lines) == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and all(w in lines[0] for w in words), lines
+
+
+def test_operational_errors_end_in_one_line_with_the_documented_exit_code(tmpfs, finished, tmp_path):
+    fs = tmpfs("read-only")
+    _one_line(run(["launcher.nproc=2", f"hydra.run.dir={fs / 'run'}"], timeout=120), 2,
+              f"the run directory {fs / 'run'} cannot be written", "Read-only file system")
+    _one_line(run(["launcher.nproc=2"], timeout=120, cwd=fs), 2, f"the current directory {fs} cannot be written")
+    _one_line(run(["workload=transformer", "workload.max_sentences=1.5"], timeout=120), 2,
+              "workload.max_sentences=1.5 is not allowed; it must be an integer")
+    _one_line(run(["tune.max_runtime_s=nan", "--out", str(tmp_path / "t")], timeout=120, command="tune"), 2,
+              "tune.max_runtime_s=nan is not allowed")
+    subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
+    full = tmpfs("full")
+    _one_line(run([str(finished), "--out", str(full / "report")], timeout=120, command="report"), 1,
+              "No space left on device")
+    assert all(p.stat().st_size > 0 for p in (full / "report").rglob("*") if p.is_file())  # no partial file

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
             print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
             return INTERRUPTED_EXIT
+        except OSError as err:  # an operational error the steps above did not name (disk, permissions)
+            print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
+            return 1
     if command == "comm-bench":
         from wagma_bench.commbench import main as bench_main
 
@@ -97,6 +100,11 @@ def run_command(overrides: list[str]) -> int:
         explicit = precheck(overrides, CONF_DIR)
     except ConfigError as err:
         _fail(str(err), 2)
+    chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
+    if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
+        _fail(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
+              "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
+              "directory, or set hydra.run.dir", 2)
     if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
         start_rank_server()  # local ranks to come (most likely): the server's imports overlap Hydra's work
     sys.argv = [sys.argv[0]] + overrides
@@ -154,6 +162,9 @@ def _lock_run_dir(run_dir: Path) -> None:
         lock.acquire()
     except (RunDirLocked, SymlinkRefused) as err:
         _fail(str(err), 2)
+    except OSError as err:  # a read-only or full file system, no permission: before anything ran
+        _fail(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
+              "hydra.run.dir", 2)
     _LOCKS[key] = lock
 
 
