@@ -42,15 +42,17 @@ def _victim(tmp_path: Path) -> Path:
     return victim
 
 
-def test_planted_events_symlink_is_refused_naming_it_and_its_target_is_unchanged(tmp_path):
+# .heartbeats: a local run keeps its heartbeats elsewhere, and ignored the link (the docs said refused)
+@pytest.mark.parametrize("name", ["events.jsonl", ".heartbeats"])
+def test_planted_run_file_symlink_is_refused_naming_it_and_its_target_is_unchanged(tmp_path, name):
     victim = _victim(tmp_path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "events.jsonl").symlink_to(victim)
+    (run_dir / name).symlink_to(victim)
     out = run(QUICK + [f"hydra.run.dir={run_dir}"], timeout=120)
     assert victim.read_text() == VICTIM
     assert out.returncode == 2, out.stderr[-2000:]
-    assert f"{run_dir.resolve() / 'events.jsonl'} is a symbolic link (to {victim})" in out.stderr, out.stderr[-2000:]
+    assert f"{run_dir.resolve() / name} is a symbolic link (to {victim})" in out.stderr, out.stderr[-2000:]
     assert not (run_dir / "steps").exists()  # refused before any rank started
 
 

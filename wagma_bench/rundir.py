@@ -154,7 +154,9 @@ class RunDirLock:
 
 
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
-RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint")
+# .heartbeats: the ranks of an external launcher beat there (wagma_bench.supervise.HEARTBEATS); refused under
+# every launcher alike, the local one included (whose own heartbeats live elsewhere)
+RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint", ".heartbeats")
 
 
 def refuse_symlinks(run_dir: Path) -> None:
@@ -165,7 +167,7 @@ def refuse_symlinks(run_dir: Path) -> None:
         path = run_dir / name
         if path.is_symlink():
             raise refuse_link(path)
-        if name in ("steps", "checkpoint", ".hydra") and path.is_dir():
+        if name in ("steps", "checkpoint", ".hydra", ".heartbeats") and path.is_dir():
             for inner in sorted(path.rglob("*")):  # rglob does not descend into linked folders
                 if inner.is_symlink():
                     raise refuse_link(inner)
