@@ -30,6 +30,7 @@ from wagma_bench.supervise import (
     SHARED_HEARTBEAT_S,
     CtrlC,
     RanksLost,
+    process_alive,
     ranks_ignore_ctrl_c,
     record_failed_run,
     report_error,
@@ -226,7 +227,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
 
 
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
-RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by rank 0, checked by every other rank
+RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by its host, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
 STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher hosts the store; rank 0 joins it too
 
@@ -401,21 +402,11 @@ def _die_with_launcher(launcher_pid: int) -> None:
         if pidfd is not None:
             select.select([pidfd], [], [])  # readable once the launcher has exited
         else:
-            while _alive(launcher_pid):
+            while process_alive(launcher_pid):
                 time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process took the number: ours is gone
-        return False
-    return True
 
 
 # What every local rank imports, imported once by the fork server the ranks are forked from (each rank

@@ -334,20 +334,20 @@ class FirstToEnd:
                     ended = sorted(fds[fd] for fd in ready)
                 else:  # no pidfd here
                     time.sleep(0.05)
-                    ended = [r for r, pid in pids.items() if not _process_alive(pid)]
+                    ended = [r for r, pid in pids.items() if not process_alive(pid)]
                 self.ranks = ended or None
         finally:
             for fd in fds:
                 os.close(fd)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this user with that PID exists (another user's process that took the number is
+    not ours)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
-    except PermissionError:
-        return True
     return True
 
 
