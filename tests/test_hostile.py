@@ -486,7 +486,10 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     assert summary["samples"] >= sum(s["samples"] for s in logged) > 0
 
 
-def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_killed(tmp_path):
+# rank 2 (named rank 0 before) in make test; each other rank in turn in make test-long
+@pytest.mark.parametrize("victim", [pytest.param(0, marks=pytest.mark.long), pytest.param(1, marks=pytest.mark.long),
+                                    2, pytest.param(3, marks=pytest.mark.long)])
+def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_killed(tmp_path, victim):
     """mpiexec (MPICH's hydra) names the PID it lists first among the ranks it killed in its clean-up (rank 0's
     when rank 2 was killed); the launcher names the rank whose process ended first."""
     launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", "launcher.nproc=4", "train.max_steps=100000",
@@ -497,7 +500,7 @@ def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_kille
         while not ((tmp_path / "steps" / "rank3.jsonl").exists() and (tmp_path / "steps" / "rank3.jsonl").stat().st_size):
             assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.1)
-        pid = _mpi_rank_pid(tmp_path, 2)
+        pid = _mpi_rank_pid(tmp_path, victim)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
@@ -506,8 +509,8 @@ def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_kille
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate()
     assert launcher.returncode == 1, err[-3000:]
-    assert "rank 2 was killed by signal SIGKILL" in err, err[-3000:]
-    assert "rank 2 was killed by signal SIGKILL" in json.loads((tmp_path / "summary.json").read_text())["error"]
+    assert f"rank {victim} was killed by signal SIGKILL" in err, err[-3000:]
+    assert f"rank {victim} was killed by signal SIGKILL" in json.loads((tmp_path / "summary.json").read_text())["error"]
 
 
 # --- a completed run ends completed (the teardown after the last collective) -------------------
