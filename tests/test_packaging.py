@@ -139,3 +139,49 @@ def test_every_image_the_readme_shows_is_in_the_repository():
         ignored = subprocess.run(["git", "check-ignore", "-q", str(image)], cwd=ROOT, check=False).returncode == 0
         assert not ignored, f"{page} shows {image}, which .gitignore excludes"
         assert (ROOT / image).stat().st_size < 200_000, f"{image} is large for a README figure"
+
+
+# --- installable anywhere: the wheel carries conf/ and slurm/ -------------------------------------------
+
+def test_the_listed_packages_are_every_package_and_data_folder():
+    """pyproject.toml lists the packages (conf/ and slurm/ are mapped into the package, which finding cannot
+    do): the list must hold every folder of the code and of conf/ and slurm/, and each data folder its files."""
+    from setuptools import find_packages
+
+    tool = PYPROJECT["tool"]["setuptools"]
+    expected = set(find_packages(where=str(ROOT), include=["wagma_bench*"]))
+    for name in ("conf", "slurm"):
+        expected |= {f"wagma_bench.{name}"} | {f"wagma_bench.{name}.{d.name}" for d in (ROOT / name).iterdir()
+                                               if d.is_dir()}
+    assert set(tool["packages"]) == expected
+    assert tool["package-dir"] == {"wagma_bench.conf": "conf", "wagma_bench.slurm": "slurm"}
+    data = tool["package-data"]
+    for package in expected - set(find_packages(where=str(ROOT), include=["wagma_bench*"])):
+        folder = ROOT / package.removeprefix("wagma_bench.").replace(".", "/")
+        files = {p.name for p in folder.iterdir() if p.is_file()}
+        kept = {f for f in files if any(Path(f).match(pattern) for pattern in data[package])}
+        assert kept == files, f"{package}: {sorted(files - kept)} would be left out of the wheel"
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_elsewhere_runs_from_another_directory(tmp_path):
+    """`pip wheel` of this repository, installed into a folder of its own (no clone on the path), then a run
+    from another directory: Hydra finds the configuration inside the installed package."""
+    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(wheels)], check=True,
+                   capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("wagma_bench-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import wagma_bench.paths as p; print(p.CONF_DIR)"], env=env,
+                           cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
+    assert where == str(site / "wagma_bench" / "conf")
+    out = subprocess.run([sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=2",
+                          "eval.target=null", "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"], env=env,
+                         cwd=elsewhere, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    assert (site / "wagma_bench" / "slurm" / "local" / "slurmctl.sh").exists()

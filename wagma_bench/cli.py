@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from wagma_bench.paths import CONF_DIR
 
 USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
 

@@ -35,8 +35,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.paths import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SPACE_DIR = CONF_DIR / "search_space"
 REQUIRED = ("lr_multiplier", "warmup_fraction")
 SET_BY_REQUIRED = ("train.lr", "train.warmup_epochs")  # tuned through lr_multiplier / warmup_fraction

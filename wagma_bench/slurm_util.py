@@ -109,7 +109,9 @@ def standin_partition(profile: dict) -> str:
 
 
 def local_cluster_script() -> Path:
-    return Path(__file__).resolve().parent.parent / "slurm" / "local" / "slurmctl.sh"
+    from wagma_bench.paths import SLURM_DIR
+
+    return SLURM_DIR / "local" / "slurmctl.sh"
 
 
 @contextmanager

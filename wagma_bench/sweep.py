@@ -45,11 +45,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from wagma_bench.config import ConfigError, validate
 from wagma_bench.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
+from wagma_bench.paths import CONF_DIR, SLURM_DIR
 from wagma_bench.slurm_util import TERMINAL_STATES, job_states
 
-ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
-TEMPLATE = ROOT / "slurm" / "job.sbatch"
+TEMPLATE = SLURM_DIR / "job.sbatch"
 MANIFEST = "manifest.json"
 MAX_ARRAY = 1000  # SLURM's default MaxArraySize is 1001 (indices 0..1000)
 

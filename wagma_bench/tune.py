@@ -50,7 +50,8 @@ from wagma_bench.events import (
     run_subdir,
     write_json_atomic,
 )
-from wagma_bench.search_space import CONF_DIR, draw, load_space, parse_space_override
+from wagma_bench.paths import CONF_DIR
+from wagma_bench.search_space import draw, load_space, parse_space_override
 
 PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
 TUNING = "tuning.json"      # the scores

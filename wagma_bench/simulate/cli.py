@@ -75,6 +75,7 @@ from wagma_bench.config import RunConfig, check_world, validate
 from wagma_bench.events import RunEvents, SymlinkRefused, write_text_atomic
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.paths import CONF_DIR
 from wagma_bench.report import write_csv
 from wagma_bench.schedules import CONTROL_EVERY
 from wagma_bench.simulate.costs import Network
@@ -87,7 +88,7 @@ from wagma_bench.simulate.des import (
     simulated_optimizers,
 )
 from wagma_bench.simulate.presets import preset_for
-from wagma_bench.sweep import CONF_DIR, load_profile, parse_overrides
+from wagma_bench.sweep import load_profile, parse_overrides
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}

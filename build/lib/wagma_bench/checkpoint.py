@@ -1,0 +1,234 @@
+"""Checkpoints as verified sets.
+
+Layout under ``RUN_DIR/checkpoint/``::
+
+    round-R/rank<r>.pt     every rank's state (decentralised models differ per rank), written first
+    round-R/manifest.json  rank 0, once every rank has written: round, world size, config identity and
+                           its hash, the sha256 of each rank's file; written last, so it marks a complete set
+    latest                 the name of the newest complete set, replaced atomically after the manifest
+
+The last two complete sets are kept, so a crash while writing loses at most one checkpoint period. The
+config hash covers the config minus what may change on resume (:func:`wagma_bench.rundir.identity`:
+``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_steps/epochs/time_limit_s``).
+
+Before resuming, the launching process checks the manifest against the run (:func:`check_against_run`:
+world size, config, every file present) and refuses a mismatch before any rank starts; then every rank
+checks its own file's checksum and all ranks agree with one small allgather (:meth:`Checkpointer.agree`),
+so a damaged file is a clear error on every rank, never a hang or a silent load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from wagma_bench.errors import ConfigError
+from wagma_bench.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
+from wagma_bench.rundir import identity, identity_hash
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+KEEP = 2  # complete sets kept
+_MESSAGE_BYTES = 1024  # room for one rank's error message in the agreement
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed; the message names the file or the mismatch."""
+
+
+def _set_name(round_: int) -> str:
+    return f"round-{round_}"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data), binary=True)  # no temporary file left on a full disk
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def latest_set(run_dir: Path) -> tuple[Path, dict] | None:
+    """The newest complete set (its folder and manifest), or None when the run never checkpointed."""
+    root = Path(run_dir) / "checkpoint"
+    try:
+        name = (root / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return root / name, json.loads((root / name / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {root / LATEST} points to {name}, whose {MANIFEST} cannot be read "
+                              f"({err})") from None
+
+
+def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str) -> None:
+    """In the launching process, before any rank starts: the latest set fits this run (world size, config)
+    and all its files are there. ``world_from`` says where the world size came from, for the message."""
+    found = latest_set(run_dir)
+    if found is None:
+        return
+    folder, manifest = found
+    name = folder.name
+    if manifest["world_size"] != world_size:
+        raise ConfigError(f"checkpoint {name} in {folder.parent} was written by {manifest['world_size']} ranks, "
+                          f"this run has {world_size} ({world_from}); resume with the same world size, or "
+                          f"start afresh with checkpoint.resume=false or another hydra.run.dir")
+    if manifest["config_hash"] != identity_hash(raw):
+        before, now = _flat(manifest.get("config", {})), _flat(identity(raw))
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+        raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
+                          f"({shown or 'config hash ' + manifest['config_hash']}); only launcher, logger, "
+                          f"checkpoint and the budget (train.max_steps, train.epochs, train.time_limit_s) may "
+                          f"change on resume")
+    missing = [f for f in manifest["files"] if not (folder / f).is_file()]
+    if missing:
+        raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
+                          f"({len(missing)} of {len(manifest['files'])} rank files)"
+                          + _older_hint(folder))
+
+
+def check_event_log(run_dir: Path) -> None:
+    """A checkpoint to resume from needs the run's record: an ``events.jsonl`` with its ``run_start``. Without
+    it a resume would train on while the run's identity (workload, optimizer, world, seed), its evaluations
+    and its clock are gone, and the report would not find the run; refused, saying how to start afresh."""
+    found = latest_set(run_dir)
+    if found is None:
+        return
+    path = Path(run_dir) / EVENTS
+    record = RunEvents.read(run_dir)
+    if record.start is not None:
+        return
+    what = (f"its event log {path} is missing" if not path.exists() else
+            f"its event log {path} has no readable run_start event")
+    raise ConfigError(f"run directory {run_dir} holds checkpoint {found[0].name} but {what}, so a resume would "
+                      f"continue a run whose record is lost; restore that file, or start afresh with "
+                      f"checkpoint.resume=false (the old checkpoints are then discarded) or another hydra.run.dir")
+
+
+def discard_incomplete_sets(run_dir: Path) -> None:
+    """After a failed run (in the launcher, once every rank has ended): remove the sets without a manifest,
+    which no resume can use; after a failure on a full disk this is the space the summary needs."""
+    root = Path(run_dir) / "checkpoint"
+    for p in root.glob("round-*"):
+        if not (p / MANIFEST).exists():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _older_hint(folder: Path) -> str:
+    older = sorted((p for p in folder.parent.glob("round-*") if (p / MANIFEST).exists() and p != folder),
+                   key=lambda p: int(p.name.split("-")[1]))
+    if not older:
+        return "; start afresh with checkpoint.resume=false"
+    return (f"; the previous complete set is {older[-1].name}: write its name into "
+            f"{folder.parent / LATEST} to resume from it, or start afresh with checkpoint.resume=false")
+
+
+class Checkpointer:
+    """One rank's side of the run's checkpoint sets."""
+
+    def __init__(self, run_dir: Path, rank: int, raw_cfg: dict):
+        self.dir = Path(run_dir) / "checkpoint"
+        self.rank = rank
+        self.raw = raw_cfg
+        self._found: tuple[Path, dict] | None = None
+
+    # --- resume ------------------------------------------------------------------------------------
+    def agree(self, comm, resume: bool) -> bool:
+        """Whether to resume, agreed by every rank (collective). Each rank checks the latest set's
+        manifest and its own file's checksum; any rank's problem fails all of them with the same message."""
+        problem = ""
+        try:
+            self._found = latest_set(self.dir.parent) if resume else None
+            if self._found is not None:
+                self._verify_own_file(comm.world_size)
+        except (CheckpointError, ConfigError, OSError) as err:
+            problem = f"rank {self.rank}: {err}"
+        encoded = problem.encode()[:_MESSAGE_BYTES].ljust(_MESSAGE_BYTES, b"\0")
+        gathered = comm.allgather(torch.tensor(list(encoded), dtype=torch.uint8, device=comm.device))
+        problems = [bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
+        problems = [p for p in problems if p]
+        if problems:
+            raise CheckpointError("cannot resume: " + "; ".join(problems))
+        return self._found is not None
+
+    def _verify_own_file(self, world_size: int) -> None:
+        folder, manifest = self._found
+        if manifest["world_size"] != world_size:
+            raise CheckpointError(f"checkpoint {folder.name} was written by {manifest['world_size']} ranks, "
+                                  f"this run has {world_size}")
+        if manifest["config_hash"] != identity_hash(self.raw):
+            raise CheckpointError(f"checkpoint {folder.name} was written with another configuration "
+                                  f"(config hash {manifest['config_hash']}, this run {identity_hash(self.raw)})")
+        name = f"rank{self.rank}.pt"
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing" + _older_hint(folder))
+        digest = _sha256(path)
+        if digest != manifest["files"].get(name):
+            raise CheckpointError(f"{path} is damaged: its sha256 {digest[:12]}... differs from the manifest's "
+                                  f"{str(manifest['files'].get(name))[:12]}..." + _older_hint(folder))
+
+    def load(self, model, algo) -> dict:
+        folder, _ = self._found
+        # our own files, verified against the manifest's checksum: full unpickling is safe here
+        saved = torch.load(folder / f"rank{self.rank}.pt", map_location=algo.comm.device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        algo.load_state_dict(saved["algo"])
+        torch.set_rng_state(saved["rng"])
+        return saved
+
+    def discard_earlier_attempt(self) -> None:
+        """A fresh start (rank 0, before any rank saves): drop the sets of an earlier attempt, so that no
+        later resume can mix them with this attempt's logs."""
+        (self.dir / LATEST).unlink(missing_ok=True)
+        for p in self.dir.glob("round-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    # --- save --------------------------------------------------------------------------------------
+    def save(self, model, algo, state: dict, clock) -> None:
+        """Write this rank's file; rank 0 then writes the manifest and moves ``latest`` (collective)."""
+        comm = algo.comm
+        folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
+                    "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}, buf)
+        data = buf.getvalue()
+        _write_atomic(folder / f"rank{self.rank}.pt", data)
+        digest = bytes.fromhex(hashlib.sha256(data).hexdigest())
+        # the allgather is also the barrier: every rank's file is on disk before the manifest exists
+        digests = comm.allgather(torch.tensor(list(digest), dtype=torch.uint8, device=comm.device))
+        if self.rank != 0:
+            return
+        files = {f"rank{r}.pt": bytes(row.cpu().tolist()).hex() for r, row in enumerate(digests)}
+        write_json_atomic(folder / MANIFEST, {"round": algo.round, "world_size": comm.world_size,
+                                              "config_hash": identity_hash(self.raw),
+                                              "config": identity(self.raw), "files": files})
+        _write_atomic(self.dir / LATEST, (folder.name + "\n").encode())
+        self._prune(folder)
+
+    def _prune(self, newest: Path) -> None:
+        """Keep the last KEEP complete sets; drop older ones and any incomplete leftover of a crash."""
+        complete = sorted((p for p in self.dir.glob("round-*") if (p / MANIFEST).exists()),
+                          key=lambda p: int(p.name.split("-")[1]))
+        keep = set(complete[-KEEP:]) | {newest}
+        for p in self.dir.glob("round-*"):
+            if p not in keep:
+                shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,472 @@
+"""``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the paper's
+scale, and a verdict by a written rule.
+
+    wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR
+    wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
+                       (the directories listed in a file; the README's table rewritten in place)
+
+The claims are records in ``reproduce/claims.yaml`` (:class:`Claim`). The directories given are searched for
+tuning directories (``tune.json``, from ``wagma-bench tune``) and simulator outputs (``predictions.json``,
+from ``wagma-bench simulate --out``); a claim names the ones it reads by their folder name.
+
+Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of each
+study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or its
+median throughput over the trials, each with the exact two-stage bootstrap distribution of
+:mod:`wagma_bench.intervals`. The claim's **speed-up** is the subject's value against the best comparator's,
+oriented so that > 1 favours the subject; its interval comes from the law of the subject against the best of
+independent draws of every comparator (the best is chosen inside the bootstrap, not fixed beforehand).
+
+Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim says otherwise):
+
+- **does not hold** when the whole interval is below t. Comparators without data do not matter here: one
+  more comparator can only lower the speed-up against the best of them.
+- **holds** when the whole interval is above t and every comparator was measured.
+- **inconclusive** otherwise: the interval contains t, a comparator has no data, or the subject has none.
+
+A prediction is shown beside the measurement and never enters the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wagma_bench import intervals
+from wagma_bench.errors import ConfigError
+from wagma_bench.events import atomic_write, run_subdir, write_json_atomic
+from wagma_bench.report import markdown_table
+from wagma_bench.tune import PLAN as TUNE_PLAN
+from wagma_bench.tune import load_trials, trial_finished, trial_time
+
+CLAIMS_FILE = Path(__file__).resolve().parent.parent / "reproduce" / "claims.yaml"
+PREDICTIONS = "predictions.json"
+# metric -> lower is better
+METRICS = {"time_to_target": True, "throughput": False, "final_metric": False}
+VERDICTS = ("holds", "does not hold", "inconclusive")
+MIN_BUDGET = (3, 3)  # S studies x O trials: below it the budget is named in the table
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: str
+    says: str
+    condition: str
+    metric: str
+    subject: str
+    comparators: tuple[str, ...]
+    measured: dict[str, str]              # tuning (folder name), here (what runs in its place)
+    figure: str | None = None
+    threshold: float = 1.0
+    predicted: dict[str, Any] | None = None  # simulate (folder name), world_size, assumptions
+
+    @property
+    def lower_is_better(self) -> bool:
+        return METRICS[self.metric]
+
+
+REQUIRED = ("id", "paper", "says", "condition", "metric", "subject", "comparators", "measured")
+
+
+def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
+    """Read and check the claims file; a bad record is refused naming the claim, the key and what is allowed."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    data = yaml.safe_load(Path(path).read_text())
+    claims, seen = [], set()
+    for i, raw in enumerate(data.get("claims") or []):
+        where = f"{path}: claim {raw.get('id', i + 1)}"
+        unknown = set(raw) - {f.name for f in Claim.__dataclass_fields__.values()}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"allowed: {', '.join(Claim.__dataclass_fields__)}")
+        missing = [k for k in REQUIRED if raw.get(k) in (None, "", [])]
+        if missing:
+            raise ConfigError(f"{where}: {', '.join(missing)} missing")
+        if raw["metric"] not in METRICS:
+            raise ConfigError(f"{where}: metric={raw['metric']!r} is not allowed; one of {', '.join(METRICS)}")
+        for opt in [raw["subject"], *raw["comparators"]]:
+            if opt not in OPTIMIZERS:
+                raise ConfigError(f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZERS)}")
+        if "tuning" not in raw["measured"]:
+            raise ConfigError(f"{where}: measured.tuning missing (the tuning directory's folder name)")
+        pred = raw.get("predicted")
+        if pred is not None and not {"simulate", "world_size", "assumptions"} <= set(pred):
+            raise ConfigError(f"{where}: predicted needs simulate, world_size and assumptions")
+        if raw["id"] in seen:
+            raise ConfigError(f"{where}: the id {raw['id']!r} is used twice")
+        seen.add(raw["id"])
+        claims.append(Claim(**{**raw, "comparators": tuple(raw["comparators"]),
+                               "threshold": float(raw.get("threshold", 1.0))}))
+    return claims
+
+
+# --- sources ------------------------------------------------------------------------------------------
+
+@dataclass
+class Sources:
+    tunings: dict[str, Path] = field(default_factory=dict)       # folder name -> tuning directory
+    simulations: dict[str, Path] = field(default_factory=dict)   # folder name -> simulate --out directory
+
+
+def find_sources(dirs: list[Path]) -> Sources:
+    """Tuning directories and simulator outputs under ``dirs``, by folder name; a name found twice is refused
+    (which one a claim reads must not depend on the order of the arguments)."""
+    found = Sources()
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: no such directory")
+        for kind, marker, table in (("tuning", TUNE_PLAN, found.tunings), ("simulation", PREDICTIONS, found.simulations)):
+            for f in sorted([d / marker] if (d / marker).is_file() else d.rglob(marker)):
+                name = f.parent.name
+                if name in table and table[name] != f.parent:
+                    raise ConfigError(f"two {kind} directories named {name!r}: {table[name]} and {f.parent}; "
+                                      "give only one of them")
+                table[name] = f.parent
+    return found
+
+
+# --- measurements -------------------------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    optimizer: str
+    value: float                       # the point estimate (score or median)
+    dist: intervals.Dist               # its bootstrap distribution
+    budget: tuple[int, int]            # studies with a finished trial x trials per study (planned)
+    finished: int                      # trials with a final summary
+    planned: int
+    reached: int | None                # trials that reached the target (time_to_target)
+    compute_imbalance: float | None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return intervals.interval(self.dist)
+
+
+def measure(tune_dir: Path, metric: str) -> dict[str, Measurement]:
+    """Every optimizer of a tuning directory, measured by ``metric``. Trials without a final summary (not run
+    yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out."""
+    plan, combos, summaries = load_trials(tune_dir)
+    out: dict[str, Measurement] = {}
+    for trials in combos.values():
+        done = [t for t in trials if trial_finished(summaries[t.name])]
+        if not done:
+            continue
+        optimizer = summaries[done[0].name]["optimizer"]
+        if optimizer in out:
+            raise ConfigError(f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
+                              "per optimizer (tune each condition into its own directory)")
+        by_study: dict[int, list[dict]] = {}
+        for t in done:
+            by_study.setdefault(t.study, []).append(summaries[t.name])
+        value, dist = _score(list(by_study.values()), metric, plan.get("max_runtime_s"))
+        ran = [summaries[t.name] for t in done]
+        imb = [s["compute_imbalance"] for s in ran if s.get("compute_imbalance") is not None]
+        out[optimizer] = Measurement(
+            optimizer, value, dist, (len(by_study), plan["trials_per_study"]), len(done), len(trials),
+            sum(math.isfinite(trial_time(s, plan.get("max_runtime_s"))) for s in ran)
+            if metric == "time_to_target" else None,
+            float(statistics.median(imb)) if imb else None)
+    return out
+
+
+def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) -> tuple[float, intervals.Dist]:
+    if metric == "throughput":
+        values = [s["throughput_samples_per_s"] for study in studies for s in study
+                  if s.get("throughput_samples_per_s")]
+        if not values:
+            return math.nan, {}
+        return float(statistics.median(values)), intervals.median_over_runs(values)
+    if metric == "time_to_target":
+        times = [[trial_time(s, max_runtime_s) for s in study] for study in studies]
+        return float(statistics.median(min(t) for t in times)), intervals.tuned_score(times)
+    # final_metric: higher is better; the tuned score of the negated metric, negated back
+    neg = [[-s["best_metric"] if s.get("best_metric") is not None else math.inf for s in study] for study in studies]
+    dist = intervals.tuned_score(neg)
+    return -float(statistics.median(min(t) for t in neg)), {-v: p for v, p in dist.items()}
+
+
+# --- the speed-up and the verdict ----------------------------------------------------------------------
+
+@dataclass
+class Speedup:
+    value: float                  # subject against the best comparator (> 1: the subject is better)
+    interval: tuple[float, float]
+    best: str                     # the comparator with the best point value
+    missing: list[str]            # comparators without data
+
+
+def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool) -> Speedup | None:
+    have = {k: m for k, m in comparators.items() if m is not None and m.dist}
+    if not have or not subject.dist:
+        return None
+    pick = min if lower_is_better else max
+    best = pick(have.values(), key=lambda m: m.value)
+    best_dist = intervals.best_of([m.dist for m in have.values()], lower_is_better)
+    if lower_is_better:
+        dist, value = intervals.ratio(best_dist, subject.dist), intervals.divide(best.value, subject.value)
+    else:
+        dist, value = intervals.ratio(subject.dist, best_dist), intervals.divide(subject.value, best.value)
+    missing = [k for k, m in comparators.items() if m is None or not m.dist]
+    return Speedup(value, intervals.interval(dist), best.optimizer, missing)
+
+
+def decide(interval: tuple[float, float] | None, threshold: float, missing: list[str]) -> tuple[str, str]:
+    """The verdict and its reason (the rule in this module's docstring and docs/claims.md)."""
+    if interval is None:
+        return "inconclusive", "no measurement" + (f" of {', '.join(missing)}" if missing else "")
+    lo, hi = interval
+    if hi < threshold:
+        return "does not hold", f"the whole interval is below {threshold:g}"
+    if lo > threshold:
+        if missing:
+            return "inconclusive", (f"above {threshold:g} against the comparators measured, but "
+                                    f"{', '.join(missing)} not measured")
+        return "holds", f"the whole interval is above {threshold:g}"
+    return "inconclusive", f"the interval contains {threshold:g}"
+
+
+# --- predictions ----------------------------------------------------------------------------------------
+
+def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
+    """The subject against the best comparator in a simulator output at the claim's world size."""
+    if claim.predicted is None:
+        return None
+    p = int(claim.predicted["world_size"])
+    base = {"simulate": claim.predicted["simulate"], "world_size": p,
+            "assumptions": " ".join(str(claim.predicted["assumptions"]).split()), "speedup": None}
+    if sim_dir is None:
+        return {**base, "note": f"no simulator output named {claim.predicted['simulate']!r} was given"}
+    key = "time_to_target_s" if claim.metric == "time_to_target" else "throughput"
+    rows = {r["optimizer"]: r.get(key) for r in json.loads((sim_dir / PREDICTIONS).read_text())
+            if r.get("world_size") == p}
+    subject = rows.get(claim.subject)
+    others = {o: rows.get(o) for o in claim.comparators}
+    have = {o: v for o, v in others.items() if v}
+    base.update(source=str(sim_dir), missing=[o for o in claim.comparators if not others.get(o)])
+    if not subject or not have:
+        return {**base, "note": f"no {key} predicted for {claim.subject} and a comparator at P={p}"}
+    if claim.lower_is_better:
+        best = min(have, key=have.get)
+        return {**base, "best": best, "speedup": have[best] / subject}
+    best = max(have, key=have.get)
+    return {**base, "best": best, "speedup": subject / have[best]}
+
+
+# --- one claim ------------------------------------------------------------------------------------------
+
+def evaluate(claim: Claim, sources: Sources) -> dict:
+    tune_dir = sources.tunings.get(claim.measured["tuning"])
+    measured = measure(tune_dir, claim.metric) if tune_dir else {}
+    subject = measured.get(claim.subject)
+    comparators = {o: measured.get(o) for o in claim.comparators}
+    sp = speedup(subject, comparators, claim.lower_is_better) if subject else None
+    missing = [o for o, m in comparators.items() if m is None]
+    if tune_dir is None:
+        verdict, reason = "inconclusive", (f"not measured: no tuning directory named {claim.measured['tuning']!r} "
+                                           "among the sources")
+    elif subject is None:
+        verdict, reason = "inconclusive", f"no data for {claim.subject} in {tune_dir}"
+    else:
+        verdict, reason = decide(sp.interval if sp else None, claim.threshold, sp.missing if sp else missing)
+    return {
+        "id": claim.id, "paper": claim.paper, "says": " ".join(claim.says.split()), "figure": claim.figure,
+        "condition": claim.condition, "metric": claim.metric, "subject": claim.subject,
+        "comparators": list(claim.comparators), "threshold": claim.threshold,
+        "measured": {
+            "tuning": claim.measured["tuning"], "source": str(tune_dir) if tune_dir else None,
+            "here": " ".join(str(claim.measured.get("here", "")).split()),
+            "speedup": sp.value if sp else None, "interval": list(sp.interval) if sp else None,
+            "best_comparator": sp.best if sp else None, "missing": sp.missing if sp else missing,
+            "optimizers": {o: _measurement_json(m) for o, m in measured.items()
+                           if o == claim.subject or o in claim.comparators},
+        },
+        "predicted": predict(claim, sources.simulations.get((claim.predicted or {}).get("simulate"))),
+        "verdict": verdict, "reason": reason,
+    }
+
+
+def _measurement_json(m: Measurement) -> dict:
+    lo, hi = m.interval
+    return {"value": m.value, "interval": [lo, hi], "studies": m.budget[0], "trials_per_study": m.budget[1],
+            "finished": m.finished, "planned": m.planned, "reached": m.reached,
+            "compute_imbalance": m.compute_imbalance}
+
+
+# --- claims.md ----------------------------------------------------------------------------------------------
+
+UNITS = {"time_to_target": "s", "throughput": "samples/s", "final_metric": ""}
+
+
+def num(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def times(v: float | None) -> str:
+    return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.2f}x")
+
+
+def bound(v: float, threshold: float) -> str:
+    """An interval's end, with a third decimal where two would round it onto the threshold it misses."""
+    text = times(v)
+    if math.isfinite(v) and v != threshold and f"{v:.2f}" == f"{threshold:.2f}":
+        text = f"{v:.3f}x"
+    return text
+
+
+def measured_cell(r: dict) -> str:
+    m = r["measured"]
+    if m["speedup"] is None:
+        return "subject only: no comparator measured" if r["subject"] in m["optimizers"] else "no data"
+    lo, hi = m["interval"]
+    return (f"{times(m['speedup'])} vs {m['best_comparator']} [{bound(lo, r['threshold'])}, "
+            f"{bound(hi, r['threshold'])}]")
+
+
+def predicted_cell(r: dict) -> str:
+    p = r["predicted"]
+    if p is None:
+        return "not predicted"
+    if p["speedup"] is None:
+        return f"— (P={p['world_size']})"
+    return f"{times(p['speedup'])} vs {p['best']} at P={p['world_size']}"
+
+
+def budget_cell(r: dict) -> str:
+    """Studies x trials of the subject's tuning ("a-b" where the optimizers' budgets differ)."""
+    budgets = sorted({(x["studies"], x["trials_per_study"]) for x in r["measured"]["optimizers"].values()})
+    return " / ".join(f"{s} x {o}" for s, o in budgets) or "—"
+
+
+def imbalance_cell(r: dict) -> str:
+    """The compute imbalance of the subject's runs and of the best comparator's."""
+    m = r["measured"]
+    shown = [o for o in (r["subject"], m["best_comparator"]) if o in m["optimizers"]]
+    return " / ".join(num(m["optimizers"][o]["compute_imbalance"]) for o in shown) or "—"
+
+
+def summary_table(results: list[dict]) -> str:
+    rows = [{"claim": f"`{r['id']}`", "paper": r["figure"] or "direction only",
+             "measured": measured_cell(r), "budget": budget_cell(r), "imbalance": imbalance_cell(r),
+             "predicted": predicted_cell(r), "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
+    return markdown_table(rows, [("claim", "claim", ""), ("paper", "the paper", ""),
+                                 ("measured", "measured here: speed-up [95% interval]", ""),
+                                 ("budget", "studies x trials", ""),
+                                 ("imbalance", "compute imbalance (subject / best)", ""),
+                                 ("predicted", "predicted at the paper's scale", ""), ("verdict", "verdict", "")])
+
+
+RULE = (
+    "Speed-up: the subject's tuned value against the best comparator's, > 1 favouring the subject (times and "
+    "throughputs alike). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
+    "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
+    "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
+    "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
+    "prediction never decides a verdict.")
+
+
+def detail(r: dict) -> list[str]:
+    m, unit = r["measured"], UNITS[r["metric"]]
+    lines = [f"### `{r['id']}`: {r['verdict']}", "",
+             f"- **The paper** ({r['paper']}): {r['says']}" + (f" Figure: {r['figure']}." if r["figure"] else ""),
+             f"- **Its condition**: {r['condition']}.",
+             f"- **Here**: {m['here']} (tuning `{m['tuning']}`" + (f", `{m['source']}`" if m["source"] else "") + ").",
+             f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).", ""]
+    if m["optimizers"]:
+        label = {"time_to_target": "score (s)", "throughput": "median samples/s", "final_metric": "score"}[r["metric"]]
+        rows = []
+        for opt, x in sorted(m["optimizers"].items(), key=lambda kv: kv[0] != r["subject"]):
+            rows.append({"optimizer": opt + (" (subject)" if opt == r["subject"] else ""),
+                         "value": num(x["value"]), "interval": f"[{num(x['interval'][0])}, {num(x['interval'][1])}]",
+                         "budget": f"{x['studies']} x {x['trials_per_study']}"
+                                   + (" (below 3 x 3)" if (x["studies"], x["trials_per_study"]) < MIN_BUDGET else ""),
+                         "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
+                         "finished": f"{x['finished']}/{x['planned']}",
+                         "imbalance": num(x["compute_imbalance"])})
+        lines += [markdown_table(rows, [("optimizer", "optimizer", ""), ("value", label, ""),
+                                        ("interval", "95% interval", ""), ("budget", "studies x trials", ""),
+                                        ("reached", "reached target", ""), ("finished", "trials finished", ""),
+                                        ("imbalance", "compute imbalance", "")]), ""]
+        if m["missing"]:
+            lines += [f"Not measured: {', '.join(m['missing'])}.", ""]
+    p = r["predicted"]
+    if p is not None:
+        said = (f"{times(p['speedup'])} against {p['best']} at P={p['world_size']}" if p["speedup"] is not None
+                else p.get("note", "no prediction"))
+        lines += [f"Predicted (`{p['simulate']}`): {said}. Assumptions: {p['assumptions']}", ""]
+    return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
+                    "ranks' mean, median over the trials, 1.00 = even)"), ""]
+
+
+def render(results: list[dict], sources: list[str]) -> str:
+    counts = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
+    lines = ["# The papers' claims, tested", "",
+             f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['inconclusive']} inconclusive "
+             f"(of {len(results)}). Generated by `wagma-bench claims` from: " + ", ".join(f"`{s}`" for s in sources)
+             + ".", "", summary_table(results), "", RULE, "", "## Each claim", ""]
+    for r in results:
+        lines += detail(r)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+
+def make_claims(dirs: list[Path], out: Path, claims_file: Path = CLAIMS_FILE) -> list[dict]:
+    claims = load_claims(claims_file)
+    sources = find_sources(dirs)
+    results = [evaluate(c, sources) for c in claims]
+    run_subdir(out)
+    write_json_atomic(out / "claims.json", {"version": 1, "rule": RULE, "level": intervals.LEVEL,
+                                            "sources": [str(d) for d in dirs], "claims": results})
+    text = render(results, [str(d) for d in dirs])
+    atomic_write(out / "claims.md", lambda f: f.write(text))
+    return results
+
+
+README_BLOCK = re.compile(r"(<!-- claims:begin -->\n).*?(\n<!-- claims:end -->)", re.DOTALL)
+
+
+def update_readme(path: Path, results: list[dict]) -> None:
+    """Replace the table between ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` in ``path``."""
+    text = path.read_text()
+    if not README_BLOCK.search(text):
+        raise ConfigError(f"{path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill")
+    new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), text)
+    atomic_write(path, lambda f: f.write(new))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="wagma-bench claims", fromfile_prefix_chars="@",
+        description="The papers' claims: measured here with intervals, predicted at scale, and a verdict.")
+    parser.add_argument("dirs", nargs="+", type=Path,
+                        help="tuning directories, simulator outputs, or folders holding them (@FILE: one per line)")
+    parser.add_argument("--out", type=Path, required=True, help="where claims.md and claims.json go")
+    parser.add_argument("--claims", type=Path, default=CLAIMS_FILE, help="the claims file (reproduce/claims.yaml)")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
+    args = parser.parse_args(argv)
+    try:
+        results = make_claims(args.dirs, args.out, args.claims)
+        if args.readme:
+            update_readme(args.readme, results)
+    except (ConfigError, FileNotFoundError, OSError) as err:
+        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in VERDICTS)
+    print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
+    return 0

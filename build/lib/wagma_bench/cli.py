@@ -1,0 +1,370 @@
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from wagma_bench.paths import CONF_DIR
+
+USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
+
+commands:
+  run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
+  comm-bench  time our communication backend against the raw library calls
+  report      time-to-accuracy tables and figures over run or sweep directories
+  sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
+  tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
+  simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
+  claims      the papers' claims: measured here with intervals, predicted at scale, a verdict for each
+
+`wagma-bench run --help` lists the configuration groups and their options.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from wagma_bench import __version__
+
+        print(f"wagma-bench {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        try:
+            return run_command(rest)
+        except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
+            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
+        except OSError as err:  # an operational error the steps above did not name (disk, permissions)
+            print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
+            return 1
+    if command == "comm-bench":
+        from wagma_bench.commbench import main as bench_main
+
+        return bench_main(rest)
+    if command == "sweep":
+        from wagma_bench.sweep import main as sweep_main
+
+        return sweep_main(rest)
+    if command == "tune":
+        from wagma_bench.tune import main as tune_main
+
+        return tune_main(rest)
+    if command == "report":
+        from wagma_bench.report import main as report_main
+
+        return report_main(rest)
+    if command == "simulate":
+        from wagma_bench.simulate.cli import main as simulate_main
+
+        return simulate_main(rest)
+    if command == "claims":
+        from wagma_bench.claims import main as claims_main
+
+        return claims_main(rest)
+    print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+# Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
+# `tune` its search spaces.
+NOT_RUN_GROUPS = ("cluster", "hydra", "search_space")
+
+
+def run_command(overrides: list[str]) -> int:
+    """Compose the config with Hydra (run dir, multirun, launcher plugins) and run it."""
+    if "--help" in overrides or "-h" in overrides:
+        print(run_help([o for o in overrides if o not in ("--help", "-h")]))
+        return 0
+    import hydra
+
+    from wagma_bench.launch import agreed_run_dir_override, detect_world, start_rank_server
+
+    world = detect_world()
+    if world is not None and (run_dir := agreed_run_dir_override(overrides)):
+        overrides = overrides + [run_dir]  # the same on every rank and restart, not each rank's clock
+    if world is not None and world.rank != 0:
+        # Only rank 0 keeps Hydra's config copy and log file.
+        overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.overrides import MULTIRUN_FLAGS, precheck
+
+    try:  # a parse error or a misspelt key: exit 2 before anything is created
+        explicit = precheck(overrides, CONF_DIR)
+    except ConfigError as err:
+        _fail(str(err), 2)
+    chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
+    if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
+        _fail(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
+              "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
+              "directory, or set hydra.run.dir", 2)
+    if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
+        start_rank_server()  # local ranks to come (most likely): the server's imports overlap Hydra's work
+    sys.argv = [sys.argv[0]] + overrides
+    app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
+    try:
+        if explicit is not None and (world is None or world.rank == 0):
+            _lock_run_dir(explicit)  # before Hydra writes its config copy and log there
+        app()
+    finally:
+        for lock in _LOCKS.values():
+            lock.release()
+    return 0
+
+
+def run_help(overrides: list[str]) -> str:
+    """Hydra's application help, listing only the groups `run` composes (Hydra's own would list every
+    folder of conf/, `cluster` included), with the configuration the overrides compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        cfg = compose(config_name="wagma", overrides=overrides)
+        loader = GlobalHydra.instance().config_loader()
+        groups = [g for g in sorted(loader.list_groups("")) if g not in NOT_RUN_GROUPS]
+        listing = "\n".join(f"{g}: {', '.join(loader.get_group_options(g))}" for g in groups)
+    return (f"wagma-bench run: train one configuration (Hydra overrides; -m sweeps them locally).\n\n"
+            f"== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
+            f"{listing}\n\n== Config ==\nOverride anything in the config (foo.bar=value)\n\n"
+            f"{OmegaConf.to_yaml(cfg)}\n"
+            f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
+
+
+# Exit codes of `wagma-bench run`: 0 a run that ended by its rules (completed, time limit, preempted), or a
+# rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank started
+# (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss).
+EXIT_DIVERGED = 3
+
+_LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
+LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
+
+
+def _lock_run_dir(run_dir: Path) -> None:
+    """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it, or
+    naming a file of the run that is a symbolic link."""
+    from wagma_bench.events import SymlinkRefused
+    from wagma_bench.rundir import RunDirLock, RunDirLocked, refuse_symlinks
+
+    key = run_dir.resolve()
+    if key in _LOCKS or os.environ.get(LOCK_HELD_ENV) == str(key):  # ours, or our launching process's
+        return
+    lock = RunDirLock(key)
+    try:
+        refuse_symlinks(key)
+        lock.acquire()
+    except (RunDirLocked, SymlinkRefused) as err:
+        _fail(str(err), 2)
+    except OSError as err:  # a read-only or full file system, no permission: before anything ran
+        _fail(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
+              "hydra.run.dir", 2)
+    _LOCKS[key] = lock
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _run_job(cfg) -> dict | None:
+    """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from wagma_bench import startup
+    from wagma_bench.config import ConfigError, validate
+    from wagma_bench.extras import check_extras
+    from wagma_bench.launch import detect_world, stop_rank_server
+    from wagma_bench.workloads import get_workload
+
+    startup.new_job()
+    world = detect_world()
+    try:
+        run_cfg = validate(cfg, world.world_size if world else None)
+        if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
+            stop_rank_server()
+        check_extras(run_cfg)
+        get_workload(run_cfg.workload.name).check(run_cfg)
+    except (ConfigError, ValueError) as err:
+        _fail(str(err), 2)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if world is None or world.rank == 0:
+        _lock_run_dir(run_dir)
+    try:
+        return _run_locked(run_cfg, run_dir, world)
+    finally:
+        lock = _LOCKS.pop(run_dir.resolve(), None)
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
+    """The job, with the run directory locked: a finished run is reported, else run its ranks."""
+    import torch
+
+    from wagma_bench.checkpoint import CheckpointError, check_against_run, check_event_log
+    from wagma_bench.config import ConfigError, check_memory, check_world
+    from wagma_bench.launch import device_plan, run_rank, slurm_master
+    from wagma_bench.rundir import finished_summary
+
+    raw = run_cfg.raw
+    plan = None
+    if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
+        try:
+            plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
+            check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
+            check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
+        except ConfigError as err:
+            _fail(str(err), 2)
+    done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
+    if done is not None:  # every rank reads the same summary, so all of them stop here
+        print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "
+              f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
+              f"{json.dumps(done, indent=2, sort_keys=True)}", flush=True)
+        return None
+    if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
+        world_size, world_from = ((world.world_size, f"the {world.source} world") if world else
+                                  (plan.nproc, f"launcher.nproc={plan.nproc}"))
+        try:
+            if world is None or world.rank == 0:  # rank 0's node holds the event log
+                check_event_log(run_dir)
+            check_against_run(run_dir, raw, world_size, world_from)
+        except (ConfigError, CheckpointError) as err:
+            _fail(str(err), 2)
+    if world is not None:
+        master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
+        if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
+            master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
+        summary = run_rank(raw, str(run_dir), world, master)
+        if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
+            _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", EXIT_DIVERGED)
+        return summary
+    if run_cfg.comm.name == "mpi":
+        return _reexec_under_mpiexec(plan.nproc, run_dir)
+    return _run_local(run_cfg, run_dir, plan)
+
+
+def _run_local(run_cfg, run_dir: Path, plan) -> None:
+    """Spawn the local ranks and report how the run ended: its summary; a failure (exit 1, recorded); a
+    Ctrl-C (exit 130: the first stops the ranks at a checkpoint, the second at once, recorded)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from wagma_bench.config import ConfigError
+    from wagma_bench.launch import spawn_local
+    from wagma_bench.supervise import RunFailed, RunInterrupted, record_failed_run
+
+    note = f" ({plan.note})" if plan.note else ""
+    print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
+    try:
+        interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
+                                  run_cfg.launcher.master_port)
+    except ConfigError as err:  # a fixed port in use: before any rank started
+        _fail(str(err), 2)
+    except RunInterrupted as err:
+        from wagma_bench.checkpoint import latest_set
+
+        message = record_failed_run(run_dir, str(err), "interrupted")
+        again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
+                 f"to start it over (no checkpoint was saved in {run_dir})")
+        print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
+    except RunFailed as err:
+        message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
+        if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
+            print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+            return
+        _fail(message, 1)
+    _report_end(run_dir, interrupted)
+
+
+def _report_end(run_dir: Path, interrupted: bool = True) -> None:
+    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; a
+    diverged run fails with :data:`EXIT_DIVERGED` and one line saying where and why (under -m the line is
+    printed and the sweep goes on)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    summary_path = run_dir / "summary.json"
+    text = summary_path.read_text()
+    summary = json.loads(text)
+    if interrupted and summary.get("status") == "interrupted":
+        from wagma_bench.checkpoint import latest_set
+
+        saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "
+                 f"{run_dir}" if latest_set(run_dir) is not None else
+                 f"before its first step (nothing to checkpoint); run the same command again to start it in "
+                 f"{run_dir}")
+        print(f"wagma-bench: interrupted {saved}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
+    print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
+    if summary.get("status") != "diverged":
+        return
+    message = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
+        return
+    _fail(message, EXIT_DIVERGED)
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C ended
+
+
+def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
+    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
+    import signal
+    import subprocess
+    import tempfile
+
+    from wagma_bench.launch import RANK_DIR_ENV
+
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", 2)
+    from hydra.core.hydra_config import HydraConfig
+
+    # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
+    from wagma_bench.overrides import quoted
+
+    args = list(HydraConfig.get().overrides.task)
+    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
+           f"hydra.run.dir={quoted(str(run_dir))}"]
+    print("wagma-bench: " + " ".join(cmd), flush=True)
+    # Ctrl-C reaches mpiexec (the terminal's process group), which passes it to the ranks; this process
+    # waits for them (it never exits while they run) and reports an interrupted run as the local launcher does
+    # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
+    with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
+        from wagma_bench.supervise import FirstToEnd, mpiexec_failure, record_failed_run
+
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
+        first = FirstToEnd(Path(ranks), nproc)  # mpiexec's own report may name a rank its clean-up killed
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            rc, tail = _tee(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            ended_first = first.stop()
+        # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
+        if rc not in (0, EXIT_DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
+            error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
+            _fail(f"{error}. Run directory: {run_dir}", 1)
+    _report_end(run_dir)
+
+
+def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
+    """Pass a child's output through, line by line; its exit code and its last ``keep`` lines."""
+    tail: list[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail = (tail + [line])[-keep:]
+    return proc.wait(), tail
+
+
+if __name__ == "__main__":
+    sys.exit(main())

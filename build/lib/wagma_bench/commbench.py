@@ -1,0 +1,347 @@
+"""``wagma-bench comm-bench``: our communication backend against the raw library calls, on the same buffers.
+
+For each message size it times, on every rank, with a barrier before each repeat:
+
+- ``allreduce``        our ``Comm.allreduce`` vs ``torch.distributed.all_reduce`` / ``MPI.Allreduce``;
+- ``group_allreduce``  our butterfly-stage group allreduce vs the raw call on an equivalent raw group,
+                       for S = 2, 4, ... up to the world size;
+- ``wait_avoiding``    our wait-avoiding group allreduce as WAGMA-SGD uses it (model contributions, the
+                       caller's buffer updated in place; all ranks ready: the pure overhead of activation,
+                       progress thread and copies) vs the raw group allreduce it performs, the two timed
+                       alternately, repeat by repeat, so that both see the same load. The engine computes
+                       a mean and the raw call a sum, so the cheapest raw mean (NCCL's average; on gloo and
+                       MPI, which have none, the raw sum and one division of the buffer) is timed
+                       alternately too and reported beside it: the engine's own cost is its time over
+                       that. Also reported:
+                       the model-sized buffers the engine holds beyond the caller's (count and bytes) and
+                       where a round's time goes (activation messages, snapshot copy, collective, hand-over
+                       copy, each the mean per round over the ranks; "other", the slowest rank's median
+                       minus those: thread hand-offs, waking up, waiting for the last member).
+
+The time of a repeat is the slowest rank's (a collective is done when its last member is). Reported: the
+median and the 10th/90th percentiles over repeats, the ratio ours/raw of the medians, and the algorithmic
+bandwidth (bytes / time) against this machine's memory-copy bandwidth of the same buffer.
+
+Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``;
+with ``--comm mpi`` it runs under mpiexec (started for you when needed); ``--device cuda`` puts the buffers
+on the GPUs (NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and
+synchronises the device before a repeat's clock stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from wagma_bench.events import OUTPUT_HINT, refuse_link, write_text_atomic
+
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+DEFAULT_SIZES = "4K,64K,1M,16M,100M"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    mult = UNITS.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in UNITS else text
+    try:
+        return int(float(number) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 100M") from None
+
+
+def group_sizes(world: int) -> list[int]:
+    sizes, s = [], 2
+    while s <= world:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """Bytes per second of a plain copy of a buffer of ``nbytes`` (read + write counted once)."""
+    src = torch.ones(max(1, nbytes // 4))
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return src.numel() * 4 / statistics.median(times)
+
+
+class RawTorch:
+    def __init__(self, groups):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.pgs = {g: dist.new_group(list(g)) for g in groups if len(g) > 1}
+
+    def allreduce(self, t, group=None):
+        self.dist.all_reduce(t, group=self.pgs[group] if group else None)
+
+    def mean(self, t, group):
+        """The cheapest raw mean: NCCL's average, else the sum and one division (gloo has no AVG)."""
+        if self.dist.get_backend(self.pgs[group]) == "nccl":
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.AVG, group=self.pgs[group])
+        else:
+            self.allreduce(t, group)
+            t.div_(len(group))
+
+
+class RawMpi:
+    def __init__(self, groups):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.world = MPI.COMM_WORLD.Dup()
+        self.comms = {}
+        for i, g in enumerate(groups):
+            if len(g) > 1 and self.world.rank in g:
+                self.comms[g] = self.world.Create_group(self.world.Get_group().Incl(list(g)), tag=i)
+
+    def allreduce(self, t, group=None):
+        comm = self.comms[group] if group else self.world
+        comm.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
+
+    def mean(self, t, group):
+        """The cheapest raw mean: MPI has no average, so the sum and one division."""
+        self.allreduce(t, group)
+        t.div_(len(group))
+
+
+def _time(comm, fn, repeats: int, setup=None, warmed=None) -> list[float]:
+    """Per repeat, the slowest rank's time of ``fn()`` (one warm-up first, then ``warmed()``; ``setup`` runs
+    untimed before each)."""
+    out = []
+    for i in range(repeats + 1):
+        if i == 1 and warmed:
+            warmed()
+        if setup:
+            setup()
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        if comm.device.type == "cuda":  # the kernels, not only their launch
+            torch.cuda.synchronize(comm.device)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=comm.device)
+        if i:
+            out.append(float(comm.allgather(dt).max()))
+    return out
+
+
+def _row(op, impl, s, nbytes, times):
+    times = sorted(times)
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+    return {"op": op, "impl": impl, "group_size": s, "bytes": nbytes, "median_s": statistics.median(times),
+            "p10_s": q(0.1), "p90_s": q(0.9), "repeats": len(times)}
+
+
+def bench_rank(comm, sizes: list[int], repeats: int) -> list[dict]:
+    """Every measurement on this rank (a collective over all ranks)."""
+    from wagma_bench.comm.topology import butterfly_stage
+
+    p = comm.world_size
+    stages = {s: butterfly_stage(p, s, 0) for s in group_sizes(p)}
+    all_groups = [g for part in stages.values() for g in part]
+    comm.new_groups(all_groups)
+    raw = RawMpi(all_groups) if comm.backend_name == "mpi" else RawTorch(all_groups)
+    rows = []
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), device=comm.device)
+        rows.append(_row("allreduce", "ours", p, nbytes,
+                         _time(comm, lambda buf=buf: comm.allreduce(buf, op="sum"), repeats)))
+        rows.append(_row("allreduce", "raw", p, nbytes, _time(comm, lambda buf=buf: raw.allreduce(buf), repeats)))
+        for s, part in stages.items():
+            mine = next(g for g in part if comm.rank in g)
+            rows.append(_row("group_allreduce", "ours", s, nbytes,
+                             _time(comm, lambda buf=buf, part=part: comm.group_allreduce(buf, part, op="sum"),
+                                   repeats)))
+            rows.append(_row("group_allreduce", "raw", s, nbytes,
+                             _time(comm, lambda buf=buf, mine=mine: raw.allreduce(buf, mine), repeats)))
+            rows.append(_wait_avoiding_row(comm, buf, part, s, nbytes, repeats,
+                                           raw=lambda buf=buf, mine=mine: raw.allreduce(buf, mine),
+                                           raw_mean=lambda buf=buf, mine=mine: raw.mean(buf, mine)))
+    return rows
+
+
+def _wait_avoiding_row(comm, buf, part, s: int, nbytes: int, repeats: int, raw, raw_mean) -> dict:
+    """All ranks ready at once (each posts before the barrier, then asks for the round): the pure cost of
+    activation, the progress thread and the buffer copies over the group allreduce the engine performs.
+    In order, every rank answers the same rounds, so all of them close after the same round (the engine's
+    stop protocol needs that; there is no synchronous round)."""
+    from wagma_bench.comm.topology import FixedSchedule
+    from wagma_bench.comm.wait_avoiding import PHASES, WaitAvoidingAllreduce
+
+    engine = WaitAvoidingAllreduce(comm, buf, FixedSchedule(comm.world_size, part), contribution="model",
+                                   timeout_s=comm.timeout_s, in_order=True, in_place=True)
+
+    def warmed():
+        engine.timings, engine.rounds = dict.fromkeys(PHASES, 0.0), 0
+
+    # Each repeat times the raw group allreduce ``raw()``, the raw mean and then the engine's round, one after
+    # the other, so that the ratios compare them under the same load (a shared machine's load drifts).
+    ours, paired, paired_mean = [], [], []
+    for i in range(repeats):
+        paired += _time(comm, raw, 1)
+        paired_mean += _time(comm, raw_mean, 1)
+        ours += _time(comm, engine.request, 1, setup=lambda: engine.post(buf), warmed=warmed if i == 0 else None)
+    row = _row("wait_avoiding", "ours", s, nbytes, ours)
+    row["paired_raw_s"], row["paired_raw_mean_s"] = paired, paired_mean
+    buffers = engine.extra_buffers()
+    engine.close()
+    mine = torch.tensor([engine.timings[k] / max(1, engine.rounds) for k in PHASES] + list(buffers),
+                        dtype=torch.float64, device=comm.device)
+    every = comm.allgather(mine).reshape(comm.world_size, len(PHASES) + 2)
+    phases = every[:, :len(PHASES)].mean(0).tolist()
+    count, extra = (int(v) for v in every[:, len(PHASES):].max(0).values.tolist())  # the rank holding most
+    row["round_ms"] = {k: 1e3 * v for k, v in zip(PHASES, phases, strict=True)}
+    row["round_ms"]["other"] = 1e3 * row["median_s"] - sum(row["round_ms"].values())
+    row["extra_buffers"], row["extra_bytes"] = count, extra
+    return row
+
+
+def ratio_table(rows: list[dict], copy_bps: float) -> list[dict]:
+    """One line per (op, group size, bytes): ours vs raw (wait_avoiding is compared with the raw group
+    allreduce it performs), bandwidth and its fraction of the copy bandwidth."""
+    raw = {(r["op"], r["group_size"], r["bytes"]): r for r in rows if r["impl"] == "raw"}
+    out = []
+    for r in rows:
+        if r["impl"] != "ours":
+            continue
+        ref = raw[("group_allreduce" if r["op"] == "wait_avoiding" else r["op"], r["group_size"], r["bytes"])]
+        extra = {k: r[k] for k in ("extra_buffers", "extra_bytes", "round_ms") if k in r}
+        if "paired_raw_s" in r:  # the raw call (and the raw mean) timed alternately with ours
+            ref = _row(ref["op"], "raw", r["group_size"], r["bytes"], r["paired_raw_s"])
+            mean_s = statistics.median(r["paired_raw_mean_s"])
+            extra |= {"raw_mean_ms": 1e3 * mean_s, "ratio_to_raw_mean": r["median_s"] / mean_s}
+        bw = r["bytes"] / r["median_s"]
+        out.append({"op": r["op"], "group_size": r["group_size"], "bytes": r["bytes"],
+                    "ours_ms": 1e3 * r["median_s"], "ours_p10_ms": 1e3 * r["p10_s"], "ours_p90_ms": 1e3 * r["p90_s"],
+                    "raw_ms": 1e3 * ref["median_s"], "ratio": r["median_s"] / ref["median_s"],
+                    "bandwidth_GBps": bw / 1e9, "algbw_GBps": bw / 1e9,
+                    "busbw_GBps": bw * bus_factor(r["group_size"]) / 1e9, "of_copy_bw": bw / copy_bps, **extra})
+    return out
+
+
+def bus_factor(n: int) -> float:
+    """nccl-tests' bus bandwidth of an allreduce over n ranks: busbw = algbw x 2(n-1)/n, the rate each link
+    carries in a bandwidth-optimal allreduce, comparable across n (and with nccl-tests' and OSU's figures)."""
+    return 2 * (n - 1) / n
+
+
+def human(nbytes: int) -> str:
+    for unit, mult in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:g}{unit}"
+    return f"{nbytes}B"
+
+
+def format_table(lines: list[dict]) -> str:
+    head = (f"{'op':<16}{'S':>4}{'size':>8}{'ours ms':>11}{'p10-p90':>17}{'raw ms':>10}{'ours/raw':>10}"
+            f"{'algbw':>8}{'busbw':>8}{'/copy':>7}")
+    out = [head + "   (algbw, busbw: nccl-tests' GB/s)", "-" * len(head)]
+    for r in lines:
+        spread = f"{r['ours_p10_ms']:.2f}-{r['ours_p90_ms']:.2f}"
+        out.append(f"{r['op']:<16}{r['group_size']:>4}{human(r['bytes']):>8}{r['ours_ms']:>11.3f}{spread:>17}"
+                   f"{r['raw_ms']:>10.3f}{r['ratio']:>10.3f}{r['algbw_GBps']:>8.2f}{r['busbw_GBps']:>8.2f}"
+                   f"{r['of_copy_bw']:>7.2f}")
+    for r in lines:
+        if "round_ms" in r:
+            phases = ", ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in r["round_ms"].items())
+            out.append(f"wait_avoiding S={r['group_size']} {human(r['bytes'])}: raw mean "
+                       f"{r['raw_mean_ms']:.3f} ms, ours/raw-mean {r['ratio_to_raw_mean']:.3f}; extra buffers "
+                       f"{r['extra_buffers']} ({human(r['extra_bytes'])}); per round, ms: {phases}")
+    return "\n".join(out)
+
+
+def run_and_report(comm, sizes: list[int], repeats: int, out: Path | None) -> dict | None:
+    rows = bench_rank(comm, sizes, repeats)
+    if comm.rank != 0:
+        return None
+    copy_bps = copy_bandwidth(max(sizes))
+    result = {"backend": comm.backend_name, "world_size": comm.world_size, "hostname": socket.gethostname(),
+              "torch": torch.__version__, "copy_bandwidth_GBps": copy_bps / 1e9, "results": rows,
+              "table": ratio_table(rows, copy_bps)}
+    print(f"comm-bench: backend={comm.backend_name} ranks={comm.world_size} host={result['hostname']} "
+          f"copy bandwidth {copy_bps / 1e9:.2f} GB/s, median of {repeats} repeats (slowest rank each)")
+    print(format_table(result["table"]), flush=True)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, json.dumps(result, indent=2))
+        print(f"comm-bench: wrote {out}")
+    return result
+
+
+def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
+    import torch.distributed as dist
+
+    from wagma_bench.comm.torch_dist import TorchComm
+    from wagma_bench.launch import device_plan
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    backend, device = "gloo", torch.device("cpu")
+    if args["device"] == "cuda":
+        backend = device_plan(torch.cuda.device_count(), nproc, "auto").backend
+        device = torch.device(f"cuda:{index % torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=index == 0, timeout=timedelta(seconds=120))
+    comm = TorchComm.init(backend, index, nproc, store, 300.0, device)
+    try:
+        run_and_report(comm, args["sizes"], args["repeats"], args["out"])
+    finally:
+        comm.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
+    parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
+    parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.nproc < 1 or args.repeats < 1:
+        parser.error("--nproc and --repeats must be >= 1")
+    if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
+        parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
+    if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
+        print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
+        return 2
+    from wagma_bench.launch import detect_world, free_port
+
+    world = detect_world()
+    if args.comm == "mpi":
+        if world is None:  # start ourselves under the MPI library's mpiexec
+            mpiexec = Path(sys.executable).parent / "mpiexec"
+            cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.nproc), sys.executable, "-m",
+                   "wagma_bench", "comm-bench", *argv]
+            return subprocess.call(cmd)
+        from wagma_bench.comm.mpi import MpiComm
+
+        comm = MpiComm.init(timeout_s=300.0, device=torch.device("cpu"))
+        try:
+            run_and_report(comm, sizes, args.repeats, args.out)
+        finally:
+            comm.close()
+        return 0
+    import torch.multiprocessing as mp
+
+    from wagma_bench.launch import start_rank_server
+
+    start_rank_server()  # the ranks are forked from it, torch imported once
+    mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,
+                                                                     "out": args.out, "device": args.device}),
+                       nprocs=args.nproc, start_method="forkserver")
+    return 0

@@ -1,0 +1,505 @@
+"""Schemas of the configuration and their check.
+
+Hydra composes the YAML files under ``conf/``; :func:`validate` then checks every section against a
+dataclass, so a typo in a key or a wrong type fails in the launching process, before any rank starts.
+Option-dependent sections (``optimizer``, ``imbalance``, ``data``, ``workload``) are checked against the
+dataclass registered for the chosen option; the registries are explicit dicts in their modules.
+
+One validation style, all before any rank starts, every failure a :class:`ConfigError` that names the key,
+the bad value and what is allowed: a numeric setting's range is in :data:`RANGES`; a string setting's allowed
+values are in its schema's ``CHOICES`` (next to the field); a rule between settings (``comm.emulate`` needs
+gloo, ...) is the schema's ``__post_init__``; data paths and installed packages are a workload's ``check``.
+
+The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq`` registers groups named
+``optimizer``, ``model``, ``task`` ... there, and ours must never merge with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from wagma_bench.errors import ConfigError
+
+__all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take; ``None`` (unset, where the schema allows it) always passes."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False   # low itself is excluded
+    high_open: bool = False  # high itself is excluded
+
+    def allows(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or not (value > self.high or (self.high_open and value == self.high))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
+
+
+def _number(x: float) -> str:
+    """A bound as written: 2147483647, not 2.14748e+09; 0.5 and 1e-06 as usual."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+FRACTION = Range(0, 1)               # a probability or a share
+FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
+ANY = Range()
+# Seeds: numpy refuses negative ones, and torch's generators take (seed * 7919 + rank) * 1_000_003 + step
+# (wagma_bench/workloads/resnet.py), which must stay below 2**64.
+SEED = Range(0, 2**31 - 1)
+
+# Allowed range of every numeric setting, keyed by section.key; `env` is DD-PPO's data section. In an option
+# section (optimizer, workload, imbalance) a key is either one option's, `section/OPTION.key`
+# (`optimizer/wagma.tau`), or shared by every option that has it, `section.key`; the option's own entry
+# wins (allowed_range). tests/test_faults.py checks that every numeric field of every schema has one, so a
+# new setting cannot slip through unchecked.
+RANGES: dict[str, Range] = {
+    "seed": SEED,
+    "train.batch_size": AT_LEAST_ONE, "train.lr": POSITIVE, "train.lr_reference_batch": AT_LEAST_ONE,
+    "train.momentum": FRACTION_BELOW_ONE, "train.weight_decay": NON_NEGATIVE,
+    "train.adam_betas": FRACTION_BELOW_ONE, "train.warmup_epochs": NON_NEGATIVE,
+    "train.warmup_start_lr": NON_NEGATIVE, "train.milestones": NON_NEGATIVE, "train.decay": POSITIVE,
+    "train.epochs": POSITIVE, "train.max_steps": AT_LEAST_ONE, "train.time_limit_s": POSITIVE,
+    "train.grad_clip": POSITIVE,
+    "eval.every_epochs": POSITIVE, "eval.every_steps": AT_LEAST_ONE, "eval.target": ANY,
+    "checkpoint.every_s": NON_NEGATIVE,
+    "comm.timeout_s": POSITIVE,
+    "launcher.nproc": AT_LEAST_ONE, "launcher.master_port": Range(1, 65535),
+    "launcher.rendezvous_timeout_s": POSITIVE,
+    "logger.log_every_s": NON_NEGATIVE, "logger.wandb.timeout_s": POSITIVE,
+    # resnet / transformer / ddppo
+    "workload.num_workers": NON_NEGATIVE,
+    "workload.encoder_layers": AT_LEAST_ONE, "workload.decoder_layers": AT_LEAST_ONE,
+    "workload.embed_dim": AT_LEAST_ONE, "workload.ffn_dim": AT_LEAST_ONE, "workload.attention_heads": AT_LEAST_ONE,
+    "workload.dropout": FRACTION_BELOW_ONE, "workload.label_smoothing": FRACTION_BELOW_ONE,
+    "workload.max_positions": AT_LEAST_ONE, "workload.beam": AT_LEAST_ONE, "workload.lenpen": ANY,
+    "workload.max_len_a": NON_NEGATIVE, "workload.max_len_b": NON_NEGATIVE, "workload.eval_max_tokens": AT_LEAST_ONE,
+    "workload.max_sentences": AT_LEAST_ONE,  # null (token batches) passes
+    "workload.base_planes": AT_LEAST_ONE, "workload.hidden_size": AT_LEAST_ONE, "workload.rnn_layers": AT_LEAST_ONE,
+    "workload.num_steps": AT_LEAST_ONE, "workload.ppo_epoch": AT_LEAST_ONE, "workload.num_mini_batch": AT_LEAST_ONE,
+    "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
+    "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": Range(0, 1, low_open=True),
+    "workload.num_eval_episodes": AT_LEAST_ONE,
+    # optimizers: each one's own keys (wagma's group_size is also a power of two that fits the world:
+    # WagmaSGD.check_world), then the keys they share
+    "optimizer/allreduce.bucket_mb": POSITIVE,
+    "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
+    "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
+    "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
+    # outer optimizers (wagma_bench/optim/outer.py), shared by every model-averaging optimizer
+    "optimizer.outer_lr": POSITIVE, "optimizer.outer_momentum": FRACTION_BELOW_ONE,
+    "optimizer.outer_period": AT_LEAST_ONE,
+    # imbalance
+    "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
+    "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
+    # image and translation data
+    "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": SEED, "data.image_size": AT_LEAST_ONE,
+    "data.train_sentences": AT_LEAST_ONE, "data.valid_sentences": AT_LEAST_ONE, "data.median_len": POSITIVE,
+    "data.sigma": NON_NEGATIVE, "data.max_len": Range(3),  # sentences are 3 to max_len tokens (mt_data)
+    # navigation environments
+    "env.room_size": POSITIVE, "env.wall": NON_NEGATIVE, "env.door_width": POSITIVE, "env.obs_width": AT_LEAST_ONE,
+    "env.obs_height": AT_LEAST_ONE, "env.max_depth": POSITIVE, "env.forward_step": POSITIVE,
+    "env.turn_angle": POSITIVE, "env.max_episode_steps": AT_LEAST_ONE, "env.success_distance": POSITIVE,
+    "env.min_geodesic": NON_NEGATIVE, "env.max_geodesic": POSITIVE, "env.grid_resolution": POSITIVE,
+    "env.success_reward": ANY, "env.slack_reward": ANY, "env.num_envs": AT_LEAST_ONE, "env.gpu_device_id": Range(-1),
+}
+
+
+def allowed_range(section: str, key: str, option: str | None = None) -> Range | None:
+    """The :data:`RANGES` entry of ``section.key``: the option's own (``section/OPTION.key``) where
+    ``option`` is given and declares one, else the shared one; None where neither is declared."""
+    own = RANGES.get(f"{section}/{option}.{key}") if option is not None else None
+    return own if own is not None else RANGES.get(f"{section}.{key}")
+
+
+def missing_range_hint(section: str, key: str, option: str | None = None) -> str:
+    """What to add to :data:`RANGES` for a numeric setting without a range."""
+    shared = f"`{section}.{key}`"
+    if option is None:
+        return f"add {shared} to RANGES in wagma_bench/config.py"
+    return (f"add `{section}/{option}.{key}` (this {section}'s own) or {shared} (shared by every {section} "
+            f"with that key) to RANGES in wagma_bench/config.py")
+
+
+def check_ranges(section: str, schema: type, merged: DictConfig, option: str | None = None) -> None:
+    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry
+    (``option``: the option chosen for an option section, whose own entries come first); nested sections
+    (``logger.wandb``) too."""
+    for f in dataclasses.fields(schema):
+        value = merged.get(f.name)
+        if _is_section(value):
+            check_ranges(f"{section}.{f.name}", OmegaConf.get_type(value), value)
+            continue
+        value = list(value) if OmegaConf.is_list(value) else value
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            allowed = allowed_range(section, f.name, option)
+            if allowed is None:
+                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES; "
+                                  f"{missing_range_hint(section, f.name, option)}")
+            check_value(f"{section}.{f.name}", v, allowed, value)
+
+
+def check_value(key: str, v: float, allowed: Range, whole: Any = None) -> None:
+    """One number within its range, and finite (a NaN compares false with every bound, so a range alone
+    would let ``train.lr=nan`` through). ``whole``: the list ``v`` is an element of, for the message."""
+    shown = v if whole is None or whole is v else f"{whole} (element {v})"
+    if isinstance(v, float) and not math.isfinite(v):
+        finite = "" if allowed.low is None and allowed.high is None else f" {allowed}"
+        raise ConfigError(f"{key}={shown} is not allowed; it must be a finite number{finite}")
+    if not allowed.allows(v):
+        raise ConfigError(f"{key}={shown} is not allowed; it must be {allowed}")
+
+
+def check_choices(section: str, schema: type, merged: DictConfig) -> None:
+    """Every string setting of one section (and of its nested sections) among its schema's ``CHOICES``."""
+    for key, allowed in getattr(schema, "CHOICES", {}).items():
+        value = merged[key]
+        if value not in allowed:
+            shown = ", ".join("null" if a is None else str(a) for a in allowed)
+            raise ConfigError(f"{section}.{key}={value!r} is not allowed; choose one of: {shown}")
+    for f in dataclasses.fields(schema):
+        nested = merged[f.name]
+        if _is_section(nested):
+            check_choices(f"{section}.{f.name}", OmegaConf.get_type(nested), nested)
+
+
+def _is_section(node: Any) -> bool:
+    """A nested section with a schema of its own (``logger.submission``, ``logger.wandb``)."""
+    return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+
+
+def check_target(target: float | None, workload: Any, data: Any) -> None:
+    """``eval.target`` within the range of the workload's metric (a top-1 fraction cannot reach 1.5); the
+    workload class declares its metrics' ranges (``METRIC_RANGES``)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    if target is None:
+        return
+    cls = WORKLOADS[workload.name]
+    metric = cls.metric_of(SimpleNamespace(workload=workload, data=data))
+    allowed = Range(*cls.METRIC_RANGES[metric])
+    check_value("eval.target", target, ANY)
+    if not allowed.allows(target):
+        raise ConfigError(f"eval.target={target} is not allowed with workload={workload.name}; its metric "
+                          f"({metric}) is {allowed}, so the target must be too")
+
+
+def check_outer(optimizer: Any) -> None:
+    """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    if optimizer.outer == "none" or OPTIMIZERS[optimizer.name].outer_at is not None:
+        return
+    applies = ", ".join(name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None)
+    raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
+                      f"{OPTIMIZERS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
+
+
+def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
+    """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
+    rules (``Algorithm.check_world``), then the imbalance's."""
+    from wagma_bench.optim import OPTIMIZERS
+
+    OPTIMIZERS[optimizer.name].check_world(optimizer, world_size)
+    ranks = getattr(imbalance, "ranks", None)  # imbalance=fixed names its slow ranks
+    if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
+        raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
+                          f"must be below {world_size}")
+
+
+def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
+    """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
+    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
+    that cannot fit would only swap or meet the OOM killer before its first step."""
+    from wagma_bench.workloads import WORKLOADS
+
+    per_rank = WORKLOADS[workload].RANK_MEMORY_MB
+    total_mb = machine_memory_mb() if total_mb is None else total_mb
+    if not total_mb or nproc * per_rank <= total_mb:
+        return
+    most = max(1, int(total_mb // per_rank))
+    raise ConfigError(f"launcher.nproc={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank:.0f} "
+                      f"MiB per rank (workload={workload}, measured) = {nproc * per_rank / 1024:.1f} GiB, more than its "
+                      f"{total_mb / 1024:.1f} GiB of memory; it must be at most {most}")
+
+
+def machine_memory_mb() -> float | None:
+    """This machine's physical memory in MiB (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32
+    local_optimizer: str = "sgd"
+    lr: float = 0.1
+    lr_reference_batch: int | None = 256   # null: no linear scaling (the peak rate is lr; RL)
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    schedule: str = "step"
+    warmup_epochs: float = 0.0
+    warmup_start_lr: float | None = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
+    milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
+    decay: float = 0.1
+    # The budget. A run's length is train.max_steps when set (also beyond train.epochs: max_steps wins, and
+    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
+    # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
+    # rank 0 says at the start which budget ends it.
+    epochs: float = 90.0
+    max_steps: int | None = None
+    time_limit_s: float | None = None
+    grad_clip: float | None = None
+    precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
+
+    CHOICES: ClassVar[dict[str, tuple]] = {
+        "local_optimizer": ("sgd", "adam"),
+        "schedule": ("step", "cosine", "constant", "inverse_sqrt"),
+        "precision": ("fp32", "bf16"),
+    }
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: float = 1.0
+    every_steps: int | None = None
+    target: float | None = None
+    stop_at_target: bool = True
+    model: str = "auto"
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"model": ("auto", "local", "average")}
+
+
+@dataclass
+class CheckpointConfig:
+    every_s: float = 600.0
+    resume: bool = True
+
+
+@dataclass
+class CommConfig:
+    name: str = "torch"
+    backend: str = "auto"
+    timeout_s: float = 300.0
+    emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"name": ("torch", "mpi"), "backend": ("auto", "gloo", "nccl", "mpi"),
+                                           "emulate": (None, "nccl")}
+
+    def __post_init__(self):  # runs in the config check, before any rank starts
+        backends = {"torch": ("auto", "gloo", "nccl"), "mpi": ("mpi",)}.get(self.name, ())
+        if self.name in ("torch", "mpi") and self.backend not in backends:
+            raise ConfigError(f"comm.backend={self.backend!r} is not allowed with comm={self.name}; "
+                              f"choose one of: {', '.join(backends)}")
+        if self.emulate is not None and (self.name != "torch" or self.backend not in ("auto", "gloo")):
+            raise ConfigError(f"comm.emulate=nccl is not allowed with comm={self.name} comm.backend={self.backend}: "
+                              "it emulates NCCL on a gloo world, so it needs comm=torch with comm.backend=auto or gloo")
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"
+    nproc: int | None = None  # null: one rank per visible GPU with CUDA, else 4 (launch.device_plan)
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    rendezvous_timeout_s: float = 120.0
+
+
+@dataclass
+class WandbConfig:
+    project: str = "wagma-bench"
+    entity: str | None = None
+    group: str | None = None              # null: the sweep directory's name in a multirun, else none
+    mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
+    per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
+    timeout_s: float = 30.0               # an online start slower than this falls back to an offline run
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"mode": ("auto", "offline", "online")}
+
+
+@dataclass
+class SubmissionConfig:
+    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/mlperf.py)."""
+
+    org: str = "wagma-bench"              # submission_org: who ran it
+    platform: str = "unknown"             # submission_platform: the system (e.g. "daint-p100x64")
+    division: str = "open"                # closed | open (our optimizers change the training: open)
+    status: str = "research"              # cloud | onprem | preview | research
+    poc_name: str = ""                    # point of contact (optional)
+    poc_email: str = ""
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"division": ("closed", "open"),
+                                           "status": ("cloud", "onprem", "preview", "research")}
+
+    def __post_init__(self):
+        for key in ("org", "platform"):
+            if not getattr(self, key):
+                raise ConfigError(f"logger.submission.{key}='' is not allowed; it must name the submitter's "
+                                  f"{'organisation' if key == 'org' else 'system'}")
+
+
+@dataclass
+class LoggerConfig:
+    progress: str = "auto"
+    log_every_s: float = 10.0
+    mllog: bool = False                # also print the MLPerf log (RUN_DIR/mllog.txt) to stdout at the end
+    submission: SubmissionConfig = field(default_factory=SubmissionConfig)
+    wandb: WandbConfig | None = None   # set by logger=wandb
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"progress": ("auto", "bar", "lines", "off")}
+
+FIXED_SECTIONS: dict[str, type] = {
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "comm": CommConfig,
+    "launcher": LauncherConfig,
+    "logger": LoggerConfig,
+}
+TOP_LEVEL_SCALARS = {"seed": int}
+
+
+def workload_data_schemas(workload: str) -> dict[str, type]:
+    """Data options of a workload: option name -> schema dataclass (the workload's ``DATA``)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    return WORKLOADS[workload].DATA
+
+
+def data_section_names() -> dict[str, str]:
+    """Workload -> the top-level section its data options live in (``data``; ``env`` for RL workloads)."""
+    from wagma_bench.workloads import WORKLOADS
+
+    return {name: cls.DATA_SECTION for name, cls in WORKLOADS.items()}
+
+
+def option_schemas() -> dict[str, dict[str, type]]:
+    """Schemas of option-dependent sections, keyed by section then option name."""
+    from wagma_bench.imbalance import IMBALANCES
+    from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.workloads import WORKLOADS
+
+    return {
+        "workload": {name: cls.Settings for name, cls in WORKLOADS.items()},
+        "optimizer": {name: cls.Settings for name, cls in OPTIMIZERS.items()},
+        "imbalance": {name: cls.Settings for name, cls in IMBALANCES.items()},
+    }
+
+
+@dataclass
+class RunConfig:
+    """The whole, checked configuration of one run (typed; built by :func:`validate`)."""
+
+    seed: int
+    train: TrainConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    comm: CommConfig
+    launcher: LauncherConfig
+    logger: LoggerConfig
+    workload: Any
+    data: Any
+    optimizer: Any
+    imbalance: Any
+    raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
+
+
+def _typed(section: str, schema: type, node: Any, option: str | None = None) -> Any:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        check_ranges(section, schema, merged, option)  # before the schema's __post_init__ (rules between keys)
+        check_choices(section, schema, merged)
+        typed = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        valid = ", ".join(f.name for f in dataclasses.fields(schema))
+        key = getattr(err, "full_key", None) or getattr(err, "key", None)
+        message = str(getattr(err, "msg", err)).splitlines()[0]
+        kind = next((k for pattern, k in WRONG_TYPE.items() if pattern in message), None)
+        if key and kind:  # a value of the wrong type: the key is right, so no list of keys (it reads as a typo)
+            raise ConfigError(f"{section}.{key}={getattr(err, 'value', '?')!r} is not allowed; it must be {kind}") from None
+        if isinstance(err, ConfigKeyError):
+            problem = f"{section}.{key}: unknown key"
+        else:
+            problem = (f"{section}.{key}: " if key else f"{section}: ") + message
+        raise ConfigError(f"{problem}; valid keys of {section}: {valid}") from None
+    return typed
+
+
+# OmegaConf's conversion errors -> what the key takes
+WRONG_TYPE = {"converted to Integer": "an integer", "converted to Float": "a number",
+              "is not a valid bool": "true or false"}
+
+
+def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig:
+    """Check a composed config against the schemas; return it typed. Raises :class:`ConfigError`.
+
+    ``world_size``: the world an external launcher (torchrun, srun, mpiexec) gives; None: ``launcher.nproc``.
+    """
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    raw.pop("hydra", None)
+    missing = sorted(OmegaConf.missing_keys(OmegaConf.create(raw)))
+    if missing:
+        raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")
+    data_sections = data_section_names()
+    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "optimizer", "imbalance", "experiment"}
+    known |= set(data_sections.values())
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    typed: dict[str, Any] = {k: _typed(k, schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
+    for section, options in option_schemas().items():
+        node = dict(raw.get(section) or {})
+        name = node.get("name")
+        if name not in options:
+            raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
+        typed[section] = _typed(section, options[name], node, name)
+    # The workload's data options (an environment for RL) live in its own section; typed as `data`.
+    workload = typed["workload"].name
+    data_key = data_sections[workload]
+    stray = sorted(k for k in set(data_sections.values()) - {data_key} if k in raw)
+    if stray:
+        raise ConfigError(f"workload={workload} takes its data options from `{data_key}:`; "
+                          f"remove the section(s): {', '.join(stray)}")
+    data_options = workload_data_schemas(workload)
+    data_name = (raw.get(data_key) or {}).get("name")
+    if data_name not in data_options:
+        raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
+                          f"{', '.join(sorted(data_options))}")
+    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key], data_name)
+    seed = raw.get("seed", 1)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
+    check_value("seed", seed, RANGES["seed"])
+    check_target(typed["eval"].target, typed["workload"], typed["data"])
+    check_outer(typed["optimizer"])
+    check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
+    raw.pop("experiment", None)
+    return RunConfig(seed=seed, raw=raw, **typed)

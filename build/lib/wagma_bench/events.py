@@ -1,0 +1,493 @@
+"""Run events: the single source of truth for every figure.
+
+Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
+each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
+``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
+atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
+also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.rundir.record_failure`); so is
+the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
+
+Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the
+W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
+reached the target, did the run end" is written once, here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+EVENTS = "events.jsonl"
+SUMMARY = "summary.json"
+
+
+class SymlinkRefused(OSError):
+    """A file or folder of a run that is a symbolic link. A run never writes through one: on a shared file
+    system anyone who can write the run directory could otherwise make the run overwrite their choice of the
+    user's files (``events.jsonl`` -> ``~/.bashrc``)."""
+
+
+RUN_HINT = "a run never writes through a link: remove it, or choose another hydra.run.dir"
+OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose another output directory"
+
+
+def refuse_link(path: Path, hint: str = RUN_HINT) -> SymlinkRefused:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); {hint}")
+
+
+def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
+    """Open a file of a run (or a command's log) for writing (``mode``: w, a, wb, ab) without following a
+    symbolic link in its last component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises
+    :class:`SymlinkRefused`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise refuse_link(path, hint) from None
+        raise
+    return os.fdopen(fd, mode)
+
+
+def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
+    """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
+    refuse one that is a symbolic link."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        raise refuse_link(path, hint)
+    return path
+
+
+def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
+    """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
+    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed. Every
+    output file of every command is written here (run files, reports, tunings, sweeps, predictions, claims).
+
+    A symbolic link at ``path`` is refused, naming it (someone else's link in a shared output directory must
+    not be silently replaced, nor written through). The temporary file gets a fresh name, created exclusively
+    (O_CREAT|O_EXCL, never through a link planted under a guessable name)."""
+    if path.is_symlink():
+        raise refuse_link(path, OUTPUT_HINT)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp")
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's files from the user's group
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def strict_json(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that writes valid JSON: Python writes a NaN or an infinity as the bare tokens ``NaN`` /
+    ``Infinity``, which strict readers (jq, JavaScript, Go) refuse; here they are ``null`` (a diverged run's
+    loss: its run_stop says where and why)."""
+    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda f: f.write(strict_json(obj, indent=2, sort_keys=True) + "\n"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text))
+
+
+def rewrite_jsonl(path: Path, records: list[dict]) -> None:
+    """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
+    atomic_write(path, lambda f: f.writelines(strict_json(r, sort_keys=True) + "\n" for r in records))
+
+
+def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
+    """Open a log for this attempt: empty on a fresh start (never appending to an earlier attempt's lines);
+    on a resume, cut back to what the checkpoint at ``resume_step`` has seen (``keep(record, step)``)."""
+    if resume_step is None:
+        return open_run_file(path, "w")  # the caller closes it
+    if path.is_symlink():
+        raise refuse_link(path)
+    if path.exists():
+        rewrite_jsonl(path, [r for r in read_jsonl(path) if keep(r, resume_step)])
+    return open_run_file(path, "a")
+
+
+def _event_before_checkpoint(event: dict, step: int) -> bool:
+    # An earlier attempt's run_stop (failed, killed) is no end: the resumed run writes the one final stop.
+    at = (event.get("metadata") or {}).get("step")
+    return event.get("key") != "run_stop" and (at is None or at <= step)
+
+
+def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
+    """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped, and so is any other
+    line that is not JSON (``skipped``, when given, receives their 1-based numbers, for a warning)."""
+    out = []
+    try:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    if skipped is not None:
+                        skipped.append(number)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+class EventLog:
+    """Append-only event log of rank 0 (other ranks hold a disabled one).
+
+    Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
+    :mod:`wagma_bench.loggers`, whose :func:`~wagma_bench.loggers.event_log_for_run` builds the log
+    of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
+    (:mod:`wagma_bench.mlperf`).
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, sinks: Iterable = (), resume_step: int | None = None):
+        self.enabled = enabled
+        self.path = run_dir / EVENTS
+        # open for the whole run, closed by close(); resume_step None: a fresh start
+        self._f = _open_for_attempt(self.path, resume_step, _event_before_checkpoint) if enabled else None
+        self.sinks = list(sinks) if enabled else []
+
+    def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
+        if not self.enabled:
+            return
+        event = {"key": key, "value": value, "time_ms": round(time.time() * 1000, 3), "metadata": metadata}
+        line = strict_json(event, sort_keys=True)
+        self._f.write(line + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        for sink in self.sinks:
+            sink.emit(event)
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+class StepLog:
+    """Per-rank step timings, buffered and flushed at synchronisation points."""
+
+    def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
+        d = run_subdir(run_dir / "steps")
+        # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
+        self._f = _open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
+        self._buf: list[str] = []
+
+    def record(self, **fields: Any) -> None:
+        self._buf.append(strict_json(fields))
+
+    def flush(self) -> None:
+        if self._buf:
+            self._f.write("\n".join(self._buf) + "\n")
+            self._f.flush()
+            self._buf.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._f.close()
+
+
+def _first(events: Iterable[dict], key: str) -> dict | None:
+    return next((e for e in events if e["key"] == key), None)
+
+
+def summarize(events: list[dict], status: str | None = None) -> dict:
+    """The run summary, computed from its events only.
+
+    Time-to-target is the training clock (``metadata.train_s``: wall time since run start minus
+    evaluation, checkpoint and queue time) at the first evaluation at or above the target.
+    """
+    start = _first(events, "run_start") or {"value": None, "metadata": {}}
+    meta = dict(start["metadata"])
+    evals = [e for e in events if e["key"] == "eval_accuracy"]
+    stops = [e for e in events if e["key"] == "run_stop"]
+    progress = [e for e in events if e["key"] in ("eval_accuracy", "progress", "run_suspend", "run_stop")]
+    # run_suspend: stopped to be resumed (preempted, requeued); run_stop: the one real end
+    lifecycle = [e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")]
+    ended = lifecycle[-1] if lifecycle else None
+    last = progress[-1]["metadata"] if progress else {}
+    target = meta.get("target")
+    reached_at = next((e for e in evals if target is not None and e["value"] >= target), None)
+    values = [e["value"] for e in evals]
+    train_s = last.get("train_s", 0.0)
+    samples = last.get("samples", 0)
+    suspends = [e for e in events if e["key"] == "run_suspend"]  # preempted, or interrupted (Ctrl-C)
+    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None,
+              "run_suspend": suspends[-1]["metadata"].get("status", "preempted") if suspends else None}
+    final_status = status or by_end.get(ended) or "incomplete"
+    return {
+        "workload": meta.get("workload"),
+        "data": meta.get("data"),
+        "optimizer": meta.get("optimizer"),
+        "imbalance": meta.get("imbalance"),
+        "world_size": meta.get("world_size"),
+        "seed": meta.get("seed"),
+        "target_metric": meta.get("metric"),
+        "target": target,
+        "reached": reached_at is not None,
+        "time_to_target_s": reached_at["metadata"]["train_s"] if reached_at else None,
+        "steps_to_target": reached_at["metadata"]["step"] if reached_at else None,
+        "final_metric": values[-1] if values else None,
+        "best_metric": max(values) if values else None,
+        "eval_model": meta.get("eval_model"),
+        "steps": last.get("step", 0),
+        "samples": samples,
+        "throughput_samples_per_s": samples / train_s if train_s > 0 else None,
+        "wall_s": last.get("wall_s", 0.0),
+        "train_s": train_s,
+        "eval_s": last.get("eval_s", 0.0),
+        "restarts": sum(1 for e in events if e["key"] == "run_resume"),
+        "status": final_status,
+        "error": stops[-1]["metadata"].get("error") if stops and ended == "run_stop" else None,
+        "config_hash": meta.get("config_hash"),
+        "git_sha": meta.get("git_sha"),
+        "versions": meta.get("versions"),
+        "hosts": meta.get("hosts"),
+        # rank 0's CPU seconds by thread over the last attempt (wagma_bench.cpu), at the run's end
+        "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s") if stops and ended == "run_stop" else None,
+        # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per round by phase, progress-thread CPU
+        "engine": stops[-1]["metadata"].get("engine") if stops and ended == "run_stop" else None,
+        # where the last attempt's start went (wagma_bench.startup), seconds per phase
+        "startup": next((e["metadata"] for e in reversed(events) if e["key"] == "startup"), None),
+    }
+
+
+# --- reading a run directory ------------------------------------------------------------------------
+
+LIFECYCLE = ("run_start", "run_resume", "run_suspend", "run_stop")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One ``eval_accuracy`` event: the metric and where in the run it was measured."""
+
+    value: float
+    step: int | None
+    epoch: float | None
+    samples: int | None
+    train_s: float | None           # the training clock (time-to-target is read from it)
+    wall_s: float | None
+    took_s: float                   # how long the evaluation itself took
+    signature: str | None           # how the metric was computed (sacrebleu's signature for BLEU)
+    time_ms: float | None
+
+    @classmethod
+    def of(cls, event: dict) -> Evaluation:
+        meta = event.get("metadata") or {}
+        return cls(value=event["value"], step=meta.get("step"), epoch=meta.get("epoch"), samples=meta.get("samples"),
+                   train_s=meta.get("train_s"), wall_s=meta.get("wall_s"), took_s=meta.get("eval_took_s") or 0.0,
+                   signature=meta.get("sacrebleu_signature"), time_ms=event.get("time_ms"))
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What ``run_start`` says about a run: its identity, and every value derived from its config that a
+    reader would otherwise recompute (the trainer computes each once, see ``trainer.run_start_fields``).
+
+    A field a run logged before it existed reads as None; the derived values that can be recomputed from
+    the logged config fall back to that (``base_lr``, ``nodes``, ``ranks_per_node``), the model size does
+    not (it takes the model: see ``simulate.calibrate``)."""
+
+    metadata: dict                  # as logged, the resolved config (``config``) included
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def settings(self) -> dict:
+        """The logged fields without the resolved config (the report's view of a run)."""
+        return {k: v for k, v in self.metadata.items() if k != "config"}
+
+    @property
+    def config(self) -> dict:
+        return self.metadata.get("config") or {}
+
+    @property
+    def workload(self) -> str | None:
+        return self.metadata.get("workload")
+
+    @property
+    def optimizer(self) -> str | None:
+        return self.metadata.get("optimizer")
+
+    @property
+    def world_size(self) -> int | None:
+        return self.metadata.get("world_size")
+
+    @property
+    def metric(self) -> str | None:
+        return self.metadata.get("metric")
+
+    @property
+    def target(self) -> float | None:
+        return self.metadata.get("target")
+
+    @property
+    def model_params(self) -> int | None:
+        """Parameters of the model (None: logged before run_start said)."""
+        return self.metadata.get("model_params") or None
+
+    @property
+    def group_size(self) -> int | None:
+        """Ranks that average together in a round (WAGMA's S); None for optimizers without groups."""
+        return self.metadata.get("group_size")
+
+    @property
+    def sync_period(self) -> int | None:
+        return self.metadata.get("sync_period")
+
+    @property
+    def base_lr(self) -> float | None:
+        """The peak learning rate after batch scaling (MLPerf's ``opt_base_learning_rate``)."""
+        if "base_lr" in self.metadata:
+            return self.metadata["base_lr"]
+        train = self.config.get("train") or {}
+        if "lr" not in train:
+            return None
+        from wagma_bench.schedules import peak_lr
+
+        return peak_lr(train["lr"], train["batch_size"], self.world_size or 1, train.get("lr_reference_batch"))
+
+    @property
+    def nodes(self) -> int:
+        """Hosts the ranks ran on (at least 1)."""
+        return self.metadata.get("nodes") or max(1, len(self.metadata.get("hosts") or []))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.metadata.get("ranks_per_node") or math.ceil((self.world_size or 1) / self.nodes)
+
+
+@dataclass
+class RunEvents:
+    """One run directory read once: its events (``events.jsonl``, a torn last line skipped) and the
+    ``summary.json`` written from them. A half-written run (crashed, killed, still running) reads too; its
+    properties say what is missing rather than failing."""
+
+    path: Path
+    events: list[dict]
+    torn: bool                      # the last line of events.jsonl was cut mid-write (and is skipped)
+    saved_summary: dict | None      # summary.json as written; None when absent or unreadable
+    summary_after_events: bool      # summary.json is no older than events.jsonl
+    skipped: tuple[int, ...] = ()   # numbers of the lines of events.jsonl that are not JSON (and were skipped)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunEvents:
+        run_dir = Path(run_dir)
+        skipped: list[int] = []
+        events = [e for e in read_jsonl(run_dir / EVENTS, skipped) if isinstance(e, dict) and "key" in e]
+        summary = _read_json(run_dir / SUMMARY)
+        return cls(run_dir, events, torn_last_line(run_dir / EVENTS), summary,
+                   summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS), tuple(skipped))
+
+    @property
+    def start(self) -> RunStart | None:
+        """The run's run_start (a resumed run has one, from its first process); None: never started."""
+        event = _first(self.events, "run_start")
+        return RunStart(event.get("metadata") or {}) if event else None
+
+    @property
+    def evaluations(self) -> list[Evaluation]:
+        """Every evaluation with a value, in order (a resume's repeated ones included, as logged)."""
+        return [Evaluation.of(e) for e in self.events if e["key"] == "eval_accuracy" and e.get("value") is not None]
+
+    @property
+    def lifecycle(self) -> list[str]:
+        """run_start / run_resume / run_suspend / run_stop, in order."""
+        return [e["key"] for e in self.events if e["key"] in LIFECYCLE]
+
+    @property
+    def resumes(self) -> int:
+        return sum(e["key"] == "run_resume" for e in self.events)
+
+    @property
+    def stopped(self) -> bool:
+        """The last process ended cleanly: its last lifecycle event is run_stop or run_suspend (preempted,
+        to be resumed); False for a run that crashed, was killed or still runs."""
+        lifecycle = self.lifecycle
+        return bool(lifecycle) and lifecycle[-1] in ("run_stop", "run_suspend")
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last event (where a running or crashed run got to)."""
+        return (self.events[-1].get("metadata") or {}).get("step") if self.events else None
+
+    @property
+    def first_at_target(self) -> Evaluation | None:
+        """The first evaluation at or above the target (None: no target, or not reached)."""
+        target = self.start.target if self.start else None
+        if target is None:
+            return None
+        return next((e for e in self.evaluations if e.value >= target), None)
+
+    @property
+    def signature(self) -> str | None:
+        """The last evaluation's metric signature (sacrebleu's, for BLEU)."""
+        return next((e.signature for e in reversed(self.evaluations) if e.signature), None)
+
+    def summary(self, status: str | None = None) -> dict:
+        """The summary computed from the events (:func:`summarize`; ``status`` overrides theirs), never
+        summary.json."""
+        return summarize(self.events, status)
+
+    def summary_or_saved(self) -> dict:
+        """summary.json when it was written and is readable, else the summary computed from the events."""
+        return self.saved_summary if self.saved_summary is not None else self.summary()
+
+
+def torn_last_line(path: Path) -> bool:
+    """True when the file's last line was cut mid-write (no final newline)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def _no_older(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_mtime >= b.stat().st_mtime
+    except OSError:
+        return False
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or not JSON (a torn write, another file's bytes)
+        return None

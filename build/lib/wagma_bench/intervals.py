@@ -1,0 +1,181 @@
+"""Intervals for tuned scores and their ratios: the two-stage bootstrap, computed exactly.
+
+A tuned score (:func:`wagma_bench.tune.median_score`) is the median over S studies of each study's fastest
+trial. Its uncertainty comes from both levels: which studies were drawn, and which trials each study drew.
+The **two-stage (hierarchical) nonparametric bootstrap** (Davison & Hinkley 1997, Sec. 3.8) resamples both:
+S studies with replacement, then inside each drawn study its O trials with replacement, and recomputes the
+score. Nothing here draws random numbers: the bootstrap distribution has a closed form.
+
+- One resampled study's best is the minimum of O draws with replacement from its O times, so
+  P(best >= t_j) = (#times >= t_j / O)^O.
+- A resampled study is a uniformly drawn study with such a best, so the S resampled bests are i.i.d. from
+  the *mixture* of the per-study best distributions.
+- The score is the median of those S i.i.d. draws: an order statistic (S odd) or the mean of two adjacent
+  ones (S even), whose distributions follow from the mixture's CDF (:func:`median_of_draws`).
+
+The interval is the percentile interval of that distribution (95% by default). With few trials it is
+honest and wide: with S = O = 3 the lower end is the fastest trial of all whenever it has more than 2.5%
+bootstrap mass. A missed target is ``inf`` (it stays a value of the distribution, so a score whose studies
+mostly missed has an infinite upper end). A ratio of two independent tunings (a speed-up) gets the
+distribution of the ratio of independent draws from both (:func:`ratio`), where ``inf / inf`` (both missed)
+counts as a tie, 1.0.
+
+The same machinery serves a plain median over runs (throughput over trials): :func:`median_over_runs` is
+the one-stage bootstrap of the median, the special case O = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from math import comb
+
+Dist = dict[float, float]   # value -> probability; finite values and math.inf
+LEVEL = 0.95
+
+
+def point_mass(value: float) -> Dist:
+    return {float(value): 1.0}
+
+
+def empirical(values: Sequence[float]) -> Dist:
+    """Each value with probability 1/n (ties add up)."""
+    if not values:
+        raise ValueError("an empirical distribution needs at least one value")
+    out: Dist = {}
+    for v in values:
+        out[float(v)] = out.get(float(v), 0.0) + 1.0 / len(values)
+    return out
+
+
+def best_of_resample(times: Sequence[float]) -> Dist:
+    """The minimum of O draws with replacement from ``times`` (O = len(times)): one resampled study's best."""
+    o = len(times)
+    if o == 0:
+        raise ValueError("a study needs at least one trial")
+    values = sorted({float(t) for t in times})
+    at_least = [(sum(t >= v for t in times) / o) ** o for v in values] + [0.0]
+    return {v: at_least[i] - at_least[i + 1] for i, v in enumerate(values)}
+
+
+def mixture(dists: Sequence[Dist]) -> Dist:
+    """A uniformly chosen one of ``dists``."""
+    out: Dist = {}
+    for d in dists:
+        for v, p in d.items():
+            out[v] = out.get(v, 0.0) + p / len(dists)
+    return out
+
+
+def _cdf_steps(dist: Dist) -> tuple[list[float], list[float]]:
+    values = sorted(dist)
+    cdf, acc = [], 0.0
+    for v in values:
+        acc += dist[v]
+        cdf.append(min(acc, 1.0))
+    cdf[-1] = 1.0
+    return values, cdf
+
+
+def _order_stat_cdf(f: float, n: int, k: int) -> float:
+    """P(X_(k) <= x) for n i.i.d. draws with P(X <= x) = f: at least k of them at or below x."""
+    return sum(comb(n, j) * f**j * (1 - f) ** (n - j) for j in range(k, n + 1))
+
+
+def _order_stat(values: list[float], cdf: list[float], n: int, k: int) -> Dist:
+    below = [_order_stat_cdf(f, n, k) for f in cdf]
+    return {v: below[i] - (below[i - 1] if i else 0.0) for i, v in enumerate(values)}
+
+
+def median_of_draws(dist: Dist, n: int) -> Dist:
+    """The distribution of ``statistics.median`` of ``n`` i.i.d. draws from ``dist``."""
+    if n < 1:
+        raise ValueError("the median needs at least one draw")
+    values, cdf = _cdf_steps(dist)
+    if n % 2:
+        return _clean(_order_stat(values, cdf, n, (n + 1) // 2))
+    k = n // 2
+    # Joint law of the two middle order statistics (X_(k), X_(k+1)) = (v_i, v_j): for i < j exactly k draws
+    # are <= v_i (with v_i among them) and the other n - k are >= v_j (with v_j among them).
+    lower = _order_stat(values, cdf, n, k)
+    out: Dist = {}
+    for i, vi in enumerate(values):
+        f_i, f_prev = cdf[i], cdf[i - 1] if i else 0.0
+        low_part = comb(n, k) * (f_i**k - f_prev**k)
+        apart = 0.0
+        for j in range(i + 1, len(values)):
+            above_prev, above = 1 - cdf[j - 1], 1 - cdf[j]
+            p = low_part * (above_prev ** (n - k) - above ** (n - k))
+            apart += p
+            _add(out, (vi + values[j]) / 2, p)
+        _add(out, vi, lower[vi] - apart)
+    return _clean(out)
+
+
+def tuned_score(study_times: Sequence[Sequence[float]]) -> Dist:
+    """The two-stage bootstrap distribution of a tuned score from each study's trial times (inf = missed)."""
+    if not study_times:
+        raise ValueError("a tuned score needs at least one study")
+    return median_of_draws(mixture([best_of_resample(t) for t in study_times]), len(study_times))
+
+
+def median_over_runs(values: Sequence[float]) -> Dist:
+    """The bootstrap distribution of the median of ``values`` (runs resampled with replacement)."""
+    return median_of_draws(empirical(values), len(values))
+
+
+def combine(a: Dist, b: Dist, op: Callable[[float, float], float]) -> Dist:
+    """The law of op(X, Y) for independent X ~ a, Y ~ b."""
+    out: Dist = {}
+    for x, p in a.items():
+        for y, q in b.items():
+            _add(out, op(x, y), p * q)
+    return _clean(out)
+
+
+def ratio(num: Dist, den: Dist) -> Dist:
+    """num / den for independent draws; inf / inf (both missed the target) is a tie, 1.0."""
+    return combine(num, den, divide)
+
+
+def divide(x: float, y: float) -> float:
+    if math.isinf(x) and math.isinf(y):
+        return 1.0
+    if y == 0:
+        return math.inf
+    return x / y
+
+
+def best_of(dists: Iterable[Dist], lower_is_better: bool) -> Dist:
+    """The law of the best of independent draws, one from each (min for times, max for throughputs)."""
+    pick = min if lower_is_better else max
+    out: Dist | None = None
+    for d in dists:
+        out = d if out is None else combine(out, d, pick)
+    if out is None:
+        raise ValueError("the best of nothing")
+    return out
+
+
+def quantile(dist: Dist, q: float) -> float:
+    """The smallest value whose CDF reaches q."""
+    values, cdf = _cdf_steps(dist)
+    for v, f in zip(values, cdf, strict=True):
+        if f >= q - 1e-12:
+            return v
+    return values[-1]
+
+
+def interval(dist: Dist, level: float = LEVEL) -> tuple[float, float]:
+    """The percentile interval: the (1 - level)/2 and (1 + level)/2 quantiles."""
+    tail = (1 - level) / 2
+    return quantile(dist, tail), quantile(dist, 1 - tail)
+
+
+def _add(out: Dist, v: float, p: float) -> None:
+    out[v] = out.get(v, 0.0) + p
+
+
+def _clean(dist: Dist) -> Dist:
+    """Drop the zero (and float-noise negative) masses of an exact computation."""
+    return {v: p for v, p in dist.items() if p > 1e-15}

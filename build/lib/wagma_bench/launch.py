@@ -1,0 +1,536 @@
+"""World discovery and local spawning.
+
+``wagma-bench run`` runs as one rank of an existing world when started by torchrun (RANK/WORLD_SIZE),
+srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
+``launcher.nproc`` local ranks with torch.multiprocessing, forked from a fork server that has imported torch and
+the suite once (:func:`start_rank_server`). A rank that dies, raises or hangs ends the whole
+run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.supervise`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from wagma_bench import startup
+from wagma_bench.config import ConfigError, RunConfig, validate
+from wagma_bench.events import open_run_file
+from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
+from wagma_bench.rundir import LOCK, finalize
+from wagma_bench.supervise import (
+    HEARTBEATS,
+    LAUNCHER_DIR_ENV,
+    SHARED_HEARTBEAT_S,
+    CtrlC,
+    RanksLost,
+    process_alive,
+    ranks_ignore_ctrl_c,
+    record_failed_run,
+    report_error,
+    start_heartbeat,
+    supervise,
+)
+
+
+@dataclass
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    source: str  # torchrun | slurm | mpi | local
+
+
+def slurm_tasks_on_this_node(env) -> int:
+    """Tasks of this job step on this node. srun sets SLURM_STEP_TASKS_PER_NODE (and the job's
+    SLURM_TASKS_PER_NODE) in its compressed per-node form, "2(x3),1" = 2, 2, 2, 1, indexed by the node's
+    position in the step (SLURM_NODEID); SLURM_NTASKS_PER_NODE is only set when --ntasks-per-node was given."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if spec:
+        counts = []
+        for part in spec.split(","):
+            count, _, repeat = part.partition("(x")
+            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+        node = int(env.get("SLURM_NODEID", 0))
+        if 0 <= node < len(counts):
+            return counts[node]
+    return int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+
+
+def detect_world(env=os.environ) -> World | None:
+    """The world this process belongs to, from a launcher's environment; None outside any launcher."""
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        return World(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                     int(env.get("LOCAL_WORLD_SIZE", 1)), "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
+        return World(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                     slurm_tasks_on_this_node(env), "slurm")
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return World(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+                     int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1)),
+                     "mpi")
+    if "PMI_RANK" in env and "PMI_SIZE" in env:
+        return World(int(env["PMI_RANK"]), int(env["PMI_SIZE"]), int(env.get("MPI_LOCALRANKID", 0)),
+                     int(env.get("MPI_LOCALNRANKS", 1)), "mpi")
+    return None
+
+
+def launcher_run_id(env=os.environ) -> str | None:
+    """A name for this run that every rank, and every restart or requeue of it, derives alike: torchrun's
+    rendezvous id (``torchrun-ID``; ``--standalone`` makes a fresh one per torchrun, ``--rdzv-id`` names it),
+    SLURM's job and step (``slurm-JOB.STEP`` or ``slurm-ARRAYJOB_TASK.STEP``: a requeued job keeps its id and
+    numbers its steps again from 0; the step tells apart several sruns in one allocation). None where the
+    launcher gives nothing stable (mpiexec; torchrun's default id ``none``, shared by unrelated runs)."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)
+    step = env.get("SLURM_STEP_ID", "0")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}.{step}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}.{step}"
+    return None
+
+
+def store_shared_stamp(env=os.environ, timeout_s: float = 120.0) -> str:
+    """One timestamp for all ranks of a torchrun world: the first rank to ask puts its own clock into the
+    agent's store (MASTER_ADDR:MASTER_PORT), every rank reads that value back."""
+    from datetime import datetime, timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    mine = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return store.compare_set("wagma_bench/run_stamp", "", mine).decode()
+
+
+def agreed_run_dir_override(overrides: list[str], env=os.environ, shared_stamp=store_shared_stamp) -> str | None:
+    """``hydra.run.dir=...`` for a rank of an external world started without one.
+
+    Hydra's default ``outputs/${now:...}`` is resolved by every rank on its own clock: ranks that start
+    seconds apart split one run into several directories, and a restart gets a fresh one and finds no
+    checkpoint. The launcher's run id names the directory instead; under torchrun without one (its default
+    id ``none``) the ranks share the first rank's clock through torchrun's store, in the default's layout
+    (conf/wagma.yaml). None where the user chose the directory, for a multirun (Hydra's sweep directory),
+    and for mpiexec (no store before the world exists).
+    """
+    if any(o.startswith(("hydra.run.dir=", "-m", "--multirun")) for o in overrides):
+        return None
+    run_id = launcher_run_id(env)
+    if run_id is not None:
+        return f"hydra.run.dir=outputs/{run_id}_${{workload.name}}_${{optimizer.name}}"
+    if env.get("TORCHELASTIC_RUN_ID") and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"hydra.run.dir=outputs/{shared_stamp(env)}_${{workload.name}}_${{optimizer.name}}"
+    return None
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def slurm_master(env=os.environ) -> tuple[str, int]:
+    """An address of the first host of the step's node list (its name, or slurmctld's NodeAddr for it where
+    the name does not resolve: :func:`wagma_bench.hosts.node_address`) and a port derived from the job id."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+    try:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               timeout=30, check=True).stdout.split()
+        host = hosts[0] if hosts else "127.0.0.1"
+    except (OSError, subprocess.SubprocessError):
+        host = nodelist.split(",")[0]
+    port = 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000
+    return node_address(host), port
+
+
+def _pin_threads(local_world_size: int) -> None:
+    # Several ranks on one CPU would each start one intra-op thread per core and thrash.
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
+
+
+CPU_DEFAULT_NPROC = 4  # local ranks without CUDA (launcher.nproc=null)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    nproc: int  # ranks (on this node)
+    backend: str  # torch.distributed backend: nccl | gloo | mpi
+    cuda: bool  # tensors on cuda:{local_rank % GPUs}
+    note: str = ""  # said in the run's first line where the plan is not the usual one
+
+
+def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePlan:
+    """Ranks, backend and device from the visible GPUs, the ranks asked for (None: one per GPU with CUDA,
+    else 4) and ``comm.backend``. NCCL refuses two ranks on one GPU, so more ranks than GPUs run on gloo
+    with CUDA tensors under ``auto`` and fail here, before any rank starts, under ``nccl``."""
+    ranks = nproc if nproc is not None else (cuda_devices or CPU_DEFAULT_NPROC)
+    if backend == "gloo":
+        return DevicePlan(ranks, "gloo", False)
+    if backend == "mpi":  # comm=mpi also trains on the GPU when there is one; MpiComm stages CUDA tensors
+        return DevicePlan(ranks, "mpi", cuda_devices > 0)
+    if cuda_devices == 0:
+        if backend == "nccl":
+            raise ConfigError("comm.backend=nccl needs CUDA and no GPU is visible; comm.backend=auto runs gloo on CPU")
+        return DevicePlan(ranks, "gloo", False)
+    if ranks <= cuda_devices:
+        return DevicePlan(ranks, "nccl", True)
+    if backend == "nccl":
+        raise ConfigError(f"comm.backend=nccl with {ranks} ranks on {cuda_devices} GPU(s): NCCL needs a GPU of its "
+                          f"own for every rank; use launcher.nproc<={cuda_devices}, or comm.backend=auto (gloo with "
+                          "CUDA tensors)")
+    return DevicePlan(ranks, "gloo", True, f"{ranks} ranks on {cuda_devices} GPU(s): gloo with CUDA tensors "
+                                           "(NCCL needs a GPU of its own for every rank)")
+
+
+def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_dir: str = ""):
+    """Create this rank's communicator (the one backend every algorithm uses)."""
+    import torch
+
+    plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
+    use_cuda = plan.cuda
+    device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if cfg.comm.name == "mpi":
+        from wagma_bench.comm.mpi import MpiComm
+
+        return MpiComm.init(timeout_s=cfg.comm.timeout_s, device=device)
+    from wagma_bench.comm.torch_dist import TorchComm
+
+    backend = plan.backend
+    if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
+        backend = "gloo"
+    emulate = cfg.comm.emulate
+    if world.source == "torchrun":  # torchrun's agent hosts the store: join it, in this attempt's namespace
+        interface = choose_gloo_interface(os.environ["MASTER_ADDR"], os.environ)
+        store = torchrun_attempt_store(cfg.launcher.rendezvous_timeout_s)
+        check_reachable(store, world.rank, world.world_size, interface)
+        return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+    if master is None:
+        master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = join_store(master, world.rank, cfg.launcher.rendezvous_timeout_s, run_identity(run_dir))
+    if world.source != "local":  # ranks may be on several hosts: gloo must bind where the others reach it
+        check_reachable(store, world.rank, world.world_size, choose_gloo_interface(master[0], os.environ))
+    return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+
+
+RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
+RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by its host, checked by every other rank
+RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
+STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher hosts the store; rank 0 joins it too
+
+
+def run_identity(run_dir: str, env=os.environ) -> str:
+    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's run
+    id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
+    (mpiexec) the directory alone identifies it."""
+    tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or "-"
+    return f"{tag} {run_dir}"
+
+
+def _same_run(theirs: str, mine: str) -> bool:
+    # by the id where there is one (a node may see the run directory under another path), else by directory
+    tag, mine_tag = theirs.split(" ", 1)[0], mine.split(" ", 1)[0]
+    return tag == mine_tag if mine_tag != "-" else theirs == mine
+
+
+class ForeignStore(RuntimeError):
+    """The rendezvous store at the run's address serves another run."""
+
+
+def host_store(addr: str, port: int, timeout_s: float, identity: str):
+    """The rendezvous store of a local launcher's run, hosted by the launcher on ``port`` (0: a free one) and named
+    for the run, before any rank starts and for as long as it holds it: of two runs racing for one fixed port the
+    second fails to bind here, not after its ranks have started. ``store.port`` is the port it listens on."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(addr, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    store.set(RUN_KEY, identity)
+    return store
+
+
+def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
+    local launcher does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
+
+    A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
+    another run holds) fails here, before any key of that run's world is touched, naming the port and the
+    run it found: joining would break both worlds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if host is None:
+        host = rank == 0 and os.environ.get(STORE_HOSTED_ENV) != "1"
+    if host:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
+        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
+        store.set(RUN_KEY, identity)
+        return store
+    store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
+    try:
+        store.wait([RUN_KEY])
+    except RuntimeError as err:  # DistStoreError (a timeout) is a RuntimeError
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
+                           f"(launcher.rendezvous_timeout_s): another program's store? ({err})") from None
+    theirs = store.get(RUN_KEY).decode(errors="replace")
+    if not _same_run(theirs, identity):
+        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
+                           f"this run ({identity}) does not join it: choose another launcher.master_port, or "
+                           "leave it null for a free one")
+    return store
+
+
+def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
+    """The run whose rendezvous store listens at ``addr:port`` (None: no store of a run answers there)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store.wait([RUN_KEY])
+        return store.get(RUN_KEY).decode(errors="replace")
+    except (RuntimeError, ValueError):
+        return None
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Refuse a fixed ``launcher.master_port`` that something already listens on, before any rank starts,
+    naming the run that holds it where it is one of ours. SO_REUSEADDR as the store's own server: a port whose
+    earlier connections linger in TIME_WAIT is free."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+            return
+        except OSError as err:
+            reason = err.strerror
+    holder = store_holder(addr, port)
+    by = f"the rendezvous store of run {holder}" if holder else f"another program ({reason})"
+    raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
+                      "launcher.master_port=null for a free one")
+
+
+def torchrun_attempt_store(timeout_s: float, env=os.environ):
+    """torchrun's store (env://), its keys under this attempt's prefix (``TORCHELASTIC_RESTART_COUNT``).
+
+    The agent's store outlives the workers: after a restart (``--max-restarts``) the new workers would find
+    the previous attempt's keys of the same names, and gloo would connect to the dead workers' addresses
+    (``Gloo connectFullMesh failed ... Connection refused``) whenever it reads a peer's key before that
+    peer has rewritten it. torch's env:// handler adds no prefix of its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:
+    """Entry point of one rank, in a spawned process or under an external launcher."""
+    startup.mark("rank")
+    from wagma_bench.trainer import train
+
+    startup.mark("imported")
+    cfg = validate(raw_cfg, world.world_size)
+    _pin_threads(world.local_world_size)
+    if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
+        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S)
+    ranks_dir = os.environ.get(RANK_DIR_ENV)
+    if ranks_dir:  # for the launcher's message when this rank ends the job
+        with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it
+            f.write(str(os.getpid()))
+    comm = make_comm(cfg, world, master, run_dir)
+    startup.mark("world")
+    try:
+        return train(cfg, comm, Path(run_dir), world.local_rank)
+    except RanksLost as err:
+        survivors = sorted(set(range(world.world_size)) - set(err.ranks))
+        if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
+            record_failed_run(Path(run_dir), str(err))
+            # nor release its run directory's lock, which a rerun on another host could not tell stale
+            (Path(run_dir) / LOCK).unlink(missing_ok=True)
+        raise
+    except BaseException as err:
+        if ranks_dir:
+            report_error(ranks_dir, world.rank, err)
+        if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
+            traceback.print_exc()
+            try:
+                if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
+                    finalize(Path(run_dir), status="failed",
+                             error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
+            finally:  # whatever the record met, the job ends now (the peers would wait for comm.timeout_s)
+                comm.abort(1)
+        raise
+    finally:
+        comm.close()
+
+
+def _die_with_launcher(launcher_pid: int) -> None:
+    """SIGTERM to this rank when its launcher dies (SIGKILLed, OOM), so ranks never train on unsupervised: the
+    TERM handler checkpoints at the next synchronisation point and ends the run as preempted (``run_suspend``),
+    resumable. The rank's parent is the launcher's fork server, which outlives the launcher while any rank lives
+    (each rank holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread
+    waits on the launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
+    import select
+    import signal
+    import threading
+    import time
+
+    try:
+        pidfd = os.pidfd_open(launcher_pid)
+    except (AttributeError, OSError):  # no pidfd here, or the launcher is already gone
+        pidfd = None
+
+    def watch():
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the launcher has exited
+        else:
+            while process_alive(launcher_pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+
+
+# What every local rank imports, imported once by the fork server the ranks are forked from (each rank
+# importing them itself took 4-5 s of CPU: torch 2.2 s, torch._dynamo, which torch.optim's first step
+# imports, 2.0 s). Only modules that start no thread and touch no device: a fork copies no thread.
+RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.trainer", "wagma_bench.comm.torch_dist",
+                "wagma_bench.optim", "wagma_bench.workloads.resnet")
+
+
+def start_rank_server() -> None:
+    """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
+    (Hydra, validation, its torch import). It inherits the launcher's ignored Ctrl-C (see
+    :func:`~wagma_bench.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
+    arguments, not in the server's environment, which is the launcher's at this moment. Idempotent; the server
+    is stopped when the launcher exits (:func:`stop_rank_server`), so a command refused after this point does
+    not leave it importing."""
+    import atexit
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+    with ranks_ignore_ctrl_c():
+        forkserver.ensure_running()
+    atexit.unregister(stop_rank_server)
+    atexit.register(stop_rank_server)
+
+
+def stop_rank_server() -> None:
+    """Kill the fork server (a server still importing would only notice the launcher's exit once done). Its
+    ranks, if any still run, are not its to end: they are separate processes."""
+    import signal
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],
+                  launcher_pid: int | None = None, heartbeat_dir: str | None = None,
+                  env: dict | None = None) -> None:
+    _ignore_ctrl_c()
+    os.environ.update(env or {})
+    startup.inherit()
+    if launcher_pid is not None:
+        _die_with_launcher(launcher_pid)
+    if heartbeat_dir is not None:
+        start_heartbeat(heartbeat_dir, index)
+    try:
+        run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
+        _exit_now(0)
+    except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
+        if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
+            sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
+            sys.stderr.flush()
+        if heartbeat_dir is not None:
+            report_error(heartbeat_dir, index, err)
+        os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
+
+
+def _ignore_ctrl_c() -> None:
+    """A rank's Ctrl-C is its launcher's to forward (the trainer installs its handlers); until then it is
+    ignored, whatever the fork server's own disposition was."""
+    import signal
+
+    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+    for sig in (signal.SIGINT, FORWARDED_INTERRUPT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _exit_now(code: int) -> None:
+    """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
+    close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT. multiprocessing's
+    own finalizers run first: they release the named semaphores a library made (fairseq makes one at import),
+    which the launcher's resource tracker would otherwise report as leaked."""
+    import logging
+    from multiprocessing import util
+
+    logging.shutdown()
+    util._run_finalizers()  # what multiprocessing's exit function does; no public name for it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> bool:
+    """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
+    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
+    :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
+    then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
+    import secrets
+    import shutil
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if port:
+        check_port_free(addr, port)  # names the run that holds it
+    nonce = secrets.token_hex(8)
+    try:
+        store = host_store(addr, port or 0, float(raw_cfg["launcher"]["rendezvous_timeout_s"]), f"{nonce} {run_dir}")
+    except (RuntimeError, OSError) as err:  # taken between the check and the bind (DistNetworkError included)
+        raise ConfigError(f"launcher.master_port={port} is in use on {addr} ({str(err).splitlines()[0]}); choose "
+                          "another port, or leave launcher.master_port=null for a free one") from None
+    master = (addr, store.port)
+    heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
+    ctrl_c = None
+    try:
+        ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
+        start_rank_server()
+        startup.mark("spawned")
+        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
+               STORE_HOSTED_ENV: "1"}
+        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                                      str(heartbeats), env),
+                                 nprocs=nproc, join=False, start_method="forkserver")
+        ctrl_c.processes = ctx.processes
+        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
+    finally:
+        if ctrl_c is not None:
+            ctrl_c.restore()
+        shutil.rmtree(heartbeats, ignore_errors=True)
+        del store  # the port is the run's until its ranks have ended
+    return ctrl_c.count > 0

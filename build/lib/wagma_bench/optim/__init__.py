@@ -1,0 +1,32 @@
+"""Registry of the distributed optimizers, keyed by their Hydra option name (``optimizer=NAME``)."""
+
+from __future__ import annotations
+
+from wagma_bench.optim.adpsgd import ADPSGD
+from wagma_bench.optim.allreduce import AllreduceSGD
+from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.eager import EagerSGD
+from wagma_bench.optim.local_sgd import LocalSGD
+from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.wagma import WagmaSGD
+
+OPTIMIZERS: dict[str, type[Algorithm]] = {
+    AllreduceSGD.name: AllreduceSGD,
+    WagmaSGD.name: WagmaSGD,
+    LocalSGD.name: LocalSGD,
+    DPSGD.name: DPSGD,
+    ADPSGD.name: ADPSGD,
+    SGP.name: SGP,
+    EagerSGD.name: EagerSGD,
+}
+
+
+def get_optimizer(name: str) -> type[Algorithm]:
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(OPTIMIZERS))}") from None
+
+
+__all__ = ["OPTIMIZERS", "Algorithm", "StepInfo", "get_optimizer"]

@@ -1,0 +1,219 @@
+"""The interface every distributed optimizer (algorithm) implements, and when the trainer calls it.
+
+An algorithm owns how models and gradients are combined across ranks; the local update rule (momentum
+SGD or Adam, with the learning rate the trainer sets each step) is a plain ``torch.optim`` optimizer it
+is given. The trainer calls, per step::
+
+    algo.zero_grad(); loss.backward(); info = algo.step()
+
+``step`` combines across ranks as the algorithm prescribes and applies the local optimizer. It returns the
+round the rank has reached: synchronous algorithms advance one round per step; wait-avoiding ones may skip
+rounds (a slow rank joins rounds passively through its progress thread). Every ``sync_period`` rounds all
+ranks pass through the same round together; the trainer evaluates, checkpoints and stops only there.
+
+Lifecycle (``wagma_bench/trainer.py``; every rank makes the same calls in the same order, so any of them
+may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py`` checks the order):
+
+1. **Construction**, ``cls(settings, model, local_opt_factory, comm, seed=cfg.seed)``, in ``Trainer.__init__``
+   once the workload has built the model on ``comm.device``. It may assume: ``settings`` is its checked
+   ``Settings`` (ranges, choices, ``__post_init__`` and the rules against the world size all passed);
+   ``comm`` is the run's communicator, whose world is complete (forking planes here is allowed: every rank
+   forks at the same point). It may not assume the ranks' models are equal yet, nor that this is round 0:
+   one of the next two calls follows. Background threads may start here, but must not exchange models
+   before the first ``step`` (the engine algorithms create their engine at the first step instead).
+   ``sync_period`` and ``models_identical`` are read right after, once: they must not change during a run.
+2. Then exactly one of:
+
+   - **``broadcast_initial_model()``**, on a fresh start: every rank takes rank 0's weights (the default
+     broadcasts each bucket). State besides the model (momentum, weights of push-sum, counters) is at its
+     constructed value.
+   - **``load_state_dict(state)``**, on a resume, instead (no broadcast: the ranks' models differ
+     legitimately). It may assume: the model already holds this rank's own checkpointed weights
+     (``model.load_state_dict`` ran first); ``state`` is what this rank's ``state_dict()`` returned at the
+     checkpoint, tensors mapped to ``comm.device``, with the same settings and world size (the checkpoint
+     check refuses any other). It must restore ``round`` (the base class does) and everything ``step``
+     needs to continue as if never stopped: a deterministic algorithm's resumed run ends bit-identical to
+     an uninterrupted one (``tests/test_faults.py``). It should not communicate.
+3. **Steps**, repeated: ``set_lr(lr)``, ``zero_grad()``, the forward and backward pass (gradients land in
+   the buckets' gradient storage), ``step()``. ``step`` returns a :class:`StepInfo` whose ``round`` is at
+   least the previous one plus one. Between steps the model's parameters are this rank's current model,
+   the one evaluation and checkpoints read.
+4. **Synchronisation points**: after a ``step`` that returned a round ``r`` that is a multiple of
+   ``sync_period`` (and is due for the control exchange, an evaluation or the end), every rank is at round
+   ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
+   broadcast or an average of the model unless ``models_identical``), maybe a checkpoint. So nothing of
+   the algorithm may use ``comm`` concurrently: background threads communicate on forked planes only.
+5. **``state_dict()``**, at a synchronisation point chosen for a checkpoint, on every rank at the same
+   round (an allgather follows). It returns everything ``load_state_dict`` needs, including anything in
+   flight (SGP's message with overlap); it may wait for this rank's own pending communication.
+6. **``close()``**, once, at the last synchronisation point of a run that ends normally (completed, time
+   limit, diverged, preempted), after its last checkpoint: stop background threads and finish what is in
+   flight, so that no peer is left waiting. After it the model holds the rank's final weights. A run that
+   fails does not call it (ranks may be gone); threads are daemons, and the launcher ends the processes.
+
+``report()`` (not a collective; rank 0 only, just before ``close()``) returns what the algorithm measured
+about itself for the run's last event (the wait-avoiding engine's rounds and their cost). ``average_model``
+is a helper (a collective); the trainer does not call it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from wagma_bench.comm.base import Comm
+from wagma_bench.comm.buckets import Bucket, flatten_into_buckets, zero_grads
+from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.optim.outer import OuterStep
+
+
+@dataclass
+class StepInfo:
+    round: int              # the round this rank has completed (>= previous + 1)
+    comm_s: float = 0.0     # time the compute thread spent waiting on communication in this step
+    staleness: int = 0      # rounds this rank's model was stale in the last group average (0: fresh)
+
+
+class Algorithm(abc.ABC):
+    """Base class: flat parameter buckets, the local optimizer, round bookkeeping."""
+
+    name: ClassVar[str]
+    #: what the tables print for it: the method and its paper
+    paper: ClassVar[str]
+    Settings: ClassVar[type]
+    #: which model evaluation uses when eval.model=auto: "local" (rank 0's) or "average" (global mean)
+    default_eval_model: ClassVar[str] = "local"
+    #: every rank holds the same parameters at every synchronisation point (evaluation then skips the copy and
+    #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
+    #: Every algorithm sets it.
+    models_identical: ClassVar[bool]
+    #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
+    #: None for algorithms without groups. run_start logs it.
+    group_size: int | None = None
+    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
+    #: globally itself and calls :meth:`outer_round` right after), "exact" (the base never averages globally:
+    #: :meth:`outer_round`, called at the end of each round, takes the average first), None: it does not apply
+    outer_at: ClassVar[str | None] = None
+    #: why an outer optimizer does not apply (outer_at None): the config check's message says it
+    outer_refusal: ClassVar[str] = ""
+
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Refuse, with a ``ConfigError`` naming the key, settings this algorithm cannot run on ``world_size``
+        ranks (None: not known yet). The configuration check calls it before any rank starts; an algorithm
+        with a rule about the world (WAGMA-SGD's power-of-two groups) overrides it."""
+
+    def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
+                 bucket_mb: float = float("inf")):
+        self.settings = settings
+        self.model = model
+        self.comm = comm
+        self.seed = seed
+        self.buckets: list[Bucket] = flatten_into_buckets(model, bucket_mb)
+        self.optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
+        self.round = 0
+        self.outer: OuterStep | None = None
+        if self.outer_at is not None and settings.outer != "none":
+            self.outer = OuterStep(settings, [b.data for b in self.buckets])
+
+    # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
+    @property
+    def sync_period(self) -> int:
+        return 1
+
+    def zero_grad(self) -> None:
+        zero_grads(self.buckets)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @abc.abstractmethod
+    def step(self) -> StepInfo:
+        """Combine across ranks and apply the local update; called after backward."""
+
+    def broadcast_initial_model(self) -> None:
+        """Start every rank from rank 0's weights (one broadcast per bucket)."""
+        for b in self.buckets:
+            self.comm.broadcast(b.data, src=0)
+        if self.outer is not None:
+            self.outer.restart([b.data for b in self.buckets])
+
+    def outer_round(self, round_: int) -> None:
+        """The outer optimizer's step, where one is set and due after ``round_``: bases with ``outer_at="average"``
+        call it right after their global average of the models, ``"exact"`` ones at the end of every round
+        (then the global average is taken here: a collective)."""
+        if self.outer is None or not self.outer.due(round_):
+            return
+        data = [b.data for b in self.buckets]
+        if self.outer_at == "exact":
+            self.average_model(out=data)
+        self.outer.step(data, float(self.optimizer.param_groups[0]["lr"]))
+
+    def average_model(self, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Global mean of the models into ``out`` (fresh tensors when None); a collective."""
+        out = out or [torch.empty_like(b.data) for b in self.buckets]
+        for b, o in zip(self.buckets, out):
+            o.copy_(b.data)
+            self.comm.allreduce(o, op="mean")
+        return out
+
+    def state_dict(self) -> dict:
+        state = {"round": self.round, "optimizer": self.optimizer.state_dict()}
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.round = state["round"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+
+    def close(self) -> None:
+        """Stop background threads; called on every rank at the same synchronisation point."""
+
+    def report(self) -> dict:
+        """What the algorithm measured about itself over the run, for ``run_stop`` (before :meth:`close`)."""
+        return {}
+
+
+class EngineAlgorithm(Algorithm):
+    """An algorithm driven by the wait-avoiding engine (WAGMA-SGD, eager-SGD).
+
+    The engine is created at the first step: the same point on every rank, fresh or resumed, so that its
+    rounds continue from the restored round counter. A world of one has nobody to wait for.
+    """
+
+    engine: WaitAvoidingAllreduce | None = None
+
+    @abc.abstractmethod
+    def _make_engine(self) -> WaitAvoidingAllreduce: ...
+
+    @abc.abstractmethod
+    def _exchange(self) -> RoundResult:
+        """One round through the engine plus the local update; returns the round's result."""
+
+    def step(self) -> StepInfo:
+        if self.comm.world_size == 1:  # every round is a synchronous one: the outer step comes before the local step
+            self.outer_round(self.round + 1)
+            self.optimizer.step()
+            self.round += 1
+            return StepInfo(round=self.round)
+        if self.engine is None:
+            self.engine = self._make_engine()
+        res = self._exchange()
+        self.round = res.round
+        return StepInfo(round=res.round, comm_s=res.wait_s, staleness=res.staleness)
+
+    def report(self) -> dict:
+        return {"engine": self.engine.report()} if self.engine is not None else {}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

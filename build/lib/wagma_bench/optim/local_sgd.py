@@ -1,0 +1,101 @@
+"""Local SGD / Parallel Restarted SGD (Yu, Yang & Zhu, AAAI 2019), with optional post-local-SGD warm-up.
+
+Every rank runs its local optimizer (momentum SGD or AdamW) on its own model, and every ``period`` steps
+all models are replaced by their global mean, which "restarts" every rank from the same point
+(PR-SGD, Algorithm 1: average when ``t mod I == 0``). The first ``warmup_steps`` steps are Allreduce-SGD
+(gradients averaged every step, all models identical), as in post-local SGD (Lin et al., ICLR 2020) and
+torch's ``PostLocalSGDOptimizer``.
+
+Readings:
+
+- *When averaging happens.* After rounds that are multiples of ``period`` and later than the warm-up
+  (the paper's ``t mod I == 0``). torch's ``PeriodicModelAverager(period, warmup_steps=W)`` averages
+  after rounds ``W + 1 + k * period`` instead; the two coincide when torch's ``warmup_steps`` is the first
+  multiple of ``period`` above our warm-up, minus one (the agreement test builds it that way). Our choice
+  puts every averaging on a synchronisation point of the trainer (``sync_period = period``), so what is
+  evaluated there is the one model all ranks share.
+- *Momentum buffers.* ``average_momentum: false`` (the default) keeps each rank's buffers local, as the
+  paper's analysis (plain SGD restarts only the iterate) and torch's ``PostLocalSGDOptimizer`` do, and it
+  costs no extra communication. ``true`` also averages the local optimizer's per-parameter state
+  (``momentum_buffer``, or AdamW's ``exp_avg``/``exp_avg_sq``) at every averaging, the momentum variant of
+  Yu, Jin & Yang (ICML 2019); it doubles (SGD) or triples (AdamW) the bytes of each averaging.
+
+Evaluated model: at every synchronisation point all models are identical (just averaged, or identical
+throughout the warm-up), so the trainer evaluates rank 0's model as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.outer import OuterSettings
+
+# per-parameter optimizer state that is a running average of gradients (averaged with average_momentum)
+MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
+
+
+class LocalSGD(Algorithm):
+    name = "local_sgd"
+    paper = "PR-SGD / local SGD, Yu, Yang & Zhu, AAAI 2019"
+    default_eval_model = "local"
+    models_identical = True  # at every synchronisation point (the only places the trainer evaluates)
+    outer_at = "average"     # right after the global average (optim/outer.py)
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "local_sgd"
+        period: int = 4
+        warmup_steps: int = 0
+        average_momentum: bool = False
+
+        def averaging_period(self) -> int:
+            return self.period
+
+        def default_outer_period(self) -> int:
+            return self.period
+
+    @property
+    def sync_period(self) -> int:
+        return self.settings.period
+
+    def averages_at(self, round_: int) -> bool:
+        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up."""
+        return round_ > self.settings.warmup_steps and round_ % self.settings.period == 0
+
+    def step(self) -> StepInfo:
+        r = self.round + 1
+        comm_s = 0.0
+        if r <= self.settings.warmup_steps:  # post-local SGD warm-up: Allreduce-SGD
+            t0 = time.perf_counter()
+            for b in self.buckets:
+                self.comm.allreduce(b.grad, op="mean")
+            comm_s += time.perf_counter() - t0
+        self.optimizer.step()
+        if self.averages_at(r):
+            t0 = time.perf_counter()
+            for b in self.buckets:
+                self.comm.allreduce(b.data, op="mean")
+            if self.settings.average_momentum:
+                self._average_optimizer_state()
+            comm_s += time.perf_counter() - t0
+            self.outer_round(r)
+        self.round = r
+        return StepInfo(round=r, comm_s=comm_s)
+
+    def _average_optimizer_state(self) -> None:
+        """Global mean of the local optimizer's gradient averages, in one allreduce."""
+        buffers = [state[key] for group in self.optimizer.param_groups for p in group["params"]
+                   for state in [self.optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
+                   if isinstance(state.get(key), torch.Tensor)]
+        if not buffers:  # plain SGD without momentum: nothing to average
+            return
+        flat = torch.cat([t.reshape(-1) for t in buffers])
+        self.comm.allreduce(flat, op="mean")
+        offset = 0
+        for t in buffers:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()

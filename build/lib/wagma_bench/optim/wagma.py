@@ -1,0 +1,120 @@
+"""WAGMA-SGD: wait-avoiding group model averaging (Li et al., IEEE TPDS 2020, arXiv 2005.00124).
+
+Each step, a rank averages its model within its current butterfly group and then applies its local
+gradient, computed on the weights before the average, with the local optimizer (momentum SGD in the
+paper)::
+
+    W <- avg_group(W) - lr * g(W_old)
+
+The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any
+rank that is ready activates the round for the whole world, and ranks still computing take part through
+their progress threads with the model they last posted. Every ``tau`` group rounds one synchronous
+global allreduce bounds the staleness, so rounds ``tau+1, 2(tau+1), ...`` are where all ranks meet
+(``sync_period``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which the engine and
+the simulator use too.
+
+A late rank loses nothing and counts nothing twice: the engine updates the rank's model in place
+(``in_place``); a round reduces the model the rank last posted (itself, or a snapshot while the rank
+computes) and no post lands while a round is in flight, so the rank's model is ``group mean + (current -
+contributed)``. Each group round
+keeps the sum of the models over its group; every local step is in that sum exactly once until the next
+synchronous round (``tests/test_invariants.py`` checks it under five straggler patterns). The authors'
+op instead returns ``(S * mean + x) / (S + 1)``: the newest group result weighted with the caller's current
+model (the group's sum of send buffers plus the current model, divided by S + 1), which keeps a late
+rank's recent updates with weight 1/(S + 1) but does not keep the sum; a passive round there contributes
+the model last copied into the send buffer, again in every passive round. We keep the sum because the
+paper's analysis averages models, and it is what makes lost or repeated work testable.
+
+How a late rank catches up (``catch_up``) is the one reading the paper leaves to us:
+
+- ``replay`` (default, the paper's iteration-based reading): round ``t`` is iteration ``t`` of every rank;
+  a rank asks for every round in order, and the rounds its progress thread already completed while it
+  computed answer at once, without communication (their results are already in its model). Fast ranks
+  run up to ``tau`` iterations ahead and wait, at the synchronous round, for the others to finish their
+  iterations. Rounds equal local steps, so epochs, the LR schedule and the step budget mean the same as
+  for Allreduce-SGD, and with every rank on time the update is exactly the recursion above (tested).
+- ``skip``: a late rank is answered by the round in flight that includes its latest post, else by the
+  next round, which it activates; the rounds it joined passively are skipped (they are in its model).
+  Fast ranks then never wait for a straggler's remaining iterations, only at the synchronous round for
+  its current one; but rounds are paced by the first ready rank, so with many noisy ranks rounds outrun
+  local steps and the synchronous round (every ``tau + 1`` rounds) comes after fewer local steps.
+
+Other readings: weight decay is applied by the local optimizer to the averaged weights; momentum
+buffers stay local, only weights are averaged (as in the authors' TensorFlow code); evaluation uses the
+global average of the models (``default_eval_model = "average"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
+from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
+from wagma_bench.errors import ConfigError
+from wagma_bench.optim.base import EngineAlgorithm
+from wagma_bench.optim.outer import OuterSettings
+
+
+class WagmaSGD(EngineAlgorithm):
+    name = "wagma"
+    paper = "WAGMA-SGD, Li et al., TPDS 2020"
+    models_identical = False  # the ranks' models differ where evaluation happens
+    default_eval_model = "average"
+    outer_at = "average"  # at the synchronous rounds, between the global average and the local step
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "wagma"
+        group_size: int | None = None       # power of two; None: sqrt(P) rounded to a power of two
+        tau: int = 10                       # group rounds between synchronous global averages
+        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
+
+        # checked with the config (wagma_bench.config)
+        CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
+
+        def averaging_period(self) -> int:
+            return self.tau + 1
+
+        def default_outer_period(self) -> int:
+            return self.tau + 1
+
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Groups of a power of two that fits the world padded to the next power of two (the butterfly)."""
+        size = settings.group_size
+        if size is None:
+            return
+        if size < 1 or size & (size - 1):
+            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+        if world_size is None:
+            return
+        padded = 1 << (world_size - 1).bit_length()
+        if size > padded:
+            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
+                              f"power of two up to {padded} (the world padded to a power of two)")
+
+    def __init__(self, settings, model, local_opt_factory, comm, seed=0):
+        super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket
+        self.schedule = WagmaSchedule(comm.world_size, settings.group_size, settings.tau)
+        self.group_size = self.schedule.group_size
+        self.data = self.buckets[0].data
+
+    @property
+    def sync_period(self) -> int:
+        return self.schedule.period
+
+    def _make_engine(self) -> WaitAvoidingAllreduce:
+        return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
+                                     in_order=self.settings.catch_up == "replay", start_round=self.round,
+                                     timeout_s=self.comm.timeout_s, in_place=True)
+
+    def _exchange(self) -> RoundResult:
+        # self.data becomes, in place, the group average of the models plus this rank's own updates since
+        # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
+        res = self.engine.request()
+        if res.round % self.schedule.period == 0:  # a synchronous round: the model is the global average
+            self.outer_round(res.round)   # the outer step's change stays in the model with the local one
+        self.optimizer.step()             # apply g(W_old) to the average
+        self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
+        return res

@@ -1,0 +1,732 @@
+"""``wagma-bench report DIR... --out R``: time-to-accuracy tables and figures over runs and sweeps.
+
+Every number comes from the runs' own files (``events.jsonl``, ``summary.json``, ``steps/rank<R>.jsonl``):
+the computation is a set of pure functions over tidy rows (lists of dicts), the figures are drawn from
+those rows afterwards. Runs are grouped by (workload, data, metric, target) and a table never mixes two
+groups. Inside a group one *series* is one (optimizer, world size, imbalance); its runs are the seeds.
+
+Conventions (MLPerf's where it has one):
+
+- time-to-target is the training clock (evaluation and checkpoint time excluded) at the first
+  evaluation at or above the target;
+- a seed that did not reach the target counts as infinitely slow: it makes the median "not reached"
+  when half the seeds or more missed, and with >= 3 seeds the olympic mean drops it as the slowest;
+- olympic mean: with >= 3 seeds drop the fastest and the slowest and average the rest (MLPerf's
+  scoring); with 1 or 2 seeds nothing can be dropped and it is the plain mean (the table says so);
+- speed-up: allreduce's olympic-mean time-to-target over the series', at the same world size and
+  imbalance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wagma_bench import plots
+from wagma_bench.events import EVENTS, RunEvents, SymlinkRefused, atomic_write, read_jsonl, write_text_atomic
+from wagma_bench.rundir import live_holder
+from wagma_bench.tune import PLAN as TUNE_PLAN
+
+REFERENCE = "allreduce"
+MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
+INF = math.inf
+
+
+# --- loading -----------------------------------------------------------------------------------------
+
+@dataclass
+class RunRecord:
+    """One run directory, read as is (a crashed run included)."""
+
+    path: Path
+    meta: dict                      # run_start metadata (empty when the run never started)
+    evals: list[dict]               # {step, train_s, wall_s, value} per evaluation
+    summary: dict                   # events.summarize() of its events; status from summary.json when present
+    problems: list[str] = field(default_factory=list)  # why the run is marked half-written
+    signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
+    running: bool = False           # its lock names a live process: shown, but left out of comparisons
+    warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def group_key(self) -> tuple:
+        m = self.meta
+        return (m.get("workload"), m.get("data"), m.get("metric"), m.get("target"))
+
+    @property
+    def series_key(self) -> tuple:
+        m = self.meta
+        return (m.get("optimizer"), m.get("world_size"), m.get("imbalance"))
+
+
+def find_runs(paths: Iterable[Path]) -> list[Path]:
+    """Every run directory (one holding ``events.jsonl``) at or below the given paths, sorted."""
+    found: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"no such run or sweep directory: {p}")
+        if (p / EVENTS).exists():
+            found.add(p.resolve())
+        found.update(e.parent.resolve() for e in p.rglob(EVENTS) if "wandb" not in e.parts)
+    return sorted(found)
+
+
+def load_run(path: Path) -> RunRecord:
+    """Read one run directory; never fails on a half-written one, it lists what is missing instead."""
+    record = RunEvents.read(path)
+    summary = record.summary()
+    problems = []
+    if record.start is None:
+        problems.append("no run_start event")
+    if not record.stopped:
+        problems.append("no run_stop event (crashed, killed or still running)"
+                        + (" since its last resume" if "run_stop" in record.lifecycle else ""))
+        summary["status"] = "incomplete"
+    if record.torn:
+        problems.append("torn last line in events.jsonl")
+    saved = record.saved_summary
+    if saved is None:
+        problems.append("no summary.json")
+    elif not record.stopped and saved.get("status") and record.summary_after_events:
+        # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
+        summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
+    holder = live_holder(path) if not record.stopped else None
+    if holder is not None:
+        summary["status"] = "running"
+        problems = [f"running (PID {holder.get('pid')} holds its lock): not compared"]
+    warnings = [f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
+                for n in record.skipped]
+    if record.skipped:
+        problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
+    meta = record.start.settings if record.start else {}
+    evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
+    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings)
+
+
+def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
+    """Runs by (workload, data, metric, target); runs without a run_start are left out (listed apart)."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        if run.meta:
+            groups.setdefault(run.group_key, []).append(run)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
+
+
+# --- statistics (pure) -------------------------------------------------------------------------------
+
+def olympic_mean(values: Sequence[float]) -> float | None:
+    """MLPerf's olympic mean: drop one fastest and one slowest value when there are >= 3, average the rest.
+
+    ``inf`` stands for a seed that did not reach the target; the result is None ("not reached") when one
+    is left after dropping, and None for no values.
+    """
+    vals = sorted(values)
+    if len(vals) >= 3:
+        vals = vals[1:-1]
+    if not vals or any(math.isinf(v) for v in vals):
+        return None
+    return sum(vals) / len(vals)
+
+
+def median(values: Sequence[float]) -> float | None:
+    """Median, None for no values or an infinite median (half or more of the seeds did not reach)."""
+    if not values:
+        return None
+    m = statistics.median(values)
+    return None if math.isinf(m) else m
+
+
+def time_to_target(run: RunRecord) -> float:
+    """Training time at the first evaluation at or above the target; inf when never reached."""
+    t = run.summary.get("time_to_target_s")
+    return INF if t is None else float(t)
+
+
+def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
+    """The comparison table of one group: one row per (optimizer, world size, imbalance), seeds folded."""
+    by_series: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        by_series.setdefault(run.series_key, []).append(run)
+    has_target = any(r.meta.get("target") is not None for r in runs)
+    rows = []
+    for (opt, world, imb), rs in sorted(by_series.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        times = [time_to_target(r) for r in rs]
+        reached = [t for t in times if not math.isinf(t)]
+        finals = [r.summary["final_metric"] for r in rs if r.summary.get("final_metric") is not None]
+        bests = [r.summary["best_metric"] for r in rs if r.summary.get("best_metric") is not None]
+        # a diverged run trained on non-finite numbers: its throughput is no measure of the optimizer's
+        tputs = [r.summary["throughput_samples_per_s"] for r in rs
+                 if r.summary.get("throughput_samples_per_s") and r.summary.get("status") != "diverged"]
+        spreads = [r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None]
+        rows.append({
+            "optimizer": opt, "world_size": world, "imbalance": imb, "seeds": len(rs),
+            "reached": len(reached) if has_target else None,
+            "ttt_median_s": median(times) if has_target else None,
+            "ttt_olympic_s": olympic_mean(times) if has_target else None,
+            "ttt_min_s": min(reached) if reached else None, "ttt_max_s": max(reached) if reached else None,
+            "olympic_rule": ("drop fastest+slowest" if len(rs) >= 3 else "plain mean (< 3 seeds)"),
+            "final_metric": median(finals), "best_metric": median(bests),
+            "throughput": median(tputs), "throughput_min": min(tputs) if tputs else None,
+            "throughput_max": max(tputs) if tputs else None,
+            "compute_imbalance": median(spreads),
+            "partial_runs": sum(r.partial for r in rs),
+            "diverged_runs": sum(r.summary.get("status") == "diverged" for r in rs),
+        })
+    return add_speedups(rows)
+
+
+def add_speedups(rows: list[dict], reference: str = REFERENCE) -> list[dict]:
+    """Speed-up of each row against the reference optimizer at the same world size and imbalance:
+    time-to-target (olympic means) and throughput (medians). None when either side is missing."""
+    refs = {(r["world_size"], r["imbalance"]): r for r in rows if r["optimizer"] == reference}
+    for row in rows:
+        ref = refs.get((row["world_size"], row["imbalance"]))
+        row["speedup_ttt"] = _ratio(ref and ref["ttt_olympic_s"], row["ttt_olympic_s"])
+        row["speedup_throughput"] = _ratio(row["throughput"], ref and ref["throughput"])
+    return rows
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
+    """Every run of a group, one row each (never drops one that did not reach the target)."""
+    rows = []
+    for r in sorted(runs, key=lambda r: (tuple(str(x) for x in r.series_key), str(r.meta.get("seed")))):
+        s = r.summary
+        rows.append({"run": _rel(r.path, root), "optimizer": r.meta.get("optimizer"),
+                     "world_size": r.meta.get("world_size"), "imbalance": r.meta.get("imbalance"),
+                     "seed": r.meta.get("seed"), "status": s.get("status"), "reached": s.get("reached"),
+                     "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("steps"),
+                     "final_metric": s.get("final_metric"), "best_metric": s.get("best_metric"),
+                     "throughput": s.get("throughput_samples_per_s"), "train_s": s.get("train_s"),
+                     "restarts": s.get("restarts"), "compute_imbalance": s.get("compute_imbalance"), "problems": "; ".join(r.problems), "signature": r.signature})
+    return rows
+
+
+def _rel(path: Path, root: Path | None) -> str:
+    try:
+        return str(path.relative_to(root)) if root else str(path)
+    except ValueError:
+        return str(path)
+
+
+def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 100):
+    """Median and min-max band over seeds of curves y(x).
+
+    Curves evaluated at the same x (e.g. the same steps) are folded point by point; otherwise each is
+    interpolated linearly on a common grid that starts where every seed has its first point. A seed
+    that ended earlier (at its target, or its budget) holds its last value to the end of the grid, so
+    the median does not jump when the fastest seed stops. Returns (x, median, lo, hi) lists.
+    """
+    import numpy as np
+
+    curves = [(list(x), list(y)) for x, y in curves if len(x)]
+    if not curves:
+        return [], [], [], []
+    if all(c[0] == curves[0][0] for c in curves):
+        xs = curves[0][0]
+        ys = np.array([c[1] for c in curves], dtype=float)
+    else:
+        lo_x = max(c[0][0] for c in curves)
+        hi_x = max(c[0][-1] for c in curves)
+        xs = list(np.linspace(lo_x, hi_x, points))
+        ys = np.array([np.where(np.array(xs) >= x[0], np.interp(xs, x, y), np.nan) for x, y in curves])
+    keep = ~np.all(np.isnan(ys), axis=0)
+    ys, xs = ys[:, keep], [x for x, k in zip(xs, keep) if k]
+    return xs, list(np.nanmedian(ys, axis=0)), list(np.nanmin(ys, axis=0)), list(np.nanmax(ys, axis=0))
+
+
+def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[int, list[dict]]:
+    """Per-rank step records of a run (evenly thinned to ``limit`` per rank); torn lines skipped."""
+    out = {}
+    for path in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")):
+        m = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
+        if not m:
+            continue
+        recs = read_jsonl(path)
+        if len(recs) > limit:
+            recs = recs[:: math.ceil(len(recs) / limit)]
+        out[int(m.group(1))] = recs
+    return out
+
+
+def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
+    """Tidy per-rank step-time components of one series (seeds pooled): rank, component, seconds.
+
+    Components: ``compute`` (forward + backward), ``delay`` (injected straggler sleep), ``comm`` (time in
+    the optimizer's communication step, i.e. waiting for the others included)."""
+    rows = []
+    for run in runs:
+        for rank, recs in load_step_records(run.path).items():
+            for rec in recs:
+                for comp in ("compute", "delay", "comm"):
+                    if f"{comp}_s" in rec:
+                        rows.append({"rank": rank, "component": comp, "seconds": float(rec[f"{comp}_s"])})
+    return rows
+
+
+def step_time_summary(rows: Sequence[dict]) -> dict:
+    """Median of each component over all ranks and steps, and the rank with the largest mean step time."""
+    by_comp: dict[str, list[float]] = {}
+    per_rank: dict[int, float] = {}
+    for r in rows:
+        by_comp.setdefault(r["component"], []).append(r["seconds"])
+        per_rank[r["rank"]] = per_rank.get(r["rank"], 0.0) + r["seconds"]
+    out = {f"{c}_median_s": statistics.median(v) for c, v in by_comp.items()}
+    out["slowest_rank"] = max(per_rank, key=per_rank.get) if per_rank else None
+    return out
+
+
+# --- figure data (pure): what plots.py draws ---------------------------------------------------------
+
+def series_label(key: tuple, vary: set[str]) -> str:
+    """A series' legend label: the optimizer, plus world size / imbalance where they vary in the group."""
+    opt, world, imb = key
+    parts = [str(opt)]
+    if "world_size" in vary:
+        parts.append(f"P={world}")
+    if "imbalance" in vary:
+        parts.append(f"imbalance={imb}")
+    return " ".join(parts)
+
+
+def varying(runs: Sequence[RunRecord]) -> set[str]:
+    """Which of world size and imbalance take more than one value among the runs."""
+    return {name for i, name in ((1, "world_size"), (2, "imbalance")) if len({r.series_key[i] for r in runs}) > 1}
+
+
+def by_label(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    vary = varying(runs)
+    out: dict[str, list[RunRecord]] = {}
+    for r in sorted(runs, key=lambda r: tuple(str(x) for x in r.series_key)):
+        out.setdefault(series_label(r.series_key, vary), []).append(r)
+    return out
+
+
+def metric_bands(runs: Sequence[RunRecord]) -> dict[str, dict]:
+    """Per series: number of seeds; :func:`seed_band` of the metric against ``train_s`` and ``step``; and
+    each seed's own curve (``train_s_seeds``, ``step_seeds``)."""
+    out = {}
+    for label, rs in by_label(runs).items():
+        with_evals = [r for r in rs if r.evals]
+        if with_evals:
+            out[label] = {"n": len(with_evals)}
+            for x in ("train_s", "step"):
+                curves = [([e[x] for e in r.evals], [e["value"] for e in r.evals]) for r in with_evals]
+                out[label][x], out[label][f"{x}_seeds"] = seed_band(curves), curves
+    return out
+
+
+def ttt_bars(rows: Sequence[dict], runs: Sequence[RunRecord]) -> list[dict]:
+    """The time-to-target figure's bars: one per comparison row (median, min-max of the seeds that
+    reached, those seeds' times, reached / seeds)."""
+    vary = varying(runs)
+    bars = []
+    for row in rows:
+        label = series_label((row["optimizer"], row["world_size"], row["imbalance"]), vary)
+        times = [time_to_target(r) for r in runs if series_label(r.series_key, vary) == label]
+        bars.append({"label": label, "color_key": str(row["optimizer"]), "median": row["ttt_median_s"],
+                     "lo": row["ttt_min_s"], "hi": row["ttt_max_s"], "seeds": [t for t in times if not math.isinf(t)],
+                     "reached": row["reached"], "n": row["seeds"]})
+    return bars
+
+
+def throughput_table(rows: Sequence[dict], imbalance_in_label: bool) -> list[dict]:
+    """The comparison rows as the tidy table :func:`wagma_bench.plots.plot_throughput` takes."""
+    return [{"label": f"{r['optimizer']}" + (f" imbalance={r['imbalance']}" if imbalance_in_label else ""),
+             "world_size": r["world_size"], "throughput": r["throughput"], "lo": r["throughput_min"],
+             "hi": r["throughput_max"], "kind": "measured"} for r in rows if r["throughput"]]
+
+
+# --- markdown ----------------------------------------------------------------------------------------
+
+def fmt(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, float):
+        if kind == "x":
+            return f"{value:.2f}×"
+        if kind == "metric":
+            return f"{value:.4f}"
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """Columns: (key, header, format kind)."""
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def _ttt_cell(row: dict, key: str) -> str:
+    if row[key] is not None:
+        return fmt(row[key])
+    return "not reached" if row["reached"] is not None else "no target"
+
+
+COMPARISON_COLUMNS = [("optimizer", "optimizer", ""), ("world_size", "P", ""), ("imbalance", "imbalance", ""),
+                      ("seeds", "seeds", ""), ("reached", "reached", ""), ("ttt_median", "TTT median (s)", ""),
+                      ("ttt_olympic", "TTT olympic mean (s)", ""), ("speedup_ttt", "speed-up vs allreduce", "x"),
+                      ("final_metric", "final metric", "metric"), ("best_metric", "best metric", "metric"),
+                      ("throughput", "throughput (samples/s)", ""),
+                      ("speedup_throughput", "throughput vs allreduce", "x"),
+                      ("compute_imbalance", "compute imbalance", ""), ("partial_runs", "half-written", ""),
+                      ("diverged_runs", "diverged", "")]
+
+RUN_COLUMNS = [("run", "run", ""), ("optimizer", "optimizer", ""), ("world_size", "P", ""),
+               ("imbalance", "imbalance", ""), ("seed", "seed", ""), ("status", "status", ""),
+               ("reached", "reached", ""), ("time_to_target_s", "TTT (s)", ""), ("steps", "steps", ""),
+               ("final_metric", "final", "metric"), ("best_metric", "best", "metric"),
+               ("throughput", "samples/s", ""), ("restarts", "restarts", ""),
+               ("compute_imbalance", "compute imbalance", ""), ("problems", "marked", "")]
+
+
+def group_title(key: tuple) -> str:
+    workload, data, metric, target = key
+    goal = f"{metric} ≥ {target}" if target is not None else f"{metric}, no target (throughput only)"
+    return f"{workload} / {data} — {goal}"
+
+
+def group_slug(key: tuple) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", "_".join(str(k) for k in key)).strip("_")
+
+
+@dataclass
+class GroupReport:
+    key: tuple
+    runs: list[RunRecord]
+    comparison: list[dict]
+    run_table: list[dict]
+    step_times: dict[str, dict]
+    figures: dict[str, Path]
+
+
+def build_group(key: tuple, runs: list[RunRecord], out: Path, root: Path | None) -> GroupReport:
+    """One group's tables and figures; a run in progress is listed in the run table only."""
+    listed, runs = runs, [r for r in runs if not r.running]
+    rows = series_rows(runs)
+    for r in rows:
+        r["ttt_median"], r["ttt_olympic"] = _ttt_cell(r, "ttt_median_s"), _ttt_cell(r, "ttt_olympic_s")
+    title, slug = group_title(key), group_slug(key)
+    _, _, metric, target = key
+    figures = {"metric": plots.plot_metric_curves(metric_bands(runs), out / f"{slug}_metric.png", title,
+                                                  metric or "metric", target)}
+    if target is not None:
+        figures["time_to_target"] = plots.plot_time_to_target(ttt_bars(rows, runs),
+                                                              out / f"{slug}_time_to_target.png", title)
+    figures["throughput"] = plots.plot_throughput(throughput_table(rows, "imbalance" in varying(runs)),
+                                                  out / f"{slug}_throughput.png", title)
+    steps = {label: step_time_rows(rs) for label, rs in by_label(runs).items()}
+    steps = {k: v for k, v in steps.items() if v}
+    if steps:
+        figures["step_times"] = plots.plot_step_times(steps, out / f"{slug}_step_times.png", title)
+    return GroupReport(key, listed, rows, run_rows(listed, root),
+                       {k: step_time_summary(v) for k, v in steps.items()}, figures)
+
+
+HOW_TO_READ = (
+    "How to read it: runs are grouped by workload, data, metric and target; a table never mixes two "
+    "groups. A *series* is one optimizer at one world size P and imbalance; its runs are the seeds. "
+    "Time-to-target (TTT) is the training clock (evaluation and checkpoints excluded) at the first "
+    "evaluation at or above the target. A seed that did not reach the target counts as infinitely "
+    "slow: the median says *not reached* when half the seeds or more missed. The olympic mean is "
+    "MLPerf's score: with ≥ 3 seeds the fastest and slowest are dropped and the rest averaged; with "
+    "1–2 seeds it is the plain mean. Speed-ups compare olympic means (throughput: medians) with "
+    "`allreduce` at the same P and imbalance. Runs marked *half-written* crashed or were cut off; "
+    "they are read up to their last complete event. *Compute imbalance* is how uneven the ranks' compute "
+    "was: the mean over steps of the slowest rank's compute time (injected delay included) over the ranks' "
+    "mean (1.00: even; median over seeds; — for runs recorded before it was measured).")
+
+
+def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[RunRecord], sources: Sequence[str],
+                    out: Path) -> str:
+    n = sum(len(g.runs) for g in groups) + len(unreadable)
+    header = (f"{n} run(s) from {', '.join(f'`{s}`' for s in sources)}; generated "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}.")
+    lines = ["# wagma-bench report", "", header, "", HOW_TO_READ, ""]
+    for g in groups:
+        lines += [f"## {group_title(g.key)}", "", "### Comparison", "",
+                  markdown_table(g.comparison, COMPARISON_COLUMNS), ""]
+        rules = sorted({r["olympic_rule"] for r in g.comparison})
+        lines += [f"Olympic mean: {'; '.join(rules)}.", ""]
+        lines += signature_lines(g.runs)
+        captions = {"metric": "Validation metric against training time and steps (median over seeds, band "
+                              "min–max).",
+                    "time_to_target": "Time to target per series (bar: median; whiskers: min–max of the seeds "
+                                      "that reached it; dots: seeds; hatched: not reached).",
+                    "throughput": "Throughput against world size, with the ideal linear scaling from the "
+                                  "smallest measured P (dotted).",
+                    "step_times": "Per-rank step-time components: compute, injected delay and communication "
+                                  "(which includes waiting for slower ranks). A straggler shows as a high "
+                                  "delay or compute box; its peers show it as communication time."}
+        for name, path in g.figures.items():
+            lines += [f"![{name}]({path.relative_to(out)})", "", f"*{captions[name]}*", ""]
+        if g.step_times:
+            st_rows = [{"series": k, **v} for k, v in g.step_times.items()]
+            lines += ["### Step time (median over ranks and steps, seconds)", "",
+                      markdown_table(st_rows, [("series", "series", ""), ("compute_median_s", "compute", "metric"),
+                                               ("delay_median_s", "injected delay", "metric"),
+                                               ("comm_median_s", "comm", "metric"),
+                                               ("slowest_rank", "slowest rank (mean)", "")]), ""]
+        lines += ["### Runs", "", markdown_table(g.run_table, RUN_COLUMNS), ""]
+    if unreadable:
+        lines += ["## Runs that could not be grouped", "",
+                  "These directories hold an `events.jsonl` without a readable `run_start` event.", ""]
+        lines += [f"- `{r.path}`: {'; '.join(r.problems)}" for r in unreadable] + [""]
+    return "\n".join(lines)
+
+
+def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """How the group's BLEU was computed (sacrebleu's signature); values under two signatures differ in
+    tokenisation or smoothing, so the report says so instead of comparing them silently."""
+    signatures = sorted({r.signature for r in runs if r.signature})
+    if not signatures:
+        return []
+    if len(signatures) == 1:
+        return [f"BLEU: sacrebleu signature `{signatures[0]}`.", ""]
+    listed = "; ".join(f"`{s}`" for s in signatures)
+    return [f"BLEU: **{len(signatures)} different sacrebleu signatures**, values are not comparable: {listed}.", ""]
+
+
+def write_csv(rows: Sequence[dict], path: Path) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+
+    def write(f) -> None:
+        w = csv.DictWriter(f, fieldnames=keys, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+    atomic_write(path, write)
+
+
+def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
+    """Read every run under ``paths``; write ``out/report.md``, the figures and CSV tables. A tuning
+    directory (``wagma-bench tune``) gives the tuned section; its trials stay out of the untuned tables."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tune_dirs = [Path(p) for p in paths if (Path(p) / TUNE_PLAN).exists()]
+    tuned = tuned_section(tune_dirs, out) if tune_dirs else None
+    run_dirs = [d for d in find_runs(paths) if not any(d.is_relative_to(t.resolve()) for t in tune_dirs)]
+    if not run_dirs and tuned is None:
+        raise FileNotFoundError(f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})")
+    runs = [load_run(d) for d in run_dirs]
+    for warning in (w for r in runs for w in r.warnings):
+        print(f"wagma-bench report: warning: {warning}", file=sys.stderr, flush=True)
+    root = _common_root(run_dirs)
+    groups = [build_group(k, rs, out, root) for k, rs in group_runs(runs).items()]
+    unreadable = [r for r in runs if not r.meta]
+    comparison = [{"group": group_title(g.key), **r} for g in groups for r in g.comparison]
+    write_csv(comparison, out / "comparison.csv")
+    write_csv([{"group": group_title(g.key), **r} for g in groups for r in g.run_table], out / "runs.csv")
+    report = out / "report.md"
+    text = render_markdown(groups, unreadable, [str(p) for p in paths], out)
+    if tuned is not None:
+        write_csv(tuned.rows, out / "tuned.csv")
+        text = _with_tuned(text, tuned, out, untuned=bool(groups))
+    write_text_atomic(report, text)
+    return report, groups, tuned
+
+
+def _common_root(dirs: Sequence[Path]) -> Path | None:
+    import os
+
+    try:
+        return Path(os.path.commonpath([str(d) for d in dirs])).parent if len(dirs) == 1 else \
+            Path(os.path.commonpath([str(d) for d in dirs]))
+    except ValueError:
+        return None
+
+
+# --- tuned comparisons (wagma-bench tune) -----------------------------------------------------------
+
+@dataclass
+class TunedSection:
+    rows: list[dict]                 # one per tuned combination
+    figures: dict[str, Path]
+    sources: list[str]
+    protocol: str                    # "S studies x O trials ..." per tuning directory
+
+
+def tuned_rows(results: Sequence[dict]) -> list[dict]:
+    """The tuned table: per combination its score, per-study bests, winner and speed-up against tuned
+    allreduce (score over score) at the same workload, data, world size and imbalance."""
+    rows = []
+    for e in results:
+        bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
+        win = e.get("winner") or {}
+        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": e.get("optimizer"),
+                     "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
+                     "target": e.get("target"), "score_s": e.get("score_s"), "study_bests": bests,
+                     "reached": f"{e['reached']}/{e['trials']}", "unfinished": e.get("unfinished"),
+                     "winner": win.get("trial"),
+                     "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
+                     "compute_imbalance": e.get("compute_imbalance")})
+    refs = {_problem(r): r["score_s"] for r in rows if r["optimizer"] == REFERENCE}
+    for r in rows:
+        r["speedup_vs_tuned_allreduce"] = _ratio(refs.get(_problem(r)), r["score_s"])
+    return rows
+
+
+def _problem(row: dict) -> tuple:
+    """What a tuned score is compared within: a workload on its data, at one world size and imbalance."""
+    return (row["workload"], row["data"], row["world_size"], row["imbalance"])
+
+
+def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
+    """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
+    P, imbalance) where its score is at most tau x the best score of any optimizer there; a missed
+    (infinite) score never counts. Returns {optimizer: (taus, fractions)} and the number of problems."""
+    scores: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        scores.setdefault(_problem(r), {})[r["optimizer"]] = INF if r["score_s"] is None else r["score_s"]
+    ratios: dict[str, list[float]] = {}
+    for per_opt in scores.values():
+        best = min(per_opt.values())
+        for opt, s in per_opt.items():
+            ratios.setdefault(opt, []).append(s / best if math.isfinite(best) else INF)
+    finite = [x for rs in ratios.values() for x in rs if math.isfinite(x)]
+    if taus is None:
+        top = max(finite + [1.0]) * 1.25
+        taus = [1.0 + (top - 1.0) * i / 200 for i in range(201)]
+    n = len(scores)
+    return {opt: (list(taus), [sum(x <= t for x in rs) / n for t in taus]) for opt, rs in sorted(ratios.items())}, n
+
+
+TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer", "optimizer", ""),
+                 ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score_s", "score (s)", ""),
+                 ("study_bests", "per-study best (s)", ""), ("reached", "trials reached", ""),
+                 ("speedup_vs_tuned_allreduce", "speed-up vs tuned allreduce", "x"),
+                 ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", "")]
+
+
+def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
+    from wagma_bench.tune import score
+
+    results, protocol = [], []
+    for d in tune_dirs:
+        scored = score(d)
+        results += scored["results"]
+        budget = f", tune.max_runtime_s={scored['max_runtime_s']:g}" if scored.get("max_runtime_s") else ""
+        protocol.append(f"`{d}`: {scored['studies']} studies × {scored['trials_per_study']} trials, "
+                        f"tune.seed={scored['seed']}{budget}")
+    rows = tuned_rows(results)
+    profiles, n = performance_profile(rows)
+    figures = {"performance_profile": plots.plot_performance_profile(profiles, out / "tuned_performance_profile.png",
+                                                                     n)}
+    return TunedSection(rows, figures, [str(d) for d in tune_dirs], protocol)
+
+
+TUNED_HOW_TO_READ = (
+    "Tuned by MLCommons AlgoPerf's external tuning ruleset (`wagma-bench tune`, docs/tuning.md): each "
+    "optimizer's one search space (conf/search_space/), S studies of O quasirandom trials; per study the "
+    "fastest trial to the target (training clock); the **score** is the median over studies of those bests, "
+    "a study whose trials all missed counting as infinite (∞: half the studies or more missed). The winning "
+    "settings are the fastest trial's. Speed-up: tuned allreduce's score over the row's, at the same "
+    "workload, data, P and imbalance.")
+
+
+def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str:
+    """The report with the tuned section after its header, the untuned tables (if any) labelled below it."""
+    head, sep, rest = text.partition("\n## ")
+    rows = [{**r, "score_s": r["score_s"] if r["score_s"] is not None else "∞ (missed)"} for r in tuned.rows]
+    lines = ["## Tuned comparisons", "", TUNED_HOW_TO_READ, "", *(f"- {p}" for p in tuned.protocol), "",
+             markdown_table(rows, TUNED_COLUMNS), ""]
+    for name, path in tuned.figures.items():
+        lines += [f"![{name}]({path.relative_to(out)})", "",
+                  ("*Performance profile across workloads: per optimizer, the fraction of workloads (workload, "
+                  "data, P, imbalance) on which its tuned score is within a factor τ of the best optimizer's.*"), ""]
+    if untuned:
+        lines += ["# Untuned comparisons (every optimizer at the configured defaults)", ""]
+    return head + "\n" + "\n".join(lines) + (sep + rest if sep else "")
+
+
+# --- W&B ---------------------------------------------------------------------------------------------
+
+def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity: str | None, group: str | None,
+                 mode: str, tuned: TunedSection | None = None) -> Path:
+    """Log the report's tables and figures as one W&B run (``job_type=report``), offline without a key."""
+    import wandb
+
+    from wagma_bench.loggers import init_wandb, offline_dir
+
+    run = init_wandb(out, mode, project=project, entity=entity, group=group, job_type="report",
+                     name=f"report-{time.strftime('%Y%m%d-%H%M%S')}")
+    for g in groups:
+        slug = group_slug(g.key)
+        for name, rows in (("comparison", g.comparison), ("runs", g.run_table)):
+            cols = list(dict.fromkeys(k for r in rows for k in r))
+            run.log({f"{slug}/{name}": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows])})
+        run.log({f"{slug}/{name}": wandb.Image(str(path)) for name, path in g.figures.items()})
+    if tuned is not None:  # the tuned table and the performance profile, apart from the untuned groups
+        cols = list(dict.fromkeys(k for r in tuned.rows for k in r))
+        run.log({"tuned/comparison": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols]
+                                                                     for r in tuned.rows])})
+        run.log({f"tuned/{name}": wandb.Image(str(path)) for name, path in tuned.figures.items()})
+    run.save(str(out / "report.md"), base_path=str(out), policy="now")
+    where = offline_dir(run)
+    run.finish()
+    return where
+
+
+def _cell(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+
+
+# --- CLI ---------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wagma-bench report",
+                                     description="Time-to-accuracy tables and figures over run or sweep directories.")
+    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
+    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
+    parser.add_argument("--mllog", action="store_true",
+                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
+    parser.add_argument("--wandb-project", default="wagma-bench")
+    parser.add_argument("--wandb-entity", default=None)
+    parser.add_argument("--wandb-group", default=None)
+    parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
+                        help="auto: online with an API key, else offline")
+    args = parser.parse_args(argv)
+    try:
+        report, groups, tuned = make_report(args.dirs, args.out)
+    except (FileNotFoundError, SymlinkRefused) as err:
+        print(f"wagma-bench report: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full or read-only disk: nothing half-written is left (events.atomic_write)
+        print(f"wagma-bench report: error: {err}", file=sys.stderr)
+        return 1
+    if args.mllog:
+        from wagma_bench.mlperf import write_mllog
+
+        written = [p for p in (write_mllog(r.path) for g in groups for r in g.runs) if p]
+        print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")
+    n_runs = sum(len(g.runs) for g in groups)
+    marked = sum(r.partial for g in groups for r in g.runs)
+    print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"
+          + (f", {marked} half-written (marked)" if marked else "")
+          + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
+    if args.wandb:
+        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode,
+                     tuned)
+    return 0

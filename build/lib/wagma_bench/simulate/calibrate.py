@@ -1,0 +1,234 @@
+"""Calibration of the simulator from real runs and ``wagma-bench comm-bench`` results.
+
+From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json``):
+
+- the compute-time distribution: every rank's ``compute_s`` (forward + backward as the trainer timed it),
+  the first ``SKIP_STEPS`` steps of each rank dropped (warm-up); kept as an empirical sample and
+  summarised as a lognormal (median, and sigma from the 16th-84th percentile spread of its logarithm);
+- the compute trace: each rank's ``compute_s`` step by step, for a trace-driven replay of the same run;
+- the per-step overhead: the median of ``dt - compute_s - delay_s - comm_s`` between consecutive steps of a
+  rank (optimizer update, data loading, logging: the time the trainer spends outside what it times);
+- what the run was: optimizer and its settings, world size, imbalance settings and the model's parameter
+  count (from ``run_start``; a run logged before run_start carried the count rebuilds the model from its
+  config), the rounds it ran, samples per step, and its measured throughput (``summary.json``).
+
+From comm-bench JSON (``{"backend", "world_size", "hostname", "results": [{"op", "impl", "group_size",
+"bytes", "median_s", ...}]}``): alpha and beta by least squares on the allreduce rows, for each collective
+algorithm of :mod:`.costs`; the algorithm whose model fits best (smallest relative RMS error) is kept.
+Rows are weighted by ``1 / median_s`` so small (latency-bound) and large (bandwidth-bound) messages count
+alike. A comm-bench run on one host measures the intra-node link; we use it for both levels (local runs
+never leave the node).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wagma_bench.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
+from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
+from wagma_bench.simulate.des import Workload, local_state_tensors
+
+SKIP_STEPS = 3          # first steps of each rank left out of the fits (start-up, allocator warm-up)
+MAX_SAMPLES = 20000     # compute times kept for the empirical distribution
+ALLREDUCE_OPS = ("allreduce", "group_allreduce")
+
+
+# --- compute time ---------------------------------------------------------------------------------------
+
+def lognormal_fit(values: Sequence[float]) -> tuple[float, float]:
+    """(median, sigma) of a lognormal matched to the sample's median and central 68% spread."""
+    x = np.asarray([v for v in values if v > 0], dtype=float)
+    if not len(x):
+        raise ValueError("no positive compute times to fit")
+    logs = np.log(x)
+    lo, hi = np.percentile(logs, [15.87, 84.13])
+    return float(np.exp(np.median(logs))), float(max(0.0, (hi - lo) / 2))
+
+
+@dataclass
+class RunFit:
+    """What calibration learned from one real run."""
+
+    path: str
+    optimizer: str
+    world_size: int
+    imbalance: dict                  # the run's imbalance settings (name + fields)
+    settings: dict                   # the run's optimizer settings
+    rounds: int                      # rounds the run completed
+    seed: int
+    samples_per_step: float          # mean samples a rank processes per step
+    compute: list[float]             # compute times (s) after warm-up, all ranks pooled
+    trace: list[list[float]]         # per rank (0..P-1), every step's compute time in step order
+    overhead_s: float                # median per-step time outside compute, delay and communication
+    measured_throughput: float | None
+    params: float | None             # model parameters (None: unknown, pass params=N)
+    workload: str | None = None
+    comm_s_mean: float = 0.0
+    local_state: int = 1             # model-sized tensors of the run's local optimizer state (des.local_state_tensors)
+    extra: dict = field(default_factory=dict)
+
+    def to_workload(self, params: float | None = None, compute: str = "empirical") -> Workload:
+        n = params if params is not None else self.params
+        if n is None:
+            raise ValueError(f"{self.path}: model size unknown; pass params=N (number of model parameters)")
+        median, sigma = lognormal_fit(self.compute)
+        return Workload(name=self.workload or "calibrated", step_s=median, batch=max(1, round(self.samples_per_step)),
+                        params=float(n), compute=compute, sigma=sigma, samples=tuple(self.compute),
+                        trace=tuple(tuple(seq) for seq in self.trace), overhead_s=self.overhead_s,
+                        source=f"calibrated from {self.path}")
+
+
+def _step_records(run_dir: Path) -> dict[int, list[dict]]:
+    out = {}
+    for f in sorted((run_dir / "steps").glob("rank*.jsonl")):
+        try:
+            out[int(f.stem[4:])] = read_jsonl(f)
+        except ValueError:
+            continue
+    return out
+
+
+def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
+    """Read one run directory and fit its compute-time distribution and per-step overhead."""
+    run_dir = Path(run_dir)
+    record = RunEvents.read(run_dir)
+    start = record.start
+    if start is None:
+        raise ValueError(f"{run_dir}: no run_start event in {EVENTS}; is this a wagma-bench run directory?")
+    meta, config = start.metadata, start.config
+    records = _step_records(run_dir)
+    if not records:
+        raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
+    compute, overhead, samples, comm = [], [], [], []
+    by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
+    trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
+    for recs in by_rank:
+        for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1:]):
+            compute.append(float(cur["compute_s"]))
+            comm.append(float(cur.get("comm_s", 0.0)))
+            samples.append(float(cur.get("samples", 0)))
+            dt = float(cur["t"]) - float(prev["t"])
+            overhead.append(max(0.0, dt - cur["compute_s"] - cur.get("delay_s", 0.0) - cur.get("comm_s", 0.0)))
+    if not compute:
+        raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
+    summary = record.summary_or_saved()
+    opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
+    train = config.get("train") or {}
+    stride = max(1, len(compute) // MAX_SAMPLES)
+    return RunFit(
+        path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
+        imbalance=dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"}), settings=opt,
+        rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
+        seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
+        compute=compute[::stride], trace=trace, overhead_s=float(np.median(overhead)),
+        measured_throughput=summary.get("throughput_samples_per_s"),
+        params=params if params is not None else model_params_of(start),
+        workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
+        comm_s_mean=float(np.mean(comm)),
+        local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
+
+
+def model_params_of(start: RunStart) -> float | None:
+    """The model's parameter count, as run_start logged it; for a run logged before run_start said, from
+    the model built from the run's own config (cheap for the embedded workloads); None when that fails."""
+    if start.model_params:
+        return float(start.model_params)
+    try:
+        import torch
+
+        from wagma_bench.config import validate
+        from wagma_bench.workloads import get_workload
+
+        cfg = validate(start.config)
+        workload = get_workload(cfg.workload.name)(cfg, 0, int(start.world_size), torch.device("cpu"))
+        return float(sum(p.numel() for p in workload.build_model().parameters()))
+    except Exception:  # noqa: BLE001 - any failure means "unknown"; the caller asks for params=N
+        return None
+
+
+# --- alpha / beta ---------------------------------------------------------------------------------------
+
+def fit_alpha_beta(rows: Sequence[dict], algorithm: str) -> tuple[Link, float]:
+    """Least-squares (alpha, beta) of ``algorithm``'s allreduce model; returns the link and the relative RMS
+    error of the fit. ``rows``: comm-bench results (``group_size``, ``bytes``, ``median_s``)."""
+    feats, target = [], []
+    for r in rows:
+        a, b = allreduce_terms(algorithm, int(r["group_size"]), float(r["bytes"]))
+        w = 1.0 / float(r["median_s"])
+        feats.append((a * w, b * w))
+        target.append(1.0)  # median_s * w
+    if len(feats) < 2:
+        raise ValueError("need at least two allreduce measurements (sizes) to fit alpha and beta")
+    x, y = np.asarray(feats), np.asarray(target)
+    (alpha, beta), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if alpha < 0 or beta < 0:  # the unconstrained optimum left the physical region: fit each alone
+        alpha, beta = max(0.0, alpha), max(0.0, beta)
+        if alpha == 0.0:
+            beta = float(np.linalg.lstsq(x[:, 1:], y, rcond=None)[0][0])
+        else:
+            alpha = float(np.linalg.lstsq(x[:, :1], y, rcond=None)[0][0])
+    rel = x @ np.array([alpha, beta]) - y
+    return Link(float(alpha), float(beta)), float(np.sqrt(np.mean(rel ** 2)))
+
+
+def bench_rows(bench: dict, impl: str = "ours") -> list[dict]:
+    """The allreduce rows of a comm-bench result (our implementation's, else the raw library's)."""
+    rows = [r for r in bench.get("results", []) if r.get("op") in ALLREDUCE_OPS and r.get("median_s", 0) > 0
+            and int(r.get("group_size", 0)) > 1]
+    mine = [r for r in rows if r.get("impl") == impl]
+    return mine or rows
+
+
+def fit_network(benches: Sequence[dict], gpus_per_node: int = 1024, algorithm: str | None = None) -> tuple[Network, dict]:
+    """A network (both levels = the fitted link) from comm-bench results, and a report of the fit."""
+    rows = [r for b in benches for r in bench_rows(b)]
+    if not rows:
+        raise ValueError("the comm-bench JSON has no allreduce/group_allreduce results with group_size > 1")
+    fits = {a: fit_alpha_beta(rows, a) for a in ([algorithm] if algorithm else ALGORITHMS)}
+    best = min(fits, key=lambda a: fits[a][1])
+    link, err = fits[best]
+    report = {"algorithm": best, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
+              "bandwidth_GBps": (1e-9 / link.beta_s_per_byte) if link.beta_s_per_byte > 0 else math.inf,
+              "rel_rms": err, "rows": len(rows), "all_fits": {a: f[1] for a, f in fits.items()},
+              "backend": sorted({str(b.get("backend")) for b in benches})}
+    return Network(link, link, gpus_per_node, best), report
+
+
+# --- inputs ---------------------------------------------------------------------------------------------
+
+def is_comm_bench(obj: Any) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("results"), list) and "world_size" in obj
+
+
+def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
+    """Run directories (holding events.jsonl, searched recursively) and comm-bench JSON objects (files given
+    directly, or ``*.json`` files beside the runs that have the comm-bench format)."""
+    runs: set[Path] = set()
+    benches: list[dict] = []
+    seen: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"--calibrate: no such file or directory: {p}")
+        candidates = [p] if p.is_file() else [*p.rglob("*.json")]
+        if p.is_dir():
+            runs.update(e.parent for e in p.rglob(EVENTS) if "wandb" not in e.parts)
+        for f in candidates:
+            if f.suffix != ".json" or f.resolve() in seen or f.name == SUMMARY:
+                continue
+            seen.add(f.resolve())
+            try:
+                obj = json.loads(f.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+                continue
+            if is_comm_bench(obj):
+                benches.append(obj)
+            elif p.is_file():
+                raise ValueError(f"--calibrate: {f} is not comm-bench JSON (needs world_size and results)")
+    return sorted(runs), benches

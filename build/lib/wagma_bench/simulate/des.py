@@ -1,0 +1,612 @@
+"""Discrete-event simulation of the training loop of every optimizer in the suite.
+
+P workers run the trainer's loop (:mod:`wagma_bench.trainer`): per local step, compute (forward +
+backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
+objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
+compute time)``), then the optimizer's communication, then the update; every ``control_every`` rounds
+(rounded up to the optimizer's sync period, as the trainer does) all ranks meet in the trainer's small
+control allreduce. Communication costs come from :class:`~wagma_bench.simulate.costs.Network`.
+
+Events are processed round by round. Every interaction the optimizers have is ordered by rounds (a
+collective of round r needs round r-1 done on each member; a gossip of step t follows step t-1), so
+processing rounds in order visits events in causal order, and all ranks of a round are handled at once
+with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs on an event heap.
+
+What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`):
+
+- ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
+  the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
+  bucket b-1 is done; a rank waits for the last bucket, then steps.
+- ``local_sgd``: local steps; after every round that is a multiple of ``period`` a blocking global
+  allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient allreduces.
+- ``dpsgd``: each step a synchronous exchange with both ring neighbours
+  (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
+- ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
+  without overlap a rank waits for its in-peer's and out-peer's messages; with ``overlap`` the message
+  pushed at step t is waited for at step t+1.
+- ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
+  thread of each even (active) rank exchanges with its partner in
+  :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
+  requests one at a time, first come first served.
+- ``wagma``: the wait-avoiding group allreduce of :mod:`wagma_bench.comm.wait_avoiding` over
+  :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
+  on a rank when its progress thread is free and either its compute thread asked for it or an activation
+  arrived over the hypercube of the whole world
+  (:func:`~wagma_bench.comm.topology.world_hypercube_neighbours`, one control latency per hop); the round
+  ends when every member of the rank's group has started, plus the group allreduce's cost. With
+  ``catch_up=replay`` (default) a rank asks for its next round in order (a round its progress thread
+  completed passively answers at once); with ``catch_up=skip`` it is answered by the round in flight that
+  started after its post, else by the next round, which it activates (so it skips the rounds it joined
+  passively). Every ``tau + 1``-th round is a synchronous global allreduce that waits for every rank.
+- ``eager``: eager-SGD's partial gradient allreduce (:mod:`wagma_bench.optim.eager`) through the same
+  engine with one group of all ranks, in order: a rank posts its gradient and asks for its next round (one
+  round per local step; a round completed passively answers at once); ``solo`` -- any rank's request
+  activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
+  does; every ``sync_every``-th round is synchronous.
+
+Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
+every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
+workload's ``memory_GBps``) and, for the bases without a global average of their own (D-PSGD, SGP), the global
+model allreduce the outer layer takes first; the ranks leave that round together.
+
+Time that is neither compute, injected delay nor waiting (the optimizer update, data loading, logging) is
+the workload's ``overhead_s``, charged after the communication of each step (for the wait-avoiding
+engine: between the answer and the post, where the real update happens).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from wagma_bench.comm.topology import (
+    WagmaSchedule,
+    exponential_in_peer,
+    exponential_peer,
+    random_initiator,
+    random_matching,
+    ring_neighbours,
+    world_hypercube_neighbours,
+)
+from wagma_bench.config import check_choices
+from wagma_bench.imbalance import Imbalance, NoImbalance
+from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.adpsgd import ADPSGD
+from wagma_bench.optim.allreduce import AllreduceSGD
+from wagma_bench.optim.base import Algorithm
+from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.eager import EagerSGD
+from wagma_bench.optim.local_sgd import LocalSGD
+from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.wagma import WagmaSGD
+from wagma_bench.schedules import CONTROL_EVERY, control_period
+from wagma_bench.simulate.costs import Network
+
+CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
+COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace")
+
+
+@dataclass
+class Workload:
+    """What one rank's step costs: compute-time distribution, model size, batch."""
+
+    name: str = "custom"
+    step_s: float = 0.3              # median compute time (forward + backward) of one step on one rank
+    batch: int = 128                 # samples per rank and step
+    params: float = 25.6e6           # model parameters (gradients and models travel as float32)
+    bytes_per_param: int = 4
+    compute: str = "lognormal"       # constant | lognormal | empirical | trace
+    sigma: float = 0.0               # lognormal: spread of log(compute time)
+    samples: tuple = ()              # empirical: measured compute times to resample (from --calibrate)
+    trace: tuple = ()                # trace: per rank, its measured compute times in step order (--calibrate)
+    overhead_s: float = 0.0          # per-step time outside compute, delay and communication
+    backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
+    memory_GBps: float = 20.0        # memory bandwidth of a rank's elementwise updates (the outer step's cost)
+    source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
+
+    @property
+    def model_bytes(self) -> float:
+        return float(self.params) * self.bytes_per_param
+
+    def draw(self, rng: np.random.Generator, world_size: int, steps: int) -> np.ndarray:
+        """Compute times ``[rank, local step]``."""
+        shape = (world_size, steps)
+        if self.compute == "constant" or (self.compute == "lognormal" and self.sigma == 0):
+            return np.full(shape, float(self.step_s))
+        if self.compute == "lognormal":
+            return self.step_s * np.exp(self.sigma * rng.standard_normal(shape))
+        if self.compute == "empirical":
+            if not len(self.samples):
+                raise ValueError("compute=empirical needs measured samples (wagma-bench simulate --calibrate RUN_DIR)")
+            return rng.choice(np.asarray(self.samples, dtype=float), size=shape)
+        if self.compute == "trace":
+            return self._replay(world_size, steps)
+        raise ValueError(f"workload.compute={self.compute!r}; choose one of: {', '.join(COMPUTE_MODELS)}")
+
+    def _replay(self, world_size: int, steps: int) -> np.ndarray:
+        """Each rank's recorded compute times, step by step (repeated from the start if the simulation runs
+        longer): a trace-driven simulation, which keeps whatever the per-step times depended on in the real
+        run (contention between ranks that share cores, data-dependent work) and tests only the model of
+        communication and waiting."""
+        if len(self.trace) != world_size:
+            raise ValueError(f"compute=trace needs one recorded sequence per rank: have {len(self.trace)}, "
+                             f"world size {world_size}")
+        if not all(len(seq) for seq in self.trace):
+            raise ValueError("compute=trace: a rank has no recorded compute times")
+        return np.stack([np.resize(np.asarray(seq, dtype=float), steps) for seq in self.trace])
+
+
+@dataclass
+class SimConfig:
+    optimizer: str
+    world_size: int
+    workload: Workload
+    network: Network
+    imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
+    settings: Any = None             # the optimizer's typed Settings (OPTIMIZERS[optimizer].Settings); None: defaults
+    steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
+    seed: int = 1
+    control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
+    local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
+
+    def __post_init__(self):
+        algorithm = OPTIMIZERS.get(self.optimizer)
+        if algorithm not in SIMULATIONS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(simulated_optimizers())}")
+        if self.settings is None:
+            self.settings = algorithm.Settings()
+        elif not isinstance(self.settings, algorithm.Settings):
+            raise TypeError(f"optimizer {self.optimizer}: settings must be {algorithm.__name__}.Settings, "
+                            f"got {type(self.settings).__name__}")
+        # the check `run` makes of the same settings (one place for the allowed values: the schema's CHOICES)
+        check_choices("optimizer", algorithm.Settings, OmegaConf.structured(self.settings))
+
+
+def local_state_tensors(local_optimizer: str, momentum: float) -> int:
+    """Model-sized tensors the rank-local optimizer keeps (``trainer.make_local_optimizer``): SGD one momentum
+    buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them too."""
+    if local_optimizer == "adam":
+        return 2
+    return 1 if momentum else 0
+
+
+@dataclass
+class SimResult:
+    optimizer: str
+    world_size: int
+    rounds: int
+    local_steps: float               # mean local steps per rank (< rounds when ranks skip rounds)
+    time_s: float                    # simulated training clock at the end
+    samples: int
+    throughput: float                # samples / s
+    wait_frac: float                 # mean share of a rank's time spent waiting on communication
+    staleness: float = 0.0           # mean staleness (rounds) of the contributions a rank got answered
+    extra: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
+
+
+# --- shared pieces -------------------------------------------------------------------------------------
+
+def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray) -> np.ndarray:
+    """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does
+    (before the step's computation, relative models seeing the previous step's compute time; the first
+    step uses its own)."""
+    out = np.zeros((world_size, steps))
+    compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)
+    if isinstance(imbalance, NoImbalance):
+        return out
+    if hasattr(imbalance, "slow_ranks"):  # only the drawn ranks can be slow: ask them alone (fast at P=1024)
+        for k in range(steps):
+            for r in imbalance.slow_ranks(world_size, k):
+                out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
+        return out
+    for r in range(world_size):
+        for k in range(steps):
+            out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
+    return out
+
+
+class SimState:
+    """Per-simulation arrays and bookkeeping shared by the optimizer models."""
+
+    def __init__(self, cfg: SimConfig, sync_period: int):
+        if cfg.world_size < 1:
+            raise ValueError(f"world size must be >= 1, got {cfg.world_size}")
+        self.cfg, self.P = cfg, cfg.world_size
+        self.sync_period = max(1, sync_period)
+        self.rounds = self.sync_period * max(1, math.ceil(cfg.steps / self.sync_period))
+        # 0: no control points but the last round (the paper's implementations have no periodic barrier)
+        self.control = control_period(self.sync_period, cfg.control_every) if cfg.control_every > 0 else 0
+        rng = np.random.default_rng(cfg.seed)
+        cols = self.rounds + 1
+        self.compute = cfg.workload.draw(rng, self.P, cols)
+        self.delay = delay_matrix(cfg.imbalance, self.P, cols, self.compute)
+        self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
+        self.overhead = float(cfg.workload.overhead_s)
+        self.nbytes = cfg.workload.model_bytes
+        self.wait = np.zeros(self.P)
+
+    def is_control(self, r: int) -> bool:
+        return (self.control > 0 and r % self.control == 0) or r == self.rounds
+
+    def barrier(self, t: np.ndarray) -> np.ndarray:
+        """The trainer's control allreduce: everyone leaves at the last arrival plus its cost."""
+        return np.full(self.P, t.max() + self.ctrl_cost)
+
+    def result(self, end: float, steps_done: np.ndarray, staleness: float = 0.0, **extra: Any) -> SimResult:
+        samples = int(steps_done.sum()) * int(self.cfg.workload.batch)
+        return SimResult(self.cfg.optimizer, self.P, self.rounds, float(steps_done.mean()), float(end), samples,
+                         samples / end if end > 0 else math.inf, float(self.wait.mean() / end) if end > 0 else 0.0,
+                         float(staleness), extra)
+
+
+# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a) d,
+# x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
+OUTER_PASSES = 14
+
+
+def outer_cost(cfg: SimConfig) -> tuple[int, float]:
+    """(rounds between outer steps, seconds of each) of the configured outer optimizer; (0, 0.0) without one."""
+    settings = cfg.settings
+    if not isinstance(settings, OuterSettings) or settings.outer == "none":
+        return 0, 0.0
+    seconds = OUTER_PASSES * cfg.workload.model_bytes / (cfg.workload.memory_GBps * 1e9)
+    if OPTIMIZERS[cfg.optimizer].outer_at == "exact":  # the outer layer's own global average of the models
+        seconds += cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
+    return settings.effective_outer_period(), seconds
+
+
+def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
+    """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
+    are ready to communicate in round ``r`` into the times their step's communication is done; an outer
+    optimizer's round adds its cost after the slowest rank's."""
+    run = SimState(cfg, sync_period)
+    outer_every, outer_s = outer_cost(cfg)
+    start = np.zeros(run.P)
+    for r in range(1, run.rounds + 1):
+        ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
+        done = comm(run, r, ready) if run.P > 1 else ready
+        if outer_every and r % outer_every == 0:
+            done = np.full(run.P, done.max() + outer_s)
+        run.wait += done - ready
+        start = done + run.overhead
+        if run.is_control(r) and run.P > 1:
+            start = run.barrier(start)
+    return run.result(start.max(), np.full(run.P, run.rounds))
+
+
+# --- synchronous optimizers ----------------------------------------------------------------------------
+
+def bucket_sizes(nbytes: float, bucket_mb: float) -> list[float]:
+    size = bucket_mb * 2**20
+    if not size or size <= 0 or size >= nbytes or math.isinf(size):
+        return [nbytes]
+    full = int(nbytes // size)
+    return [size] * full + ([nbytes - full * size] if nbytes - full * size > 0 else [])
+
+
+def sim_allreduce(cfg: SimConfig) -> SimResult:
+    """Allreduce-SGD: bucketed gradient allreduce overlapped with backward."""
+    sizes = bucket_sizes(cfg.workload.model_bytes, cfg.settings.bucket_mb)
+    costs = [cfg.network.world_allreduce(cfg.world_size, b) for b in sizes]
+    frac = np.cumsum(sizes) / sum(sizes)  # share of backward done when each bucket is full
+    bf = cfg.workload.backward_fraction
+
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
+        c = run.compute[:, r - 1]
+        start = ready - c - run.delay[:, r - 1]
+        launch = (start + run.delay[:, r - 1] + c * (1 - bf))[:, None] + (c * bf)[:, None] * frac[None, :]
+        end = -math.inf
+        for b, cost in enumerate(costs):  # in order: every rank issues the same sequence
+            end = max(end, launch[:, b].max()) + cost
+        return np.maximum(ready, end)
+
+    return _lockstep(cfg, 1, comm)
+
+
+def sim_local_sgd(cfg: SimConfig) -> SimResult:
+    """Local SGD / PR-SGD: blocking global model average every ``period`` rounds."""
+    period, warmup = cfg.settings.period, cfg.settings.warmup_steps
+    factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
+    avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
+    grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
+
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
+        if r <= warmup:
+            return np.full(run.P, ready.max() + grad_cost)
+        if r % period == 0:
+            return np.full(run.P, ready.max() + avg_cost)
+        return ready
+
+    return _lockstep(cfg, period, comm)
+
+
+def sim_dpsgd(cfg: SimConfig) -> SimResult:
+    """D-PSGD: synchronous model exchange with both ring neighbours each step."""
+    P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes
+    nbs = [ring_neighbours(i, P) for i in range(P)]
+    cols = max((len(x) for x in nbs), default=0)
+    idx = np.array([list(x) + [i] * (cols - len(x)) for i, x in enumerate(nbs)], dtype=int).reshape(P, cols)
+    # sends to (and receives from) both neighbours at once: one latency, the bytes of every message
+    cost = np.array([max((net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0))
+                          for j in x), default=0.0) for i, x in enumerate(nbs)])
+
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
+        return np.maximum(ready, ready[idx].max(axis=1)) + cost
+
+    return _lockstep(cfg, 1, comm)
+
+
+def sim_sgp(cfg: SimConfig) -> SimResult:
+    """SGP: push-sum to one exponential-graph peer per step, optionally 1-overlap."""
+    P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes + 4
+    overlap = cfg.settings.overlap
+    peers = {}
+    for t in range(max(1, math.ceil(math.log2(P))) if P > 1 else 1):
+        out = np.array([exponential_peer(i, P, t) for i in range(P)])
+        inn = np.array([exponential_in_peer(i, P, t) for i in range(P)])
+        cost = np.array([net.p2p(j, i, n) for i, j in enumerate(inn)])
+        peers[t] = (out, inn, cost)
+    hops = len(peers)
+    state = {"arrival": None, "sent_arrival": [None, None]}
+
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
+        t = r - 1
+        out, inn, cost = peers[t % hops]
+        slot = state["sent_arrival"][t % 2]
+        if slot is not None:  # the send buffer of step t-2 must have been received
+            ready = np.maximum(ready, slot)
+        if not overlap:
+            done = np.maximum(np.maximum(ready, ready[inn]), ready[out]) + cost
+            state["sent_arrival"][t % 2] = None
+            return done
+        prev = state["arrival"]
+        done = ready if prev is None else np.maximum(ready, prev)
+        # this step's message from the in-peer, received once this rank posted its receive (at done)
+        arrival = np.maximum(ready[inn], done) + cost
+        state["arrival"] = arrival
+        sent = np.empty(P)
+        sent[inn] = arrival  # my message arrives at my out-peer when its receive completes
+        state["sent_arrival"][t % 2] = sent
+        return done
+
+    return _lockstep(cfg, 1, comm)
+
+
+# --- AD-PSGD -------------------------------------------------------------------------------------------
+
+def sim_adpsgd(cfg: SimConfig) -> SimResult:
+    """AD-PSGD: compute never waits (except at sync points); the gossip thread is simulated on a heap."""
+    run = SimState(cfg, cfg.settings.sync_every)
+    P = run.P
+    start = np.zeros(P)
+    ends = np.zeros((P, run.rounds))
+    for r in range(1, run.rounds + 1):
+        done = start + run.compute[:, r - 1] + run.delay[:, r - 1]
+        ends[:, r - 1] = done
+        start = done + run.overhead
+        if run.is_control(r) and P > 1:
+            start = run.barrier(start)
+    end_time = start.max()
+    exchanges, lag = _gossip(cfg, run, ends, end_time) if P > 1 else (0, 0.0)
+    return run.result(end_time, np.full(P, run.rounds), staleness=lag,
+                      exchanges_per_step=exchanges / max(1, (P // 2) * run.rounds))
+
+
+def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float) -> tuple[int, float]:
+    """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
+    one at a time, first come first served. Returns (exchanges, mean step lag between the pair)."""
+    P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
+    steps = [row.tolist() for row in ends]  # plain lists: bisect is much faster than numpy scalars here
+    free = [0.0] * P  # when each passive is free
+    heap = [(steps[a][0], a, 0) for a in range(0, P, 2)]  # (time the thread wakes, active, exchange no.)
+    heapq.heapify(heap)
+    count, lag_sum = 0, 0
+    matchings: dict[int, dict[int, int]] = {}  # the e-th matching is shared by every active
+    cost: dict[tuple[int, int], tuple[float, float]] = {}
+    while heap:
+        t, a, e = heapq.heappop(heap)
+        if t >= end_time:
+            continue
+        if e not in matchings:
+            matchings[e] = random_matching(P, e, cfg.seed)
+        p = matchings[e][a]
+        finish = t
+        if p != a:
+            if (a, p) not in cost:
+                cost[a, p] = (net.control(a, p), 2 * net.p2p(a, p, n))  # header; both models, one after the other
+            latency, swap = cost[a, p]
+            begin = max(t + latency, free[p])
+            finish = free[p] = begin + swap
+            count += 1
+            lag_sum += abs(bisect.bisect(steps[a], begin) - bisect.bisect(steps[p], begin))
+        # the thread then waits for a local step that ended after it woke at t
+        k = bisect.bisect(steps[a], t)
+        if k < len(steps[a]):
+            heapq.heappush(heap, (max(finish, steps[a][k]), a, e + 1))
+    return count, lag_sum / count if count else 0.0
+
+
+# --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
+
+@dataclass
+class Plan:
+    """One round's partition, prepared for vectorised activation."""
+
+    gid: np.ndarray      # [P] group index of each rank
+    order: np.ndarray    # ranks sorted by group
+    offsets: np.ndarray  # start of each group in ``order``
+    nbr: np.ndarray      # [P, D] neighbours on the hypercube over the whole world (self where none)
+    lat: np.ndarray      # [P, D] control latency of each edge (inf where none)
+    cost: np.ndarray     # [G] the group allreduce's cost
+
+
+def make_plan(groups, net: Network, nbytes: float) -> Plan:
+    """Activations travel over the hypercube of the whole world whatever the round's groups (the engine's
+    activation scope), so a group with no ready member starts its round as soon as an activation reaches
+    it; the groups decide only who waits for whom in the reduction."""
+    P = sum(len(g) for g in groups)
+    gid = np.empty(P, dtype=int)
+    for g, group in enumerate(groups):
+        gid[list(group)] = g
+    nbs = {r: world_hypercube_neighbours(r, P) for r in range(P)}
+    D = max(1, max(len(v) for v in nbs.values()))
+    nbr = np.tile(np.arange(P)[:, None], (1, D))
+    lat = np.full((P, D), math.inf)
+    for r, v in nbs.items():
+        for d, j in enumerate(v):
+            nbr[r, d], lat[r, d] = j, net.control(j, r)
+    order = np.concatenate([np.asarray(g, dtype=int) for g in groups])
+    offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
+    cost = np.array([net.group_allreduce(g, nbytes) if len(g) > 1 else 0.0 for g in groups])
+    return Plan(gid, order, offsets, nbr, lat, cost)
+
+
+def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
+    """Start times of a group round: ``start_j = max(free_j, min(request_j, first activation at j))``,
+    activations travelling one hypercube hop per control latency from each rank that starts.
+    Iterated to the fixed point from above (Bellman-Ford over the world)."""
+    key = self_key
+    while True:
+        via = (key[plan.nbr] + plan.lat).min(axis=1)
+        new = np.minimum(key, np.maximum(free, via))
+        if np.array_equal(new, key):
+            return key
+        key = new
+
+
+def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
+                  initiator: Callable[[int], int] | None = None, in_order: bool = False,
+                  post_at_request: bool = False) -> SimResult:
+    """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
+
+    ``initiator(r)``: the only rank whose request activates group round ``r`` (None: any member's).
+    ``in_order`` (eager-SGD; WAGMA with ``catch_up=replay``): a rank asks for its next round in order -- one
+    round per local step, a round its progress thread already completed passively answers at once; without
+    it (WAGMA ``catch_up=skip``) a rank is answered by the round in flight that started after its post,
+    else by the next round (so it skips rounds it joined passively). ``post_at_request`` (eager): the rank
+    posts its fresh gradient right before asking; otherwise (WAGMA) it posts its model after the update.
+    """
+    if sync_every < 1:
+        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
+    run = SimState(cfg, sync_every)
+    P, inf = run.P, math.inf
+    outer_every, outer_s = outer_cost(cfg)  # WAGMA-SGD: at (a multiple of) the synchronous rounds
+    if P == 1:
+        return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
+    k = np.zeros(P, dtype=int)                 # local step of the pending request
+    t_post = np.zeros(P)                       # time of the last post
+    t_req = run.compute[:, 0] + run.delay[:, 0]
+    resume = np.zeros(P)                       # when each compute thread continues after its last answer
+    done = np.zeros(P)                         # progress thread free (round r-1 done)
+    cur_posted = np.ones(P, dtype=int)         # first round that uses the posted buffer (0: none yet)
+    prev_posted = np.ones(P, dtype=int)        # ... of the buffer before it
+    stale_max = np.zeros(P, dtype=int)
+    answered = np.zeros(P, dtype=int)
+    stale_sum = passive_rounds = 0
+    ranks = np.arange(P)
+    for r in range(1, run.rounds + 1):
+        if post_at_request:  # eager posts its fresh gradient right before asking
+            newly_posted = t_req > t_post
+            prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
+            cur_posted[newly_posted] = 0
+            t_post = np.maximum(t_post, t_req)
+        if r % sync_every == 0:
+            start = np.maximum(done, t_req)
+            end = np.full(P, start.max() + world_cost + (outer_s if outer_every and r % outer_every == 0 else 0.0))
+            target = np.ones(P, dtype=bool)
+        else:
+            plan = plan_of(r)
+            can = np.ones(P, dtype=bool) if initiator is None else ranks == initiator(r)
+            start = activate(plan, done, np.where(can, np.maximum(done, t_req), inf))
+            end = (np.maximum.reduceat(start[plan.order], plan.offsets) + plan.cost)[plan.gid]
+            active = t_req <= start
+            target = np.ones(P, dtype=bool) if in_order else \
+                active | ((start >= t_post) & (start <= t_req) & (t_req < end))
+            passive_rounds += int((~active).sum())
+        # staleness of what each rank contributed (WaitAvoidingAllreduce._staleness)
+        fresh = start >= t_post
+        cur_posted[fresh & (cur_posted == 0)] = r
+        stale_max = np.maximum(stale_max, r - np.where(fresh, cur_posted, prev_posted))
+        done = end
+        idx = np.nonzero(target)[0]
+        answer = np.maximum(end, t_req)  # (WAGMA's targets never end before their request)
+        run.wait[idx] += answer[idx] - t_req[idx]
+        answered[idx] += 1
+        stale_sum += int(stale_max[idx].sum())
+        stale_max[idx] = 0
+        resume[idx] = answer[idx] + run.overhead
+        if not post_at_request:  # WAGMA posts its updated model after the update
+            t_post[idx] = resume[idx]
+            prev_posted[idx] = cur_posted[idx]
+            cur_posted[idx] = 0
+        k[idx] += 1
+        if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
+            resume = run.barrier(resume)
+            if r == run.rounds:
+                break
+        kk = np.minimum(k[idx], run.compute.shape[1] - 1)
+        t_req[idx] = resume[idx] + run.compute[idx, kk] + run.delay[idx, kk]
+    return run.result(float(resume.max()), answered, staleness=stale_sum / max(1, answered.sum()),
+                      passive_share=passive_rounds / max(1, P * run.rounds))
+
+
+def sim_wagma(cfg: SimConfig) -> SimResult:
+    P = cfg.world_size
+    schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
+    plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes) for k in range(schedule.stages)]
+    catch_up = cfg.settings.catch_up
+    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
+                        cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
+    res.extra["group_size"] = schedule.group_size
+    return res
+
+
+def sim_eager(cfg: SimConfig) -> SimResult:
+    P = cfg.world_size
+    mode, sync_every = cfg.settings.mode, cfg.settings.sync_every
+    plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
+    initiator = None
+    if mode == "majority":
+        def initiator(r: int) -> int:
+            return random_initiator(P, r, seed=cfg.seed)
+    res = wait_avoiding(cfg, lambda r: plan, sync_every, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
+                        initiator, in_order=True, post_at_request=True)
+    res.extra["mode"] = mode
+    return res
+
+
+# Each algorithm of the one optimizer registry (wagma_bench.optim.OPTIMIZERS: name -> algorithm, which carries
+# its Settings) -> the model of its communication. Keyed by the class, so an optimizer's name is written once,
+# in its module; a test checks that every registered algorithm has a simulation.
+SIMULATIONS: dict[type[Algorithm], Callable[[SimConfig], SimResult]] = {
+    AllreduceSGD: sim_allreduce,
+    WagmaSGD: sim_wagma,
+    LocalSGD: sim_local_sgd,
+    DPSGD: sim_dpsgd,
+    ADPSGD: sim_adpsgd,
+    SGP: sim_sgp,
+    EagerSGD: sim_eager,
+}
+
+
+def simulated_optimizers() -> list[str]:
+    """The ``optimizer=`` names the simulator models, in the registry's order."""
+    return [name for name, algorithm in OPTIMIZERS.items() if algorithm in SIMULATIONS]
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate ``cfg.steps`` rounds of ``cfg.optimizer`` on ``cfg.world_size`` workers."""
+    return SIMULATIONS[OPTIMIZERS[cfg.optimizer]](cfg)

@@ -1,0 +1,436 @@
+"""Supervision of local ranks by their launcher: heartbeats, a failed or hung rank ends the run within
+seconds, and the launcher records the failure itself when no rank could.
+
+Each spawned rank touches its own heartbeat file (in a folder private to the launcher) from a thread every
+:data:`HEARTBEAT_S`. The thread runs while the rank computes or waits in a collective (torch and gloo
+release the interpreter), so a heartbeat goes stale only when the whole process stops: SIGSTOP, a debugger,
+a native call stuck holding the interpreter. A rank whose heartbeat is older than ``comm.timeout_s`` is
+named as hung and the run ends; the peers' own communication timeouts would otherwise end it naming
+whichever waiting rank timed out first, not the one that stalled.
+
+A rank that fails first gets :data:`GRACE_S` for the others to notice (a closed connection fails their
+collectives at once, and rank 0 then records its own view), then SIGTERM, then after another
+:data:`GRACE_S` SIGKILL: a rank blocked in a communication or progress thread never runs its TERM handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from wagma_bench.events import open_run_file, run_subdir
+
+HEARTBEAT_S = 0.5  # period of a rank's heartbeat
+# Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
+# directory (the shared file system), less often: 1,024 ranks make 512 updates a second there.
+SHARED_HEARTBEAT_S = 2.0
+HEARTBEATS = ".heartbeats"  # the folder of those heartbeats, in the run directory
+LOST_AFTER_S = 3 * SHARED_HEARTBEAT_S  # a shared heartbeat this much older than our own: its rank is gone
+STALE_S = 2.5  # a heartbeat this old, while another rank fails, marks its rank as the one that stalled
+GRACE_S = 2.0  # after a rank fails: time for the others to end on their own, then between TERM and KILL
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+class RunInterrupted(RunFailed):
+    """A second Ctrl-C stopped the ranks at once (the first stops them at a synchronisation point, cleanly)."""
+
+
+class CtrlC:
+    """The local launcher's Ctrl-C (SIGINT, from the terminal to the process group or to the launcher alone).
+
+    The ranks ignore SIGINT (:func:`ranks_ignore_ctrl_c`); the launcher forwards each Ctrl-C to every live rank
+    as :data:`~wagma_bench.slurm_util.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
+    first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``); the second
+    stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one blocked in a
+    collective never runs its handler). The launcher itself never exits while its ranks run.
+
+    It is installed before the ranks exist, so a Ctrl-C while they start is not lost, nor one that reaches a
+    rank before its handler is in place (ranks ignore the forward until then). Before forwarding, the launcher
+    writes how many Ctrl-Cs it took into :data:`INTERRUPTS_FILE` in its folder ``folder``; a rank reads it in
+    its handler and once more after installing it (:func:`launcher_interrupts`), so each Ctrl-C counts once
+    whether its forward arrived, arrived twice, or was ignored."""
+
+    def __init__(self, processes: list, folder: Path | None = None):
+        from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+        self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
+        self.count = 0
+        self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                tmp = self.folder / f".{INTERRUPTS_FILE}.tmp"
+                tmp.write_text(str(self.count))
+                os.replace(tmp, self.folder / INTERRUPTS_FILE)
+        if self.count == 1:
+            print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
+                  "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
+        elif self.kill_at is None:
+            self.kill_at = time.monotonic() + GRACE_S
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, self.signal)
+
+    def overdue(self) -> bool:
+        return self.kill_at is not None and time.monotonic() > self.kill_at
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
+LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
+
+
+def launcher_interrupts(folder: str | Path | None) -> int:
+    """How many Ctrl-Cs this rank's local launcher took (0 without a launcher of ours, see :class:`CtrlC`)."""
+    if not folder:
+        return 0
+    try:
+        return int((Path(folder) / INTERRUPTS_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+@contextlib.contextmanager
+def ranks_ignore_ctrl_c():
+    """While ranks are spawned: SIGINT and the forwarded interrupt ignored, a disposition the ranks inherit (a
+    Ctrl-C before a rank has installed its handlers is lost, not a traceback; the second one still ends it)."""
+    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, FORWARDED_INTERRUPT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class RanksLost(RuntimeError):
+    """Ranks of the world stopped beating (their host or process is gone); the message names hosts and ranks."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S) -> None:
+    """Touch ``folder/rank<R>`` (which holds the rank's host name) every ``period_s`` from a daemon thread,
+    for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
+    directory's ``.heartbeats``: neither it nor the file is ever followed through a symbolic link
+    (:class:`~wagma_bench.events.SymlinkRefused`)."""
+    path = run_subdir(Path(folder)) / f"rank{rank}"
+    with open_run_file(path, "w") as f:
+        f.write(socket.gethostname())
+
+    def beat():
+        while True:
+            try:
+                os.utime(path, follow_symlinks=False)
+            except OSError:  # the launcher is gone (its folder with it): nobody is listening
+                return
+            time.sleep(period_s)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def report_error(folder: str, rank: int, err: BaseException) -> None:
+    """Leave a failing rank's error for the launcher's message and the summary (best effort: the folder is
+    the launcher's, in the temp directory, so it is writable when the run directory's disk is full)."""
+    try:
+        with open_run_file(Path(folder) / f"rank{rank}.error", "w") as f:
+            f.write(f"{type(err).__name__}: {err}"[:2000])
+    except OSError:  # SymlinkRefused included: nothing is written through a link
+        pass
+
+
+def heartbeat_ages(folder: Path, nproc: int) -> dict[int, float]:
+    """Seconds since each started rank's last heartbeat (ranks not started yet are left out)."""
+    now, ages = time.time(), {}
+    for rank in range(nproc):
+        try:
+            ages[rank] = now - (folder / f"rank{rank}").stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return ages
+
+
+def supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
+    """Wait for the ranks of a ``torch.multiprocessing`` context; raise :class:`RunFailed` naming the rank
+    that failed or hung, after every rank has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
+    try:
+        _supervise(ctx, folder, hung_after_s, ctrl_c)
+    except RunFailed as err:
+        if ctrl_c is not None and ctrl_c.count > 1:
+            raise RunInterrupted(f"stopped at once by a second Ctrl-C ({err})") from None
+        raise
+
+
+def _supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None) -> None:
+    import torch.multiprocessing as mp
+
+    hung_after_s = max(hung_after_s, STALE_S)
+    while True:
+        if ctrl_c is not None and ctrl_c.overdue():
+            _kill_all(ctx)
+            raise RunFailed("ranks still running were killed")
+        # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
+        ages = {r: age for r, age in heartbeat_ages(folder, len(ctx.processes)).items()
+                if ctx.processes[r].is_alive()}
+        hung = {r: age for r, age in ages.items() if age > hung_after_s}
+        if hung:
+            _kill_all(ctx)
+            raise RunFailed(_hung_message(hung, hung_after_s))
+        try:
+            if _join(ctx, HEARTBEAT_S):
+                return
+        except mp.ProcessExitedException as err:
+            stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
+            if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
+                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
+            raise RunFailed(_exit_message(err, folder)) from None
+        except mp.ProcessRaisedException as err:
+            raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
+
+
+def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) -> RanksLost | None:
+    """After a communication failure of a rank of an external launcher: the ranks whose shared heartbeat
+    stopped, as an error naming their hosts (all of a host's ranks: the host is lost); None where every
+    rank still beats, or no heartbeats were kept. Waits up to :data:`LOST_AFTER_S` for a fresh loss to show.
+
+    Ages are taken against this rank's own heartbeat, not the clock: on a shared file system the times are
+    the file server's."""
+    folder = Path(run_dir) / HEARTBEATS
+    if not isinstance(err, RuntimeError) or not (folder / f"rank{rank}").exists():
+        return None
+    stale = _stale_shared(folder, rank, world_size)
+    if not stale:
+        time.sleep(LOST_AFTER_S + SHARED_HEARTBEAT_S)
+        stale = _stale_shared(folder, rank, world_size)
+    if not stale:
+        return None
+    hosts = _hosts_of(folder, world_size)
+    parts = []
+    for host in sorted({hosts.get(r, "?") for r in stale}):
+        mine = sorted(r for r in stale if hosts.get(r, "?") == host)
+        whole = mine == sorted(r for r, h in hosts.items() if h == host)
+        what = f"host {host} lost" if whole else f"rank(s) on host {host} lost"
+        parts.append(f"{what}: rank{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine))} "
+                     f"(no heartbeat for {max(stale[r] for r in mine):.0f} s)")
+    return RanksLost(f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
+                     sorted(stale))
+
+
+def _stale_shared(folder: Path, rank: int, world_size: int) -> dict[int, float]:
+    mine = (folder / f"rank{rank}").stat().st_mtime
+    ages = {}
+    for r in range(world_size):
+        try:
+            ages[r] = mine - (folder / f"rank{r}").stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return {r: age for r, age in ages.items() if age > LOST_AFTER_S}
+
+
+def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
+    hosts = {}
+    for r in range(world_size):
+        try:
+            hosts[r] = (folder / f"rank{r}").read_text().strip() or "?"
+        except OSError:
+            continue
+    return hosts
+
+
+FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space is reported as full
+
+
+def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
+    """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
+    removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
+    Returns the message for the user: the error, and what could not be recorded."""
+    from wagma_bench.checkpoint import discard_incomplete_sets
+    from wagma_bench.rundir import record_failure
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        error += f"; the run directory's file system is full ({free // 1024} KiB free)"
+    discard_incomplete_sets(run_dir)
+    try:
+        record_failure(run_dir, error, status)
+    except OSError as err:
+        return f"{error}; the failure could not be recorded in {run_dir / 'summary.json'}: {err}"
+    return error
+
+
+class FirstToEnd:
+    """Which ranks of an mpiexec job ended first, watched from outside (a thread of the re-executing launcher).
+
+    mpiexec's own report cannot tell: once a rank dies, MPICH's hydra kills the others and names whichever
+    process it lists first (SIGKILL of the rank with PMI_RANK=2 was reported at rank 0's PID). Each rank writes
+    its PID into ``folder`` (``rank<R>.pid``) as it starts; this thread opens a pidfd for each (Linux 5.3+; it
+    polls every 50 ms elsewhere) and records the ranks whose processes had ended at its first wake-up, within
+    microseconds of the first end, well before hydra's clean-up (a round trip through its proxies) ends the rest."""
+
+    def __init__(self, folder: Path, nproc: int):
+        self.folder, self.nproc = Path(folder), nproc
+        self.ranks: list[int] | None = None  # the ranks seen ended at the first wake-up; None: none yet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="first-to-end", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[int] | None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.ranks
+
+    def _pids(self) -> dict[int, int] | None:
+        pids = {}
+        for rank in range(self.nproc):
+            try:
+                pids[rank] = int((self.folder / f"rank{rank}.pid").read_text())
+            except (OSError, ValueError):
+                return None
+        return pids
+
+    def _watch(self) -> None:
+        import select
+
+        while (pids := self._pids()) is None:  # every rank has started
+            if self._stop.wait(0.05):
+                return
+        fds: dict[int, int] = {}
+        try:
+            for rank, pid in pids.items():
+                try:
+                    fds[os.pidfd_open(pid)] = rank
+                except ProcessLookupError:  # ended already
+                    self.ranks = sorted({*(self.ranks or []), rank})
+                except (AttributeError, OSError):
+                    break
+            while self.ranks is None and not self._stop.is_set():
+                if len(fds) == self.nproc:
+                    ready, _, _ = select.select(list(fds), [], [], 0.2)
+                    ended = sorted(fds[fd] for fd in ready)
+                else:  # no pidfd here
+                    time.sleep(0.05)
+                    ended = [r for r, pid in pids.items() if not process_alive(pid)]
+                self.ranks = ended or None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this user with that PID exists (another user's process that took the number is
+    not ours)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# How mpiexec names the process whose end ended the job: MPICH's hydra by PID (its exit code a signal number
+# when one killed it; the PID is not reliable, see FirstToEnd), Open MPI by rank and signal.
+_MPICH_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)")
+_MPICH_CODE = re.compile(r"EXIT CODE: (\d+)")
+_OPENMPI_BAD = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+
+
+def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[int] | None = None) -> str:
+    """Which rank ended an mpiexec job, and how, from the ranks seen to end first (:class:`FirstToEnd`),
+    mpiexec's last lines and the ranks' PID and error files in ``folder`` (written by the ranks under the
+    re-executing launcher, ``RANK_DIR_ENV``)."""
+    text = "".join(output_tail)
+    rank = signum = None
+    if match := _OPENMPI_BAD.search(text):
+        rank, signum = int(match.group(1)), int(match.group(2))
+    elif first and len(first) == 1 and (match := _MPICH_BAD.search(text)):  # hydra's PID may be another rank's
+        rank = first[0]
+        code = _MPICH_CODE.search(text)
+        signum = int(code.group(1)) if code and _is_signal(int(code.group(1))) else None
+    elif first and len(first) > 1 and _MPICH_BAD.search(text):
+        return f"ranks {', '.join(map(str, first))} ended at once (mpiexec exited with code {rc})"
+    elif match := _MPICH_BAD.search(text):
+        pids = {}
+        for path in folder.glob("rank*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pids[int(path.read_text())] = int(path.stem.removeprefix("rank"))
+        rank = pids.get(int(match.group(1)))
+        code = _MPICH_CODE.search(text)
+        signum = int(code.group(1)) if code and rank is not None and _is_signal(int(code.group(1))) else None
+    if rank is None:
+        return f"mpiexec exited with code {rc}"
+    try:
+        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text()
+    except OSError:
+        pass
+    if signum is not None:
+        return f"rank {rank} was killed by signal {signal.Signals(signum).name} (it left no traceback)"
+    return f"rank {rank} ended the job (mpiexec exited with code {rc})"
+
+
+def _is_signal(number: int) -> bool:
+    return number in {s.value for s in signal.Signals}
+
+
+def _exit_message(err, folder: Path) -> str:
+    if err.signal_name:
+        return f"rank {err.error_index} was killed by signal {err.signal_name} (it left no traceback)"
+    try:
+        error = ": " + (folder / f"rank{err.error_index}.error").read_text()
+    except OSError:
+        error = ""
+    return f"rank {err.error_index} failed with exit code {err.exit_code}{error} (its traceback is above)"
+
+
+def _hung_message(stalled: dict[int, float], after_s: float) -> str:
+    ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
+    return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
+            f"interpreter) for more than {after_s:g} s")
+
+
+def _join(ctx, timeout: float) -> bool:
+    """``ProcessContext.join`` giving the survivors of a failure :data:`GRACE_S` before SIGTERM and again before
+    SIGKILL. An older torch (before 2024) has no ``grace_period``: there the survivors get SIGTERM at once,
+    then SIGKILL only after torch's own wait, as before this module."""
+    if _join_has_grace_period():
+        return ctx.join(timeout=timeout, grace_period=GRACE_S)
+    return ctx.join(timeout=timeout)
+
+
+@functools.cache
+def _join_has_grace_period() -> bool:  # asked once, not at every heartbeat of the supervision loop
+    from torch.multiprocessing.spawn import ProcessContext
+
+    return "grace_period" in inspect.signature(ProcessContext.join).parameters
+
+
+def _kill_all(ctx) -> None:
+    # A stopped process ignores SIGTERM until continued; the run is lost anyway (no collective can complete)
+    for process in ctx.processes:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGKILL)
+    for process in ctx.processes:
+        process.join()

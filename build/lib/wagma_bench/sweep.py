@@ -1,0 +1,718 @@
+"""``wagma-bench sweep``: render, submit and follow a SLURM sweep of ``wagma-bench run`` jobs.
+
+    wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
+        'optimizer=glob(*)' experiment=paper_resnet50 \\
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
+    wagma-bench sweep submit DIR        submit a rendered sweep
+    wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
+    wagma-bench sweep wait DIR [--interval S] [--timeout S]
+                                        poll SLURM for the whole sweep every S s (30) with a progress line
+                                        until every job has ended (no timeout unless given)
+
+Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` (change one profile field),
+``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
+one with several values is a sweep axis. Arguments are read by Hydra's own override parser, so the sweep
+grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
+``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
+:func:`wagma_bench.config.validate` before anything is written, so a bad option fails at once.
+
+The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
+scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
+(each a normal run directory, so ``wagma-bench report DIR`` reads the sweep like any tree of runs).
+
+``--submitit`` prints instead one ``wagma-bench run -m hydra/launcher=submitit_slurm ...`` command per GPU
+count, the same profile mapped onto the submitit launcher's fields (:func:`submitit_command`), for users who
+prefer Hydra's launcher (it blocks until its jobs end and preempts through submitit's own USR2 handling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from wagma_bench.config import ConfigError, validate
+from wagma_bench.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
+from wagma_bench.paths import CONF_DIR, SLURM_DIR
+from wagma_bench.slurm_util import TERMINAL_STATES, job_states
+
+TEMPLATE = SLURM_DIR / "job.sbatch"
+MANIFEST = "manifest.json"
+MAX_ARRAY = 1000  # SLURM's default MaxArraySize is 1001 (indices 0..1000)
+
+
+@dataclass
+class Hardware:
+    nodes: int = 1  # nodes in the partition
+    cpus_per_node: int = 1
+    gpus_per_node: int = 0  # GRES gpus SLURM knows per node (0: none declared)
+    features: list[str] = field(default_factory=list)
+    max_time: str = "INFINITE"
+
+
+@dataclass
+class LinkProfile:
+    """One link level of `simulate`'s alpha-beta model (wagma_bench/simulate/costs.py: ``parse_link``)."""
+
+    alpha_s: float | None = None            # latency (s)
+    bandwidth_GBps: float | None = None     # per rank and direction (GB/s)
+    beta_s_per_byte: float | None = None    # or the inverse bandwidth directly
+
+
+@dataclass
+class NetworkProfile:
+    """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
+
+    allreduce: str = "auto"                 # ring | recursive_doubling | tree | auto (the cheapest)
+    intra: LinkProfile | None = None        # a group within one node (null: as inter)
+    inter: LinkProfile | None = None
+    control_alpha_s: float | None = None    # latency of a control message (null: inter's alpha)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The set keys, as ``Network.from_profile`` reads them."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        for level in ("intra", "inter"):
+            if level in out:
+                out[level] = {k: v for k, v in out[level].items() if v is not None}
+        return out
+
+
+LAUNCHER_KEYS = ("torch", "mpi")  # profile.launcher: the command that starts the ranks, per comm
+
+
+@dataclass
+class ClusterProfile:
+    """conf/cluster/NAME.yaml: how jobs are requested and started on one cluster."""
+
+    name: str
+    gpus_per_node: int  # tasks (ranks) per node: one per GPU
+    cpus_per_task: int = 1
+    gres: str | None = None  # GRES to request per node: --gres=<gres>:<tasks per node>
+    partition: str | None = None
+    account: str | None = None
+    constraint: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"
+    signal: str = "USR1@90"
+    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    sbatch_extra: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    venv: str | None = None  # auto | a prefix | null
+    launcher: dict[str, str] = field(default_factory=lambda: {"torch": "srun", "mpi": "srun --mpi=pmi2"})
+    run_overrides: list[str] = field(default_factory=list)
+    hardware: Hardware = field(default_factory=Hardware)
+    network: NetworkProfile | None = None
+
+
+def cluster_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
+
+
+def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
+    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it against :class:`ClusterProfile`."""
+    path = CONF_DIR / "cluster" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
+                               OmegaConf.from_dotlist(list(overrides)))
+        profile = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_profile_error(name, err)) from None
+    stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
+    if stray:
+        raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
+                          f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
+    if profile.gpus_per_node < 1:
+        raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
+    return profile
+
+
+# A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
+PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
+                                     "network.intra": LinkProfile, "network.inter": LinkProfile}
+
+
+def _profile_error(name: str, err: OmegaConfBaseException) -> str:
+    """The common message for a profile key that does not fit its schema: the key with its full path under
+    ``cluster.``, what is wrong, and the valid keys of the section it is in (nested sections too)."""
+    key = str(getattr(err, "full_key", "") or "")
+    parent = key.rpartition(".")[0]
+    schema = PROFILE_SECTIONS.get(parent, ClusterProfile)
+    section = f"cluster.{parent}" if parent in PROFILE_SECTIONS and parent else "cluster"
+    valid = ", ".join(f.name for f in dataclasses.fields(schema))
+    unknown = isinstance(err, (ConfigKeyError, ConfigAttributeError))
+    what = "unknown key" if unknown else str(err).splitlines()[0]
+    return f"cluster.{key}: {what} (cluster {name}); valid keys of {section}: {valid}"
+
+
+# --- the sweep's combinations ---------------------------------------------------------------------------
+
+@dataclass
+class SweepRun:
+    name: str
+    gpus: int
+    overrides: list[str]  # per-run overrides (the swept axes and the seed)
+    run_dir: str = ""
+    job: int = -1  # index into the manifest's jobs
+    array_index: int | None = None
+
+
+@dataclass
+class SweepSpec:
+    cluster: ClusterProfile
+    gpus: list[int]
+    axes: dict[str, list[str]]  # key -> values (2+ values, or seed)
+    common: list[str]  # overrides with one value
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
+    """Each argument as (key, values), read with Hydra's own override parser and sweep grammar, the one
+    ``wagma-bench run -m`` reads: ``a,b``, ``choice(a,b)``, ``range(1,4)``, ``glob(*)`` over a group's
+    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except HydraException as err:
+        raise ConfigError(f"cannot parse the overrides: {err}") from None
+    parsed, globs = [], [o for o in overrides if o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP"]
+    with _config_loader(bool(globs)) as loader:
+        for o in overrides:
+            if o.is_interval_sweep():
+                raise ConfigError(f"{o.input_line}: interval() is a continuous range for an optimizing sweeper; "
+                                  "a sweep enumerates its runs: use range(), choice() or a,b,c")
+            o.config_loader = loader
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            if not values:
+                raise ConfigError(f"{o.input_line} matches no value")
+            parsed.append((o.get_key_element(), values))
+    return parsed
+
+
+class _config_loader:
+    """Hydra's config loader over conf/ (glob() lists a group's options through it), only when needed."""
+
+    def __init__(self, needed: bool):
+        self.needed, self._init = needed, None
+
+    def __enter__(self):
+        if not self.needed:
+            return None
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        self._init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench")
+        self._init.__enter__()
+        return GlobalHydra.instance().config_loader()
+
+    def __exit__(self, *exc):
+        if self._init is not None:
+            self._init.__exit__(*exc)
+
+
+def parse_spec(args: list[str]) -> SweepSpec:
+    """``KEY=VALUES`` arguments -> the sweep's axes (see the module docstring)."""
+    cluster, cluster_overrides, gpus, seeds = "local", [], None, None
+    axes: dict[str, list[str]] = {}
+    common: list[str] = []
+    for key, values in parse_overrides(args):
+        value = values[0]
+        if key == "cluster":
+            if len(values) > 1:
+                raise ConfigError("a sweep runs on one cluster; give one cluster=NAME")
+            cluster = value
+        elif key.startswith("cluster."):
+            cluster_overrides.append(f"{key[len('cluster.'):]}={value}")
+        elif key == "gpus":
+            try:
+                gpus = [int(v) for v in values]
+            except ValueError:
+                raise ConfigError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
+        elif key == "seeds":
+            if not value.isdigit() or int(value) < 1 or len(values) > 1:
+                raise ConfigError(f"seeds=N takes a positive count (runs seed=1..N); got {','.join(values)!r}")
+            seeds = [str(s) for s in range(1, int(value) + 1)]
+        elif key.startswith(("hydra.", "launcher.")):
+            raise ConfigError(f"{key} is set by the sweep (run directory, SLURM world); leave it out")
+        elif len(values) > 1:
+            axes[key] = values
+        else:
+            common.append(f"{key}={value}")
+    if gpus is None:
+        raise ConfigError("give the GPU counts to sweep, e.g. gpus=8,16,32")
+    if seeds is not None:
+        if "seed" in axes or any(c.startswith("seed=") for c in common):
+            raise ConfigError("give either seeds=N or seed=...")
+        axes["seed"] = seeds
+    profile = load_profile(cluster, cluster_overrides)
+    for g in gpus:
+        job_shape(profile, g)  # fail early on an impossible count
+    return SweepSpec(profile, gpus, axes, common)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")
+
+
+def expand(spec: SweepSpec) -> list[SweepRun]:
+    """Every combination of GPU count and axes, in a stable order (GPU count outermost)."""
+    keys = list(spec.axes)
+    runs = []
+    for gpus in spec.gpus:
+        for values in itertools.product(*(spec.axes[k] for k in keys)):
+            parts = [f"{gpus:04d}gpu"]
+            for k, v in zip(keys, values):
+                parts.append(f"s{v}" if k == "seed" else (v if "." not in k else f"{k.split('.')[-1]}-{v}"))
+            runs.append(SweepRun(_slug("_".join(parts)), gpus, [f"{k}={v}" for k, v in zip(keys, values)]))
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ConfigError("two runs of the sweep got the same directory name; make the axes' values distinct")
+    return runs
+
+
+def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
+    """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
+    composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    seen: dict[tuple, None] = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="sweep"):
+        for run in runs:
+            rest = tuple(o for o in run.overrides if not o.startswith("seed="))
+            if rest in seen:
+                continue
+            seen[rest] = None
+            overrides = spec.common + spec.cluster.run_overrides + list(rest)
+            try:
+                validate(compose(config_name="wagma", overrides=overrides))
+            except ConfigError as err:
+                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
+            except (HydraException, OmegaConfBaseException) as err:  # bad override, unknown option
+                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
+        for run in runs:
+            seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
+            if not re.fullmatch(r"-?\d+", seed):
+                raise ConfigError(f"run {run.name}: seed={seed!r} is not allowed; it must be an integer")
+
+
+def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
+    """Each run's composed configuration (Hydra's ``--cfg job`` view), headed by its name and overrides."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+        for run in runs:
+            overrides = spec.common + spec.cluster.run_overrides + run.overrides
+            cfg = compose(config_name="wagma", overrides=overrides)
+            print(f"# run {run.name} ({run.gpus} GPUs): {' '.join(overrides)}\n{OmegaConf.to_yaml(cfg)}")
+
+
+# --- rendering ------------------------------------------------------------------------------------------
+
+def job_shape(profile: ClusterProfile, gpus: int) -> dict[str, int]:
+    """Nodes and tasks for ``gpus`` ranks, one task per GPU, whole nodes beyond one node."""
+    per_node = profile.gpus_per_node
+    if gpus < 1:
+        raise ConfigError(f"gpus must be positive, got {gpus}")
+    if gpus > per_node and gpus % per_node:
+        raise ConfigError(f"gpus={gpus} is not a multiple of cluster {profile.name}'s {per_node} GPUs per node")
+    nodes = max(1, gpus // per_node)
+    return {"nodes": nodes, "ntasks": gpus, "ntasks_per_node": min(gpus, per_node)}
+
+
+def comm_of(overrides: list[str]) -> str:
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("comm=")), "torch")
+
+
+def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, array: int | None) -> list[str]:
+    shape = job_shape(profile, gpus)
+    opts = [f"--job-name={job_name}"]
+    opts += [f"--{k}={v}" for k, v in (("partition", profile.partition), ("account", profile.account),
+                                      ("qos", profile.qos), ("constraint", profile.constraint)) if v]
+    opts += [f"--nodes={shape['nodes']}", f"--ntasks={shape['ntasks']}",
+             f"--ntasks-per-node={shape['ntasks_per_node']}", f"--cpus-per-task={profile.cpus_per_task}"]
+    if profile.gres:
+        opts.append(f"--gres={profile.gres}:{shape['ntasks_per_node']}")
+    opts += [f"--time={profile.time}", f"--signal={profile.signal}", "--requeue", "--open-mode=append",
+             f"--output={log}"]
+    if array is not None:
+        opts.append(f"--array=0-{array - 1}")
+    opts += list(profile.sbatch_extra)
+    return [f"#SBATCH {o}" for o in opts]
+
+
+def setup_lines(profile: ClusterProfile) -> list[str]:
+    lines = list(profile.setup)
+    prefix = sys.prefix if profile.venv == "auto" else profile.venv
+    if prefix:
+        lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
+    return lines
+
+
+def select_run_lines(runs: list[SweepRun], array: bool) -> list[str]:
+    def assign(run: SweepRun) -> str:
+        return f"RUN_DIR={shlex.quote(run.run_dir)}; OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+
+    if not array:
+        return [f"# run {runs[0].name}", assign(runs[0])]
+    lines = ['case "${SLURM_ARRAY_TASK_ID:?this script is a job array: submit it with sbatch}" in']
+    lines += [f"  {run.array_index}) {assign(run)} ;;" for run in runs]
+    lines += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    return lines
+
+
+def render_script(spec: SweepSpec, runs: list[SweepRun], script: Path, log_dir: Path, array: bool) -> str:
+    profile, gpus = spec.cluster, runs[0].gpus
+    sweep = script.parent.parent.name
+    name = f"wb-{sweep}-{gpus}g" if array else f"wb-{runs[0].name}"
+    log = str(log_dir / ("%x_%A_%a.out" if array else "%x_%j.out"))
+    comm = comm_of(spec.common + runs[0].overrides)
+    if comm not in profile.launcher:
+        raise ConfigError(f"cluster {profile.name} has no launcher for comm={comm}; it has: "
+                          f"{', '.join(profile.launcher)}")
+    title = (f"{len(runs)} runs at {gpus} GPUs (job array)" if array else f"run {runs[0].name} at {gpus} GPUs")
+    values = {
+        "title": f"wagma-bench sweep {sweep}: {title}",
+        "cluster": profile.name,
+        "script": str(script),
+        "signal_seconds": profile.signal.rpartition("@")[2],
+        "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
+        "setup_lines": "\n".join(setup_lines(profile)),
+        "select_run": "\n".join(select_run_lines(runs, array)),
+        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun: without it each rank gets one core
+        "launcher": f'{profile.launcher[comm]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1',
+        "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
+    }
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
+
+
+def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
+    """One job array per GPU count and comm (they share the script's resources and srun line), split at
+    MAX_ARRAY tasks; or one job per run."""
+    if not array:
+        return [[r] for r in runs]
+    groups: dict[tuple, list[SweepRun]] = {}
+    for run in runs:
+        groups.setdefault((run.gpus, comm_of(run.overrides)), []).append(run)
+    return [g[i:i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
+
+
+def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None,
+           runs: list[SweepRun] | None = None, runs_dir: str = "runs") -> dict:
+    """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest.
+    ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
+    runs = expand(spec) if runs is None else runs
+    check_run_configs(spec, runs)
+    out = out.resolve()
+    if (out / MANIFEST).exists():
+        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
+    for d in ("jobs", "logs", runs_dir):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for j, group in enumerate(group_jobs(runs, array)):
+        script = out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
+        for i, run in enumerate(group):
+            run.run_dir, run.job = str(out / runs_dir / run.name), j
+            run.array_index = i if array else None
+        write_text_atomic(script, render_script(spec, group, script, out / "logs", array))
+        script.chmod(0o755)
+        jobs.append({"script": str(script.relative_to(out)), "gpus": group[0].gpus, "array": array,
+                     "runs": len(group), "job_id": None, "submitted": None})
+    manifest = {
+        "version": 1,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "cluster": dataclasses.asdict(spec.cluster),
+        "gpus": spec.gpus,
+        "axes": spec.axes,
+        "common_overrides": spec.common,
+        "jobs": jobs,
+        "runs": [{"name": r.name, "gpus": r.gpus, "overrides": r.overrides, "run_dir": str(Path(r.run_dir).relative_to(out)),
+                  "job": r.job, "array_index": r.array_index} for r in runs],
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+# --- submit, status, wait -------------------------------------------------------------------------------
+
+def load_manifest(sweep_dir: Path) -> dict:
+    path = Path(sweep_dir) / MANIFEST
+    if not path.exists():
+        raise ConfigError(f"{sweep_dir} is not a sweep directory (no {MANIFEST})")
+    return json.loads(path.read_text())
+
+
+def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
+    """sbatch every job not yet submitted; records the job ids in the manifest."""
+    sweep_dir = Path(sweep_dir).resolve()
+    manifest = load_manifest(sweep_dir)
+    ids = []
+    for job in manifest["jobs"]:
+        if job["job_id"] is None:
+            out = subprocess.run([sbatch, "--parsable", str(sweep_dir / job["script"])], check=False, capture_output=True,
+                                 text=True, timeout=120)
+            if out.returncode != 0:
+                write_json_atomic(sweep_dir / MANIFEST, manifest)
+                raise RuntimeError(f"sbatch {job['script']} failed: {out.stderr.strip()}")
+            job["job_id"] = out.stdout.strip().split(";")[0]
+            job["submitted"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        ids.append(job["job_id"])
+    write_json_atomic(sweep_dir / MANIFEST, manifest)
+    return ids
+
+
+def run_slurm_id(manifest: dict, run: dict) -> str | None:
+    job_id = manifest["jobs"][run["job"]]["job_id"]
+    if job_id is None:
+        return None
+    return f"{job_id}_{run['array_index']}" if run["array_index"] is not None else job_id
+
+
+def run_progress(run_dir: Path) -> dict:
+    """A run's own view: its summary when written, else its last events."""
+    record = RunEvents.read(run_dir)
+    s = record.saved_summary
+    if s is not None:
+        return {"status": s.get("status"), "step": s.get("steps"), "metric": s.get("final_metric"),
+                "restarts": s.get("restarts", 0), "reached": s.get("reached")}
+    if not record.events:
+        return {"status": "not started", "step": None, "metric": None, "restarts": 0, "reached": None}
+    evals = record.evaluations
+    return {"status": "running", "step": record.last_step, "metric": evals[-1].value if evals else None,
+            "restarts": record.resumes, "reached": None}
+
+
+def status(sweep_dir: Path) -> list[dict]:
+    """One row per run: SLURM's state of its job (array task) and the run's own progress."""
+    sweep_dir = Path(sweep_dir).resolve()
+    manifest = load_manifest(sweep_dir)
+    ids = [j["job_id"] for j in manifest["jobs"] if j["job_id"]]
+    try:
+        states = job_states(ids) if ids else {}
+    except (OSError, subprocess.SubprocessError):
+        states = {}
+    rows = []
+    for run in manifest["runs"]:
+        sid = run_slurm_id(manifest, run)
+        slurm = "unsubmitted" if sid is None else states.get(sid, "unknown")
+        if sid is not None and slurm == "unknown" and run["array_index"] is not None:
+            # a pending array's tasks are one record until they start
+            slurm = states.get(manifest["jobs"][run["job"]]["job_id"], "unknown")
+        rows.append({"run": run["name"], "job": sid, "slurm": slurm, **run_progress(sweep_dir / run["run_dir"])})
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    cols = ["run", "job", "slurm", "status", "step", "metric", "restarts"]
+    cells = [[("-" if r[c] is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in cols]
+             for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def finished(row: dict) -> bool:
+    return row["slurm"] in TERMINAL_STATES or (row["slurm"] == "unknown" and row["status"] not in
+                                                 ("running", "not started", "preempted"))
+
+
+ENDED_WELL = ("completed", "time_limit")  # a run's own statuses that count as done (else failed)
+
+
+def phase(row: dict) -> str:
+    """pending | running | done | failed: where one submitted run stands, for the progress line."""
+    if finished(row):
+        return "done" if row["status"] in ENDED_WELL else "failed"
+    if row["slurm"] in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING") or row["status"] == "running":
+        return "running"
+    return "pending"
+
+
+def progress_line(rows: list[dict], elapsed_s: float) -> str:
+    """One line for the whole sweep: counts by phase and the best metric so far (higher is better)."""
+    submitted = [r for r in rows if r["job"] is not None]
+    counts = {p: 0 for p in ("pending", "running", "done", "failed")}
+    for row in submitted:
+        counts[phase(row)] += 1
+    line = ", ".join(f"{n} {p}" for p, n in counts.items())
+    if len(submitted) < len(rows):
+        line += f" ({len(rows) - len(submitted)} unsubmitted)"
+    scored = [r for r in rows if r["metric"] is not None]
+    if scored:
+        best = max(scored, key=lambda r: r["metric"])
+        line += f"; best metric {best['metric']:.4f} ({best['run']})"
+    return f"[{_dt.timedelta(seconds=round(elapsed_s))}] {line}"
+
+
+def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30.0, out=None) -> list[dict]:
+    """Poll SLURM once per ``interval_s`` for the whole sweep (one squeue call) until every submitted job
+    has ended, writing a progress line to ``out`` (overwritten in place on a terminal, else one line per
+    change). ``timeout_s`` None waits as long as it takes. (Not sbatch --wait: it polls lazily, an 11 s job
+    returned after 42 s.)"""
+    t0 = time.monotonic()
+    tty = out is not None and out.isatty()
+    last = None
+    while True:
+        rows = status(sweep_dir)
+        line = progress_line(rows, time.monotonic() - t0)
+        counts = line.partition("] ")[2]
+        if out is not None and (tty or counts != last):
+            out.write(f"\r{line}\033[K" if tty else f"{line}\n")
+            out.flush()
+        last = counts
+        if all(finished(r) for r in rows if r["job"] is not None):
+            if tty:
+                out.write("\n")
+            return rows
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
+        time.sleep(interval_s)
+
+
+# --- Hydra's submitit launcher ----------------------------------------------------------------------------
+
+def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
+    """The same profile as ``hydra/launcher=submitit_slurm`` fields (hydra-submitit-launcher 1.2)."""
+    shape = job_shape(profile, gpus)
+    hours, minutes = _minutes(profile.time)
+    out = ["hydra/launcher=submitit_slurm",
+           f"hydra.launcher.nodes={shape['nodes']}",
+           f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
+           f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
+           f"hydra.launcher.timeout_min={hours * 60 + minutes}",
+           f"hydra.launcher.max_num_timeout={profile.max_num_timeout}",
+           f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
+           "+hydra.launcher.additional_parameters.requeue=true"]
+    fields = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,
+              "constraint": profile.constraint,
+              "gres": f"{profile.gres}:{shape['ntasks_per_node']}" if profile.gres else None}
+    out += [f"hydra.launcher.{k}={v}" for k, v in fields.items() if v]
+    return out
+
+
+def submitit_command(spec: SweepSpec, gpus: int, sweep_dir: Path) -> list[str]:
+    """``wagma-bench run -m`` over the sweep's axes at one GPU count, through Hydra's submitit launcher."""
+    axes = [f"{k}={','.join(v)}" for k, v in spec.axes.items()]
+    return ["wagma-bench", "run", "-m", *submitit_overrides(spec.cluster, gpus),
+            f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
+            *spec.common, *spec.cluster.run_overrides, *axes]
+
+
+def _minutes(limit: str) -> tuple[int, int]:
+    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:
+        parts = [0, *parts]
+    h, m, s = parts
+    return int(days or 0) * 24 + h, m + (1 if s else 0)
+
+
+# --- command line -----------------------------------------------------------------------------------------
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except (ConfigError, SymlinkRefused) as err:
+        print(f"wagma-bench sweep: error: {err}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, OSError) as err:
+        print(f"wagma-bench sweep: {err}", file=sys.stderr)
+        return 1
+
+
+def _wait_command(argv: list[str]) -> int:
+    """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
+    usage = "usage: wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]"
+    options, dirs = {"--interval": 30.0, "--timeout": None}, []
+    args = iter(argv)
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if key in options:
+            try:
+                options[key] = float(value if eq else next(args))
+            except (StopIteration, ValueError):
+                raise ConfigError(f"{key} takes a number of seconds; {usage}") from None
+        else:
+            dirs.append(arg)
+    if len(dirs) != 1 or options["--interval"] <= 0:
+        raise ConfigError(usage)
+    rows = wait(Path(dirs[0]), timeout_s=options["--timeout"], interval_s=options["--interval"], out=sys.stderr)
+    print(format_rows(rows))
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] == "wait":
+        return _wait_command(argv[1:])
+    if argv[0] in ("submit", "status"):
+        if len(argv) != 2:
+            raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
+        sweep_dir = Path(argv[1])
+        if argv[0] == "submit":
+            print("\n".join(submit(sweep_dir)))
+        else:
+            print(format_rows(status(sweep_dir)))
+        return 0
+    show_cfg = "--cfg" in argv
+    if show_cfg:  # `--cfg job`, as `wagma-bench run --cfg job`: print what each run composes, render nothing
+        i = argv.index("--cfg")
+        if argv[i + 1:i + 2] != ["job"]:
+            raise ConfigError("--cfg takes `job` (the composed configuration of every run of the sweep)")
+        argv = argv[:i] + argv[i + 2:]
+    flags = {a for a in argv if a.startswith("--") and "=" not in a}
+    args = [a for a in argv if not a.startswith("--")]
+    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
+    if "--out" in flags:
+        i = argv.index("--out")
+        out, args = argv[i + 1], [a for a in args if a != argv[i + 1]]
+        flags.discard("--out")
+    unknown = flags - {"--dry-run", "--submit", "--no-array", "--submitit"}
+    if unknown or ("--dry-run" in flags and "--submit" in flags):
+        raise ConfigError(f"unknown or conflicting flags {sorted(flags)}; use --dry-run or --submit, --no-array, "
+                          "--out DIR")
+    spec = parse_spec(args)
+    if show_cfg:
+        print_configs(spec, expand(spec))
+        return 0
+    if "--submitit" in flags:
+        check_run_configs(spec, expand(spec))
+        for gpus in spec.gpus:
+            print(shlex.join(submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
+        return 0
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
+    t0 = time.perf_counter()
+    manifest = render(spec, out_dir, array="--no-array" not in flags, command=["wagma-bench", "sweep", *argv])
+    print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
+          f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
+    if "--submit" in flags:
+        ids = submit(out_dir)
+        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
+    else:
+        print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
+    return 0

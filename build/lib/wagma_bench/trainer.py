@@ -1,0 +1,657 @@
+"""The one training loop, shared by every workload and optimizer.
+
+Per step: next batch, forward/backward, injected straggler delay, ``algo.step()`` (combine across ranks
+and apply the local update). Evaluation, checkpoints, stop decisions and the exchange of control flags
+happen only at synchronisation points (rounds that are multiples of ``algo.sync_period``), where every
+rank is known to be at the same round. The clock that every reported time is read from excludes
+evaluation and checkpointing (and, after a requeue, the time spent in the queue).
+
+:meth:`Trainer.train` tells a run in one screen: start or resume, then ``train_step`` until a
+synchronisation point, where the ranks exchange :class:`ControlFlags` in one allreduce and decide to
+evaluate, checkpoint or stop; :meth:`Trainer.finalize` writes the last event and the summary, for every end.
+What a checkpoint carries besides the model and the algorithm is a :class:`TrainState`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from wagma_bench import __version__, startup
+from wagma_bench.checkpoint import Checkpointer
+from wagma_bench.comm.base import Comm
+from wagma_bench.config import RunConfig
+from wagma_bench.cpu import thread_cpu_s
+from wagma_bench.events import SUMMARY, StepLog
+from wagma_bench.imbalance import make_imbalance
+from wagma_bench.loggers import event_log_for_run
+from wagma_bench.optim import get_optimizer
+from wagma_bench.progress import Progress
+from wagma_bench.rundir import finalize as write_summary
+from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
+from wagma_bench.slurm_util import (
+    EXIT_SIGNALS,
+    FORWARDED_INTERRUPT,
+    INTERRUPT_SIGNALS,
+    REQUEUE_SIGNALS,
+    requeue_job,
+)
+from wagma_bench.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, lost_ranks
+from wagma_bench.workloads import get_workload
+
+
+@dataclass
+class Clock:
+    """Training time: wall time minus paused spans (evaluation, checkpoints)."""
+
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    wall_s: float = 0.0
+    _mark: float = field(default_factory=time.perf_counter)
+    _wall_mark: float = field(default_factory=time.perf_counter)
+
+    def start(self) -> None:
+        """(Re)start measuring from now; spans before (set-up, time in a queue) are not counted."""
+        self._mark = self._wall_mark = time.perf_counter()
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.train_s += now - self._mark
+        self.wall_s += now - self._wall_mark
+        self._mark = self._wall_mark = now
+
+    def totals(self) -> dict:
+        """The three clocks as the events log them."""
+        return {"train_s": round(self.train_s, 4), "wall_s": round(self.wall_s, 4), "eval_s": round(self.eval_s, 4)}
+
+    def paused(self, into: str | None = None):
+        clock = self
+
+        class _Pause:
+            def __enter__(self):
+                clock.tick()
+
+            def __exit__(self, *exc):
+                now = time.perf_counter()
+                if into == "eval":
+                    clock.eval_s += now - clock._mark
+                clock.wall_s += now - clock._wall_mark
+                clock._mark = clock._wall_mark = now
+
+        return _Pause()
+
+
+def make_local_optimizer(train):
+    """Factory of the rank-local update rule. ``train.grad_clip`` clips the gradient norm right before
+    every local step, i.e. after the algorithm combined gradients (the averaged gradient for
+    Allreduce-SGD, as DD-PPO does; the local gradient for model-averaging algorithms)."""
+
+    def build(params):
+        params = list(params)
+        if train.local_optimizer == "sgd":
+            opt = torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
+                                  weight_decay=train.weight_decay)
+        else:
+            opt = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
+                                    weight_decay=train.weight_decay)
+        if train.grad_clip:
+            def clip(*_):
+                torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+
+            opt.register_step_pre_hook(clip)
+        return opt
+
+    return build
+
+
+def config_hash(raw: dict) -> str:
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5, check=False)
+        sha = out.stdout.strip()
+        return sha if out.returncode == 0 and sha else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions(comm: Comm) -> dict:
+    out = {"wagma_bench": __version__, "torch": torch.__version__, "comm": comm.backend_name}
+    if comm.backend_name == "nccl":
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    elif comm.backend_name == "mpi":
+        from mpi4py import MPI
+
+        out["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+        out["mpi4py"] = __import__("mpi4py").__version__
+    return out
+
+
+class EvalModel:
+    """Builds the model that evaluation sees: rank 0's local model, or the global average."""
+
+    def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
+        # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
+        # buffers is evaluated through rank 0's broadcast state even when the parameters are identical.
+        identical = models_identical and not any(b.is_floating_point() for b in model.buffers())
+        self.model, self.mode, self.identical, self.comm = model, mode, identical, comm
+        self._copy = None
+
+    def get(self):
+        if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
+            return self.model
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model)
+        state = self.model.state_dict()
+        floats = [k for k, v in state.items() if v.is_floating_point()]
+        flat = torch.cat([state[k].reshape(-1) for k in floats])
+        if self.mode == "average":
+            self.comm.allreduce(flat, op="mean")
+        else:
+            self.comm.broadcast(flat, src=0)
+        offset, target = 0, self._copy.state_dict()
+        for k in floats:
+            n = target[k].numel()
+            target[k].copy_(flat[offset:offset + n].view_as(target[k]))
+            offset += n
+        return self._copy
+
+
+class Preemption:
+    """SIGUSR1 / SIGUSR2 / SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the next synchronisation
+    point and stops.
+
+    After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
+    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.slurm_util` for which signal
+    reaches whom). Ctrl-C (SIGINT, or the local launcher's forward of it) ends the run as ``interrupted``; a
+    second Ctrl-C raises KeyboardInterrupt at once (the run's end is still recorded). A SIGINT that the
+    launching process set to be ignored stays ignored: that launcher forwards Ctrl-C itself.
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.interrupts = 0
+        self.launcher_dir = os.environ.get(LAUNCHER_DIR_ENV)  # a local launcher's: it counts its Ctrl-Cs there
+        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
+            try:
+                if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # the local launcher's ranks: it forwards Ctrl-C as FORWARDED_INTERRUPT
+                signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (tests)
+                pass
+        if launcher_interrupts(self.launcher_dir):  # a Ctrl-C while this rank started, its forward ignored
+            self._handle(FORWARDED_INTERRUPT, None)
+
+    def _handle(self, signum, frame):
+        if signum in (*INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
+            # the launcher's count where it keeps one: a forward that came twice, or not at all, counts right
+            counted = launcher_interrupts(self.launcher_dir) if signum == FORWARDED_INTERRUPT else 0
+            self.interrupts = max(self.interrupts + (counted == 0), counted)
+            if self.interrupts > 1:
+                raise KeyboardInterrupt("stopped at once by a second Ctrl-C")
+        self.signal = signum
+
+    @property
+    def requeue(self) -> bool:
+        return self.signal in REQUEUE_SIGNALS
+
+
+def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
+    """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
+    reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
+
+    Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
+    through :class:`wagma_bench.events.RunStart`, which also reads runs logged before a field existed."""
+    world = comm.world_size
+    placement = _placement(comm, derived.pop("local_rank"))
+    hosts = sorted({host for host, _ in placement})
+    return dict(
+        workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
+        world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
+        global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+        eval_samples=workload.eval_size, sync_period=algo.sync_period,
+        # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
+        group_size=algo.group_size,
+        model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
+        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
+        git_sha=git_sha(), versions=versions(comm), hosts=hosts,
+        # where each rank ran, by rank: its host and its rank on that host
+        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
+
+
+@dataclass
+class TrainState:
+    """The loop's counters that a checkpoint carries besides the model and the algorithm (saved as a dict
+    with these keys, so checkpoints written before this class existed still load)."""
+
+    local_step: int = 0          # steps this rank took (its data consumption; may trail the round count)
+    samples_local: int = 0       # samples this rank trained on
+    next_eval: int = 0           # round of the next evaluation
+    best: float | None = None    # best metric so far
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> TrainState:
+        return cls(**saved)
+
+
+@dataclass
+class ControlFlags:
+    """What every rank must agree on at a synchronisation point, exchanged in one sum-allreduce: a flag is
+    set when any rank set it; ``samples`` adds up to the samples of all ranks."""
+
+    diverged: bool = False           # a non-finite loss on some rank
+    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM / Ctrl-C) reached some rank
+    samples: int = 0                 # samples trained on (each rank sends its own)
+    checkpoint_due: bool = False     # rank 0: checkpoint.every_s of training time since the last one
+    over_time: bool = False          # rank 0: train.time_limit_s reached
+    requeue: bool = False            # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
+    interrupted: bool = False        # the signal is a Ctrl-C (the run ends as interrupted, not preempted)
+
+    def to_tensor(self, device) -> torch.Tensor:
+        return torch.tensor([float(v) for v in dataclasses.astuple(self)], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_tensor(cls, summed: torch.Tensor) -> ControlFlags:
+        values = dict(zip((f.name for f in dataclasses.fields(cls)), summed.cpu().tolist()))
+        samples = int(values.pop("samples"))
+        return cls(samples=samples, **{name: v > 0 for name, v in values.items()})
+
+    def exchange(self, comm: Comm) -> ControlFlags:
+        """Every rank's flags combined (collective)."""
+        summed = self.to_tensor(comm.device)
+        comm.allreduce(summed, op="sum")
+        return ControlFlags.from_tensor(summed)
+
+
+@dataclass
+class RunPlan:
+    """The run's lengths in rounds, each a multiple of the sync period, and its learning-rate schedule."""
+
+    sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
+    steps_per_epoch: int
+    total: int                  # rounds to train
+    eval_every: int
+    control_every: int          # rounds between exchanges of control flags
+    lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
+    ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
+    epoch_steps: int = 0        # the rounds train.epochs would give
+
+    @classmethod
+    def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
+        t = cfg.train
+        epoch_steps = round_up(math.ceil(t.epochs * steps_per_epoch), sync)
+        # train.max_steps, when set, is the run's length, also beyond train.epochs (which then only shapes the
+        # learning-rate schedule); see TrainConfig
+        ends_by = "epochs" if t.max_steps is None else "max_steps"
+        total = epoch_steps if t.max_steps is None else round_up(t.max_steps, sync)
+        eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch)), sync)
+        schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
+                    "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
+                    "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
+                    "milestones": t.milestones, "decay": t.decay}
+        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps)
+
+    def budget_line(self, cfg: RunConfig) -> str:
+        """Which budget ends the run, said at its start: its length, then what may end it earlier."""
+        t = cfg.train
+        if self.ends_by == "max_steps":
+            length = f"step {self.total} (train.max_steps={t.max_steps}"
+            if self.total > self.epoch_steps:
+                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
+                           f"learning-rate schedule still spans train.epochs")
+            length += ")"
+        else:
+            length = f"step {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} steps per epoch)"
+        earlier = []
+        if cfg.eval.target is not None and cfg.eval.stop_at_target:
+            earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")
+        if t.time_limit_s is not None:
+            earlier.append(f"at train.time_limit_s={t.time_limit_s:g} s of training time")
+        return f"the run ends at {length}" + (f", or earlier {' or '.join(earlier)}" if earlier else "")
+
+
+def train(cfg: RunConfig, comm: Comm, run_dir: Path, local_rank: int | None = None) -> dict | None:
+    """Run one rank of a training run; rank 0 returns the summary. ``local_rank``: the rank's index on its
+    host, as its launcher numbers it (None: the ranks of one host, numbered like the world)."""
+    return Trainer(cfg, comm, run_dir, local_rank).train()
+
+
+class Trainer:
+    """One rank of a training run: set up here, then :meth:`train` runs it to its end."""
+
+    def __init__(self, cfg: RunConfig, comm: Comm, run_dir: Path, local_rank: int | None = None):
+        self.cfg, self.comm, self.run_dir = cfg, comm, run_dir
+        self.rank, self.world = comm.rank, comm.world_size
+        self.local_rank = self.rank if local_rank is None else local_rank
+        self.preemption = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
+        self.init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
+        torch.manual_seed(cfg.seed)
+        self.workload = get_workload(cfg.workload.name)(cfg, self.rank, self.world, comm.device)
+        startup.mark("data")
+        self.workload.attach(comm)
+        self.model = self.workload.build_model().to(comm.device)
+        self.algo = get_optimizer(cfg.optimizer.name)(cfg.optimizer, self.model, make_local_optimizer(cfg.train),
+                                                      comm, seed=cfg.seed)
+        self.imbalance = make_imbalance(cfg.imbalance, cfg.seed)
+        self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
+        self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
+        self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
+        self.clock = Clock()
+        self.checkpointer = Checkpointer(run_dir, self.rank, cfg.raw)
+        self.state = TrainState(next_eval=self.plan.eval_every)
+        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
+        # and the communicated models/gradients stay fp32
+        self.autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
+        self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted, interrupted
+        self.requeue = False
+        self.diverged = False            # this rank saw a non-finite loss (shared at the next control exchange)
+        self.diverged_at: tuple[int, float] | None = None  # (local step, loss) of this rank's first non-finite loss
+        self.stop_detail: str | None = None  # where and why a diverged run stopped (run_stop's error)
+        self.loss = math.nan             # the last step's loss
+        self.last_compute_s: float | None = None
+        self.last_checkpoint_s = self.last_progress_s = 0.0
+        self.startup_logged = False
+
+    def train(self) -> dict | None:
+        """The story of a run: start or resume, then steps until a synchronisation point decides to stop."""
+        resumed = self.start_or_resume()
+        self.open_logs(resumed)
+        batches = self.workload.batches(self.state.local_step)
+        startup.mark("ready")
+        try:
+            self.stop_before_training()
+            while self.status is None:
+                r = self.train_step(batches)
+                if self.rank == 0 and not self.startup_logged:
+                    self.log_startup()
+                if not self.at_control_point(r):
+                    continue
+                # --- synchronisation point: every rank is at round r ---------------------------------
+                self.steps.flush()
+                flags = self.control_flags().exchange(self.comm)
+                if flags.diverged:
+                    self.status, self.stop_detail = "diverged", self.where_diverged()
+                    break
+                meta = {"step": r, "epoch": self.epoch(r), "samples": flags.samples,
+                        "train_s": round(self.clock.train_s, 4)}
+                if self.should_evaluate(r):
+                    self.evaluate(r, meta)
+                elif self.should_report_progress():
+                    self.report_progress(r, meta)
+                self.status = self.status or self.stop_reason(r, flags)
+                if self.should_checkpoint(flags):
+                    self.checkpoint(meta)
+                    if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
+                        self.status = "interrupted" if flags.interrupted else "preempted"
+                        self.requeue = flags.requeue and not flags.interrupted
+            # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
+            counts = {**self.final_counts(),
+                      **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {})}
+            self.algo.close()
+            # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
+            # on any group) before any rank tears its groups down; a rank that left first would fail a late
+            # peer's last collective, or be torn down under it.
+            self.comm.barrier()
+        except BaseException as err:  # a second Ctrl-C ends the run as interrupted, anything else as failed
+            lost = lost_ranks(self.run_dir, self.rank, self.world, err)  # which hosts went, where it can tell
+            self.finalize("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                          self.counts_at_failure(), error=lost or err)
+            if lost is not None:
+                raise lost from err
+            raise
+        finally:
+            self.progress.close()
+            self.steps.close()
+        summary = self.finalize(self.status, counts, reason=self.stop_detail)
+        if self.requeue and self.rank == 0:
+            self.requeue_or_explain(counts["step"])
+        return summary
+
+    # --- start ---------------------------------------------------------------------------------------
+    def start_or_resume(self) -> bool:
+        """Load the latest verified checkpoint set (the same decision on every rank) or start fresh."""
+        resumed = self.checkpointer.agree(self.comm, self.cfg.checkpoint.resume)
+        if resumed:
+            saved = self.checkpointer.load(self.model, self.algo)
+            self.state = TrainState.from_dict({**self.state.to_dict(), **saved["state"]})
+            self.clock.train_s, self.clock.eval_s, self.clock.wall_s = saved["clock"]
+            self.last_checkpoint_s = self.clock.train_s  # checkpoint.every_s counts from the resumed one
+        else:
+            self.algo.broadcast_initial_model()
+            if self.rank == 0:  # an earlier attempt's summary and checkpoints must not stand for this one
+                (self.run_dir / SUMMARY).unlink(missing_ok=True)
+                self.checkpointer.discard_earlier_attempt()
+        return resumed
+
+    def open_logs(self, resumed: bool) -> None:
+        """Open the event and step logs, start the clock, log run_start (or run_resume), show progress."""
+        cfg, algo = self.cfg, self.algo
+        # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
+        self.events = event_log_for_run(cfg, self.run_dir, self.rank, resume_step=algo.round if resumed else None)
+        self.steps = StepLog(self.run_dir, self.rank, resume_step=self.state.local_step if resumed else None)
+        self.comm.barrier()
+        self.clock.start()
+        if resumed:
+            self.events.emit("run_resume", None, step=algo.round, epoch=self.epoch(algo.round),
+                             train_s=self.clock.train_s, init_time_ms=self.init_time_ms)
+        else:
+            plan = self.plan
+            self.events.emit("run_start", None, **run_start_fields(
+                cfg, self.comm, self.workload, algo, self.model, local_rank=self.local_rank, eval_model=self.eval_mode,
+                init_time_ms=self.init_time_ms, steps_total=plan.total, steps_per_epoch=plan.steps_per_epoch,
+                eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"],
+                ends_by=plan.ends_by))
+        if self.rank == 0:
+            print(f"wagma-bench: {self.plan.budget_line(cfg)}", flush=True)
+        if self.rank == 0 and self.comm.backend_name == "mpi":  # on a cluster: the system MPI, not a pip wheel?
+            print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
+        self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
+                                 cfg.logger.log_every_s, f"{cfg.workload.name}/{algo.name} x{self.world}")
+
+    def stop_before_training(self) -> None:
+        """A Ctrl-C or a preemption signal that reached any rank while the ranks started (collective): the
+        run stops before its first step, with nothing to checkpoint (a resume would start where it stands)."""
+        flags = self.control_flags().exchange(self.comm)
+        if flags.preempted:
+            self.status = "interrupted" if flags.interrupted else "preempted"
+            self.requeue = flags.requeue and not flags.interrupted
+
+    def log_startup(self) -> None:
+        """Where this attempt's start went (:mod:`wagma_bench.startup`), once its first step is done."""
+        startup.mark("first_step")
+        self.events.emit("startup", None, **startup.phases())
+        self.startup_logged = True
+
+    # --- the step ------------------------------------------------------------------------------------
+    def train_step(self, batches) -> int:
+        """One local step (learning rate, straggler delay, batch, forward/backward, the algorithm's step),
+        logged to the step log; returns the round this rank has completed."""
+        state = self.state
+        # Each rank follows the schedule by its own data consumption (local steps): identical to the round
+        # count for synchronous optimizers; wait-avoiding ranks may skip rounds.
+        self.algo.set_lr(lr_at(state.local_step / self.plan.steps_per_epoch, **self.plan.lr_schedule))
+        # A straggler is late with its gradient: the injected delay comes before the computation (after
+        # backward it would hide behind the gradient buckets already in flight). Models relative to the
+        # compute time use the previous step's; the first step, which has none, sleeps after its own.
+        first = self.last_compute_s is None
+        delay_s = 0.0 if first else self.straggle(self.last_compute_s)
+        t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
+        cpu0 = time.thread_time()  # this thread's CPU: compute_s minus it is time it waited for a core
+        batch = next(batches)
+        self.algo.zero_grad()
+        with self.autocast:
+            loss, n = self.workload.forward(self.model, batch)
+        loss.backward()
+        compute_s = self.last_compute_s = time.perf_counter() - t0
+        compute_cpu_s = time.thread_time() - cpu0
+        if first:
+            delay_s = self.straggle(compute_s)
+        info = self.algo.step()
+        self.loss = float(loss.detach())
+        state.local_step += 1
+        if not math.isfinite(self.loss) and self.diverged_at is None:
+            self.diverged, self.diverged_at = True, (state.local_step, self.loss)
+        state.samples_local += n
+        self.clock.tick()
+        self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
+                          compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
+                          delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
+                          samples=n, loss=round(self.loss, 5), staleness=info.staleness,
+                          **self.workload.step_stats())
+        return info.round
+
+    def straggle(self, compute_s: float) -> float:
+        """Sleep this step's injected delay (the imbalance model, given a compute time); return it."""
+        delay_s = self.imbalance.delay(self.rank, self.world, self.state.local_step, compute_s)
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return delay_s
+
+    # --- synchronisation points ----------------------------------------------------------------------
+    def at_control_point(self, r: int) -> bool:
+        """Round r is a synchronisation point where the ranks exchange control flags: a multiple of the
+        sync period that is due for a control exchange, an evaluation or the end."""
+        if r % self.plan.sync:
+            return False
+        return r % self.plan.control_every == 0 or r >= self.state.next_eval or r >= self.plan.total
+
+    def control_flags(self) -> ControlFlags:
+        """This rank's flags (the time-based ones are rank 0's: its clock decides for all)."""
+        clock, limit = self.clock, self.cfg.train.time_limit_s
+        return ControlFlags(
+            diverged=self.diverged, preempted=self.preemption.signal is not None,
+            samples=self.state.samples_local,
+            checkpoint_due=self.rank == 0 and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
+            over_time=self.rank == 0 and limit is not None and clock.train_s >= limit,
+            requeue=self.preemption.requeue, interrupted=self.preemption.interrupts > 0)
+
+    def where_diverged(self) -> str:
+        """Where the run diverged, the same text on every rank (collective): the rank whose loss became
+        non-finite at the earliest local step (the lowest such rank on a tie)."""
+        step, loss = self.diverged_at or (math.inf, math.nan)
+        rows = self.comm.allgather(torch.tensor([float(step), loss], dtype=torch.float64, device=self.comm.device))
+        rows = rows.cpu().tolist()
+        rank = min(range(len(rows)), key=lambda i: (rows[i][0], i))
+        step, loss = rows[rank]
+        return (f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite loss; "
+                f"lower train.lr, or set train.grad_clip)")
+
+    def should_evaluate(self, r: int) -> bool:
+        return r >= self.state.next_eval or r >= self.plan.total
+
+    def evaluate(self, r: int, meta: dict) -> None:
+        """Evaluate (off the training clock), log eval_accuracy; reaching the target may end the run."""
+        with self.clock.paused("eval"):
+            t_eval = time.perf_counter()
+            metric = self.workload.evaluate(self.evaluator.get(), self.comm)
+            eval_took = time.perf_counter() - t_eval
+        state, cfg = self.state, self.cfg
+        state.next_eval = r + self.plan.eval_every
+        state.best = metric if state.best is None else max(state.best, metric)
+        self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
+                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(self.algo),
+                         **self.workload.eval_metadata())
+        self.progress.update(r, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
+        if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
+            self.status = "completed"
+
+    def should_report_progress(self) -> bool:
+        return self.rank == 0 and self.clock.wall_s - self.last_progress_s >= self.cfg.logger.log_every_s
+
+    def report_progress(self, r: int, meta: dict) -> None:
+        self.events.emit("progress", None, **meta, wall_s=round(self.clock.wall_s, 4),
+                         eval_s=round(self.clock.eval_s, 4))
+        self.last_progress_s = self.clock.wall_s
+        self.progress.update(r, f"loss={self.loss:.3f}")
+
+    def stop_reason(self, r: int, flags: ControlFlags) -> str | None:
+        """Why the run ends at round r when nothing ended it before: its length, or rank 0's time limit."""
+        if r >= self.plan.total:
+            return "completed"
+        return "time_limit" if flags.over_time else None
+
+    @staticmethod
+    def should_checkpoint(flags: ControlFlags) -> bool:
+        """A checkpoint is due (rank 0's clock) or a preemption signal asks for one before the run stops."""
+        return flags.preempted or flags.checkpoint_due
+
+    def checkpoint(self, meta: dict) -> None:
+        """Save every rank's state (off the training clock) as one verified set; log it."""
+        with self.clock.paused():
+            self.checkpointer.save(self.model, self.algo, self.state.to_dict(), self.clock)
+        self.last_checkpoint_s = self.clock.train_s
+        self.events.emit("checkpoint", None, **meta)
+
+    def epoch(self, r: int) -> float:
+        return round(r / self.plan.steps_per_epoch, 4)
+
+    # --- end -----------------------------------------------------------------------------------------
+    def final_counts(self) -> dict:
+        """The run's totals for its last event (collective: the samples of all ranks)."""
+        return {"step": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
+                **self.clock.totals()}
+
+    def counts_at_failure(self) -> dict:
+        """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
+        return {"step": self.algo.round, **self.clock.totals(), "samples": self.state.samples_local * self.world}
+
+    def finalize(self, status: str, counts: dict, error: BaseException | None = None,
+                 reason: str | None = None) -> dict | None:
+        """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
+
+        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end writes
+        the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts it.)
+        ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its error.
+        """
+        detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
+        if reason is not None:
+            detail["error"] = reason
+        suspended = status in ("preempted", "interrupted") and error is None
+        self.events.emit("run_suspend" if suspended else "run_stop", None, status=status, **detail, **counts)
+        summary = None
+        if self.rank == 0:  # the same writer the launcher uses after a crash
+            summary = write_summary(self.run_dir, echo_mllog=self.cfg.logger.mllog and error is None)
+        self.events.close()  # after the derived files: the W&B mirror logs them as an artifact
+        return summary
+
+    def requeue_or_explain(self, step: int) -> None:
+        """Rank 0, after the summary (the requeue ends this job's steps)."""
+        if not requeue_job():
+            print(f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
+                  f"requeue; run the same command again to resume from {self.run_dir}", flush=True)
+
+
+def algo_lr(algo) -> float:
+    return float(algo.optimizer.param_groups[0]["lr"])
+
+
+def _global_samples(comm: Comm, samples_local: int) -> int:
+    t = torch.tensor([float(samples_local)], dtype=torch.float64, device=comm.device)
+    comm.allreduce(t, op="sum")
+    return int(t.item())
+
+
+def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
+    """Every rank's (host name, rank on its host), by rank (collective)."""
+    name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
+    gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
+    rows = [bytes(row.cpu().tolist()) for row in gathered]
+    return [(row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows]

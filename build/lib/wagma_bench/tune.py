@@ -1,0 +1,518 @@
+"""``wagma-bench tune``: tuned comparisons by MLCommons AlgoPerf's external tuning ruleset.
+
+    wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
+        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
+    wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
+    wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
+
+Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.sweep.parse_overrides`:
+``optimizer=a,b``, ``'optimizer=glob(*)'``, ``workload=...``) is tuned on its own: its optimizer's search
+space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.search_space`) gives S x O quasirandom points
+(``tune.studies`` x ``tune.trials``, from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint
+blocks of one sequence, so the S studies are independent tunings of O trials each. A trial is a normal
+``wagma-bench run`` into ``DIR/trials/NAME`` with the point's settings as overrides (``train.lr`` = the
+multiplier x the workload's ``train.lr``, ``train.warmup_epochs`` = the fraction x ``train.epochs``) and
+its own seed (1 + its index). ``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer
+stops it there), and a trial past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``,
+``scale``, ``choices``) or ``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in
+every tuned optimizer's space that has KEY (a whole dimension: in every space), checked as the file is.
+
+Locally the trials run one after another with a progress line (each trial's output in ``DIR/logs/``);
+running the same command again skips the finished trials and resumes an interrupted one from its checkpoint
+(the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep (``DIR/manifest.json``,
+``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR`` scores them when they end.
+
+Scoring (:func:`score_combo`, written to ``DIR/tuning.json``): per study the fastest trial to the target
+(training clock, as ``report``), the score is the median over the studies of those bests, a study whose
+trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wagma_bench.config import ConfigError
+from wagma_bench.events import (
+    OUTPUT_HINT,
+    RunEvents,
+    SymlinkRefused,
+    open_run_file,
+    run_subdir,
+    write_json_atomic,
+)
+from wagma_bench.paths import CONF_DIR
+from wagma_bench.search_space import draw, load_space, parse_space_override
+
+PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
+TUNING = "tuning.json"      # the scores
+TRIALS = "trials"
+INF = math.inf
+OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
+CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array"}
+
+
+@dataclass
+class TuneArgs:
+    overrides: list[str]                  # run overrides (sweep grammar), cluster=/gpus= included
+    out: Path
+    trials: int = 5                       # O: trials per study
+    studies: int = 5                      # S
+    seed: int = 1                         # of the quasirandom sequence
+    max_runtime_s: float | None = None
+    flags: set[str] = field(default_factory=set)
+    space: tuple = ()                     # search-space overrides (search_space.Override), from space.KEY...
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.flags) or any(o.split("=", 1)[0] in ("cluster", "gpus") or o.startswith("cluster.")
+                                       for o in self.overrides)
+
+
+@dataclass
+class Trial:
+    name: str
+    combo: str
+    study: int                            # 1..S
+    trial: int                            # 1..O within its study
+    seed: int
+    params: dict[str, Any]                # the point: search-space key -> value
+    overrides: list[str]                  # the combination's axis values, then the trial's settings
+    gpus: int = 0                         # cluster mode: the world size
+
+
+def parse_args(argv: list[str]) -> TuneArgs:
+    """``tune.KEY=VALUE`` (trials, studies, seed, max_runtime_s), ``--out DIR``, cluster flags; the rest are
+    run overrides."""
+    args, out, flags, own, space = [], None, set(), {}, []
+    it = iter(argv)
+    for a in it:
+        if a == "--out" or a.startswith("--out="):
+            out = a.split("=", 1)[1] if "=" in a else next(it, None)
+        elif a.startswith("--"):
+            if a not in CLUSTER_FLAGS:
+                raise ConfigError(f"{a}: unknown flag; valid: --out DIR, {', '.join(sorted(CLUSTER_FLAGS))}")
+            flags.add(a)
+        elif a.startswith("space."):
+            space.append(parse_space_override(a))
+        elif a.startswith("tune."):
+            key, _, value = a[len("tune."):].partition("=")
+            if key not in OWN_KEYS:
+                raise ConfigError(f"tune.{key}: unknown key; valid keys of tune: {', '.join(OWN_KEYS)}")
+            own[key] = value
+        else:
+            args.append(a)
+    if not out:
+        raise ConfigError("--out DIR is required (the tuning directory: trials, tune.json, tuning.json)")
+    parsed = TuneArgs(args, Path(out), flags=flags, space=tuple(space))
+    for key, value in own.items():
+        setattr(parsed, key, _own_value(key, value))
+    if "--dry-run" in flags and "--submit" in flags:
+        raise ConfigError("--dry-run and --submit exclude each other")
+    return parsed
+
+
+def _own_value(key: str, value: str) -> Any:
+    try:
+        v = float(value) if key == "max_runtime_s" else int(value)
+    except ValueError:
+        kind = "a number of seconds" if key == "max_runtime_s" else "an integer"
+        raise ConfigError(f"tune.{key}={value!r} is not allowed; it must be {kind}") from None
+    if key in ("trials", "studies") and v < 1:
+        raise ConfigError(f"tune.{key}={value} is not allowed; it must be >= 1")
+    if key == "max_runtime_s" and not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"tune.max_runtime_s={value} is not allowed; it must be a finite number of seconds > 0")
+    return v
+
+
+# --- the plan: combinations x studies x trials --------------------------------------------------------
+
+def combinations(args: TuneArgs):
+    """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and expansion of the overrides."""
+    from wagma_bench import sweep
+
+    for key, _ in sweep.parse_overrides(args.overrides):
+        if key in ("seed", "seeds"):
+            raise ConfigError(f"{key} is set by tune (each trial's seed is 1 + its index); leave it out")
+        if key.startswith("hydra."):
+            raise ConfigError(f"{key} is set by tune (each trial's run directory); leave it out")
+    if args.cluster:
+        spec = sweep.parse_spec(args.overrides)
+        return spec, [(r.name, r.gpus, r.overrides) for r in sweep.expand(spec)]
+    axes, common = {}, []
+    for key, values in sweep.parse_overrides(args.overrides):
+        if len(values) > 1:
+            axes[key] = values
+        else:
+            common.append(f"{key}={values[0]}")
+    spec = sweep.SweepSpec(None, [0], axes, common)
+    return spec, [(r.name.removeprefix("0000gpu").lstrip("_"), 0, r.overrides) for r in sweep.expand(spec)]
+
+
+def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
+    """The trials of every combination, and each trial's composed, checked config (``raw``)."""
+    from hydra import compose, initialize_config_dir
+
+    from wagma_bench.config import validate
+
+    spec, combos = combinations(args)
+    extra = spec.cluster.run_overrides if spec.cluster else []
+    trials, raws, spaces = [], {}, {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="tune"):
+        for name, gpus, axis in combos:
+            base = _compose_checked(compose, validate, [*spec.common, *extra, *axis], name)
+            opt = base.optimizer.name
+            if opt not in spaces:
+                spaces[opt] = load_space(opt, overrides=args.space)
+                _check_not_tuned(spaces[opt], [*spec.common, *axis])
+            name = name or opt
+            points = draw(spaces[opt], args.studies * args.trials, args.seed)
+            for i, point in enumerate(points):
+                study, t = divmod(i, args.trials)
+                overrides = [*axis, f"seed={i + 1}", *point_overrides(point, base.train.lr, base.train.epochs)]
+                if args.max_runtime_s:
+                    overrides.append(f"train.time_limit_s={args.max_runtime_s:g}")
+                trial = Trial(f"{name}_study{study + 1}_trial{t + 1}", name, study + 1, t + 1, i + 1, point,
+                              overrides, gpus)
+                trials.append(trial)
+                raws[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
+                                                    trial.name).raw
+    _check_overrides_taken(args.space, spaces)
+    return spec, trials, raws
+
+
+def _check_overrides_taken(overrides: tuple, spaces: dict) -> None:
+    """Every ``space.KEY...`` override names a dimension of at least one tuned optimizer's space."""
+    keys = {d.key for space in spaces.values() for d in space.dims}
+    for (key, part), value in overrides:
+        if key not in keys:
+            name = f"space.{key}" + (f".{part}" if part else "")
+            raise ConfigError(f"{name}={value}: no tuned search space has the dimension {key}; theirs: "
+                              f"{', '.join(sorted(keys))} (a new one is given whole: space.{key}={{low: .., high: ..}})")
+
+
+def _check_not_tuned(space, overrides: list[str]) -> None:
+    """A setting the search space tunes cannot also be given (the trial's value would silently win)."""
+    tuned = {d.key for d in space.dims} | {"train.warmup_epochs"}
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+")
+        if key in tuned:
+            raise ConfigError(f"{o}: {key} is tuned by the search space {space.path.name} of "
+                              f"optimizer={space.optimizer}; leave it out (train.lr sets the base of lr_multiplier)")
+
+
+def _compose_checked(compose, validate, overrides: list[str], name: str):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return validate(compose(config_name="wagma", overrides=overrides))
+    except ConfigError as err:
+        raise ConfigError(f"trial {name} ({' '.join(overrides)}): {err}") from None
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"trial {name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
+
+
+def point_overrides(point: dict[str, Any], base_lr: float, epochs: float) -> list[str]:
+    """A point of a search space as run overrides (the multiplier and fraction made absolute)."""
+    lr, warmup = _short(base_lr * point["lr_multiplier"]), _short(epochs * point["warmup_fraction"])
+    out = [f"train.lr={lr}", f"train.warmup_epochs={warmup}"]
+    for key, value in point.items():
+        if key not in ("lr_multiplier", "warmup_fraction"):
+            out.append(f"{key}={_yaml(value)}")
+    return out
+
+
+def _short(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def _yaml(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) -> dict:
+    """``DIR/tune.json``; a rerun must plan the same trials (else it is another tuning: refused)."""
+    plan = {"version": 1, "command": command, "seed": args.seed, "studies": args.studies, "trials_per_study":
+            args.trials, "max_runtime_s": args.max_runtime_s, "common": spec.common, "trials": [asdict(t) for t in trials]}
+    path = args.out / PLAN
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        if (earlier.get("common"), earlier.get("trials")) != (plan["common"], plan["trials"]):
+            raise ConfigError(f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "
+                              "command to resume it, or choose another --out")
+        return earlier
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {**plan, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
+    return plan
+
+
+# --- running ------------------------------------------------------------------------------------------
+
+def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=None) -> None:
+    """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
+    skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
+    from wagma_bench.rundir import finished_summary
+
+    out = out or sys.stdout
+
+    run_subdir(args.out / "logs", OUTPUT_HINT)
+    n, t0 = len(trials), time.monotonic()
+    for k, trial in enumerate(trials, 1):
+        run_dir = args.out / TRIALS / trial.name
+        head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
+        done = finished_summary(run_dir, raws[trial.name])
+        if done is not None:
+            print(f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped", file=out, flush=True)
+            continue
+        print(f"{head}: {describe(trial.params)} ...", file=out, flush=True)
+        cmd = [sys.executable, "-m", "wagma_bench", "run", *spec.common, *trial.overrides,
+               f"hydra.run.dir={run_dir.resolve()}"]
+        log = args.out / "logs" / f"{trial.name}.log"
+        with open_run_file(log, "a", OUTPUT_HINT) as f:
+            f.write(f"$ {shlex.join(cmd)}\n")
+            f.flush()
+            rc, interrupted = run_trial(cmd, f)
+        summary = RunEvents.read(run_dir).saved_summary
+        result = outcome(summary, args.max_runtime_s) if summary else "no summary"
+        head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
+        print(f"{head}: {result}" + (f" (exit {rc}; see {log})" if rc else ""), file=out, flush=True)
+        if interrupted:
+            raise TuneInterrupted(f"interrupted in trial {trial.name} ({result}); run the same command again to go "
+                                  f"on: finished trials are kept, an interrupted one resumes from its checkpoint")
+
+
+class TuneInterrupted(Exception):
+    pass
+
+
+def run_trial(cmd: list[str], log) -> tuple[int, bool]:
+    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and whether Ctrl-C interrupted it.
+
+    The trial runs in a process group of its own, so that a terminal's Ctrl-C reaches it once, through tune:
+    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second at
+    once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_interrupt_when_parent_dies)  # noqa: PLW1509 - tune starts no thread
+    presses = 0
+
+    def forward(signum, frame):
+        nonlocal presses
+        presses += 1
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, forward)
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return rc, presses > 0
+
+
+def _interrupt_when_parent_dies() -> None:
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGINT, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the trial then runs to its end on its own
+        pass
+
+
+def describe(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('optimizer.')}={_yaml(v)}" for k, v in params.items())
+
+
+def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
+    if summary is None:
+        return "not run"
+    t = trial_time(summary, max_runtime_s)
+    if math.isfinite(t):
+        return f"target reached in {t:.1f} s"
+    late = summary.get("reached") and not math.isfinite(t)
+    return f"{summary.get('status')}, target {'reached after tune.max_runtime_s' if late else 'missed'}"
+
+
+# --- scoring (AlgoPerf) -------------------------------------------------------------------------------
+
+def trial_time(summary: dict | None, max_runtime_s: float | None = None) -> float:
+    """A trial's time to target (training clock); inf when it missed it, did not finish, or took longer
+    than ``max_runtime_s``."""
+    if not summary or not summary.get("reached") or summary.get("time_to_target_s") is None:
+        return INF
+    t = float(summary["time_to_target_s"])
+    return INF if max_runtime_s is not None and t > max_runtime_s else t
+
+
+def median_score(bests: list[float]) -> float:
+    """AlgoPerf's score of one workload: the median over studies of each study's best time; a study
+    whose trials all missed is inf, so half the studies or more missing makes the score inf."""
+    if not bests:
+        return INF
+    return float(statistics.median(bests))
+
+
+def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
+    """One combination's entry of ``tuning.json``."""
+    times = {t.name: trial_time(summaries.get(t.name), max_runtime_s) for t in trials}
+    studies = []
+    for s in sorted({t.study for t in trials}):
+        mine = [t for t in trials if t.study == s]
+        best = min(mine, key=lambda t: (times[t.name], t.trial))
+        studies.append({"study": s, "best_time_s": _finite(times[best.name]),
+                        "trial": best.name if math.isfinite(times[best.name]) else None,
+                        "reached": sum(math.isfinite(times[t.name]) for t in mine), "trials": len(mine)})
+    score = median_score([INF if s["best_time_s"] is None else s["best_time_s"] for s in studies])
+    winner = min(trials, key=lambda t: (times[t.name], t.study, t.trial))
+    won = math.isfinite(times[winner.name])
+    return {"score_s": _finite(score), "studies": studies,
+            "reached": sum(math.isfinite(v) for v in times.values()), "trials": len(trials),
+            "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
+            "winner": {"trial": winner.name, "time_s": times[winner.name], "params": winner.params,
+                       "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def trial_finished(summary: dict | None) -> bool:
+    from wagma_bench.rundir import FINISHED
+
+    return bool(summary) and summary.get("status") in (*FINISHED, "failed")
+
+
+def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, dict | None]]:
+    """A tuning directory's plan, its trials by combination (in plan order) and each trial's saved summary
+    (None where the trial has not finished a summary)."""
+    tune_dir = Path(tune_dir)
+    path = tune_dir / PLAN
+    if not path.exists():
+        raise ConfigError(f"{tune_dir} is not a tuning directory (no {PLAN}); make one with wagma-bench tune")
+    plan = json.loads(path.read_text())
+    trials = [Trial(**t) for t in plan["trials"]]
+    combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
+    summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
+    return plan, combos, summaries
+
+
+def score(tune_dir: Path) -> dict:
+    """Score every combination of a tuning directory from its trials' run directories."""
+    plan, combos, all_summaries = load_trials(tune_dir)
+    entries = []
+    for combo, mine in combos.items():
+        summaries = {t.name: all_summaries[t.name] for t in mine}
+        entries.append({"combo": combo, **_key_of(summaries.values()),
+                        **score_combo(mine, summaries, plan.get("max_runtime_s")),
+                        "compute_imbalance": _median_of(summaries.values(), "compute_imbalance")})
+    return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
+            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"],
+            "max_runtime_s": plan.get("max_runtime_s"), "command": plan.get("command"), "results": entries}
+
+
+def _key_of(summaries) -> dict:
+    """workload, data, optimizer, world size, imbalance, metric and target: from any trial that started."""
+    s = next((s for s in summaries if s), {})
+    return {k: s.get(k) for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric",
+                                  "target")}
+
+
+def _median_of(summaries, key: str) -> float | None:
+    values = [s[key] for s in summaries if s and s.get(key) is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def write_scores(tune_dir: Path) -> dict:
+    result = score(tune_dir)
+    write_json_atomic(Path(tune_dir) / TUNING, result)
+    return result
+
+
+def winning_runs(tune_dir: Path) -> list[Path]:
+    """The run directory of each combination's winning trial (none for a combination that never reached
+    the target): what ``simulate --convergence`` reads from a tuning directory."""
+    result = score(tune_dir)
+    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"] if e["winner"]]
+
+
+def format_scores(result: dict) -> str:
+    lines = [f"{'combination':32} {'score (s)':>10}  per-study best (s)            reached  winner"]
+    for e in result["results"]:
+        bests = " ".join("inf" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
+        score_s = "inf" if e["score_s"] is None else f"{e['score_s']:.1f}"
+        win = describe(e["winner"]["params"]) if e["winner"] else "-"
+        lines.append(f"{e['combo']:32} {score_s:>10}  {bests:29} {e['reached']:>3}/{e['trials']:<3}  {win}")
+    return "\n".join(lines)
+
+
+# --- command line -------------------------------------------------------------------------------------
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except (ConfigError, SymlinkRefused) as err:
+        print(f"wagma-bench tune: error: {err}", file=sys.stderr)
+        return 2
+    except TuneInterrupted as err:
+        print(f"wagma-bench tune: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # between trials
+        print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError) as err:
+        print(f"wagma-bench tune: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] == "score":
+        if len(argv) != 2:
+            raise ConfigError("usage: wagma-bench tune score DIR")
+        result = write_scores(Path(argv[1]))
+        print(f"{format_scores(result)}\nwrote {Path(argv[1]) / TUNING}")
+        return 0
+    args = parse_args(argv)
+    spec, trials, raws = make_plan(args)
+    write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])
+    if args.cluster:
+        return _render(args, spec, trials, argv)
+    run_local(args, spec, trials, raws)
+    result = write_scores(args.out)
+    print(f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}")
+    return 0
+
+
+def _render(args: TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
+    """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
+    from wagma_bench import sweep
+
+    runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in trials]
+    manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
+                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
+    print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
+    if "--submit" in args.flags:
+        ids = sweep.submit(args.out)
+        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
+              f"then: wagma-bench tune score {args.out}")
+    else:
+        print(f"submit: wagma-bench sweep submit {args.out}; then wagma-bench tune score {args.out}")
+    return 0

@@ -1,0 +1,286 @@
+"""``workload=ddppo``: DD-PPO point-goal navigation (Wijmans et al., ICLR 2020) on our trainer.
+
+How RL fits the one training loop, unchanged: one trainer step is one PPO minibatch. ``batches()`` runs a
+rollout with the current model (the one built by ``build_model``, which the optimizer updates in place)
+whenever the previous rollout's ``ppo_epoch x num_mini_batch`` minibatches are used up; ``forward``
+returns the PPO loss of a minibatch; the optimizer combines and applies its gradient. The samples of a
+step are the environment frames collected for it (all of a rollout's frames count on its first
+minibatch), so the trainer's throughput is frames per second. An "epoch" of the trainer is one rollout
+and its update (``train.epochs`` = number of PPO updates). With ``optimizer=allreduce`` and preemption
+on, this is DD-PPO: gradients averaged over all ranks every minibatch, stragglers preempted.
+
+Evaluation: ``num_eval_episodes`` start/goal pairs drawn once from a fixed seed (independent of the
+run's), held out of training (training never draws these pairs; for habitat they come from the
+``eval_split`` scenes); the metric is their success rate or SPL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch.distributions import Categorical
+
+from wagma_bench.comm.base import Comm
+from wagma_bench.errors import ConfigError
+from wagma_bench.workloads.base import Workload
+from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
+from wagma_bench.workloads.ddppo.policy import BACKBONES, RNNS, PointNavPolicy
+from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
+from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early
+
+EVAL_SEED = 2**31 - 1  # the held-out evaluation pairs do not depend on the run's seed
+
+
+class DDPPOWorkload(Workload):
+    name = "ddppo"
+    metric_name = "success"
+    # peak RSS of one rank, miniworld_pointnav: 1,244 MiB (reproduce/memory/footprint.py, 2026-12-01)
+    RANK_MEMORY_MB: ClassVar[float] = 1250.0
+    # a success rate, and SPL (success weighted by path length) is at most the success
+    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"success": (0.0, 1.0), "spl": (0.0, 1.0)}
+    sample_unit = "frames"
+    DATA = ENVS
+    DATA_SECTION = "env"
+
+    @dataclass
+    class Settings:
+        name: str = "ddppo"
+        backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
+        base_planes: int = 32             # ResNet width at the first stage (DD-PPO: 32, half width)
+        hidden_size: int = 128            # visual fc and recurrent state (DD-PPO: 512)
+        rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
+        rnn_layers: int = 1               # (DD-PPO: 2)
+        num_steps: int = 64               # rollout length per environment (DD-PPO: 128)
+        ppo_epoch: int = 2                # passes over a rollout (DD-PPO: 2)
+        num_mini_batch: int = 2           # minibatches per pass, split over environments (DD-PPO: 2)
+        clip: float = 0.2                 # PPO ratio clip, also the value-loss clip
+        clip_value_loss: bool = True
+        value_loss_coef: float = 0.5
+        entropy_coef: float = 0.01
+        gamma: float = 0.99
+        gae_lambda: float = 0.95          # tau in habitat-baselines
+        use_gae: bool = True              # false: discounted returns bootstrapped at the rollout end
+        normalize_advantage: bool = False
+        preemption: bool = True           # DD-PPO's straggler preemption
+        sync_frac: float = 0.6            # preempt once this fraction of ranks finished their rollout
+        metric: str = "success"           # success | spl (the evaluation metric that eval.target refers to)
+        num_eval_episodes: int = 64       # held-out start/goal pairs per evaluation (all ranks together)
+        eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
+
+        CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}
+
+    @classmethod
+    def metric_of(cls, cfg) -> str:
+        return cfg.workload.metric
+
+    def __init__(self, cfg, rank, world_size, device):
+        super().__init__(cfg, rank, world_size, device)
+        self.settings, self.env_settings = cfg.workload, cfg.data
+        self.metric_name = self.metric_of(cfg)
+        self.envs: list[NavEnv] = [make_env(self.env_settings, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
+                                   for i in range(self.env_settings.num_envs)]
+        self.num_envs = len(self.envs)
+        self.eval_env: NavEnv | None = None
+        self.eval_episodes: list[Episode] | None = None
+        self.holdout: set = set()
+        if self.env_settings.name != "habitat":  # same scenes: hold the evaluation pairs out of training
+            self.eval_episodes = self._draw_eval(self.envs[0])
+            self.holdout = {ep.key() for ep in self.eval_episodes}
+        self.rngs = [np.random.default_rng((cfg.seed, rank, i)) for i in range(self.num_envs)]
+        self.gen = torch.Generator().manual_seed(cfg.seed * 100_003 + rank)
+        self.model: PointNavPolicy | None = None
+        self.counter: RolloutCounter | None = None
+        self._stats: dict = {}
+        self._loss_stats: dict = {}  # of the last PPO minibatch
+        self._eval_stats: dict = {}
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        settings, env = cfg.workload, cfg.data
+        if env.num_envs < settings.num_mini_batch:
+            raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
+                              f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
+        if cfg.data.name == "habitat":
+            from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
+
+            check_habitat(cfg.data)
+
+    def _gpu(self) -> int:
+        return self.device.index if self.device.type == "cuda" else -1
+
+    def attach(self, comm: Comm | None) -> None:
+        """Give the workload the communicator whose shared counter drives preemption."""
+        self.counter = RolloutCounter(comm, self.world_size)
+
+    # --- model ------------------------------------------------------------------------------------
+    def build_model(self) -> PointNavPolicy:
+        s = self.settings
+        self.model = PointNavPolicy(self.envs[0].obs_shapes, NUM_ACTIONS, s.hidden_size, s.rnn, s.rnn_layers,
+                                    s.backbone, s.base_planes)
+        return self.model
+
+    # --- data: rollouts ---------------------------------------------------------------------------
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.settings.ppo_epoch * self.settings.num_mini_batch
+
+    def steps_per_epoch(self) -> int:
+        return self.steps_per_rollout
+
+    @property
+    def train_size(self) -> int:
+        return self.settings.num_steps * self.num_envs * self.world_size
+
+    @property
+    def eval_size(self) -> int:
+        """Held-out episodes of one evaluation."""
+        return self.settings.num_eval_episodes
+
+    def _episode(self, i: int) -> Episode:
+        for _ in range(10_000):
+            ep = self.envs[i].sample_episode(self.rngs[i])
+            if ep.key() not in self.holdout:
+                return ep
+        raise ConfigError(f"env={self.env_settings.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
+                          "training pairs; lower workload.num_eval_episodes or enlarge the layout")
+
+    def _draw_eval(self, env: NavEnv) -> list[Episode]:
+        rng = np.random.default_rng(EVAL_SEED)
+        return [env.sample_episode(rng) for _ in range(self.settings.num_eval_episodes)]
+
+    def _to_tensors(self, obs: list[dict]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.stack([o[k] for o in obs])).to(self.device) for k in obs[0]}
+
+    def _start(self) -> None:
+        self.obs = [env.reset(self._episode(i)) for i, env in enumerate(self.envs)]
+        self.hidden = self.model.initial_hidden(self.num_envs).to(self.device)
+        self.prev_actions = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self.masks = torch.zeros(self.num_envs, device=self.device)
+        shapes = {k: tuple(v.shape) for k, v in self.obs[0].items()}
+        self.buffer = RolloutBuffer(self.settings.num_steps, self.num_envs, shapes, tuple(self.hidden.shape))
+
+    def _sample(self, logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        if deterministic:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float().cpu(), -1)
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1).to(logits.device)
+
+    @torch.no_grad()
+    def collect(self, k: int) -> int:
+        """Rollout ``k`` with the current model; returns the frames collected (preemption may cut it)."""
+        model, s, buf = self.model, self.settings, self.buffer
+        t0 = time.perf_counter()
+        buf.length = 0
+        buf.hidden0.copy_(self.hidden.cpu())
+        episodes = []
+        preempted = False
+        for t in range(s.num_steps):
+            obs = self._to_tensors(self.obs)
+            logits, values, hidden = model({k_: v.unsqueeze(0) for k_, v in obs.items()},
+                                           self.prev_actions.unsqueeze(0), self.masks.unsqueeze(0), self.hidden)
+            actions = self._sample(logits[0], False)
+            log_probs = Categorical(logits=logits[0]).log_prob(actions)
+            rewards, dones = torch.zeros(self.num_envs), torch.zeros(self.num_envs)
+            for i, env in enumerate(self.envs):
+                self.obs[i], rewards[i], done, info = env.step(int(actions[i]))
+                if done:
+                    dones[i] = 1.0
+                    episodes.append(info)
+                    self.obs[i] = env.reset(self._episode(i))
+            buf.insert({k_: v.cpu() for k_, v in obs.items()}, self.prev_actions.cpu(), self.masks.cpu(),
+                       actions.cpu(), log_probs.cpu(), values[0].cpu(), rewards, dones)
+            self.prev_actions, self.hidden = actions, hidden
+            self.masks = (1.0 - dones).to(self.device)
+            if (s.preemption and self.counter is not None and t + 1 < s.num_steps
+                    and should_stop_early(t + 1, s.num_steps, self.counter.done(k), self.world_size, s.sync_frac)):
+                preempted = True
+                break
+        if self.counter is not None:
+            self.counter.finish(k)
+        obs = self._to_tensors(self.obs)
+        _, next_value, _ = model({k_: v.unsqueeze(0) for k_, v in obs.items()}, self.prev_actions.unsqueeze(0),
+                                 self.masks.unsqueeze(0), self.hidden)
+        buf.finish(next_value[0].cpu(), s.gamma, s.gae_lambda if s.use_gae else 1.0, s.normalize_advantage)
+        frames = buf.length * self.num_envs
+        self._stats = {"rollout_s": round(time.perf_counter() - t0, 5), "rollout_steps": buf.length,
+                       "preempted": preempted, "frames": frames, "episodes": len(episodes)}
+        if episodes:
+            self._stats["train_success"] = round(float(np.mean([e["success"] for e in episodes])), 4)
+            self._stats["train_spl"] = round(float(np.mean([e["spl"] for e in episodes])), 4)
+        return frames
+
+    def batches(self, start_step: int) -> Iterator[dict]:
+        if self.model is None:
+            raise RuntimeError("build_model() must run before batches(): rollouts use that model")
+        self._start()
+        k, offset = divmod(start_step, self.steps_per_rollout)
+        while True:
+            frames = self.collect(k)
+            minibatches = [mb for _ in range(self.settings.ppo_epoch)
+                           for mb in self.buffer.minibatches(self.settings.num_mini_batch, self.gen)]
+            for i, mb in enumerate(minibatches[offset:]):
+                mb["frames"] = frames if i == 0 else 0
+                yield mb
+            k, offset = k + 1, 0
+
+    # --- loss -------------------------------------------------------------------------------------
+    def forward(self, model, batch):
+        dev = self.device
+        obs = {k: v.to(dev) for k, v in batch["obs"].items()}
+        logits, values, _ = model(obs, batch["prev_actions"].to(dev), batch["masks"].to(dev),
+                                  batch["hidden0"].to(dev))
+        dist = Categorical(logits=logits)
+        terms = ppo_loss(dist.log_prob(batch["actions"].to(dev)), batch["log_probs"].to(dev),
+                         batch["advantages"].to(dev), values, batch["values"].to(dev), batch["returns"].to(dev),
+                         dist.entropy(), self.settings.clip, self.settings.value_loss_coef, self.settings.entropy_coef,
+                         self.settings.clip_value_loss)
+        self._loss_stats = {"value_loss": round(float(terms.value), 5), "entropy": round(float(terms.entropy), 4)}
+        return terms.loss, int(batch["frames"])
+
+    def step_stats(self) -> dict:
+        out = dict(self._loss_stats)
+        out.update(self._stats)       # rollout timing: only on the step that collected it
+        out.update(self._eval_stats)  # both evaluation metrics, on the first step after an evaluation
+        self._stats, self._eval_stats = {}, {}
+        return out
+
+    # --- evaluation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, model, comm: Comm) -> float:
+        if self.eval_env is None:
+            self.eval_env = make_env(self.env_settings, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
+                                     split=getattr(self.env_settings, "eval_split", None))
+        if self.eval_episodes is None:
+            self.eval_episodes = self._draw_eval(self.eval_env)
+        gen = torch.Generator().manual_seed(EVAL_SEED + self.rank)
+        totals = torch.zeros(3, dtype=torch.float64)  # successes, SPL sum, episodes
+        for ep in self.eval_episodes[self.rank::self.world_size]:
+            info = self._run_episode(model, ep, gen)
+            totals += torch.tensor([info["success"], info["spl"], 1.0], dtype=torch.float64)
+        totals = totals.to(comm.device)
+        comm.allreduce(totals, op="sum")
+        success, spl_ = (totals[:2] / totals[2].clamp(min=1)).cpu().tolist()
+        self._eval_stats = {"eval_success": round(success, 4), "eval_spl": round(spl_, 4)}
+        return success if self.settings.metric == "success" else spl_
+
+    def _run_episode(self, model, ep: Episode, gen: torch.Generator) -> dict:
+        obs = self.eval_env.reset(ep)
+        hidden = model.initial_hidden(1).to(self.device)
+        prev = torch.zeros(1, dtype=torch.long, device=self.device)
+        mask = torch.zeros(1, device=self.device)
+        while True:
+            o = {k: v.unsqueeze(0) for k, v in self._to_tensors([obs]).items()}
+            logits, _, hidden = model(o, prev.unsqueeze(0), mask.unsqueeze(0), hidden)
+            if self.settings.eval_deterministic:
+                action = logits[0].argmax(-1)
+            else:
+                action = torch.multinomial(torch.softmax(logits[0].float().cpu(), -1), 1, generator=gen).squeeze(-1)
+            obs, _, done, info = self.eval_env.step(int(action))
+            if done:
+                return info
+            prev, mask = action.to(self.device).view(1), torch.ones(1, device=self.device)
