@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from wagma_bench.paths import CONF_DIR
+from wagma_bench.paths import CONF_DIR, conf_context
 
 USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
 
@@ -122,11 +122,11 @@ def run_command(overrides: list[str]) -> int:
 def run_help(overrides: list[str]) -> str:
     """Hydra's application help, listing only the groups `run` composes (Hydra's own would list every
     folder of conf/, `cluster` included), with the configuration the overrides compose."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+    with conf_context():
         cfg = compose(config_name="wagma", overrides=overrides)
         loader = GlobalHydra.instance().config_loader()
         groups = [g for g in sorted(loader.list_groups("")) if g not in NOT_RUN_GROUPS]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.paths import conf_context
 
 # Hydra's own flags (``--cfg job``, ``-cd DIR``, ``--info``, ...): the command line is left to Hydra alone.
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -70,12 +71,12 @@ def _variants(parsed: list, multirun: bool) -> list[list[str]]:
 
 
 def _compose(overrides: list[str], conf_dir: Path) -> Any:
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():  # within a caller's initialize_config_dir of conf/ (simulate)
+    if GlobalHydra.instance().is_initialized():  # within a caller's conf_context (simulate)
         return compose(config_name="wagma", overrides=overrides, return_hydra_config=True)
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="wagma-bench"):
+    with conf_context(conf_dir=conf_dir):
         return compose(config_name="wagma", overrides=overrides, return_hydra_config=True)
 
 

@@ -16,3 +16,11 @@ def _shipped_or_checkout(name: str) -> Path:
 
 CONF_DIR = _shipped_or_checkout("conf")
 SLURM_DIR = _shipped_or_checkout("slurm")
+
+
+def conf_context(job_name: str = "wagma-bench", conf_dir: Path | None = None):
+    """Hydra initialised on the configuration folder (``with conf_context(): compose(...)``), as every command
+    composes ``conf/`` outside a ``@hydra.main`` job."""
+    from hydra import initialize_config_dir
+
+    return initialize_config_dir(config_dir=str(conf_dir or CONF_DIR), version_base="1.3", job_name=job_name)

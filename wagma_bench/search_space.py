@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.paths import CONF_DIR
+from wagma_bench.paths import CONF_DIR, conf_context
 
 SPACE_DIR = CONF_DIR / "search_space"
 REQUIRED = ("lr_multiplier", "warmup_fraction")
@@ -213,7 +213,7 @@ def check_against_config(space: SearchSpace, where: str) -> None:
     """Every key a setting of the run config, every bound and choice a value the config accepts: each put
     into the optimizer's default configuration (``optimizer=NAME``, other groups at their defaults) and
     checked by :func:`wagma_bench.config.validate`."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
     from wagma_bench.config import TrainConfig, validate
     from wagma_bench.optim import OPTIMIZERS
@@ -235,7 +235,7 @@ def check_against_config(space: SearchSpace, where: str) -> None:
     if GlobalHydra.instance().is_initialized():  # inside tune's own compose session (over the same conf/)
         base = compose(config_name="wagma", overrides=overrides)
     else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="tune"):
+        with conf_context("tune"):
             base = compose(config_name="wagma", overrides=overrides)
     for d in space.dims:
         if d.key in REQUIRED:

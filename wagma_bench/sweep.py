@@ -45,7 +45,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from wagma_bench.config import ConfigError, validate
 from wagma_bench.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
-from wagma_bench.paths import CONF_DIR, SLURM_DIR
+from wagma_bench.paths import CONF_DIR, SLURM_DIR, conf_context
 from wagma_bench.slurm_util import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
@@ -212,10 +212,9 @@ class _config_loader:
     def __enter__(self):
         if not self.needed:
             return None
-        from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
-        self._init = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench")
+        self._init = conf_context()
         self._init.__enter__()
         return GlobalHydra.instance().config_loader()
 
@@ -287,11 +286,11 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
 def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
     """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
     composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
 
     seen: dict[tuple, None] = {}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="sweep"):
+    with conf_context("sweep"):
         for run in runs:
             rest = tuple(o for o in run.overrides if not o.startswith("seed="))
             if rest in seen:
@@ -312,9 +311,9 @@ def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
 
 def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
     """Each run's composed configuration (Hydra's ``--cfg job`` view), headed by its name and overrides."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+    with conf_context():
         for run in runs:
             overrides = spec.common + spec.cluster.run_overrides + run.overrides
             cfg = compose(config_name="wagma", overrides=overrides)

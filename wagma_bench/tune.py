@@ -50,7 +50,7 @@ from wagma_bench.events import (
     run_subdir,
     write_json_atomic,
 )
-from wagma_bench.paths import CONF_DIR
+from wagma_bench.paths import conf_context
 from wagma_bench.search_space import draw, load_space, parse_space_override
 
 PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
@@ -160,14 +160,14 @@ def combinations(args: TuneArgs):
 
 def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
     """The trials of every combination, and each trial's composed, checked config (``raw``)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
     from wagma_bench.config import validate
 
     spec, combos = combinations(args)
     extra = spec.cluster.run_overrides if spec.cluster else []
     trials, raws, spaces = [], {}, {}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="tune"):
+    with conf_context("tune"):
         for name, gpus, axis in combos:
             base = _compose_checked(compose, validate, [*spec.common, *extra, *axis], name)
             opt = base.optimizer.name

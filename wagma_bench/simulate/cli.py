@@ -75,7 +75,7 @@ from wagma_bench.config import RunConfig, check_world, validate
 from wagma_bench.events import RunEvents, SymlinkRefused, write_text_atomic
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.paths import CONF_DIR
+from wagma_bench.paths import CONF_DIR, conf_context
 from wagma_bench.report import write_csv
 from wagma_bench.schedules import CONTROL_EVERY
 from wagma_bench.simulate.costs import Network
@@ -211,7 +211,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     """Per optimizer, the configuration `wagma-bench run` would compose and check with these overrides.
     An ``optimizer.KEY`` goes to the selected optimizers that have that setting (to all when none has it,
     so that the error is `run`'s)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -219,7 +219,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from wagma_bench.overrides import unknown_key_message
 
     runs = {}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="wagma-bench"):
+    with conf_context():
         for name in req.optimizers:
             mine = optimizer_overrides(req, name)
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
