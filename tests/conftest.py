@@ -4,7 +4,7 @@ Every temporary file of the suite, its own and its subprocesses' (launcher heart
 killed launcher, wandb's media folders, torchelastic's and the forkserver's scratch files), lands under
 pytest's own temporary directory, which pytest rotates (the last three sessions are kept), not in the
 machine's /tmp. Not covered: MPICH's launcher ignores TMPDIR (a ``hydra_hwloc_xmlfile_*`` in /tmp), and the
-local SLURM makes its directory under /tmp on purpose (``wagma_bench.slurm_util.local_cluster``).
+local SLURM makes its directory under /tmp on purpose (``tests/slurm_cluster.py``'s ``local_cluster``).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_cluster import local_cluster, local_cluster_script, on_host
 from wagma_bench.events import read_jsonl
-from wagma_bench.slurm_util import local_cluster, local_cluster_script, on_host
 
 BIN = Path(sys.executable).parent
 HOSTS = ["wagma-n1", "wagma-n2"]

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_cluster import local_cluster, standin_partition
 from wagma_bench import sweep
 from wagma_bench.errors import ConfigError
 from wagma_bench.events import read_jsonl
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.slurm_util import local_cluster, standin_partition
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (sweep.CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"

@@ -71,14 +71,6 @@ def butterfly_stage(world_size: int, group_size: int, stage: int) -> tuple[Group
     return tuple(tuple(g) for g in groups.values())
 
 
-def butterfly_group(rank: int, world_size: int, group_size: int, step: int) -> Group:
-    """The group of ``rank`` at ``step`` (stages alternate round-robin with the step)."""
-    for group in butterfly_stage(world_size, group_size, step):
-        if rank in group:
-            return group
-    raise ValueError(f"rank {rank} is outside the world of size {world_size}")
-
-
 def hypercube_neighbours(rank: int, group: Group) -> tuple[int, ...]:
     """Neighbours of ``rank`` on the hypercube over the positions of ``group`` (activation tree edges)."""
     pos = group.index(rank)
