@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -167,10 +168,16 @@ def test_the_listed_packages_are_every_package_and_data_folder():
 def test_a_wheel_installed_elsewhere_runs_from_another_directory(tmp_path):
     """`pip wheel` of this repository, installed into a folder of its own (no clone on the path), then a run
     from another directory: Hydra finds the configuration inside the installed package."""
-    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    wheels, site, elsewhere, source = (tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere", tmp_path / "source")
     elsewhere.mkdir()
+    # built from a copy: setuptools leaves build/ beside the sources, and the checkout must stay as it was
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("wagma_bench", "conf", "slurm"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(wheels)], check=True,
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(source), "-w", str(wheels)], check=True,
                    capture_output=True, timeout=300)
     (wheel,) = wheels.glob("wagma_bench-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True,

@@ -1,5 +1,0 @@
-import sys
-
-from wagma_bench.cli import main
-
-sys.exit(main())
