@@ -48,9 +48,13 @@ def mark(name: str) -> None:
     """Note that this process passed ``name`` now (the first time only: a resume marks nothing twice)."""
     if name not in MARKS:
         raise ValueError(f"unknown start-up mark {name!r}; one of {', '.join(MARKS)}")
-    if not _marks:
-        _marks["launched"] = process_start_time()
+    _launched()
     _marks.setdefault(name, time.time())
+
+
+def _launched() -> None:
+    if "launched" not in _marks:  # this process's own start, unless a launcher's marks or a new job set it
+        _marks["launched"] = process_start_time()
 
 
 def new_job() -> None:
@@ -62,8 +66,7 @@ def new_job() -> None:
 
 def for_ranks() -> str:
     """The marks so far, for :data:`STARTUP_ENV` of the ranks this process starts."""
-    if not _marks:
-        _marks["launched"] = process_start_time()
+    _launched()
     return json.dumps(_marks)
 
 
