@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from wagma_bench.paths import SLURM_DIR
+from wagma_bench.config.paths import SLURM_DIR
 
 
 def standin_partition(profile: dict) -> str:

@@ -21,8 +21,8 @@ def _recorded_runs(comm, run_dir: str) -> list:
     from hydra import compose, initialize_config_dir
 
     from wagma_bench import optim
-    from wagma_bench.config import validate
-    from wagma_bench.trainer import train
+    from wagma_bench.config.schema import validate
+    from wagma_bench.train.trainer import train
 
     calls: list = []
     base = optim.OPTIMIZERS["local_sgd"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench import intervals
-from wagma_bench.claims import (
+from wagma_bench.analysis import intervals
+from wagma_bench.analysis.claims import (
     CLAIMS_FILE,
     README_BLOCK,
     decide,

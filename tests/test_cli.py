@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.proc_util import rank_pids
-from wagma_bench.events import RunStart, read_jsonl
+from wagma_bench.record.events import RunStart, read_jsonl
 from wagma_bench.simulate.calibrate import model_params_of
 
 BIN = Path(sys.executable).parent / "wagma-bench"

@@ -30,7 +30,7 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
 
 
 def test_bandwidths_are_nccl_tests_algbw_and_busbw():
-    from wagma_bench.commbench import format_table, ratio_table
+    from wagma_bench.runtime.commbench import format_table, ratio_table
 
     rows = [{"op": "allreduce", "impl": impl, "group_size": n, "bytes": 100_000_000, "median_s": 0.1,
              "p10_s": 0.09, "p90_s": 0.11} for impl in ("ours", "raw") for n in (4, 2)]

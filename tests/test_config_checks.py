@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from wagma_bench.config import FIXED_SECTIONS, WandbConfig, option_schemas, validate
+from wagma_bench.config.schema import FIXED_SECTIONS, WandbConfig, option_schemas, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads import WORKLOADS, get_workload
 
@@ -96,7 +96,7 @@ def test_a_nested_section_is_range_checked(monkeypatch):
     """`logger.wandb` is a section inside a section: its numbers are checked like any other."""
     from omegaconf import OmegaConf
 
-    from wagma_bench.config import POSITIVE, RANGES, check_ranges
+    from wagma_bench.config.schema import POSITIVE, RANGES, check_ranges
 
     monkeypatch.setitem(RANGES, "x.inner.timeout_s", POSITIVE)
     merged = OmegaConf.merge(OmegaConf.structured(_Outer), {"inner": {"timeout_s": -1}})
@@ -106,7 +106,7 @@ def test_a_nested_section_is_range_checked(monkeypatch):
 
 def test_an_optimizers_own_range_wins_over_the_shared_one(monkeypatch):
     """`optimizer/NAME.KEY` binds only that optimizer; `optimizer.KEY` every optimizer that has the key."""
-    from wagma_bench.config import RANGES, Range
+    from wagma_bench.config.schema import RANGES, Range
 
     with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
         validate(_compose("optimizer=wagma", "optimizer.tau=0"))
@@ -127,12 +127,12 @@ def test_another_optimizers_range_does_not_cover_a_new_one():
     """A new optimizer's `tau` is not checked with WAGMA-SGD's range: it has none until declared."""
     from omegaconf import OmegaConf
 
-    from wagma_bench.config import check_ranges
+    from wagma_bench.config.schema import check_ranges
 
     merged = OmegaConf.structured(_NewOptimizer)
     with pytest.raises(ConfigError) as err:
         check_ranges("optimizer", _NewOptimizer, merged, "new")
     assert str(err.value) == (
-        "optimizer.tau has no allowed range in wagma_bench.config.RANGES; add `optimizer/new.tau` (this "
+        "optimizer.tau has no allowed range in wagma_bench.config.schema.RANGES; add `optimizer/new.tau` (this "
         "optimizer's own) or `optimizer.tau` (shared by every optimizer with that key) to RANGES in "
-        "wagma_bench/config.py")
+        "wagma_bench/config/schema.py")

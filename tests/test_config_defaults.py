@@ -19,7 +19,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from wagma_bench.config import FIXED_SECTIONS, option_schemas, validate
+from wagma_bench.config.schema import FIXED_SECTIONS, option_schemas, validate
 from wagma_bench.workloads import WORKLOADS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

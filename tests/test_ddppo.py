@@ -353,7 +353,7 @@ def compose(*overrides):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
 
     conf = Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
@@ -390,7 +390,7 @@ def test_policy_backbones_build_and_run(backbone, side):
 
 
 def test_unscaled_learning_rate_for_rl():
-    from wagma_bench.schedules import peak_lr
+    from wagma_bench.config.schedules import peak_lr
 
     assert peak_lr(2.5e-4, 256, 1024, None) == 2.5e-4  # DD-PPO: the same rate at any number of GPUs
     assert peak_lr(0.1, 128, 4, 256) == pytest.approx(0.2)

@@ -25,7 +25,7 @@ TINY = ["env=gridnav", "env.num_envs=2", "env.max_episode_steps=20", "workload.n
 def _cfg(overrides):
     from hydra import compose, initialize_config_dir
 
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return validate(compose("wagma", overrides=["workload=ddppo", *overrides]))
@@ -75,7 +75,7 @@ def _preempt_and_count(comm) -> dict:
 
 
 def _train(comm, run_root: str, optimizers: list[str], preemption: bool = False) -> dict:
-    from wagma_bench.trainer import train
+    from wagma_bench.train.trainer import train
 
     out = {"preemption": _preempt_and_count(comm) if preemption else None}
     for name in optimizers:

@@ -13,7 +13,7 @@ from wagma_bench.optim import OPTIMIZERS
 
 def test_every_algorithm_declares_its_class_attributes():
     """What the trainer and the tables read from the class: set by each algorithm, not inherited."""
-    from tests.test_optimizer_conformance import missing, module_and_attributes
+    from tests.test_conformance import missing, module_and_attributes
 
     problems = missing(module_and_attributes)
     assert not problems, "\n".join(problems)
@@ -22,7 +22,7 @@ def test_every_algorithm_declares_its_class_attributes():
 
 def _evaluate_after_a_step(comm, with_buffers: bool):
     from wagma_bench.optim.allreduce import AllreduceSGD
-    from wagma_bench.trainer import EvalModel
+    from wagma_bench.train.trainer import EvalModel
 
     torch.manual_seed(comm.rank)  # different data on every rank
     layers = [nn.Linear(4, 4), nn.BatchNorm1d(4)] if with_buffers else [nn.Linear(4, 4)]

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench import mlperf, report, sweep
-from wagma_bench.events import RunEvents, RunStart, summarize, write_json_atomic
-from wagma_bench.schedules import peak_lr
-from wagma_bench.simulate.cli import samples_to_target
+from wagma_bench.analysis import report
+from wagma_bench.cli.simulate import samples_to_target
+from wagma_bench.config.schedules import peak_lr
+from wagma_bench.record import mlperf
+from wagma_bench.record.events import RunEvents, RunStart, summarize, write_json_atomic
+from wagma_bench.runtime import sweep
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"
 T0 = 1.7e12
@@ -115,5 +117,5 @@ def _imports(path: Path) -> set[str]:
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package, so
     no cycle (events <-> loggers, events <-> mlperf) can run through it."""
-    assert _imports(PACKAGE / "events.py") <= {"wagma_bench.schedules"}
-    assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "schedules.py")}
+    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules"}
+    assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "config" / "schedules.py")}

@@ -21,8 +21,14 @@ import pytest
 import torch
 
 from tests.proc_util import rank_pids
-from wagma_bench.config import FIXED_SECTIONS, RANGES, allowed_range, missing_range_hint, option_schemas
-from wagma_bench.events import read_jsonl
+from wagma_bench.config.schema import (
+    FIXED_SECTIONS,
+    RANGES,
+    allowed_range,
+    missing_range_hint,
+    option_schemas,
+)
+from wagma_bench.record.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -74,7 +80,7 @@ def _compose(*overrides: str):
 
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
 def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(key, value, extra):
-    from wagma_bench.config import ConfigError, validate
+    from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:
         validate(_compose(*extra, "launcher.nproc=2", f"{key}={value}"))
@@ -88,7 +94,7 @@ def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(k
     (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
 ])
 def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(extra, reason):
-    from wagma_bench.config import ConfigError, validate
+    from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:
         validate(_compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))
@@ -167,7 +173,7 @@ def test_every_range_entry_names_a_setting_that_exists():
     known = {f"{section}.{key}" for section, key, _ in _numeric_settings()}
     known |= {f"{section}/{option}.{key}" for section, key, option in _numeric_settings() if option}
     stale = sorted(set(RANGES) - known - {"seed"})
-    assert not stale, f"RANGES in wagma_bench/config.py: remove or fix {', '.join(stale)} (no such setting)"
+    assert not stale, f"RANGES in wagma_bench/config/schema.py: remove or fix {', '.join(stale)} (no such setting)"
 
 
 # --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------
@@ -304,7 +310,7 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
     # the MLPerf log of the same run passes the official checker, with our run_suspend / run_resume in order
     # (the ResNet-20 run in tests/test_mllog.py, stopped after an evaluation, is in make test-long)
     from tests.test_mllog import assert_compliant, keys_of
-    from wagma_bench.mlperf import MLLOG
+    from wagma_bench.record.mlperf import MLLOG
 
     assert_compliant(tmp_path / MLLOG, "4.0.0")
     mllog = keys_of(tmp_path / MLLOG)
@@ -465,7 +471,7 @@ def _write_lock(run_dir: Path, **holder) -> None:
 
 
 def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch, capsys):
-    from wagma_bench.rundir import RunDirLock, RunDirLocked
+    from wagma_bench.record.rundir import RunDirLock, RunDirLocked
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     dead = subprocess.Popen(["true"])
@@ -685,7 +691,7 @@ ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long
 
 def test_every_registered_optimizer_has_a_resume_test():
     """Bit-identical continuation (deterministic ones) or every step and round logged once (asynchronous)."""
-    from tests.test_optimizer_conformance import missing, resume_entry
+    from tests.test_conformance import missing, resume_entry
     from wagma_bench.optim import OPTIMIZERS
 
     problems = missing(resume_entry)

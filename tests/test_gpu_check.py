@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wagma_bench.events import read_jsonl
+from wagma_bench.record.events import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "reproduce" / "gpu" / "check.py"

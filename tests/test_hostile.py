@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.proc_util import fork_servers, rank_pids
-from wagma_bench.events import read_jsonl
+from wagma_bench.record.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
@@ -59,7 +59,7 @@ def test_planted_run_file_symlink_is_refused_naming_it_and_its_target_is_unchang
 def test_planted_temp_file_symlink_does_not_redirect_the_summary(tmp_path):
     """The temporary name of an atomic write was guessable (``.summary.json.tmp<PID>``): a link planted there
     received the summary, and the rename made ``summary.json`` itself that link."""
-    from wagma_bench.events import write_json_atomic
+    from wagma_bench.record.events import write_json_atomic
 
     victim = _victim(tmp_path)
     (tmp_path / f".summary.json.tmp{os.getpid()}").symlink_to(victim)
@@ -70,49 +70,49 @@ def test_planted_temp_file_symlink_does_not_redirect_the_summary(tmp_path):
 
 
 def _event_log(run_dir: Path):
-    from wagma_bench.events import EventLog
+    from wagma_bench.record.events import EventLog
 
     EventLog(run_dir, enabled=True).close()
 
 
 def _event_log_resumed(run_dir: Path):
-    from wagma_bench.events import EventLog
+    from wagma_bench.record.events import EventLog
 
     EventLog(run_dir, enabled=True, resume_step=4).close()
 
 
 def _step_log(run_dir: Path):
-    from wagma_bench.events import StepLog
+    from wagma_bench.record.events import StepLog
 
     StepLog(run_dir, rank=0).close()
 
 
 def _launcher_record(run_dir: Path):
-    from wagma_bench.rundir import record_failure
+    from wagma_bench.record.rundir import record_failure
 
     record_failure(run_dir, "rank 1 was killed")
 
 
 def _mllog(run_dir: Path):
-    from wagma_bench.mlperf import write_mllog
+    from wagma_bench.record.mlperf import write_mllog
 
     write_mllog(run_dir)
 
 
 def _lock(run_dir: Path):
-    from wagma_bench.rundir import RunDirLock
+    from wagma_bench.record.rundir import RunDirLock
 
     RunDirLock(run_dir).acquire()
 
 
 def _shared_heartbeat(run_dir: Path):
-    from wagma_bench.supervise import HEARTBEATS, start_heartbeat
+    from wagma_bench.runtime.supervise import HEARTBEATS, start_heartbeat
 
     start_heartbeat(run_dir / HEARTBEATS, 0, period_s=60)
 
 
 def _rank_error(run_dir: Path):
-    from wagma_bench.supervise import HEARTBEATS, report_error
+    from wagma_bench.runtime.supervise import HEARTBEATS, report_error
 
     report_error(str(run_dir / HEARTBEATS), 0, RuntimeError("boom"))
 
@@ -131,7 +131,7 @@ WRITERS = [
 
 @pytest.mark.parametrize("write,name", WRITERS, ids=[f"{w.__name__}-{n}" for w, n in WRITERS])
 def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write, name):
-    from wagma_bench.events import SymlinkRefused
+    from wagma_bench.record.events import SymlinkRefused
 
     run_dir = tmp_path / "run"
     (run_dir / "steps").mkdir(parents=True)
@@ -189,7 +189,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     In the restarted attempt rank 1 starts 3 s late, so rank 0 reads rank 1's store keys before rank 1 has
     written them: the previous attempt's keys (gloo's address of the killed worker), where the agent's store
     still serves them under the same names."""
-    from wagma_bench.launch import free_port
+    from wagma_bench.runtime.launch import free_port
 
     wrapper = tmp_path / "late_rank1_on_restart.sh"
     wrapper.write_text('#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && sleep 3\n'
@@ -243,7 +243,7 @@ def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts
 
     import torch.distributed as dist
 
-    from wagma_bench.launch import free_port
+    from wagma_bench.runtime.launch import free_port
 
     port = free_port()  # the other run's rank 0 hosts its store there and names the run in it
     holder = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
@@ -260,7 +260,7 @@ def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts
 
 @pytest.mark.long
 def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_completes(tmp_path):
-    from wagma_bench.launch import free_port
+    from wagma_bench.runtime.launch import free_port
 
     port = free_port()
     holder_dir, second_dir = tmp_path / "holder", tmp_path / "second"
@@ -294,7 +294,7 @@ def test_two_runs_racing_for_one_fixed_port_one_completes_the_other_exits_2_befo
     """Both launchers start at the same moment; each probes the port and finds it free. The launcher itself
     binds the port (it hosts the run's store) before it starts any rank, so the second to bind exits 2 naming
     the port, while the first runs to its end."""
-    from wagma_bench.launch import free_port
+    from wagma_bench.runtime.launch import free_port
 
     port = free_port()
     dirs = [tmp_path / "a", tmp_path / "b"]
@@ -322,7 +322,7 @@ def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_an
     """The race the port check cannot close (the port taken between the check and rank 0's bind, or a SLURM
     port derived from the job id): a rank of run B that reaches run A's store fails before it writes a key
     there; A's store serves A on."""
-    from wagma_bench.launch import ForeignStore, free_port, join_store
+    from wagma_bench.runtime.launch import ForeignStore, free_port, join_store
 
     port = free_port()
     theirs = join_store(("127.0.0.1", port), 0, 30, "1234 /runs/a")
@@ -336,7 +336,7 @@ def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_an
 
 
 def test_run_identity_is_the_launchers_id_else_the_directory():
-    from wagma_bench.launch import _same_run, run_identity
+    from wagma_bench.runtime.launch import _same_run, run_identity
 
     assert run_identity("/r", {"WAGMA_BENCH_RUN_NONCE": "ab12"}) == "ab12 /r"
     assert run_identity("/r", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1"}) == "slurm-7.1 /r"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench.config import ConfigError, validate
+from wagma_bench.config.cluster import load_profile
+from wagma_bench.config.schema import ConfigError, validate
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -88,7 +89,7 @@ def test_targets_within_their_metric_range_pass():
     (["-m", "optimizer=allreduce,wagma", "optimizer.tau=3"], "valid keys of optimizer: name, bucket_mb"),
 ])
 def test_unknown_key_however_hydra_reports_it_lists_the_valid_keys(overrides, message):
-    from wagma_bench.overrides import precheck
+    from wagma_bench.config.overrides import precheck
 
     with pytest.raises(ConfigError) as err:
         precheck(overrides, CONF)
@@ -98,10 +99,10 @@ def test_unknown_key_however_hydra_reports_it_lists_the_valid_keys(overrides, me
 @pytest.mark.parametrize("args", [["cluster.network.alpah_s=1e-6"], ["cluster.network.inter.alpah_s=1e-6"],
                                   ["cluster.launcher.torhc=srun"]])
 def test_unknown_nested_cluster_key_is_refused_by_sweep(args):
-    from wagma_bench import sweep
+    from wagma_bench.runtime import sweep
 
     with pytest.raises(ConfigError) as err:
-        sweep.load_profile("local", [a.removeprefix("cluster.") for a in args])
+        load_profile("local", [a.removeprefix("cluster.") for a in args])
     key = args[0].split("=")[0]
     assert f"{key}: unknown key" in str(err.value) and "valid keys of" in str(err.value), str(err.value)
     with pytest.raises(ConfigError, match="unknown key"):
@@ -109,7 +110,7 @@ def test_unknown_nested_cluster_key_is_refused_by_sweep(args):
 
 
 def test_unknown_nested_cluster_key_is_refused_by_simulate(tmp_path, capsys):
-    from wagma_bench.simulate.cli import main
+    from wagma_bench.cli.simulate import main
 
     code = main(["cluster=local", "cluster.network.alpah_s=1e-6", "gpus=8", "optimizer=allreduce", "--out",
                  str(tmp_path / "sim")])
@@ -193,7 +194,7 @@ def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(tmp
 
 def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):
     """An end whose events cannot give an MLPerf log (no run_start) removes the earlier log."""
-    from wagma_bench.mlperf import write_mllog
+    from wagma_bench.record.mlperf import write_mllog
 
     (tmp_path / "mllog.txt").write_text(":::MLLOG {\"key\": \"run_stop\", \"metadata\": {\"epoch_num\": 3}}\n")
     (tmp_path / "events.jsonl").write_text(json.dumps({"key": "run_resume", "value": None, "time_ms": 1,
@@ -222,7 +223,7 @@ def finished(finished_run) -> Path:
 
 def report(args: list[str], capsys) -> tuple[int, str]:
     """``wagma-bench report ARGS`` in this process (its stderr)."""
-    from wagma_bench.report import main
+    from wagma_bench.analysis.report import main
 
     code = main(args)
     return code, capsys.readouterr().err

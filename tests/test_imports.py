@@ -92,4 +92,4 @@ def test_no_import_cycle_among_the_modules():
 
 def test_config_and_workloads_do_not_import_each_other():
     graph = module_imports()
-    assert "wagma_bench.config" not in set().union(*(graph[m] for m in graph if m.startswith("wagma_bench.workloads")))
+    assert "wagma_bench.config.schema" not in set().union(*(graph[m] for m in graph if m.startswith("wagma_bench.workloads")))

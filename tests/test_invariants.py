@@ -214,7 +214,7 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
 def test_every_registered_optimizer_has_an_invariant_case():
     """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding an
     optimizer")."""
-    from tests.test_optimizer_conformance import invariant_case, missing
+    from tests.test_conformance import invariant_case, missing
     from wagma_bench.optim import OPTIMIZERS
 
     problems = missing(invariant_case)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from tests.proc_util import rank_pids
-from wagma_bench.checkpoint import latest_set
-from wagma_bench.events import read_jsonl
+from wagma_bench.record.checkpoint import latest_set
+from wagma_bench.record.events import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 
@@ -58,7 +58,7 @@ def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) ->
     wrapper = cwd / "late_rank1.sh"
     wrapper.write_text(f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n')
     wrapper.chmod(0o755)
-    from wagma_bench.launch import free_port
+    from wagma_bench.runtime.launch import free_port
 
     torchrun = Path(sys.executable).parent / "torchrun"
     rdzv = (["--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
@@ -97,7 +97,7 @@ def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
 
 
 def test_run_directory_from_the_launchers_stable_id():
-    from wagma_bench.launch import agreed_run_dir_override, launcher_run_id
+    from wagma_bench.runtime.launch import agreed_run_dir_override, launcher_run_id
 
     assert launcher_run_id({"TORCHELASTIC_RUN_ID": "a b/c"}) == "torchrun-a_b_c"
     assert launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default: shared by unrelated runs
@@ -121,7 +121,7 @@ def test_device_plan_ranks_backend_and_device():
     import pytest
 
     from wagma_bench.errors import ConfigError
-    from wagma_bench.launch import DevicePlan, device_plan
+    from wagma_bench.runtime.launch import DevicePlan, device_plan
 
     assert device_plan(0, None, "auto") == DevicePlan(4, "gloo", False)  # `make run` on a CPU: 4 ranks
     assert device_plan(8, None, "auto") == DevicePlan(8, "nccl", True)  # one rank per visible GPU

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.proc_util import rank_pids
-from wagma_bench.events import EVENTS, read_jsonl
-from wagma_bench.mlperf import MLLOG, mllog_records, write_mllog
+from wagma_bench.record.events import EVENTS, read_jsonl
+from wagma_bench.record.mlperf import MLLOG, mllog_records, write_mllog
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_steps=10"]

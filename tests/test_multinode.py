@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, local_cluster_script, on_host
-from wagma_bench.events import read_jsonl
+from wagma_bench.record.events import read_jsonl
 
 BIN = Path(sys.executable).parent
 HOSTS = ["wagma-n1", "wagma-n2"]
@@ -83,7 +83,7 @@ def test_hosts_have_their_own_names_and_addresses(cluster):
 
 
 def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
-    from wagma_bench.hosts import NetworkError, choose_gloo_interface, interface_address, node_address
+    from wagma_bench.runtime.hosts import NetworkError, choose_gloo_interface, interface_address, node_address
 
     addr = node_address("wagma-n1")  # not resolvable: slurmctld's NodeAddr
     assert addr.startswith("10.213.") and addr.endswith(".11")
@@ -149,7 +149,7 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     """A rendered sweep, `sbatch -N 2 --ntasks-per-node 2` (gpus=4 at 2 rank slots a node), Allreduce-SGD and
     WAGMA-SGD to their step budget: the batch script runs on wagma-n1, srun starts ranks on both hosts, which
     agree on one run directory each."""
-    from wagma_bench import sweep
+    from wagma_bench.runtime import sweep
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
@@ -241,7 +241,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     """USR1 to a two-node job's ranks (as --signal=USR1@90 sends it): every rank on both hosts saves, rank 0
     requeues the job, which starts again on both hosts and resumes from the checkpoint in the same run
     directory: one run_start, one run_resume, ranks on both hosts both times."""
-    from wagma_bench import sweep
+    from wagma_bench.runtime import sweep
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",

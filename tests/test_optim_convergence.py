@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from tests.test_optim_util import make_algorithm, run_world
+from wagma_bench.config.schedules import round_up
 from wagma_bench.optim import OPTIMIZERS as REGISTRY
-from wagma_bench.schedules import round_up
 
 # name -> (registered optimizer, settings): every registered optimizer at its defaults, and the other modes
 OPTIMIZERS = {name: (name, {}) for name in REGISTRY} | {

@@ -247,7 +247,7 @@ def test_random_initiator_is_shared_and_uniform():
 
 
 def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
 
     for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
                                       ("local_sgd", "period", 0, "period=0 is not allowed; it must be >= 1"),
@@ -267,8 +267,8 @@ def test_documented_yaml_matches_the_settings(name):
 
     from omegaconf import OmegaConf
 
-    from tests.test_optimizer_conformance import yaml_file
-    from wagma_bench.config import validate
+    from tests.test_conformance import yaml_file
+    from wagma_bench.config.schema import validate
     from wagma_bench.optim import get_optimizer
 
     problems = yaml_file(name)
@@ -428,7 +428,7 @@ ORACLES = {
 
 
 def test_every_registered_optimizer_has_an_oracle():
-    from tests.test_optimizer_conformance import missing, oracle
+    from tests.test_conformance import missing, oracle
 
     problems = missing(oracle)
     problems += [f"tests/test_optim_oracles.py: remove {name!r} from ORACLES (not a registered optimizer)"

@@ -30,7 +30,7 @@ def _one_line_naming(stderr: str, link: Path) -> None:
 
 
 def test_report_refuses_planted_links(tmp_path, capsys):
-    from wagma_bench.report import main
+    from wagma_bench.analysis.report import main
 
     runs = tmp_path / "runs"
     write_run(runs / "a", "allreduce", 1, [(10, 5.0, 0.5), (20, 10.0, 0.95)])
@@ -69,7 +69,7 @@ def test_sweep_refuses_a_planted_job_script(tmp_path):
 
 
 def test_simulate_refuses_a_planted_prediction_file(tmp_path, capsys):
-    from wagma_bench.simulate.cli import main
+    from wagma_bench.cli.simulate import main
 
     out = tmp_path / "sim"
     victim = _plant(out / "predictions.json", tmp_path)

@@ -183,7 +183,7 @@ def test_a_wheel_installed_elsewhere_runs_from_another_directory(tmp_path):
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True,
                    capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(site)}
-    where = subprocess.run([sys.executable, "-c", "import wagma_bench.paths as p; print(p.CONF_DIR)"], env=env,
+    where = subprocess.run([sys.executable, "-c", "import wagma_bench.config.paths as p; print(p.CONF_DIR)"], env=env,
                            cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
     assert where == str(site / "wagma_bench" / "conf")
     out = subprocess.run([sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=2",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench import plots, report
-from wagma_bench.events import summarize, write_json_atomic
-from wagma_bench.loggers import has_api_key, resolve_mode, sweep_group
+from wagma_bench.analysis import plots, report
+from wagma_bench.record.events import summarize, write_json_atomic
+from wagma_bench.record.loggers import has_api_key, resolve_mode, sweep_group
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,12 +182,12 @@ def test_throughput_plot_takes_predictions(tmp_path):
 # --- W&B and MLPerf logs (pure parts) ----------------------------------------------------------------
 
 def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path, monkeypatch):
-    """The check `run` makes before it starts any rank (cli._run_job -> extras.check_extras), so the ranks
+    """The check `run` makes before it starts any rank (cli.run._run_job -> runtime.extras.check_extras), so the ranks
     never meet it on rank 0 after they are up."""
     from hydra import compose, initialize_config_dir
 
-    from wagma_bench.config import ConfigError, validate
-    from wagma_bench.extras import check_extras
+    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.runtime.extras import check_extras
 
     empty = tmp_path / "netrc"
     empty.write_text("")

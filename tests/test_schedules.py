@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from wagma_bench.events import summarize
+from wagma_bench.config.schedules import lr_at, peak_lr, round_up
 from wagma_bench.imbalance import FixedImbalance, LognormalImbalance, PaperImbalance
-from wagma_bench.schedules import lr_at, peak_lr, round_up
-from wagma_bench.trainer import make_local_optimizer
+from wagma_bench.record.events import summarize
+from wagma_bench.train.trainer import make_local_optimizer
 
 
 def test_linear_scaling_rule_and_paper_resnet50_schedule():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.imbalance import FixedImbalance, PaperImbalance
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 from wagma_bench.simulate.costs import Link, Network, allreduce_time
 from wagma_bench.simulate.des import SIMULATIONS, SimConfig, SimState, Workload, local_state_tensors, simulate
@@ -167,7 +167,7 @@ def test_fit_run_reads_step_records(tmp_path):
 
 
 def test_calibrate_prints_resampled_and_trace_predictions(tmp_path, capsys):
-    from wagma_bench.simulate.cli import main
+    from wagma_bench.cli.simulate import main
 
     run = write_run(tmp_path)
     assert main(["--calibrate", str(run), "params=1000", "--out", str(tmp_path / "sim")]) == 0
@@ -203,7 +203,7 @@ def test_control_exchanges_fall_on_sync_rounds():
 
 
 def test_simulators_cover_the_optimizer_registry_and_take_its_settings():
-    from tests.test_optimizer_conformance import missing, simulation
+    from tests.test_conformance import missing, simulation
 
     problems = missing(simulation)  # one model per optimizer, keyed by its class
     problems += [f"wagma_bench/simulate/des.py: remove {cls.__name__} from SIMULATIONS (not a registered optimizer)"
@@ -236,7 +236,7 @@ def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
 
 
 def test_cli_writes_table_and_plot(tmp_path, capsys):
-    from wagma_bench.simulate.cli import main
+    from wagma_bench.cli.simulate import main
 
     rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=paper", "train.max_steps=22",
                "samples_to_target=1e5", "--out", str(tmp_path)])
@@ -289,7 +289,7 @@ def _stderr_of(capsys, main, argv: list[str]) -> tuple[int, str]:
 def test_simulate_refuses_what_run_refuses_with_runs_message(bad, tmp_path, capsys, monkeypatch):
     """One configuration: `simulate` composes conf/ and checks it as `run` does, before anything runs."""
     from wagma_bench.cli import main as wagma_bench
-    from wagma_bench.simulate.cli import main as simulate_main
+    from wagma_bench.cli.simulate import main as simulate_main
 
     monkeypatch.chdir(tmp_path)
     run_rc, run_err = _stderr_of(capsys, wagma_bench, ["run", *bad, f"hydra.run.dir={tmp_path}/run"])
@@ -302,7 +302,7 @@ def test_simulate_refuses_what_run_refuses_with_runs_message(bad, tmp_path, caps
 
 def test_simulate_accepts_runs_option_names(tmp_path, capsys):
     """Any override `run` takes is taken (and checked), whether or not the simulation depends on it."""
-    from wagma_bench.simulate.cli import main as simulate_main
+    from wagma_bench.cli.simulate import main as simulate_main
 
     rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
@@ -315,7 +315,7 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 def test_simulate_reads_runs_batch_and_steps_and_refuses_epochs(tmp_path, capsys):
     """`run`'s train.max_steps and train.batch_size are the simulation's rounds and batch (no second name);
     what a throughput model cannot honour is refused, not ignored."""
-    from wagma_bench.simulate.cli import main as simulate_main
+    from wagma_bench.cli.simulate import main as simulate_main
 
     base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8"]
     out = ["--out", str(tmp_path)]
@@ -364,7 +364,7 @@ def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(
 
 
 def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, capsys):
-    from wagma_bench.simulate.cli import main, measured_spread
+    from wagma_bench.cli.simulate import main, measured_spread
 
     run = write_run(tmp_path)
     for r, times in ((0, [0.1] * 15 + [0.3] * 15), (1, [0.2] * 30)):   # rank 0 uneven, rank 1 even
@@ -396,6 +396,6 @@ def test_control_exchange_size_is_the_trainers_control_tensor():
     import dataclasses
 
     from wagma_bench.simulate.des import CONTROL_BYTES
-    from wagma_bench.trainer import ControlFlags
+    from wagma_bench.train.trainer import ControlFlags
 
     assert CONTROL_BYTES == ControlFlags().to_tensor("cpu").nbytes == 8 * len(dataclasses.fields(ControlFlags))

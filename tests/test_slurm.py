@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, standin_partition
-from wagma_bench import sweep
+from wagma_bench.config.cluster import load_profile
+from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import read_jsonl
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.record.events import read_jsonl
+from wagma_bench.runtime import sweep
 
-CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (sweep.CONF_DIR / "optimizer" / f"{n}.yaml").exists())
+CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
 TINY = ["train.max_steps=20", "eval.every_steps=10"]  # embedded default (ResNet-20 on mnist5k), CPU
 
@@ -98,13 +100,13 @@ def test_bad_sweeps_fail_before_rendering(tmp_path, args, message):
 
 
 def test_submitit_overrides_map_the_profile():
-    over = sweep.submitit_overrides(sweep.load_profile("generic4", ["account=proj1"]), 16)
+    over = sweep.submitit_overrides(load_profile("generic4", ["account=proj1"]), 16)
     assert "hydra.launcher.nodes=4" in over and "hydra.launcher.tasks_per_node=4" in over
     assert "hydra.launcher.gres=gpu:4" in over and "hydra.launcher.account=proj1" in over
     assert "hydra.launcher.timeout_min=720" in over and "hydra.launcher.partition=gpu" in over
     assert "hydra.launcher.max_num_timeout=3" in over  # submitit's default 0 would never requeue at the limit
     assert "hydra.launcher.max_num_timeout=0" in sweep.submitit_overrides(
-        sweep.load_profile("generic4", ["max_num_timeout=0"]), 16)
+        load_profile("generic4", ["max_num_timeout=0"]), 16)
 
 
 def _row(run, job, slurm, status, metric=None):
@@ -113,7 +115,7 @@ def _row(run, job, slurm, status, metric=None):
 
 
 def test_squeue_answer_and_progress_line():
-    from wagma_bench.slurm_util import parse_squeue
+    from wagma_bench.runtime.slurm import parse_squeue
 
     assert parse_squeue("12_0|RUNNING\n12_1|PENDING\n13|COMPLETED\n14|CANCELLED by 0\n\n") == {
         "12_0": "RUNNING", "12_1": "PENDING", "13": "COMPLETED", "14": "CANCELLED"}
@@ -149,7 +151,7 @@ def _test_only(scripts: list[Path]) -> list[str]:
 
 @pytest.mark.parametrize("cluster", ["daint", "generic4", "generic8"])
 def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster):
-    profile = sweep.load_profile(cluster)
+    profile = load_profile(cluster)
     import dataclasses
 
     scripts = []
@@ -195,7 +197,7 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
         s = summary(out / run["run_dir"])
         # max_steps is rounded up to the optimizer's synchronisation period (wagma: tau)
         assert s["world_size"] == 4 and s["steps"] >= 20 and s["restarts"] == 0
-    from wagma_bench.report import main as report_main
+    from wagma_bench.analysis.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0
     text = next((tmp_path / "report").glob("*.md")).read_text()
@@ -326,7 +328,7 @@ def test_hydra_submitit_launcher(tmp_path, slurm):
     ({}, 1),
 ])
 def test_tasks_on_this_node_from_the_srun_environment(env, expected):
-    from wagma_bench.launch import detect_world, slurm_tasks_on_this_node
+    from wagma_bench.runtime.launch import detect_world, slurm_tasks_on_this_node
 
     assert slurm_tasks_on_this_node(env) == expected
     world = detect_world({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "7", **env})

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wagma_bench import startup
-from wagma_bench.events import read_jsonl
+from wagma_bench.record.events import read_jsonl
+from wagma_bench.runtime import startup
 from wagma_bench.workloads.resnet import mnist5k_arrays
 
 BIN = Path(sys.executable).parent / "wagma-bench"
@@ -76,8 +76,8 @@ def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
     W&B, matplotlib, ...): those are imported where they are used. A fresh interpreter, so that what this test
     session imported elsewhere does not count."""
     code = ("import sys\n"
-            "import wagma_bench.cli, wagma_bench.launch, wagma_bench.trainer, wagma_bench.workloads, wagma_bench.optim\n"
-            "import wagma_bench.comm.torch_dist, wagma_bench.mlperf, wagma_bench.rundir\n"
+            "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, wagma_bench.workloads, wagma_bench.optim\n"
+            "import wagma_bench.comm.torch_dist, wagma_bench.record.mlperf, wagma_bench.record.rundir\n"
             "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'matplotlib', 'sacrebleu', 'mpi4py',\n"
             "         'submitit', 'torchvision')\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from wagma_bench.events import read_jsonl
-from wagma_bench.trainer import ControlFlags, TrainState
+from wagma_bench.record.events import read_jsonl
+from wagma_bench.train.trainer import ControlFlags, TrainState
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wagma_bench"
 MAX_FUNCTION_LINES = 80
@@ -50,7 +50,7 @@ def test_no_function_in_the_package_is_longer_than_80_lines():
 
 
 def test_the_training_loop_reads_in_one_screen():
-    lines = _all_functions()["wagma_bench.trainer.Trainer.train"]
+    lines = _all_functions()["wagma_bench.train.trainer.Trainer.train"]
     assert lines <= MAX_TRAIN_LINES, f"Trainer.train has {lines} lines, at most {MAX_TRAIN_LINES}"
 
 

@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tests.dist_util import run_world
-from wagma_bench.cli import CONF_DIR
-from wagma_bench.config import ConfigError, validate
+from wagma_bench.config.paths import CONF_DIR
+from wagma_bench.config.schema import ConfigError, validate
 from wagma_bench.workloads.mt_data import SRC_CONJ, CorpusSpec, generate
 from wagma_bench.workloads.transformer import (
     TransformerWorkload,
@@ -162,8 +162,8 @@ def test_bad_max_sentences_is_refused_naming_the_key(value, message):
 
 # --- fairseq's pipeline on real gloo ranks ---------------------------------------------------------------
 def _train(comm, raw: dict, run_dir: str):
-    from wagma_bench.config import validate
-    from wagma_bench.trainer import train
+    from wagma_bench.config.schema import validate
+    from wagma_bench.train.trainer import train
     from wagma_bench.workloads.transformer import TransformerWorkload
 
     summary = train(validate(raw), comm, Path(run_dir))
@@ -193,7 +193,7 @@ def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path
 
 
 def _pipeline_checks(comm, raw: dict):
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
     from wagma_bench.workloads.transformer import TransformerWorkload
 
     cfg = validate(raw)
@@ -236,7 +236,7 @@ def _epoch_batches(comm, raws: list[dict], world: int):
     """Per config (one per batching mode), per shard of ``world``: (sentences, target tokens) of every batch
     of the first epoch, (0, 0) for a padding batch; with the mode's fairseq command line and the number of
     training sentences. No training."""
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
     from wagma_bench.workloads.transformer import TransformerWorkload
 
     modes = []
@@ -277,8 +277,8 @@ def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
 
 
 def _train_losses(comm, raw: dict, run_dir: str):
-    from wagma_bench.config import validate
-    from wagma_bench.trainer import train
+    from wagma_bench.config.schema import validate
+    from wagma_bench.train.trainer import train
 
     summary = train(validate(raw), comm, Path(run_dir))
     records = [json.loads(line) for line in (Path(run_dir) / "steps" / f"rank{comm.rank}.jsonl").read_text().splitlines()]

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench import search_space, tune
-from wagma_bench.config import ConfigError
-from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.analysis import tuning
+from wagma_bench.config import search_space
+from wagma_bench.config.schema import ConfigError
+from wagma_bench.runtime import tune
 
 # --- search spaces ------------------------------------------------------------------------------------
 
 def test_every_registered_optimizer_has_a_valid_search_space():
-    """Walks the registry: a new optimizer without a space fails here with the file to add."""
-    for name in OPTIMIZERS:
-        path = search_space.space_path(name)
-        assert path.exists(), f"{name}: add a search space to conf/search_space/{name}.yaml (see docs/tuning.md)"
-        space = search_space.load_space(name)  # refuses what the run config would refuse
-        keys = [d.key for d in space.dims]
-        assert "lr_multiplier" in keys and "warmup_fraction" in keys, name
+    """Walks the registry: a new optimizer without a space fails here with the file to add (the conformance
+    test's piece, tests/test_conformance.py)."""
+    from tests.test_conformance import missing
+    from tests.test_conformance import search_space as space_piece
+
+    problems = missing(space_piece)
+    assert not problems, "\n".join(problems)
 
 
 def _space_file(tmp_path, monkeypatch, text: str, name: str = "wagma") -> None:
@@ -100,20 +101,20 @@ def test_integer_log_dimension_reaches_both_bounds():
 
 # --- scoring (AlgoPerf), against hand-computed cases ---------------------------------------------------
 
-def _trials(times: list[list[float | None]]) -> tuple[list[tune.Trial], dict]:
+def _trials(times: list[list[float | None]]) -> tuple[list[tuning.Trial], dict]:
     """Trials of S studies (rows) x O trials; a time None: the trial missed the target."""
     trials, summaries = [], {}
     for s, row in enumerate(times, 1):
         for o, t in enumerate(row, 1):
             name = f"c_study{s}_trial{o}"
-            trials.append(tune.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
+            trials.append(tuning.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
             summaries[name] = {"status": "completed", "reached": t is not None, "time_to_target_s": t}
     return trials, summaries
 
 
 def test_score_is_the_median_of_the_per_study_bests():
     trials, summaries = _trials([[30.0, 20.0], [50.0, None], [10.0, 40.0]])
-    e = tune.score_combo(trials, summaries, None)
+    e = tuning.score_combo(trials, summaries, None)
     assert [s["best_time_s"] for s in e["studies"]] == [20.0, 50.0, 10.0]
     assert [s["trial"] for s in e["studies"]] == ["c_study1_trial2", "c_study2_trial1", "c_study3_trial1"]
     assert e["score_s"] == 20.0  # median(20, 50, 10)
@@ -123,36 +124,36 @@ def test_score_is_the_median_of_the_per_study_bests():
 
 def test_a_study_that_missed_counts_as_infinite():
     trials, summaries = _trials([[None, None], [12.0, None], [8.0, 30.0]])
-    e = tune.score_combo(trials, summaries, None)
+    e = tuning.score_combo(trials, summaries, None)
     assert [s["best_time_s"] for s in e["studies"]] == [None, 12.0, 8.0]
     assert e["score_s"] == 12.0  # median(inf, 12, 8) = 12
 
 
 def test_most_studies_missing_make_the_score_infinite():
     trials, summaries = _trials([[None], [None], [5.0]])
-    e = tune.score_combo(trials, summaries, None)
+    e = tuning.score_combo(trials, summaries, None)
     assert e["score_s"] is None and e["winner"]["trial"] == "c_study3_trial1"
     trials, summaries = _trials([[None], [5.0]])  # even S: half missing -> (5 + inf) / 2 = inf
-    assert tune.score_combo(trials, summaries, None)["score_s"] is None
+    assert tuning.score_combo(trials, summaries, None)["score_s"] is None
     trials, summaries = _trials([[None], [None]])
-    e = tune.score_combo(trials, summaries, None)
+    e = tuning.score_combo(trials, summaries, None)
     assert e["score_s"] is None and e["winner"] is None and e["reached"] == 0
-    assert math.isinf(tune.median_score([]))
+    assert math.isinf(tuning.median_score([]))
 
 
 def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_too():
     trials, summaries = _trials([[30.0, 20.0], [50.0, 10.0]])
-    e = tune.score_combo(trials, summaries, 25.0)
+    e = tuning.score_combo(trials, summaries, 25.0)
     assert [s["best_time_s"] for s in e["studies"]] == [20.0, 10.0] and e["score_s"] == 15.0
-    e = tune.score_combo(trials, summaries, 15.0)
+    e = tuning.score_combo(trials, summaries, 15.0)
     assert [s["best_time_s"] for s in e["studies"]] == [None, 10.0] and e["score_s"] is None
     summaries["c_study2_trial2"] = None  # never ran (or killed before its summary)
-    e = tune.score_combo(trials, summaries, None)
+    e = tuning.score_combo(trials, summaries, None)
     assert e["unfinished"] == 1 and [s["best_time_s"] for s in e["studies"]] == [20.0, 50.0]
 
 
 def test_performance_profile_by_hand():
-    from wagma_bench.report import performance_profile
+    from wagma_bench.analysis.report import performance_profile
 
     rows = [{"workload": w, "data": "d", "world_size": 4, "imbalance": "none", "optimizer": o, "score_s": s}
             for w, o, s in [("a", "allreduce", 10.0), ("a", "wagma", 20.0), ("b", "allreduce", None),
@@ -197,7 +198,7 @@ def test_bad_tune_arguments_are_refused(argv, message, capsys):
 # --- imbalance ----------------------------------------------------------------------------------------
 
 def test_compute_imbalance_by_hand(tmp_path):
-    from wagma_bench.rundir import compute_imbalance
+    from wagma_bench.record.rundir import compute_imbalance
 
     (tmp_path / "steps").mkdir()
     rows = {0: [(1, 1.0, 0.0), (2, 1.0, 0.0), (3, 9.0, 0.0)], 1: [(1, 1.0, 2.0), (2, 1.0, 0.0)]}
@@ -246,13 +247,13 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
     assert tune.main([*TINY, "optimizer=allreduce,wagma", "tune.trials=1", "tune.studies=1", "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("finished earlier") == 2
     assert {p: p.read_bytes() for p in events} == events  # nothing trained twice
-    from wagma_bench.report import main as report_main
+    from wagma_bench.analysis.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Tuned comparisons" in text and "speed-up vs tuned allreduce" in text
     assert (tmp_path / "rep" / "tuned_performance_profile.png").stat().st_size > 0
-    from wagma_bench.simulate.cli import samples_to_target
+    from wagma_bench.cli.simulate import samples_to_target
 
     conv = samples_to_target([str(out)])
     assert set(conv) == {"allreduce", "wagma"} and all(v > 0 for v in conv.values())
@@ -279,7 +280,7 @@ def test_cluster_mode_renders_the_trials_as_a_sweep(tmp_path):
     assert len(manifest["runs"]) == 4 and all(r["run_dir"].startswith("trials/") for r in manifest["runs"])
     script = (out / manifest["jobs"][0]["script"]).read_text()
     assert "train.lr=" in script and "optimizer.period=" in script
-    result = tune.score(out)  # nothing ran yet: every trial unfinished, every score infinite
+    result = tuning.score(out)  # nothing ran yet: every trial unfinished, every score infinite
     assert all(e["score_s"] is None and e["unfinished"] == 2 for e in result["results"])
 
 

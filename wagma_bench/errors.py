@@ -7,5 +7,5 @@ from __future__ import annotations
 class ConfigError(ValueError):
     """A configuration that cannot run: the message names the key, the bad value and what is allowed.
 
-    Raised in the launching process, before any rank starts (``wagma_bench.config.validate``, a workload's
+    Raised in the launching process, before any rank starts (``wagma_bench.config.schema.validate``, a workload's
     ``check``, the launcher's device plan); the CLI reports it and exits with code 2."""

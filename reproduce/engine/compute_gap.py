@@ -86,11 +86,11 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of a committed result."""
-    lines = ["| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
+    lines = [("| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
              "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
              "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
              "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native "
-             "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |",
+             "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cpu = r["wagma_thread_cpu_ms_per_step"]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from wagma_bench.analysis.report import median, olympic_mean
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.report import median, olympic_mean
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent / "wagma-bench"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.report import median, olympic_mean
+from wagma_bench.analysis.report import median, olympic_mean
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent / "wagma-bench"

@@ -6,7 +6,7 @@ process importing torch and torchvision, which is what any run pays at least onc
 
 The two commands alternate (import, run, import, run, ...) so that a change in the machine's load falls on
 both; each figure is the median of ``--repeats``, wall-clock from the command to its exit. The run's own
-breakdown (``summary.json``'s ``startup``, see ``wagma_bench/startup.py``) is given as the median of each
+breakdown (``summary.json``'s ``startup``, see ``wagma_bench/runtime/startup.py``) is given as the median of each
 phase. Run it on an idle machine (``flock /tmp/wagma-measure.lock``).
 """
 
@@ -56,8 +56,8 @@ def measure(repeats: int, out: Path, label: str) -> dict:
 
 def table(results: list[dict]) -> str:
     """The README's table of committed results, a row each."""
-    lines = ["| code | one-step run, 4 ranks (s) | one import of torch + torchvision (s) | ratio (goal: at most "
-             f"{GOAL:g}x) | the run's start (s, medians) |", "|---|---|---|---|---|"]
+    lines = [("| code | one-step run, 4 ranks (s) | one import of torch + torchvision (s) | ratio (goal: at most "
+             f"{GOAL:g}x) | the run's start (s, medians) |"), "|---|---|---|---|---|"]
     for result in results:
         phases = ", ".join(f"{p.removesuffix('_s').replace('_', ' ')} {result['startup_median_s'][p]:.2f}"
                            for p in PHASES) if result["startup_median_s"] else "not recorded"

@@ -47,7 +47,9 @@ def rank_main(rank: int, port: int, ending: str) -> None:
 
 def one_try(ending: str) -> str | None:
     """Run the two ranks once; a description of a rank that ended by a signal (or failed), else None."""
-    from wagma_bench.launch import free_port  # here, not at the top: the ranks run no wagma-bench code
+    from wagma_bench.runtime.launch import (
+        free_port,  # here, not at the top: the ranks run no wagma-bench code
+    )
 
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--ending", ending],

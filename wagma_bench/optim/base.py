@@ -11,7 +11,7 @@ round the rank has reached: synchronous algorithms advance one round per step; w
 rounds (a slow rank joins rounds passively through its progress thread). Every ``sync_period`` rounds all
 ranks pass through the same round together; the trainer evaluates, checkpoints and stops only there.
 
-Lifecycle (``wagma_bench/trainer.py``; every rank makes the same calls in the same order, so any of them
+Lifecycle (``wagma_bench/train/trainer.py``; every rank makes the same calls in the same order, so any of them
 may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py`` checks the order):
 
 1. **Construction**, ``cls(settings, model, local_opt_factory, comm, seed=cfg.seed)``, in ``Trainer.__init__``

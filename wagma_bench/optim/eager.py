@@ -59,7 +59,7 @@ class EagerSGD(EngineAlgorithm):
         sync_every: int = 10
         outer: str = "none"  # refused unless none (outer_refusal)
 
-        CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config)
+        CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config.schema)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -47,7 +47,7 @@ EXACT_DEFAULT_PERIOD = 12
 class OuterSettings:
     """The outer optimizer's settings, mixed into the Settings of every optimizer whose models are averaged. The
     others declare only ``outer: str = "none"``, so that ``optimizer.outer=...`` reaches the config check, which
-    refuses it with the reason (:func:`wagma_bench.config.check_outer`)."""
+    refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
 
     outer: str = "none"           # none | slowmo | nesterov
     outer_lr: float | None = None         # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS

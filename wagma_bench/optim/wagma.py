@@ -70,7 +70,7 @@ class WagmaSGD(EngineAlgorithm):
         tau: int = 10                       # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
-        # checked with the config (wagma_bench.config)
+        # checked with the config (wagma_bench.config.schema)
         CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
 
         def averaging_period(self) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wagma_bench.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
+from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -143,7 +143,7 @@ def model_params_of(start: RunStart) -> float | None:
     try:
         import torch
 
-        from wagma_bench.config import validate
+        from wagma_bench.config.schema import validate
         from wagma_bench.workloads import get_workload
 
         cfg = validate(start.config)

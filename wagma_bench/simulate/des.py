@@ -1,6 +1,6 @@
 """Discrete-event simulation of the training loop of every optimizer in the suite.
 
-P workers run the trainer's loop (:mod:`wagma_bench.trainer`): per local step, compute (forward +
+P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step, compute (forward +
 backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
 objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
 compute time)``), then the optimizer's communication, then the update; every ``control_every`` rounds
@@ -75,7 +75,8 @@ from wagma_bench.comm.topology import (
     ring_neighbours,
     world_hypercube_neighbours,
 )
-from wagma_bench.config import check_choices
+from wagma_bench.config.schedules import CONTROL_EVERY, control_period
+from wagma_bench.config.schema import check_choices
 from wagma_bench.imbalance import Imbalance, NoImbalance
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.optim.adpsgd import ADPSGD
@@ -87,7 +88,6 @@ from wagma_bench.optim.local_sgd import LocalSGD
 from wagma_bench.optim.outer import OuterSettings
 from wagma_bench.optim.sgp import SGP
 from wagma_bench.optim.wagma import WagmaSGD
-from wagma_bench.schedules import CONTROL_EVERY, control_period
 from wagma_bench.simulate.costs import Network
 
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)

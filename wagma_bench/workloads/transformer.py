@@ -100,7 +100,7 @@ class WMT17Data:
     remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
     detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
 
-    # checked with the config (wagma_bench.config)
+    # checked with the config (wagma_bench.config.schema)
     CHOICES: ClassVar[dict[str, tuple]] = {"eval_split": ("valid", "test"), "detokenize": ("moses", "none")}
 
 

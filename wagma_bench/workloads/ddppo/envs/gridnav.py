@@ -49,7 +49,7 @@ class GridNavSettings:
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
 
-    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config.schema)
 
 
 def make_grid(layout: str, room: int) -> np.ndarray:

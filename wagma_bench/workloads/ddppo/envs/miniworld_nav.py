@@ -57,7 +57,7 @@ class MiniWorldNavSettings:
     slack_reward: float = -0.01
     num_envs: int = 4               # environments per rank
 
-    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config)
+    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config.schema)
 
 
 def room_rects(layout: str, size: float, wall: float) -> tuple[list[tuple[float, float, float, float]],

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from wagma_bench.events import EVENTS, RunEvents, RunStart, atomic_write
+from wagma_bench.config.paths import CHECKOUT
+from wagma_bench.record.events import EVENTS, RunEvents, RunStart, atomic_write
 
 MLLOG = "mllog.txt"
 
@@ -267,7 +268,7 @@ def _log_records(records: list[Record], stream: IO, echo: bool) -> None:
     logger.setLevel(logging.INFO)
     for handler in handlers:
         logger.addHandler(handler)
-    mllogger = mllog.MLLogger(logger=logger, root_dir=str(Path(__file__).resolve().parent.parent))
+    mllogger = mllog.MLLogger(logger=logger, root_dir=str(CHECKOUT))
     try:
         for r in records:
             getattr(mllogger, r.kind)(key=r.key, value=r.value, metadata=r.metadata, time_ms=int(r.time_ms))

@@ -1,6 +1,6 @@
 """Intervals for tuned scores and their ratios: the two-stage bootstrap, computed exactly.
 
-A tuned score (:func:`wagma_bench.tune.median_score`) is the median over S studies of each study's fastest
+A tuned score (:func:`wagma_bench.analysis.tuning.median_score`) is the median over S studies of each study's fastest
 trial. Its uncertainty comes from both levels: which studies were drawn, and which trials each study drew.
 The **two-stage (hierarchical) nonparametric bootstrap** (Davison & Hinkley 1997, Sec. 3.8) resamples both:
 S studies with replacement, then inside each drawn study its O trials with replacement, and recomputes the

@@ -4,7 +4,7 @@ tuning ruleset), and the quasirandom points drawn from them.
 Each optimizer's space is ``conf/search_space/NAME.yaml``, a sibling of its settings in ``conf/optimizer/``,
 and not a ``search_space:`` section inside that file on purpose: the optimizer file is the run's
 configuration (composed by Hydra and checked against the optimizer's ``Settings`` by
-:func:`wagma_bench.config.validate`), and a run must not carry the space it was drawn from. One file per
+:func:`wagma_bench.config.schema.validate`), and a run must not carry the space it was drawn from. One file per
 optimizer also lets the registry test name the exact file a new optimizer lacks. ``run`` never composes the
 folder (``cli.NOT_RUN_GROUPS``).
 
@@ -34,8 +34,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.errors import ConfigError
-from wagma_bench.paths import CONF_DIR, conf_context
 
 SPACE_DIR = CONF_DIR / "search_space"
 REQUIRED = ("lr_multiplier", "warmup_fraction")
@@ -212,10 +212,10 @@ def _dimension(where: str, key: str, spec: Any) -> Dimension:
 def check_against_config(space: SearchSpace, where: str) -> None:
     """Every key a setting of the run config, every bound and choice a value the config accepts: each put
     into the optimizer's default configuration (``optimizer=NAME``, other groups at their defaults) and
-    checked by :func:`wagma_bench.config.validate`."""
+    checked by :func:`wagma_bench.config.schema.validate`."""
     from hydra import compose
 
-    from wagma_bench.config import TrainConfig, validate
+    from wagma_bench.config.schema import TrainConfig, validate
     from wagma_bench.optim import OPTIMIZERS
 
     settings = {f.name for f in dataclasses.fields(OPTIMIZERS[space.optimizer].Settings)} - {"name"}

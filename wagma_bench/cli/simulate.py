@@ -10,7 +10,7 @@
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
 ``optimizer=``, ``optimizer.KEY=``, ``imbalance=``, ``seed=``, anything else `run` takes), composed from
-``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.validate`, so a value `run` refuses is
+``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.schema.validate`, so a value `run` refuses is
 refused here with the same message; each optimizer model gets its optimizer's typed ``Settings``. The
 cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
 ``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
@@ -35,7 +35,7 @@ sweep with the workload pooled from the calibrated runs.
 
 ``control_every``: the trainer's control allreduce (a global barrier) every that many rounds, rounded up
 to the optimizer's sync period, as ``wagma-bench run`` does (default 10,
-:data:`wagma_bench.schedules.CONTROL_EVERY`: the rule and the constant the trainer imports);
+:data:`wagma_bench.config.schedules.CONTROL_EVERY`: the rule and the constant the trainer imports);
 ``control_every=0`` leaves only the optimizers' own synchronisation -- the paper's implementations, which
 have no such barrier.
 
@@ -70,14 +70,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench import plots
-from wagma_bench.config import RunConfig, check_world, validate
-from wagma_bench.events import RunEvents, SymlinkRefused, write_text_atomic
+from wagma_bench.analysis import plots
+from wagma_bench.analysis.report import write_csv
+from wagma_bench.config.cluster import load_profile
+from wagma_bench.config.paths import CONF_DIR, conf_context
+from wagma_bench.config.schedules import CONTROL_EVERY
+from wagma_bench.config.schema import RunConfig, check_world, validate
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.paths import CONF_DIR, conf_context
-from wagma_bench.report import write_csv
-from wagma_bench.schedules import CONTROL_EVERY
+from wagma_bench.record.events import RunEvents, SymlinkRefused, write_text_atomic
+from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (
     SimConfig,
@@ -88,7 +90,6 @@ from wagma_bench.simulate.des import (
     simulated_optimizers,
 )
 from wagma_bench.simulate.presets import preset_for
-from wagma_bench.sweep import load_profile, parse_overrides
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
@@ -216,7 +217,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from wagma_bench.overrides import unknown_key_message
+    from wagma_bench.config.overrides import unknown_key_message
 
     runs = {}
     with conf_context():
@@ -294,9 +295,9 @@ def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Net
 def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
     """Per optimizer: median global samples at the first evaluation reaching the target, over the runs at
     the smallest world size that reached it. A tuning directory (``wagma-bench tune``) stands for its
-    winning trials (:func:`wagma_bench.tune.winning_runs`), so predictions rest on tuned convergence."""
-    from wagma_bench.report import find_runs
-    from wagma_bench.tune import winning_runs
+    winning trials (:func:`wagma_bench.analysis.tuning.winning_runs`), so predictions rest on tuned convergence."""
+    from wagma_bench.analysis.report import find_runs
+    from wagma_bench.analysis.tuning import winning_runs
 
     dirs: list[Path] = []
     for p in map(Path, run_dirs):
@@ -316,7 +317,7 @@ def measured_spread(paths: list[str]) -> tuple[float, ...]:
     run's own median, pooled: the natural imbalance of real runs as a shape, without their machine's speed. A
     tuning directory counts as all its trials. Drawn i.i.d. per rank and step (``compute=empirical``): a rank
     that is slow in every step is not kept as such."""
-    from wagma_bench.report import find_runs
+    from wagma_bench.analysis.report import find_runs
     from wagma_bench.simulate.calibrate import fit_run
 
     shape: list[float] = []
@@ -340,7 +341,7 @@ def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
 
 
 def is_tuning_dir(path: Path) -> bool:
-    from wagma_bench.tune import PLAN
+    from wagma_bench.analysis.tuning import PLAN
 
     return (Path(path) / PLAN).exists()
 

@@ -29,26 +29,27 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench import __version__, startup
-from wagma_bench.checkpoint import Checkpointer
+from wagma_bench import __version__
 from wagma_bench.comm.base import Comm
-from wagma_bench.config import RunConfig
-from wagma_bench.cpu import thread_cpu_s
-from wagma_bench.events import SUMMARY, StepLog
+from wagma_bench.config.schedules import control_period, lr_at, peak_lr, round_up
+from wagma_bench.config.schema import RunConfig
 from wagma_bench.imbalance import make_imbalance
-from wagma_bench.loggers import event_log_for_run
 from wagma_bench.optim import get_optimizer
-from wagma_bench.progress import Progress
-from wagma_bench.rundir import finalize as write_summary
-from wagma_bench.schedules import control_period, lr_at, peak_lr, round_up
-from wagma_bench.slurm_util import (
+from wagma_bench.record.checkpoint import Checkpointer
+from wagma_bench.record.cpu import thread_cpu_s
+from wagma_bench.record.events import SUMMARY, StepLog
+from wagma_bench.record.loggers import event_log_for_run
+from wagma_bench.record.progress import Progress
+from wagma_bench.record.rundir import finalize as write_summary
+from wagma_bench.runtime import startup
+from wagma_bench.runtime.slurm import (
     EXIT_SIGNALS,
     FORWARDED_INTERRUPT,
     INTERRUPT_SIGNALS,
     REQUEUE_SIGNALS,
     requeue_job,
 )
-from wagma_bench.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, lost_ranks
+from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, lost_ranks
 from wagma_bench.workloads import get_workload
 
 
@@ -177,7 +178,7 @@ class Preemption:
     point and stops.
 
     After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
-    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.slurm_util` for which signal
+    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.runtime.slurm` for which signal
     reaches whom). Ctrl-C (SIGINT, or the local launcher's forward of it) ends the run as ``interrupted``; a
     second Ctrl-C raises KeyboardInterrupt at once (the run's end is still recorded). A SIGINT that the
     launching process set to be ignored stays ignored: that launcher forwards Ctrl-C itself.
@@ -216,7 +217,7 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
     reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
 
     Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
-    through :class:`wagma_bench.events.RunStart`, which also reads runs logged before a field existed."""
+    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field existed."""
     world = comm.world_size
     placement = _placement(comm, derived.pop("local_rank"))
     hosts = sorted({host for host, _ in placement})
@@ -475,7 +476,7 @@ class Trainer:
             self.requeue = flags.requeue and not flags.interrupted
 
     def log_startup(self) -> None:
-        """Where this attempt's start went (:mod:`wagma_bench.startup`), once its first step is done."""
+        """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`), once its first step is done."""
         startup.mark("first_step")
         self.events.emit("startup", None, **startup.phases())
         self.startup_logged = True

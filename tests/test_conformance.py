@@ -1,7 +1,8 @@
-"""What a registered optimizer needs besides its class, walked for every entry of the registry
-(``wagma_bench.optim.OPTIMIZERS``): each missing piece is reported as ``NAME: add X to FILE``, so a
-contributor adding an optimizer (docs/architecture.md, "Adding an optimizer") runs one test and reads a
-list of edits. The per-piece tests elsewhere call the same checks (``missing(piece, name)``).
+"""What a registered optimizer or workload needs besides its class, walked for every entry of the registries
+(``wagma_bench.optim.OPTIMIZERS``, ``wagma_bench.workloads.WORKLOADS``): each missing piece is reported as
+``NAME: add X to FILE``, so a contributor adding one (docs/architecture.md, "Adding an optimizer", "Adding a
+workload") runs one test and reads a list of edits. The per-piece tests elsewhere call the same checks
+(``missing(piece, name)``).
 
 A piece is a check of one file; the architecture page's list names every piece's file, and that is
 checked here too, so the list and this test cannot drift apart."""
@@ -20,8 +21,9 @@ import pytest
 from markdown_it import MarkdownIt
 from omegaconf import OmegaConf
 
-from wagma_bench.config import allowed_range, missing_range_hint
+from wagma_bench.config.schema import allowed_range, missing_range_hint
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 MD = MarkdownIt("commonmark").enable("table")
@@ -72,13 +74,28 @@ def yaml_file(name: str) -> list[str]:
     return out
 
 
-def ranges(name: str) -> list[str]:
-    settings = OPTIMIZERS[name].Settings
+def _without_range(section: str, settings: type, name: str) -> list[str]:
     hints = typing.get_type_hints(settings)
     numeric = [f.name for f in dataclasses.fields(settings)
                if hints[f.name] is not bool and any(t in str(hints[f.name]) for t in ("int", "float"))]
-    return [f"{name}: {missing_range_hint('optimizer', key, name)} (its range of allowed values)"
-            for key in numeric if allowed_range("optimizer", key, name) is None]
+    return [f"{name}: {missing_range_hint(section, key, name)} (its range of allowed values)"
+            for key in numeric if allowed_range(section, key, name) is None]
+
+
+def ranges(name: str) -> list[str]:
+    return _without_range("optimizer", OPTIMIZERS[name].Settings, name)
+
+
+def search_space(name: str) -> list[str]:
+    from wagma_bench.config import search_space as spaces
+
+    path = f"conf/search_space/{name}.yaml"
+    if not spaces.space_path(name).exists():
+        return [(f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, warmup_fraction "
+                f"and its own settings that change convergence; docs/tuning.md)")]
+    keys = [d.key for d in spaces.load_space(name).dims]  # refuses what the run config would refuse
+    return [f"{name}: add `{key}` to {path} (every optimizer tunes it, over the same range)"
+            for key in ("lr_multiplier", "warmup_fraction") if key not in keys]
 
 
 def simulation(name: str) -> list[str]:
@@ -160,7 +177,8 @@ def docs_rows(name: str) -> list[str]:
 PIECES = [
     Piece("the algorithm's module and class attributes", "wagma_bench/optim/NAME.py", module_and_attributes),
     Piece("the option's YAML", "conf/optimizer/NAME.yaml", yaml_file),
-    Piece("the range of every numeric setting", "wagma_bench/config.py", ranges),
+    Piece("the range of every numeric setting", "wagma_bench/config/schema.py", ranges),
+    Piece("the search space", "conf/search_space/NAME.yaml", search_space),
     Piece("the simulation", "wagma_bench/simulate/des.py", simulation),
     Piece("the invariant case", "tests/test_invariants.py", invariant_case),
     Piece("the oracle", "tests/test_optim_oracles.py", oracle),
@@ -182,17 +200,17 @@ def test_optimizer_conformance():
     assert not problems, "a registered optimizer lacks pieces:\n" + "\n".join(problems)
 
 
-def _adding_an_optimizer_list() -> str:
-    """The text of the numbered list under "Adding an optimizer" in docs/architecture.md."""
+def _listed_under(heading: str) -> str:
+    """The text of the numbered list under ``heading`` (bold) in docs/architecture.md."""
     tokens = MD.parse((ROOT / "docs" / "architecture.md").read_text())
-    start = next(i for i, tok in enumerate(tokens) if tok.type == "inline" and "Adding an optimizer" in tok.content)
+    start = next(i for i, tok in enumerate(tokens) if tok.type == "inline" and heading in tok.content)
     first = next(i for i in range(start, len(tokens)) if tokens[i].type == "ordered_list_open")
     last = next(i for i in range(first, len(tokens)) if tokens[i].type == "ordered_list_close")
     return "\n".join(tok.content for tok in tokens[first:last] if tok.type == "inline")
 
 
 def test_the_architecture_pages_list_names_every_piece_and_only_files_that_exist():
-    text = _adding_an_optimizer_list()
+    text = _listed_under("Adding an optimizer")
     unnamed = [f"{piece.file} ({piece.what})" for piece in PIECES if f"`{piece.file}`" not in text]
     assert not unnamed, "docs/architecture.md, 'Adding an optimizer': name " + ", ".join(unnamed)
     paths = re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|yaml|md))`", text)
@@ -218,3 +236,95 @@ def test_a_new_optimizer_without_any_piece_is_told_each_file_to_edit(piece, monk
     found = piece.check("newopt")
     assert found and all(p.startswith("newopt: ") for p in found), found
     assert any(piece.file.replace("NAME", "newopt") in p for p in found), found
+
+
+# --- workloads ---------------------------------------------------------------------------------------------
+
+def workload_module(name: str) -> list[str]:
+    cls = WORKLOADS[name]
+    if cls.__module__ not in (f"wagma_bench.workloads.{name}", f"wagma_bench.workloads.{name}.workload"):
+        return [(f"{name}: add the class {cls.__name__} to wagma_bench/workloads/{name}.py (or a package "
+                 f"wagma_bench/workloads/{name}/; it is in {cls.__module__})")]
+    out = [f"{name}: add `{attr}` ({why}) to {cls.__name__}"
+           for attr, why in (("name", f"= {name!r}"), ("Settings", "a dataclass of its settings"),
+                             ("DATA", "its data options and their schemas"),
+                             ("RANK_MEMORY_MB", "one rank's peak memory, reproduce/memory/footprint.py"))
+           if not any(attr in vars(k) for k in cls.__mro__[:-1] if k.__name__ != "Workload")]
+    if cls.metric_name not in cls.METRIC_RANGES:
+        out.append(f"{name}: add the range of its metric {cls.metric_name!r} to {cls.__name__}.METRIC_RANGES")
+    return out
+
+
+def workload_yaml(name: str) -> list[str]:
+    path = f"conf/workload/{name}.yaml"
+    if not (ROOT / path).is_file():
+        return [f"{name}: add {path} (every setting of its Settings with its default and a comment)"]
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / path))
+    node = node.get("workload", node)  # a `@package _global_` file sets its section and the data's defaults
+    keys = {f.name for f in dataclasses.fields(WORKLOADS[name].Settings)}
+    return [f"{name}: add `{key}` with its default and a comment to {path}" for key in sorted(keys - set(node))]
+
+
+def workload_data(name: str) -> list[str]:
+    cls = WORKLOADS[name]
+    return [f"{name}: add conf/{cls.DATA_SECTION}/{option}.yaml (the settings of its data option {option!r})"
+            for option in cls.DATA if not (ROOT / "conf" / cls.DATA_SECTION / f"{option}.yaml").is_file()]
+
+
+def workload_ranges(name: str) -> list[str]:
+    return _without_range("workload", WORKLOADS[name].Settings, name)
+
+
+def workload_trained(name: str) -> list[str]:
+    """A test that trains it: some test runs `workload=NAME`."""
+    if any(f"workload={name}" in path.read_text() for path in (ROOT / "tests").glob("test_*.py")):
+        return []
+    return [f"{name}: add a test that trains it (a run with workload={name}) to tests/test_{name}.py"]
+
+
+def workload_docs(name: str) -> list[str]:
+    page = "docs/configuration.md"
+    rows = [row for _, rows in _tables(ROOT / page) for row in rows if row[0] == "`workload`"]
+    if rows and f"`{name}`" in rows[0][1]:
+        return []
+    return [f"{name}: add `{name}` to the `workload` row of the option table in {page}"]
+
+
+WORKLOAD_PIECES = [
+    Piece("the workload's module and class attributes", "wagma_bench/workloads/NAME.py", workload_module),
+    Piece("the option's YAML", "conf/workload/NAME.yaml", workload_yaml),
+    Piece("its data options' YAML", "conf/data/OPTION.yaml", workload_data),
+    Piece("the range of every numeric setting", "wagma_bench/config/schema.py", workload_ranges),
+    Piece("a test that trains it", "tests/test_NAME.py", workload_trained),
+    Piece("the option table", "docs/configuration.md", workload_docs),
+]
+
+
+def test_workload_conformance():
+    """Every registered workload has every piece; the failure lists each missing one as NAME: add X to FILE."""
+    problems = [problem for name in WORKLOADS for piece in WORKLOAD_PIECES for problem in piece.check(name)]
+    assert not problems, "a registered workload lacks pieces:\n" + "\n".join(problems)
+
+
+def test_the_architecture_pages_workload_list_names_every_piece():
+    text = _listed_under("Adding a workload")
+    unnamed = [f"{piece.file} ({piece.what})" for piece in WORKLOAD_PIECES if f"`{piece.file}`" not in text]
+    assert not unnamed, "docs/architecture.md, 'Adding a workload': name " + ", ".join(unnamed)
+
+
+@pytest.mark.parametrize("piece", WORKLOAD_PIECES, ids=[p.what for p in WORKLOAD_PIECES])
+def test_a_new_workload_without_any_piece_is_told_each_file_to_edit(piece, monkeypatch):
+    @dataclass
+    class Settings:
+        depth: int = 3
+
+    class NewLoad(WORKLOADS["resnet"]):
+        name = "newload"
+        metric_name = "recall"
+        DATA: typing.ClassVar[dict] = {"newdata": Settings}
+
+    NewLoad.Settings = Settings
+    NewLoad.__module__ = "somewhere.else"
+    monkeypatch.setitem(WORKLOADS, "newload", NewLoad)
+    found = piece.check("newload")
+    assert found and all(p.startswith("newload: ") for p in found), found

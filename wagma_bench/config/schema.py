@@ -135,9 +135,9 @@ def missing_range_hint(section: str, key: str, option: str | None = None) -> str
     """What to add to :data:`RANGES` for a numeric setting without a range."""
     shared = f"`{section}.{key}`"
     if option is None:
-        return f"add {shared} to RANGES in wagma_bench/config.py"
+        return f"add {shared} to RANGES in wagma_bench/config/schema.py"
     return (f"add `{section}/{option}.{key}` (this {section}'s own) or {shared} (shared by every {section} "
-            f"with that key) to RANGES in wagma_bench/config.py")
+            f"with that key) to RANGES in wagma_bench/config/schema.py")
 
 
 def check_ranges(section: str, schema: type, merged: DictConfig, option: str | None = None) -> None:
@@ -156,7 +156,7 @@ def check_ranges(section: str, schema: type, merged: DictConfig, option: str | N
                 continue
             allowed = allowed_range(section, f.name, option)
             if allowed is None:
-                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.RANGES; "
+                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.schema.RANGES; "
                                   f"{missing_range_hint(section, f.name, option)}")
             check_value(f"{section}.{f.name}", v, allowed, value)
 
@@ -345,7 +345,7 @@ class WandbConfig:
 
 @dataclass
 class SubmissionConfig:
-    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/mlperf.py)."""
+    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/record/mlperf.py)."""
 
     org: str = "wagma-bench"              # submission_org: who ran it
     platform: str = "unknown"             # submission_platform: the system (e.g. "daint-p100x64")

@@ -8,7 +8,7 @@ Layout under ``RUN_DIR/checkpoint/``::
     latest                 the name of the newest complete set, replaced atomically after the manifest
 
 The last two complete sets are kept, so a crash while writing loses at most one checkpoint period. The
-config hash covers the config minus what may change on resume (:func:`wagma_bench.rundir.identity`:
+config hash covers the config minus what may change on resume (:func:`wagma_bench.record.rundir.identity`:
 ``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_steps/epochs/time_limit_s``).
 
 Before resuming, the launching process checks the manifest against the run (:func:`check_against_run`:
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
-from wagma_bench.rundir import identity, identity_hash
+from wagma_bench.record.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.rundir import identity, identity_hash
 
 LATEST = "latest"
 MANIFEST = "manifest.json"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from wagma_bench.config import RunConfig
+from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
-from wagma_bench.loggers import resolve_mode
+from wagma_bench.record.loggers import resolve_mode
 
 FAIRSEQ_HINT = ("pip install --no-build-isolation fairseq-fixed==0.12.3.1 (after cython, setuptools, wheel "
                 "and numpy; `make setup` does it)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # wagma_bench/
 
 
 def _shipped_or_checkout(name: str) -> Path:
@@ -15,6 +15,8 @@ def _shipped_or_checkout(name: str) -> Path:
 
 
 CONF_DIR = _shipped_or_checkout("conf")
+#: the top of the clone (reproduce/ lives there; an installed wheel has none)
+CHECKOUT = PACKAGE.parent
 SLURM_DIR = _shipped_or_checkout("slurm")
 
 

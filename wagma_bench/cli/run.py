@@ -1,4 +1,4 @@
-"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims."""
+"""``wagma-bench run``: compose the configuration, check it, start the ranks, report the end."""
 
 from __future__ import annotations
 
@@ -8,70 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from wagma_bench.paths import CONF_DIR, conf_context
-
-USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
-
-commands:
-  run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
-  comm-bench  time our communication backend against the raw library calls
-  report      time-to-accuracy tables and figures over run or sweep directories
-  sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
-  tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
-  simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
-  claims      the papers' claims: measured here with intervals, predicted at scale, a verdict for each
-
-`wagma-bench run --help` lists the configuration groups and their options.
-"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0
-    if argv[0] in ("-V", "--version"):
-        from wagma_bench import __version__
-
-        print(f"wagma-bench {__version__}")
-        return 0
-    command, rest = argv[0], argv[1:]
-    if command == "run":
-        try:
-            return run_command(rest)
-        except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
-            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
-            return INTERRUPTED_EXIT
-        except OSError as err:  # an operational error the steps above did not name (disk, permissions)
-            print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
-            return 1
-    if command == "comm-bench":
-        from wagma_bench.commbench import main as bench_main
-
-        return bench_main(rest)
-    if command == "sweep":
-        from wagma_bench.sweep import main as sweep_main
-
-        return sweep_main(rest)
-    if command == "tune":
-        from wagma_bench.tune import main as tune_main
-
-        return tune_main(rest)
-    if command == "report":
-        from wagma_bench.report import main as report_main
-
-        return report_main(rest)
-    if command == "simulate":
-        from wagma_bench.simulate.cli import main as simulate_main
-
-        return simulate_main(rest)
-    if command == "claims":
-        from wagma_bench.claims import main as claims_main
-
-        return claims_main(rest)
-    print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
-
+from wagma_bench.config.paths import CONF_DIR, conf_context
 
 # Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
 # `tune` its search spaces.
@@ -85,7 +22,7 @@ def run_command(overrides: list[str]) -> int:
         return 0
     import hydra
 
-    from wagma_bench.launch import agreed_run_dir_override, detect_world, start_rank_server
+    from wagma_bench.runtime.launch import agreed_run_dir_override, detect_world, start_rank_server
 
     world = detect_world()
     if world is not None and (run_dir := agreed_run_dir_override(overrides)):
@@ -93,8 +30,8 @@ def run_command(overrides: list[str]) -> int:
     if world is not None and world.rank != 0:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    from wagma_bench.config.overrides import MULTIRUN_FLAGS, precheck
     from wagma_bench.errors import ConfigError
-    from wagma_bench.overrides import MULTIRUN_FLAGS, precheck
 
     try:  # a parse error or a misspelt key: exit 2 before anything is created
         explicit = precheck(overrides, CONF_DIR)
@@ -150,8 +87,8 @@ LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under 
 def _lock_run_dir(run_dir: Path) -> None:
     """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it, or
     naming a file of the run that is a symbolic link."""
-    from wagma_bench.events import SymlinkRefused
-    from wagma_bench.rundir import RunDirLock, RunDirLocked, refuse_symlinks
+    from wagma_bench.record.events import SymlinkRefused
+    from wagma_bench.record.rundir import RunDirLock, RunDirLocked, refuse_symlinks
 
     key = run_dir.resolve()
     if key in _LOCKS or os.environ.get(LOCK_HELD_ENV) == str(key):  # ours, or our launching process's
@@ -177,10 +114,10 @@ def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench import startup
-    from wagma_bench.config import ConfigError, validate
-    from wagma_bench.extras import check_extras
-    from wagma_bench.launch import detect_world, stop_rank_server
+    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.runtime import startup
+    from wagma_bench.runtime.extras import check_extras
+    from wagma_bench.runtime.launch import detect_world, stop_rank_server
     from wagma_bench.workloads import get_workload
 
     startup.new_job()
@@ -208,10 +145,11 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
     import torch
 
-    from wagma_bench.checkpoint import CheckpointError, check_against_run, check_event_log
-    from wagma_bench.config import ConfigError, check_memory, check_world
-    from wagma_bench.launch import device_plan, run_rank, slurm_master
-    from wagma_bench.rundir import finished_summary
+    from wagma_bench.config.schema import ConfigError, check_memory, check_world
+    from wagma_bench.record.checkpoint import CheckpointError, check_against_run, check_event_log
+    from wagma_bench.record.rundir import finished_summary
+    from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master
+    from wagma_bench.train.trainer import train
 
     raw = run_cfg.raw
     plan = None
@@ -241,7 +179,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
-        summary = run_rank(raw, str(run_dir), world, master)
+        summary = run_rank(raw, str(run_dir), world, master, train)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
             _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", EXIT_DIVERGED)
         return summary
@@ -255,19 +193,20 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     Ctrl-C (exit 130: the first stops the ranks at a checkpoint, the second at once, recorded)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.config import ConfigError
-    from wagma_bench.launch import spawn_local
-    from wagma_bench.supervise import RunFailed, RunInterrupted, record_failed_run
+    from wagma_bench.config.schema import ConfigError
+    from wagma_bench.runtime.launch import spawn_local
+    from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, record_failed_run
+    from wagma_bench.train.trainer import train
 
     note = f" ({plan.note})" if plan.note else ""
     print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
         interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
-                                  run_cfg.launcher.master_port)
+                                  run_cfg.launcher.master_port, train)
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), 2)
     except RunInterrupted as err:
-        from wagma_bench.checkpoint import latest_set
+        from wagma_bench.record.checkpoint import latest_set
 
         message = record_failed_run(run_dir, str(err), "interrupted")
         again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
@@ -293,7 +232,7 @@ def _report_end(run_dir: Path, interrupted: bool = True) -> None:
     text = summary_path.read_text()
     summary = json.loads(text)
     if interrupted and summary.get("status") == "interrupted":
-        from wagma_bench.checkpoint import latest_set
+        from wagma_bench.record.checkpoint import latest_set
 
         saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "
                  f"{run_dir}" if latest_set(run_dir) is not None else
@@ -320,7 +259,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     import subprocess
     import tempfile
 
-    from wagma_bench.launch import RANK_DIR_ENV
+    from wagma_bench.runtime.launch import RANK_DIR_ENV
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
@@ -328,7 +267,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
-    from wagma_bench.overrides import quoted
+    from wagma_bench.config.overrides import quoted
 
     args = list(HydraConfig.get().overrides.task)
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
@@ -339,7 +278,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
     # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
         env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
-        from wagma_bench.supervise import FirstToEnd, mpiexec_failure, record_failed_run
+        from wagma_bench.runtime.supervise import FirstToEnd, mpiexec_failure, record_failed_run
 
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
         first = FirstToEnd(Path(ranks), nproc)  # mpiexec's own report may name a rank its clean-up killed
@@ -365,6 +304,3 @@ def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
         tail = (tail + [line])[-keep:]
     return proc.wait(), tail
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config.paths import conf_context
 from wagma_bench.errors import ConfigError
-from wagma_bench.paths import conf_context
 
 # Hydra's own flags (``--cfg job``, ``-cd DIR``, ``--info``, ...): the command line is left to Hydra alone.
 MULTIRUN_FLAGS = ("-m", "--multirun")

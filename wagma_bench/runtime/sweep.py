@@ -14,7 +14,7 @@ Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` 
 one with several values is a sweep axis. Arguments are read by Hydra's own override parser, so the sweep
 grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
 ``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
-:func:`wagma_bench.config.validate` before anything is written, so a bad option fails at once.
+:func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
@@ -36,126 +36,21 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
-from wagma_bench.config import ConfigError, validate
-from wagma_bench.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
-from wagma_bench.paths import CONF_DIR, SLURM_DIR, conf_context
-from wagma_bench.slurm_util import TERMINAL_STATES, job_states
+from wagma_bench.config.cluster import ClusterProfile, load_profile
+from wagma_bench.config.paths import SLURM_DIR, conf_context
+from wagma_bench.config.schema import ConfigError, validate
+from wagma_bench.record.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
+from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
 MANIFEST = "manifest.json"
 MAX_ARRAY = 1000  # SLURM's default MaxArraySize is 1001 (indices 0..1000)
-
-
-@dataclass
-class Hardware:
-    nodes: int = 1  # nodes in the partition
-    cpus_per_node: int = 1
-    gpus_per_node: int = 0  # GRES gpus SLURM knows per node (0: none declared)
-    features: list[str] = field(default_factory=list)
-    max_time: str = "INFINITE"
-
-
-@dataclass
-class LinkProfile:
-    """One link level of `simulate`'s alpha-beta model (wagma_bench/simulate/costs.py: ``parse_link``)."""
-
-    alpha_s: float | None = None            # latency (s)
-    bandwidth_GBps: float | None = None     # per rank and direction (GB/s)
-    beta_s_per_byte: float | None = None    # or the inverse bandwidth directly
-
-
-@dataclass
-class NetworkProfile:
-    """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
-
-    allreduce: str = "auto"                 # ring | recursive_doubling | tree | auto (the cheapest)
-    intra: LinkProfile | None = None        # a group within one node (null: as inter)
-    inter: LinkProfile | None = None
-    control_alpha_s: float | None = None    # latency of a control message (null: inter's alpha)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The set keys, as ``Network.from_profile`` reads them."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        for level in ("intra", "inter"):
-            if level in out:
-                out[level] = {k: v for k, v in out[level].items() if v is not None}
-        return out
-
-
-LAUNCHER_KEYS = ("torch", "mpi")  # profile.launcher: the command that starts the ranks, per comm
-
-
-@dataclass
-class ClusterProfile:
-    """conf/cluster/NAME.yaml: how jobs are requested and started on one cluster."""
-
-    name: str
-    gpus_per_node: int  # tasks (ranks) per node: one per GPU
-    cpus_per_task: int = 1
-    gres: str | None = None  # GRES to request per node: --gres=<gres>:<tasks per node>
-    partition: str | None = None
-    account: str | None = None
-    constraint: str | None = None
-    qos: str | None = None
-    time: str = "01:00:00"
-    signal: str = "USR1@90"
-    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
-    sbatch_extra: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
-    venv: str | None = None  # auto | a prefix | null
-    launcher: dict[str, str] = field(default_factory=lambda: {"torch": "srun", "mpi": "srun --mpi=pmi2"})
-    run_overrides: list[str] = field(default_factory=list)
-    hardware: Hardware = field(default_factory=Hardware)
-    network: NetworkProfile | None = None
-
-
-def cluster_names() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
-
-
-def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
-    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it against :class:`ClusterProfile`."""
-    path = CONF_DIR / "cluster" / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
-                               OmegaConf.from_dotlist(list(overrides)))
-        profile = OmegaConf.to_object(node)
-    except OmegaConfBaseException as err:
-        raise ConfigError(_profile_error(name, err)) from None
-    stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
-    if stray:
-        raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
-                          f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
-    if profile.gpus_per_node < 1:
-        raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
-    return profile
-
-
-# A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
-PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
-                                     "network.intra": LinkProfile, "network.inter": LinkProfile}
-
-
-def _profile_error(name: str, err: OmegaConfBaseException) -> str:
-    """The common message for a profile key that does not fit its schema: the key with its full path under
-    ``cluster.``, what is wrong, and the valid keys of the section it is in (nested sections too)."""
-    key = str(getattr(err, "full_key", "") or "")
-    parent = key.rpartition(".")[0]
-    schema = PROFILE_SECTIONS.get(parent, ClusterProfile)
-    section = f"cluster.{parent}" if parent in PROFILE_SECTIONS and parent else "cluster"
-    valid = ", ".join(f.name for f in dataclasses.fields(schema))
-    unknown = isinstance(err, (ConfigKeyError, ConfigAttributeError))
-    what = "unknown key" if unknown else str(err).splitlines()[0]
-    return f"cluster.{key}: {what} (cluster {name}); valid keys of {section}: {valid}"
 
 
 # --- the sweep's combinations ---------------------------------------------------------------------------

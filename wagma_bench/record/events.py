@@ -4,8 +4,8 @@ Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, 
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
 atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
-also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.rundir.record_failure`); so is
-the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.mlperf`).
+also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.record.rundir.record_failure`); so is
+the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 
 Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the
 W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
@@ -163,9 +163,9 @@ class EventLog:
     """Append-only event log of rank 0 (other ranks hold a disabled one).
 
     Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
-    :mod:`wagma_bench.loggers`, whose :func:`~wagma_bench.loggers.event_log_for_run` builds the log
+    :mod:`wagma_bench.record.loggers`, whose :func:`~wagma_bench.record.loggers.event_log_for_run` builds the log
     of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
-    (:mod:`wagma_bench.mlperf`).
+    (:mod:`wagma_bench.record.mlperf`).
     """
 
     def __init__(self, run_dir: Path, enabled: bool, sinks: Iterable = (), resume_step: int | None = None):
@@ -274,11 +274,11 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "git_sha": meta.get("git_sha"),
         "versions": meta.get("versions"),
         "hosts": meta.get("hosts"),
-        # rank 0's CPU seconds by thread over the last attempt (wagma_bench.cpu), at the run's end
+        # rank 0's CPU seconds by thread over the last attempt (wagma_bench.record.cpu), at the run's end
         "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s") if stops and ended == "run_stop" else None,
         # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per round by phase, progress-thread CPU
         "engine": stops[-1]["metadata"].get("engine") if stops and ended == "run_stop" else None,
-        # where the last attempt's start went (wagma_bench.startup), seconds per phase
+        # where the last attempt's start went (wagma_bench.runtime.startup), seconds per phase
         "startup": next((e["metadata"] for e in reversed(events) if e["key"] == "startup"), None),
     }
 
@@ -375,7 +375,7 @@ class RunStart:
         train = self.config.get("train") or {}
         if "lr" not in train:
             return None
-        from wagma_bench.schedules import peak_lr
+        from wagma_bench.config.schedules import peak_lr
 
         return peak_lr(train["lr"], train["batch_size"], self.world_size or 1, train.get("lr_reference_batch"))
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench.events import OUTPUT_HINT, refuse_link, write_text_atomic
+from wagma_bench.record.events import OUTPUT_HINT, refuse_link, write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"
@@ -286,7 +286,7 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
     import torch.distributed as dist
 
     from wagma_bench.comm.torch_dist import TorchComm
-    from wagma_bench.launch import device_plan
+    from wagma_bench.runtime.launch import device_plan
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     backend, device = "gloo", torch.device("cpu")
@@ -319,7 +319,7 @@ def main(argv: list[str]) -> int:
     if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
         print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
         return 2
-    from wagma_bench.launch import detect_world, free_port
+    from wagma_bench.runtime.launch import detect_world, free_port
 
     world = detect_world()
     if args.comm == "mpi":
@@ -338,7 +338,7 @@ def main(argv: list[str]) -> int:
         return 0
     import torch.multiprocessing as mp
 
-    from wagma_bench.launch import start_rank_server
+    from wagma_bench.runtime.launch import start_rank_server
 
     start_rank_server()  # the ranks are forked from it, torch imported once
     mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,

@@ -5,9 +5,9 @@
     wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
-Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.sweep.parse_overrides`:
+Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.runtime.sweep.parse_overrides`:
 ``optimizer=a,b``, ``'optimizer=glob(*)'``, ``workload=...``) is tuned on its own: its optimizer's search
-space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.search_space`) gives S x O quasirandom points
+space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.config.search_space`) gives S x O quasirandom points
 (``tune.studies`` x ``tune.trials``, from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint
 blocks of one sequence, so the S studies are independent tunings of O trials each. A trial is a normal
 ``wagma-bench run`` into ``DIR/trials/NAME`` with the point's settings as overrides (``train.lr`` = the
@@ -22,7 +22,7 @@ running the same command again skips the finished trials and resumes an interrup
 (the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep (``DIR/manifest.json``,
 ``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR`` scores them when they end.
 
-Scoring (:func:`score_combo`, written to ``DIR/tuning.json``): per study the fastest trial to the target
+Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to the target
 (training clock, as ``report``), the score is the median over the studies of those bests, a study whose
 trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
 """
@@ -33,7 +33,6 @@ import datetime as _dt
 import json
 import math
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -41,8 +40,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.config import ConfigError
-from wagma_bench.events import (
+from wagma_bench.analysis.tuning import (
+    PLAN,
+    TRIALS,
+    TUNING,
+    Trial,
+    describe,
+    format_scores,
+    outcome,
+    write_scores,
+    yaml_value,
+)
+from wagma_bench.config.paths import conf_context
+from wagma_bench.config.schema import ConfigError
+from wagma_bench.config.search_space import draw, load_space, parse_space_override
+from wagma_bench.record.events import (
     OUTPUT_HINT,
     RunEvents,
     SymlinkRefused,
@@ -50,13 +62,7 @@ from wagma_bench.events import (
     run_subdir,
     write_json_atomic,
 )
-from wagma_bench.paths import conf_context
-from wagma_bench.search_space import draw, load_space, parse_space_override
 
-PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
-TUNING = "tuning.json"      # the scores
-TRIALS = "trials"
-INF = math.inf
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
 CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array"}
 
@@ -76,18 +82,6 @@ class TuneArgs:
     def cluster(self) -> bool:
         return bool(self.flags) or any(o.split("=", 1)[0] in ("cluster", "gpus") or o.startswith("cluster.")
                                        for o in self.overrides)
-
-
-@dataclass
-class Trial:
-    name: str
-    combo: str
-    study: int                            # 1..S
-    trial: int                            # 1..O within its study
-    seed: int
-    params: dict[str, Any]                # the point: search-space key -> value
-    overrides: list[str]                  # the combination's axis values, then the trial's settings
-    gpus: int = 0                         # cluster mode: the world size
 
 
 def parse_args(argv: list[str]) -> TuneArgs:
@@ -138,7 +132,7 @@ def _own_value(key: str, value: str) -> Any:
 
 def combinations(args: TuneArgs):
     """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and expansion of the overrides."""
-    from wagma_bench import sweep
+    from wagma_bench.runtime import sweep
 
     for key, _ in sweep.parse_overrides(args.overrides):
         if key in ("seed", "seeds"):
@@ -162,7 +156,7 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
     """The trials of every combination, and each trial's composed, checked config (``raw``)."""
     from hydra import compose
 
-    from wagma_bench.config import validate
+    from wagma_bench.config.schema import validate
 
     spec, combos = combinations(args)
     extra = spec.cluster.run_overrides if spec.cluster else []
@@ -228,16 +222,12 @@ def point_overrides(point: dict[str, Any], base_lr: float, epochs: float) -> lis
     out = [f"train.lr={lr}", f"train.warmup_epochs={warmup}"]
     for key, value in point.items():
         if key not in ("lr_multiplier", "warmup_fraction"):
-            out.append(f"{key}={_yaml(value)}")
+            out.append(f"{key}={yaml_value(value)}")
     return out
 
 
 def _short(x: float) -> float:
     return float(f"{x:.6g}")
-
-
-def _yaml(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) -> dict:
@@ -261,7 +251,7 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
 def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
-    from wagma_bench.rundir import finished_summary
+    from wagma_bench.record.rundir import finished_summary
 
     out = out or sys.stdout
 
@@ -332,132 +322,6 @@ def _interrupt_when_parent_dies() -> None:
         pass
 
 
-def describe(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k.removeprefix('optimizer.')}={_yaml(v)}" for k, v in params.items())
-
-
-def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
-    if summary is None:
-        return "not run"
-    t = trial_time(summary, max_runtime_s)
-    if math.isfinite(t):
-        return f"target reached in {t:.1f} s"
-    late = summary.get("reached") and not math.isfinite(t)
-    return f"{summary.get('status')}, target {'reached after tune.max_runtime_s' if late else 'missed'}"
-
-
-# --- scoring (AlgoPerf) -------------------------------------------------------------------------------
-
-def trial_time(summary: dict | None, max_runtime_s: float | None = None) -> float:
-    """A trial's time to target (training clock); inf when it missed it, did not finish, or took longer
-    than ``max_runtime_s``."""
-    if not summary or not summary.get("reached") or summary.get("time_to_target_s") is None:
-        return INF
-    t = float(summary["time_to_target_s"])
-    return INF if max_runtime_s is not None and t > max_runtime_s else t
-
-
-def median_score(bests: list[float]) -> float:
-    """AlgoPerf's score of one workload: the median over studies of each study's best time; a study
-    whose trials all missed is inf, so half the studies or more missing makes the score inf."""
-    if not bests:
-        return INF
-    return float(statistics.median(bests))
-
-
-def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
-    """One combination's entry of ``tuning.json``."""
-    times = {t.name: trial_time(summaries.get(t.name), max_runtime_s) for t in trials}
-    studies = []
-    for s in sorted({t.study for t in trials}):
-        mine = [t for t in trials if t.study == s]
-        best = min(mine, key=lambda t: (times[t.name], t.trial))
-        studies.append({"study": s, "best_time_s": _finite(times[best.name]),
-                        "trial": best.name if math.isfinite(times[best.name]) else None,
-                        "reached": sum(math.isfinite(times[t.name]) for t in mine), "trials": len(mine)})
-    score = median_score([INF if s["best_time_s"] is None else s["best_time_s"] for s in studies])
-    winner = min(trials, key=lambda t: (times[t.name], t.study, t.trial))
-    won = math.isfinite(times[winner.name])
-    return {"score_s": _finite(score), "studies": studies,
-            "reached": sum(math.isfinite(v) for v in times.values()), "trials": len(trials),
-            "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
-            "winner": {"trial": winner.name, "time_s": times[winner.name], "params": winner.params,
-                       "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
-def trial_finished(summary: dict | None) -> bool:
-    from wagma_bench.rundir import FINISHED
-
-    return bool(summary) and summary.get("status") in (*FINISHED, "failed")
-
-
-def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, dict | None]]:
-    """A tuning directory's plan, its trials by combination (in plan order) and each trial's saved summary
-    (None where the trial has not finished a summary)."""
-    tune_dir = Path(tune_dir)
-    path = tune_dir / PLAN
-    if not path.exists():
-        raise ConfigError(f"{tune_dir} is not a tuning directory (no {PLAN}); make one with wagma-bench tune")
-    plan = json.loads(path.read_text())
-    trials = [Trial(**t) for t in plan["trials"]]
-    combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
-    summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
-    return plan, combos, summaries
-
-
-def score(tune_dir: Path) -> dict:
-    """Score every combination of a tuning directory from its trials' run directories."""
-    plan, combos, all_summaries = load_trials(tune_dir)
-    entries = []
-    for combo, mine in combos.items():
-        summaries = {t.name: all_summaries[t.name] for t in mine}
-        entries.append({"combo": combo, **_key_of(summaries.values()),
-                        **score_combo(mine, summaries, plan.get("max_runtime_s")),
-                        "compute_imbalance": _median_of(summaries.values(), "compute_imbalance")})
-    return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
-            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"],
-            "max_runtime_s": plan.get("max_runtime_s"), "command": plan.get("command"), "results": entries}
-
-
-def _key_of(summaries) -> dict:
-    """workload, data, optimizer, world size, imbalance, metric and target: from any trial that started."""
-    s = next((s for s in summaries if s), {})
-    return {k: s.get(k) for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric",
-                                  "target")}
-
-
-def _median_of(summaries, key: str) -> float | None:
-    values = [s[key] for s in summaries if s and s.get(key) is not None]
-    return float(statistics.median(values)) if values else None
-
-
-def write_scores(tune_dir: Path) -> dict:
-    result = score(tune_dir)
-    write_json_atomic(Path(tune_dir) / TUNING, result)
-    return result
-
-
-def winning_runs(tune_dir: Path) -> list[Path]:
-    """The run directory of each combination's winning trial (none for a combination that never reached
-    the target): what ``simulate --convergence`` reads from a tuning directory."""
-    result = score(tune_dir)
-    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"] if e["winner"]]
-
-
-def format_scores(result: dict) -> str:
-    lines = [f"{'combination':32} {'score (s)':>10}  per-study best (s)            reached  winner"]
-    for e in result["results"]:
-        bests = " ".join("inf" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
-        score_s = "inf" if e["score_s"] is None else f"{e['score_s']:.1f}"
-        win = describe(e["winner"]["params"]) if e["winner"] else "-"
-        lines.append(f"{e['combo']:32} {score_s:>10}  {bests:29} {e['reached']:>3}/{e['trials']:<3}  {win}")
-    return "\n".join(lines)
-
-
 # --- command line -------------------------------------------------------------------------------------
 
 USAGE = __doc__.split("\n\n")[1]
@@ -503,7 +367,7 @@ def _main(argv: list[str]) -> int:
 
 def _render(args: TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
     """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
-    from wagma_bench import sweep
+    from wagma_bench.runtime import sweep
 
     runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in trials]
     manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,

@@ -1,6 +1,6 @@
 """The report's figures, drawn from tidy tables (lists of dicts) with matplotlib's Agg backend.
 
-Nothing here reads run files or computes statistics: :mod:`wagma_bench.report` builds the tables, and
+Nothing here reads run files or computes statistics: :mod:`wagma_bench.analysis.report` builds the tables, and
 other producers (``wagma-bench simulate``) can hand in their own rows, so that predictions and
 measurements share one figure format -- see :func:`plot_throughput`'s ``kind``.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.events import atomic_write
+from wagma_bench.record.events import atomic_write
 
 MAX_RANKS_SHOWN = 32  # per-rank step-time figure: beyond this, the slowest ranks only
 
@@ -47,7 +47,7 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
     """Validation metric against training time (left) and steps (right).
 
     ``bands[label]``: ``n`` (seeds) and, for ``train_s`` and ``step``, a tuple (x, median, lo, hi) as
-    :func:`wagma_bench.report.seed_band` returns; with several seeds the band and, optionally, each
+    :func:`wagma_bench.analysis.report.seed_band` returns; with several seeds the band and, optionally, each
     seed's own curve (``train_s_seeds``/``step_seeds``: lists of (x, y)) are drawn thin.
     """
     plt = _plt()

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.events import (
+from wagma_bench.record.events import (
     EVENTS,
     SUMMARY,
     RunEvents,
@@ -154,7 +154,7 @@ class RunDirLock:
 
 
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
-# .heartbeats: the ranks of an external launcher beat there (wagma_bench.supervise.HEARTBEATS); refused under
+# .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS); refused under
 # every launcher alike, the local one included (whose own heartbeats live elsewhere)
 RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint", ".heartbeats")
 
@@ -189,7 +189,7 @@ def finalize(run_dir: Path, status: str | None = None, error: str | None = None,
     """Write ``summary.json`` and the MLPerf log from the run's events: by rank 0 at the end of a run, by the
     launcher after a crash (``status``, ``error``: its view of the failure). ``echo_mllog``: also print the
     MLPerf log's lines (``logger.mllog``)."""
-    from wagma_bench.mlperf import try_write_mllog  # imports mlperf_logging
+    from wagma_bench.record.mlperf import try_write_mllog  # imports mlperf_logging
 
     summary = RunEvents.read(run_dir).summary(status)
     summary["compute_imbalance"] = compute_imbalance(run_dir)

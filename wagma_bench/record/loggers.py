@@ -1,4 +1,4 @@
-"""Sinks that rank 0's :class:`~wagma_bench.events.EventLog` forwards every event to.
+"""Sinks that rank 0's :class:`~wagma_bench.record.events.EventLog` forwards every event to.
 
 The event log (``events.jsonl``) stays the source of truth; a sink only mirrors it elsewhere
 (:func:`event_log_for_run` builds a rank's event log with the sinks its config asks for):
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.config import WandbConfig
+from wagma_bench.config.schema import WandbConfig
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import EVENTS, SUMMARY, EventLog, RunEvents, write_json_atomic
+from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents, write_json_atomic
 
 
 class Sink(Protocol):

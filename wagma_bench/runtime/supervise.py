@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from wagma_bench.events import open_run_file, run_subdir
+from wagma_bench.record.events import open_run_file, run_subdir
 
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
 # Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
@@ -52,7 +52,7 @@ class CtrlC:
     """The local launcher's Ctrl-C (SIGINT, from the terminal to the process group or to the launcher alone).
 
     The ranks ignore SIGINT (:func:`ranks_ignore_ctrl_c`); the launcher forwards each Ctrl-C to every live rank
-    as :data:`~wagma_bench.slurm_util.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
+    as :data:`~wagma_bench.runtime.slurm.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
     first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``); the second
     stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one blocked in a
     collective never runs its handler). The launcher itself never exits while its ranks run.
@@ -64,7 +64,7 @@ class CtrlC:
     whether its forward arrived, arrived twice, or was ignored."""
 
     def __init__(self, processes: list, folder: Path | None = None):
-        from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+        from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
         self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
         self.count = 0
@@ -113,7 +113,7 @@ def launcher_interrupts(folder: str | Path | None) -> int:
 def ranks_ignore_ctrl_c():
     """While ranks are spawned: SIGINT and the forwarded interrupt ignored, a disposition the ranks inherit (a
     Ctrl-C before a rank has installed its handlers is lost, not a traceback; the second one still ends it)."""
-    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+    from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, FORWARDED_INTERRUPT)}
     try:
@@ -135,7 +135,7 @@ def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S
     """Touch ``folder/rank<R>`` (which holds the rank's host name) every ``period_s`` from a daemon thread,
     for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
     directory's ``.heartbeats``: neither it nor the file is ever followed through a symbolic link
-    (:class:`~wagma_bench.events.SymlinkRefused`)."""
+    (:class:`~wagma_bench.record.events.SymlinkRefused`)."""
     path = run_subdir(Path(folder)) / f"rank{rank}"
     with open_run_file(path, "w") as f:
         f.write(socket.gethostname())
@@ -266,8 +266,8 @@ def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
     """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
     removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
     Returns the message for the user: the error, and what could not be recorded."""
-    from wagma_bench.checkpoint import discard_incomplete_sets
-    from wagma_bench.rundir import record_failure
+    from wagma_bench.record.checkpoint import discard_incomplete_sets
+    from wagma_bench.record.rundir import record_failure
 
     try:
         free = shutil.disk_usage(run_dir).free

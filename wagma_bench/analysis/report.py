@@ -31,10 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench import plots
-from wagma_bench.events import EVENTS, RunEvents, SymlinkRefused, atomic_write, read_jsonl, write_text_atomic
-from wagma_bench.rundir import live_holder
-from wagma_bench.tune import PLAN as TUNE_PLAN
+from wagma_bench.analysis import plots
+from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
+from wagma_bench.record.events import (
+    EVENTS,
+    RunEvents,
+    SymlinkRefused,
+    atomic_write,
+    read_jsonl,
+    write_text_atomic,
+)
+from wagma_bench.record.rundir import live_holder
 
 REFERENCE = "allreduce"
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
@@ -346,7 +353,7 @@ def ttt_bars(rows: Sequence[dict], runs: Sequence[RunRecord]) -> list[dict]:
 
 
 def throughput_table(rows: Sequence[dict], imbalance_in_label: bool) -> list[dict]:
-    """The comparison rows as the tidy table :func:`wagma_bench.plots.plot_throughput` takes."""
+    """The comparison rows as the tidy table :func:`wagma_bench.analysis.plots.plot_throughput` takes."""
     return [{"label": f"{r['optimizer']}" + (f" imbalance={r['imbalance']}" if imbalance_in_label else ""),
              "world_size": r["world_size"], "throughput": r["throughput"], "lo": r["throughput_min"],
              "hi": r["throughput_max"], "kind": "measured"} for r in rows if r["throughput"]]
@@ -620,7 +627,7 @@ TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer
 
 
 def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
-    from wagma_bench.tune import score
+    from wagma_bench.analysis.tuning import score
 
     results, protocol = [], []
     for d in tune_dirs:
@@ -667,7 +674,7 @@ def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity:
     """Log the report's tables and figures as one W&B run (``job_type=report``), offline without a key."""
     import wandb
 
-    from wagma_bench.loggers import init_wandb, offline_dir
+    from wagma_bench.record.loggers import init_wandb, offline_dir
 
     run = init_wandb(out, mode, project=project, entity=entity, group=group, job_type="report",
                      name=f"report-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -717,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 1
     if args.mllog:
-        from wagma_bench.mlperf import write_mllog
+        from wagma_bench.record.mlperf import write_mllog
 
         written = [p for p in (write_mllog(r.path) for g in groups for r in g.runs) if p]
         print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")

@@ -12,7 +12,7 @@ from ``wagma-bench simulate --out``); a claim names the ones it reads by their f
 Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of each
 study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or its
 median throughput over the trials, each with the exact two-stage bootstrap distribution of
-:mod:`wagma_bench.intervals`. The claim's **speed-up** is the subject's value against the best comparator's,
+:mod:`wagma_bench.analysis.intervals`. The claim's **speed-up** is the subject's value against the best comparator's,
 oriented so that > 1 favours the subject; its interval comes from the law of the subject against the best of
 independent draws of every comparator (the best is chosen inside the bootstrap, not fixed beforehand).
 
@@ -40,14 +40,15 @@ from typing import Any
 
 import yaml
 
-from wagma_bench import intervals
+from wagma_bench.analysis import intervals
+from wagma_bench.analysis.report import markdown_table
+from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
+from wagma_bench.analysis.tuning import load_trials, trial_finished, trial_time
+from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
-from wagma_bench.events import atomic_write, run_subdir, write_json_atomic
-from wagma_bench.report import markdown_table
-from wagma_bench.tune import PLAN as TUNE_PLAN
-from wagma_bench.tune import load_trials, trial_finished, trial_time
+from wagma_bench.record.events import atomic_write, run_subdir, write_json_atomic
 
-CLAIMS_FILE = Path(__file__).resolve().parent.parent / "reproduce" / "claims.yaml"
+CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
 # metric -> lower is better
 METRICS = {"time_to_target": True, "throughput": False, "final_metric": False}

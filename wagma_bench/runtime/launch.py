@@ -4,7 +4,7 @@
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
 ``launcher.nproc`` local ranks with torch.multiprocessing, forked from a fork server that has imported torch and
 the suite once (:func:`start_rank_server`). A rank that dies, raises or hangs ends the whole
-run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.supervise`).
+run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import socket
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wagma_bench import startup
-from wagma_bench.config import ConfigError, RunConfig, validate
-from wagma_bench.events import open_run_file
-from wagma_bench.hosts import check_reachable, choose_gloo_interface, node_address
-from wagma_bench.rundir import LOCK, finalize
-from wagma_bench.supervise import (
+from wagma_bench.comm.base import Comm
+from wagma_bench.config.schema import ConfigError, RunConfig, validate
+from wagma_bench.record.events import open_run_file
+from wagma_bench.record.rundir import LOCK, finalize
+from wagma_bench.runtime import startup
+from wagma_bench.runtime.hosts import check_reachable, choose_gloo_interface, node_address
+from wagma_bench.runtime.supervise import (
     HEARTBEATS,
     LAUNCHER_DIR_ENV,
     SHARED_HEARTBEAT_S,
@@ -37,6 +39,9 @@ from wagma_bench.supervise import (
     start_heartbeat,
     supervise,
 )
+
+#: what a rank runs once its world is up: (config, comm, run directory, local rank) -> rank 0's summary
+RankProgram = Callable[[RunConfig, Comm, Path, int], "dict | None"]
 
 
 @dataclass
@@ -140,7 +145,7 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 def slurm_master(env=os.environ) -> tuple[str, int]:
     """An address of the first host of the step's node list (its name, or slurmctld's NodeAddr for it where
-    the name does not resolve: :func:`wagma_bench.hosts.node_address`) and a port derived from the job id."""
+    the name does not resolve: :func:`wagma_bench.runtime.hosts.node_address`) and a port derived from the job id."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     try:
         hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
@@ -341,11 +346,12 @@ def torchrun_attempt_store(timeout_s: float, env=os.environ):
     return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None) -> dict | None:
-    """Entry point of one rank, in a spawned process or under an external launcher."""
+def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None,
+             program: RankProgram) -> dict | None:
+    """Entry point of one rank, in a spawned process or under an external launcher: set up its world, then run
+    ``program`` (the trainer's ``train``: the command passes it in, so that this layer does not import the
+    one above it)."""
     startup.mark("rank")
-    from wagma_bench.trainer import train
-
     startup.mark("imported")
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
@@ -358,7 +364,7 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     comm = make_comm(cfg, world, master, run_dir)
     startup.mark("world")
     try:
-        return train(cfg, comm, Path(run_dir), world.local_rank)
+        return program(cfg, comm, Path(run_dir), world.local_rank)
     except RanksLost as err:
         survivors = sorted(set(range(world.world_size)) - set(err.ranks))
         if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
@@ -412,14 +418,14 @@ def _die_with_launcher(launcher_pid: int) -> None:
 # What every local rank imports, imported once by the fork server the ranks are forked from (each rank
 # importing them itself took 4-5 s of CPU: torch 2.2 s, torch._dynamo, which torch.optim's first step
 # imports, 2.0 s). Only modules that start no thread and touch no device: a fork copies no thread.
-RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.trainer", "wagma_bench.comm.torch_dist",
+RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.train.trainer", "wagma_bench.comm.torch_dist",
                 "wagma_bench.optim", "wagma_bench.workloads.resnet")
 
 
 def start_rank_server() -> None:
     """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
     (Hydra, validation, its torch import). It inherits the launcher's ignored Ctrl-C (see
-    :func:`~wagma_bench.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
+    :func:`~wagma_bench.runtime.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
     arguments, not in the server's environment, which is the launcher's at this moment. Idempotent; the server
     is stopped when the launcher exits (:func:`stop_rank_server`), so a command refused after this point does
     not leave it importing."""
@@ -446,8 +452,8 @@ def stop_rank_server() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: tuple[str, int],
-                  launcher_pid: int | None = None, heartbeat_dir: str | None = None,
+def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str, nproc: int,
+                  master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
                   env: dict | None = None) -> None:
     _ignore_ctrl_c()
     os.environ.update(env or {})
@@ -457,7 +463,7 @@ def _spawned_rank(index: int, raw_cfg: dict, run_dir: str, nproc: int, master: t
     if heartbeat_dir is not None:
         start_heartbeat(heartbeat_dir, index)
     try:
-        run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master)
+        run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master, program)
         _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
         if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
@@ -473,7 +479,7 @@ def _ignore_ctrl_c() -> None:
     ignored, whatever the fork server's own disposition was."""
     import signal
 
-    from wagma_bench.slurm_util import FORWARDED_INTERRUPT
+    from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
     for sig in (signal.SIGINT, FORWARDED_INTERRUPT):
         signal.signal(sig, signal.SIG_IGN)
@@ -495,9 +501,10 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None) -> bool:
-    """Spawn ``nproc`` local ranks and wait; a rank that fails or hangs ends the others within seconds
-    (:mod:`wagma_bench.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
+def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None,
+                program: RankProgram) -> bool:
+    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`) and wait; a rank that fails or hangs ends the others within seconds
+    (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
     :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
     then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
     import secrets
@@ -523,7 +530,7 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
         startup.mark("spawned")
         env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
                STORE_HOSTED_ENV: "1"}
-        ctx = mp.start_processes(_spawned_rank, args=(raw_cfg, str(run_dir), nproc, master, os.getpid(),
+        ctx = mp.start_processes(_spawned_rank, args=(program, raw_cfg, str(run_dir), nproc, master, os.getpid(),
                                                       str(heartbeats), env),
                                  nprocs=nproc, join=False, start_method="forkserver")
         ctrl_c.processes = ctx.processes

@@ -1,0 +1,63 @@
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims.
+
+One module per command where the command is more than a call (``run.py``, ``simulate.py``); each command is
+imported only when named, so that ``run`` starts its rank server before anything heavy is imported. Nothing
+else in the package imports this layer (the layer contract, ``tests/test_layers.py``)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
+
+commands:
+  run         train one configuration (Hydra overrides, e.g. workload=resnet optimizer=wagma; -m for sweeps)
+  comm-bench  time our communication backend against the raw library calls
+  report      time-to-accuracy tables and figures over run or sweep directories
+  sweep       render/submit/follow SLURM jobs over GPU counts and options (e.g. cluster=daint gpus=8,16)
+  tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
+  simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
+  claims      the papers' claims: measured here with intervals, predicted at scale, a verdict for each
+
+`wagma-bench run --help` lists the configuration groups and their options.
+"""
+
+
+# every command but `run`: the module whose main(argv) it is, imported only when named
+COMMANDS = {
+    "comm-bench": "wagma_bench.runtime.commbench",
+    "sweep": "wagma_bench.runtime.sweep",
+    "tune": "wagma_bench.runtime.tune",
+    "report": "wagma_bench.analysis.report",
+    "simulate": "wagma_bench.cli.simulate",
+    "claims": "wagma_bench.analysis.claims",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from wagma_bench import __version__
+
+        print(f"wagma-bench {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from wagma_bench.cli.run import INTERRUPTED_EXIT, run_command
+
+        try:
+            return run_command(rest)
+        except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
+            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
+        except OSError as err:  # an operational error the steps above did not name (disk, permissions)
+            print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
+            return 1
+    if command in COMMANDS:
+        return importlib.import_module(COMMANDS[command]).main(rest)
+    print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2

@@ -1,0 +1,1 @@
+"""The one training loop (``trainer``): step, control exchange, evaluation, checkpoint, preemption, summary."""
