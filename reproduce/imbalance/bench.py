@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-BIN = Path(sys.executable).parent / "wagma-bench"
+from wagma_bench.runtime.runs import run_unless_done
+
 COMMON = ["workload=resnet", "eval.target=null", "eval.every_steps=100000", "logger.progress=off",
           "checkpoint.every_s=1e9"]
 
 
 def run(out: Path, name: str, args: list[str]) -> dict:
-    run_dir = out / name
-    if not (run_dir / "summary.json").exists():
-        subprocess.run([str(BIN), "run", *COMMON, *args, f"hydra.run.dir={run_dir}"], check=True,
-                       stdout=subprocess.DEVNULL)
-    return json.loads((run_dir / "summary.json").read_text())
+    summary = run_unless_done(out / name, [*COMMON, *args])
+    if summary["status"].startswith("failed"):
+        raise SystemExit(f"{name}: {summary['status']}")
+    return summary
 
 
 def table(rows: list[dict]) -> str:

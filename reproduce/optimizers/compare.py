@@ -17,20 +17,17 @@ where it stopped. Measure on a quiet machine: every rank shares the CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from wagma_bench.analysis.report import median, olympic_mean
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.runtime.runs import run_unless_done
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent / "wagma-bench"
 # Evaluate every 10 rounds (rounded up to the optimizer's sync period), so time-to-target is resolved
 # finely; evaluation time is excluded from the training clock.
 COMMON = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]
@@ -42,18 +39,8 @@ def key_hyperparameters(optimizer: str) -> str:
 
 
 def run(out: Path, optimizer: str, imbalance: str, seed: int, extra: list[str]) -> dict:
-    run_dir = out / f"{optimizer}-{imbalance}-s{seed}"
-    summary = run_dir / "summary.json"
-    if not summary.exists():
-        cmd = [str(BIN), "run", *COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", f"seed={seed}", *extra,
-               f"hydra.run.dir={run_dir}"]
-        print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, cwd=ROOT, check=False)
-        print(f"  exit {done.returncode} after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if not summary.exists():
-            return {"status": f"failed (exit {done.returncode})"}
-    return json.loads(summary.read_text())
+    return run_unless_done(out / f"{optimizer}-{imbalance}-s{seed}",
+                           [*COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", f"seed={seed}", *extra], ROOT)
 
 
 def fmt(value, spec: str = ".1f") -> str:

@@ -14,16 +14,12 @@ missed it. Measure on a quiet machine (every rank shares the CPU) and say its lo
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from wagma_bench.analysis.report import median, olympic_mean
+from wagma_bench.runtime.runs import run_unless_done
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent / "wagma-bench"
 SLOWMO = ["optimizer.outer=slowmo"]  # alpha 1, beta 0.5; every global average (local SGD, WAGMA) or 12 rounds (SGP)
 CONFIGS = {  # name: overrides
     "allreduce": ["optimizer=allreduce"],
@@ -43,17 +39,7 @@ WORKLOADS = {"transformer": ["workload=transformer", "launcher.nproc=4", "logger
 
 
 def run(out: Path, name: str, seed: int, common: list[str], extra: list[str]) -> dict:
-    run_dir = out / f"{name}-s{seed}"
-    summary = run_dir / "summary.json"
-    if not summary.exists():
-        cmd = [str(BIN), "run", *common, *CONFIGS[name], f"seed={seed}", *extra, f"hydra.run.dir={run_dir}"]
-        print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, cwd=ROOT, check=False)
-        print(f"  exit {done.returncode} after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if not summary.exists():
-            return {"status": f"failed (exit {done.returncode})"}
-    return json.loads(summary.read_text())
+    return run_unless_done(out / f"{name}-s{seed}", [*common, *CONFIGS[name], f"seed={seed}", *extra], ROOT)
 
 
 def row(name: str, runs: list[dict], base_steps: float | None) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from wagma_bench.analysis import intervals
-from wagma_bench.analysis.report import markdown_table
+from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import load_trials, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT

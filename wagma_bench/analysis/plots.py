@@ -16,7 +16,8 @@ from wagma_bench.record.events import atomic_write
 MAX_RANKS_SHOWN = 32  # per-rank step-time figure: beyond this, the slowest ranks only
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed), imported only when a figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,18 +28,19 @@ def _plt():
 
 def colors(labels: Sequence[str]) -> dict[str, Any]:
     """One tab10 colour per distinct label, in order of first appearance."""
-    cmap = _plt().get_cmap("tab10")
+    cmap = pyplot().get_cmap("tab10")
     return {label: cmap(i % 10) for i, label in enumerate(dict.fromkeys(labels))}
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (its suffix picks the format) atomically, then close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     try:  # atomically: a full disk leaves no half-written PNG, a planted link is refused (events.atomic_write)
         atomic_write(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110), binary=True)
     finally:
-        _plt().close(fig)
+        pyplot().close(fig)
     return path
 
 
@@ -50,7 +52,7 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
     :func:`wagma_bench.analysis.report.seed_band` returns; with several seeds the band and, optionally, each
     seed's own curve (``train_s_seeds``/``step_seeds``: lists of (x, y)) are drawn thin.
     """
-    plt = _plt()
+    plt = pyplot()
     palette = colors(list(bands))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, xkey, xlabel in ((axes[0], "train_s", "training time (s, evaluation excluded)"),
@@ -72,7 +74,7 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
     axes[0].set_ylabel(metric)
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"{title}\nmedian over seeds (bold), band: min-max, thin: single seeds", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_time_to_target(bars: Sequence[dict], path: Path, title: str) -> Path:
@@ -81,7 +83,7 @@ def plot_time_to_target(bars: Sequence[dict], path: Path, title: str) -> Path:
     Each bar: ``label``, ``color_key``, ``median`` (None: not reached, drawn hatched), ``lo``/``hi``
     (whiskers), ``seeds`` (the times of the seeds that reached, drawn as dots), ``reached`` and ``n``.
     """
-    plt = _plt()
+    plt = pyplot()
     palette = colors([b["color_key"] for b in bars])
     top = max([b["hi"] for b in bars if b["hi"] is not None] or [1.0]) * 1.1
     fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(bars) + 2), 4))
@@ -100,7 +102,7 @@ def plot_time_to_target(bars: Sequence[dict], path: Path, title: str) -> Path:
     ax.set_title(f"{title}\nbar: median over seeds; whiskers: min-max of the seeds that reached; dots: seeds",
                  fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool = True) -> Path:
@@ -111,7 +113,7 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     predictions and measurements share one plot. A label's ideal line (dotted) starts from its smallest
     measured world size.
     """
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     rows = [r for r in table if r.get("throughput")]
@@ -152,14 +154,14 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_ranks: int = MAX_RANKS_SHOWN) -> Path:
     """Per-rank distributions (box plots) of compute, injected delay and communication time per step,
     one panel per series. ``series[label]``: rows ``rank``, ``component`` (compute | delay | comm),
     ``seconds``. Beyond ``max_ranks`` ranks only the slowest (largest mean step) are drawn."""
-    plt = _plt()
+    plt = pyplot()
     comps = [("compute", "tab:blue", "compute"), ("delay", "tab:red", "injected delay"), ("comm", "tab:green", "comm")]
     fig, axes = plt.subplots(len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), squeeze=False)
     for ax, (label, rows) in zip(axes[:, 0], series.items()):
@@ -190,7 +192,7 @@ def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_r
     axes[0, 0].legend(fontsize=8, loc="upper right", ncol=3)
     axes[-1, 0].set_xlabel("rank")
     fig.suptitle(f"{title}\nper-rank step time components (all steps, seeds pooled)", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_performance_profile(profiles: dict[str, tuple[list[float], list[float]]], path: Path, problems: int,
@@ -198,7 +200,7 @@ def plot_performance_profile(profiles: dict[str, tuple[list[float], list[float]]
     """AlgoPerf's performance profiles: per optimizer, the fraction of workloads (``problems`` in all) on
     which its tuned score is within a factor tau of the best optimizer's, against tau (a step curve; an
     optimizer that missed a workload never reaches 1). ``profiles[label]``: (taus, fractions)."""
-    plt = _plt()
+    plt = pyplot()
     palette = colors(list(profiles))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label, (taus, fractions) in profiles.items():
@@ -209,4 +211,4 @@ def plot_performance_profile(profiles: dict[str, tuple[list[float], list[float]]
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, path)
+    return save(fig, path)

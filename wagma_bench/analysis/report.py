@@ -20,7 +20,6 @@ Conventions (MLPerf's where it has one):
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import re
 import statistics
@@ -32,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis import plots
+from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.record.events import (
     EVENTS,
     RunEvents,
     SymlinkRefused,
-    atomic_write,
     read_jsonl,
     write_text_atomic,
 )
@@ -359,30 +358,6 @@ def throughput_table(rows: Sequence[dict], imbalance_in_label: bool) -> list[dic
              "hi": r["throughput_max"], "kind": "measured"} for r in rows if r["throughput"]]
 
 
-# --- markdown ----------------------------------------------------------------------------------------
-
-def fmt(value: Any, kind: str = "") -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "**no**"
-    if isinstance(value, float):
-        if kind == "x":
-            return f"{value:.2f}×"
-        if kind == "metric":
-            return f"{value:.4f}"
-        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-    return str(value)
-
-
-def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
-    """Columns: (key, header, format kind)."""
-    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
-
-
 def _ttt_cell(row: dict, key: str) -> str:
     if row[key] is not None:
         return fmt(row[key])
@@ -511,19 +486,6 @@ def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
         return [f"BLEU: sacrebleu signature `{signatures[0]}`.", ""]
     listed = "; ".join(f"`{s}`" for s in signatures)
     return [f"BLEU: **{len(signatures)} different sacrebleu signatures**, values are not comparable: {listed}.", ""]
-
-
-def write_csv(rows: Sequence[dict], path: Path) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-
-    def write(f) -> None:
-        w = csv.DictWriter(f, fieldnames=keys, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-
-    atomic_write(path, write)
 
 
 def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:

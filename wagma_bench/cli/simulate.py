@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import statistics
 import sys
 import time
@@ -71,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis import plots
-from wagma_bench.analysis.report import write_csv
+from wagma_bench.analysis.tables import markdown_table, write_csv
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.schedules import CONTROL_EVERY
@@ -348,18 +347,8 @@ def is_tuning_dir(path: Path) -> bool:
 
 # --- tables, files, plots -------------------------------------------------------------------------------
 
-def fmt(v: Any) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
-
-
 def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
-    out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(fmt(r.get(k)) for k, _ in cols) + " |" for r in rows]
-    return "\n".join(out)
+    return markdown_table(rows, [(key, header, "sig") for key, header in cols])
 
 
 def write_table(rows: list[dict], out: Path, stem: str) -> None:
@@ -369,7 +358,7 @@ def write_table(rows: list[dict], out: Path, stem: str) -> None:
 
 
 def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
-    plt = plots._plt()
+    plt = plots.pyplot()
     palette = plots.colors([r["label"] for r in rows])
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label in palette:
@@ -386,7 +375,7 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return plots._save(fig, path)
+    return plots.save(fig, path)
 
 
 # --- the two modes --------------------------------------------------------------------------------------

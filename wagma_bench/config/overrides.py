@@ -10,6 +10,7 @@ the valid keys of the section; and the run directory the command line names is r
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,16 @@ def quoted(value: str) -> str:
     body = value.replace("'", "\\'")  # Hydra unescapes only backslashes before a quote ...
     trailing = len(body) - len(body.rstrip("\\"))
     return "'" + body + "\\" * trailing + "'"  # ... the closing one included
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for the commands that take Hydra overrides beside their own flags (``sweep``, ``tune``): a bad
+    flag or a missing value is a :class:`ConfigError` (one line, exit 2, as every refused value), not argparse's
+    own exit. Overrides never start with ``-``, so they are the positional arguments."""
+
+    def __init__(self, prog: str, usage: str):
+        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
+
+    def error(self, message: str):
+        first = self.usage.strip().splitlines()[0].strip().rstrip(" \\")
+        raise ConfigError(f"{message}; usage: {first} ...")

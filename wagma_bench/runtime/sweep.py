@@ -43,6 +43,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.cluster import ClusterProfile, load_profile
+from wagma_bench.config.overrides import CommandParser
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import ConfigError, validate
 from wagma_bench.record.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
@@ -538,21 +539,15 @@ def main(argv: list[str]) -> int:
 
 def _wait_command(argv: list[str]) -> int:
     """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
-    usage = "usage: wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]"
-    options, dirs = {"--interval": 30.0, "--timeout": None}, []
-    args = iter(argv)
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        if key in options:
-            try:
-                options[key] = float(value if eq else next(args))
-            except (StopIteration, ValueError):
-                raise ConfigError(f"{key} takes a number of seconds; {usage}") from None
-        else:
-            dirs.append(arg)
-    if len(dirs) != 1 or options["--interval"] <= 0:
-        raise ConfigError(usage)
-    rows = wait(Path(dirs[0]), timeout_s=options["--timeout"], interval_s=options["--interval"], out=sys.stderr)
+    parser = CommandParser("wagma-bench sweep wait",
+                           "wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--interval", type=float, default=30.0)
+    parser.add_argument("--timeout", type=float, default=None)
+    ns = parser.parse_args(argv)
+    if not ns.interval > 0:
+        raise ConfigError(f"--interval={ns.interval:g} is not allowed; it must be a number of seconds > 0")
+    rows = wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
     print(format_rows(rows))
     return 0
 
@@ -572,28 +567,21 @@ def _main(argv: list[str]) -> int:
         else:
             print(format_rows(status(sweep_dir)))
         return 0
-    show_cfg = "--cfg" in argv
-    if show_cfg:  # `--cfg job`, as `wagma-bench run --cfg job`: print what each run composes, render nothing
-        i = argv.index("--cfg")
-        if argv[i + 1:i + 2] != ["job"]:
-            raise ConfigError("--cfg takes `job` (the composed configuration of every run of the sweep)")
-        argv = argv[:i] + argv[i + 2:]
-    flags = {a for a in argv if a.startswith("--") and "=" not in a}
-    args = [a for a in argv if not a.startswith("--")]
-    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
-    if "--out" in flags:
-        i = argv.index("--out")
-        out, args = argv[i + 1], [a for a in args if a != argv[i + 1]]
-        flags.discard("--out")
-    unknown = flags - {"--dry-run", "--submit", "--no-array", "--submitit"}
-    if unknown or ("--dry-run" in flags and "--submit" in flags):
-        raise ConfigError(f"unknown or conflicting flags {sorted(flags)}; use --dry-run or --submit, --no-array, "
-                          "--out DIR")
-    spec = parse_spec(args)
+    parser = CommandParser("wagma-bench sweep", USAGE)
+    parser.add_argument("--out")
+    parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
+    for flag in ("--dry-run", "--submit", "--no-array", "--submitit"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    ns = parser.parse_args(argv)
+    if ns.dry_run and ns.submit:
+        raise ConfigError("--dry-run and --submit exclude each other")
+    out, show_cfg = ns.out, ns.cfg is not None
+    spec = parse_spec(ns.overrides)
     if show_cfg:
         print_configs(spec, expand(spec))
         return 0
-    if "--submitit" in flags:
+    if ns.submitit:
         check_run_configs(spec, expand(spec))
         for gpus in spec.gpus:
             print(shlex.join(submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
@@ -601,10 +589,10 @@ def _main(argv: list[str]) -> int:
     stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
     t0 = time.perf_counter()
-    manifest = render(spec, out_dir, array="--no-array" not in flags, command=["wagma-bench", "sweep", *argv])
+    manifest = render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv])
     print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
           f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
-    if "--submit" in flags:
+    if ns.submit:
         ids = submit(out_dir)
         print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
     else:

@@ -51,6 +51,7 @@ from wagma_bench.analysis.tuning import (
     write_scores,
     yaml_value,
 )
+from wagma_bench.config.overrides import CommandParser
 from wagma_bench.config.paths import conf_context
 from wagma_bench.config.schema import ConfigError
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
@@ -85,33 +86,28 @@ class TuneArgs:
 
 
 def parse_args(argv: list[str]) -> TuneArgs:
-    """``tune.KEY=VALUE`` (trials, studies, seed, max_runtime_s), ``--out DIR``, cluster flags; the rest are
-    run overrides."""
-    args, out, flags, own, space = [], None, set(), {}, []
-    it = iter(argv)
-    for a in it:
-        if a == "--out" or a.startswith("--out="):
-            out = a.split("=", 1)[1] if "=" in a else next(it, None)
-        elif a.startswith("--"):
-            if a not in CLUSTER_FLAGS:
-                raise ConfigError(f"{a}: unknown flag; valid: --out DIR, {', '.join(sorted(CLUSTER_FLAGS))}")
-            flags.add(a)
-        elif a.startswith("space."):
-            space.append(parse_space_override(a))
-        elif a.startswith("tune."):
-            key, _, value = a[len("tune."):].partition("=")
-            if key not in OWN_KEYS:
-                raise ConfigError(f"tune.{key}: unknown key; valid keys of tune: {', '.join(OWN_KEYS)}")
-            own[key] = value
-        else:
-            args.append(a)
-    if not out:
+    """``tune.KEY=VALUE`` (trials, studies, seed, max_runtime_s), ``space.KEY...=VALUE``, ``--out DIR``, the
+    cluster flags; the rest are run overrides."""
+    parser = CommandParser("wagma-bench tune", USAGE)
+    parser.add_argument("--out")
+    for flag in sorted(CLUSTER_FLAGS):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    ns = parser.parse_args(argv)
+    if not ns.out:
         raise ConfigError("--out DIR is required (the tuning directory: trials, tune.json, tuning.json)")
-    parsed = TuneArgs(args, Path(out), flags=flags, space=tuple(space))
-    for key, value in own.items():
-        setattr(parsed, key, _own_value(key, value))
+    flags = {flag for flag in CLUSTER_FLAGS if getattr(ns, flag.lstrip("-").replace("-", "_"))}
     if "--dry-run" in flags and "--submit" in flags:
         raise ConfigError("--dry-run and --submit exclude each other")
+    runs = [a for a in ns.overrides if not a.startswith(("space.", "tune."))]
+    space = tuple(parse_space_override(a) for a in ns.overrides if a.startswith("space."))
+    parsed = TuneArgs(runs, Path(ns.out), flags=flags, space=space)
+    for a in ns.overrides:
+        if a.startswith("tune."):
+            key, _, value = a.removeprefix("tune.").partition("=")
+            if key not in OWN_KEYS:
+                raise ConfigError(f"tune.{key}: unknown key; valid keys of tune: {', '.join(OWN_KEYS)}")
+            setattr(parsed, key, _own_value(key, value))
     return parsed
 
 
