@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN, run
 from tests.proc_util import rank_pids
 from wagma_bench.record.events import RunStart, read_jsonl
 from wagma_bench.simulate.calibrate import model_params_of
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=lines"]
 
 
-def run(args, timeout=600, **kw):
-    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, **kw)
 
 
 def test_short_run_writes_events_steps_and_summary(tmp_path):
@@ -78,7 +75,7 @@ def test_missing_imagenet_root_is_a_clear_error(tmp_path):
     assert "ROOT/train/<class>" in out.stderr and "nowhere" in out.stderr
 
 
-@pytest.mark.long  # make test: tests/test_hostile_input.py's diverged run (exit 3, where and why, strict JSON)
+@pytest.mark.long  # make test: tests/test_run_outcomes.py's diverged run (exit 3, where and why, strict JSON)
 def test_divergence_stops_with_status_diverged(tmp_path):
     out = run(QUICK + ["train.lr=1e12", "train.max_steps=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 3, out.stderr[-3000:]  # EXIT_DIVERGED

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-BIN = Path(sys.executable).parent / "wagma-bench"
+from tests.cli_util import BIN
 
 
 def test_comm_bench_prints_the_table_and_writes_json(tmp_path):

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections import deque
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.cli_util import BIN
 from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
 
 DIM = 4096
-BIN = Path(sys.executable).parent / "wagma-bench"
 
 
 def model_sized_storages(obj, numel: int, out: set[int] | None = None) -> set[int]:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import typing
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli_util import BIN, run
 from tests.proc_util import rank_pids
 from wagma_bench.config.schema import (
     FIXED_SECTIONS,
@@ -31,13 +31,9 @@ from wagma_bench.config.schema import (
 from wagma_bench.record.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
 
 
-def run(args, timeout=300, **kw):
-    return subprocess.run([str(BIN), "run", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, **kw)
 
 
 def no_rank_started(run_dir: Path) -> bool:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli_util import BIN
 from wagma_bench.record.events import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "reproduce" / "gpu" / "check.py"
-BIN = Path(sys.executable).parent / "wagma-bench"
 
 
 def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:

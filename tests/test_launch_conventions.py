@@ -3,6 +3,7 @@ USR2), the run directory that every rank of a torchrun world agrees on, restarts
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.cli_util import BIN, keys
 from tests.proc_util import rank_pids
 from wagma_bench.record.checkpoint import latest_set
 from wagma_bench.record.events import read_jsonl
-
-BIN = Path(sys.executable).parent / "wagma-bench"
 
 
 def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:
@@ -149,3 +151,70 @@ def test_impossible_nccl_world_fails_before_spawning(tmp_path):
     assert re.search(r"comm.backend=nccl (needs CUDA|with \d+ ranks on \d+ GPU)", out.stderr), out.stderr[-3000:]
     assert "local ranks" not in out.stdout
     assert not (tmp_path / "events.jsonl").exists()
+
+
+def _workers_by_local_rank(agent_pid: int) -> dict[int, int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True, text=True,
+                         check=False).stdout
+    found = {}
+    for pid in out.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found.update({int(e.split(b"=")[1]): int(pid) for e in env if e.startswith(b"LOCAL_RANK=")})
+    return found
+
+
+def _checkpointed(run_dir: Path) -> bool:
+    return "checkpoint" in keys(run_dir)
+
+
+def torchrun_kill_and_restart(tmp_path: Path) -> None:
+    """A 2-rank run under ``torchrun --max-restarts 1``; local rank 1 is SIGKILLed after the first checkpoint.
+    In the restarted attempt rank 1 starts 3 s late, so rank 0 reads rank 1's store keys before rank 1 has
+    written them: the previous attempt's keys (gloo's address of the killed worker), where the agent's store
+    still serves them under the same names."""
+    from wagma_bench.runtime.launch import free_port
+
+    wrapper = tmp_path / "late_rank1_on_restart.sh"
+    wrapper.write_text('#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && sleep 3\n'
+                       f'exec {sys.executable} -m wagma_bench run "$@"\n')
+    wrapper.chmod(0o755)
+    run_dir = tmp_path / "run"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    agent = subprocess.Popen([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "1",
+                              f"--master-port={free_port()}", "--no-python", str(wrapper), "logger.progress=off",
+                              "checkpoint.every_s=0", "train.max_steps=16", "eval.every_steps=1000",
+                              f"hydra.run.dir={run_dir}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _checkpointed(run_dir):
+            assert agent.poll() is None, agent.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.1)
+        os.kill(_workers_by_local_rank(agent.pid)[1], signal.SIGKILL)
+        _, err = agent.communicate(timeout=300)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.communicate()
+    assert agent.returncode == 0, err[-3000:]
+    assert "connectFullMesh" not in err
+    k = keys(run_dir)
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["steps"]) == ("completed", 16)
+    assert not (run_dir / ".lock").exists()
+
+
+def test_torchrun_restart_after_a_killed_worker_resumes(tmp_path):
+    torchrun_kill_and_restart(tmp_path)
+
+
+@pytest.mark.long
+def test_torchrun_restart_after_a_killed_worker_resumes_ten_times_in_a_row(tmp_path):
+    for attempt in range(10):
+        (tmp_path / str(attempt)).mkdir()
+        torchrun_kill_and_restart(tmp_path / str(attempt))

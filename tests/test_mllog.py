@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN
 from tests.proc_util import rank_pids
 from wagma_bench.record.events import EVENTS, read_jsonl
 from wagma_bench.record.mlperf import MLLOG, mllog_records, write_mllog
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_steps=10"]
 # BLEU 27.5 at step 240 with 2 ranks on this corpus: the 0.7.0 rules need one evaluation >= 25 BLEU
 TRANSFORMER = ["workload=transformer", "launcher.nproc=2", "logger.progress=lines", "train.max_steps=480",

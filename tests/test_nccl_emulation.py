@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.cli_util import BIN
 from tests.dist_util import run_world
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import default_group_size
 from wagma_bench.optim import OPTIMIZERS
-
-BIN = Path(sys.executable).parent / "wagma-bench"
 
 
 def _refusals(comm):

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN
 from wagma_bench.optim import OPTIMIZERS
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 # Evaluate often so the run stops soon after it reaches the target (the period is rounded up to the
 # optimizer's sync period).
 ARGS = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]

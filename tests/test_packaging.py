@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN
 from wagma_bench import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent / "wagma-bench"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 OPTIONAL = {"mpi": ["mpi4py", "mpich"], "wandb": ["wandb"], "transformer": ["sacrebleu", "sacremoses"],
             "ddppo": ["miniworld"]}

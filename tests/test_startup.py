@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli_util import BIN
 from wagma_bench.record.events import read_jsonl
 from wagma_bench.runtime import startup
 from wagma_bench.workloads.resnet import mnist5k_arrays
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 PHASES = ("launcher_s", "ranks_s", "imports_s", "world_s", "data_s", "setup_s", "first_step_s")
 
 

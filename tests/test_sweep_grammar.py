@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-BIN = Path(sys.executable).parent / "wagma-bench"
+from tests.cli_util import BIN
+
 OPTIMIZERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "optimizer").glob("*.yaml"))
 
 

@@ -7,12 +7,12 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN
 from wagma_bench.analysis import tuning
 from wagma_bench.config import search_space
 from wagma_bench.config.schema import ConfigError
@@ -212,7 +212,6 @@ def test_compute_imbalance_by_hand(tmp_path):
 
 # --- the command end to end (real runs) ----------------------------------------------------------------
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 # A reachable target (the embedded MNIST at 2 steps) so that trials score; 2 ranks, 2 steps each.
 TINY = ["workload=resnet", "launcher.nproc=2", "train.max_steps=2", "eval.every_steps=2", "eval.target=0.05",
         "logger.progress=off"]

@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_util import BIN
 from tests.test_report import Listener, offline_env
 
-BIN = Path(sys.executable).parent / "wagma-bench"
 BLOCK = 32768  # the record log's block size; a 7-byte file header (":W&B", magic, version) comes first
 
 

@@ -1,47 +1,18 @@
 """WAGMA-SGD: wait-avoiding group model averaging (Li et al., IEEE TPDS 2020, arXiv 2005.00124).
 
-Each step, a rank averages its model within its current butterfly group and then applies its local
-gradient, computed on the weights before the average, with the local optimizer (momentum SGD in the
-paper)::
+Each step a rank averages its model within its current butterfly group, then applies its local gradient,
+computed on the weights before the average, with the local optimizer: ``W <- avg_group(W) - lr * g(W_old)``.
+The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any ready rank
+activates the round for the whole world, and ranks still computing take part through their progress threads
+with the model they last posted. Every ``tau`` group rounds one synchronous global allreduce bounds the
+staleness (``sync_period = tau + 1``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which
+the engine and the simulator share.
 
-    W <- avg_group(W) - lr * g(W_old)
-
-The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any
-rank that is ready activates the round for the whole world, and ranks still computing take part through
-their progress threads with the model they last posted. Every ``tau`` group rounds one synchronous
-global allreduce bounds the staleness, so rounds ``tau+1, 2(tau+1), ...`` are where all ranks meet
-(``sync_period``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which the engine and
-the simulator use too.
-
-A late rank loses nothing and counts nothing twice: the engine updates the rank's model in place
-(``in_place``); a round reduces the model the rank last posted (itself, or a snapshot while the rank
-computes) and no post lands while a round is in flight, so the rank's model is ``group mean + (current -
-contributed)``. Each group round
-keeps the sum of the models over its group; every local step is in that sum exactly once until the next
-synchronous round (``tests/test_invariants.py`` checks it under five straggler patterns). The authors'
-op instead returns ``(S * mean + x) / (S + 1)``: the newest group result weighted with the caller's current
-model (the group's sum of send buffers plus the current model, divided by S + 1), which keeps a late
-rank's recent updates with weight 1/(S + 1) but does not keep the sum; a passive round there contributes
-the model last copied into the send buffer, again in every passive round. We keep the sum because the
-paper's analysis averages models, and it is what makes lost or repeated work testable.
-
-How a late rank catches up (``catch_up``) is the one reading the paper leaves to us:
-
-- ``replay`` (default, the paper's iteration-based reading): round ``t`` is iteration ``t`` of every rank;
-  a rank asks for every round in order, and the rounds its progress thread already completed while it
-  computed answer at once, without communication (their results are already in its model). Fast ranks
-  run up to ``tau`` iterations ahead and wait, at the synchronous round, for the others to finish their
-  iterations. Rounds equal local steps, so epochs, the LR schedule and the step budget mean the same as
-  for Allreduce-SGD, and with every rank on time the update is exactly the recursion above (tested).
-- ``skip``: a late rank is answered by the round in flight that includes its latest post, else by the
-  next round, which it activates; the rounds it joined passively are skipped (they are in its model).
-  Fast ranks then never wait for a straggler's remaining iterations, only at the synchronous round for
-  its current one; but rounds are paced by the first ready rank, so with many noisy ranks rounds outrun
-  local steps and the synchronous round (every ``tau + 1`` rounds) comes after fewer local steps.
-
-Other readings: weight decay is applied by the local optimizer to the averaged weights; momentum
-buffers stay local, only weights are averaged (as in the authors' TensorFlow code); evaluation uses the
-global average of the models (``default_eval_model = "average"``).
+Readings (each set against the authors' code, with its measured effect, in docs/optimizers.md, "WAGMA-SGD:
+what we implement"): a late rank's model is ``group mean + (current - contributed)``, which keeps the sum of
+the models (the authors return ``(S * mean + x) / (S + 1)``, which does not); ``catch_up=replay`` (default,
+round t is every rank's iteration t) or ``skip`` (a late rank skips the rounds it joined passively); momentum
+stays local; evaluation uses the global average of the models.
 """
 
 from __future__ import annotations

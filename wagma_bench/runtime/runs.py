@@ -8,9 +8,11 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from wagma_bench.record.events import SUMMARY
+from wagma_bench.errors import ConfigError
+from wagma_bench.record.events import SUMMARY, SymlinkRefused
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
@@ -29,3 +31,20 @@ def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None
         if not summary.exists():
             return {"status": f"failed (exit {done.returncode})"}
     return json.loads(summary.read_text())
+
+
+def exit_code(command: str, body: Callable[[list[str]], int], argv: list[str],
+              also: tuple[tuple[type[BaseException], int], ...] = ()) -> int:
+    """Run a command's ``body`` and turn what it raises into one line and an exit code: a refused value or a
+    planted link 2, a command-specific exception as ``also`` says, an operational error (SLURM, the disk) 1."""
+    try:
+        return body(argv)
+    except (ConfigError, SymlinkRefused) as err:
+        print(f"wagma-bench {command}: error: {err}", file=sys.stderr)
+        return 2
+    except tuple(kind for kind, _ in also) as err:
+        print(f"wagma-bench {command}: {err}", file=sys.stderr)
+        return next(code for kind, code in also if isinstance(err, kind))
+    except (RuntimeError, TimeoutError, OSError) as err:
+        print(f"wagma-bench {command}: {err}", file=sys.stderr)
+        return 1

@@ -46,7 +46,8 @@ from wagma_bench.config.cluster import ClusterProfile, load_profile
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import ConfigError, validate
-from wagma_bench.record.events import RunEvents, SymlinkRefused, write_json_atomic, write_text_atomic
+from wagma_bench.record.events import RunEvents, write_json_atomic, write_text_atomic
+from wagma_bench.runtime.runs import exit_code
 from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
@@ -527,14 +528,7 @@ USAGE = __doc__.split("\n\n")[1]
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return _main(argv)
-    except (ConfigError, SymlinkRefused) as err:
-        print(f"wagma-bench sweep: error: {err}", file=sys.stderr)
-        return 2
-    except (RuntimeError, TimeoutError, OSError) as err:
-        print(f"wagma-bench sweep: {err}", file=sys.stderr)
-        return 1
+    return exit_code("sweep", _main, argv)
 
 
 def _wait_command(argv: list[str]) -> int:

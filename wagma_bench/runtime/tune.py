@@ -58,11 +58,11 @@ from wagma_bench.config.search_space import draw, load_space, parse_space_overri
 from wagma_bench.record.events import (
     OUTPUT_HINT,
     RunEvents,
-    SymlinkRefused,
     open_run_file,
     run_subdir,
     write_json_atomic,
 )
+from wagma_bench.runtime.runs import exit_code
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
 CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array"}
@@ -325,19 +325,10 @@ USAGE = __doc__.split("\n\n")[1]
 
 def main(argv: list[str]) -> int:
     try:
-        return _main(argv)
-    except (ConfigError, SymlinkRefused) as err:
-        print(f"wagma-bench tune: error: {err}", file=sys.stderr)
-        return 2
-    except TuneInterrupted as err:
-        print(f"wagma-bench tune: {err}", file=sys.stderr)
-        return 130
+        return exit_code("tune", _main, argv, also=((TuneInterrupted, 130),))
     except KeyboardInterrupt:  # between trials
         print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
         return 130
-    except (RuntimeError, OSError) as err:
-        print(f"wagma-bench tune: {err}", file=sys.stderr)
-        return 1
 
 
 def _main(argv: list[str]) -> int:

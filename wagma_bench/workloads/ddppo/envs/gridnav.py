@@ -16,18 +16,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from wagma_bench.workloads.ddppo.envs.base import (
-    GOAL_KEY,
-    LAYOUTS,
-    MOVE_FORWARD,
-    STOP,
-    TURN_LEFT,
-    TURN_RIGHT,
-    Episode,
-    EpisodeTracker,
-    NavEnv,
-    polar_goal,
-)
+from wagma_bench.workloads.ddppo.envs import base as actions  # the action ids, GOAL_KEY
+from wagma_bench.workloads.ddppo.envs.base import LAYOUTS, Episode, EpisodeTracker, NavEnv, polar_goal
 
 FOV = math.pi / 2
 RAY_STEP = 0.05  # cells between ray samples
@@ -118,7 +108,7 @@ class GridNavEnv(NavEnv):
         self.settings = s
         self.free = make_grid(s.layout, s.room_size)
         self.cells = np.argwhere(self.free)[:, ::-1]  # (x, y) of every free cell
-        self.obs_shapes = {"depth": (s.obs_height, s.obs_width, 1), GOAL_KEY: (2,)}
+        self.obs_shapes = {"depth": (s.obs_height, s.obs_width, 1), actions.GOAL_KEY: (2,)}
         self._fields: dict[tuple[int, int], np.ndarray] = {}
 
     def _field(self, goal: tuple[int, int]) -> np.ndarray:
@@ -150,22 +140,22 @@ class GridNavEnv(NavEnv):
         centre = self.cell + 0.5
         return {"depth": raycast_depth(self.free, centre, heading, self.settings.obs_width, self.settings.obs_height,
                                        self.settings.max_depth),
-                GOAL_KEY: polar_goal(centre, heading, np.asarray(self.goal) + 0.5)}
+                actions.GOAL_KEY: polar_goal(centre, heading, np.asarray(self.goal) + 0.5)}
 
     def step(self, action: int):
         moved = 0.0
-        if action == MOVE_FORWARD:
+        if action == actions.MOVE_FORWARD:
             dx, dy = ((1, 0), (0, 1), (-1, 0), (0, -1))[self.dir]
             nxt = self.cell + (dx, dy)
             if self.free[nxt[1], nxt[0]]:
                 self.cell, moved = nxt, 1.0
-        elif action == TURN_LEFT:
+        elif action == actions.TURN_LEFT:
             self.dir = (self.dir + 1) % 4
-        elif action == TURN_RIGHT:
+        elif action == actions.TURN_RIGHT:
             self.dir = (self.dir - 1) % 4
-        elif action != STOP:
-            raise ValueError(f"action {action} is not one of 0..3 (STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT)")
+        elif action != actions.STOP:
+            raise ValueError(f"action {action} is not one of 0..3 (actions.STOP, actions.MOVE_FORWARD, actions.TURN_LEFT, actions.TURN_RIGHT)")
         distance = float(self._field(self.goal)[self.cell[1], self.cell[0]])
-        reward, success = self.tracker.step(moved, distance, stopped=action == STOP)
-        done = action == STOP or self.tracker.steps >= self.settings.max_episode_steps
+        reward, success = self.tracker.step(moved, distance, stopped=action == actions.STOP)
+        done = action == actions.STOP or self.tracker.steps >= self.settings.max_episode_steps
         return self._obs(), reward, done, self.tracker.metrics(success) if done else {}

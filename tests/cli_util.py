@@ -1,0 +1,37 @@
+"""What the tests that drive the real command line share: the installed ``wagma-bench``, a quick 2-rank run,
+one way to call a command, and the keys of a run's event log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from wagma_bench.record.events import read_jsonl
+
+BIN = Path(sys.executable).parent / "wagma-bench"
+CONF = Path(__file__).resolve().parents[1] / "conf"
+QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+
+
+def run(args: list[str], timeout: float = 600, command: str = "run", **kw) -> subprocess.CompletedProcess:
+    """``wagma-bench COMMAND ARGS``, its output captured; never raises for a non-zero exit."""
+    return subprocess.run([str(BIN), command, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, **kw)
+
+
+def keys(run_dir: Path) -> list[str]:
+    """The event keys of a run's ``events.jsonl``, in order."""
+    return [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+def wait_started(run_dir: Path, launcher: subprocess.Popen, first_step: bool = True) -> None:
+    """Until both ranks have logged steps, or (``first_step`` false) until the run has started: run_start is
+    logged after a barrier that every rank reaches with its signal handlers installed."""
+    deadline = time.monotonic() + 240
+    logs = [run_dir / "steps" / f"rank{r}.jsonl" for r in (0, 1)]
+    while not (all(p.exists() and p.stat().st_size for p in logs) if first_step else "run_start" in keys(run_dir)):
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)

@@ -1,0 +1,130 @@
+"""Values that cannot be right, refused before anything starts: each names the key, the value and what is
+allowed (non-finite numbers, targets outside their metric's range, unknown keys however Hydra reports them, unknown
+cluster keys in sweep and simulate, an override Hydra cannot parse), and a quoted run directory read as Hydra
+reads it. Through the real CLI where the user meets it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cli_util import CONF, run
+from wagma_bench.config.cluster import load_profile
+from wagma_bench.config.schema import ConfigError, validate
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="wagma", overrides=list(overrides))
+
+
+REFUSED_AT_ONCE = [
+    ("train.lr=nan", "train.lr=nan", "finite"),
+    ("eval.target=1.5", "eval.target=1.5", "[0, 1]"),
+    ("seed=-1", "seed=-1", "in [0, 2147483647]"),
+    ("optimizer.gruop_size=2", "optimizer.gruop_size", "valid keys of optimizer: name, bucket_mb"),
+]
+
+
+@pytest.mark.parametrize("override,named,allowed", REFUSED_AT_ONCE, ids=[c[0] for c in REFUSED_AT_ONCE])
+def test_value_that_cannot_be_right_exits_2_within_seconds_naming_the_key(tmp_path, override, named, allowed):
+    run_dir = tmp_path / "run"
+    t0 = time.perf_counter()
+    out = run(["launcher.nproc=2", override, f"hydra.run.dir={run_dir}"], timeout=120)
+    took = time.perf_counter() - t0
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = [x for x in out.stderr.splitlines() if x.startswith("wagma-bench run: error:")]
+    assert len(line) == 1 and named in line[0] and allowed in line[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    # a few seconds on a quiet machine; the bound leaves room for a loaded one (it guards against training)
+    assert took < 60, f"{override}: refused after {took:.1f} s"
+    assert not (run_dir / "events.jsonl").exists() and not (run_dir / "steps").exists()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.lr=inf"], "train.lr=inf is not allowed; it must be a finite number"),
+    (["train.lr=-inf"], "train.lr=-inf is not allowed"),
+    (["train.milestones=[30,nan]"], "train.milestones=[30.0, nan] (element nan) is not allowed"),
+    (["imbalance=paper", "imbalance.delay_s=nan"], "imbalance.delay_s=nan is not allowed"),
+    (["eval.target=nan"], "eval.target=nan is not allowed"),
+    (["eval.target=-0.1"], "eval.target=-0.1 is not allowed with workload=resnet"),
+    (["workload=transformer", "eval.target=101"], "its metric (bleu) is in [0, 100]"),
+    (["workload=ddppo", "workload.metric=spl", "eval.target=1.5"], "its metric (spl) is in [0, 1]"),
+    (["seed=2147483648"], "seed=2147483648 is not allowed"),
+    (["workload=transformer", "data.seed=-3"], "data.seed=-3 is not allowed"),
+])
+def test_non_finite_numbers_targets_and_seeds_fail_the_config_check(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(compose("launcher.nproc=2", *overrides))
+    assert message in str(err.value), str(err.value)
+
+
+def test_targets_within_their_metric_range_pass():
+    validate(compose("launcher.nproc=2", "eval.target=1.0"))
+    validate(compose("launcher.nproc=2", "workload=transformer", "eval.target=25"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["optimizer=wagma", "optimizer.gruop_size=2"], "valid keys of optimizer: name, group_size, tau"),
+    (["train.lr_sched=3"], "train.lr_sched: unknown key"),
+    (["optimizer.group_size.x=1"], ("optimizer.group_size: unknown key (optimizer=allreduce; given as "
+                                    "optimizer.group_size.x=1); valid keys of optimizer: name, bucket_mb")),
+    (["hydra.rn.dir=x"], "hydra.rn: unknown key"),
+    (["-m", "optimizer=allreduce,wagma", "optimizer.tau=3"], "valid keys of optimizer: name, bucket_mb"),
+])
+def test_unknown_key_however_hydra_reports_it_lists_the_valid_keys(overrides, message):
+    from wagma_bench.config.overrides import precheck
+
+    with pytest.raises(ConfigError) as err:
+        precheck(overrides, CONF)
+    assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("args", [["cluster.network.alpah_s=1e-6"], ["cluster.network.inter.alpah_s=1e-6"],
+                                  ["cluster.launcher.torhc=srun"]])
+def test_unknown_nested_cluster_key_is_refused_by_sweep(args):
+    from wagma_bench.runtime import sweep
+
+    with pytest.raises(ConfigError) as err:
+        load_profile("local", [a.removeprefix("cluster.") for a in args])
+    key = args[0].split("=")[0]
+    assert f"{key}: unknown key" in str(err.value) and "valid keys of" in str(err.value), str(err.value)
+    with pytest.raises(ConfigError, match="unknown key"):
+        sweep.parse_spec(["gpus=8", "optimizer=allreduce", *args])
+
+
+def test_unknown_nested_cluster_key_is_refused_by_simulate(tmp_path, capsys):
+    from wagma_bench.cli.simulate import main
+
+    code = main(["cluster=local", "cluster.network.alpah_s=1e-6", "gpus=8", "optimizer=allreduce", "--out",
+                 str(tmp_path / "sim")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cluster.network.alpah_s: unknown key" in err
+    assert "valid keys of cluster.network: allreduce, intra, inter, control_alpha_s" in err
+    assert not (tmp_path / "sim").exists()
+
+
+def test_quoted_run_dir_with_spaces_and_non_ascii_is_used_as_hydra_reads_it(tmp_path):
+    target = tmp_path / "a dir" / "Läufe ü"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = run(["launcher.nproc=1", "train.max_steps=2", "eval.every_steps=2", "logger.progress=off",
+               f'hydra.run.dir="{target}"'], cwd=cwd, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((target / "summary.json").read_text())["status"] == "completed"
+    assert list(cwd.iterdir()) == [], f"stray files in the working directory: {list(cwd.rglob('*'))}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a dir", "cwd"]
+
+
+def test_failed_override_parse_creates_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run(["train.lr=0.1)", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "wagma-bench run: error: Error parsing override 'train.lr=0.1)'" in out.stderr
+    assert not run_dir.exists()

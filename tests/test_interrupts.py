@@ -1,0 +1,171 @@
+"""Ctrl-C, whenever it comes: before the ranks start (one line), while they start (stop before the first
+step), during training (checkpoint, exit 130, the rerun resumes), and a second Ctrl-C (at once, recorded). The real
+CLI, signals to the launcher or to the whole process group as a terminal sends them (`tune`: tests/test_tune.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_util import BIN, QUICK, keys, run, wait_started
+from tests.proc_util import fork_servers, rank_pids
+from wagma_bench.record.events import read_jsonl
+
+
+def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
+    deadline = time.monotonic() + 120
+    while True:
+        ranks = rank_pids(launcher.pid)
+        if len(ranks) == nproc:
+            return ranks
+        assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses: int = 1):
+    """Ctrl-C a running 2-rank run: SIGINT to the launcher alone, or to its whole process group (a terminal's
+    Ctrl-C); returns (launcher, its stderr, seconds from the first press until every rank has ended)."""
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+                                 "logger.progress=off", *extra, f"hydra.run.dir={run_dir}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_started(run_dir, launcher, first_step=presses == 1)
+        ranks = _ranks_of(launcher)
+        t0 = time.monotonic()
+        for press in range(presses):
+            if press:
+                time.sleep(0.3)
+            os.killpg(launcher.pid, signal.SIGINT) if to_group else os.kill(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+        while any(_alive(p) for p in ranks):
+            assert time.monotonic() - t0 < 60, "ranks outlive their launcher"
+            time.sleep(0.1)
+        return launcher, err, time.monotonic() - t0
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+# to the launcher in make test; to the process group (and the rerun) in make test-long
+@pytest.mark.parametrize("to_group", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["launcher", "process_group"])
+def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp_path, to_group):
+    launcher, err, took = _ctrl_c(tmp_path, to_group)
+    assert launcher.returncode == 130, err[-3000:]
+    assert took < 15, f"{took:.1f} s"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert events[-1]["key"] == "run_suspend" and events[-1]["metadata"]["status"] == "interrupted"
+    assert "run_stop" not in keys(tmp_path)
+    at = events[-1]["metadata"]["step"]
+    assert [e["metadata"]["step"] for e in events if e["key"] == "checkpoint"][-1] == at
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    assert f"interrupted at step {at}, checkpoint saved" in err
+    if not to_group:
+        return  # the rerun is the same for both (the resume of a suspended run: tests/test_faults.py too)
+    again = run(QUICK[:1] + ["eval.every_steps=100000", "logger.progress=off", f"train.max_steps={at + 4}",
+                             f"hydra.run.dir={tmp_path}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    k = keys(tmp_path)
+    assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == at + 4
+
+
+@pytest.mark.long
+def test_second_ctrl_c_stops_at_once_and_the_stop_is_recorded(tmp_path):
+    """Rank 0 is 50x slower than its compute (the first synchronisation point is seconds away): the second
+    Ctrl-C stops the ranks there and then, and the run's end is still recorded."""
+    launcher, err, took = _ctrl_c(tmp_path, True, ("imbalance=fixed", "imbalance.factor=50"), presses=2)
+    assert launcher.returncode == 130, err[-3000:]
+    assert took < 15, f"{took:.1f} s"
+    assert "Traceback" not in err, err[-3000:]
+    assert "stopped at once by a second Ctrl-C" in err
+    stop = read_jsonl(tmp_path / "events.jsonl")[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "interrupted", stop
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "step" in stop["metadata"]
+
+
+def _ctrl_c_while_starting(run_dir: Path, presses: int):
+    """Ctrl-C the launcher as it starts its ranks (its fork server still importing torch): no rank exists yet
+    to take the forward, nor, a moment later, has one installed its handler."""
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+                                 "logger.progress=off", f"hydra.run.dir={run_dir}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
+        time.sleep(0.1)
+        assert fork_servers(launcher.pid)
+        assert not rank_pids(launcher.pid), "the ranks had started: too late to test their start"
+        for press in range(presses):
+            os.kill(launcher.pid, signal.SIGINT)
+            time.sleep(0.3)
+        _, err = launcher.communicate(timeout=180)
+        return launcher, err
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_path):
+    launcher, err = _ctrl_c_while_starting(tmp_path, presses=1)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 0, summary  # no step after the Ctrl-C
+    assert not list((tmp_path / "steps").glob("*.jsonl")) or not any(
+        p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl"))
+    assert "interrupted before its first step (nothing to checkpoint)" in err, err[-3000:]
+    assert keys(tmp_path)[-1] == "run_suspend"  # resumable: the rerun starts it
+    again = run(QUICK[:1] + ["train.max_steps=4", "eval.every_steps=4", f"hydra.run.dir={tmp_path}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_checkpoint(tmp_path):
+    launcher, err = _ctrl_c_while_starting(tmp_path, presses=2)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "stopped at once by a second Ctrl-C" in err and "no checkpoint was saved" in err, err[-3000:]
+    assert "resume from the last checkpoint" not in err
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
+    """Ctrl-C as the launcher composes its configuration (its fork server just started), before it has taken
+    Ctrl-C over: one line, exit 130. SIGINT's default disposition is restored for the launcher, as a terminal
+    gives it (a test run in a background job would pass it on ignored)."""
+    argv = [str(BIN), "run", *QUICK[:1], f"hydra.run.dir={tmp_path}"]
+    default_sigint = f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv({argv[0]!r}, {argv!r})"
+    launcher = subprocess.Popen([sys.executable, "-c", default_sigint], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (servers := fork_servers(launcher.pid)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
+            time.sleep(0.01)
+        os.kill(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "interrupted before any rank started" in err, err[-3000:]
+    time.sleep(0.5)
+    assert not _alive(servers[0])  # the fork server went with its launcher, not on importing
