@@ -643,7 +643,7 @@ def _final_state(run_dir: Path, rank: int, part: str = "model") -> dict:
 
 
 DETERMINISTIC = [pytest.param("allreduce")] + [pytest.param(o, marks=pytest.mark.long) for o in
-                                               ("local_sgd", "dpsgd", "sgp")]
+                                               ("local_sgd", "dpsgd", "sgp", "dropcompute")]
 
 
 @pytest.mark.parametrize("optimizer", DETERMINISTIC)

@@ -44,6 +44,7 @@ CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 ro
     "dpsgd": ("dpsgd", {}),
     "local_sgd": ("local_sgd", {"period": 3}),
     "allreduce": ("allreduce", {}),
+    "dropcompute": ("dropcompute", {"threshold_s": "inf"}),  # its drops: tests/test_dropcompute.py's oracle
     # outer optimizers change the sum on purpose: the expected sums come from the recursion (OUTER below)
     "local_sgd-slowmo": ("local_sgd", {"period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5}),
     "wagma-nesterov": ("wagma", {"catch_up": "replay", "tau": 5, "outer": "nesterov"}),

@@ -424,6 +424,7 @@ ORACLES = {
     "adpsgd": "tests/test_optim_oracles.py::test_adpsgd_keeps_the_sum_and_shrinks_the_spread",
     "sgp": "tests/test_optim_oracles.py::test_sgp_debiased_values_are_exact_and_reach_consensus",
     "eager": "tests/test_optim_async.py::test_slow_rank_clean_shutdown_and_wait_avoidance",
+    "dropcompute": "tests/test_dropcompute.py::test_every_computed_sample_counts_once_under_drops",
 }
 
 

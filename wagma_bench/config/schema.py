@@ -101,7 +101,8 @@ RANGES: dict[str, Range] = {
     "workload.num_eval_episodes": AT_LEAST_ONE,
     # optimizers: each one's own keys (wagma's group_size is also a power of two that fits the world:
     # WagmaSGD.check_world), then the keys they share
-    "optimizer/allreduce.bucket_mb": POSITIVE,
+    "optimizer/allreduce.bucket_mb": POSITIVE, "optimizer/dropcompute.bucket_mb": POSITIVE,
+    "optimizer/dropcompute.micro_batches": AT_LEAST_ONE, "optimizer/dropcompute.calibrate_steps": AT_LEAST_ONE,
     "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
     "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
     "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
@@ -215,6 +216,18 @@ def check_outer(optimizer: Any) -> None:
     applies = ", ".join(name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None)
     raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
                       f"{OPTIMIZERS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
+
+
+def check_parts(optimizer: Any, workload: Any) -> None:
+    """An optimizer that computes a batch in parts (DropCompute) only on a workload whose batches split."""
+    from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.workloads import WORKLOADS
+
+    if not OPTIMIZERS[optimizer.name].computes_in_parts or WORKLOADS[workload.name].splittable:
+        return
+    splittable = ", ".join(name for name, cls in WORKLOADS.items() if cls.splittable)
+    raise ConfigError(f"optimizer={optimizer.name} is not allowed with workload={workload.name}: it computes each "
+                      f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
 
 
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
@@ -500,6 +513,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     check_value("seed", seed, RANGES["seed"])
     check_target(typed["eval"].target, typed["workload"], typed["data"])
     check_outer(typed["optimizer"])
+    check_parts(typed["optimizer"], typed["workload"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

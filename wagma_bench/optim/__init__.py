@@ -6,6 +6,7 @@ from wagma_bench.optim.adpsgd import ADPSGD
 from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm, StepInfo
 from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.dropcompute import DropCompute
 from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
 from wagma_bench.optim.sgp import SGP
@@ -19,6 +20,7 @@ OPTIMIZERS: dict[str, type[Algorithm]] = {
     ADPSGD.name: ADPSGD,
     SGP.name: SGP,
     EagerSGD.name: EagerSGD,
+    DropCompute.name: DropCompute,
 }
 
 

@@ -37,7 +37,11 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
 3. **Steps**, repeated: ``set_lr(lr)``, ``zero_grad()``, the forward and backward pass (gradients land in
    the buckets' gradient storage), ``step()``. ``step`` returns a :class:`StepInfo` whose ``round`` is at
    least the previous one plus one. Between steps the model's parameters are this rank's current model,
-   the one evaluation and checkpoints read.
+   the one evaluation and checkpoints read. With ``computes_in_parts`` the batch is split into M parts and
+   the forward and backward pass runs once per part, each asked for with ``start_micro_batch`` (a False
+   ends the step's computation there) and reported with ``end_micro_batch``; each part's mean loss is
+   multiplied by ``loss_weight(samples)`` before its backward (M = ``micro_batches``), so that the gradients add up as the
+   algorithm normalises them. These calls are local: no communication.
 4. **Synchronisation points**: after a ``step`` that returned a round ``r`` that is a multiple of
    ``sync_period`` (and is due for the control exchange, an evaluation or the end), every rank is at round
    ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
@@ -59,7 +63,7 @@ is a helper (a collective); the trainer does not call it.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -76,6 +80,7 @@ class StepInfo:
     round: int              # the round this rank has completed (>= previous + 1)
     comm_s: float = 0.0     # time the compute thread spent waiting on communication in this step
     staleness: int = 0      # rounds this rank's model was stale in the last group average (0: fresh)
+    extra: dict = field(default_factory=dict)  # more fields for this step's record (DropCompute's drops)
 
 
 class Algorithm(abc.ABC):
@@ -124,6 +129,26 @@ class Algorithm(abc.ABC):
     @property
     def sync_period(self) -> int:
         return 1
+
+    # --- micro-batches (the trainer's loop; only DropCompute splits its batch) -----------------------------
+    #: the trainer computes each batch in ``micro_batches`` parts through the calls below (else in one pass)
+    computes_in_parts: ClassVar[bool] = False
+
+    @property
+    def micro_batches(self) -> int:
+        """Parts the trainer splits each batch into, computing them one after another."""
+        return 1
+
+    def start_micro_batch(self, elapsed_s: float) -> bool:
+        """Whether to compute the next micro-batch, ``elapsed_s`` into this step's computation."""
+        return True
+
+    def end_micro_batch(self, elapsed_s: float) -> None:
+        """A micro-batch's backward is done, ``elapsed_s`` into this step's computation."""
+
+    def loss_weight(self, samples: int) -> float:
+        """What a micro-batch's mean loss is multiplied by before its backward (with ``micro_batches`` > 1)."""
+        return 1.0
 
     def zero_grad(self) -> None:
         zero_grads(self.buckets)

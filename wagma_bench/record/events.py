@@ -278,6 +278,8 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s") if stops and ended == "run_stop" else None,
         # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per round by phase, progress-thread CPU
         "engine": stops[-1]["metadata"].get("engine") if stops and ended == "run_stop" else None,
+        # DropCompute's threshold and what it dropped over the world (micro-batches)
+        "dropcompute": stops[-1]["metadata"].get("dropcompute") if stops and ended == "run_stop" else None,
         # where the last attempt's start went (wagma_bench.runtime.startup), seconds per phase
         "startup": next((e["metadata"] for e in reversed(events) if e["key"] == "startup"), None),
     }

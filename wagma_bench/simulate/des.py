@@ -60,10 +60,11 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import OmegaConf
 
 from wagma_bench.comm.topology import (
@@ -83,6 +84,7 @@ from wagma_bench.optim.adpsgd import ADPSGD
 from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm
 from wagma_bench.optim.dpsgd import DPSGD
+from wagma_bench.optim.dropcompute import DropCompute, best_threshold, parse_threshold
 from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
 from wagma_bench.optim.outer import OuterSettings
@@ -314,6 +316,45 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
         return np.maximum(ready, end)
 
     return _lockstep(cfg, 1, comm)
+
+
+def sim_dropcompute(cfg: SimConfig) -> SimResult:
+    """DropCompute: each rank's step (compute plus its injected delay, as the trainer spreads it) in M equal
+    micro-batches; past the threshold a rank stops after the micro-batch that crossed it. ``threshold_s: auto`` is
+    the optimizer's own rule (:func:`~wagma_bench.optim.dropcompute.best_threshold`) over the first
+    ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped (the gradients
+    are complete only after the last micro-batch). Throughput counts the computed samples only."""
+    s, M = cfg.settings, cfg.settings.micro_batches
+    cost = sum(cfg.network.world_allreduce(cfg.world_size, b) for b in bucket_sizes(cfg.workload.model_bytes,
+                                                                                      s.bucket_mb))
+    run = SimState(cfg, 1)
+    threshold = parse_threshold(s.threshold_s)
+    calibration: list[np.ndarray] = []
+    start, computed = np.zeros(run.P), 0.0
+    parts = np.arange(1, M + 1) / M
+    for r in range(1, run.rounds + 1):
+        step = run.compute[:, r - 1] + run.delay[:, r - 1]
+        ends = step[:, None] * parts[None, :]                       # [ranks, micro-batches], into the step
+        if threshold is None:
+            calibration.append(ends)
+            done_parts = np.full(run.P, M)
+            if len(calibration) == s.calibrate_steps:
+                stacked = torch.from_numpy(np.stack(calibration, axis=1))
+                threshold = best_threshold(stacked, float(stacked[:, :, -1].amax(0).mean()) + cost + run.overhead)[0]
+        else:  # the first micro-batch always; then each one whose predecessor ended by the threshold
+            done_parts = np.minimum(M, 1 + (ends[:, :-1] <= threshold).sum(axis=1))
+        computed += float(done_parts.sum())
+        ready = start + ends[np.arange(run.P), done_parts - 1]
+        done = np.full(run.P, ready.max() + cost) if run.P > 1 else ready
+        run.wait += done - ready
+        start = done + run.overhead
+        if run.is_control(r) and run.P > 1:
+            start = run.barrier(start)
+    drop_rate = 1.0 - computed / (run.rounds * run.P * M)
+    result = run.result(start.max(), np.full(run.P, run.rounds), drop_rate=round(drop_rate, 5),
+                        threshold_s=None if threshold is None or math.isinf(threshold) else threshold)
+    samples = int(result.samples * (1.0 - drop_rate))
+    return replace(result, samples=samples, throughput=samples / result.time_s if result.time_s > 0 else math.inf)
 
 
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
@@ -599,6 +640,7 @@ SIMULATIONS: dict[type[Algorithm], Callable[[SimConfig], SimResult]] = {
     ADPSGD: sim_adpsgd,
     SGP: sim_sgp,
     EagerSGD: sim_eager,
+    DropCompute: sim_dropcompute,
 }
 
 

@@ -490,19 +490,23 @@ class Trainer:
         # count for synchronous optimizers; wait-avoiding ranks may skip rounds.
         self.algo.set_lr(lr_at(state.local_step / self.plan.steps_per_epoch, **self.plan.lr_schedule))
         # A straggler is late with its gradient: the injected delay comes before the computation (after
-        # backward it would hide behind the gradient buckets already in flight). Models relative to the
-        # compute time use the previous step's; the first step, which has none, sleeps after its own.
+        # backward it would hide behind the gradient buckets already in flight), or, for an algorithm that
+        # computes in micro-batches, is spread over them (see compute). Models relative to the compute time use
+        # the previous step's; the first step, which has none, sleeps after its own.
         first = self.last_compute_s is None
-        delay_s = 0.0 if first else self.straggle(self.last_compute_s)
+        delay_s = 0.0 if first else self.imbalance.delay(self.rank, self.world, state.local_step, self.last_compute_s)
+        spread = self.algo.computes_in_parts
+        if delay_s > 0 and not spread:
+            time.sleep(delay_s)
         t0 = time.perf_counter()  # step time includes loading the batch (or an RL rollout)
         cpu0 = time.thread_time()  # this thread's CPU: compute_s minus it is time it waited for a core
         batch = next(batches)
         self.algo.zero_grad()
-        with self.autocast:
-            loss, n = self.workload.forward(self.model, batch)
-        loss.backward()
-        compute_s = self.last_compute_s = time.perf_counter() - t0
+        loss, n, stats, slept_s = self.compute(batch, delay_s if spread else 0.0, t0)
+        compute_s = self.last_compute_s = time.perf_counter() - t0 - slept_s
         compute_cpu_s = time.thread_time() - cpu0
+        if spread:
+            delay_s = slept_s  # what a rank that stopped early did not sleep was never spent
         if first:
             delay_s = self.straggle(compute_s)
         info = self.algo.step()
@@ -515,9 +519,36 @@ class Trainer:
         self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
                           compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
                           delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
-                          samples=n, loss=round(self.loss, 5), staleness=info.staleness,
-                          **self.workload.step_stats())
+                          samples=n, loss=round(self.loss, 5), staleness=info.staleness, **stats, **info.extra)
         return info.round
+
+    def compute(self, batch, delay_s: float, t0: float) -> tuple[torch.Tensor, int, dict, float]:
+        """Forward and backward of ``batch``: the loss, its samples, the workload's step statistics and the
+        seconds slept. For an algorithm that ``computes_in_parts``: of its M parts one after another as long as
+        the algorithm asks for them (DropCompute stops at its threshold), the injected ``delay_s`` slept in M
+        equal parts, one before each computed part: a straggler is slow in every micro-batch, so what it does not
+        compute it does not sleep either, as with real slow compute. The loss is the sample-weighted mean over
+        the computed parts."""
+        if not self.algo.computes_in_parts:
+            with self.autocast:
+                loss, n = self.workload.forward(self.model, batch)
+            loss.backward()
+            return loss, n, self.workload.step_stats(), 0.0
+        parts, total, n, stats, slept_s = self.algo.micro_batches, 0.0, 0, {}, 0.0
+        for i, part in enumerate(self.workload.split(batch, parts)):
+            if i and not self.algo.start_micro_batch(time.perf_counter() - t0):  # the first part is always computed
+                break
+            if delay_s > 0:
+                time.sleep(delay_s / parts)
+                slept_s += delay_s / parts
+            with self.autocast:
+                loss, samples = self.workload.forward(self.model, part)
+            (loss * self.algo.loss_weight(samples)).backward()
+            self.algo.end_micro_batch(time.perf_counter() - t0)
+            total, n = total + float(loss.detach()) * samples, n + samples
+            for key, value in self.workload.step_stats().items():
+                stats[key] = stats.get(key, 0) + value
+        return torch.tensor(total / max(n, 1)), n, stats, slept_s
 
     def straggle(self, compute_s: float) -> float:
         """Sleep this step's injected delay (the imbalance model, given a compute time); return it."""

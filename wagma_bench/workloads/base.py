@@ -40,6 +40,8 @@ class Workload(abc.ABC):
     # every metric's range (eval.target is checked against it before any rank starts)
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
     sample_unit: ClassVar[str] = "samples"
+    #: its batches split into micro-batches (:meth:`split`), as DropCompute needs
+    splittable: ClassVar[bool] = True
 
     @classmethod
     def metric_of(cls, cfg) -> str:
@@ -73,6 +75,15 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def batches(self, start_step: int) -> Iterator[Any]:
         """This rank's training batches, forever, starting at its local step ``start_step``."""
+
+    def split(self, batch: Any, parts: int) -> list[Any]:
+        """``batch`` as ``parts`` micro-batches in order (some may be empty), for an algorithm that computes a
+        batch in parts (DropCompute). This default splits a tuple of tensors along their first dimension;
+        a workload whose batches cannot be split sets ``splittable = False``, and the configuration check
+        refuses such an algorithm for it before any rank starts."""
+        if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
+            return [type(batch)(pieces) for pieces in zip(*(torch.tensor_split(t, parts) for t in batch))]
+        raise TypeError(f"workload {self.name}: a batch of type {type(batch).__name__} has no split into parts")
 
     @abc.abstractmethod
     def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:

@@ -323,6 +323,23 @@ class TransformerWorkload(Workload):
     def step_stats(self) -> dict:
         return dict(self._stats)
 
+    def split(self, batch: Any, parts: int) -> list[Any]:
+        """A fairseq sample as ``parts`` samples of consecutive sentences (its token count recounted): what
+        DropCompute computes one after another. A padding batch (empty) gives empty parts."""
+        if not batch:
+            return [{} for _ in range(parts)]
+        pad = self.task.target_dictionary.pad()
+        sentences = batch["target"].size(0)
+        out = []
+        for rows in torch.tensor_split(torch.arange(sentences), parts):
+            if len(rows) == 0:
+                out.append({})
+                continue
+            part = _rows_of(batch, rows, sentences)
+            part["ntokens"], part["nsentences"] = int(part["target"].ne(pad).sum()), len(rows)
+            out.append(part)
+        return out
+
     def _to_device(self, sample):
         from fairseq import utils
 
@@ -405,3 +422,12 @@ def _moses_detokenizer(lang: str):
 
     detok = MosesDetokenizer(lang=lang)
     return lambda text: detok.detokenize(text.split())
+
+
+def _rows_of(sample: Any, rows: torch.Tensor, sentences: int) -> Any:
+    """The rows ``rows`` of every tensor of a (nested) fairseq sample whose first dimension is its sentences."""
+    if isinstance(sample, dict):
+        return {k: _rows_of(v, rows, sentences) for k, v in sample.items()}
+    if isinstance(sample, torch.Tensor) and sample.dim() and sample.size(0) == sentences:
+        return sample.index_select(0, rows)
+    return sample

@@ -46,6 +46,8 @@ class DDPPOWorkload(Workload):
     sample_unit = "frames"
     DATA = ENVS
     DATA_SECTION = "env"
+    # a PPO mini-batch carries its recurrent state per environment: not split into micro-batches (DropCompute)
+    splittable = False
 
     @dataclass
     class Settings:
