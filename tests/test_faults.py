@@ -682,6 +682,23 @@ def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path,
         assert any(u.abs().sum() > 0 for u in a["u"])  # the momentum was in use when the run was cut
 
 
+def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
+    """Streaming DiLoCo (two fragments, one step of delay): each fragment's global parameters and momentum are
+    checkpointed at the synchronisation point, where no fragment's average is in flight; 12 rounds resumed to 20
+    end with the models and fragment states of 20 rounds at once."""
+    cut, args = _continued(tmp_path, "local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
+                           "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5")
+    whole = tmp_path / "whole"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = _final_state(whole, rank), _final_state(cut, rank)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
+        a, b = (_final_state(d, rank, "algo")["streaming"]["outer"] for d in (whole, cut))
+        assert all(torch.equal(x, y) for fa, fb in zip(a, b) for key in ("prev", "u")
+                   for x, y in zip(fa[key], fb[key])), f"rank {rank}: the fragments' states differ"
+
+
 ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]
 
 

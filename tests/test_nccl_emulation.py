@@ -104,3 +104,15 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
     for name in bases:
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] >= 24, (name, summary)
+
+
+def test_streaming_diloco_runs_to_its_budget_under_emulated_nccl(tmp_path):
+    """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane: what
+    NCCL does (no tags, no any-source)."""
+    out = subprocess.run([str(BIN), "run", "optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
+                          "optimizer.fragment_delay=1", "comm.emulate=nccl", "launcher.nproc=2", "train.max_steps=24",
+                          "eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] >= 24, summary

@@ -105,6 +105,8 @@ RANGES: dict[str, Range] = {
     "optimizer/dropcompute.micro_batches": AT_LEAST_ONE, "optimizer/dropcompute.calibrate_steps": AT_LEAST_ONE,
     "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
     "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
+    "optimizer/local_sgd.fragments": AT_LEAST_ONE, "optimizer/local_sgd.fragment_delay": NON_NEGATIVE,
+    "optimizer/local_sgd.fragment_alpha": FRACTION,
     "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
     # outer optimizers (wagma_bench/optim/outer.py), shared by every model-averaging optimizer
     "optimizer.outer_lr": POSITIVE, "optimizer.outer_momentum": FRACTION_BELOW_ONE,

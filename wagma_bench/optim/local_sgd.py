@@ -20,6 +20,11 @@ Readings:
   (``momentum_buffer``, or AdamW's ``exp_avg``/``exp_avg_sq``) at every averaging, the momentum variant of
   Yu, Jin & Yang (ICML 2019); it doubles (SGD) or triples (AdamW) the bytes of each averaging.
 
+Streaming DiLoCo (``fragments`` > 1, or a ``fragment_delay`` or ``fragment_alpha``, with an outer optimizer): the
+outer step fragment by fragment, each fragment's average overlapped with ``fragment_delay`` inner steps
+(:mod:`wagma_bench.optim.streaming`, torchft's meaning). The models then differ at synchronisation points
+(fragments synced at different steps, and alpha keeps local steps): the trainer evaluates their global average.
+
 Evaluated model: at every synchronisation point all models are identical (just averaged, or identical
 throughout the warm-up), so the trainer evaluates rank 0's model as it is.
 """
@@ -31,8 +36,10 @@ from dataclasses import dataclass
 
 import torch
 
+from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
 from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.optim.streaming import StreamingOuter
 
 # per-parameter optimizer state that is a running average of gradients (averaged with average_momentum)
 MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
@@ -51,6 +58,31 @@ class LocalSGD(Algorithm):
         period: int = 4
         warmup_steps: int = 0
         average_momentum: bool = False
+        fragments: int = 1            # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
+        fragment_delay: int = 0       # inner steps a fragment's average overlaps (torchft's fragment_sync_delay)
+        fragment_alpha: float = 0.0   # weight of the local parameters when a fragment syncs (fragment_update_alpha)
+
+        def streaming(self) -> bool:
+            return self.fragments > 1 or self.fragment_delay > 0 or self.fragment_alpha > 0
+
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            super().__post_init__()
+            if not self.streaming():
+                return
+            rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
+                      "an outer step taken fragment by fragment)")),
+                     (self.period % self.fragments != 0, "optimizer.fragments", self.fragments,
+                      f"a divisor of optimizer.period={self.period} (every fragment is synced once a period)"),
+                     (self.fragment_delay >= self.period // max(self.fragments, 1), "optimizer.fragment_delay",
+                      self.fragment_delay, (f"below period/fragments = {self.period // max(self.fragments, 1)} "
+                      "(a fragment's average must end before the next fragment's begins)")),
+                     (self.warmup_steps > 0, "optimizer.warmup_steps", self.warmup_steps, "0 with fragments"),
+                     (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
+                     (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
+                      "null with fragments (each fragment's outer step comes every period)")]
+            for broken, key, value, allowed in rules:
+                if broken:
+                    raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
 
         def averaging_period(self) -> int:
             return self.period
@@ -58,9 +90,22 @@ class LocalSGD(Algorithm):
         def default_outer_period(self) -> int:
             return self.period
 
+    def __init__(self, settings, model, local_opt_factory, comm, seed=0):
+        super().__init__(settings, model, local_opt_factory, comm, seed)
+        self.streaming: StreamingOuter | None = None
+        if settings.streaming():
+            self.outer = None  # the fragments' outer steps replace the whole model's
+            self.streaming = StreamingOuter(settings, [p.detach() for p in model.parameters()], comm)
+            self.models_identical, self.default_eval_model = False, "average"
+
     @property
     def sync_period(self) -> int:
         return self.settings.period
+
+    def broadcast_initial_model(self) -> None:
+        super().broadcast_initial_model()
+        if self.streaming is not None:
+            self.streaming.restart()
 
     def averages_at(self, round_: int) -> bool:
         """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up."""
@@ -68,6 +113,12 @@ class LocalSGD(Algorithm):
 
     def step(self) -> StepInfo:
         r = self.round + 1
+        if self.streaming is not None:
+            self.optimizer.step()
+            t0 = time.perf_counter()
+            self.streaming.after_step(r, float(self.optimizer.param_groups[0]["lr"]))
+            self.round = r
+            return StepInfo(round=r, comm_s=time.perf_counter() - t0)
         comm_s = 0.0
         if r <= self.settings.warmup_steps:  # post-local SGD warm-up: Allreduce-SGD
             t0 = time.perf_counter()
@@ -85,6 +136,17 @@ class LocalSGD(Algorithm):
             self.outer_round(r)
         self.round = r
         return StepInfo(round=r, comm_s=comm_s)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.streaming is not None:
+            state["streaming"] = self.streaming.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.streaming is not None:
+            self.streaming.load_state_dict(state["streaming"])
 
     def _average_optimizer_state(self) -> None:
         """Global mean of the local optimizer's gradient averages, in one allreduce."""
