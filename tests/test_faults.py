@@ -637,6 +637,12 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
     return cut, args
 
 
+def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, Path]:
+    """The run continued from 10 rounds to 20 (:func:`_continued`) and the same 20 rounds at once."""
+    cut, whole = _cut_and_whole(tmp_path, optimizer, *extra)
+    return cut, whole
+
+
 def _final_state(run_dir: Path, rank: int, part: str = "model") -> dict:
     newest = (run_dir / "checkpoint" / "latest").read_text().strip()
     return torch.load(run_dir / "checkpoint" / newest / f"rank{rank}.pt", weights_only=False)[part]
@@ -650,10 +656,7 @@ DETERMINISTIC = [pytest.param("allreduce")] + [pytest.param(o, marks=pytest.mark
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, optimizer):
     """Deterministic optimizers: 10 rounds, then resumed to 20, end bit-identical to 20 rounds at once
     (the final checkpoint set of each; every rank's model, buffers included)."""
-    cut, args = _continued(tmp_path, optimizer)
-    whole = tmp_path / "whole"
-    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    cut, whole = _cut_and_whole(tmp_path, optimizer)
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert a.keys() == b.keys()
@@ -670,10 +673,7 @@ def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path,
     """The outer state (the previous outer model, the momentum) is checkpointed: 10 rounds resumed to 20 end
     with the model and outer state of 20 rounds at once (outer period 4: the cut falls between outer steps)."""
     extra = [f"optimizer.outer={outer}"] + ([] if optimizer == "local_sgd" else ["optimizer.outer_period=4"])
-    cut, args = _continued(tmp_path, optimizer, *extra)
-    whole = tmp_path / "whole"
-    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    cut, whole = _cut_and_whole(tmp_path, optimizer, *extra)
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
@@ -686,11 +686,8 @@ def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     """Streaming DiLoCo (two fragments, one step of delay): each fragment's global parameters and momentum are
     checkpointed at the synchronisation point, where no fragment's average is in flight; 12 rounds resumed to 20
     end with the models and fragment states of 20 rounds at once."""
-    cut, args = _continued(tmp_path, "local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                           "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5")
-    whole = tmp_path / "whole"
-    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    cut, whole = _cut_and_whole(tmp_path, "local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
+                                "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5")
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
