@@ -399,3 +399,25 @@ def test_control_exchange_size_is_the_trainers_control_tensor():
     from wagma_bench.train.trainer import ControlFlags
 
     assert CONTROL_BYTES == ControlFlags().to_tensor("cpu").nbytes == 8 * len(dataclasses.fields(ControlFlags))
+
+
+def test_streaming_diloco_hides_a_fragments_average_behind_its_delay():
+    """On a slow network, a fragment's average started a round early is waited for less than one that blocks, and
+    the waits are those of F averages of a 1/F share of the model each period."""
+    link = Link(alpha_s=1e-3, beta_s_per_byte=STEP / 4e6)  # the whole model (4 MB) in about one step
+    net = Network(intra=link, inter=link)
+    waits = {}
+    for fragments, delay in ((1, 0), (2, 0), (2, 1)):
+        settings = typed("local_sgd", period=8, outer="nesterov", fragments=fragments, fragment_delay=delay)
+        waits[fragments, delay] = simulate(SimConfig("local_sgd", 8, WL, net, settings=settings, steps=80)).wait_frac
+    assert waits[2, 1] < waits[2, 0]
+    assert waits[2, 1] < waits[1, 0]
+
+
+def test_dropcompute_drops_a_slow_ranks_late_micro_batches_and_gains_throughput():
+    slow = slow_rank(4.0, rank=2)
+    allreduce = simulate(SimConfig("allreduce", 4, WL, Network.free(), slow, steps=80))
+    drop = simulate(SimConfig("dropcompute", 4, WL, Network.free(), slow, typed("dropcompute", calibrate_steps=10),
+                              steps=80))
+    assert drop.extra["drop_rate"] > 0.1 and drop.extra["threshold_s"] is not None
+    assert drop.throughput > 1.5 * allreduce.throughput

@@ -89,6 +89,7 @@ from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
 from wagma_bench.optim.outer import OuterSettings
 from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.streaming import sync_at
 from wagma_bench.optim.wagma import WagmaSGD
 from wagma_bench.simulate.costs import Network
 
@@ -358,7 +359,11 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
 
 
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
-    """Local SGD / PR-SGD: blocking global model average every ``period`` rounds."""
+    """Local SGD / PR-SGD: blocking global model average every ``period`` rounds; streaming DiLoCo (fragments):
+    one fragment's average every ``period / fragments`` rounds, started ``fragment_delay`` rounds before it is
+    needed (:func:`~wagma_bench.optim.streaming.sync_at`), so a rank waits only for what the delay did not hide."""
+    if cfg.settings.streaming():
+        return _sim_streaming(cfg)
     period, warmup = cfg.settings.period, cfg.settings.warmup_steps
     factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
@@ -372,6 +377,26 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
         return ready
 
     return _lockstep(cfg, period, comm)
+
+
+def _sim_streaming(cfg: SimConfig) -> SimResult:
+    s = cfg.settings
+    cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes / s.fragments)
+    started: dict[int, float] = {}  # the round a fragment's average is needed by -> when it started
+
+    def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
+        events = [sync_at(r, s.period, s.fragments, s.fragment_delay)]
+        if events[0] and events[0][0] == "perform" and s.fragment_delay == 0:
+            events.insert(0, ("prepare", events[0][1]))
+        out = ready
+        for what, _ in filter(None, events):
+            if what == "prepare":  # the collective starts once the last rank has posted its pseudo-gradient
+                started[r + s.fragment_delay] = float(ready.max())
+            else:
+                out = np.maximum(ready, started.pop(r) + cost)
+        return out
+
+    return _lockstep(cfg, s.period, comm)
 
 
 def sim_dpsgd(cfg: SimConfig) -> SimResult:
