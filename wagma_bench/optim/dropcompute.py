@@ -126,6 +126,8 @@ class DropCompute(Algorithm):
         return self.threshold_s is None or elapsed_s <= self.threshold_s
 
     def end_micro_batch(self, elapsed_s: float) -> None:
+        if not self._ends:  # the step's start as the trainer's clock has it (the batch's loading included)
+            self._step_start = time.perf_counter() - elapsed_s
         self._ends.append(elapsed_s)
 
     def loss_weight(self, samples: int) -> float:
@@ -134,7 +136,7 @@ class DropCompute(Algorithm):
 
     def zero_grad(self) -> None:
         super().zero_grad()
-        self._step_start = time.perf_counter()  # the trainer zeroes right after loading the batch
+        self._step_start = time.perf_counter()  # until the first micro-batch says better (a gradient set directly)
 
     def step(self) -> StepInfo:
         t0 = time.perf_counter()
