@@ -28,8 +28,10 @@ declare -A setup=(
 case "$mode" in
   submit|dry-run)
     for s in "${!setup[@]}"; do
+      optimizers='glob(*)'
+      [[ $s == ddppo* ]] && optimizers='glob(*,exclude=dropcompute)'  # DD-PPO's batches do not split
       # shellcheck disable=SC2086  # the setup string is a list of overrides
-      "$bin" tune cluster="$cluster" gpus="$gpus" 'optimizer=glob(*)' ${setup[$s]} tune.trials=3 tune.studies=3 \
+      "$bin" tune cluster="$cluster" gpus="$gpus" optimizer="$optimizers" ${setup[$s]} tune.trials=3 tune.studies=3 \
         --out "$out/$s" "--$mode"
     done ;;
   finish)
@@ -38,7 +40,7 @@ case "$mode" in
       imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
       --compute-from "$out/resnet_paper" \
       --out "$out/paper-scale/resnet50"
-    "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*)' imbalance=lognormal \
+    "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=lognormal \
       imbalance.sigma=0.5 control_every=0 --out "$out/paper-scale/rl"
     "$bin" claims "$out" --out "$out/claims" ;;
   *) echo "unknown mode '$mode': submit | finish | dry-run" >&2; exit 2 ;;

@@ -22,7 +22,7 @@ STEPS=${STEPS:-500}
 # Deep RL navigation up to 1,024 GPUs: heterogeneous environments as per-rank, per-step lognormal slow-downs
 # (sigma 0.5: a rank's step takes up to ~2.7x the median at one sigma). Assumed, not from the paper: see
 # wagma_bench/simulate/presets.py ("rl", which workload=ddppo selects).
-"$BIN" simulate cluster=daint workload=ddppo gpus=64,128,256,512,1024 optimizer="$OPTS" \
+"$BIN" simulate cluster=daint workload=ddppo gpus=64,128,256,512,1024 optimizer="${OPTS/#glob(\*)/glob(*,exclude=dropcompute)}" \
   imbalance=lognormal imbalance.sigma=0.5 train.max_steps=$STEPS control_every=0 --out "$OUT/rl"
 
 .venv/bin/python reproduce/scaling/compare.py "$OUT"
