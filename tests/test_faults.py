@@ -639,7 +639,10 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
 
 def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, Path]:
     """The run continued from 10 rounds to 20 (:func:`_continued`) and the same 20 rounds at once."""
-    cut, whole = _cut_and_whole(tmp_path, optimizer, *extra)
+    cut, args = _continued(tmp_path, optimizer, *extra)
+    whole = tmp_path / "whole"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    assert out.returncode == 0, out.stderr[-3000:]
     return cut, whole
 
 
@@ -682,6 +685,7 @@ def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path,
         assert any(u.abs().sum() > 0 for u in a["u"])  # the momentum was in use when the run was cut
 
 
+@pytest.mark.long  # 35 s: make test-long (make test resumes local SGD with the outer step of the whole model)
 def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     """Streaming DiLoCo (two fragments, one step of delay): each fragment's global parameters and momentum are
     checkpointed at the synchronisation point, where no fragment's average is in flight; 12 rounds resumed to 20

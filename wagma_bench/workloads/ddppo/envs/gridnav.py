@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from wagma_bench.workloads.ddppo.envs import base as actions  # the action ids, GOAL_KEY
+import wagma_bench.workloads.ddppo.envs.base as actions  # the action ids, GOAL_KEY
 from wagma_bench.workloads.ddppo.envs.base import LAYOUTS, Episode, EpisodeTracker, NavEnv, polar_goal
 
 FOV = math.pi / 2
