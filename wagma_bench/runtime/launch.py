@@ -483,6 +483,8 @@ def _ignore_ctrl_c() -> None:
 
     for sig in (signal.SIGINT, FORWARDED_INTERRUPT):
         signal.signal(sig, signal.SIG_IGN)
+    # the fork server was started with them blocked (supervise.ranks_ignore_ctrl_c): the trainer's handlers need them
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, FORWARDED_INTERRUPT})
 
 
 def _exit_now(code: int) -> None:

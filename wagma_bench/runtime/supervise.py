@@ -115,12 +115,18 @@ def ranks_ignore_ctrl_c():
     Ctrl-C before a rank has installed its handlers is lost, not a traceback; the second one still ends it)."""
     from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, FORWARDED_INTERRUPT)}
+    sigs = {signal.SIGINT, FORWARDED_INTERRUPT}
+    # Blocked as well as ignored: a Ctrl-C in this window stays pending (a blocked signal is not discarded by an
+    # ignoring disposition) and reaches the restored handler once unblocked, rather than being lost. The
+    # children inherit the mask with the disposition; a local rank unblocks them first thing (launch).
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
 
 
 class RanksLost(RuntimeError):
