@@ -169,3 +169,23 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     assert "Traceback" not in err and "interrupted before any rank started" in err, err[-3000:]
     time.sleep(0.5)
     assert not _alive(servers[0])  # the fork server went with its launcher, not on importing
+
+
+def test_a_ctrl_c_while_the_fork_server_starts_is_kept_with_another_thread_running():
+    """The window in which the fork server starts, in a process with a second thread that does not block SIGINT
+    (the launcher has one: numpy's import starts it). The kernel hands a signal sent to the process to that
+    thread; it must still reach the launcher's handler once the window closes, not be dropped there."""
+    program = """
+import os, signal, threading, time
+from wagma_bench.runtime.supervise import ranks_ignore_ctrl_c
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # started before the window: SIGINT unblocked
+try:
+    with ranks_ignore_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the other thread takes it meanwhile
+    print("lost")
+except KeyboardInterrupt:
+    print("kept")
+"""
+    out = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "kept", out.stdout + out.stderr[-2000:]

@@ -424,7 +424,7 @@ RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.trai
 
 def start_rank_server() -> None:
     """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
-    (Hydra, validation, its torch import). It inherits the launcher's ignored Ctrl-C (see
+    (Hydra, validation, its torch import). It inherits the launcher's blocked Ctrl-C (see
     :func:`~wagma_bench.runtime.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
     arguments, not in the server's environment, which is the launcher's at this moment. Idempotent; the server
     is stopped when the launcher exits (:func:`stop_rank_server`), so a command refused after this point does
@@ -434,10 +434,10 @@ def start_rank_server() -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+    atexit.unregister(stop_rank_server)
+    atexit.register(stop_rank_server)  # first: a Ctrl-C kept while the server starts is raised as the window closes
     with ranks_ignore_ctrl_c():
         forkserver.ensure_running()
-    atexit.unregister(stop_rank_server)
-    atexit.register(stop_rank_server)
 
 
 def stop_rank_server() -> None:
@@ -483,7 +483,8 @@ def _ignore_ctrl_c() -> None:
 
     for sig in (signal.SIGINT, FORWARDED_INTERRUPT):
         signal.signal(sig, signal.SIG_IGN)
-    # the fork server was started with them blocked (supervise.ranks_ignore_ctrl_c): the trainer's handlers need them
+    # the fork server was started with them blocked (supervise.ranks_ignore_ctrl_c): pending ones are dropped
+    # now, being ignored; the trainer's handlers need them unblocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, FORWARDED_INTERRUPT})
 
 

@@ -111,22 +111,29 @@ def launcher_interrupts(folder: str | Path | None) -> int:
 
 @contextlib.contextmanager
 def ranks_ignore_ctrl_c():
-    """While ranks are spawned: SIGINT and the forwarded interrupt ignored, a disposition the ranks inherit (a
-    Ctrl-C before a rank has installed its handlers is lost, not a traceback; the second one still ends it)."""
+    """While the ranks' fork server is started: SIGINT and the forwarded interrupt blocked in this thread, a
+    mask the server and every rank forked from it inherit (a Ctrl-C before a rank has installed its handlers
+    stays pending until the rank ignores it, and is dropped then, not a traceback), and a Ctrl-C to the launcher
+    itself kept, raised again once the window closes.
+
+    Blocking in this thread alone is not enough for the launcher: a signal sent to the process goes to any thread
+    that does not block it (numpy's import starts one), so the launcher's disposition here records the signal
+    rather than ignoring it (an ignored one would be dropped by whichever thread took it). A recorded handler is
+    reset to the default by the server's exec; the mask keeps it from acting there."""
     from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
-    sigs = {signal.SIGINT, FORWARDED_INTERRUPT}
-    # Blocked as well as ignored: a Ctrl-C in this window stays pending (a blocked signal is not discarded by an
-    # ignoring disposition) and reaches the restored handler once unblocked, rather than being lost. The
-    # children inherit the mask with the disposition; a local rank unblocks them first thing (launch).
+    sigs = (signal.SIGINT, FORWARDED_INTERRUPT)
+    taken: list[int] = []
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    previous = {sig: signal.signal(sig, lambda signum, frame: taken.append(signum)) for sig in sigs}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+        for sig in dict.fromkeys(taken):
+            signal.raise_signal(sig)
 
 
 class RanksLost(RuntimeError):
