@@ -36,6 +36,21 @@ def test_mnist_cache_holds_exactly_the_parsed_file_and_a_corrupt_cache_is_parsed
     assert not [p for p in (tmp_path / "mnist5k").iterdir() if p.suffix != ".npy"]  # no temporary file left
 
 
+def test_a_process_start_is_read_to_the_clock_tick_not_the_boot_second():
+    """The launcher phase starts at the process's own start: read against the boot-time clock it is within a
+    few clock ticks of when the parent started it (``/proc/stat``'s whole-second boot time put it up to a
+    second early)."""
+    import time
+
+    code = "from wagma_bench.runtime.startup import process_start_time as p; print(repr(p()))"
+    before = time.time()
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    after = time.time()
+    started = float(child.stdout)
+    assert before - 0.03 <= started <= after, (before, started, after)
+    assert started - before < 0.5  # Python had not yet imported the module: its start, not the read
+
+
 def test_phases_are_the_gaps_between_marks_and_a_missing_mark_folds_into_the_next(monkeypatch):
     marks = {"launched": 100.0, "rank": 103.0, "imported": 103.5, "world": 104.0, "data": 104.25, "ready": 105.0,
              "first_step": 106.0}

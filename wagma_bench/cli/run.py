@@ -33,6 +33,10 @@ def run_command(overrides: list[str]) -> int:
     from wagma_bench.config.overrides import MULTIRUN_FLAGS, precheck
     from wagma_bench.errors import ConfigError
 
+    if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
+        # local ranks to come (most likely): the server's imports (torch, ~4 s here) overlap Hydra's work and
+        # the launcher's own; a command refused below stops it as it exits
+        start_rank_server()
     try:  # a parse error or a misspelt key: exit 2 before anything is created
         explicit = precheck(overrides, CONF_DIR)
     except ConfigError as err:
@@ -42,8 +46,6 @@ def run_command(overrides: list[str]) -> int:
         _fail(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
               "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
               "directory, or set hydra.run.dir", 2)
-    if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
-        start_rank_server()  # local ranks to come (most likely): the server's imports overlap Hydra's work
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:

@@ -19,8 +19,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from wagma_bench.comm.base import Comm
 from wagma_bench.config.schema import ConfigError, RunConfig, validate
 from wagma_bench.record.events import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
@@ -40,8 +40,11 @@ from wagma_bench.runtime.supervise import (
     supervise,
 )
 
+if TYPE_CHECKING:  # torch, which the launcher imports only once its rank server is importing it too
+    from wagma_bench.comm.base import Comm
+
 #: what a rank runs once its world is up: (config, comm, run directory, local rank) -> rank 0's summary
-RankProgram = Callable[[RunConfig, Comm, Path, int], "dict | None"]
+RankProgram = Callable[[RunConfig, "Comm", Path, int], "dict | None"]
 
 
 @dataclass

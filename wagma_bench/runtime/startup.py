@@ -32,15 +32,16 @@ _marks: dict[str, float] = {}
 
 
 def process_start_time() -> float:
-    """When this process started (wall clock), from /proc (clock ticks since boot); now where there is none."""
+    """When this process started (wall clock), from /proc: its start in clock ticks since boot, against the
+    boot-time clock now (``/proc/stat``'s ``btime`` is whole seconds, up to a second off); now where there is
+    none."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22 of proc(5), counted after the command name's closing parenthesis
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - since_start
+    except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
 
 
