@@ -1,5 +1,5 @@
 import sys
 
-from wagma_bench.cli import main
+from wagma_bench.cli import entry
 
-sys.exit(main())
+sys.exit(entry())
