@@ -28,6 +28,8 @@ REFUSED_AT_ONCE = [
     ("eval.target=1.5", "eval.target=1.5", "[0, 1]"),
     ("seed=-1", "seed=-1", "in [0, 2147483647]"),
     ("optimizer.gruop_size=2", "optimizer.gruop_size", "valid keys of optimizer: name, bucket_mb"),
+    ("optimizer=walgma", "optimizer=walgma", "no such option of optimizer; choose one of: adpsgd, allreduce,"),
+    ("imbalance=slow", "imbalance=slow", "choose one of: fixed, lognormal, none, paper"),
 ]
 
 
@@ -128,3 +130,14 @@ def test_failed_override_parse_creates_nothing(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "wagma-bench run: error: Error parsing override 'train.lr=0.1)'" in out.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("command,args", [("simulate", []), ("tune", ["--out", "OUT"])])
+def test_an_unknown_option_of_a_group_is_one_line_naming_the_options_in_simulate_and_tune(tmp_path, command, args):
+    out = run(["optimizer=walgma", *[str(tmp_path / "out") if a == "OUT" else a for a in args]], command=command,
+              timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"wagma-bench {command}: error:"), out.stderr[-2000:]
+    assert "optimizer=walgma: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0]
+    assert not (tmp_path / "out").exists()

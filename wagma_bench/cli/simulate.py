@@ -216,7 +216,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from wagma_bench.config.overrides import unknown_key_message
+    from wagma_bench.config.overrides import unknown_key_message, unknown_option_message
 
     runs = {}
     with conf_context():
@@ -226,7 +226,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
             except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
-                raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or hydra_message(err)) from None
+                raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or unknown_option_message(err)
+                                 or hydra_message(err)) from None
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)

@@ -209,7 +209,10 @@ def _compose_checked(compose, validate, overrides: list[str], name: str):
     except ConfigError as err:
         raise ConfigError(f"trial {name} ({' '.join(overrides)}): {err}") from None
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"trial {name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
+        from wagma_bench.config.overrides import unknown_option_message
+
+        what = unknown_option_message(err) or f"{type(err).__name__}: {err}"
+        raise ConfigError(f"trial {name} ({' '.join(overrides)}): {what}") from None
 
 
 def point_overrides(point: dict[str, Any], base_lr: float, epochs: float) -> list[str]:
