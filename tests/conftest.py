@@ -5,11 +5,16 @@ killed launcher, wandb's media folders, torchelastic's and the forkserver's scra
 pytest's own temporary directory, which pytest rotates (the last three sessions are kept), not in the
 machine's /tmp. Not covered: MPICH's launcher ignores TMPDIR (a ``hydra_hwloc_xmlfile_*`` in /tmp), and the
 local SLURM makes its directory under /tmp on purpose (``tests/slurm_cluster.py``'s ``local_cluster``).
+MPICH's shared-memory segments of killed or aborted jobs are removed from /dev/shm after each test.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +27,42 @@ def _scratch_in_pytest_tmp(tmp_path_factory):
         tempfile.tempdir = None  # this process recomputes its own from TMPDIR
         yield scratch
     tempfile.tempdir = None
+
+
+SHM = Path("/dev/shm")
+
+
+def _mpich_segments() -> set[str]:
+    return {p.name for p in SHM.glob("mpich_shm_*")} if SHM.is_dir() else set()
+
+
+def _mapped_anywhere(path: str) -> bool:
+    """Whether a live process maps or holds open ``path`` (a segment in use is never removed)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if path in (proc / "maps").read_text():
+                return True
+            if any(os.readlink(fd) == path for fd in (proc / "fd").iterdir()):
+                return True
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _no_mpich_segment_left():
+    """MPICH's shared-memory segment (``/dev/shm/mpich_shm_*``) outlives a job whose ranks were killed or
+    aborted (the tests of a killed or failing MPI rank do both). One that appeared during a test and that no
+    process uses any more is removed, so that the suite leaves nothing in /dev/shm."""
+    before = _mpich_segments()
+    yield
+    for name in sorted(_mpich_segments() - before):
+        path = str(SHM / name)
+        deadline = time.monotonic() + 10  # an aborted job's ranks may still be exiting
+        while _mapped_anywhere(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not _mapped_anywhere(path):  # else a live job's, left alone
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
