@@ -61,8 +61,8 @@ def _no_mpich_segment_left():
     for name in sorted(_mpich_segments() - before):
         path = str(SHM / name)
         deadline = time.monotonic() + 10  # an aborted job's ranks may still be exiting
-        while _mapped_anywhere(path) and time.monotonic() < deadline:
+        while (in_use := _mapped_anywhere(path)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if not _mapped_anywhere(path):  # else a live job's, left alone
+        if not in_use:  # else a live job's, left alone
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

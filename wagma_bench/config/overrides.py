@@ -85,17 +85,12 @@ def _compose_checked(overrides: list[str], conf_dir: Path) -> Any:
     """The composed config; an unknown key raises ConfigError with the valid keys of its section, an unknown
     option of a group with the group's options; any other composition error returns None (Hydra reports it its
     own way when the job starts)."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from hydra.errors import ConfigCompositionException
 
     try:
         return _compose(overrides, conf_dir)
-    except MissingConfigException as err:
-        message = unknown_option_message(err)
-        if message is None:
-            return None
-        raise ConfigError(message) from None
     except ConfigCompositionException as err:
-        message = unknown_key_message(err, overrides, conf_dir)
+        message = unknown_option_message(err) or unknown_key_message(err, overrides, conf_dir)
         if message is None:
             return None
         raise ConfigError(message) from None
