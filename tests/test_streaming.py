@@ -1,9 +1,10 @@
 """Streaming DiLoCo against torchft's own ``DiLoCo`` (torchft 0.2.0, ``torchft/local_sgd.py``), the reference
 implementation: the same two-layer model, inner AdamW, data, fragments (one layer each), H = 4, tau = 1 and
 alpha = 0.5, 12 inner steps. torchft runs its two replicas as threads with its own Lighthouse and Managers over
-gloo; ours is local SGD with ``outer=nesterov`` and fragments on a real 2-rank gloo world whose data plane refuses
-what NCCL refuses. The models agree to float32 rounding: torchft's outer step is torch's ``SGD(nesterov=True)`` from the global parameters, ours the same
-recursion written from the average (``optim/outer.py``), so the two round differently in the last bits."""
+gloo; ours is local SGD with ``outer=nesterov`` and fragments on a real 2-rank gloo world whose data plane
+refuses what NCCL refuses. The models agree to float32 rounding: torchft's outer step is torch's
+``SGD(nesterov=True)`` from the global parameters, ours the same recursion written from the average
+(``optim/outer.py``), so the two round differently in the last bits."""
 
 from __future__ import annotations
 

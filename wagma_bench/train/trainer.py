@@ -1,10 +1,11 @@
 """The one training loop, shared by every workload and optimizer.
 
-Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts: DropCompute),
-injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update). Evaluation, checkpoints, stop decisions and the exchange of control flags
-happen only at synchronisation points (rounds that are multiples of ``algo.sync_period``), where every
-rank is known to be at the same round. The clock that every reported time is read from excludes
-evaluation and checkpointing (and, after a requeue, the time spent in the queue).
+Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts:
+DropCompute), injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update).
+Evaluation, checkpoints, stop decisions and the exchange of control flags happen only at synchronisation
+points (rounds that are multiples of ``algo.sync_period``), where every rank is known to be at the same round.
+The clock that every reported time is read from excludes evaluation and checkpointing (and, after a requeue,
+the time spent in the queue).
 
 :meth:`Trainer.train` tells a run in one screen: start or resume, then ``train_step`` until a
 synchronisation point, where the ranks exchange :class:`ControlFlags` in one allreduce and decide to
