@@ -40,13 +40,12 @@ def _ours(comm):
     return flat_params(model)
 
 
-def _torchft_replica(rid: int, lighthouse: str) -> torch.Tensor:
+def _torchft_replica(rid: int, lighthouse: str, model: nn.Sequential) -> torch.Tensor:
     import torch.distributed as dist
     from torchft.local_sgd import DiLoCo
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    model = _model()
     inner = torch.optim.AdamW(model.parameters(), lr=LR)
     outers = [torch.optim.SGD(f.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True) for f in model]
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
@@ -75,9 +74,12 @@ def test_streaming_diloco_agrees_with_torchfts_diloco():
 
     ours = run_world(_ours, 2, emulate="nccl")  # the data plane refuses what NCCL refuses
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    # built here, one after the other: _model() seeds torch's global generator, which two replica threads
+    # building theirs at once would interleave (each replica then starts from other weights)
+    models = [_model() for _ in range(2)]
     try:
         with ThreadPoolExecutor(2) as pool:
-            theirs = list(pool.map(lambda rid: _torchft_replica(rid, lighthouse.address()), [0, 1]))
+            theirs = list(pool.map(lambda rid: _torchft_replica(rid, lighthouse.address(), models[rid]), [0, 1]))
     finally:
         lighthouse.shutdown()
     start = flat_params(_model())
