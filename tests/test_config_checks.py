@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from wagma_bench.config.schema import FIXED_SECTIONS, WandbConfig, option_schemas, validate
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import POSITIVE, setting
 from wagma_bench.workloads import WORKLOADS, get_workload
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -84,7 +85,7 @@ def test_workload_rules_fail_its_check_in_the_launching_process(overrides, messa
 
 @dataclasses.dataclass
 class _Inner:
-    timeout_s: float = 1.0
+    timeout_s: float = setting(1.0, POSITIVE)
 
 
 @dataclasses.dataclass
@@ -92,30 +93,25 @@ class _Outer:
     inner: _Inner = dataclasses.field(default_factory=_Inner)
 
 
-def test_a_nested_section_is_range_checked(monkeypatch):
+def test_a_nested_section_is_range_checked():
     """`logger.wandb` is a section inside a section: its numbers are checked like any other."""
     from omegaconf import OmegaConf
 
-    from wagma_bench.config.schema import POSITIVE, RANGES, check_ranges
+    from wagma_bench.config.schema import check_ranges
 
-    monkeypatch.setitem(RANGES, "x.inner.timeout_s", POSITIVE)
     merged = OmegaConf.merge(OmegaConf.structured(_Outer), {"inner": {"timeout_s": -1}})
     with pytest.raises(ConfigError, match=re.escape("x.inner.timeout_s=-1.0 is not allowed; it must be > 0")):
         check_ranges("x", _Outer, merged)
 
 
-def test_an_optimizers_own_range_wins_over_the_shared_one(monkeypatch):
-    """`optimizer/NAME.KEY` binds only that optimizer; `optimizer.KEY` every optimizer that has the key."""
-    from wagma_bench.config.schema import RANGES, Range
-
+def test_each_optimizer_checks_the_ranges_it_declares():
+    """A key two optimizers share (`sync_every` of eager-SGD and AD-PSGD) is checked by each one's own field."""
     with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
         validate(_compose("optimizer=wagma", "optimizer.tau=0"))
-    monkeypatch.setitem(RANGES, "optimizer/eager.sync_every", Range(5))
-    with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=3 is not allowed; it must be >= 5")):
-        validate(_compose("optimizer=eager", "optimizer.sync_every=3"))
-    assert validate(_compose("optimizer=adpsgd", "optimizer.sync_every=3")).optimizer.sync_every == 3
-    with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=0 is not allowed; it must be >= 1")):
-        validate(_compose("optimizer=adpsgd", "optimizer.sync_every=0"))
+    for name in ("eager", "adpsgd"):
+        assert validate(_compose(f"optimizer={name}", "optimizer.sync_every=3")).optimizer.sync_every == 3
+        with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=0 is not allowed; it must be >= 1")):
+            validate(_compose(f"optimizer={name}", "optimizer.sync_every=0"))
 
 
 @dataclasses.dataclass
@@ -123,7 +119,7 @@ class _NewOptimizer:
     tau: int = 3
 
 
-def test_another_optimizers_range_does_not_cover_a_new_one():
+def test_a_numeric_setting_without_a_range_is_refused_saying_where_to_declare_it():
     """A new optimizer's `tau` is not checked with WAGMA-SGD's range: it has none until declared."""
     from omegaconf import OmegaConf
 
@@ -131,8 +127,7 @@ def test_another_optimizers_range_does_not_cover_a_new_one():
 
     merged = OmegaConf.structured(_NewOptimizer)
     with pytest.raises(ConfigError) as err:
-        check_ranges("optimizer", _NewOptimizer, merged, "new")
+        check_ranges("optimizer", _NewOptimizer, merged)
     assert str(err.value) == (
-        "optimizer.tau has no allowed range in wagma_bench.config.schema.RANGES; add `optimizer/new.tau` (this "
-        "optimizer's own) or `optimizer.tau` (shared by every optimizer with that key) to RANGES in "
-        "wagma_bench/config/schema.py")
+        "optimizer.tau has no allowed range; declare it in tests.test_config_checks._NewOptimizer as "
+        "`tau: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)")

@@ -21,8 +21,8 @@ import pytest
 from markdown_it import MarkdownIt
 from omegaconf import OmegaConf
 
-from wagma_bench.config.schema import allowed_range, missing_range_hint
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.ranges import range_of
 from wagma_bench.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,16 +74,16 @@ def yaml_file(name: str) -> list[str]:
     return out
 
 
-def _without_range(section: str, settings: type, name: str) -> list[str]:
+def _without_range(settings: type, name: str, file: str) -> list[str]:
     hints = typing.get_type_hints(settings)
-    numeric = [f.name for f in dataclasses.fields(settings)
+    numeric = [f for f in dataclasses.fields(settings)
                if hints[f.name] is not bool and any(t in str(hints[f.name]) for t in ("int", "float"))]
-    return [f"{name}: {missing_range_hint(section, key, name)} (its range of allowed values)"
-            for key in numeric if allowed_range(section, key, name) is None]
+    return [f"{name}: declare `{f.name}` in the Settings of {file} with its range of allowed values, "
+            f"`{f.name}: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)" for f in numeric if range_of(f) is None]
 
 
 def ranges(name: str) -> list[str]:
-    return _without_range("optimizer", OPTIMIZERS[name].Settings, name)
+    return _without_range(OPTIMIZERS[name].Settings, name, f"wagma_bench/optim/{name}.py")
 
 
 def search_space(name: str) -> list[str]:
@@ -177,7 +177,7 @@ def docs_rows(name: str) -> list[str]:
 PIECES = [
     Piece("the algorithm's module and class attributes", "wagma_bench/optim/NAME.py", module_and_attributes),
     Piece("the option's YAML", "conf/optimizer/NAME.yaml", yaml_file),
-    Piece("the range of every numeric setting", "wagma_bench/config/schema.py", ranges),
+    Piece("the range of every numeric setting", "wagma_bench/optim/NAME.py", ranges),
     Piece("the search space", "conf/search_space/NAME.yaml", search_space),
     Piece("the simulation", "wagma_bench/simulate/des.py", simulation),
     Piece("the invariant case", "tests/test_invariants.py", invariant_case),
@@ -272,7 +272,7 @@ def workload_data(name: str) -> list[str]:
 
 
 def workload_ranges(name: str) -> list[str]:
-    return _without_range("workload", WORKLOADS[name].Settings, name)
+    return _without_range(WORKLOADS[name].Settings, name, f"wagma_bench/workloads/{name}.py")
 
 
 def workload_trained(name: str) -> list[str]:
@@ -294,7 +294,7 @@ WORKLOAD_PIECES = [
     Piece("the workload's module and class attributes", "wagma_bench/workloads/NAME.py", workload_module),
     Piece("the option's YAML", "conf/workload/NAME.yaml", workload_yaml),
     Piece("its data options' YAML", "conf/data/OPTION.yaml", workload_data),
-    Piece("the range of every numeric setting", "wagma_bench/config/schema.py", workload_ranges),
+    Piece("the range of every numeric setting", "wagma_bench/workloads/NAME.py", workload_ranges),
     Piece("a test that trains it", "tests/test_NAME.py", workload_trained),
     Piece("the option table", "docs/configuration.md", workload_docs),
 ]

@@ -21,13 +21,8 @@ import torch
 
 from tests.cli_util import BIN, run
 from tests.proc_util import rank_pids
-from wagma_bench.config.schema import (
-    FIXED_SECTIONS,
-    RANGES,
-    allowed_range,
-    missing_range_hint,
-    option_schemas,
-)
+from wagma_bench.config.schema import FIXED_SECTIONS, missing_range_hint, option_schemas
+from wagma_bench.ranges import range_of
 from wagma_bench.record.events import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
@@ -134,42 +129,32 @@ def test_imagenet_class_folder_without_images_is_refused(tmp_path):
     assert no_rank_started(run_dir)
 
 
-def numeric_fields(cls: type) -> list[str]:
-    """The numeric keys of a schema, those of its nested sections (``wandb.timeout_s``) included."""
-    hints = typing.get_type_hints(cls)
-    keys = []
-    for f in dataclasses.fields(cls):
-        nested = [t for t in typing.get_args(hints[f.name]) or [hints[f.name]] if dataclasses.is_dataclass(t)]
-        if nested:  # WandbConfig | None
-            keys += [f"{f.name}.{key}" for key in numeric_fields(nested[0])]
-        elif any(t in str(hints[f.name]) for t in ("int", "float")) and hints[f.name] is not bool:
-            keys.append(f.name)
-    return keys
+def _schemas() -> list[type]:
+    """Every configuration schema: the fixed sections (and the sections nested in them), every option's."""
+    schemas = list(FIXED_SECTIONS.values())
+    schemas += [cls for options in option_schemas().values() for cls in options.values()]
+    schemas += [cls for w in WORKLOADS.values() for cls in w.DATA.values()]
+    nested = [t for cls in schemas for hint in typing.get_type_hints(cls).values()
+              for t in typing.get_args(hint) or [hint] if dataclasses.is_dataclass(t)]  # WandbConfig | None
+    return list(dict.fromkeys(schemas + nested))
 
 
-def _numeric_settings() -> list[tuple[str, str, str | None]]:
-    """(section, key, option) of every numeric setting; option None for the fixed sections."""
-    schemas = [(section, cls, None) for section, cls in FIXED_SECTIONS.items()]
-    schemas += [(section, cls, name) for section, options in option_schemas().items()
-                for name, cls in options.items()]
-    schemas += [(w.DATA_SECTION, cls, name) for w in WORKLOADS.values() for name, cls in w.DATA.items()]
-    return sorted({(section, key, option) for section, cls, option in schemas for key in numeric_fields(cls)},
-                  key=str)
+def _is_numeric(hint) -> bool:
+    return hint is not bool and any(t in str(hint) for t in ("int", "float"))
 
 
 def test_every_numeric_setting_has_an_allowed_range():
-    missing = [f"{section}.{key}" + (f" ({section}={option}): " if option else ": ")
-               + missing_range_hint(section, key, option)
-               for section, key, option in _numeric_settings() if allowed_range(section, key, option) is None]
+    missing = [f"{cls.__qualname__}.{f.name}: {missing_range_hint(cls, f.name)}" for cls in _schemas()
+               for f in dataclasses.fields(cls)
+               if _is_numeric(typing.get_type_hints(cls)[f.name]) and range_of(f) is None]
     assert not missing, "\n".join(missing)
 
 
-def test_every_range_entry_names_a_setting_that_exists():
-    """A RANGES key left behind by a removed or renamed setting (or a misspelt option) is found."""
-    known = {f"{section}.{key}" for section, key, _ in _numeric_settings()}
-    known |= {f"{section}/{option}.{key}" for section, key, option in _numeric_settings() if option}
-    stale = sorted(set(RANGES) - known - {"seed"})
-    assert not stale, f"RANGES in wagma_bench/config/schema.py: remove or fix {', '.join(stale)} (no such setting)"
+def test_only_numeric_settings_declare_a_range():
+    """A range on a string or a flag would never be checked (check_ranges skips them): a mistake."""
+    stray = [f"{cls.__qualname__}.{f.name}" for cls in _schemas() for f in dataclasses.fields(cls)
+             if range_of(f) is not None and not _is_numeric(typing.get_type_hints(cls)[f.name])]
+    assert not stray, f"a range on a setting that is not a number: {', '.join(stray)}"
 
 
 # --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import AT_LEAST_ONE, NON_NEGATIVE, setting
 
 
 class Imbalance:
@@ -48,8 +49,8 @@ class PaperImbalance(Imbalance):
     @dataclass
     class Settings:
         name: str = "paper"
-        num_slow: int = 2
-        delay_s: float = 0.3
+        num_slow: int = setting(2, NON_NEGATIVE)
+        delay_s: float = setting(0.3, NON_NEGATIVE)
 
     def __init__(self, settings, seed: int):
         self.settings, self.seed = settings, seed
@@ -71,10 +72,10 @@ class FixedImbalance(Imbalance):
     @dataclass
     class Settings:
         name: str = "fixed"
-        ranks: list[int] = field(default_factory=lambda: [0])
-        factor: float = 2.0
+        ranks: list[int] = setting(allowed=NON_NEGATIVE, factory=lambda: [0])
+        factor: float = setting(2.0, AT_LEAST_ONE)
 
-        def __post_init__(self):  # runs in the config check (after RANGES), before any rank starts
+        def __post_init__(self):  # runs in the config check (after the ranges), before any rank starts
             if not self.ranks:
                 raise ConfigError("imbalance.ranks=[] is not allowed; it must list at least one rank")
 
@@ -95,8 +96,9 @@ class LognormalImbalance(Imbalance):
     @dataclass
     class Settings:
         name: str = "lognormal"
-        sigma: float = 0.5
-        scale_s: float = 0.0   # > 0: use this as the step-time base instead of the measured compute time
+        sigma: float = setting(0.5, NON_NEGATIVE)
+        # > 0: use this as the step-time base instead of the measured compute time
+        scale_s: float = setting(0.0, NON_NEGATIVE)
 
     def __init__(self, settings, seed: int):
         self.settings, self.seed = settings, seed

@@ -6,9 +6,10 @@ Option-dependent sections (``optimizer``, ``imbalance``, ``data``, ``workload``)
 dataclass registered for the chosen option; the registries are explicit dicts in their modules.
 
 One validation style, all before any rank starts, every failure a :class:`ConfigError` that names the key,
-the bad value and what is allowed: a numeric setting's range is in :data:`RANGES`; a string setting's allowed
-values are in its schema's ``CHOICES`` (next to the field); a rule between settings (``comm.emulate`` needs
-gloo, ...) is the schema's ``__post_init__``; data paths and installed packages are a workload's ``check``.
+the bad value and what is allowed: a numeric setting's range is declared with its default
+(:func:`wagma_bench.ranges.setting`); a string setting's allowed values are in its schema's ``CHOICES`` (next
+to the fields); a rule between settings (``comm.emulate`` needs gloo, ...) is the schema's ``__post_init__``;
+data paths and installed packages are a workload's ``check``.
 
 The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq`` registers groups named
 ``optimizer``, ``model``, ``task`` ... there, and ours must never merge with them.
@@ -27,126 +28,25 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import (
+    ANY,
+    AT_LEAST_ONE,
+    FRACTION_BELOW_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    Range,
+    range_of,
+    setting,
+)
 
 __all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting may take; ``None`` (unset, where the schema allows it) always passes."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False   # low itself is excluded
-    high_open: bool = False  # high itself is excluded
-
-    def allows(self, value: float) -> bool:
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return False
-        return self.high is None or not (value > self.high or (self.high_open and value == self.high))
-
-    def __str__(self) -> str:
-        if self.high is None:
-            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
-
-
-def _number(x: float) -> str:
-    """A bound as written: 2147483647, not 2.14748e+09; 0.5 and 1e-06 as usual."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
-
-
-POSITIVE = Range(0, low_open=True)
-NON_NEGATIVE = Range(0)
-AT_LEAST_ONE = Range(1)
-FRACTION = Range(0, 1)               # a probability or a share
-FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
-ANY = Range()
-# Seeds: numpy refuses negative ones, and torch's generators take (seed * 7919 + rank) * 1_000_003 + step
-# (wagma_bench/workloads/resnet.py), which must stay below 2**64.
-SEED = Range(0, 2**31 - 1)
-
-# Allowed range of every numeric setting, keyed by section.key; `env` is DD-PPO's data section. In an option
-# section (optimizer, workload, imbalance) a key is either one option's, `section/OPTION.key`
-# (`optimizer/wagma.tau`), or shared by every option that has it, `section.key`; the option's own entry
-# wins (allowed_range). tests/test_faults.py checks that every numeric field of every schema has one, so a
-# new setting cannot slip through unchecked.
-RANGES: dict[str, Range] = {
-    "seed": SEED,
-    "train.batch_size": AT_LEAST_ONE, "train.lr": POSITIVE, "train.lr_reference_batch": AT_LEAST_ONE,
-    "train.momentum": FRACTION_BELOW_ONE, "train.weight_decay": NON_NEGATIVE,
-    "train.adam_betas": FRACTION_BELOW_ONE, "train.warmup_epochs": NON_NEGATIVE,
-    "train.warmup_start_lr": NON_NEGATIVE, "train.milestones": NON_NEGATIVE, "train.decay": POSITIVE,
-    "train.epochs": POSITIVE, "train.max_steps": AT_LEAST_ONE, "train.time_limit_s": POSITIVE,
-    "train.grad_clip": POSITIVE,
-    "eval.every_epochs": POSITIVE, "eval.every_steps": AT_LEAST_ONE, "eval.target": ANY,
-    "checkpoint.every_s": NON_NEGATIVE,
-    "comm.timeout_s": POSITIVE,
-    "launcher.nproc": AT_LEAST_ONE, "launcher.master_port": Range(1, 65535),
-    "launcher.rendezvous_timeout_s": POSITIVE,
-    "logger.log_every_s": NON_NEGATIVE, "logger.wandb.timeout_s": POSITIVE,
-    # resnet / transformer / ddppo
-    "workload.num_workers": NON_NEGATIVE,
-    "workload.encoder_layers": AT_LEAST_ONE, "workload.decoder_layers": AT_LEAST_ONE,
-    "workload.embed_dim": AT_LEAST_ONE, "workload.ffn_dim": AT_LEAST_ONE, "workload.attention_heads": AT_LEAST_ONE,
-    "workload.dropout": FRACTION_BELOW_ONE, "workload.label_smoothing": FRACTION_BELOW_ONE,
-    "workload.max_positions": AT_LEAST_ONE, "workload.beam": AT_LEAST_ONE, "workload.lenpen": ANY,
-    "workload.max_len_a": NON_NEGATIVE, "workload.max_len_b": NON_NEGATIVE, "workload.eval_max_tokens": AT_LEAST_ONE,
-    "workload.max_sentences": AT_LEAST_ONE,  # null (token batches) passes
-    "workload.base_planes": AT_LEAST_ONE, "workload.hidden_size": AT_LEAST_ONE, "workload.rnn_layers": AT_LEAST_ONE,
-    "workload.num_steps": AT_LEAST_ONE, "workload.ppo_epoch": AT_LEAST_ONE, "workload.num_mini_batch": AT_LEAST_ONE,
-    "workload.clip": POSITIVE, "workload.value_loss_coef": NON_NEGATIVE, "workload.entropy_coef": NON_NEGATIVE,
-    "workload.gamma": FRACTION, "workload.gae_lambda": FRACTION, "workload.sync_frac": Range(0, 1, low_open=True),
-    "workload.num_eval_episodes": AT_LEAST_ONE,
-    # optimizers: each one's own keys (wagma's group_size is also a power of two that fits the world:
-    # WagmaSGD.check_world), then the keys they share
-    "optimizer/allreduce.bucket_mb": POSITIVE, "optimizer/dropcompute.bucket_mb": POSITIVE,
-    "optimizer/dropcompute.micro_batches": AT_LEAST_ONE, "optimizer/dropcompute.calibrate_steps": AT_LEAST_ONE,
-    "optimizer/wagma.group_size": AT_LEAST_ONE, "optimizer/wagma.tau": AT_LEAST_ONE,
-    "optimizer/local_sgd.period": AT_LEAST_ONE, "optimizer/local_sgd.warmup_steps": NON_NEGATIVE,
-    "optimizer/local_sgd.fragments": AT_LEAST_ONE, "optimizer/local_sgd.fragment_delay": NON_NEGATIVE,
-    "optimizer/local_sgd.fragment_alpha": FRACTION,
-    "optimizer.sync_every": AT_LEAST_ONE,  # adpsgd, eager: the synchronous round every N rounds
-    # outer optimizers (wagma_bench/optim/outer.py), shared by every model-averaging optimizer
-    "optimizer.outer_lr": POSITIVE, "optimizer.outer_momentum": FRACTION_BELOW_ONE,
-    "optimizer.outer_period": AT_LEAST_ONE,
-    # imbalance
-    "imbalance.num_slow": NON_NEGATIVE, "imbalance.delay_s": NON_NEGATIVE, "imbalance.ranks": NON_NEGATIVE,
-    "imbalance.factor": Range(1), "imbalance.sigma": NON_NEGATIVE, "imbalance.scale_s": NON_NEGATIVE,
-    # image and translation data
-    "data.shift": NON_NEGATIVE, "data.num_samples": AT_LEAST_ONE, "data.seed": SEED, "data.image_size": AT_LEAST_ONE,
-    "data.train_sentences": AT_LEAST_ONE, "data.valid_sentences": AT_LEAST_ONE, "data.median_len": POSITIVE,
-    "data.sigma": NON_NEGATIVE, "data.max_len": Range(3),  # sentences are 3 to max_len tokens (mt_data)
-    # navigation environments
-    "env.room_size": POSITIVE, "env.wall": NON_NEGATIVE, "env.door_width": POSITIVE, "env.obs_width": AT_LEAST_ONE,
-    "env.obs_height": AT_LEAST_ONE, "env.max_depth": POSITIVE, "env.forward_step": POSITIVE,
-    "env.turn_angle": POSITIVE, "env.max_episode_steps": AT_LEAST_ONE, "env.success_distance": POSITIVE,
-    "env.min_geodesic": NON_NEGATIVE, "env.max_geodesic": POSITIVE, "env.grid_resolution": POSITIVE,
-    "env.success_reward": ANY, "env.slack_reward": ANY, "env.num_envs": AT_LEAST_ONE, "env.gpu_device_id": Range(-1),
-}
-
-
-def allowed_range(section: str, key: str, option: str | None = None) -> Range | None:
-    """The :data:`RANGES` entry of ``section.key``: the option's own (``section/OPTION.key``) where
-    ``option`` is given and declares one, else the shared one; None where neither is declared."""
-    own = RANGES.get(f"{section}/{option}.{key}") if option is not None else None
-    return own if own is not None else RANGES.get(f"{section}.{key}")
-
-
-def missing_range_hint(section: str, key: str, option: str | None = None) -> str:
-    """What to add to :data:`RANGES` for a numeric setting without a range."""
-    shared = f"`{section}.{key}`"
-    if option is None:
-        return f"add {shared} to RANGES in wagma_bench/config/schema.py"
-    return (f"add `{section}/{option}.{key}` (this {section}'s own) or {shared} (shared by every {section} "
-            f"with that key) to RANGES in wagma_bench/config/schema.py")
-
-
-def check_ranges(section: str, schema: type, merged: DictConfig, option: str | None = None) -> None:
-    """Every numeric field of one section (merged onto its schema, so typed) within its :data:`RANGES` entry
-    (``option``: the option chosen for an option section, whose own entries come first); nested sections
-    (``logger.wandb``) too."""
+def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
+    """Every numeric field of one section (merged onto its schema, so typed) within the range it declares
+    (:func:`wagma_bench.ranges.setting`); nested sections (``logger.wandb``) too. A numeric field that declares
+    none is refused: every number a user can set is checked before any rank starts."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
         if _is_section(value):
@@ -157,11 +57,16 @@ def check_ranges(section: str, schema: type, merged: DictConfig, option: str | N
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            allowed = allowed_range(section, f.name, option)
+            allowed = range_of(f)
             if allowed is None:
-                raise ConfigError(f"{section}.{f.name} has no allowed range in wagma_bench.config.schema.RANGES; "
-                                  f"{missing_range_hint(section, f.name, option)}")
+                raise ConfigError(f"{section}.{f.name} has no allowed range; {missing_range_hint(schema, f.name)}")
             check_value(f"{section}.{f.name}", v, allowed, value)
+
+
+def missing_range_hint(schema: type, key: str) -> str:
+    """What to write for a numeric field ``key`` of ``schema`` that declares no range."""
+    return (f"declare it in {schema.__module__}.{schema.__qualname__} as `{key}: ... = setting(DEFAULT, RANGE)` "
+            "(wagma_bench/ranges.py)")
 
 
 def check_value(key: str, v: float, allowed: Range, whole: Any = None) -> None:
@@ -270,27 +175,28 @@ def machine_memory_mb() -> float | None:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 32
+    batch_size: int = setting(32, AT_LEAST_ONE)
     local_optimizer: str = "sgd"
-    lr: float = 0.1
-    lr_reference_batch: int | None = 256   # null: no linear scaling (the peak rate is lr; RL)
-    momentum: float = 0.9
+    lr: float = setting(0.1, POSITIVE)
+    lr_reference_batch: int | None = setting(256, AT_LEAST_ONE)  # null: no linear scaling (the peak rate is lr; RL)
+    momentum: float = setting(0.9, FRACTION_BELOW_ONE)
     nesterov: bool = False
-    weight_decay: float = 1e-4
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = setting(1e-4, NON_NEGATIVE)
+    adam_betas: list[float] = setting(allowed=FRACTION_BELOW_ONE, factory=lambda: [0.9, 0.98])
     schedule: str = "step"
-    warmup_epochs: float = 0.0
-    warmup_start_lr: float | None = None  # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
-    milestones: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0])
-    decay: float = 0.1
+    warmup_epochs: float = setting(0.0, NON_NEGATIVE)
+    # rate at the start of warm-up (fairseq's warmup_init_lr); null: lr
+    warmup_start_lr: float | None = setting(None, NON_NEGATIVE)
+    milestones: list[float] = setting(allowed=NON_NEGATIVE, factory=lambda: [30.0, 60.0, 80.0])
+    decay: float = setting(0.1, POSITIVE)
     # The budget. A run's length is train.max_steps when set (also beyond train.epochs: max_steps wins, and
     # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
     # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
     # rank 0 says at the start which budget ends it.
-    epochs: float = 90.0
-    max_steps: int | None = None
-    time_limit_s: float | None = None
-    grad_clip: float | None = None
+    epochs: float = setting(90.0, POSITIVE)
+    max_steps: int | None = setting(None, AT_LEAST_ONE)
+    time_limit_s: float | None = setting(None, POSITIVE)
+    grad_clip: float | None = setting(None, POSITIVE)
     precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
 
     CHOICES: ClassVar[dict[str, tuple]] = {
@@ -302,9 +208,9 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every_epochs: float = 1.0
-    every_steps: int | None = None
-    target: float | None = None
+    every_epochs: float = setting(1.0, POSITIVE)
+    every_steps: int | None = setting(None, AT_LEAST_ONE)
+    target: float | None = setting(None, ANY)
     stop_at_target: bool = True
     model: str = "auto"
 
@@ -313,7 +219,7 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_s: float = 600.0
+    every_s: float = setting(600.0, NON_NEGATIVE)
     resume: bool = True
 
 
@@ -321,7 +227,7 @@ class CheckpointConfig:
 class CommConfig:
     name: str = "torch"
     backend: str = "auto"
-    timeout_s: float = 300.0
+    timeout_s: float = setting(300.0, POSITIVE)
     emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
 
     CHOICES: ClassVar[dict[str, tuple]] = {"name": ("torch", "mpi"), "backend": ("auto", "gloo", "nccl", "mpi"),
@@ -340,10 +246,11 @@ class CommConfig:
 @dataclass
 class LauncherConfig:
     name: str = "local"
-    nproc: int | None = None  # null: one rank per visible GPU with CUDA, else 4 (launch.device_plan)
+    # null: one rank per visible GPU with CUDA, else 4 (launch.device_plan)
+    nproc: int | None = setting(None, AT_LEAST_ONE)
     master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    rendezvous_timeout_s: float = 120.0
+    master_port: int | None = setting(None, Range(1, 65535))
+    rendezvous_timeout_s: float = setting(120.0, POSITIVE)
 
 
 @dataclass
@@ -353,7 +260,7 @@ class WandbConfig:
     group: str | None = None              # null: the sweep directory's name in a multirun, else none
     mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
     per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
-    timeout_s: float = 30.0               # an online start slower than this falls back to an offline run
+    timeout_s: float = setting(30.0, POSITIVE)  # an online start slower than this falls back to an offline run
 
     CHOICES: ClassVar[dict[str, tuple]] = {"mode": ("auto", "offline", "online")}
 
@@ -382,7 +289,7 @@ class SubmissionConfig:
 @dataclass
 class LoggerConfig:
     progress: str = "auto"
-    log_every_s: float = 10.0
+    log_every_s: float = setting(10.0, NON_NEGATIVE)
     mllog: bool = False                # also print the MLPerf log (RUN_DIR/mllog.txt) to stdout at the end
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
     wandb: WandbConfig | None = None   # set by logger=wandb
@@ -445,10 +352,10 @@ class RunConfig:
     raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
 
 
-def _typed(section: str, schema: type, node: Any, option: str | None = None) -> Any:
+def _typed(section: str, schema: type, node: Any) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        check_ranges(section, schema, merged, option)  # before the schema's __post_init__ (rules between keys)
+        check_ranges(section, schema, merged)  # before the schema's __post_init__ (rules between keys)
         check_choices(section, schema, merged)
         typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
@@ -495,7 +402,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
         name = node.get("name")
         if name not in options:
             raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
-        typed[section] = _typed(section, options[name], node, name)
+        typed[section] = _typed(section, options[name], node)
     # The workload's data options (an environment for RL) live in its own section; typed as `data`.
     workload = typed["workload"].name
     data_key = data_sections[workload]
@@ -508,11 +415,11 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     if data_name not in data_options:
         raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
                           f"{', '.join(sorted(data_options))}")
-    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key], data_name)
+    typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r} is not allowed; it must be an integer")
-    check_value("seed", seed, RANGES["seed"])
+    check_value("seed", seed, SEED)
     check_target(typed["eval"].target, typed["workload"], typed["data"])
     check_outer(typed["optimizer"])
     check_parts(typed["optimizer"], typed["workload"])

@@ -43,6 +43,7 @@ import torch
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import random_matching
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.ranges import AT_LEAST_ONE, setting
 
 EXCHANGE, STOP = 1, 0
 TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no tags nor any-source receives)
@@ -62,7 +63,7 @@ class ADPSGD(Algorithm):
     @dataclass
     class Settings:
         name: str = "adpsgd"
-        sync_every: int = 10
+        sync_every: int = setting(10, AT_LEAST_ONE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):

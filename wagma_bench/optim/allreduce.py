@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.ranges import POSITIVE, setting
 
 
 class AllreduceSGD(Algorithm):
@@ -26,7 +27,7 @@ class AllreduceSGD(Algorithm):
     @dataclass
     class Settings:
         name: str = "allreduce"
-        bucket_mb: float = 25.0
+        bucket_mb: float = setting(25.0, POSITIVE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):

@@ -43,6 +43,7 @@ import torch
 
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.ranges import AT_LEAST_ONE, POSITIVE, setting
 
 NORMALIZE = ("nominal", "computed")
 CANDIDATES = 200  # thresholds tried by the automatic rule (the authors' linspace)
@@ -94,11 +95,11 @@ class DropCompute(Algorithm):
     @dataclass
     class Settings:
         name: str = "dropcompute"
-        micro_batches: int = 4
+        micro_batches: int = setting(4, AT_LEAST_ONE)
         threshold_s: str = "auto"
-        calibrate_steps: int = 20
+        calibrate_steps: int = setting(20, AT_LEAST_ONE)
         normalize: str = "nominal"
-        bucket_mb: float = 25.0
+        bucket_mb: float = setting(25.0, POSITIVE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"normalize": NORMALIZE}

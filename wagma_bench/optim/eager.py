@@ -40,6 +40,7 @@ from typing import ClassVar
 from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
+from wagma_bench.ranges import AT_LEAST_ONE, setting
 
 MODES = ("solo", "majority")
 
@@ -56,7 +57,7 @@ class EagerSGD(EngineAlgorithm):
     class Settings:
         name: str = "eager"
         mode: str = "majority"
-        sync_every: int = 10
+        sync_every: int = setting(10, AT_LEAST_ONE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config.schema)

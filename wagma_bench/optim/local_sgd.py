@@ -40,6 +40,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
 from wagma_bench.optim.outer import OuterSettings
 from wagma_bench.optim.streaming import StreamingOuter
+from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, setting
 
 # per-parameter optimizer state that is a running average of gradients (averaged with average_momentum)
 MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
@@ -55,12 +56,15 @@ class LocalSGD(Algorithm):
     @dataclass
     class Settings(OuterSettings):
         name: str = "local_sgd"
-        period: int = 4
-        warmup_steps: int = 0
+        period: int = setting(4, AT_LEAST_ONE)
+        warmup_steps: int = setting(0, NON_NEGATIVE)
         average_momentum: bool = False
-        fragments: int = 1            # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
-        fragment_delay: int = 0       # inner steps a fragment's average overlaps (torchft's fragment_sync_delay)
-        fragment_alpha: float = 0.0   # weight of the local parameters when a fragment syncs (fragment_update_alpha)
+        # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
+        fragments: int = setting(1, AT_LEAST_ONE)
+        # inner steps a fragment's average overlaps (torchft's fragment_sync_delay)
+        fragment_delay: int = setting(0, NON_NEGATIVE)
+        # weight of the local parameters when a fragment syncs (fragment_update_alpha)
+        fragment_alpha: float = setting(0.0, FRACTION)
 
         def streaming(self) -> bool:
             return self.fragments > 1 or self.fragment_delay > 0 or self.fragment_alpha > 0

@@ -33,6 +33,7 @@ from typing import ClassVar
 import torch
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import AT_LEAST_ONE, FRACTION_BELOW_ONE, POSITIVE, setting
 
 OUTER = ("none", "slowmo", "nesterov")
 #: (outer_lr, outer_momentum) when left null: SlowMo's alpha 1 and beta 0.5 (fairscale's SlowMo defaults, within
@@ -50,9 +51,12 @@ class OuterSettings:
     refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
 
     outer: str = "none"           # none | slowmo | nesterov
-    outer_lr: float | None = None         # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
-    outer_momentum: float | None = None   # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
-    outer_period: int | None = None  # rounds between outer steps; null: the base's global averaging rounds
+    # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
+    outer_lr: float | None = setting(None, POSITIVE)
+    # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
+    outer_momentum: float | None = setting(None, FRACTION_BELOW_ONE)
+    # rounds between outer steps; null: the base's global averaging rounds
+    outer_period: int | None = setting(None, AT_LEAST_ONE)
 
     CHOICES: ClassVar[dict[str, tuple]] = {"outer": OUTER}
 

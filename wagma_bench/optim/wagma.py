@@ -25,6 +25,7 @@ from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import EngineAlgorithm
 from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.ranges import AT_LEAST_ONE, setting
 
 
 class WagmaSGD(EngineAlgorithm):
@@ -37,8 +38,8 @@ class WagmaSGD(EngineAlgorithm):
     @dataclass
     class Settings(OuterSettings):
         name: str = "wagma"
-        group_size: int | None = None       # power of two; None: sqrt(P) rounded to a power of two
-        tau: int = 10                       # group rounds between synchronous global averages
+        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: sqrt(P) rounded to a power of two
+        tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
         # checked with the config (wagma_bench.config.schema)

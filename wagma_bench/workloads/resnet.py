@@ -20,6 +20,7 @@ from torch import nn
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import AT_LEAST_ONE, NON_NEGATIVE, setting
 from wagma_bench.workloads.base import Workload
 
 
@@ -175,7 +176,7 @@ def _has_image(folder: Path) -> bool:
 class Mnist5kData:
     name: str = "mnist5k"
     root: str | None = None
-    shift: int = 2              # training augmentation: random translation by up to this many pixels
+    shift: int = setting(2, NON_NEGATIVE)  # training augmentation: random translation by up to this many pixels
 
 
 @dataclass
@@ -188,8 +189,8 @@ class ImageNetData:
 class SyntheticImageData:
     name: str = "synthetic"
     root: str | None = None
-    num_samples: int = 4096     # per rank
-    image_size: int = 224       # ImageNet's; smaller for quick checks of the same code path
+    num_samples: int = setting(4096, AT_LEAST_ONE)  # per rank
+    image_size: int = setting(224, AT_LEAST_ONE)  # ImageNet's; smaller for quick checks of the same code path
 
 
 def check_arch(arch: str) -> None:
@@ -212,7 +213,7 @@ class ResNetWorkload(Workload):
     class Settings:
         name: str = "resnet"
         arch: str = "resnet20"   # resnet20 | resnet32 | resnet56 (CIFAR-style) | resnet50 (torchvision)
-        num_workers: int = 0     # DataLoader worker processes per rank (ImageFolder data)
+        num_workers: int = setting(0, NON_NEGATIVE)  # DataLoader worker processes per rank (ImageFolder data)
 
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)

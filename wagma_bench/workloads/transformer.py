@@ -67,6 +67,16 @@ from torch import nn
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import (
+    ANY,
+    AT_LEAST_ONE,
+    FRACTION_BELOW_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    Range,
+    setting,
+)
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.mt_data import SRC, TGT, CorpusSpec, ensure_corpus, import_fairseq
 
@@ -79,12 +89,12 @@ class SyntheticMTData:
 
     name: str = "synthetic_mt"
     cache_dir: str | None = None      # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
-    seed: int = 1                     # corpus seed (the language itself is fixed)
-    train_sentences: int = 30000
-    valid_sentences: int = 400
-    median_len: float = 10.0          # source tokens; lengths are log-normal around it
-    sigma: float = 0.55
-    max_len: int = 96
+    seed: int = setting(1, SEED)  # corpus seed (the language itself is fixed)
+    train_sentences: int = setting(30000, AT_LEAST_ONE)
+    valid_sentences: int = setting(400, AT_LEAST_ONE)
+    median_len: float = setting(10.0, POSITIVE)  # source tokens; lengths are log-normal around it
+    sigma: float = setting(0.55, NON_NEGATIVE)
+    max_len: int = setting(96, Range(3))
 
 
 @dataclass
@@ -186,23 +196,24 @@ class TransformerWorkload(Workload):
     class Settings:
         name: str = "transformer"
         arch: str = "transformer"            # a fairseq architecture: transformer, transformer_wmt_en_de, ...
-        encoder_layers: int | None = None    # null: the architecture's default (likewise below)
-        decoder_layers: int | None = None
-        embed_dim: int | None = None         # encoder and decoder embedding width
-        ffn_dim: int | None = None           # encoder and decoder feed-forward width
-        attention_heads: int | None = None
-        dropout: float = 0.1
+        encoder_layers: int | None = setting(None, AT_LEAST_ONE)  # null: the architecture's default (likewise below)
+        decoder_layers: int | None = setting(None, AT_LEAST_ONE)
+        embed_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder embedding width
+        ffn_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder feed-forward width
+        attention_heads: int | None = setting(None, AT_LEAST_ONE)
+        dropout: float = setting(0.1, FRACTION_BELOW_ONE)
         share_embeddings: str = "decoder"     # none | decoder (input = output embedding) | all (joined dictionary)
-        label_smoothing: float = 0.1
-        max_positions: int = 1024             # longest source / target sequence (longer training pairs are skipped)
-        beam: int = 4                         # beam search at evaluation
-        lenpen: float = 0.6
-        max_len_a: float = 1.2                # hypotheses up to a * source length + b tokens
-        max_len_b: int = 10
-        eval_max_tokens: int = 8192           # tokens per generation batch
+        label_smoothing: float = setting(0.1, FRACTION_BELOW_ONE)
+        # longest source / target sequence (longer training pairs are skipped)
+        max_positions: int = setting(1024, AT_LEAST_ONE)
+        beam: int = setting(4, AT_LEAST_ONE)  # beam search at evaluation
+        lenpen: float = setting(0.6, ANY)
+        max_len_a: float = setting(1.2, NON_NEGATIVE)  # hypotheses up to a * source length + b tokens
+        max_len_b: int = setting(10, NON_NEGATIVE)
+        eval_max_tokens: int = setting(8192, AT_LEAST_ONE)  # tokens per generation batch
         # null: token batches (train.batch_size tokens at most, fairseq --max-tokens); N: exactly N sentences
         # per rank and step (fairseq --batch-size), so the tokens vary with the sentences' lengths
-        max_sentences: int | None = None
+        max_sentences: int | None = setting(None, AT_LEAST_ONE)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"share_embeddings": SHARE_EMBEDDINGS}
 

@@ -27,6 +27,7 @@ from torch.distributions import Categorical
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range, setting
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
 from wagma_bench.workloads.ddppo.policy import BACKBONES, RNNS, PointNavPolicy
@@ -53,25 +54,27 @@ class DDPPOWorkload(Workload):
     class Settings:
         name: str = "ddppo"
         backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
-        base_planes: int = 32             # ResNet width at the first stage (DD-PPO: 32, half width)
-        hidden_size: int = 128            # visual fc and recurrent state (DD-PPO: 512)
+        base_planes: int = setting(32, AT_LEAST_ONE)  # ResNet width at the first stage (DD-PPO: 32, half width)
+        hidden_size: int = setting(128, AT_LEAST_ONE)  # visual fc and recurrent state (DD-PPO: 512)
         rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
-        rnn_layers: int = 1               # (DD-PPO: 2)
-        num_steps: int = 64               # rollout length per environment (DD-PPO: 128)
-        ppo_epoch: int = 2                # passes over a rollout (DD-PPO: 2)
-        num_mini_batch: int = 2           # minibatches per pass, split over environments (DD-PPO: 2)
-        clip: float = 0.2                 # PPO ratio clip, also the value-loss clip
+        rnn_layers: int = setting(1, AT_LEAST_ONE)  # (DD-PPO: 2)
+        num_steps: int = setting(64, AT_LEAST_ONE)  # rollout length per environment (DD-PPO: 128)
+        ppo_epoch: int = setting(2, AT_LEAST_ONE)  # passes over a rollout (DD-PPO: 2)
+        num_mini_batch: int = setting(2, AT_LEAST_ONE)  # minibatches per pass, split over environments (DD-PPO: 2)
+        clip: float = setting(0.2, POSITIVE)  # PPO ratio clip, also the value-loss clip
         clip_value_loss: bool = True
-        value_loss_coef: float = 0.5
-        entropy_coef: float = 0.01
-        gamma: float = 0.99
-        gae_lambda: float = 0.95          # tau in habitat-baselines
+        value_loss_coef: float = setting(0.5, NON_NEGATIVE)
+        entropy_coef: float = setting(0.01, NON_NEGATIVE)
+        gamma: float = setting(0.99, FRACTION)
+        gae_lambda: float = setting(0.95, FRACTION)  # tau in habitat-baselines
         use_gae: bool = True              # false: discounted returns bootstrapped at the rollout end
         normalize_advantage: bool = False
         preemption: bool = True           # DD-PPO's straggler preemption
-        sync_frac: float = 0.6            # preempt once this fraction of ranks finished their rollout
+        # preempt once this fraction of ranks finished their rollout
+        sync_frac: float = setting(0.6, Range(0, 1, low_open=True))
         metric: str = "success"           # success | spl (the evaluation metric that eval.target refers to)
-        num_eval_episodes: int = 64       # held-out start/goal pairs per evaluation (all ranks together)
+        # held-out start/goal pairs per evaluation (all ranks together)
+        num_eval_episodes: int = setting(64, AT_LEAST_ONE)
         eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from wagma_bench.ranges import ANY, AT_LEAST_ONE, Range, setting
 from wagma_bench.workloads.ddppo.envs.base import GOAL_KEY, STOP, Episode, EpisodeTracker, NavEnv
 
 INSTALL = (
@@ -41,11 +42,11 @@ class HabitatNavSettings:
     data_root: str | None = None  # folder that holds data/scene_datasets and data/datasets (cwd if null)
     split: str = "train"             # episodes of training; evaluation uses eval_split
     eval_split: str = "val"
-    max_episode_steps: int = 500     # habitat's PointNav limit
-    success_reward: float = 2.5      # habitat-baselines' reward
-    slack_reward: float = -0.01
-    num_envs: int = 4                # simulator instances per rank (DD-PPO: 4 per GPU)
-    gpu_device_id: int = -1          # -1: the rank's local CUDA device
+    max_episode_steps: int = setting(500, AT_LEAST_ONE)  # habitat's PointNav limit
+    success_reward: float = setting(2.5, ANY)  # habitat-baselines' reward
+    slack_reward: float = setting(-0.01, ANY)
+    num_envs: int = setting(4, AT_LEAST_ONE)  # simulator instances per rank (DD-PPO: 4 per GPU)
+    gpu_device_id: int = setting(-1, Range(-1))  # -1: the rank's local CUDA device
 
 
 def habitat_available() -> bool:
