@@ -55,7 +55,7 @@ class Sizes:
 FULL = Sizes(steps=20, warmup=5, batch=64, shared_batch=32, image_size=224, optimizers=tuple(OPTIMIZERS), shared_ranks=4,
              bench_sizes="1M,16M,100M", timeout_s=300)
 # The wait-avoiding op (as WAGMA-SGD uses it) against the plain averaging allreduce of its group (NCCL's
-# ReduceOp.AVG where the world is NCCL's), by message size: at most this ratio (issue 33)
+# ReduceOp.AVG where the world is NCCL's), by message size: at most this ratio (the goal)
 WAIT_AVOIDING_GOALS = {2**20: 1.5, 16 * 2**20: 1.15, 100 * 2**20: 1.15}
 # dry: a gradient-averaging and a gossip (point-to-point) optimizer, both synchronising every step, so that
 # 2 steps stay 2 steps (WAGMA's tau would round them up to 10)

@@ -1,4 +1,4 @@
-"""WAGMA-SGD vs Allreduce-SGD under injected stragglers, against the throughput bounds (issue 3 benchmark).
+"""WAGMA-SGD vs Allreduce-SGD under injected stragglers, against the throughput bounds.
 
 Let k of P ranks be delayed by d per step and c be the step time without imbalance. Allreduce-SGD cannot
 do better than one step per c + d; no optimizer can do better than the mean-speed bound, one step per

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The teardown stress loop of issue 23 (point 12): N short runs, alternating 2 ranks of WAGMA-SGD (progress
+# The teardown stress loop: N short runs, alternating 2 ranks of WAGMA-SGD (progress
 # and listener threads, forked planes) and 4 of eager-SGD, each to its last collective and teardown, beside
 # one busy loop at normal priority (another job on the node: the ranks' teardowns interleave). One line per
 # run in OUT/log.txt: exit code, summary status, and whether its stderr holds an abort.
