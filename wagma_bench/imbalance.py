@@ -21,6 +21,9 @@ class Imbalance:
     name: str
     settings: Any  # the option's Settings (the `imbalance:` section)
 
+    def __init__(self, settings, seed: int):
+        self.settings, self.seed = settings, seed  # the run's seed: every rank draws the same stragglers
+
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
         raise NotImplementedError
@@ -32,9 +35,6 @@ class NoImbalance(Imbalance):
     @dataclass
     class Settings:
         name: str = "none"
-
-    def __init__(self, settings, seed: int):
-        self.settings = settings
 
     def delay(self, rank, world_size, step, base_s):
         return 0.0
@@ -51,9 +51,6 @@ class PaperImbalance(Imbalance):
         name: str = "paper"
         num_slow: int = setting(2, NON_NEGATIVE)
         delay_s: float = setting(0.3, NON_NEGATIVE)
-
-    def __init__(self, settings, seed: int):
-        self.settings, self.seed = settings, seed
 
     def slow_ranks(self, world_size: int, step: int) -> set[int]:
         rng = random.Random((self.seed + 1) * 1_000_003 + step)
@@ -79,9 +76,6 @@ class FixedImbalance(Imbalance):
             if not self.ranks:
                 raise ConfigError("imbalance.ranks=[] is not allowed; it must list at least one rank")
 
-    def __init__(self, settings, seed: int):
-        self.settings = settings
-
     def delay(self, rank, world_size, step, base_s):
         # every listed rank exists: config.check_world refuses a rank outside the world before any rank starts
         return (self.settings.factor - 1.0) * base_s if rank in self.settings.ranks else 0.0
@@ -99,9 +93,6 @@ class LognormalImbalance(Imbalance):
         sigma: float = setting(0.5, NON_NEGATIVE)
         # > 0: use this as the step-time base instead of the measured compute time
         scale_s: float = setting(0.0, NON_NEGATIVE)
-
-    def __init__(self, settings, seed: int):
-        self.settings, self.seed = settings, seed
 
     def delay(self, rank, world_size, step, base_s):
         rng = random.Random(((self.seed + 7) * 1_000_003 + step) * 65_537 + rank)

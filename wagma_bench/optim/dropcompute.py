@@ -42,6 +42,7 @@ from typing import ClassVar
 import torch
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm, StepInfo
 from wagma_bench.ranges import AT_LEAST_ONE, POSITIVE, setting
 
@@ -90,7 +91,7 @@ class DropCompute(Algorithm):
     models_identical = True  # every rank applies the same averaged gradient
     computes_in_parts = True
     default_eval_model = "local"
-    outer_refusal = "it averages gradients, not models: every rank holds the same model after every step"
+    outer_refusal = AllreduceSGD.outer_refusal  # Allreduce-SGD's reason: one averaged gradient, one model
 
     @dataclass
     class Settings:
