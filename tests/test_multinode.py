@@ -181,10 +181,15 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
 
 
 def _node_back(cluster: dict, node: str) -> None:
-    """Start the host's slurmd again and wait until SLURM has it back (idle, or mix: the killed job's
-    allocation may linger until slurmctld has settled it)."""
+    """Start the host's slurmd again and wait until SLURM has it back."""
     env = {**os.environ, **cluster}
     subprocess.run([str(local_cluster_script()), "start-node", node], env=env, check=True, timeout=60)
+    _node_up(node)
+
+
+def _node_up(node: str) -> None:
+    """Wait until SLURM has the host back (idle, or mix: the killed job's allocation may linger until
+    slurmctld has settled it); a host marked DOWN returns once its slurmd registers (ReturnToService=2)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
@@ -234,6 +239,46 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     (resume,) = [e for e in events if e["key"] == "run_resume"]
     assert resume["metadata"]["step"] == checkpoints[-1], (resume, checkpoints)
     assert summary(tmp_path)["status"] == "completed"
+
+
+def _link(cluster: dict, node: str, state: str) -> None:
+    """Take a host's link to the bridge down (or up): its end of the veth pair on the bridge side, so the
+    host itself sees no carrier; its processes, and the shared file system, are untouched."""
+    net = Path(cluster["WAGMA_SLURM_DIR"]).joinpath("cluster.env").read_text().split("NET=")[1].split()[0]
+    subprocess.run(["ip", "link", "set", f"wagma{net}-h{node.removeprefix('wagma-n')}", state], check=True)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("cut, ranks", [("wagma-n2", "2, 3"), ("wagma-n1", "0, 1")])
+def test_a_host_cut_off_by_the_network_is_named_and_recorded_before_srun_returns(cluster, tmp_path, cut, ranks):
+    """One host's link taken down mid-run (its ranks keep running, the file system stays shared): the side that
+    still reaches the SLURM controller names the cut-off host and its ranks, its lowest rank records the failure
+    (run_stop, summary.json) and releases the lock, all before srun returns, well before comm.timeout_s. Before
+    the partition watch: SLURM killed the healthy side after ~30 s with nothing recorded, and the cut-off side
+    later named the healthy host."""
+    timeout_s = 120
+    cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
+           *run_cmd("optimizer=allreduce", "train.max_steps=100000", "checkpoint.every_s=0.5", "eval.every_steps=100000",
+                    f"comm.timeout_s={timeout_s}", f"hydra.run.dir={tmp_path}")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_checkpoint(tmp_path, proc)
+        _link(cluster, cut, "down")
+        t0 = time.monotonic()
+        output, _ = proc.communicate(timeout=timeout_s + 120)
+        took = time.monotonic() - t0
+        s = summary(tmp_path)  # as srun returned
+        lock_left = (tmp_path / ".lock").exists()
+    finally:
+        proc.kill()
+        _link(cluster, cut, "up")
+    named = f"host {cut} lost: ranks {ranks} (unreachable from host"
+    assert s["status"] == "failed" and named in s["error"], (s, output[-3000:])
+    (stop,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
+    assert named in stop["metadata"]["error"]
+    assert not lock_left
+    assert took < timeout_s, f"srun ended {took:.0f} s after the link went down"
+    _node_up(cut)
 
 
 @pytest.mark.long
@@ -340,3 +385,95 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
     for r in range(2):
         steps = [rec["step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
         assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
+
+
+# --- a partition: the connected side names the host that was cut off (wagma_bench/runtime/partition.py) ----
+
+@pytest.fixture
+def silent_port():
+    """A local port that never answers, as a host cut off by the network: a listener whose accept queue (of
+    one) is full, so the kernel drops every further connection request and the connect times out. (An address
+    off this machine will not do here: this sandbox's network answers every outgoing connection.)"""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            yield port
+
+
+def _publish(folder: Path, ranks_by_host: dict[str, tuple[list[int], str, int]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for host, (ranks, addr, port) in ranks_by_host.items():
+        for r in ranks:
+            (folder / f"rank{r}").write_text(f"{host} {addr} {port}")
+
+
+def _watch_verdict(tmp_path, monkeypatch, silent: int, rank: int, controller) -> tuple[list[str], list[int]]:
+    """A watch of rank ``rank`` in a world of this host (ranks 0, 1, a real listener) and a host `far`
+    (ranks 2, 3, at the silent port), stalled from the start: what it records and how it exits."""
+    import socket
+
+    from wagma_bench.runtime import partition
+
+    monkeypatch.setattr(partition, "STALL_S", 0.0)
+    monkeypatch.setattr(partition, "PROBE_TIMEOUT_S", 0.3)
+    listener = partition.ReachListener("127.0.0.1")
+    _publish(tmp_path, {socket.gethostname(): ([0, 1], listener.addr, listener.port), "far": ([2, 3], "127.0.0.1", silent)})
+    recorded, exits = [], []
+    watch = partition.PartitionWatch(tmp_path, rank, 4, recorded.append, controller, exit=exits.append)
+    deadline = time.monotonic() + 30
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.1)
+    watch.close()
+    return recorded, exits
+
+
+def test_the_connected_side_names_the_unreachable_host_and_its_lowest_rank_records(tmp_path, monkeypatch,
+                                                                                   silent_port):
+    """No controller: a tie of one host each is won by rank 0's side; rank 0 records once, naming `far`."""
+    recorded, exits = _watch_verdict(tmp_path, monkeypatch, silent_port, 0, None)
+    assert exits == [1] and len(recorded) == 1, (recorded, exits)
+    assert recorded[0].startswith("host far lost: ranks 2, 3 (unreachable from host "), recorded
+
+
+def test_the_other_connected_ranks_exit_without_recording(tmp_path, monkeypatch, silent_port):
+    from wagma_bench.runtime import partition
+
+    monkeypatch.setattr(partition, "RECORD_S", 0.0)
+    recorded, exits = _watch_verdict(tmp_path, monkeypatch, silent_port, 1, None)
+    assert exits == [1] and recorded == []
+
+
+def test_a_side_that_cannot_reach_the_controller_is_the_cut_off_one_and_records_nothing(tmp_path, monkeypatch,
+                                                                                        silent_port, capfd):
+    recorded, exits = _watch_verdict(tmp_path, monkeypatch, silent_port, 0, ("127.0.0.1", silent_port))
+    assert exits == [1] and recorded == []
+    assert "this host is cut off (it reaches neither the SLURM controller nor hosts far)" in capfd.readouterr().err
+
+
+def test_a_reachable_world_is_left_alone_however_long_it_stalls(tmp_path, monkeypatch):
+    """Every host answers: a long evaluation or checkpoint only costs probes."""
+    import socket
+
+    from wagma_bench.runtime import partition
+
+    monkeypatch.setattr(partition, "STALL_S", 0.0)
+    listener = partition.ReachListener("127.0.0.1")
+    _publish(tmp_path, {socket.gethostname(): ([0], listener.addr, listener.port),
+                        "near": ([1], listener.addr, listener.port)})
+    watch = partition.PartitionWatch(tmp_path, 0, 2, lambda e: pytest.fail(e), None, exit=lambda c: pytest.fail(c))
+    for _ in range(partition.PROBES + 1):  # more probes than make a host unreachable
+        assert watch.check() is None
+    watch.close()
+
+
+def test_the_controller_is_read_from_slurm_conf(tmp_path):
+    from wagma_bench.runtime.partition import SLURMCTLD_PORT, slurm_controller
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nSlurmctldHost=ctl(10.1.2.3)\nSlurmctldPort=7001\n")
+    assert slurm_controller({"SLURM_JOB_ID": "1", "SLURM_CONF": str(conf)}) == ("10.1.2.3", 7001)
+    conf.write_text("SlurmctldHost=ctl\n")
+    assert slurm_controller({"SLURM_JOB_ID": "1", "SLURM_CONF": str(conf)}) == ("ctl", SLURMCTLD_PORT)
+    assert slurm_controller({"SLURM_CONF": str(conf)}) is None  # not in a SLURM job

@@ -18,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from wagma_bench.record.events import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
 from wagma_bench.runtime import startup
 from wagma_bench.runtime.hosts import check_reachable, choose_gloo_interface, node_address
+from wagma_bench.runtime.partition import PartitionWatch, ReachListener, slurm_controller
 from wagma_bench.runtime.supervise import (
     HEARTBEATS,
     LAUNCHER_DIR_ENV,
@@ -358,22 +360,25 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
     startup.mark("imported")
     cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
+    watch = None
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
-        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S)
+        listener = ReachListener(master[0] if master else os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S, (listener.addr, listener.port))
     ranks_dir = os.environ.get(RANK_DIR_ENV)
     if ranks_dir:  # for the launcher's message when this rank ends the job
         with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it
             f.write(str(os.getpid()))
     comm = make_comm(cfg, world, master, run_dir)
     startup.mark("world")
+    if world.source != "local":
+        watch = PartitionWatch(Path(run_dir) / HEARTBEATS, world.rank, world.world_size,
+                               partial(record_lost, Path(run_dir)), slurm_controller())
     try:
         return program(cfg, comm, Path(run_dir), world.local_rank)
     except RanksLost as err:
         survivors = sorted(set(range(world.world_size)) - set(err.ranks))
         if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
-            record_failed_run(Path(run_dir), str(err))
-            # nor release its run directory's lock, which a rerun on another host could not tell stale
-            (Path(run_dir) / LOCK).unlink(missing_ok=True)
+            record_lost(Path(run_dir), str(err))
         raise
     except BaseException as err:
         if ranks_dir:
@@ -388,7 +393,16 @@ def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] 
                 comm.abort(1)
         raise
     finally:
+        if watch is not None:
+            watch.close()
         comm.close()
+
+
+def record_lost(run_dir: Path, error: str) -> None:
+    """A survivor's record of a run whose rank 0 may be gone: the failure, and the run directory's lock
+    released (a rerun on another host could not tell it stale)."""
+    record_failed_run(run_dir, error)
+    (run_dir / LOCK).unlink(missing_ok=True)
 
 
 def _die_with_launcher(launcher_pid: int) -> None:

@@ -144,14 +144,16 @@ class RanksLost(RuntimeError):
         self.ranks = ranks
 
 
-def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S) -> None:
-    """Touch ``folder/rank<R>`` (which holds the rank's host name) every ``period_s`` from a daemon thread,
-    for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
+def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S,
+                    listener: tuple[str, int] | None = None) -> None:
+    """Touch ``folder/rank<R>`` (which holds the rank's host name, and the address and port of its
+    :class:`~wagma_bench.runtime.partition.ReachListener` where given) every ``period_s`` from a daemon
+    thread, for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
     directory's ``.heartbeats``: neither it nor the file is ever followed through a symbolic link
     (:class:`~wagma_bench.record.events.SymlinkRefused`)."""
     path = run_subdir(Path(folder)) / f"rank{rank}"
     with open_run_file(path, "w") as f:
-        f.write(socket.gethostname())
+        f.write(" ".join([socket.gethostname(), *map(str, listener or ())]))
 
     def beat():
         while True:
@@ -266,7 +268,7 @@ def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
     hosts = {}
     for r in range(world_size):
         try:
-            hosts[r] = (folder / f"rank{r}").read_text().strip() or "?"
+            hosts[r] = ((folder / f"rank{r}").read_text().split() or ["?"])[0]
         except OSError:
             continue
     return hosts

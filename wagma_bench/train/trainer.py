@@ -42,7 +42,7 @@ from wagma_bench.record.events import SUMMARY, StepLog
 from wagma_bench.record.loggers import event_log_for_run
 from wagma_bench.record.progress import Progress
 from wagma_bench.record.rundir import finalize as write_summary
-from wagma_bench.runtime import startup
+from wagma_bench.runtime import partition, startup
 from wagma_bench.runtime.slurm import (
     EXIT_SIGNALS,
     FORWARDED_INTERRUPT,
@@ -517,6 +517,7 @@ class Trainer:
             self.diverged, self.diverged_at = True, (state.local_step, self.loss)
         state.samples_local += n
         self.clock.tick()
+        partition.stepped()  # the network carried this step's collectives (a multi-host job's watch)
         self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
                           compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
                           delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
