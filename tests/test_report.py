@@ -31,14 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, float]], *, target=0.9,
               world=4, workload="resnet", imbalance="none", samples_per_step=128, crashed=False,
-              step_ranks: dict[int, float] | None = None) -> Path:
-    """A run directory as the trainer writes it; ``curve``: (step, train_s, metric) per evaluation."""
+              step_ranks: dict[int, float] | None = None, settings: dict | None = None) -> Path:
+    """A run directory as the trainer writes it; ``curve``: (step, train_s, metric) per evaluation;
+    ``settings``: the optimizer section of its config (beside its name)."""
     d.mkdir(parents=True)
     t0 = 1.7e12
     events = [{"key": "run_start", "value": None, "time_ms": t0, "metadata": {
         "workload": workload, "data": "mnist5k", "optimizer": optimizer, "imbalance": imbalance,
         "world_size": world, "seed": seed, "metric": "top1", "target": target, "eval_model": "local",
-        "global_batch_size": samples_per_step, "train_samples": 4500, "config": {"seed": seed},
+        "global_batch_size": samples_per_step, "train_samples": 4500,
+        "config": {"seed": seed, "optimizer": {"name": optimizer, **(settings or {})}},
         "hosts": ["a"], "versions": {"torch": "x"}, "git_sha": "abc", "config_hash": "h"}}]
     for step, train_s, value in curve:
         events.append({"key": "eval_accuracy", "value": value, "time_ms": t0 + 1000 * train_s, "metadata": {
@@ -366,3 +368,17 @@ def test_bleu_under_two_sacrebleu_signatures_is_flagged():
     assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
     assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
     assert report.signature_lines([report.RunRecord(Path("c"), {}, [], {})]) == []
+
+
+def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tmp_path):
+    """Local SGD with period 4, and with period 2 and Nesterov's outer step: two configurations, two rows named
+    by the settings that differ; two seeds of one configuration stay one row of two seeds. (Before, all three
+    were one `local_sgd` row of three "seeds".)"""
+    plain, outer = {"period": 4, "outer": "none"}, {"period": 2, "outer": "nesterov"}
+    write_run(tmp_path / "a", "local_sgd", 1, reach_at(10.0), settings=plain)
+    write_run(tmp_path / "b", "local_sgd", 2, reach_at(12.0), settings=plain)
+    write_run(tmp_path / "c", "local_sgd", 1, reach_at(8.0), settings=outer)
+    write_run(tmp_path / "d", "wagma", 1, reach_at(9.0), settings={"tau": 10})
+    _, (group,), _ = report.make_report([tmp_path], tmp_path / "out")
+    rows = {r["optimizer"]: r["seeds"] for r in group.comparison}
+    assert rows == {"local_sgd (outer=none, period=4)": 2, "local_sgd (outer=nesterov, period=2)": 1, "wagma": 1}

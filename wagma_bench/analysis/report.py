@@ -61,10 +61,18 @@ class RunRecord:
     signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
     running: bool = False           # its lock names a live process: shown, but left out of comparisons
     warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
+    optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
+    variant: str = ""               # what sets it apart from other runs of its optimizer (name_variants)
 
     @property
     def partial(self) -> bool:
         return bool(self.problems)
+
+    @property
+    def optimizer(self) -> str | None:
+        """The optimizer as the tables name it: its name, and its settings where runs of it differ."""
+        name = self.meta.get("optimizer")
+        return f"{name} ({self.variant})" if self.variant else name
 
     @property
     def group_key(self) -> tuple:
@@ -74,7 +82,7 @@ class RunRecord:
     @property
     def series_key(self) -> tuple:
         m = self.meta
-        return (m.get("optimizer"), m.get("world_size"), m.get("imbalance"))
+        return (self.optimizer, m.get("world_size"), m.get("imbalance"))
 
 
 def find_runs(paths: Iterable[Path]) -> list[Path]:
@@ -118,7 +126,22 @@ def load_run(path: Path) -> RunRecord:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
     meta = record.start.settings if record.start else {}
     evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
-    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings)
+    settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
+    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,
+                     {k: v for k, v in settings.items() if k != "name"})
+
+
+def name_variants(runs: Sequence[RunRecord]) -> None:
+    """Set each run's ``variant``: the optimizer settings in which runs of the same optimizer differ (``period=2,
+    outer=nesterov``), so that different configurations are different series, never folded as seeds."""
+    by_optimizer: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_optimizer.setdefault(run.meta.get("optimizer"), []).append(run)
+    for mine in by_optimizer.values():
+        keys = sorted({k for r in mine for k in r.optimizer_settings})
+        differ = [k for k in keys if len({repr(r.optimizer_settings.get(k)) for r in mine}) > 1]
+        for r in mine:
+            r.variant = ", ".join(f"{k}={r.optimizer_settings.get(k)}" for k in differ)
 
 
 def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
@@ -213,7 +236,7 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
     rows = []
     for r in sorted(runs, key=lambda r: (tuple(str(x) for x in r.series_key), str(r.meta.get("seed")))):
         s = r.summary
-        rows.append({"run": _rel(r.path, root), "optimizer": r.meta.get("optimizer"),
+        rows.append({"run": _rel(r.path, root), "optimizer": r.optimizer,
                      "world_size": r.meta.get("world_size"), "imbalance": r.meta.get("imbalance"),
                      "seed": r.meta.get("seed"), "status": s.get("status"), "reached": s.get("reached"),
                      "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("steps"),
@@ -499,6 +522,7 @@ def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupRepor
     if not run_dirs and tuned is None:
         raise FileNotFoundError(f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})")
     runs = [load_run(d) for d in run_dirs]
+    name_variants(runs)
     for warning in (w for r in runs for w in r.warnings):
         print(f"wagma-bench report: warning: {warning}", file=sys.stderr, flush=True)
     root = _common_root(run_dirs)
