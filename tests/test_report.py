@@ -382,3 +382,39 @@ def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tm
     _, (group,), _ = report.make_report([tmp_path], tmp_path / "out")
     rows = {r["optimizer"]: r["seeds"] for r in group.comparison}
     assert rows == {"local_sgd (outer=none, period=4)": 2, "local_sgd (outer=nesterov, period=2)": 1, "wagma": 1}
+
+
+def _tuned_dir(d: Path, optimizer: str, fixed: dict, tuned: list[dict], times: list[float]) -> Path:
+    """A tuning directory of one combination, one study: each trial's run_start (its optimizer section: the
+    fixed settings and its own tuned ones) and summary."""
+    trials = []
+    for i, (point, t) in enumerate(zip(tuned, times, strict=True), 1):
+        name = f"{optimizer}_study1_trial{i}"
+        trials.append({"name": name, "combo": optimizer, "study": 1, "trial": i, "seed": i, "params": point,
+                       "overrides": [], "gpus": 0})
+        run = d / "trials" / name
+        run.mkdir(parents=True)
+        config = {"optimizer": {"name": optimizer, **fixed, **point}}
+        (run / "events.jsonl").write_text(json.dumps({"key": "run_start", "value": None, "time_ms": 1.7e12,
+                                                      "metadata": {"optimizer": optimizer, "config": config}}) + "\n")
+        (run / "summary.json").write_text(json.dumps({
+            "status": "completed", "optimizer": optimizer, "workload": "resnet", "data": "mnist5k", "world_size": 4,
+            "imbalance": "paper", "reached": True, "time_to_target_s": t}))
+    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 1, "trials_per_study": len(tuned), "seed": 1,
+                                             "trials": trials}))
+    return d
+
+
+def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_rows(tmp_path):
+    """Plain local SGD and streaming DiLoCo (local SGD with Nesterov's outer step and fragments) tuned over the
+    same period range: two rows named by their fixed settings, each in the performance profile; the tuned
+    setting (period) names neither. (Before, both were `local_sgd` and the profile kept one.)"""
+    periods = [{"period": 4}, {"period": 8}]
+    plain = _tuned_dir(tmp_path / "plain", "local_sgd", {"outer": "none", "fragments": 1}, periods, [20.0, 30.0])
+    streaming = _tuned_dir(tmp_path / "streaming", "local_sgd", {"outer": "nesterov", "fragments": 2}, periods,
+                           [25.0, 15.0])
+    section = report.tuned_section([plain, streaming], tmp_path / "out")
+    names = {r["optimizer"]: r["score_s"] for r in section.rows}
+    assert names == {"local_sgd (fragments=1, outer=none)": 20.0, "local_sgd (fragments=2, outer=nesterov)": 15.0}
+    profile, problems = report.performance_profile(section.rows)
+    assert set(profile) == set(names) and problems == 1

@@ -344,6 +344,26 @@ def test_space_overrides_change_the_tuned_range_and_are_checked_like_the_file(tm
     assert all("optimizer.tau" not in t.params for t in trials if t.combo == "allreduce")  # only where it is
 
 
+# streaming DiLoCo's tuning (docs/outer-optimizers.md): H, the outer rate and momentum; F = 2, tau = 1 fixed
+STREAMING = ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2", "optimizer.fragment_delay=1",
+             "space.optimizer.period={choices: [4, 8, 16]}", "space.optimizer.outer_lr={low: 0.1, high: 1.0, scale: log}",
+             "space.optimizer.outer_momentum={low: 0.0, high: 0.95}"]
+
+
+def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_valid(tmp_path):
+    """Every drawn H keeps torchft's rules with F = 2 and tau = 1 (F divides H, tau < H / F): each trial's config
+    is composed and checked, and carries the outer step and fragments it was given."""
+    args = tune.parse_args(["workload=transformer", *STREAMING, "tune.trials=3", "tune.studies=3",
+                            "--out", str(tmp_path)])
+    _, trials, raws = tune.make_plan(args)
+    assert len(trials) == 9 and {t.params["optimizer.period"] for t in trials} <= {4, 8, 16}
+    assert all(0.1 <= t.params["optimizer.outer_lr"] <= 1.0 and 0 <= t.params["optimizer.outer_momentum"] <= 0.95
+               for t in trials)
+    for raw in raws.values():
+        opt = raw["optimizer"]
+        assert (opt["outer"], opt["fragments"], opt["fragment_delay"]) == ("nesterov", 2, 1)
+
+
 @pytest.mark.parametrize("override,message", [
     ("space.lr_multiplier.low=8", "lr_multiplier low=8 high=4.0 is an empty range"),
     ("space.optimizer.tau.high=0", "optimizer.tau low=2 high=0 is an empty range"),

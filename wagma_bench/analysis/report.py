@@ -132,16 +132,22 @@ def load_run(path: Path) -> RunRecord:
 
 
 def name_variants(runs: Sequence[RunRecord]) -> None:
-    """Set each run's ``variant``: the optimizer settings in which runs of the same optimizer differ (``period=2,
-    outer=nesterov``), so that different configurations are different series, never folded as seeds."""
-    by_optimizer: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        by_optimizer.setdefault(run.meta.get("optimizer"), []).append(run)
-    for mine in by_optimizer.values():
-        keys = sorted({k for r in mine for k in r.optimizer_settings})
-        differ = [k for k in keys if len({repr(r.optimizer_settings.get(k)) for r in mine}) > 1]
-        for r in mine:
-            r.variant = ", ".join(f"{k}={r.optimizer_settings.get(k)}" for k in differ)
+    """Set each run's ``variant`` (:func:`variant_labels`), so that different configurations of one optimizer
+    are different series, never folded together as seeds."""
+    for run, label in zip(runs, variant_labels([(r.meta.get("optimizer"), r.optimizer_settings) for r in runs]),
+                          strict=True):
+        run.variant = label
+
+
+def variant_labels(items: Sequence[tuple[str | None, dict]]) -> list[str]:
+    """Per (optimizer, its settings): the settings in which it differs from the other items of the same
+    optimizer (``outer=nesterov, period=2``); empty where they all agree."""
+    by_optimizer: dict[str | None, list[dict]] = {}
+    for name, settings in items:
+        by_optimizer.setdefault(name, []).append(settings)
+    differ = {name: [k for k in sorted({k for s in group for k in s}) if len({repr(s.get(k)) for s in group}) > 1]
+              for name, group in by_optimizer.items()}
+    return [", ".join(f"{k}={settings.get(k)}" for k in differ[name]) for name, settings in items]
 
 
 def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
@@ -564,10 +570,13 @@ def tuned_rows(results: Sequence[dict]) -> list[dict]:
     """The tuned table: per combination its score, per-study bests, winner and speed-up against tuned
     allreduce (score over score) at the same workload, data, world size and imbalance."""
     rows = []
-    for e in results:
+    # two tunings of one optimizer under other fixed settings (plain local SGD, streaming DiLoCo) are two rows
+    variants = variant_labels([(e.get("optimizer"), e.get("optimizer_settings") or {}) for e in results])
+    for e, variant in zip(results, variants, strict=True):
         bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
         win = e.get("winner") or {}
-        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": e.get("optimizer"),
+        name = f"{e.get('optimizer')} ({variant})" if variant else e.get("optimizer")
+        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": name,
                      "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
                      "target": e.get("target"), "score_s": e.get("score_s"), "study_bests": bests,
                      "reached": f"{e['reached']}/{e['trials']}", "unfinished": e.get("unfinished"),

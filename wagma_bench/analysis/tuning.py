@@ -120,6 +120,7 @@ def score(tune_dir: Path) -> dict:
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}
         entries.append({"combo": combo, **_key_of(summaries.values()),
+                        "optimizer_settings": _fixed_settings(Path(tune_dir), mine),
                         **score_combo(mine, summaries, plan.get("max_runtime_s")),
                         "compute_imbalance": _median_of(summaries.values(), "compute_imbalance")})
     return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
@@ -132,6 +133,19 @@ def _key_of(summaries) -> dict:
     s = next((s for s in summaries if s), {})
     return {k: s.get(k) for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric",
                                   "target")}
+
+
+def _fixed_settings(tune_dir: Path, trials: list[Trial]) -> dict:
+    """The optimizer settings every started trial of a combination shares (the tuned ones differ between
+    trials): what sets this tuning apart from another of the same optimizer."""
+    sections = []
+    for t in trials:
+        start = RunEvents.read(tune_dir / TRIALS / t.name).start
+        if start is not None:
+            sections.append(start.config.get("optimizer") or {})
+    if not sections:
+        return {}
+    return {k: v for k, v in sections[0].items() if k != "name" and all(s.get(k) == v for s in sections[1:])}
 
 
 def _median_of(summaries, key: str) -> float | None:
