@@ -418,3 +418,12 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
     assert names == {"local_sgd (fragments=1, outer=none)": 20.0, "local_sgd (fragments=2, outer=nesterov)": 15.0}
     profile, problems = report.performance_profile(section.rows)
     assert set(profile) == set(names) and problems == 1
+
+
+def test_a_setting_some_runs_predate_does_not_name_a_variant():
+    """A run logged before `fragments` existed ran at its default, which its record does not say: only the
+    settings every run has tell the variants apart."""
+    labels = report.variant_labels([("local_sgd", {"outer": "none", "period": 4}),
+                                    ("local_sgd", {"outer": "nesterov", "period": 4, "fragments": 2}),
+                                    ("wagma", {"tau": 3})])
+    assert labels == ["outer=none", "outer=nesterov", ""]

@@ -141,11 +141,13 @@ def name_variants(runs: Sequence[RunRecord]) -> None:
 
 def variant_labels(items: Sequence[tuple[str | None, dict]]) -> list[str]:
     """Per (optimizer, its settings): the settings in which it differs from the other items of the same
-    optimizer (``outer=nesterov, period=2``); empty where they all agree."""
+    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count: a
+    run logged before a setting existed ran at what is now its default, which its record does not say."""
     by_optimizer: dict[str | None, list[dict]] = {}
     for name, settings in items:
         by_optimizer.setdefault(name, []).append(settings)
-    differ = {name: [k for k in sorted({k for s in group for k in s}) if len({repr(s.get(k)) for s in group}) > 1]
+    differ = {name: [k for k in sorted(set.intersection(*(set(s) for s in group)))
+                     if len({repr(s[k]) for s in group}) > 1]
               for name, group in by_optimizer.items()}
     return [", ".join(f"{k}={settings.get(k)}" for k in differ[name]) for name, settings in items]
 
