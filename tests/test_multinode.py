@@ -180,6 +180,15 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
     raise AssertionError("no checkpoint in time")
 
 
+def _start_two_host_run(run_dir: Path, timeout_s: float, max_steps: int) -> tuple[list[str], subprocess.Popen]:
+    """Allreduce-SGD under `srun -N 2 --ntasks-per-node 2`, checkpointing every half second: its command (for a
+    rerun) and its process, output and errors merged."""
+    cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
+           *run_cmd("optimizer=allreduce", f"train.max_steps={max_steps}", "checkpoint.every_s=0.5",
+                    f"eval.every_steps={10 * max_steps}", f"comm.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}")]
+    return cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _node_back(cluster: dict, node: str) -> None:
     """Start the host's slurmd again and wait until SLURM has it back."""
     env = {**os.environ, **cluster}
@@ -209,10 +218,7 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     by the lowest surviving rank where rank 0's host is the lost one). The rerun resumes from the last
     complete checkpoint."""
     timeout_s = 60
-    cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
-           *run_cmd("optimizer=allreduce", "train.max_steps=60", "checkpoint.every_s=0.5", "eval.every_steps=1000",
-                    f"comm.timeout_s={timeout_s}", f"hydra.run.dir={tmp_path}")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd, proc = _start_two_host_run(tmp_path, timeout_s, max_steps=60)
     try:
         _wait_for_checkpoint(tmp_path, proc)
         subprocess.run([str(local_cluster_script()), "kill-node", lost], env={**os.environ, **cluster}, check=True)
@@ -257,10 +263,7 @@ def test_a_host_cut_off_by_the_network_is_named_and_recorded_before_srun_returns
     the partition watch: SLURM killed the healthy side after ~30 s with nothing recorded, and the cut-off side
     later named the healthy host."""
     timeout_s = 120
-    cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
-           *run_cmd("optimizer=allreduce", "train.max_steps=100000", "checkpoint.every_s=0.5", "eval.every_steps=100000",
-                    f"comm.timeout_s={timeout_s}", f"hydra.run.dir={tmp_path}")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _, proc = _start_two_host_run(tmp_path, timeout_s, max_steps=100000)
     try:
         _wait_for_checkpoint(tmp_path, proc)
         _link(cluster, cut, "down")
