@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wagma_bench.runtime.hosts import route_interface
+from wagma_bench.runtime.supervise import ranks_named
 
 STALL_S = 5.0  # no step for this long: probe the other hosts (a healthy but slow step only costs probes)
 PROBE_TIMEOUT_S = 2.0  # a host on the same network answers a TCP connection in milliseconds
@@ -174,16 +175,16 @@ class PartitionWatch:
         controller = None if self.controller is None else reachable(*self.controller)
         stalled = time.monotonic() - _last_step
         if decide(hosts, unreachable, controller):
-            lost = "; ".join(f"host {h} lost: rank{'s' if len(hosts[h]) > 1 else ''} {', '.join(map(str, hosts[h]))}"
-                             for h in sorted(unreachable))
+            lost = "; ".join(f"host {h} lost: {ranks_named(hosts[h])}" for h in sorted(unreachable))
             error = (f"{lost} (unreachable from host {self.host} for {stalled:.0f} s without a step: its "
                      "network link or the host is down)")
-            connected = sorted(r for h, ranks in hosts.items() if h not in unreachable for r in ranks)
-            if connected and self.rank == connected[0]:
+            # the lowest rank of this side records (this rank's own host is on it)
+            recorder = min(r for h, ranks in hosts.items() if h not in unreachable for r in ranks)
+            if self.rank == recorder:
                 self.record(error)
-            message = f"rank {self.rank} on {self.host}: {error}"
-            if self.rank != connected[0]:
+            else:
                 time.sleep(RECORD_S)  # under --kill-on-bad-exit, SLURM would kill the recorder when we exit
+            message = f"rank {self.rank} on {self.host}: {error}"
         else:
             where = "the SLURM controller" if controller is not None else "the other hosts"
             message = (f"rank {self.rank} on {self.host}: this host is cut off (it reaches neither "

@@ -247,10 +247,15 @@ def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) ->
         mine = sorted(r for r in stale if hosts.get(r, "?") == host)
         whole = mine == sorted(r for r, h in hosts.items() if h == host)
         what = f"host {host} lost" if whole else f"rank(s) on host {host} lost"
-        parts.append(f"{what}: rank{'s' if len(mine) > 1 else ''} {', '.join(map(str, mine))} "
+        parts.append(f"{what}: {ranks_named(mine)} "
                      f"(no heartbeat for {max(stale[r] for r in mine):.0f} s)")
     return RanksLost(f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
                      sorted(stale))
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """``rank 2`` or ``ranks 2, 3``: how a lost host's ranks are named (here and by the partition watch)."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _stale_shared(folder: Path, rank: int, world_size: int) -> dict[int, float]:
