@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -333,3 +334,18 @@ def test_default_reaches_bleu_target(optimizer, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["reached"], summary
     assert summary["best_metric"] >= summary["target"]
+
+
+def test_importing_fairseq_leaves_no_temporary_folder_behind_a_rank_that_skips_finalization(tmp_path):
+    """fairseq imports wandb, which makes two temporary folders that only the interpreter's finalization
+    removes; a rank ends with os._exit (launch._exit_now). Before: every rank of every Transformer run left
+    `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp folder. wandb still imports afterwards (logger=wandb)."""
+    code = ("import os, sys\nfrom wagma_bench.workloads.mt_data import import_fairseq\nimport_fairseq()\n"
+            "from fairseq.logging import progress_bar\nassert progress_bar.wandb is None\n"
+            "assert 'wandb' not in sys.modules\nos._exit(0)\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(scratch)},
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in scratch.iterdir()) == []

@@ -36,6 +36,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -234,15 +235,28 @@ def import_fairseq() -> None:
     ``import fairseq`` and ``fairseq_cli.preprocess`` call ``logging.basicConfig`` (a root handler at INFO
     on stdout, in every rank) and torch warns about ``torch.jit.script``; fairseq's own loggers are set
     to WARNING (it logs every dataset load at INFO) and the root logger is restored.
+
+    fairseq's progress bar imports wandb where it is installed (for its own W&B option, which we never use:
+    our logger is ``logger=wandb``), and wandb makes two temporary folders at import that only the
+    interpreter's finalization removes; a rank ends without it (``launch._exit_now``), so every rank of every
+    Transformer run left ``/tmp/tmp*wandb-media`` and ``tmp*wandb-artifacts`` behind. wandb is hidden from that
+    import (fairseq takes it as not installed) unless it is imported already.
     """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     for name in ("fairseq", "fairseq_cli"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        for module in ("fairseq.options", "fairseq.sequence_generator", "fairseq.tasks", "fairseq_cli.preprocess"):
-            importlib.import_module(module)
+    hide_wandb = "wandb" not in sys.modules
+    if hide_wandb:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            for module in ("fairseq.options", "fairseq.sequence_generator", "fairseq.tasks", "fairseq_cli.preprocess"):
+                importlib.import_module(module)
+    finally:
+        if hide_wandb:
+            sys.modules.pop("wandb", None)
     root.handlers[:] = handlers
     root.setLevel(level)
 
