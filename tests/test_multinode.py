@@ -421,6 +421,7 @@ def _watch_verdict(tmp_path, monkeypatch, silent: int, rank: int, controller) ->
 
     monkeypatch.setattr(partition, "STALL_S", 0.0)
     monkeypatch.setattr(partition, "PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(partition, "PROBE_EVERY_S", 0.1)  # the verdict after PROBES probes, not PROBES seconds
     listener = partition.ReachListener("127.0.0.1")
     _publish(tmp_path, {socket.gethostname(): ([0, 1], listener.addr, listener.port), "far": ([2, 3], "127.0.0.1", silent)})
     recorded, exits = [], []

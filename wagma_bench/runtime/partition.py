@@ -38,6 +38,7 @@ from wagma_bench.runtime.supervise import ranks_named
 STALL_S = 5.0  # no step for this long: probe the other hosts (a healthy but slow step only costs probes)
 PROBE_TIMEOUT_S = 2.0  # a host on the same network answers a TCP connection in milliseconds
 PROBES = 2  # failed probes in a row that make a host unreachable
+PROBE_EVERY_S = 1.0  # period of the watch: a stall is seen, and a stalled world probed, this often
 SLURMCTLD_PORT = 6817  # SLURM's default
 RECORD_S = 3.0  # the other connected ranks exit this much later than the one that records
 
@@ -144,7 +145,7 @@ class PartitionWatch:
         self._stop.set()
 
     def _watch(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(PROBE_EVERY_S):
             if time.monotonic() - _last_step < STALL_S:
                 self._failures.clear()
                 continue
