@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,6 +64,23 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8, nodes: int = 1) 
     finally:
         subprocess.run([str(local_cluster_script()), "stop"], env=env, check=False, capture_output=True, timeout=300)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def local_clusters(extra_confs: dict[str, str]) -> Iterator[dict[str, dict[str, str]]]:
+    """Several one-host clusters at once (name -> ``extra_conf``, see :func:`local_cluster`), started and stopped
+    in parallel: a start or stop is mostly waiting for daemons (16-18% of the CPU), three in turn took 18 s.
+    Yields each one's environment by name; every one that started is stopped, whatever happens."""
+    managers = {name: local_cluster(extra_conf=conf) for name, conf in extra_confs.items()}
+    with ThreadPoolExecutor(max_workers=len(managers), thread_name_prefix="cluster") as pool:
+        started = {name: pool.submit(cm.__enter__) for name, cm in managers.items()}
+        try:
+            yield {name: future.result() for name, future in started.items()}
+        finally:  # one that failed to start was stopped by its own context manager
+            stops = [pool.submit(managers[name].__exit__, None, None, None)
+                     for name, future in started.items() if future.exception() is None]
+            for stop in stops:
+                stop.result()
 
 
 def on_host(cluster: dict[str, str], node: str, cmd: list[str]) -> list[str]:

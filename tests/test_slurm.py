@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import local_cluster, standin_partition
+from tests.slurm_cluster import local_cluster, local_clusters, standin_partition
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
@@ -140,20 +140,34 @@ def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsy
 
 # --- SLURM itself checks every rendered script ------------------------------------------------------------
 
-def _test_only(scripts: list[Path]) -> list[str]:
+def _test_only(scripts: list[Path], slurm_conf: str | None = None) -> list[str]:
+    """SLURM's errors for each script that ``sbatch --test-only`` refuses (against ``slurm_conf``, else
+    SLURM_CONF as set)."""
+    env = {**os.environ, "SLURM_CONF": slurm_conf} if slurm_conf else None
     errors = []
     for script in scripts:
-        out = subprocess.run(["sbatch", "--test-only", str(script)], check=False, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["sbatch", "--test-only", str(script)], check=False, capture_output=True, text=True,
+                             timeout=60, env=env)
         if out.returncode != 0 or "to start at" not in out.stderr:
             errors.append(f"{script.name}: {out.stderr.strip()}")
     return errors
 
 
-@pytest.mark.parametrize("cluster", ["daint", "generic4", "generic8"])
-def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster):
-    profile = load_profile(cluster)
+STANDIN_CLUSTERS = ["daint", "generic4", "generic8"]
+
+
+@pytest.fixture(scope="module")
+def standins():
+    """A stand-in controller per cluster profile (profiles may share a partition name), all started together."""
     import dataclasses
 
+    confs = {c: standin_partition(dataclasses.asdict(load_profile(c))) for c in STANDIN_CLUSTERS}
+    with local_clusters(confs) as envs:
+        yield envs
+
+
+@pytest.mark.parametrize("cluster", STANDIN_CLUSTERS)
+def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster, standins):
     scripts = []
     # the default (one job array per GPU count, every optimizer and seed) and one job per run; the latter
     # differ between runs only in the run they select, so one optimizer covers their resource lines
@@ -163,17 +177,10 @@ def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster):
                                name=f"array{array}")
         scripts += [out / j["script"] for j in manifest["jobs"]]
     too_big, _ = render(tmp_path, [f"cluster={cluster}", f"gpus={2 * 1024}", "optimizer=allreduce"], name="big")
-    with local_cluster(extra_conf=standin_partition(dataclasses.asdict(profile))) as env:
-        old = os.environ.get("SLURM_CONF")
-        os.environ["SLURM_CONF"] = env["SLURM_CONF"]
-        try:
-            assert _test_only(scripts) == []
-            # the check is real: twice the partition's GPUs is refused
-            assert len(_test_only(list((too_big / "jobs").glob("*.sbatch")))) == 1
-        finally:
-            os.environ["SLURM_CONF"] = old or ""
-            if old is None:
-                os.environ.pop("SLURM_CONF")
+    conf = standins[cluster]["SLURM_CONF"]
+    assert _test_only(scripts, conf) == []
+    # the check is real: twice the partition's GPUs is refused
+    assert len(_test_only(list((too_big / "jobs").glob("*.sbatch")), conf)) == 1
     print(f"{cluster}: sbatch --test-only accepted {len(scripts)} scripts")
 
 
