@@ -93,7 +93,7 @@ AuthType=auth/munge
 CredType=cred/munge
 # cred_expire is also how long a requeued job waits before it may start again (default 120 s); 10 s still
 # covers a step launch on a loaded machine (slurmd checks the credential when the launch arrives, moments
-# after srun got it). 20 s before: a requeue resumed 27.7 s after its suspension, now 15.6 s
+# after srun got it)
 AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
