@@ -164,6 +164,55 @@ def test_performance_profile_by_hand():
     assert profiles["wagma"][1] == [0.5, 0.5, 1.0, 1.0]  # best on b, 2x on a
 
 
+def _budget_trials(metrics: list[list[float | None]]) -> tuple[list[tuning.Trial], dict]:
+    """Trials of a fixed budget (eval.target=null): a metric None: the trial failed before ending."""
+    trials, summaries = [], {}
+    for s, row in enumerate(metrics, 1):
+        for o, m in enumerate(row, 1):
+            name = f"c_study{s}_trial{o}"
+            trials.append(tuning.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
+            summaries[name] = {"status": "completed" if m is not None else "failed", "target": None,
+                               "target_metric": "success", "reached": False, "time_to_target_s": None,
+                               "best_metric": m if m is not None else 0.9}  # a failed trial's metric never counts
+    return trials, summaries
+
+
+def test_with_no_target_the_score_is_the_median_of_the_per_study_best_metrics():
+    """A fixed-budget tuning (eval.target=null) is scored by the best metric, higher being better: before, every
+    trial counted as missing the target, and the score was infinite."""
+    trials, summaries = _budget_trials([[0.50, 0.70], [0.40, None], [0.80, 0.60]])
+    e = tuning.score_combo(trials, summaries, None)
+    assert e["scored_by"] == "best_metric" and "score_s" not in e
+    assert [s["best_metric"] for s in e["studies"]] == [0.70, 0.40, 0.80]
+    assert [s["trial"] for s in e["studies"]] == ["c_study1_trial2", "c_study2_trial1", "c_study3_trial1"]
+    assert e["score_metric"] == 0.70  # median(0.70, 0.40, 0.80)
+    assert e["reached"] is None and e["winner"]["trial"] == "c_study3_trial1" and e["winner"]["metric"] == 0.80
+    # score() adds the workload's metric to the entry (from the trials' summaries)
+    assert tuning.format_score({**e, "target_metric": "success"}) == ("0.7 success", "0.7, 0.4, 0.8")
+    trials, summaries = _budget_trials([[None], [None], [0.3]])  # two studies without a metric: none
+    e = tuning.score_combo(trials, summaries, None)
+    assert e["score_metric"] is None and tuning.format_score(e)[0] == "none"
+    assert tuning.outcome(summaries["c_study3_trial1"], None) == ("completed, best success 0.3 (no target: scored "
+                                                                   "by the best metric)")
+    assert tuning.scored_by([{"target": 0.97}, None]) == tuning.scored_by([None]) == "time_to_target"
+
+
+def test_a_budget_tuning_is_compared_with_tuned_allreduce_metric_over_metric():
+    from wagma_bench.analysis.report import performance_profile, tuned_rows
+
+    def entry(optimizer, metric):
+        return {"combo": optimizer, "optimizer": optimizer, "workload": "ddppo", "data": "d", "world_size": 4,
+                "imbalance": "none", "target_metric": "success", "scored_by": "best_metric", "score_metric": metric,
+                "studies": [{"best_metric": metric}], "reached": None, "trials": 1, "winner": None}
+
+    rows = tuned_rows([entry("allreduce", 0.80), entry("wagma", 0.60)])
+    ratios = {r["optimizer"]: r["vs_tuned_allreduce"] for r in rows}
+    assert ratios == {"allreduce": 1.0, "wagma": pytest.approx(0.75)}  # the row's metric over allreduce's
+    assert [r["score"] for r in rows] == ["0.8 success", "0.6 success"] and rows[1]["reached"] == "no target"
+    profiles, _ = performance_profile(rows, taus=[1.0, 1.3, 1.4])
+    assert profiles["wagma"][1] == [0.0, 0.0, 1.0]  # within a factor 4/3 of the best metric
+
+
 def test_the_plan_partitions_points_into_studies_and_is_reproducible():
     args = tune.parse_args(["optimizer=allreduce,wagma", "launcher.nproc=2", "tune.trials=3", "tune.studies=2",
                             "tune.seed=5", "--out", "/nonexistent"])
@@ -250,7 +299,7 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
 
     assert report_main([str(out), "--out", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
-    assert "## Tuned comparisons" in text and "speed-up vs tuned allreduce" in text
+    assert "## Tuned comparisons" in text and "against tuned allreduce" in text
     assert (tmp_path / "rep" / "tuned_performance_profile.png").stat().st_size > 0
     from wagma_bench.cli.simulate import samples_to_target
 

@@ -569,26 +569,40 @@ class TunedSection:
 
 
 def tuned_rows(results: Sequence[dict]) -> list[dict]:
-    """The tuned table: per combination its score, per-study bests, winner and speed-up against tuned
-    allreduce (score over score) at the same workload, data, world size and imbalance."""
+    """The tuned table: per combination its score, per-study bests, winner and its ratio to tuned allreduce at
+    the same workload, data, world size and imbalance (time: allreduce's score over the row's; with no target,
+    the row's best metric over allreduce's: above 1 favours the row either way)."""
+    from wagma_bench.analysis.tuning import BY_METRIC, format_score
+
     rows = []
     # two tunings of one optimizer under other fixed settings (plain local SGD, streaming DiLoCo) are two rows
     variants = variant_labels([(e.get("optimizer"), e.get("optimizer_settings") or {}) for e in results])
     for e, variant in zip(results, variants, strict=True):
-        bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
+        score_text, bests = format_score(e)
         win = e.get("winner") or {}
         name = f"{e.get('optimizer')} ({variant})" if variant else e.get("optimizer")
+        by_metric = e.get("scored_by") == BY_METRIC
         rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": name,
                      "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
-                     "target": e.get("target"), "score_s": e.get("score_s"), "study_bests": bests,
-                     "reached": f"{e['reached']}/{e['trials']}", "unfinished": e.get("unfinished"),
-                     "winner": win.get("trial"),
+                     "target": e.get("target"), "scored_by": e.get("scored_by"), "score": score_text,
+                     "score_s": e.get("score_s"), "score_metric": e.get("score_metric"), "study_bests": bests,
+                     "reached": "no target" if by_metric else f"{e['reached']}/{e['trials']}",
+                     "unfinished": e.get("unfinished"), "winner": win.get("trial"),
                      "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
                      "compute_imbalance": e.get("compute_imbalance")})
-    refs = {_problem(r): r["score_s"] for r in rows if r["optimizer"] == REFERENCE}
+    refs = {_problem(r): _cost(r) for r in rows if r["optimizer"] == REFERENCE}
     for r in rows:
-        r["speedup_vs_tuned_allreduce"] = _ratio(refs.get(_problem(r)), r["score_s"])
+        ref = refs.get(_problem(r))
+        r["vs_tuned_allreduce"] = ref / _cost(r) if ref is not None and math.isfinite(ref) and _cost(r) else None
     return rows
+
+
+def _cost(row: dict) -> float:
+    """A tuned row's score as a cost, lower being better: its seconds, or the reciprocal of its best metric (so
+    that a ratio of costs is the metric's ratio upside down); inf for a missed one."""
+    if row.get("score_metric") is not None:
+        return 1.0 / row["score_metric"] if row["score_metric"] > 0 else INF
+    return INF if row.get("score_s") is None else row["score_s"]
 
 
 def _problem(row: dict) -> tuple:
@@ -598,11 +612,11 @@ def _problem(row: dict) -> tuple:
 
 def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
     """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
-    P, imbalance) where its score is at most tau x the best score of any optimizer there; a missed
-    (infinite) score never counts. Returns {optimizer: (taus, fractions)} and the number of problems."""
+    P, imbalance) where its score is at most tau x the best score of any optimizer there (a best metric: at
+    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and the number of problems."""
     scores: dict[tuple, dict[str, float]] = {}
     for r in rows:
-        scores.setdefault(_problem(r), {})[r["optimizer"]] = INF if r["score_s"] is None else r["score_s"]
+        scores.setdefault(_problem(r), {})[r["optimizer"]] = _cost(r)
     ratios: dict[str, list[float]] = {}
     for per_opt in scores.values():
         best = min(per_opt.values())
@@ -617,9 +631,9 @@ def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = Non
 
 
 TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer", "optimizer", ""),
-                 ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score_s", "score (s)", ""),
-                 ("study_bests", "per-study best (s)", ""), ("reached", "trials reached", ""),
-                 ("speedup_vs_tuned_allreduce", "speed-up vs tuned allreduce", "x"),
+                 ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score", "score", ""),
+                 ("study_bests", "per-study best", ""), ("reached", "trials reached", ""),
+                 ("vs_tuned_allreduce", "against tuned allreduce", "x"),
                  ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", "")]
 
 
@@ -645,16 +659,17 @@ TUNED_HOW_TO_READ = (
     "optimizer's one search space (conf/search_space/), S studies of O quasirandom trials; per study the "
     "fastest trial to the target (training clock); the **score** is the median over studies of those bests, "
     "a study whose trials all missed counting as infinite (∞: half the studies or more missed). The winning "
-    "settings are the fastest trial's. Speed-up: tuned allreduce's score over the row's, at the same "
-    "workload, data, P and imbalance.")
+    "settings are the fastest trial's. A tuning with no target (eval.target=null, a fixed budget) is scored "
+    "the same way by each trial's best metric, higher being better (our reading; AlgoPerf scores time only). "
+    "Against tuned allreduce: its score over the row's in seconds, the row's over its with a metric (above 1 "
+    "favours the row), at the same workload, data, P and imbalance.")
 
 
 def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str:
     """The report with the tuned section after its header, the untuned tables (if any) labelled below it."""
     head, sep, rest = text.partition("\n## ")
-    rows = [{**r, "score_s": r["score_s"] if r["score_s"] is not None else "∞ (missed)"} for r in tuned.rows]
     lines = ["## Tuned comparisons", "", TUNED_HOW_TO_READ, "", *(f"- {p}" for p in tuned.protocol), "",
-             markdown_table(rows, TUNED_COLUMNS), ""]
+             markdown_table(tuned.rows, TUNED_COLUMNS), ""]
     for name, path in tuned.figures.items():
         lines += [f"![{name}]({path.relative_to(out)})", "",
                   ("*Performance profile across workloads: per optimizer, the fraction of workloads (workload, "

@@ -1,8 +1,11 @@
 """A tuning directory read and scored by MLCommons AlgoPerf's external tuning rule: per study the fastest trial to
 the target (training clock, as ``report``), the score the median over the studies of those bests, a study whose
 trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
-``wagma-bench tune`` (:mod:`wagma_bench.runtime.tune`) plans and runs the trials; ``report``, ``claims`` and
-``simulate`` read them through this module."""
+Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are scored the
+same way by their best metric, higher being better: per study the trial with the highest best metric, the score
+the median of those (AlgoPerf scores only time to target; this reading is ours). ``wagma-bench tune``
+(:mod:`wagma_bench.runtime.tune`) plans and runs the trials; ``report``, ``claims`` and ``simulate`` read them
+through this module."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ PLAN = "tune.json"          # what is tuned: the trials and their settings (writ
 TUNING = "tuning.json"      # the scores
 TRIALS = "trials"
 INF = math.inf
+BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's trials are scored by
 
 
 @dataclass
@@ -45,11 +49,22 @@ def describe(params: dict[str, Any]) -> str:
 def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
     if summary is None:
         return "not run"
+    if scored_by([summary]) == BY_METRIC:
+        best = summary.get("best_metric")
+        return (f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
+                f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)")
     t = trial_time(summary, max_runtime_s)
     if math.isfinite(t):
         return f"target reached in {t:.1f} s"
     late = summary.get("reached") and not math.isfinite(t)
     return f"{summary.get('status')}, target {'reached after tune.max_runtime_s' if late else 'missed'}"
+
+
+def scored_by(summaries) -> str:
+    """:data:`BY_METRIC` when the trials that started ran with no target (``eval.target=null``), else
+    :data:`BY_TIME` (also when none has started)."""
+    started = [s for s in summaries if s]
+    return BY_METRIC if started and all("target" in s and s["target"] is None for s in started) else BY_TIME
 
 
 def trial_time(summary: dict | None, max_runtime_s: float | None = None) -> float:
@@ -61,6 +76,18 @@ def trial_time(summary: dict | None, max_runtime_s: float | None = None) -> floa
     return INF if max_runtime_s is not None and t > max_runtime_s else t
 
 
+def trial_cost(summary: dict | None, max_runtime_s: float | None, by: str) -> float:
+    """What a study minimises: the time to target, or the negated best metric of a trial that ended by its own
+    rules (inf for one that failed or has not ended)."""
+    if by == BY_TIME:
+        return trial_time(summary, max_runtime_s)
+    from wagma_bench.record.rundir import FINISHED
+
+    best = (summary or {}).get("best_metric")
+    ended = bool(summary) and summary.get("status") in FINISHED
+    return -float(best) if ended and best is not None and math.isfinite(best) else INF
+
+
 def median_score(bests: list[float]) -> float:
     """AlgoPerf's score of one workload: the median over studies of each study's best time; a study
     whose trials all missed is inf, so half the studies or more missing makes the score inf."""
@@ -70,27 +97,32 @@ def median_score(bests: list[float]) -> float:
 
 
 def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
-    """One combination's entry of ``tuning.json``."""
-    times = {t.name: trial_time(summaries.get(t.name), max_runtime_s) for t in trials}
+    """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with no
+    target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing to reach)."""
+    by = scored_by(summaries.get(t.name) for t in trials)
+    cost = {t.name: trial_cost(summaries.get(t.name), max_runtime_s, by) for t in trials}
+
+    def value(c: float) -> float | None:  # a cost back as the figure it stands for
+        return None if not math.isfinite(c) else c if by == BY_TIME else -c
+
+    best_key = "best_time_s" if by == BY_TIME else "best_metric"
     studies = []
     for s in sorted({t.study for t in trials}):
         mine = [t for t in trials if t.study == s]
-        best = min(mine, key=lambda t: (times[t.name], t.trial))
-        studies.append({"study": s, "best_time_s": _finite(times[best.name]),
-                        "trial": best.name if math.isfinite(times[best.name]) else None,
-                        "reached": sum(math.isfinite(times[t.name]) for t in mine), "trials": len(mine)})
-    score = median_score([INF if s["best_time_s"] is None else s["best_time_s"] for s in studies])
-    winner = min(trials, key=lambda t: (times[t.name], t.study, t.trial))
-    won = math.isfinite(times[winner.name])
-    return {"score_s": _finite(score), "studies": studies,
-            "reached": sum(math.isfinite(v) for v in times.values()), "trials": len(trials),
+        best = min(mine, key=lambda t: (cost[t.name], t.trial))
+        studies.append({"study": s, best_key: value(cost[best.name]),
+                        "trial": best.name if math.isfinite(cost[best.name]) else None,
+                        "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
+                        "trials": len(mine)})
+    score = median_score([INF if s[best_key] is None else cost[s["trial"]] for s in studies])
+    winner = min(trials, key=lambda t: (cost[t.name], t.study, t.trial))
+    won = math.isfinite(cost[winner.name])
+    return {"scored_by": by, ("score_s" if by == BY_TIME else "score_metric"): value(score), "studies": studies,
+            "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
+            "trials": len(trials),
             "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
-            "winner": {"trial": winner.name, "time_s": times[winner.name], "params": winner.params,
-                       "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+            "winner": {"trial": winner.name, ("time_s" if by == BY_TIME else "metric"): value(cost[winner.name]),
+                       "params": winner.params, "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
 
 
 def trial_finished(summary: dict | None) -> bool:
@@ -161,16 +193,29 @@ def write_scores(tune_dir: Path) -> dict:
 
 def winning_runs(tune_dir: Path) -> list[Path]:
     """The run directory of each combination's winning trial (none for a combination that never reached
-    the target): what ``simulate --convergence`` reads from a tuning directory."""
+    the target, or that had none): what ``simulate --convergence`` reads from a tuning directory."""
     result = score(tune_dir)
-    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"] if e["winner"]]
+    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"]
+            if e["winner"] and e["scored_by"] == BY_TIME]
+
+
+def format_score(entry: dict) -> tuple[str, str]:
+    """An entry's score and its per-study bests as text: seconds to the target (∞: missed), or the best metric
+    by name (none: no trial ended with one)."""
+    if entry.get("scored_by") == BY_METRIC:
+        metric = entry.get("target_metric") or "metric"
+        bests = ", ".join("none" if s["best_metric"] is None else f"{s['best_metric']:.4g}" for s in entry["studies"])
+        score = entry["score_metric"]
+        return ("none" if score is None else f"{score:.4g} {metric}"), bests
+    bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"])
+    return ("∞ (missed)" if entry["score_s"] is None else f"{entry['score_s']:.1f} s"), bests
 
 
 def format_scores(result: dict) -> str:
-    lines = [f"{'combination':32} {'score (s)':>10}  per-study best (s)            reached  winner"]
+    lines = [f"{'combination':32} {'score':>16}  per-study best                reached  winner"]
     for e in result["results"]:
-        bests = " ".join("inf" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in e["studies"])
-        score_s = "inf" if e["score_s"] is None else f"{e['score_s']:.1f}"
+        score_text, bests = format_score(e)
+        reached = "-" if e["reached"] is None else e["reached"]
         win = describe(e["winner"]["params"]) if e["winner"] else "-"
-        lines.append(f"{e['combo']:32} {score_s:>10}  {bests:29} {e['reached']:>3}/{e['trials']:<3}  {win}")
+        lines.append(f"{e['combo']:32} {score_text:>16}  {bests:29} {reached:>3}/{e['trials']:<3}  {win}")
     return "\n".join(lines)
