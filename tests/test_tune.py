@@ -101,14 +101,18 @@ def test_integer_log_dimension_reaches_both_bounds():
 
 # --- scoring (AlgoPerf), against hand-computed cases ---------------------------------------------------
 
-def _trials(times: list[list[float | None]]) -> tuple[list[tuning.Trial], dict]:
-    """Trials of S studies (rows) x O trials; a time None: the trial missed the target."""
+def _trials(values: list[list[float | None]], budget: bool = False) -> tuple[list[tuning.Trial], dict]:
+    """Trials of S studies (rows) x O trials. By time: a value None missed the target. ``budget`` (eval.target=null):
+    each value is the trial's best metric, None a trial that failed (its metric, 0.9, must never count)."""
     trials, summaries = [], {}
-    for s, row in enumerate(times, 1):
-        for o, t in enumerate(row, 1):
+    for s, row in enumerate(values, 1):
+        for o, v in enumerate(row, 1):
             name = f"c_study{s}_trial{o}"
             trials.append(tuning.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
-            summaries[name] = {"status": "completed", "reached": t is not None, "time_to_target_s": t}
+            summaries[name] = ({"status": "completed" if v is not None else "failed", "target": None,
+                                "target_metric": "success", "reached": False, "time_to_target_s": None,
+                                "best_metric": 0.9 if v is None else v} if budget else
+                               {"status": "completed", "reached": v is not None, "time_to_target_s": v})
     return trials, summaries
 
 
@@ -164,23 +168,10 @@ def test_performance_profile_by_hand():
     assert profiles["wagma"][1] == [0.5, 0.5, 1.0, 1.0]  # best on b, 2x on a
 
 
-def _budget_trials(metrics: list[list[float | None]]) -> tuple[list[tuning.Trial], dict]:
-    """Trials of a fixed budget (eval.target=null): a metric None: the trial failed before ending."""
-    trials, summaries = [], {}
-    for s, row in enumerate(metrics, 1):
-        for o, m in enumerate(row, 1):
-            name = f"c_study{s}_trial{o}"
-            trials.append(tuning.Trial(name, "c", s, o, len(trials) + 1, {"lr_multiplier": float(len(trials))}, []))
-            summaries[name] = {"status": "completed" if m is not None else "failed", "target": None,
-                               "target_metric": "success", "reached": False, "time_to_target_s": None,
-                               "best_metric": m if m is not None else 0.9}  # a failed trial's metric never counts
-    return trials, summaries
-
-
 def test_with_no_target_the_score_is_the_median_of_the_per_study_best_metrics():
     """A fixed-budget tuning (eval.target=null) is scored by the best metric, higher being better: before, every
     trial counted as missing the target, and the score was infinite."""
-    trials, summaries = _budget_trials([[0.50, 0.70], [0.40, None], [0.80, 0.60]])
+    trials, summaries = _trials([[0.50, 0.70], [0.40, None], [0.80, 0.60]], budget=True)
     e = tuning.score_combo(trials, summaries, None)
     assert e["scored_by"] == "best_metric" and "score_s" not in e
     assert [s["best_metric"] for s in e["studies"]] == [0.70, 0.40, 0.80]
@@ -189,7 +180,7 @@ def test_with_no_target_the_score_is_the_median_of_the_per_study_best_metrics():
     assert e["reached"] is None and e["winner"]["trial"] == "c_study3_trial1" and e["winner"]["metric"] == 0.80
     # score() adds the workload's metric to the entry (from the trials' summaries)
     assert tuning.format_score({**e, "target_metric": "success"}) == ("0.7 success", "0.7, 0.4, 0.8")
-    trials, summaries = _budget_trials([[None], [None], [0.3]])  # two studies without a metric: none
+    trials, summaries = _trials([[None], [None], [0.3]], budget=True)  # two studies without a metric: none
     e = tuning.score_combo(trials, summaries, None)
     assert e["score_metric"] is None and tuning.format_score(e)[0] == "none"
     assert tuning.outcome(summaries["c_study3_trial1"], None) == ("completed, best success 0.3 (no target: scored "
