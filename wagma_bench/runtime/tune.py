@@ -24,7 +24,8 @@ running the same command again skips the finished trials and resumes an interrup
 
 Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to the target
 (training clock, as ``report``), the score is the median over the studies of those bests, a study whose
-trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
+trials all missed counting as infinite (so the score is infinite when half the studies or more missed). With no
+target (``eval.target=null``, a fixed budget) the same rule runs on each trial's best metric, higher being better.
 """
 
 from __future__ import annotations
