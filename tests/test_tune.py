@@ -196,10 +196,11 @@ def test_a_budget_tuning_is_compared_with_tuned_allreduce_metric_over_metric():
                 "imbalance": "none", "target_metric": "success", "scored_by": "best_metric", "score_metric": metric,
                 "studies": [{"best_metric": metric}], "reached": None, "trials": 1, "winner": None}
 
-    rows = tuned_rows([entry("allreduce", 0.80), entry("wagma", 0.60)])
+    rows = tuned_rows([entry("allreduce", 0.80), entry("wagma", 0.60), entry("sgp", None)])
     ratios = {r["optimizer"]: r["vs_tuned_allreduce"] for r in rows}
-    assert ratios == {"allreduce": 1.0, "wagma": pytest.approx(0.75)}  # the row's metric over allreduce's
-    assert [r["score"] for r in rows] == ["0.8 success", "0.6 success"] and rows[1]["reached"] == "no target"
+    # the row's metric over allreduce's; none for a row without a score
+    assert ratios == {"allreduce": 1.0, "wagma": pytest.approx(0.75), "sgp": None}
+    assert [r["score"] for r in rows] == ["0.8 success", "0.6 success", "none"] and rows[1]["reached"] == "no target"
     profiles, _ = performance_profile(rows, taus=[1.0, 1.3, 1.4])
     assert profiles["wagma"][1] == [0.0, 0.0, 1.0]  # within a factor 4/3 of the best metric
 

@@ -592,8 +592,8 @@ def tuned_rows(results: Sequence[dict]) -> list[dict]:
                      "compute_imbalance": e.get("compute_imbalance")})
     refs = {_problem(r): _cost(r) for r in rows if r["optimizer"] == REFERENCE}
     for r in rows:
-        ref = refs.get(_problem(r))
-        r["vs_tuned_allreduce"] = ref / _cost(r) if ref is not None and math.isfinite(ref) and _cost(r) else None
+        ref, cost = refs.get(_problem(r)), _cost(r)
+        r["vs_tuned_allreduce"] = ref / cost if ref is not None and math.isfinite(ref) and math.isfinite(cost) else None
     return rows
 
 
@@ -613,7 +613,8 @@ def _problem(row: dict) -> tuple:
 def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
     """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
     P, imbalance) where its score is at most tau x the best score of any optimizer there (a best metric: at
-    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and the number of problems."""
+    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and
+    the number of problems."""
     scores: dict[tuple, dict[str, float]] = {}
     for r in rows:
         scores.setdefault(_problem(r), {})[r["optimizer"]] = _cost(r)
