@@ -210,7 +210,9 @@ def _waits_with_a_slow_group(comm, group_size, catch_up, delay_s):
 def test_a_whole_slow_group_never_makes_a_ready_rank_wait_at_a_group_round(world, group_size, catch_up):
     """Activation spreads over the whole world: when no member of a group is ready, its round still runs
     (passively), so the next stage's rounds do not wait for those members' computation. Only the
-    synchronous rounds wait. Margin: 10% of the delay (a noisy 2-core machine holds it; not a benchmark)."""
+    synchronous rounds wait. Margin: a quarter of the delay. A rank that waited for the slow group would
+    wait about the whole delay at most group rounds; 8 ranks on a 2-core machine add scheduling noise of up
+    to ~0.08 s (CI once saw 0.068 s at the 90th percentile, over the old 10% margin). Not a benchmark."""
     delay = 0.6
     results = run_world(_waits_with_a_slow_group, world, group_size, catch_up, delay, timeout_s=120)
     assert any(r["slow"] for r in results) and not all(r["slow"] for r in results)
@@ -219,7 +221,7 @@ def test_a_whole_slow_group_never_makes_a_ready_rank_wait_at_a_group_round(world
             continue
         group_waits = sorted(w for r, w in res["waits"] if r % 6)
         p90 = group_waits[int(0.9 * (len(group_waits) - 1))]
-        assert p90 < 0.1 * delay, f"rank {rank} waited {group_waits} s at group rounds (slow delay {delay} s)"
+        assert p90 < 0.25 * delay, f"rank {rank} waited {group_waits} s at group rounds (slow delay {delay} s)"
         # the synchronous rounds are where it waits for the slow group (skip: for its current step only)
         assert max(w for r, w in res["waits"] if r % 6 == 0) > 0.5 * delay
 
