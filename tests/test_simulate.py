@@ -392,6 +392,25 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
     assert "--compute-from" in capsys.readouterr().err
 
 
+def test_compute_from_pools_whole_rollout_cycles_of_a_reinforcement_learning_run(tmp_path):
+    """DD-PPO's step records: a rollout step (fresh frames) and then PPO updates on the same rollout (no
+    samples). The simulator's RL step is the whole cycle, so the spread is of cycles, not of steps (a pool of
+    steps would read the rollout/update alternation as a 20x imbalance)."""
+    from wagma_bench.cli.simulate import measured_spread
+
+    run = write_run(tmp_path)
+    rollouts = {0: [2.0, 2.0, 3.0, 2.0, 2.0, 3.0], 1: [2.0, 1.0, 2.0, 2.0, 2.0, 2.0]}
+    for rank, times in rollouts.items():
+        steps = [(t, 8) if k == 0 else (0.1, 0) for t in times for k in range(4)] + [(2.0, 8), (0.1, 0)]
+        lines = [json.dumps({"step": s, "round": s, "t": 2.5 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+                             "samples": n}) for s, (c, n) in enumerate(steps, 1)]
+        (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    # per rank: the warm-up steps (the first 4) left out, and the last, unfinished cycle; the cycles 2.3 s
+    # (7 of them), 3.3 s (2) and 1.3 s (1), over their median 2.3 s
+    shape = sorted(measured_spread([str(run)]))
+    assert shape == pytest.approx([1.3 / 2.3] + [1.0] * 7 + [3.3 / 2.3] * 2)
+
+
 def test_control_exchange_size_is_the_trainers_control_tensor():
     import dataclasses
 

@@ -315,15 +315,17 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
 def measured_spread(paths: list[str]) -> tuple[float, ...]:
     """Every run's compute times (forward and backward; injected delays are the imbalance model's) over that
     run's own median, pooled: the natural imbalance of real runs as a shape, without their machine's speed. A
-    tuning directory counts as all its trials. Drawn i.i.d. per rank and step (``compute=empirical``): a rank
-    that is slow in every step is not kept as such."""
+    tuning directory counts as all its trials. The unit is the simulator's step: one step of a supervised
+    run, a rollout with its PPO updates for DD-PPO (:func:`~wagma_bench.simulate.calibrate.cycle_compute`).
+    Drawn i.i.d. per rank and step (``compute=empirical``): a rank that is slow in every step is not kept as
+    such."""
     from wagma_bench.analysis.report import find_runs
-    from wagma_bench.simulate.calibrate import fit_run
+    from wagma_bench.simulate.calibrate import cycle_compute
 
     shape: list[float] = []
     for d in find_runs(map(Path, paths)):
         try:
-            times = fit_run(d).compute
+            times = cycle_compute(d)
         except ValueError as err:  # no step records (a summary-only copy), too few steps
             raise UsageError(f"--compute-from: {err}") from None
         median = statistics.median(times)

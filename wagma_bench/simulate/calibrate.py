@@ -135,6 +135,31 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
 
 
+def cycle_compute(run_dir: Path) -> list[float]:
+    """Every rank's compute time per cycle, pooled: a cycle is a step that took fresh samples and the steps
+    after it that took none (DD-PPO: a rollout and the further PPO updates on it; a supervised workload: each
+    step alone). The unit of the simulator's step, whose presets count a rollout and its update as one.
+    Warm-up as in :func:`fit_run` (the first ``SKIP_STEPS + 1`` steps of each rank), a leading partial cycle
+    and a trailing one shorter than the rank's longest left out."""
+    records = _step_records(Path(run_dir))
+    if not records:
+        raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
+    pooled: list[float] = []
+    for recs in records.values():
+        cycles: list[list[float]] = []
+        for r in sorted(recs, key=lambda r: r["step"])[SKIP_STEPS + 1:]:
+            if float(r.get("samples", 1)) > 0:
+                cycles.append([])
+            if cycles:  # steps before the first sample-taking one finish a cycle begun in the warm-up
+                cycles[-1].append(float(r["compute_s"]))
+        if cycles and len(cycles[-1]) < max(map(len, cycles)):
+            cycles.pop()  # the run ended inside this cycle
+        pooled += [sum(c) for c in cycles]
+    if not pooled:
+        raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
+    return pooled
+
+
 def model_params_of(start: RunStart) -> float | None:
     """The model's parameter count, as run_start logged it; for a run logged before run_start said, from
     the model built from the run's own config (cheap for the embedded workloads); None when that fails."""

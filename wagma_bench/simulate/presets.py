@@ -21,6 +21,14 @@ PRESETS: dict[str, Workload] = {
     # (imbalance=lognormal imbalance.sigma=...), as in the reproduce script.
     "rl": Workload(name="rl", step_s=1.0, batch=128, params=28e6, compute="lognormal", sigma=0.05,
                    overhead_s=0.0, backward_fraction=0.2),
+    # Transformer on WMT17 En-De (experiment=paper_transformer: fairseq's transformer_wmt_en_de, all embeddings
+    # shared, at most 4,096 tokens per GPU). params: 6 encoder layers of 3,152,384, 6 decoder layers of
+    # 4,204,032, and a 512-wide embedding of the ~40k types of reproduce/transformer's joint BPE (40k merges).
+    # step_s (assumption): Vaswani et al. 2017 report about 0.4 s per step of the base model on 8 P100s at
+    # ~3,100 tokens per GPU; scaled to 4,096 tokens. batch: tokens (a run's samples are its target tokens).
+    # sigma: small GPU jitter; the sentence-length imbalance comes from --compute-from the tuned runs.
+    "transformer_wmt": Workload(name="transformer_wmt", step_s=0.5, batch=4096, params=64.6e6, compute="lognormal",
+                                sigma=0.02, overhead_s=0.0, backward_fraction=2 / 3),
     # The embedded local workload (ResNet-20 on mnist5k, batch 32): 272k parameters; the step time is a
     # placeholder for a quiet 2-core machine -- calibrate with --calibrate RUN_DIR.
     "resnet20": Workload(name="resnet20", step_s=0.15, batch=32, params=272_474, compute="lognormal", sigma=0.1),
@@ -33,6 +41,7 @@ PRESETS: dict[str, Workload] = {
 RUN_NAMES: dict[tuple[str, str], str] = {
     ("resnet", "imagenet"): "resnet50", ("resnet", "synthetic"): "resnet50", ("resnet", "mnist5k"): "resnet20",
     ("ddppo", "miniworld_pointnav"): "rl", ("ddppo", "gridnav"): "rl", ("ddppo", "habitat"): "rl",
+    ("transformer", "wmt17_en_de"): "transformer_wmt",
 }
 
 
