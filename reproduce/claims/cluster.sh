@@ -40,8 +40,8 @@ case "$mode" in
       imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
       --compute-from "$out/resnet_paper" \
       --out "$out/paper-scale/resnet50"
-    "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=lognormal \
-      imbalance.sigma=0.5 control_every=0 --out "$out/paper-scale/rl"
+    "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
+      control_every=0 --compute-from "$out/ddppo" --out "$out/paper-scale/rl"
     "$bin" claims "$out" --out "$out/claims" ;;
   *) echo "unknown mode '$mode': submit | finish | dry-run" >&2; exit 2 ;;
 esac

@@ -12,11 +12,19 @@ out=${OUT:-tuned/claims-$(date +%Y%m%d)}
 OUT="$out" reproduce/tuning/mini.sh resnet_paper resnet_none transformer transformer_sentences transformer_budget \
   ddppo ddppo_budget
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
-# ResNet-50's per-step compute spread from the tuned runs (scaled to the preset's 0.32 s step).
+# the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
+# rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
 "$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=paper \
   imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=500 control_every=0 \
   --convergence "$out/resnet_paper" --compute-from "$out/resnet_paper" --out "$out/paper-scale/resnet50"
+# The Transformer-base / WMT17 preset, once per batching (TUNING OUT): token batches and sentence batches
+transformer() {
+  "$bin" simulate cluster=daint workload=transformer data=wmt17_en_de gpus=16,32,64 'optimizer=glob(*)' imbalance=none \
+    train.max_steps=500 control_every=0 --convergence "$1" --compute-from "$1" --out "$2"
+}
+transformer "$out/transformer" "$out/paper-scale/transformer"
+transformer "$out/transformer_sentences" "$out/paper-scale/transformer_sentences"
 # DD-PPO's batches do not split into micro-batches: DropCompute does not apply (run refuses it)
-"$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=lognormal \
-  imbalance.sigma=0.5 train.max_steps=500 control_every=0 --out "$out/paper-scale/rl"
+"$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
+  train.max_steps=500 control_every=0 --compute-from "$out/ddppo" --out "$out/paper-scale/rl"
 "$bin" claims "$out" --out "$out/claims"
