@@ -70,9 +70,15 @@ def test_unknown_option_fails_before_any_rank_starts(tmp_path):
 
 
 def test_missing_imagenet_root_is_a_clear_error(tmp_path):
-    out = run(["data=imagenet", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert out.returncode == 2
-    assert "ROOT/train/<class>" in out.stderr and "nowhere" in out.stderr
+    """The workload's own check, which the CLI makes before any rank starts (through the CLI, with its exit 2:
+    tests/test_faults.py's class folder without images)."""
+    from tests.test_config_refusals import compose
+    from wagma_bench.config.schema import validate
+    from wagma_bench.workloads import get_workload
+
+    with pytest.raises(ValueError) as err:
+        get_workload("resnet").check(validate(compose("data=imagenet", f"data.root={tmp_path / 'nowhere'}")))
+    assert "ROOT/train/<class>" in str(err.value) and "nowhere" in str(err.value)
 
 
 @pytest.mark.long  # make test: tests/test_run_outcomes.py's diverged run (exit 3, where and why, strict JSON)

@@ -25,6 +25,13 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
     assert "ours/raw-mean" in out.stdout
     rows = [r for r in result["results"] if r["op"] == "wait_avoiding"]
     assert all(len(r["paired_raw_s"]) == len(r["paired_raw_mean_s"]) == 2 for r in rows)
+    # the engine's buffers beyond the model and its round's breakdown (docs/wait-avoiding-engine.md), per size
+    assert "extra buffers" in out.stdout and "snapshot" in out.stdout
+    for row in wait_avoiding:
+        assert 0 <= row["extra_buffers"] <= 2 and row["extra_bytes"] == row["extra_buffers"] * row["bytes"], row
+        phases = row["round_ms"]
+        assert set(phases) == {"activation", "snapshot", "collective", "hand_over", "other"}
+        assert phases["collective"] > 0 and all(v >= 0 for k, v in phases.items() if k != "other")
 
 
 def test_bandwidths_are_nccl_tests_algbw_and_busbw():

@@ -49,7 +49,7 @@ def test_choices_are_declared_where_rank_time_code_used_to_check_them():
     keys = {key for _, key, _ in CASES}
     assert {"optimizer.mode", "optimizer.catch_up", "comm.emulate", "workload.backbone", "workload.rnn",
             "workload.metric", "workload.share_embeddings", "data.eval_split", "data.detokenize", "env.layout",
-            "logger.wandb.mode", "logger.submission.division"} <= keys
+            "logger.wandb.mode", "logger.submission.division", "train.precision"} <= keys
 
 
 @pytest.mark.parametrize("pick,key,allowed", CASES, ids=[key for _, key, _ in CASES])

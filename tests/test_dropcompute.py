@@ -146,8 +146,11 @@ def test_a_run_under_paper_stragglers_drops_and_records_it(tmp_path):
     assert all(s["drop_rate"] == 0 for s in steps[:10]) and any(s["drop_rate"] > 0 for s in steps[10:])
 
 
-def test_a_workload_whose_batches_do_not_split_is_refused_before_any_rank_starts(tmp_path):
-    out = run(["optimizer=dropcompute", "workload=ddppo", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert out.returncode == 2
-    assert "optimizer=dropcompute is not allowed with workload=ddppo" in out.stderr
-    assert not (tmp_path / "events.jsonl").exists()
+def test_a_workload_whose_batches_do_not_split_fails_the_config_check():
+    """validate(), which the CLI runs before any rank starts (its exit 2: tests/test_faults.py)."""
+    from tests.test_config_refusals import compose
+    from wagma_bench.config.schema import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose("optimizer=dropcompute", "workload=ddppo"))
+    assert "optimizer=dropcompute is not allowed with workload=ddppo" in str(err.value)

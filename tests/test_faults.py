@@ -56,10 +56,10 @@ BAD_VALUES = [
 ]
 
 
-# Through the real CLI (3-5 s each): one of each kind; every value of BAD_VALUES in the launching process's
-# own check, below (the same validate() the CLI calls before any rank starts).
-THROUGH_THE_CLI = {"train.batch_size=-4", "launcher.nproc=0", "optimizer.group_size=3", "train.max_steps=0",
-                   "imbalance.delay_s=-1", "optimizer.period=0"}
+# Through the real CLI (3-5 s each): a range check and a schema's own __post_init__ check, the two ways
+# validate() refuses (cli/run.py's _run_job turns either into exit 2 before any rank starts); every value of
+# BAD_VALUES in the launching process's own check, below (the same validate() the CLI calls).
+THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.period=0"}
 
 
 def _compose(*overrides: str):
@@ -79,7 +79,8 @@ def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(k
 
 
 @pytest.mark.parametrize("extra,reason", [
-    (["optimizer=allreduce"], "it averages gradients, not models"),
+    (["optimizer=allreduce"], ("it averages gradients, not models: every rank holds the same model after every "
+                              "step; an outer optimizer applies to: wagma, local_sgd, dpsgd, sgp")),
     (["optimizer=eager"], "it averages gradients, not models"),
     (["optimizer=adpsgd"], "corrections in flight"),
     (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
@@ -91,14 +92,6 @@ def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(e
         validate(_compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))
     assert "optimizer.outer=slowmo is not allowed with optimizer=" in str(err.value), str(err.value)
     assert reason in str(err.value), str(err.value)
-
-
-def test_an_outer_optimizer_on_allreduce_is_refused_before_any_rank_starts(tmp_path):
-    out = run(["optimizer=allreduce", "optimizer.outer=nesterov", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "optimizer.outer=nesterov is not allowed with optimizer=allreduce" in out.stderr, out.stderr[-2000:]
-    assert "an outer optimizer applies to: wagma, local_sgd, dpsgd, sgp" in out.stderr
-    assert no_rank_started(tmp_path)
 
 
 CLI_CASES = [case for case in BAD_VALUES if f"{case[0]}={case[1]}" in THROUGH_THE_CLI]
@@ -329,9 +322,10 @@ def test_checkpoint_sets_are_kept_two_deep_with_a_manifest(checkpointed):
                                                                                                    "rank1.pt"]
 
 
-@pytest.mark.parametrize("nproc", [1, 3])
+@pytest.mark.parametrize("nproc", [1])
 def test_resume_with_another_world_size_is_refused_before_any_rank_starts(checkpointed, tmp_path, nproc):
-    """Row 2 (a 2-rank checkpoint; the issue's 4-rank one behaves alike)."""
+    """Row 2 (a 2-rank checkpoint; the issue's 4-rank one behaves alike). One rank, the world of its own
+    launcher path; more ranks than the checkpoint's meet the same comparison of counts."""
     out, took, run_dir, events = resume_copy(checkpointed, tmp_path, f"launcher.nproc={nproc}")
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"checkpoint round-12 in {run_dir / 'checkpoint'} was written by 2 ranks, this run has {nproc} " \

@@ -66,29 +66,21 @@ def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["comm=mpi", "comm.emulate=nccl"], "needs comm=torch"),
+    (["comm=mpi", "comm.emulate=nccl"], ("comm.emulate=nccl is not allowed with comm=mpi comm.backend=mpi: it "
+                                        "emulates NCCL on a gloo world, so it needs comm=torch")),
     (["comm.emulate=mpi"], "comm.emulate='mpi' is not allowed; choose one of: null, nccl"),
-])
-def test_impossible_emulation_is_refused_before_any_rank_starts(tmp_path, overrides, message):
-    proc = subprocess.run([str(BIN), "run", *overrides, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr
-    assert not (tmp_path / "events.jsonl").exists()
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["comm.backend=nccl"], "needs CUDA"),
     (["comm.backend=mpi"], "comm.backend='mpi' is not allowed with comm=torch; choose one of: auto, gloo, nccl"),
 ])
-def test_an_impossible_backend_is_refused_before_any_rank_starts(tmp_path, overrides, message):
-    if "nccl" in overrides[0] and torch.cuda.is_available():
-        pytest.skip("CUDA is present: NCCL is possible here")
-    proc = subprocess.run([str(BIN), "run", *overrides, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr
-    assert not (tmp_path / "events.jsonl").exists()
+def test_an_impossible_emulation_or_backend_fails_the_config_check(overrides, message):
+    """The check `wagma-bench run` makes before any rank starts (the CLI's exit 2 on such a ConfigError:
+    tests/test_faults.py); NCCL without CUDA, which the launcher's device plan refuses:
+    tests/test_launch_conventions.py's test_impossible_nccl_world_fails_before_spawning."""
+    from tests.test_config_refusals import compose
+    from wagma_bench.config.schema import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*overrides))
+    assert message in str(err.value), str(err.value)
 
 
 @pytest.mark.long

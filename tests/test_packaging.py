@@ -103,13 +103,27 @@ def hiding(modules: list[str], tmp_path: Path) -> dict[str, str]:
 EVERY_OPTIONAL = ["mpi4py", "mpich", "wandb", "sacrebleu", "sacremoses", "miniworld", "fairseq", "fairseq_cli"]
 
 
-@pytest.mark.parametrize(("override", "extra"), [("comm=mpi", "mpi"), ("logger=wandb", "wandb"),
-                                                 ("workload=transformer", "transformer"),
-                                                 ("workload=ddppo", "ddppo")])
+# Through the CLI, a fresh process with the extras missing: the workloads whose modules could import a missing
+# package before the check (a traceback instead of the hint). The other two: the same check in-process.
+@pytest.mark.parametrize(("override", "extra"), [("workload=transformer", "transformer"), ("workload=ddppo", "ddppo")])
 def test_a_missing_extra_is_named(tmp_path, override, extra):
     out = cli("run", override, f"hydra.run.dir={tmp_path / 'run'}", env=hiding(EVERY_OPTIONAL, tmp_path))
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert f"pip install 'wagma-bench[{extra}]'" in out.stderr
+
+
+@pytest.mark.parametrize(("override", "extra"), [("comm=mpi", "mpi"), ("logger=wandb", "wandb")])
+def test_a_missing_extra_fails_the_launchers_check(monkeypatch, override, extra):
+    from tests.test_config_refusals import compose
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.runtime.extras import check_extras
+
+    for module in EVERY_OPTIONAL:
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ConfigError) as err:
+        check_extras(validate(compose(override)))
+    assert f"pip install 'wagma-bench[{extra}]'" in str(err.value)
 
 
 @pytest.mark.slow
