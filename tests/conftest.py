@@ -29,6 +29,19 @@ def _scratch_in_pytest_tmp(tmp_path_factory):
     tempfile.tempdir = None
 
 
+@pytest.fixture(scope="session")
+def checkpointed(tmp_path_factory) -> Path:
+    """A finished 2-rank run of the embedded default (tests.cli_util.QUICK: 12 steps, evaluations at 6 and 12)
+    with checkpoints at rounds 10 and 12: one run read by every test that needs a finished one. Read it only;
+    a test that changes it (a resume, a rerun, a removed file) works on a copy."""
+    from tests.cli_util import QUICK, run
+
+    run_dir = tmp_path_factory.mktemp("checkpointed")
+    out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
 SHM = Path("/dev/shm")
 
 

@@ -217,19 +217,18 @@ def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
     assert not (tmp_path / ".lock").exists()
 
 
-def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(tmp_path):
-    """Row 12."""
-    args = QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"]
-    first = run(args)
-    assert first.returncode == 0, first.stderr[-3000:]
-    events, summary = (tmp_path / "events.jsonl").read_bytes(), (tmp_path / "summary.json").read_bytes()
+def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(checkpointed, tmp_path):
+    """Row 12: the same command again (on a copy of the shared finished run, made by that command)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpointed, run_dir)
+    events, summary = (run_dir / "events.jsonl").read_bytes(), (run_dir / "summary.json").read_bytes()
     t0 = time.monotonic()
-    again = run(args)
+    again = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert time.monotonic() - t0 < 20
     assert "already holds this run, completed" in again.stdout and '"steps": 12' in again.stdout
-    assert (tmp_path / "events.jsonl").read_bytes() == events
-    assert (tmp_path / "summary.json").read_bytes() == summary
+    assert (run_dir / "events.jsonl").read_bytes() == events
+    assert (run_dir / "summary.json").read_bytes() == summary
 
 
 def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
@@ -293,15 +292,6 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
 
 
 # --- rows 2, 3, 4: checkpoints as verified sets --------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def checkpointed(tmp_path_factory) -> Path:
-    """A finished 2-rank run with checkpoints at rounds 10 and 12 (copied by each test)."""
-    run_dir = tmp_path_factory.mktemp("checkpointed")
-    out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir
-
 
 def resume_copy(checkpointed: Path, tmp_path: Path, *args: str, timeout: float = 120):
     """Resume a copy of the checkpointed run with a larger budget (a plain rerun would only report it)."""
@@ -617,10 +607,15 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
 
 
 def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, Path]:
-    """The run continued from 10 rounds to 20 (:func:`_continued`) and the same 20 rounds at once."""
-    cut, args = _continued(tmp_path, optimizer, *extra)
-    whole = tmp_path / "whole"
-    out = run(args + ["train.max_steps=20", f"hydra.run.dir={whole}"])
+    """A run of 10 rounds continued to 20 from its last checkpoint, and the same 20 rounds at once. The first
+    10 rounds and the whole 20 are one multirun (one launcher, one fork server); then the continuation."""
+    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
+                        "logger.progress=off", *extra]
+    out = run(["-m", *args, "train.max_steps=10,20", f"hydra.sweep.dir={tmp_path}",
+               "hydra.sweep.subdir=steps${train.max_steps}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    cut, whole = tmp_path / "steps10", tmp_path / "steps20"
+    out = run(args + ["train.max_steps=20", f"hydra.run.dir={cut}"])
     assert out.returncode == 0, out.stderr[-3000:]
     return cut, whole
 

@@ -6,12 +6,13 @@ log or a run still in progress."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli_util import run
+from tests.cli_util import QUICK, run
 
 
 def _strict(path: Path) -> list[dict]:
@@ -44,19 +45,19 @@ def test_diverged_run_exits_3_naming_step_and_rank_with_strict_json_logs(tmp_pat
     assert comparison.rstrip().endswith("| 1 |"), comparison  # one diverged run, its throughput not counted
 
 
-def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(tmp_path):
+def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(checkpointed, tmp_path):
+    """A copy of the session's shared finished run (tests/conftest.py: QUICK, checkpoints every round) without
+    its event log, resumed with a larger budget."""
     run_dir = tmp_path / "run"
-    args = ["launcher.nproc=2", "train.max_steps=10", "eval.every_steps=10", "logger.progress=off",
-            "checkpoint.every_s=0", f"hydra.run.dir={run_dir}"]
-    first = run(args)
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(checkpointed, run_dir)
     assert (run_dir / "checkpoint" / "latest").exists() and (run_dir / "mllog.txt").exists()
     (run_dir / "events.jsonl").unlink()
-    again = run([a.replace("max_steps=10", "max_steps=20") for a in args], timeout=120)
+    again = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] +
+                ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"], timeout=120)
     assert again.returncode == 2, again.stderr[-3000:]
     line = next(x for x in again.stderr.splitlines() if x.startswith("wagma-bench run: error:"))
     assert f"its event log {run_dir / 'events.jsonl'} is missing" in line and "checkpoint.resume=false" in line
-    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"step": 11')  # nothing trained
+    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"step": 13')  # nothing trained
 
 
 def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):

@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cli_util import BIN
 from wagma_bench.record.events import read_jsonl
 from wagma_bench.runtime import startup
 from wagma_bench.workloads.resnet import mnist5k_arrays
@@ -72,16 +71,14 @@ def test_inherited_marks_ignore_what_is_not_a_mark(monkeypatch):
     assert startup._marks == {"launched": 1.0, "spawned": 2.5}
 
 
-def test_a_run_records_where_its_start_went(tmp_path):
-    out = subprocess.run([str(BIN), "run", "launcher.nproc=2", "train.max_steps=1", "logger.progress=off",
-                          f"hydra.run.dir={tmp_path}"], check=False, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+def test_a_run_records_where_its_start_went(checkpointed):
+    """The session's shared finished 2-rank run (tests/conftest.py)."""
+    summary = json.loads((checkpointed / "summary.json").read_text())
     phases = summary["startup"]
     assert set(phases) == {*PHASES, "total_s"}, phases
     assert all(phases[p] >= 0 for p in PHASES), phases
     assert sum(phases[p] for p in PHASES) == pytest.approx(phases["total_s"], abs=1e-3)
-    keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
+    keys = [e["key"] for e in read_jsonl(checkpointed / "events.jsonl")]
     assert keys.index("run_start") < keys.index("startup") < keys.index("run_stop")
 
 
