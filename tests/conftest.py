@@ -33,13 +33,19 @@ def _scratch_in_pytest_tmp(tmp_path_factory):
 def checkpointed(tmp_path_factory) -> Path:
     """A finished 2-rank run of the embedded default (tests.cli_util.QUICK: 12 steps, evaluations at 6 and 12)
     with checkpoints at rounds 10 and 12: one run read by every test that needs a finished one. Read it only;
-    a test that changes it (a resume, a rerun, a removed file) works on a copy."""
+    a test that changes it (a resume, a rerun, a removed file) works on a copy. The command's stdout is kept
+    beside it (:func:`checkpointed_stdout`)."""
     from tests.cli_util import QUICK, run
 
     run_dir = tmp_path_factory.mktemp("checkpointed")
     out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
+    checkpointed_stdout(run_dir).write_text(out.stdout)
     return run_dir
+
+
+def checkpointed_stdout(run_dir: Path) -> Path:
+    return run_dir.with_name(f"{run_dir.name}.stdout")
 
 
 SHM = Path("/dev/shm")
