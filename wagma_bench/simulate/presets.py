@@ -18,7 +18,8 @@ PRESETS: dict[str, Workload] = {
     # Deep RL navigation (DD-PPO-style): one step = rollout + PPO update. Assumptions, not paper figures:
     # a ResNet-50-sized visual encoder plus a recurrent policy (~28M parameters), 1 s median step, 128
     # frames per rank and step; environment heterogeneity comes from the imbalance model
-    # (imbalance=lognormal imbalance.sigma=...), as in the reproduce script.
+    # (imbalance=lognormal imbalance.sigma=..., reproduce/scaling/paper_scale.sh) or from the rollout cycles
+    # of real runs (--compute-from, the claims' prediction).
     "rl": Workload(name="rl", step_s=1.0, batch=128, params=28e6, compute="lognormal", sigma=0.05,
                    overhead_s=0.0, backward_fraction=0.2),
     # Transformer on WMT17 En-De (experiment=paper_transformer: fairseq's transformer_wmt_en_de, all embeddings
