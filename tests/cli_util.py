@@ -1,5 +1,5 @@
 """What the tests that drive the real command line share: the installed ``wagma-bench``, a quick 2-rank run,
-one way to call a command, and the keys of a run's event log."""
+one way to call a command, the keys of a run's event log, and the configuration a command line composes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from wagma_bench.record.events import read_jsonl
 BIN = Path(sys.executable).parent / "wagma-bench"
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+
+
+def compose(*overrides: str):
+    """The configuration `wagma-bench run OVERRIDES` composes (Hydra over conf/), before validation."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="wagma", overrides=list(overrides))
 
 
 def run(args: list[str], timeout: float = 600, command: str = "run", **kw) -> subprocess.CompletedProcess:

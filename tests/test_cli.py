@@ -72,7 +72,7 @@ def test_unknown_option_fails_before_any_rank_starts(tmp_path):
 def test_missing_imagenet_root_is_a_clear_error(tmp_path):
     """The workload's own check, which the CLI makes before any rank starts (through the CLI, with its exit 2:
     tests/test_faults.py's class folder without images)."""
-    from tests.test_config_refusals import compose
+    from tests.cli_util import compose
     from wagma_bench.config.schema import validate
     from wagma_bench.workloads import get_workload
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from tests.cli_util import compose
 from wagma_bench.config.schema import FIXED_SECTIONS, WandbConfig, option_schemas, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.ranges import POSITIVE, setting
 from wagma_bench.workloads import WORKLOADS, get_workload
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _choice_cases() -> list[tuple[list[str], str, tuple]]:
@@ -40,11 +37,6 @@ def _choice_cases() -> list[tuple[list[str], str, tuple]]:
 CASES = _choice_cases()
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("wagma", overrides=list(overrides))
-
-
 def test_choices_are_declared_where_rank_time_code_used_to_check_them():
     keys = {key for _, key, _ in CASES}
     assert {"optimizer.mode", "optimizer.catch_up", "comm.emulate", "workload.backbone", "workload.rnn",
@@ -55,7 +47,7 @@ def test_choices_are_declared_where_rank_time_code_used_to_check_them():
 @pytest.mark.parametrize("pick,key,allowed", CASES, ids=[key for _, key, _ in CASES])
 def test_a_value_outside_the_choices_fails_the_config_check(pick, key, allowed):
     with pytest.raises(ConfigError) as err:
-        validate(_compose(*pick, f"{key}=nope"))
+        validate(compose(*pick, f"{key}=nope"))
     shown = ", ".join("null" if a is None else str(a) for a in allowed)
     assert str(err.value) == f"{key}='nope' is not allowed; choose one of: {shown}"
 
@@ -70,7 +62,7 @@ def test_a_value_outside_the_choices_fails_the_config_check(pick, key, allowed):
 ])
 def test_rules_once_checked_on_the_ranks_fail_the_config_check(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate(_compose(*overrides))
+        validate(compose(*overrides))
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -78,7 +70,7 @@ def test_rules_once_checked_on_the_ranks_fail_the_config_check(overrides, messag
     (["workload=ddppo", "workload.num_mini_batch=8"], "workload.num_mini_batch=8 is not allowed with env.num_envs=4"),
 ])
 def test_workload_rules_fail_its_check_in_the_launching_process(overrides, message):
-    cfg = validate(_compose(*overrides))
+    cfg = validate(compose(*overrides))
     with pytest.raises(ConfigError, match=re.escape(message)):
         get_workload(cfg.workload.name).check(cfg)
 
@@ -107,11 +99,11 @@ def test_a_nested_section_is_range_checked():
 def test_each_optimizer_checks_the_ranges_it_declares():
     """A key two optimizers share (`sync_every` of eager-SGD and AD-PSGD) is checked by each one's own field."""
     with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
-        validate(_compose("optimizer=wagma", "optimizer.tau=0"))
+        validate(compose("optimizer=wagma", "optimizer.tau=0"))
     for name in ("eager", "adpsgd"):
-        assert validate(_compose(f"optimizer={name}", "optimizer.sync_every=3")).optimizer.sync_every == 3
+        assert validate(compose(f"optimizer={name}", "optimizer.sync_every=3")).optimizer.sync_every == 3
         with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=0 is not allowed; it must be >= 1")):
-            validate(_compose(f"optimizer={name}", "optimizer.sync_every=0"))
+            validate(compose(f"optimizer={name}", "optimizer.sync_every=0"))
 
 
 @dataclasses.dataclass

@@ -10,18 +10,9 @@ import time
 
 import pytest
 
-from tests.cli_util import CONF, run
+from tests.cli_util import CONF, compose, run
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.schema import ConfigError, validate
-
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="wagma", overrides=list(overrides))
-
 
 REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),  # a value validate() refuses; every other value: in-process below

@@ -148,7 +148,7 @@ def test_a_run_under_paper_stragglers_drops_and_records_it(tmp_path):
 
 def test_a_workload_whose_batches_do_not_split_fails_the_config_check():
     """validate(), which the CLI runs before any rank starts (its exit 2: tests/test_faults.py)."""
-    from tests.test_config_refusals import compose
+    from tests.cli_util import compose
     from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:

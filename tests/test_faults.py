@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli_util import BIN, run
+from tests.cli_util import BIN, compose, run
 from tests.proc_util import rank_pids
 from wagma_bench.config.schema import FIXED_SECTIONS, missing_range_hint, option_schemas
 from wagma_bench.ranges import range_of
@@ -62,19 +62,12 @@ BAD_VALUES = [
 THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.period=0"}
 
 
-def _compose(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-        return compose(config_name="wagma", overrides=list(overrides))
-
-
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
 def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(key, value, extra):
     from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:
-        validate(_compose(*extra, "launcher.nproc=2", f"{key}={value}"))
+        validate(compose(*extra, "launcher.nproc=2", f"{key}={value}"))
     assert f"{key}={value}" in str(err.value) and "must be" in str(err.value), str(err.value)
 
 
@@ -89,7 +82,7 @@ def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(e
     from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:
-        validate(_compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))
+        validate(compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))
     assert "optimizer.outer=slowmo is not allowed with optimizer=" in str(err.value), str(err.value)
     assert reason in str(err.value), str(err.value)
 

@@ -75,7 +75,7 @@ def test_an_impossible_emulation_or_backend_fails_the_config_check(overrides, me
     """The check `wagma-bench run` makes before any rank starts (the CLI's exit 2 on such a ConfigError:
     tests/test_faults.py); NCCL without CUDA, which the launcher's device plan refuses:
     tests/test_launch_conventions.py's test_impossible_nccl_world_fails_before_spawning."""
-    from tests.test_config_refusals import compose
+    from tests.cli_util import compose
     from wagma_bench.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError) as err:

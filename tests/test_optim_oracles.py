@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from tests.cli_util import CONF, compose
 from tests.test_optim_util import Vector, flat_params, make_algorithm, run_world, sgd
 from wagma_bench.comm.topology import exponential_in_peer, exponential_peer, ring_neighbours
 from wagma_bench.optim import OPTIMIZERS
@@ -278,15 +278,6 @@ def test_documented_yaml_matches_the_settings(name):
     assert validate(compose(f"optimizer={name}")).optimizer.name == name
 
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="wagma", overrides=list(overrides))
 
 
 # --- multi-step oracles with non-zero gradients -------------------------------------------------------

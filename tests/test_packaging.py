@@ -114,7 +114,7 @@ def test_a_missing_extra_is_named(tmp_path, override, extra):
 
 @pytest.mark.parametrize(("override", "extra"), [("comm=mpi", "mpi"), ("logger=wandb", "wandb")])
 def test_a_missing_extra_fails_the_launchers_check(monkeypatch, override, extra):
-    from tests.test_config_refusals import compose
+    from tests.cli_util import compose
     from wagma_bench.config.schema import validate
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime.extras import check_extras
