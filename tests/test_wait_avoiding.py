@@ -55,6 +55,38 @@ def test_group_and_sync_rounds_give_exact_means(world):
     assert len({rounds[-1][0] for rounds in results}) == 1
 
 
+class _LateListener(WaitAvoidingAllreduce):
+    """An engine whose listener thread gets the CPU only after its progress thread has completed round 1,
+    as a loaded machine may schedule them (CI once hung there)."""
+
+    def _listen_loop(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: self._done >= 1, timeout=20)
+        super()._listen_loop()
+
+
+def _rounds_with_a_late_listener(comm, tau, min_rounds):
+    """Rank 0's listener starts late; every rank asks for every round at once."""
+    schedule = WagmaSchedule(comm.world_size, None, tau)
+    engine = _LateListener if comm.rank == 0 else WaitAvoidingAllreduce
+    eng = engine(comm, torch.full((5,), float(comm.rank)), schedule, in_order=True, timeout_s=comm.timeout_s)
+    rounds = []
+    while not rounds or rounds[-1] < min_rounds or rounds[-1] % (tau + 1):
+        rounds.append(eng.request().round)
+        eng.post(torch.full((5,), float(comm.rank)))
+    comm.barrier()
+    eng.close()
+    return rounds
+
+
+def test_a_listener_that_starts_after_the_first_round_still_takes_its_activations():
+    """The listener counts rounds from the engine's start round, not from the rounds done when its thread
+    first runs: one that started at round 2 never took round 1's activations, so its neighbours' sends
+    never completed and their next round never started (a hang until the comm timeout)."""
+    results = run_world(_rounds_with_a_late_listener, 4, 2, 6, comm_timeout_s=10.0, timeout_s=60)
+    assert all(rounds == list(range(1, 7)) for rounds in results), results
+
+
 def _straggler(comm, tau, steps, delay_s):
     """Rank 0 sleeps `delay_s` per step; the others compute for 10 ms."""
     eng = _engine(comm, tau)

@@ -137,6 +137,10 @@ class WaitAvoidingAllreduce:
         self._streams = _Streams(like.device)
         self._started = self._done = self._ready = self._answered = start_round
         self._activated = start_round               # highest round an activation message announced
+        # The listener's first round is fixed here, not read when its thread first runs: by then the progress
+        # thread may have completed round start_round + 1, and a listener that began after it would never
+        # take that round's activations (its neighbours' sends would never complete: a hang).
+        self._listen_from = start_round + 1
         self._in_flight = False
         self._asking, self._target_r = False, start_round  # the caller waits in request() for round _target_r
         self._post_round = start_round + 1          # first round that includes the latest post
@@ -413,7 +417,7 @@ class WaitAvoidingAllreduce:
 
     def _listen_loop(self) -> None:
         buf = torch.zeros(1, dtype=torch.int64)
-        r = self._done + 1
+        r = self._listen_from
         if not self._activates:
             return  # nobody sends activations (a world of one, or synchronous rounds only)
         while True:
