@@ -44,8 +44,14 @@ $(FAIRSEQ):
 run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)
 
+# In two phases, both always run: the tests that time nothing on two pytest-xdist workers (the cores idle a
+# quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), each file's tests
+# on one worker (tests/conftest.py); then the tests marked `serial` (a wait, a margin or a deadline they
+# assert) alone, so that no other test competes with them for the cores.
 test: $(STAMP)
-	$(VENV)/bin/pytest -q
+	@$(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not long and not serial"; parallel=$$?; \
+	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
+	test $$parallel = 0 && test $$serial = 0
 
 # The multi-minute runs to a target (every baseline optimizer on ResNet, the Transformer to its BLEU).
 test-long: $(STAMP)

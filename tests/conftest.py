@@ -5,7 +5,7 @@ killed launcher, wandb's media folders, torchelastic's and the forkserver's scra
 pytest's own temporary directory, which pytest rotates (the last three sessions are kept), not in the
 machine's /tmp. Not covered: MPICH's launcher ignores TMPDIR (a ``hydra_hwloc_xmlfile_*`` in /tmp), and the
 local SLURM makes its directory under /tmp on purpose (``tests/slurm_cluster.py``'s ``local_cluster``).
-MPICH's shared-memory segments of killed or aborted jobs are removed from /dev/shm after each test.
+MPICH's shared-memory segments of killed or aborted jobs are removed from /dev/shm when the run ends.
 """
 
 from __future__ import annotations
@@ -17,6 +17,25 @@ import time
 from pathlib import Path
 
 import pytest
+
+# Under pytest-xdist (`make test`'s first phase: two workers) the tests of one file run on one worker, in
+# order, so that a module's fixtures are made once; a group of files goes further and keeps together the
+# files that share something a machine holds one of at a time, or a session fixture worth making once.
+SHARED_GROUPS = {"slurm": ("test_slurm.py", "test_multinode.py")}  # a local SLURM controller, namespaces
+SESSION_FIXTURE_GROUPS = ("checkpointed",)  # every file that reads the shared finished run
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # not an xdist worker
+        return
+    group = {}
+    for item in items:
+        file = item.path.name
+        shared = next((g for g, files in SHARED_GROUPS.items() if file in files), None)
+        fixture = next((f for f in SESSION_FIXTURE_GROUPS if f in getattr(item, "fixturenames", ())), None)
+        group[file] = shared or fixture or group.get(file) or file
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group[item.path.name]))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,6 +68,7 @@ def checkpointed_stdout(run_dir: Path) -> Path:
 
 
 SHM = Path("/dev/shm")
+_SEGMENTS_BEFORE = pytest.StashKey[set]()
 
 
 def _mpich_segments() -> set[str]:
@@ -70,13 +90,19 @@ def _mapped_anywhere(path: str) -> bool:
     return False
 
 
-@pytest.fixture(autouse=True)
-def _no_mpich_segment_left():
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the whole run's process (xdist's controller, or pytest)
+        session.config.stash[_SEGMENTS_BEFORE] = _mpich_segments()
+
+
+def pytest_sessionfinish(session):
     """MPICH's shared-memory segment (``/dev/shm/mpich_shm_*``) outlives a job whose ranks were killed or
-    aborted (the tests of a killed or failing MPI rank do both). One that appeared during a test and that no
-    process uses any more is removed, so that the suite leaves nothing in /dev/shm."""
-    before = _mpich_segments()
-    yield
+    aborted (the tests of a killed or failing MPI rank do both). Those that appeared during the run and that no
+    process uses any more are removed when it ends (by then no test runs, under xdist's workers neither), so
+    that the suite leaves nothing in /dev/shm."""
+    before = session.config.stash.get(_SEGMENTS_BEFORE, None)
+    if before is None:
+        return
     for name in sorted(_mpich_segments() - before):
         path = str(SHM / name)
         deadline = time.monotonic() + 10  # an aborted job's ranks may still be exiting

@@ -135,6 +135,7 @@ def test_the_automatic_threshold_cuts_a_straggler_and_leaves_a_balanced_world():
     assert bool((straggling[0] < tau).all())
 
 
+@pytest.mark.serial
 def test_a_run_under_paper_stragglers_drops_and_records_it(tmp_path):
     out = run(["optimizer=dropcompute", "imbalance=paper", "train.max_steps=30", "eval.target=null",
                "optimizer.calibrate_steps=10", "logger.progress=off", f"hydra.run.dir={tmp_path}"])

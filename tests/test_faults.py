@@ -184,6 +184,7 @@ def checkpoints(run_dir: Path) -> list[int]:
     return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
 
 
+@pytest.mark.serial
 def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
     """Row 1, and row 13's first half: the killed first run leaves a stale lock and no checkpoint; the
     rerun takes the lock over and starts afresh, appending nothing to the killed attempt's logs."""
@@ -377,6 +378,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.serial
 def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
     """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
     next synchronisation point and end the run as preempted, resumable; none trains on unsupervised."""
@@ -460,6 +462,7 @@ def _rank_pids(launcher: subprocess.Popen, nproc: int) -> list[int]:
     return sorted(rank_pids(launcher.pid))
 
 
+@pytest.mark.serial
 def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_path):
     """Row 11: rank 0 (the one that writes the events) is SIGKILLed mid-run; the survivor may be blocked in
     eager-SGD's progress thread, deaf to SIGTERM. The launcher ends it within seconds and records the
@@ -494,6 +497,7 @@ HUNG_TIMEOUT_S = 5  # comm.timeout_s: short, yet long enough for the set-up's co
 
 
 # the wait-avoiding engine (its own threads and control plane) in make test; allreduce in make test-long
+@pytest.mark.serial
 @pytest.mark.parametrize("optimizer", ["wagma", pytest.param("allreduce", marks=pytest.mark.long)])
 def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimizer):
     """Row 10: rank 1 is SIGSTOPped mid-run. Its peers' collectives time out and fail, naming themselves;
@@ -558,6 +562,7 @@ def test_full_disk_ends_the_run_with_a_clear_message_and_leaves_no_temp_files(sm
 
 # --- row 5: W&B without network never runs on the training clock ------------------------------------------
 
+@pytest.mark.serial
 def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path):
     """Row 5: an API key, but W&B's server does not answer (every connection is closed at once). W&B's
     online start runs in the sink's own thread and gives up after logger.wandb.timeout_s; the run logs

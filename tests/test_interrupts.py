@@ -62,6 +62,7 @@ def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses:
 
 
 # to the launcher in make test; to the process group (and the rerun) in make test-long
+@pytest.mark.serial
 @pytest.mark.parametrize("to_group", [False, pytest.param(True, marks=pytest.mark.long)],
                          ids=["launcher", "process_group"])
 def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp_path, to_group):
@@ -147,6 +148,7 @@ def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_check
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.serial
 def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     """Ctrl-C as the launcher composes its configuration (its fork server just started), before it has taken
     Ctrl-C over: one line, exit 130. SIGINT's default disposition is restored for the launcher, as a terminal

@@ -15,6 +15,10 @@ import pytest
 from tests.cli_util import BIN, QUICK, wait_started
 from wagma_bench.record.events import read_jsonl
 
+# MPICH's ranks busy-poll (they would slow a test beside them) and a 0.5 s communicator must see every rank
+# arrive in time: these run alone, in make test's serial phase.
+pytestmark = pytest.mark.serial
+
 MPIEXEC = str(BIN.parent / "mpiexec")
 ORACLE = Path(__file__).with_name("mpi_oracle.py")
 

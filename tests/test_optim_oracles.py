@@ -390,6 +390,7 @@ def _adpsgd_consensus(comm, communicate):
     return float(flat_params(model).mean())
 
 
+@pytest.mark.serial
 def test_adpsgd_keeps_the_sum_and_shrinks_the_spread():
     world = 4
     initial = [10.0 * r for r in range(world)]

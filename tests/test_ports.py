@@ -15,6 +15,7 @@ import pytest
 from tests.cli_util import BIN, QUICK, keys, run
 
 
+@pytest.mark.serial
 def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts(tmp_path):
     """The quick form of the next test: the port is held by a rendezvous store of another run (as its rank 0
     hosts it); the run is refused within seconds naming the port and that run, whose store is untouched."""

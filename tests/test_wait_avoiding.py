@@ -12,6 +12,10 @@ from tests.dist_util import run_world
 from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule, butterfly_stage, default_group_size
 from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
+# Most of these assert waits and margins against sleeps of a fraction of a second: run alone, in make test's
+# serial phase.
+pytestmark = pytest.mark.serial
+
 
 def _engine(comm, tau, group_size=None, like=None, in_order=False):
     like = like if like is not None else torch.zeros(5)
