@@ -133,15 +133,17 @@ def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write,
         assert victim.read_text() == VICTIM
 
 
-@pytest.mark.parametrize("write,name", [(_mllog, f".mllog.txt.tmp{os.getpid()}"),
-                                        (_lock, f".lock.{os.uname().nodename}.{os.getpid()}")])
-def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, write, name):
+# the temporary names of this process (computed when the test runs: an id with a pid differs per xdist worker)
+@pytest.mark.parametrize("write,temporary", [(_mllog, lambda: f".mllog.txt.tmp{os.getpid()}"),
+                                             (_lock, lambda: f".lock.{os.uname().nodename}.{os.getpid()}")],
+                         ids=["mllog", "lock"])
+def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, write, temporary):
     from tests.test_mllog import evaluation, event, start_event, write_events
 
     victim = _victim(tmp_path)
     run_dir = write_events(tmp_path / "run", [start_event(), evaluation(2000, 10, 0.95),
                                               event("run_stop", 2100, step=10, status="completed")])
-    (run_dir / name).symlink_to(victim)
+    (run_dir / temporary()).symlink_to(victim)
     write(run_dir)
     assert victim.read_text() == VICTIM
     assert not (run_dir / "mllog.txt").is_symlink()
