@@ -45,11 +45,12 @@ run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)
 
 # In two phases, both always run: the tests that time nothing on two pytest-xdist workers (the cores idle a
-# quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), each file's tests
-# on one worker (tests/conftest.py); then the tests marked `serial` (a wait, a margin or a deadline they
-# assert) alone, so that no other test competes with them for the cores.
+# quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
+# one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each);
+# then the tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone,
+# so that no other test competes with them for the cores.
 test: $(STAMP)
-	@$(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not long and not serial"; parallel=$$?; \
+	@$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not long and not serial"; parallel=$$?; \
 	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
 	test $$parallel = 0 && test $$serial = 0
 

@@ -18,25 +18,6 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (`make test`'s first phase: two workers) the tests of one file run on one worker, in
-# order, so that a module's fixtures are made once; a group of files goes further and keeps together the
-# files that share something a machine holds one of at a time, or a session fixture worth making once.
-SHARED_GROUPS = {"slurm": ("test_slurm.py", "test_multinode.py")}  # a local SLURM controller, namespaces
-SESSION_FIXTURE_GROUPS = ("checkpointed",)  # every file that reads the shared finished run
-
-
-def pytest_collection_modifyitems(config, items):
-    if not hasattr(config, "workerinput"):  # not an xdist worker
-        return
-    group = {}
-    for item in items:
-        file = item.path.name
-        shared = next((g for g, files in SHARED_GROUPS.items() if file in files), None)
-        fixture = next((f for f in SESSION_FIXTURE_GROUPS if f in getattr(item, "fixturenames", ())), None)
-        group[file] = shared or fixture or group.get(file) or file
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item.path.name]))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _scratch_in_pytest_tmp(tmp_path_factory):
