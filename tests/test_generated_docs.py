@@ -68,3 +68,11 @@ def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run
     assert block, "docs/wait-avoiding-engine.md has no <!-- compute-gap:begin --> ... <!-- compute-gap:end --> block"
     assert block.group(1) == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
     assert result.name in doc
+
+
+def test_after_wagma_tables_are_the_scripts_tables_of_the_committed_tunings():
+    doc = (ROOT / "docs" / "optimizers.md").read_text()
+    block = re.search(r"<!-- after-wagma:begin -->\n(.*?)\n<!-- after-wagma:end -->", doc, re.DOTALL)
+    assert block, "docs/optimizers.md has no <!-- after-wagma:begin --> ... <!-- after-wagma:end --> block"
+    assert block.group(1) == _script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
+        "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`")
