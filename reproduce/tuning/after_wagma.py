@@ -13,6 +13,9 @@ result: DropCompute's drop rate (the share of micro-batches not computed, median
 step waited in communication (median over each trial's steps on every rank, then over the trials), and how
 much the method reduces per step, in models (the winning trial's settings: a gradient or a model each step
 for Allreduce-SGD, DropCompute and WAGMA-SGD, one fragment of 1/F every H/F steps for streaming DiLoCo, 1/H).
+Where the simulator was run (``PREDICTED``: ``wagma-bench simulate --out`` folders, their commands and assumptions
+in the tuning's README), a second table gives each method's predicted throughput and time to the target against
+Allreduce-SGD's at the same P (> 1 favours the method), its wait share and DropCompute's predicted drop rate.
 
 A workload's methods come from tunings of one campaign or of one machine and day (each tuning's README says
 when and where it ran): time to target is compared within a machine, never across machines.
@@ -47,7 +50,6 @@ WORKLOADS: dict[str, list[tuple[str, Path, str]]] = {
         ("streaming DiLoCo", T / "results-2core-20261202b/transformer_streaming", "local_sgd"),
     ],
 }
-
 
 RESNET = next(iter(WORKLOADS))
 SIM = T / "results-2core-20261203d/paper-scale"
