@@ -153,7 +153,8 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     ax.set_ylabel("throughput (samples/s, training clock)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a group of runs that all diverged has no throughput to draw
+        ax.legend(fontsize=8)
     return save(fig, path)
 
 
