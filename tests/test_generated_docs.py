@@ -20,14 +20,19 @@ def _bench():
     return module
 
 
+def _block(page: Path, name: str) -> str:
+    """The text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``page`` (the test fails without them)."""
+    block = re.search(rf"<!-- {name}:begin -->\n(.*?)\n<!-- {name}:end -->", page.read_text(), re.DOTALL)
+    assert block, f"{page.relative_to(ROOT)} has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
+    return block.group(1)
+
+
 def test_straggler_table_is_the_bench_scripts_table_of_the_committed_run():
     rows = json.loads(STRAGGLERS.read_text())
-    doc = (ROOT / "docs" / "benchmarks.md").read_text()
-    block = re.search(r"<!-- bench:begin -->\n(.*?)\n<!-- bench:end -->", doc, re.DOTALL)
-    assert block, "docs/benchmarks.md has no <!-- bench:begin --> ... <!-- bench:end --> block"
-    assert block.group(1) == _bench().table(rows), (
+    doc = ROOT / "docs" / "benchmarks.md"
+    assert _block(doc, "bench") == _bench().table(rows), (
         f"docs/benchmarks.md differs from `reproduce/imbalance/bench.py --table {STRAGGLERS.relative_to(ROOT)}`")
-    assert STRAGGLERS.name in doc
+    assert STRAGGLERS.name in doc.read_text()
 
 
 def test_readme_straggler_figures_are_the_committed_runs():
@@ -53,26 +58,18 @@ STARTUP = [ROOT / "reproduce" / "startup" / name
 
 def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
     table = _script(ROOT / "reproduce" / "startup" / "bench.py").table([json.loads(p.read_text()) for p in STARTUP])
-    block = re.search(r"<!-- startup:begin -->\n(.*?)\n<!-- startup:end -->", (ROOT / "README.md").read_text(),
-                      re.DOTALL)
-    assert block, "README.md has no <!-- startup:begin --> ... <!-- startup:end --> block"
-    assert block.group(1) == table, ("README.md differs from `reproduce/startup/bench.py --table "
+    assert _block(ROOT / "README.md", "startup") == table, ("README.md differs from `reproduce/startup/bench.py --table "
                                      + " ".join(str(p.relative_to(ROOT)) for p in STARTUP) + "`")
 
 
 def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run():
     result = ROOT / "reproduce" / "engine" / "results-2core-20261202.json"
     table = _script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(json.loads(result.read_text())["rows"])
-    doc = (ROOT / "docs" / "wait-avoiding-engine.md").read_text()
-    block = re.search(r"<!-- compute-gap:begin -->\n(.*?)\n<!-- compute-gap:end -->", doc, re.DOTALL)
-    assert block, "docs/wait-avoiding-engine.md has no <!-- compute-gap:begin --> ... <!-- compute-gap:end --> block"
-    assert block.group(1) == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
-    assert result.name in doc
+    doc = ROOT / "docs" / "wait-avoiding-engine.md"
+    assert _block(doc, "compute-gap") == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
+    assert result.name in doc.read_text()
 
 
 def test_after_wagma_tables_are_the_scripts_tables_of_the_committed_tunings():
-    doc = (ROOT / "docs" / "optimizers.md").read_text()
-    block = re.search(r"<!-- after-wagma:begin -->\n(.*?)\n<!-- after-wagma:end -->", doc, re.DOTALL)
-    assert block, "docs/optimizers.md has no <!-- after-wagma:begin --> ... <!-- after-wagma:end --> block"
-    assert block.group(1) == _script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
+    assert _block(ROOT / "docs" / "optimizers.md", "after-wagma") == _script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
         "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`")
