@@ -85,7 +85,8 @@ def _reductions(tune_dir: Path, optimizer: str) -> str:
 
 
 def rows_of(methods: list[tuple[str, Path, str]], root: Path = ROOT) -> list[dict]:
-    measured = {name: measure(root / d, "time_to_target")[opt] for name, d, opt in methods}
+    by_dir = {d: measure(root / d, "time_to_target") for d in dict.fromkeys(d for _, d, _ in methods)}
+    measured = {name: by_dir[d][opt] for name, d, opt in methods}
     rows = []
     for name, d, opt in methods:
         m = measured[name]
