@@ -6,7 +6,7 @@ and streaming DiLoCo, with intervals, and the figures that explain it.
 Each method's row is its tuning (``wagma-bench tune``, AlgoPerf's external tuning, S studies x O trials) read the
 way ``wagma-bench claims`` reads one (:func:`wagma_bench.analysis.claims.measure`): the score is the median over
 studies of each study's fastest time to the target, with the exact two-stage bootstrap interval. "Against the
-best of the others" is that method as a claim's subject against the other three
+best of the others" is that method as a claim's subject against the other methods of its workload
 (:func:`wagma_bench.analysis.claims.speedup`: > 1 favours the method, the best of the others chosen inside each
 resample); a method **wins** when the whole interval of that ratio is above 1. Beside it, what explains the
 result: DropCompute's drop rate (the share of micro-batches not computed, median over its trials), the time a
@@ -43,21 +43,46 @@ WORKLOADS: dict[str, list[tuple[str, Path, str]]] = {
         ("DropCompute", T / "results-2core-20261203d/resnet_paper_dropcompute", "dropcompute"),
         ("streaming DiLoCo", T / "results-2core-20261203d/resnet_paper_streaming", "local_sgd"),
     ],
+    "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
+    "truncated at 1)": [
+        ("Allreduce-SGD", T / "results-2core-20261203e/resnet_lognormal_pair", "allreduce"),
+        ("WAGMA-SGD", T / "results-2core-20261203e/resnet_lognormal_pair", "wagma"),
+        ("DropCompute", T / "results-2core-20261203e/resnet_lognormal_dropcompute", "dropcompute"),
+        ("streaming DiLoCo", T / "results-2core-20261203e/resnet_lognormal_streaming", "local_sgd"),
+    ],
     "the embedded Transformer, token batches (natural imbalance only)": [
         ("Allreduce-SGD", T / "results-2core-20261202/transformer", "allreduce"),
         ("WAGMA-SGD", T / "results-2core-20261202/transformer", "wagma"),
         ("DropCompute", T / "results-2core-20261202b/transformer_dropcompute", "dropcompute"),
         ("streaming DiLoCo", T / "results-2core-20261202b/transformer_streaming", "local_sgd"),
     ],
+    # DropCompute does not apply: a rollout and its PPO updates do not split into micro-batches
+    "DD-PPO on the embedded MiniWorld rooms (the rollouts' natural imbalance; no DropCompute: a rollout does not "
+    "split into micro-batches)": [
+        ("Allreduce-SGD", T / "results-2core-20261203e/ddppo_pair", "allreduce"),
+        ("WAGMA-SGD", T / "results-2core-20261203e/ddppo_pair", "wagma"),
+        ("streaming DiLoCo", T / "results-2core-20261203e/ddppo_streaming", "local_sgd"),
+    ],
 }
 
-RESNET = next(iter(WORKLOADS))
+RESNET_PAPER, RESNET_LOGNORMAL, _, DDPPO = WORKLOADS
 SIM = T / "results-2core-20261203d/paper-scale"
+SIM_E = T / "results-2core-20261203e/paper-scale"
+
+
+def _simulated(where: Path, name: str) -> list[tuple[str, Path, str]]:
+    """The four methods' rows in ``where/name`` (Allreduce-SGD, WAGMA-SGD, DropCompute) and
+    ``where/name_streaming`` (streaming DiLoCo, simulated apart at its winning H)."""
+    return [("Allreduce-SGD", where / name, "allreduce"), ("WAGMA-SGD", where / name, "wagma"),
+            ("DropCompute", where / name, "dropcompute"),
+            ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd")]
+
+
 # per workload: the simulator's outputs (wagma-bench simulate --out) at the paper's scale, each method's row there
 PREDICTED: dict[str, list[tuple[str, Path, str]]] = {
-    RESNET: [("Allreduce-SGD", SIM / "resnet50", "allreduce"), ("WAGMA-SGD", SIM / "resnet50", "wagma"),
-             ("DropCompute", SIM / "resnet50", "dropcompute"),
-             ("streaming DiLoCo", SIM / "resnet50_streaming", "local_sgd")],
+    RESNET_PAPER: _simulated(SIM, "resnet50"),
+    RESNET_LOGNORMAL: _simulated(SIM_E, "resnet50_lognormal"),
+    DDPPO: [m for m in _simulated(SIM_E, "rl") if m[0] != "DropCompute"],
 }
 
 
