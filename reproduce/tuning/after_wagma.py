@@ -35,42 +35,18 @@ from wagma_bench.analysis.tuning import load_trials, trial_finished
 
 ROOT = Path(__file__).resolve().parents[2]
 T = Path("reproduce/tuning")
-# per workload: (method, tuning directory, the optimizer tuned there)
-WORKLOADS: dict[str, list[tuple[str, Path, str]]] = {
-    "ResNet-20 on the embedded MNIST subset, `imbalance=paper` (2 of 4 ranks sleep 0.3 s per step)": [
-        ("Allreduce-SGD", T / "results-2core-20261203d/resnet_paper_pair", "allreduce"),
-        ("WAGMA-SGD", T / "results-2core-20261203d/resnet_paper_pair", "wagma"),
-        ("DropCompute", T / "results-2core-20261203d/resnet_paper_dropcompute", "dropcompute"),
-        ("streaming DiLoCo", T / "results-2core-20261203d/resnet_paper_streaming", "local_sgd"),
-    ],
-    "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
-    "truncated at 1)": [
-        ("Allreduce-SGD", T / "results-2core-20261203e/resnet_lognormal_pair", "allreduce"),
-        ("WAGMA-SGD", T / "results-2core-20261203e/resnet_lognormal_pair", "wagma"),
-        ("DropCompute", T / "results-2core-20261203e/resnet_lognormal_dropcompute", "dropcompute"),
-        ("streaming DiLoCo", T / "results-2core-20261203e/resnet_lognormal_streaming", "local_sgd"),
-    ],
-    "the embedded Transformer, token batches (natural imbalance only)": [
-        ("Allreduce-SGD", T / "results-2core-20261202/transformer", "allreduce"),
-        ("WAGMA-SGD", T / "results-2core-20261202/transformer", "wagma"),
-        ("DropCompute", T / "results-2core-20261202b/transformer_dropcompute", "dropcompute"),
-        ("streaming DiLoCo", T / "results-2core-20261202b/transformer_streaming", "local_sgd"),
-    ],
-    # DropCompute does not apply: a rollout and its PPO updates do not split into micro-batches
-    "DD-PPO on the embedded MiniWorld rooms (the rollouts' natural imbalance; no DropCompute: a rollout does not "
-    "split into micro-batches)": [
-        ("Allreduce-SGD", T / "results-2core-20261203e/ddppo_pair", "allreduce"),
-        ("WAGMA-SGD", T / "results-2core-20261203e/ddppo_pair", "wagma"),
-        ("streaming DiLoCo", T / "results-2core-20261203e/ddppo_streaming", "local_sgd"),
-    ],
-}
-
-RESNET_PAPER, RESNET_LOGNORMAL, _, DDPPO = WORKLOADS
-SIM = T / "results-2core-20261203d/paper-scale"
-SIM_E = T / "results-2core-20261203e/paper-scale"
+Methods = list[tuple[str, Path, str]]  # (method, tuning or simulation directory, the optimizer it holds)
 
 
-def _simulated(where: Path, name: str) -> list[tuple[str, Path, str]]:
+def _tuned(where: Path, name: str) -> Methods:
+    """One campaign's four tunings: ``where/name_pair`` (Allreduce-SGD and WAGMA-SGD, tuned together),
+    ``where/name_dropcompute`` and ``where/name_streaming``."""
+    return [("Allreduce-SGD", where / f"{name}_pair", "allreduce"), ("WAGMA-SGD", where / f"{name}_pair", "wagma"),
+            ("DropCompute", where / f"{name}_dropcompute", "dropcompute"),
+            ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd")]
+
+
+def _simulated(where: Path, name: str) -> Methods:
     """The four methods' rows in ``where/name`` (Allreduce-SGD, WAGMA-SGD, DropCompute) and
     ``where/name_streaming`` (streaming DiLoCo, simulated apart at its winning H)."""
     return [("Allreduce-SGD", where / name, "allreduce"), ("WAGMA-SGD", where / name, "wagma"),
@@ -78,11 +54,34 @@ def _simulated(where: Path, name: str) -> list[tuple[str, Path, str]]:
             ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd")]
 
 
+def _no_dropcompute(methods: Methods) -> Methods:
+    """DD-PPO's methods: DropCompute does not apply (a rollout and its PPO updates do not split into micro-batches)."""
+    return [m for m in methods if m[0] != "DropCompute"]
+
+
+WORKLOADS: dict[str, Methods] = {
+    "ResNet-20 on the embedded MNIST subset, `imbalance=paper` (2 of 4 ranks sleep 0.3 s per step)":
+        _tuned(T / "results-2core-20261203d", "resnet_paper"),
+    "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
+    "truncated at 1)": _tuned(T / "results-2core-20261203e", "resnet_lognormal"),
+    "the embedded Transformer, token batches (natural imbalance only)": [
+        ("Allreduce-SGD", T / "results-2core-20261202/transformer", "allreduce"),
+        ("WAGMA-SGD", T / "results-2core-20261202/transformer", "wagma"),
+        ("DropCompute", T / "results-2core-20261202b/transformer_dropcompute", "dropcompute"),
+        ("streaming DiLoCo", T / "results-2core-20261202b/transformer_streaming", "local_sgd"),
+    ],
+    "DD-PPO on the embedded MiniWorld rooms (the rollouts' natural imbalance; no DropCompute: a rollout does not "
+    "split into micro-batches)": _no_dropcompute(_tuned(T / "results-2core-20261203e", "ddppo")),
+}
+
+RESNET_PAPER, RESNET_LOGNORMAL, _, DDPPO = WORKLOADS
+SIM = T / "results-2core-20261203d/paper-scale"
+SIM_E = T / "results-2core-20261203e/paper-scale"
 # per workload: the simulator's outputs (wagma-bench simulate --out) at the paper's scale, each method's row there
-PREDICTED: dict[str, list[tuple[str, Path, str]]] = {
+PREDICTED: dict[str, Methods] = {
     RESNET_PAPER: _simulated(SIM, "resnet50"),
     RESNET_LOGNORMAL: _simulated(SIM_E, "resnet50_lognormal"),
-    DDPPO: [m for m in _simulated(SIM_E, "rl") if m[0] != "DropCompute"],
+    DDPPO: _no_dropcompute(_simulated(SIM_E, "rl")),
 }
 
 
@@ -109,7 +108,7 @@ def _reductions(tune_dir: Path, optimizer: str) -> str:
     return "—" if period is None else f"1/{period}"
 
 
-def rows_of(methods: list[tuple[str, Path, str]], root: Path = ROOT) -> list[dict]:
+def rows_of(methods: Methods, root: Path = ROOT) -> list[dict]:
     by_dir = {d: measure(root / d, "time_to_target") for d in dict.fromkeys(d for _, d, _ in methods)}
     measured = {name: by_dir[d][opt] for name, d, opt in methods}
     rows = []
@@ -136,7 +135,7 @@ COLUMNS = [("method", "method", ""), ("score", "time to target (s) [95%]", ""), 
            ("imbalance", "compute imbalance", ""), ("tuning", "tuning", "")]
 
 
-def predicted_rows(methods: list[tuple[str, Path, str]], root: Path = ROOT) -> list[dict]:
+def predicted_rows(methods: Methods, root: Path = ROOT) -> list[dict]:
     """The simulator's rows of each method at every world size it predicted, against Allreduce-SGD's there."""
     found = {name: [r for r in json.loads((root / d / "predictions.json").read_text()) if r["optimizer"] == opt]
              for name, d, opt in methods}
@@ -163,8 +162,8 @@ PREDICTED_COLUMNS = [("method", "method", ""), ("P", "P", ""), ("throughput", "s
                      ("drop", "drop rate", ""), ("ttt", "time to target against Allreduce-SGD", "")]
 
 
-def tables(workloads: dict[str, list[tuple[str, Path, str]]] = WORKLOADS,
-           predicted: dict[str, list[tuple[str, Path, str]]] = PREDICTED, root: Path = ROOT) -> str:
+def tables(workloads: dict[str, Methods] = WORKLOADS,
+           predicted: dict[str, Methods] = PREDICTED, root: Path = ROOT) -> str:
     parts = []
     for title, methods in workloads.items():
         parts += [f"**{title}**", "", markdown_table(rows_of(methods, root), COLUMNS), ""]
