@@ -122,17 +122,21 @@ def _allreduce_straggler(comm, steps, delay_s):
 def test_fast_ranks_do_not_wait_for_a_straggler():
     tau, rounds, delay = 5, 24, 0.4
     wa = run_world(_straggler, 4, tau, rounds, delay)
-    ar = run_world(_allreduce_straggler, 4, rounds, delay)
+    # Allreduce-SGD waits for the straggler at every round, so a third of the rounds gives its pace (the
+    # same comparison as over all 24, 6 s sooner)
+    ar_rounds = rounds // 3
+    ar = run_world(_allreduce_straggler, 4, ar_rounds, delay)
+    ar_pace = min(ar) / ar_rounds  # seconds per round
     fast = [w for w in wa[1:]]
     # Allreduce-SGD runs at the straggler's pace.
-    assert min(ar) > rounds * delay * 0.95
+    assert ar_pace > delay * 0.95
     # WAGMA: the fast ranks reach `rounds` rounds while the straggler completes only a few steps; they
     # wait for it only at the synchronous rounds (rounds / (tau + 1) of them).
     syncs = rounds // (tau + 1)
     assert wa[0]["steps"] <= syncs + 1
     for w in fast:
         assert w["elapsed"] < (syncs + 1) * delay * 1.5 + rounds * 0.05
-        assert w["elapsed"] < 0.5 * min(ar)
+        assert w["elapsed"] < 0.5 * rounds * ar_pace
     # Staleness of every contribution stays below the limiter's bound.
     assert all(w["stale"] <= tau for w in wa)
     assert max(wa[0]["rounds"]) == max(fast[0]["rounds"])
