@@ -3,8 +3,10 @@
 Every temporary file of the suite, its own and its subprocesses' (launcher heartbeat folders left by a
 killed launcher, wandb's media folders, torchelastic's and the forkserver's scratch files), lands under
 pytest's own temporary directory, which pytest rotates (the last three sessions are kept), not in the
-machine's /tmp. Not covered: MPICH's launcher ignores TMPDIR (a ``hydra_hwloc_xmlfile_*`` in /tmp), and the
-local SLURM makes its directory under /tmp on purpose (``tests/slurm_cluster.py``'s ``local_cluster``).
+machine's /tmp. Not covered: MPICH's launcher ignores TMPDIR (a ``hydra_hwloc_xmlfile_*`` in /tmp), the
+local SLURM makes its directory under /tmp on purpose (``tests/slurm_cluster.py``'s ``local_cluster``), and
+torch makes an empty /tmp/torchinductor_USER when a test module imported at collection, before the session
+fixture below, imports torch._dynamo.
 MPICH's shared-memory segments of killed or aborted jobs are removed from /dev/shm when the run ends.
 """
 
