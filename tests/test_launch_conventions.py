@@ -209,7 +209,6 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     assert not (run_dir / ".lock").exists()
 
 
-@pytest.mark.serial
 def test_torchrun_restart_after_a_killed_worker_resumes(tmp_path):
     torchrun_kill_and_restart(tmp_path)
 

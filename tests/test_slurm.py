@@ -126,7 +126,7 @@ def test_squeue_answer_and_progress_line():
                                                "best metric 0.6000 (d)")
 
 
-@pytest.mark.serial
+@pytest.mark.timing
 def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
     polls = []
     monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
@@ -247,7 +247,6 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     assert [summary(out / r["run_dir"])["seed"] for r in manifest["runs"]] == [1, 2]
 
 
-@pytest.mark.serial
 @pytest.mark.slow
 # our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
 @pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
