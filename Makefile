@@ -44,20 +44,15 @@ $(FAIRSEQ):
 run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)
 
-# In three groups, all always run (docs/tests.md, "Three groups"). The tests that time nothing, on two pytest-xdist
-# workers (a file's tests on one worker: its module fixtures made once; two local SLURM clusters coexist) at the
-# lowest CPU priority (nice 19); beside them, at normal priority, the tests marked `timing` (waits and margins
-# against the clock, processes that mostly sleep: the scheduler gives them a core the moment they wake), whose
-# output is printed once both are done; then the tests marked `serial` (a deadline or a margin under load of their
-# own: end-to-end runs against the clock, MPI's busy-polling ranks) alone, so that nothing competes with them.
+# In two phases, both always run: the tests that time nothing on two pytest-xdist workers (the cores idle a
+# quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
+# one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each);
+# then the tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone,
+# so that no other test competes with them for the cores.
 test: $(STAMP)
-	@timing_log=$$(mktemp); \
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "timing and not long" > $$timing_log 2>&1 & timing_pid=$$!; \
-	trap 'kill $$timing_pid 2>/dev/null; rm -f $$timing_log' EXIT; trap 'exit 130' INT TERM; \
-	nice -n 19 $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not long and not serial and not timing"; parallel=$$?; \
-	wait $$timing_pid; timing=$$?; echo "tests marked timing, run beside those:"; cat $$timing_log; \
+	@$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not long and not serial"; parallel=$$?; \
 	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
-	test $$parallel = 0 && test $$timing = 0 && test $$serial = 0
+	test $$parallel = 0 && test $$serial = 0
 
 # The multi-minute runs to a target (every baseline optimizer on ResNet, the Transformer to its BLEU).
 test-long: $(STAMP)

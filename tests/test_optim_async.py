@@ -62,7 +62,7 @@ def _slow_rank_run(comm, name, settings):
             "rounds": rounds, "params": flat_params(algo.model)}
 
 
-@pytest.mark.timing  # the fast ranks' pace against the slow rank's; the ranks mostly sleep
+@pytest.mark.serial
 @pytest.mark.parametrize("case", list(CASES))
 def test_slow_rank_clean_shutdown_and_wait_avoidance(case):
     name, settings, wait_avoiding = CASES[case]

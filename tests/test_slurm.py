@@ -126,7 +126,7 @@ def test_squeue_answer_and_progress_line():
                                                "best metric 0.6000 (d)")
 
 
-@pytest.mark.timing
+@pytest.mark.serial
 def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
     polls = []
     monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
@@ -248,6 +248,7 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+# not serial: its one margin counts steps, not seconds (make test's first phase, beside this file's other SLURM tests)
 # our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
 @pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
 def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):

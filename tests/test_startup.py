@@ -35,7 +35,7 @@ def test_mnist_cache_holds_exactly_the_parsed_file_and_a_corrupt_cache_is_parsed
     assert not [p for p in (tmp_path / "mnist5k").iterdir() if p.suffix != ".npy"]  # no temporary file left
 
 
-@pytest.mark.timing
+@pytest.mark.serial
 def test_a_process_start_is_read_to_the_clock_tick_not_the_boot_second():
     """The launcher phase starts at the process's own start: read against the boot-time clock it is within a
     few clock ticks of when the parent started it (``/proc/stat``'s whole-second boot time put it up to a

@@ -12,9 +12,9 @@ from tests.dist_util import run_world
 from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule, butterfly_stage, default_group_size
 from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
-# Most of these assert waits and margins against sleeps of a fraction of a second, and their ranks mostly sleep:
-# make test runs them at normal priority beside the untimed tests, which run at the lowest (nice 19).
-pytestmark = pytest.mark.timing
+# Most of these assert waits and margins against sleeps of a fraction of a second: run alone, in make test's
+# serial phase.
+pytestmark = pytest.mark.serial
 
 
 def _engine(comm, tau, group_size=None, like=None, in_order=False):
