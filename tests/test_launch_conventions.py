@@ -209,7 +209,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     assert not (run_dir / ".lock").exists()
 
 
-# not serial: it asserts an outcome, not a wait (make test's first phase; measured there 2026-12-04)
+@pytest.mark.serial
 def test_torchrun_restart_after_a_killed_worker_resumes(tmp_path):
     torchrun_kill_and_restart(tmp_path)
 

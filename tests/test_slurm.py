@@ -247,8 +247,8 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     assert [summary(out / r["run_dir"])["seed"] for r in manifest["runs"]] == [1, 2]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
-# not serial: its one margin counts steps, not seconds (make test's first phase, beside this file's other SLURM tests)
 # our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
 @pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
 def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
