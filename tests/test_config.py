@@ -114,3 +114,43 @@ def test_primary_config_is_not_named_config():
     # fairseq registers a `config` node in Hydra's ConfigStore; ours must not collide with it
     assert (CONF_DIR / "wagma.yaml").exists() and not (CONF_DIR / "config.yaml").exists()
     assert Path(CONF_DIR).name == "conf"
+
+
+def test_the_specs_the_config_check_reads_are_the_registries_torch_free_twins():
+    """validate() reads the optimizers' and workloads' specs (optim/specs.py, workloads/specs.py), never their
+    classes: each registered class inherits the spec of its name, and the two registries list the same names in
+    the same order."""
+    from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.optim.specs import OPTIMIZER_SPECS
+    from wagma_bench.workloads.ddppo.policy import RESNETS
+    from wagma_bench.workloads.specs import RESNET_BACKBONES, WORKLOAD_SPECS
+
+    for classes, specs in ((OPTIMIZERS, OPTIMIZER_SPECS), (WORKLOADS, WORKLOAD_SPECS)):
+        assert list(classes) == list(specs)
+        for name, cls in classes.items():
+            assert issubclass(cls, specs[name]) and cls.name == specs[name].name == name, name
+            assert cls.Settings is specs[name].Settings, name
+    assert tuple(RESNETS) == RESNET_BACKBONES  # workload.backbone's choices are the policy's ResNets
+
+
+def test_the_config_check_imports_no_torch():
+    """The launching process validates every option without torch (1.3 s of CPU a command here). A fresh
+    interpreter, so that what this session imported does not count."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hydra import compose, initialize_config_dir\n"
+            "from wagma_bench.config.paths import CONF_DIR\n"
+            "from wagma_bench.config.schema import validate\n"
+            "from wagma_bench.optim.specs import OPTIMIZER_SPECS\n"
+            "from wagma_bench.workloads.specs import WORKLOAD_SPECS\n"
+            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
+            "    for w in WORKLOAD_SPECS:\n"
+            "        for o in OPTIMIZER_SPECS:\n"
+            "            if (w, o) != ('ddppo', 'dropcompute'):  # refused: DD-PPO's batches do not split\n"
+            "                validate(compose(config_name='wagma', overrides=[f'workload={w}', f'optimizer={o}']), 4)\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'fairseq') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout

@@ -22,11 +22,15 @@ from markdown_it import MarkdownIt
 from omegaconf import OmegaConf
 
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.ranges import range_of
 from wagma_bench.workloads import WORKLOADS
+from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 MD = MarkdownIt("commonmark").enable("table")
+SPECS = "wagma_bench/optim/specs.py"  # the optimizers' settings and rules, read by the config check
+WORKLOAD_SPECS_FILE = "wagma_bench/workloads/specs.py"  # the workloads'
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,21 @@ def module_and_attributes(name: str) -> list[str]:
         return [(f"{name}: add the class {cls.__name__} to {path} (it is in {cls.__module__}; one module per "
                 f"optimizer, named after its option)")]
     return [f"{name}: add `{attr}` ({why}) to {cls.__name__} in {path}"
-            for attr, why in (("name", f"= {name!r}, its option name"), ("paper", "what the tables print"),
-                              ("models_identical", "every rank holds the same model at a sync point"),
-                              ("Settings", "a dataclass of its settings"))
-            if attr not in cls.__dict__] + (
-        [f"{name}: set `name = {name!r}` in {cls.__name__} in {path} (the registry's key is {name!r})"]
-        if cls.__dict__.get("name", name) != name else [])
+            for attr, why in (("paper", "what the tables print"),
+                              ("models_identical", "every rank holds the same model at a sync point"))
+            if attr not in cls.__dict__]
+
+
+def spec(name: str) -> list[str]:
+    cls, spec = OPTIMIZERS[name], OPTIMIZER_SPECS.get(name)
+    if spec is None or not issubclass(cls, spec):
+        return [(f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
+                 f"{cls.__name__} inherit it (the config check reads the spec, without torch)")]
+    return [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {SPECS}"
+            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"))
+            if attr not in spec.__dict__] + (
+        [f"{name}: set `name = {name!r}` in {spec.__name__} in {SPECS} (the registry's key is {name!r})"]
+        if spec.__dict__.get("name", name) != name else [])
 
 
 def yaml_file(name: str) -> list[str]:
@@ -83,7 +96,7 @@ def _without_range(settings: type, name: str, file: str) -> list[str]:
 
 
 def ranges(name: str) -> list[str]:
-    return _without_range(OPTIMIZERS[name].Settings, name, f"wagma_bench/optim/{name}.py")
+    return _without_range(OPTIMIZERS[name].Settings, name, SPECS)
 
 
 def search_space(name: str) -> list[str]:
@@ -177,7 +190,8 @@ def docs_rows(name: str) -> list[str]:
 PIECES = [
     Piece("the algorithm's module and class attributes", "wagma_bench/optim/NAME.py", module_and_attributes),
     Piece("the option's YAML", "conf/optimizer/NAME.yaml", yaml_file),
-    Piece("the range of every numeric setting", "wagma_bench/optim/NAME.py", ranges),
+    Piece("the spec the configuration check reads", SPECS, spec),
+    Piece("the range of every numeric setting", SPECS, ranges),
     Piece("the search space", "conf/search_space/NAME.yaml", search_space),
     Piece("the simulation", "wagma_bench/simulate/des.py", simulation),
     Piece("the invariant case", "tests/test_invariants.py", invariant_case),
@@ -245,13 +259,22 @@ def workload_module(name: str) -> list[str]:
     if cls.__module__ not in (f"wagma_bench.workloads.{name}", f"wagma_bench.workloads.{name}.workload"):
         return [(f"{name}: add the class {cls.__name__} to wagma_bench/workloads/{name}.py (or a package "
                  f"wagma_bench/workloads/{name}/; it is in {cls.__module__})")]
-    out = [f"{name}: add `{attr}` ({why}) to {cls.__name__}"
+    return []
+
+
+def workload_spec(name: str) -> list[str]:
+    cls, spec = WORKLOADS[name], WORKLOAD_SPECS.get(name)
+    if spec is None or not issubclass(cls, spec):
+        return [(f"{name}: add a spec class (name, Settings, DATA, its checks) to WORKLOAD_SPECS in "
+                 f"{WORKLOAD_SPECS_FILE} and make {cls.__name__} inherit it (the config check reads the spec, "
+                 "without torch)")]
+    out = [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {WORKLOAD_SPECS_FILE}"
            for attr, why in (("name", f"= {name!r}"), ("Settings", "a dataclass of its settings"),
                              ("DATA", "its data options and their schemas"),
                              ("RANK_MEMORY_MB", "one rank's peak memory, reproduce/memory/footprint.py"))
-           if not any(attr in vars(k) for k in cls.__mro__[:-1] if k.__name__ != "Workload")]
-    if cls.metric_name not in cls.METRIC_RANGES:
-        out.append(f"{name}: add the range of its metric {cls.metric_name!r} to {cls.__name__}.METRIC_RANGES")
+           if attr not in vars(spec)]
+    if spec.metric_name not in spec.METRIC_RANGES:
+        out.append(f"{name}: add the range of its metric {spec.metric_name!r} to {spec.__name__}.METRIC_RANGES")
     return out
 
 
@@ -272,7 +295,7 @@ def workload_data(name: str) -> list[str]:
 
 
 def workload_ranges(name: str) -> list[str]:
-    return _without_range(WORKLOADS[name].Settings, name, f"wagma_bench/workloads/{name}.py")
+    return _without_range(WORKLOADS[name].Settings, name, WORKLOAD_SPECS_FILE)
 
 
 def workload_trained(name: str) -> list[str]:
@@ -294,7 +317,8 @@ WORKLOAD_PIECES = [
     Piece("the workload's module and class attributes", "wagma_bench/workloads/NAME.py", workload_module),
     Piece("the option's YAML", "conf/workload/NAME.yaml", workload_yaml),
     Piece("its data options' YAML", "conf/data/OPTION.yaml", workload_data),
-    Piece("the range of every numeric setting", "wagma_bench/workloads/NAME.py", workload_ranges),
+    Piece("the spec the configuration check reads", WORKLOAD_SPECS_FILE, workload_spec),
+    Piece("the range of every numeric setting", WORKLOAD_SPECS_FILE, workload_ranges),
     Piece("a test that trains it", "tests/test_NAME.py", workload_trained),
     Piece("the option table", "docs/configuration.md", workload_docs),
 ]

@@ -120,7 +120,7 @@ def _run_job(cfg) -> dict | None:
     from wagma_bench.runtime import startup
     from wagma_bench.runtime.extras import check_extras
     from wagma_bench.runtime.launch import detect_world, stop_rank_server
-    from wagma_bench.workloads import get_workload
+    from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
     startup.new_job()
     world = detect_world()
@@ -129,7 +129,7 @@ def _run_job(cfg) -> dict | None:
         if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
             stop_rank_server()
         check_extras(run_cfg)
-        get_workload(run_cfg.workload.name).check(run_cfg)
+        WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
     except (ConfigError, ValueError) as err:
         _fail(str(err), 2)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -145,19 +145,16 @@ def _run_job(cfg) -> dict | None:
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
-    import torch
-
     from wagma_bench.config.schema import ConfigError, check_memory, check_world
     from wagma_bench.record.checkpoint import CheckpointError, check_against_run, check_event_log
     from wagma_bench.record.rundir import finished_summary
-    from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master
-    from wagma_bench.train.trainer import train
+    from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master, visible_cuda_devices
 
     raw = run_cfg.raw
     plan = None
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
-            plan = device_plan(torch.cuda.device_count(), run_cfg.launcher.nproc, run_cfg.comm.backend)
+            plan = device_plan(visible_cuda_devices(), run_cfg.launcher.nproc, run_cfg.comm.backend)
             check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
@@ -181,7 +178,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
-        summary = run_rank(raw, str(run_dir), world, master, train)
+        summary = run_rank(raw, str(run_dir), world, master, train_rank)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
             _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", EXIT_DIVERGED)
         return summary
@@ -198,13 +195,12 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     from wagma_bench.config.schema import ConfigError
     from wagma_bench.runtime.launch import spawn_local
     from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, record_failed_run
-    from wagma_bench.train.trainer import train
 
     note = f" ({plan.note})" if plan.note else ""
     print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
         interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
-                                  run_cfg.launcher.master_port, train)
+                                  run_cfg.launcher.master_port, train_rank)
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), 2)
     except RunInterrupted as err:
@@ -222,6 +218,14 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
             return
         _fail(message, 1)
     _report_end(run_dir, interrupted)
+
+
+def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
+    """What every rank runs once its world is up: the trainer. Passed to the ranks by reference (this function's
+    name), so that the launching process need not import the trainer, torch with it; the rank server has."""
+    from wagma_bench.train.trainer import train
+
+    return train(cfg, comm, run_dir, local_rank)
 
 
 def _report_end(run_dir: Path, interrupted: bool = True) -> None:

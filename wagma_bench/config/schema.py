@@ -3,7 +3,9 @@
 Hydra composes the YAML files under ``conf/``; :func:`validate` then checks every section against a
 dataclass, so a typo in a key or a wrong type fails in the launching process, before any rank starts.
 Option-dependent sections (``optimizer``, ``imbalance``, ``data``, ``workload``) are checked against the
-dataclass registered for the chosen option; the registries are explicit dicts in their modules.
+dataclass registered for the chosen option; the registries are explicit dicts, the optimizers' and workloads'
+in their torch-free specs (:mod:`wagma_bench.optim.specs`, :mod:`wagma_bench.workloads.specs`), so that the
+check imports no torch.
 
 One validation style, all before any rank starts, every failure a :class:`ConfigError` that names the key,
 the bad value and what is allowed: a numeric setting's range is declared with its default
@@ -28,6 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.imbalance import IMBALANCES
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.ranges import (
     ANY,
     AT_LEAST_ONE,
@@ -39,6 +43,7 @@ from wagma_bench.ranges import (
     range_of,
     setting,
 )
+from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
 __all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
 
@@ -101,11 +106,9 @@ def _is_section(node: Any) -> bool:
 def check_target(target: float | None, workload: Any, data: Any) -> None:
     """``eval.target`` within the range of the workload's metric (a top-1 fraction cannot reach 1.5); the
     workload class declares its metrics' ranges (``METRIC_RANGES``)."""
-    from wagma_bench.workloads import WORKLOADS
-
     if target is None:
         return
-    cls = WORKLOADS[workload.name]
+    cls = WORKLOAD_SPECS[workload.name]
     metric = cls.metric_of(SimpleNamespace(workload=workload, data=data))
     allowed = Range(*cls.METRIC_RANGES[metric])
     check_value("eval.target", target, ANY)
@@ -116,33 +119,26 @@ def check_target(target: float | None, workload: Any, data: Any) -> None:
 
 def check_outer(optimizer: Any) -> None:
     """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
-    from wagma_bench.optim import OPTIMIZERS
-
-    if optimizer.outer == "none" or OPTIMIZERS[optimizer.name].outer_at is not None:
+    if optimizer.outer == "none" or OPTIMIZER_SPECS[optimizer.name].outer_at is not None:
         return
-    applies = ", ".join(name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None)
+    applies = ", ".join(name for name, cls in OPTIMIZER_SPECS.items() if cls.outer_at is not None)
     raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
-                      f"{OPTIMIZERS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
+                      f"{OPTIMIZER_SPECS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
 
 
 def check_parts(optimizer: Any, workload: Any) -> None:
     """An optimizer that computes a batch in parts (DropCompute) only on a workload whose batches split."""
-    from wagma_bench.optim import OPTIMIZERS
-    from wagma_bench.workloads import WORKLOADS
-
-    if not OPTIMIZERS[optimizer.name].computes_in_parts or WORKLOADS[workload.name].splittable:
+    if not OPTIMIZER_SPECS[optimizer.name].computes_in_parts or WORKLOAD_SPECS[workload.name].splittable:
         return
-    splittable = ", ".join(name for name, cls in WORKLOADS.items() if cls.splittable)
+    splittable = ", ".join(name for name, cls in WORKLOAD_SPECS.items() if cls.splittable)
     raise ConfigError(f"optimizer={optimizer.name} is not allowed with workload={workload.name}: it computes each "
                       f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
 
 
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
-    rules (``Algorithm.check_world``), then the imbalance's."""
-    from wagma_bench.optim import OPTIMIZERS
-
-    OPTIMIZERS[optimizer.name].check_world(optimizer, world_size)
+    rules (its spec's ``check_world``), then the imbalance's."""
+    OPTIMIZER_SPECS[optimizer.name].check_world(optimizer, world_size)
     ranks = getattr(imbalance, "ranks", None)  # imbalance=fixed names its slow ranks
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
         raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
@@ -153,9 +149,7 @@ def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> No
     """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
     per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
     that cannot fit would only swap or meet the OOM killer before its first step."""
-    from wagma_bench.workloads import WORKLOADS
-
-    per_rank = WORKLOADS[workload].RANK_MEMORY_MB
+    per_rank = WORKLOAD_SPECS[workload].RANK_MEMORY_MB
     total_mb = machine_memory_mb() if total_mb is None else total_mb
     if not total_mb or nproc * per_rank <= total_mb:
         return
@@ -309,27 +303,19 @@ TOP_LEVEL_SCALARS = {"seed": int}
 
 def workload_data_schemas(workload: str) -> dict[str, type]:
     """Data options of a workload: option name -> schema dataclass (the workload's ``DATA``)."""
-    from wagma_bench.workloads import WORKLOADS
-
-    return WORKLOADS[workload].DATA
+    return WORKLOAD_SPECS[workload].DATA
 
 
 def data_section_names() -> dict[str, str]:
     """Workload -> the top-level section its data options live in (``data``; ``env`` for RL workloads)."""
-    from wagma_bench.workloads import WORKLOADS
-
-    return {name: cls.DATA_SECTION for name, cls in WORKLOADS.items()}
+    return {name: cls.DATA_SECTION for name, cls in WORKLOAD_SPECS.items()}
 
 
 def option_schemas() -> dict[str, dict[str, type]]:
     """Schemas of option-dependent sections, keyed by section then option name."""
-    from wagma_bench.imbalance import IMBALANCES
-    from wagma_bench.optim import OPTIMIZERS
-    from wagma_bench.workloads import WORKLOADS
-
     return {
-        "workload": {name: cls.Settings for name, cls in WORKLOADS.items()},
-        "optimizer": {name: cls.Settings for name, cls in OPTIMIZERS.items()},
+        "workload": {name: cls.Settings for name, cls in WORKLOAD_SPECS.items()},
+        "optimizer": {name: cls.Settings for name, cls in OPTIMIZER_SPECS.items()},
         "imbalance": {name: cls.Settings for name, cls in IMBALANCES.items()},
     }
 

@@ -1,34 +1,20 @@
-"""Registry of the distributed optimizers, keyed by their Hydra option name (``optimizer=NAME``)."""
+"""The distributed optimizers, one module per algorithm; :data:`OPTIMIZERS` names them by their Hydra option.
+
+Importing the package imports no algorithm: the registry (``OPTIMIZERS``, ``get_optimizer``, ``Algorithm``,
+``StepInfo``) is loaded on its first use (PEP 562), so that the configuration check, which reads only
+:mod:`wagma_bench.optim.specs`, runs without torch in the launching process."""
 
 from __future__ import annotations
 
-from wagma_bench.optim.adpsgd import ADPSGD
-from wagma_bench.optim.allreduce import AllreduceSGD
-from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.dpsgd import DPSGD
-from wagma_bench.optim.dropcompute import DropCompute
-from wagma_bench.optim.eager import EagerSGD
-from wagma_bench.optim.local_sgd import LocalSGD
-from wagma_bench.optim.sgp import SGP
-from wagma_bench.optim.wagma import WagmaSGD
-
-OPTIMIZERS: dict[str, type[Algorithm]] = {
-    AllreduceSGD.name: AllreduceSGD,
-    WagmaSGD.name: WagmaSGD,
-    LocalSGD.name: LocalSGD,
-    DPSGD.name: DPSGD,
-    ADPSGD.name: ADPSGD,
-    SGP.name: SGP,
-    EagerSGD.name: EagerSGD,
-    DropCompute.name: DropCompute,
-}
+_REGISTRY = ("OPTIMIZERS", "Algorithm", "StepInfo", "get_optimizer")
 
 
-def get_optimizer(name: str) -> type[Algorithm]:
-    try:
-        return OPTIMIZERS[name]
-    except KeyError:
-        raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(OPTIMIZERS))}") from None
+def __getattr__(name: str):
+    if name in _REGISTRY:
+        from wagma_bench.optim import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["OPTIMIZERS", "Algorithm", "StepInfo", "get_optimizer"]
+__all__ = list(_REGISTRY)

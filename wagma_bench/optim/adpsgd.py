@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import random_matching
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.ranges import AT_LEAST_ONE, setting
+from wagma_bench.optim.specs import ADPSGDSpec
 
 EXCHANGE, STOP = 1, 0
 TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no tags nor any-source receives)
@@ -52,19 +51,10 @@ TAG_REQUEST, TAG_REPLY = 11, 12  # headers, on the control plane (NCCL has no ta
 HEADER_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-class ADPSGD(Algorithm):
-    name = "adpsgd"
+class ADPSGD(ADPSGDSpec, Algorithm):
     paper = "AD-PSGD, Lian et al., ICML 2018"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
-    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
-                     "models' exact average (not implemented)")
-
-    @dataclass
-    class Settings:
-        name: str = "adpsgd"
-        sync_every: int = setting(10, AT_LEAST_ONE)
-        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

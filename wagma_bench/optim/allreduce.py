@@ -9,26 +9,17 @@ collectives. Then every rank applies the same local optimizer step, so all model
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.ranges import POSITIVE, setting
+from wagma_bench.optim.specs import AllreduceSpec
 
 
-class AllreduceSGD(Algorithm):
-    name = "allreduce"
+class AllreduceSGD(AllreduceSpec, Algorithm):
     paper = "Allreduce-SGD (synchronous data parallelism)"
     # Every rank applies the same averaged gradient to the same weights. Buffers (BatchNorm statistics) are
     # each rank's own: evaluation still broadcasts rank 0's state for a model with float buffers (EvalModel).
     models_identical = True
     default_eval_model = "local"
-    outer_refusal = "it averages gradients, not models: every rank holds the same model after every step"
-
-    @dataclass
-    class Settings:
-        name: str = "allreduce"
-        bucket_mb: float = setting(25.0, POSITIVE)
-        outer: str = "none"  # refused unless none (outer_refusal)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed, bucket_mb=settings.bucket_mb)

@@ -73,6 +73,7 @@ from wagma_bench.comm.base import Comm
 from wagma_bench.comm.buckets import Bucket, flatten_into_buckets, zero_grads
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.outer import OuterStep
+from wagma_bench.optim.specs import AlgorithmSpec
 
 
 @dataclass
@@ -83,13 +84,13 @@ class StepInfo:
     extra: dict = field(default_factory=dict)  # more fields for this step's record (DropCompute's drops)
 
 
-class Algorithm(abc.ABC):
-    """Base class: flat parameter buckets, the local optimizer, round bookkeeping."""
+class Algorithm(AlgorithmSpec, abc.ABC):
+    """Base class: flat parameter buckets, the local optimizer, round bookkeeping. What the configuration check
+    reads (name, Settings, outer_at, outer_refusal, computes_in_parts, check_world) each algorithm inherits from
+    its spec in :mod:`wagma_bench.optim.specs`, which imports no torch."""
 
-    name: ClassVar[str]
     #: what the tables print for it: the method and its paper
     paper: ClassVar[str]
-    Settings: ClassVar[type]
     #: which model evaluation uses when eval.model=auto: "local" (rank 0's) or "average" (global mean)
     default_eval_model: ClassVar[str] = "local"
     #: every rank holds the same parameters at every synchronisation point (evaluation then skips the copy and
@@ -99,18 +100,6 @@ class Algorithm(abc.ABC):
     #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None
-    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
-    #: globally itself and calls :meth:`outer_round` right after), "exact" (the base never averages globally:
-    #: :meth:`outer_round`, called at the end of each round, takes the average first), None: it does not apply
-    outer_at: ClassVar[str | None] = None
-    #: why an outer optimizer does not apply (outer_at None): the config check's message says it
-    outer_refusal: ClassVar[str] = ""
-
-    @classmethod
-    def check_world(cls, settings, world_size: int | None) -> None:
-        """Refuse, with a ``ConfigError`` naming the key, settings this algorithm cannot run on ``world_size``
-        ranks (None: not known yet). The configuration check calls it before any rank starts; an algorithm
-        with a rule about the world (WAGMA-SGD's power-of-two groups) overrides it."""
 
     def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
                  bucket_mb: float = float("inf")):
@@ -131,8 +120,7 @@ class Algorithm(abc.ABC):
         return 1
 
     # --- micro-batches (the trainer's loop; only DropCompute splits its batch) -----------------------------
-    #: the trainer computes each batch in ``micro_batches`` parts through the calls below (else in one pass)
-    computes_in_parts: ClassVar[bool] = False
+    # with ``computes_in_parts`` (the spec's) the trainer computes each batch in parts through the calls below
 
     @property
     def micro_batches(self) -> int:

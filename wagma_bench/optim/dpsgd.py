@@ -19,25 +19,18 @@ result is about their average, so by default the trainer evaluates the global me
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from wagma_bench.comm.topology import ring_neighbours
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.optim.specs import DPSGDSpec
 
 
-class DPSGD(Algorithm):
-    name = "dpsgd"
+class DPSGD(DPSGDSpec, Algorithm):
     paper = "D-PSGD, Lian et al., NeurIPS 2017"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
-    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
-
-    @dataclass
-    class Settings(OuterSettings):
-        name: str = "dpsgd"
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -36,33 +36,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from wagma_bench.errors import ConfigError
-from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.ranges import AT_LEAST_ONE, POSITIVE, setting
+from wagma_bench.optim.specs import DropComputeSpec, parse_threshold
 
-NORMALIZE = ("nominal", "computed")
 CANDIDATES = 200  # thresholds tried by the automatic rule (the authors' linspace)
-
-
-def parse_threshold(value: str) -> float | None:
-    """``optimizer.threshold_s`` as seconds (inf: never drop), or None for ``auto``."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not seconds > 0:
-        raise ConfigError(f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
-                          "(inf: never drop)")
-    return seconds
 
 
 def best_threshold(ends: torch.Tensor, step_s: float) -> tuple[float, float]:
@@ -85,28 +65,10 @@ def best_threshold(ends: torch.Tensor, step_s: float) -> tuple[float, float]:
     return best, best_gain
 
 
-class DropCompute(Algorithm):
-    name = "dropcompute"
+class DropCompute(DropComputeSpec, Algorithm):
     paper = "DropCompute, Giladi et al., NeurIPS 2023"
     models_identical = True  # every rank applies the same averaged gradient
-    computes_in_parts = True
     default_eval_model = "local"
-    outer_refusal = AllreduceSGD.outer_refusal  # Allreduce-SGD's reason: one averaged gradient, one model
-
-    @dataclass
-    class Settings:
-        name: str = "dropcompute"
-        micro_batches: int = setting(4, AT_LEAST_ONE)
-        threshold_s: str = "auto"
-        calibrate_steps: int = setting(20, AT_LEAST_ONE)
-        normalize: str = "nominal"
-        bucket_mb: float = setting(25.0, POSITIVE)
-        outer: str = "none"  # refused unless none (outer_refusal)
-
-        CHOICES: ClassVar[dict[str, tuple]] = {"normalize": NORMALIZE}
-
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            parse_threshold(self.threshold_s)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         # Allreduce-SGD's buckets: with one micro-batch and nothing dropped the same reductions, bit for bit

@@ -33,34 +33,18 @@ Evaluated model: all models are identical, so the trainer evaluates rank 0's mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
 
 from wagma_bench.comm.topology import FixedSchedule, random_initiator
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
 from wagma_bench.optim.base import EngineAlgorithm
-from wagma_bench.ranges import AT_LEAST_ONE, setting
-
-MODES = ("solo", "majority")
+from wagma_bench.optim.specs import EagerSpec
 
 
-class EagerSGD(EngineAlgorithm):
-    name = "eager"
+class EagerSGD(EagerSpec, EngineAlgorithm):
     paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
-    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
-                     "stay identical and there is no model average to correct")
-
-    @dataclass
-    class Settings:
-        name: str = "eager"
-        mode: str = "majority"
-        sync_every: int = setting(10, AT_LEAST_ONE)
-        outer: str = "none"  # refused unless none (outer_refusal)
-
-        CHOICES: ClassVar[dict[str, tuple]] = {"mode": MODES}  # checked with the config (wagma_bench.config.schema)
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -32,67 +32,21 @@ throughout the warm-up), so the trainer evaluates rank 0's model as it is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.optim.specs import LocalSGDSpec
 from wagma_bench.optim.streaming import StreamingOuter
-from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, setting
 
 # per-parameter optimizer state that is a running average of gradients (averaged with average_momentum)
 MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 
 
-class LocalSGD(Algorithm):
-    name = "local_sgd"
+class LocalSGD(LocalSGDSpec, Algorithm):
     paper = "PR-SGD / local SGD, Yu, Yang & Zhu, AAAI 2019"
     default_eval_model = "local"
     models_identical = True  # at every synchronisation point (the only places the trainer evaluates)
-    outer_at = "average"     # right after the global average (optim/outer.py)
-
-    @dataclass
-    class Settings(OuterSettings):
-        name: str = "local_sgd"
-        period: int = setting(4, AT_LEAST_ONE)
-        warmup_steps: int = setting(0, NON_NEGATIVE)
-        average_momentum: bool = False
-        # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
-        fragments: int = setting(1, AT_LEAST_ONE)
-        # inner steps a fragment's average overlaps (torchft's fragment_sync_delay)
-        fragment_delay: int = setting(0, NON_NEGATIVE)
-        # weight of the local parameters when a fragment syncs (fragment_update_alpha)
-        fragment_alpha: float = setting(0.0, FRACTION)
-
-        def streaming(self) -> bool:
-            return self.fragments > 1 or self.fragment_delay > 0 or self.fragment_alpha > 0
-
-        def __post_init__(self):  # runs in the config check, before any rank starts
-            super().__post_init__()
-            if not self.streaming():
-                return
-            rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
-                      "an outer step taken fragment by fragment)")),
-                     (self.period % self.fragments != 0, "optimizer.fragments", self.fragments,
-                      f"a divisor of optimizer.period={self.period} (every fragment is synced once a period)"),
-                     (self.fragment_delay >= self.period // max(self.fragments, 1), "optimizer.fragment_delay",
-                      self.fragment_delay, (f"below period/fragments = {self.period // max(self.fragments, 1)} "
-                      "(a fragment's average must end before the next fragment's begins)")),
-                     (self.warmup_steps > 0, "optimizer.warmup_steps", self.warmup_steps, "0 with fragments"),
-                     (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
-                     (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
-                      "null with fragments (each fragment's outer step comes every period)")]
-            for broken, key, value, allowed in rules:
-                if broken:
-                    raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
-
-        def averaging_period(self) -> int:
-            return self.period
-
-        def default_outer_period(self) -> int:
-            return self.period
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -27,54 +27,13 @@ resumed run continues bit-identically.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
-from wagma_bench.errors import ConfigError
-from wagma_bench.ranges import AT_LEAST_ONE, FRACTION_BELOW_ONE, POSITIVE, setting
+from wagma_bench.optim.specs import OuterSettings
 
-OUTER = ("none", "slowmo", "nesterov")
 #: (outer_lr, outer_momentum) when left null: SlowMo's alpha 1 and beta 0.5 (fairscale's SlowMo defaults, within
 #: the range the paper found best), DiLoCo's outer learning rate 0.7 and Nesterov momentum 0.9
 DEFAULTS = {"slowmo": (1.0, 0.5), "nesterov": (0.7, 0.9)}
-#: outer period of the bases without a global average of their own (D-PSGD, SGP): our choice, of the order of
-#: the averaging periods of local SGD (4) and WAGMA-SGD (11) here; fairscale's SlowMo default is 48
-EXACT_DEFAULT_PERIOD = 12
-
-
-@dataclass
-class OuterSettings:
-    """The outer optimizer's settings, mixed into the Settings of every optimizer whose models are averaged. The
-    others declare only ``outer: str = "none"``, so that ``optimizer.outer=...`` reaches the config check, which
-    refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
-
-    outer: str = "none"           # none | slowmo | nesterov
-    # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
-    outer_lr: float | None = setting(None, POSITIVE)
-    # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
-    outer_momentum: float | None = setting(None, FRACTION_BELOW_ONE)
-    # rounds between outer steps; null: the base's global averaging rounds
-    outer_period: int | None = setting(None, AT_LEAST_ONE)
-
-    CHOICES: ClassVar[dict[str, tuple]] = {"outer": OUTER}
-
-    def averaging_period(self) -> int:
-        """Rounds between the base's own global averages (1: it has none, any period works)."""
-        return 1
-
-    def default_outer_period(self) -> int:
-        return EXACT_DEFAULT_PERIOD
-
-    def effective_outer_period(self) -> int:
-        return self.outer_period or self.default_outer_period()
-
-    def __post_init__(self):  # runs in the config check, before any rank starts
-        every = self.averaging_period()
-        if self.outer != "none" and self.outer_period is not None and self.outer_period % every:
-            raise ConfigError(f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
-                              f"it must be a multiple of {every}, the rounds between the models' global averages")
 
 
 class OuterStep:

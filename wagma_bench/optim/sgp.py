@@ -30,34 +30,18 @@ evaluates rank 0's de-biased model.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from wagma_bench.comm.topology import exponential_in_peer, exponential_peer
-from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import Algorithm, StepInfo
-from wagma_bench.optim.outer import OuterSettings
+from wagma_bench.optim.specs import SGPSpec
 
 
-class SGP(Algorithm):
-    name = "sgp"
+class SGP(SGPSpec, Algorithm):
     paper = "SGP, Assran et al., ICML 2019"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
-    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
-
-    @dataclass
-    class Settings(OuterSettings):
-        name: str = "sgp"
-        overlap: bool = False
-
-        def __post_init__(self):
-            super().__post_init__()
-            if self.overlap and self.outer != "none":
-                raise ConfigError(f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
-                                  "push-sum mass is in flight at every round, so no round has the models' exact "
-                                  "average; use overlap=false")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)

@@ -17,54 +17,16 @@ stays local; evaluation uses the global average of the models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
-from wagma_bench.comm.topology import CATCH_UP, WagmaSchedule
+from wagma_bench.comm.topology import WagmaSchedule
 from wagma_bench.comm.wait_avoiding import RoundResult, WaitAvoidingAllreduce
-from wagma_bench.errors import ConfigError
 from wagma_bench.optim.base import EngineAlgorithm
-from wagma_bench.optim.outer import OuterSettings
-from wagma_bench.ranges import AT_LEAST_ONE, setting
+from wagma_bench.optim.specs import WagmaSpec
 
 
-class WagmaSGD(EngineAlgorithm):
-    name = "wagma"
+class WagmaSGD(WagmaSpec, EngineAlgorithm):
     paper = "WAGMA-SGD, Li et al., TPDS 2020"
     models_identical = False  # the ranks' models differ where evaluation happens
     default_eval_model = "average"
-    outer_at = "average"  # at the synchronous rounds, between the global average and the local step
-
-    @dataclass
-    class Settings(OuterSettings):
-        name: str = "wagma"
-        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: sqrt(P) rounded to a power of two
-        tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
-        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
-
-        # checked with the config (wagma_bench.config.schema)
-        CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
-
-        def averaging_period(self) -> int:
-            return self.tau + 1
-
-        def default_outer_period(self) -> int:
-            return self.tau + 1
-
-    @classmethod
-    def check_world(cls, settings, world_size: int | None) -> None:
-        """Groups of a power of two that fits the world padded to the next power of two (the butterfly)."""
-        size = settings.group_size
-        if size is None:
-            return
-        if size < 1 or size & (size - 1):
-            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
-        if world_size is None:
-            return
-        padded = 1 << (world_size - 1).bit_length()
-        if size > padded:
-            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
-                              f"power of two up to {padded} (the world padded to a power of two)")
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)  # one flat bucket

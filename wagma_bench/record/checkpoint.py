@@ -15,6 +15,9 @@ Before resuming, the launching process checks the manifest against the run (:fun
 world size, config, every file present) and refuses a mismatch before any rank starts; then every rank
 checks its own file's checksum and all ranks agree with one small allgather (:meth:`Checkpointer.agree`),
 so a damaged file is a clear error on every rank, never a hang or a silent load.
+
+torch is imported inside the ranks' methods (:class:`Checkpointer`'s), not at the top: the launching process
+makes the checks above without importing it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ import io
 import json
 import shutil
 from pathlib import Path
-
-import torch
 
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
@@ -161,6 +162,8 @@ class Checkpointer:
                 self._verify_own_file(comm.world_size)
         except (CheckpointError, ConfigError, OSError) as err:
             problem = f"rank {self.rank}: {err}"
+        import torch
+
         encoded = problem.encode()[:_MESSAGE_BYTES].ljust(_MESSAGE_BYTES, b"\0")
         gathered = comm.allgather(torch.tensor(list(encoded), dtype=torch.uint8, device=comm.device))
         problems = [bytes(row.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
@@ -187,6 +190,8 @@ class Checkpointer:
                                   f"{str(manifest['files'].get(name))[:12]}..." + _older_hint(folder))
 
     def load(self, model, algo) -> dict:
+        import torch
+
         folder, _ = self._found
         # our own files, verified against the manifest's checksum: full unpickling is safe here
         saved = torch.load(folder / f"rank{self.rank}.pt", map_location=algo.comm.device, weights_only=False)
@@ -205,6 +210,8 @@ class Checkpointer:
     # --- save --------------------------------------------------------------------------------------
     def save(self, model, algo, state: dict, clock) -> None:
         """Write this rank's file; rank 0 then writes the manifest and moves ``latest`` (collective)."""
+        import torch
+
         comm = algo.comm
         folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
         buf = io.BytesIO()

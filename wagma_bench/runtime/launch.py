@@ -2,14 +2,17 @@
 
 ``wagma-bench run`` runs as one rank of an existing world when started by torchrun (RANK/WORLD_SIZE),
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
-``launcher.nproc`` local ranks with torch.multiprocessing, forked from a fork server that has imported torch and
-the suite once (:func:`start_rank_server`). A rank that dies, raises or hangs ends the whole
-run within seconds: the survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
+``launcher.nproc`` local ranks with multiprocessing, forked from a fork server that has imported torch and
+the suite once (:func:`start_rank_server`). The launching process itself never imports torch: it validates the
+configuration from the torch-free specs, binds the rendezvous store's port and hands it to rank 0, which serves
+the store (:func:`listen_for_store`). A rank that dies, raises or hangs ends the whole run within seconds: the
+survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import socket
@@ -33,6 +36,7 @@ from wagma_bench.runtime.supervise import (
     LAUNCHER_DIR_ENV,
     SHARED_HEARTBEAT_S,
     CtrlC,
+    LocalRanks,
     RanksLost,
     process_alive,
     ranks_ignore_ctrl_c,
@@ -42,7 +46,7 @@ from wagma_bench.runtime.supervise import (
     supervise,
 )
 
-if TYPE_CHECKING:  # torch, which the launcher imports only once its rank server is importing it too
+if TYPE_CHECKING:  # torch, which the launching process never imports
     from wagma_bench.comm.base import Comm
 
 #: what a rank runs once its world is up: (config, comm, run directory, local rank) -> rank 0's summary
@@ -171,6 +175,18 @@ def _pin_threads(local_world_size: int) -> None:
 
 
 CPU_DEFAULT_NPROC = 4  # local ranks without CUDA (launcher.nproc=null)
+# device nodes without which torch sees no GPU: NVIDIA's, AMD's (ROCm, also torch.cuda), WSL's
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def visible_cuda_devices() -> int:
+    """``torch.cuda.device_count()``, without importing torch (1.3 s of CPU here) on a machine with no GPU device
+    node, where torch's count is 0 too."""
+    if not any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 @dataclass(frozen=True)
@@ -239,7 +255,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
 RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by its host, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
-STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher hosts the store; rank 0 joins it too
+STORE_FD_ENV = "WAGMA_BENCH_STORE_FD"  # rank 0 of a local run: the store's listening socket, bound by the launcher
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
@@ -260,22 +276,35 @@ class ForeignStore(RuntimeError):
     """The rendezvous store at the run's address serves another run."""
 
 
-def host_store(addr: str, port: int, timeout_s: float, identity: str):
-    """The rendezvous store of a local launcher's run, hosted by the launcher on ``port`` (0: a free one) and named
-    for the run, before any rank starts and for as long as it holds it: of two runs racing for one fixed port the
-    second fails to bind here, not after its ranks have started. ``store.port`` is the port it listens on."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore(addr, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-    store.set(RUN_KEY, identity)
-    return store
+def listen_for_store(addr: str, port: int) -> socket.socket:
+    """The listening socket of a local run's rendezvous store, bound by the launcher before any rank starts
+    (``port`` 0: a free one) and served by rank 0 (TCPStore's ``master_listen_fd``): of two runs racing for one
+    fixed port the second fails here, naming the run that holds it where it is one of ours, not after its ranks
+    have started. The launcher keeps its copy open until its ranks have ended, so the port stays the run's.
+    SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is free."""
+    try:
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as err:
+        raise ConfigError(f"launcher.master_addr={addr} is not an address of this machine ({err})") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as err:
+        sock.close()
+        if not port:
+            raise ConfigError(f"launcher.master_addr={addr} is not an address of this machine ({err.strerror})") from None
+        holder = store_holder(addr, port)
+        by = f"the rendezvous store of run {holder}" if holder else f"another program ({err.strerror})"
+        raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
+                          "launcher.master_port=null for a free one") from None
+    sock.listen()
+    return sock
 
 
 def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
-    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
-    local launcher does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it; under the local
+    launcher on the socket the launcher bound, :data:`STORE_FD_ENV`).
 
     A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
     another run holds) fails here, before any key of that run's world is touched, naming the port and the
@@ -286,9 +315,11 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
 
     timeout = timedelta(seconds=timeout_s)
     if host is None:
-        host = rank == 0 and os.environ.get(STORE_HOSTED_ENV) != "1"
+        host = rank == 0
     if host:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
-        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
+        listen_fd = os.environ.get(STORE_FD_ENV)
+        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=int(listen_fd) if listen_fd else None)
         store.set(RUN_KEY, identity)
         return store
     store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
@@ -317,23 +348,6 @@ def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
         return store.get(RUN_KEY).decode(errors="replace")
     except (RuntimeError, ValueError):
         return None
-
-
-def check_port_free(addr: str, port: int) -> None:
-    """Refuse a fixed ``launcher.master_port`` that something already listens on, before any rank starts,
-    naming the run that holds it where it is one of ours. SO_REUSEADDR as the store's own server: a port whose
-    earlier connections linger in TIME_WAIT is free."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((addr, port))
-            return
-        except OSError as err:
-            reason = err.strerror
-    holder = store_holder(addr, port)
-    by = f"the rendezvous store of run {holder}" if holder else f"another program ({reason})"
-    raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
-                      "launcher.master_port=null for a free one")
 
 
 def torchrun_attempt_store(timeout_s: float, env=os.environ):
@@ -436,7 +450,7 @@ def _die_with_launcher(launcher_pid: int) -> None:
 # importing them itself took 4-5 s of CPU: torch 2.2 s, torch._dynamo, which torch.optim's first step
 # imports, 2.0 s). Only modules that start no thread and touch no device: a fork copies no thread.
 RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.train.trainer", "wagma_bench.comm.torch_dist",
-                "wagma_bench.optim", "wagma_bench.workloads.resnet")
+                "wagma_bench.optim.registry", "wagma_bench.workloads.resnet", "wagma_bench.cli.run")
 
 
 def start_rank_server() -> None:
@@ -471,9 +485,11 @@ def stop_rank_server() -> None:
 
 def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str, nproc: int,
                   master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
-                  env: dict | None = None) -> None:
+                  env: dict | None = None, store_socket: socket.socket | None = None) -> None:
     _ignore_ctrl_c()
     os.environ.update(env or {})
+    if store_socket is not None:  # rank 0: serve the store on the launcher's socket (join_store)
+        os.environ[STORE_FD_ENV] = str(store_socket.detach())
     startup.inherit()
     if launcher_pid is not None:
         _die_with_launcher(launcher_pid)
@@ -523,41 +539,38 @@ def _exit_now(code: int) -> None:
 
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None,
                 program: RankProgram) -> bool:
-    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`) and wait; a rank that fails or hangs ends the others within seconds
+    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
+    import by name) and wait; a rank that fails or hangs ends the others within seconds
     (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
     :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
     then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
+    import multiprocessing
     import secrets
     import shutil
     import tempfile
 
-    import torch.multiprocessing as mp
-
-    if port:
-        check_port_free(addr, port)  # names the run that holds it
+    store_socket = listen_for_store(addr, port or 0)  # names the run that holds a fixed port
     nonce = secrets.token_hex(8)
-    try:
-        store = host_store(addr, port or 0, float(raw_cfg["launcher"]["rendezvous_timeout_s"]), f"{nonce} {run_dir}")
-    except (RuntimeError, OSError) as err:  # taken between the check and the bind (DistNetworkError included)
-        raise ConfigError(f"launcher.master_port={port} is in use on {addr} ({str(err).splitlines()[0]}); choose "
-                          "another port, or leave launcher.master_port=null for a free one") from None
-    master = (addr, store.port)
+    master = (addr, store_socket.getsockname()[1])
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = None
     try:
         ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
         start_rank_server()
         startup.mark("spawned")
-        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
-               STORE_HOSTED_ENV: "1"}
-        ctx = mp.start_processes(_spawned_rank, args=(program, raw_cfg, str(run_dir), nproc, master, os.getpid(),
-                                                      str(heartbeats), env),
-                                 nprocs=nproc, join=False, start_method="forkserver")
-        ctrl_c.processes = ctx.processes
-        supervise(ctx, heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
+        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats)}
+        context = multiprocessing.get_context("forkserver")
+        processes = [context.Process(target=_spawned_rank, name=f"rank{index}",
+                                     args=(index, program, raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                           str(heartbeats), env, store_socket if index == 0 else None))
+                     for index in range(nproc)]
+        for process in processes:
+            process.start()
+        ctrl_c.processes = processes
+        supervise(LocalRanks(processes), heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
     finally:
         if ctrl_c is not None:
             ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
-        del store  # the port is the run's until its ranks have ended
+        store_socket.close()  # the port is the run's until its ranks have ended
     return ctrl_c.count > 0

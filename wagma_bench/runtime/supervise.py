@@ -16,8 +16,7 @@ collectives at once, and rank 0 then records its own view), then SIGTERM, then a
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
+import multiprocessing.connection
 import os
 import re
 import shutil
@@ -187,42 +186,88 @@ def heartbeat_ages(folder: Path, nproc: int) -> dict[int, float]:
     return ages
 
 
-def supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
-    """Wait for the ranks of a ``torch.multiprocessing`` context; raise :class:`RunFailed` naming the rank
-    that failed or hung, after every rank has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
+class RankExited(Exception):
+    """A local rank ended before the others with a non-zero exit code, or by a signal (``exit_code`` < 0)."""
+
+    def __init__(self, index: int, exit_code: int):
+        super().__init__(f"rank {index} ended with exit code {exit_code}")
+        self.error_index, self.exit_code = index, exit_code
+        self.signal_name = _signal_name(-exit_code) if exit_code < 0 else None
+
+
+def _signal_name(number: int) -> str:
     try:
-        _supervise(ctx, folder, hung_after_s, ctrl_c)
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class LocalRanks:
+    """The local ranks' processes (``multiprocessing``, forked from the rank server), joined as
+    ``torch.multiprocessing``'s ProcessContext joins its processes, without importing torch in the launcher: once
+    one has failed the others get :data:`GRACE_S` to end on their own, then SIGTERM, then after :data:`GRACE_S`
+    more SIGKILL."""
+
+    def __init__(self, processes: list):
+        self.processes = processes
+        self._ended: set[int] = set()
+
+    def join(self, timeout: float) -> bool:
+        """Whether every rank has ended with exit code 0, after waiting up to ``timeout`` s for one to end; raises
+        :class:`RankExited` for the first seen to fail, once every rank has ended."""
+        pending = {p.sentinel: i for i, p in enumerate(self.processes) if i not in self._ended}
+        for sentinel in multiprocessing.connection.wait(list(pending), timeout):
+            index = pending[sentinel]
+            self.processes[index].join()
+            self._ended.add(index)
+            if self.processes[index].exitcode != 0:
+                self._end_the_others()
+                raise RankExited(index, self.processes[index].exitcode)
+        return len(self._ended) == len(self.processes)
+
+    def _end_the_others(self) -> None:
+        for ask in (None, "terminate", "kill"):  # their own end, then SIGTERM, then SIGKILL
+            if ask is not None:
+                for process in self.processes:
+                    if process.is_alive():
+                        getattr(process, ask)()
+            deadline = time.monotonic() + GRACE_S
+            for process in self.processes:
+                process.join(None if ask == "kill" else max(0.0, deadline - time.monotonic()))
+
+
+def supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
+    """Wait for the local ranks; raise :class:`RunFailed` naming the rank that failed or hung, after every rank
+    has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
+    try:
+        _supervise(ranks, folder, hung_after_s, ctrl_c)
     except RunFailed as err:
         if ctrl_c is not None and ctrl_c.count > 1:
             raise RunInterrupted(f"stopped at once by a second Ctrl-C ({err})") from None
         raise
 
 
-def _supervise(ctx, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None) -> None:
-    import torch.multiprocessing as mp
-
+def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None) -> None:
     hung_after_s = max(hung_after_s, STALE_S)
     while True:
         if ctrl_c is not None and ctrl_c.overdue():
-            _kill_all(ctx)
+            _kill_all(ranks)
             raise RunFailed("ranks still running were killed")
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
-        ages = {r: age for r, age in heartbeat_ages(folder, len(ctx.processes)).items()
-                if ctx.processes[r].is_alive()}
+        ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
+                if ranks.processes[r].is_alive()}
         hung = {r: age for r, age in ages.items() if age > hung_after_s}
         if hung:
-            _kill_all(ctx)
+            _kill_all(ranks)
             raise RunFailed(_hung_message(hung, hung_after_s))
         try:
-            if _join(ctx, HEARTBEAT_S):
+            if ranks.join(HEARTBEAT_S):
                 return
-        except mp.ProcessExitedException as err:
+        except RankExited as err:
             stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
             if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
                 raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
             raise RunFailed(_exit_message(err, folder)) from None
-        except mp.ProcessRaisedException as err:
-            raise RunFailed(f"rank {err.error_index} raised: {str(err).strip().splitlines()[-1]}") from None
 
 
 def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) -> RanksLost | None:
@@ -431,26 +476,10 @@ def _hung_message(stalled: dict[int, float], after_s: float) -> str:
             f"interpreter) for more than {after_s:g} s")
 
 
-def _join(ctx, timeout: float) -> bool:
-    """``ProcessContext.join`` giving the survivors of a failure :data:`GRACE_S` before SIGTERM and again before
-    SIGKILL. An older torch (before 2024) has no ``grace_period``: there the survivors get SIGTERM at once,
-    then SIGKILL only after torch's own wait, as before this module."""
-    if _join_has_grace_period():
-        return ctx.join(timeout=timeout, grace_period=GRACE_S)
-    return ctx.join(timeout=timeout)
-
-
-@functools.cache
-def _join_has_grace_period() -> bool:  # asked once, not at every heartbeat of the supervision loop
-    from torch.multiprocessing.spawn import ProcessContext
-
-    return "grace_period" in inspect.signature(ProcessContext.join).parameters
-
-
-def _kill_all(ctx) -> None:
+def _kill_all(ranks: LocalRanks) -> None:
     # A stopped process ignores SIGTERM until continued; the run is lost anyway (no collective can complete)
-    for process in ctx.processes:
+    for process in ranks.processes:
         if process.is_alive():
             os.kill(process.pid, signal.SIGKILL)
-    for process in ctx.processes:
+    for process in ranks.processes:
         process.join()

@@ -84,11 +84,11 @@ from wagma_bench.optim.adpsgd import ADPSGD
 from wagma_bench.optim.allreduce import AllreduceSGD
 from wagma_bench.optim.base import Algorithm
 from wagma_bench.optim.dpsgd import DPSGD
-from wagma_bench.optim.dropcompute import DropCompute, best_threshold, parse_threshold
+from wagma_bench.optim.dropcompute import DropCompute, best_threshold
 from wagma_bench.optim.eager import EagerSGD
 from wagma_bench.optim.local_sgd import LocalSGD
-from wagma_bench.optim.outer import OuterSettings
 from wagma_bench.optim.sgp import SGP
+from wagma_bench.optim.specs import OuterSettings, parse_threshold
 from wagma_bench.optim.streaming import sync_at
 from wagma_bench.optim.wagma import WagmaSGD
 from wagma_bench.simulate.costs import Network

@@ -1,21 +1,20 @@
-"""Registry of workloads, keyed by their Hydra option name (``workload=NAME``)."""
+"""The workloads, one module (or package) each; :data:`WORKLOADS` names them by their Hydra option.
+
+Importing the package imports no workload: the registry (``WORKLOADS``, ``get_workload``, ``Workload``) is loaded
+on its first use (PEP 562), so that the configuration check, which reads only :mod:`wagma_bench.workloads.specs`,
+runs without torch in the launching process."""
 
 from __future__ import annotations
 
-from wagma_bench.workloads.base import Workload
-from wagma_bench.workloads.ddppo import DDPPOWorkload
-from wagma_bench.workloads.resnet import ResNetWorkload
-from wagma_bench.workloads.transformer import TransformerWorkload
-
-WORKLOADS: dict[str, type[Workload]] = {
-    ResNetWorkload.name: ResNetWorkload,
-    DDPPOWorkload.name: DDPPOWorkload,
-    TransformerWorkload.name: TransformerWorkload,
-}
+_REGISTRY = ("WORKLOADS", "Workload", "get_workload")
 
 
-def get_workload(name: str) -> type[Workload]:
-    try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise ValueError(f"unknown workload {name!r}; available: {', '.join(sorted(WORKLOADS))}") from None
+def __getattr__(name: str):
+    if name in _REGISTRY:
+        from wagma_bench.workloads import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_REGISTRY)

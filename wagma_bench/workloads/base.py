@@ -9,12 +9,13 @@ import abc
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
+from wagma_bench.workloads.specs import WorkloadSpec
 
 
 def default_cache_root() -> Path:
@@ -26,34 +27,13 @@ def default_cache_root() -> Path:
     return Path(base) / "wagma-bench"
 
 
-class Workload(abc.ABC):
-    name: ClassVar[str]
-    Settings: ClassVar[type]             # schema of the `workload:` section
-    DATA: ClassVar[dict[str, type]]      # data option name -> schema of the `data:` section
-    DATA_SECTION: ClassVar[str] = "data"  # the config section holding the data options (ddppo: `env`)
-    metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
-    # Peak resident memory of one rank on the workload's embedded default data, in MiB, measured by
-    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run; docs/run-budget-and-exit-codes.md):
-    # ranks x this must fit in the machine's memory (config.check_memory, before any rank starts). A lower
-    # bound for larger data (ImageNet, WMT), so it refuses only worlds that cannot fit.
-    RANK_MEMORY_MB: ClassVar[float]
-    # every metric's range (eval.target is checked against it before any rank starts)
-    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
-    sample_unit: ClassVar[str] = "samples"
-    #: its batches split into micro-batches (:meth:`split`), as DropCompute needs
-    splittable: ClassVar[bool] = True
-
-    @classmethod
-    def metric_of(cls, cfg) -> str:
-        """The name of the evaluation metric a configuration uses, known before the workload is built."""
-        return cls.metric_name
+class Workload(WorkloadSpec, abc.ABC):
+    """A workload as its ranks run it. What the configuration check reads (name, Settings, DATA, DATA_SECTION,
+    metrics and their ranges, RANK_MEMORY_MB, splittable, check) each workload inherits from its spec in
+    :mod:`wagma_bench.workloads.specs`, which imports no torch."""
 
     def __init__(self, cfg, rank: int, world_size: int, device: torch.device):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        """Validate data paths and options in the launching process (raise ConfigError)."""
 
     def attach(self, comm: Comm) -> None:
         """Called by the trainer right after construction with the run's communicator (for workloads

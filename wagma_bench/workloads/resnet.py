@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -20,8 +18,8 @@ from torch import nn
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
-from wagma_bench.ranges import AT_LEAST_ONE, NON_NEGATIVE, setting
 from wagma_bench.workloads.base import Workload
+from wagma_bench.workloads.specs import ResNetSpec, check_arch, check_imagenet_root
 
 
 # --- CIFAR-style ResNet (He et al. 2016, Sec. 4.2), adapted to any input channels ------------------
@@ -133,28 +131,6 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int) -> 
     return perm[rank::world_size]
 
 
-IMAGENET_LAYOUT = "ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (torchvision ImageFolder)"
-
-
-def check_imagenet_root(root: str | None) -> Path:
-    if not root:
-        raise ConfigError(f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT}")
-    path = Path(root).expanduser()
-    for split in ("train", "val"):
-        d = path / split
-        if not d.is_dir():
-            raise ConfigError(f"ImageNet root {path} has no '{split}/' folder; expected {IMAGENET_LAYOUT}")
-        classes = sorted(c for c in d.iterdir() if c.is_dir())
-        if not classes:
-            raise ConfigError(f"ImageNet folder {d} holds no class sub-folders; expected {IMAGENET_LAYOUT}")
-        empty = [c for c in classes if not _has_image(c)]
-        if empty:  # torchvision's ImageFolder would fail inside every rank, after the world started
-            raise ConfigError(f"data.root={root}: class folder {empty[0]} holds no images "
-                              f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
-                              f"every class needs at least one image: {IMAGENET_LAYOUT}")
-    return path
-
-
 def load_image(path: str):
     """torchvision's image loader, with the file named when it cannot be read (PIL's errors do not say
     which of a million files is corrupt). Module level: DataLoader workers pickle it."""
@@ -166,55 +142,7 @@ def load_image(path: str):
         raise OSError(f"cannot read image {path}: {type(err).__name__}: {err}") from err
 
 
-def _has_image(folder: Path) -> bool:
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
-    return any(f.suffix.lower() in IMG_EXTENSIONS for f in folder.rglob("*") if f.is_file())
-
-
-@dataclass
-class Mnist5kData:
-    name: str = "mnist5k"
-    root: str | None = None
-    shift: int = setting(2, NON_NEGATIVE)  # training augmentation: random translation by up to this many pixels
-
-
-@dataclass
-class ImageNetData:
-    name: str = "imagenet"
-    root: str | None = None  # ROOT/train/<class>/*.JPEG, ROOT/val/<class>/*.JPEG
-
-
-@dataclass
-class SyntheticImageData:
-    name: str = "synthetic"
-    root: str | None = None
-    num_samples: int = setting(4096, AT_LEAST_ONE)  # per rank
-    image_size: int = setting(224, AT_LEAST_ONE)  # ImageNet's; smaller for quick checks of the same code path
-
-
-def check_arch(arch: str) -> None:
-    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth 6n+2 (resnet20, resnet32, ...)."""
-    depth = arch.removeprefix("resnet")
-    if arch == "resnet50" or (arch.startswith("resnet") and depth.isdigit() and int(depth) % 6 == 2):
-        return
-    raise ConfigError(f"workload.arch={arch!r} is not allowed; choose resnet50 or resnet<6n+2> (resnet20, resnet32, "
-                      "resnet56, ...)")
-
-
-class ResNetWorkload(Workload):
-    name = "resnet"
-    metric_name = "top1"
-    # peak RSS of one rank, ResNet-20 on mnist5k: 1,095 MiB (reproduce/memory/footprint.py, 2026-12-01)
-    RANK_MEMORY_MB: ClassVar[float] = 1100.0
-    DATA: ClassVar[dict] = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
-
-    @dataclass
-    class Settings:
-        name: str = "resnet"
-        arch: str = "resnet20"   # resnet20 | resnet32 | resnet56 (CIFAR-style) | resnet50 (torchvision)
-        num_workers: int = setting(0, NON_NEGATIVE)  # DataLoader worker processes per rank (ImageFolder data)
-
+class ResNetWorkload(ResNetSpec, Workload):
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
         self.data_name = cfg.data.name
@@ -231,12 +159,6 @@ class ResNetWorkload(Workload):
                           torch.randint(0, 1000, (self.batch,), generator=g)) for _ in range(4)]
         else:
             raise ConfigError(f"workload=resnet has no data={self.data_name!r}; choose mnist5k, imagenet or synthetic")
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        check_arch(cfg.workload.arch)
-        if cfg.data.name == "imagenet":
-            check_imagenet_root(cfg.data.root)
 
     def _init_imagenet(self, root: Path) -> None:
         from torchvision import datasets, transforms

@@ -58,88 +58,17 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.errors import ConfigError
-from wagma_bench.ranges import (
-    ANY,
-    AT_LEAST_ONE,
-    FRACTION_BELOW_ONE,
-    NON_NEGATIVE,
-    POSITIVE,
-    SEED,
-    Range,
-    setting,
-)
 from wagma_bench.workloads.base import Workload
 from wagma_bench.workloads.mt_data import SRC, TGT, CorpusSpec, ensure_corpus, import_fairseq
+from wagma_bench.workloads.specs import TransformerSpec, check_binarized_dir
 
 BLEU_ORDER = 4
-
-
-@dataclass
-class SyntheticMTData:
-    """The embedded corpus (see :mod:`wagma_bench.workloads.mt_data`), generated and binarized once."""
-
-    name: str = "synthetic_mt"
-    cache_dir: str | None = None      # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
-    seed: int = setting(1, SEED)  # corpus seed (the language itself is fixed)
-    train_sentences: int = setting(30000, AT_LEAST_ONE)
-    valid_sentences: int = setting(400, AT_LEAST_ONE)
-    median_len: float = setting(10.0, POSITIVE)  # source tokens; lengths are log-normal around it
-    sigma: float = setting(0.55, NON_NEGATIVE)
-    max_len: int = setting(96, Range(3))
-
-
-@dataclass
-class WMT17Data:
-    """A fairseq-binarized WMT17 En-De directory (the output of ``fairseq-preprocess``)."""
-
-    name: str = "wmt17_en_de"
-    # DIR with dict.{src,tgt}.txt and {train,valid,test}.SRC-TGT.{SRC,TGT}.{bin,idx}
-    path: str | None = None
-    source_lang: str = "en"
-    target_lang: str = "de"
-    eval_split: str = "test"          # valid | test: the split scored (newstest2013 | newstest2017)
-    remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
-    detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
-
-    # checked with the config (wagma_bench.config.schema)
-    CHOICES: ClassVar[dict[str, tuple]] = {"eval_split": ("valid", "test"), "detokenize": ("moses", "none")}
-
-
-SHARE_EMBEDDINGS = ("none", "decoder", "all")
-
-
-def binarized_files(path: Path, src: str, tgt: str, splits: tuple[str, ...]) -> list[Path]:
-    """The files fairseq's translation task reads from a binarized directory."""
-    files = [path / f"dict.{src}.txt", path / f"dict.{tgt}.txt"]
-    for split in splits:
-        for lang in (src, tgt):
-            files += [path / f"{split}.{src}-{tgt}.{lang}.bin", path / f"{split}.{src}-{tgt}.{lang}.idx"]
-    return files
-
-
-def check_binarized_dir(path: str | None, src: str, tgt: str, eval_split: str) -> Path:
-    expected = f"dict.{src}.txt, dict.{tgt}.txt and {{train,{eval_split}}}.{src}-{tgt}.{{{src},{tgt}}}.{{bin,idx}}"
-    if not path:
-        raise ConfigError(f"data=wmt17_en_de needs data.path=DIR, a fairseq-binarized directory "
-                          f"(fairseq-preprocess output) holding {expected}; see reproduce/transformer/README.md, "
-                          f"'Preparing WMT17 English-German'")
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise ConfigError(f"data.path={root} is not a directory; expected fairseq-preprocess output with {expected}")
-    missing = [f.name for f in binarized_files(root, src, tgt, ("train", eval_split)) if not f.exists()]
-    if missing:
-        raise ConfigError(f"data.path={root} is not a fairseq-binarized {src}-{tgt} directory: missing "
-                          f"{', '.join(missing)} (expected {expected})")
-    return root
 
 
 def corpus_spec(data) -> CorpusSpec:
@@ -183,40 +112,7 @@ def bleu_from_statistics(stats: list[float]) -> float:
                              sys_len=stats[-2], ref_len=stats[-1]).score
 
 
-class TransformerWorkload(Workload):
-    name = "transformer"
-    metric_name = "bleu"
-    # peak RSS of one rank, synthetic_mt: 1,247 MiB (reproduce/memory/footprint.py, 2026-12-01)
-    RANK_MEMORY_MB: ClassVar[float] = 1250.0
-    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"bleu": (0.0, 100.0)}  # sacrebleu's scale
-    sample_unit = "tokens"
-    DATA: ClassVar[dict[str, type]] = {"synthetic_mt": SyntheticMTData, "wmt17_en_de": WMT17Data}
-
-    @dataclass
-    class Settings:
-        name: str = "transformer"
-        arch: str = "transformer"            # a fairseq architecture: transformer, transformer_wmt_en_de, ...
-        encoder_layers: int | None = setting(None, AT_LEAST_ONE)  # null: the architecture's default (likewise below)
-        decoder_layers: int | None = setting(None, AT_LEAST_ONE)
-        embed_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder embedding width
-        ffn_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder feed-forward width
-        attention_heads: int | None = setting(None, AT_LEAST_ONE)
-        dropout: float = setting(0.1, FRACTION_BELOW_ONE)
-        share_embeddings: str = "decoder"     # none | decoder (input = output embedding) | all (joined dictionary)
-        label_smoothing: float = setting(0.1, FRACTION_BELOW_ONE)
-        # longest source / target sequence (longer training pairs are skipped)
-        max_positions: int = setting(1024, AT_LEAST_ONE)
-        beam: int = setting(4, AT_LEAST_ONE)  # beam search at evaluation
-        lenpen: float = setting(0.6, ANY)
-        max_len_a: float = setting(1.2, NON_NEGATIVE)  # hypotheses up to a * source length + b tokens
-        max_len_b: int = setting(10, NON_NEGATIVE)
-        eval_max_tokens: int = setting(8192, AT_LEAST_ONE)  # tokens per generation batch
-        # null: token batches (train.batch_size tokens at most, fairseq --max-tokens); N: exactly N sentences
-        # per rank and step (fairseq --batch-size), so the tokens vary with the sentences' lengths
-        max_sentences: int | None = setting(None, AT_LEAST_ONE)
-
-        CHOICES: ClassVar[dict[str, tuple]] = {"share_embeddings": SHARE_EMBEDDINGS}
-
+class TransformerWorkload(TransformerSpec, Workload):
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
         # exactly one of the two limits a training batch (see the module docstring, "Batches")
@@ -234,12 +130,6 @@ class TransformerWorkload(Workload):
             self.detok = _moses_detokenizer(self.tgt) if data.detokenize == "moses" else None
         self._setup_fairseq()
         self._stats: dict = {}
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        data = cfg.data
-        if data.name == "wmt17_en_de":
-            check_binarized_dir(data.path, data.source_lang, data.target_lang, data.eval_split)
 
     # --- fairseq set-up ---
     def fairseq_args(self) -> list[str]:

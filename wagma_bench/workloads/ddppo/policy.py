@@ -59,8 +59,6 @@ class _Bottleneck(nn.Module):
 
 
 RESNETS = {"resnet18": (_Basic, (2, 2, 2, 2)), "resnet50": (_Bottleneck, (3, 4, 6, 3))}
-BACKBONES = ("cnn", *RESNETS)  # workload.backbone
-RNNS = ("gru", "lstm")         # workload.rnn
 
 
 def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 256) -> nn.Module:

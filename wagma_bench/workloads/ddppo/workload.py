@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -27,62 +25,17 @@ from torch.distributions import Categorical
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
-from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range, setting
 from wagma_bench.workloads.base import Workload
-from wagma_bench.workloads.ddppo.envs import ENVS, NUM_ACTIONS, Episode, NavEnv, make_env
-from wagma_bench.workloads.ddppo.policy import BACKBONES, RNNS, PointNavPolicy
+from wagma_bench.workloads.ddppo.envs import NUM_ACTIONS, Episode, NavEnv, make_env
+from wagma_bench.workloads.ddppo.policy import PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early
+from wagma_bench.workloads.specs import DDPPOSpec
 
 EVAL_SEED = 2**31 - 1  # the held-out evaluation pairs do not depend on the run's seed
 
 
-class DDPPOWorkload(Workload):
-    name = "ddppo"
-    metric_name = "success"
-    # peak RSS of one rank, miniworld_pointnav: 1,244 MiB (reproduce/memory/footprint.py, 2026-12-01)
-    RANK_MEMORY_MB: ClassVar[float] = 1250.0
-    # a success rate, and SPL (success weighted by path length) is at most the success
-    METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"success": (0.0, 1.0), "spl": (0.0, 1.0)}
-    sample_unit = "frames"
-    DATA = ENVS
-    DATA_SECTION = "env"
-    # a PPO mini-batch carries its recurrent state per environment: not split into micro-batches (DropCompute)
-    splittable = False
-
-    @dataclass
-    class Settings:
-        name: str = "ddppo"
-        backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
-        base_planes: int = setting(32, AT_LEAST_ONE)  # ResNet width at the first stage (DD-PPO: 32, half width)
-        hidden_size: int = setting(128, AT_LEAST_ONE)  # visual fc and recurrent state (DD-PPO: 512)
-        rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
-        rnn_layers: int = setting(1, AT_LEAST_ONE)  # (DD-PPO: 2)
-        num_steps: int = setting(64, AT_LEAST_ONE)  # rollout length per environment (DD-PPO: 128)
-        ppo_epoch: int = setting(2, AT_LEAST_ONE)  # passes over a rollout (DD-PPO: 2)
-        num_mini_batch: int = setting(2, AT_LEAST_ONE)  # minibatches per pass, split over environments (DD-PPO: 2)
-        clip: float = setting(0.2, POSITIVE)  # PPO ratio clip, also the value-loss clip
-        clip_value_loss: bool = True
-        value_loss_coef: float = setting(0.5, NON_NEGATIVE)
-        entropy_coef: float = setting(0.01, NON_NEGATIVE)
-        gamma: float = setting(0.99, FRACTION)
-        gae_lambda: float = setting(0.95, FRACTION)  # tau in habitat-baselines
-        use_gae: bool = True              # false: discounted returns bootstrapped at the rollout end
-        normalize_advantage: bool = False
-        preemption: bool = True           # DD-PPO's straggler preemption
-        # preempt once this fraction of ranks finished their rollout
-        sync_frac: float = setting(0.6, Range(0, 1, low_open=True))
-        metric: str = "success"           # success | spl (the evaluation metric that eval.target refers to)
-        # held-out start/goal pairs per evaluation (all ranks together)
-        num_eval_episodes: int = setting(64, AT_LEAST_ONE)
-        eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
-
-        CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}
-
-    @classmethod
-    def metric_of(cls, cfg) -> str:
-        return cfg.workload.metric
-
+class DDPPOWorkload(DDPPOSpec, Workload):
     def __init__(self, cfg, rank, world_size, device):
         super().__init__(cfg, rank, world_size, device)
         self.settings, self.env_settings = cfg.workload, cfg.data
@@ -103,17 +56,6 @@ class DDPPOWorkload(Workload):
         self._stats: dict = {}
         self._loss_stats: dict = {}  # of the last PPO minibatch
         self._eval_stats: dict = {}
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        settings, env = cfg.workload, cfg.data
-        if env.num_envs < settings.num_mini_batch:
-            raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
-                              f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
-        if cfg.data.name == "habitat":
-            from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
-
-            check_habitat(cfg.data)
 
     def _gpu(self) -> int:
         return self.device.index if self.device.type == "cuda" else -1

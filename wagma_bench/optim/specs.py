@@ -1,0 +1,277 @@
+"""What the configuration knows of each distributed optimizer, without torch: its settings and its rules.
+
+Each algorithm class (``optim/<name>.py``) inherits its spec from here: the ``optimizer:`` section's schema
+(``Settings``, with the checks between its keys), whether an outer optimizer applies (``outer_at``, else the
+reason it does not), whether it computes a batch in parts, and its rules about the world size. The
+configuration check (:mod:`wagma_bench.config.schema`) reads only these, so that ``wagma-bench run`` refuses a
+bad value, and starts its ranks, without importing torch in the launching process (about 1.3 s of CPU a
+command here); the ranks import the algorithms themselves. :data:`OPTIMIZER_SPECS` is the torch-free twin of
+:data:`wagma_bench.optim.OPTIMIZERS` (``tests/test_config.py`` checks that they name the same classes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from wagma_bench.comm.topology import CATCH_UP
+from wagma_bench.errors import ConfigError
+from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, FRACTION_BELOW_ONE, NON_NEGATIVE, POSITIVE, setting
+
+OUTER = ("none", "slowmo", "nesterov")
+#: outer period of the bases without a global average of their own (D-PSGD, SGP): our choice, of the order of
+#: the averaging periods of local SGD (4) and WAGMA-SGD (11) here; fairscale's SlowMo default is 48
+EXACT_DEFAULT_PERIOD = 12
+
+
+@dataclass
+class OuterSettings:
+    """The outer optimizer's settings (:mod:`wagma_bench.optim.outer`), mixed into the Settings of every optimizer
+    whose models are averaged. The others declare only ``outer: str = "none"``, so that ``optimizer.outer=...``
+    reaches the config check, which refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
+
+    outer: str = "none"           # none | slowmo | nesterov
+    # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
+    outer_lr: float | None = setting(None, POSITIVE)
+    # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
+    outer_momentum: float | None = setting(None, FRACTION_BELOW_ONE)
+    # rounds between outer steps; null: the base's global averaging rounds
+    outer_period: int | None = setting(None, AT_LEAST_ONE)
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"outer": OUTER}
+
+    def averaging_period(self) -> int:
+        """Rounds between the base's own global averages (1: it has none, any period works)."""
+        return 1
+
+    def default_outer_period(self) -> int:
+        return EXACT_DEFAULT_PERIOD
+
+    def effective_outer_period(self) -> int:
+        return self.outer_period or self.default_outer_period()
+
+    def __post_init__(self):  # runs in the config check, before any rank starts
+        every = self.averaging_period()
+        if self.outer != "none" and self.outer_period is not None and self.outer_period % every:
+            raise ConfigError(f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
+                              f"it must be a multiple of {every}, the rounds between the models' global averages")
+
+
+class AlgorithmSpec:
+    """The configuration's view of one algorithm; its class in ``optim/<name>.py`` inherits it."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]  # schema of the `optimizer:` section
+    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
+    #: globally itself and calls ``outer_round`` right after), "exact" (the base never averages globally:
+    #: ``outer_round``, called at the end of each round, takes the average first), None: it does not apply
+    outer_at: ClassVar[str | None] = None
+    #: why an outer optimizer does not apply (outer_at None): the config check's message says it
+    outer_refusal: ClassVar[str] = ""
+    #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it on a
+    #: workload whose batches do not split
+    computes_in_parts: ClassVar[bool] = False
+
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Refuse, with a ``ConfigError`` naming the key, settings this algorithm cannot run on ``world_size``
+        ranks (None: not known yet). The configuration check calls it before any rank starts; an algorithm
+        with a rule about the world (WAGMA-SGD's power-of-two groups) overrides it."""
+
+
+# Allreduce-SGD's reason, which DropCompute shares: one averaged gradient, one model
+GRADIENT_AVERAGING = "it averages gradients, not models: every rank holds the same model after every step"
+
+
+class AllreduceSpec(AlgorithmSpec):
+    name = "allreduce"
+    outer_refusal = GRADIENT_AVERAGING
+
+    @dataclass
+    class Settings:
+        name: str = "allreduce"
+        bucket_mb: float = setting(25.0, POSITIVE)
+        outer: str = "none"  # refused unless none (outer_refusal)
+
+
+class WagmaSpec(AlgorithmSpec):
+    name = "wagma"
+    outer_at = "average"  # at the synchronous rounds, between the global average and the local step
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "wagma"
+        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: sqrt(P) rounded to a power of two
+        tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
+        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
+
+        # checked with the config (wagma_bench.config.schema)
+        CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
+
+        def averaging_period(self) -> int:
+            return self.tau + 1
+
+        def default_outer_period(self) -> int:
+            return self.tau + 1
+
+    @classmethod
+    def check_world(cls, settings, world_size: int | None) -> None:
+        """Groups of a power of two that fits the world padded to the next power of two (the butterfly)."""
+        size = settings.group_size
+        if size is None:
+            return
+        if size < 1 or size & (size - 1):
+            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+        if world_size is None:
+            return
+        padded = 1 << (world_size - 1).bit_length()
+        if size > padded:
+            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
+                              f"power of two up to {padded} (the world padded to a power of two)")
+
+
+class LocalSGDSpec(AlgorithmSpec):
+    name = "local_sgd"
+    outer_at = "average"     # right after the global average (optim/outer.py)
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "local_sgd"
+        period: int = setting(4, AT_LEAST_ONE)
+        warmup_steps: int = setting(0, NON_NEGATIVE)
+        average_momentum: bool = False
+        # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
+        fragments: int = setting(1, AT_LEAST_ONE)
+        # inner steps a fragment's average overlaps (torchft's fragment_sync_delay)
+        fragment_delay: int = setting(0, NON_NEGATIVE)
+        # weight of the local parameters when a fragment syncs (fragment_update_alpha)
+        fragment_alpha: float = setting(0.0, FRACTION)
+
+        def streaming(self) -> bool:
+            return self.fragments > 1 or self.fragment_delay > 0 or self.fragment_alpha > 0
+
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            super().__post_init__()
+            if not self.streaming():
+                return
+            rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
+                      "an outer step taken fragment by fragment)")),
+                     (self.period % self.fragments != 0, "optimizer.fragments", self.fragments,
+                      f"a divisor of optimizer.period={self.period} (every fragment is synced once a period)"),
+                     (self.fragment_delay >= self.period // max(self.fragments, 1), "optimizer.fragment_delay",
+                      self.fragment_delay, (f"below period/fragments = {self.period // max(self.fragments, 1)} "
+                      "(a fragment's average must end before the next fragment's begins)")),
+                     (self.warmup_steps > 0, "optimizer.warmup_steps", self.warmup_steps, "0 with fragments"),
+                     (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
+                     (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
+                      "null with fragments (each fragment's outer step comes every period)")]
+            for broken, key, value, allowed in rules:
+                if broken:
+                    raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
+
+        def averaging_period(self) -> int:
+            return self.period
+
+        def default_outer_period(self) -> int:
+            return self.period
+
+
+class DPSGDSpec(AlgorithmSpec):
+    name = "dpsgd"
+    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "dpsgd"
+
+
+class ADPSGDSpec(AlgorithmSpec):
+    name = "adpsgd"
+    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
+                     "models' exact average (not implemented)")
+
+    @dataclass
+    class Settings:
+        name: str = "adpsgd"
+        sync_every: int = setting(10, AT_LEAST_ONE)
+        outer: str = "none"  # refused unless none (outer_refusal)
+
+
+class SGPSpec(AlgorithmSpec):
+    name = "sgp"
+    outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
+
+    @dataclass
+    class Settings(OuterSettings):
+        name: str = "sgp"
+        overlap: bool = False
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.overlap and self.outer != "none":
+                raise ConfigError(f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
+                                  "push-sum mass is in flight at every round, so no round has the models' exact "
+                                  "average; use overlap=false")
+
+
+EAGER_MODES = ("solo", "majority")
+
+
+class EagerSpec(AlgorithmSpec):
+    name = "eager"
+    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
+                     "stay identical and there is no model average to correct")
+
+    @dataclass
+    class Settings:
+        name: str = "eager"
+        mode: str = "majority"
+        sync_every: int = setting(10, AT_LEAST_ONE)
+        outer: str = "none"  # refused unless none (outer_refusal)
+
+        CHOICES: ClassVar[dict[str, tuple]] = {"mode": EAGER_MODES}  # checked with the config (config.schema)
+
+
+DROPCOMPUTE_NORMALIZE = ("nominal", "computed")
+
+
+def parse_threshold(value: str) -> float | None:
+    """DropCompute's ``optimizer.threshold_s`` as seconds (inf: never drop), or None for ``auto``."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise ConfigError(f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
+                          "(inf: never drop)")
+    return seconds
+
+
+class DropComputeSpec(AlgorithmSpec):
+    name = "dropcompute"
+    computes_in_parts = True
+    outer_refusal = GRADIENT_AVERAGING  # Allreduce-SGD's reason: one averaged gradient, one model
+
+    @dataclass
+    class Settings:
+        name: str = "dropcompute"
+        micro_batches: int = setting(4, AT_LEAST_ONE)
+        threshold_s: str = "auto"
+        calibrate_steps: int = setting(20, AT_LEAST_ONE)
+        normalize: str = "nominal"
+        bucket_mb: float = setting(25.0, POSITIVE)
+        outer: str = "none"  # refused unless none (outer_refusal)
+
+        CHOICES: ClassVar[dict[str, tuple]] = {"normalize": DROPCOMPUTE_NORMALIZE}
+
+        def __post_init__(self):  # runs in the config check, before any rank starts
+            parse_threshold(self.threshold_s)
+
+
+#: option name (``optimizer=NAME``) -> spec, in the order of :data:`wagma_bench.optim.OPTIMIZERS`
+OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {spec.name: spec for spec in (
+    AllreduceSpec, WagmaSpec, LocalSGDSpec, DPSGDSpec, ADPSGDSpec, SGPSpec, EagerSpec, DropComputeSpec)}
