@@ -1,12 +1,14 @@
 """The processes of a local ``wagma-bench run``, as the tests find them from the launcher's PID.
 
-The launcher starts a fork server (``multiprocessing.forkserver``) and the ranks are forked from it, so the
-ranks are the server's children, not the launcher's; they are forked in rank order, so PID order is rank
+The launcher starts a fork server (``multiprocessing.forkserver``) and the run's store process and its ranks are
+forked from it, so the ranks are the server's children, not the launcher's; they are forked in rank order, so PID order is rank
 order (the tests' runs are far from a PID wrap-around)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from wagma_bench.runtime.launch import STORE_PROCESS_NAME
 
 
 def children(pid: int) -> list[int]:
@@ -28,6 +30,15 @@ def fork_servers(launcher: int) -> list[int]:
     return [p for p in children(launcher) if b"forkserver" in _cmdline(p)]
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def rank_pids(launcher: int) -> list[int]:
-    """The live ranks of the local launcher ``launcher``, by rank (not its fork server or resource tracker)."""
-    return sorted(p for server in fork_servers(launcher) for p in children(server))
+    """The live ranks of the local launcher ``launcher``, by rank (not its fork server, its resource tracker, or
+    the run's store process, which the server forks first and which names itself)."""
+    return sorted(p for server in fork_servers(launcher) for p in children(server)
+                  if _comm(p) != STORE_PROCESS_NAME)

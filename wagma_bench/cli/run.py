@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -22,9 +23,16 @@ def run_command(overrides: list[str]) -> int:
         return 0
     import hydra
 
-    from wagma_bench.runtime.launch import agreed_run_dir_override, detect_world, start_rank_server
+    from wagma_bench.runtime.launch import (
+        RANK_SERVER_PRELOAD,
+        agreed_run_dir_override,
+        detect_world,
+        start_rank_server,
+    )
 
     world = detect_world()
+    if world is not None:  # a rank of torchrun's, srun's or mpiexec's world: it imports what the rank server would,
+        importlib.import_module(RANK_SERVER_PRELOAD)  # the same way (the collector off, then frozen)
     if world is not None and (run_dir := agreed_run_dir_override(overrides)):
         overrides = overrides + [run_dir]  # the same on every rank and restart, not each rank's clock
     if world is not None and world.rank != 0:
@@ -197,10 +205,10 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, record_failed_run
 
     note = f" ({plan.note})" if plan.note else ""
-    print(f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}", flush=True)
     try:
         interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
-                                  run_cfg.launcher.master_port, train_rank)
+                                  run_cfg.launcher.master_port, train_rank,
+                                  announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), 2)
     except RunInterrupted as err:

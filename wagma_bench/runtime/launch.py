@@ -4,8 +4,8 @@
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
 ``launcher.nproc`` local ranks with multiprocessing, forked from a fork server that has imported torch and
 the suite once (:func:`start_rank_server`). The launching process itself never imports torch: it validates the
-configuration from the torch-free specs, binds the rendezvous store's port and hands it to rank 0, which serves
-the store (:func:`listen_for_store`). A rank that dies, raises or hangs ends the whole run within seconds: the
+configuration from the torch-free specs and binds the rendezvous store's port, which a store process forked from
+the same server serves (:func:`listen_for_store`, :func:`_serve_store`). A rank that dies, raises or hangs ends the whole run within seconds: the
 survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
 """
 
@@ -255,7 +255,7 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
 RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by its host, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
-STORE_FD_ENV = "WAGMA_BENCH_STORE_FD"  # rank 0 of a local run: the store's listening socket, bound by the launcher
+STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher's store process hosts it; rank 0 joins too
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
@@ -278,7 +278,7 @@ class ForeignStore(RuntimeError):
 
 def listen_for_store(addr: str, port: int) -> socket.socket:
     """The listening socket of a local run's rendezvous store, bound by the launcher before any rank starts
-    (``port`` 0: a free one) and served by rank 0 (TCPStore's ``master_listen_fd``): of two runs racing for one
+    (``port`` 0: a free one) and served by its store process (:func:`_serve_store`): of two runs racing for one
     fixed port the second fails here, naming the run that holds it where it is one of ours, not after its ranks
     have started. The launcher keeps its copy open until its ranks have ended, so the port stays the run's.
     SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is free."""
@@ -303,8 +303,8 @@ def listen_for_store(addr: str, port: int) -> socket.socket:
 
 
 def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
-    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it; under the local
-    launcher on the socket the launcher bound, :data:`STORE_FD_ENV`).
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
+    local launcher's store process does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
 
     A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
     another run holds) fails here, before any key of that run's world is touched, naming the port and the
@@ -315,11 +315,9 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
 
     timeout = timedelta(seconds=timeout_s)
     if host is None:
-        host = rank == 0
+        host = rank == 0 and os.environ.get(STORE_HOSTED_ENV) != "1"
     if host:  # wait_for_workers=False: the clients join without a world size (no key of theirs written)
-        listen_fd = os.environ.get(STORE_FD_ENV)
-        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False,
-                              master_listen_fd=int(listen_fd) if listen_fd else None)
+        store = dist.TCPStore(master[0], master[1], is_master=True, timeout=timeout, wait_for_workers=False)
         store.set(RUN_KEY, identity)
         return store
     store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
@@ -446,16 +444,13 @@ def _die_with_launcher(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
-# What every local rank imports, imported once by the fork server the ranks are forked from (each rank
-# importing them itself took 4-5 s of CPU: torch 2.2 s, torch._dynamo, which torch.optim's first step
-# imports, 2.0 s). Only modules that start no thread and touch no device: a fork copies no thread.
-RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.train.trainer", "wagma_bench.comm.torch_dist",
-                "wagma_bench.optim.registry", "wagma_bench.workloads.resnet", "wagma_bench.cli.run")
+# The fork server's preload: importing it imports what every local rank needs (torch, torch._dynamo, the suite)
+RANK_SERVER_PRELOAD = "wagma_bench.runtime.rank_server"
 
 
 def start_rank_server() -> None:
     """Start the fork server of the local ranks now, so that its imports overlap the launcher's own start-up
-    (Hydra, validation, its torch import). It inherits the launcher's blocked Ctrl-C (see
+    (Hydra, validation). It inherits the launcher's blocked Ctrl-C (see
     :func:`~wagma_bench.runtime.supervise.ranks_ignore_ctrl_c`); what differs per run travels in each rank's
     arguments, not in the server's environment, which is the launcher's at this moment. Idempotent; the server
     is stopped when the launcher exits (:func:`stop_rank_server`), so a command refused after this point does
@@ -464,7 +459,7 @@ def start_rank_server() -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_SERVER_PRELOAD])
     atexit.unregister(stop_rank_server)
     atexit.register(stop_rank_server)  # first: a Ctrl-C kept while the server starts is raised as the window closes
     with ranks_ignore_ctrl_c():
@@ -485,11 +480,9 @@ def stop_rank_server() -> None:
 
 def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str, nproc: int,
                   master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
-                  env: dict | None = None, store_socket: socket.socket | None = None) -> None:
+                  env: dict | None = None) -> None:
     _ignore_ctrl_c()
     os.environ.update(env or {})
-    if store_socket is not None:  # rank 0: serve the store on the launcher's socket (join_store)
-        os.environ[STORE_FD_ENV] = str(store_socket.detach())
     startup.inherit()
     if launcher_pid is not None:
         _die_with_launcher(launcher_pid)
@@ -505,6 +498,31 @@ def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str,
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
         os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
+
+
+STORE_PROCESS_NAME = "wagma-store"  # the local run's store process, as ps and top show it
+
+
+def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, launcher_pid: int) -> None:
+    """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher imports no
+    torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for the run, until
+    the launcher terminates it after its ranks have ended, or itself ends. A store that outlives every rank: a
+    rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides."""
+    import signal
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    _ignore_ctrl_c()
+    with contextlib.suppress(OSError):  # its name in ps and top (Linux), which tells it from the ranks
+        Path("/proc/self/comm").write_text(STORE_PROCESS_NAME)
+    store = dist.TCPStore(store_socket.getsockname()[0], store_socket.getsockname()[1], is_master=True,
+                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                          master_listen_fd=store_socket.detach())
+    store.set(RUN_KEY, identity)
+    _die_with_launcher(launcher_pid)  # SIGTERM, by default the end, when the launcher is gone
+    while True:
+        signal.pause()
 
 
 def _ignore_ctrl_c() -> None:
@@ -538,11 +556,12 @@ def _exit_now(code: int) -> None:
 
 
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None,
-                program: RankProgram) -> bool:
+                program: RankProgram, announce: str = "") -> bool:
     """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
     import by name) and wait; a rank that fails or hangs ends the others within seconds
     (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
-    :class:`ConfigError` before any rank starts. Returns whether a Ctrl-C interrupted the run (the ranks
+    :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken Ctrl-C over,
+    so that a Ctrl-C after it always reaches the run. Returns whether a Ctrl-C interrupted the run (the ranks
     then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
     import multiprocessing
     import secrets
@@ -553,16 +572,22 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
     nonce = secrets.token_hex(8)
     master = (addr, store_socket.getsockname()[1])
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
-    ctrl_c = None
+    ctrl_c = store = None
     try:
         ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
+        if announce:
+            print(announce, flush=True)
         start_rank_server()
         startup.mark("spawned")
-        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats)}
+        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
+               STORE_HOSTED_ENV: "1"}
         context = multiprocessing.get_context("forkserver")
+        store = context.Process(target=_serve_store, name="store", args=(
+            store_socket, f"{nonce} {run_dir}", float(raw_cfg["launcher"]["rendezvous_timeout_s"]), os.getpid()))
+        store.start()
         processes = [context.Process(target=_spawned_rank, name=f"rank{index}",
                                      args=(index, program, raw_cfg, str(run_dir), nproc, master, os.getpid(),
-                                           str(heartbeats), env, store_socket if index == 0 else None))
+                                           str(heartbeats), env))
                      for index in range(nproc)]
         for process in processes:
             process.start()
@@ -572,5 +597,8 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
         if ctrl_c is not None:
             ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
-        store_socket.close()  # the port is the run's until its ranks have ended
+        if store is not None:  # the store outlives the ranks; the port is the run's until they have ended
+            store.terminate()
+            store.join()
+        store_socket.close()
     return ctrl_c.count > 0
