@@ -54,7 +54,7 @@ def _script(path: Path):
 STARTUP = [ROOT / "reproduce" / "startup" / name
            for name in ("results-2core-20261202-before.json", "results-2core-20261202.json",
                         "results-2core-20261202-server-first.json", "results-2core-20261204-before.json",
-                        "results-2core-20261204.json")]
+                        "results-2core-20261204.json", "results-2core-20261204-gc.json")]
 
 
 def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
