@@ -374,7 +374,7 @@ def test_env_section_is_checked():
         compose("env=gridnav", "env.name=minigrid")
     with pytest.raises(ConfigError, match="remove the section"):
         compose("+data.name=mnist5k")
-    from wagma_bench.workloads.ddppo import DDPPOWorkload
+    from wagma_bench.workloads.ddppo.workload import DDPPOWorkload
 
     with pytest.raises(ConfigError, match="num_mini_batch"):
         DDPPOWorkload.check(compose("env=gridnav", "env.num_envs=1"))

@@ -38,7 +38,7 @@ def _preempt_and_count(comm) -> dict:
     starts: ranks 0 and 1 begin stepping only once rank 2 has reached its 20th step (else a rank 2 that
     starts late is preempted at step 16, before it is ever held, and its hold then fell into the second
     rollout, where nobody releases it: a 60 s stall and a barrier timeout)."""
-    from wagma_bench.workloads.ddppo import DDPPOWorkload
+    from wagma_bench.workloads.ddppo.workload import DDPPOWorkload
 
     total = comm.store_add("test/sum", comm.rank + 1)
     comm.barrier()

@@ -520,8 +520,8 @@ def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, l
     # TCPStore's libuv server (torch's default since 2.4) takes over a listening socket only from torch 2.8
     # (pytorch#150215); on an older torch the legacy server does
     legacy = {} if torch.__version__ >= "2.8" else {"use_libuv": False}
-    store = dist.TCPStore(store_socket.getsockname()[0], store_socket.getsockname()[1], is_master=True,
-                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+    host, port = store_socket.getsockname()[:2]
+    store = dist.TCPStore(host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
                           master_listen_fd=store_socket.detach(), **legacy)
     store.set(RUN_KEY, identity)
     _die_with_launcher(launcher_pid)  # SIGTERM, by default the end, when the launcher is gone

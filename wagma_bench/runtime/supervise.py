@@ -226,14 +226,26 @@ class LocalRanks:
         return len(self._ended) == len(self.processes)
 
     def _end_the_others(self) -> None:
-        for ask in (None, "terminate", "kill"):  # their own end, then SIGTERM, then SIGKILL
-            if ask is not None:
-                for process in self.processes:
-                    if process.is_alive():
-                        getattr(process, ask)()
-            deadline = time.monotonic() + GRACE_S
-            for process in self.processes:
-                process.join(None if ask == "kill" else max(0.0, deadline - time.monotonic()))
+        self._join_all(GRACE_S)  # their own end
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+        self._join_all(GRACE_S)
+        self.kill()
+
+    def _join_all(self, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running and wait for them all. A stopped process ignores SIGTERM until
+        continued; the run is lost anyway (no collective can complete)."""
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.processes:
+            process.join()
 
 
 def supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
@@ -251,14 +263,14 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
     hung_after_s = max(hung_after_s, STALE_S)
     while True:
         if ctrl_c is not None and ctrl_c.overdue():
-            _kill_all(ranks)
+            ranks.kill()
             raise RunFailed("ranks still running were killed")
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
         ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
                 if ranks.processes[r].is_alive()}
         hung = {r: age for r, age in ages.items() if age > hung_after_s}
         if hung:
-            _kill_all(ranks)
+            ranks.kill()
             raise RunFailed(_hung_message(hung, hung_after_s))
         try:
             if ranks.join(HEARTBEAT_S):
@@ -474,12 +486,3 @@ def _hung_message(stalled: dict[int, float], after_s: float) -> str:
     ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
     return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
             f"interpreter) for more than {after_s:g} s")
-
-
-def _kill_all(ranks: LocalRanks) -> None:
-    # A stopped process ignores SIGTERM until continued; the run is lost anyway (no collective can complete)
-    for process in ranks.processes:
-        if process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
-    for process in ranks.processes:
-        process.join()
