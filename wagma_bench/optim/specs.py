@@ -32,9 +32,9 @@ class OuterSettings:
     reaches the config check, which refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
 
     outer: str = "none"           # none | slowmo | nesterov
-    # slowmo: alpha (times the local lr); nesterov: the outer lr; null: DEFAULTS
+    # slowmo: alpha (times the local lr); nesterov: the outer lr; null: optim/outer.py's DEFAULTS
     outer_lr: float | None = setting(None, POSITIVE)
-    # slowmo: beta; nesterov: the Nesterov momentum mu; null: DEFAULTS
+    # slowmo: beta; nesterov: the Nesterov momentum mu; null: optim/outer.py's DEFAULTS
     outer_momentum: float | None = setting(None, FRACTION_BELOW_ONE)
     # rounds between outer steps; null: the base's global averaging rounds
     outer_period: int | None = setting(None, AT_LEAST_ONE)
