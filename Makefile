@@ -46,11 +46,13 @@ run: $(STAMP)
 
 # In two phases, both always run: the tests that time nothing on two pytest-xdist workers (the cores idle a
 # quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
-# one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each);
-# then the tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone,
-# so that no other test competes with them for the cores.
+# one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each),
+# the longest files first (tests/file_order.py, from the lengths measured in tests/durations.json); then the
+# tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone, so that
+# no other test competes with them for the cores.
 test: $(STAMP)
-	@$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not long and not serial"; parallel=$$?; \
+	@$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order \
+		-m "not long and not serial"; parallel=$$?; \
 	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
 	test $$parallel = 0 && test $$serial = 0
 

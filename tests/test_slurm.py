@@ -247,7 +247,8 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     assert [summary(out / r["run_dir"])["seed"] for r in manifest["runs"]] == [1, 2]
 
 
-@pytest.mark.serial
+# not serial: it asserts where the run stopped and resumed, not how long it took; in make test's first phase its
+# waits (SLURM's requeue delay) leave the cores to the other worker
 @pytest.mark.slow
 # our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
 @pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
