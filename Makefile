@@ -49,9 +49,10 @@ run: $(STAMP)
 # one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each),
 # the longest files first (tests/file_order.py, from the lengths measured in tests/durations.json); then the
 # tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone, so that
-# no other test competes with them for the cores.
+# no other test competes with them for the cores. Two workers share two cores: in the first phase each process
+# computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its ranks), not one per core.
 test: $(STAMP)
-	@$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order \
+	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order \
 		-m "not long and not serial"; parallel=$$?; \
 	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
 	test $$parallel = 0 && test $$serial = 0
