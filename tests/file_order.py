@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 DURATIONS = Path(__file__).with_name("durations.json")
-_seconds: collections.Counter = collections.Counter()  # this run's, by file, where --write-durations is given
+_seconds: collections.Counter = collections.Counter()  # this run's, by file (written out by --write-durations)
 
 
 def pytest_addoption(parser):
