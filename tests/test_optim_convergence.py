@@ -28,7 +28,9 @@ OPTIMIZERS = {name: (name, {}) for name in REGISTRY} | {
     "eager_solo": ("eager", {"mode": "solo"}),
     "wagma_skip": ("wagma", {"catch_up": "skip"}),
 }
-DIM, ROWS, STEPS, LR = 8, 32, 200, 0.1
+# 100 steps: the worst relative error of any method ended at 0.47 of its tolerance here (sgp_overlap on 4 ranks;
+# 0.34 after 200 steps, which took 17 s more)
+DIM, ROWS, STEPS, LR = 8, 32, 100, 0.1
 COMPUTE_S = 0.002
 # Relative errors allowed for the mean model and the worst rank's model (the start is at error 1). AD-PSGD's
 # gossip thread averages at most once per step and lags it when the CPU is oversubscribed (8 ranks on 2
