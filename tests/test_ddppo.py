@@ -22,8 +22,9 @@ from wagma_bench.workloads.ddppo.envs.base import (
     polar_goal,
     spl,
 )
-from wagma_bench.workloads.ddppo.envs.gridnav import GridNavEnv, GridNavSettings, bfs_distances, make_grid
-from wagma_bench.workloads.ddppo.envs.habitat_nav import HabitatNavEnv, HabitatNavSettings, check_habitat
+from wagma_bench.workloads.ddppo.envs.gridnav import GridNavEnv, bfs_distances, make_grid
+from wagma_bench.workloads.ddppo.envs.habitat_nav import HabitatNavEnv
+from wagma_bench.workloads.ddppo.envs.specs import GridNavSettings, HabitatNavSettings, check_habitat
 from wagma_bench.workloads.ddppo.policy import PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, gae, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import SLOTS, RolloutCounter, should_stop_early
@@ -228,7 +229,8 @@ def test_polar_goal_and_spl():
 
 @pytest.fixture(scope="module")
 def miniworld_env():
-    from wagma_bench.workloads.ddppo.envs.miniworld_nav import MiniWorldNavEnv, MiniWorldNavSettings
+    from wagma_bench.workloads.ddppo.envs.miniworld_nav import MiniWorldNavEnv
+    from wagma_bench.workloads.ddppo.envs.specs import MiniWorldNavSettings
 
     env = MiniWorldNavEnv(MiniWorldNavSettings(layout="one_room", obs_width=32, obs_height=24))
     yield env
@@ -336,7 +338,7 @@ def test_habitat_adapter_against_fake_api():
 
 def test_habitat_missing_fails_with_install_instructions():
     # habitat-sim cannot be installed on this image (glibc 2.36): here the guard must fire
-    from wagma_bench.workloads.ddppo.envs.habitat_nav import habitat_available
+    from wagma_bench.workloads.ddppo.envs.specs import habitat_available
 
     if habitat_available():
         check_habitat(HabitatNavSettings())  # a cluster with habitat: no error

@@ -27,7 +27,7 @@ from wagma_bench.ranges import (
     Range,
     setting,
 )
-from wagma_bench.workloads.ddppo.envs import ENVS
+from wagma_bench.workloads.ddppo.envs.specs import ENVS, check_habitat
 
 
 class WorkloadSpec:
@@ -301,8 +301,6 @@ class DDPPOSpec(WorkloadSpec):
             raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
                               f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
         if cfg.data.name == "habitat":
-            from wagma_bench.workloads.ddppo.envs.habitat_nav import check_habitat
-
             check_habitat(cfg.data)
 
 

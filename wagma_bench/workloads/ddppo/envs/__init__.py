@@ -1,27 +1,37 @@
-"""Registry of navigation environments, keyed by their Hydra option name (``env=NAME``)."""
+"""Registry of navigation environments, keyed by their Hydra option name (``env=NAME``).
+
+Importing the package loads only their settings (:mod:`.specs`, no NumPy), which the configuration check reads in
+the launching process; the environments and what they share (:mod:`.base`) load on their first use (PEP 562)."""
 
 from __future__ import annotations
 
-from wagma_bench.workloads.ddppo.envs.base import NUM_ACTIONS, Episode, NavEnv
-from wagma_bench.workloads.ddppo.envs.gridnav import GridNavEnv, GridNavSettings
-from wagma_bench.workloads.ddppo.envs.habitat_nav import HabitatNavEnv, HabitatNavSettings, make_habitat_env
-from wagma_bench.workloads.ddppo.envs.miniworld_nav import MiniWorldNavEnv, MiniWorldNavSettings
+from wagma_bench.workloads.ddppo.envs.specs import ENVS
 
-#: option name -> schema of the ``env:`` section
-ENVS: dict[str, type] = {
-    "miniworld_pointnav": MiniWorldNavSettings,
-    "gridnav": GridNavSettings,
-    "habitat": HabitatNavSettings,
-}
+_BASE = ("NUM_ACTIONS", "Episode", "NavEnv")
 
 
-def make_env(settings, seed: int, gpu: int = -1, split: str | None = None) -> NavEnv:
-    """One environment instance for ``settings`` (an instance of a schema in :data:`ENVS`)."""
+def __getattr__(name: str):
+    if name in _BASE:
+        from wagma_bench.workloads.ddppo.envs import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_env(settings, seed: int, gpu: int = -1, split: str | None = None):
+    """One environment instance (a :class:`~.base.NavEnv`) for ``settings`` (an instance of a schema in
+    :data:`ENVS`)."""
     if settings.name == "gridnav":
+        from wagma_bench.workloads.ddppo.envs.gridnav import GridNavEnv
+
         return GridNavEnv(settings)
     if settings.name == "miniworld_pointnav":
+        from wagma_bench.workloads.ddppo.envs.miniworld_nav import MiniWorldNavEnv
+
         return MiniWorldNavEnv(settings)
     if settings.name == "habitat":
+        from wagma_bench.workloads.ddppo.envs.habitat_nav import HabitatNavEnv, make_habitat_env
+
         return HabitatNavEnv(settings, lambda: make_habitat_env(settings, split or settings.split, seed, gpu))
     raise ValueError(f"unknown env {settings.name!r}; choose one of: {', '.join(sorted(ENVS))}")
 

@@ -19,7 +19,6 @@ import numpy as np
 STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT = 0, 1, 2, 3
 NUM_ACTIONS = 4
 GOAL_KEY = "pointgoal_with_gps_compass"
-LAYOUTS = ("four_rooms", "two_rooms", "one_room")  # env.layout of the embedded environments
 
 
 @dataclass(frozen=True)

@@ -11,36 +11,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
 import wagma_bench.workloads.ddppo.envs.base as actions  # the action ids, GOAL_KEY
-from wagma_bench.ranges import ANY, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, setting
-from wagma_bench.workloads.ddppo.envs.base import LAYOUTS, Episode, EpisodeTracker, NavEnv, polar_goal
+from wagma_bench.workloads.ddppo.envs.base import Episode, EpisodeTracker, NavEnv, polar_goal
+from wagma_bench.workloads.ddppo.envs.specs import GridNavSettings
 
 FOV = math.pi / 2
 RAY_STEP = 0.05  # cells between ray samples
-
-
-@dataclass
-class GridNavSettings:
-    name: str = "gridnav"
-    layout: str = "four_rooms"      # four_rooms | two_rooms | one_room
-    room_size: int = setting(5, POSITIVE)  # free cells along a room's side
-    obs_width: int = setting(16, AT_LEAST_ONE)  # depth image width (rays)
-    obs_height: int = setting(8, AT_LEAST_ONE)  # depth image height
-    max_depth: float = setting(8.0, POSITIVE)  # depth is clipped here and scaled to [0, 1]
-    max_episode_steps: int = setting(100, AT_LEAST_ONE)
-    success_distance: float = setting(0.5, POSITIVE)  # metres (cells): STOP on the goal cell succeeds
-    min_geodesic: float = setting(2.0, NON_NEGATIVE)  # episode generation: geodesic start-goal distance bounds
-    max_geodesic: float = setting(100.0, POSITIVE)
-    success_reward: float = setting(2.5, ANY)  # habitat's PointNav reward
-    slack_reward: float = setting(-0.01, ANY)
-    num_envs: int = setting(4, AT_LEAST_ONE)  # environments per rank
-
-    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config.schema)
 
 
 def make_grid(layout: str, room: int) -> np.ndarray:

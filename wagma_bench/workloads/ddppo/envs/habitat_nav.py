@@ -1,7 +1,7 @@
 """``habitat``: habitat-lab's PointNav task (Gibson or MP3D episodes) for clusters with habitat-sim.
 
 habitat-sim is installed with conda (its wheels need a newer glibc than many clusters and CI images) and
-habitat-lab pins NumPy 1.x, so neither is a dependency of this project: :func:`check_habitat` fails in
+habitat-lab pins NumPy 1.x, so neither is a dependency of this project: :func:`~wagma_bench.workloads.ddppo.envs.specs.check_habitat` fails in
 the launching process, before any rank starts, with the install and data instructions.
 
 The adapter speaks habitat-lab's ``habitat.Env`` API: observations ``depth`` (``[H, W, 1]`` in [0, 1])
@@ -13,51 +13,13 @@ habitat-baselines' navigation reward; success and SPL are habitat's own.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from wagma_bench.ranges import ANY, AT_LEAST_ONE, Range, setting
 from wagma_bench.workloads.ddppo.envs.base import GOAL_KEY, STOP, Episode, EpisodeTracker, NavEnv
-
-INSTALL = (
-    "env=habitat needs habitat-sim and habitat-lab, which are not installed. Install them in a conda "
-    "environment (habitat-sim has no wheels for this glibc, and habitat-lab pins numpy 1.x):\n"
-    "  conda create -n habitat python=3.10 cmake=3.14 && conda activate habitat\n"
-    "  conda install habitat-sim withbullet headless -c conda-forge -c aihabitat\n"
-    "  pip install habitat-lab==0.3.3 && pip install -e /path/to/wagma-bench\n"
-    "and the data: the Gibson scene meshes (data/scene_datasets/gibson/*.glb, under the Gibson dataset's "
-    "license agreement) and the PointNav Gibson v1 episodes (data/datasets/pointnav/gibson/v1/{train,val}/"
-    "*.json.gz; see habitat-lab's DATASETS.md), or MP3D scenes and episodes for "
-    "env.config_path=benchmark/nav/pointnav/pointnav_mp3d.yaml. Set env.data_root to the folder holding data/.")
-
-
-@dataclass
-class HabitatNavSettings:
-    name: str = "habitat"
-    config_path: str = "benchmark/nav/pointnav/pointnav_gibson.yaml"  # habitat-lab task config
-    data_root: str | None = None  # folder that holds data/scene_datasets and data/datasets (cwd if null)
-    split: str = "train"             # episodes of training; evaluation uses eval_split
-    eval_split: str = "val"
-    max_episode_steps: int = setting(500, AT_LEAST_ONE)  # habitat's PointNav limit
-    success_reward: float = setting(2.5, ANY)  # habitat-baselines' reward
-    slack_reward: float = setting(-0.01, ANY)
-    num_envs: int = setting(4, AT_LEAST_ONE)  # simulator instances per rank (DD-PPO: 4 per GPU)
-    gpu_device_id: int = setting(-1, Range(-1))  # -1: the rank's local CUDA device
-
-
-def habitat_available() -> bool:
-    return importlib.util.find_spec("habitat_sim") is not None and importlib.util.find_spec("habitat") is not None
-
-
-def check_habitat(s: HabitatNavSettings) -> None:
-    from wagma_bench.errors import ConfigError
-
-    if not habitat_available():
-        raise ConfigError(INSTALL)
+from wagma_bench.workloads.ddppo.envs.specs import HabitatNavSettings
 
 
 def make_habitat_env(s: HabitatNavSettings, split: str, seed: int, gpu: int):

@@ -16,15 +16,11 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
-from wagma_bench.ranges import ANY, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, setting
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
-    LAYOUTS,
     MOVE_FORWARD,
     STOP,
     TURN_LEFT,
@@ -34,31 +30,7 @@ from wagma_bench.workloads.ddppo.envs.base import (
     NavEnv,
     polar_goal,
 )
-
-
-@dataclass
-class MiniWorldNavSettings:
-    name: str = "miniworld_pointnav"
-    layout: str = "four_rooms"      # four_rooms | two_rooms | one_room
-    room_size: float = setting(3.0, POSITIVE)  # metres along a room's side
-    wall: float = setting(0.4, NON_NEGATIVE)  # gap between rooms (the doorways are short corridors)
-    door_width: float = setting(1.2, POSITIVE)  # metres; the agent's body is 0.8 m wide
-    obs_width: int = setting(64, AT_LEAST_ONE)  # rendered image size
-    obs_height: int = setting(48, AT_LEAST_ONE)
-    rgb: bool = False               # add the RGB image to the observation (depth is always there)
-    max_depth: float = setting(10.0, POSITIVE)  # depth is clipped here and scaled to [0, 1] (habitat: 10 m)
-    forward_step: float = setting(0.25, POSITIVE)  # metres per MOVE_FORWARD (habitat: 0.25)
-    turn_angle: float = setting(30.0, POSITIVE)  # degrees per turn (habitat: 10; coarser here for a short CPU budget)
-    max_episode_steps: int = setting(150, AT_LEAST_ONE)
-    success_distance: float = setting(0.5, POSITIVE)  # metres, geodesic (habitat: 0.2)
-    min_geodesic: float = setting(1.5, NON_NEGATIVE)  # episode generation: geodesic start-goal distance bounds (metres)
-    max_geodesic: float = setting(100.0, POSITIVE)
-    grid_resolution: float = setting(0.2, POSITIVE)  # metres per cell of the geodesic-distance grid
-    success_reward: float = setting(2.5, ANY)  # habitat's PointNav reward
-    slack_reward: float = setting(-0.01, ANY)
-    num_envs: int = setting(4, AT_LEAST_ONE)  # environments per rank
-
-    CHOICES: ClassVar[dict[str, tuple]] = {"layout": LAYOUTS}  # checked with the config (wagma_bench.config.schema)
+from wagma_bench.workloads.ddppo.envs.specs import MiniWorldNavSettings
 
 
 def room_rects(layout: str, size: float, wall: float) -> tuple[list[tuple[float, float, float, float]],
