@@ -1,8 +1,9 @@
 """``habitat``: habitat-lab's PointNav task (Gibson or MP3D episodes) for clusters with habitat-sim.
 
 habitat-sim is installed with conda (its wheels need a newer glibc than many clusters and CI images) and
-habitat-lab pins NumPy 1.x, so neither is a dependency of this project: :func:`~wagma_bench.workloads.ddppo.envs.specs.check_habitat` fails in
-the launching process, before any rank starts, with the install and data instructions.
+habitat-lab pins NumPy 1.x, so neither is a dependency of this project:
+:func:`~wagma_bench.workloads.ddppo.envs.specs.check_habitat` fails in the launching process, before any rank
+starts, with the install and data instructions.
 
 The adapter speaks habitat-lab's ``habitat.Env`` API: observations ``depth`` (``[H, W, 1]`` in [0, 1])
 and ``pointgoal_with_gps_compass`` (``[rho, phi]``), integer actions in habitat's order (STOP,
