@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from wagma_bench.record.events import write_text_atomic
 
 DURATIONS = Path(__file__).with_name("durations.json")
 _seconds: collections.Counter = collections.Counter()  # this run's, by file (written out by --write-durations)
@@ -48,7 +48,4 @@ def pytest_sessionfinish(session):
     if not path or hasattr(session.config, "workerinput"):  # under xdist the controller holds every report
         return
     table = {name: round(s, 1) for name, s in sorted(_seconds.items(), key=lambda kv: -kv[1])}
-    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=".durations-")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(table, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(Path(path), json.dumps(table, indent=1) + "\n")
