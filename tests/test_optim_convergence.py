@@ -26,8 +26,8 @@ OPTIMIZERS = {name: (name, {}) for name in REGISTRY} | {
 }
 # 100 steps: the worst relative error of any method ended at 0.47 of its tolerance here (sgp_overlap on 4 ranks;
 # 0.34 after 200 steps, which took 17 s more), and AD-PSGD's at 0.10-0.37 of its own with two busy loops taking
-# the cores beside the worlds (the most that make test's first phase puts beside them), so the test needs no
-# phase of its own
+# the cores beside the worlds (make test's first phase runs another test's processes beside them), so it runs
+# there, not in the serial phase
 DIM, ROWS, STEPS, LR = 8, 32, 100, 0.1
 COMPUTE_S = 0.002
 # Relative errors allowed for the mean model and the worst rank's model (the start is at error 1). AD-PSGD's
