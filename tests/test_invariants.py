@@ -117,6 +117,10 @@ def _run_config(comm, name, settings, group_size, pattern, zero):
     algo = make_algorithm(name, comm, model, sgd(lr=LR), seed=3, **settings)
     records, steps = [], 0
     x0 = mass(name, algo)
+    # Every rank reads its starting mass before any rank steps, as the trainer meets its ranks before the first
+    # step (Trainer.open_logs): an AD-PSGD passive answers exchanges from construction on, so a rank slow to get
+    # here (a starved process) would count a fast active's first exchange in its x0.
+    comm.barrier()
     while True:
         steps += 1
         algo.zero_grad()
