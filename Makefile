@@ -44,18 +44,26 @@ $(FAIRSEQ):
 run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)
 
-# In two phases, both always run: the tests that time nothing on two pytest-xdist workers (the cores idle a
-# quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
+# In three phases, all always run. First the tests that time nothing on two pytest-xdist workers (the cores idle
+# a quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
 # one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each),
-# the longest files first (tests/file_order.py, from the lengths measured in tests/durations.json); then the
-# tests marked `serial` (a wait, a margin or a deadline they assert; MPI's busy-polling ranks) alone, so that
-# no other test competes with them for the cores. Two workers share two cores: in the first phase each process
-# computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its ranks), not one per core.
+# the longest files first (tests/file_order.py, from the lengths measured in tests/durations.json). Then the
+# tests marked `alone` (MPI's busy-polling ranks, WAGMA-SGD's CPU-bound run to its target) with nothing beside
+# them. Last the other `serial` tests (a wait, a margin or a deadline they assert) one at a time, and beside
+# them, at idle CPU priority (SCHED_IDLE: the scheduler runs them only on a core no other process wants), the
+# files marked `background`, which time nothing and bear pauses: the serial tests leave about half of the two
+# cores idle, and those files fill it. Their output is kept in a file and shown when they end. Two workers
+# share two cores: each process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its ranks).
+PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order
 test: $(STAMP)
-	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order \
-		-m "not long and not serial"; parallel=$$?; \
-	$(VENV)/bin/pytest -q -m "serial and not long"; serial=$$?; \
-	test $$parallel = 0 && test $$serial = 0
+	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q $(PYTEST_WORKERS) -m "not long and not serial and not alone and not background"; \
+	first=$$?; \
+	$(VENV)/bin/pytest -q -m "alone and not long"; alone=$$?; \
+	log=$$(mktemp); OMP_NUM_THREADS=1 chrt --idle 0 $(VENV)/bin/pytest -q $(PYTEST_WORKERS) \
+		-m "background and not long and not serial" >$$log 2>&1 & idle=$$!; \
+	$(VENV)/bin/pytest -q -m "serial and not alone and not long"; serial=$$?; \
+	echo "idle-priority tests (beside the serial ones):"; wait $$idle; background=$$?; cat $$log; rm -f $$log; \
+	test $$first = 0 && test $$alone = 0 && test $$serial = 0 && test $$background = 0
 
 # The multi-minute runs to a target (every baseline optimizer on ResNet, the Transformer to its BLEU).
 test-long: $(STAMP)

@@ -30,6 +30,10 @@ import pytest
 
 from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
 
+# make test runs this file at idle CPU priority beside the serial tests (marker `background`): the invariants
+# are exact whatever the timing, and the worlds' timeouts (30 s a collective, 240 s a world) outlast any pause.
+pytestmark = pytest.mark.background
+
 BASE = 0.004
 SLOW = 10 * BASE
 LR = 0.5

@@ -18,6 +18,10 @@ from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import default_group_size
 from wagma_bench.optim import OPTIMIZERS
 
+# make test runs this file at idle CPU priority beside the serial tests (marker `background`): it times
+# nothing, and its runs' timeouts (300 s a collective, 600 s a command) outlast any pause they get there.
+pytestmark = pytest.mark.background
+
 
 def _refusals(comm):
     out = {"data": comm.capabilities, "control": None}

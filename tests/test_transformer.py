@@ -29,6 +29,10 @@ from wagma_bench.workloads.transformer import (
     bleu_statistics,
 )
 
+# make test runs this file at idle CPU priority beside the serial tests (marker `background`): it times
+# nothing, and its worlds' timeouts (30 s a collective, 120 s a world) outlast any pause they get there.
+pytestmark = pytest.mark.background
+
 # A tiny corpus whose token-based batches (256 tokens) do not divide by 2 or 3 ranks: the sharded
 # iterator pads the shorter shards with empty batches (asserted below, so a change of the generator
 # cannot silently drop the uneven case).
