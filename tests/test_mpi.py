@@ -15,8 +15,8 @@ import pytest
 from tests.cli_util import BIN, QUICK, wait_started
 from wagma_bench.record.events import read_jsonl
 
-# MPICH's ranks busy-poll (they would slow a test beside them, and starve make test's idle-priority tests) and a
-# 0.5 s communicator must see every rank arrive in time: these run alone, in make test's serial phase.
+# MPICH's ranks busy-poll (they would slow a test beside them and starve make test's idle-priority tests), and
+# a 0.5 s communicator must see every rank arrive in time: these run by themselves (marker alone).
 pytestmark = [pytest.mark.serial, pytest.mark.alone]
 
 MPIEXEC = str(BIN.parent / "mpiexec")

@@ -1,8 +1,9 @@
 """Each optimizer reaches the embedded ResNet target with `wagma-bench run`, as a user types it
 (4 local gloo ranks, the embedded default: ResNet-20 on the 5,000-image MNIST subset, target 97%).
 
-WAGMA-SGD runs in `make test` (its serial phase); every other registered optimizer (about 1.5 minutes each on
-this 2-core machine) is marked `long` and runs with `make test-long`, to keep `make test` short. The optimizer tables of docs/optimizers.md are the measured record of each."""
+WAGMA-SGD runs in `make test` (by itself: markers serial and alone); every other registered optimizer (about
+1.5 minutes each on this 2-core machine) is marked `long` and runs with `make test-long`, to keep `make test`
+short. The optimizer tables of docs/optimizers.md are the measured record of each."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from tests.dist_util import run_world
 from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule, butterfly_stage, default_group_size
 from wagma_bench.comm.wait_avoiding import WaitAvoidingAllreduce
 
-# Most of these assert waits and margins against sleeps of a fraction of a second: run alone, in make test's
-# serial phase.
+# Most of these assert waits and margins against sleeps of a fraction of a second: run one at a time in make
+# test's serial phase, with only idle-priority tests beside them.
 pytestmark = pytest.mark.serial
 
 
