@@ -53,14 +53,16 @@ run: $(STAMP)
 # them, at idle CPU priority (SCHED_IDLE: the scheduler runs them only on a core no other process wants), the
 # files marked `background`, which time nothing and bear pauses: the serial tests leave about half of the two
 # cores idle, and those files fill it. Their output is kept in a file and shown when they end; Ctrl-C stops them
-# too (a shell starts a background command with Ctrl-C ignored: env restores it). Two workers
-# share two cores: each process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its ranks).
+# too (a shell starts a background command with Ctrl-C ignored: env restores it) and removes the file. Two
+# workers share two cores: each process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its
+# ranks).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order
 test: $(STAMP)
 	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q $(PYTEST_WORKERS) -m "not long and not serial and not alone and not background"; \
 	first=$$?; \
 	$(VENV)/bin/pytest -q -m "alone and not long"; alone=$$?; \
-	log=$$(mktemp); OMP_NUM_THREADS=1 env --default-signal=INT chrt --idle 0 $(VENV)/bin/pytest -q \
+	log=$$(mktemp); trap 'rm -f "$$log"; exit 130' INT TERM; \
+	OMP_NUM_THREADS=1 env --default-signal=INT chrt --idle 0 $(VENV)/bin/pytest -q \
 		$(PYTEST_WORKERS) -m "background and not long and not serial" >$$log 2>&1 & idle=$$!; \
 	$(VENV)/bin/pytest -q -m "serial and not alone and not long"; serial=$$?; \
 	echo "idle-priority tests (beside the serial ones):"; wait $$idle; background=$$?; cat $$log; rm -f $$log; \
