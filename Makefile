@@ -63,7 +63,7 @@ test: $(STAMP)
 	$(VENV)/bin/pytest -q -m "alone and not long"; alone=$$?; \
 	log=$$(mktemp); trap 'rm -f "$$log"; exit 130' INT TERM; \
 	OMP_NUM_THREADS=1 env --default-signal=INT chrt --idle 0 $(VENV)/bin/pytest -q \
-		$(PYTEST_WORKERS) -m "background and not long and not serial" >$$log 2>&1 & idle=$$!; \
+		$(PYTEST_WORKERS) -m "background and not long and not serial and not alone" >$$log 2>&1 & idle=$$!; \
 	$(VENV)/bin/pytest -q -m "serial and not alone and not long"; serial=$$?; \
 	echo "idle-priority tests (beside the serial ones):"; wait $$idle; background=$$?; cat $$log; rm -f $$log; \
 	test $$first = 0 && test $$alone = 0 && test $$serial = 0 && test $$background = 0
