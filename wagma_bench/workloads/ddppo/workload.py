@@ -26,7 +26,8 @@ from torch.distributions import Categorical
 from wagma_bench.comm.base import Comm
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.base import Workload
-from wagma_bench.workloads.ddppo.envs import NUM_ACTIONS, Episode, NavEnv, make_env
+from wagma_bench.workloads.ddppo.envs import make_env
+from wagma_bench.workloads.ddppo.envs.base import NUM_ACTIONS, Episode, NavEnv
 from wagma_bench.workloads.ddppo.policy import PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early

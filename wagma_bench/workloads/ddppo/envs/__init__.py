@@ -1,21 +1,11 @@
 """Registry of navigation environments, keyed by their Hydra option name (``env=NAME``).
 
 Importing the package loads only their settings (:mod:`.specs`, no NumPy), which the configuration check reads in
-the launching process; the environments and what they share (:mod:`.base`) load on their first use (PEP 562)."""
+the launching process; :func:`make_env` imports the environment it builds (those and :mod:`.base` import NumPy)."""
 
 from __future__ import annotations
 
 from wagma_bench.workloads.ddppo.envs.specs import ENVS
-
-_BASE = ("NUM_ACTIONS", "Episode", "NavEnv")
-
-
-def __getattr__(name: str):
-    if name in _BASE:
-        from wagma_bench.workloads.ddppo.envs import base
-
-        return getattr(base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_env(settings, seed: int, gpu: int = -1, split: str | None = None):
@@ -36,4 +26,4 @@ def make_env(settings, seed: int, gpu: int = -1, split: str | None = None):
     raise ValueError(f"unknown env {settings.name!r}; choose one of: {', '.join(sorted(ENVS))}")
 
 
-__all__ = ["ENVS", "NUM_ACTIONS", "Episode", "NavEnv", "make_env"]
+__all__ = ["ENVS", "make_env"]
