@@ -4,6 +4,7 @@ CLI, signals to the launcher or to the whole process group as a terminal sends t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,18 +105,27 @@ def test_second_ctrl_c_stops_at_once_and_the_stop_is_recorded(tmp_path):
 
 def _ctrl_c_while_starting(run_dir: Path, presses: int):
     """Ctrl-C the launcher as it starts its ranks (its fork server still importing torch): no rank exists yet
-    to take the forward, nor, a moment later, has one installed its handler."""
+    to take the forward, nor, a moment later, has one installed its handler.
+
+    The fork server is held (SIGSTOP) from the moment it appears until the presses have landed: a slow server,
+    as on a loaded node, which cannot fork a rank before it continues. Without the hold, the window (the
+    server's ~2 CPU-s of imports against the launcher's ~0.4 to announce itself) was a race, which CI lost once
+    (the ranks had started)."""
     launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
                                  "logger.progress=off", f"hydra.run.dir={run_dir}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
-        time.sleep(0.1)
-        assert fork_servers(launcher.pid)
-        assert not rank_pids(launcher.pid), "the ranks had started: too late to test their start"
-        for press in range(presses):
-            os.kill(launcher.pid, signal.SIGINT)
-            time.sleep(0.3)
+        server = _held_fork_server(launcher)
+        try:
+            assert not rank_pids(launcher.pid), "the ranks had started before the fork server was held"
+            assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
+            for _ in range(presses):
+                os.kill(launcher.pid, signal.SIGINT)
+                time.sleep(0.3)
+            assert not rank_pids(launcher.pid)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGCONT)
         _, err = launcher.communicate(timeout=180)
         return launcher, err
     finally:
@@ -124,9 +134,19 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
             launcher.communicate()
 
 
-# serial: the Ctrl-C must land before the fork server ends its imports (about 2 CPU-seconds after the launcher's
-# start), which the launcher, needing about 0.4 to announce itself, wins only when no other test's processes share
-# the cores: in make test's first phase a fresh clone once saw the ranks already started
+def _held_fork_server(launcher: subprocess.Popen) -> int:
+    """Stop the launcher's fork server as soon as it exists (it starts early, its imports overlapping the
+    launcher's own start-up); returns its PID."""
+    deadline = time.monotonic() + 60
+    while not (servers := fork_servers(launcher.pid)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
+        time.sleep(0.005)
+    os.kill(servers[0], signal.SIGSTOP)
+    return servers[0]
+
+
+# serial: the test must see the fork server before it ends its imports (about 2 CPU-seconds), to hold it; with
+# the cores to itself it polls every 5 ms
 @pytest.mark.serial
 def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_path):
     launcher, err = _ctrl_c_while_starting(tmp_path, presses=1)
