@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -176,8 +177,10 @@ def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_check
 @pytest.mark.serial
 def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     """Ctrl-C as the launcher composes its configuration (its fork server just started), before it has taken
-    Ctrl-C over: one line, exit 130. SIGINT's default disposition is restored for the launcher, as a terminal
-    gives it (a test run in a background job would pass it on ignored)."""
+    Ctrl-C over: one line, exit 130. The launcher announces taking it over on its stdout, about 0.25 s after the
+    fork server appears here; the test holds the launcher (SIGSTOP) from when it sees the server until the Ctrl-C
+    is sent, so that the Ctrl-C lands there whatever the cores' load. SIGINT's default disposition is restored for
+    the launcher, as a terminal gives it (a test run in a background job would pass it on ignored)."""
     argv = [str(BIN), "run", *QUICK[:1], f"hydra.run.dir={tmp_path}"]
     default_sigint = f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv({argv[0]!r}, {argv!r})"
     launcher = subprocess.Popen([sys.executable, "-c", default_sigint], stdout=subprocess.PIPE,
@@ -186,8 +189,14 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
         deadline = time.monotonic() + 60
         while not (servers := fork_servers(launcher.pid)):
             assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
-            time.sleep(0.01)
-        os.kill(launcher.pid, signal.SIGINT)
+            time.sleep(0.005)
+        # held while the Ctrl-C is sent, so that it lands where the launcher was, whatever the cores' load
+        os.kill(launcher.pid, signal.SIGSTOP)
+        try:
+            assert not select.select([launcher.stdout], [], [], 0)[0], "the launcher had taken Ctrl-C over: too late"
+            os.kill(launcher.pid, signal.SIGINT)
+        finally:
+            os.kill(launcher.pid, signal.SIGCONT)
         _, err = launcher.communicate(timeout=120)
     finally:
         if launcher.poll() is None:
