@@ -180,6 +180,29 @@ def latest_manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "checkpoint" / name / "manifest.json").read_text())
 
 
+def kill_when_held(proc: subprocess.Popen, condition, what: str) -> None:
+    """SIGKILL the run once ``condition`` holds with its ranks held (SIGSTOP): read while they run, it may be stale
+    by the time the kill lands (a checkpoint written meanwhile, on a busy machine). Held and false, they go on."""
+    while True:
+        wait_for(condition, what)
+        ranks = rank_pids(proc.pid)
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        if condition():
+            kill_run(proc)
+            return
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _steps_logged_past_the_checkpoint(run_dir: Path) -> bool:
+    try:
+        at = latest_manifest(run_dir)["round"]
+    except FileNotFoundError:  # none yet
+        return False
+    return max(logged_steps(run_dir, 0), default=0) > at
+
+
 def checkpoints(run_dir: Path) -> list[int]:
     return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
 
@@ -228,14 +251,12 @@ def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(checkpoi
 def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
     logs every step once and the events hold one run_start, one run_resume and one run_stop."""
-    # checkpoints 3 s apart: the kill lands after the steps logged past one checkpoint and (on a busy
-    # machine too) before the next one is written
+    # checkpoints 3 s apart, so that steps are logged past one before the next is written
     args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=3", "logger.progress=off",
                         f"hydra.run.dir={tmp_path}"]
     first = start(args + ["train.max_steps=400"])
     try:
-        wait_for(lambda: checkpoints(tmp_path) and max(logged_steps(tmp_path, 0)) > checkpoints(tmp_path)[-1],
-                 "steps logged after a checkpoint")
+        kill_when_held(first, lambda: _steps_logged_past_the_checkpoint(tmp_path), "steps logged after a checkpoint")
     finally:
         kill_run(first)
     at = latest_manifest(tmp_path)["round"]
