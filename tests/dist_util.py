@@ -54,7 +54,8 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulat
     torch.manual_seed(1234 + rank)
     ok = False
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                              timeout=timedelta(seconds=max(60.0, comm_timeout_s)))
         comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"), emulate)
         value = fn(comm, *args)
         # Pickled here: the queue would share tensors by file descriptor, which dies with this process.
@@ -68,6 +69,12 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulat
         results.join_thread()
         # A rank whose peers died must not wait in process-group destructors.
         os._exit(0 if ok else 1)
+
+
+# For the files make test runs at idle CPU priority (marker `background`, see the Makefile): a rank there gets no
+# core while a serial test keeps both busy, for as long as it does. They assert no time, so only a hang should
+# reach these.
+PAUSABLE = {"comm_timeout_s": 300.0, "timeout_s": 900.0}
 
 
 def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_s: float = 120.0,

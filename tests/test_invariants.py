@@ -28,10 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.dist_util import PAUSABLE
 from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
 
 # make test runs this file at idle CPU priority beside the serial tests (marker `background`): the invariants
-# are exact whatever the timing, and the worlds' timeouts (30 s a collective, 240 s a world) outlast any pause.
+# are exact whatever the timing, and the worlds' timeouts (dist_util.PAUSABLE) outlast any pause.
 pytestmark = pytest.mark.background
 
 BASE = 0.004
@@ -148,7 +149,7 @@ def _world(comm, group_size, pattern, zero):
 
 def _run_one_world(params):
     world, group_size, pattern, zero, emulate = params
-    return run_world(_world, world, group_size, pattern, zero, timeout_s=240, emulate=emulate)
+    return run_world(_world, world, group_size, pattern, zero, emulate=emulate, **PAUSABLE)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from tests.cli_util import BIN
-from tests.dist_util import run_world
+from tests.dist_util import PAUSABLE, run_world
 from wagma_bench.comm.base import CommError
 from wagma_bench.comm.topology import default_group_size
 from wagma_bench.optim import OPTIMIZERS
 
 # make test runs this file at idle CPU priority beside the serial tests (marker `background`): it times
-# nothing, and its runs' timeouts (300 s a collective, 600 s a command) outlast any pause they get there.
+# nothing, and its runs' timeouts (300 s a collective, 600 s a command; its world's: dist_util.PAUSABLE)
+# outlast any pause they get there.
 pytestmark = pytest.mark.background
 
 
@@ -43,7 +44,7 @@ def _refusals(comm):
 
 
 def test_the_emulated_data_plane_refuses_what_nccl_refuses_and_the_control_plane_does_not():
-    results = run_world(_refusals, 2, emulate="nccl")
+    results = run_world(_refusals, 2, emulate="nccl", **PAUSABLE)
     for res in results:
         assert not res["data"].any_source and not res["data"].tags
         assert res["control"].any_source and res["control"].tags

@@ -19,7 +19,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tests.dist_util import run_world
+from tests.dist_util import PAUSABLE, run_world
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.config.schema import ConfigError, validate
 from wagma_bench.workloads.mt_data import SRC_CONJ, CorpusSpec, generate
@@ -30,7 +30,7 @@ from wagma_bench.workloads.transformer import (
 )
 
 # make test runs this file at idle CPU priority beside the serial tests (marker `background`): it times
-# nothing, and its worlds' timeouts (30 s a collective, 120 s a world) outlast any pause they get there.
+# nothing, and its worlds' timeouts (dist_util.PAUSABLE) outlast any pause they get there.
 pytestmark = pytest.mark.background
 
 # A tiny corpus whose token-based batches (256 tokens) do not divide by 2 or 3 ranks: the sharded
@@ -179,7 +179,7 @@ def _train(comm, raw: dict, run_dir: str):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path):
     raw = tiny_raw(cache, max_steps=14, lr=1e-3, warmup_epochs=0.2)
-    results = run_world(_train, world, raw, str(tmp_path), timeout_s=120)
+    results = run_world(_train, world, raw, str(tmp_path), **PAUSABLE)
     summary, n_batches, spe = results[0]
     assert n_batches % 2 and n_batches % 3                       # the uneven case is exercised
     assert spe == math.ceil(n_batches / world) and spe < 14          # crosses an epoch boundary
@@ -228,7 +228,7 @@ def _pipeline_checks(comm, raw: dict):
 
 
 def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(cache):
-    res = run_world(_pipeline_checks, 1, tiny_raw(cache), timeout_s=120)[0]
+    res = run_world(_pipeline_checks, 1, tiny_raw(cache), **PAUSABLE)[0]
     spe, first = res["spe"], res["first"]
     assert res["resumed"] == [first[1], first[spe - 1], first[spe + 2]]   # resume mid-epoch and after
     assert first[:3] != first[spe:spe + 3]                                 # reshuffled each epoch
@@ -262,7 +262,7 @@ def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
     n = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
     raws = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={n}")]
     (tok_shards, tok_args, size), (sent_shards, sent_args, _) = run_world(_epoch_batches, 1, raws, 2,
-                                                                          timeout_s=120)[0]
+                                                                          **PAUSABLE)[0]
     assert "--max-tokens" in tok_args and "--batch-size" not in tok_args
     assert sent_args[sent_args.index("--batch-size") + 1] == str(n) and "--max-tokens" not in sent_args
     sentences = [s for shard in sent_shards for s, _ in shard if s]
@@ -315,7 +315,8 @@ def uneven_shard_runs(cache, tmp_path_factory) -> list[dict]:
         raws[optimizer] = compose_raw(*_tiny_overrides(cache), f"optimizer={optimizer}", "train.max_steps=40",
                                       "train.lr=1e-2", "train.lr_reference_batch=null", "train.warmup_epochs=1")
         assert raws[optimizer]["train"]["local_optimizer"] == "adam" and raws[optimizer]["optimizer"]["name"] == optimizer
-    return run_world(_train_every_optimizer, 2, raws, str(tmp_path_factory.mktemp("uneven")), timeout_s=600)
+    return run_world(_train_every_optimizer, 2, raws, str(tmp_path_factory.mktemp("uneven")),
+                     **PAUSABLE)
 
 
 @pytest.mark.parametrize("optimizer", _registered_optimizers())
