@@ -6,6 +6,10 @@ order (the tests' runs are far from a PID wrap-around)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 from wagma_bench.runtime.launch import STORE_PROCESS_NAME
@@ -42,3 +46,34 @@ def rank_pids(launcher: int) -> list[int]:
     the run's store process, which the server forks first and which names itself)."""
     return sorted(p for server in fork_servers(launcher) for p in children(server)
                   if _comm(p) != STORE_PROCESS_NAME)
+
+
+def held_fork_server(launcher: subprocess.Popen) -> int:
+    """Stop the fork server of ``launcher`` (a local ``wagma-bench run`` or ``comm-bench``) as soon as it exists
+    (SIGSTOP; it starts early, its imports overlapping the launcher's own start-up): no rank can be forked until
+    the caller sends it SIGCONT. Returns its PID."""
+    deadline = time.monotonic() + 60
+    while not (servers := fork_servers(launcher.pid)):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
+        time.sleep(0.005)
+    os.kill(servers[0], signal.SIGSTOP)
+    return servers[0]
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports (IPv4) on which process ``pid`` itself listens: its sockets' inodes, found in the kernel's
+    table of its network namespace in the LISTEN state."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # st 0A: LISTEN
+            ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 
 from tests.cli_util import BIN
+from tests.proc_util import held_fork_server, listening_ports, rank_pids
 
 
 def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
@@ -32,6 +36,31 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
         phases = row["round_ms"]
         assert set(phases) == {"activation", "snapshot", "collective", "hand_over", "other"}
         assert phases["collective"] > 0 and all(v >= 0 for k, v in phases.items() if k != "other")
+
+
+def test_comm_bench_listens_on_its_store_port_before_its_ranks_can_start(tmp_path):
+    """The command holds its ranks' store port (listening) from the moment the OS picks it, before its fork server
+    exists: no window in which another process can take the port. It used to take a port that was free, let go of
+    it, and have rank 0 bind it once started; in make test another process took it meanwhile (EADDRINUSE)."""
+    out_file = tmp_path / "cb.json"
+    bench = subprocess.Popen([str(BIN), "comm-bench", "--nproc", "2", "--sizes", "4K", "--repeats", "1",
+                              "--out", str(out_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        server = held_fork_server(bench)
+        try:
+            assert not rank_pids(bench.pid)
+            assert len(listening_ports(bench.pid)) == 1, "the store's port is not held before the ranks start"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGCONT)
+        _, err = bench.communicate(timeout=300)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.communicate()
+    assert bench.returncode == 0, err[-3000:]
+    assert json.loads(out_file.read_text())["table"]
 
 
 def test_bandwidths_are_nccl_tests_algbw_and_busbw():

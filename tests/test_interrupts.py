@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, keys, run, wait_started
-from tests.proc_util import fork_servers, rank_pids
+from tests.proc_util import fork_servers, held_fork_server, rank_pids
 from wagma_bench.record.events import read_jsonl
 
 
@@ -116,7 +116,7 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
                                  "logger.progress=off", f"hydra.run.dir={run_dir}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        server = _held_fork_server(launcher)
+        server = held_fork_server(launcher)
         try:
             assert not rank_pids(launcher.pid), "the ranks had started before the fork server was held"
             assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
@@ -133,17 +133,6 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate()
-
-
-def _held_fork_server(launcher: subprocess.Popen) -> int:
-    """Stop the launcher's fork server as soon as it exists (it starts early, its imports overlapping the
-    launcher's own start-up); returns its PID."""
-    deadline = time.monotonic() + 60
-    while not (servers := fork_servers(launcher.pid)):
-        assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
-        time.sleep(0.005)
-    os.kill(servers[0], signal.SIGSTOP)
-    return servers[0]
 
 
 # serial: the test must see the fork server before it ends its imports (about 2 CPU-seconds), to hold it; with

@@ -294,7 +294,7 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
         backend = device_plan(torch.cuda.device_count(), nproc, "auto").backend
         device = torch.device(f"cuda:{index % torch.cuda.device_count()}")
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=index == 0, timeout=timedelta(seconds=120))
+    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=False, timeout=timedelta(seconds=120))
     comm = TorchComm.init(backend, index, nproc, store, 300.0, device)
     try:
         run_and_report(comm, args["sizes"], args["repeats"], args["out"])
@@ -319,7 +319,7 @@ def main(argv: list[str]) -> int:
     if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
         print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
         return 2
-    from wagma_bench.runtime.launch import detect_world, free_port
+    from wagma_bench.runtime.launch import detect_world
 
     world = detect_world()
     if args.comm == "mpi":
@@ -338,10 +338,14 @@ def main(argv: list[str]) -> int:
         return 0
     import torch.multiprocessing as mp
 
-    from wagma_bench.runtime.launch import start_rank_server
+    from wagma_bench.runtime.launch import listen_for_store, serve_store, start_rank_server
 
+    # The ranks' store is this process's, on loopback, on the port the OS gives it as it starts listening: a port
+    # picked free and bound later by rank 0 could be taken meanwhile (it was, in make test). Made before the fork
+    # server starts: the server, started by exec, inherits no thread and no socket of it.
+    store = serve_store(listen_for_store("127.0.0.1", 0), timeout_s=120.0)
     start_rank_server()  # the ranks are forked from it, torch imported once
-    mp.start_processes(_rank_main, args=(args.nproc, free_port(), {"sizes": sizes, "repeats": args.repeats,
-                                                                     "out": args.out, "device": args.device}),
+    mp.start_processes(_rank_main, args=(args.nproc, store.port, {"sizes": sizes, "repeats": args.repeats,
+                                                                    "out": args.out, "device": args.device}),
                        nprocs=args.nproc, start_method="forkserver")
     return 0

@@ -509,24 +509,32 @@ def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, l
     the launcher terminates it after its ranks have ended, or itself ends. A store that outlives every rank: a
     rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides."""
     import signal
+
+    _ignore_ctrl_c()
+    with contextlib.suppress(OSError):  # its name in ps and top (Linux), which tells it from the ranks
+        Path("/proc/self/comm").write_text(STORE_PROCESS_NAME)
+    store = serve_store(store_socket, timeout_s)
+    store.set(RUN_KEY, identity)
+    _die_with_launcher(launcher_pid)  # SIGTERM, by default the end, when the launcher is gone
+    while True:
+        signal.pause()
+
+
+def serve_store(store_socket: socket.socket, timeout_s: float):
+    """A TCPStore served on ``store_socket`` (listening, from :func:`listen_for_store`, which it takes over): on
+    that socket's address alone, and on a port held from the moment it was chosen (given a port instead, torch's
+    libuv server listens on every interface, IPv6 included)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    _ignore_ctrl_c()
-    with contextlib.suppress(OSError):  # its name in ps and top (Linux), which tells it from the ranks
-        Path("/proc/self/comm").write_text(STORE_PROCESS_NAME)
     # TCPStore's libuv server (torch's default since 2.4) takes over a listening socket only from torch 2.8
     # (pytorch#150215); on an older torch the legacy server does
     legacy = {} if torch.__version__ >= "2.8" else {"use_libuv": False}
     host, port = store_socket.getsockname()[:2]
-    store = dist.TCPStore(host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                          master_listen_fd=store_socket.detach(), **legacy)
-    store.set(RUN_KEY, identity)
-    _die_with_launcher(launcher_pid)  # SIGTERM, by default the end, when the launcher is gone
-    while True:
-        signal.pause()
+    return dist.TCPStore(host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=store_socket.detach(), **legacy)
 
 
 def _ignore_ctrl_c() -> None:
