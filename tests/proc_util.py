@@ -6,6 +6,7 @@ order (the tests' runs are far from a PID wrap-around)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,16 +49,33 @@ def rank_pids(launcher: int) -> list[int]:
                   if _comm(p) != STORE_PROCESS_NAME)
 
 
-def held_fork_server(launcher: subprocess.Popen) -> int:
-    """Stop the fork server of ``launcher`` (a local ``wagma-bench run`` or ``comm-bench``) as soon as it exists
-    (SIGSTOP; it starts early, its imports overlapping the launcher's own start-up): no rank can be forked until
-    the caller sends it SIGCONT. Returns its PID."""
+def first_fork_server(launcher: subprocess.Popen) -> int:
+    """The PID of the fork server of ``launcher`` (a local ``wagma-bench run`` or ``comm-bench``) as soon as it
+    exists, polled every 5 ms: it starts early, its imports overlapping the launcher's own start-up."""
     deadline = time.monotonic() + 60
     while not (servers := fork_servers(launcher.pid)):
         assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
         time.sleep(0.005)
-    os.kill(servers[0], signal.SIGSTOP)
     return servers[0]
+
+
+@contextlib.contextmanager
+def held(pid: int):
+    """Process ``pid`` stopped (SIGSTOP) for the block and continued (SIGCONT) after it, if it still exists."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def held_fork_server(launcher: subprocess.Popen):
+    """The fork server of ``launcher`` held from the moment it appears until the block ends: no rank can be forked
+    in the block. Yields its PID."""
+    with held(first_fork_server(launcher)) as server:
+        yield server
 
 
 def listening_ports(pid: int) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -47,13 +46,9 @@ def test_comm_bench_listens_on_its_store_port_before_its_ranks_can_start(tmp_pat
                               "--out", str(out_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     try:
-        server = held_fork_server(bench)
-        try:
+        with held_fork_server(bench):
             assert not rank_pids(bench.pid)
             assert len(listening_ports(bench.pid)) == 1, "the store's port is not held before the ranks start"
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGCONT)
         _, err = bench.communicate(timeout=300)
     finally:
         if bench.poll() is None:

@@ -4,7 +4,6 @@ CLI, signals to the launcher or to the whole process group as a terminal sends t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, keys, run, wait_started
-from tests.proc_util import fork_servers, held_fork_server, rank_pids
+from tests.proc_util import first_fork_server, held, held_fork_server, rank_pids
 from wagma_bench.record.events import read_jsonl
 
 
@@ -116,17 +115,13 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
                                  "logger.progress=off", f"hydra.run.dir={run_dir}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        server = held_fork_server(launcher)
-        try:
+        with held_fork_server(launcher):
             assert not rank_pids(launcher.pid), "the ranks had started before the fork server was held"
             assert "local ranks" in launcher.stdout.readline()  # printed as the launcher takes Ctrl-C over
             for _ in range(presses):
                 os.kill(launcher.pid, signal.SIGINT)
                 time.sleep(0.3)
             assert not rank_pids(launcher.pid)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGCONT)
         _, err = launcher.communicate(timeout=180)
         return launcher, err
     finally:
@@ -175,17 +170,10 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     launcher = subprocess.Popen([sys.executable, "-c", default_sigint], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (servers := fork_servers(launcher.pid)):
-            assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
-            time.sleep(0.005)
-        # held while the Ctrl-C is sent, so that it lands where the launcher was, whatever the cores' load
-        os.kill(launcher.pid, signal.SIGSTOP)
-        try:
+        server = first_fork_server(launcher)
+        with held(launcher.pid):  # while the Ctrl-C is sent: it lands where the launcher was, whatever the load
             assert not select.select([launcher.stdout], [], [], 0)[0], "the launcher had taken Ctrl-C over: too late"
             os.kill(launcher.pid, signal.SIGINT)
-        finally:
-            os.kill(launcher.pid, signal.SIGCONT)
         _, err = launcher.communicate(timeout=120)
     finally:
         if launcher.poll() is None:
@@ -193,7 +181,7 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     assert launcher.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "interrupted before any rank started" in err, err[-3000:]
     time.sleep(0.5)
-    assert not _alive(servers[0])  # the fork server went with its launcher, not on importing
+    assert not _alive(server)  # the fork server went with its launcher, not on importing
 
 
 def test_a_ctrl_c_while_the_fork_server_starts_is_kept_with_another_thread_running():
