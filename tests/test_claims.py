@@ -23,6 +23,7 @@ from wagma_bench.analysis.claims import (
     load_claims,
     main,
     make_claims,
+    measure,
     summary_table,
 )
 from wagma_bench.errors import ConfigError
@@ -69,6 +70,57 @@ def test_exact_distribution_equals_brute_force_enumeration(studies, trials):
     assert set(exact) == set(counts)
     for v, c in counts.items():
         assert exact[v] == pytest.approx(c / total, abs=1e-12)
+
+
+def _pooled_median_by_enumeration(values: list[list[float]]) -> dict[float, float]:
+    """The independent oracle of a throughput's law: every two-stage resample (studies, then each drawn study's
+    trials) enumerated, and the median of all the trials it drew."""
+    law: dict[float, float] = {}
+    for drawn in itertools.product(range(len(values)), repeat=len(values)):
+        per_study = [list(itertools.product(values[s], repeat=len(values[s]))) for s in drawn]
+        # each drawn study is one of S equally likely; its resamples are equally likely among themselves
+        weight = len(values) ** -len(values) / math.prod(len(p) for p in per_study)
+        for picks in itertools.product(*per_study):
+            m = statistics.median(v for p in picks for v in p)
+            law[m] = law.get(m, 0.0) + weight
+    return law
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 2), (3, 3), (2, 3), (3, 2), (1, 2, 2), (2, 1, 3), (4, 1)])
+def test_pooled_median_equals_brute_force_enumeration(shape):
+    """Odd and even pools, and studies of unequal size (a trial not finished): the pool's size then varies."""
+    rng = random.Random(sum(shape) * 7 + len(shape))
+    values = [[rng.choice([280.0, 300.0, 310.0, 330.0, 350.0]) for _ in range(o)] for o in shape]
+    oracle = _pooled_median_by_enumeration(values)
+    exact = intervals.pooled_median(values)
+    assert set(exact) == set(oracle)
+    for v, p in oracle.items():
+        assert exact[v] == pytest.approx(p, abs=1e-12)
+
+
+def test_throughput_interval_is_the_declared_two_stage_bootstrap(tmp_path):
+    """A throughput is resampled as a time is: studies, then trials (the one-stage bootstrap of the pooled trials,
+    which this suite used before, gives another law whenever the studies differ)."""
+    studies = [[300.0, 340.0, 310.0], [280.0, 285.0, 290.0], [350.0, 355.0, 330.0]]
+    d = tmp_path / "resnet_paper"
+    trials = []
+    for s, study in enumerate(studies, 1):
+        for o, tp in enumerate(study, 1):
+            name = f"wagma_study{s}_trial{o}"
+            trials.append({"name": name, "combo": "wagma", "study": s, "trial": o, "seed": len(trials) + 1,
+                           "params": {}, "overrides": [], "gpus": 0})
+            (d / "trials" / name).mkdir(parents=True)
+            (d / "trials" / name / "summary.json").write_text(json.dumps(
+                {"status": "completed", "optimizer": "wagma", "throughput_samples_per_s": tp}))
+    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 3, "trials_per_study": 3, "seed": 1,
+                                             "trials": trials}))
+    got = measure(d, "throughput")["wagma"]
+    oracle = _pooled_median_by_enumeration(studies)
+    assert got.value == statistics.median(v for s in studies for v in s)
+    assert set(got.dist) == set(oracle)
+    for v, p in oracle.items():
+        assert got.dist[v] == pytest.approx(p, abs=1e-12)
+    assert got.interval == intervals.interval(oracle)
 
 
 def test_ratio_best_of_and_both_missed():

@@ -83,6 +83,19 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     assert [r.value for r in mlperf.mllog_records(record.events) if r.key == "eval_accuracy"][1] == 0.7
 
 
+def test_a_target_reached_past_the_time_limit_is_not_reached():
+    """train.time_limit_s stops a run at the first synchronisation point past it, and an evaluation there may
+    reach the target: that run missed it (tune counts it so); its summary must say so too."""
+    config = {**CONFIG, "train": {**CONFIG["train"], "time_limit_s": 25}}
+    start = event("run_start", 0, **{**OLD_START, "config": config})
+    end = {"step": 30, "samples": 30 * 128, "train_s": 30.0, "wall_s": 31.0, "eval_s": 1.0}
+    late = summarize([start, evaluation(10, 0.5), evaluation(30, 0.95), event("run_stop", 31, status="time_limit", **end)])
+    assert (late["reached"], late["time_to_target_s"], late["steps_to_target"]) == (False, None, None)
+    assert late["best_metric"] == 0.95  # the evaluation itself stays
+    on_time = summarize([start, evaluation(20, 0.95), event("run_stop", 21, status="completed", **end)])
+    assert (on_time["reached"], on_time["time_to_target_s"]) == (True, 20.0)
+
+
 def test_old_run_start_without_the_derived_fields_falls_back(tmp_path):
     start = RunStart(OLD_START)
     assert start.model_params is None and start.group_size is None and start.sync_period == 10

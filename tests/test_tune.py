@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -219,6 +220,51 @@ def test_the_plan_partitions_points_into_studies_and_is_reproducible():
     assert "train.lr=" + str(float(f"{0.2 * points[0]['lr_multiplier']:.6g}")) in wagma[0].overrides
 
 
+def _plan(combos: dict[str, int], studies: int, trials: int) -> list[tuning.Trial]:
+    return [tuning.Trial(f"{c}_study{s}_trial{o}", c, s, o, 0, {}, [])
+            for c, n in combos.items() if n for s in range(1, studies + 1) for o in range(1, trials + 1)]
+
+
+@pytest.mark.parametrize("combos", [{"a": 1, "b": 1}, {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1}])
+def test_trials_run_interleaved_round_by_round(combos):
+    """Each trial once; round r is every combination's r-th trial (plan order) in a seeded order; never the same
+    combination twice in a row; the same seed, the same order (a resumed tuning goes on where it stopped)."""
+    plan = _plan(combos, studies=5, trials=5)
+    order = tune.run_order(plan, seed=1)
+    assert sorted(t.name for t in order) == sorted(t.name for t in plan)
+    k = len(combos)
+    for r in range(25):
+        this_round = order[r * k:(r + 1) * k]
+        assert sorted(t.combo for t in this_round) == sorted(combos)
+        assert all((t.study - 1) * 5 + t.trial == r + 1 for t in this_round)
+    assert all(a.combo != b.combo for a, b in itertools.pairwise(order))
+    assert tune.run_order(plan, seed=1) == order
+    others = [tune.run_order(plan, seed=s) for s in (2, 3, 4)]
+    assert any(o != order for o in others)
+    firsts = {tuple(t.combo for t in tune.run_order(plan, seed=s)[:k]) for s in range(1, 9)}
+    assert len(firsts) > 1  # the order inside a round is drawn, not fixed
+
+
+def test_uneven_combinations_still_interleave():
+    plan = _plan({"a": 1}, 2, 3) + _plan({"b": 1}, 1, 2)
+    order = [t.combo for t in tune.run_order(plan, seed=3)]
+    assert sorted(order) == ["a"] * 6 + ["b"] * 2 and order[4:] == ["a", "a", "a", "a"]
+
+
+def test_optimizer_changes_reads_the_trials_start_times(tmp_path):
+    plan = _plan({"a": 1, "b": 1}, 1, 2)
+    for t, start in zip(plan, [0, 2, 1, 3], strict=True):  # a1, a2, b1, b2 started at 0, 2, 1, 3: a b a b
+        run = tmp_path / tuning.TRIALS / t.name
+        run.mkdir(parents=True)
+        (run / "events.jsonl").write_text(json.dumps({"key": "run_start", "time_ms": 1000.0 * start,
+                                                      "value": None, "metadata": {}}) + "\n")
+    combos = {"a": plan[:2], "b": plan[2:]}
+    assert tuning.optimizer_changes(tmp_path, combos) == 1.0
+    (tmp_path / tuning.TRIALS / plan[1].name / "events.jsonl").write_text(
+        json.dumps({"key": "run_start", "time_ms": 500.0, "value": None, "metadata": {}}) + "\n")
+    assert tuning.optimizer_changes(tmp_path, combos) == pytest.approx(1 / 3)  # a a b b: one change in three
+
+
 @pytest.mark.parametrize("argv,message", [
     (["tune.trials=0", "--out", "x"], "tune.trials=0 is not allowed; it must be >= 1"),
     (["tune.max_runtime_s=nan", "--out", "x"],
@@ -281,6 +327,11 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
     trial = out / "trials" / by_opt["wagma"]["winner"]["trial"]
     summary = json.loads((trial / "summary.json").read_text())
     assert summary["compute_imbalance"] >= 1.0  # every new summary.json has it
+    for run in (out / "trials").iterdir():  # the speed reference, timed before and after each trial
+        s = json.loads((run / "summary.json").read_text())
+        assert s["reference_s"] == pytest.approx(sum(s["reference_before_after_s"]) / 2) and s["reference_s"] > 0
+    assert result["median_reference_s"] > 0 and result["optimizer_changes"] == 1.0
+    assert all(e["drift_adjusted"]["score_s"] > 0 for e in result["results"])
     events = {p: p.read_bytes() for p in (out / "trials").glob("*/events.jsonl")}
     capsys.readouterr()
     # the same command again (in this process: a finished trial is skipped before any run starts)

@@ -40,10 +40,10 @@ from typing import Any
 
 import yaml
 
-from wagma_bench.analysis import intervals
+from wagma_bench.analysis import drift, intervals
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
-from wagma_bench.analysis.tuning import load_trials, trial_finished, trial_time
+from wagma_bench.analysis.tuning import load_trials, optimizer_changes, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import atomic_write, run_subdir, write_json_atomic
@@ -154,10 +154,13 @@ class Measurement:
         return intervals.interval(self.dist)
 
 
-def measure(tune_dir: Path, metric: str) -> dict[str, Measurement]:
+def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> dict[str, Measurement]:
     """Every optimizer of a tuning directory, measured by ``metric``. Trials without a final summary (not run
-    yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out."""
+    yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out.
+    With ``drift_median`` (every finished trial has a speed reference), each trial's figures are first scaled
+    to that median reference (:func:`wagma_bench.analysis.drift.adjusted`)."""
     plan, combos, summaries = load_trials(tune_dir)
+    cap = plan.get("max_runtime_s")
     out: dict[str, Measurement] = {}
     for trials in combos.values():
         done = [t for t in trials if trial_finished(summaries[t.name])]
@@ -167,27 +170,38 @@ def measure(tune_dir: Path, metric: str) -> dict[str, Measurement]:
         if optimizer in out:
             raise ConfigError(f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
                               "per optimizer (tune each condition into its own directory)")
-        by_study: dict[int, list[dict]] = {}
-        for t in done:
-            by_study.setdefault(t.study, []).append(summaries[t.name])
-        value, dist = _score(list(by_study.values()), metric, plan.get("max_runtime_s"))
         ran = [summaries[t.name] for t in done]
+        scored = [drift.adjusted(s, drift_median, cap) for s in ran] if drift_median else ran
+        by_study: dict[int, list[dict]] = {}
+        for t, s in zip(done, scored, strict=True):
+            by_study.setdefault(t.study, []).append(s)
+        value, dist = _score(list(by_study.values()), metric, None if drift_median else cap)
         imb = [s["compute_imbalance"] for s in ran if s.get("compute_imbalance") is not None]
         out[optimizer] = Measurement(
             optimizer, value, dist, (len(by_study), plan["trials_per_study"]), len(done), len(trials),
-            sum(math.isfinite(trial_time(s, plan.get("max_runtime_s"))) for s in ran)
-            if metric == "time_to_target" else None,
+            sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None)
     return out
 
 
+def drift_reference(tune_dir: Path) -> tuple[float | None, int, int]:
+    """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
+    unless every finished trial has a reference (a drift adjustment of some trials only would mix two scales)."""
+    _, _, summaries = load_trials(tune_dir)
+    finished = [s for s in summaries.values() if trial_finished(s)]
+    with_ref = [s for s in finished if drift.has_reference(s)]
+    median = drift.median_reference(with_ref) if finished and len(with_ref) == len(finished) else None
+    return median, len(with_ref), len(finished)
+
+
 def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) -> tuple[float, intervals.Dist]:
     if metric == "throughput":
-        values = [s["throughput_samples_per_s"] for study in studies for s in study
-                  if s.get("throughput_samples_per_s")]
-        if not values:
+        per_study = [[s["throughput_samples_per_s"] for s in study if s.get("throughput_samples_per_s")]
+                     for study in studies]
+        per_study = [v for v in per_study if v]
+        if not per_study:
             return math.nan, {}
-        return float(statistics.median(values)), intervals.median_over_runs(values)
+        return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
     if metric == "time_to_target":
         times = [[trial_time(s, max_runtime_s) for s in study] for study in studies]
         return float(statistics.median(min(t) for t in times)), intervals.tuned_score(times)
@@ -282,6 +296,7 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
         verdict, reason = decide(sp.interval if sp else None, claim.threshold, sp.missing if sp else missing)
     return {
         "id": claim.id, "paper": claim.paper, "says": " ".join(claim.says.split()), "figure": claim.figure,
+        "drift_adjusted": _drift_adjusted(claim, tune_dir) if tune_dir and subject else None,
         "condition": claim.condition, "metric": claim.metric, "subject": claim.subject,
         "comparators": list(claim.comparators), "threshold": claim.threshold,
         "measured": {
@@ -289,12 +304,34 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
             "here": " ".join(str(claim.measured.get("here", "")).split()),
             "speedup": sp.value if sp else None, "interval": list(sp.interval) if sp else None,
             "best_comparator": sp.best if sp else None, "missing": sp.missing if sp else missing,
+            "optimizer_changes": _optimizer_changes(tune_dir) if tune_dir else None,
             "optimizers": {o: _measurement_json(m) for o, m in measured.items()
                            if o == claim.subject or o in claim.comparators},
         },
         "predicted": predict(claim, sources.simulations.get((claim.predicted or {}).get("simulate"))),
         "verdict": verdict, "reason": reason,
     }
+
+
+def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
+    """The speed-up again with every trial's figures scaled by its speed reference (:mod:`..drift`): beside the
+    raw verdict, never deciding it. ``speedup`` is None where a finished trial has no reference."""
+    median, with_ref, finished = drift_reference(tune_dir)
+    out = {"median_reference_s": median, "trials_with_reference": with_ref, "trials_finished": finished,
+           "speedup": None, "interval": None, "best_comparator": None}
+    if median is None:
+        return {**out, "note": f"{finished - with_ref} of {finished} finished trials have no speed reference"}
+    measured = measure(tune_dir, claim.metric, drift_median=median)
+    subject = measured.get(claim.subject)
+    sp = speedup(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better) if subject else None
+    if sp is None:
+        return {**out, "note": "no comparator measured"}
+    return {**out, "speedup": sp.value, "interval": list(sp.interval), "best_comparator": sp.best}
+
+
+def _optimizer_changes(tune_dir: Path) -> float | None:
+    _, combos, _ = load_trials(tune_dir)
+    return optimizer_changes(tune_dir, combos)
 
 
 def _measurement_json(m: Measurement) -> dict:
@@ -338,6 +375,17 @@ def measured_cell(r: dict) -> str:
             f"{bound(hi, r['threshold'])}]")
 
 
+def drift_cell(r: dict) -> str:
+    """The speed-up with every trial scaled by its speed reference; "no reference" where trials lack one."""
+    d = r.get("drift_adjusted")
+    if d is None:
+        return "—"
+    if d["speedup"] is None:
+        return f"— ({d['trials_finished'] - d['trials_with_reference']} trials without a reference)"
+    lo, hi = d["interval"]
+    return f"{times(d['speedup'])} [{bound(lo, r['threshold'])}, {bound(hi, r['threshold'])}]"
+
+
 def predicted_cell(r: dict) -> str:
     p = r["predicted"]
     if p is None:
@@ -362,11 +410,12 @@ def imbalance_cell(r: dict) -> str:
 
 def summary_table(results: list[dict]) -> str:
     rows = [{"claim": f"`{r['id']}`", "paper": r["figure"] or "direction only",
-             "measured": measured_cell(r), "budget": budget_cell(r), "imbalance": imbalance_cell(r),
-             "predicted": predicted_cell(r), "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
+             "measured": measured_cell(r), "drift": drift_cell(r), "budget": budget_cell(r),
+             "imbalance": imbalance_cell(r), "predicted": predicted_cell(r),
+             "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
     return markdown_table(rows, [("claim", "claim", ""), ("paper", "the paper", ""),
                                  ("measured", "measured here: speed-up [95% interval]", ""),
-                                 ("budget", "studies x trials", ""),
+                                 ("drift", "drift-adjusted [95%]", ""), ("budget", "studies x trials", ""),
                                  ("imbalance", "compute imbalance (subject / best)", ""),
                                  ("predicted", "predicted at the paper's scale", ""), ("verdict", "verdict", "")])
 
@@ -377,7 +426,8 @@ RULE = (
     "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
     "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
     "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
-    "prediction never decides a verdict.")
+    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's figure scaled by its "
+    "speed reference over the tuning's median): it shows how much the machine's drift could move the raw one.")
 
 
 def detail(r: dict) -> list[str]:
@@ -386,7 +436,10 @@ def detail(r: dict) -> list[str]:
              f"- **The paper** ({r['paper']}): {r['says']}" + (f" Figure: {r['figure']}." if r["figure"] else ""),
              f"- **Its condition**: {r['condition']}.",
              f"- **Here**: {m['here']} (tuning `{m['tuning']}`" + (f", `{m['source']}`" if m["source"] else "") + ").",
-             f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).", ""]
+             f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
+             f"- **Drift-adjusted** (each trial scaled by its speed reference): {drift_cell(r)}"
+             + (f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
+                if m.get("optimizer_changes") is not None else "") + ".", ""]
     if m["optimizers"]:
         label = {"time_to_target": "score (s)", "throughput": "median samples/s", "final_metric": "score"}[r["metric"]]
         rows = []

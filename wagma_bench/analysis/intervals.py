@@ -20,8 +20,10 @@ mostly missed has an infinite upper end). A ratio of two independent tunings (a 
 distribution of the ratio of independent draws from both (:func:`ratio`), where ``inf / inf`` (both missed)
 counts as a tie, 1.0.
 
-The same machinery serves a plain median over runs (throughput over trials): :func:`median_over_runs` is
-the one-stage bootstrap of the median, the special case O = 1.
+A throughput is the median over every trial rather than over each study's best; it is resampled the same two
+ways (studies, then trials), and :func:`pooled_median` gives the exact law of the median of the pooled draws.
+Resampling the pooled trials in one stage instead would treat trials of one study as independent of each
+other, and so give a narrower interval than the one the docs declare whenever the studies differ.
 """
 
 from __future__ import annotations
@@ -32,20 +34,6 @@ from math import comb
 
 Dist = dict[float, float]   # value -> probability; finite values and math.inf
 LEVEL = 0.95
-
-
-def point_mass(value: float) -> Dist:
-    return {float(value): 1.0}
-
-
-def empirical(values: Sequence[float]) -> Dist:
-    """Each value with probability 1/n (ties add up)."""
-    if not values:
-        raise ValueError("an empirical distribution needs at least one value")
-    out: Dist = {}
-    for v in values:
-        out[float(v)] = out.get(float(v), 0.0) + 1.0 / len(values)
-    return out
 
 
 def best_of_resample(times: Sequence[float]) -> Dist:
@@ -119,9 +107,85 @@ def tuned_score(study_times: Sequence[Sequence[float]]) -> Dist:
     return median_of_draws(mixture([best_of_resample(t) for t in study_times]), len(study_times))
 
 
-def median_over_runs(values: Sequence[float]) -> Dist:
-    """The bootstrap distribution of the median of ``values`` (runs resampled with replacement)."""
-    return median_of_draws(empirical(values), len(values))
+def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
+    """The two-stage bootstrap law of the median over all trials (a throughput): S studies drawn with
+    replacement, each drawn study's O_s trials drawn with replacement from it, the median of every value drawn.
+
+    The pooled draws are not i.i.d. (a drawn study brings O_s values from one distribution), so their order
+    statistics come from counts: below any value v, each drawn study contributes Binomial(O_s, F_s(v)) values
+    where F_s is its empirical CDF; the S drawn studies are i.i.d. mixtures of those, and their sum is a
+    convolution (:func:`_pooled_counts`, which also carries the pool's size where studies differ in size).
+    An odd pool's median is its k-th value; an even pool's is the mean of the k-th and (k+1)-th, whose joint
+    law follows from the chance that exactly k values lie at or below v_i and none in (v_i, v_j).
+    """
+    studies = [sorted(float(v) for v in s) for s in study_values]
+    if not studies or not all(studies):
+        raise ValueError("a pooled median needs at least one study, each with at least one value")
+    values = sorted({v for s in studies for v in s})
+    m = len(values)
+    cdf = [[sum(v <= x for v in s) / len(s) for x in values] for s in studies]  # cdf[s][i] = F_s(v_i)
+    # at_most[i][(c, n)]: c of the n pooled values are <= v_i (i = -1: below every value)
+    at_most = {i: _pooled_counts([(c[i], 1 - c[i]) for c in cdf], [len(s) for s in studies]) for i in range(m)}
+    at_most[-1] = _pooled_counts([(0.0, 1.0)] * len(studies), [len(s) for s in studies])
+    sizes = sorted({n for (_, n) in at_most[-1]})
+    out: Dist = {}
+    for n in sizes:
+        k = (n + 1) // 2 if n % 2 else n // 2
+        below = [sum(p for (c, nn), p in at_most[i].items() if nn == n and c >= k) for i in range(-1, m)]
+        kth = {i: below[i + 1] - below[i] for i in range(m)}  # P(X_(k) = v_i, N = n)
+        if n % 2:
+            for i, p in kth.items():
+                _add(out, values[i], p)
+            continue
+        gap = _even_gap(cdf, studies, values, at_most, n, k)  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
+        for i in range(m):
+            apart = 0.0
+            for j in range(i + 1, m):
+                p = (gap(i, j) - gap(i - 1, j) - gap(i, j + 1) + gap(i - 1, j + 1))
+                apart += p
+                _add(out, (values[i] + values[j]) / 2, p)
+            _add(out, values[i], kth[i] - apart)
+    return _clean(out)
+
+
+def _even_gap(cdf, studies, values, at_most, n: int, k: int):
+    """P(X_(k) <= v_i and X_(k+1) >= v_j, pool size n) for i < j: exactly k pooled values at or below v_i and
+    none in (v_i, v_j); 0 outside the table (no value below v_0, none at or above v_m)."""
+    m, memo = len(values), {}
+
+    def gap(i: int, j: int) -> float:
+        if i < 0 or j >= m:
+            return 0.0
+        if (i, j) not in memo:
+            if j == i + 1:
+                table = at_most[i]
+            else:  # the band (v_i, v_{j-1}] must stay empty
+                table = _pooled_counts([(c[i], 1 - c[j - 1]) for c in cdf], [len(s) for s in studies])
+            memo[i, j] = table.get((k, n), 0.0)
+        return memo[i, j]
+
+    return gap
+
+
+def _pooled_counts(low_high: Sequence[tuple[float, float]], sizes: Sequence[int]) -> dict[tuple[int, int], float]:
+    """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement: the
+    law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
+    probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:
+    the masses are of "c low, all others high" (they sum to less than 1 where a band between has mass)."""
+    one: dict[tuple[int, int], float] = {}
+    for (low, high), o in zip(low_high, sizes, strict=True):
+        for c in range(o + 1):
+            p = comb(o, c) * low**c * high ** (o - c) / len(sizes)
+            if p:
+                one[c, o] = one.get((c, o), 0.0) + p
+    total: dict[tuple[int, int], float] = {(0, 0): 1.0}
+    for _ in sizes:
+        nxt: dict[tuple[int, int], float] = {}
+        for (c1, n1), p in total.items():
+            for (c2, n2), q in one.items():
+                nxt[c1 + c2, n1 + n2] = nxt.get((c1 + c2, n1 + n2), 0.0) + p * q
+        total = nxt
+    return total
 
 
 def combine(a: Dist, b: Dist, op: Callable[[float, float], float]) -> Dist:

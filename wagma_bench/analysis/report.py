@@ -589,7 +589,7 @@ def tuned_rows(results: Sequence[dict]) -> list[dict]:
                      "reached": "no target" if by_metric else f"{e['reached']}/{e['trials']}",
                      "unfinished": e.get("unfinished"), "winner": win.get("trial"),
                      "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
-                     "compute_imbalance": e.get("compute_imbalance")})
+                     "compute_imbalance": e.get("compute_imbalance"), "reference_s": e.get("reference_s")})
     refs = {_problem(r): _cost(r) for r in rows if r["optimizer"] == REFERENCE}
     for r in rows:
         ref, cost = refs.get(_problem(r)), _cost(r)
@@ -635,7 +635,8 @@ TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer
                  ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score", "score", ""),
                  ("study_bests", "per-study best", ""), ("reached", "trials reached", ""),
                  ("vs_tuned_allreduce", "against tuned allreduce", "x"),
-                 ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", "")]
+                 ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", ""),
+                 ("reference_s", "speed reference (s, median)", "")]
 
 
 def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:

@@ -9,6 +9,7 @@ through this module."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.analysis import drift
 from wagma_bench.config.schema import ConfigError
 from wagma_bench.record.events import RunEvents, write_json_atomic
 
@@ -148,16 +150,54 @@ def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str,
 def score(tune_dir: Path) -> dict:
     """Score every combination of a tuning directory from its trials' run directories."""
     plan, combos, all_summaries = load_trials(tune_dir)
+    cap = plan.get("max_runtime_s")
+    finished = [s for s in all_summaries.values() if trial_finished(s)]
+    median_ref = (drift.median_reference(finished) if finished and all(map(drift.has_reference, finished))
+                  else None)
     entries = []
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}
-        entries.append({"combo": combo, **_key_of(summaries.values()),
-                        "optimizer_settings": _fixed_settings(Path(tune_dir), mine),
-                        **score_combo(mine, summaries, plan.get("max_runtime_s")),
-                        "compute_imbalance": _median_of(summaries.values(), "compute_imbalance")})
+        entry = {"combo": combo, **_key_of(summaries.values()),
+                 "optimizer_settings": _fixed_settings(Path(tune_dir), mine), **score_combo(mine, summaries, cap),
+                 "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
+                 "reference_s": _median_of(summaries.values(), drift.REFERENCE)}
+        entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, cap)})
     return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
-            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"],
-            "max_runtime_s": plan.get("max_runtime_s"), "command": plan.get("command"), "results": entries}
+            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"], "max_runtime_s": cap,
+            "command": plan.get("command"), "median_reference_s": median_ref,
+            "optimizer_changes": optimizer_changes(tune_dir, combos), "results": entries}
+
+
+def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | None, cap: float | None) -> dict | None:
+    """The combination's score with every trial scaled to the tuning's median speed reference
+    (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a reference."""
+    if median_ref is None:
+        return None
+    scaled = {k: drift.adjusted(v, median_ref, cap) if v else v for k, v in summaries.items()}
+    e = score_combo(trials, scaled, None)
+    return {k: e[k] for k in ("score_s", "score_metric") if k in e}
+
+
+def optimizer_changes(tune_dir: Path, combos: dict[str, list[Trial]]) -> float | None:
+    """Of the trials that started, ordered by their start, the fraction of consecutive pairs whose combination
+    differs: about 0 when each combination ran as one block, near 1 when interleaved (``tune``'s order). None with
+    fewer than two started trials or a single combination."""
+    starts = []
+    for combo, trials in combos.items():
+        for t in trials:
+            start = _start_ms(Path(tune_dir) / TRIALS / t.name)
+            if start is not None:
+                starts.append((start, combo))
+    if len(starts) < 2 or len(combos) < 2:
+        return None
+    order = [c for _, c in sorted(starts)]
+    return sum(a != b for a, b in itertools.pairwise(order)) / (len(order) - 1)
+
+
+def _start_ms(run_dir: Path) -> float | None:
+    record = RunEvents.read(run_dir)
+    event = next((e for e in record.events if e["key"] == "run_start"), None)
+    return event.get("time_ms") if event else None
 
 
 def _key_of(summaries) -> dict:
@@ -208,7 +248,11 @@ def format_score(entry: dict) -> tuple[str, str]:
         score = entry["score_metric"]
         return ("none" if score is None else f"{score:.4g} {metric}"), bests
     bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"])
-    return ("∞ (missed)" if entry["score_s"] is None else f"{entry['score_s']:.1f} s"), bests
+    text = "∞ (missed)" if entry["score_s"] is None else f"{entry['score_s']:.1f} s"
+    adjusted = entry.get("drift_adjusted")
+    if adjusted:  # the score with each trial scaled to the tuning's median speed reference
+        text += " (drift-adj. " + ("∞" if adjusted["score_s"] is None else f"{adjusted['score_s']:.1f} s") + ")"
+    return text, bests
 
 
 def format_scores(result: dict) -> str:

@@ -222,6 +222,19 @@ def _first(events: Iterable[dict], key: str) -> dict | None:
     return next((e for e in events if e["key"] == key), None)
 
 
+def at_target(value: float, train_s: float | None, target: float | None, time_limit_s: float | None) -> bool:
+    """An evaluation reached the target: at or above it, within ``train.time_limit_s`` of training time (the
+    trainer stops a run at its first synchronisation point past the limit, and an evaluation there comes too
+    late to count: a tuning scores that trial as a miss)."""
+    if target is None or value < target:
+        return False
+    return time_limit_s is None or train_s is None or train_s <= time_limit_s
+
+
+def _time_limit(config: dict | None) -> float | None:
+    return ((config or {}).get("train") or {}).get("time_limit_s")
+
+
 def summarize(events: list[dict], status: str | None = None) -> dict:
     """The run summary, computed from its events only.
 
@@ -238,7 +251,8 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     ended = lifecycle[-1] if lifecycle else None
     last = progress[-1]["metadata"] if progress else {}
     target = meta.get("target")
-    reached_at = next((e for e in evals if target is not None and e["value"] >= target), None)
+    limit = _time_limit(meta.get("config"))
+    reached_at = next((e for e in evals if at_target(e["value"], e["metadata"].get("train_s"), target, limit)), None)
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
     samples = last.get("samples", 0)
@@ -451,7 +465,8 @@ class RunEvents:
         target = self.start.target if self.start else None
         if target is None:
             return None
-        return next((e for e in self.evaluations if e.value >= target), None)
+        limit = _time_limit(self.start.config)
+        return next((e for e in self.evaluations if at_target(e.value, e.train_s, target, limit)), None)
 
     @property
     def signature(self) -> str | None:

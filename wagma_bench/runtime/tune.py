@@ -17,7 +17,8 @@ stops it there), and a trial past it counts as missing the target. ``space.KEY.F
 ``scale``, ``choices``) or ``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in
 every tuned optimizer's space that has KEY (a whole dimension: in every space), checked as the file is.
 
-Locally the trials run one after another with a progress line (each trial's output in ``DIR/logs/``);
+Locally the trials run one after another, interleaved across combinations (:func:`run_order`: round by round,
+each round's combinations in a seeded random order), with a progress line (each trial's output in ``DIR/logs/``);
 running the same command again skips the finished trials and resumes an interrupted one from its checkpoint
 (the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep (``DIR/manifest.json``,
 ``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR`` scores them when they end.
@@ -63,6 +64,8 @@ from wagma_bench.record.events import (
     run_subdir,
     write_json_atomic,
 )
+from wagma_bench.runtime.reference import VERSION as REFERENCE_VERSION
+from wagma_bench.runtime.reference import reference_s
 from wagma_bench.runtime.runs import exit_code
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
@@ -248,6 +251,31 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
 
 # --- running ------------------------------------------------------------------------------------------
 
+def run_order(trials: list[Trial], seed: int) -> list[Trial]:
+    """The order the trials run in: interleaved across combinations, so that a machine whose speed drifts (a
+    background job, thermal state) is spread over every optimizer rather than falling on one optimizer's block.
+
+    Round r holds each combination's r-th trial in plan order (study 1's trials, then study 2's, ...), the
+    combinations shuffled per round by a generator seeded with ``seed`` (the same tuning, the same order, so
+    a resumed tuning goes on where it stopped); where a round would start with the combination that ended
+    the round before, its first two trials swap, so no combination runs twice in a row while another has
+    trials left. A pure function of the plan: ``tune`` locally, and the rendered sweep's array order."""
+    import random
+
+    by_combo: dict[str, list[Trial]] = {}
+    for t in trials:
+        by_combo.setdefault(t.combo, []).append(t)
+    rng = random.Random(f"wagma-bench tune order {seed}")
+    order: list[Trial] = []
+    for r in range(max((len(v) for v in by_combo.values()), default=0)):
+        this_round = [mine[r] for mine in by_combo.values() if r < len(mine)]
+        rng.shuffle(this_round)
+        if order and len(this_round) > 1 and this_round[0].combo == order[-1].combo:
+            this_round[0], this_round[1] = this_round[1], this_round[0]
+        order += this_round
+    return order
+
+
 def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
@@ -257,7 +285,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
 
     run_subdir(args.out / "logs", OUTPUT_HINT)
     n, t0 = len(trials), time.monotonic()
-    for k, trial in enumerate(trials, 1):
+    for k, trial in enumerate(run_order(trials, args.seed), 1):
         run_dir = args.out / TRIALS / trial.name
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
         done = finished_summary(run_dir, raws[trial.name])
@@ -268,17 +296,31 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
         cmd = [sys.executable, "-m", "wagma_bench", "run", *spec.common, *trial.overrides,
                f"hydra.run.dir={run_dir.resolve()}"]
         log = args.out / "logs" / f"{trial.name}.log"
+        before = reference_s()
         with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")
             f.flush()
             rc, interrupted = run_trial(cmd, f)
         summary = RunEvents.read(run_dir).saved_summary
+        if summary is not None and not interrupted:
+            summary = add_reference(run_dir, summary, before, reference_s())
         result = outcome(summary, args.max_runtime_s) if summary else "no summary"
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
         print(f"{head}: {result}" + (f" (exit {rc}; see {log})" if rc else ""), file=out, flush=True)
         if interrupted:
             raise TuneInterrupted(f"interrupted in trial {trial.name} ({result}); run the same command again to go "
                                   f"on: finished trials are kept, an interrupted one resumes from its checkpoint")
+
+
+def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> dict:
+    """The trial's speed reference, timed just before it started and just after it ended, added to its
+    ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.runtime.reference`)."""
+    from wagma_bench.record.events import SUMMARY
+
+    summary = {**summary, "reference_s": (before + after) / 2, "reference_before_after_s": [before, after],
+               "reference_version": REFERENCE_VERSION}
+    write_json_atomic(run_dir / SUMMARY, summary)
+    return summary
 
 
 class TuneInterrupted(Exception):
@@ -360,7 +402,7 @@ def _render(args: TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
     """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
     from wagma_bench.runtime import sweep
 
-    runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in trials]
+    runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in run_order(trials, args.seed)]
     manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
                             command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
     print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
