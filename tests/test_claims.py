@@ -146,6 +146,23 @@ def test_verdict_rule_on_hand_made_cases():
     assert decide(None, 1.0, ["dpsgd"]) == ("inconclusive", "no measurement of dpsgd")
 
 
+def test_a_final_metric_compared_as_a_difference():
+    """subject - best comparator, the best drawn inside the resample: near-zero metrics stay meaningful."""
+    from wagma_bench.analysis.claims import Measurement, speedup
+
+    def m(name, value, dist):
+        return Measurement(name, value, dist, (1, 1), 1, 1, None, None)
+
+    subject = m("wagma", 0.6, {0.5: 0.5, 0.7: 0.5})
+    others = {"allreduce": m("allreduce", 0.6, {0.6: 1.0}), "sgp": m("sgp", 0.7, {0.0: 0.5, 0.8: 0.5})}
+    sp = speedup(subject, others, lower_is_better=False, compare="difference")
+    # best of (0.6) and (0 or 0.8): 0.6 or 0.8, each 1/2; the difference: -0.1, 0.1, -0.3, -0.1
+    assert sp.interval == pytest.approx((-0.3, 0.1))
+    assert sp.best == "sgp" and sp.value == pytest.approx(0.6 - 0.7)  # the point values
+    assert speedup(subject, {"allreduce": others["allreduce"]}, False, "ratio").interval == pytest.approx(
+        (0.5 / 0.6, 0.7 / 0.6))
+
+
 # --- the claims file ----------------------------------------------------------------------------------------
 
 def test_committed_claims_cover_the_papers():
@@ -162,6 +179,8 @@ def test_committed_claims_cover_the_papers():
     ({"subject": "nesterov"}, "optimizer 'nesterov' is not registered"),
     ({"colour": "red"}, "unknown key(s) colour"),
     ({"predicted": {"simulate": "rl"}}, "predicted needs simulate, world_size and assumptions"),
+    ({"compare": "log"}, "compare='log' is not allowed; one of ratio, difference"),
+    ({"compare": "difference"}, "compare=difference is for metric=final_metric"),
 ])
 def test_a_bad_claim_is_refused_naming_it(tmp_path, change, message):
     good = {"id": "c1", "paper": "p", "says": "s", "condition": "c", "metric": "throughput", "subject": "wagma",

@@ -53,6 +53,9 @@ PREDICTIONS = "predictions.json"
 # metric -> lower is better
 METRICS = {"time_to_target": True, "throughput": False, "final_metric": False}
 VERDICTS = ("holds", "does not hold", "inconclusive")
+# how the subject is set against the best comparator: a ratio (> 1 favours the subject), or for a final metric
+# whose values may lie near 0 (a success rate after a short budget) the difference subject - best
+COMPARES = ("ratio", "difference")
 MIN_BUDGET = (3, 3)  # S studies x O trials: below it the budget is named in the table
 
 
@@ -69,6 +72,7 @@ class Claim:
     figure: str | None = None
     threshold: float = 1.0
     predicted: dict[str, Any] | None = None  # simulate (folder name), world_size, assumptions
+    compare: str = "ratio"                # ratio (subject over best, > 1 favours the subject) | difference
 
     @property
     def lower_is_better(self) -> bool:
@@ -98,6 +102,12 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
         for opt in [raw["subject"], *raw["comparators"]]:
             if opt not in OPTIMIZERS:
                 raise ConfigError(f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZERS)}")
+        compare = raw.get("compare", "ratio")
+        if compare not in COMPARES:
+            raise ConfigError(f"{where}: compare={compare!r} is not allowed; one of {', '.join(COMPARES)}")
+        if compare == "difference" and raw["metric"] != "final_metric":
+            raise ConfigError(f"{where}: compare=difference is for metric=final_metric (a time or a throughput is "
+                              "compared as a ratio)")
         if "tuning" not in raw["measured"]:
             raise ConfigError(f"{where}: measured.tuning missing (the tuning directory's folder name)")
         pred = raw.get("predicted")
@@ -221,14 +231,17 @@ class Speedup:
     missing: list[str]            # comparators without data
 
 
-def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool) -> Speedup | None:
+def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool,
+            compare: str = "ratio") -> Speedup | None:
     have = {k: m for k, m in comparators.items() if m is not None and m.dist}
     if not have or not subject.dist:
         return None
     pick = min if lower_is_better else max
     best = pick(have.values(), key=lambda m: m.value)
     best_dist = intervals.best_of([m.dist for m in have.values()], lower_is_better)
-    if lower_is_better:
+    if compare == "difference":  # a final metric (higher is better): subject - best, > 0 favours the subject
+        dist, value = intervals.combine(subject.dist, best_dist, lambda x, y: x - y), subject.value - best.value
+    elif lower_is_better:
         dist, value = intervals.ratio(best_dist, subject.dist), intervals.divide(best.value, subject.value)
     else:
         dist, value = intervals.ratio(subject.dist, best_dist), intervals.divide(subject.value, best.value)
@@ -285,7 +298,7 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
     measured = measure(tune_dir, claim.metric) if tune_dir else {}
     subject = measured.get(claim.subject)
     comparators = {o: measured.get(o) for o in claim.comparators}
-    sp = speedup(subject, comparators, claim.lower_is_better) if subject else None
+    sp = speedup(subject, comparators, claim.lower_is_better, claim.compare) if subject else None
     missing = [o for o, m in comparators.items() if m is None]
     if tune_dir is None:
         verdict, reason = "inconclusive", (f"not measured: no tuning directory named {claim.measured['tuning']!r} "
@@ -298,7 +311,7 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
         "id": claim.id, "paper": claim.paper, "says": " ".join(claim.says.split()), "figure": claim.figure,
         "drift_adjusted": _drift_adjusted(claim, tune_dir) if tune_dir and subject else None,
         "condition": claim.condition, "metric": claim.metric, "subject": claim.subject,
-        "comparators": list(claim.comparators), "threshold": claim.threshold,
+        "comparators": list(claim.comparators), "threshold": claim.threshold, "compare": claim.compare,
         "measured": {
             "tuning": claim.measured["tuning"], "source": str(tune_dir) if tune_dir else None,
             "here": " ".join(str(claim.measured.get("here", "")).split()),
@@ -323,7 +336,8 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
         return {**out, "note": f"{finished - with_ref} of {finished} finished trials have no speed reference"}
     measured = measure(tune_dir, claim.metric, drift_median=median)
     subject = measured.get(claim.subject)
-    sp = speedup(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better) if subject else None
+    sp = (speedup(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better, claim.compare)
+          if subject else None)
     if sp is None:
         return {**out, "note": "no comparator measured"}
     return {**out, "speedup": sp.value, "interval": list(sp.interval), "best_comparator": sp.best}
@@ -358,21 +372,33 @@ def times(v: float | None) -> str:
     return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.2f}x")
 
 
-def bound(v: float, threshold: float) -> str:
+def signed(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.2f}"
+
+
+def shown(r: dict, v: float | None) -> str:
+    """A speed-up as the claim compares: 1.23x (a ratio) or +0.05 (a difference)."""
+    return signed(v) if r.get("compare") == "difference" else times(v)
+
+
+def bound(v: float, threshold: float, difference: bool = False) -> str:
     """An interval's end, with a third decimal where two would round it onto the threshold it misses."""
-    text = times(v)
+    text = signed(v) if difference else times(v)
     if math.isfinite(v) and v != threshold and f"{v:.2f}" == f"{threshold:.2f}":
-        text = f"{v:.3f}x"
+        text = f"{v:+.3f}" if difference else f"{v:.3f}x"
     return text
+
+
+def ends(r: dict, interval: list[float]) -> str:
+    diff = r.get("compare") == "difference"
+    return f"[{bound(interval[0], r['threshold'], diff)}, {bound(interval[1], r['threshold'], diff)}]"
 
 
 def measured_cell(r: dict) -> str:
     m = r["measured"]
     if m["speedup"] is None:
         return "subject only: no comparator measured" if r["subject"] in m["optimizers"] else "no data"
-    lo, hi = m["interval"]
-    return (f"{times(m['speedup'])} vs {m['best_comparator']} [{bound(lo, r['threshold'])}, "
-            f"{bound(hi, r['threshold'])}]")
+    return f"{shown(r, m['speedup'])} vs {m['best_comparator']} {ends(r, m['interval'])}"
 
 
 def drift_cell(r: dict) -> str:
@@ -382,8 +408,7 @@ def drift_cell(r: dict) -> str:
         return "—"
     if d["speedup"] is None:
         return f"— ({d['trials_finished'] - d['trials_with_reference']} trials without a reference)"
-    lo, hi = d["interval"]
-    return f"{times(d['speedup'])} [{bound(lo, r['threshold'])}, {bound(hi, r['threshold'])}]"
+    return f"{shown(r, d['speedup'])} {ends(r, d['interval'])}"
 
 
 def predicted_cell(r: dict) -> str:
@@ -422,7 +447,8 @@ def summary_table(results: list[dict]) -> str:
 
 RULE = (
     "Speed-up: the subject's tuned value against the best comparator's, > 1 favouring the subject (times and "
-    "throughputs alike). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
+    "throughputs alike); a claim with compare=difference gives subject minus best instead (+0.05: five points "
+    "above). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
     "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
     "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
     "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
