@@ -192,6 +192,14 @@ def test_a_bad_claim_is_refused_naming_it(tmp_path, change, message):
     assert "claim c1" in str(err.value)
 
 
+def test_a_claims_file_that_is_not_yaml_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - id: x: y\n")
+    assert main([str(tmp_path), "--claims", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: not valid YAML" in err[0]
+
+
 # --- end to end on a tiny fixture --------------------------------------------------------------------------
 
 def _tuning(root: Path, name: str, times: dict[str, list[list[float | None]]], throughput: dict[str, float]) -> Path:

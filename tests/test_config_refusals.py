@@ -18,7 +18,8 @@ REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),  # a value validate() refuses; every other value: in-process below
     ("optimizer.gruop_size=2", "optimizer.gruop_size", "valid keys of optimizer: name, bucket_mb"),
     ("optimizer=walgma", "optimizer=walgma", "no such option of optimizer; choose one of: adpsgd, allreduce,"),
-    ("imbalance=slow", "imbalance=slow", "choose one of: fixed, lognormal, none, paper"),
+    ("imbalance=slow", "imbalance=slow", "choose one of: fixed, independent, lognormal, none, shared_draw"),
+    ("imbalance=paper", "imbalance=paper: renamed", "imbalance=shared_draw is what `paper` was"),
 ]
 
 
@@ -41,7 +42,13 @@ def test_value_that_cannot_be_right_exits_2_within_seconds_naming_the_key(tmp_pa
     (["train.lr=inf"], "train.lr=inf is not allowed; it must be a finite number"),
     (["train.lr=-inf"], "train.lr=-inf is not allowed"),
     (["train.milestones=[30,nan]"], "train.milestones=[30.0, nan] (element nan) is not allowed"),
-    (["imbalance=paper", "imbalance.delay_s=nan"], "imbalance.delay_s=nan is not allowed"),
+    (["imbalance=shared_draw", "imbalance.delay_s=nan"], "imbalance.delay_s=nan is not allowed"),
+    (["imbalance=independent", "imbalance.probability=1.5"],
+     "imbalance.probability=1.5 is not allowed; it must be in [0, 1]"),
+    (["imbalance=independent", "imbalance.probability=-0.1"],
+     "imbalance.probability=-0.1 is not allowed; it must be in [0, 1]"),
+    (["imbalance=independent", "imbalance.delay_s=-1"],
+     "imbalance.delay_s=-1.0 is not allowed; it must be >= 0"),
     (["eval.target=nan"], "eval.target=nan is not allowed"),
     (["eval.target=-0.1"], "eval.target=-0.1 is not allowed with workload=resnet"),
     (["workload=transformer", "eval.target=101"], "its metric (bleu) is in [0, 100]"),
@@ -123,12 +130,37 @@ def test_failed_override_parse_creates_nothing(tmp_path):
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("command,args", [("simulate", []), ("tune", ["--out", "OUT"])])
-def test_an_unknown_option_of_a_group_is_one_line_naming_the_options_in_simulate_and_tune(tmp_path, command, args):
-    out = run(["optimizer=walgma", *[str(tmp_path / "out") if a == "OUT" else a for a in args]], command=command,
-              timeout=120)
+def test_the_former_imbalance_paper_is_refused_naming_both_new_options():
+    """`paper` was renamed `shared_draw` (it is not the authors' rule); `independent` is the authors' rule. A
+    command line that still says `paper` is refused before anything is composed, naming both."""
+    from wagma_bench.config.overrides import precheck
+
+    for overrides in (["imbalance=paper"], ["-m", "imbalance=none,paper"]):
+        with pytest.raises(ConfigError) as err:
+            precheck(overrides, CONF)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("imbalance=paper: renamed"), message
+        assert "imbalance=shared_draw is what `paper` was" in message, message
+        assert "imbalance=independent is the WAGMA-SGD authors' per-rank rule" in message, message
+
+
+SWEEP_ARGS = ["cluster=local", "gpus=4", "--dry-run", "--out", "OUT"]
+
+
+@pytest.mark.parametrize("command,args", [("simulate", []), ("tune", ["--out", "OUT"]),
+                                          ("sweep", SWEEP_ARGS)])
+def test_an_unknown_option_of_a_group_is_one_line_naming_the_options_elsewhere(tmp_path, command, args):
+    """simulate, tune and sweep refuse an unknown option, and the former imbalance=paper, as `run` does."""
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    out = run(["optimizer=walgma", *args], command=command, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"wagma-bench {command}: error:"), out.stderr[-2000:]
     assert "optimizer=walgma: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0]
+    assert not (tmp_path / "out").exists()
+    out = run(["imbalance=paper", *args], command=command, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert "imbalance=paper: renamed: imbalance=shared_draw" in lines[0], lines[0]
+    assert "imbalance=independent" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()

@@ -6,7 +6,8 @@
   ``computed`` weighs every computed sample the same. Every rank stops after a different number of
   micro-batches and every sample has its own value, so a part lost or counted twice changes the result.
 - The automatic threshold is the authors' rule: a straggler's late micro-batches are cut, a balanced world's
-  are not; `run optimizer=dropcompute imbalance=paper` drops, logs its threshold and records the drop rate.
+  are not; `run optimizer=dropcompute imbalance=shared_draw` drops, logs its threshold and records the drop
+  rate.
 """
 
 from __future__ import annotations
@@ -136,8 +137,8 @@ def test_the_automatic_threshold_cuts_a_straggler_and_leaves_a_balanced_world():
 
 
 @pytest.mark.serial
-def test_a_run_under_paper_stragglers_drops_and_records_it(tmp_path):
-    out = run(["optimizer=dropcompute", "imbalance=paper", "train.max_steps=30", "eval.target=null",
+def test_a_run_under_shared_draw_stragglers_drops_and_records_it(tmp_path):
+    out = run(["optimizer=dropcompute", "imbalance=shared_draw", "train.max_steps=30", "eval.target=null",
                "optimizer.calibrate_steps=10", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dropcompute threshold" in out.stdout

@@ -46,7 +46,8 @@ BAD_VALUES = [
     ("optimizer.group_size", "8", ["optimizer=wagma"]),       # larger than 2 ranks padded to a power of two
     ("train.max_steps", "0", []),
     ("eval.every_steps", "0", []),
-    ("imbalance.delay_s", "-1", ["imbalance=paper"]),
+    ("imbalance.delay_s", "-1", ["imbalance=shared_draw"]),
+    ("imbalance.probability", "1.5", ["imbalance=independent"]),  # a probability
     ("train.momentum", "1.5", []),                            # a fraction
     ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
     ("workload.gamma", "1.01", ["workload=ddppo"]),

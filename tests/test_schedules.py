@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from wagma_bench.config.schedules import lr_at, peak_lr, round_up
-from wagma_bench.imbalance import FixedImbalance, LognormalImbalance, PaperImbalance
+from wagma_bench.imbalance import (
+    FixedImbalance,
+    IndependentImbalance,
+    LognormalImbalance,
+    SharedDrawImbalance,
+)
 from wagma_bench.record.events import summarize
 from wagma_bench.train.trainer import make_local_optimizer
 
@@ -37,8 +42,8 @@ def test_cosine_and_inverse_sqrt():
         lr_at(3, schedule="linear", **kw)
 
 
-def test_paper_imbalance_draws_the_same_ranks_everywhere():
-    model = PaperImbalance(PaperImbalance.Settings(num_slow=2, delay_s=0.32), seed=5)
+def test_shared_draw_imbalance_draws_the_same_ranks_everywhere():
+    model = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=2, delay_s=0.32), seed=5)
     for step in range(50):
         slow = model.slow_ranks(8, step)
         assert len(slow) == 2
@@ -48,6 +53,47 @@ def test_paper_imbalance_draws_the_same_ranks_everywhere():
     # every rank is slow about num_slow / P of the time
     counts = [sum(r in model.slow_ranks(8, s) for s in range(4000)) for r in range(8)]
     assert all(abs(c / 4000 - 0.25) < 0.03 for c in counts)
+
+
+def test_independent_imbalance_is_a_pure_function_of_seed_rank_and_step():
+    """Each rank asks in its own process: a fresh model (as another rank builds it) gives the same answers."""
+    settings = IndependentImbalance.Settings(delay_s=0.32, probability=0.25)
+
+    def delays(seed: int, world: int = 8, base_s: float = 0.1) -> list[float]:
+        return [IndependentImbalance(settings, seed=seed).delay(r, world, s, base_s)
+                for r in range(8) for s in range(300)]
+
+    first = delays(7)
+    assert first == delays(7) and set(first) == {0.0, 0.32}
+    assert delays(8) != first
+    # the world size and the compute time do not enter: a rank's delay is its own draw
+    assert first == delays(7, world=64, base_s=9.0)
+
+
+def test_independent_imbalance_delays_each_rank_at_its_probability_independently():
+    """The default probability, the paper's 1 - (63/64)^2: the delayed share of 16 x 5000 (rank, step) pairs
+    within 5 binomial sigmas of it (fixed seed, so the check is deterministic), every rank delayed on steps of
+    its own."""
+    settings = IndependentImbalance.Settings()
+    p, world, steps = settings.probability, 16, 5000
+    assert p == pytest.approx(1 - (63 / 64) ** 2, abs=1e-15) and settings.delay_s == 0.32
+    model = IndependentImbalance(settings, seed=3)
+    slow = [[model.delay(r, world, s, 0.1) > 0 for s in range(steps)] for r in range(world)]
+    n = world * steps
+    sigma = (p * (1 - p) / n) ** 0.5
+    assert abs(sum(map(sum, slow)) / n - p) < 5 * sigma
+    assert len({tuple(row) for row in slow}) == world  # no two ranks share their sequence of delays
+    # independent of each other: the number of slow ranks per step varies, none on most steps at P=16
+    per_step = {sum(slow[r][s] for r in range(world)) for s in range(steps)}
+    assert {0, 1, 2} <= per_step
+
+
+def test_independent_imbalance_at_probability_zero_and_one():
+    never = IndependentImbalance(IndependentImbalance.Settings(delay_s=0.5, probability=0.0), seed=1)
+    always = IndependentImbalance(IndependentImbalance.Settings(delay_s=0.5, probability=1.0), seed=1)
+    pairs = [(r, s) for r in range(8) for s in range(500)]
+    assert all(never.delay(r, 8, s, 0.1) == 0.0 for r, s in pairs)
+    assert all(always.delay(r, 8, s, 0.1) == 0.5 for r, s in pairs)
 
 
 def test_fixed_and_lognormal_imbalance():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
-from wagma_bench.imbalance import FixedImbalance, PaperImbalance
+from wagma_bench.imbalance import FixedImbalance, IndependentImbalance, SharedDrawImbalance
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 from wagma_bench.simulate.costs import Link, Network, allreduce_time
@@ -85,7 +85,7 @@ def test_wagma_replay_random_stragglers_between_the_bounds():
     """One random rank of 8 sleeps 3 steps per step: replay beats Allreduce-SGD's bound (c + d) and stays
     under the mean-speed bound c + d k / P."""
     world, d = 8, 3 * STEP
-    imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=d), seed=2)
+    imb = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=1, delay_s=d), seed=2)
     res = simulate(SimConfig("wagma", world, WL, Network.free(), imb, typed("wagma", tau=10), steps=110))
     mean_bound = world * BATCH / (STEP + d / world)
     assert world * BATCH / (STEP + d) < res.throughput <= mean_bound * (1 + 1e-9)
@@ -101,11 +101,21 @@ def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
     assert wg.throughput > ar.throughput
 
 
-def test_paper_imbalance_uses_the_shared_draw():
-    imb = PaperImbalance(PaperImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
+def test_shared_draw_imbalance_delays_someone_every_step():
+    imb = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
     res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
     # every step someone sleeps 0.3 s and period=1 averages (a barrier) after every step
     assert res.time_s == pytest.approx(20 * (STEP + 0.3), rel=1e-9)
+
+
+def test_independent_imbalance_paces_a_barrier_at_each_steps_slowest_rank():
+    """period=1 averages after every step: a step lasts STEP plus delay_s where any rank drew a delay, STEP
+    where none did. The simulator asks the model the trainer asks."""
+    imb = IndependentImbalance(IndependentImbalance.Settings(delay_s=0.3, probability=0.1), seed=4)
+    slow_steps = sum(any(imb.delay(r, 8, k, STEP) for r in range(8)) for k in range(20))
+    assert 0 < slow_steps < 20
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
+    assert res.time_s == pytest.approx(20 * STEP + 0.3 * slow_steps, rel=1e-9)
 
 
 def test_collective_formulas():
@@ -164,6 +174,17 @@ def test_fit_run_reads_step_records(tmp_path):
     wl = fit.to_workload()
     assert wl.step_s == pytest.approx(0.2) and wl.batch == 8 and wl.params == 1000
     assert [len(seq) for seq in wl.trace] == [30, 30]          # every step of every rank, warm-up included
+
+
+def test_fit_run_reads_a_run_recorded_under_the_former_name_paper(tmp_path):
+    """Runs recorded before `paper` was renamed `shared_draw` (the same model) still calibrate."""
+    run = write_run(tmp_path)
+    events = run / "events.jsonl"
+    start = json.loads(events.read_text())
+    start["metadata"]["imbalance"] = "paper"
+    start["metadata"]["config"]["imbalance"] = {"name": "paper", "num_slow": 1, "delay_s": 0.1}
+    events.write_text(json.dumps(start) + "\n")
+    assert fit_run(run, params=1000).imbalance == {"name": "shared_draw", "num_slow": 1, "delay_s": 0.1}
 
 
 def test_calibrate_prints_resampled_and_trace_predictions(tmp_path, capsys):
@@ -238,8 +259,8 @@ def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
 def test_cli_writes_table_and_plot(tmp_path, capsys):
     from wagma_bench.cli.simulate import main
 
-    rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=paper", "train.max_steps=22",
-               "samples_to_target=1e5", "--out", str(tmp_path)])
+    rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=shared_draw",
+               "train.max_steps=22", "samples_to_target=1e5", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads((tmp_path / "predictions.json").read_text())
     assert {(r["optimizer"], r["world_size"]) for r in rows} == {(o, p) for o in ("allreduce", "wagma") for p in (2, 16)}
@@ -257,7 +278,7 @@ def test_eager_in_order_follows_a_persistent_straggler_but_not_a_random_one():
     res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), solo, steps=40))
     assert res.local_steps == res.rounds == 40
     assert res.throughput == pytest.approx(4 * BATCH / (6.0 * STEP), rel=1e-9)
-    imb = PaperImbalance(PaperImbalance.Settings(num_slow=1, delay_s=0.3), seed=1)
+    imb = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=1, delay_s=0.3), seed=1)
     eager = simulate(SimConfig("eager", 8, WL, Network.free(), imb, solo, steps=40))
     majority = simulate(SimConfig("eager", 8, WL, Network.free(), imb, dataclasses.replace(solo, mode="majority"),
                                   steps=40))
@@ -306,7 +327,8 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 
     rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
-                        "imbalance=paper", "imbalance.delay_s=0.1", "gpus=8", "train.max_steps=20", "--out", str(tmp_path)])
+                        "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_steps=20",
+                        "--out", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
     assert (row["optimizer"], row["world_size"], row["workload"], row["rounds"]) == ("local_sgd", 8, "resnet50", 20)

@@ -32,9 +32,10 @@ def test_glob_and_range(tmp_path):
 
 def test_choice_glob_exclude_and_a_gpu_range(tmp_path):
     out, runs = sweep(tmp_path, "cluster=generic4", "gpus=range(4,9,4)", "optimizer=choice(wagma,allreduce)",
-                      "imbalance=glob(*,exclude=[fixed,lognormal])")
+                      "imbalance=glob(*,exclude=[fixed,independent,lognormal])")
     assert out.returncode == 0, out.stderr
-    assert runs == [f"{g:04d}gpu_{o}_{i}" for g in (4, 8) for o in ("wagma", "allreduce") for i in ("none", "paper")]
+    assert runs == [f"{g:04d}gpu_{o}_{i}" for g in (4, 8) for o in ("wagma", "allreduce")
+                    for i in ("none", "shared_draw")]
 
 
 def test_interval_cannot_be_enumerated(tmp_path):
@@ -82,13 +83,14 @@ def test_simulate_cfg_job_prints_what_it_would_simulate_and_simulates_nothing(tm
     import yaml
 
     out = subprocess.run([str(BIN), "simulate", "workload=resnet", "data=imagenet", "gpus=64,1024",
-                          "optimizer=allreduce,wagma", "optimizer.tau=5", "imbalance=paper", "--cfg", "job",
-                          "--out", str(tmp_path / "sim")], capture_output=True, text=True, timeout=120, check=False)
+                          "optimizer=allreduce,wagma", "optimizer.tau=5", "imbalance=shared_draw", "--cfg",
+                          "job", "--out", str(tmp_path / "sim")],
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     job = yaml.safe_load(out.stdout)
     assert job["gpus"] == [64, 1024] and job["workload"]["name"] == "resnet50"
     assert job["optimizers"]["wagma"]["tau"] == 5 and set(job["optimizers"]) == {"allreduce", "wagma"}
-    assert job["imbalance"]["name"] == "paper"
+    assert job["imbalance"]["name"] == "shared_draw"
     assert not (tmp_path / "sim").exists()
 
 

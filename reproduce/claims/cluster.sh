@@ -18,7 +18,7 @@ imagenet=${IMAGENET:?IMAGENET=DIR (ImageNet for torchvision)}
 wmt=${WMT:?WMT=DIR (binarized WMT17 En-De)}
 mode=${1:?submit | finish | dry-run}
 declare -A setup=(
-  [resnet_paper]="experiment=paper_resnet50 data.root=$imagenet imbalance=paper imbalance.delay_s=0.32"
+  [resnet_paper]="experiment=paper_resnet50 data.root=$imagenet imbalance=shared_draw imbalance.delay_s=0.32"
   [resnet_none]="experiment=paper_resnet50 data.root=$imagenet imbalance=none"
   [transformer]="experiment=paper_transformer data.path=$wmt"
   [transformer_budget]="experiment=paper_transformer data.path=$wmt eval.target=null"
@@ -36,7 +36,7 @@ case "$mode" in
     done ;;
   finish)
     for s in "${!setup[@]}"; do "$bin" sweep wait "$out/$s"; "$bin" tune score "$out/$s"; done
-    "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=paper \
+    "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=shared_draw \
       imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
       --compute-from "$out/resnet_paper" \
       --out "$out/paper-scale/resnet50"

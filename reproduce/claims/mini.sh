@@ -14,7 +14,7 @@ OUT="$out" reproduce/tuning/mini.sh resnet_paper resnet_none transformer transfo
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
 # rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
-"$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=paper \
+"$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=shared_draw \
   imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=500 control_every=0 \
   --convergence "$out/resnet_paper" --compute-from "$out/resnet_paper" --out "$out/paper-scale/resnet50"
 # The Transformer-base / WMT17 preset, once per batching (TUNING OUT): token batches and sentence batches

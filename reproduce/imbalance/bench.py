@@ -3,7 +3,8 @@
 Let k of P ranks be delayed by d per step and c be the step time without imbalance. Allreduce-SGD cannot
 do better than one step per c + d; no optimizer can do better than the mean-speed bound, one step per
 c + (k/P) d on each rank. This script measures c (an imbalance=none run), sets d = 3c, and runs both
-optimizers with `imbalance=paper` (k ranks drawn per step with a shared seed), on the embedded ResNet.
+optimizers with `imbalance=shared_draw` (k ranks drawn per step with a shared seed; named `paper` when the
+committed results-*.json were made), on the embedded ResNet.
 
     .venv/bin/python reproduce/imbalance/bench.py [--steps 110] [--settings 4:1,8:2] [--out DIR]
     .venv/bin/python reproduce/imbalance/bench.py --table results-....json     (the table of a committed run)
@@ -66,7 +67,7 @@ def main() -> None:
         batch = none["samples"] / none["steps"] / p
         c = none["train_s"] / none["steps"]
         d = args.delay_factor * c
-        slow = ["imbalance=paper", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
+        slow = ["imbalance=shared_draw", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
         ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)
         wg = run(args.out, f"P{p}_k{k}_wagma", base + ["optimizer=wagma"] + slow)
         sk = run(args.out, f"P{p}_k{k}_wagma_skip", base + ["optimizer=wagma", "optimizer.catch_up=skip"] + slow)

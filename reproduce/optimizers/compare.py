@@ -8,8 +8,9 @@ MLPerf's olympic mean over the seeds (with 3 or more: drop the fastest and the s
 as medians. Runs whose summary already exists are not repeated, so an interrupted comparison continues
 where it stopped. Measure on a quiet machine: every rank shares the CPU.
 
-    .venv/bin/python reproduce/optimizers/compare.py [--out DIR] [--optimizers a,b] [--imbalances none,paper]
-                                                     [--seeds 1,2,3] [--max-steps N] [-- more overrides]
+    .venv/bin/python reproduce/optimizers/compare.py [--out DIR] [--optimizers a,b]
+                                                     [--imbalances none,shared_draw] [--seeds 1,2,3]
+                                                     [--max-steps N] [-- more overrides]
 
 `--max-steps 8` checks the pipeline in a minute (the target is then not reached).
 """
@@ -76,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "optimizers-compare")
     ap.add_argument("--optimizers", default=",".join(OPTIMIZERS))
-    ap.add_argument("--imbalances", default="none,paper")
+    ap.add_argument("--imbalances", default="none,shared_draw")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run (after --)")

@@ -3,9 +3,9 @@
 # simulator on those runs (+ comm-bench JSON when `wagma-bench comm-bench` is available), simulate the same
 # configurations and print predicted vs measured throughput with their ratio (goal: within 15%).
 #
-#   reproduce/scaling/validate.sh                 # full: 2,4,8 ranks x none,paper,lognormal x allreduce,wagma (27 min, 2 cores)
+#   reproduce/scaling/validate.sh                 # full: 2,4,8 ranks x none,shared_draw,lognormal x allreduce,wagma (27 min, 2 cores)
 #   TINY=1 reproduce/scaling/validate.sh          # pipeline check: 2 ranks, imbalance=none, 30 steps
-#   RANKS="4" IMBALANCES="paper" OPTIMIZERS="allreduce wagma sgp" STEPS=300 reproduce/scaling/validate.sh
+#   RANKS="4" IMBALANCES="shared_draw" OPTIMIZERS="allreduce wagma sgp" STEPS=300 reproduce/scaling/validate.sh
 #
 # Run it on a quiet machine: timings taken while other jobs compete for the cores are not representative.
 # Results: $OUT/runs/* (run directories), $OUT/comm_bench.json, $OUT/sim/validation.{csv,json,png}.
@@ -16,7 +16,7 @@ OUT=${OUT:-outputs/validate_sim}
 if [[ "${TINY:-0}" == 1 ]]; then
   RANKS=${RANKS:-2}; IMBALANCES=${IMBALANCES:-none}; OPTIMIZERS=${OPTIMIZERS:-allreduce wagma}; STEPS=${STEPS:-30}
 else
-  RANKS=${RANKS:-2 4 8}; IMBALANCES=${IMBALANCES:-none paper lognormal}; OPTIMIZERS=${OPTIMIZERS:-allreduce wagma}
+  RANKS=${RANKS:-2 4 8}; IMBALANCES=${IMBALANCES:-none shared_draw lognormal}; OPTIMIZERS=${OPTIMIZERS:-allreduce wagma}
   STEPS=${STEPS:-220}
 fi
 mkdir -p "$OUT/runs"

@@ -60,7 +60,8 @@ def _no_dropcompute(methods: Methods) -> Methods:
 
 
 WORKLOADS: dict[str, Methods] = {
-    "ResNet-20 on the embedded MNIST subset, `imbalance=paper` (2 of 4 ranks sleep 0.3 s per step)":
+    "ResNet-20 on the embedded MNIST subset, `imbalance=shared_draw` (named `paper` when these runs were "
+    "made; 2 of 4 ranks sleep 0.3 s per step)":
         _tuned(T / "results-2core-20261203d", "resnet_paper"),
     "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
     "truncated at 1)": _tuned(T / "results-2core-20261203e", "resnet_lognormal"),

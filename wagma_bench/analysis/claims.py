@@ -86,7 +86,12 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
     """Read and check the claims file; a bad record is refused naming the claim, the key and what is allowed."""
     from wagma_bench.optim import OPTIMIZERS
 
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with a list under 'claims'")
     claims, seen = [], set()
     for i, raw in enumerate(data.get("claims") or []):
         where = f"{path}: claim {raw.get('id', i + 1)}"

@@ -1,7 +1,7 @@
 """``wagma-bench simulate``: predicted throughput and time-to-target of every optimizer against world size.
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        'optimizer=glob(*)' imbalance=paper imbalance.delay_s=0.32 \\
+        'optimizer=glob(*)' imbalance=shared_draw imbalance.delay_s=0.32 \\
         workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]

@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.cluster import ClusterProfile, load_profile
-from wagma_bench.config.overrides import CommandParser
+from wagma_bench.config.overrides import CommandParser, unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import ConfigError, validate
 from wagma_bench.record.events import RunEvents, write_json_atomic, write_text_atomic
@@ -199,7 +199,8 @@ def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
             except ConfigError as err:
                 raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
             except (HydraException, OmegaConfBaseException) as err:  # bad override, unknown option
-                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {type(err).__name__}: {err}") from None
+                what = unknown_option_message(err) or f"{type(err).__name__}: {err}"
+                raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {what}") from None
         for run in runs:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
             if not re.fullmatch(r"-?\d+", seed):

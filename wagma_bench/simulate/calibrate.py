@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from wagma_bench.imbalance import RENAMED
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
@@ -120,11 +121,13 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
     summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
+    imbalance = dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"})
+    imbalance["name"] = RENAMED.get(imbalance["name"], imbalance["name"])  # a run recorded before a rename
     train = config.get("train") or {}
     stride = max(1, len(compute) // MAX_SAMPLES)
     return RunFit(
         path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
-        imbalance=dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"}), settings=opt,
+        imbalance=imbalance, settings=opt,
         rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
         compute=compute[::stride], trace=trace, overhead_s=float(np.median(overhead)),
