@@ -137,3 +137,21 @@ def test_summary_from_events_time_to_target_excludes_eval():
     assert s["throughput_samples_per_s"] == pytest.approx(128.0)
     crashed = summarize(events[:3])
     assert crashed["status"] == "incomplete" and crashed["reached"]
+
+
+@pytest.mark.parametrize("sync,every,total", [(1, 10, 100), (11, 10, 132), (8, 21, 200), (16, 5, 160), (7, 7, 70)])
+def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total):
+    """The trainer evaluates at sync points only, at the first one at or after each multiple of eval_every (the
+    oracle: each grid point rounded up to the sync period), and at the end: optimizers of other sync periods
+    are evaluated within one period of the same rounds, not every eval_every-rounded-up rounds."""
+    from wagma_bench.config.schedules import round_up
+    from wagma_bench.train.trainer import RunPlan
+
+    plan = RunPlan(sync, 100, total, every, sync, {})
+    evals, next_eval = [], plan.eval_every
+    for r in range(sync, total + 1, sync):  # the loop's sync points (should_evaluate's rule)
+        if r >= next_eval or r >= total:
+            evals.append(r)
+            next_eval = plan.next_eval_after(r)
+    oracle = sorted({round_up(g, sync) for g in range(every, total + 1, every) if round_up(g, sync) <= total} | {total})
+    assert evals == oracle

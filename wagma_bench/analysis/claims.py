@@ -163,6 +163,7 @@ class Measurement:
     planned: int
     reached: int | None                # trials that reached the target (time_to_target)
     compute_imbalance: float | None
+    steps: float | None = None         # the median of the trials' rounds trained (a budget rounded to a sync period)
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -195,7 +196,8 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> d
         out[optimizer] = Measurement(
             optimizer, value, dist, (len(by_study), plan["trials_per_study"]), len(done), len(trials),
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
-            float(statistics.median(imb)) if imb else None)
+            float(statistics.median(imb)) if imb else None,
+            float(statistics.median(s["steps"] for s in ran)) if all(s.get("steps") for s in ran) else None)
     return out
 
 
@@ -357,7 +359,7 @@ def _measurement_json(m: Measurement) -> dict:
     lo, hi = m.interval
     return {"value": m.value, "interval": [lo, hi], "studies": m.budget[0], "trials_per_study": m.budget[1],
             "finished": m.finished, "planned": m.planned, "reached": m.reached,
-            "compute_imbalance": m.compute_imbalance}
+            "compute_imbalance": m.compute_imbalance, "steps": m.steps}
 
 
 # --- claims.md ----------------------------------------------------------------------------------------------
@@ -481,11 +483,12 @@ def detail(r: dict) -> list[str]:
                                    + (" (below 3 x 3)" if (x["studies"], x["trials_per_study"]) < MIN_BUDGET else ""),
                          "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
                          "finished": f"{x['finished']}/{x['planned']}",
-                         "imbalance": num(x["compute_imbalance"])})
+                         "imbalance": num(x["compute_imbalance"]), "steps": num(x.get("steps"))})
         lines += [markdown_table(rows, [("optimizer", "optimizer", ""), ("value", label, ""),
                                         ("interval", "95% interval", ""), ("budget", "studies x trials", ""),
                                         ("reached", "reached target", ""), ("finished", "trials finished", ""),
-                                        ("imbalance", "compute imbalance", "")]), ""]
+                                        ("imbalance", "compute imbalance", ""),
+                                        ("steps", "steps trained (median)", "")]), ""]
         if m["missing"]:
             lines += [f"Not measured: {', '.join(m['missing'])}.", ""]
     p = r["predicted"]

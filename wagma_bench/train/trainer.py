@@ -290,7 +290,8 @@ class RunPlan:
     sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
     steps_per_epoch: int
     total: int                  # rounds to train
-    eval_every: int
+    eval_every: int             # the evaluation grid's spacing in rounds (each evaluation at the first sync point
+                                # at or after a grid point: the same grid for every optimizer)
     control_every: int          # rounds between exchanges of control flags
     lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
     ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
@@ -304,12 +305,19 @@ class RunPlan:
         # learning-rate schedule); see TrainConfig
         ends_by = "epochs" if t.max_steps is None else "max_steps"
         total = epoch_steps if t.max_steps is None else round_up(t.max_steps, sync)
-        eval_every = round_up(cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch)), sync)
+        eval_every = cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
         schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
                     "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
                     "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
                     "milestones": t.milestones, "decay": t.decay}
         return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps)
+
+    def next_eval_after(self, r: int) -> int:
+        """The grid point after an evaluation at round r. Evaluations happen only at sync points, at the first at or
+        after each multiple of ``eval_every``: so optimizers of different sync periods are evaluated within one
+        period of the same rounds (samples), rather than every ``eval_every`` rounded up to each one's period,
+        which drifts apart over a run (every 24 rounds against every 21)."""
+        return (r // self.eval_every + 1) * self.eval_every
 
     def budget_line(self, cfg: RunConfig) -> str:
         """Which budget ends the run, said at its start: its length, then what may end it earlier."""
@@ -598,7 +606,7 @@ class Trainer:
             metric = self.workload.evaluate(self.evaluator.get(), self.comm)
             eval_took = time.perf_counter() - t_eval
         state, cfg = self.state, self.cfg
-        state.next_eval = r + self.plan.eval_every
+        state.next_eval = self.plan.next_eval_after(r)
         state.best = metric if state.best is None else max(state.best, metric)
         self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
                          eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(self.algo),
