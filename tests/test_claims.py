@@ -308,6 +308,35 @@ def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path, capsys):
     assert victim.read_text() == "keep me\n" and (out / "claims.md").is_symlink()
 
 
+@pytest.mark.parametrize("damage", ["", '{"version": 1, "studies": 3, "tri', "[1, 2]", '{"trials": [{"name": 1}]}'])
+def test_a_damaged_tuning_plan_is_refused_in_one_line_naming_it(tmp_path, capsys, damage):
+    results = tmp_path / "results"
+    tuning = _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
+    (tuning / "tune.json").write_text(damage)
+    out = tmp_path / "out"
+    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{tuning / 'tune.json'}" in err[0] and "damaged" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("readme_text", [None, "# no markers here\n"])
+def test_a_readme_without_its_block_is_refused_before_anything_is_written(tmp_path, capsys, readme_text):
+    results = tmp_path / "results"
+    _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "claims.md").write_text("earlier\n")
+    readme = tmp_path / "README.md"
+    if readme_text is not None:
+        readme.write_text(readme_text)
+    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(readme) in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["claims.md"] and (out / "claims.md").read_text() == "earlier\n"
+    assert readme_text is None or readme.read_text() == readme_text
+
+
 # --- the README's headline is the generated table ------------------------------------------------------------
 
 SOURCES = ROOT / "reproduce" / "claims" / "sources"

@@ -68,3 +68,21 @@ def test_bandwidths_are_nccl_tests_algbw_and_busbw():
     assert table[2]["busbw_GBps"] == table[2]["algbw_GBps"] == 1.0             # ... and 1 at n = 2
     text = format_table(list(table.values()))
     assert "algbw" in text and "busbw" in text and "    1.00    1.50" in text
+
+
+def test_bad_sizes_are_refused_in_one_line_before_any_rank_starts(tmp_path, capsys):
+    """Parsed by argparse's type hook: a bad or non-positive size is a usage error (exit 2, one line), not a
+    traceback, and nothing is measured or written."""
+    import pytest
+
+    from wagma_bench.runtime.commbench import main
+
+    for sizes, said in (("abc", "'ABC'"), ("1T", "'1T'"), ("0", "must be positive"), ("-1", "must be positive"),
+                        ("4K,,1M", "empty")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--sizes", sizes, "--out", str(tmp_path / "cb.json")])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("wagma-bench comm-bench: error: argument --sizes:") and said in err[-1], err
+        assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "cb.json").exists()

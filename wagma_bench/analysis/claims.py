@@ -528,12 +528,20 @@ def make_claims(dirs: list[Path], out: Path, claims_file: Path = CLAIMS_FILE) ->
 README_BLOCK = re.compile(r"(<!-- claims:begin -->\n).*?(\n<!-- claims:end -->)", re.DOTALL)
 
 
+def check_readme(path: Path) -> str:
+    """The README's text, refused (before anything is written) when it has no block to fill."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"--readme {path}: cannot read it ({err.strerror})") from None
+    if not README_BLOCK.search(text):
+        raise ConfigError(f"--readme {path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill")
+    return text
+
+
 def update_readme(path: Path, results: list[dict]) -> None:
     """Replace the table between ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` in ``path``."""
-    text = path.read_text()
-    if not README_BLOCK.search(text):
-        raise ConfigError(f"{path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill")
-    new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), text)
+    new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), check_readme(path))
     atomic_write(path, lambda f: f.write(new))
 
 
@@ -549,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
     args = parser.parse_args(argv)
     try:
+        if args.readme:
+            check_readme(args.readme)
         results = make_claims(args.dirs, args.out, args.claims)
         if args.readme:
             update_readme(args.readme, results)

@@ -140,8 +140,15 @@ def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str,
     path = tune_dir / PLAN
     if not path.exists():
         raise ConfigError(f"{tune_dir} is not a tuning directory (no {PLAN}); make one with wagma-bench tune")
-    plan = json.loads(path.read_text())
-    trials = [Trial(**t) for t in plan["trials"]]
+    try:
+        plan = json.loads(path.read_text())
+        missing = [k for k in ("trials", "studies", "trials_per_study") if k not in plan]
+        if missing:
+            raise KeyError(", ".join(missing))
+        trials = [Trial(**t) for t in plan["trials"]]
+    except (ValueError, TypeError, KeyError) as err:  # cut short, emptied, or not what tune writes
+        raise ConfigError(f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
+                          "wagma-bench tune, which rewrites it when the same command runs again") from None
     combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
     summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
     return plan, combos, summaries

@@ -51,12 +51,22 @@ DEFAULT_SIZES = "4K,64K,1M,16M,100M"
 
 def parse_size(text: str) -> int:
     text = text.strip().upper().rstrip("B")
+    if not text:
+        raise argparse.ArgumentTypeError("an empty size in the list; use e.g. 4K,1M,100M")
     mult = UNITS.get(text[-1:], 1)
     number = text[:-1] if text[-1:] in UNITS else text
     try:
-        return int(float(number) * mult)
+        size = int(float(number) * mult)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 100M") from None
+        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4K, 1M, 100M (units K, M, G)") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be positive (at least 1 byte)")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--sizes``: a comma-separated list, checked by argparse (a bad one is a usage error, exit 2)."""
+    return [parse_size(s) for s in text.split(",")]
 
 
 def group_sizes(world: int) -> list[int]:
@@ -305,13 +315,14 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
+                        help=f"message sizes (default {DEFAULT_SIZES})")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
     parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
     parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
     args = parser.parse_args(argv)
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     if args.nproc < 1 or args.repeats < 1:
         parser.error("--nproc and --repeats must be >= 1")
     if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
