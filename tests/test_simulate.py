@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from wagma_bench.cli.simulate import main as simulate_main
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.imbalance import FixedImbalance, IndependentImbalance, SharedDrawImbalance
 from wagma_bench.optim import OPTIMIZERS
@@ -462,3 +463,39 @@ def test_dropcompute_drops_a_slow_ranks_late_micro_batches_and_gains_throughput(
                               steps=80))
     assert drop.extra["drop_rate"] > 0.1 and drop.extra["threshold_s"] is not None
     assert drop.throughput > 1.5 * allreduce.throughput
+
+
+@pytest.mark.parametrize("args,said", [
+    (["cluster.network.inter.bandwidth_GBps=-1"], "cluster.network.inter.bandwidth_GBps=-1 is not allowed"),
+    (["cluster.network.inter.bandwidth_GBps=0"], "cluster.network.inter.bandwidth_GBps=0 is not allowed"),
+    (["cluster.network.intra.alpha_s=-0.5"], "cluster.network.intra.alpha_s=-0.5 is not allowed"),
+    (["cluster.network.inter.bandwidth_GBps=nan"], "cluster.network.inter.bandwidth_GBps=nan is not allowed"),
+    (["gpus=0"], "gpus=0 is not allowed"),
+    (["gpus=10000000"], "gpus=10000000 is not allowed"),
+    (["gpus=8,100000", "train.max_steps=5"], "gpus=100000 is not allowed"),
+])
+def test_simulate_refuses_bad_numbers_in_one_line_naming_the_key_as_typed(args, said, tmp_path, capsys):
+    """Before anything is simulated or written: exit 2, one line, the key as the user typed it (not the cluster
+    file's path for a value given on the command line, not `world_size` for gpus)."""
+    rc = simulate_main(["optimizer=allreduce,wagma", *args, "--out", str(tmp_path / "sim")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "sim").exists()  # refused before any simulation: nothing written
+
+
+@pytest.mark.parametrize("content", ["", "not json", "{\"world_size\": 4}"])
+def test_calibrate_refuses_a_file_that_is_not_comm_bench_json(content, tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(content)
+    rc = simulate_main(["--calibrate", str(bench), "--out", str(tmp_path / "sim")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"{bench}" in err[0] and "comm-bench JSON" in err[0], err
+    assert not (tmp_path / "sim").exists()
+
+
+def test_calibrate_refuses_a_folder_with_nothing_to_calibrate(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc = simulate_main(["--calibrate", str(tmp_path / "empty"), "--out", str(tmp_path / "sim")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no run directory" in err[0], err
+    assert not (tmp_path / "sim").exists()

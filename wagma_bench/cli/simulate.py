@@ -91,6 +91,8 @@ from wagma_bench.simulate.des import (
 from wagma_bench.simulate.presets import preset_for
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
+PROGRESS_AFTER_S = 5.0  # a progress line per simulation once the predictions have taken this long
+MAX_GPUS = 65_536  # the largest world simulated: the biggest GPU systems; about a minute per optimizer here
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
 # DEFAULT_ROUNDS) and the workload's batch per rank (a number of the cost model, next to step_s)
@@ -175,6 +177,10 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
                 req.gpus = [int(v) for v in values]
             except ValueError:
                 raise UsageError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
+            for g in req.gpus:
+                if not 1 <= g <= MAX_GPUS:
+                    raise UsageError(f"gpus={g} is not allowed; it must be between 1 and {MAX_GPUS:,} (a simulation's "
+                                     "cost grows with ranks x rounds: 1,024 ranks x 500 rounds take seconds)")
         elif key == "optimizer":
             req.optimizers = values
         elif key.startswith("optimizer."):
@@ -201,7 +207,16 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
 
 def load_network(cluster: str, overrides: list[str]) -> Network:
     """The cluster profile's ``network:`` section, read by `sweep`'s loader (``cluster.network.KEY=VALUE``
-    changes one number)."""
+    changes one number; a link's number given so is checked here, named as the user typed it)."""
+    from wagma_bench.simulate.costs import LINK_RANGES, link_value
+
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.startswith("network.") and key.rsplit(".", 1)[-1] in LINK_RANGES:
+            try:
+                link_value(key.rsplit(".", 1)[-1], value, f"cluster.{key}")
+            except ValueError as err:
+                raise UsageError(str(err)) from None
     profile = load_profile(cluster, overrides)
     network = profile.network.as_dict() if profile.network else {}
     return Network.from_profile(network, profile.gpus_per_node, f"conf/cluster/{cluster}.yaml network")
@@ -391,12 +406,15 @@ def predict(req: Request, ns, runs: dict[str, RunConfig], network: Network, work
     conv = samples_to_target(ns.convergence) if ns.convergence else {}
     if "samples_to_target" in req.own:
         conv = {n: float(req.own["samples_to_target"]) for n in runs} | conv
-    rows = []
+    rows, start, n = [], time.perf_counter(), len(gpus) * len(runs)
     for p in gpus:
         for name, run in runs.items():
             t0 = time.perf_counter()
             res = simulate(sim_config(run, p, workload, network, imbalance, req.steps, req.control_every))
             rows.append(_row(res, imbalance, workload, conv.get(name), time.perf_counter() - t0))
+            if time.perf_counter() - start > PROGRESS_AFTER_S:  # long work says where it is
+                print(f"[simulate {len(rows)}/{n} {time.perf_counter() - start:.0f} s] {name} at P={p}: "
+                      f"{rows[-1]['sim_s']:.1f} s", file=sys.stderr, flush=True)
     ref = {r["world_size"]: r["throughput"] for r in rows if r["optimizer"] == "allreduce"}
     for r in rows:
         r["speedup_vs_allreduce"] = r["throughput"] / ref[r["world_size"]] if r["world_size"] in ref else None

@@ -238,6 +238,7 @@ def is_comm_bench(obj: Any) -> bool:
 def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
     """Run directories (holding events.jsonl, searched recursively) and comm-bench JSON objects (files given
     directly, or ``*.json`` files beside the runs that have the comm-bench format)."""
+    paths = list(paths)
     runs: set[Path] = set()
     benches: list[dict] = []
     seen: set[Path] = set()
@@ -254,9 +255,14 @@ def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
             try:
                 obj = json.loads(f.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+                if p.is_file():  # given by name: it must be comm-bench's
+                    raise ValueError(f"--calibrate: {f} is not comm-bench JSON (it does not parse as JSON)") from None
                 continue
             if is_comm_bench(obj):
                 benches.append(obj)
             elif p.is_file():
                 raise ValueError(f"--calibrate: {f} is not comm-bench JSON (needs world_size and results)")
+    if not runs and not benches:
+        raise ValueError(f"--calibrate: no run directory (events.jsonl) and no comm-bench JSON in "
+                         f"{', '.join(map(str, paths))}")
     return sorted(runs), benches

@@ -76,17 +76,35 @@ def allreduce_time(algorithm: str, p: int, nbytes: float, link: Link) -> float:
     return a * link.alpha_s + b * link.beta_s_per_byte
 
 
+# a link's numbers and what each may be: latencies and inverse bandwidths >= 0, bandwidths > 0, all finite
+LINK_RANGES = {"alpha_s": (0.0, "a finite number of seconds >= 0"),
+               "beta_s_per_byte": (0.0, "a finite number of seconds per byte >= 0"),
+               "bandwidth_GBps": (None, "a finite number of GB/s > 0")}
+
+
+def link_value(key: str, value: Any, name: str) -> float:
+    """One of a link's numbers, checked (``name``: how to call it in the refusal, e.g. the user's override)."""
+    low, allowed = LINK_RANGES[key]
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or (v < low if low is not None else v <= 0):
+        raise ValueError(f"{name}={value} is not allowed; it must be {allowed}")
+    return v
+
+
 def parse_link(spec: Mapping[str, Any], where: str) -> Link:
-    """A link from ``{alpha_s, bandwidth_GBps | beta_s_per_byte}``."""
+    """A link from ``{alpha_s, bandwidth_GBps | beta_s_per_byte}``, each checked (:data:`LINK_RANGES`)."""
     if "alpha_s" not in spec:
         raise ValueError(f"{where}: needs alpha_s and bandwidth_GBps (or beta_s_per_byte), got {dict(spec)}")
     if spec.get("beta_s_per_byte") is not None:
-        beta = float(spec["beta_s_per_byte"])
-    elif spec.get("bandwidth_GBps"):
-        beta = 1.0 / (float(spec["bandwidth_GBps"]) * 1e9)
+        beta = link_value("beta_s_per_byte", spec["beta_s_per_byte"], f"{where}.beta_s_per_byte")
+    elif spec.get("bandwidth_GBps") is not None:
+        beta = 1.0 / (link_value("bandwidth_GBps", spec["bandwidth_GBps"], f"{where}.bandwidth_GBps") * 1e9)
     else:
         raise ValueError(f"{where}: needs bandwidth_GBps or beta_s_per_byte")
-    return Link(float(spec["alpha_s"]), beta)
+    return Link(link_value("alpha_s", spec["alpha_s"], f"{where}.alpha_s"), beta)
 
 
 @dataclass
