@@ -155,3 +155,18 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
             next_eval = plan.next_eval_after(r)
     oracle = sorted({round_up(g, sync) for g in range(every, total + 1, every) if round_up(g, sync) <= total} | {total})
     assert evals == oracle
+
+
+def test_a_budget_rounded_to_the_sync_period_is_said_in_the_budget_line():
+    """train.max_steps=5 under a period of 10,000 trains to the first synchronisation point, never silently."""
+    from types import SimpleNamespace
+
+    from wagma_bench.train.trainer import RunPlan
+
+    cfg = SimpleNamespace(train=SimpleNamespace(max_steps=5, epochs=90.0, time_limit_s=None),
+                          eval=SimpleNamespace(target=None, stop_at_target=True))
+    line = RunPlan(10000, 100, 10000, 10, 10000, {}, "max_steps", 9000).budget_line(cfg)
+    assert ("the run ends at step 10000 (train.max_steps=5 rounded up to a multiple of the optimizer's sync "
+            "period, 10000") in line and "\n" not in line
+    exact = RunPlan(5, 100, 5, 5, 5, {}, "max_steps", 9000).budget_line(cfg)
+    assert "rounded" not in exact and exact.startswith("the run ends at step 5 (train.max_steps=5)")

@@ -11,10 +11,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import pytest
 import torch
 from torch import nn
 
 from tests.test_optim_util import flat_params, make_algorithm, run_world
+from wagma_bench.errors import ConfigError
 from wagma_bench.optim.streaming import fragments_of, sync_at
 
 STEPS, PERIOD, DELAY, ALPHA, LR, OUTER_LR, OUTER_MOMENTUM = 12, 4, 1, 0.5, 1e-2, 0.7, 0.9
@@ -95,3 +97,30 @@ def test_the_schedule_prepares_tau_steps_before_each_fragment_performs():
         3: ("prepare", 0), 4: ("perform", 0), 7: ("prepare", 1), 8: ("perform", 1),
         11: ("prepare", 0), 12: ("perform", 0), 15: ("prepare", 1), 16: ("perform", 1)}
     assert fragments_of([16, 4, 16, 4], 2) == [[0, 1], [2, 3]]  # one Linear layer each, as torchft's fragments
+
+
+def test_more_fragments_than_parameter_tensors_are_refused_naming_both():
+    """A fragment is one or more whole tensors: 10,000 fragments of a 4-tensor model would be empty syncs."""
+    from wagma_bench.optim.local_sgd import LocalSGD
+    from wagma_bench.optim.streaming import StreamingOuter
+
+    settings = LocalSGD.Settings(period=10000, outer="nesterov", fragments=10000)
+    params = [p.detach() for p in _model().parameters()]
+    with pytest.raises(ConfigError, match=rf"optimizer.fragments=10000 is not allowed .* it has {len(params)} "
+                                          rf"parameter tensors.*choose at most {len(params)}"):
+        StreamingOuter(settings, params, comm=None)
+
+
+@pytest.mark.slow
+def test_a_run_with_more_fragments_than_tensors_is_refused_by_its_ranks_in_one_line(tmp_path):
+    """The embedded ResNet's tensor count is known only where the model is built: the ranks refuse, each in one
+    line, and the launcher ends the run naming the setting and the count (no traceback)."""
+    from tests.cli_util import run
+
+    res = run(["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=10000",
+               "optimizer.period=10000", "train.max_steps=5", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
+              timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert "refused the run: optimizer.fragments=10000 is not allowed for this model: it has 65 parameter" in last
+    assert "Traceback" not in res.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from wagma_bench.comm.base import Comm, Handle
+from wagma_bench.errors import ConfigError
 from wagma_bench.optim.outer import OuterStep
 
 
@@ -48,6 +49,10 @@ class StreamingOuter:
     """Each fragment's global parameters and outer state, and the one pseudo-gradient average in flight."""
 
     def __init__(self, settings, params: list[torch.Tensor], comm: Comm):
+        if settings.fragments > len(params):  # a fragment is whole tensors: more fragments than tensors are empty
+            raise ConfigError(f"optimizer.fragments={settings.fragments} is not allowed for this model: it has "
+                              f"{len(params)} parameter tensors, and a fragment is one or more whole tensors; "
+                              f"choose at most {len(params)}")
         self.settings, self.comm = settings, comm
         self.fragments = [[params[i] for i in idx] for idx in fragments_of([p.numel() for p in params],
                                                                            settings.fragments)]

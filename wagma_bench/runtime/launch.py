@@ -492,7 +492,10 @@ def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str,
         run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master, program)
         _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
-        if not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
+        if isinstance(err, ConfigError):  # a setting refused where only a rank can check it (the model's size)
+            sys.stderr.write(f"[rank {index}] refused: {err}\n")
+            sys.stderr.flush()
+        elif not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
             sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
             sys.stderr.flush()
         if heartbeat_dir is not None:

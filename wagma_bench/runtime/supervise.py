@@ -476,9 +476,12 @@ def _exit_message(err, folder: Path) -> str:
     if err.signal_name:
         return f"rank {err.error_index} was killed by signal {err.signal_name} (it left no traceback)"
     try:
-        error = ": " + (folder / f"rank{err.error_index}.error").read_text()
+        error = (folder / f"rank{err.error_index}.error").read_text()
     except OSError:
         error = ""
+    if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
+        return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
+    error = f": {error}" if error else ""
     return f"rank {err.error_index} failed with exit code {err.exit_code}{error} (its traceback is above)"
 
 

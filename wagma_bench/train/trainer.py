@@ -324,6 +324,9 @@ class RunPlan:
         t = cfg.train
         if self.ends_by == "max_steps":
             length = f"step {self.total} (train.max_steps={t.max_steps}"
+            if self.total != t.max_steps:  # never silently: the budget moved to the next synchronisation point
+                length += (f" rounded up to a multiple of the optimizer's sync period, {self.sync}: a run stops only "
+                           "where the ranks synchronise")
             if self.total > self.epoch_steps:
                 length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
                            f"learning-rate schedule still spans train.epochs")
