@@ -95,3 +95,14 @@ def listening_ports(pid: int) -> list[int]:
         if fields[3] == "0A" and fields[9] in inodes:  # st 0A: LISTEN
             ports.append(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now: its children, theirs, ... (the launcher's fork server, resource tracker,
+    store process and ranks)."""
+    out, todo = [], children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return sorted(out)

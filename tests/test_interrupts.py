@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, keys, run, wait_started
-from tests.proc_util import first_fork_server, held, held_fork_server, rank_pids
+from tests.proc_util import descendants, first_fork_server, held, held_fork_server, rank_pids
 from wagma_bench.record.events import read_jsonl
 
 
@@ -205,3 +205,34 @@ except KeyboardInterrupt:
 """
     out = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "kept", out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("sig,nproc", [(signal.SIGTERM, 4), (signal.SIGHUP, 2)], ids=["SIGTERM-4-ranks", "SIGHUP"])
+def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_path, sig, nproc):
+    """SIGTERM (`timeout`, a batch system's time limit) or SIGHUP (a closed terminal) to the launcher alone: it
+    passes the stop to every rank, which checkpoints at its next synchronisation point; the run records its stop,
+    releases its lock and the launcher exits 128 + the signal. No process of the run is left 15 s later (before
+    this, SIGTERM ended the launcher alone and left its ranks running, a stale lock and no recorded stop)."""
+    launcher = subprocess.Popen([str(BIN), "run", f"launcher.nproc={nproc}", "train.max_steps=100000",
+                                 "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_started(tmp_path, launcher)
+        _ranks_of(launcher, nproc)
+        family = descendants(launcher.pid)
+        t0 = time.monotonic()
+        os.kill(launcher.pid, sig)
+        _, err = launcher.communicate(timeout=60)
+        while any(_alive(p) for p in family):
+            assert time.monotonic() - t0 < 15, f"processes of the run outlive it: {[p for p in family if _alive(p)]}"
+            time.sleep(0.1)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 128 + sig, err[-3000:]
+    assert keys(tmp_path)[-1] in ("run_suspend", "run_stop")
+    assert not (tmp_path / ".lock").exists()
+    assert signal.Signals(sig).name in err.strip().splitlines()[-1], err[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] in ("preempted", "interrupted")

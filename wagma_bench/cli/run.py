@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
 
     note = f" ({plan.note})" if plan.note else ""
     try:
-        interrupted = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
+        stopped_by = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
                                   run_cfg.launcher.master_port, train_rank,
                                   announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
     except ConfigError as err:  # a fixed port in use: before any rank started
@@ -225,7 +226,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return
         _fail(message, 1)
-    _report_end(run_dir, interrupted)
+    _report_end(run_dir, stopped_by)
 
 
 def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
@@ -236,16 +237,24 @@ def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
     return train(cfg, comm, run_dir, local_rank)
 
 
-def _report_end(run_dir: Path, interrupted: bool = True) -> None:
-    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; a
-    diverged run fails with :data:`EXIT_DIVERGED` and one line saying where and why (under -m the line is
-    printed and the sweep goes on)."""
+def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
+    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; after
+    SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
+    :data:`EXIT_DIVERGED` and one line saying where and why (under -m the line is printed and the sweep goes on)."""
     from hydra.core.hydra_config import HydraConfig
 
     summary_path = run_dir / "summary.json"
     text = summary_path.read_text()
     summary = json.loads(text)
-    if interrupted and summary.get("status") == "interrupted":
+    if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in ("preempted", "interrupted"):
+        from wagma_bench.record.checkpoint import latest_set
+
+        saved = ("checkpoint saved; run the same command again to resume from" if latest_set(run_dir) is not None
+                 else "no checkpoint saved; run the same command again to start it over in")
+        print(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} at step {summary.get('steps')}, {saved} "
+              f"{run_dir}", file=sys.stderr, flush=True)
+        sys.exit(128 + stopped_by)
+    if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
         saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "

@@ -571,13 +571,14 @@ def _exit_now(code: int) -> None:
 
 
 def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None,
-                program: RankProgram, announce: str = "") -> bool:
+                program: RankProgram, announce: str = "") -> int | None:
     """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
     import by name) and wait; a rank that fails or hangs ends the others within seconds
     (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
     :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken Ctrl-C over,
-    so that a Ctrl-C after it always reaches the run. Returns whether a Ctrl-C interrupted the run (the ranks
-    then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`)."""
+    so that a Ctrl-C after it always reaches the run. Returns the signal that stopped the run, or None: SIGINT
+    for a Ctrl-C (the ranks then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`), SIGTERM
+    or SIGHUP to the launcher (passed to the ranks as SIGTERM: they checkpoint and stop, preempted)."""
     import multiprocessing
     import secrets
     import shutil
@@ -616,4 +617,6 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
             store.terminate()
             store.join()
         store_socket.close()
-    return ctrl_c.count > 0
+    import signal
+
+    return ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None)

@@ -16,6 +16,7 @@ collectives at once, and rank 0 then records its own view), then SIGTERM, then a
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing.connection
 import os
 import re
@@ -68,7 +69,26 @@ class CtrlC:
         self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
         self.count = 0
         self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
-        self._previous = signal.signal(signal.SIGINT, self._handle)
+        self.terminated: int | None = None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
+        self._previous = {sig: signal.signal(sig, self._handle if sig == signal.SIGINT else self._terminate)
+                          for sig in (signal.SIGINT, *STOP_SIGNALS)}
+
+    def _terminate(self, signum, frame) -> None:
+        """SIGTERM (``timeout``, a batch system's limit) or SIGHUP (a closed terminal) to the launcher: every rank
+        gets SIGTERM, its own preemption signal (checkpoint at the next synchronisation point, ``run_suspend``),
+        and the launcher waits for them, records the stop and releases the run; a rank still running
+        :data:`TERM_GRACE_S` later is killed. Dying at once instead would leave the ranks unsupervised and the
+        run's lock stale."""
+        first = self.terminated is None
+        self.terminated = self.terminated or signum
+        if first:
+            print(f"wagma-bench: {signal.Signals(signum).name}: every rank checkpoints at its next synchronisation "
+                  "point and the run stops (resumable)", file=sys.stderr, flush=True)
+            self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
@@ -91,9 +111,12 @@ class CtrlC:
         return self.kill_at is not None and time.monotonic() > self.kill_at
 
     def restore(self) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the launcher stops the run on these (CtrlC._terminate)
+TERM_GRACE_S = 10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
 INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
 LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
 
