@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 CONF = Path(__file__).resolve().parents[1] / "conf"

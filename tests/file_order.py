@@ -18,7 +18,7 @@ import collections
 import json
 from pathlib import Path
 
-from wagma_bench.record.events import write_text_atomic
+from wagma_bench.record.files import write_text_atomic
 
 DURATIONS = Path(__file__).with_name("durations.json")
 _seconds: collections.Counter = collections.Counter()  # this run's, by file (written out by --write-durations)

@@ -14,7 +14,8 @@ import pytest
 
 from tests.cli_util import BIN, run
 from tests.proc_util import rank_pids
-from wagma_bench.record.events import RunStart, read_jsonl
+from wagma_bench.record.events import RunStart
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.simulate.calibrate import model_params_of
 
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=lines"]

@@ -16,7 +16,8 @@ from wagma_bench.analysis import report
 from wagma_bench.cli.simulate import samples_to_target
 from wagma_bench.config.schedules import peak_lr
 from wagma_bench.record import mlperf
-from wagma_bench.record.events import RunEvents, RunStart, summarize, write_json_atomic
+from wagma_bench.record.events import RunEvents, RunStart, summarize
+from wagma_bench.record.files import write_json_atomic
 from wagma_bench.runtime import sweep
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"
@@ -128,7 +129,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_event_log_imports_none_of_its_readers():
-    """events is the leaf every reader and sink imports; it imports no other module of the package, so
-    no cycle (events <-> loggers, events <-> mlperf) can run through it."""
-    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules"}
+    """events is the leaf every reader and sink imports; it imports no other module of the package but the
+    safe file writer (itself a leaf), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files"}
+    assert _imports(PACKAGE / "record" / "files.py") == set()
     assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "config" / "schedules.py")}

@@ -23,7 +23,7 @@ from tests.cli_util import BIN, compose, run
 from tests.proc_util import rank_pids
 from wagma_bench.config.schema import FIXED_SECTIONS, missing_range_hint, option_schemas
 from wagma_bench.ranges import range_of
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]

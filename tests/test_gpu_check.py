@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.cli_util import BIN
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 # make test runs this file at idle CPU priority beside the serial tests (marker `background`): on the CPU the
 # check computes its ratios but judges none, and its commands' timeouts (300 s and more) outlast any pause.

@@ -17,7 +17,7 @@ import pytest
 
 from tests.cli_util import BIN, QUICK, keys, run, wait_started
 from tests.proc_util import descendants, first_fork_server, held, held_fork_server, rank_pids
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 
 def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:

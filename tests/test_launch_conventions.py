@@ -16,7 +16,7 @@ import pytest
 from tests.cli_util import BIN, keys
 from tests.proc_util import rank_pids
 from wagma_bench.record.checkpoint import latest_set
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 
 def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:

@@ -41,7 +41,7 @@ def test_planted_run_file_symlink_is_refused_naming_it_and_its_target_is_unchang
 def test_planted_temp_file_symlink_does_not_redirect_the_summary(tmp_path):
     """The temporary name of an atomic write was guessable (``.summary.json.tmp<PID>``): a link planted there
     received the summary, and the rename made ``summary.json`` itself that link."""
-    from wagma_bench.record.events import write_json_atomic
+    from wagma_bench.record.files import write_json_atomic
 
     victim = _victim(tmp_path)
     (tmp_path / f".summary.json.tmp{os.getpid()}").symlink_to(victim)
@@ -113,7 +113,7 @@ WRITERS = [
 
 @pytest.mark.parametrize("write,name", WRITERS, ids=[f"{w.__name__}-{n}" for w, n in WRITERS])
 def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write, name):
-    from wagma_bench.record.events import SymlinkRefused
+    from wagma_bench.record.files import SymlinkRefused
 
     run_dir = tmp_path / "run"
     (run_dir / "steps").mkdir(parents=True)

@@ -20,7 +20,8 @@ import pytest
 
 from tests.cli_util import BIN
 from tests.proc_util import rank_pids
-from wagma_bench.record.events import EVENTS, read_jsonl
+from wagma_bench.record.events import EVENTS
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.record.mlperf import MLLOG, mllog_records, write_mllog
 
 RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_steps=10"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, wait_started
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 # MPICH's ranks busy-poll (they would slow a test beside them and starve make test's idle-priority tests), and
 # a 0.5 s communicator must see every rank arrive in time: these run by themselves (marker alone).

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, local_cluster_script, on_host
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 
 BIN = Path(sys.executable).parent
 HOSTS = ["wagma-n1", "wagma-n2"]

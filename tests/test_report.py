@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from wagma_bench.analysis import plots, report
-from wagma_bench.record.events import summarize, write_json_atomic
+from wagma_bench.record.events import summarize
+from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.loggers import has_api_key, resolve_mode, sweep_group
 
 PNG = b"\x89PNG\r\n\x1a\n"

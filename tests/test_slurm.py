@@ -25,7 +25,7 @@ from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.runtime import sweep
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())

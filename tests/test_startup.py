@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.runtime import startup
 from wagma_bench.workloads.resnet import mnist5k_arrays
 

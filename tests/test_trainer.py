@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wagma_bench.record.events import read_jsonl
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.train.trainer import ControlFlags, TrainState
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wagma_bench"

@@ -46,7 +46,7 @@ from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import load_trials, optimizer_changes, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"

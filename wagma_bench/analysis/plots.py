@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.record.events import atomic_write
+from wagma_bench.record.files import atomic_write
 
 MAX_RANKS_SHOWN = 32  # per-rank step-time figure: beyond this, the slowest ranks only
 
@@ -37,7 +37,7 @@ def save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    try:  # atomically: a full disk leaves no half-written PNG, a planted link is refused (events.atomic_write)
+    try:  # atomically: a full disk leaves no half-written PNG, a planted link is refused (files.atomic_write)
         atomic_write(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=110), binary=True)
     finally:
         pyplot().close(fig)

@@ -33,13 +33,8 @@ from typing import Any
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
-from wagma_bench.record.events import (
-    EVENTS,
-    RunEvents,
-    SymlinkRefused,
-    read_jsonl,
-    write_text_atomic,
-)
+from wagma_bench.record.events import EVENTS, RunEvents
+from wagma_bench.record.files import SymlinkRefused, read_jsonl, write_text_atomic
 from wagma_bench.record.rundir import live_holder
 
 REFERENCE = "allreduce"
@@ -734,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, SymlinkRefused) as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a full or read-only disk: nothing half-written is left (events.atomic_write)
+    except OSError as err:  # a full or read-only disk: nothing half-written is left (files.atomic_write)
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
         return 1
     if args.mllog:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.record.events import atomic_write
+from wagma_bench.record.files import atomic_write
 
 
 def fmt(value: Any, kind: str = "") -> str:

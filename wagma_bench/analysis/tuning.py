@@ -19,7 +19,8 @@ from typing import Any
 
 from wagma_bench.analysis import drift
 from wagma_bench.config.schema import ConfigError
-from wagma_bench.record.events import RunEvents, write_json_atomic
+from wagma_bench.record.events import RunEvents
+from wagma_bench.record.files import write_json_atomic
 
 PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
 TUNING = "tuning.json"      # the scores

@@ -98,7 +98,7 @@ LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under 
 def _lock_run_dir(run_dir: Path) -> None:
     """Take the run directory's lock for this process (once); exit 2 naming the holder if another has it, or
     naming a file of the run that is a symbolic link."""
-    from wagma_bench.record.events import SymlinkRefused
+    from wagma_bench.record.files import SymlinkRefused
     from wagma_bench.record.rundir import RunDirLock, RunDirLocked, refuse_symlinks
 
     key = run_dir.resolve()

@@ -77,7 +77,8 @@ from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.config.schema import RunConfig, check_world, validate
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.record.events import RunEvents, SymlinkRefused, write_text_atomic
+from wagma_bench.record.events import RunEvents
+from wagma_bench.record.files import SymlinkRefused, write_text_atomic
 from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (

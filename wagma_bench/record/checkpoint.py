@@ -29,7 +29,8 @@ import shutil
 from pathlib import Path
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import EVENTS, RunEvents, atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.events import EVENTS, RunEvents
+from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
 from wagma_bench.record.rundir import identity, identity_hash
 
 LATEST = "latest"

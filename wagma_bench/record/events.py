@@ -14,114 +14,26 @@ reached the target, did the run end" is written once, here.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from wagma_bench.record.files import (
+    open_run_file,
+    read_jsonl,
+    refuse_link,
+    rewrite_jsonl,
+    run_subdir,
+    strict_json,
+)
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
-
-
-class SymlinkRefused(OSError):
-    """A file or folder of a run that is a symbolic link. A run never writes through one: on a shared file
-    system anyone who can write the run directory could otherwise make the run overwrite their choice of the
-    user's files (``events.jsonl`` -> ``~/.bashrc``)."""
-
-
-RUN_HINT = "a run never writes through a link: remove it, or choose another hydra.run.dir"
-OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose another output directory"
-
-
-def refuse_link(path: Path, hint: str = RUN_HINT) -> SymlinkRefused:
-    try:
-        target = os.readlink(path)
-    except OSError:
-        target = "?"
-    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); {hint}")
-
-
-def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
-    """Open a file of a run (or a command's log) for writing (``mode``: w, a, wb, ab) without following a
-    symbolic link in its last component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises
-    :class:`SymlinkRefused`."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise refuse_link(path, hint) from None
-        raise
-    return os.fdopen(fd, mode)
-
-
-def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
-    """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
-    refuse one that is a symbolic link."""
-    path.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
-        raise refuse_link(path, hint)
-    return path
-
-
-def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) -> None:
-    """Write ``path`` through ``write(file)`` on a temporary file beside it, then rename it into place: a
-    crash leaves the old or the new file. On an error (a full disk) the temporary file is removed. Every
-    output file of every command is written here (run files, reports, tunings, sweeps, predictions, claims).
-
-    A symbolic link at ``path`` is refused, naming it (someone else's link in a shared output directory must
-    not be silently replaced, nor written through). The temporary file gets a fresh name, created exclusively
-    (O_CREAT|O_EXCL, never through a link planted under a guessable name)."""
-    if path.is_symlink():
-        raise refuse_link(path, OUTPUT_HINT)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp")
-    tmp = Path(name)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's files from the user's group
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def strict_json(obj: Any, **kwargs: Any) -> str:
-    """``json.dumps`` that writes valid JSON: Python writes a NaN or an infinity as the bare tokens ``NaN`` /
-    ``Infinity``, which strict readers (jq, JavaScript, Go) refuse; here they are ``null`` (a diverged run's
-    loss: its run_stop says where and why)."""
-    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda f: f.write(strict_json(obj, indent=2, sort_keys=True) + "\n"))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text))
-
-
-def rewrite_jsonl(path: Path, records: list[dict]) -> None:
-    """Replace a JSONL file by ``records``, atomically (a crash leaves the old or the new file)."""
-    atomic_write(path, lambda f: f.writelines(strict_json(r, sort_keys=True) + "\n" for r in records))
 
 
 def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
@@ -140,23 +52,6 @@ def _event_before_checkpoint(event: dict, step: int) -> bool:
     # An earlier attempt's run_stop (failed, killed) is no end: the resumed run writes the one final stop.
     at = (event.get("metadata") or {}).get("step")
     return event.get("key") != "run_stop" and (at is None or at <= step)
-
-
-def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
-    """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped, and so is any other
-    line that is not JSON (``skipped``, when given, receives their 1-based numbers, for a warning)."""
-    out = []
-    try:
-        with open(path) as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    if skipped is not None:
-                        skipped.append(number)
-    except FileNotFoundError:
-        pass
-    return out
 
 
 class EventLog:

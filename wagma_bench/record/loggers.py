@@ -28,7 +28,8 @@ from urllib.parse import urlparse
 
 from wagma_bench.config.schema import WandbConfig
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents, write_json_atomic
+from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
+from wagma_bench.record.files import write_json_atomic
 
 
 class Sink(Protocol):

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from wagma_bench.config.paths import CHECKOUT
-from wagma_bench.record.events import EVENTS, RunEvents, RunStart, atomic_write
+from wagma_bench.record.events import EVENTS, RunEvents, RunStart
+from wagma_bench.record.files import atomic_write
 
 MLLOG = "mllog.txt"
 

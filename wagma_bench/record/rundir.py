@@ -26,16 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from wagma_bench.record.events import (
-    EVENTS,
-    SUMMARY,
-    RunEvents,
-    open_run_file,
-    read_jsonl,
-    refuse_link,
-    torn_last_line,
-    write_json_atomic,
-)
+from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
+from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
 
 LOCK = ".lock"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench.record.events import OUTPUT_HINT, refuse_link, write_text_atomic
+from wagma_bench.record.files import OUTPUT_HINT, refuse_link, write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wagma_bench.config.schema import ConfigError, RunConfig, validate
-from wagma_bench.record.events import open_run_file
+from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
 from wagma_bench.runtime import startup
 from wagma_bench.runtime.hosts import check_reachable, choose_gloo_interface, node_address

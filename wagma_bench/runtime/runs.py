@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import SUMMARY, SymlinkRefused
+from wagma_bench.record.events import SUMMARY
+from wagma_bench.record.files import SymlinkRefused
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from wagma_bench.record.events import open_run_file, run_subdir
+from wagma_bench.record.files import open_run_file, run_subdir
 
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
 # Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
@@ -172,7 +172,7 @@ def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S
     :class:`~wagma_bench.runtime.partition.ReachListener` where given) every ``period_s`` from a daemon
     thread, for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
     directory's ``.heartbeats``: neither it nor the file is ever followed through a symbolic link
-    (:class:`~wagma_bench.record.events.SymlinkRefused`)."""
+    (:class:`~wagma_bench.record.files.SymlinkRefused`)."""
     path = run_subdir(Path(folder)) / f"rank{rank}"
     with open_run_file(path, "w") as f:
         f.write(" ".join([socket.gethostname(), *map(str, listener or ())]))

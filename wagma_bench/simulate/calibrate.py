@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from wagma_bench.imbalance import RENAMED
-from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart, read_jsonl
+from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
+from wagma_bench.record.files import read_jsonl
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
