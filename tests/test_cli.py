@@ -85,7 +85,7 @@ def test_missing_imagenet_root_is_a_clear_error(tmp_path):
 @pytest.mark.long  # make test: tests/test_run_outcomes.py's diverged run (exit 3, where and why, strict JSON)
 def test_divergence_stops_with_status_diverged(tmp_path):
     out = run(QUICK + ["train.lr=1e12", "train.max_steps=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
-    assert out.returncode == 3, out.stderr[-3000:]  # EXIT_DIVERGED
+    assert out.returncode == 3, out.stderr[-3000:]  # exits.DIVERGED
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 

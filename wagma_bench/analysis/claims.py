@@ -40,13 +40,14 @@ from typing import Any
 
 import yaml
 
+from wagma_bench import exits
 from wagma_bench.analysis import drift, intervals
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import load_trials, optimizer_changes, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.files import SymlinkRefused, atomic_write, run_subdir, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -562,9 +563,12 @@ def main(argv: list[str] | None = None) -> int:
         results = make_claims(args.dirs, args.out, args.claims)
         if args.readme:
             update_readme(args.readme, results)
-    except (ConfigError, FileNotFoundError, OSError) as err:
+    except (ConfigError, FileNotFoundError, SymlinkRefused) as err:  # bad input: refused, as in every command
         print(f"wagma-bench claims: error: {err}", file=sys.stderr)
-        return 2
+        return exits.REFUSED
+    except OSError as err:  # a full or read-only disk: an operational failure (files.atomic_write left no half file)
+        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
+        return exits.FAILED
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in VERDICTS)
     print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
     return 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wagma_bench import exits
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
@@ -728,10 +729,10 @@ def main(argv: list[str] | None = None) -> int:
         report, groups, tuned = make_report(args.dirs, args.out)
     except (FileNotFoundError, SymlinkRefused) as err:
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return 2
+        return exits.REFUSED
     except OSError as err:  # a full or read-only disk: nothing half-written is left (files.atomic_write)
         print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     if args.mllog:
         from wagma_bench.record.mlperf import write_mllog
 

@@ -10,6 +10,8 @@ import gc
 import importlib
 import sys
 
+from wagma_bench import exits
+
 USAGE = """usage: wagma-bench COMMAND [ARGS]   (wagma-bench --version)
 
 commands:
@@ -48,20 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
-        from wagma_bench.cli.run import INTERRUPTED_EXIT, run_command
+        from wagma_bench.cli.run import run_command
 
         try:
             return run_command(rest)
         except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
             print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
-            return INTERRUPTED_EXIT
+            return exits.INTERRUPTED
         except OSError as err:  # an operational error the steps above did not name (disk, permissions)
             print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
-            return 1
+            return exits.FAILED
     if command in COMMANDS:
         return importlib.import_module(COMMANDS[command]).main(rest)
     print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    return exits.REFUSED
 
 
 def entry() -> int:

@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from wagma_bench import exits
 from wagma_bench.config.paths import CONF_DIR, conf_context
 
 # Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
@@ -49,12 +50,12 @@ def run_command(overrides: list[str]) -> int:
     try:  # a parse error or a misspelt key: exit 2 before anything is created
         explicit = precheck(overrides, CONF_DIR)
     except ConfigError as err:
-        _fail(str(err), 2)
+        _fail(str(err), exits.REFUSED)
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
         _fail(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
               "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
-              "directory, or set hydra.run.dir", 2)
+              "directory, or set hydra.run.dir", exits.REFUSED)
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
@@ -89,7 +90,6 @@ def run_help(overrides: list[str]) -> str:
 # Exit codes of `wagma-bench run`: 0 a run that ended by its rules (completed, time limit, preempted), or a
 # rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank started
 # (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss).
-EXIT_DIVERGED = 3
 
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
 LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
@@ -109,7 +109,7 @@ def _lock_run_dir(run_dir: Path) -> None:
         refuse_symlinks(key)
         lock.acquire()
     except (RunDirLocked, SymlinkRefused) as err:
-        _fail(str(err), 2)
+        _fail(str(err), exits.REFUSED)
     except OSError as err:  # a read-only or full file system, no permission: before anything ran
         _fail(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
               "hydra.run.dir", 2)
@@ -140,7 +140,7 @@ def _run_job(cfg) -> dict | None:
         check_extras(run_cfg)
         WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
     except (ConfigError, ValueError) as err:
-        _fail(str(err), 2)
+        _fail(str(err), exits.REFUSED)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if world is None or world.rank == 0:
         _lock_run_dir(run_dir)
@@ -167,7 +167,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
-            _fail(str(err), 2)
+            _fail(str(err), exits.REFUSED)
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
         print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "
@@ -182,14 +182,14 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
                 check_event_log(run_dir)
             check_against_run(run_dir, raw, world_size, world_from)
         except (ConfigError, CheckpointError) as err:
-            _fail(str(err), 2)
+            _fail(str(err), exits.REFUSED)
     if world is not None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
         summary = run_rank(raw, str(run_dir), world, master, train_rank)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
-            _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", EXIT_DIVERGED)
+            _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
         return summary
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
@@ -211,7 +211,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
                                   run_cfg.launcher.master_port, train_rank,
                                   announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
     except ConfigError as err:  # a fixed port in use: before any rank started
-        _fail(str(err), 2)
+        _fail(str(err), exits.REFUSED)
     except RunInterrupted as err:
         from wagma_bench.record.checkpoint import latest_set
 
@@ -219,13 +219,13 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
         again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
                  f"to start it over (no checkpoint was saved in {run_dir})")
         print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_EXIT)
+        sys.exit(exits.INTERRUPTED)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return
-        _fail(message, 1)
+        _fail(message, exits.FAILED)
     _report_end(run_dir, stopped_by)
 
 
@@ -240,7 +240,7 @@ def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
 def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; after
     SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
-    :data:`EXIT_DIVERGED` and one line saying where and why (under -m the line is printed and the sweep goes on)."""
+    :data:`wagma_bench.exits.DIVERGED` and one line saying where and why (under -m the line is printed and the sweep goes on)."""
     from hydra.core.hydra_config import HydraConfig
 
     summary_path = run_dir / "summary.json"
@@ -253,7 +253,7 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
                  else "no checkpoint saved; run the same command again to start it over in")
         print(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} at step {summary.get('steps')}, {saved} "
               f"{run_dir}", file=sys.stderr, flush=True)
-        sys.exit(128 + stopped_by)
+        sys.exit(exits.stopped_by(stopped_by))
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
@@ -262,7 +262,7 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
                  f"before its first step (nothing to checkpoint); run the same command again to start it in "
                  f"{run_dir}")
         print(f"wagma-bench: interrupted {saved}", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_EXIT)
+        sys.exit(exits.INTERRUPTED)
     print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
     if summary.get("status") != "diverged":
         return
@@ -270,10 +270,9 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     if HydraConfig.get().mode.name == "MULTIRUN":
         print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
         return
-    _fail(message, EXIT_DIVERGED)
+    _fail(message, exits.DIVERGED)
 
 
-INTERRUPTED_EXIT = 130  # 128 + SIGINT, as shells report a program that Ctrl-C ended
 
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
@@ -286,7 +285,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
-        _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", 2)
+        _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", exits.REFUSED)
     from hydra.core.hydra_config import HydraConfig
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
@@ -311,10 +310,10 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
         finally:
             signal.signal(signal.SIGINT, previous)
             ended_first = first.stop()
-        # a diverged rank 0 exits with EXIT_DIVERGED after writing its summary
-        if rc not in (0, EXIT_DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
+        # a diverged rank 0 exits with exits.DIVERGED after writing its summary
+        if rc not in (exits.OK, exits.DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
             error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
-            _fail(f"{error}. Run directory: {run_dir}", 1)
+            _fail(f"{error}. Run directory: {run_dir}", exits.FAILED)
     _report_end(run_dir)
 
 

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wagma_bench import exits
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import markdown_table, write_csv
 from wagma_bench.config.cluster import load_profile
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:
         print(f"wagma-bench simulate: error: {err}", file=sys.stderr)
-        return 2
+        return exits.REFUSED
 
 
 if __name__ == "__main__":

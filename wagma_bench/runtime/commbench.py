@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from wagma_bench import exits
 from wagma_bench.record.files import OUTPUT_HINT, refuse_link, write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -329,7 +330,7 @@ def main(argv: list[str]) -> int:
         parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
     if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
         print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
-        return 2
+        return exits.REFUSED
     from wagma_bench.runtime.launch import detect_world
 
     world = detect_world()

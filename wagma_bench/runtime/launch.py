@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from wagma_bench import exits
 from wagma_bench.config.schema import ConfigError, RunConfig, validate
 from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
@@ -500,7 +501,7 @@ def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str,
             sys.stderr.flush()
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
-        os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)  # not waiting for threads blocked on dead peers
+        os._exit(exits.INTERRUPTED if isinstance(err, KeyboardInterrupt) else exits.FAILED)  # not waiting for threads blocked on dead peers
 
 
 STORE_PROCESS_NAME = "wagma-store"  # the local run's store process, as ps and top show it

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from wagma_bench import exits
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import SymlinkRefused
@@ -42,10 +43,10 @@ def exit_code(command: str, body: Callable[[list[str]], int], argv: list[str],
         return body(argv)
     except (ConfigError, SymlinkRefused) as err:
         print(f"wagma-bench {command}: error: {err}", file=sys.stderr)
-        return 2
+        return exits.REFUSED
     except tuple(kind for kind, _ in also) as err:
         print(f"wagma-bench {command}: {err}", file=sys.stderr)
         return next(code for kind, code in also if isinstance(err, kind))
     except (RuntimeError, TimeoutError, OSError) as err:
         print(f"wagma-bench {command}: {err}", file=sys.stderr)
-        return 1
+        return exits.FAILED

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wagma_bench import exits
 from wagma_bench.analysis.tuning import (
     PLAN,
     TRIALS,
@@ -366,10 +367,10 @@ USAGE = __doc__.split("\n\n")[1]
 
 def main(argv: list[str]) -> int:
     try:
-        return exit_code("tune", _main, argv, also=((TuneInterrupted, 130),))
+        return exit_code("tune", _main, argv, also=((TuneInterrupted, exits.INTERRUPTED),))
     except KeyboardInterrupt:  # between trials
         print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
-        return 130
+        return exits.INTERRUPTED
 
 
 def _main(argv: list[str]) -> int:
