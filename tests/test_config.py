@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from wagma_bench.config.paths import CONF_DIR
-from wagma_bench.config.schema import ConfigError, validate
+from wagma_bench.config.schema import validate
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads import WORKLOADS
 
 # Required paths of the real data sets are given dummy values: composing and checking is the point here.

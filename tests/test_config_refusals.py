@@ -12,7 +12,8 @@ import pytest
 
 from tests.cli_util import CONF, compose, run
 from wagma_bench.config.cluster import load_profile
-from wagma_bench.config.schema import ConfigError, validate
+from wagma_bench.config.schema import validate
+from wagma_bench.errors import ConfigError
 
 REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),  # a value validate() refuses; every other value: in-process below

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tests.cli_util import run
-from tests.test_optim_util import flat_params, make_algorithm, run_world, sgd
+from tests.optim_util import flat_params, make_algorithm, run_world, sgd
 from wagma_bench.optim.dropcompute import best_threshold
 
 WORLD, PARTS, SAMPLES, LR = 3, 4, 8, 0.1
@@ -151,7 +151,8 @@ def test_a_run_under_shared_draw_stragglers_drops_and_records_it(tmp_path):
 def test_a_workload_whose_batches_do_not_split_fails_the_config_check():
     """validate(), which the CLI runs before any rank starts (its exit 2: tests/test_faults.py)."""
     from tests.cli_util import compose
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         validate(compose("optimizer=dropcompute", "workload=ddppo"))

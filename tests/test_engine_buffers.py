@@ -14,7 +14,7 @@ from collections import deque
 import pytest
 import torch
 
-from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
+from tests.optim_util import Vector, make_algorithm, run_world, sgd
 
 DIM = 4096
 

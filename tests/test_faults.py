@@ -65,7 +65,8 @@ THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.period=0"}
 
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
 def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(key, value, extra):
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         validate(compose(*extra, "launcher.nproc=2", f"{key}={value}"))
@@ -80,7 +81,8 @@ def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(k
     (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
 ])
 def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(extra, reason):
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         validate(compose(*extra, "launcher.nproc=2", "optimizer.outer=slowmo"))

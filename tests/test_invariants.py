@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.dist_util import PAUSABLE
-from tests.test_optim_util import Vector, make_algorithm, run_world, sgd
+from tests.optim_util import Vector, make_algorithm, run_world, sgd
 
 # make test runs this file at idle CPU priority beside the serial tests (marker `background`): the invariants
 # are exact whatever the timing, and the worlds' timeouts (dist_util.PAUSABLE) outlast any pause.

@@ -81,7 +81,8 @@ def test_an_impossible_emulation_or_backend_fails_the_config_check(overrides, me
     tests/test_faults.py); NCCL without CUDA, which the launcher's device plan refuses:
     tests/test_launch_conventions.py's test_impossible_nccl_world_fails_before_spawning."""
     from tests.cli_util import compose
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         validate(compose(*overrides))

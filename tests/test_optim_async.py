@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from tests.test_optim_util import Vector, flat_params, make_algorithm, run_world, sgd
+from tests.optim_util import Vector, flat_params, make_algorithm, run_world, sgd
 
 STEPS = 20
 # A rank's step: 5 ms of compute, or 150 ms for the slow rank. A round's communication alone costs 15-40 ms

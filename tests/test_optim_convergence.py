@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_optim_util import make_algorithm, run_world
+from tests.optim_util import make_algorithm, run_world
 from wagma_bench.config.schedules import round_up
 from wagma_bench.optim import OPTIMIZERS as REGISTRY
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from tests.cli_util import CONF, compose
-from tests.test_optim_util import Vector, flat_params, make_algorithm, run_world, sgd
+from tests.optim_util import Vector, flat_params, make_algorithm, run_world, sgd
 from wagma_bench.comm.topology import exponential_in_peer, exponential_peer, ring_neighbours
 from wagma_bench.optim import OPTIMIZERS
 

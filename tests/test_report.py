@@ -189,7 +189,8 @@ def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path
     never meet it on rank 0 after they are up."""
     from hydra import compose, initialize_config_dir
 
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime.extras import check_extras
 
     empty = tmp_path / "netrc"

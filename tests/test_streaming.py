@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_optim_util import flat_params, make_algorithm, run_world
+from tests.optim_util import flat_params, make_algorithm, run_world
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.streaming import fragments_of, sync_at
 

@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from tests.dist_util import PAUSABLE, run_world
 from wagma_bench.config.paths import CONF_DIR
-from wagma_bench.config.schema import ConfigError, validate
+from wagma_bench.config.schema import validate
+from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.mt_data import SRC_CONJ, CorpusSpec, generate
 from wagma_bench.workloads.transformer import (
     TransformerWorkload,

@@ -16,7 +16,7 @@ import pytest
 from tests.cli_util import BIN
 from wagma_bench.analysis import tuning
 from wagma_bench.config import search_space
-from wagma_bench.config.schema import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.runtime import tune
 
 # --- search spaces ------------------------------------------------------------------------------------

@@ -229,8 +229,8 @@ def test_in_order_results_cover_every_round_exactly_once(with_activator):
 
 def _waits_with_a_slow_group(comm, group_size, catch_up, delay_s):
     """WAGMA-SGD steps; the ranks of one first-stage butterfly group sleep ``delay_s`` per step."""
+    from tests.optim_util import Vector, make_algorithm, sgd
     from tests.test_invariants import slow_group
-    from tests.test_optim_util import Vector, make_algorithm, sgd
 
     slow = comm.rank in slow_group(comm.world_size, group_size)
     algo = make_algorithm("wagma", comm, Vector(8, comm.rank), sgd(lr=0.1), group_size=group_size, tau=5,

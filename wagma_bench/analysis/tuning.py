@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis import drift
-from wagma_bench.config.schema import ConfigError
+from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 

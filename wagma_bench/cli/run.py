@@ -125,7 +125,8 @@ def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.config.schema import ConfigError, validate
+    from wagma_bench.config.schema import validate
+    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import startup
     from wagma_bench.runtime.extras import check_extras
     from wagma_bench.runtime.launch import detect_world, stop_rank_server
@@ -154,7 +155,8 @@ def _run_job(cfg) -> dict | None:
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
-    from wagma_bench.config.schema import ConfigError, check_memory, check_world
+    from wagma_bench.config.schema import check_memory, check_world
+    from wagma_bench.errors import ConfigError
     from wagma_bench.record.checkpoint import CheckpointError, check_against_run, check_event_log
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master, visible_cuda_devices
@@ -201,7 +203,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     Ctrl-C (exit 130: the first stops the ranks at a checkpoint, the second at once, recorded)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.config.schema import ConfigError
+    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime.launch import spawn_local
     from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, record_failed_run
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from wagma_bench.comm.topology import CATCH_UP
+from wagma_bench.comm.topology import CATCH_UP, padded_world
 from wagma_bench.errors import ConfigError
 from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, FRACTION_BELOW_ONE, NON_NEGATIVE, POSITIVE, setting
 
@@ -102,7 +102,7 @@ class WagmaSpec(AlgorithmSpec):
     @dataclass
     class Settings(OuterSettings):
         name: str = "wagma"
-        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: sqrt(P) rounded to a power of two
+        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: topology.default_group_size
         tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
         catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
 
@@ -125,7 +125,7 @@ class WagmaSpec(AlgorithmSpec):
             raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
         if world_size is None:
             return
-        padded = 1 << (world_size - 1).bit_length()
+        padded = padded_world(world_size)
         if size > padded:
             raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
                               f"power of two up to {padded} (the world padded to a power of two)")

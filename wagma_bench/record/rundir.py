@@ -48,8 +48,18 @@ def identity(raw: dict) -> dict:
     return out
 
 
+def config_hash(raw: dict) -> str:
+    """The whole configuration's hash (``run_start``'s ``config_hash``: which exact settings ran)."""
+    return _digest(raw)
+
+
 def identity_hash(raw: dict) -> str:
-    return hashlib.sha256(json.dumps(identity(raw), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    """The hash of the run's identity: the configuration less what may change on a resume (:func:`identity`)."""
+    return _digest(identity(raw))
+
+
+def _digest(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def budget(raw: dict) -> dict:

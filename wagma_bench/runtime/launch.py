@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wagma_bench import exits
-from wagma_bench.config.schema import ConfigError, RunConfig, validate
+from wagma_bench.config.schema import RunConfig, validate
+from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
 from wagma_bench.runtime import startup

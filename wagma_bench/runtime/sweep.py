@@ -45,7 +45,8 @@ from omegaconf.errors import OmegaConfBaseException
 from wagma_bench.config.cluster import ClusterProfile, load_profile
 from wagma_bench.config.overrides import CommandParser, unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
-from wagma_bench.config.schema import ConfigError, validate
+from wagma_bench.config.schema import validate
+from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic, write_text_atomic
 from wagma_bench.runtime.runs import exit_code

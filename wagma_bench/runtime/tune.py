@@ -56,8 +56,8 @@ from wagma_bench.analysis.tuning import (
 )
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.config.paths import conf_context
-from wagma_bench.config.schema import ConfigError
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
+from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import OUTPUT_HINT, open_run_file, run_subdir, write_json_atomic
 from wagma_bench.runtime.reference import VERSION as REFERENCE_VERSION

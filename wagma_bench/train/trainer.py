@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import signal
@@ -41,6 +39,7 @@ from wagma_bench.record.cpu import thread_cpu_s
 from wagma_bench.record.events import SUMMARY, StepLog
 from wagma_bench.record.loggers import event_log_for_run
 from wagma_bench.record.progress import Progress
+from wagma_bench.record.rundir import config_hash
 from wagma_bench.record.rundir import finalize as write_summary
 from wagma_bench.runtime import partition, startup
 from wagma_bench.runtime.slurm import (
@@ -116,10 +115,6 @@ def make_local_optimizer(train):
         return opt
 
     return build
-
-
-def config_hash(raw: dict) -> str:
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def git_sha() -> str | None:
