@@ -1,0 +1,49 @@
+"""Copy a tuning directory's compact record into the repository: what `claims`, `report`'s tuned tables and a
+resumed `tune` read, without the raw per-rank step logs and checkpoints.
+
+    .venv/bin/python reproduce/tuning/compact.py TUNE_DIR DEST
+
+Kept: `tune.json` (the plan and its command), `tuning.json` (the scores), and per trial `summary.json` (with its
+speed reference and compute imbalance) and `events.jsonl` (run_start's configuration and clock, every
+evaluation). Left out: `steps/rank*.jsonl` (about 130 KB a trial; only `simulate --compute-from` and
+`--calibrate` read them), `checkpoint/`, `logs/`, `.hydra/`, `mllog.txt` (rewritten from the events by
+`report --mllog`). A finished trial copied so is skipped when the same `tune` command runs into DEST again
+(its summary and run_start identify it), so a campaign goes on across sessions from what was committed; an
+unfinished trial is not copied and runs again from its start.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from wagma_bench.analysis.tuning import PLAN, TRIALS, TUNING, load_trials, trial_finished
+from wagma_bench.record.events import EVENTS, SUMMARY
+
+KEPT = (SUMMARY, EVENTS)
+
+
+def compact(src: Path, dest: Path) -> tuple[int, int]:
+    """(trials copied, trials planned)."""
+    _, combos, summaries = load_trials(src)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (PLAN, TUNING):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dest / name)
+    copied = 0
+    for name, summary in summaries.items():
+        if not trial_finished(summary):
+            continue
+        (dest / TRIALS / name).mkdir(parents=True, exist_ok=True)
+        for f in KEPT:
+            shutil.copy2(src / TRIALS / name / f, dest / TRIALS / name / f)
+        copied += 1
+    return copied, sum(len(t) for t in combos.values())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.split("\n\n")[1])
+    done, planned = compact(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(f"copied {done} finished trials of {planned} planned into {sys.argv[2]}")
