@@ -21,11 +21,11 @@ from wagma_bench.analysis.claims import (
     decide,
     find_sources,
     load_claims,
-    main,
     make_claims,
     measure,
     summary_table,
 )
+from wagma_bench.cli.claims import main
 from wagma_bench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -118,3 +118,30 @@ def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed"
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["run", "train.batch_size=-4", "hydra.run.dir={tmp}/run"], "train.batch_size=-4 is not allowed"),
+    (["report", "{tmp}/nothing-here"], "nothing-here"),
+    (["sweep", "status"], "usage: wagma-bench sweep status DIR"),
+    (["tune", "tune.trials=0", "--out", "{tmp}/tune"], "tune.trials=0 is not allowed"),
+    (["simulate", "gpus=0", "--out", "{tmp}/sim"], "gpus=0 is not allowed"),
+    (["claims", "{tmp}/nothing-here", "--out", "{tmp}/claims"], "nothing-here"),
+    (["comm-bench", "--sizes", "0", "--out", "{tmp}/cb.json"], "size '0' must be positive"),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_every_command_refuses_bad_input_with_exit_2_and_one_error_line(argv, said, tmp_path, capsys, monkeypatch):
+    """The one convention (docs/running.md, wagma_bench/exits.py): bad input is exit 2 and one line
+    `wagma-bench COMMAND: error: ...` (argparse's own usage lines may precede it), before anything is written."""
+    from wagma_bench import exits
+    from wagma_bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    except SystemExit as stop:  # run and argparse end by sys.exit
+        code = stop.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == exits.REFUSED, err
+    assert err[-1].startswith(f"wagma-bench {argv[0]}: error: ") and said in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    assert not any(p.name in ("tune", "sim", "claims", "cb.json") for p in tmp_path.iterdir())

@@ -75,7 +75,7 @@ def test_bad_sizes_are_refused_in_one_line_before_any_rank_starts(tmp_path, caps
     traceback, and nothing is measured or written."""
     import pytest
 
-    from wagma_bench.runtime.commbench import main
+    from wagma_bench.cli.commbench import main
 
     for sizes, said in (("abc", "'ABC'"), ("1T", "'1T'"), ("0", "must be positive"), ("-1", "must be positive"),
                         ("4K,,1M", "empty")):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from wagma_bench.analysis import plots, report
+from wagma_bench.cli import report as report_cli
 from wagma_bench.record.events import summarize
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.loggers import has_api_key, resolve_mode, sweep_group
@@ -141,7 +142,7 @@ def test_crashed_run_is_read_and_marked(sweep):
 
 def test_report_files(sweep, tmp_path):
     out = tmp_path / "R"
-    assert report.main([str(sweep), "--out", str(out)]) == 0
+    assert report_cli.main([str(sweep), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     for title in ("resnet / mnist5k — top1 ≥ 0.9\n", "resnet / mnist5k — top1 ≥ 0.95", "transformer / mnist5k"):
         assert title in md
@@ -155,7 +156,7 @@ def test_report_files(sweep, tmp_path):
         assert data.startswith(PNG) and len(data) > 5000, fig
         assert f"({slug}_{fig}.png)" in md
     assert (out / "comparison.csv").read_text().count("\n") == 1 + 5 + 1 + 1  # header + series of 3 groups
-    assert report.main([str(tmp_path / "nothing-here")]) == 2
+    assert report_cli.main([str(tmp_path / "nothing-here")]) == 2
 
 
 def test_seed_band_and_step_rows(sweep):

@@ -89,7 +89,7 @@ def finished(finished_run) -> Path:
 
 def report(args: list[str], capsys) -> tuple[int, str]:
     """``wagma-bench report ARGS`` in this process (its stderr)."""
-    from wagma_bench.analysis.report import main
+    from wagma_bench.cli.report import main
 
     code = main(args)
     return code, capsys.readouterr().err

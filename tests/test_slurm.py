@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, local_clusters, standin_partition
+from wagma_bench.cli import sweep as sweep_cli
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
@@ -134,8 +135,8 @@ def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsy
         sweep.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
     assert len(polls) in (3, 4) and all(b - a >= 0.4 for a, b in itertools.pairwise(polls)), polls
     assert capsys.readouterr().err.count("0 pending, 1 running") == 1  # unchanged: not repeated off a terminal
-    assert sweep.main(["wait", str(tmp_path), "--interval"]) == 2
-    assert sweep.main(["wait", str(tmp_path), "--timeout=soon"]) == 2
+    assert sweep_cli.main(["wait", str(tmp_path), "--interval"]) == 2
+    assert sweep_cli.main(["wait", str(tmp_path), "--timeout=soon"]) == 2
     assert "--interval SECONDS" in capsys.readouterr().err
 
 
@@ -205,7 +206,7 @@ def test_sweep_runs_to_completion_and_reports(tmp_path, slurm):
         s = summary(out / run["run_dir"])
         # max_steps is rounded up to the optimizer's synchronisation period (wagma: tau)
         assert s["world_size"] == 4 and s["steps"] >= 20 and s["restarts"] == 0
-    from wagma_bench.analysis.report import main as report_main
+    from wagma_bench.cli.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0
     text = next((tmp_path / "report").glob("*.md")).read_text()
@@ -234,7 +235,7 @@ def test_job_array(tmp_path, slurm, monkeypatch, capsys):
     (job_id,) = sweep.submit(out)
     calls = _count_slurm_calls(monkeypatch)
     t0 = time.monotonic()
-    assert sweep.main(["wait", str(out), "--interval", "2", "--timeout=600"]) == 0
+    assert sweep_cli.main(["wait", str(out), "--interval", "2", "--timeout=600"]) == 0
     polls = (time.monotonic() - t0) / 2 + 1
     progress = capsys.readouterr().err.splitlines()
     # one squeue for the whole sweep per interval, never a call per job

@@ -177,7 +177,7 @@ def _one_line_naming(stderr: str, link: Path) -> None:
 
 
 def test_report_refuses_planted_links(tmp_path, capsys):
-    from wagma_bench.analysis.report import main
+    from wagma_bench.cli.report import main
 
     runs = tmp_path / "runs"
     write_run(runs / "a", "allreduce", 1, [(10, 5.0, 0.5), (20, 10.0, 0.95)])

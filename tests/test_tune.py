@@ -15,6 +15,7 @@ import pytest
 
 from tests.cli_util import BIN
 from wagma_bench.analysis import tuning
+from wagma_bench.cli import tune as tune_cli
 from wagma_bench.config import search_space
 from wagma_bench.errors import ConfigError
 from wagma_bench.runtime import tune
@@ -278,7 +279,7 @@ def test_optimizer_changes_reads_the_trials_start_times(tmp_path):
                                                            "space wagma.yaml of optimizer=wagma; leave it out")),
 ])
 def test_bad_tune_arguments_are_refused(argv, message, capsys):
-    assert tune.main(argv) == 2
+    assert tune_cli.main(argv) == 2
     assert message in capsys.readouterr().err
 
 
@@ -335,10 +336,10 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
     events = {p: p.read_bytes() for p in (out / "trials").glob("*/events.jsonl")}
     capsys.readouterr()
     # the same command again (in this process: a finished trial is skipped before any run starts)
-    assert tune.main([*TINY, "optimizer=allreduce,wagma", "tune.trials=1", "tune.studies=1", "--out", str(out)]) == 0
+    assert tune_cli.main([*TINY, "optimizer=allreduce,wagma", "tune.trials=1", "tune.studies=1", "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("finished earlier") == 2
     assert {p: p.read_bytes() for p in events} == events  # nothing trained twice
-    from wagma_bench.analysis.report import main as report_main
+    from wagma_bench.cli.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
@@ -365,7 +366,7 @@ def test_another_tuning_into_the_same_directory_is_refused(tmp_path):
 
 def test_cluster_mode_renders_the_trials_as_a_sweep(tmp_path):
     out = tmp_path / "tune"
-    assert tune.main(["cluster=generic4", "gpus=4", "optimizer=allreduce,local_sgd", "tune.trials=2",
+    assert tune_cli.main(["cluster=generic4", "gpus=4", "optimizer=allreduce,local_sgd", "tune.trials=2",
                       "tune.studies=1", "--dry-run", "--out", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["runs"]) == 4 and all(r["run_dir"].startswith("trials/") for r in manifest["runs"])
@@ -465,7 +466,7 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     ("space.lr_multiplier.high", "a search-space override is space.KEY.FIELD=VALUE"),
 ])
 def test_bad_space_overrides_are_refused_before_any_trial(override, message, tmp_path, capsys):
-    assert tune.main(["workload=resnet", "optimizer=wagma", "tune.trials=1", "tune.studies=1", override,
+    assert tune_cli.main(["workload=resnet", "optimizer=wagma", "tune.trials=1", "tune.studies=1", override,
                       "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert message in err, err

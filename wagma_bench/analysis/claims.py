@@ -28,26 +28,23 @@ A prediction is shown beside the measurement and never enters the verdict.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from wagma_bench import exits
 from wagma_bench.analysis import drift, intervals
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import load_trials, optimizer_changes, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.files import SymlinkRefused, atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -545,30 +542,3 @@ def update_readme(path: Path, results: list[dict]) -> None:
     new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), check_readme(path))
     atomic_write(path, lambda f: f.write(new))
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="wagma-bench claims", fromfile_prefix_chars="@",
-        description="The papers' claims: measured here with intervals, predicted at scale, and a verdict.")
-    parser.add_argument("dirs", nargs="+", type=Path,
-                        help="tuning directories, simulator outputs, or folders holding them (@FILE: one per line)")
-    parser.add_argument("--out", type=Path, required=True, help="where claims.md and claims.json go")
-    parser.add_argument("--claims", type=Path, default=CLAIMS_FILE, help="the claims file (reproduce/claims.yaml)")
-    parser.add_argument("--readme", type=Path, default=None,
-                        help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
-    args = parser.parse_args(argv)
-    try:
-        if args.readme:
-            check_readme(args.readme)
-        results = make_claims(args.dirs, args.out, args.claims)
-        if args.readme:
-            update_readme(args.readme, results)
-    except (ConfigError, FileNotFoundError, SymlinkRefused) as err:  # bad input: refused, as in every command
-        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-    except OSError as err:  # a full or read-only disk: an operational failure (files.atomic_write left no half file)
-        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
-        return exits.FAILED
-    counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in VERDICTS)
-    print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
-    return 0

@@ -19,7 +19,6 @@ Conventions (MLPerf's where it has one):
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import statistics
@@ -30,12 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench import exits
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.record.events import EVENTS, RunEvents
-from wagma_bench.record.files import SymlinkRefused, read_jsonl, write_text_atomic
+from wagma_bench.record.files import read_jsonl, write_text_atomic
 from wagma_bench.record.rundir import live_holder
 
 REFERENCE = "allreduce"
@@ -708,42 +706,3 @@ def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity:
 def _cell(v: Any) -> Any:
     return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
 
-
-# --- CLI ---------------------------------------------------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench report",
-                                     description="Time-to-accuracy tables and figures over run or sweep directories.")
-    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
-    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
-    parser.add_argument("--mllog", action="store_true",
-                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
-    parser.add_argument("--wandb-project", default="wagma-bench")
-    parser.add_argument("--wandb-entity", default=None)
-    parser.add_argument("--wandb-group", default=None)
-    parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
-                        help="auto: online with an API key, else offline")
-    args = parser.parse_args(argv)
-    try:
-        report, groups, tuned = make_report(args.dirs, args.out)
-    except (FileNotFoundError, SymlinkRefused) as err:
-        print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-    except OSError as err:  # a full or read-only disk: nothing half-written is left (files.atomic_write)
-        print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return exits.FAILED
-    if args.mllog:
-        from wagma_bench.record.mlperf import write_mllog
-
-        written = [p for p in (write_mllog(r.path) for g in groups for r in g.runs) if p]
-        print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")
-    n_runs = sum(len(g.runs) for g in groups)
-    marked = sum(r.partial for g in groups for r in g.runs)
-    print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"
-          + (f", {marked} half-written (marked)" if marked else "")
-          + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
-    if args.wandb:
-        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode,
-                     tuned)
-    return 0

@@ -29,12 +29,12 @@ commands:
 
 # every command but `run`: the module whose main(argv) it is, imported only when named
 COMMANDS = {
-    "comm-bench": "wagma_bench.runtime.commbench",
-    "sweep": "wagma_bench.runtime.sweep",
-    "tune": "wagma_bench.runtime.tune",
-    "report": "wagma_bench.analysis.report",
+    "comm-bench": "wagma_bench.cli.commbench",
+    "sweep": "wagma_bench.cli.sweep",
+    "tune": "wagma_bench.cli.tune",
+    "report": "wagma_bench.cli.report",
     "simulate": "wagma_bench.cli.simulate",
-    "claims": "wagma_bench.analysis.claims",
+    "claims": "wagma_bench.cli.claims",
 }
 
 

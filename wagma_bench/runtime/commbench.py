@@ -43,8 +43,7 @@ from pathlib import Path
 
 import torch
 
-from wagma_bench import exits
-from wagma_bench.record.files import OUTPUT_HINT, refuse_link, write_text_atomic
+from wagma_bench.record.files import write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"
@@ -313,38 +312,25 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
         comm.close()
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
-    parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
-                        help=f"message sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
-    parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
-    parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
-    args = parser.parse_args(argv)
-    sizes = args.sizes
-    if args.nproc < 1 or args.repeats < 1:
-        parser.error("--nproc and --repeats must be >= 1")
-    if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
-        parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
-    if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
-        print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
-        return exits.REFUSED
+def bench(nproc: int, sizes: list[int], repeats: int, comm_name: str, device: str, out: Path,
+          argv: list[str]) -> int:
+    """Measure and report: under an MPI launcher as its rank, under none by starting ``mpiexec`` with the same
+    ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from the rank server. The arguments were
+    checked by the command (:mod:`wagma_bench.cli.commbench`)."""
     from wagma_bench.runtime.launch import detect_world
 
     world = detect_world()
-    if args.comm == "mpi":
+    if comm_name == "mpi":
         if world is None:  # start ourselves under the MPI library's mpiexec
             mpiexec = Path(sys.executable).parent / "mpiexec"
-            cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.nproc), sys.executable, "-m",
+            cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(nproc), sys.executable, "-m",
                    "wagma_bench", "comm-bench", *argv]
             return subprocess.call(cmd)
         from wagma_bench.comm.mpi import MpiComm
 
         comm = MpiComm.init(timeout_s=300.0, device=torch.device("cpu"))
         try:
-            run_and_report(comm, sizes, args.repeats, args.out)
+            run_and_report(comm, sizes, repeats, out)
         finally:
             comm.close()
         return 0
@@ -357,7 +343,7 @@ def main(argv: list[str]) -> int:
     # server starts: the server, started by exec, inherits no thread and no socket of it.
     store = serve_store(listen_for_store("127.0.0.1", 0), timeout_s=120.0)
     start_rank_server()  # the ranks are forked from it, torch imported once
-    mp.start_processes(_rank_main, args=(args.nproc, store.port, {"sizes": sizes, "repeats": args.repeats,
-                                                                    "out": args.out, "device": args.device}),
-                       nprocs=args.nproc, start_method="forkserver")
+    mp.start_processes(_rank_main, args=(nproc, store.port, {"sizes": sizes, "repeats": repeats, "out": out,
+                                                               "device": device}),
+                       nprocs=nproc, start_method="forkserver")
     return 0

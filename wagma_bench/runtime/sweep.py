@@ -43,13 +43,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.cluster import ClusterProfile, load_profile
-from wagma_bench.config.overrides import CommandParser, unknown_option_message
+from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic, write_text_atomic
-from wagma_bench.runtime.runs import exit_code
 from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
@@ -524,74 +523,3 @@ def _minutes(limit: str) -> tuple[int, int]:
     h, m, s = parts
     return int(days or 0) * 24 + h, m + (1 if s else 0)
 
-
-# --- command line -----------------------------------------------------------------------------------------
-
-USAGE = __doc__.split("\n\n")[1]
-
-
-def main(argv: list[str]) -> int:
-    return exit_code("sweep", _main, argv)
-
-
-def _wait_command(argv: list[str]) -> int:
-    """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
-    parser = CommandParser("wagma-bench sweep wait",
-                           "wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]")
-    parser.add_argument("dir", type=Path)
-    parser.add_argument("--interval", type=float, default=30.0)
-    parser.add_argument("--timeout", type=float, default=None)
-    ns = parser.parse_args(argv)
-    if not ns.interval > 0:
-        raise ConfigError(f"--interval={ns.interval:g} is not allowed; it must be a number of seconds > 0")
-    rows = wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
-    print(format_rows(rows))
-    return 0
-
-
-def _main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    if argv[0] == "wait":
-        return _wait_command(argv[1:])
-    if argv[0] in ("submit", "status"):
-        if len(argv) != 2:
-            raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
-        sweep_dir = Path(argv[1])
-        if argv[0] == "submit":
-            print("\n".join(submit(sweep_dir)))
-        else:
-            print(format_rows(status(sweep_dir)))
-        return 0
-    parser = CommandParser("wagma-bench sweep", USAGE)
-    parser.add_argument("--out")
-    parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
-    for flag in ("--dry-run", "--submit", "--no-array", "--submitit"):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("overrides", nargs="*")
-    ns = parser.parse_args(argv)
-    if ns.dry_run and ns.submit:
-        raise ConfigError("--dry-run and --submit exclude each other")
-    out, show_cfg = ns.out, ns.cfg is not None
-    spec = parse_spec(ns.overrides)
-    if show_cfg:
-        print_configs(spec, expand(spec))
-        return 0
-    if ns.submitit:
-        check_run_configs(spec, expand(spec))
-        for gpus in spec.gpus:
-            print(shlex.join(submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
-        return 0
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
-    t0 = time.perf_counter()
-    manifest = render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv])
-    print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
-          f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
-    if ns.submit:
-        ids = submit(out_dir)
-        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
-    else:
-        print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
-    return 0

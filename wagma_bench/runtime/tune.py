@@ -42,16 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench import exits
 from wagma_bench.analysis.tuning import (
     PLAN,
     TRIALS,
-    TUNING,
     Trial,
     describe,
-    format_scores,
     outcome,
-    write_scores,
     yaml_value,
 )
 from wagma_bench.config.overrides import CommandParser
@@ -62,7 +58,6 @@ from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import OUTPUT_HINT, open_run_file, run_subdir, write_json_atomic
 from wagma_bench.runtime.reference import VERSION as REFERENCE_VERSION
 from wagma_bench.runtime.reference import reference_s
-from wagma_bench.runtime.runs import exit_code
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
 CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array"}
@@ -364,48 +359,3 @@ def _interrupt_when_parent_dies() -> None:
 
 USAGE = __doc__.split("\n\n")[1]
 
-
-def main(argv: list[str]) -> int:
-    try:
-        return exit_code("tune", _main, argv, also=((TuneInterrupted, exits.INTERRUPTED),))
-    except KeyboardInterrupt:  # between trials
-        print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
-        return exits.INTERRUPTED
-
-
-def _main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    if argv[0] == "score":
-        if len(argv) != 2:
-            raise ConfigError("usage: wagma-bench tune score DIR")
-        result = write_scores(Path(argv[1]))
-        print(f"{format_scores(result)}\nwrote {Path(argv[1]) / TUNING}")
-        return 0
-    args = parse_args(argv)
-    spec, trials, raws = make_plan(args)
-    write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])
-    if args.cluster:
-        return _render(args, spec, trials, argv)
-    run_local(args, spec, trials, raws)
-    result = write_scores(args.out)
-    print(f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}")
-    return 0
-
-
-def _render(args: TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
-    """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
-    from wagma_bench.runtime import sweep
-
-    runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in run_order(trials, args.seed)]
-    manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
-                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
-    print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
-    if "--submit" in args.flags:
-        ids = sweep.submit(args.out)
-        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
-              f"then: wagma-bench tune score {args.out}")
-    else:
-        print(f"submit: wagma-bench sweep submit {args.out}; then wagma-bench tune score {args.out}")
-    return 0

@@ -1,0 +1,41 @@
+"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE]``: the papers' claims, measured here with
+intervals, predicted at scale, and a verdict (:mod:`wagma_bench.analysis.claims` does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from wagma_bench import exits
+from wagma_bench.analysis import claims
+from wagma_bench.errors import ConfigError
+from wagma_bench.record.files import SymlinkRefused
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="wagma-bench claims", fromfile_prefix_chars="@",
+        description="The papers' claims: measured here with intervals, predicted at scale, and a verdict.")
+    parser.add_argument("dirs", nargs="+", type=Path,
+                        help="tuning directories, simulator outputs, or folders holding them (@FILE: one per line)")
+    parser.add_argument("--out", type=Path, required=True, help="where claims.md and claims.json go")
+    parser.add_argument("--claims", type=Path, default=claims.CLAIMS_FILE, help="the claims file (reproduce/claims.yaml)")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
+    args = parser.parse_args(argv)
+    try:
+        if args.readme:
+            claims.check_readme(args.readme)
+        results = claims.make_claims(args.dirs, args.out, args.claims)
+        if args.readme:
+            claims.update_readme(args.readme, results)
+    except (ConfigError, FileNotFoundError, SymlinkRefused) as err:  # bad input: refused, as in every command
+        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
+        return exits.REFUSED
+    except OSError as err:  # a full or read-only disk: an operational failure (files.atomic_write left no half file)
+        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
+        return exits.FAILED
+    counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in claims.VERDICTS)
+    print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
+    return 0

@@ -1,0 +1,34 @@
+"""``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data plane's
+collectives timed (:mod:`wagma_bench.runtime.commbench` does the work; its docstring says what is measured)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from wagma_bench import exits
+from wagma_bench.record.files import OUTPUT_HINT, refuse_link
+from wagma_bench.runtime import commbench
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=commbench.__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
+    parser.add_argument("--sizes", type=commbench.parse_sizes, default=commbench.DEFAULT_SIZES,
+                        help=f"message sizes (default {commbench.DEFAULT_SIZES})")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
+    parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
+    parser.add_argument("--out", type=Path, default=Path("comm-bench.json"), help="JSON output file")
+    args = parser.parse_args(argv)
+    if args.nproc < 1 or args.repeats < 1:
+        parser.error("--nproc and --repeats must be >= 1")
+    if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
+        parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
+    if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
+        print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
+        return exits.REFUSED
+    return commbench.bench(args.nproc, args.sizes, args.repeats, args.comm, args.device, args.out, argv)

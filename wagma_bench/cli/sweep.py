@@ -1,0 +1,84 @@
+"""``wagma-bench sweep``: render, submit and follow SLURM jobs over GPU counts and options
+(:mod:`wagma_bench.runtime.sweep` does the work; the usage is that module's)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from wagma_bench.config.overrides import CommandParser
+from wagma_bench.errors import ConfigError
+from wagma_bench.runtime import sweep
+from wagma_bench.runtime.runs import exit_code
+
+USAGE = sweep.__doc__.split("\n\n")[1]
+
+
+def main(argv: list[str]) -> int:
+    return exit_code("sweep", _main, argv)
+
+
+def _wait_command(argv: list[str]) -> int:
+    """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
+    parser = CommandParser("wagma-bench sweep wait",
+                           "wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--interval", type=float, default=30.0)
+    parser.add_argument("--timeout", type=float, default=None)
+    ns = parser.parse_args(argv)
+    if not ns.interval > 0:
+        raise ConfigError(f"--interval={ns.interval:g} is not allowed; it must be a number of seconds > 0")
+    rows = sweep.wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
+    print(sweep.format_rows(rows))
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] == "wait":
+        return _wait_command(argv[1:])
+    if argv[0] in ("submit", "status"):
+        if len(argv) != 2:
+            raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
+        sweep_dir = Path(argv[1])
+        if argv[0] == "submit":
+            print("\n".join(sweep.submit(sweep_dir)))
+        else:
+            print(sweep.format_rows(sweep.status(sweep_dir)))
+        return 0
+    parser = CommandParser("wagma-bench sweep", USAGE)
+    parser.add_argument("--out")
+    parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
+    for flag in ("--dry-run", "--submit", "--no-array", "--submitit"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    ns = parser.parse_args(argv)
+    if ns.dry_run and ns.submit:
+        raise ConfigError("--dry-run and --submit exclude each other")
+    out, show_cfg = ns.out, ns.cfg is not None
+    spec = sweep.parse_spec(ns.overrides)
+    if show_cfg:
+        sweep.print_configs(spec, sweep.expand(spec))
+        return 0
+    if ns.submitit:
+        sweep.check_run_configs(spec, sweep.expand(spec))
+        for gpus in spec.gpus:
+            print(shlex.join(sweep.submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
+        return 0
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
+    t0 = time.perf_counter()
+    manifest = sweep.render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv])
+    print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
+          f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
+    if ns.submit:
+        ids = sweep.submit(out_dir)
+        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
+    else:
+        print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
+    return 0

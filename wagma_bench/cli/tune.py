@@ -1,0 +1,59 @@
+"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset (:mod:`wagma_bench.runtime.tune`
+plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them; the usage is that module's)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from wagma_bench import exits
+from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, format_scores, write_scores
+from wagma_bench.errors import ConfigError
+from wagma_bench.runtime import tune
+from wagma_bench.runtime.runs import exit_code
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return exit_code("tune", _main, argv, also=((tune.TuneInterrupted, exits.INTERRUPTED),))
+    except KeyboardInterrupt:  # between trials
+        print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
+        return exits.INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(tune.USAGE)
+        return 0
+    if argv[0] == "score":
+        if len(argv) != 2:
+            raise ConfigError("usage: wagma-bench tune score DIR")
+        result = write_scores(Path(argv[1]))
+        print(f"{format_scores(result)}\nwrote {Path(argv[1]) / TUNING}")
+        return 0
+    args = tune.parse_args(argv)
+    spec, trials, raws = tune.make_plan(args)
+    tune.write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])
+    if args.cluster:
+        return _render(args, spec, trials, argv)
+    tune.run_local(args, spec, trials, raws)
+    result = write_scores(args.out)
+    print(f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}")
+    return 0
+
+
+def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
+    """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
+    from wagma_bench.runtime import sweep
+
+    runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in tune.run_order(trials, args.seed)]
+    manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
+                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
+    print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
+    if "--submit" in args.flags:
+        ids = sweep.submit(args.out)
+        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
+              f"then: wagma-bench tune score {args.out}")
+    else:
+        print(f"submit: wagma-bench sweep submit {args.out}; then wagma-bench tune score {args.out}")
+    return 0
