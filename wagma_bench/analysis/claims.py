@@ -23,7 +23,10 @@ Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim say
 - **holds** when the whole interval is above t and every comparator was measured.
 - **inconclusive** otherwise: the interval contains t, a comparator has no data, or the subject has none.
 
-A prediction is shown beside the measurement and never enters the verdict.
+A claim on a final metric may compare by difference instead (``compare: difference``: subject minus best, for
+metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its speed
+reference (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`), and how often the trials' order changed
+optimizer; neither decides. A prediction is shown beside the measurement and never enters the verdict.
 """
 
 from __future__ import annotations
@@ -332,7 +335,8 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
 
 
 def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
-    """The speed-up again with every trial's figures scaled by its speed reference (:mod:`..drift`): beside the
+    """The speed-up again with every trial's figures scaled by its speed reference
+    (:mod:`wagma_bench.analysis.drift`): beside the
     raw verdict, never deciding it. ``speedup`` is None where a finished trial has no reference."""
     median, with_ref, finished = drift_reference(tune_dir)
     out = {"median_reference_s": median, "trials_with_reference": with_ref, "trials_finished": finished,

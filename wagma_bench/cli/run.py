@@ -87,9 +87,10 @@ def run_help(overrides: list[str]) -> str:
             f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
 
 
-# Exit codes of `wagma-bench run`: 0 a run that ended by its rules (completed, time limit, preempted), or a
-# rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank started
-# (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss).
+# Exit codes of `wagma-bench run` (wagma_bench/exits.py): 0 a run that ended by its rules (completed, time limit,
+# preempted), or a rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank
+# started (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss);
+# 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
 
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
 LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
@@ -112,7 +113,7 @@ def _lock_run_dir(run_dir: Path) -> None:
         _fail(str(err), exits.REFUSED)
     except OSError as err:  # a read-only or full file system, no permission: before anything ran
         _fail(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
-              "hydra.run.dir", 2)
+              "hydra.run.dir", exits.REFUSED)
     _LOCKS[key] = lock
 
 
@@ -242,7 +243,8 @@ def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
 def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; after
     SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
-    :data:`wagma_bench.exits.DIVERGED` and one line saying where and why (under -m the line is printed and the sweep goes on)."""
+    :data:`wagma_bench.exits.DIVERGED` and one line saying where and why (under -m the line is printed and the
+    sweep goes on)."""
     from hydra.core.hydra_config import HydraConfig
 
     summary_path = run_dir / "summary.json"
