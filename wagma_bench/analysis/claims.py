@@ -204,12 +204,10 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> d
 
 def drift_reference(tune_dir: Path) -> tuple[float | None, int, int]:
     """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
-    unless every finished trial has a reference (a drift adjustment of some trials only would mix two scales)."""
+    unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
     _, _, summaries = load_trials(tune_dir)
     finished = [s for s in summaries.values() if trial_finished(s)]
-    with_ref = [s for s in finished if drift.has_reference(s)]
-    median = drift.median_reference(with_ref) if finished and len(with_ref) == len(finished) else None
-    return median, len(with_ref), len(finished)
+    return drift.tuning_median(finished), sum(map(drift.has_reference, finished)), len(finished)
 
 
 def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) -> tuple[float, intervals.Dist]:

@@ -28,6 +28,12 @@ def median_reference(summaries: Iterable[dict | None]) -> float | None:
     return float(statistics.median(refs)) if refs else None
 
 
+def tuning_median(finished: list[dict]) -> float | None:
+    """The median reference of a tuning's finished trials, or None unless every one of them has a reference (a
+    drift adjustment of some trials only would mix two scales)."""
+    return median_reference(finished) if finished and all(map(has_reference, finished)) else None
+
+
 def has_reference(summary: dict | None) -> bool:
     return bool(summary) and _positive(summary.get(REFERENCE))
 

@@ -159,9 +159,7 @@ def score(tune_dir: Path) -> dict:
     """Score every combination of a tuning directory from its trials' run directories."""
     plan, combos, all_summaries = load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
-    finished = [s for s in all_summaries.values() if trial_finished(s)]
-    median_ref = (drift.median_reference(finished) if finished and all(map(drift.has_reference, finished))
-                  else None)
+    median_ref = drift.tuning_median([s for s in all_summaries.values() if trial_finished(s)])
     entries = []
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}

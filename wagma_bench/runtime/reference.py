@@ -12,7 +12,7 @@ The workload is the same code at the same size everywhere (a convolution's forwa
 matrix product, in torch, on one thread, from fixed inputs): what the trials spend their time on. It is timed
 on the wall clock, so that a process competing for the cores slows it as it slows a trial. Each reading is the
 median of :data:`REPEATS` repeats of about 0.1 s on this 2-core machine; a change to the workload changes
-:data:`VERSION`, and readings of different versions are not compared.
+:data:`VERSION` (each trial records it as ``reference_version``), so readings of two versions can be told apart.
 """
 
 from __future__ import annotations
