@@ -14,12 +14,12 @@ unfinished trial is not copied and runs again from its start.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 from wagma_bench.analysis.tuning import PLAN, TRIALS, TUNING, load_trials, trial_finished
 from wagma_bench.record.events import EVENTS, SUMMARY
+from wagma_bench.record.files import OUTPUT_HINT, atomic_write, run_subdir
 
 KEPT = (SUMMARY, EVENTS)
 
@@ -27,19 +27,25 @@ KEPT = (SUMMARY, EVENTS)
 def compact(src: Path, dest: Path) -> tuple[int, int]:
     """(trials copied, trials planned)."""
     _, combos, summaries = load_trials(src)
-    dest.mkdir(parents=True, exist_ok=True)
+    run_subdir(dest, OUTPUT_HINT)
     for name in (PLAN, TUNING):
         if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
+            _copy(src / name, dest / name)
     copied = 0
     for name, summary in summaries.items():
         if not trial_finished(summary):
             continue
-        (dest / TRIALS / name).mkdir(parents=True, exist_ok=True)
+        run_subdir(dest / TRIALS / name, OUTPUT_HINT)
         for f in KEPT:
-            shutil.copy2(src / TRIALS / name / f, dest / TRIALS / name / f)
+            _copy(src / TRIALS / name / f, dest / TRIALS / name / f)
         copied += 1
     return copied, sum(len(t) for t in combos.values())
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """Atomically, and never through a link planted at ``dest`` (the project's writer)."""
+    data = src.read_bytes()
+    atomic_write(dest, lambda f: f.write(data), binary=True)
 
 
 if __name__ == "__main__":
