@@ -85,10 +85,7 @@ class CtrlC:
             print(f"wagma-bench: {signal.Signals(signum).name}: every rank checkpoints at its next synchronisation "
                   "point and the run stops (resumable)", file=sys.stderr, flush=True)
             self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
-        for process in self.processes:
-            if process.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGTERM)
+        self._send(signal.SIGTERM)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
@@ -102,10 +99,14 @@ class CtrlC:
                   "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
         elif self.kill_at is None:
             self.kill_at = time.monotonic() + GRACE_S
+        self._send(self.signal)
+
+    def _send(self, sig: int) -> None:
+        """``sig`` to every rank still running."""
         for process in self.processes:
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, self.signal)
+                    os.kill(process.pid, sig)
 
     def overdue(self) -> bool:
         return self.kill_at is not None and time.monotonic() > self.kill_at
