@@ -22,7 +22,7 @@ def test_every_algorithm_declares_its_class_attributes():
 
 def _evaluate_after_a_step(comm, with_buffers: bool):
     from wagma_bench.optim.allreduce import AllreduceSGD
-    from wagma_bench.train.trainer import EvalModel
+    from wagma_bench.train.state import EvalModel
 
     torch.manual_seed(comm.rank)  # different data on every rank
     layers = [nn.Linear(4, 4), nn.BatchNorm1d(4)] if with_buffers else [nn.Linear(4, 4)]

@@ -15,7 +15,7 @@ from wagma_bench.imbalance import (
     SharedDrawImbalance,
 )
 from wagma_bench.record.events import summarize
-from wagma_bench.train.trainer import make_local_optimizer
+from wagma_bench.train.state import make_local_optimizer
 
 
 def test_linear_scaling_rule_and_paper_resnet50_schedule():
@@ -144,8 +144,8 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
     """The trainer evaluates at sync points only, at the first one at or after each multiple of eval_every (the
     oracle: each grid point rounded up to the sync period), and at the end: optimizers of other sync periods
     are evaluated within one period of the same rounds, not every eval_every-rounded-up rounds."""
+    from wagma_bench.config.plan import RunPlan
     from wagma_bench.config.schedules import round_up
-    from wagma_bench.train.trainer import RunPlan
 
     plan = RunPlan(sync, 100, total, every, sync, {})
     evals, next_eval = [], plan.eval_every
@@ -161,7 +161,7 @@ def test_a_budget_rounded_to_the_sync_period_is_said_in_the_budget_line():
     """train.max_steps=5 under a period of 10,000 trains to the first synchronisation point, never silently."""
     from types import SimpleNamespace
 
-    from wagma_bench.train.trainer import RunPlan
+    from wagma_bench.config.plan import RunPlan
 
     cfg = SimpleNamespace(train=SimpleNamespace(max_steps=5, epochs=90.0, time_limit_s=None),
                           eval=SimpleNamespace(target=None, stop_at_target=True))

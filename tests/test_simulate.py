@@ -438,7 +438,7 @@ def test_control_exchange_size_is_the_trainers_control_tensor():
     import dataclasses
 
     from wagma_bench.simulate.des import CONTROL_BYTES
-    from wagma_bench.train.trainer import ControlFlags
+    from wagma_bench.train.state import ControlFlags
 
     assert CONTROL_BYTES == ControlFlags().to_tensor("cpu").nbytes == 8 * len(dataclasses.fields(ControlFlags))
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from wagma_bench.record.files import read_jsonl
-from wagma_bench.train.trainer import ControlFlags, TrainState
+from wagma_bench.train.state import ControlFlags, TrainState
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wagma_bench"
 MAX_FUNCTION_LINES = 80

@@ -224,7 +224,7 @@ class Evaluation:
 @dataclass(frozen=True)
 class RunStart:
     """What ``run_start`` says about a run: its identity, and every value derived from its config that a
-    reader would otherwise recompute (the trainer computes each once, see ``trainer.run_start_fields``).
+    reader would otherwise recompute (the trainer computes each once, see ``provenance.run_start_fields``).
 
     A field a run logged before it existed reads as None; the derived values that can be recomputed from
     the logged config fall back to that (``base_lr``, ``nodes``, ``ranks_per_node``), the model size does

@@ -174,7 +174,7 @@ class SimConfig:
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
-    """Model-sized tensors the rank-local optimizer keeps (``trainer.make_local_optimizer``): SGD one momentum
+    """Model-sized tensors the rank-local optimizer keeps (``train.state.make_local_optimizer``): SGD one momentum
     buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them too."""
     if local_optimizer == "adam":
         return 2

@@ -8,29 +8,25 @@ The clock that every reported time is read from excludes evaluation and checkpoi
 the time spent in the queue).
 
 :meth:`Trainer.train` tells a run in one screen: start or resume, then ``train_step`` until a
-synchronisation point, where the ranks exchange :class:`ControlFlags` in one allreduce and decide to
-evaluate, checkpoint or stop; :meth:`Trainer.finalize` writes the last event and the summary, for every end.
-What a checkpoint carries besides the model and the algorithm is a :class:`TrainState`.
+synchronisation point, where the ranks exchange :class:`~wagma_bench.train.state.ControlFlags` in one
+allreduce and decide to evaluate, checkpoint or stop; :meth:`Trainer.finalize` writes the last event and the
+summary, for every end. What a checkpoint carries besides the model and the algorithm is a
+:class:`~wagma_bench.train.state.TrainState`; the loop's other parts live in their layers: the plan
+(:mod:`wagma_bench.config.plan`), signals (:mod:`wagma_bench.runtime.preemption`), the run's provenance
+(:mod:`wagma_bench.record.provenance`).
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
-import os
-import signal
-import socket
-import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from wagma_bench import __version__
 from wagma_bench.comm.base import Comm
-from wagma_bench.config.schedules import control_period, lr_at, peak_lr, round_up
+from wagma_bench.config.plan import RunPlan
+from wagma_bench.config.schedules import lr_at
 from wagma_bench.config.schema import RunConfig
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.optim import get_optimizer
@@ -39,301 +35,14 @@ from wagma_bench.record.cpu import thread_cpu_s
 from wagma_bench.record.events import SUMMARY, StepLog
 from wagma_bench.record.loggers import event_log_for_run
 from wagma_bench.record.progress import Progress
-from wagma_bench.record.rundir import config_hash
+from wagma_bench.record.provenance import run_start_fields, versions
 from wagma_bench.record.rundir import finalize as write_summary
 from wagma_bench.runtime import partition, startup
-from wagma_bench.runtime.slurm import (
-    EXIT_SIGNALS,
-    FORWARDED_INTERRUPT,
-    INTERRUPT_SIGNALS,
-    REQUEUE_SIGNALS,
-    requeue_job,
-)
-from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, lost_ranks
+from wagma_bench.runtime.preemption import Preemption
+from wagma_bench.runtime.slurm import requeue_job
+from wagma_bench.runtime.supervise import lost_ranks
+from wagma_bench.train.state import Clock, ControlFlags, EvalModel, TrainState, make_local_optimizer
 from wagma_bench.workloads import get_workload
-
-
-@dataclass
-class Clock:
-    """Training time: wall time minus paused spans (evaluation, checkpoints)."""
-
-    train_s: float = 0.0
-    eval_s: float = 0.0
-    wall_s: float = 0.0
-    _mark: float = field(default_factory=time.perf_counter)
-    _wall_mark: float = field(default_factory=time.perf_counter)
-
-    def start(self) -> None:
-        """(Re)start measuring from now; spans before (set-up, time in a queue) are not counted."""
-        self._mark = self._wall_mark = time.perf_counter()
-
-    def tick(self) -> None:
-        now = time.perf_counter()
-        self.train_s += now - self._mark
-        self.wall_s += now - self._wall_mark
-        self._mark = self._wall_mark = now
-
-    def totals(self) -> dict:
-        """The three clocks as the events log them."""
-        return {"train_s": round(self.train_s, 4), "wall_s": round(self.wall_s, 4), "eval_s": round(self.eval_s, 4)}
-
-    def paused(self, into: str | None = None):
-        clock = self
-
-        class _Pause:
-            def __enter__(self):
-                clock.tick()
-
-            def __exit__(self, *exc):
-                now = time.perf_counter()
-                if into == "eval":
-                    clock.eval_s += now - clock._mark
-                clock.wall_s += now - clock._wall_mark
-                clock._mark = clock._wall_mark = now
-
-        return _Pause()
-
-
-def make_local_optimizer(train):
-    """Factory of the rank-local update rule. ``train.grad_clip`` clips the gradient norm right before
-    every local step, i.e. after the algorithm combined gradients (the averaged gradient for
-    Allreduce-SGD, as DD-PPO does; the local gradient for model-averaging algorithms)."""
-
-    def build(params):
-        params = list(params)
-        if train.local_optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
-                                  weight_decay=train.weight_decay)
-        else:
-            opt = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
-                                    weight_decay=train.weight_decay)
-        if train.grad_clip:
-            def clip(*_):
-                torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
-
-            opt.register_step_pre_hook(clip)
-        return opt
-
-    return build
-
-
-def git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5, check=False)
-        sha = out.stdout.strip()
-        return sha if out.returncode == 0 and sha else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def versions(comm: Comm) -> dict:
-    out = {"wagma_bench": __version__, "torch": torch.__version__, "comm": comm.backend_name}
-    if comm.backend_name == "nccl":
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    elif comm.backend_name == "mpi":
-        from mpi4py import MPI
-
-        out["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
-        out["mpi4py"] = __import__("mpi4py").__version__
-    return out
-
-
-class EvalModel:
-    """Builds the model that evaluation sees: rank 0's local model, or the global average."""
-
-    def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
-        # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
-        # buffers is evaluated through rank 0's broadcast state even when the parameters are identical.
-        identical = models_identical and not any(b.is_floating_point() for b in model.buffers())
-        self.model, self.mode, self.identical, self.comm = model, mode, identical, comm
-        self._copy = None
-
-    def get(self):
-        if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
-            return self.model
-        if self._copy is None:
-            self._copy = copy.deepcopy(self.model)
-        state = self.model.state_dict()
-        floats = [k for k, v in state.items() if v.is_floating_point()]
-        flat = torch.cat([state[k].reshape(-1) for k in floats])
-        if self.mode == "average":
-            self.comm.allreduce(flat, op="mean")
-        else:
-            self.comm.broadcast(flat, src=0)
-        offset, target = 0, self._copy.state_dict()
-        for k in floats:
-            n = target[k].numel()
-            target[k].copy_(flat[offset:offset + n].view_as(target[k]))
-            offset += n
-        return self._copy
-
-
-class Preemption:
-    """SIGUSR1 / SIGUSR2 / SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the next synchronisation
-    point and stops.
-
-    After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
-    then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.runtime.slurm` for which signal
-    reaches whom). Ctrl-C (SIGINT, or the local launcher's forward of it) ends the run as ``interrupted``; a
-    second Ctrl-C raises KeyboardInterrupt at once (the run's end is still recorded). A SIGINT that the
-    launching process set to be ignored stays ignored: that launcher forwards Ctrl-C itself.
-    """
-
-    def __init__(self):
-        self.signal: int | None = None
-        self.interrupts = 0
-        self.launcher_dir = os.environ.get(LAUNCHER_DIR_ENV)  # a local launcher's: it counts its Ctrl-Cs there
-        for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
-            try:
-                if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:
-                    continue  # the local launcher's ranks: it forwards Ctrl-C as FORWARDED_INTERRUPT
-                signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (tests)
-                pass
-        if launcher_interrupts(self.launcher_dir):  # a Ctrl-C while this rank started, its forward ignored
-            self._handle(FORWARDED_INTERRUPT, None)
-
-    def _handle(self, signum, frame):
-        if signum in (*INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
-            # the launcher's count where it keeps one: a forward that came twice, or not at all, counts right
-            counted = launcher_interrupts(self.launcher_dir) if signum == FORWARDED_INTERRUPT else 0
-            self.interrupts = max(self.interrupts + (counted == 0), counted)
-            if self.interrupts > 1:
-                raise KeyboardInterrupt("stopped at once by a second Ctrl-C")
-        self.signal = signum
-
-    @property
-    def requeue(self) -> bool:
-        return self.signal in REQUEUE_SIGNALS
-
-
-def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
-    """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
-    reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
-
-    Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
-    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field existed."""
-    world = comm.world_size
-    placement = _placement(comm, derived.pop("local_rank"))
-    hosts = sorted({host for host, _ in placement})
-    return dict(
-        workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
-        world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
-        global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
-        eval_samples=workload.eval_size, sync_period=algo.sync_period,
-        # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
-        group_size=algo.group_size,
-        model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
-        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
-        git_sha=git_sha(), versions=versions(comm), hosts=hosts,
-        # where each rank ran, by rank: its host and its rank on that host
-        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
-
-
-@dataclass
-class TrainState:
-    """The loop's counters that a checkpoint carries besides the model and the algorithm (saved as a dict
-    with these keys, so checkpoints written before this class existed still load)."""
-
-    local_step: int = 0          # steps this rank took (its data consumption; may trail the round count)
-    samples_local: int = 0       # samples this rank trained on
-    next_eval: int = 0           # round of the next evaluation
-    best: float | None = None    # best metric so far
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, saved: dict) -> TrainState:
-        return cls(**saved)
-
-
-@dataclass
-class ControlFlags:
-    """What every rank must agree on at a synchronisation point, exchanged in one sum-allreduce: a flag is
-    set when any rank set it; ``samples`` adds up to the samples of all ranks."""
-
-    diverged: bool = False           # a non-finite loss on some rank
-    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM / Ctrl-C) reached some rank
-    samples: int = 0                 # samples trained on (each rank sends its own)
-    checkpoint_due: bool = False     # rank 0: checkpoint.every_s of training time since the last one
-    over_time: bool = False          # rank 0: train.time_limit_s reached
-    requeue: bool = False            # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
-    interrupted: bool = False        # the signal is a Ctrl-C (the run ends as interrupted, not preempted)
-
-    def to_tensor(self, device) -> torch.Tensor:
-        return torch.tensor([float(v) for v in dataclasses.astuple(self)], dtype=torch.float64, device=device)
-
-    @classmethod
-    def from_tensor(cls, summed: torch.Tensor) -> ControlFlags:
-        values = dict(zip((f.name for f in dataclasses.fields(cls)), summed.cpu().tolist()))
-        samples = int(values.pop("samples"))
-        return cls(samples=samples, **{name: v > 0 for name, v in values.items()})
-
-    def exchange(self, comm: Comm) -> ControlFlags:
-        """Every rank's flags combined (collective)."""
-        summed = self.to_tensor(comm.device)
-        comm.allreduce(summed, op="sum")
-        return ControlFlags.from_tensor(summed)
-
-
-@dataclass
-class RunPlan:
-    """The run's lengths in rounds, each a multiple of the sync period, and its learning-rate schedule."""
-
-    sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
-    steps_per_epoch: int
-    total: int                  # rounds to train
-    eval_every: int             # the evaluation grid's spacing in rounds (each evaluation at the first sync point
-                                # at or after a grid point: the same grid for every optimizer)
-    control_every: int          # rounds between exchanges of control flags
-    lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
-    ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
-    epoch_steps: int = 0        # the rounds train.epochs would give
-
-    @classmethod
-    def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
-        t = cfg.train
-        epoch_steps = round_up(math.ceil(t.epochs * steps_per_epoch), sync)
-        # train.max_steps, when set, is the run's length, also beyond train.epochs (which then only shapes the
-        # learning-rate schedule); see TrainConfig
-        ends_by = "epochs" if t.max_steps is None else "max_steps"
-        total = epoch_steps if t.max_steps is None else round_up(t.max_steps, sync)
-        eval_every = cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
-        schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
-                    "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
-                    "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
-                    "milestones": t.milestones, "decay": t.decay}
-        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps)
-
-    def next_eval_after(self, r: int) -> int:
-        """The grid point after an evaluation at round r. Evaluations happen only at sync points, at the first at or
-        after each multiple of ``eval_every``: so optimizers of different sync periods are evaluated within one
-        period of the same rounds (samples), rather than every ``eval_every`` rounded up to each one's period,
-        which drifts apart over a run (every 24 rounds against every 21)."""
-        return (r // self.eval_every + 1) * self.eval_every
-
-    def budget_line(self, cfg: RunConfig) -> str:
-        """Which budget ends the run, said at its start: its length, then what may end it earlier."""
-        t = cfg.train
-        if self.ends_by == "max_steps":
-            length = f"step {self.total} (train.max_steps={t.max_steps}"
-            if self.total != t.max_steps:  # never silently: the budget moved to the next synchronisation point
-                length += (f" rounded up to a multiple of the optimizer's sync period, {self.sync}: a run stops only "
-                           "where the ranks synchronise")
-            if self.total > self.epoch_steps:
-                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
-                           f"learning-rate schedule still spans train.epochs")
-            length += ")"
-        else:
-            length = f"step {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} steps per epoch)"
-        earlier = []
-        if cfg.eval.target is not None and cfg.eval.stop_at_target:
-            earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")
-        if t.time_limit_s is not None:
-            earlier.append(f"at train.time_limit_s={t.time_limit_s:g} s of training time")
-        return f"the run ends at {length}" + (f", or earlier {' or '.join(earlier)}" if earlier else "")
 
 
 def train(cfg: RunConfig, comm: Comm, run_dir: Path, local_rank: int | None = None) -> dict | None:
@@ -687,11 +396,3 @@ def _global_samples(comm: Comm, samples_local: int) -> int:
     t = torch.tensor([float(samples_local)], dtype=torch.float64, device=comm.device)
     comm.allreduce(t, op="sum")
     return int(t.item())
-
-
-def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
-    """Every rank's (host name, rank on its host), by rank (collective)."""
-    name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
-    gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
-    rows = [bytes(row.cpu().tolist()) for row in gathered]
-    return [(row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows]

@@ -1,0 +1,68 @@
+"""Where a run came from, for its ``run_start`` event: the code (git commit, package versions), the hosts and
+every rank's place on them, and the values the trainer derived from the config. Kept with the record so that
+a reader finds what a run logs about itself next to the reader of those events
+(:class:`wagma_bench.record.events.RunStart`)."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+from wagma_bench import __version__
+from wagma_bench.comm.base import Comm
+from wagma_bench.config.schema import RunConfig
+from wagma_bench.record.rundir import config_hash
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5, check=False)
+        sha = out.stdout.strip()
+        return sha if out.returncode == 0 and sha else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+def versions(comm: Comm) -> dict:
+    out = {"wagma_bench": __version__, "torch": torch.__version__, "comm": comm.backend_name}
+    if comm.backend_name == "nccl":
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    elif comm.backend_name == "mpi":
+        from mpi4py import MPI
+
+        out["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+        out["mpi4py"] = __import__("mpi4py").__version__
+    return out
+
+def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
+    """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
+    reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
+
+    Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
+    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field existed."""
+    world = comm.world_size
+    placement = _placement(comm, derived.pop("local_rank"))
+    hosts = sorted({host for host, _ in placement})
+    return dict(
+        workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
+        world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
+        global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
+        eval_samples=workload.eval_size, sync_period=algo.sync_period,
+        # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
+        group_size=algo.group_size,
+        model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
+        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
+        git_sha=git_sha(), versions=versions(comm), hosts=hosts,
+        # where each rank ran, by rank: its host and its rank on that host
+        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
+
+def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
+    """Every rank's (host name, rank on its host), by rank (collective)."""
+    name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
+    gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
+    rows = [bytes(row.cpu().tolist()) for row in gathered]
+    return [(row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows]
