@@ -4,10 +4,11 @@ resumed `tune` read, without the raw per-rank step logs and checkpoints.
     .venv/bin/python reproduce/tuning/compact.py TUNE_DIR DEST
 
 Kept: `tune.json` (the plan and its command), `tuning.json` (the scores), and per trial `summary.json` (with its
-speed reference and compute imbalance) and `events.jsonl` (run_start's configuration and clock, every
-evaluation). Left out: `steps/rank*.jsonl` (about 130 KB a trial; only `simulate --compute-from` and
-`--calibrate` read them), `checkpoint/`, `logs/`, `.hydra/`, `mllog.txt` (rewritten from the events by
-`report --mllog`). A finished trial copied so is skipped when the same `tune` command runs into DEST again
+speed reference and compute imbalance), `events.jsonl` (run_start's configuration and clock, every
+evaluation) and `steps.json.xz`, the per-rank step records as one compressed columnar table with the fields
+that report and `simulate --compute-from` / `--calibrate` read (wagma_bench/record/steps.py; a fifth of
+the raw `steps/rank*.jsonl`). Left out: the raw step logs, `checkpoint/`, `logs/`, `.hydra/`, `mllog.txt`
+(rewritten from the events by `report --mllog`). A finished trial copied so is skipped when the same `tune` command runs into DEST again
 (its summary and run_start identify it), so a campaign goes on across sessions from what was committed; an
 unfinished trial is not copied and runs again from its start.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from wagma_bench.analysis.tuning import PLAN, TRIALS, TUNING, load_trials, trial_finished
 from wagma_bench.record.events import EVENTS, SUMMARY
 from wagma_bench.record.files import OUTPUT_HINT, atomic_write, run_subdir
+from wagma_bench.record.steps import STEP_TABLE, read_step_records, write_step_table
 
 KEPT = (SUMMARY, EVENTS)
 
@@ -38,6 +40,8 @@ def compact(src: Path, dest: Path) -> tuple[int, int]:
         run_subdir(dest / TRIALS / name, OUTPUT_HINT)
         for f in KEPT:
             _copy(src / TRIALS / name / f, dest / TRIALS / name / f)
+        if read_step_records(src / TRIALS / name):
+            write_step_table(src / TRIALS / name, dest / TRIALS / name / STEP_TABLE)
         copied += 1
     return copied, sum(len(t) for t in combos.values())
 

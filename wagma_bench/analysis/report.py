@@ -33,8 +33,9 @@ from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.record.events import EVENTS, RunEvents
-from wagma_bench.record.files import read_jsonl, write_text_atomic
+from wagma_bench.record.files import write_text_atomic
 from wagma_bench.record.rundir import live_holder
+from wagma_bench.record.steps import read_step_records
 
 REFERENCE = "allreduce"
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
@@ -282,16 +283,11 @@ def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points:
 
 
 def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[int, list[dict]]:
-    """Per-rank step records of a run (evenly thinned to ``limit`` per rank); torn lines skipped."""
+    """Per-rank step records of a run, raw or compact (:mod:`~wagma_bench.record.steps`), evenly thinned to
+    ``limit`` per rank."""
     out = {}
-    for path in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")):
-        m = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
-        if not m:
-            continue
-        recs = read_jsonl(path)
-        if len(recs) > limit:
-            recs = recs[:: math.ceil(len(recs) / limit)]
-        out[int(m.group(1))] = recs
+    for rank, recs in read_step_records(run_dir).items():
+        out[rank] = recs[:: math.ceil(len(recs) / limit)] if len(recs) > limit else recs
     return out
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from wagma_bench.imbalance import RENAMED
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
-from wagma_bench.record.files import read_jsonl
+from wagma_bench.record.steps import read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -87,16 +87,6 @@ class RunFit:
                         source=f"calibrated from {self.path}")
 
 
-def _step_records(run_dir: Path) -> dict[int, list[dict]]:
-    out = {}
-    for f in sorted((run_dir / "steps").glob("rank*.jsonl")):
-        try:
-            out[int(f.stem[4:])] = read_jsonl(f)
-        except ValueError:
-            continue
-    return out
-
-
 def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     """Read one run directory and fit its compute-time distribution and per-step overhead."""
     run_dir = Path(run_dir)
@@ -105,9 +95,9 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     if start is None:
         raise ValueError(f"{run_dir}: no run_start event in {EVENTS}; is this a wagma-bench run directory?")
     meta, config = start.metadata, start.config
-    records = _step_records(run_dir)
+    records = read_step_records(run_dir)
     if not records:
-        raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
+        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or steps.json.gz)")
     compute, overhead, samples, comm = [], [], [], []
     by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
     trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
@@ -145,9 +135,9 @@ def cycle_compute(run_dir: Path) -> list[float]:
     step alone). The unit of the simulator's step, whose presets count a rollout and its update as one.
     Warm-up as in :func:`fit_run` (the first ``SKIP_STEPS + 1`` steps of each rank), a leading partial cycle
     and a trailing one shorter than the rank's longest left out."""
-    records = _step_records(Path(run_dir))
+    records = read_step_records(Path(run_dir))
     if not records:
-        raise ValueError(f"{run_dir}: no steps/rank*.jsonl step records")
+        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or steps.json.gz)")
     pooled: list[float] = []
     for recs in records.values():
         cycles: list[list[float]] = []

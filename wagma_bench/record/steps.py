@@ -1,0 +1,56 @@
+"""A run's per-rank step records, read from either of their two forms.
+
+A run writes ``steps/rank<R>.jsonl`` (:class:`~wagma_bench.record.events.StepLog`: every field a workload
+logs, about 100-170 bytes a step and rank). A committed result keeps instead one compressed, columnar table,
+``steps.json.xz`` (:func:`write_step_table`): per rank, one list per field of :data:`STEP_FIELDS`, the fields
+that the analyses read (report's step-time components, the simulator's calibration), about a seventh of the
+raw size once compressed. :func:`read_step_records` gives the same records from either form, so every analysis
+reads a compact result as it reads the raw one (tests/test_steps.py checks report's and calibration's
+numbers are identical).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+from pathlib import Path
+
+from wagma_bench.record.files import atomic_write, read_jsonl, strict_json
+
+STEPS = "steps"
+STEP_TABLE = "steps.json.xz"
+# What report (compute/delay/comm per rank) and simulate's calibration (the clock, compute, samples, the
+# round a step belongs to) read. A field a rank did not log is stored as null and left out when read back.
+STEP_FIELDS = ("step", "round", "t", "compute_s", "delay_s", "comm_s", "samples")
+_RANK_LOG = re.compile(r"rank(\d+)\.jsonl")
+
+
+def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
+    """Per rank, its step records in the order written: from ``steps/rank<R>.jsonl`` where the run has them
+    (torn lines skipped), else from the compact table, else none."""
+    run_dir = Path(run_dir)
+    logs = {int(m.group(1)): p for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
+            if (m := _RANK_LOG.fullmatch(p.name))}
+    if logs:
+        return {rank: read_jsonl(path) for rank, path in sorted(logs.items())}
+    table = run_dir / STEP_TABLE
+    if not table.is_file():
+        return {}
+    return {int(rank): _rows(columns) for rank, columns in json.loads(lzma.decompress(table.read_bytes())).items()}
+
+
+def write_step_table(run_dir: Path, dest: Path) -> int:
+    """Write ``run_dir``'s step records as ``dest`` (a ``steps.json.xz``), atomically; the number of records.
+    xz rather than gzip: a third smaller on these tables, and its header has no time stamp, so the same
+    records give the same bytes."""
+    records = read_step_records(run_dir)
+    table = {str(rank): {f: [r.get(f) for r in recs] for f in STEP_FIELDS} for rank, recs in records.items()}
+    data = lzma.compress(strict_json(table, separators=(",", ":")).encode(), preset=9 | lzma.PRESET_EXTREME)
+    atomic_write(Path(dest), lambda f: f.write(data), binary=True)
+    return sum(map(len, records.values()))
+
+
+def _rows(columns: dict[str, list]) -> list[dict]:
+    n = len(next(iter(columns.values()), []))
+    return [{f: columns[f][i] for f in STEP_FIELDS if f in columns and columns[f][i] is not None} for i in range(n)]
