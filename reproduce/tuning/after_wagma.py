@@ -32,6 +32,7 @@ from pathlib import Path
 from wagma_bench.analysis.claims import measure, num, speedup, times
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import load_trials, trial_finished
+from wagma_bench.record.steps import read_step_records
 
 ROOT = Path(__file__).resolve().parents[2]
 T = Path("reproduce/tuning")
@@ -94,8 +95,7 @@ def _finished(tune_dir: Path, optimizer: str) -> list[tuple[Path, dict]]:
 
 
 def _comm_ms(run_dir: Path) -> float:
-    waits = [json.loads(line)["comm_s"] for path in sorted((run_dir / "steps").glob("rank*.jsonl"))
-             for line in path.read_text().splitlines() if line.strip()]
+    waits = [rec["comm_s"] for recs in read_step_records(run_dir).values() for rec in recs]
     return 1e3 * statistics.median(waits)
 
 
