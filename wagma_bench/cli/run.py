@@ -190,7 +190,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
         if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
             master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
-        summary = run_rank(raw, str(run_dir), world, master, train_rank)
+        summary = run_rank(run_cfg, str(run_dir), world, master, train_rank)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
             _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
         return summary
@@ -210,7 +210,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
 
     note = f" ({plan.note})" if plan.note else ""
     try:
-        stopped_by = spawn_local(run_cfg.raw, run_dir, plan.nproc, run_cfg.launcher.master_addr,
+        stopped_by = spawn_local(run_cfg, run_dir, plan.nproc, run_cfg.launcher.master_addr,
                                   run_cfg.launcher.master_port, train_rank,
                                   announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
     except ConfigError as err:  # a fixed port in use: before any rank started

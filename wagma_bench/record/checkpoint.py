@@ -146,10 +146,10 @@ def _older_hint(folder: Path) -> str:
 class Checkpointer:
     """One rank's side of the run's checkpoint sets."""
 
-    def __init__(self, run_dir: Path, rank: int, raw_cfg: dict):
+    def __init__(self, run_dir: Path, rank: int, composed: dict):
         self.dir = Path(run_dir) / "checkpoint"
         self.rank = rank
-        self.raw = raw_cfg
+        self.raw = composed
         self._found: tuple[Path, dict] | None = None
 
     # --- resume ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wagma_bench import exits
-from wagma_bench.config.schema import RunConfig, validate
+from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
@@ -365,14 +365,14 @@ def torchrun_attempt_store(timeout_s: float, env=os.environ):
     return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_rank(raw_cfg: dict, run_dir: str, world: World, master: tuple[str, int] | None,
+def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int] | None,
              program: RankProgram) -> dict | None:
     """Entry point of one rank, in a spawned process or under an external launcher: set up its world, then run
     ``program`` (the trainer's ``train``: the command passes it in, so that this layer does not import the
-    one above it)."""
+    one above it). ``cfg`` is the configuration the command checked once, for this world size (a spawned rank
+    gets it pickled): a rank does not check it again."""
     startup.mark("rank")
     startup.mark("imported")
-    cfg = validate(raw_cfg, world.world_size)
     _pin_threads(world.local_world_size)
     watch = None
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
@@ -480,7 +480,7 @@ def stop_rank_server() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str, nproc: int,
+def _spawned_rank(index: int, program: RankProgram, cfg: RunConfig, run_dir: str, nproc: int,
                   master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
                   env: dict | None = None) -> None:
     _ignore_ctrl_c()
@@ -491,7 +491,7 @@ def _spawned_rank(index: int, program: RankProgram, raw_cfg: dict, run_dir: str,
     if heartbeat_dir is not None:
         start_heartbeat(heartbeat_dir, index)
     try:
-        run_rank(raw_cfg, run_dir, World(index, nproc, index, nproc, "local"), master, program)
+        run_rank(cfg, run_dir, World(index, nproc, index, nproc, "local"), master, program)
         _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
         if isinstance(err, ConfigError):  # a setting refused where only a rank can check it (the model's size)
@@ -572,7 +572,7 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int | None,
+def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int | None,
                 program: RankProgram, announce: str = "") -> int | None:
     """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
     import by name) and wait; a rank that fails or hangs ends the others within seconds
@@ -601,16 +601,16 @@ def spawn_local(raw_cfg: dict, run_dir: Path, nproc: int, addr: str, port: int |
                STORE_HOSTED_ENV: "1"}
         context = multiprocessing.get_context("forkserver")
         store = context.Process(target=_serve_store, name="store", args=(
-            store_socket, f"{nonce} {run_dir}", float(raw_cfg["launcher"]["rendezvous_timeout_s"]), os.getpid()))
+            store_socket, f"{nonce} {run_dir}", cfg.launcher.rendezvous_timeout_s, os.getpid()))
         store.start()
         processes = [context.Process(target=_spawned_rank, name=f"rank{index}",
-                                     args=(index, program, raw_cfg, str(run_dir), nproc, master, os.getpid(),
+                                     args=(index, program, cfg, str(run_dir), nproc, master, os.getpid(),
                                            str(heartbeats), env))
                      for index in range(nproc)]
         for process in processes:
             process.start()
         ctrl_c.processes = processes
-        supervise(LocalRanks(processes), heartbeats, hung_after_s=float(raw_cfg["comm"]["timeout_s"]), ctrl_c=ctrl_c)
+        supervise(LocalRanks(processes), heartbeats, hung_after_s=cfg.comm.timeout_s, ctrl_c=ctrl_c)
     finally:
         if ctrl_c is not None:
             ctrl_c.restore()
