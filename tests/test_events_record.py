@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench.analysis import report
+from wagma_bench.analysis import run_records
 from wagma_bench.cli.simulate import samples_to_target
 from wagma_bench.config.schedules import peak_lr
 from wagma_bench.record import mlperf
@@ -59,7 +59,7 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     assert record.torn and [e["key"] for e in record.events] == ["run_start", "eval_accuracy"]
     assert not record.stopped and record.saved_summary is None and record.last_step == 10
     assert [(e.step, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
-    run = report.load_run(d)
+    run = run_records.load_run(d)
     assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
     assert sweep.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "restarts": 0, "reached": None}
 
@@ -77,7 +77,7 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     assert record.summary()["restarts"] == 1 and record.summary()["status"] == "completed"
     assert samples_to_target([str(tmp_path)]) == {"wagma": 20 * 128.0}
     assert sweep.run_progress(d)["restarts"] == 1
-    assert report.load_run(d).problems == []
+    assert run_records.load_run(d).problems == []
     # MLPerf's log keeps the run that produced the final model: the rolled-back evaluation at step 20 goes
     steps = [r.metadata["step_num"] for r in mlperf.mllog_records(record.events) if r.key == "eval_accuracy"]
     assert steps == [10, 20, 30, 40]
@@ -113,7 +113,7 @@ def test_a_directory_without_run_start_is_listed_not_fatal(tmp_path):
     d = write_events(tmp_path / "run", [event("progress", 1, step=5)])
     record = RunEvents.read(d)
     assert record.start is None and record.first_at_target is None and record.evaluations == []
-    assert "no run_start event" in report.load_run(d).problems
+    assert "no run_start event" in run_records.load_run(d).problems
     assert mlperf.mllog_records(record.events) == []
 
 

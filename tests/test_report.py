@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from wagma_bench.analysis import plots, report
+from wagma_bench.analysis import plots, report, run_records, scoring, step_times
 from wagma_bench.cli import report as report_cli
 from wagma_bench.record.events import summarize
 from wagma_bench.record.files import write_json_atomic
@@ -110,8 +110,8 @@ def test_olympic_mean_and_median():
 
 
 def test_time_to_target_table_exact(sweep):
-    runs = [report.load_run(d) for d in report.find_runs([sweep])]
-    groups = report.group_runs(runs)
+    runs = [run_records.load_run(d) for d in run_records.find_runs([sweep])]
+    groups = run_records.group_runs(runs)
     assert set(groups) == {("resnet", "mnist5k", "top1", 0.9), ("resnet", "mnist5k", "top1", 0.95),
                            ("transformer", "mnist5k", "top1", 0.9)}
     rows = rows_by_optimizer(groups[("resnet", "mnist5k", "top1", 0.9)])
@@ -133,7 +133,7 @@ def test_time_to_target_table_exact(sweep):
 
 
 def test_crashed_run_is_read_and_marked(sweep):
-    run = report.load_run(next(sweep.glob("*_sgp_crashed")))
+    run = run_records.load_run(next(sweep.glob("*_sgp_crashed")))
     assert run.partial and run.summary["status"] == "incomplete"
     assert any("torn" in p for p in run.problems) and any("summary.json" in p for p in run.problems)
     assert any("run_stop" in p for p in run.problems)
@@ -166,10 +166,10 @@ def test_seed_band_and_step_rows(sweep):
     xs, med, lo, hi = report.seed_band([([0, 10], [0.0, 10.0]), ([0, 5], [0.0, 0.0])], points=11)
     assert xs[5] == 5.0 and med[5] == 2.5 and (lo[5], hi[5]) == (0.0, 5.0)
     assert xs[-1] == 10.0 and (med[-1], lo[-1], hi[-1]) == (5.0, 0.0, 10.0)  # the shorter seed holds its end
-    run = report.load_run(next(sweep.glob("0_allreduce_s1")))
-    rows = report.step_time_rows([run])
+    run = run_records.load_run(next(sweep.glob("0_allreduce_s1")))
+    rows = step_times.step_time_rows([run])
     assert len(rows) == 2 * 20 * 3
-    s = report.step_time_summary(rows)
+    s = step_times.step_time_summary(rows)
     assert s["slowest_rank"] == 1 and s["compute_median_s"] == 0.1 and s["delay_median_s"] == 0.15
 
 
@@ -354,23 +354,24 @@ def test_failed_and_resumed_runs_status(tmp_path):
     """The launcher's summary.json names a failure the events miss; a resume after run_stop reopens a run."""
     failed = write_run(tmp_path / "failed", "wagma", 1, reach_at(None)[:1], crashed=True)
     write_json_atomic(failed / "summary.json", {"status": "failed", "error": "rank 2 exited with code 1"})
-    run = report.load_run(failed)
+    run = run_records.load_run(failed)
     assert run.summary["status"] == "failed" and run.summary["error"] == "rank 2 exited with code 1"
     assert run.partial and not any("summary.json" in p for p in run.problems)
     resumed = write_run(tmp_path / "resumed", "wagma", 1, reach_at(None))
     with open(resumed / "events.jsonl", "a") as f:
         f.write(json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}}) + "\n")
-    run = report.load_run(resumed)
+    run = run_records.load_run(resumed)
     assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]
 
 
 def test_bleu_under_two_sacrebleu_signatures_is_flagged():
     """Two tokenisations give incomparable BLEU: the report names both instead of comparing silently."""
-    runs = [report.RunRecord(Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
+    runs = [run_records.RunRecord(Path(name), {}, [], {}, [],
+                                  f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
             for name, tok in (("a", "13a"), ("b", "intl"))]
     assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
     assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
-    assert report.signature_lines([report.RunRecord(Path("c"), {}, [], {})]) == []
+    assert report.signature_lines([run_records.RunRecord(Path("c"), {}, [], {})]) == []
 
 
 def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tmp_path):
@@ -416,17 +417,17 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
     plain = _tuned_dir(tmp_path / "plain", "local_sgd", {"outer": "none", "fragments": 1}, periods, [20.0, 30.0])
     streaming = _tuned_dir(tmp_path / "streaming", "local_sgd", {"outer": "nesterov", "fragments": 2}, periods,
                            [25.0, 15.0])
-    section = report.tuned_section([plain, streaming], tmp_path / "out")
+    section = scoring.tuned_section([plain, streaming], tmp_path / "out")
     names = {r["optimizer"]: r["score_s"] for r in section.rows}
     assert names == {"local_sgd (fragments=1, outer=none)": 20.0, "local_sgd (fragments=2, outer=nesterov)": 15.0}
-    profile, problems = report.performance_profile(section.rows)
+    profile, problems = scoring.performance_profile(section.rows)
     assert set(profile) == set(names) and problems == 1
 
 
 def test_a_setting_some_runs_predate_does_not_name_a_variant():
     """A run logged before `fragments` existed ran at its default, which its record does not say: only the
     settings every run has tell the variants apart."""
-    labels = report.variant_labels([("local_sgd", {"outer": "none", "period": 4}),
+    labels = run_records.variant_labels([("local_sgd", {"outer": "none", "period": 4}),
                                     ("local_sgd", {"outer": "nesterov", "period": 4, "fragments": 2}),
                                     ("wagma", {"tau": 3})])
     assert labels == ["outer=none", "outer=nesterov", ""]

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from wagma_bench.analysis.report import load_step_records, step_time_rows, step_time_summary
+from wagma_bench.analysis.step_times import load_step_records, step_time_rows, step_time_summary
 from wagma_bench.record.events import EVENTS, SUMMARY
 from wagma_bench.record.files import read_jsonl
 from wagma_bench.record.steps import STEP_FIELDS, STEP_TABLE, read_step_records, write_step_table

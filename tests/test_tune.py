@@ -159,7 +159,7 @@ def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_too():
 
 
 def test_performance_profile_by_hand():
-    from wagma_bench.analysis.report import performance_profile
+    from wagma_bench.analysis.scoring import performance_profile
 
     rows = [{"workload": w, "data": "d", "world_size": 4, "imbalance": "none", "optimizer": o, "score_s": s}
             for w, o, s in [("a", "allreduce", 10.0), ("a", "wagma", 20.0), ("b", "allreduce", None),
@@ -191,7 +191,7 @@ def test_with_no_target_the_score_is_the_median_of_the_per_study_best_metrics():
 
 
 def test_a_budget_tuning_is_compared_with_tuned_allreduce_metric_over_metric():
-    from wagma_bench.analysis.report import performance_profile, tuned_rows
+    from wagma_bench.analysis.scoring import performance_profile, tuned_rows
 
     def entry(optimizer, metric):
         return {"combo": optimizer, "optimizer": optimizer, "workload": "ddppo", "data": "d", "world_size": 4,

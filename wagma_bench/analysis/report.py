@@ -15,6 +15,11 @@ Conventions (MLPerf's where it has one):
   scoring); with 1 or 2 seeds nothing can be dropped and it is the plain mean (the table says so);
 - speed-up: allreduce's olympic-mean time-to-target over the series', at the same world size and
   imbalance.
+
+This module computes the untuned tables and writes the report; the runs are read by
+:mod:`~wagma_bench.analysis.run_records`, their step times by :mod:`~wagma_bench.analysis.step_times`, tuned
+combinations are ranked by :mod:`~wagma_bench.analysis.scoring`, and ``--wandb`` logs the result through
+:mod:`~wagma_bench.analysis.wandb_report`.
 """
 
 from __future__ import annotations
@@ -24,136 +29,20 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from wagma_bench.analysis import plots
+from wagma_bench.analysis.run_records import RunRecord, find_runs, group_runs, load_run, name_variants
+from wagma_bench.analysis.scoring import REFERENCE, TunedSection, tuned_section
+from wagma_bench.analysis.step_times import step_time_rows, step_time_summary
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
-from wagma_bench.record.events import EVENTS, RunEvents
+from wagma_bench.record.events import EVENTS
 from wagma_bench.record.files import write_text_atomic
-from wagma_bench.record.rundir import live_holder
-from wagma_bench.record.steps import read_step_records
 
-REFERENCE = "allreduce"
-MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
 INF = math.inf
-
-
-# --- loading -----------------------------------------------------------------------------------------
-
-@dataclass
-class RunRecord:
-    """One run directory, read as is (a crashed run included)."""
-
-    path: Path
-    meta: dict                      # run_start metadata (empty when the run never started)
-    evals: list[dict]               # {step, train_s, wall_s, value} per evaluation
-    summary: dict                   # events.summarize() of its events; status from summary.json when present
-    problems: list[str] = field(default_factory=list)  # why the run is marked half-written
-    signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
-    running: bool = False           # its lock names a live process: shown, but left out of comparisons
-    warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
-    optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
-    variant: str = ""               # what sets it apart from other runs of its optimizer (name_variants)
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.problems)
-
-    @property
-    def optimizer(self) -> str | None:
-        """The optimizer as the tables name it: its name, and its settings where runs of it differ."""
-        name = self.meta.get("optimizer")
-        return f"{name} ({self.variant})" if self.variant else name
-
-    @property
-    def group_key(self) -> tuple:
-        m = self.meta
-        return (m.get("workload"), m.get("data"), m.get("metric"), m.get("target"))
-
-    @property
-    def series_key(self) -> tuple:
-        m = self.meta
-        return (self.optimizer, m.get("world_size"), m.get("imbalance"))
-
-
-def find_runs(paths: Iterable[Path]) -> list[Path]:
-    """Every run directory (one holding ``events.jsonl``) at or below the given paths, sorted."""
-    found: set[Path] = set()
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"no such run or sweep directory: {p}")
-        if (p / EVENTS).exists():
-            found.add(p.resolve())
-        found.update(e.parent.resolve() for e in p.rglob(EVENTS) if "wandb" not in e.parts)
-    return sorted(found)
-
-
-def load_run(path: Path) -> RunRecord:
-    """Read one run directory; never fails on a half-written one, it lists what is missing instead."""
-    record = RunEvents.read(path)
-    summary = record.summary()
-    problems = []
-    if record.start is None:
-        problems.append("no run_start event")
-    if not record.stopped:
-        problems.append("no run_stop event (crashed, killed or still running)"
-                        + (" since its last resume" if "run_stop" in record.lifecycle else ""))
-        summary["status"] = "incomplete"
-    if record.torn:
-        problems.append("torn last line in events.jsonl")
-    saved = record.saved_summary
-    if saved is None:
-        problems.append("no summary.json")
-    elif not record.stopped and saved.get("status") and record.summary_after_events:
-        # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
-        summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
-    holder = live_holder(path) if not record.stopped else None
-    if holder is not None:
-        summary["status"] = "running"
-        problems = [f"running (PID {holder.get('pid')} holds its lock): not compared"]
-    warnings = [f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
-                for n in record.skipped]
-    if record.skipped:
-        problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
-    meta = record.start.settings if record.start else {}
-    evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
-    settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
-    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,
-                     {k: v for k, v in settings.items() if k != "name"})
-
-
-def name_variants(runs: Sequence[RunRecord]) -> None:
-    """Set each run's ``variant`` (:func:`variant_labels`), so that different configurations of one optimizer
-    are different series, never folded together as seeds."""
-    for run, label in zip(runs, variant_labels([(r.meta.get("optimizer"), r.optimizer_settings) for r in runs]),
-                          strict=True):
-        run.variant = label
-
-
-def variant_labels(items: Sequence[tuple[str | None, dict]]) -> list[str]:
-    """Per (optimizer, its settings): the settings in which it differs from the other items of the same
-    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count: a
-    run logged before a setting existed ran at what is now its default, which its record does not say."""
-    by_optimizer: dict[str | None, list[dict]] = {}
-    for name, settings in items:
-        by_optimizer.setdefault(name, []).append(settings)
-    differ = {name: [k for k in sorted(set.intersection(*(set(s) for s in group)))
-                     if len({repr(s[k]) for s in group}) > 1]
-              for name, group in by_optimizer.items()}
-    return [", ".join(f"{k}={settings.get(k)}" for k in differ[name]) for name, settings in items]
-
-
-def group_runs(runs: Iterable[RunRecord]) -> dict[tuple, list[RunRecord]]:
-    """Runs by (workload, data, metric, target); runs without a run_start are left out (listed apart)."""
-    groups: dict[tuple, list[RunRecord]] = {}
-    for run in runs:
-        if run.meta:
-            groups.setdefault(run.group_key, []).append(run)
-    return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
 
 
 # --- statistics (pure) -------------------------------------------------------------------------------
@@ -280,42 +169,6 @@ def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points:
     keep = ~np.all(np.isnan(ys), axis=0)
     ys, xs = ys[:, keep], [x for x, k in zip(xs, keep) if k]
     return xs, list(np.nanmedian(ys, axis=0)), list(np.nanmin(ys, axis=0)), list(np.nanmax(ys, axis=0))
-
-
-def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[int, list[dict]]:
-    """Per-rank step records of a run, raw or compact (:mod:`~wagma_bench.record.steps`), evenly thinned to
-    ``limit`` per rank."""
-    out = {}
-    for rank, recs in read_step_records(run_dir).items():
-        out[rank] = recs[:: math.ceil(len(recs) / limit)] if len(recs) > limit else recs
-    return out
-
-
-def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
-    """Tidy per-rank step-time components of one series (seeds pooled): rank, component, seconds.
-
-    Components: ``compute`` (forward + backward), ``delay`` (injected straggler sleep), ``comm`` (time in
-    the optimizer's communication step, i.e. waiting for the others included)."""
-    rows = []
-    for run in runs:
-        for rank, recs in load_step_records(run.path).items():
-            for rec in recs:
-                for comp in ("compute", "delay", "comm"):
-                    if f"{comp}_s" in rec:
-                        rows.append({"rank": rank, "component": comp, "seconds": float(rec[f"{comp}_s"])})
-    return rows
-
-
-def step_time_summary(rows: Sequence[dict]) -> dict:
-    """Median of each component over all ranks and steps, and the rank with the largest mean step time."""
-    by_comp: dict[str, list[float]] = {}
-    per_rank: dict[int, float] = {}
-    for r in rows:
-        by_comp.setdefault(r["component"], []).append(r["seconds"])
-        per_rank[r["rank"]] = per_rank.get(r["rank"], 0.0) + r["seconds"]
-    out = {f"{c}_median_s": statistics.median(v) for c, v in by_comp.items()}
-    out["slowest_rank"] = max(per_rank, key=per_rank.get) if per_rank else None
-    return out
 
 
 # --- figure data (pure): what plots.py draws ---------------------------------------------------------
@@ -548,78 +401,7 @@ def _common_root(dirs: Sequence[Path]) -> Path | None:
         return None
 
 
-# --- tuned comparisons (wagma-bench tune) -----------------------------------------------------------
-
-@dataclass
-class TunedSection:
-    rows: list[dict]                 # one per tuned combination
-    figures: dict[str, Path]
-    sources: list[str]
-    protocol: str                    # "S studies x O trials ..." per tuning directory
-
-
-def tuned_rows(results: Sequence[dict]) -> list[dict]:
-    """The tuned table: per combination its score, per-study bests, winner and its ratio to tuned allreduce at
-    the same workload, data, world size and imbalance (time: allreduce's score over the row's; with no target,
-    the row's best metric over allreduce's: above 1 favours the row either way)."""
-    from wagma_bench.analysis.tuning import BY_METRIC, format_score
-
-    rows = []
-    # two tunings of one optimizer under other fixed settings (plain local SGD, streaming DiLoCo) are two rows
-    variants = variant_labels([(e.get("optimizer"), e.get("optimizer_settings") or {}) for e in results])
-    for e, variant in zip(results, variants, strict=True):
-        score_text, bests = format_score(e)
-        win = e.get("winner") or {}
-        name = f"{e.get('optimizer')} ({variant})" if variant else e.get("optimizer")
-        by_metric = e.get("scored_by") == BY_METRIC
-        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": name,
-                     "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
-                     "target": e.get("target"), "scored_by": e.get("scored_by"), "score": score_text,
-                     "score_s": e.get("score_s"), "score_metric": e.get("score_metric"), "study_bests": bests,
-                     "reached": "no target" if by_metric else f"{e['reached']}/{e['trials']}",
-                     "unfinished": e.get("unfinished"), "winner": win.get("trial"),
-                     "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
-                     "compute_imbalance": e.get("compute_imbalance"), "reference_s": e.get("reference_s")})
-    refs = {_problem(r): _cost(r) for r in rows if r["optimizer"] == REFERENCE}
-    for r in rows:
-        ref, cost = refs.get(_problem(r)), _cost(r)
-        r["vs_tuned_allreduce"] = ref / cost if ref is not None and math.isfinite(ref) and math.isfinite(cost) else None
-    return rows
-
-
-def _cost(row: dict) -> float:
-    """A tuned row's score as a cost, lower being better: its seconds, or the reciprocal of its best metric (so
-    that a ratio of costs is the metric's ratio upside down); inf for a missed one."""
-    if row.get("score_metric") is not None:
-        return 1.0 / row["score_metric"] if row["score_metric"] > 0 else INF
-    return INF if row.get("score_s") is None else row["score_s"]
-
-
-def _problem(row: dict) -> tuple:
-    """What a tuned score is compared within: a workload on its data, at one world size and imbalance."""
-    return (row["workload"], row["data"], row["world_size"], row["imbalance"])
-
-
-def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
-    """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
-    P, imbalance) where its score is at most tau x the best score of any optimizer there (a best metric: at
-    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and
-    the number of problems."""
-    scores: dict[tuple, dict[str, float]] = {}
-    for r in rows:
-        scores.setdefault(_problem(r), {})[r["optimizer"]] = _cost(r)
-    ratios: dict[str, list[float]] = {}
-    for per_opt in scores.values():
-        best = min(per_opt.values())
-        for opt, s in per_opt.items():
-            ratios.setdefault(opt, []).append(s / best if math.isfinite(best) else INF)
-    finite = [x for rs in ratios.values() for x in rs if math.isfinite(x)]
-    if taus is None:
-        top = max(finite + [1.0]) * 1.25
-        taus = [1.0 + (top - 1.0) * i / 200 for i in range(201)]
-    n = len(scores)
-    return {opt: (list(taus), [sum(x <= t for x in rs) / n for t in taus]) for opt, rs in sorted(ratios.items())}, n
-
+# --- the tuned section (scoring.py ranks the combinations) ----------------------------------------
 
 TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer", "optimizer", ""),
                  ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score", "score", ""),
@@ -627,24 +409,6 @@ TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer
                  ("vs_tuned_allreduce", "against tuned allreduce", "x"),
                  ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", ""),
                  ("reference_s", "speed reference (s, median)", "")]
-
-
-def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
-    from wagma_bench.analysis.tuning import score
-
-    results, protocol = [], []
-    for d in tune_dirs:
-        scored = score(d)
-        results += scored["results"]
-        budget = f", tune.max_runtime_s={scored['max_runtime_s']:g}" if scored.get("max_runtime_s") else ""
-        protocol.append(f"`{d}`: {scored['studies']} studies × {scored['trials_per_study']} trials, "
-                        f"tune.seed={scored['seed']}{budget}")
-    rows = tuned_rows(results)
-    profiles, n = performance_profile(rows)
-    figures = {"performance_profile": plots.plot_performance_profile(profiles, out / "tuned_performance_profile.png",
-                                                                     n)}
-    return TunedSection(rows, figures, [str(d) for d in tune_dirs], protocol)
-
 
 TUNED_HOW_TO_READ = (
     "Tuned by MLCommons AlgoPerf's external tuning ruleset (`wagma-bench tune`, docs/tuning.md): each "
@@ -669,36 +433,3 @@ def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str
     if untuned:
         lines += ["# Untuned comparisons (every optimizer at the configured defaults)", ""]
     return head + "\n" + "\n".join(lines) + (sep + rest if sep else "")
-
-
-# --- W&B ---------------------------------------------------------------------------------------------
-
-def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity: str | None, group: str | None,
-                 mode: str, tuned: TunedSection | None = None) -> Path:
-    """Log the report's tables and figures as one W&B run (``job_type=report``), offline without a key."""
-    import wandb
-
-    from wagma_bench.record.loggers import init_wandb, offline_dir
-
-    run = init_wandb(out, mode, project=project, entity=entity, group=group, job_type="report",
-                     name=f"report-{time.strftime('%Y%m%d-%H%M%S')}")
-    for g in groups:
-        slug = group_slug(g.key)
-        for name, rows in (("comparison", g.comparison), ("runs", g.run_table)):
-            cols = list(dict.fromkeys(k for r in rows for k in r))
-            run.log({f"{slug}/{name}": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows])})
-        run.log({f"{slug}/{name}": wandb.Image(str(path)) for name, path in g.figures.items()})
-    if tuned is not None:  # the tuned table and the performance profile, apart from the untuned groups
-        cols = list(dict.fromkeys(k for r in tuned.rows for k in r))
-        run.log({"tuned/comparison": wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols]
-                                                                     for r in tuned.rows])})
-        run.log({f"tuned/{name}": wandb.Image(str(path)) for name, path in tuned.figures.items()})
-    run.save(str(out / "report.md"), base_path=str(out), policy="now")
-    where = offline_dir(run)
-    run.finish()
-    return where
-
-
-def _cell(v: Any) -> Any:
-    return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
-

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis import report as reporting
+from wagma_bench.analysis.wandb_report import log_to_wandb
 from wagma_bench.record.files import SymlinkRefused
 
 
@@ -45,6 +46,5 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {marked} half-written (marked)" if marked else "")
           + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
     if args.wandb:
-        reporting.log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode,
-                     tuned)
+        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode, tuned)
     return 0

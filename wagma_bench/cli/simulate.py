@@ -313,7 +313,7 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
     """Per optimizer: median global samples at the first evaluation reaching the target, over the runs at
     the smallest world size that reached it. A tuning directory (``wagma-bench tune``) stands for its
     winning trials (:func:`wagma_bench.analysis.tuning.winning_runs`), so predictions rest on tuned convergence."""
-    from wagma_bench.analysis.report import find_runs
+    from wagma_bench.analysis.run_records import find_runs
     from wagma_bench.analysis.tuning import winning_runs
 
     dirs: list[Path] = []
@@ -336,7 +336,7 @@ def measured_spread(paths: list[str]) -> tuple[float, ...]:
     run, a rollout with its PPO updates for DD-PPO (:func:`~wagma_bench.simulate.calibrate.cycle_compute`).
     Drawn i.i.d. per rank and step (``compute=empirical``): a rank that is slow in every step is not kept as
     such."""
-    from wagma_bench.analysis.report import find_runs
+    from wagma_bench.analysis.run_records import find_runs
     from wagma_bench.simulate.calibrate import cycle_compute
 
     shape: list[float] = []
