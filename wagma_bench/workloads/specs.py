@@ -231,6 +231,10 @@ class TransformerSpec(WorkloadSpec):
         # null: token batches (train.batch_size tokens at most, fairseq --max-tokens); N: exactly N sentences
         # per rank and step (fairseq --batch-size), so the tokens vary with the sentences' lengths
         max_sentences: int | None = setting(None, AT_LEAST_ONE)
+        # the order of the training batches (fairseq's epoch shuffle); null: the run's seed, which also seeds
+        # the model's initialisation and dropout. Set apart to tell the two sources of run-to-run spread
+        # apart (reproduce/transformer/spread.py)
+        shuffle_seed: int | None = setting(None, NON_NEGATIVE)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"share_embeddings": SHARE_EMBEDDINGS}
 

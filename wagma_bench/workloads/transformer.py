@@ -118,6 +118,8 @@ class TransformerWorkload(TransformerSpec, Workload):
         # exactly one of the two limits a training batch (see the module docstring, "Batches")
         self.max_sentences = cfg.workload.max_sentences
         self.batch_tokens = cfg.train.batch_size if self.max_sentences is None else None
+        shuffle_seed = cfg.workload.shuffle_seed
+        self.shuffle_seed = cfg.seed if shuffle_seed is None else shuffle_seed  # the batches' order
         data = cfg.data
         if data.name == "synthetic_mt":
             self.data_dir = ensure_corpus(corpus_spec(data), data.cache_dir)  # file lock: one builder
@@ -180,7 +182,7 @@ class TransformerWorkload(TransformerSpec, Workload):
         self.train_itr = self.task.get_batch_iterator(
             dataset=self.task.dataset("train"), max_tokens=self.batch_tokens, max_sentences=self.max_sentences,
             max_positions=self.max_positions,
-            ignore_invalid_inputs=True, seed=self.cfg.seed, num_shards=self.world_size, shard_id=self.rank,
+            ignore_invalid_inputs=True, seed=self.shuffle_seed, num_shards=self.world_size, shard_id=self.rank,
             disable_iterator_cache=True)
 
     def build_model(self) -> nn.Module:
