@@ -114,11 +114,11 @@ def search_space(name: str) -> list[str]:
 def simulation(name: str) -> list[str]:
     from wagma_bench.simulate.des import SIMULATIONS
 
-    cls = OPTIMIZERS[name]
-    if cls in SIMULATIONS:
+    key = OPTIMIZER_SPECS.get(name)  # keyed by the spec: the simulator imports no torch
+    if key in SIMULATIONS:
         return []
-    return [(f"{name}: add a `sim_{name}(cfg)` and `{cls.__name__}: sim_{name}` to SIMULATIONS in "
-            f"wagma_bench/simulate/des.py (its communication as a discrete-event model)")]
+    return [(f"{name}: add a `sim_{name}(cfg)` and `{key.__name__ if key else 'its spec'}: sim_{name}` to "
+            f"SIMULATIONS in wagma_bench/simulate/des.py (its communication as a discrete-event model)")]
 
 
 def invariant_case(name: str) -> list[str]:

@@ -12,6 +12,7 @@ from wagma_bench.cli.simulate import main as simulate_main
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.imbalance import FixedImbalance, IndependentImbalance, SharedDrawImbalance
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.simulate.calibrate import find_inputs, fit_network, fit_run
 from wagma_bench.simulate.costs import Link, Network, allreduce_time
 from wagma_bench.simulate.des import SIMULATIONS, SimConfig, SimState, Workload, local_state_tensors, simulate
@@ -224,17 +225,34 @@ def test_control_exchanges_fall_on_sync_rounds():
     assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
 
 
+def test_the_simulator_imports_no_torch():
+    """`wagma-bench simulate` and the simulator's modules run without torch (about 1.3 s of CPU an import here):
+    they read the optimizers' torch-free specs (optim/specs.py) and pure rules (optim/rules.py), never their
+    classes. calibrate.py imports torch only inside model_params_of, for a run whose run_start did not log its
+    model size. A fresh interpreter, so that what this session imported does not count."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import wagma_bench.simulate.des, wagma_bench.simulate.costs, wagma_bench.simulate.presets\n"
+            "import wagma_bench.simulate.calibrate, wagma_bench.cli.simulate\n"
+            "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_simulators_cover_the_optimizer_registry_and_take_its_settings():
     from tests.test_conformance import missing, simulation
 
-    problems = missing(simulation)  # one model per optimizer, keyed by its class
-    problems += [f"wagma_bench/simulate/des.py: remove {cls.__name__} from SIMULATIONS (not a registered optimizer)"
-                 for cls in SIMULATIONS if cls not in OPTIMIZERS.values()]
+    problems = missing(simulation)  # one model per optimizer, keyed by its spec
+    problems += [f"wagma_bench/simulate/des.py: remove {spec.__name__} from SIMULATIONS (not a registered optimizer)"
+                 for spec in SIMULATIONS if spec not in OPTIMIZER_SPECS.values()]
     assert not problems, "\n".join(problems)
     for name, algorithm in OPTIMIZERS.items():
         assert isinstance(SimConfig(name, 2, WL, Network.free()).settings, algorithm.Settings)  # its defaults
     assert SimConfig("eager", 2, WL, Network.free()).settings.mode == "majority"  # EagerSGD's, not a copy
-    with pytest.raises(TypeError, match="WagmaSGD.Settings"):
+    with pytest.raises(TypeError, match="WagmaSpec.Settings"):
         SimConfig("wagma", 2, WL, Network.free(), settings={"tau": 3})
     with pytest.raises(ValueError, match="unknown optimizer 'nope'"):
         SimConfig("nope", 2, WL, Network.free())

@@ -77,7 +77,7 @@ from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.config.schema import RunConfig, check_world, validate
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
-from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import SymlinkRefused, write_text_atomic
 from wagma_bench.runtime.sweep import parse_overrides
@@ -265,7 +265,8 @@ def optimizer_overrides(req: Request, name: str) -> list[str]:
     """The ``optimizer.KEY`` overrides for optimizer ``name``: those of its settings, and any KEY that no
     selected optimizer has (so that `run`'s own error names it)."""
     def settings(opt: str) -> set[str]:
-        return {f.name for f in dataclasses.fields(OPTIMIZERS[opt].Settings)} if opt in OPTIMIZERS else set()
+        spec = OPTIMIZER_SPECS.get(opt)
+        return {f.name for f in dataclasses.fields(spec.Settings)} if spec else set()
 
     anyone = set().union(*(settings(o) for o in req.optimizers))
     return [f"optimizer.{k}={v}" for k, v in req.optimizer_overrides if k in settings(name) or k not in anyone]
@@ -518,7 +519,7 @@ def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload
 
 def _replay_run(fit, workload: Workload, network: Network) -> float:
     """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed)."""
-    settings = typed_settings("optimizer", OPTIMIZERS, fit.settings)
+    settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
     imbalance = make_imbalance(typed_settings("imbalance", IMBALANCES, fit.imbalance), fit.seed)
     return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
                               fit.rounds, fit.seed, local_state=fit.local_state)).throughput

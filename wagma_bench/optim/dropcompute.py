@@ -23,13 +23,14 @@ Readings, next to what the authors do (their ``deepspeed-bert/run_pretraining.py
   before each): a slow rank is slow in every micro-batch, and what it drops it does not sleep either.
 - *The automatic threshold* (``threshold_s: auto``): for ``calibrate_steps`` steps nothing is dropped and every
   rank records when each of its micro-batches ended; the records are gathered (every rank gets the same), and
-  :func:`best_threshold` picks, as the authors' ``get_best_threshold``, the threshold among 200 evenly spaced
-  candidates, from the earliest end of a micro-batch past half of them to the latest end of a step, that
-  maximises the effective speed-up ``mean_s[(1 - d_s)(C_s + O) / (C_s(tau) + O)] - 1``: ``C_s`` the slowest rank's
-  compute in step s, ``C_s(tau)`` the latest end of a micro-batch before tau, ``d_s`` the fraction of micro-batches
-  that end at or after tau, ``O`` the steps' mean time beyond their slowest compute (communication and the
-  update). The authors skip 5 steps and calibrate on the next 44, once; we calibrate on the first
-  ``calibrate_steps`` (the embedded runs are short), once, and never drop when no candidate beats 0.
+  :func:`~wagma_bench.optim.rules.best_threshold` (NumPy, shared with the simulator) picks, as the authors'
+  ``get_best_threshold``, the threshold among 200 evenly spaced candidates, from the earliest end of a
+  micro-batch past half of them to the latest end of a step, that maximises the effective speed-up
+  ``mean_s[(1 - d_s)(C_s + O) / (C_s(tau) + O)] - 1``: ``C_s`` the slowest rank's compute in step s,
+  ``C_s(tau)`` the latest end of a micro-batch before tau, ``d_s`` the fraction of micro-batches that end at or
+  after tau, ``O`` the steps' mean time beyond their slowest compute (communication and the update). The authors
+  skip 5 steps and calibrate on the next 44, once; we calibrate on the first ``calibrate_steps`` (the embedded
+  runs are short), once, and never drop when no candidate beats 0.
 """
 
 from __future__ import annotations
@@ -40,29 +41,8 @@ import time
 import torch
 
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.rules import best_threshold
 from wagma_bench.optim.specs import DropComputeSpec, parse_threshold
-
-CANDIDATES = 200  # thresholds tried by the automatic rule (the authors' linspace)
-
-
-def best_threshold(ends: torch.Tensor, step_s: float) -> tuple[float, float]:
-    """The authors' rule: ``ends[n, s, m]``, when rank n's micro-batch m of step s ended (seconds into the step);
-    ``step_s`` the steps' mean duration, communication and update included. Returns (threshold, its predicted
-    effective speed-up); (inf, 0.0) when no candidate beats not dropping."""
-    ends = ends.double()
-    compute = ends[:, :, -1].amax(dim=0)                      # C_s: the slowest rank's compute
-    overhead = max(step_s - float(compute.mean()), 0.0)      # O
-    half = ends.size(2) // 2
-    low, high = float(ends[:, :, half:].min()), float(ends.max())
-    best, best_gain = math.inf, 0.0
-    for tau in torch.linspace(low, high, CANDIDATES).tolist():
-        kept = ends < tau
-        cut = torch.where(kept, ends, torch.zeros_like(ends)).amax(dim=2).amax(dim=0)  # C_s(tau)
-        dropped = 1.0 - kept.double().mean(dim=(0, 2))                               # d_s
-        gain = float(((1.0 - dropped) * (compute + overhead) / (cut + overhead).clamp_min(1e-12)).mean()) - 1.0
-        if gain > best_gain:
-            best, best_gain = tau, gain
-    return best, best_gain
 
 
 class DropCompute(DropComputeSpec, Algorithm):
@@ -136,7 +116,7 @@ class DropCompute(DropComputeSpec, Algorithm):
         if len(self.calibration) < self.settings.calibrate_steps:
             return
         mine = torch.tensor(self.calibration, dtype=torch.float64, device=self.comm.device)
-        ends = self.comm.allgather(mine).cpu()                      # [ranks, steps, micro-batches]
+        ends = self.comm.allgather(mine).cpu().numpy()              # [ranks, steps, micro-batches]
         walls = torch.tensor([sum(self.step_walls) / len(self.step_walls)], dtype=torch.float64,
                              device=self.comm.device)
         self.comm.allreduce(walls, op="mean")

@@ -24,6 +24,7 @@ import torch
 from wagma_bench.comm.base import Comm, Handle
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.outer import OuterStep
+from wagma_bench.optim.rules import sync_at  # the schedule, shared with the simulator (no torch there)
 
 
 def fragments_of(sizes: list[int], count: int) -> list[list[int]]:
@@ -33,16 +34,6 @@ def fragments_of(sizes: list[int], count: int) -> list[list[int]]:
         out[min(count - 1, int(count * (start + n / 2) / max(total, 1)))].append(i)
         start += n
     return out
-
-
-def sync_at(step: int, period: int, fragments: int, delay: int) -> tuple[str, int] | None:
-    """What happens after inner step ``step`` (1-based): ("prepare" | "perform", fragment), or None."""
-    every = period // fragments
-    if step % every == 0:
-        return "perform", (step // every - 1) % fragments
-    if (step + delay) % every == 0:
-        return "prepare", ((step + delay) // every - 1) % fragments
-    return None
 
 
 class StreamingOuter:

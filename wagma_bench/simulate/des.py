@@ -12,7 +12,8 @@ collective of round r needs round r-1 done on each member; a gossip of step t fo
 processing rounds in order visits events in causal order, and all ranks of a round are handled at once
 with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs on an event heap.
 
-What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`):
+What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only their
+torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
 
 - ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
   the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
@@ -64,7 +65,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import OmegaConf
 
 from wagma_bench.comm.topology import (
@@ -79,18 +79,21 @@ from wagma_bench.comm.topology import (
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.config.schema import check_choices
 from wagma_bench.imbalance import Imbalance, NoImbalance
-from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.optim.adpsgd import ADPSGD
-from wagma_bench.optim.allreduce import AllreduceSGD
-from wagma_bench.optim.base import Algorithm
-from wagma_bench.optim.dpsgd import DPSGD
-from wagma_bench.optim.dropcompute import DropCompute, best_threshold
-from wagma_bench.optim.eager import EagerSGD
-from wagma_bench.optim.local_sgd import LocalSGD
-from wagma_bench.optim.sgp import SGP
-from wagma_bench.optim.specs import OuterSettings, parse_threshold
-from wagma_bench.optim.streaming import sync_at
-from wagma_bench.optim.wagma import WagmaSGD
+from wagma_bench.optim.rules import best_threshold, sync_at
+from wagma_bench.optim.specs import (
+    OPTIMIZER_SPECS,
+    ADPSGDSpec,
+    AlgorithmSpec,
+    AllreduceSpec,
+    DPSGDSpec,
+    DropComputeSpec,
+    EagerSpec,
+    LocalSGDSpec,
+    OuterSettings,
+    SGPSpec,
+    WagmaSpec,
+    parse_threshold,
+)
 from wagma_bench.simulate.costs import Network
 
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
@@ -154,23 +157,23 @@ class SimConfig:
     workload: Workload
     network: Network
     imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
-    settings: Any = None             # the optimizer's typed Settings (OPTIMIZERS[optimizer].Settings); None: defaults
+    settings: Any = None             # the optimizer's typed Settings (OPTIMIZER_SPECS[name].Settings); None: defaults
     steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
     seed: int = 1
     control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
     local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
 
     def __post_init__(self):
-        algorithm = OPTIMIZERS.get(self.optimizer)
-        if algorithm not in SIMULATIONS:
+        spec = OPTIMIZER_SPECS.get(self.optimizer)
+        if spec not in SIMULATIONS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(simulated_optimizers())}")
         if self.settings is None:
-            self.settings = algorithm.Settings()
-        elif not isinstance(self.settings, algorithm.Settings):
-            raise TypeError(f"optimizer {self.optimizer}: settings must be {algorithm.__name__}.Settings, "
+            self.settings = spec.Settings()
+        elif not isinstance(self.settings, spec.Settings):
+            raise TypeError(f"optimizer {self.optimizer}: settings must be {spec.__name__}.Settings, "
                             f"got {type(self.settings).__name__}")
         # the check `run` makes of the same settings (one place for the allowed values: the schema's CHOICES)
-        check_choices("optimizer", algorithm.Settings, OmegaConf.structured(self.settings))
+        check_choices("optimizer", spec.Settings, OmegaConf.structured(self.settings))
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
@@ -266,7 +269,7 @@ def outer_cost(cfg: SimConfig) -> tuple[int, float]:
     if not isinstance(settings, OuterSettings) or settings.outer == "none":
         return 0, 0.0
     seconds = OUTER_PASSES * cfg.workload.model_bytes / (cfg.workload.memory_GBps * 1e9)
-    if OPTIMIZERS[cfg.optimizer].outer_at == "exact":  # the outer layer's own global average of the models
+    if OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact":  # the outer layer's own global average of the models
         seconds += cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
     return settings.effective_outer_period(), seconds
 
@@ -322,7 +325,7 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
 def sim_dropcompute(cfg: SimConfig) -> SimResult:
     """DropCompute: each rank's step (compute plus its injected delay, as the trainer spreads it) in M equal
     micro-batches; past the threshold a rank stops after the micro-batch that crossed it. ``threshold_s: auto`` is
-    the optimizer's own rule (:func:`~wagma_bench.optim.dropcompute.best_threshold`) over the first
+    the optimizer's own rule (:func:`~wagma_bench.optim.rules.best_threshold`) over the first
     ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped (the gradients
     are complete only after the last micro-batch). Throughput counts the computed samples only."""
     s, M = cfg.settings, cfg.settings.micro_batches
@@ -340,8 +343,8 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
             calibration.append(ends)
             done_parts = np.full(run.P, M)
             if len(calibration) == s.calibrate_steps:
-                stacked = torch.from_numpy(np.stack(calibration, axis=1))
-                threshold = best_threshold(stacked, float(stacked[:, :, -1].amax(0).mean()) + cost + run.overhead)[0]
+                stacked = np.stack(calibration, axis=1)
+                threshold = best_threshold(stacked, float(stacked[:, :, -1].max(0).mean()) + cost + run.overhead)[0]
         else:  # the first micro-batch always; then each one whose predecessor ended by the threshold
             done_parts = np.minimum(M, 1 + (ends[:, :-1] <= threshold).sum(axis=1))
         computed += float(done_parts.sum())
@@ -361,7 +364,7 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
     """Local SGD / PR-SGD: blocking global model average every ``period`` rounds; streaming DiLoCo (fragments):
     one fragment's average every ``period / fragments`` rounds, started ``fragment_delay`` rounds before it is
-    needed (:func:`~wagma_bench.optim.streaming.sync_at`), so a rank waits only for what the delay did not hide."""
+    needed (:func:`~wagma_bench.optim.rules.sync_at`), so a rank waits only for what the delay did not hide."""
     if cfg.settings.streaming():
         return _sim_streaming(cfg)
     period, warmup = cfg.settings.period, cfg.settings.warmup_steps
@@ -654,26 +657,27 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     return res
 
 
-# Each algorithm of the one optimizer registry (wagma_bench.optim.OPTIMIZERS: name -> algorithm, which carries
-# its Settings) -> the model of its communication. Keyed by the class, so an optimizer's name is written once,
-# in its module; a test checks that every registered algorithm has a simulation.
-SIMULATIONS: dict[type[Algorithm], Callable[[SimConfig], SimResult]] = {
-    AllreduceSGD: sim_allreduce,
-    WagmaSGD: sim_wagma,
-    LocalSGD: sim_local_sgd,
-    DPSGD: sim_dpsgd,
-    ADPSGD: sim_adpsgd,
-    SGP: sim_sgp,
-    EagerSGD: sim_eager,
-    DropCompute: sim_dropcompute,
+# Each optimizer's spec (wagma_bench.optim.specs.OPTIMIZER_SPECS: name -> spec, which carries its Settings and
+# which its algorithm class inherits) -> the model of its communication. Keyed by the spec, not the algorithm
+# class, so that the simulator imports no torch; the name is still written once, in the spec. A test checks
+# that every registered optimizer has a simulation.
+SIMULATIONS: dict[type[AlgorithmSpec], Callable[[SimConfig], SimResult]] = {
+    AllreduceSpec: sim_allreduce,
+    WagmaSpec: sim_wagma,
+    LocalSGDSpec: sim_local_sgd,
+    DPSGDSpec: sim_dpsgd,
+    ADPSGDSpec: sim_adpsgd,
+    SGPSpec: sim_sgp,
+    EagerSpec: sim_eager,
+    DropComputeSpec: sim_dropcompute,
 }
 
 
 def simulated_optimizers() -> list[str]:
     """The ``optimizer=`` names the simulator models, in the registry's order."""
-    return [name for name, algorithm in OPTIMIZERS.items() if algorithm in SIMULATIONS]
+    return [name for name, spec in OPTIMIZER_SPECS.items() if spec in SIMULATIONS]
 
 
 def simulate(cfg: SimConfig) -> SimResult:
     """Simulate ``cfg.steps`` rounds of ``cfg.optimizer`` on ``cfg.world_size`` workers."""
-    return SIMULATIONS[OPTIMIZERS[cfg.optimizer]](cfg)
+    return SIMULATIONS[OPTIMIZER_SPECS[cfg.optimizer]](cfg)

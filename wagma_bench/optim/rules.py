@@ -1,0 +1,47 @@
+"""The optimizers' rules that are plain arithmetic, written once without torch: the algorithms (``optim/<name>.py``)
+run them on their ranks and the simulator (:mod:`wagma_bench.simulate.des`) runs them in its models, so that a
+prediction follows the same rule as a run and ``wagma-bench simulate`` starts without importing torch.
+
+Not in :mod:`wagma_bench.optim.specs`: the configuration check imports that one and must start without NumPy too
+(``tests/test_config.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CANDIDATES = 200  # thresholds DropCompute's automatic rule tries (the authors' linspace)
+
+
+def best_threshold(ends, step_s: float) -> tuple[float, float]:
+    """DropCompute's automatic threshold, the authors' rule (:mod:`wagma_bench.optim.dropcompute`): ``ends[n, s, m]``,
+    when rank n's micro-batch m of step s ended (seconds into the step; an array or a CPU tensor); ``step_s`` the
+    steps' mean duration, communication and update included. Returns (threshold, its predicted effective speed-up);
+    (inf, 0.0) when no candidate beats not dropping."""
+    ends = np.asarray(ends, dtype=np.float64)
+    compute = ends[:, :, -1].max(axis=0)                     # C_s: the slowest rank's compute
+    overhead = max(step_s - float(compute.mean()), 0.0)      # O
+    half = ends.shape[2] // 2
+    low, high = float(ends[:, :, half:].min()), float(ends.max())
+    best, best_gain = math.inf, 0.0
+    for tau in np.linspace(low, high, CANDIDATES).tolist():
+        kept = ends < tau
+        cut = np.where(kept, ends, 0.0).max(axis=2).max(axis=0)  # C_s(tau)
+        dropped = 1.0 - kept.mean(axis=(0, 2))                   # d_s
+        gain = float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
+        if gain > best_gain:
+            best, best_gain = tau, gain
+    return best, best_gain
+
+
+def sync_at(step: int, period: int, fragments: int, delay: int) -> tuple[str, int] | None:
+    """Streaming DiLoCo's schedule (:mod:`wagma_bench.optim.streaming`): what happens after inner step ``step``
+    (1-based): ("prepare" | "perform", fragment), or None."""
+    every = period // fragments
+    if step % every == 0:
+        return "perform", (step // every - 1) % fragments
+    if (step + delay) % every == 0:
+        return "prepare", ((step + delay) // every - 1) % fragments
+    return None
