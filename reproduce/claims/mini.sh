@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Every claim of reproduce/claims.yaml on this machine, then the table (docs/claims.md):
-#   reproduce/claims/mini.sh        # about 12 hours on the 2-core development machine, idle
-# Each tuning is AlgoPerf's external tuning of every optimizer at 3 studies x 3 trials (reproduce/tuning/mini.sh,
-# ~360 trials of 1-3 minutes); the paper-scale predictions take a few minutes. OUT chooses where (default
-# tuned/claims-<date>); rerunning skips finished trials and resumes a killed one. Run it under the measure lock
-# (flock /tmp/wagma-measure.lock ...) so that no other measurement shares the cores.
+#   reproduce/claims/mini.sh        # about 14 hours on the 2-core development machine, idle
+# Each tuning is AlgoPerf's external tuning (reproduce/tuning/mini.sh, trials of 1-3 minutes, the optimizers
+# interleaved, a speed reference around each trial): the claims re-tuned under issue 54's protocol at 5 studies x
+# 5 trials of their own optimizers, the others still at 3 x 3 of every optimizer (~460 trials in all); the
+# paper-scale predictions take a few minutes. OUT chooses where (default tuned/claims-<date>); rerunning skips
+# finished trials and resumes a killed one. Run it under the measure lock (flock /tmp/wagma-measure.lock ...) so
+# that no other measurement shares the cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
 out=${OUT:-tuned/claims-$(date +%Y%m%d)}
-OUT="$out" reproduce/tuning/mini.sh resnet_paper resnet_none transformer transformer_sentences transformer_budget \
-  ddppo ddppo_budget
+OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma reproduce/tuning/mini.sh ddppo_budget
+OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,local_sgd reproduce/tuning/mini.sh resnet_none
+OUT="$out" reproduce/tuning/mini.sh resnet_paper transformer transformer_sentences transformer_budget ddppo
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
 # rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
