@@ -19,6 +19,7 @@ from wagma_bench.record.rundir import config_hash
 
 
 def git_sha() -> str | None:
+    """The commit of the suite's checkout, or None outside a git checkout (an installed wheel)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                              text=True, timeout=5, check=False)
@@ -27,7 +28,9 @@ def git_sha() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
 
+
 def versions(comm: Comm) -> dict:
+    """The versions a result depends on: the suite, torch, the communication backend and its library."""
     out = {"wagma_bench": __version__, "torch": torch.__version__, "comm": comm.backend_name}
     if comm.backend_name == "nccl":
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
