@@ -74,3 +74,11 @@ def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run
 def test_after_wagma_tables_are_the_scripts_tables_of_the_committed_tunings():
     assert _block(ROOT / "docs" / "optimizers.md", "after-wagma") == _script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
         "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`")
+
+
+def test_transformer_spread_table_is_the_scripts_table_of_the_committed_study():
+    result = ROOT / "reproduce" / "transformer" / "results-2core-20261205-spread" / "spread.json"
+    table = _script(ROOT / "reproduce" / "transformer" / "spread.py").table(json.loads(result.read_text()))
+    doc = ROOT / "docs" / "claims.md"
+    assert _block(doc, "spread") == table, f"docs/claims.md differs from `reproduce/transformer/spread.py table {result.relative_to(ROOT)}`"
+    assert result.parent.name in doc.read_text()
