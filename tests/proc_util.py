@@ -106,3 +106,15 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo += children(p)
     return sorted(out)
+
+
+def heavy_modules_after(code: str, heavy: tuple[str, ...]) -> list[str]:
+    """Which of the ``heavy`` modules a fresh interpreter has imported after running ``code`` (so that what the
+    test session imported does not count); fails on the code's own error."""
+    import ast
+    import sys
+
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return ast.literal_eval(out.stdout.strip())

@@ -230,16 +230,11 @@ def test_the_simulator_imports_no_torch():
     they read the optimizers' torch-free specs (optim/specs.py) and pure rules (optim/rules.py), never their
     classes. calibrate.py imports torch only inside model_params_of, for a run whose run_start did not log its
     model size. A fresh interpreter, so that what this session imported does not count."""
-    import subprocess
-    import sys
+    from tests.proc_util import heavy_modules_after
 
-    code = ("import sys\n"
-            "import wagma_bench.simulate.des, wagma_bench.simulate.costs, wagma_bench.simulate.presets\n"
-            "import wagma_bench.simulate.calibrate, wagma_bench.cli.simulate\n"
-            "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "[]", out.stdout
+    code = ("import wagma_bench.simulate.des, wagma_bench.simulate.costs, wagma_bench.simulate.presets\n"
+            "import wagma_bench.simulate.calibrate, wagma_bench.cli.simulate")
+    assert heavy_modules_after(code, ("torch", "torchvision")) == []
 
 
 def test_simulators_cover_the_optimizer_registry_and_take_its_settings():
