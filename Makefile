@@ -57,14 +57,19 @@ run: $(STAMP)
 # workers share two cores: each process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its
 # ranks).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order
+# The later phases collect only the files that use their marker (collecting every file imports torch, fairseq
+# and the rest: about 5 s a phase here); a marker is always written pytest.mark.NAME in the file that uses it
+# (directly, in pytestmark or in a param's marks), never added by a hook.
+marked = $(shell grep -l 'pytest\.mark\.$(1)\b' tests/test_*.py)
 test: $(STAMP)
 	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q $(PYTEST_WORKERS) -m "not long and not serial and not alone and not background"; \
 	first=$$?; \
-	$(VENV)/bin/pytest -q -m "alone and not long"; alone=$$?; \
+	$(VENV)/bin/pytest -q -m "alone and not long" $(call marked,alone); alone=$$?; \
 	log=$$(mktemp); trap 'rm -f "$$log"; exit 130' INT TERM; \
 	OMP_NUM_THREADS=1 env --default-signal=INT chrt --idle 0 $(VENV)/bin/pytest -q \
-		$(PYTEST_WORKERS) -m "background and not long and not serial and not alone" >$$log 2>&1 & idle=$$!; \
-	$(VENV)/bin/pytest -q -m "serial and not alone and not long"; serial=$$?; \
+		$(PYTEST_WORKERS) -m "background and not long and not serial and not alone" $(call marked,background) \
+		>$$log 2>&1 & idle=$$!; \
+	$(VENV)/bin/pytest -q -m "serial and not alone and not long" $(call marked,serial); serial=$$?; \
 	echo "idle-priority tests (beside the serial ones):"; wait $$idle; background=$$?; cat $$log; rm -f $$log; \
 	test $$first = 0 && test $$alone = 0 && test $$serial = 0 && test $$background = 0
 
