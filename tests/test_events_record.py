@@ -134,3 +134,32 @@ def test_the_event_log_imports_none_of_its_readers():
     assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files"}
     assert _imports(PACKAGE / "record" / "files.py") == set()
     assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "config" / "schedules.py")}
+
+
+def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_identity(tmp_path):
+    """A key added later (workload.shuffle_seed, rundir.ADDED_KEYS): a finished run recorded without it is still
+    the same run (tune skips it, run reports it), and so is a checkpoint written without it; a real change is
+    still one."""
+    from wagma_bench.record.checkpoint import check_against_run
+    from wagma_bench.record.rundir import finished_summary, identity, identity_hash
+
+    old = {"seed": 4, "train": {"lr": 0.004, "max_steps": 100}, "workload": {"name": "transformer", "beam": 4},
+           "launcher": {"nproc": 4}}
+    new = {**old, "workload": {**old["workload"], "shuffle_seed": None}}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    start = {"key": "run_start", "value": None, "time_ms": 0, "metadata": {"config": old, "world_size": 4}}
+    (run_dir / "events.jsonl").write_text(json.dumps(start) + "\n")
+    write_json_atomic(run_dir / "summary.json", {"status": "completed", "steps": 100})
+    assert finished_summary(run_dir, new) == {"status": "completed", "steps": 100}
+    changed = {**new, "workload": {**new["workload"], "shuffle_seed": 7}}
+    assert finished_summary(run_dir, changed) is None
+    folder = run_dir / "checkpoint" / "round-50"
+    folder.mkdir(parents=True)
+    (folder / "rank0.pt").write_bytes(b"x")
+    write_json_atomic(folder / "manifest.json", {"round": 50, "world_size": 1, "files": {"rank0.pt": "0"},
+                                                 "config_hash": identity_hash(old), "config": identity(old)})
+    (run_dir / "checkpoint" / "latest").write_text("round-50")
+    check_against_run(run_dir, new, 1, "launcher.nproc=1")
+    with pytest.raises(Exception, match="shuffle_seed"):
+        check_against_run(run_dir, changed, 1, "launcher.nproc=1")

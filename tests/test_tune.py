@@ -517,3 +517,18 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
     assert summary["status"] == "interrupted"
     assert (first / "checkpoint" / "latest").exists()
     assert not (out / "trials" / "allreduce_study1_trial2").exists()  # the next trial never started
+
+
+def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
+    """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed: record/rundir.ADDED_KEYS) do
+    not make the committed trials other runs: the same tune command would skip every one of them. Local SGD, whose
+    section gained three keys, and Allreduce-SGD of the 2026-12-02 Transformer tuning."""
+    from wagma_bench.record.rundir import finished_summary
+    from wagma_bench.runtime.tune import make_plan, parse_args
+
+    folder = Path(__file__).resolve().parents[1] / "reproduce" / "tuning" / "results-2core-20261202" / "transformer"
+    args = parse_args(["workload=transformer", "tune.max_runtime_s=150", "optimizer=allreduce,local_sgd",
+                       "tune.trials=3", "tune.studies=3", "logger.progress=off", "--out", str(folder)])
+    _, trials, raws = make_plan(args)
+    assert len(trials) == 18
+    assert [t.name for t in trials if finished_summary(folder / "trials" / t.name, raws[t.name]) is None] == []

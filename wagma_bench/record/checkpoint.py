@@ -92,8 +92,8 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written by {manifest['world_size']} ranks, "
                           f"this run has {world_size} ({world_from}); resume with the same world size, or "
                           f"start afresh with checkpoint.resume=false or another hydra.run.dir")
-    if manifest["config_hash"] != identity_hash(raw):
-        before, now = _flat(manifest.get("config", {})), _flat(identity(raw))
+    if _written_identity(manifest) != identity_hash(raw):
+        before, now = _flat(identity(manifest.get("config", {}))), _flat(identity(raw))
         changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
@@ -105,6 +105,13 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
                           f"({len(missing)} of {len(manifest['files'])} rank files)"
                           + _older_hint(folder))
+
+
+def _written_identity(manifest: dict) -> str:
+    """The identity hash of the configuration a set was written with, recomputed by today's rule from the config
+    the manifest keeps (a manifest written before that rule changed still matches its own run); a manifest
+    without its config: the hash it stored."""
+    return identity_hash(manifest["config"]) if "config" in manifest else manifest["config_hash"]
 
 
 def check_event_log(run_dir: Path) -> None:
@@ -178,9 +185,9 @@ class Checkpointer:
         if manifest["world_size"] != world_size:
             raise CheckpointError(f"checkpoint {folder.name} was written by {manifest['world_size']} ranks, "
                                   f"this run has {world_size}")
-        if manifest["config_hash"] != identity_hash(self.raw):
+        if _written_identity(manifest) != identity_hash(self.raw):
             raise CheckpointError(f"checkpoint {folder.name} was written with another configuration "
-                                  f"(config hash {manifest['config_hash']}, this run {identity_hash(self.raw)})")
+                                  f"(config hash {_written_identity(manifest)}, this run {identity_hash(self.raw)})")
         name = f"rank{self.rank}.pt"
         path = folder / name
         if not path.is_file():

@@ -41,10 +41,26 @@ class RunDirLocked(RuntimeError):
     """Another live run writes into this run directory."""
 
 
+# Keys added to the suite after runs had been recorded without them, each with the value that does what those runs
+# did: a run recorded before the key existed is the same run as one with the key at that value (its summary is
+# found, so tune skips it and run reports it; its checkpoints resume). A key added with a default that keeps
+# the old behaviour goes here (tests/test_events_record.py checks a committed tuning against today's plan).
+ADDED_KEYS = {
+    ("optimizer", "fragments"): 1,        # streaming DiLoCo (cb68197): one fragment is plain local SGD
+    ("optimizer", "fragment_delay"): 0,
+    ("optimizer", "fragment_alpha"): 0.0,
+    ("workload", "shuffle_seed"): None,   # the batch order set apart from the seed (2026-12-05)
+}
+
+
 def identity(raw: dict) -> dict:
-    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`)."""
+    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`), and minus each key
+    of :data:`ADDED_KEYS` at the value that keeps its old behaviour."""
     out = {k: v for k, v in raw.items() if k not in RESUMABLE_SECTIONS}
     out["train"] = {k: v for k, v in (raw.get("train") or {}).items() if k not in BUDGET_KEYS}
+    for (section, key), old in ADDED_KEYS.items():
+        if isinstance(out.get(section), dict) and key in out[section] and out[section][key] == old:
+            out[section] = {k: v for k, v in out[section].items() if k != key}
     return out
 
 
