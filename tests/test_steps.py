@@ -32,7 +32,7 @@ def test_the_compact_table_gives_every_analysis_the_raw_logs_numbers(checkpointe
     assert sorted(raw) == [0, 1] and all(len(r) >= 12 for r in raw.values())
     kept = {rank: [{f: r[f] for f in STEP_FIELDS if f in r} for r in recs] for rank, recs in raw.items()}
     assert read_step_records(compact) == kept                     # the independent reading: the raw lines
-    assert load_step_records(compact) == {k: v for k, v in kept.items()}
+    assert load_step_records(compact) == kept
     rows = [type("Run", (), {"path": d})() for d in (checkpointed, compact)]
     assert step_time_rows(rows[:1]) == step_time_rows(rows[1:]) != []
     assert step_time_summary(step_time_rows(rows[1:])) == step_time_summary(step_time_rows(rows[:1]))
@@ -61,3 +61,30 @@ def test_committed_results_are_compact():
     assert raw == [], raw[:5]
     total = sum((ROOT / p).stat().st_size for p in paths if (ROOT / p).is_file())
     assert total < 20 * 2**20, f"{total / 2**20:.1f} MB tracked"
+
+
+def test_a_damaged_table_is_named(checkpointed, tmp_path):
+    """Cut short, or columns of unequal lengths: one error naming the file, not a bare decoder error."""
+    import json
+    import lzma
+
+    import pytest
+
+    write_step_table(checkpointed, tmp_path / STEP_TABLE)
+    data = (tmp_path / STEP_TABLE).read_bytes()
+    (tmp_path / STEP_TABLE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{STEP_TABLE}: damaged step table"):
+        read_step_records(tmp_path)
+    table = json.loads(lzma.decompress(data))
+    table["0"]["t"] = table["0"]["t"][:-1]
+    (tmp_path / STEP_TABLE).write_bytes(lzma.compress(json.dumps(table).encode()))
+    with pytest.raises(ValueError, match="unequal lengths"):
+        read_step_records(tmp_path)
+
+
+def test_report_goes_on_past_a_damaged_table_and_warns(checkpointed, tmp_path, capsys):
+    compact = _compact_copy(checkpointed, tmp_path / "compact")
+    (compact / STEP_TABLE).write_bytes(b"not xz")
+    rows = [type("Run", (), {"path": d})() for d in (checkpointed, compact)]
+    assert step_time_rows(rows) == step_time_rows(rows[:1])
+    assert f"{STEP_TABLE}: damaged step table" in capsys.readouterr().err

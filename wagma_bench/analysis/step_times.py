@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +32,12 @@ def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
     the optimizer's communication step, i.e. waiting for the others included)."""
     rows = []
     for run in runs:
-        for rank, recs in load_step_records(run.path).items():
+        try:
+            records = load_step_records(run.path)
+        except ValueError as err:  # a damaged compact table: the report goes on without this run's step times
+            print(f"wagma-bench report: warning: {err}; its step times are left out", file=sys.stderr, flush=True)
+            continue
+        for rank, recs in records.items():
             for rec in recs:
                 for comp in ("compute", "delay", "comm"):
                     if f"{comp}_s" in rec:

@@ -33,7 +33,7 @@ import numpy as np
 
 from wagma_bench.imbalance import RENAMED
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
-from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.steps import STEP_TABLE, read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -97,7 +97,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     meta, config = start.metadata, start.config
     records = read_step_records(run_dir)
     if not records:
-        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or steps.json.gz)")
+        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or {STEP_TABLE})")
     compute, overhead, samples, comm = [], [], [], []
     by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
     trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
@@ -137,7 +137,7 @@ def cycle_compute(run_dir: Path) -> list[float]:
     and a trailing one shorter than the rank's longest left out."""
     records = read_step_records(Path(run_dir))
     if not records:
-        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or steps.json.gz)")
+        raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or {STEP_TABLE})")
     pooled: list[float] = []
     for recs in records.values():
         cycles: list[list[float]] = []
