@@ -184,3 +184,16 @@ def test_operational_errors_end_in_one_line_with_the_documented_exit_code(tmpfs,
     _one_line(run([str(finished), "--out", str(full / "report")], timeout=120, command="report"), 1,
               "No space left on device")
     assert all(p.stat().st_size > 0 for p in (full / "report").rglob("*") if p.is_file())  # no partial file
+
+
+@pytest.mark.parametrize("status,ended", [("completed", True), ("time_limit", True), ("diverged", True),
+                                          ("failed", True), ("interrupted", False), ("preempted", False),
+                                          (None, False)])
+def test_reproduce_scripts_read_an_ended_run_and_run_an_interrupted_one_again(tmp_path, status, ended):
+    """runtime.runs.run_unless_done, what the scripts under reproduce/ build their campaigns from: a summary left by
+    a Ctrl-C or a preemption is not a result (the rerun resumes the run); a missing or torn summary neither."""
+    from wagma_bench.runtime.runs import ended as run_ended
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"status": status}) if status else "{\"status\": \"comp")
+    assert run_ended(summary) is ended

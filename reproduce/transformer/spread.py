@@ -27,9 +27,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.runtime.reference import reference_s
-from wagma_bench.runtime.runs import run_unless_done
+from wagma_bench.runtime.runs import ended, run_unless_done
+from wagma_bench.runtime.tune import add_reference
 
 LR, WARMUP_EPOCHS, SEED = 0.00404411, 0.686998, 4
 BASE = ["workload=transformer", "optimizer=allreduce", f"train.warmup_epochs={WARMUP_EPOCHS}",
@@ -64,15 +66,15 @@ def run(out: Path) -> list[dict]:
     rows = []
     for n, (source, k) in enumerate(plan(), 1):
         run_dir = out / f"{source}{k + 1}"
-        done = (run_dir / "summary.json").is_file()
-        before = None if done else reference_s()
+        # an interrupted run is run again (it resumes) and timed again; an ended one is read
+        before = None if ended(run_dir / SUMMARY) else reference_s()
         print(f"[spread {n}/{len(LEVELS) * 5}] {run_dir.name}", file=sys.stderr, flush=True)
         summary = run_unless_done(run_dir, overrides(LEVELS[source][k]))
-        if before is not None and (run_dir / "summary.json").is_file():
-            summary["reference_before_after_s"] = [before, reference_s()]
-            write_json_atomic(run_dir / "summary.json", summary)
+        if before is not None and ended(run_dir / SUMMARY):
+            summary = add_reference(run_dir, summary, before, reference_s())
         rows.append(row(source, k, summary))
-    write_json_atomic(out / RESULT, {"version": 1, "base": BASE, "levels": LEVELS, "runs": rows})
+    write_json_atomic(out / RESULT, {"version": 1, "base": BASE, "lr": LR, "seed": SEED, "levels": LEVELS,
+                                     "runs": rows})
     return rows
 
 

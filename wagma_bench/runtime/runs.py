@@ -15,16 +15,18 @@ from wagma_bench import exits
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import SymlinkRefused
+from wagma_bench.record.rundir import FINISHED
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
 
 def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None) -> dict:
     """The summary of ``wagma-bench run OVERRIDES hydra.run.dir=RUN_DIR``, running it first unless ``run_dir``
-    already has one; the command and its exit status go to stderr. A run that ends without a summary gives
-    ``{"status": "failed (exit N)"}``."""
+    already holds an ended one (finished by its own rules, or failed: as tune counts a trial); an interrupted or
+    preempted run is run again, which resumes it from its checkpoint. The command and its exit status go to
+    stderr. A run that ends without a summary gives ``{"status": "failed (exit N)"}``."""
     summary = Path(run_dir) / SUMMARY
-    if not summary.exists():
+    if not ended(summary):
         cmd = [str(WAGMA_BENCH), "run", *overrides, f"hydra.run.dir={run_dir}"]
         print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
         t0 = time.perf_counter()
@@ -33,6 +35,14 @@ def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None
         if not summary.exists():
             return {"status": f"failed (exit {done.returncode})"}
     return json.loads(summary.read_text())
+
+
+def ended(summary: Path) -> bool:
+    """Whether ``summary`` is a run's that ended: finished by its own stop rules, or failed."""
+    try:
+        return json.loads(summary.read_text()).get("status") in (*FINISHED, "failed")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def exit_code(command: str, body: Callable[[list[str]], int], argv: list[str],
