@@ -117,4 +117,4 @@ def heavy_modules_after(code: str, heavy: tuple[str, ...]) -> list[str]:
     probe = f"{code}\nimport sys\nprint(sorted(m for m in {heavy!r} if m in sys.modules))\n"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    return ast.literal_eval(out.stdout.strip())
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])

@@ -1,5 +1,6 @@
-"""The configuration is checked once per run and carried typed (issue 55): the command validates it, the ranks get
-the checked RunConfig, and nothing outside config/ reads the composed dictionary by string key."""
+"""The configuration is checked once per run and carried typed (issue 55): the command validates it, a local run's
+ranks get the checked RunConfig, and nothing outside config/ subscripts the composed dictionary by a section's
+name (record/rundir.py's identity rules read it as data, by .get)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 COUNTING_HOOK = """
 import functools, os
 import wagma_bench.config.schema as schema
+
+with open(os.environ["WAGMA_TEST_VALIDATE_LOG"] + ".loaded", "a") as f:  # the hook is in this process
+    f.write(f"{os.getpid()}\\n")
 
 _validate = schema.validate
 
@@ -39,6 +43,8 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
     out = run(QUICK + [f"hydra.run.dir={tmp_path / 'run'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
+    loaded = set(log.with_name(log.name + ".loaded").read_text().split())
+    assert len(loaded) >= 3, loaded  # the command and its two ranks at least (a hook that failed to load counts 0)
     calls = log.read_text().split()
     assert calls == [calls[0]], f"schema.validate called {len(calls)} times, in processes {calls}"
 

@@ -41,6 +41,7 @@ def versions(comm: Comm) -> dict:
         out["mpi4py"] = __import__("mpi4py").__version__
     return out
 
+
 def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
     """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
     reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
@@ -62,6 +63,7 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         git_sha=git_sha(), versions=versions(comm), hosts=hosts,
         # where each rank ran, by rank: its host and its rank on that host
         rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
+
 
 def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
     """Every rank's (host name, rank on its host), by rank (collective)."""
