@@ -64,7 +64,7 @@ def _event_log_resumed(run_dir: Path):
 
 
 def _step_log(run_dir: Path):
-    from wagma_bench.record.events import StepLog
+    from wagma_bench.record.steps import StepLog
 
     StepLog(run_dir, rank=0).close()
 

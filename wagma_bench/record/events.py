@@ -2,8 +2,8 @@
 
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
-``steps/rank<R>.jsonl``. ``summary.json`` is derived from the events by :func:`summarize` and written
-atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
+``steps/rank<R>.jsonl`` (:class:`wagma_bench.record.steps.StepLog`). ``summary.json`` is derived from the
+events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
 also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.record.rundir.record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 
@@ -23,29 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.record.files import (
-    open_run_file,
-    read_jsonl,
-    refuse_link,
-    rewrite_jsonl,
-    run_subdir,
-    strict_json,
-)
+from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
-
-
-def _open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
-    """Open a log for this attempt: empty on a fresh start (never appending to an earlier attempt's lines);
-    on a resume, cut back to what the checkpoint at ``resume_step`` has seen (``keep(record, step)``)."""
-    if resume_step is None:
-        return open_run_file(path, "w")  # the caller closes it
-    if path.is_symlink():
-        raise refuse_link(path)
-    if path.exists():
-        rewrite_jsonl(path, [r for r in read_jsonl(path) if keep(r, resume_step)])
-    return open_run_file(path, "a")
 
 
 def _event_before_checkpoint(event: dict, step: int) -> bool:
@@ -67,7 +48,7 @@ class EventLog:
         self.enabled = enabled
         self.path = run_dir / EVENTS
         # open for the whole run, closed by close(); resume_step None: a fresh start
-        self._f = _open_for_attempt(self.path, resume_step, _event_before_checkpoint) if enabled else None
+        self._f = open_for_attempt(self.path, resume_step, _event_before_checkpoint) if enabled else None
         self.sinks = list(sinks) if enabled else []
 
     def emit(self, key: str, value: Any = None, **metadata: Any) -> None:
@@ -88,29 +69,6 @@ class EventLog:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
-
-
-class StepLog:
-    """Per-rank step timings, buffered and flushed at synchronisation points."""
-
-    def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
-        d = run_subdir(run_dir / "steps")
-        # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
-        self._f = _open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
-        self._buf: list[str] = []
-
-    def record(self, **fields: Any) -> None:
-        self._buf.append(strict_json(fields))
-
-    def flush(self) -> None:
-        if self._buf:
-            self._f.write("\n".join(self._buf) + "\n")
-            self._f.flush()
-            self._buf.clear()
-
-    def close(self) -> None:
-        self.flush()
-        self._f.close()
 
 
 def _first(events: Iterable[dict], key: str) -> dict | None:

@@ -126,3 +126,15 @@ def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
     except FileNotFoundError:
         pass
     return out
+
+
+def open_for_attempt(path: Path, resume_step: int | None, keep) -> Any:
+    """Open a log for this attempt: empty on a fresh start (never appending to an earlier attempt's lines);
+    on a resume, cut back to what the checkpoint at ``resume_step`` has seen (``keep(record, step)``)."""
+    if resume_step is None:
+        return open_run_file(path, "w")  # the caller closes it
+    if path.is_symlink():
+        raise refuse_link(path)
+    if path.exists():
+        rewrite_jsonl(path, [r for r in read_jsonl(path) if keep(r, resume_step)])
+    return open_run_file(path, "a")

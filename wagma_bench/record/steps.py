@@ -1,7 +1,6 @@
 """A run's per-rank step records, read from either of their two forms.
 
-A run writes ``steps/rank<R>.jsonl`` (:class:`~wagma_bench.record.events.StepLog`: every field a workload
-logs, about 100-170 bytes a step and rank). A committed result keeps instead one compressed, columnar table,
+A run writes ``steps/rank<R>.jsonl`` (:class:`StepLog`: every field a workload logs, about 100-170 bytes a step and rank). A committed result keeps instead one compressed, columnar table,
 ``steps.json.xz`` (:func:`write_step_table`): per rank, one list per field of :data:`STEP_FIELDS`, the fields
 that the analyses read (report's step-time components, the simulator's calibration): about a thirtieth of the
 raw logs (4.9 MB for the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same records from either form, so every analysis
@@ -15,8 +14,9 @@ import json
 import lzma
 import re
 from pathlib import Path
+from typing import Any
 
-from wagma_bench.record.files import atomic_write, read_jsonl, strict_json
+from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl, run_subdir, strict_json
 
 STEPS = "steps"
 STEP_TABLE = "steps.json.xz"
@@ -63,3 +63,26 @@ def _rows(columns: dict[str, list]) -> list[dict]:
         raise ValueError(f"columns of unequal lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
     return [{f: columns[f][i] for f in STEP_FIELDS if f in columns and columns[f][i] is not None} for i in range(n)]
+
+
+class StepLog:
+    """Per-rank step timings, buffered and flushed at synchronisation points."""
+
+    def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
+        d = run_subdir(Path(run_dir) / STEPS)
+        # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
+        self._f = open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
+        self._buf: list[str] = []
+
+    def record(self, **fields: Any) -> None:
+        self._buf.append(strict_json(fields))
+
+    def flush(self) -> None:
+        if self._buf:
+            self._f.write("\n".join(self._buf) + "\n")
+            self._f.flush()
+            self._buf.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._f.close()

@@ -32,11 +32,12 @@ from wagma_bench.imbalance import make_imbalance
 from wagma_bench.optim import get_optimizer
 from wagma_bench.record.checkpoint import Checkpointer
 from wagma_bench.record.cpu import thread_cpu_s
-from wagma_bench.record.events import SUMMARY, StepLog
+from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.loggers import event_log_for_run
 from wagma_bench.record.progress import Progress
 from wagma_bench.record.provenance import run_start_fields, versions
 from wagma_bench.record.rundir import finalize as write_summary
+from wagma_bench.record.steps import StepLog
 from wagma_bench.runtime import partition, startup
 from wagma_bench.runtime.preemption import Preemption
 from wagma_bench.runtime.slurm import requeue_job
