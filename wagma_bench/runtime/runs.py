@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wagma_bench import exits
+from wagma_bench.analysis.tuning import trial_finished
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import SymlinkRefused
-from wagma_bench.record.rundir import FINISHED
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
@@ -40,7 +40,7 @@ def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None
 def ended(summary: Path) -> bool:
     """Whether ``summary`` is a run's that ended: finished by its own stop rules, or failed."""
     try:
-        return json.loads(summary.read_text()).get("status") in (*FINISHED, "failed")
+        return trial_finished(json.loads(summary.read_text()))  # tune's rule for a trial, the same for a run
     except (OSError, ValueError, AttributeError):
         return False
 
