@@ -57,7 +57,9 @@ def spec(name: str) -> list[str]:
         return [(f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
                  f"{cls.__name__} inherit it (the config check reads the spec, without torch)")]
     return [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {SPECS}"
-            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"))
+            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"),
+                              ("algorithm", f"= {cls.__name__!r}, its class in wagma_bench/optim/{name}.py"),
+                              ("simulation", f"= 'sim_{name}', its model in wagma_bench/simulate/des.py"))
             if attr not in spec.__dict__] + (
         [f"{name}: set `name = {name!r}` in {spec.__name__} in {SPECS} (the registry's key is {name!r})"]
         if spec.__dict__.get("name", name) != name else [])
@@ -114,11 +116,12 @@ def search_space(name: str) -> list[str]:
 def simulation(name: str) -> list[str]:
     from wagma_bench.simulate.des import SIMULATIONS
 
-    key = OPTIMIZER_SPECS.get(name)  # keyed by the spec: the simulator imports no torch
+    key = OPTIMIZER_SPECS.get(name)  # keyed by the spec, which names the function: the simulator imports no torch
     if key in SIMULATIONS:
         return []
-    return [(f"{name}: add a `sim_{name}(cfg)` and `{key.__name__ if key else 'its spec'}: sim_{name}` to "
-            f"SIMULATIONS in wagma_bench/simulate/des.py (its communication as a discrete-event model)")]
+    function = key.__dict__.get("simulation", f"sim_{name}") if key else f"sim_{name}"
+    return [(f"{name}: add `{function}(cfg)` to wagma_bench/simulate/des.py (its communication as a discrete-event "
+             f"model; its spec's `simulation` names it)")]
 
 
 def invariant_case(name: str) -> list[str]:
@@ -212,6 +215,24 @@ def test_optimizer_conformance():
     checks = list(dict.fromkeys(piece.check for piece in PIECES))
     problems = [problem for name in OPTIMIZERS for check in checks for problem in check(name)]
     assert not problems, "a registered optimizer lacks pieces:\n" + "\n".join(problems)
+
+
+def test_adding_an_optimizer_adds_one_entry_to_one_table():
+    """OPTIMIZER_SPECS is the one table of the optimizers: the algorithm registry and the simulator's are built
+    from it, in its order, and neither module names an optimizer's spec or class itself."""
+    from wagma_bench.optim.registry import algorithm_of
+    from wagma_bench.simulate.des import SIMULATIONS
+
+    assert list(OPTIMIZERS) == list(OPTIMIZER_SPECS)
+    assert all(OPTIMIZERS[name] is algorithm_of(spec) for name, spec in OPTIMIZER_SPECS.items())
+    assert [(spec, fn.__name__) for spec, fn in SIMULATIONS.items()] == \
+        [(spec, spec.simulation) for spec in OPTIMIZER_SPECS.values()]
+    for path in ("wagma_bench/optim/registry.py", "wagma_bench/simulate/des.py"):
+        tree = ast.parse((ROOT / path).read_text())
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
+            {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        named = [name for name, spec in OPTIMIZER_SPECS.items() if {spec.__name__, spec.algorithm} & used]
+        assert not named, f"{path} names {named} in its code: read them from OPTIMIZER_SPECS"
 
 
 def _listed_under(heading: str) -> str:

@@ -1,28 +1,21 @@
-"""Registry of the distributed optimizers, keyed by their Hydra option name (``optimizer=NAME``); their torch-free
-specs are :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`."""
+"""The distributed optimizers' algorithm classes, keyed by their Hydra option name (``optimizer=NAME``), read from
+the one table of the optimizers, :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`: each spec names its class, which
+lives in ``optim/<name>.py`` (one module per algorithm) and inherits the spec."""
 
 from __future__ import annotations
 
-from wagma_bench.optim.adpsgd import ADPSGD
-from wagma_bench.optim.allreduce import AllreduceSGD
-from wagma_bench.optim.base import Algorithm
-from wagma_bench.optim.dpsgd import DPSGD
-from wagma_bench.optim.dropcompute import DropCompute
-from wagma_bench.optim.eager import EagerSGD
-from wagma_bench.optim.local_sgd import LocalSGD
-from wagma_bench.optim.sgp import SGP
-from wagma_bench.optim.wagma import WagmaSGD
+import importlib
 
-OPTIMIZERS: dict[str, type[Algorithm]] = {
-    AllreduceSGD.name: AllreduceSGD,
-    WagmaSGD.name: WagmaSGD,
-    LocalSGD.name: LocalSGD,
-    DPSGD.name: DPSGD,
-    ADPSGD.name: ADPSGD,
-    SGP.name: SGP,
-    EagerSGD.name: EagerSGD,
-    DropCompute.name: DropCompute,
-}
+from wagma_bench.optim.base import Algorithm
+from wagma_bench.optim.specs import OPTIMIZER_SPECS, AlgorithmSpec
+
+
+def algorithm_of(spec: type[AlgorithmSpec]) -> type[Algorithm]:
+    """The class ``spec.algorithm`` of ``wagma_bench/optim/<spec.name>.py``."""
+    return getattr(importlib.import_module(f"wagma_bench.optim.{spec.name}"), spec.algorithm)
+
+
+OPTIMIZERS: dict[str, type[Algorithm]] = {name: algorithm_of(spec) for name, spec in OPTIMIZER_SPECS.items()}
 
 
 def get_optimizer(name: str) -> type[Algorithm]:
@@ -30,4 +23,3 @@ def get_optimizer(name: str) -> type[Algorithm]:
         return OPTIMIZERS[name]
     except KeyError:
         raise ValueError(f"unknown optimizer {name!r}; available: {', '.join(sorted(OPTIMIZERS))}") from None
-

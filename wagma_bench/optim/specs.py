@@ -5,8 +5,9 @@ Each algorithm class (``optim/<name>.py``) inherits its spec from here: the ``op
 reason it does not), whether it computes a batch in parts, and its rules about the world size. The
 configuration check (:mod:`wagma_bench.config.schema`) reads only these, so that ``wagma-bench run`` refuses a
 bad value, and starts its ranks, without importing torch in the launching process (about 1.3 s of CPU a
-command here); the ranks import the algorithms themselves. :data:`OPTIMIZER_SPECS` is the torch-free twin of
-:data:`wagma_bench.optim.OPTIMIZERS` (``tests/test_config.py`` checks that they name the same classes).
+command here); the ranks import the algorithms themselves. :data:`OPTIMIZER_SPECS` is the one table of the
+optimizers: :data:`wagma_bench.optim.OPTIMIZERS` (the algorithm classes) and the simulator's models are read from
+it (``tests/test_config.py`` checks that each class inherits its spec).
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class AlgorithmSpec:
 
     name: ClassVar[str]
     Settings: ClassVar[type]  # schema of the `optimizer:` section
+    #: the class of ``optim/<name>.py`` that implements it and inherits this spec (the ranks import it by name:
+    #: :data:`wagma_bench.optim.registry.OPTIMIZERS`)
+    algorithm: ClassVar[str]
+    #: the simulator's model of its communication, a function of :mod:`wagma_bench.simulate.des` named here
+    #: (:data:`wagma_bench.simulate.des.SIMULATIONS`), so that the simulator imports no torch
+    simulation: ClassVar[str]
     #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
     #: globally itself and calls ``outer_round`` right after), "exact" (the base never averages globally:
     #: ``outer_round``, called at the end of each round, takes the average first), None: it does not apply
@@ -86,6 +93,8 @@ GRADIENT_AVERAGING = "it averages gradients, not models: every rank holds the sa
 
 class AllreduceSpec(AlgorithmSpec):
     name = "allreduce"
+    algorithm = "AllreduceSGD"
+    simulation = "sim_allreduce"
     outer_refusal = GRADIENT_AVERAGING
 
     @dataclass
@@ -97,6 +106,8 @@ class AllreduceSpec(AlgorithmSpec):
 
 class WagmaSpec(AlgorithmSpec):
     name = "wagma"
+    algorithm = "WagmaSGD"
+    simulation = "sim_wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
 
     @dataclass
@@ -133,6 +144,8 @@ class WagmaSpec(AlgorithmSpec):
 
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
+    algorithm = "LocalSGD"
+    simulation = "sim_local_sgd"
     outer_at = "average"     # right after the global average (optim/outer.py)
 
     @dataclass
@@ -179,6 +192,8 @@ class LocalSGDSpec(AlgorithmSpec):
 
 class DPSGDSpec(AlgorithmSpec):
     name = "dpsgd"
+    algorithm = "DPSGD"
+    simulation = "sim_dpsgd"
     outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
@@ -188,6 +203,8 @@ class DPSGDSpec(AlgorithmSpec):
 
 class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
+    algorithm = "ADPSGD"
+    simulation = "sim_adpsgd"
     outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
                      "models' exact average (not implemented)")
 
@@ -200,6 +217,8 @@ class ADPSGDSpec(AlgorithmSpec):
 
 class SGPSpec(AlgorithmSpec):
     name = "sgp"
+    algorithm = "SGP"
+    simulation = "sim_sgp"
     outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
@@ -220,6 +239,8 @@ EAGER_MODES = ("solo", "majority")
 
 class EagerSpec(AlgorithmSpec):
     name = "eager"
+    algorithm = "EagerSGD"
+    simulation = "sim_eager"
     outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
                      "stay identical and there is no model average to correct")
 
@@ -253,6 +274,8 @@ def parse_threshold(value: str) -> float | None:
 
 class DropComputeSpec(AlgorithmSpec):
     name = "dropcompute"
+    algorithm = "DropCompute"
+    simulation = "sim_dropcompute"
     computes_in_parts = True
     outer_refusal = GRADIENT_AVERAGING  # Allreduce-SGD's reason: one averaged gradient, one model
 
@@ -272,6 +295,8 @@ class DropComputeSpec(AlgorithmSpec):
             parse_threshold(self.threshold_s)
 
 
-#: option name (``optimizer=NAME``) -> spec, in the order of :data:`wagma_bench.optim.OPTIMIZERS`
+#: option name (``optimizer=NAME``) -> spec: the one table of the optimizers. Each spec names its algorithm class
+#: and its simulation, from which :data:`wagma_bench.optim.OPTIMIZERS` and
+#: :data:`wagma_bench.simulate.des.SIMULATIONS` are built in this order: adding an optimizer adds one entry here.
 OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {spec.name: spec for spec in (
     AllreduceSpec, WagmaSpec, LocalSGDSpec, DPSGDSpec, ADPSGDSpec, SGPSpec, EagerSpec, DropComputeSpec)}
