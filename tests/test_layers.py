@@ -51,3 +51,29 @@ def test_an_upward_import_breaks_the_contract_naming_both_modules(tmp_path):
     assert result.returncode != 0
     assert "layers BROKEN" in result.stdout
     assert "wagma_bench.comm.buckets -> wagma_bench.train.trainer" in result.stdout, result.stdout
+
+
+def _layer_rows() -> list[str]:
+    """The rows of docs/architecture.md's layer table (each row's text)."""
+    lines = (ROOT / "docs" / "architecture.md").read_text().splitlines()
+    return [line for line in lines if line.startswith("| ") and not line.startswith(("| layer", "|---"))]
+
+
+def test_the_architecture_page_names_every_module_in_its_layers_row():
+    """docs/architecture.md draws the layers with every module in its row: a module of FOLDER is named (by its path
+    below FOLDER, or its file name) in the row that names `FOLDER/`; a top-level module in some row."""
+    rows = _layer_rows()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" and relative.parent != Path("cli") or "__pycache__" in relative.parts:
+            continue
+        if len(relative.parts) == 1:
+            mine = rows
+        else:
+            mine = [row for row in rows if f"`{relative.parts[0]}/" in row]
+        names = {f"`{relative.as_posix()}", f"`{Path(*relative.parts[1:]).as_posix()}`", f"`{path.name}`",
+                 f"`{Path(*relative.parts[-2:]).as_posix()}`", f"{path.name}`"}
+        if not any(name in row for row in mine for name in names):
+            missing.append(f"wagma_bench/{relative}")
+    assert not missing, "docs/architecture.md's layer table does not name: " + ", ".join(missing)
