@@ -44,10 +44,10 @@ def _summary(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_run_under_mpiexec(tmp_path: Path) -> None:
     # WAGMA-SGD: the progress and listener threads issue MPI calls beside the main thread's
-    _run([MPIEXEC, "-n", "4", str(BIN), "run", "comm=mpi", "optimizer=wagma", "train.max_steps=22",
+    _run([MPIEXEC, "-n", "4", str(BIN), "run", "comm=mpi", "optimizer=wagma", "train.max_steps=11",
           "eval.every_steps=11", "logger.progress=off", f"hydra.run.dir={tmp_path}"], timeout=300)
     summary = _summary(tmp_path)
-    assert summary["status"] == "completed" and summary["steps"] == 22 and summary["optimizer"] == "wagma"
+    assert summary["status"] == "completed" and summary["steps"] == 11 and summary["optimizer"] == "wagma"
     assert summary["world_size"] == 4 and summary["versions"]["comm"] == "mpi"
 
 
