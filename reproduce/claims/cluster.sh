@@ -18,7 +18,7 @@ imagenet=${IMAGENET:?IMAGENET=DIR (ImageNet for torchvision)}
 wmt=${WMT:?WMT=DIR (binarized WMT17 En-De)}
 mode=${1:?submit | finish | dry-run}
 declare -A setup=(
-  [resnet_paper]="experiment=paper_resnet50 data.root=$imagenet imbalance=shared_draw imbalance.delay_s=0.32"
+  [resnet_independent]="experiment=paper_resnet50 data.root=$imagenet imbalance=independent"
   [resnet_none]="experiment=paper_resnet50 data.root=$imagenet imbalance=none"
   [transformer]="experiment=paper_transformer data.path=$wmt"
   [transformer_budget]="experiment=paper_transformer data.path=$wmt eval.target=null"
@@ -36,9 +36,8 @@ case "$mode" in
     done ;;
   finish)
     for s in "${!setup[@]}"; do "$bin" sweep wait "$out/$s"; "$bin" tune score "$out/$s"; done
-    "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=shared_draw \
-      imbalance.num_slow=2 imbalance.delay_s=0.32 control_every=0 --convergence "$out/resnet_paper" \
-      --compute-from "$out/resnet_paper" \
+    "$bin" simulate cluster="$cluster" workload=resnet data=imagenet gpus=64 'optimizer=glob(*)' imbalance=independent \
+      control_every=0 --convergence "$out/resnet_independent" --compute-from "$out/resnet_independent" \
       --out "$out/paper-scale/resnet50"
     "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
       control_every=0 --compute-from "$out/ddppo" --out "$out/paper-scale/rl"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every claim of reproduce/claims.yaml on this machine, then the table (docs/claims.md):
-#   reproduce/claims/mini.sh        # about 14 hours on the 2-core development machine, idle
+#   reproduce/claims/mini.sh        # about 16 hours on the 2-core development machine, idle
 # Each tuning is AlgoPerf's external tuning (reproduce/tuning/mini.sh, trials of 1-3 minutes, the optimizers
 # interleaved, a speed reference around each trial): the claims re-tuned under issue 54's protocol at 5 studies x
-# 5 trials of their own optimizers, the others still at 3 x 3 of every optimizer (~460 trials in all); the
+# 5 trials of their own optimizers, the others still at 3 x 3 of every optimizer (~550 trials in all); the
 # paper-scale predictions take a few minutes. OUT chooses where (default tuned/claims-<date>); rerunning skips
 # finished trials and resumes a killed one. Run it under the measure lock (flock /tmp/wagma-measure.lock ...) so
 # that no other measurement shares the cores.
@@ -13,13 +13,15 @@ bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
 out=${OUT:-tuned/claims-$(date +%Y%m%d)}
 OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma reproduce/tuning/mini.sh ddppo_budget
 OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,local_sgd reproduce/tuning/mini.sh resnet_none
-OUT="$out" reproduce/tuning/mini.sh resnet_paper transformer transformer_sentences transformer_budget ddppo
+OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager \
+  reproduce/tuning/mini.sh resnet_independent
+OUT="$out" reproduce/tuning/mini.sh transformer transformer_sentences transformer_budget ddppo
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
 # rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
-"$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*)' imbalance=shared_draw \
-  imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=500 control_every=0 \
-  --convergence "$out/resnet_paper" --compute-from "$out/resnet_paper" --out "$out/paper-scale/resnet50"
+"$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*,exclude=dropcompute)' \
+  imbalance=independent train.max_steps=500 control_every=0 \
+  --convergence "$out/resnet_independent" --compute-from "$out/resnet_independent" --out "$out/paper-scale/resnet50"
 # The Transformer-base / WMT17 preset, once per batching (TUNING OUT): token batches and sentence batches
 transformer() {
   "$bin" simulate cluster=daint workload=transformer data=wmt17_en_de gpus=16,32,64 'optimizer=glob(*)' imbalance=none \
