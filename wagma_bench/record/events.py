@@ -3,8 +3,9 @@
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl`` (:class:`wagma_bench.record.steps.StepLog`). ``summary.json`` is derived from the
-events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by the launcher after a failure (which
-also writes the ``run_stop`` rank 0 could not: :func:`wagma_bench.record.rundir.record_failure`); so is
+events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by the
+launcher after a failure (which also writes the ``run_stop`` rank 0 could not:
+:func:`wagma_bench.record.rundir.record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 
 Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the

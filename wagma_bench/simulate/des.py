@@ -654,7 +654,7 @@ def sim_eager(cfg: SimConfig) -> SimResult:
 # algorithm class, so that the simulator imports no torch. A name that is not a function here leaves its optimizer
 # out (tests/test_conformance.py names what to add).
 SIMULATIONS: dict[type[AlgorithmSpec], Callable[[SimConfig], SimResult]] = {
-    spec: globals()[spec.simulation] for spec in OPTIMIZER_SPECS.values() if callable(globals().get(spec.simulation))}
+    spec: model for spec in OPTIMIZER_SPECS.values() if callable(model := globals().get(spec.simulation))}
 
 
 def simulated_optimizers() -> list[str]:
