@@ -13,7 +13,9 @@ MPICH's shared-memory segments of killed or aborted jobs are removed from /dev/s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +38,25 @@ def checkpointed(tmp_path_factory) -> Path:
     """A finished 2-rank run of the embedded default (tests.cli_util.QUICK: 12 steps, evaluations at 6 and 12)
     with checkpoints at rounds 10 and 12: one run read by every test that needs a finished one. Read it only;
     a test that changes it (a resume, a rerun, a removed file) works on a copy. The command's stdout is kept
-    beside it (:func:`checkpointed_stdout`)."""
+    beside it (:func:`checkpointed_stdout`), written last: its presence says the run is complete.
+
+    Under pytest-xdist one run serves every worker (pytest-xdist's documented pattern: the first worker to
+    take the lock makes it in the folder the workers' temporary folders share, the others wait and read it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _make_checkpointed(tmp_path_factory.mktemp("checkpointed"))
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
+    with open(shared / "checkpointed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run_dir = shared / "checkpointed"
+        if not checkpointed_stdout(run_dir).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a worker's failed attempt is not resumed
+            _make_checkpointed(run_dir)
+    return run_dir
+
+
+def _make_checkpointed(run_dir: Path) -> Path:
     from tests.cli_util import QUICK, run
 
-    run_dir = tmp_path_factory.mktemp("checkpointed")
     out = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
     checkpointed_stdout(run_dir).write_text(out.stdout)

@@ -265,7 +265,7 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
         kill_run(first)
     at = latest_manifest(tmp_path)["round"]
     assert max(logged_steps(tmp_path, 0)) > at
-    total = at + 10
+    total = at + 1  # the killed process logged past the checkpoint: the resume must cut those steps back
     second = run(args + [f"train.max_steps={total}"])
     assert second.returncode == 0, second.stderr[-3000:]
     for rank in (0, 1):
@@ -292,13 +292,13 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
     assert keys(tmp_path)[-1] == "run_suspend" and "run_stop" not in keys(tmp_path)
     at = checkpoints(tmp_path)[-1]
-    second = run(args + [f"train.max_steps={at + 10}"])
+    second = run(args + [f"train.max_steps={at + 1}"])
     assert second.returncode == 0, second.stderr[-3000:]
     k = keys(tmp_path)
     assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
     assert k[-1] == "run_stop"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 10)
+    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 1)
     # the MLPerf log of the same run passes the official checker, with our run_suspend / run_resume in order
     # (the ResNet-20 run in tests/test_mllog.py, stopped after an evaluation, is in make test-long)
     from tests.test_mllog import assert_compliant, keys_of
