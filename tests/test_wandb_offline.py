@@ -55,15 +55,19 @@ def test_requeued_sweep_job_offline(tmp_path):
     sweep = tmp_path / "SW"
     args = ["run", "-m", "launcher.nproc=2", "eval.every_steps=6", "checkpoint.every_s=0", "logger=wandb",
             "logger.progress=off", f"hydra.sweep.dir={sweep / 'runs' / '0002gpu'}"]
-    for max_steps in (6, 12):  # the second process resumes from the first one's checkpoint (each evaluates once)
+    said = []
+    for max_steps in (12, 24):  # the second process resumes from the first one's checkpoint
         out = subprocess.run([str(BIN), *args, f"train.max_steps={max_steps}"], capture_output=True, text=True,
                              timeout=300, check=False, env=env, cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
+        said.append(f"--- train.max_steps={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}")
     listener.close()
     assert listener.connections == 0, "W&B tried to reach the network"
     run_dir = sweep / "runs" / "0002gpu" / "0_allreduce_s1"
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
-    assert len(files) == 2
+    # one W&B run per process; each process's output says why one is missing (6 + 6 rounds lost one once, in make
+    # test's first phase at 2026-12-05 23:04 UTC, not seen again in three runs beside two busy loops: docs/tests.md)
+    assert len(files) == 2, "\n".join(said)
     group = f"SW-{hashlib.sha256(str(sweep.resolve()).encode()).hexdigest()[:6]}"
     for path in files:
         records = wandb_records(path)
