@@ -6,7 +6,8 @@ target: its top-1 passes 0.96 at round 165 and 0.97 at round 231 (one run at the
 rounds, 2026-12-05; 0.97 also at 231 in the profiled suite, where 0.95-0.96 held from round 99 on): the run still
 trains from scratch to a high accuracy, end to end, in about two thirds of the rounds, on the suite's longest
 single test. Every other registered optimizer (about 1.5 minutes each on this 2-core machine) is marked `long`
-and runs with `make test-long` at the default target, to keep `make test` short. The optimizer tables of docs/optimizers.md are the measured record of each."""
+and runs with `make test-long` at the default target, to keep `make test` short. The optimizer tables of
+docs/optimizers.md are the measured record of each."""
 
 from __future__ import annotations
 
