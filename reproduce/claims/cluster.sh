@@ -22,7 +22,7 @@ declare -A setup=(
   [resnet_none]="experiment=paper_resnet50 data.root=$imagenet imbalance=none"
   [transformer]="experiment=paper_transformer data.path=$wmt"
   [transformer_budget]="experiment=paper_transformer data.path=$wmt eval.target=null"
-  [ddppo]="experiment=paper_ddppo"
+  [ddppo_throughput]="experiment=paper_ddppo eval.target=null"
   [ddppo_budget]="experiment=paper_ddppo eval.target=null"
 )
 case "$mode" in
@@ -40,7 +40,7 @@ case "$mode" in
       control_every=0 --convergence "$out/resnet_independent" --compute-from "$out/resnet_independent" \
       --out "$out/paper-scale/resnet50"
     "$bin" simulate cluster="$cluster" workload=ddppo gpus=1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
-      control_every=0 --compute-from "$out/ddppo" --out "$out/paper-scale/rl"
+      control_every=0 --compute-from "$out/ddppo_throughput" --out "$out/paper-scale/rl"
     "$bin" claims "$out" --out "$out/claims" ;;
   *) echo "unknown mode '$mode': submit | finish | dry-run" >&2; exit 2 ;;
 esac

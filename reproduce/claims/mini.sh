@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every claim of reproduce/claims.yaml on this machine, then the table (docs/claims.md):
-#   reproduce/claims/mini.sh        # about 16 hours on the 2-core development machine, idle
+#   reproduce/claims/mini.sh        # about 15 hours on the 2-core development machine, idle
 # Each tuning is AlgoPerf's external tuning (reproduce/tuning/mini.sh, trials of 1-3 minutes, the optimizers
 # interleaved, a speed reference around each trial): the claims re-tuned under issue 54's protocol at 5 studies x
-# 5 trials of their own optimizers, the others still at 3 x 3 of every optimizer (~550 trials in all); the
+# 5 trials of their own optimizers, the others at 3 x 3 of their claims' optimizers or of every one (~540 trials); the
 # paper-scale predictions take a few minutes. OUT chooses where (default tuned/claims-<date>); rerunning skips
 # finished trials and resumes a killed one. Run it under the measure lock (flock /tmp/wagma-measure.lock ...) so
 # that no other measurement shares the cores.
@@ -15,7 +15,9 @@ OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma reproduce/tuning/mini.s
 OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,local_sgd reproduce/tuning/mini.sh resnet_none
 OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager \
   reproduce/tuning/mini.sh resnet_independent
-OUT="$out" reproduce/tuning/mini.sh transformer transformer_sentences transformer_budget ddppo
+OUT="$out" OPTIMIZERS=wagma,local_sgd,dpsgd,adpsgd,sgp,eager reproduce/tuning/mini.sh ddppo_throughput
+OUT="$out" OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager reproduce/tuning/mini.sh transformer_budget
+OUT="$out" reproduce/tuning/mini.sh transformer transformer_sentences
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
 # rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
@@ -31,5 +33,5 @@ transformer "$out/transformer" "$out/paper-scale/transformer"
 transformer "$out/transformer_sentences" "$out/paper-scale/transformer_sentences"
 # DD-PPO's batches do not split into micro-batches: DropCompute does not apply (run refuses it)
 "$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
-  train.max_steps=500 control_every=0 --compute-from "$out/ddppo" --out "$out/paper-scale/rl"
+  train.max_steps=500 control_every=0 --compute-from "$out/ddppo_throughput" --out "$out/paper-scale/rl"
 "$bin" claims "$out" --out "$out/claims"

@@ -3,7 +3,8 @@
 # machine affords, then one report over all of them.
 #   reproduce/tuning/mini.sh [SETUP ...]   (default: transformer resnet_paper ddppo)
 # SETUP names the tuning directory (what reproduce/claims.yaml's `measured.tuning` reads): transformer,
-# transformer_sentences, transformer_budget, resnet_paper, resnet_independent, resnet_none, ddppo, ddppo_budget.
+# transformer_sentences, transformer_budget, resnet_paper, resnet_independent, resnet_none, ddppo, ddppo_budget,
+# ddppo_throughput.
 # Environment: OPTIMIZERS (default every registered optimizer, 'glob(*)'), TRIALS (O, default 3), STUDIES
 # (S, default 3), OUT (default tuned/<date>). Rerunning the same command skips finished trials and resumes a
 # killed one.
@@ -30,6 +31,9 @@ declare -A setup=(
   [resnet_none]="workload=resnet imbalance=none tune.max_runtime_s=150"
   [ddppo]="workload=ddppo tune.max_runtime_s=150"
   [ddppo_budget]="workload=ddppo train.max_steps=130 eval.target=null"
+  # the same runs as ddppo_budget, for the throughput claim's optimizers (rl-throughput-1024): a throughput needs no
+  # target, and 130 rounds of every trial cost a third of the ddppo setup's runs to a target
+  [ddppo_throughput]="workload=ddppo train.max_steps=130 eval.target=null"
 )
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(transformer resnet_paper ddppo)
