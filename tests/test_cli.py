@@ -109,6 +109,9 @@ def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
     assert summary["status"] == "failed" and "rank" in summary["error"]
 
 
+# make test-long: make test's torchrun worlds (tests/test_launch_conventions.py) start `python -m wagma_bench run`
+# under c10d and static rendezvous, with and without hydra.run.dir
+@pytest.mark.long
 def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
     out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--standalone", "-m", "wagma_bench", "run",

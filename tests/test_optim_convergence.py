@@ -1,4 +1,6 @@
-"""Every baseline optimizer solves a strongly convex problem with a known optimum, on 2, 4 and 8 gloo ranks.
+"""Every baseline optimizer solves a strongly convex problem with a known optimum, on 2 and 4 gloo ranks (and 8
+in `make test-long`: 25 CPU-seconds, the costliest world of the file; make test's 8-rank worlds are the exact
+oracles of tests/test_optim_oracles.py and the invariants of tests/test_invariants.py).
 
 Least squares: rank r holds its own rows (A_r, b_r) of one noisy linear system, so the ranks' local optima
 differ (heterogeneous data, as decentralized methods must handle) and the global optimum is the
@@ -88,7 +90,7 @@ def _all(comm):
     return out
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [2, 4, pytest.param(8, marks=pytest.mark.long)])
 def test_every_optimizer_reaches_the_least_squares_optimum(world):
     *_, optimum = problem(world)
     results = run_world(_all, world, timeout_s=180)

@@ -1,12 +1,13 @@
 """Each optimizer reaches the embedded ResNet target with `wagma-bench run`, as a user types it
 (4 local gloo ranks, the embedded default: ResNet-20 on the 5,000-image MNIST subset, target 97%).
 
-WAGMA-SGD runs in `make test` (by itself: markers serial and alone) to top-1 0.96, one point below the default
-target: its top-1 passes 0.96 at round 165 and 0.97 at round 231 (one run at the defaults, evaluated every 10
-rounds, 2026-12-05; 0.97 also at 231 in the profiled suite, where 0.95-0.96 held from round 99 on): the run still
-trains from scratch to a high accuracy, end to end, in about two thirds of the rounds, on the suite's longest
-single test. Every other registered optimizer (about 1.5 minutes each on this 2-core machine) is marked `long`
-and runs with `make test-long` at the default target, to keep `make test` short. The optimizer tables of
+WAGMA-SGD runs in `make test` (by itself: markers serial and alone) to top-1 0.85: the run trains from scratch,
+end to end as a user types it, far past chance (0.10) in about 40% of the rounds the default target takes. At the
+defaults, evaluated every 11 rounds (the period rounded up to its tau), one run of 2026-12-06 read 0.11-0.14 to
+round 33, 0.836 at 44, 0.888 at 66, 0.902 at 88, 0.958 at 143 and 0.968 at 165 (47 s and 91 CPU-seconds, the
+suite's costliest test; 0.96, its make-test target until then, at 165 in two earlier runs too). Every registered
+optimizer, WAGMA-SGD included (about 1.5 minutes each on this 2-core machine), runs to the default target 0.97
+with `make test-long`. The optimizer tables of
 docs/optimizers.md are the measured record of each."""
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ LONG = pytest.mark.long
 @pytest.mark.serial
 @pytest.mark.alone
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["wagma"] + [  # every other registered one (40-100 s each) in make test-long
-    pytest.param(name, marks=LONG) for name in OPTIMIZERS if name != "wagma"])
-def test_reaches_the_embedded_target(optimizer, tmp_path):
-    target = ["eval.target=0.96"] if optimizer == "wagma" else []  # make test's run (the module docstring)
+@pytest.mark.parametrize("optimizer,target", [pytest.param("wagma", 0.85, id="wagma-to-0.85")] + [  # make test's
+    pytest.param(name, None, marks=LONG, id=name) for name in OPTIMIZERS])  # each to the default target (40-100 s)
+def test_reaches_the_embedded_target(optimizer, target, tmp_path):
+    target = [f"eval.target={target}"] if target else []
     out = subprocess.run([str(BIN), "run", f"optimizer={optimizer}", *ARGS, *target, f"hydra.run.dir={tmp_path}"],
                          capture_output=True, text=True, timeout=1200, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
