@@ -1,6 +1,7 @@
 """`wagma-bench claims`: the exact bootstrap against hand-computed cases and brute-force enumeration, the verdict
-rule on hand-made cases, the claims file, the command end to end on a tiny fixture, and the README's headline
-table against what the command makes of the committed results."""
+rule on hand-made cases, the claims file, the command end to end on a tiny fixture, the README's headline
+table against what the command makes of the committed results, and every speed-up the README's and
+docs/claims.md's prose quotes against the committed claims.json."""
 
 from __future__ import annotations
 
@@ -366,3 +367,57 @@ def test_one_command_makes_every_claims_data():
         assert re.search(rf"\b{c.measured['tuning']}\b", script), f"{c.id}: reproduce/claims/mini.sh skips it"
         if c.predicted:
             assert f"paper-scale/{c.predicted['simulate']}\"" in script, f"{c.id}: no simulation writes it"
+
+
+# --- every speed-up the prose quotes is a committed one, or says that it was one ------------------------------
+
+# "0.96x [0.92x, 1.02x]", "0.91x vs SGP [0.71x, 1.05x]", "-0.09, interval [-0.34, +0.02]"
+FIGURE = re.compile(r"([+-]?\d+\.\d+x?)(?:,? (?:vs [\w-]+|interval))? \[([+-]?\d+\.\d+x?), ([+-]?\d+\.\d+x?)\]")
+# a figure whose sentence says it is a former one, up to the figure
+FORMER = re.compile(r"\b(?:[Bb]efore|was|were|had|gave|block-tuned)\b")
+PROSE = [ROOT / "README.md", ROOT / "docs" / "claims.md"]
+
+
+def quoted_figures(text: str) -> tuple[list[str], list[str]]:
+    """The speed-ups with an interval that ``text`` quotes as current, and those it quotes as former (the part of
+    their sentence before them says so). The README's generated table is left out: its own test checks it."""
+    text = README_BLOCK.sub("", text)
+    current, former = [], []
+    for m in FIGURE.finditer(text):
+        start = max(text.rfind(". ", 0, m.start()), text.rfind(".\n", 0, m.start()), text.rfind("\n- ", 0, m.start()),
+                    text.rfind("\n\n", 0, m.start()))
+        figure = f"{m.group(1)} [{m.group(2)}, {m.group(3)}]"
+        (former if FORMER.search(text[start + 1:m.start()]) else current).append(figure)
+    return current, former
+
+
+def committed_figures() -> set[str]:
+    """Each committed claim's speed-up and drift-adjusted speed-up, as claims.md prints them."""
+    from wagma_bench.analysis.claims import ends, shown
+
+    figures = set()
+    for r in json.loads((ROOT / "reproduce" / "claims" / "claims.json").read_text())["claims"]:
+        for part in (r["measured"], r.get("drift_adjusted") or {}):
+            if part.get("speedup") is not None:
+                figures.add(f"{shown(r, part['speedup'])} {ends(r, part['interval'])}")
+    return figures
+
+
+def test_quoted_figures_are_told_apart_from_former_ones():
+    text = ("- **Inconclusive: X** (was \"holds\"). It is 0.96x vs SGP [0.92x, 1.02x], drift-adjusted 0.95x "
+            "[0.90x, 1.01x]. Before, block by block: 0.94x [0.85x, 1.01x]; a difference -0.09, interval "
+            "[-0.34, +0.02] (at 3 x 3 it was -0.31 [-0.64, +0.31]).")
+    assert quoted_figures(text) == (["0.96x [0.92x, 1.02x]", "0.95x [0.90x, 1.01x]"],
+                                    ["0.94x [0.85x, 1.01x]", "-0.09 [-0.34, +0.02]", "-0.31 [-0.64, +0.31]"])
+
+
+@pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
+def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
+    """Generated, not copied: a speed-up with its interval in the README's or docs/claims.md's prose is one that
+    `wagma-bench claims` wrote to reproduce/claims/claims.json, unless its sentence says it was a former one
+    ("Before", "was", "had", "gave", "block-tuned" ahead of it)."""
+    current, _ = quoted_figures(path.read_text())
+    assert current, f"{path.name} quotes no figure: the pattern no longer finds them"
+    stale = [f for f in current if f not in committed_figures()]
+    assert not stale, (f"{path.name} quotes {stale}, not in reproduce/claims/claims.json (regenerate the claims and "
+                       "update the prose, or say that the figure was a former one)")
