@@ -372,7 +372,7 @@ def test_one_command_makes_every_claims_data():
 # --- every speed-up the prose quotes is a committed one, or says that it was one ------------------------------
 
 # "0.96x [0.92x, 1.02x]", "0.91x vs SGP [0.71x, 1.05x]", "-0.09, interval [-0.34, +0.02]"
-FIGURE = re.compile(r"([+-]?\d+\.\d+x?)(?:,? (?:vs [\w-]+|interval))? \[([+-]?\d+\.\d+x?), ([+-]?\d+\.\d+x?)\]")
+FIGURE = re.compile(r"([+-]?\d+\.\d+x?)(?:,?\s+(?:vs\s+[\w-]+|interval))?\s+\[([+-]?\d+\.\d+x?),\s+([+-]?\d+\.\d+x?)\]")
 # a figure whose sentence says it is a former one, up to the figure
 FORMER = re.compile(r"\b(?:[Bb]efore|was|were|had|gave|block-tuned)\b")
 PROSE = [ROOT / "README.md", ROOT / "docs" / "claims.md"]
