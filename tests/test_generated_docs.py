@@ -82,3 +82,9 @@ def test_transformer_spread_table_is_the_scripts_table_of_the_committed_study():
     doc = ROOT / "docs" / "claims.md"
     assert _block(doc, "spread") == table, f"docs/claims.md differs from `reproduce/transformer/spread.py table {result.relative_to(ROOT)}`"
     assert result.parent.name in doc.read_text()
+
+
+def test_paired_bootstrap_table_is_the_scripts_table_of_the_committed_sources():
+    table = _script(ROOT / "reproduce" / "claims" / "paired.py").table()
+    assert _block(ROOT / "docs" / "claims.md", "paired") == table, (
+        "docs/claims.md differs from `.venv/bin/python reproduce/claims/paired.py`")
