@@ -29,11 +29,7 @@ _usage_file: Path | None = None
 
 def _cgroup() -> Path:
     """This session's cgroup (made on first use), whose usage file counts its processes' CPU time."""
-    if (_V1 / "cpuacct.usage").exists():
-        group = _V1 / f"wagma-bench-tests-{os.getpid()}"
-        group.mkdir(exist_ok=True)
-        return group
-    group = _V2 / f"wagma-bench-tests-{os.getpid()}"
+    group = (_V1 if (_V1 / "cpuacct.usage").exists() else _V2) / f"wagma-bench-tests-{os.getpid()}"
     group.mkdir(exist_ok=True)
     return group
 

@@ -418,6 +418,7 @@ def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
     ("Before", "was", "had", "gave", "block-tuned" ahead of it)."""
     current, _ = quoted_figures(path.read_text())
     assert current, f"{path.name} quotes no figure: the pattern no longer finds them"
-    stale = [f for f in current if f not in committed_figures()]
+    committed = committed_figures()
+    stale = [f for f in current if f not in committed]
     assert not stale, (f"{path.name} quotes {stale}, not in reproduce/claims/claims.json (regenerate the claims and "
                        "update the prose, or say that the figure was a former one)")

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from pathlib import Path
 
 from wagma_bench.analysis.claims import find_sources, load_claims
-from wagma_bench.analysis.tuning import load_trials, trial_finished, trial_time
+from wagma_bench.analysis.tuning import load_trials, median_score, trial_finished, trial_time
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +43,7 @@ def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]
 
 def score(cost: dict[tuple[int, int], float], draw: list[tuple[int, list[int]]]) -> float:
     """The tuned score of one resample: the median over the drawn studies of each one's best drawn trial."""
-    return statistics.median(min(cost[(s, t)] for t in trials) for s, trials in draw)
+    return median_score([min(cost[(s, t)] for t in trials) for s, trials in draw])
 
 
 def draw_indices(rng: random.Random, studies: list[int], trials: list[int]) -> list[tuple[int, list[int]]]:
