@@ -124,6 +124,24 @@ def test_throughput_interval_is_the_declared_two_stage_bootstrap(tmp_path):
     assert got.interval == intervals.interval(oracle)
 
 
+def test_a_failed_trial_scores_as_tune_scores_it(tmp_path):
+    """A final metric is scored by tune's own per-trial rule (tuning.trial_cost): a trial that failed counts as
+    no result, whatever best metric it logged before failing, in the claim as in `tune`'s score."""
+    d = tmp_path / "transformer_budget"
+    runs = {"wagma_study1_trial1": ("completed", 0.5), "wagma_study1_trial2": ("failed", 0.9)}
+    trials = [{"name": name, "combo": "wagma", "study": 1, "trial": o, "seed": o, "params": {}, "overrides": [],
+               "gpus": 0} for o, name in enumerate(runs, 1)]
+    for name, (status, best) in runs.items():
+        (d / "trials" / name).mkdir(parents=True)
+        (d / "trials" / name / "summary.json").write_text(json.dumps(
+            {"status": status, "optimizer": "wagma", "target": None, "best_metric": best}))
+    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 1, "trials_per_study": 2, "seed": 1,
+                                             "trials": trials}))
+    got = measure(d, "final_metric")["wagma"]
+    # a resample that draws the failed trial twice has no result: its best metric is -inf
+    assert got.value == 0.5 and got.dist == pytest.approx({0.5: 0.75, -INF: 0.25})
+
+
 def test_ratio_best_of_and_both_missed():
     assert intervals.ratio({10.0: 0.5, 20.0: 0.5}, {10.0: 1.0}) == pytest.approx({1.0: 0.5, 2.0: 0.5})
     assert intervals.ratio({INF: 1.0}, {INF: 1.0}) == {1.0: 1.0}          # both missed: a tie

@@ -17,7 +17,14 @@ import random
 from pathlib import Path
 
 from wagma_bench.analysis.claims import find_sources, load_claims
-from wagma_bench.analysis.tuning import load_trials, median_score, trial_finished, trial_time
+from wagma_bench.analysis.tuning import (
+    BY_METRIC,
+    BY_TIME,
+    load_trials,
+    median_score,
+    trial_cost,
+    trial_finished,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,18 +33,16 @@ RESAMPLES, SEED, LEVEL = 20_000, 1, 0.95
 
 
 def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]]:
-    """Each optimizer's cost per (study, trial), lower is better: the time to target (inf: missed) or the
-    negated best metric."""
+    """Each optimizer's cost per (study, trial) by tune's own rule (`tuning.trial_cost`, as the claims score it),
+    lower is better: the time to target (inf: missed) or the negated best metric."""
     plan, combos, summaries = load_trials(tune_dir)
+    by = BY_TIME if metric == "time_to_target" else BY_METRIC
     out: dict[str, dict[tuple[int, int], float]] = {}
     for trials in combos.values():
         for t in trials:
             s = summaries[t.name]
-            if not trial_finished(s):
-                continue
-            cost = (trial_time(s, plan.get("max_runtime_s")) if metric == "time_to_target"
-                    else -s["best_metric"] if s.get("best_metric") is not None else math.inf)
-            out.setdefault(s["optimizer"], {})[(t.study, t.trial)] = cost
+            if trial_finished(s):
+                out.setdefault(s["optimizer"], {})[(t.study, t.trial)] = trial_cost(s, plan.get("max_runtime_s"), by)
     return out
 
 

@@ -43,8 +43,17 @@ import yaml
 
 from wagma_bench.analysis import drift, intervals
 from wagma_bench.analysis.tables import markdown_table
+from wagma_bench.analysis.tuning import (
+    BY_METRIC,
+    BY_TIME,
+    load_trials,
+    median_score,
+    optimizer_changes,
+    trial_cost,
+    trial_finished,
+    trial_time,
+)
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
-from wagma_bench.analysis.tuning import load_trials, optimizer_changes, trial_finished, trial_time
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
@@ -218,13 +227,12 @@ def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) 
         if not per_study:
             return math.nan, {}
         return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
-    if metric == "time_to_target":
-        times = [[trial_time(s, max_runtime_s) for s in study] for study in studies]
-        return float(statistics.median(min(t) for t in times)), intervals.tuned_score(times)
-    # final_metric: higher is better; the tuned score of the negated metric, negated back
-    neg = [[-s["best_metric"] if s.get("best_metric") is not None else math.inf for s in study] for study in studies]
-    dist = intervals.tuned_score(neg)
-    return -float(statistics.median(min(t) for t in neg)), {-v: p for v, p in dist.items()}
+    # each trial's cost by tune's own rule (lower is better: a time, or a negated best metric; inf for a miss or
+    # a failed trial), then AlgoPerf's score over studies; a final metric is negated back
+    by = BY_TIME if metric == "time_to_target" else BY_METRIC
+    costs = [[trial_cost(s, max_runtime_s, by) for s in study] for study in studies]
+    value, dist = median_score([min(c) for c in costs]), intervals.tuned_score(costs)
+    return (value, dist) if by == BY_TIME else (-value, {-v: p for v, p in dist.items()})
 
 
 # --- the speed-up and the verdict ----------------------------------------------------------------------
