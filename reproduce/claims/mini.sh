@@ -17,7 +17,8 @@ OUT="$out" STUDIES=5 TRIALS=5 OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,
   reproduce/tuning/mini.sh resnet_independent
 OUT="$out" OPTIMIZERS=wagma,local_sgd,dpsgd,adpsgd,sgp,eager reproduce/tuning/mini.sh ddppo_throughput
 OUT="$out" OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager reproduce/tuning/mini.sh transformer_budget
-OUT="$out" reproduce/tuning/mini.sh transformer transformer_sentences
+OUT="$out" OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager \
+  reproduce/tuning/mini.sh transformer transformer_sentences
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
 # rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.

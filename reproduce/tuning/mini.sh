@@ -22,7 +22,8 @@ declare -A setup=(
   [transformer]="workload=transformer tune.max_runtime_s=150"
   [transformer_sentences]="workload=transformer workload.max_sentences=62 tune.max_runtime_s=150"
   [transformer_budget]="workload=transformer train.max_steps=300 eval.target=null eval.every_steps=50"
-  # resnet_paper keeps its name (its committed results: reproduce/tuning/results-*/resnet_paper), made under
+  # resnet_paper keeps its name (its results: reproduce/tuning/results-2core-20261203d/resnet_paper_*; git keeps
+  # the seven optimizers' results-2core-20261202/resnet_paper up to commit 574b529), made under
   # imbalance=shared_draw, named `paper` then: every step 2 of the 4 ranks sleep 0.3 s.
   [resnet_paper]="workload=resnet imbalance=shared_draw tune.max_runtime_s=150"
   # the WAGMA-SGD authors' rule (docs/imbalance.md): each rank on its own sleeps 0.32 s with probability
