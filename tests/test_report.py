@@ -183,6 +183,32 @@ def test_throughput_plot_takes_predictions(tmp_path):
     assert path.read_bytes().startswith(PNG)
 
 
+def test_a_png_figure_is_a_palette_image_true_to_its_render(tmp_path):
+    """plots.save writes a PNG in 256 colours (plots.write_png): each pixel within a few levels of matplotlib's
+    own 32-bit render of the same figure (antialiased edges move most), in under half its bytes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    plt = plots.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i in range(8):  # more colours than a report's figure has, and their antialiased blends
+        ax.plot(range(50), [x * (i + 1) ** 0.5 for x in range(50)], label=f"series {i}")
+    ax.legend()
+    render, palette = io.BytesIO(), io.BytesIO()
+    fig.savefig(render, format="png", dpi=plots.DPI)
+    plots.write_png(fig, palette)
+    path = plots.save(fig, tmp_path / "f.png")
+    assert Image.open(path).mode == "P"
+    a = np.asarray(Image.open(render).convert("RGB"), dtype=int)
+    b = np.asarray(Image.open(palette).convert("RGB"), dtype=int)
+    assert a.shape == b.shape
+    diff = np.abs(a - b)
+    assert diff.max() <= 24 and diff.mean() < 0.5, (diff.max(), diff.mean())
+    assert len(palette.getvalue()) < len(render.getvalue()) / 2
+
+
 # --- W&B and MLPerf logs (pure parts) ----------------------------------------------------------------
 
 def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path, monkeypatch):
