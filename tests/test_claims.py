@@ -5,6 +5,7 @@ docs/claims.md's prose quotes against the committed claims.json."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -26,6 +27,7 @@ from wagma_bench.analysis.claims import (
     measure,
     summary_table,
 )
+from wagma_bench.analysis.tuning import load_trials, score_combo
 from wagma_bench.cli.claims import main
 from wagma_bench.errors import ConfigError
 
@@ -140,6 +142,12 @@ def test_a_failed_trial_scores_as_tune_scores_it(tmp_path):
     got = measure(d, "final_metric")["wagma"]
     # a resample that draws the failed trial twice has no result: its best metric is -inf
     assert got.value == 0.5 and got.dist == pytest.approx({0.5: 0.75, -INF: 0.25})
+    _, combos, summaries = load_trials(d)
+    assert score_combo(combos["wagma"], summaries, None)["score_metric"] == got.value  # tune's own score
+    paired = importlib.util.spec_from_file_location("paired", ROOT / "reproduce" / "claims" / "paired.py")
+    module = importlib.util.module_from_spec(paired)
+    paired.loader.exec_module(module)
+    assert module.costs(d, "final_metric") == {"wagma": {(1, 1): -0.5, (1, 2): INF}}  # reproduce/claims/paired.py
 
 
 def test_ratio_best_of_and_both_missed():

@@ -34,7 +34,7 @@ RESAMPLES, SEED, LEVEL = 20_000, 1, 0.95
 
 def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]]:
     """Each optimizer's cost per (study, trial) by tune's own rule (`tuning.trial_cost`, as the claims score it),
-    lower is better: the time to target (inf: missed) or the negated best metric."""
+    lower is better: the time to target (inf: missed) or the negated best metric (inf: failed)."""
     plan, combos, summaries = load_trials(tune_dir)
     by = BY_TIME if metric == "time_to_target" else BY_METRIC
     out: dict[str, dict[tuple[int, int], float]] = {}

@@ -227,8 +227,8 @@ def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) 
         if not per_study:
             return math.nan, {}
         return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
-    # each trial's cost by tune's own rule (lower is better: a time, or a negated best metric; inf for a miss or
-    # a failed trial), then AlgoPerf's score over studies; a final metric is negated back
+    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or a
+    # negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is negated back
     by = BY_TIME if metric == "time_to_target" else BY_METRIC
     costs = [[trial_cost(s, max_runtime_s, by) for s in study] for study in studies]
     value, dist = median_score([min(c) for c in costs]), intervals.tuned_score(costs)
