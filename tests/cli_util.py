@@ -3,6 +3,7 @@ one way to call a command, the keys of a run's event log, and the configuration 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -12,6 +13,16 @@ from wagma_bench.record.files import read_jsonl
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def load_script(path: Path):
+    """A script of the repository (reproduce/...: not a package) imported as a module, to call its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
 
 

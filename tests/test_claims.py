@@ -5,7 +5,6 @@ docs/claims.md's prose quotes against the committed claims.json."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_util import load_script
 from wagma_bench.analysis import intervals
 from wagma_bench.analysis.claims import (
     CLAIMS_FILE,
@@ -144,10 +144,8 @@ def test_a_failed_trial_scores_as_tune_scores_it(tmp_path):
     assert got.value == 0.5 and got.dist == pytest.approx({0.5: 0.75, -INF: 0.25})
     _, combos, summaries = load_trials(d)
     assert score_combo(combos["wagma"], summaries, None)["score_metric"] == got.value  # tune's own score
-    paired = importlib.util.spec_from_file_location("paired", ROOT / "reproduce" / "claims" / "paired.py")
-    module = importlib.util.module_from_spec(paired)
-    paired.loader.exec_module(module)
-    assert module.costs(d, "final_metric") == {"wagma": {(1, 1): -0.5, (1, 2): INF}}  # reproduce/claims/paired.py
+    paired = load_script(ROOT / "reproduce" / "claims" / "paired.py")
+    assert paired.costs(d, "final_metric") == {"wagma": {(1, 1): -0.5, (1, 2): INF}}  # reproduce/claims/paired.py
 
 
 def test_ratio_best_of_and_both_missed():

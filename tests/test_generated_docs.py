@@ -4,20 +4,18 @@ of the README has its own test (tests/test_claims.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
+
+from tests.cli_util import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 STRAGGLERS = ROOT / "reproduce" / "imbalance" / "results-2core-20261201-divide-first-idle.json"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "reproduce" / "imbalance" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "reproduce" / "imbalance" / "bench.py")
 
 
 def _block(page: Path, name: str) -> str:
@@ -44,13 +42,6 @@ def test_readme_straggler_figures_are_the_committed_runs():
     assert f"the bound is {p4['bound_ratio']:.2f}x" in said
 
 
-def _script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 STARTUP = [ROOT / "reproduce" / "startup" / name
            for name in ("results-2core-20261202-before.json", "results-2core-20261202.json",
                         "results-2core-20261202-server-first.json", "results-2core-20261204-before.json",
@@ -58,33 +49,33 @@ STARTUP = [ROOT / "reproduce" / "startup" / name
 
 
 def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
-    table = _script(ROOT / "reproduce" / "startup" / "bench.py").table([json.loads(p.read_text()) for p in STARTUP])
+    table = load_script(ROOT / "reproduce" / "startup" / "bench.py").table([json.loads(p.read_text()) for p in STARTUP])
     assert _block(ROOT / "README.md", "startup") == table, ("README.md differs from `reproduce/startup/bench.py --table "
                                      + " ".join(str(p.relative_to(ROOT)) for p in STARTUP) + "`")
 
 
 def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run():
     result = ROOT / "reproduce" / "engine" / "results-2core-20261202.json"
-    table = _script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(json.loads(result.read_text())["rows"])
+    table = load_script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(json.loads(result.read_text())["rows"])
     doc = ROOT / "docs" / "wait-avoiding-engine.md"
     assert _block(doc, "compute-gap") == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
     assert result.name in doc.read_text()
 
 
 def test_after_wagma_tables_are_the_scripts_tables_of_the_committed_tunings():
-    assert _block(ROOT / "docs" / "optimizers.md", "after-wagma") == _script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
+    assert _block(ROOT / "docs" / "optimizers.md", "after-wagma") == load_script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
         "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`")
 
 
 def test_transformer_spread_table_is_the_scripts_table_of_the_committed_study():
     result = ROOT / "reproduce" / "transformer" / "results-2core-20261205-spread" / "spread.json"
-    table = _script(ROOT / "reproduce" / "transformer" / "spread.py").table(json.loads(result.read_text()))
+    table = load_script(ROOT / "reproduce" / "transformer" / "spread.py").table(json.loads(result.read_text()))
     doc = ROOT / "docs" / "claims.md"
     assert _block(doc, "spread") == table, f"docs/claims.md differs from `reproduce/transformer/spread.py table {result.relative_to(ROOT)}`"
     assert result.parent.name in doc.read_text()
 
 
 def test_paired_bootstrap_table_is_the_scripts_table_of_the_committed_sources():
-    table = _script(ROOT / "reproduce" / "claims" / "paired.py").table()
+    table = load_script(ROOT / "reproduce" / "claims" / "paired.py").table()
     assert _block(ROOT / "docs" / "claims.md", "paired") == table, (
         "docs/claims.md differs from `.venv/bin/python reproduce/claims/paired.py`")
