@@ -27,7 +27,7 @@ from wagma_bench.analysis.claims import (
     measure,
     summary_table,
 )
-from wagma_bench.analysis.tuning import load_trials, score_combo
+from wagma_bench.analysis.tuning import load_trials, optimizer_changes, score_combo, trial_finished
 from wagma_bench.cli.claims import main
 from wagma_bench.errors import ConfigError
 
@@ -197,6 +197,30 @@ def test_committed_claims_cover_the_papers():
             ("transformer", "final_metric"), ("ddppo", "throughput"), ("ddppo", "final_metric")} <= metrics
     assert claims["rl-throughput-1024"].predicted["world_size"] == 1024
     assert any(c.subject == "local_sgd" and c.comparators == ("allreduce",) for c in claims.values())  # PR-SGD
+
+
+def test_committed_sources_follow_the_protocol():
+    """Issue 54's bar, read from the committed trials themselves: every claim's source was tuned interleaved
+    (consecutive trials by start time change optimizer at least half the time), every trial has its speed
+    reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial finished, and
+    claims.json carries a drift-adjusted speed-up with its interval for every claim."""
+    lines = (ROOT / "reproduce/claims/sources").read_text().split()
+    tunings = find_sources([ROOT / line for line in lines]).tunings
+    at_5x5 = set()
+    for claim in load_claims():
+        tune_dir = tunings[claim.measured["tuning"]]
+        plan, combos, summaries = load_trials(tune_dir)
+        assert len(combos) >= 2 and optimizer_changes(tune_dir, combos) >= 0.5, f"{tune_dir}: not interleaved"
+        assert all(trial_finished(s) for s in summaries.values()), f"{tune_dir}: a trial did not finish"
+        assert all(s.get("reference_s", 0) > 0 for s in summaries.values()), f"{tune_dir}: a trial lacks a reference"
+        if plan["studies"] >= 5 and plan["trials_per_study"] >= 5:
+            at_5x5.add(tune_dir)
+    assert len(at_5x5) >= 3
+    committed = json.loads((ROOT / "reproduce/claims/claims.json").read_text())["claims"]
+    assert {r["id"] for r in committed} == {c.id for c in load_claims()}
+    for r in committed:
+        lo, hi = r["drift_adjusted"]["interval"]
+        assert lo <= r["drift_adjusted"]["speedup"] <= hi, r["id"]
 
 
 @pytest.mark.parametrize("change,message", [
