@@ -44,7 +44,7 @@ $(FAIRSEQ):
 run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)
 
-# In three phases, all always run. First the tests that time nothing on three pytest-xdist workers (the cores idle
+# In three phases, all always run. First the tests that time nothing on two pytest-xdist workers (the cores idle
 # a quarter of a serial run: a run's start imports on one core, sleeps, launchers waiting), a file's tests on
 # one worker (its module fixtures made once; two local SLURM clusters coexist: free ports, a munged each),
 # the longest files first (tests/file_order.py, from the lengths measured in tests/durations.json). Then the
@@ -53,21 +53,21 @@ run: $(STAMP)
 # them, at idle CPU priority (SCHED_IDLE: the scheduler runs them only on a core no other process wants), the
 # files marked `background`, which time nothing and bear pauses: the serial tests leave about half of the two
 # cores idle, and those files fill it. Their output is kept in a file and shown when they end; Ctrl-C stops them
-# too (a shell starts a background command with Ctrl-C ignored: env restores it) and removes the file. Each
-# process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its ranks); the first phase's third
-# worker fills the cores while another waits on a launcher or SLURM (docs/tests.md, "Three phases").
-PYTEST_WORKERS := --dist loadfile --no-loadscope-reorder -p tests.file_order
+# too (a shell starts a background command with Ctrl-C ignored: env restores it) and removes the file. Two
+# workers share two cores: each process computes on one thread (OMP_NUM_THREADS=1, as torchrun sets for its
+# ranks).
+PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder -p tests.file_order
 # The later phases collect only the files that use their marker (collecting every file imports torch, fairseq
 # and the rest: about 5 s a phase here); a marker is always written pytest.mark.NAME in the file that uses it
 # (directly, in pytestmark or in a param's marks), never added by a hook.
 marked = $(shell grep -l 'pytest\.mark\.$(1)\b' tests/test_*.py)
 test: $(STAMP)
-	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 3 $(PYTEST_WORKERS) -m "not long and not serial and not alone and not background"; \
+	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q $(PYTEST_WORKERS) -m "not long and not serial and not alone and not background"; \
 	first=$$?; \
 	$(VENV)/bin/pytest -q -m "alone and not long" $(call marked,alone); alone=$$?; \
 	log=$$(mktemp); trap 'rm -f "$$log"; exit 130' INT TERM; \
 	OMP_NUM_THREADS=1 env --default-signal=INT chrt --idle 0 $(VENV)/bin/pytest -q \
-		-n 2 $(PYTEST_WORKERS) -m "background and not long and not serial and not alone" $(call marked,background) \
+		$(PYTEST_WORKERS) -m "background and not long and not serial and not alone" $(call marked,background) \
 		>$$log 2>&1 & idle=$$!; \
 	$(VENV)/bin/pytest -q -m "serial and not alone and not long" $(call marked,serial); serial=$$?; \
 	echo "idle-priority tests (beside the serial ones):"; wait $$idle; background=$$?; cat $$log; rm -f $$log; \
