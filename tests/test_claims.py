@@ -204,11 +204,9 @@ def test_committed_sources_follow_the_protocol():
     (consecutive trials by start time change optimizer at least half the time), every trial has its speed
     reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial finished, and
     claims.json carries a drift-adjusted speed-up with its interval for every claim."""
-    lines = (ROOT / "reproduce/claims/sources").read_text().split()
-    tunings = find_sources([ROOT / line for line in lines]).tunings
+    tunings = find_sources(committed_source_dirs()).tunings
     at_5x5 = set()
-    for claim in load_claims():
-        tune_dir = tunings[claim.measured["tuning"]]
+    for tune_dir in {tunings[claim.measured["tuning"]] for claim in load_claims()}:  # each source once
         plan, combos, summaries = load_trials(tune_dir)
         assert len(combos) >= 2 and optimizer_changes(tune_dir, combos) >= 0.5, f"{tune_dir}: not interleaved"
         assert all(trial_finished(s) for s in summaries.values()), f"{tune_dir}: a trial did not finish"
@@ -391,9 +389,13 @@ def test_a_readme_without_its_block_is_refused_before_anything_is_written(tmp_pa
 SOURCES = ROOT / "reproduce" / "claims" / "sources"
 
 
+def committed_source_dirs() -> list[Path]:
+    """The committed results the README's table is generated from (`wagma-bench claims @reproduce/claims/sources`)."""
+    return [ROOT / line.strip() for line in SOURCES.read_text().splitlines() if line.strip()]
+
+
 def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path):
-    dirs = [ROOT / line.strip() for line in SOURCES.read_text().splitlines() if line.strip()]
-    results = make_claims(dirs, tmp_path / "claims", CLAIMS_FILE)
+    results = make_claims(committed_source_dirs(), tmp_path / "claims", CLAIMS_FILE)
     readme = (ROOT / "README.md").read_text()
     block = README_BLOCK.search(readme)
     assert block, "README.md has no <!-- claims:begin --> ... <!-- claims:end --> block"
