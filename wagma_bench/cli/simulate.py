@@ -521,6 +521,10 @@ def _replay_run(fit, workload: Workload, network: Network) -> float:
     """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed)."""
     settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
     imbalance = make_imbalance(typed_settings("imbalance", IMBALANCES, fit.imbalance), fit.seed)
+    if workload.compute == "trace":  # the run's own stragglers with its own compute times
+        from wagma_bench.simulate.calibrate import RecordedDelays
+
+        imbalance = RecordedDelays(fit.delay_trace)
     return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
                               fit.rounds, fit.seed, local_state=fit.local_state)).throughput
 

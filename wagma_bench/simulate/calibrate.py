@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wagma_bench.imbalance import RENAMED
+from wagma_bench.imbalance import RENAMED, Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
@@ -68,6 +68,7 @@ class RunFit:
     samples_per_step: float          # mean samples a rank processes per step
     compute: list[float]             # compute times (s) after warm-up, all ranks pooled
     trace: list[list[float]]         # per rank (0..P-1), every step's compute time in step order
+    delay_trace: list[list[float]]   # per rank, every step's injected delay (slept) in step order
     overhead_s: float                # median per-step time outside compute, delay and communication
     measured_throughput: float | None
     params: float | None             # model parameters (None: unknown, pass params=N)
@@ -101,6 +102,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     compute, overhead, samples, comm = [], [], [], []
     by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
     trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
+    delay_trace = [[float(r.get("delay_s") or 0.0) for r in recs] for recs in by_rank]
     for recs in by_rank:
         for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1:]):
             compute.append(float(cur["compute_s"]))
@@ -121,12 +123,30 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         imbalance=imbalance, settings=opt,
         rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
-        compute=compute[::stride], trace=trace, overhead_s=float(np.median(overhead)),
+        compute=compute[::stride], trace=trace, delay_trace=delay_trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
         params=params if params is not None else model_params_of(start),
         workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
+
+
+class RecordedDelays(Imbalance):
+    """The delays a run slept, rank by rank and step by step (repeated from the start if the simulation runs
+    longer): what a trace-driven replay injects, so that it replays the run's own stragglers, not a new draw
+    of its imbalance model."""
+
+    name = "recorded"
+
+    def __init__(self, delay_trace: Sequence[Sequence[float]]):
+        super().__init__(None, 0)
+        self.trace = [np.asarray(seq, dtype=float) for seq in delay_trace]
+
+    def delays(self, world_size: int, base_s: np.ndarray, first_step: int = 0) -> np.ndarray:
+        if len(self.trace) != world_size:
+            raise ValueError(f"recorded delays of {len(self.trace)} ranks for a world of {world_size}")
+        steps = first_step + np.arange(np.shape(base_s)[1])
+        return np.stack([seq[steps % len(seq)] if len(seq) else np.zeros(len(steps)) for seq in self.trace])
 
 
 def cycle_compute(run_dir: Path) -> list[float]:

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 ALGORITHMS = ("ring", "recursive_doubling", "tree")
 
 
@@ -157,6 +159,13 @@ class Network:
 
     def p2p(self, a: int, b: int, nbytes: float) -> float:
         return (self.intra if self.node(a) == self.node(b) else self.inter).p2p(nbytes)
+
+    def control_latencies(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`control` of each pair ``(a[i], b[i])``, for arrays of ranks."""
+        if self.control_alpha_s is not None:
+            return np.full(np.shape(a), float(self.control_alpha_s))
+        same = np.asarray(a) // self.gpus_per_node == np.asarray(b) // self.gpus_per_node
+        return np.where(same, self.intra.alpha_s, self.inter.alpha_s)
 
     def control(self, a: int, b: int) -> float:
         """A tiny control message (WAGMA's activation): latency only."""

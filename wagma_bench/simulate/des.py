@@ -74,7 +74,6 @@ from wagma_bench.comm.topology import (
     random_initiator,
     random_matching,
     ring_neighbours,
-    world_hypercube_neighbours,
 )
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.config.schema import check_choices
@@ -200,20 +199,9 @@ class SimResult:
 def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray) -> np.ndarray:
     """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does
     (before the step's computation, relative models seeing the previous step's compute time; the first
-    step uses its own)."""
-    out = np.zeros((world_size, steps))
-    compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)
-    if isinstance(imbalance, NoImbalance):
-        return out
-    if hasattr(imbalance, "slow_ranks"):  # only the drawn ranks can be slow: ask them alone (fast at P=1024)
-        for k in range(steps):
-            for r in imbalance.slow_ranks(world_size, k):
-                out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
-        return out
-    for r in range(world_size):
-        for k in range(steps):
-            out[r, k] = imbalance.delay(r, world_size, k, float(compute[r, k]))
-    return out
+    step uses its own), for every rank and step at once (:meth:`~wagma_bench.imbalance.Imbalance.delays`)."""
+    compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)[:, :steps]
+    return imbalance.delays(world_size, compute)
 
 
 class SimState:
@@ -509,43 +497,68 @@ class Plan:
     gid: np.ndarray      # [P] group index of each rank
     order: np.ndarray    # ranks sorted by group
     offsets: np.ndarray  # start of each group in ``order``
-    nbr: np.ndarray      # [P, D] neighbours on the hypercube over the whole world (self where none)
-    lat: np.ndarray      # [P, D] control latency of each edge (inf where none)
+    lat: np.ndarray      # [D, 2**D] control latency of the hypercube edge along dimension d (inf where none)
     cost: np.ndarray     # [G] the group allreduce's cost
 
 
-def make_plan(groups, net: Network, nbytes: float) -> Plan:
+def hypercube_latencies(world_size: int, net: Network) -> np.ndarray:
+    """``lat[d, r]``: the control latency between rank ``r`` and ``r ^ 2**d`` on the hypercube over the whole
+    world (:func:`~wagma_bench.comm.topology.world_hypercube_neighbours`), for ranks padded to a power of two;
+    inf where either end is outside the world. Depends only on the world and the network: shared by every
+    round's plan."""
+    dims = (world_size - 1).bit_length() if world_size > 1 else 0
+    ranks = np.arange(1 << dims)
+    lat = np.full((dims, 1 << dims), math.inf)
+    for d in range(dims):
+        peer = ranks ^ (1 << d)
+        valid = (ranks < world_size) & (peer < world_size)
+        lat[d] = np.where(valid, net.control_latencies(ranks, peer), math.inf)
+    return lat
+
+
+def make_plan(groups, net: Network, nbytes: float, lat: np.ndarray | None = None) -> Plan:
     """Activations travel over the hypercube of the whole world whatever the round's groups (the engine's
     activation scope), so a group with no ready member starts its round as soon as an activation reaches
     it; the groups decide only who waits for whom in the reduction."""
-    P = sum(len(g) for g in groups)
+    sizes = np.array([len(g) for g in groups])
+    P = int(sizes.sum())
+    order = np.fromiter((r for g in groups for r in g), dtype=int, count=P)
     gid = np.empty(P, dtype=int)
-    for g, group in enumerate(groups):
-        gid[list(group)] = g
-    nbs = {r: world_hypercube_neighbours(r, P) for r in range(P)}
-    D = max(1, max(len(v) for v in nbs.values()))
-    nbr = np.tile(np.arange(P)[:, None], (1, D))
-    lat = np.full((P, D), math.inf)
-    for r, v in nbs.items():
-        for d, j in enumerate(v):
-            nbr[r, d], lat[r, d] = j, net.control(j, r)
-    order = np.concatenate([np.asarray(g, dtype=int) for g in groups])
-    offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
+    gid[order] = np.repeat(np.arange(len(groups)), sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(int)
     cost = np.array([net.group_allreduce(g, nbytes) if len(g) > 1 else 0.0 for g in groups])
-    return Plan(gid, order, offsets, nbr, lat, cost)
+    return Plan(gid, order, offsets, hypercube_latencies(P, net) if lat is None else lat, cost)
 
 
 def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
     """Start times of a group round: ``start_j = max(free_j, min(request_j, first activation at j))``,
     activations travelling one hypercube hop per control latency from each rank that starts.
-    Iterated to the fixed point from above (Bellman-Ford over the world)."""
-    key = self_key
-    while True:
-        via = (key[plan.nbr] + plan.lat).min(axis=1)
-        new = np.minimum(key, np.maximum(free, via))
-        if np.array_equal(new, key):
-            return key
-        key = new
+
+    The fixed point from above of that equation (a shortest path whose nodes forward only once free), reached
+    by relaxing the hypercube's edges one dimension at a time, all ranks at once: along dimension ``d`` a
+    rank's neighbour is the rank with bit ``d`` flipped, i.e. the other half of axis 1 of the ranks viewed as
+    ``[2**D / 2**(d+1), 2, 2**d]``, so a sweep costs ``D`` vector operations over the ranks and no gather.
+    Sweeps repeat until one changes nothing. Every relaxation keeps the iterate at or above the fixed point,
+    and a sweep that changes nothing is a fixed point of every edge at once: the result is the one the
+    edge-by-edge (Bellman-Ford) iteration reaches, at ``O(P log P)`` per sweep, and usually two sweeps."""
+    P = len(self_key)
+    dims, size = plan.lat.shape
+    if not dims:
+        return np.asarray(self_key, dtype=float)
+    key = np.full(size, math.inf)
+    key[:P] = self_key
+    gate = np.zeros(size)
+    gate[:P] = free
+    changed = True
+    while changed:
+        changed = False
+        for d in range(dims):
+            via = key.reshape(-1, 2, 1 << d)[:, ::-1, :].reshape(size) + plan.lat[d]
+            better = np.maximum(gate, via) < key
+            if better.any():
+                key = np.where(better, np.maximum(gate, via), key)
+                changed = True
+    return key[:P]
 
 
 def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
@@ -627,7 +640,9 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
 def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
     schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
-    plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes) for k in range(schedule.stages)]
+    lat = hypercube_latencies(P, cfg.network)
+    plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes, lat)
+             for k in range(schedule.stages)]
     catch_up = cfg.settings.catch_up
     res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
