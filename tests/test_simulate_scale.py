@@ -9,10 +9,23 @@ import math
 import numpy as np
 import pytest
 
+from tests.cli_util import compose
 from wagma_bench.comm.topology import world_hypercube_neighbours
+from wagma_bench.config.plan import RunPlan
+from wagma_bench.config.schema import validate
 from wagma_bench.imbalance import IMBALANCES, make_imbalance
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.simulate.costs import Link, Network
-from wagma_bench.simulate.des import activate, hypercube_latencies, make_plan
+from wagma_bench.simulate.des import (
+    SimConfig,
+    SimState,
+    Workload,
+    activate,
+    busy_between,
+    hypercube_latencies,
+    make_plan,
+    simulate,
+)
 
 NET = Network(Link(3e-6, 1 / 150e9), Link(1.5e-5, 1 / 9e9), gpus_per_node=4)
 
@@ -81,3 +94,77 @@ def test_the_lognormal_rule_draws_its_sigma():
     positive = np.log(factor[factor > 1])
     assert abs((factor > 1).mean() - 0.5) < 0.01  # the lower half is truncated to no delay
     assert abs(math.sqrt(np.mean(positive ** 2)) - 0.4) < 0.01  # a half-normal's root mean square is sigma
+
+
+# --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it --------------------------------------------
+
+def network(bandwidth_GBps: float = 9.0) -> Network:
+    return Network(Link(3e-6, 1 / 150e9), Link(1.5e-6, 1 / (bandwidth_GBps * 1e9)), gpus_per_node=4)
+
+
+def adpsgd(world: int, bandwidth_GBps: float = 9.0, slowdown: float = 0.0, steps: int = 100, settings=None):
+    workload = Workload(step_s=0.3, params=25.6e6, sigma=0.05, gossip_slowdown=slowdown)
+    imbalance = make_imbalance(IMBALANCES["independent"].Settings(), seed=1)
+    return simulate(SimConfig("adpsgd", world, workload, network(bandwidth_GBps), imbalance, settings, steps=steps,
+                              seed=1))
+
+
+def test_busy_time_inside_windows_matches_a_direct_sum():
+    rng = np.random.default_rng(1)
+    world, rows = 5, []
+    for rank in range(world):  # each rank's exchanges one after another, never overlapping
+        t = 0.0
+        for _ in range(rng.integers(0, 6)):
+            t += rng.uniform(0, 1)
+            length = rng.uniform(0, 0.5)
+            rows.append((rank, t, t + length))
+            t += length
+    busy = tuple(np.array(col, dtype=float) for col in zip(*rows)) if rows else (np.zeros(0),) * 3
+    lo = rng.uniform(0, 3, (world, 7))
+    hi = lo + rng.uniform(0, 2, (world, 7))
+    direct = np.array([[sum(max(0.0, min(e, hi[r, k]) - max(b, lo[r, k])) for q, b, e in rows if q == r)
+                        for k in range(7)] for r in range(world)])
+    assert np.allclose(busy_between(busy, world, lo, hi), direct, rtol=0, atol=1e-12)
+
+
+def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
+    """k = 0: the compute thread never waits but at the sync points, so the clock is the compute schedule's
+    (computed here step by step, ranks meeting every sync_every rounds in the trainer's control allreduce of seven
+    float64), whatever the exchanges do."""
+    res = adpsgd(8, steps=60)
+    cfg = SimConfig("adpsgd", 8, Workload(step_s=0.3, params=25.6e6, sigma=0.05), network(),
+                    make_imbalance(IMBALANCES["independent"].Settings(), seed=1), None, steps=60, seed=1)
+    drawn = SimState(cfg, 10)  # the compute times and delays the simulation draws
+    clock = np.zeros(8)
+    for r in range(1, 61):
+        clock = clock + drawn.compute[:, r - 1] + drawn.delay[:, r - 1]
+        if r % 10 == 0:
+            clock[:] = clock.max() + network().world_allreduce(8, 7 * 8)
+    assert res.time_s == pytest.approx(clock.max(), rel=1e-12)
+    assert res.extra["gossip_cost_share"] == 0.0 and res.extra["exchanges_per_step"] > 0.9
+
+
+def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
+    free, charged = adpsgd(64), adpsgd(64, slowdown=0.5)
+    assert charged.throughput < free.throughput and charged.extra["gossip_cost_share"] > 0
+    slow_net = adpsgd(64, bandwidth_GBps=0.1, slowdown=0.5)
+    assert slow_net.throughput < charged.throughput
+    # free exchanges: the network shows only in the control allreduce of 56 bytes
+    assert adpsgd(64, bandwidth_GBps=0.1).throughput == pytest.approx(free.throughput, rel=1e-5)
+    # at most 1 + k slower: compute runs at 1 / (1 + k) only while the thread exchanges
+    assert slow_net.throughput >= free.throughput / 1.5 * 0.999
+
+
+@pytest.mark.parametrize("sync_every", [1, 3, 10, 25])
+def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
+    """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in the
+    run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
+    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_every={sync_every}", "train.max_steps=100"))
+    spec = OPTIMIZER_SPECS["adpsgd"]
+    sync = spec.sync_period_of(cfg.optimizer)
+    plan = RunPlan.of(cfg, sync, 1000, 4)
+    trainer_meets = [r for r in range(1, plan.total + 1) if r % plan.sync == 0
+                     and (r % plan.control_every == 0 or r >= plan.total)]
+    run = SimState(SimConfig("adpsgd", 4, Workload(), Network.free(), settings=cfg.optimizer, steps=100), sync)
+    assert [r for r in range(1, run.rounds + 1) if run.is_control(r)] == trainer_meets
+    assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total

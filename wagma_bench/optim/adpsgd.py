@@ -86,7 +86,7 @@ class ADPSGD(ADPSGDSpec, Algorithm):
 
     @property
     def sync_period(self) -> int:
-        return self.settings.sync_every
+        return self.sync_period_of(self.settings)
 
     # --- compute thread ---------------------------------------------------------------------------
     def step(self) -> StepInfo:

@@ -117,7 +117,7 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
     @property
     def sync_period(self) -> int:
-        return 1
+        return self.sync_period_of(self.settings)  # the spec's rule (optim/specs.py), which the simulator reads too
 
     # --- micro-batches (the trainer's loop; only DropCompute splits its batch) -----------------------------
     # with ``computes_in_parts`` (the spec's) the trainer computes each batch in parts through the calls below

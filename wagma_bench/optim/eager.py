@@ -54,7 +54,7 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
 
     @property
     def sync_period(self) -> int:
-        return self.settings.sync_every
+        return self.sync_period_of(self.settings)
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
         activator = None

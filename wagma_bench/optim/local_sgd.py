@@ -58,7 +58,7 @@ class LocalSGD(LocalSGDSpec, Algorithm):
 
     @property
     def sync_period(self) -> int:
-        return self.settings.period
+        return self.sync_period_of(self.settings)
 
     def broadcast_initial_model(self) -> None:
         super().broadcast_initial_model()

@@ -81,6 +81,13 @@ class AlgorithmSpec:
     computes_in_parts: ClassVar[bool] = False
 
     @classmethod
+    def sync_period_of(cls, settings) -> int:
+        """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's control
+        exchange happen only there): the one rule that the algorithm (its ``sync_period``), the trainer's plan
+        and the simulator all read."""
+        return 1
+
+    @classmethod
     def check_world(cls, settings, world_size: int | None) -> None:
         """Refuse, with a ``ConfigError`` naming the key, settings this algorithm cannot run on ``world_size``
         ranks (None: not known yet). The configuration check calls it before any rank starts; an algorithm
@@ -109,6 +116,10 @@ class WagmaSpec(AlgorithmSpec):
     algorithm = "WagmaSGD"
     simulation = "sim_wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
+
+    @classmethod
+    def sync_period_of(cls, settings) -> int:
+        return settings.averaging_period()  # every tau + 1-th round is the synchronous global average
 
     @dataclass
     class Settings(OuterSettings):
@@ -147,6 +158,10 @@ class LocalSGDSpec(AlgorithmSpec):
     algorithm = "LocalSGD"
     simulation = "sim_local_sgd"
     outer_at = "average"     # right after the global average (optim/outer.py)
+
+    @classmethod
+    def sync_period_of(cls, settings) -> int:
+        return settings.period
 
     @dataclass
     class Settings(OuterSettings):
@@ -208,6 +223,10 @@ class ADPSGDSpec(AlgorithmSpec):
     outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
                      "models' exact average (not implemented)")
 
+    @classmethod
+    def sync_period_of(cls, settings) -> int:
+        return settings.sync_every
+
     @dataclass
     class Settings:
         name: str = "adpsgd"
@@ -243,6 +262,10 @@ class EagerSpec(AlgorithmSpec):
     simulation = "sim_eager"
     outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
                      "stay identical and there is no model average to correct")
+
+    @classmethod
+    def sync_period_of(cls, settings) -> int:
+        return settings.sync_every
 
     @dataclass
     class Settings:

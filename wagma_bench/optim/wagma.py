@@ -36,7 +36,7 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
 
     @property
     def sync_period(self) -> int:
-        return self.schedule.period
+        return self.sync_period_of(self.settings)
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
         return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",

@@ -107,6 +107,7 @@ class Workload:
     overhead_s: float = 0.0          # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
     memory_GBps: float = 20.0        # memory bandwidth of a rank's elementwise updates (the outer step's cost)
+    gossip_slowdown: float = 0.0     # AD-PSGD: compute runs 1 + this times slower while the rank exchanges (sim_adpsgd)
     source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
 
     @property
@@ -165,6 +166,12 @@ class SimConfig:
                             f"got {type(self.settings).__name__}")
         # the check `run` makes of the same settings (one place for the allowed values: the schema's CHOICES)
         check_choices("optimizer", spec.Settings, OmegaConf.structured(self.settings))
+
+
+def sync_period(cfg: SimConfig) -> int:
+    """Rounds between the points where all ranks meet: the optimizer's own rule, which its algorithm and the
+    trainer's plan read too (``AlgorithmSpec.sync_period_of``)."""
+    return OPTIMIZER_SPECS[cfg.optimizer].sync_period_of(cfg.settings)
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
@@ -347,7 +354,7 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
     needed (:func:`~wagma_bench.optim.rules.sync_at`), so a rank waits only for what the delay did not hide."""
     if cfg.settings.streaming():
         return _sim_streaming(cfg)
-    period, warmup = cfg.settings.period, cfg.settings.warmup_steps
+    period, warmup = sync_period(cfg), cfg.settings.warmup_steps
     factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
     grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
@@ -436,33 +443,91 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 
 # --- AD-PSGD -------------------------------------------------------------------------------------------
 
+GOSSIP_ITERATIONS = 8  # rounds of (compute schedule -> exchanges -> their cost on the compute) at most
+
+
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
-    """AD-PSGD: compute never waits (except at sync points); the gossip thread is simulated on a heap."""
-    run = SimState(cfg, cfg.settings.sync_every)
-    P = run.P
-    start = np.zeros(P)
-    ends = np.zeros((P, run.rounds))
+    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread is simulated on a heap.
+
+    What the exchanges cost the compute (``workload.gossip_slowdown``, k): while a rank's gossip thread is in an
+    exchange (an active's transfer, or a passive serving one), the rank's compute runs ``1 + k`` times slower --
+    the thread's copies, averaging and transfer share the rank's host with its compute (the authors' thread
+    copies layer by layer through the CPU and spins on its locks). The compute schedule and the exchanges
+    depend on each other (a slower step moves the next exchange), so both are recomputed until the schedule
+    settles (``GOSSIP_ITERATIONS`` at most). k = 0 is the model of a free exchange: the compute thread's upper
+    bound. The measured k and its interval: ``reproduce/scaling/gossip_cost.py`` (docs/simulator.md)."""
+    run = SimState(cfg, sync_period(cfg))  # the run's barrier: the algorithm's own rule
+    slowdown = float(cfg.workload.gossip_slowdown)
+    extra = np.zeros((run.P, run.rounds))
+    for _ in range(GOSSIP_ITERATIONS):
+        starts, ends, end_time = _compute_schedule(run, extra)
+        if run.P == 1:
+            return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0)
+        exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
+        if slowdown == 0:
+            break
+        windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
+        # compute done in a window of w seconds with b of them busy: (w - b) + b / (1 + k); so w = c + b k / (1 + k)
+        new = slowdown / (1.0 + slowdown) * busy_between(busy, run.P, starts, windows)
+        if np.allclose(new, extra, rtol=1e-6, atol=1e-9):
+            break
+        extra = new
+    return run.result(end_time, np.full(run.P, run.rounds), staleness=lag,
+                      exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
+                      gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, :run.rounds].sum())))
+
+
+def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the trainer's
+    sync points, each step's compute lengthened by ``extra``; and the end of the run."""
+    start = np.zeros(run.P)
+    starts, ends = np.zeros((run.P, run.rounds)), np.zeros((run.P, run.rounds))
     for r in range(1, run.rounds + 1):
-        done = start + run.compute[:, r - 1] + run.delay[:, r - 1]
+        starts[:, r - 1] = start
+        done = start + run.compute[:, r - 1] + extra[:, r - 1] + run.delay[:, r - 1]
         ends[:, r - 1] = done
         start = done + run.overhead
-        if run.is_control(r) and P > 1:
+        if run.is_control(r) and run.P > 1:
             start = run.barrier(start)
-    end_time = start.max()
-    exchanges, lag = _gossip(cfg, run, ends, end_time) if P > 1 else (0, 0.0)
-    return run.result(end_time, np.full(P, run.rounds), staleness=lag,
-                      exchanges_per_step=exchanges / max(1, (P // 2) * run.rounds))
+    return starts, ends, float(start.max())
 
 
-def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float) -> tuple[int, float]:
+def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo: np.ndarray,
+                 hi: np.ndarray) -> np.ndarray:
+    """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from its
+    exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in flight, a
+    passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
+    rank, begin, end = busy
+    span = 2.0 * max(float(hi.max(initial=0.0)), float(end.max(initial=0.0))) + 1.0
+    order = np.argsort(rank * span + begin, kind="stable")
+    rank, begin, end = rank[order], begin[order], end[order]
+    axis = rank * span + begin
+    before = np.concatenate([[0.0], np.cumsum(end - begin)])  # busy time of the intervals before each one
+
+    def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
+        rows = np.broadcast_to(np.arange(world)[:, None], t.shape)
+        first = np.searchsorted(axis, rows * span, side="left")      # the rank's first interval
+        last = np.searchsorted(axis, rows * span + t, side="right")  # intervals begun by t
+        partial = np.where(last > first, np.clip(t - begin[np.maximum(last - 1, 0)], 0.0,
+                                                 (end - begin)[np.maximum(last - 1, 0)]), 0.0)
+        return before[np.maximum(last - 1, 0)] * (last > first) - before[first] * (last > first) + partial
+
+    return busy_until(hi) - busy_until(lo)
+
+
+def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
+            ) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
-    one at a time, first come first served. Returns (exchanges, mean step lag between the pair)."""
+    one at a time, first come first served. Returns (exchanges, mean step lag between the pair, and each
+    rank's time in exchanges as (rank, begin, end) arrays: both ends of every exchange)."""
     P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
     steps = [row.tolist() for row in ends]  # plain lists: bisect is much faster than numpy scalars here
     free = [0.0] * P  # when each passive is free
     heap = [(steps[a][0], a, 0) for a in range(0, P, 2)]  # (time the thread wakes, active, exchange no.)
     heapq.heapify(heap)
     count, lag_sum = 0, 0
+    who: list[int] = []
+    spans: list[float] = []
     matchings: dict[int, dict[int, int]] = {}  # the e-th matching is shared by every active
     cost: dict[tuple[int, int], tuple[float, float]] = {}
     while heap:
@@ -481,11 +546,15 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float) ->
             finish = free[p] = begin + swap
             count += 1
             lag_sum += abs(bisect.bisect(steps[a], begin) - bisect.bisect(steps[p], begin))
+            who += (a, p)
+            spans += (begin, finish)
         # the thread then waits for a local step that ended after it woke at t
         k = bisect.bisect(steps[a], t)
         if k < len(steps[a]):
             heapq.heappush(heap, (max(finish, steps[a][k]), a, e + 1))
-    return count, lag_sum / count if count else 0.0
+    pairs = np.asarray(spans).reshape(-1, 2) if spans else np.zeros((0, 2))
+    busy = (np.asarray(who, dtype=float), np.repeat(pairs[:, 0], 2), np.repeat(pairs[:, 1], 2))
+    return count, lag_sum / count if count else 0.0, busy
 
 
 # --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
@@ -652,7 +721,7 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
 
 def sim_eager(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    mode, sync_every = cfg.settings.mode, cfg.settings.sync_every
+    mode, sync_every = cfg.settings.mode, sync_period(cfg)
     plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
     initiator = None
     if mode == "majority":
