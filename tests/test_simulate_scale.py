@@ -4,6 +4,7 @@ cheap."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -26,6 +27,7 @@ from wagma_bench.simulate.des import (
     make_plan,
     simulate,
 )
+from wagma_bench.simulate.spread import draw_persistent, fit_spread
 
 NET = Network(Link(3e-6, 1 / 150e9), Link(1.5e-5, 1 / 9e9), gpus_per_node=4)
 
@@ -168,3 +170,56 @@ def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     run = SimState(SimConfig("adpsgd", 4, Workload(), Network.free(), settings=cfg.optimizer, steps=100), sync)
     assert [r for r in range(1, run.rounds + 1) if run.is_control(r)] == trainer_meets
     assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total
+
+
+# --- compute spread with persistence ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sigma_rank,sigma,rho", [(0.0, 0.2, 0.0), (0.15, 0.2, 0.0), (0.15, 0.1, 0.6)])
+def test_the_persistent_spread_fit_recovers_the_model_it_is_drawn_from(sigma_rank, sigma, rho):
+    rng = np.random.default_rng(7)
+    runs = [draw_persistent(rng, 8, 300, 0.1, sigma_rank, sigma, rho) for _ in range(12)]
+    fit = fit_spread(runs)
+    assert fit.runs == 12 and fit.ranks == 96 and fit.steps == 96 * 300
+    assert fit.sigma == pytest.approx(sigma, rel=0.03) and fit.rho == pytest.approx(rho, abs=0.03)
+    # 96 offsets: their spread is known to about 1 / sqrt(2 * 84) = 8%
+    assert fit.sigma_rank == pytest.approx(sigma_rank, abs=0.3 * sigma_rank + 0.02)
+
+
+def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_drawn_anew_each_step():
+    """Same marginal spread of log step time (0.2), once all of it drawn anew each step and once mostly as rank
+    offsets. Local SGD meets every 20 steps: the i.i.d. noise of 20 steps averages out in each rank's sum, an
+    offset does not, so the world with lasting offsets waits longer for its slowest rank. (A barrier at every step
+    sees no difference: each step's slowest rank is the maximum of as many draws of the same spread.) With no rank
+    offset and no autocorrelation the persistent model is the i.i.d. one."""
+    def throughput(optimizer, **kw):
+        workload = Workload(step_s=0.1, params=1e6, **kw)
+        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"period": 20} if optimizer == "local_sgd" else {}))
+        return simulate(SimConfig(optimizer, 256, workload, Network.free(), settings=settings, steps=200,
+                                  seed=2)).throughput
+
+    iid = throughput("local_sgd", compute="lognormal", sigma=0.2)
+    persistent = throughput("local_sgd", compute="persistent", sigma_rank=0.16, sigma=0.12, rho=0.5)
+    same = throughput("local_sgd", compute="persistent", sigma_rank=0.0, sigma=0.2, rho=0.0)
+    assert persistent < 0.85 * iid and same == pytest.approx(iid, rel=0.02)
+    every_step = [throughput("allreduce", compute="lognormal", sigma=0.2),
+                  throughput("allreduce", compute="persistent", sigma_rank=0.16, sigma=0.12, rho=0.5)]
+    assert every_step[1] == pytest.approx(every_step[0], rel=0.03)
+
+
+def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
+    from tests.test_simulate import write_run
+    from wagma_bench.cli.simulate import with_measured_spread
+
+    run = write_run(tmp_path)  # 2 ranks; rank 1 persistently 30% slower, each with its own step-to-step noise
+    rng = np.random.default_rng(3)
+    for rank, scale in ((0, 0.2), (1, 0.26)):
+        times = scale * np.exp(0.05 * rng.standard_normal(200))
+        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
+                             "comm_s": 0.0, "samples": 8}) for s, c in enumerate(times, 1)]
+        (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    wl = with_measured_spread(Workload(step_s=0.3, compute="persistent"), [str(run)])
+    # two offsets +-log(1.3)/2 around their mean: their spread (one degree of freedom) is log(1.3)/sqrt(2)
+    assert wl.compute == "persistent" and wl.sigma_rank == pytest.approx(math.log(1.3) / math.sqrt(2), rel=0.05)
+    assert wl.sigma == pytest.approx(0.05, rel=0.15) and abs(wl.rho) < 0.15 and wl.step_s == 0.3
+    iid = with_measured_spread(Workload(step_s=0.3), [str(run)])
+    assert iid.compute == "empirical" and iid.sigma_rank == 0.0

@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -83,6 +84,7 @@ from wagma_bench.record.files import SymlinkRefused, write_text_atomic
 from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (
+    WORKLOAD_RANGES,
     SimConfig,
     SimResult,
     Workload,
@@ -294,6 +296,9 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
                 number = float(own[key])
             except ValueError:
                 raise UsageError(f"{key}={own[key]!r} is not a number") from None
+            low, high, allowed = WORKLOAD_RANGES.get(key, (-math.inf, math.inf, ""))
+            if not low <= number <= high:
+                raise UsageError(f"{key}={own[key]} is not allowed; it must be {allowed}")
             setattr(wl, key, int(number) if isinstance(cur, int) else number)
         else:
             setattr(wl, key, own[key])
@@ -354,10 +359,35 @@ def measured_spread(paths: list[str]) -> tuple[float, ...]:
 
 
 def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
-    """The workload with the runs' measured spread scaled to its median step time (``--compute-from``)."""
+    """The workload with the runs' measured spread scaled to its median step time (``--compute-from``); with
+    ``compute=persistent`` the persistent model's offsets, noise and autocorrelation fitted from the runs' ranks
+    (:mod:`wagma_bench.simulate.spread`), else the pooled times drawn i.i.d."""
+    if workload.compute == "persistent":
+        fit = measured_persistence(paths)
+        return dataclasses.replace(workload, sigma_rank=fit.sigma_rank, sigma=fit.sigma, rho=fit.rho,
+                                   source=f"{workload.source}; persistent spread fitted in {', '.join(paths)} "
+                                          f"(sigma_rank {fit.sigma_rank:.3g}, sigma {fit.sigma:.3g}, rho {fit.rho:.3g})")
     shape = measured_spread(paths)
     return dataclasses.replace(workload, compute="empirical", samples=tuple(workload.step_s * x for x in shape),
                                source=f"{workload.source}; compute spread measured in {', '.join(paths)}")
+
+
+def measured_persistence(paths: list[str]):
+    """The persistent spread model fitted over the runs under ``paths`` (each rank's cycles in order)."""
+    from wagma_bench.analysis.run_records import find_runs
+    from wagma_bench.simulate.calibrate import cycle_compute_by_rank
+    from wagma_bench.simulate.spread import fit_spread
+
+    runs = []
+    for d in find_runs(map(Path, paths)):
+        try:
+            runs.append(list(cycle_compute_by_rank(d).values()))
+        except ValueError as err:
+            raise UsageError(f"--compute-from: {err}") from None
+    try:
+        return fit_spread(runs)
+    except ValueError as err:
+        raise UsageError(f"--compute-from: {err} under {', '.join(paths)}") from None
 
 
 def is_tuning_dir(path: Path) -> bool:

@@ -150,7 +150,12 @@ class RecordedDelays(Imbalance):
 
 
 def cycle_compute(run_dir: Path) -> list[float]:
-    """Every rank's compute time per cycle, pooled: a cycle is a step that took fresh samples and the steps
+    """Every rank's compute time per cycle (:func:`cycle_compute_by_rank`), pooled."""
+    return [t for times in cycle_compute_by_rank(run_dir).values() for t in times]
+
+
+def cycle_compute_by_rank(run_dir: Path) -> dict[int, list[float]]:
+    """Per rank, its compute time per cycle in order: a cycle is a step that took fresh samples and the steps
     after it that took none (DD-PPO: a rollout and the further PPO updates on it; a supervised workload: each
     step alone). The unit of the simulator's step, whose presets count a rollout and its update as one.
     Warm-up as in :func:`fit_run` (the first ``SKIP_STEPS + 1`` steps of each rank), a leading partial cycle
@@ -158,8 +163,8 @@ def cycle_compute(run_dir: Path) -> list[float]:
     records = read_step_records(Path(run_dir))
     if not records:
         raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or {STEP_TABLE})")
-    pooled: list[float] = []
-    for recs in records.values():
+    by_rank: dict[int, list[float]] = {}
+    for rank, recs in sorted(records.items()):
         cycles: list[list[float]] = []
         for r in sorted(recs, key=lambda r: r["step"])[SKIP_STEPS + 1:]:
             if float(r.get("samples", 1)) > 0:
@@ -168,10 +173,11 @@ def cycle_compute(run_dir: Path) -> list[float]:
                 cycles[-1].append(float(r["compute_s"]))
         if cycles and len(cycles[-1]) < max(map(len, cycles)):
             cycles.pop()  # the run ended inside this cycle
-        pooled += [sum(c) for c in cycles]
-    if not pooled:
+        if cycles:
+            by_rank[rank] = [sum(c) for c in cycles]
+    if not by_rank:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
-    return pooled
+    return by_rank
 
 
 def model_params_of(start: RunStart) -> float | None:

@@ -86,9 +86,16 @@ from wagma_bench.optim.specs import (
     parse_threshold,
 )
 from wagma_bench.simulate.costs import Network
+from wagma_bench.simulate.spread import draw_persistent
 
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
-COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace")
+COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
+
+
+# the cost model's numbers a user may set that have a range (simulate's `KEY=VALUE`): (low, high, allowed)
+WORKLOAD_RANGES = {"gossip_slowdown": (0.0, math.inf, "a number >= 0"),
+                   "sigma": (0.0, math.inf, "a number >= 0"), "sigma_rank": (0.0, math.inf, "a number >= 0"),
+                   "rho": (-0.99, 0.99, "a number between -0.99 and 0.99")}
 
 
 @dataclass
@@ -100,8 +107,10 @@ class Workload:
     batch: int = 128                 # samples per rank and step
     params: float = 25.6e6           # model parameters (gradients and models travel as float32)
     bytes_per_param: int = 4
-    compute: str = "lognormal"       # constant | lognormal | empirical | trace
-    sigma: float = 0.0               # lognormal: spread of log(compute time)
+    compute: str = "lognormal"       # constant | lognormal | empirical | trace | persistent
+    sigma: float = 0.0               # lognormal: spread of log(compute time); persistent: of its per-step noise
+    sigma_rank: float = 0.0          # persistent: spread of the ranks' lasting offsets (log scale; simulate.spread)
+    rho: float = 0.0                 # persistent: lag-1 autocorrelation of the per-step noise
     samples: tuple = ()              # empirical: measured compute times to resample (from --calibrate)
     trace: tuple = ()                # trace: per rank, its measured compute times in step order (--calibrate)
     overhead_s: float = 0.0          # per-step time outside compute, delay and communication
@@ -127,6 +136,8 @@ class Workload:
             return rng.choice(np.asarray(self.samples, dtype=float), size=shape)
         if self.compute == "trace":
             return self._replay(world_size, steps)
+        if self.compute == "persistent":
+            return draw_persistent(rng, world_size, steps, self.step_s, self.sigma_rank, self.sigma, self.rho)
         raise ValueError(f"workload.compute={self.compute!r}; choose one of: {', '.join(COMPUTE_MODELS)}")
 
     def _replay(self, world_size: int, steps: int) -> np.ndarray:
