@@ -22,6 +22,8 @@ import math
 import random
 from functools import lru_cache
 
+import numpy as np
+
 Group = tuple[int, ...]
 
 
@@ -114,14 +116,19 @@ def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]
     The bipartite split is AD-PSGD's deadlock-avoidance rule: actives only initiate, passives only
     respond. With an odd world the last even rank sits out this step (maps to itself).
     """
-    actives = list(range(0, world_size, 2))
-    passives = list(range(1, world_size, 2))
-    rng = random.Random(seed * 1_000_003 + step)
-    rng.shuffle(passives)
-    pairs: dict[int, int] = {r: r for r in range(world_size)}
-    for a, p in zip(actives, passives):
-        pairs[a], pairs[p] = p, a
-    return pairs
+    return dict(enumerate(matching_partners(world_size, step, seed).tolist()))
+
+
+def matching_partners(world_size: int, step: int, seed: int = 0) -> np.ndarray:
+    """:func:`random_matching` as an array: each rank's partner (itself when it sits out). The passives are
+    shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per exchange
+    round, at up to 65,536 ranks."""
+    actives, passives = np.arange(0, world_size, 2), np.arange(1, world_size, 2)
+    shuffled = passives[np.random.default_rng([seed, step]).permutation(len(passives))]
+    partners = np.arange(world_size)
+    paired = actives[:len(shuffled)]
+    partners[paired], partners[shuffled] = shuffled, paired
+    return partners
 
 
 # --- eager-SGD majority allreduce: one random initiator per round -------------------------------------

@@ -57,8 +57,6 @@ engine: between the answer and the post, where the real update happens).
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -71,8 +69,8 @@ from wagma_bench.comm.topology import (
     WagmaSchedule,
     exponential_in_peer,
     exponential_peer,
+    matching_partners,
     random_initiator,
-    random_matching,
     ring_neighbours,
 )
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
@@ -528,44 +526,85 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
 
 def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
             ) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Exchanges of the active ranks' gossip threads: one after each local step at most, a passive serves
-    one at a time, first come first served. Returns (exchanges, mean step lag between the pair, and each
-    rank's time in exchanges as (rank, begin, end) arrays: both ends of every exchange)."""
-    P, net, n = run.P, cfg.network, cfg.workload.model_bytes + 16
-    steps = [row.tolist() for row in ends]  # plain lists: bisect is much faster than numpy scalars here
-    free = [0.0] * P  # when each passive is free
-    heap = [(steps[a][0], a, 0) for a in range(0, P, 2)]  # (time the thread wakes, active, exchange no.)
-    heapq.heapify(heap)
-    count, lag_sum = 0, 0
-    who: list[int] = []
-    spans: list[float] = []
-    matchings: dict[int, dict[int, int]] = {}  # the e-th matching is shared by every active
-    cost: dict[tuple[int, int], tuple[float, float]] = {}
-    while heap:
-        t, a, e = heapq.heappop(heap)
-        if t >= end_time:
-            continue
-        if e not in matchings:
-            matchings[e] = random_matching(P, e, cfg.seed)
-        p = matchings[e][a]
-        finish = t
-        if p != a:
-            if (a, p) not in cost:
-                cost[a, p] = (net.control(a, p), 2 * net.p2p(a, p, n))  # header; both models, one after the other
-            latency, swap = cost[a, p]
-            begin = max(t + latency, free[p])
-            finish = free[p] = begin + swap
-            count += 1
-            lag_sum += abs(bisect.bisect(steps[a], begin) - bisect.bisect(steps[p], begin))
-            who += (a, p)
-            spans += (begin, finish)
-        # the thread then waits for a local step that ended after it woke at t
-        k = bisect.bisect(steps[a], t)
-        if k < len(steps[a]):
-            heapq.heappush(heap, (max(finish, steps[a][k]), a, e + 1))
-    pairs = np.asarray(spans).reshape(-1, 2) if spans else np.zeros((0, 2))
-    busy = (np.asarray(who, dtype=float), np.repeat(pairs[:, 0], 2), np.repeat(pairs[:, 1], 2))
-    return count, lag_sum / count if count else 0.0, busy
+    """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
+    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to its
+    partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive serves one
+    at a time, first come first served (in the order the actives' threads woke), from the header's arrival.
+    Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as ``(rank, begin, end)``
+    arrays: both ends of every exchange).
+
+    An event simulation that serves many requests at once: each active has one pending request (when its thread
+    woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake again (after its
+    pending exchange at the least, or its next step's end), so every pending request that woke before ``T`` is
+    served now, each passive's in wake order (one sort, a segmented max-plus scan). That is the order of an event
+    heap, request by request (a test replays the model on one and compares), at a cost of vector operations over
+    the actives per batch; a batch holds every active whose thread woke before the slowest could wake again."""
+    P, net = run.P, cfg.network
+    actives = np.arange(0, P, 2)
+    rounds = ends.shape[1]
+    span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
+    flat = (np.arange(P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
+
+    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
+        keys = ranks * span + t
+        order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
+        found = np.empty(len(keys), dtype=int)
+        found[order] = np.searchsorted(flat, keys[order], side="right")
+        return found - ranks * rounds
+
+    partners = np.stack([matching_partners(P, e, cfg.seed)[actives] for e in range(rounds + 1)])  # [exchange, active]
+    nbytes = cfg.workload.model_bytes + 16
+    swap_of = {True: 2 * net.intra.p2p(nbytes), False: 2 * net.inter.p2p(nbytes)}  # both models, one after the other
+    free = np.zeros(P)                      # when each passive is free
+    wake = ends[actives, 0].copy()          # each active's pending request: when its thread woke
+    exchange = np.zeros(len(actives), dtype=int)
+    ended = np.zeros(len(actives), dtype=int)  # each active's steps ended by its wake: only grows, so moved on
+    alive = wake < end_time
+    out: list[tuple[np.ndarray, ...]] = []
+    while alive.any():
+        i = np.nonzero(alive)[0]
+        a, t = actives[i], wake[i]
+        p = partners[exchange[i], i]
+        real = p != a
+        latency = net.control_latencies(a, p)
+        swap = np.where(a // net.gpus_per_node == p // net.gpus_per_node, swap_of[True], swap_of[False])
+        k = ended[i]
+        while True:  # bisect_right of t in the active's step ends, from where it was (a step or two a batch)
+            more = (k < rounds) & (ends[a, np.minimum(k, rounds - 1)] <= t)
+            if not more.any():
+                break
+            k = k + more
+        ended[i] = k
+        next_end = np.where(k < rounds, ends[a, np.minimum(k, rounds - 1)], math.inf)
+        earliest = np.maximum(np.where(real, t + latency + swap, t), next_end)  # an active's next wake, at least
+        now = t < earliest.min()
+        if not now.any():
+            now = t == t.min()
+        i, a, t, p, real, latency, swap, k, next_end = (x[now] for x in (i, a, t, p, real, latency, swap, k, next_end))
+        done = t.copy()
+        if real.any():
+            q = np.nonzero(real)[0]
+            order = q[np.lexsort((exchange[i[q]], a[q], t[q], p[q]))]  # wake order at each passive, as a heap pops
+            pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
+            first = np.concatenate([[True], pq[1:] != pq[:-1]])
+            start = np.maximum.accumulate(np.where(first, np.arange(len(pq)), 0))
+            position = np.arange(len(pq)) - start  # place in its passive's queue of this batch
+            begin, finish = np.empty(len(pq)), np.empty(len(pq))
+            for j in range(int(position.max()) + 1):  # a passive's requests one after the other (few a batch)
+                at = np.nonzero(position == j)[0]
+                begin[at] = np.maximum(arrive[at], free[pq[at]])
+                finish[at] = free[pq[at]] = begin[at] + cost[at]
+            done[order] = finish
+            out.append((a[order], pq, begin, finish))
+        wake[i] = np.maximum(done, next_end)
+        exchange[i] += 1
+        alive[i] = (k < rounds) & (wake[i] < end_time)
+    if not out:
+        return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
+    a, p, b, f = (np.concatenate(col) for col in zip(*out))
+    lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
+    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
+    return len(a), float(lag.sum()) / len(a), busy
 
 
 # --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
