@@ -42,6 +42,14 @@ from typing import Any
 import yaml
 
 from wagma_bench.analysis import drift, intervals
+from wagma_bench.analysis.predictions import (
+    INTERVAL_FILE,
+    barrier_sentence,
+    flip_points,
+    flip_sentence,
+    nearest_flip,
+    speedup_interval,
+)
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import (
     BY_METRIC,
@@ -300,9 +308,29 @@ def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
         return {**base, "note": f"no {key} predicted for {claim.subject} and a comparator at P={p}"}
     if claim.lower_is_better:
         best = min(have, key=have.get)
-        return {**base, "best": best, "speedup": have[best] / subject}
-    best = max(have, key=have.get)
-    return {**base, "best": best, "speedup": subject / have[best]}
+        out = {**base, "best": best, "speedup": have[best] / subject}
+    else:
+        best = max(have, key=have.get)
+        out = {**base, "best": best, "speedup": subject / have[best]}
+    return out | prediction_uncertainty(claim, sim_dir, p, key)
+
+
+def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str) -> dict:
+    """The prediction's 95% interval over its resampled inputs and what flips it, where the simulator output has
+    them (``simulate --interval``, :mod:`wagma_bench.analysis.predictions`); else says it has none."""
+    path = sim_dir / INTERVAL_FILE
+    if not path.is_file():
+        return {"interval": None, "flip": None, "flips": [],
+                "uncertainty_note": f"no {INTERVAL_FILE} (simulate --interval N) in {sim_dir}"}
+    data = json.loads(path.read_text())
+    ask = {"subject": claim.subject, "comparators": claim.comparators, "metric": metric,
+           "lower_is_better": claim.lower_is_better}
+    flips = flip_points(data, world, claim.threshold, **ask)
+    flip = nearest_flip(flips)
+    barrier = next((f for f in flips if f["knob"] == "control_every"), None)
+    return {"interval": speedup_interval(data, world, **ask), "replicates": data["replicates"],
+            "resampled": data["resampled"], "flips": flips, "flip": flip_sentence(flip),
+            "with_barrier": barrier_sentence(barrier)}
 
 
 # --- one claim ------------------------------------------------------------------------------------------
@@ -432,7 +460,9 @@ def predicted_cell(r: dict) -> str:
         return "not predicted"
     if p["speedup"] is None:
         return f"— (P={p['world_size']})"
-    return f"{times(p['speedup'])} vs {p['best']} at P={p['world_size']}"
+    interval = p.get("interval")
+    said = f"{times(p['speedup'])}" + (f" [{times(interval[0])}, {times(interval[1])}]" if interval else "")
+    return f"{said} vs {p['best']} at P={p['world_size']}" + (f"; {p['flip']}" if p.get("flip") else "")
 
 
 def budget_cell(r: dict) -> str:
@@ -504,6 +534,18 @@ def detail(r: dict) -> list[str]:
         said = (f"{times(p['speedup'])} against {p['best']} at P={p['world_size']}" if p["speedup"] is not None
                 else p.get("note", "no prediction"))
         lines += [f"Predicted (`{p['simulate']}`): {said}. Assumptions: {p['assumptions']}", ""]
+        if p.get("interval"):
+            lo, hi = p["interval"]
+            lines += [f"Prediction interval (95%, {p['replicates']} replicates; resampled: {'; '.join(p['resampled'])}): "
+                      f"[{times(lo)}, {times(hi)}]. Nearest flip: {p['flip']}."
+                      + (f" The trainer's barrier: {p['with_barrier']}." if p.get("with_barrier") else ""), ""]
+            rows = [{"assumption": f["knob"], "crossing": "—" if f["crossing"] is None else f"{f['crossing']:.3g}",
+                     "curve": ", ".join(f"{x:g}: {y:.2f}x" for x, y in f["curve"])} for f in p["flips"]]
+            lines += [markdown_table(rows, [("assumption", "assumption moved", ""),
+                                            ("crossing", "ties at", ""), ("curve", "value: predicted speed-up", "")]),
+                      ""]
+        elif p.get("uncertainty_note"):
+            lines += [f"No prediction interval: {p['uncertainty_note']}.", ""]
     return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
                     "ranks' mean, median over the trials, 1.00 = even)"), ""]
 

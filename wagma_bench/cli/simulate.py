@@ -72,6 +72,7 @@ from typing import Any
 
 from wagma_bench import exits
 from wagma_bench.analysis import plots
+from wagma_bench.analysis.predictions import INTERVAL_FILE
 from wagma_bench.analysis.tables import markdown_table, write_csv
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR, conf_context
@@ -92,7 +93,9 @@ from wagma_bench.simulate.des import (
     simulate,
     simulated_optimizers,
 )
+from wagma_bench.simulate.measured import read_measured, with_measured
 from wagma_bench.simulate.presets import preset_for
+from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 PROGRESS_AFTER_S = 5.0  # a progress line per simulation once the predictions have taken this long
@@ -152,6 +155,11 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     ap.add_argument("--compute-from", nargs="+", default=[], metavar="RUN_DIR",
                     help="runs or tuning directories whose measured compute spread (over its median) replaces the "
                     "preset's distribution, scaled to its step_s")
+    ap.add_argument("--interval", type=int, default=0, metavar="N",
+                    help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
+                    "interval.json, which `claims` reads for a prediction's interval and what flips it")
+    ap.add_argument("--measured", metavar="FILE", help="measured model inputs (gossip_cost.py, make gpu-check): "
+                    "AD-PSGD's exchange cost with its bootstrap replicates")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
@@ -307,10 +315,11 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
 
 
 def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Network, imbalance: Imbalance,
-               steps: int, control_every: int = CONTROL_EVERY) -> SimConfig:
-    """One simulation of a composed run configuration."""
-    return SimConfig(run.optimizer.name, world_size, workload, network, imbalance, run.optimizer, steps, run.seed,
-                     control_every, local_state_tensors(run.train.local_optimizer, run.train.momentum))
+               steps: int, control_every: int = CONTROL_EVERY, seed: int | None = None) -> SimConfig:
+    """One simulation of a composed run configuration (``seed``: another than the run's)."""
+    return SimConfig(run.optimizer.name, world_size, workload, network, imbalance, run.optimizer, steps,
+                     run.seed if seed is None else seed, control_every,
+                     local_state_tensors(run.train.local_optimizer, run.train.momentum))
 
 
 # --- convergence model ----------------------------------------------------------------------------------
@@ -319,6 +328,12 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
     """Per optimizer: median global samples at the first evaluation reaching the target, over the runs at
     the smallest world size that reached it. A tuning directory (``wagma-bench tune``) stands for its
     winning trials (:func:`wagma_bench.analysis.tuning.winning_runs`), so predictions rest on tuned convergence."""
+    return {opt: statistics.median(hits) for opt, hits in target_hits(run_dirs).items()}
+
+
+def target_hits(run_dirs: list[str]) -> dict[str, list[float]]:
+    """Per optimizer: the samples of each run's first evaluation at the target, at the smallest world size that
+    reached it (what :func:`samples_to_target` takes the median of, and the interval resamples)."""
     from wagma_bench.analysis.run_records import find_runs
     from wagma_bench.analysis.tuning import winning_runs
 
@@ -332,7 +347,7 @@ def samples_to_target(run_dirs: list[str]) -> dict[str, float]:
         if hit is not None:
             found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
                 float(hit.samples))
-    return {opt: statistics.median(by_p[min(by_p)]) for opt, by_p in found.items()}
+    return {opt: by_p[min(by_p)] for opt, by_p in found.items()}
 
 
 def measured_spread(paths: list[str]) -> tuple[float, ...]:
@@ -342,20 +357,25 @@ def measured_spread(paths: list[str]) -> tuple[float, ...]:
     run, a rollout with its PPO updates for DD-PPO (:func:`~wagma_bench.simulate.calibrate.cycle_compute`).
     Drawn i.i.d. per rank and step (``compute=empirical``): a rank that is slow in every step is not kept as
     such."""
+    return tuple(x for run in spread_by_run(paths) for x in run)
+
+
+def spread_by_run(paths: list[str]) -> list[list[float]]:
+    """:func:`measured_spread`, run by run (what the interval resamples)."""
     from wagma_bench.analysis.run_records import find_runs
     from wagma_bench.simulate.calibrate import cycle_compute
 
-    shape: list[float] = []
+    shapes: list[list[float]] = []
     for d in find_runs(map(Path, paths)):
         try:
             times = cycle_compute(d)
         except ValueError as err:  # no step records (a summary-only copy), too few steps
             raise UsageError(f"--compute-from: {err}") from None
         median = statistics.median(times)
-        shape += [t / median for t in times]
-    if not shape:
+        shapes.append([t / median for t in times])
+    if not shapes:
         raise UsageError(f"--compute-from: no run directory under {', '.join(paths)}")
-    return tuple(shape)
+    return shapes
 
 
 def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
@@ -374,9 +394,18 @@ def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
 
 def measured_persistence(paths: list[str]):
     """The persistent spread model fitted over the runs under ``paths`` (each rank's cycles in order)."""
+    from wagma_bench.simulate.spread import fit_spread
+
+    try:
+        return fit_spread(ranks_by_run(paths))
+    except ValueError as err:
+        raise UsageError(f"--compute-from: {err} under {', '.join(paths)}") from None
+
+
+def ranks_by_run(paths: list[str]) -> list[list[list[float]]]:
+    """Per run under ``paths``, each rank's compute time per cycle in order."""
     from wagma_bench.analysis.run_records import find_runs
     from wagma_bench.simulate.calibrate import cycle_compute_by_rank
-    from wagma_bench.simulate.spread import fit_spread
 
     runs = []
     for d in find_runs(map(Path, paths)):
@@ -384,10 +413,7 @@ def measured_persistence(paths: list[str]):
             runs.append(list(cycle_compute_by_rank(d).values()))
         except ValueError as err:
             raise UsageError(f"--compute-from: {err}") from None
-    try:
-        return fit_spread(runs)
-    except ValueError as err:
-        raise UsageError(f"--compute-from: {err} under {', '.join(paths)}") from None
+    return runs
 
 
 def is_tuning_dir(path: Path) -> bool:
@@ -461,7 +487,48 @@ def predict(req: Request, ns, runs: dict[str, RunConfig], network: Network, work
             ("speedup_vs_allreduce", "vs allreduce"), ("efficiency", "efficiency"), ("wait_frac", "wait share"),
             ("staleness", "staleness"), ("time_to_target_s", "time to target (s)")]
     print(f"## Predicted throughput ({title})\n\n{markdown(rows, cols)}\n")
+    if ns.interval > 0:
+        write_interval(req, ns, runs, gpus, Inputs(workload, network, imbalance, conv, req.control_every, first.seed),
+                       out)
     return rows
+
+
+def write_interval(req: Request, ns, runs: dict[str, RunConfig], gpus: list[int], base: Inputs, out: Path) -> None:
+    """``--interval N``: :func:`wagma_bench.simulate.uncertainty.uncertainty` over these runs' predictions."""
+    sources = Sources()
+    if ns.compute_from:
+        persistent = base.workload.compute == "persistent"
+        sources.spread_kind = "persistent" if persistent else "empirical"
+        sources.spread_runs = ranks_by_run(ns.compute_from) if persistent else spread_by_run(ns.compute_from)
+    if ns.convergence:
+        sources.hits = target_hits(ns.convergence)
+    if ns.measured and "gossip_slowdown" not in req.own:
+        sources.gossip_slowdowns = read_measured(ns.measured).gossip_replicates
+
+    def predict_once(inputs: Inputs) -> dict[int, dict[str, dict[str, float | None]]]:
+        out_: dict[int, dict[str, dict[str, float | None]]] = {}
+        for p in gpus:
+            for name, run in runs.items():
+                res = simulate(sim_config(run, p, inputs.workload, inputs.network, inputs.imbalance, req.steps,
+                                          inputs.control_every, inputs.seed))
+                stt = inputs.samples_to_target.get(name)
+                out_.setdefault(p, {})[name] = {"throughput": res.throughput,
+                                                "time_to_target_s": stt / res.throughput if stt else None}
+        return out_
+
+    start = last = time.perf_counter()
+
+    def progress(what: str) -> None:  # a line at least every PROGRESS_AFTER_S: long work says where it is
+        nonlocal last
+        if time.perf_counter() - last >= PROGRESS_AFTER_S:
+            last = time.perf_counter()
+            print(f"[simulate --interval {last - start:.0f} s] {what}", file=sys.stderr, flush=True)
+
+    data = uncertainty(predict_once, base, sources, ns.interval, progress)
+    data["took_s"] = round(time.perf_counter() - start, 1)
+    write_text_atomic(out / INTERVAL_FILE, json.dumps(data, indent=1, default=float) + "\n")
+    print(f"wrote {out / INTERVAL_FILE}: {ns.interval} replicates (resampled: {'; '.join(data['resampled'])}) and "
+          f"{len(data['sensitivity'])} sensitivity points in {data['took_s']} s")
 
 
 def composed(req: Request, runs: dict[str, RunConfig], network: Network, workload: Workload) -> str:
@@ -588,13 +655,15 @@ def main(argv: list[str] | None = None) -> int:
             workload = make_workload(first, req.own)
         if ns.compute_from:
             workload = with_measured_spread(workload, ns.compute_from)
+        if ns.measured:
+            workload, network = with_measured(workload, network, read_measured(ns.measured), set(req.own))
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
             return 0
         predict(req, ns, runs, network, workload, out)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
-    except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:
+    except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:  # MeasuredError is a ValueError
         print(f"wagma-bench simulate: error: {err}", file=sys.stderr)
         return exits.REFUSED
 

@@ -1,0 +1,105 @@
+"""A paper-scale prediction's interval and the assumption that flips it, read from ``interval.json``.
+
+``wagma-bench simulate --interval N`` (:mod:`wagma_bench.simulate.uncertainty`) writes the file beside
+``predictions.json``: N predictions with their inputs resampled, and the prediction with one assumption moved at a
+time along a grid. ``wagma-bench claims`` asks here for a claim's speed-up in each replicate (its 95% interval)
+and for where along each assumption's grid the speed-up crosses the claim's threshold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+INTERVAL_FILE = "interval.json"
+
+
+def claim_ratio(rows: dict[str, dict[str, float | None]], subject: str, comparators: Sequence[str], metric: str,
+                lower_is_better: bool) -> tuple[float, str] | None:
+    """(subject against the best comparator, that comparator) in one prediction; None where either is missing."""
+    subject_value = (rows.get(subject) or {}).get(metric)
+    have = {o: (rows.get(o) or {}).get(metric) for o in comparators}
+    have = {o: v for o, v in have.items() if v}
+    if not subject_value or not have:
+        return None
+    if lower_is_better:
+        best = min(have, key=have.get)
+        return have[best] / subject_value, best
+    best = max(have, key=have.get)
+    return subject_value / have[best], best
+
+
+def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float] | None:
+    """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates (each against its own best)."""
+    values = [r[0] for rep in data["predictions"]
+              if (r := claim_ratio(rep.get(str(world)) or rep.get(world) or {}, **claim)) is not None]
+    if len(values) < 2:
+        return None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) -> list[dict]:
+    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two grid
+    points around the crossing; the one nearest the base value), with the distance from the base that takes: the
+    log of the factor for a scaling, of (1 + k) / (1 + k_base) for the exchange cost, none for the barrier."""
+    out = []
+    by_knob: dict[str, list[dict]] = {}
+    for point in data["sensitivity"]:
+        by_knob.setdefault(point["knob"], []).append(point)
+    for name, points in by_knob.items():
+        curve = []
+        for p in sorted(points, key=lambda p: p["value"]):
+            r = claim_ratio(p["predicted"].get(str(world)) or p["predicted"].get(world) or {}, **claim)
+            if r is not None:
+                curve.append((p["value"], r[0]))
+        first = points[0]
+        base = first["base"]
+        at = 1.0 if first["factor"] else base
+        crossings = []
+        for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+            if (y0 - threshold) * (y1 - threshold) <= 0 and y0 != y1:
+                crossings.append(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
+        entry = {"knob": name, "says": first["says"], "base": base, "factor": first["factor"],
+                 "curve": curve, "crossing": None, "distance": None}
+        if crossings:
+            x = min(crossings, key=lambda c: abs(c - at))
+            entry["crossing"] = x
+            if name == "gossip_slowdown":
+                entry["distance"] = abs(math.log((1 + x) / (1 + base)))
+            elif first["factor"] and x > 0:
+                entry["distance"] = abs(math.log(x))
+            elif first["factor"]:
+                entry["distance"] = math.inf
+        out.append(entry)
+    return out
+
+
+def nearest_flip(flips: list[dict]) -> dict | None:
+    """The assumption whose smallest move flips the claim (the barrier, a yes/no, is reported apart)."""
+    ranked = [f for f in flips if f["distance"] is not None]
+    return min(ranked, key=lambda f: f["distance"]) if ranked else None
+
+
+def flip_sentence(flip: dict | None) -> str:
+    if flip is None:
+        return "no assumption moved within its grid ties it"
+    x = flip["crossing"]
+    if flip["knob"] == "gossip_slowdown":
+        return f"ties if {flip['says']} {x:.3g} (here {flip['base']:.3g})"
+    return f"ties if {flip['says']} {x:.2g}"
+
+
+def barrier_sentence(flip: dict | None) -> str | None:
+    """The prediction with and without the trainer's barrier (the suite's runs meet every 10 rounds; the papers'
+    implementations never do), from the ``control_every`` points of the grid."""
+    if flip is None or len(flip["curve"]) < 2:
+        return None
+    said = {int(x): y for x, y in flip["curve"]}
+    parts = [f"{y:.2f}x with {'no barrier' if x == 0 else f'the barrier every {x} rounds'}"
+             for x, y in sorted(said.items())]
+    return "; ".join(parts)

@@ -1,0 +1,172 @@
+"""How far a prediction can be trusted: an interval from its inputs' uncertainty, and the assumptions that flip it.
+
+A paper-scale prediction rests on inputs measured here with error (the compute spread of a handful of runs, the
+samples a handful of runs took to the target, what AD-PSGD's exchange costs the compute) and on assumptions that
+were never measured at that scale (the network, how much slower a straggler is, the trainer's barrier). Two
+answers, both written by ``wagma-bench simulate --interval N`` into ``interval.json`` beside ``predictions.json``:
+
+- **replicates**: N predictions, each with its inputs resampled -- the runs behind the compute spread and
+  behind each optimizer's samples to target drawn with replacement (a bootstrap over runs), the measured exchange
+  cost drawn from its bootstrap replicates (``--measured``), and a fresh seed for the simulation's own draws. A
+  claim's speed-up computed in each replicate gives its 95% interval
+  (:func:`wagma_bench.analysis.predictions.speedup_interval`).
+- **sensitivity**: the prediction with one assumption moved along a grid (:data:`KNOBS`), the others at their
+  values: ``wagma-bench claims`` finds where the claim's speed-up crosses its threshold
+  (:func:`wagma_bench.analysis.predictions.flip_points`).
+
+Both only re-run the simulator (its cost: docs/simulator.md); neither decides a verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wagma_bench.simulate.costs import Link, Network
+from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.spread import fit_spread
+
+
+@dataclass
+class Inputs:
+    """Everything one prediction takes that the interval or a sensitivity point changes."""
+
+    workload: Workload
+    network: Network
+    imbalance: Any                      # an Imbalance (imbalance.py)
+    samples_to_target: dict[str, float]
+    control_every: int
+    seed: int
+
+
+@dataclass
+class Sources:
+    """What the replicates resample: each a list over the runs it was measured in."""
+
+    spread_runs: list[Any] = field(default_factory=list)      # per run: its compute shape (empirical) or its ranks
+    spread_kind: str = "empirical"                             # empirical | persistent
+    hits: dict[str, list[float]] = field(default_factory=dict)  # per optimizer: samples at the first target hit
+    gossip_slowdowns: list[float] = field(default_factory=list)  # bootstrap replicates of the measured k
+
+    def said(self) -> list[str]:
+        out = ["the simulation's own draws (a new seed)"]
+        if self.spread_runs:
+            out.append(f"the {len(self.spread_runs)} runs behind the compute spread")
+        if self.hits:
+            out.append("each optimizer's runs behind its samples to target")
+        if self.gossip_slowdowns:
+            out.append(f"AD-PSGD's measured exchange cost ({len(self.gossip_slowdowns)} bootstrap replicates)")
+        return out
+
+
+def resample(base: Inputs, sources: Sources, b: int) -> Inputs:
+    """Replicate ``b``'s inputs (a pure function of ``b`` and the base seed)."""
+    rng = np.random.default_rng([base.seed, 7919, b])
+    workload = base.workload
+    if sources.spread_runs:
+        pick = [sources.spread_runs[i] for i in rng.integers(len(sources.spread_runs), size=len(sources.spread_runs))]
+        if sources.spread_kind == "persistent":
+            fit = fit_spread(pick)
+            workload = dataclasses.replace(workload, sigma_rank=fit.sigma_rank, sigma=fit.sigma, rho=fit.rho)
+        else:
+            workload = dataclasses.replace(workload, samples=tuple(workload.step_s * x for run in pick for x in run))
+    if sources.gossip_slowdowns:
+        workload = dataclasses.replace(workload, gossip_slowdown=float(rng.choice(sources.gossip_slowdowns)))
+    conv = dict(base.samples_to_target)
+    for name, hits in sources.hits.items():
+        conv[name] = statistics.median(rng.choice(hits, size=len(hits)).tolist())
+    return dataclasses.replace(base, workload=workload, samples_to_target=conv, seed=base.seed + 1 + b)
+
+
+# --- the assumptions a prediction is moved along -------------------------------------------------------------
+
+def _spread(inputs: Inputs, f: float) -> Inputs:
+    """The compute spread scaled: every log-deviation from the median times ``f`` (0: every step the median)."""
+    wl = inputs.workload
+    samples = tuple(wl.step_s * (x / wl.step_s) ** f for x in wl.samples) if wl.samples else ()
+    return dataclasses.replace(inputs, workload=dataclasses.replace(
+        wl, samples=samples, sigma=wl.sigma * f, sigma_rank=wl.sigma_rank * f))
+
+
+def _bandwidth(inputs: Inputs, f: float) -> Inputs:
+    net = inputs.network
+
+    def scaled(link: Link) -> Link:
+        return Link(link.alpha_s, link.beta_s_per_byte / f)
+
+    return dataclasses.replace(inputs, network=dataclasses.replace(net, intra=scaled(net.intra),
+                                                                   inter=scaled(net.inter), _cache={}))
+
+
+def _imbalance(inputs: Inputs, f: float) -> Inputs:
+    """The injected imbalance scaled: its delay (independent, shared_draw) or its sigma (lognormal)."""
+    imb = inputs.imbalance
+    key = next((k for k in ("delay_s", "sigma") if hasattr(imb.settings or (), k)), None)
+    if key is None:
+        return inputs
+    settings = dataclasses.replace(imb.settings, **{key: getattr(imb.settings, key) * f})
+    return dataclasses.replace(inputs, imbalance=type(imb)(settings, imb.seed))
+
+
+def _gossip(inputs: Inputs, k: float) -> Inputs:
+    return dataclasses.replace(inputs, workload=dataclasses.replace(inputs.workload, gossip_slowdown=k))
+
+
+def _barrier(inputs: Inputs, every: float) -> Inputs:
+    return dataclasses.replace(inputs, control_every=int(every))
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    says: str                                   # "ties if {says} {value}"
+    grid: tuple[float, ...]                     # values (factors of the base where ``factor``)
+    apply: Callable[[Inputs, float], Inputs]
+    factor: bool                                # grid values multiply the base value (1 = the base)
+    base: Callable[[Inputs], float] = lambda inputs: 1.0
+
+    def applies(self, inputs: Inputs) -> bool:
+        if self.name == "imbalance":
+            return any(hasattr(inputs.imbalance.settings or (), k) for k in ("delay_s", "sigma"))
+        return True
+
+
+KNOBS = (
+    Knob("gossip_slowdown", "AD-PSGD's exchange slowed its compute by a factor of 1 +",
+         (0.0, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6), _gossip, False, lambda i: i.workload.gossip_slowdown),
+    Knob("spread", "the compute spread (log scale) were times", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0), _spread, True),
+    Knob("bandwidth", "the network's bandwidth were times", (0.1, 0.3, 1.0, 3.0, 10.0), _bandwidth, True),
+    Knob("imbalance", "the injected imbalance (delay or sigma) were times", (0.0, 0.5, 1.0, 2.0, 4.0),
+         _imbalance, True),
+    Knob("control_every", "the trainer's barrier came every N rounds (0: none), N =", (0.0, 10.0), _barrier, False,
+         lambda i: float(i.control_every)),
+)
+
+
+# --- producing interval.json ---------------------------------------------------------------------------------
+
+Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
+
+
+def uncertainty(predict: Predictor, base: Inputs, sources: Sources, replicates: int,
+                progress: Callable[[str], None] = lambda _: None) -> dict:
+    """``interval.json``'s content: ``replicates`` resampled predictions and the sensitivity grid
+    (``progress`` is told after each prediction)."""
+    reps = []
+    for b in range(replicates):
+        reps.append(predict(resample(base, sources, b)))
+        progress(f"replicate {b + 1}/{replicates}")
+    sensitivity = []
+    for knob in KNOBS:
+        if not knob.applies(base):
+            continue
+        for value in knob.grid:
+            sensitivity.append({"knob": knob.name, "says": knob.says, "value": value, "factor": knob.factor,
+                                "base": knob.base(base), "predicted": predict(knob.apply(base, value))})
+            progress(f"sensitivity {knob.name}={value:g}")
+    return {"replicates": replicates, "resampled": sources.said(), "predictions": reps, "sensitivity": sensitivity}
