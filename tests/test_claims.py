@@ -13,6 +13,7 @@ import re
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.cli_util import load_script
@@ -305,6 +306,14 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     (sim / "predictions.json").write_text(json.dumps([
         {"optimizer": o, "world_size": p, "throughput": tp, "time_to_target_s": 1e6 / tp}
         for o, tp in (("wagma", 2000.0), ("allreduce", 1000.0), ("sgp", 1600.0)) for p in (16, 64)]))
+    # simulate --interval's file: three replicates, and the spread knob along which WAGMA-SGD's time ties SGP's
+    def at64(wagma, sgp):
+        return {"64": {"wagma": {"time_to_target_s": wagma}, "allreduce": {"time_to_target_s": 1000.0},
+                       "sgp": {"time_to_target_s": sgp}}}
+    (sim / "interval.json").write_text(json.dumps({
+        "replicates": 3, "resampled": ["a new seed"], "predictions": [at64(500, 600), at64(450, 650), at64(520, 500)],
+        "sensitivity": [{"knob": "spread", "says": "the spread were times", "value": f, "factor": True, "base": 1.0,
+                         "predicted": at64(500 * f, 625)} for f in (0.5, 1.0, 2.0)]}))
     out = tmp_path / "claims"
     readme = tmp_path / "README.md"
     readme.write_text("# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nthe rest\n")
@@ -322,6 +331,11 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert (sgp["finished"], sgp["planned"]) == (8, 9)
     assert fast["predicted"]["speedup"] == pytest.approx(2000 / 1600)  # times: 1e6/1600 (sgp) over 1e6/2000
     assert fast["predicted"]["best"] == "sgp"
+    # the interval: percentiles of each replicate's best-comparator time over WAGMA-SGD's; the speed-up 625 / (500 f)
+    # is 1.25 at f = 1 and 0.625 at f = 2: linear between them, it ties at f = 1.4
+    assert fast["predicted"]["interval"] == pytest.approx(list(np.percentile([600 / 500, 650 / 450, 500 / 520],
+                                                                            [2.5, 97.5])))
+    assert fast["predicted"]["flip"] == "ties if the spread were times 1.4"
 
     assert got["slower-than-sgp"]["verdict"] == "does not hold"
     assert got["missing-one"]["verdict"] == "inconclusive"
