@@ -8,10 +8,16 @@ modern GPU; not yet timed on one; nothing else needed).
    batch, as a ratio, in fp32 and with train.precision=bf16 (autocast + channels_last).
 4. `wagma-bench comm-bench --device cuda`: our allreduce, group allreduce and wait-avoiding allreduce against
    the raw torch.distributed calls on CUDA tensors (CPU tensors in the dry run).
+5. What the paper-scale simulator needs from a GPU: interleaved pairs of AD-PSGD (its gossip thread on) and local
+   SGD with AD-PSGD's period (no thread), one rank per GPU, then reproduce/scaling/measure_inputs.py over them and
+   step 4's comm-bench: the exchange's cost on the compute, the ranks' compute spread and its persistence, the
+   intra-node link, written as measured-<host>-<time>-gpu.json, which `wagma-bench simulate --measured FILE` reads.
 
 Prints a table and writes reproduce/gpu/check-<host>-<time>.json (GPU_CHECK_OUT=DIR to write elsewhere).
-Without CUDA it says so and exits 0. GPU_CHECK_DRY=1 runs the same code paths on the CPU with 2 steps, tiny
-images, 2 optimizers and 2 ranks (the test suite runs it, so the script cannot rot).
+Without CUDA it says in one line which GPU measurements it skips and measures step 5 on the CPU instead (the
+embedded ResNet-20, 2 ranks, gloo): measured-<host>-<time>-cpu.json, labelled cpu in the file. GPU_CHECK_DRY=1
+runs steps 1-4's code paths on the CPU with 2 steps, tiny images, 2 optimizers and 2 ranks (the test suite runs
+it, so the script cannot rot).
 
 The machine's own Python and torch (>= 2.3, with torchvision and numpy) run it from this repository; Hydra and
 OmegaConf come from the machine or, offline, from the wheels that `make gpu-wheels` put in
@@ -22,6 +28,7 @@ reproduce/gpu/wheels/ (installed into reproduce/gpu/site/, nothing outside the r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -209,6 +216,47 @@ def comm_bench(sizes: Sizes, out: Path, device: str) -> dict:
             "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
 
 
+# step 5: pairs of runs per measurement, their length, and what a CPU-only machine cannot give
+PAIRS, INPUT_STEPS, CPU_INPUT_STEPS = 2, 60, 40
+GPU_MEASUREMENTS = ("NCCL worlds of every optimizer", "gloo worlds sharing a GPU",
+                    "ResNet-50 images/s against plain torch", "comm-bench on CUDA tensors", "the GPU ranks' compute spread",
+                    "AD-PSGD's exchange cost beside GPU compute", "the GPUs' intra-node link")
+
+
+def model_inputs(out: Path, measured_on: str, bench_json: Path | None, skipped: list[str], timeout_s: int) -> dict:
+    """Step 5: the pairs, a comm-bench where step 4 gave none, and measure_inputs.py's file."""
+    import torch
+
+    gpus = torch.cuda.device_count() if measured_on == "gpu" else 0
+    ranks = max(2, min(gpus, 8))
+    sizes = dataclasses.replace(FULL, timeout_s=timeout_s)
+    if measured_on == "gpu":
+        common = ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"train.batch_size={FULL.batch}",
+                  f"train.max_steps={INPUT_STEPS}"] + (["comm.backend=nccl"] if gpus >= 2 else [])
+    else:
+        common = ["workload=resnet", f"train.max_steps={CPU_INPUT_STEPS}"]
+    common += [f"launcher.nproc={ranks}", "imbalance=none", "logger.progress=off", "eval.target=null",
+               "eval.every_steps=100000", "checkpoint.every_s=100000"]
+    gossip = out / "gossip"
+    for i in range(1, PAIRS + 1):  # interleaved: the machine's speed drifts
+        for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.period=10"])):
+            wagma_bench(["run", *common, *opt, f"hydra.run.dir={gossip / f'{name}_p{ranks}_pair{i}'}"], sizes)
+    if bench_json is None or not bench_json.exists():
+        bench_json = out / "comm_bench_inputs.json"
+        wagma_bench(["comm-bench", "--nproc", str(ranks), "--sizes", "64K,1M,16M", "--repeats", "5", "--out",
+                     str(bench_json)], sizes)
+    stamp = out.name.removeprefix("runs-")
+    path = out.parent / f"measured-{socket.gethostname()}-{stamp}-{measured_on}.json"
+    where = (f"{gpus} GPU(s) {torch.cuda.get_device_name(0)}" if measured_on == "gpu"
+             else f"{os.cpu_count()} CPU cores, {ranks} gloo ranks, the embedded ResNet-20")
+    cmd = [sys.executable, str(ROOT / "reproduce" / "scaling" / "measure_inputs.py"), str(gossip), str(bench_json),
+           "--out", str(path), "--measured-on", measured_on, "--source", where, "--skipped", *skipped]
+    done = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+    return {"ok": done.returncode == 0 and path.exists(), "path": str(path), "measured_on": measured_on,
+            "stdout": done.stdout[-400:], "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+
+
 def format_report(result: dict) -> str:
     dry = " [DRY: CPU, tiny sizes]" if result["dry"] else ""
     lines = [f"gpu-check on {result['host']} ({result['device']}), torch {result['torch']}{dry}", ""]
@@ -228,6 +276,10 @@ def format_report(result: dict) -> str:
         verdict = ("met" if g["met"] else "NOT met") if g["judged"] else "not judged (not NCCL)"
         lines.append(f"  wait-avoiding S={g['group_size']} {g['bytes'] / 2**20:g} MiB: {g['ratio']:.3f}x the averaging "
                      f"allreduce, goal at most {g['goal']}x: {verdict}")
+    inputs = result.get("model_inputs")
+    if inputs:
+        lines.append(f"model inputs ({inputs['measured_on']}-measured): {'ok' if inputs['ok'] else 'FAIL'} -> "
+                     f"{inputs['path']}")
     lines.append(f"all ok: {result['ok']}  ({result['seconds']:.0f} s)")
     return "\n".join(lines)
 
@@ -240,15 +292,19 @@ def main() -> int:
         print(f"gpu-check: {sys.executable} has no torch; run it with the Python that has (GPU_PY=... make gpu-check)")
         return 2
 
-    if not dry and not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU visible to torch here: nothing to check (GPU_CHECK_DRY=1 runs the same "
-              "code paths on the CPU)")
-        return 0
-    ensure_hydra()
-    sizes = DRY if dry else FULL
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(os.environ.get("GPU_CHECK_OUT", HERE)).resolve()
     work = out / f"runs-{stamp}"
+    if not dry and not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA GPU visible to torch here: skipped {'; '.join(GPU_MEASUREMENTS)}; measuring the "
+              "simulator's inputs on the CPU instead, labelled cpu (GPU_CHECK_DRY=1 runs the GPU steps' code on the "
+              "CPU)", flush=True)
+        ensure_hydra()
+        inputs = model_inputs(work, "cpu", None, list(GPU_MEASUREMENTS), FULL.timeout_s)
+        print(f"gpu-check: {'wrote ' + inputs['path'] if inputs['ok'] else 'FAILED: ' + inputs['stderr_tail']}")
+        return 0 if inputs["ok"] else 1
+    ensure_hydra()
+    sizes = DRY if dry else FULL
     t0 = time.perf_counter()
     # one rank per run (nccl with CUDA); then ranks sharing the first GPU: device_plan picks gloo on CUDA tensors
     one_rank = ["launcher.nproc=1"] + ([] if dry else ["comm.backend=nccl"])
@@ -263,9 +319,12 @@ def main() -> int:
         "throughput": throughput(sizes, work),
         "comm_bench": comm_bench(sizes, work, "cpu" if dry else "cuda"),
     }
+    if not dry:
+        result["model_inputs"] = model_inputs(work, "gpu", work / "comm_bench.json", [], FULL.timeout_s)
     result["seconds"] = time.perf_counter() - t0
     result["ok"] = (all(r["ok"] for p in ("nccl_one_rank", "gloo_shared_gpu") for r in result[p]["rows"].values())
-                    and all(r["ok"] for r in result["throughput"]["rows"].values()) and result["comm_bench"]["ok"])
+                    and all(r["ok"] for r in result["throughput"]["rows"].values()) and result["comm_bench"]["ok"]
+                    and result.get("model_inputs", {"ok": True})["ok"])
     path = out / f"check-{result['host']}-{stamp}{'-dry' if dry else ''}.json"
     path.write_text(json.dumps(result, indent=2))
     print(format_report(result))

@@ -656,7 +656,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns.compute_from:
             workload = with_measured_spread(workload, ns.compute_from)
         if ns.measured:
-            workload, network = with_measured(workload, network, read_measured(ns.measured), set(req.own))
+            measured = read_measured(ns.measured)
+            workload, network = with_measured(workload, network, measured, set(req.own))
+            print(measured.line())
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
             return 0

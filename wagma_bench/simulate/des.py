@@ -471,19 +471,23 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     for _ in range(GOSSIP_ITERATIONS):
         starts, ends, end_time = _compute_schedule(run, extra)
         if run.P == 1:
-            return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0)
+            return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0,
+                              gossip_busy_share=0.0)
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
+        windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
+        overlap = busy_between(busy, run.P, starts, windows)
         if slowdown == 0:
             break
-        windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
         # compute done in a window of w seconds with b of them busy: (w - b) + b / (1 + k); so w = c + b k / (1 + k)
-        new = slowdown / (1.0 + slowdown) * busy_between(busy, run.P, starts, windows)
+        new = slowdown / (1.0 + slowdown) * overlap
         if np.allclose(new, extra, rtol=1e-6, atol=1e-9):
             break
         extra = new
     return run.result(end_time, np.full(run.P, run.rounds), staleness=lag,
                       exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
-                      gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, :run.rounds].sum())))
+                      gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, :run.rounds].sum())),
+                      # the share of compute time during which the rank's thread exchanges (what k acts on)
+                      gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())))
 
 
 def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:

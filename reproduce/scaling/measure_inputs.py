@@ -1,0 +1,145 @@
+"""The simulator's inputs measured in the suite's own runs, as the file `wagma-bench simulate --measured FILE` reads
+(wagma_bench/simulate/measured.py): what AD-PSGD's exchanges cost the compute, the ranks' compute spread with its
+persistence, and the link the ranks share.
+
+    .venv/bin/python reproduce/scaling/measure_inputs.py GOSSIP_DIR COMM_BENCH_JSON --out FILE [--table]
+        [--measured-on cpu|gpu] [--skipped WHAT ...]
+
+`make gpu-check` runs it on its own pairs (reproduce/gpu/check.py); on this machine the pairs of validate.sh.
+
+GOSSIP_DIR holds the interleaved pairs that `GOSSIP_PAIRS=N reproduce/scaling/validate.sh` runs: `adpsgd_pP_pairI`
+(AD-PSGD, its gossip thread exchanging) and `nothread_pP_pairI` (local SGD with period = AD-PSGD's sync_every: the
+same compute path and the same barrier every 10 rounds, no thread), P = 4 and 8, imbalance none. Per pair:
+
+- c_on, c_off: the median compute time per step (forward + backward as the trainer timed it; the warm-up steps of
+  the calibration left out) over all ranks of each run; also over AD-PSGD's actives and passives apart;
+- b: the seconds per step that the rank's gossip thread spends exchanging while the rank computes, from the
+  simulator's replay of the AD-PSGD run (its own compute times, the network fitted from COMM_BENCH_JSON) with a
+  free exchange (k = 0): gossip_busy_share x c_on;
+- k: the model's slowdown factor (compute at 1 / (1 + k) while exchanging, simulate/des.py sim_adpsgd), from
+  c_on - c_off = b k / (1 + k).
+
+The file's value is the mean of k over the pairs; its replicates (for `simulate --interval`) and its 95% interval
+are a bootstrap over the pairs (2,000 resamples). Also written: the persistent compute spread (sigma_rank, sigma,
+rho; wagma_bench/simulate/spread.py) fitted over the thread-off runs, and the link (alpha, bandwidth) fitted to
+COMM_BENCH_JSON, which measures the ranks of one host: the intra-node link. `--table` prints the per-pair table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from wagma_bench.analysis.tables import markdown_table
+from wagma_bench.cli.simulate import typed_settings
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
+from wagma_bench.record.files import write_text_atomic
+from wagma_bench.simulate.calibrate import (
+    SKIP_STEPS,
+    RecordedDelays,
+    cycle_compute_by_rank,
+    fit_network,
+    fit_run,
+)
+from wagma_bench.simulate.des import SimConfig, simulate
+from wagma_bench.simulate.measured import FORMAT, PLACES
+from wagma_bench.simulate.spread import fit_spread
+
+PAIR = re.compile(r"(adpsgd|nothread)_p(\d+)_pair(\d+)")
+RESAMPLES = 2000
+
+
+def compute_medians(run: Path) -> dict[str, float]:
+    fit = fit_run(run)
+    by_rank = [seq[SKIP_STEPS + 1:] for seq in fit.trace]
+    pooled = [c for seq in by_rank for c in seq]
+    return {"all": statistics.median(pooled),
+            "actives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 0 for c in seq]),
+            "passives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 1 for c in seq])}
+
+
+def busy_share(run: Path, network) -> float:
+    """The simulator's replay of an AD-PSGD run with a free exchange: the share of compute time exchanging."""
+    fit = fit_run(run)
+    workload = dataclasses.replace(fit.to_workload(compute="trace"), gossip_slowdown=0.0)
+    settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
+    res = simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, RecordedDelays(fit.delay_trace),
+                             settings, fit.rounds, fit.seed, local_state=fit.local_state))
+    return float(res.extra["gossip_busy_share"])
+
+
+def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
+    """(the per-pair rows, the network fit's report, the persistent spread fitted over the thread-off runs)."""
+    network, report = fit_network([json.loads(bench.read_text())])
+    runs: dict[tuple[int, int], dict[str, Path]] = {}
+    for d in sorted(gossip_dir.iterdir()):
+        m = PAIR.fullmatch(d.name)
+        if m and d.is_dir():
+            runs.setdefault((int(m.group(2)), int(m.group(3))), {})[m.group(1)] = d
+    rows = []
+    for (p, i), pair in sorted(runs.items()):
+        if set(pair) != {"adpsgd", "nothread"}:
+            print(f"pair {i} at P={p} is missing a run: {sorted(pair)}", file=sys.stderr)
+            continue
+        on, off = compute_medians(pair["adpsgd"]), compute_medians(pair["nothread"])
+        share = busy_share(pair["adpsgd"], network)
+        busy = share * on["all"]
+        x = (on["all"] - off["all"]) / busy if busy > 0 else float("inf")
+        k = x / (1 - x) if 0 <= x < 1 else (0.0 if x < 0 else float("inf"))
+        rows.append({"world_size": p, "pair": i, "compute_on_s": on["all"], "compute_off_s": off["all"],
+                     "slowdown": on["all"] / off["all"] - 1, "actives": on["actives"] / off["all"] - 1,
+                     "passives": on["passives"] / off["all"] - 1, "busy_share": share, "k": k})
+    spread = fit_spread([list(cycle_compute_by_rank(pair["nothread"]).values()) for pair in runs.values()
+                         if "nothread" in pair])
+    return rows, report, spread.row()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("gossip_dir", type=Path)
+    ap.add_argument("comm_bench", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--measured-on", choices=PLACES, default="cpu")
+    ap.add_argument("--skipped", nargs="*", default=[], help="what the writer could not measure here")
+    ap.add_argument("--source", default="", help="where the runs ran (the file's source line)")
+    ns = ap.parse_args(argv)
+    rows, network, spread = measure(ns.gossip_dir, ns.comm_bench)
+    ks = np.array([r["k"] for r in rows], dtype=float)
+    if not len(ks) or not np.isfinite(ks).all():
+        print(f"no finite k from the pairs in {ns.gossip_dir}: {ks.tolist()}", file=sys.stderr)
+        return 1
+    rng = np.random.default_rng(1)
+    replicates = [float(ks[rng.integers(len(ks), size=len(ks))].mean()) for _ in range(RESAMPLES)]
+    lo, hi = np.percentile(replicates, [2.5, 97.5])
+    data = {"format": FORMAT, "measured_on": ns.measured_on,
+            "source": (f"reproduce/scaling/measure_inputs.py {ns.gossip_dir} {ns.comm_bench}: {len(rows)} interleaved "
+                       f"pairs of AD-PSGD and local SGD (period 10){'; ' + ns.source if ns.source else ''}"),
+            "skipped": ns.skipped,
+            "gossip_slowdown": {"value": float(ks.mean()), "interval": [float(lo), float(hi)],
+                                "replicates": [round(r, 6) for r in replicates[:200]]},
+            "network": ({"intra": {"alpha_s": network["alpha_s"], "bandwidth_GBps": network["bandwidth_GBps"]}}
+                        if math.isfinite(network["bandwidth_GBps"]) else None),
+            "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
+            "pairs": rows, "network_fit": network, "compute_fit": spread}
+    write_text_atomic(ns.out, json.dumps(data, indent=1) + "\n")
+    print(f"k = {ks.mean():.3f} [{lo:.3f}, {hi:.3f}] over {len(rows)} pairs -> {ns.out}")
+    if ns.table:
+        print(markdown_table(rows, [("world_size", "P", ""), ("pair", "pair", ""),
+                                    ("compute_on_s", "compute, thread on (s)", "metric"),
+                                    ("compute_off_s", "thread off (s)", "metric"), ("slowdown", "slowdown", "sig"),
+                                    ("actives", "actives", "sig"), ("passives", "passives", "sig"),
+                                    ("busy_share", "exchanging share", "sig"), ("k", "k", "sig")]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
