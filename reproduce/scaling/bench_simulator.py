@@ -1,0 +1,123 @@
+"""The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once per
+world size, CPU seconds of this process (``time.process_time``) over ranks x rounds.
+
+    .venv/bin/python reproduce/scaling/bench_simulator.py --out reproduce/scaling/bench-simulator-2core-DATE.json
+    .venv/bin/python reproduce/scaling/bench_simulator.py --table FILE.json     # the Markdown table of a result
+    BEFORE=REV .venv/bin/python reproduce/scaling/bench_simulator.py ...        # also the code of REV, interleaved
+
+The set-up of the RL claim's prediction: Piz Daint's network (conf/cluster/daint.yaml), the ``rl`` preset (28M
+parameters, 1 s steps), ``imbalance=lognormal`` with sigma 0.5, no barrier but the optimizers' own
+(``control_every=0``), 500 rounds, AD-PSGD with the exchange cost k = 0.1 (its cost model iterates). DropCompute is
+timed like the others. With ``BEFORE=REV`` a worktree of that revision is timed in a subprocess right after each
+measurement here (same optimizer, same P; up to ``--before-up-to`` ranks): the machine's speed drifts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from wagma_bench.record.files import write_text_atomic
+
+WORLDS = (1024, 8192, 65536)
+ROUNDS = 500
+
+TIME_ONE = """
+import json, sys, time
+from wagma_bench.cli.simulate import load_network
+from wagma_bench.imbalance import IMBALANCES, make_imbalance
+from wagma_bench.simulate.des import SimConfig, Workload, simulate
+from wagma_bench.simulate.presets import preset
+import dataclasses
+name, world, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+workload = preset("rl")
+if "gossip_slowdown" in {f.name for f in dataclasses.fields(Workload)}:
+    workload = dataclasses.replace(workload, gossip_slowdown=0.1)
+imbalance = make_imbalance(IMBALANCES["lognormal"].Settings(sigma=0.5), 1)
+cfg = SimConfig(name, world, workload, load_network("daint", []), imbalance, None, steps=rounds, seed=1,
+                control_every=0)
+t = time.process_time()
+res = simulate(cfg)
+print(json.dumps({"cpu_s": time.process_time() - t, "throughput": res.throughput, "rounds": res.rounds}))
+"""
+
+
+def time_one(root: Path, name: str, world: int, rounds: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", TIME_ONE, name, str(world), str(rounds)], env=env, cwd=root,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(result: dict) -> str:
+    rows = result["rows"]
+    worlds = sorted({r["world_size"] for r in rows})
+    names = list(dict.fromkeys(r["optimizer"] for r in rows))
+    before = any("before_cpu_s" in r for r in rows)
+    head = "| optimizer | " + " | ".join(f"P={p:,}: s (µs per rank-round)" for p in worlds) + " | largest / smallest |"
+    lines = [head, "|" + "---|" * (len(worlds) + 2)]
+    for name in names:
+        by = {r["world_size"]: r for r in rows if r["optimizer"] == name}
+        cells = []
+        for p in worlds:
+            r = by.get(p)
+            if r is None:
+                cells.append("—")
+                continue
+            cell = f"{r['cpu_s']:.2f} ({r['us_per_rank_round']:.2f})"
+            if before and r.get("before_cpu_s") is not None:
+                cell += f"; before {r['before_cpu_s']:.2f}"
+            cells.append(cell)
+        have = [by[p]["us_per_rank_round"] for p in worlds if p in by]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {have[-1] / have[0]:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--table", type=Path, help="print the table of a result file and exit")
+    ap.add_argument("--optimizers", default="allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager,dropcompute")
+    ap.add_argument("--worlds", default=",".join(map(str, WORLDS)))
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--before-up-to", type=int, default=8192,
+                    help="time BEFORE's code only up to this world (the former AD-PSGD took minutes beyond)")
+    ns = ap.parse_args(argv)
+    if ns.table:
+        print(table(json.loads(ns.table.read_text())))
+        return 0
+    root = Path(__file__).resolve().parents[2]
+    before_rev = os.environ.get("BEFORE")
+    before_root = None
+    if before_rev:
+        before_root = Path(f"/tmp/wagma-bench-before-{before_rev}")
+        if not before_root.exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(before_root), before_rev], cwd=root, check=True,
+                           capture_output=True)
+    rows = []
+    for world in map(int, ns.worlds.split(",")):
+        for name in ns.optimizers.split(","):
+            r = time_one(root, name, world, ns.rounds)
+            row = {"optimizer": name, "world_size": world, "rounds": r["rounds"], "cpu_s": r["cpu_s"],
+                   "us_per_rank_round": r["cpu_s"] / (world * r["rounds"]) * 1e6, "throughput": r["throughput"]}
+            if before_root is not None and world <= ns.before_up_to:
+                row["before_cpu_s"] = time_one(before_root, name, world, ns.rounds)["cpu_s"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"command": "reproduce/scaling/bench_simulator.py " + " ".join(argv or sys.argv[1:]),
+              "before": before_rev, "machine": f"{platform.node()} {os.cpu_count()} cores",
+              "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+    if ns.out:
+        write_text_atomic(ns.out, json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
