@@ -5,7 +5,7 @@
         workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
-        [--compute-from RUN_DIR|TUNE_DIR...]
+        [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
@@ -50,7 +50,15 @@ optimizer alike. time_to_target(P) = samples_to_target / predicted throughput(P)
 ``--compute-from RUN_DIR...``: each rank's compute time per step is drawn from the given runs' measured
 compute times, each run's divided by its own median and scaled to the workload's ``step_s`` (the preset's or
 the one given): the spread of real runs (their natural imbalance) at the modelled machine's speed, in place of
-the preset's assumed distribution (:func:`measured_spread`).
+the preset's assumed distribution (:func:`measured_spread`). With ``compute=persistent`` it fits instead a rank
+offset plus AR(1) per-step noise from the runs' ranks (:mod:`wagma_bench.simulate.spread`): a slow rank stays slow.
+
+``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`; ``reproduce/scaling/
+measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_slowdown`` (its compute
+runs 1 + k times slower while its thread exchanges), the intra-node link, the persistent spread; the command line
+wins over the file. ``--interval N``: also N predictions with their inputs resampled and the prediction with one
+assumption moved at a time (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which
+``wagma-bench claims`` takes each prediction's 95% interval and the assumption that flips it.
 
 Outputs in ``--out`` (default ``sim/``): ``predictions.csv|json``, ``throughput.png`` (``plots.plot_throughput``,
 the report's figure, predictions dashed), ``time_to_target.png``, and with ``--calibrate``

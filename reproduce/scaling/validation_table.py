@@ -1,0 +1,85 @@
+"""The simulator's validation table: predicted against measured throughput of every committed validation run.
+
+    .venv/bin/python reproduce/scaling/validation_table.py RESULTS_DIR            # recompute, write, print
+    .venv/bin/python reproduce/scaling/validation_table.py --table RESULTS_DIR    # print the committed table
+
+RESULTS_DIR holds the compact runs of `reproduce/scaling/validate.sh` (`runs/<label>_<imbalance>_p<P>/`: summary,
+events and the step table) and its `comm_bench.json`. The first form runs `wagma-bench simulate cluster=local
+--calibrate RESULTS_DIR/runs RESULTS_DIR/comm_bench.json --out RESULTS_DIR/sim` (each run's own configuration
+simulated twice: its compute times resampled i.i.d., and its ranks' recorded compute times and delays replayed in
+order) and writes `RESULTS_DIR/validation.json`, one row per run with the label of its folder (streaming DiLoCo is
+a variant of local SGD). The bar: trace within 5% and resampled within 15% of the measured throughput; a row
+outside it is bold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from wagma_bench.record.files import write_text_atomic
+
+TRACE_BAR, RESAMPLED_BAR = 0.05, 0.15
+RUN = re.compile(r"(?P<label>.+)_(?P<imbalance>none|independent|lognormal|shared_draw)_p(?P<world>\d+)")
+ORDER = ("allreduce", "wagma", "local_sgd", "dpsgd", "adpsgd", "sgp", "eager", "dropcompute", "diloco_streaming")
+IMBALANCE_ORDER = ("none", "independent", "lognormal", "shared_draw")
+
+
+def rows_of(sim_rows: list[dict]) -> list[dict]:
+    out = []
+    for r in sim_rows:
+        m = RUN.fullmatch(Path(r["run"]).name)
+        if not m:
+            continue
+        out.append({"label": m["label"], "imbalance": m["imbalance"], "world_size": int(m["world"]),
+                    "measured": r["measured"], "resampled": r["predicted"], "ratio": r["ratio"],
+                    "trace": r["predicted_trace"], "ratio_trace": r["ratio_trace"]})
+    rank = {n: i for i, n in enumerate(ORDER)}
+    return sorted(out, key=lambda r: (rank.get(r["label"], len(ORDER)), IMBALANCE_ORDER.index(r["imbalance"]),
+                                      r["world_size"]))
+
+
+def misses(rows: list[dict]) -> tuple[int, int]:
+    trace = sum(abs(r["ratio_trace"] - 1) > TRACE_BAR for r in rows)
+    resampled = sum(abs(r["ratio"] - 1) > RESAMPLED_BAR for r in rows)
+    return trace, resampled
+
+
+def table(rows: list[dict]) -> str:
+    def ratio(v: float, bar: float) -> str:
+        return f"**{v:.2f}**" if abs(v - 1) > bar else f"{v:.2f}"
+
+    lines = ["| optimizer | imbalance | P | measured (samples/s) | resampled | ratio | trace | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['imbalance']} | {r['world_size']} | {r['measured']:,.0f} | "
+                     f"{r['resampled']:,.0f} | {ratio(r['ratio'], RESAMPLED_BAR)} | {r['trace']:,.0f} | "
+                     f"{ratio(r['ratio_trace'], TRACE_BAR)} |")
+    trace, resampled = misses(rows)
+    n = len(rows)
+    lines += ["", f"Trace within 5%: {n - trace} of {n}; resampled within 15%: {n - resampled} of {n}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--table"]:
+        print(table(json.loads((Path(argv[1]) / "validation.json").read_text())))
+        return 0
+    results = Path(argv[0])
+    root = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory() as sim:
+        subprocess.run([str(root / ".venv" / "bin" / "wagma-bench"), "simulate", "cluster=local", "--calibrate",
+                        str(results / "runs"), str(results / "comm_bench.json"), "--out", sim],
+                       check=True, stdout=subprocess.DEVNULL)
+        rows = rows_of(json.loads((Path(sim) / "validation.json").read_text()))
+    write_text_atomic(results / "validation.json", json.dumps(rows, indent=1) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
