@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 from tests.cli_util import load_script
@@ -79,3 +80,48 @@ def test_paired_bootstrap_table_is_the_scripts_table_of_the_committed_sources():
     table = load_script(ROOT / "reproduce" / "claims" / "paired.py").table()
     assert _block(ROOT / "docs" / "claims.md", "paired") == table, (
         "docs/claims.md differs from `.venv/bin/python reproduce/claims/paired.py`")
+
+
+VALIDATION = ROOT / "reproduce" / "scaling" / "results-2core-20261206"
+
+
+def test_simulator_validation_table_is_the_scripts_table_of_the_committed_runs():
+    script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
+    rows = json.loads((VALIDATION / "validation.json").read_text())
+    for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
+        assert _block(page, "validation") == script.table(rows), (
+            f"{page.relative_to(ROOT)} differs from `reproduce/scaling/validation_table.py --table "
+            f"{VALIDATION.relative_to(ROOT)}`")
+    labels = {r["label"] for r in rows}
+    assert len(labels) == 9 and {(r["imbalance"], r["world_size"]) for r in rows} == {
+        (i, p) for i in ("none", "independent", "lognormal") for p in (2, 4, 8)}
+    assert len(rows) == 81
+
+
+def test_the_committed_validation_rows_are_what_calibration_makes_of_the_committed_runs(tmp_path):
+    """A row per optimizer recomputed from its committed run and comm-bench (the simulator is deterministic)."""
+    from wagma_bench.cli.simulate import main as simulate_main
+
+    rows = json.loads((VALIDATION / "validation.json").read_text())
+    picked = {r["label"]: r for r in rows if (r["imbalance"], r["world_size"]) == ("independent", 4)}
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for label in picked:
+        shutil.copytree(VALIDATION / "runs" / f"{label}_independent_p4", runs / f"{label}_independent_p4")
+    assert simulate_main(["cluster=local", "--calibrate", str(runs), str(VALIDATION / "comm_bench.json"), "--out",
+                          str(tmp_path / "sim")]) == 0
+    got = {Path(r["run"]).name.rsplit("_independent", 1)[0]: r
+           for r in json.loads((tmp_path / "sim" / "validation.json").read_text())}
+    for label, row in picked.items():
+        assert (got[label]["predicted"], got[label]["predicted_trace"]) == (row["resampled"], row["trace"]), label
+
+
+BENCH = ROOT / "reproduce" / "scaling" / "bench-simulator-2core-20261206.json"
+
+
+def test_simulator_speed_table_is_the_bench_scripts_table_of_the_committed_run():
+    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(json.loads(BENCH.read_text()))
+    for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
+        assert _block(page, "simulator-speed") == table, (
+            f"{page.relative_to(ROOT)} differs from `reproduce/scaling/bench_simulator.py --table "
+            f"{BENCH.relative_to(ROOT)}`")

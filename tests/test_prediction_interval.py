@@ -40,32 +40,31 @@ def test_the_interval_is_the_percentiles_of_each_replicates_speedup_against_its_
 
 
 def test_the_flip_is_where_the_speedup_crosses_its_threshold_between_grid_points():
-    """AD-PSGD's throughput falls as its exchange costs more: WAGMA-SGD (100) ties it at k with 120 / (1 + k) = 100,
+    """AD-PSGD's throughput falls as its exchange costs more: WAGMA-SGD (100) ties it at c with 120 / (1 + c) = 100,
     between the grid points 0.1 (109.1) and 0.4 (85.7): linear there, 0.1 + 0.3 * 9.09 / 23.38."""
-    points = [{"knob": "gossip_slowdown", "says": "k =", "value": k, "factor": False, "base": 0.05,
-               "predicted": prediction(100, 80, 120 / (1 + k))} for k in (0.0, 0.1, 0.4, 0.8)]
+    points = [{"knob": "gossip_cost", "says": "c =", "value": c, "factor": False, "base": 0.05,
+               "predicted": prediction(100, 80, 120 / (1 + c))} for c in (0.0, 0.1, 0.4, 0.8)]
     points += [{"knob": "spread", "says": "spread x", "value": f, "factor": True, "base": 1.0,
                 "predicted": prediction(100 / (1 + 0.05 * f), 80, 70)} for f in (0.0, 1.0, 3.0)]  # never ties
     flips = {f["knob"]: f for f in flip_points({"sensitivity": points}, 64, 1.0, **CLAIM)}
     r0, r1 = 100 / (120 / 1.1), 100 / (120 / 1.4)
-    assert flips["gossip_slowdown"]["crossing"] == pytest.approx(0.1 + 0.3 * (1 - r0) / (r1 - r0))
-    assert flips["gossip_slowdown"]["distance"] == pytest.approx(math.log((1 + flips["gossip_slowdown"]["crossing"])
-                                                                          / 1.05))
+    assert flips["gossip_cost"]["crossing"] == pytest.approx(0.1 + 0.3 * (1 - r0) / (r1 - r0))
+    assert flips["gossip_cost"]["distance"] == pytest.approx(flips["gossip_cost"]["crossing"] - 0.05)
     assert flips["spread"]["crossing"] is None
-    assert nearest_flip(list(flips.values()))["knob"] == "gossip_slowdown"
+    assert nearest_flip(list(flips.values()))["knob"] == "gossip_cost"
 
 
 def test_a_replicate_resamples_the_runs_behind_its_inputs_and_is_a_function_of_its_number():
     base = Inputs(Workload(step_s=2.0, compute="empirical", samples=(2.0,)), Network.free(), NoImbalance(None, 0),
                   {"wagma": 10.0}, 0, seed=5)
     sources = Sources(spread_runs=[[1.0], [2.0], [3.0]], hits={"wagma": [10.0, 20.0, 30.0]},
-                      gossip_slowdowns=[0.1, 0.2])
+                      gossip_costs=[0.1, 0.2])
     reps = [resample(base, sources, b) for b in range(40)]
     assert [r.seed for r in reps[:3]] == [6, 7, 8]
     assert resample(base, sources, 3) == reps[3]
     for r in reps:  # every input is a bootstrap draw of its runs
         assert set(r.workload.samples) <= {2.0, 4.0, 6.0} and len(r.workload.samples) == 3
-        assert r.samples_to_target["wagma"] in (10.0, 20.0, 30.0) and r.workload.gossip_slowdown in (0.1, 0.2)
+        assert r.samples_to_target["wagma"] in (10.0, 20.0, 30.0) and r.workload.gossip_cost in (0.1, 0.2)
     assert len({r.workload.samples for r in reps}) > 5 and len({r.samples_to_target["wagma"] for r in reps}) == 3
 
 
@@ -76,7 +75,7 @@ def write_measured(path, **sections):
 
 def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims_read_it(tmp_path, capsys):
     measured = write_measured(tmp_path / "m.json",
-                              gossip_slowdown={"value": 0.3, "interval": [0.2, 0.4], "replicates": [0.2, 0.3, 0.4]})
+                              gossip_cost={"value": 0.3, "interval": [0.2, 0.4], "replicates": [0.2, 0.3, 0.4]})
     out = tmp_path / "sim"
     args = ["workload=resnet", "data=imagenet", "gpus=16", "optimizer=wagma,adpsgd,allreduce", "imbalance=independent",
             "train.max_steps=60", "control_every=0", "--interval", "4", "--measured", str(measured), "--out", str(out)]
@@ -85,9 +84,9 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
     assert data["replicates"] == 4 and len(data["predictions"]) == 4
     assert any("exchange cost" in s for s in data["resampled"])
     knobs = {p["knob"] for p in data["sensitivity"]}
-    assert knobs == {"gossip_slowdown", "spread", "bandwidth", "imbalance", "control_every"}
-    # the measured exchange cost is the point prediction's: AD-PSGD slower than with k = 0 on the grid
-    k0 = next(p for p in data["sensitivity"] if p["knob"] == "gossip_slowdown" and p["value"] == 0.0)
+    assert knobs == {"gossip_cost", "spread", "bandwidth", "imbalance", "control_every"}
+    # the measured exchange cost is the point prediction's: AD-PSGD slower than with c = 0 on the grid
+    k0 = next(p for p in data["sensitivity"] if p["knob"] == "gossip_cost" and p["value"] == 0.0)
     rows = {r["optimizer"]: r for r in json.loads((out / "predictions.json").read_text())}
     assert rows["adpsgd"]["throughput"] < k0["predicted"]["16"]["adpsgd"]["throughput"]
     assert rows["adpsgd"]["gossip_cost_share"] > 0
@@ -99,8 +98,8 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
     ("not json", "not a measured-inputs file"),
     (json.dumps({"format": "other"}), "format must be"),
     (json.dumps({"format": FORMAT, "measured_on": "tpu"}), "measured_on='tpu'"),
-    (json.dumps({"format": FORMAT, "measured_on": "cpu", "gossip_slowdown": {"value": -1}}),
-     "gossip_slowdown.value=-1 is not allowed"),
+    (json.dumps({"format": FORMAT, "measured_on": "cpu", "gossip_cost": {"value": -1}}),
+     "gossip_cost.value=-1 is not allowed"),
     (json.dumps({"format": FORMAT, "measured_on": "gpu", "compute": {"skew": 1}}), "compute.skew is not a key"),
 ])
 def test_a_bad_measured_file_is_refused_in_one_line_before_anything_is_simulated(content, said, tmp_path, capsys):

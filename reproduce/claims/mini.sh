@@ -21,18 +21,24 @@ OUT="$out" OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager \
   reproduce/tuning/mini.sh transformer transformer_sentences
 # The paper's scales (simulator, Piz Daint's network from vendor figures); convergence from the tuned winners,
 # the compute spread from the tuned runs (ResNet-50: per step, scaled to the preset's 0.32 s step; RL: per
-# rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one.
+# rollout and its PPO updates, scaled to the preset's 1 s step), the natural imbalance in place of an assumed one;
+# AD-PSGD's exchange cost measured in the suite's own AD-PSGD (MEASURED: reproduce/scaling/measure_inputs.py's
+# file, or make gpu-check's on a GPU); each prediction with INTERVAL resampled replicates and its flip conditions.
+measured=${MEASURED:-reproduce/scaling/results-2core-20261206/measured-cpu.json}
+interval=${INTERVAL:-100}
 "$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*,exclude=dropcompute)' \
-  imbalance=independent train.max_steps=500 control_every=0 \
+  imbalance=independent train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" \
   --convergence "$out/resnet_independent" --compute-from "$out/resnet_independent" --out "$out/paper-scale/resnet50"
 # The Transformer-base / WMT17 preset, once per batching (TUNING OUT): token batches and sentence batches
 transformer() {
   "$bin" simulate cluster=daint workload=transformer data=wmt17_en_de gpus=16,32,64 'optimizer=glob(*)' imbalance=none \
-    train.max_steps=500 control_every=0 --convergence "$1" --compute-from "$1" --out "$2"
+    train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" --convergence "$1" \
+    --compute-from "$1" --out "$2"
 }
 transformer "$out/transformer" "$out/paper-scale/transformer"
 transformer "$out/transformer_sentences" "$out/paper-scale/transformer_sentences"
 # DD-PPO's batches do not split into micro-batches: DropCompute does not apply (run refuses it)
 "$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
-  train.max_steps=500 control_every=0 --compute-from "$out/ddppo_throughput" --out "$out/paper-scale/rl"
+  train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" \
+  --compute-from "$out/ddppo_throughput" --out "$out/paper-scale/rl"
 "$bin" claims "$out" --out "$out/claims"

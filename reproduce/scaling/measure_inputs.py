@@ -15,12 +15,15 @@ same compute path and the same barrier every 10 rounds, no thread), P = 4 and 8,
   the calibration left out) over all ranks of each run; also over AD-PSGD's actives and passives apart;
 - b: the seconds per step that the rank's gossip thread spends exchanging while the rank computes, from the
   simulator's replay of the AD-PSGD run (its own compute times, the network fitted from COMM_BENCH_JSON) with a
-  free exchange (k = 0): gossip_busy_share x c_on;
-- k: the model's slowdown factor (compute at 1 / (1 + k) while exchanging, simulate/des.py sim_adpsgd), from
-  c_on - c_off = b k / (1 + k).
+  free exchange: gossip_busy_share x c_on;
+- c: the model's exchange cost (the seconds of compute each second of exchange takes, simulate/des.py sim_adpsgd),
+  from c_on - c_off = c b: per pair (c_on - c_off) / b, which the machine's drift between the two runs of a pair
+  moves by far more than b where b is a small share of the step.
 
-The file's value is the mean of k over the pairs; its replicates (for `simulate --interval`) and its 95% interval
-are a bootstrap over the pairs (2,000 resamples). Also written: the persistent compute spread (sigma_rank, sigma,
+The file's value is the median of the pairs' c, held to the model's range [0, 1]: a median, because one pair's drift
+moves its c without bound (the ratio of the sums, sum (c_on - c_off) / sum b, is written beside it as
+`ratio_of_sums`); its replicates (for `simulate --interval`) and its 95% interval are a bootstrap over the pairs
+(2,000 resamples) of the same median, held alike. Also written: the persistent compute spread (sigma_rank, sigma,
 rho; wagma_bench/simulate/spread.py) fitted over the thread-off runs, and the link (alpha, bandwidth) fitted to
 COMM_BENCH_JSON, which measures the ranks of one host: the intra-node link. `--table` prints the per-pair table.
 """
@@ -69,7 +72,7 @@ def compute_medians(run: Path) -> dict[str, float]:
 def busy_share(run: Path, network) -> float:
     """The simulator's replay of an AD-PSGD run with a free exchange: the share of compute time exchanging."""
     fit = fit_run(run)
-    workload = dataclasses.replace(fit.to_workload(compute="trace"), gossip_slowdown=0.0)
+    workload = dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0)
     settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
     res = simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, RecordedDelays(fit.delay_trace),
                              settings, fit.rounds, fit.seed, local_state=fit.local_state))
@@ -92,11 +95,10 @@ def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
         on, off = compute_medians(pair["adpsgd"]), compute_medians(pair["nothread"])
         share = busy_share(pair["adpsgd"], network)
         busy = share * on["all"]
-        x = (on["all"] - off["all"]) / busy if busy > 0 else float("inf")
-        k = x / (1 - x) if 0 <= x < 1 else (0.0 if x < 0 else float("inf"))
         rows.append({"world_size": p, "pair": i, "compute_on_s": on["all"], "compute_off_s": off["all"],
                      "slowdown": on["all"] / off["all"] - 1, "actives": on["actives"] / off["all"] - 1,
-                     "passives": on["passives"] / off["all"] - 1, "busy_share": share, "k": k})
+                     "passives": on["passives"] / off["all"] - 1, "busy_share": share, "busy_s": busy,
+                     "c": (on["all"] - off["all"]) / busy if busy > 0 else None})
     spread = fit_spread([list(cycle_compute_by_rank(pair["nothread"]).values()) for pair in runs.values()
                          if "nothread" in pair])
     return rows, report, spread.row()
@@ -113,31 +115,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default="", help="where the runs ran (the file's source line)")
     ns = ap.parse_args(argv)
     rows, network, spread = measure(ns.gossip_dir, ns.comm_bench)
-    ks = np.array([r["k"] for r in rows], dtype=float)
-    if not len(ks) or not np.isfinite(ks).all():
-        print(f"no finite k from the pairs in {ns.gossip_dir}: {ks.tolist()}", file=sys.stderr)
+    gain = np.array([r["compute_on_s"] - r["compute_off_s"] for r in rows])
+    busy = np.array([r["busy_s"] for r in rows])
+    if not len(rows) or busy.sum() <= 0:
+        print(f"no exchange time in the pairs of {ns.gossip_dir}", file=sys.stderr)
         return 1
+
+    per_pair = gain / busy
+
+    def held(pick: np.ndarray) -> float:  # the pairs' median c, in the model's range
+        return float(min(1.0, max(0.0, np.median(per_pair[pick]))))
+
+    raw = float(gain.sum() / busy.sum())
     rng = np.random.default_rng(1)
-    replicates = [float(ks[rng.integers(len(ks), size=len(ks))].mean()) for _ in range(RESAMPLES)]
+    replicates = [held(rng.integers(len(rows), size=len(rows))) for _ in range(RESAMPLES)]
     lo, hi = np.percentile(replicates, [2.5, 97.5])
+    value = held(np.arange(len(rows)))
     data = {"format": FORMAT, "measured_on": ns.measured_on,
             "source": (f"reproduce/scaling/measure_inputs.py {ns.gossip_dir} {ns.comm_bench}: {len(rows)} interleaved "
                        f"pairs of AD-PSGD and local SGD (period 10){'; ' + ns.source if ns.source else ''}"),
             "skipped": ns.skipped,
-            "gossip_slowdown": {"value": float(ks.mean()), "interval": [float(lo), float(hi)],
-                                "replicates": [round(r, 6) for r in replicates[:200]]},
+            "gossip_cost": {"value": value, "interval": [float(lo), float(hi)], "ratio_of_sums": raw,
+                            "replicates": [round(r, 6) for r in replicates[:200]]},
             "network": ({"intra": {"alpha_s": network["alpha_s"], "bandwidth_GBps": network["bandwidth_GBps"]}}
                         if math.isfinite(network["bandwidth_GBps"]) else None),
             "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
             "pairs": rows, "network_fit": network, "compute_fit": spread}
     write_text_atomic(ns.out, json.dumps(data, indent=1) + "\n")
-    print(f"k = {ks.mean():.3f} [{lo:.3f}, {hi:.3f}] over {len(rows)} pairs -> {ns.out}")
+    print(f"c = {value:.3f} [{lo:.3f}, {hi:.3f}] (ratio of sums {raw:.3f}) over {len(rows)} pairs -> {ns.out}")
     if ns.table:
         print(markdown_table(rows, [("world_size", "P", ""), ("pair", "pair", ""),
                                     ("compute_on_s", "compute, thread on (s)", "metric"),
                                     ("compute_off_s", "thread off (s)", "metric"), ("slowdown", "slowdown", "sig"),
                                     ("actives", "actives", "sig"), ("passives", "passives", "sig"),
-                                    ("busy_share", "exchanging share", "sig"), ("k", "k", "sig")]))
+                                    ("busy_share", "exchanging share", "sig"), ("c", "c of the pair", "sig")]))
     return 0
 
 

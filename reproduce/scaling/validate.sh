@@ -31,7 +31,7 @@ else
   STEPS=${STEPS:-220}
 fi
 GOSSIP_PAIRS=${GOSSIP_PAIRS:-0}
-mkdir -p "$OUT/runs"
+mkdir -p "$OUT/runs" "$OUT/gossip"
 
 # one real run: DIR OVERRIDE... (kept when it completed, so an interrupted campaign resumes; a run stopped short
 # is made again)

@@ -46,7 +46,8 @@ def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float
 def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) -> list[dict]:
     """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two grid
     points around the crossing; the one nearest the base value), with the distance from the base that takes: the
-    log of the factor for a scaling, of (1 + k) / (1 + k_base) for the exchange cost, none for the barrier."""
+    log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from 0 to 1), none
+    for the barrier."""
     out = []
     by_knob: dict[str, list[dict]] = {}
     for point in data["sensitivity"]:
@@ -69,8 +70,8 @@ def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) ->
         if crossings:
             x = min(crossings, key=lambda c: abs(c - at))
             entry["crossing"] = x
-            if name == "gossip_slowdown":
-                entry["distance"] = abs(math.log((1 + x) / (1 + base)))
+            if name == "gossip_cost":
+                entry["distance"] = abs(x - base)
             elif first["factor"] and x > 0:
                 entry["distance"] = abs(math.log(x))
             elif first["factor"]:
@@ -89,8 +90,8 @@ def flip_sentence(flip: dict | None) -> str:
     if flip is None:
         return "no assumption moved within its grid ties it"
     x = flip["crossing"]
-    if flip["knob"] == "gossip_slowdown":
-        return f"ties if {flip['says']} {x:.3g} (here {flip['base']:.3g})"
+    if flip["knob"] == "gossip_cost":
+        return f"ties if {flip['says']} {x:.2f} (here {flip['base']:.2f})"
     return f"ties if {flip['says']} {x:.2g}"
 
 

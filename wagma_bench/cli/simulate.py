@@ -54,7 +54,7 @@ the preset's assumed distribution (:func:`measured_spread`). With ``compute=pers
 offset plus AR(1) per-step noise from the runs' ranks (:mod:`wagma_bench.simulate.spread`): a slow rank stays slow.
 
 ``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`; ``reproduce/scaling/
-measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_slowdown`` (its compute
+measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_cost`` (its compute
 runs 1 + k times slower while its thread exchanges), the intra-node link, the persistent spread; the command line
 wins over the file. ``--interval N``: also N predictions with their inputs resampled and the prediction with one
 assumption moved at a time (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which
@@ -510,8 +510,8 @@ def write_interval(req: Request, ns, runs: dict[str, RunConfig], gpus: list[int]
         sources.spread_runs = ranks_by_run(ns.compute_from) if persistent else spread_by_run(ns.compute_from)
     if ns.convergence:
         sources.hits = target_hits(ns.convergence)
-    if ns.measured and "gossip_slowdown" not in req.own:
-        sources.gossip_slowdowns = read_measured(ns.measured).gossip_replicates
+    if ns.measured and "gossip_cost" not in req.own:
+        sources.gossip_costs = read_measured(ns.measured).gossip_replicates
 
     def predict_once(inputs: Inputs) -> dict[int, dict[str, dict[str, float | None]]]:
         out_: dict[int, dict[str, dict[str, float | None]]] = {}

@@ -91,7 +91,7 @@ COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
 
 
 # the cost model's numbers a user may set that have a range (simulate's `KEY=VALUE`): (low, high, allowed)
-WORKLOAD_RANGES = {"gossip_slowdown": (0.0, math.inf, "a number >= 0"),
+WORKLOAD_RANGES = {"gossip_cost": (0.0, 1.0, "a number from 0 to 1"),
                    "sigma": (0.0, math.inf, "a number >= 0"), "sigma_rank": (0.0, math.inf, "a number >= 0"),
                    "rho": (-0.99, 0.99, "a number between -0.99 and 0.99")}
 
@@ -114,7 +114,7 @@ class Workload:
     overhead_s: float = 0.0          # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
     memory_GBps: float = 20.0        # memory bandwidth of a rank's elementwise updates (the outer step's cost)
-    gossip_slowdown: float = 0.0     # AD-PSGD: compute runs 1 + this times slower while the rank exchanges (sim_adpsgd)
+    gossip_cost: float = 0.0         # AD-PSGD: seconds of compute lost per second its thread exchanges, 0-1 (sim_adpsgd)
     source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
 
     @property
@@ -459,17 +459,20 @@ GOSSIP_TOLERANCE = 1e-3
 
 
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
-    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread is simulated on a heap.
+    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served in
+    batches (:func:`_gossip`).
 
-    What the exchanges cost the compute (``workload.gossip_slowdown``, k): while a rank's gossip thread is in an
-    exchange (an active's transfer, or a passive serving one), the rank's compute runs ``1 + k`` times slower --
-    the thread's copies, averaging and transfer share the rank's host with its compute (the authors' thread
-    copies layer by layer through the CPU and spins on its locks). The compute schedule and the exchanges
-    depend on each other (a slower step moves the next exchange), so both are recomputed until the schedule
-    settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS`` at most). k = 0 is the model of a free exchange: the compute thread's upper
-    bound. The measured k and its interval: ``reproduce/scaling/gossip_cost.py`` (docs/simulator.md)."""
+    What the exchanges cost the compute (``workload.gossip_cost``, c from 0 to 1): each second a rank's gossip
+    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes takes c
+    seconds from its compute, so a step lengthens by c times the exchange time inside it -- the thread's copies,
+    averaging and transfer share the rank's host with its compute (the authors' thread copies layer by layer
+    through the CPU and spins on its locks); c = 1: the compute stops while the thread exchanges. The compute
+    schedule and the exchanges depend on each other (a slower step moves the next exchange), so both are
+    recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS`` at most). c = 0 is the
+    model of a free exchange: the compute thread's upper bound. The measured c and its interval:
+    ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
     run = SimState(cfg, sync_period(cfg))  # the run's barrier: the algorithm's own rule
-    slowdown = float(cfg.workload.gossip_slowdown)
+    cost = float(cfg.workload.gossip_cost)
     extra = np.zeros((run.P, run.rounds))
     for _ in range(GOSSIP_ITERATIONS):
         starts, ends, end_time = _compute_schedule(run, extra)
@@ -479,17 +482,16 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
         windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
         overlap = busy_between(busy, run.P, starts, windows)
-        if slowdown == 0:
+        if cost == 0:
             break
-        # compute done in a window of w seconds with b of them busy: (w - b) + b / (1 + k); so w = c + b k / (1 + k)
-        new = slowdown / (1.0 + slowdown) * overlap
+        new = cost * overlap  # a step's compute window lengthened by c times the exchange time inside it
         if float(np.abs(new - extra).max(initial=0.0)) <= GOSSIP_TOLERANCE * float(np.median(run.compute)):
             break  # the schedule, its exchanges and the charges it was computed with agree
         extra = new
     return run.result(end_time, np.full(run.P, run.rounds), staleness=lag,
                       exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
                       gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, :run.rounds].sum())),
-                      # the share of compute time during which the rank's thread exchanges (what k acts on)
+                      # the share of compute time during which the rank's thread exchanges (what c acts on)
                       gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())))
 
 

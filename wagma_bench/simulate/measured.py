@@ -7,11 +7,11 @@ and the intra-node link). Each section is optional; ``measured_on`` says where t
 a GPU's::
 
     {"format": "wagma-bench measured inputs 1", "measured_on": "cpu", "source": "...", "skipped": [...],
-     "gossip_slowdown": {"value": 0.06, "interval": [0.03, 0.09], "replicates": [...]},
+     "gossip_cost": {"value": 0.06, "interval": [0.03, 0.09], "replicates": [...]},
      "network": {"intra": {"alpha_s": 2e-05, "bandwidth_GBps": 40.0}},
      "compute": {"sigma_rank": 0.01, "sigma": 0.03, "rho": 0.2}}
 
-What is given on simulate's command line (``gossip_slowdown=``, ``sigma=`` ...) wins over the file.
+What is given on simulate's command line (``gossip_cost=``, ``sigma=`` ...) wins over the file.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ class Measured:
     measured_on: str
     source: str = ""
     skipped: list[str] = field(default_factory=list)
-    gossip_slowdown: float | None = None
+    gossip_cost: float | None = None
     gossip_replicates: list[float] = field(default_factory=list)
     intra: Any = None                 # a costs.Link
     compute: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         """One line for the output: what was read and where it was measured."""
-        got = [f"gossip_slowdown {self.gossip_slowdown:.3g}" if self.gossip_slowdown is not None else None,
+        got = [f"gossip_cost {self.gossip_cost:.3g}" if self.gossip_cost is not None else None,
                "intra-node link" if self.intra is not None else None,
                "compute spread" if self.compute else None]
         said = ", ".join(g for g in got if g) or "nothing"
@@ -63,10 +63,10 @@ def read_measured(path: str | Path) -> Measured:
     if raw.get("measured_on") not in PLACES:
         raise ValueError(f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}")
     m = Measured(where, raw["measured_on"], str(raw.get("source", "")), list(raw.get("skipped") or []))
-    gossip = raw.get("gossip_slowdown")
+    gossip = raw.get("gossip_cost")
     if gossip is not None:
-        m.gossip_slowdown = _number(gossip.get("value"), "gossip_slowdown.value", where)
-        m.gossip_replicates = [_number(v, "gossip_slowdown.replicates", where) for v in gossip.get("replicates", [])]
+        m.gossip_cost = _number(gossip.get("value"), "gossip_cost.value", where)
+        m.gossip_replicates = [_number(v, "gossip_cost.replicates", where) for v in gossip.get("replicates", [])]
     intra = (raw.get("network") or {}).get("intra")
     if intra is not None:
         m.intra = parse_link(intra, f"--measured {where}: network.intra")
@@ -92,8 +92,8 @@ def _number(value: Any, key: str, where: str) -> float:
 def with_measured(workload: Workload, network: Network, m: Measured, given: set[str]) -> tuple[Workload, Network]:
     """The workload and network with the file's numbers, except those given on the command line (``given``)."""
     changes: dict[str, Any] = {}
-    if m.gossip_slowdown is not None and "gossip_slowdown" not in given:
-        changes["gossip_slowdown"] = m.gossip_slowdown
+    if m.gossip_cost is not None and "gossip_cost" not in given:
+        changes["gossip_cost"] = m.gossip_cost
     if workload.compute == "persistent":
         changes.update({k: v for k, v in m.compute.items() if k not in given})
     if changes:

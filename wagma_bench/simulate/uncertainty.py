@@ -51,7 +51,7 @@ class Sources:
     spread_runs: list[Any] = field(default_factory=list)      # per run: its compute shape (empirical) or its ranks
     spread_kind: str = "empirical"                             # empirical | persistent
     hits: dict[str, list[float]] = field(default_factory=dict)  # per optimizer: samples at the first target hit
-    gossip_slowdowns: list[float] = field(default_factory=list)  # bootstrap replicates of the measured k
+    gossip_costs: list[float] = field(default_factory=list)  # bootstrap replicates of the measured k
 
     def said(self) -> list[str]:
         out = ["the simulation's own draws (a new seed)"]
@@ -59,8 +59,8 @@ class Sources:
             out.append(f"the {len(self.spread_runs)} runs behind the compute spread")
         if self.hits:
             out.append("each optimizer's runs behind its samples to target")
-        if self.gossip_slowdowns:
-            out.append(f"AD-PSGD's measured exchange cost ({len(self.gossip_slowdowns)} bootstrap replicates)")
+        if self.gossip_costs:
+            out.append(f"AD-PSGD's measured exchange cost ({len(self.gossip_costs)} bootstrap replicates)")
         return out
 
 
@@ -75,8 +75,8 @@ def resample(base: Inputs, sources: Sources, b: int) -> Inputs:
             workload = dataclasses.replace(workload, sigma_rank=fit.sigma_rank, sigma=fit.sigma, rho=fit.rho)
         else:
             workload = dataclasses.replace(workload, samples=tuple(workload.step_s * x for run in pick for x in run))
-    if sources.gossip_slowdowns:
-        workload = dataclasses.replace(workload, gossip_slowdown=float(rng.choice(sources.gossip_slowdowns)))
+    if sources.gossip_costs:
+        workload = dataclasses.replace(workload, gossip_cost=float(rng.choice(sources.gossip_costs)))
     conv = dict(base.samples_to_target)
     for name, hits in sources.hits.items():
         conv[name] = statistics.median(rng.choice(hits, size=len(hits)).tolist())
@@ -113,8 +113,8 @@ def _imbalance(inputs: Inputs, f: float) -> Inputs:
     return dataclasses.replace(inputs, imbalance=type(imb)(settings, imb.seed))
 
 
-def _gossip(inputs: Inputs, k: float) -> Inputs:
-    return dataclasses.replace(inputs, workload=dataclasses.replace(inputs.workload, gossip_slowdown=k))
+def _gossip(inputs: Inputs, c: float) -> Inputs:
+    return dataclasses.replace(inputs, workload=dataclasses.replace(inputs.workload, gossip_cost=c))
 
 
 def _barrier(inputs: Inputs, every: float) -> Inputs:
@@ -137,8 +137,8 @@ class Knob:
 
 
 KNOBS = (
-    Knob("gossip_slowdown", "AD-PSGD's exchange slowed its compute by a factor of 1 +",
-         (0.0, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6), _gossip, False, lambda i: i.workload.gossip_slowdown),
+    Knob("gossip_cost", "AD-PSGD's exchange took from its compute this share of its own time:",
+         (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0), _gossip, False, lambda i: i.workload.gossip_cost),
     Knob("spread", "the compute spread (log scale) were times", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0), _spread, True),
     Knob("bandwidth", "the network's bandwidth were times", (0.1, 0.3, 1.0, 3.0, 10.0), _bandwidth, True),
     Knob("imbalance", "the injected imbalance (delay or sigma) were times", (0.0, 0.5, 1.0, 2.0, 4.0),
