@@ -5,7 +5,6 @@ end on a small world."""
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest

@@ -37,8 +37,8 @@ from wagma_bench.simulate.presets import preset
 import dataclasses
 name, world, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 workload = preset("rl")
-if "gossip_slowdown" in {f.name for f in dataclasses.fields(Workload)}:
-    workload = dataclasses.replace(workload, gossip_slowdown=0.1)
+if "gossip_cost" in {f.name for f in dataclasses.fields(Workload)}:
+    workload = dataclasses.replace(workload, gossip_cost=0.1)
 imbalance = make_imbalance(IMBALANCES["lognormal"].Settings(sigma=0.5), 1)
 cfg = SimConfig(name, world, workload, load_network("daint", []), imbalance, None, steps=rounds, seed=1,
                 control_every=0)

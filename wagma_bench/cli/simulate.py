@@ -630,6 +630,11 @@ def _replay_run(fit, workload: Workload, network: Network) -> float:
         from wagma_bench.simulate.calibrate import RecordedDelays
 
         imbalance = RecordedDelays(fit.delay_trace)
+        if "threshold_s" in fit.extra and getattr(settings, "threshold_s", None) == "auto":
+            # ... and DropCompute's threshold as the run set it: the rule, fed the model's micro-batch times and
+            # communication cost, lands elsewhere (a measured miss of the trace before: docs/simulator.md)
+            threshold = fit.extra["threshold_s"]
+            settings = dataclasses.replace(settings, threshold_s="inf" if threshold is None else str(threshold))
     return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
                               fit.rounds, fit.seed, local_state=fit.local_state)).throughput
 

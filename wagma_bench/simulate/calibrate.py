@@ -128,6 +128,8 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         params=params if params is not None else model_params_of(start),
         workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
+        # DropCompute's threshold as the run set it (its calibration steps' rule), replayed by a trace
+        extra={"threshold_s": summary["dropcompute"].get("threshold_s")} if summary.get("dropcompute") else {},
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
 
 

@@ -273,15 +273,19 @@ def outer_cost(cfg: SimConfig) -> tuple[int, float]:
 def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
     """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
     are ready to communicate in round ``r`` into the times their step's communication is done; an outer
-    optimizer's round adds its cost after the slowest rank's."""
+    optimizer's round adds its cost after the slowest rank's where the outer layer averages the models itself,
+    else after each rank's own average."""
     run = SimState(cfg, sync_period)
     outer_every, outer_s = outer_cost(cfg)
+    # the outer layer's own global average (D-PSGD, SGP) makes its round a barrier; after the base's average (local
+    # SGD, streaming DiLoCo's fragments) each rank steps its outer optimizer when its average is done
+    outer_barrier = OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact"
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
         ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
         done = comm(run, r, ready) if run.P > 1 else ready
         if outer_every and r % outer_every == 0:
-            done = np.full(run.P, done.max() + outer_s)
+            done = np.full(run.P, done.max() + outer_s) if outer_barrier else done + outer_s
         run.wait += done - ready
         start = done + run.overhead
         if run.is_control(r) and run.P > 1:
