@@ -125,3 +125,50 @@ def test_simulator_speed_table_is_the_bench_scripts_table_of_the_committed_run()
         assert _block(page, "simulator-speed") == table, (
             f"{page.relative_to(ROOT)} differs from `reproduce/scaling/bench_simulator.py --table "
             f"{BENCH.relative_to(ROOT)}`")
+
+
+def test_measured_inputs_table_is_the_scripts_table_of_the_committed_file():
+    script = load_script(ROOT / "reproduce" / "scaling" / "measure_inputs.py")
+    data = json.loads((VALIDATION / "measured-cpu.json").read_text())
+    assert _block(ROOT / "reproduce" / "scaling" / "README.md", "measured") == script.table(data), (
+        "reproduce/scaling/README.md differs from `reproduce/scaling/measure_inputs.py --show "
+        f"{(VALIDATION / 'measured-cpu.json').relative_to(ROOT)}`")
+
+
+BENCH_BEFORE = ROOT / "reproduce" / "scaling" / "bench-simulator-2core-20261206-before-4e3a308.json"
+
+
+def test_simulator_speed_before_and_after_is_the_committed_interleaved_run():
+    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
+    result = json.loads(BENCH_BEFORE.read_text())
+    rows = [r for r in result["rows"] if r["world_size"] == 1024]
+    said = (f"At 1,024 ranks all eight models took {sum(r['before_cpu_s'] for r in rows):.0f} s before and "
+            f"{sum(r['cpu_s'] for r in rows):.1f} s now")
+    wagma = next(r for r in json.loads(BENCH.read_text())["rows"] if (r["optimizer"], r["world_size"]) ==
+                 ("wagma", 65536))
+    for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
+        assert _block(page, "simulator-speed-before") == script.table(result)
+        text = " ".join(page.read_text().split())
+        assert said in text and f"WAGMA-SGD at 65,536 ranks takes {wagma['cpu_s']:.1f} s" in text
+
+
+def test_readme_simulator_figures_are_the_committed_validation_and_measurement():
+    script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
+    rows = json.loads((VALIDATION / "validation.json").read_text())
+    trace, resampled = script.misses(rows)
+    c = json.loads((VALIDATION / "measured-cpu.json").read_text())["gossip_cost"]
+    wagma = next(r for r in json.loads(BENCH.read_text())["rows"] if (r["optimizer"], r["world_size"]) ==
+                 ("wagma", 65536))
+    bullet = " ".join(next(b for b in (ROOT / "README.md").read_text().split("\n- ")
+                           if b.startswith("**Simulator**")).split())
+    assert f"trace within 5% in {len(rows) - trace} of {len(rows)}" in bullet
+    assert f"resampled within 15% in {len(rows) - resampled} of {len(rows)}" in bullet
+    assert f"c = {c['value']:.2f}, interval [{c['interval'][0]:.0f}, {c['interval'][1]:.0f}]" in bullet
+    assert f"65,536 ranks simulates in {wagma['cpu_s']:.1f} s" in bullet
+
+
+def test_the_interval_cost_quoted_is_the_committed_timing():
+    timing = json.loads((ROOT / "reproduce" / "scaling" / "interval-timing-2core-20261206.json").read_text())
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    assert (f"at {timing['world_size']:,} ranks ({timing['optimizers']} optimizers, {timing['rounds']} rounds, "
+            f"`--interval {timing['replicates']}`) took {timing['took_s']:.0f} s") in text

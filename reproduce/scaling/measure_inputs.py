@@ -4,6 +4,7 @@ persistence, and the link the ranks share.
 
     .venv/bin/python reproduce/scaling/measure_inputs.py GOSSIP_DIR COMM_BENCH_JSON --out FILE [--table]
         [--measured-on cpu|gpu] [--skipped WHAT ...]
+    .venv/bin/python reproduce/scaling/measure_inputs.py --show FILE       # the table of a written file
 
 `make gpu-check` runs it on its own pairs (reproduce/gpu/check.py); on this machine the pairs of validate.sh.
 
@@ -106,14 +107,20 @@ def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("gossip_dir", type=Path)
-    ap.add_argument("comm_bench", type=Path)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("gossip_dir", type=Path, nargs="?")
+    ap.add_argument("comm_bench", type=Path, nargs="?")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--show", type=Path, metavar="FILE", help="print the table of a written file and exit")
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--measured-on", choices=PLACES, default="cpu")
     ap.add_argument("--skipped", nargs="*", default=[], help="what the writer could not measure here")
     ap.add_argument("--source", default="", help="where the runs ran (the file's source line)")
     ns = ap.parse_args(argv)
+    if ns.show:
+        print(table(json.loads(ns.show.read_text())))
+        return 0
+    if not (ns.gossip_dir and ns.comm_bench and ns.out):
+        ap.error("GOSSIP_DIR, COMM_BENCH_JSON and --out are needed (or --show FILE)")
     rows, network, spread = measure(ns.gossip_dir, ns.comm_bench)
     gain = np.array([r["compute_on_s"] - r["compute_off_s"] for r in rows])
     busy = np.array([r["busy_s"] for r in rows])
@@ -142,14 +149,27 @@ def main(argv: list[str] | None = None) -> int:
             "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
             "pairs": rows, "network_fit": network, "compute_fit": spread}
     write_text_atomic(ns.out, json.dumps(data, indent=1) + "\n")
-    print(f"c = {value:.3f} [{lo:.3f}, {hi:.3f}] (ratio of sums {raw:.3f}) over {len(rows)} pairs -> {ns.out}")
+    print(f"wrote {ns.out}")
     if ns.table:
-        print(markdown_table(rows, [("world_size", "P", ""), ("pair", "pair", ""),
-                                    ("compute_on_s", "compute, thread on (s)", "metric"),
-                                    ("compute_off_s", "thread off (s)", "metric"), ("slowdown", "slowdown", "sig"),
-                                    ("actives", "actives", "sig"), ("passives", "passives", "sig"),
-                                    ("busy_share", "exchanging share", "sig"), ("c", "c of the pair", "sig")]))
+        print(table(data))
     return 0
+
+
+def table(data: dict) -> str:
+    """The per-pair table and the value with its interval, in Markdown (``--table``; the README's block)."""
+    c = data["gossip_cost"]
+    rows = [{**r, **{k: f"{100 * r[k]:+.1f}%" for k in ("slowdown", "actives", "passives")},
+             "busy_share": f"{100 * r['busy_share']:.1f}%"} for r in data["pairs"]]
+    head = markdown_table(rows, [("world_size", "P", ""), ("pair", "pair", ""),
+                                 ("compute_on_s", "compute per step, thread on (s)", "metric"),
+                                 ("compute_off_s", "thread off (s)", "metric"), ("slowdown", "slowdown", ""),
+                                 ("actives", "actives", ""), ("passives", "passives", ""),
+                                 ("busy_share", "time exchanging", ""), ("c", "c of the pair", "sig")])
+    spread = data["compute"]
+    return (f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' median, held "
+            f"to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is {c['ratio_of_sums']:.2f}. The "
+            f"thread-off runs' compute spread: sigma_rank {spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, "
+            f"rho {spread['rho']:.3f}.")
 
 
 if __name__ == "__main__":
