@@ -456,14 +456,19 @@ def quoted_figures(text: str) -> tuple[list[str], list[str]]:
 
 
 def committed_figures() -> set[str]:
-    """Each committed claim's speed-up and drift-adjusted speed-up, as claims.md prints them."""
-    from wagma_bench.analysis.claims import ends, shown
+    """Each committed claim's speed-up and drift-adjusted speed-up, as claims.md prints them, and its paper-scale
+    prediction with the prediction's interval."""
+    from wagma_bench.analysis.claims import ends, shown, times
 
     figures = set()
     for r in json.loads((ROOT / "reproduce" / "claims" / "claims.json").read_text())["claims"]:
         for part in (r["measured"], r.get("drift_adjusted") or {}):
             if part.get("speedup") is not None:
                 figures.add(f"{shown(r, part['speedup'])} {ends(r, part['interval'])}")
+        predicted = r.get("predicted") or {}
+        if predicted.get("interval"):
+            lo, hi = predicted["interval"]
+            figures.add(f"{times(predicted['speedup'])} [{times(lo)}, {times(hi)}]")
     return figures
 
 
@@ -478,7 +483,7 @@ def test_quoted_figures_are_told_apart_from_former_ones():
 @pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
 def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
     """Generated, not copied: a speed-up with its interval in the README's or docs/claims.md's prose is one that
-    `wagma-bench claims` wrote to reproduce/claims/claims.json, unless its sentence says it was a former one
+    `wagma-bench claims` wrote to reproduce/claims/claims.json (measured, drift-adjusted or predicted), unless its sentence says it was a former one
     ("Before", "was", "had", "gave", "block-tuned" ahead of it)."""
     current, _ = quoted_figures(path.read_text())
     assert current, f"{path.name} quotes no figure: the pattern no longer finds them"

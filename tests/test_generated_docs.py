@@ -172,3 +172,24 @@ def test_the_interval_cost_quoted_is_the_committed_timing():
     text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
     assert (f"at {timing['world_size']:,} ranks ({timing['optimizers']} optimizers, {timing['rounds']} rounds, "
             f"`--interval {timing['replicates']}`) took {timing['took_s']:.0f} s") in text
+
+
+def test_the_resampled_miss_quotes_the_delayed_ranks_compute_of_the_committed_runs():
+    script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    ar = script.delayed_compute(VALIDATION / "runs" / "allreduce_lognormal_p8")
+    wg = script.delayed_compute(VALIDATION / "runs" / "wagma_lognormal_p8")
+    assert f"computed in {ar[0]:.3f} s (median) against {ar[1]:.3f} s for the others" in text
+    assert f"took {wg[0]:.3f} s against {wg[1]:.3f} s" in text
+
+
+def test_the_trace_misses_quote_the_recorded_and_modelled_waits_of_the_committed_runs():
+    script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    bench = VALIDATION / "comm_bench.json"
+    ms = {name: tuple(round(1e3 * v) for v in script.comm_gap(VALIDATION / "runs" / name, bench))
+          for name in ("allreduce_none_p8", "eager_none_p8", "dropcompute_lognormal_p8", "wagma_none_p8")}
+    assert "Allreduce-SGD {} ms a step recorded against {} ms modelled".format(*ms["allreduce_none_p8"]) in text
+    assert "eager-SGD {} against {}, DropCompute (`lognormal`) {} against {}".format(
+        *ms["eager_none_p8"], *ms["dropcompute_lognormal_p8"]) in text
+    assert "({} against {})".format(*ms["wagma_none_p8"]) in text

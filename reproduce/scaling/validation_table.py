@@ -2,6 +2,8 @@
 
     .venv/bin/python reproduce/scaling/validation_table.py RESULTS_DIR            # recompute, write, print
     .venv/bin/python reproduce/scaling/validation_table.py --table RESULTS_DIR    # print the committed table
+    .venv/bin/python reproduce/scaling/validation_table.py --delayed RUN_DIR...   # delayed ranks' compute
+    .venv/bin/python reproduce/scaling/validation_table.py --comm COMM_BENCH RUN_DIR...  # recorded vs modelled wait
 
 RESULTS_DIR holds the compact runs of `reproduce/scaling/validate.sh` (`runs/<label>_<imbalance>_p<P>/`: summary,
 events and the step table) and its `comm_bench.json`. The first form runs `wagma-bench simulate cluster=local
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +68,55 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def delayed_compute(run: Path) -> tuple[float, float]:
+    """(median compute time of each step's most-delayed rank, median of the other ranks'): on 2 shared cores a rank
+    that computes while the others wait for it runs faster, which a resampled draw does not keep."""
+    from wagma_bench.record.steps import read_step_records
+
+    by_step: dict[int, list[tuple[float, float]]] = {}
+    records = read_step_records(run)
+    for rank_records in records.values():
+        for r in rank_records[4:]:  # the calibration's warm-up left out
+            by_step.setdefault(r["step"], []).append((r.get("delay_s") or 0.0, r["compute_s"]))
+    most, others = [], []
+    for step in by_step.values():
+        if len(step) == len(records):
+            step.sort()
+            most.append(step[-1][1])
+            others += [c for _, c in step[:-1]]
+    return statistics.median(most), statistics.median(others)
+
+
+def comm_gap(run: Path, comm_bench: Path) -> tuple[float, float]:
+    """(the seconds per step the run's ranks recorded waiting in communication, the seconds per step the trace
+    replay of the run waits): comm-bench times its collectives with the ranks otherwise idle."""
+    import dataclasses
+
+    from wagma_bench.cli.simulate import _replay_run
+    from wagma_bench.simulate.calibrate import fit_network, fit_run
+    from wagma_bench.simulate.des import SimResult
+
+    fit = fit_run(run)
+    network, _ = fit_network([json.loads(comm_bench.read_text())])
+    replayed: list[SimResult] = []
+    _replay_run(fit, dataclasses.replace(fit.to_workload(), compute="trace"), network, keep=replayed)
+    res = replayed[0]
+    return fit.comm_s_mean, res.wait_frac * res.time_s / res.rounds
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--comm"]:  # --comm COMM_BENCH RUN_DIR...
+        for run in argv[2:]:
+            recorded, modelled = comm_gap(Path(run), Path(argv[1]))
+            print(f"{Path(run).name}: {1e3 * recorded:.0f} ms a step recorded in communication, {1e3 * modelled:.0f} ms "
+                  "modelled")
+        return 0
+    if argv[:1] == ["--delayed"]:  # --delayed RUN_DIR...
+        for run in argv[1:]:
+            most, others = delayed_compute(Path(run))
+            print(f"{Path(run).name}: each step's most-delayed rank computes in {most:.3f} s (median), the others in "
+                  f"{others:.3f} s")
+        return 0
     if argv[:1] == ["--table"]:
         print(table(json.loads((Path(argv[1]) / "validation.json").read_text())))
         return 0

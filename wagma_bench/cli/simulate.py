@@ -622,8 +622,9 @@ def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload
     return rows, pooled, network
 
 
-def _replay_run(fit, workload: Workload, network: Network) -> float:
-    """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed)."""
+def _replay_run(fit, workload: Workload, network: Network, keep: list | None = None) -> float:
+    """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed);
+    ``keep`` receives the whole result."""
     settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
     imbalance = make_imbalance(typed_settings("imbalance", IMBALANCES, fit.imbalance), fit.seed)
     if workload.compute == "trace":  # the run's own stragglers with its own compute times
@@ -635,8 +636,11 @@ def _replay_run(fit, workload: Workload, network: Network) -> float:
             # communication cost, lands elsewhere (a measured miss of the trace before: docs/simulator.md)
             threshold = fit.extra["threshold_s"]
             settings = dataclasses.replace(settings, threshold_s="inf" if threshold is None else str(threshold))
-    return simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
-                              fit.rounds, fit.seed, local_state=fit.local_state)).throughput
+    res = simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, imbalance, settings,
+                             fit.rounds, fit.seed, local_state=fit.local_state))
+    if keep is not None:
+        keep.append(res)
+    return res.throughput
 
 
 def typed_settings(section: str, registry: dict, values: dict) -> Any:
