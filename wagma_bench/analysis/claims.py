@@ -326,10 +326,9 @@ def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str)
     ask = {"subject": claim.subject, "comparators": claim.comparators, "metric": metric,
            "lower_is_better": claim.lower_is_better}
     flips = flip_points(data, world, claim.threshold, **ask)
-    flip = nearest_flip(flips)
     barrier = next((f for f in flips if f["knob"] == "control_every"), None)
     return {"interval": speedup_interval(data, world, **ask), "replicates": data["replicates"],
-            "resampled": data["resampled"], "flips": flips, "flip": flip_sentence(flip),
+            "resampled": data["resampled"], "flips": flips, "flip": flip_sentence(nearest_flip(flips), barrier),
             "with_barrier": barrier_sentence(barrier)}
 
 

@@ -86,8 +86,14 @@ def nearest_flip(flips: list[dict]) -> dict | None:
     return min(ranked, key=lambda f: f["distance"]) if ranked else None
 
 
-def flip_sentence(flip: dict | None) -> str:
+def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
+    """What ties the claim: the nearest assumption; where none within its grid does, whether the trainer's barrier
+    (the suite's AD-PSGD and WAGMA-SGD meet every 10 rounds; the papers' never) does."""
     if flip is None:
+        if barrier is not None and barrier["crossing"] is not None:
+            ratio = dict(barrier["curve"]).get(10.0)
+            return ("no assumption moved within its grid ties it but the trainer's barrier every 10 rounds"
+                    + (f" ({ratio:.2f}x)" if ratio is not None else ""))
         return "no assumption moved within its grid ties it"
     x = flip["crossing"]
     if flip["knob"] == "gossip_cost":
