@@ -10,7 +10,8 @@ control allreduce. Communication costs come from :class:`~wagma_bench.simulate.c
 Events are processed round by round. Every interaction the optimizers have is ordered by rounds (a
 collective of round r needs round r-1 done on each member; a gossip of step t follows step t-1), so
 processing rounds in order visits events in causal order, and all ranks of a round are handled at once
-with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs on an event heap.
+with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs as an event simulation,
+served in batches of the requests no later event can precede.
 
 What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only their
 torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
@@ -28,7 +29,8 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
 - ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
   thread of each even (active) rank exchanges with its partner in
   :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
-  requests one at a time, first come first served.
+  requests one at a time, first come first served; each second of exchange takes ``gossip_cost`` seconds from
+  the rank's compute.
 - ``wagma``: the wait-avoiding group allreduce of :mod:`wagma_bench.comm.wait_avoiding` over
   :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
   on a rank when its progress thread is free and either its compute thread asked for it or an activation
