@@ -18,18 +18,22 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from wagma_bench.errors import ConfigError
 from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, setting
 
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy is imported where it is used, not here: the config check and the launcher import this module and no numpy
+# (tests/test_config.py, tests/test_startup.py)
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive counters land far apart
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64 whose outputs pass BigCrush."""
+    import numpy as np
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -38,6 +42,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def uniform(seed: int, stream: int, step, rank, draw: int = 0) -> np.ndarray:
     """Uniform numbers in [0, 1), one per (step, rank) pair (numpy broadcasting), a pure function of its
     arguments: ``stream`` keeps the models' draws apart, ``draw`` numbers the draws of one (rank, step)."""
+    import numpy as np
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
         key = _mix(np.uint64(seed % 2**64) * np.uint64(_GOLDEN) + np.uint64(stream))
         key = _mix(key ^ (np.asarray(step, dtype=np.uint64) * np.uint64(_GOLDEN)))
@@ -54,6 +59,7 @@ class Imbalance:
 
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
+        import numpy as np
         return float(self.delays(world_size, np.full((world_size, 1), base_s), first_step=step)[rank, 0])
 
     def delays(self, world_size: int, base_s: np.ndarray, first_step: int = 0) -> np.ndarray:
@@ -73,6 +79,7 @@ class NoImbalance(Imbalance):
         return 0.0
 
     def delays(self, world_size, base_s, first_step=0):
+        import numpy as np
         return np.zeros(np.shape(base_s))
 
 
@@ -101,6 +108,7 @@ class SharedDrawImbalance(Imbalance):
         return self.settings.delay_s if rank in self.slow_ranks(world_size, step) else 0.0
 
     def delays(self, world_size, base_s, first_step=0):
+        import numpy as np
         out = np.zeros(np.shape(base_s))
         for k in range(out.shape[1]):  # one draw per step (not per rank): cheap at any world size
             out[list(self.slow_ranks(world_size, first_step + k)), k] = self.settings.delay_s
@@ -137,6 +145,7 @@ class IndependentImbalance(Imbalance):
             self.settings.probability else 0.0
 
     def delays(self, world_size, base_s, first_step=0):
+        import numpy as np
         steps = first_step + np.arange(np.shape(base_s)[1])
         u = uniform(self.seed, self.stream, steps[None, :], np.arange(world_size)[:, None])
         return np.where(u < self.settings.probability, float(self.settings.delay_s), 0.0)
@@ -163,6 +172,7 @@ class FixedImbalance(Imbalance):
         return (self.settings.factor - 1.0) * base_s if rank in self.settings.ranks else 0.0
 
     def delays(self, world_size, base_s, first_step=0):
+        import numpy as np
         slow = np.isin(np.arange(world_size), self.settings.ranks)[:, None]
         return np.where(slow, (self.settings.factor - 1.0) * np.asarray(base_s, dtype=float), 0.0)
 
@@ -183,9 +193,11 @@ class LognormalImbalance(Imbalance):
     stream = 7
 
     def delay(self, rank, world_size, step, base_s):
+        import numpy as np
         return float(self.delays(world_size, np.full((1, 1), base_s), first_step=step, ranks=[rank])[0, 0])
 
     def delays(self, world_size, base_s, first_step=0, ranks=None):
+        import numpy as np
         steps = (first_step + np.arange(np.shape(base_s)[1]))[None, :]
         ranks = np.arange(world_size)[:, None] if ranks is None else np.asarray(ranks)[:, None]
         # a standard normal by Box-Muller from two uniforms of the same (rank, step); 1 - u is in (0, 1]

@@ -534,9 +534,24 @@ def write_interval(req: Request, ns, runs: dict[str, RunConfig], gpus: list[int]
 
     data = uncertainty(predict_once, base, sources, ns.interval, progress)
     data["took_s"] = round(time.perf_counter() - start, 1)
-    write_text_atomic(out / INTERVAL_FILE, json.dumps(data, indent=1, default=float) + "\n")
+    write_text_atomic(out / INTERVAL_FILE, compact_json(data))
     print(f"wrote {out / INTERVAL_FILE}: {ns.interval} replicates (resampled: {'; '.join(data['resampled'])}) and "
           f"{len(data['sensitivity'])} sensitivity points in {data['took_s']} s")
+
+
+def compact_json(data: Any) -> str:
+    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x worlds x
+    optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
+    def rounded(x: Any) -> Any:
+        if isinstance(x, float):
+            return float(f"{x:.6g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [rounded(v) for v in x]
+        return x
+
+    return json.dumps(rounded(data), separators=(",", ":"), default=float) + "\n"
 
 
 def composed(req: Request, runs: dict[str, RunConfig], network: Network, workload: Workload) -> str:

@@ -21,8 +21,11 @@ from __future__ import annotations
 import math
 import random
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 Group = tuple[int, ...]
 
@@ -122,7 +125,8 @@ def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]
 def matching_partners(world_size: int, step: int, seed: int = 0) -> np.ndarray:
     """:func:`random_matching` as an array: each rank's partner (itself when it sits out). The passives are
     shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per exchange
-    round, at up to 65,536 ranks."""
+    round, at up to 65,536 ranks. (numpy is imported here: the launcher imports this module and no numpy.)"""
+    import numpy as np
     actives, passives = np.arange(0, world_size, 2), np.arange(1, world_size, 2)
     shuffled = passives[np.random.default_rng([seed, step]).permutation(len(passives))]
     partners = np.arange(world_size)

@@ -598,19 +598,9 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
         i, a, t, p, real, latency, swap, k, next_end = (x[now] for x in (i, a, t, p, real, latency, swap, k, next_end))
         done = t.copy()
         if real.any():
-            q = np.nonzero(real)[0]
-            order = q[np.lexsort((exchange[i[q]], a[q], t[q], p[q]))]  # wake order at each passive, as a heap pops
-            pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
-            first = np.concatenate([[True], pq[1:] != pq[:-1]])
-            start = np.maximum.accumulate(np.where(first, np.arange(len(pq)), 0))
-            position = np.arange(len(pq)) - start  # place in its passive's queue of this batch
-            begin, finish = np.empty(len(pq)), np.empty(len(pq))
-            for j in range(int(position.max()) + 1):  # a passive's requests one after the other (few a batch)
-                at = np.nonzero(position == j)[0]
-                begin[at] = np.maximum(arrive[at], free[pq[at]])
-                finish[at] = free[pq[at]] = begin[at] + cost[at]
+            order, begin, finish = _serve(np.nonzero(real)[0], p, t, latency, swap, exchange[i], a, free)
             done[order] = finish
-            out.append((a[order], pq, begin, finish))
+            out.append((a[order], p[order], begin, finish))
         wake[i] = np.maximum(done, next_end)
         exchange[i] += 1
         alive[i] = (k < rounds) & (wake[i] < end_time)
@@ -620,6 +610,24 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
     busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
     return len(a), float(lag.sum()) / len(a), busy
+
+
+def _serve(q: np.ndarray, p: np.ndarray, t: np.ndarray, latency: np.ndarray, swap: np.ndarray, exchange: np.ndarray,
+           a: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's in the
+    order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is free) is
+    moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an event heap,
+    ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues at a time."""
+    order = q[np.lexsort((exchange[q], a[q], t[q], p[q]))]
+    pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
+    first = np.concatenate([[True], pq[1:] != pq[:-1]])
+    position = np.arange(len(pq)) - np.maximum.accumulate(np.where(first, np.arange(len(pq)), 0))
+    begin, finish = np.empty(len(pq)), np.empty(len(pq))
+    for j in range(int(position.max()) + 1):  # a passive's requests one after the other (few a batch)
+        at = np.nonzero(position == j)[0]
+        begin[at] = np.maximum(arrive[at], free[pq[at]])
+        finish[at] = free[pq[at]] = begin[at] + cost[at]
+    return order, begin, finish
 
 
 # --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
