@@ -88,6 +88,7 @@ from wagma_bench.optim.specs import (
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.spread import draw_persistent
 
+DELAY_BLOCK = 1 << 18      # rank-steps of injected delays drawn at once (delay_matrix)
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
 
@@ -219,7 +220,10 @@ def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.
     (before the step's computation, relative models seeing the previous step's compute time; the first
     step uses its own), for every rank and step at once (:meth:`~wagma_bench.imbalance.Imbalance.delays`)."""
     compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)[:, :steps]
-    return imbalance.delays(world_size, compute)
+    # a few steps at a time, so that the draws' temporaries stay in the caches at any world size
+    block = max(1, DELAY_BLOCK // max(1, world_size))
+    return np.concatenate([imbalance.delays(world_size, compute[:, k:k + block], first_step=k)
+                           for k in range(0, max(1, steps), block)], axis=1)
 
 
 class SimState:
@@ -235,8 +239,10 @@ class SimState:
         self.control = control_period(self.sync_period, cfg.control_every) if cfg.control_every > 0 else 0
         rng = np.random.default_rng(cfg.seed)
         cols = self.rounds + 1
-        self.compute = cfg.workload.draw(rng, self.P, cols)
-        self.delay = delay_matrix(cfg.imbalance, self.P, cols, self.compute)
+        # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and a
+        # column of a row-major array is a cache miss per rank once the world outgrows the caches
+        self.compute = np.asfortranarray(cfg.workload.draw(rng, self.P, cols))
+        self.delay = np.asfortranarray(delay_matrix(cfg.imbalance, self.P, cols, self.compute))
         self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
         self.overhead = float(cfg.workload.overhead_s)
         self.nbytes = cfg.workload.model_bytes
