@@ -54,9 +54,9 @@ the preset's assumed distribution (:func:`measured_spread`). With ``compute=pers
 offset plus AR(1) per-step noise from the runs' ranks (:mod:`wagma_bench.simulate.spread`): a slow rank stays slow.
 
 ``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`; ``reproduce/scaling/
-measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_cost`` (its compute
-runs 1 + k times slower while its thread exchanges), the intra-node link, the persistent spread; the command line
-wins over the file. ``--interval N``: also N predictions with their inputs resampled and the prediction with one
+measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_cost`` (the seconds of
+compute each second of its thread's exchange takes, 0-1), the intra-node link, the persistent spread; the command
+line wins over the file. ``--interval N``: also N predictions with their inputs resampled and the prediction with one
 assumption moved at a time (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which
 ``wagma-bench claims`` takes each prediction's 95% interval and the assumption that flips it.
 
@@ -166,11 +166,13 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     ap.add_argument("--interval", type=int, default=0, metavar="N",
                     help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
                     "interval.json, which `claims` reads for a prediction's interval and what flips it")
-    ap.add_argument("--measured", metavar="FILE", help="measured model inputs (gossip_cost.py, make gpu-check): "
-                    "AD-PSGD's exchange cost with its bootstrap replicates")
+    ap.add_argument("--measured", metavar="FILE", help="measured model inputs (reproduce/scaling/measure_inputs.py, "
+                    "make gpu-check): AD-PSGD's exchange cost with its bootstrap replicates, the link, the spread")
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
+    if ns.interval < 0:
+        raise UsageError(f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates")
     # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
     for opt in ("calibrate", "convergence", "compute_from"):
         items = getattr(ns, opt)

@@ -1,6 +1,6 @@
 """Measured model inputs: one JSON file that ``simulate --measured FILE`` reads.
 
-Written by ``reproduce/scaling/gossip_cost.py`` (AD-PSGD's exchange cost measured in the suite's own runs on this
+Written by ``reproduce/scaling/measure_inputs.py`` (AD-PSGD's exchange cost measured in the suite's own runs on this
 machine) and by ``make gpu-check`` (``reproduce/gpu/check.py``: the same on a GPU, with the per-rank compute spread
 and the intra-node link). Each section is optional; ``measured_on`` says where the numbers come from (``cpu`` or
 ``gpu``) and ``skipped`` lists what the writer could not measure there, so a CPU-measured file is never taken for
@@ -58,7 +58,7 @@ def read_measured(path: str | Path) -> Measured:
     except (OSError, ValueError) as err:
         raise ValueError(f"--measured {where}: not a measured-inputs file ({type(err).__name__}: {err})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise ValueError(f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/gossip_cost.py or "
+        raise ValueError(f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/measure_inputs.py or "
                          "make gpu-check writes one)")
     if raw.get("measured_on") not in PLACES:
         raise ValueError(f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}")

@@ -140,7 +140,7 @@ KNOBS = (
     Knob("gossip_cost", "AD-PSGD's exchange took from its compute this share of its own time:",
          (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0), _gossip, False, lambda i: i.workload.gossip_cost),
     Knob("spread", "the compute spread (log scale) were times", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0), _spread, True),
-    Knob("bandwidth", "the network's bandwidth were times", (0.1, 0.3, 1.0, 3.0, 10.0), _bandwidth, True),
+    Knob("bandwidth", "the network's bandwidth were times", (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0), _bandwidth, True),
     Knob("imbalance", "the injected imbalance (delay or sigma) were times", (0.0, 0.5, 1.0, 2.0, 4.0),
          _imbalance, True),
     Knob("control_every", "the trainer's barrier came every N rounds (0: none), N =", (0.0, 10.0), _barrier, False,
