@@ -43,17 +43,14 @@ from pathlib import Path
 import numpy as np
 
 from wagma_bench.analysis.tables import markdown_table
-from wagma_bench.cli.simulate import typed_settings
-from wagma_bench.optim.specs import OPTIMIZER_SPECS
+from wagma_bench.cli.simulate import _replay_run
 from wagma_bench.record.files import write_text_atomic
 from wagma_bench.simulate.calibrate import (
     SKIP_STEPS,
-    RecordedDelays,
     cycle_compute_by_rank,
     fit_network,
     fit_run,
 )
-from wagma_bench.simulate.des import SimConfig, simulate
 from wagma_bench.simulate.measured import FORMAT, PLACES
 from wagma_bench.simulate.spread import fit_spread
 
@@ -71,13 +68,11 @@ def compute_medians(run: Path) -> dict[str, float]:
 
 
 def busy_share(run: Path, network) -> float:
-    """The simulator's replay of an AD-PSGD run with a free exchange: the share of compute time exchanging."""
-    fit = fit_run(run)
-    workload = dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0)
-    settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
-    res = simulate(SimConfig(fit.optimizer, fit.world_size, workload, network, RecordedDelays(fit.delay_trace),
-                             settings, fit.rounds, fit.seed, local_state=fit.local_state))
-    return float(res.extra["gossip_busy_share"])
+    """The simulator's replay of an AD-PSGD run (its own compute times and delays) with a free exchange: the share of
+    compute time exchanging."""
+    fit, replayed = fit_run(run), []
+    _replay_run(fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed)
+    return float(replayed[0].extra["gossip_busy_share"])
 
 
 def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
