@@ -84,10 +84,6 @@ class ADPSGD(ADPSGDSpec, Algorithm):
                                             name=f"adpsgd-gossip-{comm.rank}")
             self._thread.start()
 
-    @property
-    def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)
-
     # --- compute thread ---------------------------------------------------------------------------
     def step(self) -> StepInfo:
         self._raise_if_failed()

@@ -52,10 +52,6 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
             raise ValueError("eager reduces the gradient as one flat buffer")
         self.grad = self.buckets[0].grad
 
-    @property
-    def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)
-
     def _make_engine(self) -> WaitAvoidingAllreduce:
         activator = None
         if self.settings.mode == "majority":

@@ -56,10 +56,6 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.streaming = StreamingOuter(settings, [p.detach() for p in model.parameters()], comm)
             self.models_identical, self.default_eval_model = False, "average"
 
-    @property
-    def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)
-
     def broadcast_initial_model(self) -> None:
         super().broadcast_initial_model()
         if self.streaming is not None:

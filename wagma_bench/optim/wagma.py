@@ -34,10 +34,6 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         self.group_size = self.schedule.group_size
         self.data = self.buckets[0].data
 
-    @property
-    def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)
-
     def _make_engine(self) -> WaitAvoidingAllreduce:
         return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
                                      in_order=self.settings.catch_up == "replay", start_round=self.round,
