@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import signal
 import sys
 
 from wagma_bench import exits
@@ -50,20 +51,46 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "run":
-        from wagma_bench.cli.run import run_command
-
-        try:
-            return run_command(rest)
-        except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
-            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
-            return exits.INTERRUPTED
-        except OSError as err:  # an operational error the steps above did not name (disk, permissions)
-            print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
-            return exits.FAILED
+        return _run(rest)
     if command in COMMANDS:
         return importlib.import_module(COMMANDS[command]).main(rest)
     print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return exits.REFUSED
+
+
+def _run(rest: list[str]) -> int:
+    """``wagma-bench run``, its signals taken first (:mod:`wagma_bench.runtime.signals`): a launcher's set-up
+    ends in one line on SIGINT, SIGTERM or SIGHUP; a rank of an external world notes them for its trainer."""
+    from wagma_bench.runtime import signals
+    from wagma_bench.runtime.launch import detect_world
+
+    rank = detect_world() is not None
+    if rank:
+        signals.rank_listening_later()
+    else:
+        signals.starting()
+    from wagma_bench.cli.run import run_command
+
+    try:
+        code = run_command(rest)
+    except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
+        print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
+        return exits.INTERRUPTED
+    except signals.Stopped as stop:
+        print(f"wagma-bench: stopped by {stop} before any rank started; nothing ran", file=sys.stderr, flush=True)
+        return exits.stopped_by(stop.signum)
+    except OSError as err:  # an operational error the steps above did not name (disk, permissions)
+        print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
+        return exits.FAILED
+    finally:
+        if rank:
+            signals.rank_done()
+    late = signals.late_signal()
+    if late is not None and code == exits.OK:  # it came as the ranks ended: the record was written whole first
+        print(f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
+              f"{exits.stopped_by(late)}", file=sys.stderr, flush=True)
+        return exits.stopped_by(late)
+    return code
 
 
 def entry() -> int:

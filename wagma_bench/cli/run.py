@@ -135,6 +135,10 @@ def _run_job(cfg) -> dict | None:
 
     startup.new_job()
     world = detect_world()
+    if world is None:  # a launcher's set-up again (under -m: a signal while the last job ended stops the sweep)
+        from wagma_bench.runtime import signals
+
+        signals.starting()
     try:
         run_cfg = validate(cfg, world.world_size if world else None)
         if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
@@ -206,7 +210,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
 
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime.launch import spawn_local
-    from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, record_failed_run
+    from wagma_bench.runtime.supervise import RunFailed, RunInterrupted, StopOverdue, record_failed_run
 
     note = f" ({plan.note})" if plan.note else ""
     try:
@@ -216,13 +220,9 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
     except ConfigError as err:  # a fixed port in use: before any rank started
         _fail(str(err), exits.REFUSED)
     except RunInterrupted as err:
-        from wagma_bench.record.checkpoint import latest_set
-
-        message = record_failed_run(run_dir, str(err), "interrupted")
-        again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
-                 f"to start it over (no checkpoint was saved in {run_dir})")
-        print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
-        sys.exit(exits.INTERRUPTED)
+        _interrupted_at_once(run_dir, err)
+    except StopOverdue as err:
+        _stopped_overdue(run_dir, err)
     except RunFailed as err:
         message = f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}"
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
@@ -230,6 +230,29 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
             return
         _fail(message, exits.FAILED)
     _report_end(run_dir, stopped_by)
+
+
+def _interrupted_at_once(run_dir: Path, err) -> None:
+    """A second Ctrl-C stopped the ranks at once: recorded, one line, exit 130."""
+    _stopped(run_dir, str(err), "interrupted", exits.INTERRUPTED)
+
+
+def _stopped_overdue(run_dir: Path, err) -> None:
+    """SIGTERM or SIGHUP, and no synchronisation point within the grace: stopped as asked, without a new
+    checkpoint (``preempted``: the rerun resumes from the last one), one line, exit 128 + the signal."""
+    _stopped(run_dir, str(err), "preempted", exits.stopped_by(err.signum))
+
+
+def _stopped(run_dir: Path, error: str, status: str, code: int) -> None:
+    """The launcher's record of ranks it had to kill after a stop was asked for, and the line that says it."""
+    from wagma_bench.record.checkpoint import latest_set
+    from wagma_bench.runtime.supervise import record_failed_run
+
+    message = record_failed_run(run_dir, error, status)
+    again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
+             f"to start it over (no checkpoint was saved in {run_dir})")
+    print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
@@ -253,10 +276,13 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in ("preempted", "interrupted"):
         from wagma_bench.record.checkpoint import latest_set
 
-        saved = ("checkpoint saved; run the same command again to resume from" if latest_set(run_dir) is not None
-                 else "no checkpoint saved; run the same command again to start it over in")
-        print(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} at step {summary.get('steps')}, {saved} "
-              f"{run_dir}", file=sys.stderr, flush=True)
+        step = summary.get("steps")
+        again = "run the same command again to"
+        saved = (f"at step {step}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None else
+                 f"before its first step (nothing to checkpoint); {again} start it in" if not step else
+                 f"at step {step}, no checkpoint saved; {again} start it over in")
+        print(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}", file=sys.stderr,
+              flush=True)
         sys.exit(exits.stopped_by(stopped_by))
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
@@ -280,9 +306,10 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
 
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
-    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec."""
-    import signal
-    import subprocess
+    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session of
+    its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole group,
+    reach the ranks from here, as from the local launcher (:class:`~wagma_bench.runtime.supervise.CtrlC`), never
+    through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
     import tempfile
 
     from wagma_bench.runtime.launch import RANK_DIR_ENV
@@ -294,39 +321,35 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
     from wagma_bench.config.overrides import quoted
+    from wagma_bench.runtime.supervise import (
+        HEARTBEATS,
+        LAUNCHER_DIR_ENV,
+        RunFailed,
+        RunInterrupted,
+        StopOverdue,
+        mpiexec_failure,
+        record_failed_run,
+        supervise_mpiexec,
+    )
 
     args = list(HydraConfig.get().overrides.task)
     cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
-    # Ctrl-C reaches mpiexec (the terminal's process group), which passes it to the ranks; this process
-    # waits for them (it never exits while they run) and reports an interrupted run as the local launcher does
-    # (ignored here only once mpiexec runs: it must not inherit the ignored disposition)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks}
-        from wagma_bench.runtime.supervise import FirstToEnd, mpiexec_failure, record_failed_run
-
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env)
-        first = FirstToEnd(Path(ranks), nproc)  # mpiexec's own report may name a rank its clean-up killed
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks, LAUNCHER_DIR_ENV: ranks}
         try:
-            rc, tail = _tee(proc)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            ended_first = first.stop()
+            rc, tail, ended_first, stopped_by = supervise_mpiexec(cmd, env, Path(ranks), nproc)
+        except StopOverdue as err:
+            _stopped_overdue(run_dir, err)
+        except RunInterrupted as err:
+            _interrupted_at_once(run_dir, err)
+        except RunFailed as err:
+            _fail(f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}", exits.FAILED)
+        finally:  # what a rank that failed left of the ranks' heartbeats (they all ran on this host)
+            shutil.rmtree(run_dir / HEARTBEATS, ignore_errors=True)
         # a diverged rank 0 exits with exits.DIVERGED after writing its summary
         if rc not in (exits.OK, exits.DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
             error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
             _fail(f"{error}. Run directory: {run_dir}", exits.FAILED)
-    _report_end(run_dir)
-
-
-def _tee(proc, keep: int = 40) -> tuple[int, list[str]]:
-    """Pass a child's output through, line by line; its exit code and its last ``keep`` lines."""
-    tail: list[str] = []
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        tail = (tail + [line])[-keep:]
-    return proc.wait(), tail
-
+    _report_end(run_dir, stopped_by)

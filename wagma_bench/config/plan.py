@@ -47,6 +47,12 @@ class RunPlan:
         which drifts apart over a run (every 24 rounds against every 21)."""
         return (r // self.eval_every + 1) * self.eval_every
 
+    def next_control_after(self, r: int, next_eval: int) -> int:
+        """The first round after r at which the ranks exchange control flags: where a stop signal can end the run
+        with a checkpoint (the trainer's control points: every ``control_every``, the next evaluation, the end)."""
+        due = (round_up(r + 1, self.control_every), round_up(max(next_eval, r + 1), self.sync), self.total)
+        return min((c for c in due if c > r), default=self.total)
+
     def budget_line(self, cfg: RunConfig) -> str:
         """Which budget ends the run, said at its start: its length, then what may end it earlier."""
         t = cfg.train

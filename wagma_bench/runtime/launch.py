@@ -30,7 +30,7 @@ from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
-from wagma_bench.runtime import startup
+from wagma_bench.runtime import signals, startup
 from wagma_bench.runtime.hosts import check_reachable, choose_gloo_interface, node_address
 from wagma_bench.runtime.partition import PartitionWatch, ReachListener, slurm_controller
 from wagma_bench.runtime.supervise import (
@@ -40,6 +40,7 @@ from wagma_bench.runtime.supervise import (
     CtrlC,
     LocalRanks,
     RanksLost,
+    end_heartbeat,
     process_alive,
     ranks_ignore_ctrl_c,
     record_failed_run,
@@ -296,7 +297,7 @@ def listen_for_store(addr: str, port: int) -> socket.socket:
         sock.close()
         if not port:
             raise ConfigError(f"launcher.master_addr={addr} is not an address of this machine ({err.strerror})") from None
-        holder = store_holder(addr, port)
+        holder = noted_holder(addr, port) or store_holder(addr, port)
         by = f"the rendezvous store of run {holder}" if holder else f"another program ({err.strerror})"
         raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
                           "launcher.master_port=null for a free one") from None
@@ -334,6 +335,35 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
                            f"this run ({identity}) does not join it: choose another launcher.master_port, or "
                            "leave it null for a free one")
     return store
+
+
+def _port_note(addr: str, port: int) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"wagma-bench-port-{addr}-{port}"
+
+
+def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
+    """Note that this launcher holds the fixed ``port`` for the run ``identity`` (a file in the temp directory,
+    removed when the run ends): a second run that cannot bind it names the holder from there, at once, where
+    asking the store itself (:func:`store_holder`) needs torch, seconds of import on a busy machine."""
+    from wagma_bench.record.files import write_text_atomic
+
+    path = _port_note(addr, port)
+    try:
+        write_text_atomic(path, f"{os.getpid()} {identity}")
+    except OSError:  # another user's note, or no room: the loser of a race then asks the store
+        return None
+    return path
+
+
+def noted_holder(addr: str, port: int) -> str | None:
+    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive."""
+    try:
+        pid, identity = _port_note(addr, port).read_text().split(" ", 1)
+        return identity if process_alive(int(pid)) else None
+    except (OSError, ValueError):
+        return None
 
 
 def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
@@ -410,6 +440,8 @@ def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int]
         if watch is not None:
             watch.close()
         comm.close()
+        if world.source != "local":  # the run directory keeps no heartbeat of a run that has ended
+            end_heartbeat(Path(run_dir) / HEARTBEATS, world.rank)
 
 
 def record_lost(run_dir: Path, error: str) -> None:
@@ -419,12 +451,13 @@ def record_lost(run_dir: Path, error: str) -> None:
     (run_dir / LOCK).unlink(missing_ok=True)
 
 
-def _die_with_launcher(launcher_pid: int) -> None:
-    """SIGTERM to this rank when its launcher dies (SIGKILLed, OOM), so ranks never train on unsupervised: the
-    TERM handler checkpoints at the next synchronisation point and ends the run as preempted (``run_suspend``),
-    resumable. The rank's parent is the launcher's fork server, which outlives the launcher while any rank lives
-    (each rank holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread
-    waits on the launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
+def _die_with_launcher(launcher_pid: int, sig: int | None = None) -> None:
+    """``sig`` (SIGTERM by default) to this process when its launcher dies (SIGKILLed, OOM), so ranks never train
+    on unsupervised: a rank's TERM handler checkpoints at the next synchronisation point and ends the run as
+    preempted (``run_suspend``), resumable; the store process, which keeps SIGTERM blocked, takes SIGKILL. A
+    rank's parent is the launcher's fork server, which outlives the launcher while any rank lives (each rank
+    holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread waits on the
+    launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
     import select
     import signal
     import threading
@@ -441,7 +474,7 @@ def _die_with_launcher(launcher_pid: int) -> None:
         else:
             while process_alive(launcher_pid):
                 time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM if sig is None else sig)
 
     threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
@@ -483,6 +516,7 @@ def stop_rank_server() -> None:
 def _spawned_rank(index: int, program: RankProgram, cfg: RunConfig, run_dir: str, nproc: int,
                   master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
                   env: dict | None = None) -> None:
+    signals.rank_listening_later()  # a SIGTERM from now on is the trainer's to act on, once it listens
     _ignore_ctrl_c()
     os.environ.update(env or {})
     startup.inherit()
@@ -511,8 +545,10 @@ STORE_PROCESS_NAME = "wagma-store"  # the local run's store process, as ps and t
 def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, launcher_pid: int) -> None:
     """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher imports no
     torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for the run, until
-    the launcher terminates it after its ranks have ended, or itself ends. A store that outlives every rank: a
-    rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides."""
+    the launcher kills it after its ranks have ended, or itself ends. A store that outlives every rank: a
+    rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides.
+    It keeps SIGTERM and SIGHUP blocked, as the server forked it: a signal to the whole group is the launcher's
+    to act on, and ranks still checkpointing need their store."""
     import signal
 
     _ignore_ctrl_c()
@@ -520,7 +556,7 @@ def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, l
         Path("/proc/self/comm").write_text(STORE_PROCESS_NAME)
     store = serve_store(store_socket, timeout_s)
     store.set(RUN_KEY, identity)
-    _die_with_launcher(launcher_pid)  # SIGTERM, by default the end, when the launcher is gone
+    _die_with_launcher(launcher_pid, signal.SIGKILL)  # when the launcher is gone
     while True:
         signal.pause()
 
@@ -591,6 +627,7 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
     master = (addr, store_socket.getsockname()[1])
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = store = None
+    port_note = note_port_holder(addr, port, f"{nonce} {run_dir}") if port else None
     try:
         ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
         if announce:
@@ -609,15 +646,17 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
                      for index in range(nproc)]
         for process in processes:
             process.start()
-        ctrl_c.processes = processes
+        ctrl_c.start(processes)
         supervise(LocalRanks(processes), heartbeats, hung_after_s=cfg.comm.timeout_s, ctrl_c=ctrl_c)
     finally:
         if ctrl_c is not None:
             ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
-        if store is not None:  # the store outlives the ranks; the port is the run's until they have ended
-            store.terminate()
+        if store is not None and store.pid is not None:  # it outlives the ranks; the port is theirs till they end
+            store.kill()  # SIGKILL: it keeps SIGTERM blocked (_serve_store)
             store.join()
+        if port_note is not None:
+            port_note.unlink(missing_ok=True)
         store_socket.close()
     import signal
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import signal
 
+from wagma_bench.runtime.signals import take_early
 from wagma_bench.runtime.slurm import EXIT_SIGNALS, FORWARDED_INTERRUPT, INTERRUPT_SIGNALS, REQUEUE_SIGNALS
-from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, launcher_interrupts
+from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, launcher_interrupts, launcher_stop
 
 
 class Preemption:
@@ -34,7 +35,13 @@ class Preemption:
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
                 pass
-        if launcher_interrupts(self.launcher_dir):  # a Ctrl-C while this rank started, its forward ignored
+        # what came while this rank started, before it listened: signals it noted (signals.rank_listening_later),
+        # a SIGTERM or SIGHUP its launcher took before the rank existed, a Ctrl-C whose forward it ignored
+        for sig in take_early():
+            self._handle(sig, None)
+        if launcher_stop(self.launcher_dir) is not None:
+            self._handle(signal.SIGTERM, None)
+        if launcher_interrupts(self.launcher_dir):
             self._handle(FORWARDED_INTERRUPT, None)
 
     def _handle(self, signum, frame):

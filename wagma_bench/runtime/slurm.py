@@ -25,7 +25,8 @@ import subprocess
 # What a rank does after saving its checkpoint, by signal.
 # USR1: our sbatch scripts' --signal=USR1@90; USR2: submitit's (hydra/launcher=submitit_slurm), same meaning.
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: save, then requeue the job
-EXIT_SIGNALS = (signal.SIGTERM,)  # cancelled or preempted: save and exit (SLURM decides about requeue)
+# cancelled or preempted: save and exit (SLURM decides about requeue); SIGHUP (a closed terminal) alike
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # Ctrl-C: the first saves and stops the run as `interrupted` (resumable); the second stops it at once.
 INTERRUPT_SIGNALS = (signal.SIGINT,)
 # The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN), so

@@ -26,9 +26,11 @@ import socket
 import sys
 import threading
 import time
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from wagma_bench.record.files import open_run_file, run_subdir
+from wagma_bench.runtime.signals import STOP_SIGNALS
 
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
 # Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
@@ -46,6 +48,16 @@ class RunFailed(RuntimeError):
 
 class RunInterrupted(RunFailed):
     """A second Ctrl-C stopped the ranks at once (the first stops them at a synchronisation point, cleanly)."""
+
+
+class StopOverdue(RunFailed):
+    """After SIGTERM or SIGHUP the ranks reached no synchronisation point within :data:`TERM_GRACE_S` and were
+    killed: the run stopped as asked (``preempted``), without a new checkpoint."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"no synchronisation point within {TERM_GRACE_S:g} s of {signal.Signals(signum).name}: "
+                         "the ranks were killed before they could checkpoint")
+        self.signum = signum
 
 
 class CtrlC:
@@ -70,30 +82,51 @@ class CtrlC:
         self.count = 0
         self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
         self.terminated: int | None = None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
-        self._previous = {sig: signal.signal(sig, self._handle if sig == signal.SIGINT else self._terminate)
-                          for sig in (signal.SIGINT, *STOP_SIGNALS)}
+        self.started = bool(processes)  # the ranks exist (their grace after SIGTERM counts from then)
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, self._handle if sig == signal.SIGINT else self._terminate)
+
+    def start(self, processes: list) -> None:
+        """The ranks exist now: a SIGTERM or SIGHUP taken while they were started reaches them (the file in
+        :attr:`folder` tells one that was not listening yet), and their grace counts from now."""
+        self.processes, self.started = processes, True
+        if self.terminated is not None:
+            self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
+            self._send(signal.SIGTERM)
 
     def _terminate(self, signum, frame) -> None:
         """SIGTERM (``timeout``, a batch system's limit) or SIGHUP (a closed terminal) to the launcher: every rank
         gets SIGTERM, its own preemption signal (checkpoint at the next synchronisation point, ``run_suspend``),
         and the launcher waits for them, records the stop and releases the run; a rank still running
-        :data:`TERM_GRACE_S` later is killed. Dying at once instead would leave the ranks unsupervised and the
-        run's lock stale."""
+        :data:`TERM_GRACE_S` after the signal (or after the ranks started, if it came before) is killed. Dying
+        at once instead would leave the ranks unsupervised and the run's lock stale. The signal is noted in the
+        launcher's folder first (:func:`launcher_stop`): a rank started after it, or not yet listening, acts on
+        it as it starts."""
         first = self.terminated is None
         self.terminated = self.terminated or signum
         if first:
-            print(f"wagma-bench: {signal.Signals(signum).name}: every rank checkpoints at its next synchronisation "
-                  "point and the run stops (resumable)", file=sys.stderr, flush=True)
-            self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
+            self._note(STOP_FILE, self.terminated)
+            name = signal.Signals(signum).name
+            print(f"wagma-bench: {name}: the run stops at its next synchronisation point, with a checkpoint, if the "
+                  f"ranks reach one within {TERM_GRACE_S:g} s (ranks still running then are killed)" if self.started
+                  else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
+                  file=sys.stderr, flush=True)
+            if self.started:
+                self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
         self._send(signal.SIGTERM)
+
+    def _note(self, name: str, value: int) -> None:
+        """``value`` into the launcher's file ``name`` (atomically: a rank reads it at any moment)."""
+        if self.folder is None:
+            return
+        with contextlib.suppress(OSError):
+            tmp = self.folder / f".{name}.tmp"
+            tmp.write_text(str(value))
+            os.replace(tmp, self.folder / name)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
-        if self.folder is not None:
-            with contextlib.suppress(OSError):
-                tmp = self.folder / f".{INTERRUPTS_FILE}.tmp"
-                tmp.write_text(str(self.count))
-                os.replace(tmp, self.folder / INTERRUPTS_FILE)
+        self._note(INTERRUPTS_FILE, self.count)
         if self.count == 1:
             print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
                   "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
@@ -112,13 +145,15 @@ class CtrlC:
         return self.kill_at is not None and time.monotonic() > self.kill_at
 
     def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+        """The ranks have ended: a signal from now on waits until the run's record is whole."""
+        from wagma_bench.runtime import signals
+
+        signals.finishing()
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the launcher stops the run on these (CtrlC._terminate)
 TERM_GRACE_S = 10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
 INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
+STOP_FILE = "stop"  # there too: the SIGTERM or SIGHUP it took, which its ranks act on as SIGTERM
 LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
 
 
@@ -132,10 +167,20 @@ def launcher_interrupts(folder: str | Path | None) -> int:
         return 0
 
 
+def launcher_stop(folder: str | Path | None) -> int | None:
+    """The SIGTERM or SIGHUP this rank's local launcher took (None: none, or no launcher of ours)."""
+    if not folder:
+        return None
+    try:
+        return int((Path(folder) / STOP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 @contextlib.contextmanager
 def ranks_ignore_ctrl_c():
-    """While the ranks' fork server is started: SIGINT and the forwarded interrupt blocked in this thread, a
-    mask the server and every rank forked from it inherit (a Ctrl-C before a rank has installed its handlers
+    """While the ranks' fork server is started: SIGINT, the forwarded interrupt, SIGTERM and SIGHUP blocked in this
+    thread, a mask the server and every rank forked from it inherit (a Ctrl-C before a rank has installed its handlers
     stays pending until the rank ignores it, and is dropped then, not a traceback), and a Ctrl-C to the launcher
     itself kept, raised again once the window closes.
 
@@ -145,11 +190,18 @@ def ranks_ignore_ctrl_c():
     reset to the default by the server's exec; the mask keeps it from acting there."""
     from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
-    sigs = (signal.SIGINT, FORWARDED_INTERRUPT)
+    # SIGTERM and SIGHUP too: the server and the store process it forks keep them blocked (a signal to the whole
+    # group, as `timeout` or a batch system sends, must not kill them under the run); a rank unblocks them as
+    # it starts, noting any that come before its trainer listens (signals.rank_listening_later)
+    sigs = (signal.SIGINT, FORWARDED_INTERRUPT, *STOP_SIGNALS)
     taken: list[int] = []
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     previous = {sig: signal.signal(sig, lambda signum, frame: taken.append(signum)) for sig in sigs}
     try:
+        # multiprocessing's resource tracker, which the fork server's start would start first, unblocks SIGINT and
+        # SIGTERM in this thread once it has spawned its process: started here, then blocked again
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
         yield
     finally:
         for sig, handler in previous.items():
@@ -187,6 +239,14 @@ def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S
             time.sleep(period_s)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def end_heartbeat(folder: Path, rank: int) -> None:
+    """Remove this rank's heartbeat file (its thread stops at its next beat), and the folder with the last one."""
+    with contextlib.suppress(OSError):
+        (folder / f"rank{rank}").unlink()
+    with contextlib.suppress(OSError):  # not empty: another rank's, still beating or left by a failed rank
+        folder.rmdir()
 
 
 def report_error(folder: str, rank: int, err: BaseException) -> None:
@@ -288,6 +348,8 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
     while True:
         if ctrl_c is not None and ctrl_c.overdue():
             ranks.kill()
+            if ctrl_c.terminated is not None and ctrl_c.count < 2:  # a second Ctrl-C: RunInterrupted, below
+                raise StopOverdue(ctrl_c.terminated)
             raise RunFailed("ranks still running were killed")
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
         ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
@@ -442,6 +504,87 @@ class FirstToEnd:
                 os.close(fd)
 
 
+class _RankProcess:
+    """A rank of an mpiexec job by its PID, as CtrlC and FirstToEnd see a process."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def is_alive(self) -> bool:
+        return process_alive(self.pid)
+
+
+class MpiRanks:
+    """The ranks of an mpiexec job that have started, by the PIDs they write into ``folder`` as they start
+    (``rank<R>.pid``, see :class:`FirstToEnd`); read again each time, since they start one by one."""
+
+    def __init__(self, folder: Path, nproc: int):
+        self.folder, self.nproc = folder, nproc
+
+    def __iter__(self):
+        for rank in range(self.nproc):
+            with contextlib.suppress(OSError, ValueError):
+                yield _RankProcess(int((self.folder / f"rank{rank}.pid").read_text()))
+
+    def all_started(self) -> bool:
+        return len(list(self)) == self.nproc
+
+    def kill(self) -> None:
+        for process in self:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+
+
+def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
+    """Run ``cmd`` (mpiexec) in a session of its own, its output passed through, and wait for it, the signals to
+    this process passed to the ranks as the local launcher passes them (:class:`CtrlC`: mpiexec's own handling of
+    SIGINT and SIGTERM kills the ranks before they can checkpoint, and a signal to our process group would reach
+    mpiexec too). Returns mpiexec's exit code, its last lines, the ranks seen to end first (:class:`FirstToEnd`)
+    and the signal that stopped the run (None: none); raises :class:`StopOverdue` or :class:`RunInterrupted` when
+    the ranks had to be killed after one, as :func:`supervise` does."""
+    import subprocess
+
+    ranks = MpiRanks(folder, nproc)
+    ctrl_c = CtrlC([], folder)  # from here on a signal reaches the ranks, started or not
+    tail: list[str] = []
+    killed = False
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env,
+                                start_new_session=True)
+        first = FirstToEnd(folder, nproc)  # mpiexec's own report may name a rank its clean-up killed
+        reader = threading.Thread(target=_pass_through, args=(proc.stdout, tail), name="mpiexec-output", daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            if not ctrl_c.started and ranks.all_started():  # their grace counts from now
+                ctrl_c.start(ranks)
+            if ctrl_c.overdue():
+                killed = True
+                ranks.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its proxy: their session is theirs alone
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(HEARTBEAT_S)
+        reader.join(timeout=5)
+        ended_first = first.stop()
+    finally:
+        ctrl_c.restore()
+    if ctrl_c.count > 1:
+        raise RunInterrupted("stopped at once by a second Ctrl-C")
+    if killed:
+        raise StopOverdue(ctrl_c.terminated) if ctrl_c.terminated is not None else RunFailed("ranks still running "
+                                                                                              "were killed")
+    return proc.returncode, tail[-40:], ended_first, ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None)
+
+
+def _pass_through(stream, tail: list[str]) -> None:
+    """A child's output line by line to ours, its last lines kept in ``tail``."""
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail.append(line)
+        del tail[:-40]
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process of this user with that PID exists (another user's process that took the number is
     not ours)."""
@@ -505,8 +648,9 @@ def _exit_message(err, folder: Path) -> str:
         error = ""
     if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
         return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
-    error = f": {error}" if error else ""
-    return f"rank {err.error_index} failed with exit code {err.exit_code}{error} (its traceback is above)"
+    if not error:  # it ended without going through its own report (which prints the traceback, then this file)
+        return f"rank {err.error_index} failed with exit code {err.exit_code} (it left no traceback)"
+    return f"rank {err.error_index} failed with exit code {err.exit_code}: {error} (its traceback is above)"
 
 
 def _hung_message(stalled: dict[int, float], after_s: float) -> str:

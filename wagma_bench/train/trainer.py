@@ -19,6 +19,7 @@ summary, for every end. What a checkpoint carries besides the model and the algo
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from wagma_bench.record.steps import StepLog
 from wagma_bench.runtime import partition, startup
 from wagma_bench.runtime.preemption import Preemption
 from wagma_bench.runtime.slurm import requeue_job
-from wagma_bench.runtime.supervise import lost_ranks
+from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, TERM_GRACE_S, lost_ranks
 from wagma_bench.train.state import Clock, ControlFlags, EvalModel, TrainState, make_local_optimizer
 from wagma_bench.workloads import get_workload
 
@@ -87,6 +88,7 @@ class Trainer:
         self.last_compute_s: float | None = None
         self.last_checkpoint_s = self.last_progress_s = 0.0
         self.startup_logged = False
+        self.stop_reach_said = False  # whether a stop signal's reach was judged (say_if_stop_out_of_reach)
 
     def train(self) -> dict | None:
         """The story of a run: start or resume, then steps until a synchronisation point decides to stop."""
@@ -100,6 +102,8 @@ class Trainer:
                 r = self.train_step(batches)
                 if self.rank == 0 and not self.startup_logged:
                     self.log_startup()
+                if self.preemption.signal is not None and not self.stop_reach_said:
+                    self.say_if_stop_out_of_reach(r)
                 if not self.at_control_point(r):
                     continue
                 # --- synchronisation point: every rank is at round r ---------------------------------
@@ -191,6 +195,20 @@ class Trainer:
         if flags.preempted:
             self.status = "interrupted" if flags.interrupted else "preempted"
             self.requeue = flags.requeue and not flags.interrupted
+
+    def say_if_stop_out_of_reach(self, r: int) -> None:
+        """Rank 0 of a local launcher's run, once a stop signal came: where the next synchronisation point is
+        further away than the launcher's grace (its ranks are killed then, without a checkpoint), say so now
+        rather than leave its promise of a checkpoint standing."""
+        self.stop_reach_said = True
+        if self.rank != 0 or r == 0 or not os.environ.get(LAUNCHER_DIR_ENV):
+            return
+        at = self.plan.next_control_after(r, self.state.next_eval)
+        eta_s = (at - r) * self.clock.train_s / r
+        if eta_s > TERM_GRACE_S:
+            print(f"wagma-bench: no synchronisation point within the grace: the next is at step {at}, about "
+                  f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are killed; the "
+                  "run will stop without a checkpoint", flush=True)
 
     def log_startup(self) -> None:
         """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`), once its first step is done."""
