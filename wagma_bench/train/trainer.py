@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -208,7 +209,7 @@ class Trainer:
         if eta_s > TERM_GRACE_S:
             print(f"wagma-bench: no synchronisation point within the grace: the next is at step {at}, about "
                   f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are killed; the "
-                  "run will stop without a checkpoint", flush=True)
+                  "run will stop without a checkpoint", file=sys.stderr, flush=True)
 
     def log_startup(self) -> None:
         """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`), once its first step is done."""

@@ -1,0 +1,141 @@
+"""SIGTERM at any moment, to the launcher alone or to its whole process group (what `timeout` and a batch system's
+time limit send), on the local launcher and under `comm=mpi` (wagma_bench/runtime/signals.py): one line, exit 143,
+no traceback, no process of the run 15 s later, no lock, the stop recorded where the run had started, and no step
+trained after a signal that came before the first one. Ctrl-C's own tests: tests/test_interrupts.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_util import BIN, keys, run
+from tests.proc_util import descendants
+from wagma_bench.record.files import read_jsonl
+
+# "mid": once the ranks have logged steps; the others: seconds after the command started (before the launcher has
+# ranks, while they start, ...: where each lands depends on the machine's load, the outcome must not)
+MOMENTS = (0.3, 1.0, 2.0, "mid")
+# make test runs these; make test-long the rest of the matrix
+QUICK_CASES = {("local", 0.3, False), ("local", 1.0, True), ("local", 2.0, False), ("local", "mid", True),
+               ("mpi", 1.0, False), ("mpi", "mid", True)}
+
+
+def _cases():
+    for launcher in ("local", "mpi"):
+        for moment in MOMENTS:
+            for to_group in (False, True):
+                marks = () if (launcher, moment, to_group) in QUICK_CASES else (pytest.mark.long,)
+                yield pytest.param(launcher, moment, to_group, marks=marks,
+                                   id=f"{launcher}-{moment}{'s' if moment != 'mid' else ''}-{'group' if to_group else 'launcher'}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _stepped(run_dir: Path) -> bool:
+    return any(p.stat().st_size for p in (run_dir / "steps").glob("rank*.jsonl")) if (run_dir / "steps").exists() \
+        else False
+
+
+def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=signal.SIGTERM):
+    """Start ``wagma-bench run ARGV`` in a session of its own, send ``sig`` at ``moment``; returns (launcher, its
+    stderr, whether a step had been logged when the signal was sent, the processes that outlived it by 15 s)."""
+    launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    family: set[int] = set()
+    try:
+        t0 = time.monotonic()
+        while not (_stepped(run_dir) if moment == "mid" else time.monotonic() - t0 >= moment):
+            assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+            assert time.monotonic() - t0 < 240, "the run did not start"
+            family |= set(descendants(launcher.pid))
+            time.sleep(0.02)
+        family |= set(descendants(launcher.pid))
+        stepped = _stepped(run_dir)
+        (os.killpg if to_group else os.kill)(launcher.pid, sig)
+        sent = time.monotonic()
+        _, err = launcher.communicate(timeout=60)
+        while (left := [p for p in family if _alive(p)]) and time.monotonic() - sent < 15:
+            time.sleep(0.1)
+        return launcher, err, stepped, left
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("launcher_kind,moment,to_group", list(_cases()))
+def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, launcher_kind, moment, to_group):
+    nproc = 4 if moment == "mid" else 2  # four ranks to the group mid-training: one failed with exit code 255
+    argv = [f"launcher.nproc={nproc}", "train.max_steps=100000", "eval.every_steps=100000", "logger.progress=off"]
+    if launcher_kind == "mpi":
+        argv.append("comm=mpi")
+    launcher, err, stepped, left = _signal_a_run(tmp_path, argv, moment, to_group)
+    assert launcher.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert not left, f"processes of the run outlive it by 15 s: {left}"
+    assert not (tmp_path / ".lock").exists()
+    assert not (tmp_path / ".heartbeats").exists()
+    last = err.strip().splitlines()[-1]
+    assert "SIGTERM" in last, err[-3000:]
+    if not (tmp_path / "events.jsonl").exists():  # stopped before any rank existed: nothing ran, said so
+        assert "nothing ran" in last, err[-3000:]
+        return
+    assert keys(tmp_path)[-1] in ("run_suspend", "run_stop"), keys(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "preempted", summary
+    if not stepped:  # the signal came before the first step: none was trained after it
+        assert summary["steps"] == 0 and not _stepped(tmp_path), summary
+        assert "before its first step" in last, err[-3000:]
+    else:
+        assert "checkpoint saved" in last, err[-3000:]
+
+
+def test_a_budget_raised_more_than_100_fold_by_the_sync_period_is_refused_unless_allowed(tmp_path):
+    out = run(["optimizer=local_sgd", "optimizer.period=10000", "train.max_steps=5", f"hydra.run.dir={tmp_path}"],
+              timeout=60)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = out.stderr.strip()
+    assert len(line.splitlines()) == 1 and "train.max_steps=5 is not allowed" in line, line
+    assert "10000 steps" in line and "train.allow_budget_raise=true" in line, line
+    assert not (tmp_path / "events.jsonl").exists()
+
+
+@pytest.mark.serial
+def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_recorded_preempted(tmp_path):
+    """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point, which
+    rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is recorded
+    as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
+    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=1000000", "train.max_steps=5",
+            "train.allow_budget_raise=true", "logger.progress=off"]
+    launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "run_start" not in (keys(tmp_path) if (tmp_path / "events.jsonl").exists() else []):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few steps
+        os.kill(launcher.pid, signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode == 143, err[-3000:]
+    assert "no synchronisation point within the grace" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    stop = read_jsonl(tmp_path / "events.jsonl")[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "preempted", stop
+    assert not (tmp_path / ".lock").exists()
