@@ -50,7 +50,9 @@ def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
 
 def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
     """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
-    refuse one that is a symbolic link."""
+    refuse one that is a symbolic link (checked first too: a dangling link made mkdir fail with "File exists")."""
+    if path.is_symlink():
+        raise refuse_link(path, hint)
     path.mkdir(parents=True, exist_ok=True)
     if path.is_symlink():
         raise refuse_link(path, hint)
