@@ -184,7 +184,9 @@ def test_report_refuses_planted_links(tmp_path, capsys):
     out = tmp_path / "report"
     victims = [_plant(out / name, tmp_path) for name in ("runs.csv", "report.md")]
     assert main([str(runs), "--out", str(out)]) == 2
-    _one_line_naming(capsys.readouterr().err, out / "runs.csv")
+    err = capsys.readouterr().err
+    _one_line_naming(err, out / "runs.csv")
+    assert f"{out / 'report.md'} is a symbolic link" in err  # every link named at once, before any file moves in
     assert all(v.read_text() == KEEP for v in victims)
     (out / "runs.csv").unlink()
     assert main([str(runs), "--out", str(out)]) == 2

@@ -1,7 +1,7 @@
 """``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the paper's
 scale, and a verdict by a written rule.
 
-    wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR
+    wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
     wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
                        (the directories listed in a file; the README's table rewritten in place)
 

@@ -57,7 +57,8 @@ def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
 
 def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
     """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
-    refuse one that is a symbolic link (checked first too: a dangling link made mkdir fail with "File exists")."""
+    refuse one that is a symbolic link (checked before mkdir too, which fails on a dangling link with "File
+    exists")."""
     if path.is_symlink():
         raise refuse_link(path, hint)
     path.mkdir(parents=True, exist_ok=True)
@@ -93,10 +94,10 @@ def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) 
 @contextlib.contextmanager
 def staged_outputs(out: Path, hint: str = OUTPUT_HINT) -> Iterator[Path]:
     """A command's outputs (``report --out``, ``claims --out``) built in a fresh folder beside ``out``, then
-    moved in: the caller writes every file into the folder yielded, and only when the block ends without an
-    error is each moved to the same name under ``out`` (``os.replace``). So a refusal, a full disk or any error
-    partway leaves ``out`` as it was, its previous outputs or nothing, never a mix of two runs of the command;
-    the folder is removed in every case.
+    moved in: the caller writes every file into the folder yielded, and only when the block ends without
+    an error is each moved to the same name under ``out`` (``os.replace``). So a refusal, a full disk or any
+    error partway leaves ``out`` as it was, its previous outputs or nothing, never a mix of two runs of the
+    command; the folder is removed in every case.
 
     The folder (``.NAME.tmp-XXXXXXXX``, mkdtemp: fresh, private) is a sibling of ``out`` so that the moves are
     renames inside one file system: they need no room and cannot fail halfway for want of it. A symbolic link
