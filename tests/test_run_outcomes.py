@@ -202,14 +202,18 @@ def test_report_that_runs_out_of_room_partway_leaves_the_previous_outputs(tmpfs,
     fs = tmpfs("none")
     out = fs / "report"
     out.mkdir()
-    before = {"report.md": b"# the previous report\n", "runs.csv": b"group,run\nold,1\n",
-              "comparison.csv": b"x\n"}
+    before = {
+        "report.md": b"# the previous report\n",
+        "runs.csv": b"group,run\nold,1\n",
+        "comparison.csv": b"x\n",
+    }
     for name, data in before.items():
         (out / name).write_bytes(data)
     tmpfs("full")
     os.truncate(fs / "filler", (fs / "filler").stat().st_size - room)
-    _one_line(run([str(finished), "--out", str(out)], timeout=120, command="report"), 1,
-              "No space left on device")
+    _one_line(
+        run([str(finished), "--out", str(out)], timeout=120, command="report"), 1, "No space left on device"
+    )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in fs.iterdir()) == ["filler", "report"]  # no temporary folder left beside it
 

@@ -227,8 +227,13 @@ def test_sweep_refuses_a_planted_link_at_a_folder_it_creates(tmp_path, folder):
     target.mkdir()
     (target / "kept.txt").write_text(KEEP)
     (out / folder).symlink_to(target)
-    proc = subprocess.run([str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=allreduce", "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=allreduce", "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, out / folder)
     assert [p.name for p in target.iterdir()] == ["kept.txt"] and (target / "kept.txt").read_text() == KEEP

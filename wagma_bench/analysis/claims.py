@@ -474,8 +474,11 @@ def budget_cell(r: dict) -> str:
     optimizers = r["measured"]["optimizers"]
     budgets = sorted({(x["studies"], x["trials_per_study"]) for x in optimizers.values()})
     # a plan measured short (claims --allow-missing) says so here, not only in the detail table
-    short = [f"{o}: {x['finished']} of {x['planned']}" for o, x in optimizers.items()
-             if x["finished"] < x["planned"]]
+    short = [
+        f"{o}: {x['finished']} of {x['planned']}"
+        for o, x in optimizers.items()
+        if x["finished"] < x["planned"]
+    ]
     cell = " / ".join(f"{s} x {o}" for s, o in budgets) or "—"
     return cell + (f" ({', '.join(short)} trials)" if short else "")
 
@@ -572,8 +575,13 @@ def render(results: list[dict], sources: list[str]) -> str:
 
 # --- command line ---------------------------------------------------------------------------------------------
 
-def make_claims(dirs: list[Path], out: Path, claims_file: Path = CLAIMS_FILE, readme: Path | None = None,
-                allow_missing: bool = False) -> list[dict]:
+def make_claims(
+    dirs: list[Path],
+    out: Path,
+    claims_file: Path = CLAIMS_FILE,
+    readme: Path | None = None,
+    allow_missing: bool = False,
+) -> list[dict]:
     """Every claim of ``claims_file`` evaluated over the sources under ``dirs``; ``out/claims.json`` and
     ``out/claims.md`` written, and with ``readme`` its table too. Everything is checked before anything is
     written (the README, the sources' unfinished trials), and the outputs are built beside ``out`` and moved
@@ -585,17 +593,25 @@ def make_claims(dirs: list[Path], out: Path, claims_file: Path = CLAIMS_FILE, re
     for tune_dir, unfinished, planned in incomplete_sources(claims, sources):
         said = unfinished_sentence(tune_dir, unfinished, planned)
         if not allow_missing:
-            raise ConfigError(f"{said}; a claim measured without them would rest on fewer trials than "
-                              "planned: finish them (the same wagma-bench tune command resumes), or give "
-                              "--allow-missing to measure without them (the tables then say how many trials "
-                              "each has)")
-        print(f"wagma-bench claims: warning: {said}; measured without them (--allow-missing)",
-              file=sys.stderr)
+            raise ConfigError(
+                f"{said}; a claim measured without them would rest on fewer trials than planned: finish them "
+                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without them "
+                "(the tables then say how many trials each has)"
+            )
+        print(
+            f"wagma-bench claims: warning: {said}; measured without them (--allow-missing)", file=sys.stderr
+        )
     results = [evaluate(c, sources) for c in claims]
     text = render(results, [str(d) for d in dirs])
+    data = {
+        "version": 1,
+        "rule": RULE,
+        "level": intervals.LEVEL,
+        "sources": [str(d) for d in dirs],
+        "claims": results,
+    }
     with staged_outputs(out) as stage:
-        write_json_atomic(stage / "claims.json", {"version": 1, "rule": RULE, "level": intervals.LEVEL,
-                                                  "sources": [str(d) for d in dirs], "claims": results})
+        write_json_atomic(stage / "claims.json", data)
         atomic_write(stage / "claims.md", lambda f: f.write(text))
         if readme is not None:  # before the outputs move in: a README that cannot be written leaves ``out``
             update_readme(readme, results)
@@ -621,6 +637,7 @@ def incomplete_sources(claims: list[Claim], sources: Sources) -> list[tuple[Path
 
 def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, shown: int = 3) -> str:
     """``DIR: 1 of its 175 planned trials did not finish: NAME (study 2, trial 3: FOLDER is missing)``."""
+
     def state(t: Trial) -> str:
         folder = tune_dir / TRIALS / t.name
         if not folder.is_dir():

@@ -24,9 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=Path, default=claims.CLAIMS_FILE, help="the claims file (reproduce/claims.yaml)")
     parser.add_argument("--readme", type=Path, default=None,
                         help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help="measure a source some of whose planned trials did not finish (refused "
-                             "otherwise); the tables then say how many trials each optimizer has")
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="measure a source some of whose planned trials did not finish (refused otherwise); the tables "
+        "then say how many trials each optimizer has",
+    )
     args = parser.parse_args(argv)
     try:  # the README and the sources are checked before anything is written (analysis.claims.make_claims)
         results = claims.make_claims(args.dirs, args.out, args.claims, args.readme, args.allow_missing)
