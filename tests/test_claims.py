@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -317,8 +318,13 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     out = tmp_path / "claims"
     readme = tmp_path / "README.md"
     readme.write_text("# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nthe rest\n")
-    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]) == 0
-    assert "4 claims (1 holds, 1 does not hold, 2 inconclusive)" in capsys.readouterr().out
+    args = [str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]
+    assert main(args) == 2  # sgp_study3_trial3 did not finish: refused unless allowed
+    assert "1 of its 27 planned trials did not finish: sgp_study3_trial3" in capsys.readouterr().err
+    assert main([*args, "--allow-missing"]) == 0
+    said = capsys.readouterr()
+    assert "4 claims (1 holds, 1 does not hold, 2 inconclusive)" in said.out
+    assert "warning: " in said.err and "measured without them (--allow-missing)" in said.err
     got = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
 
     fast = got["fast"]
@@ -344,6 +350,7 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     text = (out / "claims.md").read_text()
     assert "1 hold, 1 do not hold, 2 inconclusive (of 4)" in text
     assert "| `fast` |" in text and "**holds**" in text
+    assert "| 3 x 3 (sgp: 8 of 9 trials) |" in text  # the headline says what was measured, not the plan
     table = text[text.index("| claim |"):text.index("\n\n", text.index("| claim |"))]
     assert readme.read_text() == f"# A\n\n<!-- claims:begin -->\n{table}\n<!-- claims:end -->\n\nthe rest\n"
 
@@ -396,6 +403,51 @@ def test_a_readme_without_its_block_is_refused_before_anything_is_written(tmp_pa
     assert len(err) == 1 and str(readme) in err[0], err
     assert sorted(p.name for p in out.iterdir()) == ["claims.md"] and (out / "claims.md").read_text() == "earlier\n"
     assert readme_text is None or readme.read_text() == readme_text
+
+
+def test_a_readme_that_is_a_link_is_refused_before_anything_is_written(tmp_path, capsys):
+    """claims used to follow the link to read the README, write claims.json and claims.md into --out, and only
+    then refuse to write the README through the link: --out held the new outputs beside an old README."""
+    results = tmp_path / "results"
+    _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
+    out = tmp_path / "out"
+    out.mkdir()
+    before = {"claims.md": b"earlier\n", "claims.json": b'{"version": 0}\n'}
+    for name, data in before.items():
+        (out / name).write_bytes(data)
+    target = tmp_path / "someone-elses-README.md"
+    target.write_text(README_TEXT := "# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n")
+    readme = tmp_path / "README.md"
+    readme.symlink_to(target)
+    args = [str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{readme} is a symbolic link (to {target})" in err[0], err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert target.read_text() == README_TEXT and readme.is_symlink()
+
+
+RESNET = ROOT / "reproduce" / "tuning" / "results-2core-20261205" / "resnet_independent"
+
+
+def test_a_source_missing_a_trial_is_refused_unless_allowed_then_counted_in_the_headline(tmp_path, capsys):
+    """With one trial folder deleted, claims exited 0 without a word: the speed-up moved, and the headline
+    still said 5 x 5 (only the detail table said 24/25)."""
+    source = tmp_path / "results" / "resnet_independent"
+    shutil.copytree(RESNET, source)
+    gone = source / "trials" / "wagma_study2_trial3"
+    shutil.rmtree(gone)
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "results"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"wagma_study2_trial3 (study 2, trial 3: {gone} is missing)" in err[0], err
+    assert "1 of its 175 planned trials" in err[0] and "--allow-missing" in err[0], err
+    assert not out.exists()
+    assert main([str(tmp_path / "results"), "--out", str(out), "--allow-missing"]) == 0
+    lines = (out / "claims.md").read_text().splitlines()
+    headline = [line for line in lines if line.startswith("| `resnet-")]
+    assert len(headline) == 2, headline
+    assert all("| 5 x 5 (wagma: 24 of 25 trials) |" in line for line in headline), headline
 
 
 # --- the README's headline is the generated table ------------------------------------------------------------

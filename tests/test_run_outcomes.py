@@ -6,6 +6,7 @@ log or a run still in progress."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -183,7 +184,38 @@ def test_operational_errors_end_in_one_line_with_the_documented_exit_code(tmpfs,
     full = tmpfs("full")
     _one_line(run([str(finished), "--out", str(full / "report")], timeout=120, command="report"), 1,
               "No space left on device")
-    assert all(p.stat().st_size > 0 for p in (full / "report").rglob("*") if p.is_file())  # no partial file
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]  # no --out made, no temporary folder left
+
+
+PAGE = 4096  # tmpfs counts its room in pages
+
+
+def test_report_that_runs_out_of_room_partway_leaves_the_previous_outputs(tmpfs, finished, tmp_path):
+    """`report --out` wrote its files into --out one by one: on a full disk it left the new figures beside the
+    previous report.md, a mix of two reports. Here the disk has room for the first figure but not for all."""
+    reference = tmp_path / "reference"  # what the report writes, and in which order
+    assert run([str(finished), "--out", str(reference)], timeout=120, command="report").returncode == 0
+    written = sorted(reference.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    pages = [-(-p.stat().st_size // PAGE) for p in written]
+    room = (pages[0] + 1) * PAGE  # the first file fits, the whole report does not
+    assert sum(pages) * PAGE > room
+    fs = tmpfs("none")
+    out = fs / "report"
+    out.mkdir()
+    before = {
+        "report.md": b"# the previous report\n",
+        "runs.csv": b"group,run\nold,1\n",
+        "comparison.csv": b"x\n",
+    }
+    for name, data in before.items():
+        (out / name).write_bytes(data)
+    tmpfs("full")
+    os.truncate(fs / "filler", (fs / "filler").stat().st_size - room)
+    _one_line(
+        run([str(finished), "--out", str(out)], timeout=120, command="report"), 1, "No space left on device"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in fs.iterdir()) == ["filler", "report"]  # no temporary folder left beside it
 
 
 @pytest.mark.parametrize("status,ended", [("completed", True), ("time_limit", True), ("diverged", True),

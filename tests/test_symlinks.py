@@ -184,7 +184,9 @@ def test_report_refuses_planted_links(tmp_path, capsys):
     out = tmp_path / "report"
     victims = [_plant(out / name, tmp_path) for name in ("runs.csv", "report.md")]
     assert main([str(runs), "--out", str(out)]) == 2
-    _one_line_naming(capsys.readouterr().err, out / "runs.csv")
+    err = capsys.readouterr().err
+    _one_line_naming(err, out / "runs.csv")
+    assert f"{out / 'report.md'} is a symbolic link" in err  # every link named at once, before any file moves in
     assert all(v.read_text() == KEEP for v in victims)
     (out / "runs.csv").unlink()
     assert main([str(runs), "--out", str(out)]) == 2
@@ -213,6 +215,30 @@ def test_sweep_refuses_a_planted_job_script(tmp_path):
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, script)
     assert victim.read_text() == KEEP
+
+
+@pytest.mark.parametrize("folder", ["jobs", "logs", "runs"])
+def test_sweep_refuses_a_planted_link_at_a_folder_it_creates(tmp_path, folder):
+    """A link at jobs/ used to take the job scripts into its target (exit 0); one at logs/ or runs/ was
+    accepted, and SLURM would later have written the job logs and the runs through it."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "kept.txt").write_text(KEEP)
+    (out / folder).symlink_to(target)
+    proc = subprocess.run(
+        [str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=allreduce", "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    _one_line_naming(proc.stderr, out / folder)
+    assert [p.name for p in target.iterdir()] == ["kept.txt"] and (target / "kept.txt").read_text() == KEEP
+    assert not (out / "manifest.json").exists()  # refused before anything was rendered
+    assert not list((out / "jobs").glob("*.sbatch"))  # no job script beside the refused link either
 
 
 def test_simulate_refuses_a_planted_prediction_file(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the paper's
 scale, and a verdict by a written rule.
 
-    wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR
+    wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
     wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
                        (the directories listed in a file; the README's table rewritten in place)
 
@@ -35,6 +35,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import (
     BY_METRIC,
     BY_TIME,
+    TRIALS,
+    Trial,
     load_trials,
     median_score,
     optimizer_changes,
@@ -64,7 +67,8 @@ from wagma_bench.analysis.tuning import (
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.events import RunEvents
+from wagma_bench.record.files import atomic_write, refuse_link, staged_outputs, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -465,9 +469,18 @@ def predicted_cell(r: dict) -> str:
 
 
 def budget_cell(r: dict) -> str:
-    """Studies x trials of the subject's tuning ("a-b" where the optimizers' budgets differ)."""
-    budgets = sorted({(x["studies"], x["trials_per_study"]) for x in r["measured"]["optimizers"].values()})
-    return " / ".join(f"{s} x {o}" for s, o in budgets) or "—"
+    """Studies x trials of the subject's tuning ("a-b" where the optimizers' budgets differ), and the trials
+    that finished where fewer than planned did."""
+    optimizers = r["measured"]["optimizers"]
+    budgets = sorted({(x["studies"], x["trials_per_study"]) for x in optimizers.values()})
+    # a plan measured short (claims --allow-missing) says so here, not only in the detail table
+    short = [
+        f"{o}: {x['finished']} of {x['planned']}"
+        for o, x in optimizers.items()
+        if x["finished"] < x["planned"]
+    ]
+    cell = " / ".join(f"{s} x {o}" for s, o in budgets) or "—"
+    return cell + (f" ({', '.join(short)} trials)" if short else "")
 
 
 def imbalance_cell(r: dict) -> str:
@@ -562,23 +575,90 @@ def render(results: list[dict], sources: list[str]) -> str:
 
 # --- command line ---------------------------------------------------------------------------------------------
 
-def make_claims(dirs: list[Path], out: Path, claims_file: Path = CLAIMS_FILE) -> list[dict]:
+def make_claims(
+    dirs: list[Path],
+    out: Path,
+    claims_file: Path = CLAIMS_FILE,
+    readme: Path | None = None,
+    allow_missing: bool = False,
+) -> list[dict]:
+    """Every claim of ``claims_file`` evaluated over the sources under ``dirs``; ``out/claims.json`` and
+    ``out/claims.md`` written, and with ``readme`` its table too. Everything is checked before anything is
+    written (the README, the sources' unfinished trials), and the outputs are built beside ``out`` and moved
+    in last (:func:`staged_outputs`): a refusal or a full disk leaves ``out`` as it was."""
+    if readme is not None:
+        check_readme(readme)
     claims = load_claims(claims_file)
     sources = find_sources(dirs)
+    for tune_dir, unfinished, planned in incomplete_sources(claims, sources):
+        said = unfinished_sentence(tune_dir, unfinished, planned)
+        if not allow_missing:
+            raise ConfigError(
+                f"{said}; a claim measured without them would rest on fewer trials than planned: finish them "
+                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without them "
+                "(the tables then say how many trials each has)"
+            )
+        print(
+            f"wagma-bench claims: warning: {said}; measured without them (--allow-missing)", file=sys.stderr
+        )
     results = [evaluate(c, sources) for c in claims]
-    run_subdir(out)
-    write_json_atomic(out / "claims.json", {"version": 1, "rule": RULE, "level": intervals.LEVEL,
-                                            "sources": [str(d) for d in dirs], "claims": results})
     text = render(results, [str(d) for d in dirs])
-    atomic_write(out / "claims.md", lambda f: f.write(text))
+    data = {
+        "version": 1,
+        "rule": RULE,
+        "level": intervals.LEVEL,
+        "sources": [str(d) for d in dirs],
+        "claims": results,
+    }
+    with staged_outputs(out) as stage:
+        write_json_atomic(stage / "claims.json", data)
+        atomic_write(stage / "claims.md", lambda f: f.write(text))
+        if readme is not None:  # before the outputs move in: a README that cannot be written leaves ``out``
+            update_readme(readme, results)
     return results
 
 
+def incomplete_sources(claims: list[Claim], sources: Sources) -> list[tuple[Path, list[Trial], int]]:
+    """(tuning directory, its unfinished trials, its planned trials) for each source a claim reads that has a
+    trial without a final summary (not run, killed, its folder deleted): measured without them, a claim's
+    speed-up would move while its headline still showed the planned studies x trials."""
+    out = []
+    for name in dict.fromkeys(c.measured["tuning"] for c in claims):
+        tune_dir = sources.tunings.get(name)
+        if tune_dir is None:
+            continue
+        _, combos, summaries = load_trials(tune_dir)
+        planned = [t for trials in combos.values() for t in trials]
+        unfinished = [t for t in planned if not trial_finished(summaries[t.name])]
+        if unfinished:
+            out.append((tune_dir, unfinished, len(planned)))
+    return out
+
+
+def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, shown: int = 3) -> str:
+    """``DIR: 1 of its 175 planned trials did not finish: NAME (study 2, trial 3: FOLDER is missing)``."""
+
+    def state(t: Trial) -> str:
+        folder = tune_dir / TRIALS / t.name
+        if not folder.is_dir():
+            return f"{folder} is missing"
+        summary = RunEvents.read(folder).saved_summary
+        return f"{folder} has no summary" if summary is None else f"{folder} ended {summary.get('status')}"
+
+    named = ", ".join(f"{t.name} (study {t.study}, trial {t.trial}: {state(t)})" for t in unfinished[:shown])
+    more = f" and {len(unfinished) - shown} more" if len(unfinished) > shown else ""
+    return f"{tune_dir}: {len(unfinished)} of its {planned} planned trials did not finish: {named}{more}"
+
+
+README_HINT = "wagma-bench never writes through a link: remove it, or give --readme the file itself"
 README_BLOCK = re.compile(r"(<!-- claims:begin -->\n).*?(\n<!-- claims:end -->)", re.DOTALL)
 
 
 def check_readme(path: Path) -> str:
-    """The README's text, refused (before anything is written) when it has no block to fill."""
+    """The README's text, refused (before anything is written) when it has no block to fill, or is a link
+    (read through it, it used to be refused only at its write, after claims.json and claims.md)."""
+    if path.is_symlink():
+        raise refuse_link(path, README_HINT)
     try:
         text = path.read_text()
     except OSError as err:

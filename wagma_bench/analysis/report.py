@@ -40,7 +40,7 @@ from wagma_bench.analysis.step_times import step_time_rows, step_time_summary
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.record.events import EVENTS
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import staged_outputs, write_text_atomic
 
 INF = math.inf
 
@@ -364,9 +364,18 @@ def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
 
 def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
     """Read every run under ``paths``; write ``out/report.md``, the figures and CSV tables. A tuning
-    directory (``wagma-bench tune``) gives the tuned section; its trials stay out of the untuned tables."""
+    directory (``wagma-bench tune``) gives the tuned section; its trials stay out of the untuned tables.
+    Everything is built beside ``out`` and moved in at the end (:func:`staged_outputs`): a full disk partway
+    leaves ``out`` with the previous report, not the new figures beside the old report.md."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with staged_outputs(out) as stage:
+        report, groups, tuned = _write_report(paths, stage)
+    for figures in [g.figures for g in groups] + ([tuned.figures] if tuned else []):  # where they are now
+        figures.update({k: out / p.relative_to(stage) for k, p in figures.items() if p is not None})
+    return out / report.relative_to(stage), groups, tuned
+
+
+def _write_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
     tune_dirs = [Path(p) for p in paths if (Path(p) / TUNE_PLAN).exists()]
     tuned = tuned_section(tune_dirs, out) if tune_dirs else None
     run_dirs = [d for d in find_runs(paths) if not any(d.is_relative_to(t.resolve()) for t in tune_dirs)]

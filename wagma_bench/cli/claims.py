@@ -1,5 +1,6 @@
-"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE]``: the papers' claims, measured here with
-intervals, predicted at scale, and a verdict (:mod:`wagma_bench.analysis.claims` does the work)."""
+"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing]``: the papers'
+claims, measured here with intervals, predicted at scale, and a verdict (:mod:`wagma_bench.analysis.claims`
+does the work)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=Path, default=claims.CLAIMS_FILE, help="the claims file (reproduce/claims.yaml)")
     parser.add_argument("--readme", type=Path, default=None,
                         help="also put the summary table between the <!-- claims:begin/end --> lines of this file")
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="measure a source some of whose planned trials did not finish (refused otherwise); the tables "
+        "then say how many trials each optimizer has",
+    )
     args = parser.parse_args(argv)
-    try:
-        if args.readme:
-            claims.check_readme(args.readme)
-        results = claims.make_claims(args.dirs, args.out, args.claims)
-        if args.readme:
-            claims.update_readme(args.readme, results)
+    try:  # the README and the sources are checked before anything is written (analysis.claims.make_claims)
+        results = claims.make_claims(args.dirs, args.out, args.claims, args.readme, args.allow_missing)
     except (ConfigError, FileNotFoundError, SymlinkRefused) as err:  # bad input: refused, as in every command
         print(f"wagma-bench claims: error: {err}", file=sys.stderr)
         return exits.REFUSED

@@ -1,17 +1,20 @@
 """Files a run or a command writes, written safely: never through a symbolic link (someone else's link in a
 shared output directory is refused, naming it), atomically (a temporary file beside the target, then a
 rename: a crash leaves the old file or the new one), as strict JSON (no bare NaN); and JSONL read back with a
-torn last line skipped. Every output file of every command goes through here; :mod:`.events` holds the run's
-event schema and readers."""
+torn last line skipped; a command's outputs staged beside their folder and moved in at the end (a failure
+leaves the folder as it was). Every output file of every command goes through here; :mod:`.events` holds the
+run's event schema and readers."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,11 +30,15 @@ OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose ano
 
 
 def refuse_link(path: Path, hint: str = RUN_HINT) -> SymlinkRefused:
+    return SymlinkRefused(errno.ELOOP, f"{_is_a_link(path)}; {hint}")
+
+
+def _is_a_link(path: Path) -> str:
     try:
         target = os.readlink(path)
     except OSError:
         target = "?"
-    return SymlinkRefused(errno.ELOOP, f"{path} is a symbolic link (to {target}); {hint}")
+    return f"{path} is a symbolic link (to {target})"
 
 
 def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
@@ -50,7 +57,10 @@ def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
 
 def run_subdir(path: Path, hint: str = RUN_HINT) -> Path:
     """Create a folder of a run (``steps``, ``checkpoint/round-R``) or of a command's output (``logs``);
-    refuse one that is a symbolic link."""
+    refuse one that is a symbolic link (checked before mkdir too, which fails on a dangling link with "File
+    exists")."""
+    if path.is_symlink():
+        raise refuse_link(path, hint)
     path.mkdir(parents=True, exist_ok=True)
     if path.is_symlink():
         raise refuse_link(path, hint)
@@ -79,6 +89,47 @@ def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def staged_outputs(out: Path, hint: str = OUTPUT_HINT) -> Iterator[Path]:
+    """A command's outputs (``report --out``, ``claims --out``) built in a fresh folder beside ``out``, then
+    moved in: the caller writes every file into the folder yielded, and only when the block ends without
+    an error is each moved to the same name under ``out`` (``os.replace``). So a refusal, a full disk or any
+    error partway leaves ``out`` as it was, its previous outputs or nothing, never a mix of two runs of the
+    command; the folder is removed in every case.
+
+    The folder (``.NAME.tmp-XXXXXXXX``, mkdtemp: fresh, private) is a sibling of ``out`` so that the moves are
+    renames inside one file system: they need no room and cannot fail halfway for want of it. A symbolic link
+    in ``out`` where an output goes is refused, naming it, before the first file is moved. ``out`` itself may
+    be a link (the user's own choice, followed as ``hydra.run.dir`` is)."""
+    out = Path(out)
+    real = out.resolve()
+    real.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=real.parent, prefix=f".{real.name}.tmp-"))
+    try:
+        yield stage
+        _move_in(stage, out, hint)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_in(stage: Path, out: Path, hint: str) -> None:
+    files = sorted(p.relative_to(stage) for p in stage.rglob("*") if not p.is_dir())
+    # every destination checked before the first move, so a refusal leaves ``out`` as it was; all the links
+    # named at once, so that one rerun after removing them goes through
+    places = dict.fromkeys(out / p for rel in files for p in [*reversed(rel.parents), rel] if p != Path("."))
+    links = [path for path in places if path.is_symlink()]
+    if links:
+        raise SymlinkRefused(errno.ELOOP, "; ".join(map(_is_a_link, links)) + f"; {hint}")
+    folder = next((out / rel for rel in files if (out / rel).is_dir()), None)  # os.replace would fail there
+    if folder is not None:
+        raise IsADirectoryError(errno.EISDIR, f"{folder} is a folder where an output file goes; remove it")
+    out.mkdir(parents=True, exist_ok=True)
+    for rel in files:
+        if rel.parent != Path("."):  # ``out`` itself may be the user's link; a folder under it may not
+            run_subdir(out / rel.parent, hint)
+        os.replace(stage / rel, out / rel)
 
 
 def strict_json(obj: Any, **kwargs: Any) -> str:

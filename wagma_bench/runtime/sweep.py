@@ -48,7 +48,13 @@ from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
-from wagma_bench.record.files import write_json_atomic, write_text_atomic
+from wagma_bench.record.files import (
+    OUTPUT_HINT,
+    refuse_link,
+    run_subdir,
+    write_json_atomic,
+    write_text_atomic,
+)
 from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
@@ -318,8 +324,12 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    for d in ("jobs", "logs", runs_dir):
-        (out / d).mkdir(parents=True, exist_ok=True)
+    folders = [out / d for d in ("jobs", "logs", runs_dir)]
+    for folder in folders:  # every one checked before any is made: a refusal leaves --out as it was
+        if folder.is_symlink():
+            raise refuse_link(folder, OUTPUT_HINT)
+    for folder in folders:  # through the one writer: SLURM writes the logs and the runs into these later
+        run_subdir(folder, OUTPUT_HINT)
     jobs = []
     for j, group in enumerate(group_jobs(runs, array)):
         script = out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
