@@ -62,6 +62,7 @@ def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
     # which MPI library the ranks loaded (on a cluster: the system MPI, not the wheel), printed and recorded
     assert f"wagma-bench: MPI library: {summary['versions']['mpi']}" in out.stdout
     assert "MPICH" in summary["versions"]["mpi"]  # here: the mpich wheel of the [mpi] extra
+    assert not (tmp_path / ".heartbeats").exists()  # the ranks' heartbeats end with the run
 
 
 @pytest.mark.slow

@@ -139,3 +139,15 @@ def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_r
     stop = read_jsonl(tmp_path / "events.jsonl")[-1]
     assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "preempted", stop
     assert not (tmp_path / ".lock").exists()
+
+
+def test_a_rank_without_a_report_is_not_said_to_have_left_a_traceback(tmp_path):
+    """A rank that ends with a non-zero code without its own report (which prints the traceback, then leaves its
+    error in the launcher's folder) is not said to have left one; a rank that reported is."""
+    from wagma_bench.runtime.supervise import RankExited, _exit_message
+
+    silent = _exit_message(RankExited(3, 255), tmp_path)
+    assert silent == "rank 3 failed with exit code 255 (it left no traceback)", silent
+    (tmp_path / "rank1.error").write_text("OSError: [Errno 28] No space left on device")
+    reported = _exit_message(RankExited(1, 1), tmp_path)
+    assert reported.endswith("No space left on device (its traceback is above)"), reported
