@@ -143,6 +143,11 @@ def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
         raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
                           f"must be below {world_size}")
+    # imbalance=shared_draw delays num_slow ranks a step; more than the world would quietly be every rank, always
+    num_slow = getattr(imbalance, "num_slow", None)
+    if num_slow is not None and world_size is not None and num_slow > world_size:
+        raise ConfigError(f"imbalance.num_slow={num_slow} is not allowed with {world_size} ranks; it must be at "
+                          f"most {world_size}")
 
 
 def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
