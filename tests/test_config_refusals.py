@@ -214,3 +214,33 @@ def test_simulate_refuses_more_slow_ranks_than_its_smallest_world(tmp_path, caps
     assert err.strip() == ("wagma-bench simulate: error: imbalance.num_slow=9 is not allowed with 4 ranks; it must "
                            "be at most 4"), err
     assert not (tmp_path / "sim").exists()
+
+
+# a group's option is a name of its folder; Hydra joins a path onto the folder: `../../etc/passwd` was named as the
+# group `optimizer.......etc`, `./wagma` ran WAGMA-SGD, `../wagma` loaded the main config as an optimizer (exit 1)
+PATH_LIKE = ["optimizer=../../etc/passwd", "optimizer=./wagma", "optimizer=../wagma", "imbalance=none/../fixed"]
+
+
+@pytest.mark.parametrize("override", PATH_LIKE)
+def test_a_path_as_a_group_option_is_refused_in_the_users_words(override):
+    from wagma_bench.config.overrides import precheck
+
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        precheck(["launcher.nproc=2", override], CONF)
+    message = str(err.value)
+    assert message.startswith(f"{override}: no such option of {key}; choose one of: "), message
+    assert "\n" not in message and (key != "optimizer" or "adpsgd, allreduce," in message), message
+
+
+@pytest.mark.parametrize("command,args", [("run", ["hydra.run.dir=OUT"]), ("simulate", ["--out", "OUT"]),
+                                          ("tune", ["--out", "OUT"])])
+def test_a_path_as_a_group_option_is_one_line_quoting_it_in_every_command(tmp_path, command, args):
+    args = [str(tmp_path / "out") if a == "OUT" else a.replace("OUT", str(tmp_path / "out")) for a in args]
+    out = run(["optimizer=../../etc/passwd", *args], command=command, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"wagma-bench {command}: error: "), out.stderr[-2000:]
+    assert "optimizer=../../etc/passwd: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0], \
+        lines[0]
+    assert not (tmp_path / "out").exists()

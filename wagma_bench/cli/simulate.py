@@ -253,13 +253,14 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from wagma_bench.config.overrides import unknown_key_message, unknown_option_message
+    from wagma_bench.config.overrides import refuse_path_options, unknown_key_message, unknown_option_message
 
     runs = {}
     with conf_context():
         for name in req.optimizers:
             mine = optimizer_overrides(req, name)
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
+            refuse_path_options(overrides, CONF_DIR)  # `optimizer=../x`: in the user's words, as `run` says it
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
             except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
