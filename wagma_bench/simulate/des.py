@@ -551,12 +551,16 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
     """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from its
     exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in flight, a
     passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
-    rank, begin, end = busy
-    span = 2.0 * max(float(hi.max(initial=0.0)), float(end.max(initial=0.0))) + 1.0
-    order = _by_rank_then_key(rank, rank * span + begin, world, tick)
-    rank, begin, end = rank[order], begin[order], end[order]
-    axis = rank * span + begin
-    length = end - begin
+    rank, began, ended = busy
+    span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
+    order = _by_rank_then_key(rank, rank * span + began, world, tick)
+    axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
+    for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
+        tick("time in exchanges", 0.4 + 0.1 * k / len(order))
+        mine = order[k:k + CHUNK]
+        axis[k:k + CHUNK] = rank[mine] * span + began[mine]
+        begin[k:k + CHUNK] = began[mine]
+        length[k:k + CHUNK] = ended[mine] - began[mine]
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
@@ -593,7 +597,7 @@ def _by_rank_then_key(rank: np.ndarray, key: np.ndarray, world: int, tick: Progr
     edges = np.searchsorted(block[by_block], np.arange(blocks + 1), side="left")
     order = np.empty(len(key), dtype=np.intp)
     for b in range(blocks):
-        tick("time in exchanges", 0.5 * b / blocks)  # the sort is about half of the work
+        tick("time in exchanges", 0.4 * b / blocks)  # the sort is about 40% of the work
         mine = by_block[edges[b]:edges[b + 1]]
         order[edges[b]:edges[b + 1]] = mine[np.argsort(key[mine], kind="stable")]
     return order
