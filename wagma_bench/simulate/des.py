@@ -90,7 +90,7 @@ from wagma_bench.simulate.spread import draw_persistent
 
 DELAY_BLOCK = 1 << 18      # rank-steps of injected delays drawn at once (delay_matrix)
 # elements of the AD-PSGD model's whole-run vector steps done at once, so that each says where it is (SimConfig.progress)
-CHUNK = 1 << 21
+CHUNK = 1 << 20
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
 
@@ -586,20 +586,19 @@ def _by_rank_then_key(rank: np.ndarray, key: np.ndarray, world: int, tick: Progr
     """``np.argsort(key, kind="stable")`` for keys that grow with the rank first (``rank * span + t``, t below half
     a span), a block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks):
     a block's keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements
-    in their original order (a stable partition by block), is the same order, ties included."""
+    in their original order, is the same order, ties included."""
     blocks = min(world, max(1, -(-len(key) // CHUNK)))
     if blocks == 1:
         tick("time in exchanges", 0.0)
         return np.argsort(key, kind="stable")
-    per_block = -(-world // blocks)
-    block = (rank // per_block).astype(np.uint16)  # a radix sort: one pass, whatever the count
-    by_block = np.argsort(block, kind="stable")
-    edges = np.searchsorted(block[by_block], np.arange(blocks + 1), side="left")
+    block = rank // -(-world // blocks)
     order = np.empty(len(key), dtype=np.intp)
+    done = 0
     for b in range(blocks):
         tick("time in exchanges", 0.4 * b / blocks)  # the sort is about 40% of the work
-        mine = by_block[edges[b]:edges[b + 1]]
-        order[edges[b]:edges[b + 1]] = mine[np.argsort(key[mine], kind="stable")]
+        mine = np.flatnonzero(block == b)  # the block's elements in their original order
+        order[done:done + len(mine)] = mine[np.argsort(key[mine], kind="stable")]
+        done += len(mine)
     return order
 
 
