@@ -150,10 +150,10 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     lo = np.round(rng.uniform(0, 5, (world, 11)), 1)
     hi = lo + rng.uniform(0, 2, (world, 11))
     whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
-    key = rank * 13.0 + begin
     monkeypatch.setattr(des, "CHUNK", chunk)
     told: list[float] = []
-    assert np.array_equal(des._by_rank_then_key(rank, key, world), np.argsort(key, kind="stable"))
+    assert np.array_equal(des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin,
+                                                                                     kind="stable"))
     assert np.array_equal(busy_between(busy, world, lo, hi, lambda _, f: told.append(f)), whole)
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
 

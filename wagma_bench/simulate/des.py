@@ -515,6 +515,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
             return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0,
                               gossip_busy_share=0.0)
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
+        run.tick("time in exchanges", 0.0)
         windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
         overlap = busy_between(busy, run.P, starts, windows, run.tick)
         if cost == 0:
@@ -553,7 +554,8 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
     passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
     rank, began, ended = busy
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
-    order = _by_rank_then_key(rank, rank * span + began, world, tick)
+    tick("time in exchanges", 0.0)
+    order = _by_rank_then_key(rank, began, span, world, tick)
     axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
     for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
         tick("time in exchanges", 0.4 + 0.1 * k / len(order))
@@ -561,6 +563,7 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
         axis[k:k + CHUNK] = rank[mine] * span + began[mine]
         begin[k:k + CHUNK] = began[mine]
         length[k:k + CHUNK] = ended[mine] - began[mine]
+    tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
@@ -582,22 +585,22 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
     return out
 
 
-def _by_rank_then_key(rank: np.ndarray, key: np.ndarray, world: int, tick: Progress = _silent) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` for keys that grow with the rank first (``rank * span + t``, t below half
-    a span), a block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks):
-    a block's keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements
-    in their original order, is the same order, ties included."""
-    blocks = min(world, max(1, -(-len(key) // CHUNK)))
+def _by_rank_then_key(rank: np.ndarray, t: np.ndarray, span: float, world: int,
+                      tick: Progress = _silent) -> np.ndarray:
+    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank first), a
+    block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks): a block's
+    keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements in their
+    original order, is the same order, ties included."""
+    blocks = min(world, max(1, -(-len(t) // CHUNK)))
     if blocks == 1:
-        tick("time in exchanges", 0.0)
-        return np.argsort(key, kind="stable")
+        return np.argsort(rank * span + t, kind="stable")
     block = rank // -(-world // blocks)
-    order = np.empty(len(key), dtype=np.intp)
+    order = np.empty(len(t), dtype=np.intp)
     done = 0
     for b in range(blocks):
         tick("time in exchanges", 0.4 * b / blocks)  # the sort is about 40% of the work
         mine = np.flatnonzero(block == b)  # the block's elements in their original order
-        order[done:done + len(mine)] = mine[np.argsort(key[mine], kind="stable")]
+        order[done:done + len(mine)] = mine[np.argsort(rank[mine] * span + t[mine], kind="stable")]
         done += len(mine)
     return order
 
@@ -677,6 +680,7 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
         return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
     a, p, b, f = (np.concatenate(col) for col in zip(*out))
     lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
+    run.tick("exchanges' step lag", 1.0)
     busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
     return len(a), float(lag.sum()) / len(a), busy
 
