@@ -110,7 +110,9 @@ DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 # once the predictions have taken this long, a progress line at least this often: a line per simulation, and lines
 # from inside a long one (each says where it is as it goes: des.Progress). A module constant so that a test can shorten it.
 PROGRESS_EVERY_S = 5.0
-MAX_GPUS = 65_536  # the largest world simulated (the biggest GPU systems): about 6 min per optimizer at 500 rounds here
+# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this quiet
+# 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
+MAX_GPUS = 65_536
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
 # DEFAULT_ROUNDS) and the workload's batch per rank (a number of the cost model, next to step_s)
@@ -344,9 +346,10 @@ class Ticker:
     how long the phase has left at its pace so far). Lines used to come only between simulations: at 65,536 GPUs
     AD-PSGD's alone takes most of a minute, and a loaded machine saw one line after 6 s, then none for 294 s."""
 
-    def __init__(self, total: int, label: str = "simulate"):
+    def __init__(self, total: int, label: str = "simulate", start: float | None = None):
         self.total, self.label, self.every_s = total, label, PROGRESS_EVERY_S
-        self.start = self.last = time.perf_counter()
+        # from the command's start (composing eight optimizers' configs took 7 s on a loaded machine)
+        self.start = self.last = time.perf_counter() if start is None else start
         self.current, self.what, self.phase, self.phase_at = 0, "", "", (0.0, 0.0)
 
     def simulation(self, what: str) -> Progress:
@@ -519,14 +522,16 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
 # --- the two modes --------------------------------------------------------------------------------------
 
 def predict(req: Request, ns, runs: dict[str, RunConfig], network: Network, workload: Workload,
-            out: Path) -> list[dict]:
+            out: Path, started: float | None = None) -> list[dict]:
+    """The predictions, their table and plots (``started``: when the command started, ``time.perf_counter()``;
+    its progress lines count from there)."""
     gpus = req.gpus or list(DEFAULT_GPUS)
     first = next(iter(runs.values()))
     imbalance = make_imbalance(first.imbalance, first.seed)
     conv = samples_to_target(ns.convergence) if ns.convergence else {}
     if "samples_to_target" in req.own:
         conv = {n: float(req.own["samples_to_target"]) for n in runs} | conv
-    rows, ticker = [], Ticker(len(gpus) * len(runs))
+    rows, ticker = [], Ticker(len(gpus) * len(runs), start=started)
     for p in gpus:
         for name, run in runs.items():
             t0 = time.perf_counter()
@@ -722,6 +727,7 @@ def typed_settings(section: str, registry: dict, values: dict) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     try:
         req, ns = parse(list(sys.argv[1:] if argv is None else argv))
         out = Path(ns.out)
@@ -745,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
             return 0
-        predict(req, ns, runs, network, workload, out)
+        predict(req, ns, runs, network, workload, out, started)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
     except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:  # MeasuredError is a ValueError
