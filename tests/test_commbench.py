@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -86,3 +87,25 @@ def test_bad_sizes_are_refused_in_one_line_before_any_rank_starts(tmp_path, caps
         assert err[-1].startswith("wagma-bench comm-bench: error: argument --sizes:") and said in err[-1], err
         assert "Traceback" not in "\n".join(err)
     assert not (tmp_path / "cb.json").exists()
+
+
+def test_more_ranks_than_the_machine_can_hold_are_refused_before_any_rank_starts(tmp_path):
+    """`--nproc` is bounded as `run`'s launcher.nproc is (config.schema.check_ranks_fit): 64 ranks used to start on a
+    24 GiB machine and print nothing for minutes. 4096 ranks exceed any machine this runs on; were they not refused,
+    the group is killed (ranks and fork server) rather than let them start."""
+    out_file = tmp_path / "cb.json"
+    bench = subprocess.Popen([str(BIN), "comm-bench", "--nproc", "4096", "--out", str(out_file)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.communicate()
+    assert bench.returncode == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("wagma-bench comm-bench: error: --nproc=4096 is not allowed on this machine: 4096 "
+                               "ranks x about "), lines[0]
+    assert re.search(r"; it must be at most \d+$", lines[0]), lines[0]
+    assert not out_file.exists()

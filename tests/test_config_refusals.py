@@ -5,6 +5,7 @@ reads it. Through the real CLI where the user meets it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -14,6 +15,7 @@ from tests.cli_util import CONF, compose, run
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.schema import validate
 from wagma_bench.errors import ConfigError
+from wagma_bench.imbalance import IMBALANCES
 
 REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),  # a value validate() refuses; every other value: in-process below
@@ -164,4 +166,81 @@ def test_an_unknown_option_of_a_group_is_one_line_naming_the_options_elsewhere(t
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert "imbalance=paper: renamed: imbalance=shared_draw" in lines[0], lines[0]
     assert "imbalance=independent" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+# every imbalance preset that delays a count of ranks (imbalance=shared_draw): that count against the world
+WITH_NUM_SLOW = sorted(name for name, cls in IMBALANCES.items()
+                       if "num_slow" in {f.name for f in dataclasses.fields(cls.Settings)})
+
+
+def test_every_preset_with_a_count_of_slow_ranks_is_checked_below():
+    assert WITH_NUM_SLOW == ["shared_draw"]
+
+
+@pytest.mark.parametrize("name", WITH_NUM_SLOW)
+def test_more_slow_ranks_than_ranks_fails_the_config_check(name):
+    """num_slow=9 of 4 ranks used to be taken as "every rank, every step" (the draw is capped at the world), as
+    imbalance.ranks=[7] is refused. The whole world slow is allowed."""
+    with pytest.raises(ConfigError) as err:
+        validate(compose(f"imbalance={name}", "imbalance.num_slow=9", "launcher.nproc=4"))
+    assert str(err.value) == "imbalance.num_slow=9 is not allowed with 4 ranks; it must be at most 4", str(err.value)
+    whole_world = validate(compose(f"imbalance={name}", "imbalance.num_slow=4", "launcher.nproc=4"))
+    assert whole_world.imbalance.num_slow == 4
+
+
+@pytest.mark.parametrize("name", WITH_NUM_SLOW)
+def test_more_slow_ranks_than_ranks_is_refused_before_any_rank_starts(tmp_path, name):
+    run_dir = tmp_path / "run"
+    # two steps: were it accepted, the run would end soon (every rank sleeping every step)
+    out = run([f"imbalance={name}", "imbalance.num_slow=9", "launcher.nproc=4", "train.max_steps=2",
+               "eval.every_steps=2", f"hydra.run.dir={run_dir}"], timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    said = "wagma-bench run: error: imbalance.num_slow=9 is not allowed with 4 ranks; it must be at most 4"
+    assert lines == [said], out.stderr[-2000:]
+    assert not (run_dir / "events.jsonl").exists() and not (run_dir / "steps").exists()
+
+
+@pytest.mark.parametrize("name", WITH_NUM_SLOW)
+def test_simulate_refuses_more_slow_ranks_than_its_smallest_world(tmp_path, capsys, name):
+    """simulate checks each world size as it checks imbalance.ranks: 9 slow ranks fit 16 GPUs, not 4."""
+    from wagma_bench.cli.simulate import main
+
+    code = main([f"imbalance={name}", "imbalance.num_slow=9", "gpus=16,4", "optimizer=allreduce", "--out",
+                 str(tmp_path / "sim")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == ("wagma-bench simulate: error: imbalance.num_slow=9 is not allowed with 4 ranks; it must "
+                           "be at most 4"), err
+    assert not (tmp_path / "sim").exists()
+
+
+# a group's option is a name of its folder; Hydra joins a path onto the folder: `../../etc/passwd` was named as the
+# group `optimizer.......etc`, `./wagma` ran WAGMA-SGD, `../wagma` loaded the main config as an optimizer (exit 1)
+PATH_LIKE = ["optimizer=../../etc/passwd", "optimizer=./wagma", "optimizer=../wagma", "imbalance=none/../fixed"]
+
+
+@pytest.mark.parametrize("override", PATH_LIKE)
+def test_a_path_as_a_group_option_is_refused_in_the_users_words(override):
+    from wagma_bench.config.overrides import precheck
+
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        precheck(["launcher.nproc=2", override], CONF)
+    message = str(err.value)
+    assert message.startswith(f"{override}: no such option of {key}; choose one of: "), message
+    assert "\n" not in message and (key != "optimizer" or "adpsgd, allreduce," in message), message
+
+
+@pytest.mark.parametrize("command,args", [("run", ["hydra.run.dir=OUT"]), ("simulate", ["--out", "OUT"]),
+                                          ("tune", ["--out", "OUT"])])
+def test_a_path_as_a_group_option_is_one_line_quoting_it_in_every_command(tmp_path, command, args):
+    args = [str(tmp_path / "out") if a == "OUT" else a.replace("OUT", str(tmp_path / "out")) for a in args]
+    out = run(["optimizer=../../etc/passwd", *args], command=command, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"wagma-bench {command}: error: "), out.stderr[-2000:]
+    assert "optimizer=../../etc/passwd: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0], \
+        lines[0]
     assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -512,3 +513,61 @@ def test_calibrate_refuses_a_folder_with_nothing_to_calibrate(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "no run directory" in err[0], err
     assert not (tmp_path / "sim").exists()
+
+
+# the phases each model says it is in (SimConfig.progress), beside "compute times" that every one starts with
+PHASES = {"adpsgd": {"compute schedule", "matchings", "exchanges", "exchanges' step lag", "time in exchanges"},
+          "sgp": {"exponential graph", "rounds"}}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_every_model_says_where_it_is_every_round_and_the_numbers_do_not_change(optimizer):
+    """A long simulation tells its caller where it is in every phase, every round of a round loop, with fractions
+    that only grow within a phase; listening changes no number of the result."""
+    told: list[tuple[str, float]] = []
+    net = Network(Link(1e-5, 1 / 10e9), Link(1e-5, 1 / 10e9), gpus_per_node=4)
+    workload = dataclasses.replace(WL, compute="lognormal", sigma=0.3)
+    cfg = SimConfig(optimizer, 16, workload, net, IndependentImbalance(IndependentImbalance.Settings(), seed=1),
+                    steps=40, progress=lambda phase, fraction: told.append((phase, fraction)))
+    res = simulate(cfg)
+    assert res == simulate(dataclasses.replace(cfg, progress=None))
+    phases = {phase for phase, _ in told}
+    assert phases >= {"compute times"} | PHASES.get(optimizer, {"rounds"}), phases
+    assert all(0.0 <= f <= 1.0 for _, f in told), told
+    for phase in phases:
+        fractions = [f for p, f in told if p == phase]
+        if phase in ("rounds", "compute schedule"):
+            assert len(fractions) >= res.rounds, (phase, len(fractions))
+            assert fractions[:res.rounds] == sorted(fractions[:res.rounds]), phase
+
+
+def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeypatch):
+    """At 65,536 GPUs a loaded machine saw a line after 6 s and none for the next 294 s: lines came only between
+    simulations. Here a smaller world whose AD-PSGD and DropCompute simulations each take seconds, with the period
+    shortened to 0.5 s: every gap between lines stays within it plus a margin for a loaded machine, and lines come
+    from inside each long simulation."""
+    import sys
+    import time
+
+    import wagma_bench.cli.simulate as simulate_cli
+
+    lines: list[tuple[float, str]] = []
+
+    class Stamped:  # stderr, each line with the time it was written
+        def write(self, text: str) -> None:
+            lines.extend((time.monotonic(), line) for line in text.splitlines() if line.strip())
+
+        def flush(self) -> None:
+            pass
+
+    period, margin = 0.5, 1.5
+    monkeypatch.setattr(simulate_cli, "PROGRESS_EVERY_S", period)
+    monkeypatch.setattr(sys, "stderr", Stamped())
+    assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_steps=200",
+                          "--out", str(tmp_path)]) == 0
+    monkeypatch.undo()
+    text = "\n".join(line for _, line in lines)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(lines)]
+    assert len(lines) >= 4 and max(gaps) < period + margin, (max(gaps, default=None), text)
+    assert any("adpsgd at P=16384: " in line and "%" in line for _, line in lines), text  # from inside it
+    assert any(line.startswith("[simulate 2/2 ") and "dropcompute at P=16384: " in line for _, line in lines), text

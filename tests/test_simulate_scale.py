@@ -135,6 +135,29 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
     assert np.allclose(busy_between(busy, world, lo, hi), direct, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
+def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
+    """At 65,536 ranks the busy time is computed a few steps at a time and its intervals sorted a block of ranks at a
+    time (des.CHUNK), each saying where it is: the same numbers as one pass over the whole arrays, ties included
+    (intervals shuffled, times rounded so that keys tie), saying where it is in order."""
+    from wagma_bench.simulate import des
+
+    rng = np.random.default_rng(chunk)
+    world, n = 40, 2000
+    rank = rng.integers(0, world, n).astype(float)
+    begin = np.round(rng.uniform(0, 5, n), 1)
+    busy = (rank, begin, begin + np.round(rng.uniform(0, 0.5, n), 1))
+    lo = np.round(rng.uniform(0, 5, (world, 11)), 1)
+    hi = lo + rng.uniform(0, 2, (world, 11))
+    whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
+    monkeypatch.setattr(des, "CHUNK", chunk)
+    told: list[float] = []
+    assert np.array_equal(des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin,
+                                                                                     kind="stable"))
+    assert np.array_equal(busy_between(busy, world, lo, hi, lambda _, f: told.append(f)), whole)
+    assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
+
+
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
     """k = 0: the compute thread never waits but at the sync points, so the clock is the compute schedule's
     (computed here step by step, ranks meeting every sync_every rounds in the trainer's control allreduce of seven

@@ -7,6 +7,10 @@ spawned rank's command line holds ``multiprocessing.spawn``) and of the launcher
     .venv/bin/python reproduce/memory/footprint.py workload=resnet train.max_steps=20
     .venv/bin/python reproduce/memory/footprint.py workload=transformer train.max_steps=20
     .venv/bin/python reproduce/memory/footprint.py workload=ddppo train.max_steps=4
+    .venv/bin/python reproduce/memory/footprint.py comm-bench --nproc 2 --sizes 100M --repeats 2
+
+The last measures ``wagma-bench comm-bench`` instead (the figure behind ``runtime.commbench.rank_memory_mb``): its
+ranks are forked from its fork server, so a rank is a process whose parent is a child of the command.
 
 RSS counts shared pages (the torch libraries) in every rank, so ranks x the figure over-estimates a world
 slightly: the check it feeds (``launch.check_memory``) refuses only worlds that cannot fit.
@@ -48,7 +52,32 @@ def is_rank(pid: int) -> bool:
         return False
 
 
+def comm_bench(args: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(BIN), "comm-bench", *args, "--out", f"{tmp}/cb.json"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peak_rank = peak_launcher = 0.0
+        while proc.poll() is None:
+            peak_launcher = max(peak_launcher, rss_mb(proc.pid))
+            servers = descendants_once(proc.pid)
+            peak_rank = max([peak_rank] + [rss_mb(r) for s in servers for r in descendants_once(s)])
+            time.sleep(0.1)
+        if proc.returncode != 0:
+            sys.exit(f"comm-bench failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+    print(json.dumps({"comm-bench": args, "peak_rank_rss_mb": round(peak_rank, 1),
+                      "peak_launcher_rss_mb": round(peak_launcher, 1)}))
+
+
+def descendants_once(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
+                         check=False).stdout.split()
+    return [int(p) for p in out]
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["comm-bench"]:
+        comm_bench(sys.argv[2:])
+        return
     overrides = sys.argv[1:]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(BIN), "run", "launcher.nproc=2", "logger.progress=off", *overrides, f"hydra.run.dir={tmp}/run"]

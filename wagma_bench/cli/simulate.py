@@ -94,6 +94,7 @@ from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (
     WORKLOAD_RANGES,
+    Progress,
     SimConfig,
     SimResult,
     Workload,
@@ -106,8 +107,12 @@ from wagma_bench.simulate.presets import preset_for
 from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
-PROGRESS_AFTER_S = 5.0  # a progress line per simulation once the predictions have taken this long
-MAX_GPUS = 65_536  # the largest world simulated (the biggest GPU systems): about 6 min per optimizer at 500 rounds here
+# once the predictions have taken this long, a progress line at least this often: a line per simulation, and lines
+# from inside a long one (each says where it is as it goes: des.Progress). A module constant so that a test can shorten it.
+PROGRESS_EVERY_S = 5.0
+# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this quiet
+# 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
+MAX_GPUS = 65_536
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
 # DEFAULT_ROUNDS) and the workload's batch per rank (a number of the cost model, next to step_s)
@@ -253,13 +258,14 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from wagma_bench.config.overrides import unknown_key_message, unknown_option_message
+    from wagma_bench.config.overrides import refuse_path_options, unknown_key_message, unknown_option_message
 
     runs = {}
     with conf_context():
         for name in req.optimizers:
             mine = optimizer_overrides(req, name)
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
+            refuse_path_options(overrides, CONF_DIR)  # `optimizer=../x`: in the user's words, as `run` says it
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
             except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
@@ -325,11 +331,59 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
 
 
 def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Network, imbalance: Imbalance,
-               steps: int, control_every: int = CONTROL_EVERY, seed: int | None = None) -> SimConfig:
-    """One simulation of a composed run configuration (``seed``: another than the run's)."""
+               steps: int, control_every: int = CONTROL_EVERY, seed: int | None = None,
+               progress: Progress | None = None) -> SimConfig:
+    """One simulation of a composed run configuration (``seed``: another than the run's; ``progress``: told where
+    it is)."""
     return SimConfig(run.optimizer.name, world_size, workload, network, imbalance, run.optimizer, steps,
                      run.seed if seed is None else seed, control_every,
-                     local_state_tensors(run.train.local_optimizer, run.train.momentum))
+                     local_state_tensors(run.train.local_optimizer, run.train.momentum), progress)
+
+
+class Ticker:
+    """The progress lines of long predictions, on stderr: quiet for the first ``PROGRESS_EVERY_S``, then a line at
+    least that often -- one per finished simulation, and, inside a long one, where it is (its phase, how far, and
+    how long the phase has left at its pace so far). Lines used to come only between simulations: at 65,536 GPUs
+    AD-PSGD's alone takes most of a minute, and a loaded machine saw one line after 6 s, then none for 294 s."""
+
+    def __init__(self, total: int, label: str = "simulate", start: float | None = None):
+        self.total, self.label, self.every_s = total, label, PROGRESS_EVERY_S
+        # from the command's start (composing eight optimizers' configs took 7 s on a loaded machine)
+        self.start = self.last = time.perf_counter() if start is None else start
+        self.current, self.what, self.phase, self.phase_at = 0, "", "", (0.0, 0.0)
+
+    def simulation(self, what: str) -> Progress:
+        """The next simulation (``what``: its optimizer and world): the hook to give it."""
+        self.current, self.what, self.phase = self.current + 1, what, ""
+        return self.tick
+
+    def tick(self, phase: str, fraction: float) -> None:
+        now = time.perf_counter()
+        if phase != self.phase:  # a phase's pace is measured from its start
+            self.phase, self.phase_at = phase, (now, fraction)
+        if now - self.last < self.every_s:
+            return
+        t0, f0 = self.phase_at
+        # the phase's pace so far, once it has gone far enough to have one
+        left = f", about {(now - t0) / (fraction - f0) * (1 - fraction):.0f} s more" if fraction > f0 + 0.02 else ""
+        self._say(f"{self.what}: {phase} {100 * fraction:.0f}%{left}", now)
+
+    def note(self, text: str) -> None:
+        """A line saying ``text``, unless one was said within ``PROGRESS_EVERY_S``."""
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self._say(text, now)
+
+    def done(self, took: str) -> None:
+        """The simulation ended (``took``: how long it took, said)."""
+        now = time.perf_counter()
+        if now - self.start > self.every_s:
+            self._say(f"{self.what}: {took}", now)
+
+    def _say(self, text: str, now: float) -> None:
+        self.last = now
+        count = f" {self.current}/{self.total}" if self.total else ""
+        print(f"[{self.label}{count} {now - self.start:.0f} s] {text}", file=sys.stderr, flush=True)
 
 
 # --- convergence model ----------------------------------------------------------------------------------
@@ -468,22 +522,23 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
 # --- the two modes --------------------------------------------------------------------------------------
 
 def predict(req: Request, ns, runs: dict[str, RunConfig], network: Network, workload: Workload,
-            out: Path) -> list[dict]:
+            out: Path, started: float | None = None) -> list[dict]:
+    """The predictions, their table and plots (``started``: when the command started, ``time.perf_counter()``;
+    its progress lines count from there)."""
     gpus = req.gpus or list(DEFAULT_GPUS)
     first = next(iter(runs.values()))
     imbalance = make_imbalance(first.imbalance, first.seed)
     conv = samples_to_target(ns.convergence) if ns.convergence else {}
     if "samples_to_target" in req.own:
         conv = {n: float(req.own["samples_to_target"]) for n in runs} | conv
-    rows, start, n = [], time.perf_counter(), len(gpus) * len(runs)
+    rows, ticker = [], Ticker(len(gpus) * len(runs), start=started)
     for p in gpus:
         for name, run in runs.items():
             t0 = time.perf_counter()
-            res = simulate(sim_config(run, p, workload, network, imbalance, req.steps, req.control_every))
+            res = simulate(sim_config(run, p, workload, network, imbalance, req.steps, req.control_every,
+                                      progress=ticker.simulation(f"{name} at P={p}")))
             rows.append(_row(res, imbalance, workload, conv.get(name), time.perf_counter() - t0))
-            if time.perf_counter() - start > PROGRESS_AFTER_S:  # long work says where it is
-                print(f"[simulate {len(rows)}/{n} {time.perf_counter() - start:.0f} s] {name} at P={p}: "
-                      f"{rows[-1]['sim_s']:.1f} s", file=sys.stderr, flush=True)
+            ticker.done(f"{rows[-1]['sim_s']:.1f} s")
     ref = {r["world_size"]: r["throughput"] for r in rows if r["optimizer"] == "allreduce"}
     for r in rows:
         r["speedup_vs_allreduce"] = r["throughput"] / ref[r["world_size"]] if r["world_size"] in ref else None
@@ -515,24 +570,23 @@ def write_interval(req: Request, ns, runs: dict[str, RunConfig], gpus: list[int]
     if ns.measured and "gossip_cost" not in req.own:
         sources.gossip_costs = read_measured(ns.measured).gossip_replicates
 
+    ticker = Ticker(0, "simulate --interval")  # every prediction's simulations say where they are, too
+
     def predict_once(inputs: Inputs) -> dict[int, dict[str, dict[str, float | None]]]:
         out_: dict[int, dict[str, dict[str, float | None]]] = {}
         for p in gpus:
             for name, run in runs.items():
                 res = simulate(sim_config(run, p, inputs.workload, inputs.network, inputs.imbalance, req.steps,
-                                          inputs.control_every, inputs.seed))
+                                          inputs.control_every, inputs.seed, ticker.simulation(f"{name} at P={p}")))
                 stt = inputs.samples_to_target.get(name)
                 out_.setdefault(p, {})[name] = {"throughput": res.throughput,
                                                 "time_to_target_s": stt / res.throughput if stt else None}
         return out_
 
-    start = last = time.perf_counter()
+    start = time.perf_counter()
 
-    def progress(what: str) -> None:  # a line at least every PROGRESS_AFTER_S: long work says where it is
-        nonlocal last
-        if time.perf_counter() - last >= PROGRESS_AFTER_S:
-            last = time.perf_counter()
-            print(f"[simulate --interval {last - start:.0f} s] {what}", file=sys.stderr, flush=True)
+    def progress(what: str) -> None:  # after each prediction: which one (the simulations inside tick on their own)
+        ticker.note(what)
 
     data = uncertainty(predict_once, base, sources, ns.interval, progress)
     data["took_s"] = round(time.perf_counter() - start, 1)
@@ -673,6 +727,7 @@ def typed_settings(section: str, registry: dict, values: dict) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     try:
         req, ns = parse(list(sys.argv[1:] if argv is None else argv))
         out = Path(ns.out)
@@ -696,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
             return 0
-        predict(req, ns, runs, network, workload, out)
+        predict(req, ns, runs, network, workload, out, started)
         print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
         return 0
     except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:  # MeasuredError is a ValueError

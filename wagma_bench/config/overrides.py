@@ -39,6 +39,7 @@ def precheck(overrides: list[str], conf_dir: Path) -> Path | None:
     except OverrideParseException as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         raise ConfigError(f"{lines[0]}: {'; '.join(lines[1:])}") from None
+    refuse_path_options(args, conf_dir)
     cfg = None
     for variant in _variants(parsed, multirun):
         cfg = _compose_checked(variant, conf_dir)
@@ -94,6 +95,54 @@ def _compose_checked(overrides: list[str], conf_dir: Path) -> Any:
         if message is None:
             return None
         raise ConfigError(message) from None
+
+
+def refuse_path_options(overrides: list[str], conf_dir: Path) -> None:
+    """Raise :class:`ConfigError` for a group option that is a path (``optimizer=../../etc/passwd``), quoting the
+    override as typed with the group's options.
+
+    An option is the name of a file in the group's folder, but Hydra joins the value onto the folder: ``./wagma``
+    ran WAGMA-SGD, ``../wagma`` composed the main config as an optimizer (Hydra's own report, exit 1) and a missing
+    ``../../etc/passwd`` came back as the group ``optimizer/../../etc``, which read ``optimizer.......etc=passwd``.
+    No option here holds a ``/`` or ``..``. Asks Hydra for the groups (within a caller's ``conf_context``, else
+    its own); an override that does not parse is left to the caller's parser."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if o not in MULTIRUN_FLAGS])
+    except OverrideParseException:
+        return
+    suspects = [(o, v) for o in parsed for v in _string_values(o) if "/" in v or ".." in v]
+    if not suspects:
+        return
+
+    def refuse() -> None:
+        loader = GlobalHydra.instance().config_loader()
+        for o, value in suspects:
+            options = loader.get_group_options(o.key_or_group)
+            if options:  # a group (``data.root=/x`` is a value, not an option)
+                typed = o.input_line if not o.is_sweep_override() else f"{o.key_or_group}={value}"
+                raise ConfigError(f"{typed}: no such option of {o.key_or_group.replace('/', '.')}; choose one of: "
+                                  f"{', '.join(options)} (an option is a name, not a path)")
+
+    if GlobalHydra.instance().is_initialized():  # within a caller's conf_context (simulate, tune)
+        refuse()
+        return
+    with conf_context(conf_dir=conf_dir):
+        refuse()
+
+
+def _string_values(override: Any) -> list[str]:
+    """The values an override gives its key, as text (each of a sweep's; none for a delete or a glob)."""
+    if override.is_sweep_override():
+        try:
+            return [str(v) for v in override.sweep_string_iterator()]
+        except Exception:  # noqa: BLE001 (a glob is expanded against the config groups: no path in it)
+            return []
+    value = override.value()
+    return [value] if isinstance(value, str) else []
 
 
 # Options renamed: what the refusal of the old name says instead of "no such option".

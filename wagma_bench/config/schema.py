@@ -162,19 +162,31 @@ def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
         raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
                           f"must be below {world_size}")
+    # imbalance=shared_draw delays num_slow ranks a step; more than the world would quietly be every rank, always
+    num_slow = getattr(imbalance, "num_slow", None)
+    if num_slow is not None and world_size is not None and num_slow > world_size:
+        raise ConfigError(f"imbalance.num_slow={num_slow} is not allowed with {world_size} ranks; it must be at "
+                          f"most {world_size}")
 
 
 def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
     """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
     per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
     that cannot fit would only swap or meet the OOM killer before its first step."""
-    per_rank = WORKLOAD_SPECS[workload].RANK_MEMORY_MB
+    check_ranks_fit("launcher.nproc", nproc, WORKLOAD_SPECS[workload].RANK_MEMORY_MB,
+                    f"workload={workload}, measured", total_mb)
+
+
+def check_ranks_fit(key: str, nproc: int, per_rank_mb: float, whose: str, total_mb: float | None = None) -> None:
+    """The rule of every command that starts local ranks (`run`, `comm-bench`): ``nproc`` ranks of ``per_rank_mb``
+    each (``whose``: where the figure comes from) within this machine's memory (``total_mb``: None to read it),
+    else a ConfigError naming ``key``, the value and the most that fit."""
     total_mb = machine_memory_mb() if total_mb is None else total_mb
-    if not total_mb or nproc * per_rank <= total_mb:
+    if not total_mb or nproc * per_rank_mb <= total_mb:
         return
-    most = max(1, int(total_mb // per_rank))
-    raise ConfigError(f"launcher.nproc={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank:.0f} "
-                      f"MiB per rank (workload={workload}, measured) = {nproc * per_rank / 1024:.1f} GiB, more than its "
+    most = max(1, int(total_mb // per_rank_mb))
+    raise ConfigError(f"{key}={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank_mb:.0f} "
+                      f"MiB per rank ({whose}) = {nproc * per_rank_mb / 1024:.1f} GiB, more than its "
                       f"{total_mb / 1024:.1f} GiB of memory; it must be at most {most}")
 
 

@@ -25,11 +25,19 @@ def best_threshold(ends, step_s: float) -> tuple[float, float]:
     overhead = max(step_s - float(compute.mean()), 0.0)      # O
     half = ends.shape[2] // 2
     low, high = float(ends[:, :, half:].min()), float(ends.max())
+    # Each step's end times sorted once: the ends kept by a candidate (< tau) are a prefix, found by bisection. The
+    # same numbers as masking the whole array per candidate, which took 14 s at the simulator's 65,536 ranks.
+    steps, size = ends.shape[1], ends.shape[0] * ends.shape[2]
+    per_step = np.sort(ends.transpose(1, 0, 2).reshape(steps, size), axis=1)
+    taus = np.linspace(low, high, CANDIDATES)
+    kept = np.stack([np.searchsorted(row, taus, side="left") for row in per_step])  # [step, candidate]: ends < tau
+    largest_kept = np.where(kept > 0, per_step[np.arange(steps)[:, None], np.maximum(kept - 1, 0)], -np.inf)
+    # C_s(tau): the latest kept end, or 0.0 (a dropped micro-batch's) where any is dropped
+    cut_all = np.where(kept < size, np.maximum(largest_kept, 0.0), largest_kept)
     best, best_gain = math.inf, 0.0
-    for tau in np.linspace(low, high, CANDIDATES).tolist():
-        kept = ends < tau
-        cut = np.where(kept, ends, 0.0).max(axis=2).max(axis=0)  # C_s(tau)
-        dropped = 1.0 - kept.mean(axis=(0, 2))                   # d_s
+    for j, tau in enumerate(taus.tolist()):
+        cut = cut_all[:, j]
+        dropped = 1.0 - kept[:, j] / size                        # d_s
         gain = float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
         if gain > best_gain:
             best, best_gain = tau, gain

@@ -47,6 +47,18 @@ from wagma_bench.record.files import write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"
+# One rank's peak resident memory, MiB, as reproduce/memory/footprint.py measures a workload's (peak VmRSS of a rank,
+# `footprint.py comm-bench --nproc N --sizes S --repeats 2`, CPU, 2026-12-06, this 2-core 23.4 GiB machine): 398 and
+# 403 with 4K messages (2 and 8 ranks), 448 with 16M, 618 and 632 with 100M (2 and 4 ranks). Torch and gloo without a
+# model or data (a workload's rank holds about 1,100), and about 2.4 copies of the largest message (the buffer, the
+# wait-avoiding engine's snapshot, gloo's scratch). Rounded up: ranks x this must fit the machine, as `run`'s ranks.
+RANK_BASE_MB = 420.0
+RANK_MESSAGE_COPIES = 2.5
+
+
+def rank_memory_mb(sizes: list[int]) -> float:
+    """What one comm-bench rank holds at its peak with these message sizes (the figure the machine check uses)."""
+    return RANK_BASE_MB + RANK_MESSAGE_COPIES * max(sizes) / 2**20
 
 
 def parse_size(text: str) -> int:

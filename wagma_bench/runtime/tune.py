@@ -50,8 +50,8 @@ from wagma_bench.analysis.tuning import (
     outcome,
     yaml_value,
 )
-from wagma_bench.config.overrides import CommandParser
-from wagma_bench.config.paths import conf_context
+from wagma_bench.config.overrides import CommandParser, refuse_path_options
+from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
@@ -200,6 +200,7 @@ def _compose_checked(compose, validate, overrides: list[str], name: str):
     from omegaconf.errors import OmegaConfBaseException
 
     try:
+        refuse_path_options(overrides, CONF_DIR)  # `optimizer=../x`: in the user's words, as `run` says it
         return validate(compose(config_name="wagma", overrides=overrides))
     except ConfigError as err:
         raise ConfigError(f"trial {name} ({' '.join(overrides)}): {err}") from None

@@ -89,6 +89,8 @@ from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.spread import draw_persistent
 
 DELAY_BLOCK = 1 << 18      # rank-steps of injected delays drawn at once (delay_matrix)
+# elements of the AD-PSGD model's whole-run vector steps done at once, so that each says where it is (SimConfig.progress)
+CHUNK = 1 << 20
 CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
 
@@ -154,6 +156,15 @@ class Workload:
         return np.stack([np.resize(np.asarray(seq, dtype=float), steps) for seq in self.trace])
 
 
+#: what a simulation tells its caller as it goes: (phase, fraction of that phase done, 0 to 1), often (every round,
+#: every batch of exchanges, every chunk of a whole-run step), so that a caller can say where a long one is
+Progress = Callable[[str, float], None]
+
+
+def _silent(phase: str, fraction: float) -> None:
+    """The default :data:`Progress`: nobody listens."""
+
+
 @dataclass
 class SimConfig:
     optimizer: str
@@ -166,6 +177,8 @@ class SimConfig:
     seed: int = 1
     control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
     local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
+    # told where the simulation is (`wagma-bench simulate` prints a line every few seconds of a long one)
+    progress: Progress | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         spec = OPTIMIZER_SPECS.get(self.optimizer)
@@ -215,15 +228,19 @@ class SimResult:
 
 # --- shared pieces -------------------------------------------------------------------------------------
 
-def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray) -> np.ndarray:
+def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray,
+                 tick: Progress = _silent) -> np.ndarray:
     """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does
     (before the step's computation, relative models seeing the previous step's compute time; the first
     step uses its own), for every rank and step at once (:meth:`~wagma_bench.imbalance.Imbalance.delays`)."""
     compute = np.concatenate([compute[:, :1], compute[:, :-1]], axis=1)[:, :steps]
     # a few steps at a time, so that the draws' temporaries stay in the caches at any world size
     block = max(1, DELAY_BLOCK // max(1, world_size))
-    return np.concatenate([imbalance.delays(world_size, compute[:, k:k + block], first_step=k)
-                           for k in range(0, max(1, steps), block)], axis=1)
+    parts = []
+    for k in range(0, max(1, steps), block):
+        tick("injected delays", k / max(1, steps))
+        parts.append(imbalance.delays(world_size, compute[:, k:k + block], first_step=k))
+    return np.concatenate(parts, axis=1)
 
 
 class SimState:
@@ -237,12 +254,14 @@ class SimState:
         self.rounds = self.sync_period * max(1, math.ceil(cfg.steps / self.sync_period))
         # 0: no control points but the last round (the paper's implementations have no periodic barrier)
         self.control = control_period(self.sync_period, cfg.control_every) if cfg.control_every > 0 else 0
+        self.tick = cfg.progress or _silent
         rng = np.random.default_rng(cfg.seed)
         cols = self.rounds + 1
+        self.tick("compute times", 0.0)
         # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and a
         # column of a row-major array is a cache miss per rank once the world outgrows the caches
         self.compute = np.asfortranarray(cfg.workload.draw(rng, self.P, cols))
-        self.delay = np.asfortranarray(delay_matrix(cfg.imbalance, self.P, cols, self.compute))
+        self.delay = np.asfortranarray(delay_matrix(cfg.imbalance, self.P, cols, self.compute, self.tick))
         self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
         self.overhead = float(cfg.workload.overhead_s)
         self.nbytes = cfg.workload.model_bytes
@@ -290,6 +309,7 @@ def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, n
     outer_barrier = OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact"
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
+        run.tick("rounds", (r - 1) / run.rounds)
         ready = start + run.compute[:, r - 1] + run.delay[:, r - 1]
         done = comm(run, r, ready) if run.P > 1 else ready
         if outer_every and r % outer_every == 0:
@@ -345,6 +365,7 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
     start, computed = np.zeros(run.P), 0.0
     parts = np.arange(1, M + 1) / M
     for r in range(1, run.rounds + 1):
+        run.tick("rounds", (r - 1) / run.rounds)
         step = run.compute[:, r - 1] + run.delay[:, r - 1]
         ends = step[:, None] * parts[None, :]                       # [ranks, micro-batches], into the step
         if threshold is None:
@@ -431,7 +452,9 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
     P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes + 4
     overlap = cfg.settings.overlap
     peers = {}
-    for t in range(max(1, math.ceil(math.log2(P))) if P > 1 else 1):
+    hops, tick = (max(1, math.ceil(math.log2(P))) if P > 1 else 1), cfg.progress or _silent
+    for t in range(hops):
+        tick("exponential graph", t / hops)
         out = np.array([exponential_peer(i, P, t) for i in range(P)])
         inn = np.array([exponential_in_peer(i, P, t) for i in range(P)])
         cost = np.array([net.p2p(j, i, n) for i, j in enumerate(inn)])
@@ -492,8 +515,9 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
             return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0,
                               gossip_busy_share=0.0)
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
+        run.tick("time in exchanges", 0.0)
         windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
-        overlap = busy_between(busy, run.P, starts, windows)
+        overlap = busy_between(busy, run.P, starts, windows, run.tick)
         if cost == 0:
             break
         new = cost * overlap  # a step's compute window lengthened by c times the exchange time inside it
@@ -513,6 +537,7 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
     start = np.zeros(run.P)
     starts, ends = np.zeros((run.P, run.rounds)), np.zeros((run.P, run.rounds))
     for r in range(1, run.rounds + 1):
+        run.tick("compute schedule", (r - 1) / run.rounds)
         starts[:, r - 1] = start
         done = start + run.compute[:, r - 1] + extra[:, r - 1] + run.delay[:, r - 1]
         ends[:, r - 1] = done
@@ -523,26 +548,61 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo: np.ndarray,
-                 hi: np.ndarray) -> np.ndarray:
+                 hi: np.ndarray, tick: Progress = _silent) -> np.ndarray:
     """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from its
     exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in flight, a
     passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
-    rank, begin, end = busy
-    span = 2.0 * max(float(hi.max(initial=0.0)), float(end.max(initial=0.0))) + 1.0
-    order = np.argsort(rank * span + begin, kind="stable")
-    rank, begin, end = rank[order], begin[order], end[order]
-    axis = rank * span + begin
-    before = np.concatenate([[0.0], np.cumsum(end - begin)])  # busy time of the intervals before each one
+    rank, began, ended = busy
+    span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
+    tick("time in exchanges", 0.0)
+    order = _by_rank_then_key(rank, began, span, world, tick)
+    axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
+    for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
+        tick("time in exchanges", 0.4 + 0.1 * k / len(order))
+        mine = order[k:k + CHUNK]
+        axis[k:k + CHUNK] = rank[mine] * span + began[mine]
+        begin[k:k + CHUNK] = began[mine]
+        length[k:k + CHUNK] = ended[mine] - began[mine]
+    tick("time in exchanges", 0.5)
+    before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
         rows = np.broadcast_to(np.arange(world)[:, None], t.shape)
         first = np.searchsorted(axis, rows * span, side="left")      # the rank's first interval
         last = np.searchsorted(axis, rows * span + t, side="right")  # intervals begun by t
         partial = np.where(last > first, np.clip(t - begin[np.maximum(last - 1, 0)], 0.0,
-                                                 (end - begin)[np.maximum(last - 1, 0)]), 0.0)
+                                                 length[np.maximum(last - 1, 0)]), 0.0)
         return before[np.maximum(last - 1, 0)] * (last > first) - before[first] * (last > first) + partial
 
-    return busy_until(hi) - busy_until(lo)
+    # a few steps of all ranks at a time (each element on its own: the same numbers), saying where it is
+    out = np.empty(np.broadcast_shapes(lo.shape, hi.shape))
+    cols = out.shape[1] if out.ndim == 2 else 1
+    block = max(1, CHUNK // max(1, out.size // max(1, cols)))
+    for k in range(0, cols, block):
+        tick("time in exchanges", 0.5 + 0.5 * k / cols)
+        part = (slice(None), slice(k, k + block)) if out.ndim == 2 else slice(None)
+        out[part] = busy_until(np.broadcast_to(hi, out.shape)[part]) - busy_until(np.broadcast_to(lo, out.shape)[part])
+    return out
+
+
+def _by_rank_then_key(rank: np.ndarray, t: np.ndarray, span: float, world: int,
+                      tick: Progress = _silent) -> np.ndarray:
+    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank first), a
+    block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks): a block's
+    keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements in their
+    original order, is the same order, ties included."""
+    blocks = min(world, max(1, -(-len(t) // CHUNK)))
+    if blocks == 1:
+        return np.argsort(rank * span + t, kind="stable")
+    block = rank // -(-world // blocks)
+    order = np.empty(len(t), dtype=np.intp)
+    done = 0
+    for b in range(blocks):
+        tick("time in exchanges", 0.4 * b / blocks)  # the sort is about 40% of the work
+        mine = np.flatnonzero(block == b)  # the block's elements in their original order
+        order[done:done + len(mine)] = mine[np.argsort(rank[mine] * span + t[mine], kind="stable")]
+        done += len(mine)
+    return order
 
 
 def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
@@ -567,13 +627,18 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     flat = (np.arange(P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
 
     def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
-        keys = ranks * span + t
-        order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
-        found = np.empty(len(keys), dtype=int)
-        found[order] = np.searchsorted(flat, keys[order], side="right")
+        found = np.empty(len(ranks), dtype=int)
+        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
+            run.tick("exchanges' step lag", k / len(ranks))
+            keys = ranks[k:k + CHUNK] * span + t[k:k + CHUNK]
+            order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
+            found[k + order] = np.searchsorted(flat, keys[order], side="right")
         return found - ranks * rounds
 
-    partners = np.stack([matching_partners(P, e, cfg.seed)[actives] for e in range(rounds + 1)])  # [exchange, active]
+    partners = np.empty((rounds + 1, len(actives)), dtype=int)  # [exchange, active]
+    for e in range(rounds + 1):
+        run.tick("matchings", e / (rounds + 1))
+        partners[e] = matching_partners(P, e, cfg.seed)[actives]
     nbytes = cfg.workload.model_bytes + 16
     swap_of = {True: 2 * net.intra.p2p(nbytes), False: 2 * net.inter.p2p(nbytes)}  # both models, one after the other
     free = np.zeros(P)                      # when each passive is free
@@ -585,6 +650,7 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     while alive.any():
         i = np.nonzero(alive)[0]
         a, t = actives[i], wake[i]
+        run.tick("exchanges", float(t.min()) / end_time)  # the simulated clock the exchanges have reached
         p = partners[exchange[i], i]
         real = p != a
         latency = net.control_latencies(a, p)
@@ -614,6 +680,7 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
         return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
     a, p, b, f = (np.concatenate(col) for col in zip(*out))
     lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
+    run.tick("exchanges' step lag", 1.0)
     busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
     return len(a), float(lag.sum()) / len(a), busy
 
@@ -740,6 +807,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     stale_sum = passive_rounds = 0
     ranks = np.arange(P)
     for r in range(1, run.rounds + 1):
+        run.tick("rounds", (r - 1) / run.rounds)
         if post_at_request:  # eager posts its fresh gradient right before asking
             newly_posted = t_req > t_post
             prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
