@@ -73,8 +73,9 @@ def _run(rest: list[str]) -> int:
 
     try:
         code = run_command(rest)
-    except KeyboardInterrupt:  # before the launcher took Ctrl-C over (it does before any rank starts)
-        print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # a launcher: before it took Ctrl-C over (it does before any rank starts)
+        if not rank:  # a rank: a second Ctrl-C, which its trainer recorded and its launcher reports
+            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
         return exits.INTERRUPTED
     except signals.Stopped as stop:
         print(f"wagma-bench: stopped by {stop} before any rank started; nothing ran", file=sys.stderr, flush=True)

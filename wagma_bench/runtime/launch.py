@@ -427,7 +427,9 @@ def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int]
     except BaseException as err:
         if ranks_dir:
             report_error(ranks_dir, world.rank, err)
-        if comm.abort_ends_job:  # end the job now (MPI) rather than let the peers wait for their timeout
+        # end the job now (MPI) rather than let the peers wait for their timeout; not for a second Ctrl-C, which
+        # every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s later
+        if comm.abort_ends_job and not isinstance(err, KeyboardInterrupt):
             traceback.print_exc()
             try:
                 if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure

@@ -428,9 +428,15 @@ FULL_BELOW_BYTES = 1 << 20  # a run directory's file system with less free space
 def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
     """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
     removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
-    Returns the message for the user: the error, and what could not be recorded."""
+    Returns the message for the user: the error, and what could not be recorded. A run stopped on purpose (a
+    second Ctrl-C, a stop out of the grace's reach) before any rank began its event log gets no record: nothing
+    ran, and a summary without its events would stand for a run that never started."""
     from wagma_bench.record.checkpoint import discard_incomplete_sets
+    from wagma_bench.record.events import EVENTS
     from wagma_bench.record.rundir import record_failure
+
+    if status != "failed" and not (run_dir / EVENTS).exists():
+        return f"{error}; nothing was recorded: no rank had begun the run"
 
     try:
         free = shutil.disk_usage(run_dir).free
