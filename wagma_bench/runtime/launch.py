@@ -357,13 +357,20 @@ def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
     return path
 
 
-def noted_holder(addr: str, port: int) -> str | None:
-    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive."""
-    try:
-        pid, identity = _port_note(addr, port).read_text().split(" ", 1)
-        return identity if process_alive(int(pid)) else None
-    except (OSError, ValueError):
-        return None
+def noted_holder(addr: str, port: int, wait_s: float = 1.0) -> str | None:
+    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive; a run that bound the
+    port a moment ago notes it right after, so the note is awaited for ``wait_s``."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, identity = _port_note(addr, port).read_text().split(" ", 1)
+            return identity if process_alive(int(pid)) else None
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                return None
+        time.sleep(0.05)
 
 
 def store_holder(addr: str, port: int, timeout_s: float = 3.0) -> str | None:
@@ -626,10 +633,10 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
 
     store_socket = listen_for_store(addr, port or 0)  # names the run that holds a fixed port
     nonce = secrets.token_hex(8)
+    port_note = note_port_holder(addr, port, f"{nonce} {run_dir}") if port else None  # at once: a loser awaits it
     master = (addr, store_socket.getsockname()[1])
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = store = None
-    port_note = note_port_holder(addr, port, f"{nonce} {run_dir}") if port else None
     try:
         ctrl_c = CtrlC([], heartbeats)  # from now on a Ctrl-C reaches the ranks, started or not
         if announce:
