@@ -186,6 +186,29 @@ def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster, stand
     print(f"{cluster}: sbatch --test-only accepted {len(scripts)} scripts")
 
 
+def test_profile_overrides_reach_the_script_as_meant_and_slurm_and_bash_accept_it(tmp_path, standins):
+    """Values given on the command line as the README suggests (a time, setup lines with spaces, an account) are the
+    values the script holds: Hydra's escapes (``24\\:00\\:00``, ``module\\ load``) were written into it, and the
+    setup line became one word, "command not found" under ``set -e``, while the dry run said it was validated."""
+    out, manifest = render(tmp_path, ["cluster=generic8", "cluster.time=24:00:00", "cluster.account=proj1",
+                                      "cluster.setup=[module load cuda/12.4,source /opt/env.sh]", "gpus=16",
+                                      "optimizer=allreduce"])
+    scripts = [out / j["script"] for j in manifest["jobs"]]
+    text = scripts[0].read_text()
+    assert "#SBATCH --time=24:00:00\n" in text and "#SBATCH --account=proj1\n" in text, text
+    assert "\nmodule load cuda/12.4\n" in text and "\nsource /opt/env.sh\n" in text, text
+    for script in scripts:
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60, check=False)
+        assert check.returncode == 0, check.stderr
+    assert _test_only(scripts, standins["generic8"]["SLURM_CONF"]) == []
+
+
+@pytest.mark.parametrize("value", ["24h", "1:2:3:4", "-5"])
+def test_a_time_outside_slurms_grammar_is_refused_naming_it(value):
+    with pytest.raises(ConfigError, match=rf"cluster.time={value} is not allowed; it must be in SLURM's time"):
+        sweep.parse_spec(["cluster=generic8", f"cluster.time={value}", "gpus=8"])
+
+
 def test_slurm_accepts_local_scripts(tmp_path, slurm):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=1,2,4,8", "optimizer=allreduce", "seeds=2"])
     assert _test_only([out / j["script"] for j in manifest["jobs"]]) == []

@@ -5,6 +5,7 @@ here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,10 +90,11 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
         raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
     try:
         node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
-                               OmegaConf.from_dotlist(list(overrides)))
+                               OmegaConf.create(_override_values(overrides)))
         profile = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         raise ConfigError(_profile_error(name, err)) from None
+    check_slurm_time("cluster.time", profile.time)
     stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
     if stray:
         raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
@@ -100,6 +102,39 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
+
+
+def _override_values(overrides: list[str]) -> dict:
+    """``KEY=VALUE`` overrides (as the command line's Hydra grammar wrote them, escapes included) as the nested
+    values they mean: ``time=24\\:00\\:00`` is the string ``24:00:00`` (OmegaConf's dotlist would read YAML,
+    where ``24:00:00`` is a number), ``setup=[module load cuda/12.4]`` one shell line."""
+    if not overrides:
+        return {}
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as err:
+        raise ConfigError(f"cannot parse the cluster overrides: {err}") from None
+    out: dict = {}
+    for o in parsed:
+        *path, last = o.key_or_group.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = o.value()
+    return out
+
+
+SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|INFINITE|UNLIMITED)")
+
+
+def check_slurm_time(key: str, value: str) -> None:
+    """``value`` in SLURM's own time format (sbatch --time), else a ConfigError naming ``key``."""
+    if not SLURM_TIME.fullmatch(str(value)):
+        raise ConfigError(f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
+                          "D-HH, D-HH:MM or D-HH:MM:SS")
 
 
 # A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
