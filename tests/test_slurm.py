@@ -203,6 +203,16 @@ def test_profile_overrides_reach_the_script_as_meant_and_slurm_and_bash_accept_i
     assert _test_only(scripts, standins["generic8"]["SLURM_CONF"]) == []
 
 
+def test_waiting_on_a_sweep_never_submitted_is_refused_in_one_line(tmp_path):
+    """It exited 0 at once, as a finished sweep would."""
+    out, _ = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce"])
+    res = subprocess.run([str(Path(sys.executable).parent / "wagma-bench"), "sweep", "wait", str(out)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "has no submitted job" in res.stderr, res.stderr
+    assert f"wagma-bench sweep submit {out}" in res.stderr
+
+
 @pytest.mark.parametrize("value", ["24h", "1:2:3:4", "-5"])
 def test_a_time_outside_slurms_grammar_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=rf"cluster.time={value} is not allowed; it must be in SLURM's time"):

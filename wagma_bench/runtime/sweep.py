@@ -472,12 +472,16 @@ def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30
     """Poll SLURM once per ``interval_s`` for the whole sweep (one squeue call) until every submitted job
     has ended, writing a progress line to ``out`` (overwritten in place on a terminal, else one line per
     change). ``timeout_s`` None waits as long as it takes. (Not sbatch --wait: it polls lazily, an 11 s job
-    returned after 42 s.)"""
+    returned after 42 s.) A sweep with no submitted job is refused: there would be nothing to wait for, and an
+    exit 0 at once would read as a sweep that had finished."""
     t0 = time.monotonic()
     tty = out is not None and out.isatty()
     last = None
+    rows = status(sweep_dir)
+    if all(r["job"] is None for r in rows):
+        raise ConfigError(f"sweep {sweep_dir} has no submitted job, so there is nothing to wait for; submit it "
+                          f"first: wagma-bench sweep submit {sweep_dir}")
     while True:
-        rows = status(sweep_dir)
         line = progress_line(rows, time.monotonic() - t0)
         counts = line.partition("] ")[2]
         if out is not None and (tty or counts != last):
@@ -491,6 +495,7 @@ def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
         time.sleep(interval_s)
+        rows = status(sweep_dir)
 
 
 # --- Hydra's submitit launcher ----------------------------------------------------------------------------
