@@ -97,6 +97,14 @@ def listening_ports(pid: int) -> list[int]:
     return ports
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` now: its children, theirs, ... (the launcher's fork server, resource tracker,
     store process and ranks)."""

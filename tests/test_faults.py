@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.cli_util import BIN, compose, run
-from tests.proc_util import rank_pids
+from tests.proc_util import alive, rank_pids
 from wagma_bench.config.schema import FIXED_SECTIONS, missing_range_hint, option_schemas
 from wagma_bench.ranges import range_of
 from wagma_bench.record.files import read_jsonl
@@ -396,13 +396,6 @@ def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
 
 # --- row 9: ranks die with their launcher --------------------------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.serial
 def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
     """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
@@ -416,7 +409,7 @@ def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.communicate(timeout=60)
         t0 = time.monotonic()
-        wait_for(lambda: not any(_alive(p) for p in ranks), "the ranks to end", timeout=60)
+        wait_for(lambda: not any(alive(p) for p in ranks), "the ranks to end", timeout=60)
         took = time.monotonic() - t0
     finally:
         kill_run(launcher)
@@ -537,7 +530,7 @@ def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimiz
         t0 = time.monotonic()
         _, err = launcher.communicate(timeout=120)
         took = time.monotonic() - t0
-        assert not _alive(stopped)
+        assert not alive(stopped)
     finally:
         kill_run(launcher)
     assert launcher.returncode == 1, err[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, keys, run, wait_started
-from tests.proc_util import descendants, first_fork_server, held, held_fork_server, rank_pids
+from tests.proc_util import alive, descendants, first_fork_server, held, held_fork_server, rank_pids
 from wagma_bench.record.files import read_jsonl
 
 
@@ -28,13 +28,6 @@ def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
             return ranks
         assert time.monotonic() < deadline and launcher.poll() is None, "the ranks did not start"
         time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses: int = 1):
@@ -52,7 +45,7 @@ def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses:
                 time.sleep(0.3)
             os.killpg(launcher.pid, signal.SIGINT) if to_group else os.kill(launcher.pid, signal.SIGINT)
         _, err = launcher.communicate(timeout=120)
-        while any(_alive(p) for p in ranks):
+        while any(alive(p) for p in ranks):
             assert time.monotonic() - t0 < 60, "ranks outlive their launcher"
             time.sleep(0.1)
         return launcher, err, time.monotonic() - t0
@@ -185,7 +178,7 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     assert launcher.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "interrupted before any rank started" in err, err[-3000:]
     time.sleep(0.5)
-    assert not _alive(server)  # the fork server went with its launcher, not on importing
+    assert not alive(server)  # the fork server went with its launcher, not on importing
 
 
 def test_a_ctrl_c_while_the_fork_server_starts_is_kept_with_another_thread_running():
@@ -228,8 +221,8 @@ def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_
         t0 = time.monotonic()
         os.kill(launcher.pid, sig)
         _, err = launcher.communicate(timeout=60)
-        while any(_alive(p) for p in family):
-            assert time.monotonic() - t0 < 15, f"processes of the run outlive it: {[p for p in family if _alive(p)]}"
+        while any(alive(p) for p in family):
+            assert time.monotonic() - t0 < 15, f"processes of the run outlive it: {[p for p in family if alive(p)]}"
             time.sleep(0.1)
     finally:
         if launcher.poll() is None:

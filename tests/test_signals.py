@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, keys, run
-from tests.proc_util import descendants
+from tests.proc_util import alive, descendants
 from wagma_bench.record.files import read_jsonl
 
 # "mid": once the ranks have logged steps; the others: seconds after the command started (before the launcher has
@@ -36,13 +36,6 @@ def _cases():
     # Ctrl-C and SIGHUP take the same path under mpiexec (its own session: the launcher passes them on)
     yield pytest.param("mpi", "mid", True, signal.SIGINT, marks=pytest.mark.long, id="mpi-mid-group-SIGINT")
     yield pytest.param("mpi", 1.0, False, signal.SIGHUP, marks=pytest.mark.long, id="mpi-1.0s-launcher-SIGHUP")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _stepped(run_dir: Path) -> bool:
@@ -74,7 +67,7 @@ def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=si
         (os.killpg if to_group else os.kill)(launcher.pid, sig)
         sent = time.monotonic()
         _, err = launcher.communicate(timeout=60)
-        while (left := [p for p in family if _alive(p)]) and time.monotonic() - sent < 15:
+        while (left := [p for p in family if alive(p)]) and time.monotonic() - sent < 15:
             time.sleep(0.1)
         return launcher, err, began, left
     finally:

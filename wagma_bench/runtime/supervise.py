@@ -91,8 +91,18 @@ class CtrlC:
         :attr:`folder` tells one that was not listening yet), and their grace counts from now."""
         self.processes, self.started = processes, True
         if self.terminated is not None:
-            self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
+            self._kill_within(TERM_GRACE_S)
             self._send(signal.SIGTERM)
+
+    def _kill_within(self, grace_s: float) -> None:
+        self.kill_at = min(self.kill_at or math.inf, time.monotonic() + grace_s)
+
+    def killed(self) -> RunFailed:
+        """Why the launcher killed the ranks still running once :meth:`overdue`: a stop signal whose grace ran out
+        before a synchronisation point (:class:`StopOverdue`), or the second Ctrl-C's wait (the caller says so)."""
+        if self.terminated is not None and self.count < 2:
+            return StopOverdue(self.terminated)
+        return RunFailed("ranks still running were killed")
 
     def _terminate(self, signum, frame) -> None:
         """SIGTERM (``timeout``, a batch system's limit) or SIGHUP (a closed terminal) to the launcher: every rank
@@ -112,7 +122,7 @@ class CtrlC:
                   else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
                   file=sys.stderr, flush=True)
             if self.started:
-                self.kill_at = min(self.kill_at or math.inf, time.monotonic() + TERM_GRACE_S)
+                self._kill_within(TERM_GRACE_S)
         self._send(signal.SIGTERM)
 
     def _note(self, name: str, value: int) -> None:
@@ -159,20 +169,20 @@ LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that fol
 
 def launcher_interrupts(folder: str | Path | None) -> int:
     """How many Ctrl-Cs this rank's local launcher took (0 without a launcher of ours, see :class:`CtrlC`)."""
-    if not folder:
-        return 0
-    try:
-        return int((Path(folder) / INTERRUPTS_FILE).read_text())
-    except (OSError, ValueError):
-        return 0
+    return _launcher_note(folder, INTERRUPTS_FILE) or 0
 
 
 def launcher_stop(folder: str | Path | None) -> int | None:
     """The SIGTERM or SIGHUP this rank's local launcher took (None: none, or no launcher of ours)."""
+    return _launcher_note(folder, STOP_FILE)
+
+
+def _launcher_note(folder: str | Path | None, name: str) -> int | None:
+    """The number the launcher noted in its file ``name`` (:meth:`CtrlC._note`); None: none, or no launcher."""
     if not folder:
         return None
     try:
-        return int((Path(folder) / STOP_FILE).read_text())
+        return int((Path(folder) / name).read_text())
     except (OSError, ValueError):
         return None
 
@@ -348,9 +358,7 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
     while True:
         if ctrl_c is not None and ctrl_c.overdue():
             ranks.kill()
-            if ctrl_c.terminated is not None and ctrl_c.count < 2:  # a second Ctrl-C: RunInterrupted, below
-                raise StopOverdue(ctrl_c.terminated)
-            raise RunFailed("ranks still running were killed")
+            raise ctrl_c.killed()  # after a second Ctrl-C, supervise() says so (RunInterrupted)
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
         ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
                 if ranks.processes[r].is_alive()}
@@ -577,8 +585,7 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
     if ctrl_c.count > 1:
         raise RunInterrupted("stopped at once by a second Ctrl-C")
     if killed:
-        raise StopOverdue(ctrl_c.terminated) if ctrl_c.terminated is not None else RunFailed("ranks still running "
-                                                                                              "were killed")
+        raise ctrl_c.killed()
     return proc.returncode, tail[-40:], ended_first, ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None)
 
 
