@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from wagma_bench.config.schedules import round_up
 from wagma_bench.errors import ConfigError
 from wagma_bench.imbalance import IMBALANCES
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
@@ -146,7 +147,7 @@ def check_budget_raise(train: Any, optimizer: Any) -> None:
     if train.max_steps is None or train.allow_budget_raise:
         return
     sync = OPTIMIZER_SPECS[optimizer.name].sync_period_of(optimizer)
-    total = -(-train.max_steps // sync) * sync
+    total = round_up(train.max_steps, sync)  # the trainer's plan (config.plan.RunPlan)
     if total > BUDGET_RAISE_LIMIT * train.max_steps:
         raise ConfigError(f"train.max_steps={train.max_steps} is not allowed with optimizer={optimizer.name}'s sync "
                           f"period of {sync}: the run can stop only at a multiple of it, so it would train {total} "
