@@ -86,6 +86,23 @@ def test_paper_resnet50_preset_holds_the_paper_hyperparameters():
             t.momentum, t.weight_decay) == (128, 0.1, 256, 5.0, [30, 60, 80], 90.0, 0.9, 1e-4)
 
 
+@pytest.mark.parametrize("world", [64, 1024])
+def test_the_paper_straggler_preset_is_the_paper_set_up_with_the_authors_rule(world):
+    """experiment=paper_resnet50_stragglers composes and validates at the paper's 64 ranks and at 1,024, and differs
+    from paper_resnet50 in its stragglers only: the authors' rule with their 0.32 s."""
+    from omegaconf import OmegaConf
+
+    def composed(experiment: str) -> dict:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("wagma", overrides=[f"experiment={experiment}", "data.root=/x"])
+        validate(cfg, world_size=world)
+        return OmegaConf.to_container(cfg)
+
+    stragglers, plain = composed("paper_resnet50_stragglers"), composed("paper_resnet50")
+    assert {k for k in stragglers if stragglers[k] != plain[k]} == {"imbalance"}
+    assert stragglers["imbalance"] == {"name": "authors", "delay_s": 0.32}
+
+
 def test_typo_in_a_yaml_key_names_the_valid_keys():
     raw = _compose([]).raw
     raw["optimizer"]["bucket_mbb"] = 3

@@ -9,6 +9,7 @@ import torch
 
 from wagma_bench.config.schedules import lr_at, peak_lr, round_up
 from wagma_bench.imbalance import (
+    AuthorsImbalance,
     FixedImbalance,
     IndependentImbalance,
     LognormalImbalance,
@@ -94,6 +95,59 @@ def test_independent_imbalance_at_probability_zero_and_one():
     pairs = [(r, s) for r in range(8) for s in range(500)]
     assert all(never.delay(r, 8, s, 0.1) == 0.0 for r, s in pairs)
     assert all(always.delay(r, 8, s, 0.1) == 0.5 for r, s in pairs)
+
+
+def _authors_code(seed: int, world: int, steps: int) -> list[list[bool]]:
+    """The oracle: each rank runs the authors' ``my_func`` as written (``rank == randint(P) or rank ==
+    randint(P)``, Python's own short-circuit) over its own copy of one stream, the same on every rank."""
+    import numpy as np
+
+    from wagma_bench.imbalance import uniform
+
+    u = uniform(seed, AuthorsImbalance.stream, np.arange(2 * steps + 1), 0)
+    shared = [min(int(x * world), world - 1) for x in u]  # np.random.randint(P), seeded alike on every rank
+    rows = []
+    for rank in range(world):
+        stream = iter(shared)
+        rows.append([rank == next(stream) or rank == next(stream) for _ in range(steps)])
+    return rows
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 7, 64])
+def test_the_authors_rule_is_their_code_run_on_every_rank(world):
+    """Each rank's own question (the trainer's, step by step and after a resume) and the world's at once (the
+    simulator's, in blocks) give what the authors' code gives each rank."""
+    import numpy as np
+
+    settings = AuthorsImbalance.Settings()
+    want = _authors_code(seed=5, world=world, steps=300)
+    own = {r: AuthorsImbalance(settings, seed=5) for r in range(world)}  # each rank's model, in its process
+    assert [[own[r].delay(r, world, s, 0.1) > 0 for s in range(300)] for r in range(world)] == want
+    model = AuthorsImbalance(settings, seed=5)  # in blocks of 37 steps, then a resumed rank asking from step 150
+    blocks = np.concatenate([model.delays(world, np.zeros((world, 37)), first_step=k) for k in range(0, 300, 37)],
+                            axis=1)[:, :300]
+    assert (blocks > 0).tolist() == want and set(blocks.ravel()) <= {0.0, 0.32}
+    resumed = AuthorsImbalance(settings, seed=5)
+    resumed.delay(0, world, 299, 0.1)
+    assert [resumed.delay(0, world, s, 0.1) > 0 for s in range(150, 300)] == want[0][150:]
+
+
+@pytest.mark.parametrize("world", [64, 1024])
+def test_the_authors_rule_delays_two_minus_one_over_p_ranks_a_step_at_any_world(world):
+    """The expected number of slow ranks a step is P (1 - (1 - 1/P)^2) = 2 - 1/P: 1.98 at the paper's P = 64 and
+    about 2 at 1,024, where imbalance=independent's preset (the P = 64 probability kept) delays about 32. The
+    mean of 3,000 steps within 5 standard errors of it (a fixed seed: deterministic); the count varies."""
+    import numpy as np
+
+    slow = AuthorsImbalance(AuthorsImbalance.Settings(), seed=2).delays(world, np.zeros((world, 3000))) > 0
+    per_step = slow.sum(axis=0)
+    assert abs(per_step.mean() - (2 - 1 / world)) < 5 * per_step.std() / np.sqrt(per_step.size)
+    assert {0, 1, 2, 3} <= set(per_step.tolist())
+    rate = slow.mean(axis=1)  # every rank at the same probability, 1 - (1 - 1/P)^2
+    assert abs(rate.mean() - (1 - (1 - 1 / world) ** 2)) < 5 * np.sqrt(rate.mean() / slow.size)
+    independent = IndependentImbalance(IndependentImbalance.Settings(), seed=2)
+    assert (independent.delays(world, np.zeros((world, 300))) > 0).sum(axis=0).mean() == pytest.approx(
+        world * IndependentImbalance.Settings().probability, rel=0.2)
 
 
 def test_fixed_and_lognormal_imbalance():

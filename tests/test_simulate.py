@@ -74,6 +74,20 @@ def test_wagma_mild_straggler_within_limiter_bound(k):
     assert res.staleness > 0
 
 
+@pytest.mark.parametrize("catch_up", ["skip", "replay"])
+def test_wagma_contributions_are_at_most_tau_rounds_stale_under_noise(catch_up):
+    """The limiter's bound (docs/optimizers.md), in the model as in the engine (tests/test_wait_avoiding.py): under
+    lognormal noise a rank whose post no round used fresh was dated to round 0, and the simulated mean staleness
+    grew with the round number (77 at P = 64, 87 at 1,024, where tau = 10)."""
+    from wagma_bench.imbalance import LognormalImbalance
+
+    tau = 4
+    noise = LognormalImbalance(LognormalImbalance.Settings(sigma=0.8), seed=3)
+    res = simulate(SimConfig("wagma", 16, WL, Network.free(), noise, typed("wagma", tau=tau, catch_up=catch_up),
+                             steps=30 * (tau + 1)))
+    assert 0 < res.staleness <= tau
+
+
 def test_wagma_replay_persistent_straggler_paces_every_period():
     """catch_up=replay: every rank runs every iteration, so the synchronous round waits for the slow
     rank's tau+1 steps: a persistent straggler is not hidden (the paper's imbalance is random)."""

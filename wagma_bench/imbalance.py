@@ -151,6 +151,69 @@ class IndependentImbalance(Imbalance):
         return np.where(u < self.settings.probability, float(self.settings.delay_s), 0.0)
 
 
+class AuthorsImbalance(Imbalance):
+    """The WAGMA-SGD authors' straggler rule as their code runs it, at any world size P: one random stream,
+    seeded alike on every rank; in each step each rank draws a rank from it (``np.random.randint(P)``) and sleeps
+    ``delay_s`` if the draw is its own, else draws a second time and sleeps if that one is (their ResNet-50
+    script, ``resnet_run_loop_wagma_sgd.py``, ``my_func``: ``comm.rank == randint(P) or comm.rank ==
+    randint(P)``; the short-circuit ``or`` takes one draw on a match, two otherwise).
+
+    So each rank reads the stream at its own position, one draw further after a first-draw match than after a
+    miss, and the ranks that matched the first draw a different number of times read different draws: a rank is
+    delayed with probability 1 - (1 - 1/P)^2 in every step, and a step delays 2 - 1/P ranks on average at every
+    P (1.98 at the paper's 64, 2.0 at 1,024). :class:`IndependentImbalance` keeps instead the per-rank
+    probability of P = 64 at every P. The stream is :func:`uniform` at consecutive positions (not numpy's
+    Mersenne Twister: other values, the same rule); each rank's position is a function of (seed, P, rank, step),
+    computed forward from step 0 once and then step by step (a resumed run recomputes it, microseconds a step)."""
+
+    name = "authors"
+
+    @dataclass
+    class Settings:
+        name: str = "authors"
+        delay_s: float = setting(0.32, NON_NEGATIVE)  # the paper's, about one ResNet-50 step on a P100
+
+    stream = 13
+
+    def __init__(self, settings, seed: int):
+        super().__init__(settings, seed)
+        # (world size, ranks asked) -> (the next step, each asked rank's position in the stream before it)
+        self._cursor: dict[tuple[int, tuple[int, ...] | None], tuple[int, np.ndarray]] = {}
+
+    def _drawn(self, world_size: int, position: np.ndarray) -> np.ndarray:
+        """The rank drawn at each stream position: randint(P) from a uniform number."""
+        import numpy as np
+        u = uniform(self.seed, self.stream, position, 0)
+        return np.minimum((u * world_size).astype(np.int64), world_size - 1)
+
+    def _slow(self, world_size: int, ranks: np.ndarray, first_step: int, steps: int, key) -> np.ndarray:
+        """Whether each of ``ranks`` sleeps in each of the steps ``first_step ..``: ``[rank, k]``."""
+        import numpy as np
+        step, position = self._cursor.get(key, (0, np.zeros(len(ranks), dtype=np.uint64)))
+        if step > first_step:  # asked for an earlier step (a resumed run, a new simulation): from step 0
+            step, position = 0, np.zeros(len(ranks), dtype=np.uint64)
+        out = np.zeros((len(ranks), steps), dtype=bool)
+        while step < first_step + steps:
+            first = self._drawn(world_size, position) == ranks
+            second = ~first & (self._drawn(world_size, position + np.uint64(1)) == ranks)
+            if step >= first_step:
+                out[:, step - first_step] = first | second
+            position = position + np.where(first, np.uint64(1), np.uint64(2))
+            step += 1
+        self._cursor[key] = (step, position)
+        return out
+
+    def delay(self, rank, world_size, step, base_s):
+        import numpy as np
+        slow = self._slow(world_size, np.array([rank]), step, 1, (world_size, (rank,)))
+        return self.settings.delay_s if bool(slow[0, 0]) else 0.0
+
+    def delays(self, world_size, base_s, first_step=0):
+        import numpy as np
+        slow = self._slow(world_size, np.arange(world_size), first_step, np.shape(base_s)[1], (world_size, None))
+        return np.where(slow, float(self.settings.delay_s), 0.0)
+
+
 class FixedImbalance(Imbalance):
     """The given ranks are ``factor`` times slower, every step: each sleeps ``(factor - 1)`` times its
     compute time (``ranks: [2, 3]`` makes a whole butterfly group of P=4, S=2 slow)."""
@@ -211,7 +274,8 @@ class LognormalImbalance(Imbalance):
 
 IMBALANCES: dict[str, type[Imbalance]] = {
     cls.name: cls
-    for cls in (NoImbalance, SharedDrawImbalance, IndependentImbalance, FixedImbalance, LognormalImbalance)
+    for cls in (NoImbalance, SharedDrawImbalance, IndependentImbalance, AuthorsImbalance, FixedImbalance,
+                LognormalImbalance)
 }
 
 # Former option names, for run records made before a rename (a user's ``imbalance=paper`` is refused, with

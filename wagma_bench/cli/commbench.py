@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 
 from wagma_bench import exits
+from wagma_bench.cli.text import plain
 from wagma_bench.record.files import OUTPUT_HINT, refuse_link
 from wagma_bench.runtime import commbench
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=commbench.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=plain(commbench.__doc__.split("\n")[0]))
     parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     parser.add_argument("--sizes", type=commbench.parse_sizes, default=commbench.DEFAULT_SIZES,
                         help=f"message sizes (default {commbench.DEFAULT_SIZES})")

@@ -1,8 +1,7 @@
 """``wagma-bench simulate``: predicted throughput and time-to-target of every optimizer against world size.
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        'optimizer=glob(*)' imbalance=shared_draw imbalance.delay_s=0.32 \\
-        workload=resnet data=imagenet [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
+        'optimizer=glob(*)' experiment=paper_resnet50_stragglers [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
         [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
@@ -21,7 +20,7 @@ batch per rank, given with its ``step_s``); ``train.epochs`` is refused (the mod
 are checked and do not change a prediction. Simulate's own keys: ``gpus``, ``control_every``,
 ``samples_to_target`` and the workload's cost model (``step_s``, ``params``, ``compute``, ``sigma``,
 ``overhead_s``, ``backward_fraction``, ``bytes_per_param``: the preset's numbers, :mod:`.presets`).
-Defaults where they differ from `run`'s: every optimizer, ``cluster=daint`` (``local`` with
+Defaults where they differ from `run`'s: every optimizer that runs on the workload (DropCompute where batches split), ``cluster=daint`` (``local`` with
 ``--calibrate``), and ``workload=resnet data=imagenet`` (the paper's ResNet-50 set-up) when neither a
 workload nor an ``experiment`` is given; a data path `run` would need (``data.root``) is not needed.
 
@@ -60,6 +59,12 @@ line wins over the file. ``--interval N``: also N predictions with their inputs 
 assumption moved at a time (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which
 ``wagma-bench claims`` takes each prediction's 95% interval and the assumption that flips it.
 
+The table's columns (docs/simulator.md, "Outputs"): samples/s, the predicted throughput; vs allreduce, over
+Allreduce-SGD's at the same P; efficiency, samples/s over P x batch / ``step_s`` (ranks that never communicate,
+wait or sleep); wait share, a rank's mean share of time spent waiting; staleness, in rounds, the mean largest age
+of a rank's contributions to the rounds that answer it (WAGMA-SGD, eager-SGD; at most ``tau`` for WAGMA-SGD) or
+the mean step lag of AD-PSGD's exchanging pairs; time to target (s), samples to the target over samples/s.
+
 Outputs in ``--out`` (default ``sim/``): ``predictions.csv|json``, ``throughput.png`` (``plots.plot_throughput``,
 the report's figure, predictions dashed), ``time_to_target.png``, and with ``--calibrate``
 ``validation.csv|json``, ``validation.png`` and ``calibration.json``.
@@ -82,10 +87,11 @@ from wagma_bench import exits
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.predictions import INTERVAL_FILE
 from wagma_bench.analysis.tables import markdown_table, write_csv
+from wagma_bench.cli.text import plain
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.schedules import CONTROL_EVERY
-from wagma_bench.config.schema import RunConfig, check_world, validate
+from wagma_bench.config.schema import RunConfig, check_world, runs_on, validate
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.record.events import RunEvents
@@ -140,6 +146,7 @@ class Request:
 
     run_overrides: list[str] = field(default_factory=list)  # one value each, optimizer=... excluded
     optimizers: list[str] = field(default_factory=simulated_optimizers)
+    optimizers_chosen: bool = False  # optimizer= given; else every optimizer that runs on the workload
     optimizer_overrides: list[tuple[str, str]] = field(default_factory=list)  # (KEY, VALUE) of optimizer.KEY
     gpus: list[int] | None = None
     cluster: str | None = None
@@ -158,7 +165,7 @@ class Request:
 
 
 def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
                     "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE")
@@ -209,7 +216,7 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
                     raise UsageError(f"gpus={g} is not allowed; it must be between 1 and {MAX_GPUS:,} (a simulation's "
                                      "cost grows with ranks x rounds: 1,024 ranks x 500 rounds take seconds)")
         elif key == "optimizer":
-            req.optimizers = values
+            req.optimizers, req.optimizers_chosen = values, True
         elif key.startswith("optimizer."):
             req.optimizer_overrides.append((key[len("optimizer."):], values[0]))
         elif key == "cluster":
@@ -271,6 +278,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
             except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
                 raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or unknown_option_message(err)
                                  or hydra_message(err)) from None
+            if not req.optimizers_chosen and not runs_on(name, str(cfg.workload.name)):
+                continue  # every optimizer by default: those that run on this workload (not DropCompute on RL)
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)

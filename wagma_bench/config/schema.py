@@ -127,9 +127,15 @@ def check_outer(optimizer: Any) -> None:
                       f"{OPTIMIZER_SPECS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
 
 
+def runs_on(optimizer: str, workload: str) -> bool:
+    """Whether optimizer ``optimizer`` runs on workload ``workload``: one that computes a batch in parts
+    (DropCompute) only where the batches split."""
+    return not OPTIMIZER_SPECS[optimizer].computes_in_parts or WORKLOAD_SPECS[workload].splittable
+
+
 def check_parts(optimizer: Any, workload: Any) -> None:
     """An optimizer that computes a batch in parts (DropCompute) only on a workload whose batches split."""
-    if not OPTIMIZER_SPECS[optimizer.name].computes_in_parts or WORKLOAD_SPECS[workload.name].splittable:
+    if runs_on(optimizer.name, workload.name):
         return
     splittable = ", ".join(name for name, cls in WORKLOAD_SPECS.items() if cls.splittable)
     raise ConfigError(f"optimizer={optimizer.name} is not allowed with workload={workload.name}: it computes each "

@@ -840,7 +840,9 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
         resume[idx] = answer[idx] + run.overhead
         if not post_at_request:  # WAGMA posts its updated model after the update
             t_post[idx] = resume[idx]
-            prev_posted[idx] = cur_posted[idx]
+            # the buffer posted now follows the newest one a round used (a post no round used fresh keeps the
+            # one before it: 0 would date it to round 0, an age of r)
+            prev_posted[idx] = np.where(cur_posted[idx] == 0, prev_posted[idx], cur_posted[idx])
             cur_posted[idx] = 0
         k[idx] += 1
         if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
