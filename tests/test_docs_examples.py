@@ -157,3 +157,11 @@ def test_a_renamed_key_preset_or_flag_fails_the_check_naming_it(line, named, tmp
     with pytest.raises(Exception) as err:
         check(argv_of(line), tmp_path)
     assert named in str(err.value)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_commands_help_is_terminal_text(command):
+    """`--help` prints a module's docstring: without reStructuredText's roles and double backquotes (simulate's
+    printed `:func:` markup)."""
+    text = help_text(command)
+    assert not re.search(r":(func|class|mod|meth|attr):`|``", text), text
