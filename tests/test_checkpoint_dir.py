@@ -102,3 +102,4 @@ def test_a_file_as_checkpoint_dir_exits_2_before_any_rank_starts(tmp_path):
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"checkpoint.dir={a_file} is not allowed: {a_file} is a file" in out.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
+
