@@ -227,11 +227,13 @@ def _older_hint(folder: Path) -> str:
             f"{folder.parent / LATEST} to resume from it, or start afresh with checkpoint.resume=false")
 
 
-def payload(model, algo, state: dict, clock) -> dict:
-    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it)."""
+def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
+    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it); ``largest``:
+    with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight), for sizing."""
     import torch
 
-    return {"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
+    algo_state = algo.largest_state_dict() if largest else algo.state_dict()
+    return {"model": model.state_dict(), "algo": algo_state, "state": dict(state),
             "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}
 
 
@@ -259,13 +261,14 @@ def file_bytes(saved: dict, optimizer=None) -> int:
 
     extra = 0
     saved_optimizer = saved["algo"].get("optimizer")
-    if optimizer is not None and saved_optimizer is not None and not saved_optimizer.get("state"):
-        state = _first_step_state(optimizer)
-        for entry in state.values():
-            for key, t in entry.items():
-                if isinstance(t, torch.Tensor) and t.device.type == "meta":  # a 1-element stand-in writes its record
-                    entry[key] = torch.zeros(1, dtype=t.dtype)
-                    extra += (t.numel() - 1) * t.element_size()
+    lazy = optimizer is not None and saved_optimizer is not None and not saved_optimizer.get("state")
+    state = _first_step_state(optimizer) if lazy else {}
+    for entry in state.values():
+        for key, t in entry.items():
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":  # a 1-element stand-in writes its record
+                entry[key] = torch.zeros(1, dtype=t.dtype)
+                extra += (t.numel() - 1) * t.element_size()
+    if state:
         saved_optimizer["state"] = state
     counter = _Counter()
     torch.save(saved, counter)
@@ -274,7 +277,15 @@ def file_bytes(saved: dict, optimizer=None) -> int:
 
 def _first_step_state(optimizer) -> dict:
     """The state (by parameter index) that one step of ``optimizer`` creates, made by a copy of it over meta-device
-    copies of its parameters (no memory, no data): the optimizer's own code decides what it keeps."""
+    copies of its parameters (no memory, no data): the optimizer's own code decides what it keeps. Both local
+    optimizers of the suite (SGD, AdamW) step there; one that cannot is counted without it."""
+    try:
+        return _step_on_meta(optimizer)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return {}
+
+
+def _step_on_meta(optimizer) -> dict:
     import torch
 
     groups = []
@@ -371,7 +382,7 @@ class Checkpointer:
     def size_line(self, model, algo, state: dict, clock, every_s: float) -> str:
         """Rank 0, at the start (before the first step, when the algorithm has nothing in flight): what one
         checkpoint of this run writes, for sizing a scratch file system (:func:`file_bytes`)."""
-        per_rank = file_bytes(payload(model, algo, state, clock), algo.optimizer)
+        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.optimizer)
         world = algo.comm.world_size
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
         return (f"checkpoints: {_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
