@@ -38,6 +38,7 @@ import shutil
 from pathlib import Path
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.record.checkpoint_size import file_bytes, human_size
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.files import atomic_write, refuse_link, run_subdir, write_json_atomic
 from wagma_bench.record.rundir import identity, identity_hash
@@ -237,78 +238,6 @@ def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
             "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}
 
 
-class _Counter:
-    """A file that counts what is written to it and keeps nothing."""
-
-    def __init__(self):
-        self.n = 0
-
-    def write(self, data) -> int:
-        self.n += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-
-def file_bytes(saved: dict, optimizer=None) -> int:
-    """The size of the file ``torch.save`` writes for ``saved`` (a fresh :func:`payload`), counted as it serialises,
-    so storage sharing, pickle and zip records are all in. Where ``optimizer`` (the local one) has no state yet (a
-    fresh start: SGD's momentum and Adam's moments appear at its first step), the state its first step creates is
-    counted as that optimizer creates it (:func:`_first_step_state`, on the meta device): each such tensor serialised
-    as a 1-element stand-in (its record) plus the rest of its bytes, exact within 63 bytes of alignment per tensor."""
-    import torch
-
-    extra = 0
-    saved_optimizer = saved["algo"].get("optimizer")
-    lazy = optimizer is not None and saved_optimizer is not None and not saved_optimizer.get("state")
-    state = _first_step_state(optimizer) if lazy else {}
-    for entry in state.values():
-        for key, t in entry.items():
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":  # a 1-element stand-in writes its record
-                entry[key] = torch.zeros(1, dtype=t.dtype)
-                extra += (t.numel() - 1) * t.element_size()
-    if state:
-        saved_optimizer["state"] = state
-    counter = _Counter()
-    torch.save(saved, counter)
-    return counter.n + extra
-
-
-def _first_step_state(optimizer) -> dict:
-    """The state (by parameter index) that one step of ``optimizer`` creates, made by a copy of it over meta-device
-    copies of its parameters (no memory, no data): the optimizer's own code decides what it keeps. Both local
-    optimizers of the suite (SGD, AdamW) step there; one that cannot is counted without it."""
-    try:
-        return _step_on_meta(optimizer)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return {}
-
-
-def _step_on_meta(optimizer) -> dict:
-    import torch
-
-    groups = []
-    for g in optimizer.param_groups:
-        params = [torch.empty_like(p, device="meta").requires_grad_(True) for p in g["params"]]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        hyper = {k: v for k, v in g.items() if k != "params"}
-        if "foreach" in hyper:  # the multi-tensor kernels are for real devices
-            hyper["foreach"] = False
-        groups.append({**hyper, "params": params})
-    mirror = type(optimizer)(groups)
-    mirror.step()
-    return mirror.state_dict()["state"]
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
-
-
 class Checkpointer:
     """One rank's side of the run's checkpoint sets."""
 
@@ -385,9 +314,9 @@ class Checkpointer:
         per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.optimizer)
         world = algo.comm.world_size
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
-        return (f"checkpoints: {_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
-                f"{_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the last "
-                f"{KEEP} are kept, {KEEP + 1} while one is written: {_size(per_rank * world * (KEEP + 1))} at most")
+        return (f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
+                f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the last "
+                f"{KEEP} are kept, {KEEP + 1} while one is written: {human_size(per_rank * world * (KEEP + 1))} at most")
 
     # --- save --------------------------------------------------------------------------------------
     def save(self, model, algo, state: dict, clock) -> None:
