@@ -1,6 +1,6 @@
 """The order in which the trainer calls an algorithm, as ``wagma_bench/optim/base.py`` documents it, on a
 real 2-rank gloo world through the real trainer: a fresh run (construction, the initial broadcast, steps,
-state saved at synchronisation points, close) and its resume (construction, load_state_dict instead of the
+rank 0's sizing of checkpoints before the first step, state saved at synchronisation points, close) and its resume (construction, load_state_dict instead of the
 broadcast, steps from the checkpoint's round, close)."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def _recorded_runs(comm, run_dir: str) -> list:
     class Recording(base):
         def __init__(self, *args, **kwargs):
             calls.append(("init",))
+            self.sizing = False
             super().__init__(*args, **kwargs)
 
         def broadcast_initial_model(self):
@@ -46,8 +47,17 @@ def _recorded_runs(comm, run_dir: str) -> list:
             return info
 
         def state_dict(self):
-            calls.append(("state_dict", self.round))
+            if not self.sizing:
+                calls.append(("state_dict", self.round))
             return super().state_dict()
+
+        def largest_state_dict(self):  # rank 0 at the start, for the checkpoint size it says (not a save)
+            calls.append(("largest_state_dict", self.round))
+            self.sizing = True
+            try:
+                return super().largest_state_dict()
+            finally:
+                self.sizing = False
 
         def close(self):
             calls.append(("close", self.round))
@@ -67,7 +77,12 @@ def _recorded_runs(comm, run_dir: str) -> list:
 def test_the_trainer_calls_an_algorithm_in_the_documented_order(tmp_path):
     results = run_world(_recorded_runs, 2, str(tmp_path), timeout_s=240)
     assert [runs[0][1] for runs in results] == ["completed", None] and results[0][1][1] == "completed"
-    for (fresh, _), (resumed, _) in results:
+    for rank, ((fresh, _), (resumed, _)) in enumerate(results):
+        sized = [("largest_state_dict", 0)] if rank == 0 else []  # before the first step, rank 0 only
+        assert fresh[:3 if rank == 0 else 2] == [("init",), ("broadcast_initial_model",), *sized]
+        assert [c for c in resumed if c[0] == "largest_state_dict"] == ([("largest_state_dict", 8)] if rank == 0
+                                                                           else [])
+        fresh = [c for c in fresh if c[0] != "largest_state_dict"]
         assert fresh[:2] == [("init",), ("broadcast_initial_model",)]
         assert not any(c[0] == "load_state_dict" for c in fresh)
         assert [c for c in fresh if c[0] == "step"] == [("step", r) for r in range(1, 9)]

@@ -79,3 +79,45 @@ def test_requeued_sweep_job_offline(tmp_path):
     resumed = wandb_records(files[1])
     keys = {item.key or "/".join(item.nested_key) for h in of_type(resumed, "history") for item in h.item}
     assert "eval/top1" in keys and "eval/metric" not in keys
+
+
+def test_report_wandb_joins_the_runs_project_and_group(tmp_path):
+    """``report --wandb`` over a sweep's runs: the report's W&B run (offline, real wandb) is in the project the
+    runs logged into and in their group, the sweep's, so it sits beside them in W&B; it says where it logs."""
+    import json
+
+    from tests.test_report import Listener, reach_at, write_run
+    from wagma_bench.record.loggers import sweep_group
+
+    sweep = tmp_path / "SW"
+    for name, seed in (("0_wagma_s1", 1), ("1_wagma_s2", 2)):
+        run_dir = write_run(sweep / "runs" / name, "wagma", seed, reach_at(30.0))
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        events[0]["metadata"]["config"]["logger"] = {"wandb": {"project": "straggler-study", "entity": None,
+                                                               "group": None}}
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (sweep / "manifest.json").write_text("{}")
+    listener = Listener()
+    out = subprocess.run([str(BIN), "report", str(sweep), "--out", str(tmp_path / "R"), "--wandb"], cwd=tmp_path,
+                         env=offline_env(tmp_path, listener), capture_output=True, text=True, timeout=300, check=False)
+    listener.close()
+    assert out.returncode == 0, out.stderr[-3000:]
+    group = sweep_group(sweep / "runs" / "0_wagma_s1")
+    assert f"logging to W&B project straggler-study, group {group}" in out.stdout
+    (path,) = (tmp_path / "R" / "wandb").glob("offline-run-*/run-*.wandb")
+    (run,) = of_type(wandb_records(path), "run")
+    assert (run.project, run.run_group, run.job_type) == ("straggler-study", group, "report")
+    assert listener.connections == 0
+
+
+def test_report_wandb_target_of_runs_that_disagree():
+    """Runs in two groups: the report's run in none, saying so; the command line wins over the runs."""
+    from wagma_bench.analysis.run_records import RunRecord
+    from wagma_bench.analysis.wandb_report import runs_target
+
+    runs = [RunRecord(Path(f"/r/{g}"), {}, [], {}, wandb={"project": "p", "group": g}) for g in ("g1", "g2")]
+    project, entity, group, said = runs_target(runs, None, None, None)
+    assert (project, entity, group) == ("p", None, None)
+    assert "the runs are in 2 W&B groups (g1, g2), so the report's run is in none (choose with --wandb-group)" in said
+    assert runs_target(runs, "q", None, "mine")[:3] == ("q", None, "mine")
+    assert runs_target([RunRecord(Path("/r/x"), {}, [], {})], None, None, None)[:3] == ("wagma-bench", None, None)

@@ -27,6 +27,7 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
     optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
     variant: str = ""               # what sets it apart from other runs of its optimizer (name_variants)
+    wandb: dict | None = None       # its logger.wandb section (None: it did not log to W&B)
 
     @property
     def partial(self) -> bool:
@@ -91,8 +92,9 @@ def load_run(path: Path) -> RunRecord:
     meta = record.start.settings if record.start else {}
     evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
+    wandb = ((record.start.config.get("logger") or {}).get("wandb") if record.start else None) or None
     return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,
-                     {k: v for k, v in settings.items() if k != "name"})
+                     {k: v for k, v in settings.items() if k != "name"}, wandb=wandb)
 
 
 def name_variants(runs: Sequence[RunRecord]) -> None:

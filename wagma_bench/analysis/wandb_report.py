@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis.report import GroupReport, group_slug
+from wagma_bench.analysis.run_records import RunRecord
 from wagma_bench.analysis.scoring import TunedSection
 
 
@@ -36,6 +37,38 @@ def log_to_wandb(out: Path, groups: Sequence[GroupReport], project: str, entity:
     where = offline_dir(run)
     run.finish()
     return where
+
+
+DEFAULT_PROJECT = "wagma-bench"  # logger.wandb.project's default
+
+
+def runs_target(runs: Sequence[RunRecord], project: str | None, entity: str | None,
+                group: str | None) -> tuple[str, str | None, str | None, str]:
+    """The W&B project, entity and group of the report's run, and a line saying whence: each one given on the
+    command line; else the runs' own where they share it: the project and entity they logged into (runs that did
+    not log to W&B have no say), the group they logged into (``logger.wandb.group``, else their sweep's,
+    :func:`~wagma_bench.record.loggers.sweep_group`, which runs without W&B would have had too). Runs that
+    disagree: the default project, no entity (W&B's default), no group, and the line says so."""
+    from wagma_bench.record.loggers import sweep_group
+
+    logged = [r.wandb for r in runs if r.wandb]
+    notes = []
+
+    def common(given, values: set, what: str, default):
+        if given is not None:
+            return given
+        values.discard(None)
+        if len(values) > 1:
+            notes.append(f"the runs are in {len(values)} W&B {what}s ({', '.join(sorted(values))}), so the report's "
+                         f"run is in {default or 'none'} (choose with --wandb-{what})")
+        return next(iter(values)) if len(values) == 1 else default
+
+    project = common(project, {w.get("project") for w in logged}, "project", DEFAULT_PROJECT)
+    entity = common(entity, {w.get("entity") for w in logged}, "entity", None)
+    group = common(group, {(r.wandb or {}).get("group") or sweep_group(r.path) for r in runs}, "group", None)
+    where = f"W&B project {project}" + (f", entity {entity}" if entity else "") + (f", group {group}" if group
+                                                                                   else ", no group")
+    return project, entity, group, "; ".join([where, *notes])
 
 
 def _cell(v: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis import report as reporting
-from wagma_bench.analysis.wandb_report import log_to_wandb
+from wagma_bench.analysis.wandb_report import log_to_wandb, runs_target
 from wagma_bench.record.files import SymlinkRefused
 
 
@@ -21,9 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
     parser.add_argument("--mllog", action="store_true",
                         help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
-    parser.add_argument("--wandb-project", default="wagma-bench")
-    parser.add_argument("--wandb-entity", default=None)
-    parser.add_argument("--wandb-group", default=None)
+    parser.add_argument("--wandb-project", default=None,
+                        help="default: the project the runs logged into, where they share one, else wagma-bench")
+    parser.add_argument("--wandb-entity", default=None, help="default: the runs' entity, where they share one")
+    parser.add_argument("--wandb-group", default=None,
+                        help="default: the runs' group (logger.wandb.group, else their sweep's), where they share one")
     parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
                         help="auto: online with an API key, else offline")
     args = parser.parse_args(argv)
@@ -46,5 +48,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {marked} half-written (marked)" if marked else "")
           + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
     if args.wandb:
-        log_to_wandb(args.out, groups, args.wandb_project, args.wandb_entity, args.wandb_group, args.wandb_mode, tuned)
+        project, entity, group, said = runs_target([r for g in groups for r in g.runs], args.wandb_project,
+                                                   args.wandb_entity, args.wandb_group)
+        print(f"wagma-bench report: logging to {said}", flush=True)
+        log_to_wandb(args.out, groups, project, entity, group, args.wandb_mode, tuned)
     return 0

@@ -162,7 +162,12 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
     from wagma_bench.config.schema import check_memory, check_world
     from wagma_bench.errors import ConfigError
-    from wagma_bench.record.checkpoint import CheckpointError, check_against_run, check_event_log
+    from wagma_bench.record.checkpoint import (
+        CheckpointError,
+        check_against_run,
+        check_event_log,
+        check_folder,
+    )
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master, visible_cuda_devices
 
@@ -175,6 +180,10 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
             _fail(str(err), exits.REFUSED)
+    try:  # where the checkpoints go: writable, no link, and where a resume finds the earlier ones
+        check_folder(run_dir, run_cfg.checkpoint.dir, run_cfg.checkpoint.resume)
+    except (ConfigError, CheckpointError) as err:
+        _fail(str(err), exits.REFUSED)
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
         print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "

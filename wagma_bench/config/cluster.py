@@ -5,7 +5,9 @@ here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,20 @@ class ClusterProfile:
     run_overrides: list[str] = field(default_factory=list)
     hardware: Hardware = field(default_factory=Hardware)
     network: NetworkProfile | None = None
+
+
+def auto_venv(env=os.environ) -> str:
+    """The Python prefix ``venv: auto`` puts on the jobs' PATH: the one running the sweep, named as the user reached
+    it: ``VIRTUAL_ENV`` (the activated path, a symbolic link or a per-user path such as ``$HOME/venv`` kept as
+    given) where it is this prefix, else ``sys.prefix`` (a console script's ``#!`` line names the prefix as pip
+    wrote it, which may be the link's target: a path that compute nodes may reach differently, or not at all)."""
+    given = env.get("VIRTUAL_ENV")
+    try:
+        if given and os.path.samefile(given, sys.prefix):
+            return given
+    except OSError:  # a VIRTUAL_ENV that no longer exists
+        pass
+    return sys.prefix
 
 
 def cluster_names() -> list[str]:

@@ -255,6 +255,9 @@ class EvalConfig:
 class CheckpointConfig:
     every_s: float = setting(600.0, NON_NEGATIVE)
     resume: bool = True
+    # null: RUN_DIR/checkpoint; else a folder (a scratch file system; relative: under the run directory) that gets
+    # one subfolder per run (wagma_bench/record/checkpoint.py), checked before any rank starts (check_folder)
+    dir: str | None = None
 
 
 @dataclass

@@ -34,6 +34,8 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
      check refuses any other). It must restore ``round`` (the base class does) and everything ``step``
      needs to continue as if never stopped: a deterministic algorithm's resumed run ends bit-identical to
      an uninterrupted one (``tests/test_faults.py``). It should not communicate.
+   Then, on rank 0 only, **``largest_state_dict()``** once, before the first step (not a collective; nothing is in
+   flight yet): the size of a checkpoint said at the start is counted from it.
 3. **Steps**, repeated: ``set_lr(lr)``, ``zero_grad()``, the forward and backward pass (gradients land in
    the buckets' gradient storage), ``step()``. ``step`` returns a :class:`StepInfo` whose ``round`` is at
    least the previous one plus one. Between steps the model's parameters are this rank's current model,
@@ -180,6 +182,12 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         if self.outer is not None:
             state["outer"] = self.outer.state_dict()
         return state
+
+    def largest_state_dict(self) -> dict:
+        """``state_dict()`` as a checkpoint's may be at its largest (a message in flight included): what the start
+        of a run sizes checkpoints by, never saved. Called on rank 0 before the first step, where nothing is in
+        flight: it must not communicate."""
+        return self.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]

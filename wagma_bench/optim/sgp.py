@@ -120,6 +120,12 @@ class SGP(SGPSpec, Algorithm):
         in_flight = self._in.clone() if self._received else None
         return {**super().state_dict(), "weight": self.weight, "in_flight": in_flight}
 
+    def largest_state_dict(self) -> dict:
+        state = self.state_dict()
+        if self.settings.overlap and state["in_flight"] is None:  # a checkpoint's may carry a message: its size
+            state["in_flight"] = self._in
+        return state
+
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._w.fill_(state["weight"])

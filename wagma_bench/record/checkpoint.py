@@ -1,6 +1,7 @@
 """Checkpoints as verified sets.
 
-Layout under ``RUN_DIR/checkpoint/``::
+Layout under the run's checkpoint folder (``RUN_DIR/checkpoint/`` by default; see :func:`configured_folder`
+for ``checkpoint.dir``)::
 
     round-R/rank<r>.pt     every rank's state (decentralised models differ per rank), written first
     round-R/manifest.json  rank 0, once every rank has written: round, world size, config identity and
@@ -16,6 +17,13 @@ world size, config, every file present) and refuses a mismatch before any rank s
 checks its own file's checksum and all ranks agree with one small allgather (:meth:`Checkpointer.agree`),
 so a damaged file is a clear error on every rank, never a hang or a silent load.
 
+With ``checkpoint.dir`` set (a scratch file system) the sets go to ``DIR/<run name>-<hash of the run directory's
+path>/``: one folder per run, so that every run of a sweep can share one setting without two runs ever writing
+into one folder (the alternative, refusing a folder that holds another run's sets, would make a sweep's user
+give each run its own path). The run directory records where its sets are (``RUN_DIR/checkpoint.json``),
+so a requeue, ``report`` and the launcher's own messages find them, and a rerun whose ``checkpoint.dir`` no
+longer leads to them is refused rather than started afresh (:func:`check_folder`).
+
 torch is imported inside the ranks' methods (:class:`Checkpointer`'s), not at the top: the launching process
 makes the checks above without importing it.
 """
@@ -25,16 +33,20 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
 from wagma_bench.errors import ConfigError
+from wagma_bench.record.checkpoint_size import file_bytes, human_size
 from wagma_bench.record.events import EVENTS, RunEvents
-from wagma_bench.record.files import atomic_write, run_subdir, write_json_atomic
+from wagma_bench.record.files import atomic_write, refuse_link, run_subdir, write_json_atomic
 from wagma_bench.record.rundir import identity, identity_hash
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+DEFAULT = "checkpoint"  # the folder in the run directory without checkpoint.dir
+WHERE = "checkpoint.json"  # in the run directory, when its sets live elsewhere: {"dir": FOLDER}
 KEEP = 2  # complete sets kept
 _MESSAGE_BYTES = 1024  # room for one rank's error message in the agreement
 
@@ -66,16 +78,82 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def configured_folder(run_dir: Path, setting: str | None) -> Path:
+    """The folder ``checkpoint.dir`` (``setting``) gives the run in ``run_dir``: ``RUN_DIR/checkpoint`` when unset;
+    else ``DIR/<run name>-<8 hex of the run directory's absolute path>``, ``DIR`` relative to the run directory
+    (``~`` expanded). Absolute paths without resolving links: every rank, on any host, computes the same name
+    from the same command line, and a requeue the same one again."""
+    run_dir = Path(os.path.abspath(run_dir))
+    if setting is None:
+        return run_dir / DEFAULT
+    base = Path(os.path.expanduser(str(setting)))
+    tag = hashlib.sha256(str(run_dir).encode()).hexdigest()[:8]
+    return Path(os.path.abspath(run_dir / base)) / f"{run_dir.name}-{tag}"
+
+
+def recorded_folder(run_dir: Path) -> Path:
+    """Where the run in ``run_dir`` keeps its sets: as ``RUN_DIR/checkpoint.json`` records, else the default."""
+    try:
+        return Path(json.loads((Path(run_dir) / WHERE).read_text())["dir"])
+    except FileNotFoundError:
+        return Path(os.path.abspath(run_dir)) / DEFAULT
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{Path(run_dir) / WHERE} cannot be read ({err}); it records where the run's "
+                              f"checkpoints are") from None
+
+
+def record_folder(run_dir: Path, folder: Path) -> None:
+    """Rank 0, at every start: record ``folder`` as the run's (nothing to record for the default)."""
+    path = Path(run_dir) / WHERE
+    if folder == Path(os.path.abspath(run_dir)) / DEFAULT:
+        path.unlink(missing_ok=True)
+    else:
+        write_json_atomic(path, {"dir": str(folder)})
+
+
+def check_folder(run_dir: Path, setting: str | None, resume: bool) -> Path:
+    """In the launching process, before any rank starts: the folder ``checkpoint.dir`` gives can be created and
+    written, holds no symbolic link the run would write through, and (on a resume) is where the run's earlier sets
+    are. Returns the folder; raises :class:`ConfigError` naming the key, the value and what is allowed."""
+    folder = configured_folder(run_dir, setting)
+    shown = f"checkpoint.dir={setting}"
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+    if existing.is_file():
+        raise ConfigError(f"{shown} is not allowed: {existing} is a file; it must be a folder that the run can "
+                          f"create and write (a relative path is under the run directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{shown} is not allowed: {existing} cannot be written by this user; it must be a "
+                          f"folder that the run can create and write (a relative path is under the run directory)")
+    if setting is not None:  # the user's DIR may be a link (as hydra.run.dir); what the run writes under it not
+        inner = [folder, *(sorted(folder.rglob("*")) if folder.is_dir() and not folder.is_symlink() else [])]
+        link = next((p for p in inner if p.is_symlink()), None)
+        if link is not None:
+            raise ConfigError(f"{shown} is not allowed: {refuse_link(link).strerror}")
+    earlier = recorded_folder(run_dir)
+    if resume and earlier != folder and _latest_in(earlier, quiet=True) is not None:
+        raise ConfigError(f"{shown} is not allowed on this rerun: the run's checkpoints are in {earlier} (its "
+                          f"{WHERE if earlier.name != DEFAULT else 'default folder'}), and {shown} gives {folder}; "
+                          f"set checkpoint.dir back, or start afresh with checkpoint.resume=false")
+    return folder
+
+
 def latest_set(run_dir: Path) -> tuple[Path, dict] | None:
-    """The newest complete set (its folder and manifest), or None when the run never checkpointed."""
-    root = Path(run_dir) / "checkpoint"
+    """The newest complete set of the run in ``run_dir`` (its folder and manifest), or None when the run never
+    checkpointed."""
+    return _latest_in(recorded_folder(run_dir))
+
+
+def _latest_in(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
+    """The newest complete set in a checkpoint folder; ``quiet``: None for one that cannot be read."""
     try:
         name = (root / LATEST).read_text().strip()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     try:
         return root / name, json.loads((root / name / MANIFEST).read_text())
     except (OSError, ValueError) as err:
+        if quiet:
+            return None
         raise CheckpointError(f"checkpoint {root / LATEST} points to {name}, whose {MANIFEST} cannot be read "
                               f"({err})") from None
 
@@ -135,7 +213,7 @@ def check_event_log(run_dir: Path) -> None:
 def discard_incomplete_sets(run_dir: Path) -> None:
     """After a failed run (in the launcher, once every rank has ended): remove the sets without a manifest,
     which no resume can use; after a failure on a full disk this is the space the summary needs."""
-    root = Path(run_dir) / "checkpoint"
+    root = recorded_folder(run_dir)
     for p in root.glob("round-*"):
         if not (p / MANIFEST).exists():
             shutil.rmtree(p, ignore_errors=True)
@@ -150,11 +228,22 @@ def _older_hint(folder: Path) -> str:
             f"{folder.parent / LATEST} to resume from it, or start afresh with checkpoint.resume=false")
 
 
+def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
+    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it); ``largest``:
+    with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight), for sizing."""
+    import torch
+
+    algo_state = algo.largest_state_dict() if largest else algo.state_dict()
+    return {"model": model.state_dict(), "algo": algo_state, "state": dict(state),
+            "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}
+
+
 class Checkpointer:
     """One rank's side of the run's checkpoint sets."""
 
     def __init__(self, run_dir: Path, rank: int, composed: dict):
-        self.dir = Path(run_dir) / "checkpoint"
+        self.run_dir = Path(run_dir)
+        self.dir = configured_folder(run_dir, (composed.get("checkpoint") or {}).get("dir"))
         self.rank = rank
         self.raw = composed
         self._found: tuple[Path, dict] | None = None
@@ -165,7 +254,7 @@ class Checkpointer:
         manifest and its own file's checksum; any rank's problem fails all of them with the same message."""
         problem = ""
         try:
-            self._found = latest_set(self.dir.parent) if resume else None
+            self._found = _latest_in(self.dir) if resume else None
             if self._found is not None:
                 self._verify_own_file(comm.world_size)
         except (CheckpointError, ConfigError, OSError) as err:
@@ -209,11 +298,25 @@ class Checkpointer:
         return saved
 
     def discard_earlier_attempt(self) -> None:
-        """A fresh start (rank 0, before any rank saves): drop the sets of an earlier attempt, so that no
-        later resume can mix them with this attempt's logs."""
-        (self.dir / LATEST).unlink(missing_ok=True)
-        for p in self.dir.glob("round-*"):
-            shutil.rmtree(p, ignore_errors=True)
+        """A fresh start (rank 0, before any rank saves): drop the sets of an earlier attempt (where this run
+        puts them, and where it had put them), so that no later resume can mix them with this attempt's logs;
+        then record where this attempt's go."""
+        for folder in {self.dir, recorded_folder(self.run_dir)}:
+            (folder / LATEST).unlink(missing_ok=True)
+            for p in folder.glob("round-*"):
+                shutil.rmtree(p, ignore_errors=True)
+        record_folder(self.run_dir, self.dir)
+
+    # --- size ----------------------------------------------------------------------------------------
+    def size_line(self, model, algo, state: dict, clock, every_s: float) -> str:
+        """Rank 0, at the start (before the first step, when the algorithm has nothing in flight): what one
+        checkpoint of this run writes, for sizing a scratch file system (:func:`file_bytes`)."""
+        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.optimizer)
+        world = algo.comm.world_size
+        when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
+        return (f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
+                f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the last "
+                f"{KEEP} are kept, {KEEP + 1} while one is written: {human_size(per_rank * world * (KEEP + 1))} at most")
 
     # --- save --------------------------------------------------------------------------------------
     def save(self, model, algo, state: dict, clock) -> None:
@@ -223,8 +326,7 @@ class Checkpointer:
         comm = algo.comm
         folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
         buf = io.BytesIO()
-        torch.save({"model": model.state_dict(), "algo": algo.state_dict(), "state": dict(state),
-                    "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}, buf)
+        torch.save(payload(model, algo, state, clock), buf)
         data = buf.getvalue()
         _write_atomic(folder / f"rank{self.rank}.pt", data)
         digest = bytes.fromhex(hashlib.sha256(data).hexdigest())

@@ -175,7 +175,7 @@ class RunDirLock:
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
 # .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS); refused under
 # every launcher alike, the local one included (whose own heartbeats live elsewhere)
-RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint", ".heartbeats")
+RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint", "checkpoint.json", ".heartbeats")
 
 
 def refuse_symlinks(run_dir: Path) -> None:

@@ -36,7 +36,6 @@ from wagma_bench.runtime.partition import PartitionWatch, ReachListener, slurm_c
 from wagma_bench.runtime.supervise import (
     HEARTBEATS,
     LAUNCHER_DIR_ENV,
-    SHARED_HEARTBEAT_S,
     CtrlC,
     LocalRanks,
     RanksLost,
@@ -45,6 +44,7 @@ from wagma_bench.runtime.supervise import (
     ranks_ignore_ctrl_c,
     record_failed_run,
     report_error,
+    shared_period_s,
     start_heartbeat,
     supervise,
 )
@@ -414,7 +414,8 @@ def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int]
     watch = None
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
         listener = ReachListener(master[0] if master else os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, SHARED_HEARTBEAT_S, (listener.addr, listener.port))
+        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, shared_period_s(world.local_world_size),
+                        (listener.addr, listener.port))
     ranks_dir = os.environ.get(RANK_DIR_ENV)
     if ranks_dir:  # for the launcher's message when this rank ends the job
         with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it

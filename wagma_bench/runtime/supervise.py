@@ -34,10 +34,13 @@ from wagma_bench.runtime.signals import STOP_SIGNALS
 
 HEARTBEAT_S = 0.5  # period of a rank's heartbeat
 # Ranks of an external launcher (srun, torchrun, mpiexec), possibly on several hosts, beat in the run
-# directory (the shared file system), less often: 1,024 ranks make 512 updates a second there.
-SHARED_HEARTBEAT_S = 2.0
+# directory (the shared file system), less often, and each host at most HOST_BEATS_PER_S times a second
+# whatever its number of ranks (shared_period_s): 1,024 ranks on 128 hosts of 8 make 128 updates a second
+# there, where one beat every 2 s per rank made 512.
+SHARED_HEARTBEAT_S = 2.0  # the shortest period of a shared heartbeat
+HOST_BEATS_PER_S = 1.0
 HEARTBEATS = ".heartbeats"  # the folder of those heartbeats, in the run directory
-LOST_AFTER_S = 3 * SHARED_HEARTBEAT_S  # a shared heartbeat this much older than our own: its rank is gone
+LOST_AFTER_BEATS = 3  # a shared heartbeat this many of its periods older than our own: its rank is gone
 STALE_S = 2.5  # a heartbeat this old, while another rank fails, marks its rank as the one that stalled
 GRACE_S = 2.0  # after a rank fails: time for the others to end on their own, then between TERM and KILL
 
@@ -229,6 +232,14 @@ class RanksLost(RuntimeError):
         self.ranks = ranks
 
 
+def shared_period_s(local_ranks: int) -> float:
+    """Period of each rank's heartbeat in the shared run directory where its host runs ``local_ranks`` ranks:
+    :data:`SHARED_HEARTBEAT_S`, longer where the host's ranks would beat more than :data:`HOST_BEATS_PER_S` times a
+    second together (8 ranks: 8 s). The readers (:func:`lost_ranks`) count each host's ranks in the heartbeat
+    files and apply the same rule, so a rank that beats slowly is never taken for a lost one."""
+    return max(SHARED_HEARTBEAT_S, local_ranks / HOST_BEATS_PER_S)
+
+
 def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S,
                     listener: tuple[str, int] | None = None) -> None:
     """Touch ``folder/rank<R>`` (which holds the rank's host name, and the address and port of its
@@ -379,20 +390,22 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
 def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) -> RanksLost | None:
     """After a communication failure of a rank of an external launcher: the ranks whose shared heartbeat
     stopped, as an error naming their hosts (all of a host's ranks: the host is lost); None where every
-    rank still beats, or no heartbeats were kept. Waits up to :data:`LOST_AFTER_S` for a fresh loss to show.
+    rank still beats, or no heartbeats were kept. Waits up to :data:`LOST_AFTER_BEATS` + 1 heartbeat periods
+    (:func:`shared_period_s`; 8 s at 2 ranks a host) for a fresh loss to show.
 
     Ages are taken against this rank's own heartbeat, not the clock: on a shared file system the times are
     the file server's."""
     folder = Path(run_dir) / HEARTBEATS
     if not isinstance(err, RuntimeError) or not (folder / f"rank{rank}").exists():
         return None
-    stale = _stale_shared(folder, rank, world_size)
+    hosts = _hosts_of(folder, world_size)
+    periods = _shared_periods(hosts)
+    stale = _stale_shared(folder, rank, world_size, periods)
     if not stale:
-        time.sleep(LOST_AFTER_S + SHARED_HEARTBEAT_S)
-        stale = _stale_shared(folder, rank, world_size)
+        time.sleep((LOST_AFTER_BEATS + 1) * max(periods.values(), default=SHARED_HEARTBEAT_S))
+        stale = _stale_shared(folder, rank, world_size, periods)
     if not stale:
         return None
-    hosts = _hosts_of(folder, world_size)
     parts = []
     for host in sorted({hosts.get(r, "?") for r in stale}):
         mine = sorted(r for r in stale if hosts.get(r, "?") == host)
@@ -409,7 +422,14 @@ def ranks_named(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def _stale_shared(folder: Path, rank: int, world_size: int) -> dict[int, float]:
+def _shared_periods(hosts: dict[int, str]) -> dict[int, float]:
+    """Each rank's heartbeat period (:func:`shared_period_s`), from the number of ranks its host's files name."""
+    per_host = {h: sum(1 for other in hosts.values() if other == h) for h in set(hosts.values())}
+    return {r: shared_period_s(per_host[h]) for r, h in hosts.items()}
+
+
+def _stale_shared(folder: Path, rank: int, world_size: int, periods: dict[int, float]) -> dict[int, float]:
+    """The ranks whose heartbeat is :data:`LOST_AFTER_BEATS` of its periods older than ours, with its age."""
     mine = (folder / f"rank{rank}").stat().st_mtime
     ages = {}
     for r in range(world_size):
@@ -417,7 +437,8 @@ def _stale_shared(folder: Path, rank: int, world_size: int) -> dict[int, float]:
             ages[r] = mine - (folder / f"rank{r}").stat().st_mtime
         except FileNotFoundError:
             continue
-    return {r: age for r, age in ages.items() if age > LOST_AFTER_S}
+    return {r: age for r, age in ages.items()
+            if age > LOST_AFTER_BEATS * periods.get(r, SHARED_HEARTBEAT_S)}
 
 
 def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:

@@ -34,7 +34,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from wagma_bench.config.cluster import ClusterProfile, load_profile
+from wagma_bench.config.cluster import ClusterProfile, auto_venv, load_profile
 from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import validate
@@ -261,7 +260,7 @@ def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, ar
 
 def setup_lines(profile: ClusterProfile) -> list[str]:
     lines = list(profile.setup)
-    prefix = sys.prefix if profile.venv == "auto" else profile.venv
+    prefix = auto_venv() if profile.venv == "auto" else profile.venv  # as the user reached it, links unresolved
     if prefix:
         lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
     return lines

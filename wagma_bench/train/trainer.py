@@ -184,6 +184,8 @@ class Trainer:
                 ends_by=plan.ends_by))
         if self.rank == 0:
             print(f"wagma-bench: {self.plan.budget_line(cfg)}", flush=True)
+            print("wagma-bench: " + self.checkpointer.size_line(self.model, algo, self.state.to_dict(), self.clock,
+                                                                cfg.checkpoint.every_s), flush=True)
         if self.rank == 0 and self.comm.backend_name == "mpi":  # on a cluster: the system MPI, not a pip wheel?
             print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
         self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,

@@ -1,0 +1,105 @@
+"""``checkpoint.dir``: a run's checkpoint sets on another file system (scratch), found again by a rerun, and the
+size of one checkpoint said at the start, against the files a real run writes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.cli_util import keys, run
+from wagma_bench.errors import ConfigError
+from wagma_bench.record.checkpoint import WHERE, check_folder, configured_folder, latest_set, record_folder
+
+ARGS = ["launcher.nproc=2", "eval.every_steps=4", "checkpoint.every_s=0", "logger.progress=off"]
+
+
+def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(tmp_path):
+    """The sets go to OTHER/<run>-<hash>/, none to RUN_DIR/checkpoint; the run directory records where they are;
+    the rerun with a larger budget resumes from them. The size said at the start is the size of the rank files
+    written (within a record's alignment, 64 bytes, per tensor of the file)."""
+    run_dir, other = tmp_path / "run", tmp_path / "scratch"
+    args = ARGS + [f"checkpoint.dir={other}", f"hydra.run.dir={run_dir}"]
+    first = run(args + ["train.max_steps=4"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = configured_folder(run_dir, str(other))
+    assert folder.parent == other and not (run_dir / "checkpoint").exists()
+    assert json.loads((run_dir / WHERE).read_text()) == {"dir": str(folder)}
+    found = latest_set(run_dir)
+    assert found is not None and found[0] == folder / "round-4"
+    said = re.search(r"checkpoints: \S+ \S+ \((\d+) bytes\) per rank x 2 ranks = .* in (\S+); the last 2",
+                     first.stdout)
+    assert said and said.group(2) == str(folder), first.stdout[-2000:]
+    import torch
+
+    for rank_file in sorted(found[0].glob("rank*.pt")):
+        saved = torch.load(rank_file, weights_only=False)
+        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["optimizer"]["state"].values())
+        assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (rank_file.stat().st_size, said[0])
+
+    second = run(args + ["train.max_steps=8"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
+    resume = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+              if e["key"] == "run_resume"]
+    assert resume[0]["metadata"]["step"] == 4
+    assert latest_set(run_dir)[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
+
+
+def test_each_run_gets_its_own_folder_and_a_relative_dir_is_under_the_run_directory(tmp_path):
+    """One setting for a whole sweep: two runs never share a folder; a requeue (the same path) finds its own."""
+    a, b = tmp_path / "runs" / "0_wagma_s1", tmp_path / "runs" / "1_wagma_s2"
+    shared = str(tmp_path / "scratch")
+    assert configured_folder(a, shared) != configured_folder(b, shared)
+    assert configured_folder(a, shared) == configured_folder(Path(str(a) + "/"), shared)
+    assert configured_folder(a, shared).name.startswith("0_wagma_s1-")
+    assert configured_folder(a, "ckpt").parent == a / "ckpt"
+    assert configured_folder(a, None) == a / "checkpoint"
+
+
+def test_invalid_checkpoint_dirs_are_refused_naming_the_key(tmp_path):
+    run_dir = tmp_path / "run"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for value in (str(a_file), str(a_file / "sub")):
+        with pytest.raises(ConfigError, match=rf"checkpoint.dir={re.escape(value)} is not allowed: {a_file} is a file"):
+            check_folder(run_dir, value, resume=True)
+    # a link where the run writes (its own subfolder) is refused; the user's DIR itself may be one
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "linked").symlink_to(target)
+    check_folder(run_dir, str(tmp_path / "linked"), resume=True)
+    planted = configured_folder(run_dir, str(tmp_path / "scratch"))
+    planted.parent.mkdir()
+    planted.symlink_to(target)
+    with pytest.raises(ConfigError, match=rf"checkpoint.dir=.* is not allowed: {re.escape(str(planted))} is a "
+                                          r"symbolic link"):
+        check_folder(run_dir, str(tmp_path / "scratch"), resume=True)
+
+
+def test_a_rerun_whose_checkpoint_dir_no_longer_leads_to_the_sets_is_refused(tmp_path):
+    """Not a silent fresh start beside the old sets: refused, unless checkpoint.resume=false."""
+    run_dir = tmp_path / "run"
+    old = configured_folder(run_dir, str(tmp_path / "a"))
+    (old / "round-4").mkdir(parents=True)
+    (old / "round-4" / "manifest.json").write_text("{}")
+    (old / "latest").write_text("round-4\n")
+    run_dir.mkdir()
+    record_folder(run_dir, old)
+    for moved in (str(tmp_path / "b"), None):
+        with pytest.raises(ConfigError, match=rf"the run's checkpoints are in {re.escape(str(old))}"):
+            check_folder(run_dir, moved, resume=True)
+        check_folder(run_dir, moved, resume=False)
+    assert check_folder(run_dir, str(tmp_path / "a"), resume=True) == old
+
+
+def test_a_file_as_checkpoint_dir_exits_2_before_any_rank_starts(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    out = run(["launcher.nproc=2", f"checkpoint.dir={a_file}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"checkpoint.dir={a_file} is not allowed: {a_file} is a file" in out.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
+
