@@ -454,6 +454,33 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
         assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
 
 
+@pytest.mark.long
+def test_comm_bench_under_torchrun_on_two_hosts(cluster, tmp_path):
+    """`torchrun --nnodes 2 --nproc-per-node 2 wagma-bench comm-bench` on each host (c10d rendezvous at wagma-n1,
+    given --local-addr and is_host as in the test above): the workers join torchrun's world and time both
+    link levels."""
+    endpoint = f"{_address(cluster, HOSTS[0])}:29518"
+    bench = tmp_path / "cb.json"
+    procs = []
+    for node in HOSTS:
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
+               "--local-addr", _address(cluster, node), "--rdzv-id", "mn-comm-bench", "--no-python",
+               str(BIN / "wagma-bench"), "comm-bench", "--sizes", "4K,64K", "--repeats", "2", "--out", str(bench)]
+        procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
+                                                              *cmd]),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    result = json.loads(bench.read_text())
+    assert sorted(result["hosts"]) == [HOSTS[0]] * 2 + [HOSTS[1]] * 2 and result["world_size"] == 4
+    assert result["fit"]["levels"]["intra"]["measured"] and result["fit"]["levels"]["inter"]["measured"]
+
+
 # --- a partition: the connected side names the host that was cut off (wagma_bench/runtime/partition.py) ----
 
 @pytest.fixture

@@ -419,7 +419,7 @@ def network_fit(result: dict) -> dict | None:
     for level in ("intra", "inter"):
         fit = report["levels"][level]
         if fit["measured"]:
-            print(f"comm-bench: {level}-node link ({report['algorithm']}): alpha {fit['alpha_s'] * 1e6:.3g} us, "
+            print(f"comm-bench: {level}-node link ({report['algorithm']}): alpha {fit['alpha_s'] * 1e6:.1f} us, "
                   f"beta {fit['beta_s_per_byte']:.3g} s/B ({fit['bandwidth_GBps']:.3g} GB/s), relative RMS error "
                   f"{fit['rel_rms']:.2f}, {fit['rows']} rows")
         else:
