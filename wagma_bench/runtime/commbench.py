@@ -64,9 +64,9 @@ DEFAULT_SIZES = "4K,64K,1M,16M,100M"
 # model or data (a workload's rank holds about 1,100), and about 2.4 copies of the largest message (the buffer, the
 # wait-avoiding engine's snapshot, gloo's scratch). Rounded up: ranks x this must fit the machine, as `run`'s ranks.
 RANK_BASE_MB = 420.0
+RANK_MESSAGE_COPIES = 2.5
 COMM_TIMEOUT_S = 300.0        # a collective that has not completed by then fails (run's comm.timeout_s default)
 RENDEZVOUS_TIMEOUT_S = 120.0  # for every rank to reach the store (run's launcher.rendezvous_timeout_s default)
-RANK_MESSAGE_COPIES = 2.5
 
 
 def rank_memory_mb(sizes: list[int]) -> float:
@@ -401,8 +401,7 @@ def format_levels(levels: dict[str, list[dict]]) -> str:
             bw = r["bytes"] / r["median_s"]
             spread = f"{1e3 * r['p10_s']:.2f}-{1e3 * r['p90_s']:.2f}"
             out.append(f"{level:<7}{r['group_size']:>4}{human(r['bytes']):>8}{1e3 * r['median_s']:>11.3f}{spread:>17}"
-                       f"{bw / 1e9:>8.2f}"
-                       f"{bw * bus_factor(r['group_size']) / 1e9:>8.2f}")
+                       f"{bw / 1e9:>8.2f}{bw * bus_factor(r['group_size']) / 1e9:>8.2f}")
     return "\n".join(out)
 
 

@@ -289,6 +289,7 @@ def fit_network(benches: Sequence[dict], gpus_per_node: int | None = None,
         why = "one rank a host" if missing == "intra" else "one host"
         levels[missing] = {**levels[other], "measured": False, "rows": 0, "group_sizes": [], "from": other,
                            "note": f"not measured ({why}): the {other}-node fit is used for both levels"}
+    levels = {level: levels[level] for level in LEVELS}  # intra first, measured or not
     links = {level: Link(levels[level]["alpha_s"], levels[level]["beta_s_per_byte"]) for level in LEVELS}
     per_node = gpus_per_node or bench_ranks_per_node(benches) or ONE_HOST_RANKS
     inter = levels["inter"]
