@@ -109,3 +109,16 @@ def test_more_ranks_than_the_machine_can_hold_are_refused_before_any_rank_starts
                                "ranks x about "), lines[0]
     assert re.search(r"; it must be at most \d+$", lines[0]), lines[0]
     assert not out_file.exists()
+
+
+def test_link_levels_group_the_ranks_of_a_host_and_one_rank_a_host():
+    """Which groups comm-bench times for each link level, from the ranks' host names (pure)."""
+    from wagma_bench.runtime.commbench import level_groups
+
+    assert level_groups(["a", "a", "b", "b"]) == {"intra": {2: [(0, 1), (2, 3)]}, "inter": {2: [(0, 2)]}}
+    three = level_groups(["a"] * 4 + ["b"] * 4 + ["c"] * 4)
+    assert three["intra"] == {2: [(0, 1), (4, 5), (8, 9)], 4: [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]}
+    assert three["inter"] == {2: [(0, 4)], 3: [(0, 4, 8)]}  # group sizes 2, 4, ... below the count, and the count
+    assert level_groups(["a", "b"]) == {"inter": {2: [(0, 1)]}}  # one rank a host: no intra-node group
+    assert level_groups(["a", "a", "a", "b"]) == {"intra": {2: [(0, 1)], 3: [(0, 1, 2)]}, "inter": {2: [(0, 3)]}}
+    assert level_groups(["a", "a"]) == {"intra": {2: [(0, 1)]}}  # one host (a --nproc run): no inter-node group

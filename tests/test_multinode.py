@@ -334,6 +334,70 @@ def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
     assert (s["status"], s["world_size"], s["hosts"], s["versions"]["comm"]) == ("completed", 2, HOSTS, "mpi"), s
 
 
+def _comm_bench(out_file: Path, launcher: list[str]) -> str:
+    """comm-bench under ``launcher`` with two small sizes, two repeats: its stdout (rank 0 prints)."""
+    out = subprocess.run([*launcher, str(BIN / "wagma-bench"), "comm-bench", "--sizes", "4K,256K", "--repeats",
+                          "2", "--out", str(out_file)], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _simulated_network(bench: Path, out: Path, capsys) -> tuple[dict, dict]:
+    """`simulate --calibrate BENCH gpus=4 --cfg job`: the calibration report it writes, and the network the
+    simulation would use, as --cfg job prints it."""
+    import yaml
+
+    from wagma_bench.cli.simulate import main as simulate
+
+    capsys.readouterr()
+    assert simulate(["--calibrate", str(bench), "gpus=4", "optimizer=allreduce", "--cfg", "job",
+                     "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    job = yaml.safe_load(printed[printed.index("\ngpus:") + 1:])
+    return json.loads((out / "calibration.json").read_text())["network"], job["network"]
+
+
+@pytest.mark.slow
+def test_comm_bench_across_hosts_fits_each_link_level_and_simulate_uses_them(cluster, tmp_path, capsys):
+    """The issue's "Done when": `srun -N 2 --ntasks-per-node 2 wagma-bench comm-bench` joins srun's world (ranks
+    on both hosts), times the intra-node link (the ranks of one host) and the inter-node link (one rank a host)
+    apart and fits alpha and beta of each; `simulate --calibrate FILE` reads the file and simulates with the
+    inter-node fit for its inter level, the intra-node fit for intra, 2 ranks a node. Before: comm-bench forked
+    --nproc local ranks on each host (two worlds that never met), and the fit gave one link for both levels."""
+    bench = tmp_path / "cb.json"
+    stdout = _comm_bench(bench, ["srun", "-N", "2", "--ntasks-per-node", "2"])
+    result = json.loads(bench.read_text())
+    assert (result["world_size"], result["hosts"]) == (4, [HOSTS[0]] * 2 + [HOSTS[1]] * 2), result["hosts"]
+    intra, inter = result["levels"]["intra"], result["levels"]["inter"]
+    assert [(r["group_size"], r["groups"]) for r in intra] == [(2, 2)] * 2  # each host's pair, timed together
+    assert [(r["group_size"], r["groups"]) for r in inter] == [(2, 1)] * 2  # rank 0 and rank 2
+    fit = result["fit"]["levels"]
+    assert fit["intra"]["measured"] and fit["inter"]["measured"] and result["fit"]["notes"] == []
+    assert "comm-bench: intra-node link (" in stdout and "comm-bench: inter-node link (" in stdout, stdout
+    report, used = _simulated_network(bench, tmp_path / "sim", capsys)
+    for level in ("intra", "inter"):
+        link = (fit[level]["alpha_s"], fit[level]["beta_s_per_byte"])
+        assert (report["levels"][level]["alpha_s"], report["levels"][level]["beta_s_per_byte"]) == link
+        assert (used[level]["alpha_s"], used[level]["beta_s_per_byte"]) == pytest.approx(link, rel=1e-12)
+    assert used["intra"] != used["inter"] and used["gpus_per_node"] == report["gpus_per_node"] == 2
+
+
+@pytest.mark.long
+def test_comm_bench_one_rank_a_host_measures_the_inter_node_link_only(cluster, tmp_path, capsys):
+    """`srun -N 2 --ntasks-per-node 1`: no two ranks share a host, so the intra-node link is not measured; the
+    report says so and the simulation takes the inter-node fit for both levels."""
+    bench = tmp_path / "cb.json"
+    stdout = _comm_bench(bench, ["srun", "-N", "2", "--ntasks-per-node", "1"])
+    result = json.loads(bench.read_text())
+    assert result["hosts"] == HOSTS and list(result["levels"]) == ["inter"]
+    assert "comm-bench: intra-node link not measured (one rank a host)" in stdout, stdout
+    report, used = _simulated_network(bench, tmp_path / "sim", capsys)
+    assert not report["levels"]["intra"]["measured"] and report["levels"]["inter"]["measured"]
+    note = "intra-node link not measured (one rank a host): the inter-node fit is used for both levels"
+    assert report["notes"] == [note]
+    assert used["intra"] == used["inter"] and used["inter"]["alpha_s"] == pytest.approx(result["fit"]["alpha_s"])
+
+
 def _address(cluster: dict, node: str) -> str:
     out = subprocess.run(on_host(cluster, node, ["ip", "-4", "-o", "addr", "show", "eth0"]), capture_output=True,
                          text=True, check=True, timeout=30).stdout
@@ -388,6 +452,33 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
     for r in range(2):
         steps = [rec["step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
         assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
+
+
+@pytest.mark.long
+def test_comm_bench_under_torchrun_on_two_hosts(cluster, tmp_path):
+    """`torchrun --nnodes 2 --nproc-per-node 2 wagma-bench comm-bench` on each host (c10d rendezvous at wagma-n1,
+    given --local-addr and is_host as in the test above): the workers join torchrun's world and time both
+    link levels."""
+    endpoint = f"{_address(cluster, HOSTS[0])}:29518"
+    bench = tmp_path / "cb.json"
+    procs = []
+    for node in HOSTS:
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
+               "--local-addr", _address(cluster, node), "--rdzv-id", "mn-comm-bench", "--no-python",
+               str(BIN / "wagma-bench"), "comm-bench", "--sizes", "4K,64K", "--repeats", "2", "--out", str(bench)]
+        procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
+                                                              *cmd]),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    result = json.loads(bench.read_text())
+    assert sorted(result["hosts"]) == [HOSTS[0]] * 2 + [HOSTS[1]] * 2 and result["world_size"] == 4
+    assert result["fit"]["levels"]["intra"]["measured"] and result["fit"]["levels"]["inter"]["measured"]
 
 
 # --- a partition: the connected side names the host that was cut off (wagma_bench/runtime/partition.py) ----

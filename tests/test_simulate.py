@@ -165,6 +165,49 @@ def test_calibration_recovers_alpha_beta_from_comm_bench_json(tmp_path):
     assert report["rel_rms"] < 1e-6
 
 
+def _level_rows(link: Link, group_sizes: tuple[int, ...]) -> list[dict]:
+    return [{"op": "group_allreduce", "impl": "ours", "group_size": p, "bytes": n, "groups": 1, "repeats": 2,
+             "median_s": allreduce_time("ring", p, n, link), "p10_s": 0.0, "p90_s": 0.0}
+            for p in group_sizes for n in (4096, 2**20, 2**24)]
+
+
+def test_calibration_fits_each_link_level_of_a_comm_bench_across_hosts(tmp_path):
+    """A comm-bench across hosts (srun, torchrun) holds its intra- and inter-node rows apart (``levels``): each
+    level gets its own alpha and beta, one algorithm for both, and the bench's ranks a host as the node size.
+    With one rank a host (no intra rows) the inter-node fit serves both levels, and the report says so."""
+    intra, inter = Link(2e-6, 1 / 100e9), Link(1e-4, 1 / 10e9)
+    hosts = ["n1"] * 4 + ["n2"] * 4 + ["n3"] * 4 + ["n4"] * 4
+    bench = {"backend": "gloo", "world_size": 16, "hostname": "n1", "hosts": hosts,
+             "results": _level_rows(Link(5e-5, 1 / 20e9), (2, 4, 8, 16)),  # mixed levels: not fitted
+             "levels": {"intra": _level_rows(intra, (2, 4)), "inter": _level_rows(inter, (2, 4))}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    net, report = fit_network(find_inputs([path])[1])
+    assert report["algorithm"] == "ring" and report["notes"] == [] and net.gpus_per_node == 4
+    assert (net.intra.alpha_s, net.intra.beta_s_per_byte) == pytest.approx((intra.alpha_s, intra.beta_s_per_byte))
+    assert (net.inter.alpha_s, net.inter.beta_s_per_byte) == pytest.approx((inter.alpha_s, inter.beta_s_per_byte))
+    assert report["levels"]["inter"]["bandwidth_GBps"] == pytest.approx(10.0)
+    assert report["alpha_s"] == pytest.approx(inter.alpha_s)  # the former top-level keys: the inter-node link
+    assert fit_network([bench], gpus_per_node=8)[0].gpus_per_node == 8  # a named cluster's node size wins
+    del bench["levels"]["intra"]
+    bench["hosts"] = ["n1", "n2", "n3", "n4"]
+    net, report = fit_network([bench])
+    assert net.intra == net.inter and net.inter.alpha_s == pytest.approx(inter.alpha_s) and net.gpus_per_node == 1
+    assert not report["levels"]["intra"]["measured"] and report["levels"]["intra"]["from"] == "inter"
+    note = "intra-node link not measured (one rank a host): the inter-node fit is used for both levels"
+    assert report["notes"] == [note]
+
+
+def test_a_comm_bench_file_from_one_host_still_calibrates_both_levels_alike():
+    """The committed comm-bench files (one host, no ``levels``) read as before: their rows are the intra-node
+    link's, used for both levels, every simulated group inside one node; the report says inter was not measured."""
+    path = Path(__file__).parents[1] / "reproduce" / "commbench" / "gloo-4ranks-2core.json"
+    net, report = fit_network(find_inputs([path])[1])
+    assert net.intra == net.inter and net.gpus_per_node == 1024 and report["rows"] == 15
+    assert report["levels"]["intra"]["measured"] and not report["levels"]["inter"]["measured"]
+    assert report["notes"] == ["inter-node link not measured (one host): the intra-node fit is used for both levels"]
+
+
 def write_run(tmp_path: Path) -> Path:
     """A run directory as the trainer writes it: 2 ranks, 30 steps of 0.2 s compute, 0.05 s communication."""
     run = tmp_path / "run"

@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             "skipped": ns.skipped,
             "gossip_cost": {"value": value, "interval": [float(lo), float(hi)], "ratio_of_sums": raw,
                             "replicates": [round(r, 6) for r in replicates[:200]]},
-            "network": ({"intra": {"alpha_s": network["alpha_s"], "bandwidth_GBps": network["bandwidth_GBps"]}}
-                        if math.isfinite(network["bandwidth_GBps"]) else None),
+            "network": ({"intra": {k: network["levels"]["intra"][k] for k in ("alpha_s", "bandwidth_GBps")}}
+                        if math.isfinite(network["levels"]["intra"]["bandwidth_GBps"]) else None),
             "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
             "pairs": rows, "network_fit": network, "compute_fit": spread}
     write_text_atomic(ns.out, json.dumps(data, indent=1) + "\n")

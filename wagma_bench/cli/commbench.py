@@ -1,5 +1,6 @@
 """``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data plane's
-collectives timed (:mod:`wagma_bench.runtime.commbench` does the work; its docstring says what is measured)."""
+collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
+(:mod:`wagma_bench.runtime.commbench` does the work; its docstring says what is measured)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,25 @@ from pathlib import Path
 import torch
 
 from wagma_bench import exits
-from wagma_bench.cli.text import plain
 from wagma_bench.record.files import OUTPUT_HINT, refuse_link
 from wagma_bench.runtime import commbench
 
+DESCRIPTION = "Time our communication backend against the raw library calls, on the same buffers."
+EPILOG = """\
+across hosts (the network that `wagma-bench simulate` models):
+  srun -N 2 --ntasks-per-node 8 wagma-bench comm-bench --out cb.json   (or torchrun --nnodes 2 ... on each node)
+  joins the launcher's world, gathers each rank's host, and times and fits two links apart: intra-node
+  (the ranks of one host) and inter-node (one rank a host); rank 0 prints alpha and beta of each and writes
+  --out, which `wagma-bench simulate cluster=NAME --calibrate cb.json ...` reads in place of the profile's
+  network. One rank a host measures the inter-node link only; a run on one host, the intra-node link only."""
+
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=plain(commbench.__doc__.split("\n")[0]))
-    parser.add_argument("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
+    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=4,
+                        help="local ranks to fork (default 4); under srun, torchrun or mpiexec the launcher's ranks "
+                             "are the world and this is not used")
     parser.add_argument("--sizes", type=commbench.parse_sizes, default=commbench.DEFAULT_SIZES,
                         help=f"message sizes (default {commbench.DEFAULT_SIZES})")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")

@@ -169,7 +169,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         check_folder,
     )
     from wagma_bench.record.rundir import finished_summary
-    from wagma_bench.runtime.launch import device_plan, run_rank, slurm_master, visible_cuda_devices
+    from wagma_bench.runtime.launch import device_plan, external_master, run_rank, visible_cuda_devices
 
     raw = run_cfg.raw
     plan = None
@@ -200,9 +200,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         except (ConfigError, CheckpointError) as err:
             _fail(str(err), exits.REFUSED)
     if world is not None:
-        master = slurm_master() if world.source == "slurm" and "MASTER_ADDR" not in os.environ else None
-        if world.source == "mpi" and run_cfg.comm.name == "torch" and "MASTER_ADDR" not in os.environ:
-            master = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
+        torch_under_mpi = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
+        master = external_master(world, torch_under_mpi if run_cfg.comm.name == "torch" else None)
         summary = run_rank(run_cfg, str(run_dir), world, master, train_rank)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
             _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)

@@ -654,11 +654,11 @@ def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload
     params = float(req.own["params"]) if "params" in req.own else None
     cal: dict[str, Any] = {"runs": [], "network": None}
     if benches:
-        network, report = fit_network(benches)
+        # which ranks share a node: the named cluster's, else the bench's own hosts (report["gpus_per_node"])
+        per_node = load_profile(req.cluster, req.cluster_overrides).gpus_per_node if req.cluster else None
+        network, report = fit_network(benches, per_node)
         cal["network"] = report
-        print(f"## Network fitted from comm-bench ({report['rows']} rows): {report['algorithm']} "
-              f"alpha={report['alpha_s']:.3g} s, bandwidth={report['bandwidth_GBps']:.3g} GB/s "
-              f"(relative RMS error {report['rel_rms']:.2f})\n")
+        print(network_lines(report))
     else:
         network = load_network(req.cluster or "local", req.cluster_overrides)
     rows, fits = [], []
@@ -700,6 +700,17 @@ def compare_with_runs(req: Request, ns, out: Path) -> tuple[list[dict], Workload
         base = fits[-1].to_workload(compute="empirical" if compute == "trace" else compute)
         pooled = dataclasses.replace(base, samples=tuple(samples), source="pooled over the calibrated runs")
     return rows, pooled, network
+
+
+def network_lines(report: dict) -> str:
+    """The calibrated network as ``--calibrate`` prints it: each level's fit, or where it came from."""
+    head = (f"## Network fitted from comm-bench ({report['rows']} rows): {report['algorithm']}, "
+            f"{report['gpus_per_node']} ranks a node (relative RMS error {report['rel_rms']:.2f})")
+    lines = [head]
+    for level, fit in report["levels"].items():
+        how = "measured" if fit["measured"] else fit["note"]
+        lines.append(f"- {level}: alpha={fit['alpha_s']:.3g} s, bandwidth={fit['bandwidth_GBps']:.3g} GB/s ({how})")
+    return "\n".join(lines) + "\n"
 
 
 def _replay_run(fit, workload: Workload, network: Network, keep: list | None = None) -> float:

@@ -22,10 +22,21 @@ The time of a repeat is the slowest rank's (a collective is done when its last m
 median and the 10th/90th percentiles over repeats, the ratio ours/raw of the medians, and the algorithmic
 bandwidth (bytes / time) against this machine's memory-copy bandwidth of the same buffer.
 
-Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``;
-with ``--comm mpi`` it runs under mpiexec (started for you when needed); ``--device cuda`` puts the buffers
-on the GPUs (NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and
-synchronises the device before a repeat's clock stops.
+Across hosts (ranks placed by ``srun``, ``torchrun`` or ``mpiexec``) it also times the two link levels of the
+simulator's network model apart, each rank's host name gathered first: ``intra``, a group allreduce among the
+ranks of one host (every host that has more than one, its groups timed together: they share no link), and
+``inter``, among one rank per host (each host's lowest rank; the other ranks wait): group sizes 2, 4, ... and
+the whole count. Alpha and beta of each level are fitted as ``wagma-bench simulate --calibrate`` fits them
+(:func:`wagma_bench.simulate.calibrate.fit_network`), printed, and written with the rows (``levels``, ``fit``).
+A run on one host measures the intra-node link only (its ``results`` are that level's rows).
+
+Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: under
+none of those launchers it forks ``--nproc`` local ranks; under ``srun`` or ``torchrun`` each process is a rank of
+the launcher's world, joined as ``wagma-bench run`` joins it (the rendezvous at the step's first host, gloo's
+interface the route to it: :func:`wagma_bench.runtime.launch.join_world`); with ``--comm mpi`` it runs under
+mpiexec (started for you when needed) or ``srun --mpi=pmi2``. ``--device cuda`` puts the buffers on the GPUs
+(NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and synchronises the
+device before a repeat's clock stops. Rank 0 prints and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -54,6 +65,8 @@ DEFAULT_SIZES = "4K,64K,1M,16M,100M"
 # wait-avoiding engine's snapshot, gloo's scratch). Rounded up: ranks x this must fit the machine, as `run`'s ranks.
 RANK_BASE_MB = 420.0
 RANK_MESSAGE_COPIES = 2.5
+COMM_TIMEOUT_S = 300.0        # a collective that has not completed by then fails (run's comm.timeout_s default)
+RENDEZVOUS_TIMEOUT_S = 120.0  # for every rank to reach the store (run's launcher.rendezvous_timeout_s default)
 
 
 def rank_memory_mb(sizes: list[int]) -> float:
@@ -288,20 +301,129 @@ def format_table(lines: list[dict]) -> str:
 
 def run_and_report(comm, sizes: list[int], repeats: int, out: Path | None) -> dict | None:
     rows = bench_rank(comm, sizes, repeats)
+    hosts = rank_hosts(comm)
+    levels = bench_levels(comm, level_groups(hosts), sizes, repeats) if len(set(hosts)) > 1 else None
     if comm.rank != 0:
         return None
     copy_bps = copy_bandwidth(max(sizes))
     result = {"backend": comm.backend_name, "world_size": comm.world_size, "hostname": socket.gethostname(),
-              "torch": torch.__version__, "copy_bandwidth_GBps": copy_bps / 1e9, "results": rows,
+              "hosts": hosts, "torch": torch.__version__, "copy_bandwidth_GBps": copy_bps / 1e9, "results": rows,
               "table": ratio_table(rows, copy_bps)}
-    print(f"comm-bench: backend={comm.backend_name} ranks={comm.world_size} host={result['hostname']} "
+    if levels is not None:
+        result["levels"] = levels
+    print(f"comm-bench: backend={comm.backend_name} ranks={comm.world_size} {hosts_line(hosts)} "
           f"copy bandwidth {copy_bps / 1e9:.2f} GB/s, median of {repeats} repeats (slowest rank each)")
     print(format_table(result["table"]), flush=True)
+    if levels is not None:
+        print(format_levels(levels))
+    result["fit"] = network_fit(result)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, json.dumps(result, indent=2))
-        print(f"comm-bench: wrote {out}")
+        print(f"comm-bench: wrote {out} (wagma-bench simulate --calibrate {out} reads it)")
     return result
+
+
+# --- the link levels across hosts ------------------------------------------------------------------------
+
+HOST_BYTES = 255  # a host name's longest (POSIX HOST_NAME_MAX)
+
+
+def rank_hosts(comm) -> list[str]:
+    """Every rank's host name, in rank order (a collective): the name's bytes in a tensor, gathered."""
+    name = socket.gethostname().encode()[:HOST_BYTES]
+    mine = torch.zeros(HOST_BYTES + 1, dtype=torch.float64, device=comm.device)
+    mine[0] = len(name)
+    mine[1:len(name) + 1] = torch.tensor(list(name), dtype=torch.float64)
+    every = comm.allgather(mine).cpu().to(torch.int64).tolist()
+    return [bytes(row[1:row[0] + 1]).decode(errors="replace") for row in every]
+
+
+def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
+    """The ranks of each host, hosts in the order of their lowest rank."""
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    return by_host
+
+
+def level_sizes(n: int) -> list[int]:
+    """Group sizes timed at a level of ``n`` members (ranks of a host, or hosts): 2, 4, ... below n, and n."""
+    return [s for s in group_sizes(n) if s < n] + ([n] if n > 1 else [])
+
+
+def level_groups(hosts: list[str]) -> dict[str, dict[int, list[tuple[int, ...]]]]:
+    """Per level and group size, the groups timed together: ``intra``, the first S ranks of every host that has
+    at least S (S up to the fewest ranks any host with more than one has); ``inter``, one rank of each of the
+    first S hosts (its lowest). A level with nothing to time (one rank a host; one host) is left out."""
+    by_host = ranks_by_host(hosts)
+    shared = [ranks for ranks in by_host.values() if len(ranks) > 1]
+    levels: dict[str, dict[int, list[tuple[int, ...]]]] = {}
+    if shared:
+        levels["intra"] = {s: [tuple(r[:s]) for r in shared if len(r) >= s]
+                           for s in level_sizes(min(map(len, shared)))}
+    if len(by_host) > 1:
+        firsts = [ranks[0] for ranks in by_host.values()]
+        levels["inter"] = {s: [tuple(firsts[:s])] for s in level_sizes(len(firsts))}
+    return levels
+
+
+def bench_levels(comm, levels: dict[str, dict[int, list[tuple[int, ...]]]], sizes: list[int],
+                 repeats: int) -> dict[str, list[dict]]:
+    """Per level, our group allreduce over its groups (a rank in none waits at the barrier), timed as the
+    other rows: the slowest rank's time per repeat."""
+    comm.new_groups([g for by_size in levels.values() for groups in by_size.values() for g in groups])
+    rows: dict[str, list[dict]] = {level: [] for level in levels}
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), device=comm.device)
+        for level, by_size in levels.items():
+            for s, groups in by_size.items():
+                covered = {r for g in groups for r in g}
+                part = [*groups, *((r,) for r in range(comm.world_size) if r not in covered)]
+                row = _row("group_allreduce", "ours", s, nbytes,
+                           _time(comm, lambda buf=buf, part=part: comm.group_allreduce(buf, part, op="sum"), repeats))
+                rows[level].append(row | {"groups": len(groups)})
+    return rows
+
+
+def hosts_line(hosts: list[str]) -> str:
+    by_host = ranks_by_host(hosts)
+    if len(by_host) == 1:
+        return f"host={hosts[0]}"
+    return "hosts=" + ", ".join(f"{h} ({len(r)} rank{'s' if len(r) > 1 else ''})" for h, r in by_host.items())
+
+
+def format_levels(levels: dict[str, list[dict]]) -> str:
+    head = f"{'level':<7}{'S':>4}{'size':>8}{'ms':>11}{'p10-p90':>17}{'algbw':>8}{'busbw':>8}"
+    out = [head + "   (group allreduce: intra = ranks of one host, inter = one rank a host)", "-" * len(head)]
+    for level, rows in levels.items():
+        for r in rows:
+            bw = r["bytes"] / r["median_s"]
+            spread = f"{1e3 * r['p10_s']:.2f}-{1e3 * r['p90_s']:.2f}"
+            out.append(f"{level:<7}{r['group_size']:>4}{human(r['bytes']):>8}{1e3 * r['median_s']:>11.3f}{spread:>17}"
+                       f"{bw / 1e9:>8.2f}{bw * bus_factor(r['group_size']) / 1e9:>8.2f}")
+    return "\n".join(out)
+
+
+def network_fit(result: dict) -> dict | None:
+    """Alpha and beta of each link level, fitted as ``simulate --calibrate`` fits them, printed; None (said)
+    where the rows cannot be fitted (one message size)."""
+    from wagma_bench.simulate.calibrate import fit_network
+
+    try:
+        _, report = fit_network([result])
+    except ValueError as err:
+        print(f"comm-bench: no alpha/beta fit: {err}")
+        return None
+    for level in ("intra", "inter"):
+        fit = report["levels"][level]
+        if fit["measured"]:
+            print(f"comm-bench: {level}-node link ({report['algorithm']}): alpha {fit['alpha_s'] * 1e6:.1f} us, "
+                  f"beta {fit['beta_s_per_byte']:.3g} s/B ({fit['bandwidth_GBps']:.3g} GB/s), relative RMS error "
+                  f"{fit['rel_rms']:.2f}, {fit['rows']} rows")
+        else:
+            print(f"comm-bench: {level}-node link {fit['note']}")
+    return report
 
 
 def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
@@ -316,22 +438,45 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
         backend = device_plan(torch.cuda.device_count(), nproc, "auto").backend
         device = torch.device(f"cuda:{index % torch.cuda.device_count()}")
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=False, timeout=timedelta(seconds=120))
-    comm = TorchComm.init(backend, index, nproc, store, 300.0, device)
+    store = dist.TCPStore("127.0.0.1", port, nproc, is_master=False, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    comm = TorchComm.init(backend, index, nproc, store, COMM_TIMEOUT_S, device)
     try:
         run_and_report(comm, args["sizes"], args["repeats"], args["out"])
     finally:
         comm.close()
 
 
+def _launched_rank(world, sizes: list[int], repeats: int, device: str, out: Path) -> int:
+    """One rank of the launcher's world (srun, torchrun; torch.distributed under mpiexec), joined as `run`'s
+    ranks join theirs, on gloo, or with ``--device cuda`` on the plan `run` would make for this host's ranks."""
+    from wagma_bench.runtime.launch import device_plan, external_master, join_world, run_identity
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world.local_world_size)))
+    backend, dev = "gloo", torch.device("cpu")
+    if device == "cuda":
+        backend = device_plan(torch.cuda.device_count(), world.local_world_size, "auto").backend
+        dev = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}")
+        torch.cuda.set_device(dev)
+    master = external_master(world, ("127.0.0.1", 29500))
+    comm = join_world(world, master, backend, dev, COMM_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S,
+                      run_identity(f"comm-bench {out}"))
+    try:
+        run_and_report(comm, sizes, repeats, out)
+    finally:
+        comm.close()
+    return 0
+
+
 def bench(nproc: int, sizes: list[int], repeats: int, comm_name: str, device: str, out: Path,
           argv: list[str]) -> int:
-    """Measure and report: under an MPI launcher as its rank, under none by starting ``mpiexec`` with the same
-    ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from the rank server. The arguments were
-    checked by the command (:mod:`wagma_bench.cli.commbench`)."""
+    """Measure and report: under a launcher (srun, torchrun, mpiexec) as a rank of its world, under none by
+    starting ``mpiexec`` with the same ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from the
+    rank server. The arguments were checked by the command (:mod:`wagma_bench.cli.commbench`)."""
     from wagma_bench.runtime.launch import detect_world
 
     world = detect_world()
+    if world is not None and comm_name == "torch":  # a rank of srun's or torchrun's world: join it
+        return _launched_rank(world, sizes, repeats, device, out)
     if comm_name == "mpi":
         if world is None:  # start ourselves under the MPI library's mpiexec
             mpiexec = Path(sys.executable).parent / "mpiexec"
@@ -340,7 +485,7 @@ def bench(nproc: int, sizes: list[int], repeats: int, comm_name: str, device: st
             return subprocess.call(cmd)
         from wagma_bench.comm.mpi import MpiComm
 
-        comm = MpiComm.init(timeout_s=300.0, device=torch.device("cpu"))
+        comm = MpiComm.init(timeout_s=COMM_TIMEOUT_S, device=torch.device("cpu"))
         try:
             run_and_report(comm, sizes, repeats, out)
         finally:
@@ -353,7 +498,7 @@ def bench(nproc: int, sizes: list[int], repeats: int, comm_name: str, device: st
     # The ranks' store is this process's, on loopback, on the port the OS gives it as it starts listening: a port
     # picked free and bound later by rank 0 could be taken meanwhile (it was, in make test). Made before the fork
     # server starts: the server, started by exec, inherits no thread and no socket of it.
-    store = serve_store(listen_for_store("127.0.0.1", 0), timeout_s=120.0)
+    store = serve_store(listen_for_store("127.0.0.1", 0), timeout_s=RENDEZVOUS_TIMEOUT_S)
     start_rank_server()  # the ranks are forked from it, torch imported once
     mp.start_processes(_rank_main, args=(nproc, store.port, {"sizes": sizes, "repeats": repeats, "out": out,
                                                                "device": device}),

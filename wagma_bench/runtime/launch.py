@@ -236,23 +236,47 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
         from wagma_bench.comm.mpi import MpiComm
 
         return MpiComm.init(timeout_s=cfg.comm.timeout_s, device=device)
-    from wagma_bench.comm.torch_dist import TorchComm
-
     backend = plan.backend
     if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
         backend = "gloo"
-    emulate = cfg.comm.emulate
+    return join_world(world, master, backend, device, cfg.comm.timeout_s, cfg.launcher.rendezvous_timeout_s,
+                      run_identity(run_dir), cfg.comm.emulate)
+
+
+def join_world(world: World, master: tuple[str, int] | None, backend: str, device, timeout_s: float,
+               rendezvous_timeout_s: float, identity: str, emulate: str | None = None):
+    """This rank's torch.distributed communicator in ``world``: under torchrun through its agent's store, else
+    through the run's rendezvous store at ``master`` (None: MASTER_ADDR/MASTER_PORT). Where the ranks may be on
+    several hosts, gloo's interface is chosen (the route to the rendezvous host) and every rank checked to
+    reach the next before gloo connects (:mod:`wagma_bench.runtime.hosts`). `run` and `comm-bench` both join
+    their worlds here."""
+    from wagma_bench.comm.torch_dist import TorchComm
+
     if world.source == "torchrun":  # torchrun's agent hosts the store: join it, in this attempt's namespace
         interface = choose_gloo_interface(os.environ["MASTER_ADDR"], os.environ)
-        store = torchrun_attempt_store(cfg.launcher.rendezvous_timeout_s)
+        store = torchrun_attempt_store(rendezvous_timeout_s)
         check_reachable(store, world.rank, world.world_size, interface)
-        return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+        return TorchComm.init(backend, world.rank, world.world_size, store, timeout_s, device, emulate)
     if master is None:
         master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    store = join_store(master, world.rank, cfg.launcher.rendezvous_timeout_s, run_identity(run_dir))
+    store = join_store(master, world.rank, rendezvous_timeout_s, identity)
     if world.source != "local":  # ranks may be on several hosts: gloo must bind where the others reach it
         check_reachable(store, world.rank, world.world_size, choose_gloo_interface(master[0], os.environ))
-    return TorchComm.init(backend, world.rank, world.world_size, store, cfg.comm.timeout_s, device, emulate)
+    return TorchComm.init(backend, world.rank, world.world_size, store, timeout_s, device, emulate)
+
+
+def external_master(world: World, torch_under_mpi: tuple[str, int] | None) -> tuple[str, int] | None:
+    """The rendezvous address of a rank placed by a launcher, for :func:`join_world`: under srun the step's
+    first host (:func:`slurm_master`) unless MASTER_ADDR is set; torch.distributed under mpiexec, which
+    gives none, ``torch_under_mpi`` (`run`'s launcher.master_addr and port); else None (MASTER_ADDR and
+    MASTER_PORT, torchrun's or the user's; and for MPI's own communicator, which needs none)."""
+    if "MASTER_ADDR" in os.environ:
+        return None
+    if world.source == "slurm":
+        return slurm_master()
+    if world.source == "mpi":
+        return torch_under_mpi
+    return None
 
 
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error

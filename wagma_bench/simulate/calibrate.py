@@ -13,11 +13,13 @@ From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json`
   config), the rounds it ran, samples per step, and its measured throughput (``summary.json``).
 
 From comm-bench JSON (``{"backend", "world_size", "hostname", "results": [{"op", "impl", "group_size",
-"bytes", "median_s", ...}]}``): alpha and beta by least squares on the allreduce rows, for each collective
-algorithm of :mod:`.costs`; the algorithm whose model fits best (smallest relative RMS error) is kept.
-Rows are weighted by ``1 / median_s`` so small (latency-bound) and large (bandwidth-bound) messages count
-alike. A comm-bench run on one host measures the intra-node link; we use it for both levels (local runs
-never leave the node).
+"bytes", "median_s", ...}]}``): alpha and beta of each link level by least squares on its allreduce rows, for
+each collective algorithm of :mod:`.costs`; the algorithm whose model fits both levels best (smallest relative
+RMS error over their rows) is kept. Rows are weighted by ``1 / median_s`` so small (latency-bound) and large
+(bandwidth-bound) messages count alike. A comm-bench across hosts (``srun``, ``torchrun``) holds each level's
+rows apart (``levels``: ``intra``, ranks of one host; ``inter``, one rank per host); a comm-bench on one host
+(every file written before, and ``--nproc`` runs) measured the intra-node link only, in its ``results``. A level
+that was not measured takes the other's fit, and the report says so (``levels.LEVEL.note``).
 """
 
 from __future__ import annotations
@@ -233,19 +235,70 @@ def bench_rows(bench: dict, impl: str = "ours") -> list[dict]:
     return mine or rows
 
 
-def fit_network(benches: Sequence[dict], gpus_per_node: int = 1024, algorithm: str | None = None) -> tuple[Network, dict]:
-    """A network (both levels = the fitted link) from comm-bench results, and a report of the fit."""
-    rows = [r for b in benches for r in bench_rows(b)]
-    if not rows:
+LEVELS = ("intra", "inter")
+ONE_HOST_RANKS = 1024  # ranks a node where the bench measured one host: every simulated group stays inside it
+
+
+def level_rows(bench: dict) -> dict[str, list[dict]]:
+    """The allreduce rows of a comm-bench result by link level: a bench across hosts holds them apart
+    (``levels``); one on one host measured the intra-node link (its ``results``)."""
+    if "levels" not in bench:
+        return {"intra": bench_rows(bench), "inter": []}
+    return {level: [r for r in bench["levels"].get(level) or [] if r.get("median_s", 0) > 0
+                    and int(r.get("group_size", 0)) > 1] for level in LEVELS}
+
+
+def bench_ranks_per_node(benches: Sequence[dict]) -> int | None:
+    """Ranks a host of the first bench measured across hosts (the most any host ran); None if none was."""
+    for b in benches:
+        hosts = b.get("hosts") or []
+        if len(set(hosts)) > 1:
+            return max(hosts.count(h) for h in set(hosts))
+    return None
+
+
+def _level_report(link: Link, err: float, rows: list[dict]) -> dict:
+    return {"measured": True, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
+            "bandwidth_GBps": (1e-9 / link.beta_s_per_byte) if link.beta_s_per_byte > 0 else math.inf,
+            "rel_rms": err, "rows": len(rows), "group_sizes": sorted({int(r["group_size"]) for r in rows})}
+
+
+def fit_network(benches: Sequence[dict], gpus_per_node: int | None = None,
+                algorithm: str | None = None) -> tuple[Network, dict]:
+    """The network of comm-bench results: each link level fitted on its own rows, with one collective
+    algorithm for both (the best over their rows together); a level not measured takes the other's link.
+    ``gpus_per_node`` (which ranks share a node in the simulation): the cluster profile's where one is named;
+    None: the ranks a host of a bench across hosts, else every rank on one node (one host measured).
+    The report keeps the former keys (``alpha_s``, ... of the inter-node link) and adds ``levels``."""
+    rows = {level: [r for b in benches for r in level_rows(b)[level]] for level in LEVELS}
+    measured = [level for level in LEVELS if rows[level]]
+    if not measured:
         raise ValueError("the comm-bench JSON has no allreduce/group_allreduce results with group_size > 1")
-    fits = {a: fit_alpha_beta(rows, a) for a in ([algorithm] if algorithm else ALGORITHMS)}
-    best = min(fits, key=lambda a: fits[a][1])
-    link, err = fits[best]
-    report = {"algorithm": best, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
-              "bandwidth_GBps": (1e-9 / link.beta_s_per_byte) if link.beta_s_per_byte > 0 else math.inf,
-              "rel_rms": err, "rows": len(rows), "all_fits": {a: f[1] for a, f in fits.items()},
-              "backend": sorted({str(b.get("backend")) for b in benches})}
-    return Network(link, link, gpus_per_node, best), report
+    for level in measured:
+        if len(rows[level]) < 2:
+            raise ValueError(f"{level}-node link: need at least two allreduce measurements (sizes) to fit "
+                             "alpha and beta")
+    fits = {a: {level: fit_alpha_beta(rows[level], a) for level in measured}
+            for a in ([algorithm] if algorithm else ALGORITHMS)}
+    total = {a: math.sqrt(sum(len(rows[lv]) * e ** 2 for lv, (_, e) in f.items()) / sum(map(len, rows.values())))
+             for a, f in fits.items()}
+    best = min(total, key=total.__getitem__)
+    levels = {level: _level_report(*fits[best][level], rows[level]) for level in measured}
+    for missing in set(LEVELS) - set(measured):
+        (other,) = measured
+        why = "one rank a host" if missing == "intra" else "one host"
+        levels[missing] = {**levels[other], "measured": False, "rows": 0, "group_sizes": [], "from": other,
+                           "note": f"not measured ({why}): the {other}-node fit is used for both levels"}
+    levels = {level: levels[level] for level in LEVELS}  # intra first, measured or not
+    links = {level: Link(levels[level]["alpha_s"], levels[level]["beta_s_per_byte"]) for level in LEVELS}
+    per_node = gpus_per_node or bench_ranks_per_node(benches) or ONE_HOST_RANKS
+    inter = levels["inter"]
+    report = {"algorithm": best, **{k: inter[k] for k in ("alpha_s", "beta_s_per_byte", "bandwidth_GBps")},
+              "rel_rms": total[best], "rows": sum(map(len, rows.values())), "all_fits": total,
+              "backend": sorted({str(b.get("backend")) for b in benches}), "levels": levels,
+              "gpus_per_node": per_node, "notes": [f"{lv}-node link {levels[lv]['note']}" for lv in LEVELS
+                                                   if not levels[lv]["measured"]]}
+    return Network(links["intra"], links["inter"], per_node, best), report
 
 
 # --- inputs ---------------------------------------------------------------------------------------------
