@@ -27,7 +27,7 @@ from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.record.files import read_jsonl
-from wagma_bench.runtime import sweep
+from wagma_bench.runtime import sweep, sweep_jobs
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
@@ -123,16 +123,16 @@ def test_squeue_answer_and_progress_line():
     rows = [_row("a", "12_0", "RUNNING", "running", 0.31), _row("b", "12_1", "PENDING", "not started"),
             _row("c", "13", "COMPLETED", "completed", 0.52), _row("d", "14", "CANCELLED", "failed", 0.6),
             _row("e", "15", "unknown", "diverged"), _row("f", None, "unsubmitted", "not started")]
-    assert sweep.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
+    assert sweep_jobs.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
                                                "best metric 0.6000 (d)")
 
 
 @pytest.mark.serial
 def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
     polls = []
-    monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
+    monkeypatch.setattr(sweep_jobs, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
     with pytest.raises(TimeoutError, match="not finished after 1 s"):
-        sweep.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
+        sweep_jobs.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
     assert len(polls) in (3, 4) and all(b - a >= 0.4 for a, b in itertools.pairwise(polls)), polls
     assert capsys.readouterr().err.count("0 pending, 1 running") == 1  # unchanged: not repeated off a terminal
     assert sweep_cli.main(["wait", str(tmp_path), "--interval"]) == 2
@@ -248,7 +248,7 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     the report. (One job per run, the sweep without an array, is submitted by the requeue test below.)"""
     out, manifest = render(tmp_path, ["cluster=local", "gpus=4", "optimizer=allreduce,wagma", *TINY])
     assert len(manifest["jobs"]) == 1 and manifest["jobs"][0]["runs"] == 2
-    (job_id,) = sweep.submit(out)
+    (job_id,) = sweep_jobs.submit(out)
     assert json.loads((out / "manifest.json").read_text())["jobs"][0]["job_id"] == job_id
     calls = _count_slurm_calls(monkeypatch)
     t0 = time.monotonic()
@@ -259,7 +259,7 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     assert calls["scontrol"] == 0 and 1 <= calls["squeue"] <= polls, (calls, polls)
     assert "0 pending, 0 running, 2 done, 0 failed; best metric 0." in progress[-1], progress
     assert "2 done" not in progress[0], progress  # a live line: printed while the jobs ran, again at each change
-    rows = sweep.status(out)
+    rows = sweep_jobs.status(out)
     assert [(r["job"], r["slurm"], r["status"]) for r in rows] == [
         (f"{job_id}_0", "COMPLETED", "completed"), (f"{job_id}_1", "COMPLETED", "completed")], rows
     for run, optimizer in zip(manifest["runs"], ("allreduce", "wagma"), strict=True):
@@ -290,7 +290,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=90",
                                       "eval.every_steps=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
                            array=False)
-    (job_id,) = sweep.submit(out)
+    (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
     deadline = time.monotonic() + 600
     # steps/rank*.jsonl are flushed at the first control point (round 10): the handlers are installed
@@ -299,7 +299,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
     subprocess.run(["scancel", f"--signal={sig}", job_id], check=True, timeout=60)
-    rows = sweep.wait(out, timeout_s=600, interval_s=1)
+    rows = sweep_jobs.wait(out, timeout_s=600, interval_s=1)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
     assert (s["status"], s["reached"], s["restarts"]) == ("completed", True, 1), s
