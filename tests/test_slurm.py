@@ -28,6 +28,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.record.files import read_jsonl
 from wagma_bench.runtime import sweep, sweep_jobs
+from wagma_bench.runtime.slurm import job_states
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
@@ -353,6 +354,79 @@ def test_hydra_submitit_launcher(tmp_path, slurm):
     assert (s["status"], s["world_size"], s["steps"]) == ("completed", 2, 10)
     script = next((tmp_path / "runs" / "0002gpu" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --partition=local" in script and "#SBATCH --requeue" in script
+
+
+def _until(what: str, check, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.3)
+
+
+def _events(run_dir: Path, key: str) -> list[dict]:
+    return [e for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == key]
+
+
+def _task_state(task: str) -> str:
+    return job_states([task.split("_")[0]]).get(task, "gone")
+
+
+# not serial: the bounds it asserts (jobs gone, runs resumed) are ten times what they take
+@pytest.mark.slow
+def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_path, slurm, capsys):
+    """`sweep cancel` on a running job array: gone from the queue within KillWait, never requeued (not even by
+    `scontrol requeue`), each run cancelled in its status and report, with its checkpoint; `sweep submit` then
+    submits the two again (an array of just them) and each resumes from its checkpoint. A rank that catches
+    USR1 (the time-limit warning) in a run noted cancelled saves and does not requeue the job."""
+    out, manifest = render(tmp_path, ["cluster=local", "gpus=1", "optimizer=allreduce", "seeds=2",
+                                      "train.max_steps=100000", "eval.every_steps=20", "checkpoint.every_s=0.5"])
+    (job_id,) = submitted = sweep_jobs.submit(out)
+    runs = [out / r["run_dir"] for r in manifest["runs"]]
+    try:
+        _until("both runs checkpoint", lambda: all((d / "events.jsonl").exists() and _events(d, "checkpoint")
+                                                   for d in runs))
+        assert sweep_cli.main(["cancel", str(out)]) == 0
+        assert f"cancelled 2 runs: {job_id}_0 {job_id}_1" in capsys.readouterr().out
+        _until("the array ends", lambda: set(job_states([job_id]).values()) == {"CANCELLED"}, 60)
+        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+        assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue  # Requeue=0: the cancel holds
+        rows = sweep_jobs.status(out)
+        assert [(r["job"], r["slurm"], r["status"], r["restarts"]) for r in rows] == [
+            (f"{job_id}_{i}", "CANCELLED", "cancelled", 0) for i in range(2)], rows
+        assert sweep_cli.main(["status", str(out)]) == 0
+        table = capsys.readouterr().out
+        assert table.count(" cancelled ") == 2 and "last eval" in table, table
+        from wagma_bench.analysis.run_records import load_run
+
+        checkpoints = []
+        for d, row in zip(runs, rows, strict=True):
+            assert json.loads((d / "cancelled.json").read_text())["job"] == row["job"]
+            assert load_run(d).summary["status"] == "cancelled"
+            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["step"])
+            assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
+        assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error
+        assert "nothing to cancel" in capsys.readouterr().out
+
+        (again,) = sweep_jobs.submit(out)
+        submitted.append(again)
+        assert again != job_id
+        ids = [r.get("job_id") for r in json.loads((out / "manifest.json").read_text())["runs"]]
+        assert ids == [again, again] and not any((d / "cancelled.json").exists() for d in runs)
+        _until("both runs resume", lambda: all(_events(d, "run_resume") for d in runs))
+        for d, step in zip(runs, checkpoints, strict=True):
+            assert _events(d, "run_resume")[0]["metadata"]["step"] == step
+        # the race a cancel must win: a USR1 caught by a run already noted cancelled saves, and does not requeue
+        (runs[0] / "cancelled.json").write_text(json.dumps({"job": f"{again}_0"}))
+        subprocess.run(["scancel", "--signal=USR1", f"{again}_0"], check=True, timeout=60)
+        _until("the warned run ends", lambda: _task_state(f"{again}_0") == "COMPLETED", 60)
+        assert "not requeued" in next((out / "logs").glob(f"*_{again}_0.out")).read_text()
+        assert sweep_cli.main(["cancel", str(out)]) == 0
+        _until("the array ends", lambda: _task_state(f"{again}_1") == "CANCELLED", 60)
+        job = subprocess.run(["scontrol", "show", "job", "-o", f"{again}_0"], check=False, capture_output=True,
+                             text=True).stdout
+        assert "Restarts=0" in job and "JobState=COMPLETED" in job, job
+    finally:  # never leave a 100000-step run behind
+        subprocess.run(["scancel", *submitted], check=False, timeout=60)
 
 
 @pytest.mark.parametrize(("env", "expected"), [

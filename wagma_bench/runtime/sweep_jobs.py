@@ -158,13 +158,13 @@ def run_slurm_id(manifest: dict, run: dict) -> str | None:
 
 
 def run_progress(run_dir: Path) -> dict:
-    """A run's own view: its status (from its summary when written, else its events), the last step logged,
-    and its last evaluation (value and step)."""
+    """A run's own view: its status (from its summary when written after its last event, else its events), the
+    last step logged, and its last evaluation (value and step)."""
     record = RunEvents.read(run_dir)
     evals = record.evaluations
     last = {"metric": evals[-1].value if evals else None, "eval_step": evals[-1].step if evals else None}
     s = record.saved_summary
-    if s is not None:
+    if s is not None and record.summary_after_events:  # else an earlier attempt's, before this one's events
         if last["metric"] is None:
             last["metric"] = s.get("final_metric")
         return {"status": s.get("status"), "step": s.get("steps"), **last, "restarts": s.get("restarts", 0),
