@@ -214,6 +214,52 @@ def test_waiting_on_a_sweep_never_submitted_is_refused_in_one_line(tmp_path):
     assert f"wagma-bench sweep submit {out}" in res.stderr
 
 
+def test_cancelling_a_sweep_never_submitted_is_refused_in_one_line(tmp_path, capsys):
+    out, _ = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce"])
+    assert sweep_cli.main(["cancel", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has no submitted job, so there is nothing to cancel" in err, err
+
+
+def test_submit_after_a_cancel_sends_only_the_unfinished_runs_again(tmp_path):
+    """An array of three, two cancelled: the one that finished before the cancel reached it stays done; the
+    other goes to sbatch again as an array of its own index, the script's throttle (%N) kept."""
+    out, manifest = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce", "seeds=3"])
+    script = out / manifest["jobs"][0]["script"]
+    script.write_text(script.read_text().replace("#SBATCH --array=0-2", "#SBATCH --array=0-2%2"))
+    manifest["jobs"][0]["job_id"] = "123"
+    for i in (0, 2):
+        manifest["runs"][i]["cancelled"] = {"job": f"123_{i}"}
+        run_dir = out / manifest["runs"][i]["run_dir"]
+        run_dir.mkdir()
+        (run_dir / "cancelled.json").write_text("{}")
+    done = out / manifest["runs"][2]["run_dir"]
+    (done / "events.jsonl").write_text('{"key": "run_start", "metadata": {"step": 0}}\n')
+    (done / "summary.json").write_text('{"status": "completed", "steps": 10}')
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\necho 124\n')
+    sbatch.chmod(0o755)
+    assert sweep_jobs.submit(out, sbatch=str(sbatch)) == ["124"]
+    assert (tmp_path / "calls").read_text() == f"--parsable --array=0%2 {script}\n"
+    runs = json.loads((out / "manifest.json").read_text())["runs"]
+    assert [(r.get("job_id"), r.get("earlier_jobs"), "cancelled" in r) for r in runs] == [
+        ("124", ["123_0"], False), (None, None, False), (None, None, False)]
+    assert not list(out.glob("runs/*/cancelled.json"))
+    assert [sweep_jobs.run_slurm_id(manifest | {"runs": runs}, r) for r in runs] == ["124_0", "123_1", "123_2"]
+    assert sweep_jobs.submit(out, sbatch=str(sbatch)) == []  # nothing left to submit
+
+
+def test_status_table_shows_the_last_evaluation_and_cancelled_runs():
+    rows = [_row("a", "12_0", "CANCELLED", "cancelled", 0.31) | {"eval_step": 40, "step": 47},
+            _row("b", "12_1", "COMPLETED", "completed", 0.5) | {"eval_step": 100, "step": 100}]
+    table = sweep_jobs.format_rows(rows).splitlines()
+    assert table[0].split() == ["run", "job", "slurm", "status", "step", "last", "eval", "restarts"]
+    assert table[1].split() == ["a", "12_0", "CANCELLED", "cancelled", "47", "0.3100", "@", "40", "0"]
+    assert sweep_jobs.progress_line(rows, 5) == "[0:00:05] 0 pending, 0 running, 1 done, 0 failed, 1 cancelled; " \
+                                                "best metric 0.5000 (b)"
+
+
 @pytest.mark.parametrize("value", ["24h", "1:2:3:4", "-5"])
 def test_a_time_outside_slurms_grammar_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=rf"cluster.time={value} is not allowed; it must be in SLURM's time"):
