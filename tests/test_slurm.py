@@ -452,6 +452,10 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
             assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
         assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error
         assert "nothing to cancel" in capsys.readouterr().out
+        # a lock left by ranks killed on another node (SIGKILL after KillWait): its job has ended, so it goes
+        task_job = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%A", "-j", f"{job_id}_1"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        (runs[1] / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": task_job}))
 
         (again,) = sweep_jobs.submit(out)
         submitted.append(again)

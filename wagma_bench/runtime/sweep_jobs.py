@@ -32,6 +32,7 @@ import datetime as _dt
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -138,8 +139,14 @@ def _release_ended_lock(run_dir: Path) -> None:
     except (OSError, ValueError):
         return
     job = holder.get("slurm_job_id") if isinstance(holder, dict) else None
-    # an array task's own id is answered under its array's name (ARRAY_TASK): any answer not ended keeps the lock
-    if job and all(state in TERMINAL_STATES for state in job_states([str(job)]).values()):
+    if not job:
+        return
+    # only when SLURM says it ended (no answer: it may be unreachable, and the run's own check will name the
+    # holder); an array task's own id is answered under its array's name (ARRAY_TASK)
+    states = job_states([str(job)]).values()
+    if states and all(state in TERMINAL_STATES for state in states):
+        print(f"wagma-bench: removing the lock of {run_dir} left by SLURM job {job}, which has ended",
+              file=sys.stderr, flush=True)
         (run_dir / LOCK).unlink(missing_ok=True)
 
 
