@@ -465,6 +465,9 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         _until("both runs resume", lambda: all(_events(d, "run_resume") for d in runs))
         for d, step in zip(runs, checkpoints, strict=True):
             assert _events(d, "run_resume")[0]["metadata"]["step"] == step
+        # running again, not the summary of the cancelled attempt (preempted) that is still on disk
+        assert [(r["job"], r["status"]) for r in sweep_jobs.status(out)] == [(f"{again}_{i}", "running")
+                                                                             for i in range(2)]
         # the race a cancel must win: a USR1 caught by a run already noted cancelled saves, and does not requeue
         (runs[0] / "cancelled.json").write_text(json.dumps({"job": f"{again}_0"}))
         subprocess.run(["scancel", "--signal=USR1", f"{again}_0"], check=True, timeout=60)
