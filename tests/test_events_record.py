@@ -18,7 +18,7 @@ from wagma_bench.config.schedules import peak_lr
 from wagma_bench.record import mlperf
 from wagma_bench.record.events import RunEvents, RunStart, summarize
 from wagma_bench.record.files import write_json_atomic
-from wagma_bench.runtime import sweep
+from wagma_bench.runtime import sweep_jobs
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"
 T0 = 1.7e12
@@ -61,7 +61,8 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     assert [(e.step, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
     run = run_records.load_run(d)
     assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
-    assert sweep.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "restarts": 0, "reached": None}
+    assert sweep_jobs.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "eval_step": 10,
+                                         "restarts": 0, "reached": None}
 
 
 def test_resumed_run_reads_as_one_run(tmp_path):
@@ -76,7 +77,7 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     assert record.summary() == record.saved_summary == summarize(events)
     assert record.summary()["restarts"] == 1 and record.summary()["status"] == "completed"
     assert samples_to_target([str(tmp_path)]) == {"wagma": 20 * 128.0}
-    assert sweep.run_progress(d)["restarts"] == 1
+    assert sweep_jobs.run_progress(d)["restarts"] == 1
     assert run_records.load_run(d).problems == []
     # MLPerf's log keeps the run that produced the final model: the rolled-back evaluation at step 20 goes
     steps = [r.metadata["step_num"] for r in mlperf.mllog_records(record.events) if r.key == "eval_accuracy"]

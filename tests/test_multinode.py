@@ -149,7 +149,7 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     """A rendered sweep, `sbatch -N 2 --ntasks-per-node 2` (gpus=4 at 2 rank slots a node), Allreduce-SGD and
     WAGMA-SGD to their step budget: the batch script runs on wagma-n1, srun starts ranks on both hosts, which
     agree on one run directory each."""
-    from wagma_bench.runtime import sweep
+    from wagma_bench.runtime import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
@@ -157,8 +157,8 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
                                               "eval.every_steps=10"]), out, array=False)
     script = (out / manifest["jobs"][0]["script"]).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
-    sweep.submit(out)
-    rows = sweep.wait(out, timeout_s=900, interval_s=2)
+    sweep_jobs.submit(out)
+    rows = sweep_jobs.wait(out, timeout_s=900, interval_s=2)
     assert [(r["slurm"], r["status"]) for r in rows] == [("COMPLETED", "completed")] * 2, rows
     for run in manifest["runs"]:
         run_dir = out / run["run_dir"]
@@ -289,13 +289,13 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     """USR1 to a two-node job's ranks (as --signal=USR1@90 sends it): every rank on both hosts saves, rank 0
     requeues the job, which starts again on both hosts and resumes from the checkpoint in the same run
     directory: one run_start, one run_resume, ranks on both hosts both times."""
-    from wagma_bench.runtime import sweep
+    from wagma_bench.runtime import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
                                               "optimizer=allreduce", "train.max_steps=60", "eval.every_steps=60",
                                               "checkpoint.every_s=1e9"]), out, array=False)
-    (job_id,) = sweep.submit(out)
+    (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
     deadline = time.monotonic() + 600
     while not all((run_dir / "steps" / f"rank{r}.jsonl").exists() and (run_dir / "steps" / f"rank{r}.jsonl")
@@ -303,7 +303,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
-    rows = sweep.wait(out, timeout_s=900, interval_s=2)
+    rows = sweep_jobs.wait(out, timeout_s=900, interval_s=2)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
     assert (s["status"], s["restarts"], s["hosts"]) == ("completed", 1, HOSTS), s

@@ -27,7 +27,8 @@ from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.record.files import read_jsonl
-from wagma_bench.runtime import sweep
+from wagma_bench.runtime import sweep, sweep_jobs
+from wagma_bench.runtime.slurm import job_states
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
@@ -123,16 +124,16 @@ def test_squeue_answer_and_progress_line():
     rows = [_row("a", "12_0", "RUNNING", "running", 0.31), _row("b", "12_1", "PENDING", "not started"),
             _row("c", "13", "COMPLETED", "completed", 0.52), _row("d", "14", "CANCELLED", "failed", 0.6),
             _row("e", "15", "unknown", "diverged"), _row("f", None, "unsubmitted", "not started")]
-    assert sweep.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
+    assert sweep_jobs.progress_line(rows, 3725) == ("[1:02:05] 1 pending, 1 running, 1 done, 2 failed (1 unsubmitted); "
                                                "best metric 0.6000 (d)")
 
 
 @pytest.mark.serial
 def test_wait_polls_once_per_interval_until_timeout(tmp_path, monkeypatch, capsys):
     polls = []
-    monkeypatch.setattr(sweep, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
+    monkeypatch.setattr(sweep_jobs, "status", lambda d: polls.append(time.monotonic()) or [_row("a", "1", "RUNNING", "running")])
     with pytest.raises(TimeoutError, match="not finished after 1 s"):
-        sweep.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
+        sweep_jobs.wait(tmp_path, timeout_s=1, interval_s=0.4, out=sys.stderr)
     assert len(polls) in (3, 4) and all(b - a >= 0.4 for a, b in itertools.pairwise(polls)), polls
     assert capsys.readouterr().err.count("0 pending, 1 running") == 1  # unchanged: not repeated off a terminal
     assert sweep_cli.main(["wait", str(tmp_path), "--interval"]) == 2
@@ -213,6 +214,52 @@ def test_waiting_on_a_sweep_never_submitted_is_refused_in_one_line(tmp_path):
     assert f"wagma-bench sweep submit {out}" in res.stderr
 
 
+def test_cancelling_a_sweep_never_submitted_is_refused_in_one_line(tmp_path, capsys):
+    out, _ = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce"])
+    assert sweep_cli.main(["cancel", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has no submitted job, so there is nothing to cancel" in err, err
+
+
+def test_submit_after_a_cancel_sends_only_the_unfinished_runs_again(tmp_path):
+    """An array of three, two cancelled: the one that finished before the cancel reached it stays done; the
+    other goes to sbatch again as an array of its own index, the script's throttle (%N) kept."""
+    out, manifest = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce", "seeds=3"])
+    script = out / manifest["jobs"][0]["script"]
+    script.write_text(script.read_text().replace("#SBATCH --array=0-2", "#SBATCH --array=0-2%2"))
+    manifest["jobs"][0]["job_id"] = "123"
+    for i in (0, 2):
+        manifest["runs"][i]["cancelled"] = {"job": f"123_{i}"}
+        run_dir = out / manifest["runs"][i]["run_dir"]
+        run_dir.mkdir()
+        (run_dir / "cancelled.json").write_text("{}")
+    done = out / manifest["runs"][2]["run_dir"]
+    (done / "events.jsonl").write_text('{"key": "run_start", "metadata": {"step": 0}}\n')
+    (done / "summary.json").write_text('{"status": "completed", "steps": 10}')
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\necho 124\n')
+    sbatch.chmod(0o755)
+    assert sweep_jobs.submit(out, sbatch=str(sbatch)) == ["124"]
+    assert (tmp_path / "calls").read_text() == f"--parsable --array=0%2 {script}\n"
+    runs = json.loads((out / "manifest.json").read_text())["runs"]
+    assert [(r.get("job_id"), r.get("earlier_jobs"), "cancelled" in r) for r in runs] == [
+        ("124", ["123_0"], False), (None, None, False), (None, None, False)]
+    assert not list(out.glob("runs/*/cancelled.json"))
+    assert [sweep_jobs.run_slurm_id(manifest | {"runs": runs}, r) for r in runs] == ["124_0", "123_1", "123_2"]
+    assert sweep_jobs.submit(out, sbatch=str(sbatch)) == []  # nothing left to submit
+
+
+def test_status_table_shows_the_last_evaluation_and_cancelled_runs():
+    rows = [_row("a", "12_0", "CANCELLED", "cancelled", 0.31) | {"eval_step": 40, "step": 47},
+            _row("b", "12_1", "COMPLETED", "completed", 0.5) | {"eval_step": 100, "step": 100}]
+    table = sweep_jobs.format_rows(rows).splitlines()
+    assert table[0].split() == ["run", "job", "slurm", "status", "step", "last", "eval", "restarts"]
+    assert table[1].split() == ["a", "12_0", "CANCELLED", "cancelled", "47", "0.3100", "@", "40", "0"]
+    assert sweep_jobs.progress_line(rows, 5) == "[0:00:05] 0 pending, 0 running, 1 done, 0 failed, 1 cancelled; " \
+                                                "best metric 0.5000 (b)"
+
+
 @pytest.mark.parametrize("value", ["24h", "1:2:3:4", "-5"])
 def test_a_time_outside_slurms_grammar_is_refused_naming_it(value):
     with pytest.raises(ConfigError, match=rf"cluster.time={value} is not allowed; it must be in SLURM's time"):
@@ -248,7 +295,7 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     the report. (One job per run, the sweep without an array, is submitted by the requeue test below.)"""
     out, manifest = render(tmp_path, ["cluster=local", "gpus=4", "optimizer=allreduce,wagma", *TINY])
     assert len(manifest["jobs"]) == 1 and manifest["jobs"][0]["runs"] == 2
-    (job_id,) = sweep.submit(out)
+    (job_id,) = sweep_jobs.submit(out)
     assert json.loads((out / "manifest.json").read_text())["jobs"][0]["job_id"] == job_id
     calls = _count_slurm_calls(monkeypatch)
     t0 = time.monotonic()
@@ -259,7 +306,7 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     assert calls["scontrol"] == 0 and 1 <= calls["squeue"] <= polls, (calls, polls)
     assert "0 pending, 0 running, 2 done, 0 failed; best metric 0." in progress[-1], progress
     assert "2 done" not in progress[0], progress  # a live line: printed while the jobs ran, again at each change
-    rows = sweep.status(out)
+    rows = sweep_jobs.status(out)
     assert [(r["job"], r["slurm"], r["status"]) for r in rows] == [
         (f"{job_id}_0", "COMPLETED", "completed"), (f"{job_id}_1", "COMPLETED", "completed")], rows
     for run, optimizer in zip(manifest["runs"], ("allreduce", "wagma"), strict=True):
@@ -290,7 +337,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=90",
                                       "eval.every_steps=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
                            array=False)
-    (job_id,) = sweep.submit(out)
+    (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
     deadline = time.monotonic() + 600
     # steps/rank*.jsonl are flushed at the first control point (round 10): the handlers are installed
@@ -299,7 +346,7 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
     subprocess.run(["scancel", f"--signal={sig}", job_id], check=True, timeout=60)
-    rows = sweep.wait(out, timeout_s=600, interval_s=1)
+    rows = sweep_jobs.wait(out, timeout_s=600, interval_s=1)
     assert rows[0]["slurm"] == "COMPLETED", rows
     s = summary(run_dir)
     assert (s["status"], s["reached"], s["restarts"]) == ("completed", True, 1), s
@@ -353,6 +400,86 @@ def test_hydra_submitit_launcher(tmp_path, slurm):
     assert (s["status"], s["world_size"], s["steps"]) == ("completed", 2, 10)
     script = next((tmp_path / "runs" / "0002gpu" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --partition=local" in script and "#SBATCH --requeue" in script
+
+
+def _until(what: str, check, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.3)
+
+
+def _events(run_dir: Path, key: str) -> list[dict]:
+    return [e for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == key]
+
+
+def _task_state(task: str) -> str:
+    return job_states([task.split("_")[0]]).get(task, "gone")
+
+
+# not serial: the bounds it asserts (jobs gone, runs resumed) are ten times what they take
+@pytest.mark.slow
+def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_path, slurm, capsys):
+    """`sweep cancel` on a running job array: gone from the queue within KillWait, never requeued (not even by
+    `scontrol requeue`), each run cancelled in its status and report, with its checkpoint; `sweep submit` then
+    submits the two again (an array of just them) and each resumes from its checkpoint. A rank that catches
+    USR1 (the time-limit warning) in a run noted cancelled saves and does not requeue the job."""
+    out, manifest = render(tmp_path, ["cluster=local", "gpus=1", "optimizer=allreduce", "seeds=2",
+                                      "train.max_steps=100000", "eval.every_steps=20", "checkpoint.every_s=0.5"])
+    (job_id,) = submitted = sweep_jobs.submit(out)
+    runs = [out / r["run_dir"] for r in manifest["runs"]]
+    try:
+        _until("both runs checkpoint", lambda: all((d / "events.jsonl").exists() and _events(d, "checkpoint")
+                                                   for d in runs))
+        assert sweep_cli.main(["cancel", str(out)]) == 0
+        assert f"cancelled 2 runs: {job_id}_0 {job_id}_1" in capsys.readouterr().out
+        _until("the array ends", lambda: set(job_states([job_id]).values()) == {"CANCELLED"}, 60)
+        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+        assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue  # Requeue=0: the cancel holds
+        rows = sweep_jobs.status(out)
+        assert [(r["job"], r["slurm"], r["status"], r["restarts"]) for r in rows] == [
+            (f"{job_id}_{i}", "CANCELLED", "cancelled", 0) for i in range(2)], rows
+        assert sweep_cli.main(["status", str(out)]) == 0
+        table = capsys.readouterr().out
+        assert table.count(" cancelled ") == 2 and "last eval" in table, table
+        from wagma_bench.analysis.run_records import load_run
+
+        checkpoints = []
+        for d, row in zip(runs, rows, strict=True):
+            assert json.loads((d / "cancelled.json").read_text())["job"] == row["job"]
+            assert load_run(d).summary["status"] == "cancelled"
+            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["step"])
+            assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
+        assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error
+        assert "nothing to cancel" in capsys.readouterr().out
+        # a lock left by ranks killed on another node (SIGKILL after KillWait): its job has ended, so it goes
+        task_job = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%A", "-j", f"{job_id}_1"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        (runs[1] / ".lock").write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": task_job}))
+
+        (again,) = sweep_jobs.submit(out)
+        submitted.append(again)
+        assert again != job_id
+        ids = [r.get("job_id") for r in json.loads((out / "manifest.json").read_text())["runs"]]
+        assert ids == [again, again] and not any((d / "cancelled.json").exists() for d in runs)
+        _until("both runs resume", lambda: all(_events(d, "run_resume") for d in runs))
+        for d, step in zip(runs, checkpoints, strict=True):
+            assert _events(d, "run_resume")[0]["metadata"]["step"] == step
+        # running again, not the summary of the cancelled attempt (preempted) that is still on disk
+        assert [(r["job"], r["status"]) for r in sweep_jobs.status(out)] == [(f"{again}_{i}", "running")
+                                                                             for i in range(2)]
+        # the race a cancel must win: a USR1 caught by a run already noted cancelled saves, and does not requeue
+        (runs[0] / "cancelled.json").write_text(json.dumps({"job": f"{again}_0"}))
+        subprocess.run(["scancel", "--signal=USR1", f"{again}_0"], check=True, timeout=60)
+        _until("the warned run ends", lambda: _task_state(f"{again}_0") == "COMPLETED", 60)
+        assert "not requeued" in next((out / "logs").glob(f"*_{again}_0.out")).read_text()
+        assert sweep_cli.main(["cancel", str(out)]) == 0
+        _until("the array ends", lambda: _task_state(f"{again}_1") == "CANCELLED", 60)
+        job = subprocess.run(["scontrol", "show", "job", "-o", f"{again}_0"], check=False, capture_output=True,
+                             text=True).stdout
+        assert "Restarts=0" in job and "JobState=COMPLETED" in job, job
+    finally:  # never leave a 100000-step run behind
+        subprocess.run(["scancel", *submitted], check=False, timeout=60)
 
 
 @pytest.mark.parametrize(("env", "expected"), [

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wagma_bench.record.events import EVENTS, RunEvents
-from wagma_bench.record.rundir import live_holder
+from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
 
 
 @dataclass
@@ -81,6 +81,8 @@ def load_run(path: Path) -> RunRecord:
     elif not record.stopped and saved.get("status") and record.summary_after_events:
         # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
         summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
+    if summary["status"] not in (*FINISHED, "running") and cancel_note(path) is not None:
+        summary["status"] = "cancelled"  # by `wagma-bench sweep cancel`: not a failure, and resumable
     holder = live_holder(path) if not record.stopped else None
     if holder is not None:
         summary["status"] = "running"

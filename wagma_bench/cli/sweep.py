@@ -11,7 +11,7 @@ from pathlib import Path
 
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import sweep
+from wagma_bench.runtime import sweep, sweep_jobs
 from wagma_bench.runtime.runs import exit_code
 
 USAGE = sweep.__doc__.split("\n\n")[1]
@@ -31,9 +31,25 @@ def _wait_command(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     if not ns.interval > 0:
         raise ConfigError(f"--interval={ns.interval:g} is not allowed; it must be a number of seconds > 0")
-    rows = sweep.wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
-    print(sweep.format_rows(rows))
+    rows = sweep_jobs.wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
+    print(sweep_jobs.format_rows(rows))
     return 0
+
+
+def _submit(sweep_dir: Path) -> None:
+    ids = sweep_jobs.submit(sweep_dir)
+    print("\n".join(ids) if ids else f"nothing to submit: every job of {sweep_dir} was submitted and no run stands "
+          "cancelled")
+
+
+def _cancel(sweep_dir: Path) -> None:
+    rows = sweep_jobs.cancel(sweep_dir)
+    if not rows:
+        print(f"nothing to cancel: every submitted job of {sweep_dir} has ended")
+        return
+    print(f"cancelled {len(rows)} runs: {' '.join(r['job'] for r in rows)}; each saves a checkpoint at its next "
+          f"synchronisation point, if it reaches one before SLURM kills it (KillWait)\n"
+          f"follow: wagma-bench sweep wait {sweep_dir}   resume: wagma-bench sweep submit {sweep_dir}")
 
 
 def _main(argv: list[str]) -> int:
@@ -42,14 +58,16 @@ def _main(argv: list[str]) -> int:
         return 0
     if argv[0] == "wait":
         return _wait_command(argv[1:])
-    if argv[0] in ("submit", "status"):
+    if argv[0] in ("submit", "status", "cancel"):
         if len(argv) != 2:
             raise ConfigError(f"usage: wagma-bench sweep {argv[0]} DIR")
         sweep_dir = Path(argv[1])
         if argv[0] == "submit":
-            print("\n".join(sweep.submit(sweep_dir)))
+            _submit(sweep_dir)
+        elif argv[0] == "cancel":
+            _cancel(sweep_dir)
         else:
-            print(sweep.format_rows(sweep.status(sweep_dir)))
+            print(sweep_jobs.format_rows(sweep_jobs.status(sweep_dir)))
         return 0
     parser = CommandParser("wagma-bench sweep", USAGE)
     parser.add_argument("--out")
@@ -77,7 +95,7 @@ def _main(argv: list[str]) -> int:
     print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
           f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
     if ns.submit:
-        ids = sweep.submit(out_dir)
+        ids = sweep_jobs.submit(out_dir)
         print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
     else:
         print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")

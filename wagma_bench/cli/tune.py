@@ -44,14 +44,14 @@ def _main(argv: list[str]) -> int:
 
 def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
     """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
-    from wagma_bench.runtime import sweep
+    from wagma_bench.runtime import sweep, sweep_jobs
 
     runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in tune.run_order(trials, args.seed)]
     manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
                             command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
     print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
     if "--submit" in args.flags:
-        ids = sweep.submit(args.out)
+        ids = sweep_jobs.submit(args.out)
         print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
               f"then: wagma-bench tune score {args.out}")
     else:

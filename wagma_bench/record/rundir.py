@@ -30,6 +30,10 @@ from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
 from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
 
 LOCK = ".lock"
+# Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
+# ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports show it
+# as cancelled, not as failed or preempted. (wagma_bench.runtime.sweep_jobs writes it.)
+CANCELLED = "cancelled.json"
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
 # often it checkpoints, and how long it trains. Every other key is the run's identity (its config hash).
 RESUMABLE_SECTIONS = ("launcher", "logger", "checkpoint")
@@ -175,7 +179,8 @@ class RunDirLock:
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
 # .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS); refused under
 # every launcher alike, the local one included (whose own heartbeats live elsewhere)
-RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, ".hydra", "steps", "checkpoint", "checkpoint.json", ".heartbeats")
+RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, CANCELLED, ".hydra", "steps", "checkpoint", "checkpoint.json",
+             ".heartbeats")
 
 
 def refuse_symlinks(run_dir: Path) -> None:
@@ -288,3 +293,12 @@ def live_holder(run_dir: Path) -> dict | None:
         return None
     pid = holder.get("pid")
     return holder if isinstance(pid, int) and pid > 0 and _pid_alive(pid) else None
+
+
+def cancel_note(run_dir: Path) -> dict | None:
+    """What ``wagma-bench sweep cancel`` noted in the run directory (when, which job), or None: not cancelled."""
+    try:
+        note = json.loads((Path(run_dir) / CANCELLED).read_text())
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else {}

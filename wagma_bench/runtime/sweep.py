@@ -3,11 +3,16 @@
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50 \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
-    wagma-bench sweep submit DIR        submit a rendered sweep
-    wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
+    wagma-bench sweep submit DIR        submit a rendered sweep; after a cancel, submit again the runs that
+                                        did not finish (they resume from their checkpoints)
+    wagma-bench sweep status DIR        each run's SLURM state, its own status (cancelled, when cancelled),
+                                        step and last evaluation (value @ step)
     wagma-bench sweep wait DIR [--interval S] [--timeout S]
                                         poll SLURM for the whole sweep every S s (30) with a progress line
                                         until every job has ended (no timeout unless given)
+    wagma-bench sweep cancel DIR        scancel every run not yet ended: each saves a checkpoint at its next
+                                        synchronisation point (SIGTERM; killed after SLURM's KillWait), is
+                                        marked cancelled and is not requeued
 
 Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` (change one profile field),
 ``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
@@ -19,6 +24,7 @@ grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``,
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
 (each a normal run directory, so ``wagma-bench report DIR`` reads the sweep like any tree of runs).
+Following, cancelling and submitting again: :mod:`wagma_bench.runtime.sweep_jobs`.
 
 ``--submitit`` prints instead one ``wagma-bench run -m hydra/launcher=submitit_slurm ...`` command per GPU
 count, the same profile mapped onto the submitit launcher's fields (:func:`submitit_command`), for users who
@@ -33,8 +39,6 @@ import itertools
 import json
 import re
 import shlex
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +50,6 @@ from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import validate
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import (
     OUTPUT_HINT,
     refuse_link,
@@ -54,7 +57,6 @@ from wagma_bench.record.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 TEMPLATE = SLURM_DIR / "job.sbatch"
 MANIFEST = "manifest.json"
@@ -353,148 +355,6 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
     }
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
-
-
-# --- submit, status, wait -------------------------------------------------------------------------------
-
-def load_manifest(sweep_dir: Path) -> dict:
-    path = Path(sweep_dir) / MANIFEST
-    if not path.exists():
-        raise ConfigError(f"{sweep_dir} is not a sweep directory (no {MANIFEST})")
-    return json.loads(path.read_text())
-
-
-def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
-    """sbatch every job not yet submitted; records the job ids in the manifest."""
-    sweep_dir = Path(sweep_dir).resolve()
-    manifest = load_manifest(sweep_dir)
-    ids = []
-    for job in manifest["jobs"]:
-        if job["job_id"] is None:
-            out = subprocess.run([sbatch, "--parsable", str(sweep_dir / job["script"])], check=False, capture_output=True,
-                                 text=True, timeout=120)
-            if out.returncode != 0:
-                write_json_atomic(sweep_dir / MANIFEST, manifest)
-                raise RuntimeError(f"sbatch {job['script']} failed: {out.stderr.strip()}")
-            job["job_id"] = out.stdout.strip().split(";")[0]
-            job["submitted"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        ids.append(job["job_id"])
-    write_json_atomic(sweep_dir / MANIFEST, manifest)
-    return ids
-
-
-def run_slurm_id(manifest: dict, run: dict) -> str | None:
-    job_id = manifest["jobs"][run["job"]]["job_id"]
-    if job_id is None:
-        return None
-    return f"{job_id}_{run['array_index']}" if run["array_index"] is not None else job_id
-
-
-def run_progress(run_dir: Path) -> dict:
-    """A run's own view: its summary when written, else its last events."""
-    record = RunEvents.read(run_dir)
-    s = record.saved_summary
-    if s is not None:
-        return {"status": s.get("status"), "step": s.get("steps"), "metric": s.get("final_metric"),
-                "restarts": s.get("restarts", 0), "reached": s.get("reached")}
-    if not record.events:
-        return {"status": "not started", "step": None, "metric": None, "restarts": 0, "reached": None}
-    evals = record.evaluations
-    return {"status": "running", "step": record.last_step, "metric": evals[-1].value if evals else None,
-            "restarts": record.resumes, "reached": None}
-
-
-def status(sweep_dir: Path) -> list[dict]:
-    """One row per run: SLURM's state of its job (array task) and the run's own progress."""
-    sweep_dir = Path(sweep_dir).resolve()
-    manifest = load_manifest(sweep_dir)
-    ids = [j["job_id"] for j in manifest["jobs"] if j["job_id"]]
-    try:
-        states = job_states(ids) if ids else {}
-    except (OSError, subprocess.SubprocessError):
-        states = {}
-    rows = []
-    for run in manifest["runs"]:
-        sid = run_slurm_id(manifest, run)
-        slurm = "unsubmitted" if sid is None else states.get(sid, "unknown")
-        if sid is not None and slurm == "unknown" and run["array_index"] is not None:
-            # a pending array's tasks are one record until they start
-            slurm = states.get(manifest["jobs"][run["job"]]["job_id"], "unknown")
-        rows.append({"run": run["name"], "job": sid, "slurm": slurm, **run_progress(sweep_dir / run["run_dir"])})
-    return rows
-
-
-def format_rows(rows: list[dict]) -> str:
-    cols = ["run", "job", "slurm", "status", "step", "metric", "restarts"]
-    cells = [[("-" if r[c] is None else f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in cols]
-             for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
-def finished(row: dict) -> bool:
-    return row["slurm"] in TERMINAL_STATES or (row["slurm"] == "unknown" and row["status"] not in
-                                                 ("running", "not started", "preempted"))
-
-
-ENDED_WELL = ("completed", "time_limit")  # a run's own statuses that count as done (else failed)
-
-
-def phase(row: dict) -> str:
-    """pending | running | done | failed: where one submitted run stands, for the progress line."""
-    if finished(row):
-        return "done" if row["status"] in ENDED_WELL else "failed"
-    if row["slurm"] in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING") or row["status"] == "running":
-        return "running"
-    return "pending"
-
-
-def progress_line(rows: list[dict], elapsed_s: float) -> str:
-    """One line for the whole sweep: counts by phase and the best metric so far (higher is better)."""
-    submitted = [r for r in rows if r["job"] is not None]
-    counts = {p: 0 for p in ("pending", "running", "done", "failed")}
-    for row in submitted:
-        counts[phase(row)] += 1
-    line = ", ".join(f"{n} {p}" for p, n in counts.items())
-    if len(submitted) < len(rows):
-        line += f" ({len(rows) - len(submitted)} unsubmitted)"
-    scored = [r for r in rows if r["metric"] is not None]
-    if scored:
-        best = max(scored, key=lambda r: r["metric"])
-        line += f"; best metric {best['metric']:.4f} ({best['run']})"
-    return f"[{_dt.timedelta(seconds=round(elapsed_s))}] {line}"
-
-
-def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30.0, out=None) -> list[dict]:
-    """Poll SLURM once per ``interval_s`` for the whole sweep (one squeue call) until every submitted job
-    has ended, writing a progress line to ``out`` (overwritten in place on a terminal, else one line per
-    change). ``timeout_s`` None waits as long as it takes. (Not sbatch --wait: it polls lazily, an 11 s job
-    returned after 42 s.) A sweep with no submitted job is refused: there would be nothing to wait for, and an
-    exit 0 at once would read as a sweep that had finished."""
-    t0 = time.monotonic()
-    tty = out is not None and out.isatty()
-    last = None
-    rows = status(sweep_dir)
-    if all(r["job"] is None for r in rows):
-        raise ConfigError(f"sweep {sweep_dir} has no submitted job, so there is nothing to wait for; submit it "
-                          f"first: wagma-bench sweep submit {sweep_dir}")
-    while True:
-        line = progress_line(rows, time.monotonic() - t0)
-        counts = line.partition("] ")[2]
-        if out is not None and (tty or counts != last):
-            out.write(f"\r{line}\033[K" if tty else f"{line}\n")
-            out.flush()
-        last = counts
-        if all(finished(r) for r in rows if r["job"] is not None):
-            if tty:
-                out.write("\n")
-            return rows
-        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
-        time.sleep(interval_s)
-        rows = status(sweep_dir)
 
 
 # --- Hydra's submitit launcher ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.loggers import event_log_for_run
 from wagma_bench.record.progress import Progress
 from wagma_bench.record.provenance import run_start_fields, versions
+from wagma_bench.record.rundir import cancel_note
 from wagma_bench.record.rundir import finalize as write_summary
 from wagma_bench.record.steps import StepLog
 from wagma_bench.runtime import partition, startup
@@ -404,10 +405,20 @@ class Trainer:
         return summary
 
     def requeue_or_explain(self, step: int) -> None:
-        """Rank 0, after the summary (the requeue ends this job's steps)."""
-        if not requeue_job():
-            print(f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
-                  f"requeue; run the same command again to resume from {self.run_dir}", flush=True)
+        """Rank 0, after the summary (the requeue ends this job's steps). Not where `wagma-bench sweep cancel`
+        noted the run cancelled: a requeue would undo the cancel (SLURM requeues even a cancelled job); the
+        cancel also forbids the job's requeue (Requeue=0), for a note this node does not see yet."""
+        if cancel_note(self.run_dir) is None:
+            try:
+                if not requeue_job():
+                    print(f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
+                          f"requeue; run the same command again to resume from {self.run_dir}", flush=True)
+                return
+            except RuntimeError:  # refused: by the cancel's Requeue=0 when its note is here now
+                if cancel_note(self.run_dir) is None:
+                    raise
+        print(f"wagma-bench: cancelled (wagma-bench sweep cancel) at step {step}: checkpoint saved, not requeued; "
+              f"wagma-bench sweep submit resumes it in {self.run_dir}", flush=True)
 
 
 def algo_lr(algo) -> float:
