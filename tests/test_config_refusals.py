@@ -21,7 +21,7 @@ REFUSED_AT_ONCE = [
     ("train.lr=nan", "train.lr=nan", "finite"),  # a value validate() refuses; every other value: in-process below
     ("optimizer.gruop_size=2", "optimizer.gruop_size", "valid keys of optimizer: name, bucket_mb"),
     ("optimizer=walgma", "optimizer=walgma", "no such option of optimizer; choose one of: adpsgd, allreduce,"),
-    ("imbalance=slow", "imbalance=slow", "choose one of: fixed, independent, lognormal, none, shared_draw"),
+    ("imbalance=slow", "imbalance=slow", "choose one of: authors, fixed, independent, lognormal, none, shared_draw"),
     ("imbalance=paper", "imbalance=paper: renamed", "imbalance=shared_draw is what `paper` was"),
 ]
 
