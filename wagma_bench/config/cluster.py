@@ -70,6 +70,8 @@ class ClusterProfile:
     time: str = "01:00:00"
     signal: str = "USR1@90"
     max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no throttle, as many as the queue starts
+    array_parallelism: int | None = None
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     venv: str | None = None  # auto | a prefix | null
@@ -99,6 +101,9 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
     if stray:
         raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
                           f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
+    if profile.array_parallelism is not None and profile.array_parallelism < 1:
+        raise ConfigError(f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
+                          "positive number of array tasks running at once, or null (no throttle)")
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
