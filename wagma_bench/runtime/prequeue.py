@@ -173,6 +173,7 @@ class Predictor:
 
     def __init__(self, profile: ClusterProfile):
         self.profile, self.cache, self.presets = profile, {}, set()
+        self.other_batch: dict[str, int] = {}  # preset -> its batch, where a run's batch differs
         self._network = None
 
     def network(self):
@@ -198,6 +199,8 @@ class Predictor:
                 self.cache[key] = None
                 return None
             self.presets.add(workload.name)
+            if cfg.train.batch_size != workload.batch:  # the preset's step time is for its own batch: said, not scaled
+                self.other_batch[workload.name] = workload.batch
             sim = SimConfig(cfg.optimizer.name, gpus, workload, self.network(), make_imbalance(cfg.imbalance, cfg.seed),
                             cfg.optimizer, SIM_ROUNDS, cfg.seed, local_state=local_state_tensors(
                                 cfg.train.local_optimizer, cfg.train.momentum))
@@ -208,52 +211,76 @@ class Predictor:
 
 def gpu_hours(profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_times: Iterable[str] = ()) -> dict:
     """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the bound, and where each came from."""
-    from wagma_bench.runtime.sweep import _minutes
-
     measured = read_step_times(step_times)
     predictor = Predictor(profile)
-    hours, minutes = _minutes(profile.time)
-    limit_s = (hours * 60 + minutes) * 60.0 if profile.time not in ("INFINITE", "UNLIMITED") else None
-    expected, counts = 0.0, {"measured": 0, "simulated": 0, "unknown": 0}
+    limit_s = time_limit_s(profile.time)
+    expected, counts, longer = 0.0, {"measured": 0, "simulated": 0, "unknown": 0}, 0
     for gpus, cfg in runs:
-        rounds = rounds_of(cfg, gpus, measured)
-        round_s = measured.round_s.get((cfg.workload.name, cfg.data.name, cfg.optimizer.name, gpus))
-        source = "measured"
-        if round_s is None:
-            round_s, source = predictor.round_s(cfg, gpus), "simulated"
-        if rounds is None or round_s is None:
-            counts["unknown"] += 1
-            expected += gpus * (limit_s or 0.0)
-            continue
+        seconds, source = run_seconds(cfg, gpus, measured, predictor)
+        if seconds is None:  # counted at the time limit: what the queue may spend on it in one allocation
+            seconds, source = limit_s or 0.0, "unknown"
         counts[source] += 1
-        seconds = rounds * round_s
-        if cfg.train.time_limit_s is not None:
-            seconds = min(seconds, cfg.train.time_limit_s)
+        longer += limit_s is not None and seconds > limit_s
         expected += gpus * seconds
-    bound = sum(g for g, _ in runs) * limit_s / 3600 if limit_s else None
-    result = {"expected": expected / 3600, "bound": bound, "runs": len(runs), "gpus": sum(g for g, _ in runs),
-              "sources": counts, "presets": sorted(predictor.presets), "cluster_time": profile.time}
-    result["line"] = gpu_hour_line(result, profile.name)
-    return result
+    total_gpus = sum(g for g, _ in runs)
+    est = {"expected": expected / 3600, "bound": total_gpus * limit_s / 3600 if limit_s else None, "runs": len(runs),
+           "gpus": total_gpus, "sources": counts, "presets": sorted(predictor.presets),
+           "preset_batch": predictor.other_batch, "cluster_time": profile.time,
+           "longer_than_time": longer}
+    est["line"] = gpu_hour_line(est, profile.name)
+    return est
+
+
+def run_seconds(cfg: RunConfig, gpus: int, measured: Measured, predictor: Predictor) -> tuple[float | None, str]:
+    """(expected training seconds of one run, where its seconds per round come from: measured | simulated)."""
+    rounds = rounds_of(cfg, gpus, measured)
+    round_s = measured.round_s.get((cfg.workload.name, cfg.data.name, cfg.optimizer.name, gpus))
+    source = "measured"
+    if round_s is None:
+        round_s, source = predictor.round_s(cfg, gpus), "simulated"
+    if rounds is None or round_s is None:
+        return None, source
+    seconds = rounds * round_s
+    if cfg.train.time_limit_s is not None:  # the trainer stops the run there
+        seconds = min(seconds, cfg.train.time_limit_s)
+    return seconds, source
+
+
+def time_limit_s(limit: str) -> float | None:
+    """``cluster.time`` in seconds (None: INFINITE / UNLIMITED)."""
+    from wagma_bench.runtime.sweep import _minutes
+
+    if limit in ("INFINITE", "UNLIMITED"):
+        return None
+    hours, minutes = _minutes(limit)
+    return (hours * 60 + minutes) * 60.0
 
 
 def gpu_hour_line(est: dict, cluster: str) -> str:
     """One line: the expected GPU-hours and where they come from, and the bound of the cluster's time limit."""
-    n, counts = est["runs"], est["sources"]
+    counts = est["sources"]
     parts = []
     if counts["measured"]:
-        parts.append(f"{counts['measured']} from measured step times ({STEP_TIMES})")
+        parts.append(f"{counts['measured']} runs measured ({STEP_TIMES})")
     if counts["simulated"]:
-        parts.append(f"{counts['simulated']} from the simulator's step times (wagma-bench simulate: preset "
+        parts.append(f"{counts['simulated']} runs simulated (wagma-bench simulate's model: preset "
                      f"{', '.join(est['presets'])}, cluster {cluster}'s network)")
+    if est["preset_batch"]:
+        batches = ", ".join(f"{name}'s at batch {b}" for name, b in est["preset_batch"].items())
+        parts.append(f"runs of another train.batch_size take the preset's step time ({batches}): give "
+                     f"{STEP_TIMES} for theirs")
     if counts["unknown"]:
-        parts.append(f"{counts['unknown']} at cluster.time (their length or step time is not known before they run; "
-                     f"{STEP_TIMES} RUN_DIR of a finished run tells it)")
-    bound = (f"at most {est['bound']:,.1f} if every run used its whole cluster.time={est['cluster_time']} "
-             f"({n} runs x their GPUs x cluster.time)" if est["bound"] is not None
-             else f"no upper bound (cluster.time={est['cluster_time']})")
-    return (f"GPU-hours: {est['expected']:,.1f} expected, the sum over {n} runs of GPUs x rounds x seconds per round "
-            f"({'; '.join(parts)}; evaluations and queueing not counted); {bound}")
+        parts.append(f"{counts['unknown']} runs of unknown length or step time counted at cluster.time "
+                     f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)")
+    line = (f"GPU-hours: {est['expected']:,.1f} expected = sum over {est['runs']} runs of GPUs x rounds x seconds "
+            f"per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not counted)")
+    if est["longer_than_time"]:
+        line += (f"; {est['longer_than_time']} runs are longer than cluster.time={est['cluster_time']} and requeue "
+                 "from their checkpoint")
+    if est["bound"] is None:
+        return line + f"; no upper bound: cluster.time={est['cluster_time']}"
+    return line + (f"; bound of one allocation per run: {est['bound']:,.1f} = {est['runs']} runs x their GPUs x "
+                   f"cluster.time={est['cluster_time']}")
 
 
 def summary(manifest: dict) -> str:
