@@ -87,8 +87,8 @@ def test_a_file_for_a_folder_and_a_wmt_folder_without_its_files_are_refused(tmp_
 def test_a_path_only_the_nodes_see_is_said_not_checked(tmp_path):
     manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/scratch/imagenet"],
                       data_on_nodes=True)
-    assert manifest["checks"]["data"] == ["data.root=/scratch/imagenet: not checked (--data-on-nodes: only the "
-                                          "compute nodes see it); each run checks it at its start"]
+    assert manifest["checks"]["data"] == [("data.root=/scratch/imagenet: not checked (--data-on-nodes: only the "
+                                           "compute nodes see it); each run checks it at its start")]
     # the embedded data has no path to check
     assert render(tmp_path / "b", ["cluster=local", "gpus=2", "optimizer=allreduce"])["checks"]["data"] == []
 
@@ -180,3 +180,78 @@ def test_tune_refuses_a_missing_data_root_before_writing_its_plan(tmp_path, caps
     assert not out.exists()  # tune.json not written: the same command with the path mended is the same tuning
     assert tune_cli.main([*args[:4], "data.root=/nonexistent", *args[4:], "--data-on-nodes"]) == 0
     assert "data.root=/nonexistent: not checked (--data-on-nodes" in capsys.readouterr().out
+
+
+# --- reproduce/imagenet/prepare.py: the official archives into the layout checked above ---------------------------
+
+PREPARE = Path(__file__).resolve().parents[1] / "reproduce" / "imagenet" / "prepare.py"
+VAL_LABELS = {"ILSVRC2012_val_00000001": "n01443537", "ILSVRC2012_val_00000002": "n01440764",
+              "ILSVRC2012_val_00000003": "n01443537"}
+
+
+def _tar(path: Path, files: dict[str, bytes]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def fake_archives(src: Path, labels: str) -> None:
+    """ILSVRC-2012's archives in miniature: per-class tars inside the training tar, a flat validation tar, and the
+    validation labels as Kaggle's CSV or the devkit's ground truth and meta.mat (class index -> wnid)."""
+    import io
+
+    import numpy as np
+    from scipy.io import savemat
+
+    src.mkdir()
+    inner = {}
+    for wnid in ("n01440764", "n01443537"):
+        _tar(src / f"{wnid}.tar", {f"{wnid}_{i}.JPEG": f"{wnid}{i}".encode() for i in (1, 2)})
+        inner[f"{wnid}.tar"] = (src / f"{wnid}.tar").read_bytes()
+        (src / f"{wnid}.tar").unlink()
+    _tar(src / "ILSVRC2012_img_train.tar", inner)
+    _tar(src / "ILSVRC2012_img_val.tar", {f"{i}.JPEG": i.encode() for i in VAL_LABELS})
+    if labels == "kaggle":
+        rows = [f"{i},{w} 10 20 30 40 {w} 1 2 3 4" for i, w in VAL_LABELS.items()]
+        (src / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
+        return
+    # the devkit numbers classes in its own order (not the wnids'): 1 is n01443537 here
+    synsets = np.array([(1, "n01443537"), (2, "n01440764"), (1001, "n00001740")],
+                       dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O")])
+    meta = io.BytesIO()
+    savemat(meta, {"synsets": synsets})
+    truth = "".join(f"{1 if w == 'n01443537' else 2}\n" for w in VAL_LABELS.values())
+    _tar(src / "ILSVRC2012_devkit_t12.tar.gz", {"ILSVRC2012_devkit_t12/data/meta.mat": meta.getvalue(),
+                                                "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt":
+                                                truth.encode()})
+
+
+def prepare_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("imagenet_prepare", PREPARE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("labels", ["kaggle", "devkit"])
+def test_prepare_builds_the_layout_the_render_check_accepts(tmp_path, labels, capsys):
+    src, root = tmp_path / "archives", tmp_path / "imagenet"
+    fake_archives(src, labels)
+    assert prepare_module().main([str(src), str(root)]) == 0  # in this process: torch is imported once
+    assert f"data.root={root}: the layout data=imagenet reads" in capsys.readouterr().out
+    found = sorted(str(p.relative_to(root)) for p in root.rglob("*.JPEG"))
+    assert found == ["train/n01440764/n01440764_1.JPEG", "train/n01440764/n01440764_2.JPEG",
+                     "train/n01443537/n01443537_1.JPEG", "train/n01443537/n01443537_2.JPEG",
+                     "val/n01440764/ILSVRC2012_val_00000002.JPEG", "val/n01443537/ILSVRC2012_val_00000001.JPEG",
+                     "val/n01443537/ILSVRC2012_val_00000003.JPEG"]
+    assert (root / "val" / "n01443537" / "ILSVRC2012_val_00000003.JPEG").read_bytes() == b"ILSVRC2012_val_00000003"
+    assert sorted(p.name for p in root.iterdir()) == ["train", "val"]  # the .partial folders renamed
+    manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={root}"])
+    assert manifest["checks"]["data"] == [f"data.root={root}: exists, readable, imagenet layout"]
