@@ -142,6 +142,20 @@ def check_slurm_time(key: str, value: str) -> None:
                           "D-HH, D-HH:MM or D-HH:MM:SS")
 
 
+def slurm_hours_minutes(limit: str) -> tuple[int, int]:
+    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts = (parts + [0, 0])[:3]
+    elif len(parts) == 1:  # MM
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    h, m, s = parts
+    return int(days or 0) * 24 + h, m + (1 if s else 0)
+
+
 # A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
 PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
                                      "network.intra": LinkProfile, "network.inter": LinkProfile}

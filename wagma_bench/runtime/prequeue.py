@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wagma_bench.config.cluster import ClusterProfile
+from wagma_bench.config.cluster import ClusterProfile, slurm_hours_minutes
 from wagma_bench.config.plan import RunPlan
 from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
@@ -248,11 +248,9 @@ def run_seconds(cfg: RunConfig, gpus: int, measured: Measured, predictor: Predic
 
 def time_limit_s(limit: str) -> float | None:
     """``cluster.time`` in seconds (None: INFINITE / UNLIMITED)."""
-    from wagma_bench.runtime.sweep import _minutes
-
     if limit in ("INFINITE", "UNLIMITED"):
         return None
-    hours, minutes = _minutes(limit)
+    hours, minutes = slurm_hours_minutes(limit)
     return (hours * 60 + minutes) * 60.0
 
 

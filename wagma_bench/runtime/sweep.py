@@ -3,6 +3,11 @@
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50 \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
+        [--data-on-nodes] [--step-times RUN_DIR]...
+        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the compute nodes:
+                                        not checked here (else it must exist with its layout, or exit 2)
+        --step-times RUN_DIR            finished runs (repeatable; a sweep's too) whose seconds per round the
+                                        GPU-hour line takes, else the simulator's
     wagma-bench sweep submit DIR        submit a rendered sweep
     wagma-bench sweep status DIR        each run's SLURM state and its own status (from its events)
     wagma-bench sweep wait DIR [--interval S] [--timeout S]
@@ -15,6 +20,12 @@ one with several values is a sweep axis. Arguments are read by Hydra's own overr
 grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
 ``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
 :func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
+
+Checked before the queue (:mod:`wagma_bench.runtime.prequeue`, docs/slurm.md): each run's data path exists, is
+readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
+reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x seconds
+per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N`` renders each
+job array as ``--array=0-K%N``.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
@@ -43,6 +54,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.cluster import ClusterProfile, load_profile
+from wagma_bench.config.cluster import slurm_hours_minutes as _minutes
 from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
 from wagma_bench.config.schema import RunConfig, validate
@@ -543,18 +555,4 @@ def submitit_command(spec: SweepSpec, gpus: int, sweep_dir: Path) -> list[str]:
     return ["wagma-bench", "run", "-m", *submitit_overrides(spec.cluster, gpus),
             f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
             *spec.common, *spec.cluster.run_overrides, *axes]
-
-
-def _minutes(limit: str) -> tuple[int, int]:
-    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
-    days, _, rest = limit.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        parts = (parts + [0, 0])[:3]
-    elif len(parts) == 1:  # MM
-        parts = [0, parts[0], 0]
-    elif len(parts) == 2:  # MM:SS
-        parts = [0, *parts]
-    h, m, s = parts
-    return int(days or 0) * 24 + h, m + (1 if s else 0)
 

@@ -3,7 +3,7 @@
     wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
         [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
     wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
-        [--data-on-nodes] [--step-times RUN_DIR ...]
+        [--data-on-nodes] [--step-times RUN_DIR]...
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
 Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.runtime.sweep.parse_overrides`:
