@@ -89,6 +89,12 @@ def test_a_path_only_the_nodes_see_is_said_not_checked(tmp_path):
                       data_on_nodes=True)
     assert manifest["checks"]["data"] == [("data.root=/scratch/imagenet: not checked (--data-on-nodes: only the "
                                            "compute nodes see it); each run checks it at its start")]
+    habitat = ["cluster=local", "gpus=2", "workload=ddppo", "env=habitat"]
+    with pytest.raises(ConfigError, match=f"env.data_root={tmp_path}: no data/ folder"):
+        render(tmp_path / "h", [*habitat, f"env.data_root={tmp_path}"])
+    (tmp_path / "data").mkdir()
+    assert render(tmp_path / "h", [*habitat, f"env.data_root={tmp_path}"])["checks"]["data"] == [
+        f"env.data_root={tmp_path}: exists, readable, habitat layout"]
     # the embedded data has no path to check
     assert render(tmp_path / "b", ["cluster=local", "gpus=2", "optimizer=allreduce"])["checks"]["data"] == []
 
@@ -133,7 +139,7 @@ def test_measured_step_times_replace_the_simulators(tmp_path):
                                  "train.max_steps=1000"], data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
     est = manifest["checks"]["gpu_hours"]
     assert est["sources"] == {"measured": 1, "simulated": 1, "unknown": 0}
-    assert "1 runs measured (--step-times)" in est["line"]
+    assert "1 run measured (--step-times)" in est["line"]
     alone = render(tmp_path / "b", [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x", "train.max_steps=1000"],
                    data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
     assert alone["checks"]["gpu_hours"]["expected"] == pytest.approx(8 * 1000 * 0.5 / 3600)
@@ -149,7 +155,7 @@ def test_a_run_the_suite_cannot_size_counts_at_the_time_limit(tmp_path):
     manifest = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce", "workload=transformer"])
     est = manifest["checks"]["gpu_hours"]
     assert est["sources"]["unknown"] == 1 and est["expected"] == pytest.approx(8 * 12.0)
-    assert "1 runs of unknown length or step time counted at cluster.time" in est["line"]
+    assert "1 run of unknown length or step time counted at cluster.time" in est["line"]
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "many"])

@@ -89,6 +89,8 @@ def check_data_path(key: str, path: str, cfg: RunConfig) -> None:
             check_imagenet_root(path)
         elif name == "wmt17_en_de":
             check_binarized_dir(path, cfg.data.source_lang, cfg.data.target_lang, cfg.data.eval_split)
+        elif name == "habitat" and not (root / "data").is_dir():
+            raise ConfigError(f"{key}={path}: no data/ folder in it; expected {LAYOUTS[name]}")
     except ConfigError as err:
         said = str(err)
         raise ConfigError(said + (prepare if name in PREPARE and PREPARE[name] not in said else "")) from None
@@ -259,26 +261,30 @@ def gpu_hour_line(est: dict, cluster: str) -> str:
     counts = est["sources"]
     parts = []
     if counts["measured"]:
-        parts.append(f"{counts['measured']} runs measured ({STEP_TIMES})")
+        parts.append(f"{n_runs(counts['measured'])} measured ({STEP_TIMES})")
     if counts["simulated"]:
-        parts.append(f"{counts['simulated']} runs simulated (wagma-bench simulate's model: preset "
+        parts.append(f"{n_runs(counts['simulated'])} simulated (wagma-bench simulate's model: preset "
                      f"{', '.join(est['presets'])}, cluster {cluster}'s network)")
     if est["preset_batch"]:
         batches = ", ".join(f"{name}'s at batch {b}" for name, b in est["preset_batch"].items())
         parts.append(f"runs of another train.batch_size take the preset's step time ({batches}): give "
                      f"{STEP_TIMES} for theirs")
     if counts["unknown"]:
-        parts.append(f"{counts['unknown']} runs of unknown length or step time counted at cluster.time "
+        parts.append(f"{n_runs(counts['unknown'])} of unknown length or step time counted at cluster.time "
                      f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)")
-    line = (f"GPU-hours: {est['expected']:,.1f} expected = sum over {est['runs']} runs of GPUs x rounds x seconds "
+    line = (f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x seconds "
             f"per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not counted)")
     if est["longer_than_time"]:
-        line += (f"; {est['longer_than_time']} runs are longer than cluster.time={est['cluster_time']} and requeue "
-                 "from their checkpoint")
+        line += (f"; {n_runs(est['longer_than_time'])} longer than cluster.time={est['cluster_time']} (requeued "
+                 "from their checkpoints)")
     if est["bound"] is None:
         return line + f"; no upper bound: cluster.time={est['cluster_time']}"
-    return line + (f"; bound of one allocation per run: {est['bound']:,.1f} = {est['runs']} runs x their GPUs x "
+    return line + (f"; bound of one allocation per run: {est['bound']:,.1f} = {n_runs(est['runs'])} x their GPUs x "
                    f"cluster.time={est['cluster_time']}")
+
+
+def n_runs(n: int) -> str:
+    return f"{n:,} run" + ("" if n == 1 else "s")
 
 
 def summary(manifest: dict) -> str:
