@@ -261,3 +261,22 @@ def test_prepare_builds_the_layout_the_render_check_accepts(tmp_path, labels, ca
     assert sorted(p.name for p in root.iterdir()) == ["train", "val"]  # the .partial folders renamed
     manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={root}"])
     assert manifest["checks"]["data"] == [f"data.root={root}: exists, readable, imagenet layout"]
+
+
+def test_the_example_in_docs_slurm_is_the_commands_output(tmp_path, capsys):
+    """docs/slurm.md's "Checked before the queue" shows a command and its output: the output is generated, not typed."""
+    import re
+    import shlex
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "slurm.md").read_text()
+    section = page.split("## Checked before the queue", 1)[1]
+    block = section.split("```\n", 2)[1]
+    command, _, shown = block.partition("\n" + "wagma-bench sweep: ")
+    argv = shlex.split(command.removeprefix("$ ").replace("\\\n", " "))
+    assert argv[:2] == ["wagma-bench", "sweep"]
+    argv[argv.index("--out") + 1] = str(tmp_path / "s")
+    assert sweep_cli.main(argv[2:]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    first = "wagma-bench sweep: " + shown.splitlines()[0]
+    assert re.sub(r"in [\d.]+ s: .*", "", printed[0]) == re.sub(r"in [\d.]+ s: .*", "", first)
+    assert shown.splitlines()[1:] == printed[1:3]
