@@ -3,8 +3,8 @@
 
     python reproduce/imagenet/prepare.py SRC OUT
 
-SRC holds the archives as image-net.org (or Kaggle's "ImageNet Object Localization Challenge") gives them; nothing
-is downloaded:
+SRC holds the archives as image-net.org gives them (the labels may also be Kaggle's, from its "ImageNet Object
+Localization Challenge"); nothing is downloaded:
 
 - ``ILSVRC2012_img_train.tar``: one tar per class inside (``n01440764.tar`` ...), each holding that class's images;
 - ``ILSVRC2012_img_val.tar``: the 50,000 validation images, flat (``ILSVRC2012_val_00000001.JPEG`` ...);
