@@ -50,9 +50,10 @@ def slurm():
                 os.environ["SLURM_CONF"] = old
 
 
-def render(tmp_path: Path, args: list[str], array: bool = True, name: str = "sweep") -> tuple[Path, dict]:
+def render(tmp_path: Path, args: list[str], array: bool = True, name: str = "sweep",
+           data_on_nodes: bool = False) -> tuple[Path, dict]:
     out = tmp_path / name
-    return out, sweep.render(sweep.parse_spec(args), out, array=array)
+    return out, sweep.render(sweep.parse_spec(args), out, array=array, data_on_nodes=data_on_nodes)
 
 
 def summary(run_dir: Path) -> dict:
@@ -65,7 +66,7 @@ def test_render_1024_gpu_sweep(tmp_path):
     args = ["cluster=daint", f"gpus={GPUS_1024}", f"optimizer={','.join(CONF_OPTIMIZERS)}", "workload=resnet",
             "experiment=paper_resnet50", "data.root=/scratch/imagenet", "seeds=3"]
     t0 = time.perf_counter()
-    out, manifest = render(tmp_path, args)
+    out, manifest = render(tmp_path, args, data_on_nodes=True)  # /scratch: a file system of the compute nodes
     print(f"rendered+validated {len(manifest['runs'])} runs in {time.perf_counter() - t0:.2f} s")
     assert len(manifest["runs"]) == 8 * len(CONF_OPTIMIZERS) * 3
     assert [j["gpus"] for j in manifest["jobs"]] == [8, 16, 32, 64, 128, 256, 512, 1024]
@@ -193,10 +194,11 @@ def test_profile_overrides_reach_the_script_as_meant_and_slurm_and_bash_accept_i
     setup line became one word, "command not found" under ``set -e``, while the dry run said it was validated."""
     out, manifest = render(tmp_path, ["cluster=generic8", "cluster.time=24:00:00", "cluster.account=proj1",
                                       "cluster.setup=[module load cuda/12.4,source /opt/env.sh]", "gpus=16",
-                                      "optimizer=allreduce"])
+                                      "cluster.array_parallelism=1", "optimizer=allreduce,wagma"])
     scripts = [out / j["script"] for j in manifest["jobs"]]
     text = scripts[0].read_text()
     assert "#SBATCH --time=24:00:00\n" in text and "#SBATCH --account=proj1\n" in text, text
+    assert "#SBATCH --array=0-1%1\n" in text, text  # the throttle: one array task at a time
     assert "\nmodule load cuda/12.4\n" in text and "\nsource /opt/env.sh\n" in text, text
     for script in scripts:
         check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60, check=False)

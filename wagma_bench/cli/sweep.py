@@ -11,7 +11,7 @@ from pathlib import Path
 
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import sweep, sweep_jobs
+from wagma_bench.runtime import prequeue, sweep, sweep_jobs
 from wagma_bench.runtime.runs import exit_code
 
 USAGE = sweep.__doc__.split("\n\n")[1]
@@ -72,8 +72,9 @@ def _main(argv: list[str]) -> int:
     parser = CommandParser("wagma-bench sweep", USAGE)
     parser.add_argument("--out")
     parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
-    for flag in ("--dry-run", "--submit", "--no-array", "--submitit"):
+    for flag in ("--dry-run", "--submit", "--no-array", "--submitit", "--data-on-nodes"):
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--step-times", action="append", default=[], metavar="RUN_DIR")
     parser.add_argument("overrides", nargs="*")
     ns = parser.parse_args(argv)
     if ns.dry_run and ns.submit:
@@ -84,16 +85,20 @@ def _main(argv: list[str]) -> int:
         sweep.print_configs(spec, sweep.expand(spec))
         return 0
     if ns.submitit:
-        sweep.check_run_configs(spec, sweep.expand(spec))
+        configs = sweep.check_run_configs(spec, sweep.expand(spec))
+        for line in prequeue.check_data(configs.values(), on_nodes=ns.data_on_nodes):
+            print(f"# {line}")
         for gpus in spec.gpus:
             print(shlex.join(sweep.submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
         return 0
     stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
     t0 = time.perf_counter()
-    manifest = sweep.render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv])
+    manifest = sweep.render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv],
+                            data_on_nodes=ns.data_on_nodes, step_times=tuple(ns.step_times))
     print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
           f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
+    print(prequeue.summary(manifest))
     if ns.submit:
         ids = sweep_jobs.submit(out_dir)
         print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")

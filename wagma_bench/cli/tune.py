@@ -33,6 +33,8 @@ def _main(argv: list[str]) -> int:
         return 0
     args = tune.parse_args(argv)
     spec, trials, raws = tune.make_plan(args)
+    if args.cluster:  # before tune.json: a tuning refused for its data is not half-made in --out
+        tune.check_data(raws, on_nodes="--data-on-nodes" in args.flags)
     tune.write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])
     if args.cluster:
         return _render(args, spec, trials, argv)
@@ -44,12 +46,14 @@ def _main(argv: list[str]) -> int:
 
 def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
     """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
-    from wagma_bench.runtime import sweep, sweep_jobs
+    from wagma_bench.runtime import prequeue, sweep, sweep_jobs
 
     runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in tune.run_order(trials, args.seed)]
     manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
-                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS)
+                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS,
+                            data_on_nodes="--data-on-nodes" in args.flags, step_times=args.step_times)
     print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
+    print(prequeue.summary(manifest))
     if "--submit" in args.flags:
         ids = sweep_jobs.submit(args.out)
         print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "

@@ -72,6 +72,8 @@ class ClusterProfile:
     time: str = "01:00:00"
     signal: str = "USR1@90"
     max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no throttle, as many as the queue starts
+    array_parallelism: int | None = None
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     venv: str | None = None  # auto | a prefix | null
@@ -115,6 +117,9 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
     if stray:
         raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
                           f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
+    if profile.array_parallelism is not None and profile.array_parallelism < 1:
+        raise ConfigError(f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
+                          "positive number of array tasks running at once, or null (no throttle)")
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
@@ -151,6 +156,20 @@ def check_slurm_time(key: str, value: str) -> None:
     if not SLURM_TIME.fullmatch(str(value)):
         raise ConfigError(f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
                           "D-HH, D-HH:MM or D-HH:MM:SS")
+
+
+def slurm_hours_minutes(limit: str) -> tuple[int, int]:
+    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts = (parts + [0, 0])[:3]
+    elif len(parts) == 1:  # MM
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    h, m, s = parts
+    return int(days or 0) * 24 + h, m + (1 if s else 0)
 
 
 # A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.

@@ -3,6 +3,11 @@
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50 \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
+        [--data-on-nodes] [--step-times RUN_DIR]...
+        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the compute nodes:
+                                        not checked here (else it must exist with its layout, or exit 2)
+        --step-times RUN_DIR            finished runs (repeatable; a sweep's too) whose seconds per round the
+                                        GPU-hour line takes, else the simulator's
     wagma-bench sweep submit DIR        submit a rendered sweep; after a cancel, submit again the runs that
                                         did not finish (they resume from their checkpoints)
     wagma-bench sweep status DIR        each run's SLURM state, its own status (cancelled, when cancelled),
@@ -20,6 +25,12 @@ one with several values is a sweep axis. Arguments are read by Hydra's own overr
 grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
 ``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
 :func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
+
+Checked before the queue (:mod:`wagma_bench.runtime.prequeue`, docs/slurm.md): each run's data path exists, is
+readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
+reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x seconds
+per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N`` renders each
+job array as ``--array=0-K%N``.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
@@ -46,9 +57,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.cluster import ClusterProfile, auto_venv, load_profile
+from wagma_bench.config.cluster import slurm_hours_minutes as _minutes
 from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
-from wagma_bench.config.schema import validate
+from wagma_bench.config.schema import RunConfig, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import (
     OUTPUT_HINT,
@@ -188,22 +200,24 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
     return runs
 
 
-def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
-    """Compose every combination with Hydra and validate it. Seeds and GPU counts do not change the
-    composition, so each distinct set of the other overrides is composed once (about 0.05 s each)."""
+def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> dict[str, RunConfig]:
+    """Compose every combination with Hydra and validate it; returns each run's checked config by its name. Seeds
+    and GPU counts do not change the composition, so each distinct set of the other overrides is composed once
+    (about 0.05 s each)."""
     from hydra import compose
     from hydra.errors import HydraException
 
-    seen: dict[tuple, None] = {}
+    seen: dict[tuple, RunConfig] = {}
+    configs: dict[str, RunConfig] = {}
     with conf_context("sweep"):
         for run in runs:
             rest = tuple(o for o in run.overrides if not o.startswith("seed="))
             if rest in seen:
+                configs[run.name] = seen[rest]
                 continue
-            seen[rest] = None
             overrides = spec.common + spec.cluster.run_overrides + list(rest)
             try:
-                validate(compose(config_name="wagma", overrides=overrides))
+                seen[rest] = configs[run.name] = validate(compose(config_name="wagma", overrides=overrides))
             except ConfigError as err:
                 raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
             except (HydraException, OmegaConfBaseException) as err:  # bad override, unknown option
@@ -213,6 +227,7 @@ def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
             seed = next((o.split("=", 1)[1] for o in run.overrides if o.startswith("seed=")), "1")
             if not re.fullmatch(r"-?\d+", seed):
                 raise ConfigError(f"run {run.name}: seed={seed!r} is not allowed; it must be an integer")
+    return configs
 
 
 def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
@@ -255,9 +270,14 @@ def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, ar
     opts += [f"--time={profile.time}", f"--signal={profile.signal}", "--requeue", "--open-mode=append",
              f"--output={log}"]
     if array is not None:
-        opts.append(f"--array=0-{array - 1}")
+        opts.append(array_option(array, profile.array_parallelism))
     opts += list(profile.sbatch_extra)
     return [f"#SBATCH {o}" for o in opts]
+
+
+def array_option(tasks: int, parallelism: int | None) -> str:
+    """``--array=0-<tasks-1>``, throttled to ``cluster.array_parallelism`` tasks at a time (``%N``) when set."""
+    return f"--array=0-{tasks - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
 def setup_lines(profile: ClusterProfile) -> list[str]:
@@ -317,11 +337,18 @@ def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
 
 
 def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None,
-           runs: list[SweepRun] | None = None, runs_dir: str = "runs") -> dict:
-    """Validate every combination, then write scripts and the manifest into ``out``; returns the manifest.
+           runs: list[SweepRun] | None = None, runs_dir: str = "runs", data_on_nodes: bool = False,
+           step_times: tuple[str, ...] = ()) -> dict:
+    """Validate every combination and check it before the queue (:mod:`~wagma_bench.runtime.prequeue`: the data
+    paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts and the
+    manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
     ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
+    from wagma_bench.runtime import prequeue
+
     runs = expand(spec) if runs is None else runs
-    check_run_configs(spec, runs)
+    configs = check_run_configs(spec, runs)
+    checks = {"data": prequeue.check_data(configs.values(), on_nodes=data_on_nodes),
+              "gpu_hours": prequeue.gpu_hours(spec.cluster, [(r.gpus, configs[r.name]) for r in runs], step_times)}
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
@@ -350,6 +377,7 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
         "axes": spec.axes,
         "common_overrides": spec.common,
         "jobs": jobs,
+        "checks": checks,
         "runs": [{"name": r.name, "gpus": r.gpus, "overrides": r.overrides, "run_dir": str(Path(r.run_dir).relative_to(out)),
                   "job": r.job, "array_index": r.array_index} for r in runs],
     }
@@ -375,6 +403,8 @@ def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
               "constraint": profile.constraint,
               "gres": f"{profile.gres}:{shape['ntasks_per_node']}" if profile.gres else None}
     out += [f"hydra.launcher.{k}={v}" for k, v in fields.items() if v]
+    if profile.array_parallelism:  # submitit's own throttle of the job array (its default: 256)
+        out.append(f"hydra.launcher.array_parallelism={profile.array_parallelism}")
     return out
 
 
@@ -384,18 +414,4 @@ def submitit_command(spec: SweepSpec, gpus: int, sweep_dir: Path) -> list[str]:
     return ["wagma-bench", "run", "-m", *submitit_overrides(spec.cluster, gpus),
             f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
             *spec.common, *spec.cluster.run_overrides, *axes]
-
-
-def _minutes(limit: str) -> tuple[int, int]:
-    """SLURM time 'D-HH:MM:SS' | 'HH:MM:SS' | 'MM' -> (hours, minutes), seconds rounded up."""
-    days, _, rest = limit.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        parts = (parts + [0, 0])[:3]
-    elif len(parts) == 1:  # MM
-        parts = [0, parts[0], 0]
-    elif len(parts) == 2:  # MM:SS
-        parts = [0, *parts]
-    h, m, s = parts
-    return int(days or 0) * 24 + h, m + (1 if s else 0)
 

@@ -3,6 +3,7 @@
     wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
         [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
     wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
+        [--data-on-nodes] [--step-times RUN_DIR]...
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
 Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.runtime.sweep.parse_overrides`:
@@ -60,7 +61,7 @@ from wagma_bench.runtime.reference import VERSION as REFERENCE_VERSION
 from wagma_bench.runtime.reference import reference_s
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
-CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array"}
+CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array", "--data-on-nodes"}
 
 
 @dataclass
@@ -73,6 +74,7 @@ class TuneArgs:
     max_runtime_s: float | None = None
     flags: set[str] = field(default_factory=set)
     space: tuple = ()                     # search-space overrides (search_space.Override), from space.KEY...
+    step_times: tuple[str, ...] = ()      # --step-times: finished runs whose seconds per round the estimate takes
 
     @property
     def cluster(self) -> bool:
@@ -87,6 +89,7 @@ def parse_args(argv: list[str]) -> TuneArgs:
     parser.add_argument("--out")
     for flag in sorted(CLUSTER_FLAGS):
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--step-times", action="append", default=[], metavar="RUN_DIR")
     parser.add_argument("overrides", nargs="*")
     ns = parser.parse_args(argv)
     if not ns.out:
@@ -96,7 +99,10 @@ def parse_args(argv: list[str]) -> TuneArgs:
         raise ConfigError("--dry-run and --submit exclude each other")
     runs = [a for a in ns.overrides if not a.startswith(("space.", "tune."))]
     space = tuple(parse_space_override(a) for a in ns.overrides if a.startswith("space."))
-    parsed = TuneArgs(runs, Path(ns.out), flags=flags, space=space)
+    parsed = TuneArgs(runs, Path(ns.out), flags=flags, space=space, step_times=tuple(ns.step_times))
+    if parsed.step_times and not parsed.cluster:
+        raise ConfigError("--step-times is for a tuning rendered for a cluster (cluster=, gpus=): it estimates the "
+                          "GPU-hours of the rendered trials")
     for a in ns.overrides:
         if a.startswith("tune."):
             key, _, value = a.removeprefix("tune.").partition("=")
@@ -173,6 +179,17 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
                                                     trial.name).raw
     _check_overrides_taken(args.space, spaces)
     return spec, trials, raws
+
+
+def check_data(raws: dict[str, dict], on_nodes: bool) -> list[str]:
+    """The trials' data paths checked before the queue (:func:`wagma_bench.runtime.prequeue.check_data`), one config
+    per distinct workload and data section."""
+    from wagma_bench.config.schema import validate
+    from wagma_bench.runtime import prequeue
+
+    distinct = {json.dumps([raw["workload"]["name"], raw["data"]], sort_keys=True, default=str): raw
+                for raw in raws.values()}
+    return prequeue.check_data([validate(raw) for raw in distinct.values()], on_nodes)
 
 
 def _check_overrides_taken(overrides: tuple, spaces: dict) -> None:

@@ -98,24 +98,31 @@ def _has_image(folder: Path) -> bool:  # the extensions ImageFolder accepts (tor
 
 
 IMAGENET_LAYOUT = "ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (torchvision ImageFolder)"
+IMAGENET_PREPARE = "reproduce/imagenet/README.md"  # the official archives into that layout
 
 
 def check_imagenet_root(root: str | None) -> Path:
+    """``data.root`` has ImageNet's ImageFolder layout: ``train/`` and ``val/``, each with class folders that hold
+    an image each at least (what torchvision's ImageFolder refuses inside every rank, after the world started)."""
+    expected = f"expected {IMAGENET_LAYOUT}, as {IMAGENET_PREPARE} prepares it"
     if not root:
-        raise ConfigError(f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT}")
+        raise ConfigError(f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT} ({IMAGENET_PREPARE})")
     path = Path(root).expanduser()
     for split in ("train", "val"):
         d = path / split
         if not d.is_dir():
-            raise ConfigError(f"ImageNet root {path} has no '{split}/' folder; expected {IMAGENET_LAYOUT}")
-        classes = sorted(c for c in d.iterdir() if c.is_dir())
+            raise ConfigError(f"data.root={root}: no '{split}/' folder in {path}; {expected}")
+        try:
+            classes = sorted(c for c in d.iterdir() if c.is_dir())
+        except OSError as err:
+            raise ConfigError(f"data.root={root}: cannot read {d} ({err.strerror}); {expected}") from None
         if not classes:
-            raise ConfigError(f"ImageNet folder {d} holds no class sub-folders; expected {IMAGENET_LAYOUT}")
+            raise ConfigError(f"data.root={root}: {d} holds no class sub-folders ({split}/<class>/); {expected}")
         empty = [c for c in classes if not _has_image(c)]
         if empty:  # torchvision's ImageFolder would fail inside every rank, after the world started
             raise ConfigError(f"data.root={root}: class folder {empty[0]} holds no images "
                               f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
-                              f"every class needs at least one image: {IMAGENET_LAYOUT}")
+                              f"every class needs at least one image: {expected}")
     return path
 
 
