@@ -1,7 +1,7 @@
 """``wagma-bench sweep``: render, submit and follow a SLURM sweep of ``wagma-bench run`` jobs.
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        'optimizer=glob(*)' experiment=paper_resnet50 \\
+        'optimizer=glob(*)' experiment=paper_resnet50_stragglers \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
         [--data-on-nodes] [--step-times RUN_DIR]...
         --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the compute nodes:
