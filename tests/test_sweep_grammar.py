@@ -32,7 +32,7 @@ def test_glob_and_range(tmp_path):
 
 def test_choice_glob_exclude_and_a_gpu_range(tmp_path):
     out, runs = sweep(tmp_path, "cluster=generic4", "gpus=range(4,9,4)", "optimizer=choice(wagma,allreduce)",
-                      "imbalance=glob(*,exclude=[fixed,independent,lognormal])")
+                      "imbalance=glob(*,exclude=[authors,fixed,independent,lognormal])")
     assert out.returncode == 0, out.stderr
     assert runs == [f"{g:04d}gpu_{o}_{i}" for g in (4, 8) for o in ("wagma", "allreduce")
                     for i in ("none", "shared_draw")]
@@ -42,6 +42,35 @@ def test_interval_cannot_be_enumerated(tmp_path):
     out, runs = sweep(tmp_path, "cluster=local", "gpus=4", "train.lr=interval(0.01,0.1)")
     assert out.returncode == 2 and "interval()" in out.stderr and "range(), choice()" in out.stderr
     assert runs == []
+
+
+@pytest.mark.parametrize("setting, named", [
+    (["imbalance=fixed", "imbalance.ranks=[3]"], "imbalance.ranks=[3] is not allowed with 2 ranks"),
+    (["imbalance=shared_draw", "imbalance.num_slow=3"], "imbalance.num_slow=3 is not allowed with 2 ranks"),
+])
+def test_a_setting_the_world_of_one_gpu_count_refuses_is_refused_at_render(tmp_path, setting, named):
+    """The world's rules at each GPU count of the sweep, as `run` would apply them at its start: the sweep rendered
+    (exit 0) and its 2-GPU runs failed in the queue."""
+    out, runs = sweep(tmp_path, "cluster=local", "gpus=2,4", *setting)
+    assert out.returncode == 2 and runs == [], out.stdout
+    assert "run 0002gpu" in out.stderr and named in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_overrides_may_follow_the_flags(tmp_path):
+    """`--out DIR gpus=2`: an override after a flag was refused ("unrecognized arguments: gpus=2")."""
+    out = subprocess.run([str(BIN), "sweep", "cluster=local", "--out", str(tmp_path / "s"), "gpus=2",
+                          "--dry-run", "optimizer=wagma"], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert [r["name"] for r in json.loads((tmp_path / "s" / "manifest.json").read_text())["runs"]] == ["0002gpu"]
+    assert "optimizer=wagma" in "".join(f.read_text() for f in (tmp_path / "s" / "jobs").glob("*.sbatch"))
+
+
+def test_submitit_refuses_a_time_without_minutes_in_one_line(tmp_path):
+    """cluster.time=INFINITE rendered as a job script, and crashed --submitit with a ValueError traceback."""
+    out = subprocess.run([str(BIN), "sweep", "cluster=local", "gpus=2", "cluster.time=INFINITE", "--submitit"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cluster.time=INFINITE is not allowed with --submitit" in out.stderr
 
 
 def test_cfg_job_prints_every_runs_composed_configuration(tmp_path):

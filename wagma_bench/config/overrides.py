@@ -222,6 +222,10 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, prog: str, usage: str):
         super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
 
+    def parse_args(self, args=None, namespace=None):
+        # overrides anywhere among the flags (`--out DIR gpus=8`), as `run` takes Hydra's
+        return self.parse_intermixed_args(args, namespace)
+
     def error(self, message: str):
         first = self.usage.strip().splitlines()[0].strip().rstrip(" \\")
         raise ConfigError(f"{message}; usage: {first} ...")

@@ -201,23 +201,27 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
 
 
 def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> dict[str, RunConfig]:
-    """Compose every combination with Hydra and validate it; returns each run's checked config by its name. Seeds
-    and GPU counts do not change the composition, so each distinct set of the other overrides is composed once
-    (about 0.05 s each)."""
+    """Compose every combination with Hydra and validate it at its GPU count (the world's rules: a slow rank that
+    exists, a group size that divides it); returns each run's checked config by its name. Seeds and GPU counts do
+    not change the composition, so each distinct set of the other overrides is composed once (about 0.05 s each)
+    and validated once per GPU count."""
     from hydra import compose
     from hydra.errors import HydraException
 
+    composed: dict[tuple, object] = {}
     seen: dict[tuple, RunConfig] = {}
     configs: dict[str, RunConfig] = {}
     with conf_context("sweep"):
         for run in runs:
             rest = tuple(o for o in run.overrides if not o.startswith("seed="))
-            if rest in seen:
-                configs[run.name] = seen[rest]
+            if (rest, run.gpus) in seen:
+                configs[run.name] = seen[rest, run.gpus]
                 continue
             overrides = spec.common + spec.cluster.run_overrides + list(rest)
             try:
-                seen[rest] = configs[run.name] = validate(compose(config_name="wagma", overrides=overrides))
+                if rest not in composed:
+                    composed[rest] = compose(config_name="wagma", overrides=overrides)
+                seen[rest, run.gpus] = configs[run.name] = validate(composed[rest], world_size=run.gpus)
             except ConfigError as err:
                 raise ConfigError(f"run {run.name} ({' '.join(overrides)}): {err}") from None
             except (HydraException, OmegaConfBaseException) as err:  # bad override, unknown option
@@ -390,6 +394,9 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
 def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
     """The same profile as ``hydra/launcher=submitit_slurm`` fields (hydra-submitit-launcher 1.2)."""
     shape = job_shape(profile, gpus)
+    if profile.time in ("INFINITE", "UNLIMITED"):  # submitit's timeout_min is a number of minutes
+        raise ConfigError(f"cluster.time={profile.time} is not allowed with --submitit: the submitit launcher takes a "
+                          "time limit in minutes; give one in SLURM's format, e.g. cluster.time=24:00:00")
     hours, minutes = _minutes(profile.time)
     out = ["hydra/launcher=submitit_slurm",
            f"hydra.launcher.nodes={shape['nodes']}",
