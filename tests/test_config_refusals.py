@@ -23,6 +23,8 @@ REFUSED_AT_ONCE = [
     ("optimizer=walgma", "optimizer=walgma", "no such option of optimizer; choose one of: adpsgd, allreduce,"),
     ("imbalance=slow", "imbalance=slow", "choose one of: authors, fixed, independent, lognormal, none, shared_draw"),
     ("imbalance=paper", "imbalance=paper: renamed", "imbalance=shared_draw is what `paper` was"),
+    # a world beyond the machine's memory (docs/failure-behaviour.md)
+    ("launcher.nproc=512", "launcher.nproc=512 is not allowed on this machine: 512 ranks x about", "it must be at most"),
 ]
 
 

@@ -96,3 +96,35 @@ def test_the_link_check_catches_a_broken_file_anchor_and_image(tmp_path, monkeyp
     found = problems(page)
     assert len(found) == 3, found
     assert "missing.md does not exist" in found[0] and "#nowhere" in found[1] and "fig.png" in found[2]
+
+
+def _test_names() -> set[str]:
+    """The suite's test modules and test functions, by the names the pages cite them."""
+    import ast
+
+    names = set()
+    for module in (ROOT / "tests").glob("test_*.py"):
+        names.add(module.stem)
+        names.update(node.name for node in ast.walk(ast.parse(module.read_text()))
+                     if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
+    return names
+
+
+def cited_tests_missing(page: Path, names: set[str]) -> list[str]:
+    """The test names a page cites (``test_...``, a parameter id after it left out) that no test module or
+    function has: a renamed or removed test the page still points a reader to."""
+    cited = set(re.findall(r"\btest_[a-z0-9_]*[a-z0-9]\b", page.read_text()))
+    return sorted(cited - names)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_test_a_page_cites_exists(page):
+    missing = cited_tests_missing(page, _test_names())
+    assert not missing, f"{page.relative_to(ROOT)} cites tests that do not exist: {', '.join(missing)}"
+
+
+def test_the_cited_test_check_catches_a_renamed_test(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("`tests/test_symlinks.py::test_planted_events_symlink_is_refused` and test_docs_links, "
+                    "`test_every_test_a_page_cites_exists[README.md]`")
+    assert cited_tests_missing(page, _test_names()) == ["test_planted_events_symlink_is_refused"]
