@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,24 @@ def test_a_path_as_a_group_option_is_one_line_quoting_it_in_every_command(tmp_pa
     assert "optimizer=../../etc/passwd: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0], \
         lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("override", ["train.lr=nan", "launcher.nproc=512", "optimizer=wagma optimizer.group_size=3"])
+def test_a_refused_command_leaves_the_run_directory_as_it_found_it(tmp_path, checkpointed, override):
+    """Hydra writes its copy of the configuration (.hydra/) before the job is checked: a refused command in a
+    finished run's directory replaced the record of what ran there with the refused values (train.lr: .nan), and in
+    a new directory left one holding only .hydra/."""
+    import shutil
+
+    finished = tmp_path / "finished"
+    shutil.copytree(checkpointed, finished, symlinks=True)
+    before = _files(finished)
+    for run_dir in (finished, tmp_path / "new"):
+        out = run(["launcher.nproc=2", *override.split(), f"hydra.run.dir={run_dir}"], timeout=120)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert _files(finished) == before
+    assert not (tmp_path / "new").exists()

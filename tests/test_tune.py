@@ -448,13 +448,13 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     is composed and checked, and carries the outer step and fragments it was given."""
     args = tune.parse_args(["workload=transformer", *STREAMING, "tune.trials=3", "tune.studies=3",
                             "--out", str(tmp_path)])
-    _, trials, raws = tune.make_plan(args)
+    _, trials, configs = tune.make_plan(args)
     assert len(trials) == 9 and {t.params["optimizer.period"] for t in trials} <= {4, 8, 16}
     assert all(0.1 <= t.params["optimizer.outer_lr"] <= 1.0 and 0 <= t.params["optimizer.outer_momentum"] <= 0.95
                for t in trials)
-    for raw in raws.values():
-        opt = raw["optimizer"]
-        assert (opt["outer"], opt["fragments"], opt["fragment_delay"]) == ("nesterov", 2, 1)
+    for config in configs.values():
+        opt = config.optimizer
+        assert (opt.outer, opt.fragments, opt.fragment_delay) == ("nesterov", 2, 1)
 
 
 @pytest.mark.parametrize("override,message", [
@@ -529,6 +529,6 @@ def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
     folder = Path(__file__).resolve().parents[1] / "reproduce" / "tuning" / "results-2core-20261202" / "transformer"
     args = parse_args(["workload=transformer", "tune.max_runtime_s=150", "optimizer=allreduce,local_sgd",
                        "tune.trials=3", "tune.studies=3", "logger.progress=off", "--out", str(folder)])
-    _, trials, raws = make_plan(args)
+    _, trials, configs = make_plan(args)
     assert len(trials) == 18
-    assert [t.name for t in trials if finished_summary(folder / "trials" / t.name, raws[t.name]) is None] == []
+    assert [t.name for t in trials if finished_summary(folder / "trials" / t.name, configs[t.name].raw) is None] == []

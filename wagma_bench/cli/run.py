@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -60,11 +61,14 @@ def run_command(overrides: list[str]) -> int:
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
         if explicit is not None and (world is None or world.rank == 0):
+            _remember(explicit)
             _lock_run_dir(explicit)  # before Hydra writes its config copy and log there
         app()
     finally:
         for lock in _LOCKS.values():
             lock.release()
+        for run_dir in _REFUSED:
+            _as_found(run_dir)
     return 0
 
 
@@ -93,6 +97,40 @@ def run_help(overrides: list[str]) -> str:
 # 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
 
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
+# Hydra writes its copy of the configuration (.hydra/) into the run directory before the job is checked. For each
+# run directory this command may write: the files of its .hydra/ as they were (None: the directory did not
+# exist); a refused job puts them back (:func:`_as_found`), so a refusal never replaces the record of a run.
+_FOUND: dict[Path, dict[str, bytes] | None] = {}
+_REFUSED: list[Path] = []
+
+
+def _remember(run_dir: Path) -> None:
+    key = run_dir.resolve()
+    if key not in _FOUND:
+        copy = key / ".hydra"
+        _FOUND[key] = None if not key.exists() else \
+            {f.name: f.read_bytes() for f in copy.iterdir() if f.is_file()} if copy.is_dir() else {}
+
+
+def _as_found(run_dir: Path) -> None:
+    """After a refusal (its lock released): the run directory as this command found it. A directory that did not
+    exist, or that the job's default name made (not remembered), loses Hydra's copy and, when nothing else is in
+    it, itself; a run's earlier copy is written back."""
+    from wagma_bench.record.files import atomic_write
+
+    key = run_dir.resolve()
+    found, copy = _FOUND.get(key), key / ".hydra"
+    if found:
+        for f in copy.iterdir() if copy.is_dir() else ():
+            if f.name not in found:
+                f.unlink()
+        for name, data in found.items():
+            atomic_write(copy / name, lambda f, data=data: f.write(data), binary=True)
+        return
+    shutil.rmtree(copy, ignore_errors=True)
+    if found is None:  # made by this command: removed when empty (a lock of another process stays)
+        with contextlib.suppress(OSError):
+            key.rmdir()
 LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
 
 
@@ -139,23 +177,28 @@ def _run_job(cfg) -> dict | None:
         from wagma_bench.runtime import signals
 
         signals.starting()
-    try:
-        run_cfg = validate(cfg, world.world_size if world else None)
-        if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
-            stop_rank_server()
-        check_extras(run_cfg)
-        WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
-    except (ConfigError, ValueError) as err:
-        _fail(str(err), exits.REFUSED)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if world is None or world.rank == 0:
-        _lock_run_dir(run_dir)
     try:
-        return _run_locked(run_cfg, run_dir, world)
-    finally:
-        lock = _LOCKS.pop(run_dir.resolve(), None)
-        if lock is not None:
-            lock.release()
+        try:
+            run_cfg = validate(cfg, world.world_size if world else None)
+            if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
+                stop_rank_server()
+            check_extras(run_cfg)
+            WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
+        except (ConfigError, ValueError) as err:
+            _fail(str(err), exits.REFUSED)
+        if world is None or world.rank == 0:
+            _lock_run_dir(run_dir)
+        try:
+            return _run_locked(run_cfg, run_dir, world)
+        finally:
+            lock = _LOCKS.pop(run_dir.resolve(), None)
+            if lock is not None:
+                lock.release()
+    except SystemExit as stop:  # refused before any rank started: Hydra's copy of what was refused goes
+        if stop.code == exits.REFUSED and (world is None or world.rank == 0):  # (rank 0 wrote it)
+            _REFUSED.append(run_dir)
+        raise
 
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:

@@ -32,13 +32,13 @@ def _main(argv: list[str]) -> int:
         print(f"{format_scores(result)}\nwrote {Path(argv[1]) / TUNING}")
         return 0
     args = tune.parse_args(argv)
-    spec, trials, raws = tune.make_plan(args)
+    spec, trials, configs = tune.make_plan(args)
     if args.cluster:  # before tune.json: a tuning refused for its data is not half-made in --out
-        tune.check_data(raws, on_nodes="--data-on-nodes" in args.flags)
+        tune.check_data(configs, on_nodes="--data-on-nodes" in args.flags)
     tune.write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])
     if args.cluster:
         return _render(args, spec, trials, argv)
-    tune.run_local(args, spec, trials, raws)
+    tune.run_local(args, spec, trials, configs)
     result = write_scores(args.out)
     print(f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}")
     return 0

@@ -149,15 +149,15 @@ def combinations(args: TuneArgs):
     return spec, [(r.name.removeprefix("0000gpu").lstrip("_"), 0, r.overrides) for r in sweep.expand(spec)]
 
 
-def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
-    """The trials of every combination, and each trial's composed, checked config (``raw``)."""
+def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, Any]]:
+    """The trials of every combination, and each trial's composed, checked config (a RunConfig, by trial name)."""
     from hydra import compose
 
     from wagma_bench.config.schema import validate
 
     spec, combos = combinations(args)
     extra = spec.cluster.run_overrides if spec.cluster else []
-    trials, raws, spaces = [], {}, {}
+    trials, configs, spaces = [], {}, {}
     with conf_context("tune"):
         for name, gpus, axis in combos:
             base = _compose_checked(compose, validate, [*spec.common, *extra, *axis], name)
@@ -175,21 +175,19 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, dict]]:
                 trial = Trial(f"{name}_study{study + 1}_trial{t + 1}", name, study + 1, t + 1, i + 1, point,
                               overrides, gpus)
                 trials.append(trial)
-                raws[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
-                                                    trial.name).raw
+                configs[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
+                                                       trial.name)
     _check_overrides_taken(args.space, spaces)
-    return spec, trials, raws
+    return spec, trials, configs
 
 
-def check_data(raws: dict[str, dict], on_nodes: bool) -> list[str]:
-    """The trials' data paths checked before the queue (:func:`wagma_bench.runtime.prequeue.check_data`), one config
-    per distinct workload and data section."""
-    from wagma_bench.config.schema import validate
+def check_data(configs: dict[str, Any], on_nodes: bool) -> list[str]:
+    """The trials' data paths checked before the queue (:func:`wagma_bench.runtime.prequeue.check_data`), one
+    checked config per distinct workload and data section."""
     from wagma_bench.runtime import prequeue
 
-    distinct = {json.dumps([raw["workload"]["name"], raw["data"]], sort_keys=True, default=str): raw
-                for raw in raws.values()}
-    return prequeue.check_data([validate(raw) for raw in distinct.values()], on_nodes)
+    distinct = {(c.workload.name, repr(c.data)): c for c in configs.values()}
+    return prequeue.check_data(list(distinct.values()), on_nodes)
 
 
 def _check_overrides_taken(overrides: tuple, spaces: dict) -> None:
@@ -285,7 +283,7 @@ def run_order(trials: list[Trial], seed: int) -> list[Trial]:
     return order
 
 
-def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], out=None) -> None:
+def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
     from wagma_bench.record.rundir import finished_summary
@@ -297,7 +295,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], raws: dict[str, dict], 
     for k, trial in enumerate(run_order(trials, args.seed), 1):
         run_dir = args.out / TRIALS / trial.name
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
-        done = finished_summary(run_dir, raws[trial.name])
+        done = finished_summary(run_dir, configs[trial.name].raw)
         if done is not None:
             print(f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped", file=out, flush=True)
             continue
