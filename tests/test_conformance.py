@@ -22,6 +22,7 @@ from markdown_it import MarkdownIt
 from omegaconf import OmegaConf
 
 from wagma_bench.optim import OPTIMIZERS
+from wagma_bench.optim.registry import UNFOUND
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.ranges import range_of
 from wagma_bench.workloads import WORKLOADS
@@ -40,8 +41,21 @@ class Piece:
     check: Callable[[str], list[str]]      # name -> what is missing, each "NAME: add X to FILE"
 
 
+def registered() -> list[str]:
+    """Every optimizer a contributor has begun: a spec in the table, or a class in the registry."""
+    return list(dict.fromkeys([*OPTIMIZER_SPECS, *OPTIMIZERS]))
+
+
+def settings_of(name: str) -> type:
+    """Its Settings: the spec's (what the config check reads), else its class's."""
+    return (OPTIMIZER_SPECS.get(name) or OPTIMIZERS[name]).Settings
+
+
 def module_and_attributes(name: str) -> list[str]:
-    cls, path = OPTIMIZERS[name], f"wagma_bench/optim/{name}.py"
+    path = f"wagma_bench/optim/{name}.py"
+    if name not in OPTIMIZERS:  # the registry found no class inheriting the spec there
+        return [f"{name}: {UNFOUND.get(name, f'add {path}, its algorithm')}"]
+    cls = OPTIMIZERS[name]
     if cls.__module__ != f"wagma_bench.optim.{name}":
         return [(f"{name}: add the class {cls.__name__} to {path} (it is in {cls.__module__}; one module per "
                 f"optimizer, named after its option)")]
@@ -52,14 +66,12 @@ def module_and_attributes(name: str) -> list[str]:
 
 
 def spec(name: str) -> list[str]:
-    cls, spec = OPTIMIZERS[name], OPTIMIZER_SPECS.get(name)
-    if spec is None or not issubclass(cls, spec):
+    cls, spec = OPTIMIZERS.get(name), OPTIMIZER_SPECS.get(name)
+    if spec is None or (cls is not None and not issubclass(cls, spec)):
         return [(f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
-                 f"{cls.__name__} inherit it (the config check reads the spec, without torch)")]
+                 f"its algorithm inherit it (the config check reads the spec, without torch)")]
     return [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {SPECS}"
-            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"),
-                              ("algorithm", f"= {cls.__name__!r}, its class in wagma_bench/optim/{name}.py"),
-                              ("simulation", f"= 'sim_{name}', its model in wagma_bench/simulate/des.py"))
+            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"))
             if attr not in spec.__dict__] + (
         [f"{name}: set `name = {name!r}` in {spec.__name__} in {SPECS} (the registry's key is {name!r})"]
         if spec.__dict__.get("name", name) != name else [])
@@ -67,7 +79,7 @@ def spec(name: str) -> list[str]:
 
 def yaml_file(name: str) -> list[str]:
     path = f"conf/optimizer/{name}.yaml"
-    settings = OPTIMIZERS[name].Settings
+    settings = settings_of(name)
     defaults = {f.name: f.default for f in dataclasses.fields(settings)}
     listing = ", ".join(f"{k}: {v!r}" for k, v in defaults.items())
     if not (ROOT / path).is_file():
@@ -98,7 +110,7 @@ def _without_range(settings: type, name: str, file: str) -> list[str]:
 
 
 def ranges(name: str) -> list[str]:
-    return _without_range(OPTIMIZERS[name].Settings, name, SPECS)
+    return _without_range(settings_of(name), name, SPECS)
 
 
 def search_space(name: str) -> list[str]:
@@ -108,6 +120,8 @@ def search_space(name: str) -> list[str]:
     if not spaces.space_path(name).exists():
         return [(f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, warmup_fraction "
                 f"and its own settings that change convergence; docs/tuning.md)")]
+    if not (ROOT / f"conf/optimizer/{name}.yaml").is_file():
+        return []  # its keys are checked by composing the option: its YAML comes first (that piece names it)
     keys = [d.key for d in spaces.load_space(name).dims]  # refuses what the run config would refuse
     return [f"{name}: add `{key}` to {path} (every optimizer tunes it, over the same range)"
             for key in ("lr_multiplier", "warmup_fraction") if key not in keys]
@@ -116,12 +130,10 @@ def search_space(name: str) -> list[str]:
 def simulation(name: str) -> list[str]:
     from wagma_bench.simulate.des import SIMULATIONS
 
-    key = OPTIMIZER_SPECS.get(name)  # keyed by the spec, which names the function: the simulator imports no torch
-    if key in SIMULATIONS:
+    if OPTIMIZER_SPECS.get(name) in SIMULATIONS:  # keyed by the spec: the simulator imports no torch
         return []
-    function = key.__dict__.get("simulation", f"sim_{name}") if key else f"sim_{name}"
-    return [(f"{name}: add `{function}(cfg)` to wagma_bench/simulate/des.py (its communication as a discrete-event "
-             f"model; its spec's `simulation` names it)")]
+    return [(f"{name}: add its model to wagma_bench/simulate/des.py, `@simulates(\"{name}\")` over "
+             f"`def sim_{name}(cfg)` (its communication as a discrete-event model)")]
 
 
 def invariant_case(name: str) -> list[str]:
@@ -207,13 +219,13 @@ PIECES = [
 
 def missing(check: Callable[[str], list[str]], names: list[str] | None = None) -> list[str]:
     """What the registry's optimizers (or ``names``) lack for one piece; empty when nothing."""
-    return [problem for name in (names or list(OPTIMIZERS)) for problem in check(name)]
+    return [problem for name in (names or registered()) for problem in check(name)]
 
 
 def test_optimizer_conformance():
     """Every registered optimizer has every piece; the failure lists each missing one as NAME: add X to FILE."""
     checks = list(dict.fromkeys(piece.check for piece in PIECES))
-    problems = [problem for name in OPTIMIZERS for check in checks for problem in check(name)]
+    problems = [problem for name in registered() for check in checks for problem in check(name)]
     assert not problems, "a registered optimizer lacks pieces:\n" + "\n".join(problems)
 
 
@@ -225,13 +237,12 @@ def test_adding_an_optimizer_adds_one_entry_to_one_table():
 
     assert list(OPTIMIZERS) == list(OPTIMIZER_SPECS)
     assert all(OPTIMIZERS[name] is algorithm_of(spec) for name, spec in OPTIMIZER_SPECS.items())
-    assert [(spec, fn.__name__) for spec, fn in SIMULATIONS.items()] == \
-        [(spec, spec.simulation) for spec in OPTIMIZER_SPECS.values()]
+    assert list(SIMULATIONS) == list(OPTIMIZER_SPECS.values())
     for path in ("wagma_bench/optim/registry.py", "wagma_bench/simulate/des.py"):
         tree = ast.parse((ROOT / path).read_text())
         used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
             {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-        named = [name for name, spec in OPTIMIZER_SPECS.items() if {spec.__name__, spec.algorithm} & used]
+        named = [name for name, spec in OPTIMIZER_SPECS.items() if spec.__name__ in used]
         assert not named, f"{path} names {named} in its code: read them from OPTIMIZER_SPECS"
 
 
@@ -249,7 +260,7 @@ def test_the_architecture_pages_list_names_every_piece_and_only_files_that_exist
     unnamed = [f"{piece.file} ({piece.what})" for piece in PIECES if f"`{piece.file}`" not in text]
     assert not unnamed, "docs/architecture.md, 'Adding an optimizer': name " + ", ".join(unnamed)
     paths = re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|yaml|md))`", text)
-    gone = [p for p in paths for name in OPTIMIZERS if not (ROOT / p.replace("NAME", name)).is_file()]
+    gone = [p for p in paths if not any((ROOT / p.replace("NAME", name)).is_file() for name in OPTIMIZER_SPECS)]
     assert not gone, f"docs/architecture.md, 'Adding an optimizer' names files that do not exist: {gone}"
 
 
@@ -373,3 +384,43 @@ def test_a_new_workload_without_any_piece_is_told_each_file_to_edit(piece, monke
     monkeypatch.setitem(WORKLOADS, "newload", NewLoad)
     found = piece.check("newload")
     assert found and all(p.startswith("newload: ") for p in found), found
+
+
+# --- the contributor's check in a copy with a piece removed ------------------------------------------------------
+
+def _without_simulation(copy: Path, name: str) -> None:
+    path = copy / "wagma_bench/simulate/des.py"
+    path.write_text(path.read_text().replace(f'@simulates("{name}")\n', ""))
+
+
+REMOVALS = [  # cumulative, as a contributor's half-made optimizer: what is removed, what the check must say
+    (["conf/optimizer/sgp.yaml"], "sgp: add conf/optimizer/sgp.yaml"),
+    (["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py"], "sgp: optimizer sgp: add wagma_bench/optim/sgp.py"),
+    (["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py", "simulation"],
+     'sgp: add its model to wagma_bench/simulate/des.py, `@simulates("sgp")`'),
+]
+
+
+@pytest.mark.background
+@pytest.mark.parametrize("removed, said", REMOVALS, ids=["yaml", "yaml+module", "yaml+module+simulation"])
+def test_a_piece_removed_from_a_copy_is_named_with_the_file_to_add_and_no_traceback(tmp_path, removed, said):
+    """The conformance check run as a contributor runs it, in a copy of the repository with `sgp`'s pieces removed
+    one after another: it fails naming `sgp` and the file to add. With its YAML removed it failed with Hydra's
+    MissingConfigException (a traceback), with its module removed every test failed to import."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "repo"
+    for part in ("wagma_bench", "conf", "tests", "docs", "slurm", "pyproject.toml"):
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy)(ROOT / part, copy / part)
+    for piece in removed:
+        _without_simulation(copy, "sgp") if piece == "simulation" else (copy / piece).unlink()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_conformance.py::test_optimizer_conformance"], cwd=copy, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(copy)}, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "1 failed" in text, text[-3000:]
+    assert said in text, text[-3000:]
+    assert "Traceback" not in text and "Exception" not in text and "ImportError" not in text, text[-3000:]

@@ -216,9 +216,9 @@ def check_against_config(space: SearchSpace, where: str) -> None:
     from hydra import compose
 
     from wagma_bench.config.schema import TrainConfig, validate
-    from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
-    settings = {f.name for f in dataclasses.fields(OPTIMIZERS[space.optimizer].Settings)} - {"name"}
+    settings = {f.name for f in dataclasses.fields(OPTIMIZER_SPECS[space.optimizer].Settings)} - {"name"}
     train = {f.name for f in dataclasses.fields(TrainConfig)}
     for d in space.dims:
         section, _, name = d.key.partition(".")

@@ -64,12 +64,9 @@ class AlgorithmSpec:
 
     name: ClassVar[str]
     Settings: ClassVar[type]  # schema of the `optimizer:` section
-    #: the class of ``optim/<name>.py`` that implements it and inherits this spec (the ranks import it by name:
-    #: :data:`wagma_bench.optim.registry.OPTIMIZERS`)
-    algorithm: ClassVar[str]
-    #: the simulator's model of its communication, a function of :mod:`wagma_bench.simulate.des` named here
-    #: (:data:`wagma_bench.simulate.des.SIMULATIONS`), so that the simulator imports no torch
-    simulation: ClassVar[str]
+    # Its algorithm is the class of ``optim/<name>.py`` that inherits this spec (found there by
+    # :data:`wagma_bench.optim.registry.OPTIMIZERS`), its simulation the function of :mod:`wagma_bench.simulate.des`
+    # registered with ``@simulates(name)``: neither is named by a string here, so neither can be misspelt.
     #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
     #: globally itself and calls ``outer_round`` right after), "exact" (the base never averages globally:
     #: ``outer_round``, called at the end of each round, takes the average first), None: it does not apply
@@ -100,8 +97,6 @@ GRADIENT_AVERAGING = "it averages gradients, not models: every rank holds the sa
 
 class AllreduceSpec(AlgorithmSpec):
     name = "allreduce"
-    algorithm = "AllreduceSGD"
-    simulation = "sim_allreduce"
     outer_refusal = GRADIENT_AVERAGING
 
     @dataclass
@@ -113,8 +108,6 @@ class AllreduceSpec(AlgorithmSpec):
 
 class WagmaSpec(AlgorithmSpec):
     name = "wagma"
-    algorithm = "WagmaSGD"
-    simulation = "sim_wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
 
     @classmethod
@@ -155,8 +148,6 @@ class WagmaSpec(AlgorithmSpec):
 
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
-    algorithm = "LocalSGD"
-    simulation = "sim_local_sgd"
     outer_at = "average"     # right after the global average (optim/outer.py)
 
     @classmethod
@@ -207,8 +198,6 @@ class LocalSGDSpec(AlgorithmSpec):
 
 class DPSGDSpec(AlgorithmSpec):
     name = "dpsgd"
-    algorithm = "DPSGD"
-    simulation = "sim_dpsgd"
     outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
@@ -218,8 +207,6 @@ class DPSGDSpec(AlgorithmSpec):
 
 class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
-    algorithm = "ADPSGD"
-    simulation = "sim_adpsgd"
     outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
                      "models' exact average (not implemented)")
 
@@ -236,8 +223,6 @@ class ADPSGDSpec(AlgorithmSpec):
 
 class SGPSpec(AlgorithmSpec):
     name = "sgp"
-    algorithm = "SGP"
-    simulation = "sim_sgp"
     outer_at = "exact"  # no global average of its own: the outer layer takes one (optim/outer.py)
 
     @dataclass
@@ -258,8 +243,6 @@ EAGER_MODES = ("solo", "majority")
 
 class EagerSpec(AlgorithmSpec):
     name = "eager"
-    algorithm = "EagerSGD"
-    simulation = "sim_eager"
     outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
                      "stay identical and there is no model average to correct")
 
@@ -297,8 +280,6 @@ def parse_threshold(value: str) -> float | None:
 
 class DropComputeSpec(AlgorithmSpec):
     name = "dropcompute"
-    algorithm = "DropCompute"
-    simulation = "sim_dropcompute"
     computes_in_parts = True
     outer_refusal = GRADIENT_AVERAGING  # Allreduce-SGD's reason: one averaged gradient, one model
 
@@ -318,8 +299,9 @@ class DropComputeSpec(AlgorithmSpec):
             parse_threshold(self.threshold_s)
 
 
-#: option name (``optimizer=NAME``) -> spec: the one table of the optimizers. Each spec names its algorithm class
-#: and its simulation, from which :data:`wagma_bench.optim.OPTIMIZERS` and
-#: :data:`wagma_bench.simulate.des.SIMULATIONS` are built in this order: adding an optimizer adds one entry here.
+#: option name (``optimizer=NAME``) -> spec: the one table of the optimizers, from which
+#: :data:`wagma_bench.optim.OPTIMIZERS` (the class of ``optim/NAME.py`` that inherits the spec) and
+#: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an optimizer
+#: adds one entry here.
 OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {spec.name: spec for spec in (
     AllreduceSpec, WagmaSpec, LocalSGDSpec, DPSGDSpec, ADPSGDSpec, SGPSpec, EagerSpec, DropComputeSpec)}

@@ -331,6 +331,23 @@ def bucket_sizes(nbytes: float, bucket_mb: float) -> list[float]:
     return [size] * full + ([nbytes - full * size] if nbytes - full * size > 0 else [])
 
 
+_MODELS: dict[str, Callable[[SimConfig], SimResult]] = {}
+
+
+def simulates(name: str) -> Callable:
+    """Register the decorated function as the model of optimizer ``name`` (``optimizer=NAME``); a name that is
+    not in OPTIMIZER_SPECS fails here, as the module is imported, naming it."""
+    if name not in OPTIMIZER_SPECS:
+        raise ImportError(f"@simulates({name!r}): no optimizer {name!r} in OPTIMIZER_SPECS "
+                          f"({', '.join(OPTIMIZER_SPECS)})")
+
+    def register(model: Callable[[SimConfig], SimResult]) -> Callable[[SimConfig], SimResult]:
+        _MODELS[name] = model
+        return model
+    return register
+
+
+@simulates("allreduce")
 def sim_allreduce(cfg: SimConfig) -> SimResult:
     """Allreduce-SGD: bucketed gradient allreduce overlapped with backward."""
     sizes = bucket_sizes(cfg.workload.model_bytes, cfg.settings.bucket_mb)
@@ -350,6 +367,7 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
     return _lockstep(cfg, 1, comm)
 
 
+@simulates("dropcompute")
 def sim_dropcompute(cfg: SimConfig) -> SimResult:
     """DropCompute: each rank's step (compute plus its injected delay, as the trainer spreads it) in M equal
     micro-batches; past the threshold a rank stops after the micro-batch that crossed it. ``threshold_s: auto`` is
@@ -390,6 +408,7 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
     return replace(result, samples=samples, throughput=samples / result.time_s if result.time_s > 0 else math.inf)
 
 
+@simulates("local_sgd")
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
     """Local SGD / PR-SGD: blocking global model average every ``period`` rounds; streaming DiLoCo (fragments):
     one fragment's average every ``period / fragments`` rounds, started ``fragment_delay`` rounds before it is
@@ -431,6 +450,7 @@ def _sim_streaming(cfg: SimConfig) -> SimResult:
     return _lockstep(cfg, s.period, comm)
 
 
+@simulates("dpsgd")
 def sim_dpsgd(cfg: SimConfig) -> SimResult:
     """D-PSGD: synchronous model exchange with both ring neighbours each step."""
     P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes
@@ -447,6 +467,7 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
     return _lockstep(cfg, 1, comm)
 
 
+@simulates("sgp")
 def sim_sgp(cfg: SimConfig) -> SimResult:
     """SGP: push-sum to one exponential-graph peer per step, optionally 1-overlap."""
     P, net, n = cfg.world_size, cfg.network, cfg.workload.model_bytes + 4
@@ -493,6 +514,7 @@ GOSSIP_ITERATIONS = 8  # rounds of (compute schedule -> exchanges -> their cost 
 GOSSIP_TOLERANCE = 1e-3
 
 
+@simulates("adpsgd")
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
     """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served in
     batches (:func:`_gossip`).
@@ -855,6 +877,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
                       passive_share=passive_rounds / max(1, P * run.rounds))
 
 
+@simulates("wagma")
 def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
     schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
@@ -868,6 +891,7 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
     return res
 
 
+@simulates("eager")
 def sim_eager(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
     mode, sync_every = cfg.settings.mode, sync_period(cfg)
@@ -882,12 +906,11 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     return res
 
 
-# Each optimizer's spec -> the model of its communication, the function of this module that the spec names
-# (AlgorithmSpec.simulation): OPTIMIZER_SPECS is the one table of the optimizers. Keyed by the spec, not the
-# algorithm class, so that the simulator imports no torch. A name that is not a function here leaves its optimizer
-# out (tests/test_conformance.py names what to add).
+# Each optimizer's spec -> the model of its communication (``@simulates``), in OPTIMIZER_SPECS' order, the one table
+# of the optimizers. Keyed by the spec, not the algorithm class, so that the simulator imports no torch. An optimizer
+# with no model is not simulated (tests/test_conformance.py names what to add).
 SIMULATIONS: dict[type[AlgorithmSpec], Callable[[SimConfig], SimResult]] = {
-    spec: model for spec in OPTIMIZER_SPECS.values() if callable(model := globals().get(spec.simulation))}
+    spec: _MODELS[name] for name, spec in OPTIMIZER_SPECS.items() if name in _MODELS}
 
 
 def simulated_optimizers() -> list[str]:
