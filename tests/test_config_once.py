@@ -1,4 +1,4 @@
-"""The configuration is checked once per run and carried typed (issue 55): the command validates it, a local run's
+"""The configuration is checked once per run and carried typed: the command validates it, a local run's
 ranks get the checked RunConfig, and nothing outside config/ subscripts the composed dictionary by a section's
 name (record/rundir.py's identity rules read it as data, by .get)."""
 

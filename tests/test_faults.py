@@ -333,7 +333,7 @@ def test_checkpoint_sets_are_kept_two_deep_with_a_manifest(checkpointed):
 
 @pytest.mark.parametrize("nproc", [1])
 def test_resume_with_another_world_size_is_refused_before_any_rank_starts(checkpointed, tmp_path, nproc):
-    """Row 2 (a 2-rank checkpoint; the issue's 4-rank one behaves alike). One rank, the world of its own
+    """Row 2 (a 2-rank checkpoint; a 4-rank one behaves alike). One rank, the world of its own
     launcher path; more ranks than the checkpoint's meet the same comparison of counts."""
     out, took, run_dir, events = resume_copy(checkpointed, tmp_path, f"launcher.nproc={nproc}")
     assert out.returncode == 2, out.stderr[-3000:]

@@ -111,7 +111,7 @@ def test_srun_one_rank_on_each_host(cluster, tmp_path):
 
 @pytest.mark.long
 def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
-    """The issue's "Done when": `srun -N 2 --ntasks-per-node 2 wagma-bench run optimizer=wagma` completes,
+    """`srun -N 2 --ntasks-per-node 2 wagma-bench run optimizer=wagma` completes,
     its summary names both hosts, run_start each rank's host and node-local rank. (Before the fix the ranks
     waited 120 s for the rendezvous host `wagma-n1`, a name that does not resolve, then failed.)"""
     out = srun(["-N", "2", "--ntasks-per-node", "2", *run_cmd("optimizer=wagma", "train.max_steps=20",
@@ -359,7 +359,7 @@ def _simulated_network(bench: Path, out: Path, capsys) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_comm_bench_across_hosts_fits_each_link_level_and_simulate_uses_them(cluster, tmp_path, capsys):
-    """The issue's "Done when": `srun -N 2 --ntasks-per-node 2 wagma-bench comm-bench` joins srun's world (ranks
+    """`srun -N 2 --ntasks-per-node 2 wagma-bench comm-bench` joins srun's world (ranks
     on both hosts), times the intra-node link (the ranks of one host) and the inter-node link (one rank a host)
     apart and fits alpha and beta of each; `simulate --calibrate FILE` reads the file and simulates with the
     inter-node fit for its inter level, the intra-node fit for intra, 2 ranks a node. Before: comm-bench forked

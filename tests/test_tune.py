@@ -410,7 +410,7 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
 
 @pytest.mark.long
 def test_the_done_when_command(tmp_path):
-    """The issue's command: 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
+    """The documented example (docs/tuning.md): 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
     out = tmp_path / "tune"
     res = _tune(["workload=resnet", "optimizer=allreduce,wagma", "tune.trials=2", "tune.studies=2",
                  "train.max_steps=60", "logger.progress=off", "--out", str(out)], timeout=3000)
