@@ -158,8 +158,9 @@ def _spread(v: float) -> str:
 
 
 def table(result: dict) -> str:
-    rows = ["| claim | design | spread of the trials: subject / best comparator | P(holds) / P(does not hold) at "
-            "its design | at 5 x 5 | at 10 x 10 |", "|---|---|---|---|---|---|"]
+    head = ("| claim | design | spread of the trials: subject / best comparator | P(holds) / P(does not hold) at "
+            "its design | at 5 x 5 | at 10 x 10 |")
+    rows = [head, "|---|---|---|---|---|---|"]
     for r in result["claims"]:
         s, o = r["design"]
         p = r["power"]
