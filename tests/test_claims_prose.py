@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_claims import FIGURE, quoted_figures
-from wagma_bench.analysis.claims import README_BLOCK
+from tests.test_claims import quoted_figures
 from wagma_bench.analysis.tuning import load_trials, trial_finished
 
 ROOT = Path(__file__).resolve().parents[1]
