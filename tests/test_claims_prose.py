@@ -246,6 +246,9 @@ def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]
             if wider != m.group(2).startswith(("as wide", "wider")):
                 out.append(f"{cid}: paired [{lo}, {hi}] is {'wider' if wider else 'narrower'} than the exact "
                            f"independent [{exact[0]:.3f}, {exact[1]:.3f}], not \"{m.group(2)}\"")
+    if "lower ends higher" in text:
+        out += [f"{cid}: the paired lower end {row['paired'][0]} is not above the exact one"
+                for cid, row in rows.items() if not row["paired"][0] > claims[cid]["measured"]["interval"][0]]
     if "narrows none of the three intervals to a decision" in text:
         out += [f"{cid}: the paired interval {row['paired']} excludes {claims[cid]['threshold']}"
                 for cid, row in rows.items() if not row["paired"][0] <= claims[cid]["threshold"] <= row["paired"][1]]
