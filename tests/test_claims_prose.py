@@ -38,9 +38,13 @@ BULLETS = {
 # figures that come from a file other than the claims' own, each with where it is checked or measured
 ELSEWHERE = {
     ("resnet-stragglers-time-to-accuracy", "2x"): "docs/tests.md#ten-minutes (WAGMA-SGD's time at the defaults)",
-    ("resnet-stragglers-time-to-accuracy", "0.95-0.96"): "the trials' evaluations (events.jsonl), described",
+    ("resnet-stragglers-time-to-accuracy", "0.95-0.96"): "the trials' evaluations (events.jsonl), not checked",
+    ("resnet-stragglers-throughput", "0.32"): "the condition: the authors' injected sleep, not a measurement",
+    ("resnet-stragglers-throughput", "44%"): "the condition: the authors' rule at 4 ranks (docs/imbalance.md)",
+    ("transformer-time-to-solution", "6"): "former: the 2026-12-02 tuning's scores (git history), not checked",
 }
 NUMBER = r"[+-]?\d[\d,]*(?:\.\d+)?"
+WHO = "|".join(sorted(map(re.escape, NAMES), key=len, reverse=True))  # AD-PSGD before D-PSGD
 RATIO = re.compile(rf"(?<![\w.])({NUMBER})x\b")
 VALUE = r"\d{1,3}(?:,\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?"
 RANGE = re.compile(rf"(?<![\w.,:-])({VALUE})-({VALUE})(?![\w.%x]|-\d| ?%)")
@@ -172,10 +176,83 @@ def step_problems(text: str, r: dict) -> list[str]:
     return out
 
 
+UNIT_VALUE = re.compile(rf"(?<![\w.,-])({VALUE}) (?:s|samples/s)\b")
+WHO_VALUE = re.compile(rf"(?<![\w-])(?:{WHO})(?:'s)?(?: score,| score is)? ({VALUE})(?![\w.%x-]|,\d| (?:rounds|trials|ranks)\b)")
+PERCENT_OF = re.compile(rf"(\d+)% (above|below) (?:tuned )?({WHO})'s ({VALUE})")
+TRIALS = re.compile(r"(?<!x )(?<![\w.,-])(\d+) trials\b")
+
+
+@functools.cache
+def optimizer_values(claim: str) -> tuple[float, ...]:
+    """Every value claims.json holds for a claim's optimizers, the same scaled by the speed reference (the
+    drift-adjusted scores) and each optimizer's median speed reference, from the claim's tuning folder."""
+    from wagma_bench.analysis.claims import drift_reference, measure
+
+    r = _claims()[claim]
+    values = [m["value"] for m in r["measured"]["optimizers"].values()]
+    source = ROOT / r["measured"]["source"]
+    median, _, _ = drift_reference(source)
+    if median is not None:
+        values += [m.value for m in measure(source, r["metric"], drift_median=median).values()]
+        _, _, summaries = load_trials(source)
+        refs: dict[str, list[float]] = {}
+        for s in summaries.values():
+            if trial_finished(s) and s.get("reference_s"):
+                refs.setdefault(s["optimizer"], []).append(s["reference_s"])
+        values += [statistics.median(v) for v in refs.values()]
+    return tuple(values)
+
+
+def value_problems(text: str, r: dict) -> list[str]:
+    """A value in seconds or samples/s, or one that follows an optimizer's name ("Allreduce-SGD's 543"), is an
+    optimizer's value of the claim (raw, drift-adjusted, or its speed reference); "8% above Allreduce-SGD's 543"
+    is the subject's value against that one; "175 trials" the trials the claim measured."""
+    values = optimizer_values(r["id"])
+    out = []
+    for m in [*UNIT_VALUE.finditer(text), *WHO_VALUE.finditer(text)]:
+        if (r["id"], m.group(1)) not in ELSEWHERE and not matches(m.group(1), values):
+            out.append(f"{m.group(0)}: {m.group(1)} is no optimizer's value of {r['id']}")
+    subject = r["measured"]["optimizers"][r["subject"]]["value"]
+    for m in PERCENT_OF.finditer(text):
+        other = r["measured"]["optimizers"][NAMES[m.group(3)]]["value"]
+        said = (1 if m.group(2) == "above" else -1) * int(m.group(1))
+        if round(100 * (subject / other - 1)) != said:
+            out.append(f"{m.group(0)}: {r['subject']}'s {subject:.1f} is {100 * (subject / other - 1):+.1f}% of it")
+    finished = sum(m["finished"] for m in r["measured"]["optimizers"].values())
+    out += [f"{m.group(0)}: {r['id']} measured {finished}" for m in TRIALS.finditer(text) if int(m.group(1)) != finished]
+    return out
+
+
+def spread_cvs() -> list[float]:
+    """The coefficients of variation of docs/claims.md's spread table (tests/test_generated_docs.py checks it is
+    spread.py's output of the committed study)."""
+    block = re.search(r"<!-- spread:begin -->\n(.*?)\n<!-- spread:end -->", DOC.read_text(), re.DOTALL).group(1)
+    return [float(x) for x in re.findall(r", (\d\.\d\d) \|", block)]
+
+
+SPREAD = re.compile(r"(?<!differ from 1 )\bby (\d+)(?:-(\d+))?%|(\d+)% from the machine")
+DIFFER = re.compile(r"The three Transformer claims' point figures differ from 1 by (\d+)-(\d+)%")
+
+
+def spread_problems(text: str) -> list[str]:
+    """"moves by 9%", "by 9-12%", "2% from the machine": coefficients of variation of the spread study."""
+    cvs = [100 * v for v in spread_cvs()]
+    return [f"{m.group(0)}: {x}% is no CV of the spread table ({sorted(set(cvs))})" for m in SPREAD.finditer(text)
+            for x in m.groups() if x and not matches(x, cvs)]
+
+
+def differ_problems(text: str, claims: dict[str, dict]) -> list[str]:
+    """"The three Transformer claims' point figures differ from 1 by 0-8%": from the nearest to the farthest."""
+    gaps = sorted(round(100 * abs(1 - r["measured"]["speedup"])) for c, r in claims.items() if c.startswith("transformer"))
+    return [f"{m.group(0)}: claims.json's differ by {gaps}" for m in DIFFER.finditer(text)
+            if (int(m.group(1)), int(m.group(2))) != (gaps[0], gaps[-1])]
+
+
 def claim_problems(text: str, r: dict) -> list[str]:
     text = " ".join(text.split())
     return (ratio_problems(text, [r]) + former_interval_problems(text, r["id"]) + range_problems(text, r)
-            + step_problems(text, r))
+            + step_problems(text, r) + value_problems(text, r)
+            + (spread_problems(text) if r["id"].startswith("transformer") else []))
 
 
 # --- the README's bullets --------------------------------------------------------------------------------------
@@ -261,6 +338,13 @@ def test_the_checks_find_a_wrong_figure_of_each_kind():
     assert len(claim_problems("local SGD, D-PSGD and eager-SGD 701-704", r)) == 1
     assert len(claim_problems("the audit put it at 0.975x scaled for that", r)) == 1
     assert claim_problems("0.91x vs SGP", r) == []
+    assert len(claim_problems("WAGMA-SGD's median 661 samples/s is 5% below SGP's 727", r)) == 1  # 9%
+    assert len(claim_problems("WAGMA-SGD's median 662 samples/s, AD-PSGD 691", r)) == 1
+    assert len(claim_problems("(`ddppo_throughput`, 55 trials)", r)) == 1
+    assert len(claim_problems("one run moves by 7% with its seed", _claims()["transformer-time-to-solution"])) == 1
+    budget = _claims()["rl-final-quality"]
+    assert claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 147", budget) == []
+    assert len(claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 144", budget)) == 1
     statement = "the first two rows' paired intervals are narrower than the independent ones"
     wrong = interval_statement_problems(statement, _claims())
     assert len(wrong) == 1 and "transformer-time-to-solution" in wrong[0]
@@ -289,7 +373,8 @@ def test_docs_claims_figures_are_in_their_files(index):
     paired = [v for row in paired_rows().values() for ends in row.values() for v in ends]
     problems = [p for p in ratio_problems(paragraph, named_claims or list(claims.values()))
                 if not matches(p.split("x ")[0], paired)]
-    problems += interval_statement_problems(paragraph, claims)
+    problems += interval_statement_problems(paragraph, claims) + spread_problems(paragraph)
+    problems += differ_problems(paragraph, claims)
     if named_claims:
         problems += [p for r in named_claims for p in step_problems(paragraph, r)]
     else:
