@@ -46,6 +46,7 @@ ELSEWHERE = {
 NUMBER = r"[+-]?\d[\d,]*(?:\.\d+)?"
 WHO = "|".join(sorted(map(re.escape, NAMES), key=len, reverse=True))  # AD-PSGD before D-PSGD
 RATIO = re.compile(rf"(?<![\w.])({NUMBER})x\b")
+BRACKET = re.compile(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")  # an interval written without its x: "[0.85, 1.01]"
 VALUE = r"\d{1,3}(?:,\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?"
 RANGE = re.compile(rf"(?<![\w.,:-])({VALUE})-({VALUE})(?![\w.%x]|-\d| ?%)")
 UP_TO = re.compile(r"\bup to (\d+)\b")
@@ -99,7 +100,11 @@ def current_ratios(r: dict) -> list[float]:
 
 
 def former_ratios(claim: str) -> list[float]:
-    return [_value(x) for row in history_rows().get(claim, []) for x in re.findall(rf"({NUMBER})x", row)]
+    out = []
+    for row in history_rows().get(claim, []):
+        out += [_value(x) for x in re.findall(rf"({NUMBER})x", row)]
+        out += [_value(x) for pair in BRACKET.findall(row) for x in pair]  # a difference's interval: no x
+    return out
 
 
 def steps(r: dict) -> dict[str, list[int]]:
@@ -128,9 +133,11 @@ def ratio_problems(text: str, claims: list[dict]) -> list[str]:
     """A ratio must be a current or former figure of one of ``claims`` (at the precision written)."""
     values = [v for r in claims for v in current_ratios(r) + former_ratios(r["id"])]
     ids = {r["id"] for r in claims}
-    return [f"{m.group(0)} is no figure of {sorted(ids)} in claims.json or a committed claims.md"
-            for m in RATIO.finditer(text) if not matches(m.group(1), values)
-            and not any((i, m.group(0)) in ELSEWHERE for i in ids)]
+    written = [(m.group(0), m.group(1)) for m in RATIO.finditer(text)]
+    written += [(f"{end} of {m.group(0)}", end) for m in BRACKET.finditer(text) for end in m.groups()]
+    return [f"{said} is no figure of {sorted(ids)} in claims.json or a committed claims.md"
+            for said, value in written if not matches(value, values)
+            and not any((i, said) in ELSEWHERE for i in ids)]
 
 
 def former_interval_problems(text: str, claim: str) -> list[str]:
@@ -372,7 +379,7 @@ def test_docs_claims_figures_are_in_their_files(index):
     named_claims = [claims[c] for c in claims if f"`{c}`" in paragraph]
     paired = [v for row in paired_rows().values() for ends in row.values() for v in ends]
     problems = [p for p in ratio_problems(paragraph, named_claims or list(claims.values()))
-                if not matches(p.split("x ")[0], paired)]
+                if not matches(re.match(NUMBER, p).group(0), paired)]
     problems += interval_statement_problems(paragraph, claims) + spread_problems(paragraph)
     problems += differ_problems(paragraph, claims)
     if named_claims:
