@@ -94,7 +94,7 @@ def compare(subject: np.ndarray, best: np.ndarray, claim) -> np.ndarray:
             out = np.where(np.isinf(subject) & np.isinf(best), 1.0, best / subject)
         else:
             out = subject / best
-    return np.nan_to_num(out, nan=1.0)
+    return np.nan_to_num(out, nan=0.0 if claim.compare == "difference" else 1.0)  # both failed: a tie
 
 
 def power(claim, data: dict[str, list[list[float]]], design: tuple[int, int],
