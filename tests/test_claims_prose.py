@@ -1,8 +1,11 @@
-"""No figure in prose without its file: every ratio, range of optimizer values, step count and statement about
-intervals that the README's claim bullets and docs/claims.md attribute to a measurement, checked against the
-committed file it comes from: reproduce/claims/claims.json (current figures), the committed versions of
-reproduce/claims/claims.md in git (former figures, "Before ... 0.94x [0.85x, 1.01x]"), the claim's tuning folder
-(rounds trained), and the paired table of docs/claims.md. Speed-ups with an interval quoted as current have their
+"""No figure in prose without its file: every ratio, interval, range of optimizer values, optimizer value (in s,
+samples/s, or after the optimizer's name), "N% above X's", count of trials, rounds trained, spread-study CV and
+statement about the paired intervals that the README's claim bullets and docs/claims.md attribute to a
+measurement, checked against the committed file it comes from: reproduce/claims/claims.json (current figures),
+the committed versions of reproduce/claims/claims.md in git (former figures, "Before ... 0.94x [0.85x, 1.01x]"),
+the claim's tuning folder (rounds trained, speed references, drift-adjusted scores), and the paired and spread
+tables of docs/claims.md; and each bullet's verdict against the claim's. A figure from elsewhere is listed in
+ELSEWHERE with where it comes from. Speed-ups with an interval quoted as current have their
 own test (tests/test_claims.py::test_every_current_figure_the_prose_quotes_is_a_committed_claims)."""
 
 from __future__ import annotations
