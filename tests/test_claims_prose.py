@@ -93,13 +93,29 @@ def current_ratios(r: dict) -> list[float]:
     """Every speed-up figure claims.json holds for a claim: measured and drift-adjusted with their intervals, the
     prediction with its interval and the curves of its flip conditions, and the paper's own figure."""
     out = []
-    for part in (r["measured"], r.get("drift_adjusted") or {}, r.get("predicted") or {}):
+    for part in (r["measured"], r.get("predicted") or {}):
         out += [part.get("speedup"), *(part.get("interval") or [])]
+    out += speedups(r.get("drift_adjusted") or {})
     for flip in (r.get("predicted") or {}).get("flips", []):
         if flip["knob"] == "control_every":  # "with the suite's barrier every 10 rounds ... (1.04x)"
             out.append(flip["curve"][-1][1])
     out += [_value(x) for x in re.findall(r"(\d+(?:\.\d+)?)x", r.get("figure") or "")]
     return out
+
+
+def speedups(part) -> list[float]:
+    """Every speed-up and interval end in ``part`` at any depth (a drift adjustment may carry more than one)."""
+    if isinstance(part, dict):
+        return [v for key, value in part.items() for v in
+                (speedups(value) if isinstance(value, dict) else _numbers(value) if "speedup" in key or "interval"
+                 in key else [])]
+    return []
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, list):
+        return [v for item in value for v in _numbers(item)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
 def former_ratios(claim: str) -> list[float]:
