@@ -9,6 +9,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.cli_util import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,3 +195,48 @@ def test_the_trace_misses_quote_the_recorded_and_modelled_waits_of_the_committed
     assert "eager-SGD {} against {}, DropCompute (`lognormal`) {} against {}".format(
         *ms["eager_none_p8"], *ms["dropcompute_lognormal_p8"]) in text
     assert "({} against {})".format(*ms["wagma_none_p8"]) in text
+
+
+POWER = ROOT / "reproduce" / "claims" / "power.json"
+
+
+def _power():
+    return load_script(ROOT / "reproduce" / "claims" / "power.py")
+
+
+def test_power_table_is_the_scripts_table_of_the_committed_run():
+    assert _block(ROOT / "docs" / "claims.md", "power") == _power().table(json.loads(POWER.read_text())), (
+        "docs/claims.md differs from `.venv/bin/python reproduce/claims/power.py table`")
+
+
+def test_the_committed_power_run_read_the_committed_sources():
+    """The trials each row was simulated from are the claim's committed trials now (a re-tuned source, or a claim
+    switched to another folder, makes power.json stale: `power.py run` again)."""
+    from wagma_bench.analysis.claims import find_sources, load_claims
+
+    script, committed = _power(), json.loads(POWER.read_text())
+    sources = find_sources([ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().split()])
+    now = {}
+    for c in load_claims():
+        tune_dir = sources.tunings[c.measured["tuning"]]
+        data = script.trials(tune_dir, c.metric)
+        now[c.id] = {"source": str(tune_dir.relative_to(ROOT)),
+                     "trials": {n: sum(map(len, data[n])) for n in [c.subject, *c.comparators] if n in data}}
+    assert script.inputs(committed) == now, "reproduce/claims/power.json is stale: run reproduce/claims/power.py run"
+
+
+def test_readme_names_the_claims_this_machine_can_decide():
+    said = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"at 10 x 10 studies x trials only (.+?) reaches a probability of ([\d.]+) that its interval", said)
+    assert m, "README.md no longer says which claims 10 x 10 would decide"
+    script = _power()
+    assert re.findall(r"`([\w-]+)`", m.group(1)) == script.decidable(json.loads(POWER.read_text()))
+    assert float(m.group(2)) == script.DECIDES
+
+
+@pytest.mark.long
+def test_the_committed_power_table_is_what_the_script_computes():
+    """The simulation again from the committed sources (about 15 s on the 2-core machine): the same seed, the same
+    table."""
+    script = _power()
+    assert script.table(script.compute()) == script.table(json.loads(POWER.read_text()))
