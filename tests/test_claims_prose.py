@@ -77,7 +77,12 @@ def matches(written: str, values) -> bool:
 
 @functools.cache
 def history_rows() -> dict[str, list[str]]:
-    """Each claim's row of the summary table in every committed version of reproduce/claims/claims.md."""
+    """Each claim's row of the summary table in every committed version of reproduce/claims/claims.md. A test that
+    needs them is skipped, saying so, in a clone without that history (``git clone --depth 1``)."""
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
+                             text=True, check=False)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("former figures are checked against every committed claims.md: this clone has no history")
     shas = subprocess.run(["git", "log", "--format=%H", "--", CLAIMS_MD], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.split()
     rows: dict[str, list[str]] = {}
