@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wagma_bench.analysis import drift, intervals
+from wagma_bench.analysis import drift, intervals, tuning
 from wagma_bench.analysis.claims import Claim, Sources, evaluate
 
 ROUNDS, BATCH = 100, 64  # each made-up trial: 100 rounds of 64 samples
@@ -141,3 +141,15 @@ def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
     scaled = {o: statistics.median(s["throughput_samples_per_s"] * (s["reference_s"] / median) ** e
                                    for s in groups[o]) for o in groups}
     assert got["speedup"] == pytest.approx(scaled["wagma"] / max(scaled["allreduce"], scaled["sgp"]))
+
+
+def test_tunes_drift_adjusted_score_is_on_the_same_ruler(tmp_path):
+    """`tune`'s tuning.json (and so its table and `report`'s) scales by the same fitted elasticity as `claims`:
+    where drift is all there is, every optimizer's drift-adjusted score is its speed at the median reference."""
+    groups = _made_up(seed=5, elasticity=0.4, noise=0.0)
+    result = tuning.score(_tuning(tmp_path, groups))
+    median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)
+    assert result["drift_elasticity"]["value"] == pytest.approx(0.4) and result["drift_elasticity"]["trials"] == 21
+    speed = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}
+    for e in result["results"]:
+        assert e["drift_adjusted"]["score_s"] == pytest.approx(ROUNDS * speed[e["optimizer"]] * median**0.4)

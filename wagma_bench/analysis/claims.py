@@ -25,8 +25,9 @@ Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim say
 
 A claim on a final metric may compare by difference instead (``compare: difference``: subject minus best, for
 metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its speed
-reference (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`), and how often the trials' order changed
-optimizer; neither decides. A prediction is shown beside the measurement and never enters the verdict.
+reference to the power of the tuning's fitted elasticity (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`;
+its interval carries the elasticity's sampling error), and how often the trials' order changed optimizer;
+neither decides. A prediction is shown beside the measurement and never enters the verdict.
 """
 
 from __future__ import annotations
@@ -192,13 +193,14 @@ class Measurement:
         return intervals.interval(self.dist)
 
 
-def measure(tune_dir: Path, metric: str, drift_median: float | None = None,
-            elasticity: float = 1.0) -> dict[str, Measurement]:
+def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elasticity: float = 1.0,
+            loaded: tuple | None = None) -> dict[str, Measurement]:
     """Every optimizer of a tuning directory, measured by ``metric``. Trials without a final summary (not run
     yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out.
     With ``drift_median`` (every finished trial has a speed reference), each trial's figures are first scaled
-    to that median reference by (reference / median)^elasticity (:func:`wagma_bench.analysis.drift.adjusted`)."""
-    plan, combos, summaries = load_trials(tune_dir)
+    to that median reference by (reference / median)^elasticity (:func:`wagma_bench.analysis.drift.adjusted`).
+    ``loaded``: what :func:`load_trials` read of ``tune_dir`` (read once for several measurements)."""
+    plan, combos, summaries = loaded or load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
     out: dict[str, Measurement] = {}
     for trials in combos.values():
@@ -224,18 +226,18 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None,
     return out
 
 
-def drift_reference(tune_dir: Path) -> tuple[float | None, int, int]:
+def drift_reference(tune_dir: Path, loaded: tuple | None = None) -> tuple[float | None, int, int]:
     """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
     unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
-    _, _, summaries = load_trials(tune_dir)
+    _, _, summaries = loaded or load_trials(tune_dir)
     finished = [s for s in summaries.values() if trial_finished(s)]
     return drift.tuning_median(finished), sum(map(drift.has_reference, finished)), len(finished)
 
 
-def drift_elasticity(tune_dir: Path) -> drift.Elasticity | None:
+def drift_elasticity(tune_dir: Path, loaded: tuple | None = None) -> drift.Elasticity | None:
     """The elasticity of seconds per round to the speed reference, fitted over a tuning directory's finished
     trials with one intercept per combination (:func:`wagma_bench.analysis.drift.fit_elasticity`)."""
-    _, combos, summaries = load_trials(tune_dir)
+    _, combos, summaries = loaded or load_trials(tune_dir)
     return drift.fit_elasticity([summaries[t.name] for t in trials if trial_finished(summaries[t.name])]
                                 for trials in combos.values())
 
@@ -397,8 +399,9 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
     figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap laws at
     :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried into the
     interval). ``speedup`` is None where a finished trial has no reference or the elasticity cannot be fitted."""
-    median, with_ref, finished = drift_reference(tune_dir)
-    fit = drift_elasticity(tune_dir) if median is not None else None
+    loaded = load_trials(tune_dir)  # once: every value of the elasticity measures the same trials
+    median, with_ref, finished = drift_reference(tune_dir, loaded)
+    fit = drift_elasticity(tune_dir, loaded) if median is not None else None
     out = {"median_reference_s": median, "trials_with_reference": with_ref, "trials_finished": finished,
            "elasticity": fit.value if fit else None, "elasticity_se": fit.se if fit else None,
            "elasticity_trials": fit.trials if fit else None,
@@ -410,7 +413,7 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
                                "an optimizer)"}
     # a final metric at a fixed budget is not scaled: one law serves every value of the elasticity
     draws = [fit.value] if claim.metric == "final_metric" else drift.elasticity_draws(fit)
-    laws = [_drift_law(claim, tune_dir, median, e) for e in [fit.value, *draws]]
+    laws = [_drift_law(claim, tune_dir, loaded, median, e) for e in [fit.value, *draws]]
     if laws[0] is None:
         return {**out, "note": "no comparator measured"}
     sp = laws[0][0]
@@ -418,8 +421,8 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
             "best_comparator": sp.best}
 
 
-def _drift_law(claim: Claim, tune_dir: Path, median: float, elasticity: float):
-    measured = measure(tune_dir, claim.metric, drift_median=median, elasticity=elasticity)
+def _drift_law(claim: Claim, tune_dir: Path, loaded: tuple, median: float, elasticity: float):
+    measured = measure(tune_dir, claim.metric, median, elasticity, loaded)
     subject = measured.get(claim.subject)
     return (speedup_law(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better,
                         claim.compare) if subject else None)
