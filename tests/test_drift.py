@@ -17,6 +17,7 @@ from wagma_bench.analysis import drift, intervals, tuning
 from wagma_bench.analysis.claims import Claim, Sources, evaluate
 
 ROUNDS, BATCH = 100, 64  # each made-up trial: 100 rounds of 64 samples
+SPEED = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}  # each made-up optimizer's seconds per round at reference 1
 
 
 def _summary(optimizer: str, reference: float, per_round: float, reached: bool = True) -> dict:
@@ -30,9 +31,8 @@ def _made_up(seed: int, elasticity: float, noise: float) -> dict[str, list[dict]
     """Three optimizers, each with its own speed, and references spread over a drifting machine; each trial's
     seconds per round = speed * reference^elasticity * exp(noise)."""
     rng = random.Random(seed)
-    speed = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}
     return {o: [_summary(o, ref, c * ref**elasticity * math.exp(rng.gauss(0, noise)))
-                for ref in (rng.uniform(0.07, 0.12) for _ in range(7))] for o, c in speed.items()}
+                for ref in (rng.uniform(0.07, 0.12) for _ in range(7))] for o, c in SPEED.items()}
 
 
 def test_the_elasticity_is_numpys_least_squares_with_a_dummy_per_optimizer():
@@ -110,11 +110,15 @@ def test_where_drift_is_all_there_is_the_fitted_elasticity_removes_it(tmp_path, 
     """Seconds per round exactly speed * reference^0.4: scaled at the fitted elasticity every trial of an optimizer
     gets the same figure, and the speed-up is the ratio of the speeds with no spread left; the proportional rule
     (elasticity 1) would have left the drift's spread in."""
-    d = _tuning(tmp_path, _made_up(seed=5, elasticity=0.4, noise=0.0))
-    got = evaluate(_claim(metric), Sources(tunings={"drifting": d}))["drift_adjusted"]
+    groups = _made_up(seed=5, elasticity=0.4, noise=0.0)
+    got = evaluate(_claim(metric), Sources(tunings={"drifting": _tuning(tmp_path, groups)}))["drift_adjusted"]
     assert got["elasticity"] == pytest.approx(0.4) and got["elasticity_se"] == pytest.approx(0, abs=1e-9)
     assert got["best_comparator"] == "sgp" and got["speedup"] == pytest.approx(1.8 / 1.6)
     assert got["interval"] == pytest.approx([1.8 / 1.6] * 2)
+    median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)
+    per_round = {o: c * median**0.4 for o, c in SPEED.items()}  # each optimizer at the median reference
+    assert got["values"] == pytest.approx({o: BATCH / v if metric == "throughput" else ROUNDS * v
+                                           for o, v in per_round.items()})
 
 
 def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
@@ -150,6 +154,5 @@ def test_tunes_drift_adjusted_score_is_on_the_same_ruler(tmp_path):
     result = tuning.score(_tuning(tmp_path, groups))
     median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)
     assert result["drift_elasticity"]["value"] == pytest.approx(0.4) and result["drift_elasticity"]["trials"] == 21
-    speed = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}
     for e in result["results"]:
-        assert e["drift_adjusted"]["score_s"] == pytest.approx(ROUNDS * speed[e["optimizer"]] * median**0.4)
+        assert e["drift_adjusted"]["score_s"] == pytest.approx(ROUNDS * SPEED[e["optimizer"]] * median**0.4)

@@ -398,7 +398,8 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
     fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it. The point
     figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap laws at
     :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried into the
-    interval). ``speedup`` is None where a finished trial has no reference or the elasticity cannot be fitted."""
+    interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a finished trial has
+    no reference or the elasticity cannot be fitted."""
     loaded = load_trials(tune_dir)  # once: every value of the elasticity measures the same trials
     median, with_ref, finished = drift_reference(tune_dir, loaded)
     fit = drift_elasticity(tune_dir, loaded) if median is not None else None
@@ -413,16 +414,18 @@ def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
                                "an optimizer)"}
     # a final metric at a fixed budget is not scaled: one law serves every value of the elasticity
     draws = [fit.value] if claim.metric == "final_metric" else drift.elasticity_draws(fit)
-    laws = [_drift_law(claim, tune_dir, loaded, median, e) for e in [fit.value, *draws]]
+    measured = {e: measure(tune_dir, claim.metric, median, e, loaded) for e in dict.fromkeys([fit.value, *draws])}
+    at_fit = measured[fit.value]
+    laws = [_drift_law(claim, measured[e]) for e in [fit.value, *draws]]
     if laws[0] is None:
         return {**out, "note": "no comparator measured"}
     sp = laws[0][0]
     return {**out, "speedup": sp.value, "interval": list(intervals.interval(intervals.mixture([d for _, d in laws[1:]]))),
-            "best_comparator": sp.best}
+            "best_comparator": sp.best,
+            "values": {o: at_fit[o].value for o in (claim.subject, *claim.comparators) if o in at_fit}}
 
 
-def _drift_law(claim: Claim, tune_dir: Path, loaded: tuple, median: float, elasticity: float):
-    measured = measure(tune_dir, claim.metric, median, elasticity, loaded)
+def _drift_law(claim: Claim, measured: dict[str, Measurement]) -> tuple[Speedup, intervals.Dist] | None:
     subject = measured.get(claim.subject)
     return (speedup_law(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better,
                         claim.compare) if subject else None)
