@@ -205,7 +205,8 @@ def test_committed_sources_follow_the_protocol():
     """Issue 54's bar, read from the committed trials themselves: every claim's source was tuned interleaved
     (consecutive trials by start time change optimizer at least half the time), every trial has its speed
     reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial finished, and
-    claims.json carries a drift-adjusted speed-up with its interval for every claim."""
+    claims.json carries a drift-adjusted speed-up with its interval and its tuning's fitted elasticity for every
+    claim."""
     tunings = find_sources(committed_source_dirs()).tunings
     at_5x5 = set()
     for tune_dir in {tunings[claim.measured["tuning"]] for claim in load_claims()}:  # each source once
@@ -221,6 +222,8 @@ def test_committed_sources_follow_the_protocol():
     for r in committed:
         drift = r["drift_adjusted"]  # a percentile interval need not hold its point: both present, ordered
         assert math.isfinite(drift["speedup"]) and drift["interval"][0] <= drift["interval"][1], r["id"]
+        # scaled by the drift's measured effect: the tuning's fitted elasticity, with its standard error
+        assert math.isfinite(drift["elasticity"]) and drift["elasticity_se"] > 0, r["id"]
 
 
 @pytest.mark.parametrize("change,message", [

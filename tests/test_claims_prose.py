@@ -217,14 +217,14 @@ TRIALS = re.compile(r"(?<!x )(?<![\w.,-])(\d+) trials\b")
 def optimizer_values(claim: str) -> tuple[float, ...]:
     """Every value claims.json holds for a claim's optimizers, the same scaled by the speed reference (the
     drift-adjusted scores) and each optimizer's median speed reference, from the claim's tuning folder."""
-    from wagma_bench.analysis.claims import drift_reference, measure
+    from wagma_bench.analysis.claims import drift_reference
 
     r = _claims()[claim]
     values = [m["value"] for m in r["measured"]["optimizers"].values()]
+    values += _numbers(list(((r.get("drift_adjusted") or {}).get("values") or {}).values()))  # at the fitted e
     source = ROOT / r["measured"]["source"]
     median, _, _ = drift_reference(source)
     if median is not None:
-        values += [m.value for m in measure(source, r["metric"], drift_median=median).values()]
         _, _, summaries = load_trials(source)
         refs: dict[str, list[float]] = {}
         for s in summaries.values():

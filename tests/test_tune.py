@@ -332,7 +332,8 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
         s = json.loads((run / "summary.json").read_text())
         assert s["reference_s"] == pytest.approx(sum(s["reference_before_after_s"]) / 2) and s["reference_s"] > 0
     assert result["median_reference_s"] > 0 and result["optimizer_changes"] == 1.0
-    assert all(e["drift_adjusted"]["score_s"] > 0 for e in result["results"])
+    # one trial per combination leaves no residual to fit the drift's effect by: nothing is scaled
+    assert result["drift_elasticity"] is None and all(e["drift_adjusted"] is None for e in result["results"])
     events = {p: p.read_bytes() for p in (out / "trials").glob("*/events.jsonl")}
     capsys.readouterr()
     # the same command again (in this process: a finished trial is skipped before any run starts)

@@ -25,8 +25,9 @@ Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim say
 
 A claim on a final metric may compare by difference instead (``compare: difference``: subject minus best, for
 metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its speed
-reference (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`), and how often the trials' order changed
-optimizer; neither decides. A prediction is shown beside the measurement and never enters the verdict.
+reference to the power of the tuning's fitted elasticity (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`;
+its interval carries the elasticity's sampling error), and how often the trials' order changed optimizer;
+neither decides. A prediction is shown beside the measurement and never enters the verdict.
 """
 
 from __future__ import annotations
@@ -192,12 +193,14 @@ class Measurement:
         return intervals.interval(self.dist)
 
 
-def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> dict[str, Measurement]:
+def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elasticity: float = 1.0,
+            loaded: tuple | None = None) -> dict[str, Measurement]:
     """Every optimizer of a tuning directory, measured by ``metric``. Trials without a final summary (not run
     yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out.
     With ``drift_median`` (every finished trial has a speed reference), each trial's figures are first scaled
-    to that median reference (:func:`wagma_bench.analysis.drift.adjusted`)."""
-    plan, combos, summaries = load_trials(tune_dir)
+    to that median reference by (reference / median)^elasticity (:func:`wagma_bench.analysis.drift.adjusted`).
+    ``loaded``: what :func:`load_trials` read of ``tune_dir`` (read once for several measurements)."""
+    plan, combos, summaries = loaded or load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
     out: dict[str, Measurement] = {}
     for trials in combos.values():
@@ -209,7 +212,7 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> d
             raise ConfigError(f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
                               "per optimizer (tune each condition into its own directory)")
         ran = [summaries[t.name] for t in done]
-        scored = [drift.adjusted(s, drift_median, cap) for s in ran] if drift_median else ran
+        scored = [drift.adjusted(s, drift_median, cap, elasticity) for s in ran] if drift_median else ran
         by_study: dict[int, list[dict]] = {}
         for t, s in zip(done, scored, strict=True):
             by_study.setdefault(t.study, []).append(s)
@@ -223,12 +226,20 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None) -> d
     return out
 
 
-def drift_reference(tune_dir: Path) -> tuple[float | None, int, int]:
+def drift_reference(tune_dir: Path, loaded: tuple | None = None) -> tuple[float | None, int, int]:
     """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
     unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
-    _, _, summaries = load_trials(tune_dir)
+    _, _, summaries = loaded or load_trials(tune_dir)
     finished = [s for s in summaries.values() if trial_finished(s)]
     return drift.tuning_median(finished), sum(map(drift.has_reference, finished)), len(finished)
+
+
+def drift_elasticity(tune_dir: Path, loaded: tuple | None = None) -> drift.Elasticity | None:
+    """The elasticity of seconds per round to the speed reference, fitted over a tuning directory's finished
+    trials with one intercept per combination (:func:`wagma_bench.analysis.drift.fit_elasticity`)."""
+    _, combos, summaries = loaded or load_trials(tune_dir)
+    return drift.fit_elasticity([summaries[t.name] for t in trials if trial_finished(summaries[t.name])]
+                                for trials in combos.values())
 
 
 def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) -> tuple[float, intervals.Dist]:
@@ -259,6 +270,17 @@ class Speedup:
 
 def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool,
             compare: str = "ratio") -> Speedup | None:
+    law = speedup_law(subject, comparators, lower_is_better, compare)
+    if law is None:
+        return None
+    sp, dist = law
+    sp.interval = intervals.interval(dist)
+    return sp
+
+
+def speedup_law(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool,
+                compare: str = "ratio") -> tuple[Speedup, intervals.Dist] | None:
+    """The speed-up (its interval not yet set) and its bootstrap law; None without a subject or comparator."""
     have = {k: m for k, m in comparators.items() if m is not None and m.dist}
     if not have or not subject.dist:
         return None
@@ -272,7 +294,7 @@ def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lo
     else:
         dist, value = intervals.ratio(subject.dist, best_dist), intervals.divide(subject.value, best.value)
     missing = [k for k, m in comparators.items() if m is None or not m.dist]
-    return Speedup(value, intervals.interval(dist), best.optimizer, missing)
+    return Speedup(value, (math.nan, math.nan), best.optimizer, missing), dist
 
 
 def decide(interval: tuple[float, float] | None, threshold: float, missing: list[str]) -> tuple[str, str]:
@@ -372,21 +394,41 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
 
 
 def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
-    """The speed-up again with every trial's figures scaled by its speed reference
-    (:mod:`wagma_bench.analysis.drift`): beside the
-    raw verdict, never deciding it. ``speedup`` is None where a finished trial has no reference."""
-    median, with_ref, finished = drift_reference(tune_dir)
+    """The speed-up again with every trial's figures scaled by its speed reference to the power of the tuning's
+    fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it. The point
+    figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap laws at
+    :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried into the
+    interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a finished trial has
+    no reference or the elasticity cannot be fitted."""
+    loaded = load_trials(tune_dir)  # once: every value of the elasticity measures the same trials
+    median, with_ref, finished = drift_reference(tune_dir, loaded)
+    fit = drift_elasticity(tune_dir, loaded) if median is not None else None
     out = {"median_reference_s": median, "trials_with_reference": with_ref, "trials_finished": finished,
+           "elasticity": fit.value if fit else None, "elasticity_se": fit.se if fit else None,
+           "elasticity_trials": fit.trials if fit else None,
            "speedup": None, "interval": None, "best_comparator": None}
     if median is None:
         return {**out, "note": f"{finished - with_ref} of {finished} finished trials have no speed reference"}
-    measured = measure(tune_dir, claim.metric, drift_median=median)
-    subject = measured.get(claim.subject)
-    sp = (speedup(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better, claim.compare)
-          if subject else None)
-    if sp is None:
+    if fit is None:
+        return {**out, "note": "the elasticity cannot be fitted (too few trials, or no reference varying within "
+                               "an optimizer)"}
+    # a final metric at a fixed budget is not scaled: one law serves every value of the elasticity
+    draws = [fit.value] if claim.metric == "final_metric" else drift.elasticity_draws(fit)
+    measured = {e: measure(tune_dir, claim.metric, median, e, loaded) for e in dict.fromkeys([fit.value, *draws])}
+    at_fit = measured[fit.value]
+    laws = [_drift_law(claim, measured[e]) for e in [fit.value, *draws]]
+    if laws[0] is None:
         return {**out, "note": "no comparator measured"}
-    return {**out, "speedup": sp.value, "interval": list(sp.interval), "best_comparator": sp.best}
+    sp = laws[0][0]
+    return {**out, "speedup": sp.value, "interval": list(intervals.interval(intervals.mixture([d for _, d in laws[1:]]))),
+            "best_comparator": sp.best,
+            "values": {o: at_fit[o].value for o in (claim.subject, *claim.comparators) if o in at_fit}}
+
+
+def _drift_law(claim: Claim, measured: dict[str, Measurement]) -> tuple[Speedup, intervals.Dist] | None:
+    subject = measured.get(claim.subject)
+    return (speedup_law(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better,
+                        claim.compare) if subject else None)
 
 
 def _optimizer_changes(tune_dir: Path) -> float | None:
@@ -447,14 +489,23 @@ def measured_cell(r: dict) -> str:
     return f"{shown(r, m['speedup'])} vs {m['best_comparator']} {ends(r, m['interval'])}"
 
 
-def drift_cell(r: dict) -> str:
-    """The speed-up with every trial scaled by its speed reference; "no reference" where trials lack one."""
+def drift_cell(r: dict, with_elasticity: bool = True) -> str:
+    """The speed-up with every trial scaled by its speed reference to the power of the fitted elasticity e (shown
+    where it scales the figure); "no reference" where trials lack one."""
     d = r.get("drift_adjusted")
     if d is None:
         return "—"
     if d["speedup"] is None:
-        return f"— ({d['trials_finished'] - d['trials_with_reference']} trials without a reference)"
-    return f"{shown(r, d['speedup'])} {ends(r, d['interval'])}"
+        if d.get("trials_with_reference", 0) < d.get("trials_finished", 0):
+            return f"— ({d['trials_finished'] - d['trials_with_reference']} trials without a reference)"
+        return f"— ({d.get('note', 'not measured')})"
+    scaled = r["metric"] != "final_metric" and d.get("elasticity") is not None
+    return f"{shown(r, d['speedup'])} {ends(r, d['interval'])}" + (
+        f", {elasticity_text(d)}" if scaled and with_elasticity else "")
+
+
+def elasticity_text(d: dict) -> str:
+    return f"e {d['elasticity']:.2f} ± {d['elasticity_se']:.2f}"
 
 
 def predicted_cell(r: dict) -> str:
@@ -497,7 +548,8 @@ def summary_table(results: list[dict]) -> str:
              "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
     return markdown_table(rows, [("claim", "claim", ""), ("paper", "the paper", ""),
                                  ("measured", "measured here: speed-up [95% interval]", ""),
-                                 ("drift", "drift-adjusted [95%]", ""), ("budget", "studies x trials", ""),
+                                 ("drift", "drift-adjusted [95%], elasticity e", ""),
+                                 ("budget", "studies x trials", ""),
                                  ("imbalance", "compute imbalance (subject / best)", ""),
                                  ("predicted", "predicted at the paper's scale", ""), ("verdict", "verdict", "")])
 
@@ -509,8 +561,10 @@ RULE = (
     "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
     "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
     "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
-    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's figure scaled by its "
-    "speed reference over the tuning's median): it shows how much the machine's drift could move the raw one.")
+    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's time or throughput "
+    "scaled by (its speed reference over the tuning's median)^e, e the elasticity of seconds per round to the "
+    "reference fitted within optimizers over the tuning, ± its standard error, which the interval carries): it "
+    "shows how much the machine's drift could move the raw one.")
 
 
 def detail(r: dict) -> list[str]:
@@ -520,7 +574,7 @@ def detail(r: dict) -> list[str]:
              f"- **Its condition**: {r['condition']}.",
              f"- **Here**: {m['here']} (tuning `{m['tuning']}`" + (f", `{m['source']}`" if m["source"] else "") + ").",
              f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
-             f"- **Drift-adjusted** (each trial scaled by its speed reference): {drift_cell(r)}"
+             f"- **Drift-adjusted** ({drift_said(r)}): {drift_cell(r, False)}"
              + (f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
                 if m.get("optimizer_changes") is not None else "") + ".", ""]
     if m["optimizers"]:
@@ -560,6 +614,19 @@ def detail(r: dict) -> list[str]:
             lines += [f"No prediction interval: {p['uncertainty_note']}.", ""]
     return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
                     "ranks' mean, median over the trials, 1.00 = even)"), ""]
+
+
+def drift_said(r: dict) -> str:
+    """How the claim's drift-adjusted figure was scaled, for its detail."""
+    d = r.get("drift_adjusted") or {}
+    if d.get("elasticity") is None:
+        return "each trial scaled by its speed reference to the power of the fitted elasticity"
+    fitted = (f"{elasticity_text(d)}, the elasticity of seconds per round to the reference fitted within "
+              f"optimizers over {d['elasticity_trials']} trials")
+    if r["metric"] == "final_metric":
+        return f"a final metric at a fixed budget is not scaled; {fitted}"
+    return (f"each trial scaled by (its speed reference over the median)^e, {fitted}; the interval mixes "
+            f"{drift.DRAWS} equally likely values of e")
 
 
 def render(results: list[dict], sources: list[str]) -> str:

@@ -28,6 +28,7 @@ other, and so give a narrower interval than the one the docs declare whenever th
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
@@ -125,8 +126,9 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
     m = len(values)
     cdf = [[sum(v <= x for v in s) / len(s) for x in values] for s in studies]  # cdf[s][i] = F_s(v_i)
     # at_most[i][(c, n)]: c of the n pooled values are <= v_i (i = -1: below every value)
-    at_most = {i: _pooled_counts([(c[i], 1 - c[i]) for c in cdf], [len(s) for s in studies]) for i in range(m)}
-    at_most[-1] = _pooled_counts([(0.0, 1.0)] * len(studies), [len(s) for s in studies])
+    drawn = tuple(len(s) for s in studies)
+    at_most = {i: _pooled_counts(tuple((c[i], 1 - c[i]) for c in cdf), drawn) for i in range(m)}
+    at_most[-1] = _pooled_counts(((0.0, 1.0),) * len(studies), drawn)
     sizes = sorted({n for (_, n) in at_most[-1]})
     out: Dist = {}
     for n in sizes:
@@ -160,14 +162,18 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
             if j == i + 1:
                 table = at_most[i]
             else:  # the band (v_i, v_{j-1}] must stay empty
-                table = _pooled_counts([(c[i], 1 - c[j - 1]) for c in cdf], [len(s) for s in studies])
+                table = _pooled_counts(tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies))
             memo[i, j] = table.get((k, n), 0.0)
         return memo[i, j]
 
     return gap
 
 
-def _pooled_counts(low_high: Sequence[tuple[float, float]], sizes: Sequence[int]) -> dict[tuple[int, int], float]:
+# Memoized (the tables are only read): the same empirical-CDF fractions recur across the pairs (i, j) of one law
+# and across the drift adjustment's elasticities, which re-score the same trials with other values but the
+# same counts.
+@functools.lru_cache(maxsize=4096)
+def _pooled_counts(low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]) -> dict[tuple[int, int], float]:
     """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement: the
     law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
     probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:

@@ -160,6 +160,8 @@ def score(tune_dir: Path) -> dict:
     plan, combos, all_summaries = load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
     median_ref = drift.tuning_median([s for s in all_summaries.values() if trial_finished(s)])
+    fit = drift.fit_elasticity([all_summaries[t.name] for t in mine if trial_finished(all_summaries[t.name])]
+                               for mine in combos.values())
     entries = []
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}
@@ -167,19 +169,22 @@ def score(tune_dir: Path) -> dict:
                  "optimizer_settings": _fixed_settings(Path(tune_dir), mine), **score_combo(mine, summaries, cap),
                  "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
                  "reference_s": _median_of(summaries.values(), drift.REFERENCE)}
-        entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, cap)})
+        entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, fit, cap)})
     return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
             "trials_per_study": plan["trials_per_study"], "seed": plan["seed"], "max_runtime_s": cap,
             "command": plan.get("command"), "median_reference_s": median_ref,
+            "drift_elasticity": {"value": fit.value, "se": fit.se, "trials": fit.trials} if fit else None,
             "optimizer_changes": optimizer_changes(tune_dir, combos), "results": entries}
 
 
-def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | None, cap: float | None) -> dict | None:
-    """The combination's score with every trial scaled to the tuning's median speed reference
-    (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a reference."""
-    if median_ref is None:
+def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | None, fit: drift.Elasticity | None,
+                    cap: float | None) -> dict | None:
+    """The combination's score with every trial scaled to the tuning's median speed reference by the fitted
+    elasticity (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a
+    reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no effect)."""
+    if median_ref is None or fit is None:
         return None
-    scaled = {k: drift.adjusted(v, median_ref, cap) if v else v for k, v in summaries.items()}
+    scaled = {k: drift.adjusted(v, median_ref, cap, fit.value) if v else v for k, v in summaries.items()}
     e = score_combo(trials, scaled, None)
     return {k: e[k] for k in ("score_s", "score_metric") if k in e}
 
