@@ -4,9 +4,11 @@ name (record/rundir.py's identity rules read it as data, by .get)."""
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 from pathlib import Path
+
+import pytest
 
 from tests.cli_util import QUICK, run
 
@@ -51,11 +53,52 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
     assert calls == [calls[0]], f"schema.validate called {len(calls)} times, in processes {calls}"
 
 
+# The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the
+# composed config read by key (``c["optimizer"]["name"]``, ``raw.get("train", {}).get("lr")``), or ``.raw[...]``.
+SECTIONS = {"launcher", "comm", "train", "eval", "optimizer", "workload", "data", "imbalance", "checkpoint", "logger",
+            "env"}
+
+
+def _string_key(node: ast.AST) -> str | None:
+    """The string key ``node`` reads a mapping by (``x["k"]``, ``x.get("k", ...)``), else None."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
+
+
+def _read_from(node: ast.AST) -> ast.AST:
+    """The expression whose key ``node`` reads (through a ``x.get(...) or {}`` too)."""
+    inner = node.value if isinstance(node, ast.Subscript) else node.func.value
+    return inner.values[0] if isinstance(inner, ast.BoolOp) else inner
+
+
+def config_reads_by_key(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` reads the composed configuration by string keys: a section's key read after the section's
+    (``c["optimizer"]["name"]``), or any key of ``X.raw``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if _string_key(node) is None:
+            continue
+        inner = _read_from(node)
+        if _string_key(inner) in SECTIONS or (isinstance(inner, ast.Attribute) and inner.attr == "raw"):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
 def test_the_composed_dictionary_is_read_by_key_only_inside_config():
-    """``raw_cfg["launcher"][...]``-style reads outside config/: the typed RunConfig has every value."""
-    pattern = re.compile(r"raw_cfg\b|\.raw\[|\braw\[\s*[\"'](launcher|comm|train|eval|optimizer|workload|data|"
-                         r"imbalance|checkpoint|logger)[\"']")
-    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+    """Outside config/, no module reads the composed configuration by string keys: the typed RunConfig has every
+    value (an AST walk; the regex it replaces missed ``c['optimizer']['name']``, the W&B sink's reads)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
                  for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts
-                 for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+                 for line, code in config_reads_by_key(path.read_text())]
     assert offenders == []
+
+
+@pytest.mark.parametrize("planted", ['c["optimizer"]["name"]', 'raw.get("train", {}).get("lr")',
+                                     '(raw.get("data") or {}).get("root")', 'cfg.raw["seed"]'])
+def test_the_key_read_check_finds_a_planted_read(planted):
+    assert config_reads_by_key(f"x = {planted}\n") == [(1, ast.unparse(ast.parse(planted).body[0].value))]
+    assert config_reads_by_key('summary["optimizer"]; event["metadata"]["world_size"]\n') == []

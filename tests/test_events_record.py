@@ -131,9 +131,11 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
-    safe file writer (itself a leaf), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
-    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files"}
+    safe file writer and the recorded configuration's reader (themselves leaves), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files",
+                                                         "wagma_bench.config.recorded"}
     assert _imports(PACKAGE / "record" / "files.py") == set()
+    assert _imports(PACKAGE / "config" / "recorded.py") == set()  # a leaf too
     assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "config" / "schedules.py")}
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
 
@@ -94,7 +95,7 @@ def load_run(path: Path) -> RunRecord:
     meta = record.start.settings if record.start else {}
     evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
-    wandb = ((record.start.config.get("logger") or {}).get("wandb") if record.start else None) or None
+    wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or None
     return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,
                      {k: v for k, v in settings.items() if k != "name"}, wandb=wandb)
 

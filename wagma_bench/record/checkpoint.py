@@ -37,6 +37,7 @@ import os
 import shutil
 from pathlib import Path
 
+from wagma_bench.config.recorded import setting
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.checkpoint_size import file_bytes, human_size
 from wagma_bench.record.events import EVENTS, RunEvents
@@ -243,7 +244,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, rank: int, composed: dict):
         self.run_dir = Path(run_dir)
-        self.dir = configured_folder(run_dir, (composed.get("checkpoint") or {}).get("dir"))
+        self.dir = configured_folder(run_dir, setting(composed, "checkpoint.dir"))
         self.rank = rank
         self.raw = composed
         self._found: tuple[Path, dict] | None = None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config.recorded import setting
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
@@ -86,7 +87,7 @@ def at_target(value: float, train_s: float | None, target: float | None, time_li
 
 
 def _time_limit(config: dict | None) -> float | None:
-    return ((config or {}).get("train") or {}).get("time_limit_s")
+    return setting(config, "train.time_limit_s")
 
 
 def summarize(events: list[dict], status: str | None = None) -> dict:

@@ -22,6 +22,7 @@ import os
 import queue
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -54,7 +55,8 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
 
         # from the config, not from the first event: after a requeue the first event is run_resume
         metric = get_workload(cfg.workload.name).metric_of(cfg)
-        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw, metric))
+        labels = RunLabels(cfg.workload.name, cfg.optimizer.name, cfg.imbalance.name, cfg.seed)
+        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw, metric, labels))
     return sinks
 
 
@@ -153,14 +155,26 @@ def offline_dir(run) -> Path:
     return Path(run.dir).parent
 
 
+@dataclass(frozen=True)
+class RunLabels:
+    """What a run's W&B run is named and tagged by, from its typed configuration."""
+
+    workload: str
+    optimizer: str
+    imbalance: str
+    seed: int
+
+
 class WandbSink:
     """Mirrors a run's events to W&B: eval metric and progress against ``step`` (and ``train_s``), the
     summary at ``run_stop``. With ``per_rank_step_times`` it also logs each rank's mean compute, injected
     delay and communication time since the previous event, read from ``steps/rank<R>.jsonl`` (the files
     every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
 
-    def __init__(self, settings, run_dir: Path, config: dict, metric: str):
+    def __init__(self, settings, run_dir: Path, config: dict, metric: str, labels: RunLabels):
+        # config: the whole configuration, as W&B's run config; labels: what the run is named and tagged by
         self.settings, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
+        self.labels = labels
         self.mode = resolve_mode(settings.mode)  # checked before the ranks started (extras.check_extras)
         self.run = None
         self._failed = False
@@ -208,16 +222,15 @@ class WandbSink:
 
     def _start(self, event: dict) -> None:
         meta = event.get("metadata") or {}
-        c = self.config
+        c, run = self.config, self.labels
         world = f"_x{meta['world_size']}" if meta.get("world_size") else ""
-        name = f"{c['workload']['name']}_{c['optimizer']['name']}{world}_s{c.get('seed')}"
+        name = f"{run.workload}_{run.optimizer}{world}_s{run.seed}"
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
         run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
         kwargs = {"project": self.settings.project, "entity": self.settings.entity, "name": name, "id": run_id,
                   "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": c,
-                  "job_type": c["optimizer"]["name"],
-                  "tags": [c["workload"]["name"], c["optimizer"]["name"], c["imbalance"]["name"]]}
+                  "job_type": run.optimizer, "tags": [run.workload, run.optimizer, run.imbalance]}
         self.run = self._init(kwargs)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from wagma_bench.config.paths import CHECKOUT
+from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents, RunStart
 from wagma_bench.record.files import atomic_write
 
@@ -79,7 +80,7 @@ class Record:
 
 def submission_settings(config: dict) -> dict:
     """The ``logger.submission`` section of a run's resolved config, over the defaults (older runs have none)."""
-    given = ((config.get("logger") or {}).get("submission")) or {}
+    given = setting(config, "logger.submission") or {}
     return {**SUBMISSION_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from wagma_bench.config.cluster import ClusterProfile, slurm_hours_minutes
 from wagma_bench.config.plan import RunPlan
+from wagma_bench.config.recorded import setting
 from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
@@ -139,7 +140,7 @@ def read_step_times(paths: Iterable[str]) -> Measured:
         start, summary = record.start, record.summary_or_saved()
         if start is None or not summary.get("steps") or not summary.get("train_s"):
             continue
-        data = (start.config.get("data") or {}).get("name") or summary.get("data")
+        data = setting(start.config, "data.name") or summary.get("data")
         key = (start.workload, data, start.optimizer, start.world_size)
         out.round_s.setdefault(key, summary["train_s"] / summary["steps"])
         if start.get("train_samples"):

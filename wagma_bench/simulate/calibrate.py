@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from wagma_bench.config.recorded import setting
 from wagma_bench.imbalance import RENAMED, Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
@@ -128,7 +129,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         compute=compute[::stride], trace=trace, delay_trace=delay_trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
         params=params if params is not None else model_params_of(start),
-        workload=(config.get("workload") or {}).get("arch") or meta.get("workload"),
+        workload=setting(config, "workload.arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
         # DropCompute's threshold as the run set it (its calibration steps' rule), replayed by a trace
         extra={"threshold_s": summary["dropcompute"].get("threshold_s")} if summary.get("dropcompute") else {},
