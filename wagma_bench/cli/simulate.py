@@ -95,7 +95,7 @@ from wagma_bench.config.schema import RunConfig, check_world, runs_on, validate
 from wagma_bench.imbalance import IMBALANCES, Imbalance, make_imbalance
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.record.events import RunEvents
-from wagma_bench.record.files import SymlinkRefused, write_text_atomic
+from wagma_bench.record.files import write_text_atomic
 from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import (
@@ -746,38 +746,37 @@ def typed_settings(section: str, registry: dict, values: dict) -> Any:
         raise UsageError(f"{section} {name}: unknown setting in {sorted(values)}; valid: {valid}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    # a value the model cannot take (a ValueError: --measured's file, the calibrated runs), a file that is not
+    # there: refused, exit 2
+    return exits.run_body("simulate", lambda: _simulate(argv),
+                          also=((ValueError, exits.REFUSED), (FileNotFoundError, exits.REFUSED)))
+
+
+def _simulate(argv: list[str]) -> int:
     started = time.perf_counter()
-    try:
-        req, ns = parse(list(sys.argv[1:] if argv is None else argv))
-        out = Path(ns.out)
-        runs = compose_runs(req)
-        check_worlds(runs, req.gpus or ([] if ns.calibrate else list(DEFAULT_GPUS)))
-        first = next(iter(runs.values()))
-        if ns.calibrate:
-            _, pooled, network = compare_with_runs(req, ns, out)
-            if req.gpus is None:
-                return 0
-            workload = pooled if pooled is not None else make_workload(first, req.own)
-        else:
-            network = load_network(req.cluster or "daint", req.cluster_overrides)
-            workload = make_workload(first, req.own)
-        if ns.compute_from:
-            workload = with_measured_spread(workload, ns.compute_from)
-        if ns.measured:
-            measured = read_measured(ns.measured)
-            workload, network = with_measured(workload, network, measured, set(req.own))
-            print(measured.line())
-        if ns.cfg == "job":
-            print(composed(req, runs, network, workload))
+    req, ns = parse(argv)
+    out = Path(ns.out)
+    runs = compose_runs(req)
+    check_worlds(runs, req.gpus or ([] if ns.calibrate else list(DEFAULT_GPUS)))
+    first = next(iter(runs.values()))
+    if ns.calibrate:
+        _, pooled, network = compare_with_runs(req, ns, out)
+        if req.gpus is None:
             return 0
-        predict(req, ns, runs, network, workload, out, started)
-        print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
+        workload = pooled if pooled is not None else make_workload(first, req.own)
+    else:
+        network = load_network(req.cluster or "daint", req.cluster_overrides)
+        workload = make_workload(first, req.own)
+    if ns.compute_from:
+        workload = with_measured_spread(workload, ns.compute_from)
+    if ns.measured:
+        measured = read_measured(ns.measured)
+        workload, network = with_measured(workload, network, measured, set(req.own))
+        print(measured.line())
+    if ns.cfg == "job":
+        print(composed(req, runs, network, workload))
         return 0
-    except (UsageError, ValueError, FileNotFoundError, SymlinkRefused) as err:  # MeasuredError is a ValueError
-        print(f"wagma-bench simulate: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    predict(req, ns, runs, network, workload, out, started)
+    print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
+    return 0
