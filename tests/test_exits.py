@@ -1,6 +1,7 @@
-"""Every command ends through one function, :func:`wagma_bench.exits.run_body`: what a command's body raises becomes
-the documented exit code and one line on stderr. Checked on the code (no command module of ``cli/`` ends the process
-itself, and each command's ``main`` returns the mapper's answer) and on the mapper's answers, kind by kind."""
+"""Every command ends through one function, :func:`wagma_bench.exits.run_body`: what a command's body raises
+becomes the documented exit code and one line on stderr. Checked on the code (no command module of ``cli/``
+ends the process itself, and each command's ``main`` returns the mapper's answer) and on the mapper's answers,
+kind by kind."""
 
 from __future__ import annotations
 
@@ -48,12 +49,13 @@ def test_no_command_module_ends_the_process_itself():
 
 
 def test_the_check_finds_each_way_of_ending_the_process():
-    """The check above, on code that ends the process each way it looks for (it would pass on nothing otherwise)."""
+    """The check above, on code that ends the process each way it looks for (it would pass on nothing
+    otherwise)."""
     code = ("import sys, os\nfrom sys import exit\nsys.exit(2)\nos._exit(1)\nexit(3)\nraise SystemExit(2)\n"
             "raise SystemExit\n")
     found = [w for node in ast.walk(ast.parse(code)) if (w := _ends_the_process(node))]
-    assert sorted(found) == sorted(["sys.exit()", "os._exit()", "exit()", "raise SystemExit", "raise SystemExit",
-                                    "from sys import exit"])
+    assert sorted(found) == sorted(["sys.exit()", "os._exit()", "exit()", "raise SystemExit",
+                                    "raise SystemExit", "from sys import exit"])
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -84,7 +86,8 @@ def _raises(err: BaseException):
 @pytest.mark.parametrize("err,code,line", [
     (ConfigError("x=1 is not allowed; it must be 2"), exits.REFUSED,
      "wagma-bench cmd: error: x=1 is not allowed; it must be 2"),
-    (SymlinkRefused(errno.ELOOP, "out is a link"), exits.REFUSED, "wagma-bench cmd: error: [Errno 40] out is a link"),
+    (SymlinkRefused(errno.ELOOP, "out is a link"), exits.REFUSED,
+     "wagma-bench cmd: error: [Errno 40] out is a link"),
     (OSError(errno.ENOSPC, "No space left on device"), exits.FAILED,
      "wagma-bench cmd: error: [Errno 28] No space left on device"),
     (KeyboardInterrupt(), exits.INTERRUPTED, "wagma-bench cmd: interrupted"),
@@ -104,8 +107,8 @@ def test_a_body_that_returns_is_answered_with_its_code_and_says_nothing(capsys):
 
 
 def test_stop_and_end_raise_what_the_mapper_answers(capsys):
-    """:func:`exits.stop` and :func:`exits.end` are how Hydra's task function ends a command (a SystemExit, which
-    Hydra lets through where it would print any Exception's traceback)."""
+    """:func:`exits.stop` and :func:`exits.end` are how Hydra's task function ends a command (a SystemExit,
+    which Hydra lets through where it would print any Exception's traceback)."""
     def refused() -> int:
         exits.stop("train.lr=nan is not allowed")
 
@@ -113,28 +116,31 @@ def test_stop_and_end_raise_what_the_mapper_answers(capsys):
         exits.end("wagma-bench: stopped by SIGTERM at step 3", 143)
 
     assert issubclass(exits.Stop, SystemExit) and not issubclass(exits.Stop, Exception)
-    assert _answer(capsys, refused) == (exits.REFUSED, ["wagma-bench cmd: error: train.lr=nan is not allowed"])
+    said = "wagma-bench cmd: error: train.lr=nan is not allowed"
+    assert _answer(capsys, refused) == (exits.REFUSED, [said])
     assert _answer(capsys, stopped) == (143, ["wagma-bench: stopped by SIGTERM at step 3"])
 
 
 def test_a_commands_own_kinds_and_words(capsys):
-    """``also`` maps a command's own exceptions (an interruption's line has no ``error:``); ``interrupted`` and
-    ``stopped`` are a command's own words for Ctrl-C and a stop signal (None: no line)."""
+    """``also`` maps a command's own exceptions (an interruption's line has no ``error:``); ``interrupted``
+    and ``stopped`` are a command's own words for Ctrl-C and a stop signal (None: no line)."""
     class Interrupted(Exception):
         pass
 
-    also = ((Interrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED), (FileNotFoundError, exits.REFUSED))
+    also = ((Interrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED),
+            (FileNotFoundError, exits.REFUSED))
     assert _answer(capsys, _raises(Interrupted("interrupted in trial t1")), also=also) == (
         exits.INTERRUPTED, ["wagma-bench cmd: interrupted in trial t1"])
     assert _answer(capsys, _raises(RuntimeError("sbatch failed")), also=also) == (
         exits.FAILED, ["wagma-bench cmd: error: sbatch failed"])
     assert _answer(capsys, _raises(FileNotFoundError("no such dir")), also=also) == (
         exits.REFUSED, ["wagma-bench cmd: error: no such dir"])
-    assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted="wagma-bench: interrupted; nothing ran") == (
-        exits.INTERRUPTED, ["wagma-bench: interrupted; nothing ran"])
+    ctrl_c = "wagma-bench: interrupted; nothing ran"
+    assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=ctrl_c) == (exits.INTERRUPTED, [ctrl_c])
     assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=None) == (exits.INTERRUPTED, [])
-    assert _answer(capsys, _raises(exits.Stopped(signal.SIGTERM)), stopped="wagma-bench: stopped by {signal}; "
-                   "nothing ran") == (143, ["wagma-bench: stopped by SIGTERM; nothing ran"])
+    stopped = "wagma-bench: stopped by {signal}; nothing ran"
+    assert _answer(capsys, _raises(exits.Stopped(signal.SIGTERM)), stopped=stopped) == (
+        143, ["wagma-bench: stopped by SIGTERM; nothing ran"])
 
 
 def test_a_defect_prints_its_traceback_then_the_line_and_exits_1(capsys):

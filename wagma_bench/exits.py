@@ -1,6 +1,6 @@
-"""How every wagma-bench command ends: the exit codes (docs/run-budget-and-exit-codes.md) and the one function that
-turns what a command's body raises into a code and one line on stderr (the error convention of every command,
-docs/running.md). It imports only :mod:`wagma_bench.errors`, below it."""
+"""How every wagma-bench command ends: the exit codes (docs/run-budget-and-exit-codes.md) and the one function
+that turns what a command's body raises into a code and one line on stderr (the error convention of every
+command, docs/running.md). It imports only :mod:`wagma_bench.errors`, below it."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def stopped_by(sig: int) -> int:
 
 
 class Stopped(BaseException):
-    """SIGTERM or SIGHUP to a launcher that had no rank to stop yet (:mod:`wagma_bench.runtime.signals` raises it;
-    a BaseException, as KeyboardInterrupt: no ``except Exception`` of the set-up may take it for an error of its
-    own)."""
+    """SIGTERM or SIGHUP to a launcher that had no rank to stop yet (:mod:`wagma_bench.runtime.signals` raises
+    it; a BaseException, as KeyboardInterrupt: no ``except Exception`` of the set-up may take it for an error
+    of its own)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -56,20 +56,22 @@ def end(line: str, code: int) -> NoReturn:
 
 def run_body(command: str, body: Callable[[], int], *, also: tuple[tuple[type[BaseException], int], ...] = (),
              interrupted: str | None = "", stopped: str = "") -> int:
-    """Run a command's ``body`` and answer what it raises with the documented code and one line on stderr, the
-    one mapper of every command:
+    """Run a command's ``body`` and answer what it raises with the documented code and one line on stderr,
+    the one mapper of every command:
 
     - :class:`Stop` (:func:`stop`, :func:`end`): its own code and line;
-    - a refused value (:class:`~wagma_bench.errors.ConfigError`) or a planted link (``SymlinkRefused``): exit 2,
-      ``wagma-bench COMMAND: error: ...``;
+    - a refused value (:class:`~wagma_bench.errors.ConfigError`) or a planted link (``SymlinkRefused``):
+      exit 2, ``wagma-bench COMMAND: error: ...``;
     - a command's own kinds, ``also`` (kind, code): that code, the same line (an interruption's without
       ``error:``);
     - any other ``OSError`` (a full or read-only disk, no permission): exit 1, the same line;
     - Ctrl-C (``KeyboardInterrupt``): exit 130 and ``interrupted`` (default ``wagma-bench COMMAND:
       interrupted``; None: no line, someone else says it);
-    - SIGTERM or SIGHUP before the command handed them on (:class:`Stopped`): 128 + the signal and ``stopped``,
-      where ``{signal}`` is the signal's name (default ``wagma-bench COMMAND: stopped by {signal}``);
-    - anything else is a defect: its traceback, then ``wagma-bench COMMAND: error: unexpected TYPE: ...``, exit 1.
+    - SIGTERM or SIGHUP before the command handed them on (:class:`Stopped`): 128 + the signal and
+      ``stopped``, where ``{signal}`` is the signal's name (default ``wagma-bench COMMAND: stopped by
+      {signal}``);
+    - anything else is a defect: its traceback, then ``wagma-bench COMMAND: error: unexpected TYPE: ...``,
+      exit 1.
 
     A plain ``SystemExit`` (argparse's usage errors and ``--help``, Hydra's own) goes through unchanged."""
     try:
@@ -92,7 +94,8 @@ def run_body(command: str, body: Callable[[], int], *, also: tuple[tuple[type[Ba
             _say(command, interrupted or f"wagma-bench {command}: interrupted", error=False)
         return INTERRUPTED
     except Stopped as err:
-        _say(command, (stopped or f"wagma-bench {command}: stopped by {{signal}}").format(signal=err), error=False)
+        line = stopped or f"wagma-bench {command}: stopped by {{signal}}"
+        _say(command, line.format(signal=err), error=False)
         return stopped_by(err.signum)
     except Exception as err:  # noqa: BLE001 - a defect: its traceback says where
         import traceback
@@ -103,8 +106,8 @@ def run_body(command: str, body: Callable[[], int], *, also: tuple[tuple[type[Ba
 
 
 def _say(command: str, text: str, error: bool = True) -> None:
-    """One line on stderr: ``wagma-bench COMMAND: error: TEXT`` for an error, else ``TEXT`` as it is; a text that
-    already starts with ``wagma-bench`` (a line of an interruption) is said as it is."""
+    """One line on stderr: ``wagma-bench COMMAND: error: TEXT`` for an error, else ``TEXT`` as it is; a text
+    that already starts with ``wagma-bench`` (a line of an interruption) is said as it is."""
     line = f"wagma-bench {command}: error: {text}" if error else text
     if not error and not text.startswith("wagma-bench"):
         line = f"wagma-bench {command}: {text}"

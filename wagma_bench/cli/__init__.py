@@ -2,8 +2,8 @@
 
 One module per command, whose ``main(argv)`` runs the command's body through the one exit mapper
 (:func:`wagma_bench.exits.run_body`: the exit codes and the one-line errors of every command); each command is
-imported only when named, so that ``run`` takes its signals and starts its rank server before anything heavy is
-imported. Nothing else in the package imports this layer (the layer contract, ``tests/test_layers.py``)."""
+imported only when named, so that ``run`` takes its signals and starts its rank server before anything heavy
+is imported. Nothing else in the package imports this layer (the layer contract, ``tests/test_layers.py``)."""
 
 from __future__ import annotations
 

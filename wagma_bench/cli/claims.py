@@ -12,8 +12,8 @@ from wagma_bench.analysis import claims
 
 
 def main(argv: list[str]) -> int:
-    # bad input (a source or claims file that is not there, too): exit 2, as in every command; a full or read-only
-    # disk: an operational failure, exit 1 (files.atomic_write left no half file)
+    # bad input (a source or claims file that is not there, too): exit 2, as in every command; a full or
+    # read-only disk: an operational failure, exit 1 (files.atomic_write left no half file)
     return exits.run_body("claims", lambda: _claims(argv), also=((FileNotFoundError, exits.REFUSED),))
 
 

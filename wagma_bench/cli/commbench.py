@@ -51,9 +51,9 @@ def _bench(argv: list[str]) -> int:
 
 
 def _check_fits(args: argparse.Namespace) -> None:
-    """`run`'s rule for local ranks (:func:`~wagma_bench.config.schema.check_ranks_fit`) with a comm-bench rank's
-    measured memory (a ConfigError where they do not fit); not where a launcher (mpiexec, srun, torchrun) placed
-    this process: the cluster places the ranks then."""
+    """`run`'s rule for local ranks (:func:`~wagma_bench.config.schema.check_ranks_fit`) with a comm-bench
+    rank's measured memory (a ConfigError where they do not fit); not where a launcher (mpiexec, srun,
+    torchrun) placed this process: the cluster places the ranks then."""
     from wagma_bench.config.schema import check_ranks_fit
     from wagma_bench.runtime.launch import detect_world
 

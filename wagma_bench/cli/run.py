@@ -1,6 +1,6 @@
 """``wagma-bench run``: compose the configuration, check it, start the ranks, report the end. Every end of the
-command goes through :func:`wagma_bench.exits.run_body`; inside Hydra's task function, where a raised error would
-become Hydra's traceback, a refusal or a stopped run ends by :func:`wagma_bench.exits.stop` or
+command goes through :func:`wagma_bench.exits.run_body`; inside Hydra's task function, where a raised error
+would become Hydra's traceback, a refusal or a stopped run ends by :func:`wagma_bench.exits.stop` or
 :func:`~wagma_bench.exits.end`."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ STOPPED_AT_START = "wagma-bench: stopped by {signal} before any rank started; no
 def main(argv: list[str]) -> int:
     """``wagma-bench run``, its signals taken first (:mod:`wagma_bench.runtime.signals`): a launcher's set-up
     ends in one line on SIGINT, SIGTERM or SIGHUP; a rank of an external world notes them for its trainer (a
-    Ctrl-C that reaches a rank is the second, which its trainer recorded and its launcher reports: no line)."""
+    Ctrl-C that reaches a rank is the second, which its trainer recorded and its launcher reports: no
+    line)."""
     from wagma_bench.runtime import signals
     from wagma_bench.runtime.launch import detect_world
 
@@ -87,7 +88,8 @@ def run_command(overrides: list[str]) -> int:
         # local ranks to come (most likely): the server's imports (torch, ~4 s here) overlap Hydra's work and
         # the launcher's own; a command refused below stops it as it exits
         start_rank_server()
-    explicit = precheck(overrides, CONF_DIR)  # a parse error or a misspelt key: exit 2 before anything is created
+    # a parse error or a misspelt key: exit 2 before anything is created
+    explicit = precheck(overrides, CONF_DIR)
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
         exits.stop(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "

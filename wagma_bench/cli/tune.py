@@ -12,8 +12,8 @@ from wagma_bench.runtime import tune
 
 
 def main(argv: list[str]) -> int:
-    # Ctrl-C in a trial: the trial stopped at a checkpoint (TuneInterrupted names it); between trials: one line;
-    # SLURM refusing a command (cluster mode) is an operational failure, one line and exit 1
+    # Ctrl-C in a trial: the trial stopped at a checkpoint (TuneInterrupted names it); between trials: one
+    # line; SLURM refusing a command (cluster mode) is an operational failure, one line and exit 1
     return exits.run_body("tune", lambda: _main(argv),
                           also=((tune.TuneInterrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED)),
                           interrupted="wagma-bench tune: interrupted; run the same command again to go on")
