@@ -458,7 +458,8 @@ def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(
 
 
 def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, capsys):
-    from wagma_bench.cli.simulate import main, measured_spread
+    from wagma_bench.cli.simulate import main
+    from wagma_bench.simulate.run_spread import measured_spread
 
     run = write_run(tmp_path)
     for r, times in ((0, [0.1] * 15 + [0.3] * 15), (1, [0.2] * 30)):   # rank 0 uneven, rank 1 even
@@ -490,7 +491,7 @@ def test_compute_from_pools_whole_rollout_cycles_of_a_reinforcement_learning_run
     """DD-PPO's step records: a rollout step (fresh frames) and then PPO updates on the same rollout (no
     samples). The simulator's RL step is the whole cycle, so the spread is of cycles, not of steps (a pool of
     steps would read the rollout/update alternation as a 20x imbalance)."""
-    from wagma_bench.cli.simulate import measured_spread
+    from wagma_bench.simulate.run_spread import measured_spread
 
     run = write_run(tmp_path)
     rollouts = {0: [2.0, 2.0, 3.0, 2.0, 2.0, 3.0], 1: [2.0, 1.0, 2.0, 2.0, 2.0, 2.0]}
@@ -606,7 +607,7 @@ def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeyp
     import sys
     import time
 
-    import wagma_bench.cli.simulate as simulate_cli
+    from wagma_bench.simulate import progress
 
     lines: list[tuple[float, str]] = []
 
@@ -618,7 +619,7 @@ def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeyp
             pass
 
     period, margin = 0.5, 1.5
-    monkeypatch.setattr(simulate_cli, "PROGRESS_EVERY_S", period)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", period)
     monkeypatch.setattr(sys, "stderr", Stamped())
     assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_steps=200",
                           "--out", str(tmp_path)]) == 0

@@ -248,7 +248,7 @@ def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_
 
 def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
     from tests.test_simulate import write_run
-    from wagma_bench.cli.simulate import with_measured_spread
+    from wagma_bench.simulate.run_spread import with_measured_spread
 
     run = write_run(tmp_path)  # 2 ranks; rank 1 persistently 30% slower, each with its own step-to-step noise
     rng = np.random.default_rng(3)

@@ -346,7 +346,7 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Tuned comparisons" in text and "against tuned allreduce" in text
     assert (tmp_path / "rep" / "tuned_performance_profile.png").stat().st_size > 0
-    from wagma_bench.cli.simulate import samples_to_target
+    from wagma_bench.simulate.convergence import samples_to_target
 
     conv = samples_to_target([str(out)])
     assert set(conv) == {"allreduce", "wagma"} and all(v > 0 for v in conv.values())

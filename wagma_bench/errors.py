@@ -9,3 +9,10 @@ class ConfigError(ValueError):
 
     Raised in the launching process, before any rank starts (``wagma_bench.config.schema.validate``, a workload's
     ``check``, the launcher's device plan); the CLI reports it and exits with code 2."""
+
+
+class SymlinkRefused(OSError):
+    """A file or folder of a run that is a symbolic link. A run never writes through one: on a shared file
+    system anyone who can write the run directory could otherwise make the run overwrite their choice of the
+    user's files (``events.jsonl`` -> ``~/.bashrc``). Raised by :mod:`wagma_bench.record.files`; every command
+    answers it as a refusal (exit 2), not as the operational failure another ``OSError`` is."""

@@ -30,7 +30,7 @@ ROUNDS = 500
 
 TIME_ONE = """
 import json, sys, time
-from wagma_bench.cli.simulate import load_network
+from wagma_bench.simulate.configure import load_network
 from wagma_bench.imbalance import IMBALANCES, make_imbalance
 from wagma_bench.simulate.des import SimConfig, Workload, simulate
 from wagma_bench.simulate.presets import preset

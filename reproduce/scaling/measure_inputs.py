@@ -43,7 +43,6 @@ from pathlib import Path
 import numpy as np
 
 from wagma_bench.analysis.tables import markdown_table
-from wagma_bench.cli.simulate import _replay_run
 from wagma_bench.record.files import write_text_atomic
 from wagma_bench.simulate.calibrate import (
     SKIP_STEPS,
@@ -51,6 +50,7 @@ from wagma_bench.simulate.calibrate import (
     fit_network,
     fit_run,
 )
+from wagma_bench.simulate.compare import replay_run
 from wagma_bench.simulate.measured import FORMAT, PLACES
 from wagma_bench.simulate.spread import fit_spread
 
@@ -71,7 +71,7 @@ def busy_share(run: Path, network) -> float:
     """The simulator's replay of an AD-PSGD run (its own compute times and delays) with a free exchange: the share of
     compute time exchanging."""
     fit, replayed = fit_run(run), []
-    _replay_run(fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed)
+    replay_run(fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed)
     return float(replayed[0].extra["gossip_busy_share"])
 
 

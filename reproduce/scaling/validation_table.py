@@ -92,14 +92,14 @@ def comm_gap(run: Path, comm_bench: Path) -> tuple[float, float]:
     replay of the run waits): comm-bench times its collectives with the ranks otherwise idle."""
     import dataclasses
 
-    from wagma_bench.cli.simulate import _replay_run
     from wagma_bench.simulate.calibrate import fit_network, fit_run
+    from wagma_bench.simulate.compare import replay_run
     from wagma_bench.simulate.des import SimResult
 
     fit = fit_run(run)
     network, _ = fit_network([json.loads(comm_bench.read_text())])
     replayed: list[SimResult] = []
-    _replay_run(fit, dataclasses.replace(fit.to_workload(), compute="trace"), network, keep=replayed)
+    replay_run(fit, dataclasses.replace(fit.to_workload(), compute="trace"), network, keep=replayed)
     res = replayed[0]
     return fit.comm_s_mean, res.wait_frac * res.time_s / res.rounds
 

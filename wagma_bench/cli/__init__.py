@@ -1,14 +1,14 @@
 """``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims.
 
-One module per command where the command is more than a call (``run.py``, ``simulate.py``); each command is
-imported only when named, so that ``run`` starts its rank server before anything heavy is imported. Nothing
-else in the package imports this layer (the layer contract, ``tests/test_layers.py``)."""
+One module per command, whose ``main(argv)`` runs the command's body through the one exit mapper
+(:func:`wagma_bench.exits.run_body`: the exit codes and the one-line errors of every command); each command is
+imported only when named, so that ``run`` takes its signals and starts its rank server before anything heavy
+is imported. Nothing else in the package imports this layer (the layer contract, ``tests/test_layers.py``)."""
 
 from __future__ import annotations
 
 import gc
 import importlib
-import signal
 import sys
 
 from wagma_bench import exits
@@ -28,8 +28,9 @@ commands:
 """
 
 
-# every command but `run`: the module whose main(argv) it is, imported only when named
+# every command: the module whose main(argv) it is, imported only when named
 COMMANDS = {
+    "run": "wagma_bench.cli.run",
     "comm-bench": "wagma_bench.cli.commbench",
     "sweep": "wagma_bench.cli.sweep",
     "tune": "wagma_bench.cli.tune",
@@ -50,48 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wagma-bench {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "run":
-        return _run(rest)
     if command in COMMANDS:
         return importlib.import_module(COMMANDS[command]).main(rest)
     print(f"wagma-bench: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return exits.REFUSED
-
-
-def _run(rest: list[str]) -> int:
-    """``wagma-bench run``, its signals taken first (:mod:`wagma_bench.runtime.signals`): a launcher's set-up
-    ends in one line on SIGINT, SIGTERM or SIGHUP; a rank of an external world notes them for its trainer."""
-    from wagma_bench.runtime import signals
-    from wagma_bench.runtime.launch import detect_world
-
-    rank = detect_world() is not None
-    if rank:
-        signals.rank_listening_later()
-    else:
-        signals.starting()
-    from wagma_bench.cli.run import run_command
-
-    try:
-        code = run_command(rest)
-    except KeyboardInterrupt:  # a launcher: before it took Ctrl-C over (it does before any rank starts)
-        if not rank:  # a rank: a second Ctrl-C, which its trainer recorded and its launcher reports
-            print("wagma-bench: interrupted before any rank started; nothing ran", file=sys.stderr, flush=True)
-        return exits.INTERRUPTED
-    except signals.Stopped as stop:
-        print(f"wagma-bench: stopped by {stop} before any rank started; nothing ran", file=sys.stderr, flush=True)
-        return exits.stopped_by(stop.signum)
-    except OSError as err:  # an operational error the steps above did not name (disk, permissions)
-        print(f"wagma-bench run: error: {err}", file=sys.stderr, flush=True)
-        return exits.FAILED
-    finally:
-        if rank:
-            signals.rank_done()
-    late = signals.late_signal()
-    if late is not None and code == exits.OK:  # it came as the ranks ended: the record was written whole first
-        print(f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
-              f"{exits.stopped_by(late)}", file=sys.stderr, flush=True)
-        return exits.stopped_by(late)
-    return code
 
 
 def entry() -> int:

@@ -5,16 +5,19 @@ does the work)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis import claims
-from wagma_bench.errors import ConfigError
-from wagma_bench.record.files import SymlinkRefused
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    # bad input (a source or claims file that is not there, too): exit 2, as in every command; a full or
+    # read-only disk: an operational failure, exit 1 (files.atomic_write left no half file)
+    return exits.run_body("claims", lambda: _claims(argv), also=((FileNotFoundError, exits.REFUSED),))
+
+
+def _claims(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="wagma-bench claims", fromfile_prefix_chars="@",
         description="The papers' claims: measured here with intervals, predicted at scale, and a verdict.")
@@ -31,14 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         "then say how many trials each optimizer has",
     )
     args = parser.parse_args(argv)
-    try:  # the README and the sources are checked before anything is written (analysis.claims.make_claims)
-        results = claims.make_claims(args.dirs, args.out, args.claims, args.readme, args.allow_missing)
-    except (ConfigError, FileNotFoundError, SymlinkRefused) as err:  # bad input: refused, as in every command
-        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-    except OSError as err:  # a full or read-only disk: an operational failure (files.atomic_write left no half file)
-        print(f"wagma-bench claims: error: {err}", file=sys.stderr)
-        return exits.FAILED
+    # the README and the sources are checked before anything is written (analysis.claims.make_claims)
+    results = claims.make_claims(args.dirs, args.out, args.claims, args.readme, args.allow_missing)
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in claims.VERDICTS)
     print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
     return 0

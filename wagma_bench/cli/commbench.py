@@ -5,7 +5,6 @@ collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) acro
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +24,10 @@ across hosts (the network that `wagma-bench simulate` models):
 
 
 def main(argv: list[str]) -> int:
+    return exits.run_body("comm-bench", lambda: _bench(argv))
+
+
+def _bench(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=4,
@@ -41,30 +44,21 @@ def main(argv: list[str]) -> int:
         parser.error("--nproc and --repeats must be >= 1")
     if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
         parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
-    refused = _beyond_the_machine(args)
-    if refused:  # before any process starts: 64 ranks on a 24 GiB machine printed nothing for minutes
-        print(f"wagma-bench comm-bench: error: {refused}", file=sys.stderr)
-        return exits.REFUSED
+    _check_fits(args)  # before any process starts: 64 ranks on a 24 GiB machine printed nothing for minutes
     if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
-        print(f"wagma-bench comm-bench: error: {refuse_link(args.out, OUTPUT_HINT)}", file=sys.stderr)
-        return exits.REFUSED
+        raise refuse_link(args.out, OUTPUT_HINT)
     return commbench.bench(args.nproc, args.sizes, args.repeats, args.comm, args.device, args.out, argv)
 
 
-def _beyond_the_machine(args: argparse.Namespace) -> str | None:
-    """`run`'s rule for local ranks (:func:`~wagma_bench.config.schema.check_ranks_fit`) with a comm-bench rank's
-    measured memory; None where they fit, or where a launcher (mpiexec, srun, torchrun) placed this process: the
-    cluster places the ranks then."""
+def _check_fits(args: argparse.Namespace) -> None:
+    """`run`'s rule for local ranks (:func:`~wagma_bench.config.schema.check_ranks_fit`) with a comm-bench
+    rank's measured memory (a ConfigError where they do not fit); not where a launcher (mpiexec, srun,
+    torchrun) placed this process: the cluster places the ranks then."""
     from wagma_bench.config.schema import check_ranks_fit
-    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime.launch import detect_world
 
     if detect_world() is not None:
-        return None
+        return
     largest = commbench.human(max(args.sizes))  # argparse parses the default --sizes too
-    try:
-        check_ranks_fit("--nproc", args.nproc, commbench.rank_memory_mb(args.sizes),
-                        f"comm-bench with messages up to {largest}, measured")
-    except ConfigError as err:
-        return str(err)
-    return None
+    check_ranks_fit("--nproc", args.nproc, commbench.rank_memory_mb(args.sizes),
+                    f"comm-bench with messages up to {largest}, measured")

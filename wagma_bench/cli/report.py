@@ -4,16 +4,20 @@ sweep directories (:mod:`wagma_bench.analysis.report` does the work)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis import report as reporting
 from wagma_bench.analysis.wandb_report import log_to_wandb, runs_target
-from wagma_bench.record.files import SymlinkRefused
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    # a directory that is not there is bad input (exit 2), as a planted link is; another OSError (a full or
+    # read-only disk) an operational failure (exit 1): nothing half-written is left (files.atomic_write)
+    return exits.run_body("report", lambda: _report(argv), also=((FileNotFoundError, exits.REFUSED),))
+
+
+def _report(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="wagma-bench report",
                                      description="Time-to-accuracy tables and figures over run or sweep directories.")
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
@@ -29,14 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
                         help="auto: online with an API key, else offline")
     args = parser.parse_args(argv)
-    try:
-        report, groups, tuned = reporting.make_report(args.dirs, args.out)
-    except (FileNotFoundError, SymlinkRefused) as err:
-        print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-    except OSError as err:  # a full or read-only disk: nothing half-written is left (files.atomic_write)
-        print(f"wagma-bench report: error: {err}", file=sys.stderr)
-        return exits.FAILED
+    report, groups, tuned = reporting.make_report(args.dirs, args.out)
     if args.mllog:
         from wagma_bench.record.mlperf import write_mllog
 

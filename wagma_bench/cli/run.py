@@ -1,4 +1,7 @@
-"""``wagma-bench run``: compose the configuration, check it, start the ranks, report the end."""
+"""``wagma-bench run``: compose the configuration, check it, start the ranks, report the end. Every end of the
+command goes through :func:`wagma_bench.exits.run_body`; inside Hydra's task function, where a raised error
+would become Hydra's traceback, a refusal or a stopped run ends by :func:`wagma_bench.exits.stop` or
+:func:`~wagma_bench.exits.end`."""
 
 from __future__ import annotations
 
@@ -17,6 +20,44 @@ from wagma_bench.config.paths import CONF_DIR, conf_context
 # Config groups that `run` does not read: `sweep` and `simulate` take their cluster profiles from there,
 # `tune` its search spaces.
 NOT_RUN_GROUPS = ("cluster", "hydra", "search_space")
+
+# what a launcher says of a Ctrl-C or a stop signal before it has ranks to stop (docs/failure-behaviour.md)
+CTRL_C_AT_START = "wagma-bench: interrupted before any rank started; nothing ran"
+STOPPED_AT_START = "wagma-bench: stopped by {signal} before any rank started; nothing ran"
+
+
+def main(argv: list[str]) -> int:
+    """``wagma-bench run``, its signals taken first (:mod:`wagma_bench.runtime.signals`): a launcher's set-up
+    ends in one line on SIGINT, SIGTERM or SIGHUP; a rank of an external world notes them for its trainer (a
+    Ctrl-C that reaches a rank is the second, which its trainer recorded and its launcher reports: no
+    line)."""
+    from wagma_bench.runtime import signals
+    from wagma_bench.runtime.launch import detect_world
+
+    rank = detect_world() is not None
+    if rank:
+        signals.rank_listening_later()
+    else:
+        signals.starting()
+    return exits.run_body("run", lambda: _run(argv, rank), interrupted=None if rank else CTRL_C_AT_START,
+                          stopped=STOPPED_AT_START)
+
+
+def _run(argv: list[str], rank: bool) -> int:
+    """The command, and a stop signal noted as its ranks ended: acted on once the record is whole."""
+    from wagma_bench.runtime import signals
+
+    try:
+        code = run_command(argv)
+    finally:
+        if rank:
+            signals.rank_done()
+    late = signals.late_signal()
+    if late is not None and code == exits.OK:  # it came as the ranks ended: the record was written whole first
+        print(f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
+              f"{exits.stopped_by(late)}", file=sys.stderr, flush=True)
+        return exits.stopped_by(late)
+    return code
 
 
 def run_command(overrides: list[str]) -> int:
@@ -42,21 +83,18 @@ def run_command(overrides: list[str]) -> int:
         # Only rank 0 keeps Hydra's config copy and log file.
         overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     from wagma_bench.config.overrides import MULTIRUN_FLAGS, precheck
-    from wagma_bench.errors import ConfigError
 
     if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
         # local ranks to come (most likely): the server's imports (torch, ~4 s here) overlap Hydra's work and
         # the launcher's own; a command refused below stops it as it exits
         start_rank_server()
-    try:  # a parse error or a misspelt key: exit 2 before anything is created
-        explicit = precheck(overrides, CONF_DIR)
-    except ConfigError as err:
-        _fail(str(err), exits.REFUSED)
+    # a parse error or a misspelt key: exit 2 before anything is created
+    explicit = precheck(overrides, CONF_DIR)
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
-        _fail(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
-              "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
-              "directory, or set hydra.run.dir", exits.REFUSED)
+        exits.stop(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
+                   "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
+                   "directory, or set hydra.run.dir")
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
@@ -148,16 +186,12 @@ def _lock_run_dir(run_dir: Path) -> None:
         refuse_symlinks(key)
         lock.acquire()
     except (RunDirLocked, SymlinkRefused) as err:
-        _fail(str(err), exits.REFUSED)
+        exits.stop(str(err))
     except OSError as err:  # a read-only or full file system, no permission: before anything ran
-        _fail(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
-              "hydra.run.dir", exits.REFUSED)
+        exits.stop(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
+                   "hydra.run.dir")
     _LOCKS[key] = lock
 
-
-def _fail(message: str, code: int) -> None:
-    print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
 
 
 def _run_job(cfg) -> dict | None:
@@ -186,7 +220,7 @@ def _run_job(cfg) -> dict | None:
             check_extras(run_cfg)
             WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
         except (ConfigError, ValueError) as err:
-            _fail(str(err), exits.REFUSED)
+            exits.stop(str(err))
         if world is None or world.rank == 0:
             _lock_run_dir(run_dir)
         try:
@@ -195,7 +229,7 @@ def _run_job(cfg) -> dict | None:
             lock = _LOCKS.pop(run_dir.resolve(), None)
             if lock is not None:
                 lock.release()
-    except SystemExit as stop:  # refused before any rank started: Hydra's copy of what was refused goes
+    except exits.Stop as stop:  # refused before any rank started: Hydra's copy of what was refused goes
         if stop.code == exits.REFUSED and (world is None or world.rank == 0):  # (rank 0 wrote it)
             _REFUSED.append(run_dir)
         raise
@@ -222,11 +256,11 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
-            _fail(str(err), exits.REFUSED)
+            exits.stop(str(err))
     try:  # where the checkpoints go: writable, no link, and where a resume finds the earlier ones
         check_folder(run_dir, run_cfg.checkpoint.dir, run_cfg.checkpoint.resume)
     except (ConfigError, CheckpointError) as err:
-        _fail(str(err), exits.REFUSED)
+        exits.stop(str(err))
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
         print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "
@@ -241,13 +275,13 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
                 check_event_log(run_dir)
             check_against_run(run_dir, raw, world_size, world_from)
         except (ConfigError, CheckpointError) as err:
-            _fail(str(err), exits.REFUSED)
+            exits.stop(str(err))
     if world is not None:
         torch_under_mpi = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
         master = external_master(world, torch_under_mpi if run_cfg.comm.name == "torch" else None)
         summary = run_rank(run_cfg, str(run_dir), world, master, train_rank)
         if summary is not None and summary.get("status") == "diverged":  # rank 0; the other ranks exit 0
-            _fail(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
+            exits.stop(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
         return summary
     if run_cfg.comm.name == "mpi":
         return _reexec_under_mpiexec(plan.nproc, run_dir)
@@ -269,7 +303,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
                                   run_cfg.launcher.master_port, train_rank,
                                   announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
     except ConfigError as err:  # a fixed port in use: before any rank started
-        _fail(str(err), exits.REFUSED)
+        exits.stop(str(err))
     except RunInterrupted as err:
         _interrupted_at_once(run_dir, err)
     except StopOverdue as err:
@@ -279,7 +313,7 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
         if HydraConfig.get().mode.name == "MULTIRUN":  # record it and go on with the next job
             print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
             return
-        _fail(message, exits.FAILED)
+        exits.stop(message, exits.FAILED)
     _report_end(run_dir, stopped_by)
 
 
@@ -302,8 +336,7 @@ def _stopped(run_dir: Path, error: str, status: str, code: int) -> None:
     message = record_failed_run(run_dir, error, status)
     again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
              f"to start it over (no checkpoint was saved in {run_dir})")
-    print(f"wagma-bench: {message}; run the same command again {again}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    exits.end(f"wagma-bench: {message}; run the same command again {again}", code)
 
 
 def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
@@ -332,9 +365,8 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
         saved = (f"at step {step}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None else
                  f"before its first step (nothing to checkpoint); {again} start it in" if not step else
                  f"at step {step}, no checkpoint saved; {again} start it over in")
-        print(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}", file=sys.stderr,
-              flush=True)
-        sys.exit(exits.stopped_by(stopped_by))
+        exits.end(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}",
+                  exits.stopped_by(stopped_by))
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
@@ -342,8 +374,7 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
                  f"{run_dir}" if latest_set(run_dir) is not None else
                  f"before its first step (nothing to checkpoint); run the same command again to start it in "
                  f"{run_dir}")
-        print(f"wagma-bench: interrupted {saved}", file=sys.stderr, flush=True)
-        sys.exit(exits.INTERRUPTED)
+        exits.end(f"wagma-bench: interrupted {saved}", exits.INTERRUPTED)
     print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
     if summary.get("status") != "diverged":
         return
@@ -351,9 +382,7 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     if HydraConfig.get().mode.name == "MULTIRUN":
         print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
         return
-    _fail(message, exits.DIVERGED)
-
-
+    exits.stop(message, exits.DIVERGED)
 
 
 def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
@@ -367,7 +396,7 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
     if mpiexec is None:
-        _fail("comm=mpi needs mpiexec (pip install mpich, or your MPI module)", exits.REFUSED)
+        exits.stop("comm=mpi needs mpiexec (pip install mpich, or your MPI module)")
     from hydra.core.hydra_config import HydraConfig
 
     # This job's own overrides (under -m, one point of the sweep, not the sweep's argv).
@@ -396,11 +425,11 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
         except RunInterrupted as err:
             _interrupted_at_once(run_dir, err)
         except RunFailed as err:
-            _fail(f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}", exits.FAILED)
+            exits.stop(f"{record_failed_run(run_dir, str(err))}. Run directory: {run_dir}", exits.FAILED)
         finally:  # what a rank that failed left of the ranks' heartbeats (they all ran on this host)
             shutil.rmtree(run_dir / HEARTBEATS, ignore_errors=True)
         # a diverged rank 0 exits with exits.DIVERGED after writing its summary
         if rc not in (exits.OK, exits.DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
             error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
-            _fail(f"{error}. Run directory: {run_dir}", exits.FAILED)
+            exits.stop(f"{error}. Run directory: {run_dir}", exits.FAILED)
     _report_end(run_dir, stopped_by)

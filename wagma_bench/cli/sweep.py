@@ -9,16 +9,17 @@ import sys
 import time
 from pathlib import Path
 
+from wagma_bench import exits
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.errors import ConfigError
 from wagma_bench.runtime import prequeue, sweep, sweep_jobs
-from wagma_bench.runtime.runs import exit_code
 
 USAGE = sweep.__doc__.split("\n\n")[1]
 
 
 def main(argv: list[str]) -> int:
-    return exit_code("sweep", _main, argv)
+    # SLURM refusing a command (sbatch, scancel) is an operational failure, one line and exit 1, as a disk's
+    return exits.run_body("sweep", lambda: _main(argv), also=((RuntimeError, exits.FAILED),))
 
 
 def _wait_command(argv: list[str]) -> int:

@@ -3,22 +3,20 @@ plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them; the u
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, format_scores, write_scores
 from wagma_bench.errors import ConfigError
 from wagma_bench.runtime import tune
-from wagma_bench.runtime.runs import exit_code
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return exit_code("tune", _main, argv, also=((tune.TuneInterrupted, exits.INTERRUPTED),))
-    except KeyboardInterrupt:  # between trials
-        print("wagma-bench tune: interrupted; run the same command again to go on", file=sys.stderr)
-        return exits.INTERRUPTED
+    # Ctrl-C in a trial: the trial stopped at a checkpoint (TuneInterrupted names it); between trials: one
+    # line; SLURM refusing a command (cluster mode) is an operational failure, one line and exit 1
+    return exits.run_body("tune", lambda: _main(argv),
+                          also=((tune.TuneInterrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED)),
+                          interrupted="wagma-bench tune: interrupted; run the same command again to go on")
 
 
 def _main(argv: list[str]) -> int:

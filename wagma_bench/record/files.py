@@ -18,12 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-
-class SymlinkRefused(OSError):
-    """A file or folder of a run that is a symbolic link. A run never writes through one: on a shared file
-    system anyone who can write the run directory could otherwise make the run overwrite their choice of the
-    user's files (``events.jsonl`` -> ``~/.bashrc``)."""
-
+# defined with the other errors: every command answers it with exit 2 (wagma_bench.exits.run_body)
+from wagma_bench.errors import SymlinkRefused
 
 RUN_HINT = "a run never writes through a link: remove it, or choose another hydra.run.dir"
 OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose another output directory"

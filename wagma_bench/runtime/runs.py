@@ -8,14 +8,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from wagma_bench import exits
 from wagma_bench.analysis.tuning import trial_finished
-from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import SUMMARY
-from wagma_bench.record.files import SymlinkRefused
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
@@ -44,19 +40,3 @@ def ended(summary: Path) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
 
-
-def exit_code(command: str, body: Callable[[list[str]], int], argv: list[str],
-              also: tuple[tuple[type[BaseException], int], ...] = ()) -> int:
-    """Run a command's ``body`` and turn what it raises into one line and an exit code: a refused value or a
-    planted link 2, a command-specific exception as ``also`` says, an operational error (SLURM, the disk) 1."""
-    try:
-        return body(argv)
-    except (ConfigError, SymlinkRefused) as err:
-        print(f"wagma-bench {command}: error: {err}", file=sys.stderr)
-        return exits.REFUSED
-    except tuple(kind for kind, _ in also) as err:
-        print(f"wagma-bench {command}: {err}", file=sys.stderr)
-        return next(code for kind, code in also if isinstance(err, kind))
-    except (RuntimeError, TimeoutError, OSError) as err:
-        print(f"wagma-bench {command}: {err}", file=sys.stderr)
-        return exits.FAILED

@@ -24,19 +24,13 @@ from __future__ import annotations
 
 import signal
 
+# raised here, answered by the one exit mapper (exits.run_body): 128 + the signal, one line
+from wagma_bench.exits import Stopped
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the launcher stops the run on these, as on a Ctrl-C
 # what a rank notes before the trainer listens (its local launcher's Ctrl-C forward is ignored until then: the
 # launcher's count covers it, see supervise.CtrlC)
 RANK_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP to a launcher that had no rank to stop yet (a BaseException, as KeyboardInterrupt: no
-    ``except Exception`` of the set-up may take it for an error of its own)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 _early: list[int] = []  # a rank's signals before the trainer listened; the launcher's after its ranks ended

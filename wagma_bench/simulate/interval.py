@@ -1,0 +1,77 @@
+"""``wagma-bench simulate --interval N``: the predictions again with their inputs resampled and with one
+assumption moved at a time (:func:`wagma_bench.simulate.uncertainty.uncertainty`), written to
+``interval.json``, from which ``wagma-bench claims`` takes each prediction's interval and the assumption that
+flips it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from wagma_bench.analysis.predictions import INTERVAL_FILE
+from wagma_bench.config.schema import RunConfig
+from wagma_bench.record.files import write_text_atomic
+from wagma_bench.simulate.configure import sim_config
+from wagma_bench.simulate.convergence import target_hits
+from wagma_bench.simulate.des import simulate
+from wagma_bench.simulate.measured import read_measured
+from wagma_bench.simulate.progress import Ticker
+from wagma_bench.simulate.request import Request
+from wagma_bench.simulate.run_spread import ranks_by_run, spread_by_run
+from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
+
+
+def write_interval(req: Request, runs: dict[str, RunConfig], gpus: list[int], base: Inputs,
+                   out: Path) -> None:
+    """``--interval N``: :func:`wagma_bench.simulate.uncertainty.uncertainty` over these runs' predictions."""
+    sources = Sources()
+    if req.compute_from:
+        persistent = base.workload.compute == "persistent"
+        sources.spread_kind = "persistent" if persistent else "empirical"
+        by_run = ranks_by_run if persistent else spread_by_run
+        sources.spread_runs = by_run(req.compute_from)
+    if req.convergence:
+        sources.hits = target_hits(req.convergence)
+    if req.measured and "gossip_cost" not in req.own:
+        sources.gossip_costs = read_measured(req.measured).gossip_replicates
+
+    ticker = Ticker(0, "simulate --interval")  # every prediction's simulations say where they are, too
+
+    def predict_once(inputs: Inputs) -> dict[int, dict[str, dict[str, float | None]]]:
+        out_: dict[int, dict[str, dict[str, float | None]]] = {}
+        for p in gpus:
+            for name, run in runs.items():
+                res = simulate(sim_config(run, p, inputs.workload, inputs.network, inputs.imbalance, req.steps,
+                                          inputs.control_every, inputs.seed, ticker.simulation(f"{name} at P={p}")))
+                stt = inputs.samples_to_target.get(name)
+                out_.setdefault(p, {})[name] = {"throughput": res.throughput,
+                                                "time_to_target_s": stt / res.throughput if stt else None}
+        return out_
+
+    start = time.perf_counter()
+
+    def progress(what: str) -> None:  # after each prediction: which one (the simulations inside tick on their own)
+        ticker.note(what)
+
+    data = uncertainty(predict_once, base, sources, req.interval, progress)
+    data["took_s"] = round(time.perf_counter() - start, 1)
+    write_text_atomic(out / INTERVAL_FILE, compact_json(data))
+    print(f"wrote {out / INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
+          f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s")
+
+
+def compact_json(data: Any) -> str:
+    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x worlds x
+    optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
+    def rounded(x: Any) -> Any:
+        if isinstance(x, float):
+            return float(f"{x:.6g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [rounded(v) for v in x]
+        return x
+
+    return json.dumps(rounded(data), separators=(",", ":"), default=float) + "\n"
