@@ -3,7 +3,8 @@
 Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts:
 DropCompute), injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update).
 Evaluation, checkpoints, stop decisions and the exchange of control flags happen only at synchronisation
-points (rounds that are multiples of ``algo.sync_period``), where every rank is known to be at the same round.
+points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where every
+rank is known to be at the same round.
 The clock that every reported time is read from excludes evaluation and checkpointing (and, after a requeue,
 the time spent in the queue).
 
@@ -75,6 +76,7 @@ class Trainer:
         self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
         self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
         self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
+        self.algo.end_at(self.plan.total)  # its budget, a synchronisation point whatever the sync period
         self.clock = Clock()
         self.checkpointer = Checkpointer(run_dir, self.rank, cfg.raw)
         self.state = TrainState(next_eval=self.plan.eval_every)
@@ -299,11 +301,8 @@ class Trainer:
 
     # --- synchronisation points ----------------------------------------------------------------------
     def at_control_point(self, r: int) -> bool:
-        """Round r is a synchronisation point where the ranks exchange control flags: a multiple of the
-        sync period that is due for a control exchange, an evaluation or the end."""
-        if r % self.plan.sync:
-            return False
-        return r % self.plan.control_every == 0 or r >= self.state.next_eval or r >= self.plan.total
+        """Round r is a synchronisation point where the ranks exchange control flags (the plan's rule)."""
+        return self.plan.is_control(r, self.state.next_eval)
 
     def control_flags(self) -> ControlFlags:
         """This rank's flags (the time-based ones are rank 0's: its clock decides for all)."""
