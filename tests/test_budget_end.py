@@ -14,10 +14,17 @@ periodic sync, so the last of these fails unless the last round averages.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from tests.dist_util import PAUSABLE
 from tests.optim_util import Vector, make_algorithm, run_world, sgd
+
+# exact oracles that time nothing, on worlds whose timeouts outlast any pause: make test runs this file at idle
+# CPU priority beside the serial tests (marker `background`)
+pytestmark = pytest.mark.background
 
 LR = 0.25
 T = 5  # rounds of the budget: not a multiple of the periods below (3, 4)
@@ -98,3 +105,71 @@ def test_every_optimizer_ends_at_its_budget_with_the_global_average(results, nam
         first = ranks[0]["model"]
         assert all(r["model"] == pytest.approx(first, rel=1e-12, abs=1e-12) for r in ranks), \
             [r["model"][:2] for r in ranks]
+
+
+# --- through the trainer: budgets and the evaluation grid -------------------------------------------------------
+CONF = Path(__file__).resolve().parents[1] / "conf"
+RUN = ["workload.arch=resnet8", "train.batch_size=8", "eval.target=null", "checkpoint.every_s=1e9",
+       "logger.progress=off", "train.max_steps=7"]
+RUNS = {  # run id -> overrides: the periodic optimizers at a sync period (3 or 4) that does not divide 7
+    "allreduce": ["optimizer=allreduce"],
+    "wagma": ["optimizer=wagma", "optimizer.tau=2"],
+    "local_sgd": ["optimizer=local_sgd", "optimizer.period=4"],
+    "eager": ["optimizer=eager", "optimizer.sync_every=4"],
+    "adpsgd": ["optimizer=adpsgd", "optimizer.sync_every=3"],
+    "local_sgd-no-eval": ["optimizer=local_sgd", "optimizer.period=4", "eval.every_steps=1000"],
+}
+
+
+def _train_runs(comm, root: str) -> dict:
+    """Each run of RUNS through the real trainer (evaluation every 2 rounds unless said); per run: the rounds of its
+    evaluations, its last round, and this rank's final model."""
+    from hydra import compose, initialize_config_dir
+
+    from wagma_bench.config.schema import validate
+    from wagma_bench.record.events import RunEvents
+    from wagma_bench.train.trainer import Trainer
+
+    out = {}
+    for name, overrides in RUNS.items():
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = validate(compose("wagma", overrides=[*RUN, "eval.every_steps=2", *overrides]))
+        (Path(root) / name).mkdir(exist_ok=True)
+        comm.barrier()
+        trainer = Trainer(cfg, comm, Path(root) / name)
+        trainer.train()
+        flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+        out[name] = {"model": flat.tolist(), "round": trainer.algo.round}
+        if comm.rank == 0:
+            events = RunEvents.read(Path(root) / name)
+            out[name]["evals"] = [(e.step, e.samples) for e in events.evaluations]
+            out[name]["stop"] = [(e.get("metadata") or {}).get("step") for e in events.events
+                                 if e["key"] == "run_stop"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return run_world(_train_runs, 2, str(tmp_path_factory.mktemp("budget")), **PAUSABLE)
+
+
+def test_runs_end_at_their_budget_and_are_evaluated_on_the_same_grid(trained):
+    """Every periodic optimizer trains exactly train.max_steps=7 rounds (once 8 or 9: the budget rounded up to the
+    sync period) and is evaluated at the grid rounds 2, 4, 6 and the end, 7, as Allreduce-SGD is (once at the first
+    sync point after each grid round: 3, 6, 9 under WAGMA-SGD's period 3), each evaluation dated at its round:
+    the samples of 2 ranks x 8 per round."""
+    for name in RUNS:
+        assert [rank[name]["round"] for rank in trained] == [7, 7], name
+        assert trained[0][name]["stop"] == [7], name
+    for name in ("allreduce", "wagma", "local_sgd", "eager", "adpsgd"):
+        assert trained[0][name]["evals"] == [(g, 16 * g) for g in (2, 4, 6, 7)], (name, trained[0][name]["evals"])
+    assert trained[0]["local_sgd-no-eval"]["evals"] == [(7, 112)]
+
+
+def test_training_is_bit_identical_with_evaluation_on_and_off(trained):
+    """Snapshots at the grid rounds and their evaluations at the sync points change nothing that is trained: local
+    SGD's final models are the same bits with evaluations at 2, 4, 6 and without; and the final average makes
+    every rank's model the same."""
+    for rank in trained:
+        assert rank["local_sgd"]["model"] == rank["local_sgd-no-eval"]["model"]
+    assert trained[0]["local_sgd"]["model"] == trained[1]["local_sgd"]["model"]

@@ -105,6 +105,10 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
     #: Every algorithm sets it.
     models_identical: ClassVar[bool]
+    #: the ranks' models are identical after every round, not only at synchronisation points (eager-SGD applies
+    #: every round's averaged gradient on every rank): an evaluation of snapshots taken between synchronisation
+    #: points then reads rank 0's instead of averaging them (the trainer's evaluation grid)
+    models_identical_every_round: ClassVar[bool] = False
     #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None

@@ -45,6 +45,7 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
     paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
+    models_identical_every_round = True  # every rank applies every round's result, in order
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)
