@@ -19,8 +19,8 @@ class RunPlan:
     sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
     steps_per_epoch: int
     total: int                  # rounds to train, exactly the budget (its last round a synchronisation point too)
-    eval_every: int             # the evaluation grid's spacing in rounds (each evaluation at the first sync point
-                                # at or after a grid point: the same grid for every optimizer)
+    eval_every: int             # the evaluation grid's spacing in rounds: every optimizer is evaluated at its
+                                # multiples (a grid round between sync points: from snapshots, at the next one)
     control_every: int          # rounds between exchanges of control flags
     lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
     ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
@@ -46,10 +46,10 @@ class RunPlan:
                    final_sync)
 
     def next_eval_after(self, r: int) -> int:
-        """The grid point after an evaluation at round r. Evaluations happen only at sync points, at the first at or
-        after each multiple of ``eval_every``: so optimizers of different sync periods are evaluated within one
-        period of the same rounds (samples), rather than every ``eval_every`` rounded up to each one's period,
-        which drifts apart over a run (every 24 rounds against every 21)."""
+        """The grid round after the evaluations made at synchronisation point r. Every optimizer is evaluated at the
+        multiples of ``eval_every``, exactly: a grid round between sync points is snapshotted by each rank there
+        and evaluated at the next sync point, dated at the grid round (``Trainer.snapshot_if_due``); so optimizers
+        of different sync periods are evaluated at the same rounds (samples)."""
         return (r // self.eval_every + 1) * self.eval_every
 
     def is_control(self, r: int, next_eval: float) -> bool:

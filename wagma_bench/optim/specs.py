@@ -119,7 +119,8 @@ class WagmaSpec(AlgorithmSpec):
     algorithm = "WagmaSGD"
     simulation = "sim_wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
-    final_sync = "a synchronous round (the global average of the models, then the local step), as every tau + 1-th"
+    final_sync = ("a synchronous round (the global average of the models, then the local step), as every "
+                  "(tau + 1)-th round")
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
