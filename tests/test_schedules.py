@@ -234,3 +234,16 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
     on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_steps={plan.sync}"))
     exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
     assert exact.startswith(f"the run ends at step {plan.sync} (train.max_steps={plan.sync}") and "extra" not in exact
+
+
+def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():
+    """The schedule the optimizer, the engine and the simulator share knows the run's last round: synchronous over
+    every rank there, whatever the period; the rounds before it keep their groups."""
+    from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule
+
+    wagma = WagmaSchedule(8, 2, tau=3, last=10)
+    assert [r for r in range(1, 11) if wagma.is_sync(r)] == [4, 8, 10]
+    assert wagma.group(5, 10) == tuple(range(8)) and len(wagma.group(5, 9)) == 2
+    assert not WagmaSchedule(8, 2, tau=3).is_sync(10)
+    eager = FixedSchedule(4, period=4, last=7)
+    assert [r for r in range(1, 8) if eager.is_sync(r)] == [4, 7]

@@ -79,7 +79,8 @@ class Trainer:
         # unless the models are identical at every round or eval.model names a mode
         self.snapshot_mode = cfg.eval.model if cfg.eval.model != "auto" else (
             "local" if self.algo.models_identical_every_round else "average")
-        self.snapshots: list[tuple[int, torch.Tensor, int, float]] = []  # (grid round, model, samples, train_s)
+        # (grid round, model, samples, train_s, lr) of this rank at each grid round not yet evaluated
+        self.snapshots: list[tuple[int, torch.Tensor, int, float, float]] = []
         self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
         self.algo.end_at(self.plan.total)  # its budget, a synchronisation point whatever the sync period
         self.clock = Clock()
@@ -348,27 +349,28 @@ class Trainer:
             model = self.evaluator.snapshot()
             train_s = self.clock.train_s  # when this rank finished round r
             for i, g in enumerate(due):
-                self.snapshots.append((g, model if i == 0 else model.clone(), self.state.samples_local, train_s))
+                self.snapshots.append((g, model if i == 0 else model.clone(), self.state.samples_local, train_s,
+                                       algo_lr(self.algo)))
 
     def evaluate(self, r: int, meta: dict) -> None:
         """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each dated
         at its grid round: its samples, and the training time at which the last rank finished it), then round r
         itself when it is a grid round or the run's end. Off the training clock; reaching the target ends the run
         (at its first evaluation that reaches it)."""
-        held = {g: (model, samples, train_s) for g, model, samples, train_s in self.snapshots}
+        held = {g: rest for g, *rest in self.snapshots}
         self.snapshots = []
-        points = [g for g in range(self.state.next_eval, r + 1, self.plan.eval_every)]
+        points = list(range(self.state.next_eval, r + 1, self.plan.eval_every))
         if r >= self.plan.total and (not points or points[-1] != r):
             points.append(r)
-        now = (None, self.state.samples_local, self.clock.train_s)
+        now = (None, self.state.samples_local, self.clock.train_s, algo_lr(self.algo))
         mine = [held.get(g, now) for g in points]  # a grid round this rank skipped: its model at r
-        stamps = self.grid_stamps([(samples, train_s) for _, samples, train_s in mine])
+        stamps = self.grid_stamps([(samples, train_s) for _, samples, train_s, _ in mine])
         self.state.next_eval = self.plan.next_eval_after(r)
-        for g, (model, _, _), (samples, train_s) in zip(points, mine, stamps, strict=True):
+        for g, (model, _, _, lr), (samples, train_s) in zip(points, mine, stamps, strict=True):
             if g < r and model is None:
                 model = self.evaluator.snapshot()
             self.evaluate_one(g, model, {**meta, "step": g, "epoch": self.epoch(g), "samples": samples,
-                                         "train_s": train_s})
+                                         "train_s": train_s, "lr": lr})
             if self.status is not None:
                 break
 
@@ -391,7 +393,7 @@ class Trainer:
         state, cfg = self.state, self.cfg
         state.best = metric if state.best is None else max(state.best, metric)
         self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
-                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(self.algo),
+                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4),
                          **self.workload.eval_metadata())
         self.progress.update(g, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
         if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
