@@ -27,11 +27,11 @@ from tests.optim_util import Vector, make_algorithm, run_world, sgd
 pytestmark = pytest.mark.background
 
 LR = 0.25
-T = 5  # rounds of the budget: not a multiple of the periods below (3, 4)
+T = 8  # rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
 CASES = {  # registry name -> settings with a sync period that does not divide T
     "allreduce": {}, "dropcompute": {"threshold_s": "inf"}, "dpsgd": {}, "sgp": {"overlap": False},
-    "wagma": {"tau": 3, "group_size": 2}, "local_sgd": {"period": 3}, "eager": {"mode": "solo", "sync_every": 3},
-    "adpsgd": {"sync_every": 4},
+    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"period": 3}, "eager": {"mode": "solo", "sync_every": 3},
+    "adpsgd": {"sync_every": 3},
 }
 # one model at the end: the global average at the last round (WAGMA-SGD, local SGD) or one model throughout
 SAME_MODEL = {"allreduce", "dropcompute", "wagma", "local_sgd", "eager"}
