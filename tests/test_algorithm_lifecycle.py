@@ -1,7 +1,7 @@
 """The order in which the trainer calls an algorithm, as ``wagma_bench/optim/base.py`` documents it, on a
-real 2-rank gloo world through the real trainer: a fresh run (construction, the initial broadcast, steps,
+real 2-rank gloo world through the real trainer: a fresh run (construction, its budget, the initial broadcast, steps,
 rank 0's sizing of checkpoints before the first step, state saved at synchronisation points, close) and its resume (construction, load_state_dict instead of the
-broadcast, steps from the checkpoint's round, close)."""
+broadcast, steps from the checkpoint's round, close); the resume, with a larger budget, is told the new one."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def _recorded_runs(comm, run_dir: str) -> list:
             calls.append(("init",))
             self.sizing = False
             super().__init__(*args, **kwargs)
+
+        def end_at(self, rounds):
+            calls.append(("end_at", rounds))
+            super().end_at(rounds)
 
         def broadcast_initial_model(self):
             calls.append(("broadcast_initial_model",))
@@ -79,11 +83,11 @@ def test_the_trainer_calls_an_algorithm_in_the_documented_order(tmp_path):
     assert [runs[0][1] for runs in results] == ["completed", None] and results[0][1][1] == "completed"
     for rank, ((fresh, _), (resumed, _)) in enumerate(results):
         sized = [("largest_state_dict", 0)] if rank == 0 else []  # before the first step, rank 0 only
-        assert fresh[:3 if rank == 0 else 2] == [("init",), ("broadcast_initial_model",), *sized]
+        assert fresh[:4 if rank == 0 else 3] == [("init",), ("end_at", 8), ("broadcast_initial_model",), *sized]
         assert [c for c in resumed if c[0] == "largest_state_dict"] == ([("largest_state_dict", 8)] if rank == 0
                                                                            else [])
         fresh = [c for c in fresh if c[0] != "largest_state_dict"]
-        assert fresh[:2] == [("init",), ("broadcast_initial_model",)]
+        assert fresh[:3] == [("init",), ("end_at", 8), ("broadcast_initial_model",)]
         assert not any(c[0] == "load_state_dict" for c in fresh)
         assert [c for c in fresh if c[0] == "step"] == [("step", r) for r in range(1, 9)]
         # state saved right after the step that reached a synchronisation point (every 4 rounds here)
@@ -91,7 +95,7 @@ def test_the_trainer_calls_an_algorithm_in_the_documented_order(tmp_path):
         assert [fresh[i] for i in saved] == [("state_dict", 4), ("state_dict", 8)]
         assert all(fresh[i - 1] == ("step", fresh[i][1]) for i in saved)
         assert fresh[-1] == ("close", 8) and sum(c[0] == "close" for c in fresh) == 1
-        assert resumed[:2] == [("init",), ("load_state_dict", 8)]  # instead of the broadcast
+        assert resumed[:3] == [("init",), ("end_at", 12), ("load_state_dict", 8)]  # instead of the broadcast
         assert ("broadcast_initial_model",) not in resumed
         assert [c for c in resumed if c[0] == "step"] == [("step", r) for r in range(9, 13)]
         assert resumed[-1] == ("close", 12)

@@ -611,8 +611,8 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
 
 def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[str]]:
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
-    the first process completed or was killed after that checkpoint), and its arguments. Both budgets are
-    rounded up to the optimizer's synchronisation period."""
+    the first process completed or was killed after that checkpoint), and its arguments. Each run ends at exactly
+    its budget (its last round a synchronisation point)."""
     args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
                         "logger.progress=off", *extra]
     cut = tmp_path / "cut"
@@ -622,15 +622,17 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
     return cut, args
 
 
-def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, Path]:
-    """A run of 10 rounds continued to 20 from its last checkpoint, and the same 20 rounds at once. The first
-    10 rounds and the whole 20 are one multirun (one launcher, one fork server); then the continuation."""
+def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str, cut_at: int = 10) -> tuple[Path, Path]:
+    """A run of ``cut_at`` rounds continued to 20 from its last checkpoint, and the same 20 rounds at once. The first
+    run and the whole 20 are one multirun (one launcher, one fork server); then the continuation. The cut is a
+    multiple of the sync period: a budget between sync points ends with a synchronisation of its own (local SGD's
+    global average), which a continuation keeps and a run of 20 at once does not make."""
     args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
                         "logger.progress=off", *extra]
-    out = run(["-m", *args, "train.max_steps=10,20", f"hydra.sweep.dir={tmp_path}",
+    out = run(["-m", *args, f"train.max_steps={cut_at},20", f"hydra.sweep.dir={tmp_path}",
                "hydra.sweep.subdir=steps${train.max_steps}"])
     assert out.returncode == 0, out.stderr[-3000:]
-    cut, whole = tmp_path / "steps10", tmp_path / "steps20"
+    cut, whole = tmp_path / f"steps{cut_at}", tmp_path / "steps20"
     out = run(args + ["train.max_steps=20", f"hydra.run.dir={cut}"])
     assert out.returncode == 0, out.stderr[-3000:]
     return cut, whole
@@ -649,9 +651,9 @@ DETERMINISTIC = [pytest.param(o, marks=pytest.mark.long) for o in ("allreduce", 
 
 @pytest.mark.parametrize("optimizer", DETERMINISTIC)
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, optimizer):
-    """Deterministic optimizers: 10 rounds, then resumed to 20, end bit-identical to 20 rounds at once
-    (the final checkpoint set of each; every rank's model, buffers included)."""
-    cut, whole = _cut_and_whole(tmp_path, optimizer)
+    """Deterministic optimizers: 10 rounds (local SGD: 12, a multiple of its period), then resumed to 20, end
+    bit-identical to 20 rounds at once (the final checkpoint set of each; every rank's model, buffers included)."""
+    cut, whole = _cut_and_whole(tmp_path, optimizer, cut_at=12 if optimizer == "local_sgd" else 10)
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert a.keys() == b.keys()
@@ -665,10 +667,12 @@ OUTER_RESUMES = [pytest.param("local_sgd", "nesterov"),
 
 @pytest.mark.parametrize("optimizer,outer", OUTER_RESUMES)
 def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path, optimizer, outer):
-    """The outer state (the previous outer model, the momentum) is checkpointed: 10 rounds resumed to 20 end
-    with the model and outer state of 20 rounds at once (outer period 4: the cut falls between outer steps)."""
-    extra = [f"optimizer.outer={outer}"] + ([] if optimizer == "local_sgd" else ["optimizer.outer_period=4"])
-    cut, whole = _cut_and_whole(tmp_path, optimizer, *extra)
+    """The outer state (the previous outer model, the momentum) is checkpointed: 10 rounds (local SGD: 12, a
+    multiple of its period 4) resumed to 20 end with the model and outer state of 20 rounds at once (outer period 4,
+    local SGD's 8: the cut falls between outer steps)."""
+    local = optimizer == "local_sgd"
+    extra = [f"optimizer.outer={outer}", f"optimizer.outer_period={8 if local else 4}"]
+    cut, whole = _cut_and_whole(tmp_path, optimizer, *extra, cut_at=12 if local else 10)
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
@@ -680,10 +684,20 @@ def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path,
 @pytest.mark.long  # 35 s: make test-long (make test resumes local SGD with the outer step of the whole model)
 def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     """Streaming DiLoCo (two fragments, one step of delay): each fragment's global parameters and momentum are
-    checkpointed at the synchronisation point, where no fragment's average is in flight; 12 rounds resumed to 20
-    end with the models and fragment states of 20 rounds at once."""
-    cut, whole = _cut_and_whole(tmp_path, "local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                                "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5")
+    checkpointed at the synchronisation point, where no fragment's average is in flight; a run of 20 rounds stopped
+    at 12 (its time limit, then lifted) and resumed ends with the models and fragment states of 20 rounds at once.
+    (Not a run of 12 extended to 20: streaming DiLoCo's budget ends with the whole model's average, which a run of
+    20 at once does not make at 12.)"""
+    args = QUICK[:1] + ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
+                        "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5", "eval.every_steps=10",
+                        "checkpoint.every_s=0", "logger.progress=off", "train.max_steps=20"]
+    cut, whole = tmp_path / "cut", tmp_path / "whole"
+    for extra in (["train.time_limit_s=0.001", f"hydra.run.dir={cut}"], [f"hydra.run.dir={whole}"],
+                  [f"hydra.run.dir={cut}"]):
+        out = run(args + extra)
+        assert out.returncode == 0, out.stderr[-3000:]
+    resumed = [e for e in read_jsonl(cut / "events.jsonl") if e["key"] == "run_resume"]
+    assert [e["metadata"]["step"] for e in resumed] == [12]
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
@@ -716,9 +730,9 @@ def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optim
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
     events = read_jsonl(cut / "events.jsonl")
     resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["step"]
-    end = events[-1]["metadata"]["step"]  # the budgets 10 and 20, rounded up to the sync period
+    end = events[-1]["metadata"]["step"]  # the budgets 10 and 20, exactly
     before = [e["metadata"]["step"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
-    assert 10 <= resume < 20 <= end and resume == before[-1]
+    assert resume == 10 and end == 20 and resume == before[-1]
     for rank in (0, 1):
         records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")
         steps, rounds = [r["step"] for r in records], [r["round"] for r in records]

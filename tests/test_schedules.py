@@ -211,16 +211,39 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
     assert evals == oracle
 
 
-def test_a_budget_rounded_to_the_sync_period_is_said_in_the_budget_line():
-    """train.max_steps=5 under a period of 10,000 trains to the first synchronisation point, never silently."""
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.period=10000"]), ("wagma", ["optimizer.tau=3"]),
+                                            ("eager", ["optimizer.sync_every=4"]), ("adpsgd", ["optimizer.sync_every=4"])])
+def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(optimizer, sync):
+    """train.max_steps=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
+    under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and
+    what the optimizer does there. A budget on a sync point needs no such words."""
+    from tests.cli_util import compose
     from wagma_bench.config.plan import RunPlan
+    from wagma_bench.config.schema import validate
+    from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
-    cfg = SimpleNamespace(train=SimpleNamespace(max_steps=5, epochs=90.0, time_limit_s=None),
-                          eval=SimpleNamespace(target=None, stop_at_target=True))
-    line = RunPlan(10000, 100, 10000, 10, 10000, {}, "max_steps", 9000).budget_line(cfg)
-    assert ("the run ends at step 10000 (train.max_steps=5 rounded up to a multiple of the optimizer's sync "
-            "period, 10000") in line and "\n" not in line
-    exact = RunPlan(5, 100, 5, 5, 5, {}, "max_steps", 9000).budget_line(cfg)
-    assert "rounded" not in exact and exact.startswith("the run ends at step 5 (train.max_steps=5)")
+    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_steps=5"))
+    spec = OPTIMIZER_SPECS[optimizer]
+    plan = RunPlan.of(cfg, spec.sync_period_of(cfg.optimizer), 100, 4)
+    line = plan.budget_line(cfg)
+    assert plan.total == 5 and "\n" not in line, line
+    assert line.startswith("the run ends at step 5 (train.max_steps=5), exactly, though the optimizer "
+                           f"synchronises every {plan.sync} rounds: step 5 is an extra synchronisation point, "
+                           f"{spec.final_sync}"), line
+    assert spec.final_sync and "rounded" not in line
+    on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_steps={plan.sync}"))
+    exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
+    assert exact.startswith(f"the run ends at step {plan.sync} (train.max_steps={plan.sync}") and "extra" not in exact
+
+
+def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():
+    """The schedule the optimizer, the engine and the simulator share knows the run's last round: synchronous over
+    every rank there, whatever the period; the rounds before it keep their groups."""
+    from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule
+
+    wagma = WagmaSchedule(8, 2, tau=3, last=10)
+    assert [r for r in range(1, 11) if wagma.is_sync(r)] == [4, 8, 10]
+    assert wagma.group(5, 10) == tuple(range(8)) and len(wagma.group(5, 9)) == 2
+    assert not WagmaSchedule(8, 2, tau=3).is_sync(10)
+    eager = FixedSchedule(4, period=4, last=7)
+    assert [r for r in range(1, 8) if eager.is_sync(r)] == [4, 7]

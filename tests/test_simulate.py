@@ -283,6 +283,19 @@ def test_control_exchanges_fall_on_sync_rounds():
     assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
 
 
+@pytest.mark.parametrize("optimizer,settings", [("wagma", {"tau": 3}), ("local_sgd", {"period": 4}),
+                                               ("eager", {"sync_every": 4}), ("adpsgd", {"sync_every": 4}),
+                                               ("allreduce", {})])
+def test_a_simulation_runs_exactly_its_budget_with_the_last_round_synchronous(optimizer, settings):
+    """As a run does: 10 rounds whatever the sync period (once 12 under a period of 4), every rank's 10 steps
+    counted with a slow rank among them, and the last round a control point (the trainer's meeting there)."""
+    res = simulate(SimConfig(optimizer, 4, WL, Network.free(), slow_rank(2.0, rank=1),
+                             settings=typed(optimizer, **settings), steps=10))
+    assert res.rounds == 10 and res.local_steps == 10, res
+    run = SimState(SimConfig(optimizer, 4, WL, Network.free(), settings=typed(optimizer, **settings), steps=10), 4)
+    assert run.rounds == 10 and run.is_control(10)
+
+
 def test_the_simulator_imports_no_torch():
     """`wagma-bench simulate` and the simulator's modules run without torch (about 1.3 s of CPU an import here):
     they read the optimizers' torch-free specs (optim/specs.py) and pure rules (optim/rules.py), never their

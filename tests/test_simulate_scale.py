@@ -205,8 +205,7 @@ def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
     plan = RunPlan.of(cfg, sync, 1000, 4)
-    trainer_meets = [r for r in range(1, plan.total + 1) if r % plan.sync == 0
-                     and (r % plan.control_every == 0 or r >= plan.total)]
+    trainer_meets = [r for r in range(1, plan.total + 1) if plan.is_control(r, math.inf)]  # the trainer's rule
     run = SimState(SimConfig("adpsgd", 4, Workload(), Network.free(), settings=cfg.optimizer, steps=100), sync)
     assert [r for r in range(1, run.rounds + 1) if run.is_control(r)] == trainer_meets
     assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total

@@ -156,13 +156,15 @@ CATCH_UP = ("replay", "skip")
 # optimizer, the wait-avoiding engine (wagma_bench.comm.wait_avoiding) and the simulator all ask it.
 class RoundSchedule:
     """Rounds are numbered 1, 2, 3, ...; every ``period``-th round is synchronous over the whole world
-    (``period`` 0: never)."""
+    (``period`` 0: never), and so is round ``last``, the run's budget (None: not known), where every rank
+    meets to end the run with the same global average a synchronous round makes."""
 
     world_size: int
     period: int
+    last: int | None = None
 
     def is_sync(self, round_: int) -> bool:
-        return self.period > 0 and round_ % self.period == 0
+        return (self.period > 0 and round_ % self.period == 0) or round_ == self.last
 
     def stage(self, round_: int) -> tuple[Group, ...]:
         """The partition of the world that reduces in group round ``round_``."""
@@ -180,9 +182,10 @@ class RoundSchedule:
 
 class WagmaSchedule(RoundSchedule):
     """WAGMA-SGD: round ``r`` uses butterfly stage ``r - 1`` (stages alternate round-robin); every
-    ``tau + 1``-th round is the synchronous global average that bounds the staleness."""
+    ``tau + 1``-th round is the synchronous global average that bounds the staleness, and so is round ``last``
+    (the run's budget), which need not be a multiple of ``tau + 1``."""
 
-    def __init__(self, world_size: int, group_size: int | None, tau: int):
+    def __init__(self, world_size: int, group_size: int | None, tau: int, last: int | None = None):
         if tau < 1:
             raise ValueError(f"tau must be >= 1, got {tau}")
         self.world_size = world_size
@@ -190,6 +193,7 @@ class WagmaSchedule(RoundSchedule):
         self.stages = num_stages(world_size, self.group_size)  # validates the power of two
         self.tau = tau
         self.period = tau + 1
+        self.last = last
 
     def stage_index(self, round_: int) -> int:
         """Which of the ``stages`` butterfly stages group round ``round_`` uses."""
@@ -205,10 +209,12 @@ class WagmaSchedule(RoundSchedule):
 class FixedSchedule(RoundSchedule):
     """The same partition every round (eager-SGD: the whole world as one group)."""
 
-    def __init__(self, world_size: int, groups: tuple[Group, ...] | None = None, period: int = 0):
+    def __init__(self, world_size: int, groups: tuple[Group, ...] | None = None, period: int = 0,
+                 last: int | None = None):
         self.world_size = world_size
         self.groups = groups or (tuple(range(world_size)),)
         self.period = period
+        self.last = last
 
     def stage(self, round_: int) -> tuple[Group, ...]:
         return self.groups

@@ -1,5 +1,5 @@
-"""A run's plan, fixed before its first step: its length in rounds (rounded up to the optimizer's sync period),
-the evaluation grid, the control-exchange period and the learning-rate schedule, all from the config; and the
+"""A run's plan, fixed before its first step: its length in rounds (exactly its budget, for every optimizer: the
+last round is a synchronisation point of its own), the evaluation grid, the control-exchange period and the learning-rate schedule, all from the config; and the
 budget line rank 0 prints at the start. Pure arithmetic over the settings, so tests and readers need no run."""
 
 from __future__ import annotations
@@ -9,43 +9,56 @@ from dataclasses import dataclass
 
 from wagma_bench.config.schedules import control_period, peak_lr, round_up
 from wagma_bench.config.schema import RunConfig
+from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
 
 @dataclass
 class RunPlan:
-    """The run's lengths in rounds, each a multiple of the sync period, and its learning-rate schedule."""
+    """The run's lengths in rounds and its learning-rate schedule."""
 
     sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
     steps_per_epoch: int
-    total: int                  # rounds to train
-    eval_every: int             # the evaluation grid's spacing in rounds (each evaluation at the first sync point
-                                # at or after a grid point: the same grid for every optimizer)
+    total: int                  # rounds to train, exactly the budget (its last round a synchronisation point too)
+    eval_every: int             # the evaluation grid's spacing in rounds: every optimizer is evaluated at its
+                                # multiples (a grid round between sync points: from snapshots, at the next one)
     control_every: int          # rounds between exchanges of control flags
     lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
     ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
     epoch_steps: int = 0        # the rounds train.epochs would give
+    final_sync: str = ""        # what the optimizer does at a last round between its sync points (its spec's)
 
     @classmethod
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
         t = cfg.train
-        epoch_steps = round_up(math.ceil(t.epochs * steps_per_epoch), sync)
+        epoch_steps = max(1, math.ceil(t.epochs * steps_per_epoch))
         # train.max_steps, when set, is the run's length, also beyond train.epochs (which then only shapes the
-        # learning-rate schedule); see TrainConfig
+        # learning-rate schedule); see TrainConfig. Not rounded to the sync period: the algorithm makes the last
+        # round a synchronisation point (Algorithm.end_at), so every optimizer trains the same rounds.
         ends_by = "epochs" if t.max_steps is None else "max_steps"
-        total = epoch_steps if t.max_steps is None else round_up(t.max_steps, sync)
+        total = epoch_steps if t.max_steps is None else t.max_steps
         eval_every = cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
         schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
                     "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
                     "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
                     "milestones": t.milestones, "decay": t.decay}
-        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps)
+        final_sync = OPTIMIZER_SPECS[cfg.optimizer.name].final_sync
+        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps,
+                   final_sync)
 
     def next_eval_after(self, r: int) -> int:
-        """The grid point after an evaluation at round r. Evaluations happen only at sync points, at the first at or
-        after each multiple of ``eval_every``: so optimizers of different sync periods are evaluated within one
-        period of the same rounds (samples), rather than every ``eval_every`` rounded up to each one's period,
-        which drifts apart over a run (every 24 rounds against every 21)."""
+        """The grid round after the evaluations made at synchronisation point r. Every optimizer is evaluated at the
+        multiples of ``eval_every``, exactly: a grid round between sync points is snapshotted by each rank there
+        and evaluated at the next sync point, dated at the grid round (``Trainer.snapshot_if_due``); so optimizers
+        of different sync periods are evaluated at the same rounds (samples)."""
         return (r // self.eval_every + 1) * self.eval_every
+
+    def is_control(self, r: int, next_eval: float) -> bool:
+        """Round r is a synchronisation point where the ranks exchange control flags: the run's last round (the
+        algorithm made it a synchronisation point: ``Algorithm.end_at``), or a multiple of the sync period that
+        is due for a control exchange or an evaluation (the first at or after ``next_eval``)."""
+        if r == self.total:
+            return True
+        return r % self.sync == 0 and (r % self.control_every == 0 or r >= next_eval)
 
     def next_control_after(self, r: int, next_eval: int) -> int:
         """The first round after r at which the ranks exchange control flags: where a stop signal can end the run
@@ -58,15 +71,15 @@ class RunPlan:
         t = cfg.train
         if self.ends_by == "max_steps":
             length = f"step {self.total} (train.max_steps={t.max_steps}"
-            if self.total != t.max_steps:  # never silently: the budget moved to the next synchronisation point
-                length += (f" rounded up to a multiple of the optimizer's sync period, {self.sync}: a run stops only "
-                           "where the ranks synchronise")
             if self.total > self.epoch_steps:
                 length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
                            f"learning-rate schedule still spans train.epochs")
             length += ")"
         else:
             length = f"step {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} steps per epoch)"
+        if self.total % self.sync:  # never silently: the last round is not one of the optimizer's sync points
+            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: step {self.total} is an "
+                       f"extra synchronisation point, {self.final_sync or 'where every rank meets'}")
         earlier = []
         if cfg.eval.target is not None and cfg.eval.stop_at_target:
             earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")

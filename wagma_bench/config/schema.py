@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from wagma_bench.config.schedules import round_up
 from wagma_bench.errors import ConfigError
 from wagma_bench.imbalance import IMBALANCES
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
@@ -142,25 +141,6 @@ def check_parts(optimizer: Any, workload: Any) -> None:
                       f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
 
 
-BUDGET_RAISE_LIMIT = 100  # a run rounded up to its sync period to more than this many times its budget is refused
-
-
-def check_budget_raise(train: Any, optimizer: Any) -> None:
-    """``train.max_steps`` rounded up to the optimizer's sync period (a run stops only where its ranks meet) to
-    more than :data:`BUDGET_RAISE_LIMIT` times itself: a typo far more often than a wish (5 steps of local SGD
-    with period 10,000 is a 10,000-step run, with no checkpoint and no stop before it), refused unless
-    ``train.allow_budget_raise=true``."""
-    if train.max_steps is None or train.allow_budget_raise:
-        return
-    sync = OPTIMIZER_SPECS[optimizer.name].sync_period_of(optimizer)
-    total = round_up(train.max_steps, sync)  # the trainer's plan (config.plan.RunPlan)
-    if total > BUDGET_RAISE_LIMIT * train.max_steps:
-        raise ConfigError(f"train.max_steps={train.max_steps} is not allowed with optimizer={optimizer.name}'s sync "
-                          f"period of {sync}: the run can stop only at a multiple of it, so it would train {total} "
-                          f"steps, more than {BUDGET_RAISE_LIMIT}x the budget; raise train.max_steps, lower the "
-                          "period, or set train.allow_budget_raise=true to run it anyway")
-
-
 def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
     """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
     rules (its spec's ``check_world``), then the imbalance's."""
@@ -230,8 +210,6 @@ class TrainConfig:
     time_limit_s: float | None = setting(None, POSITIVE)
     grad_clip: float | None = setting(None, POSITIVE)
     precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
-    # a max_steps that the sync period rounds up more than 100-fold is refused unless this is set (check_budget_raise)
-    allow_budget_raise: bool = False
 
     CHOICES: ClassVar[dict[str, tuple]] = {
         "local_optimizer": ("sgd", "adam"),
@@ -452,7 +430,6 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     check_target(typed["eval"].target, typed["workload"], typed["data"])
     check_outer(typed["optimizer"])
     check_parts(typed["optimizer"], typed["workload"])
-    check_budget_raise(typed["train"], typed["optimizer"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)

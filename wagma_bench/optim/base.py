@@ -22,6 +22,12 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
    one of the next two calls follows. Background threads may start here, but must not exchange models
    before the first ``step`` (the engine algorithms create their engine at the first step instead).
    ``sync_period`` and ``models_identical`` are read right after, once: they must not change during a run.
+   Then **``end_at(rounds)``**, on every rank, fresh or resumed: the run's last round, its budget
+   (``train.max_steps``, or the epochs' rounds), which need not be a multiple of ``sync_period``. The run ends
+   exactly there: the algorithm makes that round a synchronisation point of its own (every rank completes it,
+   as at a multiple of ``sync_period``), and an algorithm that averages the models globally at its synchronous
+   rounds averages them there too (WAGMA-SGD's schedule makes it a synchronous round, local SGD averages after
+   it, eager-SGD's allreduce is synchronous there). Not a collective; before the first step.
 2. Then exactly one of:
 
    - **``broadcast_initial_model()``**, on a fresh start: every rank takes rank 0's weights (the default
@@ -45,8 +51,8 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
    multiplied by ``loss_weight(samples)`` before its backward (M = ``micro_batches``), so that the gradients add up as the
    algorithm normalises them. These calls are local: no communication.
 4. **Synchronisation points**: after a ``step`` that returned a round ``r`` that is a multiple of
-   ``sync_period`` (and is due for the control exchange, an evaluation or the end), every rank is at round
-   ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
+   ``sync_period`` (and is due for the control exchange, an evaluation or the end), or the last round
+   (``end_at``), every rank is at round ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
    broadcast or an average of the model unless ``models_identical``), maybe a checkpoint. So nothing of
    the algorithm may use ``comm`` concurrently: background threads communicate on forked planes only.
 5. **``state_dict()``**, at a synchronisation point chosen for a checkpoint, on every rank at the same
@@ -99,6 +105,10 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
     #: Every algorithm sets it.
     models_identical: ClassVar[bool]
+    #: the ranks' models are identical after every round, not only at synchronisation points (eager-SGD applies
+    #: every round's averaged gradient on every rank): an evaluation of snapshots taken between synchronisation
+    #: points then reads rank 0's instead of averaging them (the trainer's evaluation grid)
+    models_identical_every_round: ClassVar[bool] = False
     #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None
@@ -112,6 +122,7 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         self.buckets: list[Bucket] = flatten_into_buckets(model, bucket_mb)
         self.optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
         self.round = 0
+        self.final_round: int | None = None  # the run's budget in rounds (end_at); None: not told
         self.outer: OuterStep | None = None
         if self.outer_at is not None and settings.outer != "none":
             self.outer = OuterStep(settings, [b.data for b in self.buckets])
@@ -120,6 +131,16 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     @property
     def sync_period(self) -> int:
         return self.sync_period_of(self.settings)  # the spec's rule (optim/specs.py), which the simulator reads too
+
+    def end_at(self, rounds: int) -> None:
+        """The run ends after round ``rounds`` (its budget): a synchronisation point whatever ``sync_period``.
+        An algorithm with a periodic global average or synchronous round makes one there too (it overrides this
+        or reads ``final_round``); one that meets every round needs nothing more."""
+        self.final_round = rounds
+
+    def is_final(self, round_: int) -> bool:
+        """Round ``round_`` is the run's last (``end_at``)."""
+        return round_ == self.final_round
 
     # --- micro-batches (the trainer's loop; only DropCompute splits its batch) -----------------------------
     # with ``computes_in_parts`` (the spec's) the trainer computes each batch in parts through the calls below

@@ -45,6 +45,7 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
     paper = "eager-SGD, Li et al., PPoPP 2020"
     default_eval_model = "local"
     models_identical = True
+    models_identical_every_round = True  # every rank applies every round's result, in order
 
     def __init__(self, settings, model, local_opt_factory, comm, seed=0):
         super().__init__(settings, model, local_opt_factory, comm, seed)
@@ -56,7 +57,8 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
         activator = None
         if self.settings.mode == "majority":
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
-        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_every)
+        # the budget's round is synchronous too: every gradient posted before it is reduced by the run's end
+        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_every, last=self.final_round)
         return WaitAvoidingAllreduce(self.comm, self.grad, schedule, contribution="gradient", in_order=True,
                                      start_round=self.round, timeout_s=self.comm.timeout_s,
                                      activator=activator)

@@ -13,7 +13,10 @@ Readings:
   after rounds ``W + 1 + k * period`` instead; the two coincide when torch's ``warmup_steps`` is the first
   multiple of ``period`` above our warm-up, minus one (the agreement test builds it that way). Our choice
   puts every averaging on a synchronisation point of the trainer (``sync_period = period``), so what is
-  evaluated there is the one model all ranks share.
+  evaluated there is the one model all ranks share. The run's last round (its budget, ``end_at``) is
+  averaged too, multiple of ``period`` or not (on the clock, with the momentum state under
+  ``average_momentum``; an outer optimizer steps only at its own period): a run of T rounds trains T rounds
+  and its final model is the global average. Streaming DiLoCo ends the same way, with the whole model.
 - *Momentum buffers.* ``average_momentum: false`` (the default) keeps each rank's buffers local, as the
   paper's analysis (plain SGD restarts only the iterate) and torch's ``PostLocalSGDOptimizer`` do, and it
   costs no extra communication. ``true`` also averages the local optimizer's per-parameter state
@@ -36,6 +39,7 @@ import time
 import torch
 
 from wagma_bench.optim.base import Algorithm, StepInfo
+from wagma_bench.optim.rules import local_average_at
 from wagma_bench.optim.specs import LocalSGDSpec
 from wagma_bench.optim.streaming import StreamingOuter
 
@@ -62,8 +66,9 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.streaming.restart()
 
     def averages_at(self, round_: int) -> bool:
-        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up."""
-        return round_ > self.settings.warmup_steps and round_ % self.settings.period == 0
+        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up, and
+        at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
+        return local_average_at(round_, self.settings.period, self.settings.warmup_steps, self.final_round)
 
     def step(self) -> StepInfo:
         r = self.round + 1
@@ -71,6 +76,9 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.optimizer.step()
             t0 = time.perf_counter()
             self.streaming.after_step(r, float(self.optimizer.param_groups[0]["lr"]))
+            if self.is_final(r):  # the run's model: the global average, the fragment in flight dropped
+                self.streaming.finish()
+                self._average_models()
             self.round = r
             return StepInfo(round=r, comm_s=time.perf_counter() - t0)
         comm_s = 0.0
@@ -82,14 +90,17 @@ class LocalSGD(LocalSGDSpec, Algorithm):
         self.optimizer.step()
         if self.averages_at(r):
             t0 = time.perf_counter()
-            for b in self.buckets:
-                self.comm.allreduce(b.data, op="mean")
+            self._average_models()
             if self.settings.average_momentum:
                 self._average_optimizer_state()
             comm_s += time.perf_counter() - t0
-            self.outer_round(r)
+            self.outer_round(r)  # due at multiples of the outer period only: not at a final average between them
         self.round = r
         return StepInfo(round=r, comm_s=comm_s)
+
+    def _average_models(self) -> None:
+        for b in self.buckets:
+            self.comm.allreduce(b.data, op="mean")
 
     def state_dict(self) -> dict:
         state = super().state_dict()

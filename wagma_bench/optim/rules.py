@@ -44,6 +44,13 @@ def best_threshold(ends, step_s: float) -> tuple[float, float]:
     return best, best_gain
 
 
+def local_average_at(round_: int, period: int, warmup: int, last: int | None) -> bool:
+    """Whether local SGD averages the models globally after ``round_`` (1-based): PR-SGD's ``t mod I == 0``
+    after the warm-up, and at the run's last round ``last`` (its budget, None: not known), so that the run's
+    final model is the global average whatever the budget (in the warm-up the models are identical already)."""
+    return round_ > warmup and (round_ % period == 0 or round_ == last)
+
+
 def sync_at(step: int, period: int, fragments: int, delay: int) -> tuple[str, int] | None:
     """Streaming DiLoCo's schedule (:mod:`wagma_bench.optim.streaming`): what happens after inner step ``step``
     (1-based): ("prepare" | "perform", fragment), or None."""

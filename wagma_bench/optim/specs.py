@@ -76,6 +76,9 @@ class AlgorithmSpec:
     #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it on a
     #: workload whose batches do not split
     computes_in_parts: ClassVar[bool] = False
+    #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run ends at
+    #: exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet every round
+    final_sync: ClassVar[str] = ""
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
@@ -109,6 +112,8 @@ class AllreduceSpec(AlgorithmSpec):
 class WagmaSpec(AlgorithmSpec):
     name = "wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
+    final_sync = ("a synchronous round (the global average of the models, then the local step), as every "
+                  "(tau + 1)-th round")
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
@@ -149,6 +154,8 @@ class WagmaSpec(AlgorithmSpec):
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
     outer_at = "average"     # right after the global average (optim/outer.py)
+    final_sync = ("a global average of the models, as every period-th round (streaming DiLoCo: of the whole "
+                  "model)")
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
@@ -209,6 +216,8 @@ class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
     outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
                      "models' exact average (not implemented)")
+    final_sync = ("where every rank meets, as every sync_every-th round (no global average: evaluation averages the "
+                  "models)")
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
@@ -245,6 +254,7 @@ class EagerSpec(AlgorithmSpec):
     name = "eager"
     outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
                      "stay identical and there is no model average to correct")
+    final_sync = "a synchronous allreduce of the gradients, as every sync_every-th round"
 
     @classmethod
     def sync_period_of(cls, settings) -> int:

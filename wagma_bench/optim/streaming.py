@@ -89,6 +89,13 @@ class StreamingOuter:
         for x, local in zip(frag, saved):
             x.lerp_(local, alpha)
 
+    def finish(self) -> None:
+        """The run's last round (local SGD then averages the whole model): a fragment's average still in flight is
+        completed and dropped, since the whole model's average replaces its fragment."""
+        if self.pending is not None:
+            self.pending[2].wait()
+            self.pending = None
+
     def state_dict(self) -> dict:
         assert self.pending is None, "a checkpoint is taken only between syncs"
         return {"outer": [o.state_dict() for o in self.outer]}

@@ -34,6 +34,10 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         self.group_size = self.schedule.group_size
         self.data = self.buckets[0].data
 
+    def end_at(self, rounds: int) -> None:
+        super().end_at(rounds)
+        self.schedule.last = rounds  # the budget is a synchronous round: the global average, every rank at it
+
     def _make_engine(self) -> WaitAvoidingAllreduce:
         return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
                                      in_order=self.settings.catch_up == "replay", start_round=self.round,
@@ -43,7 +47,7 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         # self.data becomes, in place, the group average of the models plus this rank's own updates since
         # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
         res = self.engine.request()
-        if res.round % self.schedule.period == 0:  # a synchronous round: the model is the global average
+        if self.schedule.is_sync(res.round):  # a synchronous round: the model is the global average
             self.outer_round(res.round)   # the outer step's change stays in the model with the local one
         self.optimizer.step()             # apply g(W_old) to the average
         self.engine.post(self.data)       # the local update is in the model, exactly once; no copy

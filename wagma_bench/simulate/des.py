@@ -1,5 +1,6 @@
 """Discrete-event simulation of the training loop of every optimizer in the suite.
 
+Every optimizer runs exactly ``steps`` rounds, its last a synchronisation point (as in a run: ``Algorithm.end_at``).
 P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step, compute (forward +
 backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
 objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
@@ -19,8 +20,9 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
 - ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
   the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
   bucket b-1 is done; a rank waits for the last bucket, then steps.
-- ``local_sgd``: local steps; after every round that is a multiple of ``period`` a blocking global
-  allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient allreduces.
+- ``local_sgd``: local steps; after every round that is a multiple of ``period``, and after the last round, a
+  blocking global allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient
+  allreduces.
 - ``dpsgd``: each step a synchronous exchange with both ring neighbours
   (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
 - ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
@@ -40,12 +42,13 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   ``catch_up=replay`` (default) a rank asks for its next round in order (a round its progress thread
   completed passively answers at once); with ``catch_up=skip`` it is answered by the round in flight that
   started after its post, else by the next round, which it activates (so it skips the rounds it joined
-  passively). Every ``tau + 1``-th round is a synchronous global allreduce that waits for every rank.
+  passively). Every ``tau + 1``-th round, and the last, is a synchronous global allreduce that waits for every
+  rank.
 - ``eager``: eager-SGD's partial gradient allreduce (:mod:`wagma_bench.optim.eager`) through the same
   engine with one group of all ranks, in order: a rank posts its gradient and asks for its next round (one
   round per local step; a round completed passively answers at once); ``solo`` -- any rank's request
   activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
-  does; every ``sync_every``-th round is synchronous.
+  does; every ``sync_every``-th round, and the last, is synchronous.
 
 Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
 every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
@@ -68,6 +71,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from wagma_bench.comm.topology import (
+    FixedSchedule,
+    RoundSchedule,
     WagmaSchedule,
     exponential_in_peer,
     exponential_peer,
@@ -78,7 +83,7 @@ from wagma_bench.comm.topology import (
 from wagma_bench.config.schedules import CONTROL_EVERY, control_period
 from wagma_bench.config.schema import check_choices
 from wagma_bench.imbalance import Imbalance, NoImbalance
-from wagma_bench.optim.rules import best_threshold, sync_at
+from wagma_bench.optim.rules import best_threshold, local_average_at, sync_at
 from wagma_bench.optim.specs import (
     OPTIMIZER_SPECS,
     AlgorithmSpec,
@@ -173,7 +178,7 @@ class SimConfig:
     network: Network
     imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
     settings: Any = None             # the optimizer's typed Settings (OPTIMIZER_SPECS[name].Settings); None: defaults
-    steps: int = 1000                # rounds to simulate (rounded up to the sync period, as the trainer does)
+    steps: int = 1000                # rounds to simulate, exactly (the last a synchronisation point, as in a run)
     seed: int = 1
     control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
     local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
@@ -243,6 +248,12 @@ def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.
     return np.concatenate(parts, axis=1)
 
 
+def run_rounds(cfg: SimConfig) -> int:
+    """The rounds a simulation runs: its budget exactly, as a run does (``RunPlan.total``): the last round is a
+    synchronisation point of every optimizer, whatever its sync period (``Algorithm.end_at``)."""
+    return max(1, cfg.steps)
+
+
 class SimState:
     """Per-simulation arrays and bookkeeping shared by the optimizer models."""
 
@@ -251,7 +262,7 @@ class SimState:
             raise ValueError(f"world size must be >= 1, got {cfg.world_size}")
         self.cfg, self.P = cfg, cfg.world_size
         self.sync_period = max(1, sync_period)
-        self.rounds = self.sync_period * max(1, math.ceil(cfg.steps / self.sync_period))
+        self.rounds = run_rounds(cfg)
         # 0: no control points but the last round (the paper's implementations have no periodic barrier)
         self.control = control_period(self.sync_period, cfg.control_every) if cfg.control_every > 0 else 0
         self.tick = cfg.progress or _silent
@@ -423,7 +434,7 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
     def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         if r <= warmup:
             return np.full(run.P, ready.max() + grad_cost)
-        if r % period == 0:
+        if local_average_at(r, period, warmup, run.rounds):  # the run's rule, the last round included
             return np.full(run.P, ready.max() + avg_cost)
         return ready
 
@@ -433,6 +444,7 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
 def _sim_streaming(cfg: SimConfig) -> SimResult:
     s = cfg.settings
     cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes / s.fragments)
+    whole = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)  # the last round's average
     started: dict[int, float] = {}  # the round a fragment's average is needed by -> when it started
 
     def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
@@ -445,6 +457,8 @@ def _sim_streaming(cfg: SimConfig) -> SimResult:
                 started[r + s.fragment_delay] = float(ready.max())
             else:
                 out = np.maximum(ready, started.pop(r) + cost)
+        if r == run.rounds:  # the run ends with the whole model's global average (LocalSGD, StreamingOuter.finish)
+            out = np.full(run.P, max([float(out.max()), *started.values()]) + whole)
         return out
 
     return _lockstep(cfg, s.period, comm)
@@ -798,7 +812,7 @@ def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
     return key[:P]
 
 
-def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: int, world_cost: float,
+def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: RoundSchedule, world_cost: float,
                   initiator: Callable[[int], int] | None = None, in_order: bool = False,
                   post_at_request: bool = False) -> SimResult:
     """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
@@ -810,9 +824,11 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
     else by the next round (so it skips rounds it joined passively). ``post_at_request`` (eager): the rank
     posts its fresh gradient right before asking; otherwise (WAGMA) it posts its model after the update.
     """
-    if sync_every < 1:
-        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (sync_every >= 1), got {sync_every}")
-    run = SimState(cfg, sync_every)
+    if schedule.period < 1:
+        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (period >= 1), got {schedule.period}")
+    run = SimState(cfg, schedule.period)
+    if schedule.last != run.rounds:
+        raise ValueError(f"the schedule's last round {schedule.last} is not the simulation's {run.rounds}")
     P, inf = run.P, math.inf
     outer_every, outer_s = outer_cost(cfg)  # WAGMA-SGD: at (a multiple of) the synchronous rounds
     if P == 1:
@@ -835,7 +851,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
             prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
             cur_posted[newly_posted] = 0
             t_post = np.maximum(t_post, t_req)
-        if r % sync_every == 0:
+        if schedule.is_sync(r):  # every period-th round and the last (the engine's rule)
             start = np.maximum(done, t_req)
             end = np.full(P, start.max() + world_cost + (outer_s if outer_every and r % outer_every == 0 else 0.0))
             target = np.ones(P, dtype=bool)
@@ -880,12 +896,12 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], sync_every: in
 @simulates("wagma")
 def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
-    schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau)
+    schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau, last=run_rounds(cfg))
     lat = hypercube_latencies(P, cfg.network)
     plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes, lat)
              for k in range(schedule.stages)]
     catch_up = cfg.settings.catch_up
-    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule.period,
+    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule,
                         cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
     res.extra["group_size"] = schedule.group_size
     return res
@@ -900,7 +916,8 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     if mode == "majority":
         def initiator(r: int) -> int:
             return random_initiator(P, r, seed=cfg.seed)
-    res = wait_avoiding(cfg, lambda r: plan, sync_every, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
+    schedule = FixedSchedule(P, period=sync_every, last=run_rounds(cfg))
+    res = wait_avoiding(cfg, lambda r: plan, schedule, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
                         initiator, in_order=True, post_at_request=True)
     res.extra["mode"] = mode
     return res

@@ -78,7 +78,8 @@ def make_local_optimizer(train):
     return build
 
 class EvalModel:
-    """Builds the model that evaluation sees: rank 0's local model, or the global average."""
+    """Builds the model that evaluation sees: rank 0's local model, or the global average; of the current models,
+    or of snapshots the ranks took at an earlier round (an evaluation grid round between synchronisation points)."""
 
     def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
         # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
@@ -87,22 +88,33 @@ class EvalModel:
         self.model, self.mode, self.identical, self.comm = model, mode, identical, comm
         self._copy = None
 
-    def get(self):
-        if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
-            return self.model
+    def _floats(self) -> list[str]:
+        return [k for k, v in self.model.state_dict().items() if v.is_floating_point()]
+
+    def snapshot(self) -> torch.Tensor:
+        """This rank's model (parameters and float buffers) as one flat copy; local, no communication."""
+        state = self.model.state_dict()
+        return torch.cat([state[k].reshape(-1) for k in self._floats()])
+
+    def get(self, snapshot: torch.Tensor | None = None, mode: str | None = None):
+        """The model to evaluate (a collective unless the models are identical): of the current models, or of each
+        rank's ``snapshot`` (consumed), combined by ``mode`` (default: the run's; "identical": rank 0's, without
+        communication, for models known to be equal)."""
+        mode = mode or self.mode
+        if snapshot is None:
+            if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
+                return self.model
+            snapshot = self.snapshot()
         if self._copy is None:
             self._copy = copy.deepcopy(self.model)
-        state = self.model.state_dict()
-        floats = [k for k, v in state.items() if v.is_floating_point()]
-        flat = torch.cat([state[k].reshape(-1) for k in floats])
-        if self.mode == "average":
-            self.comm.allreduce(flat, op="mean")
-        else:
-            self.comm.broadcast(flat, src=0)
+        if mode == "average":
+            self.comm.allreduce(snapshot, op="mean")
+        elif mode != "identical":
+            self.comm.broadcast(snapshot, src=0)
         offset, target = 0, self._copy.state_dict()
-        for k in floats:
+        for k in self._floats():
             n = target[k].numel()
-            target[k].copy_(flat[offset:offset + n].view_as(target[k]))
+            target[k].copy_(snapshot[offset:offset + n].view_as(target[k]))
             offset += n
         return self._copy
 

@@ -3,7 +3,8 @@
 Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts:
 DropCompute), injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update).
 Evaluation, checkpoints, stop decisions and the exchange of control flags happen only at synchronisation
-points (rounds that are multiples of ``algo.sync_period``), where every rank is known to be at the same round.
+points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where every
+rank is known to be at the same round.
 The clock that every reported time is read from excludes evaluation and checkpointing (and, after a requeue,
 the time spent in the queue).
 
@@ -74,7 +75,14 @@ class Trainer:
         self.imbalance = make_imbalance(cfg.imbalance, cfg.seed)
         self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
         self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
+        # snapshots taken at grid rounds between synchronisation points are averaged (their models differ there)
+        # unless the models are identical at every round or eval.model names a mode
+        self.snapshot_mode = cfg.eval.model if cfg.eval.model != "auto" else (
+            "local" if self.algo.models_identical_every_round else "average")
+        # (grid round, model, samples, train_s, lr) of this rank at each grid round not yet evaluated
+        self.snapshots: list[tuple[int, torch.Tensor, int, float, float]] = []
         self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
+        self.algo.end_at(self.plan.total)  # its budget, a synchronisation point whatever the sync period
         self.clock = Clock()
         self.checkpointer = Checkpointer(run_dir, self.rank, cfg.raw)
         self.state = TrainState(next_eval=self.plan.eval_every)
@@ -107,6 +115,7 @@ class Trainer:
                 if self.preemption.signal is not None and not self.stop_reach_said:
                     self.say_if_stop_out_of_reach(r)
                 if not self.at_control_point(r):
+                    self.snapshot_if_due(r)  # an evaluation grid round between synchronisation points
                     continue
                 # --- synchronisation point: every rank is at round r ---------------------------------
                 self.steps.flush()
@@ -299,11 +308,8 @@ class Trainer:
 
     # --- synchronisation points ----------------------------------------------------------------------
     def at_control_point(self, r: int) -> bool:
-        """Round r is a synchronisation point where the ranks exchange control flags: a multiple of the
-        sync period that is due for a control exchange, an evaluation or the end."""
-        if r % self.plan.sync:
-            return False
-        return r % self.plan.control_every == 0 or r >= self.state.next_eval or r >= self.plan.total
+        """Round r is a synchronisation point where the ranks exchange control flags (the plan's rule)."""
+        return self.plan.is_control(r, self.state.next_eval)
 
     def control_flags(self) -> ControlFlags:
         """This rank's flags (the time-based ones are rank 0's: its clock decides for all)."""
@@ -329,19 +335,67 @@ class Trainer:
     def should_evaluate(self, r: int) -> bool:
         return r >= self.state.next_eval or r >= self.plan.total
 
+    def snapshot_if_due(self, r: int) -> None:
+        """After round r, not a synchronisation point: for each grid round up to r not yet held, keep this rank's
+        model (a local copy, off the clock), its samples and its training time; they are evaluated at the next
+        synchronisation point, dated at the grid round. No communication, no barrier: what is measured is
+        unchanged. (A rank that skipped rounds, WAGMA-SGD's catch_up=skip, keeps its first model past the grid
+        round.)"""
+        start = self.snapshots[-1][0] + self.plan.eval_every if self.snapshots else self.state.next_eval
+        due = range(start, r + 1, self.plan.eval_every)
+        if not due:
+            return
+        with self.clock.paused("eval"):
+            model = self.evaluator.snapshot()
+            train_s = self.clock.train_s  # when this rank finished round r
+            for i, g in enumerate(due):
+                self.snapshots.append((g, model if i == 0 else model.clone(), self.state.samples_local, train_s,
+                                       algo_lr(self.algo)))
+
     def evaluate(self, r: int, meta: dict) -> None:
-        """Evaluate (off the training clock), log eval_accuracy; reaching the target may end the run."""
+        """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each dated
+        at its grid round: its samples, and the training time at which the last rank finished it), then round r
+        itself when it is a grid round or the run's end. Off the training clock; reaching the target ends the run
+        (at its first evaluation that reaches it)."""
+        held = {g: rest for g, *rest in self.snapshots}
+        self.snapshots = []
+        points = list(range(self.state.next_eval, r + 1, self.plan.eval_every))
+        if r >= self.plan.total and (not points or points[-1] != r):
+            points.append(r)
+        now = (None, self.state.samples_local, self.clock.train_s, algo_lr(self.algo))
+        mine = [held.get(g, now) for g in points]  # a grid round this rank skipped: its model at r
+        stamps = self.grid_stamps([(samples, train_s) for _, samples, train_s, _ in mine])
+        self.state.next_eval = self.plan.next_eval_after(r)
+        for g, (model, _, _, lr), (samples, train_s) in zip(points, mine, stamps, strict=True):
+            if g < r and model is None:
+                model = self.evaluator.snapshot()
+            self.evaluate_one(g, model, {**meta, "step": g, "epoch": self.epoch(g), "samples": samples,
+                                         "train_s": train_s, "lr": lr})
+            if self.status is not None:
+                break
+
+    def grid_stamps(self, mine: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """Per evaluated round, from every rank's (samples, training time) there: the samples of all ranks and the
+        latest training time (when the last rank finished that round). A collective."""
+        local = torch.tensor(mine, dtype=torch.float64, device=self.comm.device).reshape(-1)
+        rows = self.comm.allgather(local).cpu().reshape(self.world, len(mine), 2)
+        return [(int(s), round(float(t), 4)) for s, t in zip(rows[:, :, 0].sum(0).tolist(),
+                                                             rows[:, :, 1].max(0).values.tolist(), strict=True)]
+
+    def evaluate_one(self, g: int, snapshot: torch.Tensor | None, meta: dict) -> None:
+        """Evaluate the model of round g (this rank's ``snapshot`` of it, or the current model), log eval_accuracy;
+        reaching the target ends the run."""
         with self.clock.paused("eval"):
             t_eval = time.perf_counter()
-            metric = self.workload.evaluate(self.evaluator.get(), self.comm)
+            model = self.evaluator.get() if snapshot is None else self.evaluator.get(snapshot, self.snapshot_mode)
+            metric = self.workload.evaluate(model, self.comm)
             eval_took = time.perf_counter() - t_eval
         state, cfg = self.state, self.cfg
-        state.next_eval = self.plan.next_eval_after(r)
         state.best = metric if state.best is None else max(state.best, metric)
         self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
-                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4), lr=algo_lr(self.algo),
+                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4),
                          **self.workload.eval_metadata())
-        self.progress.update(r, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
+        self.progress.update(g, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
         if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
             self.status = "completed"
 
