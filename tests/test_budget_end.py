@@ -1,4 +1,4 @@
-"""Budgets that end where they say (issue 68): every optimizer of the registry trains exactly its budget's rounds,
+"""Budgets that end where they say: every optimizer of the registry trains exactly its budget's rounds,
 whatever its sync period, and the last round is a synchronisation point where the model-averaging optimizers
 average the models globally, as at their periodic sync rounds.
 

@@ -202,7 +202,7 @@ def test_committed_claims_cover_the_papers():
 
 
 def test_committed_sources_follow_the_protocol():
-    """Issue 54's bar, read from the committed trials themselves: every claim's source was tuned interleaved
+    """The claims' protocol, read from the committed trials themselves: every claim's source was tuned interleaved
     (consecutive trials by start time change optimizer at least half the time), every trial has its speed
     reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial finished, and
     claims.json carries a drift-adjusted speed-up with its interval and its tuning's fitted elasticity for every

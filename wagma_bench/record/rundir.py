@@ -54,7 +54,7 @@ ADDED_KEYS = {
     ("optimizer", "fragment_delay"): 0,
     ("optimizer", "fragment_alpha"): 0.0,
     ("workload", "shuffle_seed"): None,   # the batch order set apart from the seed (2026-12-05)
-    # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since budgets end exactly (issue 68)
+    # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since budgets end exactly (2026-12-06)
     ("train", "allow_budget_raise"): False,
 }
 
