@@ -166,9 +166,26 @@ def _as_found(run_dir: Path) -> None:
             atomic_write(copy / name, lambda f, data=data: f.write(data), binary=True)
         return
     shutil.rmtree(copy, ignore_errors=True)
+    _close_logs_in(key)
     if found is None:  # made by this command: removed when empty (a lock of another process stays)
         with contextlib.suppress(OSError):
             key.rmdir()
+
+
+def _close_logs_in(folder: Path) -> None:
+    """Hydra's job log handlers that would write into ``folder`` (its log file is made by its first line): closed
+    and taken off, so that a later line of this process (a command run in-process) does not recreate the folder or
+    fail on it once removed."""
+    import logging
+
+    for logger in (logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                          if isinstance(lg, logging.Logger))):
+        for handler in list(logger.handlers):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(folder):
+                logger.removeHandler(handler)
+                handler.close()
+
+
 LOCK_HELD_ENV = "WAGMA_BENCH_RUN_DIR_LOCKED"  # set for ranks re-executed under mpiexec by the lock holder
 
 
