@@ -21,6 +21,7 @@ import torch
 
 from tests.dist_util import PAUSABLE
 from tests.optim_util import Vector, make_algorithm, run_world, sgd
+from tests.test_invariants import mass  # the conserved sum, as the invariant tests read it
 
 # exact oracles that time nothing, on worlds whose timeouts outlast any pause: make test runs this file at idle
 # CPU priority beside the serial tests (marker `background`)
@@ -39,17 +40,6 @@ SAME_MODEL = {"allreduce", "dropcompute", "wagma", "local_sgd", "eager"}
 
 def gradient(rank: int, step: int) -> float:
     return 0.0 if step == T else rank + 1 + step / 64
-
-
-def mass(name: str, algo) -> float:
-    """This rank's share of the conserved sum (push-sum: w * z; AD-PSGD: with its queued corrections)."""
-    flat = algo.buckets[0].data
-    if name == "sgp":
-        return float(flat.sum()) * algo.weight
-    if name == "adpsgd":
-        with algo._lock:
-            return float((flat + algo._pending).sum())
-    return float(flat.sum())
 
 
 def _run(comm, name: str, settings: dict) -> dict:
