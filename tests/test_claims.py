@@ -546,3 +546,35 @@ def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
     stale = [f for f in current if f not in committed]
     assert not stale, (f"{path.name} quotes {stale}, not in reproduce/claims/claims.json (regenerate the claims and "
                        "update the prose, or say that the figure was a former one)")
+
+
+def test_tune_report_claims_and_paired_score_one_tuning_alike(tmp_path):
+    """One scoring policy: a tuning with a missed trial, a failed one, unfinished ones and a study none of whose
+    trials finished is scored the same by `tune` (tuning.json), the report's tuned table (its ratio to tuned
+    Allreduce-SGD), `claims` and reproduce/claims/paired.py. `tune` counted an unfinished trial as a miss where
+    `claims` left it out, so a study with none finished made tune's score infinite (25 s here, not 22.5)."""
+    import importlib.util
+
+    from wagma_bench.analysis import claims as claims_lib
+    from wagma_bench.analysis import scoring, tuning
+
+    d = _tuning(tmp_path, "t", {"allreduce": [[20.0, 30.0], [25.0, None], [None, None]],
+                                "wagma": [[15.0, math.inf], [40.0, 18.0], [12.0, 14.0]]},
+                {"allreduce": 100.0, "wagma": 110.0})
+    failed = d / "trials" / "wagma_study3_trial2" / "summary.json"
+    failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed", "reached": False,
+                                  "time_to_target_s": None}))
+    expected = {"allreduce": statistics.median([20.0, 25.0]), "wagma": statistics.median([15.0, 18.0, 12.0])}
+
+    tuned = {e["optimizer"]: e for e in tuning.score(d)["results"]}
+    assert {o: e["score_s"] for o, e in tuned.items()} == expected
+    rows = {r["optimizer"]: r for r in scoring.tuned_rows(list(tuned.values()))}
+    assert rows["wagma"]["vs_tuned_allreduce"] == pytest.approx(expected["allreduce"] / expected["wagma"])
+    assert {o: m.value for o, m in claims_lib.measure(d, "time_to_target").items()} == expected
+    spec = importlib.util.spec_from_file_location("paired", ROOT / "reproduce" / "claims" / "paired.py")
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    for optimizer, cost in paired.costs(d, "time_to_target").items():
+        studies = sorted({s for s, _ in cost})
+        draw = [(s, [t for t_s, t in cost if t_s == s]) for s in studies]
+        assert paired.score(cost, draw) == expected[optimizer], optimizer

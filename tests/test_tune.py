@@ -147,7 +147,9 @@ def test_most_studies_missing_make_the_score_infinite():
     assert math.isinf(tuning.median_score([]))
 
 
-def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_too():
+def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_is_left_out():
+    """A trial past the cap is a miss; one without a final summary is not scored (the policy claims share:
+    tests/test_claims.py::test_tune_report_claims_and_paired_score_one_tuning_alike)."""
     trials, summaries = _trials([[30.0, 20.0], [50.0, 10.0]])
     e = tuning.score_combo(trials, summaries, 25.0)
     assert [s["best_time_s"] for s in e["studies"]] == [20.0, 10.0] and e["score_s"] == 15.0
@@ -156,6 +158,9 @@ def test_a_trial_past_max_runtime_counts_as_missing_and_an_unfinished_one_too():
     summaries["c_study2_trial2"] = None  # never ran (or killed before its summary)
     e = tuning.score_combo(trials, summaries, None)
     assert e["unfinished"] == 1 and [s["best_time_s"] for s in e["studies"]] == [20.0, 50.0]
+    summaries["c_study2_trial1"] = None  # the whole study unfinished: left out, the score is study 1's
+    e = tuning.score_combo(trials, summaries, None)
+    assert [s["best_time_s"] for s in e["studies"]] == [20.0, None] and e["score_s"] == 20.0
 
 
 def test_performance_profile_by_hand():

@@ -20,6 +20,7 @@ from wagma_bench.analysis.claims import find_sources, load_claims
 from wagma_bench.analysis.tuning import (
     BY_METRIC,
     BY_TIME,
+    LOWER_IS_BETTER,
     load_trials,
     median_score,
     trial_cost,
@@ -58,7 +59,7 @@ def draw_indices(rng: random.Random, studies: list[int], trials: list[int]) -> l
 def speedup(subject: float, best: float, metric: str, compare: str) -> float:
     if compare == "difference":
         return -subject - (-best)  # the metric's difference, subject minus the best comparator
-    if metric == "time_to_target":
+    if LOWER_IS_BETTER[metric]:
         return best / subject if math.isfinite(subject) else 0.0
     return subject / best  # final metric, as a ratio: both negated, so the ratio is the metric's
 

@@ -56,6 +56,7 @@ from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import (
     BY_METRIC,
     BY_TIME,
+    LOWER_IS_BETTER,
     TRIALS,
     Trial,
     load_trials,
@@ -73,8 +74,7 @@ from wagma_bench.record.files import atomic_write, refuse_link, staged_outputs, 
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
-# metric -> lower is better
-METRICS = {"time_to_target": True, "throughput": False, "final_metric": False}
+METRICS = LOWER_IS_BETTER  # metric -> lower is better (the one policy, analysis.tuning)
 VERDICTS = ("holds", "does not hold", "inconclusive")
 # how the subject is set against the best comparator: a ratio (> 1 favours the subject), or for a final metric
 # whose values may lie near 0 (a success rate after a short budget) the difference subject - best

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.run_records import variant_labels
-from wagma_bench.analysis.tuning import BY_METRIC, format_score, score
+from wagma_bench.analysis.tuning import BY_METRIC, favours, figure_cost, format_score, score
 
 REFERENCE = "allreduce"  # the optimizer every other is compared against (speed-ups, tuned ratios)
 INF = math.inf
@@ -49,19 +49,18 @@ def tuned_rows(results: Sequence[dict]) -> list[dict]:
                      "unfinished": e.get("unfinished"), "winner": win.get("trial"),
                      "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
                      "compute_imbalance": e.get("compute_imbalance"), "reference_s": e.get("reference_s")})
-    refs = {_problem(r): _cost(r) for r in rows if r["optimizer"] == REFERENCE}
+    refs = {_problem(r): _figure(r) for r in rows if r["optimizer"] == REFERENCE}
     for r in rows:
-        ref, cost = refs.get(_problem(r)), _cost(r)
-        r["vs_tuned_allreduce"] = ref / cost if ref is not None and math.isfinite(ref) and math.isfinite(cost) else None
+        ref, (value, metric) = refs.get(_problem(r), (None, None)), _figure(r)
+        r["vs_tuned_allreduce"] = favours(value, ref[0], metric) if ref and ref[1] == metric else None
     return rows
 
 
-def _cost(row: dict) -> float:
-    """A tuned row's score as a cost, lower being better: its seconds, or the reciprocal of its best metric (so
-    that a ratio of costs is the metric's ratio upside down); inf for a missed one."""
-    if row.get("score_metric") is not None:
-        return 1.0 / row["score_metric"] if row["score_metric"] > 0 else INF
-    return INF if row.get("score_s") is None else row["score_s"]
+def _figure(row: dict) -> tuple[float | None, str]:
+    """A tuned row's score and its metric: its seconds to the target, or with no target its best metric."""
+    if row.get("scored_by") == BY_METRIC:
+        return row.get("score_metric"), "final_metric"
+    return row.get("score_s"), "time_to_target"
 
 
 def _problem(row: dict) -> tuple:
@@ -76,7 +75,7 @@ def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = Non
     the number of problems."""
     scores: dict[tuple, dict[str, float]] = {}
     for r in rows:
-        scores.setdefault(_problem(r), {})[r["optimizer"]] = _cost(r)
+        scores.setdefault(_problem(r), {})[r["optimizer"]] = figure_cost(*_figure(r))
     ratios: dict[str, list[float]] = {}
     for per_opt in scores.values():
         best = min(per_opt.values())

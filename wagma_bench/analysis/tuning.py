@@ -103,23 +103,30 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
     """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with no
     target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing to reach)."""
     by = scored_by(summaries.get(t.name) for t in trials)
-    cost = {t.name: trial_cost(summaries.get(t.name), max_runtime_s, by) for t in trials}
+    counted = [t for t in trials if trial_finished(summaries.get(t.name))]  # the one rule (trial_finished)
+    cost = {t.name: trial_cost(summaries.get(t.name), max_runtime_s, by) for t in counted}
 
     def value(c: float) -> float | None:  # a cost back as the figure it stands for
         return None if not math.isfinite(c) else c if by == BY_TIME else -c
 
     best_key = "best_time_s" if by == BY_TIME else "best_metric"
-    studies = []
+    studies, bests = [], []
     for s in sorted({t.study for t in trials}):
-        mine = [t for t in trials if t.study == s]
+        mine = [t for t in counted if t.study == s]
+        planned = sum(1 for t in trials if t.study == s)
+        if not mine:  # none finished: the study is left out of the score, not counted as missed
+            studies.append({"study": s, best_key: None, "trial": None, "reached": 0 if by == BY_TIME else None,
+                            "trials": planned, "finished": 0})
+            continue
         best = min(mine, key=lambda t: (cost[t.name], t.trial))
+        bests.append(cost[best.name])
         studies.append({"study": s, best_key: value(cost[best.name]),
                         "trial": best.name if math.isfinite(cost[best.name]) else None,
                         "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
-                        "trials": len(mine)})
-    score = median_score([INF if s[best_key] is None else cost[s["trial"]] for s in studies])
-    winner = min(trials, key=lambda t: (cost[t.name], t.study, t.trial))
-    won = math.isfinite(cost[winner.name])
+                        "trials": planned, "finished": len(mine)})
+    score = median_score(bests)
+    winner = min(counted, key=lambda t: (cost[t.name], t.study, t.trial)) if counted else None
+    won = winner is not None and math.isfinite(cost[winner.name])
     return {"scored_by": by, ("score_s" if by == BY_TIME else "score_metric"): value(score), "studies": studies,
             "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
             "trials": len(trials),
@@ -128,7 +135,31 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
                        "params": winner.params, "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
 
 
+# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is better
+# (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's score
+# median_score over its studies' bests.
+LOWER_IS_BETTER = {"time_to_target": True, "throughput": False, "final_metric": False}
+
+
+def figure_cost(value: float | None, metric: str) -> float:
+    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so that
+    a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive figure."""
+    if value is None or not 0 < value < INF:
+        return INF
+    return value if LOWER_IS_BETTER[metric] else 1.0 / value
+
+
+def favours(value: float | None, reference: float | None, metric: str) -> float | None:
+    """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time over
+    the value's; the value's throughput or metric over the reference's); None where either has no finite cost."""
+    cost, ref = figure_cost(value, metric), figure_cost(reference, metric)
+    return ref / cost if math.isfinite(cost) and math.isfinite(ref) else None
+
+
 def trial_finished(summary: dict | None) -> bool:
+    """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed one
+    counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss, and a
+    study none of whose trials finished is left out of its combination's score."""
     from wagma_bench.record.rundir import FINISHED
 
     return bool(summary) and summary.get("status") in (*FINISHED, "failed")
