@@ -142,11 +142,12 @@ def test_the_event_log_imports_none_of_its_readers():
 
 
 def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_identity(tmp_path):
-    """A key added later (workload.shuffle_seed, rundir.ADDED_KEYS): a finished run recorded without it is still
+    """A key added later (workload.shuffle_seed, config/identity.ADDED_KEYS): a finished run recorded without it is still
     the same run (tune skips it, run reports it), and so is a checkpoint written without it; a real change is
     still one."""
+    from wagma_bench.config.identity import identity, resume_hash
     from wagma_bench.record.checkpoint import check_against_run
-    from wagma_bench.record.rundir import finished_summary, identity, identity_hash
+    from wagma_bench.record.rundir import finished_summary
 
     old = {"seed": 4, "train": {"lr": 0.004, "max_steps": 100}, "workload": {"name": "transformer", "beam": 4},
            "launcher": {"nproc": 4}}
@@ -163,8 +164,21 @@ def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_ide
     folder.mkdir(parents=True)
     (folder / "rank0.pt").write_bytes(b"x")
     write_json_atomic(folder / "manifest.json", {"round": 50, "world_size": 1, "files": {"rank0.pt": "0"},
-                                                 "config_hash": identity_hash(old), "config": identity(old)})
+                                                 "config_hash": resume_hash(old), "config": identity(old)})
     (run_dir / "checkpoint" / "latest").write_text("round-50")
     check_against_run(run_dir, new, 1, "launcher.nproc=1")
     with pytest.raises(Exception, match="shuffle_seed"):
         check_against_run(run_dir, changed, 1, "launcher.nproc=1")
+
+
+def test_a_checkpoint_manifest_names_its_hash_for_what_it_is_and_the_old_name_still_reads():
+    """The manifest's hash is the run's identity (``resume_hash``), not the whole config's (``run_start``'s
+    ``config_hash``); a manifest written before the rename, with only its hash, still reads."""
+    from wagma_bench.config.identity import config_hash, resume_hash
+    from wagma_bench.record.checkpoint import _written_identity
+
+    raw = {"seed": 1, "train": {"lr": 0.1, "max_steps": 10}, "logger": {"progress": "off"}}
+    extended = {**raw, "train": {"lr": 0.1, "max_steps": 20}, "logger": {"progress": "lines"}}
+    assert resume_hash(raw) == resume_hash(extended) and config_hash(raw) != config_hash(extended)
+    assert _written_identity({"resume_hash": "a1"}) == "a1" == _written_identity({"config_hash": "a1"})
+    assert _written_identity({"resume_hash": "x", "config": raw}) == resume_hash(raw)

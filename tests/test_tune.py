@@ -526,7 +526,7 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
 
 
 def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
-    """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed: record/rundir.ADDED_KEYS) do
+    """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed: config/identity.ADDED_KEYS) do
     not make the committed trials other runs: the same tune command would skip every one of them. Local SGD, whose
     section gained three keys, and Allreduce-SGD of the 2026-12-02 Transformer tuning."""
     from wagma_bench.record.rundir import finished_summary

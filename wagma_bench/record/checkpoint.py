@@ -9,7 +9,7 @@ for ``checkpoint.dir``)::
     latest                 the name of the newest complete set, replaced atomically after the manifest
 
 The last two complete sets are kept, so a crash while writing loses at most one checkpoint period. The
-config hash covers the config minus what may change on resume (:func:`wagma_bench.record.rundir.identity`:
+config hash covers the config minus what may change on resume (:func:`wagma_bench.config.identity.identity`:
 ``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_steps/epochs/time_limit_s``).
 
 Before resuming, the launching process checks the manifest against the run (:func:`check_against_run`:
@@ -37,12 +37,12 @@ import os
 import shutil
 from pathlib import Path
 
+from wagma_bench.config.identity import identity, resume_hash
 from wagma_bench.config.recorded import setting
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.checkpoint_size import file_bytes, human_size
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.files import atomic_write, refuse_link, run_subdir, write_json_atomic
-from wagma_bench.record.rundir import identity, identity_hash
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -171,12 +171,12 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written by {manifest['world_size']} ranks, "
                           f"this run has {world_size} ({world_from}); resume with the same world size, or "
                           f"start afresh with checkpoint.resume=false or another hydra.run.dir")
-    if _written_identity(manifest) != identity_hash(raw):
+    if _written_identity(manifest) != resume_hash(raw):
         before, now = _flat(identity(manifest.get("config", {}))), _flat(identity(raw))
         changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
-                          f"({shown or 'config hash ' + manifest['config_hash']}); only launcher, logger, "
+                          f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
                           f"checkpoint and the budget (train.max_steps, train.epochs, train.time_limit_s) may "
                           f"change on resume")
     missing = [f for f in manifest["files"] if not (folder / f).is_file()]
@@ -187,10 +187,12 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
 
 
 def _written_identity(manifest: dict) -> str:
-    """The identity hash of the configuration a set was written with, recomputed by today's rule from the config
+    """The resume hash of the configuration a set was written with, recomputed by today's rule from the config
     the manifest keeps (a manifest written before that rule changed still matches its own run); a manifest
-    without its config: the hash it stored."""
-    return identity_hash(manifest["config"]) if "config" in manifest else manifest["config_hash"]
+    without its config: the hash it stored (``resume_hash``; named ``config_hash`` before 2026-12-06)."""
+    if "config" in manifest:
+        return resume_hash(manifest["config"])
+    return manifest["resume_hash"] if "resume_hash" in manifest else manifest["config_hash"]
 
 
 def check_event_log(run_dir: Path) -> None:
@@ -275,9 +277,9 @@ class Checkpointer:
         if manifest["world_size"] != world_size:
             raise CheckpointError(f"checkpoint {folder.name} was written by {manifest['world_size']} ranks, "
                                   f"this run has {world_size}")
-        if _written_identity(manifest) != identity_hash(self.raw):
+        if _written_identity(manifest) != resume_hash(self.raw):
             raise CheckpointError(f"checkpoint {folder.name} was written with another configuration "
-                                  f"(config hash {_written_identity(manifest)}, this run {identity_hash(self.raw)})")
+                                  f"(resume hash {_written_identity(manifest)}, this run {resume_hash(self.raw)})")
         name = f"rank{self.rank}.pt"
         path = folder / name
         if not path.is_file():
@@ -337,7 +339,7 @@ class Checkpointer:
             return
         files = {f"rank{r}.pt": bytes(row.cpu().tolist()).hex() for r, row in enumerate(digests)}
         write_json_atomic(folder / MANIFEST, {"round": algo.round, "world_size": comm.world_size,
-                                              "config_hash": identity_hash(self.raw),
+                                              "resume_hash": resume_hash(self.raw),
                                               "config": identity(self.raw), "files": files})
         _write_atomic(self.dir / LATEST, (folder.name + "\n").encode())
         self._prune(folder)

@@ -14,8 +14,8 @@ import torch
 
 from wagma_bench import __version__
 from wagma_bench.comm.base import Comm
+from wagma_bench.config.identity import config_hash
 from wagma_bench.config.schema import RunConfig
-from wagma_bench.record.rundir import config_hash
 
 
 def git_sha() -> str | None:
