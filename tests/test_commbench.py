@@ -60,7 +60,7 @@ def test_comm_bench_listens_on_its_store_port_before_its_ranks_can_start(tmp_pat
 
 
 def test_bandwidths_are_nccl_tests_algbw_and_busbw():
-    from wagma_bench.runtime.commbench import format_table, ratio_table
+    from wagma_bench.campaign.commbench import format_table, ratio_table
 
     rows = [{"op": "allreduce", "impl": impl, "group_size": n, "bytes": 100_000_000, "median_s": 0.1,
              "p10_s": 0.09, "p90_s": 0.11} for impl in ("ours", "raw") for n in (4, 2)]
@@ -113,7 +113,7 @@ def test_more_ranks_than_the_machine_can_hold_are_refused_before_any_rank_starts
 
 def test_link_levels_group_the_ranks_of_a_host_and_one_rank_a_host():
     """Which groups comm-bench times for each link level, from the ranks' host names (pure)."""
-    from wagma_bench.runtime.commbench import level_groups
+    from wagma_bench.campaign.commbench import level_groups
 
     assert level_groups(["a", "a", "b", "b"]) == {"intra": {2: [(0, 1), (2, 3)]}, "inter": {2: [(0, 2)]}}
     three = level_groups(["a"] * 4 + ["b"] * 4 + ["c"] * 4)

@@ -94,7 +94,7 @@ def test_unknown_key_however_hydra_reports_it_lists_the_valid_keys(overrides, me
 @pytest.mark.parametrize("args", [["cluster.network.alpah_s=1e-6"], ["cluster.network.inter.alpah_s=1e-6"],
                                   ["cluster.launcher.torhc=srun"]])
 def test_unknown_nested_cluster_key_is_refused_by_sweep(args):
-    from wagma_bench.runtime import sweep
+    from wagma_bench.campaign import sweep
 
     with pytest.raises(ConfigError) as err:
         load_profile("local", [a.removeprefix("cluster.") for a in args])

@@ -105,8 +105,8 @@ def help_text(command: str) -> str:
 
 def check(argv: list[str], tmp_path: Path) -> None:
     """Raises (AssertionError or the command's own ConfigError) when the example no longer parses."""
+    from wagma_bench.campaign import sweep, tune
     from wagma_bench.config.overrides import precheck
-    from wagma_bench.runtime import sweep, tune
 
     command, rest = argv[0], argv[1:]
     for flag in (w.split("=", 1)[0] for w in rest if w.startswith("--") and w != "--help"):

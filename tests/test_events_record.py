@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from wagma_bench.analysis import run_records
+from wagma_bench.campaign import sweep_jobs
 from wagma_bench.config.schedules import peak_lr
 from wagma_bench.record import mlperf
 from wagma_bench.record.events import RunEvents, RunStart, summarize
 from wagma_bench.record.files import write_json_atomic
-from wagma_bench.runtime import sweep_jobs
 from wagma_bench.simulate.convergence import samples_to_target
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"

@@ -32,6 +32,21 @@ def test_the_package_keeps_its_layers():
     result = lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "layers KEPT" in result.stdout
+    assert "the trainer imports one run's world only KEPT" in result.stdout
+
+
+def test_the_trainer_importing_the_analysis_breaks_its_contract(tmp_path):
+    """The layers alone let the trainer import the analysis below it; the second contract allows it only
+    ``runtime/`` (one run's world), not the campaigns, the simulator or the analysis."""
+    shutil.copytree(PACKAGE, tmp_path / "wagma_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    state = tmp_path / "wagma_bench" / "train" / "state.py"
+    state.write_text(state.read_text() + "\n\ndef _sideways():\n    from wagma_bench.analysis import tuning\n"
+                     "    return tuning\n")
+    result = lint(tmp_path)
+    assert result.returncode != 0
+    assert "layers KEPT" in result.stdout
+    assert "the trainer imports one run's world only BROKEN" in result.stdout
+    assert "wagma_bench.train.state -> wagma_bench.analysis.tuning" in result.stdout, result.stdout
 
 
 def test_every_part_of_the_package_is_in_a_layer():

@@ -149,7 +149,7 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     """A rendered sweep, `sbatch -N 2 --ntasks-per-node 2` (gpus=4 at 2 rank slots a node), Allreduce-SGD and
     WAGMA-SGD to their step budget: the batch script runs on wagma-n1, srun starts ranks on both hosts, which
     agree on one run directory each."""
-    from wagma_bench.runtime import sweep, sweep_jobs
+    from wagma_bench.campaign import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
@@ -289,7 +289,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     """USR1 to a two-node job's ranks (as --signal=USR1@90 sends it): every rank on both hosts saves, rank 0
     requeues the job, which starts again on both hosts and resumes from the checkpoint in the same run
     directory: one run_start, one run_resume, ranks on both hosts both times."""
-    from wagma_bench.runtime import sweep, sweep_jobs
+    from wagma_bench.campaign import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",

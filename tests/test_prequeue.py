@@ -1,4 +1,4 @@
-"""Checked before the queue (wagma_bench/runtime/prequeue.py): `sweep` and `tune` refuse a data path that does not
+"""Checked before the queue (wagma_bench/campaign/prequeue.py): `sweep` and `tune` refuse a data path that does not
 exist or lacks its layout when they render, unless `--data-on-nodes` says only the compute nodes see it; they print
 a GPU-hour line (checked here against the simulator called directly); `cluster.array_parallelism` throttles the
 job array (`%N`; SLURM itself accepts it in tests/test_slurm.py's profile-overrides test)."""
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from wagma_bench.campaign import prequeue, sweep
 from wagma_bench.cli import sweep as sweep_cli
 from wagma_bench.cli import tune as tune_cli
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import prequeue, sweep
 
 PAPER = ["cluster=daint", "experiment=paper_resnet50"]
 

@@ -222,9 +222,9 @@ def test_report_that_runs_out_of_room_partway_leaves_the_previous_outputs(tmpfs,
                                           ("failed", True), ("interrupted", False), ("preempted", False),
                                           (None, False)])
 def test_reproduce_scripts_read_an_ended_run_and_run_an_interrupted_one_again(tmp_path, status, ended):
-    """runtime.runs.run_unless_done, what the scripts under reproduce/ build their campaigns from: a summary left by
+    """campaign.runs.run_unless_done, what the scripts under reproduce/ build their campaigns from: a summary left by
     a Ctrl-C or a preemption is not a result (the rerun resumes the run); a missing or torn summary neither."""
-    from wagma_bench.runtime.runs import ended as run_ended
+    from wagma_bench.campaign.runs import ended as run_ended
 
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"status": status}) if status else "{\"status\": \"comp")

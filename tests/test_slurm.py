@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, local_clusters, standin_partition
+from wagma_bench.campaign import sweep, sweep_jobs
 from wagma_bench.cli import sweep as sweep_cli
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim import OPTIMIZERS
 from wagma_bench.record.files import read_jsonl
-from wagma_bench.runtime import sweep, sweep_jobs
 from wagma_bench.runtime.slurm import job_states
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())

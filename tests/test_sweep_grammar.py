@@ -128,8 +128,8 @@ def test_comparison_experiments_sweep_every_registered_optimizer(experiment):
     """The "every optimizer" presets name none: glob(*) over conf/optimizer/, so a new one is in them."""
     from hydra import compose, initialize_config_dir
 
+    from wagma_bench.campaign.sweep import parse_overrides
     from wagma_bench.config.paths import CONF_DIR
-    from wagma_bench.runtime.sweep import parse_overrides
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="wagma", overrides=[f"experiment={experiment}"], return_hydra_config=True)

@@ -15,10 +15,10 @@ import pytest
 
 from tests.cli_util import BIN
 from wagma_bench.analysis import tuning
+from wagma_bench.campaign import tune
 from wagma_bench.cli import tune as tune_cli
 from wagma_bench.config import search_space
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import tune
 
 # --- search spaces ------------------------------------------------------------------------------------
 
@@ -529,8 +529,8 @@ def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
     """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed: config/identity.ADDED_KEYS) do
     not make the committed trials other runs: the same tune command would skip every one of them. Local SGD, whose
     section gained three keys, and Allreduce-SGD of the 2026-12-02 Transformer tuning."""
+    from wagma_bench.campaign.tune import make_plan, parse_args
     from wagma_bench.record.rundir import finished_summary
-    from wagma_bench.runtime.tune import make_plan, parse_args
 
     folder = Path(__file__).resolve().parents[1] / "reproduce" / "tuning" / "results-2core-20261202" / "transformer"
     args = parse_args(["workload=transformer", "tune.max_runtime_s=150", "optimizer=allreduce,local_sgd",

@@ -10,8 +10,8 @@ def test_venv_auto_keeps_the_path_the_user_activated(tmp_path, monkeypatch):
     that a console script's ``#!`` line names; an unrelated VIRTUAL_ENV (or none): this Python's prefix."""
     import sys
 
+    from wagma_bench.campaign.sweep import setup_lines
     from wagma_bench.config.cluster import load_profile
-    from wagma_bench.runtime.sweep import setup_lines
 
     link = tmp_path / "my-venv"
     link.symlink_to(Path(sys.prefix).resolve())

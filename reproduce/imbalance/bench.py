@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from wagma_bench.runtime.runs import run_unless_done
+from wagma_bench.campaign.runs import run_unless_done
 
 COMMON = ["workload=resnet", "eval.target=null", "eval.every_steps=100000", "logger.progress=off",
           "checkpoint.every_s=1e9"]

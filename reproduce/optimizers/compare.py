@@ -25,8 +25,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from wagma_bench.analysis.report import median, olympic_mean
+from wagma_bench.campaign.runs import run_unless_done
 from wagma_bench.optim import OPTIMIZERS
-from wagma_bench.runtime.runs import run_unless_done
 
 ROOT = Path(__file__).resolve().parents[2]
 # Evaluate every 10 rounds (rounded up to the optimizer's sync period), so time-to-target is resolved

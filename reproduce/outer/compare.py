@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from wagma_bench.analysis.report import median, olympic_mean
-from wagma_bench.runtime.runs import run_unless_done
+from wagma_bench.campaign.runs import run_unless_done
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOWMO = ["optimizer.outer=slowmo"]  # alpha 1, beta 0.5; every global average (local SGD, WAGMA) or 12 rounds (SGP)

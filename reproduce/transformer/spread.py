@@ -8,7 +8,7 @@ claim's target BLEU 80, cap 150 s, 4 ranks), varied one source at a time, five l
 - ``lr``: the learning rate, x0.5 to x2 of the winner's (the tuning's search space spans x0.31 to x4.9 of it).
 
 The runs are interleaved (round k runs level k of every source, the sources in a seeded shuffled order) and each
-is timed between two speed references (wagma_bench/runtime/reference.py), as tune's trials are.
+is timed between two speed references (wagma_bench/campaign/reference.py), as tune's trials are.
 
     .venv/bin/python reproduce/transformer/spread.py run OUT       # runs what OUT lacks, then OUT/spread.json
     .venv/bin/python reproduce/transformer/spread.py table FILE    # the markdown table of a spread.json
@@ -27,11 +27,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from wagma_bench.campaign.reference import reference_s
+from wagma_bench.campaign.runs import ended, run_unless_done
+from wagma_bench.campaign.tune import add_reference
 from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import write_json_atomic
-from wagma_bench.runtime.reference import reference_s
-from wagma_bench.runtime.runs import ended, run_unless_done
-from wagma_bench.runtime.tune import add_reference
 
 LR, WARMUP_EPOCHS, SEED = 0.00404411, 0.686998, 4
 BASE = ["workload=transformer", "optimizer=allreduce", f"train.warmup_epochs={WARMUP_EPOCHS}",

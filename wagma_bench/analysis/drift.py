@@ -1,6 +1,6 @@
 """Figures adjusted for the machine's drift, from each trial's speed reference, by the drift's measured effect.
 
-``tune`` times a fixed CPU workload before and after every trial (:mod:`wagma_bench.runtime.reference`) and
+``tune`` times a fixed CPU workload before and after every trial (:mod:`wagma_bench.campaign.reference`) and
 writes the mean to the trial's ``summary.json`` as ``reference_s``. A trial that ran while the machine was slow
 has a larger reference. How much slower the trial itself ran is measured, not assumed: within each optimizer
 (each combination) of a tuning, a trial's seconds per round on the training clock (``train_s / steps``) rises

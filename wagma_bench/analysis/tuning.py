@@ -4,7 +4,7 @@ trials all missed counting as infinite (so the score is infinite when half the s
 Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are scored the
 same way by their best metric, higher being better: per study the trial with the highest best metric, the score
 the median of those (AlgoPerf scores only time to target; this reading is ours). ``wagma-bench tune``
-(:mod:`wagma_bench.runtime.tune`) plans and runs the trials; ``report``, ``claims`` and ``simulate`` read them
+(:mod:`wagma_bench.campaign.tune`) plans and runs the trials; ``report``, ``claims`` and ``simulate`` read them
 through this module."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The machine's speed, measured: a fixed CPU workload timed before and after each tuning trial.
 
 This machine's speed drifts (another job, the host's load, its clock): the same trial can take a third longer
-an hour later. A tuning runs its optimizers' trials interleaved (:func:`wagma_bench.runtime.tune.run_order`), so
+an hour later. A tuning runs its optimizers' trials interleaved (:func:`wagma_bench.campaign.tune.run_order`), so
 drift spreads over every optimizer; the reference says how much there was. ``tune`` times :func:`reference_s`
 just before a trial starts and just after it ends, and adds ``reference_s`` (the mean of the two) and
 ``reference_before_after_s`` to the trial's ``summary.json``; ``report``, ``tune`` and ``claims`` then show each

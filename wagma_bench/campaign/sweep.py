@@ -26,7 +26,7 @@ grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``,
 ``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
 :func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
 
-Checked before the queue (:mod:`wagma_bench.runtime.prequeue`, docs/slurm.md): each run's data path exists, is
+Checked before the queue (:mod:`wagma_bench.campaign.prequeue`, docs/slurm.md): each run's data path exists, is
 readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
 reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x seconds
 per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N`` renders each
@@ -35,7 +35,7 @@ job array as ``--array=0-K%N``.
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
 (each a normal run directory, so ``wagma-bench report DIR`` reads the sweep like any tree of runs).
-Following, cancelling and submitting again: :mod:`wagma_bench.runtime.sweep_jobs`.
+Following, cancelling and submitting again: :mod:`wagma_bench.campaign.sweep_jobs`.
 
 ``--submitit`` prints instead one ``wagma-bench run -m hydra/launcher=submitit_slurm ...`` command per GPU
 count, the same profile mapped onto the submitit launcher's fields (:func:`submitit_command`), for users who
@@ -343,11 +343,11 @@ def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
 def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None,
            runs: list[SweepRun] | None = None, runs_dir: str = "runs", data_on_nodes: bool = False,
            step_times: tuple[str, ...] = ()) -> dict:
-    """Validate every combination and check it before the queue (:mod:`~wagma_bench.runtime.prequeue`: the data
+    """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the data
     paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts and the
     manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
     ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
-    from wagma_bench.runtime import prequeue
+    from wagma_bench.campaign import prequeue
 
     runs = expand(spec) if runs is None else runs
     configs = check_run_configs(spec, runs)

@@ -1,7 +1,7 @@
 """A rendered sweep on SLURM, followed and controlled: submit it (and submit again what was cancelled), each run's
 state, wait for the whole sweep, cancel it.
 
-The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.runtime.sweep`) is the record: each job's
+The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.campaign.sweep`) is the record: each job's
 id, and per run the id of its own later submission (``job_id``), the ids it had before (``earlier_jobs``) and,
 while it stands cancelled, when and which job (``cancelled``). A cancelled run's directory also holds
 ``cancelled.json`` (:data:`wagma_bench.record.rundir.CANCELLED`), which its ranks read before any requeue and
@@ -36,12 +36,12 @@ import sys
 import time
 from pathlib import Path
 
+from wagma_bench.campaign.sweep import MANIFEST
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import CANCELLED, FINISHED, LOCK, cancel_note
 from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
-from wagma_bench.runtime.sweep import MANIFEST
 
 LIVE_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING")
 

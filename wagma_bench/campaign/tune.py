@@ -6,7 +6,7 @@
         [--data-on-nodes] [--step-times RUN_DIR]...
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
-Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.runtime.sweep.parse_overrides`:
+Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.campaign.sweep.parse_overrides`:
 ``optimizer=a,b``, ``'optimizer=glob(*)'``, ``workload=...``) is tuned on its own: its optimizer's search
 space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.config.search_space`) gives S x O quasirandom points
 (``tune.studies`` x ``tune.trials``, from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint
@@ -51,14 +51,14 @@ from wagma_bench.analysis.tuning import (
     outcome,
     yaml_value,
 )
+from wagma_bench.campaign.reference import VERSION as REFERENCE_VERSION
+from wagma_bench.campaign.reference import reference_s
 from wagma_bench.config.overrides import CommandParser, refuse_path_options
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import OUTPUT_HINT, open_run_file, run_subdir, write_json_atomic
-from wagma_bench.runtime.reference import VERSION as REFERENCE_VERSION
-from wagma_bench.runtime.reference import reference_s
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
 CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array", "--data-on-nodes"}
@@ -129,7 +129,7 @@ def _own_value(key: str, value: str) -> Any:
 
 def combinations(args: TuneArgs):
     """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and expansion of the overrides."""
-    from wagma_bench.runtime import sweep
+    from wagma_bench.campaign import sweep
 
     for key, _ in sweep.parse_overrides(args.overrides):
         if key in ("seed", "seeds"):
@@ -182,9 +182,9 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, Any]]:
 
 
 def check_data(configs: dict[str, Any], on_nodes: bool) -> list[str]:
-    """The trials' data paths checked before the queue (:func:`wagma_bench.runtime.prequeue.check_data`), one
+    """The trials' data paths checked before the queue (:func:`wagma_bench.campaign.prequeue.check_data`), one
     checked config per distinct workload and data section."""
-    from wagma_bench.runtime import prequeue
+    from wagma_bench.campaign import prequeue
 
     distinct = {(c.workload.name, repr(c.data)): c for c in configs.values()}
     return prequeue.check_data(list(distinct.values()), on_nodes)
@@ -321,7 +321,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
 
 def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> dict:
     """The trial's speed reference, timed just before it started and just after it ended, added to its
-    ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.runtime.reference`)."""
+    ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.campaign.reference`)."""
     from wagma_bench.record.events import SUMMARY
 
     summary = {**summary, "reference_s": (before + after) / 2, "reference_before_after_s": [before, after],

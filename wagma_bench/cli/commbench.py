@@ -1,6 +1,6 @@
 """``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data plane's
 collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
-(:mod:`wagma_bench.runtime.commbench` does the work; its docstring says what is measured)."""
+(:mod:`wagma_bench.campaign.commbench` does the work; its docstring says what is measured)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from wagma_bench import exits
+from wagma_bench.campaign import commbench
 from wagma_bench.record.files import OUTPUT_HINT, refuse_link
-from wagma_bench.runtime import commbench
 
 DESCRIPTION = "Time our communication backend against the raw library calls, on the same buffers."
 EPILOG = """\

@@ -77,8 +77,8 @@ import time
 from pathlib import Path
 
 from wagma_bench import exits
+from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
-from wagma_bench.runtime.sweep import parse_overrides
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
 from wagma_bench.simulate.predict import predict

@@ -1,5 +1,5 @@
 """``wagma-bench sweep``: render, submit and follow SLURM jobs over GPU counts and options
-(:mod:`wagma_bench.runtime.sweep` does the work; the usage is that module's)."""
+(:mod:`wagma_bench.campaign.sweep` does the work; the usage is that module's)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from wagma_bench import exits
+from wagma_bench.campaign import prequeue, sweep, sweep_jobs
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import prequeue, sweep, sweep_jobs
 
 USAGE = sweep.__doc__.split("\n\n")[1]
 

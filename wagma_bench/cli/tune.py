@@ -1,4 +1,4 @@
-"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset (:mod:`wagma_bench.runtime.tune`
+"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset (:mod:`wagma_bench.campaign.tune`
 plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them; the usage is that module's)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, format_scores, write_scores
+from wagma_bench.campaign import tune
 from wagma_bench.errors import ConfigError
-from wagma_bench.runtime import tune
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +44,7 @@ def _main(argv: list[str]) -> int:
 
 def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
     """Cluster mode: the trials as a sweep (``sweep``'s scripts and manifest), submitted with --submit."""
-    from wagma_bench.runtime import prequeue, sweep, sweep_jobs
+    from wagma_bench.campaign import prequeue, sweep, sweep_jobs
 
     runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in tune.run_order(trials, args.seed)]
     manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,

@@ -32,7 +32,7 @@ from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, wri
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
 # ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports show it
-# as cancelled, not as failed or preempted. (wagma_bench.runtime.sweep_jobs writes it.)
+# as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
 CANCELLED = "cancelled.json"
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
