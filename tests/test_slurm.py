@@ -495,7 +495,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
     ({}, 1),
 ])
 def test_tasks_on_this_node_from_the_srun_environment(env, expected):
-    from wagma_bench.runtime.launch import detect_world, slurm_tasks_on_this_node
+    from wagma_bench.runtime.world import detect_world, slurm_tasks_on_this_node
 
     assert slurm_tasks_on_this_node(env) == expected
     world = detect_world({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "7", **env})

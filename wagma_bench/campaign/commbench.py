@@ -472,7 +472,7 @@ def bench(nproc: int, sizes: list[int], repeats: int, comm_name: str, device: st
     """Measure and report: under a launcher (srun, torchrun, mpiexec) as a rank of its world, under none by
     starting ``mpiexec`` with the same ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from the
     rank server. The arguments were checked by the command (:mod:`wagma_bench.cli.commbench`)."""
-    from wagma_bench.runtime.launch import detect_world
+    from wagma_bench.runtime.world import detect_world
 
     world = detect_world()
     if world is not None and comm_name == "torch":  # a rank of srun's or torchrun's world: join it

@@ -55,7 +55,7 @@ def _check_fits(args: argparse.Namespace) -> None:
     rank's measured memory (a ConfigError where they do not fit); not where a launcher (mpiexec, srun,
     torchrun) placed this process: the cluster places the ranks then."""
     from wagma_bench.config.schema import check_ranks_fit
-    from wagma_bench.runtime.launch import detect_world
+    from wagma_bench.runtime.world import detect_world
 
     if detect_world() is not None:
         return

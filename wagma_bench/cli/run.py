@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     Ctrl-C that reaches a rank is the second, which its trainer recorded and its launcher reports: no
     line)."""
     from wagma_bench.runtime import signals
-    from wagma_bench.runtime.launch import detect_world
+    from wagma_bench.runtime.world import detect_world  # light: the handlers come first
 
     rank = detect_world() is not None
     if rank:
@@ -67,12 +67,8 @@ def run_command(overrides: list[str]) -> int:
         return 0
     import hydra
 
-    from wagma_bench.runtime.launch import (
-        RANK_SERVER_PRELOAD,
-        agreed_run_dir_override,
-        detect_world,
-        start_rank_server,
-    )
+    from wagma_bench.runtime.launch import RANK_SERVER_PRELOAD, agreed_run_dir_override, start_rank_server
+    from wagma_bench.runtime.world import detect_world
 
     world = detect_world()
     if world is not None:  # a rank of torchrun's, srun's or mpiexec's world: it imports what the rank server would,
@@ -219,7 +215,8 @@ def _run_job(cfg) -> dict | None:
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import startup
     from wagma_bench.runtime.extras import check_extras
-    from wagma_bench.runtime.launch import detect_world, stop_rank_server
+    from wagma_bench.runtime.launch import stop_rank_server
+    from wagma_bench.runtime.world import detect_world
     from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
     startup.new_job()
