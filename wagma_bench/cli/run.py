@@ -49,6 +49,11 @@ def _run(argv: list[str], rank: bool) -> int:
 
     try:
         code = run_command(argv)
+    except (Exception, SystemExit) as err:  # a stop signal that a library turned into its own error
+        stopped = None if rank or isinstance(err, exits.Stop) else signals.stopped_in_setup()
+        if stopped is None:
+            raise
+        raise exits.Stopped(stopped) from None
     finally:
         if rank:
             signals.rank_done()

@@ -39,8 +39,20 @@ _phase = "none"
 _ctrl_c = None
 
 
+_stopped: list[int] = []  # the stop signals raised into the launcher's set-up (stopped_in_setup)
+
+
 def _raise_stopped(signum, frame) -> None:
+    _stopped.append(signum)
     raise Stopped(signum)
+
+
+def stopped_in_setup() -> int | None:
+    """The stop signal raised into a launcher's set-up, if one was (None: none). An exception raised into
+    library code at an arbitrary line can be turned into another one as the library unwinds (OmegaConf, inside
+    Hydra's composition, raised an AttributeError from a half-built node; Hydra then exits 1 with its own
+    message): the command's outcome is still the signal's, and `run` answers it as such."""
+    return _stopped[0] if _phase == "starting" and _stopped else None
 
 
 def _note(signum, frame) -> None:
