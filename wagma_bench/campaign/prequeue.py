@@ -16,7 +16,6 @@ so that a job does not wait in SLURM's queue only to fail at its start or to spe
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from wagma_bench.workloads.specs import (
     WORKLOAD_SPECS,
     check_binarized_dir,
     check_imagenet_root,
+    rounds_per_epoch,
+    updates_per_rollout,
 )
 
 DATA_ON_NODES = "--data-on-nodes"
@@ -153,12 +154,12 @@ def read_step_times(paths: Iterable[str]) -> Measured:
 def steps_per_epoch(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
     """Rounds of one epoch as the workload will count them; None where only the data itself says."""
     if cfg.workload.name == "ddppo":  # an epoch is one rollout's updates
-        return cfg.workload.ppo_epoch * cfg.workload.num_mini_batch
+        return updates_per_rollout(cfg.workload)
     key = (cfg.workload.name, cfg.data.name)
     size = measured.train_samples.get(key, TRAIN_SAMPLES.get(key))
     if cfg.data.name == "synthetic":
         size = cfg.data.num_samples * gpus
-    return None if size is None else max(1, math.ceil(size / (cfg.train.batch_size * gpus)))
+    return None if size is None else rounds_per_epoch(size, cfg.train.batch_size, gpus)
 
 
 def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from wagma_bench.comm.base import Comm
-from wagma_bench.workloads.specs import WorkloadSpec
+from wagma_bench.workloads.specs import WorkloadSpec, rounds_per_epoch
 
 
 def default_cache_root() -> Path:
@@ -71,7 +71,7 @@ class Workload(WorkloadSpec, abc.ABC):
 
     def steps_per_epoch(self) -> int:
         """Steps (rounds) of one epoch; the unit of eval.every_epochs, train.epochs and the LR schedule."""
-        return max(1, -(-self.train_size // (self.cfg.train.batch_size * self.world_size)))
+        return rounds_per_epoch(self.train_size, self.cfg.train.batch_size, self.world_size)
 
     def step_stats(self) -> dict:
         """Extra per-step fields for this rank's step log (e.g. tokens in the batch); empty by default."""

@@ -61,6 +61,18 @@ class WorkloadSpec:
 
 # --- ResNet -------------------------------------------------------------------------------------------------
 
+
+def rounds_per_epoch(samples: int, batch_size: int, world_size: int) -> int:
+    """Rounds of one epoch of ``samples`` at ``batch_size`` per rank (the last batch partial): the unit of
+    eval.every_epochs, train.epochs and the LR schedule, for a run (Workload.steps_per_epoch) and for an estimate
+    made before one (campaign/prequeue.py)."""
+    return max(1, -(-samples // (batch_size * world_size)))
+
+
+def updates_per_rollout(settings) -> int:
+    """DD-PPO's rounds per rollout, its epoch: ``ppo_epoch`` passes of ``num_mini_batch`` updates."""
+    return settings.ppo_epoch * settings.num_mini_batch
+
 @dataclass
 class Mnist5kData:
     name: str = "mnist5k"

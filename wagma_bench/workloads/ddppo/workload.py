@@ -31,7 +31,7 @@ from wagma_bench.workloads.ddppo.envs.base import NUM_ACTIONS, Episode, NavEnv
 from wagma_bench.workloads.ddppo.policy import PointNavPolicy
 from wagma_bench.workloads.ddppo.ppo import RolloutBuffer, ppo_loss
 from wagma_bench.workloads.ddppo.preemption import RolloutCounter, should_stop_early
-from wagma_bench.workloads.specs import DDPPOSpec
+from wagma_bench.workloads.specs import DDPPOSpec, updates_per_rollout
 
 EVAL_SEED = 2**31 - 1  # the held-out evaluation pairs do not depend on the run's seed
 
@@ -75,7 +75,7 @@ class DDPPOWorkload(DDPPOSpec, Workload):
     # --- data: rollouts ---------------------------------------------------------------------------
     @property
     def steps_per_rollout(self) -> int:
-        return self.settings.ppo_epoch * self.settings.num_mini_batch
+        return updates_per_rollout(self.settings)
 
     def steps_per_epoch(self) -> int:
         return self.steps_per_rollout
