@@ -112,13 +112,15 @@ def sweep_group(run_dir: Path) -> str | None:
     """The W&B group of a run: one per sweep, named by the sweep's directory plus a hash of its path (two
     sweeps named alike, e.g. by date and time on two machines, stay apart); none outside a sweep.
 
-    A sweep is a ``wagma-bench sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/NAME``), a Hydra
+    A sweep is a ``wagma-bench tune`` (``TUNE/tune.json``, trials in ``TUNE/trials/NAME``: the tuning's trials
+    share its group), a ``wagma-bench sweep`` (``SWEEP/manifest.json``, runs in ``SWEEP/runs/NAME``), a Hydra
     multirun (``multirun.yaml`` in the sweep directory, named by date and time), or the multiruns of a
     ``--submitit`` sweep (one per GPU count in ``SWEEP/runs/0008gpu``: the group is ``SWEEP``'s, so
     GPU counts do not split a sweep)."""
     run_dir = Path(run_dir).resolve()
     parent = run_dir.parent
-    if parent.name == "runs" and (parent.parent / "manifest.json").exists():
+    marker = {TUNE_TRIALS: TUNE_PLAN, "runs": "manifest.json"}.get(parent.name)  # a tuning's trials, a sweep's runs
+    if marker and (parent.parent / marker).exists():
         root, name = parent.parent, parent.parent.name
     elif (parent / "multirun.yaml").exists() and parent.parent.name == "runs":
         root, name = parent.parent.parent, parent.parent.parent.name
@@ -130,6 +132,38 @@ def sweep_group(run_dir: Path) -> str | None:
 
 
 ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
+
+# A tuning's plan and its trials' folder (wagma_bench.analysis.tuning's PLAN and TRIALS: that layer is above
+# this one, so the names are repeated here; tests/test_wandb_report.py runs a real tuning through both).
+TUNE_PLAN, TUNE_TRIALS = "tune.json", "trials"
+
+# The flat W&B config keys reviewers group and filter runs by (W&B's run table, a Report's run sets); the
+# whole configuration goes beside them under ``config``. ``tuning_trial`` says whether the run is a trial of a
+# tuning (a Report's untuned run sets leave trials out); a trial also has ``study``, ``trial`` and one
+# ``tuned_<key>`` per tuned setting (dots made underscores: W&B reads a dot in a config key as nesting).
+GROUP_KEYS = ("optimizer", "workload", "data", "imbalance", "world_size", "seed")
+
+
+def tuned_key(key: str) -> str:
+    """The W&B config key of a tuned setting: ``optimizer.tau`` -> ``tuned_optimizer_tau``."""
+    return "tuned_" + key.replace(".", "_")
+
+
+def grouping_config(run_dir: Path, start: dict) -> dict[str, Any]:
+    """The flat keys of a run's W&B config: :data:`GROUP_KEYS` from its ``run_start`` metadata; for a trial of
+    a tuning (``TUNE/trials/NAME`` beside ``TUNE/tune.json``) its study, trial and tuned settings from the plan."""
+    flat = {**{k: start.get(k) for k in GROUP_KEYS}, "tuning_trial": False}
+    run_dir = Path(run_dir)
+    plan = run_dir.parent.parent / TUNE_PLAN
+    if run_dir.parent.name == TUNE_TRIALS and plan.exists():
+        try:
+            trials = json.loads(plan.read_text()).get("trials", [])
+        except (OSError, ValueError):  # a plan being rewritten: the trial is still grouped by the tuning
+            trials = []
+        for t in (t for t in trials if isinstance(t, dict) and t.get("name") == run_dir.name):
+            flat.update(tuning_trial=True, study=t.get("study"), trial=t.get("trial"),
+                        **{tuned_key(k): v for k, v in (t.get("params") or {}).items()})
+    return flat
 
 
 def init_wandb(base: Path, mode: str, timeout_s: float | None = None, **init_kwargs: Any):
@@ -153,6 +187,11 @@ def init_wandb(base: Path, mode: str, timeout_s: float | None = None, **init_kwa
 def offline_dir(run) -> Path:
     """The directory ``wandb sync`` takes for a run (``.../wandb/offline-run-<time>-<id>``)."""
     return Path(run.dir).parent
+
+
+def _start_metadata(run_dir: Path) -> dict:
+    start = RunEvents.read(run_dir).start
+    return start.metadata if start is not None else {}
 
 
 @dataclass(frozen=True)
@@ -228,12 +267,20 @@ class WandbSink:
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
         run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+        # after a requeue the first event is run_resume: the grouping keys come from the run's run_start
+        start = meta if event["key"] == "run_start" else _start_metadata(self.run_dir)
+        config = {**grouping_config(self.run_dir, start), "config": c}
         kwargs = {"project": self.settings.project, "entity": self.settings.entity, "name": name, "id": run_id,
-                  "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": c,
+                  "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": config,
                   "job_type": run.optimizer, "tags": [run.workload, run.optimizer, run.imbalance]}
         self.run = self._init(kwargs)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
+        # time to accuracy: eval/* against the training clock by default; samples is logged in the same rows,
+        # so a panel can take it as its x-axis too (W&B allows one step metric per metric)
+        self.run.define_metric("train_s")
+        self.run.define_metric("samples", step_metric="train_s")
+        self.run.define_metric("eval/*", step_metric="train_s")
         if event["key"] == "run_start":
             self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
                                                               "model_params", "group_size", "sync_period",
