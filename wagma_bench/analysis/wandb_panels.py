@@ -173,6 +173,10 @@ def build(sections: Sequence[Section], project: str, entity: str, title: str, on
     section per report section, runs grouped by optimizer). ``online``: the run sets name the project (W&B
     looks it up as the model is made, so only with a key)."""
     wr, ws, expr = load_api()
+    if online and not entity:  # the key's own entity (W&B's default for a new report)
+        import wandb
+
+        entity = wandb.Api().default_entity
     blocks = list(head)
     for s in sections:
         where = {"entity": entity, "project": project} if online else {}

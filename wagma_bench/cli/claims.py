@@ -1,4 +1,4 @@
-"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing]``: the papers'
+"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing] [--wandb-report]``: the papers'
 claims, measured here with intervals, predicted at scale, and a verdict (:mod:`wagma_bench.analysis.claims`
 does the work)."""
 
@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from wagma_bench import exits
-from wagma_bench.analysis import claims
+from wagma_bench.analysis import claims, wandb_panels
 
 
 def main(argv: list[str]) -> int:
@@ -33,9 +33,33 @@ def _claims(argv: list[str]) -> int:
         help="measure a source some of whose planned trials did not finish (refused otherwise); the tables "
         "then say how many trials each optimizer has",
     )
+    parser.add_argument("--wandb-report", action="store_true",
+                        help="also a W&B Report of the claims table and each claim's interval (wandb-workspaces): "
+                        "saved with an API key, else its spec written to OUT/wandb-report.json")
+    parser.add_argument("--wandb-project", default="wagma-bench", help="the report's W&B project (default: wagma-bench)")
+    parser.add_argument("--wandb-entity", default=None, help="the report's W&B entity (default: the key's)")
     args = parser.parse_args(argv)
+    if args.wandb_report:  # a missing extra is said before anything is written
+        wandb_panels.load_api()
     # the README and the sources are checked before anything is written (analysis.claims.make_claims)
     results = claims.make_claims(args.dirs, args.out, args.claims, args.readme, args.allow_missing)
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {v}" for v in claims.VERDICTS)
     print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
+    if args.wandb_report:
+        _wandb_report(args, results)
     return 0
+
+
+def _wandb_report(args, results: list[dict]) -> None:
+    """The claims as a W&B Report: with tuning directories among the sources, their parallel coordinates too."""
+    from wagma_bench.analysis.tuning import PLAN
+    from wagma_bench.record.loggers import resolve_mode
+
+    online = resolve_mode("auto") == "online"
+    wr, _, _ = wandb_panels.load_api()
+    sections = wandb_panels.tuning_sections(wr, [d for d in args.dirs if (d / PLAN).exists()], [])
+    head = wandb_panels.claims_blocks(wr, results, claims.summary_table(results))
+    report, workspace = wandb_panels.build(sections, args.wandb_project, args.wandb_entity or "",
+                                           "wagma-bench claims", online, head=head)
+    for line in wandb_panels.deliver(args.out, report, workspace, online):
+        print(f"wagma-bench claims: {line}", flush=True)
