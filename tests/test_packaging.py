@@ -19,7 +19,7 @@ from wagma_bench import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-OPTIONAL = {"mpi": ["mpi4py", "mpich"], "wandb": ["wandb"], "transformer": ["sacrebleu", "sacremoses"],
+OPTIONAL = {"mpi": ["mpi4py", "mpich"], "wandb": ["wandb", "wandb-workspaces"], "transformer": ["sacrebleu", "sacremoses"],
             "ddppo": ["miniworld"]}
 
 # Names that need a newer Python than 3.10 (attribute or imported name -> first version that has it).
@@ -100,7 +100,7 @@ def hiding(modules: list[str], tmp_path: Path) -> dict[str, str]:
     return env
 
 
-EVERY_OPTIONAL = ["mpi4py", "mpich", "wandb", "sacrebleu", "sacremoses", "miniworld", "fairseq", "fairseq_cli"]
+EVERY_OPTIONAL = ["mpi4py", "mpich", "wandb", "wandb_workspaces", "sacrebleu", "sacremoses", "miniworld", "fairseq", "fairseq_cli"]
 
 
 # Through the CLI, a fresh process with the extras missing: the workloads whose modules could import a missing

@@ -90,7 +90,8 @@ def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
     code = ("import sys\n"
             "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, wagma_bench.workloads, wagma_bench.optim\n"
             "import wagma_bench.comm.torch_dist, wagma_bench.record.mlperf, wagma_bench.record.rundir\n"
-            "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'matplotlib', 'sacrebleu', 'mpi4py',\n"
+            "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'wandb_workspaces', 'matplotlib',\n"
+            "         'sacrebleu', 'mpi4py',\n"
             "         'submitit', 'torchvision')\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

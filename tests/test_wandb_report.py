@@ -93,7 +93,8 @@ def test_report_names_only_what_the_runs_logged(reviewed):
     spec = json.loads(spec_path.read_text())
     records = reviewed["records"]
     assert len(records) == 4  # two runs, two trials
-    assert unlogged(spec, logged_keys(records)) == []
+    missing = unlogged(spec, logged_keys(records))
+    assert not missing, "\n".join(missing)
     named = {(s, k) for s, k, _ in named_keys(spec)}
     assert {("history", "eval/top1"), ("history", "train_s"), ("history", "samples"), ("history", "rank1/comm_s"),
             ("summary", "time_to_target_s"), ("summary", "throughput_samples_per_s"), ("config", "optimizer"),
