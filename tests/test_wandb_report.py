@@ -128,6 +128,44 @@ def test_a_panel_asking_for_an_unlogged_key_is_named(reviewed):
                     "panel 'pc' names config key 'tuned_momentum', which no run logged"]
 
 
+@pytest.mark.slow
+@pytest.mark.background
+def test_claims_report_has_the_claims_table_and_each_interval(reviewed):
+    """``claims --wandb-report`` over the tuning: the claims table and one interval line a claim as Markdown, the
+    tuning's parallel coordinates, every key named logged; no key: the spec and the publish command."""
+    from wagma_bench.analysis.wandb_panels import unlogged
+
+    tmp = reviewed["tmp"]
+    out = subprocess.run([*RUN, "claims", str(tmp / "tune"), "--out", str(tmp / "C"), "--allow-missing",
+                          "--wandb-report"], env=offline_env(tmp, Listener()), cwd=tmp, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"wagma-bench report --wandb-publish {tmp / 'C' / 'wandb-report.json'}" in out.stdout
+    spec = json.loads((tmp / "C" / "wandb-report.json").read_text())
+    claims = json.loads((tmp / "C" / "claims.json").read_text())["claims"]
+    text = [b["content"] for b in spec["report"]["spec"]["blocks"] if b.get("type") == "markdown-block"]
+    assert all(c["id"] in text[0] for c in claims)  # the table
+    assert [line.split("**")[1] for line in text[1].splitlines()] == [c["id"] for c in claims]
+    assert all(", interval " in line for line in text[1].splitlines())
+    panels = [p for b in spec["report"]["spec"]["blocks"]
+              for p in ((b.get("metadata") or {}).get("panelBankSectionConfig") or {}).get("panels", [])]
+    assert "Parallel Coordinates Plot" in [p["viewType"] for p in panels]
+    assert unlogged(spec, logged_keys(reviewed["records"])) == []
+
+
+def test_publishing_a_spec_needs_a_key(tmp_path, monkeypatch, capsys):
+    """``--wandb-publish`` without an API key: exit 2 and one line saying what it needs, nothing sent."""
+    from wagma_bench.cli import report as report_cli
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    rc = report_cli.main(["--wandb-publish", str(tmp_path / "wandb-report.json")])
+    said = (f"wagma-bench report: error: --wandb-publish {tmp_path / 'wandb-report.json'} needs a W&B API key: "
+            "set WANDB_API_KEY or run `wandb login`")
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [said]
+
+
 def test_wandb_report_without_the_extra_is_one_line(tmp_path, monkeypatch, capsys):
     """wandb-workspaces absent: exit 2 and one line naming the install, before any report file is written."""
     from wagma_bench.cli import report as report_cli
@@ -136,8 +174,8 @@ def test_wandb_report_without_the_extra_is_one_line(tmp_path, monkeypatch, capsy
     monkeypatch.setitem(sys.modules, "wandb_workspaces", None)
     rc = report_cli.main([str(run_dir), "--out", str(tmp_path / "R"), "--wandb-report"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["wagma-bench report: error: --wandb-report needs the Python package "
-                               "'wandb_workspaces', which is not installed: pip install 'wagma-bench[wandb]'"]
+    assert rc == 2 and err == [("wagma-bench report: error: --wandb-report needs the Python package "
+                                "'wandb_workspaces', which is not installed: pip install 'wagma-bench[wandb]'")]
     assert not (tmp_path / "R").exists()
 
 

@@ -157,11 +157,16 @@ def report_sections(wr, groups: Sequence[GroupReport], tune_dirs: Sequence[Path]
 def deliver(out: Path, report, workspace, online: bool) -> list[str]:
     """With a key (``online``) save the report and the workspace and say their URLs; without one write the
     spec to ``out`` and say the one command that publishes it."""
+    why = "no W&B API key"
     if online:
-        url, view = save(report, workspace)
-        return [f"W&B report: {url}", f"W&B workspace: {view}"]
+        try:
+            url, view = save(report, workspace)
+            return [f"W&B report: {url}", f"W&B workspace: {view}"]
+        except Exception as err:  # noqa: BLE001 -- no network, W&B down: the spec is kept for later instead
+            first = (str(err).strip().splitlines() or [""])[0]
+            why = f"not saved to W&B ({type(err).__name__}: {first})"
     path = write_spec(out, report, workspace)
-    return [f"no W&B API key: wrote the report's and the workspace's spec to {path}",
+    return [f"{why}: wrote the report's and the workspace's spec to {path}",
             f"publish it later (after `wandb sync` of the runs' offline directories) with: {publish_command(path)}"]
 
 

@@ -87,9 +87,14 @@ def _wandb_report(args, groups, tuned) -> None:
 
 
 def _publish(spec: Path) -> int:
-    from wagma_bench.record.loggers import resolve_mode
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.record.loggers import has_api_key
 
-    resolve_mode("online")  # refused in one line without an API key
+    if not has_api_key():
+        raise ConfigError(f"--wandb-publish {spec} needs a W&B API key: set WANDB_API_KEY or run `wandb login`")
+    if not spec.is_file():
+        raise ConfigError(f"--wandb-publish {spec}: no such file (wagma-bench report --wandb-report writes "
+                          f"OUT/{wandb_panels.SPEC})")
     url, view = wandb_panels.publish(spec)
     print(f"wagma-bench report: W&B report: {url}\nwagma-bench report: W&B workspace: {view}", flush=True)
     return 0
