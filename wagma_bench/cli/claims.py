@@ -51,13 +51,13 @@ def _claims(argv: list[str]) -> int:
 
 
 def _wandb_report(args, results: list[dict]) -> None:
-    """The claims as a W&B Report: with tuning directories among the sources, their parallel coordinates too."""
-    from wagma_bench.analysis.tuning import PLAN
+    """The claims as a W&B Report, with a section per tuning directory among the sources (their trials' parallel
+    coordinates)."""
     from wagma_bench.record.loggers import resolve_mode
 
     online = resolve_mode("auto") == "online"
     wr, _, _ = wandb_panels.load_api()
-    sections = wandb_panels.tuning_sections(wr, [d for d in args.dirs if (d / PLAN).exists()], [])
+    sections = wandb_panels.tuning_sections(wr, list(claims.find_sources(args.dirs).tunings.values()), [])
     head = wandb_panels.claims_blocks(wr, results, claims.summary_table(results))
     report, workspace = wandb_panels.build(sections, args.wandb_project, args.wandb_entity or "",
                                            "wagma-bench claims", online, head=head)
