@@ -52,7 +52,7 @@ RATIO = re.compile(rf"(?<![\w.])({NUMBER})x\b")
 BRACKET = re.compile(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")  # an interval written without its x: "[0.85, 1.01]"
 VALUE = r"\d{1,3}(?:,\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?"
 RANGE = re.compile(rf"(?<![\w.,:-])({VALUE})-({VALUE})(?![\w.%x]|-\d| ?%)")
-UP_TO = re.compile(r"\bup to (\d+)\b")
+UP_TO = re.compile(r"\bup to (\d+)\b(?!\.\d)")  # "up to 0.16" is no count of rounds
 MEDIAN = re.compile(r"\b(\d+) (?:rounds )?in the median\b")
 
 
@@ -374,8 +374,9 @@ def test_the_checks_find_a_wrong_figure_of_each_kind():
     assert len(claim_problems("(`ddppo_throughput`, 55 trials)", r)) == 1
     assert len(claim_problems("one run moves by 7% with its seed", _claims()["transformer-time-to-solution"])) == 1
     budget = _claims()["rl-final-quality"]
-    assert claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 147", budget) == []
-    assert len(claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 144", budget)) == 1
+    assert claim_problems("WAGMA-SGD's trials trained 130 rounds in the median, up to 130", budget) == []
+    assert len(claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 147", budget)) == 2
+    assert claim_problems("the per-study bests moved by up to 0.16", budget) == []  # a value, not rounds
     statement = "the first two rows' paired intervals are narrower than the independent ones"
     wrong = interval_statement_problems(statement, _claims())
     assert len(wrong) == 1 and "transformer-time-to-solution" in wrong[0]

@@ -227,7 +227,7 @@ def test_the_committed_power_run_read_the_committed_sources():
 
 def test_readme_names_the_claims_this_machine_can_decide():
     said = " ".join((ROOT / "README.md").read_text().split())
-    m = re.search(r"at 10 x 10 studies x trials only (.+?) reaches a probability of ([\d.]+) that its interval", said)
+    m = re.search(r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) interval", said)
     assert m, "README.md no longer says which claims 10 x 10 would decide"
     script = _power()
     assert re.findall(r"`([\w-]+)`", m.group(1)) == script.decidable(json.loads(POWER.read_text()))
