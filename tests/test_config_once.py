@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_util import QUICK, run
+from tests.cli_util import BIN, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,22 +37,116 @@ schema.validate = counting_validate
 """
 
 
-def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_path):
+def _counting_env(tmp_path: Path) -> tuple[dict, Path]:
+    """The environment that installs :data:`COUNTING_HOOK` in every Python process started with it, and the log
+    its calls of ``schema.validate`` go to."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(COUNTING_HOOK)
     log = tmp_path / "validate.log"
     env = {**os.environ, "WAGMA_TEST_VALIDATE_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    # two rounds and one evaluation: every process that could validate still starts and runs its part
-    out = run([*QUICK[:1], "train.max_steps=2", "eval.every_steps=2", *QUICK[3:], f"hydra.run.dir={tmp_path / 'run'}"],
-              env=env)
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return env, log
+
+
+def _validated_once(log: Path, processes: int) -> None:
+    """The hook ran in ``processes`` processes at least, and ``schema.validate`` was called once among them."""
+    loaded = set(log.with_name(log.name + ".loaded").read_text().split())
+    assert len(loaded) >= processes, loaded  # a hook that failed to load would count no call
+    calls = log.read_text().split() if log.exists() else []
+    assert len(calls) == 1, f"schema.validate called {len(calls)} times, in processes {calls}"
+
+
+# two rounds and one evaluation: every process that could validate still starts and runs its part
+TINY = ["train.max_steps=2", "eval.every_steps=2", "logger.progress=off", "checkpoint.every_s=0"]
+
+
+def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_path):
+    env, log = _counting_env(tmp_path)
+    out = run(["launcher.nproc=2", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    loaded = set(log.with_name(log.name + ".loaded").read_text().split())
-    assert len(loaded) >= 3, loaded  # the command and its two ranks at least (a hook that failed to load counts 0)
-    calls = log.read_text().split()
-    assert calls == [calls[0]], f"schema.validate called {len(calls)} times, in processes {calls}"
+    _validated_once(log, 3)  # the command and its two ranks at least
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.alone  # MPICH's ranks busy-poll (as in tests/test_mpi.py)
+def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path):
+    """comm=mpi: the command starts its ranks under mpiexec; they run the checked configuration it wrote."""
+    env, log = _counting_env(tmp_path)
+    out = run(["comm=mpi", "launcher.nproc=2", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+    _validated_once(log, 3)
+
+
+@pytest.mark.slow
+def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(tmp_path):
+    """torchrun starts every rank: rank 0 checks the configuration and hands it to the others."""
+    from wagma_bench.runtime.launch import free_port
+
+    env, log = _counting_env(tmp_path)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python", str(BIN), "run", *TINY,
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+    _validated_once(log, 2)
+
+
+@pytest.mark.slow
+def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp_path):
+    """The local SLURM cluster: ``srun`` starts every rank, as the rendered sbatch script does; rank 0 checks
+    the configuration and hands it to the others through the run directory."""
+    from tests.slurm_cluster import local_cluster
+
+    env, log = _counting_env(tmp_path)
+    with local_cluster() as cluster:
+        cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(BIN), "run", *TINY,
+               f"hydra.run.dir={tmp_path / 'run'}"]
+        out = subprocess.run(cmd, cwd=tmp_path, env={**env, "SLURM_CONF": cluster["SLURM_CONF"]},
+                             capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+    _validated_once(log, 2)
+
+
+def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path):
+    """Under srun the other ranks read rank 0's check from the run directory: a file left by an earlier job (or
+    the last attempt before a requeue) is not theirs, and they wait for their own; a refusal reaches them too."""
+    import threading
+
+    from wagma_bench.runtime.handover import FileChannel
+
+    FileChannel(tmp_path, "slurm-7.0.restart-0").publish({"config": {"seed": 1}})
+    mine = FileChannel(tmp_path, "slurm-7.0.restart-1")
+    threading.Timer(0.3, mine.publish, [{"refused": "train.lr=-1 is not allowed"}]).start()
+    assert mine.receive()["refused"] == "train.lr=-1 is not allowed"
+
+
+def test_a_checked_configuration_is_handed_only_to_its_own_run_directory(tmp_path):
+    """A file named by the launching process counts for the run directory it was written for alone (under -m
+    every job has its own), and carries the configuration as checked: infinite values, ints and floats kept."""
+    from wagma_bench.runtime.handover import CHECKED_ENV, handed, write_checked
+
+    raw = {"seed": 3, "train": {"lr": 1, "time_limit_s": float("inf")}}
+    path = write_checked(tmp_path, raw, "test")
+    assert handed(tmp_path, {CHECKED_ENV: str(path)}) == raw
+    assert handed(tmp_path / "other", {CHECKED_ENV: str(path)}) is None
+    assert handed(tmp_path, {}) is None
+
+
+def test_a_checked_configuration_is_built_again_as_validate_built_it():
+    """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate`` gave."""
+    from tests.cli_util import compose
+    from wagma_bench.config.schema import from_checked, validate
+
+    for overrides in ([], ["optimizer=wagma", "imbalance=fixed", "imbalance.ranks=[1]"], ["workload=ddppo"]):
+        checked = validate(compose(*overrides))
+        assert from_checked(checked.raw) == checked, overrides
 
 
 # The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the

@@ -216,13 +216,9 @@ def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.config.schema import validate
-    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import startup
-    from wagma_bench.runtime.extras import check_extras
     from wagma_bench.runtime.launch import stop_rank_server
     from wagma_bench.runtime.world import detect_world
-    from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
     startup.new_job()
     world = detect_world()
@@ -232,14 +228,9 @@ def _run_job(cfg) -> dict | None:
         signals.starting()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        try:
-            run_cfg = validate(cfg, world.world_size if world else None)
-            if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
-                stop_rank_server()
-            check_extras(run_cfg)
-            WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
-        except (ConfigError, ValueError) as err:
-            exits.stop(str(err))
+        run_cfg = _checked(cfg, world, run_dir)
+        if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
+            stop_rank_server()
         if world is None or world.rank == 0:
             _lock_run_dir(run_dir)
         try:
@@ -252,6 +243,39 @@ def _run_job(cfg) -> dict | None:
         if stop.code == exits.REFUSED and (world is None or world.rank == 0):  # (rank 0 wrote it)
             _REFUSED.append(run_dir)
         raise
+
+
+def _checked(cfg, world, run_dir: Path):
+    """The run's configuration, checked once in the whole run (:mod:`wagma_bench.runtime.handover`): as the
+    launching process handed it, as rank 0 of this world checked it, or checked here (and handed on, on rank 0).
+    Packages and data paths are checked with it, by the process that checks it, or by a launching process that
+    was handed it (a tune trial's)."""
+    from wagma_bench.config.schema import from_checked, validate
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.runtime import handover
+    from wagma_bench.runtime.extras import check_extras
+    from wagma_bench.workloads.specs import WORKLOAD_SPECS
+
+    handed = handover.handed(run_dir)
+    if handed is not None and world is not None:  # a rank our launching process started: checked there
+        return from_checked(handed)
+    channel = handover.world_channel(world, run_dir) if world is not None and handed is None else None
+    if channel is not None and world.rank != 0:
+        message = channel.receive()
+        if "refused" in message:
+            exits.stop(message["refused"])
+        return from_checked(message["config"])
+    try:
+        run_cfg = validate(cfg, world.world_size if world else None) if handed is None else from_checked(handed)
+        check_extras(run_cfg)
+        WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
+    except (ConfigError, ValueError) as err:
+        if channel is not None:
+            channel.publish({"refused": str(err)})
+        exits.stop(str(err))
+    if channel is not None:
+        channel.publish({"config": run_cfg.raw})
+    return run_cfg
 
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
@@ -272,7 +296,8 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
             plan = device_plan(visible_cuda_devices(), run_cfg.launcher.nproc, run_cfg.comm.backend)
-            check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
+            if plan.nproc != run_cfg.launcher.nproc:  # validate checked launcher.nproc's world; this one is new
+                check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
             exits.stop(str(err))
@@ -303,7 +328,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             exits.stop(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
         return summary
     if run_cfg.comm.name == "mpi":
-        return _reexec_under_mpiexec(plan.nproc, run_dir)
+        return _reexec_under_mpiexec(run_cfg, plan.nproc, run_dir)
     return _run_local(run_cfg, run_dir, plan)
 
 
@@ -404,13 +429,14 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     exits.stop(message, exits.DIVERGED)
 
 
-def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
+def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session of
     its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole group,
     reach the ranks from here, as from the local launcher (:class:`~wagma_bench.runtime.supervise.CtrlC`), never
     through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
     import tempfile
 
+    from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
     from wagma_bench.runtime.launch import RANK_DIR_ENV
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
@@ -436,7 +462,9 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks, LAUNCHER_DIR_ENV: ranks}
+        checked = write_checked(run_dir, run_cfg.raw, f"mpiexec-{os.getpid()}")  # the ranks check nothing again
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks, LAUNCHER_DIR_ENV: ranks,
+               CHECKED_ENV: str(checked)}
         try:
             rc, tail, ended_first, stopped_by = supervise_mpiexec(cmd, env, Path(ranks), nproc)
         except StopOverdue as err:

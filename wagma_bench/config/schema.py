@@ -433,3 +433,20 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
     return RunConfig(seed=seed, raw=raw, **typed)
+
+
+def from_checked(raw: dict) -> RunConfig:
+    """The typed configuration of ``raw``, a configuration :func:`validate` passed before (in the run's launching
+    process, or on rank 0 of its world: :mod:`wagma_bench.runtime.handover`), built again without checking it
+    again: the sections' option classes chosen by their names, the values as recorded."""
+    typed: dict[str, Any] = {k: _built(schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
+    for section, options in option_schemas().items():
+        typed[section] = _built(options[raw[section]["name"]], raw[section])
+    data_key = data_section_names()[typed["workload"].name]
+    typed["data"] = _built(workload_data_schemas(typed["workload"].name)[raw[data_key]["name"]], raw[data_key])
+    return RunConfig(seed=raw.get("seed", 1), raw=raw, **typed)
+
+
+def _built(schema: type, node: Any) -> Any:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+
