@@ -149,6 +149,24 @@ def test_a_checked_configuration_is_built_again_as_validate_built_it():
         assert from_checked(checked.raw) == checked, overrides
 
 
+def test_every_section_of_a_run_configuration_has_a_type():
+    """RunConfig declares a type for every section, an option-dependent one as the union of its options'
+    schemas, and a validated configuration's sections are of them (no ``Any``)."""
+    import dataclasses
+    import typing
+
+    from tests.cli_util import compose
+    from wagma_bench.config.schema import RunConfig, validate
+
+    hints = typing.get_type_hints(RunConfig)
+    assert [name for name, hint in hints.items() if hint is typing.Any] == []
+    for overrides in ([], ["workload=transformer", "optimizer=sgp", "imbalance=lognormal"], ["workload=ddppo"]):
+        checked = validate(compose(*overrides))
+        for f in dataclasses.fields(RunConfig):
+            if f.name != "raw":
+                assert isinstance(getattr(checked, f.name), hints[f.name]), (overrides, f.name)
+
+
 # The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the
 # composed config read by key (``c["optimizer"]["name"]``, ``raw.get("train", {}).get("lr")``), or ``.raw[...]``.
 SECTIONS = {"launcher", "comm", "train", "eval", "optimizer", "workload", "data", "imbalance", "checkpoint", "logger",

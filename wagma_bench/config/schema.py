@@ -20,7 +20,9 @@ The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -46,6 +48,19 @@ from wagma_bench.ranges import (
 from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
 __all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
+
+
+def _union(classes) -> Any:
+    """The union type ``A | B | ...`` of ``classes`` (each once, in registry order)."""
+    return functools.reduce(operator.or_, dict.fromkeys(classes))
+
+
+# The option-dependent sections' types: the union of the registered options' schemas, taken from the registries,
+# so that a new option is typed here without an edit.
+OptimizerSettings = _union(spec.Settings for spec in OPTIMIZER_SPECS.values())
+WorkloadSettings = _union(spec.Settings for spec in WORKLOAD_SPECS.values())
+DataSettings = _union(data for spec in WORKLOAD_SPECS.values() for data in spec.DATA.values())
+ImbalanceSettings = _union(option.Settings for option in IMBALANCES.values())
 
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
@@ -103,7 +118,7 @@ def _is_section(node: Any) -> bool:
     return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
-def check_target(target: float | None, workload: Any, data: Any) -> None:
+def check_target(target: float | None, workload: WorkloadSettings, data: DataSettings) -> None:
     """``eval.target`` within the range of the workload's metric (a top-1 fraction cannot reach 1.5); the
     workload class declares its metrics' ranges (``METRIC_RANGES``)."""
     if target is None:
@@ -117,7 +132,7 @@ def check_target(target: float | None, workload: Any, data: Any) -> None:
                           f"({metric}) is {allowed}, so the target must be too")
 
 
-def check_outer(optimizer: Any) -> None:
+def check_outer(optimizer: OptimizerSettings) -> None:
     """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
     if optimizer.outer == "none" or OPTIMIZER_SPECS[optimizer.name].outer_at is not None:
         return
@@ -132,7 +147,7 @@ def runs_on(optimizer: str, workload: str) -> bool:
     return not OPTIMIZER_SPECS[optimizer].computes_in_parts or WORKLOAD_SPECS[workload].splittable
 
 
-def check_parts(optimizer: Any, workload: Any) -> None:
+def check_parts(optimizer: OptimizerSettings, workload: WorkloadSettings) -> None:
     """An optimizer that computes a batch in parts (DropCompute) only on a workload whose batches split."""
     if runs_on(optimizer.name, workload.name):
         return
@@ -141,7 +156,7 @@ def check_parts(optimizer: Any, workload: Any) -> None:
                       f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
 
 
-def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
+def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, world_size: int | None) -> None:
     """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
     rules (its spec's ``check_world``), then the imbalance's."""
     OPTIMIZER_SPECS[optimizer.name].check_world(optimizer, world_size)
@@ -352,10 +367,10 @@ class RunConfig:
     comm: CommConfig
     launcher: LauncherConfig
     logger: LoggerConfig
-    workload: Any
-    data: Any
-    optimizer: Any
-    imbalance: Any
+    workload: WorkloadSettings     # the chosen option's schema (``workload.name``)
+    data: DataSettings             # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
+    optimizer: OptimizerSettings
+    imbalance: ImbalanceSettings
     raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
 
 
