@@ -89,8 +89,11 @@ def run_command(overrides: list[str]) -> int:
         # local ranks to come (most likely): the server's imports (torch, ~4 s here) overlap Hydra's work and
         # the launcher's own; a command refused below stops it as it exits
         start_rank_server()
-    # a parse error or a misspelt key: exit 2 before anything is created
-    explicit = precheck(overrides, CONF_DIR)
+    from wagma_bench.runtime.handover import CHECKED_ENV
+
+    # a parse error or a misspelt key: exit 2 before anything is created (a rank that its launching process
+    # handed the checked configuration composes once, in Hydra's job: the launcher composed and checked it)
+    explicit = precheck(overrides, CONF_DIR) if world is None or not os.environ.get(CHECKED_ENV) else None
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
         exits.stop(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
