@@ -38,7 +38,8 @@ schema.validate = counting_validate
 
 
 def _counting_env(tmp_path: Path) -> tuple[dict, Path]:
-    """The environment that installs :data:`COUNTING_HOOK` in every Python process started with it, and the log
+    """The environment that installs :data:`COUNTING_HOOK` in every Python process started with it, and the
+    log
     its calls of ``schema.validate`` go to."""
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -50,7 +51,7 @@ def _counting_env(tmp_path: Path) -> tuple[dict, Path]:
 
 
 def _validated_once(log: Path, processes: int) -> None:
-    """The hook ran in ``processes`` processes at least, and ``schema.validate`` was called once among them."""
+    """The hook ran in ``processes`` processes at least, and ``schema.validate`` was called once in all."""
     loaded = set(log.with_name(log.name + ".loaded").read_text().split())
     assert len(loaded) >= processes, loaded  # a hook that failed to load would count no call
     calls = log.read_text().split() if log.exists() else []
@@ -72,13 +73,20 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.alone  # MPICH's ranks busy-poll (as in tests/test_mpi.py)
-def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path):
-    """comm=mpi: the command starts its ranks under mpiexec; they run the checked configuration it wrote."""
+@pytest.mark.parametrize("launcher", ["run", "mpiexec"])
+def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path, launcher):
+    """comm=mpi: the command starts its ranks under mpiexec, and they run the checked configuration it wrote;
+    under a user's mpiexec rank 0 checks it and broadcasts it to the other ranks."""
     env, log = _counting_env(tmp_path)
-    out = run(["comm=mpi", "launcher.nproc=2", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], env=env)
+    args = ["comm=mpi", *TINY, f"hydra.run.dir={tmp_path / 'run'}"]
+    if launcher == "run":
+        out = run(["launcher.nproc=2", *args], env=env)
+    else:
+        out = subprocess.run([str(BIN.parent / "mpiexec"), "-n", "2", str(BIN), "run", *args], env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    _validated_once(log, 3)
+    _validated_once(log, 3 if launcher == "run" else 2)
 
 
 @pytest.mark.slow
@@ -115,8 +123,9 @@ def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp
 
 
 def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path):
-    """Under srun the other ranks read rank 0's check from the run directory: a file left by an earlier job (or
-    the last attempt before a requeue) is not theirs, and they wait for their own; a refusal reaches them too."""
+    """Under srun the other ranks read rank 0's check from the run directory: a file left by an earlier job
+    (or the last attempt before a requeue) is not theirs, and they wait for their own; a refusal reaches them
+    too."""
     import threading
 
     from wagma_bench.runtime.handover import FileChannel
@@ -129,7 +138,8 @@ def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path
 
 def test_a_checked_configuration_is_handed_only_to_its_own_run_directory(tmp_path):
     """A file named by the launching process counts for the run directory it was written for alone (under -m
-    every job has its own), and carries the configuration as checked: infinite values, ints and floats kept."""
+    every job has its own), and carries the configuration as checked: infinite values, ints and floats
+    kept."""
     from wagma_bench.runtime.handover import CHECKED_ENV, handed, write_checked
 
     raw = {"seed": 3, "train": {"lr": 1, "time_limit_s": float("inf")}}
@@ -140,7 +150,8 @@ def test_a_checked_configuration_is_handed_only_to_its_own_run_directory(tmp_pat
 
 
 def test_a_checked_configuration_is_built_again_as_validate_built_it():
-    """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate`` gave."""
+    """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate``
+    gave."""
     from tests.cli_util import compose
     from wagma_bench.config.schema import from_checked, validate
 
@@ -160,7 +171,8 @@ def test_every_section_of_a_run_configuration_has_a_type():
 
     hints = typing.get_type_hints(RunConfig)
     assert [name for name, hint in hints.items() if hint is typing.Any] == []
-    for overrides in ([], ["workload=transformer", "optimizer=sgp", "imbalance=lognormal"], ["workload=ddppo"]):
+    options = ([], ["workload=transformer", "optimizer=sgp", "imbalance=lognormal"], ["workload=ddppo"])
+    for overrides in options:
         checked = validate(compose(*overrides))
         for f in dataclasses.fields(RunConfig):
             if f.name != "raw":

@@ -306,7 +306,8 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
                f"hydra.run.dir={run_dir.resolve()}"]
         log = args.out / "logs" / f"{trial.name}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
-        checked = write_checked(run_dir, configs[trial.name].raw, f"tune-{os.getpid()}")  # the run checks it no more
+        # the trial's run takes the configuration checked above, and checks it no more
+        checked = write_checked(run_dir, configs[trial.name].raw, f"tune-{os.getpid()}")
         before = reference_s()
         with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")

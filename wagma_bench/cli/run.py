@@ -250,7 +250,8 @@ def _run_job(cfg) -> dict | None:
 
 def _checked(cfg, world, run_dir: Path):
     """The run's configuration, checked once in the whole run (:mod:`wagma_bench.runtime.handover`): as the
-    launching process handed it, as rank 0 of this world checked it, or checked here (and handed on, on rank 0).
+    launching process handed it, as rank 0 of this world checked it, or checked here (and handed on, on rank
+    0).
     Packages and data paths are checked with it, by the process that checks it, or by a launching process that
     was handed it (a tune trial's)."""
     from wagma_bench.config.schema import from_checked, validate
@@ -262,14 +263,16 @@ def _checked(cfg, world, run_dir: Path):
     handed = handover.handed(run_dir)
     if handed is not None and world is not None:  # a rank our launching process started: checked there
         return from_checked(handed)
-    channel = handover.world_channel(world, run_dir) if world is not None and handed is None else None
+    external = world is not None and handed is None  # a world started by torchrun, srun or a user's mpiexec
+    channel = handover.world_channel(world, run_dir, cfg.comm.name) if external else None
     if channel is not None and world.rank != 0:
         message = channel.receive()
         if "refused" in message:
             exits.stop(message["refused"])
         return from_checked(message["config"])
     try:
-        run_cfg = validate(cfg, world.world_size if world else None) if handed is None else from_checked(handed)
+        world_size = world.world_size if world else None
+        run_cfg = validate(cfg, world_size) if handed is None else from_checked(handed)
         check_extras(run_cfg)
         WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
     except (ConfigError, ValueError) as err:
@@ -299,7 +302,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
             plan = device_plan(visible_cuda_devices(), run_cfg.launcher.nproc, run_cfg.comm.backend)
-            if plan.nproc != run_cfg.launcher.nproc:  # validate checked launcher.nproc's world; this one is new
+            if plan.nproc != run_cfg.launcher.nproc:  # validate checked launcher.nproc's world, not this one
                 check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
@@ -465,9 +468,9 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        checked = write_checked(run_dir, run_cfg.raw, f"mpiexec-{os.getpid()}")  # the ranks check nothing again
-        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks, LAUNCHER_DIR_ENV: ranks,
-               CHECKED_ENV: str(checked)}
+        checked = write_checked(run_dir, run_cfg.raw, f"mpiexec-{os.getpid()}")  # the ranks check it no more
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks,
+               LAUNCHER_DIR_ENV: ranks, CHECKED_ENV: str(checked)}
         try:
             rc, tail, ended_first, stopped_by = supervise_mpiexec(cmd, env, Path(ranks), nproc)
         except StopOverdue as err:

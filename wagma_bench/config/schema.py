@@ -55,8 +55,8 @@ def _union(classes) -> Any:
     return functools.reduce(operator.or_, dict.fromkeys(classes))
 
 
-# The option-dependent sections' types: the union of the registered options' schemas, taken from the registries,
-# so that a new option is typed here without an edit.
+# The option-dependent sections' types: the union of the registered options' schemas, taken from the
+# registries, so that a new option is typed here without an edit.
 OptimizerSettings = _union(spec.Settings for spec in OPTIMIZER_SPECS.values())
 WorkloadSettings = _union(spec.Settings for spec in WORKLOAD_SPECS.values())
 DataSettings = _union(data for spec in WORKLOAD_SPECS.values() for data in spec.DATA.values())
@@ -451,14 +451,15 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
 
 
 def from_checked(raw: dict) -> RunConfig:
-    """The typed configuration of ``raw``, a configuration :func:`validate` passed before (in the run's launching
-    process, or on rank 0 of its world: :mod:`wagma_bench.runtime.handover`), built again without checking it
-    again: the sections' option classes chosen by their names, the values as recorded."""
+    """The typed configuration of ``raw``, a configuration :func:`validate` passed before (in the run's
+    launching process, or on rank 0 of its world: :mod:`wagma_bench.runtime.handover`), built again without
+    checking it again: the sections' option classes chosen by their names, the values as recorded."""
     typed: dict[str, Any] = {k: _built(schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
     for section, options in option_schemas().items():
         typed[section] = _built(options[raw[section]["name"]], raw[section])
     data_key = data_section_names()[typed["workload"].name]
-    typed["data"] = _built(workload_data_schemas(typed["workload"].name)[raw[data_key]["name"]], raw[data_key])
+    data_options = workload_data_schemas(typed["workload"].name)
+    typed["data"] = _built(data_options[raw[data_key]["name"]], raw[data_key])
     return RunConfig(seed=raw.get("seed", 1), raw=raw, **typed)
 
 

@@ -11,7 +11,8 @@ known); every other process of the run takes the checked configuration from it a
   nodes, as its checkpoints are), named by the job, step and restart so that a requeued job never reads the
   last attempt's. A refusal travels the same way, so that every rank ends with rank 0's one line.
 
-A world with neither (a user's own mpiexec, torchrun without its agent's store) checks on every rank.
+With ``comm=mpi`` (under a user's mpiexec or ``srun --mpi``) rank 0 broadcasts over MPI's world. A world with
+none of these (``comm=torch`` under mpiexec, torchrun without its agent's store) checks on every rank.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def _write(path: Path, record: dict) -> None:
 
 
 def handed(run_dir: Path, env=os.environ) -> dict | None:
-    """The checked configuration that this process's launcher wrote for ``run_dir`` (:data:`CHECKED_ENV`), else
-    None (none handed, or one for another run directory: a job of a sweep under ``-m``)."""
+    """The checked configuration that this process's launcher wrote for ``run_dir`` (:data:`CHECKED_ENV`),
+    else None (none handed, or one for another run directory: a job of a sweep under ``-m``)."""
     path = env.get(CHECKED_ENV)
     if not path:
         return None
@@ -65,7 +66,8 @@ class StoreChannel:
 
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=WAIT_S))
-        self.store = dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted worker reads its own attempt's
+        self.store = dist.PrefixStore(f"wagma_bench/attempt-{attempt}", store)
 
     def publish(self, message: dict) -> None:
         self.store.set(STORE_KEY, json.dumps(message))
@@ -75,7 +77,7 @@ class StoreChannel:
 
 
 class FileChannel:
-    """The run directory, shared by the ranks; the message names its launch (a SLURM job, step and restart)."""
+    """The run directory, shared by the ranks; a message names its launch (a SLURM job, step and restart)."""
 
     def __init__(self, run_dir: Path, launch: str):
         self.path, self.launch = run_dir / CHECKED_FILE, launch
@@ -94,14 +96,34 @@ class FileChannel:
             except (OSError, ValueError):  # not written yet (each write replaces the file whole)
                 pass
             if time.monotonic() > deadline:
-                return {"refused": f"rank 0 did not hand over the checked configuration within {WAIT_S:.0f} s "
-                                   f"({self.path})"}
+                return {"refused": f"rank 0 did not hand over the checked configuration within "
+                                   f"{WAIT_S:.0f} s ({self.path})"}
             time.sleep(0.1)
 
 
-def world_channel(world: World, run_dir: Path, env=os.environ) -> StoreChannel | FileChannel | None:
-    """How rank 0 of an external launcher's world hands its check to the other ranks; None where there is no
-    way every rank can reach (each rank then checks for itself)."""
+class MpiChannel:
+    """MPI's world communicator (``comm=mpi`` under mpiexec or ``srun --mpi``: MPI is up before any check)."""
+
+    def __init__(self):
+        from wagma_bench.comm.mpi import MPI  # with the thread level the MPI backend asks for
+
+        self.world = MPI.COMM_WORLD
+
+    def publish(self, message: dict) -> None:
+        self.world.bcast(message, root=0)
+
+    def receive(self) -> dict:
+        return self.world.bcast(None, root=0)
+
+
+Channel = StoreChannel | FileChannel | MpiChannel
+
+
+def world_channel(world: World, run_dir: Path, comm: str, env=os.environ) -> Channel | None:
+    """How rank 0 of an external launcher's world hands its check to the other ranks (``comm``: the composed
+    ``comm.name``); None where there is no way every rank can reach (each rank then checks for itself)."""
+    if comm == "mpi" and world.source in ("mpi", "slurm"):
+        return MpiChannel()
     if world.source == "torchrun" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return StoreChannel(env)
     if world.source == "slurm" and (run_id := launcher_run_id(env)) is not None:
