@@ -153,11 +153,12 @@ def test_a_checked_configuration_is_built_again_as_validate_built_it():
     """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate``
     gave."""
     from tests.cli_util import compose
+    from wagma_bench.config.recorded import as_recorded
     from wagma_bench.config.schema import from_checked, validate
 
     for overrides in ([], ["optimizer=wagma", "imbalance=fixed", "imbalance.ranks=[1]"], ["workload=ddppo"]):
         checked = validate(compose(*overrides))
-        assert from_checked(checked.raw) == checked, overrides
+        assert from_checked(as_recorded(checked)) == checked, overrides
 
 
 def test_every_section_of_a_run_configuration_has_a_type():
@@ -175,7 +176,7 @@ def test_every_section_of_a_run_configuration_has_a_type():
     for overrides in options:
         checked = validate(compose(*overrides))
         for f in dataclasses.fields(RunConfig):
-            if f.name != "raw":
+            if f.name != "composed":
                 assert isinstance(getattr(checked, f.name), hints[f.name]), (overrides, f.name)
 
 
@@ -228,3 +229,19 @@ def test_the_composed_dictionary_is_read_by_key_only_inside_config():
 def test_the_key_read_check_finds_a_planted_read(planted):
     assert config_reads_by_key(f"x = {planted}\n") == [(1, ast.unparse(ast.parse(planted).body[0].value))]
     assert config_reads_by_key('summary["optimizer"]; event["metadata"]["world_size"]\n') == []
+
+
+def composed_reads(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` takes a RunConfig's composed mapping (``cfg.composed``) rather than its typed fields."""
+    return [(node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr == "composed"]
+
+
+def test_a_live_configuration_is_read_by_its_typed_fields_outside_config():
+    """Outside config/, a run's composed mapping is taken whole, through config.recorded.as_recorded (to record
+    and hash it), never as ``cfg.composed`` (whose keys could then be read); the check finds a planted one."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
+                 for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts
+                 for line, code in composed_reads(path.read_text())]
+    assert offenders == []
+    assert composed_reads("lr = cfg.composed['train']['lr']\n") == [(1, "cfg.composed")]

@@ -287,6 +287,7 @@ def run_order(trials: list[Trial], seed: int) -> list[Trial]:
 def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
+    from wagma_bench.config.recorded import as_recorded
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
 
@@ -297,7 +298,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
     for k, trial in enumerate(run_order(trials, args.seed), 1):
         run_dir = args.out / TRIALS / trial.name
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
-        done = finished_summary(run_dir, configs[trial.name].raw)
+        done = finished_summary(run_dir, as_recorded(configs[trial.name]))
         if done is not None:
             print(f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped", file=out, flush=True)
             continue
@@ -307,7 +308,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
         log = args.out / "logs" / f"{trial.name}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         # the trial's run takes the configuration checked above, and checks it no more
-        checked = write_checked(run_dir, configs[trial.name].raw, f"tune-{os.getpid()}")
+        checked = write_checked(run_dir, as_recorded(configs[trial.name]), f"tune-{os.getpid()}")
         before = reference_s()
         with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")

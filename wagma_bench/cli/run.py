@@ -254,6 +254,7 @@ def _checked(cfg, world, run_dir: Path):
     0).
     Packages and data paths are checked with it, by the process that checks it, or by a launching process that
     was handed it (a tune trial's)."""
+    from wagma_bench.config.recorded import as_recorded
     from wagma_bench.config.schema import from_checked, validate
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import handover
@@ -280,12 +281,13 @@ def _checked(cfg, world, run_dir: Path):
             channel.publish({"refused": str(err)})
         exits.stop(str(err))
     if channel is not None:
-        channel.publish({"config": run_cfg.raw})
+        channel.publish({"config": as_recorded(run_cfg)})
     return run_cfg
 
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
+    from wagma_bench.config.recorded import as_recorded
     from wagma_bench.config.schema import check_memory, check_world
     from wagma_bench.errors import ConfigError
     from wagma_bench.record.checkpoint import (
@@ -297,7 +299,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.launch import device_plan, external_master, run_rank, visible_cuda_devices
 
-    raw = run_cfg.raw
+    raw = as_recorded(run_cfg)
     plan = None
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
@@ -442,6 +444,7 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
     import tempfile
 
+    from wagma_bench.config.recorded import as_recorded
     from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
     from wagma_bench.runtime.launch import RANK_DIR_ENV
 
@@ -468,7 +471,7 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        checked = write_checked(run_dir, run_cfg.raw, f"mpiexec-{os.getpid()}")  # the ranks check it no more
+        checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")  # the ranks check it no more
         env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks,
                LAUNCHER_DIR_ENV: ranks, CHECKED_ENV: str(checked)}
         try:

@@ -371,7 +371,11 @@ class RunConfig:
     data: DataSettings             # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
     optimizer: OptimizerSettings
     imbalance: ImbalanceSettings
-    raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
+    # The resolved configuration as composed, values as written (``600`` where the typed field holds 600.0): what
+    # the run records (run_start, checkpoint manifests, W&B) and its hashes are computed on, so that they match
+    # the runs recorded before. Not a way to read settings: outside config/ it is taken whole, through
+    # :func:`wagma_bench.config.recorded.as_recorded`, and never read by key (tests/test_config_once.py).
+    composed: dict = field(default_factory=dict, repr=False)
 
 
 def _typed(section: str, schema: type, node: Any) -> Any:
@@ -447,7 +451,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     check_parts(typed["optimizer"], typed["workload"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
-    return RunConfig(seed=seed, raw=raw, **typed)
+    return RunConfig(seed=seed, composed=raw, **typed)
 
 
 def from_checked(raw: dict) -> RunConfig:
@@ -460,7 +464,7 @@ def from_checked(raw: dict) -> RunConfig:
     data_key = data_section_names()[typed["workload"].name]
     data_options = workload_data_schemas(typed["workload"].name)
     typed["data"] = _built(data_options[raw[data_key]["name"]], raw[data_key])
-    return RunConfig(seed=raw.get("seed", 1), raw=raw, **typed)
+    return RunConfig(seed=raw.get("seed", 1), composed=raw, **typed)
 
 
 def _built(schema: type, node: Any) -> Any:
