@@ -1,11 +1,12 @@
-"""The configuration is checked once per run and carried typed: the command validates it, a local run's
-ranks get the checked RunConfig, and nothing outside config/ subscripts the composed dictionary by a section's
-name (record/rundir.py's identity rules read it as data, by .get)."""
+"""The configuration is checked once per run and carried typed: one process of a run validates it, on every
+launcher (a local run, run's own mpiexec, a user's mpiexec, torchrun; srun in tests/test_slurm.py), the other
+processes take the checked configuration from it (wagma_bench/runtime/handover.py); RunConfig's sections are
+typed; nothing outside config/ reads the composed configuration by a section's name, or takes a live run's
+composed mapping but whole through config.recorded.as_recorded."""
 
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,61 +14,18 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, run
+from tests.validate_count import TINY, counting_env, validated_once
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Installed in every Python process of the run (the command, the rank server, the store, each rank) through
-# sitecustomize: each call of schema.validate appends its process id to a file.
-COUNTING_HOOK = """
-import functools, os
-import wagma_bench.config.schema as schema
-
-with open(os.environ["WAGMA_TEST_VALIDATE_LOG"] + ".loaded", "a") as f:  # the hook is in this process
-    f.write(f"{os.getpid()}\\n")
-
-_validate = schema.validate
-
-@functools.wraps(_validate)
-def counting_validate(*args, **kwargs):
-    with open(os.environ["WAGMA_TEST_VALIDATE_LOG"], "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    return _validate(*args, **kwargs)
-
-schema.validate = counting_validate
-"""
-
-
-def _counting_env(tmp_path: Path) -> tuple[dict, Path]:
-    """The environment that installs :data:`COUNTING_HOOK` in every Python process started with it, and the
-    log
-    its calls of ``schema.validate`` go to."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(COUNTING_HOOK)
-    log = tmp_path / "validate.log"
-    env = {**os.environ, "WAGMA_TEST_VALIDATE_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return env, log
-
-
-def _validated_once(log: Path, processes: int) -> None:
-    """The hook ran in ``processes`` processes at least, and ``schema.validate`` was called once in all."""
-    loaded = set(log.with_name(log.name + ".loaded").read_text().split())
-    assert len(loaded) >= processes, loaded  # a hook that failed to load would count no call
-    calls = log.read_text().split() if log.exists() else []
-    assert len(calls) == 1, f"schema.validate called {len(calls)} times, in processes {calls}"
-
-
-# two rounds and one evaluation: every process that could validate still starts and runs its part
-TINY = ["train.max_steps=2", "eval.every_steps=2", "logger.progress=off", "checkpoint.every_s=0"]
-
 
 def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_path):
-    env, log = _counting_env(tmp_path)
+    """The command checks the configuration; its ranks get the checked RunConfig and check nothing again."""
+    env, log = counting_env(tmp_path)
     out = run(["launcher.nproc=2", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    _validated_once(log, 3)  # the command and its two ranks at least
+    validated_once(log, 3)  # the command and its two ranks at least
 
 
 @pytest.mark.slow
@@ -77,7 +35,7 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
 def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path, launcher):
     """comm=mpi: the command starts its ranks under mpiexec, and they run the checked configuration it wrote;
     under a user's mpiexec rank 0 checks it and broadcasts it to the other ranks."""
-    env, log = _counting_env(tmp_path)
+    env, log = counting_env(tmp_path)
     args = ["comm=mpi", *TINY, f"hydra.run.dir={tmp_path / 'run'}"]
     if launcher == "run":
         out = run(["launcher.nproc=2", *args], env=env)
@@ -86,7 +44,7 @@ def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_process
                              capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    _validated_once(log, 3 if launcher == "run" else 2)
+    validated_once(log, 3 if launcher == "run" else 2)
 
 
 @pytest.mark.slow
@@ -94,7 +52,7 @@ def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(
     """torchrun starts every rank: rank 0 checks the configuration and hands it to the others."""
     from wagma_bench.runtime.launch import free_port
 
-    env, log = _counting_env(tmp_path)
+    env, log = counting_env(tmp_path)
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python", str(BIN), "run", *TINY,
@@ -102,24 +60,7 @@ def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    _validated_once(log, 2)
-
-
-@pytest.mark.slow
-def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp_path):
-    """The local SLURM cluster: ``srun`` starts every rank, as the rendered sbatch script does; rank 0 checks
-    the configuration and hands it to the others through the run directory."""
-    from tests.slurm_cluster import local_cluster
-
-    env, log = _counting_env(tmp_path)
-    with local_cluster() as cluster:
-        cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(BIN), "run", *TINY,
-               f"hydra.run.dir={tmp_path / 'run'}"]
-        out = subprocess.run(cmd, cwd=tmp_path, env={**env, "SLURM_CONF": cluster["SLURM_CONF"]},
-                             capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "run" / "summary.json").is_file()
-    _validated_once(log, 2)
+    validated_once(log, 2)
 
 
 def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path):

@@ -11,7 +11,7 @@ known); every other process of the run takes the checked configuration from it a
   nodes, as its checkpoints are), named by the job, step and restart so that a requeued job never reads the
   last attempt's. A refusal travels the same way, so that every rank ends with rank 0's one line.
 
-With ``comm=mpi`` (under a user's mpiexec or ``srun --mpi``) rank 0 broadcasts over MPI's world. A world with
+With ``comm=mpi`` under a user's mpiexec rank 0 broadcasts over MPI's world. A world with
 none of these (``comm=torch`` under mpiexec, torchrun without its agent's store) checks on every rank.
 """
 
@@ -102,7 +102,7 @@ class FileChannel:
 
 
 class MpiChannel:
-    """MPI's world communicator (``comm=mpi`` under mpiexec or ``srun --mpi``: MPI is up before any check)."""
+    """MPI's world communicator (``comm=mpi`` under a user's mpiexec: MPI can start before any check)."""
 
     def __init__(self):
         from wagma_bench.comm.mpi import MPI  # with the thread level the MPI backend asks for
@@ -122,10 +122,12 @@ Channel = StoreChannel | FileChannel | MpiChannel
 def world_channel(world: World, run_dir: Path, comm: str, env=os.environ) -> Channel | None:
     """How rank 0 of an external launcher's world hands its check to the other ranks (``comm``: the composed
     ``comm.name``); None where there is no way every rank can reach (each rank then checks for itself)."""
-    if comm == "mpi" and world.source in ("mpi", "slurm"):
+    # under srun --mpi too: its ranks start MPI where they did before, in the backend (PMI-2 through SLURM's
+    # server is fragile with the mpich wheel: docs/multinode.md)
+    if world.source == "slurm" and (run_id := launcher_run_id(env)) is not None:
+        return FileChannel(run_dir, f"{run_id}.restart-{env.get('SLURM_RESTART_COUNT', '0')}")
+    if comm == "mpi" and world.source == "mpi":
         return MpiChannel()
     if world.source == "torchrun" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return StoreChannel(env)
-    if world.source == "slurm" and (run_id := launcher_run_id(env)) is not None:
-        return FileChannel(run_dir, f"{run_id}.restart-{env.get('SLURM_RESTART_COUNT', '0')}")
     return None
