@@ -8,8 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from wagma_bench.config.paths import CONF_DIR
-from wagma_bench.config.recorded import as_recorded
-from wagma_bench.config.schema import validate
+from wagma_bench.config.schema import as_recorded, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads import WORKLOADS
 

@@ -2,7 +2,7 @@
 launcher (a local run, run's own mpiexec, a user's mpiexec, torchrun; srun in tests/test_slurm.py), the other
 processes take the checked configuration from it (wagma_bench/runtime/handover.py); RunConfig's sections are
 typed; nothing outside config/ reads the composed configuration by a section's name, or takes a live run's
-composed mapping but whole through config.recorded.as_recorded."""
+composed mapping but whole through config.schema.as_recorded."""
 
 from __future__ import annotations
 
@@ -94,8 +94,7 @@ def test_a_checked_configuration_is_built_again_as_validate_built_it():
     """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate``
     gave."""
     from tests.cli_util import compose
-    from wagma_bench.config.recorded import as_recorded
-    from wagma_bench.config.schema import from_checked, validate
+    from wagma_bench.config.schema import as_recorded, from_checked, validate
 
     for overrides in ([], ["optimizer=wagma", "imbalance=fixed", "imbalance.ranks=[1]"], ["workload=ddppo"]):
         checked = validate(compose(*overrides))
@@ -179,7 +178,7 @@ def composed_reads(source: str) -> list[tuple[int, str]]:
 
 
 def test_a_live_configuration_is_read_by_its_typed_fields_outside_config():
-    """Outside config/, a run's composed mapping is taken whole, through config.recorded.as_recorded (to record
+    """Outside config/, a run's composed mapping is taken whole, through config.schema.as_recorded (to record
     and hash it), never as ``cfg.composed`` (whose keys could then be read); the check finds a planted one."""
     offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
                  for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts

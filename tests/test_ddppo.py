@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from wagma_bench.config.recorded import as_recorded
+from wagma_bench.config.schema import as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,

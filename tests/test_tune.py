@@ -18,7 +18,7 @@ from wagma_bench.analysis import tuning
 from wagma_bench.campaign import tune
 from wagma_bench.cli import tune as tune_cli
 from wagma_bench.config import search_space
-from wagma_bench.config.recorded import as_recorded
+from wagma_bench.config.schema import as_recorded
 from wagma_bench.errors import ConfigError
 
 # --- search spaces ------------------------------------------------------------------------------------

@@ -287,7 +287,7 @@ def run_order(trials: list[Trial], seed: int) -> list[Trial]:
 def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
-    from wagma_bench.config.recorded import as_recorded
+    from wagma_bench.config.schema import as_recorded
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
 

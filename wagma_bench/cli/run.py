@@ -254,8 +254,7 @@ def _checked(cfg, world, run_dir: Path):
     0).
     Packages and data paths are checked with it, by the process that checks it, or by a launching process that
     was handed it (a tune trial's)."""
-    from wagma_bench.config.recorded import as_recorded
-    from wagma_bench.config.schema import from_checked, validate
+    from wagma_bench.config.schema import as_recorded, from_checked, validate
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import handover
     from wagma_bench.runtime.extras import check_extras
@@ -287,8 +286,7 @@ def _checked(cfg, world, run_dir: Path):
 
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
-    from wagma_bench.config.recorded import as_recorded
-    from wagma_bench.config.schema import check_memory, check_world
+    from wagma_bench.config.schema import as_recorded, check_memory, check_world
     from wagma_bench.errors import ConfigError
     from wagma_bench.record.checkpoint import (
         CheckpointError,
@@ -444,7 +442,7 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
     import tempfile
 
-    from wagma_bench.config.recorded import as_recorded
+    from wagma_bench.config.schema import as_recorded
     from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
     from wagma_bench.runtime.launch import RANK_DIR_ENV
 

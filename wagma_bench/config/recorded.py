@@ -9,10 +9,7 @@ typed :class:`~wagma_bench.config.schema.RunConfig` instead."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from wagma_bench.config.schema import RunConfig
+from typing import Any
 
 
 def setting(config: Mapping | None, path: str, default: Any = None) -> Any:
@@ -25,10 +22,3 @@ def setting(config: Mapping | None, path: str, default: Any = None) -> Any:
         node = node[key]
     return node
 
-
-def as_recorded(cfg: RunConfig) -> dict:
-    """The configuration of a live run as its records keep it: the resolved mapping as composed, on which its
-    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests, W&B
-    and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s typed
-    fields."""
-    return cfg.composed

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.config.recorded import as_recorded
-from wagma_bench.config.schema import WandbConfig
+from wagma_bench.config.schema import WandbConfig, as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic

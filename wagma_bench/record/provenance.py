@@ -15,8 +15,7 @@ import torch
 from wagma_bench import __version__
 from wagma_bench.comm.base import Comm
 from wagma_bench.config.identity import config_hash
-from wagma_bench.config.recorded import as_recorded
-from wagma_bench.config.schema import RunConfig
+from wagma_bench.config.schema import RunConfig, as_recorded
 
 
 def git_sha() -> str | None:

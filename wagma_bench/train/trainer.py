@@ -29,9 +29,8 @@ import torch
 
 from wagma_bench.comm.base import Comm
 from wagma_bench.config.plan import RunPlan
-from wagma_bench.config.recorded import as_recorded
 from wagma_bench.config.schedules import lr_at
-from wagma_bench.config.schema import RunConfig
+from wagma_bench.config.schema import RunConfig, as_recorded
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.optim import get_optimizer
 from wagma_bench.record.checkpoint import Checkpointer
