@@ -172,7 +172,7 @@ def test_the_key_read_check_finds_a_planted_read(planted):
 
 
 def composed_reads(source: str) -> list[tuple[int, str]]:
-    """Where ``source`` takes a RunConfig's composed mapping (``cfg.composed``) rather than its typed fields."""
+    """Where ``source`` takes a RunConfig's composed mapping (``cfg.composed``), not its typed fields."""
     return [(node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.Attribute) and node.attr == "composed"]
 

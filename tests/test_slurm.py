@@ -392,8 +392,9 @@ def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
 
 @pytest.mark.slow
 def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp_path, slurm):
-    """``srun`` starts every rank, as the rendered sbatch scripts do: rank 0 checks the configuration and hands
-    it to the other ranks through the run directory; ``schema.validate`` runs once in all the run's processes."""
+    """``srun`` starts every rank, as the rendered sbatch scripts do: rank 0 checks the configuration and
+    hands it to the other ranks through the run directory; ``schema.validate`` runs once in all the run's
+    processes."""
     env, log = counting_env(tmp_path)
     cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
            *COUNT_TINY, f"hydra.run.dir={tmp_path / 'run'}"]

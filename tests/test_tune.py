@@ -538,4 +538,5 @@ def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
                        "tune.trials=3", "tune.studies=3", "logger.progress=off", "--out", str(folder)])
     _, trials, configs = make_plan(args)
     assert len(trials) == 18
-    assert [t.name for t in trials if finished_summary(folder / "trials" / t.name, as_recorded(configs[t.name])) is None] == []
+    assert [t.name for t in trials
+            if finished_summary(folder / "trials" / t.name, as_recorded(configs[t.name])) is None] == []

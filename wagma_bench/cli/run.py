@@ -250,10 +250,9 @@ def _run_job(cfg) -> dict | None:
 
 def _checked(cfg, world, run_dir: Path):
     """The run's configuration, checked once in the whole run (:mod:`wagma_bench.runtime.handover`): as the
-    launching process handed it, as rank 0 of this world checked it, or checked here (and handed on, on rank
-    0).
-    Packages and data paths are checked with it, by the process that checks it, or by a launching process that
-    was handed it (a tune trial's)."""
+    launching process handed it, as rank 0 of this world checked it, or checked here (and, on rank 0 of an
+    external launcher's world, handed on). Packages and data paths are checked with it, by the process that
+    checks it or by a launching process that was handed it (a tune trial's run)."""
     from wagma_bench.config.schema import as_recorded, from_checked, validate
     from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import handover
@@ -469,7 +468,8 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")  # the ranks check it no more
+        # the ranks take the configuration checked here, and check it no more
+        checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")
         env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks,
                LAUNCHER_DIR_ENV: ranks, CHECKED_ENV: str(checked)}
         try:

@@ -371,18 +371,18 @@ class RunConfig:
     data: DataSettings             # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
     optimizer: OptimizerSettings
     imbalance: ImbalanceSettings
-    # The resolved configuration as composed, values as written (``600`` where the typed field holds 600.0): what
-    # the run records (run_start, checkpoint manifests, W&B) and its hashes are computed on, so that they match
-    # the runs recorded before. Not a way to read settings: outside config/ it is taken whole, through
+    # The resolved configuration as composed, values as written (``600`` where the typed field holds 600.0):
+    # what the run records (run_start, checkpoint manifests, W&B) and its hashes are computed on, so that they
+    # match the runs recorded before. Not a way to read settings: outside config/ it is taken whole, through
     # :func:`as_recorded`, and never read by key (tests/test_config_once.py).
     composed: dict = field(default_factory=dict, repr=False)
 
 
 def as_recorded(cfg: RunConfig) -> dict:
     """The configuration of a live run as its records keep it: the resolved mapping as composed, on which its
-    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests, W&B
-    and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s typed
-    fields."""
+    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests,
+    W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s
+    typed fields."""
     return cfg.composed
 
 

@@ -62,7 +62,8 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(as_recorded(cfg)),
         git_sha=git_sha(), versions=versions(comm), hosts=hosts,
         # where each rank ran, by rank: its host and its rank on that host
-        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=as_recorded(cfg))
+        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement],
+        config=as_recorded(cfg))
 
 
 def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
