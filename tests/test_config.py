@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from wagma_bench.config.paths import CONF_DIR
-from wagma_bench.config.schema import validate
+from wagma_bench.config.schema import as_recorded, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads import WORKLOADS
 
@@ -104,25 +104,25 @@ def test_the_paper_straggler_preset_is_the_paper_set_up_with_the_authors_rule(wo
 
 
 def test_typo_in_a_yaml_key_names_the_valid_keys():
-    raw = _compose([]).raw
+    raw = as_recorded(_compose([]))
     raw["optimizer"]["bucket_mbb"] = 3
     with pytest.raises(ConfigError, match=r"optimizer.bucket_mbb: unknown key; valid keys of optimizer: name, bucket_mb"):
         validate(raw)
 
 
 def test_wrong_type_and_bad_choice_fail():
-    raw = _compose([]).raw
+    raw = as_recorded(_compose([]))
     raw["train"]["batch_size"] = "big"
     with pytest.raises(ConfigError, match="train"):
         validate(raw)
-    raw = _compose([]).raw
+    raw = as_recorded(_compose([]))
     raw["train"]["schedule"] = "linear"
     with pytest.raises(ConfigError, match="choose one of: step, cosine"):
         validate(raw)
 
 
 def test_unknown_option_in_the_raw_config_lists_the_registry():
-    raw = _compose([]).raw
+    raw = as_recorded(_compose([]))
     raw["optimizer"] = {"name": "nope"}
     with pytest.raises(ConfigError, match="choose one of: .*allreduce.*wagma"):
         validate(raw)

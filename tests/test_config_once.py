@@ -1,56 +1,123 @@
-"""The configuration is checked once per run and carried typed: the command validates it, a local run's
-ranks get the checked RunConfig, and nothing outside config/ subscripts the composed dictionary by a section's
-name (record/rundir.py's identity rules read it as data, by .get)."""
+"""The configuration is checked once per run and carried typed: one process of a run validates it, on every
+launcher (a local run, run's own mpiexec, a user's mpiexec, torchrun; srun in tests/test_slurm.py), the other
+processes take the checked configuration from it (wagma_bench/runtime/handover.py); RunConfig's sections are
+typed; nothing outside config/ reads the composed configuration by a section's name, or takes a live run's
+composed mapping but whole through config.schema.as_recorded."""
 
 from __future__ import annotations
 
 import ast
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_util import QUICK, run
+from tests.cli_util import BIN, run
+from tests.validate_count import TINY, counting_env, validated_once
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Installed in every Python process of the run (the command, the rank server, the store, each rank) through
-# sitecustomize: each call of schema.validate appends its process id to a file.
-COUNTING_HOOK = """
-import functools, os
-import wagma_bench.config.schema as schema
-
-with open(os.environ["WAGMA_TEST_VALIDATE_LOG"] + ".loaded", "a") as f:  # the hook is in this process
-    f.write(f"{os.getpid()}\\n")
-
-_validate = schema.validate
-
-@functools.wraps(_validate)
-def counting_validate(*args, **kwargs):
-    with open(os.environ["WAGMA_TEST_VALIDATE_LOG"], "a") as f:
-        f.write(f"{os.getpid()}\\n")
-    return _validate(*args, **kwargs)
-
-schema.validate = counting_validate
-"""
-
 
 def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_path):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(COUNTING_HOOK)
-    log = tmp_path / "validate.log"
-    env = {**os.environ, "WAGMA_TEST_VALIDATE_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    # two rounds and one evaluation: every process that could validate still starts and runs its part
-    out = run([*QUICK[:1], "train.max_steps=2", "eval.every_steps=2", *QUICK[3:], f"hydra.run.dir={tmp_path / 'run'}"],
-              env=env)
+    """The command checks the configuration; its ranks get the checked RunConfig and check nothing again."""
+    env, log = counting_env(tmp_path)
+    out = run(["launcher.nproc=2", *TINY, f"hydra.run.dir={tmp_path / 'run'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
-    loaded = set(log.with_name(log.name + ".loaded").read_text().split())
-    assert len(loaded) >= 3, loaded  # the command and its two ranks at least (a hook that failed to load counts 0)
-    calls = log.read_text().split()
-    assert calls == [calls[0]], f"schema.validate called {len(calls)} times, in processes {calls}"
+    validated_once(log, 3)  # the command and its two ranks at least
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.alone  # MPICH's ranks busy-poll (as in tests/test_mpi.py)
+@pytest.mark.parametrize("launcher", ["run", "mpiexec"])
+def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path, launcher):
+    """comm=mpi: the command starts its ranks under mpiexec, and they run the checked configuration it wrote;
+    under a user's mpiexec rank 0 checks it and broadcasts it to the other ranks."""
+    env, log = counting_env(tmp_path)
+    args = ["comm=mpi", *TINY, f"hydra.run.dir={tmp_path / 'run'}"]
+    if launcher == "run":
+        out = run(["launcher.nproc=2", *args], env=env)
+    else:
+        out = subprocess.run([str(BIN.parent / "mpiexec"), "-n", "2", str(BIN), "run", *args], env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+    validated_once(log, 3 if launcher == "run" else 2)
+
+
+@pytest.mark.slow
+def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(tmp_path):
+    """torchrun starts every rank: rank 0 checks the configuration and hands it to the others."""
+    from wagma_bench.runtime.launch import free_port
+
+    env, log = counting_env(tmp_path)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python", str(BIN), "run", *TINY,
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
+    validated_once(log, 2)
+
+
+def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path):
+    """Under srun the other ranks read rank 0's check from the run directory: a file left by an earlier job
+    (or the last attempt before a requeue) is not theirs, and they wait for their own; a refusal reaches them
+    too."""
+    import threading
+
+    from wagma_bench.runtime.handover import FileChannel
+
+    FileChannel(tmp_path, "slurm-7.0.restart-0").publish({"config": {"seed": 1}})
+    mine = FileChannel(tmp_path, "slurm-7.0.restart-1")
+    threading.Timer(0.3, mine.publish, [{"refused": "train.lr=-1 is not allowed"}]).start()
+    assert mine.receive()["refused"] == "train.lr=-1 is not allowed"
+
+
+def test_a_checked_configuration_is_handed_only_to_its_own_run_directory(tmp_path):
+    """A file named by the launching process counts for the run directory it was written for alone (under -m
+    every job has its own), and carries the configuration as checked: infinite values, ints and floats
+    kept."""
+    from wagma_bench.runtime.handover import CHECKED_ENV, handed, write_checked
+
+    raw = {"seed": 3, "train": {"lr": 1, "time_limit_s": float("inf")}}
+    path = write_checked(tmp_path, raw, "test")
+    assert handed(tmp_path, {CHECKED_ENV: str(path)}) == raw
+    assert handed(tmp_path / "other", {CHECKED_ENV: str(path)}) is None
+    assert handed(tmp_path, {}) is None
+
+
+def test_a_checked_configuration_is_built_again_as_validate_built_it():
+    """``from_checked`` (what a rank handed a checked configuration runs) gives the RunConfig ``validate``
+    gave."""
+    from tests.cli_util import compose
+    from wagma_bench.config.schema import as_recorded, from_checked, validate
+
+    for overrides in ([], ["optimizer=wagma", "imbalance=fixed", "imbalance.ranks=[1]"], ["workload=ddppo"]):
+        checked = validate(compose(*overrides))
+        assert from_checked(as_recorded(checked)) == checked, overrides
+
+
+def test_every_section_of_a_run_configuration_has_a_type():
+    """RunConfig declares a type for every section, an option-dependent one as the union of its options'
+    schemas, and a validated configuration's sections are of them (no ``Any``)."""
+    import dataclasses
+    import typing
+
+    from tests.cli_util import compose
+    from wagma_bench.config.schema import RunConfig, validate
+
+    hints = typing.get_type_hints(RunConfig)
+    assert [name for name, hint in hints.items() if hint is typing.Any] == []
+    options = ([], ["workload=transformer", "optimizer=sgp", "imbalance=lognormal"], ["workload=ddppo"])
+    for overrides in options:
+        checked = validate(compose(*overrides))
+        for f in dataclasses.fields(RunConfig):
+            if f.name != "composed":
+                assert isinstance(getattr(checked, f.name), hints[f.name]), (overrides, f.name)
 
 
 # The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the
@@ -102,3 +169,19 @@ def test_the_composed_dictionary_is_read_by_key_only_inside_config():
 def test_the_key_read_check_finds_a_planted_read(planted):
     assert config_reads_by_key(f"x = {planted}\n") == [(1, ast.unparse(ast.parse(planted).body[0].value))]
     assert config_reads_by_key('summary["optimizer"]; event["metadata"]["world_size"]\n') == []
+
+
+def composed_reads(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` takes a RunConfig's composed mapping (``cfg.composed``), not its typed fields."""
+    return [(node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr == "composed"]
+
+
+def test_a_live_configuration_is_read_by_its_typed_fields_outside_config():
+    """Outside config/, a run's composed mapping is taken whole, through config.schema.as_recorded (to record
+    and hash it), never as ``cfg.composed`` (whose keys could then be read); the check finds a planted one."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
+                 for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts
+                 for line, code in composed_reads(path.read_text())]
+    assert offenders == []
+    assert composed_reads("lr = cfg.composed['train']['lr']\n") == [(1, "cfg.composed")]

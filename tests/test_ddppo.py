@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from wagma_bench.config.schema import as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.workloads.ddppo.envs.base import (
     GOAL_KEY,
@@ -365,7 +366,8 @@ def compose(*overrides):
 @pytest.mark.parametrize("env", ["miniworld_pointnav", "gridnav", "habitat"])
 def test_every_env_option_composes_and_validates(env):
     cfg = compose(f"env={env}")
-    assert cfg.data.name == env and cfg.raw["env"]["name"] == env and "data" not in cfg.raw
+    recorded = as_recorded(cfg)
+    assert cfg.data.name == env and recorded["env"]["name"] == env and "data" not in recorded
     assert cfg.train.lr_reference_batch is None
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import local_cluster, local_clusters, standin_partition
+from tests.validate_count import TINY as COUNT_TINY
+from tests.validate_count import counting_env, validated_once
 from wagma_bench.campaign import sweep, sweep_jobs
 from wagma_bench.cli import sweep as sweep_cli
 from wagma_bench.config.cluster import load_profile
@@ -386,6 +388,20 @@ def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
     (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
     assert re.fullmatch(r"slurm-\d+\.0_resnet_allreduce", run_dir.name), run_dir
     assert summary(run_dir)["world_size"] == 2 and (run_dir / "steps" / "rank1.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp_path, slurm):
+    """``srun`` starts every rank, as the rendered sbatch scripts do: rank 0 checks the configuration and
+    hands it to the other ranks through the run directory; ``schema.validate`` runs once in all the run's
+    processes."""
+    env, log = counting_env(tmp_path)
+    cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
+           *COUNT_TINY, f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summary(tmp_path / "run")["world_size"] == 2
+    validated_once(log, 2)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from wagma_bench.analysis import tuning
 from wagma_bench.campaign import tune
 from wagma_bench.cli import tune as tune_cli
 from wagma_bench.config import search_space
+from wagma_bench.config.schema import as_recorded
 from wagma_bench.errors import ConfigError
 
 # --- search spaces ------------------------------------------------------------------------------------
@@ -537,4 +538,5 @@ def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
                        "tune.trials=3", "tune.studies=3", "logger.progress=off", "--out", str(folder)])
     _, trials, configs = make_plan(args)
     assert len(trials) == 18
-    assert [t.name for t in trials if finished_summary(folder / "trials" / t.name, configs[t.name].raw) is None] == []
+    assert [t.name for t in trials
+            if finished_summary(folder / "trials" / t.name, as_recorded(configs[t.name])) is None] == []

@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -286,7 +287,9 @@ def run_order(trials: list[Trial], seed: int) -> list[Trial]:
 def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any], out=None) -> None:
     """Each trial through ``wagma-bench run``, one after another; finished ones (same config and budget) are
     skipped, an interrupted one resumes from its checkpoint. Progress lines go to ``out`` (stdout)."""
+    from wagma_bench.config.schema import as_recorded
     from wagma_bench.record.rundir import finished_summary
+    from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
 
     out = out or sys.stdout
 
@@ -295,7 +298,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
     for k, trial in enumerate(run_order(trials, args.seed), 1):
         run_dir = args.out / TRIALS / trial.name
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
-        done = finished_summary(run_dir, configs[trial.name].raw)
+        done = finished_summary(run_dir, as_recorded(configs[trial.name]))
         if done is not None:
             print(f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped", file=out, flush=True)
             continue
@@ -303,11 +306,14 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
         cmd = [sys.executable, "-m", "wagma_bench", "run", *spec.common, *trial.overrides,
                f"hydra.run.dir={run_dir.resolve()}"]
         log = args.out / "logs" / f"{trial.name}.log"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # the trial's run takes the configuration checked above, and checks it no more
+        checked = write_checked(run_dir, as_recorded(configs[trial.name]), f"tune-{os.getpid()}")
         before = reference_s()
         with open_run_file(log, "a", OUTPUT_HINT) as f:
             f.write(f"$ {shlex.join(cmd)}\n")
             f.flush()
-            rc, interrupted = run_trial(cmd, f)
+            rc, interrupted = run_trial(cmd, f, {**os.environ, CHECKED_ENV: str(checked)})
         summary = RunEvents.read(run_dir).saved_summary
         if summary is not None and not interrupted:
             summary = add_reference(run_dir, summary, before, reference_s())
@@ -334,7 +340,7 @@ class TuneInterrupted(Exception):
     pass
 
 
-def run_trial(cmd: list[str], log) -> tuple[int, bool]:
+def run_trial(cmd: list[str], log, env: dict | None = None) -> tuple[int, bool]:
     """Run one trial's ``wagma-bench run`` to its end; returns its exit code and whether Ctrl-C interrupted it.
 
     The trial runs in a process group of its own, so that a terminal's Ctrl-C reaches it once, through tune:
@@ -342,7 +348,7 @@ def run_trial(cmd: list[str], log) -> tuple[int, bool]:
     once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
     import signal
 
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                             preexec_fn=_interrupt_when_parent_dies)  # noqa: PLW1509 - tune starts no thread
     presses = 0
 

@@ -89,8 +89,11 @@ def run_command(overrides: list[str]) -> int:
         # local ranks to come (most likely): the server's imports (torch, ~4 s here) overlap Hydra's work and
         # the launcher's own; a command refused below stops it as it exits
         start_rank_server()
-    # a parse error or a misspelt key: exit 2 before anything is created
-    explicit = precheck(overrides, CONF_DIR)
+    from wagma_bench.runtime.handover import CHECKED_ENV
+
+    # a parse error or a misspelt key: exit 2 before anything is created (a rank that its launching process
+    # handed the checked configuration composes once, in Hydra's job: the launcher composed and checked it)
+    explicit = precheck(overrides, CONF_DIR) if world is None or not os.environ.get(CHECKED_ENV) else None
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
         exits.stop(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
@@ -216,13 +219,9 @@ def _run_job(cfg) -> dict | None:
     """One Hydra job: validate, then run as a rank of an existing world or spawn local ranks."""
     from hydra.core.hydra_config import HydraConfig
 
-    from wagma_bench.config.schema import validate
-    from wagma_bench.errors import ConfigError
     from wagma_bench.runtime import startup
-    from wagma_bench.runtime.extras import check_extras
     from wagma_bench.runtime.launch import stop_rank_server
     from wagma_bench.runtime.world import detect_world
-    from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
     startup.new_job()
     world = detect_world()
@@ -232,14 +231,9 @@ def _run_job(cfg) -> dict | None:
         signals.starting()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        try:
-            run_cfg = validate(cfg, world.world_size if world else None)
-            if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
-                stop_rank_server()
-            check_extras(run_cfg)
-            WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
-        except (ConfigError, ValueError) as err:
-            exits.stop(str(err))
+        run_cfg = _checked(cfg, world, run_dir)
+        if world is not None or run_cfg.comm.name == "mpi":  # no local ranks of ours: no fork server
+            stop_rank_server()
         if world is None or world.rank == 0:
             _lock_run_dir(run_dir)
         try:
@@ -254,9 +248,44 @@ def _run_job(cfg) -> dict | None:
         raise
 
 
+def _checked(cfg, world, run_dir: Path):
+    """The run's configuration, checked once in the whole run (:mod:`wagma_bench.runtime.handover`): as the
+    launching process handed it, as rank 0 of this world checked it, or checked here (and, on rank 0 of an
+    external launcher's world, handed on). Packages and data paths are checked with it, by the process that
+    checks it or by a launching process that was handed it (a tune trial's run)."""
+    from wagma_bench.config.schema import as_recorded, from_checked, validate
+    from wagma_bench.errors import ConfigError
+    from wagma_bench.runtime import handover
+    from wagma_bench.runtime.extras import check_extras
+    from wagma_bench.workloads.specs import WORKLOAD_SPECS
+
+    handed = handover.handed(run_dir)
+    if handed is not None and world is not None:  # a rank our launching process started: checked there
+        return from_checked(handed)
+    external = world is not None and handed is None  # a world started by torchrun, srun or a user's mpiexec
+    channel = handover.world_channel(world, run_dir, cfg.comm.name) if external else None
+    if channel is not None and world.rank != 0:
+        message = channel.receive()
+        if "refused" in message:
+            exits.stop(message["refused"])
+        return from_checked(message["config"])
+    try:
+        world_size = world.world_size if world else None
+        run_cfg = validate(cfg, world_size) if handed is None else from_checked(handed)
+        check_extras(run_cfg)
+        WORKLOAD_SPECS[run_cfg.workload.name].check(run_cfg)
+    except (ConfigError, ValueError) as err:
+        if channel is not None:
+            channel.publish({"refused": str(err)})
+        exits.stop(str(err))
+    if channel is not None:
+        channel.publish({"config": as_recorded(run_cfg)})
+    return run_cfg
+
+
 def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     """The job, with the run directory locked: a finished run is reported, else run its ranks."""
-    from wagma_bench.config.schema import check_memory, check_world
+    from wagma_bench.config.schema import as_recorded, check_memory, check_world
     from wagma_bench.errors import ConfigError
     from wagma_bench.record.checkpoint import (
         CheckpointError,
@@ -267,12 +296,13 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.launch import device_plan, external_master, run_rank, visible_cuda_devices
 
-    raw = run_cfg.raw
+    raw = as_recorded(run_cfg)
     plan = None
     if world is None:  # ranks per visible GPU; more ranks than GPUs: gloo on CUDA tensors, or (nccl) an error
         try:
             plan = device_plan(visible_cuda_devices(), run_cfg.launcher.nproc, run_cfg.comm.backend)
-            check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)  # the world size is known now
+            if plan.nproc != run_cfg.launcher.nproc:  # validate checked launcher.nproc's world, not this one
+                check_world(run_cfg.optimizer, run_cfg.imbalance, plan.nproc)
             check_memory(run_cfg.workload.name, plan.nproc)  # every local rank on this machine
         except ConfigError as err:
             exits.stop(str(err))
@@ -303,7 +333,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
             exits.stop(f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}", exits.DIVERGED)
         return summary
     if run_cfg.comm.name == "mpi":
-        return _reexec_under_mpiexec(plan.nproc, run_dir)
+        return _reexec_under_mpiexec(run_cfg, plan.nproc, run_dir)
     return _run_local(run_cfg, run_dir, plan)
 
 
@@ -404,13 +434,15 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     exits.stop(message, exits.DIVERGED)
 
 
-def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
+def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session of
     its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole group,
     reach the ranks from here, as from the local launcher (:class:`~wagma_bench.runtime.supervise.CtrlC`), never
     through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
     import tempfile
 
+    from wagma_bench.config.schema import as_recorded
+    from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
     from wagma_bench.runtime.launch import RANK_DIR_ENV
 
     mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
@@ -436,7 +468,10 @@ def _reexec_under_mpiexec(nproc: int, run_dir: Path) -> None:
            f"hydra.run.dir={quoted(str(run_dir))}"]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
-        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks, LAUNCHER_DIR_ENV: ranks}
+        # the ranks take the configuration checked here, and check it no more
+        checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")
+        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks,
+               LAUNCHER_DIR_ENV: ranks, CHECKED_ENV: str(checked)}
         try:
             rc, tail, ended_first, stopped_by = supervise_mpiexec(cmd, env, Path(ranks), nproc)
         except StopOverdue as err:

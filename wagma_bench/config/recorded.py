@@ -21,3 +21,4 @@ def setting(config: Mapping | None, path: str, default: Any = None) -> Any:
             return default
         node = node[key]
     return node
+

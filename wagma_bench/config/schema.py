@@ -20,7 +20,9 @@ The schemas are not stored in Hydra's ConfigStore on purpose: ``import fairseq``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -46,6 +48,19 @@ from wagma_bench.ranges import (
 from wagma_bench.workloads.specs import WORKLOAD_SPECS
 
 __all__ = ["ConfigError", "RunConfig", "validate"]  # ConfigError lives in the leaf module wagma_bench.errors
+
+
+def _union(classes) -> Any:
+    """The union type ``A | B | ...`` of ``classes`` (each once, in registry order)."""
+    return functools.reduce(operator.or_, dict.fromkeys(classes))
+
+
+# The option-dependent sections' types: the union of the registered options' schemas, taken from the
+# registries, so that a new option is typed here without an edit.
+OptimizerSettings = _union(spec.Settings for spec in OPTIMIZER_SPECS.values())
+WorkloadSettings = _union(spec.Settings for spec in WORKLOAD_SPECS.values())
+DataSettings = _union(data for spec in WORKLOAD_SPECS.values() for data in spec.DATA.values())
+ImbalanceSettings = _union(option.Settings for option in IMBALANCES.values())
 
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
@@ -103,7 +118,7 @@ def _is_section(node: Any) -> bool:
     return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
 
 
-def check_target(target: float | None, workload: Any, data: Any) -> None:
+def check_target(target: float | None, workload: WorkloadSettings, data: DataSettings) -> None:
     """``eval.target`` within the range of the workload's metric (a top-1 fraction cannot reach 1.5); the
     workload class declares its metrics' ranges (``METRIC_RANGES``)."""
     if target is None:
@@ -117,7 +132,7 @@ def check_target(target: float | None, workload: Any, data: Any) -> None:
                           f"({metric}) is {allowed}, so the target must be too")
 
 
-def check_outer(optimizer: Any) -> None:
+def check_outer(optimizer: OptimizerSettings) -> None:
     """An outer optimizer only where the models are averaged (the algorithm's ``outer_at``)."""
     if optimizer.outer == "none" or OPTIMIZER_SPECS[optimizer.name].outer_at is not None:
         return
@@ -132,7 +147,7 @@ def runs_on(optimizer: str, workload: str) -> bool:
     return not OPTIMIZER_SPECS[optimizer].computes_in_parts or WORKLOAD_SPECS[workload].splittable
 
 
-def check_parts(optimizer: Any, workload: Any) -> None:
+def check_parts(optimizer: OptimizerSettings, workload: WorkloadSettings) -> None:
     """An optimizer that computes a batch in parts (DropCompute) only on a workload whose batches split."""
     if runs_on(optimizer.name, workload.name):
         return
@@ -141,7 +156,7 @@ def check_parts(optimizer: Any, workload: Any) -> None:
                       f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
 
 
-def check_world(optimizer: Any, imbalance: Any, world_size: int | None) -> None:
+def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, world_size: int | None) -> None:
     """The settings that depend on the world size, once it is known (``None``: not yet): the optimizer's own
     rules (its spec's ``check_world``), then the imbalance's."""
     OPTIMIZER_SPECS[optimizer.name].check_world(optimizer, world_size)
@@ -352,11 +367,23 @@ class RunConfig:
     comm: CommConfig
     launcher: LauncherConfig
     logger: LoggerConfig
-    workload: Any
-    data: Any
-    optimizer: Any
-    imbalance: Any
-    raw: dict = field(default_factory=dict, repr=False)  # the resolved config, as composed
+    workload: WorkloadSettings     # the chosen option's schema (``workload.name``)
+    data: DataSettings             # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
+    optimizer: OptimizerSettings
+    imbalance: ImbalanceSettings
+    # The resolved configuration as composed, values as written (``600`` where the typed field holds 600.0):
+    # what the run records (run_start, checkpoint manifests, W&B) and its hashes are computed on, so that they
+    # match the runs recorded before. Not a way to read settings: outside config/ it is taken whole, through
+    # :func:`as_recorded`, and never read by key (tests/test_config_once.py).
+    composed: dict = field(default_factory=dict, repr=False)
+
+
+def as_recorded(cfg: RunConfig) -> dict:
+    """The configuration of a live run as its records keep it: the resolved mapping as composed, on which its
+    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests,
+    W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s
+    typed fields."""
+    return cfg.composed
 
 
 def _typed(section: str, schema: type, node: Any) -> Any:
@@ -432,4 +459,22 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     check_parts(typed["optimizer"], typed["workload"])
     check_world(typed["optimizer"], typed["imbalance"], world_size or typed["launcher"].nproc)
     raw.pop("experiment", None)
-    return RunConfig(seed=seed, raw=raw, **typed)
+    return RunConfig(seed=seed, composed=raw, **typed)
+
+
+def from_checked(raw: dict) -> RunConfig:
+    """The typed configuration of ``raw``, a configuration :func:`validate` passed before (in the run's
+    launching process, or on rank 0 of its world: :mod:`wagma_bench.runtime.handover`), built again without
+    checking it again: the sections' option classes chosen by their names, the values as recorded."""
+    typed: dict[str, Any] = {k: _built(schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
+    for section, options in option_schemas().items():
+        typed[section] = _built(options[raw[section]["name"]], raw[section])
+    data_key = data_section_names()[typed["workload"].name]
+    data_options = workload_data_schemas(typed["workload"].name)
+    typed["data"] = _built(data_options[raw[data_key]["name"]], raw[data_key])
+    return RunConfig(seed=raw.get("seed", 1), composed=raw, **typed)
+
+
+def _built(schema: type, node: Any) -> Any:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+

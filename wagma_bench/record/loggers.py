@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from wagma_bench.config.schema import WandbConfig
+from wagma_bench.config.schema import WandbConfig, as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
@@ -56,7 +56,7 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
         # from the config, not from the first event: after a requeue the first event is run_resume
         metric = get_workload(cfg.workload.name).metric_of(cfg)
         labels = RunLabels(cfg.workload.name, cfg.optimizer.name, cfg.imbalance.name, cfg.seed)
-        sinks.append(WandbSink(cfg.logger.wandb, run_dir, cfg.raw, metric, labels))
+        sinks.append(WandbSink(cfg.logger.wandb, run_dir, as_recorded(cfg), metric, labels))
     return sinks
 
 

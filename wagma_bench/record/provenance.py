@@ -15,7 +15,7 @@ import torch
 from wagma_bench import __version__
 from wagma_bench.comm.base import Comm
 from wagma_bench.config.identity import config_hash
-from wagma_bench.config.schema import RunConfig
+from wagma_bench.config.schema import RunConfig, as_recorded
 
 
 def git_sha() -> str | None:
@@ -59,10 +59,11 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
         group_size=algo.group_size,
         model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
-        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(cfg.raw),
+        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(as_recorded(cfg)),
         git_sha=git_sha(), versions=versions(comm), hosts=hosts,
         # where each rank ran, by rank: its host and its rank on that host
-        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement], config=cfg.raw)
+        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement],
+        config=as_recorded(cfg))
 
 
 def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:

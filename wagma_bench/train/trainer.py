@@ -30,7 +30,7 @@ import torch
 from wagma_bench.comm.base import Comm
 from wagma_bench.config.plan import RunPlan
 from wagma_bench.config.schedules import lr_at
-from wagma_bench.config.schema import RunConfig
+from wagma_bench.config.schema import RunConfig, as_recorded
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.optim import get_optimizer
 from wagma_bench.record.checkpoint import Checkpointer
@@ -84,7 +84,7 @@ class Trainer:
         self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
         self.algo.end_at(self.plan.total)  # its budget, a synchronisation point whatever the sync period
         self.clock = Clock()
-        self.checkpointer = Checkpointer(run_dir, self.rank, cfg.raw)
+        self.checkpointer = Checkpointer(run_dir, self.rank, as_recorded(cfg))
         self.state = TrainState(next_eval=self.plan.eval_every)
         # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
         # and the communicated models/gradients stay fp32
