@@ -43,7 +43,7 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
     env = {**os.environ, "WAGMA_TEST_VALIDATE_LOG": str(log),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     # two rounds and one evaluation: every process that could validate still starts and runs its part
-    out = run([*QUICK[:1], "train.max_steps=2", "eval.every_steps=2", *QUICK[3:], f"hydra.run.dir={tmp_path / 'run'}"],
+    out = run([*QUICK[:1], "train.max_rounds=2", "eval.every_rounds=2", *QUICK[3:], f"hydra.run.dir={tmp_path / 'run'}"],
               env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()

@@ -18,7 +18,7 @@ from tests.dist_util import run_world
 CONF = Path(__file__).resolve().parent.parent / "conf"
 TINY = ["env=gridnav", "env.num_envs=2", "env.max_episode_steps=20", "workload.num_steps=8",
         "workload.hidden_size=16", "workload.ppo_epoch=1", "workload.num_mini_batch=2",
-        "workload.num_eval_episodes=4", "train.max_steps=10", "eval.every_steps=10", "eval.target=null",
+        "workload.num_eval_episodes=4", "train.max_rounds=10", "eval.every_rounds=10", "eval.target=null",
         "logger.progress=off", "checkpoint.every_s=0", "checkpoint.resume=false"]
 
 

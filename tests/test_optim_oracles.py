@@ -48,7 +48,7 @@ def _oracles(comm):
         out[f"sgp{overlap}"] = (trace, flat_params(model) * algo.weight, algo.weight)
     # Local SGD: gradient (rank + 1) everywhere, plain SGD with lr 0.5, warm-up 2, period 3
     model = Vector(3, rank)
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5), period=3, warmup_steps=2)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5), period=3, warmup_rounds=2)
     trace = []
     for _ in range(10):
         algo.zero_grad()
@@ -205,7 +205,7 @@ def _torch_reference(comm, period, warmup, steps):
 def _ours(comm, period, warmup, steps):
     model = _net()
     algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), period=period,
-                          warmup_steps=warmup)
+                          warmup_rounds=warmup)
     trace = []
     for xb, yb in _batches(comm.rank, steps):
         algo.zero_grad()
@@ -251,7 +251,7 @@ def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
 
     for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
                                       ("local_sgd", "period", 0, "period=0 is not allowed; it must be >= 1"),
-                                      ("local_sgd", "warmup_steps", -1, "warmup_steps=-1 is not allowed; it must be >= 0"),
+                                      ("local_sgd", "warmup_rounds", -1, "warmup_rounds=-1 is not allowed; it must be >= 0"),
                                       ("adpsgd", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
                                       ("eager", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
                                       ("wagma", "catch_up", "late", "catch_up=.late. is not allowed; choose one of: replay, skip")]:

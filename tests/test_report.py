@@ -315,8 +315,8 @@ def real_run(tmp_path_factory):
     cwd = tmp / "cwd"
     cwd.mkdir()
     run_dir = tmp / "run"
-    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=15",
-           "eval.every_steps=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
+    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_rounds=15",
+           "eval.every_rounds=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
            "logger.wandb.per_rank_step_times=true", f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(cmd, cwd=cwd, env=offline_env(tmp, listener), capture_output=True, text=True, timeout=300,
                           check=False)

@@ -214,7 +214,7 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
 @pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.period=10000"]), ("wagma", ["optimizer.tau=3"]),
                                             ("eager", ["optimizer.sync_every=4"]), ("adpsgd", ["optimizer.sync_every=4"])])
 def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(optimizer, sync):
-    """train.max_steps=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
+    """train.max_rounds=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
     under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and
     what the optimizer does there. A budget on a sync point needs no such words."""
     from tests.cli_util import compose
@@ -222,18 +222,18 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
     from wagma_bench.config.schema import validate
     from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
-    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_steps=5"))
+    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_rounds=5"))
     spec = OPTIMIZER_SPECS[optimizer]
     plan = RunPlan.of(cfg, spec.sync_period_of(cfg.optimizer), 100, 4)
     line = plan.budget_line(cfg)
     assert plan.total == 5 and "\n" not in line, line
-    assert line.startswith("the run ends at step 5 (train.max_steps=5), exactly, though the optimizer "
-                           f"synchronises every {plan.sync} rounds: step 5 is an extra synchronisation point, "
+    assert line.startswith("the run ends at round 5 (train.max_rounds=5), exactly, though the optimizer "
+                           f"synchronises every {plan.sync} rounds: round 5 is an extra synchronisation point, "
                            f"{spec.final_sync}"), line
     assert spec.final_sync and "rounded" not in line
-    on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_steps={plan.sync}"))
+    on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_rounds={plan.sync}"))
     exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
-    assert exact.startswith(f"the run ends at step {plan.sync} (train.max_steps={plan.sync}") and "extra" not in exact
+    assert exact.startswith(f"the run ends at round {plan.sync} (train.max_rounds={plan.sync}") and "extra" not in exact
 
 
 def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():

@@ -345,7 +345,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     from wagma_bench.cli.simulate import main
 
     rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=shared_draw",
-               "train.max_steps=22", "samples_to_target=1e5", "--out", str(tmp_path)])
+               "train.max_rounds=22", "samples_to_target=1e5", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads((tmp_path / "predictions.json").read_text())
     assert {(r["optimizer"], r["world_size"]) for r in rows} == {(o, p) for o in ("allreduce", "wagma") for p in (2, 16)}
@@ -412,7 +412,7 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 
     rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
-                        "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_steps=20",
+                        "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_rounds=20",
                         "--out", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
@@ -420,17 +420,17 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 
 
 def test_simulate_reads_runs_batch_and_steps_and_refuses_epochs(tmp_path, capsys):
-    """`run`'s train.max_steps and train.batch_size are the simulation's rounds and batch (no second name);
+    """`run`'s train.max_rounds and train.batch_size are the simulation's rounds and batch (no second name);
     what a throughput model cannot honour is refused, not ignored."""
     from wagma_bench.cli.simulate import main as simulate_main
 
     base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8"]
     out = ["--out", str(tmp_path)]
-    assert simulate_main([*base, "train.max_steps=30", "train.batch_size=64", "step_s=0.16", *out]) == 0
+    assert simulate_main([*base, "train.max_rounds=30", "train.batch_size=64", "step_s=0.16", *out]) == 0
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
     assert row["rounds"] == 30 and row["samples"] == 30 * 8 * 64
-    for args, message in [(["train.epochs=3"], "simulate counts rounds, not epochs: give train.max_steps=N"),
-                          (["steps=30"], "steps=30: simulate takes run's option names; give train.max_steps=30"),
+    for args, message in [(["train.epochs=3"], "simulate counts rounds, not epochs: give train.max_rounds=N"),
+                          (["steps=30"], "steps=30: simulate takes run's option names; give train.max_rounds=30"),
                           (["batch=64"], "give train.batch_size=64"),
                           (["train.batch_size=64"], "preset's step_s=0.32 s is one step at batch 128; give step_s=")]:
         capsys.readouterr()
@@ -484,7 +484,7 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
     assert sorted(set(shape)) == pytest.approx([0.5, 1.0, 1.5])
     assert len(shape) == 52 and shape.count(1.0) == 26 and shape.count(0.5) == 11
     out = tmp_path / "sim"
-    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8", "train.max_steps=50",
+    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8", "train.max_rounds=50",
             "control_every=0", "--out"]
     assert main([*base, str(out / "preset")]) == 0
     assert main([*base, str(out / "measured"), "--compute-from", str(run)]) == 0
@@ -557,7 +557,7 @@ def test_dropcompute_drops_a_slow_ranks_late_micro_batches_and_gains_throughput(
     (["cluster.network.inter.bandwidth_GBps=nan"], "cluster.network.inter.bandwidth_GBps=nan is not allowed"),
     (["gpus=0"], "gpus=0 is not allowed"),
     (["gpus=10000000"], "gpus=10000000 is not allowed"),
-    (["gpus=8,100000", "train.max_steps=5"], "gpus=100000 is not allowed"),
+    (["gpus=8,100000", "train.max_rounds=5"], "gpus=100000 is not allowed"),
 ])
 def test_simulate_refuses_bad_numbers_in_one_line_naming_the_key_as_typed(args, said, tmp_path, capsys):
     """Before anything is simulated or written: exit 2, one line, the key as the user typed it (not the cluster
@@ -634,7 +634,7 @@ def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeyp
     period, margin = 0.5, 1.5
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", period)
     monkeypatch.setattr(sys, "stderr", Stamped())
-    assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_steps=200",
+    assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_rounds=200",
                           "--out", str(tmp_path)]) == 0
     monkeypatch.undo()
     text = "\n".join(line for _, line in lines)

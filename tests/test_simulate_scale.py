@@ -201,7 +201,7 @@ def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
 def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in the
     run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
-    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_every={sync_every}", "train.max_steps=100"))
+    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_every={sync_every}", "train.max_rounds=100"))
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
     plan = RunPlan.of(cfg, sync, 1000, 4)

@@ -32,7 +32,7 @@ from wagma_bench.runtime.slurm import job_states
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
-TINY = ["train.max_steps=10", "eval.every_steps=10"]  # embedded default (ResNet-20 on mnist5k), CPU
+TINY = ["train.max_rounds=10", "eval.every_rounds=10"]  # embedded default (ResNet-20 on mnist5k), CPU
 
 
 @pytest.fixture(scope="session")
@@ -336,8 +336,8 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     round 50 on a busy one, SLURM relaying the signal); the deterministic run reaches top-1 0.2 there (0.27
     measured at round 30), or by round 90.
     """
-    out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=90",
-                                      "eval.every_steps=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
+    out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_rounds=90",
+                                      "eval.every_rounds=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
                            array=False)
     (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
@@ -380,7 +380,7 @@ def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
     """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
     after a requeue), not one per rank's clock."""
     cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
-           "train.max_steps=4", "eval.every_steps=4", "logger.progress=off"]
+           "train.max_rounds=4", "eval.every_rounds=4", "logger.progress=off"]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
@@ -391,8 +391,8 @@ def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
 @pytest.mark.slow
 def test_hydra_submitit_launcher(tmp_path, slurm):
     """`hydra/launcher=submitit_slurm` with the local profile: one 2-rank job through submitit."""
-    spec = sweep.parse_spec(["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=10",
-                             "eval.every_steps=10"])
+    spec = sweep.parse_spec(["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_rounds=10",
+                             "eval.every_rounds=10"])
     cmd = sweep.submitit_command(spec, 2, tmp_path)
     cmd[0] = str(Path(sys.executable).parent / "wagma-bench")
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -427,7 +427,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
     submits the two again (an array of just them) and each resumes from its checkpoint. A rank that catches
     USR1 (the time-limit warning) in a run noted cancelled saves and does not requeue the job."""
     out, manifest = render(tmp_path, ["cluster=local", "gpus=1", "optimizer=allreduce", "seeds=2",
-                                      "train.max_steps=100000", "eval.every_steps=20", "checkpoint.every_s=0.5"])
+                                      "train.max_rounds=100000", "eval.every_rounds=20", "checkpoint.every_s=0.5"])
     (job_id,) = submitted = sweep_jobs.submit(out)
     runs = [out / r["run_dir"] for r in manifest["runs"]]
     try:

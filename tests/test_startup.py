@@ -110,7 +110,7 @@ def test_the_launching_process_of_a_run_imports_no_torch(tmp_path):
             "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, flush=True)\n"
             "sys.exit(rc)\n")
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "train.max_steps=1", "eval.every_steps=1000",
+    out = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "train.max_rounds=1", "eval.every_rounds=1000",
                           "logger.progress=off", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
                          timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -118,7 +118,7 @@ def test_a_run_with_more_fragments_than_tensors_is_refused_by_its_ranks_in_one_l
     from tests.cli_util import run
 
     res = run(["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=10000",
-               "optimizer.period=10000", "train.max_steps=10000", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
+               "optimizer.period=10000", "train.max_rounds=10000", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
               timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     last = res.stderr.strip().splitlines()[-1]

@@ -50,7 +50,7 @@ def compose_raw(*overrides: str) -> dict:
 
 
 def _tiny_overrides(cache: Path) -> list[str]:
-    over = ["workload=transformer", f"data.cache_dir={cache}", "train.batch_size=256", "eval.every_steps=1000",
+    over = ["workload=transformer", f"data.cache_dir={cache}", "train.batch_size=256", "eval.every_rounds=1000",
             "logger.progress=off", "workload.eval_max_tokens=512", "workload.beam=2"]
     return over + [f"data.{k}={v}" for k, v in TINY.items()] + [f"workload.{k}={v}" for k, v in TINY_MODEL.items()]
 
@@ -179,7 +179,7 @@ def _train(comm, raw: dict, run_dir: str):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path):
-    raw = tiny_raw(cache, max_steps=14, lr=1e-3, warmup_epochs=0.2)
+    raw = tiny_raw(cache, max_rounds=14, lr=1e-3, warmup_epochs=0.2)
     results = run_world(_train, world, raw, str(tmp_path), **PAUSABLE)
     summary, n_batches, spe = results[0]
     assert n_batches % 2 and n_batches % 3                       # the uneven case is exercised
@@ -324,7 +324,7 @@ def _registered_optimizers() -> list[str]:
 def uneven_shard_runs(cache, tmp_path_factory) -> list[dict]:
     raws = {}
     for optimizer in _registered_optimizers():
-        raws[optimizer] = compose_raw(*_tiny_overrides(cache), f"optimizer={optimizer}", "train.max_steps=40",
+        raws[optimizer] = compose_raw(*_tiny_overrides(cache), f"optimizer={optimizer}", "train.max_rounds=40",
                                       "train.lr=1e-2", "train.lr_reference_batch=null", "train.warmup_epochs=1")
         assert raws[optimizer]["train"]["local_optimizer"] == "adam" and raws[optimizer]["optimizer"]["name"] == optimizer
     return run_world(_train_every_optimizer, 2, raws, str(tmp_path_factory.mktemp("uneven")),

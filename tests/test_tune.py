@@ -306,7 +306,7 @@ def test_compute_imbalance_by_hand(tmp_path):
 # --- the command end to end (real runs) ----------------------------------------------------------------
 
 # A reachable target (the embedded MNIST at 2 steps) so that trials score; 2 ranks, 2 steps each.
-TINY = ["workload=resnet", "launcher.nproc=2", "train.max_steps=2", "eval.every_steps=2", "eval.target=0.05",
+TINY = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=2", "eval.every_rounds=2", "eval.target=0.05",
         "logger.progress=off"]
 
 
@@ -387,7 +387,7 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
     """Two trials; the tune is SIGKILLed (launcher and ranks) while the second trains, after a checkpoint;
     the same command again skips the first and resumes the second from its checkpoint."""
     out = tmp_path / "tune"
-    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=40", "eval.every_steps=20",
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=40", "eval.every_rounds=20",
             "checkpoint.every_s=0", "logger.progress=off", "optimizer=allreduce", "tune.trials=2",
             "tune.studies=1", "--out", str(out)]
     proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -419,7 +419,7 @@ def test_the_done_when_command(tmp_path):
     """The documented example (docs/tuning.md): 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
     out = tmp_path / "tune"
     res = _tune(["workload=resnet", "optimizer=allreduce,wagma", "tune.trials=2", "tune.studies=2",
-                 "train.max_steps=60", "logger.progress=off", "--out", str(out)], timeout=3000)
+                 "train.max_rounds=60", "logger.progress=off", "--out", str(out)], timeout=3000)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(list((out / "trials").glob("*/summary.json"))) == 8
     result = json.loads((out / "tuning.json").read_text())
@@ -501,7 +501,7 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
     """SIGINT to tune alone while a trial trains: tune forwards it to the trial, whose ranks checkpoint and
     stop; tune waits for them, says what to do in one line and exits 130; nothing of the trial runs on."""
     out = tmp_path / "tune"
-    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=100000", "eval.every_steps=100000",
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=100000", "eval.every_rounds=100000",
             "logger.progress=off", "optimizer=allreduce", "tune.trials=2", "tune.studies=1", "--out", str(out)]
     proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

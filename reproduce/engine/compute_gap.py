@@ -31,13 +31,13 @@ BIN = Path(sys.executable).parent / "wagma-bench"
 WARMUP = 10
 WORKLOADS = {"transformer": ["workload=transformer"], "resnet": ["workload=resnet", "imbalance=none"]}
 OPTIMIZERS = ("allreduce", "wagma")
-COMMON = ["eval.target=null", "eval.every_steps=100000", "logger.progress=off", "checkpoint.every_s=1e9"]
+COMMON = ["eval.target=null", "eval.every_rounds=100000", "logger.progress=off", "checkpoint.every_s=1e9"]
 
 
 def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     subprocess.run([str(BIN), "run", *WORKLOADS[workload], f"optimizer={optimizer}", f"launcher.nproc={nproc}",
-                    f"train.max_steps={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
+                    f"train.max_rounds={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
                    stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for path in sorted((run_dir / "steps").glob("rank*.jsonl"))

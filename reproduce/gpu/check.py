@@ -105,7 +105,7 @@ def wagma_bench(args: list[str], sizes: Sizes, env: dict[str, str] | None = None
 
 def resnet50_args(sizes: Sizes, batch: int | None = None) -> list[str]:
     return ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"data.image_size={sizes.image_size}",
-            f"train.batch_size={batch or sizes.batch}", f"train.max_steps={sizes.steps}", "logger.progress=off"]
+            f"train.batch_size={batch or sizes.batch}", f"train.max_rounds={sizes.steps}", "logger.progress=off"]
 
 
 def read_run(run_dir: Path) -> dict:
@@ -232,11 +232,11 @@ def model_inputs(out: Path, measured_on: str, bench_json: Path | None, skipped: 
     sizes = dataclasses.replace(FULL, timeout_s=timeout_s)
     if measured_on == "gpu":
         common = ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"train.batch_size={FULL.batch}",
-                  f"train.max_steps={INPUT_STEPS}"] + (["comm.backend=nccl"] if gpus >= 2 else [])
+                  f"train.max_rounds={INPUT_STEPS}"] + (["comm.backend=nccl"] if gpus >= 2 else [])
     else:
-        common = ["workload=resnet", f"train.max_steps={CPU_INPUT_STEPS}"]
+        common = ["workload=resnet", f"train.max_rounds={CPU_INPUT_STEPS}"]
     common += [f"launcher.nproc={ranks}", "imbalance=none", "logger.progress=off", "eval.target=null",
-               "eval.every_steps=100000", "checkpoint.every_s=100000"]
+               "eval.every_rounds=100000", "checkpoint.every_s=100000"]
     gossip = out / "gossip"
     for i in range(1, PAIRS + 1):  # interleaved: the machine's speed drifts
         for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.period=10"])):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wagma_bench.campaign.runs import run_unless_done
 
-COMMON = ["workload=resnet", "eval.target=null", "eval.every_steps=100000", "logger.progress=off",
+COMMON = ["workload=resnet", "eval.target=null", "eval.every_rounds=100000", "logger.progress=off",
           "checkpoint.every_s=1e9"]
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     rows = []
     for setting in args.settings.split(","):
         p, k = map(int, setting.split(":"))
-        base = [f"launcher.nproc={p}", f"train.max_steps={args.steps}"]
+        base = [f"launcher.nproc={p}", f"train.max_rounds={args.steps}"]
         none = run(args.out, f"P{p}_none_allreduce", base + ["optimizer=allreduce", "imbalance=none"])
         batch = none["samples"] / none["steps"] / p
         c = none["train_s"] / none["steps"]

@@ -34,7 +34,7 @@ CONFIGS = {  # name: overrides
     "local_sgd+slowmo-a0.5": ["optimizer=local_sgd", *SLOWMO, "optimizer.outer_lr=0.5"],
 }
 WORKLOADS = {"transformer": ["workload=transformer", "launcher.nproc=4", "logger.progress=off"],
-             "resnet": ["workload=resnet", "imbalance=shared_draw", "launcher.nproc=4", "eval.every_steps=10",
+             "resnet": ["workload=resnet", "imbalance=shared_draw", "launcher.nproc=4", "eval.every_rounds=10",
                         "logger.progress=off"]}
 
 

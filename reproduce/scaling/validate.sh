@@ -41,7 +41,7 @@ real_run() {
   rm -rf "$dir"
   echo "== $(date +%H:%M:%S) real run: $* -> $dir"
   # no evaluation target: a throughput run; evaluation time is excluded from the clock anyway
-  "$BIN" run workload=resnet "$@" train.max_steps="$STEPS" eval.target=null eval.every_steps=100000 \
+  "$BIN" run workload=resnet "$@" train.max_rounds="$STEPS" eval.target=null eval.every_rounds=100000 \
     checkpoint.every_s=100000 logger.progress=off hydra.run.dir="$dir" > "$dir.log" 2>&1 \
     || { echo "run failed, see $dir.log"; exit 1; }
 }

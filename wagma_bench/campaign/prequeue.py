@@ -165,7 +165,7 @@ def steps_per_epoch(cfg: RunConfig, gpus: int, measured: Measured) -> int | None
 def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
     """The run's length in rounds by the trainer's plan; None when it depends on an unknown training-set size."""
     per_epoch = steps_per_epoch(cfg, gpus, measured)
-    if per_epoch is None and cfg.train.max_steps is None:
+    if per_epoch is None and cfg.train.max_rounds is None:
         return None
     sync = OPTIMIZER_SPECS[cfg.optimizer.name].sync_period_of(cfg.optimizer)
     return RunPlan.of(cfg, sync, per_epoch or 1, gpus).total

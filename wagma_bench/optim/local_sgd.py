@@ -2,7 +2,7 @@
 
 Every rank runs its local optimizer (momentum SGD or AdamW) on its own model, and every ``period`` steps
 all models are replaced by their global mean, which "restarts" every rank from the same point
-(PR-SGD, Algorithm 1: average when ``t mod I == 0``). The first ``warmup_steps`` steps are Allreduce-SGD
+(PR-SGD, Algorithm 1: average when ``t mod I == 0``). The first ``warmup_rounds`` rounds are Allreduce-SGD
 (gradients averaged every step, all models identical), as in post-local SGD (Lin et al., ICLR 2020) and
 torch's ``PostLocalSGDOptimizer``.
 
@@ -68,7 +68,7 @@ class LocalSGD(LocalSGDSpec, Algorithm):
     def averages_at(self, round_: int) -> bool:
         """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up, and
         at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
-        return local_average_at(round_, self.settings.period, self.settings.warmup_steps, self.final_round)
+        return local_average_at(round_, self.settings.period, self.settings.warmup_rounds, self.final_round)
 
     def step(self) -> StepInfo:
         r = self.round + 1
@@ -82,7 +82,7 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.round = r
             return StepInfo(round=r, comm_s=time.perf_counter() - t0)
         comm_s = 0.0
-        if r <= self.settings.warmup_steps:  # post-local SGD warm-up: Allreduce-SGD
+        if r <= self.settings.warmup_rounds:  # post-local SGD warm-up: Allreduce-SGD
             t0 = time.perf_counter()
             for b in self.buckets:
                 self.comm.allreduce(b.grad, op="mean")

@@ -165,7 +165,7 @@ class LocalSGDSpec(AlgorithmSpec):
     class Settings(OuterSettings):
         name: str = "local_sgd"
         period: int = setting(4, AT_LEAST_ONE)
-        warmup_steps: int = setting(0, NON_NEGATIVE)
+        warmup_rounds: int = setting(0, NON_NEGATIVE)
         average_momentum: bool = False
         # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
         fragments: int = setting(1, AT_LEAST_ONE)
@@ -188,7 +188,7 @@ class LocalSGDSpec(AlgorithmSpec):
                      (self.fragment_delay >= self.period // max(self.fragments, 1), "optimizer.fragment_delay",
                       self.fragment_delay, (f"below period/fragments = {self.period // max(self.fragments, 1)} "
                       "(a fragment's average must end before the next fragment's begins)")),
-                     (self.warmup_steps > 0, "optimizer.warmup_steps", self.warmup_steps, "0 with fragments"),
+                     (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds, "0 with fragments"),
                      (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
                      (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
                       "null with fragments (each fragment's outer step comes every period)")]

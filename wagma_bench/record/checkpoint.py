@@ -10,7 +10,7 @@ for ``checkpoint.dir``)::
 
 The last two complete sets are kept, so a crash while writing loses at most one checkpoint period. The
 config hash covers the config minus what may change on resume (:func:`wagma_bench.config.identity.identity`:
-``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_steps/epochs/time_limit_s``).
+``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_rounds/epochs/time_limit_s``).
 
 Before resuming, the launching process checks the manifest against the run (:func:`check_against_run`:
 world size, config, every file present) and refuses a mismatch before any rank starts; then every rank
@@ -177,7 +177,7 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
                           f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
-                          f"checkpoint and the budget (train.max_steps, train.epochs, train.time_limit_s) may "
+                          f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) may "
                           f"change on resume")
     missing = [f for f in manifest["files"] if not (folder / f).is_file()]
     if missing:

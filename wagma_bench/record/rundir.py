@@ -8,7 +8,7 @@ this host, or it is an earlier incarnation of this same SLURM job, i.e. a requeu
 message.
 
 A rerun of a finished run with the same configuration and budget prints the earlier summary instead of
-training again; raising the budget (``train.max_steps``, ``train.epochs``, ``train.time_limit_s``) continues
+training again; raising the budget (``train.max_rounds``, ``train.epochs``, ``train.time_limit_s``) continues
 it from its checkpoint.
 
 After a failure the launcher writes the run's ``summary.json`` and MLPerf log from its events

@@ -426,7 +426,7 @@ def sim_local_sgd(cfg: SimConfig) -> SimResult:
     needed (:func:`~wagma_bench.optim.rules.sync_at`), so a rank waits only for what the delay did not hide."""
     if cfg.settings.streaming():
         return _sim_streaming(cfg)
-    period, warmup = sync_period(cfg), cfg.settings.warmup_steps
+    period, warmup = sync_period(cfg), cfg.settings.warmup_rounds
     factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
     grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
