@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.dist_util import run_world
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=2", "eval.every_rounds=4", "eval.target=null",
+TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=2", "eval.every_rounds=4", "eval.target=null",
         "workload.arch=resnet8", "train.batch_size=8",
         "checkpoint.every_s=0", "logger.progress=off"]
 

@@ -31,8 +31,8 @@ LR = 0.25
 T = 8  # rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
 CASES = {  # registry name -> settings with a sync period that does not divide T
     "allreduce": {}, "dropcompute": {"threshold_s": "inf"}, "dpsgd": {}, "sgp": {"overlap": False},
-    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"period": 3}, "eager": {"mode": "solo", "sync_every": 3},
-    "adpsgd": {"sync_every": 3},
+    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"sync_period": 3}, "eager": {"mode": "solo", "sync_period": 3},
+    "adpsgd": {"sync_period": 3},
 }
 # one model at the end: the global average at the last round (WAGMA-SGD, local SGD) or one model throughout
 SAME_MODEL = {"allreduce", "dropcompute", "wagma", "local_sgd", "eager"}
@@ -104,10 +104,10 @@ RUN = ["workload.arch=resnet8", "train.batch_size=8", "eval.target=null", "check
 RUNS = {  # run id -> overrides: the periodic optimizers at a sync period (3 or 4) that does not divide 7
     "allreduce": ["optimizer=allreduce"],
     "wagma": ["optimizer=wagma", "optimizer.tau=2"],
-    "local_sgd": ["optimizer=local_sgd", "optimizer.period=4"],
-    "eager": ["optimizer=eager", "optimizer.sync_every=4"],
-    "adpsgd": ["optimizer=adpsgd", "optimizer.sync_every=3"],
-    "local_sgd-no-eval": ["optimizer=local_sgd", "optimizer.period=4", "eval.every_rounds=1000"],
+    "local_sgd": ["optimizer=local_sgd", "optimizer.sync_period=4"],
+    "eager": ["optimizer=eager", "optimizer.sync_period=4"],
+    "adpsgd": ["optimizer=adpsgd", "optimizer.sync_period=3"],
+    "local_sgd-no-eval": ["optimizer=local_sgd", "optimizer.sync_period=4", "eval.every_rounds=1000"],
 }
 
 

@@ -51,7 +51,7 @@ BAD_VALUES = [
     ("train.momentum", "1.5", []),                            # a fraction
     ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
     ("workload.gamma", "1.01", ["workload=ddppo"]),
-    ("optimizer.period", "0", ["optimizer=local_sgd"]),       # a schema's own __post_init__ check
+    ("optimizer.sync_period", "0", ["optimizer=local_sgd"]),  # a schema's own __post_init__ check
     ("optimizer.outer_momentum", "1", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),
     ("optimizer.outer_period", "6", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),  # not a multiple of 4
 ]
@@ -60,7 +60,7 @@ BAD_VALUES = [
 # Through the real CLI (3-5 s each): a range check and a schema's own __post_init__ check, the two ways
 # validate() refuses (cli/run.py's _run_job turns either into exit 2 before any rank starts); every value of
 # BAD_VALUES in the launching process's own check, below (the same validate() the CLI calls).
-THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.period=0"}
+THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.sync_period=0"}
 
 
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])

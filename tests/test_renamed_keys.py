@@ -26,8 +26,9 @@ def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_na
     and process names the new one."""
     monkeypatch.setattr(renamed, "_SAID", set())  # as in a fresh process
     out = renamed_overrides(["train.max_steps=5", "+eval.every_steps=1,2", "optimizer.warmup_steps=3",
-                             "train.lr=0.1", "-m"])
-    assert out == ["train.max_rounds=5", "+eval.every_rounds=1,2", "optimizer.warmup_rounds=3", "train.lr=0.1", "-m"]
+                             "optimizer.period=8", "optimizer.sync_every=3", "train.lr=0.1", "-m"])
+    assert out == ["train.max_rounds=5", "+eval.every_rounds=1,2", "optimizer.warmup_rounds=3",
+                   "optimizer.sync_period=8", "optimizer.sync_period=3", "train.lr=0.1", "-m"]
     said = capsys.readouterr().err.splitlines()
     assert said == [deprecation_line(old) for old in RENAMED_KEYS], said
     assert all(RENAMED_KEYS[old][0] in line for old, line in zip(RENAMED_KEYS, said))
@@ -39,8 +40,11 @@ def test_an_old_key_in_a_yaml_file_is_read_as_its_new_name_and_a_disagreeing_pai
     """A configuration composed with the old keys (as an old experiment YAML file gives them) validates to the new
     ones; an old and a new key at two values are one ConfigError naming both."""
     cfg = validate(compose("optimizer=local_sgd", "+train.max_steps=7", "+eval.every_steps=3",
-                           "+optimizer.warmup_steps=2"))
+                           "+optimizer.warmup_steps=2", "+optimizer.period=8"))
     assert (cfg.train.max_rounds, cfg.eval.every_rounds, cfg.optimizer.warmup_rounds) == (7, 3, 2)
+    assert cfg.optimizer.sync_period == 8
+    for name in ("eager", "adpsgd"):
+        assert validate(compose(f"optimizer={name}", "+optimizer.sync_every=3")).optimizer.sync_period == 3
     same = validate(compose("+train.max_steps=7", "train.max_rounds=7"))
     assert same.train.max_rounds == 7
     with pytest.raises(ConfigError, match=r"train\.max_steps=7 and train\.max_rounds=8 are both given"):
@@ -63,18 +67,18 @@ def test_a_run_recorded_under_the_old_keys_is_the_same_run():
     from wagma_bench.config.identity import budget, resume_hash
 
     old = {"seed": 1, "train": {"lr": 0.1, "max_steps": 100}, "eval": {"every_steps": 10},
-           "optimizer": {"name": "local_sgd", "warmup_steps": 2}}
+           "optimizer": {"name": "local_sgd", "warmup_steps": 2, "period": 4}}
     new = {"seed": 1, "train": {"lr": 0.1, "max_rounds": 100}, "eval": {"every_rounds": 10},
-           "optimizer": {"name": "local_sgd", "warmup_rounds": 2}}
+           "optimizer": {"name": "local_sgd", "warmup_rounds": 2, "sync_period": 4}}
     assert resume_hash(old) == resume_hash(new) and budget(old) == budget(new)
     assert budget({**new, "train": {"lr": 0.1, "max_rounds": 200}}) != budget(old)
     assert resume_hash({**new, "eval": {"every_rounds": 20}}) != resume_hash(old)
 
 
 def test_a_tuning_committed_under_the_old_keys_is_resumed_as_done(tmp_path):
-    """The committed fixed-budget Transformer tuning (its plan says train.max_steps=300 eval.every_steps=50): its
-    command plans the same tuning (tune.json accepted) and finds every trial finished, so a resume skips them all;
-    the command with the new keys plans the same trials."""
+    """The committed fixed-budget Transformer tuning (its plan says train.max_steps=300 eval.every_steps=50, and
+    its trials tune optimizer.period and optimizer.sync_every): its command plans the same tuning (tune.json
+    accepted) and finds every trial finished, so a resume skips them all; with the new keys it plans the same."""
     from wagma_bench.campaign.tune import combinations, make_plan, parse_args, write_plan
     from wagma_bench.record.rundir import finished_summary
 

@@ -211,8 +211,8 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
     assert evals == oracle
 
 
-@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.period=10000"]), ("wagma", ["optimizer.tau=3"]),
-                                            ("eager", ["optimizer.sync_every=4"]), ("adpsgd", ["optimizer.sync_every=4"])])
+@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.sync_period=10000"]), ("wagma", ["optimizer.tau=3"]),
+                                            ("eager", ["optimizer.sync_period=4"]), ("adpsgd", ["optimizer.sync_period=4"])])
 def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(optimizer, sync):
     """train.max_rounds=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
     under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and

@@ -110,7 +110,7 @@ def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_r
     """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point, which
     rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is recorded
     as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
-    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=1000000", "train.max_rounds=1000000",
+    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=1000000", "train.max_rounds=1000000",
             "logger.progress=off"]
     launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)

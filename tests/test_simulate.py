@@ -120,7 +120,7 @@ def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
 
 def test_shared_draw_imbalance_delays_someone_every_step():
     imb = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
-    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", sync_period=1), steps=20))
     # every step someone sleeps 0.3 s and period=1 averages (a barrier) after every step
     assert res.time_s == pytest.approx(20 * (STEP + 0.3), rel=1e-9)
 
@@ -131,7 +131,7 @@ def test_independent_imbalance_paces_a_barrier_at_each_steps_slowest_rank():
     imb = IndependentImbalance(IndependentImbalance.Settings(delay_s=0.3, probability=0.1), seed=4)
     slow_steps = sum(any(imb.delay(r, 8, k, STEP) for r in range(8)) for k in range(20))
     assert 0 < slow_steps < 20
-    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", sync_period=1), steps=20))
     assert res.time_s == pytest.approx(20 * STEP + 0.3 * slow_steps, rel=1e-9)
 
 
@@ -276,15 +276,15 @@ def test_control_exchanges_fall_on_sync_rounds():
     schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11, 22."""
     assert CONTROL_EVERY == 10
     assert [control_period(s) for s in (1, 2, 3, 4, 10, 11, 25)] == [10, 10, 12, 12, 10, 11, 25]
-    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48), 4)
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", sync_period=4), steps=48), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [12, 24, 36, 48]
-    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48,
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", sync_period=4), steps=48,
                              control_every=0), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
 
 
-@pytest.mark.parametrize("optimizer,settings", [("wagma", {"tau": 3}), ("local_sgd", {"period": 4}),
-                                               ("eager", {"sync_every": 4}), ("adpsgd", {"sync_every": 4}),
+@pytest.mark.parametrize("optimizer,settings", [("wagma", {"tau": 3}), ("local_sgd", {"sync_period": 4}),
+                                               ("eager", {"sync_period": 4}), ("adpsgd", {"sync_period": 4}),
                                                ("allreduce", {})])
 def test_a_simulation_runs_exactly_its_budget_with_the_last_round_synchronous(optimizer, settings):
     """As a run does: 10 rounds whatever the sync period (once 12 under a period of 4), every rank's 10 steps
@@ -331,7 +331,7 @@ def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
     assert local_state_tensors("adam", 0.0) == 2
     net = Network.from_profile({"inter": {"alpha_s": 0.0, "bandwidth_GBps": 1.0}}, 1)
     wl = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
-    avg = typed("local_sgd", period=1, average_momentum=True)
+    avg = typed("local_sgd", sync_period=1, average_momentum=True)
 
     def comm_time(state: int) -> float:
         res = simulate(SimConfig("local_sgd", 2, wl, net, settings=avg, steps=10, control_every=0, local_state=state))
@@ -359,7 +359,7 @@ def test_eager_in_order_follows_a_persistent_straggler_but_not_a_random_one():
     """eager-SGD applies every round in order (one round per local step), so a rank that is always slow must
     still step through every round: the world goes at its pace. Random stragglers average out between
     the synchronous rounds, so there it beats Allreduce-SGD."""
-    solo = typed("eager", mode="solo", sync_every=4)
+    solo = typed("eager", mode="solo", sync_period=4)
     res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), solo, steps=40))
     assert res.local_steps == res.rounds == 40
     assert res.throughput == pytest.approx(4 * BATCH / (6.0 * STEP), rel=1e-9)
@@ -410,7 +410,7 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
     """Any override `run` takes is taken (and checked), whether or not the simulation depends on it."""
     from wagma_bench.cli.simulate import main as simulate_main
 
-    rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
+    rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.sync_period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
                         "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_rounds=20",
                         "--out", str(tmp_path)])
@@ -451,7 +451,7 @@ def test_no_simulate_module_reads_yaml():
             assert not [n for n in names if n.split(".")[0] == "yaml"], path.name
 
 
-@pytest.mark.parametrize("optimizer,settings", [("local_sgd", {"period": 4}), ("wagma", {"tau": 3}),
+@pytest.mark.parametrize("optimizer,settings", [("local_sgd", {"sync_period": 4}), ("wagma", {"tau": 3}),
                                                 ("dpsgd", {"outer_period": 4}), ("sgp", {"outer_period": 4})])
 def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(optimizer, settings):
     """The same communication as the base plus, every outer period, the outer step's memory passes (and the
@@ -535,7 +535,7 @@ def test_streaming_diloco_hides_a_fragments_average_behind_its_delay():
     net = Network(intra=link, inter=link)
     waits = {}
     for fragments, delay in ((1, 0), (2, 0), (2, 1)):
-        settings = typed("local_sgd", period=8, outer="nesterov", fragments=fragments, fragment_delay=delay)
+        settings = typed("local_sgd", sync_period=8, outer="nesterov", fragments=fragments, fragment_delay=delay)
         waits[fragments, delay] = simulate(SimConfig("local_sgd", 8, WL, net, settings=settings, steps=80)).wait_frac
     assert waits[2, 1] < waits[2, 0]
     assert waits[2, 1] < waits[1, 0]

@@ -201,7 +201,7 @@ def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
 def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in the
     run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
-    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_every={sync_every}", "train.max_rounds=100"))
+    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_period={sync_every}", "train.max_rounds=100"))
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
     plan = RunPlan.of(cfg, sync, 1000, 4)
@@ -232,7 +232,7 @@ def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_
     offset and no autocorrelation the persistent model is the i.i.d. one."""
     def throughput(optimizer, **kw):
         workload = Workload(step_s=0.1, params=1e6, **kw)
-        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"period": 20} if optimizer == "local_sgd" else {}))
+        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"sync_period": 20} if optimizer == "local_sgd" else {}))
         return simulate(SimConfig(optimizer, 256, workload, Network.free(), settings=settings, steps=200,
                                   seed=2)).throughput
 

@@ -377,7 +377,7 @@ def test_cluster_mode_renders_the_trials_as_a_sweep(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["runs"]) == 4 and all(r["run_dir"].startswith("trials/") for r in manifest["runs"])
     script = (out / manifest["jobs"][0]["script"]).read_text()
-    assert "train.lr=" in script and "optimizer.period=" in script
+    assert "train.lr=" in script and "optimizer.sync_period=" in script
     result = tuning.score(out)  # nothing ran yet: every trial unfinished, every score infinite
     assert all(e["score_s"] is None and e["unfinished"] == 2 for e in result["results"])
 
@@ -445,7 +445,7 @@ def test_space_overrides_change_the_tuned_range_and_are_checked_like_the_file(tm
 
 # streaming DiLoCo's tuning (docs/outer-optimizers.md): H, the outer rate and momentum; F = 2, tau = 1 fixed
 STREAMING = ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2", "optimizer.fragment_delay=1",
-             "space.optimizer.period={choices: [4, 8, 16]}", "space.optimizer.outer_lr={low: 0.1, high: 1.0, scale: log}",
+             "space.optimizer.sync_period={choices: [4, 8, 16]}", "space.optimizer.outer_lr={low: 0.1, high: 1.0, scale: log}",
              "space.optimizer.outer_momentum={low: 0.0, high: 0.95}"]
 
 
@@ -455,7 +455,7 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     args = tune.parse_args(["workload=transformer", *STREAMING, "tune.trials=3", "tune.studies=3",
                             "--out", str(tmp_path)])
     _, trials, configs = tune.make_plan(args)
-    assert len(trials) == 9 and {t.params["optimizer.period"] for t in trials} <= {4, 8, 16}
+    assert len(trials) == 9 and {t.params["optimizer.sync_period"] for t in trials} <= {4, 8, 16}
     assert all(0.1 <= t.params["optimizer.outer_lr"] <= 1.0 and 0 <= t.params["optimizer.outer_momentum"] <= 0.95
                for t in trials)
     for config in configs.values():
@@ -468,7 +468,7 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     ("space.optimizer.tau.high=0", "optimizer.tau low=2 high=0 is an empty range"),
     ("space.optimizer.tau={low: 0, high: 3}", "optimizer.tau=0 would be refused by the run config"),
     ("space.lr_multiplier.colour=2", "space.lr_multiplier.colour: unknown field colour; valid fields: choices, high"),
-    ("space.optimizer.period.high=9", "space.optimizer.period.high=9: no tuned search space has the dimension"),
+    ("space.optimizer.sync_period.high=9", "space.optimizer.sync_period.high=9: no tuned search space has the dimension"),
     ("space.lr_multiplier.high", "a search-space override is space.KEY.FIELD=VALUE"),
 ])
 def test_bad_space_overrides_are_refused_before_any_trial(override, message, tmp_path, capsys):

@@ -239,7 +239,7 @@ def model_inputs(out: Path, measured_on: str, bench_json: Path | None, skipped: 
                "eval.every_rounds=100000", "checkpoint.every_s=100000"]
     gossip = out / "gossip"
     for i in range(1, PAIRS + 1):  # interleaved: the machine's speed drifts
-        for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.period=10"])):
+        for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.sync_period=10"])):
             wagma_bench(["run", *common, *opt, f"hydra.run.dir={gossip / f'{name}_p{ranks}_pair{i}'}"], sizes)
     if bench_json is None or not bench_json.exists():
         bench_json = out / "comm_bench_inputs.json"

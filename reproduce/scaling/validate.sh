@@ -59,7 +59,7 @@ done
 for ((i = 1; i <= GOSSIP_PAIRS; i++)); do
   for p in 4 8; do
     real_run "$OUT/gossip/adpsgd_p${p}_pair${i}" optimizer=adpsgd imbalance=none launcher.nproc="$p"
-    real_run "$OUT/gossip/nothread_p${p}_pair${i}" optimizer=local_sgd optimizer.period=10 imbalance=none \
+    real_run "$OUT/gossip/nothread_p${p}_pair${i}" optimizer=local_sgd optimizer.sync_period=10 imbalance=none \
       launcher.nproc="$p"
   done
 done

@@ -99,8 +99,8 @@ class SweepSpec:
 def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
     """Each argument as (key, values), read with Hydra's own override parser and sweep grammar, the one
     ``wagma-bench run -m`` reads: ``a,b``, ``choice(a,b)``, ``range(1,4)``, ``glob(*)`` over a group's
-    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused. A renamed
-    key (``train.max_steps``) comes under its current name, its deprecation line said."""
+    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused. A
+    renamed key (``train.max_steps``) comes under its current name, its deprecation line said."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 

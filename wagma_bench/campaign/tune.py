@@ -259,8 +259,8 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
 
 def in_current_names(plan: dict) -> tuple[list | None, list | None]:
     """A plan's common overrides and trials with each renamed key under its current name
-    (:mod:`wagma_bench.config.renamed`): a plan written under the old names (``train.max_steps=300``) is the same
-    tuning as today's command plans, so a resume finds its trials."""
+    (:mod:`wagma_bench.config.renamed`): a plan written under the old names (``train.max_steps=300``) is the
+    same tuning as today's command plans, so a resume finds its trials."""
     trials = plan.get("trials")
     if isinstance(trials, list):
         trials = [{**t, "overrides": renamed_overrides(t.get("overrides", []), quiet=True),

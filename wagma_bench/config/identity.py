@@ -30,9 +30,9 @@ ADDED_KEYS = {
 
 
 def identity(raw: dict) -> dict:
-    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`), and minus each key
-    of :data:`ADDED_KEYS` at the value that keeps its old behaviour; a key recorded under an old name reads as its
-    current one (:mod:`wagma_bench.config.renamed`)."""
+    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`), and minus
+    each key of :data:`ADDED_KEYS` at the value that keeps its old behaviour; a key recorded under an old name
+    reads as its current one (:mod:`wagma_bench.config.renamed`)."""
     raw = renamed_config(raw) or {}
     out = {k: v for k, v in raw.items() if k not in RESUMABLE_SECTIONS}
     out["train"] = {k: v for k, v in (raw.get("train") or {}).items() if k not in BUDGET_KEYS}

@@ -31,9 +31,10 @@ class RunPlan:
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
         t = cfg.train
         epoch_steps = max(1, math.ceil(t.epochs * steps_per_epoch))
-        # train.max_rounds, when set, is the run's length, also beyond train.epochs (which then only shapes the
-        # learning-rate schedule); see TrainConfig. Not rounded to the sync period: the algorithm makes the last
-        # round a synchronisation point (Algorithm.end_at), so every optimizer trains the same rounds.
+        # train.max_rounds, when set, is the run's length, also beyond train.epochs (which then only shapes
+        # the learning-rate schedule); see TrainConfig. Not rounded to the sync period: the algorithm makes
+        # the last round a synchronisation point (Algorithm.end_at), so every optimizer trains the same
+        # rounds.
         ends_by = "epochs" if t.max_rounds is None else "max_rounds"
         total = epoch_steps if t.max_rounds is None else t.max_rounds
         eval_every = cfg.eval.every_rounds or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
@@ -72,14 +73,16 @@ class RunPlan:
         if self.ends_by == "max_rounds":
             length = f"round {self.total} (train.max_rounds={t.max_rounds}"
             if self.total > self.epoch_steps:
-                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds wins; the "
-                           f"learning-rate schedule still spans train.epochs")
+                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds "
+                           f"wins; the learning-rate schedule still spans train.epochs")
             length += ")"
         else:
-            length = f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per epoch)"
+            length = (f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per "
+                      "epoch)")
         if self.total % self.sync:  # never silently: the last round is not one of the optimizer's sync points
-            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: round {self.total} is an "
-                       f"extra synchronisation point, {self.final_sync or 'where every rank meets'}")
+            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: round "
+                       f"{self.total} is an extra synchronisation point, "
+                       f"{self.final_sync or 'where every rank meets'}")
         earlier = []
         if cfg.eval.target is not None and cfg.eval.stop_at_target:
             earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")

@@ -386,8 +386,8 @@ def _current_names(raw: dict) -> dict:
     file's ``train.max_steps``), its deprecation line said; an old key beside its new one at another value is
     refused."""
     for old, value, new, theirs in conflicts(raw):
-        raise ConfigError(f"{old}={value} and {new}={theirs} are both given; {old} is the old name of {new}: give "
-                          f"only {new}")
+        raise ConfigError(f"{old}={value} and {new}={theirs} are both given; {old} is the old name of {new}: "
+                          f"give only {new}")
     return renamed_config(raw, say=True)
 
 

@@ -23,11 +23,11 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
    before the first ``step`` (the engine algorithms create their engine at the first step instead).
    ``sync_period`` and ``models_identical`` are read right after, once: they must not change during a run.
    Then **``end_at(rounds)``**, on every rank, fresh or resumed: the run's last round, its budget
-   (``train.max_rounds``, or the epochs' rounds), which need not be a multiple of ``sync_period``. The run ends
-   exactly there: the algorithm makes that round a synchronisation point of its own (every rank completes it,
-   as at a multiple of ``sync_period``), and an algorithm that averages the models globally at its synchronous
-   rounds averages them there too (WAGMA-SGD's schedule makes it a synchronous round, local SGD averages after
-   it, eager-SGD's allreduce is synchronous there). Not a collective; before the first step.
+   (``train.max_rounds``, or the epochs' rounds), which need not be a multiple of ``sync_period``. The run
+   ends exactly there: the algorithm makes that round a synchronisation point of its own (every rank completes
+   it, as at a multiple of ``sync_period``), and an algorithm that averages the models globally at its
+   synchronous rounds averages them there too (WAGMA-SGD's schedule makes it a synchronous round, local SGD
+   averages after it, eager-SGD's allreduce is synchronous there). Not a collective; before the first step.
 2. Then exactly one of:
 
    - **``broadcast_initial_model()``**, on a fresh start: every rank takes rank 0's weights (the default

@@ -177,8 +177,8 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
                           f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
-                          f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) may "
-                          f"change on resume")
+                          f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) "
+                          f"may change on resume")
     missing = [f for f in manifest["files"] if not (folder / f).is_file()]
     if missing:
         raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.config.recorded import setting
+from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
@@ -202,7 +202,9 @@ class RunStart:
 
     @property
     def config(self) -> dict:
-        return self.metadata.get("config") or {}
+        """The configuration the run recorded, under today's keys (one written before a key was renamed reads as
+        one written after)."""
+        return recorded_config(self.metadata.get("config"))
 
     @property
     def workload(self) -> str | None:
