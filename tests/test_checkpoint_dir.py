@@ -36,7 +36,7 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
 
     for rank_file in sorted(found[0].glob("rank*.pt")):
         saved = torch.load(rank_file, weights_only=False)
-        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["optimizer"]["state"].values())
+        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["local_optimizer"]["state"].values())
         assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (rank_file.stat().st_size, said[0])
 
     second = run(args + ["train.max_rounds=8"])

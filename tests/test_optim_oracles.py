@@ -64,7 +64,7 @@ def _oracles(comm):
         for b in algo.buckets:
             b.grad.fill_(rank + 1.0)
         algo.step()
-    out["momentum"] = torch.cat([algo.optimizer.state[p]["momentum_buffer"].reshape(-1)
+    out["momentum"] = torch.cat([algo.local_optimizer.state[p]["momentum_buffer"].reshape(-1)
                                  for p in model.parameters()])
     return out
 

@@ -104,3 +104,29 @@ def test_run_with_an_old_key_trains_and_says_one_deprecation_line(tmp_path):
     said = [line for line in (out.stdout + out.stderr).splitlines() if "deprecated" in line]
     assert said == [deprecation_line("train.max_steps")], said
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_checkpoint_of_the_local_optimizer_under_its_old_name_resumes():
+    """An algorithm's checkpointed state names the rank's torch optimizer ``local_optimizer``; a state written
+    before, under ``optimizer``, loads the same (a run resumes from a checkpoint of the older code)."""
+    import torch
+    from torch import nn
+
+    from tests.optim_util import make_algorithm
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    model = nn.Linear(3, 2)
+    algo = make_algorithm("local_sgd", None, model, sgd)
+    model(torch.ones(1, 3)).sum().backward()
+    algo.local_optimizer.step()
+    saved = algo.state_dict()
+    assert set(saved) == {"round", "local_optimizer"}
+    old = {"round": 7, "optimizer": saved["local_optimizer"]}
+    again = make_algorithm("local_sgd", None, nn.Linear(3, 2), sgd)
+    again.load_state_dict(old)
+    assert again.round == 7
+    buffers = [s["momentum_buffer"] for s in again.local_optimizer.state_dict()["state"].values()]
+    assert buffers and all(torch.equal(a, b) for a, b in
+                           zip(buffers, [s["momentum_buffer"] for s in saved["local_optimizer"]["state"].values()]))

@@ -92,7 +92,7 @@ class ADPSGD(ADPSGDSpec, Algorithm):
             wait_s = time.perf_counter() - t0
             self.flat.add_(self._pending)
             self._pending.zero_()
-            self.optimizer.step()
+            self.local_optimizer.step()
             self.round += 1
             staleness, self._staleness = self._staleness, 0
         self._stepped.set()

@@ -68,5 +68,5 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
         self.engine.post(self.grad)      # the fresh gradient, reduced in the next round that starts
         res = self.engine.request()      # this rank's next round, in order (may have run already)
         self.grad.copy_(res.result)
-        self.optimizer.step()
+        self.local_optimizer.step()
         return res

@@ -74,9 +74,9 @@ class LocalSGD(LocalSGDSpec, Algorithm):
     def step(self) -> StepInfo:
         r = self.round + 1
         if self.streaming is not None:
-            self.optimizer.step()
+            self.local_optimizer.step()
             t0 = time.perf_counter()
-            self.streaming.after_step(r, float(self.optimizer.param_groups[0]["lr"]))
+            self.streaming.after_step(r, float(self.local_optimizer.param_groups[0]["lr"]))
             if self.is_final(r):  # the run's model: the global average, the fragment in flight dropped
                 self.streaming.finish()
                 self._average_models()
@@ -88,7 +88,7 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             for b in self.buckets:
                 self.comm.allreduce(b.grad, op="mean")
             comm_s += time.perf_counter() - t0
-        self.optimizer.step()
+        self.local_optimizer.step()
         if self.averages_at(r):
             t0 = time.perf_counter()
             self._average_models()
@@ -116,8 +116,8 @@ class LocalSGD(LocalSGDSpec, Algorithm):
 
     def _average_optimizer_state(self) -> None:
         """Global mean of the local optimizer's gradient averages, in one allreduce."""
-        buffers = [state[key] for group in self.optimizer.param_groups for p in group["params"]
-                   for state in [self.optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
+        buffers = [state[key] for group in self.local_optimizer.param_groups for p in group["params"]
+                   for state in [self.local_optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
                    if isinstance(state.get(key), torch.Tensor)]
         if not buffers:  # plain SGD without momentum: nothing to average
             return

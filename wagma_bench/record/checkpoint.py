@@ -314,7 +314,7 @@ class Checkpointer:
     def size_line(self, model, algo, state: dict, clock, every_s: float) -> str:
         """Rank 0, at the start (before the first step, when the algorithm has nothing in flight): what one
         checkpoint of this run writes, for sizing a scratch file system (:func:`file_bytes`)."""
-        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.optimizer)
+        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.local_optimizer)
         world = algo.comm.world_size
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
         return (f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "

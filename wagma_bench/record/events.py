@@ -202,8 +202,8 @@ class RunStart:
 
     @property
     def config(self) -> dict:
-        """The configuration the run recorded, under today's keys (one written before a key was renamed reads as
-        one written after)."""
+        """The configuration the run recorded, under today's keys (one written before a key was renamed reads
+        as one written after)."""
         return recorded_config(self.metadata.get("config"))
 
     @property

@@ -476,7 +476,7 @@ class Trainer:
 
 
 def algo_lr(algo) -> float:
-    return float(algo.optimizer.param_groups[0]["lr"])
+    return float(algo.local_optimizer.param_groups[0]["lr"])
 
 
 def _global_samples(comm: Comm, samples_local: int) -> int:
