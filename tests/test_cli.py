@@ -44,7 +44,7 @@ def test_short_run_writes_events_steps_and_summary(checkpointed):
     assert (start["steps_total"], start["eval_every"], start["control_every"]) == (12, 6, 10)
     for rank in (0, 1):
         steps = read_jsonl(tmp_path / "steps" / f"rank{rank}.jsonl")
-        assert [s["step"] for s in steps] == list(range(1, 13))
+        assert [s["local_step"] for s in steps] == list(range(1, 13))
     assert (tmp_path / ".hydra" / "config.yaml").exists()
 
 
@@ -59,7 +59,7 @@ def test_resume_continues_the_same_event_log(tmp_path):
     assert [e["key"] for e in events].count("run_resume") == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 24 and summary["restarts"] == 1
-    steps = [s["step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
+    steps = [s["local_step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
     assert steps == list(range(1, 25))
 
 

@@ -176,7 +176,7 @@ def keys(run_dir: Path) -> list[str]:
 
 
 def logged_steps(run_dir: Path, rank: int) -> list[int]:
-    return [s["step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
+    return [s["local_step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
 
 
 def latest_manifest(run_dir: Path) -> dict:
@@ -735,7 +735,7 @@ def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optim
     assert resume == 10 and end == 20 and resume == before[-1]
     for rank in (0, 1):
         records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")
-        steps, rounds = [r["step"] for r in records], [r["round"] for r in records]
+        steps, rounds = [r["local_step"] for r in records], [r["round"] for r in records]
         assert steps == list(range(1, len(steps) + 1)), steps
         assert all(a < b for a, b in itertools.pairwise(rounds)), rounds
         assert rounds.count(resume) == 1 and rounds[-1] == end, rounds

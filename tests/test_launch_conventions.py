@@ -87,7 +87,7 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     assert {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")} == {run_dir}
     keys = [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys[-1] == "run_stop"
-    assert [s["step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
+    assert [s["local_step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
 
 
 def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):

@@ -450,7 +450,7 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
     s = summary(tmp_path)
     assert (s["status"], s["world_size"], s["hosts"], s["restarts"]) == ("completed", 2, HOSTS, 1), s
     for r in range(2):
-        steps = [rec["step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
+        steps = [rec["local_step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
         assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
 
 

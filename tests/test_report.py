@@ -63,7 +63,7 @@ def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, 
     steps = d / "steps"
     steps.mkdir()
     for rank, delay in (step_ranks or {0: 0.0, 1: 0.3}).items():
-        recs = [{"step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
+        recs = [{"local_step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
                  "samples": 32, "loss": 1.0, "staleness": 0} for s in range(1, 21)]
         (steps / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return d

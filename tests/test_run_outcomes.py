@@ -58,7 +58,7 @@ def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(che
     assert again.returncode == 2, again.stderr[-3000:]
     line = next(x for x in again.stderr.splitlines() if x.startswith("wagma-bench run: error:"))
     assert f"its event log {run_dir / 'events.jsonl'} is missing" in line and "checkpoint.resume=false" in line
-    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"step": 13')  # nothing trained
+    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"local_step": 13')  # nothing trained
 
 
 def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):

@@ -221,7 +221,7 @@ def write_run(tmp_path: Path) -> Path:
         t, lines = 0.0, []
         for s in range(1, 31):
             t += 0.2 + 0.05 + 0.01  # compute + comm + overhead
-            lines.append(json.dumps({"step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
+            lines.append(json.dumps({"local_step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
                                      "samples": 8, "loss": 1.0, "staleness": 0}))
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
     return run
@@ -476,7 +476,7 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
 
     run = write_run(tmp_path)
     for r, times in ((0, [0.1] * 15 + [0.3] * 15), (1, [0.2] * 30)):   # rank 0 uneven, rank 1 even
-        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 0.3 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
                              "samples": 8}) for s, c in enumerate(times, 1)]
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
     shape = measured_spread([str(run)])
@@ -510,7 +510,7 @@ def test_compute_from_pools_whole_rollout_cycles_of_a_reinforcement_learning_run
     rollouts = {0: [2.0, 2.0, 3.0, 2.0, 2.0, 3.0], 1: [2.0, 1.0, 2.0, 2.0, 2.0, 2.0]}
     for rank, times in rollouts.items():
         steps = [(t, 8) if k == 0 else (0.1, 0) for t in times for k in range(4)] + [(2.0, 8), (0.1, 0)]
-        lines = [json.dumps({"step": s, "round": s, "t": 2.5 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 2.5 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
                              "samples": n}) for s, (c, n) in enumerate(steps, 1)]
         (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     # per rank: the warm-up steps (the first 4) left out, and the last, unfinished cycle; the cycles 2.3 s

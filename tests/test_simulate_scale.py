@@ -253,7 +253,7 @@ def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
     rng = np.random.default_rng(3)
     for rank, scale in ((0, 0.2), (1, 0.26)):
         times = scale * np.exp(0.05 * rng.standard_normal(200))
-        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
                              "comm_s": 0.0, "samples": 8}) for s, c in enumerate(times, 1)]
         (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     wl = with_measured_spread(Workload(step_s=0.3, compute="persistent"), [str(run)])

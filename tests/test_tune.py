@@ -297,7 +297,7 @@ def test_compute_imbalance_by_hand(tmp_path):
     rows = {0: [(1, 1.0, 0.0), (2, 1.0, 0.0), (3, 9.0, 0.0)], 1: [(1, 1.0, 2.0), (2, 1.0, 0.0)]}
     for rank, recs in rows.items():
         (tmp_path / "steps" / f"rank{rank}.jsonl").write_text(
-            "".join(json.dumps({"step": s, "compute_s": c, "delay_s": d}) + "\n" for s, c, d in recs))
+            "".join(json.dumps({"local_step": s, "compute_s": c, "delay_s": d}) + "\n" for s, c, d in recs))
     # step 1: ranks 1 and 3 -> 3 / 2 = 1.5; step 2: 1.0; step 3 only one rank logged: left out
     assert compute_imbalance(tmp_path) == 1.25
     assert compute_imbalance(tmp_path / "none") is None
@@ -409,7 +409,7 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
     assert (first / "events.jsonl").read_bytes() == first_events
     keys = [json.loads(line)["key"] for line in (second / "events.jsonl").read_text().splitlines()]
     assert (keys.count("run_start"), keys.count("run_resume"), keys.count("run_stop")) == (1, 1, 1)
-    steps = [json.loads(line)["step"] for line in (second / "steps" / "rank0.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["local_step"] for line in (second / "steps" / "rank0.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))  # every step once
     assert json.loads((out / "tuning.json").read_text())["results"][0]["trials"] == 2
 

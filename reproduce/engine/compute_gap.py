@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wagma_bench.record.steps import read_step_records
+
 BIN = Path(sys.executable).parent / "wagma-bench"
 WARMUP = 10
 WORKLOADS = {"transformer": ["workload=transformer"], "resnet": ["workload=resnet", "imbalance=none"]}
@@ -40,9 +42,8 @@ def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int
                     f"train.max_rounds={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
                    stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for path in sorted((run_dir / "steps").glob("rank*.jsonl"))
-               for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in records if r["step"] > WARMUP]
+    records = [r for recs in read_step_records(run_dir).values() for r in recs]
+    kept = [r for r in records if r["local_step"] > WARMUP]
     per_step = {name: round(seconds / summary["steps"] * 1e3, 3)
                 for name, seconds in (summary.get("threads_cpu_s") or {}).items()}
     tokens = sum(r.get("tokens", 0) for r in records)

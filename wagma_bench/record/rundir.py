@@ -28,6 +28,7 @@ from pathlib import Path
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
 from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
+from wagma_bench.record.steps import current_record
 
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
@@ -220,9 +221,10 @@ def compute_imbalance(run_dir: Path) -> float | None:
     (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
     index, over the steps every rank logged; None without step logs."""
     # regular files only: the summary of a failed run is written whatever stands in the way of a step log
-    per_rank = [read_jsonl(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
-    per_rank = [{r["step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "step" in r}
-                for recs in per_rank]
+    per_rank = [[current_record(r) for r in read_jsonl(p)]
+                for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
+    per_rank = [{r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs
+                 if "local_step" in r} for recs in per_rank]
     per_rank = [times for times in per_rank if times]
     if not per_rank:
         return None

@@ -265,7 +265,7 @@ class Trainer:
         state.samples_local += n
         self.clock.tick()
         partition.stepped()  # the network carried this step's collectives (a multi-host job's watch)
-        self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
+        self.steps.record(local_step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
                           compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
                           delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
                           samples=n, loss=round(self.loss, 5), staleness=info.staleness, **stats, **info.extra)
