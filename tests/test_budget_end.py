@@ -132,8 +132,8 @@ def _train_runs(comm, root: str) -> dict:
         out[name] = {"model": flat.tolist(), "round": trainer.algo.round}
         if comm.rank == 0:
             events = RunEvents.read(Path(root) / name)
-            out[name]["evals"] = [(e.step, e.samples) for e in events.evaluations]
-            out[name]["stop"] = [(e.get("metadata") or {}).get("step") for e in events.events
+            out[name]["evals"] = [(e.round, e.samples) for e in events.evaluations]
+            out[name]["stop"] = [(e.get("metadata") or {}).get("round") for e in events.events
                                  if e["key"] == "run_stop"]
     return out
 

@@ -44,7 +44,7 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
     assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
     resume = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
               if e["key"] == "run_resume"]
-    assert resume[0]["metadata"]["step"] == 4
+    assert resume[0]["metadata"]["round"] == 4
     assert latest_set(run_dir)[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
 
 

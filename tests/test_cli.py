@@ -29,7 +29,7 @@ def test_short_run_writes_events_steps_and_summary(checkpointed):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert (summary["workload"], summary["optimizer"], summary["world_size"]) == ("resnet", "allreduce", 2)
-    assert summary["steps"] == 12 and summary["samples"] == 12 * 2 * 32
+    assert summary["rounds"] == 12 and summary["samples"] == 12 * 2 * 32
     assert summary["throughput_samples_per_s"] > 0 and summary["eval_s"] > 0
     assert summary["train_s"] < summary["wall_s"]
     keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
@@ -58,7 +58,7 @@ def test_resume_continues_the_same_event_log(tmp_path):
     events = read_jsonl(tmp_path / "events.jsonl")
     assert [e["key"] for e in events].count("run_resume") == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 24 and summary["restarts"] == 1
+    assert summary["rounds"] == 24 and summary["restarts"] == 1
     steps = [s["local_step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
     assert steps == list(range(1, 25))
 

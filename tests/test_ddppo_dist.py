@@ -93,7 +93,7 @@ def _train(comm, run_root: str, optimizers: list[str], preemption: bool = False)
 def _assert_runs(results, run_root: Path, world: int, optimizers: list[str]):
     for name in optimizers:
         summary = results[0][name]["summary"]
-        assert summary["status"] == "completed" and summary["steps"] >= 10, (name, summary)
+        assert summary["status"] == "completed" and summary["rounds"] >= 10, (name, summary)
         assert 0.0 <= summary["final_metric"] <= 1.0
         rows = [json.loads(line) for r in range(world)
                 for line in (run_root / name / "steps" / f"rank{r}.jsonl").read_text().splitlines()]

@@ -208,7 +208,7 @@ def _steps_logged_past_the_checkpoint(run_dir: Path) -> bool:
 
 
 def checkpoints(run_dir: Path) -> list[int]:
-    return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+    return [e["metadata"]["round"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
 
 
 @pytest.mark.serial
@@ -234,7 +234,7 @@ def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
     assert keys(tmp_path).count("run_start") == 1 and keys(tmp_path).count("run_stop") == 1
     assert logged_steps(tmp_path, 0) == logged_steps(tmp_path, 1) == list(range(1, 13))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["optimizer"], summary["steps"], summary["status"]) == ("allreduce", 12, "completed")
+    assert (summary["optimizer"], summary["rounds"], summary["status"]) == ("allreduce", 12, "completed")
     assert not (tmp_path / ".lock").exists()
 
 
@@ -247,7 +247,7 @@ def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(checkpoi
     again = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert time.monotonic() - t0 < 20
-    assert "already holds this run, completed" in again.stdout and '"steps": 12' in again.stdout
+    assert "already holds this run, completed" in again.stdout and '"rounds": 12' in again.stdout
     assert (run_dir / "events.jsonl").read_bytes() == events
     assert (run_dir / "summary.json").read_bytes() == summary
 
@@ -274,7 +274,7 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
     resume = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_resume")
     before = read_jsonl(tmp_path / "events.jsonl")[:k.index("run_resume")]
-    assert all(e["metadata"].get("step", 0) <= resume["metadata"]["step"] for e in before)
+    assert all(e["metadata"].get("round", 0) <= resume["metadata"]["round"] for e in before)
 
 
 def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
@@ -298,7 +298,7 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
     assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
     assert k[-1] == "run_stop"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 1)
+    assert (summary["status"], summary["restarts"], summary["rounds"]) == ("completed", 1, at + 1)
     # the MLPerf log of the same run passes the official checker, with our run_suspend / run_resume in order
     # (the ResNet-20 run in tests/test_mllog.py, stopped after an evaluation, is in make test-long)
     from tests.test_mllog import assert_compliant, keys_of
@@ -506,7 +506,7 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 0 was killed by signal SIGKILL" in summary["error"]
     assert "see its traceback" not in summary["error"]
-    assert summary["steps"] > 0
+    assert summary["rounds"] > 0
 
 
 # --- row 10: a hung rank is named, within comm.timeout_s plus seconds -------------------------------------
@@ -697,7 +697,7 @@ def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
         out = run(args + extra)
         assert out.returncode == 0, out.stderr[-3000:]
     resumed = [e for e in read_jsonl(cut / "events.jsonl") if e["key"] == "run_resume"]
-    assert [e["metadata"]["step"] for e in resumed] == [12]
+    assert [e["metadata"]["round"] for e in resumed] == [12]
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
@@ -729,9 +729,9 @@ def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optim
     k = keys(cut)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
     events = read_jsonl(cut / "events.jsonl")
-    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["step"]
-    end = events[-1]["metadata"]["step"]  # the budgets 10 and 20, exactly
-    before = [e["metadata"]["step"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
+    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["round"]
+    end = events[-1]["metadata"]["round"]  # the budgets 10 and 20, exactly
+    before = [e["metadata"]["round"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
     assert resume == 10 and end == 20 and resume == before[-1]
     for rank in (0, 1):
         records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")

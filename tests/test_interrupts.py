@@ -67,10 +67,10 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     events = read_jsonl(tmp_path / "events.jsonl")
     assert events[-1]["key"] == "run_suspend" and events[-1]["metadata"]["status"] == "interrupted"
     assert "run_stop" not in keys(tmp_path)
-    at = events[-1]["metadata"]["step"]
-    assert [e["metadata"]["step"] for e in events if e["key"] == "checkpoint"][-1] == at
+    at = events[-1]["metadata"]["round"]
+    assert [e["metadata"]["round"] for e in events if e["key"] == "checkpoint"][-1] == at
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
-    assert f"interrupted at step {at}, checkpoint saved" in err
+    assert f"interrupted at round {at}, checkpoint saved" in err
     if not to_group:
         return  # the rerun is the same for both (the resume of a suspended run: tests/test_faults.py too)
     again = run(QUICK[:1] + ["eval.every_rounds=100000", "logger.progress=off", f"train.max_rounds={at + 4}",
@@ -78,7 +78,7 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     assert again.returncode == 0, again.stderr[-3000:]
     k = keys(tmp_path)
     assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == at + 4
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == at + 4
 
 
 @pytest.mark.long
@@ -131,7 +131,7 @@ def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_pa
     assert launcher.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] == 0, summary  # no step after the Ctrl-C
+    assert summary["status"] == "interrupted" and summary["rounds"] == 0, summary  # no step after the Ctrl-C
     assert not list((tmp_path / "steps").glob("*.jsonl")) or not any(
         p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl"))
     assert "interrupted before its first step (nothing to checkpoint)" in err, err[-3000:]

@@ -49,7 +49,7 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     ckpt = next(e for e in events if e["key"] == "checkpoint")
     stop = events[-1]  # stopped to be resumed: suspended, not the run's one run_stop
     assert stop["key"] == "run_suspend" and stop["metadata"]["status"] == "preempted", stop
-    assert ckpt["metadata"]["step"] == stop["metadata"]["step"] < 100000
+    assert ckpt["metadata"]["round"] == stop["metadata"]["round"] < 100000
     assert latest_set(tmp_path) is not None
 
 
@@ -206,7 +206,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     k = keys(run_dir)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["steps"]) == ("completed", 30)
+    assert (summary["status"], summary["rounds"]) == ("completed", 30)
     assert not (run_dir / ".lock").exists()
 
 

@@ -47,7 +47,7 @@ def test_run_under_mpiexec(tmp_path: Path) -> None:
     _run([MPIEXEC, "-n", "4", str(BIN), "run", "comm=mpi", "optimizer=wagma", "train.max_rounds=11",
           "eval.every_rounds=11", "logger.progress=off", f"hydra.run.dir={tmp_path}"], timeout=300)
     summary = _summary(tmp_path)
-    assert summary["status"] == "completed" and summary["steps"] == 11 and summary["optimizer"] == "wagma"
+    assert summary["status"] == "completed" and summary["rounds"] == 11 and summary["optimizer"] == "wagma"
     assert summary["world_size"] == 4 and summary["versions"]["comm"] == "mpi"
 
 
@@ -119,7 +119,7 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     logged = read_jsonl(tmp_path / "steps" / "rank0.jsonl")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 1 was killed by signal SIGKILL" in summary["error"]
-    assert summary["steps"] == logged[-1]["round"] > 0
+    assert summary["rounds"] == logged[-1]["round"] > 0
     assert summary["samples"] >= sum(s["samples"] for s in logged) > 0
 
 

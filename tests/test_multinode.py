@@ -163,7 +163,7 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     for run in manifest["runs"]:
         run_dir = out / run["run_dir"]
         s = summary(run_dir)
-        assert (s["world_size"], s["hosts"], s["steps"] >= 20) == (4, HOSTS, True), s
+        assert (s["world_size"], s["hosts"], s["rounds"] >= 20) == (4, HOSTS, True), s
         assert first_event(run_dir, "run_start")["metadata"]["rank_hosts"] == [HOSTS[0]] * 2 + [HOSTS[1]] * 2
         assert sorted(p.name for p in (run_dir / "steps").glob("rank*.jsonl")) == [f"rank{r}.jsonl" for r in range(4)]
 
@@ -173,7 +173,7 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         if (run_dir / "events.jsonl").exists():
-            steps = [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+            steps = [e["metadata"]["round"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
             if steps:
                 return steps[-1]
         time.sleep(0.5)
@@ -235,7 +235,7 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     assert s["status"] == "failed" and named in s["error"], s
     (stop,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert named in stop["metadata"]["error"]
-    checkpoints = [e["metadata"]["step"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
+    checkpoints = [e["metadata"]["round"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
     # no lock left, even where rank 0's host is gone: a rerun whose rank 0 lands elsewhere must not be refused
     assert not (tmp_path / ".lock").exists()
     _node_back(cluster, lost)
@@ -243,7 +243,7 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")
     (resume,) = [e for e in events if e["key"] == "run_resume"]
-    assert resume["metadata"]["step"] == checkpoints[-1], (resume, checkpoints)
+    assert resume["metadata"]["round"] == checkpoints[-1], (resume, checkpoints)
     assert summary(tmp_path)["status"] == "completed"
 
 
@@ -312,7 +312,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys.count("run_stop") == 1
     suspend = next(e for e in events if e["key"] == "run_suspend")
     resume = next(e for e in events if e["key"] == "run_resume")
-    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["step"] == suspend["metadata"]["step"]
+    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["round"] == suspend["metadata"]["round"]
     log = next((out / "logs").glob("*.out")).read_text()
     assert "(restart 0) on wagma-n[1-2]" in log and "(restart 1) on wagma-n[1-2]" in log
 

@@ -109,7 +109,7 @@ def test_run_with_an_old_key_trains_and_says_one_deprecation_line(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     said = [line for line in (out.stdout + out.stderr).splitlines() if "deprecated" in line]
     assert said == [deprecation_line("train.max_steps")], said
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 4
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 4
 
 
 def test_a_checkpoint_of_the_local_optimizer_under_its_old_name_resumes():
@@ -149,6 +149,7 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     wrote, the simulator calibrates from it, `report` reads it, and its command as read today finds it
     finished."""
     from wagma_bench.cli.report import main as report_main
+    from wagma_bench.record.events import RunEvents, current_summary
     from wagma_bench.record.rundir import compute_imbalance, finished_summary
     from wagma_bench.record.steps import read_step_records
     from wagma_bench.simulate.calibrate import fit_run
@@ -160,9 +161,15 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     assert records == {rank: [{("local_step" if k == "step" else k): v for k, v in r.items()} for r in recs]
                        for rank, recs in raw.items()}
     summary = json.loads((RECORDED / "summary.json").read_text())
+    events = [json.loads(line) for line in (RECORDED / "events.jsonl").read_text().splitlines()]
+    assert "steps" in summary  # the fixture is of the old format: its events say step, its summary steps
+    assert [e["metadata"]["step"] for e in events if "step" in e["metadata"]] == [3, 6, 6]
+    record = RunEvents.read(RECORDED)
+    assert [e.round for e in record.evaluations] == [3, 6] and record.last_round == 6
+    assert record.saved_summary["rounds"] == 6 and "steps" not in record.saved_summary
     assert compute_imbalance(RECORDED) == summary["compute_imbalance"]
     assert [len(t) for t in fit_run(RECORDED, params=1000).trace] == [6, 6]
     today = validate(compose(*renamed_overrides(RECORDED_COMMAND, quiet=True))).raw  # as run reads it
-    assert finished_summary(RECORDED, today) == summary
+    assert finished_summary(RECORDED, today) == current_summary(summary)  # read under today's names
     assert report_main([str(RECORDED), "--out", str(tmp_path / "report")]) == 0
     assert "local_sgd" in (tmp_path / "report" / "report.md").read_text()

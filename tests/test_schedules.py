@@ -186,7 +186,7 @@ def test_summary_from_events_time_to_target_excludes_eval():
               _event("eval_accuracy", 0.91, step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
               _event("run_stop", status="completed", step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0)]
     s = summarize(events)
-    assert s["reached"] and s["time_to_target_s"] == 20.0 and s["steps_to_target"] == 20
+    assert s["reached"] and s["time_to_target_s"] == 20.0 and s["rounds_to_target"] == 20
     assert (s["final_metric"], s["best_metric"], s["status"]) == (0.91, 0.92, "completed")
     assert s["throughput_samples_per_s"] == pytest.approx(128.0)
     crashed = summarize(events[:3])

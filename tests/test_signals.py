@@ -99,10 +99,10 @@ def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == ("interrupted" if sig == signal.SIGINT else "preempted"), summary
     if not began:  # the signal came before the first step: none was trained after it
-        assert summary["steps"] == 0 and not _stepped(tmp_path), summary
+        assert summary["rounds"] == 0 and not _stepped(tmp_path), summary
         assert "before its first step" in last, err[-3000:]
     else:  # stopped at a synchronisation point with a checkpoint, or at the exchange before the first step
-        assert "checkpoint saved" in last or (summary["steps"] == 0 and "before its first step" in last), err[-3000:]
+        assert "checkpoint saved" in last or (summary["rounds"] == 0 and "before its first step" in last), err[-3000:]
 
 
 @pytest.mark.serial

@@ -314,7 +314,7 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     for run, optimizer in zip(manifest["runs"], ("allreduce", "wagma"), strict=True):
         s = summary(out / run["run_dir"])
         # max_steps is rounded up to the optimizer's synchronisation period (wagma: tau)
-        assert (s["optimizer"], s["world_size"], s["restarts"]) == (optimizer, 4, 0) and s["steps"] >= 10, s
+        assert (s["optimizer"], s["world_size"], s["restarts"]) == (optimizer, 4, 0) and s["rounds"] >= 10, s
     from wagma_bench.cli.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0
@@ -361,9 +361,9 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
                                                                     ("run_stop", "completed")]
     ckpt = next(e for e in events if e["key"] == "checkpoint")
     resume = next(e for e in events if e["key"] == "run_resume")
-    assert resume["metadata"]["step"] == ckpt["metadata"]["step"] == stops[0]["metadata"]["step"]
+    assert resume["metadata"]["round"] == ckpt["metadata"]["round"] == stops[0]["metadata"]["round"]
     first_eval = next(e for e in events if e["key"] == "eval_accuracy")
-    assert first_eval["metadata"]["step"] == 60 > resume["metadata"]["step"]
+    assert first_eval["metadata"]["round"] == 60 > resume["metadata"]["round"]
     # time-to-target excludes the time between the preempted stop and the resume (queue, restart)
     start, stop1 = events[0]["time_ms"], stops[0]["time_ms"]
     gap_s = (resume["time_ms"] - stop1) / 1000
@@ -399,7 +399,7 @@ def test_hydra_submitit_launcher(tmp_path, slurm):
     assert out.returncode == 0, f"{shlex.join(cmd)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
     (run_dir,) = [p.parent for p in (tmp_path / "runs" / "0002gpu").glob("*/summary.json")]
     s = summary(run_dir)
-    assert (s["status"], s["world_size"], s["steps"]) == ("completed", 2, 10)
+    assert (s["status"], s["world_size"], s["rounds"]) == ("completed", 2, 10)
     script = next((tmp_path / "runs" / "0002gpu" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --partition=local" in script and "#SBATCH --requeue" in script
 
@@ -450,7 +450,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         for d, row in zip(runs, rows, strict=True):
             assert json.loads((d / "cancelled.json").read_text())["job"] == row["job"]
             assert load_run(d).summary["status"] == "cancelled"
-            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["step"])
+            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["round"])
             assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
         assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error
         assert "nothing to cancel" in capsys.readouterr().out
@@ -466,7 +466,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         assert ids == [again, again] and not any((d / "cancelled.json").exists() for d in runs)
         _until("both runs resume", lambda: all(_events(d, "run_resume") for d in runs))
         for d, step in zip(runs, checkpoints, strict=True):
-            assert _events(d, "run_resume")[0]["metadata"]["step"] == step
+            assert _events(d, "run_resume")[0]["metadata"]["round"] == step
         # running again, not the summary of the cancelled attempt (preempted) that is still on disk
         assert [(r["job"], r["status"]) for r in sweep_jobs.status(out)] == [(f"{again}_{i}", "running")
                                                                              for i in range(2)]

@@ -89,7 +89,7 @@ def test_time_limit_ends_the_run_at_a_synchronisation_point_with_one_run_stop(tm
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "time_limit" and 0 < summary["steps"] < 100000
+    assert summary["status"] == "time_limit" and 0 < summary["rounds"] < 100000
     stops = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "time_limit"
     assert stops[0]["metadata"]["train_s"] >= 3

@@ -184,7 +184,7 @@ def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path
     summary, n_batches, spe = results[0]
     assert n_batches % 2 and n_batches % 3                       # the uneven case is exercised
     assert spe == math.ceil(n_batches / world) and spe < 14          # crosses an epoch boundary
-    assert summary["status"] == "completed" and summary["steps"] == 14
+    assert summary["status"] == "completed" and summary["rounds"] == 14
     assert 0.0 <= summary["final_metric"] <= 100.0
     steps = [[json.loads(line) for line in (tmp_path / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
              for r in range(world)]
@@ -343,9 +343,9 @@ def test_every_optimizer_trains_the_transformer_on_uneven_shards(optimizer, unev
     assert any(tokens == 0 for _, records in results for tokens, _ in records)
     summary = results[0][0]  # rank 0 writes the run's summary
     # max_steps is rounded up to the optimizer's sync period (WAGMA: tau + 1 = 11, so 44)
-    assert summary["status"] == "completed" and summary["steps"] >= 40, summary
+    assert summary["status"] == "completed" and summary["rounds"] >= 40, summary
     for rank, (_, records) in enumerate(results):
-        assert len(records) == summary["steps"]
+        assert len(records) == summary["rounds"]
         losses = [loss for tokens, loss in records if tokens > 0]
         assert all(math.isfinite(v) for v in losses)
         first, last = np.mean(losses[:6]), np.mean(losses[-6:])

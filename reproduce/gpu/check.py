@@ -117,7 +117,8 @@ def read_run(run_dir: Path) -> dict:
     start = next((json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
                   if '"run_start"' in line), {})
     backend = start.get("metadata", {}).get("versions", {}).get("comm")
-    return {"status": s.get("status"), "steps": s.get("steps"), "backend": backend, "error": s.get("error")}
+    rounds = s.get("rounds", s.get("steps"))  # a run recorded before 2026-12-06 says steps
+    return {"status": s.get("status"), "steps": rounds, "backend": backend, "error": s.get("error")}
 
 
 def every_optimizer(name: str, world: list[str], sizes: Sizes, out: Path, batch: int, env=None) -> dict:

@@ -64,8 +64,8 @@ def main() -> None:
         p, k = map(int, setting.split(":"))
         base = [f"launcher.nproc={p}", f"train.max_rounds={args.steps}"]
         none = run(args.out, f"P{p}_none_allreduce", base + ["optimizer=allreduce", "imbalance=none"])
-        batch = none["samples"] / none["steps"] / p
-        c = none["train_s"] / none["steps"]
+        batch = none["samples"] / none["rounds"] / p
+        c = none["train_s"] / none["rounds"]
         d = args.delay_factor * c
         slow = ["imbalance=shared_draw", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
         ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)

@@ -55,7 +55,7 @@ def aggregate(seeds: list[dict]) -> dict:
     values = lambda key: [s[key] for s in seeds if s.get(key) is not None]
     return {"reached": f"{sum(bool(s.get('reached')) for s in seeds)}/{len(seeds)}",
             "ttt": olympic_mean(ttt), "ttt_all": sorted(ttt),
-            "steps": median(values("steps_to_target") or values("steps")),
+            "steps": median(values("rounds_to_target") or values("rounds")),
             "throughput": median(values("throughput_samples_per_s")), "best": median(values("best_metric")),
             "eval_model": seeds[0].get("eval_model", "-"),
             "status": ",".join(sorted({s.get("status", "-") for s in seeds}))}

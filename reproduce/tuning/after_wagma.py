@@ -106,7 +106,8 @@ def _reductions(tune_dir: Path, optimizer: str) -> str:
     scored = json.loads((tune_dir / "tuning.json").read_text())
     win = next(e["winner"] for e in scored["results"] if e.get("optimizer") == optimizer)
     params = (win or {}).get("params", {})
-    period = params.get("optimizer.sync_period", params.get("optimizer.period"))  # named period before 2026-12-06
+    # named optimizer.period before 2026-12-06
+    period = params.get("optimizer.sync_period", params.get("optimizer.period"))
     return "—" if period is None else f"1/{period}"
 
 

@@ -139,11 +139,11 @@ def read_step_times(paths: Iterable[str]) -> Measured:
     for d in dirs:
         record = RunEvents.read(d)
         start, summary = record.start, record.summary_or_saved()
-        if start is None or not summary.get("steps") or not summary.get("train_s"):
+        if start is None or not summary.get("rounds") or not summary.get("train_s"):
             continue
         data = setting(start.config, "data.name") or summary.get("data")
         key = (start.workload, data, start.optimizer, start.world_size)
-        out.round_s.setdefault(key, summary["train_s"] / summary["steps"])
+        out.round_s.setdefault(key, summary["train_s"] / summary["rounds"])
         if start.get("train_samples"):
             out.train_samples.setdefault((start.workload, data), int(start.get("train_samples")))
     if paths and not out.round_s:

@@ -379,21 +379,24 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
 
     summary_path = run_dir / "summary.json"
     text = summary_path.read_text()
-    summary = json.loads(text)
+    from wagma_bench.record.events import current_summary
+
+    summary = current_summary(json.loads(text))
     if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in ("preempted", "interrupted"):
         from wagma_bench.record.checkpoint import latest_set
 
-        step = summary.get("steps")
+        at = summary.get("rounds")
         again = "run the same command again to"
-        saved = (f"at step {step}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None else
-                 f"before its first step (nothing to checkpoint); {again} start it in" if not step else
-                 f"at step {step}, no checkpoint saved; {again} start it over in")
+        saved = (f"at round {at}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None
+                 else f"before its first step (nothing to checkpoint); {again} start it in" if not at else
+                 f"at round {at}, no checkpoint saved; {again} start it over in")
         exits.end(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}",
                   exits.stopped_by(stopped_by))
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
-        saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "
+        at = summary.get("rounds")
+        saved = (f"at round {at}, checkpoint saved; run the same command again to resume from "
                  f"{run_dir}" if latest_set(run_dir) is not None else
                  f"before its first step (nothing to checkpoint); run the same command again to start it in "
                  f"{run_dir}")

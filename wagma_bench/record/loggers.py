@@ -206,7 +206,8 @@ class WandbSink:
         key, meta = event["key"], event.get("metadata") or {}
         if self.run is None:
             self._start(event)
-        row: dict[str, Any] = {k: meta[k] for k in ("step", "epoch", "samples", "train_s", "wall_s") if k in meta}
+        row: dict[str, Any] = {k: meta[k] for k in ("round", "epoch", "samples", "train_s", "wall_s")
+                               if k in meta}
         if key == "eval_accuracy":
             row[f"eval/{self._metric}"] = event["value"]
             if meta.get("train_s"):
@@ -215,7 +216,7 @@ class WandbSink:
             row[f"events/{key}"] = 1
         if self.settings.per_rank_step_times and key in ("eval_accuracy", "progress", "run_stop"):
             row.update(self._rank_step_times())
-        if "step" in row and len(row) > 1:
+        if "round" in row and len(row) > 1:
             self.run.log(row)
         if key in ("run_stop", "run_suspend"):  # run_suspend: a preempted process that will be resumed
             self._summarize(meta.get("status"))
@@ -232,8 +233,8 @@ class WandbSink:
                   "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": c,
                   "job_type": run.optimizer, "tags": [run.workload, run.optimizer, run.imbalance]}
         self.run = self._init(kwargs)
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
         if event["key"] == "run_start":
             self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
                                                               "model_params", "group_size", "sync_period",

@@ -190,9 +190,9 @@ def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
         return finalize(run_dir, status=status, error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
     last = {k: v for k, v in (progress[-1] if progress else {}).items()
-            if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
+            if k in ("round", "epoch", "samples", "train_s", "wall_s", "eval_s")}
     logged = _progress_in_step_logs(run_dir)
-    if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
+    if logged.get("round", 0) > last.get("round", 0):  # rounds since the last event, as far as flushed
         last.update(logged)
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
              "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"}}
@@ -210,7 +210,7 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
     mine = records.get(run_dir / "steps" / "rank0.jsonl")
     if not mine:
         return {}
-    return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
+    return {"round": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
             "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
 
 

@@ -124,7 +124,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     return RunFit(
         path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
         imbalance=imbalance, settings=opt,
-        rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
+        rounds=int(summary.get("rounds") or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
         compute=compute[::stride], trace=trace, delay_trace=delay_trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
