@@ -23,7 +23,7 @@ def load_script(path: Path):
     return module
 
 
-QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+QUICK = ["launcher.nproc=2", "train.max_rounds=12", "eval.every_rounds=6", "logger.progress=off"]
 
 
 def compose(*overrides: str):

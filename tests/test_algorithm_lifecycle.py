@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.dist_util import run_world
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=2", "eval.every_steps=4", "eval.target=null",
+TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=2", "eval.every_rounds=4", "eval.target=null",
         "workload.arch=resnet8", "train.batch_size=8",
         "checkpoint.every_s=0", "logger.progress=off"]
 
@@ -71,7 +71,7 @@ def _recorded_runs(comm, run_dir: str) -> list:
     runs = []
     for max_steps in (8, 12):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = validate(compose("wagma", overrides=[*TINY, f"train.max_steps={max_steps}"]))
+            cfg = validate(compose("wagma", overrides=[*TINY, f"train.max_rounds={max_steps}"]))
         summary = train(cfg, comm, Path(run_dir))  # rank 0's summary; None on the others
         runs.append((list(calls), summary["status"] if summary else None))
         calls.clear()

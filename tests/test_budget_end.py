@@ -31,8 +31,8 @@ LR = 0.25
 T = 8  # rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
 CASES = {  # registry name -> settings with a sync period that does not divide T
     "allreduce": {}, "dropcompute": {"threshold_s": "inf"}, "dpsgd": {}, "sgp": {"overlap": False},
-    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"period": 3}, "eager": {"mode": "solo", "sync_every": 3},
-    "adpsgd": {"sync_every": 3},
+    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"sync_period": 3}, "eager": {"mode": "solo", "sync_period": 3},
+    "adpsgd": {"sync_period": 3},
 }
 # one model at the end: the global average at the last round (WAGMA-SGD, local SGD) or one model throughout
 SAME_MODEL = {"allreduce", "dropcompute", "wagma", "local_sgd", "eager"}
@@ -100,14 +100,14 @@ def test_every_optimizer_ends_at_its_budget_with_the_global_average(results, nam
 # --- through the trainer: budgets and the evaluation grid -------------------------------------------------------
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RUN = ["workload.arch=resnet8", "train.batch_size=8", "eval.target=null", "checkpoint.every_s=1e9",
-       "logger.progress=off", "train.max_steps=7"]
+       "logger.progress=off", "train.max_rounds=7"]
 RUNS = {  # run id -> overrides: the periodic optimizers at a sync period (3 or 4) that does not divide 7
     "allreduce": ["optimizer=allreduce"],
     "wagma": ["optimizer=wagma", "optimizer.tau=2"],
-    "local_sgd": ["optimizer=local_sgd", "optimizer.period=4"],
-    "eager": ["optimizer=eager", "optimizer.sync_every=4"],
-    "adpsgd": ["optimizer=adpsgd", "optimizer.sync_every=3"],
-    "local_sgd-no-eval": ["optimizer=local_sgd", "optimizer.period=4", "eval.every_steps=1000"],
+    "local_sgd": ["optimizer=local_sgd", "optimizer.sync_period=4"],
+    "eager": ["optimizer=eager", "optimizer.sync_period=4"],
+    "adpsgd": ["optimizer=adpsgd", "optimizer.sync_period=3"],
+    "local_sgd-no-eval": ["optimizer=local_sgd", "optimizer.sync_period=4", "eval.every_rounds=1000"],
 }
 
 
@@ -123,7 +123,7 @@ def _train_runs(comm, root: str) -> dict:
     out = {}
     for name, overrides in RUNS.items():
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = validate(compose("wagma", overrides=[*RUN, "eval.every_steps=2", *overrides]))
+            cfg = validate(compose("wagma", overrides=[*RUN, "eval.every_rounds=2", *overrides]))
         (Path(root) / name).mkdir(exist_ok=True)
         comm.barrier()
         trainer = Trainer(cfg, comm, Path(root) / name)
@@ -132,8 +132,8 @@ def _train_runs(comm, root: str) -> dict:
         out[name] = {"model": flat.tolist(), "round": trainer.algo.round}
         if comm.rank == 0:
             events = RunEvents.read(Path(root) / name)
-            out[name]["evals"] = [(e.step, e.samples) for e in events.evaluations]
-            out[name]["stop"] = [(e.get("metadata") or {}).get("step") for e in events.events
+            out[name]["evals"] = [(e.round, e.samples) for e in events.evaluations]
+            out[name]["stop"] = [(e.get("metadata") or {}).get("round") for e in events.events
                                  if e["key"] == "run_stop"]
     return out
 
@@ -144,7 +144,7 @@ def trained(tmp_path_factory):
 
 
 def test_runs_end_at_their_budget_and_are_evaluated_on_the_same_grid(trained):
-    """Every periodic optimizer trains exactly train.max_steps=7 rounds (once 8 or 9: the budget rounded up to the
+    """Every periodic optimizer trains exactly train.max_rounds=7 rounds (once 8 or 9: the budget rounded up to the
     sync period) and is evaluated at the grid rounds 2, 4, 6 and the end, 7, as Allreduce-SGD is (once at the first
     sync point after each grid round: 3, 6, 9 under WAGMA-SGD's period 3), each evaluation dated at its round:
     the samples of 2 ranks x 8 per round."""

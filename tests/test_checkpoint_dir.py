@@ -13,7 +13,7 @@ from tests.cli_util import keys, run
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.checkpoint import WHERE, check_folder, configured_folder, latest_set, record_folder
 
-ARGS = ["launcher.nproc=2", "eval.every_steps=4", "checkpoint.every_s=0", "logger.progress=off"]
+ARGS = ["launcher.nproc=2", "eval.every_rounds=4", "checkpoint.every_s=0", "logger.progress=off"]
 
 
 def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(tmp_path):
@@ -22,7 +22,7 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
     written (within a record's alignment, 64 bytes, per tensor of the file)."""
     run_dir, other = tmp_path / "run", tmp_path / "scratch"
     args = ARGS + [f"checkpoint.dir={other}", f"hydra.run.dir={run_dir}"]
-    first = run(args + ["train.max_steps=4"])
+    first = run(args + ["train.max_rounds=4"])
     assert first.returncode == 0, first.stderr[-3000:]
     folder = configured_folder(run_dir, str(other))
     assert folder.parent == other and not (run_dir / "checkpoint").exists()
@@ -36,15 +36,15 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
 
     for rank_file in sorted(found[0].glob("rank*.pt")):
         saved = torch.load(rank_file, weights_only=False)
-        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["optimizer"]["state"].values())
+        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["local_optimizer"]["state"].values())
         assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (rank_file.stat().st_size, said[0])
 
-    second = run(args + ["train.max_steps=8"])
+    second = run(args + ["train.max_rounds=8"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
     resume = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
               if e["key"] == "run_resume"]
-    assert resume[0]["metadata"]["step"] == 4
+    assert resume[0]["metadata"]["round"] == 4
     assert latest_set(run_dir)[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
 
 

@@ -138,8 +138,8 @@ def steps(r: dict) -> dict[str, list[int]]:
     for trials in combos.values():
         for t in trials:
             s = summaries[t.name]
-            if trial_finished(s) and s.get("steps"):
-                out.setdefault(s["optimizer"], []).append(int(s["steps"]))
+            if trial_finished(s) and s.get("rounds"):
+                out.setdefault(s["optimizer"], []).append(int(s["rounds"]))
     return out
 
 

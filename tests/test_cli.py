@@ -18,7 +18,7 @@ from wagma_bench.record.events import RunStart
 from wagma_bench.record.files import read_jsonl
 from wagma_bench.simulate.calibrate import model_params_of
 
-QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=lines"]
+QUICK = ["launcher.nproc=2", "train.max_rounds=12", "eval.every_rounds=6", "logger.progress=lines"]
 
 
 
@@ -29,7 +29,7 @@ def test_short_run_writes_events_steps_and_summary(checkpointed):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert (summary["workload"], summary["optimizer"], summary["world_size"]) == ("resnet", "allreduce", 2)
-    assert summary["steps"] == 12 and summary["samples"] == 12 * 2 * 32
+    assert summary["rounds"] == 12 and summary["samples"] == 12 * 2 * 32
     assert summary["throughput_samples_per_s"] > 0 and summary["eval_s"] > 0
     assert summary["train_s"] < summary["wall_s"]
     keys = [e["key"] for e in read_jsonl(tmp_path / "events.jsonl")]
@@ -44,7 +44,7 @@ def test_short_run_writes_events_steps_and_summary(checkpointed):
     assert (start["steps_total"], start["eval_every"], start["control_every"]) == (12, 6, 10)
     for rank in (0, 1):
         steps = read_jsonl(tmp_path / "steps" / f"rank{rank}.jsonl")
-        assert [s["step"] for s in steps] == list(range(1, 13))
+        assert [s["local_step"] for s in steps] == list(range(1, 13))
     assert (tmp_path / ".hydra" / "config.yaml").exists()
 
 
@@ -53,13 +53,13 @@ def test_resume_continues_the_same_event_log(tmp_path):
     first = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert (tmp_path / "checkpoint" / "latest").exists()
-    second = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={tmp_path}"])
+    second = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [f"hydra.run.dir={tmp_path}"])
     assert second.returncode == 0, second.stderr[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")
     assert [e["key"] for e in events].count("run_resume") == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 24 and summary["restarts"] == 1
-    steps = [s["step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
+    assert summary["rounds"] == 24 and summary["restarts"] == 1
+    steps = [s["local_step"] for s in read_jsonl(tmp_path / "steps" / "rank0.jsonl")]
     assert steps == list(range(1, 25))
 
 
@@ -84,13 +84,13 @@ def test_missing_imagenet_root_is_a_clear_error(tmp_path):
 
 @pytest.mark.long  # make test: tests/test_run_outcomes.py's diverged run (exit 3, where and why, strict JSON)
 def test_divergence_stops_with_status_diverged(tmp_path):
-    out = run(QUICK + ["train.lr=1e12", "train.max_steps=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
+    out = run(QUICK + ["train.lr=1e12", "train.max_rounds=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 3, out.stderr[-3000:]  # exits.DIVERGED
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
 def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
-    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=3", "train.max_steps=100000", "logger.progress=off",
+    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=3", "train.max_rounds=100000", "logger.progress=off",
                              f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
@@ -115,7 +115,7 @@ def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
 def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
     out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--standalone", "-m", "wagma_bench", "run",
-                          "train.max_steps=6", "eval.every_steps=6", "logger.progress=off",
+                          "train.max_rounds=6", "eval.every_rounds=6", "logger.progress=off",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600,
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -101,9 +101,9 @@ def test_each_optimizer_checks_the_ranges_it_declares():
     with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
         validate(compose("optimizer=wagma", "optimizer.tau=0"))
     for name in ("eager", "adpsgd"):
-        assert validate(compose(f"optimizer={name}", "optimizer.sync_every=3")).optimizer.sync_every == 3
-        with pytest.raises(ConfigError, match=re.escape("optimizer.sync_every=0 is not allowed; it must be >= 1")):
-            validate(compose(f"optimizer={name}", "optimizer.sync_every=0"))
+        assert validate(compose(f"optimizer={name}", "optimizer.sync_period=3")).optimizer.sync_period == 3
+        with pytest.raises(ConfigError, match=re.escape("optimizer.sync_period=0 is not allowed; it must be >= 1")):
+            validate(compose(f"optimizer={name}", "optimizer.sync_period=0"))
 
 
 @dataclasses.dataclass

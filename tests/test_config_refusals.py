@@ -120,7 +120,7 @@ def test_quoted_run_dir_with_spaces_and_non_ascii_is_used_as_hydra_reads_it(tmp_
     target = tmp_path / "a dir" / "Läufe ü"
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    out = run(["launcher.nproc=1", "train.max_steps=2", "eval.every_steps=2", "logger.progress=off",
+    out = run(["launcher.nproc=1", "train.max_rounds=2", "eval.every_rounds=2", "logger.progress=off",
                f'hydra.run.dir="{target}"'], cwd=cwd, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((target / "summary.json").read_text())["status"] == "completed"
@@ -196,8 +196,8 @@ def test_more_slow_ranks_than_ranks_fails_the_config_check(name):
 def test_more_slow_ranks_than_ranks_is_refused_before_any_rank_starts(tmp_path, name):
     run_dir = tmp_path / "run"
     # two steps: were it accepted, the run would end soon (every rank sleeping every step)
-    out = run([f"imbalance={name}", "imbalance.num_slow=9", "launcher.nproc=4", "train.max_steps=2",
-               "eval.every_steps=2", f"hydra.run.dir={run_dir}"], timeout=300)
+    out = run([f"imbalance={name}", "imbalance.num_slow=9", "launcher.nproc=4", "train.max_rounds=2",
+               "eval.every_rounds=2", f"hydra.run.dir={run_dir}"], timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     said = "wagma-bench run: error: imbalance.num_slow=9 is not allowed with 4 ranks; it must be at most 4"

@@ -18,7 +18,7 @@ from tests.dist_util import run_world
 CONF = Path(__file__).resolve().parent.parent / "conf"
 TINY = ["env=gridnav", "env.num_envs=2", "env.max_episode_steps=20", "workload.num_steps=8",
         "workload.hidden_size=16", "workload.ppo_epoch=1", "workload.num_mini_batch=2",
-        "workload.num_eval_episodes=4", "train.max_steps=10", "eval.every_steps=10", "eval.target=null",
+        "workload.num_eval_episodes=4", "train.max_rounds=10", "eval.every_rounds=10", "eval.target=null",
         "logger.progress=off", "checkpoint.every_s=0", "checkpoint.resume=false"]
 
 
@@ -93,7 +93,7 @@ def _train(comm, run_root: str, optimizers: list[str], preemption: bool = False)
 def _assert_runs(results, run_root: Path, world: int, optimizers: list[str]):
     for name in optimizers:
         summary = results[0][name]["summary"]
-        assert summary["status"] == "completed" and summary["steps"] >= 10, (name, summary)
+        assert summary["status"] == "completed" and summary["rounds"] >= 10, (name, summary)
         assert 0.0 <= summary["final_metric"] <= 1.0
         rows = [json.loads(line) for r in range(world)
                 for line in (run_root / name / "steps" / f"rank{r}.jsonl").read_text().splitlines()]

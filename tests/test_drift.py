@@ -22,7 +22,7 @@ SPEED = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}  # each made-up optimizer's
 
 def _summary(optimizer: str, reference: float, per_round: float, reached: bool = True) -> dict:
     train = ROUNDS * per_round
-    return {"status": "completed", "optimizer": optimizer, "reference_s": reference, "steps": ROUNDS,
+    return {"status": "completed", "optimizer": optimizer, "reference_s": reference, "rounds": ROUNDS,
             "train_s": train, "throughput_samples_per_s": ROUNDS * BATCH / train, "reached": reached,
             "time_to_target_s": train if reached else None}
 
@@ -41,7 +41,7 @@ def test_the_elasticity_is_numpys_least_squares_with_a_dummy_per_optimizer():
     rows = [(o, s) for o, trials in groups.items() for s in trials]
     # log(seconds per round) = sum_o a_o [optimizer = o] + e log(reference): the full design, solved by numpy
     x = np.array([[float(o == g) for g in groups] + [math.log(s["reference_s"])] for o, s in rows])
-    y = np.array([math.log(s["train_s"] / s["steps"]) for _, s in rows])
+    y = np.array([math.log(s["train_s"] / s["rounds"]) for _, s in rows])
     beta, rss, rank, _ = np.linalg.lstsq(x, y, rcond=None)
     n, p = x.shape
     se = math.sqrt(rss[0] / (n - p) * np.linalg.inv(x.T @ x)[-1, -1])
@@ -73,7 +73,7 @@ def test_no_elasticity_without_enough_trials_or_a_reference_varying_within_an_op
     assert drift.fit_elasticity(flat) is None
     three = [_summary("wagma", 0.08, 1.0), _summary("wagma", 0.09, 1.2), _summary("wagma", 0.1, 1.3)]
     assert drift.fit_elasticity([three[:2]]) is None  # a residual needs a third trial
-    fit = drift.fit_elasticity([[*three, None, {**three[0], "steps": 0}]])
+    fit = drift.fit_elasticity([[*three, None, {**three[0], "rounds": 0}]])
     assert fit is not None and fit.trials == 3  # no summary, or no rounds: left out
 
 

@@ -176,7 +176,7 @@ def test_the_automatic_threshold_is_the_masked_rules_to_the_bit(seed):
 
 @pytest.mark.serial
 def test_a_run_under_shared_draw_stragglers_drops_and_records_it(tmp_path):
-    out = run(["optimizer=dropcompute", "imbalance=shared_draw", "train.max_steps=20", "eval.target=null",
+    out = run(["optimizer=dropcompute", "imbalance=shared_draw", "train.max_rounds=20", "eval.target=null",
                "optimizer.calibrate_steps=10", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dropcompute threshold" in out.stdout

@@ -57,8 +57,8 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     d = write_events(tmp_path / "run", events, tail='{"key": "progress", "value": null, "met')
     record = RunEvents.read(d)
     assert record.torn and [e["key"] for e in record.events] == ["run_start", "eval_accuracy"]
-    assert not record.stopped and record.saved_summary is None and record.last_step == 10
-    assert [(e.step, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
+    assert not record.stopped and record.saved_summary is None and record.last_round == 10
+    assert [(e.round, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
     run = run_records.load_run(d)
     assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
     assert sweep_jobs.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "eval_step": 10,
@@ -73,7 +73,7 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     assert record.lifecycle == ["run_start", "run_suspend", "run_resume", "run_stop"]
     assert record.stopped and record.resumes == 1 and not record.torn
     # the first evaluation at or above the target, as logged (the rolled-back one at step 20 included)
-    assert (record.first_at_target.step, record.first_at_target.samples) == (20, 20 * 128)
+    assert (record.first_at_target.round, record.first_at_target.samples) == (20, 20 * 128)
     assert record.summary() == record.saved_summary == summarize(events)
     assert record.summary()["restarts"] == 1 and record.summary()["status"] == "completed"
     assert samples_to_target([str(tmp_path)]) == {"wagma": 20 * 128.0}
@@ -92,7 +92,7 @@ def test_a_target_reached_past_the_time_limit_is_not_reached():
     start = event("run_start", 0, **{**OLD_START, "config": config})
     end = {"step": 30, "samples": 30 * 128, "train_s": 30.0, "wall_s": 31.0, "eval_s": 1.0}
     late = summarize([start, evaluation(10, 0.5), evaluation(30, 0.95), event("run_stop", 31, status="time_limit", **end)])
-    assert (late["reached"], late["time_to_target_s"], late["steps_to_target"]) == (False, None, None)
+    assert (late["reached"], late["time_to_target_s"], late["rounds_to_target"]) == (False, None, None)
     assert late["best_metric"] == 0.95  # the evaluation itself stays
     on_time = summarize([start, evaluation(20, 0.95), event("run_stop", 21, status="completed", **end)])
     assert (on_time["reached"], on_time["time_to_target_s"]) == (True, 20.0)
@@ -131,13 +131,14 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
-    safe file writer (which imports only the error types, a leaf) and the recorded configuration's reader (a leaf),
-    so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    safe file writer (which imports only the error types, a leaf) and the recorded configuration's reader (which
+    imports only the table of renamed keys, a leaf), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
     assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files",
                                                          "wagma_bench.config.recorded"}
     assert _imports(PACKAGE / "record" / "files.py") == {"wagma_bench.errors"}
     assert _imports(PACKAGE / "errors.py") == set()
-    assert _imports(PACKAGE / "config" / "recorded.py") == set()
+    assert _imports(PACKAGE / "config" / "recorded.py") == {"wagma_bench.config.renamed"}
+    assert _imports(PACKAGE / "config" / "renamed.py") == set()
     assert "wagma_bench" not in {m.split(".")[0] for m in _imports(PACKAGE / "config" / "schedules.py")}
 
 
@@ -157,7 +158,7 @@ def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_ide
     start = {"key": "run_start", "value": None, "time_ms": 0, "metadata": {"config": old, "world_size": 4}}
     (run_dir / "events.jsonl").write_text(json.dumps(start) + "\n")
     write_json_atomic(run_dir / "summary.json", {"status": "completed", "steps": 100})
-    assert finished_summary(run_dir, new) == {"status": "completed", "steps": 100}
+    assert finished_summary(run_dir, new) == {"status": "completed", "rounds": 100}  # read under today's name
     changed = {**new, "workload": {**new["workload"], "shuffle_seed": 7}}
     assert finished_summary(run_dir, changed) is None
     folder = run_dir / "checkpoint" / "round-50"

@@ -26,7 +26,7 @@ from wagma_bench.ranges import range_of
 from wagma_bench.record.files import read_jsonl
 from wagma_bench.workloads import WORKLOADS
 
-QUICK = ["launcher.nproc=2", "train.max_steps=12", "eval.every_steps=6", "logger.progress=off"]
+QUICK = ["launcher.nproc=2", "train.max_rounds=12", "eval.every_rounds=6", "logger.progress=off"]
 
 
 
@@ -44,14 +44,14 @@ BAD_VALUES = [
     ("launcher.nproc", "-1", []),
     ("optimizer.group_size", "3", ["optimizer=wagma"]),
     ("optimizer.group_size", "8", ["optimizer=wagma"]),       # larger than 2 ranks padded to a power of two
-    ("train.max_steps", "0", []),
-    ("eval.every_steps", "0", []),
+    ("train.max_rounds", "0", []),
+    ("eval.every_rounds", "0", []),
     ("imbalance.delay_s", "-1", ["imbalance=shared_draw"]),
     ("imbalance.probability", "1.5", ["imbalance=independent"]),  # a probability
     ("train.momentum", "1.5", []),                            # a fraction
     ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
     ("workload.gamma", "1.01", ["workload=ddppo"]),
-    ("optimizer.period", "0", ["optimizer=local_sgd"]),       # a schema's own __post_init__ check
+    ("optimizer.sync_period", "0", ["optimizer=local_sgd"]),  # a schema's own __post_init__ check
     ("optimizer.outer_momentum", "1", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),
     ("optimizer.outer_period", "6", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),  # not a multiple of 4
 ]
@@ -60,7 +60,7 @@ BAD_VALUES = [
 # Through the real CLI (3-5 s each): a range check and a schema's own __post_init__ check, the two ways
 # validate() refuses (cli/run.py's _run_job turns either into exit 2 before any rank starts); every value of
 # BAD_VALUES in the launching process's own check, below (the same validate() the CLI calls).
-THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.period=0"}
+THROUGH_THE_CLI = {"train.batch_size=-4", "optimizer.sync_period=0"}
 
 
 @pytest.mark.parametrize("key,value,extra", BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
@@ -176,7 +176,7 @@ def keys(run_dir: Path) -> list[str]:
 
 
 def logged_steps(run_dir: Path, rank: int) -> list[int]:
-    return [s["step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
+    return [s["local_step"] for s in read_jsonl(run_dir / "steps" / f"rank{rank}.jsonl")]
 
 
 def latest_manifest(run_dir: Path) -> dict:
@@ -208,14 +208,14 @@ def _steps_logged_past_the_checkpoint(run_dir: Path) -> bool:
 
 
 def checkpoints(run_dir: Path) -> list[int]:
-    return [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+    return [e["metadata"]["round"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
 
 
 @pytest.mark.serial
 def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
     """Row 1, and row 13's first half: the killed first run leaves a stale lock and no checkpoint; the
     rerun takes the lock over and starts afresh, appending nothing to the killed attempt's logs."""
-    first = start(QUICK[:1] + ["train.max_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
+    first = start(QUICK[:1] + ["train.max_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: logged_steps(tmp_path, 0) or (tmp_path / "steps" / "rank0.jsonl").exists(), "rank 0")
         t0 = time.monotonic()
@@ -234,7 +234,7 @@ def test_second_run_into_a_locked_directory_fails_naming_the_holder(tmp_path):
     assert keys(tmp_path).count("run_start") == 1 and keys(tmp_path).count("run_stop") == 1
     assert logged_steps(tmp_path, 0) == logged_steps(tmp_path, 1) == list(range(1, 13))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["optimizer"], summary["steps"], summary["status"]) == ("allreduce", 12, "completed")
+    assert (summary["optimizer"], summary["rounds"], summary["status"]) == ("allreduce", 12, "completed")
     assert not (tmp_path / ".lock").exists()
 
 
@@ -247,7 +247,7 @@ def test_rerun_of_a_completed_run_prints_its_summary_and_trains_nothing(checkpoi
     again = run(QUICK + ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert time.monotonic() - t0 < 20
-    assert "already holds this run, completed" in again.stdout and '"steps": 12' in again.stdout
+    assert "already holds this run, completed" in again.stdout and '"rounds": 12' in again.stdout
     assert (run_dir / "events.jsonl").read_bytes() == events
     assert (run_dir / "summary.json").read_bytes() == summary
 
@@ -256,9 +256,9 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
     logs every step once and the events hold one run_start, one run_resume and one run_stop."""
     # checkpoints 3 s apart, so that steps are logged past one before the next is written
-    args = QUICK[:1] + ["eval.every_steps=1000", "checkpoint.every_s=3", "logger.progress=off",
+    args = QUICK[:1] + ["eval.every_rounds=1000", "checkpoint.every_s=3", "logger.progress=off",
                         f"hydra.run.dir={tmp_path}"]
-    first = start(args + ["train.max_steps=400"])
+    first = start(args + ["train.max_rounds=400"])
     try:
         kill_when_held(first, lambda: _steps_logged_past_the_checkpoint(tmp_path), "steps logged after a checkpoint")
     finally:
@@ -266,7 +266,7 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     at = latest_manifest(tmp_path)["round"]
     assert max(logged_steps(tmp_path, 0)) > at
     total = at + 1  # the killed process logged past the checkpoint: the resume must cut those steps back
-    second = run(args + [f"train.max_steps={total}"])
+    second = run(args + [f"train.max_rounds={total}"])
     assert second.returncode == 0, second.stderr[-3000:]
     for rank in (0, 1):
         assert logged_steps(tmp_path, rank) == list(range(1, total + 1))
@@ -274,13 +274,13 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
     resume = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_resume")
     before = read_jsonl(tmp_path / "events.jsonl")[:k.index("run_resume")]
-    assert all(e["metadata"].get("step", 0) <= resume["metadata"]["step"] for e in before)
+    assert all(e["metadata"].get("round", 0) <= resume["metadata"]["round"] for e in before)
 
 
 def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
     """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
-    args = QUICK[:1] + ["eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
-    first = start(args + ["train.max_steps=400"])
+    args = QUICK[:1] + ["eval.every_rounds=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    first = start(args + ["train.max_rounds=400"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
         for pid in rank_pids(first.pid):
@@ -292,13 +292,13 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "preempted"
     assert keys(tmp_path)[-1] == "run_suspend" and "run_stop" not in keys(tmp_path)
     at = checkpoints(tmp_path)[-1]
-    second = run(args + [f"train.max_steps={at + 1}"])
+    second = run(args + [f"train.max_rounds={at + 1}"])
     assert second.returncode == 0, second.stderr[-3000:]
     k = keys(tmp_path)
     assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
     assert k[-1] == "run_stop"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["status"], summary["restarts"], summary["steps"]) == ("completed", 1, at + 1)
+    assert (summary["status"], summary["restarts"], summary["rounds"]) == ("completed", 1, at + 1)
     # the MLPerf log of the same run passes the official checker, with our run_suspend / run_resume in order
     # (the ResNet-20 run in tests/test_mllog.py, stopped after an evaluation, is in make test-long)
     from tests.test_mllog import assert_compliant, keys_of
@@ -318,7 +318,7 @@ def resume_copy(checkpointed: Path, tmp_path: Path, *args: str, timeout: float =
     shutil.copytree(checkpointed, run_dir)
     events = (run_dir / "events.jsonl").read_bytes()
     t0 = time.monotonic()
-    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [*args, f"hydra.run.dir={run_dir}"],
+    out = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [*args, f"hydra.run.dir={run_dir}"],
               timeout=timeout)
     return out, time.monotonic() - t0, run_dir, events
 
@@ -351,7 +351,7 @@ def test_damaged_rank_file_is_named_and_nothing_is_loaded(checkpointed, tmp_path
         f.seek(path.stat().st_size // 2)
         f.write(os.urandom(4096))
     t0 = time.monotonic()
-    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"])
+    out = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"])
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"rank 1: {path} is damaged" in out.stderr
     assert "previous complete set is round-10" in out.stderr
@@ -366,7 +366,7 @@ def test_missing_rank_file_is_refused_before_any_rank_starts(checkpointed, tmp_p
     shutil.copytree(checkpointed, run_dir)
     (run_dir / "checkpoint" / "round-12" / "rank1.pt").unlink()
     t0 = time.monotonic()
-    out = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"],
+    out = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"],
               timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"{run_dir / 'checkpoint' / 'round-12' / 'rank1.pt'} is missing" in out.stderr
@@ -383,7 +383,7 @@ def test_changed_configuration_is_refused_naming_the_key(checkpointed, tmp_path)
 def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
     """Push-sum conserves mass: the weights of all ranks plus the messages in flight sum to the world
     size. A checkpoint without the in-flight message loses that mass on resume."""
-    out = run(QUICK[:1] + ["optimizer=sgp", "optimizer.overlap=true", "train.max_steps=10", "eval.every_steps=10",
+    out = run(QUICK[:1] + ["optimizer=sgp", "optimizer.overlap=true", "train.max_rounds=10", "eval.every_rounds=10",
                            "logger.progress=off", "checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 0, out.stderr[-3000:]
     folder = tmp_path / "checkpoint" / "round-10"
@@ -400,7 +400,7 @@ def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
 def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
     """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
     next synchronisation point and end the run as preempted, resumable; none trains on unsupervised."""
-    launcher = start(QUICK[:1] + ["train.max_steps=100000", "eval.every_steps=1000", "logger.progress=off",
+    launcher = start(QUICK[:1] + ["train.max_rounds=100000", "eval.every_rounds=1000", "logger.progress=off",
                                   f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
@@ -433,7 +433,7 @@ def test_corrupt_jpeg_is_named(tmp_path):
     bad = root / "train" / "dog" / "2.JPEG"
     bad.write_bytes(bad.read_bytes()[:200])  # truncated, as a broken copy leaves it
     out = run(["data=imagenet", f"data.root={root}", "workload.arch=resnet20", "workload.num_workers=0",
-               "launcher.nproc=1", "train.batch_size=8", "train.max_steps=2", "eval.every_steps=2",
+               "launcher.nproc=1", "train.batch_size=8", "train.max_rounds=2", "eval.every_rounds=2",
                "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"])
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"cannot read image {bad}" in out.stderr
@@ -485,7 +485,7 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
     """Row 11: rank 0 (the one that writes the events) is SIGKILLed mid-run; the survivor may be blocked in
     eager-SGD's progress thread, deaf to SIGTERM. The launcher ends it within seconds and records the
     failure itself: a run_stop naming the rank and the signal, and summary.json."""
-    launcher = start(QUICK[:1] + ["optimizer=eager", "train.max_steps=100000", "eval.every_steps=1000",
+    launcher = start(QUICK[:1] + ["optimizer=eager", "train.max_rounds=100000", "eval.every_rounds=1000",
                                   f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 0)
@@ -506,7 +506,7 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 0 was killed by signal SIGKILL" in summary["error"]
     assert "see its traceback" not in summary["error"]
-    assert summary["steps"] > 0
+    assert summary["rounds"] > 0
 
 
 # --- row 10: a hung rank is named, within comm.timeout_s plus seconds -------------------------------------
@@ -521,7 +521,7 @@ def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimiz
     """Row 10: rank 1 is SIGSTOPped mid-run. Its peers' collectives time out and fail, naming themselves;
     the launcher names rank 1, the one whose heartbeat stopped, and ends the run (the stopped process
     included) within comm.timeout_s plus a few seconds."""
-    launcher = start(QUICK[:1] + [f"optimizer={optimizer}", "train.max_steps=100000", "eval.every_steps=1000",
+    launcher = start(QUICK[:1] + [f"optimizer={optimizer}", "train.max_rounds=100000", "eval.every_rounds=1000",
                                   f"comm.timeout_s={HUNG_TIMEOUT_S}", f"hydra.run.dir={tmp_path}"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 1), "steps")
@@ -613,11 +613,11 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
     the first process completed or was killed after that checkpoint), and its arguments. Each run ends at exactly
     its budget (its last round a synchronisation point)."""
-    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
+    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_rounds=10", "checkpoint.every_s=0",
                         "logger.progress=off", *extra]
     cut = tmp_path / "cut"
     for steps in (10, 20):
-        out = run(args + [f"train.max_steps={steps}", f"hydra.run.dir={cut}"])
+        out = run(args + [f"train.max_rounds={steps}", f"hydra.run.dir={cut}"])
         assert out.returncode == 0, out.stderr[-3000:]
     return cut, args
 
@@ -627,13 +627,13 @@ def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str, cut_at: int = 10
     run and the whole 20 are one multirun (one launcher, one fork server); then the continuation. The cut is a
     multiple of the sync period: a budget between sync points ends with a synchronisation of its own (local SGD's
     global average), which a continuation keeps and a run of 20 at once does not make."""
-    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_steps=10", "checkpoint.every_s=0",
+    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_rounds=10", "checkpoint.every_s=0",
                         "logger.progress=off", *extra]
-    out = run(["-m", *args, f"train.max_steps={cut_at},20", f"hydra.sweep.dir={tmp_path}",
-               "hydra.sweep.subdir=steps${train.max_steps}"])
+    out = run(["-m", *args, f"train.max_rounds={cut_at},20", f"hydra.sweep.dir={tmp_path}",
+               "hydra.sweep.subdir=steps${train.max_rounds}"])
     assert out.returncode == 0, out.stderr[-3000:]
     cut, whole = tmp_path / f"steps{cut_at}", tmp_path / "steps20"
-    out = run(args + ["train.max_steps=20", f"hydra.run.dir={cut}"])
+    out = run(args + ["train.max_rounds=20", f"hydra.run.dir={cut}"])
     assert out.returncode == 0, out.stderr[-3000:]
     return cut, whole
 
@@ -689,15 +689,15 @@ def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     (Not a run of 12 extended to 20: streaming DiLoCo's budget ends with the whole model's average, which a run of
     20 at once does not make at 12.)"""
     args = QUICK[:1] + ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                        "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5", "eval.every_steps=10",
-                        "checkpoint.every_s=0", "logger.progress=off", "train.max_steps=20"]
+                        "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5", "eval.every_rounds=10",
+                        "checkpoint.every_s=0", "logger.progress=off", "train.max_rounds=20"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     for extra in (["train.time_limit_s=0.001", f"hydra.run.dir={cut}"], [f"hydra.run.dir={whole}"],
                   [f"hydra.run.dir={cut}"]):
         out = run(args + extra)
         assert out.returncode == 0, out.stderr[-3000:]
     resumed = [e for e in read_jsonl(cut / "events.jsonl") if e["key"] == "run_resume"]
-    assert [e["metadata"]["step"] for e in resumed] == [12]
+    assert [e["metadata"]["round"] for e in resumed] == [12]
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
@@ -729,13 +729,13 @@ def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optim
     k = keys(cut)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
     events = read_jsonl(cut / "events.jsonl")
-    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["step"]
-    end = events[-1]["metadata"]["step"]  # the budgets 10 and 20, exactly
-    before = [e["metadata"]["step"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
+    resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["round"]
+    end = events[-1]["metadata"]["round"]  # the budgets 10 and 20, exactly
+    before = [e["metadata"]["round"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
     assert resume == 10 and end == 20 and resume == before[-1]
     for rank in (0, 1):
         records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")
-        steps, rounds = [r["step"] for r in records], [r["round"] for r in records]
+        steps, rounds = [r["local_step"] for r in records], [r["round"] for r in records]
         assert steps == list(range(1, len(steps) + 1)), steps
         assert all(a < b for a, b in itertools.pairwise(rounds)), rounds
         assert rounds.count(resume) == 1 and rounds[-1] == end, rounds

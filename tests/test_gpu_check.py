@@ -41,7 +41,7 @@ def test_make_gpu_check_without_cuda_names_what_it_skipped_and_writes_cpu_measur
     assert data["measured_on"] == "cpu" and "comm-bench on CUDA tensors" in data["skipped"]
     assert len(data["pairs"]) == 2 and data["gossip_cost"]["replicates"]
     assert data["network"]["intra"]["alpha_s"] >= 0 and data["compute"]["sigma"] > 0
-    sim = subprocess.run([str(BIN), "simulate", "gpus=8", "optimizer=adpsgd", "train.max_steps=50",
+    sim = subprocess.run([str(BIN), "simulate", "gpus=8", "optimizer=adpsgd", "train.max_rounds=50",
                           "--measured", str(path), "--out", str(tmp_path / "sim")], capture_output=True, text=True,
                          timeout=120, check=False)
     assert sim.returncode == 0, sim.stderr
@@ -75,7 +75,7 @@ def test_gpu_check_on_a_gpu(tmp_path):
 
 def test_bf16_precision_autocasts_the_training_forward(tmp_path):
     """The same seeded run in fp32 and bf16: the first step's loss differs by bfloat16's rounding."""
-    out = subprocess.run([str(BIN), "run", "-m", "launcher.nproc=1", "train.max_steps=2", "eval.every_steps=2",
+    out = subprocess.run([str(BIN), "run", "-m", "launcher.nproc=1", "train.max_rounds=2", "eval.every_rounds=2",
                           "train.precision=fp32,bf16", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
                           "hydra.sweep.subdir=${train.precision}"], capture_output=True, text=True, timeout=600,
                          check=False)

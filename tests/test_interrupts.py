@@ -33,7 +33,7 @@ def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
 def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses: int = 1):
     """Ctrl-C a running 2-rank run: SIGINT to the launcher alone, or to its whole process group (a terminal's
     Ctrl-C); returns (launcher, its stderr, seconds from the first press until every rank has ended)."""
-    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=100000", "eval.every_rounds=100000",
                                  "logger.progress=off", *extra, f"hydra.run.dir={run_dir}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -67,18 +67,18 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     events = read_jsonl(tmp_path / "events.jsonl")
     assert events[-1]["key"] == "run_suspend" and events[-1]["metadata"]["status"] == "interrupted"
     assert "run_stop" not in keys(tmp_path)
-    at = events[-1]["metadata"]["step"]
-    assert [e["metadata"]["step"] for e in events if e["key"] == "checkpoint"][-1] == at
+    at = events[-1]["metadata"]["round"]
+    assert [e["metadata"]["round"] for e in events if e["key"] == "checkpoint"][-1] == at
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
-    assert f"interrupted at step {at}, checkpoint saved" in err
+    assert f"interrupted at round {at}, checkpoint saved" in err
     if not to_group:
         return  # the rerun is the same for both (the resume of a suspended run: tests/test_faults.py too)
-    again = run(QUICK[:1] + ["eval.every_steps=100000", "logger.progress=off", f"train.max_steps={at + 4}",
+    again = run(QUICK[:1] + ["eval.every_rounds=100000", "logger.progress=off", f"train.max_rounds={at + 4}",
                              f"hydra.run.dir={tmp_path}"])
     assert again.returncode == 0, again.stderr[-3000:]
     k = keys(tmp_path)
     assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == at + 4
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == at + 4
 
 
 @pytest.mark.long
@@ -104,7 +104,7 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
     as on a loaded node, which cannot fork a rank before it continues. Without the hold, the window (the
     server's ~2 CPU-s of imports against the launcher's ~0.4 to announce itself) was a race, which CI lost once
     (the ranks had started)."""
-    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=100000", "eval.every_steps=100000",
+    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=100000", "eval.every_rounds=100000",
                                  "logger.progress=off", f"hydra.run.dir={run_dir}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -131,12 +131,12 @@ def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_pa
     assert launcher.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] == 0, summary  # no step after the Ctrl-C
+    assert summary["status"] == "interrupted" and summary["rounds"] == 0, summary  # no step after the Ctrl-C
     assert not list((tmp_path / "steps").glob("*.jsonl")) or not any(
         p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl"))
     assert "interrupted before its first step (nothing to checkpoint)" in err, err[-3000:]
     assert keys(tmp_path)[-1] == "run_suspend"  # resumable: the rerun starts it
-    again = run(QUICK[:1] + ["train.max_steps=4", "eval.every_steps=4", f"hydra.run.dir={tmp_path}"])
+    again = run(QUICK[:1] + ["train.max_rounds=4", "eval.every_rounds=4", f"hydra.run.dir={tmp_path}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
 
@@ -211,8 +211,8 @@ def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_
     passes the stop to every rank, which checkpoints at its next synchronisation point; the run records its stop,
     releases its lock and the launcher exits 128 + the signal. No process of the run is left 15 s later (before
     this, SIGTERM ended the launcher alone and left its ranks running, a stale lock and no recorded stop)."""
-    launcher = subprocess.Popen([str(BIN), "run", f"launcher.nproc={nproc}", "train.max_steps=100000",
-                                 "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+    launcher = subprocess.Popen([str(BIN), "run", f"launcher.nproc={nproc}", "train.max_rounds=100000",
+                                 "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_started(tmp_path, launcher)

@@ -42,17 +42,17 @@ MIN_ROUNDS = 12
 CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 rounds pass two of them
     "wagma-replay": ("wagma", {"catch_up": "replay", "tau": 5}),
     "wagma-skip": ("wagma", {"catch_up": "skip", "tau": 5}),
-    "eager-solo": ("eager", {"mode": "solo", "sync_every": 6}),
-    "eager-majority": ("eager", {"mode": "majority", "sync_every": 6}),
-    "adpsgd": ("adpsgd", {"sync_every": 6}),
+    "eager-solo": ("eager", {"mode": "solo", "sync_period": 6}),
+    "eager-majority": ("eager", {"mode": "majority", "sync_period": 6}),
+    "adpsgd": ("adpsgd", {"sync_period": 6}),
     "sgp": ("sgp", {"overlap": False}),
     "sgp-overlap": ("sgp", {"overlap": True}),
     "dpsgd": ("dpsgd", {}),
-    "local_sgd": ("local_sgd", {"period": 3}),
+    "local_sgd": ("local_sgd", {"sync_period": 3}),
     "allreduce": ("allreduce", {}),
     "dropcompute": ("dropcompute", {"threshold_s": "inf"}),  # its drops: tests/test_dropcompute.py's oracle
     # outer optimizers change the sum on purpose: the expected sums come from the recursion (OUTER below)
-    "local_sgd-slowmo": ("local_sgd", {"period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5}),
+    "local_sgd-slowmo": ("local_sgd", {"sync_period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5}),
     "wagma-nesterov": ("wagma", {"catch_up": "replay", "tau": 5, "outer": "nesterov"}),
     "dpsgd-nesterov": ("dpsgd", {"outer": "nesterov", "outer_period": 3}),
     "sgp-slowmo": ("sgp", {"outer": "slowmo", "outer_period": 3}),

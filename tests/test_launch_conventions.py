@@ -31,7 +31,7 @@ def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s
 
 def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     """submitit's USR2 reaches every rank (as SLURM's USR1 does): checkpoint at the next sync point, stop."""
-    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=2", "train.max_steps=100000", "eval.every_steps=100000",
+    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=2", "train.max_rounds=100000", "eval.every_rounds=100000",
                              "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -49,7 +49,7 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     ckpt = next(e for e in events if e["key"] == "checkpoint")
     stop = events[-1]  # stopped to be resumed: suspended, not the run's one run_stop
     assert stop["key"] == "run_suspend" and stop["metadata"]["status"] == "preempted", stop
-    assert ckpt["metadata"]["step"] == stop["metadata"]["step"] < 100000
+    assert ckpt["metadata"]["round"] == stop["metadata"]["round"] < 100000
     assert latest_set(tmp_path) is not None
 
 
@@ -71,7 +71,7 @@ def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) ->
 
 
 def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_path):
-    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=6", "eval.every_steps=6"])
+    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=6", "eval.every_rounds=6"])
     assert first.returncode == 0, first.stderr[-3000:]
     run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
     assert len(run_dirs) == 1, run_dirs  # one directory, not one per rank's clock
@@ -82,16 +82,16 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     for rank in (0, 1):
         assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (found[0] / f"rank{rank}.pt").exists()
     # a restart under the same rendezvous id (a resubmitted job) resumes there
-    second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_steps=12", "eval.every_steps=6"])
+    second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=12", "eval.every_rounds=6"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")} == {run_dir}
     keys = [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys[-1] == "run_stop"
-    assert [s["step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
+    assert [s["local_step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
 
 
 def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
-    out = _torchrun_with_late_rank(tmp_path, None, ["train.max_steps=2", "eval.every_steps=2"])
+    out = _torchrun_with_late_rank(tmp_path, None, ["train.max_rounds=2", "eval.every_rounds=2"])
     assert out.returncode == 0, out.stderr[-3000:]
     run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
     assert len(run_dirs) == 1, run_dirs
@@ -186,7 +186,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     agent = subprocess.Popen([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "1",
                               f"--master-port={free_port()}", "--no-python", str(wrapper), "logger.progress=off",
-                              "checkpoint.every_s=0", "train.max_steps=30", "eval.every_steps=1000",
+                              "checkpoint.every_s=0", "train.max_rounds=30", "eval.every_rounds=1000",
                               f"hydra.run.dir={run_dir}"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -206,7 +206,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     k = keys(run_dir)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["steps"]) == ("completed", 30)
+    assert (summary["status"], summary["rounds"]) == ("completed", 30)
     assert not (run_dir / ".lock").exists()
 
 

@@ -24,12 +24,12 @@ from wagma_bench.record.events import EVENTS
 from wagma_bench.record.files import read_jsonl
 from wagma_bench.record.mlperf import MLLOG, mllog_records, write_mllog
 
-RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_steps=10"]
+RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_rounds=10"]
 # BLEU 27.5 at step 240 with 2 ranks on this corpus (1.7 at 120): the 0.7.0 rules need one evaluation >= 25 BLEU.
 # One evaluation, at step 240, not one every 60 or 120 steps: an untrained model's beam search runs to its length
 # limit, so the early evaluations cost the most.
-TRANSFORMER = ["workload=transformer", "launcher.nproc=2", "logger.progress=lines", "train.max_steps=480",
-               "eval.every_steps=240", "eval.target=25.0"]
+TRANSFORMER = ["workload=transformer", "launcher.nproc=2", "logger.progress=lines", "train.max_rounds=480",
+               "eval.every_rounds=240", "eval.target=25.0"]
 
 
 def run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -124,7 +124,7 @@ def wait_for_event(run_dir: Path, key: str, proc: subprocess.Popen, timeout: flo
 def test_preempted_and_resumed_run_is_mlperf_compliant(tmp_path):
     """SIGTERM to every rank (SLURM's preemption) checkpoints and stops the run; the same command resumes
     it. The MLPerf log holds exactly one run_start and one run_stop, and our run_suspend / run_resume."""
-    args = RESNET + ["train.max_steps=60", f"hydra.run.dir={tmp_path}"]
+    args = RESNET + ["train.max_rounds=60", f"hydra.run.dir={tmp_path}"]
     first = subprocess.Popen([str(BIN), "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_event(tmp_path, "eval_accuracy", first)
     for pid in rank_pids(first.pid):

@@ -100,7 +100,7 @@ def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
 def test_srun_one_rank_on_each_host(cluster, tmp_path):
     """The short cross-host run of `make test`: rendezvous at wagma-n1's NodeAddr, gloo over the hosts'
     eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous timeout.)"""
-    out = srun(["-N", "2", "--ntasks-per-node", "1", *run_cmd("train.max_steps=4", "eval.every_steps=4",
+    out = srun(["-N", "2", "--ntasks-per-node", "1", *run_cmd("train.max_rounds=4", "eval.every_rounds=4",
                                                                 f"hydra.run.dir={tmp_path}")])
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
@@ -114,7 +114,7 @@ def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     """`srun -N 2 --ntasks-per-node 2 wagma-bench run optimizer=wagma` completes,
     its summary names both hosts, run_start each rank's host and node-local rank. (Before the fix the ranks
     waited 120 s for the rendezvous host `wagma-n1`, a name that does not resolve, then failed.)"""
-    out = srun(["-N", "2", "--ntasks-per-node", "2", *run_cmd("optimizer=wagma", "train.max_steps=20",
+    out = srun(["-N", "2", "--ntasks-per-node", "2", *run_cmd("optimizer=wagma", "train.max_rounds=20",
                                                                 "eval.target=null", f"hydra.run.dir={tmp_path}")])
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
@@ -134,7 +134,7 @@ def test_wrong_gloo_interface_fails_fast_naming_it(cluster, tmp_path, interface,
     fails within seconds (comm.timeout_s is 600 s here) naming the interface, the hosts and the ranks."""
     t0 = time.monotonic()
     out = srun(["-N", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
-                *run_cmd("train.max_steps=4", "comm.timeout_s=600", f"hydra.run.dir={tmp_path}")],
+                *run_cmd("train.max_rounds=4", "comm.timeout_s=600", f"hydra.run.dir={tmp_path}")],
                env={"GLOO_SOCKET_IFNAME": interface}, timeout=600)
     took = time.monotonic() - t0
     assert out.returncode != 0
@@ -153,8 +153,8 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
-                                              "optimizer=allreduce,wagma", "train.max_steps=20",
-                                              "eval.every_steps=10"]), out, array=False)
+                                              "optimizer=allreduce,wagma", "train.max_rounds=20",
+                                              "eval.every_rounds=10"]), out, array=False)
     script = (out / manifest["jobs"][0]["script"]).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
     sweep_jobs.submit(out)
@@ -163,7 +163,7 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     for run in manifest["runs"]:
         run_dir = out / run["run_dir"]
         s = summary(run_dir)
-        assert (s["world_size"], s["hosts"], s["steps"] >= 20) == (4, HOSTS, True), s
+        assert (s["world_size"], s["hosts"], s["rounds"] >= 20) == (4, HOSTS, True), s
         assert first_event(run_dir, "run_start")["metadata"]["rank_hosts"] == [HOSTS[0]] * 2 + [HOSTS[1]] * 2
         assert sorted(p.name for p in (run_dir / "steps").glob("rank*.jsonl")) == [f"rank{r}.jsonl" for r in range(4)]
 
@@ -173,7 +173,7 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         if (run_dir / "events.jsonl").exists():
-            steps = [e["metadata"]["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+            steps = [e["metadata"]["round"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
             if steps:
                 return steps[-1]
         time.sleep(0.5)
@@ -184,8 +184,8 @@ def _start_two_host_run(run_dir: Path, timeout_s: float, max_steps: int) -> tupl
     """Allreduce-SGD under `srun -N 2 --ntasks-per-node 2`, checkpointing every half second: its command (for a
     rerun) and its process, output and errors merged."""
     cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
-           *run_cmd("optimizer=allreduce", f"train.max_steps={max_steps}", "checkpoint.every_s=0.5",
-                    f"eval.every_steps={10 * max_steps}", f"comm.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}")]
+           *run_cmd("optimizer=allreduce", f"train.max_rounds={max_steps}", "checkpoint.every_s=0.5",
+                    f"eval.every_rounds={10 * max_steps}", f"comm.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}")]
     return cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -235,7 +235,7 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     assert s["status"] == "failed" and named in s["error"], s
     (stop,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert named in stop["metadata"]["error"]
-    checkpoints = [e["metadata"]["step"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
+    checkpoints = [e["metadata"]["round"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
     # no lock left, even where rank 0's host is gone: a rerun whose rank 0 lands elsewhere must not be refused
     assert not (tmp_path / ".lock").exists()
     _node_back(cluster, lost)
@@ -243,7 +243,7 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     events = read_jsonl(tmp_path / "events.jsonl")
     (resume,) = [e for e in events if e["key"] == "run_resume"]
-    assert resume["metadata"]["step"] == checkpoints[-1], (resume, checkpoints)
+    assert resume["metadata"]["round"] == checkpoints[-1], (resume, checkpoints)
     assert summary(tmp_path)["status"] == "completed"
 
 
@@ -293,7 +293,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
 
     out = tmp_path / "sweep"
     manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
-                                              "optimizer=allreduce", "train.max_steps=60", "eval.every_steps=60",
+                                              "optimizer=allreduce", "train.max_rounds=60", "eval.every_rounds=60",
                                               "checkpoint.every_s=1e9"]), out, array=False)
     (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
@@ -312,7 +312,7 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys.count("run_stop") == 1
     suspend = next(e for e in events if e["key"] == "run_suspend")
     resume = next(e for e in events if e["key"] == "run_resume")
-    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["step"] == suspend["metadata"]["step"]
+    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["round"] == suspend["metadata"]["round"]
     log = next((out / "logs").glob("*.out")).read_text()
     assert "(restart 0) on wagma-n[1-2]" in log and "(restart 1) on wagma-n[1-2]" in log
 
@@ -327,7 +327,7 @@ def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
     out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1", sys.executable, str(oracle)], timeout=300)
     assert out.returncode == 0 and "ok 2 ranks" in out.stdout, out.stderr[-3000:]
     out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1",
-                *run_cmd("comm=mpi", "optimizer=wagma", "train.max_steps=22", "eval.every_steps=11",
+                *run_cmd("comm=mpi", "optimizer=wagma", "train.max_rounds=22", "eval.every_rounds=11",
                          f"hydra.run.dir={tmp_path}")])
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
@@ -433,7 +433,7 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
         cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
                "--local-addr", _address(cluster, node), "--rdzv-id", "mn-torchrun", "--max-restarts", "1",
-               "--no-python", *run_cmd("train.max_steps=60", "eval.every_steps=60", "checkpoint.every_s=0.5",
+               "--no-python", *run_cmd("train.max_rounds=60", "eval.every_rounds=60", "checkpoint.every_s=0.5",
                                        f"hydra.run.dir={tmp_path}")]
         procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
                                                               *cmd]),
@@ -450,7 +450,7 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
     s = summary(tmp_path)
     assert (s["status"], s["world_size"], s["hosts"], s["restarts"]) == ("completed", 2, HOSTS, 1), s
     for r in range(2):
-        steps = [rec["step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
+        steps = [rec["local_step"] for rec in read_jsonl(tmp_path / "steps" / f"rank{r}.jsonl")]
         assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 60, (r, steps)
 
 

@@ -56,14 +56,14 @@ def test_the_emulated_data_plane_refuses_what_nccl_refuses_and_the_control_plane
 def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command_line(tmp_path):
     optimizers = ",".join(OPTIMIZERS)
     cmd = [str(BIN), "run", "-m", f"optimizer={optimizers}", "comm.emulate=nccl", "launcher.nproc=2",
-           "train.max_steps=10", "eval.every_steps=1000", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
+           "train.max_rounds=10", "eval.every_rounds=1000", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
            "hydra.sweep.subdir=${optimizer.name}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in OPTIMIZERS:
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["status"] == "completed", (name, summary)
-        assert summary["steps"] >= 10, (name, summary["steps"])
+        assert summary["rounds"] >= 10, (name, summary["rounds"])
         start = json.loads((tmp_path / name / "events.jsonl").read_text().splitlines()[0])
         assert start["metadata"]["config"]["comm"]["emulate"] == "nccl"
         # the effective group size, after WAGMA's default rule; optimizers without groups log none
@@ -95,13 +95,13 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
     plane that refuses what NCCL refuses (their exactness under emulation: the -nccl world of test_invariants)."""
     bases = [name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None]
     cmd = [str(BIN), "run", "-m", f"optimizer={','.join(bases)}", "optimizer.outer=slowmo", "comm.emulate=nccl",
-           "launcher.nproc=2", "train.max_steps=24", "eval.every_steps=1000", "logger.progress=off",
+           "launcher.nproc=2", "train.max_rounds=24", "eval.every_rounds=1000", "logger.progress=off",
            f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${optimizer.name}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in bases:
         summary = json.loads((tmp_path / name / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["steps"] >= 24, (name, summary)
+        assert summary["status"] == "completed" and summary["rounds"] >= 24, (name, summary)
 
 
 @pytest.mark.long  # make test-long; make test checks the fragment average's collective in test_streaming.py's world
@@ -109,9 +109,9 @@ def test_streaming_diloco_runs_to_its_budget_under_emulated_nccl(tmp_path):
     """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane: what
     NCCL does (no tags, no any-source)."""
     out = subprocess.run([str(BIN), "run", "optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                          "optimizer.fragment_delay=1", "comm.emulate=nccl", "launcher.nproc=2", "train.max_steps=24",
-                          "eval.every_steps=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+                          "optimizer.fragment_delay=1", "comm.emulate=nccl", "launcher.nproc=2", "train.max_rounds=24",
+                          "eval.every_rounds=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] >= 24, summary
+    assert summary["status"] == "completed" and summary["rounds"] >= 24, summary

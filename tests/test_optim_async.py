@@ -30,8 +30,8 @@ STEPS = 20
 FAST_S, SLOW_S = 0.005, 0.15
 CASES = {  # id: (optimizer, settings, checks wait avoidance)
     "adpsgd": ("adpsgd", {}, True),
-    "eager-solo": ("eager", {"mode": "solo", "sync_every": STEPS}, True),
-    "eager-majority": ("eager", {"mode": "majority", "sync_every": STEPS}, False),
+    "eager-solo": ("eager", {"mode": "solo", "sync_period": STEPS}, True),
+    "eager-majority": ("eager", {"mode": "majority", "sync_period": STEPS}, False),
 }
 
 

@@ -22,7 +22,7 @@ from wagma_bench.optim import OPTIMIZERS
 
 # Evaluate often so the run stops soon after it reaches the target (the period is rounded up to the
 # optimizer's sync period).
-ARGS = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]
+ARGS = ["workload=resnet", "launcher.nproc=4", "eval.every_rounds=10", "logger.progress=off"]
 
 
 LONG = pytest.mark.long

@@ -48,7 +48,7 @@ def _oracles(comm):
         out[f"sgp{overlap}"] = (trace, flat_params(model) * algo.weight, algo.weight)
     # Local SGD: gradient (rank + 1) everywhere, plain SGD with lr 0.5, warm-up 2, period 3
     model = Vector(3, rank)
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5), period=3, warmup_steps=2)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5), sync_period=3, warmup_rounds=2)
     trace = []
     for _ in range(10):
         algo.zero_grad()
@@ -58,13 +58,13 @@ def _oracles(comm):
     out["local_sgd"] = trace
     # Local SGD with average_momentum: the momentum buffers are averaged with the models
     model = Vector(3, rank)
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5, momentum=0.9), period=2, average_momentum=True)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5, momentum=0.9), sync_period=2, average_momentum=True)
     for _ in range(2):
         algo.zero_grad()
         for b in algo.buckets:
             b.grad.fill_(rank + 1.0)
         algo.step()
-    out["momentum"] = torch.cat([algo.optimizer.state[p]["momentum_buffer"].reshape(-1)
+    out["momentum"] = torch.cat([algo.local_optimizer.state[p]["momentum_buffer"].reshape(-1)
                                  for p in model.parameters()])
     return out
 
@@ -204,8 +204,8 @@ def _torch_reference(comm, period, warmup, steps):
 
 def _ours(comm, period, warmup, steps):
     model = _net()
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), period=period,
-                          warmup_steps=warmup)
+    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), sync_period=period,
+                          warmup_rounds=warmup)
     trace = []
     for xb, yb in _batches(comm.rank, steps):
         algo.zero_grad()
@@ -250,10 +250,10 @@ def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
     from wagma_bench.config.schema import validate
 
     for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
-                                      ("local_sgd", "period", 0, "period=0 is not allowed; it must be >= 1"),
-                                      ("local_sgd", "warmup_steps", -1, "warmup_steps=-1 is not allowed; it must be >= 0"),
-                                      ("adpsgd", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
-                                      ("eager", "sync_every", 0, "sync_every=0 is not allowed; it must be >= 1"),
+                                      ("local_sgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
+                                      ("local_sgd", "warmup_rounds", -1, "warmup_rounds=-1 is not allowed; it must be >= 0"),
+                                      ("adpsgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
+                                      ("eager", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
                                       ("wagma", "catch_up", "late", "catch_up=.late. is not allowed; choose one of: replay, skip")]:
         cfg = compose(f"optimizer={name}", f"optimizer.{key}={value}")
         with pytest.raises(ValueError, match=message):
@@ -376,7 +376,7 @@ def _adpsgd_consensus(comm, communicate):
     """AD-PSGD with zero gradients from models 0, 10, 20, ...; ``communicate=False`` is the control run:
     the same loop with the gossip replaced by nothing (a world of one per rank)."""
     model = Vector(3, 10.0 * comm.rank).double()
-    algo = make_algorithm("adpsgd", comm, model, sgd(lr=0.1), seed=2, sync_every=10) if communicate else None
+    algo = make_algorithm("adpsgd", comm, model, sgd(lr=0.1), seed=2, sync_period=10) if communicate else None
     for _ in range(40):
         if algo is not None:
             algo.zero_grad()
@@ -433,7 +433,7 @@ def test_every_registered_optimizer_has_an_oracle():
 # --- outer optimizers (wagma_bench/optim/outer.py) on every base they wrap ------------------------------
 # Each base with its own global averaging period 4 (local SGD period 4, WAGMA-SGD tau 3) or an outer period of
 # 4 (D-PSGD, SGP: the outer layer takes the global average), in one world of 4 ranks, lock-stepped.
-OUTER_BASES = {"local_sgd": {"period": 4}, "wagma": {"group_size": 2, "tau": 3, "catch_up": "replay"},
+OUTER_BASES = {"local_sgd": {"sync_period": 4}, "wagma": {"group_size": 2, "tau": 3, "catch_up": "replay"},
                "dpsgd": {"outer_period": 4}, "sgp": {"outer_period": 4}}
 OUTER_RULES = {"identity-slowmo": ("slowmo", 1.0, 0.0), "identity-nesterov": ("nesterov", 1.0, 0.0),
                "slowmo": ("slowmo", 0.6, 0.7), "nesterov": ("nesterov", 0.7, 0.9)}

@@ -129,7 +129,7 @@ def test_a_missing_extra_fails_the_launchers_check(monkeypatch, override, extra)
 @pytest.mark.slow
 def test_runs_the_embedded_default_without_any_extra(tmp_path):
     run_dir = tmp_path / "run"
-    out = cli("run", "launcher.nproc=2", "train.max_steps=6", "eval.every_steps=6", "logger.progress=off",
+    out = cli("run", "launcher.nproc=2", "train.max_rounds=6", "eval.every_rounds=6", "logger.progress=off",
               f"hydra.run.dir={run_dir}", env=hiding(EVERY_OPTIONAL, tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
@@ -200,7 +200,7 @@ def test_a_wheel_installed_elsewhere_runs_from_another_directory(tmp_path):
     where = subprocess.run([sys.executable, "-c", "import wagma_bench.config.paths as p; print(p.CONF_DIR)"], env=env,
                            cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
     assert where == str(site / "wagma_bench" / "conf")
-    out = subprocess.run([sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=2",
+    out = subprocess.run([sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_rounds=2",
                           "eval.target=null", "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"], env=env,
                          cwd=elsewhere, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]

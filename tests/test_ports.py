@@ -44,7 +44,7 @@ def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_
 
     port = free_port()
     holder_dir, second_dir = tmp_path / "holder", tmp_path / "second"
-    holder = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=60", "eval.every_steps=1000",
+    holder = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=60", "eval.every_rounds=1000",
                                "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={holder_dir}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -78,7 +78,7 @@ def test_two_runs_racing_for_one_fixed_port_one_completes_the_other_exits_2_befo
 
     port = free_port()
     dirs = [tmp_path / "a", tmp_path / "b"]
-    procs = [subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_steps=8", "eval.every_steps=1000",
+    procs = [subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=8", "eval.every_rounds=1000",
                                "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={d}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
              for d in dirs]

@@ -77,7 +77,7 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
                               gossip_cost={"value": 0.3, "interval": [0.2, 0.4], "replicates": [0.2, 0.3, 0.4]})
     out = tmp_path / "sim"
     args = ["workload=resnet", "data=imagenet", "gpus=16", "optimizer=wagma,adpsgd,allreduce", "imbalance=independent",
-            "train.max_steps=60", "control_every=0", "--interval", "4", "--measured", str(measured), "--out", str(out)]
+            "train.max_rounds=60", "control_every=0", "--interval", "4", "--measured", str(measured), "--out", str(out)]
     assert simulate_main(args) == 0
     data = json.loads((out / "interval.json").read_text())
     assert data["replicates"] == 4 and len(data["predictions"]) == 4

@@ -136,11 +136,11 @@ def test_measured_step_times_replace_the_simulators(tmp_path):
     (run / "events.jsonl").write_text(json.dumps(start) + "\n")
     (run / "summary.json").write_text(json.dumps({"steps": 200, "train_s": 100.0}))
     manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce,wagma", "data.root=/x",
-                                 "train.max_steps=1000"], data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
+                                 "train.max_rounds=1000"], data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
     est = manifest["checks"]["gpu_hours"]
     assert est["sources"] == {"measured": 1, "simulated": 1, "unknown": 0}
     assert "1 run measured (--step-times)" in est["line"]
-    alone = render(tmp_path / "b", [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x", "train.max_steps=1000"],
+    alone = render(tmp_path / "b", [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x", "train.max_rounds=1000"],
                    data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
     assert alone["checks"]["gpu_hours"]["expected"] == pytest.approx(8 * 1000 * 0.5 / 3600)
     (tmp_path / "empty").mkdir()
@@ -173,7 +173,7 @@ def test_array_parallelism_throttles_the_sweeps_and_tunes_job_array(tmp_path, ca
         load_profile("local", ["array_parallelism=3"]), 2)
     out = tmp_path / "tune"
     assert tune_cli.main(["cluster=local", "cluster.array_parallelism=2", "gpus=2", "optimizer=allreduce",
-                          "tune.trials=2", "tune.studies=2", "train.max_steps=10", "--dry-run", "--out", str(out)]) == 0
+                          "tune.trials=2", "tune.studies=2", "train.max_rounds=10", "--dry-run", "--out", str(out)]) == 0
     assert "GPU-hours: " in capsys.readouterr().out
     assert "#SBATCH --array=0-3%2\n" in next((out / "jobs").glob("*.sbatch")).read_text()
 

@@ -63,7 +63,7 @@ def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, 
     steps = d / "steps"
     steps.mkdir()
     for rank, delay in (step_ranks or {0: 0.0, 1: 0.3}).items():
-        recs = [{"step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
+        recs = [{"local_step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
                  "samples": 32, "loss": 1.0, "staleness": 0} for s in range(1, 21)]
         (steps / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return d
@@ -315,8 +315,8 @@ def real_run(tmp_path_factory):
     cwd = tmp / "cwd"
     cwd.mkdir()
     run_dir = tmp / "run"
-    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_steps=15",
-           "eval.every_steps=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
+    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_rounds=15",
+           "eval.every_rounds=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
            "logger.wandb.per_rank_step_times=true", f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(cmd, cwd=cwd, env=offline_env(tmp, listener), capture_output=True, text=True, timeout=300,
                           check=False)
@@ -404,14 +404,14 @@ def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tm
     """Local SGD with period 4, and with period 2 and Nesterov's outer step: two configurations, two rows named
     by the settings that differ; two seeds of one configuration stay one row of two seeds. (Before, all three
     were one `local_sgd` row of three "seeds".)"""
-    plain, outer = {"period": 4, "outer": "none"}, {"period": 2, "outer": "nesterov"}
+    plain, outer = {"sync_period": 4, "outer": "none"}, {"sync_period": 2, "outer": "nesterov"}
     write_run(tmp_path / "a", "local_sgd", 1, reach_at(10.0), settings=plain)
     write_run(tmp_path / "b", "local_sgd", 2, reach_at(12.0), settings=plain)
     write_run(tmp_path / "c", "local_sgd", 1, reach_at(8.0), settings=outer)
     write_run(tmp_path / "d", "wagma", 1, reach_at(9.0), settings={"tau": 10})
     _, (group,), _ = report.make_report([tmp_path], tmp_path / "out")
     rows = {r["optimizer"]: r["seeds"] for r in group.comparison}
-    assert rows == {"local_sgd (outer=none, period=4)": 2, "local_sgd (outer=nesterov, period=2)": 1, "wagma": 1}
+    assert rows == {"local_sgd (outer=none, sync_period=4)": 2, "local_sgd (outer=nesterov, sync_period=2)": 1, "wagma": 1}
 
 
 def _tuned_dir(d: Path, optimizer: str, fixed: dict, tuned: list[dict], times: list[float]) -> Path:
@@ -439,7 +439,7 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
     """Plain local SGD and streaming DiLoCo (local SGD with Nesterov's outer step and fragments) tuned over the
     same period range: two rows named by their fixed settings, each in the performance profile; the tuned
     setting (period) names neither. (Before, both were `local_sgd` and the profile kept one.)"""
-    periods = [{"period": 4}, {"period": 8}]
+    periods = [{"sync_period": 4}, {"sync_period": 8}]
     plain = _tuned_dir(tmp_path / "plain", "local_sgd", {"outer": "none", "fragments": 1}, periods, [20.0, 30.0])
     streaming = _tuned_dir(tmp_path / "streaming", "local_sgd", {"outer": "nesterov", "fragments": 2}, periods,
                            [25.0, 15.0])
@@ -453,7 +453,7 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
 def test_a_setting_some_runs_predate_does_not_name_a_variant():
     """A run logged before `fragments` existed ran at its default, which its record does not say: only the
     settings every run has tell the variants apart."""
-    labels = run_records.variant_labels([("local_sgd", {"outer": "none", "period": 4}),
-                                    ("local_sgd", {"outer": "nesterov", "period": 4, "fragments": 2}),
+    labels = run_records.variant_labels([("local_sgd", {"outer": "none", "sync_period": 4}),
+                                    ("local_sgd", {"outer": "nesterov", "sync_period": 4, "fragments": 2}),
                                     ("wagma", {"tau": 3})])
     assert labels == ["outer=none", "outer=nesterov", ""]

@@ -26,7 +26,7 @@ def _strict(path: Path) -> list[dict]:
 
 def test_diverged_run_exits_3_naming_step_and_rank_with_strict_json_logs(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    out = run(["launcher.nproc=2", "train.max_steps=40", "eval.every_steps=20", "logger.progress=off",
+    out = run(["launcher.nproc=2", "train.max_rounds=40", "eval.every_rounds=20", "logger.progress=off",
                "train.lr=1e6", "train.weight_decay=0", f"hydra.run.dir={run_dir}"])
     assert out.returncode == 3, out.stderr[-3000:]
     errors = [x for x in out.stderr.splitlines() if x.startswith("wagma-bench run: error:")]
@@ -53,12 +53,12 @@ def test_checkpoints_without_an_event_log_are_refused_naming_what_is_missing(che
     shutil.copytree(checkpointed, run_dir)
     assert (run_dir / "checkpoint" / "latest").exists() and (run_dir / "mllog.txt").exists()
     (run_dir / "events.jsonl").unlink()
-    again = run([a.replace("max_steps=12", "max_steps=24") for a in QUICK] +
+    again = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] +
                 ["checkpoint.every_s=0", f"hydra.run.dir={run_dir}"], timeout=120)
     assert again.returncode == 2, again.stderr[-3000:]
     line = next(x for x in again.stderr.splitlines() if x.startswith("wagma-bench run: error:"))
     assert f"its event log {run_dir / 'events.jsonl'} is missing" in line and "checkpoint.resume=false" in line
-    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"step": 13')  # nothing trained
+    assert not (run_dir / "steps" / "rank0.jsonl").read_text().count('"local_step": 13')  # nothing trained
 
 
 def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):
@@ -75,10 +75,10 @@ def test_mllog_of_an_earlier_end_never_stands_for_a_later_one(tmp_path):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A short finished run (also the run budget's: 4,500 samples / (2 ranks x 64) = 36 steps per epoch, so
-    train.epochs=0.1 gives 4 steps and train.max_steps=6 goes beyond them)."""
+    train.epochs=0.1 gives 4 steps and train.max_rounds=6 goes beyond them)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    out = run(["launcher.nproc=2", "train.batch_size=64", "train.epochs=0.1", "train.max_steps=6",
-               "eval.every_steps=3", "logger.progress=off", f"hydra.run.dir={run_dir}"])
+    out = run(["launcher.nproc=2", "train.batch_size=64", "train.epochs=0.1", "train.max_rounds=6",
+               "eval.every_rounds=3", "logger.progress=off", f"hydra.run.dir={run_dir}"])
     assert out.returncode == 0, out.stderr[-3000:]
     return run_dir, out
 
@@ -131,11 +131,11 @@ def test_report_shows_a_run_with_a_live_lock_as_running_and_does_not_compare_it(
     assert comparison.startswith("| allreduce | 2 | none | 1 |"), comparison  # one seed: the finished run
 
 
-def test_run_says_which_budget_ends_it_and_max_steps_beyond_the_epochs_wins(finished_run):
+def test_run_says_which_budget_ends_it_and_max_rounds_beyond_the_epochs_wins(finished_run):
     run_dir, out = finished_run
-    assert ("the run ends at step 6 (train.max_steps=6, beyond train.epochs=0.1 = 4 steps: max_steps wins"
+    assert ("the run ends at round 6 (train.max_rounds=6, beyond train.epochs=0.1 = 4 rounds: max_rounds wins"
             in out.stdout), out.stdout[-2000:]
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 6
 
 
 @pytest.fixture

@@ -186,7 +186,7 @@ def test_summary_from_events_time_to_target_excludes_eval():
               _event("eval_accuracy", 0.91, step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
               _event("run_stop", status="completed", step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0)]
     s = summarize(events)
-    assert s["reached"] and s["time_to_target_s"] == 20.0 and s["steps_to_target"] == 20
+    assert s["reached"] and s["time_to_target_s"] == 20.0 and s["rounds_to_target"] == 20
     assert (s["final_metric"], s["best_metric"], s["status"]) == (0.91, 0.92, "completed")
     assert s["throughput_samples_per_s"] == pytest.approx(128.0)
     crashed = summarize(events[:3])
@@ -211,10 +211,10 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
     assert evals == oracle
 
 
-@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.period=10000"]), ("wagma", ["optimizer.tau=3"]),
-                                            ("eager", ["optimizer.sync_every=4"]), ("adpsgd", ["optimizer.sync_every=4"])])
+@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.sync_period=10000"]), ("wagma", ["optimizer.tau=3"]),
+                                            ("eager", ["optimizer.sync_period=4"]), ("adpsgd", ["optimizer.sync_period=4"])])
 def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(optimizer, sync):
-    """train.max_steps=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
+    """train.max_rounds=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
     under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and
     what the optimizer does there. A budget on a sync point needs no such words."""
     from tests.cli_util import compose
@@ -222,18 +222,18 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
     from wagma_bench.config.schema import validate
     from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
-    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_steps=5"))
+    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_rounds=5"))
     spec = OPTIMIZER_SPECS[optimizer]
     plan = RunPlan.of(cfg, spec.sync_period_of(cfg.optimizer), 100, 4)
     line = plan.budget_line(cfg)
     assert plan.total == 5 and "\n" not in line, line
-    assert line.startswith("the run ends at step 5 (train.max_steps=5), exactly, though the optimizer "
-                           f"synchronises every {plan.sync} rounds: step 5 is an extra synchronisation point, "
+    assert line.startswith("the run ends at round 5 (train.max_rounds=5), exactly, though the optimizer "
+                           f"synchronises every {plan.sync} rounds: round 5 is an extra synchronisation point, "
                            f"{spec.final_sync}"), line
     assert spec.final_sync and "rounded" not in line
-    on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_steps={plan.sync}"))
+    on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_rounds={plan.sync}"))
     exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
-    assert exact.startswith(f"the run ends at step {plan.sync} (train.max_steps={plan.sync}") and "extra" not in exact
+    assert exact.startswith(f"the run ends at round {plan.sync} (train.max_rounds={plan.sync}") and "extra" not in exact
 
 
 def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():

@@ -81,7 +81,7 @@ def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=si
 def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, launcher_kind, moment, to_group,
                                                                       sig):
     nproc = 4 if moment == "mid" else 2  # four ranks to the group mid-training: one failed with exit code 255
-    argv = [f"launcher.nproc={nproc}", "train.max_steps=100000", "eval.every_steps=100000", "logger.progress=off"]
+    argv = [f"launcher.nproc={nproc}", "train.max_rounds=100000", "eval.every_rounds=100000", "logger.progress=off"]
     if launcher_kind == "mpi":
         argv.append("comm=mpi")
     launcher, err, began, left = _signal_a_run(tmp_path, argv, moment, to_group, sig)
@@ -99,10 +99,10 @@ def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == ("interrupted" if sig == signal.SIGINT else "preempted"), summary
     if not began:  # the signal came before the first step: none was trained after it
-        assert summary["steps"] == 0 and not _stepped(tmp_path), summary
+        assert summary["rounds"] == 0 and not _stepped(tmp_path), summary
         assert "before its first step" in last, err[-3000:]
     else:  # stopped at a synchronisation point with a checkpoint, or at the exchange before the first step
-        assert "checkpoint saved" in last or (summary["steps"] == 0 and "before its first step" in last), err[-3000:]
+        assert "checkpoint saved" in last or (summary["rounds"] == 0 and "before its first step" in last), err[-3000:]
 
 
 @pytest.mark.serial
@@ -110,7 +110,7 @@ def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_r
     """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point, which
     rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is recorded
     as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
-    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=1000000", "train.max_steps=1000000",
+    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=1000000", "train.max_rounds=1000000",
             "logger.progress=off"]
     launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)

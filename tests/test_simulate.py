@@ -120,7 +120,7 @@ def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
 
 def test_shared_draw_imbalance_delays_someone_every_step():
     imb = SharedDrawImbalance(SharedDrawImbalance.Settings(num_slow=2, delay_s=0.3), seed=1)
-    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", sync_period=1), steps=20))
     # every step someone sleeps 0.3 s and period=1 averages (a barrier) after every step
     assert res.time_s == pytest.approx(20 * (STEP + 0.3), rel=1e-9)
 
@@ -131,7 +131,7 @@ def test_independent_imbalance_paces_a_barrier_at_each_steps_slowest_rank():
     imb = IndependentImbalance(IndependentImbalance.Settings(delay_s=0.3, probability=0.1), seed=4)
     slow_steps = sum(any(imb.delay(r, 8, k, STEP) for r in range(8)) for k in range(20))
     assert 0 < slow_steps < 20
-    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", period=1), steps=20))
+    res = simulate(SimConfig("local_sgd", 8, WL, Network.free(), imb, typed("local_sgd", sync_period=1), steps=20))
     assert res.time_s == pytest.approx(20 * STEP + 0.3 * slow_steps, rel=1e-9)
 
 
@@ -221,7 +221,7 @@ def write_run(tmp_path: Path) -> Path:
         t, lines = 0.0, []
         for s in range(1, 31):
             t += 0.2 + 0.05 + 0.01  # compute + comm + overhead
-            lines.append(json.dumps({"step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
+            lines.append(json.dumps({"local_step": s, "round": s, "t": t, "compute_s": 0.2, "delay_s": 0.0, "comm_s": 0.05,
                                      "samples": 8, "loss": 1.0, "staleness": 0}))
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
     return run
@@ -276,15 +276,15 @@ def test_control_exchanges_fall_on_sync_rounds():
     schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11, 22."""
     assert CONTROL_EVERY == 10
     assert [control_period(s) for s in (1, 2, 3, 4, 10, 11, 25)] == [10, 10, 12, 12, 10, 11, 25]
-    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48), 4)
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", sync_period=4), steps=48), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [12, 24, 36, 48]
-    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", period=4), steps=48,
+    run = SimState(SimConfig("local_sgd", 2, WL, Network.free(), settings=typed("local_sgd", sync_period=4), steps=48,
                              control_every=0), 4)
     assert [r for r in range(1, 49) if run.is_control(r)] == [48]  # only the end (the paper's implementations)
 
 
-@pytest.mark.parametrize("optimizer,settings", [("wagma", {"tau": 3}), ("local_sgd", {"period": 4}),
-                                               ("eager", {"sync_every": 4}), ("adpsgd", {"sync_every": 4}),
+@pytest.mark.parametrize("optimizer,settings", [("wagma", {"tau": 3}), ("local_sgd", {"sync_period": 4}),
+                                               ("eager", {"sync_period": 4}), ("adpsgd", {"sync_period": 4}),
                                                ("allreduce", {})])
 def test_a_simulation_runs_exactly_its_budget_with_the_last_round_synchronous(optimizer, settings):
     """As a run does: 10 rounds whatever the sync period (once 12 under a period of 4), every rank's 10 steps
@@ -331,7 +331,7 @@ def test_local_sgd_momentum_averaging_sends_the_local_optimizers_state():
     assert local_state_tensors("adam", 0.0) == 2
     net = Network.from_profile({"inter": {"alpha_s": 0.0, "bandwidth_GBps": 1.0}}, 1)
     wl = Workload(step_s=STEP, batch=BATCH, params=1e6, compute="constant")
-    avg = typed("local_sgd", period=1, average_momentum=True)
+    avg = typed("local_sgd", sync_period=1, average_momentum=True)
 
     def comm_time(state: int) -> float:
         res = simulate(SimConfig("local_sgd", 2, wl, net, settings=avg, steps=10, control_every=0, local_state=state))
@@ -345,7 +345,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     from wagma_bench.cli.simulate import main
 
     rc = main(["cluster=generic8", "gpus=2,16", "optimizer=allreduce,wagma", "imbalance=shared_draw",
-               "train.max_steps=22", "samples_to_target=1e5", "--out", str(tmp_path)])
+               "train.max_rounds=22", "samples_to_target=1e5", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads((tmp_path / "predictions.json").read_text())
     assert {(r["optimizer"], r["world_size"]) for r in rows} == {(o, p) for o in ("allreduce", "wagma") for p in (2, 16)}
@@ -359,7 +359,7 @@ def test_eager_in_order_follows_a_persistent_straggler_but_not_a_random_one():
     """eager-SGD applies every round in order (one round per local step), so a rank that is always slow must
     still step through every round: the world goes at its pace. Random stragglers average out between
     the synchronous rounds, so there it beats Allreduce-SGD."""
-    solo = typed("eager", mode="solo", sync_every=4)
+    solo = typed("eager", mode="solo", sync_period=4)
     res = simulate(SimConfig("eager", 4, WL, Network.free(), slow_rank(6.0), solo, steps=40))
     assert res.local_steps == res.rounds == 40
     assert res.throughput == pytest.approx(4 * BATCH / (6.0 * STEP), rel=1e-9)
@@ -410,9 +410,9 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
     """Any override `run` takes is taken (and checked), whether or not the simulation depends on it."""
     from wagma_bench.cli.simulate import main as simulate_main
 
-    rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.period=2",
+    rc = simulate_main(["workload=resnet", "data=imagenet", "optimizer=local_sgd", "optimizer.sync_period=2",
                         "train.lr=0.5", "comm=mpi", "logger=wandb", "eval.target=0.5", "seed=2", "launcher.nproc=8",
-                        "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_steps=20",
+                        "imbalance=shared_draw", "imbalance.delay_s=0.1", "gpus=8", "train.max_rounds=20",
                         "--out", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
@@ -420,17 +420,17 @@ def test_simulate_accepts_runs_option_names(tmp_path, capsys):
 
 
 def test_simulate_reads_runs_batch_and_steps_and_refuses_epochs(tmp_path, capsys):
-    """`run`'s train.max_steps and train.batch_size are the simulation's rounds and batch (no second name);
+    """`run`'s train.max_rounds and train.batch_size are the simulation's rounds and batch (no second name);
     what a throughput model cannot honour is refused, not ignored."""
     from wagma_bench.cli.simulate import main as simulate_main
 
     base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8"]
     out = ["--out", str(tmp_path)]
-    assert simulate_main([*base, "train.max_steps=30", "train.batch_size=64", "step_s=0.16", *out]) == 0
+    assert simulate_main([*base, "train.max_rounds=30", "train.batch_size=64", "step_s=0.16", *out]) == 0
     (row,) = json.loads((tmp_path / "predictions.json").read_text())
     assert row["rounds"] == 30 and row["samples"] == 30 * 8 * 64
-    for args, message in [(["train.epochs=3"], "simulate counts rounds, not epochs: give train.max_steps=N"),
-                          (["steps=30"], "steps=30: simulate takes run's option names; give train.max_steps=30"),
+    for args, message in [(["train.epochs=3"], "simulate counts rounds, not epochs: give train.max_rounds=N"),
+                          (["steps=30"], "steps=30: simulate takes run's option names; give train.max_rounds=30"),
                           (["batch=64"], "give train.batch_size=64"),
                           (["train.batch_size=64"], "preset's step_s=0.32 s is one step at batch 128; give step_s=")]:
         capsys.readouterr()
@@ -451,7 +451,7 @@ def test_no_simulate_module_reads_yaml():
             assert not [n for n in names if n.split(".")[0] == "yaml"], path.name
 
 
-@pytest.mark.parametrize("optimizer,settings", [("local_sgd", {"period": 4}), ("wagma", {"tau": 3}),
+@pytest.mark.parametrize("optimizer,settings", [("local_sgd", {"sync_period": 4}), ("wagma", {"tau": 3}),
                                                 ("dpsgd", {"outer_period": 4}), ("sgp", {"outer_period": 4})])
 def test_an_outer_optimizer_adds_its_step_and_for_gossip_bases_a_global_average(optimizer, settings):
     """The same communication as the base plus, every outer period, the outer step's memory passes (and the
@@ -476,7 +476,7 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
 
     run = write_run(tmp_path)
     for r, times in ((0, [0.1] * 15 + [0.3] * 15), (1, [0.2] * 30)):   # rank 0 uneven, rank 1 even
-        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 0.3 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
                              "samples": 8}) for s, c in enumerate(times, 1)]
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
     shape = measured_spread([str(run)])
@@ -484,7 +484,7 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
     assert sorted(set(shape)) == pytest.approx([0.5, 1.0, 1.5])
     assert len(shape) == 52 and shape.count(1.0) == 26 and shape.count(0.5) == 11
     out = tmp_path / "sim"
-    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8", "train.max_steps=50",
+    base = ["workload=resnet", "data=imagenet", "optimizer=allreduce", "gpus=8", "train.max_rounds=50",
             "control_every=0", "--out"]
     assert main([*base, str(out / "preset")]) == 0
     assert main([*base, str(out / "measured"), "--compute-from", str(run)]) == 0
@@ -510,7 +510,7 @@ def test_compute_from_pools_whole_rollout_cycles_of_a_reinforcement_learning_run
     rollouts = {0: [2.0, 2.0, 3.0, 2.0, 2.0, 3.0], 1: [2.0, 1.0, 2.0, 2.0, 2.0, 2.0]}
     for rank, times in rollouts.items():
         steps = [(t, 8) if k == 0 else (0.1, 0) for t in times for k in range(4)] + [(2.0, 8), (0.1, 0)]
-        lines = [json.dumps({"step": s, "round": s, "t": 2.5 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 2.5 * s, "compute_s": c, "delay_s": 0.0, "comm_s": 0.0,
                              "samples": n}) for s, (c, n) in enumerate(steps, 1)]
         (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     # per rank: the warm-up steps (the first 4) left out, and the last, unfinished cycle; the cycles 2.3 s
@@ -535,7 +535,7 @@ def test_streaming_diloco_hides_a_fragments_average_behind_its_delay():
     net = Network(intra=link, inter=link)
     waits = {}
     for fragments, delay in ((1, 0), (2, 0), (2, 1)):
-        settings = typed("local_sgd", period=8, outer="nesterov", fragments=fragments, fragment_delay=delay)
+        settings = typed("local_sgd", sync_period=8, outer="nesterov", fragments=fragments, fragment_delay=delay)
         waits[fragments, delay] = simulate(SimConfig("local_sgd", 8, WL, net, settings=settings, steps=80)).wait_frac
     assert waits[2, 1] < waits[2, 0]
     assert waits[2, 1] < waits[1, 0]
@@ -557,7 +557,7 @@ def test_dropcompute_drops_a_slow_ranks_late_micro_batches_and_gains_throughput(
     (["cluster.network.inter.bandwidth_GBps=nan"], "cluster.network.inter.bandwidth_GBps=nan is not allowed"),
     (["gpus=0"], "gpus=0 is not allowed"),
     (["gpus=10000000"], "gpus=10000000 is not allowed"),
-    (["gpus=8,100000", "train.max_steps=5"], "gpus=100000 is not allowed"),
+    (["gpus=8,100000", "train.max_rounds=5"], "gpus=100000 is not allowed"),
 ])
 def test_simulate_refuses_bad_numbers_in_one_line_naming_the_key_as_typed(args, said, tmp_path, capsys):
     """Before anything is simulated or written: exit 2, one line, the key as the user typed it (not the cluster
@@ -634,7 +634,7 @@ def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeyp
     period, margin = 0.5, 1.5
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", period)
     monkeypatch.setattr(sys, "stderr", Stamped())
-    assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_steps=200",
+    assert simulate_main(["gpus=16384", "optimizer=adpsgd,dropcompute", "train.max_rounds=200",
                           "--out", str(tmp_path)]) == 0
     monkeypatch.undo()
     text = "\n".join(line for _, line in lines)

@@ -201,7 +201,7 @@ def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
 def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in the
     run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
-    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_every={sync_every}", "train.max_steps=100"))
+    cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_period={sync_every}", "train.max_rounds=100"))
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
     plan = RunPlan.of(cfg, sync, 1000, 4)
@@ -232,7 +232,7 @@ def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_
     offset and no autocorrelation the persistent model is the i.i.d. one."""
     def throughput(optimizer, **kw):
         workload = Workload(step_s=0.1, params=1e6, **kw)
-        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"period": 20} if optimizer == "local_sgd" else {}))
+        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"sync_period": 20} if optimizer == "local_sgd" else {}))
         return simulate(SimConfig(optimizer, 256, workload, Network.free(), settings=settings, steps=200,
                                   seed=2)).throughput
 
@@ -253,7 +253,7 @@ def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
     rng = np.random.default_rng(3)
     for rank, scale in ((0, 0.2), (1, 0.26)):
         times = scale * np.exp(0.05 * rng.standard_normal(200))
-        lines = [json.dumps({"step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
+        lines = [json.dumps({"local_step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
                              "comm_s": 0.0, "samples": 8}) for s, c in enumerate(times, 1)]
         (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     wl = with_measured_spread(Workload(step_s=0.3, compute="persistent"), [str(run)])

@@ -34,7 +34,7 @@ from wagma_bench.runtime.slurm import job_states
 
 CONF_OPTIMIZERS = sorted(n for n in OPTIMIZERS if (CONF_DIR / "optimizer" / f"{n}.yaml").exists())
 GPUS_1024 = "8,16,32,64,128,256,512,1024"
-TINY = ["train.max_steps=10", "eval.every_steps=10"]  # embedded default (ResNet-20 on mnist5k), CPU
+TINY = ["train.max_rounds=10", "eval.every_rounds=10"]  # embedded default (ResNet-20 on mnist5k), CPU
 
 
 @pytest.fixture(scope="session")
@@ -315,8 +315,8 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
         (f"{job_id}_0", "COMPLETED", "completed"), (f"{job_id}_1", "COMPLETED", "completed")], rows
     for run, optimizer in zip(manifest["runs"], ("allreduce", "wagma"), strict=True):
         s = summary(out / run["run_dir"])
-        # max_steps is rounded up to the optimizer's synchronisation period (wagma: tau)
-        assert (s["optimizer"], s["world_size"], s["restarts"]) == (optimizer, 4, 0) and s["steps"] >= 10, s
+        # every optimizer trains its whole budget (train.max_rounds), WAGMA-SGD too
+        assert (s["optimizer"], s["world_size"], s["restarts"]) == (optimizer, 4, 0) and s["rounds"] >= 10, s
     from wagma_bench.cli.report import main as report_main
 
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0
@@ -338,8 +338,8 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     round 50 on a busy one, SLURM relaying the signal); the deterministic run reaches top-1 0.2 there (0.27
     measured at round 30), or by round 90.
     """
-    out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=90",
-                                      "eval.every_steps=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
+    out, manifest = render(tmp_path, ["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_rounds=90",
+                                      "eval.every_rounds=60", "eval.target=0.2", "checkpoint.every_s=1e9"],
                            array=False)
     (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
@@ -363,9 +363,9 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
                                                                     ("run_stop", "completed")]
     ckpt = next(e for e in events if e["key"] == "checkpoint")
     resume = next(e for e in events if e["key"] == "run_resume")
-    assert resume["metadata"]["step"] == ckpt["metadata"]["step"] == stops[0]["metadata"]["step"]
+    assert resume["metadata"]["round"] == ckpt["metadata"]["round"] == stops[0]["metadata"]["round"]
     first_eval = next(e for e in events if e["key"] == "eval_accuracy")
-    assert first_eval["metadata"]["step"] == 60 > resume["metadata"]["step"]
+    assert first_eval["metadata"]["round"] == 60 > resume["metadata"]["round"]
     # time-to-target excludes the time between the preempted stop and the resume (queue, restart)
     start, stop1 = events[0]["time_ms"], stops[0]["time_ms"]
     gap_s = (resume["time_ms"] - stop1) / 1000
@@ -382,7 +382,7 @@ def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
     """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
     after a requeue), not one per rank's clock."""
     cmd = ["srun", "-n", "2", "--kill-on-bad-exit=1", str(Path(sys.executable).parent / "wagma-bench"), "run",
-           "train.max_steps=4", "eval.every_steps=4", "logger.progress=off"]
+           "train.max_rounds=4", "eval.every_rounds=4", "logger.progress=off"]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
@@ -407,15 +407,15 @@ def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp
 @pytest.mark.slow
 def test_hydra_submitit_launcher(tmp_path, slurm):
     """`hydra/launcher=submitit_slurm` with the local profile: one 2-rank job through submitit."""
-    spec = sweep.parse_spec(["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_steps=10",
-                             "eval.every_steps=10"])
+    spec = sweep.parse_spec(["cluster=local", "gpus=2", "optimizer=allreduce", "train.max_rounds=10",
+                             "eval.every_rounds=10"])
     cmd = sweep.submitit_command(spec, 2, tmp_path)
     cmd[0] = str(Path(sys.executable).parent / "wagma-bench")
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, f"{shlex.join(cmd)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
     (run_dir,) = [p.parent for p in (tmp_path / "runs" / "0002gpu").glob("*/summary.json")]
     s = summary(run_dir)
-    assert (s["status"], s["world_size"], s["steps"]) == ("completed", 2, 10)
+    assert (s["status"], s["world_size"], s["rounds"]) == ("completed", 2, 10)
     script = next((tmp_path / "runs" / "0002gpu" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --partition=local" in script and "#SBATCH --requeue" in script
 
@@ -443,7 +443,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
     submits the two again (an array of just them) and each resumes from its checkpoint. A rank that catches
     USR1 (the time-limit warning) in a run noted cancelled saves and does not requeue the job."""
     out, manifest = render(tmp_path, ["cluster=local", "gpus=1", "optimizer=allreduce", "seeds=2",
-                                      "train.max_steps=100000", "eval.every_steps=20", "checkpoint.every_s=0.5"])
+                                      "train.max_rounds=100000", "eval.every_rounds=20", "checkpoint.every_s=0.5"])
     (job_id,) = submitted = sweep_jobs.submit(out)
     runs = [out / r["run_dir"] for r in manifest["runs"]]
     try:
@@ -466,7 +466,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         for d, row in zip(runs, rows, strict=True):
             assert json.loads((d / "cancelled.json").read_text())["job"] == row["job"]
             assert load_run(d).summary["status"] == "cancelled"
-            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["step"])
+            checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["round"])
             assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
         assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error
         assert "nothing to cancel" in capsys.readouterr().out
@@ -482,7 +482,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         assert ids == [again, again] and not any((d / "cancelled.json").exists() for d in runs)
         _until("both runs resume", lambda: all(_events(d, "run_resume") for d in runs))
         for d, step in zip(runs, checkpoints, strict=True):
-            assert _events(d, "run_resume")[0]["metadata"]["step"] == step
+            assert _events(d, "run_resume")[0]["metadata"]["round"] == step
         # running again, not the summary of the cancelled attempt (preempted) that is still on disk
         assert [(r["job"], r["status"]) for r in sweep_jobs.status(out)] == [(f"{again}_{i}", "running")
                                                                              for i in range(2)]

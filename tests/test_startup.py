@@ -111,14 +111,14 @@ def test_the_launching_process_of_a_run_imports_no_torch(tmp_path):
             "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, flush=True)\n"
             "sys.exit(rc)\n")
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "train.max_steps=1", "eval.every_steps=1000",
+    out = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "train.max_rounds=1", "eval.every_rounds=1000",
                           "logger.progress=off", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
                          timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert "torch imported: False numpy imported: False" in out.stdout, out.stdout[-2000:]
     refused = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "optimizer=local_sgd",
-                              "optimizer.period=0", f"hydra.run.dir={tmp_path / 'refused'}"], capture_output=True,
+                              "optimizer.sync_period=0", f"hydra.run.dir={tmp_path / 'refused'}"], capture_output=True,
                              text=True, timeout=120, check=False)
-    assert refused.returncode == 2 and "optimizer.period=0" in refused.stderr, refused.stderr[-3000:]
+    assert refused.returncode == 2 and "optimizer.sync_period=0" in refused.stderr, refused.stderr[-3000:]
     assert "torch imported: False numpy imported: False" in refused.stdout, refused.stdout[-2000:]

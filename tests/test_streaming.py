@@ -30,7 +30,7 @@ def _model() -> nn.Sequential:
 def _ours(comm):
     model = _model()
     algo = make_algorithm("local_sgd", comm, model, lambda params: torch.optim.AdamW(params, lr=LR),
-                          period=PERIOD, outer="nesterov", outer_lr=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
+                          sync_period=PERIOD, outer="nesterov", outer_lr=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
                           fragments=2, fragment_delay=DELAY, fragment_alpha=ALPHA)
     algo.broadcast_initial_model()
     g = torch.Generator().manual_seed(comm.rank)
@@ -104,7 +104,7 @@ def test_more_fragments_than_parameter_tensors_are_refused_naming_both():
     from wagma_bench.optim.local_sgd import LocalSGD
     from wagma_bench.optim.streaming import StreamingOuter
 
-    settings = LocalSGD.Settings(period=10000, outer="nesterov", fragments=10000)
+    settings = LocalSGD.Settings(sync_period=10000, outer="nesterov", fragments=10000)
     params = [p.detach() for p in _model().parameters()]
     with pytest.raises(ConfigError, match=rf"optimizer.fragments=10000 is not allowed .* it has {len(params)} "
                                           rf"parameter tensors.*choose at most {len(params)}"):
@@ -118,7 +118,7 @@ def test_a_run_with_more_fragments_than_tensors_is_refused_by_its_ranks_in_one_l
     from tests.cli_util import run
 
     res = run(["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=10000",
-               "optimizer.period=10000", "train.max_steps=10000", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
+               "optimizer.sync_period=10000", "train.max_rounds=10000", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
               timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     last = res.stderr.strip().splitlines()[-1]

@@ -84,7 +84,7 @@ def test_cfg_job_prints_every_runs_composed_configuration(tmp_path):
 
 
 def simulate(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    out = subprocess.run([str(BIN), "simulate", *args, "train.max_steps=22", "--out", str(tmp_path / "sim")],
+    out = subprocess.run([str(BIN), "simulate", *args, "train.max_rounds=22", "--out", str(tmp_path / "sim")],
                          capture_output=True, text=True, timeout=300, check=False)
     predictions = tmp_path / "sim" / "predictions.json"
     return out, json.loads(predictions.read_text()) if predictions.exists() else []

@@ -198,7 +198,7 @@ def test_tune_refuses_a_planted_log_before_its_trial_runs(tmp_path):
     out = tmp_path / "tuned"
     victim = _plant(out / "logs" / "allreduce_study1_trial1.log", tmp_path)
     proc = subprocess.run([str(BIN), "tune", "workload=resnet", "optimizer=allreduce", "tune.trials=1",
-                           "tune.studies=1", "train.max_steps=2", "--out", str(out)],
+                           "tune.studies=1", "train.max_rounds=2", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, out / "logs" / "allreduce_study1_trial1.log")
@@ -246,7 +246,7 @@ def test_simulate_refuses_a_planted_prediction_file(tmp_path, capsys):
 
     out = tmp_path / "sim"
     victim = _plant(out / "predictions.json", tmp_path)
-    assert main(["cluster=generic8", "gpus=2", "optimizer=allreduce", "train.max_steps=22", "--out", str(out)]) == 2
+    assert main(["cluster=generic8", "gpus=2", "optimizer=allreduce", "train.max_rounds=22", "--out", str(out)]) == 2
     _one_line_naming(capsys.readouterr().err, out / "predictions.json")
     assert victim.read_text() == KEEP
 

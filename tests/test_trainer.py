@@ -84,12 +84,12 @@ def test_train_state_is_saved_as_the_dict_checkpoints_always_held():
 @pytest.mark.long  # ~15 s; the only run through the time-limit exit
 def test_time_limit_ends_the_run_at_a_synchronisation_point_with_one_run_stop(tmp_path):
     cli = Path(sys.executable).parent / "wagma-bench"
-    out = subprocess.run([str(cli), "run", "launcher.nproc=2", "train.max_steps=100000", "train.time_limit_s=3",
-                          "eval.every_steps=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
+    out = subprocess.run([str(cli), "run", "launcher.nproc=2", "train.max_rounds=100000", "train.time_limit_s=3",
+                          "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "time_limit" and 0 < summary["steps"] < 100000
+    assert summary["status"] == "time_limit" and 0 < summary["rounds"] < 100000
     stops = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert len(stops) == 1 and stops[0]["metadata"]["status"] == "time_limit"
     assert stops[0]["metadata"]["train_s"] >= 3

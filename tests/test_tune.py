@@ -298,7 +298,7 @@ def test_compute_imbalance_by_hand(tmp_path):
     rows = {0: [(1, 1.0, 0.0), (2, 1.0, 0.0), (3, 9.0, 0.0)], 1: [(1, 1.0, 2.0), (2, 1.0, 0.0)]}
     for rank, recs in rows.items():
         (tmp_path / "steps" / f"rank{rank}.jsonl").write_text(
-            "".join(json.dumps({"step": s, "compute_s": c, "delay_s": d}) + "\n" for s, c, d in recs))
+            "".join(json.dumps({"local_step": s, "compute_s": c, "delay_s": d}) + "\n" for s, c, d in recs))
     # step 1: ranks 1 and 3 -> 3 / 2 = 1.5; step 2: 1.0; step 3 only one rank logged: left out
     assert compute_imbalance(tmp_path) == 1.25
     assert compute_imbalance(tmp_path / "none") is None
@@ -307,7 +307,7 @@ def test_compute_imbalance_by_hand(tmp_path):
 # --- the command end to end (real runs) ----------------------------------------------------------------
 
 # A reachable target (the embedded MNIST at 2 steps) so that trials score; 2 ranks, 2 steps each.
-TINY = ["workload=resnet", "launcher.nproc=2", "train.max_steps=2", "eval.every_steps=2", "eval.target=0.05",
+TINY = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=2", "eval.every_rounds=2", "eval.target=0.05",
         "logger.progress=off"]
 
 
@@ -378,7 +378,7 @@ def test_cluster_mode_renders_the_trials_as_a_sweep(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["runs"]) == 4 and all(r["run_dir"].startswith("trials/") for r in manifest["runs"])
     script = (out / manifest["jobs"][0]["script"]).read_text()
-    assert "train.lr=" in script and "optimizer.period=" in script
+    assert "train.lr=" in script and "optimizer.sync_period=" in script
     result = tuning.score(out)  # nothing ran yet: every trial unfinished, every score infinite
     assert all(e["score_s"] is None and e["unfinished"] == 2 for e in result["results"])
 
@@ -388,7 +388,7 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
     """Two trials; the tune is SIGKILLed (launcher and ranks) while the second trains, after a checkpoint;
     the same command again skips the first and resumes the second from its checkpoint."""
     out = tmp_path / "tune"
-    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=40", "eval.every_steps=20",
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=40", "eval.every_rounds=20",
             "checkpoint.every_s=0", "logger.progress=off", "optimizer=allreduce", "tune.trials=2",
             "tune.studies=1", "--out", str(out)]
     proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -410,7 +410,7 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
     assert (first / "events.jsonl").read_bytes() == first_events
     keys = [json.loads(line)["key"] for line in (second / "events.jsonl").read_text().splitlines()]
     assert (keys.count("run_start"), keys.count("run_resume"), keys.count("run_stop")) == (1, 1, 1)
-    steps = [json.loads(line)["step"] for line in (second / "steps" / "rank0.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["local_step"] for line in (second / "steps" / "rank0.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))  # every step once
     assert json.loads((out / "tuning.json").read_text())["results"][0]["trials"] == 2
 
@@ -420,7 +420,7 @@ def test_the_done_when_command(tmp_path):
     """The documented example (docs/tuning.md): 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
     out = tmp_path / "tune"
     res = _tune(["workload=resnet", "optimizer=allreduce,wagma", "tune.trials=2", "tune.studies=2",
-                 "train.max_steps=60", "logger.progress=off", "--out", str(out)], timeout=3000)
+                 "train.max_rounds=60", "logger.progress=off", "--out", str(out)], timeout=3000)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(list((out / "trials").glob("*/summary.json"))) == 8
     result = json.loads((out / "tuning.json").read_text())
@@ -446,7 +446,7 @@ def test_space_overrides_change_the_tuned_range_and_are_checked_like_the_file(tm
 
 # streaming DiLoCo's tuning (docs/outer-optimizers.md): H, the outer rate and momentum; F = 2, tau = 1 fixed
 STREAMING = ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2", "optimizer.fragment_delay=1",
-             "space.optimizer.period={choices: [4, 8, 16]}", "space.optimizer.outer_lr={low: 0.1, high: 1.0, scale: log}",
+             "space.optimizer.sync_period={choices: [4, 8, 16]}", "space.optimizer.outer_lr={low: 0.1, high: 1.0, scale: log}",
              "space.optimizer.outer_momentum={low: 0.0, high: 0.95}"]
 
 
@@ -456,7 +456,7 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     args = tune.parse_args(["workload=transformer", *STREAMING, "tune.trials=3", "tune.studies=3",
                             "--out", str(tmp_path)])
     _, trials, configs = tune.make_plan(args)
-    assert len(trials) == 9 and {t.params["optimizer.period"] for t in trials} <= {4, 8, 16}
+    assert len(trials) == 9 and {t.params["optimizer.sync_period"] for t in trials} <= {4, 8, 16}
     assert all(0.1 <= t.params["optimizer.outer_lr"] <= 1.0 and 0 <= t.params["optimizer.outer_momentum"] <= 0.95
                for t in trials)
     for config in configs.values():
@@ -469,7 +469,7 @@ def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_va
     ("space.optimizer.tau.high=0", "optimizer.tau low=2 high=0 is an empty range"),
     ("space.optimizer.tau={low: 0, high: 3}", "optimizer.tau=0 would be refused by the run config"),
     ("space.lr_multiplier.colour=2", "space.lr_multiplier.colour: unknown field colour; valid fields: choices, high"),
-    ("space.optimizer.period.high=9", "space.optimizer.period.high=9: no tuned search space has the dimension"),
+    ("space.optimizer.sync_period.high=9", "space.optimizer.sync_period.high=9: no tuned search space has the dimension"),
     ("space.lr_multiplier.high", "a search-space override is space.KEY.FIELD=VALUE"),
 ])
 def test_bad_space_overrides_are_refused_before_any_trial(override, message, tmp_path, capsys):
@@ -502,7 +502,7 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
     """SIGINT to tune alone while a trial trains: tune forwards it to the trial, whose ranks checkpoint and
     stop; tune waits for them, says what to do in one line and exits 130; nothing of the trial runs on."""
     out = tmp_path / "tune"
-    args = ["workload=resnet", "launcher.nproc=2", "train.max_steps=100000", "eval.every_steps=100000",
+    args = ["workload=resnet", "launcher.nproc=2", "train.max_rounds=100000", "eval.every_rounds=100000",
             "logger.progress=off", "optimizer=allreduce", "tune.trials=2", "tune.studies=1", "--out", str(out)]
     proc = subprocess.Popen([str(BIN), "tune", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -53,14 +53,14 @@ def test_requeued_sweep_job_offline(tmp_path):
     listener = Listener()
     env = offline_env(tmp_path, listener)
     sweep = tmp_path / "SW"
-    args = ["run", "-m", "launcher.nproc=2", "eval.every_steps=6", "checkpoint.every_s=0", "logger=wandb",
+    args = ["run", "-m", "launcher.nproc=2", "eval.every_rounds=6", "checkpoint.every_s=0", "logger=wandb",
             "logger.progress=off", f"hydra.sweep.dir={sweep / 'runs' / '0002gpu'}"]
     said = []
     for max_steps in (12, 24):  # the second process resumes from the first one's checkpoint
-        out = subprocess.run([str(BIN), *args, f"train.max_steps={max_steps}"], capture_output=True, text=True,
+        out = subprocess.run([str(BIN), *args, f"train.max_rounds={max_steps}"], capture_output=True, text=True,
                              timeout=300, check=False, env=env, cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
-        said.append(f"--- train.max_steps={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}")
+        said.append(f"--- train.max_rounds={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}")
     listener.close()
     assert listener.connections == 0, "W&B tried to reach the network"
     run_dir = sweep / "runs" / "0002gpu" / "0_allreduce_s1"

@@ -18,7 +18,7 @@ from tests.test_report import Listener, offline_env, reach_at, write_run
 from tests.test_wandb_offline import of_type, wandb_records
 
 RUN = [sys.executable, "-m", "wagma_bench"]
-TINY = ["launcher.nproc=2", "train.max_steps=8", "eval.every_steps=4", "logger=wandb", "logger.progress=off",
+TINY = ["launcher.nproc=2", "train.max_rounds=8", "eval.every_rounds=4", "logger=wandb", "logger.progress=off",
         "eval.target=0.05"]  # a target the tiny runs reach, so time_to_target_s is in their summaries
 
 

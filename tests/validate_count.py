@@ -50,4 +50,4 @@ def validated_once(log: Path, processes: int) -> None:
 
 
 # two rounds and one evaluation: every process that could validate still starts and runs its part
-TINY = ["train.max_steps=2", "eval.every_steps=2", "logger.progress=off", "checkpoint.every_s=0"]
+TINY = ["train.max_rounds=2", "eval.every_rounds=2", "logger.progress=off", "checkpoint.every_s=0"]

@@ -50,7 +50,7 @@ def stop(message: str, code: int = REFUSED) -> NoReturn:
 
 def end(line: str, code: int) -> NoReturn:
     """End the command with ``code`` and ``line`` said as it is (a stopped run's own words, e.g.
-    ``wagma-bench: interrupted at step N, checkpoint saved; ...``)."""
+    ``wagma-bench: interrupted at round N, checkpoint saved; ...``)."""
     raise Stop(code, line, error=False)
 
 

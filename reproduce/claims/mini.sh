@@ -27,18 +27,18 @@ OUT="$out" OPTIMIZERS=allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager \
 measured=${MEASURED:-reproduce/scaling/results-2core-20261206/measured-cpu.json}
 interval=${INTERVAL:-100}
 "$bin" simulate cluster=daint workload=resnet data=imagenet gpus=16,64 'optimizer=glob(*,exclude=dropcompute)' \
-  imbalance=independent train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" \
+  imbalance=independent train.max_rounds=500 control_every=0 --measured "$measured" --interval "$interval" \
   --convergence "$out/resnet_independent" --compute-from "$out/resnet_independent" --out "$out/paper-scale/resnet50"
 # The Transformer-base / WMT17 preset, once per batching (TUNING OUT): token batches and sentence batches
 transformer() {
   "$bin" simulate cluster=daint workload=transformer data=wmt17_en_de gpus=16,32,64 'optimizer=glob(*)' imbalance=none \
-    train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" --convergence "$1" \
+    train.max_rounds=500 control_every=0 --measured "$measured" --interval "$interval" --convergence "$1" \
     --compute-from "$1" --out "$2"
 }
 transformer "$out/transformer" "$out/paper-scale/transformer"
 transformer "$out/transformer_sentences" "$out/paper-scale/transformer_sentences"
 # DD-PPO's batches do not split into micro-batches: DropCompute does not apply (run refuses it)
 "$bin" simulate cluster=daint workload=ddppo gpus=64,256,1024 'optimizer=glob(*,exclude=dropcompute)' imbalance=none \
-  train.max_steps=500 control_every=0 --measured "$measured" --interval "$interval" \
+  train.max_rounds=500 control_every=0 --measured "$measured" --interval "$interval" \
   --compute-from "$out/ddppo_throughput" --out "$out/paper-scale/rl"
 "$bin" claims "$out" --out "$out/claims"

@@ -27,23 +27,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wagma_bench.record.events import current_summary
+from wagma_bench.record.steps import read_step_records
+
 BIN = Path(sys.executable).parent / "wagma-bench"
 WARMUP = 10
 WORKLOADS = {"transformer": ["workload=transformer"], "resnet": ["workload=resnet", "imbalance=none"]}
 OPTIMIZERS = ("allreduce", "wagma")
-COMMON = ["eval.target=null", "eval.every_steps=100000", "logger.progress=off", "checkpoint.every_s=1e9"]
+COMMON = ["eval.target=null", "eval.every_rounds=100000", "logger.progress=off", "checkpoint.every_s=1e9"]
 
 
 def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     subprocess.run([str(BIN), "run", *WORKLOADS[workload], f"optimizer={optimizer}", f"launcher.nproc={nproc}",
-                    f"train.max_steps={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
+                    f"train.max_rounds={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
                    stdout=subprocess.DEVNULL)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for path in sorted((run_dir / "steps").glob("rank*.jsonl"))
-               for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in records if r["step"] > WARMUP]
-    per_step = {name: round(seconds / summary["steps"] * 1e3, 3)
+    summary = current_summary(json.loads((run_dir / "summary.json").read_text()))
+    records = [r for recs in read_step_records(run_dir).values() for r in recs]
+    kept = [r for r in records if r["local_step"] > WARMUP]
+    per_step = {name: round(seconds / summary["rounds"] * 1e3, 3)
                 for name, seconds in (summary.get("threads_cpu_s") or {}).items()}
     tokens = sum(r.get("tokens", 0) for r in records)
     return {"compute_ms": 1e3 * statistics.median(r["compute_s"] for r in kept),

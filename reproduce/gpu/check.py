@@ -105,7 +105,7 @@ def wagma_bench(args: list[str], sizes: Sizes, env: dict[str, str] | None = None
 
 def resnet50_args(sizes: Sizes, batch: int | None = None) -> list[str]:
     return ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"data.image_size={sizes.image_size}",
-            f"train.batch_size={batch or sizes.batch}", f"train.max_steps={sizes.steps}", "logger.progress=off"]
+            f"train.batch_size={batch or sizes.batch}", f"train.max_rounds={sizes.steps}", "logger.progress=off"]
 
 
 def read_run(run_dir: Path) -> dict:
@@ -117,7 +117,8 @@ def read_run(run_dir: Path) -> dict:
     start = next((json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
                   if '"run_start"' in line), {})
     backend = start.get("metadata", {}).get("versions", {}).get("comm")
-    return {"status": s.get("status"), "steps": s.get("steps"), "backend": backend, "error": s.get("error")}
+    rounds = s.get("rounds", s.get("steps"))  # a run recorded before 2026-12-06 says steps
+    return {"status": s.get("status"), "steps": rounds, "backend": backend, "error": s.get("error")}
 
 
 def every_optimizer(name: str, world: list[str], sizes: Sizes, out: Path, batch: int, env=None) -> dict:
@@ -232,14 +233,14 @@ def model_inputs(out: Path, measured_on: str, bench_json: Path | None, skipped: 
     sizes = dataclasses.replace(FULL, timeout_s=timeout_s)
     if measured_on == "gpu":
         common = ["workload=resnet", "data=synthetic", "workload.arch=resnet50", f"train.batch_size={FULL.batch}",
-                  f"train.max_steps={INPUT_STEPS}"] + (["comm.backend=nccl"] if gpus >= 2 else [])
+                  f"train.max_rounds={INPUT_STEPS}"] + (["comm.backend=nccl"] if gpus >= 2 else [])
     else:
-        common = ["workload=resnet", f"train.max_steps={CPU_INPUT_STEPS}"]
+        common = ["workload=resnet", f"train.max_rounds={CPU_INPUT_STEPS}"]
     common += [f"launcher.nproc={ranks}", "imbalance=none", "logger.progress=off", "eval.target=null",
-               "eval.every_steps=100000", "checkpoint.every_s=100000"]
+               "eval.every_rounds=100000", "checkpoint.every_s=100000"]
     gossip = out / "gossip"
     for i in range(1, PAIRS + 1):  # interleaved: the machine's speed drifts
-        for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.period=10"])):
+        for name, opt in (("adpsgd", ["optimizer=adpsgd"]), ("nothread", ["optimizer=local_sgd", "optimizer.sync_period=10"])):
             wagma_bench(["run", *common, *opt, f"hydra.run.dir={gossip / f'{name}_p{ranks}_pair{i}'}"], sizes)
     if bench_json is None or not bench_json.exists():
         bench_json = out / "comm_bench_inputs.json"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wagma_bench.campaign.runs import run_unless_done
 
-COMMON = ["workload=resnet", "eval.target=null", "eval.every_steps=100000", "logger.progress=off",
+COMMON = ["workload=resnet", "eval.target=null", "eval.every_rounds=100000", "logger.progress=off",
           "checkpoint.every_s=1e9"]
 
 
@@ -62,10 +62,10 @@ def main() -> None:
     rows = []
     for setting in args.settings.split(","):
         p, k = map(int, setting.split(":"))
-        base = [f"launcher.nproc={p}", f"train.max_steps={args.steps}"]
+        base = [f"launcher.nproc={p}", f"train.max_rounds={args.steps}"]
         none = run(args.out, f"P{p}_none_allreduce", base + ["optimizer=allreduce", "imbalance=none"])
-        batch = none["samples"] / none["steps"] / p
-        c = none["train_s"] / none["steps"]
+        batch = none["samples"] / none["rounds"] / p
+        c = none["train_s"] / none["rounds"]
         d = args.delay_factor * c
         slow = ["imbalance=shared_draw", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
         ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)

@@ -4,9 +4,9 @@ Runs ``wagma-bench run`` with 2 local ranks and the given overrides and samples,
 (VmRSS of /proc/PID/status) of every process below the launcher; prints the peak of the largest rank (a
 spawned rank's command line holds ``multiprocessing.spawn``) and of the launcher, as JSON.
 
-    .venv/bin/python reproduce/memory/footprint.py workload=resnet train.max_steps=20
-    .venv/bin/python reproduce/memory/footprint.py workload=transformer train.max_steps=20
-    .venv/bin/python reproduce/memory/footprint.py workload=ddppo train.max_steps=4
+    .venv/bin/python reproduce/memory/footprint.py workload=resnet train.max_rounds=20
+    .venv/bin/python reproduce/memory/footprint.py workload=transformer train.max_rounds=20
+    .venv/bin/python reproduce/memory/footprint.py workload=ddppo train.max_rounds=4
     .venv/bin/python reproduce/memory/footprint.py comm-bench --nproc 2 --sizes 100M --repeats 2
 
 The last measures ``wagma-bench comm-bench`` instead (the figure behind ``campaign.commbench.rank_memory_mb``): its

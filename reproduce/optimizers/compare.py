@@ -31,7 +31,7 @@ from wagma_bench.optim import OPTIMIZERS
 ROOT = Path(__file__).resolve().parents[2]
 # Evaluate every 10 rounds (rounded up to the optimizer's sync period), so time-to-target is resolved
 # finely; evaluation time is excluded from the training clock.
-COMMON = ["workload=resnet", "launcher.nproc=4", "eval.every_steps=10", "logger.progress=off"]
+COMMON = ["workload=resnet", "launcher.nproc=4", "eval.every_rounds=10", "logger.progress=off"]
 
 
 def key_hyperparameters(optimizer: str) -> str:
@@ -55,7 +55,7 @@ def aggregate(seeds: list[dict]) -> dict:
     values = lambda key: [s[key] for s in seeds if s.get(key) is not None]
     return {"reached": f"{sum(bool(s.get('reached')) for s in seeds)}/{len(seeds)}",
             "ttt": olympic_mean(ttt), "ttt_all": sorted(ttt),
-            "steps": median(values("steps_to_target") or values("steps")),
+            "steps": median(values("rounds_to_target") or values("rounds")),
             "throughput": median(values("throughput_samples_per_s")), "best": median(values("best_metric")),
             "eval_model": seeds[0].get("eval_model", "-"),
             "status": ",".join(sorted({s.get("status", "-") for s in seeds}))}
@@ -85,7 +85,7 @@ def main() -> None:
     unknown = sorted(set(args.optimizers.split(",")) - set(OPTIMIZERS))
     if unknown:
         ap.error(f"--optimizers: unknown {', '.join(unknown)}; choose from: {', '.join(OPTIMIZERS)}")
-    extra = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
+    extra = list(args.overrides) + ([f"train.max_rounds={args.max_steps}"] if args.max_steps else [])
     seeds = [int(v) for v in args.seeds.split(",")]
     rows = [(o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))
             for i in args.imbalances.split(",") for o in args.optimizers.split(",")]

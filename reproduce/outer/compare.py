@@ -34,7 +34,7 @@ CONFIGS = {  # name: overrides
     "local_sgd+slowmo-a0.5": ["optimizer=local_sgd", *SLOWMO, "optimizer.outer_lr=0.5"],
 }
 WORKLOADS = {"transformer": ["workload=transformer", "launcher.nproc=4", "logger.progress=off"],
-             "resnet": ["workload=resnet", "imbalance=shared_draw", "launcher.nproc=4", "eval.every_steps=10",
+             "resnet": ["workload=resnet", "imbalance=shared_draw", "launcher.nproc=4", "eval.every_rounds=10",
                         "logger.progress=off"]}
 
 
@@ -44,10 +44,10 @@ def run(out: Path, name: str, seed: int, common: list[str], extra: list[str]) ->
 
 def row(name: str, runs: list[dict], base_steps: float | None) -> str:
     reached = [r for r in runs if r.get("reached")]
-    steps = median([r["steps_to_target"] for r in reached]) if reached else None
+    steps = median([r["rounds_to_target"] for r in reached]) if reached else None
     secs = olympic_mean([r["time_to_target_s"] for r in reached]) if reached else None
     ratio = f"{steps / base_steps:.2f}x" if steps and base_steps else "-"
-    per_seed = " / ".join(str(r.get("steps_to_target") or "missed") for r in runs)
+    per_seed = " / ".join(str(r.get("rounds_to_target") or "missed") for r in runs)
     return (f"| {name} | {per_seed} | {'-' if steps is None else f'{steps:.0f}'} | {ratio} | "
             f"{'-' if secs is None else f'{secs:.1f}'} | {len(runs) - len(reached)} |")
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     names = args.only.split(",")
     results = {n: [run(out, n, s, WORKLOADS[args.workload], args.extra) for s in seeds] for n in names}
     base = results.get("allreduce")
-    base_steps = median([r["steps_to_target"] for r in base if r.get("reached")]) if base else None
+    base_steps = median([r["rounds_to_target"] for r in base if r.get("reached")]) if base else None
     print(f"| configuration | steps to target, seeds {' / '.join(map(str, seeds))} | median | vs allreduce | "
           "time to target (s, olympic mean) | missed |")
     print("|---|---|---|---|---|---|")

@@ -17,14 +17,14 @@ STEPS=${STEPS:-500}
 # authors' rule (imbalance=independent with probability 1 - (1 - 1/P)^2) delays about 2 ranks per step on
 # average at every P, a number that varies from step to step; this one exactly 2 (docs/imbalance.md).
 "$BIN" simulate cluster=daint workload=resnet data=imagenet gpus=16,32,64,128,256,512,1024 optimizer="$OPTS" \
-  imbalance=shared_draw imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=$STEPS control_every=0 --out "$OUT/resnet50"
+  imbalance=shared_draw imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_rounds=$STEPS control_every=0 --out "$OUT/resnet50"
 "$BIN" simulate cluster=daint workload=resnet data=imagenet gpus=64 optimizer="$OPTS" \
-  imbalance=shared_draw imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_steps=$STEPS --out "$OUT/resnet50_trainer_barrier"
+  imbalance=shared_draw imbalance.num_slow=2 imbalance.delay_s=0.32 train.max_rounds=$STEPS --out "$OUT/resnet50_trainer_barrier"
 
 # Deep RL navigation up to 1,024 GPUs: heterogeneous environments as per-rank, per-step lognormal slow-downs
 # (sigma 0.5: a rank's step takes up to ~2.7x the median at one sigma). Assumed, not from the paper: see
 # wagma_bench/simulate/presets.py ("rl", which workload=ddppo selects).
 "$BIN" simulate cluster=daint workload=ddppo gpus=64,128,256,512,1024 optimizer="${OPTS/#glob(\*)/glob(*,exclude=dropcompute)}" \
-  imbalance=lognormal imbalance.sigma=0.5 train.max_steps=$STEPS control_every=0 --out "$OUT/rl"
+  imbalance=lognormal imbalance.sigma=0.5 train.max_rounds=$STEPS control_every=0 --out "$OUT/rl"
 
 .venv/bin/python reproduce/scaling/compare.py "$OUT"

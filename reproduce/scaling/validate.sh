@@ -41,7 +41,7 @@ real_run() {
   rm -rf "$dir"
   echo "== $(date +%H:%M:%S) real run: $* -> $dir"
   # no evaluation target: a throughput run; evaluation time is excluded from the clock anyway
-  "$BIN" run workload=resnet "$@" train.max_steps="$STEPS" eval.target=null eval.every_steps=100000 \
+  "$BIN" run workload=resnet "$@" train.max_rounds="$STEPS" eval.target=null eval.every_rounds=100000 \
     checkpoint.every_s=100000 logger.progress=off hydra.run.dir="$dir" > "$dir.log" 2>&1 \
     || { echo "run failed, see $dir.log"; exit 1; }
 }
@@ -59,7 +59,7 @@ done
 for ((i = 1; i <= GOSSIP_PAIRS; i++)); do
   for p in 4 8; do
     real_run "$OUT/gossip/adpsgd_p${p}_pair${i}" optimizer=adpsgd imbalance=none launcher.nproc="$p"
-    real_run "$OUT/gossip/nothread_p${p}_pair${i}" optimizer=local_sgd optimizer.period=10 imbalance=none \
+    real_run "$OUT/gossip/nothread_p${p}_pair${i}" optimizer=local_sgd optimizer.sync_period=10 imbalance=none \
       launcher.nproc="$p"
   done
 done

@@ -25,7 +25,7 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent / "wagma-bench"
 IMPORT = [sys.executable, "-c", "import torch, torchvision"]
-RUN = [str(BIN), "run", "train.max_steps=1", "logger.progress=off"]
+RUN = [str(BIN), "run", "train.max_rounds=1", "logger.progress=off"]
 PHASES = ("launcher_s", "ranks_s", "imports_s", "world_s", "data_s", "setup_s", "first_step_s")
 GOAL = 2.5  # the goal: a one-step run within 2.5x of one import (README, start-up)
 

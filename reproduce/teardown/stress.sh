@@ -17,8 +17,8 @@ cd "$code" || exit 2
 for i in $(seq 0 $((n - 1))); do
   if (( i % 2 == 0 )); then np=2; opt=wagma; else np=4; opt=eager; fi
   t0=$(date +%s.%N)
-  PYTHONPATH=$code "$python" -m wagma_bench run launcher.nproc=$np optimizer=$opt train.max_steps=2 \
-    eval.every_steps=2 checkpoint.every_s=1e9 logger.progress=off "hydra.run.dir=$out/$i" > "$out/$i.out" 2> "$out/$i.err"
+  PYTHONPATH=$code "$python" -m wagma_bench run launcher.nproc=$np optimizer=$opt train.max_rounds=2 \
+    eval.every_rounds=2 checkpoint.every_s=1e9 logger.progress=off "hydra.run.dir=$out/$i" > "$out/$i.out" 2> "$out/$i.err"
   rc=$?
   status=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['status'])" "$out/$i/summary.json" 2>/dev/null)
   abort=$(grep -c "SIGABRT\|Aborted\|terminate called" "$out/$i.err")

@@ -81,7 +81,7 @@ def run(out: Path) -> list[dict]:
 def row(source: str, k: int, summary: dict) -> dict:
     return {"source": source, "level": LEVELS[source][k], "status": summary.get("status"),
             "reached": bool(summary.get("reached")), "time_to_target_s": summary.get("time_to_target_s"),
-            "steps_to_target": summary.get("steps_to_target"), "best_bleu": summary.get("best_metric"),
+            "steps_to_target": summary.get("rounds_to_target"), "best_bleu": summary.get("best_metric"),
             "reference_before_after_s": summary.get("reference_before_after_s")}
 
 

@@ -105,7 +105,9 @@ def _reductions(tune_dir: Path, optimizer: str) -> str:
         return "1"
     scored = json.loads((tune_dir / "tuning.json").read_text())
     win = next(e["winner"] for e in scored["results"] if e.get("optimizer") == optimizer)
-    period = (win or {}).get("params", {}).get("optimizer.period")
+    params = (win or {}).get("params", {})
+    # named optimizer.period before 2026-12-06
+    period = params.get("optimizer.sync_period", params.get("optimizer.period"))
     return "—" if period is None else f"1/{period}"
 
 

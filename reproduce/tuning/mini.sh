@@ -21,7 +21,7 @@ out=${OUT:-tuned/$(date +%Y%m%d)}
 declare -A setup=(
   [transformer]="workload=transformer tune.max_runtime_s=150"
   [transformer_sentences]="workload=transformer workload.max_sentences=62 tune.max_runtime_s=150"
-  [transformer_budget]="workload=transformer train.max_steps=300 eval.target=null eval.every_steps=50"
+  [transformer_budget]="workload=transformer train.max_rounds=300 eval.target=null eval.every_rounds=50"
   # resnet_paper keeps its name (its results: reproduce/tuning/results-2core-20261203d/resnet_paper_*; git keeps
   # the seven optimizers' results-2core-20261202/resnet_paper up to commit 574b529), made under
   # imbalance=shared_draw, named `paper` then: every step 2 of the 4 ranks sleep 0.3 s.
@@ -31,10 +31,10 @@ declare -A setup=(
   [resnet_independent]="workload=resnet imbalance=independent tune.max_runtime_s=150"
   [resnet_none]="workload=resnet imbalance=none tune.max_runtime_s=150"
   [ddppo]="workload=ddppo tune.max_runtime_s=150"
-  [ddppo_budget]="workload=ddppo train.max_steps=130 eval.target=null"
+  [ddppo_budget]="workload=ddppo train.max_rounds=130 eval.target=null"
   # the same runs as ddppo_budget, for the throughput claim's optimizers (rl-throughput-1024): a throughput needs no
   # target, and 130 rounds of every trial cost a third of the ddppo setup's runs to a target
-  [ddppo_throughput]="workload=ddppo train.max_steps=130 eval.target=null"
+  [ddppo_throughput]="workload=ddppo train.max_rounds=130 eval.target=null"
 )
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(transformer resnet_paper ddppo)

@@ -222,7 +222,7 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elas
             optimizer, value, dist, (len(by_study), plan["trials_per_study"]), len(done), len(trials),
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None,
-            float(statistics.median(s["steps"] for s in ran)) if all(s.get("steps") for s in ran) else None)
+            float(statistics.median(s["rounds"] for s in ran)) if all(s.get("rounds") for s in ran) else None)
     return out
 
 

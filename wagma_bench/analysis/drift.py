@@ -58,9 +58,9 @@ def has_reference(summary: dict | None) -> bool:
 
 def seconds_per_round(summary: dict | None) -> float | None:
     """A trial's training clock over its rounds: what both its throughput and its time to target scale with."""
-    if not summary or not _positive(summary.get("train_s")) or not _positive(summary.get("steps")):
+    if not summary or not _positive(summary.get("train_s")) or not _positive(summary.get("rounds")):
         return None
-    return summary["train_s"] / summary["steps"]
+    return summary["train_s"] / summary["rounds"]
 
 
 def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None:

@@ -70,13 +70,13 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
 
     ``bands[label]``: ``n`` (seeds) and, for ``train_s`` and ``step``, a tuple (x, median, lo, hi) as
     :func:`wagma_bench.analysis.report.seed_band` returns; with several seeds the band and, optionally, each
-    seed's own curve (``train_s_seeds``/``step_seeds``: lists of (x, y)) are drawn thin.
+    seed's own curve (``train_s_seeds``/``round_seeds``: lists of (x, y)) are drawn thin.
     """
     plt = pyplot()
     palette = colors(list(bands))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, xkey, xlabel in ((axes[0], "train_s", "training time (s, evaluation excluded)"),
-                             (axes[1], "step", "step")):
+                             (axes[1], "round", "round")):
         for label, band in bands.items():
             xs, med, lo, hi = band[xkey]
             if not xs:

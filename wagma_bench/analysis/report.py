@@ -131,7 +131,7 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
         rows.append({"run": _rel(r.path, root), "optimizer": r.optimizer,
                      "world_size": r.meta.get("world_size"), "imbalance": r.meta.get("imbalance"),
                      "seed": r.meta.get("seed"), "status": s.get("status"), "reached": s.get("reached"),
-                     "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("steps"),
+                     "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("rounds"),
                      "final_metric": s.get("final_metric"), "best_metric": s.get("best_metric"),
                      "throughput": s.get("throughput_samples_per_s"), "train_s": s.get("train_s"),
                      "restarts": s.get("restarts"), "compute_imbalance": s.get("compute_imbalance"), "problems": "; ".join(r.problems), "signature": r.signature})
@@ -199,13 +199,13 @@ def by_label(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
 
 def metric_bands(runs: Sequence[RunRecord]) -> dict[str, dict]:
     """Per series: number of seeds; :func:`seed_band` of the metric against ``train_s`` and ``step``; and
-    each seed's own curve (``train_s_seeds``, ``step_seeds``)."""
+    each seed's own curve (``train_s_seeds``, ``round_seeds``)."""
     out = {}
     for label, rs in by_label(runs).items():
         with_evals = [r for r in rs if r.evals]
         if with_evals:
             out[label] = {"n": len(with_evals)}
-            for x in ("train_s", "step"):
+            for x in ("train_s", "round"):
                 curves = [([e[x] for e in r.evals], [e["value"] for e in r.evals]) for r in with_evals]
                 out[label][x], out[label][f"{x}_seeds"] = seed_band(curves), curves
     return out

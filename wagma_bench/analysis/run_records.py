@@ -93,7 +93,8 @@ def load_run(path: Path) -> RunRecord:
     if record.skipped:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
     meta = record.start.settings if record.start else {}
-    evals = [{"step": e.step, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value} for e in record.evaluations]
+    evals = [{"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
+             for e in record.evaluations]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
     wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or None
     return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,

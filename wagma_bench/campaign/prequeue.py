@@ -139,11 +139,11 @@ def read_step_times(paths: Iterable[str]) -> Measured:
     for d in dirs:
         record = RunEvents.read(d)
         start, summary = record.start, record.summary_or_saved()
-        if start is None or not summary.get("steps") or not summary.get("train_s"):
+        if start is None or not summary.get("rounds") or not summary.get("train_s"):
             continue
         data = setting(start.config, "data.name") or summary.get("data")
         key = (start.workload, data, start.optimizer, start.world_size)
-        out.round_s.setdefault(key, summary["train_s"] / summary["steps"])
+        out.round_s.setdefault(key, summary["train_s"] / summary["rounds"])
         if start.get("train_samples"):
             out.train_samples.setdefault((start.workload, data), int(start.get("train_samples")))
     if paths and not out.round_s:
@@ -165,7 +165,7 @@ def steps_per_epoch(cfg: RunConfig, gpus: int, measured: Measured) -> int | None
 def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
     """The run's length in rounds by the trainer's plan; None when it depends on an unknown training-set size."""
     per_epoch = steps_per_epoch(cfg, gpus, measured)
-    if per_epoch is None and cfg.train.max_steps is None:
+    if per_epoch is None and cfg.train.max_rounds is None:
         return None
     sync = OPTIMIZER_SPECS[cfg.optimizer.name].sync_period_of(cfg.optimizer)
     return RunPlan.of(cfg, sync, per_epoch or 1, gpus).total

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from wagma_bench.analysis.tuning import trial_finished
-from wagma_bench.record.events import SUMMARY
+from wagma_bench.record.events import SUMMARY, current_summary
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
@@ -30,7 +30,7 @@ def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None
         print(f"  exit {done.returncode} after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if not summary.exists():
             return {"status": f"failed (exit {done.returncode})"}
-    return json.loads(summary.read_text())
+    return current_summary(json.loads(summary.read_text()))  # under today's names, also a run of older code
 
 
 def ended(summary: Path) -> bool:

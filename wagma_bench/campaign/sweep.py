@@ -60,6 +60,7 @@ from wagma_bench.config.cluster import ClusterProfile, auto_venv, load_profile
 from wagma_bench.config.cluster import slurm_hours_minutes as _minutes
 from wagma_bench.config.overrides import unknown_option_message
 from wagma_bench.config.paths import SLURM_DIR, conf_context
+from wagma_bench.config.renamed import renamed_overrides
 from wagma_bench.config.schema import RunConfig, validate
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import (
@@ -98,12 +99,13 @@ class SweepSpec:
 def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
     """Each argument as (key, values), read with Hydra's own override parser and sweep grammar, the one
     ``wagma-bench run -m`` reads: ``a,b``, ``choice(a,b)``, ``range(1,4)``, ``glob(*)`` over a group's
-    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused."""
+    options. A plain value is a one-element list. ``interval()`` cannot be enumerated and is refused. A
+    renamed key (``train.max_steps``) comes under its current name, its deprecation line said."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        overrides = OverridesParser.create().parse_overrides(args)
+        overrides = OverridesParser.create().parse_overrides(renamed_overrides(args))
     except HydraException as err:
         raise ConfigError(f"cannot parse the overrides: {err}") from None
     parsed, globs = [], [o for o in overrides if o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP"]

@@ -166,19 +166,20 @@ def run_slurm_id(manifest: dict, run: dict) -> str | None:
 
 def run_progress(run_dir: Path) -> dict:
     """A run's own view: its status (from its summary when written after its last event, else its events), the
-    last step logged, and its last evaluation (value and step)."""
+    last round logged, and its last evaluation (value and round)."""
     record = RunEvents.read(run_dir)
     evals = record.evaluations
-    last = {"metric": evals[-1].value if evals else None, "eval_step": evals[-1].step if evals else None}
+    last = {"metric": evals[-1].value if evals else None, "eval_step": evals[-1].round if evals else None}
     s = record.saved_summary
     if s is not None and record.summary_after_events:  # else an earlier attempt's, before this one's events
         if last["metric"] is None:
             last["metric"] = s.get("final_metric")
-        return {"status": s.get("status"), "step": s.get("steps"), **last, "restarts": s.get("restarts", 0),
+        return {"status": s.get("status"), "step": s.get("rounds"), **last, "restarts": s.get("restarts", 0),
                 "reached": s.get("reached")}
     if not record.events:
         return {"status": "not started", "step": None, **last, "restarts": 0, "reached": None}
-    return {"status": "running", "step": record.last_step, **last, "restarts": record.resumes, "reached": None}
+    return {"status": "running", "step": record.last_round, **last, "restarts": record.resumes,
+            "reached": None}
 
 
 def status(sweep_dir: Path, manifest: dict | None = None) -> list[dict]:

@@ -56,6 +56,7 @@ from wagma_bench.campaign.reference import VERSION as REFERENCE_VERSION
 from wagma_bench.campaign.reference import reference_s
 from wagma_bench.config.overrides import CommandParser, refuse_path_options
 from wagma_bench.config.paths import CONF_DIR, conf_context
+from wagma_bench.config.renamed import new_key, renamed_overrides
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
@@ -248,13 +249,25 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
     path = args.out / PLAN
     if path.exists():
         earlier = json.loads(path.read_text())
-        if (earlier.get("common"), earlier.get("trials")) != (plan["common"], plan["trials"]):
+        if in_current_names(earlier) != (plan["common"], plan["trials"]):
             raise ConfigError(f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "
                               "command to resume it, or choose another --out")
         return earlier
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {**plan, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
     return plan
+
+
+def in_current_names(plan: dict) -> tuple[list | None, list | None]:
+    """A plan's common overrides and trials with each renamed key under its current name
+    (:mod:`wagma_bench.config.renamed`): a plan written under the old names (``train.max_steps=300``) is the
+    same tuning as today's command plans, so a resume finds its trials."""
+    trials = plan.get("trials")
+    if isinstance(trials, list):
+        trials = [{**t, "overrides": renamed_overrides(t.get("overrides", []), quiet=True),
+                   "params": {new_key(k): v for k, v in (t.get("params") or {}).items()}} for t in trials]
+    common = plan.get("common")
+    return (renamed_overrides(common, quiet=True) if isinstance(common, list) else common), trials
 
 
 # --- running ------------------------------------------------------------------------------------------

@@ -67,15 +67,19 @@ def _run(argv: list[str], rank: bool) -> int:
 
 def run_command(overrides: list[str]) -> int:
     """Compose the config with Hydra (run dir, multirun, launcher plugins) and run it."""
+    from wagma_bench.config.renamed import renamed_overrides
+    from wagma_bench.runtime.world import detect_world
+
+    world = detect_world()
+    # an old key (train.max_steps=5) under its new name, said once: by the launching process or rank 0
+    overrides = renamed_overrides(overrides, quiet=world is not None and world.rank != 0)
     if "--help" in overrides or "-h" in overrides:
         print(run_help([o for o in overrides if o not in ("--help", "-h")]))
         return 0
     import hydra
 
     from wagma_bench.runtime.launch import RANK_SERVER_PRELOAD, agreed_run_dir_override, start_rank_server
-    from wagma_bench.runtime.world import detect_world
 
-    world = detect_world()
     if world is not None:  # a rank of torchrun's, srun's or mpiexec's world: it imports what the rank server would,
         importlib.import_module(RANK_SERVER_PRELOAD)  # the same way (the collector off, then frozen)
     if world is not None and (run_dir := agreed_run_dir_override(overrides)):
@@ -312,7 +316,7 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         exits.stop(str(err))
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
-        print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_steps, "
+        print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_rounds, "
               f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
               f"{json.dumps(done, indent=2, sort_keys=True)}", flush=True)
         return None
@@ -405,21 +409,24 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
 
     summary_path = run_dir / "summary.json"
     text = summary_path.read_text()
-    summary = json.loads(text)
+    from wagma_bench.record.events import current_summary
+
+    summary = current_summary(json.loads(text))
     if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in ("preempted", "interrupted"):
         from wagma_bench.record.checkpoint import latest_set
 
-        step = summary.get("steps")
+        at = summary.get("rounds")
         again = "run the same command again to"
-        saved = (f"at step {step}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None else
-                 f"before its first step (nothing to checkpoint); {again} start it in" if not step else
-                 f"at step {step}, no checkpoint saved; {again} start it over in")
+        saved = (f"at round {at}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None
+                 else f"before its first step (nothing to checkpoint); {again} start it in" if not at else
+                 f"at round {at}, no checkpoint saved; {again} start it over in")
         exits.end(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}",
                   exits.stopped_by(stopped_by))
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
-        saved = (f"at step {summary.get('steps')}, checkpoint saved; run the same command again to resume from "
+        at = summary.get("rounds")
+        saved = (f"at round {at}, checkpoint saved; run the same command again to resume from "
                  f"{run_dir}" if latest_set(run_dir) is not None else
                  f"before its first step (nothing to checkpoint); run the same command again to start it in "
                  f"{run_dir}")

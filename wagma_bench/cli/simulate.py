@@ -2,7 +2,7 @@
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50_stragglers [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
-        [train.max_steps=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
+        [train.max_rounds=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
         [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
@@ -15,7 +15,7 @@ cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.
 ``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
 ``optimizer`` take several values (``a,b``, ``'gpus=range(8,1025,8)'``, ``'optimizer=glob(*)'``); an
 ``optimizer.KEY`` applies to the selected optimizers that have that setting. `run`'s keys the simulation
-reads: ``train.max_steps`` (the rounds simulated; default 500) and ``train.batch_size`` (the cost model's
+reads: ``train.max_rounds`` (the rounds simulated; default 500) and ``train.batch_size`` (the cost model's
 batch per rank, given with its ``step_s``); ``train.epochs`` is refused (the model counts rounds); the others
 are checked and do not change a prediction. Simulate's own keys: ``gpus``, ``control_every``,
 ``samples_to_target`` and the workload's cost model (``step_s``, ``params``, ``compute``, ``sigma``,

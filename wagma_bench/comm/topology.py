@@ -180,6 +180,13 @@ class RoundSchedule:
         return next(g for g in self.stage(round_) if rank in g)
 
 
+def wagma_sync_period(tau: int) -> int:
+    """WAGMA-SGD's sync period from the paper's staleness bound ``tau``: ``tau`` group rounds, then the
+    synchronous global average. The one place the rule is written (the schedule, the optimizer's settings and
+    the simulator read it here)."""
+    return tau + 1
+
+
 class WagmaSchedule(RoundSchedule):
     """WAGMA-SGD: round ``r`` uses butterfly stage ``r - 1`` (stages alternate round-robin); every
     ``tau + 1``-th round is the synchronous global average that bounds the staleness, and so is round ``last``
@@ -192,7 +199,7 @@ class WagmaSchedule(RoundSchedule):
         self.group_size = group_size or default_group_size(world_size)
         self.stages = num_stages(world_size, self.group_size)  # validates the power of two
         self.tau = tau
-        self.period = tau + 1
+        self.period = wagma_sync_period(tau)
         self.last = last
 
     def stage_index(self, round_: int) -> int:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 
+from wagma_bench.config.renamed import renamed_config
+
 # Sections and keys that may change between a run and its resume: how it is launched and logged, how
 # often it checkpoints, and how long it trains. Every other key is the run's identity (its config hash).
 RESUMABLE_SECTIONS = ("launcher", "logger", "checkpoint")
-BUDGET_KEYS = ("max_steps", "epochs", "time_limit_s")
+BUDGET_KEYS = ("max_rounds", "epochs", "time_limit_s")
 
 # Keys added to the suite after runs had been recorded without them, each with the value that does what those runs
 # did: a run recorded before the key existed is the same run as one with the key at that value (its summary is
@@ -28,8 +30,10 @@ ADDED_KEYS = {
 
 
 def identity(raw: dict) -> dict:
-    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`), and minus each key
-    of :data:`ADDED_KEYS` at the value that keeps its old behaviour."""
+    """The config minus what may legitimately change on resume (see :data:`RESUMABLE_SECTIONS`), and minus
+    each key of :data:`ADDED_KEYS` at the value that keeps its old behaviour; a key recorded under an old name
+    reads as its current one (:mod:`wagma_bench.config.renamed`)."""
+    raw = renamed_config(raw) or {}
     out = {k: v for k, v in raw.items() if k not in RESUMABLE_SECTIONS}
     out["train"] = {k: v for k, v in (raw.get("train") or {}).items() if k not in BUDGET_KEYS}
     for (section, key), old in ADDED_KEYS.items():
@@ -54,4 +58,5 @@ def _digest(obj: dict) -> str:
 
 
 def budget(raw: dict) -> dict:
+    raw = renamed_config(raw) or {}
     return {k: (raw.get("train") or {}).get(k) for k in BUDGET_KEYS}

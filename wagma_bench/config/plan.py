@@ -23,7 +23,7 @@ class RunPlan:
                                 # multiples (a grid round between sync points: from snapshots, at the next one)
     control_every: int          # rounds between exchanges of control flags
     lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
-    ends_by: str = "epochs"     # the budget that sets `total`: max_steps (when set, it wins) or epochs
+    ends_by: str = "epochs"     # the budget that sets `total`: max_rounds (when set, it wins) or epochs
     epoch_steps: int = 0        # the rounds train.epochs would give
     final_sync: str = ""        # what the optimizer does at a last round between its sync points (its spec's)
 
@@ -31,12 +31,13 @@ class RunPlan:
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
         t = cfg.train
         epoch_steps = max(1, math.ceil(t.epochs * steps_per_epoch))
-        # train.max_steps, when set, is the run's length, also beyond train.epochs (which then only shapes the
-        # learning-rate schedule); see TrainConfig. Not rounded to the sync period: the algorithm makes the last
-        # round a synchronisation point (Algorithm.end_at), so every optimizer trains the same rounds.
-        ends_by = "epochs" if t.max_steps is None else "max_steps"
-        total = epoch_steps if t.max_steps is None else t.max_steps
-        eval_every = cfg.eval.every_steps or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
+        # train.max_rounds, when set, is the run's length, also beyond train.epochs (which then only shapes
+        # the learning-rate schedule); see TrainConfig. Not rounded to the sync period: the algorithm makes
+        # the last round a synchronisation point (Algorithm.end_at), so every optimizer trains the same
+        # rounds.
+        ends_by = "epochs" if t.max_rounds is None else "max_rounds"
+        total = epoch_steps if t.max_rounds is None else t.max_rounds
+        eval_every = cfg.eval.every_rounds or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
         schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
                     "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
                     "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
@@ -69,17 +70,19 @@ class RunPlan:
     def budget_line(self, cfg: RunConfig) -> str:
         """Which budget ends the run, said at its start: its length, then what may end it earlier."""
         t = cfg.train
-        if self.ends_by == "max_steps":
-            length = f"step {self.total} (train.max_steps={t.max_steps}"
+        if self.ends_by == "max_rounds":
+            length = f"round {self.total} (train.max_rounds={t.max_rounds}"
             if self.total > self.epoch_steps:
-                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} steps: max_steps wins; the "
-                           f"learning-rate schedule still spans train.epochs")
+                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds "
+                           f"wins; the learning-rate schedule still spans train.epochs")
             length += ")"
         else:
-            length = f"step {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} steps per epoch)"
+            length = (f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per "
+                      "epoch)")
         if self.total % self.sync:  # never silently: the last round is not one of the optimizer's sync points
-            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: step {self.total} is an "
-                       f"extra synchronisation point, {self.final_sync or 'where every rank meets'}")
+            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: round "
+                       f"{self.total} is an extra synchronisation point, "
+                       f"{self.final_sync or 'where every rank meets'}")
         earlier = []
         if cfg.eval.target is not None and cfg.eval.stop_at_target:
             earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")

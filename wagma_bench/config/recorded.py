@@ -11,11 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from wagma_bench.config.renamed import renamed_config
+
+
+def recorded_config(config: Mapping | None) -> dict:
+    """A recorded configuration as today's keys name it (a key renamed since it was recorded reads under its
+    current name: :mod:`wagma_bench.config.renamed`); ``{}`` for none."""
+    return renamed_config(config) or {}
+
 
 def setting(config: Mapping | None, path: str, default: Any = None) -> Any:
     """``config``'s value at the dotted ``path`` (``"logger.wandb"``), or ``default`` where a section or the key is
     missing or null (a run recorded before the setting existed)."""
-    node: Any = config
+    node: Any = recorded_config(config)
     for key in path.split("."):
         if not isinstance(node, Mapping) or node.get(key) is None:
             return default

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from wagma_bench.config.renamed import conflicts, renamed_config
 from wagma_bench.errors import ConfigError
 from wagma_bench.imbalance import IMBALANCES
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
@@ -216,12 +217,12 @@ class TrainConfig:
     warmup_start_lr: float | None = setting(None, NON_NEGATIVE)
     milestones: list[float] = setting(allowed=NON_NEGATIVE, factory=lambda: [30.0, 60.0, 80.0])
     decay: float = setting(0.1, POSITIVE)
-    # The budget. A run's length is train.max_steps when set (also beyond train.epochs: max_steps wins, and
+    # The budget. A run's length is train.max_rounds when set (also beyond train.epochs: max_rounds wins, and
     # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
     # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
     # rank 0 says at the start which budget ends it.
     epochs: float = setting(90.0, POSITIVE)
-    max_steps: int | None = setting(None, AT_LEAST_ONE)
+    max_rounds: int | None = setting(None, AT_LEAST_ONE)
     time_limit_s: float | None = setting(None, POSITIVE)
     grad_clip: float | None = setting(None, POSITIVE)
     precision: str = "fp32"  # fp32 | bf16 (autocast of the training forward; ResNets also go channels_last)
@@ -236,7 +237,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     every_epochs: float = setting(1.0, POSITIVE)
-    every_steps: int | None = setting(None, AT_LEAST_ONE)
+    every_rounds: int | None = setting(None, AT_LEAST_ONE)
     target: float | None = setting(None, ANY)
     stop_at_target: bool = True
     model: str = "auto"
@@ -407,6 +408,16 @@ def _typed(section: str, schema: type, node: Any) -> Any:
     return typed
 
 
+def _current_names(raw: dict) -> dict:
+    """``raw`` with each renamed key under its current name (:mod:`wagma_bench.config.renamed`: an old YAML
+    file's ``train.max_steps``), its deprecation line said; an old key beside its new one at another value is
+    refused."""
+    for old, value, new, theirs in conflicts(raw):
+        raise ConfigError(f"{old}={value} and {new}={theirs} are both given; {old} is the old name of {new}: "
+                          f"give only {new}")
+    return renamed_config(raw, say=True)
+
+
 # OmegaConf's conversion errors -> what the key takes
 WRONG_TYPE = {"converted to Integer": "an integer", "converted to Float": "a number",
               "is not a valid bool": "true or false"}
@@ -421,6 +432,7 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
         cfg = OmegaConf.create(cfg)
     raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     raw.pop("hydra", None)
+    raw = _current_names(raw)
     missing = sorted(OmegaConf.missing_keys(OmegaConf.create(raw)))
     if missing:
         raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from wagma_bench.config.paths import CONF_DIR, conf_context
+from wagma_bench.config.renamed import RENAMED_KEYS, new_key, say_deprecated
 from wagma_bench.errors import ConfigError
 
 SPACE_DIR = CONF_DIR / "search_space"
@@ -128,7 +129,8 @@ def load_space(optimizer: str, check: bool = True, overrides: tuple[Override, ..
 
 def parse_space_override(item: str) -> Override:
     """``space.KEY.FIELD=VALUE`` (FIELD one of low, high, scale, choices) or ``space.KEY=VALUE`` (a whole
-    dimension, e.g. ``space.optimizer.tau={low: 2, high: 8}``) -> ((KEY, FIELD or None), VALUE as YAML)."""
+    dimension, e.g. ``space.optimizer.tau={low: 2, high: 8}``) -> ((KEY, FIELD or None), VALUE as YAML). A
+    renamed KEY (``optimizer.period``) comes under its current name, its deprecation line said."""
     import yaml
 
     name, sep, text = item.partition("=")
@@ -142,7 +144,10 @@ def parse_space_override(item: str) -> Override:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{item}: the value is not YAML ({str(err).splitlines()[0]})") from None
-    return (head if field else key, field), value
+    dimension = head if field else key
+    if dimension in RENAMED_KEYS:
+        say_deprecated(dimension)
+    return (new_key(dimension), field), value
 
 
 def _applies(override: Override, raw: dict) -> bool:

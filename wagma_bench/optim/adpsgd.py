@@ -23,8 +23,8 @@ Pacing: an active rank starts at most one exchange per local step (the paper pai
 each gradient), a passive rank answers every request.
 
 Bounded staleness (the paper's ``T``): a peer's model used in an averaging was snapshotted at most one
-exchange ago, and the two ranks' step counts differ by less than ``sync_every``, because every rank
-completes every round and all ranks meet at the trainer's synchronisation points every ``sync_every``
+exchange ago, and the two ranks' step counts differ by less than ``sync_period``, because every rank
+completes every round and all ranks meet at the trainer's synchronisation points every ``sync_period``
 rounds (``sync_period``). ``StepInfo.staleness`` reports, for the last averaging a rank applied, how many
 steps the peer's snapshot was behind its own.
 
@@ -92,7 +92,7 @@ class ADPSGD(ADPSGDSpec, Algorithm):
             wait_s = time.perf_counter() - t0
             self.flat.add_(self._pending)
             self._pending.zero_()
-            self.optimizer.step()
+            self.local_optimizer.step()
             self.round += 1
             staleness, self._staleness = self._staleness, 0
         self._stepped.set()

@@ -54,6 +54,6 @@ class AllreduceSGD(AllreduceSpec, Algorithm):
             h.wait()
         comm_s = time.perf_counter() - t0
         self._reset()
-        self.optimizer.step()
+        self.local_optimizer.step()
         self.round += 1
         return StepInfo(round=self.round, comm_s=comm_s)

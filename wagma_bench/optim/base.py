@@ -23,11 +23,11 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
    before the first ``step`` (the engine algorithms create their engine at the first step instead).
    ``sync_period`` and ``models_identical`` are read right after, once: they must not change during a run.
    Then **``end_at(rounds)``**, on every rank, fresh or resumed: the run's last round, its budget
-   (``train.max_steps``, or the epochs' rounds), which need not be a multiple of ``sync_period``. The run ends
-   exactly there: the algorithm makes that round a synchronisation point of its own (every rank completes it,
-   as at a multiple of ``sync_period``), and an algorithm that averages the models globally at its synchronous
-   rounds averages them there too (WAGMA-SGD's schedule makes it a synchronous round, local SGD averages after
-   it, eager-SGD's allreduce is synchronous there). Not a collective; before the first step.
+   (``train.max_rounds``, or the epochs' rounds), which need not be a multiple of ``sync_period``. The run
+   ends exactly there: the algorithm makes that round a synchronisation point of its own (every rank completes
+   it, as at a multiple of ``sync_period``), and an algorithm that averages the models globally at its
+   synchronous rounds averages them there too (WAGMA-SGD's schedule makes it a synchronous round, local SGD
+   averages after it, eager-SGD's allreduce is synchronous there). Not a collective; before the first step.
 2. Then exactly one of:
 
    - **``broadcast_initial_model()``**, on a fresh start: every rank takes rank 0's weights (the default
@@ -120,7 +120,8 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         self.comm = comm
         self.seed = seed
         self.buckets: list[Bucket] = flatten_into_buckets(model, bucket_mb)
-        self.optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
+        # the rank's own torch optimizer (train.local_optimizer: SGD or AdamW), which the algorithm steps
+        self.local_optimizer: torch.optim.Optimizer = local_opt_factory(model.parameters())
         self.round = 0
         self.final_round: int | None = None  # the run's budget in rounds (end_at); None: not told
         self.outer: OuterStep | None = None
@@ -165,7 +166,7 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         zero_grads(self.buckets)
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
+        for group in self.local_optimizer.param_groups:
             group["lr"] = lr
 
     @abc.abstractmethod
@@ -188,7 +189,7 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         data = [b.data for b in self.buckets]
         if self.outer_at == "exact":
             self.average_model(out=data)
-        self.outer.step(data, float(self.optimizer.param_groups[0]["lr"]))
+        self.outer.step(data, float(self.local_optimizer.param_groups[0]["lr"]))
 
     def average_model(self, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Global mean of the models into ``out`` (fresh tensors when None); a collective."""
@@ -199,7 +200,7 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         return out
 
     def state_dict(self) -> dict:
-        state = {"round": self.round, "optimizer": self.optimizer.state_dict()}
+        state = {"round": self.round, "local_optimizer": self.local_optimizer.state_dict()}
         if self.outer is not None:
             state["outer"] = self.outer.state_dict()
         return state
@@ -212,7 +213,9 @@ class Algorithm(AlgorithmSpec, abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        # a checkpoint written before 2026-12-06 names the local optimizer's state "optimizer"
+        key = "local_optimizer" if "local_optimizer" in state else "optimizer"
+        self.local_optimizer.load_state_dict(state[key])
         if self.outer is not None:
             self.outer.load_state_dict(state["outer"])
 
@@ -243,7 +246,7 @@ class EngineAlgorithm(Algorithm):
     def step(self) -> StepInfo:
         if self.comm.world_size == 1:  # every round is a synchronous one: the outer step comes before the local step
             self.outer_round(self.round + 1)
-            self.optimizer.step()
+            self.local_optimizer.step()
             self.round += 1
             return StepInfo(round=self.round)
         if self.engine is None:

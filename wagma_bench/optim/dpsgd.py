@@ -41,7 +41,7 @@ class DPSGD(DPSGDSpec, Algorithm):
         t0 = time.perf_counter()
         self.mix()
         comm_s = time.perf_counter() - t0
-        self.optimizer.step()  # the gradient was computed on the pre-average model
+        self.local_optimizer.step()  # the gradient was computed on the pre-average model
         self.round += 1
         self.outer_round(self.round)
         return StepInfo(round=self.round, comm_s=comm_s)

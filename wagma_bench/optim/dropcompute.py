@@ -98,7 +98,7 @@ class DropCompute(DropComputeSpec, Algorithm):
                 self.comm.allreduce(b.grad, op="sum")
                 b.grad.div_(max(samples, 1.0))
         comm_s = time.perf_counter() - t0
-        self.optimizer.step()
+        self.local_optimizer.step()
         self.round += 1
         nominal = self.comm.world_size * self.micro_batches
         self.computed += computed

@@ -14,13 +14,13 @@ together in the next round that starts. The round's result is the sum over ranks
 - ``mode=majority``: each round one initiator, drawn with a seed shared by all ranks
   (:func:`~wagma_bench.comm.topology.random_initiator`), activates it; the ranks ready before it wait
   for it, so in expectation half of the ranks contribute a fresh gradient.
-- Every ``sync_every`` rounds the allreduce is synchronous (eager-SGD's "solo limiter"): every gradient
-  posted before it is reduced by then, so a gradient is stale by at most ``sync_every - 1`` rounds; it is
+- Every ``sync_period`` rounds the allreduce is synchronous (eager-SGD's "solo limiter"): every gradient
+  posted before it is reduced by then, so a gradient is stale by at most ``sync_period - 1`` rounds; it is
   also where all ranks meet (``sync_period``).
 
 Every rank applies the result of every round, in order (results of rounds it joined passively are kept
 until its compute thread asks for them), with the same learning rate, so all models stay identical; only
-the gradients are stale. Readings: majority mode keeps the synchronous round every ``sync_every`` rounds
+the gradients are stale. Readings: majority mode keeps the synchronous round every ``sync_period`` rounds
 too (the trainer needs common points); the local optimizer (momentum SGD) is applied to the averaged
 gradient, as with Allreduce-SGD.
 
@@ -58,7 +58,8 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
         if self.settings.mode == "majority":
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
         # the budget's round is synchronous too: every gradient posted before it is reduced by the run's end
-        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_every, last=self.final_round)
+        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_period,
+                                 last=self.final_round)
         return WaitAvoidingAllreduce(self.comm, self.grad, schedule, contribution="gradient", in_order=True,
                                      start_round=self.round, timeout_s=self.comm.timeout_s,
                                      activator=activator)
@@ -67,5 +68,5 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
         self.engine.post(self.grad)      # the fresh gradient, reduced in the next round that starts
         res = self.engine.request()      # this rank's next round, in order (may have run already)
         self.grad.copy_(res.result)
-        self.optimizer.step()
+        self.local_optimizer.step()
         return res

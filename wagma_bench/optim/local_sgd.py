@@ -1,20 +1,20 @@
 """Local SGD / Parallel Restarted SGD (Yu, Yang & Zhu, AAAI 2019), with optional post-local-SGD warm-up.
 
-Every rank runs its local optimizer (momentum SGD or AdamW) on its own model, and every ``period`` steps
+Every rank runs its local optimizer (momentum SGD or AdamW) on its own model, and every ``sync_period`` rounds
 all models are replaced by their global mean, which "restarts" every rank from the same point
-(PR-SGD, Algorithm 1: average when ``t mod I == 0``). The first ``warmup_steps`` steps are Allreduce-SGD
+(PR-SGD, Algorithm 1: average when ``t mod I == 0``). The first ``warmup_rounds`` rounds are Allreduce-SGD
 (gradients averaged every step, all models identical), as in post-local SGD (Lin et al., ICLR 2020) and
 torch's ``PostLocalSGDOptimizer``.
 
 Readings:
 
-- *When averaging happens.* After rounds that are multiples of ``period`` and later than the warm-up
+- *When averaging happens.* After rounds that are multiples of ``sync_period`` and later than the warm-up
   (the paper's ``t mod I == 0``). torch's ``PeriodicModelAverager(period, warmup_steps=W)`` averages
   after rounds ``W + 1 + k * period`` instead; the two coincide when torch's ``warmup_steps`` is the first
-  multiple of ``period`` above our warm-up, minus one (the agreement test builds it that way). Our choice
-  puts every averaging on a synchronisation point of the trainer (``sync_period = period``), so what is
-  evaluated there is the one model all ranks share. The run's last round (its budget, ``end_at``) is
-  averaged too, multiple of ``period`` or not (on the clock, with the momentum state under
+  multiple of ``sync_period`` above our warm-up, minus one (the agreement test builds it that way). Our choice
+  puts every averaging on a synchronisation point of the trainer (its sync period is ``sync_period``), so
+  what is evaluated there is the one model all ranks share. The run's last round (its budget, ``end_at``) is
+  averaged too, multiple of ``sync_period`` or not (on the clock, with the momentum state under
   ``average_momentum``; an outer optimizer steps only at its own period): a run of T rounds trains T rounds
   and its final model is the global average. Streaming DiLoCo ends the same way, with the whole model.
 - *Momentum buffers.* ``average_momentum: false`` (the default) keeps each rank's buffers local, as the
@@ -68,26 +68,27 @@ class LocalSGD(LocalSGDSpec, Algorithm):
     def averages_at(self, round_: int) -> bool:
         """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up, and
         at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
-        return local_average_at(round_, self.settings.period, self.settings.warmup_steps, self.final_round)
+        s = self.settings
+        return local_average_at(round_, s.sync_period, s.warmup_rounds, self.final_round)
 
     def step(self) -> StepInfo:
         r = self.round + 1
         if self.streaming is not None:
-            self.optimizer.step()
+            self.local_optimizer.step()
             t0 = time.perf_counter()
-            self.streaming.after_step(r, float(self.optimizer.param_groups[0]["lr"]))
+            self.streaming.after_step(r, float(self.local_optimizer.param_groups[0]["lr"]))
             if self.is_final(r):  # the run's model: the global average, the fragment in flight dropped
                 self.streaming.finish()
                 self._average_models()
             self.round = r
             return StepInfo(round=r, comm_s=time.perf_counter() - t0)
         comm_s = 0.0
-        if r <= self.settings.warmup_steps:  # post-local SGD warm-up: Allreduce-SGD
+        if r <= self.settings.warmup_rounds:  # post-local SGD warm-up: Allreduce-SGD
             t0 = time.perf_counter()
             for b in self.buckets:
                 self.comm.allreduce(b.grad, op="mean")
             comm_s += time.perf_counter() - t0
-        self.optimizer.step()
+        self.local_optimizer.step()
         if self.averages_at(r):
             t0 = time.perf_counter()
             self._average_models()
@@ -115,8 +116,8 @@ class LocalSGD(LocalSGDSpec, Algorithm):
 
     def _average_optimizer_state(self) -> None:
         """Global mean of the local optimizer's gradient averages, in one allreduce."""
-        buffers = [state[key] for group in self.optimizer.param_groups for p in group["params"]
-                   for state in [self.optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
+        buffers = [state[key] for group in self.local_optimizer.param_groups for p in group["params"]
+                   for state in [self.local_optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
                    if isinstance(state.get(key), torch.Tensor)]
         if not buffers:  # plain SGD without momentum: nothing to average
             return

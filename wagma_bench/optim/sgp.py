@@ -64,7 +64,7 @@ class SGP(SGPSpec, Algorithm):
     def step(self) -> StepInfo:
         t = self.round
         self.flat.mul_(self._w)  # re-bias: x = w z
-        self.optimizer.step()
+        self.local_optimizer.step()
         comm_s = self._gossip(t) if self.comm.world_size > 1 else 0.0
         self.flat.div_(self._w)  # de-bias: z = x / w
         self.round += 1

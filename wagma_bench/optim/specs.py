@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from wagma_bench.comm.topology import CATCH_UP, padded_world
+from wagma_bench.comm.topology import CATCH_UP, padded_world, wagma_sync_period
 from wagma_bench.errors import ConfigError
 from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, FRACTION_BELOW_ONE, NON_NEGATIVE, POSITIVE, setting
 
@@ -84,8 +84,9 @@ class AlgorithmSpec:
     def sync_period_of(cls, settings) -> int:
         """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's control
         exchange happen only there): the one rule that the algorithm (its ``sync_period``), the trainer's plan
-        and the simulator all read."""
-        return 1
+        and the simulator all read. One name for every optimizer: its settings' ``sync_period`` (a setting, or
+        WAGMA-SGD's, which follows from its tau); 1 for an optimizer whose ranks meet every round."""
+        return getattr(settings, "sync_period", 1)
 
     @classmethod
     def check_world(cls, settings, world_size: int | None) -> None:
@@ -115,10 +116,6 @@ class WagmaSpec(AlgorithmSpec):
     final_sync = ("a synchronous round (the global average of the models, then the local step), as every "
                   "(tau + 1)-th round")
 
-    @classmethod
-    def sync_period_of(cls, settings) -> int:
-        return settings.averaging_period()  # every tau + 1-th round is the synchronous global average
-
     @dataclass
     class Settings(OuterSettings):
         name: str = "wagma"
@@ -129,11 +126,16 @@ class WagmaSpec(AlgorithmSpec):
         # checked with the config (wagma_bench.config.schema)
         CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
 
+        @property
+        def sync_period(self) -> int:
+            """Every sync_period-th round is the synchronous global average (topology.wagma_sync_period)."""
+            return wagma_sync_period(self.tau)
+
         def averaging_period(self) -> int:
-            return self.tau + 1
+            return self.sync_period
 
         def default_outer_period(self) -> int:
-            return self.tau + 1
+            return self.sync_period
 
     @classmethod
     def check_world(cls, settings, world_size: int | None) -> None:
@@ -154,18 +156,14 @@ class WagmaSpec(AlgorithmSpec):
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
     outer_at = "average"     # right after the global average (optim/outer.py)
-    final_sync = ("a global average of the models, as every period-th round (streaming DiLoCo: of the whole "
-                  "model)")
-
-    @classmethod
-    def sync_period_of(cls, settings) -> int:
-        return settings.period
+    final_sync = ("a global average of the models, as every sync_period-th round (streaming DiLoCo: of the "
+                  "whole model)")
 
     @dataclass
     class Settings(OuterSettings):
         name: str = "local_sgd"
-        period: int = setting(4, AT_LEAST_ONE)
-        warmup_steps: int = setting(0, NON_NEGATIVE)
+        sync_period: int = setting(4, AT_LEAST_ONE)  # PR-SGD's I: rounds between global model averages
+        warmup_rounds: int = setting(0, NON_NEGATIVE)
         average_momentum: bool = False
         # streaming DiLoCo: the outer step fragment by fragment (torchft's fragments)
         fragments: int = setting(1, AT_LEAST_ONE)
@@ -181,14 +179,17 @@ class LocalSGDSpec(AlgorithmSpec):
             super().__post_init__()
             if not self.streaming():
                 return
+            per_fragment = self.sync_period // max(self.fragments, 1)
             rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
                       "an outer step taken fragment by fragment)")),
-                     (self.period % self.fragments != 0, "optimizer.fragments", self.fragments,
-                      f"a divisor of optimizer.period={self.period} (every fragment is synced once a period)"),
-                     (self.fragment_delay >= self.period // max(self.fragments, 1), "optimizer.fragment_delay",
-                      self.fragment_delay, (f"below period/fragments = {self.period // max(self.fragments, 1)} "
-                      "(a fragment's average must end before the next fragment's begins)")),
-                     (self.warmup_steps > 0, "optimizer.warmup_steps", self.warmup_steps, "0 with fragments"),
+                     (self.sync_period % self.fragments != 0, "optimizer.fragments", self.fragments,
+                      (f"a divisor of optimizer.sync_period={self.sync_period} (every fragment is synced "
+                       "once a period)")),
+                     (self.fragment_delay >= per_fragment, "optimizer.fragment_delay", self.fragment_delay,
+                      (f"below sync_period/fragments = {per_fragment} (a fragment's average must end "
+                       "before the next fragment's begins)")),
+                     (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds,
+                      "0 with fragments"),
                      (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
                      (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
                       "null with fragments (each fragment's outer step comes every period)")]
@@ -197,10 +198,10 @@ class LocalSGDSpec(AlgorithmSpec):
                     raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
 
         def averaging_period(self) -> int:
-            return self.period
+            return self.sync_period
 
         def default_outer_period(self) -> int:
-            return self.period
+            return self.sync_period
 
 
 class DPSGDSpec(AlgorithmSpec):
@@ -216,17 +217,13 @@ class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
     outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
                      "models' exact average (not implemented)")
-    final_sync = ("where every rank meets, as every sync_every-th round (no global average: evaluation averages the "
-                  "models)")
-
-    @classmethod
-    def sync_period_of(cls, settings) -> int:
-        return settings.sync_every
+    final_sync = ("where every rank meets, as every sync_period-th round (no global average: evaluation "
+                  "averages the models)")
 
     @dataclass
     class Settings:
         name: str = "adpsgd"
-        sync_every: int = setting(10, AT_LEAST_ONE)
+        sync_period: int = setting(10, AT_LEAST_ONE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
 
@@ -254,17 +251,13 @@ class EagerSpec(AlgorithmSpec):
     name = "eager"
     outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
                      "stay identical and there is no model average to correct")
-    final_sync = "a synchronous allreduce of the gradients, as every sync_every-th round"
-
-    @classmethod
-    def sync_period_of(cls, settings) -> int:
-        return settings.sync_every
+    final_sync = "a synchronous allreduce of the gradients, as every sync_period-th round"
 
     @dataclass
     class Settings:
         name: str = "eager"
         mode: str = "majority"
-        sync_every: int = setting(10, AT_LEAST_ONE)
+        sync_period: int = setting(10, AT_LEAST_ONE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
         CHOICES: ClassVar[dict[str, tuple]] = {"mode": EAGER_MODES}  # checked with the config (config.schema)

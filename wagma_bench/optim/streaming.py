@@ -56,7 +56,7 @@ class StreamingOuter:
 
     def after_step(self, step: int, inner_lr: float) -> None:
         s = self.settings
-        event = sync_at(step, s.period, s.fragments, s.fragment_delay)
+        event = sync_at(step, s.sync_period, s.fragments, s.fragment_delay)
         if event is None:
             return
         what, f = event

@@ -49,6 +49,6 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         res = self.engine.request()
         if self.schedule.is_sync(res.round):  # a synchronous round: the model is the global average
             self.outer_round(res.round)   # the outer step's change stays in the model with the local one
-        self.optimizer.step()             # apply g(W_old) to the average
+        self.local_optimizer.step()             # apply g(W_old) to the average
         self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
         return res

@@ -10,7 +10,7 @@ for ``checkpoint.dir``)::
 
 The last two complete sets are kept, so a crash while writing loses at most one checkpoint period. The
 config hash covers the config minus what may change on resume (:func:`wagma_bench.config.identity.identity`:
-``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_steps/epochs/time_limit_s``).
+``launcher``, ``logger``, ``checkpoint`` and the budget ``train.max_rounds/epochs/time_limit_s``).
 
 Before resuming, the launching process checks the manifest against the run (:func:`check_against_run`:
 world size, config, every file present) and refuses a mismatch before any rank starts; then every rank
@@ -177,8 +177,8 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
         raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
                           f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
-                          f"checkpoint and the budget (train.max_steps, train.epochs, train.time_limit_s) may "
-                          f"change on resume")
+                          f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) "
+                          f"may change on resume")
     missing = [f for f in manifest["files"] if not (folder / f).is_file()]
     if missing:
         raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
@@ -314,7 +314,7 @@ class Checkpointer:
     def size_line(self, model, algo, state: dict, clock, every_s: float) -> str:
         """Rank 0, at the start (before the first step, when the algorithm has nothing in flight): what one
         checkpoint of this run writes, for sizing a scratch file system (:func:`file_bytes`)."""
-        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.optimizer)
+        per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.local_optimizer)
         world = algo.comm.world_size
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
         return (f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "

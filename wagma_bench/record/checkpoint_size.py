@@ -34,7 +34,7 @@ def file_bytes(saved: dict, optimizer=None) -> int:
     import torch
 
     extra = 0
-    saved_optimizer = saved["algo"].get("optimizer")
+    saved_optimizer = saved["algo"].get("local_optimizer")
     lazy = optimizer is not None and saved_optimizer is not None and not saved_optimizer.get("state")
     state = _first_step_state(optimizer) if lazy else {}
     for entry in state.values():

@@ -11,6 +11,11 @@ the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 Every reader of a run directory (report, sweep status, calibration, samples-to-target, the MLPerf log, the
 W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
 reached the target, did the run end" is written once, here.
+
+An event says where in the run it happened in rounds (``metadata.round``), a summary how many rounds the run
+trained (``rounds``, ``rounds_to_target``). Events and summaries written before 2026-12-06 say ``step`` and
+``steps``: :class:`RunEvents` (and :func:`current_event`, :func:`current_summary`) read them under today's
+names, so no reader sees the old ones.
 """
 
 from __future__ import annotations
@@ -24,17 +29,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.config.recorded import setting
+from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
+# names renamed since runs were recorded: an event's metadata, a summary's keys (old -> today's)
+RENAMED_METADATA = {"step": "round"}
+RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}
 
 
-def _event_before_checkpoint(event: dict, step: int) -> bool:
+def _renamed(mapping: dict, names: dict[str, str]) -> dict:
+    if not any(old in mapping for old in names):
+        return mapping
+    return {names.get(k, k) if names.get(k, k) not in mapping else k: v for k, v in mapping.items()}
+
+
+def current_event(event: dict) -> dict:
+    """An event with its metadata under today's names (:data:`RENAMED_METADATA`)."""
+    meta = event.get("metadata")
+    if not isinstance(meta, dict) or not any(old in meta for old in RENAMED_METADATA):
+        return event
+    return {**event, "metadata": _renamed(meta, RENAMED_METADATA)}
+
+
+def current_summary(summary: dict | None) -> dict | None:
+    """A summary (``summary.json``) under today's names (:data:`RENAMED_SUMMARY`); None stays None."""
+    return _renamed(summary, RENAMED_SUMMARY) if isinstance(summary, dict) else summary
+
+
+def _event_before_checkpoint(event: dict, round_: int) -> bool:
     # An earlier attempt's run_stop (failed, killed) is no end: the resumed run writes the one final stop.
-    at = (event.get("metadata") or {}).get("step")
-    return event.get("key") != "run_stop" and (at is None or at <= step)
+    at = (current_event(event).get("metadata") or {}).get("round")
+    return event.get("key") != "run_stop" and (at is None or at <= round_)
 
 
 class EventLog:
@@ -96,6 +123,7 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     Time-to-target is the training clock (``metadata.train_s``: wall time since run start minus
     evaluation, checkpoint and queue time) at the first evaluation at or above the target.
     """
+    events = [current_event(e) for e in events]
     start = _first(events, "run_start") or {"value": None, "metadata": {}}
     meta = dict(start["metadata"])
     evals = [e for e in events if e["key"] == "eval_accuracy"]
@@ -126,11 +154,11 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "target": target,
         "reached": reached_at is not None,
         "time_to_target_s": reached_at["metadata"]["train_s"] if reached_at else None,
-        "steps_to_target": reached_at["metadata"]["step"] if reached_at else None,
+        "rounds_to_target": reached_at["metadata"]["round"] if reached_at else None,
         "final_metric": values[-1] if values else None,
         "best_metric": max(values) if values else None,
         "eval_model": meta.get("eval_model"),
-        "steps": last.get("step", 0),
+        "rounds": last.get("round", 0),
         "samples": samples,
         "throughput_samples_per_s": samples / train_s if train_s > 0 else None,
         "wall_s": last.get("wall_s", 0.0),
@@ -164,7 +192,7 @@ class Evaluation:
     """One ``eval_accuracy`` event: the metric and where in the run it was measured."""
 
     value: float
-    step: int | None
+    round: int | None
     epoch: float | None
     samples: int | None
     train_s: float | None           # the training clock (time-to-target is read from it)
@@ -176,9 +204,10 @@ class Evaluation:
     @classmethod
     def of(cls, event: dict) -> Evaluation:
         meta = event.get("metadata") or {}
-        return cls(value=event["value"], step=meta.get("step"), epoch=meta.get("epoch"), samples=meta.get("samples"),
-                   train_s=meta.get("train_s"), wall_s=meta.get("wall_s"), took_s=meta.get("eval_took_s") or 0.0,
-                   signature=meta.get("sacrebleu_signature"), time_ms=event.get("time_ms"))
+        return cls(value=event["value"], round=meta.get("round"), epoch=meta.get("epoch"),
+                   samples=meta.get("samples"), train_s=meta.get("train_s"), wall_s=meta.get("wall_s"),
+                   took_s=meta.get("eval_took_s") or 0.0, signature=meta.get("sacrebleu_signature"),
+                   time_ms=event.get("time_ms"))
 
 
 @dataclass(frozen=True)
@@ -202,7 +231,9 @@ class RunStart:
 
     @property
     def config(self) -> dict:
-        return self.metadata.get("config") or {}
+        """The configuration the run recorded, under today's keys (one written before a key was renamed reads
+        as one written after)."""
+        return recorded_config(self.metadata.get("config"))
 
     @property
     def workload(self) -> str | None:
@@ -277,8 +308,9 @@ class RunEvents:
     def read(cls, run_dir: Path) -> RunEvents:
         run_dir = Path(run_dir)
         skipped: list[int] = []
-        events = [e for e in read_jsonl(run_dir / EVENTS, skipped) if isinstance(e, dict) and "key" in e]
-        summary = _read_json(run_dir / SUMMARY)
+        events = [current_event(e) for e in read_jsonl(run_dir / EVENTS, skipped)
+                  if isinstance(e, dict) and "key" in e]
+        summary = current_summary(_read_json(run_dir / SUMMARY))
         return cls(run_dir, events, torn_last_line(run_dir / EVENTS), summary,
                    summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS), tuple(skipped))
 
@@ -310,9 +342,9 @@ class RunEvents:
         return bool(lifecycle) and lifecycle[-1] in ("run_stop", "run_suspend")
 
     @property
-    def last_step(self) -> int | None:
-        """The step of the last event (where a running or crashed run got to)."""
-        return (self.events[-1].get("metadata") or {}).get("step") if self.events else None
+    def last_round(self) -> int | None:
+        """The round of the last event (where a running or crashed run got to)."""
+        return (self.events[-1].get("metadata") or {}).get("round") if self.events else None
 
     @property
     def first_at_target(self) -> Evaluation | None:

@@ -245,7 +245,8 @@ class WandbSink:
         key, meta = event["key"], event.get("metadata") or {}
         if self.run is None:
             self._start(event)
-        row: dict[str, Any] = {k: meta[k] for k in ("step", "epoch", "samples", "train_s", "wall_s") if k in meta}
+        row: dict[str, Any] = {k: meta[k] for k in ("round", "epoch", "samples", "train_s", "wall_s")
+                               if k in meta}
         if key == "eval_accuracy":
             row[f"eval/{self._metric}"] = event["value"]
             if meta.get("train_s"):
@@ -254,7 +255,7 @@ class WandbSink:
             row[f"events/{key}"] = 1
         if self.settings.per_rank_step_times and key in ("eval_accuracy", "progress", "run_stop"):
             row.update(self._rank_step_times())
-        if "step" in row and len(row) > 1:
+        if "round" in row and len(row) > 1:
             self.run.log(row)
         if key in ("run_stop", "run_suspend"):  # run_suspend: a preempted process that will be resumed
             self._summarize(meta.get("status"))
@@ -274,8 +275,8 @@ class WandbSink:
                   "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": config,
                   "job_type": run.optimizer, "tags": [run.workload, run.optimizer, run.imbalance]}
         self.run = self._init(kwargs)
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
         # time to accuracy: eval/* against the training clock by default; samples is logged in the same rows,
         # so a panel can take it as its x-axis too (W&B allows one step metric per metric)
         self.run.define_metric("train_s")

@@ -49,7 +49,7 @@ from typing import IO, Any
 
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.config.recorded import setting
-from wagma_bench.record.events import EVENTS, RunEvents, RunStart
+from wagma_bench.record.events import EVENTS, RunEvents, RunStart, current_event
 from wagma_bench.record.files import atomic_write
 
 MLLOG = "mllog.txt"
@@ -85,13 +85,13 @@ def submission_settings(config: dict) -> dict:
 
 
 def effective_events(events: list[dict]) -> list[dict]:
-    """The events of the run that produced the final model: a resume at step ``s`` drops the evaluations,
+    """The events of the run that produced the final model: a resume at round ``s`` drops the evaluations,
     progress and checkpoints logged after ``s`` by the process that stopped (work the resume repeats)."""
     kept: list[dict] = []
     for event in events:
         if event["key"] == "run_resume":
-            step = event["metadata"].get("step", 0)
-            kept = [e for e in kept if e["key"] not in ROLLED_BACK or e["metadata"].get("step", 0) <= step]
+            at = event["metadata"].get("round", 0)
+            kept = [e for e in kept if e["key"] not in ROLLED_BACK or e["metadata"].get("round", 0) <= at]
         kept.append(event)
     return kept
 
@@ -107,8 +107,9 @@ def final_stop_index(events: list[dict]) -> int | None:
 
 
 def mllog_records(events: list[dict]) -> list[Record]:
-    """The MLPerf log of a run, from its events (empty when the run never started)."""
-    events = effective_events(events)
+    """The MLPerf log of a run, from its events (empty when the run never started; events of an older run read
+    under today's names: :func:`~wagma_bench.record.events.current_event`)."""
+    events = effective_events([current_event(e) for e in events])
     start_i = next((i for i, e in enumerate(events) if e["key"] == "run_start"), None)
     if start_i is None:
         return []
@@ -198,7 +199,7 @@ class _Translation:
         t_begin = t_end - 1000 * (meta.get("eval_took_s") or 0.0)
         self.epoch = meta.get("epoch", self.epoch)
         self._close_block(t_begin)
-        where = {c.EPOCH_NUM: self.epoch, c.SAMPLES_COUNT: meta.get("samples"), c.STEP_NUM: meta.get("step")}
+        where = {c.EPOCH_NUM: self.epoch, c.SAMPLES_COUNT: meta.get("samples"), c.STEP_NUM: meta.get("round")}
         value = event["value"]
         ours = {self.start.metric or "metric": value, "train_s": meta.get("train_s")}
         if "sacrebleu_signature" in meta:
@@ -242,8 +243,8 @@ class _Translation:
 
 
 def _clock(meta: dict) -> dict:
-    """Our step and training clock, carried along in a record's metadata."""
-    return {k: meta[k] for k in ("step", "train_s", "samples") if k in meta}
+    """Our round and training clock, carried along in a record's metadata."""
+    return {k: meta[k] for k in ("round", "train_s", "samples") if k in meta}
 
 
 def write_mllog(run_dir: Path, echo: bool = False) -> Path | None:

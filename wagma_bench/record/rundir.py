@@ -8,7 +8,7 @@ this host, or it is an earlier incarnation of this same SLURM job, i.e. a requeu
 message.
 
 A rerun of a finished run with the same configuration and budget prints the earlier summary instead of
-training again; raising the budget (``train.max_steps``, ``train.epochs``, ``train.time_limit_s``) continues
+training again; raising the budget (``train.max_rounds``, ``train.epochs``, ``train.time_limit_s``) continues
 it from its checkpoint.
 
 After a failure the launcher writes the run's ``summary.json`` and MLPerf log from its events
@@ -28,6 +28,7 @@ from pathlib import Path
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
 from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
+from wagma_bench.record.steps import current_record
 
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
@@ -189,9 +190,9 @@ def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
         return finalize(run_dir, status=status, error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
     last = {k: v for k, v in (progress[-1] if progress else {}).items()
-            if k in ("step", "epoch", "samples", "train_s", "wall_s", "eval_s")}
+            if k in ("round", "epoch", "samples", "train_s", "wall_s", "eval_s")}
     logged = _progress_in_step_logs(run_dir)
-    if logged.get("step", 0) > last.get("step", 0):  # steps since the last event, as far as flushed
+    if logged.get("round", 0) > last.get("round", 0):  # rounds since the last event, as far as flushed
         last.update(logged)
     event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
              "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"}}
@@ -209,7 +210,7 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
     mine = records.get(run_dir / "steps" / "rank0.jsonl")
     if not mine:
         return {}
-    return {"step": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
+    return {"round": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
             "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
 
 
@@ -220,9 +221,10 @@ def compute_imbalance(run_dir: Path) -> float | None:
     (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
     index, over the steps every rank logged; None without step logs."""
     # regular files only: the summary of a failed run is written whatever stands in the way of a step log
-    per_rank = [read_jsonl(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
-    per_rank = [{r["step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "step" in r}
-                for recs in per_rank]
+    per_rank = [[current_record(r) for r in read_jsonl(p)]
+                for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
+    per_rank = [{r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs
+                 if "local_step" in r} for recs in per_rank]
     per_rank = [times for times in per_rank if times]
     if not per_rank:
         return None

@@ -7,6 +7,11 @@ read (report's step-time components, the simulator's calibration): about a thirt
 the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same records
 from either form, so every analysis reads a compact result as it reads the raw one (tests/test_steps.py checks
 report's and calibration's numbers are identical).
+
+A record counts the rank's own steps as ``local_step`` and the algorithm's rounds as ``round`` (an
+asynchronous optimizer's rank may take several local steps in a round). Logs and tables written before
+2026-12-06 name the local step ``step``; :func:`current_record` reads them under today's name, in both forms,
+so a reader never sees the old one.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ STEPS = "steps"
 STEP_TABLE = "steps.json.xz"
 # What report (compute/delay/comm per rank) and simulate's calibration (the clock, compute, samples, the
 # round a step belongs to) read. A field a rank did not log is stored as null and left out when read back.
-STEP_FIELDS = ("step", "round", "t", "compute_s", "delay_s", "comm_s", "samples")
+STEP_FIELDS = ("local_step", "round", "t", "compute_s", "delay_s", "comm_s", "samples")
+# fields of a step record renamed since runs were recorded: old name -> today's
+RENAMED_FIELDS = {"step": "local_step"}
 _RANK_LOG = re.compile(r"rank(\d+)\.jsonl")
 
 
@@ -35,16 +42,23 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
     logs = {int(m.group(1)): p for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
             if (m := _RANK_LOG.fullmatch(p.name))}
     if logs:
-        return {rank: read_jsonl(path) for rank, path in sorted(logs.items())}
+        return {rank: [current_record(r) for r in read_jsonl(path)] for rank, path in sorted(logs.items())}
     table = run_dir / STEP_TABLE
     if not table.is_file():
         return {}
     try:
         ranks = json.loads(lzma.decompress(table.read_bytes()))
-        return {int(rank): _rows(columns) for rank, columns in ranks.items()}
+        return {int(rank): [current_record(r) for r in _rows(columns)] for rank, columns in ranks.items()}
     except (lzma.LZMAError, ValueError, AttributeError, TypeError) as err:  # cut short, or not what we write
         raise ValueError(f"{table}: damaged step table ({type(err).__name__}: {err}); "
                          f"{Path(__file__).name} writes it from the run's steps/rank*.jsonl") from None
+
+
+def current_record(record: dict) -> dict:
+    """A step record with each field under today's name (:data:`RENAMED_FIELDS`)."""
+    if not any(old in record for old in RENAMED_FIELDS):
+        return record
+    return {RENAMED_FIELDS.get(k, k): v for k, v in record.items()}
 
 
 def write_step_table(run_dir: Path, dest: Path) -> int:
@@ -63,7 +77,8 @@ def _rows(columns: dict[str, list]) -> list[dict]:
     if len(lengths) > 1:
         raise ValueError(f"columns of unequal lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
-    return [{f: columns[f][i] for f in STEP_FIELDS if f in columns and columns[f][i] is not None} for i in range(n)]
+    fields = [f for f in (*STEP_FIELDS, *RENAMED_FIELDS) if f in columns]
+    return [{f: columns[f][i] for f in fields if columns[f][i] is not None} for i in range(n)]
 
 
 class StepLog:
@@ -72,7 +87,8 @@ class StepLog:
     def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
         d = run_subdir(Path(run_dir) / STEPS)
         # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
-        self._f = open_for_attempt(d / f"rank{rank}.jsonl", resume_step, lambda r, step: r.get("step", 0) <= step)
+        self._f = open_for_attempt(d / f"rank{rank}.jsonl", resume_step,
+                                   lambda r, step: current_record(r).get("local_step", 0) <= step)
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:

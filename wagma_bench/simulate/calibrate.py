@@ -103,7 +103,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     if not records:
         raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or {STEP_TABLE})")
     compute, overhead, samples, comm = [], [], [], []
-    by_rank = [sorted(records[k], key=lambda r: r["step"]) for k in sorted(records)]
+    by_rank = [sorted(records[k], key=lambda r: r["local_step"]) for k in sorted(records)]
     trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
     delay_trace = [[float(r.get("delay_s") or 0.0) for r in recs] for recs in by_rank]
     for recs in by_rank:
@@ -124,7 +124,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     return RunFit(
         path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
         imbalance=imbalance, settings=opt,
-        rounds=int(summary.get("steps") or max(r["round"] for recs in records.values() for r in recs)),
+        rounds=int(summary.get("rounds") or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
         compute=compute[::stride], trace=trace, delay_trace=delay_trace, overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
@@ -171,7 +171,7 @@ def cycle_compute_by_rank(run_dir: Path) -> dict[int, list[float]]:
     by_rank: dict[int, list[float]] = {}
     for rank, recs in sorted(records.items()):
         cycles: list[list[float]] = []
-        for r in sorted(recs, key=lambda r: r["step"])[SKIP_STEPS + 1:]:
+        for r in sorted(recs, key=lambda r: r["local_step"])[SKIP_STEPS + 1:]:
             if float(r.get("samples", 1)) > 0:
                 cycles.append([])
             if cycles:  # steps before the first sample-taking one finish a cycle begun in the warm-up

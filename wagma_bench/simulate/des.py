@@ -20,9 +20,9 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
 - ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
   the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
   bucket b-1 is done; a rank waits for the last bucket, then steps.
-- ``local_sgd``: local steps; after every round that is a multiple of ``period``, and after the last round, a
-  blocking global allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking gradient
-  allreduces.
+- ``local_sgd``: local steps; after every round that is a multiple of ``sync_period``, and after the last
+  round, a blocking global allreduce of the model (all ranks wait for the slowest); warm-up steps are blocking
+  gradient allreduces.
 - ``dpsgd``: each step a synchronous exchange with both ring neighbours
   (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
 - ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
@@ -48,7 +48,7 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   engine with one group of all ranks, in order: a rank posts its gradient and asks for its next round (one
   round per local step; a round completed passively answers at once); ``solo`` -- any rank's request
   activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
-  does; every ``sync_every``-th round, and the last, is synchronous.
+  does; every ``sync_period``-th round, and the last, is synchronous.
 
 Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
 every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
@@ -421,12 +421,13 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
 
 @simulates("local_sgd")
 def sim_local_sgd(cfg: SimConfig) -> SimResult:
-    """Local SGD / PR-SGD: blocking global model average every ``period`` rounds; streaming DiLoCo (fragments):
-    one fragment's average every ``period / fragments`` rounds, started ``fragment_delay`` rounds before it is
-    needed (:func:`~wagma_bench.optim.rules.sync_at`), so a rank waits only for what the delay did not hide."""
+    """Local SGD / PR-SGD: blocking global model average every ``sync_period`` rounds; streaming DiLoCo
+    (fragments): one fragment's average every ``sync_period / fragments`` rounds, started ``fragment_delay``
+    rounds before it is needed (:func:`~wagma_bench.optim.rules.sync_at`), so a rank waits only for what the
+    delay did not hide."""
     if cfg.settings.streaming():
         return _sim_streaming(cfg)
-    period, warmup = sync_period(cfg), cfg.settings.warmup_steps
+    period, warmup = sync_period(cfg), cfg.settings.warmup_rounds
     factor = 1 + cfg.local_state if cfg.settings.average_momentum else 1  # the optimizer state travels too
     avg_cost = cfg.network.world_allreduce(cfg.world_size, factor * cfg.workload.model_bytes)
     grad_cost = cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
@@ -448,7 +449,7 @@ def _sim_streaming(cfg: SimConfig) -> SimResult:
     started: dict[int, float] = {}  # the round a fragment's average is needed by -> when it started
 
     def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
-        events = [sync_at(r, s.period, s.fragments, s.fragment_delay)]
+        events = [sync_at(r, s.sync_period, s.fragments, s.fragment_delay)]
         if events[0] and events[0][0] == "perform" and s.fragment_delay == 0:
             events.insert(0, ("prepare", events[0][1]))
         out = ready
@@ -461,7 +462,7 @@ def _sim_streaming(cfg: SimConfig) -> SimResult:
             out = np.full(run.P, max([float(out.max()), *started.values()]) + whole)
         return out
 
-    return _lockstep(cfg, s.period, comm)
+    return _lockstep(cfg, s.sync_period, comm)
 
 
 @simulates("dpsgd")

@@ -20,10 +20,10 @@ MAX_GPUS = 65_536
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
 # DEFAULT_ROUNDS) and the workload's batch per rank (a number of the cost model, next to step_s)
-RUN_KEYS_READ = {"train.max_steps": "steps", "train.batch_size": "batch"}
+RUN_KEYS_READ = {"train.max_rounds": "steps", "train.batch_size": "batch"}
 DEFAULT_ROUNDS = 500
 # `run`'s keys a throughput model cannot honour: refused, not ignored
-RUN_KEYS_REFUSED = {"train.epochs": "simulate counts rounds, not epochs: give train.max_steps=N "
+RUN_KEYS_REFUSED = {"train.epochs": "simulate counts rounds, not epochs: give train.max_rounds=N "
                                     f"(default {DEFAULT_ROUNDS})"}
 # simulate's own keys, beside `run`'s: the world sizes, the control barrier, the convergence model and the
 # workload's cost model (the preset's numbers; its batch is `run`'s train.batch_size)
@@ -58,7 +58,7 @@ class Request:
 
     @property
     def steps(self) -> int:
-        """Rounds to simulate: `run`'s ``train.max_steps`` (``null``, `run`'s default: 500)."""
+        """Rounds to simulate: `run`'s ``train.max_rounds`` (``null``, `run`'s default: 500)."""
         steps = self.own.get("steps", "null")
         return DEFAULT_ROUNDS if steps in ("null", "None") else int(steps)
 

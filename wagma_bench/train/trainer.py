@@ -123,7 +123,7 @@ class Trainer:
                 if flags.diverged:
                     self.status, self.stop_detail = "diverged", self.where_diverged()
                     break
-                meta = {"step": r, "epoch": self.epoch(r), "samples": flags.samples,
+                meta = {"round": r, "epoch": self.epoch(r), "samples": flags.samples,
                         "train_s": round(self.clock.train_s, 4)}
                 if self.should_evaluate(r):
                     self.evaluate(r, meta)
@@ -155,7 +155,7 @@ class Trainer:
             self.steps.close()
         summary = self.finalize(self.status, counts, reason=self.stop_detail)
         if self.requeue and self.rank == 0:
-            self.requeue_or_explain(counts["step"])
+            self.requeue_or_explain(counts["round"])
         return summary
 
     # --- start ---------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ class Trainer:
         self.comm.barrier()
         self.clock.start()
         if resumed:
-            self.events.emit("run_resume", None, step=algo.round, epoch=self.epoch(algo.round),
+            self.events.emit("run_resume", None, round=algo.round, epoch=self.epoch(algo.round),
                              train_s=self.clock.train_s, init_time_ms=self.init_time_ms)
         else:
             plan = self.plan
@@ -265,7 +265,7 @@ class Trainer:
         state.samples_local += n
         self.clock.tick()
         partition.stepped()  # the network carried this step's collectives (a multi-host job's watch)
-        self.steps.record(step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
+        self.steps.record(local_step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
                           compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
                           delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
                           samples=n, loss=round(self.loss, 5), staleness=info.staleness, **stats, **info.extra)
@@ -369,7 +369,7 @@ class Trainer:
         for g, (model, _, _, lr), (samples, train_s) in zip(points, mine, stamps, strict=True):
             if g < r and model is None:
                 model = self.evaluator.snapshot()
-            self.evaluate_one(g, model, {**meta, "step": g, "epoch": self.epoch(g), "samples": samples,
+            self.evaluate_one(g, model, {**meta, "round": g, "epoch": self.epoch(g), "samples": samples,
                                          "train_s": train_s, "lr": lr})
             if self.status is not None:
                 break
@@ -432,12 +432,13 @@ class Trainer:
     # --- end -----------------------------------------------------------------------------------------
     def final_counts(self) -> dict:
         """The run's totals for its last event (collective: the samples of all ranks)."""
-        return {"step": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
+        return {"round": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
                 **self.clock.totals()}
 
     def counts_at_failure(self) -> dict:
         """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
-        return {"step": self.algo.round, **self.clock.totals(), "samples": self.state.samples_local * self.world}
+        return {"round": self.algo.round, **self.clock.totals(),
+                "samples": self.state.samples_local * self.world}
 
     def finalize(self, status: str, counts: dict, error: BaseException | None = None,
                  reason: str | None = None) -> dict | None:
@@ -476,7 +477,7 @@ class Trainer:
 
 
 def algo_lr(algo) -> float:
-    return float(algo.optimizer.param_groups[0]["lr"])
+    return float(algo.local_optimizer.param_groups[0]["lr"])
 
 
 def _global_samples(comm: Comm, samples_local: int) -> int:

@@ -1,0 +1,113 @@
+"""Settings renamed, and the one translation of their old names: on a command line, in a YAML file and in a
+recorded configuration.
+
+A setting that counts rounds is named for rounds (``train.max_rounds``, ``eval.every_rounds``,
+``optimizer.warmup_rounds``); until 2026-12-06 they were named for steps, which in an asynchronous optimizer
+are another count. The rounds between an optimizer's sync points are ``optimizer.sync_period`` for every
+optimizer that sets them (local SGD's ``period`` and AD-PSGD's and eager-SGD's ``sync_every`` before).
+
+The old names stay accepted for one release: an override or a YAML key under an old name is read as the new
+one, with one line on stderr naming the new name; a configuration recorded under the old names (a run
+directory's ``run_start``, a checkpoint manifest, a committed tuning plan) reads as the same configuration, so
+a finished run is still found and a checkpoint still resumes. Imports nothing of the package: every layer may
+translate through it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+# old dotted key -> (new dotted key, the new key's defaults: an old key given beside its new key at a default
+# is read as the old value; given beside another value, the two disagree and the configuration is refused).
+# The sync period had three names (local SGD's period, AD-PSGD's and eager-SGD's sync_every; WAGMA-SGD keeps
+# the paper's tau, from which its sync period follows: optim/specs.py); its defaults are local SGD's and the
+# other two's.
+RENAMED_KEYS: dict[str, tuple[str, tuple]] = {
+    "train.max_steps": ("train.max_rounds", (None,)),
+    "eval.every_steps": ("eval.every_rounds", (None,)),
+    "optimizer.warmup_steps": ("optimizer.warmup_rounds", (0,)),
+    "optimizer.period": ("optimizer.sync_period", (4,)),
+    "optimizer.sync_every": ("optimizer.sync_period", (10,)),
+}
+
+_SAID: set[str] = set()  # old keys this process has already said a line about
+
+
+def deprecation_line(old: str) -> str:
+    """The one line said of an old key."""
+    new = RENAMED_KEYS[old][0]
+    return (f"wagma-bench: {old} is deprecated: it is named {new} now, and is read as {new} until the next "
+            "release")
+
+
+def say_deprecated(old: str, quiet: bool = False) -> None:
+    """The deprecation line of ``old`` on stderr, once per process (``quiet``: not at all, as a rank beside
+    rank 0 of an external launcher, whose command line rank 0 has spoken for)."""
+    if quiet or old in _SAID:
+        return
+    _SAID.add(old)
+    print(deprecation_line(old), file=sys.stderr, flush=True)
+
+
+def new_key(key: str) -> str:
+    """``key`` under its current name (itself where it was not renamed)."""
+    return RENAMED_KEYS[key][0] if key in RENAMED_KEYS else key
+
+
+def renamed_override(override: str, quiet: bool = False) -> str:
+    """One Hydra override (``train.max_steps=5``, ``+eval.every_steps=1,2``) with its key under the current
+    name, the deprecation line said where it was an old one. Hydra's flags (``-m``) and the rest pass
+    unchanged."""
+    key, eq, value = override.partition("=")
+    bare = key.lstrip("+~")
+    if not eq and not key.startswith("~") or bare not in RENAMED_KEYS:
+        return override
+    if not quiet:
+        say_deprecated(bare)
+    return key[:len(key) - len(bare)] + RENAMED_KEYS[bare][0] + eq + value
+
+
+def renamed_overrides(overrides: list[str] | tuple[str, ...], quiet: bool = False) -> list[str]:
+    """Every override of a command line under the current names (:func:`renamed_override`)."""
+    return [renamed_override(o, quiet) for o in overrides]
+
+
+def renamed_config(config: Mapping | None, say: bool = False) -> dict | None:
+    """A configuration (a composed one, a recorded one) with its keys under the current names, as a new dict.
+
+    An old key beside its new key at the new key's default (a YAML file of old names composed over today's
+    defaults) gives its value; beside another value it is the caller's to refuse (:func:`conflicts`): here the
+    new key wins. ``say``: say the deprecation line of each old key found (a configuration being composed for
+    a run, not one read back from a record)."""
+    if not isinstance(config, Mapping):
+        return config
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in config.items()}
+    for old, (new, defaults) in RENAMED_KEYS.items():
+        section, old_name = old.split(".")
+        node = out.get(section)
+        if not isinstance(node, dict) or old_name not in node:
+            continue
+        value = node.pop(old_name)
+        new_name = new.split(".")[1]
+        if new_name not in node or node[new_name] in defaults:
+            node[new_name] = value
+        if say:
+            say_deprecated(old)
+    return out
+
+
+def conflicts(config: Mapping | None) -> list[tuple[str, Any, str, Any]]:
+    """(old key, its value, new key, its value) for each old key given beside its new key at another value
+    than the old key's and the new key's defaults: the configuration says two things."""
+    out = []
+    for old, (new, defaults) in RENAMED_KEYS.items():
+        section, old_name = old.split(".")
+        node = config.get(section) if isinstance(config, Mapping) else None
+        if not isinstance(node, Mapping) or old_name not in node or new.split(".")[1] not in node:
+            continue
+        theirs = node[new.split(".")[1]]
+        if theirs not in (*defaults, node[old_name]):
+            out.append((old, node[old_name], new, theirs))
+    return out
