@@ -17,7 +17,7 @@ import pytest
 from tests.cli_util import QUICK, compose, run
 from wagma_bench.config import renamed
 from wagma_bench.config.renamed import RENAMED_KEYS, deprecation_line, renamed_overrides
-from wagma_bench.config.schema import validate
+from wagma_bench.config.schema import as_recorded, validate
 from wagma_bench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_a_tuning_committed_under_the_old_keys_is_resumed_as_done(tmp_path):
     assert "train.max_rounds=300" in spec.common and len(trials) == len(plan["trials"]) == 63
     write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])  # refuses another tuning
     unfinished = [t.name for t in trials
-                  if finished_summary(BUDGET_TUNING / "trials" / t.name, configs[t.name].raw) is None]
+                  if finished_summary(BUDGET_TUNING / "trials" / t.name, as_recorded(configs[t.name])) is None]
     assert unfinished == []
 
 
@@ -169,7 +169,7 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     assert record.saved_summary["rounds"] == 6 and "steps" not in record.saved_summary
     assert compute_imbalance(RECORDED) == summary["compute_imbalance"]
     assert [len(t) for t in fit_run(RECORDED, params=1000).trace] == [6, 6]
-    today = validate(compose(*renamed_overrides(RECORDED_COMMAND, quiet=True))).raw  # as run reads it
+    today = as_recorded(validate(compose(*renamed_overrides(RECORDED_COMMAND, quiet=True))))  # as run reads it
     assert finished_summary(RECORDED, today) == current_summary(summary)  # read under today's names
     assert report_main([str(RECORDED), "--out", str(tmp_path / "report")]) == 0
     assert "local_sgd" in (tmp_path / "report" / "report.md").read_text()
