@@ -37,8 +37,9 @@ def compose(*overrides: str):
 
 def run(args: list[str], timeout: float = 600, command: str = "run", **kw) -> subprocess.CompletedProcess:
     """``wagma-bench COMMAND ARGS``, its output captured; never raises for a non-zero exit."""
-    return subprocess.run([str(BIN), command, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, **kw)
+    return subprocess.run(
+        [str(BIN), command, *args], capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
 
 
 def keys(run_dir: Path) -> list[str]:
@@ -51,7 +52,9 @@ def wait_started(run_dir: Path, launcher: subprocess.Popen, first_step: bool = T
     logged after a barrier that every rank reaches with its signal handlers installed."""
     deadline = time.monotonic() + 240
     logs = [run_dir / "steps" / f"rank{r}.jsonl" for r in (0, 1)]
-    while not (all(p.exists() and p.stat().st_size for p in logs) if first_step else "run_start" in keys(run_dir)):
+    while not (
+        all(p.exists() and p.stat().st_size for p in logs) if first_step else "run_start" in keys(run_dir)
+    ):
         assert launcher.poll() is None, launcher.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.1)

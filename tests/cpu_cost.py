@@ -53,7 +53,9 @@ def pytest_sessionstart(session):
 def pytest_runtest_protocol(item, nextitem):
     t0, cpu0 = time.monotonic(), _seconds()
     yield
-    _rows.append({"id": item.nodeid, "wall": round(time.monotonic() - t0, 2), "cpu": round(_seconds() - cpu0, 2)})
+    _rows.append(
+        {"id": item.nodeid, "wall": round(time.monotonic() - t0, 2), "cpu": round(_seconds() - cpu0, 2)}
+    )
 
 
 def pytest_unconfigure(config):
@@ -75,7 +77,9 @@ def pytest_terminal_summary(terminalreporter):
     for r in _rows:
         by_file[r["id"].split("::")[0]] += r["cpu"]
     write = terminalreporter.write_line
-    write(f"cpu cost: {sum(r['cpu'] for r in _rows):.0f} CPU-seconds in {sum(r['wall'] for r in _rows):.0f} s of tests")
+    write(
+        f"cpu cost: {sum(r['cpu'] for r in _rows):.0f} CPU-seconds in {sum(r['wall'] for r in _rows):.0f} s of tests"
+    )
     for name, seconds in by_file.most_common(10):
         write(f"  {seconds:6.1f} CPU-s  {name}")
     for r in sorted(_rows, key=lambda r: -r["cpu"])[:20]:

@@ -32,9 +32,12 @@ class RankFailed(RuntimeError):
         first = min(errors)
         # Every failed rank's one-line error first: a rank that timed out waiting names only its own wait;
         # where the others were is what tells a hang from a slow peer.
-        each = "\n".join(f"  rank {r}: {errors[r][0]}: {str(errors[r][1]).splitlines()[0][:300]}"
-                         for r in sorted(errors))
-        super().__init__(f"{len(errors)} rank(s) raised:\n{each}\nrank {first}'s traceback:\n{errors[first][2]}")
+        each = "\n".join(
+            f"  rank {r}: {errors[r][0]}: {str(errors[r][1]).splitlines()[0][:300]}" for r in sorted(errors)
+        )
+        super().__init__(
+            f"{len(errors)} rank(s) raised:\n{each}\nrank {first}'s traceback:\n{errors[first][2]}"
+        )
 
 
 def _context():
@@ -54,8 +57,13 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulat
     torch.manual_seed(1234 + rank)
     ok = False
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                              timeout=timedelta(seconds=max(60.0, comm_timeout_s)))
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            world_size,
+            is_master=False,
+            timeout=timedelta(seconds=max(60.0, comm_timeout_s)),
+        )
         comm = TorchComm.init("gloo", rank, world_size, store, comm_timeout_s, torch.device("cpu"), emulate)
         value = fn(comm, *args)
         # Pickled here: the queue would share tensors by file descriptor, which dies with this process.
@@ -77,8 +85,15 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulat
 PAUSABLE = {"comm_timeout_s": 300.0, "timeout_s": 900.0}
 
 
-def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_s: float = 120.0,
-              allow_errors: bool = False, emulate: str | None = None) -> list:
+def run_world(
+    fn,
+    world_size: int,
+    *args,
+    comm_timeout_s: float = 30.0,
+    timeout_s: float = 120.0,
+    allow_errors: bool = False,
+    emulate: str | None = None,
+) -> list:
     """Run module-level ``fn(comm, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
     ``emulate="nccl"``: the ranks' data plane refuses what NCCL refuses (``comm.emulate=nccl``).
 
@@ -92,11 +107,18 @@ def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_
     ctx = _context()
     results = ctx.Queue()
     # The parent holds the rendezvous store on a port the OS picked: no race for a "free" port.
-    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=60),
-                           wait_for_workers=False)
+    server = dist.TCPStore(
+        "127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
+    )
     port = server.port
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, comm_timeout_s, results, fn, args, emulate),
-                         daemon=True) for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(r, world_size, port, comm_timeout_s, results, fn, args, emulate),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out: list = [None] * world_size
@@ -111,8 +133,10 @@ def run_world(fn, world_size: int, *args, comm_timeout_s: float = 30.0, timeout_
                 rank, status, value = results.get(timeout=0.2)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"world of {world_size} ranks still running after {timeout_s} s "
-                                       f"(a hang); reported: {[r for r, v in enumerate(out) if v is not None]}")
+                    raise TimeoutError(
+                        f"world of {world_size} ranks still running after {timeout_s} s "
+                        f"(a hang); reported: {[r for r, v in enumerate(out) if v is not None]}"
+                    )
                 continue
             pending -= 1
             if status == "ok":

@@ -21,12 +21,18 @@ from pathlib import Path
 from wagma_bench.record.files import write_text_atomic
 
 DURATIONS = Path(__file__).with_name("durations.json")
-_seconds: collections.Counter = collections.Counter()  # this run's, by file (written out by --write-durations)
+_seconds: collections.Counter = (
+    collections.Counter()
+)  # this run's, by file (written out by --write-durations)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--write-durations", metavar="PATH", default=None,
-                     help="write each test file's seconds of test time in this run to PATH (JSON)")
+    parser.addoption(
+        "--write-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test file's seconds of test time in this run to PATH (JSON)",
+    )
 
 
 def read_durations(path: Path) -> dict[str, float]:

@@ -172,10 +172,12 @@ def timeouts(comm: MpiComm) -> None:
 
 
 def bad_input(comm: MpiComm) -> None:
-    for call, what in [(lambda: comm.allreduce(torch.zeros(4, 4).t()), "contiguous"),
-                       (lambda: comm.allreduce(torch.zeros(2), op="max"), "'mean' or 'sum'"),
-                       (lambda: comm.allreduce(torch.zeros(2, dtype=torch.bfloat16)), "cannot reduce"),
-                       (lambda: comm.isend(torch.zeros(2), 0, tag=comm.max_tag + 1), "MPI_TAG_UB")]:
+    for call, what in [
+        (lambda: comm.allreduce(torch.zeros(4, 4).t()), "contiguous"),
+        (lambda: comm.allreduce(torch.zeros(2), op="max"), "'mean' or 'sum'"),
+        (lambda: comm.allreduce(torch.zeros(2, dtype=torch.bfloat16)), "cannot reduce"),
+        (lambda: comm.isend(torch.zeros(2), 0, tag=comm.max_tag + 1), "MPI_TAG_UB"),
+    ]:
         try:
             call()
             raise AssertionError(f"no error for {what}")
@@ -188,8 +190,15 @@ def main() -> None:
     try:
         check(MPI.Query_thread() == MPI.THREAD_MULTIPLE, "thread level")
         check(comm.backend_name == "mpi" and comm.world_size == MPI.COMM_WORLD.Get_size(), "attributes")
-        for part in (world_collectives, butterfly_groups, point_to_point, forked_thread, store, timeouts,
-                     bad_input):
+        for part in (
+            world_collectives,
+            butterfly_groups,
+            point_to_point,
+            forked_thread,
+            store,
+            timeouts,
+            bad_input,
+        ):
             start = time.monotonic()
             part(comm)
             if comm.rank == 0:

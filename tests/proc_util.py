@@ -45,8 +45,9 @@ def _comm(pid: int) -> str:
 def rank_pids(launcher: int) -> list[int]:
     """The live ranks of the local launcher ``launcher``, by rank (not its fork server, its resource tracker, or
     the run's store process, which the server forks first and which names itself)."""
-    return sorted(p for server in fork_servers(launcher) for p in children(server)
-                  if _comm(p) != STORE_PROCESS_NAME)
+    return sorted(
+        p for server in fork_servers(launcher) for p in children(server) if _comm(p) != STORE_PROCESS_NAME
+    )
 
 
 def first_fork_server(launcher: subprocess.Popen) -> int:
@@ -88,7 +89,7 @@ def listening_ports(pid: int) -> list[int]:
         except OSError:  # closed meanwhile
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     ports = []
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
@@ -123,6 +124,8 @@ def heavy_modules_after(code: str, heavy: tuple[str, ...]) -> list[str]:
     import sys
 
     probe = f"{code}\nimport sys\nprint(sorted(m for m in {heavy!r} if m in sys.modules))\n"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return ast.literal_eval(out.stdout.strip().splitlines()[-1])

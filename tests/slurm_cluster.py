@@ -30,8 +30,10 @@ def standin_partition(profile: dict) -> str:
     nodes = f"{prefix}[1-{hw['nodes']}]" if hw["nodes"] > 1 else f"{prefix}1"
     gres = f" Gres=gpu:{hw['gpus_per_node']}" if hw.get("gpus_per_node") else ""
     feats = f" Features={','.join(hw['features'])}" if hw.get("features") else ""
-    return (f"NodeName={nodes} CPUs={hw['cpus_per_node']}{gres}{feats} State=CLOUD\n"
-            f"PartitionName={profile['partition']} Nodes={nodes} MaxTime={hw['max_time']} State=UP\n")
+    return (
+        f"NodeName={nodes} CPUs={hw['cpus_per_node']}{gres}{feats} State=CLOUD\n"
+        f"PartitionName={profile['partition']} Nodes={nodes} MaxTime={hw['max_time']} State=UP\n"
+    )
 
 
 def local_cluster_script() -> Path:
@@ -60,9 +62,14 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8, nodes: int = 1) 
         out = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"local SLURM did not start:\n{out.stdout}{out.stderr}")
-        yield {"SLURM_CONF": str(directory / "cluster" / "slurm.conf"), "WAGMA_SLURM_DIR": str(directory / "cluster")}
+        yield {
+            "SLURM_CONF": str(directory / "cluster" / "slurm.conf"),
+            "WAGMA_SLURM_DIR": str(directory / "cluster"),
+        }
     finally:
-        subprocess.run([str(local_cluster_script()), "stop"], env=env, check=False, capture_output=True, timeout=300)
+        subprocess.run(
+            [str(local_cluster_script()), "stop"], env=env, check=False, capture_output=True, timeout=300
+        )
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -77,12 +84,22 @@ def local_clusters(extra_confs: dict[str, str]) -> Iterator[dict[str, dict[str, 
         try:
             yield {name: future.result() for name, future in started.items()}
         finally:  # one that failed to start was stopped by its own context manager
-            stops = [pool.submit(managers[name].__exit__, None, None, None)
-                     for name, future in started.items() if future.exception() is None]
+            stops = [
+                pool.submit(managers[name].__exit__, None, None, None)
+                for name, future in started.items()
+                if future.exception() is None
+            ]
             for stop in stops:
                 stop.result()
 
 
 def on_host(cluster: dict[str, str], node: str, cmd: list[str]) -> list[str]:
     """``cmd`` run on ``node`` of a local multi-host cluster (its network and UTS namespaces)."""
-    return ["env", f"WAGMA_SLURM_DIR={cluster['WAGMA_SLURM_DIR']}", str(local_cluster_script()), "exec", node, *cmd]
+    return [
+        "env",
+        f"WAGMA_SLURM_DIR={cluster['WAGMA_SLURM_DIR']}",
+        str(local_cluster_script()),
+        "exec",
+        node,
+        *cmd,
+    ]

@@ -10,9 +10,17 @@ from pathlib import Path
 from tests.dist_util import run_world
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TINY = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=2", "eval.every_rounds=4", "eval.target=null",
-        "workload.arch=resnet8", "train.batch_size=8",
-        "checkpoint.every_s=0", "logger.progress=off"]
+TINY = [
+    "launcher.nproc=2",
+    "optimizer=local_sgd",
+    "optimizer.sync_period=2",
+    "eval.every_rounds=4",
+    "eval.target=null",
+    "workload.arch=resnet8",
+    "train.batch_size=8",
+    "checkpoint.every_s=0",
+    "logger.progress=off",
+]
 
 
 def _recorded_runs(comm, run_dir: str) -> list:
@@ -83,9 +91,15 @@ def test_the_trainer_calls_an_algorithm_in_the_documented_order(tmp_path):
     assert [runs[0][1] for runs in results] == ["completed", None] and results[0][1][1] == "completed"
     for rank, ((fresh, _), (resumed, _)) in enumerate(results):
         sized = [("largest_state_dict", 0)] if rank == 0 else []  # before the first step, rank 0 only
-        assert fresh[:4 if rank == 0 else 3] == [("init",), ("end_at", 8), ("broadcast_initial_model",), *sized]
-        assert [c for c in resumed if c[0] == "largest_state_dict"] == ([("largest_state_dict", 8)] if rank == 0
-                                                                           else [])
+        assert fresh[: 4 if rank == 0 else 3] == [
+            ("init",),
+            ("end_at", 8),
+            ("broadcast_initial_model",),
+            *sized,
+        ]
+        assert [c for c in resumed if c[0] == "largest_state_dict"] == (
+            [("largest_state_dict", 8)] if rank == 0 else []
+        )
         fresh = [c for c in fresh if c[0] != "largest_state_dict"]
         assert fresh[:3] == [("init",), ("end_at", 8), ("broadcast_initial_model",)]
         assert not any(c[0] == "load_state_dict" for c in fresh)

@@ -20,7 +20,9 @@ def _model():
 
 def _batches(rank, n=STEPS):
     g = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)
+    ]
 
 
 def _sgd(params):

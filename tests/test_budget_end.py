@@ -30,8 +30,13 @@ pytestmark = pytest.mark.background
 LR = 0.25
 T = 8  # rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
 CASES = {  # registry name -> settings with a sync period that does not divide T
-    "allreduce": {}, "dropcompute": {"threshold_s": "inf"}, "dpsgd": {}, "sgp": {"overlap": False},
-    "wagma": {"tau": 2, "group_size": 2}, "local_sgd": {"sync_period": 3}, "eager": {"mode": "solo", "sync_period": 3},
+    "allreduce": {},
+    "dropcompute": {"threshold_s": "inf"},
+    "dpsgd": {},
+    "sgp": {"overlap": False},
+    "wagma": {"tau": 2, "group_size": 2},
+    "local_sgd": {"sync_period": 3},
+    "eager": {"mode": "solo", "sync_period": 3},
     "adpsgd": {"sync_period": 3},
 }
 # one model at the end: the global average at the last round (WAGMA-SGD, local SGD) or one model throughout
@@ -88,19 +93,27 @@ def test_every_optimizer_ends_at_its_budget_with_the_global_average(results, nam
     assert [r["rounds"][-1] for r in ranks] == [T] * 4  # exactly the budget, on every rank
     assert all(max(r["rounds"]) == T for r in ranks)
     steps = [r["steps"] for r in ranks]
-    no_loss = sum(r["x0"] for r in ranks) - LR * 7 * sum(gradient(rank, t) for rank, n in enumerate(steps)
-                                                          for t in range(1, n + 1))
+    no_loss = sum(r["x0"] for r in ranks) - LR * 7 * sum(
+        gradient(rank, t) for rank, n in enumerate(steps) for t in range(1, n + 1)
+    )
     assert sum(r["mass"] for r in ranks) == pytest.approx(no_loss, rel=1e-12, abs=1e-9)
     if name in SAME_MODEL:
         first = ranks[0]["model"]
-        assert all(r["model"] == pytest.approx(first, rel=1e-12, abs=1e-12) for r in ranks), \
-            [r["model"][:2] for r in ranks]
+        assert all(r["model"] == pytest.approx(first, rel=1e-12, abs=1e-12) for r in ranks), [
+            r["model"][:2] for r in ranks
+        ]
 
 
 # --- through the trainer: budgets and the evaluation grid -------------------------------------------------------
 CONF = Path(__file__).resolve().parents[1] / "conf"
-RUN = ["workload.arch=resnet8", "train.batch_size=8", "eval.target=null", "checkpoint.every_s=1e9",
-       "logger.progress=off", "train.max_rounds=7"]
+RUN = [
+    "workload.arch=resnet8",
+    "train.batch_size=8",
+    "eval.target=null",
+    "checkpoint.every_s=1e9",
+    "logger.progress=off",
+    "train.max_rounds=7",
+]
 RUNS = {  # run id -> overrides: the periodic optimizers at a sync period (3 or 4) that does not divide 7
     "allreduce": ["optimizer=allreduce"],
     "wagma": ["optimizer=wagma", "optimizer.tau=2"],
@@ -133,8 +146,9 @@ def _train_runs(comm, root: str) -> dict:
         if comm.rank == 0:
             events = RunEvents.read(Path(root) / name)
             out[name]["evals"] = [(e.round, e.samples) for e in events.evaluations]
-            out[name]["stop"] = [(e.get("metadata") or {}).get("round") for e in events.events
-                                 if e["key"] == "run_stop"]
+            out[name]["stop"] = [
+                (e.get("metadata") or {}).get("round") for e in events.events if e["key"] == "run_stop"
+            ]
     return out
 
 
@@ -152,7 +166,10 @@ def test_runs_end_at_their_budget_and_are_evaluated_on_the_same_grid(trained):
         assert [rank[name]["round"] for rank in trained] == [7, 7], name
         assert trained[0][name]["stop"] == [7], name
     for name in ("allreduce", "wagma", "local_sgd", "eager", "adpsgd"):
-        assert trained[0][name]["evals"] == [(g, 16 * g) for g in (2, 4, 6, 7)], (name, trained[0][name]["evals"])
+        assert trained[0][name]["evals"] == [(g, 16 * g) for g in (2, 4, 6, 7)], (
+            name,
+            trained[0][name]["evals"],
+        )
     assert trained[0]["local_sgd-no-eval"]["evals"] == [(7, 112)]
 
 

@@ -29,21 +29,30 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
     assert json.loads((run_dir / WHERE).read_text()) == {"dir": str(folder)}
     found = latest_set(run_dir)
     assert found is not None and found[0] == folder / "round-4"
-    said = re.search(r"checkpoints: \S+ \S+ \((\d+) bytes\) per rank x 2 ranks = .* in (\S+); the last 2",
-                     first.stdout)
+    said = re.search(
+        r"checkpoints: \S+ \S+ \((\d+) bytes\) per rank x 2 ranks = .* in (\S+); the last 2", first.stdout
+    )
     assert said and said.group(2) == str(folder), first.stdout[-2000:]
     import torch
 
     for rank_file in sorted(found[0].glob("rank*.pt")):
         saved = torch.load(rank_file, weights_only=False)
-        tensors = len(saved["model"]) + sum(len(v) for v in saved["algo"]["local_optimizer"]["state"].values())
-        assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (rank_file.stat().st_size, said[0])
+        tensors = len(saved["model"]) + sum(
+            len(v) for v in saved["algo"]["local_optimizer"]["state"].values()
+        )
+        assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (
+            rank_file.stat().st_size,
+            said[0],
+        )
 
     second = run(args + ["train.max_rounds=8"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
-    resume = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
-              if e["key"] == "run_resume"]
+    resume = [
+        e
+        for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+        if e["key"] == "run_resume"
+    ]
     assert resume[0]["metadata"]["round"] == 4
     assert latest_set(run_dir)[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
 
@@ -64,7 +73,9 @@ def test_invalid_checkpoint_dirs_are_refused_naming_the_key(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     for value in (str(a_file), str(a_file / "sub")):
-        with pytest.raises(ConfigError, match=rf"checkpoint.dir={re.escape(value)} is not allowed: {a_file} is a file"):
+        with pytest.raises(
+            ConfigError, match=rf"checkpoint.dir={re.escape(value)} is not allowed: {a_file} is a file"
+        ):
             check_folder(run_dir, value, resume=True)
     # a link where the run writes (its own subfolder) is refused; the user's DIR itself may be one
     target = tmp_path / "elsewhere"
@@ -74,8 +85,11 @@ def test_invalid_checkpoint_dirs_are_refused_naming_the_key(tmp_path):
     planted = configured_folder(run_dir, str(tmp_path / "scratch"))
     planted.parent.mkdir()
     planted.symlink_to(target)
-    with pytest.raises(ConfigError, match=rf"checkpoint.dir=.* is not allowed: {re.escape(str(planted))} is a "
-                                          r"symbolic link"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"checkpoint.dir=.* is not allowed: {re.escape(str(planted))} is a "
+        r"symbolic link",
+    ):
         check_folder(run_dir, str(tmp_path / "scratch"), resume=True)
 
 
@@ -102,4 +116,3 @@ def test_a_file_as_checkpoint_dir_exits_2_before_any_rank_starts(tmp_path):
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"checkpoint.dir={a_file} is not allowed: {a_file} is a file" in out.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
-

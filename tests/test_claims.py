@@ -39,6 +39,7 @@ INF = math.inf
 
 # --- the exact two-stage bootstrap -----------------------------------------------------------------------
 
+
 def test_one_study_best_of_two_by_hand():
     # two trials (10, 20): a resample misses the 10 only when it draws the 20 twice: 1/4
     assert intervals.tuned_score([[10, 20]]) == pytest.approx({10.0: 0.75, 20.0: 0.25})
@@ -49,7 +50,10 @@ def test_three_single_trial_studies_by_hand():
     dist = intervals.tuned_score([[10], [20], [30]])
     assert dist == pytest.approx({10.0: 7 / 27, 20.0: 13 / 27, 30.0: 7 / 27})
     assert intervals.interval(dist) == (10.0, 30.0)
-    assert intervals.interval(dist, level=0.4) == (20.0, 20.0)  # the 30% and 70% quantiles: CDF 7/27, then 20/27
+    assert intervals.interval(dist, level=0.4) == (
+        20.0,
+        20.0,
+    )  # the 30% and 70% quantiles: CDF 7/27, then 20/27
 
 
 def test_even_number_of_studies_by_hand():
@@ -112,13 +116,25 @@ def test_throughput_interval_is_the_declared_two_stage_bootstrap(tmp_path):
     for s, study in enumerate(studies, 1):
         for o, tp in enumerate(study, 1):
             name = f"wagma_study{s}_trial{o}"
-            trials.append({"name": name, "combo": "wagma", "study": s, "trial": o, "seed": len(trials) + 1,
-                           "params": {}, "overrides": [], "gpus": 0})
+            trials.append(
+                {
+                    "name": name,
+                    "combo": "wagma",
+                    "study": s,
+                    "trial": o,
+                    "seed": len(trials) + 1,
+                    "params": {},
+                    "overrides": [],
+                    "gpus": 0,
+                }
+            )
             (d / "trials" / name).mkdir(parents=True)
-            (d / "trials" / name / "summary.json").write_text(json.dumps(
-                {"status": "completed", "optimizer": "wagma", "throughput_samples_per_s": tp}))
-    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 3, "trials_per_study": 3, "seed": 1,
-                                             "trials": trials}))
+            (d / "trials" / name / "summary.json").write_text(
+                json.dumps({"status": "completed", "optimizer": "wagma", "throughput_samples_per_s": tp})
+            )
+    (d / "tune.json").write_text(
+        json.dumps({"version": 1, "studies": 3, "trials_per_study": 3, "seed": 1, "trials": trials})
+    )
     got = measure(d, "throughput")["wagma"]
     oracle = _pooled_median_by_enumeration(studies)
     assert got.value == statistics.median(v for s in studies for v in s)
@@ -133,26 +149,41 @@ def test_a_failed_trial_scores_as_tune_scores_it(tmp_path):
     no result, whatever best metric it logged before failing, in the claim as in `tune`'s score."""
     d = tmp_path / "transformer_budget"
     runs = {"wagma_study1_trial1": ("completed", 0.5), "wagma_study1_trial2": ("failed", 0.9)}
-    trials = [{"name": name, "combo": "wagma", "study": 1, "trial": o, "seed": o, "params": {}, "overrides": [],
-               "gpus": 0} for o, name in enumerate(runs, 1)]
+    trials = [
+        {
+            "name": name,
+            "combo": "wagma",
+            "study": 1,
+            "trial": o,
+            "seed": o,
+            "params": {},
+            "overrides": [],
+            "gpus": 0,
+        }
+        for o, name in enumerate(runs, 1)
+    ]
     for name, (status, best) in runs.items():
         (d / "trials" / name).mkdir(parents=True)
-        (d / "trials" / name / "summary.json").write_text(json.dumps(
-            {"status": status, "optimizer": "wagma", "target": None, "best_metric": best}))
-    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 1, "trials_per_study": 2, "seed": 1,
-                                             "trials": trials}))
+        (d / "trials" / name / "summary.json").write_text(
+            json.dumps({"status": status, "optimizer": "wagma", "target": None, "best_metric": best})
+        )
+    (d / "tune.json").write_text(
+        json.dumps({"version": 1, "studies": 1, "trials_per_study": 2, "seed": 1, "trials": trials})
+    )
     got = measure(d, "final_metric")["wagma"]
     # a resample that draws the failed trial twice has no result: its best metric is -inf
     assert got.value == 0.5 and got.dist == pytest.approx({0.5: 0.75, -INF: 0.25})
     _, combos, summaries = load_trials(d)
     assert score_combo(combos["wagma"], summaries, None)["score_metric"] == got.value  # tune's own score
     paired = load_script(ROOT / "reproduce" / "claims" / "paired.py")
-    assert paired.costs(d, "final_metric") == {"wagma": {(1, 1): -0.5, (1, 2): INF}}  # reproduce/claims/paired.py
+    assert paired.costs(d, "final_metric") == {
+        "wagma": {(1, 1): -0.5, (1, 2): INF}
+    }  # reproduce/claims/paired.py
 
 
 def test_ratio_best_of_and_both_missed():
     assert intervals.ratio({10.0: 0.5, 20.0: 0.5}, {10.0: 1.0}) == pytest.approx({1.0: 0.5, 2.0: 0.5})
-    assert intervals.ratio({INF: 1.0}, {INF: 1.0}) == {1.0: 1.0}          # both missed: a tie
+    assert intervals.ratio({INF: 1.0}, {INF: 1.0}) == {1.0: 1.0}  # both missed: a tie
     assert intervals.ratio({INF: 1.0}, {10.0: 1.0}) == {INF: 1.0}
     best = intervals.best_of([{10.0: 0.5, 30.0: 0.5}, {20.0: 1.0}], lower_is_better=True)
     assert best == pytest.approx({10.0: 0.5, 20.0: 0.5})
@@ -160,12 +191,13 @@ def test_ratio_best_of_and_both_missed():
 
 # --- the verdict rule --------------------------------------------------------------------------------------
 
+
 def test_verdict_rule_on_hand_made_cases():
     assert decide((1.1, 1.4), 1.0, [])[0] == "holds"
     assert decide((0.6, 0.9), 1.0, [])[0] == "does not hold"
     assert decide((0.9, 1.2), 1.0, [])[0] == "inconclusive"
-    assert decide((1.0, 1.2), 1.0, [])[0] == "inconclusive"          # touching the threshold is not above it
-    assert decide((0.96, 0.99), 0.95, [])[0] == "holds"             # a claim's own threshold
+    assert decide((1.0, 1.2), 1.0, [])[0] == "inconclusive"  # touching the threshold is not above it
+    assert decide((0.96, 0.99), 0.95, [])[0] == "holds"  # a claim's own threshold
     # a missing comparator: above is not enough, below is (one more comparator can only lower the speed-up)
     verdict, reason = decide((1.1, 1.4), 1.0, ["sgp"])
     assert verdict == "inconclusive" and "sgp" in reason
@@ -187,18 +219,28 @@ def test_a_final_metric_compared_as_a_difference():
     assert sp.interval == pytest.approx((-0.3, 0.1))
     assert sp.best == "sgp" and sp.value == pytest.approx(0.6 - 0.7)  # the point values
     assert speedup(subject, {"allreduce": others["allreduce"]}, False, "ratio").interval == pytest.approx(
-        (0.5 / 0.6, 0.7 / 0.6))
+        (0.5 / 0.6, 0.7 / 0.6)
+    )
 
 
 # --- the claims file ----------------------------------------------------------------------------------------
 
+
 def test_committed_claims_cover_the_papers():
     claims = {c.id: c for c in load_claims()}
     metrics = {(c.measured["tuning"].split("_")[0], c.metric) for c in claims.values()}
-    assert {("resnet", "throughput"), ("resnet", "time_to_target"), ("transformer", "time_to_target"),
-            ("transformer", "final_metric"), ("ddppo", "throughput"), ("ddppo", "final_metric")} <= metrics
+    assert {
+        ("resnet", "throughput"),
+        ("resnet", "time_to_target"),
+        ("transformer", "time_to_target"),
+        ("transformer", "final_metric"),
+        ("ddppo", "throughput"),
+        ("ddppo", "final_metric"),
+    } <= metrics
     assert claims["rl-throughput-1024"].predicted["world_size"] == 1024
-    assert any(c.subject == "local_sgd" and c.comparators == ("allreduce",) for c in claims.values())  # PR-SGD
+    assert any(
+        c.subject == "local_sgd" and c.comparators == ("allreduce",) for c in claims.values()
+    )  # PR-SGD
 
 
 def test_committed_sources_follow_the_protocol():
@@ -213,7 +255,9 @@ def test_committed_sources_follow_the_protocol():
         plan, combos, summaries = load_trials(tune_dir)
         assert len(combos) >= 2 and optimizer_changes(tune_dir, combos) >= 0.5, f"{tune_dir}: not interleaved"
         assert all(trial_finished(s) for s in summaries.values()), f"{tune_dir}: a trial did not finish"
-        assert all(s.get("reference_s", 0) > 0 for s in summaries.values()), f"{tune_dir}: a trial lacks a reference"
+        assert all(s.get("reference_s", 0) > 0 for s in summaries.values()), (
+            f"{tune_dir}: a trial lacks a reference"
+        )
         if plan["studies"] >= 5 and plan["trials_per_study"] >= 5:
             at_5x5.add(tune_dir)
     assert len(at_5x5) >= 3
@@ -226,17 +270,28 @@ def test_committed_sources_follow_the_protocol():
         assert math.isfinite(drift["elasticity"]) and drift["elasticity_se"] > 0, r["id"]
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"metric": "bleu"}, "metric='bleu' is not allowed; one of time_to_target"),
-    ({"subject": "nesterov"}, "optimizer 'nesterov' is not registered"),
-    ({"colour": "red"}, "unknown key(s) colour"),
-    ({"predicted": {"simulate": "rl"}}, "predicted needs simulate, world_size and assumptions"),
-    ({"compare": "log"}, "compare='log' is not allowed; one of ratio, difference"),
-    ({"compare": "difference"}, "compare=difference is for metric=final_metric"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"metric": "bleu"}, "metric='bleu' is not allowed; one of time_to_target"),
+        ({"subject": "nesterov"}, "optimizer 'nesterov' is not registered"),
+        ({"colour": "red"}, "unknown key(s) colour"),
+        ({"predicted": {"simulate": "rl"}}, "predicted needs simulate, world_size and assumptions"),
+        ({"compare": "log"}, "compare='log' is not allowed; one of ratio, difference"),
+        ({"compare": "difference"}, "compare=difference is for metric=final_metric"),
+    ],
+)
 def test_a_bad_claim_is_refused_naming_it(tmp_path, change, message):
-    good = {"id": "c1", "paper": "p", "says": "s", "condition": "c", "metric": "throughput", "subject": "wagma",
-            "comparators": ["allreduce"], "measured": {"tuning": "t"}}
+    good = {
+        "id": "c1",
+        "paper": "p",
+        "says": "s",
+        "condition": "c",
+        "metric": "throughput",
+        "subject": "wagma",
+        "comparators": ["allreduce"],
+        "measured": {"tuning": "t"},
+    }
     path = tmp_path / "claims.yaml"
     path.write_text(json.dumps({"claims": [{**good, **change}]}))
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
@@ -254,7 +309,10 @@ def test_a_claims_file_that_is_not_yaml_is_refused_in_one_line(tmp_path, capsys)
 
 # --- end to end on a tiny fixture --------------------------------------------------------------------------
 
-def _tuning(root: Path, name: str, times: dict[str, list[list[float | None]]], throughput: dict[str, float]) -> Path:
+
+def _tuning(
+    root: Path, name: str, times: dict[str, list[list[float | None]]], throughput: dict[str, float]
+) -> Path:
     """A tuning directory as `wagma-bench tune` writes it: tune.json and each trial's summary.json
     (None: a trial that has not finished)."""
     d = root / name
@@ -263,61 +321,151 @@ def _tuning(root: Path, name: str, times: dict[str, list[list[float | None]]], t
         for s, study in enumerate(studies, 1):
             for o, t in enumerate(study, 1):
                 trial = f"{opt}_study{s}_trial{o}"
-                trials.append({"name": trial, "combo": opt, "study": s, "trial": o, "seed": len(trials) + 1,
-                               "params": {}, "overrides": [f"optimizer={opt}"], "gpus": 0})
+                trials.append(
+                    {
+                        "name": trial,
+                        "combo": opt,
+                        "study": s,
+                        "trial": o,
+                        "seed": len(trials) + 1,
+                        "params": {},
+                        "overrides": [f"optimizer={opt}"],
+                        "gpus": 0,
+                    }
+                )
                 if t is None:
                     continue
                 run = d / "trials" / trial
                 run.mkdir(parents=True)
-                (run / "summary.json").write_text(json.dumps({
-                    "status": "completed" if math.isfinite(t) else "time_limit", "optimizer": opt,
-                    "workload": "resnet", "world_size": 4, "imbalance": "paper", "reached": math.isfinite(t),
-                    "time_to_target_s": t if math.isfinite(t) else None, "compute_imbalance": 1.5,
-                    "throughput_samples_per_s": throughput[opt] + o, "best_metric": 0.9}))
+                (run / "summary.json").write_text(
+                    json.dumps(
+                        {
+                            "status": "completed" if math.isfinite(t) else "time_limit",
+                            "optimizer": opt,
+                            "workload": "resnet",
+                            "world_size": 4,
+                            "imbalance": "paper",
+                            "reached": math.isfinite(t),
+                            "time_to_target_s": t if math.isfinite(t) else None,
+                            "compute_imbalance": 1.5,
+                            "throughput_samples_per_s": throughput[opt] + o,
+                            "best_metric": 0.9,
+                        }
+                    )
+                )
     (d / "tune.json").parent.mkdir(parents=True, exist_ok=True)
-    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": len(next(iter(times.values()))),
-                                             "trials_per_study": 3, "seed": 1, "max_runtime_s": 150.0,
-                                             "trials": trials}))
+    (d / "tune.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "studies": len(next(iter(times.values()))),
+                "trials_per_study": 3,
+                "seed": 1,
+                "max_runtime_s": 150.0,
+                "trials": trials,
+            }
+        )
+    )
     return d
 
 
 def _claims_file(tmp_path: Path) -> Path:
     path = tmp_path / "claims.yaml"
     base = {"paper": "WAGMA-SGD", "says": "faster", "condition": "stragglers", "subject": "wagma"}
-    path.write_text(json.dumps({"claims": [
-        {**base, "id": "fast", "metric": "time_to_target", "comparators": ["allreduce", "sgp"],
-         "measured": {"tuning": "resnet_paper", "here": "ResNet-20"},
-         "predicted": {"simulate": "resnet50", "world_size": 64, "assumptions": "Daint"}},
-        {**base, "id": "slower-than-sgp", "metric": "throughput", "comparators": ["sgp"],
-         "measured": {"tuning": "resnet_paper"}},
-        {**base, "id": "missing-one", "metric": "time_to_target", "comparators": ["allreduce", "dpsgd"],
-         "measured": {"tuning": "resnet_paper"}},
-        {**base, "id": "no-data", "metric": "time_to_target", "comparators": ["allreduce"],
-         "measured": {"tuning": "transformer"}},
-    ]}))
+    path.write_text(
+        json.dumps(
+            {
+                "claims": [
+                    {
+                        **base,
+                        "id": "fast",
+                        "metric": "time_to_target",
+                        "comparators": ["allreduce", "sgp"],
+                        "measured": {"tuning": "resnet_paper", "here": "ResNet-20"},
+                        "predicted": {"simulate": "resnet50", "world_size": 64, "assumptions": "Daint"},
+                    },
+                    {
+                        **base,
+                        "id": "slower-than-sgp",
+                        "metric": "throughput",
+                        "comparators": ["sgp"],
+                        "measured": {"tuning": "resnet_paper"},
+                    },
+                    {
+                        **base,
+                        "id": "missing-one",
+                        "metric": "time_to_target",
+                        "comparators": ["allreduce", "dpsgd"],
+                        "measured": {"tuning": "resnet_paper"},
+                    },
+                    {
+                        **base,
+                        "id": "no-data",
+                        "metric": "time_to_target",
+                        "comparators": ["allreduce"],
+                        "measured": {"tuning": "transformer"},
+                    },
+                ]
+            }
+        )
+    )
     return path
 
 
 def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     results = tmp_path / "results"
-    _tuning(results, "resnet_paper", {
-        "wagma": [[30, 32, 35], [31, 33, INF], [29, 36, 40]],
-        "allreduce": [[70, 72, 80], [66, 75, INF], [71, 73, 90]],
-        "sgp": [[60, 65, 62], [61, 64, 68], [59, 70, None]],     # one trial not finished: left out
-    }, throughput={"wagma": 400.0, "allreduce": 300.0, "sgp": 500.0})
+    _tuning(
+        results,
+        "resnet_paper",
+        {
+            "wagma": [[30, 32, 35], [31, 33, INF], [29, 36, 40]],
+            "allreduce": [[70, 72, 80], [66, 75, INF], [71, 73, 90]],
+            "sgp": [[60, 65, 62], [61, 64, 68], [59, 70, None]],  # one trial not finished: left out
+        },
+        throughput={"wagma": 400.0, "allreduce": 300.0, "sgp": 500.0},
+    )
     sim = results / "paper-scale" / "resnet50"
     sim.mkdir(parents=True)
-    (sim / "predictions.json").write_text(json.dumps([
-        {"optimizer": o, "world_size": p, "throughput": tp, "time_to_target_s": 1e6 / tp}
-        for o, tp in (("wagma", 2000.0), ("allreduce", 1000.0), ("sgp", 1600.0)) for p in (16, 64)]))
+    (sim / "predictions.json").write_text(
+        json.dumps(
+            [
+                {"optimizer": o, "world_size": p, "throughput": tp, "time_to_target_s": 1e6 / tp}
+                for o, tp in (("wagma", 2000.0), ("allreduce", 1000.0), ("sgp", 1600.0))
+                for p in (16, 64)
+            ]
+        )
+    )
+
     # simulate --interval's file: three replicates, and the spread knob along which WAGMA-SGD's time ties SGP's
     def at64(wagma, sgp):
-        return {"64": {"wagma": {"time_to_target_s": wagma}, "allreduce": {"time_to_target_s": 1000.0},
-                       "sgp": {"time_to_target_s": sgp}}}
-    (sim / "interval.json").write_text(json.dumps({
-        "replicates": 3, "resampled": ["a new seed"], "predictions": [at64(500, 600), at64(450, 650), at64(520, 500)],
-        "sensitivity": [{"knob": "spread", "says": "the spread were times", "value": f, "factor": True, "base": 1.0,
-                         "predicted": at64(500 * f, 625)} for f in (0.5, 1.0, 2.0)]}))
+        return {
+            "64": {
+                "wagma": {"time_to_target_s": wagma},
+                "allreduce": {"time_to_target_s": 1000.0},
+                "sgp": {"time_to_target_s": sgp},
+            }
+        }
+
+    (sim / "interval.json").write_text(
+        json.dumps(
+            {
+                "replicates": 3,
+                "resampled": ["a new seed"],
+                "predictions": [at64(500, 600), at64(450, 650), at64(520, 500)],
+                "sensitivity": [
+                    {
+                        "knob": "spread",
+                        "says": "the spread were times",
+                        "value": f,
+                        "factor": True,
+                        "base": 1.0,
+                        "predicted": at64(500 * f, 625),
+                    }
+                    for f in (0.5, 1.0, 2.0)
+                ],
+            }
+        )
+    )
     out = tmp_path / "claims"
     readme = tmp_path / "README.md"
     readme.write_text("# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nthe rest\n")
@@ -333,7 +481,9 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     fast = got["fast"]
     assert fast["verdict"] == "holds"
     assert fast["measured"]["best_comparator"] == "sgp"
-    assert fast["measured"]["speedup"] == pytest.approx(statistics.median([60, 61, 59]) / statistics.median([30, 31, 29]))
+    assert fast["measured"]["speedup"] == pytest.approx(
+        statistics.median([60, 61, 59]) / statistics.median([30, 31, 29])
+    )
     lo, hi = fast["measured"]["interval"]
     assert 1 < lo <= fast["measured"]["speedup"] <= hi
     sgp = fast["measured"]["optimizers"]["sgp"]
@@ -342,8 +492,9 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert fast["predicted"]["best"] == "sgp"
     # the interval: percentiles of each replicate's best-comparator time over WAGMA-SGD's; the speed-up 625 / (500 f)
     # is 1.25 at f = 1 and 0.625 at f = 2: linear between them, it ties at f = 1.4
-    assert fast["predicted"]["interval"] == pytest.approx(list(np.percentile([600 / 500, 650 / 450, 500 / 520],
-                                                                            [2.5, 97.5])))
+    assert fast["predicted"]["interval"] == pytest.approx(
+        list(np.percentile([600 / 500, 650 / 450, 500 / 520], [2.5, 97.5]))
+    )
     assert fast["predicted"]["flip"] == "ties if the spread were times 1.4"
 
     assert got["slower-than-sgp"]["verdict"] == "does not hold"
@@ -354,7 +505,7 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert "1 hold, 1 do not hold, 2 inconclusive (of 4)" in text
     assert "| `fast` |" in text and "**holds**" in text
     assert "| 3 x 3 (sgp: 8 of 9 trials) |" in text  # the headline says what was measured, not the plan
-    table = text[text.index("| claim |"):text.index("\n\n", text.index("| claim |"))]
+    table = text[text.index("| claim |") : text.index("\n\n", text.index("| claim |"))]
     assert readme.read_text() == f"# A\n\n<!-- claims:begin -->\n{table}\n<!-- claims:end -->\n\nthe rest\n"
 
 
@@ -379,7 +530,9 @@ def test_claims_refuses_a_planted_link_and_leaves_its_target(tmp_path, capsys):
     assert victim.read_text() == "keep me\n" and (out / "claims.md").is_symlink()
 
 
-@pytest.mark.parametrize("damage", ["", '{"version": 1, "studies": 3, "tri', "[1, 2]", '{"trials": [{"name": 1}]}'])
+@pytest.mark.parametrize(
+    "damage", ["", '{"version": 1, "studies": 3, "tri', "[1, 2]", '{"trials": [{"name": 1}]}']
+)
 def test_a_damaged_tuning_plan_is_refused_in_one_line_naming_it(tmp_path, capsys, damage):
     results = tmp_path / "results"
     tuning = _tuning(results, "resnet_paper", {"wagma": [[30.0, 31.0, 32.0]]}, {"wagma": 1.0})
@@ -401,10 +554,26 @@ def test_a_readme_without_its_block_is_refused_before_anything_is_written(tmp_pa
     readme = tmp_path / "README.md"
     if readme_text is not None:
         readme.write_text(readme_text)
-    assert main([str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]) == 2
+    assert (
+        main(
+            [
+                str(results),
+                "--out",
+                str(out),
+                "--claims",
+                str(_claims_file(tmp_path)),
+                "--readme",
+                str(readme),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(readme) in err[0], err
-    assert sorted(p.name for p in out.iterdir()) == ["claims.md"] and (out / "claims.md").read_text() == "earlier\n"
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["claims.md"]
+        and (out / "claims.md").read_text() == "earlier\n"
+    )
     assert readme_text is None or readme.read_text() == readme_text
 
 
@@ -468,10 +637,12 @@ def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path)
     readme = (ROOT / "README.md").read_text()
     block = README_BLOCK.search(readme)
     assert block, "README.md has no <!-- claims:begin --> ... <!-- claims:end --> block"
-    assert block.group(0) == README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2),
-                                              block.group(0)), (
+    assert block.group(0) == README_BLOCK.sub(
+        lambda m: m.group(1) + summary_table(results) + m.group(2), block.group(0)
+    ), (
         "README.md's claims table differs from what `wagma-bench claims` makes of the committed results: run "
-        "wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md")
+        "wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md"
+    )
     committed = (ROOT / "reproduce" / "claims" / "claims.md").read_text()
     assert summary_table(results).strip() in committed, "reproduce/claims/claims.md is stale: regenerate it"
 
@@ -479,19 +650,25 @@ def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path)
 def test_one_command_makes_every_claims_data():
     """reproduce/claims/mini.sh runs every tuning and simulation the claims read (by their folder names)."""
     claims = load_claims()
-    setups = set(re.findall(r"^\s+\[(\w+)\]=", (ROOT / "reproduce" / "tuning" / "mini.sh").read_text(), re.MULTILINE))
+    setups = set(
+        re.findall(r"^\s+\[(\w+)\]=", (ROOT / "reproduce" / "tuning" / "mini.sh").read_text(), re.MULTILINE)
+    )
     script = (ROOT / "reproduce" / "claims" / "mini.sh").read_text()
     for c in claims:
-        assert c.measured["tuning"] in setups, f"{c.id}: reproduce/tuning/mini.sh has no setup {c.measured['tuning']}"
+        assert c.measured["tuning"] in setups, (
+            f"{c.id}: reproduce/tuning/mini.sh has no setup {c.measured['tuning']}"
+        )
         assert re.search(rf"\b{c.measured['tuning']}\b", script), f"{c.id}: reproduce/claims/mini.sh skips it"
         if c.predicted:
-            assert f"paper-scale/{c.predicted['simulate']}\"" in script, f"{c.id}: no simulation writes it"
+            assert f'paper-scale/{c.predicted["simulate"]}"' in script, f"{c.id}: no simulation writes it"
 
 
 # --- every speed-up the prose quotes is a committed one, or says that it was one ------------------------------
 
 # "0.96x [0.92x, 1.02x]", "0.91x vs SGP [0.71x, 1.05x]", "-0.09, interval [-0.34, +0.02]"
-FIGURE = re.compile(r"([+-]?\d+\.\d+x?)(?:,?\s+(?:vs\s+[\w-]+|interval))?\s+\[([+-]?\d+\.\d+x?),\s+([+-]?\d+\.\d+x?)\]")
+FIGURE = re.compile(
+    r"([+-]?\d+\.\d+x?)(?:,?\s+(?:vs\s+[\w-]+|interval))?\s+\[([+-]?\d+\.\d+x?),\s+([+-]?\d+\.\d+x?)\]"
+)
 # a figure whose sentence says it is a former one, up to the figure
 FORMER = re.compile(r"\b(?:[Bb]efore|was|were|had|gave|block-tuned)\b")
 PROSE = [ROOT / "README.md", ROOT / "docs" / "claims.md"]
@@ -503,10 +680,14 @@ def quoted_figures(text: str) -> tuple[list[str], list[str]]:
     text = README_BLOCK.sub("", text)
     current, former = [], []
     for m in FIGURE.finditer(text):
-        start = max(text.rfind(". ", 0, m.start()), text.rfind(".\n", 0, m.start()), text.rfind("\n- ", 0, m.start()),
-                    text.rfind("\n\n", 0, m.start()))
+        start = max(
+            text.rfind(". ", 0, m.start()),
+            text.rfind(".\n", 0, m.start()),
+            text.rfind("\n- ", 0, m.start()),
+            text.rfind("\n\n", 0, m.start()),
+        )
         figure = f"{m.group(1)} [{m.group(2)}, {m.group(3)}]"
-        (former if FORMER.search(text[start + 1:m.start()]) else current).append(figure)
+        (former if FORMER.search(text[start + 1 : m.start()]) else current).append(figure)
     return current, former
 
 
@@ -528,11 +709,15 @@ def committed_figures() -> set[str]:
 
 
 def test_quoted_figures_are_told_apart_from_former_ones():
-    text = ("- **Inconclusive: X** (was \"holds\"). It is 0.96x vs SGP [0.92x, 1.02x], drift-adjusted 0.95x "
-            "[0.90x, 1.01x]. Before, block by block: 0.94x [0.85x, 1.01x]; a difference -0.09, interval "
-            "[-0.34, +0.02] (at 3 x 3 it was -0.31 [-0.64, +0.31]).")
-    assert quoted_figures(text) == (["0.96x [0.92x, 1.02x]", "0.95x [0.90x, 1.01x]"],
-                                    ["0.94x [0.85x, 1.01x]", "-0.09 [-0.34, +0.02]", "-0.31 [-0.64, +0.31]"])
+    text = (
+        '- **Inconclusive: X** (was "holds"). It is 0.96x vs SGP [0.92x, 1.02x], drift-adjusted 0.95x '
+        "[0.90x, 1.01x]. Before, block by block: 0.94x [0.85x, 1.01x]; a difference -0.09, interval "
+        "[-0.34, +0.02] (at 3 x 3 it was -0.31 [-0.64, +0.31])."
+    )
+    assert quoted_figures(text) == (
+        ["0.96x [0.92x, 1.02x]", "0.95x [0.90x, 1.01x]"],
+        ["0.94x [0.85x, 1.01x]", "-0.09 [-0.34, +0.02]", "-0.31 [-0.64, +0.31]"],
+    )
 
 
 @pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
@@ -544,8 +729,10 @@ def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
     assert current, f"{path.name} quotes no figure: the pattern no longer finds them"
     committed = committed_figures()
     stale = [f for f in current if f not in committed]
-    assert not stale, (f"{path.name} quotes {stale}, not in reproduce/claims/claims.json (regenerate the claims and "
-                       "update the prose, or say that the figure was a former one)")
+    assert not stale, (
+        f"{path.name} quotes {stale}, not in reproduce/claims/claims.json (regenerate the claims and "
+        "update the prose, or say that the figure was a former one)"
+    )
 
 
 def test_tune_report_claims_and_paired_score_one_tuning_alike(tmp_path):
@@ -558,12 +745,21 @@ def test_tune_report_claims_and_paired_score_one_tuning_alike(tmp_path):
     from wagma_bench.analysis import claims as claims_lib
     from wagma_bench.analysis import scoring, tuning
 
-    d = _tuning(tmp_path, "t", {"allreduce": [[20.0, 30.0], [25.0, None], [None, None]],
-                                "wagma": [[15.0, math.inf], [40.0, 18.0], [12.0, 14.0]]},
-                {"allreduce": 100.0, "wagma": 110.0})
+    d = _tuning(
+        tmp_path,
+        "t",
+        {
+            "allreduce": [[20.0, 30.0], [25.0, None], [None, None]],
+            "wagma": [[15.0, math.inf], [40.0, 18.0], [12.0, 14.0]],
+        },
+        {"allreduce": 100.0, "wagma": 110.0},
+    )
     failed = d / "trials" / "wagma_study3_trial2" / "summary.json"
-    failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed", "reached": False,
-                                  "time_to_target_s": None}))
+    failed.write_text(
+        json.dumps(
+            {**json.loads(failed.read_text()), "status": "failed", "reached": False, "time_to_target_s": None}
+        )
+    )
     expected = {"allreduce": statistics.median([20.0, 25.0]), "wagma": statistics.median([15.0, 18.0, 12.0])}
 
     tuned = {e["optimizer"]: e for e in tuning.score(d)["results"]}

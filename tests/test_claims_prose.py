@@ -25,8 +25,15 @@ from wagma_bench.analysis.tuning import load_trials, trial_finished
 ROOT = Path(__file__).resolve().parents[1]
 README, DOC = ROOT / "README.md", ROOT / "docs" / "claims.md"
 CLAIMS_MD = "reproduce/claims/claims.md"
-NAMES = {"Allreduce-SGD": "allreduce", "WAGMA-SGD": "wagma", "local SGD": "local_sgd", "D-PSGD": "dpsgd",
-         "AD-PSGD": "adpsgd", "SGP": "sgp", "eager-SGD": "eager"}
+NAMES = {
+    "Allreduce-SGD": "allreduce",
+    "WAGMA-SGD": "wagma",
+    "local SGD": "local_sgd",
+    "D-PSGD": "dpsgd",
+    "AD-PSGD": "adpsgd",
+    "SGP": "sgp",
+    "eager-SGD": "eager",
+}
 # the README's bullet for each claim, by its heading after the verdict
 BULLETS = {
     "WAGMA-SGD's throughput under injected stragglers": "resnet-stragglers-throughput",
@@ -40,16 +47,30 @@ BULLETS = {
 }
 # figures that come from a file other than the claims' own, each with where it is checked or measured
 ELSEWHERE = {
-    ("resnet-stragglers-time-to-accuracy", "2x"): "docs/tests.md#ten-minutes (WAGMA-SGD's time at the defaults)",
-    ("resnet-stragglers-time-to-accuracy", "0.95-0.96"): "the trials' evaluations (events.jsonl), not checked",
+    (
+        "resnet-stragglers-time-to-accuracy",
+        "2x",
+    ): "docs/tests.md#ten-minutes (WAGMA-SGD's time at the defaults)",
+    (
+        "resnet-stragglers-time-to-accuracy",
+        "0.95-0.96",
+    ): "the trials' evaluations (events.jsonl), not checked",
     ("resnet-stragglers-throughput", "0.32"): "the condition: the authors' injected sleep, not a measurement",
-    ("resnet-stragglers-throughput", "44%"): "the condition: the authors' rule at 4 ranks (docs/imbalance.md)",
-    ("transformer-time-to-solution", "6"): "former: the 2026-12-02 tuning's scores (git history), not checked",
+    (
+        "resnet-stragglers-throughput",
+        "44%",
+    ): "the condition: the authors' rule at 4 ranks (docs/imbalance.md)",
+    (
+        "transformer-time-to-solution",
+        "6",
+    ): "former: the 2026-12-02 tuning's scores (git history), not checked",
 }
 NUMBER = r"[+-]?\d[\d,]*(?:\.\d+)?"
 WHO = "|".join(sorted(map(re.escape, NAMES), key=len, reverse=True))  # AD-PSGD before D-PSGD
 RATIO = re.compile(rf"(?<![\w.])({NUMBER})x\b")
-BRACKET = re.compile(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")  # an interval written without its x: "[0.85, 1.01]"
+BRACKET = re.compile(
+    r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]"
+)  # an interval written without its x: "[0.85, 1.01]"
 VALUE = r"\d{1,3}(?:,\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?"
 RANGE = re.compile(rf"(?<![\w.,:-])({VALUE})-({VALUE})(?![\w.%x]|-\d| ?%)")
 UP_TO = re.compile(r"\bup to (\d+)\b(?!\.\d)")  # "up to 0.16" is no count of rounds
@@ -79,16 +100,19 @@ def matches(written: str, values) -> bool:
 def history_rows() -> dict[str, list[str]]:
     """Each claim's row of the summary table in every committed version of reproduce/claims/claims.md. A test that
     needs them is skipped, saying so, in a clone without that history (``git clone --depth 1``)."""
-    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
-                             text=True, check=False)
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if shallow.returncode != 0 or shallow.stdout.strip() != "false":
         pytest.skip("former figures are checked against every committed claims.md: this clone has no history")
-    shas = subprocess.run(["git", "log", "--format=%H", "--", CLAIMS_MD], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.split()
+    shas = subprocess.run(
+        ["git", "log", "--format=%H", "--", CLAIMS_MD], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     rows: dict[str, list[str]] = {}
     for sha in shas:
-        text = subprocess.run(["git", "show", f"{sha}:{CLAIMS_MD}"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run(
+            ["git", "show", f"{sha}:{CLAIMS_MD}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
         for m in re.finditer(r"^\| `([\w-]+)` \|.*$", text, re.MULTILINE):
             rows.setdefault(m.group(1), []).append(re.sub(r" vs [\w-]+", "", m.group(0)))
     return rows
@@ -111,9 +135,17 @@ def current_ratios(r: dict) -> list[float]:
 def speedups(part) -> list[float]:
     """Every speed-up and interval end in ``part`` at any depth (a drift adjustment may carry more than one)."""
     if isinstance(part, dict):
-        return [v for key, value in part.items() for v in
-                (speedups(value) if isinstance(value, dict) else _numbers(value) if "speedup" in key or "interval"
-                 in key else [])]
+        return [
+            v
+            for key, value in part.items()
+            for v in (
+                speedups(value)
+                if isinstance(value, dict)
+                else _numbers(value)
+                if "speedup" in key or "interval" in key
+                else []
+            )
+        ]
     return []
 
 
@@ -153,23 +185,29 @@ def sentences(text: str) -> list[str]:
 
 # --- the checks, each returning what it found wrong ----------------------------------------------------------
 
+
 def ratio_problems(text: str, claims: list[dict]) -> list[str]:
     """A ratio must be a current or former figure of one of ``claims`` (at the precision written)."""
     values = [v for r in claims for v in current_ratios(r) + former_ratios(r["id"])]
     ids = {r["id"] for r in claims}
     written = [(m.group(0), m.group(1)) for m in RATIO.finditer(text)]
     written += [(f"{end} of {m.group(0)}", end) for m in BRACKET.finditer(text) for end in m.groups()]
-    return [f"{said} is no figure of {sorted(ids)} in claims.json or a committed claims.md"
-            for said, value in written if not matches(value, values)
-            and not any((i, said) in ELSEWHERE for i in ids)]
+    return [
+        f"{said} is no figure of {sorted(ids)} in claims.json or a committed claims.md"
+        for said, value in written
+        if not matches(value, values) and not any((i, said) in ELSEWHERE for i in ids)
+    ]
 
 
 def former_interval_problems(text: str, claim: str) -> list[str]:
     """A speed-up with an interval quoted as a former one must be in a committed claims.md's row for it."""
     _, former = quoted_figures(text)
     rows = history_rows().get(claim, [])
-    return [f"{f} (said to be former) is in no committed claims.md row of {claim}"
-            for f in former if not any(f.split(" [")[0] in row and "[" + f.split(" [")[1] in row for row in rows)]
+    return [
+        f"{f} (said to be former) is in no committed claims.md row of {claim}"
+        for f in former
+        if not any(f.split(" [")[0] in row and "[" + f.split(" [")[1] in row for row in rows)
+    ]
 
 
 def range_problems(text: str, r: dict) -> list[str]:
@@ -181,16 +219,18 @@ def range_problems(text: str, r: dict) -> list[str]:
     for m in RANGE.finditer(text):
         if (r["id"], m.group(0)) in ELSEWHERE:
             continue
-        pool = rounds if text[m.end():].startswith(" rounds") else values
+        pool = rounds if text[m.end() :].startswith(" rounds") else values
         bad = [end for end in m.groups() if not matches(end, pool)]
         if bad:
-            out.append(f"{m.group(0)}: {', '.join(bad)} is no {'trial' if pool is rounds else 'optimizer'} value "
-                       f"of {r['id']} (optimizers: {', '.join(f'{v:.2f}' for v in sorted(values))})")
+            out.append(
+                f"{m.group(0)}: {', '.join(bad)} is no {'trial' if pool is rounds else 'optimizer'} value "
+                f"of {r['id']} (optimizers: {', '.join(f'{v:.2f}' for v in sorted(values))})"
+            )
     return out
 
 
 def step_problems(text: str, r: dict) -> list[str]:
-    """"up to N" rounds is the most a trial trained, "N in the median" an optimizer's median, of the optimizer the
+    """ "up to N" rounds is the most a trial trained, "N in the median" an optimizer's median, of the optimizer the
     sentence names (any, where it names none) in the claim's tuning folder."""
     trained = steps(r)
     out = []
@@ -199,16 +239,22 @@ def step_problems(text: str, r: dict) -> list[str]:
         for m in UP_TO.finditer(sentence):
             most = max(max(trained[o]) for o in who)
             if int(m.group(1)) != most:
-                out.append(f"up to {m.group(1)} rounds ({', '.join(who)}): {r['measured']['source']} says {most}")
+                out.append(
+                    f"up to {m.group(1)} rounds ({', '.join(who)}): {r['measured']['source']} says {most}"
+                )
         for m in MEDIAN.finditer(sentence):
             medians = {o: statistics.median(trained[o]) for o in who}
             if int(m.group(1)) not in medians.values():
-                out.append(f"{m.group(1)} in the median ({', '.join(who)}): {r['measured']['source']} says {medians}")
+                out.append(
+                    f"{m.group(1)} in the median ({', '.join(who)}): {r['measured']['source']} says {medians}"
+                )
     return out
 
 
 UNIT_VALUE = re.compile(rf"(?<![\w.,-])({VALUE}) (?:s|samples/s)\b")
-WHO_VALUE = re.compile(rf"(?<![\w-])(?:{WHO})(?:'s)?(?: score,| score is)? ({VALUE})(?![\w.%x-]|,\d| (?:rounds|trials|ranks)\b)")
+WHO_VALUE = re.compile(
+    rf"(?<![\w-])(?:{WHO})(?:'s)?(?: score,| score is)? ({VALUE})(?![\w.%x-]|,\d| (?:rounds|trials|ranks)\b)"
+)
 PERCENT_OF = re.compile(rf"(\d+)% (above|below) (?:tuned )?({WHO})'s ({VALUE})")
 TRIALS = re.compile(r"(?<!x )(?<![\w.,-])(\d+) trials\b")
 
@@ -221,7 +267,9 @@ def optimizer_values(claim: str) -> tuple[float, ...]:
 
     r = _claims()[claim]
     values = [m["value"] for m in r["measured"]["optimizers"].values()]
-    values += _numbers(list(((r.get("drift_adjusted") or {}).get("values") or {}).values()))  # at the fitted e
+    values += _numbers(
+        list(((r.get("drift_adjusted") or {}).get("values") or {}).values())
+    )  # at the fitted e
     source = ROOT / r["measured"]["source"]
     median, _, _ = drift_reference(source)
     if median is not None:
@@ -248,16 +296,24 @@ def value_problems(text: str, r: dict) -> list[str]:
         other = r["measured"]["optimizers"][NAMES[m.group(3)]]["value"]
         said = (1 if m.group(2) == "above" else -1) * int(m.group(1))
         if round(100 * (subject / other - 1)) != said:
-            out.append(f"{m.group(0)}: {r['subject']}'s {subject:.1f} is {100 * (subject / other - 1):+.1f}% of it")
+            out.append(
+                f"{m.group(0)}: {r['subject']}'s {subject:.1f} is {100 * (subject / other - 1):+.1f}% of it"
+            )
     finished = sum(m["finished"] for m in r["measured"]["optimizers"].values())
-    out += [f"{m.group(0)}: {r['id']} measured {finished}" for m in TRIALS.finditer(text) if int(m.group(1)) != finished]
+    out += [
+        f"{m.group(0)}: {r['id']} measured {finished}"
+        for m in TRIALS.finditer(text)
+        if int(m.group(1)) != finished
+    ]
     return out
 
 
 def spread_cvs() -> list[float]:
     """The coefficients of variation of docs/claims.md's spread table (tests/test_generated_docs.py checks it is
     spread.py's output of the committed study)."""
-    block = re.search(r"<!-- spread:begin -->\n(.*?)\n<!-- spread:end -->", DOC.read_text(), re.DOTALL).group(1)
+    block = re.search(r"<!-- spread:begin -->\n(.*?)\n<!-- spread:end -->", DOC.read_text(), re.DOTALL).group(
+        1
+    )
     return [float(x) for x in re.findall(r", (\d\.\d\d) \|", block)]
 
 
@@ -266,32 +322,49 @@ DIFFER = re.compile(r"The three Transformer claims' point figures differ from 1 
 
 
 def spread_problems(text: str) -> list[str]:
-    """"moves by 9%", "by 9-12%", "2% from the machine": coefficients of variation of the spread study."""
+    """ "moves by 9%", "by 9-12%", "2% from the machine": coefficients of variation of the spread study."""
     cvs = [100 * v for v in spread_cvs()]
-    return [f"{m.group(0)}: {x}% is no CV of the spread table ({sorted(set(cvs))})" for m in SPREAD.finditer(text)
-            for x in m.groups() if x and not matches(x, cvs)]
+    return [
+        f"{m.group(0)}: {x}% is no CV of the spread table ({sorted(set(cvs))})"
+        for m in SPREAD.finditer(text)
+        for x in m.groups()
+        if x and not matches(x, cvs)
+    ]
 
 
 def differ_problems(text: str, claims: dict[str, dict]) -> list[str]:
-    """"The three Transformer claims' point figures differ from 1 by 0-8%": from the nearest to the farthest."""
-    gaps = sorted(round(100 * abs(1 - r["measured"]["speedup"])) for c, r in claims.items() if c.startswith("transformer"))
-    return [f"{m.group(0)}: claims.json's differ by {gaps}" for m in DIFFER.finditer(text)
-            if (int(m.group(1)), int(m.group(2))) != (gaps[0], gaps[-1])]
+    """ "The three Transformer claims' point figures differ from 1 by 0-8%": from the nearest to the farthest."""
+    gaps = sorted(
+        round(100 * abs(1 - r["measured"]["speedup"]))
+        for c, r in claims.items()
+        if c.startswith("transformer")
+    )
+    return [
+        f"{m.group(0)}: claims.json's differ by {gaps}"
+        for m in DIFFER.finditer(text)
+        if (int(m.group(1)), int(m.group(2))) != (gaps[0], gaps[-1])
+    ]
 
 
 def claim_problems(text: str, r: dict) -> list[str]:
     text = " ".join(text.split())
-    return (ratio_problems(text, [r]) + former_interval_problems(text, r["id"]) + range_problems(text, r)
-            + step_problems(text, r) + value_problems(text, r)
-            + (spread_problems(text) if r["id"].startswith("transformer") else []))
+    return (
+        ratio_problems(text, [r])
+        + former_interval_problems(text, r["id"])
+        + range_problems(text, r)
+        + step_problems(text, r)
+        + value_problems(text, r)
+        + (spread_problems(text) if r["id"].startswith("transformer") else [])
+    )
 
 
 # --- the README's bullets --------------------------------------------------------------------------------------
 
+
 def readme_bullets() -> dict[str, tuple[str, str]]:
     """Each claim's bullet in the README's headline section: (the verdict its heading gives, its text)."""
     text = README.read_text()
-    section = text[text.index("What the table says"):text.index("Other measurements")]
+    section = text[text.index("What the table says") : text.index("Other measurements")]
     out = {}
     for bullet in section.split("\n- ")[1:]:
         m = re.match(r"\*\*([\w ]+): (.+?)\*\*", bullet)
@@ -315,6 +388,7 @@ def test_readme_bullet_figures_are_in_their_files(claim):
 
 # --- docs/claims.md ----------------------------------------------------------------------------------------------
 
+
 def doc_paragraphs() -> list[str]:
     """docs/claims.md's prose paragraphs, without its generated blocks and code."""
     text = re.sub(r"<!-- (\w+):begin -->.*?<!-- \1:end -->", "", DOC.read_text(), flags=re.DOTALL)
@@ -324,7 +398,9 @@ def doc_paragraphs() -> list[str]:
 
 def paired_rows() -> dict[str, dict[str, tuple[float, float]]]:
     """docs/claims.md's paired table (tests/test_generated_docs.py checks it is paired.py's output)."""
-    block = re.search(r"<!-- paired:begin -->\n(.*?)\n<!-- paired:end -->", DOC.read_text(), re.DOTALL).group(1)
+    block = re.search(r"<!-- paired:begin -->\n(.*?)\n<!-- paired:end -->", DOC.read_text(), re.DOTALL).group(
+        1
+    )
     out = {}
     for line in block.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -333,8 +409,10 @@ def paired_rows() -> dict[str, dict[str, tuple[float, float]]]:
     return out
 
 
-WIDTH = re.compile(r"the (first|first two|last|last two|three) rows?'s? paired intervals? (?:is|are) (as wide as the "
-                   r"independent ones? or wider|wider than the independent ones?|narrower than the independent ones?)")
+WIDTH = re.compile(
+    r"the (first|first two|last|last two|three) rows?'s? paired intervals? (?:is|are) (as wide as the "
+    r"independent ones? or wider|wider than the independent ones?|narrower than the independent ones?)"
+)
 
 
 def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]:
@@ -344,22 +422,35 @@ def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]
     order = list(rows)
     out = []
     for m in WIDTH.finditer(text):
-        which = {"first": order[:1], "first two": order[:2], "last": order[-1:], "last two": order[-2:],
-                 "three": order}[m.group(1)]
+        which = {
+            "first": order[:1],
+            "first two": order[:2],
+            "last": order[-1:],
+            "last two": order[-2:],
+            "three": order,
+        }[m.group(1)]
         for cid in which:
             lo, hi = rows[cid]["paired"]
             exact = claims[cid]["measured"]["interval"]
             ratio = (hi - lo) / (exact[1] - exact[0])
             wider = ratio >= 1
             if wider != m.group(2).startswith(("as wide", "wider")):
-                out.append(f"{cid}: paired [{lo}, {hi}] is {'wider' if wider else 'narrower'} than the exact "
-                           f"independent [{exact[0]:.3f}, {exact[1]:.3f}], not \"{m.group(2)}\"")
+                out.append(
+                    f"{cid}: paired [{lo}, {hi}] is {'wider' if wider else 'narrower'} than the exact "
+                    f'independent [{exact[0]:.3f}, {exact[1]:.3f}], not "{m.group(2)}"'
+                )
     if "lower ends higher" in text:
-        out += [f"{cid}: the paired lower end {row['paired'][0]} is not above the exact one"
-                for cid, row in rows.items() if not row["paired"][0] > claims[cid]["measured"]["interval"][0]]
+        out += [
+            f"{cid}: the paired lower end {row['paired'][0]} is not above the exact one"
+            for cid, row in rows.items()
+            if not row["paired"][0] > claims[cid]["measured"]["interval"][0]
+        ]
     if "narrows none of the three intervals to a decision" in text:
-        out += [f"{cid}: the paired interval {row['paired']} excludes {claims[cid]['threshold']}"
-                for cid, row in rows.items() if not row["paired"][0] <= claims[cid]["threshold"] <= row["paired"][1]]
+        out += [
+            f"{cid}: the paired interval {row['paired']} excludes {claims[cid]['threshold']}"
+            for cid, row in rows.items()
+            if not row["paired"][0] <= claims[cid]["threshold"] <= row["paired"][1]
+        ]
     return out
 
 
@@ -372,7 +463,10 @@ def test_the_checks_find_a_wrong_figure_of_each_kind():
     assert len(claim_problems("WAGMA-SGD's median 661 samples/s is 5% below SGP's 727", r)) == 1  # 9%
     assert len(claim_problems("WAGMA-SGD's median 662 samples/s, AD-PSGD 691", r)) == 1
     assert len(claim_problems("(`ddppo_throughput`, 55 trials)", r)) == 1
-    assert len(claim_problems("one run moves by 7% with its seed", _claims()["transformer-time-to-solution"])) == 1
+    assert (
+        len(claim_problems("one run moves by 7% with its seed", _claims()["transformer-time-to-solution"]))
+        == 1
+    )
     budget = _claims()["rl-final-quality"]
     assert claim_problems("WAGMA-SGD's trials trained 130 rounds in the median, up to 130", budget) == []
     assert len(claim_problems("WAGMA-SGD's trials trained 132 rounds in the median, up to 147", budget)) == 2
@@ -392,7 +486,9 @@ def budget_step_problems(text: str, claims: dict[str, dict]) -> list[str]:
             continue
         assert budget, f"rounds trained, with no claim or budget named: {sentence!r}"
         for r in claims.values():
-            if r["metric"] == "final_metric" and min(min(v) for v in steps(r).values()) == int(budget.group(1)):
+            if r["metric"] == "final_metric" and min(min(v) for v in steps(r).values()) == int(
+                budget.group(1)
+            ):
                 out += step_problems(sentence, r)
     return out
 
@@ -403,8 +499,11 @@ def test_docs_claims_figures_are_in_their_files(index):
     paragraph = doc_paragraphs()[index]
     named_claims = [claims[c] for c in claims if f"`{c}`" in paragraph]
     paired = [v for row in paired_rows().values() for ends in row.values() for v in ends]
-    problems = [p for p in ratio_problems(paragraph, named_claims or list(claims.values()))
-                if not matches(re.match(NUMBER, p).group(0), paired)]
+    problems = [
+        p
+        for p in ratio_problems(paragraph, named_claims or list(claims.values()))
+        if not matches(re.match(NUMBER, p).group(0), paired)
+    ]
     problems += interval_statement_problems(paragraph, claims) + spread_problems(paragraph)
     problems += differ_problems(paragraph, claims)
     if named_claims:

@@ -21,8 +21,6 @@ from wagma_bench.simulate.calibrate import model_params_of
 QUICK = ["launcher.nproc=2", "train.max_rounds=12", "eval.every_rounds=6", "logger.progress=lines"]
 
 
-
-
 def test_short_run_writes_events_steps_and_summary(checkpointed):
     """The session's shared finished run (tests/conftest.py: QUICK with checkpoints)."""
     tmp_path = checkpointed
@@ -40,7 +38,12 @@ def test_short_run_writes_events_steps_and_summary(checkpointed):
     # for it), where it ran and the scaled learning rate (the MLPerf log), the schedule
     old = RunStart({k: v for k, v in start.items() if k not in ("model_params", "base_lr", "nodes")})
     assert start["model_params"] == model_params_of(old) and start["base_lr"] == pytest.approx(old.base_lr)
-    assert (start["nodes"], start["ranks_per_node"], start["group_size"], start["sync_period"]) == (1, 2, None, 1)
+    assert (start["nodes"], start["ranks_per_node"], start["group_size"], start["sync_period"]) == (
+        1,
+        2,
+        None,
+        1,
+    )
     assert (start["steps_total"], start["eval_every"], start["control_every"]) == (12, 6, 10)
     for rank in (0, 1):
         steps = read_jsonl(tmp_path / "steps" / f"rank{rank}.jsonl")
@@ -66,7 +69,9 @@ def test_resume_continues_the_same_event_log(tmp_path):
 def test_unknown_option_fails_before_any_rank_starts(tmp_path):
     out = run(["optimizer=nope", f"hydra.run.dir={tmp_path}"], timeout=120)
     assert out.returncode == 2
-    assert "optimizer=nope: no such option of optimizer; choose one of:" in out.stderr and "wagma" in out.stderr
+    assert (
+        "optimizer=nope: no such option of optimizer; choose one of:" in out.stderr and "wagma" in out.stderr
+    )
     assert not (tmp_path / "events.jsonl").exists()
 
 
@@ -84,14 +89,27 @@ def test_missing_imagenet_root_is_a_clear_error(tmp_path):
 
 @pytest.mark.long  # make test: tests/test_run_outcomes.py's diverged run (exit 3, where and why, strict JSON)
 def test_divergence_stops_with_status_diverged(tmp_path):
-    out = run(QUICK + ["train.lr=1e12", "train.max_rounds=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"])
+    out = run(
+        QUICK + ["train.lr=1e12", "train.max_rounds=40", "train.weight_decay=0", f"hydra.run.dir={tmp_path}"]
+    )
     assert out.returncode == 3, out.stderr[-3000:]  # exits.DIVERGED
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
 def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
-    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=3", "train.max_rounds=100000", "logger.progress=off",
-                             f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            "launcher.nproc=3",
+            "train.max_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while not (tmp_path / "events.jsonl").exists() and time.time() < deadline:
@@ -114,25 +132,46 @@ def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
 @pytest.mark.long
 def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
-    out = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--standalone", "-m", "wagma_bench", "run",
-                          "train.max_rounds=6", "eval.every_rounds=6", "logger.progress=off",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600,
-                         check=False)
+    out = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            "-m",
+            "wagma_bench",
+            "run",
+            "train.max_rounds=6",
+            "eval.every_rounds=6",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed"
 
 
-@pytest.mark.parametrize("argv,said", [
-    (["run", "train.batch_size=-4", "hydra.run.dir={tmp}/run"], "train.batch_size=-4 is not allowed"),
-    (["report", "{tmp}/nothing-here"], "nothing-here"),
-    (["sweep", "status"], "usage: wagma-bench sweep status DIR"),
-    (["tune", "tune.trials=0", "--out", "{tmp}/tune"], "tune.trials=0 is not allowed"),
-    (["simulate", "gpus=0", "--out", "{tmp}/sim"], "gpus=0 is not allowed"),
-    (["claims", "{tmp}/nothing-here", "--out", "{tmp}/claims"], "nothing-here"),
-    (["comm-bench", "--sizes", "0", "--out", "{tmp}/cb.json"], "size '0' must be positive"),
-], ids=lambda v: v[0] if isinstance(v, list) else None)
-def test_every_command_refuses_bad_input_with_exit_2_and_one_error_line(argv, said, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["run", "train.batch_size=-4", "hydra.run.dir={tmp}/run"], "train.batch_size=-4 is not allowed"),
+        (["report", "{tmp}/nothing-here"], "nothing-here"),
+        (["sweep", "status"], "usage: wagma-bench sweep status DIR"),
+        (["tune", "tune.trials=0", "--out", "{tmp}/tune"], "tune.trials=0 is not allowed"),
+        (["simulate", "gpus=0", "--out", "{tmp}/sim"], "gpus=0 is not allowed"),
+        (["claims", "{tmp}/nothing-here", "--out", "{tmp}/claims"], "nothing-here"),
+        (["comm-bench", "--sizes", "0", "--out", "{tmp}/cb.json"], "size '0' must be positive"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_every_command_refuses_bad_input_with_exit_2_and_one_error_line(
+    argv, said, tmp_path, capsys, monkeypatch
+):
     """The one convention (docs/running.md, wagma_bench/exits.py): bad input is exit 2 and one line
     `wagma-bench COMMAND: error: ...` (argparse's own usage lines may precede it), before anything is written."""
     from wagma_bench import exits

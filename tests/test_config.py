@@ -37,8 +37,9 @@ def _data_workload(data: str) -> str:
     return next(name for name, cls in WORKLOADS.items() if data in cls.DATA)
 
 
-GROUP_CASES = [(g, o) for g in ("workload", "optimizer", "comm", "launcher", "imbalance", "logger")
-               for o in _options(g)]
+GROUP_CASES = [
+    (g, o) for g in ("workload", "optimizer", "comm", "launcher", "imbalance", "logger") for o in _options(g)
+]
 
 
 @pytest.mark.parametrize("group,option", GROUP_CASES)
@@ -82,8 +83,16 @@ def test_imagenet_selects_resnet50_and_the_mlperf_target():
 def test_paper_resnet50_preset_holds_the_paper_hyperparameters():
     cfg = _compose(["experiment=paper_resnet50", "data.root=/x"])
     t = cfg.train
-    assert (t.batch_size, t.lr, t.lr_reference_batch, t.warmup_epochs, list(t.milestones), t.epochs,
-            t.momentum, t.weight_decay) == (128, 0.1, 256, 5.0, [30, 60, 80], 90.0, 0.9, 1e-4)
+    assert (
+        t.batch_size,
+        t.lr,
+        t.lr_reference_batch,
+        t.warmup_epochs,
+        list(t.milestones),
+        t.epochs,
+        t.momentum,
+        t.weight_decay,
+    ) == (128, 0.1, 256, 5.0, [30, 60, 80], 90.0, 0.9, 1e-4)
 
 
 @pytest.mark.parametrize("world", [64, 1024])
@@ -106,7 +115,9 @@ def test_the_paper_straggler_preset_is_the_paper_set_up_with_the_authors_rule(wo
 def test_typo_in_a_yaml_key_names_the_valid_keys():
     raw = as_recorded(_compose([]))
     raw["optimizer"]["bucket_mbb"] = 3
-    with pytest.raises(ConfigError, match=r"optimizer.bucket_mbb: unknown key; valid keys of optimizer: name, bucket_mb"):
+    with pytest.raises(
+        ConfigError, match=r"optimizer.bucket_mbb: unknown key; valid keys of optimizer: name, bucket_mb"
+    ):
         validate(raw)
 
 
@@ -157,14 +168,16 @@ def test_the_config_check_imports_no_torch():
     count."""
     from tests.proc_util import heavy_modules_after
 
-    code = ("from hydra import compose, initialize_config_dir\n"
-            "from wagma_bench.config.paths import CONF_DIR\n"
-            "from wagma_bench.config.schema import validate\n"
-            "from wagma_bench.optim.specs import OPTIMIZER_SPECS\n"
-            "from wagma_bench.workloads.specs import WORKLOAD_SPECS\n"
-            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
-            "    for w in WORKLOAD_SPECS:\n"
-            "        for o in OPTIMIZER_SPECS:\n"
-            "            if (w, o) != ('ddppo', 'dropcompute'):  # refused: DD-PPO's batches do not split\n"
-            "                validate(compose(config_name='wagma', overrides=[f'workload={w}', f'optimizer={o}']), 4)")
+    code = (
+        "from hydra import compose, initialize_config_dir\n"
+        "from wagma_bench.config.paths import CONF_DIR\n"
+        "from wagma_bench.config.schema import validate\n"
+        "from wagma_bench.optim.specs import OPTIMIZER_SPECS\n"
+        "from wagma_bench.workloads.specs import WORKLOAD_SPECS\n"
+        "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
+        "    for w in WORKLOAD_SPECS:\n"
+        "        for o in OPTIMIZER_SPECS:\n"
+        "            if (w, o) != ('ddppo', 'dropcompute'):  # refused: DD-PPO's batches do not split\n"
+        "                validate(compose(config_name='wagma', overrides=[f'workload={w}', f'optimizer={o}']), 4)"
+    )
     assert heavy_modules_after(code, ("torch", "torchvision", "fairseq", "numpy")) == []

@@ -21,16 +21,25 @@ def _choice_cases() -> list[tuple[list[str], str, tuple]]:
     for section, schema in FIXED_SECTIONS.items():
         cases += [([], f"{section}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
     cases += [(["logger=wandb"], f"logger.wandb.{k}", v) for k, v in WandbConfig.CHOICES.items()]
-    cases += [([], f"logger.submission.{k}", v) for k, v in
-              FIXED_SECTIONS["logger"].__dataclass_fields__["submission"].default_factory.CHOICES.items()]
+    cases += [
+        ([], f"logger.submission.{k}", v)
+        for k, v in FIXED_SECTIONS["logger"]
+        .__dataclass_fields__["submission"]
+        .default_factory.CHOICES.items()
+    ]
     for section, options in option_schemas().items():
         for name, schema in options.items():
-            cases += [([f"{section}={name}"], f"{section}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
+            cases += [
+                ([f"{section}={name}"], f"{section}.{k}", v)
+                for k, v in getattr(schema, "CHOICES", {}).items()
+            ]
     for workload in WORKLOADS.values():
         for name, schema in workload.DATA.items():
             pick = [f"workload={workload.name}", f"{workload.DATA_SECTION}={name}"]
             pick += ["data.path=/data"] if name == "wmt17_en_de" else []  # required there
-            cases += [(pick, f"{workload.DATA_SECTION}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()]
+            cases += [
+                (pick, f"{workload.DATA_SECTION}.{k}", v) for k, v in getattr(schema, "CHOICES", {}).items()
+            ]
     return cases
 
 
@@ -39,9 +48,21 @@ CASES = _choice_cases()
 
 def test_choices_are_declared_where_rank_time_code_used_to_check_them():
     keys = {key for _, key, _ in CASES}
-    assert {"optimizer.mode", "optimizer.catch_up", "comm.emulate", "workload.backbone", "workload.rnn",
-            "workload.metric", "workload.share_embeddings", "data.eval_split", "data.detokenize", "env.layout",
-            "logger.wandb.mode", "logger.submission.division", "train.precision"} <= keys
+    assert {
+        "optimizer.mode",
+        "optimizer.catch_up",
+        "comm.emulate",
+        "workload.backbone",
+        "workload.rnn",
+        "workload.metric",
+        "workload.share_embeddings",
+        "data.eval_split",
+        "data.detokenize",
+        "env.layout",
+        "logger.wandb.mode",
+        "logger.submission.division",
+        "train.precision",
+    } <= keys
 
 
 @pytest.mark.parametrize("pick,key,allowed", CASES, ids=[key for _, key, _ in CASES])
@@ -52,23 +73,44 @@ def test_a_value_outside_the_choices_fails_the_config_check(pick, key, allowed):
     assert str(err.value) == f"{key}='nope' is not allowed; choose one of: {shown}"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["workload=ddppo", "workload.sync_frac=0"], "workload.sync_frac=0.0 is not allowed; it must be in (0, 1]"),
-    (["workload=transformer", "data.max_len=2"], "data.max_len=2 is not allowed; it must be >= 3"),
-    (["imbalance=fixed", "imbalance.ranks=[]"], "imbalance.ranks=[] is not allowed"),
-    (["imbalance=fixed", "imbalance.ranks=[1,7]", "launcher.nproc=4"],  # was taken modulo the world: rank 3
-     "imbalance.ranks=[1, 7] is not allowed with 4 ranks; every rank must be below 4"),
-    (["seed=1.5"], "seed=1.5 is not allowed; it must be an integer"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["workload=ddppo", "workload.sync_frac=0"],
+            "workload.sync_frac=0.0 is not allowed; it must be in (0, 1]",
+        ),
+        (["workload=transformer", "data.max_len=2"], "data.max_len=2 is not allowed; it must be >= 3"),
+        (["imbalance=fixed", "imbalance.ranks=[]"], "imbalance.ranks=[] is not allowed"),
+        (
+            [
+                "imbalance=fixed",
+                "imbalance.ranks=[1,7]",
+                "launcher.nproc=4",
+            ],  # was taken modulo the world: rank 3
+            "imbalance.ranks=[1, 7] is not allowed with 4 ranks; every rank must be below 4",
+        ),
+        (["seed=1.5"], "seed=1.5 is not allowed; it must be an integer"),
+    ],
+)
 def test_rules_once_checked_on_the_ranks_fail_the_config_check(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(compose(*overrides))
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["workload.arch=resnet21"], "workload.arch='resnet21' is not allowed; choose resnet50 or resnet<6n+2>"),
-    (["workload=ddppo", "workload.num_mini_batch=8"], "workload.num_mini_batch=8 is not allowed with env.num_envs=4"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["workload.arch=resnet21"],
+            "workload.arch='resnet21' is not allowed; choose resnet50 or resnet<6n+2>",
+        ),
+        (
+            ["workload=ddppo", "workload.num_mini_batch=8"],
+            "workload.num_mini_batch=8 is not allowed with env.num_envs=4",
+        ),
+    ],
+)
 def test_workload_rules_fail_its_check_in_the_launching_process(overrides, message):
     cfg = validate(compose(*overrides))
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -102,7 +144,9 @@ def test_each_optimizer_checks_the_ranges_it_declares():
         validate(compose("optimizer=wagma", "optimizer.tau=0"))
     for name in ("eager", "adpsgd"):
         assert validate(compose(f"optimizer={name}", "optimizer.sync_period=3")).optimizer.sync_period == 3
-        with pytest.raises(ConfigError, match=re.escape("optimizer.sync_period=0 is not allowed; it must be >= 1")):
+        with pytest.raises(
+            ConfigError, match=re.escape("optimizer.sync_period=0 is not allowed; it must be >= 1")
+        ):
             validate(compose(f"optimizer={name}", "optimizer.sync_period=0"))
 
 
@@ -122,4 +166,5 @@ def test_a_numeric_setting_without_a_range_is_refused_saying_where_to_declare_it
         check_ranges("optimizer", _NewOptimizer, merged)
     assert str(err.value) == (
         "optimizer.tau has no allowed range; declare it in tests.test_config_checks._NewOptimizer as "
-        "`tau: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)")
+        "`tau: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)"
+    )

@@ -52,7 +52,9 @@ def mismatches(where: str, schema: type, node: dict, skip: set[str] = frozenset(
         if key in skip:
             continue
         if key not in node:
-            if default is not None:  # an optional sub-section (logger.wandb) is absent unless its option is chosen
+            if (
+                default is not None
+            ):  # an optional sub-section (logger.wandb) is absent unless its option is chosen
                 out.append(f"{where}.{key}: not listed in the YAML (the dataclass default is {default!r})")
             continue
         value = node[key]
@@ -62,7 +64,11 @@ def mismatches(where: str, schema: type, node: dict, skip: set[str] = frozenset(
             out += mismatches(f"{where}.{key}", type(default), value)
         elif value != _as_plain(default):
             out.append(f"{where}.{key}: YAML {value!r} != dataclass default {default!r}")
-    out += [f"{where}.{key}: in the YAML but not a setting" for key in node if key not in defaults and key != "defaults"]
+    out += [
+        f"{where}.{key}: in the YAML but not a setting"
+        for key in node
+        if key not in defaults and key != "defaults"
+    ]
     return out
 
 
@@ -82,8 +88,14 @@ def _option_files() -> list[tuple[str, Path, type, str]]:
             cases.append((f"{group}/{path.stem}", path, schema, group))
     for workload in WORKLOADS.values():
         for name, schema in workload.DATA.items():
-            cases.append((f"{workload.DATA_SECTION}/{name}", CONF / workload.DATA_SECTION / f"{name}.yaml", schema,
-                          workload.DATA_SECTION))
+            cases.append(
+                (
+                    f"{workload.DATA_SECTION}/{name}",
+                    CONF / workload.DATA_SECTION / f"{name}.yaml",
+                    schema,
+                    workload.DATA_SECTION,
+                )
+            )
     return cases
 
 
@@ -99,16 +111,21 @@ def test_option_yaml_lists_every_setting_with_the_dataclass_default(label, path,
 
 def test_primary_config_sections_equal_the_dataclass_defaults():
     primary = _load(CONF / "wagma.yaml")
-    problems = [p for section in ("train", "eval", "checkpoint")
-                for p in mismatches(section, FIXED_SECTIONS[section], primary[section])]
+    problems = [
+        p
+        for section in ("train", "eval", "checkpoint")
+        for p in mismatches(section, FIXED_SECTIONS[section], primary[section])
+    ]
     assert not problems
 
 
 def test_every_option_of_every_group_composes_and_passes_the_check():
     """Through Hydra's compose API as `run` does; every group's every option (other groups at their defaults;
     a data option with its workload)."""
-    groups = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
-              for g in ("workload", "optimizer", "comm", "launcher", "imbalance", "logger", "experiment")}
+    groups = {
+        g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
+        for g in ("workload", "optimizer", "comm", "launcher", "imbalance", "logger", "experiment")
+    }
     runs = [[f"{g}={o}"] for g, options in groups.items() for o in options]
     runs += [[f"workload={w.name}", f"{w.DATA_SECTION}={d}"] for w in WORKLOADS.values() for d in w.DATA]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -126,4 +143,5 @@ def test_the_comparison_sees_a_drift():
         hidden_size: int = 256
 
     assert mismatches("workload", Schema, {"name": "x", "hidden_size": 128}) == [
-        "workload.hidden_size: YAML 128 != dataclass default 256"]
+        "workload.hidden_size: YAML 128 != dataclass default 256"
+    ]

@@ -40,8 +40,14 @@ def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_process
     if launcher == "run":
         out = run(["launcher.nproc=2", *args], env=env)
     else:
-        out = subprocess.run([str(BIN.parent / "mpiexec"), "-n", "2", str(BIN), "run", *args], env=env,
-                             capture_output=True, text=True, timeout=300, check=False)
+        out = subprocess.run(
+            [str(BIN.parent / "mpiexec"), "-n", "2", str(BIN), "run", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
     validated_once(log, 3 if launcher == "run" else 2)
@@ -54,9 +60,21 @@ def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(
 
     env, log = counting_env(tmp_path)
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python", str(BIN), "run", *TINY,
-           f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        str(torchrun),
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--no-python",
+        str(BIN),
+        "run",
+        *TINY,
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
@@ -122,16 +140,37 @@ def test_every_section_of_a_run_configuration_has_a_type():
 
 # The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the
 # composed config read by key (``c["optimizer"]["name"]``, ``raw.get("train", {}).get("lr")``), or ``.raw[...]``.
-SECTIONS = {"launcher", "comm", "train", "eval", "optimizer", "workload", "data", "imbalance", "checkpoint", "logger",
-            "env"}
+SECTIONS = {
+    "launcher",
+    "comm",
+    "train",
+    "eval",
+    "optimizer",
+    "workload",
+    "data",
+    "imbalance",
+    "checkpoint",
+    "logger",
+    "env",
+}
 
 
 def _string_key(node: ast.AST) -> str | None:
     """The string key ``node`` reads a mapping by (``x["k"]``, ``x.get("k", ...)``), else None."""
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
         return node.slice.value
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args
-            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
         return node.args[0].value
     return None
 
@@ -158,14 +197,24 @@ def config_reads_by_key(source: str) -> list[tuple[int, str]]:
 def test_the_composed_dictionary_is_read_by_key_only_inside_config():
     """Outside config/, no module reads the composed configuration by string keys: the typed RunConfig has every
     value (an AST walk; the regex it replaces missed ``c['optimizer']['name']``, the W&B sink's reads)."""
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
-                 for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts
-                 for line, code in config_reads_by_key(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {code}"
+        for path in sorted((ROOT / "wagma_bench").rglob("*.py"))
+        if "config" not in path.parts
+        for line, code in config_reads_by_key(path.read_text())
+    ]
     assert offenders == []
 
 
-@pytest.mark.parametrize("planted", ['c["optimizer"]["name"]', 'raw.get("train", {}).get("lr")',
-                                     '(raw.get("data") or {}).get("root")', 'cfg.raw["seed"]'])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'c["optimizer"]["name"]',
+        'raw.get("train", {}).get("lr")',
+        '(raw.get("data") or {}).get("root")',
+        'cfg.raw["seed"]',
+    ],
+)
 def test_the_key_read_check_finds_a_planted_read(planted):
     assert config_reads_by_key(f"x = {planted}\n") == [(1, ast.unparse(ast.parse(planted).body[0].value))]
     assert config_reads_by_key('summary["optimizer"]; event["metadata"]["world_size"]\n') == []
@@ -173,15 +222,21 @@ def test_the_key_read_check_finds_a_planted_read(planted):
 
 def composed_reads(source: str) -> list[tuple[int, str]]:
     """Where ``source`` takes a RunConfig's composed mapping (``cfg.composed``), not its typed fields."""
-    return [(node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Attribute) and node.attr == "composed"]
+    return [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr == "composed"
+    ]
 
 
 def test_a_live_configuration_is_read_by_its_typed_fields_outside_config():
     """Outside config/, a run's composed mapping is taken whole, through config.schema.as_recorded (to record
     and hash it), never as ``cfg.composed`` (whose keys could then be read); the check finds a planted one."""
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {code}"
-                 for path in sorted((ROOT / "wagma_bench").rglob("*.py")) if "config" not in path.parts
-                 for line, code in composed_reads(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {code}"
+        for path in sorted((ROOT / "wagma_bench").rglob("*.py"))
+        if "config" not in path.parts
+        for line, code in composed_reads(path.read_text())
+    ]
     assert offenders == []
     assert composed_reads("lr = cfg.composed['train']['lr']\n") == [(1, "cfg.composed")]

@@ -37,8 +37,8 @@ WORKLOAD_SPECS_FILE = "wagma_bench/workloads/specs.py"  # the workloads'
 @dataclass(frozen=True)
 class Piece:
     what: str
-    file: str                              # the file to edit, NAME standing for the optimizer's name
-    check: Callable[[str], list[str]]      # name -> what is missing, each "NAME: add X to FILE"
+    file: str  # the file to edit, NAME standing for the optimizer's name
+    check: Callable[[str], list[str]]  # name -> what is missing, each "NAME: add X to FILE"
 
 
 def registered() -> list[str]:
@@ -57,24 +57,43 @@ def module_and_attributes(name: str) -> list[str]:
         return [f"{name}: {UNFOUND.get(name, f'add {path}, its algorithm')}"]
     cls = OPTIMIZERS[name]
     if cls.__module__ != f"wagma_bench.optim.{name}":
-        return [(f"{name}: add the class {cls.__name__} to {path} (it is in {cls.__module__}; one module per "
-                f"optimizer, named after its option)")]
-    return [f"{name}: add `{attr}` ({why}) to {cls.__name__} in {path}"
-            for attr, why in (("paper", "what the tables print"),
-                              ("models_identical", "every rank holds the same model at a sync point"))
-            if attr not in cls.__dict__]
+        return [
+            (
+                f"{name}: add the class {cls.__name__} to {path} (it is in {cls.__module__}; one module per "
+                f"optimizer, named after its option)"
+            )
+        ]
+    return [
+        f"{name}: add `{attr}` ({why}) to {cls.__name__} in {path}"
+        for attr, why in (
+            ("paper", "what the tables print"),
+            ("models_identical", "every rank holds the same model at a sync point"),
+        )
+        if attr not in cls.__dict__
+    ]
 
 
 def spec(name: str) -> list[str]:
     cls, spec = OPTIMIZERS.get(name), OPTIMIZER_SPECS.get(name)
     if spec is None or (cls is not None and not issubclass(cls, spec)):
-        return [(f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
-                 f"its algorithm inherit it (the config check reads the spec, without torch)")]
-    return [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {SPECS}"
-            for attr, why in (("name", f"= {name!r}, its option name"), ("Settings", "a dataclass of its settings"))
-            if attr not in spec.__dict__] + (
+        return [
+            (
+                f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
+                f"its algorithm inherit it (the config check reads the spec, without torch)"
+            )
+        ]
+    return [
+        f"{name}: add `{attr}` ({why}) to {spec.__name__} in {SPECS}"
+        for attr, why in (
+            ("name", f"= {name!r}, its option name"),
+            ("Settings", "a dataclass of its settings"),
+        )
+        if attr not in spec.__dict__
+    ] + (
         [f"{name}: set `name = {name!r}` in {spec.__name__} in {SPECS} (the registry's key is {name!r})"]
-        if spec.__dict__.get("name", name) != name else [])
+        if spec.__dict__.get("name", name) != name
+        else []
+    )
 
 
 def yaml_file(name: str) -> list[str]:
@@ -83,8 +102,12 @@ def yaml_file(name: str) -> list[str]:
     defaults = {f.name: f.default for f in dataclasses.fields(settings)}
     listing = ", ".join(f"{k}: {v!r}" for k, v in defaults.items())
     if not (ROOT / path).is_file():
-        return [(f"{name}: add {path} (every setting of {settings.__qualname__} with its default and a comment: "
-                f"{listing})")]
+        return [
+            (
+                f"{name}: add {path} (every setting of {settings.__qualname__} with its default and a comment: "
+                f"{listing})"
+            )
+        ]
     node = OmegaConf.to_container(OmegaConf.load(ROOT / path))
     lines = {line.split(":")[0]: line for line in (ROOT / path).read_text().splitlines() if ":" in line}
     out = []
@@ -92,21 +115,33 @@ def yaml_file(name: str) -> list[str]:
         if key not in node:
             out.append(f"{name}: add `{key}: {default}` with a comment to {path}")
         elif node[key] != default:
-            out.append(f"{name}: make `{key}` in {path} ({node[key]!r}) equal {settings.__qualname__}'s default "
-                       f"({default!r}), in one of the two files")
+            out.append(
+                f"{name}: make `{key}` in {path} ({node[key]!r}) equal {settings.__qualname__}'s default "
+                f"({default!r}), in one of the two files"
+            )
         elif key != "name" and "#" not in lines.get(key, ""):
             out.append(f"{name}: add a comment (what `{key}` does, its values) to its line in {path}")
-    out += [f"{name}: remove `{key}` from {path} (not a field of {settings.__qualname__})"
-            for key in node if key not in defaults]
+    out += [
+        f"{name}: remove `{key}` from {path} (not a field of {settings.__qualname__})"
+        for key in node
+        if key not in defaults
+    ]
     return out
 
 
 def _without_range(settings: type, name: str, file: str) -> list[str]:
     hints = typing.get_type_hints(settings)
-    numeric = [f for f in dataclasses.fields(settings)
-               if hints[f.name] is not bool and any(t in str(hints[f.name]) for t in ("int", "float"))]
-    return [f"{name}: declare `{f.name}` in the Settings of {file} with its range of allowed values, "
-            f"`{f.name}: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)" for f in numeric if range_of(f) is None]
+    numeric = [
+        f
+        for f in dataclasses.fields(settings)
+        if hints[f.name] is not bool and any(t in str(hints[f.name]) for t in ("int", "float"))
+    ]
+    return [
+        f"{name}: declare `{f.name}` in the Settings of {file} with its range of allowed values, "
+        f"`{f.name}: ... = setting(DEFAULT, RANGE)` (wagma_bench/ranges.py)"
+        for f in numeric
+        if range_of(f) is None
+    ]
 
 
 def ranges(name: str) -> list[str]:
@@ -118,13 +153,20 @@ def search_space(name: str) -> list[str]:
 
     path = f"conf/search_space/{name}.yaml"
     if not spaces.space_path(name).exists():
-        return [(f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, warmup_fraction "
-                f"and its own settings that change convergence; docs/tuning.md)")]
+        return [
+            (
+                f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, warmup_fraction "
+                f"and its own settings that change convergence; docs/tuning.md)"
+            )
+        ]
     if not (ROOT / f"conf/optimizer/{name}.yaml").is_file():
         return []  # its keys are checked by composing the option: its YAML comes first (that piece names it)
     keys = [d.key for d in spaces.load_space(name).dims]  # refuses what the run config would refuse
-    return [f"{name}: add `{key}` to {path} (every optimizer tunes it, over the same range)"
-            for key in ("lr_multiplier", "warmup_fraction") if key not in keys]
+    return [
+        f"{name}: add `{key}` to {path} (every optimizer tunes it, over the same range)"
+        for key in ("lr_multiplier", "warmup_fraction")
+        if key not in keys
+    ]
 
 
 def simulation(name: str) -> list[str]:
@@ -132,8 +174,12 @@ def simulation(name: str) -> list[str]:
 
     if OPTIMIZER_SPECS.get(name) in SIMULATIONS:  # keyed by the spec: the simulator imports no torch
         return []
-    return [(f"{name}: add its model to wagma_bench/simulate/des.py, `@simulates(\"{name}\")` over "
-             f"`def sim_{name}(cfg)` (its communication as a discrete-event model)")]
+    return [
+        (
+            f'{name}: add its model to wagma_bench/simulate/des.py, `@simulates("{name}")` over '
+            f"`def sim_{name}(cfg)` (its communication as a discrete-event model)"
+        )
+    ]
 
 
 def invariant_case(name: str) -> list[str]:
@@ -141,22 +187,37 @@ def invariant_case(name: str) -> list[str]:
 
     if any(optimizer == name for optimizer, _ in CONFIGS.values()):
         return []
-    return [(f"{name}: add a case `\"{name}\": (\"{name}\", {{settings}})` to CONFIGS in tests/test_invariants.py "
-            f"(the sum of the models under every straggler pattern)")]
+    return [
+        (
+            f'{name}: add a case `"{name}": ("{name}", {{settings}})` to CONFIGS in tests/test_invariants.py '
+            f"(the sum of the models under every straggler pattern)"
+        )
+    ]
 
 
 def oracle(name: str) -> list[str]:
     from tests.test_optim_oracles import ORACLES
 
     if name not in ORACLES:
-        return [(f"{name}: add `\"{name}\": \"tests/FILE.py::TEST\"` (a test of its exact recursion) to ORACLES in "
-                f"tests/test_optim_oracles.py")]
+        return [
+            (
+                f'{name}: add `"{name}": "tests/FILE.py::TEST"` (a test of its exact recursion) to ORACLES in '
+                f"tests/test_optim_oracles.py"
+            )
+        ]
     path, test = ORACLES[name].split("::")
-    tests = {n.name for n in ast.parse((ROOT / path).read_text()).body if isinstance(n, ast.FunctionDef)} \
-        if (ROOT / path).is_file() else set()
+    tests = (
+        {n.name for n in ast.parse((ROOT / path).read_text()).body if isinstance(n, ast.FunctionDef)}
+        if (ROOT / path).is_file()
+        else set()
+    )
     if test not in tests:
-        return [(f"{name}: add the test {ORACLES[name]} that ORACLES in tests/test_optim_oracles.py names "
-                f"(it does not exist), or name an existing one there")]
+        return [
+            (
+                f"{name}: add the test {ORACLES[name]} that ORACLES in tests/test_optim_oracles.py names "
+                f"(it does not exist), or name an existing one there"
+            )
+        ]
     return []
 
 
@@ -165,8 +226,12 @@ def resume_entry(name: str) -> list[str]:
 
     if any(p.values[0] == name for p in DETERMINISTIC + ASYNCHRONOUS):
         return []
-    return [(f"{name}: add `pytest.param(\"{name}\")` to DETERMINISTIC (a resume ends bit-identical) or "
-            f"ASYNCHRONOUS (every step logged once) in tests/test_faults.py")]
+    return [
+        (
+            f'{name}: add `pytest.param("{name}")` to DETERMINISTIC (a resume ends bit-identical) or '
+            f"ASYNCHRONOUS (every step logged once) in tests/test_faults.py"
+        )
+    ]
 
 
 def _tables(path: Path) -> list[tuple[int, list[list[str]]]]:
@@ -191,8 +256,10 @@ def docs_rows(name: str) -> list[str]:
     page = "docs/optimizers.md"
     for line, rows in _tables(ROOT / page):
         if rows[0][0] == "optimizer" and name not in {row[0].strip("`") for row in rows[1:]}:
-            out.append(f"{name}: add a row `| {name} | ...` to the optimizer table at line {line} of {page} "
-                       f"(its measured record, or 'not measured yet')")
+            out.append(
+                f"{name}: add a row `| {name} | ...` to the optimizer table at line {line} of {page} "
+                f"(its measured record, or 'not measured yet')"
+            )
     page = "docs/configuration.md"
     option_rows = [row for _, rows in _tables(ROOT / page) for row in rows if row[0] == "`optimizer`"]
     if not option_rows:
@@ -240,8 +307,9 @@ def test_adding_an_optimizer_adds_one_entry_to_one_table():
     assert list(SIMULATIONS) == list(OPTIMIZER_SPECS.values())
     for path in ("wagma_bench/optim/registry.py", "wagma_bench/simulate/des.py"):
         tree = ast.parse((ROOT / path).read_text())
-        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
-            {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+        }
         named = [name for name, spec in OPTIMIZER_SPECS.items() if spec.__name__ in used]
         assert not named, f"{path} names {named} in its code: read them from OPTIMIZER_SPECS"
 
@@ -260,7 +328,9 @@ def test_the_architecture_pages_list_names_every_piece_and_only_files_that_exist
     unnamed = [f"{piece.file} ({piece.what})" for piece in PIECES if f"`{piece.file}`" not in text]
     assert not unnamed, "docs/architecture.md, 'Adding an optimizer': name " + ", ".join(unnamed)
     paths = re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|yaml|md))`", text)
-    gone = [p for p in paths if not any((ROOT / p.replace("NAME", name)).is_file() for name in OPTIMIZER_SPECS)]
+    gone = [
+        p for p in paths if not any((ROOT / p.replace("NAME", name)).is_file() for name in OPTIMIZER_SPECS)
+    ]
     assert not gone, f"docs/architecture.md, 'Adding an optimizer' names files that do not exist: {gone}"
 
 
@@ -286,27 +356,43 @@ def test_a_new_optimizer_without_any_piece_is_told_each_file_to_edit(piece, monk
 
 # --- workloads ---------------------------------------------------------------------------------------------
 
+
 def workload_module(name: str) -> list[str]:
     cls = WORKLOADS[name]
     if cls.__module__ not in (f"wagma_bench.workloads.{name}", f"wagma_bench.workloads.{name}.workload"):
-        return [(f"{name}: add the class {cls.__name__} to wagma_bench/workloads/{name}.py (or a package "
-                 f"wagma_bench/workloads/{name}/; it is in {cls.__module__})")]
+        return [
+            (
+                f"{name}: add the class {cls.__name__} to wagma_bench/workloads/{name}.py (or a package "
+                f"wagma_bench/workloads/{name}/; it is in {cls.__module__})"
+            )
+        ]
     return []
 
 
 def workload_spec(name: str) -> list[str]:
     cls, spec = WORKLOADS[name], WORKLOAD_SPECS.get(name)
     if spec is None or not issubclass(cls, spec):
-        return [(f"{name}: add a spec class (name, Settings, DATA, its checks) to WORKLOAD_SPECS in "
-                 f"{WORKLOAD_SPECS_FILE} and make {cls.__name__} inherit it (the config check reads the spec, "
-                 "without torch)")]
-    out = [f"{name}: add `{attr}` ({why}) to {spec.__name__} in {WORKLOAD_SPECS_FILE}"
-           for attr, why in (("name", f"= {name!r}"), ("Settings", "a dataclass of its settings"),
-                             ("DATA", "its data options and their schemas"),
-                             ("RANK_MEMORY_MB", "one rank's peak memory, reproduce/memory/footprint.py"))
-           if attr not in vars(spec)]
+        return [
+            (
+                f"{name}: add a spec class (name, Settings, DATA, its checks) to WORKLOAD_SPECS in "
+                f"{WORKLOAD_SPECS_FILE} and make {cls.__name__} inherit it (the config check reads the spec, "
+                "without torch)"
+            )
+        ]
+    out = [
+        f"{name}: add `{attr}` ({why}) to {spec.__name__} in {WORKLOAD_SPECS_FILE}"
+        for attr, why in (
+            ("name", f"= {name!r}"),
+            ("Settings", "a dataclass of its settings"),
+            ("DATA", "its data options and their schemas"),
+            ("RANK_MEMORY_MB", "one rank's peak memory, reproduce/memory/footprint.py"),
+        )
+        if attr not in vars(spec)
+    ]
     if spec.metric_name not in spec.METRIC_RANGES:
-        out.append(f"{name}: add the range of its metric {spec.metric_name!r} to {spec.__name__}.METRIC_RANGES")
+        out.append(
+            f"{name}: add the range of its metric {spec.metric_name!r} to {spec.__name__}.METRIC_RANGES"
+        )
     return out
 
 
@@ -317,13 +403,18 @@ def workload_yaml(name: str) -> list[str]:
     node = OmegaConf.to_container(OmegaConf.load(ROOT / path))
     node = node.get("workload", node)  # a `@package _global_` file sets its section and the data's defaults
     keys = {f.name for f in dataclasses.fields(WORKLOADS[name].Settings)}
-    return [f"{name}: add `{key}` with its default and a comment to {path}" for key in sorted(keys - set(node))]
+    return [
+        f"{name}: add `{key}` with its default and a comment to {path}" for key in sorted(keys - set(node))
+    ]
 
 
 def workload_data(name: str) -> list[str]:
     cls = WORKLOADS[name]
-    return [f"{name}: add conf/{cls.DATA_SECTION}/{option}.yaml (the settings of its data option {option!r})"
-            for option in cls.DATA if not (ROOT / "conf" / cls.DATA_SECTION / f"{option}.yaml").is_file()]
+    return [
+        f"{name}: add conf/{cls.DATA_SECTION}/{option}.yaml (the settings of its data option {option!r})"
+        for option in cls.DATA
+        if not (ROOT / "conf" / cls.DATA_SECTION / f"{option}.yaml").is_file()
+    ]
 
 
 def workload_ranges(name: str) -> list[str]:
@@ -388,6 +479,7 @@ def test_a_new_workload_without_any_piece_is_told_each_file_to_edit(piece, monke
 
 # --- the contributor's check in a copy with a piece removed ------------------------------------------------------
 
+
 def _without_simulation(copy: Path, name: str) -> None:
     path = copy / "wagma_bench/simulate/des.py"
     path.write_text(path.read_text().replace(f'@simulates("{name}")\n', ""))
@@ -395,9 +487,14 @@ def _without_simulation(copy: Path, name: str) -> None:
 
 REMOVALS = [  # cumulative, as a contributor's half-made optimizer: what is removed, what the check must say
     (["conf/optimizer/sgp.yaml"], "sgp: add conf/optimizer/sgp.yaml"),
-    (["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py"], "sgp: optimizer sgp: add wagma_bench/optim/sgp.py"),
-    (["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py", "simulation"],
-     'sgp: add its model to wagma_bench/simulate/des.py, `@simulates("sgp")`'),
+    (
+        ["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py"],
+        "sgp: optimizer sgp: add wagma_bench/optim/sgp.py",
+    ),
+    (
+        ["conf/optimizer/sgp.yaml", "wagma_bench/optim/sgp.py", "simulation"],
+        'sgp: add its model to wagma_bench/simulate/des.py, `@simulates("sgp")`',
+    ),
 ]
 
 
@@ -417,9 +514,23 @@ def test_a_piece_removed_from_a_copy_is_named_with_the_file_to_add_and_no_traceb
         (shutil.copytree if (ROOT / part).is_dir() else shutil.copy)(ROOT / part, copy / part)
     for piece in removed:
         _without_simulation(copy, "sgp") if piece == "simulation" else (copy / piece).unlink()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "tests/test_conformance.py::test_optimizer_conformance"], cwd=copy, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(copy)}, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_conformance.py::test_optimizer_conformance",
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        check=False,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "1 failed" in text, text[-3000:]
     assert said in text, text[-3000:]

@@ -45,32 +45,53 @@ def test_gae_matches_hand_computation():
 def test_gae_lambda_one_is_discounted_return():
     rewards = torch.tensor([[1.0], [1.0], [1.0]])
     _, ret = gae(rewards, torch.zeros(3, 1), torch.zeros(3, 1), torch.tensor([10.0]), gamma=0.5, lam=1.0)
-    assert torch.allclose(ret.flatten(), torch.tensor([1 + .5 + .25 + .125 * 10, 1 + .5 + .25 * 10, 1 + .5 * 10]))
+    assert torch.allclose(
+        ret.flatten(), torch.tensor([1 + 0.5 + 0.25 + 0.125 * 10, 1 + 0.5 + 0.25 * 10, 1 + 0.5 * 10])
+    )
 
 
 def test_ppo_loss_matches_hand_computation():
     log_probs = torch.log(torch.tensor([0.6, 0.4]))
-    old = torch.log(torch.tensor([0.5, 0.5]))      # ratios 1.2 and 0.8
+    old = torch.log(torch.tensor([0.5, 0.5]))  # ratios 1.2 and 0.8
     adv = torch.tensor([2.0, -1.0])
     values, old_values, returns = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.0]), torch.tensor([2.0, 0.0])
-    t = ppo_loss(log_probs, old, adv, values, old_values, returns, torch.tensor([1.3, 1.3]),
-                 clip=0.1, value_coef=0.5, entropy_coef=0.01)
+    t = ppo_loss(
+        log_probs,
+        old,
+        adv,
+        values,
+        old_values,
+        returns,
+        torch.tensor([1.3, 1.3]),
+        clip=0.1,
+        value_coef=0.5,
+        entropy_coef=0.01,
+    )
     # surrogates: min(2.4, 1.1*2) = 2.2 and min(-0.8, 0.9*-1) = -0.9 -> policy loss -(2.2 - 0.9)/2
     assert t.policy.item() == pytest.approx(-0.65)
     # value: sample 0 max((1-2)^2, (0.6-2)^2) = 1.96, sample 1: 0 -> 0.5 * mean = 0.49
     assert t.value.item() == pytest.approx(0.49)
     assert t.loss.item() == pytest.approx(-0.65 + 0.5 * 0.49 - 0.01 * 1.3)
     assert t.clip_frac.item() == pytest.approx(1.0)
-    unclipped = ppo_loss(log_probs, old, adv, values, old_values, returns, torch.zeros(2), 0.1, 0.5, 0.0,
-                         clip_value=False)
+    unclipped = ppo_loss(
+        log_probs, old, adv, values, old_values, returns, torch.zeros(2), 0.1, 0.5, 0.0, clip_value=False
+    )
     assert unclipped.value.item() == pytest.approx(0.25)  # 0.5 * mean(1, 0)
 
 
 def test_rollout_minibatches_keep_whole_sequences():
     buf = RolloutBuffer(4, 4, {"x": (1,)}, (1, 4, 3))
     for t in range(3):  # a preempted rollout: 3 of 4 steps
-        buf.insert({"x": torch.full((4, 1), float(t))}, torch.zeros(4, dtype=torch.long), torch.ones(4),
-                   torch.zeros(4, dtype=torch.long), torch.zeros(4), torch.zeros(4), torch.ones(4), torch.zeros(4))
+        buf.insert(
+            {"x": torch.full((4, 1), float(t))},
+            torch.zeros(4, dtype=torch.long),
+            torch.ones(4),
+            torch.zeros(4, dtype=torch.long),
+            torch.zeros(4),
+            torch.zeros(4),
+            torch.ones(4),
+            torch.zeros(4),
+        )
     buf.finish(torch.zeros(4), 0.99, 0.95, normalize=False)
     mbs = list(buf.minibatches(2, torch.Generator().manual_seed(0)))
     assert len(mbs) == 2 and all(mb["obs"]["x"].shape == (3, 2, 1) for mb in mbs)
@@ -91,7 +112,7 @@ def test_policy_sequence_forward_equals_stepwise_with_resets():
         logits, _, h = net(obs, prev, masks, h0)
         hs, step_logits = h0, []
         for t in range(T):
-            lt, _, hs = net({k: v[t:t + 1] for k, v in obs.items()}, prev[t:t + 1], masks[t:t + 1], hs)
+            lt, _, hs = net({k: v[t : t + 1] for k, v in obs.items()}, prev[t : t + 1], masks[t : t + 1], hs)
             step_logits.append(lt)
         assert torch.allclose(torch.cat(step_logits), logits, atol=1e-5)
         assert torch.allclose(hs, h, atol=1e-5)
@@ -122,17 +143,18 @@ def simulate(costs: list[int], num_steps: int, sync_frac: float, k: int = 0, sto
             if finished[r] or now % c:
                 continue
             steps[r] += 1
-            if steps[r] == num_steps or should_stop_early(steps[r], num_steps, counters[r].done(k), len(costs),
-                                                          sync_frac):
+            if steps[r] == num_steps or should_stop_early(
+                steps[r], num_steps, counters[r].done(k), len(costs), sync_frac
+            ):
                 finished[r] = True
                 counters[r].finish(k)
     return steps
 
 
 def test_preemption_rule_thresholds():
-    assert not should_stop_early(24, 100, 4, 4, 0.6)   # less than a quarter of the rollout
-    assert should_stop_early(25, 100, 3, 4, 0.6)       # 3 >= 0.6 * 4
-    assert not should_stop_early(50, 100, 2, 4, 0.6)   # 2 < 2.4
+    assert not should_stop_early(24, 100, 4, 4, 0.6)  # less than a quarter of the rollout
+    assert should_stop_early(25, 100, 3, 4, 0.6)  # 3 >= 0.6 * 4
+    assert not should_stop_early(50, 100, 2, 4, 0.6)  # 2 < 2.4
 
 
 def test_preemption_with_ranks_of_known_speed():
@@ -183,7 +205,7 @@ def test_gridnav_layout_and_geodesic():
     free = make_grid("two_rooms", 3)
     assert free.shape == (5, 9) and free[2, 4]  # door in the middle of the dividing wall
     d = bfs_distances(free, (1, 1))
-    assert d[1, 3] == 2 and d[1, 5] == 6        # through the door at (4, 2): 3 + 1 + 2 moves
+    assert d[1, 3] == 2 and d[1, 5] == 6  # through the door at (4, 2): 3 + 1 + 2 moves
 
 
 def test_gridnav_scripted_trajectories_success_and_spl():
@@ -241,8 +263,12 @@ def miniworld_env():
 def test_miniworld_scripted_episode(miniworld_env):
     env = miniworld_env
     # one 3 m room: x in [0, 3], y = -z in [-3, 0]; walk 1.5 m east to the goal, then STOP
-    ep = Episode(start=(0.75, -1.5), heading=0.0, goal=(2.25, -1.5), shortest=env.geodesic(np.array([0.75, -1.5]),
-                                                                                          (2.25, -1.5)))
+    ep = Episode(
+        start=(0.75, -1.5),
+        heading=0.0,
+        goal=(2.25, -1.5),
+        shortest=env.geodesic(np.array([0.75, -1.5]), (2.25, -1.5)),
+    )
     assert ep.shortest == pytest.approx(1.5, abs=0.1)
     obs = env.reset(ep)
     assert obs["depth"].shape == (24, 32, 1) and 0.0 < obs["depth"].min() <= obs["depth"].max() <= 1.0
@@ -275,11 +301,18 @@ class FakeHabitatEnv:
     """Speaks habitat-lab's Env API for a straight corridor: the goal lies ``geodesic`` metres ahead."""
 
     def __init__(self, geodesic=1.0, max_steps=500):
-        self.observation_space = SimpleNamespace(spaces={"depth": SimpleNamespace(shape=(4, 4, 1)),
-                                                         GOAL_KEY: SimpleNamespace(shape=(2,))})
-        self.episodes = [SimpleNamespace(episode_id=str(i), start_position=[0.0, 0.0, 0.0],
-                                         goals=[SimpleNamespace(position=[0.0, 0.0, -geodesic])],
-                                         info={"geodesic_distance": geodesic}) for i in range(3)]
+        self.observation_space = SimpleNamespace(
+            spaces={"depth": SimpleNamespace(shape=(4, 4, 1)), GOAL_KEY: SimpleNamespace(shape=(2,))}
+        )
+        self.episodes = [
+            SimpleNamespace(
+                episode_id=str(i),
+                start_position=[0.0, 0.0, 0.0],
+                goals=[SimpleNamespace(position=[0.0, 0.0, -geodesic])],
+                info={"geodesic_distance": geodesic},
+            )
+            for i in range(3)
+        ]
         self.max_steps, self._current = max_steps, None
         self.closed = False
 
@@ -292,12 +325,20 @@ class FakeHabitatEnv:
         self._current = ep
 
     def _obs(self):
-        return {"depth": np.full((4, 4, 1), 0.5, np.float32), GOAL_KEY: np.array([self.d, 0.0], np.float32),
-                "rgb": np.zeros((4, 4, 3), np.uint8)}
+        return {
+            "depth": np.full((4, 4, 1), 0.5, np.float32),
+            GOAL_KEY: np.array([self.d, 0.0], np.float32),
+            "rgb": np.zeros((4, 4, 3), np.uint8),
+        }
 
     def reset(self):
         self.d, self.path, self.steps, self.episode_over, self.stopped = (
-            self._current.info["geodesic_distance"], 0.0, 0, False, False)
+            self._current.info["geodesic_distance"],
+            0.0,
+            0,
+            False,
+            False,
+        )
         return self._obs()
 
     def step(self, action: int):
@@ -386,9 +427,20 @@ def test_env_section_is_checked():
 
 @pytest.mark.parametrize("backbone,side", [("resnet18", 64), ("resnet50", 64), ("cnn", 48)])
 def test_policy_backbones_build_and_run(backbone, side):
-    net = PointNavPolicy({"depth": (side, side, 1), "rgb": (side, side, 3), GOAL_KEY: (2,)}, 4, hidden_size=32,
-                         rnn="lstm", rnn_layers=2, backbone=backbone, base_planes=8)
-    obs = {"depth": torch.rand(2, 3, side, side, 1), "rgb": torch.rand(2, 3, side, side, 3), GOAL_KEY: torch.rand(2, 3, 2)}
+    net = PointNavPolicy(
+        {"depth": (side, side, 1), "rgb": (side, side, 3), GOAL_KEY: (2,)},
+        4,
+        hidden_size=32,
+        rnn="lstm",
+        rnn_layers=2,
+        backbone=backbone,
+        base_planes=8,
+    )
+    obs = {
+        "depth": torch.rand(2, 3, side, side, 1),
+        "rgb": torch.rand(2, 3, side, side, 3),
+        GOAL_KEY: torch.rand(2, 3, 2),
+    }
     logits, values, h = net(obs, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3), net.initial_hidden(3))
     assert logits.shape == (2, 3, 4) and values.shape == (2, 3) and h.shape == (4, 3, 32)
 

@@ -16,10 +16,22 @@ import torch
 from tests.dist_util import run_world
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-TINY = ["env=gridnav", "env.num_envs=2", "env.max_episode_steps=20", "workload.num_steps=8",
-        "workload.hidden_size=16", "workload.ppo_epoch=1", "workload.num_mini_batch=2",
-        "workload.num_eval_episodes=4", "train.max_rounds=10", "eval.every_rounds=10", "eval.target=null",
-        "logger.progress=off", "checkpoint.every_s=0", "checkpoint.resume=false"]
+TINY = [
+    "env=gridnav",
+    "env.num_envs=2",
+    "env.max_episode_steps=20",
+    "workload.num_steps=8",
+    "workload.hidden_size=16",
+    "workload.ppo_epoch=1",
+    "workload.num_mini_batch=2",
+    "workload.num_eval_episodes=4",
+    "train.max_rounds=10",
+    "eval.every_rounds=10",
+    "eval.target=null",
+    "logger.progress=off",
+    "checkpoint.every_s=0",
+    "checkpoint.resume=false",
+]
 
 
 def _cfg(overrides):
@@ -95,8 +107,11 @@ def _assert_runs(results, run_root: Path, world: int, optimizers: list[str]):
         summary = results[0][name]["summary"]
         assert summary["status"] == "completed" and summary["rounds"] >= 10, (name, summary)
         assert 0.0 <= summary["final_metric"] <= 1.0
-        rows = [json.loads(line) for r in range(world)
-                for line in (run_root / name / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for r in range(world)
+            for line in (run_root / name / "steps" / f"rank{r}.jsonl").read_text().splitlines()
+        ]
         assert sum(row["samples"] for row in rows) == summary["samples"] > 0  # frames
         for r in range(world):  # every rank logs its own rollout times (wait-avoiding ranks may skip rounds)
             lines = (run_root / name / "steps" / f"rank{r}.jsonl").read_text().splitlines()
@@ -118,7 +133,9 @@ def test_ddppo_three_ranks_preemption_and_training(tmp_path):
     from wagma_bench.optim import OPTIMIZERS
 
     # DD-PPO's batches do not split: an optimizer that computes in micro-batches is refused (test_dropcompute.py)
-    optimizers = [name for name, cls in OPTIMIZERS.items() if cls.models_identical and not cls.computes_in_parts]
+    optimizers = [
+        name for name, cls in OPTIMIZERS.items() if cls.models_identical and not cls.computes_in_parts
+    ]
     assert optimizers
     res = run_world(_train, 3, str(tmp_path), optimizers, True, timeout_s=120)
     pre = [r["preemption"] for r in res]
@@ -141,11 +158,34 @@ def test_ddppo_trains_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_gridnav_end_to_end_reaches_target(tmp_path):
     """`wagma-bench run` with 2 ranks learns a one-room gridnav task to a held-out success rate of 0.6."""
-    cmd = [sys.executable, "-m", "wagma_bench", "run", "workload=ddppo", "env=gridnav", "env.layout=one_room",
-           "env.max_episode_steps=30", "workload.hidden_size=64", "workload.num_steps=32", "train.lr=1e-3",
-           "train.epochs=400", "eval.every_epochs=10", "eval.target=0.6", "workload.num_eval_episodes=32",
-           "launcher.nproc=2", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "wagma_bench",
+        "run",
+        "workload=ddppo",
+        "env=gridnav",
+        "env.layout=one_room",
+        "env.max_episode_steps=30",
+        "workload.hidden_size=64",
+        "workload.num_steps=32",
+        "train.lr=1e-3",
+        "train.epochs=400",
+        "eval.every_epochs=10",
+        "eval.target=0.6",
+        "workload.num_eval_episodes=32",
+        "launcher.nproc=2",
+        "logger.progress=off",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["reached"] and summary["status"] == "completed", summary

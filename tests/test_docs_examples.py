@@ -22,8 +22,12 @@ from wagma_bench.config.paths import CONF_DIR
 
 pytestmark = pytest.mark.background  # composes, times nothing: beside the serial tests at idle priority
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "slurm" / "README.md",
-         *sorted((ROOT / "reproduce").glob("*/README.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "slurm" / "README.md",
+    *sorted((ROOT / "reproduce").glob("*/README.md")),
+]
 COMMANDS = ("run", "sweep", "tune", "simulate", "report", "claims", "comm-bench")
 # a command's own words after its name (not overrides): `sweep submit DIR`, `tune score DIR`
 SUBCOMMANDS = {"sweep": {"submit", "status", "wait", "cancel"}, "tune": {"score"}}
@@ -75,7 +79,9 @@ def examples() -> list[tuple[str, list[str]]]:
         for line in command_lines(page.read_text()):
             argv = argv_of(line)
             key = tuple(argv)
-            if len(argv) > 1 and argv[0] in COMMANDS and key not in seen:  # `wagma-bench sweep` alone names it
+            if (
+                len(argv) > 1 and argv[0] in COMMANDS and key not in seen
+            ):  # `wagma-bench sweep` alone names it
                 seen.add(key)
                 out.append((page.relative_to(ROOT).as_posix(), argv))
     return out
@@ -91,7 +97,13 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-VALUED = {"--out", "--interval", "--timeout", "--readme", "--cfg"}  # the flags of these commands that take a value
+VALUED = {
+    "--out",
+    "--interval",
+    "--timeout",
+    "--readme",
+    "--cfg",
+}  # the flags of these commands that take a value
 _HELP: dict[str, str] = {}
 
 
@@ -110,8 +122,9 @@ def check(argv: list[str], tmp_path: Path) -> None:
 
     command, rest = argv[0], argv[1:]
     for flag in (w.split("=", 1)[0] for w in rest if w.startswith("--") and w != "--help"):
-        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text(command)), \
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text(command)), (
             f"{command} has no flag {flag} (not in `wagma-bench {command} --help`)"
+        )
     if rest and rest[0] in SUBCOMMANDS.get(command, ()):
         assert re.search(rf"\b{command} {rest[0]}\b", help_text(command)), f"no `{command} {rest[0]}`"
         return
@@ -137,21 +150,28 @@ def test_the_pages_show_an_example_of_every_command():
     assert {argv[0] for _, argv in EXAMPLES} == set(COMMANDS)
 
 
-@pytest.mark.parametrize("argv", [argv for _, argv in EXAMPLES], ids=[f"{page}:{' '.join(argv)[:60]}"
-                                                                      for page, argv in EXAMPLES])
+@pytest.mark.parametrize(
+    "argv", [argv for _, argv in EXAMPLES], ids=[f"{page}:{' '.join(argv)[:60]}" for page, argv in EXAMPLES]
+)
 def test_every_documented_command_parses(argv, tmp_path):
     check(argv, tmp_path)
 
 
-@pytest.mark.parametrize("line, named", [
-    ("wagma-bench run optimizer=local_sgd optimizer.perod=8", "perod"),
-    ("wagma-bench run -m optimizer=allreduce,wagma experiment=paper_resnet50_stragler", "paper_resnet50_stragler"),
-    ("wagma-bench sweep cluster=local gpus=4 'optimizer=glob(*)' imbalance=paper --dry-run", "paper"),
-    ("wagma-bench tune workload=resnet optimizer=wagma tune.trails=2 --out x", "trails"),
-    ("wagma-bench simulate gpus=64 optimizer=wagma optimizer.tua=3", "tua"),
-    ("wagma-bench comm-bench --nprocs 4", "--nprocs"),
-    ("wagma-bench sweep stats sweeps/x", "stats"),
-])
+@pytest.mark.parametrize(
+    "line, named",
+    [
+        ("wagma-bench run optimizer=local_sgd optimizer.perod=8", "perod"),
+        (
+            "wagma-bench run -m optimizer=allreduce,wagma experiment=paper_resnet50_stragler",
+            "paper_resnet50_stragler",
+        ),
+        ("wagma-bench sweep cluster=local gpus=4 'optimizer=glob(*)' imbalance=paper --dry-run", "paper"),
+        ("wagma-bench tune workload=resnet optimizer=wagma tune.trails=2 --out x", "trails"),
+        ("wagma-bench simulate gpus=64 optimizer=wagma optimizer.tua=3", "tua"),
+        ("wagma-bench comm-bench --nprocs 4", "--nprocs"),
+        ("wagma-bench sweep stats sweeps/x", "stats"),
+    ],
+)
 def test_a_renamed_key_preset_or_flag_fails_the_check_naming_it(line, named, tmp_path):
     """The check is not vacuous: an example with a misspelt key, preset, flag or subcommand is refused, named."""
     with pytest.raises(Exception) as err:

@@ -1,6 +1,7 @@
 """The documentation's links: every relative link and image in README.md, docs/*.md and the READMEs under
 reproduce/ and slurm/ points at a file that exists, and every #anchor at a heading of its target (GitHub's
 heading ids). Parsed with markdown-it-py, so links inside code are not links and a link in a table is one."""
+
 import re
 import subprocess
 from pathlib import Path
@@ -10,8 +11,14 @@ import pytest
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("reproduce/**/README.md"),
-                ROOT / "slurm" / "README.md"])
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        *ROOT.glob("docs/*.md"),
+        *ROOT.glob("reproduce/**/README.md"),
+        ROOT / "slurm" / "README.md",
+    ]
+)
 MD = MarkdownIt("commonmark").enable("table")
 
 
@@ -58,13 +65,17 @@ def problems(page: Path) -> list[str]:
         dest = (page.parent / unquote(parts.path)).resolve() if parts.path else page
         where = f"{page.relative_to(ROOT)}: {kind} {target}"
         if not dest.exists():
-            out.append(f"{where}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist")
+            out.append(
+                f"{where}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist"
+            )
             continue
         if kind == "image" and ignored(dest):
             out.append(f"{where}: .gitignore excludes it")
         if parts.fragment and dest.suffix == ".md" and parts.fragment not in heading_ids(dest):
-            out.append(f"{where}: no heading #{parts.fragment} in {dest.relative_to(ROOT)} "
-                       f"(its headings: {', '.join(sorted(heading_ids(dest)))})")
+            out.append(
+                f"{where}: no heading #{parts.fragment} in {dest.relative_to(ROOT)} "
+                f"(its headings: {', '.join(sorted(heading_ids(dest)))})"
+            )
     return out
 
 
@@ -90,9 +101,11 @@ def test_the_link_check_catches_a_broken_file_anchor_and_image(tmp_path, monkeyp
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     (tmp_path / "other.md").write_text("# A title: `with code`\n\n## Twice\n\n## Twice\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](other.md#a-title-with-code) [ok](other.md#twice-1) [ok](#here)\n\n# Here\n\n"
-                    "[gone](missing.md) [bad anchor](other.md#nowhere) ![img](fig.png)\n\n"
-                    "`[not a link](missing.md)`\n")
+    page.write_text(
+        "[ok](other.md#a-title-with-code) [ok](other.md#twice-1) [ok](#here)\n\n# Here\n\n"
+        "[gone](missing.md) [bad anchor](other.md#nowhere) ![img](fig.png)\n\n"
+        "`[not a link](missing.md)`\n"
+    )
     found = problems(page)
     assert len(found) == 3, found
     assert "missing.md does not exist" in found[0] and "#nowhere" in found[1] and "fig.png" in found[2]
@@ -105,8 +118,11 @@ def _test_names() -> set[str]:
     names = set()
     for module in (ROOT / "tests").glob("test_*.py"):
         names.add(module.stem)
-        names.update(node.name for node in ast.walk(ast.parse(module.read_text()))
-                     if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
+        names.update(
+            node.name
+            for node in ast.walk(ast.parse(module.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+        )
     return names
 
 
@@ -125,6 +141,8 @@ def test_every_test_a_page_cites_exists(page):
 
 def test_the_cited_test_check_catches_a_renamed_test(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("`tests/test_symlinks.py::test_planted_events_symlink_is_refused` and test_docs_links, "
-                    "`test_every_test_a_page_cites_exists[README.md]`")
+    page.write_text(
+        "`tests/test_symlinks.py::test_planted_events_symlink_is_refused` and test_docs_links, "
+        "`test_every_test_a_page_cites_exists[README.md]`"
+    )
     assert cited_tests_missing(page, _test_names()) == ["test_planted_events_symlink_is_refused"]

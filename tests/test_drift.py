@@ -17,22 +17,38 @@ from wagma_bench.analysis import drift, intervals, tuning
 from wagma_bench.analysis.claims import Claim, Sources, evaluate
 
 ROUNDS, BATCH = 100, 64  # each made-up trial: 100 rounds of 64 samples
-SPEED = {"allreduce": 2.0, "wagma": 1.6, "sgp": 1.8}  # each made-up optimizer's seconds per round at reference 1
+SPEED = {
+    "allreduce": 2.0,
+    "wagma": 1.6,
+    "sgp": 1.8,
+}  # each made-up optimizer's seconds per round at reference 1
 
 
 def _summary(optimizer: str, reference: float, per_round: float, reached: bool = True) -> dict:
     train = ROUNDS * per_round
-    return {"status": "completed", "optimizer": optimizer, "reference_s": reference, "rounds": ROUNDS,
-            "train_s": train, "throughput_samples_per_s": ROUNDS * BATCH / train, "reached": reached,
-            "time_to_target_s": train if reached else None}
+    return {
+        "status": "completed",
+        "optimizer": optimizer,
+        "reference_s": reference,
+        "rounds": ROUNDS,
+        "train_s": train,
+        "throughput_samples_per_s": ROUNDS * BATCH / train,
+        "reached": reached,
+        "time_to_target_s": train if reached else None,
+    }
 
 
 def _made_up(seed: int, elasticity: float, noise: float) -> dict[str, list[dict]]:
     """Three optimizers, each with its own speed, and references spread over a drifting machine; each trial's
     seconds per round = speed * reference^elasticity * exp(noise)."""
     rng = random.Random(seed)
-    return {o: [_summary(o, ref, c * ref**elasticity * math.exp(rng.gauss(0, noise)))
-                for ref in (rng.uniform(0.07, 0.12) for _ in range(7))] for o, c in SPEED.items()}
+    return {
+        o: [
+            _summary(o, ref, c * ref**elasticity * math.exp(rng.gauss(0, noise)))
+            for ref in (rng.uniform(0.07, 0.12) for _ in range(7))
+        ]
+        for o, c in SPEED.items()
+    }
 
 
 def test_the_elasticity_is_numpys_least_squares_with_a_dummy_per_optimizer():
@@ -55,9 +71,14 @@ def test_the_elasticity_is_numpys_least_squares_with_a_dummy_per_optimizer():
 def test_an_elasticity_of_one_is_the_proportional_adjustment_it_replaced():
     s = _summary("wagma", reference=0.09, per_round=1.5)
     median = 0.08
-    old = {**s, "throughput_samples_per_s": s["throughput_samples_per_s"] * 0.09 / 0.08,
-           "time_to_target_s": s["time_to_target_s"] * 0.08 / 0.09}  # the rule before 2026-12-06
-    assert drift.adjusted(s, median, None, 1.0) == pytest.approx(old) and drift.adjusted(s, median, None) == old
+    old = {
+        **s,
+        "throughput_samples_per_s": s["throughput_samples_per_s"] * 0.09 / 0.08,
+        "time_to_target_s": s["time_to_target_s"] * 0.08 / 0.09,
+    }  # the rule before 2026-12-06
+    assert (
+        drift.adjusted(s, median, None, 1.0) == pytest.approx(old) and drift.adjusted(s, median, None) == old
+    )
     assert drift.adjusted(s, median, None, 0.0) == s  # no measured effect: nothing scaled
     half = drift.adjusted(s, median, None, 0.5)
     assert half["time_to_target_s"] == pytest.approx(s["time_to_target_s"] * math.sqrt(0.08 / 0.09))
@@ -68,8 +89,10 @@ def test_an_elasticity_of_one_is_the_proportional_adjustment_it_replaced():
 def test_no_elasticity_without_enough_trials_or_a_reference_varying_within_an_optimizer():
     one_each = [[_summary("wagma", 0.08, 1.0)], [_summary("sgp", 0.09, 1.1)]]
     assert drift.fit_elasticity(one_each) is None  # each optimizer's intercept takes its only trial
-    flat = [[_summary("wagma", 0.08, 1.0), _summary("wagma", 0.08, 1.2)],
-            [_summary("sgp", 0.09, 1.1), _summary("sgp", 0.09, 1.3)]]
+    flat = [
+        [_summary("wagma", 0.08, 1.0), _summary("wagma", 0.08, 1.2)],
+        [_summary("sgp", 0.09, 1.1), _summary("sgp", 0.09, 1.3)],
+    ]
     assert drift.fit_elasticity(flat) is None
     three = [_summary("wagma", 0.08, 1.0), _summary("wagma", 0.09, 1.2), _summary("wagma", 0.1, 1.3)]
     assert drift.fit_elasticity([three[:2]]) is None  # a residual needs a third trial
@@ -91,18 +114,37 @@ def _tuning(root: Path, groups: dict[str, list[dict]]) -> Path:
     for o, summaries in groups.items():
         for i, s in enumerate(summaries, 1):
             name = f"{o}_study1_trial{i}"
-            trials.append({"name": name, "combo": o, "study": 1, "trial": i, "seed": i, "params": {},
-                           "overrides": [f"optimizer={o}"], "gpus": 0})
+            trials.append(
+                {
+                    "name": name,
+                    "combo": o,
+                    "study": 1,
+                    "trial": i,
+                    "seed": i,
+                    "params": {},
+                    "overrides": [f"optimizer={o}"],
+                    "gpus": 0,
+                }
+            )
             (d / "trials" / name).mkdir(parents=True)
             (d / "trials" / name / "summary.json").write_text(json.dumps(s))
-    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 1, "trials_per_study": 7, "seed": 1,
-                                             "trials": trials}))
+    (d / "tune.json").write_text(
+        json.dumps({"version": 1, "studies": 1, "trials_per_study": 7, "seed": 1, "trials": trials})
+    )
     return d
 
 
 def _claim(metric: str) -> Claim:
-    return Claim(id="c", paper="p", says="s", condition="c", metric=metric, subject="wagma",
-                 comparators=("allreduce", "sgp"), measured={"tuning": "drifting"})
+    return Claim(
+        id="c",
+        paper="p",
+        says="s",
+        condition="c",
+        metric=metric,
+        subject="wagma",
+        comparators=("allreduce", "sgp"),
+        measured={"tuning": "drifting"},
+    )
 
 
 @pytest.mark.parametrize("metric", ["throughput", "time_to_target"])
@@ -117,8 +159,9 @@ def test_where_drift_is_all_there_is_the_fitted_elasticity_removes_it(tmp_path, 
     assert got["interval"] == pytest.approx([1.8 / 1.6] * 2)
     median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)
     per_round = {o: c * median**0.4 for o, c in SPEED.items()}  # each optimizer at the median reference
-    assert got["values"] == pytest.approx({o: BATCH / v if metric == "throughput" else ROUNDS * v
-                                           for o, v in per_round.items()})
+    assert got["values"] == pytest.approx(
+        {o: BATCH / v if metric == "throughput" else ROUNDS * v for o, v in per_round.items()}
+    )
 
 
 def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
@@ -132,8 +175,9 @@ def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
     normal = statistics.NormalDist(got["elasticity"], got["elasticity_se"])
 
     def law(o: str, e: float) -> intervals.Dist:
-        return intervals.pooled_median([[s["throughput_samples_per_s"] * (s["reference_s"] / median) ** e
-                                         for s in groups[o]]])
+        return intervals.pooled_median(
+            [[s["throughput_samples_per_s"] * (s["reference_s"] / median) ** e for s in groups[o]]]
+        )
 
     laws = []
     for k in range(drift.DRAWS):
@@ -142,8 +186,12 @@ def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
         laws.append(intervals.ratio(law("wagma", e), best))
     assert got["interval"] == pytest.approx(list(intervals.interval(intervals.mixture(laws))))
     e = got["elasticity"]
-    scaled = {o: statistics.median(s["throughput_samples_per_s"] * (s["reference_s"] / median) ** e
-                                   for s in groups[o]) for o in groups}
+    scaled = {
+        o: statistics.median(
+            s["throughput_samples_per_s"] * (s["reference_s"] / median) ** e for s in groups[o]
+        )
+        for o in groups
+    }
     assert got["speedup"] == pytest.approx(scaled["wagma"] / max(scaled["allreduce"], scaled["sgp"]))
 
 
@@ -153,6 +201,9 @@ def test_tunes_drift_adjusted_score_is_on_the_same_ruler(tmp_path):
     groups = _made_up(seed=5, elasticity=0.4, noise=0.0)
     result = tuning.score(_tuning(tmp_path, groups))
     median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)
-    assert result["drift_elasticity"]["value"] == pytest.approx(0.4) and result["drift_elasticity"]["trials"] == 21
+    assert (
+        result["drift_elasticity"]["value"] == pytest.approx(0.4)
+        and result["drift_elasticity"]["trials"] == 21
+    )
     for e in result["results"]:
         assert e["drift_adjusted"]["score_s"] == pytest.approx(ROUNDS * SPEED[e["optimizer"]] * median**0.4)

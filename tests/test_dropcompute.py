@@ -74,8 +74,15 @@ def _world(comm):
     # with drops: one step of plain SGD, each normalisation
     for normalize in ("nominal", "computed"):
         model = _model()
-        algo = make_algorithm("dropcompute", comm, model, sgd(lr=LR), micro_batches=PARTS,
-                              threshold_s=str(THRESHOLD), normalize=normalize)
+        algo = make_algorithm(
+            "dropcompute",
+            comm,
+            model,
+            sgd(lr=LR),
+            micro_batches=PARTS,
+            threshold_s=str(THRESHOLD),
+            normalize=normalize,
+        )
         algo.zero_grad()
         parts = _compute(algo, model, _batch(rank), rank)
         info = algo.step()
@@ -102,7 +109,9 @@ def _oracle(normalize: str, parts: list[int]) -> torch.Tensor:
         for i, (xs, ys) in enumerate(zip(torch.tensor_split(x, PARTS), torch.tensor_split(y, PARTS))):
             if i < k:
                 per_sample = ((model(xs) - ys) ** 2).sum()  # mse_loss's mean, times the part's samples
-                total = total + (per_sample / len(ys) / (WORLD * PARTS) if normalize == "nominal" else per_sample)
+                total = total + (
+                    per_sample / len(ys) / (WORLD * PARTS) if normalize == "nominal" else per_sample
+                )
     if normalize == "computed":
         total = total / sum(k * SAMPLES // PARTS for k in parts)
     total.backward()
@@ -126,7 +135,9 @@ def test_every_computed_sample_counts_once_under_drops(results, normalize):
 
 def test_the_automatic_threshold_cuts_a_straggler_and_leaves_a_balanced_world():
     steps, parts = 20, 4
-    balanced = torch.arange(1, parts + 1, dtype=torch.float64).repeat(4, steps, 1) * 0.1  # 4 ranks, 0.1 s a part
+    balanced = (
+        torch.arange(1, parts + 1, dtype=torch.float64).repeat(4, steps, 1) * 0.1
+    )  # 4 ranks, 0.1 s a part
     tau, gain = best_threshold(balanced, step_s=0.45)
     assert math.isinf(tau) and gain == 0.0
     straggling = balanced.clone()
@@ -144,13 +155,15 @@ def _best_threshold_by_masks(ends, step_s):
     ends = np.asarray(ends, dtype=np.float64)
     compute = ends[:, :, -1].max(axis=0)
     overhead = max(step_s - float(compute.mean()), 0.0)
-    low, high = float(ends[:, :, ends.shape[2] // 2:].min()), float(ends.max())
+    low, high = float(ends[:, :, ends.shape[2] // 2 :].min()), float(ends.max())
     best, best_gain = math.inf, 0.0
     for tau in np.linspace(low, high, 200).tolist():
         kept = ends < tau
         cut = np.where(kept, ends, 0.0).max(axis=2).max(axis=0)
         dropped = 1.0 - kept.mean(axis=(0, 2))
-        gain = float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
+        gain = (
+            float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
+        )
         if gain > best_gain:
             best, best_gain = tau, gain
     return best, best_gain
@@ -165,7 +178,10 @@ def test_the_automatic_threshold_is_the_masked_rules_to_the_bit(seed):
     rng = np.random.default_rng(seed)
     ranks, steps, parts = (1, 3, 1), (5, 20, 2), (1, 4, 8)
     for shape in [(r, s, m) for r in ranks for s in steps for m in parts]:
-        step = rng.lognormal(0.0, 0.5, shape[:2])[:, :, None] * (1.0 + 3.0 * (rng.random(shape[:2]) < 0.1))[:, :, None]
+        step = (
+            rng.lognormal(0.0, 0.5, shape[:2])[:, :, None]
+            * (1.0 + 3.0 * (rng.random(shape[:2]) < 0.1))[:, :, None]
+        )
         ends = step * np.arange(1, shape[2] + 1) / shape[2]
         if seed % 2:
             ends = np.round(ends, 1)  # ties, zeros
@@ -176,8 +192,17 @@ def test_the_automatic_threshold_is_the_masked_rules_to_the_bit(seed):
 
 @pytest.mark.serial
 def test_a_run_under_shared_draw_stragglers_drops_and_records_it(tmp_path):
-    out = run(["optimizer=dropcompute", "imbalance=shared_draw", "train.max_rounds=20", "eval.target=null",
-               "optimizer.calibrate_steps=10", "logger.progress=off", f"hydra.run.dir={tmp_path}"])
+    out = run(
+        [
+            "optimizer=dropcompute",
+            "imbalance=shared_draw",
+            "train.max_rounds=20",
+            "eval.target=null",
+            "optimizer.calibrate_steps=10",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "dropcompute threshold" in out.stdout
     record = json.loads((tmp_path / "summary.json").read_text())["dropcompute"]

@@ -36,8 +36,9 @@ def model_sized_storages(obj, numel: int, out: set[int] | None = None) -> set[in
 
 
 def _count_during_run(comm, catch_up):
-    algo = make_algorithm("wagma", comm, Vector(DIM, comm.rank), sgd(lr=0.01), group_size=2, tau=3,
-                          catch_up=catch_up)
+    algo = make_algorithm(
+        "wagma", comm, Vector(DIM, comm.rank), sgd(lr=0.01), group_size=2, tau=3, catch_up=catch_up
+    )
     model = algo.data.untyped_storage().data_ptr()
     numel = algo.data.numel()
     counts, reported = [], []

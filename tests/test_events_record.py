@@ -23,9 +23,23 @@ from wagma_bench.simulate.convergence import samples_to_target
 PACKAGE = Path(__file__).resolve().parent.parent / "wagma_bench"
 T0 = 1.7e12
 CONFIG = {"train": {"lr": 0.1, "batch_size": 32, "lr_reference_batch": 256, "weight_decay": 0.0001}}
-OLD_START = {"workload": "resnet", "data": "mnist5k", "optimizer": "wagma", "imbalance": "none", "world_size": 4,
-             "seed": 1, "metric": "top1", "target": 0.9, "global_batch_size": 128, "train_samples": 4500,
-             "eval_samples": 500, "steps_total": 40, "sync_period": 10, "hosts": ["a", "b"], "config": CONFIG}
+OLD_START = {
+    "workload": "resnet",
+    "data": "mnist5k",
+    "optimizer": "wagma",
+    "imbalance": "none",
+    "world_size": 4,
+    "seed": 1,
+    "metric": "top1",
+    "target": 0.9,
+    "global_batch_size": 128,
+    "train_samples": 4500,
+    "eval_samples": 500,
+    "steps_total": 40,
+    "sync_period": 10,
+    "hosts": ["a", "b"],
+    "config": CONFIG,
+}
 
 
 def event(key: str, t_s: float, value=None, **metadata) -> dict:
@@ -33,8 +47,17 @@ def event(key: str, t_s: float, value=None, **metadata) -> dict:
 
 
 def evaluation(step: int, value: float) -> dict:
-    return event("eval_accuracy", step, value, step=step, epoch=step / 10, samples=step * 128, train_s=float(step),
-                 wall_s=step + 1.0, eval_took_s=0.5)
+    return event(
+        "eval_accuracy",
+        step,
+        value,
+        step=step,
+        epoch=step / 10,
+        samples=step * 128,
+        train_s=float(step),
+        wall_s=step + 1.0,
+        eval_took_s=0.5,
+    )
 
 
 def write_events(d: Path, events: list[dict], tail: str = "") -> Path:
@@ -46,10 +69,18 @@ def write_events(d: Path, events: list[dict], tail: str = "") -> Path:
 def resumed_events() -> list[dict]:
     """Preempted at step 20 after a checkpoint at 10; resumed from 10; reaches the target at step 30."""
     end = {"step": 40, "samples": 40 * 128, "train_s": 40.0, "wall_s": 41.0, "eval_s": 2.0}
-    return [event("run_start", 0, **OLD_START), evaluation(10, 0.5), event("checkpoint", 10, step=10),
-            evaluation(20, 0.95), event("run_suspend", 20, status="preempted", step=20, train_s=20.0),
-            event("run_resume", 21, step=10, epoch=1.0, train_s=10.0), evaluation(20, 0.7), evaluation(30, 0.92),
-            evaluation(40, 0.93), event("run_stop", 41, status="completed", **end)]
+    return [
+        event("run_start", 0, **OLD_START),
+        evaluation(10, 0.5),
+        event("checkpoint", 10, step=10),
+        evaluation(20, 0.95),
+        event("run_suspend", 20, status="preempted", step=20, train_s=20.0),
+        event("run_resume", 21, step=10, epoch=1.0, train_s=10.0),
+        evaluation(20, 0.7),
+        evaluation(30, 0.92),
+        evaluation(40, 0.93),
+        event("run_stop", 41, status="completed", **end),
+    ]
 
 
 def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
@@ -61,8 +92,14 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     assert [(e.round, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
     run = run_records.load_run(d)
     assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
-    assert sweep_jobs.run_progress(d) == {"status": "running", "step": 10, "metric": 0.5, "eval_step": 10,
-                                         "restarts": 0, "reached": None}
+    assert sweep_jobs.run_progress(d) == {
+        "status": "running",
+        "step": 10,
+        "metric": 0.5,
+        "eval_step": 10,
+        "restarts": 0,
+        "reached": None,
+    }
 
 
 def test_resumed_run_reads_as_one_run(tmp_path):
@@ -91,7 +128,9 @@ def test_a_target_reached_past_the_time_limit_is_not_reached():
     config = {**CONFIG, "train": {**CONFIG["train"], "time_limit_s": 25}}
     start = event("run_start", 0, **{**OLD_START, "config": config})
     end = {"step": 30, "samples": 30 * 128, "train_s": 30.0, "wall_s": 31.0, "eval_s": 1.0}
-    late = summarize([start, evaluation(10, 0.5), evaluation(30, 0.95), event("run_stop", 31, status="time_limit", **end)])
+    late = summarize(
+        [start, evaluation(10, 0.5), evaluation(30, 0.95), event("run_stop", 31, status="time_limit", **end)]
+    )
     assert (late["reached"], late["time_to_target_s"], late["rounds_to_target"]) == (False, None, None)
     assert late["best_metric"] == 0.95  # the evaluation itself stays
     on_time = summarize([start, evaluation(20, 0.95), event("run_stop", 21, status="completed", **end)])
@@ -101,11 +140,22 @@ def test_a_target_reached_past_the_time_limit_is_not_reached():
 def test_old_run_start_without_the_derived_fields_falls_back(tmp_path):
     start = RunStart(OLD_START)
     assert start.model_params is None and start.group_size is None and start.sync_period == 10
-    assert start.base_lr == pytest.approx(peak_lr(0.1, 32, 4, 256)) and start.nodes == 2 and start.ranks_per_node == 2
+    assert (
+        start.base_lr == pytest.approx(peak_lr(0.1, 32, 4, 256))
+        and start.nodes == 2
+        and start.ranks_per_node == 2
+    )
     assert start.settings == {k: v for k, v in OLD_START.items() if k != "config"}
-    new = RunStart({**OLD_START, "model_params": 1234, "group_size": 2, "base_lr": 0.5, "nodes": 1,
-                    "ranks_per_node": 4})
-    assert (new.model_params, new.group_size, new.base_lr, new.nodes, new.ranks_per_node) == (1234, 2, 0.5, 1, 4)
+    new = RunStart(
+        {**OLD_START, "model_params": 1234, "group_size": 2, "base_lr": 0.5, "nodes": 1, "ranks_per_node": 4}
+    )
+    assert (new.model_params, new.group_size, new.base_lr, new.nodes, new.ranks_per_node) == (
+        1234,
+        2,
+        0.5,
+        1,
+        4,
+    )
     hyper = {r.key: r.value for r in mlperf.mllog_records([event("run_start", 0, **OLD_START)])}
     assert hyper["opt_base_learning_rate"] == pytest.approx(0.05) and hyper["number_of_nodes"] == 2
 
@@ -133,8 +183,11 @@ def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
     safe file writer (which imports only the error types, a leaf) and the recorded configuration's reader (which
     imports only the table of renamed keys, a leaf), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
-    assert _imports(PACKAGE / "record" / "events.py") <= {"wagma_bench.config.schedules", "wagma_bench.record.files",
-                                                         "wagma_bench.config.recorded"}
+    assert _imports(PACKAGE / "record" / "events.py") <= {
+        "wagma_bench.config.schedules",
+        "wagma_bench.record.files",
+        "wagma_bench.config.recorded",
+    }
     assert _imports(PACKAGE / "record" / "files.py") == {"wagma_bench.errors"}
     assert _imports(PACKAGE / "errors.py") == set()
     assert _imports(PACKAGE / "config" / "recorded.py") == {"wagma_bench.config.renamed"}
@@ -150,8 +203,12 @@ def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_ide
     from wagma_bench.record.checkpoint import check_against_run
     from wagma_bench.record.rundir import finished_summary
 
-    old = {"seed": 4, "train": {"lr": 0.004, "max_steps": 100}, "workload": {"name": "transformer", "beam": 4},
-           "launcher": {"nproc": 4}}
+    old = {
+        "seed": 4,
+        "train": {"lr": 0.004, "max_steps": 100},
+        "workload": {"name": "transformer", "beam": 4},
+        "launcher": {"nproc": 4},
+    }
     new = {**old, "workload": {**old["workload"], "shuffle_seed": None}}
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -164,8 +221,16 @@ def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_ide
     folder = run_dir / "checkpoint" / "round-50"
     folder.mkdir(parents=True)
     (folder / "rank0.pt").write_bytes(b"x")
-    write_json_atomic(folder / "manifest.json", {"round": 50, "world_size": 1, "files": {"rank0.pt": "0"},
-                                                 "config_hash": resume_hash(old), "config": identity(old)})
+    write_json_atomic(
+        folder / "manifest.json",
+        {
+            "round": 50,
+            "world_size": 1,
+            "files": {"rank0.pt": "0"},
+            "config_hash": resume_hash(old),
+            "config": identity(old),
+        },
+    )
     (run_dir / "checkpoint" / "latest").write_text("round-50")
     check_against_run(run_dir, new, 1, "launcher.nproc=1")
     with pytest.raises(Exception, match="shuffle_seed"):

@@ -25,8 +25,11 @@ def _ends_the_process(node: ast.AST) -> str | None:
     ``exit()``/``quit()``, or ``raise SystemExit``; else None."""
     if isinstance(node, ast.Call):
         f = node.func
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in (
-                ("sys", "exit"), ("os", "_exit")):
+        if (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and (f.value.id, f.attr) in (("sys", "exit"), ("os", "_exit"))
+        ):
             return f"{f.value.id}.{f.attr}()"
         if isinstance(f, ast.Name) and f.id in ("exit", "quit"):
             return f"{f.id}()"
@@ -34,28 +37,37 @@ def _ends_the_process(node: ast.AST) -> str | None:
         exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
         if isinstance(exc, ast.Name) and exc.id == "SystemExit":
             return "raise SystemExit"
-    if isinstance(node, ast.ImportFrom) and node.module in ("sys", "os") and any(
-            a.name in ("exit", "_exit") for a in node.names):
+    if (
+        isinstance(node, ast.ImportFrom)
+        and node.module in ("sys", "os")
+        and any(a.name in ("exit", "_exit") for a in node.names)
+    ):
         return f"from {node.module} import exit"
     return None
 
 
 def test_no_command_module_ends_the_process_itself():
     """A command that exits by itself bypasses the one mapper: its code and line would be its own."""
-    found = [f"{path.name}:{node.lineno}: {what}" for path in sorted(CLI.glob("*.py"))
-             for node in ast.walk(ast.parse(path.read_text()))
-             if (what := _ends_the_process(node)) is not None]
+    found = [
+        f"{path.name}:{node.lineno}: {what}"
+        for path in sorted(CLI.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (what := _ends_the_process(node)) is not None
+    ]
     assert not found, found
 
 
 def test_the_check_finds_each_way_of_ending_the_process():
     """The check above, on code that ends the process each way it looks for (it would pass on nothing
     otherwise)."""
-    code = ("import sys, os\nfrom sys import exit\nsys.exit(2)\nos._exit(1)\nexit(3)\nraise SystemExit(2)\n"
-            "raise SystemExit\n")
+    code = (
+        "import sys, os\nfrom sys import exit\nsys.exit(2)\nos._exit(1)\nexit(3)\nraise SystemExit(2)\n"
+        "raise SystemExit\n"
+    )
     found = [w for node in ast.walk(ast.parse(code)) if (w := _ends_the_process(node))]
-    assert sorted(found) == sorted(["sys.exit()", "os._exit()", "exit()", "raise SystemExit",
-                                    "raise SystemExit", "from sys import exit"])
+    assert sorted(found) == sorted(
+        ["sys.exit()", "os._exit()", "exit()", "raise SystemExit", "raise SystemExit", "from sys import exit"]
+    )
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -83,21 +95,42 @@ def _raises(err: BaseException):
     return body
 
 
-@pytest.mark.parametrize("err,code,line", [
-    (ConfigError("x=1 is not allowed; it must be 2"), exits.REFUSED,
-     "wagma-bench cmd: error: x=1 is not allowed; it must be 2"),
-    (SymlinkRefused(errno.ELOOP, "out is a link"), exits.REFUSED,
-     "wagma-bench cmd: error: [Errno 40] out is a link"),
-    (OSError(errno.ENOSPC, "No space left on device"), exits.FAILED,
-     "wagma-bench cmd: error: [Errno 28] No space left on device"),
-    (KeyboardInterrupt(), exits.INTERRUPTED, "wagma-bench cmd: interrupted"),
-    (exits.Stopped(signal.SIGTERM), 143, "wagma-bench cmd: stopped by SIGTERM"),
-    (exits.Stopped(signal.SIGHUP), 129, "wagma-bench cmd: stopped by SIGHUP"),
-    (exits.Stop(exits.DIVERGED, "diverged: the loss became nan", error=True), exits.DIVERGED,
-     "wagma-bench cmd: error: diverged: the loss became nan"),
-    (exits.Stop(exits.INTERRUPTED, "wagma-bench: interrupted at step 4, checkpoint saved", error=False),
-     exits.INTERRUPTED, "wagma-bench: interrupted at step 4, checkpoint saved"),
-], ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None)
+@pytest.mark.parametrize(
+    "err,code,line",
+    [
+        (
+            ConfigError("x=1 is not allowed; it must be 2"),
+            exits.REFUSED,
+            "wagma-bench cmd: error: x=1 is not allowed; it must be 2",
+        ),
+        (
+            SymlinkRefused(errno.ELOOP, "out is a link"),
+            exits.REFUSED,
+            "wagma-bench cmd: error: [Errno 40] out is a link",
+        ),
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            exits.FAILED,
+            "wagma-bench cmd: error: [Errno 28] No space left on device",
+        ),
+        (KeyboardInterrupt(), exits.INTERRUPTED, "wagma-bench cmd: interrupted"),
+        (exits.Stopped(signal.SIGTERM), 143, "wagma-bench cmd: stopped by SIGTERM"),
+        (exits.Stopped(signal.SIGHUP), 129, "wagma-bench cmd: stopped by SIGHUP"),
+        (
+            exits.Stop(exits.DIVERGED, "diverged: the loss became nan", error=True),
+            exits.DIVERGED,
+            "wagma-bench cmd: error: diverged: the loss became nan",
+        ),
+        (
+            exits.Stop(
+                exits.INTERRUPTED, "wagma-bench: interrupted at step 4, checkpoint saved", error=False
+            ),
+            exits.INTERRUPTED,
+            "wagma-bench: interrupted at step 4, checkpoint saved",
+        ),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None,
+)
 def test_each_kind_of_end_has_its_code_and_one_line(err, code, line, capsys):
     assert _answer(capsys, _raises(err)) == (code, [line])
 
@@ -109,6 +142,7 @@ def test_a_body_that_returns_is_answered_with_its_code_and_says_nothing(capsys):
 def test_stop_and_end_raise_what_the_mapper_answers(capsys):
     """:func:`exits.stop` and :func:`exits.end` are how Hydra's task function ends a command (a SystemExit,
     which Hydra lets through where it would print any Exception's traceback)."""
+
     def refused() -> int:
         exits.stop("train.lr=nan is not allowed")
 
@@ -124,23 +158,35 @@ def test_stop_and_end_raise_what_the_mapper_answers(capsys):
 def test_a_commands_own_kinds_and_words(capsys):
     """``also`` maps a command's own exceptions (an interruption's line has no ``error:``); ``interrupted``
     and ``stopped`` are a command's own words for Ctrl-C and a stop signal (None: no line)."""
+
     class Interrupted(Exception):
         pass
 
-    also = ((Interrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED),
-            (FileNotFoundError, exits.REFUSED))
+    also = (
+        (Interrupted, exits.INTERRUPTED),
+        (RuntimeError, exits.FAILED),
+        (FileNotFoundError, exits.REFUSED),
+    )
     assert _answer(capsys, _raises(Interrupted("interrupted in trial t1")), also=also) == (
-        exits.INTERRUPTED, ["wagma-bench cmd: interrupted in trial t1"])
+        exits.INTERRUPTED,
+        ["wagma-bench cmd: interrupted in trial t1"],
+    )
     assert _answer(capsys, _raises(RuntimeError("sbatch failed")), also=also) == (
-        exits.FAILED, ["wagma-bench cmd: error: sbatch failed"])
+        exits.FAILED,
+        ["wagma-bench cmd: error: sbatch failed"],
+    )
     assert _answer(capsys, _raises(FileNotFoundError("no such dir")), also=also) == (
-        exits.REFUSED, ["wagma-bench cmd: error: no such dir"])
+        exits.REFUSED,
+        ["wagma-bench cmd: error: no such dir"],
+    )
     ctrl_c = "wagma-bench: interrupted; nothing ran"
     assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=ctrl_c) == (exits.INTERRUPTED, [ctrl_c])
     assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=None) == (exits.INTERRUPTED, [])
     stopped = "wagma-bench: stopped by {signal}; nothing ran"
     assert _answer(capsys, _raises(exits.Stopped(signal.SIGTERM)), stopped=stopped) == (
-        143, ["wagma-bench: stopped by SIGTERM; nothing ran"])
+        143,
+        ["wagma-bench: stopped by SIGTERM; nothing ran"],
+    )
 
 
 def test_a_defect_prints_its_traceback_then_the_line_and_exits_1(capsys):

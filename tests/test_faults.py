@@ -29,8 +29,6 @@ from wagma_bench.workloads import WORKLOADS
 QUICK = ["launcher.nproc=2", "train.max_rounds=12", "eval.every_rounds=6", "logger.progress=off"]
 
 
-
-
 def no_rank_started(run_dir: Path) -> bool:
     return not (run_dir / "events.jsonl").exists() and not (run_dir / "steps").exists()
 
@@ -43,13 +41,13 @@ BAD_VALUES = [
     ("launcher.nproc", "0", []),
     ("launcher.nproc", "-1", []),
     ("optimizer.group_size", "3", ["optimizer=wagma"]),
-    ("optimizer.group_size", "8", ["optimizer=wagma"]),       # larger than 2 ranks padded to a power of two
+    ("optimizer.group_size", "8", ["optimizer=wagma"]),  # larger than 2 ranks padded to a power of two
     ("train.max_rounds", "0", []),
     ("eval.every_rounds", "0", []),
     ("imbalance.delay_s", "-1", ["imbalance=shared_draw"]),
     ("imbalance.probability", "1.5", ["imbalance=independent"]),  # a probability
-    ("train.momentum", "1.5", []),                            # a fraction
-    ("workload.sync_frac", "-0.1", ["workload=ddppo"]),       # a probability
+    ("train.momentum", "1.5", []),  # a fraction
+    ("workload.sync_frac", "-0.1", ["workload=ddppo"]),  # a probability
     ("workload.gamma", "1.01", ["workload=ddppo"]),
     ("optimizer.sync_period", "0", ["optimizer=local_sgd"]),  # a schema's own __post_init__ check
     ("optimizer.outer_momentum", "1", ["optimizer=local_sgd", "optimizer.outer=slowmo"]),
@@ -73,13 +71,21 @@ def test_bad_value_fails_the_config_check_naming_key_value_and_what_is_allowed(k
     assert f"{key}={value}" in str(err.value) and "must be" in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("extra,reason", [
-    (["optimizer=allreduce"], ("it averages gradients, not models: every rank holds the same model after every "
-                              "step; an outer optimizer applies to: wagma, local_sgd, dpsgd, sgp")),
-    (["optimizer=eager"], "it averages gradients, not models"),
-    (["optimizer=adpsgd"], "corrections in flight"),
-    (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
-])
+@pytest.mark.parametrize(
+    "extra,reason",
+    [
+        (
+            ["optimizer=allreduce"],
+            (
+                "it averages gradients, not models: every rank holds the same model after every "
+                "step; an outer optimizer applies to: wagma, local_sgd, dpsgd, sgp"
+            ),
+        ),
+        (["optimizer=eager"], "it averages gradients, not models"),
+        (["optimizer=adpsgd"], "corrections in flight"),
+        (["optimizer=sgp", "optimizer.overlap=true"], "push-sum mass is in flight"),
+    ],
+)
 def test_an_outer_optimizer_where_it_does_not_apply_is_refused_with_the_reason(extra, reason):
     from wagma_bench.config.schema import validate
     from wagma_bench.errors import ConfigError
@@ -124,8 +130,13 @@ def _schemas() -> list[type]:
     schemas = list(FIXED_SECTIONS.values())
     schemas += [cls for options in option_schemas().values() for cls in options.values()]
     schemas += [cls for w in WORKLOADS.values() for cls in w.DATA.values()]
-    nested = [t for cls in schemas for hint in typing.get_type_hints(cls).values()
-              for t in typing.get_args(hint) or [hint] if dataclasses.is_dataclass(t)]  # WandbConfig | None
+    nested = [
+        t
+        for cls in schemas
+        for hint in typing.get_type_hints(cls).values()
+        for t in typing.get_args(hint) or [hint]
+        if dataclasses.is_dataclass(t)
+    ]  # WandbConfig | None
     return list(dict.fromkeys(schemas + nested))
 
 
@@ -134,25 +145,38 @@ def _is_numeric(hint) -> bool:
 
 
 def test_every_numeric_setting_has_an_allowed_range():
-    missing = [f"{cls.__qualname__}.{f.name}: {missing_range_hint(cls, f.name)}" for cls in _schemas()
-               for f in dataclasses.fields(cls)
-               if _is_numeric(typing.get_type_hints(cls)[f.name]) and range_of(f) is None]
+    missing = [
+        f"{cls.__qualname__}.{f.name}: {missing_range_hint(cls, f.name)}"
+        for cls in _schemas()
+        for f in dataclasses.fields(cls)
+        if _is_numeric(typing.get_type_hints(cls)[f.name]) and range_of(f) is None
+    ]
     assert not missing, "\n".join(missing)
 
 
 def test_only_numeric_settings_declare_a_range():
     """A range on a string or a flag would never be checked (check_ranges skips them): a mistake."""
-    stray = [f"{cls.__qualname__}.{f.name}" for cls in _schemas() for f in dataclasses.fields(cls)
-             if range_of(f) is not None and not _is_numeric(typing.get_type_hints(cls)[f.name])]
+    stray = [
+        f"{cls.__qualname__}.{f.name}"
+        for cls in _schemas()
+        for f in dataclasses.fields(cls)
+        if range_of(f) is not None and not _is_numeric(typing.get_type_hints(cls)[f.name])
+    ]
     assert not stray, f"a range on a setting that is not a number: {', '.join(stray)}"
 
 
 # --- rows 1, 12, 13: one writer per run directory; no step or event twice ---------------------------
 
+
 def start(args) -> subprocess.Popen:
     """A run in the background, in its own process group (to kill the launcher and its ranks at once)."""
-    return subprocess.Popen([str(BIN), "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [str(BIN), "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(condition, what: str, timeout: float = 240) -> None:
@@ -256,11 +280,17 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     """Row 13's second half: killed after a checkpoint with later steps already logged; the resume
     logs every step once and the events hold one run_start, one run_resume and one run_stop."""
     # checkpoints 3 s apart, so that steps are logged past one before the next is written
-    args = QUICK[:1] + ["eval.every_rounds=1000", "checkpoint.every_s=3", "logger.progress=off",
-                        f"hydra.run.dir={tmp_path}"]
+    args = QUICK[:1] + [
+        "eval.every_rounds=1000",
+        "checkpoint.every_s=3",
+        "logger.progress=off",
+        f"hydra.run.dir={tmp_path}",
+    ]
     first = start(args + ["train.max_rounds=400"])
     try:
-        kill_when_held(first, lambda: _steps_logged_past_the_checkpoint(tmp_path), "steps logged after a checkpoint")
+        kill_when_held(
+            first, lambda: _steps_logged_past_the_checkpoint(tmp_path), "steps logged after a checkpoint"
+        )
     finally:
         kill_run(first)
     at = latest_manifest(tmp_path)["round"]
@@ -271,9 +301,11 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
     for rank in (0, 1):
         assert logged_steps(tmp_path, rank) == list(range(1, total + 1))
     k = keys(tmp_path)
-    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[
+        -1
+    ] == "run_stop"
     resume = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_resume")
-    before = read_jsonl(tmp_path / "events.jsonl")[:k.index("run_resume")]
+    before = read_jsonl(tmp_path / "events.jsonl")[: k.index("run_resume")]
     assert all(e["metadata"].get("round", 0) <= resume["metadata"]["round"] for e in before)
 
 
@@ -295,7 +327,12 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
     second = run(args + [f"train.max_rounds={at + 1}"])
     assert second.returncode == 0, second.stderr[-3000:]
     k = keys(tmp_path)
-    assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1, 1)
+    assert (k.count("run_start"), k.count("run_suspend"), k.count("run_resume"), k.count("run_stop")) == (
+        1,
+        1,
+        1,
+        1,
+    )
     assert k[-1] == "run_stop"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["status"], summary["restarts"], summary["rounds"]) == ("completed", 1, at + 1)
@@ -312,14 +349,17 @@ def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_pa
 
 # --- rows 2, 3, 4: checkpoints as verified sets --------------------------------------------------------
 
+
 def resume_copy(checkpointed: Path, tmp_path: Path, *args: str, timeout: float = 120):
     """Resume a copy of the checkpointed run with a larger budget (a plain rerun would only report it)."""
     run_dir = tmp_path / "run"
     shutil.copytree(checkpointed, run_dir)
     events = (run_dir / "events.jsonl").read_bytes()
     t0 = time.monotonic()
-    out = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [*args, f"hydra.run.dir={run_dir}"],
-              timeout=timeout)
+    out = run(
+        [a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [*args, f"hydra.run.dir={run_dir}"],
+        timeout=timeout,
+    )
     return out, time.monotonic() - t0, run_dir, events
 
 
@@ -327,8 +367,10 @@ def test_checkpoint_sets_are_kept_two_deep_with_a_manifest(checkpointed):
     sets = sorted(p.name for p in (checkpointed / "checkpoint").glob("round-*"))
     assert sets == ["round-10", "round-12"]
     manifest = latest_manifest(checkpointed)
-    assert (manifest["round"], manifest["world_size"]) == (12, 2) and sorted(manifest["files"]) == ["rank0.pt",
-                                                                                                   "rank1.pt"]
+    assert (manifest["round"], manifest["world_size"]) == (12, 2) and sorted(manifest["files"]) == [
+        "rank0.pt",
+        "rank1.pt",
+    ]
 
 
 @pytest.mark.parametrize("nproc", [1])
@@ -337,8 +379,10 @@ def test_resume_with_another_world_size_is_refused_before_any_rank_starts(checkp
     launcher path; more ranks than the checkpoint's meet the same comparison of counts."""
     out, took, run_dir, events = resume_copy(checkpointed, tmp_path, f"launcher.nproc={nproc}")
     assert out.returncode == 2, out.stderr[-3000:]
-    assert f"checkpoint round-12 in {run_dir / 'checkpoint'} was written by 2 ranks, this run has {nproc} " \
-           f"(launcher.nproc={nproc})" in out.stderr
+    assert (
+        f"checkpoint round-12 in {run_dir / 'checkpoint'} was written by 2 ranks, this run has {nproc} "
+        f"(launcher.nproc={nproc})" in out.stderr
+    )
     assert took < 20 and (run_dir / "events.jsonl").read_bytes() == events
 
 
@@ -366,8 +410,10 @@ def test_missing_rank_file_is_refused_before_any_rank_starts(checkpointed, tmp_p
     shutil.copytree(checkpointed, run_dir)
     (run_dir / "checkpoint" / "round-12" / "rank1.pt").unlink()
     t0 = time.monotonic()
-    out = run([a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"],
-              timeout=120)
+    out = run(
+        [a.replace("max_rounds=12", "max_rounds=24") for a in QUICK] + [f"hydra.run.dir={run_dir}"],
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"{run_dir / 'checkpoint' / 'round-12' / 'rank1.pt'} is missing" in out.stderr
     assert time.monotonic() - t0 < 20
@@ -383,8 +429,18 @@ def test_changed_configuration_is_refused_naming_the_key(checkpointed, tmp_path)
 def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
     """Push-sum conserves mass: the weights of all ranks plus the messages in flight sum to the world
     size. A checkpoint without the in-flight message loses that mass on resume."""
-    out = run(QUICK[:1] + ["optimizer=sgp", "optimizer.overlap=true", "train.max_rounds=10", "eval.every_rounds=10",
-                           "logger.progress=off", "checkpoint.every_s=0", f"hydra.run.dir={tmp_path}"])
+    out = run(
+        QUICK[:1]
+        + [
+            "optimizer=sgp",
+            "optimizer.overlap=true",
+            "train.max_rounds=10",
+            "eval.every_rounds=10",
+            "logger.progress=off",
+            "checkpoint.every_s=0",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     folder = tmp_path / "checkpoint" / "round-10"
     algos = [torch.load(folder / f"rank{r}.pt", weights_only=False)["algo"] for r in (0, 1)]
@@ -396,12 +452,20 @@ def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
 
 # --- row 9: ranks die with their launcher --------------------------------------------------------------
 
+
 @pytest.mark.serial
 def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
     """Row 9: SIGKILL the launcher only; its ranks get SIGTERM (parent-death signal), checkpoint at the
     next synchronisation point and end the run as preempted, resumable; none trains on unsupervised."""
-    launcher = start(QUICK[:1] + ["train.max_rounds=100000", "eval.every_rounds=1000", "logger.progress=off",
-                                  f"hydra.run.dir={tmp_path}"])
+    launcher = start(
+        QUICK[:1]
+        + [
+            "train.max_rounds=100000",
+            "eval.every_rounds=1000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
         ranks = rank_pids(launcher.pid)
@@ -421,6 +485,7 @@ def test_ranks_end_with_their_killed_launcher_and_record_it(tmp_path):
 
 # --- row 15: a corrupt sample names its file -----------------------------------------------------------
 
+
 def test_corrupt_jpeg_is_named(tmp_path):
     from PIL import Image
 
@@ -432,15 +497,27 @@ def test_corrupt_jpeg_is_named(tmp_path):
                 Image.new("RGB", (32, 32), (60 * c + 10 * i, 0, 0)).save(root / split / cls / f"{i}.JPEG")
     bad = root / "train" / "dog" / "2.JPEG"
     bad.write_bytes(bad.read_bytes()[:200])  # truncated, as a broken copy leaves it
-    out = run(["data=imagenet", f"data.root={root}", "workload.arch=resnet20", "workload.num_workers=0",
-               "launcher.nproc=1", "train.batch_size=8", "train.max_rounds=2", "eval.every_rounds=2",
-               "logger.progress=off", f"hydra.run.dir={tmp_path / 'run'}"])
+    out = run(
+        [
+            "data=imagenet",
+            f"data.root={root}",
+            "workload.arch=resnet20",
+            "workload.num_workers=0",
+            "launcher.nproc=1",
+            "train.batch_size=8",
+            "train.max_rounds=2",
+            "eval.every_rounds=2",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert f"cannot read image {bad}" in out.stderr
     assert f"cannot read image {bad}" in json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
 
 
 # --- the lock's rules, without processes -------------------------------------------------------------
+
 
 def _write_lock(run_dir: Path, **holder) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -457,7 +534,9 @@ def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch,
     cases = {"live": {"pid": os.getppid()}, "other_host": {"host": "elsewhere", "pid": dead.pid}}
     for name, holder in cases.items():
         _write_lock(tmp_path / name, **holder)
-        with pytest.raises(RunDirLocked, match=f"PID {holder['pid']} on {holder.get('host', socket.gethostname())}"):
+        with pytest.raises(
+            RunDirLocked, match=f"PID {holder['pid']} on {holder.get('host', socket.gethostname())}"
+        ):
             RunDirLock(tmp_path / name).acquire()
     _write_lock(tmp_path / "dead", pid=dead.pid)
     lock = RunDirLock(tmp_path / "dead")
@@ -474,6 +553,7 @@ def test_lock_rules_live_dead_other_host_and_requeued_job(tmp_path, monkeypatch,
 
 # --- row 11: a SIGKILLed rank ends the run within seconds, always recorded --------------------------------
 
+
 def _rank_pids(launcher: subprocess.Popen, nproc: int) -> list[int]:
     """The ranks' PIDs by rank (spawned in rank order, so in increasing PID order)."""
     wait_for(lambda: len(rank_pids(launcher.pid)) == nproc, "the ranks to start", timeout=60)
@@ -485,11 +565,24 @@ def test_sigkilled_rank_ends_an_eager_run_within_seconds_and_is_recorded(tmp_pat
     """Row 11: rank 0 (the one that writes the events) is SIGKILLed mid-run; the survivor may be blocked in
     eager-SGD's progress thread, deaf to SIGTERM. The launcher ends it within seconds and records the
     failure itself: a run_stop naming the rank and the signal, and summary.json."""
-    launcher = start(QUICK[:1] + ["optimizer=eager", "train.max_rounds=100000", "eval.every_rounds=1000",
-                                  f"hydra.run.dir={tmp_path}"])
+    launcher = start(
+        QUICK[:1]
+        + [
+            "optimizer=eager",
+            "train.max_rounds=100000",
+            "eval.every_rounds=1000",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     try:
-        wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 0)
-                 and keys(tmp_path) == ["run_start", "startup"], "steps")
+        wait_for(
+            lambda: (
+                (tmp_path / "steps" / "rank1.jsonl").exists()
+                and logged_steps(tmp_path, 0)
+                and keys(tmp_path) == ["run_start", "startup"]
+            ),
+            "steps",
+        )
         os.kill(_rank_pids(launcher, 2)[0], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = launcher.communicate(timeout=120)
@@ -521,8 +614,16 @@ def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimiz
     """Row 10: rank 1 is SIGSTOPped mid-run. Its peers' collectives time out and fail, naming themselves;
     the launcher names rank 1, the one whose heartbeat stopped, and ends the run (the stopped process
     included) within comm.timeout_s plus a few seconds."""
-    launcher = start(QUICK[:1] + [f"optimizer={optimizer}", "train.max_rounds=100000", "eval.every_rounds=1000",
-                                  f"comm.timeout_s={HUNG_TIMEOUT_S}", f"hydra.run.dir={tmp_path}"])
+    launcher = start(
+        QUICK[:1]
+        + [
+            f"optimizer={optimizer}",
+            "train.max_rounds=100000",
+            "eval.every_rounds=1000",
+            f"comm.timeout_s={HUNG_TIMEOUT_S}",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank1.jsonl").exists() and logged_steps(tmp_path, 1), "steps")
         stopped = _rank_pids(launcher, 2)[1]
@@ -544,14 +645,19 @@ def test_stopped_rank_is_named_as_hung_within_the_comm_timeout(tmp_path, optimiz
 
 # --- row 14: a full file system ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def small_fs(tmp_path):
     """A 256 KiB tmpfs: room for the configuration copy and the logs, not for a checkpoint (about 380 KB
     per rank on the embedded ResNet)."""
     mount = tmp_path / "fs"
     mount.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {out.stderr.strip()}")
     try:
@@ -580,6 +686,7 @@ def test_full_disk_ends_the_run_with_a_clear_message_and_leaves_no_temp_files(sm
 
 # --- row 5: W&B without network never runs on the training clock ------------------------------------------
 
+
 @pytest.mark.serial
 def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path):
     """Row 5: an API key, but W&B's server does not answer (every connection is closed at once). W&B's
@@ -591,16 +698,31 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
     listener = Listener()
     env = {**offline_env(tmp_path, listener), "WANDB_API_KEY": "k" * 40}
     run_dir = tmp_path / "run"
-    out = subprocess.run([str(BIN), "run", *QUICK, "logger=wandb", f"logger.wandb.timeout_s={timeout_s}",
-                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=300, check=False,
-                         env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            str(BIN),
+            "run",
+            *QUICK,
+            "logger=wandb",
+            f"logger.wandb.timeout_s={timeout_s}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
     listener.close()
     assert out.returncode == 0, out.stderr[-3000:]
     assert listener.connections > 0  # it did try to go online
     assert f"W&B online start failed within logger.wandb.timeout_s={timeout_s}" in out.stderr
     assert "logging offline instead" in out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["wandb"]["mode"] == "offline" and summary["wandb"]["reason"].startswith("fallback: online start")
+    assert summary["wandb"]["mode"] == "offline" and summary["wandb"]["reason"].startswith(
+        "fallback: online start"
+    )
     # the first step's training time: before, it held W&B's whole wait (logger.wandb.timeout_s at least)
     first = read_jsonl(run_dir / "steps" / "rank0.jsonl")[0]
     assert first["t"] < timeout_s, first
@@ -609,12 +731,18 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
 
 # --- identical continuation ---------------------------------------------------------------------------------
 
+
 def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[str]]:
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
     the first process completed or was killed after that checkpoint), and its arguments. Each run ends at exactly
     its budget (its last round a synchronisation point)."""
-    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_rounds=10", "checkpoint.every_s=0",
-                        "logger.progress=off", *extra]
+    args = QUICK[:1] + [
+        f"optimizer={optimizer}",
+        "eval.every_rounds=10",
+        "checkpoint.every_s=0",
+        "logger.progress=off",
+        *extra,
+    ]
     cut = tmp_path / "cut"
     for steps in (10, 20):
         out = run(args + [f"train.max_rounds={steps}", f"hydra.run.dir={cut}"])
@@ -627,10 +755,22 @@ def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str, cut_at: int = 10
     run and the whole 20 are one multirun (one launcher, one fork server); then the continuation. The cut is a
     multiple of the sync period: a budget between sync points ends with a synchronisation of its own (local SGD's
     global average), which a continuation keeps and a run of 20 at once does not make."""
-    args = QUICK[:1] + [f"optimizer={optimizer}", "eval.every_rounds=10", "checkpoint.every_s=0",
-                        "logger.progress=off", *extra]
-    out = run(["-m", *args, f"train.max_rounds={cut_at},20", f"hydra.sweep.dir={tmp_path}",
-               "hydra.sweep.subdir=steps${train.max_rounds}"])
+    args = QUICK[:1] + [
+        f"optimizer={optimizer}",
+        "eval.every_rounds=10",
+        "checkpoint.every_s=0",
+        "logger.progress=off",
+        *extra,
+    ]
+    out = run(
+        [
+            "-m",
+            *args,
+            f"train.max_rounds={cut_at},20",
+            f"hydra.sweep.dir={tmp_path}",
+            "hydra.sweep.subdir=steps${train.max_rounds}",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     cut, whole = tmp_path / f"steps{cut_at}", tmp_path / "steps20"
     out = run(args + ["train.max_rounds=20", f"hydra.run.dir={cut}"])
@@ -645,8 +785,9 @@ def _final_state(run_dir: Path, rank: int, part: str = "model") -> dict:
 
 # make test resumes local SGD bit-identically with its outer optimizer (below: the model, the local optimizer's and
 # the outer state, through the same checkpoint path); every deterministic optimizer here in make test-long
-DETERMINISTIC = [pytest.param(o, marks=pytest.mark.long) for o in ("allreduce", "local_sgd", "dpsgd", "sgp",
-                                                                      "dropcompute")]
+DETERMINISTIC = [
+    pytest.param(o, marks=pytest.mark.long) for o in ("allreduce", "local_sgd", "dpsgd", "sgp", "dropcompute")
+]
 
 
 @pytest.mark.parametrize("optimizer", DETERMINISTIC)
@@ -661,8 +802,10 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, opt
         assert not different, f"rank {rank}: {different[:5]}"
 
 
-OUTER_RESUMES = [pytest.param("local_sgd", "nesterov"),
-                 *(pytest.param(o, "slowmo", marks=pytest.mark.long) for o in ("dpsgd", "sgp"))]
+OUTER_RESUMES = [
+    pytest.param("local_sgd", "nesterov"),
+    *(pytest.param(o, "slowmo", marks=pytest.mark.long) for o in ("dpsgd", "sgp")),
+]
 
 
 @pytest.mark.parametrize("optimizer,outer", OUTER_RESUMES)
@@ -688,12 +831,23 @@ def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     at 12 (its time limit, then lifted) and resumed ends with the models and fragment states of 20 rounds at once.
     (Not a run of 12 extended to 20: streaming DiLoCo's budget ends with the whole model's average, which a run of
     20 at once does not make at 12.)"""
-    args = QUICK[:1] + ["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                        "optimizer.fragment_delay=1", "optimizer.fragment_alpha=0.5", "eval.every_rounds=10",
-                        "checkpoint.every_s=0", "logger.progress=off", "train.max_rounds=20"]
+    args = QUICK[:1] + [
+        "optimizer=local_sgd",
+        "optimizer.outer=nesterov",
+        "optimizer.fragments=2",
+        "optimizer.fragment_delay=1",
+        "optimizer.fragment_alpha=0.5",
+        "eval.every_rounds=10",
+        "checkpoint.every_s=0",
+        "logger.progress=off",
+        "train.max_rounds=20",
+    ]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
-    for extra in (["train.time_limit_s=0.001", f"hydra.run.dir={cut}"], [f"hydra.run.dir={whole}"],
-                  [f"hydra.run.dir={cut}"]):
+    for extra in (
+        ["train.time_limit_s=0.001", f"hydra.run.dir={cut}"],
+        [f"hydra.run.dir={whole}"],
+        [f"hydra.run.dir={cut}"],
+    ):
         out = run(args + extra)
         assert out.returncode == 0, out.stderr[-3000:]
     resumed = [e for e in read_jsonl(cut / "events.jsonl") if e["key"] == "run_resume"]
@@ -702,11 +856,17 @@ def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
         assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: the models differ"
         a, b = (_final_state(d, rank, "algo")["streaming"]["outer"] for d in (whole, cut))
-        assert all(torch.equal(x, y) for fa, fb in zip(a, b) for key in ("prev", "u")
-                   for x, y in zip(fa[key], fb[key])), f"rank {rank}: the fragments' states differ"
+        assert all(
+            torch.equal(x, y)
+            for fa, fb in zip(a, b)
+            for key in ("prev", "u")
+            for x, y in zip(fa[key], fb[key])
+        ), f"rank {rank}: the fragments' states differ"
 
 
-ASYNCHRONOUS = [pytest.param("wagma")] + [pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")]
+ASYNCHRONOUS = [pytest.param("wagma")] + [
+    pytest.param(o, marks=pytest.mark.long) for o in ("eager", "adpsgd")
+]
 
 
 def test_every_registered_optimizer_has_a_resume_test():
@@ -715,8 +875,12 @@ def test_every_registered_optimizer_has_a_resume_test():
     from wagma_bench.optim import OPTIMIZERS
 
     problems = missing(resume_entry)
-    problems += [f"tests/test_faults.py: remove {p.values[0]!r} from DETERMINISTIC/ASYNCHRONOUS (not a registered "
-                 f"optimizer)" for p in DETERMINISTIC + ASYNCHRONOUS if p.values[0] not in OPTIMIZERS]
+    problems += [
+        f"tests/test_faults.py: remove {p.values[0]!r} from DETERMINISTIC/ASYNCHRONOUS (not a registered "
+        f"optimizer)"
+        for p in DETERMINISTIC + ASYNCHRONOUS
+        if p.values[0] not in OPTIMIZERS
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -727,11 +891,13 @@ def test_resumed_asynchronous_run_logs_every_step_and_round_once(tmp_path, optim
     run_resume at the checkpoint's round, one run_stop at round 20."""
     cut, _ = _continued(tmp_path, optimizer)
     k = keys(cut)
-    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[-1] == "run_stop"
+    assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop")) == (1, 1, 1) and k[
+        -1
+    ] == "run_stop"
     events = read_jsonl(cut / "events.jsonl")
     resume = next(e for e in events if e["key"] == "run_resume")["metadata"]["round"]
     end = events[-1]["metadata"]["round"]  # the budgets 10 and 20, exactly
-    before = [e["metadata"]["round"] for e in events[:k.index("run_resume")] if e["key"] == "checkpoint"]
+    before = [e["metadata"]["round"] for e in events[: k.index("run_resume")] if e["key"] == "checkpoint"]
     assert resume == 10 and end == 20 and resume == before[-1]
     for rank in (0, 1):
         records = read_jsonl(cut / "steps" / f"rank{rank}.jsonl")

@@ -27,7 +27,7 @@ def test_make_tests_phases_run_every_test_exactly_once_whatever_its_markers():
     not marked `long` falls in exactly one phase (none would drop it silently, two would run it twice), a
     `long` one in none (make test-long runs those)."""
     makefile = (TESTS.parent / "Makefile").read_text()
-    recipe = makefile[makefile.index("\ntest: "):].split("\n\n", 1)[0]
+    recipe = makefile[makefile.index("\ntest: ") :].split("\n\n", 1)[0]
     selections = re.findall(r'-m "([^"]+)"', recipe)
     assert len(selections) == 4, selections
     for flags in itertools.product((False, True), repeat=len(PHASE_MARKERS)):
@@ -40,14 +40,27 @@ def test_the_longest_files_come_first_each_file_whole_and_in_its_own_order(tmp_p
     table = tmp_path / "durations.json"
     table.write_text(json.dumps({"tests/test_b.py": 30.0, "tests/test_c.py": 5.0}))
     monkeypatch.setattr(file_order, "DURATIONS", table)
-    ids = ["tests/test_a.py::one", "tests/test_a.py::two", "tests/test_b.py::one", "tests/test_b.py::two[1]",
-           "tests/test_c.py::one", "tests/test_d.py::one", "tests/test_b.py::two[2]"]
+    ids = [
+        "tests/test_a.py::one",
+        "tests/test_a.py::two",
+        "tests/test_b.py::one",
+        "tests/test_b.py::two[1]",
+        "tests/test_c.py::one",
+        "tests/test_d.py::one",
+        "tests/test_b.py::two[2]",
+    ]
     items = [SimpleNamespace(nodeid=i) for i in ids]
     file_order.pytest_collection_modifyitems(None, items)
     # unmeasured files (a, d) last, in their collection order
     assert [i.nodeid for i in items] == [
-        "tests/test_b.py::one", "tests/test_b.py::two[1]", "tests/test_b.py::two[2]", "tests/test_c.py::one",
-        "tests/test_a.py::one", "tests/test_a.py::two", "tests/test_d.py::one"]
+        "tests/test_b.py::one",
+        "tests/test_b.py::two[1]",
+        "tests/test_b.py::two[2]",
+        "tests/test_c.py::one",
+        "tests/test_a.py::one",
+        "tests/test_a.py::two",
+        "tests/test_d.py::one",
+    ]
 
 
 def test_the_measured_table_names_only_test_files_that_exist():

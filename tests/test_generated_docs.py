@@ -32,56 +32,82 @@ def test_straggler_table_is_the_bench_scripts_table_of_the_committed_run():
     rows = json.loads(STRAGGLERS.read_text())
     doc = ROOT / "docs" / "benchmarks.md"
     assert _block(doc, "bench") == _bench().table(rows), (
-        f"docs/benchmarks.md differs from `reproduce/imbalance/bench.py --table {STRAGGLERS.relative_to(ROOT)}`")
+        f"docs/benchmarks.md differs from `reproduce/imbalance/bench.py --table {STRAGGLERS.relative_to(ROOT)}`"
+    )
     assert STRAGGLERS.name in doc.read_text()
 
 
 def test_readme_straggler_figures_are_the_committed_runs():
     p4 = next(r for r in json.loads(STRAGGLERS.read_text()) if (r["P"], r["k"]) == (4, 1))
-    bullet = next(line for line in (ROOT / "README.md").read_text().split("\n- ") if line.startswith("**Stragglers**"))
+    bullet = next(
+        line for line in (ROOT / "README.md").read_text().split("\n- ") if line.startswith("**Stragglers**")
+    )
     said = " ".join(bullet.split())
     assert f"{p4['wagma_of_mean_bound']:.2f} of the mean-speed bound" in said
     assert f"{p4['wagma_over_allreduce']:.2f}x Allreduce-SGD" in said
     assert f"the bound is {p4['bound_ratio']:.2f}x" in said
 
 
-STARTUP = [ROOT / "reproduce" / "startup" / name
-           for name in ("results-2core-20261202-before.json", "results-2core-20261202.json",
-                        "results-2core-20261202-server-first.json", "results-2core-20261204-before.json",
-                        "results-2core-20261204.json", "results-2core-20261204-gc.json")]
+STARTUP = [
+    ROOT / "reproduce" / "startup" / name
+    for name in (
+        "results-2core-20261202-before.json",
+        "results-2core-20261202.json",
+        "results-2core-20261202-server-first.json",
+        "results-2core-20261204-before.json",
+        "results-2core-20261204.json",
+        "results-2core-20261204-gc.json",
+    )
+]
 
 
 def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
-    table = load_script(ROOT / "reproduce" / "startup" / "bench.py").table([json.loads(p.read_text()) for p in STARTUP])
-    assert _block(ROOT / "README.md", "startup") == table, ("README.md differs from `reproduce/startup/bench.py --table "
-                                     + " ".join(str(p.relative_to(ROOT)) for p in STARTUP) + "`")
+    table = load_script(ROOT / "reproduce" / "startup" / "bench.py").table(
+        [json.loads(p.read_text()) for p in STARTUP]
+    )
+    assert _block(ROOT / "README.md", "startup") == table, (
+        "README.md differs from `reproduce/startup/bench.py --table "
+        + " ".join(str(p.relative_to(ROOT)) for p in STARTUP)
+        + "`"
+    )
 
 
 def test_engine_page_compute_gap_table_is_the_scripts_table_of_the_committed_run():
     result = ROOT / "reproduce" / "engine" / "results-2core-20261202.json"
-    table = load_script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(json.loads(result.read_text())["rows"])
+    table = load_script(ROOT / "reproduce" / "engine" / "compute_gap.py").table(
+        json.loads(result.read_text())["rows"]
+    )
     doc = ROOT / "docs" / "wait-avoiding-engine.md"
-    assert _block(doc, "compute-gap") == table, f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
+    assert _block(doc, "compute-gap") == table, (
+        f"the page differs from `reproduce/engine/compute_gap.py --table {result.relative_to(ROOT)}`"
+    )
     assert result.name in doc.read_text()
 
 
 def test_after_wagma_tables_are_the_scripts_tables_of_the_committed_tunings():
-    assert _block(ROOT / "docs" / "optimizers.md", "after-wagma") == load_script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables(), (
-        "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`")
+    assert (
+        _block(ROOT / "docs" / "optimizers.md", "after-wagma")
+        == load_script(ROOT / "reproduce" / "tuning" / "after_wagma.py").tables()
+    ), "docs/optimizers.md differs from `reproduce/tuning/after_wagma.py`"
 
 
 def test_transformer_spread_table_is_the_scripts_table_of_the_committed_study():
     result = ROOT / "reproduce" / "transformer" / "results-2core-20261205-spread" / "spread.json"
-    table = load_script(ROOT / "reproduce" / "transformer" / "spread.py").table(json.loads(result.read_text()))
+    table = load_script(ROOT / "reproduce" / "transformer" / "spread.py").table(
+        json.loads(result.read_text())
+    )
     doc = ROOT / "docs" / "claims.md"
-    assert _block(doc, "spread") == table, f"docs/claims.md differs from `reproduce/transformer/spread.py table {result.relative_to(ROOT)}`"
+    assert _block(doc, "spread") == table, (
+        f"docs/claims.md differs from `reproduce/transformer/spread.py table {result.relative_to(ROOT)}`"
+    )
     assert result.parent.name in doc.read_text()
 
 
 def test_paired_bootstrap_table_is_the_scripts_table_of_the_committed_sources():
     table = load_script(ROOT / "reproduce" / "claims" / "paired.py").table()
     assert _block(ROOT / "docs" / "claims.md", "paired") == table, (
-        "docs/claims.md differs from `.venv/bin/python reproduce/claims/paired.py`")
+        "docs/claims.md differs from `.venv/bin/python reproduce/claims/paired.py`"
+    )
 
 
 VALIDATION = ROOT / "reproduce" / "scaling" / "results-2core-20261206"
@@ -93,10 +119,12 @@ def test_simulator_validation_table_is_the_scripts_table_of_the_committed_runs()
     for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
         assert _block(page, "validation") == script.table(rows), (
             f"{page.relative_to(ROOT)} differs from `reproduce/scaling/validation_table.py --table "
-            f"{VALIDATION.relative_to(ROOT)}`")
+            f"{VALIDATION.relative_to(ROOT)}`"
+        )
     labels = {r["label"] for r in rows}
     assert len(labels) == 9 and {(r["imbalance"], r["world_size"]) for r in rows} == {
-        (i, p) for i in ("none", "independent", "lognormal") for p in (2, 4, 8)}
+        (i, p) for i in ("none", "independent", "lognormal") for p in (2, 4, 8)
+    }
     assert len(rows) == 81
 
 
@@ -110,23 +138,41 @@ def test_the_committed_validation_rows_are_what_calibration_makes_of_the_committ
     runs.mkdir()
     for label in picked:
         shutil.copytree(VALIDATION / "runs" / f"{label}_independent_p4", runs / f"{label}_independent_p4")
-    assert simulate_main(["cluster=local", "--calibrate", str(runs), str(VALIDATION / "comm_bench.json"), "--out",
-                          str(tmp_path / "sim")]) == 0
-    got = {Path(r["run"]).name.rsplit("_independent", 1)[0]: r
-           for r in json.loads((tmp_path / "sim" / "validation.json").read_text())}
+    assert (
+        simulate_main(
+            [
+                "cluster=local",
+                "--calibrate",
+                str(runs),
+                str(VALIDATION / "comm_bench.json"),
+                "--out",
+                str(tmp_path / "sim"),
+            ]
+        )
+        == 0
+    )
+    got = {
+        Path(r["run"]).name.rsplit("_independent", 1)[0]: r
+        for r in json.loads((tmp_path / "sim" / "validation.json").read_text())
+    }
     for label, row in picked.items():
-        assert (got[label]["predicted"], got[label]["predicted_trace"]) == (row["resampled"], row["trace"]), label
+        assert (got[label]["predicted"], got[label]["predicted_trace"]) == (row["resampled"], row["trace"]), (
+            label
+        )
 
 
 BENCH = ROOT / "reproduce" / "scaling" / "bench-simulator-2core-20261206.json"
 
 
 def test_simulator_speed_table_is_the_bench_scripts_table_of_the_committed_run():
-    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(json.loads(BENCH.read_text()))
+    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(
+        json.loads(BENCH.read_text())
+    )
     for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
         assert _block(page, "simulator-speed") == table, (
             f"{page.relative_to(ROOT)} differs from `reproduce/scaling/bench_simulator.py --table "
-            f"{BENCH.relative_to(ROOT)}`")
+            f"{BENCH.relative_to(ROOT)}`"
+        )
 
 
 def test_measured_inputs_table_is_the_scripts_table_of_the_committed_file():
@@ -134,7 +180,8 @@ def test_measured_inputs_table_is_the_scripts_table_of_the_committed_file():
     data = json.loads((VALIDATION / "measured-cpu.json").read_text())
     assert _block(ROOT / "reproduce" / "scaling" / "README.md", "measured") == script.table(data), (
         "reproduce/scaling/README.md differs from `reproduce/scaling/measure_inputs.py --show "
-        f"{(VALIDATION / 'measured-cpu.json').relative_to(ROOT)}`")
+        f"{(VALIDATION / 'measured-cpu.json').relative_to(ROOT)}`"
+    )
 
 
 BENCH_BEFORE = ROOT / "reproduce" / "scaling" / "bench-simulator-2core-20261206-before-4e3a308.json"
@@ -144,10 +191,15 @@ def test_simulator_speed_before_and_after_is_the_committed_interleaved_run():
     script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
     result = json.loads(BENCH_BEFORE.read_text())
     rows = [r for r in result["rows"] if r["world_size"] == 1024]
-    said = (f"At 1,024 ranks all eight models took {sum(r['before_cpu_s'] for r in rows):.0f} s before and "
-            f"{sum(r['cpu_s'] for r in rows):.1f} s now")
-    wagma = next(r for r in json.loads(BENCH.read_text())["rows"] if (r["optimizer"], r["world_size"]) ==
-                 ("wagma", 65536))
+    said = (
+        f"At 1,024 ranks all eight models took {sum(r['before_cpu_s'] for r in rows):.0f} s before and "
+        f"{sum(r['cpu_s'] for r in rows):.1f} s now"
+    )
+    wagma = next(
+        r
+        for r in json.loads(BENCH.read_text())["rows"]
+        if (r["optimizer"], r["world_size"]) == ("wagma", 65536)
+    )
     for page in (ROOT / "reproduce" / "scaling" / "README.md", ROOT / "docs" / "simulator.md"):
         assert _block(page, "simulator-speed-before") == script.table(result)
         text = " ".join(page.read_text().split())
@@ -159,10 +211,16 @@ def test_readme_simulator_figures_are_the_committed_validation_and_measurement()
     rows = json.loads((VALIDATION / "validation.json").read_text())
     trace, resampled = script.misses(rows)
     c = json.loads((VALIDATION / "measured-cpu.json").read_text())["gossip_cost"]
-    wagma = next(r for r in json.loads(BENCH.read_text())["rows"] if (r["optimizer"], r["world_size"]) ==
-                 ("wagma", 65536))
-    bullet = " ".join(next(b for b in (ROOT / "README.md").read_text().split("\n- ")
-                           if b.startswith("**Simulator**")).split())
+    wagma = next(
+        r
+        for r in json.loads(BENCH.read_text())["rows"]
+        if (r["optimizer"], r["world_size"]) == ("wagma", 65536)
+    )
+    bullet = " ".join(
+        next(
+            b for b in (ROOT / "README.md").read_text().split("\n- ") if b.startswith("**Simulator**")
+        ).split()
+    )
     assert f"trace within 5% in {len(rows) - trace} of {len(rows)}" in bullet
     assert f"resampled within 15% in {len(rows) - resampled} of {len(rows)}" in bullet
     assert f"c = {c['value']:.2f}, interval [{c['interval'][0]:.0f}, {c['interval'][1]:.0f}]" in bullet
@@ -172,8 +230,10 @@ def test_readme_simulator_figures_are_the_committed_validation_and_measurement()
 def test_the_interval_cost_quoted_is_the_committed_timing():
     timing = json.loads((ROOT / "reproduce" / "scaling" / "interval-timing-2core-20261206.json").read_text())
     text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
-    assert (f"at {timing['world_size']:,} ranks ({timing['optimizers']} optimizers, {timing['rounds']} rounds, "
-            f"`--interval {timing['replicates']}`) took {timing['took_s']:.0f} s") in text
+    assert (
+        f"at {timing['world_size']:,} ranks ({timing['optimizers']} optimizers, {timing['rounds']} rounds, "
+        f"`--interval {timing['replicates']}`) took {timing['took_s']:.0f} s"
+    ) in text
 
 
 def test_the_resampled_miss_quotes_the_delayed_ranks_compute_of_the_committed_runs():
@@ -189,11 +249,19 @@ def test_the_trace_misses_quote_the_recorded_and_modelled_waits_of_the_committed
     script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
     text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
     bench = VALIDATION / "comm_bench.json"
-    ms = {name: tuple(round(1e3 * v) for v in script.comm_gap(VALIDATION / "runs" / name, bench))
-          for name in ("allreduce_none_p8", "eager_none_p8", "dropcompute_lognormal_p8", "wagma_none_p8")}
-    assert "Allreduce-SGD {} ms a step recorded against {} ms modelled".format(*ms["allreduce_none_p8"]) in text
-    assert "eager-SGD {} against {}, DropCompute (`lognormal`) {} against {}".format(
-        *ms["eager_none_p8"], *ms["dropcompute_lognormal_p8"]) in text
+    ms = {
+        name: tuple(round(1e3 * v) for v in script.comm_gap(VALIDATION / "runs" / name, bench))
+        for name in ("allreduce_none_p8", "eager_none_p8", "dropcompute_lognormal_p8", "wagma_none_p8")
+    }
+    assert (
+        "Allreduce-SGD {} ms a step recorded against {} ms modelled".format(*ms["allreduce_none_p8"]) in text
+    )
+    assert (
+        "eager-SGD {} against {}, DropCompute (`lognormal`) {} against {}".format(
+            *ms["eager_none_p8"], *ms["dropcompute_lognormal_p8"]
+        )
+        in text
+    )
     assert "({} against {})".format(*ms["wagma_none_p8"]) in text
 
 
@@ -206,7 +274,8 @@ def _power():
 
 def test_power_table_is_the_scripts_table_of_the_committed_run():
     assert _block(ROOT / "docs" / "claims.md", "power") == _power().table(json.loads(POWER.read_text())), (
-        "docs/claims.md differs from `.venv/bin/python reproduce/claims/power.py table`")
+        "docs/claims.md differs from `.venv/bin/python reproduce/claims/power.py table`"
+    )
 
 
 def test_the_committed_power_run_read_the_committed_sources():
@@ -215,19 +284,28 @@ def test_the_committed_power_run_read_the_committed_sources():
     from wagma_bench.analysis.claims import find_sources, load_claims
 
     script, committed = _power(), json.loads(POWER.read_text())
-    sources = find_sources([ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().split()])
+    sources = find_sources(
+        [ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().split()]
+    )
     now = {}
     for c in load_claims():
         tune_dir = sources.tunings[c.measured["tuning"]]
         data = script.trials(tune_dir, c.metric)
-        now[c.id] = {"source": str(tune_dir.relative_to(ROOT)),
-                     "trials": {n: sum(map(len, data[n])) for n in [c.subject, *c.comparators] if n in data}}
-    assert script.inputs(committed) == now, "reproduce/claims/power.json is stale: run reproduce/claims/power.py run"
+        now[c.id] = {
+            "source": str(tune_dir.relative_to(ROOT)),
+            "trials": {n: sum(map(len, data[n])) for n in [c.subject, *c.comparators] if n in data},
+        }
+    assert script.inputs(committed) == now, (
+        "reproduce/claims/power.json is stale: run reproduce/claims/power.py run"
+    )
 
 
 def test_readme_names_the_claims_this_machine_can_decide():
     said = " ".join((ROOT / "README.md").read_text().split())
-    m = re.search(r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) interval", said)
+    m = re.search(
+        r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) interval",
+        said,
+    )
     assert m, "README.md no longer says which claims 10 x 10 would decide"
     script = _power()
     assert re.findall(r"`([\w-]+)`", m.group(1)) == script.decidable(json.loads(POWER.read_text()))

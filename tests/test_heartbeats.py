@@ -52,7 +52,9 @@ def test_eight_ranks_of_one_host_write_at_most_the_hosts_bound(tmp_path, monkeyp
     counting.clear()
     for r in range(ranks):
         end_heartbeat(folder, r)
-    bound = supervise.HOST_BEATS_PER_S * window_s + ranks  # each rank may beat once more in a window (its phase)
+    bound = (
+        supervise.HOST_BEATS_PER_S * window_s + ranks
+    )  # each rank may beat once more in a window (its phase)
     assert 0 < len(writes) <= bound, (len(writes), bound)
     assert len({str(p) for p in writes}) == ranks  # and every rank beat in it
 
@@ -79,4 +81,6 @@ def test_slow_beats_of_a_crowded_host_are_not_a_loss_but_a_stopped_host_is_named
     _beats(folder, hosts, {r: within + 10 for r in range(8)})
     lost = lost_ranks(tmp_path, 8, 9, RuntimeError("Connection closed by peer"))
     assert lost is not None and lost.ranks == list(range(8))
-    assert str(lost).startswith("host a lost: ranks 0, 1, 2, 3, 4, 5, 6, 7 (no heartbeat for 30 s)"), str(lost)
+    assert str(lost).startswith("host a lost: ranks 0, 1, 2, 3, 4, 5, 6, 7 (no heartbeat for 30 s)"), str(
+        lost
+    )

@@ -22,7 +22,7 @@ def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     if not node.level:
         return node.module or ""
     base = module.split(".")
-    base = base[:len(base) - node.level + (1 if is_package else 0)]
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -92,4 +92,6 @@ def test_no_import_cycle_among_the_modules():
 
 def test_config_and_workloads_do_not_import_each_other():
     graph = module_imports()
-    assert "wagma_bench.config.schema" not in set().union(*(graph[m] for m in graph if m.startswith("wagma_bench.workloads")))
+    assert "wagma_bench.config.schema" not in set().union(
+        *(graph[m] for m in graph if m.startswith("wagma_bench.workloads"))
+    )

@@ -33,9 +33,22 @@ def _ranks_of(launcher: subprocess.Popen, nproc: int = 2) -> list[int]:
 def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses: int = 1):
     """Ctrl-C a running 2-rank run: SIGINT to the launcher alone, or to its whole process group (a terminal's
     Ctrl-C); returns (launcher, its stderr, seconds from the first press until every rank has ended)."""
-    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=100000", "eval.every_rounds=100000",
-                                 "logger.progress=off", *extra, f"hydra.run.dir={run_dir}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            *QUICK[:1],
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            *extra,
+            f"hydra.run.dir={run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_started(run_dir, launcher, first_step=presses == 1)
         ranks = _ranks_of(launcher)
@@ -57,8 +70,9 @@ def _ctrl_c(run_dir: Path, to_group: bool, extra: tuple[str, ...] = (), presses:
 
 # to the launcher in make test; to the process group (and the rerun) in make test-long
 @pytest.mark.serial
-@pytest.mark.parametrize("to_group", [False, pytest.param(True, marks=pytest.mark.long)],
-                         ids=["launcher", "process_group"])
+@pytest.mark.parametrize(
+    "to_group", [False, pytest.param(True, marks=pytest.mark.long)], ids=["launcher", "process_group"]
+)
 def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp_path, to_group):
     launcher, err, took = _ctrl_c(tmp_path, to_group)
     assert launcher.returncode == 130, err[-3000:]
@@ -73,11 +87,23 @@ def test_ctrl_c_checkpoints_suspends_the_run_exits_130_and_the_rerun_resumes(tmp
     assert f"interrupted at round {at}, checkpoint saved" in err
     if not to_group:
         return  # the rerun is the same for both (the resume of a suspended run: tests/test_faults.py too)
-    again = run(QUICK[:1] + ["eval.every_rounds=100000", "logger.progress=off", f"train.max_rounds={at + 4}",
-                             f"hydra.run.dir={tmp_path}"])
+    again = run(
+        QUICK[:1]
+        + [
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"train.max_rounds={at + 4}",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     k = keys(tmp_path)
-    assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
+    assert (k.count("run_suspend"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (
+        1,
+        1,
+        1,
+        "run_stop",
+    )
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == at + 4
 
 
@@ -104,9 +130,21 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
     as on a loaded node, which cannot fork a rank before it continues. Without the hold, the window (the
     server's ~2 CPU-s of imports against the launcher's ~0.4 to announce itself) was a race, which CI lost once
     (the ranks had started)."""
-    launcher = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=100000", "eval.every_rounds=100000",
-                                 "logger.progress=off", f"hydra.run.dir={run_dir}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            *QUICK[:1],
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         with held_fork_server(launcher):
             assert not rank_pids(launcher.pid), "the ranks had started before the fork server was held"
@@ -133,7 +171,8 @@ def test_ctrl_c_while_the_ranks_start_stops_the_run_before_its_first_step(tmp_pa
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds"] == 0, summary  # no step after the Ctrl-C
     assert not list((tmp_path / "steps").glob("*.jsonl")) or not any(
-        p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl"))
+        p.read_text().strip() for p in (tmp_path / "steps").glob("*.jsonl")
+    )
     assert "interrupted before its first step (nothing to checkpoint)" in err, err[-3000:]
     assert keys(tmp_path)[-1] == "run_suspend"  # resumable: the rerun starts it
     again = run(QUICK[:1] + ["train.max_rounds=4", "eval.every_rounds=4", f"hydra.run.dir={tmp_path}"])
@@ -163,13 +202,24 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     is sent, so that the Ctrl-C lands there whatever the cores' load. SIGINT's default disposition is restored for
     the launcher, as a terminal gives it (a test run in a background job would pass it on ignored)."""
     argv = [str(BIN), "run", *QUICK[:1], f"hydra.run.dir={tmp_path}"]
-    default_sigint = f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv({argv[0]!r}, {argv!r})"
-    launcher = subprocess.Popen([sys.executable, "-c", default_sigint], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    default_sigint = (
+        f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv({argv[0]!r}, {argv!r})"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", default_sigint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         server = first_fork_server(launcher)
-        with held(launcher.pid):  # while the Ctrl-C is sent: it lands where the launcher was, whatever the load
-            assert not select.select([launcher.stdout], [], [], 0)[0], "the launcher had taken Ctrl-C over: too late"
+        with held(
+            launcher.pid
+        ):  # while the Ctrl-C is sent: it lands where the launcher was, whatever the load
+            assert not select.select([launcher.stdout], [], [], 0)[0], (
+                "the launcher had taken Ctrl-C over: too late"
+            )
             os.kill(launcher.pid, signal.SIGINT)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -200,20 +250,36 @@ try:
 except KeyboardInterrupt:
     print("kept")
 """
-    out = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60
+    )
     assert out.stdout.strip() == "kept", out.stdout + out.stderr[-2000:]
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("sig,nproc", [(signal.SIGTERM, 4), (signal.SIGHUP, 2)], ids=["SIGTERM-4-ranks", "SIGHUP"])
+@pytest.mark.parametrize(
+    "sig,nproc", [(signal.SIGTERM, 4), (signal.SIGHUP, 2)], ids=["SIGTERM-4-ranks", "SIGHUP"]
+)
 def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_path, sig, nproc):
     """SIGTERM (`timeout`, a batch system's time limit) or SIGHUP (a closed terminal) to the launcher alone: it
     passes the stop to every rank, which checkpoints at its next synchronisation point; the run records its stop,
     releases its lock and the launcher exits 128 + the signal. No process of the run is left 15 s later (before
     this, SIGTERM ended the launcher alone and left its ranks running, a stale lock and no recorded stop)."""
-    launcher = subprocess.Popen([str(BIN), "run", f"launcher.nproc={nproc}", "train.max_rounds=100000",
-                                 "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            f"launcher.nproc={nproc}",
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_started(tmp_path, launcher)
         _ranks_of(launcher, nproc)
@@ -222,7 +288,9 @@ def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_
         os.kill(launcher.pid, sig)
         _, err = launcher.communicate(timeout=60)
         while any(alive(p) for p in family):
-            assert time.monotonic() - t0 < 15, f"processes of the run outlive it: {[p for p in family if alive(p)]}"
+            assert time.monotonic() - t0 < 15, (
+                f"processes of the run outlive it: {[p for p in family if alive(p)]}"
+            )
             time.sleep(0.1)
     finally:
         if launcher.poll() is None:

@@ -52,7 +52,10 @@ CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 ro
     "allreduce": ("allreduce", {}),
     "dropcompute": ("dropcompute", {"threshold_s": "inf"}),  # its drops: tests/test_dropcompute.py's oracle
     # outer optimizers change the sum on purpose: the expected sums come from the recursion (OUTER below)
-    "local_sgd-slowmo": ("local_sgd", {"sync_period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5}),
+    "local_sgd-slowmo": (
+        "local_sgd",
+        {"sync_period": 3, "outer": "slowmo", "outer_lr": 0.8, "outer_momentum": 0.5},
+    ),
     "wagma-nesterov": ("wagma", {"catch_up": "replay", "tau": 5, "outer": "nesterov"}),
     "dpsgd-nesterov": ("dpsgd", {"outer": "nesterov", "outer_period": 3}),
     "sgp-slowmo": ("sgp", {"outer": "slowmo", "outer_period": 3}),
@@ -61,7 +64,13 @@ CONFIGS = {  # id: (optimizer, settings); sync periods 6 (or 1, 3) so that 12 ro
 # local step). Their declared expected value at each synchronous round is OUTER's recursion on the sums.
 OUTER = {
     "local_sgd-slowmo": ("slowmo", 0.8, 0.5, 3, False),
-    "wagma-nesterov": ("nesterov", 0.7, 0.9, 6, True),  # DiLoCo's defaults; WAGMA: between average and local step
+    "wagma-nesterov": (
+        "nesterov",
+        0.7,
+        0.9,
+        6,
+        True,
+    ),  # DiLoCo's defaults; WAGMA: between average and local step
     "dpsgd-nesterov": ("nesterov", 0.7, 0.9, 3, False),
     "sgp-slowmo": ("slowmo", 1.0, 0.5, 3, False),
 }
@@ -143,8 +152,10 @@ def _run_config(comm, name, settings, group_size, pattern, zero):
 
 
 def _world(comm, group_size, pattern, zero):
-    return {cid: _run_config(comm, name, settings, group_size, pattern, zero)
-            for cid, (name, settings) in CONFIGS.items()}
+    return {
+        cid: _run_config(comm, name, settings, group_size, pattern, zero)
+        for cid, (name, settings) in CONFIGS.items()
+    }
 
 
 def _run_one_world(params):
@@ -162,8 +173,11 @@ def worlds():
         yield {params: pool.submit(_run_one_world, params) for params in WORLDS}
 
 
-@pytest.fixture(scope="module", params=WORLDS,
-                ids=lambda w: f"P{w[0]}-S{w[1]}-{w[2]}{'-zero' if w[3] else ''}{'-' + w[4] if w[4] else ''}")
+@pytest.fixture(
+    scope="module",
+    params=WORLDS,
+    ids=lambda w: f"P{w[0]}-S{w[1]}-{w[2]}{'-zero' if w[3] else ''}{'-' + w[4] if w[4] else ''}",
+)
 def world_results(request, worlds):
     return request.param, worlds[request.param].result()
 
@@ -171,7 +185,9 @@ def world_results(request, worlds):
 def no_loss_sum(results, steps_per_rank, zero) -> float:
     total = sum(r["x0"] for r in results)
     if not zero:
-        total -= LR * 7 * sum(gradient(rank, t) for rank, n in enumerate(steps_per_rank) for t in range(1, n + 1))
+        total -= (
+            LR * 7 * sum(gradient(rank, t) for rank, n in enumerate(steps_per_rank) for t in range(1, n + 1))
+        )
     return total
 
 
@@ -209,8 +225,10 @@ def expected_sums(config: str, results, zero: bool, records: list[int]) -> list[
     if config in OUTER:
         rounds = [results[0]["records"][k][0] if k >= 0 else results[0]["records"][-1][0] for k in records]
         return outer_sums(config, results, zero, rounds)
-    return [no_loss_sum(results, [r["records"][k][1] if k >= 0 else r["final"][0] for r in results], zero)
-            for k in records]
+    return [
+        no_loss_sum(results, [r["records"][k][1] if k >= 0 else r["final"][0] for r in results], zero)
+        for k in records
+    ]
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
@@ -226,9 +244,10 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
     for k, expected in zip(checks, declared):
         steps = [r["records"][k][1] for r in results]
         got = sum(r["records"][k][2] for r in results)
-        assert got == pytest.approx(expected, rel=1e-9, abs=1e-5), \
-            f"{config}: at synchronous round {rounds[0][k]} the models add up to {got}, declared {expected} " \
+        assert got == pytest.approx(expected, rel=1e-9, abs=1e-5), (
+            f"{config}: at synchronous round {rounds[0][k]} the models add up to {got}, declared {expected} "
             f"(local steps per rank {steps})"
+        )
     steps = [r["final"][0] for r in results]
     got = sum(r["final"][1] for r in results)
     assert got == pytest.approx(declared[-1], rel=1e-9, abs=1e-5), (config, got, steps)
@@ -243,7 +262,10 @@ def test_every_registered_optimizer_has_an_invariant_case():
     from wagma_bench.optim import OPTIMIZERS
 
     problems = missing(invariant_case)
-    problems += [f"tests/test_invariants.py: CONFIGS[{case!r}] names {optimizer!r}, which is not a registered "
-                 f"optimizer; fix or remove it"
-                 for case, (optimizer, _) in CONFIGS.items() if optimizer not in OPTIMIZERS]
+    problems += [
+        f"tests/test_invariants.py: CONFIGS[{case!r}] names {optimizer!r}, which is not a registered "
+        f"optimizer; fix or remove it"
+        for case, (optimizer, _) in CONFIGS.items()
+        if optimizer not in OPTIMIZERS
+    ]
     assert not problems, "\n".join(problems)

@@ -31,9 +31,21 @@ def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s
 
 def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     """submitit's USR2 reaches every rank (as SLURM's USR1 does): checkpoint at the next sync point, stop."""
-    proc = subprocess.Popen([str(BIN), "run", "launcher.nproc=2", "train.max_rounds=100000", "eval.every_rounds=100000",
-                             "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            "launcher.nproc=2",
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "checkpoint.every_s=1e9",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_steps(tmp_path, 2, proc)
         ranks = rank_pids(proc.pid)
@@ -58,15 +70,31 @@ def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) ->
     whose local rank 1 starts 3 s late, as ranks on different nodes do; no hydra.run.dir, so the run
     directory is whatever the ranks agree on."""
     wrapper = cwd / "late_rank1.sh"
-    wrapper.write_text(f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && sleep 3\nexec {sys.executable} -m wagma_bench run "$@"\n'
+    )
     wrapper.chmod(0o755)
     from wagma_bench.runtime.launch import free_port
 
     torchrun = Path(sys.executable).parent / "torchrun"
-    rdzv = (["--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
-            if rdzv_id else [f"--master-port={free_port()}"])
-    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", *rdzv, "--no-python", str(wrapper),
-           "logger.progress=off", "checkpoint.every_s=0", *args]
+    rdzv = (
+        ["--rdzv-backend", "c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id]
+        if rdzv_id
+        else [f"--master-port={free_port()}"]
+    )
+    cmd = [
+        str(torchrun),
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        *rdzv,
+        "--no-python",
+        str(wrapper),
+        "logger.progress=off",
+        "checkpoint.every_s=0",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -102,20 +130,35 @@ def test_run_directory_from_the_launchers_stable_id():
     from wagma_bench.runtime.launch import agreed_run_dir_override, launcher_run_id
 
     assert launcher_run_id({"TORCHELASTIC_RUN_ID": "a b/c"}) == "torchrun-a_b_c"
-    assert launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default: shared by unrelated runs
+    assert (
+        launcher_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None
+    )  # torchrun's default: shared by unrelated runs
     assert launcher_run_id({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1"}) == "slurm-77.1"
-    assert launcher_run_id({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "8",
-                            "SLURM_STEP_ID": "0"}) == "slurm-70_8.0"
+    assert (
+        launcher_run_id(
+            {
+                "SLURM_JOB_ID": "78",
+                "SLURM_ARRAY_JOB_ID": "70",
+                "SLURM_ARRAY_TASK_ID": "8",
+                "SLURM_STEP_ID": "0",
+            }
+        )
+        == "slurm-70_8.0"
+    )
     assert launcher_run_id({"OMPI_COMM_WORLD_RANK": "0"}) is None
     env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
-    assert agreed_run_dir_override(["optimizer=wagma"], env) == \
-        "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
+    assert (
+        agreed_run_dir_override(["optimizer=wagma"], env)
+        == "hydra.run.dir=outputs/slurm-77.0_${workload.name}_${optimizer.name}"
+    )
     assert agreed_run_dir_override(["hydra.run.dir=/x"], env) is None  # the user's choice wins
     assert agreed_run_dir_override(["-m", "seed=1,2"], env) is None  # multirun: Hydra's sweep directory
     # torchrun's default id: the clock of the first rank, shared through torchrun's store
     torchrun = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    assert agreed_run_dir_override([], torchrun, shared_stamp=lambda env: "2026-01-02/03-04-05") == \
-        "hydra.run.dir=outputs/2026-01-02/03-04-05_${workload.name}_${optimizer.name}"
+    assert (
+        agreed_run_dir_override([], torchrun, shared_stamp=lambda env: "2026-01-02/03-04-05")
+        == "hydra.run.dir=outputs/2026-01-02/03-04-05_${workload.name}_${optimizer.name}"
+    )
     assert agreed_run_dir_override([], {"OMPI_COMM_WORLD_RANK": "1"}, shared_stamp=None) is None  # mpiexec
 
 
@@ -145,17 +188,25 @@ def test_impossible_nccl_world_fails_before_spawning(tmp_path):
     import torch
 
     ranks = torch.cuda.device_count() + 2  # more ranks than GPUs, wherever it runs
-    out = subprocess.run([str(BIN), "run", "comm.backend=nccl", f"launcher.nproc={ranks}", f"hydra.run.dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [str(BIN), "run", "comm.backend=nccl", f"launcher.nproc={ranks}", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
-    assert re.search(r"comm.backend=nccl (needs CUDA|with \d+ ranks on \d+ GPU)", out.stderr), out.stderr[-3000:]
+    assert re.search(r"comm.backend=nccl (needs CUDA|with \d+ ranks on \d+ GPU)", out.stderr), out.stderr[
+        -3000:
+    ]
     assert "local ranks" not in out.stdout
     assert not (tmp_path / "events.jsonl").exists()
 
 
 def _workers_by_local_rank(agent_pid: int) -> dict[int, int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True, text=True,
-                         check=False).stdout
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(agent_pid)], capture_output=True, text=True, check=False
+    ).stdout
     found = {}
     for pid in out.split():
         try:
@@ -179,16 +230,36 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     from wagma_bench.runtime.launch import free_port
 
     wrapper = tmp_path / "late_rank1_on_restart.sh"
-    wrapper.write_text('#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && sleep 3\n'
-                       f'exec {sys.executable} -m wagma_bench run "$@"\n')
+    wrapper.write_text(
+        '#!/bin/sh\n[ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] && sleep 3\n'
+        f'exec {sys.executable} -m wagma_bench run "$@"\n'
+    )
     wrapper.chmod(0o755)
     run_dir = tmp_path / "run"
     torchrun = Path(sys.executable).parent / "torchrun"
-    agent = subprocess.Popen([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "1",
-                              f"--master-port={free_port()}", "--no-python", str(wrapper), "logger.progress=off",
-                              "checkpoint.every_s=0", "train.max_rounds=30", "eval.every_rounds=1000",
-                              f"hydra.run.dir={run_dir}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    agent = subprocess.Popen(
+        [
+            str(torchrun),
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--max-restarts",
+            "1",
+            f"--master-port={free_port()}",
+            "--no-python",
+            str(wrapper),
+            "logger.progress=off",
+            "checkpoint.every_s=0",
+            "train.max_rounds=30",
+            "eval.every_rounds=1000",
+            f"hydra.run.dir={run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not _checkpointed(run_dir):

@@ -22,10 +22,15 @@ def contract_layers() -> list[str]:
 
 
 def lint(package_parent: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], check=False,
-                          cwd=package_parent,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package_parent)},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        check=False,
+        cwd=package_parent,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package_parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_package_keeps_its_layers():
@@ -40,8 +45,10 @@ def test_the_trainer_importing_the_analysis_breaks_its_contract(tmp_path):
     ``runtime/`` (one run's world), not the campaigns, the simulator or the analysis."""
     shutil.copytree(PACKAGE, tmp_path / "wagma_bench", ignore=shutil.ignore_patterns("__pycache__"))
     state = tmp_path / "wagma_bench" / "train" / "state.py"
-    state.write_text(state.read_text() + "\n\ndef _sideways():\n    from wagma_bench.analysis import tuning\n"
-                     "    return tuning\n")
+    state.write_text(
+        state.read_text() + "\n\ndef _sideways():\n    from wagma_bench.analysis import tuning\n"
+        "    return tuning\n"
+    )
     result = lint(tmp_path)
     assert result.returncode != 0
     assert "layers KEPT" in result.stdout
@@ -51,17 +58,24 @@ def test_the_trainer_importing_the_analysis_breaks_its_contract(tmp_path):
 
 def test_every_part_of_the_package_is_in_a_layer():
     """A new folder or top-level module outside the contract would be checked by nothing."""
-    parts = {f"wagma_bench.{p.stem if p.is_file() else p.name}" for p in PACKAGE.iterdir()
-             if (p.suffix == ".py" and p.stem not in ("__init__", "__main__")) or (p / "__init__.py").is_file()}
-    assert parts - set(contract_layers()) == set(), "add these to [tool.importlinter]'s layers in pyproject.toml"
+    parts = {
+        f"wagma_bench.{p.stem if p.is_file() else p.name}"
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.stem not in ("__init__", "__main__")) or (p / "__init__.py").is_file()
+    }
+    assert parts - set(contract_layers()) == set(), (
+        "add these to [tool.importlinter]'s layers in pyproject.toml"
+    )
     assert set(contract_layers()) - parts == set(), "the contract names parts that do not exist"
 
 
 def test_an_upward_import_breaks_the_contract_naming_both_modules(tmp_path):
     shutil.copytree(PACKAGE, tmp_path / "wagma_bench", ignore=shutil.ignore_patterns("__pycache__"))
     buckets = tmp_path / "wagma_bench" / "comm" / "buckets.py"  # the bottom layer but one
-    buckets.write_text(buckets.read_text() + "\n\ndef _upward():\n    from wagma_bench.train.trainer import Trainer\n"
-                       "    return Trainer\n")
+    buckets.write_text(
+        buckets.read_text() + "\n\ndef _upward():\n    from wagma_bench.train.trainer import Trainer\n"
+        "    return Trainer\n"
+    )
     result = lint(tmp_path)
     assert result.returncode != 0
     assert "layers BROKEN" in result.stdout
@@ -87,8 +101,13 @@ def test_the_architecture_page_names_every_module_in_its_layers_row():
             mine = rows
         else:
             mine = [row for row in rows if f"`{relative.parts[0]}/" in row]
-        names = {f"`{relative.as_posix()}", f"`{Path(*relative.parts[1:]).as_posix()}`", f"`{path.name}`",
-                 f"`{Path(*relative.parts[-2:]).as_posix()}`", f"{path.name}`"}
+        names = {
+            f"`{relative.as_posix()}",
+            f"`{Path(*relative.parts[1:]).as_posix()}`",
+            f"`{path.name}`",
+            f"`{Path(*relative.parts[-2:]).as_posix()}`",
+            f"{path.name}`",
+        }
         if not any(name in row for row in mine for name in names):
             missing.append(f"wagma_bench/{relative}")
     assert not missing, "docs/architecture.md's layer table does not name: " + ", ".join(missing)

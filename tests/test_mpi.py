@@ -25,7 +25,9 @@ ORACLE = Path(__file__).with_name("mpi_oracle.py")
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    assert out.returncode == 0, f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
     return out
 
 
@@ -44,8 +46,22 @@ def _summary(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_run_under_mpiexec(tmp_path: Path) -> None:
     # WAGMA-SGD: the progress and listener threads issue MPI calls beside the main thread's
-    _run([MPIEXEC, "-n", "4", str(BIN), "run", "comm=mpi", "optimizer=wagma", "train.max_rounds=11",
-          "eval.every_rounds=11", "logger.progress=off", f"hydra.run.dir={tmp_path}"], timeout=300)
+    _run(
+        [
+            MPIEXEC,
+            "-n",
+            "4",
+            str(BIN),
+            "run",
+            "comm=mpi",
+            "optimizer=wagma",
+            "train.max_rounds=11",
+            "eval.every_rounds=11",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        timeout=300,
+    )
     summary = _summary(tmp_path)
     assert summary["status"] == "completed" and summary["rounds"] == 11 and summary["optimizer"] == "wagma"
     assert summary["world_size"] == 4 and summary["versions"]["comm"] == "mpi"
@@ -54,8 +70,19 @@ def test_run_under_mpiexec(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
     """``comm=mpi`` outside any launcher: the CLI starts itself under mpiexec with launcher.nproc ranks."""
-    out = _run([str(BIN), "run", "comm=mpi", "launcher.nproc=2", "train.max_rounds=10",
-                "eval.every_rounds=5", "logger.progress=off", f"hydra.run.dir={tmp_path}"], timeout=300)
+    out = _run(
+        [
+            str(BIN),
+            "run",
+            "comm=mpi",
+            "launcher.nproc=2",
+            "train.max_rounds=10",
+            "eval.every_rounds=5",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        timeout=300,
+    )
     assert "mpiexec -n 2" in out.stdout
     summary = _summary(tmp_path)
     assert summary["status"] == "completed" and summary["world_size"] == 2
@@ -70,8 +97,17 @@ def test_failure_of_a_nonzero_rank_is_recorded_under_a_users_mpiexec(tmp_path: P
     """Rank 1 cannot open its step log (a directory is in the way): it records the failed run, naming itself,
     before MPI_Abort ends the job (rank 0, which writes summaries otherwise, is killed by the abort)."""
     (tmp_path / "steps" / "rank1.jsonl").mkdir(parents=True)
-    cmd = [MPIEXEC, "-n", "2", str(BIN), "run", "comm=mpi", "train.max_rounds=10",
-           "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        MPIEXEC,
+        "-n",
+        "2",
+        str(BIN),
+        "run",
+        "comm=mpi",
+        "train.max_rounds=10",
+        "logger.progress=off",
+        f"hydra.run.dir={tmp_path}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode != 0
     summary = _summary(tmp_path)
@@ -95,9 +131,22 @@ def _mpi_rank_pid(run_dir: Path, rank: int) -> int | None:
 
 @pytest.mark.long
 def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_path):
-    launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", *QUICK[:1], "train.max_rounds=100000",
-                                 "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            "comm=mpi",
+            *QUICK[:1],
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_started(tmp_path, launcher)
         pid = _mpi_rank_pid(tmp_path, 1)
@@ -124,17 +173,40 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
 
 
 # rank 2 (named rank 0 before) in make test; each other rank in turn in make test-long
-@pytest.mark.parametrize("victim", [pytest.param(0, marks=pytest.mark.long), pytest.param(1, marks=pytest.mark.long),
-                                    2, pytest.param(3, marks=pytest.mark.long)])
+@pytest.mark.parametrize(
+    "victim",
+    [
+        pytest.param(0, marks=pytest.mark.long),
+        pytest.param(1, marks=pytest.mark.long),
+        2,
+        pytest.param(3, marks=pytest.mark.long),
+    ],
+)
 def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_killed(tmp_path, victim):
     """mpiexec (MPICH's hydra) names the PID it lists first among the ranks it killed in its clean-up (rank 0's
     when rank 2 was killed); the launcher names the rank whose process ended first."""
-    launcher = subprocess.Popen([str(BIN), "run", "comm=mpi", "launcher.nproc=4", "train.max_rounds=100000",
-                                 "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            "comm=mpi",
+            "launcher.nproc=4",
+            "train.max_rounds=100000",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
-        while not ((tmp_path / "steps" / "rank3.jsonl").exists() and (tmp_path / "steps" / "rank3.jsonl").stat().st_size):
+        while not (
+            (tmp_path / "steps" / "rank3.jsonl").exists()
+            and (tmp_path / "steps" / "rank3.jsonl").stat().st_size
+        ):
             assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.1)
         pid = _mpi_rank_pid(tmp_path, victim)
@@ -147,4 +219,7 @@ def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_kille
             launcher.communicate()
     assert launcher.returncode == 1, err[-3000:]
     assert f"rank {victim} was killed by signal SIGKILL" in err, err[-3000:]
-    assert f"rank {victim} was killed by signal SIGKILL" in json.loads((tmp_path / "summary.json").read_text())["error"]
+    assert (
+        f"rank {victim} was killed by signal SIGKILL"
+        in json.loads((tmp_path / "summary.json").read_text())["error"]
+    )

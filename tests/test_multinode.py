@@ -28,8 +28,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster's h
 
 def _leftovers(cluster: dict) -> str:
     """What `slurmctl.sh status` still finds of the cluster (namespaces, links), and its slurm processes."""
-    out = subprocess.run([str(local_cluster_script()), "status"], env={**os.environ, **cluster}, check=False,
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [str(local_cluster_script()), "status"],
+        env={**os.environ, **cluster},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     left = [line for line in out.splitlines() if line.startswith(("namespace ", "link "))]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     left += [line for line in ps.splitlines() if cluster["SLURM_CONF"] in line]
@@ -48,14 +54,24 @@ def cluster():
             os.environ.pop("SLURM_CONF") if old is None else os.environ.update(SLURM_CONF=old)
     assert not Path(env["WAGMA_SLURM_DIR"]).exists()
     assert _leftovers(env) == ""
-    assert not [n for n in subprocess.run(["ip", "netns", "list"], check=False, capture_output=True,
-                                                          text=True).stdout.split()
-                if n.startswith("wagma") and Path(env["SLURM_CONF"]).parent.name in n]
+    assert not [
+        n
+        for n in subprocess.run(
+            ["ip", "netns", "list"], check=False, capture_output=True, text=True
+        ).stdout.split()
+        if n.startswith("wagma") and Path(env["SLURM_CONF"]).parent.name in n
+    ]
 
 
 def srun(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["srun", *args], capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["srun", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def run_cmd(*overrides: str) -> list[str]:
@@ -71,9 +87,21 @@ def first_event(run_dir: Path, key: str) -> dict:
 
 
 def test_hosts_have_their_own_names_and_addresses(cluster):
-    out = srun(["-N", "2", "--ntasks-per-node", "1", "bash", "-c",
-                ('echo "$(hostname) $SLURM_NODEID $(ip -4 -o addr show eth0 | awk \'{print $4}\') '
-                 '$(ip route | grep -c default)"')], timeout=60)
+    out = srun(
+        [
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            "bash",
+            "-c",
+            (
+                "echo \"$(hostname) $SLURM_NODEID $(ip -4 -o addr show eth0 | awk '{print $4}') "
+                '$(ip route | grep -c default)"'
+            ),
+        ],
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     rows = sorted(line.split() for line in out.stdout.splitlines())
     assert [r[0] for r in rows] == HOSTS and [r[1] for r in rows] == ["0", "1"]
@@ -100,8 +128,15 @@ def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
 def test_srun_one_rank_on_each_host(cluster, tmp_path):
     """The short cross-host run of `make test`: rendezvous at wagma-n1's NodeAddr, gloo over the hosts'
     eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous timeout.)"""
-    out = srun(["-N", "2", "--ntasks-per-node", "1", *run_cmd("train.max_rounds=4", "eval.every_rounds=4",
-                                                                f"hydra.run.dir={tmp_path}")])
+    out = srun(
+        [
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            *run_cmd("train.max_rounds=4", "eval.every_rounds=4", f"hydra.run.dir={tmp_path}"),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
     assert (s["status"], s["world_size"], s["hosts"]) == ("completed", 2, HOSTS), s
@@ -114,8 +149,17 @@ def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     """`srun -N 2 --ntasks-per-node 2 wagma-bench run optimizer=wagma` completes,
     its summary names both hosts, run_start each rank's host and node-local rank. (Before the fix the ranks
     waited 120 s for the rendezvous host `wagma-n1`, a name that does not resolve, then failed.)"""
-    out = srun(["-N", "2", "--ntasks-per-node", "2", *run_cmd("optimizer=wagma", "train.max_rounds=20",
-                                                                "eval.target=null", f"hydra.run.dir={tmp_path}")])
+    out = srun(
+        [
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "2",
+            *run_cmd(
+                "optimizer=wagma", "train.max_rounds=20", "eval.target=null", f"hydra.run.dir={tmp_path}"
+            ),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
     assert (s["status"], s["world_size"], s["hosts"]) == ("completed", 4, HOSTS), s
@@ -124,18 +168,35 @@ def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     assert meta["local_ranks"] == [0, 1, 0, 1] and (meta["nodes"], meta["ranks_per_node"]) == (2, 2)
 
 
-@pytest.mark.parametrize("interface, message", [
-    ("lo", r"GLOO_SOCKET_IFNAME=lo: rank \d on host wagma-n\d listens at 127\.0\.0\.1, which rank \d on host wagma-n\d "),
-    pytest.param("nosuch0", "GLOO_SOCKET_IFNAME=nosuch0: no such interface on host wagma-n", marks=pytest.mark.long),
-])
+@pytest.mark.parametrize(
+    "interface, message",
+    [
+        (
+            "lo",
+            r"GLOO_SOCKET_IFNAME=lo: rank \d on host wagma-n\d listens at 127\.0\.0\.1, which rank \d on host wagma-n\d ",
+        ),
+        pytest.param(
+            "nosuch0", "GLOO_SOCKET_IFNAME=nosuch0: no such interface on host wagma-n", marks=pytest.mark.long
+        ),
+    ],
+)
 def test_wrong_gloo_interface_fails_fast_naming_it(cluster, tmp_path, interface, message):
     """Loopback on two hosts: gloo binds 127.0.0.1 and the peers' connections are refused. Before the check,
     gloo's own error named only addresses (`remote=[127.0.0.1]:PORT ... Connection refused`); now every rank
     fails within seconds (comm.timeout_s is 600 s here) naming the interface, the hosts and the ranks."""
     t0 = time.monotonic()
-    out = srun(["-N", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
-                *run_cmd("train.max_rounds=4", "comm.timeout_s=600", f"hydra.run.dir={tmp_path}")],
-               env={"GLOO_SOCKET_IFNAME": interface}, timeout=600)
+    out = srun(
+        [
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            "--kill-on-bad-exit=1",
+            *run_cmd("train.max_rounds=4", "comm.timeout_s=600", f"hydra.run.dir={tmp_path}"),
+        ],
+        env={"GLOO_SOCKET_IFNAME": interface},
+        timeout=600,
+    )
     took = time.monotonic() - t0
     assert out.returncode != 0
     assert took < 90, f"took {took:.0f} s\n{out.stderr[-3000:]}"
@@ -152,9 +213,20 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
     from wagma_bench.campaign import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
-    manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
-                                              "optimizer=allreduce,wagma", "train.max_rounds=20",
-                                              "eval.every_rounds=10"]), out, array=False)
+    manifest = sweep.render(
+        sweep.parse_spec(
+            [
+                "cluster=local",
+                "cluster.gpus_per_node=2",
+                "gpus=4",
+                "optimizer=allreduce,wagma",
+                "train.max_rounds=20",
+                "eval.every_rounds=10",
+            ]
+        ),
+        out,
+        array=False,
+    )
     script = (out / manifest["jobs"][0]["script"]).read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
     sweep_jobs.submit(out)
@@ -165,7 +237,9 @@ def test_sweep_job_on_two_nodes(cluster, tmp_path):
         s = summary(run_dir)
         assert (s["world_size"], s["hosts"], s["rounds"] >= 20) == (4, HOSTS, True), s
         assert first_event(run_dir, "run_start")["metadata"]["rank_hosts"] == [HOSTS[0]] * 2 + [HOSTS[1]] * 2
-        assert sorted(p.name for p in (run_dir / "steps").glob("rank*.jsonl")) == [f"rank{r}.jsonl" for r in range(4)]
+        assert sorted(p.name for p in (run_dir / "steps").glob("rank*.jsonl")) == [
+            f"rank{r}.jsonl" for r in range(4)
+        ]
 
 
 def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300) -> int:
@@ -173,19 +247,37 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         if (run_dir / "events.jsonl").exists():
-            steps = [e["metadata"]["round"] for e in read_jsonl(run_dir / "events.jsonl") if e["key"] == "checkpoint"]
+            steps = [
+                e["metadata"]["round"]
+                for e in read_jsonl(run_dir / "events.jsonl")
+                if e["key"] == "checkpoint"
+            ]
             if steps:
                 return steps[-1]
         time.sleep(0.5)
     raise AssertionError("no checkpoint in time")
 
 
-def _start_two_host_run(run_dir: Path, timeout_s: float, max_steps: int) -> tuple[list[str], subprocess.Popen]:
+def _start_two_host_run(
+    run_dir: Path, timeout_s: float, max_steps: int
+) -> tuple[list[str], subprocess.Popen]:
     """Allreduce-SGD under `srun -N 2 --ntasks-per-node 2`, checkpointing every half second: its command (for a
     rerun) and its process, output and errors merged."""
-    cmd = ["srun", "-N", "2", "--ntasks-per-node", "2",
-           *run_cmd("optimizer=allreduce", f"train.max_rounds={max_steps}", "checkpoint.every_s=0.5",
-                    f"eval.every_rounds={10 * max_steps}", f"comm.timeout_s={timeout_s}", f"hydra.run.dir={run_dir}")]
+    cmd = [
+        "srun",
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        *run_cmd(
+            "optimizer=allreduce",
+            f"train.max_rounds={max_steps}",
+            "checkpoint.every_s=0.5",
+            f"eval.every_rounds={10 * max_steps}",
+            f"comm.timeout_s={timeout_s}",
+            f"hydra.run.dir={run_dir}",
+        ),
+    ]
     return cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -201,8 +293,9 @@ def _node_up(node: str) -> None:
     slurmctld has settled it); a host marked DOWN returns once its slurmd registers (ReturnToService=2)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
-                               check=False).stdout.strip()
+        state = subprocess.run(
+            ["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         if state in ("idle", "mix"):
             return
         time.sleep(0.5)
@@ -221,7 +314,9 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     cmd, proc = _start_two_host_run(tmp_path, timeout_s, max_steps=60)
     try:
         _wait_for_checkpoint(tmp_path, proc)
-        subprocess.run([str(local_cluster_script()), "kill-node", lost], env={**os.environ, **cluster}, check=True)
+        subprocess.run(
+            [str(local_cluster_script()), "kill-node", lost], env={**os.environ, **cluster}, check=True
+        )
         t0 = time.monotonic()
         output, _ = proc.communicate(timeout=timeout_s + 120)
     finally:
@@ -235,7 +330,9 @@ def test_lost_node_is_named_and_the_rerun_resumes(cluster, tmp_path, lost, ranks
     assert s["status"] == "failed" and named in s["error"], s
     (stop,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "run_stop"]
     assert named in stop["metadata"]["error"]
-    checkpoints = [e["metadata"]["round"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"]
+    checkpoints = [
+        e["metadata"]["round"] for e in read_jsonl(tmp_path / "events.jsonl") if e["key"] == "checkpoint"
+    ]
     # no lock left, even where rank 0's host is gone: a rerun whose rank 0 lands elsewhere must not be refused
     assert not (tmp_path / ".lock").exists()
     _node_back(cluster, lost)
@@ -256,7 +353,9 @@ def _link(cluster: dict, node: str, state: str) -> None:
 
 @pytest.mark.long
 @pytest.mark.parametrize("cut, ranks", [("wagma-n2", "2, 3"), ("wagma-n1", "0, 1")])
-def test_a_host_cut_off_by_the_network_is_named_and_recorded_before_srun_returns(cluster, tmp_path, cut, ranks):
+def test_a_host_cut_off_by_the_network_is_named_and_recorded_before_srun_returns(
+    cluster, tmp_path, cut, ranks
+):
     """One host's link taken down mid-run (its ranks keep running, the file system stays shared): the side that
     still reaches the SLURM controller names the cut-off host and its ranks, its lowest rank records the failure
     (run_stop, summary.json) and releases the lock, all before srun returns, well before comm.timeout_s. Before
@@ -292,14 +391,29 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     from wagma_bench.campaign import sweep, sweep_jobs
 
     out = tmp_path / "sweep"
-    manifest = sweep.render(sweep.parse_spec(["cluster=local", "cluster.gpus_per_node=2", "gpus=4",
-                                              "optimizer=allreduce", "train.max_rounds=60", "eval.every_rounds=60",
-                                              "checkpoint.every_s=1e9"]), out, array=False)
+    manifest = sweep.render(
+        sweep.parse_spec(
+            [
+                "cluster=local",
+                "cluster.gpus_per_node=2",
+                "gpus=4",
+                "optimizer=allreduce",
+                "train.max_rounds=60",
+                "eval.every_rounds=60",
+                "checkpoint.every_s=1e9",
+            ]
+        ),
+        out,
+        array=False,
+    )
     (job_id,) = sweep_jobs.submit(out)
     run_dir = out / manifest["runs"][0]["run_dir"]
     deadline = time.monotonic() + 600
-    while not all((run_dir / "steps" / f"rank{r}.jsonl").exists() and (run_dir / "steps" / f"rank{r}.jsonl")
-                  .stat().st_size for r in range(4)):
+    while not all(
+        (run_dir / "steps" / f"rank{r}.jsonl").exists()
+        and (run_dir / "steps" / f"rank{r}.jsonl").stat().st_size
+        for r in range(4)
+    ):
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
@@ -312,7 +426,10 @@ def test_two_node_job_preempted_resumes_in_the_same_run_directory(cluster, tmp_p
     assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys.count("run_stop") == 1
     suspend = next(e for e in events if e["key"] == "run_suspend")
     resume = next(e for e in events if e["key"] == "run_resume")
-    assert suspend["metadata"]["status"] == "preempted" and resume["metadata"]["round"] == suspend["metadata"]["round"]
+    assert (
+        suspend["metadata"]["status"] == "preempted"
+        and resume["metadata"]["round"] == suspend["metadata"]["round"]
+    )
     log = next((out / "logs").glob("*.out")).read_text()
     assert "(restart 0) on wagma-n[1-2]" in log and "(restart 1) on wagma-n[1-2]" in log
 
@@ -326,18 +443,51 @@ def test_mpi_started_by_srun_across_hosts(cluster, tmp_path):
     oracle = Path(__file__).with_name("mpi_oracle.py")
     out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1", sys.executable, str(oracle)], timeout=300)
     assert out.returncode == 0 and "ok 2 ranks" in out.stdout, out.stderr[-3000:]
-    out = srun(["--mpi=pmi2", "-N", "2", "--ntasks-per-node", "1",
-                *run_cmd("comm=mpi", "optimizer=wagma", "train.max_rounds=22", "eval.every_rounds=11",
-                         f"hydra.run.dir={tmp_path}")])
+    out = srun(
+        [
+            "--mpi=pmi2",
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            *run_cmd(
+                "comm=mpi",
+                "optimizer=wagma",
+                "train.max_rounds=22",
+                "eval.every_rounds=11",
+                f"hydra.run.dir={tmp_path}",
+            ),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path)
-    assert (s["status"], s["world_size"], s["hosts"], s["versions"]["comm"]) == ("completed", 2, HOSTS, "mpi"), s
+    assert (s["status"], s["world_size"], s["hosts"], s["versions"]["comm"]) == (
+        "completed",
+        2,
+        HOSTS,
+        "mpi",
+    ), s
 
 
 def _comm_bench(out_file: Path, launcher: list[str]) -> str:
     """comm-bench under ``launcher`` with two small sizes, two repeats: its stdout (rank 0 prints)."""
-    out = subprocess.run([*launcher, str(BIN / "wagma-bench"), "comm-bench", "--sizes", "4K,256K", "--repeats",
-                          "2", "--out", str(out_file)], capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [
+            *launcher,
+            str(BIN / "wagma-bench"),
+            "comm-bench",
+            "--sizes",
+            "4K,256K",
+            "--repeats",
+            "2",
+            "--out",
+            str(out_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -350,10 +500,14 @@ def _simulated_network(bench: Path, out: Path, capsys) -> tuple[dict, dict]:
     from wagma_bench.cli.simulate import main as simulate
 
     capsys.readouterr()
-    assert simulate(["--calibrate", str(bench), "gpus=4", "optimizer=allreduce", "--cfg", "job",
-                     "--out", str(out)]) == 0
+    assert (
+        simulate(
+            ["--calibrate", str(bench), "gpus=4", "optimizer=allreduce", "--cfg", "job", "--out", str(out)]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    job = yaml.safe_load(printed[printed.index("\ngpus:") + 1:])
+    job = yaml.safe_load(printed[printed.index("\ngpus:") + 1 :])
     return json.loads((out / "calibration.json").read_text())["network"], job["network"]
 
 
@@ -395,20 +549,31 @@ def test_comm_bench_one_rank_a_host_measures_the_inter_node_link_only(cluster, t
     assert not report["levels"]["intra"]["measured"] and report["levels"]["inter"]["measured"]
     note = "intra-node link not measured (one rank a host): the inter-node fit is used for both levels"
     assert report["notes"] == [note]
-    assert used["intra"] == used["inter"] and used["inter"]["alpha_s"] == pytest.approx(result["fit"]["alpha_s"])
+    assert used["intra"] == used["inter"] and used["inter"]["alpha_s"] == pytest.approx(
+        result["fit"]["alpha_s"]
+    )
 
 
 def _address(cluster: dict, node: str) -> str:
-    out = subprocess.run(on_host(cluster, node, ["ip", "-4", "-o", "addr", "show", "eth0"]), capture_output=True,
-                         text=True, check=True, timeout=30).stdout
+    out = subprocess.run(
+        on_host(cluster, node, ["ip", "-4", "-o", "addr", "show", "eth0"]),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
     return out.split()[3].split("/")[0]
 
 
 def _worker_pids(cluster: dict, node: str) -> list[int]:
     """The wagma-bench rank processes (not torchrun's agent) on a host."""
     ns = f"wagma{Path(cluster['WAGMA_SLURM_DIR']).joinpath('cluster.env').read_text().split('NET=')[1].split()[0]}"
-    pids = subprocess.run(["ip", "netns", "pids", f"{ns}-{node.removeprefix('wagma-')}"], capture_output=True,
-                          text=True, check=False).stdout.split()
+    pids = subprocess.run(
+        ["ip", "netns", "pids", f"{ns}-{node.removeprefix('wagma-')}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
     found = []
     for pid in pids:
         try:
@@ -430,14 +595,40 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
     endpoint = f"{_address(cluster, HOSTS[0])}:29517"
     procs = []
     for node in HOSTS:
-        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
-               "--local-addr", _address(cluster, node), "--rdzv-id", "mn-torchrun", "--max-restarts", "1",
-               "--no-python", *run_cmd("train.max_rounds=60", "eval.every_rounds=60", "checkpoint.every_s=0.5",
-                                       f"hydra.run.dir={tmp_path}")]
-        procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
-                                                              *cmd]),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            str(BIN / "torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-conf",
+            f"is_host={node == HOSTS[0]}",
+            "--local-addr",
+            _address(cluster, node),
+            "--rdzv-id",
+            "mn-torchrun",
+            "--max-restarts",
+            "1",
+            "--no-python",
+            *run_cmd(
+                "train.max_rounds=60",
+                "eval.every_rounds=60",
+                "checkpoint.every_s=0.5",
+                f"hydra.run.dir={tmp_path}",
+            ),
+        ]
+        procs.append(
+            subprocess.Popen(
+                on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", *cmd]),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     try:
         _wait_for_checkpoint(tmp_path, procs[1])
         (worker,) = _worker_pids(cluster, HOSTS[1])
@@ -463,13 +654,40 @@ def test_comm_bench_under_torchrun_on_two_hosts(cluster, tmp_path):
     bench = tmp_path / "cb.json"
     procs = []
     for node in HOSTS:
-        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", endpoint, "--rdzv-conf", f"is_host={node == HOSTS[0]}",
-               "--local-addr", _address(cluster, node), "--rdzv-id", "mn-comm-bench", "--no-python",
-               str(BIN / "wagma-bench"), "comm-bench", "--sizes", "4K,64K", "--repeats", "2", "--out", str(bench)]
-        procs.append(subprocess.Popen(on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}",
-                                                              *cmd]),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            str(BIN / "torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-conf",
+            f"is_host={node == HOSTS[0]}",
+            "--local-addr",
+            _address(cluster, node),
+            "--rdzv-id",
+            "mn-comm-bench",
+            "--no-python",
+            str(BIN / "wagma-bench"),
+            "comm-bench",
+            "--sizes",
+            "4K,64K",
+            "--repeats",
+            "2",
+            "--out",
+            str(bench),
+        ]
+        procs.append(
+            subprocess.Popen(
+                on_host(cluster, node, ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", *cmd]),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     try:
         outputs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
@@ -482,6 +700,7 @@ def test_comm_bench_under_torchrun_on_two_hosts(cluster, tmp_path):
 
 
 # --- a partition: the connected side names the host that was cut off (wagma_bench/runtime/partition.py) ----
+
 
 @pytest.fixture
 def silent_port():
@@ -512,9 +731,14 @@ def _watch_verdict(tmp_path, monkeypatch, silent: int, rank: int, controller) ->
 
     monkeypatch.setattr(partition, "STALL_S", 0.0)
     monkeypatch.setattr(partition, "PROBE_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(partition, "PROBE_EVERY_S", 0.1)  # the verdict after PROBES probes, not PROBES seconds
+    monkeypatch.setattr(
+        partition, "PROBE_EVERY_S", 0.1
+    )  # the verdict after PROBES probes, not PROBES seconds
     listener = partition.ReachListener("127.0.0.1")
-    _publish(tmp_path, {socket.gethostname(): ([0, 1], listener.addr, listener.port), "far": ([2, 3], "127.0.0.1", silent)})
+    _publish(
+        tmp_path,
+        {socket.gethostname(): ([0, 1], listener.addr, listener.port), "far": ([2, 3], "127.0.0.1", silent)},
+    )
     recorded, exits = [], []
     watch = partition.PartitionWatch(tmp_path, rank, 4, recorded.append, controller, exit=exits.append)
     deadline = time.monotonic() + 30
@@ -524,8 +748,9 @@ def _watch_verdict(tmp_path, monkeypatch, silent: int, rank: int, controller) ->
     return recorded, exits
 
 
-def test_the_connected_side_names_the_unreachable_host_and_its_lowest_rank_records(tmp_path, monkeypatch,
-                                                                                   silent_port):
+def test_the_connected_side_names_the_unreachable_host_and_its_lowest_rank_records(
+    tmp_path, monkeypatch, silent_port
+):
     """No controller: a tie of one host each is won by rank 0's side; rank 0 records once, naming `far`."""
     recorded, exits = _watch_verdict(tmp_path, monkeypatch, silent_port, 0, None)
     assert exits == [1] and len(recorded) == 1, (recorded, exits)
@@ -540,11 +765,15 @@ def test_the_other_connected_ranks_exit_without_recording(tmp_path, monkeypatch,
     assert exits == [1] and recorded == []
 
 
-def test_a_side_that_cannot_reach_the_controller_is_the_cut_off_one_and_records_nothing(tmp_path, monkeypatch,
-                                                                                        silent_port, capfd):
+def test_a_side_that_cannot_reach_the_controller_is_the_cut_off_one_and_records_nothing(
+    tmp_path, monkeypatch, silent_port, capfd
+):
     recorded, exits = _watch_verdict(tmp_path, monkeypatch, silent_port, 0, ("127.0.0.1", silent_port))
     assert exits == [1] and recorded == []
-    assert "this host is cut off (it reaches neither the SLURM controller nor hosts far)" in capfd.readouterr().err
+    assert (
+        "this host is cut off (it reaches neither the SLURM controller nor hosts far)"
+        in capfd.readouterr().err
+    )
 
 
 def test_a_reachable_world_is_left_alone_however_long_it_stalls(tmp_path, monkeypatch):
@@ -555,9 +784,16 @@ def test_a_reachable_world_is_left_alone_however_long_it_stalls(tmp_path, monkey
 
     monkeypatch.setattr(partition, "STALL_S", 0.0)
     listener = partition.ReachListener("127.0.0.1")
-    _publish(tmp_path, {socket.gethostname(): ([0], listener.addr, listener.port),
-                        "near": ([1], listener.addr, listener.port)})
-    watch = partition.PartitionWatch(tmp_path, 0, 2, lambda e: pytest.fail(e), None, exit=lambda c: pytest.fail(c))
+    _publish(
+        tmp_path,
+        {
+            socket.gethostname(): ([0], listener.addr, listener.port),
+            "near": ([1], listener.addr, listener.port),
+        },
+    )
+    watch = partition.PartitionWatch(
+        tmp_path, 0, 2, lambda e: pytest.fail(e), None, exit=lambda c: pytest.fail(c)
+    )
     for _ in range(partition.PROBES + 1):  # more probes than make a host unreachable
         assert watch.check() is None
     watch.close()

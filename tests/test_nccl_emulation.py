@@ -27,7 +27,10 @@ pytestmark = pytest.mark.background
 def _refusals(comm):
     out = {"data": comm.capabilities, "control": None}
     buf = torch.zeros(1)
-    for what, call in (("any-source", lambda: comm.recv_any(buf, 5)), ("tag", lambda: comm.isend(buf, 1 - comm.rank, 7))):
+    for what, call in (
+        ("any-source", lambda: comm.recv_any(buf, 5)),
+        ("tag", lambda: comm.isend(buf, 1 - comm.rank, 7)),
+    ):
         try:
             call()
             out[what] = "allowed"
@@ -48,16 +51,28 @@ def test_the_emulated_data_plane_refuses_what_nccl_refuses_and_the_control_plane
     for res in results:
         assert not res["data"].any_source and not res["data"].tags
         assert res["control"].any_source and res["control"].tags
-        assert "cannot receive from any rank" in res["any-source"] and "comm.emulate=nccl" in res["any-source"]
+        assert (
+            "cannot receive from any rank" in res["any-source"] and "comm.emulate=nccl" in res["any-source"]
+        )
         assert "cannot match messages by tag" in res["tag"]
     assert results[1]["sender"] == 0
 
 
 def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command_line(tmp_path):
     optimizers = ",".join(OPTIMIZERS)
-    cmd = [str(BIN), "run", "-m", f"optimizer={optimizers}", "comm.emulate=nccl", "launcher.nproc=2",
-           "train.max_rounds=10", "eval.every_rounds=1000", "logger.progress=off", f"hydra.sweep.dir={tmp_path}",
-           "hydra.sweep.subdir=${optimizer.name}"]
+    cmd = [
+        str(BIN),
+        "run",
+        "-m",
+        f"optimizer={optimizers}",
+        "comm.emulate=nccl",
+        "launcher.nproc=2",
+        "train.max_rounds=10",
+        "eval.every_rounds=1000",
+        "logger.progress=off",
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra.sweep.subdir=${optimizer.name}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in OPTIMIZERS:
@@ -70,12 +85,23 @@ def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command
         assert start["metadata"]["group_size"] == (default_group_size(2) if name == "wagma" else None), name
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["comm=mpi", "comm.emulate=nccl"], ("comm.emulate=nccl is not allowed with comm=mpi comm.backend=mpi: it "
-                                        "emulates NCCL on a gloo world, so it needs comm=torch")),
-    (["comm.emulate=mpi"], "comm.emulate='mpi' is not allowed; choose one of: null, nccl"),
-    (["comm.backend=mpi"], "comm.backend='mpi' is not allowed with comm=torch; choose one of: auto, gloo, nccl"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["comm=mpi", "comm.emulate=nccl"],
+            (
+                "comm.emulate=nccl is not allowed with comm=mpi comm.backend=mpi: it "
+                "emulates NCCL on a gloo world, so it needs comm=torch"
+            ),
+        ),
+        (["comm.emulate=mpi"], "comm.emulate='mpi' is not allowed; choose one of: null, nccl"),
+        (
+            ["comm.backend=mpi"],
+            "comm.backend='mpi' is not allowed with comm=torch; choose one of: auto, gloo, nccl",
+        ),
+    ],
+)
 def test_an_impossible_emulation_or_backend_fails_the_config_check(overrides, message):
     """The check `wagma-bench run` makes before any rank starts (the CLI's exit 2 on such a ConfigError:
     tests/test_faults.py); NCCL without CUDA, which the launcher's device plan refuses:
@@ -94,9 +120,20 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
     """The outer layer's global average (D-PSGD, SGP) and its step inside WAGMA-SGD's synchronous round on a data
     plane that refuses what NCCL refuses (their exactness under emulation: the -nccl world of test_invariants)."""
     bases = [name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None]
-    cmd = [str(BIN), "run", "-m", f"optimizer={','.join(bases)}", "optimizer.outer=slowmo", "comm.emulate=nccl",
-           "launcher.nproc=2", "train.max_rounds=24", "eval.every_rounds=1000", "logger.progress=off",
-           f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${optimizer.name}"]
+    cmd = [
+        str(BIN),
+        "run",
+        "-m",
+        f"optimizer={','.join(bases)}",
+        "optimizer.outer=slowmo",
+        "comm.emulate=nccl",
+        "launcher.nproc=2",
+        "train.max_rounds=24",
+        "eval.every_rounds=1000",
+        "logger.progress=off",
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra.sweep.subdir=${optimizer.name}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in bases:
@@ -108,10 +145,26 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
 def test_streaming_diloco_runs_to_its_budget_under_emulated_nccl(tmp_path):
     """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane: what
     NCCL does (no tags, no any-source)."""
-    out = subprocess.run([str(BIN), "run", "optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=2",
-                          "optimizer.fragment_delay=1", "comm.emulate=nccl", "launcher.nproc=2", "train.max_rounds=24",
-                          "eval.every_rounds=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run(
+        [
+            str(BIN),
+            "run",
+            "optimizer=local_sgd",
+            "optimizer.outer=nesterov",
+            "optimizer.fragments=2",
+            "optimizer.fragment_delay=1",
+            "comm.emulate=nccl",
+            "launcher.nproc=2",
+            "train.max_rounds=24",
+            "eval.every_rounds=1000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds"] >= 24, summary

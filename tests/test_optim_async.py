@@ -48,8 +48,9 @@ def _step(algo, rank, sleep_s, constant):
 
 def _slow_rank_run(comm, name, settings):
     eager = name == "eager"
-    algo = make_algorithm(name, comm, Vector(64, 0.0 if eager else comm.rank), sgd(lr=0.5 if eager else 0.01),
-                          **settings)
+    algo = make_algorithm(
+        name, comm, Vector(64, 0.0 if eager else comm.rank), sgd(lr=0.5 if eager else 0.01), **settings
+    )
     slow = comm.rank == 1
     t0 = time.perf_counter()
     rounds = [_step(algo, comm.rank, SLOW_S if slow else FAST_S, eager).round for _ in range(STEPS - 1)]
@@ -58,8 +59,14 @@ def _slow_rank_run(comm, name, settings):
     comm.barrier()  # the common point where the trainer would call close()
     algo.close()
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
-    return {"elapsed": elapsed, "slow": slow, "exchanges": getattr(algo, "exchanges", None), "threads": threads,
-            "rounds": rounds, "params": flat_params(algo.model)}
+    return {
+        "elapsed": elapsed,
+        "slow": slow,
+        "exchanges": getattr(algo, "exchanges", None),
+        "threads": threads,
+        "rounds": rounds,
+        "params": flat_params(algo.model),
+    }
 
 
 @pytest.mark.serial
@@ -110,6 +117,8 @@ def test_killed_peer_gives_a_clear_error_not_a_hang(case):
     assert results[3] is None  # killed: no report
     for rank in range(3):
         res = results[rank]
-        assert isinstance(res, tuple) and res[0] == "error", f"rank {rank} did not notice the dead peer: {res}"
+        assert isinstance(res, tuple) and res[0] == "error", (
+            f"rank {rank} did not notice the dead peer: {res}"
+        )
         assert res[1] == "CommError", res
         assert "failed" in res[2], res

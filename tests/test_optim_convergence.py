@@ -63,13 +63,21 @@ def _train(comm, name: str):
     a, b = a[rows].float(), b[rows].float()
     model = LeastSquares()
     optimizer, settings = OPTIMIZERS[name]
-    algo = make_algorithm(optimizer, comm, model, lambda params: torch.optim.SGD(params, lr=LR, momentum=0.5),
-                          seed=3, **settings)
+    algo = make_algorithm(
+        optimizer,
+        comm,
+        model,
+        lambda params: torch.optim.SGD(params, lr=LR, momentum=0.5),
+        seed=3,
+        **settings,
+    )
     # rounds, as the trainer counts them: up to a synchronous round, and a step may complete several rounds
     # (WAGMA-SGD with catch_up=skip leaves out the rounds a rank joined passively)
     rounds, done = round_up(STEPS, algo.sync_period), 0
     while done < rounds:
-        algo.set_lr(LR * min(1.0, 2 * (1 - done / rounds)))  # constant, then linear decay to 0 in the last half
+        algo.set_lr(
+            LR * min(1.0, 2 * (1 - done / rounds))
+        )  # constant, then linear decay to 0 in the last half
         algo.zero_grad()
         (0.5 * (model(a) - b).pow(2).mean()).backward()
         time.sleep(COMPUTE_S)  # a gradient takes time: asynchronous gossip needs some to overlap with
@@ -104,5 +112,7 @@ def test_every_optimizer_reaches_the_least_squares_optimum(world):
         mean_err = float((results[0][name][1] - optimum).norm() / optimum.norm())
         mean_tol, local_tol = TOLERANCE.get(name, DEFAULT_TOLERANCE)
         if not (mean_err < mean_tol and local_err < local_tol):
-            failures.append(f"{name}: relative error of the mean model {mean_err:.2e}, worst rank {local_err:.2e}")
+            failures.append(
+                f"{name}: relative error of the mean model {mean_err:.2e}, worst rank {local_err:.2e}"
+            )
     assert not failures, "\n".join(failures)

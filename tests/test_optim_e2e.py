@@ -34,14 +34,26 @@ LONG = pytest.mark.long
 @pytest.mark.serial
 @pytest.mark.alone
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer,target", [pytest.param("wagma", 0.85, id="wagma-to-0.85")] + [  # make test's
-    pytest.param(name, None, marks=LONG, id=name) for name in OPTIMIZERS])  # each to the default target (40-100 s)
+@pytest.mark.parametrize(
+    "optimizer,target",
+    [pytest.param("wagma", 0.85, id="wagma-to-0.85")]
+    + [  # make test's
+        pytest.param(name, None, marks=LONG, id=name) for name in OPTIMIZERS
+    ],
+)  # each to the default target (40-100 s)
 def test_reaches_the_embedded_target(optimizer, target, tmp_path):
     target = [f"eval.target={target}"] if target else []
-    out = subprocess.run([str(BIN), "run", f"optimizer={optimizer}", *ARGS, *target, f"hydra.run.dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=1200, check=False)
+    out = subprocess.run(
+        [str(BIN), "run", f"optimizer={optimizer}", *ARGS, *target, f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["optimizer"] == optimizer and summary["world_size"] == 4
-    assert summary["reached"], f"best {summary['best_metric']} < target {summary['target']} in {summary['steps']} steps"
+    assert summary["reached"], (
+        f"best {summary['best_metric']} < target {summary['target']} in {summary['steps']} steps"
+    )
     assert summary["status"] == "completed"

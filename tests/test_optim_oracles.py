@@ -58,14 +58,17 @@ def _oracles(comm):
     out["local_sgd"] = trace
     # Local SGD with average_momentum: the momentum buffers are averaged with the models
     model = Vector(3, rank)
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.5, momentum=0.9), sync_period=2, average_momentum=True)
+    algo = make_algorithm(
+        "local_sgd", comm, model, sgd(lr=0.5, momentum=0.9), sync_period=2, average_momentum=True
+    )
     for _ in range(2):
         algo.zero_grad()
         for b in algo.buckets:
             b.grad.fill_(rank + 1.0)
         algo.step()
-    out["momentum"] = torch.cat([algo.local_optimizer.state[p]["momentum_buffer"].reshape(-1)
-                                 for p in model.parameters()])
+    out["momentum"] = torch.cat(
+        [algo.local_optimizer.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]
+    )
     return out
 
 
@@ -91,8 +94,11 @@ def _push_sum(world: int, steps: int, overlap: bool):
     for t in range(steps):
         x, w = [v / 2 for v in x], [v / 2 for v in w]
         msgs = {exponential_peer(r, world, t): (x[r], w[r]) for r in range(world)}
-        assert all(exponential_in_peer(dst, world, t) == src for src in range(world)
-                   for dst in [exponential_peer(src, world, t)])
+        assert all(
+            exponential_in_peer(dst, world, t) == src
+            for src in range(world)
+            for dst in [exponential_peer(src, world, t)]
+        )
         deliver = inflight if overlap else msgs
         if deliver:
             x = [x[r] + deliver[r][0] for r in range(world)]
@@ -154,8 +160,9 @@ def test_local_sgd_averages_exactly_at_multiples_of_period(oracle_results):
             else:
                 assert torch.equal(got, x[rank]), (t, rank, got, x[rank])
         if averaged:
-            assert all(torch.equal(results[0]["local_sgd"][t - 1][1], res["local_sgd"][t - 1][1])
-                       for res in results), "models differ right after an averaging"
+            assert all(
+                torch.equal(results[0]["local_sgd"][t - 1][1], res["local_sgd"][t - 1][1]) for res in results
+            ), "models differ right after an averaging"
 
 
 def test_local_sgd_can_average_momentum_buffers(oracle_results):
@@ -187,9 +194,12 @@ def _torch_reference(comm, period, warmup, steps):
 
     module = _net()
     ddp = DistributedDataParallel(module)
-    ddp.register_comm_hook(post_local.PostLocalSGDState(None, None, start_localSGD_iter=warmup,
-                                                        post_local_gradient_allreduce=False),
-                           post_local.post_localSGD_hook)
+    ddp.register_comm_hook(
+        post_local.PostLocalSGDState(
+            None, None, start_localSGD_iter=warmup, post_local_gradient_allreduce=False
+        ),
+        post_local.post_localSGD_hook,
+    )
     first_average = (warmup // period + 1) * period
     averager = PeriodicModelAverager(period=period, warmup_steps=first_average - 1)
     opt = PostLocalSGDOptimizer(torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9), averager)
@@ -204,8 +214,9 @@ def _torch_reference(comm, period, warmup, steps):
 
 def _ours(comm, period, warmup, steps):
     model = _net()
-    algo = make_algorithm("local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), sync_period=period,
-                          warmup_rounds=warmup)
+    algo = make_algorithm(
+        "local_sgd", comm, model, sgd(lr=0.05, momentum=0.9), sync_period=period, warmup_rounds=warmup
+    )
     trace = []
     for xb, yb in _batches(comm.rank, steps):
         algo.zero_grad()
@@ -219,8 +230,10 @@ def _agreement(comm):
     import warnings
 
     warnings.filterwarnings("ignore")
-    return {(period, warmup): (_torch_reference(comm, period, warmup, 14), _ours(comm, period, warmup, 14))
-            for period, warmup in [(4, 0), (3, 5), (1, 0)]}
+    return {
+        (period, warmup): (_torch_reference(comm, period, warmup, 14), _ours(comm, period, warmup, 14))
+        for period, warmup in [(4, 0), (3, 5), (1, 0)]
+    }
 
 
 def test_local_sgd_agrees_with_torch_post_local_sgd():
@@ -228,8 +241,9 @@ def test_local_sgd_agrees_with_torch_post_local_sgd():
     for rank, res in enumerate(results):
         for (period, warmup), (ref, ours) in res.items():
             for t, (a, b) in enumerate(zip(ref, ours), start=1):
-                torch.testing.assert_close(b, a, rtol=0, atol=1e-6,
-                                           msg=f"rank {rank} period {period} warm-up {warmup} step {t}")
+                torch.testing.assert_close(
+                    b, a, rtol=0, atol=1e-6, msg=f"rank {rank} period {period} warm-up {warmup} step {t}"
+                )
             assert not torch.equal(ref[-1], results[(rank + 1) % 4][(period, warmup)][0][-1]) or period == 1
 
 
@@ -249,12 +263,14 @@ def test_random_initiator_is_shared_and_uniform():
 def test_bad_settings_fail_in_the_config_check_naming_what_is_allowed():
     from wagma_bench.config.schema import validate
 
-    for name, key, value, message in [("eager", "mode", "all", "solo, majority"),
-                                      ("local_sgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
-                                      ("local_sgd", "warmup_rounds", -1, "warmup_rounds=-1 is not allowed; it must be >= 0"),
-                                      ("adpsgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
-                                      ("eager", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
-                                      ("wagma", "catch_up", "late", "catch_up=.late. is not allowed; choose one of: replay, skip")]:
+    for name, key, value, message in [
+        ("eager", "mode", "all", "solo, majority"),
+        ("local_sgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
+        ("local_sgd", "warmup_rounds", -1, "warmup_rounds=-1 is not allowed; it must be >= 0"),
+        ("adpsgd", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
+        ("eager", "sync_period", 0, "sync_period=0 is not allowed; it must be >= 1"),
+        ("wagma", "catch_up", "late", "catch_up=.late. is not allowed; choose one of: replay, skip"),
+    ]:
         cfg = compose(f"optimizer={name}", f"optimizer.{key}={value}")
         with pytest.raises(ValueError, match=message):
             validate(cfg)
@@ -276,8 +292,6 @@ def test_documented_yaml_matches_the_settings(name):
     yaml_conf = OmegaConf.to_container(OmegaConf.load(CONF / "optimizer" / f"{name}.yaml"))
     assert yaml_conf == {f.name: f.default for f in dataclasses.fields(get_optimizer(name).Settings)}
     assert validate(compose(f"optimizer={name}")).optimizer.name == name
-
-
 
 
 # --- multi-step oracles with non-zero gradients -------------------------------------------------------
@@ -339,8 +353,10 @@ def _mixing_reference(world: int, name: str) -> list[list[torch.Tensor]]:
     for t in range(ORACLE_STEPS):
         if name == "dpsgd":
             grads = [x[i] - _centre(i, 7) for i in range(world)]
-            mixed = [sum(x[j] for j in {i, *ring_neighbours(i, world)}) / len({i, *ring_neighbours(i, world)})
-                     for i in range(world)]
+            mixed = [
+                sum(x[j] for j in {i, *ring_neighbours(i, world)}) / len({i, *ring_neighbours(i, world)})
+                for i in range(world)
+            ]
             x = [mixed[i] - ORACLE_LR * grads[i] for i in range(world)]
         else:
             x = [x[i] - ORACLE_LR * (x[i] / w[i] - _centre(i, 7)) for i in range(world)]
@@ -369,7 +385,9 @@ def test_gossip_with_gradients_follows_the_mixing_recursion(world, name):
     reference = _mixing_reference(world, name)
     for rank, trace in enumerate(results):
         for t, (got, ref) in enumerate(zip(trace, reference), start=1):
-            torch.testing.assert_close(got, ref[rank], rtol=1e-10, atol=1e-10, msg=f"{name} rank {rank} step {t}")
+            torch.testing.assert_close(
+                got, ref[rank], rtol=1e-10, atol=1e-10, msg=f"{name} rank {rank} step {t}"
+            )
 
 
 def _adpsgd_consensus(comm, communicate):
@@ -424,19 +442,29 @@ def test_every_registered_optimizer_has_an_oracle():
     from tests.test_conformance import missing, oracle
 
     problems = missing(oracle)
-    problems += [f"tests/test_optim_oracles.py: remove {name!r} from ORACLES (not a registered optimizer)"
-                 for name in ORACLES if name not in OPTIMIZERS]
+    problems += [
+        f"tests/test_optim_oracles.py: remove {name!r} from ORACLES (not a registered optimizer)"
+        for name in ORACLES
+        if name not in OPTIMIZERS
+    ]
     assert not problems, "\n".join(problems)
-
 
 
 # --- outer optimizers (wagma_bench/optim/outer.py) on every base they wrap ------------------------------
 # Each base with its own global averaging period 4 (local SGD period 4, WAGMA-SGD tau 3) or an outer period of
 # 4 (D-PSGD, SGP: the outer layer takes the global average), in one world of 4 ranks, lock-stepped.
-OUTER_BASES = {"local_sgd": {"sync_period": 4}, "wagma": {"group_size": 2, "tau": 3, "catch_up": "replay"},
-               "dpsgd": {"outer_period": 4}, "sgp": {"outer_period": 4}}
-OUTER_RULES = {"identity-slowmo": ("slowmo", 1.0, 0.0), "identity-nesterov": ("nesterov", 1.0, 0.0),
-               "slowmo": ("slowmo", 0.6, 0.7), "nesterov": ("nesterov", 0.7, 0.9)}
+OUTER_BASES = {
+    "local_sgd": {"sync_period": 4},
+    "wagma": {"group_size": 2, "tau": 3, "catch_up": "replay"},
+    "dpsgd": {"outer_period": 4},
+    "sgp": {"outer_period": 4},
+}
+OUTER_RULES = {
+    "identity-slowmo": ("slowmo", 1.0, 0.0),
+    "identity-nesterov": ("nesterov", 1.0, 0.0),
+    "slowmo": ("slowmo", 0.6, 0.7),
+    "nesterov": ("nesterov", 0.7, 0.9),
+}
 OUTER_WORLD = 4
 
 
@@ -446,11 +474,15 @@ def _outer_traces(comm):
         out[name, "none"] = _lockstep(comm, name, settings)
         # what SlowMo's identity step (alpha 1, beta 0) must equal: the base with a global average every 4 rounds
         # (D-PSGD, SGP: the outer layer's own; local SGD, WAGMA-SGD already average there)
-        out[name, "averaged"] = _lockstep(comm, name, settings, average_every=4) if "outer_period" in settings \
+        out[name, "averaged"] = (
+            _lockstep(comm, name, settings, average_every=4)
+            if "outer_period" in settings
             else out[name, "none"]
+        )
         for rule_id, (rule, lr, momentum) in OUTER_RULES.items():
-            out[name, rule_id] = _lockstep(comm, name, {**settings, "outer": rule, "outer_lr": lr,
-                                                          "outer_momentum": momentum})
+            out[name, rule_id] = _lockstep(
+                comm, name, {**settings, "outer": rule, "outer_lr": lr, "outer_momentum": momentum}
+            )
     return out
 
 
@@ -459,7 +491,9 @@ def outer_traces():
     return run_world(_outer_traces, OUTER_WORLD)
 
 
-def _outer_reference(world: int, name: str, rule: str, lr: float, momentum: float) -> list[list[torch.Tensor]]:
+def _outer_reference(
+    world: int, name: str, rule: str, lr: float, momentum: float
+) -> list[list[torch.Tensor]]:
     """The base's recursion (as the references above) with the papers' outer step every 4 rounds, written as
     the papers write it. SlowMo: u <- beta u + (x_prev - x_avg) / gamma, x <- x_prev - alpha gamma u. DiLoCo
     (torch's Nesterov SGD on the pseudo-gradient d = x_prev - x_avg): m <- mu m + d, x <- x_prev - eta (d + mu m).
@@ -520,7 +554,9 @@ def test_identity_outer_step_is_bit_identical_to_the_base(outer_traces, name):
         for rank, traces in enumerate(outer_traces):
             plain, wrapped = traces[name, "averaged"], traces[name, rule_id]
             for t, (a, b) in enumerate(zip(plain, wrapped), start=1):
-                assert torch.equal(a, b), f"{name} {rule_id}: rank {rank} round {t}: {a.tolist()} != {b.tolist()}"
+                assert torch.equal(a, b), (
+                    f"{name} {rule_id}: rank {rank} round {t}: {a.tolist()} != {b.tolist()}"
+                )
 
 
 @pytest.mark.parametrize("rule_id", ["slowmo", "nesterov"])
@@ -531,5 +567,7 @@ def test_outer_momentum_follows_the_papers_recursion(outer_traces, name, rule_id
     for rank, traces in enumerate(outer_traces):
         trace, plain = traces[name, rule_id], traces[name, "none"]
         for t, (got, ref) in enumerate(zip(trace, reference), start=1):
-            torch.testing.assert_close(got, ref[rank], rtol=1e-11, atol=1e-11, msg=f"{name} {rule_id} rank {rank} round {t}")
+            torch.testing.assert_close(
+                got, ref[rank], rtol=1e-11, atol=1e-11, msg=f"{name} {rule_id} rank {rank} round {t}"
+            )
         assert not torch.equal(trace[-1], plain[-1])  # the outer momentum did change the models

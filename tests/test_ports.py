@@ -26,14 +26,18 @@ def test_fixed_port_held_by_another_runs_store_is_refused_before_any_rank_starts
     from wagma_bench.runtime.launch import free_port
 
     port = free_port()  # the other run's rank 0 hosts its store there and names the run in it
-    holder = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    holder = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
     holder.set("wagma_bench/run", f"c0ffee {tmp_path / 'holder'}")
     t0 = time.monotonic()
     out = run(QUICK + [f"launcher.master_port={port}", f"hydra.run.dir={tmp_path / 'second'}"], timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
     assert time.monotonic() - t0 < 15
-    assert f"launcher.master_port={port} is in use on 127.0.0.1 by the rendezvous store of run c0ffee " \
-           f"{tmp_path / 'holder'}" in out.stderr, out.stderr[-3000:]
+    assert (
+        f"launcher.master_port={port} is in use on 127.0.0.1 by the rendezvous store of run c0ffee "
+        f"{tmp_path / 'holder'}" in out.stderr
+    ), out.stderr[-3000:]
     assert not (tmp_path / "second" / "steps").exists()
     assert holder.num_keys() == 1
 
@@ -44,9 +48,22 @@ def test_second_run_on_a_fixed_port_in_use_fails_naming_the_port_and_the_holder_
 
     port = free_port()
     holder_dir, second_dir = tmp_path / "holder", tmp_path / "second"
-    holder = subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=60", "eval.every_rounds=1000",
-                               "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={holder_dir}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    holder = subprocess.Popen(
+        [
+            str(BIN),
+            "run",
+            *QUICK[:1],
+            "train.max_rounds=60",
+            "eval.every_rounds=1000",
+            "logger.progress=off",
+            f"launcher.master_port={port}",
+            f"hydra.run.dir={holder_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while "run_start" not in keys(holder_dir):
@@ -78,10 +95,25 @@ def test_two_runs_racing_for_one_fixed_port_one_completes_the_other_exits_2_befo
 
     port = free_port()
     dirs = [tmp_path / "a", tmp_path / "b"]
-    procs = [subprocess.Popen([str(BIN), "run", *QUICK[:1], "train.max_rounds=8", "eval.every_rounds=1000",
-                               "logger.progress=off", f"launcher.master_port={port}", f"hydra.run.dir={d}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for d in dirs]
+    procs = [
+        subprocess.Popen(
+            [
+                str(BIN),
+                "run",
+                *QUICK[:1],
+                "train.max_rounds=8",
+                "eval.every_rounds=1000",
+                "logger.progress=off",
+                f"launcher.master_port={port}",
+                f"hydra.run.dir={d}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for d in dirs
+    ]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -94,7 +126,9 @@ def test_two_runs_racing_for_one_fixed_port_one_completes_the_other_exits_2_befo
     err = outs[loser][1]
     assert f"wagma-bench run: error: launcher.master_port={port} is in use" in err, err[-3000:]
     assert "Traceback" not in err
-    assert not (dirs[loser] / "events.jsonl").exists() and not (dirs[loser] / "steps").exists()  # no rank started
+    assert (
+        not (dirs[loser] / "events.jsonl").exists() and not (dirs[loser] / "steps").exists()
+    )  # no rank started
     assert json.loads((dirs[1 - loser] / "summary.json").read_text())["status"] == "completed"
 
 
@@ -107,7 +141,9 @@ def test_a_rank_that_reaches_another_runs_store_fails_at_once_naming_the_port_an
     port = free_port()
     theirs = join_store(("127.0.0.1", port), 0, 30, "1234 /runs/a")
     t0 = time.monotonic()
-    with pytest.raises(ForeignStore, match=rf"store at 127.0.0.1:{port} belongs to another run \(1234 /runs/a\)"):
+    with pytest.raises(
+        ForeignStore, match=rf"store at 127.0.0.1:{port} belongs to another run \(1234 /runs/a\)"
+    ):
         join_store(("127.0.0.1", port), 1, 30, "5678 /runs/b")
     assert time.monotonic() - t0 < 5
     assert theirs.num_keys() == 1  # nothing of B's in A's store

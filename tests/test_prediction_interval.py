@@ -17,12 +17,22 @@ from wagma_bench.simulate.des import Workload
 from wagma_bench.simulate.measured import FORMAT, read_measured
 from wagma_bench.simulate.uncertainty import Inputs, Sources, resample
 
-CLAIM = {"subject": "wagma", "comparators": ["allreduce", "adpsgd"], "metric": "throughput", "lower_is_better": False}
+CLAIM = {
+    "subject": "wagma",
+    "comparators": ["allreduce", "adpsgd"],
+    "metric": "throughput",
+    "lower_is_better": False,
+}
 
 
 def prediction(wagma: float, allreduce: float, adpsgd: float) -> dict:
-    return {"64": {"wagma": {"throughput": wagma}, "allreduce": {"throughput": allreduce},
-                   "adpsgd": {"throughput": adpsgd}}}
+    return {
+        "64": {
+            "wagma": {"throughput": wagma},
+            "allreduce": {"throughput": allreduce},
+            "adpsgd": {"throughput": adpsgd},
+        }
+    }
 
 
 def test_the_interval_is_the_percentiles_of_each_replicates_speedup_against_its_own_best():
@@ -32,8 +42,12 @@ def test_the_interval_is_the_percentiles_of_each_replicates_speedup_against_its_
     direct = [w / max(a, d) for w, a, d in triples]
     assert speedup_interval(data, 64, **CLAIM) == pytest.approx(tuple(np.percentile(direct, [2.5, 97.5])))
     times = {**CLAIM, "metric": "time_to_target_s", "lower_is_better": True}
-    data = {"predictions": [{"64": {o: {"time_to_target_s": v} for o, v in zip(("wagma", "allreduce", "adpsgd"), t)}}
-                            for t in triples]}
+    data = {
+        "predictions": [
+            {"64": {o: {"time_to_target_s": v} for o, v in zip(("wagma", "allreduce", "adpsgd"), t)}}
+            for t in triples
+        ]
+    }
     direct = [min(a, d) / w for w, a, d in triples]
     assert speedup_interval(data, 64, **times) == pytest.approx(tuple(np.percentile(direct, [2.5, 97.5])))
 
@@ -41,10 +55,28 @@ def test_the_interval_is_the_percentiles_of_each_replicates_speedup_against_its_
 def test_the_flip_is_where_the_speedup_crosses_its_threshold_between_grid_points():
     """AD-PSGD's throughput falls as its exchange costs more: WAGMA-SGD (100) ties it at c with 120 / (1 + c) = 100,
     between the grid points 0.1 (109.1) and 0.4 (85.7): linear there, 0.1 + 0.3 * 9.09 / 23.38."""
-    points = [{"knob": "gossip_cost", "says": "c =", "value": c, "factor": False, "base": 0.05,
-               "predicted": prediction(100, 80, 120 / (1 + c))} for c in (0.0, 0.1, 0.4, 0.8)]
-    points += [{"knob": "spread", "says": "spread x", "value": f, "factor": True, "base": 1.0,
-                "predicted": prediction(100 / (1 + 0.05 * f), 80, 70)} for f in (0.0, 1.0, 3.0)]  # never ties
+    points = [
+        {
+            "knob": "gossip_cost",
+            "says": "c =",
+            "value": c,
+            "factor": False,
+            "base": 0.05,
+            "predicted": prediction(100, 80, 120 / (1 + c)),
+        }
+        for c in (0.0, 0.1, 0.4, 0.8)
+    ]
+    points += [
+        {
+            "knob": "spread",
+            "says": "spread x",
+            "value": f,
+            "factor": True,
+            "base": 1.0,
+            "predicted": prediction(100 / (1 + 0.05 * f), 80, 70),
+        }
+        for f in (0.0, 1.0, 3.0)
+    ]  # never ties
     flips = {f["knob"]: f for f in flip_points({"sensitivity": points}, 64, 1.0, **CLAIM)}
     r0, r1 = 100 / (120 / 1.1), 100 / (120 / 1.4)
     assert flips["gossip_cost"]["crossing"] == pytest.approx(0.1 + 0.3 * (1 - r0) / (r1 - r0))
@@ -54,17 +86,26 @@ def test_the_flip_is_where_the_speedup_crosses_its_threshold_between_grid_points
 
 
 def test_a_replicate_resamples_the_runs_behind_its_inputs_and_is_a_function_of_its_number():
-    base = Inputs(Workload(step_s=2.0, compute="empirical", samples=(2.0,)), Network.free(), NoImbalance(None, 0),
-                  {"wagma": 10.0}, 0, seed=5)
-    sources = Sources(spread_runs=[[1.0], [2.0], [3.0]], hits={"wagma": [10.0, 20.0, 30.0]},
-                      gossip_costs=[0.1, 0.2])
+    base = Inputs(
+        Workload(step_s=2.0, compute="empirical", samples=(2.0,)),
+        Network.free(),
+        NoImbalance(None, 0),
+        {"wagma": 10.0},
+        0,
+        seed=5,
+    )
+    sources = Sources(
+        spread_runs=[[1.0], [2.0], [3.0]], hits={"wagma": [10.0, 20.0, 30.0]}, gossip_costs=[0.1, 0.2]
+    )
     reps = [resample(base, sources, b) for b in range(40)]
     assert [r.seed for r in reps[:3]] == [6, 7, 8]
     assert resample(base, sources, 3) == reps[3]
     for r in reps:  # every input is a bootstrap draw of its runs
         assert set(r.workload.samples) <= {2.0, 4.0, 6.0} and len(r.workload.samples) == 3
         assert r.samples_to_target["wagma"] in (10.0, 20.0, 30.0) and r.workload.gossip_cost in (0.1, 0.2)
-    assert len({r.workload.samples for r in reps}) > 5 and len({r.samples_to_target["wagma"] for r in reps}) == 3
+    assert (
+        len({r.workload.samples for r in reps}) > 5 and len({r.samples_to_target["wagma"] for r in reps}) == 3
+    )
 
 
 def write_measured(path, **sections):
@@ -73,11 +114,25 @@ def write_measured(path, **sections):
 
 
 def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims_read_it(tmp_path, capsys):
-    measured = write_measured(tmp_path / "m.json",
-                              gossip_cost={"value": 0.3, "interval": [0.2, 0.4], "replicates": [0.2, 0.3, 0.4]})
+    measured = write_measured(
+        tmp_path / "m.json", gossip_cost={"value": 0.3, "interval": [0.2, 0.4], "replicates": [0.2, 0.3, 0.4]}
+    )
     out = tmp_path / "sim"
-    args = ["workload=resnet", "data=imagenet", "gpus=16", "optimizer=wagma,adpsgd,allreduce", "imbalance=independent",
-            "train.max_rounds=60", "control_every=0", "--interval", "4", "--measured", str(measured), "--out", str(out)]
+    args = [
+        "workload=resnet",
+        "data=imagenet",
+        "gpus=16",
+        "optimizer=wagma,adpsgd,allreduce",
+        "imbalance=independent",
+        "train.max_rounds=60",
+        "control_every=0",
+        "--interval",
+        "4",
+        "--measured",
+        str(measured),
+        "--out",
+        str(out),
+    ]
     assert simulate_main(args) == 0
     data = json.loads((out / "interval.json").read_text())
     assert data["replicates"] == 4 and len(data["predictions"]) == 4
@@ -93,20 +148,32 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
     assert interval[0] <= interval[1]
 
 
-@pytest.mark.parametrize("content,said", [
-    ("not json", "not a measured-inputs file"),
-    (json.dumps({"format": "other"}), "format must be"),
-    (json.dumps({"format": FORMAT, "measured_on": "tpu"}), "measured_on='tpu'"),
-    (json.dumps({"format": FORMAT, "measured_on": "cpu", "gossip_cost": {"value": -1}}),
-     "gossip_cost.value=-1 is not allowed"),
-    (json.dumps({"format": FORMAT, "measured_on": "gpu", "compute": {"skew": 1}}), "compute.skew is not a key"),
-])
-def test_a_bad_measured_file_is_refused_in_one_line_before_anything_is_simulated(content, said, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "content,said",
+    [
+        ("not json", "not a measured-inputs file"),
+        (json.dumps({"format": "other"}), "format must be"),
+        (json.dumps({"format": FORMAT, "measured_on": "tpu"}), "measured_on='tpu'"),
+        (
+            json.dumps({"format": FORMAT, "measured_on": "cpu", "gossip_cost": {"value": -1}}),
+            "gossip_cost.value=-1 is not allowed",
+        ),
+        (
+            json.dumps({"format": FORMAT, "measured_on": "gpu", "compute": {"skew": 1}}),
+            "compute.skew is not a key",
+        ),
+    ],
+)
+def test_a_bad_measured_file_is_refused_in_one_line_before_anything_is_simulated(
+    content, said, tmp_path, capsys
+):
     path = tmp_path / "m.json"
     path.write_text(content)
     with pytest.raises(ValueError, match="--measured"):
         read_measured(path)
-    rc = simulate_main(["gpus=8", "optimizer=allreduce", "--measured", str(path), "--out", str(tmp_path / "sim")])
+    rc = simulate_main(
+        ["gpus=8", "optimizer=allreduce", "--measured", str(path), "--out", str(tmp_path / "sim")]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and said in err[0], err
     assert not (tmp_path / "sim").exists()

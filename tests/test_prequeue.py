@@ -38,18 +38,39 @@ def render(tmp_path: Path, args: list[str], **kwargs) -> dict:
 def test_a_missing_data_root_exits_2_naming_it_and_the_dry_run_prints_gpu_hours(tmp_path):
     """The path was not checked before the queue: every job of the sweep failed at its start."""
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "wagma_bench", "sweep", *PAPER, "gpus=8", "optimizer=allreduce",
-           "data.root=/nonexistent", "--dry-run", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wagma_bench",
+        "sweep",
+        *PAPER,
+        "gpus=8",
+        "optimizer=allreduce",
+        "data.root=/nonexistent",
+        "--dry-run",
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 2, res.stdout + res.stderr
-    assert res.stderr.count("\n") == 1 and "data.root=/nonexistent: no such directory" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "data.root=/nonexistent: no such directory" in res.stderr, (
+        res.stderr
+    )
     assert "reproduce/imagenet/README.md" in res.stderr and "--data-on-nodes" in res.stderr
     assert not out.exists()
 
 
 def test_the_dry_run_says_the_data_was_checked_and_prints_the_gpu_hours(tmp_path, capsys):
     root = imagenet_tree(tmp_path / "imagenet")
-    args = [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={root}", "--dry-run", "--out", str(tmp_path / "s")]
+    args = [
+        *PAPER,
+        "gpus=8",
+        "optimizer=allreduce",
+        f"data.root={root}",
+        "--dry-run",
+        "--out",
+        str(tmp_path / "s"),
+    ]
     assert sweep_cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"data.root={root}: exists, readable, imagenet layout" in lines
@@ -57,19 +78,35 @@ def test_the_dry_run_says_the_data_was_checked_and_prints_the_gpu_hours(tmp_path
     assert "expected" in line and "simulated" in line and "cluster.time=12:00:00" in line
 
 
-@pytest.mark.parametrize("broken, message", [
-    (lambda r: [f.unlink() for f in (r / "val").rglob("*.JPEG")] and [d.rmdir() for d in (r / "val").iterdir()],
-     "holds no class sub-folders"),
-    (lambda r: [f.unlink() for f in (r / "val" / "n01443537").iterdir()], "n01443537 holds no images"),
-    (lambda r: [f.unlink() for f in (r / "val").rglob("*.JPEG")] and [d.rmdir() for d in (r / "val").iterdir()]
-     and (r / "val").rmdir(), "no 'val/' folder"),
-])
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        (
+            lambda r: (
+                [f.unlink() for f in (r / "val").rglob("*.JPEG")]
+                and [d.rmdir() for d in (r / "val").iterdir()]
+            ),
+            "holds no class sub-folders",
+        ),
+        (lambda r: [f.unlink() for f in (r / "val" / "n01443537").iterdir()], "n01443537 holds no images"),
+        (
+            lambda r: (
+                [f.unlink() for f in (r / "val").rglob("*.JPEG")]
+                and [d.rmdir() for d in (r / "val").iterdir()]
+                and (r / "val").rmdir()
+            ),
+            "no 'val/' folder",
+        ),
+    ],
+)
 def test_an_imagenet_folder_without_its_val_layout_is_refused_at_render_time(tmp_path, broken, message):
     root = imagenet_tree(tmp_path / "imagenet")
     broken(root)
     with pytest.raises(ConfigError, match=message) as err:
         render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={root}"])
-    assert str(err.value).startswith(f"data.root={root}: ") and "reproduce/imagenet/README.md" in str(err.value)
+    assert str(err.value).startswith(f"data.root={root}: ") and "reproduce/imagenet/README.md" in str(
+        err.value
+    )
     assert not (tmp_path / "sweep").exists()
 
 
@@ -78,23 +115,40 @@ def test_a_file_for_a_folder_and_a_wmt_folder_without_its_files_are_refused(tmp_
     with pytest.raises(ConfigError, match=f"data.root={tmp_path / 'file'}: not a directory"):
         render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={tmp_path / 'file'}"])
     (tmp_path / "wmt").mkdir()
-    with pytest.raises(ConfigError, match=r"data.path=.*wmt is not a fairseq-binarized en-de directory: missing "
-                                          r"dict.en.txt.*reproduce/transformer/README.md"):
-        render(tmp_path, ["cluster=daint", "gpus=8", "optimizer=allreduce", "experiment=paper_transformer",
-                          f"data.path={tmp_path / 'wmt'}"])
+    with pytest.raises(
+        ConfigError,
+        match=r"data.path=.*wmt is not a fairseq-binarized en-de directory: missing "
+        r"dict.en.txt.*reproduce/transformer/README.md",
+    ):
+        render(
+            tmp_path,
+            [
+                "cluster=daint",
+                "gpus=8",
+                "optimizer=allreduce",
+                "experiment=paper_transformer",
+                f"data.path={tmp_path / 'wmt'}",
+            ],
+        )
 
 
 def test_a_path_only_the_nodes_see_is_said_not_checked(tmp_path):
-    manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/scratch/imagenet"],
-                      data_on_nodes=True)
-    assert manifest["checks"]["data"] == [("data.root=/scratch/imagenet: not checked (--data-on-nodes: only the "
-                                           "compute nodes see it); each run checks it at its start")]
+    manifest = render(
+        tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/scratch/imagenet"], data_on_nodes=True
+    )
+    assert manifest["checks"]["data"] == [
+        (
+            "data.root=/scratch/imagenet: not checked (--data-on-nodes: only the "
+            "compute nodes see it); each run checks it at its start"
+        )
+    ]
     habitat = ["cluster=local", "gpus=2", "workload=ddppo", "env=habitat"]
     with pytest.raises(ConfigError, match=f"env.data_root={tmp_path}: no data/ folder"):
         render(tmp_path / "h", [*habitat, f"env.data_root={tmp_path}"])
     (tmp_path / "data").mkdir()
     assert render(tmp_path / "h", [*habitat, f"env.data_root={tmp_path}"])["checks"]["data"] == [
-        f"env.data_root={tmp_path}: exists, readable, habitat layout"]
+        f"env.data_root={tmp_path}: exists, readable, habitat layout"
+    ]
     # the embedded data has no path to check
     assert render(tmp_path / "b", ["cluster=local", "gpus=2", "optimizer=allreduce"])["checks"]["data"] == []
 
@@ -107,8 +161,11 @@ def test_the_gpu_hours_are_the_simulators_round_time_times_the_plans_rounds(tmp_
     from wagma_bench.simulate.des import SimConfig, simulate
     from wagma_bench.simulate.presets import preset
 
-    manifest = render(tmp_path, [*PAPER, "gpus=8,64", "optimizer=allreduce,wagma", "seeds=2",
-                                 "data.root=/scratch/imagenet"], data_on_nodes=True)
+    manifest = render(
+        tmp_path,
+        [*PAPER, "gpus=8,64", "optimizer=allreduce,wagma", "seeds=2", "data.root=/scratch/imagenet"],
+        data_on_nodes=True,
+    )
     daint = load_profile("daint")
     net = Network.from_profile(daint.network.as_dict(), daint.gpus_per_node, "daint")
     expected = 0.0
@@ -130,24 +187,45 @@ def test_measured_step_times_replace_the_simulators(tmp_path):
     """A finished run of the same workload, data, optimizer and world gives its training clock per round."""
     run = tmp_path / "measured" / "run1"
     run.mkdir(parents=True)
-    start = {"key": "run_start", "value": None, "metadata": {
-        "workload": "resnet", "data": "imagenet", "optimizer": "allreduce", "world_size": 8,
-        "train_samples": 1_281_167, "config": {"data": {"name": "imagenet"}}}}
+    start = {
+        "key": "run_start",
+        "value": None,
+        "metadata": {
+            "workload": "resnet",
+            "data": "imagenet",
+            "optimizer": "allreduce",
+            "world_size": 8,
+            "train_samples": 1_281_167,
+            "config": {"data": {"name": "imagenet"}},
+        },
+    }
     (run / "events.jsonl").write_text(json.dumps(start) + "\n")
     (run / "summary.json").write_text(json.dumps({"steps": 200, "train_s": 100.0}))
-    manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce,wagma", "data.root=/x",
-                                 "train.max_rounds=1000"], data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
+    manifest = render(
+        tmp_path,
+        [*PAPER, "gpus=8", "optimizer=allreduce,wagma", "data.root=/x", "train.max_rounds=1000"],
+        data_on_nodes=True,
+        step_times=(str(tmp_path / "measured"),),
+    )
     est = manifest["checks"]["gpu_hours"]
     assert est["sources"] == {"measured": 1, "simulated": 1, "unknown": 0}
     assert "1 run measured (--step-times)" in est["line"]
-    alone = render(tmp_path / "b", [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x", "train.max_rounds=1000"],
-                   data_on_nodes=True, step_times=(str(tmp_path / "measured"),))
+    alone = render(
+        tmp_path / "b",
+        [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x", "train.max_rounds=1000"],
+        data_on_nodes=True,
+        step_times=(str(tmp_path / "measured"),),
+    )
     assert alone["checks"]["gpu_hours"]["expected"] == pytest.approx(8 * 1000 * 0.5 / 3600)
     (tmp_path / "empty").mkdir()
     for where, said in (("empty", "no run that trained"), ("nowhere", "no such run or sweep directory")):
         with pytest.raises(ConfigError, match=f"--step-times.*{said}"):
-            render(tmp_path / "c", [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x"], data_on_nodes=True,
-                   step_times=(str(tmp_path / where),))
+            render(
+                tmp_path / "c",
+                [*PAPER, "gpus=8", "optimizer=allreduce", "data.root=/x"],
+                data_on_nodes=True,
+                step_times=(str(tmp_path / where),),
+            )
 
 
 def test_a_run_the_suite_cannot_size_counts_at_the_time_limit(tmp_path):
@@ -165,22 +243,50 @@ def test_array_parallelism_must_be_a_positive_count(value):
 
 
 def test_array_parallelism_throttles_the_sweeps_and_tunes_job_array(tmp_path, capsys):
-    manifest = render(tmp_path, ["cluster=local", "cluster.array_parallelism=3", "gpus=2", "optimizer=allreduce",
-                                 "seeds=5"])
+    manifest = render(
+        tmp_path, ["cluster=local", "cluster.array_parallelism=3", "gpus=2", "optimizer=allreduce", "seeds=5"]
+    )
     assert "#SBATCH --array=0-4%3\n" in (tmp_path / "sweep" / manifest["jobs"][0]["script"]).read_text()
-    assert "--array=0-4\n" in sweep.sbatch_lines(load_profile("local"), 2, "x", "log", 5)[-1] + "\n"  # unthrottled
+    assert (
+        "--array=0-4\n" in sweep.sbatch_lines(load_profile("local"), 2, "x", "log", 5)[-1] + "\n"
+    )  # unthrottled
     assert "hydra.launcher.array_parallelism=3" in sweep.submitit_overrides(
-        load_profile("local", ["array_parallelism=3"]), 2)
+        load_profile("local", ["array_parallelism=3"]), 2
+    )
     out = tmp_path / "tune"
-    assert tune_cli.main(["cluster=local", "cluster.array_parallelism=2", "gpus=2", "optimizer=allreduce",
-                          "tune.trials=2", "tune.studies=2", "train.max_rounds=10", "--dry-run", "--out", str(out)]) == 0
+    assert (
+        tune_cli.main(
+            [
+                "cluster=local",
+                "cluster.array_parallelism=2",
+                "gpus=2",
+                "optimizer=allreduce",
+                "tune.trials=2",
+                "tune.studies=2",
+                "train.max_rounds=10",
+                "--dry-run",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "GPU-hours: " in capsys.readouterr().out
     assert "#SBATCH --array=0-3%2\n" in next((out / "jobs").glob("*.sbatch")).read_text()
 
 
 def test_tune_refuses_a_missing_data_root_before_writing_its_plan(tmp_path, capsys):
     out = tmp_path / "tune"
-    args = [*PAPER, "gpus=8", "optimizer=allreduce", "tune.trials=1", "tune.studies=1", "--dry-run", "--out", str(out)]
+    args = [
+        *PAPER,
+        "gpus=8",
+        "optimizer=allreduce",
+        "tune.trials=1",
+        "tune.studies=1",
+        "--dry-run",
+        "--out",
+        str(out),
+    ]
     assert tune_cli.main([*args[:4], "data.root=/nonexistent", *args[4:]]) == 2
     assert "data.root=/nonexistent: no such directory" in capsys.readouterr().err
     assert not out.exists()  # tune.json not written: the same command with the path mended is the same tuning
@@ -191,8 +297,11 @@ def test_tune_refuses_a_missing_data_root_before_writing_its_plan(tmp_path, caps
 # --- reproduce/imagenet/prepare.py: the official archives into the layout checked above ---------------------------
 
 PREPARE = Path(__file__).resolve().parents[1] / "reproduce" / "imagenet" / "prepare.py"
-VAL_LABELS = {"ILSVRC2012_val_00000001": "n01443537", "ILSVRC2012_val_00000002": "n01440764",
-              "ILSVRC2012_val_00000003": "n01443537"}
+VAL_LABELS = {
+    "ILSVRC2012_val_00000001": "n01443537",
+    "ILSVRC2012_val_00000002": "n01440764",
+    "ILSVRC2012_val_00000003": "n01443537",
+}
 
 
 def _tar(path: Path, files: dict[str, bytes]) -> None:
@@ -227,14 +336,20 @@ def fake_archives(src: Path, labels: str) -> None:
         (src / "LOC_val_solution.csv").write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
         return
     # the devkit numbers classes in its own order (not the wnids'): 1 is n01443537 here
-    synsets = np.array([(1, "n01443537"), (2, "n01440764"), (1001, "n00001740")],
-                       dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O")])
+    synsets = np.array(
+        [(1, "n01443537"), (2, "n01440764"), (1001, "n00001740")],
+        dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O")],
+    )
     meta = io.BytesIO()
     savemat(meta, {"synsets": synsets})
     truth = "".join(f"{1 if w == 'n01443537' else 2}\n" for w in VAL_LABELS.values())
-    _tar(src / "ILSVRC2012_devkit_t12.tar.gz", {"ILSVRC2012_devkit_t12/data/meta.mat": meta.getvalue(),
-                                                "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt":
-                                                truth.encode()})
+    _tar(
+        src / "ILSVRC2012_devkit_t12.tar.gz",
+        {
+            "ILSVRC2012_devkit_t12/data/meta.mat": meta.getvalue(),
+            "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt": truth.encode(),
+        },
+    )
 
 
 def prepare_module():
@@ -253,11 +368,18 @@ def test_prepare_builds_the_layout_the_render_check_accepts(tmp_path, labels, ca
     assert prepare_module().main([str(src), str(root)]) == 0  # in this process: torch is imported once
     assert f"data.root={root}: the layout data=imagenet reads" in capsys.readouterr().out
     found = sorted(str(p.relative_to(root)) for p in root.rglob("*.JPEG"))
-    assert found == ["train/n01440764/n01440764_1.JPEG", "train/n01440764/n01440764_2.JPEG",
-                     "train/n01443537/n01443537_1.JPEG", "train/n01443537/n01443537_2.JPEG",
-                     "val/n01440764/ILSVRC2012_val_00000002.JPEG", "val/n01443537/ILSVRC2012_val_00000001.JPEG",
-                     "val/n01443537/ILSVRC2012_val_00000003.JPEG"]
-    assert (root / "val" / "n01443537" / "ILSVRC2012_val_00000003.JPEG").read_bytes() == b"ILSVRC2012_val_00000003"
+    assert found == [
+        "train/n01440764/n01440764_1.JPEG",
+        "train/n01440764/n01440764_2.JPEG",
+        "train/n01443537/n01443537_1.JPEG",
+        "train/n01443537/n01443537_2.JPEG",
+        "val/n01440764/ILSVRC2012_val_00000002.JPEG",
+        "val/n01443537/ILSVRC2012_val_00000001.JPEG",
+        "val/n01443537/ILSVRC2012_val_00000003.JPEG",
+    ]
+    assert (
+        root / "val" / "n01443537" / "ILSVRC2012_val_00000003.JPEG"
+    ).read_bytes() == b"ILSVRC2012_val_00000003"
     assert sorted(p.name for p in root.iterdir()) == ["train", "val"]  # the .partial folders renamed
     manifest = render(tmp_path, [*PAPER, "gpus=8", "optimizer=allreduce", f"data.root={root}"])
     assert manifest["checks"]["data"] == [f"data.root={root}: exists, readable, imagenet layout"]

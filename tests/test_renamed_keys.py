@@ -28,10 +28,26 @@ def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_na
     """Each old key of an override, with Hydra's prefixes and a sweep, becomes its new key; one line per old
     key and process names the new one."""
     monkeypatch.setattr(renamed, "_SAID", set())  # as in a fresh process
-    out = renamed_overrides(["train.max_steps=5", "+eval.every_steps=1,2", "optimizer.warmup_steps=3",
-                             "optimizer.period=8", "optimizer.sync_every=3", "train.lr=0.1", "-m"])
-    assert out == ["train.max_rounds=5", "+eval.every_rounds=1,2", "optimizer.warmup_rounds=3",
-                   "optimizer.sync_period=8", "optimizer.sync_period=3", "train.lr=0.1", "-m"]
+    out = renamed_overrides(
+        [
+            "train.max_steps=5",
+            "+eval.every_steps=1,2",
+            "optimizer.warmup_steps=3",
+            "optimizer.period=8",
+            "optimizer.sync_every=3",
+            "train.lr=0.1",
+            "-m",
+        ]
+    )
+    assert out == [
+        "train.max_rounds=5",
+        "+eval.every_rounds=1,2",
+        "optimizer.warmup_rounds=3",
+        "optimizer.sync_period=8",
+        "optimizer.sync_period=3",
+        "train.lr=0.1",
+        "-m",
+    ]
     said = capsys.readouterr().err.splitlines()
     assert said == [deprecation_line(old) for old in RENAMED_KEYS], said
     assert all(RENAMED_KEYS[old][0] in line for old, line in zip(RENAMED_KEYS, said))
@@ -42,8 +58,15 @@ def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_na
 def test_an_old_key_in_a_yaml_file_is_read_as_its_new_name_and_a_disagreeing_pair_is_refused():
     """A configuration composed with the old keys (as an old experiment YAML file gives them) validates to the
     new ones; an old and a new key at two values are one ConfigError naming both."""
-    cfg = validate(compose("optimizer=local_sgd", "+train.max_steps=7", "+eval.every_steps=3",
-                           "+optimizer.warmup_steps=2", "+optimizer.period=8"))
+    cfg = validate(
+        compose(
+            "optimizer=local_sgd",
+            "+train.max_steps=7",
+            "+eval.every_steps=3",
+            "+optimizer.warmup_steps=2",
+            "+optimizer.period=8",
+        )
+    )
     assert (cfg.train.max_rounds, cfg.eval.every_rounds, cfg.optimizer.warmup_rounds) == (7, 3, 2)
     assert cfg.optimizer.sync_period == 8
     for name in ("eager", "adpsgd"):
@@ -70,10 +93,18 @@ def test_a_run_recorded_under_the_old_keys_is_the_same_run():
     run."""
     from wagma_bench.config.identity import budget, resume_hash
 
-    old = {"seed": 1, "train": {"lr": 0.1, "max_steps": 100}, "eval": {"every_steps": 10},
-           "optimizer": {"name": "local_sgd", "warmup_steps": 2, "period": 4}}
-    new = {"seed": 1, "train": {"lr": 0.1, "max_rounds": 100}, "eval": {"every_rounds": 10},
-           "optimizer": {"name": "local_sgd", "warmup_rounds": 2, "sync_period": 4}}
+    old = {
+        "seed": 1,
+        "train": {"lr": 0.1, "max_steps": 100},
+        "eval": {"every_steps": 10},
+        "optimizer": {"name": "local_sgd", "warmup_steps": 2, "period": 4},
+    }
+    new = {
+        "seed": 1,
+        "train": {"lr": 0.1, "max_rounds": 100},
+        "eval": {"every_rounds": 10},
+        "optimizer": {"name": "local_sgd", "warmup_rounds": 2, "sync_period": 4},
+    }
     assert resume_hash(old) == resume_hash(new) and budget(old) == budget(new)
     assert budget({**new, "train": {"lr": 0.1, "max_rounds": 200}}) != budget(old)
     assert resume_hash({**new, "eval": {"every_rounds": 20}}) != resume_hash(old)
@@ -96,8 +127,11 @@ def test_a_tuning_committed_under_the_old_keys_is_resumed_as_done(tmp_path):
     spec, trials, configs = make_plan(args)
     assert "train.max_rounds=300" in spec.common and len(trials) == len(plan["trials"]) == 63
     write_plan(args, spec, trials, ["wagma-bench", "tune", *argv])  # refuses another tuning
-    unfinished = [t.name for t in trials
-                  if finished_summary(BUDGET_TUNING / "trials" / t.name, as_recorded(configs[t.name])) is None]
+    unfinished = [
+        t.name
+        for t in trials
+        if finished_summary(BUDGET_TUNING / "trials" / t.name, as_recorded(configs[t.name])) is None
+    ]
     assert unfinished == []
 
 
@@ -139,8 +173,15 @@ def test_a_checkpoint_of_the_local_optimizer_under_its_old_name_resumes():
 
 
 RECORDED = ROOT / "tests" / "fixtures" / "run-recorded-2026-12-06"  # written by the code before the renames
-RECORDED_COMMAND = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.period=3", "train.max_steps=6",
-                    "eval.every_steps=3", "logger.progress=off", "checkpoint.every_s=1e9"]
+RECORDED_COMMAND = [
+    "launcher.nproc=2",
+    "optimizer=local_sgd",
+    "optimizer.period=3",
+    "train.max_steps=6",
+    "eval.every_steps=3",
+    "logger.progress=off",
+    "checkpoint.every_s=1e9",
+]
 
 
 def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp_path):
@@ -154,12 +195,16 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     from wagma_bench.record.steps import read_step_records
     from wagma_bench.simulate.calibrate import fit_run
 
-    raw = {int(p.stem[4:]): [json.loads(line) for line in p.read_text().splitlines()]
-           for p in sorted((RECORDED / "steps").glob("rank*.jsonl"))}
+    raw = {
+        int(p.stem[4:]): [json.loads(line) for line in p.read_text().splitlines()]
+        for p in sorted((RECORDED / "steps").glob("rank*.jsonl"))
+    }
     assert all("step" in r for recs in raw.values() for r in recs)  # the fixture is of the old format
     records = read_step_records(RECORDED)
-    assert records == {rank: [{("local_step" if k == "step" else k): v for k, v in r.items()} for r in recs]
-                       for rank, recs in raw.items()}
+    assert records == {
+        rank: [{("local_step" if k == "step" else k): v for k, v in r.items()} for r in recs]
+        for rank, recs in raw.items()
+    }
     summary = json.loads((RECORDED / "summary.json").read_text())
     events = [json.loads(line) for line in (RECORDED / "events.jsonl").read_text().splitlines()]
     assert "steps" in summary  # the fixture is of the old format: its events say step, its summary steps
@@ -169,7 +214,9 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     assert record.saved_summary["rounds"] == 6 and "steps" not in record.saved_summary
     assert compute_imbalance(RECORDED) == summary["compute_imbalance"]
     assert [len(t) for t in fit_run(RECORDED, params=1000).trace] == [6, 6]
-    today = as_recorded(validate(compose(*renamed_overrides(RECORDED_COMMAND, quiet=True))))  # as run reads it
+    today = as_recorded(
+        validate(compose(*renamed_overrides(RECORDED_COMMAND, quiet=True)))
+    )  # as run reads it
     assert finished_summary(RECORDED, today) == current_summary(summary)  # read under today's names
     assert report_main([str(RECORDED), "--out", str(tmp_path / "report")]) == 0
     assert "local_sgd" in (tmp_path / "report" / "report.md").read_text()

@@ -31,28 +31,84 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # --- hand-written runs -------------------------------------------------------------------------------
 
-def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, float]], *, target=0.9,
-              world=4, workload="resnet", imbalance="none", samples_per_step=128, crashed=False,
-              step_ranks: dict[int, float] | None = None, settings: dict | None = None) -> Path:
+
+def write_run(
+    d: Path,
+    optimizer: str,
+    seed: int,
+    curve: list[tuple[int, float, float]],
+    *,
+    target=0.9,
+    world=4,
+    workload="resnet",
+    imbalance="none",
+    samples_per_step=128,
+    crashed=False,
+    step_ranks: dict[int, float] | None = None,
+    settings: dict | None = None,
+) -> Path:
     """A run directory as the trainer writes it; ``curve``: (step, train_s, metric) per evaluation;
     ``settings``: the optimizer section of its config (beside its name)."""
     d.mkdir(parents=True)
     t0 = 1.7e12
-    events = [{"key": "run_start", "value": None, "time_ms": t0, "metadata": {
-        "workload": workload, "data": "mnist5k", "optimizer": optimizer, "imbalance": imbalance,
-        "world_size": world, "seed": seed, "metric": "top1", "target": target, "eval_model": "local",
-        "global_batch_size": samples_per_step, "train_samples": 4500,
-        "config": {"seed": seed, "optimizer": {"name": optimizer, **(settings or {})}},
-        "hosts": ["a"], "versions": {"torch": "x"}, "git_sha": "abc", "config_hash": "h"}}]
+    events = [
+        {
+            "key": "run_start",
+            "value": None,
+            "time_ms": t0,
+            "metadata": {
+                "workload": workload,
+                "data": "mnist5k",
+                "optimizer": optimizer,
+                "imbalance": imbalance,
+                "world_size": world,
+                "seed": seed,
+                "metric": "top1",
+                "target": target,
+                "eval_model": "local",
+                "global_batch_size": samples_per_step,
+                "train_samples": 4500,
+                "config": {"seed": seed, "optimizer": {"name": optimizer, **(settings or {})}},
+                "hosts": ["a"],
+                "versions": {"torch": "x"},
+                "git_sha": "abc",
+                "config_hash": "h",
+            },
+        }
+    ]
     for step, train_s, value in curve:
-        events.append({"key": "eval_accuracy", "value": value, "time_ms": t0 + 1000 * train_s, "metadata": {
-            "step": step, "epoch": step / 10, "samples": step * samples_per_step, "train_s": train_s,
-            "wall_s": train_s + 1, "eval_s": 1.0}})
+        events.append(
+            {
+                "key": "eval_accuracy",
+                "value": value,
+                "time_ms": t0 + 1000 * train_s,
+                "metadata": {
+                    "step": step,
+                    "epoch": step / 10,
+                    "samples": step * samples_per_step,
+                    "train_s": train_s,
+                    "wall_s": train_s + 1,
+                    "eval_s": 1.0,
+                },
+            }
+        )
     last = curve[-1]
     if not crashed:
-        events.append({"key": "run_stop", "value": None, "time_ms": t0 + 1000 * last[1] + 1, "metadata": {
-            "status": "completed", "step": last[0], "samples": last[0] * samples_per_step, "train_s": last[1],
-            "wall_s": last[1] + 1, "eval_s": 1.0}})
+        events.append(
+            {
+                "key": "run_stop",
+                "value": None,
+                "time_ms": t0 + 1000 * last[1] + 1,
+                "metadata": {
+                    "status": "completed",
+                    "step": last[0],
+                    "samples": last[0] * samples_per_step,
+                    "train_s": last[1],
+                    "wall_s": last[1] + 1,
+                    "eval_s": 1.0,
+                },
+            }
+        )
     lines = [json.dumps(e) for e in events]
     text = "\n".join(lines) + "\n"
     if crashed:  # killed while writing a progress event: torn last line, no run_stop, no summary.json
@@ -63,8 +119,20 @@ def write_run(d: Path, optimizer: str, seed: int, curve: list[tuple[int, float, 
     steps = d / "steps"
     steps.mkdir()
     for rank, delay in (step_ranks or {0: 0.0, 1: 0.3}).items():
-        recs = [{"local_step": s, "round": s, "t": 0.1 * s, "compute_s": 0.1, "delay_s": delay, "comm_s": 0.01 * (s % 3),
-                 "samples": 32, "loss": 1.0, "staleness": 0} for s in range(1, 21)]
+        recs = [
+            {
+                "local_step": s,
+                "round": s,
+                "t": 0.1 * s,
+                "compute_s": 0.1,
+                "delay_s": delay,
+                "comm_s": 0.01 * (s % 3),
+                "samples": 32,
+                "loss": 1.0,
+                "staleness": 0,
+            }
+            for s in range(1, 21)
+        ]
         (steps / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return d
 
@@ -100,8 +168,8 @@ def rows_by_optimizer(runs) -> dict[str, dict]:
 def test_olympic_mean_and_median():
     assert report.olympic_mean([1.0, 2.0, 3.0, 4.0, 100.0]) == 3.0
     assert report.olympic_mean([4.0, 2.0, 3.0]) == 3.0
-    assert report.olympic_mean([5.0, 7.0]) == 6.0            # < 3 seeds: plain mean
-    assert report.olympic_mean([5.0, math.inf]) is None      # a missing seed cannot be dropped
+    assert report.olympic_mean([5.0, 7.0]) == 6.0  # < 3 seeds: plain mean
+    assert report.olympic_mean([5.0, math.inf]) is None  # a missing seed cannot be dropped
     assert report.olympic_mean([5.0, 6.0, math.inf]) == 6.0  # ... but with 3 it is the slowest, dropped
     assert report.olympic_mean([5.0, math.inf, math.inf]) is None
     assert report.olympic_mean([]) is None
@@ -112,11 +180,14 @@ def test_olympic_mean_and_median():
 def test_time_to_target_table_exact(sweep):
     runs = [run_records.load_run(d) for d in run_records.find_runs([sweep])]
     groups = run_records.group_runs(runs)
-    assert set(groups) == {("resnet", "mnist5k", "top1", 0.9), ("resnet", "mnist5k", "top1", 0.95),
-                           ("transformer", "mnist5k", "top1", 0.9)}
+    assert set(groups) == {
+        ("resnet", "mnist5k", "top1", 0.9),
+        ("resnet", "mnist5k", "top1", 0.95),
+        ("transformer", "mnist5k", "top1", 0.9),
+    }
     rows = rows_by_optimizer(groups[("resnet", "mnist5k", "top1", 0.9)])
     ar, wg, ls, dp = rows["allreduce"], rows["wagma"], rows["local_sgd"], rows["dpsgd"]
-    assert (ar["ttt_median_s"], ar["ttt_olympic_s"]) == (13.0, 13.0)       # median of 4; (12 + 14) / 2
+    assert (ar["ttt_median_s"], ar["ttt_olympic_s"]) == (13.0, 13.0)  # median of 4; (12 + 14) / 2
     assert (wg["ttt_median_s"], wg["ttt_olympic_s"]) == (6.0, 6.0)
     assert wg["speedup_ttt"] == pytest.approx(13.0 / 6.0, rel=1e-12)
     assert (ls["reached"], ls["seeds"], ls["ttt_median_s"], ls["ttt_olympic_s"]) == (1, 2, None, None)
@@ -144,9 +215,13 @@ def test_report_files(sweep, tmp_path):
     out = tmp_path / "R"
     assert report_cli.main([str(sweep), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    for title in ("resnet / mnist5k — top1 ≥ 0.9\n", "resnet / mnist5k — top1 ≥ 0.95", "transformer / mnist5k"):
+    for title in (
+        "resnet / mnist5k — top1 ≥ 0.9\n",
+        "resnet / mnist5k — top1 ≥ 0.95",
+        "transformer / mnist5k",
+    ):
         assert title in md
-    assert md.count("### Comparison") == 3                   # never mixed in one table
+    assert md.count("### Comparison") == 3  # never mixed in one table
     assert "not reached" in md and "no run_stop event" in md and "torn last line" in md
     assert "| local_sgd | 4 | none | 2 | 1 | not reached | not reached |" in md
     assert "| wagma | 4 | none | 3 | 3 | 6.00 | 6.00 | 2.17× |" in md
@@ -160,8 +235,9 @@ def test_report_files(sweep, tmp_path):
 
 
 def test_seed_band_and_step_rows(sweep):
-    xs, med, lo, hi = report.seed_band([([1, 2, 3], [0.0, 1.0, 2.0]), ([1, 2, 3], [2.0, 3.0, 4.0]),
-                                        ([1, 2, 3], [1.0, 5.0, 0.0])])
+    xs, med, lo, hi = report.seed_band(
+        [([1, 2, 3], [0.0, 1.0, 2.0]), ([1, 2, 3], [2.0, 3.0, 4.0]), ([1, 2, 3], [1.0, 5.0, 0.0])]
+    )
     assert (xs, med, lo, hi) == ([1, 2, 3], [1.0, 3.0, 2.0], [0.0, 1.0, 0.0], [2.0, 5.0, 4.0])
     xs, med, lo, hi = report.seed_band([([0, 10], [0.0, 10.0]), ([0, 5], [0.0, 0.0])], points=11)
     assert xs[5] == 5.0 and med[5] == 2.5 and (lo[5], hi[5]) == (0.0, 5.0)
@@ -175,10 +251,14 @@ def test_seed_band_and_step_rows(sweep):
 
 def test_throughput_plot_takes_predictions(tmp_path):
     """The format the simulator reuses: measured and predicted rows in one tidy table, one figure."""
-    table = [{"label": "allreduce", "world_size": p, "throughput": 100.0 * p ** 0.9, "kind": "measured"}
-             for p in (2, 4, 8)]
-    table += [{"label": "allreduce", "world_size": p, "throughput": 95.0 * p ** 0.9, "kind": "predicted"}
-              for p in (2, 4, 8, 1024)]
+    table = [
+        {"label": "allreduce", "world_size": p, "throughput": 100.0 * p**0.9, "kind": "measured"}
+        for p in (2, 4, 8)
+    ]
+    table += [
+        {"label": "allreduce", "world_size": p, "throughput": 95.0 * p**0.9, "kind": "predicted"}
+        for p in (2, 4, 8, 1024)
+    ]
     path = plots.plot_throughput(table, tmp_path / "t.png", "measured vs predicted")
     assert path.read_bytes().startswith(PNG)
 
@@ -211,6 +291,7 @@ def test_a_png_figure_is_a_palette_image_true_to_its_render(tmp_path):
 
 # --- W&B and MLPerf logs (pure parts) ----------------------------------------------------------------
 
+
 def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path, monkeypatch):
     """The check `run` makes before it starts any rank (cli.run._run_job -> runtime.extras.check_extras), so the ranks
     never meet it on rank 0 after they are up."""
@@ -225,7 +306,9 @@ def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path
     monkeypatch.setenv("NETRC", str(empty))
     for name in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(name, raising=False)
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+    with initialize_config_dir(
+        config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"
+    ):
         cfg = validate(compose(config_name="wagma", overrides=["logger=wandb", "logger.wandb.mode=online"]))
     with pytest.raises(ConfigError, match=r"logger.wandb.mode=online is not allowed without a W&B API key"):
         check_extras(cfg)
@@ -270,6 +353,7 @@ def test_wandb_mode_and_group(tmp_path):
 
 # --- a real run: trainer -> events -> W&B offline, MLLOG lines, report -------------------------------
 
+
 class Listener:
     """A local TCP server that counts connections: W&B's base URL and the HTTP(S) proxies point at it, so
     any attempt to reach the network is seen (and fails)."""
@@ -293,8 +377,15 @@ class Listener:
 
     def env(self) -> dict[str, str]:
         url = f"http://127.0.0.1:{self.port}"
-        return {"WANDB_BASE_URL": url, "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url,
-                "https_proxy": url, "NO_PROXY": "", "no_proxy": ""}
+        return {
+            "WANDB_BASE_URL": url,
+            "HTTP_PROXY": url,
+            "HTTPS_PROXY": url,
+            "http_proxy": url,
+            "https_proxy": url,
+            "NO_PROXY": "",
+            "no_proxy": "",
+        }
 
     def close(self):
         self.sock.close()
@@ -315,14 +406,32 @@ def real_run(tmp_path_factory):
     cwd = tmp / "cwd"
     cwd.mkdir()
     run_dir = tmp / "run"
-    cmd = [sys.executable, "-m", "wagma_bench", "run", "launcher.nproc=2", "train.max_rounds=15",
-           "eval.every_rounds=5", "logger=wandb", "logger.mllog=true", "logger.progress=off",
-           "logger.wandb.per_rank_step_times=true", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=cwd, env=offline_env(tmp, listener), capture_output=True, text=True, timeout=300,
-                          check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "wagma_bench",
+        "run",
+        "launcher.nproc=2",
+        "train.max_rounds=15",
+        "eval.every_rounds=5",
+        "logger=wandb",
+        "logger.mllog=true",
+        "logger.progress=off",
+        "logger.wandb.per_rank_step_times=true",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=offline_env(tmp, listener), capture_output=True, text=True, timeout=300, check=False
+    )
     listener.close()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"dir": run_dir, "stdout": proc.stdout, "cwd": cwd, "home": tmp / "home", "net": listener.connections}
+    return {
+        "dir": run_dir,
+        "stdout": proc.stdout,
+        "cwd": cwd,
+        "home": tmp / "home",
+        "net": listener.connections,
+    }
 
 
 @pytest.mark.slow
@@ -332,7 +441,7 @@ def test_real_run_wandb_offline_under_run_dir(real_run):
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     data = next(offline[0].glob("run-*.wandb")).read_bytes()
-    assert b"eval/top1" in data and b"rank1/compute_s" in data   # rank 0 logged every rank's step times
+    assert b"eval/top1" in data and b"rank1/compute_s" in data  # rank 0 logged every rank's step times
     assert f"wandb sync {offline[0]}" in real_run["stdout"]
     assert not (real_run["cwd"] / "wandb").exists()
     assert not [p for p in real_run["home"].rglob("*") if "wandb" in p.name]
@@ -345,9 +454,22 @@ def test_real_run_mllog_lines(real_run):
     assert printed == (real_run["dir"] / "mllog.txt").read_text().splitlines()
     recs = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in printed]
     keys = [r["key"] for r in recs]
-    for key in ("seed", "global_batch_size", "train_samples", "eval_samples", "run_start", "eval_accuracy", "run_stop"):
+    for key in (
+        "seed",
+        "global_batch_size",
+        "train_samples",
+        "eval_samples",
+        "run_start",
+        "eval_accuracy",
+        "run_stop",
+    ):
         assert key in keys, key
-    assert keys.index("global_batch_size") < keys.index("run_start") < keys.index("eval_accuracy") < keys.index("run_stop")
+    assert (
+        keys.index("global_batch_size")
+        < keys.index("run_start")
+        < keys.index("eval_accuracy")
+        < keys.index("run_stop")
+    )
     by_key = {r["key"]: r for r in recs}
     assert by_key["global_batch_size"]["value"] == 64 and by_key["accelerators_per_node"]["value"] == 2
     assert by_key["run_stop"]["metadata"]["status"] == "aborted"  # 15 steps do not reach 97 %
@@ -362,16 +484,23 @@ def test_real_run_summary_and_report(real_run, tmp_path):
     out = tmp_path / "R"
     listener = Listener()
     env = offline_env(tmp_path, listener)
-    proc = subprocess.run([sys.executable, "-m", "wagma_bench", "report", str(real_run["dir"]), "--out", str(out),
-                           "--wandb"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "wagma_bench", "report", str(real_run["dir"]), "--out", str(out), "--wandb"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     listener.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "report.md").read_text()
     assert "resnet / mnist5k — top1 ≥ 0.97" in md and "| allreduce | 2 | none | 1 | 0 | not reached |" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == [f"resnet_mnist5k_top1_0.97_{f}.png" for f in ("metric", "step_times", "throughput",
-                                                                   "time_to_target")]
+    assert pngs == [
+        f"resnet_mnist5k_top1_0.97_{f}.png" for f in ("metric", "step_times", "throughput", "time_to_target")
+    ]
     assert all((out / p).read_bytes().startswith(PNG) for p in pngs)
     assert len(list((out / "wandb").glob("offline-run-*/run-*.wandb"))) == 1 and listener.connections == 0
 
@@ -385,16 +514,22 @@ def test_failed_and_resumed_runs_status(tmp_path):
     assert run.partial and not any("summary.json" in p for p in run.problems)
     resumed = write_run(tmp_path / "resumed", "wagma", 1, reach_at(None))
     with open(resumed / "events.jsonl", "a") as f:
-        f.write(json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}}) + "\n")
+        f.write(
+            json.dumps({"key": "run_resume", "value": None, "time_ms": 2e12, "metadata": {"step": 100}})
+            + "\n"
+        )
     run = run_records.load_run(resumed)
     assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]
 
 
 def test_bleu_under_two_sacrebleu_signatures_is_flagged():
     """Two tokenisations give incomparable BLEU: the report names both instead of comparing silently."""
-    runs = [run_records.RunRecord(Path(name), {}, [], {}, [],
-                                  f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
-            for name, tok in (("a", "13a"), ("b", "intl"))]
+    runs = [
+        run_records.RunRecord(
+            Path(name), {}, [], {}, [], f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0"
+        )
+        for name, tok in (("a", "13a"), ("b", "intl"))
+    ]
     assert "2 different sacrebleu signatures" in report.signature_lines(runs)[0]
     assert report.signature_lines(runs[:1])[0] == f"BLEU: sacrebleu signature `{runs[0].signature}`."
     assert report.signature_lines([run_records.RunRecord(Path("c"), {}, [], {})]) == []
@@ -411,7 +546,11 @@ def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tm
     write_run(tmp_path / "d", "wagma", 1, reach_at(9.0), settings={"tau": 10})
     _, (group,), _ = report.make_report([tmp_path], tmp_path / "out")
     rows = {r["optimizer"]: r["seeds"] for r in group.comparison}
-    assert rows == {"local_sgd (outer=none, sync_period=4)": 2, "local_sgd (outer=nesterov, sync_period=2)": 1, "wagma": 1}
+    assert rows == {
+        "local_sgd (outer=none, sync_period=4)": 2,
+        "local_sgd (outer=nesterov, sync_period=2)": 1,
+        "wagma": 1,
+    }
 
 
 def _tuned_dir(d: Path, optimizer: str, fixed: dict, tuned: list[dict], times: list[float]) -> Path:
@@ -420,18 +559,49 @@ def _tuned_dir(d: Path, optimizer: str, fixed: dict, tuned: list[dict], times: l
     trials = []
     for i, (point, t) in enumerate(zip(tuned, times, strict=True), 1):
         name = f"{optimizer}_study1_trial{i}"
-        trials.append({"name": name, "combo": optimizer, "study": 1, "trial": i, "seed": i, "params": point,
-                       "overrides": [], "gpus": 0})
+        trials.append(
+            {
+                "name": name,
+                "combo": optimizer,
+                "study": 1,
+                "trial": i,
+                "seed": i,
+                "params": point,
+                "overrides": [],
+                "gpus": 0,
+            }
+        )
         run = d / "trials" / name
         run.mkdir(parents=True)
         config = {"optimizer": {"name": optimizer, **fixed, **point}}
-        (run / "events.jsonl").write_text(json.dumps({"key": "run_start", "value": None, "time_ms": 1.7e12,
-                                                      "metadata": {"optimizer": optimizer, "config": config}}) + "\n")
-        (run / "summary.json").write_text(json.dumps({
-            "status": "completed", "optimizer": optimizer, "workload": "resnet", "data": "mnist5k", "world_size": 4,
-            "imbalance": "paper", "reached": True, "time_to_target_s": t}))
-    (d / "tune.json").write_text(json.dumps({"version": 1, "studies": 1, "trials_per_study": len(tuned), "seed": 1,
-                                             "trials": trials}))
+        (run / "events.jsonl").write_text(
+            json.dumps(
+                {
+                    "key": "run_start",
+                    "value": None,
+                    "time_ms": 1.7e12,
+                    "metadata": {"optimizer": optimizer, "config": config},
+                }
+            )
+            + "\n"
+        )
+        (run / "summary.json").write_text(
+            json.dumps(
+                {
+                    "status": "completed",
+                    "optimizer": optimizer,
+                    "workload": "resnet",
+                    "data": "mnist5k",
+                    "world_size": 4,
+                    "imbalance": "paper",
+                    "reached": True,
+                    "time_to_target_s": t,
+                }
+            )
+        )
+    (d / "tune.json").write_text(
+        json.dumps({"version": 1, "studies": 1, "trials_per_study": len(tuned), "seed": 1, "trials": trials})
+    )
     return d
 
 
@@ -440,12 +610,18 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
     same period range: two rows named by their fixed settings, each in the performance profile; the tuned
     setting (period) names neither. (Before, both were `local_sgd` and the profile kept one.)"""
     periods = [{"sync_period": 4}, {"sync_period": 8}]
-    plain = _tuned_dir(tmp_path / "plain", "local_sgd", {"outer": "none", "fragments": 1}, periods, [20.0, 30.0])
-    streaming = _tuned_dir(tmp_path / "streaming", "local_sgd", {"outer": "nesterov", "fragments": 2}, periods,
-                           [25.0, 15.0])
+    plain = _tuned_dir(
+        tmp_path / "plain", "local_sgd", {"outer": "none", "fragments": 1}, periods, [20.0, 30.0]
+    )
+    streaming = _tuned_dir(
+        tmp_path / "streaming", "local_sgd", {"outer": "nesterov", "fragments": 2}, periods, [25.0, 15.0]
+    )
     section = scoring.tuned_section([plain, streaming], tmp_path / "out")
     names = {r["optimizer"]: r["score_s"] for r in section.rows}
-    assert names == {"local_sgd (fragments=1, outer=none)": 20.0, "local_sgd (fragments=2, outer=nesterov)": 15.0}
+    assert names == {
+        "local_sgd (fragments=1, outer=none)": 20.0,
+        "local_sgd (fragments=2, outer=nesterov)": 15.0,
+    }
     profile, problems = scoring.performance_profile(section.rows)
     assert set(profile) == set(names) and problems == 1
 
@@ -453,7 +629,11 @@ def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_r
 def test_a_setting_some_runs_predate_does_not_name_a_variant():
     """A run logged before `fragments` existed ran at its default, which its record does not say: only the
     settings every run has tell the variants apart."""
-    labels = run_records.variant_labels([("local_sgd", {"outer": "none", "sync_period": 4}),
-                                    ("local_sgd", {"outer": "nesterov", "sync_period": 4, "fragments": 2}),
-                                    ("wagma", {"tau": 3})])
+    labels = run_records.variant_labels(
+        [
+            ("local_sgd", {"outer": "none", "sync_period": 4}),
+            ("local_sgd", {"outer": "nesterov", "sync_period": 4, "fragments": 2}),
+            ("wagma", {"tau": 3}),
+        ]
+    )
     assert labels == ["outer=none", "outer=nesterov", ""]

@@ -22,8 +22,14 @@ from wagma_bench.train.state import make_local_optimizer
 def test_linear_scaling_rule_and_paper_resnet50_schedule():
     peak = peak_lr(0.1, 128, 64, 256)  # paper: per-GPU batch 128, lr 0.1 x global / 256
     assert peak == pytest.approx(3.2)
-    kw = {"peak": peak, "start": 0.1, "warmup_epochs": 5, "schedule": "step", "epochs": 90,
-          "milestones": [30, 60, 80]}
+    kw = {
+        "peak": peak,
+        "start": 0.1,
+        "warmup_epochs": 5,
+        "schedule": "step",
+        "epochs": 90,
+        "milestones": [30, 60, 80],
+    }
     assert lr_at(0, **kw) == pytest.approx(0.1)
     assert lr_at(2.5, **kw) == pytest.approx(0.1 + (3.2 - 0.1) / 2)
     assert lr_at(5, **kw) == pytest.approx(3.2)
@@ -61,8 +67,11 @@ def test_independent_imbalance_is_a_pure_function_of_seed_rank_and_step():
     settings = IndependentImbalance.Settings(delay_s=0.32, probability=0.25)
 
     def delays(seed: int, world: int = 8, base_s: float = 0.1) -> list[float]:
-        return [IndependentImbalance(settings, seed=seed).delay(r, world, s, base_s)
-                for r in range(8) for s in range(300)]
+        return [
+            IndependentImbalance(settings, seed=seed).delay(r, world, s, base_s)
+            for r in range(8)
+            for s in range(300)
+        ]
 
     first = delays(7)
     assert first == delays(7) and set(first) == {0.0, 0.32}
@@ -123,9 +132,12 @@ def test_the_authors_rule_is_their_code_run_on_every_rank(world):
     want = _authors_code(seed=5, world=world, steps=300)
     own = {r: AuthorsImbalance(settings, seed=5) for r in range(world)}  # each rank's model, in its process
     assert [[own[r].delay(r, world, s, 0.1) > 0 for s in range(300)] for r in range(world)] == want
-    model = AuthorsImbalance(settings, seed=5)  # in blocks of 37 steps, then a resumed rank asking from step 150
-    blocks = np.concatenate([model.delays(world, np.zeros((world, 37)), first_step=k) for k in range(0, 300, 37)],
-                            axis=1)[:, :300]
+    model = AuthorsImbalance(
+        settings, seed=5
+    )  # in blocks of 37 steps, then a resumed rank asking from step 150
+    blocks = np.concatenate(
+        [model.delays(world, np.zeros((world, 37)), first_step=k) for k in range(0, 300, 37)], axis=1
+    )[:, :300]
     assert (blocks > 0).tolist() == want and set(blocks.ravel()) <= {0.0, 0.32}
     resumed = AuthorsImbalance(settings, seed=5)
     resumed.delay(0, world, 299, 0.1)
@@ -147,7 +159,8 @@ def test_the_authors_rule_delays_two_minus_one_over_p_ranks_a_step_at_any_world(
     assert abs(rate.mean() - (1 - (1 - 1 / world) ** 2)) < 5 * np.sqrt(rate.mean() / slow.size)
     independent = IndependentImbalance(IndependentImbalance.Settings(), seed=2)
     assert (independent.delays(world, np.zeros((world, 300))) > 0).sum(axis=0).mean() == pytest.approx(
-        world * IndependentImbalance.Settings().probability, rel=0.2)
+        world * IndependentImbalance.Settings().probability, rel=0.2
+    )
 
 
 def test_fixed_and_lognormal_imbalance():
@@ -157,7 +170,11 @@ def test_fixed_and_lognormal_imbalance():
     assert [group.delay(r, 4, 0, 0.1) for r in range(4)] == [0, 0, pytest.approx(0.1), pytest.approx(0.1)]
     logn = LognormalImbalance(LognormalImbalance.Settings(sigma=0.5), seed=0)
     d = [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
-    assert min(d) == 0 and max(d) > 0.05 and d == [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
+    assert (
+        min(d) == 0
+        and max(d) > 0.05
+        and d == [logn.delay(r, 4, s, 0.1) for r in range(4) for s in range(200)]
+    )
 
 
 def test_round_up_to_sync_points():
@@ -165,8 +182,15 @@ def test_round_up_to_sync_points():
 
 
 def test_grad_clip_applies_before_the_local_step():
-    train = SimpleNamespace(local_optimizer="sgd", lr=1.0, momentum=0.0, nesterov=False, weight_decay=0.0,
-                            adam_betas=[0.9, 0.98], grad_clip=0.5)
+    train = SimpleNamespace(
+        local_optimizer="sgd",
+        lr=1.0,
+        momentum=0.0,
+        nesterov=False,
+        weight_decay=0.0,
+        adam_betas=[0.9, 0.98],
+        grad_clip=0.5,
+    )
     p = torch.nn.Parameter(torch.zeros(4))
     opt = make_local_optimizer(train)([p])
     p.grad = torch.full((4,), 10.0)
@@ -179,12 +203,15 @@ def _event(key, value=None, **meta):
 
 
 def test_summary_from_events_time_to_target_excludes_eval():
-    events = [_event("run_start", workload="resnet", optimizer="wagma", world_size=4, seed=1, metric="top1",
-                     target=0.9),
-              _event("eval_accuracy", 0.5, step=10, samples=1280, train_s=10.0, wall_s=12.0, eval_s=2.0),
-              _event("eval_accuracy", 0.92, step=20, samples=2560, train_s=20.0, wall_s=24.0, eval_s=4.0),
-              _event("eval_accuracy", 0.91, step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
-              _event("run_stop", status="completed", step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0)]
+    events = [
+        _event(
+            "run_start", workload="resnet", optimizer="wagma", world_size=4, seed=1, metric="top1", target=0.9
+        ),
+        _event("eval_accuracy", 0.5, step=10, samples=1280, train_s=10.0, wall_s=12.0, eval_s=2.0),
+        _event("eval_accuracy", 0.92, step=20, samples=2560, train_s=20.0, wall_s=24.0, eval_s=4.0),
+        _event("eval_accuracy", 0.91, step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
+        _event("run_stop", status="completed", step=30, samples=3840, train_s=30.0, wall_s=36.0, eval_s=6.0),
+    ]
     s = summarize(events)
     assert s["reached"] and s["time_to_target_s"] == 20.0 and s["rounds_to_target"] == 20
     assert (s["final_metric"], s["best_metric"], s["status"]) == (0.91, 0.92, "completed")
@@ -193,7 +220,9 @@ def test_summary_from_events_time_to_target_excludes_eval():
     assert crashed["status"] == "incomplete" and crashed["reached"]
 
 
-@pytest.mark.parametrize("sync,every,total", [(1, 10, 100), (11, 10, 132), (8, 21, 200), (16, 5, 160), (7, 7, 70)])
+@pytest.mark.parametrize(
+    "sync,every,total", [(1, 10, 100), (11, 10, 132), (8, 21, 200), (16, 5, 160), (7, 7, 70)]
+)
 def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total):
     """The trainer evaluates at sync points only, at the first one at or after each multiple of eval_every (the
     oracle: each grid point rounded up to the sync period), and at the end: optimizers of other sync periods
@@ -207,13 +236,24 @@ def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total
         if r >= next_eval or r >= total:
             evals.append(r)
             next_eval = plan.next_eval_after(r)
-    oracle = sorted({round_up(g, sync) for g in range(every, total + 1, every) if round_up(g, sync) <= total} | {total})
+    oracle = sorted(
+        {round_up(g, sync) for g in range(every, total + 1, every) if round_up(g, sync) <= total} | {total}
+    )
     assert evals == oracle
 
 
-@pytest.mark.parametrize("optimizer,sync", [("local_sgd", ["optimizer.sync_period=10000"]), ("wagma", ["optimizer.tau=3"]),
-                                            ("eager", ["optimizer.sync_period=4"]), ("adpsgd", ["optimizer.sync_period=4"])])
-def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(optimizer, sync):
+@pytest.mark.parametrize(
+    "optimizer,sync",
+    [
+        ("local_sgd", ["optimizer.sync_period=10000"]),
+        ("wagma", ["optimizer.tau=3"]),
+        ("eager", ["optimizer.sync_period=4"]),
+        ("adpsgd", ["optimizer.sync_period=4"]),
+    ],
+)
+def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchronisation_point(
+    optimizer, sync
+):
     """train.max_rounds=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
     under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and
     what the optimizer does there. A budget on a sync point needs no such words."""
@@ -227,13 +267,18 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
     plan = RunPlan.of(cfg, spec.sync_period_of(cfg.optimizer), 100, 4)
     line = plan.budget_line(cfg)
     assert plan.total == 5 and "\n" not in line, line
-    assert line.startswith("the run ends at round 5 (train.max_rounds=5), exactly, though the optimizer "
-                           f"synchronises every {plan.sync} rounds: round 5 is an extra synchronisation point, "
-                           f"{spec.final_sync}"), line
+    assert line.startswith(
+        "the run ends at round 5 (train.max_rounds=5), exactly, though the optimizer "
+        f"synchronises every {plan.sync} rounds: round 5 is an extra synchronisation point, "
+        f"{spec.final_sync}"
+    ), line
     assert spec.final_sync and "rounded" not in line
     on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_rounds={plan.sync}"))
     exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
-    assert exact.startswith(f"the run ends at round {plan.sync} (train.max_rounds={plan.sync}") and "extra" not in exact
+    assert (
+        exact.startswith(f"the run ends at round {plan.sync} (train.max_rounds={plan.sync}")
+        and "extra" not in exact
+    )
 
 
 def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():

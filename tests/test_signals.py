@@ -31,17 +31,28 @@ def _cases():
             for to_group in (False, True):
                 marks = () if (launcher, moment, to_group) in QUICK_CASES else (pytest.mark.long,)
                 at = f"{moment}{'s' if moment != 'mid' else ''}"
-                yield pytest.param(launcher, moment, to_group, signal.SIGTERM, marks=marks,
-                                   id=f"{launcher}-{at}-{'group' if to_group else 'launcher'}")
+                yield pytest.param(
+                    launcher,
+                    moment,
+                    to_group,
+                    signal.SIGTERM,
+                    marks=marks,
+                    id=f"{launcher}-{at}-{'group' if to_group else 'launcher'}",
+                )
     # Ctrl-C and SIGHUP take the same path under mpiexec (its own session: the launcher passes them on)
     yield pytest.param("mpi", "mid", True, signal.SIGINT, marks=pytest.mark.long, id="mpi-mid-group-SIGINT")
-    yield pytest.param("mpi", 1.0, False, signal.SIGHUP, marks=pytest.mark.long, id="mpi-1.0s-launcher-SIGHUP")
+    yield pytest.param(
+        "mpi", 1.0, False, signal.SIGHUP, marks=pytest.mark.long, id="mpi-1.0s-launcher-SIGHUP"
+    )
 
 
 def _stepped(run_dir: Path) -> bool:
     """Steps logged (flushed at a synchronisation point): the run is in training."""
-    return any(p.stat().st_size for p in (run_dir / "steps").glob("rank*.jsonl")) if (run_dir / "steps").exists() \
+    return (
+        any(p.stat().st_size for p in (run_dir / "steps").glob("rank*.jsonl"))
+        if (run_dir / "steps").exists()
         else False
+    )
 
 
 def _began(run_dir: Path) -> bool:
@@ -52,8 +63,13 @@ def _began(run_dir: Path) -> bool:
 def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=signal.SIGTERM):
     """Start ``wagma-bench run ARGV`` in a session of its own, send ``sig`` at ``moment``; returns (launcher, its
     stderr, whether the ranks had begun training when the signal was sent, the processes that outlived it by 15 s)."""
-    launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [str(BIN), "run", *argv, f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     family: set[int] = set()
     try:
         t0 = time.monotonic()
@@ -78,10 +94,16 @@ def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=si
 
 @pytest.mark.serial
 @pytest.mark.parametrize("launcher_kind,moment,to_group,sig", list(_cases()))
-def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, launcher_kind, moment, to_group,
-                                                                      sig):
+def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(
+    tmp_path, launcher_kind, moment, to_group, sig
+):
     nproc = 4 if moment == "mid" else 2  # four ranks to the group mid-training: one failed with exit code 255
-    argv = [f"launcher.nproc={nproc}", "train.max_rounds=100000", "eval.every_rounds=100000", "logger.progress=off"]
+    argv = [
+        f"launcher.nproc={nproc}",
+        "train.max_rounds=100000",
+        "eval.every_rounds=100000",
+        "logger.progress=off",
+    ]
     if launcher_kind == "mpi":
         argv.append("comm=mpi")
     launcher, err, began, left = _signal_a_run(tmp_path, argv, moment, to_group, sig)
@@ -102,7 +124,9 @@ def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(tmp_path, 
         assert summary["rounds"] == 0 and not _stepped(tmp_path), summary
         assert "before its first step" in last, err[-3000:]
     else:  # stopped at a synchronisation point with a checkpoint, or at the exchange before the first step
-        assert "checkpoint saved" in last or (summary["rounds"] == 0 and "before its first step" in last), err[-3000:]
+        assert "checkpoint saved" in last or (summary["rounds"] == 0 and "before its first step" in last), (
+            err[-3000:]
+        )
 
 
 @pytest.mark.serial
@@ -110,10 +134,20 @@ def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_r
     """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point, which
     rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is recorded
     as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
-    argv = ["launcher.nproc=2", "optimizer=local_sgd", "optimizer.sync_period=1000000", "train.max_rounds=1000000",
-            "logger.progress=off"]
-    launcher = subprocess.Popen([str(BIN), "run", *argv, f"hydra.run.dir={tmp_path}"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    argv = [
+        "launcher.nproc=2",
+        "optimizer=local_sgd",
+        "optimizer.sync_period=1000000",
+        "train.max_rounds=1000000",
+        "logger.progress=off",
+    ]
+    launcher = subprocess.Popen(
+        [str(BIN), "run", *argv, f"hydra.run.dir={tmp_path}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while "run_start" not in (keys(tmp_path) if (tmp_path / "events.jsonl").exists() else []):

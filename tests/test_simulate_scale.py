@@ -45,7 +45,9 @@ def bellman_ford(world: int, net: Network, free: np.ndarray, request: np.ndarray
     while True:
         new = key.copy()
         for j in range(world):
-            via = min((key[i] + net.control(i, j) for i in world_hypercube_neighbours(j, world)), default=math.inf)
+            via = min(
+                (key[i] + net.control(i, j) for i in world_hypercube_neighbours(j, world)), default=math.inf
+            )
             new[j] = min(key[j], max(free[j], via))
         if np.array_equal(new, key):
             return key
@@ -67,7 +69,9 @@ def test_activation_reaches_the_edge_by_edge_fixed_point(world, seed):
     rng = np.random.default_rng(seed * 100 + world)
     free = rng.uniform(0, 1e-4, world)
     # some ranks ask (ready at a time of their own), the others wait for an activation (inf); sometimes none asks
-    request = np.where(rng.random(world) < [0.0, 0.1, 0.5, 1.0, 0.3, 0.05][seed], rng.uniform(0, 2e-4, world), math.inf)
+    request = np.where(
+        rng.random(world) < [0.0, 0.1, 0.5, 1.0, 0.3, 0.05][seed], rng.uniform(0, 2e-4, world), math.inf
+    )
     request = np.maximum(request, free)
     plan = make_plan([tuple(range(world))], NET, 1e6)
     got = activate(plan, free, request)
@@ -101,10 +105,11 @@ def test_the_lognormal_rule_draws_its_sigma():
     factor = 1 + model.delays(256, np.ones((256, 400)))
     positive = np.log(factor[factor > 1])
     assert abs((factor > 1).mean() - 0.5) < 0.01  # the lower half is truncated to no delay
-    assert abs(math.sqrt(np.mean(positive ** 2)) - 0.4) < 0.01  # a half-normal's root mean square is sigma
+    assert abs(math.sqrt(np.mean(positive**2)) - 0.4) < 0.01  # a half-normal's root mean square is sigma
 
 
 # --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it --------------------------------------------
+
 
 def network(bandwidth_GBps: float = 9.0) -> Network:
     return Network(Link(3e-6, 1 / 150e9), Link(1.5e-6, 1 / (bandwidth_GBps * 1e9)), gpus_per_node=4)
@@ -113,8 +118,11 @@ def network(bandwidth_GBps: float = 9.0) -> Network:
 def adpsgd(world: int, bandwidth_GBps: float = 9.0, slowdown: float = 0.0, steps: int = 100, settings=None):
     workload = Workload(step_s=0.3, params=25.6e6, sigma=0.05, gossip_cost=slowdown)
     imbalance = make_imbalance(IMBALANCES["independent"].Settings(), seed=1)
-    return simulate(SimConfig("adpsgd", world, workload, network(bandwidth_GBps), imbalance, settings, steps=steps,
-                              seed=1))
+    return simulate(
+        SimConfig(
+            "adpsgd", world, workload, network(bandwidth_GBps), imbalance, settings, steps=steps, seed=1
+        )
+    )
 
 
 def test_busy_time_inside_windows_matches_a_direct_sum():
@@ -130,8 +138,15 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
     busy = tuple(np.array(col, dtype=float) for col in zip(*rows)) if rows else (np.zeros(0),) * 3
     lo = rng.uniform(0, 3, (world, 7))
     hi = lo + rng.uniform(0, 2, (world, 7))
-    direct = np.array([[sum(max(0.0, min(e, hi[r, k]) - max(b, lo[r, k])) for q, b, e in rows if q == r)
-                        for k in range(7)] for r in range(world)])
+    direct = np.array(
+        [
+            [
+                sum(max(0.0, min(e, hi[r, k]) - max(b, lo[r, k])) for q, b, e in rows if q == r)
+                for k in range(7)
+            ]
+            for r in range(world)
+        ]
+    )
     assert np.allclose(busy_between(busy, world, lo, hi), direct, rtol=0, atol=1e-12)
 
 
@@ -152,8 +167,9 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
     monkeypatch.setattr(des, "CHUNK", chunk)
     told: list[float] = []
-    assert np.array_equal(des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin,
-                                                                                     kind="stable"))
+    assert np.array_equal(
+        des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin, kind="stable")
+    )
     assert np.array_equal(busy_between(busy, world, lo, hi, lambda _, f: told.append(f)), whole)
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
 
@@ -163,8 +179,16 @@ def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
     (computed here step by step, ranks meeting every sync_every rounds in the trainer's control allreduce of seven
     float64), whatever the exchanges do."""
     res = adpsgd(8, steps=60)
-    cfg = SimConfig("adpsgd", 8, Workload(step_s=0.3, params=25.6e6, sigma=0.05), network(),
-                    make_imbalance(IMBALANCES["independent"].Settings(), seed=1), None, steps=60, seed=1)
+    cfg = SimConfig(
+        "adpsgd",
+        8,
+        Workload(step_s=0.3, params=25.6e6, sigma=0.05),
+        network(),
+        make_imbalance(IMBALANCES["independent"].Settings(), seed=1),
+        None,
+        steps=60,
+        seed=1,
+    )
     drawn = SimState(cfg, 10)  # the compute times and delays the simulation draws
     clock = np.zeros(8)
     for r in range(1, 61):
@@ -175,7 +199,13 @@ def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
     assert res.extra["gossip_cost_share"] == 0.0 and res.extra["exchanges_per_step"] > 0.9
 
 
-MEASURED = Path(__file__).resolve().parents[1] / "reproduce" / "scaling" / "results-2core-20261206" / "measured-cpu.json"
+MEASURED = (
+    Path(__file__).resolve().parents[1]
+    / "reproduce"
+    / "scaling"
+    / "results-2core-20261206"
+    / "measured-cpu.json"
+)
 
 
 def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
@@ -205,13 +235,18 @@ def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
     plan = RunPlan.of(cfg, sync, 1000, 4)
-    trainer_meets = [r for r in range(1, plan.total + 1) if plan.is_control(r, math.inf)]  # the trainer's rule
-    run = SimState(SimConfig("adpsgd", 4, Workload(), Network.free(), settings=cfg.optimizer, steps=100), sync)
+    trainer_meets = [
+        r for r in range(1, plan.total + 1) if plan.is_control(r, math.inf)
+    ]  # the trainer's rule
+    run = SimState(
+        SimConfig("adpsgd", 4, Workload(), Network.free(), settings=cfg.optimizer, steps=100), sync
+    )
     assert [r for r in range(1, run.rounds + 1) if run.is_control(r)] == trainer_meets
     assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total
 
 
 # --- compute spread with persistence ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sigma_rank,sigma,rho", [(0.0, 0.2, 0.0), (0.15, 0.2, 0.0), (0.15, 0.1, 0.6)])
 def test_the_persistent_spread_fit_recovers_the_model_it_is_drawn_from(sigma_rank, sigma, rho):
@@ -230,18 +265,24 @@ def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_
     offset does not, so the world with lasting offsets waits longer for its slowest rank. (A barrier at every step
     sees no difference: each step's slowest rank is the maximum of as many draws of the same spread.) With no rank
     offset and no autocorrelation the persistent model is the i.i.d. one."""
+
     def throughput(optimizer, **kw):
         workload = Workload(step_s=0.1, params=1e6, **kw)
-        settings = OPTIMIZER_SPECS[optimizer].Settings(**({"sync_period": 20} if optimizer == "local_sgd" else {}))
-        return simulate(SimConfig(optimizer, 256, workload, Network.free(), settings=settings, steps=200,
-                                  seed=2)).throughput
+        settings = OPTIMIZER_SPECS[optimizer].Settings(
+            **({"sync_period": 20} if optimizer == "local_sgd" else {})
+        )
+        return simulate(
+            SimConfig(optimizer, 256, workload, Network.free(), settings=settings, steps=200, seed=2)
+        ).throughput
 
     iid = throughput("local_sgd", compute="lognormal", sigma=0.2)
     persistent = throughput("local_sgd", compute="persistent", sigma_rank=0.16, sigma=0.12, rho=0.5)
     same = throughput("local_sgd", compute="persistent", sigma_rank=0.0, sigma=0.2, rho=0.0)
     assert persistent < 0.85 * iid and same == pytest.approx(iid, rel=0.02)
-    every_step = [throughput("allreduce", compute="lognormal", sigma=0.2),
-                  throughput("allreduce", compute="persistent", sigma_rank=0.16, sigma=0.12, rho=0.5)]
+    every_step = [
+        throughput("allreduce", compute="lognormal", sigma=0.2),
+        throughput("allreduce", compute="persistent", sigma_rank=0.16, sigma=0.12, rho=0.5),
+    ]
     assert every_step[1] == pytest.approx(every_step[0], rel=0.03)
 
 
@@ -253,18 +294,34 @@ def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
     rng = np.random.default_rng(3)
     for rank, scale in ((0, 0.2), (1, 0.26)):
         times = scale * np.exp(0.05 * rng.standard_normal(200))
-        lines = [json.dumps({"local_step": s, "round": s, "t": 0.3 * s, "compute_s": float(c), "delay_s": 0.0,
-                             "comm_s": 0.0, "samples": 8}) for s, c in enumerate(times, 1)]
+        lines = [
+            json.dumps(
+                {
+                    "local_step": s,
+                    "round": s,
+                    "t": 0.3 * s,
+                    "compute_s": float(c),
+                    "delay_s": 0.0,
+                    "comm_s": 0.0,
+                    "samples": 8,
+                }
+            )
+            for s, c in enumerate(times, 1)
+        ]
         (run / "steps" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     wl = with_measured_spread(Workload(step_s=0.3, compute="persistent"), [str(run)])
     # two offsets +-log(1.3)/2 around their mean: their spread (one degree of freedom) is log(1.3)/sqrt(2)
-    assert wl.compute == "persistent" and wl.sigma_rank == pytest.approx(math.log(1.3) / math.sqrt(2), rel=0.05)
+    assert wl.compute == "persistent" and wl.sigma_rank == pytest.approx(
+        math.log(1.3) / math.sqrt(2), rel=0.05
+    )
     assert wl.sigma == pytest.approx(0.05, rel=0.15) and abs(wl.rho) < 0.15 and wl.step_s == 0.3
     iid = with_measured_spread(Workload(step_s=0.3), [str(run)])
     assert iid.compute == "empirical" and iid.sigma_rank == 0.0
 
 
-def event_heap_gossip(cfg: SimConfig, ends: np.ndarray, end_time: float) -> list[tuple[int, int, float, float]]:
+def event_heap_gossip(
+    cfg: SimConfig, ends: np.ndarray, end_time: float
+) -> list[tuple[int, int, float, float]]:
     """The gossip model replayed one event at a time on a heap (the simulator's former implementation): each active
     thread wakes after a local step, sends its e-th request to its partner in the e-th matching, the passive serves
     requests in the order the threads woke; returns every exchange (active, passive, begin, end)."""
@@ -290,21 +347,39 @@ def event_heap_gossip(cfg: SimConfig, ends: np.ndarray, end_time: float) -> list
     return out
 
 
-@pytest.mark.parametrize("world,bandwidth_GBps,gpus_per_node,control_every", [
-    (2, 9.0, 1, 10), (7, 9.0, 2, 10), (16, 1.0, 4, 0), (64, 0.1, 4, 0), (64, 0.05, 1, 10), (130, 0.3, 8, 0)])
-def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(world, bandwidth_GBps, gpus_per_node,
-                                                                        control_every):
+@pytest.mark.parametrize(
+    "world,bandwidth_GBps,gpus_per_node,control_every",
+    [(2, 9.0, 1, 10), (7, 9.0, 2, 10), (16, 1.0, 4, 0), (64, 0.1, 4, 0), (64, 0.05, 1, 10), (130, 0.3, 8, 0)],
+)
+def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
+    world, bandwidth_GBps, gpus_per_node, control_every
+):
     """Balanced, congested (0.05-0.3 GB/s: an exchange outlasts a step, queues form), odd worlds, several nodes."""
     net = Network(Link(3e-6, 1 / 150e9), Link(1.5e-6, 1 / (bandwidth_GBps * 1e9)), gpus_per_node)
-    cfg = SimConfig("adpsgd", world, Workload(step_s=0.3, params=25.6e6, sigma=0.3), net,
-                    make_imbalance(IMBALANCES["lognormal"].Settings(), seed=1), steps=100, seed=3,
-                    control_every=control_every)
+    cfg = SimConfig(
+        "adpsgd",
+        world,
+        Workload(step_s=0.3, params=25.6e6, sigma=0.3),
+        net,
+        make_imbalance(IMBALANCES["lognormal"].Settings(), seed=1),
+        steps=100,
+        seed=3,
+        control_every=control_every,
+    )
     run = SimState(cfg, 10)
     _, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
     count, lag, (rank, begin, end) = _gossip(cfg, run, ends, end_time)
     want = sorted(event_heap_gossip(cfg, ends, end_time))
-    got = sorted(zip(rank[:count].astype(int).tolist(), rank[count:].astype(int).tolist(), begin[:count].tolist(),
-                     end[:count].tolist()))
+    got = sorted(
+        zip(
+            rank[:count].astype(int).tolist(),
+            rank[count:].astype(int).tolist(),
+            begin[:count].tolist(),
+            end[:count].tolist(),
+        )
+    )
     assert count == len(want) > 0 and got == want  # the same exchanges at the same times, to the bit
-    lags = [abs(bisect.bisect(ends[a].tolist(), b) - bisect.bisect(ends[p].tolist(), b)) for a, p, b, _ in want]
+    lags = [
+        abs(bisect.bisect(ends[a].tolist(), b) - bisect.bisect(ends[p].tolist(), b)) for a, p, b, _ in want
+    ]
     assert lag == pytest.approx(sum(lags) / len(lags), rel=1e-12)

@@ -52,12 +52,26 @@ def test_a_process_start_is_read_to_the_clock_tick_not_the_boot_second():
 
 
 def test_phases_are_the_gaps_between_marks_and_a_missing_mark_folds_into_the_next(monkeypatch):
-    marks = {"launched": 100.0, "rank": 103.0, "imported": 103.5, "world": 104.0, "data": 104.25, "ready": 105.0,
-             "first_step": 106.0}
+    marks = {
+        "launched": 100.0,
+        "rank": 103.0,
+        "imported": 103.5,
+        "world": 104.0,
+        "data": 104.25,
+        "ready": 105.0,
+        "first_step": 106.0,
+    }
     monkeypatch.setattr(startup, "_marks", dict(marks))
     # no "spawned" (an external launcher): the rank's own start up to run_rank is one phase, "ranks"
-    assert startup.phases() == {"ranks_s": 3.0, "imports_s": 0.5, "world_s": 0.5, "data_s": 0.25, "setup_s": 0.75,
-                                "first_step_s": 1.0, "total_s": 6.0}
+    assert startup.phases() == {
+        "ranks_s": 3.0,
+        "imports_s": 0.5,
+        "world_s": 0.5,
+        "data_s": 0.25,
+        "setup_s": 0.75,
+        "first_step_s": 1.0,
+        "total_s": 6.0,
+    }
     startup.mark("first_step")  # a second time (a resumed attempt's): the first one stands
     assert startup._marks["first_step"] == 106.0
     with pytest.raises(ValueError, match="unknown start-up mark"):
@@ -66,7 +80,9 @@ def test_phases_are_the_gaps_between_marks_and_a_missing_mark_folds_into_the_nex
 
 def test_inherited_marks_ignore_what_is_not_a_mark(monkeypatch):
     monkeypatch.setattr(startup, "_marks", {})
-    startup.inherit({startup.STARTUP_ENV: json.dumps({"launched": 1.0, "spawned": 2.5, "evil": 3, "rank": "x"})})
+    startup.inherit(
+        {startup.STARTUP_ENV: json.dumps({"launched": 1.0, "spawned": 2.5, "evil": 3, "rank": "x"})}
+    )
     assert startup._marks == {"launched": 1.0, "spawned": 2.5}
     startup.inherit({startup.STARTUP_ENV: "{not json"})  # ignored, not a crash
     assert startup._marks == {"launched": 1.0, "spawned": 2.5}
@@ -87,14 +103,18 @@ def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
     """The launcher's and a rank's modules import none of the packages only some runs use (fairseq, MiniWorld,
     W&B, matplotlib, ...): those are imported where they are used. A fresh interpreter, so that what this test
     session imported elsewhere does not count."""
-    code = ("import sys\n"
-            "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, wagma_bench.workloads, wagma_bench.optim\n"
-            "import wagma_bench.comm.torch_dist, wagma_bench.record.mlperf, wagma_bench.record.rundir\n"
-            "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'wandb_workspaces', 'matplotlib',\n"
-            "         'sacrebleu', 'mpi4py',\n"
-            "         'submitit', 'torchvision')\n"
-            "print(sorted(m for m in heavy if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    code = (
+        "import sys\n"
+        "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, wagma_bench.workloads, wagma_bench.optim\n"
+        "import wagma_bench.comm.torch_dist, wagma_bench.record.mlperf, wagma_bench.record.rundir\n"
+        "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'wandb_workspaces', 'matplotlib',\n"
+        "         'sacrebleu', 'mpi4py',\n"
+        "         'submitit', 'torchvision')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 
@@ -103,22 +123,49 @@ def test_the_launching_process_of_a_run_imports_no_torch(tmp_path):
     never imports torch, nor NumPy (0.07-0.15 CPU-seconds a run, with OpenBLAS's threads): its ranks are forked
     from the rank server, which has. A completed one-step run, then a command refused by validation, each in a
     fresh interpreter that says what it imported."""
-    code = ("import sys\n"
-            "from wagma_bench.cli import main\n"
-            "try:\n"
-            "    rc = main(['run', *sys.argv[1:]])\n"
-            "finally:  # a refusal exits with SystemExit(2)\n"
-            "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, flush=True)\n"
-            "sys.exit(rc)\n")
+    code = (
+        "import sys\n"
+        "from wagma_bench.cli import main\n"
+        "try:\n"
+        "    rc = main(['run', *sys.argv[1:]])\n"
+        "finally:  # a refusal exits with SystemExit(2)\n"
+        "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, flush=True)\n"
+        "sys.exit(rc)\n"
+    )
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "train.max_rounds=1", "eval.every_rounds=1000",
-                          "logger.progress=off", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
-                         timeout=300, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "launcher.nproc=2",
+            "train.max_rounds=1",
+            "eval.every_rounds=1000",
+            "logger.progress=off",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert "torch imported: False numpy imported: False" in out.stdout, out.stdout[-2000:]
-    refused = subprocess.run([sys.executable, "-c", code, "launcher.nproc=2", "optimizer=local_sgd",
-                              "optimizer.sync_period=0", f"hydra.run.dir={tmp_path / 'refused'}"], capture_output=True,
-                             text=True, timeout=120, check=False)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "launcher.nproc=2",
+            "optimizer=local_sgd",
+            "optimizer.sync_period=0",
+            f"hydra.run.dir={tmp_path / 'refused'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert refused.returncode == 2 and "optimizer.sync_period=0" in refused.stderr, refused.stderr[-3000:]
     assert "torch imported: False numpy imported: False" in refused.stdout, refused.stdout[-2000:]

@@ -31,7 +31,7 @@ def test_the_compact_table_gives_every_analysis_the_raw_logs_numbers(checkpointe
     raw = {int(p.stem[4:]): read_jsonl(p) for p in sorted((checkpointed / "steps").glob("rank*.jsonl"))}
     assert sorted(raw) == [0, 1] and all(len(r) >= 12 for r in raw.values())
     kept = {rank: [{f: r[f] for f in STEP_FIELDS if f in r} for r in recs] for rank, recs in raw.items()}
-    assert read_step_records(compact) == kept                     # the independent reading: the raw lines
+    assert read_step_records(compact) == kept  # the independent reading: the raw lines
     assert load_step_records(compact) == kept
     rows = [type("Run", (), {"path": d})() for d in (checkpointed, compact)]
     assert step_time_rows(rows[:1]) == step_time_rows(rows[1:]) != []

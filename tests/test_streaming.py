@@ -29,9 +29,19 @@ def _model() -> nn.Sequential:
 
 def _ours(comm):
     model = _model()
-    algo = make_algorithm("local_sgd", comm, model, lambda params: torch.optim.AdamW(params, lr=LR),
-                          sync_period=PERIOD, outer="nesterov", outer_lr=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
-                          fragments=2, fragment_delay=DELAY, fragment_alpha=ALPHA)
+    algo = make_algorithm(
+        "local_sgd",
+        comm,
+        model,
+        lambda params: torch.optim.AdamW(params, lr=LR),
+        sync_period=PERIOD,
+        outer="nesterov",
+        outer_lr=OUTER_LR,
+        outer_momentum=OUTER_MOMENTUM,
+        fragments=2,
+        fragment_delay=DELAY,
+        fragment_alpha=ALPHA,
+    )
     algo.broadcast_initial_model()
     g = torch.Generator().manual_seed(comm.rank)
     for _ in range(STEPS):
@@ -49,18 +59,40 @@ def _torchft_replica(rid: int, lighthouse: str, model: nn.Sequential) -> torch.T
     from torchft.process_group import ProcessGroupGloo
 
     inner = torch.optim.AdamW(model.parameters(), lr=LR)
-    outers = [torch.optim.SGD(f.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True) for f in model]
+    outers = [
+        torch.optim.SGD(f.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True) for f in model
+    ]
     store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     timeout = timedelta(seconds=30)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=2, use_async_quorum=False,
-                      load_state_dict=lambda sd: model.load_state_dict(sd["m"]),
-                      state_dict=lambda: {"m": model.state_dict()}, replica_id=str(rid), store_addr="localhost",
-                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=lighthouse, port=0,
-                      init_sync=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout),
+        min_replica_size=2,
+        use_async_quorum=False,
+        load_state_dict=lambda sd: model.load_state_dict(sd["m"]),
+        state_dict=lambda: {"m": model.state_dict()},
+        replica_id=str(rid),
+        store_addr="localhost",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        port=0,
+        init_sync=False,
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+    )
     g = torch.Generator().manual_seed(rid)
     try:
-        with DiLoCo(manager, list(model), inner, outers, sync_every=PERIOD, fragment_sync_delay=DELAY,
-                    fragment_update_alpha=ALPHA):
+        with DiLoCo(
+            manager,
+            list(model),
+            inner,
+            outers,
+            sync_every=PERIOD,
+            fragment_sync_delay=DELAY,
+            fragment_update_alpha=ALPHA,
+        ):
             for _ in range(STEPS):
                 x = torch.randn(8, 4, generator=g)
                 inner.zero_grad()
@@ -81,7 +113,9 @@ def test_streaming_diloco_agrees_with_torchfts_diloco():
     models = [_model() for _ in range(2)]
     try:
         with ThreadPoolExecutor(2) as pool:
-            theirs = list(pool.map(lambda rid: _torchft_replica(rid, lighthouse.address(), models[rid]), [0, 1]))
+            theirs = list(
+                pool.map(lambda rid: _torchft_replica(rid, lighthouse.address(), models[rid]), [0, 1])
+            )
     finally:
         lighthouse.shutdown()
     start = flat_params(_model())
@@ -94,9 +128,19 @@ def test_streaming_diloco_agrees_with_torchfts_diloco():
 def test_the_schedule_prepares_tau_steps_before_each_fragment_performs():
     events = {t: sync_at(t, 8, 2, 1) for t in range(1, 17)}
     assert {t: e for t, e in events.items() if e} == {
-        3: ("prepare", 0), 4: ("perform", 0), 7: ("prepare", 1), 8: ("perform", 1),
-        11: ("prepare", 0), 12: ("perform", 0), 15: ("prepare", 1), 16: ("perform", 1)}
-    assert fragments_of([16, 4, 16, 4], 2) == [[0, 1], [2, 3]]  # one Linear layer each, as torchft's fragments
+        3: ("prepare", 0),
+        4: ("perform", 0),
+        7: ("prepare", 1),
+        8: ("perform", 1),
+        11: ("prepare", 0),
+        12: ("perform", 0),
+        15: ("prepare", 1),
+        16: ("perform", 1),
+    }
+    assert fragments_of([16, 4, 16, 4], 2) == [
+        [0, 1],
+        [2, 3],
+    ]  # one Linear layer each, as torchft's fragments
 
 
 def test_more_fragments_than_parameter_tensors_are_refused_naming_both():
@@ -106,8 +150,11 @@ def test_more_fragments_than_parameter_tensors_are_refused_naming_both():
 
     settings = LocalSGD.Settings(sync_period=10000, outer="nesterov", fragments=10000)
     params = [p.detach() for p in _model().parameters()]
-    with pytest.raises(ConfigError, match=rf"optimizer.fragments=10000 is not allowed .* it has {len(params)} "
-                                          rf"parameter tensors.*choose at most {len(params)}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"optimizer.fragments=10000 is not allowed .* it has {len(params)} "
+        rf"parameter tensors.*choose at most {len(params)}",
+    ):
         StreamingOuter(settings, params, comm=None)
 
 
@@ -117,10 +164,22 @@ def test_a_run_with_more_fragments_than_tensors_is_refused_by_its_ranks_in_one_l
     line, and the launcher ends the run naming the setting and the count (no traceback)."""
     from tests.cli_util import run
 
-    res = run(["optimizer=local_sgd", "optimizer.outer=nesterov", "optimizer.fragments=10000",
-               "optimizer.sync_period=10000", "train.max_rounds=10000", "launcher.nproc=2", f"hydra.run.dir={tmp_path}"],
-              timeout=300)
+    res = run(
+        [
+            "optimizer=local_sgd",
+            "optimizer.outer=nesterov",
+            "optimizer.fragments=10000",
+            "optimizer.sync_period=10000",
+            "train.max_rounds=10000",
+            "launcher.nproc=2",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        timeout=300,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     last = res.stderr.strip().splitlines()[-1]
-    assert "refused the run: optimizer.fragments=10000 is not allowed for this model: it has 65 parameter" in last
+    assert (
+        "refused the run: optimizer.fragments=10000 is not allowed for this model: it has 65 parameter"
+        in last
+    )
     assert "Traceback" not in res.stderr

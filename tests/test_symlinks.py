@@ -134,15 +134,22 @@ def test_every_writer_of_a_run_refuses_a_planted_link_naming_it(tmp_path, write,
 
 
 # the temporary names of this process (computed when the test runs: an id with a pid differs per xdist worker)
-@pytest.mark.parametrize("write,temporary", [(_mllog, lambda: f".mllog.txt.tmp{os.getpid()}"),
-                                             (_lock, lambda: f".lock.{os.uname().nodename}.{os.getpid()}")],
-                         ids=["mllog", "lock"])
+@pytest.mark.parametrize(
+    "write,temporary",
+    [
+        (_mllog, lambda: f".mllog.txt.tmp{os.getpid()}"),
+        (_lock, lambda: f".lock.{os.uname().nodename}.{os.getpid()}"),
+    ],
+    ids=["mllog", "lock"],
+)
 def test_planted_link_at_a_temporary_name_is_not_written_through(tmp_path, write, temporary):
     from tests.test_mllog import evaluation, event, start_event, write_events
 
     victim = _victim(tmp_path)
-    run_dir = write_events(tmp_path / "run", [start_event(), evaluation(2000, 10, 0.95),
-                                              event("run_stop", 2100, step=10, status="completed")])
+    run_dir = write_events(
+        tmp_path / "run",
+        [start_event(), evaluation(2000, 10, 0.95), event("run_stop", 2100, step=10, status="completed")],
+    )
     (run_dir / temporary()).symlink_to(victim)
     write(run_dir)
     assert victim.read_text() == VICTIM
@@ -186,7 +193,9 @@ def test_report_refuses_planted_links(tmp_path, capsys):
     assert main([str(runs), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     _one_line_naming(err, out / "runs.csv")
-    assert f"{out / 'report.md'} is a symbolic link" in err  # every link named at once, before any file moves in
+    assert (
+        f"{out / 'report.md'} is a symbolic link" in err
+    )  # every link named at once, before any file moves in
     assert all(v.read_text() == KEEP for v in victims)
     (out / "runs.csv").unlink()
     assert main([str(runs), "--out", str(out)]) == 2
@@ -197,21 +206,42 @@ def test_report_refuses_planted_links(tmp_path, capsys):
 def test_tune_refuses_a_planted_log_before_its_trial_runs(tmp_path):
     out = tmp_path / "tuned"
     victim = _plant(out / "logs" / "allreduce_study1_trial1.log", tmp_path)
-    proc = subprocess.run([str(BIN), "tune", "workload=resnet", "optimizer=allreduce", "tune.trials=1",
-                           "tune.studies=1", "train.max_rounds=2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            str(BIN),
+            "tune",
+            "workload=resnet",
+            "optimizer=allreduce",
+            "tune.trials=1",
+            "tune.studies=1",
+            "train.max_rounds=2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, out / "logs" / "allreduce_study1_trial1.log")
     assert victim.read_text() == KEEP
-    assert not (out / "trials" / "allreduce_study1_trial1" / "events.jsonl").exists()  # the trial never started
+    assert not (
+        out / "trials" / "allreduce_study1_trial1" / "events.jsonl"
+    ).exists()  # the trial never started
 
 
 def test_sweep_refuses_a_planted_job_script(tmp_path):
     out = tmp_path / "sweep"
     script = out / "jobs" / "000_0004gpu.sbatch"
     victim = _plant(script, tmp_path)
-    proc = subprocess.run([str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=allreduce", "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(BIN), "sweep", "cluster=local", "gpus=4", "optimizer=allreduce", "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, script)
     assert victim.read_text() == KEEP
@@ -246,7 +276,10 @@ def test_simulate_refuses_a_planted_prediction_file(tmp_path, capsys):
 
     out = tmp_path / "sim"
     victim = _plant(out / "predictions.json", tmp_path)
-    assert main(["cluster=generic8", "gpus=2", "optimizer=allreduce", "train.max_rounds=22", "--out", str(out)]) == 2
+    assert (
+        main(["cluster=generic8", "gpus=2", "optimizer=allreduce", "train.max_rounds=22", "--out", str(out)])
+        == 2
+    )
     _one_line_naming(capsys.readouterr().err, out / "predictions.json")
     assert victim.read_text() == KEEP
 
@@ -254,8 +287,13 @@ def test_simulate_refuses_a_planted_prediction_file(tmp_path, capsys):
 def test_comm_bench_refuses_a_planted_output_before_any_rank_starts(tmp_path):
     out = tmp_path / "comm-bench.json"
     victim = _plant(out, tmp_path)
-    proc = subprocess.run([str(BIN), "comm-bench", "--nproc", "2", "--sizes", "4K", "--repeats", "1", "--out",
-                           str(out)], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [str(BIN), "comm-bench", "--nproc", "2", "--sizes", "4K", "--repeats", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, out)
     assert victim.read_text() == KEEP

@@ -29,8 +29,17 @@ def short_runs_end_completed(tmp_path: Path, runs: int) -> None:
     for i in range(runs):
         nproc, optimizer = ((2, "wagma"), (4, "eager"))[i % 2]
         run_dir = tmp_path / str(i)
-        out = run([f"launcher.nproc={nproc}", f"optimizer={optimizer}", "train.max_rounds=2", "eval.every_rounds=2",
-                   "checkpoint.every_s=1e9", "logger.progress=off", f"hydra.run.dir={run_dir}"])
+        out = run(
+            [
+                f"launcher.nproc={nproc}",
+                f"optimizer={optimizer}",
+                "train.max_rounds=2",
+                "eval.every_rounds=2",
+                "checkpoint.every_s=1e9",
+                "logger.progress=off",
+                f"hydra.run.dir={run_dir}",
+            ]
+        )
         assert out.returncode == 0, f"run {i}: {out.stderr[-3000:]}"
         assert "SIGABRT" not in out.stderr
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -15,7 +15,7 @@ def test_default_group_size_is_a_power_of_two_near_sqrt(p):
     assert s & (s - 1) == 0
     if p >= 2:
         assert 2 <= s <= t.padded_world(p)
-        assert s / 2 < p ** 0.5 * 2 ** 0.5 + 1e-9 and s >= p ** 0.5 / 2 ** 0.5 - 1e-9
+        assert s / 2 < p**0.5 * 2**0.5 + 1e-9 and s >= p**0.5 / 2**0.5 - 1e-9
 
 
 def butterfly_group(rank: int, world_size: int, group_size: int, step: int) -> tuple[int, ...]:
@@ -31,8 +31,10 @@ def test_paper_group_sizes():
     assert t.default_group_size(16) == 4
 
 
-@pytest.mark.parametrize("p,s", [(2, 2), (4, 2), (8, 2), (8, 4), (16, 4), (64, 8), (1024, 32), (3, 2),
-                                 (6, 2), (7, 4), (12, 4), (100, 8)])
+@pytest.mark.parametrize(
+    "p,s",
+    [(2, 2), (4, 2), (8, 2), (8, 4), (16, 4), (64, 8), (1024, 32), (3, 2), (6, 2), (7, 4), (12, 4), (100, 8)],
+)
 def test_every_stage_partitions_the_world_into_groups_of_the_expected_size(p, s):
     q = t.padded_world(p)
     for k in range(t.num_stages(p, s)):
@@ -47,7 +49,7 @@ def test_every_stage_partitions_the_world_into_groups_of_the_expected_size(p, s)
             assert all(1 <= len(g) <= s for g in groups)
         for g in groups:  # ranks in a group differ only in the stage's bits
             lo = k * (s.bit_length() - 1)
-            mask = ~(((s - 1)) << lo)
+            mask = ~((s - 1) << lo)
             assert len({r & mask for r in g}) == 1
 
 

@@ -55,14 +55,22 @@ def test_the_training_loop_reads_in_one_screen():
 
 
 def test_control_flags_sum_across_ranks_to_any_flag_and_the_total_samples():
-    ranks = [ControlFlags(samples=96, checkpoint_due=True, over_time=False),
-             ControlFlags(diverged=True, samples=64),
-             ControlFlags(preempted=True, requeue=True, samples=32, interrupted=True)]
+    ranks = [
+        ControlFlags(samples=96, checkpoint_due=True, over_time=False),
+        ControlFlags(diverged=True, samples=64),
+        ControlFlags(preempted=True, requeue=True, samples=32, interrupted=True),
+    ]
     summed = torch.stack([f.to_tensor(torch.device("cpu")) for f in ranks]).sum(0)  # what allreduce(sum) does
     assert summed.dtype == torch.float64 and summed.shape == (7,)
-    assert ControlFlags.from_tensor(summed) == ControlFlags(diverged=True, preempted=True, samples=192,
-                                                            checkpoint_due=True, over_time=False, requeue=True,
-                                                            interrupted=True)
+    assert ControlFlags.from_tensor(summed) == ControlFlags(
+        diverged=True,
+        preempted=True,
+        samples=192,
+        checkpoint_due=True,
+        over_time=False,
+        requeue=True,
+        interrupted=True,
+    )
     assert ControlFlags.from_tensor(ControlFlags().to_tensor(torch.device("cpu"))) == ControlFlags()
 
 
@@ -84,9 +92,22 @@ def test_train_state_is_saved_as_the_dict_checkpoints_always_held():
 @pytest.mark.long  # ~15 s; the only run through the time-limit exit
 def test_time_limit_ends_the_run_at_a_synchronisation_point_with_one_run_stop(tmp_path):
     cli = Path(sys.executable).parent / "wagma-bench"
-    out = subprocess.run([str(cli), "run", "launcher.nproc=2", "train.max_rounds=100000", "train.time_limit_s=3",
-                          "eval.every_rounds=100000", "logger.progress=off", f"hydra.run.dir={tmp_path}"],
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [
+            str(cli),
+            "run",
+            "launcher.nproc=2",
+            "train.max_rounds=100000",
+            "train.time_limit_s=3",
+            "eval.every_rounds=100000",
+            "logger.progress=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "time_limit" and 0 < summary["rounds"] < 100000

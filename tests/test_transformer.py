@@ -50,9 +50,20 @@ def compose_raw(*overrides: str) -> dict:
 
 
 def _tiny_overrides(cache: Path) -> list[str]:
-    over = ["workload=transformer", f"data.cache_dir={cache}", "train.batch_size=256", "eval.every_rounds=1000",
-            "logger.progress=off", "workload.eval_max_tokens=512", "workload.beam=2"]
-    return over + [f"data.{k}={v}" for k, v in TINY.items()] + [f"workload.{k}={v}" for k, v in TINY_MODEL.items()]
+    over = [
+        "workload=transformer",
+        f"data.cache_dir={cache}",
+        "train.batch_size=256",
+        "eval.every_rounds=1000",
+        "logger.progress=off",
+        "workload.eval_max_tokens=512",
+        "workload.beam=2",
+    ]
+    return (
+        over
+        + [f"data.{k}={v}" for k, v in TINY.items()]
+        + [f"workload.{k}={v}" for k, v in TINY_MODEL.items()]
+    )
 
 
 def tiny_raw(cache: Path, **train) -> dict:
@@ -79,10 +90,10 @@ def test_lengths_are_long_tailed_like_wmt():
     spec = CorpusSpec(train_sentences=4000)
     lengths = np.array([len(src.split()) for src, _ in generate(spec, "train")])
     median, p99 = np.median(lengths), np.percentile(lengths, 99)
-    assert 8 <= median <= 14                  # around median_len = 10 (+ the final '.')
-    assert lengths.mean() > median            # right-skewed
-    assert 2.8 <= p99 / median <= 4.5         # WMT17 En-De: ~3.5; log-normal sigma 0.55: 3.6
-    assert lengths.max() >= 4 * median        # a long tail of long sentences
+    assert 8 <= median <= 14  # around median_len = 10 (+ the final '.')
+    assert lengths.mean() > median  # right-skewed
+    assert 2.8 <= p99 / median <= 4.5  # WMT17 En-De: ~3.5; log-normal sigma 0.55: 3.6
+    assert lengths.max() >= 4 * median  # a long tail of long sentences
     assert lengths.max() <= spec.max_len and lengths.min() >= 3
 
 
@@ -90,9 +101,9 @@ def test_mapping_is_a_learnable_function_not_a_copy():
     pairs = generate(CorpusSpec(train_sentences=3000), "train")
     src_vocab = {w for s, _ in pairs for w in s.split()}
     tgt_vocab = {w for _, t in pairs for w in t.split()}
-    assert src_vocab & tgt_vocab == {"."}     # disjoint lexicons: nothing can be copied
+    assert src_vocab & tgt_vocab == {"."}  # disjoint lexicons: nothing can be copied
     seen: dict[str, str] = {}
-    for s, t in pairs:                        # a function: the same source always has the same target
+    for s, t in pairs:  # a function: the same source always has the same target
         assert seen.setdefault(s, t) == t
     # Clauses align one-to-one (conjunctions translate 1:1), but tokens do not: particles merge
     # into inflections, articles and auxiliaries appear, so lengths differ.
@@ -111,7 +122,9 @@ def test_bleu_is_100_on_identical_text():
 def test_bleu_known_value_and_exact_combination_across_ranks():
     # hand-computed: precisions 5/6, 3/5, 2/4, 1/3, no brevity penalty -> (1/12)^(1/4)
     hyp, ref = "the cat sat on the mat", "the cat sat on a mat"
-    assert bleu_from_statistics(bleu_statistics([hyp], [ref])) == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-9)
+    assert bleu_from_statistics(bleu_statistics([hyp], [ref])) == pytest.approx(
+        100 * (1 / 12) ** 0.25, abs=1e-9
+    )
     # summing per-shard statistics gives sacrebleu's corpus BLEU of the union (not a mean of scores)
     import sacrebleu
 
@@ -126,7 +139,11 @@ def test_bleu_known_value_and_exact_combination_across_ranks():
 # --- configuration -----------------------------------------------------------------------------------------
 def test_configs_compose_and_validate():
     cfg = validate(compose_raw("workload=transformer"))
-    assert (cfg.data.name, cfg.train.local_optimizer, cfg.train.schedule) == ("synthetic_mt", "adam", "inverse_sqrt")
+    assert (cfg.data.name, cfg.train.local_optimizer, cfg.train.schedule) == (
+        "synthetic_mt",
+        "adam",
+        "inverse_sqrt",
+    )
     assert cfg.eval.target is not None and cfg.workload.embed_dim == 64
     paper = validate(compose_raw("experiment=paper_transformer", "data.path=/x"))
     assert paper.workload.arch == "transformer_wmt_en_de" and paper.workload.label_smoothing == 0.1
@@ -140,8 +157,9 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         TransformerWorkload.check(cfg)
     cfg.data.path = None  # the message points at the page and section that say how to prepare the data
-    with pytest.raises(ConfigError, match=re.escape("see reproduce/transformer/README.md, 'Preparing WMT17 "
-                                                    "English-German'")):
+    with pytest.raises(
+        ConfigError, match=re.escape("see reproduce/transformer/README.md, 'Preparing WMT17 English-German'")
+    ):
         TransformerWorkload.check(cfg)
     page = Path(__file__).resolve().parents[1] / "reproduce" / "transformer" / "README.md"
     assert "\n## Preparing WMT17 English-German\n" in page.read_text()
@@ -150,15 +168,22 @@ def test_wrong_wmt_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"missing dict\.de\.txt, train\.en-de\.en\.bin"):
         TransformerWorkload.check(cfg)
     with pytest.raises(ConfigError, match="data.eval_split='dev' is not allowed; choose one of: valid, test"):
-        validate(compose_raw("workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path}", "data.eval_split=dev"))
+        validate(
+            compose_raw(
+                "workload=transformer", "data=wmt17_en_de", f"data.path={tmp_path}", "data.eval_split=dev"
+            )
+        )
 
 
-@pytest.mark.parametrize("value, message", [
-    ("0", "workload.max_sentences=0 is not allowed; it must be >= 1"),
-    ("-1", "workload.max_sentences=-1 is not allowed; it must be >= 1"),
-    ("1.5", "workload.max_sentences=1.5 is not allowed; it must be an integer"),
-    ("many", "workload.max_sentences='many' is not allowed; it must be an integer"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0", "workload.max_sentences=0 is not allowed; it must be >= 1"),
+        ("-1", "workload.max_sentences=-1 is not allowed; it must be >= 1"),
+        ("1.5", "workload.max_sentences=1.5 is not allowed; it must be an integer"),
+        ("many", "workload.max_sentences='many' is not allowed; it must be an integer"),
+    ],
+)
 def test_bad_max_sentences_is_refused_naming_the_key(value, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         validate(compose_raw("workload=transformer", f"workload.max_sentences={value}"))
@@ -182,20 +207,22 @@ def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path
     raw = tiny_raw(cache, max_rounds=14, lr=1e-3, warmup_epochs=0.2)
     results = run_world(_train, world, raw, str(tmp_path), **PAUSABLE)
     summary, n_batches, spe = results[0]
-    assert n_batches % 2 and n_batches % 3                       # the uneven case is exercised
-    assert spe == math.ceil(n_batches / world) and spe < 14          # crosses an epoch boundary
+    assert n_batches % 2 and n_batches % 3  # the uneven case is exercised
+    assert spe == math.ceil(n_batches / world) and spe < 14  # crosses an epoch boundary
     assert summary["status"] == "completed" and summary["rounds"] == 14
     assert 0.0 <= summary["final_metric"] <= 100.0
-    steps = [[json.loads(line) for line in (tmp_path / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
-             for r in range(world)]
+    steps = [
+        [json.loads(line) for line in (tmp_path / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
+        for r in range(world)
+    ]
     assert all(len(s) == 14 for s in steps)
     tokens = [[rec["tokens"] for rec in s] for s in steps]
     # padding batches (0 tokens) fill the last step of each epoch on the shorter shards
     full_epochs = 14 // spe
     assert sum(t == 0 for ts in tokens for t in ts) == full_epochs * (world * spe - n_batches)
-    assert all(t > 0 for ts in tokens for t in ts[:spe - 1])
+    assert all(t > 0 for ts in tokens for t in ts[: spe - 1])
     assert all({"src_tokens", "sentences", "padded_tokens"} <= set(rec) for s in steps for rec in s)
-    assert summary["samples"] == sum(map(sum, tokens))               # n = target tokens
+    assert summary["samples"] == sum(map(sum, tokens))  # n = target tokens
 
 
 def _pipeline_checks(comm, raw: dict):
@@ -223,16 +250,25 @@ def _pipeline_checks(comm, raw: dict):
     empty_loss, empty_n = w.forward(model, {})
     empty_loss.backward()
     zero = all(p.grad is not None and not p.grad.any() for p in model.parameters())
-    return {"first": first, "resumed": resumed, "spe": spe, "n": n, "ntokens": int(batch["ntokens"]),
-            "loss": loss.item(), "expected": summed.item() / float(sample_size),
-            "empty": (empty_loss.item(), empty_n), "zero_grads": zero, "stats": w.step_stats()}
+    return {
+        "first": first,
+        "resumed": resumed,
+        "spe": spe,
+        "n": n,
+        "ntokens": int(batch["ntokens"]),
+        "loss": loss.item(),
+        "expected": summed.item() / float(sample_size),
+        "empty": (empty_loss.item(), empty_n),
+        "zero_grads": zero,
+        "stats": w.step_stats(),
+    }
 
 
 def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(cache):
     res = run_world(_pipeline_checks, 1, tiny_raw(cache), **PAUSABLE)[0]
     spe, first = res["spe"], res["first"]
-    assert res["resumed"] == [first[1], first[spe - 1], first[spe + 2]]   # resume mid-epoch and after
-    assert first[:3] != first[spe:spe + 3]                                 # reshuffled each epoch
+    assert res["resumed"] == [first[1], first[spe - 1], first[spe + 2]]  # resume mid-epoch and after
+    assert first[:3] != first[spe : spe + 3]  # reshuffled each epoch
     assert res["n"] == res["ntokens"] and res["loss"] == pytest.approx(res["expected"], rel=1e-6)
     assert res["empty"] == (0.0, 0) and res["zero_grads"]
     assert res["stats"] == {"tokens": 0, "src_tokens": 0, "sentences": 0, "padded_tokens": 0}
@@ -262,15 +298,16 @@ def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
     remainder); their token counts spread far more than token batches' (the paper's imbalance)."""
     n = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
     raws = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={n}")]
-    (tok_shards, tok_args, size), (sent_shards, sent_args, _) = run_world(_epoch_batches, 1, raws, 2,
-                                                                          **PAUSABLE)[0]
+    (tok_shards, tok_args, size), (sent_shards, sent_args, _) = run_world(
+        _epoch_batches, 1, raws, 2, **PAUSABLE
+    )[0]
     assert "--max-tokens" in tok_args and "--batch-size" not in tok_args
     assert sent_args[sent_args.index("--batch-size") + 1] == str(n) and "--max-tokens" not in sent_args
     sentences = [s for shard in sent_shards for s, _ in shard if s]
-    assert sum(sentences) == size and len(sentences) == math.ceil(size / n)   # every sentence once
+    assert sum(sentences) == size and len(sentences) == math.ceil(size / n)  # every sentence once
     remainder = size % n or n
-    assert sorted(sentences) == [remainder] + [n] * (len(sentences) - 1)     # N each, but the remainder
-    assert len({s for shard in tok_shards for s, _ in shard if s}) > 1       # token batches: not N each
+    assert sorted(sentences) == [remainder] + [n] * (len(sentences) - 1)  # N each, but the remainder
+    assert len({s for shard in tok_shards for s, _ in shard if s}) > 1  # token batches: not N each
 
     def cv(shards) -> float:
         """Coefficient of variation of the target tokens of the real (non-padding) batches."""
@@ -278,18 +315,22 @@ def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
         return float(tokens.std() / tokens.mean())
 
     cv_tok, cv_sent = cv(tok_shards), cv(sent_shards)
-    print(f"tokens per batch, coefficient of variation: token batches {cv_tok:.3f}, {n} sentences {cv_sent:.3f}")
+    print(
+        f"tokens per batch, coefficient of variation: token batches {cv_tok:.3f}, {n} sentences {cv_sent:.3f}"
+    )
     assert cv_sent > 2 * cv_tok, (cv_tok, cv_sent)
 
 
 def test_shuffle_seed_sets_the_batches_order_apart_from_the_seed(cache):
     """``workload.shuffle_seed=K``: the order of an epoch's batches follows K whatever the run's seed; null
     follows the seed (the spread study tells the two apart, reproduce/transformer/spread.py)."""
-    raws = [compose_raw(*_tiny_overrides(cache), *extra) for extra in
-            (["seed=1"], ["seed=2"], ["seed=2", "workload.shuffle_seed=1"])]
+    raws = [
+        compose_raw(*_tiny_overrides(cache), *extra)
+        for extra in (["seed=1"], ["seed=2"], ["seed=2", "workload.shuffle_seed=1"])
+    ]
     orders = [shards for shards, _, _ in run_world(_epoch_batches, 1, raws, 1, **PAUSABLE)[0]]
-    assert orders[0] == orders[2]                       # the seed changed, the order did not
-    assert orders[0] != orders[1]                       # the order follows the seed when shuffle_seed is null
+    assert orders[0] == orders[2]  # the seed changed, the order did not
+    assert orders[0] != orders[1]  # the order follows the seed when shuffle_seed is null
     assert sorted(orders[0][0]) == sorted(orders[1][0])  # the same batches, in another order
 
 
@@ -309,7 +350,10 @@ def _train_every_optimizer(comm, raws: dict[str, dict], root: str) -> dict:
         except Exception as err:  # noqa: BLE001 - one optimizer's failure must not hide the others' results
             out[name] = f"{type(err).__name__}: {err}"
             continue
-        records = [json.loads(line) for line in (run_dir / "steps" / f"rank{comm.rank}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (run_dir / "steps" / f"rank{comm.rank}.jsonl").read_text().splitlines()
+        ]
         out[name] = (summary, [(rec["tokens"], rec["loss"]) for rec in records])
     return out
 
@@ -324,11 +368,19 @@ def _registered_optimizers() -> list[str]:
 def uneven_shard_runs(cache, tmp_path_factory) -> list[dict]:
     raws = {}
     for optimizer in _registered_optimizers():
-        raws[optimizer] = compose_raw(*_tiny_overrides(cache), f"optimizer={optimizer}", "train.max_rounds=40",
-                                      "train.lr=1e-2", "train.lr_reference_batch=null", "train.warmup_epochs=1")
-        assert raws[optimizer]["train"]["local_optimizer"] == "adam" and raws[optimizer]["optimizer"]["name"] == optimizer
-    return run_world(_train_every_optimizer, 2, raws, str(tmp_path_factory.mktemp("uneven")),
-                     **PAUSABLE)
+        raws[optimizer] = compose_raw(
+            *_tiny_overrides(cache),
+            f"optimizer={optimizer}",
+            "train.max_rounds=40",
+            "train.lr=1e-2",
+            "train.lr_reference_batch=null",
+            "train.warmup_epochs=1",
+        )
+        assert (
+            raws[optimizer]["train"]["local_optimizer"] == "adam"
+            and raws[optimizer]["optimizer"]["name"] == optimizer
+        )
+    return run_world(_train_every_optimizer, 2, raws, str(tmp_path_factory.mktemp("uneven")), **PAUSABLE)
 
 
 @pytest.mark.parametrize("optimizer", _registered_optimizers())
@@ -365,8 +417,14 @@ def test_default_reaches_bleu_target(optimizer, tmp_path):
     if optimizer not in OPTIMIZERS:
         pytest.fail(f"optimizer {optimizer} is not registered")
     exe = Path(sys.executable).parent / "wagma-bench"
-    cmd = [str(exe), "run", "workload=transformer", f"optimizer={optimizer}", "logger.progress=lines",
-           f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        str(exe),
+        "run",
+        "workload=transformer",
+        f"optimizer={optimizer}",
+        "logger.progress=lines",
+        f"hydra.run.dir={tmp_path}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -378,12 +436,20 @@ def test_importing_fairseq_leaves_no_temporary_folder_behind_a_rank_that_skips_f
     """fairseq imports wandb, which makes two temporary folders that only the interpreter's finalization
     removes; a rank ends with os._exit (launch._exit_now). Before: every rank of every Transformer run left
     `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp folder. wandb still imports afterwards (logger=wandb)."""
-    code = ("import os, sys\nfrom wagma_bench.workloads.mt_data import import_fairseq\nimport_fairseq()\n"
-            "from fairseq.logging import progress_bar\nassert progress_bar.wandb is None\n"
-            "assert 'wandb' not in sys.modules\nos._exit(0)\n")
+    code = (
+        "import os, sys\nfrom wagma_bench.workloads.mt_data import import_fairseq\nimport_fairseq()\n"
+        "from fairseq.logging import progress_bar\nassert progress_bar.wandb is None\n"
+        "assert 'wandb' not in sys.modules\nos._exit(0)\n"
+    )
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(scratch)},
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert sorted(p.name for p in scratch.iterdir()) == []

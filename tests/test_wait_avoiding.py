@@ -19,7 +19,9 @@ pytestmark = pytest.mark.serial
 
 def _engine(comm, tau, group_size=None, like=None, in_order=False):
     like = like if like is not None else torch.zeros(5)
-    return WaitAvoidingAllreduce(comm, like, WagmaSchedule(comm.world_size, group_size, tau), in_order=in_order)
+    return WaitAvoidingAllreduce(
+        comm, like, WagmaSchedule(comm.world_size, group_size, tau), in_order=in_order
+    )
 
 
 def _rounds_until_sync(comm, tau, min_rounds):
@@ -179,6 +181,7 @@ def _dies(comm):
     eng = _engine(comm, tau=3)
     if comm.rank == 1:
         import os
+
         eng.request()
         os._exit(3)
     t0 = time.perf_counter()
@@ -201,8 +204,14 @@ def _in_order(comm, with_activator):
     """eager-SGD's use: the whole world is the group, every rank applies every round's result in order."""
     p = comm.world_size
     activator = (lambda r: (r * 7) % p) if with_activator else None
-    eng = WaitAvoidingAllreduce(comm, torch.zeros(3), FixedSchedule(p, period=4), contribution="gradient",
-                                in_order=True, activator=activator)
+    eng = WaitAvoidingAllreduce(
+        comm,
+        torch.zeros(3),
+        FixedSchedule(p, period=4),
+        contribution="gradient",
+        in_order=True,
+        activator=activator,
+    )
     out = []
     while True:
         eng.post(torch.full((3,), float(comm.rank + 1)))
@@ -233,8 +242,9 @@ def _waits_with_a_slow_group(comm, group_size, catch_up, delay_s):
     from tests.test_invariants import slow_group
 
     slow = comm.rank in slow_group(comm.world_size, group_size)
-    algo = make_algorithm("wagma", comm, Vector(8, comm.rank), sgd(lr=0.1), group_size=group_size, tau=5,
-                          catch_up=catch_up)
+    algo = make_algorithm(
+        "wagma", comm, Vector(8, comm.rank), sgd(lr=0.1), group_size=group_size, tau=5, catch_up=catch_up
+    )
     waits = []
     while True:
         time.sleep(delay_s if slow else 0.01)
@@ -247,8 +257,9 @@ def _waits_with_a_slow_group(comm, group_size, catch_up, delay_s):
     return {"slow": slow, "waits": waits}
 
 
-@pytest.mark.parametrize("world,group_size,catch_up", [(4, 2, "replay"), (4, 2, "skip"), (8, 2, "replay"),
-                                                        (8, 4, "replay")])
+@pytest.mark.parametrize(
+    "world,group_size,catch_up", [(4, 2, "replay"), (4, 2, "skip"), (8, 2, "replay"), (8, 4, "replay")]
+)
 def test_a_whole_slow_group_never_makes_a_ready_rank_wait_at_a_group_round(world, group_size, catch_up):
     """Activation spreads over the whole world: when no member of a group is ready, its round still runs
     (passively), so the next stage's rounds do not wait for those members' computation. Only the
@@ -263,7 +274,9 @@ def test_a_whole_slow_group_never_makes_a_ready_rank_wait_at_a_group_round(world
             continue
         group_waits = sorted(w for r, w in res["waits"] if r % 6)
         p90 = group_waits[int(0.9 * (len(group_waits) - 1))]
-        assert p90 < 0.25 * delay, f"rank {rank} waited {group_waits} s at group rounds (slow delay {delay} s)"
+        assert p90 < 0.25 * delay, (
+            f"rank {rank} waited {group_waits} s at group rounds (slow delay {delay} s)"
+        )
         # the synchronous rounds are where it waits for the slow group (skip: for its current step only)
         assert max(w for r, w in res["waits"] if r % 6 == 0) > 0.5 * delay
 
@@ -273,14 +286,16 @@ def _means_against_the_plain_allreduce(comm, groups, dtype):
     threads run the round passively (on a snapshot), and all meet at a barrier after each round, so round
     k reduces the models of step k. Each result against the same models' mean by the plain group allreduce
     (sum, then divide), which adds in the same order."""
+
     def model(k):
         g = torch.Generator().manual_seed(100 * k + comm.rank)
         low, high = (-20, 10) if dtype == torch.float16 else (-40, 40)  # float16: no overflow, subnormals
         scale = 2.0 ** torch.randint(low, high, (4096,), generator=g)
         return (torch.randn(4096, generator=g) * scale).to(dtype)
 
-    eng = WaitAvoidingAllreduce(comm, torch.zeros(4096, dtype=dtype), FixedSchedule(comm.world_size, groups),
-                                in_order=True)
+    eng = WaitAvoidingAllreduce(
+        comm, torch.zeros(4096, dtype=dtype), FixedSchedule(comm.world_size, groups), in_order=True
+    )
     results = []
     for k in range(6):
         eng.post(model(k))
@@ -299,11 +314,14 @@ def _means_against_the_plain_allreduce(comm, groups, dtype):
     return {"same": same, "snapshots": snapshots}
 
 
-@pytest.mark.parametrize("world,groups,dtype", [
-    (4, ((0, 1), (2, 3)), torch.float32),   # divided before the sum (a power of two)
-    (3, ((0, 1, 2),), torch.float32),       # divided after: 3 is not a power of two
-    (4, ((0, 1, 2, 3),), torch.float16),    # divided after: half precision's range is too small
-])
+@pytest.mark.parametrize(
+    "world,groups,dtype",
+    [
+        (4, ((0, 1), (2, 3)), torch.float32),  # divided before the sum (a power of two)
+        (3, ((0, 1, 2),), torch.float32),  # divided after: 3 is not a power of two
+        (4, ((0, 1, 2, 3),), torch.float16),  # divided after: half precision's range is too small
+    ],
+)
 def test_a_round_is_bit_identical_to_the_plain_mean_on_every_path(world, groups, dtype):
     out = run_world(_means_against_the_plain_allreduce, world, groups, dtype)
     assert all(all(o["same"]) for o in out), [o["same"] for o in out]

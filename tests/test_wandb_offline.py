@@ -27,11 +27,11 @@ def wandb_records(path: Path) -> list:
         if left < 7:  # a block's tail too short for a record header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # zero padding up to the next block
             pos += left
             continue
-        parts.append(data[pos + 7:pos + 7 + length])
+        parts.append(data[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
             record = pb.Record()
@@ -53,14 +53,31 @@ def test_requeued_sweep_job_offline(tmp_path):
     listener = Listener()
     env = offline_env(tmp_path, listener)
     sweep = tmp_path / "SW"
-    args = ["run", "-m", "launcher.nproc=2", "eval.every_rounds=6", "checkpoint.every_s=0", "logger=wandb",
-            "logger.progress=off", f"hydra.sweep.dir={sweep / 'runs' / '0002gpu'}"]
+    args = [
+        "run",
+        "-m",
+        "launcher.nproc=2",
+        "eval.every_rounds=6",
+        "checkpoint.every_s=0",
+        "logger=wandb",
+        "logger.progress=off",
+        f"hydra.sweep.dir={sweep / 'runs' / '0002gpu'}",
+    ]
     said = []
     for max_steps in (12, 24):  # the second process resumes from the first one's checkpoint
-        out = subprocess.run([str(BIN), *args, f"train.max_rounds={max_steps}"], capture_output=True, text=True,
-                             timeout=300, check=False, env=env, cwd=tmp_path)
+        out = subprocess.run(
+            [str(BIN), *args, f"train.max_rounds={max_steps}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=env,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
-        said.append(f"--- train.max_rounds={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}")
+        said.append(
+            f"--- train.max_rounds={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}"
+        )
     listener.close()
     assert listener.connections == 0, "W&B tried to reach the network"
     run_dir = sweep / "runs" / "0002gpu" / "0_allreduce_s1"
@@ -75,7 +92,11 @@ def test_requeued_sweep_job_offline(tmp_path):
         assert (run.run_group, run.job_type) == (group, "allreduce")
         (artifact,) = of_type(records, "artifact")
         assert artifact.type == "run-files"
-        assert sorted(e.path for e in artifact.manifest.contents) == ["events.jsonl", "mllog.txt", "summary.json"]
+        assert sorted(e.path for e in artifact.manifest.contents) == [
+            "events.jsonl",
+            "mllog.txt",
+            "summary.json",
+        ]
     resumed = wandb_records(files[1])
     keys = {item.key or "/".join(item.nested_key) for h in of_type(resumed, "history") for item in h.item}
     assert "eval/top1" in keys and "eval/metric" not in keys
@@ -93,13 +114,21 @@ def test_report_wandb_joins_the_runs_project_and_group(tmp_path):
     for name, seed in (("0_wagma_s1", 1), ("1_wagma_s2", 2)):
         run_dir = write_run(sweep / "runs" / name, "wagma", seed, reach_at(30.0))
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-        events[0]["metadata"]["config"]["logger"] = {"wandb": {"project": "straggler-study", "entity": None,
-                                                               "group": None}}
+        events[0]["metadata"]["config"]["logger"] = {
+            "wandb": {"project": "straggler-study", "entity": None, "group": None}
+        }
         (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (sweep / "manifest.json").write_text("{}")
     listener = Listener()
-    out = subprocess.run([str(BIN), "report", str(sweep), "--out", str(tmp_path / "R"), "--wandb"], cwd=tmp_path,
-                         env=offline_env(tmp_path, listener), capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [str(BIN), "report", str(sweep), "--out", str(tmp_path / "R"), "--wandb"],
+        cwd=tmp_path,
+        env=offline_env(tmp_path, listener),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     listener.close()
     assert out.returncode == 0, out.stderr[-3000:]
     group = sweep_group(sweep / "runs" / "0_wagma_s1")
@@ -118,6 +147,13 @@ def test_report_wandb_target_of_runs_that_disagree():
     runs = [RunRecord(Path(f"/r/{g}"), {}, [], {}, wandb={"project": "p", "group": g}) for g in ("g1", "g2")]
     project, entity, group, said = runs_target(runs, None, None, None)
     assert (project, entity, group) == ("p", None, None)
-    assert "the runs are in 2 W&B groups (g1, g2), so the report's run is in none (choose with --wandb-group)" in said
+    assert (
+        "the runs are in 2 W&B groups (g1, g2), so the report's run is in none (choose with --wandb-group)"
+        in said
+    )
     assert runs_target(runs, "q", None, "mine")[:3] == ("q", None, "mine")
-    assert runs_target([RunRecord(Path("/r/x"), {}, [], {})], None, None, None)[:3] == ("wagma-bench", None, None)
+    assert runs_target([RunRecord(Path("/r/x"), {}, [], {})], None, None, None)[:3] == (
+        "wagma-bench",
+        None,
+        None,
+    )

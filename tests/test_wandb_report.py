@@ -18,12 +18,20 @@ from tests.test_report import Listener, offline_env, reach_at, write_run
 from tests.test_wandb_offline import of_type, wandb_records
 
 RUN = [sys.executable, "-m", "wagma_bench"]
-TINY = ["launcher.nproc=2", "train.max_rounds=8", "eval.every_rounds=4", "logger=wandb", "logger.progress=off",
-        "eval.target=0.05"]  # a target the tiny runs reach, so time_to_target_s is in their summaries
+TINY = [
+    "launcher.nproc=2",
+    "train.max_rounds=8",
+    "eval.every_rounds=4",
+    "logger=wandb",
+    "logger.progress=off",
+    "eval.target=0.05",
+]  # a target the tiny runs reach, so time_to_target_s is in their summaries
 
 
 def _call(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([*RUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [*RUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
 
@@ -35,17 +43,41 @@ def reviewed(tmp_path_factory):
     listener = Listener()
     env = offline_env(tmp, listener)
     for opt in ("allreduce", "wagma"):
-        _call(["run", *TINY, f"optimizer={opt}", "logger.wandb.per_rank_step_times=true",
-               f"hydra.run.dir={tmp / 'runs' / opt}"], env, tmp)
-    _call(["tune", "optimizer=wagma", "tune.trials=2", "tune.studies=1", *TINY, "--out", str(tmp / "tune")], env, tmp)
+        _call(
+            [
+                "run",
+                *TINY,
+                f"optimizer={opt}",
+                "logger.wandb.per_rank_step_times=true",
+                f"hydra.run.dir={tmp / 'runs' / opt}",
+            ],
+            env,
+            tmp,
+        )
+    _call(
+        ["tune", "optimizer=wagma", "tune.trials=2", "tune.studies=1", *TINY, "--out", str(tmp / "tune")],
+        env,
+        tmp,
+    )
     t0 = time.monotonic()
-    out = subprocess.run([*RUN, "report", str(tmp / "runs"), str(tmp / "tune"), "--wandb-report", "--out",
-                          str(tmp / "R")], env={**env, "WANDB_MODE": "offline"}, cwd=tmp, capture_output=True,
-                         text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [*RUN, "report", str(tmp / "runs"), str(tmp / "tune"), "--wandb-report", "--out", str(tmp / "R")],
+        env={**env, "WANDB_MODE": "offline"},
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     took = time.monotonic() - t0
     listener.close()
-    return {"tmp": tmp, "out": out, "took": took, "net": listener.connections,
-            "records": [wandb_records(p) for p in sorted(tmp.rglob("offline-run-*/run-*.wandb"))]}
+    return {
+        "tmp": tmp,
+        "out": out,
+        "took": took,
+        "net": listener.connections,
+        "records": [wandb_records(p) for p in sorted(tmp.rglob("offline-run-*/run-*.wandb"))],
+    }
 
 
 def logged_keys(records: list[list]) -> dict[str, set]:
@@ -55,15 +87,22 @@ def logged_keys(records: list[list]) -> dict[str, set]:
         for run in of_type(recs, "run"):
             logged["config"] |= {item.key for item in run.config.update}
             logged["run"] |= {"group"} if run.run_group else set()
-        logged["history"] |= {i.key or "/".join(i.nested_key) for h in of_type(recs, "history") for i in h.item}
-        logged["summary"] |= {i.key or "/".join(i.nested_key) for s in of_type(recs, "summary") for i in s.update}
+        logged["history"] |= {
+            i.key or "/".join(i.nested_key) for h in of_type(recs, "history") for i in h.item
+        }
+        logged["summary"] |= {
+            i.key or "/".join(i.nested_key) for s in of_type(recs, "summary") for i in s.update
+        }
     return logged
 
 
 def run_values(records: list) -> dict:
     """One run's config values and group, as its run set filters compare them."""
     (run,) = of_type(records, "run")[:1]
-    return {**{("config", i.key): json.loads(i.value_json) for i in run.config.update}, ("run", "group"): run.run_group}
+    return {
+        **{("config", i.key): json.loads(i.value_json) for i in run.config.update},
+        ("run", "group"): run.run_group,
+    }
 
 
 def selected(runset: dict, runs: list[dict]) -> list[dict]:
@@ -71,7 +110,9 @@ def selected(runset: dict, runs: list[dict]) -> list[dict]:
 
     leaves = _leaves(runset.get("filters") or {})
     assert all(f["op"] == "=" for f in leaves), leaves
-    return [r for r in runs if all(r.get((f["key"]["section"], f["key"]["name"])) == f["value"] for f in leaves)]
+    return [
+        r for r in runs if all(r.get((f["key"]["section"], f["key"]["name"])) == f["value"] for f in leaves)
+    ]
 
 
 @pytest.mark.slow
@@ -88,22 +129,41 @@ def test_report_names_only_what_the_runs_logged(reviewed):
     assert reviewed["net"] == 0, "W&B tried to reach the network"
     assert reviewed["took"] < 60, reviewed["took"]  # about 4 s here on a quiet machine
     spec_path = tmp / "R" / "wandb-report.json"
-    assert f"publish it later (after `wandb sync` of the runs' offline directories) with: wagma-bench report " \
-           f"--wandb-publish {spec_path}" in out.stdout
+    assert (
+        f"publish it later (after `wandb sync` of the runs' offline directories) with: wagma-bench report "
+        f"--wandb-publish {spec_path}" in out.stdout
+    )
     spec = json.loads(spec_path.read_text())
     records = reviewed["records"]
     assert len(records) == 4  # two runs, two trials
     missing = unlogged(spec, logged_keys(records))
     assert not missing, "\n".join(missing)
     named = {(s, k) for s, k, _ in named_keys(spec)}
-    assert {("history", "eval/top1"), ("history", "train_s"), ("history", "samples"), ("history", "rank1/comm_s"),
-            ("summary", "time_to_target_s"), ("summary", "throughput_samples_per_s"), ("config", "optimizer"),
-            ("config", "tuned_lr_multiplier"), ("config", "study"), ("run", "group")} <= named
+    assert {
+        ("history", "eval/top1"),
+        ("history", "train_s"),
+        ("history", "samples"),
+        ("history", "rank1/comm_s"),
+        ("summary", "time_to_target_s"),
+        ("summary", "throughput_samples_per_s"),
+        ("config", "optimizer"),
+        ("config", "tuned_lr_multiplier"),
+        ("config", "study"),
+        ("run", "group"),
+    } <= named
     runs = [run_values(r) for r in records]
-    runsets = [rs for b in spec["report"]["spec"]["blocks"] for rs in (b.get("metadata") or {}).get("runSets", [])]
-    chosen = {rs["name"][:6]: sorted(r[("config", "optimizer")] + str(r[("config", "tuning_trial")])
-                                     for r in selected(rs, runs)) for rs in runsets}
-    assert chosen == {"Tuning": ["wagmaTrue", "wagmaTrue"], "resnet": ["allreduceFalse", "wagmaFalse"]}, chosen
+    runsets = [
+        rs for b in spec["report"]["spec"]["blocks"] for rs in (b.get("metadata") or {}).get("runSets", [])
+    ]
+    chosen = {
+        rs["name"][:6]: sorted(
+            r[("config", "optimizer")] + str(r[("config", "tuning_trial")]) for r in selected(rs, runs)
+        )
+        for rs in runsets
+    }
+    assert chosen == {"Tuning": ["wagmaTrue", "wagmaTrue"], "resnet": ["allreduceFalse", "wagmaFalse"]}, (
+        chosen
+    )
     steps = {(m.glob_name or m.name): m.step_metric for recs in records for m in of_type(recs, "metric")}
     assert steps["eval/*"] == "train_s" and steps["samples"] == "train_s"
     assert spec_of(*from_spec(spec)) == spec
@@ -120,12 +180,18 @@ def test_a_panel_asking_for_an_unlogged_key_is_named(reviewed):
 
     report, workspace = from_spec(json.loads((reviewed["tmp"] / "R" / "wandb-report.json").read_text()))
     grid = next(b for b in report.blocks if isinstance(b, wr.PanelGrid))
-    grid.panels = [*grid.panels, wr.LinePlot(title="bleu", x="train_s", y=["eval/bleu"]),
-                   wr.ParallelCoordinatesPlot(title="pc", columns=[wr.ParallelCoordinatesPlotColumn(
-                       wr.Config("tuned_momentum"))])]
+    grid.panels = [
+        *grid.panels,
+        wr.LinePlot(title="bleu", x="train_s", y=["eval/bleu"]),
+        wr.ParallelCoordinatesPlot(
+            title="pc", columns=[wr.ParallelCoordinatesPlotColumn(wr.Config("tuned_momentum"))]
+        ),
+    ]
     said = unlogged(spec_of(report, workspace), logged_keys(reviewed["records"]))
-    assert said == ["panel 'bleu' names history key 'eval/bleu', which no run logged",
-                    "panel 'pc' names config key 'tuned_momentum', which no run logged"]
+    assert said == [
+        "panel 'bleu' names history key 'eval/bleu', which no run logged",
+        "panel 'pc' names config key 'tuned_momentum', which no run logged",
+    ]
 
 
 @pytest.mark.slow
@@ -136,9 +202,15 @@ def test_claims_report_has_the_claims_table_and_each_interval(reviewed):
     from wagma_bench.analysis.wandb_panels import unlogged
 
     tmp = reviewed["tmp"]
-    out = subprocess.run([*RUN, "claims", str(tmp / "tune"), "--out", str(tmp / "C"), "--allow-missing",
-                          "--wandb-report"], env=offline_env(tmp, Listener()), cwd=tmp, capture_output=True,
-                         text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [*RUN, "claims", str(tmp / "tune"), "--out", str(tmp / "C"), "--allow-missing", "--wandb-report"],
+        env=offline_env(tmp, Listener()),
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert f"wagma-bench report --wandb-publish {tmp / 'C' / 'wandb-report.json'}" in out.stdout
     spec = json.loads((tmp / "C" / "wandb-report.json").read_text())
@@ -147,8 +219,11 @@ def test_claims_report_has_the_claims_table_and_each_interval(reviewed):
     assert all(c["id"] in text[0] for c in claims)  # the table
     assert [line.split("**")[1] for line in text[1].splitlines()] == [c["id"] for c in claims]
     assert all(", interval " in line for line in text[1].splitlines())
-    panels = [p for b in spec["report"]["spec"]["blocks"]
-              for p in ((b.get("metadata") or {}).get("panelBankSectionConfig") or {}).get("panels", [])]
+    panels = [
+        p
+        for b in spec["report"]["spec"]["blocks"]
+        for p in ((b.get("metadata") or {}).get("panelBankSectionConfig") or {}).get("panels", [])
+    ]
     assert "Parallel Coordinates Plot" in [p["viewType"] for p in panels]
     assert unlogged(spec, logged_keys(reviewed["records"])) == []
 
@@ -161,8 +236,10 @@ def test_publishing_a_spec_needs_a_key(tmp_path, monkeypatch, capsys):
     (tmp_path / "netrc").write_text("")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     rc = report_cli.main(["--wandb-publish", str(tmp_path / "wandb-report.json")])
-    said = (f"wagma-bench report: error: --wandb-publish {tmp_path / 'wandb-report.json'} needs a W&B API key: "
-            "set WANDB_API_KEY or run `wandb login`")
+    said = (
+        f"wagma-bench report: error: --wandb-publish {tmp_path / 'wandb-report.json'} needs a W&B API key: "
+        "set WANDB_API_KEY or run `wandb login`"
+    )
     assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [said]
 
 
@@ -174,8 +251,12 @@ def test_wandb_report_without_the_extra_is_one_line(tmp_path, monkeypatch, capsy
     monkeypatch.setitem(sys.modules, "wandb_workspaces", None)
     rc = report_cli.main([str(run_dir), "--out", str(tmp_path / "R"), "--wandb-report"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == [("wagma-bench report: error: --wandb-report needs the Python package "
-                                "'wandb_workspaces', which is not installed: pip install 'wagma-bench[wandb]'")]
+    assert rc == 2 and err == [
+        (
+            "wagma-bench report: error: --wandb-report needs the Python package "
+            "'wandb_workspaces', which is not installed: pip install 'wagma-bench[wandb]'"
+        )
+    ]
     assert not (tmp_path / "R").exists()
 
 
@@ -185,13 +266,30 @@ def test_tuning_trials_share_the_tunings_group_and_log_its_settings(tmp_path):
     from wagma_bench.record.loggers import grouping_config, sweep_group
 
     tune = tmp_path / "T"
-    trial = {"name": "wagma_study2_trial1", "study": 2, "trial": 1, "params": {"optimizer.tau": 4, "lr_multiplier": 2.0}}
+    trial = {
+        "name": "wagma_study2_trial1",
+        "study": 2,
+        "trial": 1,
+        "params": {"optimizer.tau": 4, "lr_multiplier": 2.0},
+    }
     (tune / "trials").mkdir(parents=True)
     (tune / "tune.json").write_text(json.dumps({"trials": [trial]}))
-    start = {"optimizer": "wagma", "workload": "resnet", "data": "mnist5k", "imbalance": "none", "world_size": 2,
-             "seed": 4}
+    start = {
+        "optimizer": "wagma",
+        "workload": "resnet",
+        "data": "mnist5k",
+        "imbalance": "none",
+        "world_size": 2,
+        "seed": 4,
+    }
     assert grouping_config(tune / "trials" / trial["name"], start) == {
-        **start, "tuning_trial": True, "study": 2, "trial": 1, "tuned_optimizer_tau": 4, "tuned_lr_multiplier": 2.0}
+        **start,
+        "tuning_trial": True,
+        "study": 2,
+        "trial": 1,
+        "tuned_optimizer_tau": 4,
+        "tuned_lr_multiplier": 2.0,
+    }
     assert grouping_config(tmp_path / "run", start) == {**start, "tuning_trial": False}
     group = sweep_group(tune / "trials" / trial["name"])
     assert group.startswith("T-") and group == sweep_group(tune / "trials" / "wagma_study1_trial1")

@@ -36,8 +36,11 @@ def counting_env(tmp_path: Path) -> tuple[dict, Path]:
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(COUNTING_HOOK)
     log = tmp_path / "validate.log"
-    env = {**os.environ, "WAGMA_TEST_VALIDATE_LOG": str(log),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "WAGMA_TEST_VALIDATE_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     return env, log
 
 

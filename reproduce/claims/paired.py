@@ -43,7 +43,9 @@ def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]
         for t in trials:
             s = summaries[t.name]
             if trial_finished(s):
-                out.setdefault(s["optimizer"], {})[(t.study, t.trial)] = trial_cost(s, plan.get("max_runtime_s"), by)
+                out.setdefault(s["optimizer"], {})[(t.study, t.trial)] = trial_cost(
+                    s, plan.get("max_runtime_s"), by
+                )
     return out
 
 
@@ -85,16 +87,23 @@ def fmt(claim, lo_hi: tuple[float, float]) -> str:
 
 
 def table() -> str:
-    dirs = [ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().splitlines() if line]
+    dirs = [
+        ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().splitlines() if line
+    ]
     sources = find_sources(dirs)
-    rows = ["| claim | source | independent draws (the declared bootstrap) | paired draws |", "|---|---|---|---|"]
+    rows = [
+        "| claim | source | independent draws (the declared bootstrap) | paired draws |",
+        "|---|---|---|---|",
+    ]
     for claim in (c for c in load_claims() if c.id in CLAIMS):
         tune_dir = sources.tunings[claim.measured["tuning"]]
         cost = costs(tune_dir, claim.metric)
         rng = random.Random(SEED)
         independent, paired = interval(claim, cost, False, rng), interval(claim, cost, True, rng)
-        rows.append(f"| `{claim.id}` | `{tune_dir.relative_to(ROOT)}` | {fmt(claim, independent)} | "
-                    f"{fmt(claim, paired)} |")
+        rows.append(
+            f"| `{claim.id}` | `{tune_dir.relative_to(ROOT)}` | {fmt(claim, independent)} | "
+            f"{fmt(claim, paired)} |"
+        )
     return "\n".join(rows)
 
 

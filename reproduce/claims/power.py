@@ -34,9 +34,9 @@ from wagma_bench.record.files import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "reproduce" / "claims" / "power.json"
-DESIGNS = ((5, 5), (10, 10))   # beside each claim's own design
+DESIGNS = ((5, 5), (10, 10))  # beside each claim's own design
 CAMPAIGNS, BOOTSTRAP, SEED, LEVEL = 200, 400, 1, 0.95
-DECIDES = 0.8                  # the power a claim needs at 10 x 10 for the README to count it as decidable here
+DECIDES = 0.8  # the power a claim needs at 10 x 10 for the README to count it as decidable here
 
 
 def trials(tune_dir: Path, metric: str) -> dict[str, list[list[float]]]:
@@ -97,8 +97,9 @@ def compare(subject: np.ndarray, best: np.ndarray, claim) -> np.ndarray:
     return np.nan_to_num(out, nan=0.0 if claim.compare == "difference" else 1.0)  # both failed: a tie
 
 
-def power(claim, data: dict[str, list[list[float]]], design: tuple[int, int],
-          rng: np.random.Generator) -> list[float]:
+def power(
+    claim, data: dict[str, list[list[float]]], design: tuple[int, int], rng: np.random.Generator
+) -> list[float]:
     """The shares of simulated campaigns at ``design`` whose bootstrap interval lies above the claim's threshold
     (the claim holds) and below it (it does not hold)."""
     s, o = design
@@ -108,9 +109,9 @@ def power(claim, data: dict[str, list[list[float]]], design: tuple[int, int],
         pool = np.array([v for study in data[name] for v in study])
         campaign = pool[rng.integers(len(pool), size=(CAMPAIGNS, s, o))]
         studies = rng.integers(s, size=(CAMPAIGNS, BOOTSTRAP, s))
-        drawn = campaign[np.arange(CAMPAIGNS)[:, None, None], studies]           # (campaigns, resamples, S, O)
+        drawn = campaign[np.arange(CAMPAIGNS)[:, None, None], studies]  # (campaigns, resamples, S, O)
         drawn = np.take_along_axis(drawn, rng.integers(o, size=drawn.shape), axis=-1)
-        stats[name] = statistic(drawn, claim.metric)                               # (campaigns, resamples)
+        stats[name] = statistic(drawn, claim.metric)  # (campaigns, resamples)
     others = np.stack([stats[n] for n in names[1:]])
     best = others.min(axis=0) if claim.metric == "time_to_target" else others.max(axis=0)
     speedups = compare(stats[claim.subject], best, claim)
@@ -127,17 +128,24 @@ def row(claim, tune_dir: Path, rng: np.random.Generator) -> dict:
     own = (len(data[claim.subject]), max(len(s) for s in data[claim.subject]))
     difference = claim.compare == "difference"
     return {
-        "claim": claim.id, "source": str(tune_dir.relative_to(ROOT)), "metric": claim.metric,
-        "best_comparator": best, "design": list(own),
+        "claim": claim.id,
+        "source": str(tune_dir.relative_to(ROOT)),
+        "metric": claim.metric,
+        "best_comparator": best,
+        "design": list(own),
         "trials": {n: sum(map(len, data[n])) for n in [claim.subject, *comparators]},
-        "spread": {"subject": spread([v for s in data[claim.subject] for v in s], difference),
-                   "best": spread([v for s in data[best] for v in s], difference)},
+        "spread": {
+            "subject": spread([v for s in data[claim.subject] for v in s], difference),
+            "best": spread([v for s in data[best] for v in s], difference),
+        },
         "power": {f"{s}x{o}": power(claim, data, (s, o), rng) for s, o in dict.fromkeys((own, *DESIGNS))},
     }
 
 
 def compute() -> dict:
-    dirs = [ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().splitlines() if line]
+    dirs = [
+        ROOT / line.strip() for line in (ROOT / "reproduce/claims/sources").read_text().splitlines() if line
+    ]
     sources = find_sources(dirs)
     rng = np.random.default_rng(SEED)
     rows = [row(c, sources.tunings[c.measured["tuning"]], rng) for c in load_claims()]
@@ -158,15 +166,19 @@ def _spread(v: float) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("| claim | design | spread of the trials: subject / best comparator | P(holds) / P(does not hold) at "
-            "its design | at 5 x 5 | at 10 x 10 |")
+    head = (
+        "| claim | design | spread of the trials: subject / best comparator | P(holds) / P(does not hold) at "
+        "its design | at 5 x 5 | at 10 x 10 |"
+    )
     rows = [head, "|---|---|---|---|---|---|"]
     for r in result["claims"]:
         s, o = r["design"]
         p = r["power"]
-        rows.append(f"| `{r['claim']}` | {s} x {o} | {_spread(r['spread']['subject'])} / "
-                    f"{_spread(r['spread']['best'])} ({r['best_comparator']}) | {_shares(p[f'{s}x{o}'])} | "
-                    f"{_shares(p['5x5'])} | {_shares(p['10x10'])} |")
+        rows.append(
+            f"| `{r['claim']}` | {s} x {o} | {_spread(r['spread']['subject'])} / "
+            f"{_spread(r['spread']['best'])} ({r['best_comparator']}) | {_shares(p[f'{s}x{o}'])} | "
+            f"{_shares(p['5x5'])} | {_shares(p['10x10'])} |"
+        )
     return "\n".join(rows)
 
 

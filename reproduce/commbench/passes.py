@@ -27,8 +27,10 @@ def main() -> None:
         work = torch.empty_like(model)
         two = median_ms(lambda m=model, w=work: w.copy_(m).div_(2))
         one = median_ms(lambda m=model, w=work: torch.div(m, 2, out=w))
-        print(f"{mb} MB: copy + divide {two:.2f} ms, dividing copy {one:.2f} ms, saved {two - one:.2f} ms "
-              f"({two / one:.2f}x)")
+        print(
+            f"{mb} MB: copy + divide {two:.2f} ms, dividing copy {one:.2f} ms, saved {two - one:.2f} ms "
+            f"({two / one:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

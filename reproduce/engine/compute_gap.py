@@ -39,21 +39,37 @@ COMMON = ["eval.target=null", "eval.every_rounds=100000", "logger.progress=off",
 
 def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
-    subprocess.run([str(BIN), "run", *WORKLOADS[workload], f"optimizer={optimizer}", f"launcher.nproc={nproc}",
-                    f"train.max_rounds={steps}", *COMMON, f"hydra.run.dir={run_dir}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(BIN),
+            "run",
+            *WORKLOADS[workload],
+            f"optimizer={optimizer}",
+            f"launcher.nproc={nproc}",
+            f"train.max_rounds={steps}",
+            *COMMON,
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     summary = current_summary(json.loads((run_dir / "summary.json").read_text()))
     records = [r for recs in read_step_records(run_dir).values() for r in recs]
     kept = [r for r in records if r["local_step"] > WARMUP]
-    per_step = {name: round(seconds / summary["rounds"] * 1e3, 3)
-                for name, seconds in (summary.get("threads_cpu_s") or {}).items()}
+    per_step = {
+        name: round(seconds / summary["rounds"] * 1e3, 3)
+        for name, seconds in (summary.get("threads_cpu_s") or {}).items()
+    }
     tokens = sum(r.get("tokens", 0) for r in records)
-    return {"compute_ms": 1e3 * statistics.median(r["compute_s"] for r in kept),
-            "compute_cpu_ms": 1e3 * statistics.median(r["compute_cpu_s"] for r in kept),
-            "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in kept),
-            "throughput": (tokens if tokens else summary["samples"]) / summary["train_s"],
-            "unit": "tokens/s" if tokens else "samples/s", "thread_cpu_ms_per_step": per_step,
-            "engine": summary.get("engine")}
+    return {
+        "compute_ms": 1e3 * statistics.median(r["compute_s"] for r in kept),
+        "compute_cpu_ms": 1e3 * statistics.median(r["compute_cpu_s"] for r in kept),
+        "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in kept),
+        "throughput": (tokens if tokens else summary["samples"]) / summary["train_s"],
+        "unit": "tokens/s" if tokens else "samples/s",
+        "thread_cpu_ms_per_step": per_step,
+        "engine": summary.get("engine"),
+    }
 
 
 def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: list[int]) -> list[dict]:
@@ -63,7 +79,9 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
             runs = {opt: [] for opt in OPTIMIZERS}
             for i in range(repeats):  # alternated: a change of the machine's load falls on both
                 for opt in OPTIMIZERS:
-                    runs[opt].append(one_run(out / f"{workload}-{nproc}-{opt}-{i}", workload, opt, nproc, steps))
+                    runs[opt].append(
+                        one_run(out / f"{workload}-{nproc}-{opt}-{i}", workload, opt, nproc, steps)
+                    )
                     print(f"{workload} x{nproc} {opt} #{i + 1}: {runs[opt][-1]}", flush=True)
             row = {"workload": workload, "nproc": nproc, "steps": steps, "repeats": repeats, "runs": runs}
             for opt in OPTIMIZERS:
@@ -72,14 +90,23 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
                 threads = runs[opt][0]["thread_cpu_ms_per_step"].keys()
                 row[f"{opt}_thread_cpu_ms_per_step"] = {
                     t: round(statistics.median(r["thread_cpu_ms_per_step"].get(t, 0.0) for r in runs[opt]), 3)
-                    for t in threads}
+                    for t in threads
+                }
             row["unit"] = runs["allreduce"][0]["unit"]
             engines = [r["engine"] for r in runs["wagma"] if r["engine"]]
-            row["wagma_progress_cpu_ms_per_round"] = {
-                k: round(statistics.median(e["progress_cpu_ms_per_round"][k] for e in engines), 4)
-                for k in engines[0]["progress_cpu_ms_per_round"]} if engines else None
-            row["wagma_snapshot_share"] = (round(statistics.median(e["snapshots"] / max(1, e["rounds"]) for e in engines), 3)
-                                           if engines else None)
+            row["wagma_progress_cpu_ms_per_round"] = (
+                {
+                    k: round(statistics.median(e["progress_cpu_ms_per_round"][k] for e in engines), 4)
+                    for k in engines[0]["progress_cpu_ms_per_round"]
+                }
+                if engines
+                else None
+            )
+            row["wagma_snapshot_share"] = (
+                round(statistics.median(e["snapshots"] / max(1, e["rounds"]) for e in engines), 3)
+                if engines
+                else None
+            )
             row["compute_ratio"] = round(row["wagma_compute_ms"] / row["allreduce_compute_ms"], 3)
             row["throughput_ratio"] = round(row["wagma_throughput"] / row["allreduce_throughput"], 3)
             rows.append(row)
@@ -88,12 +115,16 @@ def measure(repeats: int, steps: int, out: Path, workloads: list[str], nprocs: l
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of a committed result."""
-    lines = [("| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
-             "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
-             "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
-             "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native "
-             "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
+            "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
+            "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
+            "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native "
+            "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         cpu = r["wagma_thread_cpu_ms_per_step"]
         lines.append(
@@ -102,7 +133,8 @@ def table(rows: list[dict]) -> str:
             f"{r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
             f"{r['allreduce_throughput']:.0f}, {r['wagma_throughput']:.0f} {r['unit']} | {r['throughput_ratio']:.3f} | "
             f"{cpu.get('wagma-progress', 0):.2f}, {cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} | "
-            f"{_split(r.get('wagma_progress_cpu_ms_per_round'))} | {_share(r.get('wagma_snapshot_share'))} |")
+            f"{_split(r.get('wagma_progress_cpu_ms_per_round'))} | {_share(r.get('wagma_snapshot_share'))} |"
+        )
     return "\n".join(lines)
 
 
@@ -117,7 +149,9 @@ def _share(share: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=132, help="steps per run (a multiple of WAGMA-SGD's tau+1=11)")
+    ap.add_argument(
+        "--steps", type=int, default=132, help="steps per run (a multiple of WAGMA-SGD's tau+1=11)"
+    )
     ap.add_argument("--workloads", default="transformer,resnet")
     ap.add_argument("--nprocs", default="4,2")
     ap.add_argument("--out", type=Path, default=Path("runs/compute-gap"))
@@ -126,10 +160,17 @@ def main() -> None:
     if args.table:
         print(table(json.loads(args.table.read_text())["rows"]))
         return
-    rows = measure(args.repeats, args.steps, args.out, args.workloads.split(","),
-                   [int(n) for n in args.nprocs.split(",")])
+    rows = measure(
+        args.repeats,
+        args.steps,
+        args.out,
+        args.workloads.split(","),
+        [int(n) for n in args.nprocs.split(",")],
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "result.json").write_text(json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2))
+    (args.out / "result.json").write_text(
+        json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2)
+    )
     print(table(rows))
 
 

@@ -99,8 +99,10 @@ def prepare_val(tar: Path, labels: dict[str, str], out: Path) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             copy_member(images, member, folder)
     if unlabelled:
-        raise SystemExit(f"prepare.py: {len(unlabelled)} validation images have no label (first: {unlabelled[0]}); "
-                         "are the archive and the labels of the same release?")
+        raise SystemExit(
+            f"prepare.py: {len(unlabelled)} validation images have no label (first: {unlabelled[0]}); "
+            "are the archive and the labels of the same release?"
+        )
 
 
 def split_into(out: Path, split: str, write) -> None:
@@ -122,15 +124,20 @@ def labels_from(src: Path):
         return lambda: kaggle_labels(src / KAGGLE_LABELS)
     if (src / DEVKIT).exists():
         return lambda: devkit_labels(src / DEVKIT)
-    raise SystemExit(f"prepare.py: no validation labels in {src}: give {KAGGLE_LABELS} (Kaggle) or {DEVKIT} (devkit)")
+    raise SystemExit(
+        f"prepare.py: no validation labels in {src}: give {KAGGLE_LABELS} (Kaggle) or {DEVKIT} (devkit)"
+    )
 
 
 def report(out: Path) -> None:
     for split, (classes_full, images_full) in FULL.items():
         classes = [d for d in (out / split).iterdir() if d.is_dir()]
         images = sum(1 for d in classes for _ in d.iterdir())
-        full = "" if (len(classes), images) == (classes_full, images_full) else (
-            f" (the full set has {classes_full:,} classes, {images_full:,} images)")
+        full = (
+            ""
+            if (len(classes), images) == (classes_full, images_full)
+            else (f" (the full set has {classes_full:,} classes, {images_full:,} images)")
+        )
         print(f"{out / split}: {len(classes):,} classes, {images:,} images{full}")
     try:
         from wagma_bench.workloads.specs import check_imagenet_root
@@ -141,15 +148,22 @@ def report(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="prepare.py", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src", type=Path, help=f"folder holding {TRAIN_TAR}, {VAL_TAR} and {KAGGLE_LABELS} or {DEVKIT}")
+    ap = argparse.ArgumentParser(
+        prog="prepare.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "src", type=Path, help=f"folder holding {TRAIN_TAR}, {VAL_TAR} and {KAGGLE_LABELS} or {DEVKIT}"
+    )
     ap.add_argument("out", type=Path, help="the data.root to write: OUT/train/<wnid>/, OUT/val/<wnid>/")
     ns = ap.parse_args(argv)
     for name in (TRAIN_TAR, VAL_TAR):
         if not (ns.src / name).is_file():
-            raise SystemExit(f"prepare.py: {ns.src / name} is missing (image-net.org's ILSVRC-2012 archives; nothing "
-                             "is downloaded here)")
+            raise SystemExit(
+                f"prepare.py: {ns.src / name} is missing (image-net.org's ILSVRC-2012 archives; nothing "
+                "is downloaded here)"
+            )
     labels = labels_from(ns.src)
     ns.out.mkdir(parents=True, exist_ok=True)
     split_into(ns.out, "train", lambda folder: prepare_train(ns.src / TRAIN_TAR, folder))

@@ -20,8 +20,13 @@ from pathlib import Path
 
 from wagma_bench.campaign.runs import run_unless_done
 
-COMMON = ["workload=resnet", "eval.target=null", "eval.every_rounds=100000", "logger.progress=off",
-          "checkpoint.every_s=1e9"]
+COMMON = [
+    "workload=resnet",
+    "eval.target=null",
+    "eval.every_rounds=100000",
+    "logger.progress=off",
+    "checkpoint.every_s=1e9",
+]
 
 
 def run(out: Path, name: str, args: list[str]) -> dict:
@@ -33,18 +38,28 @@ def run(out: Path, name: str, args: list[str]) -> dict:
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of a run's rows (bench.json)."""
-    lines = ["| P | k | c (ms) | d (ms) | run | samples/s | of its bound | vs Allreduce-SGD |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| P | k | c (ms) | d (ms) | run | samples/s | of its bound | vs Allreduce-SGD |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         head = f"| {r['P']} | {r['k']} | {1e3 * r['c_s']:.0f} | {1e3 * r['delay_s']:.0f} |"
-        lines += [f"{head} no imbalance (Allreduce-SGD) | {r['none_throughput']:.0f} | | |",
-                  (f"{head} Allreduce-SGD | {r['allreduce_throughput']:.0f} | {r['allreduce_of_its_bound']:.2f} (c + d) "
-                  "| 1.00 |"),
-                  (f"{head} WAGMA-SGD, `catch_up=replay` (default) | {r['wagma_throughput']:.0f} | "
-                  f"{r['wagma_of_mean_bound']:.2f} (mean-speed) | {r['wagma_over_allreduce']:.2f} |"),
-                  (f"{head} WAGMA-SGD, `catch_up=skip` | {r['wagma_skip_throughput']:.0f} | "
-                  f"{r['wagma_skip_of_mean_bound']:.2f} (mean-speed) | {r['wagma_skip_over_allreduce']:.2f} |"),
-                  f"{head} mean-speed bound | {r['mean_speed_bound']:.0f} | | {r['bound_ratio']:.2f} |"]
+        lines += [
+            f"{head} no imbalance (Allreduce-SGD) | {r['none_throughput']:.0f} | | |",
+            (
+                f"{head} Allreduce-SGD | {r['allreduce_throughput']:.0f} | {r['allreduce_of_its_bound']:.2f} (c + d) "
+                "| 1.00 |"
+            ),
+            (
+                f"{head} WAGMA-SGD, `catch_up=replay` (default) | {r['wagma_throughput']:.0f} | "
+                f"{r['wagma_of_mean_bound']:.2f} (mean-speed) | {r['wagma_over_allreduce']:.2f} |"
+            ),
+            (
+                f"{head} WAGMA-SGD, `catch_up=skip` | {r['wagma_skip_throughput']:.0f} | "
+                f"{r['wagma_skip_of_mean_bound']:.2f} (mean-speed) | {r['wagma_skip_over_allreduce']:.2f} |"
+            ),
+            f"{head} mean-speed bound | {r['mean_speed_bound']:.0f} | | {r['bound_ratio']:.2f} |",
+        ]
     return "\n".join(lines)
 
 
@@ -70,21 +85,32 @@ def main() -> None:
         slow = ["imbalance=shared_draw", f"imbalance.num_slow={k}", f"imbalance.delay_s={d:.4f}"]
         ar = run(args.out, f"P{p}_k{k}_allreduce", base + ["optimizer=allreduce"] + slow)
         wg = run(args.out, f"P{p}_k{k}_wagma", base + ["optimizer=wagma"] + slow)
-        sk = run(args.out, f"P{p}_k{k}_wagma_skip", base + ["optimizer=wagma", "optimizer.catch_up=skip"] + slow)
+        sk = run(
+            args.out, f"P{p}_k{k}_wagma_skip", base + ["optimizer=wagma", "optimizer.catch_up=skip"] + slow
+        )
         mean_bound = p * batch / (c + k / p * d)
         ar_bound = p * batch / (c + d)
-        rows.append({"P": p, "k": k, "c_s": c, "delay_s": d, "batch": batch,
-                     "none_throughput": none["throughput_samples_per_s"],
-                     "allreduce_throughput": ar["throughput_samples_per_s"],
-                     "wagma_throughput": wg["throughput_samples_per_s"],
-                     "wagma_skip_throughput": sk["throughput_samples_per_s"],
-                     "wagma_skip_of_mean_bound": sk["throughput_samples_per_s"] / mean_bound,
-                     "wagma_skip_over_allreduce": sk["throughput_samples_per_s"] / ar["throughput_samples_per_s"],
-                     "mean_speed_bound": mean_bound, "allreduce_bound": ar_bound,
-                     "wagma_of_mean_bound": wg["throughput_samples_per_s"] / mean_bound,
-                     "allreduce_of_its_bound": ar["throughput_samples_per_s"] / ar_bound,
-                     "wagma_over_allreduce": wg["throughput_samples_per_s"] / ar["throughput_samples_per_s"],
-                     "bound_ratio": mean_bound / ar_bound})
+        rows.append(
+            {
+                "P": p,
+                "k": k,
+                "c_s": c,
+                "delay_s": d,
+                "batch": batch,
+                "none_throughput": none["throughput_samples_per_s"],
+                "allreduce_throughput": ar["throughput_samples_per_s"],
+                "wagma_throughput": wg["throughput_samples_per_s"],
+                "wagma_skip_throughput": sk["throughput_samples_per_s"],
+                "wagma_skip_of_mean_bound": sk["throughput_samples_per_s"] / mean_bound,
+                "wagma_skip_over_allreduce": sk["throughput_samples_per_s"] / ar["throughput_samples_per_s"],
+                "mean_speed_bound": mean_bound,
+                "allreduce_bound": ar_bound,
+                "wagma_of_mean_bound": wg["throughput_samples_per_s"] / mean_bound,
+                "allreduce_of_its_bound": ar["throughput_samples_per_s"] / ar_bound,
+                "wagma_over_allreduce": wg["throughput_samples_per_s"] / ar["throughput_samples_per_s"],
+                "bound_ratio": mean_bound / ar_bound,
+            }
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
     print(table(rows))

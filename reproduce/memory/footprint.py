@@ -39,8 +39,9 @@ def rss_mb(pid: int) -> float:
 
 
 def descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
-                         check=False).stdout.split()
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
     kids = [int(p) for p in out]
     return kids + [g for k in kids for g in descendants(k)]
 
@@ -64,13 +65,21 @@ def comm_bench(args: list[str]) -> None:
             time.sleep(0.1)
         if proc.returncode != 0:
             sys.exit(f"comm-bench failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-    print(json.dumps({"comm-bench": args, "peak_rank_rss_mb": round(peak_rank, 1),
-                      "peak_launcher_rss_mb": round(peak_launcher, 1)}))
+    print(
+        json.dumps(
+            {
+                "comm-bench": args,
+                "peak_rank_rss_mb": round(peak_rank, 1),
+                "peak_launcher_rss_mb": round(peak_launcher, 1),
+            }
+        )
+    )
 
 
 def descendants_once(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True,
-                         check=False).stdout.split()
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
     return [int(p) for p in out]
 
 
@@ -80,7 +89,14 @@ def main() -> None:
         return
     overrides = sys.argv[1:]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [str(BIN), "run", "launcher.nproc=2", "logger.progress=off", *overrides, f"hydra.run.dir={tmp}/run"]
+        cmd = [
+            str(BIN),
+            "run",
+            "launcher.nproc=2",
+            "logger.progress=off",
+            *overrides,
+            f"hydra.run.dir={tmp}/run",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peak_rank = peak_launcher = 0.0
         while proc.poll() is None:
@@ -90,8 +106,15 @@ def main() -> None:
             time.sleep(0.1)
         if proc.returncode != 0:
             sys.exit(f"run failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-    print(json.dumps({"overrides": overrides, "peak_rank_rss_mb": round(peak_rank, 1),
-                      "peak_launcher_rss_mb": round(peak_launcher, 1)}))
+    print(
+        json.dumps(
+            {
+                "overrides": overrides,
+                "peak_rank_rss_mb": round(peak_rank, 1),
+                "peak_launcher_rss_mb": round(peak_launcher, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ def key_hyperparameters(optimizer: str) -> str:
 
 
 def run(out: Path, optimizer: str, imbalance: str, seed: int, extra: list[str]) -> dict:
-    return run_unless_done(out / f"{optimizer}-{imbalance}-s{seed}",
-                           [*COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", f"seed={seed}", *extra], ROOT)
+    return run_unless_done(
+        out / f"{optimizer}-{imbalance}-s{seed}",
+        [*COMMON, f"optimizer={optimizer}", f"imbalance={imbalance}", f"seed={seed}", *extra],
+        ROOT,
+    )
 
 
 def fmt(value, spec: str = ".1f") -> str:
@@ -53,23 +56,31 @@ def aggregate(seeds: list[dict]) -> dict:
     infinitely slow), medians of the rest."""
     ttt = [s["time_to_target_s"] if s.get("reached") else math.inf for s in seeds]
     values = lambda key: [s[key] for s in seeds if s.get(key) is not None]
-    return {"reached": f"{sum(bool(s.get('reached')) for s in seeds)}/{len(seeds)}",
-            "ttt": olympic_mean(ttt), "ttt_all": sorted(ttt),
-            "steps": median(values("rounds_to_target") or values("rounds")),
-            "throughput": median(values("throughput_samples_per_s")), "best": median(values("best_metric")),
-            "eval_model": seeds[0].get("eval_model", "-"),
-            "status": ",".join(sorted({s.get("status", "-") for s in seeds}))}
+    return {
+        "reached": f"{sum(bool(s.get('reached')) for s in seeds)}/{len(seeds)}",
+        "ttt": olympic_mean(ttt),
+        "ttt_all": sorted(ttt),
+        "steps": median(values("rounds_to_target") or values("rounds")),
+        "throughput": median(values("throughput_samples_per_s")),
+        "best": median(values("best_metric")),
+        "eval_model": seeds[0].get("eval_model", "-"),
+        "status": ",".join(sorted({s.get("status", "-") for s in seeds})),
+    }
 
 
 def table(rows: list[tuple[str, str, dict]]) -> str:
-    header = ("| optimizer | paper | key hyperparameters | imbalance | reached | time-to-target (s), olympic mean "
-              "| per seed | steps | throughput (samples/s) | best top-1 | eval model | status |")
+    header = (
+        "| optimizer | paper | key hyperparameters | imbalance | reached | time-to-target (s), olympic mean "
+        "| per seed | steps | throughput (samples/s) | best top-1 | eval model | status |"
+    )
     lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for optimizer, imbalance, a in rows:
         seeds = " / ".join("-" if math.isinf(v) else f"{v:.1f}" for v in a["ttt_all"])
-        lines.append(f"| {optimizer} | {OPTIMIZERS[optimizer].paper} | {key_hyperparameters(optimizer)} | {imbalance} "
-                     f"| {a['reached']} | {fmt(a['ttt'])} | {seeds} | {fmt(a['steps'], '.0f')} "
-                     f"| {fmt(a['throughput'])} | {fmt(a['best'], '.4f')} | {a['eval_model']} | {a['status']} |")
+        lines.append(
+            f"| {optimizer} | {OPTIMIZERS[optimizer].paper} | {key_hyperparameters(optimizer)} | {imbalance} "
+            f"| {a['reached']} | {fmt(a['ttt'])} | {seeds} | {fmt(a['steps'], '.0f')} "
+            f"| {fmt(a['throughput'])} | {fmt(a['best'], '.4f')} | {a['eval_model']} | {a['status']} |"
+        )
     return "\n".join(lines)
 
 
@@ -79,7 +90,9 @@ def main() -> None:
     ap.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     ap.add_argument("--imbalances", default="none,shared_draw")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)")
+    ap.add_argument(
+        "--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)"
+    )
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run (after --)")
     args = ap.parse_args()
     unknown = sorted(set(args.optimizers.split(",")) - set(OPTIMIZERS))
@@ -87,8 +100,11 @@ def main() -> None:
         ap.error(f"--optimizers: unknown {', '.join(unknown)}; choose from: {', '.join(OPTIMIZERS)}")
     extra = list(args.overrides) + ([f"train.max_rounds={args.max_steps}"] if args.max_steps else [])
     seeds = [int(v) for v in args.seeds.split(",")]
-    rows = [(o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))
-            for i in args.imbalances.split(",") for o in args.optimizers.split(",")]
+    rows = [
+        (o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))
+        for i in args.imbalances.split(",")
+        for o in args.optimizers.split(",")
+    ]
     text = table(rows)
     (args.out / "table.md").parent.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text + "\n")

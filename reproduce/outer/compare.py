@@ -20,7 +20,9 @@ from wagma_bench.analysis.report import median, olympic_mean
 from wagma_bench.campaign.runs import run_unless_done
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOWMO = ["optimizer.outer=slowmo"]  # alpha 1, beta 0.5; every global average (local SGD, WAGMA) or 12 rounds (SGP)
+SLOWMO = [
+    "optimizer.outer=slowmo"
+]  # alpha 1, beta 0.5; every global average (local SGD, WAGMA) or 12 rounds (SGP)
 CONFIGS = {  # name: overrides
     "allreduce": ["optimizer=allreduce"],
     "local_sgd": ["optimizer=local_sgd"],
@@ -33,9 +35,16 @@ CONFIGS = {  # name: overrides
     # SlowMo's step with alpha / (1 - beta) = 1: the same long-run step size as the base, momentum smoothing only
     "local_sgd+slowmo-a0.5": ["optimizer=local_sgd", *SLOWMO, "optimizer.outer_lr=0.5"],
 }
-WORKLOADS = {"transformer": ["workload=transformer", "launcher.nproc=4", "logger.progress=off"],
-             "resnet": ["workload=resnet", "imbalance=shared_draw", "launcher.nproc=4", "eval.every_rounds=10",
-                        "logger.progress=off"]}
+WORKLOADS = {
+    "transformer": ["workload=transformer", "launcher.nproc=4", "logger.progress=off"],
+    "resnet": [
+        "workload=resnet",
+        "imbalance=shared_draw",
+        "launcher.nproc=4",
+        "eval.every_rounds=10",
+        "logger.progress=off",
+    ],
+}
 
 
 def run(out: Path, name: str, seed: int, common: list[str], extra: list[str]) -> dict:
@@ -48,8 +57,10 @@ def row(name: str, runs: list[dict], base_steps: float | None) -> str:
     secs = olympic_mean([r["time_to_target_s"] for r in reached]) if reached else None
     ratio = f"{steps / base_steps:.2f}x" if steps and base_steps else "-"
     per_seed = " / ".join(str(r.get("rounds_to_target") or "missed") for r in runs)
-    return (f"| {name} | {per_seed} | {'-' if steps is None else f'{steps:.0f}'} | {ratio} | "
-            f"{'-' if secs is None else f'{secs:.1f}'} | {len(runs) - len(reached)} |")
+    return (
+        f"| {name} | {per_seed} | {'-' if steps is None else f'{steps:.0f}'} | {ratio} | "
+        f"{'-' if secs is None else f'{secs:.1f}'} | {len(runs) - len(reached)} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,8 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     results = {n: [run(out, n, s, WORKLOADS[args.workload], args.extra) for s in seeds] for n in names}
     base = results.get("allreduce")
     base_steps = median([r["rounds_to_target"] for r in base if r.get("reached")]) if base else None
-    print(f"| configuration | steps to target, seeds {' / '.join(map(str, seeds))} | median | vs allreduce | "
-          "time to target (s, olympic mean) | missed |")
+    print(
+        f"| configuration | steps to target, seeds {' / '.join(map(str, seeds))} | median | vs allreduce | "
+        "time to target (s, olympic mean) | missed |"
+    )
     print("|---|---|---|---|---|---|")
     for n in names:
         print(row(n, results[n], base_steps))

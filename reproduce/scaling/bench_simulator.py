@@ -50,8 +50,14 @@ print(json.dumps({"cpu_s": time.process_time() - t, "throughput": res.throughput
 
 def time_one(root: Path, name: str, world: int, rounds: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", TIME_ONE, name, str(world), str(rounds)], env=env, cwd=root,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", TIME_ONE, name, str(world), str(rounds)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -60,7 +66,11 @@ def table(result: dict) -> str:
     worlds = sorted({r["world_size"] for r in rows})
     names = list(dict.fromkeys(r["optimizer"] for r in rows))
     before = any("before_cpu_s" in r for r in rows)
-    head = "| optimizer | " + " | ".join(f"P={p:,}: s (µs per rank-round)" for p in worlds) + " | largest / smallest |"
+    head = (
+        "| optimizer | "
+        + " | ".join(f"P={p:,}: s (µs per rank-round)" for p in worlds)
+        + " | largest / smallest |"
+    )
     lines = [head, "|" + "---|" * (len(worlds) + 2)]
     for name in names:
         by = {r["world_size"]: r for r in rows if r["optimizer"] == name}
@@ -86,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimizers", default="allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager,dropcompute")
     ap.add_argument("--worlds", default=",".join(map(str, WORLDS)))
     ap.add_argument("--rounds", type=int, default=ROUNDS)
-    ap.add_argument("--before-up-to", type=int, default=8192,
-                    help="time BEFORE's code only up to this world (the former AD-PSGD took minutes beyond)")
+    ap.add_argument(
+        "--before-up-to",
+        type=int,
+        default=8192,
+        help="time BEFORE's code only up to this world (the former AD-PSGD took minutes beyond)",
+    )
     ns = ap.parse_args(argv)
     if ns.table:
         print(table(json.loads(ns.table.read_text())))
@@ -98,21 +112,35 @@ def main(argv: list[str] | None = None) -> int:
     if before_rev:
         before_root = Path(f"/tmp/wagma-bench-before-{before_rev}")
         if not before_root.exists():
-            subprocess.run(["git", "worktree", "add", "--detach", str(before_root), before_rev], cwd=root, check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(before_root), before_rev],
+                cwd=root,
+                check=True,
+                capture_output=True,
+            )
     rows = []
     for world in map(int, ns.worlds.split(",")):
         for name in ns.optimizers.split(","):
             r = time_one(root, name, world, ns.rounds)
-            row = {"optimizer": name, "world_size": world, "rounds": r["rounds"], "cpu_s": r["cpu_s"],
-                   "us_per_rank_round": r["cpu_s"] / (world * r["rounds"]) * 1e6, "throughput": r["throughput"]}
+            row = {
+                "optimizer": name,
+                "world_size": world,
+                "rounds": r["rounds"],
+                "cpu_s": r["cpu_s"],
+                "us_per_rank_round": r["cpu_s"] / (world * r["rounds"]) * 1e6,
+                "throughput": r["throughput"],
+            }
             if before_root is not None and world <= ns.before_up_to:
                 row["before_cpu_s"] = time_one(before_root, name, world, ns.rounds)["cpu_s"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"command": "reproduce/scaling/bench_simulator.py " + " ".join(argv or sys.argv[1:]),
-              "before": before_rev, "machine": f"{platform.node()} {os.cpu_count()} cores",
-              "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+    result = {
+        "command": "reproduce/scaling/bench_simulator.py " + " ".join(argv or sys.argv[1:]),
+        "before": before_rev,
+        "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "rows": rows,
+    }
     if ns.out:
         write_text_atomic(ns.out, json.dumps(result, indent=1) + "\n")
     print(table(result))

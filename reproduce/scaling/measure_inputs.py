@@ -60,18 +60,22 @@ RESAMPLES = 2000
 
 def compute_medians(run: Path) -> dict[str, float]:
     fit = fit_run(run)
-    by_rank = [seq[SKIP_STEPS + 1:] for seq in fit.trace]
+    by_rank = [seq[SKIP_STEPS + 1 :] for seq in fit.trace]
     pooled = [c for seq in by_rank for c in seq]
-    return {"all": statistics.median(pooled),
-            "actives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 0 for c in seq]),
-            "passives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 1 for c in seq])}
+    return {
+        "all": statistics.median(pooled),
+        "actives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 0 for c in seq]),
+        "passives": statistics.median([c for r, seq in enumerate(by_rank) if r % 2 == 1 for c in seq]),
+    }
 
 
 def busy_share(run: Path, network) -> float:
     """The simulator's replay of an AD-PSGD run (its own compute times and delays) with a free exchange: the share of
     compute time exchanging."""
     fit, replayed = fit_run(run), []
-    replay_run(fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed)
+    replay_run(
+        fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed
+    )
     return float(replayed[0].extra["gossip_busy_share"])
 
 
@@ -91,12 +95,27 @@ def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
         on, off = compute_medians(pair["adpsgd"]), compute_medians(pair["nothread"])
         share = busy_share(pair["adpsgd"], network)
         busy = share * on["all"]
-        rows.append({"world_size": p, "pair": i, "compute_on_s": on["all"], "compute_off_s": off["all"],
-                     "slowdown": on["all"] / off["all"] - 1, "actives": on["actives"] / off["all"] - 1,
-                     "passives": on["passives"] / off["all"] - 1, "busy_share": share, "busy_s": busy,
-                     "c": (on["all"] - off["all"]) / busy if busy > 0 else None})
-    spread = fit_spread([list(cycle_compute_by_rank(pair["nothread"]).values()) for pair in runs.values()
-                         if "nothread" in pair])
+        rows.append(
+            {
+                "world_size": p,
+                "pair": i,
+                "compute_on_s": on["all"],
+                "compute_off_s": off["all"],
+                "slowdown": on["all"] / off["all"] - 1,
+                "actives": on["actives"] / off["all"] - 1,
+                "passives": on["passives"] / off["all"] - 1,
+                "busy_share": share,
+                "busy_s": busy,
+                "c": (on["all"] - off["all"]) / busy if busy > 0 else None,
+            }
+        )
+    spread = fit_spread(
+        [
+            list(cycle_compute_by_rank(pair["nothread"]).values())
+            for pair in runs.values()
+            if "nothread" in pair
+        ]
+    )
     return rows, report, spread.row()
 
 
@@ -133,16 +152,30 @@ def main(argv: list[str] | None = None) -> int:
     replicates = [held(rng.integers(len(rows), size=len(rows))) for _ in range(RESAMPLES)]
     lo, hi = np.percentile(replicates, [2.5, 97.5])
     value = held(np.arange(len(rows)))
-    data = {"format": FORMAT, "measured_on": ns.measured_on,
-            "source": (f"reproduce/scaling/measure_inputs.py {ns.gossip_dir} {ns.comm_bench}: {len(rows)} interleaved "
-                       f"pairs of AD-PSGD and local SGD (period 10){'; ' + ns.source if ns.source else ''}"),
-            "skipped": ns.skipped,
-            "gossip_cost": {"value": value, "interval": [float(lo), float(hi)], "ratio_of_sums": raw,
-                            "replicates": [round(r, 6) for r in replicates[:200]]},
-            "network": ({"intra": {k: network["levels"]["intra"][k] for k in ("alpha_s", "bandwidth_GBps")}}
-                        if math.isfinite(network["levels"]["intra"]["bandwidth_GBps"]) else None),
-            "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
-            "pairs": rows, "network_fit": network, "compute_fit": spread}
+    data = {
+        "format": FORMAT,
+        "measured_on": ns.measured_on,
+        "source": (
+            f"reproduce/scaling/measure_inputs.py {ns.gossip_dir} {ns.comm_bench}: {len(rows)} interleaved "
+            f"pairs of AD-PSGD and local SGD (period 10){'; ' + ns.source if ns.source else ''}"
+        ),
+        "skipped": ns.skipped,
+        "gossip_cost": {
+            "value": value,
+            "interval": [float(lo), float(hi)],
+            "ratio_of_sums": raw,
+            "replicates": [round(r, 6) for r in replicates[:200]],
+        },
+        "network": (
+            {"intra": {k: network["levels"]["intra"][k] for k in ("alpha_s", "bandwidth_GBps")}}
+            if math.isfinite(network["levels"]["intra"]["bandwidth_GBps"])
+            else None
+        ),
+        "compute": {k: spread[k] for k in ("sigma_rank", "sigma", "rho")},
+        "pairs": rows,
+        "network_fit": network,
+        "compute_fit": spread,
+    }
     write_text_atomic(ns.out, json.dumps(data, indent=1) + "\n")
     print(f"wrote {ns.out}")
     if ns.table:
@@ -153,18 +186,35 @@ def main(argv: list[str] | None = None) -> int:
 def table(data: dict) -> str:
     """The per-pair table and the value with its interval, in Markdown (``--table``; the README's block)."""
     c = data["gossip_cost"]
-    rows = [{**r, **{k: f"{100 * r[k]:+.1f}%" for k in ("slowdown", "actives", "passives")},
-             "busy_share": f"{100 * r['busy_share']:.1f}%"} for r in data["pairs"]]
-    head = markdown_table(rows, [("world_size", "P", ""), ("pair", "pair", ""),
-                                 ("compute_on_s", "compute per step, thread on (s)", "metric"),
-                                 ("compute_off_s", "thread off (s)", "metric"), ("slowdown", "slowdown", ""),
-                                 ("actives", "actives", ""), ("passives", "passives", ""),
-                                 ("busy_share", "time exchanging", ""), ("c", "c of the pair", "sig")])
+    rows = [
+        {
+            **r,
+            **{k: f"{100 * r[k]:+.1f}%" for k in ("slowdown", "actives", "passives")},
+            "busy_share": f"{100 * r['busy_share']:.1f}%",
+        }
+        for r in data["pairs"]
+    ]
+    head = markdown_table(
+        rows,
+        [
+            ("world_size", "P", ""),
+            ("pair", "pair", ""),
+            ("compute_on_s", "compute per step, thread on (s)", "metric"),
+            ("compute_off_s", "thread off (s)", "metric"),
+            ("slowdown", "slowdown", ""),
+            ("actives", "actives", ""),
+            ("passives", "passives", ""),
+            ("busy_share", "time exchanging", ""),
+            ("c", "c of the pair", "sig"),
+        ],
+    )
     spread = data["compute"]
-    return (f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' median, held "
-            f"to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is {c['ratio_of_sums']:.2f}. The "
-            f"thread-off runs' compute spread: sigma_rank {spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, "
-            f"rho {spread['rho']:.3f}.")
+    return (
+        f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' median, held "
+        f"to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is {c['ratio_of_sums']:.2f}. The "
+        f"thread-off runs' compute spread: sigma_rank {spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, "
+        f"rho {spread['rho']:.3f}."
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,17 @@ from wagma_bench.record.files import write_text_atomic
 
 TRACE_BAR, RESAMPLED_BAR = 0.05, 0.15
 RUN = re.compile(r"(?P<label>.+)_(?P<imbalance>none|independent|lognormal|shared_draw)_p(?P<world>\d+)")
-ORDER = ("allreduce", "wagma", "local_sgd", "dpsgd", "adpsgd", "sgp", "eager", "dropcompute", "diloco_streaming")
+ORDER = (
+    "allreduce",
+    "wagma",
+    "local_sgd",
+    "dpsgd",
+    "adpsgd",
+    "sgp",
+    "eager",
+    "dropcompute",
+    "diloco_streaming",
+)
 IMBALANCE_ORDER = ("none", "independent", "lognormal", "shared_draw")
 
 
@@ -38,12 +48,27 @@ def rows_of(sim_rows: list[dict]) -> list[dict]:
         m = RUN.fullmatch(Path(r["run"]).name)
         if not m:
             continue
-        out.append({"label": m["label"], "imbalance": m["imbalance"], "world_size": int(m["world"]),
-                    "measured": r["measured"], "resampled": r["predicted"], "ratio": r["ratio"],
-                    "trace": r["predicted_trace"], "ratio_trace": r["ratio_trace"]})
+        out.append(
+            {
+                "label": m["label"],
+                "imbalance": m["imbalance"],
+                "world_size": int(m["world"]),
+                "measured": r["measured"],
+                "resampled": r["predicted"],
+                "ratio": r["ratio"],
+                "trace": r["predicted_trace"],
+                "ratio_trace": r["ratio_trace"],
+            }
+        )
     rank = {n: i for i, n in enumerate(ORDER)}
-    return sorted(out, key=lambda r: (rank.get(r["label"], len(ORDER)), IMBALANCE_ORDER.index(r["imbalance"]),
-                                      r["world_size"]))
+    return sorted(
+        out,
+        key=lambda r: (
+            rank.get(r["label"], len(ORDER)),
+            IMBALANCE_ORDER.index(r["imbalance"]),
+            r["world_size"],
+        ),
+    )
 
 
 def misses(rows: list[dict]) -> tuple[int, int]:
@@ -56,12 +81,16 @@ def table(rows: list[dict]) -> str:
     def ratio(v: float, bar: float) -> str:
         return f"**{v:.2f}**" if abs(v - 1) > bar else f"{v:.2f}"
 
-    lines = ["| optimizer | imbalance | P | measured (samples/s) | resampled | ratio | trace | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| optimizer | imbalance | P | measured (samples/s) | resampled | ratio | trace | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['label']} | {r['imbalance']} | {r['world_size']} | {r['measured']:,.0f} | "
-                     f"{r['resampled']:,.0f} | {ratio(r['ratio'], RESAMPLED_BAR)} | {r['trace']:,.0f} | "
-                     f"{ratio(r['ratio_trace'], TRACE_BAR)} |")
+        lines.append(
+            f"| {r['label']} | {r['imbalance']} | {r['world_size']} | {r['measured']:,.0f} | "
+            f"{r['resampled']:,.0f} | {ratio(r['ratio'], RESAMPLED_BAR)} | {r['trace']:,.0f} | "
+            f"{ratio(r['ratio_trace'], TRACE_BAR)} |"
+        )
     trace, resampled = misses(rows)
     n = len(rows)
     lines += ["", f"Trace within 5%: {n - trace} of {n}; resampled within 15%: {n - resampled} of {n}."]
@@ -108,14 +137,18 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--comm"]:  # --comm COMM_BENCH RUN_DIR...
         for run in argv[2:]:
             recorded, modelled = comm_gap(Path(run), Path(argv[1]))
-            print(f"{Path(run).name}: {1e3 * recorded:.0f} ms a step recorded in communication, {1e3 * modelled:.0f} ms "
-                  "modelled")
+            print(
+                f"{Path(run).name}: {1e3 * recorded:.0f} ms a step recorded in communication, {1e3 * modelled:.0f} ms "
+                "modelled"
+            )
         return 0
     if argv[:1] == ["--delayed"]:  # --delayed RUN_DIR...
         for run in argv[1:]:
             most, others = delayed_compute(Path(run))
-            print(f"{Path(run).name}: each step's most-delayed rank computes in {most:.3f} s (median), the others in "
-                  f"{others:.3f} s")
+            print(
+                f"{Path(run).name}: each step's most-delayed rank computes in {most:.3f} s (median), the others in "
+                f"{others:.3f} s"
+            )
         return 0
     if argv[:1] == ["--table"]:
         print(table(json.loads((Path(argv[1]) / "validation.json").read_text())))
@@ -123,9 +156,20 @@ def main(argv: list[str]) -> int:
     results = Path(argv[0])
     root = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory() as sim:
-        subprocess.run([str(root / ".venv" / "bin" / "wagma-bench"), "simulate", "cluster=local", "--calibrate",
-                        str(results / "runs"), str(results / "comm_bench.json"), "--out", sim],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(root / ".venv" / "bin" / "wagma-bench"),
+                "simulate",
+                "cluster=local",
+                "--calibrate",
+                str(results / "runs"),
+                str(results / "comm_bench.json"),
+                "--out",
+                sim,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         rows = rows_of(json.loads((Path(sim) / "validation.json").read_text()))
     write_text_atomic(results / "validation.json", json.dumps(rows, indent=1) + "\n")
     print(table(rows))

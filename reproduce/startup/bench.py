@@ -43,26 +43,55 @@ def measure(repeats: int, out: Path, label: str) -> dict:
         run_dir = out / f"run{i}"
         shutil.rmtree(run_dir, ignore_errors=True)
         runs.append(timed([*RUN, f"hydra.run.dir={run_dir}"]))
-        breakdowns.append(json.loads((run_dir / "summary.json").read_text()).get("startup"))  # None before 2026-12-02
-        print(f"repeat {i + 1}/{repeats}: import {imports[-1]:.2f} s, one-step run {runs[-1]:.2f} s", flush=True)
+        breakdowns.append(
+            json.loads((run_dir / "summary.json").read_text()).get("startup")
+        )  # None before 2026-12-02
+        print(
+            f"repeat {i + 1}/{repeats}: import {imports[-1]:.2f} s, one-step run {runs[-1]:.2f} s", flush=True
+        )
     run_s, import_s = statistics.median(runs), statistics.median(imports)
-    return {"label": label, "import_s": imports, "run_s": runs, "median_import_s": round(import_s, 3),
-            "median_run_s": round(run_s, 3), "ratio": round(run_s / import_s, 2), "goal": GOAL,
-            "startup_median_s": ({p: round(statistics.median(b[p] for b in breakdowns), 3) for p in PHASES}
-                                 if all(breakdowns) else None),
-            "machine": f"{os.cpu_count()} cores, {platform.machine()}", "python": platform.python_version(),
-            "command": " ".join(["wagma-bench", *RUN[1:]]), "floor": "python -c 'import torch, torchvision'"}
+    return {
+        "label": label,
+        "import_s": imports,
+        "run_s": runs,
+        "median_import_s": round(import_s, 3),
+        "median_run_s": round(run_s, 3),
+        "ratio": round(run_s / import_s, 2),
+        "goal": GOAL,
+        "startup_median_s": (
+            {p: round(statistics.median(b[p] for b in breakdowns), 3) for p in PHASES}
+            if all(breakdowns)
+            else None
+        ),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "python": platform.python_version(),
+        "command": " ".join(["wagma-bench", *RUN[1:]]),
+        "floor": "python -c 'import torch, torchvision'",
+    }
 
 
 def table(results: list[dict]) -> str:
     """The README's table of committed results, a row each."""
-    lines = [("| code | one-step run, 4 ranks (s) | one import of torch + torchvision (s) | ratio (goal: at most "
-             f"{GOAL:g}x) | the run's start (s, medians) |"), "|---|---|---|---|---|"]
+    lines = [
+        (
+            "| code | one-step run, 4 ranks (s) | one import of torch + torchvision (s) | ratio (goal: at most "
+            f"{GOAL:g}x) | the run's start (s, medians) |"
+        ),
+        "|---|---|---|---|---|",
+    ]
     for result in results:
-        phases = ", ".join(f"{p.removesuffix('_s').replace('_', ' ')} {result['startup_median_s'][p]:.2f}"
-                           for p in PHASES) if result["startup_median_s"] else "not recorded"
-        lines.append(f"| {result['label']} | {result['median_run_s']:.2f} | {result['median_import_s']:.2f} | "
-                     f"{result['ratio']:.2f}x | {phases} |")
+        phases = (
+            ", ".join(
+                f"{p.removesuffix('_s').replace('_', ' ')} {result['startup_median_s'][p]:.2f}"
+                for p in PHASES
+            )
+            if result["startup_median_s"]
+            else "not recorded"
+        )
+        lines.append(
+            f"| {result['label']} | {result['median_run_s']:.2f} | {result['median_import_s']:.2f} | "
+            f"{result['ratio']:.2f}x | {phases} |"
+        )
     return "\n".join(lines)
 
 

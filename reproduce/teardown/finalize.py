@@ -32,7 +32,9 @@ def rank_main(rank: int, port: int, ending: str) -> None:
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+    )
     sub = dist.new_group([0, 1])
     buf = torch.ones(1 << 20)
     for _ in range(3):
@@ -52,13 +54,21 @@ def one_try(ending: str) -> str | None:
     )
 
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--ending", ending],
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(r), "--port", str(port), "--ending", ending],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outcome = None
     for r, p in enumerate(procs):
         _, err = p.communicate(timeout=120)
         if p.returncode != 0 and outcome is None:
-            how = (f"signal {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"exit {p.returncode}")
+            how = (
+                f"signal {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"exit {p.returncode}"
+            )
             first = next((line for line in err.splitlines() if "Warning" not in line), "")
             outcome = f"rank {r}: {how}: {first.strip()}"
     return outcome
@@ -67,7 +77,9 @@ def one_try(ending: str) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tries", type=int, default=20, help="tries per ending (default 20)")
-    parser.add_argument("--endings", default=",".join(ENDINGS), help=f"comma-separated, of {', '.join(ENDINGS)}")
+    parser.add_argument(
+        "--endings", default=",".join(ENDINGS), help=f"comma-separated, of {', '.join(ENDINGS)}"
+    )
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ending", choices=ENDINGS, help=argparse.SUPPRESS)
@@ -77,8 +89,11 @@ def main() -> int:
         return 0
     for ending in args.endings.split(","):
         bad = [o for o in (one_try(ending) for _ in range(args.tries)) if o]
-        print(f"{ending:9s} {len(bad)} of {args.tries} tries had a rank end abnormally"
-              + (f"; first: {bad[0]}" if bad else ""), flush=True)
+        print(
+            f"{ending:9s} {len(bad)} of {args.tries} tries had a rank end abnormally"
+            + (f"; first: {bad[0]}" if bad else ""),
+            flush=True,
+        )
     return 0
 
 

@@ -34,8 +34,13 @@ from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import write_json_atomic
 
 LR, WARMUP_EPOCHS, SEED = 0.00404411, 0.686998, 4
-BASE = ["workload=transformer", "optimizer=allreduce", f"train.warmup_epochs={WARMUP_EPOCHS}",
-        "train.time_limit_s=150", "logger.progress=off"]
+BASE = [
+    "workload=transformer",
+    "optimizer=allreduce",
+    f"train.warmup_epochs={WARMUP_EPOCHS}",
+    "train.time_limit_s=150",
+    "logger.progress=off",
+]
 LEVELS = {
     "repeat": [{} for _ in range(5)],
     "seed": [{"seed": s} for s in (11, 12, 13, 14, 15)],
@@ -47,8 +52,12 @@ RESULT = "spread.json"
 
 def overrides(level: dict) -> list[str]:
     lr = LR * level.get("lr_factor", 1.0)
-    return [*BASE, f"seed={level.get('seed', SEED)}", f"workload.shuffle_seed={level.get('shuffle_seed', SEED)}",
-            f"train.lr={lr:.6g}"]
+    return [
+        *BASE,
+        f"seed={level.get('seed', SEED)}",
+        f"workload.shuffle_seed={level.get('shuffle_seed', SEED)}",
+        f"train.lr={lr:.6g}",
+    ]
 
 
 def plan(seed: int = 1) -> list[tuple[str, int]]:
@@ -73,16 +82,23 @@ def run(out: Path) -> list[dict]:
         if before is not None and ended(run_dir / SUMMARY):
             summary = add_reference(run_dir, summary, before, reference_s())
         rows.append(row(source, k, summary))
-    write_json_atomic(out / RESULT, {"version": 1, "base": BASE, "lr": LR, "seed": SEED, "levels": LEVELS,
-                                     "runs": rows})
+    write_json_atomic(
+        out / RESULT, {"version": 1, "base": BASE, "lr": LR, "seed": SEED, "levels": LEVELS, "runs": rows}
+    )
     return rows
 
 
 def row(source: str, k: int, summary: dict) -> dict:
-    return {"source": source, "level": LEVELS[source][k], "status": summary.get("status"),
-            "reached": bool(summary.get("reached")), "time_to_target_s": summary.get("time_to_target_s"),
-            "steps_to_target": summary.get("rounds_to_target"), "best_bleu": summary.get("best_metric"),
-            "reference_before_after_s": summary.get("reference_before_after_s")}
+    return {
+        "source": source,
+        "level": LEVELS[source][k],
+        "status": summary.get("status"),
+        "reached": bool(summary.get("reached")),
+        "time_to_target_s": summary.get("time_to_target_s"),
+        "steps_to_target": summary.get("rounds_to_target"),
+        "best_bleu": summary.get("best_metric"),
+        "reference_before_after_s": summary.get("reference_before_after_s"),
+    }
 
 
 def cv(values: list[float]) -> float | None:
@@ -90,17 +106,26 @@ def cv(values: list[float]) -> float | None:
 
 
 def table(result: dict) -> str:
-    lines = ["| source varied | reached | time to target (s): median, CV | steps to target: median, CV | best BLEU: median, CV |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| source varied | reached | time to target (s): median, CV | steps to target: median, CV | best BLEU: median, CV |",
+        "|---|---|---|---|---|",
+    ]
     for source in LEVELS:
         runs = [r for r in result["runs"] if r["source"] == source]
         hit = [r for r in runs if r["reached"]]
         cells = [f"{len(hit)}/{len(runs)}"]
-        for key, fmt in (("time_to_target_s", "{:.1f}"), ("steps_to_target", "{:.0f}"), ("best_bleu", "{:.1f}")):
+        for key, fmt in (
+            ("time_to_target_s", "{:.1f}"),
+            ("steps_to_target", "{:.0f}"),
+            ("best_bleu", "{:.1f}"),
+        ):
             values = [r[key] for r in (runs if key == "best_bleu" else hit) if r[key] is not None]
             spread = cv(values)
-            cells.append("—" if not values else
-                         f"{fmt.format(statistics.median(values))}, {'—' if spread is None else f'{spread:.2f}'}")
+            cells.append(
+                "—"
+                if not values
+                else f"{fmt.format(statistics.median(values))}, {'—' if spread is None else f'{spread:.2f}'}"
+            )
         lines.append(f"| {source} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -42,17 +42,23 @@ Methods = list[tuple[str, Path, str]]  # (method, tuning or simulation directory
 def _tuned(where: Path, name: str) -> Methods:
     """One campaign's four tunings: ``where/name_pair`` (Allreduce-SGD and WAGMA-SGD, tuned together),
     ``where/name_dropcompute`` and ``where/name_streaming``."""
-    return [("Allreduce-SGD", where / f"{name}_pair", "allreduce"), ("WAGMA-SGD", where / f"{name}_pair", "wagma"),
-            ("DropCompute", where / f"{name}_dropcompute", "dropcompute"),
-            ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd")]
+    return [
+        ("Allreduce-SGD", where / f"{name}_pair", "allreduce"),
+        ("WAGMA-SGD", where / f"{name}_pair", "wagma"),
+        ("DropCompute", where / f"{name}_dropcompute", "dropcompute"),
+        ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd"),
+    ]
 
 
 def _simulated(where: Path, name: str) -> Methods:
     """The four methods' rows in ``where/name`` (Allreduce-SGD, WAGMA-SGD, DropCompute) and
     ``where/name_streaming`` (streaming DiLoCo, simulated apart at its winning H)."""
-    return [("Allreduce-SGD", where / name, "allreduce"), ("WAGMA-SGD", where / name, "wagma"),
-            ("DropCompute", where / name, "dropcompute"),
-            ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd")]
+    return [
+        ("Allreduce-SGD", where / name, "allreduce"),
+        ("WAGMA-SGD", where / name, "wagma"),
+        ("DropCompute", where / name, "dropcompute"),
+        ("streaming DiLoCo", where / f"{name}_streaming", "local_sgd"),
+    ]
 
 
 def _no_dropcompute(methods: Methods) -> Methods:
@@ -62,8 +68,7 @@ def _no_dropcompute(methods: Methods) -> Methods:
 
 WORKLOADS: dict[str, Methods] = {
     "ResNet-20 on the embedded MNIST subset, `imbalance=shared_draw` (named `paper` when these runs were "
-    "made; 2 of 4 ranks sleep 0.3 s per step)":
-        _tuned(T / "results-2core-20261203d", "resnet_paper"),
+    "made; 2 of 4 ranks sleep 0.3 s per step)": _tuned(T / "results-2core-20261203d", "resnet_paper"),
     "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
     "truncated at 1)": _tuned(T / "results-2core-20261203e", "resnet_lognormal"),
     "the embedded Transformer, token batches (natural imbalance only)": [
@@ -90,8 +95,12 @@ PREDICTED: dict[str, Methods] = {
 def _finished(tune_dir: Path, optimizer: str) -> list[tuple[Path, dict]]:
     """The finished trials of ``optimizer`` in a tuning directory: (run directory, summary)."""
     _, combos, summaries = load_trials(tune_dir)
-    return [(tune_dir / "trials" / t.name, summaries[t.name]) for trials in combos.values() for t in trials
-            if trial_finished(summaries[t.name]) and summaries[t.name]["optimizer"] == optimizer]
+    return [
+        (tune_dir / "trials" / t.name, summaries[t.name])
+        for trials in combos.values()
+        for t in trials
+        if trial_finished(summaries[t.name]) and summaries[t.name]["optimizer"] == optimizer
+    ]
 
 
 def _comm_ms(run_dir: Path) -> float:
@@ -121,38 +130,58 @@ def rows_of(methods: Methods, root: Path = ROOT) -> list[dict]:
         trials = _finished(root / d, opt)
         drops = [s["dropcompute"]["drop_rate"] for _, s in trials if s.get("dropcompute")]
         lo, hi = sp.interval
-        rows.append({
-            "method": name, "score": f"{num(m.value)} [{num(m.interval[0])}, {num(m.interval[1])}]",
-            "reached": f"{m.reached}/{m.finished}",
-            "against": f"{times(sp.value)} [{times(lo)}, {times(hi)}]" + (" **wins**" if lo > 1 else ""),
-            "drop": f"{100 * statistics.median(drops):.1f}%" if drops else "—",
-            "comm": f"{statistics.median(_comm_ms(r) for r, _ in trials):.1f}",
-            "reductions": _reductions(root / d, opt), "imbalance": num(m.compute_imbalance),
-            "tuning": f"`{d.parent.name}/{d.name}`"})
+        rows.append(
+            {
+                "method": name,
+                "score": f"{num(m.value)} [{num(m.interval[0])}, {num(m.interval[1])}]",
+                "reached": f"{m.reached}/{m.finished}",
+                "against": f"{times(sp.value)} [{times(lo)}, {times(hi)}]" + (" **wins**" if lo > 1 else ""),
+                "drop": f"{100 * statistics.median(drops):.1f}%" if drops else "—",
+                "comm": f"{statistics.median(_comm_ms(r) for r, _ in trials):.1f}",
+                "reductions": _reductions(root / d, opt),
+                "imbalance": num(m.compute_imbalance),
+                "tuning": f"`{d.parent.name}/{d.name}`",
+            }
+        )
     return rows
 
 
-COLUMNS = [("method", "method", ""), ("score", "time to target (s) [95%]", ""), ("reached", "trials reached", ""),
-           ("against", "against the best of the others [95%]", ""), ("drop", "drop rate", ""),
-           ("comm", "comm wait per step (ms)", ""), ("reductions", "models reduced per step", ""),
-           ("imbalance", "compute imbalance", ""), ("tuning", "tuning", "")]
+COLUMNS = [
+    ("method", "method", ""),
+    ("score", "time to target (s) [95%]", ""),
+    ("reached", "trials reached", ""),
+    ("against", "against the best of the others [95%]", ""),
+    ("drop", "drop rate", ""),
+    ("comm", "comm wait per step (ms)", ""),
+    ("reductions", "models reduced per step", ""),
+    ("imbalance", "compute imbalance", ""),
+    ("tuning", "tuning", ""),
+]
 
 
 def predicted_rows(methods: Methods, root: Path = ROOT) -> list[dict]:
     """The simulator's rows of each method at every world size it predicted, against Allreduce-SGD's there."""
-    found = {name: [r for r in json.loads((root / d / "predictions.json").read_text()) if r["optimizer"] == opt]
-             for name, d, opt in methods}
+    found = {
+        name: [r for r in json.loads((root / d / "predictions.json").read_text()) if r["optimizer"] == opt]
+        for name, d, opt in methods
+    }
     reference = {r["world_size"]: r for r in found.get("Allreduce-SGD", [])}
     rows = []
     for p in sorted({r["world_size"] for rs in found.values() for r in rs}):
         ref = reference.get(p, {})
         for name, _, _ in methods:
             for r in (r for r in found[name] if r["world_size"] == p):
-                rows.append({"method": name, "P": f"{p:,}", "throughput": f"{r['throughput']:,.0f}",
-                             "vs": _ratio(r["throughput"], ref.get("throughput")),
-                             "wait": f"{100 * r['wait_frac']:.0f}%",
-                             "drop": f"{100 * r['drop_rate']:.1f}%" if r.get("drop_rate") is not None else "—",
-                             "ttt": _ratio(ref.get("time_to_target_s"), r.get("time_to_target_s"))})
+                rows.append(
+                    {
+                        "method": name,
+                        "P": f"{p:,}",
+                        "throughput": f"{r['throughput']:,.0f}",
+                        "vs": _ratio(r["throughput"], ref.get("throughput")),
+                        "wait": f"{100 * r['wait_frac']:.0f}%",
+                        "drop": f"{100 * r['drop_rate']:.1f}%" if r.get("drop_rate") is not None else "—",
+                        "ttt": _ratio(ref.get("time_to_target_s"), r.get("time_to_target_s")),
+                    }
+                )
     return rows
 
 
@@ -160,20 +189,31 @@ def _ratio(a: float | None, b: float | None) -> str:
     return times(a / b) if a and b else "—"
 
 
-PREDICTED_COLUMNS = [("method", "method", ""), ("P", "P", ""), ("throughput", "samples/s", ""),
-                     ("vs", "throughput against Allreduce-SGD", ""), ("wait", "wait share", ""),
-                     ("drop", "drop rate", ""), ("ttt", "time to target against Allreduce-SGD", "")]
+PREDICTED_COLUMNS = [
+    ("method", "method", ""),
+    ("P", "P", ""),
+    ("throughput", "samples/s", ""),
+    ("vs", "throughput against Allreduce-SGD", ""),
+    ("wait", "wait share", ""),
+    ("drop", "drop rate", ""),
+    ("ttt", "time to target against Allreduce-SGD", ""),
+]
 
 
-def tables(workloads: dict[str, Methods] = WORKLOADS,
-           predicted: dict[str, Methods] = PREDICTED, root: Path = ROOT) -> str:
+def tables(
+    workloads: dict[str, Methods] = WORKLOADS, predicted: dict[str, Methods] = PREDICTED, root: Path = ROOT
+) -> str:
     parts = []
     for title, methods in workloads.items():
         parts += [f"**{title}**", "", markdown_table(rows_of(methods, root), COLUMNS), ""]
         if title in predicted:
             where = predicted[title][0][1].parent.relative_to(T)
-            parts += [f"Predicted at the paper's scale (`wagma-bench simulate`, `{where}`):", "",
-                      markdown_table(predicted_rows(predicted[title], root), PREDICTED_COLUMNS), ""]
+            parts += [
+                f"Predicted at the paper's scale (`wagma-bench simulate`, `{where}`):",
+                "",
+                markdown_table(predicted_rows(predicted[title], root), PREDICTED_COLUMNS),
+                "",
+            ]
     return "\n".join(parts).rstrip()
 
 
