@@ -16,7 +16,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def load_script(path: Path):
-    """A script of the repository (reproduce/...: not a package) imported as a module, to call its functions."""
+    """A script of the repository (reproduce/...: not a package) imported as a module, to call its
+    functions."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -41,7 +41,8 @@ def checkpointed(tmp_path_factory) -> Path:
     beside it (:func:`checkpointed_stdout`), written last: its presence says the run is complete.
 
     Under pytest-xdist one run serves every worker (pytest-xdist's documented pattern: the first worker to
-    take the lock makes it in the folder the workers' temporary folders share, the others wait and read it)."""
+    take the lock makes it in the folder the workers' temporary folders share, the others wait and read
+    it)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return _make_checkpointed(tmp_path_factory.mktemp("checkpointed"))
     shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
@@ -97,9 +98,9 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     """MPICH's shared-memory segment (``/dev/shm/mpich_shm_*``) outlives a job whose ranks were killed or
-    aborted (the tests of a killed or failing MPI rank do both). Those that appeared during the run and that no
-    process uses any more are removed when it ends (by then no test runs, under xdist's workers neither), so
-    that the suite leaves nothing in /dev/shm."""
+    aborted (the tests of a killed or failing MPI rank do both). Those that appeared during the run and that
+    no process uses any more are removed when it ends (by then no test runs, under xdist's workers neither),
+    so that the suite leaves nothing in /dev/shm."""
     before = session.config.stash.get(_SEGMENTS_BEFORE, None)
     if before is None:
         return

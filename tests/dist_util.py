@@ -79,9 +79,9 @@ def _rank_main(rank, world_size, port, comm_timeout_s, results, fn, args, emulat
         os._exit(0 if ok else 1)
 
 
-# For the files make test runs at idle CPU priority (marker `background`, see the Makefile): a rank there gets no
-# core while a serial test keeps both busy, for as long as it does. They assert no time, so only a hang should
-# reach these.
+# For the files make test runs at idle CPU priority (marker `background`, see the Makefile): a rank there gets
+# no core while a serial test keeps both busy, for as long as it does. They assert no time, so only a hang
+# should reach these.
 PAUSABLE = {"comm_timeout_s": 300.0, "timeout_s": 900.0}
 
 

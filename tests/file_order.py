@@ -1,4 +1,5 @@
-"""The order of make test's first phase: the longest test files first, so that both xdist workers end together.
+"""The order of make test's first phase: the longest test files first, so that both xdist workers end
+together.
 
     pytest -p tests.file_order ...                                      # longest files first
     pytest -p tests.file_order --write-durations tests/durations.json   # ... and measure them again

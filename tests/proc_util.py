@@ -1,8 +1,8 @@
 """The processes of a local ``wagma-bench run``, as the tests find them from the launcher's PID.
 
-The launcher starts a fork server (``multiprocessing.forkserver``) and the run's store process and its ranks are
-forked from it, so the ranks are the server's children, not the launcher's; they are forked in rank order, so PID order is rank
-order (the tests' runs are far from a PID wrap-around)."""
+The launcher starts a fork server (``multiprocessing.forkserver``) and the run's store process and its ranks
+are forked from it, so the ranks are the server's children, not the launcher's; they are forked in rank order,
+so PID order is rank order (the tests' runs are far from a PID wrap-around)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def fork_servers(launcher: int) -> list[int]:
-    """The fork server of the local launcher ``launcher`` (a list: empty before it starts and after it ends)."""
+    """The fork server of the local launcher ``launcher`` (a list: empty before it starts and after it
+    ends)."""
     return [p for p in children(launcher) if b"forkserver" in _cmdline(p)]
 
 
@@ -43,16 +44,16 @@ def _comm(pid: int) -> str:
 
 
 def rank_pids(launcher: int) -> list[int]:
-    """The live ranks of the local launcher ``launcher``, by rank (not its fork server, its resource tracker, or
-    the run's store process, which the server forks first and which names itself)."""
+    """The live ranks of the local launcher ``launcher``, by rank (not its fork server, its resource tracker,
+    or the run's store process, which the server forks first and which names itself)."""
     return sorted(
         p for server in fork_servers(launcher) for p in children(server) if _comm(p) != STORE_PROCESS_NAME
     )
 
 
 def first_fork_server(launcher: subprocess.Popen) -> int:
-    """The PID of the fork server of ``launcher`` (a local ``wagma-bench run`` or ``comm-bench``) as soon as it
-    exists, polled every 5 ms: it starts early, its imports overlapping the launcher's own start-up."""
+    """The PID of the fork server of ``launcher`` (a local ``wagma-bench run`` or ``comm-bench``) as soon as
+    it exists, polled every 5 ms: it starts early, its imports overlapping the launcher's own start-up."""
     deadline = time.monotonic() + 60
     while not (servers := fork_servers(launcher.pid)):
         assert time.monotonic() < deadline and launcher.poll() is None, "no fork server started"
@@ -62,7 +63,8 @@ def first_fork_server(launcher: subprocess.Popen) -> int:
 
 @contextlib.contextmanager
 def held(pid: int):
-    """Process ``pid`` stopped (SIGSTOP) for the block and continued (SIGCONT) after it, if it still exists."""
+    """Process ``pid`` stopped (SIGSTOP) for the block and continued (SIGCONT) after it, if it still
+    exists."""
     os.kill(pid, signal.SIGSTOP)
     try:
         yield pid
@@ -73,15 +75,15 @@ def held(pid: int):
 
 @contextlib.contextmanager
 def held_fork_server(launcher: subprocess.Popen):
-    """The fork server of ``launcher`` held from the moment it appears until the block ends: no rank can be forked
-    in the block. Yields its PID."""
+    """The fork server of ``launcher`` held from the moment it appears until the block ends: no rank can be
+    forked in the block. Yields its PID."""
     with held(first_fork_server(launcher)) as server:
         yield server
 
 
 def listening_ports(pid: int) -> list[int]:
-    """The TCP ports (IPv4) on which process ``pid`` itself listens: its sockets' inodes, found in the kernel's
-    table of its network namespace in the LISTEN state."""
+    """The TCP ports (IPv4) on which process ``pid`` itself listens: its sockets' inodes, found in the
+    kernel's table of its network namespace in the LISTEN state."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -107,8 +109,8 @@ def alive(pid: int) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` now: its children, theirs, ... (the launcher's fork server, resource tracker,
-    store process and ranks)."""
+    """Every process below ``pid`` now: its children, theirs, ... (the launcher's fork server, resource
+    tracker, store process and ranks)."""
     out, todo = [], children(pid)
     while todo:
         p = todo.pop()
@@ -118,8 +120,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def heavy_modules_after(code: str, heavy: tuple[str, ...]) -> list[str]:
-    """Which of the ``heavy`` modules a fresh interpreter has imported after running ``code`` (so that what the
-    test session imported does not count); fails on the code's own error."""
+    """Which of the ``heavy`` modules a fresh interpreter has imported after running ``code`` (so that what
+    the test session imported does not count); fails on the code's own error."""
     import ast
     import sys
 

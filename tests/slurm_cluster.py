@@ -75,9 +75,9 @@ def local_cluster(extra_conf: str | None = None, cpus: int = 8, nodes: int = 1) 
 
 @contextmanager
 def local_clusters(extra_confs: dict[str, str]) -> Iterator[dict[str, dict[str, str]]]:
-    """Several one-host clusters at once (name -> ``extra_conf``, see :func:`local_cluster`), started and stopped
-    in parallel: a start or stop is mostly waiting for daemons (16-18% of the CPU), three in turn took 18 s.
-    Yields each one's environment by name; every one that started is stopped, whatever happens."""
+    """Several one-host clusters at once (name -> ``extra_conf``, see :func:`local_cluster`), started and
+    stopped in parallel: a start or stop is mostly waiting for daemons (16-18% of the CPU), three in turn took
+    18 s. Yields each one's environment by name; every one that started is stopped, whatever happens."""
     managers = {name: local_cluster(extra_conf=conf) for name, conf in extra_confs.items()}
     with ThreadPoolExecutor(max_workers=len(managers), thread_name_prefix="cluster") as pool:
         started = {name: pool.submit(cm.__enter__) for name, cm in managers.items()}

@@ -1,7 +1,8 @@
 """The order in which the trainer calls an algorithm, as ``wagma_bench/optim/base.py`` documents it, on a
-real 2-rank gloo world through the real trainer: a fresh run (construction, its budget, the initial broadcast, steps,
-rank 0's sizing of checkpoints before the first step, state saved at synchronisation points, close) and its resume (construction, load_state_dict instead of the
-broadcast, steps from the checkpoint's round, close); the resume, with a larger budget, is told the new one."""
+real 2-rank gloo world through the real trainer: a fresh run (construction, its budget, the initial broadcast,
+steps, rank 0's sizing of checkpoints before the first step, state saved at synchronisation points, close) and
+its resume (construction, load_state_dict instead of the broadcast, steps from the checkpoint's round, close);
+the resume, with a larger budget, is told the new one."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@ whatever its sync period, and the last round is a synchronisation point where th
 average the models globally, as at their periodic sync rounds.
 
 The oracle, on one real 4-rank gloo world: the ranks start from rank 0's model, compute the gradient
-``g(rank, t) = rank + 1 + t / 64`` at local step t < T and a zero gradient at the last step T (WAGMA-SGD applies
-its last local step after the final average, so a zero last gradient makes the average itself visible). Then
-every rank ends at round T exactly (no round beyond it), the models add up to exactly
-``sum x0 - lr * sum of every gradient`` (each step in the sum once: nothing lost at the last round), and the
-optimizers that average globally at their sync rounds (or hold one model) end with every rank holding the same
-model. T is not a multiple of any sync period here, and the model was changed by local steps after the last
-periodic sync, so the last of these fails unless the last round averages.
+``g(rank, t) = rank + 1 + t / 64`` at local step t < T and a zero gradient at the last step T (WAGMA-SGD
+applies its last local step after the final average, so a zero last gradient makes the average itself
+visible). Then every rank ends at round T exactly (no round beyond it), the models add up to exactly ``sum x0
+- lr * sum of every gradient`` (each step in the sum once: nothing lost at the last round), and the optimizers
+that average globally at their sync rounds (or hold one model) end with every rank holding the same model. T
+is not a multiple of any sync period here, and the model was changed by local steps after the last periodic
+sync, so the last of these fails unless the last round averages.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tests.dist_util import PAUSABLE
 from tests.optim_util import Vector, make_algorithm, run_world, sgd
 from tests.test_invariants import mass  # the conserved sum, as the invariant tests read it
 
-# exact oracles that time nothing, on worlds whose timeouts outlast any pause: make test runs this file at idle
-# CPU priority beside the serial tests (marker `background`)
+# exact oracles that time nothing, on worlds whose timeouts outlast any pause: make test runs this file at
+# idle CPU priority beside the serial tests (marker `background`)
 pytestmark = pytest.mark.background
 
 LR = 0.25
@@ -104,7 +104,8 @@ def test_every_optimizer_ends_at_its_budget_with_the_global_average(results, nam
         ]
 
 
-# --- through the trainer: budgets and the evaluation grid -------------------------------------------------------
+# --- through the trainer: budgets and the evaluation grid
+# -------------------------------------------------------
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RUN = [
     "workload.arch=resnet8",
@@ -125,8 +126,8 @@ RUNS = {  # run id -> overrides: the periodic optimizers at a sync period (3 or 
 
 
 def _train_runs(comm, root: str) -> dict:
-    """Each run of RUNS through the real trainer (evaluation every 2 rounds unless said); per run: the rounds of its
-    evaluations, its last round, and this rank's final model."""
+    """Each run of RUNS through the real trainer (evaluation every 2 rounds unless said); per run: the rounds
+    of its evaluations, its last round, and this rank's final model."""
     from hydra import compose, initialize_config_dir
 
     from wagma_bench.config.schema import validate
@@ -158,10 +159,10 @@ def trained(tmp_path_factory):
 
 
 def test_runs_end_at_their_budget_and_are_evaluated_on_the_same_grid(trained):
-    """Every periodic optimizer trains exactly train.max_rounds=7 rounds (once 8 or 9: the budget rounded up to the
-    sync period) and is evaluated at the grid rounds 2, 4, 6 and the end, 7, as Allreduce-SGD is (once at the first
-    sync point after each grid round: 3, 6, 9 under WAGMA-SGD's period 3), each evaluation dated at its round:
-    the samples of 2 ranks x 8 per round."""
+    """Every periodic optimizer trains exactly train.max_rounds=7 rounds (once 8 or 9: the budget rounded up
+    to the sync period) and is evaluated at the grid rounds 2, 4, 6 and the end, 7, as Allreduce-SGD is (once
+    at the first sync point after each grid round: 3, 6, 9 under WAGMA-SGD's period 3), each evaluation dated
+    at its round: the samples of 2 ranks x 8 per round."""
     for name in RUNS:
         assert [rank[name]["round"] for rank in trained] == [7, 7], name
         assert trained[0][name]["stop"] == [7], name
@@ -174,9 +175,9 @@ def test_runs_end_at_their_budget_and_are_evaluated_on_the_same_grid(trained):
 
 
 def test_training_is_bit_identical_with_evaluation_on_and_off(trained):
-    """Snapshots at the grid rounds and their evaluations at the sync points change nothing that is trained: local
-    SGD's final models are the same bits with evaluations at 2, 4, 6 and without; and the final average makes
-    every rank's model the same."""
+    """Snapshots at the grid rounds and their evaluations at the sync points change nothing that is trained:
+    local SGD's final models are the same bits with evaluations at 2, 4, 6 and without; and the final average
+    makes every rank's model the same."""
     for rank in trained:
         assert rank["local_sgd"]["model"] == rank["local_sgd-no-eval"]["model"]
     assert trained[0]["local_sgd"]["model"] == trained[1]["local_sgd"]["model"]

@@ -1,5 +1,5 @@
-"""``checkpoint.dir``: a run's checkpoint sets on another file system (scratch), found again by a rerun, and the
-size of one checkpoint said at the start, against the files a real run writes."""
+"""``checkpoint.dir``: a run's checkpoint sets on another file system (scratch), found again by a rerun, and
+the size of one checkpoint said at the start, against the files a real run writes."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ ARGS = ["launcher.nproc=2", "eval.every_rounds=4", "checkpoint.every_s=0", "logg
 
 
 def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(tmp_path):
-    """The sets go to OTHER/<run>-<hash>/, none to RUN_DIR/checkpoint; the run directory records where they are;
-    the rerun with a larger budget resumes from them. The size said at the start is the size of the rank files
-    written (within a record's alignment, 64 bytes, per tensor of the file)."""
+    """The sets go to OTHER/<run>-<hash>/, none to RUN_DIR/checkpoint; the run directory records where they
+    are; the rerun with a larger budget resumes from them. The size said at the start is the size of the rank
+    files written (within a record's alignment, 64 bytes, per tensor of the file)."""
     run_dir, other = tmp_path / "run", tmp_path / "scratch"
     args = ARGS + [f"checkpoint.dir={other}", f"hydra.run.dir={run_dir}"]
     first = run(args + ["train.max_rounds=4"])
@@ -58,7 +58,8 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
 
 
 def test_each_run_gets_its_own_folder_and_a_relative_dir_is_under_the_run_directory(tmp_path):
-    """One setting for a whole sweep: two runs never share a folder; a requeue (the same path) finds its own."""
+    """One setting for a whole sweep: two runs never share a folder; a requeue (the same path) finds its
+    own."""
     a, b = tmp_path / "runs" / "0_wagma_s1", tmp_path / "runs" / "1_wagma_s2"
     shared = str(tmp_path / "scratch")
     assert configured_folder(a, shared) != configured_folder(b, shared)

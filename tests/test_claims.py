@@ -1,6 +1,6 @@
-"""`wagma-bench claims`: the exact bootstrap against hand-computed cases and brute-force enumeration, the verdict
-rule on hand-made cases, the claims file, the command end to end on a tiny fixture, the README's headline
-table against what the command makes of the committed results, and every speed-up the README's and
+"""`wagma-bench claims`: the exact bootstrap against hand-computed cases and brute-force enumeration, the
+verdict rule on hand-made cases, the claims file, the command end to end on a tiny fixture, the README's
+headline table against what the command makes of the committed results, and every speed-up the README's and
 docs/claims.md's prose quotes against the committed claims.json."""
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def test_one_study_best_of_two_by_hand():
 
 
 def test_three_single_trial_studies_by_hand():
-    # the median of 3 draws from {10, 20, 30}: 10 when at least two draws are 10, 3 (1/3)^2 (2/3) + (1/3)^3 = 7/27
+    # the median of 3 draws from {10, 20, 30}: 10 when at least two draws are 10, 3 (1/3)^2 (2/3) + (1/3)^3 =
+    # 7/27
     dist = intervals.tuned_score([[10], [20], [30]])
     assert dist == pytest.approx({10.0: 7 / 27, 20.0: 13 / 27, 30.0: 7 / 27})
     assert intervals.interval(dist) == (10.0, 30.0)
@@ -82,8 +83,8 @@ def test_exact_distribution_equals_brute_force_enumeration(studies, trials):
 
 
 def _pooled_median_by_enumeration(values: list[list[float]]) -> dict[float, float]:
-    """The independent oracle of a throughput's law: every two-stage resample (studies, then each drawn study's
-    trials) enumerated, and the median of all the trials it drew."""
+    """The independent oracle of a throughput's law: every two-stage resample (studies, then each drawn
+    study's trials) enumerated, and the median of all the trials it drew."""
     law: dict[float, float] = {}
     for drawn in itertools.product(range(len(values)), repeat=len(values)):
         per_study = [list(itertools.product(values[s], repeat=len(values[s]))) for s in drawn]
@@ -108,8 +109,8 @@ def test_pooled_median_equals_brute_force_enumeration(shape):
 
 
 def test_throughput_interval_is_the_declared_two_stage_bootstrap(tmp_path):
-    """A throughput is resampled as a time is: studies, then trials (the one-stage bootstrap of the pooled trials,
-    which this suite used before, gives another law whenever the studies differ)."""
+    """A throughput is resampled as a time is: studies, then trials (the one-stage bootstrap of the pooled
+    trials, which this suite used before, gives another law whenever the studies differ)."""
     studies = [[300.0, 340.0, 310.0], [280.0, 285.0, 290.0], [350.0, 355.0, 330.0]]
     d = tmp_path / "resnet_paper"
     trials = []
@@ -145,8 +146,8 @@ def test_throughput_interval_is_the_declared_two_stage_bootstrap(tmp_path):
 
 
 def test_a_failed_trial_scores_as_tune_scores_it(tmp_path):
-    """A final metric is scored by tune's own per-trial rule (tuning.trial_cost): a trial that failed counts as
-    no result, whatever best metric it logged before failing, in the claim as in `tune`'s score."""
+    """A final metric is scored by tune's own per-trial rule (tuning.trial_cost): a trial that failed counts
+    as no result, whatever best metric it logged before failing, in the claim as in `tune`'s score."""
     d = tmp_path / "transformer_budget"
     runs = {"wagma_study1_trial1": ("completed", 0.5), "wagma_study1_trial2": ("failed", 0.9)}
     trials = [
@@ -244,11 +245,11 @@ def test_committed_claims_cover_the_papers():
 
 
 def test_committed_sources_follow_the_protocol():
-    """The claims' protocol, read from the committed trials themselves: every claim's source was tuned interleaved
-    (consecutive trials by start time change optimizer at least half the time), every trial has its speed
-    reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial finished, and
-    claims.json carries a drift-adjusted speed-up with its interval and its tuning's fitted elasticity for every
-    claim."""
+    """The claims' protocol, read from the committed trials themselves: every claim's source was tuned
+    interleaved (consecutive trials by start time change optimizer at least half the time), every trial has
+    its speed reference, at least three sources are at AlgoPerf's 5 studies x 5 trials with every trial
+    finished, and claims.json carries a drift-adjusted speed-up with its interval and its tuning's fitted
+    elasticity for every claim."""
     tunings = find_sources(committed_source_dirs()).tunings
     at_5x5 = set()
     for tune_dir in {tunings[claim.measured["tuning"]] for claim in load_claims()}:  # each source once
@@ -436,7 +437,8 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
         )
     )
 
-    # simulate --interval's file: three replicates, and the spread knob along which WAGMA-SGD's time ties SGP's
+    # simulate --interval's file: three replicates, and the spread knob along which WAGMA-SGD's time ties
+    # SGP's
     def at64(wagma, sgp):
         return {
             "64": {
@@ -490,8 +492,8 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert (sgp["finished"], sgp["planned"]) == (8, 9)
     assert fast["predicted"]["speedup"] == pytest.approx(2000 / 1600)  # times: 1e6/1600 (sgp) over 1e6/2000
     assert fast["predicted"]["best"] == "sgp"
-    # the interval: percentiles of each replicate's best-comparator time over WAGMA-SGD's; the speed-up 625 / (500 f)
-    # is 1.25 at f = 1 and 0.625 at f = 2: linear between them, it ties at f = 1.4
+    # the interval: percentiles of each replicate's best-comparator time over WAGMA-SGD's; the speed-up 625 /
+    # (500 f) is 1.25 at f = 1 and 0.625 at f = 2: linear between them, it ties at f = 1.4
     assert fast["predicted"]["interval"] == pytest.approx(
         list(np.percentile([600 / 500, 650 / 450, 500 / 520], [2.5, 97.5]))
     )
@@ -622,13 +624,15 @@ def test_a_source_missing_a_trial_is_refused_unless_allowed_then_counted_in_the_
     assert all("| 5 x 5 (wagma: 24 of 25 trials) |" in line for line in headline), headline
 
 
-# --- the README's headline is the generated table ------------------------------------------------------------
+# --- the README's headline is the generated table
+# ------------------------------------------------------------
 
 SOURCES = ROOT / "reproduce" / "claims" / "sources"
 
 
 def committed_source_dirs() -> list[Path]:
-    """The committed results the README's table is generated from (`wagma-bench claims @reproduce/claims/sources`)."""
+    """The committed results the README's table is generated from (`wagma-bench claims
+    @reproduce/claims/sources`)."""
     return [ROOT / line.strip() for line in SOURCES.read_text().splitlines() if line.strip()]
 
 
@@ -663,7 +667,8 @@ def test_one_command_makes_every_claims_data():
             assert f'paper-scale/{c.predicted["simulate"]}"' in script, f"{c.id}: no simulation writes it"
 
 
-# --- every speed-up the prose quotes is a committed one, or says that it was one ------------------------------
+# --- every speed-up the prose quotes is a committed one, or says that it was one
+# ------------------------------
 
 # "0.96x [0.92x, 1.02x]", "0.91x vs SGP [0.71x, 1.05x]", "-0.09, interval [-0.34, +0.02]"
 FIGURE = re.compile(
@@ -675,8 +680,9 @@ PROSE = [ROOT / "README.md", ROOT / "docs" / "claims.md"]
 
 
 def quoted_figures(text: str) -> tuple[list[str], list[str]]:
-    """The speed-ups with an interval that ``text`` quotes as current, and those it quotes as former (the part of
-    their sentence before them says so). The README's generated table is left out: its own test checks it."""
+    """The speed-ups with an interval that ``text`` quotes as current, and those it quotes as former (the part
+    of their sentence before them says so). The README's generated table is left out: its own test checks
+    it."""
     text = README_BLOCK.sub("", text)
     current, former = [], []
     for m in FIGURE.finditer(text):
@@ -692,8 +698,8 @@ def quoted_figures(text: str) -> tuple[list[str], list[str]]:
 
 
 def committed_figures() -> set[str]:
-    """Each committed claim's speed-up and drift-adjusted speed-up, as claims.md prints them, and its paper-scale
-    prediction with the prediction's interval."""
+    """Each committed claim's speed-up and drift-adjusted speed-up, as claims.md prints them, and its
+    paper-scale prediction with the prediction's interval."""
     from wagma_bench.analysis.claims import ends, shown, times
 
     figures = set()
@@ -722,9 +728,10 @@ def test_quoted_figures_are_told_apart_from_former_ones():
 
 @pytest.mark.parametrize("path", PROSE, ids=lambda p: p.name)
 def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
-    """Generated, not copied: a speed-up with its interval in the README's or docs/claims.md's prose is one that
-    `wagma-bench claims` wrote to reproduce/claims/claims.json (measured, drift-adjusted or predicted), unless its sentence says it was a former one
-    ("Before", "was", "had", "gave", "block-tuned" ahead of it)."""
+    """Generated, not copied: a speed-up with its interval in the README's or docs/claims.md's prose is one
+    that `wagma-bench claims` wrote to reproduce/claims/claims.json (measured, drift-adjusted or predicted),
+    unless its sentence says it was a former one ("Before", "was", "had", "gave", "block-tuned" ahead of
+    it)."""
     current, _ = quoted_figures(path.read_text())
     assert current, f"{path.name} quotes no figure: the pattern no longer finds them"
     committed = committed_figures()
@@ -736,10 +743,11 @@ def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
 
 
 def test_tune_report_claims_and_paired_score_one_tuning_alike(tmp_path):
-    """One scoring policy: a tuning with a missed trial, a failed one, unfinished ones and a study none of whose
-    trials finished is scored the same by `tune` (tuning.json), the report's tuned table (its ratio to tuned
-    Allreduce-SGD), `claims` and reproduce/claims/paired.py. `tune` counted an unfinished trial as a miss where
-    `claims` left it out, so a study with none finished made tune's score infinite (25 s here, not 22.5)."""
+    """One scoring policy: a tuning with a missed trial, a failed one, unfinished ones and a study none of
+    whose trials finished is scored the same by `tune` (tuning.json), the report's tuned table (its ratio to
+    tuned Allreduce-SGD), `claims` and reproduce/claims/paired.py. `tune` counted an unfinished trial as a
+    miss where `claims` left it out, so a study with none finished made tune's score infinite (25 s here, not
+    22.5)."""
     import importlib.util
 
     from wagma_bench.analysis import claims as claims_lib

@@ -1,12 +1,12 @@
-"""No figure in prose without its file: every ratio, interval, range of optimizer values, optimizer value (in s,
-samples/s, or after the optimizer's name), "N% above X's", count of trials, rounds trained, spread-study CV and
-statement about the paired intervals that the README's claim bullets and docs/claims.md attribute to a
+"""No figure in prose without its file: every ratio, interval, range of optimizer values, optimizer value (in
+s, samples/s, or after the optimizer's name), "N% above X's", count of trials, rounds trained, spread-study CV
+and statement about the paired intervals that the README's claim bullets and docs/claims.md attribute to a
 measurement, checked against the committed file it comes from: reproduce/claims/claims.json (current figures),
-the committed versions of reproduce/claims/claims.md in git (former figures, "Before ... 0.94x [0.85x, 1.01x]"),
-the claim's tuning folder (rounds trained, speed references, drift-adjusted scores), and the paired and spread
-tables of docs/claims.md; and each bullet's verdict against the claim's. A figure from elsewhere is listed in
-ELSEWHERE with where it comes from. Speed-ups with an interval quoted as current have their
-own test (tests/test_claims.py::test_every_current_figure_the_prose_quotes_is_a_committed_claims)."""
+the committed versions of reproduce/claims/claims.md in git (former figures, "Before ... 0.94x [0.85x,
+1.01x]"), the claim's tuning folder (rounds trained, speed references, drift-adjusted scores), and the paired
+and spread tables of docs/claims.md; and each bullet's verdict against the claim's. A figure from elsewhere is
+listed in ELSEWHERE with where it comes from. Speed-ups with an interval quoted as current have their own test
+(tests/test_claims.py::test_every_current_figure_the_prose_quotes_is_a_committed_claims)."""
 
 from __future__ import annotations
 
@@ -91,15 +91,16 @@ def _decimals(text: str) -> int:
 
 
 def matches(written: str, values) -> bool:
-    """``written`` is one of ``values`` at the precision it is written with (701 for 701.34, 0.89x for 0.8937)."""
+    """``written`` is one of ``values`` at the precision it is written with (701 for 701.34, 0.89x for
+    0.8937)."""
     d, v = _decimals(written), _value(written)
     return any(round(x, d) == v for x in values if x is not None and abs(x) != float("inf"))
 
 
 @functools.cache
 def history_rows() -> dict[str, list[str]]:
-    """Each claim's row of the summary table in every committed version of reproduce/claims/claims.md. A test that
-    needs them is skipped, saying so, in a clone without that history (``git clone --depth 1``)."""
+    """Each claim's row of the summary table in every committed version of reproduce/claims/claims.md. A test
+    that needs them is skipped, saying so, in a clone without that history (``git clone --depth 1``)."""
     shallow = subprocess.run(
         ["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True, check=False
     )
@@ -119,8 +120,8 @@ def history_rows() -> dict[str, list[str]]:
 
 
 def current_ratios(r: dict) -> list[float]:
-    """Every speed-up figure claims.json holds for a claim: measured and drift-adjusted with their intervals, the
-    prediction with its interval and the curves of its flip conditions, and the paper's own figure."""
+    """Every speed-up figure claims.json holds for a claim: measured and drift-adjusted with their intervals,
+    the prediction with its interval and the curves of its flip conditions, and the paper's own figure."""
     out = []
     for part in (r["measured"], r.get("predicted") or {}):
         out += [part.get("speedup"), *(part.get("interval") or [])]
@@ -133,7 +134,8 @@ def current_ratios(r: dict) -> list[float]:
 
 
 def speedups(part) -> list[float]:
-    """Every speed-up and interval end in ``part`` at any depth (a drift adjustment may carry more than one)."""
+    """Every speed-up and interval end in ``part`` at any depth (a drift adjustment may carry more than
+    one)."""
     if isinstance(part, dict):
         return [
             v
@@ -183,7 +185,8 @@ def sentences(text: str) -> list[str]:
     return re.split(r"(?<=[.;:])\s+(?=[A-Z(])", text)
 
 
-# --- the checks, each returning what it found wrong ----------------------------------------------------------
+# --- the checks, each returning what it found wrong
+# ----------------------------------------------------------
 
 
 def ratio_problems(text: str, claims: list[dict]) -> list[str]:
@@ -230,8 +233,8 @@ def range_problems(text: str, r: dict) -> list[str]:
 
 
 def step_problems(text: str, r: dict) -> list[str]:
-    """ "up to N" rounds is the most a trial trained, "N in the median" an optimizer's median, of the optimizer the
-    sentence names (any, where it names none) in the claim's tuning folder."""
+    """ "up to N" rounds is the most a trial trained, "N in the median" an optimizer's median, of the
+    optimizer the sentence names (any, where it names none) in the claim's tuning folder."""
     trained = steps(r)
     out = []
     for sentence in sentences(text):
@@ -284,8 +287,8 @@ def optimizer_values(claim: str) -> tuple[float, ...]:
 
 def value_problems(text: str, r: dict) -> list[str]:
     """A value in seconds or samples/s, or one that follows an optimizer's name ("Allreduce-SGD's 543"), is an
-    optimizer's value of the claim (raw, drift-adjusted, or its speed reference); "8% above Allreduce-SGD's 543"
-    is the subject's value against that one; "175 trials" the trials the claim measured."""
+    optimizer's value of the claim (raw, drift-adjusted, or its speed reference); "8% above Allreduce-SGD's
+    543" is the subject's value against that one; "175 trials" the trials the claim measured."""
     values = optimizer_values(r["id"])
     out = []
     for m in [*UNIT_VALUE.finditer(text), *WHO_VALUE.finditer(text)]:
@@ -309,8 +312,8 @@ def value_problems(text: str, r: dict) -> list[str]:
 
 
 def spread_cvs() -> list[float]:
-    """The coefficients of variation of docs/claims.md's spread table (tests/test_generated_docs.py checks it is
-    spread.py's output of the committed study)."""
+    """The coefficients of variation of docs/claims.md's spread table (tests/test_generated_docs.py checks it
+    is spread.py's output of the committed study)."""
     block = re.search(r"<!-- spread:begin -->\n(.*?)\n<!-- spread:end -->", DOC.read_text(), re.DOTALL).group(
         1
     )
@@ -333,7 +336,8 @@ def spread_problems(text: str) -> list[str]:
 
 
 def differ_problems(text: str, claims: dict[str, dict]) -> list[str]:
-    """ "The three Transformer claims' point figures differ from 1 by 0-8%": from the nearest to the farthest."""
+    """ "The three Transformer claims' point figures differ from 1 by 0-8%": from the nearest to the
+    farthest."""
     gaps = sorted(
         round(100 * abs(1 - r["measured"]["speedup"]))
         for c, r in claims.items()
@@ -358,7 +362,8 @@ def claim_problems(text: str, r: dict) -> list[str]:
     )
 
 
-# --- the README's bullets --------------------------------------------------------------------------------------
+# --- the README's bullets
+# --------------------------------------------------------------------------------------
 
 
 def readme_bullets() -> dict[str, tuple[str, str]]:
@@ -386,7 +391,8 @@ def test_readme_bullet_figures_are_in_their_files(claim):
     assert not problems, f"README.md, the bullet of {claim}: " + "; ".join(problems)
 
 
-# --- docs/claims.md ----------------------------------------------------------------------------------------------
+# --- docs/claims.md
+# ----------------------------------------------------------------------------------------------
 
 
 def doc_paragraphs() -> list[str]:
@@ -416,8 +422,8 @@ WIDTH = re.compile(
 
 
 def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]:
-    """A sentence comparing the paired intervals' widths with the independent ones' must hold row by row against
-    the exact independent interval (claims.json), not only its Monte Carlo repeat."""
+    """A sentence comparing the paired intervals' widths with the independent ones' must hold row by row
+    against the exact independent interval (claims.json), not only its Monte Carlo repeat."""
     rows = paired_rows()
     order = list(rows)
     out = []

@@ -127,8 +127,8 @@ def test_killed_rank_ends_the_run_with_a_message_naming_it(tmp_path):
     assert summary["status"] == "failed" and "rank" in summary["error"]
 
 
-# make test-long: make test's torchrun worlds (tests/test_launch_conventions.py) start `python -m wagma_bench run`
-# under c10d and static rendezvous, with and without hydra.run.dir
+# make test-long: make test's torchrun worlds (tests/test_launch_conventions.py) start `python -m wagma_bench
+# run` under c10d and static rendezvous, with and without hydra.run.dir
 @pytest.mark.long
 def test_runs_as_one_rank_of_a_torchrun_world(tmp_path):
     torchrun = Path(sys.executable).parent / "torchrun"
@@ -173,7 +173,8 @@ def test_every_command_refuses_bad_input_with_exit_2_and_one_error_line(
     argv, said, tmp_path, capsys, monkeypatch
 ):
     """The one convention (docs/running.md, wagma_bench/exits.py): bad input is exit 2 and one line
-    `wagma-bench COMMAND: error: ...` (argparse's own usage lines may precede it), before anything is written."""
+    `wagma-bench COMMAND: error: ...` (argparse's own usage lines may precede it), before anything is
+    written."""
     from wagma_bench import exits
     from wagma_bench.cli import main
 

@@ -62,9 +62,10 @@ def test_comm_bench_prints_the_table_and_writes_json(tmp_path):
 
 
 def test_comm_bench_listens_on_its_store_port_before_its_ranks_can_start(tmp_path):
-    """The command holds its ranks' store port (listening) from the moment the OS picks it, before its fork server
-    exists: no window in which another process can take the port. It used to take a port that was free, let go of
-    it, and have rank 0 bind it once started; in make test another process took it meanwhile (EADDRINUSE)."""
+    """The command holds its ranks' store port (listening) from the moment the OS picks it, before its fork
+    server exists: no window in which another process can take the port. It used to take a port that was free,
+    let go of it, and have rank 0 bind it once started; in make test another process took it meanwhile
+    (EADDRINUSE)."""
     out_file = tmp_path / "cb.json"
     bench = subprocess.Popen(
         [str(BIN), "comm-bench", "--nproc", "2", "--sizes", "4K", "--repeats", "1", "--out", str(out_file)],
@@ -133,9 +134,9 @@ def test_bad_sizes_are_refused_in_one_line_before_any_rank_starts(tmp_path, caps
 
 
 def test_more_ranks_than_the_machine_can_hold_are_refused_before_any_rank_starts(tmp_path):
-    """`--nproc` is bounded as `run`'s launcher.nproc is (config.schema.check_ranks_fit): 64 ranks used to start on a
-    24 GiB machine and print nothing for minutes. 4096 ranks exceed any machine this runs on; were they not refused,
-    the group is killed (ranks and fork server) rather than let them start."""
+    """`--nproc` is bounded as `run`'s launcher.nproc is (config.schema.check_ranks_fit): 64 ranks used to
+    start on a 24 GiB machine and print nothing for minutes. 4096 ranks exceed any machine this runs on; were
+    they not refused, the group is killed (ranks and fork server) rather than let them start."""
     out_file = tmp_path / "cb.json"
     bench = subprocess.Popen(
         [str(BIN), "comm-bench", "--nproc", "4096", "--out", str(out_file)],

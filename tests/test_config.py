@@ -97,8 +97,8 @@ def test_paper_resnet50_preset_holds_the_paper_hyperparameters():
 
 @pytest.mark.parametrize("world", [64, 1024])
 def test_the_paper_straggler_preset_is_the_paper_set_up_with_the_authors_rule(world):
-    """experiment=paper_resnet50_stragglers composes and validates at the paper's 64 ranks and at 1,024, and differs
-    from paper_resnet50 in its stragglers only: the authors' rule with their 0.32 s."""
+    """experiment=paper_resnet50_stragglers composes and validates at the paper's 64 ranks and at 1,024, and
+    differs from paper_resnet50 in its stragglers only: the authors' rule with their 0.32 s."""
     from omegaconf import OmegaConf
 
     def composed(experiment: str) -> dict:
@@ -147,8 +147,8 @@ def test_primary_config_is_not_named_config():
 
 def test_the_specs_the_config_check_reads_are_the_registries_torch_free_twins():
     """validate() reads the optimizers' and workloads' specs (optim/specs.py, workloads/specs.py), never their
-    classes: each registered class inherits the spec of its name, and the two registries list the same names in
-    the same order."""
+    classes: each registered class inherits the spec of its name, and the two registries list the same names
+    in the same order."""
     from wagma_bench.optim import OPTIMIZERS
     from wagma_bench.optim.specs import OPTIMIZER_SPECS
     from wagma_bench.workloads.ddppo.policy import RESNETS
@@ -163,9 +163,9 @@ def test_the_specs_the_config_check_reads_are_the_registries_torch_free_twins():
 
 
 def test_the_config_check_imports_no_torch():
-    """The launching process validates every option without torch (1.3 s of CPU a command here), nor NumPy (the
-    DD-PPO environments' settings: 0.07-0.15 s). A fresh interpreter, so that what this session imported does not
-    count."""
+    """The launching process validates every option without torch (1.3 s of CPU a command here), nor NumPy
+    (the DD-PPO environments' settings: 0.07-0.15 s). A fresh interpreter, so that what this session imported
+    does not count."""
     from tests.proc_util import heavy_modules_after
 
     code = (

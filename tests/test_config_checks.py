@@ -1,5 +1,5 @@
-"""Every string setting with a fixed set of values is checked with the config, before any rank starts, with one
-message style: the key, the bad value and what is allowed (the numeric ranges: tests/test_faults.py)."""
+"""Every string setting with a fixed set of values is checked with the config, before any rank starts, with
+one message style: the key, the bad value and what is allowed (the numeric ranges: tests/test_faults.py)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ def test_a_nested_section_is_range_checked():
 
 
 def test_each_optimizer_checks_the_ranges_it_declares():
-    """A key two optimizers share (`sync_every` of eager-SGD and AD-PSGD) is checked by each one's own field."""
+    """A key two optimizers share (`sync_every` of eager-SGD and AD-PSGD) is checked by each one's own
+    field."""
     with pytest.raises(ConfigError, match=re.escape("optimizer.tau=0 is not allowed; it must be >= 1")):
         validate(compose("optimizer=wagma", "optimizer.tau=0"))
     for name in ("eager", "adpsgd"):

@@ -2,11 +2,11 @@
 
 The rule (docs/configuration.md, "Where a default lives"): an option's YAML file lists every setting of its
 section with the value a run uses (users read and override them there, and `wagma-bench run --cfg job` shows
-them); the schema dataclass holds the same value as its default, for code that builds a section directly (tests, the
-simulator). Exceptions, each with its reason: a required value (``???`` in YAML) has no default; the options
-of a group that share one schema (comm, logger) differ from its defaults in the keys that make the option.
-Values one group sets in another's section (a data option choosing the ResNet's depth, an experiment) are
-not defaults and are not compared here.
+them); the schema dataclass holds the same value as its default, for code that builds a section directly
+(tests, the simulator). Exceptions, each with its reason: a required value (``???`` in YAML) has no default;
+the options of a group that share one schema (comm, logger) differ from its defaults in the keys that make the
+option. Values one group sets in another's section (a data option choosing the ResNet's depth, an experiment)
+are not defaults and are not compared here.
 """
 
 from __future__ import annotations

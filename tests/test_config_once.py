@@ -138,8 +138,9 @@ def test_every_section_of_a_run_configuration_has_a_type():
                 assert isinstance(getattr(checked, f.name), hints[f.name]), (overrides, f.name)
 
 
-# The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is the
-# composed config read by key (``c["optimizer"]["name"]``, ``raw.get("train", {}).get("lr")``), or ``.raw[...]``.
+# The sections of a run's configuration: a mapping read by one of these keys, then by another string key, is
+# the composed config read by key (``c["optimizer"]["name"]``, ``raw.get("train", {}).get("lr")``), or
+# ``.raw[...]``.
 SECTIONS = {
     "launcher",
     "comm",
@@ -182,8 +183,8 @@ def _read_from(node: ast.AST) -> ast.AST:
 
 
 def config_reads_by_key(source: str) -> list[tuple[int, str]]:
-    """Where ``source`` reads the composed configuration by string keys: a section's key read after the section's
-    (``c["optimizer"]["name"]``), or any key of ``X.raw``."""
+    """Where ``source`` reads the composed configuration by string keys: a section's key read after the
+    section's (``c["optimizer"]["name"]``), or any key of ``X.raw``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if _string_key(node) is None:
@@ -195,8 +196,9 @@ def config_reads_by_key(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_composed_dictionary_is_read_by_key_only_inside_config():
-    """Outside config/, no module reads the composed configuration by string keys: the typed RunConfig has every
-    value (an AST walk; the regex it replaces missed ``c['optimizer']['name']``, the W&B sink's reads)."""
+    """Outside config/, no module reads the composed configuration by string keys: the typed RunConfig has
+    every value (an AST walk; the regex it replaces missed ``c['optimizer']['name']``, the W&B sink's
+    reads)."""
     offenders = [
         f"{path.relative_to(ROOT)}:{line}: {code}"
         for path in sorted((ROOT / "wagma_bench").rglob("*.py"))

@@ -1,7 +1,7 @@
 """Values that cannot be right, refused before anything starts: each names the key, the value and what is
-allowed (non-finite numbers, targets outside their metric's range, unknown keys however Hydra reports them, unknown
-cluster keys in sweep and simulate, an override Hydra cannot parse), and a quoted run directory read as Hydra
-reads it. Through the real CLI where the user meets it."""
+allowed (non-finite numbers, targets outside their metric's range, unknown keys however Hydra reports them,
+unknown cluster keys in sweep and simulate, an override Hydra cannot parse), and a quoted run directory read
+as Hydra reads it. Through the real CLI where the user meets it."""
 
 from __future__ import annotations
 
@@ -246,8 +246,8 @@ def test_every_preset_with_a_count_of_slow_ranks_is_checked_below():
 
 @pytest.mark.parametrize("name", WITH_NUM_SLOW)
 def test_more_slow_ranks_than_ranks_fails_the_config_check(name):
-    """num_slow=9 of 4 ranks used to be taken as "every rank, every step" (the draw is capped at the world), as
-    imbalance.ranks=[7] is refused. The whole world slow is allowed."""
+    """num_slow=9 of 4 ranks used to be taken as "every rank, every step" (the draw is capped at the world),
+    as imbalance.ranks=[7] is refused. The whole world slow is allowed."""
     with pytest.raises(ConfigError) as err:
         validate(compose(f"imbalance={name}", "imbalance.num_slow=9", "launcher.nproc=4"))
     assert str(err.value) == "imbalance.num_slow=9 is not allowed with 4 ranks; it must be at most 4", str(
@@ -302,8 +302,9 @@ def test_simulate_refuses_more_slow_ranks_than_its_smallest_world(tmp_path, caps
     assert not (tmp_path / "sim").exists()
 
 
-# a group's option is a name of its folder; Hydra joins a path onto the folder: `../../etc/passwd` was named as the
-# group `optimizer.......etc`, `./wagma` ran WAGMA-SGD, `../wagma` loaded the main config as an optimizer (exit 1)
+# a group's option is a name of its folder; Hydra joins a path onto the folder: `../../etc/passwd` was named
+# as the group `optimizer.......etc`, `./wagma` ran WAGMA-SGD, `../wagma` loaded the main config as an
+# optimizer (exit 1)
 PATH_LIKE = [
     "optimizer=../../etc/passwd",
     "optimizer=./wagma",
@@ -350,8 +351,8 @@ def _files(folder: Path) -> dict[str, bytes]:
 )
 def test_a_refused_command_leaves_the_run_directory_as_it_found_it(tmp_path, checkpointed, override):
     """Hydra writes its copy of the configuration (.hydra/) before the job is checked: a refused command in a
-    finished run's directory replaced the record of what ran there with the refused values (train.lr: .nan), and in
-    a new directory left one holding only .hydra/."""
+    finished run's directory replaced the record of what ran there with the refused values (train.lr: .nan),
+    and in a new directory left one holding only .hydra/."""
     import shutil
 
     finished = tmp_path / "finished"

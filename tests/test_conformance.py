@@ -290,15 +290,16 @@ def missing(check: Callable[[str], list[str]], names: list[str] | None = None) -
 
 
 def test_optimizer_conformance():
-    """Every registered optimizer has every piece; the failure lists each missing one as NAME: add X to FILE."""
+    """Every registered optimizer has every piece; the failure lists each missing one as NAME: add X to
+    FILE."""
     checks = list(dict.fromkeys(piece.check for piece in PIECES))
     problems = [problem for name in registered() for check in checks for problem in check(name)]
     assert not problems, "a registered optimizer lacks pieces:\n" + "\n".join(problems)
 
 
 def test_adding_an_optimizer_adds_one_entry_to_one_table():
-    """OPTIMIZER_SPECS is the one table of the optimizers: the algorithm registry and the simulator's are built
-    from it, in its order, and neither module names an optimizer's spec or class itself."""
+    """OPTIMIZER_SPECS is the one table of the optimizers: the algorithm registry and the simulator's are
+    built from it, in its order, and neither module names an optimizer's spec or class itself."""
     from wagma_bench.optim.registry import algorithm_of
     from wagma_bench.simulate.des import SIMULATIONS
 
@@ -448,7 +449,8 @@ WORKLOAD_PIECES = [
 
 
 def test_workload_conformance():
-    """Every registered workload has every piece; the failure lists each missing one as NAME: add X to FILE."""
+    """Every registered workload has every piece; the failure lists each missing one as NAME: add X to
+    FILE."""
     problems = [problem for name in WORKLOADS for piece in WORKLOAD_PIECES for problem in piece.check(name)]
     assert not problems, "a registered workload lacks pieces:\n" + "\n".join(problems)
 
@@ -477,7 +479,8 @@ def test_a_new_workload_without_any_piece_is_told_each_file_to_edit(piece, monke
     assert found and all(p.startswith("newload: ") for p in found), found
 
 
-# --- the contributor's check in a copy with a piece removed ------------------------------------------------------
+# --- the contributor's check in a copy with a piece removed
+# ------------------------------------------------------
 
 
 def _without_simulation(copy: Path, name: str) -> None:
@@ -501,9 +504,9 @@ REMOVALS = [  # cumulative, as a contributor's half-made optimizer: what is remo
 @pytest.mark.background
 @pytest.mark.parametrize("removed, said", REMOVALS, ids=["yaml", "yaml+module", "yaml+module+simulation"])
 def test_a_piece_removed_from_a_copy_is_named_with_the_file_to_add_and_no_traceback(tmp_path, removed, said):
-    """The conformance check run as a contributor runs it, in a copy of the repository with `sgp`'s pieces removed
-    one after another: it fails naming `sgp` and the file to add. With its YAML removed it failed with Hydra's
-    MissingConfigException (a traceback), with its module removed every test failed to import."""
+    """The conformance check run as a contributor runs it, in a copy of the repository with `sgp`'s pieces
+    removed one after another: it fails naming `sgp` and the file to add. With its YAML removed it failed with
+    Hydra's MissingConfigException (a traceback), with its module removed every test failed to import."""
     import os
     import shutil
     import subprocess

@@ -129,10 +129,12 @@ def _assert_runs(results, run_root: Path, world: int, optimizers: list[str]):
 
 
 def test_ddppo_three_ranks_preemption_and_training(tmp_path):
-    """On an odd world: preemption, and every optimizer whose ranks hold one model ends with it on all three."""
+    """On an odd world: preemption, and every optimizer whose ranks hold one model ends with it on all
+    three."""
     from wagma_bench.optim import OPTIMIZERS
 
-    # DD-PPO's batches do not split: an optimizer that computes in micro-batches is refused (test_dropcompute.py)
+    # DD-PPO's batches do not split: an optimizer that computes in micro-batches is refused
+    # (test_dropcompute.py)
     optimizers = [
         name for name, cls in OPTIMIZERS.items() if cls.models_identical and not cls.computes_in_parts
     ]
@@ -146,8 +148,8 @@ def test_ddppo_three_ranks_preemption_and_training(tmp_path):
 
 
 def test_ddppo_trains_two_ranks(tmp_path):
-    """Every registered optimizer that applies to DD-PPO (all but those computing in micro-batches) trains it through
-    the real trainer."""
+    """Every registered optimizer that applies to DD-PPO (all but those computing in micro-batches) trains it
+    through the real trainer."""
     from wagma_bench.optim import OPTIMIZERS
 
     optimizers = [name for name, cls in OPTIMIZERS.items() if not cls.computes_in_parts]

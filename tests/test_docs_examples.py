@@ -1,11 +1,13 @@
-"""Every `wagma-bench` command the README and docs/ show still parses: a renamed key, preset or flag fails here.
+"""Every `wagma-bench` command the README and docs/ show still parses: a renamed key, preset or flag fails
+here.
 
-The examples are read from the pages themselves (fenced code blocks and inline code spans), so a new example is
-checked without being listed. Each is checked the way its command would check it before doing anything: `run`'s
-overrides by `run`'s own pre-check (Hydra composes every variant, the schema validates it), a sweep's by composing
-and validating every run of it, a tuning's every trial, a simulation's through `simulate --cfg job`; the flags of
-every command (and `report`, `claims`, `comm-bench`, which take only paths and flags) against its `--help`.
-Placeholders (`...`, `<date>`, an optional `[...]` group, `a | b` alternatives) are left out."""
+The examples are read from the pages themselves (fenced code blocks and inline code spans), so a new example
+is checked without being listed. Each is checked the way its command would check it before doing anything:
+`run`'s overrides by `run`'s own pre-check (Hydra composes every variant, the schema validates it), a sweep's
+by composing and validating every run of it, a tuning's every trial, a simulation's through `simulate --cfg
+job`; the flags of every command (and `report`, `claims`, `comm-bench`, which take only paths and flags)
+against its `--help`. Placeholders (`...`, `<date>`, an optional `[...]` group, `a | b` alternatives) are left
+out."""
 
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def _optional_groups_removed(line: str) -> str:
 
 
 def command_lines(text: str) -> list[str]:
-    """Each `wagma-bench ...` command of a page, its continuation lines joined, from the word `wagma-bench` on."""
+    """Each `wagma-bench ...` command of a page, its continuation lines joined, from the word `wagma-bench`
+    on."""
     lines = []
     blocks = [re.sub(r"\\\n\s*", " ", b) for b in _FENCE.findall(text)]
     candidates = [line for b in blocks for line in b.splitlines()] + _INLINE.findall(text)
@@ -173,7 +176,8 @@ def test_every_documented_command_parses(argv, tmp_path):
     ],
 )
 def test_a_renamed_key_preset_or_flag_fails_the_check_naming_it(line, named, tmp_path):
-    """The check is not vacuous: an example with a misspelt key, preset, flag or subcommand is refused, named."""
+    """The check is not vacuous: an example with a misspelt key, preset, flag or subcommand is refused,
+    named."""
     with pytest.raises(Exception) as err:
         check(argv_of(line), tmp_path)
     assert named in str(err.value)
@@ -181,7 +185,7 @@ def test_a_renamed_key_preset_or_flag_fails_the_check_naming_it(line, named, tmp
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_commands_help_is_terminal_text(command):
-    """`--help` prints a module's docstring: without reStructuredText's roles and double backquotes (simulate's
-    printed `:func:` markup)."""
+    """`--help` prints a module's docstring: without reStructuredText's roles and double backquotes
+    (simulate's printed `:func:` markup)."""
     text = help_text(command)
     assert not re.search(r":(func|class|mod|meth|attr):`|``", text), text

@@ -1,6 +1,7 @@
-"""The drift adjustment scaled by its measured effect (`wagma_bench.analysis.drift`): the elasticity against an
-independent least-squares fit with one dummy column per optimizer, the adjustment at elasticity 1 against the
-proportional one it replaced, and `claims`' drift-adjusted speed-up on made-up tunings where the answer is known."""
+"""The drift adjustment scaled by its measured effect (`wagma_bench.analysis.drift`): the elasticity against
+an independent least-squares fit with one dummy column per optimizer, the adjustment at elasticity 1 against
+the proportional one it replaced, and `claims`' drift-adjusted speed-up on made-up tunings where the answer is
+known."""
 
 from __future__ import annotations
 
@@ -149,9 +150,9 @@ def _claim(metric: str) -> Claim:
 
 @pytest.mark.parametrize("metric", ["throughput", "time_to_target"])
 def test_where_drift_is_all_there_is_the_fitted_elasticity_removes_it(tmp_path, metric):
-    """Seconds per round exactly speed * reference^0.4: scaled at the fitted elasticity every trial of an optimizer
-    gets the same figure, and the speed-up is the ratio of the speeds with no spread left; the proportional rule
-    (elasticity 1) would have left the drift's spread in."""
+    """Seconds per round exactly speed * reference^0.4: scaled at the fitted elasticity every trial of an
+    optimizer gets the same figure, and the speed-up is the ratio of the speeds with no spread left; the
+    proportional rule (elasticity 1) would have left the drift's spread in."""
     groups = _made_up(seed=5, elasticity=0.4, noise=0.0)
     got = evaluate(_claim(metric), Sources(tunings={"drifting": _tuning(tmp_path, groups)}))["drift_adjusted"]
     assert got["elasticity"] == pytest.approx(0.4) and got["elasticity_se"] == pytest.approx(0, abs=1e-9)
@@ -165,8 +166,8 @@ def test_where_drift_is_all_there_is_the_fitted_elasticity_removes_it(tmp_path, 
 
 
 def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
-    """With noise, the interval is that of the equal mixture of the exact throughput laws at nine equally likely
-    elasticities, recomputed here from the trials with the bootstrap's own pieces."""
+    """With noise, the interval is that of the equal mixture of the exact throughput laws at nine equally
+    likely elasticities, recomputed here from the trials with the bootstrap's own pieces."""
     groups = _made_up(seed=7, elasticity=0.4, noise=0.08)
     d = _tuning(tmp_path, groups)
     got = evaluate(_claim("throughput"), Sources(tunings={"drifting": d}))["drift_adjusted"]
@@ -196,8 +197,9 @@ def test_the_drift_interval_mixes_the_laws_at_the_elasticitys_draws(tmp_path):
 
 
 def test_tunes_drift_adjusted_score_is_on_the_same_ruler(tmp_path):
-    """`tune`'s tuning.json (and so its table and `report`'s) scales by the same fitted elasticity as `claims`:
-    where drift is all there is, every optimizer's drift-adjusted score is its speed at the median reference."""
+    """`tune`'s tuning.json (and so its table and `report`'s) scales by the same fitted elasticity as
+    `claims`: where drift is all there is, every optimizer's drift-adjusted score is its speed at the median
+    reference."""
     groups = _made_up(seed=5, elasticity=0.4, noise=0.0)
     result = tuning.score(_tuning(tmp_path, groups))
     median = statistics.median(s["reference_s"] for trials in groups.values() for s in trials)

@@ -148,8 +148,9 @@ def test_the_automatic_threshold_cuts_a_straggler_and_leaves_a_balanced_world():
 
 
 def _best_threshold_by_masks(ends, step_s):
-    """The rule as the authors write it (and this suite did before), one mask of the whole array per candidate: the
-    oracle of the sorted-prefix version, which gives the same numbers in a fraction of the time."""
+    """The rule as the authors write it (and this suite did before), one mask of the whole array per
+    candidate: the oracle of the sorted-prefix version, which gives the same numbers in a fraction of the
+    time."""
     import numpy as np
 
     ends = np.asarray(ends, dtype=np.float64)
@@ -171,8 +172,8 @@ def _best_threshold_by_masks(ends, step_s):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_automatic_threshold_is_the_masked_rules_to_the_bit(seed):
-    """Random worlds, with ties (times rounded to a grid, so that candidates fall on ends exactly), zeros, one rank,
-    one micro-batch, and a tensor as the trainer passes it."""
+    """Random worlds, with ties (times rounded to a grid, so that candidates fall on ends exactly), zeros, one
+    rank, one micro-batch, and a tensor as the trainer passes it."""
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -181,8 +181,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
-    safe file writer (which imports only the error types, a leaf) and the recorded configuration's reader (which
-    imports only the table of renamed keys, a leaf), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    safe file writer (which imports only the error types, a leaf) and the recorded configuration's reader
+    (which imports only the table of renamed keys, a leaf), so no cycle (events <-> loggers, events <->
+    mlperf) can run through it."""
     assert _imports(PACKAGE / "record" / "events.py") <= {
         "wagma_bench.config.schedules",
         "wagma_bench.record.files",
@@ -196,9 +197,9 @@ def test_the_event_log_imports_none_of_its_readers():
 
 
 def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_identity(tmp_path):
-    """A key added later (workload.shuffle_seed, config/identity.ADDED_KEYS): a finished run recorded without it is still
-    the same run (tune skips it, run reports it), and so is a checkpoint written without it; a real change is
-    still one."""
+    """A key added later (workload.shuffle_seed, config/identity.ADDED_KEYS): a finished run recorded without
+    it is still the same run (tune skips it, run reports it), and so is a checkpoint written without it; a
+    real change is still one."""
     from wagma_bench.config.identity import identity, resume_hash
     from wagma_bench.record.checkpoint import check_against_run
     from wagma_bench.record.rundir import finished_summary

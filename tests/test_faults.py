@@ -1,5 +1,5 @@
-"""Faults a demanding user or a hostile tester provokes (docs/failure-behaviour.md), each through the real CLI and
-real local gloo ranks: bad values refused up front, one writer per run directory, consistent event logs
+"""Faults a demanding user or a hostile tester provokes (docs/failure-behaviour.md), each through the real CLI
+and real local gloo ranks: bad values refused up front, one writer per run directory, consistent event logs
 across restarts, checkpoints verified as sets."""
 
 from __future__ import annotations
@@ -209,8 +209,9 @@ def latest_manifest(run_dir: Path) -> dict:
 
 
 def kill_when_held(proc: subprocess.Popen, condition, what: str) -> None:
-    """SIGKILL the run once ``condition`` holds with its ranks held (SIGSTOP): read while they run, it may be stale
-    by the time the kill lands (a checkpoint written meanwhile, on a busy machine). Held and false, they go on."""
+    """SIGKILL the run once ``condition`` holds with its ranks held (SIGSTOP): read while they run, it may be
+    stale by the time the kill lands (a checkpoint written meanwhile, on a busy machine). Held and false, they
+    go on."""
     while True:
         wait_for(condition, what)
         ranks = rank_pids(proc.pid)
@@ -734,8 +735,8 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
 
 def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[str]]:
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
-    the first process completed or was killed after that checkpoint), and its arguments. Each run ends at exactly
-    its budget (its last round a synchronisation point)."""
+    the first process completed or was killed after that checkpoint), and its arguments. Each run ends at
+    exactly its budget (its last round a synchronisation point)."""
     args = QUICK[:1] + [
         f"optimizer={optimizer}",
         "eval.every_rounds=10",
@@ -751,10 +752,10 @@ def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[
 
 
 def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str, cut_at: int = 10) -> tuple[Path, Path]:
-    """A run of ``cut_at`` rounds continued to 20 from its last checkpoint, and the same 20 rounds at once. The first
-    run and the whole 20 are one multirun (one launcher, one fork server); then the continuation. The cut is a
-    multiple of the sync period: a budget between sync points ends with a synchronisation of its own (local SGD's
-    global average), which a continuation keeps and a run of 20 at once does not make."""
+    """A run of ``cut_at`` rounds continued to 20 from its last checkpoint, and the same 20 rounds at once.
+    The first run and the whole 20 are one multirun (one launcher, one fork server); then the continuation.
+    The cut is a multiple of the sync period: a budget between sync points ends with a synchronisation of its
+    own (local SGD's global average), which a continuation keeps and a run of 20 at once does not make."""
     args = QUICK[:1] + [
         f"optimizer={optimizer}",
         "eval.every_rounds=10",
@@ -783,8 +784,9 @@ def _final_state(run_dir: Path, rank: int, part: str = "model") -> dict:
     return torch.load(run_dir / "checkpoint" / newest / f"rank{rank}.pt", weights_only=False)[part]
 
 
-# make test resumes local SGD bit-identically with its outer optimizer (below: the model, the local optimizer's and
-# the outer state, through the same checkpoint path); every deterministic optimizer here in make test-long
+# make test resumes local SGD bit-identically with its outer optimizer (below: the model, the local
+# optimizer's and the outer state, through the same checkpoint path); every deterministic optimizer here in
+# make test-long
 DETERMINISTIC = [
     pytest.param(o, marks=pytest.mark.long) for o in ("allreduce", "local_sgd", "dpsgd", "sgp", "dropcompute")
 ]
@@ -793,7 +795,8 @@ DETERMINISTIC = [
 @pytest.mark.parametrize("optimizer", DETERMINISTIC)
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, optimizer):
     """Deterministic optimizers: 10 rounds (local SGD: 12, a multiple of its period), then resumed to 20, end
-    bit-identical to 20 rounds at once (the final checkpoint set of each; every rank's model, buffers included)."""
+    bit-identical to 20 rounds at once (the final checkpoint set of each; every rank's model, buffers
+    included)."""
     cut, whole = _cut_and_whole(tmp_path, optimizer, cut_at=12 if optimizer == "local_sgd" else 10)
     for rank in (0, 1):
         a, b = _final_state(whole, rank), _final_state(cut, rank)
@@ -811,8 +814,8 @@ OUTER_RESUMES = [
 @pytest.mark.parametrize("optimizer,outer", OUTER_RESUMES)
 def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path, optimizer, outer):
     """The outer state (the previous outer model, the momentum) is checkpointed: 10 rounds (local SGD: 12, a
-    multiple of its period 4) resumed to 20 end with the model and outer state of 20 rounds at once (outer period 4,
-    local SGD's 8: the cut falls between outer steps)."""
+    multiple of its period 4) resumed to 20 end with the model and outer state of 20 rounds at once (outer
+    period 4, local SGD's 8: the cut falls between outer steps)."""
     local = optimizer == "local_sgd"
     extra = [f"optimizer.outer={outer}", f"optimizer.outer_period={8 if local else 4}"]
     cut, whole = _cut_and_whole(tmp_path, optimizer, *extra, cut_at=12 if local else 10)
@@ -827,10 +830,10 @@ def test_resumed_run_with_an_outer_optimizer_continues_bit_identically(tmp_path,
 @pytest.mark.long  # 35 s: make test-long (make test resumes local SGD with the outer step of the whole model)
 def test_resumed_streaming_diloco_continues_bit_identically(tmp_path):
     """Streaming DiLoCo (two fragments, one step of delay): each fragment's global parameters and momentum are
-    checkpointed at the synchronisation point, where no fragment's average is in flight; a run of 20 rounds stopped
-    at 12 (its time limit, then lifted) and resumed ends with the models and fragment states of 20 rounds at once.
-    (Not a run of 12 extended to 20: streaming DiLoCo's budget ends with the whole model's average, which a run of
-    20 at once does not make at 12.)"""
+    checkpointed at the synchronisation point, where no fragment's average is in flight; a run of 20 rounds
+    stopped at 12 (its time limit, then lifted) and resumed ends with the models and fragment states of 20
+    rounds at once. (Not a run of 12 extended to 20: streaming DiLoCo's budget ends with the whole model's
+    average, which a run of 20 at once does not make at 12.)"""
     args = QUICK[:1] + [
         "optimizer=local_sgd",
         "optimizer.outer=nesterov",

@@ -1,6 +1,6 @@
-"""Figures in the docs that a command generates from committed results: the text must equal the command's output
-(a table changed by hand, or a new result committed without regenerating the text, fails here). The claims table
-of the README has its own test (tests/test_claims.py)."""
+"""Figures in the docs that a command generates from committed results: the text must equal the command's
+output (a table changed by hand, or a new result committed without regenerating the text, fails here). The
+claims table of the README has its own test (tests/test_claims.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _bench():
 
 
 def _block(page: Path, name: str) -> str:
-    """The text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``page`` (the test fails without them)."""
+    """The text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``page`` (the test fails without
+    them)."""
     block = re.search(rf"<!-- {name}:begin -->\n(.*?)\n<!-- {name}:end -->", page.read_text(), re.DOTALL)
     assert block, f"{page.relative_to(ROOT)} has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
     return block.group(1)
@@ -129,7 +130,8 @@ def test_simulator_validation_table_is_the_scripts_table_of_the_committed_runs()
 
 
 def test_the_committed_validation_rows_are_what_calibration_makes_of_the_committed_runs(tmp_path):
-    """A row per optimizer recomputed from its committed run and comm-bench (the simulator is deterministic)."""
+    """A row per optimizer recomputed from its committed run and comm-bench (the simulator is
+    deterministic)."""
     from wagma_bench.cli.simulate import main as simulate_main
 
     rows = json.loads((VALIDATION / "validation.json").read_text())
@@ -279,8 +281,8 @@ def test_power_table_is_the_scripts_table_of_the_committed_run():
 
 
 def test_the_committed_power_run_read_the_committed_sources():
-    """The trials each row was simulated from are the claim's committed trials now (a re-tuned source, or a claim
-    switched to another folder, makes power.json stale: `power.py run` again)."""
+    """The trials each row was simulated from are the claim's committed trials now (a re-tuned source, or a
+    claim switched to another folder, makes power.json stale: `power.py run` again)."""
     from wagma_bench.analysis.claims import find_sources, load_claims
 
     script, committed = _power(), json.loads(POWER.read_text())
@@ -314,7 +316,7 @@ def test_readme_names_the_claims_this_machine_can_decide():
 
 @pytest.mark.long
 def test_the_committed_power_table_is_what_the_script_computes():
-    """The simulation again from the committed sources (about 15 s on the 2-core machine): the same seed, the same
-    table."""
+    """The simulation again from the committed sources (about 15 s on the 2-core machine): the same seed, the
+    same table."""
     script = _power()
     assert script.table(script.compute()) == script.table(json.loads(POWER.read_text()))

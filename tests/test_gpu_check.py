@@ -35,8 +35,8 @@ def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
 def test_make_gpu_check_without_cuda_names_what_it_skipped_and_writes_cpu_measured_inputs(tmp_path):
-    """One line names every GPU measurement skipped; the simulator's inputs are measured on the CPU, labelled so,
-    and `simulate --measured` reads the file (AD-PSGD then charged the measured exchange cost)."""
+    """One line names every GPU measurement skipped; the simulator's inputs are measured on the CPU, labelled
+    so, and `simulate --measured` reads the file (AD-PSGD then charged the measured exchange cost)."""
     out = subprocess.run(
         ["make", "-s", "gpu-check", f"GPU_PY={sys.executable}"],
         cwd=ROOT,

@@ -1,6 +1,6 @@
 """Heartbeats in the shared run directory (ranks of srun, torchrun, mpiexec): each host writes at most
-``HOST_BEATS_PER_S`` times a second whatever its number of ranks, and the readers, which name lost hosts, apply the
-same periods (a rank that beats slowly is not taken for a lost one; a lost one is still named)."""
+``HOST_BEATS_PER_S`` times a second whatever its number of ranks, and the readers, which name lost hosts,
+apply the same periods (a rank that beats slowly is not taken for a lost one; a lost one is still named)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def test_a_hosts_heartbeat_writes_are_bounded_whatever_its_ranks():
 
 
 def test_eight_ranks_of_one_host_write_at_most_the_hosts_bound(tmp_path, monkeypatch):
-    """Eight ranks' heartbeat threads, as the launcher starts them (period ``shared_period_s(8)``), on a clock 20
-    times faster than the real one; every write (``os.utime``) counted over a window once all have started.
+    """Eight ranks' heartbeat threads, as the launcher starts them (period ``shared_period_s(8)``), on a clock
+    20 times faster than the real one; every write (``os.utime``) counted over a window once all have started.
     One beat every SHARED_HEARTBEAT_S per rank, as before, writes 4 times the bound."""
     monkeypatch.setattr(supervise, "SHARED_HEARTBEAT_S", supervise.SHARED_HEARTBEAT_S / 20)
     monkeypatch.setattr(supervise, "HOST_BEATS_PER_S", HOST_BEATS_PER_S * 20)
@@ -69,8 +69,8 @@ def _beats(folder: Path, hosts: dict[int, str], ages: dict[int, float]) -> None:
 
 
 def test_slow_beats_of_a_crowded_host_are_not_a_loss_but_a_stopped_host_is_named(tmp_path):
-    """Host a runs 8 ranks (period 8 s), host b one (2 s). Rank 8's collective failed: a 20 s old beat of host a
-    is within 3 of its periods (before: lost after 6 s, whatever the host); 30 s old, host a is lost."""
+    """Host a runs 8 ranks (period 8 s), host b one (2 s). Rank 8's collective failed: a 20 s old beat of host
+    a is within 3 of its periods (before: lost after 6 s, whatever the host); 30 s old, host a is lost."""
     hosts = {**{r: "a" for r in range(8)}, 8: "b"}
     folder = tmp_path / HEARTBEATS
     within = LOST_AFTER_BEATS * shared_period_s(8) - 4

@@ -1,6 +1,7 @@
 """The modules of wagma_bench import one another without a cycle (read statically with ast): a cycle makes the
 import order matter and hides which layer depends on which. Imports inside functions count too: deferring an
-import (to keep start-up fast or an optional package optional) hides a cycle from Python, not from a reader."""
+import (to keep start-up fast or an optional package optional) hides a cycle from Python, not from a
+reader."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Ctrl-C, whenever it comes: before the ranks start (one line), while they start (stop before the first
-step), during training (checkpoint, exit 130, the rerun resumes), and a second Ctrl-C (at once, recorded). The real
-CLI, signals to the launcher or to the whole process group as a terminal sends them (`tune`: tests/test_tune.py)."""
+step), during training (checkpoint, exit 130, the rerun resumes), and a second Ctrl-C (at once, recorded). The
+real CLI, signals to the launcher or to the whole process group as a terminal sends them (`tune`:
+tests/test_tune.py)."""
 
 from __future__ import annotations
 
@@ -128,8 +129,8 @@ def _ctrl_c_while_starting(run_dir: Path, presses: int):
 
     The fork server is held (SIGSTOP) from the moment it appears until the presses have landed: a slow server,
     as on a loaded node, which cannot fork a rank before it continues. Without the hold, the window (the
-    server's ~2 CPU-s of imports against the launcher's ~0.4 to announce itself) was a race, which CI lost once
-    (the ranks had started)."""
+    server's ~2 CPU-s of imports against the launcher's ~0.4 to announce itself) was a race, which CI lost
+    once (the ranks had started)."""
     launcher = subprocess.Popen(
         [
             str(BIN),
@@ -187,8 +188,8 @@ def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_check
     assert "Traceback" not in err, err[-3000:]
     assert "stopped at once by a second Ctrl-C" in err and "no checkpoint was saved" in err, err[-3000:]
     assert "resume from the last checkpoint" not in err
-    # no rank had begun its event log (both Ctrl-Cs came before the ranks listened): no record at all, rather than
-    # a summary without the events it summarises
+    # no rank had begun its event log (both Ctrl-Cs came before the ranks listened): no record at all, rather
+    # than a summary without the events it summarises
     assert not (tmp_path / "events.jsonl").exists(), keys(tmp_path)
     assert not (tmp_path / "summary.json").exists()
     assert "nothing was recorded" in err, err[-3000:]
@@ -197,10 +198,11 @@ def test_a_second_ctrl_c_while_the_ranks_start_stops_at_once_and_claims_no_check
 @pytest.mark.serial
 def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
     """Ctrl-C as the launcher composes its configuration (its fork server just started), before it has taken
-    Ctrl-C over: one line, exit 130. The launcher announces taking it over on its stdout, about 0.25 s after the
-    fork server appears here; the test holds the launcher (SIGSTOP) from when it sees the server until the Ctrl-C
-    is sent, so that the Ctrl-C lands there whatever the cores' load. SIGINT's default disposition is restored for
-    the launcher, as a terminal gives it (a test run in a background job would pass it on ignored)."""
+    Ctrl-C over: one line, exit 130. The launcher announces taking it over on its stdout, about 0.25 s after
+    the fork server appears here; the test holds the launcher (SIGSTOP) from when it sees the server until the
+    Ctrl-C is sent, so that the Ctrl-C lands there whatever the cores' load. SIGINT's default disposition is
+    restored for the launcher, as a terminal gives it (a test run in a background job would pass it on
+    ignored)."""
     argv = [str(BIN), "run", *QUICK[:1], f"hydra.run.dir={tmp_path}"]
     default_sigint = (
         f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv({argv[0]!r}, {argv!r})"
@@ -232,11 +234,11 @@ def test_ctrl_c_before_the_ranks_start_ends_in_one_line(tmp_path):
 
 
 def test_a_ctrl_c_while_the_fork_server_starts_is_kept_with_another_thread_running():
-    """The window in which the fork server starts, in a process with a second thread that does not block SIGINT
-    (the launcher has one: numpy's import starts it). The kernel hands a signal sent to the process to that
-    thread; it must still reach the launcher's handler once the window closes, not be dropped there. Ctrl-C's
-    handler is Python's own, as a terminal gives it (a test run in a background job would pass SIGINT on ignored,
-    and an ignored Ctrl-C rightly stays ignored)."""
+    """The window in which the fork server starts, in a process with a second thread that does not block
+    SIGINT (the launcher has one: numpy's import starts it). The kernel hands a signal sent to the process to
+    that thread; it must still reach the launcher's handler once the window closes, not be dropped there.
+    Ctrl-C's handler is Python's own, as a terminal gives it (a test run in a background job would pass SIGINT
+    on ignored, and an ignored Ctrl-C rightly stays ignored)."""
     program = """
 import os, signal, threading, time
 from wagma_bench.runtime.supervise import ranks_ignore_ctrl_c
@@ -261,10 +263,11 @@ except KeyboardInterrupt:
     "sig,nproc", [(signal.SIGTERM, 4), (signal.SIGHUP, 2)], ids=["SIGTERM-4-ranks", "SIGHUP"]
 )
 def test_a_terminating_signal_to_the_launcher_ends_every_process_of_the_run(tmp_path, sig, nproc):
-    """SIGTERM (`timeout`, a batch system's time limit) or SIGHUP (a closed terminal) to the launcher alone: it
-    passes the stop to every rank, which checkpoints at its next synchronisation point; the run records its stop,
-    releases its lock and the launcher exits 128 + the signal. No process of the run is left 15 s later (before
-    this, SIGTERM ended the launcher alone and left its ranks running, a stale lock and no recorded stop)."""
+    """SIGTERM (`timeout`, a batch system's time limit) or SIGHUP (a closed terminal) to the launcher alone:
+    it passes the stop to every rank, which checkpoints at its next synchronisation point; the run records its
+    stop, releases its lock and the launcher exits 128 + the signal. No process of the run is left 15 s later
+    (before this, SIGTERM ended the launcher alone and left its ranks running, a stale lock and no recorded
+    stop)."""
     launcher = subprocess.Popen(
         [
             str(BIN),

@@ -131,9 +131,9 @@ def _run_config(comm, name, settings, group_size, pattern, zero):
     algo = make_algorithm(name, comm, model, sgd(lr=LR), seed=3, **settings)
     records, steps = [], 0
     x0 = mass(name, algo)
-    # Every rank reads its starting mass before any rank steps, as the trainer meets its ranks before the first
-    # step (Trainer.open_logs): an AD-PSGD passive answers exchanges from construction on, so a rank slow to get
-    # here (a starved process) would count a fast active's first exchange in its x0.
+    # Every rank reads its starting mass before any rank steps, as the trainer meets its ranks before the
+    # first step (Trainer.open_logs): an AD-PSGD passive answers exchanges from construction on, so a rank
+    # slow to get here (a starved process) would count a fast active's first exchange in its x0.
     comm.barrier()
     while True:
         steps += 1
@@ -165,10 +165,10 @@ def _run_one_world(params):
 
 @pytest.fixture(scope="module")
 def worlds():
-    """Every world of WORLDS, three at a time (each its own gloo world and store): the patterns' sleeps left the
-    two cores about 75% idle with one world at a time (measured per test from /proc/stat), and the invariants
-    are exact whatever the timing, so the other worlds' load only makes the stragglers later. This file took
-    74 s one world at a time, 54 s two and 38 s three at a time."""
+    """Every world of WORLDS, three at a time (each its own gloo world and store): the patterns' sleeps left
+    the two cores about 75% idle with one world at a time (measured per test from /proc/stat), and the
+    invariants are exact whatever the timing, so the other worlds' load only makes the stragglers later. This
+    file took 74 s one world at a time, 54 s two and 38 s three at a time."""
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="world") as pool:
         yield {params: pool.submit(_run_one_world, params) for params in WORLDS}
 
@@ -195,8 +195,8 @@ def outer_sums(config: str, results, zero: bool, rounds: list[int]) -> list[floa
     """The models' sum at each of ``rounds`` with the outer step of OUTER[config], from the papers' recursions
     on the sums (every rank takes one local step per round; x_prev starts as each rank's initial model).
     SlowMo: U <- beta U + (X_prev - X_avg) / lr, X <- X_prev - alpha lr U; Nesterov (DiLoCo):
-    M <- mu M + D, X <- X_prev - eta (D + mu M), with D = X_prev - X_avg; all summed over ranks, which is exact
-    because every rank holds the same average."""
+    M <- mu M + D, X <- X_prev - eta (D + mu M), with D = X_prev - X_avg; all summed over ranks, which is
+    exact because every rank holds the same average."""
     rule, lr, momentum, period, before = OUTER[config]
     world = len(results)
     total = prev = sum(r["x0"] for r in results)
@@ -221,7 +221,8 @@ def outer_sums(config: str, results, zero: bool, rounds: list[int]) -> list[floa
 
 
 def expected_sums(config: str, results, zero: bool, records: list[int]) -> list[float]:
-    """The declared expected value at each record (``records``: indices into the ranks' records, -1: the end)."""
+    """The declared expected value at each record (``records``: indices into the ranks' records, -1: the
+    end)."""
     if config in OUTER:
         rounds = [results[0]["records"][k][0] if k >= 0 else results[0]["records"][-1][0] for k in records]
         return outer_sums(config, results, zero, rounds)
@@ -256,8 +257,8 @@ def test_the_models_carry_every_gradient_step_exactly_once(world_results, config
 
 
 def test_every_registered_optimizer_has_an_invariant_case():
-    """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding an
-    optimizer")."""
+    """A new optimizer in the registry fails here until CONFIGS gives it a case (docs/architecture.md, "Adding
+    an optimizer")."""
     from tests.test_conformance import invariant_case, missing
     from wagma_bench.optim import OPTIMIZERS
 

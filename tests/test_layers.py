@@ -1,6 +1,7 @@
-"""The package's layers (``[tool.importlinter]`` in pyproject.toml, drawn in docs/architecture.md) are a contract that
-import-linter checks: a module imports only from its own layer or the layers below it, never from a sibling marked
-independent. Each test runs the real tool, here on the package and on a copy with one upward import added."""
+"""The package's layers (``[tool.importlinter]`` in pyproject.toml, drawn in docs/architecture.md) are a
+contract that import-linter checks: a module imports only from its own layer or the layers below it, never
+from a sibling marked independent. Each test runs the real tool, here on the package and on a copy with one
+upward import added."""
 
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def _layer_rows() -> list[str]:
 
 
 def test_the_architecture_page_names_every_module_in_its_layers_row():
-    """docs/architecture.md draws the layers with every module in its row: a module of FOLDER is named (by its path
-    below FOLDER, or its file name) in the row that names `FOLDER/`; a top-level module in some row."""
+    """docs/architecture.md draws the layers with every module in its row: a module of FOLDER is named (by its
+    path below FOLDER, or its file name) in the row that names `FOLDER/`; a top-level module in some row."""
     rows = _layer_rows()
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -25,9 +25,9 @@ from wagma_bench.record.files import read_jsonl
 from wagma_bench.record.mlperf import MLLOG, mllog_records, write_mllog
 
 RESNET = ["launcher.nproc=2", "logger.progress=lines", "eval.every_rounds=10"]
-# BLEU 27.5 at step 240 with 2 ranks on this corpus (1.7 at 120): the 0.7.0 rules need one evaluation >= 25 BLEU.
-# One evaluation, at step 240, not one every 60 or 120 steps: an untrained model's beam search runs to its length
-# limit, so the early evaluations cost the most.
+# BLEU 27.5 at step 240 with 2 ranks on this corpus (1.7 at 120): the 0.7.0 rules need one evaluation >= 25
+# BLEU. One evaluation, at step 240, not one every 60 or 120 steps: an untrained model's beam search runs to
+# its length limit, so the early evaluations cost the most.
 TRANSFORMER = [
     "workload=transformer",
     "launcher.nproc=2",
@@ -105,9 +105,9 @@ def transformer_run(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_rank_that_skips_finalization_still_releases_its_semaphores(transformer_run):
-    """A local rank ends with os._exit (the ordered shutdown), which skips multiprocessing's finalizers too: the
-    named semaphore that fairseq makes at import (fairseq.pdb's stdin lock) was left to the launcher's resource
-    tracker, which warned at the end of every Transformer run ("4 leaked semaphore objects")."""
+    """A local rank ends with os._exit (the ordered shutdown), which skips multiprocessing's finalizers too:
+    the named semaphore that fairseq makes at import (fairseq.pdb's stdin lock) was left to the launcher's
+    resource tracker, which warned at the end of every Transformer run ("4 leaked semaphore objects")."""
     stderr = (transformer_run.parent / "stderr.txt").read_text()
     assert "leaked semaphore" not in stderr, stderr[-2000:]
 

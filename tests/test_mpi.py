@@ -183,8 +183,8 @@ def test_killed_mpi_rank_is_named_and_the_run_stop_has_the_real_step_counts(tmp_
     ],
 )
 def test_killed_mpi_rank_among_four_is_named_not_the_one_mpiexecs_clean_up_killed(tmp_path, victim):
-    """mpiexec (MPICH's hydra) names the PID it lists first among the ranks it killed in its clean-up (rank 0's
-    when rank 2 was killed); the launcher names the rank whose process ended first."""
+    """mpiexec (MPICH's hydra) names the PID it lists first among the ranks it killed in its clean-up (rank
+    0's when rank 2 was killed); the launcher names the rank whose process ended first."""
     launcher = subprocess.Popen(
         [
             str(BIN),

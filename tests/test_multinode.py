@@ -127,7 +127,8 @@ def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
 @pytest.mark.slow
 def test_srun_one_rank_on_each_host(cluster, tmp_path):
     """The short cross-host run of `make test`: rendezvous at wagma-n1's NodeAddr, gloo over the hosts'
-    eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous timeout.)"""
+    eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous
+    timeout.)"""
     out = srun(
         [
             "-N",
@@ -261,8 +262,8 @@ def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float
 def _start_two_host_run(
     run_dir: Path, timeout_s: float, max_steps: int
 ) -> tuple[list[str], subprocess.Popen]:
-    """Allreduce-SGD under `srun -N 2 --ntasks-per-node 2`, checkpointing every half second: its command (for a
-    rerun) and its process, output and errors merged."""
+    """Allreduce-SGD under `srun -N 2 --ntasks-per-node 2`, checkpointing every half second: its command (for
+    a rerun) and its process, output and errors merged."""
     cmd = [
         "srun",
         "-N",
@@ -356,11 +357,11 @@ def _link(cluster: dict, node: str, state: str) -> None:
 def test_a_host_cut_off_by_the_network_is_named_and_recorded_before_srun_returns(
     cluster, tmp_path, cut, ranks
 ):
-    """One host's link taken down mid-run (its ranks keep running, the file system stays shared): the side that
-    still reaches the SLURM controller names the cut-off host and its ranks, its lowest rank records the failure
-    (run_stop, summary.json) and releases the lock, all before srun returns, well before comm.timeout_s. Before
-    the partition watch: SLURM killed the healthy side after ~30 s with nothing recorded, and the cut-off side
-    later named the healthy host."""
+    """One host's link taken down mid-run (its ranks keep running, the file system stays shared): the side
+    that still reaches the SLURM controller names the cut-off host and its ranks, its lowest rank records the
+    failure (run_stop, summary.json) and releases the lock, all before srun returns, well before
+    comm.timeout_s. Before the partition watch: SLURM killed the healthy side after ~30 s with nothing
+    recorded, and the cut-off side later named the healthy host."""
     timeout_s = 120
     _, proc = _start_two_host_run(tmp_path, timeout_s, max_steps=100000)
     try:
@@ -514,10 +515,11 @@ def _simulated_network(bench: Path, out: Path, capsys) -> tuple[dict, dict]:
 @pytest.mark.slow
 def test_comm_bench_across_hosts_fits_each_link_level_and_simulate_uses_them(cluster, tmp_path, capsys):
     """`srun -N 2 --ntasks-per-node 2 wagma-bench comm-bench` joins srun's world (ranks
-    on both hosts), times the intra-node link (the ranks of one host) and the inter-node link (one rank a host)
-    apart and fits alpha and beta of each; `simulate --calibrate FILE` reads the file and simulates with the
-    inter-node fit for its inter level, the intra-node fit for intra, 2 ranks a node. Before: comm-bench forked
-    --nproc local ranks on each host (two worlds that never met), and the fit gave one link for both levels."""
+    on both hosts), times the intra-node link (the ranks of one host) and the inter-node link (one rank a
+    host) apart and fits alpha and beta of each; `simulate --calibrate FILE` reads the file and simulates with
+    the inter-node fit for its inter level, the intra-node fit for intra, 2 ranks a node. Before: comm-bench
+    forked --nproc local ranks on each host (two worlds that never met), and the fit gave one link for both
+    levels."""
     bench = tmp_path / "cb.json"
     stdout = _comm_bench(bench, ["srun", "-N", "2", "--ntasks-per-node", "2"])
     result = json.loads(bench.read_text())
@@ -647,9 +649,9 @@ def test_torchrun_across_two_hosts_restarts_a_killed_worker(cluster, tmp_path):
 
 @pytest.mark.long
 def test_comm_bench_under_torchrun_on_two_hosts(cluster, tmp_path):
-    """`torchrun --nnodes 2 --nproc-per-node 2 wagma-bench comm-bench` on each host (c10d rendezvous at wagma-n1,
-    given --local-addr and is_host as in the test above): the workers join torchrun's world and time both
-    link levels."""
+    """`torchrun --nnodes 2 --nproc-per-node 2 wagma-bench comm-bench` on each host (c10d rendezvous at
+    wagma-n1, given --local-addr and is_host as in the test above): the workers join torchrun's world and time
+    both link levels."""
     endpoint = f"{_address(cluster, HOSTS[0])}:29518"
     bench = tmp_path / "cb.json"
     procs = []

@@ -117,8 +117,9 @@ def test_an_impossible_emulation_or_backend_fails_the_config_check(overrides, me
 
 @pytest.mark.long
 def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_the_command_line(tmp_path):
-    """The outer layer's global average (D-PSGD, SGP) and its step inside WAGMA-SGD's synchronous round on a data
-    plane that refuses what NCCL refuses (their exactness under emulation: the -nccl world of test_invariants)."""
+    """The outer layer's global average (D-PSGD, SGP) and its step inside WAGMA-SGD's synchronous round on a
+    data plane that refuses what NCCL refuses (their exactness under emulation: the -nccl world of
+    test_invariants)."""
     bases = [name for name, cls in OPTIMIZERS.items() if cls.outer_at is not None]
     cmd = [
         str(BIN),
@@ -143,8 +144,8 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
 
 @pytest.mark.long  # make test-long; make test checks the fragment average's collective in test_streaming.py's world
 def test_streaming_diloco_runs_to_its_budget_under_emulated_nccl(tmp_path):
-    """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane: what
-    NCCL does (no tags, no any-source)."""
+    """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane:
+    what NCCL does (no tags, no any-source)."""
     out = subprocess.run(
         [
             str(BIN),

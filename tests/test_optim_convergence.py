@@ -1,6 +1,6 @@
-"""Every baseline optimizer solves a strongly convex problem with a known optimum, on 2 and 4 gloo ranks (and 8
-in `make test-long`: 25 CPU-seconds, the costliest world of the file; make test's 8-rank worlds are the exact
-oracles of tests/test_optim_oracles.py and the invariants of tests/test_invariants.py).
+"""Every baseline optimizer solves a strongly convex problem with a known optimum, on 2 and 4 gloo ranks (and
+8 in `make test-long`: 25 CPU-seconds, the costliest world of the file; make test's 8-rank worlds are the
+exact oracles of tests/test_optim_oracles.py and the invariants of tests/test_invariants.py).
 
 Least squares: rank r holds its own rows (A_r, b_r) of one noisy linear system, so the ranks' local optima
 differ (heterogeneous data, as decentralized methods must handle) and the global optimum is the
@@ -26,10 +26,10 @@ OPTIMIZERS = {name: (name, {}) for name in REGISTRY} | {
     "eager_solo": ("eager", {"mode": "solo"}),
     "wagma_skip": ("wagma", {"catch_up": "skip"}),
 }
-# 100 steps: the worst relative error of any method ended at 0.47 of its tolerance here (sgp_overlap on 4 ranks;
-# 0.34 after 200 steps, which took 17 s more), and AD-PSGD's at 0.10-0.37 of its own with two busy loops taking
-# the cores beside the worlds (make test's first phase runs another test's processes beside them), so it runs
-# there, not in the serial phase
+# 100 steps: the worst relative error of any method ended at 0.47 of its tolerance here (sgp_overlap on 4
+# ranks; 0.34 after 200 steps, which took 17 s more), and AD-PSGD's at 0.10-0.37 of its own with two busy
+# loops taking the cores beside the worlds (make test's first phase runs another test's processes beside
+# them), so it runs there, not in the serial phase
 DIM, ROWS, STEPS, LR = 8, 32, 100, 0.1
 COMPUTE_S = 0.002
 # Relative errors allowed for the mean model and the worst rank's model (the start is at error 1). AD-PSGD's

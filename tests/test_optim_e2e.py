@@ -1,14 +1,14 @@
 """Each optimizer reaches the embedded ResNet target with `wagma-bench run`, as a user types it
 (4 local gloo ranks, the embedded default: ResNet-20 on the 5,000-image MNIST subset, target 97%).
 
-WAGMA-SGD runs in `make test` (by itself: markers serial and alone) to top-1 0.85: the run trains from scratch,
-end to end as a user types it, far past chance (0.10) in about 40% of the rounds the default target takes. At the
-defaults, evaluated every 11 rounds (the period rounded up to its tau), one run of 2026-12-06 read 0.11-0.14 to
-round 33, 0.836 at 44, 0.888 at 66, 0.902 at 88, 0.958 at 143 and 0.968 at 165 (47 s and 91 CPU-seconds, the
-suite's costliest test; 0.96, its make-test target until then, at 165 in two earlier runs too). Every registered
-optimizer, WAGMA-SGD included (about 1.5 minutes each on this 2-core machine), runs to the default target 0.97
-with `make test-long`. The optimizer tables of
-docs/optimizers.md are the measured record of each."""
+WAGMA-SGD runs in `make test` (by itself: markers serial and alone) to top-1 0.85: the run trains from
+scratch, end to end as a user types it, far past chance (0.10) in about 40% of the rounds the default target
+takes. At the defaults, evaluated every 11 rounds (the period rounded up to its tau), one run of 2026-12-06
+read 0.11-0.14 to round 33, 0.836 at 44, 0.888 at 66, 0.902 at 88, 0.958 at 143 and 0.968 at 165 (47 s and 91
+CPU-seconds, the suite's costliest test; 0.96, its make-test target until then, at 165 in two earlier runs
+too). Every registered optimizer, WAGMA-SGD included (about 1.5 minutes each on this 2-core machine), runs to
+the default target 0.97 with `make test-long`. The optimizer tables of docs/optimizers.md are the measured
+record of each."""
 
 from __future__ import annotations
 

@@ -472,8 +472,8 @@ def _outer_traces(comm):
     out = {}
     for name, settings in OUTER_BASES.items():
         out[name, "none"] = _lockstep(comm, name, settings)
-        # what SlowMo's identity step (alpha 1, beta 0) must equal: the base with a global average every 4 rounds
-        # (D-PSGD, SGP: the outer layer's own; local SGD, WAGMA-SGD already average there)
+        # what SlowMo's identity step (alpha 1, beta 0) must equal: the base with a global average every 4
+        # rounds (D-PSGD, SGP: the outer layer's own; local SGD, WAGMA-SGD already average there)
         out[name, "averaged"] = (
             _lockstep(comm, name, settings, average_every=4)
             if "outer_period" in settings
@@ -496,8 +496,8 @@ def _outer_reference(
 ) -> list[list[torch.Tensor]]:
     """The base's recursion (as the references above) with the papers' outer step every 4 rounds, written as
     the papers write it. SlowMo: u <- beta u + (x_prev - x_avg) / gamma, x <- x_prev - alpha gamma u. DiLoCo
-    (torch's Nesterov SGD on the pseudo-gradient d = x_prev - x_avg): m <- mu m + d, x <- x_prev - eta (d + mu m).
-    x_prev starts as each rank's own initial model (no initial broadcast here)."""
+    (torch's Nesterov SGD on the pseudo-gradient d = x_prev - x_avg): m <- mu m + d, x <- x_prev - eta (d + mu
+    m). x_prev starts as each rank's own initial model (no initial broadcast here)."""
     from wagma_bench.comm.topology import WagmaSchedule
 
     schedule = WagmaSchedule(world, 2, 3)

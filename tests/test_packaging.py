@@ -1,4 +1,5 @@
-"""The package as a user installs and calls it: Python floor, extras, --version, run --help, the docs' images."""
+"""The package as a user installs and calls it: Python floor, extras, --version, run --help, the docs'
+images."""
 
 from __future__ import annotations
 
@@ -212,7 +213,8 @@ def test_every_image_the_readme_shows_is_in_the_repository():
 
 def test_the_listed_packages_are_every_package_and_data_folder():
     """pyproject.toml lists the packages (conf/ and slurm/ are mapped into the package, which finding cannot
-    do): the list must hold every folder of the code and of conf/ and slurm/, and each data folder its files."""
+    do): the list must hold every folder of the code and of conf/ and slurm/, and each data folder its
+    files."""
     from setuptools import find_packages
 
     tool = PYPROJECT["tool"]["setuptools"]

@@ -1,6 +1,6 @@
 """A rank joins only its own run's world: two runs and one fixed port (refused before any rank starts, the
-holder untouched, a race lost with exit 2), a rank that reaches another run's rendezvous store, and what a run's
-identity is. Real launchers and stores."""
+holder untouched, a race lost with exit 2), a rank that reaches another run's rendezvous store, and what a
+run's identity is. Real launchers and stores."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A paper-scale prediction's interval and flip condition: the resampling (simulate/uncertainty.py), the reading
-(analysis/predictions.py) against direct computations, the measured-inputs file, and `simulate --interval` end to
-end on a small world."""
+"""A paper-scale prediction's interval and flip condition: the resampling (simulate/uncertainty.py), the
+reading (analysis/predictions.py) against direct computations, the measured-inputs file, and `simulate
+--interval` end to end on a small world."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_the_interval_is_the_percentiles_of_each_replicates_speedup_against_its_
 
 
 def test_the_flip_is_where_the_speedup_crosses_its_threshold_between_grid_points():
-    """AD-PSGD's throughput falls as its exchange costs more: WAGMA-SGD (100) ties it at c with 120 / (1 + c) = 100,
-    between the grid points 0.1 (109.1) and 0.4 (85.7): linear there, 0.1 + 0.3 * 9.09 / 23.38."""
+    """AD-PSGD's throughput falls as its exchange costs more: WAGMA-SGD (100) ties it at c with 120 / (1 + c)
+    = 100, between the grid points 0.1 (109.1) and 0.4 (85.7): linear there, 0.1 + 0.3 * 9.09 / 23.38."""
     points = [
         {
             "knob": "gossip_cost",

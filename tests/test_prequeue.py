@@ -1,7 +1,8 @@
-"""Checked before the queue (wagma_bench/campaign/prequeue.py): `sweep` and `tune` refuse a data path that does not
-exist or lacks its layout when they render, unless `--data-on-nodes` says only the compute nodes see it; they print
-a GPU-hour line (checked here against the simulator called directly); `cluster.array_parallelism` throttles the
-job array (`%N`; SLURM itself accepts it in tests/test_slurm.py's profile-overrides test)."""
+"""Checked before the queue (wagma_bench/campaign/prequeue.py): `sweep` and `tune` refuse a data path that
+does not exist or lacks its layout when they render, unless `--data-on-nodes` says only the compute nodes see
+it; they print a GPU-hour line (checked here against the simulator called directly);
+`cluster.array_parallelism` throttles the job array (`%N`; SLURM itself accepts it in tests/test_slurm.py's
+profile-overrides test)."""
 
 from __future__ import annotations
 
@@ -154,9 +155,9 @@ def test_a_path_only_the_nodes_see_is_said_not_checked(tmp_path):
 
 
 def test_the_gpu_hours_are_the_simulators_round_time_times_the_plans_rounds(tmp_path):
-    """Against the simulator called here directly: for each run, GPUs x rounds x simulated seconds per round, the
-    rounds counted by hand (90 epochs of ImageNet's 1,281,167 images at batch 128 per GPU, for every optimizer:
-    a budget ends where it says, also off WAGMA-SGD's period of 11)."""
+    """Against the simulator called here directly: for each run, GPUs x rounds x simulated seconds per round,
+    the rounds counted by hand (90 epochs of ImageNet's 1,281,167 images at batch 128 per GPU, for every
+    optimizer: a budget ends where it says, also off WAGMA-SGD's period of 11)."""
     from wagma_bench.simulate.costs import Network
     from wagma_bench.simulate.des import SimConfig, simulate
     from wagma_bench.simulate.presets import preset
@@ -229,7 +230,8 @@ def test_measured_step_times_replace_the_simulators(tmp_path):
 
 
 def test_a_run_the_suite_cannot_size_counts_at_the_time_limit(tmp_path):
-    """The embedded Transformer's epoch is counted in tokens of a corpus made at the run's start: unknown here."""
+    """The embedded Transformer's epoch is counted in tokens of a corpus made at the run's start: unknown
+    here."""
     manifest = render(tmp_path, ["cluster=generic8", "gpus=8", "optimizer=allreduce", "workload=transformer"])
     est = manifest["checks"]["gpu_hours"]
     assert est["sources"]["unknown"] == 1 and est["expected"] == pytest.approx(8 * 12.0)
@@ -294,7 +296,8 @@ def test_tune_refuses_a_missing_data_root_before_writing_its_plan(tmp_path, caps
     assert "data.root=/nonexistent: not checked (--data-on-nodes" in capsys.readouterr().out
 
 
-# --- reproduce/imagenet/prepare.py: the official archives into the layout checked above ---------------------------
+# --- reproduce/imagenet/prepare.py: the official archives into the layout checked above
+# ---------------------------
 
 PREPARE = Path(__file__).resolve().parents[1] / "reproduce" / "imagenet" / "prepare.py"
 VAL_LABELS = {
@@ -316,8 +319,8 @@ def _tar(path: Path, files: dict[str, bytes]) -> None:
 
 
 def fake_archives(src: Path, labels: str) -> None:
-    """ILSVRC-2012's archives in miniature: per-class tars inside the training tar, a flat validation tar, and the
-    validation labels as Kaggle's CSV or the devkit's ground truth and meta.mat (class index -> wnid)."""
+    """ILSVRC-2012's archives in miniature: per-class tars inside the training tar, a flat validation tar, and
+    the validation labels as Kaggle's CSV or the devkit's ground truth and meta.mat (class index -> wnid)."""
     import io
 
     import numpy as np
@@ -386,7 +389,8 @@ def test_prepare_builds_the_layout_the_render_check_accepts(tmp_path, labels, ca
 
 
 def test_the_example_in_docs_slurm_is_the_commands_output(tmp_path, capsys):
-    """docs/slurm.md's "Checked before the queue" shows a command and its output: the output is generated, not typed."""
+    """docs/slurm.md's "Checked before the queue" shows a command and its output: the output is generated, not
+    typed."""
     import re
     import shlex
 

@@ -264,8 +264,9 @@ def test_throughput_plot_takes_predictions(tmp_path):
 
 
 def test_a_png_figure_is_a_palette_image_true_to_its_render(tmp_path):
-    """plots.save writes a PNG in 256 colours (plots.write_png): each pixel within a few levels of matplotlib's
-    own 32-bit render of the same figure (antialiased edges move most), in under half its bytes."""
+    """plots.save writes a PNG in 256 colours (plots.write_png): each pixel within a few levels of
+    matplotlib's own 32-bit render of the same figure (antialiased edges move most), in under half its
+    bytes."""
     import io
 
     import numpy as np
@@ -293,8 +294,8 @@ def test_a_png_figure_is_a_palette_image_true_to_its_render(tmp_path):
 
 
 def test_wandb_online_without_a_key_is_refused_in_the_launching_process(tmp_path, monkeypatch):
-    """The check `run` makes before it starts any rank (cli.run._run_job -> runtime.extras.check_extras), so the ranks
-    never meet it on rank 0 after they are up."""
+    """The check `run` makes before it starts any rank (cli.run._run_job -> runtime.extras.check_extras), so
+    the ranks never meet it on rank 0 after they are up."""
     from hydra import compose, initialize_config_dir
 
     from wagma_bench.config.schema import validate
@@ -536,9 +537,9 @@ def test_bleu_under_two_sacrebleu_signatures_is_flagged():
 
 
 def test_runs_of_one_optimizer_with_other_settings_are_other_series_not_seeds(tmp_path):
-    """Local SGD with period 4, and with period 2 and Nesterov's outer step: two configurations, two rows named
-    by the settings that differ; two seeds of one configuration stay one row of two seeds. (Before, all three
-    were one `local_sgd` row of three "seeds".)"""
+    """Local SGD with period 4, and with period 2 and Nesterov's outer step: two configurations, two rows
+    named by the settings that differ; two seeds of one configuration stay one row of two seeds. (Before, all
+    three were one `local_sgd` row of three "seeds".)"""
     plain, outer = {"sync_period": 4, "outer": "none"}, {"sync_period": 2, "outer": "nesterov"}
     write_run(tmp_path / "a", "local_sgd", 1, reach_at(10.0), settings=plain)
     write_run(tmp_path / "b", "local_sgd", 2, reach_at(12.0), settings=plain)
@@ -606,8 +607,8 @@ def _tuned_dir(d: Path, optimizer: str, fixed: dict, tuned: list[dict], times: l
 
 
 def test_two_tunings_of_one_optimizer_under_other_fixed_settings_are_two_tuned_rows(tmp_path):
-    """Plain local SGD and streaming DiLoCo (local SGD with Nesterov's outer step and fragments) tuned over the
-    same period range: two rows named by their fixed settings, each in the performance profile; the tuned
+    """Plain local SGD and streaming DiLoCo (local SGD with Nesterov's outer step and fragments) tuned over
+    the same period range: two rows named by their fixed settings, each in the performance profile; the tuned
     setting (period) names neither. (Before, both were `local_sgd` and the profile kept one.)"""
     periods = [{"sync_period": 4}, {"sync_period": 8}]
     plain = _tuned_dir(

@@ -1,7 +1,7 @@
 """How a run ends and what it says: a diverged run (exit 3, where and why, strict JSON), which budget ends a
 run, operational errors (a read-only or full disk, a missing directory) in one line with the documented exit
-code, checkpoints without their event log, an MLLOG of an earlier end, and what report makes of a damaged event
-log or a run still in progress."""
+code, checkpoints without their event log, an MLLOG of an earlier end, and what report makes of a damaged
+event log or a run still in progress."""
 
 from __future__ import annotations
 
@@ -280,8 +280,9 @@ def test_report_that_runs_out_of_room_partway_leaves_the_previous_outputs(tmpfs,
     ],
 )
 def test_reproduce_scripts_read_an_ended_run_and_run_an_interrupted_one_again(tmp_path, status, ended):
-    """campaign.runs.run_unless_done, what the scripts under reproduce/ build their campaigns from: a summary left by
-    a Ctrl-C or a preemption is not a result (the rerun resumes the run); a missing or torn summary neither."""
+    """campaign.runs.run_unless_done, what the scripts under reproduce/ build their campaigns from: a summary
+    left by a Ctrl-C or a preemption is not a result (the rerun resumes the run); a missing or torn summary
+    neither."""
     from wagma_bench.campaign.runs import ended as run_ended
 
     summary = tmp_path / "summary.json"

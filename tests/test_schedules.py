@@ -146,9 +146,9 @@ def test_the_authors_rule_is_their_code_run_on_every_rank(world):
 
 @pytest.mark.parametrize("world", [64, 1024])
 def test_the_authors_rule_delays_two_minus_one_over_p_ranks_a_step_at_any_world(world):
-    """The expected number of slow ranks a step is P (1 - (1 - 1/P)^2) = 2 - 1/P: 1.98 at the paper's P = 64 and
-    about 2 at 1,024, where imbalance=independent's preset (the P = 64 probability kept) delays about 32. The
-    mean of 3,000 steps within 5 standard errors of it (a fixed seed: deterministic); the count varies."""
+    """The expected number of slow ranks a step is P (1 - (1 - 1/P)^2) = 2 - 1/P: 1.98 at the paper's P = 64
+    and about 2 at 1,024, where imbalance=independent's preset (the P = 64 probability kept) delays about 32.
+    The mean of 3,000 steps within 5 standard errors of it (a fixed seed: deterministic); the count varies."""
     import numpy as np
 
     slow = AuthorsImbalance(AuthorsImbalance.Settings(), seed=2).delays(world, np.zeros((world, 3000))) > 0
@@ -224,9 +224,9 @@ def test_summary_from_events_time_to_target_excludes_eval():
     "sync,every,total", [(1, 10, 100), (11, 10, 132), (8, 21, 200), (16, 5, 160), (7, 7, 70)]
 )
 def test_evaluations_follow_one_grid_whatever_the_sync_period(sync, every, total):
-    """The trainer evaluates at sync points only, at the first one at or after each multiple of eval_every (the
-    oracle: each grid point rounded up to the sync period), and at the end: optimizers of other sync periods
-    are evaluated within one period of the same rounds, not every eval_every-rounded-up rounds."""
+    """The trainer evaluates at sync points only, at the first one at or after each multiple of eval_every
+    (the oracle: each grid point rounded up to the sync period), and at the end: optimizers of other sync
+    periods are evaluated within one period of the same rounds, not every eval_every-rounded-up rounds."""
     from wagma_bench.config.plan import RunPlan
     from wagma_bench.config.schedules import round_up
 
@@ -282,8 +282,8 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
 
 
 def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():
-    """The schedule the optimizer, the engine and the simulator share knows the run's last round: synchronous over
-    every rank there, whatever the period; the rounds before it keep their groups."""
+    """The schedule the optimizer, the engine and the simulator share knows the run's last round: synchronous
+    over every rank there, whatever the period; the rounds before it keep their groups."""
     from wagma_bench.comm.topology import FixedSchedule, WagmaSchedule
 
     wagma = WagmaSchedule(8, 2, tau=3, last=10)

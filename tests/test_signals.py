@@ -1,7 +1,8 @@
-"""SIGTERM at any moment, to the launcher alone or to its whole process group (what `timeout` and a batch system's
-time limit send), on the local launcher and under `comm=mpi` (wagma_bench/runtime/signals.py): one line, exit 143,
-no traceback, no process of the run 15 s later, no lock, the stop recorded where the run had started, and no step
-trained after a signal that came before the first one. Ctrl-C's own tests: tests/test_interrupts.py."""
+"""SIGTERM at any moment, to the launcher alone or to its whole process group (what `timeout` and a batch
+system's time limit send), on the local launcher and under `comm=mpi` (wagma_bench/runtime/signals.py): one
+line, exit 143, no traceback, no process of the run 15 s later, no lock, the stop recorded where the run had
+started, and no step trained after a signal that came before the first one. Ctrl-C's own tests:
+tests/test_interrupts.py."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from tests.cli_util import BIN, keys
 from tests.proc_util import alive, descendants
 from wagma_bench.record.files import read_jsonl
 
-# "mid": once the ranks have logged steps; the others: seconds after the command started (before the launcher has
-# ranks, while they start, ...: where each lands depends on the machine's load, the outcome must not)
+# "mid": once the ranks have logged steps; the others: seconds after the command started (before the launcher
+# has ranks, while they start, ...: where each lands depends on the machine's load, the outcome must not)
 MOMENTS = (0.3, 1.0, 2.0, "mid")
 # make test runs these; make test-long the rest of the matrix
 QUICK_CASES = {("local", 0.3, False), ("local", 2.0, True), ("local", "mid", True), ("mpi", 1.0, False)}
@@ -56,13 +57,15 @@ def _stepped(run_dir: Path) -> bool:
 
 
 def _began(run_dir: Path) -> bool:
-    """``run_start`` logged: every rank has passed the barrier before its first step (steps may not be flushed)."""
+    """``run_start`` logged: every rank has passed the barrier before its first step (steps may not be
+    flushed)."""
     return (run_dir / "events.jsonl").exists() and "run_start" in keys(run_dir)
 
 
 def _signal_a_run(run_dir: Path, argv: list[str], moment, to_group: bool, sig=signal.SIGTERM):
-    """Start ``wagma-bench run ARGV`` in a session of its own, send ``sig`` at ``moment``; returns (launcher, its
-    stderr, whether the ranks had begun training when the signal was sent, the processes that outlived it by 15 s)."""
+    """Start ``wagma-bench run ARGV`` in a session of its own, send ``sig`` at ``moment``; returns (launcher,
+    its stderr, whether the ranks had begun training when the signal was sent, the processes that outlived it
+    by 15 s)."""
     launcher = subprocess.Popen(
         [str(BIN), "run", *argv, f"hydra.run.dir={run_dir}"],
         stdout=subprocess.PIPE,
@@ -131,9 +134,9 @@ def test_sigterm_at_any_moment_ends_the_run_in_one_documented_outcome(
 
 @pytest.mark.serial
 def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_recorded_preempted(tmp_path):
-    """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point, which
-    rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is recorded
-    as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
+    """Local SGD with a period beyond reach: the launcher's grace passes before any synchronisation point,
+    which rank 0 says at once (no promise of a checkpoint left standing); the ranks are killed and the stop is
+    recorded as a preemption (resumable from the last checkpoint), exit 143, not a failure."""
     argv = [
         "launcher.nproc=2",
         "optimizer=local_sgd",
@@ -169,8 +172,8 @@ def test_a_stop_that_cannot_reach_a_sync_point_within_the_grace_says_so_and_is_r
 
 
 def test_a_rank_without_a_report_is_not_said_to_have_left_a_traceback(tmp_path):
-    """A rank that ends with a non-zero code without its own report (which prints the traceback, then leaves its
-    error in the launcher's folder) is not said to have left one; a rank that reported is."""
+    """A rank that ends with a non-zero code without its own report (which prints the traceback, then leaves
+    its error in the launcher's folder) is not said to have left one; a rank that reported is."""
     from wagma_bench.runtime.supervise import RankExited, _exit_message
 
     silent = _exit_message(RankExited(3, 255), tmp_path)

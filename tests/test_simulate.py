@@ -96,9 +96,9 @@ def test_wagma_mild_straggler_within_limiter_bound(k):
 
 @pytest.mark.parametrize("catch_up", ["skip", "replay"])
 def test_wagma_contributions_are_at_most_tau_rounds_stale_under_noise(catch_up):
-    """The limiter's bound (docs/optimizers.md), in the model as in the engine (tests/test_wait_avoiding.py): under
-    lognormal noise a rank whose post no round used fresh was dated to round 0, and the simulated mean staleness
-    grew with the round number (77 at P = 64, 87 at 1,024, where tau = 10)."""
+    """The limiter's bound (docs/optimizers.md), in the model as in the engine (tests/test_wait_avoiding.py):
+    under lognormal noise a rank whose post no round used fresh was dated to round 0, and the simulated mean
+    staleness grew with the round number (77 at P = 64, 87 at 1,024, where tau = 10)."""
     from wagma_bench.imbalance import LognormalImbalance
 
     tau = 4
@@ -147,7 +147,8 @@ def test_wagma_replay_random_stragglers_between_the_bounds():
 
 
 def test_network_costs_slow_everyone_and_wagma_groups_are_cheaper():
-    """Latency-bound (small model, slow network): a ring over a group of 4 takes 6 alphas, over 16 ranks 30."""
+    """Latency-bound (small model, slow network): a ring over a group of 4 takes 6 alphas, over 16 ranks
+    30."""
     net = Network(Link(1e-3, 1e-9), Link(1e-3, 1e-9), 1, "ring")
     wl = Workload(step_s=STEP, batch=BATCH, params=1e3, compute="constant")
     ar = simulate(SimConfig("allreduce", 16, wl, net, steps=40))
@@ -256,9 +257,10 @@ def _level_rows(link: Link, group_sizes: tuple[int, ...]) -> list[dict]:
 
 
 def test_calibration_fits_each_link_level_of_a_comm_bench_across_hosts(tmp_path):
-    """A comm-bench across hosts (srun, torchrun) holds its intra- and inter-node rows apart (``levels``): each
-    level gets its own alpha and beta, one algorithm for both, and the bench's ranks a host as the node size.
-    With one rank a host (no intra rows) the inter-node fit serves both levels, and the report says so."""
+    """A comm-bench across hosts (srun, torchrun) holds its intra- and inter-node rows apart (``levels``):
+    each level gets its own alpha and beta, one algorithm for both, and the bench's ranks a host as the node
+    size. With one rank a host (no intra rows) the inter-node fit serves both levels, and the report says
+    so."""
     intra, inter = Link(2e-6, 1 / 100e9), Link(1e-4, 1 / 10e9)
     hosts = ["n1"] * 4 + ["n2"] * 4 + ["n3"] * 4 + ["n4"] * 4
     bench = {
@@ -297,7 +299,8 @@ def test_calibration_fits_each_link_level_of_a_comm_bench_across_hosts(tmp_path)
 
 def test_a_comm_bench_file_from_one_host_still_calibrates_both_levels_alike():
     """The committed comm-bench files (one host, no ``levels``) read as before: their rows are the intra-node
-    link's, used for both levels, every simulated group inside one node; the report says inter was not measured."""
+    link's, used for both levels, every simulated group inside one node; the report says inter was not
+    measured."""
     path = Path(__file__).parents[1] / "reproduce" / "commbench" / "gloo-4ranks-2core.json"
     net, report = fit_network(find_inputs([path])[1])
     assert net.intra == net.inter and net.gpus_per_node == 1024 and report["rows"] == 15
@@ -394,7 +397,8 @@ def test_trace_replays_each_ranks_steps_in_order():
 
 def test_control_exchanges_fall_on_sync_rounds():
     """The trainer's control exchange every CONTROL_EVERY rounds, rounded up to the sync period (the
-    schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11, 22."""
+    schedules module both import): local SGD with period 4 meets at rounds 12, 24, ...; period 11 at 11,
+    22."""
     assert CONTROL_EVERY == 10
     assert [control_period(s) for s in (1, 2, 3, 4, 10, 11, 25)] == [10, 10, 12, 12, 10, 11, 25]
     run = SimState(
@@ -450,10 +454,10 @@ def test_a_simulation_runs_exactly_its_budget_with_the_last_round_synchronous(op
 
 
 def test_the_simulator_imports_no_torch():
-    """`wagma-bench simulate` and the simulator's modules run without torch (about 1.3 s of CPU an import here):
-    they read the optimizers' torch-free specs (optim/specs.py) and pure rules (optim/rules.py), never their
-    classes. calibrate.py imports torch only inside model_params_of, for a run whose run_start did not log its
-    model size. A fresh interpreter, so that what this session imported does not count."""
+    """`wagma-bench simulate` and the simulator's modules run without torch (about 1.3 s of CPU an import
+    here): they read the optimizers' torch-free specs (optim/specs.py) and pure rules (optim/rules.py), never
+    their classes. calibrate.py imports torch only inside model_params_of, for a run whose run_start did not
+    log its model size. A fresh interpreter, so that what this session imported does not count."""
     from tests.proc_util import heavy_modules_after
 
     code = (
@@ -722,7 +726,8 @@ def test_compute_from_takes_the_measured_spread_at_the_presets_speed(tmp_path, c
         ]
         (run / "steps" / f"rank{r}.jsonl").write_text("\n".join(lines) + "\n")
     shape = measured_spread([str(run)])
-    # the calibration's warm-up left out (its first 4 steps per rank): 11 x 0.1, 15 x 0.3, 26 x 0.2; median 0.2
+    # the calibration's warm-up left out (its first 4 steps per rank): 11 x 0.1, 15 x 0.3, 26 x 0.2; median
+    # 0.2
     assert sorted(set(shape)) == pytest.approx([0.5, 1.0, 1.5])
     assert len(shape) == 52 and shape.count(1.0) == 26 and shape.count(0.5) == 11
     out = tmp_path / "sim"
@@ -794,8 +799,8 @@ def test_control_exchange_size_is_the_trainers_control_tensor():
 
 
 def test_streaming_diloco_hides_a_fragments_average_behind_its_delay():
-    """On a slow network, a fragment's average started a round early is waited for less than one that blocks, and
-    the waits are those of F averages of a 1/F share of the model each period."""
+    """On a slow network, a fragment's average started a round early is waited for less than one that blocks,
+    and the waits are those of F averages of a 1/F share of the model each period."""
     link = Link(alpha_s=1e-3, beta_s_per_byte=STEP / 4e6)  # the whole model (4 MB) in about one step
     net = Network(intra=link, inter=link)
     waits = {}
@@ -841,8 +846,8 @@ def test_dropcompute_drops_a_slow_ranks_late_micro_batches_and_gains_throughput(
     ],
 )
 def test_simulate_refuses_bad_numbers_in_one_line_naming_the_key_as_typed(args, said, tmp_path, capsys):
-    """Before anything is simulated or written: exit 2, one line, the key as the user typed it (not the cluster
-    file's path for a value given on the command line, not `world_size` for gpus)."""
+    """Before anything is simulated or written: exit 2, one line, the key as the user typed it (not the
+    cluster file's path for a value given on the command line, not `world_size` for gpus)."""
     rc = simulate_main(["optimizer=allreduce,wagma", *args, "--out", str(tmp_path / "sim")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and said in err[0], err
@@ -876,8 +881,8 @@ PHASES = {
 
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_every_model_says_where_it_is_every_round_and_the_numbers_do_not_change(optimizer):
-    """A long simulation tells its caller where it is in every phase, every round of a round loop, with fractions
-    that only grow within a phase; listening changes no number of the result."""
+    """A long simulation tells its caller where it is in every phase, every round of a round loop, with
+    fractions that only grow within a phase; listening changes no number of the result."""
     told: list[tuple[str, float]] = []
     net = Network(Link(1e-5, 1 / 10e9), Link(1e-5, 1 / 10e9), gpus_per_node=4)
     workload = dataclasses.replace(WL, compute="lognormal", sigma=0.3)
@@ -903,10 +908,10 @@ def test_every_model_says_where_it_is_every_round_and_the_numbers_do_not_change(
 
 
 def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeypatch):
-    """At 65,536 GPUs a loaded machine saw a line after 6 s and none for the next 294 s: lines came only between
-    simulations. Here a smaller world whose AD-PSGD and DropCompute simulations each take seconds, with the period
-    shortened to 0.5 s: every gap between lines stays within it plus a margin for a loaded machine, and lines come
-    from inside each long simulation."""
+    """At 65,536 GPUs a loaded machine saw a line after 6 s and none for the next 294 s: lines came only
+    between simulations. Here a smaller world whose AD-PSGD and DropCompute simulations each take seconds,
+    with the period shortened to 0.5 s: every gap between lines stays within it plus a margin for a loaded
+    machine, and lines come from inside each long simulation."""
     import sys
     import time
 

@@ -1,6 +1,6 @@
-"""The simulator at scale: its vectorised pieces against independent oracles (the activation's fixed point, the
-hypercube's latencies, the imbalance models' delays for a whole world), each on small worlds where the oracle is
-cheap."""
+"""The simulator at scale: its vectorised pieces against independent oracles (the activation's fixed point,
+the hypercube's latencies, the imbalance models' delays for a whole world), each on small worlds where the
+oracle is cheap."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def test_hypercube_latencies_are_the_topologys_edges(world):
 def test_activation_reaches_the_edge_by_edge_fixed_point(world, seed):
     rng = np.random.default_rng(seed * 100 + world)
     free = rng.uniform(0, 1e-4, world)
-    # some ranks ask (ready at a time of their own), the others wait for an activation (inf); sometimes none asks
+    # some ranks ask (ready at a time of their own), the others wait for an activation (inf); sometimes none
+    # asks
     request = np.where(
         rng.random(world) < [0.0, 0.1, 0.5, 1.0, 0.3, 0.05][seed], rng.uniform(0, 2e-4, world), math.inf
     )
@@ -108,7 +109,8 @@ def test_the_lognormal_rule_draws_its_sigma():
     assert abs(math.sqrt(np.mean(positive**2)) - 0.4) < 0.01  # a half-normal's root mean square is sigma
 
 
-# --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it --------------------------------------------
+# --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it
+# --------------------------------------------
 
 
 def network(bandwidth_GBps: float = 9.0) -> Network:
@@ -152,9 +154,9 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
 
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
-    """At 65,536 ranks the busy time is computed a few steps at a time and its intervals sorted a block of ranks at a
-    time (des.CHUNK), each saying where it is: the same numbers as one pass over the whole arrays, ties included
-    (intervals shuffled, times rounded so that keys tie), saying where it is in order."""
+    """At 65,536 ranks the busy time is computed a few steps at a time and its intervals sorted a block of
+    ranks at a time (des.CHUNK), each saying where it is: the same numbers as one pass over the whole arrays,
+    ties included (intervals shuffled, times rounded so that keys tie), saying where it is in order."""
     from wagma_bench.simulate import des
 
     rng = np.random.default_rng(chunk)
@@ -176,8 +178,8 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
 
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
     """k = 0: the compute thread never waits but at the sync points, so the clock is the compute schedule's
-    (computed here step by step, ranks meeting every sync_every rounds in the trainer's control allreduce of seven
-    float64), whatever the exchanges do."""
+    (computed here step by step, ranks meeting every sync_every rounds in the trainer's control allreduce of
+    seven float64), whatever the exchanges do."""
     res = adpsgd(8, steps=60)
     cfg = SimConfig(
         "adpsgd",
@@ -209,8 +211,8 @@ MEASURED = (
 
 
 def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
-    """With the exchange cost measured in the suite's own AD-PSGD (the committed measured inputs) and with a larger
-    one: slower than the free exchange, and slower on a slower network."""
+    """With the exchange cost measured in the suite's own AD-PSGD (the committed measured inputs) and with a
+    larger one: slower than the free exchange, and slower on a slower network."""
     c = read_measured(MEASURED).gossip_cost
     assert c > 0
     measured, free = adpsgd(64, slowdown=c), adpsgd(64)
@@ -229,8 +231,8 @@ def test_adpsgds_exchange_cost_slows_it_more_on_a_slower_network():
 
 @pytest.mark.parametrize("sync_every", [1, 3, 10, 25])
 def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
-    """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in the
-    run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
+    """One rule for AD-PSGD's barrier: the spec's sync period, rounded up by the trainer's control period, in
+    the run's plan (RunPlan, what the trainer reads) and in the simulator's state."""
     cfg = validate(compose("optimizer=adpsgd", f"optimizer.sync_period={sync_every}", "train.max_rounds=100"))
     spec = OPTIMIZER_SPECS["adpsgd"]
     sync = spec.sync_period_of(cfg.optimizer)
@@ -245,7 +247,8 @@ def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total
 
 
-# --- compute spread with persistence ----------------------------------------------------------------------------
+# --- compute spread with persistence
+# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("sigma_rank,sigma,rho", [(0.0, 0.2, 0.0), (0.15, 0.2, 0.0), (0.15, 0.1, 0.6)])
@@ -260,11 +263,11 @@ def test_the_persistent_spread_fit_recovers_the_model_it_is_drawn_from(sigma_ran
 
 
 def test_a_lasting_slow_rank_costs_a_periodic_average_more_than_the_same_spread_drawn_anew_each_step():
-    """Same marginal spread of log step time (0.2), once all of it drawn anew each step and once mostly as rank
-    offsets. Local SGD meets every 20 steps: the i.i.d. noise of 20 steps averages out in each rank's sum, an
-    offset does not, so the world with lasting offsets waits longer for its slowest rank. (A barrier at every step
-    sees no difference: each step's slowest rank is the maximum of as many draws of the same spread.) With no rank
-    offset and no autocorrelation the persistent model is the i.i.d. one."""
+    """Same marginal spread of log step time (0.2), once all of it drawn anew each step and once mostly as
+    rank offsets. Local SGD meets every 20 steps: the i.i.d. noise of 20 steps averages out in each rank's
+    sum, an offset does not, so the world with lasting offsets waits longer for its slowest rank. (A barrier
+    at every step sees no difference: each step's slowest rank is the maximum of as many draws of the same
+    spread.) With no rank offset and no autocorrelation the persistent model is the i.i.d. one."""
 
     def throughput(optimizer, **kw):
         workload = Workload(step_s=0.1, params=1e6, **kw)
@@ -322,9 +325,10 @@ def test_compute_from_fits_the_persistent_spread_of_the_runs_ranks(tmp_path):
 def event_heap_gossip(
     cfg: SimConfig, ends: np.ndarray, end_time: float
 ) -> list[tuple[int, int, float, float]]:
-    """The gossip model replayed one event at a time on a heap (the simulator's former implementation): each active
-    thread wakes after a local step, sends its e-th request to its partner in the e-th matching, the passive serves
-    requests in the order the threads woke; returns every exchange (active, passive, begin, end)."""
+    """The gossip model replayed one event at a time on a heap (the simulator's former implementation): each
+    active thread wakes after a local step, sends its e-th request to its partner in the e-th matching, the
+    passive serves requests in the order the threads woke; returns every exchange (active, passive, begin,
+    end)."""
     world, net, nbytes = cfg.world_size, cfg.network, cfg.workload.model_bytes + 16
     steps = [row.tolist() for row in ends]
     free = [0.0] * world
@@ -354,7 +358,8 @@ def event_heap_gossip(
 def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
     world, bandwidth_GBps, gpus_per_node, control_every
 ):
-    """Balanced, congested (0.05-0.3 GB/s: an exchange outlasts a step, queues form), odd worlds, several nodes."""
+    """Balanced, congested (0.05-0.3 GB/s: an exchange outlasts a step, queues form), odd worlds, several
+    nodes."""
     net = Network(Link(3e-6, 1 / 150e9), Link(1.5e-6, 1 / (bandwidth_GBps * 1e9)), gpus_per_node)
     cfg = SimConfig(
         "adpsgd",

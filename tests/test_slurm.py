@@ -217,7 +217,8 @@ STANDIN_CLUSTERS = ["daint", "generic4", "generic8"]
 
 @pytest.fixture(scope="module")
 def standins():
-    """A stand-in controller per cluster profile (profiles may share a partition name), all started together."""
+    """A stand-in controller per cluster profile (profiles may share a partition name), all started
+    together."""
     import dataclasses
 
     confs = {c: standin_partition(dataclasses.asdict(load_profile(c))) for c in STANDIN_CLUSTERS}
@@ -255,9 +256,10 @@ def test_slurm_accepts_every_script_of_a_1024_gpu_sweep(tmp_path, cluster, stand
 
 
 def test_profile_overrides_reach_the_script_as_meant_and_slurm_and_bash_accept_it(tmp_path, standins):
-    """Values given on the command line as the README suggests (a time, setup lines with spaces, an account) are the
-    values the script holds: Hydra's escapes (``24\\:00\\:00``, ``module\\ load``) were written into it, and the
-    setup line became one word, "command not found" under ``set -e``, while the dry run said it was validated."""
+    """Values given on the command line as the README suggests (a time, setup lines with spaces, an account)
+    are the values the script holds: Hydra's escapes (``24\\:00\\:00``, ``module\\ load``) were written into
+    it, and the setup line became one word, "command not found" under ``set -e``, while the dry run said it
+    was validated."""
     out, manifest = render(
         tmp_path,
         [
@@ -389,8 +391,8 @@ def _count_slurm_calls(monkeypatch) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, monkeypatch, capsys):
-    """Two optimizers at 4 GPUs: one job array of two 4-task runs, waited for by `wagma-bench sweep wait`, then
-    the report. (One job per run, the sweep without an array, is submitted by the requeue test below.)"""
+    """Two optimizers at 4 GPUs: one job array of two 4-task runs, waited for by `wagma-bench sweep wait`,
+    then the report. (One job per run, the sweep without an array, is submitted by the requeue test below.)"""
     out, manifest = render(tmp_path, ["cluster=local", "gpus=4", "optimizer=allreduce,wagma", *TINY])
     assert len(manifest["jobs"]) == 1 and manifest["jobs"][0]["runs"] == 2
     (job_id,) = sweep_jobs.submit(out)
@@ -422,10 +424,11 @@ def test_sweep_runs_as_a_job_array_to_completion_and_reports(tmp_path, slurm, mo
     assert "allreduce" in text and "wagma" in text
 
 
-# not serial: it asserts where the run stopped and resumed, not how long it took; in make test's first phase its
-# waits (SLURM's requeue delay) leave the cores to the other worker
+# not serial: it asserts where the run stopped and resumed, not how long it took; in make test's first phase
+# its waits (SLURM's requeue delay) leave the cores to the other worker
 @pytest.mark.slow
-# our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in test-long)
+# our sbatch scripts' signal, and submitit's (USR2 also in tests/test_launch_conventions.py; here in
+# test-long)
 @pytest.mark.parametrize("sig", ["USR1", pytest.param("USR2", marks=pytest.mark.long)])
 def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     """USR1 through SLURM (as --signal=USR1@90 sends it: to the srun tasks) -> checkpoint, requeue, resume;
@@ -639,7 +642,8 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         assert [(r["job"], r["status"]) for r in sweep_jobs.status(out)] == [
             (f"{again}_{i}", "running") for i in range(2)
         ]
-        # the race a cancel must win: a USR1 caught by a run already noted cancelled saves, and does not requeue
+        # the race a cancel must win: a USR1 caught by a run already noted cancelled saves, and does not
+        # requeue
         (runs[0] / "cancelled.json").write_text(json.dumps({"job": f"{again}_0"}))
         subprocess.run(["scancel", "--signal=USR1", f"{again}_0"], check=True, timeout=60)
         _until("the warned run ends", lambda: _task_state(f"{again}_0") == "COMPLETED", 60)

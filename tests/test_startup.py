@@ -120,9 +120,9 @@ def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
 
 def test_the_launching_process_of_a_run_imports_no_torch(tmp_path):
     """``wagma-bench run``'s own process (Hydra, validation, the run directory, the store's port, supervision)
-    never imports torch, nor NumPy (0.07-0.15 CPU-seconds a run, with OpenBLAS's threads): its ranks are forked
-    from the rank server, which has. A completed one-step run, then a command refused by validation, each in a
-    fresh interpreter that says what it imported."""
+    never imports torch, nor NumPy (0.07-0.15 CPU-seconds a run, with OpenBLAS's threads): its ranks are
+    forked from the rank server, which has. A completed one-step run, then a command refused by validation,
+    each in a fresh interpreter that says what it imported."""
     code = (
         "import sys\n"
         "from wagma_bench.cli import main\n"

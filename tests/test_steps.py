@@ -1,6 +1,6 @@
-"""The compact step table (wagma_bench/record/steps.py, what committed results keep instead of the raw per-rank
-step logs): every analysis that reads step records gets the same numbers from either form, and the committed
-tuning folders are compact (the repository's size)."""
+"""The compact step table (wagma_bench/record/steps.py, what committed results keep instead of the raw
+per-rank step logs): every analysis that reads step records gets the same numbers from either form, and the
+committed tuning folders are compact (the repository's size)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Streaming DiLoCo against torchft's own ``DiLoCo`` (torchft 0.2.0, ``torchft/local_sgd.py``), the reference
 implementation: the same two-layer model, inner AdamW, data, fragments (one layer each), H = 4, tau = 1 and
-alpha = 0.5, 12 inner steps. torchft runs its two replicas as threads with its own Lighthouse and Managers over
-gloo; ours is local SGD with ``outer=nesterov`` and fragments on a real 2-rank gloo world whose data plane
-refuses what NCCL refuses. The models agree to float32 rounding: torchft's outer step is torch's
+alpha = 0.5, 12 inner steps. torchft runs its two replicas as threads with its own Lighthouse and Managers
+over gloo; ours is local SGD with ``outer=nesterov`` and fragments on a real 2-rank gloo world whose data
+plane refuses what NCCL refuses. The models agree to float32 rounding: torchft's outer step is torch's
 ``SGD(nesterov=True)`` from the global parameters, ours the same recursion written from the average
 (``optim/outer.py``), so the two round differently in the last bits."""
 
@@ -160,8 +160,8 @@ def test_more_fragments_than_parameter_tensors_are_refused_naming_both():
 
 @pytest.mark.slow
 def test_a_run_with_more_fragments_than_tensors_is_refused_by_its_ranks_in_one_line(tmp_path):
-    """The embedded ResNet's tensor count is known only where the model is built: the ranks refuse, each in one
-    line, and the launcher ends the run naming the setting and the count (no traceback)."""
+    """The embedded ResNet's tensor count is known only where the model is built: the ranks refuse, each in
+    one line, and the launcher ends the run naming the setting and the count (no traceback)."""
     from tests.cli_util import run
 
     res = run(

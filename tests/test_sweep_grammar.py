@@ -68,8 +68,8 @@ def test_interval_cannot_be_enumerated(tmp_path):
     ],
 )
 def test_a_setting_the_world_of_one_gpu_count_refuses_is_refused_at_render(tmp_path, setting, named):
-    """The world's rules at each GPU count of the sweep, as `run` would apply them at its start: the sweep rendered
-    (exit 0) and its 2-GPU runs failed in the queue."""
+    """The world's rules at each GPU count of the sweep, as `run` would apply them at its start: the sweep
+    rendered (exit 0) and its 2-GPU runs failed in the queue."""
     out, runs = sweep(tmp_path, "cluster=local", "gpus=2,4", *setting)
     assert out.returncode == 2 and runs == [], out.stdout
     assert "run 0002gpu" in out.stderr and named in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -435,7 +435,8 @@ def test_default_reaches_bleu_target(optimizer, tmp_path):
 def test_importing_fairseq_leaves_no_temporary_folder_behind_a_rank_that_skips_finalization(tmp_path):
     """fairseq imports wandb, which makes two temporary folders that only the interpreter's finalization
     removes; a rank ends with os._exit (launch._exit_now). Before: every rank of every Transformer run left
-    `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp folder. wandb still imports afterwards (logger=wandb)."""
+    `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp folder. wandb still imports afterwards
+    (logger=wandb)."""
     code = (
         "import os, sys\nfrom wagma_bench.workloads.mt_data import import_fairseq\nimport_fairseq()\n"
         "from fairseq.logging import progress_bar\nassert progress_bar.wandb is None\n"

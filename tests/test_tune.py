@@ -1,4 +1,5 @@
-"""``wagma-bench tune``: search spaces, quasirandom points, AlgoPerf scoring, resume, the command end to end."""
+"""``wagma-bench tune``: search spaces, quasirandom points, AlgoPerf scoring, resume, the command end to
+end."""
 
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ def test_integer_log_dimension_reaches_both_bounds():
 
 
 def _trials(values: list[list[float | None]], budget: bool = False) -> tuple[list[tuning.Trial], dict]:
-    """Trials of S studies (rows) x O trials. By time: a value None missed the target. ``budget`` (eval.target=null):
-    each value is the trial's best metric, None a trial that failed (its metric, 0.9, must never count)."""
+    """Trials of S studies (rows) x O trials. By time: a value None missed the target. ``budget``
+    (eval.target=null): each value is the trial's best metric, None a trial that failed (its metric, 0.9, must
+    never count)."""
     trials, summaries = [], {}
     for s, row in enumerate(values, 1):
         for o, v in enumerate(row, 1):
@@ -230,8 +232,8 @@ def test_performance_profile_by_hand():
 
 
 def test_with_no_target_the_score_is_the_median_of_the_per_study_best_metrics():
-    """A fixed-budget tuning (eval.target=null) is scored by the best metric, higher being better: before, every
-    trial counted as missing the target, and the score was infinite."""
+    """A fixed-budget tuning (eval.target=null) is scored by the best metric, higher being better: before,
+    every trial counted as missing the target, and the score was infinite."""
     trials, summaries = _trials([[0.50, 0.70], [0.40, None], [0.80, 0.60]], budget=True)
     e = tuning.score_combo(trials, summaries, None)
     assert e["scored_by"] == "best_metric" and "score_s" not in e
@@ -320,8 +322,9 @@ def _plan(combos: dict[str, int], studies: int, trials: int) -> list[tuning.Tria
     "combos", [{"a": 1, "b": 1}, {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1}]
 )
 def test_trials_run_interleaved_round_by_round(combos):
-    """Each trial once; round r is every combination's r-th trial (plan order) in a seeded order; never the same
-    combination twice in a row; the same seed, the same order (a resumed tuning goes on where it stopped)."""
+    """Each trial once; round r is every combination's r-th trial (plan order) in a seeded order; never the
+    same combination twice in a row; the same seed, the same order (a resumed tuning goes on where it
+    stopped)."""
     plan = _plan(combos, studies=5, trials=5)
     order = tune.run_order(plan, seed=1)
     assert sorted(t.name for t in order) == sorted(t.name for t in plan)
@@ -582,7 +585,8 @@ def test_killed_tune_resumes_skips_finished_trials_and_trains_none_twice(tmp_pat
 
 @pytest.mark.long
 def test_the_done_when_command(tmp_path):
-    """The documented example (docs/tuning.md): 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps, then the report."""
+    """The documented example (docs/tuning.md): 2 optimizers x 2 studies x 2 trials = 8 trials of 60 steps,
+    then the report."""
     out = tmp_path / "tune"
     res = _tune(
         [
@@ -648,8 +652,8 @@ STREAMING = [
 
 
 def test_streaming_diloco_is_tuned_over_h_and_its_outer_step_with_every_trial_valid(tmp_path):
-    """Every drawn H keeps torchft's rules with F = 2 and tau = 1 (F divides H, tau < H / F): each trial's config
-    is composed and checked, and carries the outer step and fragments it was given."""
+    """Every drawn H keeps torchft's rules with F = 2 and tau = 1 (F divides H, tau < H / F): each trial's
+    config is composed and checked, and carries the outer step and fragments it was given."""
     args = tune.parse_args(
         ["workload=transformer", *STREAMING, "tune.trials=3", "tune.studies=3", "--out", str(tmp_path)]
     )
@@ -765,9 +769,10 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
 
 
 def test_a_committed_tuning_is_still_the_same_runs_under_todays_plan():
-    """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed: config/identity.ADDED_KEYS) do
-    not make the committed trials other runs: the same tune command would skip every one of them. Local SGD, whose
-    section gained three keys, and Allreduce-SGD of the 2026-12-02 Transformer tuning."""
+    """Keys added since (streaming DiLoCo's fragments, the Transformer's shuffle_seed:
+    config/identity.ADDED_KEYS) do not make the committed trials other runs: the same tune command would skip
+    every one of them. Local SGD, whose section gained three keys, and Allreduce-SGD of the 2026-12-02
+    Transformer tuning."""
     from wagma_bench.campaign.tune import make_plan, parse_args
     from wagma_bench.record.rundir import finished_summary
 

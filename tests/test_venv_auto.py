@@ -1,4 +1,5 @@
-"""``venv: auto`` of a cluster profile: the sweep's jobs find the Python prefix by the path the user reached it by."""
+"""``venv: auto`` of a cluster profile: the sweep's jobs find the Python prefix by the path the user reached
+it by."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 
 
 def test_venv_auto_keeps_the_path_the_user_activated(tmp_path, monkeypatch):
-    """``venv: auto`` renders VIRTUAL_ENV as the user reached it (a link to this prefix), not the resolved target
-    that a console script's ``#!`` line names; an unrelated VIRTUAL_ENV (or none): this Python's prefix."""
+    """``venv: auto`` renders VIRTUAL_ENV as the user reached it (a link to this prefix), not the resolved
+    target that a console script's ``#!`` line names; an unrelated VIRTUAL_ENV (or none): this Python's
+    prefix."""
     import sys
 
     from wagma_bench.campaign.sweep import setup_lines

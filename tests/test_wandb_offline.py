@@ -82,8 +82,9 @@ def test_requeued_sweep_job_offline(tmp_path):
     assert listener.connections == 0, "W&B tried to reach the network"
     run_dir = sweep / "runs" / "0002gpu" / "0_allreduce_s1"
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
-    # one W&B run per process; each process's output says why one is missing (6 + 6 rounds lost one once, in make
-    # test's first phase at 2026-12-05 23:04 UTC, not seen again in three runs beside two busy loops: docs/tests.md)
+    # one W&B run per process; each process's output says why one is missing (6 + 6 rounds lost one once, in
+    # make test's first phase at 2026-12-05 23:04 UTC, not seen again in three runs beside two busy loops:
+    # docs/tests.md)
     assert len(files) == 2, "\n".join(said)
     group = f"SW-{hashlib.sha256(str(sweep.resolve()).encode()).hexdigest()[:6]}"
     for path in files:
@@ -103,8 +104,9 @@ def test_requeued_sweep_job_offline(tmp_path):
 
 
 def test_report_wandb_joins_the_runs_project_and_group(tmp_path):
-    """``report --wandb`` over a sweep's runs: the report's W&B run (offline, real wandb) is in the project the
-    runs logged into and in their group, the sweep's, so it sits beside them in W&B; it says where it logs."""
+    """``report --wandb`` over a sweep's runs: the report's W&B run (offline, real wandb) is in the project
+    the runs logged into and in their group, the sweep's, so it sits beside them in W&B; it says where it
+    logs."""
     import json
 
     from tests.test_report import Listener, reach_at, write_run

@@ -1,8 +1,9 @@
-"""``report --wandb-report`` as W&B users review it: a W&B Report and saved workspace built with wandb-workspaces
-over real offline runs (two optimizers, 2 ranks each, and a tiny tuning), checked against what those runs wrote in
-their own W&B records (``run-<id>.wandb``, read with W&B's protobuf definitions): every metric, summary and config
-key a panel or run set names was logged, each run set's filters select runs, and the spec round-trips through
-wandb-workspaces' models. No key, no network (a listener counts any attempt)."""
+"""``report --wandb-report`` as W&B users review it: a W&B Report and saved workspace built with
+wandb-workspaces over real offline runs (two optimizers, 2 ranks each, and a tiny tuning), checked against
+what those runs wrote in their own W&B records (``run-<id>.wandb``, read with W&B's protobuf definitions):
+every metric, summary and config key a panel or run set names was logged, each run set's filters select runs,
+and the spec round-trips through wandb-workspaces' models. No key, no network (a listener counts any
+attempt)."""
 
 from __future__ import annotations
 
@@ -197,8 +198,8 @@ def test_a_panel_asking_for_an_unlogged_key_is_named(reviewed):
 @pytest.mark.slow
 @pytest.mark.background
 def test_claims_report_has_the_claims_table_and_each_interval(reviewed):
-    """``claims --wandb-report`` over the tuning: the claims table and one interval line a claim as Markdown, the
-    tuning's parallel coordinates, every key named logged; no key: the spec and the publish command."""
+    """``claims --wandb-report`` over the tuning: the claims table and one interval line a claim as Markdown,
+    the tuning's parallel coordinates, every key named logged; no key: the spec and the publish command."""
     from wagma_bench.analysis.wandb_panels import unlogged
 
     tmp = reviewed["tmp"]

@@ -1,13 +1,14 @@
 """Would a paired score decide the Transformer claims? The speed-up's 95% interval by Monte Carlo, resampling
 each optimizer's studies and trials on its own (the declared two-stage bootstrap, which `wagma-bench claims`
-computes exactly: the two columns agree within the Monte Carlo's error) and paired (one draw of study and trial
-indices shared by every optimizer: trial k of study s has the same seed, so the same model initialisation and
-batch order, and the same first quasirandom coordinate, the learning-rate multiplier, in every optimizer's plan).
+computes exactly: the two columns agree within the Monte Carlo's error) and paired (one draw of study and
+trial indices shared by every optimizer: trial k of study s has the same seed, so the same model
+initialisation and batch order, and the same first quasirandom coordinate, the learning-rate multiplier, in
+every optimizer's plan).
 
     .venv/bin/python reproduce/claims/paired.py     # the table of docs/claims.md ("paired" block)
 
-Reads the committed sources (reproduce/claims/sources) through the suite's own trial readers; 20,000 resamples,
-seeded: the same table every time.
+Reads the committed sources (reproduce/claims/sources) through the suite's own trial readers; 20,000
+resamples, seeded: the same table every time.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ RESAMPLES, SEED, LEVEL = 20_000, 1, 0.95
 
 
 def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]]:
-    """Each optimizer's cost per (study, trial) by tune's own rule (`tuning.trial_cost`, as the claims score it),
-    lower is better: the time to target (inf: missed) or the negated best metric (inf: failed)."""
+    """Each optimizer's cost per (study, trial) by tune's own rule (`tuning.trial_cost`, as the claims score
+    it), lower is better: the time to target (inf: missed) or the negated best metric (inf: failed)."""
     plan, combos, summaries = load_trials(tune_dir)
     by = BY_TIME if metric == "time_to_target" else BY_METRIC
     out: dict[str, dict[tuple[int, int], float]] = {}

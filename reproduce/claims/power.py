@@ -5,17 +5,17 @@ optimizers behave as their committed trials did.
     .venv/bin/python reproduce/claims/power.py run     # recompute and write reproduce/claims/power.json
     .venv/bin/python reproduce/claims/power.py table   # the table of docs/claims.md ("power" block)
 
-Method (a parametric-free simulation; the same every time: fixed seed). Each optimizer's committed trials in the
-claim's tuning directory, scored as `wagma-bench claims` scores them (`tuning.trial_cost`: the time to target,
-inf for a miss; the best metric; or the throughput), are its distribution. One simulated campaign at S studies x
-O trials draws every optimizer's S x O trials with replacement from its own committed trials (the studies of one
-tuning are replicates of one search, so a trial of any study stands for a draw from the search), computes the
-claim's interval on them by the declared two-stage bootstrap (studies, then trials within each, resampled with
-replacement; the best comparator chosen inside each resample; the 2.5% and 97.5% quantiles) by Monte Carlo with
-BOOTSTRAP resamples, and asks whether the interval excludes the claim's threshold. The power is the share of
-CAMPAIGNS campaigns that do. It measures the designs against the spread these trials showed: where the
-optimizers' true difference is near the threshold, no design decides, and the simulated campaigns take the
-observed point speed-up for the truth.
+Method (a parametric-free simulation; the same every time: fixed seed). Each optimizer's committed trials in
+the claim's tuning directory, scored as `wagma-bench claims` scores them (`tuning.trial_cost`: the time to
+target, inf for a miss; the best metric; or the throughput), are its distribution. One simulated campaign at S
+studies x O trials draws every optimizer's S x O trials with replacement from its own committed trials (the
+studies of one tuning are replicates of one search, so a trial of any study stands for a draw from the
+search), computes the claim's interval on them by the declared two-stage bootstrap (studies, then trials
+within each, resampled with replacement; the best comparator chosen inside each resample; the 2.5% and 97.5%
+quantiles) by Monte Carlo with BOOTSTRAP resamples, and asks whether the interval excludes the claim's
+threshold. The power is the share of CAMPAIGNS campaigns that do. It measures the designs against the spread
+these trials showed: where the optimizers' true difference is near the threshold, no design decides, and the
+simulated campaigns take the observed point speed-up for the truth.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def trials(tune_dir: Path, metric: str) -> dict[str, list[list[float]]]:
 
 
 def point(studies: list[list[float]], metric: str) -> float:
-    """The claim's statistic on observed trials: the tuned score (median over studies of each one's best), or a
-    throughput's median over every trial."""
+    """The claim's statistic on observed trials: the tuned score (median over studies of each one's best), or
+    a throughput's median over every trial."""
     if metric == "throughput":
         return float(statistics.median(v for s in studies for v in s))
     best = max if metric == "final_metric" else min
@@ -71,7 +71,8 @@ def point(studies: list[list[float]], metric: str) -> float:
 
 
 def spread(values: list[float], difference: bool) -> float:
-    """The trials' interquartile range, over their median for a ratio claim (inf where a quartile is a miss)."""
+    """The trials' interquartile range, over their median for a ratio claim (inf where a quartile is a
+    miss)."""
     q1, med, q3 = np.quantile(np.asarray(values, dtype=float), [0.25, 0.5, 0.75])
     width = abs(q3 - q1) if math.isfinite(q1) and math.isfinite(q3) else math.inf
     return width if difference else width / abs(med) if med else math.inf
@@ -100,8 +101,8 @@ def compare(subject: np.ndarray, best: np.ndarray, claim) -> np.ndarray:
 def power(
     claim, data: dict[str, list[list[float]]], design: tuple[int, int], rng: np.random.Generator
 ) -> list[float]:
-    """The shares of simulated campaigns at ``design`` whose bootstrap interval lies above the claim's threshold
-    (the claim holds) and below it (it does not hold)."""
+    """The shares of simulated campaigns at ``design`` whose bootstrap interval lies above the claim's
+    threshold (the claim holds) and below it (it does not hold)."""
     s, o = design
     names = [claim.subject] + [c for c in claim.comparators if c in data]
     stats = {}
@@ -153,7 +154,8 @@ def compute() -> dict:
 
 
 def inputs(result: dict) -> dict[str, dict]:
-    """What each row was computed from (source and trial counts): a test compares it with the committed sources."""
+    """What each row was computed from (source and trial counts): a test compares it with the committed
+    sources."""
     return {r["claim"]: {"source": r["source"], "trials": r["trials"]} for r in result["claims"]}
 
 

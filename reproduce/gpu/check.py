@@ -8,16 +8,17 @@ modern GPU; not yet timed on one; nothing else needed).
    batch, as a ratio, in fp32 and with train.precision=bf16 (autocast + channels_last).
 4. `wagma-bench comm-bench --device cuda`: our allreduce, group allreduce and wait-avoiding allreduce against
    the raw torch.distributed calls on CUDA tensors (CPU tensors in the dry run).
-5. What the paper-scale simulator needs from a GPU: interleaved pairs of AD-PSGD (its gossip thread on) and local
-   SGD with AD-PSGD's period (no thread), one rank per GPU, then reproduce/scaling/measure_inputs.py over them and
-   step 4's comm-bench: the exchange's cost on the compute, the ranks' compute spread and its persistence, the
-   intra-node link, written as measured-<host>-<time>-gpu.json, which `wagma-bench simulate --measured FILE` reads.
+5. What the paper-scale simulator needs from a GPU: interleaved pairs of AD-PSGD (its gossip thread on) and
+   local SGD with AD-PSGD's period (no thread), one rank per GPU, then reproduce/scaling/measure_inputs.py
+   over them and step 4's comm-bench: the exchange's cost on the compute, the ranks' compute spread and its
+   persistence, the intra-node link, written as measured-<host>-<time>-gpu.json, which `wagma-bench simulate
+   --measured FILE` reads.
 
 Prints a table and writes reproduce/gpu/check-<host>-<time>.json (GPU_CHECK_OUT=DIR to write elsewhere).
 Without CUDA it says in one line which GPU measurements it skips and measures step 5 on the CPU instead (the
 embedded ResNet-20, 2 ranks, gloo): measured-<host>-<time>-cpu.json, labelled cpu in the file. GPU_CHECK_DRY=1
-runs steps 1-4's code paths on the CPU with 2 steps, tiny images, 2 optimizers and 2 ranks (the test suite runs
-it, so the script cannot rot).
+runs steps 1-4's code paths on the CPU with 2 steps, tiny images, 2 optimizers and 2 ranks (the test suite
+runs it, so the script cannot rot).
 
 The machine's own Python and torch (>= 2.3, with torchvision and numpy) run it from this repository; Hydra and
 OmegaConf come from the machine or, offline, from the wheels that `make gpu-wheels` put in
@@ -498,7 +499,8 @@ def main() -> int:
     ensure_hydra()
     sizes = DRY if dry else FULL
     t0 = time.perf_counter()
-    # one rank per run (nccl with CUDA); then ranks sharing the first GPU: device_plan picks gloo on CUDA tensors
+    # one rank per run (nccl with CUDA); then ranks sharing the first GPU: device_plan picks gloo on CUDA
+    # tensors
     one_rank = ["launcher.nproc=1"] + ([] if dry else ["comm.backend=nccl"])
     shared = (
         {} if dry else {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}

@@ -6,17 +6,19 @@
 SRC holds the archives as image-net.org gives them (the labels may also be Kaggle's, from its "ImageNet Object
 Localization Challenge"); nothing is downloaded:
 
-- ``ILSVRC2012_img_train.tar``: one tar per class inside (``n01440764.tar`` ...), each holding that class's images;
+- ``ILSVRC2012_img_train.tar``: one tar per class inside (``n01440764.tar`` ...), each holding that class's
+  images;
 - ``ILSVRC2012_img_val.tar``: the 50,000 validation images, flat (``ILSVRC2012_val_00000001.JPEG`` ...);
-- the validation labels, either Kaggle's ``LOC_val_solution.csv`` (image id, then boxes that start with the wnid),
-  or the devkit ``ILSVRC2012_devkit_t12.tar.gz`` (``data/ILSVRC2012_validation_ground_truth.txt``: one class
-  index per image in image order, and ``data/meta.mat``: index -> wnid; read with scipy).
+- the validation labels, either Kaggle's ``LOC_val_solution.csv`` (image id, then boxes that start with the
+  wnid), or the devkit ``ILSVRC2012_devkit_t12.tar.gz`` (``data/ILSVRC2012_validation_ground_truth.txt``: one
+  class index per image in image order, and ``data/meta.mat``: index -> wnid; read with scipy).
 
-Each split is written into ``OUT/<split>.partial`` and renamed to ``OUT/<split>`` when it is complete, so a split
-that exists is done: an interrupted preparation is run again and redoes only the split it was in. Archive members
-are streamed (no inner tar lands on disk) and written under their base names only, regular files only. At the end
-the folder is checked as ``wagma-bench sweep`` and ``run`` check ``data.root`` (when wagma_bench is importable),
-and the counts are printed (the full set: 1,281,167 training and 50,000 validation images in 1,000 classes).
+Each split is written into ``OUT/<split>.partial`` and renamed to ``OUT/<split>`` when it is complete, so a
+split that exists is done: an interrupted preparation is run again and redoes only the split it was in.
+Archive members are streamed (no inner tar lands on disk) and written under their base names only, regular
+files only. At the end the folder is checked as ``wagma-bench sweep`` and ``run`` check ``data.root`` (when
+wagma_bench is importable), and the counts are printed (the full set: 1,281,167 training and 50,000 validation
+images in 1,000 classes).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def kaggle_labels(path: Path) -> dict[str, str]:
 
 
 def devkit_labels(path: Path) -> dict[str, str]:
-    """Image id -> wnid from the devkit: the ground-truth class indices in image order, mapped through meta.mat."""
+    """Image id -> wnid from the devkit: the ground-truth class indices in image order, mapped through
+    meta.mat."""
     from scipy.io import loadmat
 
     with tarfile.open(path) as devkit:
@@ -106,7 +109,8 @@ def prepare_val(tar: Path, labels: dict[str, str], out: Path) -> None:
 
 
 def split_into(out: Path, split: str, write) -> None:
-    """``write(folder)`` into ``OUT/<split>.partial``, then renamed to ``OUT/<split>``; an existing split is kept."""
+    """``write(folder)`` into ``OUT/<split>.partial``, then renamed to ``OUT/<split>``; an existing split is
+    kept."""
     final, partial = out / split, out / f"{split}.partial"
     if final.is_dir():
         print(f"{final} exists: kept (remove it to prepare it again)", flush=True)

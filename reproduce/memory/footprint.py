@@ -9,8 +9,9 @@ spawned rank's command line holds ``multiprocessing.spawn``) and of the launcher
     .venv/bin/python reproduce/memory/footprint.py workload=ddppo train.max_rounds=4
     .venv/bin/python reproduce/memory/footprint.py comm-bench --nproc 2 --sizes 100M --repeats 2
 
-The last measures ``wagma-bench comm-bench`` instead (the figure behind ``campaign.commbench.rank_memory_mb``): its
-ranks are forked from its fork server, so a rank is a process whose parent is a child of the command.
+The last measures ``wagma-bench comm-bench`` instead (the figure behind
+``campaign.commbench.rank_memory_mb``): its ranks are forked from its fork server, so a rank is a process
+whose parent is a child of the command.
 
 RSS counts shared pages (the torch libraries) in every rank, so ranks x the figure over-estimates a world
 slightly: the check it feeds (``launch.check_memory``) refuses only worlds that cannot fit.

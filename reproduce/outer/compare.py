@@ -1,6 +1,6 @@
-"""Does an outer optimizer close the model-averaging gap? The embedded Transformer (or ResNet under stragglers),
-each model-averaging optimizer without and with SlowMo, the DiLoCo preset, and Allreduce-SGD: steps and
-training time to the target, one Markdown table (docs/outer-optimizers.md).
+"""Does an outer optimizer close the model-averaging gap? The embedded Transformer (or ResNet under
+stragglers), each model-averaging optimizer without and with SlowMo, the DiLoCo preset, and Allreduce-SGD:
+steps and training time to the target, one Markdown table (docs/outer-optimizers.md).
 
     .venv/bin/python reproduce/outer/compare.py [--workload transformer|resnet] [--seeds 1] [--out DIR]
                                                 [--only NAME,...] [-- more overrides]
@@ -32,7 +32,8 @@ CONFIGS = {  # name: overrides
     "sgp": ["optimizer=sgp"],
     "sgp+slowmo": ["optimizer=sgp", *SLOWMO],
     "diloco": ["experiment=diloco"],
-    # SlowMo's step with alpha / (1 - beta) = 1: the same long-run step size as the base, momentum smoothing only
+    # SlowMo's step with alpha / (1 - beta) = 1: the same long-run step size as the base, momentum smoothing
+    # only
     "local_sgd+slowmo-a0.5": ["optimizer=local_sgd", *SLOWMO, "optimizer.outer_lr=0.5"],
 }
 WORKLOADS = {

@@ -1,15 +1,17 @@
-"""The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once per
-world size, CPU seconds of this process (``time.process_time``) over ranks x rounds.
+"""The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once
+per world size, CPU seconds of this process (``time.process_time``) over ranks x rounds.
 
-    .venv/bin/python reproduce/scaling/bench_simulator.py --out reproduce/scaling/bench-simulator-2core-DATE.json
+    .venv/bin/python reproduce/scaling/bench_simulator.py --out
+    reproduce/scaling/bench-simulator-2core-DATE.json
     .venv/bin/python reproduce/scaling/bench_simulator.py --table FILE.json     # the Markdown table of a result
     BEFORE=REV .venv/bin/python reproduce/scaling/bench_simulator.py ...        # also the code of REV, interleaved
 
 The set-up of the RL claim's prediction: Piz Daint's network (conf/cluster/daint.yaml), the ``rl`` preset (28M
 parameters, 1 s steps), ``imbalance=lognormal`` with sigma 0.5, no barrier but the optimizers' own
-(``control_every=0``), 500 rounds, AD-PSGD with the exchange cost k = 0.1 (its cost model iterates). DropCompute is
-timed like the others. With ``BEFORE=REV`` a worktree of that revision is timed in a subprocess right after each
-measurement here (same optimizer, same P; up to ``--before-up-to`` ranks): the machine's speed drifts.
+(``control_every=0``), 500 rounds, AD-PSGD with the exchange cost k = 0.1 (its cost model iterates).
+DropCompute is timed like the others. With ``BEFORE=REV`` a worktree of that revision is timed in a subprocess
+right after each measurement here (same optimizer, same P; up to ``--before-up-to`` ranks): the machine's
+speed drifts.
 """
 
 from __future__ import annotations

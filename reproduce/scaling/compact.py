@@ -3,9 +3,10 @@
 
     .venv/bin/python reproduce/scaling/compact.py OUT DEST
 
-OUT is `validate.sh`'s output folder. Kept: `comm_bench.json`, and per run directory under `runs/` and `gossip/`
-that completed, its `summary.json`, `events.jsonl` and `steps.json.xz` (the per-rank step records as one compressed
-columnar table: wagma_bench/record/steps.py). Left out: the raw step logs, checkpoints, logs, `.hydra/`.
+OUT is `validate.sh`'s output folder. Kept: `comm_bench.json`, and per run directory under `runs/` and
+`gossip/` that completed, its `summary.json`, `events.jsonl` and `steps.json.xz` (the per-rank step records as
+one compressed columnar table: wagma_bench/record/steps.py). Left out: the raw step logs, checkpoints, logs,
+`.hydra/`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Compare `wagma-bench simulate`'s paper-scale predictions (paper_scale.sh) with the WAGMA-SGD paper's claims.
+"""Compare `wagma-bench simulate`'s paper-scale predictions (paper_scale.sh) with the WAGMA-SGD paper's
+claims.
 
 python reproduce/scaling/compare.py outputs/paper_scale
 """

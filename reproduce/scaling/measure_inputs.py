@@ -1,6 +1,6 @@
-"""The simulator's inputs measured in the suite's own runs, as the file `wagma-bench simulate --measured FILE` reads
-(wagma_bench/simulate/measured.py): what AD-PSGD's exchanges cost the compute, the ranks' compute spread with its
-persistence, and the link the ranks share.
+"""The simulator's inputs measured in the suite's own runs, as the file `wagma-bench simulate --measured FILE`
+reads (wagma_bench/simulate/measured.py): what AD-PSGD's exchanges cost the compute, the ranks' compute spread
+with its persistence, and the link the ranks share.
 
     .venv/bin/python reproduce/scaling/measure_inputs.py GOSSIP_DIR COMM_BENCH_JSON --out FILE [--table]
         [--measured-on cpu|gpu] [--skipped WHAT ...]
@@ -8,25 +8,27 @@ persistence, and the link the ranks share.
 
 `make gpu-check` runs it on its own pairs (reproduce/gpu/check.py); on this machine the pairs of validate.sh.
 
-GOSSIP_DIR holds the interleaved pairs that `GOSSIP_PAIRS=N reproduce/scaling/validate.sh` runs: `adpsgd_pP_pairI`
-(AD-PSGD, its gossip thread exchanging) and `nothread_pP_pairI` (local SGD with period = AD-PSGD's sync_every: the
-same compute path and the same barrier every 10 rounds, no thread), P = 4 and 8, imbalance none. Per pair:
+GOSSIP_DIR holds the interleaved pairs that `GOSSIP_PAIRS=N reproduce/scaling/validate.sh` runs:
+`adpsgd_pP_pairI` (AD-PSGD, its gossip thread exchanging) and `nothread_pP_pairI` (local SGD with period =
+AD-PSGD's sync_every: the same compute path and the same barrier every 10 rounds, no thread), P = 4 and 8,
+imbalance none. Per pair:
 
-- c_on, c_off: the median compute time per step (forward + backward as the trainer timed it; the warm-up steps of
-  the calibration left out) over all ranks of each run; also over AD-PSGD's actives and passives apart;
+- c_on, c_off: the median compute time per step (forward + backward as the trainer timed it; the warm-up steps
+  of the calibration left out) over all ranks of each run; also over AD-PSGD's actives and passives apart;
 - b: the seconds per step that the rank's gossip thread spends exchanging while the rank computes, from the
-  simulator's replay of the AD-PSGD run (its own compute times, the network fitted from COMM_BENCH_JSON) with a
-  free exchange: gossip_busy_share x c_on;
-- c: the model's exchange cost (the seconds of compute each second of exchange takes, simulate/des.py sim_adpsgd),
-  from c_on - c_off = c b: per pair (c_on - c_off) / b, which the machine's drift between the two runs of a pair
-  moves by far more than b where b is a small share of the step.
+  simulator's replay of the AD-PSGD run (its own compute times, the network fitted from COMM_BENCH_JSON) with
+  a free exchange: gossip_busy_share x c_on;
+- c: the model's exchange cost (the seconds of compute each second of exchange takes, simulate/des.py
+  sim_adpsgd), from c_on - c_off = c b: per pair (c_on - c_off) / b, which the machine's drift between the two
+  runs of a pair moves by far more than b where b is a small share of the step.
 
-The file's value is the median of the pairs' c, held to the model's range [0, 1]: a median, because one pair's drift
-moves its c without bound (the ratio of the sums, sum (c_on - c_off) / sum b, is written beside it as
-`ratio_of_sums`); its replicates (for `simulate --interval`) and its 95% interval are a bootstrap over the pairs
-(2,000 resamples) of the same median, held alike. Also written: the persistent compute spread (sigma_rank, sigma,
-rho; wagma_bench/simulate/spread.py) fitted over the thread-off runs, and the link (alpha, bandwidth) fitted to
-COMM_BENCH_JSON, which measures the ranks of one host: the intra-node link. `--table` prints the per-pair table.
+The file's value is the median of the pairs' c, held to the model's range [0, 1]: a median, because one pair's
+drift moves its c without bound (the ratio of the sums, sum (c_on - c_off) / sum b, is written beside it as
+`ratio_of_sums`); its replicates (for `simulate --interval`) and its 95% interval are a bootstrap over the
+pairs (2,000 resamples) of the same median, held alike. Also written: the persistent compute spread
+(sigma_rank, sigma, rho; wagma_bench/simulate/spread.py) fitted over the thread-off runs, and the link (alpha,
+bandwidth) fitted to COMM_BENCH_JSON, which measures the ranks of one host: the intra-node link. `--table`
+prints the per-pair table.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ def compute_medians(run: Path) -> dict[str, float]:
 
 
 def busy_share(run: Path, network) -> float:
-    """The simulator's replay of an AD-PSGD run (its own compute times and delays) with a free exchange: the share of
-    compute time exchanging."""
+    """The simulator's replay of an AD-PSGD run (its own compute times and delays) with a free exchange: the
+    share of compute time exchanging."""
     fit, replayed = fit_run(run), []
     replay_run(
         fit, dataclasses.replace(fit.to_workload(compute="trace"), gossip_cost=0.0), network, keep=replayed
@@ -80,7 +82,8 @@ def busy_share(run: Path, network) -> float:
 
 
 def measure(gossip_dir: Path, bench: Path) -> tuple[list[dict], dict, dict]:
-    """(the per-pair rows, the network fit's report, the persistent spread fitted over the thread-off runs)."""
+    """(the per-pair rows, the network fit's report, the persistent spread fitted over the thread-off
+    runs)."""
     network, report = fit_network([json.loads(bench.read_text())])
     runs: dict[tuple[int, int], dict[str, Path]] = {}
     for d in sorted(gossip_dir.iterdir()):

@@ -5,13 +5,13 @@
     .venv/bin/python reproduce/scaling/validation_table.py --delayed RUN_DIR...   # delayed ranks' compute
     .venv/bin/python reproduce/scaling/validation_table.py --comm COMM_BENCH RUN_DIR...  # recorded vs modelled wait
 
-RESULTS_DIR holds the compact runs of `reproduce/scaling/validate.sh` (`runs/<label>_<imbalance>_p<P>/`: summary,
-events and the step table) and its `comm_bench.json`. The first form runs `wagma-bench simulate cluster=local
---calibrate RESULTS_DIR/runs RESULTS_DIR/comm_bench.json --out RESULTS_DIR/sim` (each run's own configuration
-simulated twice: its compute times resampled i.i.d., and its ranks' recorded compute times and delays replayed in
-order) and writes `RESULTS_DIR/validation.json`, one row per run with the label of its folder (streaming DiLoCo is
-a variant of local SGD). The bar: trace within 5% and resampled within 15% of the measured throughput; a row
-outside it is bold.
+RESULTS_DIR holds the compact runs of `reproduce/scaling/validate.sh` (`runs/<label>_<imbalance>_p<P>/`:
+summary, events and the step table) and its `comm_bench.json`. The first form runs `wagma-bench simulate
+cluster=local --calibrate RESULTS_DIR/runs RESULTS_DIR/comm_bench.json --out RESULTS_DIR/sim` (each run's own
+configuration simulated twice: its compute times resampled i.i.d., and its ranks' recorded compute times and
+delays replayed in order) and writes `RESULTS_DIR/validation.json`, one row per run with the label of its
+folder (streaming DiLoCo is a variant of local SGD). The bar: trace within 5% and resampled within 15% of the
+measured throughput; a row outside it is bold.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def table(rows: list[dict]) -> str:
 
 
 def delayed_compute(run: Path) -> tuple[float, float]:
-    """(median compute time of each step's most-delayed rank, median of the other ranks'): on 2 shared cores a rank
-    that computes while the others wait for it runs faster, which a resampled draw does not keep."""
+    """(median compute time of each step's most-delayed rank, median of the other ranks'): on 2 shared cores a
+    rank that computes while the others wait for it runs faster, which a resampled draw does not keep."""
     from wagma_bench.record.steps import read_step_records
 
     by_step: dict[int, list[tuple[float, float]]] = {}

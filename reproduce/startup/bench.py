@@ -1,13 +1,13 @@
-"""A run's start against its floor: a one-step run of the embedded default (4 local ranks) side by side with one
-process importing torch and torchvision, which is what any run pays at least once.
+"""A run's start against its floor: a one-step run of the embedded default (4 local ranks) side by side with
+one process importing torch and torchvision, which is what any run pays at least once.
 
     .venv/bin/python reproduce/startup/bench.py [--repeats 3] [--label TEXT] [--out runs/startup-bench]
     .venv/bin/python reproduce/startup/bench.py --table RESULT.json [RESULT.json ...]   (the README's table)
 
 The two commands alternate (import, run, import, run, ...) so that a change in the machine's load falls on
 both; each figure is the median of ``--repeats``, wall-clock from the command to its exit. The run's own
-breakdown (``summary.json``'s ``startup``, see ``wagma_bench/runtime/startup.py``) is given as the median of each
-phase. Run it on an idle machine (``flock /tmp/wagma-measure.lock``).
+breakdown (``summary.json``'s ``startup``, see ``wagma_bench/runtime/startup.py``) is given as the median of
+each phase. Run it on an idle machine (``flock /tmp/wagma-measure.lock``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""How a rank of a completed run ends matters: a gloo rank that reaches the interpreter's finalization with its
-process groups alive can die by SIGABRT (``terminate called without an active exception``), after its last
-collective succeeded. This is the abort once seen at the end of completed runs, reproduced outside the product.
+"""How a rank of a completed run ends matters: a gloo rank that reaches the interpreter's finalization with
+its process groups alive can die by SIGABRT (``terminate called without an active exception``), after its last
+collective succeeded. This is the abort once seen at the end of completed runs, reproduced outside the
+product.
 
 Each try starts two ranks (plain torch.distributed, gloo, a TCPStore on rank 0) that make a subgroup, run
 three allreduces of 4 MB on the world and the subgroup, and then end in one of three ways:

@@ -1,22 +1,22 @@
-"""Where the embedded Transformer's run-to-run spread comes from (issue 54): one configuration, Allreduce-SGD at
-its tuned winner (reproduce/tuning/results-2core-20261202/transformer: lr 0.00404411, warm-up 0.687 epochs, the
-claim's target BLEU 80, cap 150 s, 4 ranks), varied one source at a time, five levels each:
+"""Where the embedded Transformer's run-to-run spread comes from (issue 54): one configuration, Allreduce-SGD
+at its tuned winner (reproduce/tuning/results-2core-20261202/transformer: lr 0.00404411, warm-up 0.687 epochs,
+the claim's target BLEU 80, cap 150 s, 4 ranks), varied one source at a time, five levels each:
 
 - ``repeat``: nothing varied (seed 4, batch order 4): what the machine's timing alone spreads;
 - ``seed``: the run's seed (model initialisation and dropout), the batch order held at 4;
 - ``order``: the batch order (``workload.shuffle_seed``), the seed held at 4;
 - ``lr``: the learning rate, x0.5 to x2 of the winner's (the tuning's search space spans x0.31 to x4.9 of it).
 
-The runs are interleaved (round k runs level k of every source, the sources in a seeded shuffled order) and each
-is timed between two speed references (wagma_bench/campaign/reference.py), as tune's trials are.
+The runs are interleaved (round k runs level k of every source, the sources in a seeded shuffled order) and
+each is timed between two speed references (wagma_bench/campaign/reference.py), as tune's trials are.
 
     .venv/bin/python reproduce/transformer/spread.py run OUT       # runs what OUT lacks, then OUT/spread.json
     .venv/bin/python reproduce/transformer/spread.py table FILE    # the markdown table of a spread.json
 
-Per source the table gives the coefficient of variation (standard deviation over mean) of the time to the target,
-of the steps to the target (the machine's speed left out) and of the best BLEU, and how many of the five reached
-the target. A source whose spread matches the tuning's trial-to-trial spread is what a 5 x 5 tuning cannot
-average away; docs/claims.md reads the table.
+Per source the table gives the coefficient of variation (standard deviation over mean) of the time to the
+target, of the steps to the target (the machine's speed left out) and of the best BLEU, and how many of the
+five reached the target. A source whose spread matches the tuning's trial-to-trial spread is what a 5 x 5
+tuning cannot average away; docs/claims.md reads the table.
 """
 
 from __future__ import annotations

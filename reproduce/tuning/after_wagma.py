@@ -1,21 +1,22 @@
-"""What came after WAGMA-SGD, tuned beside it: per workload, who wins among Allreduce-SGD, WAGMA-SGD, DropCompute
-and streaming DiLoCo, with intervals, and the figures that explain it.
+"""What came after WAGMA-SGD, tuned beside it: per workload, who wins among Allreduce-SGD, WAGMA-SGD,
+DropCompute and streaming DiLoCo, with intervals, and the figures that explain it.
 
     .venv/bin/python reproduce/tuning/after_wagma.py          # the tables of the committed tunings (markdown)
 
-Each method's row is its tuning (``wagma-bench tune``, AlgoPerf's external tuning, S studies x O trials) read the
-way ``wagma-bench claims`` reads one (:func:`wagma_bench.analysis.claims.measure`): the score is the median over
-studies of each study's fastest time to the target, with the exact two-stage bootstrap interval. "Against the
-best of the others" is that method as a claim's subject against the other methods of its workload
-(:func:`wagma_bench.analysis.claims.speedup`: > 1 favours the method, the best of the others chosen inside each
-resample); a method **wins** when the whole interval of that ratio is above 1. Beside it, what explains the
-result: DropCompute's drop rate (the share of micro-batches not computed, median over its trials), the time a
-step waited in communication (median over each trial's steps on every rank, then over the trials), and how
-much the method reduces per step, in models (the winning trial's settings: a gradient or a model each step
+Each method's row is its tuning (``wagma-bench tune``, AlgoPerf's external tuning, S studies x O trials) read
+the way ``wagma-bench claims`` reads one (:func:`wagma_bench.analysis.claims.measure`): the score is the
+median over studies of each study's fastest time to the target, with the exact two-stage bootstrap interval.
+"Against the best of the others" is that method as a claim's subject against the other methods of its workload
+(:func:`wagma_bench.analysis.claims.speedup`: > 1 favours the method, the best of the others chosen inside
+each resample); a method **wins** when the whole interval of that ratio is above 1. Beside it, what explains
+the result: DropCompute's drop rate (the share of micro-batches not computed, median over its trials), the
+time a step waited in communication (median over each trial's steps on every rank, then over the trials), and
+how much the method reduces per step, in models (the winning trial's settings: a gradient or a model each step
 for Allreduce-SGD, DropCompute and WAGMA-SGD, one fragment of 1/F every H/F steps for streaming DiLoCo, 1/H).
-Where the simulator was run (``PREDICTED``: ``wagma-bench simulate --out`` folders, their commands and assumptions
-in the tuning's README), a second table gives each method's predicted throughput and time to the target against
-Allreduce-SGD's at the same P (> 1 favours the method), its wait share and DropCompute's predicted drop rate.
+Where the simulator was run (``PREDICTED``: ``wagma-bench simulate --out`` folders, their commands and
+assumptions in the tuning's README), a second table gives each method's predicted throughput and time to the
+target against Allreduce-SGD's at the same P (> 1 favours the method), its wait share and DropCompute's
+predicted drop rate.
 
 A workload's methods come from tunings of one campaign or of one machine and day (each tuning's README says
 when and where it ran): time to target is compared within a machine, never across machines.
@@ -62,7 +63,8 @@ def _simulated(where: Path, name: str) -> Methods:
 
 
 def _no_dropcompute(methods: Methods) -> Methods:
-    """DD-PPO's methods: DropCompute does not apply (a rollout and its PPO updates do not split into micro-batches)."""
+    """DD-PPO's methods: DropCompute does not apply (a rollout and its PPO updates do not split into
+    micro-batches)."""
     return [m for m in methods if m[0] != "DropCompute"]
 
 
@@ -84,7 +86,8 @@ WORKLOADS: dict[str, Methods] = {
 RESNET_PAPER, RESNET_LOGNORMAL, _, DDPPO = WORKLOADS
 SIM = T / "results-2core-20261203d/paper-scale"
 SIM_E = T / "results-2core-20261203e/paper-scale"
-# per workload: the simulator's outputs (wagma-bench simulate --out) at the paper's scale, each method's row there
+# per workload: the simulator's outputs (wagma-bench simulate --out) at the paper's scale, each method's row
+# there
 PREDICTED: dict[str, Methods] = {
     RESNET_PAPER: _simulated(SIM, "resnet50"),
     RESNET_LOGNORMAL: _simulated(SIM_E, "resnet50_lognormal"),

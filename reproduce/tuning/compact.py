@@ -3,14 +3,14 @@ resumed `tune` read, without the raw per-rank step logs and checkpoints.
 
     .venv/bin/python reproduce/tuning/compact.py TUNE_DIR DEST
 
-Kept: `tune.json` (the plan and its command), `tuning.json` (the scores), and per trial `summary.json` (with its
-speed reference and compute imbalance), `events.jsonl` (run_start's configuration and clock, every
+Kept: `tune.json` (the plan and its command), `tuning.json` (the scores), and per trial `summary.json` (with
+its speed reference and compute imbalance), `events.jsonl` (run_start's configuration and clock, every
 evaluation) and `steps.json.xz`, the per-rank step records as one compressed columnar table with the fields
-that report and `simulate --compute-from` / `--calibrate` read (wagma_bench/record/steps.py; a thirtieth
-of the raw `steps/rank*.jsonl`). Left out: the raw step logs, `checkpoint/`, `logs/`, `.hydra/`, `mllog.txt`
-(rewritten from the events by `report --mllog`). A finished trial copied so is skipped when the same `tune` command runs into DEST again
-(its summary and run_start identify it), so a campaign goes on across sessions from what was committed; an
-unfinished trial is not copied and runs again from its start.
+that report and `simulate --compute-from` / `--calibrate` read (wagma_bench/record/steps.py; a thirtieth of
+the raw `steps/rank*.jsonl`). Left out: the raw step logs, `checkpoint/`, `logs/`, `.hydra/`, `mllog.txt`
+(rewritten from the events by `report --mllog`). A finished trial copied so is skipped when the same `tune`
+command runs into DEST again (its summary and run_start identify it), so a campaign goes on across sessions
+from what was committed; an unfinished trial is not copied and runs again from its start.
 """
 
 from __future__ import annotations
