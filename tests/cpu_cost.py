@@ -78,7 +78,8 @@ def pytest_terminal_summary(terminalreporter):
         by_file[r["id"].split("::")[0]] += r["cpu"]
     write = terminalreporter.write_line
     write(
-        f"cpu cost: {sum(r['cpu'] for r in _rows):.0f} CPU-seconds in {sum(r['wall'] for r in _rows):.0f} s of tests"
+        f"cpu cost: {sum(r['cpu'] for r in _rows):.0f} CPU-seconds in {sum(r['wall'] for r in _rows):.0f} s "
+        "of tests"
     )
     for name, seconds in by_file.most_common(10):
         write(f"  {seconds:6.1f} CPU-s  {name}")

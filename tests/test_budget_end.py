@@ -28,7 +28,8 @@ from tests.test_invariants import mass  # the conserved sum, as the invariant te
 pytestmark = pytest.mark.background
 
 LR = 0.25
-T = 8  # rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
+# rounds of the budget: not a multiple of the periods below (3), local steps since the last sync before it
+T = 8
 CASES = {  # registry name -> settings with a sync period that does not divide T
     "allreduce": {},
     "dropcompute": {"threshold_s": "inf"},

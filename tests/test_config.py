@@ -178,6 +178,7 @@ def test_the_config_check_imports_no_torch():
         "    for w in WORKLOAD_SPECS:\n"
         "        for o in OPTIMIZER_SPECS:\n"
         "            if (w, o) != ('ddppo', 'dropcompute'):  # refused: DD-PPO's batches do not split\n"
-        "                validate(compose(config_name='wagma', overrides=[f'workload={w}', f'optimizer={o}']), 4)"
+        "                validate(compose(config_name='wagma', overrides=[f'workload={w}', "
+        "f'optimizer={o}']), 4)"
     )
     assert heavy_modules_after(code, ("torch", "torchvision", "fairseq", "numpy")) == []

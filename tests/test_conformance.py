@@ -78,8 +78,8 @@ def spec(name: str) -> list[str]:
     if spec is None or (cls is not None and not issubclass(cls, spec)):
         return [
             (
-                f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and make "
-                f"its algorithm inherit it (the config check reads the spec, without torch)"
+                f"{name}: add a spec class (name, Settings, its rules) to OPTIMIZER_SPECS in {SPECS} and "
+                "make its algorithm inherit it (the config check reads the spec, without torch)"
             )
         ]
     return [
@@ -104,8 +104,8 @@ def yaml_file(name: str) -> list[str]:
     if not (ROOT / path).is_file():
         return [
             (
-                f"{name}: add {path} (every setting of {settings.__qualname__} with its default and a comment: "
-                f"{listing})"
+                f"{name}: add {path} (every setting of {settings.__qualname__} with its default and a "
+                f"comment: {listing})"
             )
         ]
     node = OmegaConf.to_container(OmegaConf.load(ROOT / path))
@@ -155,8 +155,8 @@ def search_space(name: str) -> list[str]:
     if not spaces.space_path(name).exists():
         return [
             (
-                f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, warmup_fraction "
-                f"and its own settings that change convergence; docs/tuning.md)"
+                f"{name}: add {path} (its one search space for `wagma-bench tune`: lr_multiplier, "
+                "warmup_fraction and its own settings that change convergence; docs/tuning.md)"
             )
         ]
     if not (ROOT / f"conf/optimizer/{name}.yaml").is_file():
@@ -201,8 +201,8 @@ def oracle(name: str) -> list[str]:
     if name not in ORACLES:
         return [
             (
-                f'{name}: add `"{name}": "tests/FILE.py::TEST"` (a test of its exact recursion) to ORACLES in '
-                f"tests/test_optim_oracles.py"
+                f'{name}: add `"{name}": "tests/FILE.py::TEST"` (a test of its exact recursion) to ORACLES '
+                "in tests/test_optim_oracles.py"
             )
         ]
     path, test = ORACLES[name].split("::")

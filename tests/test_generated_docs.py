@@ -33,7 +33,8 @@ def test_straggler_table_is_the_bench_scripts_table_of_the_committed_run():
     rows = json.loads(STRAGGLERS.read_text())
     doc = ROOT / "docs" / "benchmarks.md"
     assert _block(doc, "bench") == _bench().table(rows), (
-        f"docs/benchmarks.md differs from `reproduce/imbalance/bench.py --table {STRAGGLERS.relative_to(ROOT)}`"
+        "docs/benchmarks.md differs from `reproduce/imbalance/bench.py --table "
+        f"{STRAGGLERS.relative_to(ROOT)}`"
     )
     assert STRAGGLERS.name in doc.read_text()
 
@@ -305,7 +306,8 @@ def test_the_committed_power_run_read_the_committed_sources():
 def test_readme_names_the_claims_this_machine_can_decide():
     said = " ".join((ROOT / "README.md").read_text().split())
     m = re.search(
-        r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) interval",
+        r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) "
+        r"interval",
         said,
     )
     assert m, "README.md no longer says which claims 10 x 10 would decide"

@@ -243,7 +243,8 @@ def test_a_ctrl_c_while_the_fork_server_starts_is_kept_with_another_thread_runni
 import os, signal, threading, time
 from wagma_bench.runtime.supervise import ranks_ignore_ctrl_c
 signal.signal(signal.SIGINT, signal.default_int_handler)
-threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # started before the window: SIGINT unblocked
+# started before the window: SIGINT unblocked
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
 try:
     with ranks_ignore_ctrl_c():
         os.kill(os.getpid(), signal.SIGINT)

@@ -174,7 +174,10 @@ def test_srun_two_hosts_two_ranks_each(cluster, tmp_path):
     [
         (
             "lo",
-            r"GLOO_SOCKET_IFNAME=lo: rank \d on host wagma-n\d listens at 127\.0\.0\.1, which rank \d on host wagma-n\d ",
+            (
+                r"GLOO_SOCKET_IFNAME=lo: rank \d on host wagma-n\d listens at 127\.0\.0\.1, which rank \d on "
+                r"host wagma-n\d "
+            ),
         ),
         pytest.param(
             "nosuch0", "GLOO_SOCKET_IFNAME=nosuch0: no such interface on host wagma-n", marks=pytest.mark.long
@@ -569,7 +572,8 @@ def _address(cluster: dict, node: str) -> str:
 
 def _worker_pids(cluster: dict, node: str) -> list[int]:
     """The wagma-bench rank processes (not torchrun's agent) on a host."""
-    ns = f"wagma{Path(cluster['WAGMA_SLURM_DIR']).joinpath('cluster.env').read_text().split('NET=')[1].split()[0]}"
+    net = Path(cluster["WAGMA_SLURM_DIR"]).joinpath("cluster.env").read_text().split("NET=")[1].split()[0]
+    ns = f"wagma{net}"
     pids = subprocess.run(
         ["ip", "netns", "pids", f"{ns}-{node.removeprefix('wagma-')}"],
         capture_output=True,

@@ -142,7 +142,8 @@ def test_every_outer_optimizer_base_runs_to_its_budget_under_emulated_nccl_from_
         assert summary["status"] == "completed" and summary["rounds"] >= 24, (name, summary)
 
 
-@pytest.mark.long  # make test-long; make test checks the fragment average's collective in test_streaming.py's world
+# make test-long; make test checks the fragment average's collective in test_streaming.py's world
+@pytest.mark.long
 def test_streaming_diloco_runs_to_its_budget_under_emulated_nccl(tmp_path):
     """Each fragment's average in flight across inner steps is an asynchronous allreduce on the data plane:
     what NCCL does (no tags, no any-source)."""

@@ -105,7 +105,8 @@ def test_what_every_run_imports_leaves_the_optional_heavy_packages_alone():
     session imported elsewhere does not count."""
     code = (
         "import sys\n"
-        "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, wagma_bench.workloads, wagma_bench.optim\n"
+        "import wagma_bench.cli, wagma_bench.runtime.launch, wagma_bench.train.trainer, "
+        "wagma_bench.workloads, wagma_bench.optim\n"
         "import wagma_bench.comm.torch_dist, wagma_bench.record.mlperf, wagma_bench.record.rundir\n"
         "heavy = ('fairseq', 'miniworld', 'pyglet', 'gymnasium', 'wandb', 'wandb_workspaces', 'matplotlib',\n"
         "         'sacrebleu', 'mpi4py',\n"
@@ -129,7 +130,8 @@ def test_the_launching_process_of_a_run_imports_no_torch(tmp_path):
         "try:\n"
         "    rc = main(['run', *sys.argv[1:]])\n"
         "finally:  # a refusal exits with SystemExit(2)\n"
-        "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, flush=True)\n"
+        "    print('torch imported:', 'torch' in sys.modules, 'numpy imported:', 'numpy' in sys.modules, "
+        "flush=True)\n"
         "sys.exit(rc)\n"
     )
     run_dir = tmp_path / "run"

@@ -76,7 +76,8 @@ def test_requeued_sweep_job_offline(tmp_path):
         )
         assert out.returncode == 0, out.stderr[-3000:]
         said.append(
-            f"--- train.max_rounds={max_steps}: stdout\n{out.stdout[-1500:]}\n--- stderr\n{out.stderr[-1500:]}"
+            f"--- train.max_rounds={max_steps}: stdout\n{out.stdout[-1500:]}\n"
+            f"--- stderr\n{out.stderr[-1500:]}"
         )
     listener.close()
     assert listener.connections == 0, "W&B tried to reach the network"

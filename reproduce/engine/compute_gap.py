@@ -117,22 +117,23 @@ def table(rows: list[dict]) -> str:
     """The Markdown table of a committed result."""
     lines = [
         (
-            "| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce compute "
-            "| the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD "
-            "| comm/step (ms): Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
-            "throughput | rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native "
-            "| its progress thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |"
+            "| workload | ranks on 2 cores | compute/step (ms): Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce "
+            "compute | the compute thread's CPU/step (ms): Allreduce-SGD, WAGMA-SGD | comm/step (ms): "
+            "Allreduce-SGD, WAGMA-SGD | throughput: Allreduce-SGD, WAGMA-SGD | WAGMA/Allreduce throughput | "
+            "rank 0's CPU per step in WAGMA-SGD's threads (ms): progress, listener, native | its progress "
+            "thread's CPU per round (ms): waiting, start, communication | rounds on a snapshot |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cpu = r["wagma_thread_cpu_ms_per_step"]
         lines.append(
-            f"| {r['workload']} | {r['nproc']} | {r['allreduce_compute_ms']:.1f}, {r['wagma_compute_ms']:.1f} | "
-            f"{r['compute_ratio']:.3f} | {r['allreduce_compute_cpu_ms']:.1f}, {r['wagma_compute_cpu_ms']:.1f} | "
-            f"{r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
-            f"{r['allreduce_throughput']:.0f}, {r['wagma_throughput']:.0f} {r['unit']} | {r['throughput_ratio']:.3f} | "
-            f"{cpu.get('wagma-progress', 0):.2f}, {cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} | "
+            f"| {r['workload']} | {r['nproc']} | {r['allreduce_compute_ms']:.1f}, "
+            f"{r['wagma_compute_ms']:.1f} | {r['compute_ratio']:.3f} | {r['allreduce_compute_cpu_ms']:.1f}, "
+            f"{r['wagma_compute_cpu_ms']:.1f} | {r['allreduce_comm_ms']:.1f}, {r['wagma_comm_ms']:.1f} | "
+            f"{r['allreduce_throughput']:.0f}, {r['wagma_throughput']:.0f} {r['unit']} | "
+            f"{r['throughput_ratio']:.3f} | {cpu.get('wagma-progress', 0):.2f}, "
+            f"{cpu.get('wagma-listener', 0):.2f}, {cpu.get('native', 0):.2f} | "
             f"{_split(r.get('wagma_progress_cpu_ms_per_round'))} | {_share(r.get('wagma_snapshot_share'))} |"
         )
     return "\n".join(lines)

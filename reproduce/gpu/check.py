@@ -107,8 +107,8 @@ def ensure_hydra() -> None:
         pass
     if not any(WHEELS.glob("*.whl")):
         sys.exit(
-            "gpu-check: hydra-core/omegaconf missing and no wheels in reproduce/gpu/wheels (run `make gpu-wheels`"
-            " on a machine with internet, copy the folder along)"
+            "gpu-check: hydra-core/omegaconf missing and no wheels in reproduce/gpu/wheels (run `make "
+            "gpu-wheels` on a machine with internet, copy the folder along)"
         )
     subprocess.run(
         [
@@ -457,8 +457,8 @@ def format_report(result: dict) -> str:
     for g in bench.get("wait_avoiding_goals", []):
         verdict = ("met" if g["met"] else "NOT met") if g["judged"] else "not judged (not NCCL)"
         lines.append(
-            f"  wait-avoiding S={g['group_size']} {g['bytes'] / 2**20:g} MiB: {g['ratio']:.3f}x the averaging "
-            f"allreduce, goal at most {g['goal']}x: {verdict}"
+            f"  wait-avoiding S={g['group_size']} {g['bytes'] / 2**20:g} MiB: {g['ratio']:.3f}x the "
+            f"averaging allreduce, goal at most {g['goal']}x: {verdict}"
         )
     inputs = result.get("model_inputs")
     if inputs:
@@ -476,7 +476,8 @@ def main() -> int:
         import torch
     except ImportError:
         print(
-            f"gpu-check: {sys.executable} has no torch; run it with the Python that has (GPU_PY=... make gpu-check)"
+            f"gpu-check: {sys.executable} has no torch; run it with the Python that has (GPU_PY=... make "
+            "gpu-check)"
         )
         return 2
 
@@ -485,9 +486,9 @@ def main() -> int:
     work = out / f"runs-{stamp}"
     if not dry and not torch.cuda.is_available():
         print(
-            f"gpu-check: no CUDA GPU visible to torch here: skipped {'; '.join(GPU_MEASUREMENTS)}; measuring the "
-            "simulator's inputs on the CPU instead, labelled cpu (GPU_CHECK_DRY=1 runs the GPU steps' code on the "
-            "CPU)",
+            f"gpu-check: no CUDA GPU visible to torch here: skipped {'; '.join(GPU_MEASUREMENTS)}; measuring "
+            "the simulator's inputs on the CPU instead, labelled cpu (GPU_CHECK_DRY=1 runs the GPU steps' "
+            "code on the CPU)",
             flush=True,
         )
         ensure_hydra()

@@ -47,8 +47,8 @@ def table(rows: list[dict]) -> str:
         lines += [
             f"{head} no imbalance (Allreduce-SGD) | {r['none_throughput']:.0f} | | |",
             (
-                f"{head} Allreduce-SGD | {r['allreduce_throughput']:.0f} | {r['allreduce_of_its_bound']:.2f} (c + d) "
-                "| 1.00 |"
+                f"{head} Allreduce-SGD | {r['allreduce_throughput']:.0f} | {r['allreduce_of_its_bound']:.2f} "
+                "(c + d) | 1.00 |"
             ),
             (
                 f"{head} WAGMA-SGD, `catch_up=replay` (default) | {r['wagma_throughput']:.0f} | "

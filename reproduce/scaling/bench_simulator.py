@@ -1,10 +1,10 @@
 """The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once
 per world size, CPU seconds of this process (``time.process_time``) over ranks x rounds.
 
-    .venv/bin/python reproduce/scaling/bench_simulator.py --out
-    reproduce/scaling/bench-simulator-2core-DATE.json
-    .venv/bin/python reproduce/scaling/bench_simulator.py --table FILE.json     # the Markdown table of a result
-    BEFORE=REV .venv/bin/python reproduce/scaling/bench_simulator.py ...        # also the code of REV, interleaved
+    .venv/bin/python reproduce/scaling/bench_simulator.py \\
+        --out reproduce/scaling/bench-simulator-2core-DATE.json
+    .venv/bin/python reproduce/scaling/bench_simulator.py --table FILE.json  # the Markdown table of a result
+    BEFORE=REV .venv/bin/python reproduce/scaling/bench_simulator.py ...  # also the code of REV, interleaved
 
 The set-up of the RL claim's prediction: Piz Daint's network (conf/cluster/daint.yaml), the ``rl`` preset (28M
 parameters, 1 s steps), ``imbalance=lognormal`` with sigma 0.5, no barrier but the optimizers' own

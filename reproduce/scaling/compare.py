@@ -44,8 +44,9 @@ def main(out: Path) -> int:
     )
     per_step = wg["rounds"] / wg["local_steps"]
     print(
-        f"  WAGMA ran {wg['local_steps']:.0f} local steps per rank in {wg['rounds']} rounds: {per_step:.1f} rounds "
-        f"per step, so its synchronous round (every tau+1 = 11 rounds) comes every {11 / per_step:.1f} local steps"
+        f"  WAGMA ran {wg['local_steps']:.0f} local steps per rank in {wg['rounds']} rounds: {per_step:.1f} "
+        "rounds per step, so its synchronous round (every tau+1 = 11 rounds) comes every "
+        f"{11 / per_step:.1f} local steps"
     )
     verdict = "reproduces" if ratio >= 2.1 * 0.85 else "does NOT reproduce"
     print(f"  => the simulation {verdict} the paper's 2.1x claim under these assumptions")

@@ -213,10 +213,10 @@ def table(data: dict) -> str:
     )
     spread = data["compute"]
     return (
-        f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' median, held "
-        f"to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is {c['ratio_of_sums']:.2f}. The "
-        f"thread-off runs' compute spread: sigma_rank {spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, "
-        f"rho {spread['rho']:.3f}."
+        f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' "
+        "median, held to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is "
+        f"{c['ratio_of_sums']:.2f}. The thread-off runs' compute spread: sigma_rank "
+        f"{spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, rho {spread['rho']:.3f}."
     )
 
 

@@ -3,7 +3,8 @@
     .venv/bin/python reproduce/scaling/validation_table.py RESULTS_DIR            # recompute, write, print
     .venv/bin/python reproduce/scaling/validation_table.py --table RESULTS_DIR    # print the committed table
     .venv/bin/python reproduce/scaling/validation_table.py --delayed RUN_DIR...   # delayed ranks' compute
-    .venv/bin/python reproduce/scaling/validation_table.py --comm COMM_BENCH RUN_DIR...  # recorded vs modelled wait
+    .venv/bin/python reproduce/scaling/validation_table.py --comm \\
+        COMM_BENCH RUN_DIR...                                                     # recorded vs modelled wait
 
 RESULTS_DIR holds the compact runs of `reproduce/scaling/validate.sh` (`runs/<label>_<imbalance>_p<P>/`:
 summary, events and the step table) and its `comm_bench.json`. The first form runs `wagma-bench simulate
@@ -138,16 +139,16 @@ def main(argv: list[str]) -> int:
         for run in argv[2:]:
             recorded, modelled = comm_gap(Path(run), Path(argv[1]))
             print(
-                f"{Path(run).name}: {1e3 * recorded:.0f} ms a step recorded in communication, {1e3 * modelled:.0f} ms "
-                "modelled"
+                f"{Path(run).name}: {1e3 * recorded:.0f} ms a step recorded in communication, "
+                f"{1e3 * modelled:.0f} ms modelled"
             )
         return 0
     if argv[:1] == ["--delayed"]:  # --delayed RUN_DIR...
         for run in argv[1:]:
             most, others = delayed_compute(Path(run))
             print(
-                f"{Path(run).name}: each step's most-delayed rank computes in {most:.3f} s (median), the others in "
-                f"{others:.3f} s"
+                f"{Path(run).name}: each step's most-delayed rank computes in {most:.3f} s (median), the "
+                f"others in {others:.3f} s"
             )
         return 0
     if argv[:1] == ["--table"]:

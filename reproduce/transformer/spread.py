@@ -107,7 +107,10 @@ def cv(values: list[float]) -> float | None:
 
 def table(result: dict) -> str:
     lines = [
-        "| source varied | reached | time to target (s): median, CV | steps to target: median, CV | best BLEU: median, CV |",
+        (
+            "| source varied | reached | time to target (s): median, CV | steps to target: median, CV | "
+            "best BLEU: median, CV |"
+        ),
         "|---|---|---|---|---|",
     ]
     for source in LEVELS:

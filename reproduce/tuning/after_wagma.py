@@ -71,16 +71,16 @@ def _no_dropcompute(methods: Methods) -> Methods:
 WORKLOADS: dict[str, Methods] = {
     "ResNet-20 on the embedded MNIST subset, `imbalance=shared_draw` (named `paper` when these runs were "
     "made; 2 of 4 ranks sleep 0.3 s per step)": _tuned(T / "results-2core-20261203d", "resnet_paper"),
-    "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x LogNormal(0, 0.5), "
-    "truncated at 1)": _tuned(T / "results-2core-20261203e", "resnet_lognormal"),
+    "ResNet-20 on the embedded MNIST subset, `imbalance=lognormal` (every rank's step drawn x "
+    "LogNormal(0, 0.5), truncated at 1)": _tuned(T / "results-2core-20261203e", "resnet_lognormal"),
     "the embedded Transformer, token batches (natural imbalance only)": [
         ("Allreduce-SGD", T / "results-2core-20261202/transformer", "allreduce"),
         ("WAGMA-SGD", T / "results-2core-20261202/transformer", "wagma"),
         ("DropCompute", T / "results-2core-20261202b/transformer_dropcompute", "dropcompute"),
         ("streaming DiLoCo", T / "results-2core-20261202b/transformer_streaming", "local_sgd"),
     ],
-    "DD-PPO on the embedded MiniWorld rooms (the rollouts' natural imbalance; no DropCompute: a rollout does not "
-    "split into micro-batches)": _no_dropcompute(_tuned(T / "results-2core-20261203e", "ddppo")),
+    "DD-PPO on the embedded MiniWorld rooms (the rollouts' natural imbalance; no DropCompute: a rollout "
+    "does not split into micro-batches)": _no_dropcompute(_tuned(T / "results-2core-20261203e", "ddppo")),
 }
 
 RESNET_PAPER, RESNET_LOGNORMAL, _, DDPPO = WORKLOADS
