@@ -65,7 +65,7 @@ def row(name: str, runs: list[dict], base_steps: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="transformer")
     p.add_argument("--seeds", default="1")
     p.add_argument("--only", default=",".join(CONFIGS))

@@ -96,7 +96,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("runs/startup-bench"))
     ap.add_argument("--label", default="this checkout", help="what was measured (the table's first column)")

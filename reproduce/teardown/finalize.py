@@ -76,7 +76,7 @@ def one_try(ending: str) -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tries", type=int, default=20, help="tries per ending (default 20)")
     parser.add_argument(
         "--endings", default=",".join(ENDINGS), help=f"comma-separated, of {', '.join(ENDINGS)}"
