@@ -105,8 +105,7 @@ def test_every_optimizer_ends_at_its_budget_with_the_global_average(results, nam
         ]
 
 
-# --- through the trainer: budgets and the evaluation grid
-# -------------------------------------------------------
+# --- through the trainer: budgets and the evaluation grid ---------------------------------------------------
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RUN = [
     "workload.arch=resnet8",

@@ -624,8 +624,7 @@ def test_a_source_missing_a_trial_is_refused_unless_allowed_then_counted_in_the_
     assert all("| 5 x 5 (wagma: 24 of 25 trials) |" in line for line in headline), headline
 
 
-# --- the README's headline is the generated table
-# ------------------------------------------------------------
+# --- the README's headline is the generated table -----------------------------------------------------------
 
 SOURCES = ROOT / "reproduce" / "claims" / "sources"
 
@@ -667,8 +666,7 @@ def test_one_command_makes_every_claims_data():
             assert f'paper-scale/{c.predicted["simulate"]}"' in script, f"{c.id}: no simulation writes it"
 
 
-# --- every speed-up the prose quotes is a committed one, or says that it was one
-# ------------------------------
+# --- every speed-up the prose quotes is a committed one, or says that it was one ----------------------------
 
 # "0.96x [0.92x, 1.02x]", "0.91x vs SGP [0.71x, 1.05x]", "-0.09, interval [-0.34, +0.02]"
 FIGURE = re.compile(

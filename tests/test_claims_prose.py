@@ -185,8 +185,7 @@ def sentences(text: str) -> list[str]:
     return re.split(r"(?<=[.;:])\s+(?=[A-Z(])", text)
 
 
-# --- the checks, each returning what it found wrong
-# ----------------------------------------------------------
+# --- the checks, each returning what it found wrong ---------------------------------------------------------
 
 
 def ratio_problems(text: str, claims: list[dict]) -> list[str]:
@@ -362,8 +361,7 @@ def claim_problems(text: str, r: dict) -> list[str]:
     )
 
 
-# --- the README's bullets
-# --------------------------------------------------------------------------------------
+# --- the README's bullets -----------------------------------------------------------------------------------
 
 
 def readme_bullets() -> dict[str, tuple[str, str]]:
@@ -391,8 +389,7 @@ def test_readme_bullet_figures_are_in_their_files(claim):
     assert not problems, f"README.md, the bullet of {claim}: " + "; ".join(problems)
 
 
-# --- docs/claims.md
-# ----------------------------------------------------------------------------------------------
+# --- docs/claims.md -----------------------------------------------------------------------------------------
 
 
 def doc_paragraphs() -> list[str]:

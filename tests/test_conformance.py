@@ -479,8 +479,7 @@ def test_a_new_workload_without_any_piece_is_told_each_file_to_edit(piece, monke
     assert found and all(p.startswith("newload: ") for p in found), found
 
 
-# --- the contributor's check in a copy with a piece removed
-# ------------------------------------------------------
+# --- the contributor's check in a copy with a piece removed -------------------------------------------------
 
 
 def _without_simulation(copy: Path, name: str) -> None:

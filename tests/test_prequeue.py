@@ -296,8 +296,7 @@ def test_tune_refuses_a_missing_data_root_before_writing_its_plan(tmp_path, caps
     assert "data.root=/nonexistent: not checked (--data-on-nodes" in capsys.readouterr().out
 
 
-# --- reproduce/imagenet/prepare.py: the official archives into the layout checked above
-# ---------------------------
+# --- reproduce/imagenet/prepare.py: the official archives into the layout checked above ---------------------
 
 PREPARE = Path(__file__).resolve().parents[1] / "reproduce" / "imagenet" / "prepare.py"
 VAL_LABELS = {

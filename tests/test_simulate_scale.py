@@ -109,8 +109,7 @@ def test_the_lognormal_rule_draws_its_sigma():
     assert abs(math.sqrt(np.mean(positive**2)) - 0.4) < 0.01  # a half-normal's root mean square is sigma
 
 
-# --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it
-# --------------------------------------------
+# --- AD-PSGD: what its exchanges cost, and the barrier `run` gives it ---------------------------------------
 
 
 def network(bandwidth_GBps: float = 9.0) -> Network:
@@ -247,8 +246,7 @@ def test_adpsgd_meets_in_simulate_where_run_makes_it_meet(sync_every):
     assert adpsgd(4, steps=100, settings=cfg.optimizer).rounds == plan.total
 
 
-# --- compute spread with persistence
-# ----------------------------------------------------------------------------
+# --- compute spread with persistence ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("sigma_rank,sigma,rho", [(0.0, 0.2, 0.0), (0.15, 0.2, 0.0), (0.15, 0.1, 0.6)])
