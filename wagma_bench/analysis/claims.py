@@ -577,6 +577,16 @@ def detail(r: dict) -> list[str]:
              f"- **Drift-adjusted** ({drift_said(r)}): {drift_cell(r, False)}"
              + (f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
                 if m.get("optimizer_changes") is not None else "") + ".", ""]
+    lines += optimizer_lines(r)
+    lines += prediction_lines(r["predicted"])
+    return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
+                    "ranks' mean, median over the trials, 1.00 = even)"), ""]
+
+
+def optimizer_lines(r: dict) -> list[str]:
+    """The claim's table of what each optimizer measured, and what was not measured, for its detail."""
+    m = r["measured"]
+    lines: list[str] = []
     if m["optimizers"]:
         label = {"time_to_target": "score (s)", "throughput": "median samples/s", "final_metric": "score"}[r["metric"]]
         rows = []
@@ -595,7 +605,12 @@ def detail(r: dict) -> list[str]:
                                         ("steps", "steps trained (median)", "")]), ""]
         if m["missing"]:
             lines += [f"Not measured: {', '.join(m['missing'])}.", ""]
-    p = r["predicted"]
+    return lines
+
+
+def prediction_lines(p: dict | None) -> list[str]:
+    """What the simulator predicted for the claim and how far its assumptions may move, for its detail."""
+    lines: list[str] = []
     if p is not None:
         said = (f"{times(p['speedup'])} against {p['best']} at P={p['world_size']}" if p["speedup"] is not None
                 else p.get("note", "no prediction"))
@@ -612,8 +627,7 @@ def detail(r: dict) -> list[str]:
                       ""]
         elif p.get("uncertainty_note"):
             lines += [f"No prediction interval: {p['uncertainty_note']}.", ""]
-    return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
-                    "ranks' mean, median over the trials, 1.00 = even)"), ""]
+    return lines
 
 
 def drift_said(r: dict) -> str:

@@ -21,26 +21,7 @@ def main(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench report",
-                                     description="Time-to-accuracy tables and figures over run or sweep directories.")
-    parser.add_argument("dirs", nargs="*", type=Path,
-                        help="run directories, sweep or tuning directories (searched recursively)")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
-    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
-    parser.add_argument("--mllog", action="store_true",
-                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
-    parser.add_argument("--wandb-report", action="store_true",
-                        help="also build a W&B Report and a saved workspace over the runs' W&B runs (wandb-workspaces): "
-                        "saved with an API key, else their spec written to OUT/wandb-report.json")
-    parser.add_argument("--wandb-publish", type=Path, default=None, metavar="SPEC",
-                        help="save a spec that --wandb-report wrote without a key (OUT/wandb-report.json); no DIRs")
-    parser.add_argument("--wandb-project", default=None,
-                        help="default: the project the runs logged into, where they share one, else wagma-bench")
-    parser.add_argument("--wandb-entity", default=None, help="default: the runs' entity, where they share one")
-    parser.add_argument("--wandb-group", default=None,
-                        help="default: the runs' group (logger.wandb.group, else their sweep's), where they share one")
-    parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
-                        help="auto: online with an API key, else offline")
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.wandb_publish is not None:
         return _publish(args.wandb_publish)
@@ -67,6 +48,31 @@ def _report(argv: list[str]) -> int:
     if args.wandb_report:
         _wandb_report(args, groups, tuned)
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``wagma-bench report``'s arguments and their ``--help``."""
+    parser = argparse.ArgumentParser(prog="wagma-bench report",
+                                     description="Time-to-accuracy tables and figures over run or sweep directories.")
+    parser.add_argument("dirs", nargs="*", type=Path,
+                        help="run directories, sweep or tuning directories (searched recursively)")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
+    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
+    parser.add_argument("--mllog", action="store_true",
+                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
+    parser.add_argument("--wandb-report", action="store_true",
+                        help="also build a W&B Report and a saved workspace over the runs' W&B runs (wandb-workspaces): "
+                        "saved with an API key, else their spec written to OUT/wandb-report.json")
+    parser.add_argument("--wandb-publish", type=Path, default=None, metavar="SPEC",
+                        help="save a spec that --wandb-report wrote without a key (OUT/wandb-report.json); no DIRs")
+    parser.add_argument("--wandb-project", default=None,
+                        help="default: the project the runs logged into, where they share one, else wagma-bench")
+    parser.add_argument("--wandb-entity", default=None, help="default: the runs' entity, where they share one")
+    parser.add_argument("--wandb-group", default=None,
+                        help="default: the runs' group (logger.wandb.group, else their sweep's), where they share one")
+    parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
+                        help="auto: online with an API key, else offline")
+    return parser
 
 
 def _wandb_report(args, groups, tuned) -> None:

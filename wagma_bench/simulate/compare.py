@@ -43,33 +43,17 @@ def compare_with_runs(req: Request, out: Path) -> tuple[list[dict], Workload | N
         fit = fit_run(d, params)
         fits.append(fit)
         wl = fit.to_workload(compute=compute)
-        measured = fit.measured_throughput
         predicted = replay_run(fit, wl, network)
         # the trace-driven replay: each rank's own recorded compute times, step by step
         traced = (predicted if compute == "trace" else
                   replay_run(fit, dataclasses.replace(wl, compute="trace"), network))
-        ratio = predicted / measured if measured else None
-        rows.append({"run": str(d), "optimizer": fit.optimizer, "world_size": fit.world_size,
-                     "imbalance": fit.imbalance.get("name"), "rounds": fit.rounds, "compute_median_s": wl.step_s,
-                     "compute_sigma": wl.sigma, "overhead_s": wl.overhead_s, "params": wl.params,
-                     "measured": measured, "predicted": predicted, "ratio": ratio,
-                     "within_15pct": ratio is not None and abs(ratio - 1) <= 0.15,
-                     "predicted_trace": traced, "ratio_trace": traced / measured if measured else None})
+        rows.append(run_row(str(d), fit, wl, predicted, traced))
         cal["runs"].append({k: v for k, v in dataclasses.asdict(fit).items() if k not in ("compute", "trace")}
                            | {"compute_median_s": wl.step_s, "compute_sigma": wl.sigma})
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "calibration.json", json.dumps(cal, indent=2, default=float) + "\n")
     if rows:
-        write_table(rows, out, "validation")
-        cols = [("optimizer", "optimizer"), ("world_size", "P"), ("imbalance", "imbalance"), ("measured", "measured"),
-                ("predicted", f"predicted ({compute})"), ("ratio", "ratio"), ("predicted_trace", "predicted (trace)"),
-                ("ratio_trace", "ratio"), ("run", "run")]
-        print(f"## Validation: predicted vs measured throughput (samples/s)\n\n{markdown(rows, cols)}\n")
-        table = [{"label": f"{r['optimizer']} {r['imbalance']}", "world_size": r["world_size"],
-                  "throughput": r["measured"], "kind": "measured"} for r in rows if r["measured"]]
-        table += [{"label": f"{r['optimizer']} {r['imbalance']}", "world_size": r["world_size"],
-                   "throughput": r["predicted"], "kind": "predicted"} for r in rows]
-        plots.plot_throughput(table, out / "validation.png", "measured (solid) vs simulated (dashed)", ideal=False)
+        write_validation(rows, out, compute)
     pooled = None
     if fits:
         samples = [c for f in fits for c in f.compute]
@@ -77,6 +61,32 @@ def compare_with_runs(req: Request, out: Path) -> tuple[list[dict], Workload | N
         base = fits[-1].to_workload(compute="empirical" if compute == "trace" else compute)
         pooled = dataclasses.replace(base, samples=tuple(samples), source="pooled over the calibrated runs")
     return rows, pooled, network
+
+
+def run_row(run: str, fit, wl: Workload, predicted: float, traced: float) -> dict:
+    """One calibrated run's row of the validation table: its fit, and predicted against measured throughput."""
+    measured = fit.measured_throughput
+    ratio = predicted / measured if measured else None
+    return {"run": run, "optimizer": fit.optimizer, "world_size": fit.world_size,
+            "imbalance": fit.imbalance.get("name"), "rounds": fit.rounds, "compute_median_s": wl.step_s,
+            "compute_sigma": wl.sigma, "overhead_s": wl.overhead_s, "params": wl.params,
+            "measured": measured, "predicted": predicted, "ratio": ratio,
+            "within_15pct": ratio is not None and abs(ratio - 1) <= 0.15,
+            "predicted_trace": traced, "ratio_trace": traced / measured if measured else None}
+
+
+def write_validation(rows: list[dict], out: Path, compute: str) -> None:
+    """The validation table printed and written, and measured against simulated throughput drawn."""
+    write_table(rows, out, "validation")
+    cols = [("optimizer", "optimizer"), ("world_size", "P"), ("imbalance", "imbalance"), ("measured", "measured"),
+            ("predicted", f"predicted ({compute})"), ("ratio", "ratio"), ("predicted_trace", "predicted (trace)"),
+            ("ratio_trace", "ratio"), ("run", "run")]
+    print(f"## Validation: predicted vs measured throughput (samples/s)\n\n{markdown(rows, cols)}\n")
+    table = [{"label": f"{r['optimizer']} {r['imbalance']}", "world_size": r["world_size"],
+              "throughput": r["measured"], "kind": "measured"} for r in rows if r["measured"]]
+    table += [{"label": f"{r['optimizer']} {r['imbalance']}", "world_size": r["world_size"],
+               "throughput": r["predicted"], "kind": "predicted"} for r in rows]
+    plots.plot_throughput(table, out / "validation.png", "measured (solid) vs simulated (dashed)", ideal=False)
 
 
 def network_lines(report: dict) -> str:

@@ -660,22 +660,7 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     P, net = run.P, cfg.network
     actives = np.arange(0, P, 2)
     rounds = ends.shape[1]
-    span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
-    flat = (np.arange(P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
-
-    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
-        found = np.empty(len(ranks), dtype=int)
-        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
-            run.tick("exchanges' step lag", k / len(ranks))
-            keys = ranks[k:k + CHUNK] * span + t[k:k + CHUNK]
-            order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
-            found[k + order] = np.searchsorted(flat, keys[order], side="right")
-        return found - ranks * rounds
-
-    partners = np.empty((rounds + 1, len(actives)), dtype=int)  # [exchange, active]
-    for e in range(rounds + 1):
-        run.tick("matchings", e / (rounds + 1))
-        partners[e] = matching_partners(P, e, cfg.seed)[actives]
+    partners = _matchings(cfg, run, actives, rounds)  # [exchange, active]
     nbytes = cfg.workload.model_bytes + 16
     swap_of = {True: 2 * net.intra.p2p(nbytes), False: 2 * net.inter.p2p(nbytes)}  # both models, one after the other
     free = np.zeros(P)                      # when each passive is free
@@ -692,13 +677,7 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
         real = p != a
         latency = net.control_latencies(a, p)
         swap = np.where(a // net.gpus_per_node == p // net.gpus_per_node, swap_of[True], swap_of[False])
-        k = ended[i]
-        while True:  # bisect_right of t in the active's step ends, from where it was (a step or two a batch)
-            more = (k < rounds) & (ends[a, np.minimum(k, rounds - 1)] <= t)
-            if not more.any():
-                break
-            k = k + more
-        ended[i] = k
+        k = ended[i] = _steps_ended_from(ends, a, t, ended[i])
         next_end = np.where(k < rounds, ends[a, np.minimum(k, rounds - 1)], math.inf)
         earliest = np.maximum(np.where(real, t + latency + swap, t), next_end)  # an active's next wake, at least
         now = t < earliest.min()
@@ -716,10 +695,50 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     if not out:
         return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
     a, p, b, f = (np.concatenate(col) for col in zip(*out))
+    lag = _step_lag(run, ends, end_time, a, p, b)
+    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
+    return len(a), lag, busy
+
+
+def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) -> np.ndarray:
+    """Each active's partner in the ``e``-th matching, for every exchange ``e`` a run can hold: [exchange, active]."""
+    partners = np.empty((rounds + 1, len(actives)), dtype=int)
+    for e in range(rounds + 1):
+        run.tick("matchings", e / (rounds + 1))
+        partners[e] = matching_partners(run.P, e, cfg.seed)[actives]
+    return partners
+
+
+def _steps_ended_from(ends: np.ndarray, a: np.ndarray, t: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """bisect_right of ``t`` in each active's step ends, from ``k``, where it was (a step or two a batch)."""
+    rounds = ends.shape[1]
+    while True:
+        more = (k < rounds) & (ends[a, np.minimum(k, rounds - 1)] <= t)
+        if not more.any():
+            return k
+        k = k + more
+
+
+def _step_lag(run: SimState, ends: np.ndarray, end_time: float, a: np.ndarray, p: np.ndarray,
+              b: np.ndarray) -> float:
+    """Mean step lag between the two ends of the exchanges (``a`` with ``p``, begun at ``b``): how many more
+    steps one had ended than the other when the exchange began."""
+    rounds = ends.shape[1]
+    span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
+    flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
+
+    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
+        found = np.empty(len(ranks), dtype=int)
+        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
+            run.tick("exchanges' step lag", k / len(ranks))
+            keys = ranks[k:k + CHUNK] * span + t[k:k + CHUNK]
+            order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
+            found[k + order] = np.searchsorted(flat, keys[order], side="right")
+        return found - ranks * rounds
+
     lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
     run.tick("exchanges' step lag", 1.0)
-    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
-    return len(a), float(lag.sum()) / len(a), busy
+    return float(lag.sum()) / len(a)
 
 
 def _serve(q: np.ndarray, p: np.ndarray, t: np.ndarray, latency: np.ndarray, swap: np.ndarray, exchange: np.ndarray,
@@ -813,6 +832,44 @@ def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
     return key[:P]
 
 
+def _checked_state(cfg: SimConfig, schedule: RoundSchedule) -> SimState:
+    """The run's state for :func:`wait_avoiding`, once the schedule is known to fit the engine and the run."""
+    if schedule.period < 1:
+        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (period >= 1), got {schedule.period}")
+    run = SimState(cfg, schedule.period)
+    if schedule.last != run.rounds:
+        raise ValueError(f"the schedule's last round {schedule.last} is not the simulation's {run.rounds}")
+    return run
+
+
+class _Staleness:
+    """The staleness of what each rank contributed to a round (WaitAvoidingAllreduce._staleness): how many
+    rounds ago the buffer a round took from it was first used, summed over the answered requests."""
+
+    def __init__(self, world_size: int):
+        self.cur = np.ones(world_size, dtype=int)  # first round that uses the posted buffer (0: none yet)
+        self.prev = np.ones(world_size, dtype=int)  # ... of the buffer before it
+        self.max = np.zeros(world_size, dtype=int)  # the stalest contribution since the rank's last answer
+        self.total = 0
+
+    def post(self, idx: np.ndarray) -> None:
+        """Ranks ``idx`` (indices or a mask) post a new buffer."""
+        # the buffer posted now follows the newest one a round used (a post no round used fresh keeps the
+        # one before it: 0 would date it to round 0, an age of r)
+        self.prev[idx] = np.where(self.cur[idx] == 0, self.prev[idx], self.cur[idx])
+        self.cur[idx] = 0
+
+    def used(self, r: int, fresh: np.ndarray) -> None:
+        """Round ``r`` took each rank's posted buffer (``fresh``) or, posted after it started, the one before."""
+        self.cur[fresh & (self.cur == 0)] = r
+        self.max = np.maximum(self.max, r - np.where(fresh, self.cur, self.prev))
+
+    def answered(self, idx: np.ndarray) -> None:
+        """Ranks ``idx`` were answered: their stalest contribution since the last answer counts once."""
+        self.total += int(self.max[idx].sum())
+        self.max[idx] = 0
+
+
 def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: RoundSchedule, world_cost: float,
                   initiator: Callable[[int], int] | None = None, in_order: bool = False,
                   post_at_request: bool = False) -> SimResult:
@@ -825,11 +882,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
     else by the next round (so it skips rounds it joined passively). ``post_at_request`` (eager): the rank
     posts its fresh gradient right before asking; otherwise (WAGMA) it posts its model after the update.
     """
-    if schedule.period < 1:
-        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (period >= 1), got {schedule.period}")
-    run = SimState(cfg, schedule.period)
-    if schedule.last != run.rounds:
-        raise ValueError(f"the schedule's last round {schedule.last} is not the simulation's {run.rounds}")
+    run = _checked_state(cfg, schedule)
     P, inf = run.P, math.inf
     outer_every, outer_s = outer_cost(cfg)  # WAGMA-SGD: at (a multiple of) the synchronous rounds
     if P == 1:
@@ -839,18 +892,14 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
     t_req = run.compute[:, 0] + run.delay[:, 0]
     resume = np.zeros(P)                       # when each compute thread continues after its last answer
     done = np.zeros(P)                         # progress thread free (round r-1 done)
-    cur_posted = np.ones(P, dtype=int)         # first round that uses the posted buffer (0: none yet)
-    prev_posted = np.ones(P, dtype=int)        # ... of the buffer before it
-    stale_max = np.zeros(P, dtype=int)
+    stale = _Staleness(P)
     answered = np.zeros(P, dtype=int)
-    stale_sum = passive_rounds = 0
+    passive_rounds = 0
     ranks = np.arange(P)
     for r in range(1, run.rounds + 1):
         run.tick("rounds", (r - 1) / run.rounds)
         if post_at_request:  # eager posts its fresh gradient right before asking
-            newly_posted = t_req > t_post
-            prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
-            cur_posted[newly_posted] = 0
+            stale.post(t_req > t_post)
             t_post = np.maximum(t_post, t_req)
         if schedule.is_sync(r):  # every period-th round and the last (the engine's rule)
             start = np.maximum(done, t_req)
@@ -865,24 +914,17 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
             target = np.ones(P, dtype=bool) if in_order else \
                 active | ((start >= t_post) & (start <= t_req) & (t_req < end))
             passive_rounds += int((~active).sum())
-        # staleness of what each rank contributed (WaitAvoidingAllreduce._staleness)
-        fresh = start >= t_post
-        cur_posted[fresh & (cur_posted == 0)] = r
-        stale_max = np.maximum(stale_max, r - np.where(fresh, cur_posted, prev_posted))
+        stale.used(r, fresh=start >= t_post)
         done = end
         idx = np.nonzero(target)[0]
         answer = np.maximum(end, t_req)  # (WAGMA's targets never end before their request)
         run.wait[idx] += answer[idx] - t_req[idx]
         answered[idx] += 1
-        stale_sum += int(stale_max[idx].sum())
-        stale_max[idx] = 0
+        stale.answered(idx)
         resume[idx] = answer[idx] + run.overhead
         if not post_at_request:  # WAGMA posts its updated model after the update
             t_post[idx] = resume[idx]
-            # the buffer posted now follows the newest one a round used (a post no round used fresh keeps the
-            # one before it: 0 would date it to round 0, an age of r)
-            prev_posted[idx] = np.where(cur_posted[idx] == 0, prev_posted[idx], cur_posted[idx])
-            cur_posted[idx] = 0
+            stale.post(idx)
         k[idx] += 1
         if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
             resume = run.barrier(resume)
@@ -890,7 +932,7 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
                 break
         kk = np.minimum(k[idx], run.compute.shape[1] - 1)
         t_req[idx] = resume[idx] + run.compute[idx, kk] + run.delay[idx, kk]
-    return run.result(float(resume.max()), answered, staleness=stale_sum / max(1, answered.sum()),
+    return run.result(float(resume.max()), answered, staleness=stale.total / max(1, answered.sum()),
                       passive_share=passive_rounds / max(1, P * run.rounds))
 
 

@@ -123,8 +123,7 @@ class Trainer:
                 if flags.diverged:
                     self.status, self.stop_detail = "diverged", self.where_diverged()
                     break
-                meta = {"round": r, "epoch": self.epoch(r), "samples": flags.samples,
-                        "train_s": round(self.clock.train_s, 4)}
+                meta = self.round_meta(r, flags)
                 if self.should_evaluate(r):
                     self.evaluate(r, meta)
                 elif self.should_report_progress():
@@ -135,14 +134,7 @@ class Trainer:
                     if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
                         self.status = "interrupted" if flags.interrupted else "preempted"
                         self.requeue = flags.requeue and not flags.interrupted
-            # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
-            counts = {**self.final_counts(),
-                      **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {})}
-            self.algo.close()
-            # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
-            # on any group) before any rank tears its groups down; a rank that left first would fail a late
-            # peer's last collective, or be torn down under it.
-            self.comm.barrier()
+            counts = self.close_algorithm()
         except BaseException as err:  # a second Ctrl-C ends the run as interrupted, anything else as failed
             lost = lost_ranks(self.run_dir, self.rank, self.world, err)  # which hosts went, where it can tell
             self.finalize("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
@@ -429,7 +421,24 @@ class Trainer:
     def epoch(self, r: int) -> float:
         return round(r / self.plan.steps_per_epoch, 4)
 
+    def round_meta(self, r: int, flags: ControlFlags) -> dict:
+        """Where the run stands at the synchronisation point of round ``r``, for its events and checkpoint."""
+        return {"round": r, "epoch": self.epoch(r), "samples": flags.samples,
+                "train_s": round(self.clock.train_s, 4)}
+
     # --- end -----------------------------------------------------------------------------------------
+    def close_algorithm(self) -> dict:
+        """Close the algorithm on every rank, in order; returns the run's totals for its last event."""
+        # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
+        counts = {**self.final_counts(),
+                  **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {})}
+        self.algo.close()
+        # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
+        # on any group) before any rank tears its groups down; a rank that left first would fail a late
+        # peer's last collective, or be torn down under it.
+        self.comm.barrier()
+        return counts
+
     def final_counts(self) -> dict:
         """The run's totals for its last event (collective: the samples of all ranks)."""
         return {"round": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
