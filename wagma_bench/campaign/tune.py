@@ -361,8 +361,10 @@ def run_trial(cmd: list[str], log, env: dict | None = None) -> tuple[int, bool]:
     once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
     import signal
 
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                            preexec_fn=_interrupt_when_parent_dies)  # noqa: PLW1509 - tune starts no thread
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        preexec_fn=_interrupt_when_parent_dies,  # noqa: PLW1509 - tune starts no thread
+    )
     presses = 0
 
     def forward(signum, frame):
