@@ -34,6 +34,7 @@ _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive counters lan
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64 whose outputs pass BigCrush."""
     import numpy as np
+
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -43,6 +44,7 @@ def uniform(seed: int, stream: int, step, rank, draw: int = 0) -> np.ndarray:
     """Uniform numbers in [0, 1), one per (step, rank) pair (numpy broadcasting), a pure function of its
     arguments: ``stream`` keeps the models' draws apart, ``draw`` numbers the draws of one (rank, step)."""
     import numpy as np
+
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
         key = _mix(np.uint64(seed % 2**64) * np.uint64(_GOLDEN) + np.uint64(stream))
         key = _mix(key ^ (np.asarray(step, dtype=np.uint64) * np.uint64(_GOLDEN)))
@@ -60,6 +62,7 @@ class Imbalance:
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
         import numpy as np
+
         return float(self.delays(world_size, np.full((world_size, 1), base_s), first_step=step)[rank, 0])
 
     def delays(self, world_size: int, base_s: np.ndarray, first_step: int = 0) -> np.ndarray:
@@ -80,6 +83,7 @@ class NoImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         return np.zeros(np.shape(base_s))
 
 
@@ -109,6 +113,7 @@ class SharedDrawImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         out = np.zeros(np.shape(base_s))
         for k in range(out.shape[1]):  # one draw per step (not per rank): cheap at any world size
             out[list(self.slow_ranks(world_size, first_step + k)), k] = self.settings.delay_s
@@ -141,11 +146,15 @@ class IndependentImbalance(Imbalance):
     stream = 11
 
     def delay(self, rank, world_size, step, base_s):
-        return self.settings.delay_s if float(uniform(self.seed, self.stream, step, rank)) < \
-            self.settings.probability else 0.0
+        return (
+            self.settings.delay_s
+            if float(uniform(self.seed, self.stream, step, rank)) < self.settings.probability
+            else 0.0
+        )
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         steps = first_step + np.arange(np.shape(base_s)[1])
         u = uniform(self.seed, self.stream, steps[None, :], np.arange(world_size)[:, None])
         return np.where(u < self.settings.probability, float(self.settings.delay_s), 0.0)
@@ -183,12 +192,14 @@ class AuthorsImbalance(Imbalance):
     def _drawn(self, world_size: int, position: np.ndarray) -> np.ndarray:
         """The rank drawn at each stream position: randint(P) from a uniform number."""
         import numpy as np
+
         u = uniform(self.seed, self.stream, position, 0)
         return np.minimum((u * world_size).astype(np.int64), world_size - 1)
 
     def _slow(self, world_size: int, ranks: np.ndarray, first_step: int, steps: int, key) -> np.ndarray:
         """Whether each of ``ranks`` sleeps in each of the steps ``first_step ..``: ``[rank, k]``."""
         import numpy as np
+
         step, position = self._cursor.get(key, (0, np.zeros(len(ranks), dtype=np.uint64)))
         if step > first_step:  # asked for an earlier step (a resumed run, a new simulation): from step 0
             step, position = 0, np.zeros(len(ranks), dtype=np.uint64)
@@ -205,12 +216,16 @@ class AuthorsImbalance(Imbalance):
 
     def delay(self, rank, world_size, step, base_s):
         import numpy as np
+
         slow = self._slow(world_size, np.array([rank]), step, 1, (world_size, (rank,)))
         return self.settings.delay_s if bool(slow[0, 0]) else 0.0
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
-        slow = self._slow(world_size, np.arange(world_size), first_step, np.shape(base_s)[1], (world_size, None))
+
+        slow = self._slow(
+            world_size, np.arange(world_size), first_step, np.shape(base_s)[1], (world_size, None)
+        )
         return np.where(slow, float(self.settings.delay_s), 0.0)
 
 
@@ -236,6 +251,7 @@ class FixedImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         slow = np.isin(np.arange(world_size), self.settings.ranks)[:, None]
         return np.where(slow, (self.settings.factor - 1.0) * np.asarray(base_s, dtype=float), 0.0)
 
@@ -257,10 +273,12 @@ class LognormalImbalance(Imbalance):
 
     def delay(self, rank, world_size, step, base_s):
         import numpy as np
+
         return float(self.delays(world_size, np.full((1, 1), base_s), first_step=step, ranks=[rank])[0, 0])
 
     def delays(self, world_size, base_s, first_step=0, ranks=None):
         import numpy as np
+
         steps = (first_step + np.arange(np.shape(base_s)[1]))[None, :]
         ranks = np.arange(world_size)[:, None] if ranks is None else np.asarray(ranks)[:, None]
         # a standard normal by Box-Muller from two uniforms of the same (rank, step); 1 - u is in (0, 1]
@@ -274,8 +292,14 @@ class LognormalImbalance(Imbalance):
 
 IMBALANCES: dict[str, type[Imbalance]] = {
     cls.name: cls
-    for cls in (NoImbalance, SharedDrawImbalance, IndependentImbalance, AuthorsImbalance, FixedImbalance,
-                LognormalImbalance)
+    for cls in (
+        NoImbalance,
+        SharedDrawImbalance,
+        IndependentImbalance,
+        AuthorsImbalance,
+        FixedImbalance,
+        LognormalImbalance,
+    )
 }
 
 # Former option names, for run records made before a rename (a user's ``imbalance=paper`` is refused, with

@@ -35,9 +35,9 @@ class Elasticity:
     """The fitted elasticity of seconds per round to the speed reference, within combinations."""
 
     value: float
-    se: float               # its ordinary least-squares standard error
-    trials: int             # the trials the fit read
-    groups: int             # the combinations (one intercept each)
+    se: float  # its ordinary least-squares standard error
+    trials: int  # the trials the fit read
+    groups: int  # the combinations (one intercept each)
 
 
 def median_reference(summaries: Iterable[dict | None]) -> float | None:
@@ -70,8 +70,11 @@ def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None
     fitted: fewer than groups + 2 trials, or no reference varying within a group."""
     points = []  # per group: (log reference, log seconds per round)
     for group in groups:
-        mine = [(math.log(s[REFERENCE]), math.log(seconds_per_round(s)))
-                for s in group if has_reference(s) and seconds_per_round(s) is not None]
+        mine = [
+            (math.log(s[REFERENCE]), math.log(seconds_per_round(s)))
+            for s in group
+            if has_reference(s) and seconds_per_round(s) is not None
+        ]
         if mine:
             points.append(mine)
     n, g = sum(map(len, points)), len(points)

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
 
-Dist = dict[float, float]   # value -> probability; finite values and math.inf
+Dist = dict[float, float]  # value -> probability; finite values and math.inf
 LEVEL = 0.95
 
 
@@ -139,11 +139,13 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
             for i, p in kth.items():
                 _add(out, values[i], p)
             continue
-        gap = _even_gap(cdf, studies, values, at_most, n, k)  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
+        gap = _even_gap(
+            cdf, studies, values, at_most, n, k
+        )  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
         for i in range(m):
             apart = 0.0
             for j in range(i + 1, m):
-                p = (gap(i, j) - gap(i - 1, j) - gap(i, j + 1) + gap(i - 1, j + 1))
+                p = gap(i, j) - gap(i - 1, j) - gap(i, j + 1) + gap(i - 1, j + 1)
                 apart += p
                 _add(out, (values[i] + values[j]) / 2, p)
             _add(out, values[i], kth[i] - apart)
@@ -162,7 +164,9 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
             if j == i + 1:
                 table = at_most[i]
             else:  # the band (v_i, v_{j-1}] must stay empty
-                table = _pooled_counts(tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies))
+                table = _pooled_counts(
+                    tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies)
+                )
             memo[i, j] = table.get((k, n), 0.0)
         return memo[i, j]
 
@@ -173,7 +177,9 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
 # and across the drift adjustment's elasticities, which re-score the same trials with other values but the
 # same counts.
 @functools.lru_cache(maxsize=4096)
-def _pooled_counts(low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]) -> dict[tuple[int, int], float]:
+def _pooled_counts(
+    low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]
+) -> dict[tuple[int, int], float]:
     """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement: the
     law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
     probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:

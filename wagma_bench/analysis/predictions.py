@@ -18,8 +18,13 @@ import numpy as np
 INTERVAL_FILE = "interval.json"
 
 
-def claim_ratio(rows: dict[str, dict[str, float | None]], subject: str, comparators: Sequence[str], metric: str,
-                lower_is_better: bool) -> tuple[float, str] | None:
+def claim_ratio(
+    rows: dict[str, dict[str, float | None]],
+    subject: str,
+    comparators: Sequence[str],
+    metric: str,
+    lower_is_better: bool,
+) -> tuple[float, str] | None:
     """(subject against the best comparator, that comparator) in one prediction; None where either is missing."""
     subject_value = (rows.get(subject) or {}).get(metric)
     have = {o: (rows.get(o) or {}).get(metric) for o in comparators}
@@ -35,8 +40,11 @@ def claim_ratio(rows: dict[str, dict[str, float | None]], subject: str, comparat
 
 def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float] | None:
     """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates (each against its own best)."""
-    values = [r[0] for rep in data["predictions"]
-              if (r := claim_ratio(rep.get(str(world)) or rep.get(world) or {}, **claim)) is not None]
+    values = [
+        r[0]
+        for rep in data["predictions"]
+        if (r := claim_ratio(rep.get(str(world)) or rep.get(world) or {}, **claim)) is not None
+    ]
     if len(values) < 2:
         return None
     lo, hi = np.percentile(values, [2.5, 97.5])
@@ -65,8 +73,15 @@ def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) ->
         for (x0, y0), (x1, y1) in itertools.pairwise(curve):
             if (y0 - threshold) * (y1 - threshold) <= 0 and y0 != y1:
                 crossings.append(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
-        entry = {"knob": name, "says": first["says"], "base": base, "factor": first["factor"],
-                 "curve": curve, "crossing": None, "distance": None}
+        entry = {
+            "knob": name,
+            "says": first["says"],
+            "base": base,
+            "factor": first["factor"],
+            "curve": curve,
+            "crossing": None,
+            "distance": None,
+        }
         if crossings:
             x = min(crossings, key=lambda c: abs(c - at))
             entry["crossing"] = x
@@ -92,8 +107,9 @@ def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
     if flip is None:
         if barrier is not None and barrier["crossing"] is not None:
             ratio = dict(barrier["curve"]).get(10.0)
-            return ("no assumption moved within its grid ties it but the trainer's barrier every 10 rounds"
-                    + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+            return "no assumption moved within its grid ties it but the trainer's barrier every 10 rounds" + (
+                f" ({ratio:.2f}x)" if ratio is not None else ""
+            )
         return "no assumption moved within its grid ties it"
     x = flip["crossing"]
     if flip["knob"] == "gossip_cost":
@@ -107,6 +123,8 @@ def barrier_sentence(flip: dict | None) -> str | None:
     if flip is None or len(flip["curve"]) < 2:
         return None
     said = {int(x): y for x, y in flip["curve"]}
-    parts = [f"{y:.2f}x with {'no barrier' if x == 0 else f'the barrier every {x} rounds'}"
-             for x, y in sorted(said.items())]
+    parts = [
+        f"{y:.2f}x with {'no barrier' if x == 0 else f'the barrier every {x} rounds'}"
+        for x, y in sorted(said.items())
+    ]
     return "; ".join(parts)

@@ -35,7 +35,11 @@ def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
         try:
             records = load_step_records(run.path)
         except ValueError as err:  # a damaged compact table: the report goes on without this run's step times
-            print(f"wagma-bench report: warning: {err}; its step times are left out", file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench report: warning: {err}; its step times are left out",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         for rank, recs in records.items():
             for rec in recs:
@@ -55,4 +59,3 @@ def step_time_summary(rows: Sequence[dict]) -> dict:
     out = {f"{c}_median_s": statistics.median(v) for c, v in by_comp.items()}
     out["slowest_rank"] = max(per_rank, key=per_rank.get) if per_rank else None
     return out
-

@@ -33,7 +33,10 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]
     """Columns: (key, header, format kind)."""
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |" for r in rows]
+    body = [
+        "| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |"
+        for r in rows
+    ]
     return "\n".join([head, sep, *body])
 
 

@@ -22,8 +22,8 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 
-PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
-TUNING = "tuning.json"      # the scores
+PLAN = "tune.json"  # what is tuned: the trials and their settings (written before any trial runs)
+TUNING = "tuning.json"  # the scores
 TRIALS = "trials"
 INF = math.inf
 BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's trials are scored by
@@ -33,12 +33,12 @@ BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's tri
 class Trial:
     name: str
     combo: str
-    study: int                            # 1..S
-    trial: int                            # 1..O within its study
+    study: int  # 1..S
+    trial: int  # 1..O within its study
     seed: int
-    params: dict[str, Any]                # the point: search-space key -> value
-    overrides: list[str]                  # the combination's axis values, then the trial's settings
-    gpus: int = 0                         # cluster mode: the world size
+    params: dict[str, Any]  # the point: search-space key -> value
+    overrides: list[str]  # the combination's axis values, then the trial's settings
+    gpus: int = 0  # cluster mode: the world size
 
 
 def yaml_value(value: Any) -> str:
@@ -54,8 +54,10 @@ def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
         return "not run"
     if scored_by([summary]) == BY_METRIC:
         best = summary.get("best_metric")
-        return (f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
-                f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)")
+        return (
+            f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
+            f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)"
+        )
     t = trial_time(summary, max_runtime_s)
     if math.isfinite(t):
         return f"target reached in {t:.1f} s"
@@ -115,24 +117,48 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
         mine = [t for t in counted if t.study == s]
         planned = sum(1 for t in trials if t.study == s)
         if not mine:  # none finished: the study is left out of the score, not counted as missed
-            studies.append({"study": s, best_key: None, "trial": None, "reached": 0 if by == BY_TIME else None,
-                            "trials": planned, "finished": 0})
+            studies.append(
+                {
+                    "study": s,
+                    best_key: None,
+                    "trial": None,
+                    "reached": 0 if by == BY_TIME else None,
+                    "trials": planned,
+                    "finished": 0,
+                }
+            )
             continue
         best = min(mine, key=lambda t: (cost[t.name], t.trial))
         bests.append(cost[best.name])
-        studies.append({"study": s, best_key: value(cost[best.name]),
-                        "trial": best.name if math.isfinite(cost[best.name]) else None,
-                        "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
-                        "trials": planned, "finished": len(mine)})
+        studies.append(
+            {
+                "study": s,
+                best_key: value(cost[best.name]),
+                "trial": best.name if math.isfinite(cost[best.name]) else None,
+                "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
+                "trials": planned,
+                "finished": len(mine),
+            }
+        )
     score = median_score(bests)
     winner = min(counted, key=lambda t: (cost[t.name], t.study, t.trial)) if counted else None
     won = winner is not None and math.isfinite(cost[winner.name])
-    return {"scored_by": by, ("score_s" if by == BY_TIME else "score_metric"): value(score), "studies": studies,
-            "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
-            "trials": len(trials),
-            "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
-            "winner": {"trial": winner.name, ("time_s" if by == BY_TIME else "metric"): value(cost[winner.name]),
-                       "params": winner.params, "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
+    return {
+        "scored_by": by,
+        ("score_s" if by == BY_TIME else "score_metric"): value(score),
+        "studies": studies,
+        "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
+        "trials": len(trials),
+        "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
+        "winner": {
+            "trial": winner.name,
+            ("time_s" if by == BY_TIME else "metric"): value(cost[winner.name]),
+            "params": winner.params,
+            "run_dir": f"{TRIALS}/{winner.name}",
+        }
+        if won
+        else None,
+    }
 
 
 # The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is better
@@ -179,8 +205,10 @@ def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str,
             raise KeyError(", ".join(missing))
         trials = [Trial(**t) for t in plan["trials"]]
     except (ValueError, TypeError, KeyError) as err:  # cut short, emptied, or not what tune writes
-        raise ConfigError(f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
-                          "wagma-bench tune, which rewrites it when the same command runs again") from None
+        raise ConfigError(
+            f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
+            "wagma-bench tune, which rewrites it when the same command runs again"
+        ) from None
     combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
     summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
     return plan, combos, summaries
@@ -191,25 +219,44 @@ def score(tune_dir: Path) -> dict:
     plan, combos, all_summaries = load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
     median_ref = drift.tuning_median([s for s in all_summaries.values() if trial_finished(s)])
-    fit = drift.fit_elasticity([all_summaries[t.name] for t in mine if trial_finished(all_summaries[t.name])]
-                               for mine in combos.values())
+    fit = drift.fit_elasticity(
+        [all_summaries[t.name] for t in mine if trial_finished(all_summaries[t.name])]
+        for mine in combos.values()
+    )
     entries = []
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}
-        entry = {"combo": combo, **_key_of(summaries.values()),
-                 "optimizer_settings": _fixed_settings(Path(tune_dir), mine), **score_combo(mine, summaries, cap),
-                 "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
-                 "reference_s": _median_of(summaries.values(), drift.REFERENCE)}
+        entry = {
+            "combo": combo,
+            **_key_of(summaries.values()),
+            "optimizer_settings": _fixed_settings(Path(tune_dir), mine),
+            **score_combo(mine, summaries, cap),
+            "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
+            "reference_s": _median_of(summaries.values(), drift.REFERENCE),
+        }
         entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, fit, cap)})
-    return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
-            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"], "max_runtime_s": cap,
-            "command": plan.get("command"), "median_reference_s": median_ref,
-            "drift_elasticity": {"value": fit.value, "se": fit.se, "trials": fit.trials} if fit else None,
-            "optimizer_changes": optimizer_changes(tune_dir, combos), "results": entries}
+    return {
+        "version": 1,
+        "protocol": "AlgoPerf external tuning",
+        "studies": plan["studies"],
+        "trials_per_study": plan["trials_per_study"],
+        "seed": plan["seed"],
+        "max_runtime_s": cap,
+        "command": plan.get("command"),
+        "median_reference_s": median_ref,
+        "drift_elasticity": {"value": fit.value, "se": fit.se, "trials": fit.trials} if fit else None,
+        "optimizer_changes": optimizer_changes(tune_dir, combos),
+        "results": entries,
+    }
 
 
-def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | None, fit: drift.Elasticity | None,
-                    cap: float | None) -> dict | None:
+def _drift_adjusted(
+    trials: list[Trial],
+    summaries: dict,
+    median_ref: float | None,
+    fit: drift.Elasticity | None,
+    cap: float | None,
+) -> dict | None:
     """The combination's score with every trial scaled to the tuning's median speed reference by the fitted
     elasticity (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a
     reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no effect)."""
@@ -245,8 +292,10 @@ def _start_ms(run_dir: Path) -> float | None:
 def _key_of(summaries) -> dict:
     """workload, data, optimizer, world size, imbalance, metric and target: from any trial that started."""
     s = next((s for s in summaries if s), {})
-    return {k: s.get(k) for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric",
-                                  "target")}
+    return {
+        k: s.get(k)
+        for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric", "target")
+    }
 
 
 def _fixed_settings(tune_dir: Path, trials: list[Trial]) -> dict:
@@ -277,8 +326,11 @@ def winning_runs(tune_dir: Path) -> list[Path]:
     """The run directory of each combination's winning trial (none for a combination that never reached
     the target, or that had none): what ``simulate --convergence`` reads from a tuning directory."""
     result = score(tune_dir)
-    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"]
-            if e["winner"] and e["scored_by"] == BY_TIME]
+    return [
+        Path(tune_dir) / e["winner"]["run_dir"]
+        for e in result["results"]
+        if e["winner"] and e["scored_by"] == BY_TIME
+    ]
 
 
 def format_score(entry: dict) -> tuple[str, str]:
@@ -286,14 +338,20 @@ def format_score(entry: dict) -> tuple[str, str]:
     by name (none: no trial ended with one)."""
     if entry.get("scored_by") == BY_METRIC:
         metric = entry.get("target_metric") or "metric"
-        bests = ", ".join("none" if s["best_metric"] is None else f"{s['best_metric']:.4g}" for s in entry["studies"])
+        bests = ", ".join(
+            "none" if s["best_metric"] is None else f"{s['best_metric']:.4g}" for s in entry["studies"]
+        )
         score = entry["score_metric"]
         return ("none" if score is None else f"{score:.4g} {metric}"), bests
-    bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"])
+    bests = ", ".join(
+        "∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"]
+    )
     text = "∞ (missed)" if entry["score_s"] is None else f"{entry['score_s']:.1f} s"
     adjusted = entry.get("drift_adjusted")
     if adjusted:  # the score with each trial scaled to the tuning's median speed reference
-        text += " (drift-adj. " + ("∞" if adjusted["score_s"] is None else f"{adjusted['score_s']:.1f} s") + ")"
+        text += (
+            " (drift-adj. " + ("∞" if adjusted["score_s"] is None else f"{adjusted['score_s']:.1f} s") + ")"
+        )
     return text, bests
 
 

@@ -30,7 +30,9 @@ def reference_s() -> float:
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1): the reading does not depend on the cores
+    torch.set_num_threads(
+        1
+    )  # as each rank runs (OMP_NUM_THREADS=1): the reading does not depend on the cores
     try:
         gen = torch.Generator().manual_seed(0)
         images = torch.randn(8, 16, 32, 32, generator=gen)

@@ -39,4 +39,3 @@ def ended(summary: Path) -> bool:
         return trial_finished(json.loads(summary.read_text()))  # tune's rule for a trial, the same for a run
     except (OSError, ValueError, AttributeError):
         return False
-

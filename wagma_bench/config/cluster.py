@@ -31,19 +31,19 @@ class Hardware:
 class LinkProfile:
     """One link level of `simulate`'s alpha-beta model (wagma_bench/simulate/costs.py: ``parse_link``)."""
 
-    alpha_s: float | None = None            # latency (s)
-    bandwidth_GBps: float | None = None     # per rank and direction (GB/s)
-    beta_s_per_byte: float | None = None    # or the inverse bandwidth directly
+    alpha_s: float | None = None  # latency (s)
+    bandwidth_GBps: float | None = None  # per rank and direction (GB/s)
+    beta_s_per_byte: float | None = None  # or the inverse bandwidth directly
 
 
 @dataclass
 class NetworkProfile:
     """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
 
-    allreduce: str = "auto"                 # ring | recursive_doubling | tree | auto (the cheapest)
-    intra: LinkProfile | None = None        # a group within one node (null: as inter)
+    allreduce: str = "auto"  # ring | recursive_doubling | tree | auto (the cheapest)
+    intra: LinkProfile | None = None  # a group within one node (null: as inter)
     inter: LinkProfile | None = None
-    control_alpha_s: float | None = None    # latency of a control message (null: inter's alpha)
+    control_alpha_s: float | None = None  # latency of a control message (null: inter's alpha)
 
     def as_dict(self) -> dict[str, Any]:
         """The set keys, as ``Network.from_profile`` reads them."""
@@ -71,7 +71,9 @@ class ClusterProfile:
     qos: str | None = None
     time: str = "01:00:00"
     signal: str = "USR1@90"
-    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    max_num_timeout: int = (
+        3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    )
     # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no throttle, as many as the queue starts
     array_parallelism: int | None = None
     sbatch_extra: list[str] = field(default_factory=list)
@@ -107,19 +109,26 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
     if not path.exists():
         raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
     try:
-        node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
-                               OmegaConf.create(_override_values(overrides)))
+        node = OmegaConf.merge(
+            OmegaConf.structured(ClusterProfile),
+            OmegaConf.load(path),
+            OmegaConf.create(_override_values(overrides)),
+        )
         profile = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         raise ConfigError(_profile_error(name, err)) from None
     check_slurm_time("cluster.time", profile.time)
     stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
     if stray:
-        raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
-                          f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
+        raise ConfigError(
+            f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
+            f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}"
+        )
     if profile.array_parallelism is not None and profile.array_parallelism < 1:
-        raise ConfigError(f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
-                          "positive number of array tasks running at once, or null (no throttle)")
+        raise ConfigError(
+            f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
+            "positive number of array tasks running at once, or null (no throttle)"
+        )
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
@@ -154,8 +163,10 @@ SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|INFINITE|UNLIMITED)
 def check_slurm_time(key: str, value: str) -> None:
     """``value`` in SLURM's own time format (sbatch --time), else a ConfigError naming ``key``."""
     if not SLURM_TIME.fullmatch(str(value)):
-        raise ConfigError(f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
-                          "D-HH, D-HH:MM or D-HH:MM:SS")
+        raise ConfigError(
+            f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
+            "D-HH, D-HH:MM or D-HH:MM:SS"
+        )
 
 
 def slurm_hours_minutes(limit: str) -> tuple[int, int]:
@@ -173,8 +184,13 @@ def slurm_hours_minutes(limit: str) -> tuple[int, int]:
 
 
 # A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
-PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
-                                     "network.intra": LinkProfile, "network.inter": LinkProfile}
+PROFILE_SECTIONS: dict[str, type] = {
+    "": ClusterProfile,
+    "hardware": Hardware,
+    "network": NetworkProfile,
+    "network.intra": LinkProfile,
+    "network.inter": LinkProfile,
+}
 
 
 def _profile_error(name: str, err: OmegaConfBaseException) -> str:

@@ -20,10 +20,10 @@ BUDGET_KEYS = ("max_rounds", "epochs", "time_limit_s")
 # found, so tune skips it and run reports it; its checkpoints resume). A key added with a default that keeps
 # the old behaviour goes here (tests/test_events_record.py checks a committed tuning against today's plan).
 ADDED_KEYS = {
-    ("optimizer", "fragments"): 1,        # streaming DiLoCo (cb68197): one fragment is plain local SGD
+    ("optimizer", "fragments"): 1,  # streaming DiLoCo (cb68197): one fragment is plain local SGD
     ("optimizer", "fragment_delay"): 0,
     ("optimizer", "fragment_alpha"): 0.0,
-    ("workload", "shuffle_seed"): None,   # the batch order set apart from the seed (2026-12-05)
+    ("workload", "shuffle_seed"): None,  # the batch order set apart from the seed (2026-12-05)
     # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since budgets end exactly (2026-12-06)
     ("train", "allow_budget_raise"): False,
 }

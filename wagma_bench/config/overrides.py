@@ -68,7 +68,7 @@ def _variants(parsed: list, multirun: bool) -> list[list[str]]:
     out = []
     for i, o in enumerate(sweeps):
         for v in values[id(o)]:
-            out.append(fixed + first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1:])
+            out.append(fixed + first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1 :])
     return out
 
 
@@ -124,8 +124,10 @@ def refuse_path_options(overrides: list[str], conf_dir: Path) -> None:
             options = loader.get_group_options(o.key_or_group)
             if options:  # a group (``data.root=/x`` is a value, not an option)
                 typed = o.input_line if not o.is_sweep_override() else f"{o.key_or_group}={value}"
-                raise ConfigError(f"{typed}: no such option of {o.key_or_group.replace('/', '.')}; choose one of: "
-                                  f"{', '.join(options)} (an option is a name, not a path)")
+                raise ConfigError(
+                    f"{typed}: no such option of {o.key_or_group.replace('/', '.')}; choose one of: "
+                    f"{', '.join(options)} (an option is a name, not a path)"
+                )
 
     if GlobalHydra.instance().is_initialized():  # within a caller's conf_context (simulate, tune)
         refuse()
@@ -150,7 +152,8 @@ RENAMED_OPTIONS = {
     "imbalance=paper": (
         "renamed: imbalance=shared_draw is what `paper` was (exactly num_slow ranks, drawn with a shared "
         "seed, sleep delay_s every step); imbalance=independent is the WAGMA-SGD authors' per-rank rule "
-        "(each rank sleeps delay_s with probability `probability`, on its own)"),
+        "(each rank sleeps delay_s with probability `probability`, on its own)"
+    ),
 }
 
 
@@ -175,7 +178,11 @@ def unknown_key_message(err: BaseException, overrides: list[str], conf_dir: Path
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = err.__cause__
-    key = getattr(cause, "full_key", None) if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) else None
+    key = (
+        getattr(cause, "full_key", None)
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError))
+        else None
+    )
     return _unknown_key(str(key), overrides, conf_dir) if key else None
 
 
@@ -200,10 +207,15 @@ def _unknown_key(key: str, overrides: list[str], conf_dir: Path) -> str:
     node = OmegaConf.select(cfg, parent) if parent else cfg
     keys = [k for k in (node.keys() if OmegaConf.is_dict(node) else []) if parent or k != "hydra"]
     option = OmegaConf.select(cfg, f"{parent}.name") if parent else None
-    chosen = f"{parent}={option}; " if isinstance(option, str) and parent in ("optimizer", "workload", "imbalance",
-                                                                             "data", "env") else ""
-    return (f"{key}: unknown key ({chosen}given as {', '.join(given)}); valid keys of {parent or 'the config'}: "
-            f"{', '.join(map(str, keys))}")
+    chosen = (
+        f"{parent}={option}; "
+        if isinstance(option, str) and parent in ("optimizer", "workload", "imbalance", "data", "env")
+        else ""
+    )
+    return (
+        f"{key}: unknown key ({chosen}given as {', '.join(given)}); valid keys of {parent or 'the config'}: "
+        f"{', '.join(map(str, keys))}"
+    )
 
 
 def quoted(value: str) -> str:

@@ -16,16 +16,16 @@ from wagma_bench.optim.specs import OPTIMIZER_SPECS
 class RunPlan:
     """The run's lengths in rounds and its learning-rate schedule."""
 
-    sync: int                   # the algorithm's sync period: stops, evaluations and checkpoints only there
+    sync: int  # the algorithm's sync period: stops, evaluations and checkpoints only there
     steps_per_epoch: int
-    total: int                  # rounds to train, exactly the budget (its last round a synchronisation point too)
-    eval_every: int             # the evaluation grid's spacing in rounds: every optimizer is evaluated at its
-                                # multiples (a grid round between sync points: from snapshots, at the next one)
-    control_every: int          # rounds between exchanges of control flags
-    lr_schedule: dict           # keyword arguments of schedules.lr_at besides the epoch
-    ends_by: str = "epochs"     # the budget that sets `total`: max_rounds (when set, it wins) or epochs
-    epoch_steps: int = 0        # the rounds train.epochs would give
-    final_sync: str = ""        # what the optimizer does at a last round between its sync points (its spec's)
+    total: int  # rounds to train, exactly the budget (its last round a synchronisation point too)
+    eval_every: int  # the evaluation grid's spacing in rounds: every optimizer is evaluated at its
+    # multiples (a grid round between sync points: from snapshots, at the next one)
+    control_every: int  # rounds between exchanges of control flags
+    lr_schedule: dict  # keyword arguments of schedules.lr_at besides the epoch
+    ends_by: str = "epochs"  # the budget that sets `total`: max_rounds (when set, it wins) or epochs
+    epoch_steps: int = 0  # the rounds train.epochs would give
+    final_sync: str = ""  # what the optimizer does at a last round between its sync points (its spec's)
 
     @classmethod
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
@@ -38,13 +38,27 @@ class RunPlan:
         ends_by = "epochs" if t.max_rounds is None else "max_rounds"
         total = epoch_steps if t.max_rounds is None else t.max_rounds
         eval_every = cfg.eval.every_rounds or max(1, round(cfg.eval.every_epochs * steps_per_epoch))
-        schedule = {"peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
-                    "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
-                    "warmup_epochs": t.warmup_epochs, "schedule": t.schedule, "epochs": t.epochs,
-                    "milestones": t.milestones, "decay": t.decay}
+        schedule = {
+            "peak": peak_lr(t.lr, t.batch_size, world, t.lr_reference_batch),
+            "start": t.lr if t.warmup_start_lr is None else t.warmup_start_lr,
+            "warmup_epochs": t.warmup_epochs,
+            "schedule": t.schedule,
+            "epochs": t.epochs,
+            "milestones": t.milestones,
+            "decay": t.decay,
+        }
         final_sync = OPTIMIZER_SPECS[cfg.optimizer.name].final_sync
-        return cls(sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps,
-                   final_sync)
+        return cls(
+            sync,
+            steps_per_epoch,
+            total,
+            eval_every,
+            control_period(sync),
+            schedule,
+            ends_by,
+            epoch_steps,
+            final_sync,
+        )
 
     def next_eval_after(self, r: int) -> int:
         """The grid round after the evaluations made at synchronisation point r. Every optimizer is evaluated at the
@@ -73,16 +87,21 @@ class RunPlan:
         if self.ends_by == "max_rounds":
             length = f"round {self.total} (train.max_rounds={t.max_rounds}"
             if self.total > self.epoch_steps:
-                length += (f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds "
-                           f"wins; the learning-rate schedule still spans train.epochs")
+                length += (
+                    f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds "
+                    f"wins; the learning-rate schedule still spans train.epochs"
+                )
             length += ")"
         else:
-            length = (f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per "
-                      "epoch)")
+            length = (
+                f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per epoch)"
+            )
         if self.total % self.sync:  # never silently: the last round is not one of the optimizer's sync points
-            length += (f", exactly, though the optimizer synchronises every {self.sync} rounds: round "
-                       f"{self.total} is an extra synchronisation point, "
-                       f"{self.final_sync or 'where every rank meets'}")
+            length += (
+                f", exactly, though the optimizer synchronises every {self.sync} rounds: round "
+                f"{self.total} is an extra synchronisation point, "
+                f"{self.final_sync or 'where every rank meets'}"
+            )
         earlier = []
         if cfg.eval.target is not None and cfg.eval.stop_at_target:
             earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")

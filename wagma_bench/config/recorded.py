@@ -29,4 +29,3 @@ def setting(config: Mapping | None, path: str, default: Any = None) -> Any:
             return default
         node = node[key]
     return node
-

@@ -86,9 +86,9 @@ from wagma_bench.optim.specs import AlgorithmSpec
 
 @dataclass
 class StepInfo:
-    round: int              # the round this rank has completed (>= previous + 1)
-    comm_s: float = 0.0     # time the compute thread spent waiting on communication in this step
-    staleness: int = 0      # rounds this rank's model was stale in the last group average (0: fresh)
+    round: int  # the round this rank has completed (>= previous + 1)
+    comm_s: float = 0.0  # time the compute thread spent waiting on communication in this step
+    staleness: int = 0  # rounds this rank's model was stale in the last group average (0: fresh)
     extra: dict = field(default_factory=dict)  # more fields for this step's record (DropCompute's drops)
 
 
@@ -113,8 +113,15 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None
 
-    def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
-                 bucket_mb: float = float("inf")):
+    def __init__(
+        self,
+        settings,
+        model: nn.Module,
+        local_opt_factory,
+        comm: Comm,
+        seed: int = 0,
+        bucket_mb: float = float("inf"),
+    ):
         self.settings = settings
         self.model = model
         self.comm = comm
@@ -131,7 +138,9 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
     @property
     def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)  # the spec's rule (optim/specs.py), which the simulator reads too
+        return self.sync_period_of(
+            self.settings
+        )  # the spec's rule (optim/specs.py), which the simulator reads too
 
     def end_at(self, rounds: int) -> None:
         """The run ends after round ``rounds`` (its budget): a synchronisation point whatever ``sync_period``.
@@ -244,7 +253,9 @@ class EngineAlgorithm(Algorithm):
         """One round through the engine plus the local update; returns the round's result."""
 
     def step(self) -> StepInfo:
-        if self.comm.world_size == 1:  # every round is a synchronous one: the outer step comes before the local step
+        if (
+            self.comm.world_size == 1
+        ):  # every round is a synchronous one: the outer step comes before the local step
             self.outer_round(self.round + 1)
             self.local_optimizer.step()
             self.round += 1

@@ -54,12 +54,12 @@ class DropCompute(DropComputeSpec, Algorithm):
         # Allreduce-SGD's buckets: with one micro-batch and nothing dropped the same reductions, bit for bit
         super().__init__(settings, model, local_opt_factory, comm, seed, bucket_mb=settings.bucket_mb)
         self.threshold_s = parse_threshold(settings.threshold_s)  # None until calibrated
-        self.calibration: list[list[float]] = []   # per calibration step: this rank's micro-batch end times
+        self.calibration: list[list[float]] = []  # per calibration step: this rank's micro-batch end times
         self.step_walls: list[float] = []
         self._ends: list[float] = []
         self._samples = 0
         self._step_start: float | None = None
-        self.dropped = self.computed = 0           # micro-batches over the world, since the start
+        self.dropped = self.computed = 0  # micro-batches over the world, since the start
         self.predicted_gain: float | None = None
 
     @property
@@ -80,15 +80,21 @@ class DropCompute(DropComputeSpec, Algorithm):
 
     def zero_grad(self) -> None:
         super().zero_grad()
-        self._step_start = time.perf_counter()  # until the first micro-batch says better (a gradient set directly)
+        self._step_start = (
+            time.perf_counter()
+        )  # until the first micro-batch says better (a gradient set directly)
 
     def step(self) -> StepInfo:
         t0 = time.perf_counter()
-        if not self._ends:  # a gradient set without the trainer's micro-batch calls: all M parts, evenly spread
+        if (
+            not self._ends
+        ):  # a gradient set without the trainer's micro-batch calls: all M parts, evenly spread
             elapsed = t0 - (self._step_start or t0)
             self._ends = [elapsed * (k + 1) / self.micro_batches for k in range(self.micro_batches)]
         mine = len(self._ends)
-        counts = torch.tensor([float(mine), float(self._samples)], dtype=torch.float64, device=self.comm.device)
+        counts = torch.tensor(
+            [float(mine), float(self._samples)], dtype=torch.float64, device=self.comm.device
+        )
         self.comm.allreduce(counts, op="sum")
         computed, samples = int(counts[0]), float(counts[1])
         for b in self.buckets:
@@ -116,20 +122,30 @@ class DropCompute(DropComputeSpec, Algorithm):
         if len(self.calibration) < self.settings.calibrate_steps:
             return
         mine = torch.tensor(self.calibration, dtype=torch.float64, device=self.comm.device)
-        ends = self.comm.allgather(mine).cpu().numpy()              # [ranks, steps, micro-batches]
-        walls = torch.tensor([sum(self.step_walls) / len(self.step_walls)], dtype=torch.float64,
-                             device=self.comm.device)
+        ends = self.comm.allgather(mine).cpu().numpy()  # [ranks, steps, micro-batches]
+        walls = torch.tensor(
+            [sum(self.step_walls) / len(self.step_walls)], dtype=torch.float64, device=self.comm.device
+        )
         self.comm.allreduce(walls, op="mean")
         self.threshold_s, self.predicted_gain = best_threshold(ends, float(walls))
         if self.comm.rank == 0:
             chosen = "never drop" if math.isinf(self.threshold_s) else f"{self.threshold_s:.4f} s"
-            print(f"wagma-bench: dropcompute threshold {chosen} (auto, from {len(self.calibration)} steps of "
-                  f"{self.comm.world_size} ranks; predicted effective speed-up {self.predicted_gain:+.1%})", flush=True)
+            print(
+                f"wagma-bench: dropcompute threshold {chosen} (auto, from {len(self.calibration)} steps of "
+                f"{self.comm.world_size} ranks; predicted effective speed-up {self.predicted_gain:+.1%})",
+                flush=True,
+            )
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "threshold_s": self.threshold_s, "calibration": self.calibration,
-                "step_walls": self.step_walls, "dropped": self.dropped, "computed": self.computed,
-                "predicted_gain": self.predicted_gain}
+        return {
+            **super().state_dict(),
+            "threshold_s": self.threshold_s,
+            "calibration": self.calibration,
+            "step_walls": self.step_walls,
+            "dropped": self.dropped,
+            "computed": self.computed,
+            "predicted_gain": self.predicted_gain,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -139,7 +155,13 @@ class DropCompute(DropComputeSpec, Algorithm):
     def report(self) -> dict:
         total = self.dropped + self.computed
         never = self.threshold_s is not None and math.isinf(self.threshold_s)  # strict JSON has no inf
-        return {"dropcompute": {"threshold_s": None if never else self.threshold_s, "never_drops": never,
-                                "predicted_gain": self.predicted_gain,
-                                "drop_rate": round(self.dropped / total, 5) if total else None,
-                                "dropped_micro_batches": self.dropped, "micro_batches": total}}
+        return {
+            "dropcompute": {
+                "threshold_s": None if never else self.threshold_s,
+                "never_drops": never,
+                "predicted_gain": self.predicted_gain,
+                "drop_rate": round(self.dropped / total, 5) if total else None,
+                "dropped_micro_batches": self.dropped,
+                "micro_batches": total,
+            }
+        }

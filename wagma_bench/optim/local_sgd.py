@@ -95,7 +95,9 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             if self.settings.average_momentum:
                 self._average_optimizer_state()
             comm_s += time.perf_counter() - t0
-            self.outer_round(r)  # due at multiples of the outer period only: not at a final average between them
+            self.outer_round(
+                r
+            )  # due at multiples of the outer period only: not at a final average between them
         self.round = r
         return StepInfo(round=r, comm_s=comm_s)
 
@@ -116,14 +118,19 @@ class LocalSGD(LocalSGDSpec, Algorithm):
 
     def _average_optimizer_state(self) -> None:
         """Global mean of the local optimizer's gradient averages, in one allreduce."""
-        buffers = [state[key] for group in self.local_optimizer.param_groups for p in group["params"]
-                   for state in [self.local_optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
-                   if isinstance(state.get(key), torch.Tensor)]
+        buffers = [
+            state[key]
+            for group in self.local_optimizer.param_groups
+            for p in group["params"]
+            for state in [self.local_optimizer.state.get(p, {})]
+            for key in MOMENTUM_KEYS
+            if isinstance(state.get(key), torch.Tensor)
+        ]
         if not buffers:  # plain SGD without momentum: nothing to average
             return
         flat = torch.cat([t.reshape(-1) for t in buffers])
         self.comm.allreduce(flat, op="mean")
         offset = 0
         for t in buffers:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()

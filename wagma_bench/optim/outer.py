@@ -45,8 +45,8 @@ class OuterStep:
         self.lr = lr if settings.outer_lr is None else settings.outer_lr
         self.momentum = momentum if settings.outer_momentum is None else settings.outer_momentum
         self.period = settings.effective_outer_period()
-        self.prev = [t.detach().clone() for t in tensors]   # the model after the previous outer step
-        self.u = [torch.zeros_like(t) for t in tensors]      # slowmo: u; nesterov: m
+        self.prev = [t.detach().clone() for t in tensors]  # the model after the previous outer step
+        self.u = [torch.zeros_like(t) for t in tensors]  # slowmo: u; nesterov: m
 
     def due(self, round_: int) -> bool:
         return round_ % self.period == 0

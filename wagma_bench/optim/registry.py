@@ -23,13 +23,20 @@ def algorithm_of(spec: type[AlgorithmSpec]) -> type[Algorithm]:
     except ModuleNotFoundError as err:
         if err.name != f"wagma_bench.optim.{spec.name}":  # the module exists and imports something missing
             raise
-        raise ImportError(f"optimizer {spec.name}: add {module_path(spec.name)}, its algorithm (a subclass of "
-                          f"{spec.__name__} and Algorithm)") from None
-    found = [c for _, c in inspect.getmembers(module, inspect.isclass)
-             if c.__module__ == module.__name__ and issubclass(c, spec) and issubclass(c, Algorithm)]
+        raise ImportError(
+            f"optimizer {spec.name}: add {module_path(spec.name)}, its algorithm (a subclass of "
+            f"{spec.__name__} and Algorithm)"
+        ) from None
+    found = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == module.__name__ and issubclass(c, spec) and issubclass(c, Algorithm)
+    ]
     if len(found) != 1:
-        raise ImportError(f"optimizer {spec.name}: {module_path(spec.name)} must define one class that inherits "
-                          f"{spec.__name__} and Algorithm; it defines {len(found)}")
+        raise ImportError(
+            f"optimizer {spec.name}: {module_path(spec.name)} must define one class that inherits "
+            f"{spec.__name__} and Algorithm; it defines {len(found)}"
+        )
     return found[0]
 
 

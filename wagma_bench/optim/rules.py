@@ -21,8 +21,8 @@ def best_threshold(ends, step_s: float) -> tuple[float, float]:
     steps' mean duration, communication and update included. Returns (threshold, its predicted effective speed-up);
     (inf, 0.0) when no candidate beats not dropping."""
     ends = np.asarray(ends, dtype=np.float64)
-    compute = ends[:, :, -1].max(axis=0)                     # C_s: the slowest rank's compute
-    overhead = max(step_s - float(compute.mean()), 0.0)      # O
+    compute = ends[:, :, -1].max(axis=0)  # C_s: the slowest rank's compute
+    overhead = max(step_s - float(compute.mean()), 0.0)  # O
     half = ends.shape[2] // 2
     low, high = float(ends[:, :, half:].min()), float(ends.max())
     # Each step's end times sorted once: the ends kept by a candidate (< tau) are a prefix, found by bisection. The
@@ -30,15 +30,19 @@ def best_threshold(ends, step_s: float) -> tuple[float, float]:
     steps, size = ends.shape[1], ends.shape[0] * ends.shape[2]
     per_step = np.sort(ends.transpose(1, 0, 2).reshape(steps, size), axis=1)
     taus = np.linspace(low, high, CANDIDATES)
-    kept = np.stack([np.searchsorted(row, taus, side="left") for row in per_step])  # [step, candidate]: ends < tau
+    kept = np.stack(
+        [np.searchsorted(row, taus, side="left") for row in per_step]
+    )  # [step, candidate]: ends < tau
     largest_kept = np.where(kept > 0, per_step[np.arange(steps)[:, None], np.maximum(kept - 1, 0)], -np.inf)
     # C_s(tau): the latest kept end, or 0.0 (a dropped micro-batch's) where any is dropped
     cut_all = np.where(kept < size, np.maximum(largest_kept, 0.0), largest_kept)
     best, best_gain = math.inf, 0.0
     for j, tau in enumerate(taus.tolist()):
         cut = cut_all[:, j]
-        dropped = 1.0 - kept[:, j] / size                        # d_s
-        gain = float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
+        dropped = 1.0 - kept[:, j] / size  # d_s
+        gain = (
+            float(((1.0 - dropped) * (compute + overhead) / np.maximum(cut + overhead, 1e-12)).mean()) - 1.0
+        )
         if gain > best_gain:
             best, best_gain = tau, gain
     return best, best_gain

@@ -86,7 +86,9 @@ class SGP(SGPSpec, Algorithm):
         out[-1] = self._w
         self._sending[slot] = self.comm.isend(out, exponential_peer(self.comm.rank, self.comm.world_size, t))
         if not self.settings.overlap:
-            self._receiving = self.comm.irecv(self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t))
+            self._receiving = self.comm.irecv(
+                self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t)
+            )
         t0 = time.perf_counter()
         self._fold_in()
         if not self.settings.overlap:
@@ -94,7 +96,9 @@ class SGP(SGPSpec, Algorithm):
             self._sending[slot] = None
         waited += time.perf_counter() - t0
         if self.settings.overlap:  # receive this step's message while the next step computes
-            self._receiving = self.comm.irecv(self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t))
+            self._receiving = self.comm.irecv(
+                self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t)
+            )
         return waited
 
     def _collect(self) -> None:
@@ -122,7 +126,9 @@ class SGP(SGPSpec, Algorithm):
 
     def largest_state_dict(self) -> dict:
         state = self.state_dict()
-        if self.settings.overlap and state["in_flight"] is None:  # a checkpoint's may carry a message: its size
+        if (
+            self.settings.overlap and state["in_flight"] is None
+        ):  # a checkpoint's may carry a message: its size
             state["in_flight"] = self._in
         return state
 

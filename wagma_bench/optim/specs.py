@@ -32,7 +32,7 @@ class OuterSettings:
     whose models are averaged. The others declare only ``outer: str = "none"``, so that ``optimizer.outer=...``
     reaches the config check, which refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
 
-    outer: str = "none"           # none | slowmo | nesterov
+    outer: str = "none"  # none | slowmo | nesterov
     # slowmo: alpha (times the local lr); nesterov: the outer lr; null: optim/outer.py's DEFAULTS
     outer_lr: float | None = setting(None, POSITIVE)
     # slowmo: beta; nesterov: the Nesterov momentum mu; null: optim/outer.py's DEFAULTS
@@ -55,8 +55,10 @@ class OuterSettings:
     def __post_init__(self):  # runs in the config check, before any rank starts
         every = self.averaging_period()
         if self.outer != "none" and self.outer_period is not None and self.outer_period % every:
-            raise ConfigError(f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
-                              f"it must be a multiple of {every}, the rounds between the models' global averages")
+            raise ConfigError(
+                f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
+                f"it must be a multiple of {every}, the rounds between the models' global averages"
+            )
 
 
 class AlgorithmSpec:
@@ -113,15 +115,19 @@ class AllreduceSpec(AlgorithmSpec):
 class WagmaSpec(AlgorithmSpec):
     name = "wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
-    final_sync = ("a synchronous round (the global average of the models, then the local step), as every "
-                  "(tau + 1)-th round")
+    final_sync = (
+        "a synchronous round (the global average of the models, then the local step), as every "
+        "(tau + 1)-th round"
+    )
 
     @dataclass
     class Settings(OuterSettings):
         name: str = "wagma"
-        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: topology.default_group_size
+        group_size: int | None = setting(
+            None, AT_LEAST_ONE
+        )  # power of two; None: topology.default_group_size
         tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
-        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
+        catch_up: str = "replay"  # replay | skip: how a late rank treats rounds it joined passively
 
         # checked with the config (wagma_bench.config.schema)
         CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
@@ -144,20 +150,25 @@ class WagmaSpec(AlgorithmSpec):
         if size is None:
             return
         if size < 1 or size & (size - 1):
-            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+            raise ConfigError(
+                f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)"
+            )
         if world_size is None:
             return
         padded = padded_world(world_size)
         if size > padded:
-            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
-                              f"power of two up to {padded} (the world padded to a power of two)")
+            raise ConfigError(
+                f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
+                f"power of two up to {padded} (the world padded to a power of two)"
+            )
 
 
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
-    outer_at = "average"     # right after the global average (optim/outer.py)
-    final_sync = ("a global average of the models, as every sync_period-th round (streaming DiLoCo: of the "
-                  "whole model)")
+    outer_at = "average"  # right after the global average (optim/outer.py)
+    final_sync = (
+        "a global average of the models, as every sync_period-th round (streaming DiLoCo: of the whole model)"
+    )
 
     @dataclass
     class Settings(OuterSettings):
@@ -180,22 +191,45 @@ class LocalSGDSpec(AlgorithmSpec):
             if not self.streaming():
                 return
             per_fragment = self.sync_period // max(self.fragments, 1)
-            rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
-                      "an outer step taken fragment by fragment)")),
-                     (self.sync_period % self.fragments != 0, "optimizer.fragments", self.fragments,
-                      (f"a divisor of optimizer.sync_period={self.sync_period} (every fragment is synced "
-                       "once a period)")),
-                     (self.fragment_delay >= per_fragment, "optimizer.fragment_delay", self.fragment_delay,
-                      (f"below sync_period/fragments = {per_fragment} (a fragment's average must end "
-                       "before the next fragment's begins)")),
-                     (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds,
-                      "0 with fragments"),
-                     (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
-                     (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
-                      "null with fragments (each fragment's outer step comes every period)")]
+            rules = [
+                (
+                    self.outer == "none",
+                    "optimizer.outer",
+                    self.outer,
+                    ("slowmo or nesterov (streaming DiLoCo is an outer step taken fragment by fragment)"),
+                ),
+                (
+                    self.sync_period % self.fragments != 0,
+                    "optimizer.fragments",
+                    self.fragments,
+                    (
+                        f"a divisor of optimizer.sync_period={self.sync_period} (every fragment is synced "
+                        "once a period)"
+                    ),
+                ),
+                (
+                    self.fragment_delay >= per_fragment,
+                    "optimizer.fragment_delay",
+                    self.fragment_delay,
+                    (
+                        f"below sync_period/fragments = {per_fragment} (a fragment's average must end "
+                        "before the next fragment's begins)"
+                    ),
+                ),
+                (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds, "0 with fragments"),
+                (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
+                (
+                    self.outer_period is not None,
+                    "optimizer.outer_period",
+                    self.outer_period,
+                    "null with fragments (each fragment's outer step comes every period)",
+                ),
+            ]
             for broken, key, value, allowed in rules:
                 if broken:
-                    raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
+                    raise ConfigError(
+                        f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}"
+                    )
 
         def averaging_period(self) -> int:
             return self.sync_period
@@ -215,10 +249,14 @@ class DPSGDSpec(AlgorithmSpec):
 
 class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
-    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
-                     "models' exact average (not implemented)")
-    final_sync = ("where every rank meets, as every sync_period-th round (no global average: evaluation "
-                  "averages the models)")
+    outer_refusal = (
+        "its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
+        "models' exact average (not implemented)"
+    )
+    final_sync = (
+        "where every rank meets, as every sync_period-th round (no global average: evaluation "
+        "averages the models)"
+    )
 
     @dataclass
     class Settings:
@@ -239,9 +277,11 @@ class SGPSpec(AlgorithmSpec):
         def __post_init__(self):
             super().__post_init__()
             if self.overlap and self.outer != "none":
-                raise ConfigError(f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
-                                  "push-sum mass is in flight at every round, so no round has the models' exact "
-                                  "average; use overlap=false")
+                raise ConfigError(
+                    f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
+                    "push-sum mass is in flight at every round, so no round has the models' exact "
+                    "average; use overlap=false"
+                )
 
 
 EAGER_MODES = ("solo", "majority")
@@ -249,8 +289,10 @@ EAGER_MODES = ("solo", "majority")
 
 class EagerSpec(AlgorithmSpec):
     name = "eager"
-    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
-                     "stay identical and there is no model average to correct")
+    outer_refusal = (
+        "it averages gradients, not models: every rank applies every round's result, so the models "
+        "stay identical and there is no model average to correct"
+    )
     final_sync = "a synchronous allreduce of the gradients, as every sync_period-th round"
 
     @dataclass
@@ -276,8 +318,10 @@ def parse_threshold(value: str) -> float | None:
     except ValueError:
         seconds = math.nan
     if not seconds > 0:
-        raise ConfigError(f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
-                          "(inf: never drop)")
+        raise ConfigError(
+            f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
+            "(inf: never drop)"
+        )
     return seconds
 
 
@@ -306,5 +350,16 @@ class DropComputeSpec(AlgorithmSpec):
 #: :data:`wagma_bench.optim.OPTIMIZERS` (the class of ``optim/NAME.py`` that inherits the spec) and
 #: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an optimizer
 #: adds one entry here.
-OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {spec.name: spec for spec in (
-    AllreduceSpec, WagmaSpec, LocalSGDSpec, DPSGDSpec, ADPSGDSpec, SGPSpec, EagerSpec, DropComputeSpec)}
+OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {
+    spec.name: spec
+    for spec in (
+        AllreduceSpec,
+        WagmaSpec,
+        LocalSGDSpec,
+        DPSGDSpec,
+        ADPSGDSpec,
+        SGPSpec,
+        EagerSpec,
+        DropComputeSpec,
+    )
+}

@@ -40,14 +40,21 @@ class StreamingOuter:
     """Each fragment's global parameters and outer state, and the one pseudo-gradient average in flight."""
 
     def __init__(self, settings, params: list[torch.Tensor], comm: Comm):
-        if settings.fragments > len(params):  # a fragment is whole tensors: more fragments than tensors are empty
-            raise ConfigError(f"optimizer.fragments={settings.fragments} is not allowed for this model: it has "
-                              f"{len(params)} parameter tensors, and a fragment is one or more whole tensors; "
-                              f"choose at most {len(params)}")
+        if settings.fragments > len(
+            params
+        ):  # a fragment is whole tensors: more fragments than tensors are empty
+            raise ConfigError(
+                f"optimizer.fragments={settings.fragments} is not allowed for this model: it has "
+                f"{len(params)} parameter tensors, and a fragment is one or more whole tensors; "
+                f"choose at most {len(params)}"
+            )
         self.settings, self.comm = settings, comm
-        self.fragments = [[params[i] for i in idx] for idx in fragments_of([p.numel() for p in params],
-                                                                           settings.fragments)]
-        self.outer = [OuterStep(settings, frag) for frag in self.fragments]  # prev: the fragment's global params
+        self.fragments = [
+            [params[i] for i in idx] for idx in fragments_of([p.numel() for p in params], settings.fragments)
+        ]
+        self.outer = [
+            OuterStep(settings, frag) for frag in self.fragments
+        ]  # prev: the fragment's global params
         self.pending: tuple[int, torch.Tensor, Handle] | None = None
 
     def restart(self) -> None:
@@ -82,8 +89,10 @@ class StreamingOuter:
         self.pending = None
         saved = [x.clone() for x in frag] if alpha else []  # the local parameters, the delayed steps included
         offset = 0
-        for x, p in zip(frag, outer.prev):  # the average the outer step starts from: global - mean(global - local)
-            x.copy_(p - delta[offset:offset + x.numel()].view_as(x))
+        for x, p in zip(
+            frag, outer.prev
+        ):  # the average the outer step starts from: global - mean(global - local)
+            x.copy_(p - delta[offset : offset + x.numel()].view_as(x))
             offset += x.numel()
         outer.step(frag, inner_lr)  # the new global parameters, in frag and in outer.prev
         for x, local in zip(frag, saved):

@@ -39,16 +39,23 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         self.schedule.last = rounds  # the budget is a synchronous round: the global average, every rank at it
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
-        return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
-                                     in_order=self.settings.catch_up == "replay", start_round=self.round,
-                                     timeout_s=self.comm.timeout_s, in_place=True)
+        return WaitAvoidingAllreduce(
+            self.comm,
+            self.data,
+            self.schedule,
+            contribution="model",
+            in_order=self.settings.catch_up == "replay",
+            start_round=self.round,
+            timeout_s=self.comm.timeout_s,
+            in_place=True,
+        )
 
     def _exchange(self) -> RoundResult:
         # self.data becomes, in place, the group average of the models plus this rank's own updates since
         # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
         res = self.engine.request()
         if self.schedule.is_sync(res.round):  # a synchronous round: the model is the global average
-            self.outer_round(res.round)   # the outer step's change stays in the model with the local one
-        self.local_optimizer.step()             # apply g(W_old) to the average
-        self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
+            self.outer_round(res.round)  # the outer step's change stays in the model with the local one
+        self.local_optimizer.step()  # apply g(W_old) to the average
+        self.engine.post(self.data)  # the local update is in the model, exactly once; no copy
         return res

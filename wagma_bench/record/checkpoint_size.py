@@ -39,7 +39,9 @@ def file_bytes(saved: dict, optimizer=None) -> int:
     state = _first_step_state(optimizer) if lazy else {}
     for entry in state.values():
         for key, t in entry.items():
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":  # a 1-element stand-in writes its record
+            if (
+                isinstance(t, torch.Tensor) and t.device.type == "meta"
+            ):  # a 1-element stand-in writes its record
                 entry[key] = torch.zeros(1, dtype=t.dtype)
                 extra += (t.numel() - 1) * t.element_size()
     if state:

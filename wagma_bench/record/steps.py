@@ -39,8 +39,11 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
     (torn lines skipped; they win over a table beside them), else from the compact table, else none. A damaged
     table raises :class:`ValueError` naming it."""
     run_dir = Path(run_dir)
-    logs = {int(m.group(1)): p for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
-            if (m := _RANK_LOG.fullmatch(p.name))}
+    logs = {
+        int(m.group(1)): p
+        for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
+        if (m := _RANK_LOG.fullmatch(p.name))
+    }
     if logs:
         return {rank: [current_record(r) for r in read_jsonl(path)] for rank, path in sorted(logs.items())}
     table = run_dir / STEP_TABLE
@@ -50,8 +53,10 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
         ranks = json.loads(lzma.decompress(table.read_bytes()))
         return {int(rank): [current_record(r) for r in _rows(columns)] for rank, columns in ranks.items()}
     except (lzma.LZMAError, ValueError, AttributeError, TypeError) as err:  # cut short, or not what we write
-        raise ValueError(f"{table}: damaged step table ({type(err).__name__}: {err}); "
-                         f"{Path(__file__).name} writes it from the run's steps/rank*.jsonl") from None
+        raise ValueError(
+            f"{table}: damaged step table ({type(err).__name__}: {err}); "
+            f"{Path(__file__).name} writes it from the run's steps/rank*.jsonl"
+        ) from None
 
 
 def current_record(record: dict) -> dict:
@@ -87,8 +92,11 @@ class StepLog:
     def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
         d = run_subdir(Path(run_dir) / STEPS)
         # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
-        self._f = open_for_attempt(d / f"rank{rank}.jsonl", resume_step,
-                                   lambda r, step: current_record(r).get("local_step", 0) <= step)
+        self._f = open_for_attempt(
+            d / f"rank{rank}.jsonl",
+            resume_step,
+            lambda r, step: current_record(r).get("local_step", 0) <= step,
+        )
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:

@@ -27,7 +27,9 @@ class Preemption:
     def __init__(self):
         self.signal: int | None = None
         self.interrupts = 0
-        self.launcher_dir = os.environ.get(LAUNCHER_DIR_ENV)  # a local launcher's: it counts its Ctrl-Cs there
+        self.launcher_dir = os.environ.get(
+            LAUNCHER_DIR_ENV
+        )  # a local launcher's: it counts its Ctrl-Cs there
         for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
             try:
                 if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:

@@ -15,9 +15,16 @@ world (torchrun, srun, mpiexec) imports it first thing (``wagma_bench.cli.run``)
 import gc
 import importlib
 
-RANK_MODULES = ("torch", "torch.distributed", "torch._dynamo", "wagma_bench.train.trainer",
-                "wagma_bench.comm.torch_dist", "wagma_bench.optim.registry", "wagma_bench.workloads.resnet",
-                "wagma_bench.cli.run")
+RANK_MODULES = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "wagma_bench.train.trainer",
+    "wagma_bench.comm.torch_dist",
+    "wagma_bench.optim.registry",
+    "wagma_bench.workloads.resnet",
+    "wagma_bench.cli.run",
+)
 
 gc.disable()
 try:

@@ -58,8 +58,10 @@ class StopOverdue(RunFailed):
     killed: the run stopped as asked (``preempted``), without a new checkpoint."""
 
     def __init__(self, signum: int):
-        super().__init__(f"no synchronisation point within {TERM_GRACE_S:g} s of {signal.Signals(signum).name}: "
-                         "the ranks were killed before they could checkpoint")
+        super().__init__(
+            f"no synchronisation point within {TERM_GRACE_S:g} s of {signal.Signals(signum).name}: "
+            "the ranks were killed before they could checkpoint"
+        )
         self.signum = signum
 
 
@@ -84,7 +86,9 @@ class CtrlC:
         self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
         self.count = 0
         self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
-        self.terminated: int | None = None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
+        self.terminated: int | None = (
+            None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
+        )
         self.started = bool(processes)  # the ranks exist (their grace after SIGTERM counts from then)
         for sig in (signal.SIGINT, *STOP_SIGNALS):
             signal.signal(sig, self._handle if sig == signal.SIGINT else self._terminate)
@@ -120,10 +124,14 @@ class CtrlC:
         if first:
             self._note(STOP_FILE, self.terminated)
             name = signal.Signals(signum).name
-            print(f"wagma-bench: {name}: the run stops at its next synchronisation point, with a checkpoint, if the "
-                  f"ranks reach one within {TERM_GRACE_S:g} s (ranks still running then are killed)" if self.started
-                  else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
-                  file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench: {name}: the run stops at its next synchronisation point, with a checkpoint, if the "
+                f"ranks reach one within {TERM_GRACE_S:g} s (ranks still running then are killed)"
+                if self.started
+                else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
+                file=sys.stderr,
+                flush=True,
+            )
             if self.started:
                 self._kill_within(TERM_GRACE_S)
         self._send(signal.SIGTERM)
@@ -141,8 +149,12 @@ class CtrlC:
         self.count += 1
         self._note(INTERRUPTS_FILE, self.count)
         if self.count == 1:
-            print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
-                  "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
+            print(
+                "wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
+                "(interrupted, resumable); Ctrl-C again stops it at once",
+                file=sys.stderr,
+                flush=True,
+            )
         elif self.kill_at is None:
             self.kill_at = time.monotonic() + GRACE_S
         self._send(self.signal)
@@ -164,7 +176,9 @@ class CtrlC:
         signals.finishing()
 
 
-TERM_GRACE_S = 10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
+TERM_GRACE_S = (
+    10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
+)
 INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
 STOP_FILE = "stop"  # there too: the SIGTERM or SIGHUP it took, which its ranks act on as SIGTERM
 LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
@@ -240,8 +254,9 @@ def shared_period_s(local_ranks: int) -> float:
     return max(SHARED_HEARTBEAT_S, local_ranks / HOST_BEATS_PER_S)
 
 
-def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S,
-                    listener: tuple[str, int] | None = None) -> None:
+def start_heartbeat(
+    folder: str | Path, rank: int, period_s: float = HEARTBEAT_S, listener: tuple[str, int] | None = None
+) -> None:
     """Touch ``folder/rank<R>`` (which holds the rank's host name, and the address and port of its
     :class:`~wagma_bench.runtime.partition.ReachListener` where given) every ``period_s`` from a daemon
     thread, for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
@@ -371,8 +386,11 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
             ranks.kill()
             raise ctrl_c.killed()  # after a second Ctrl-C, supervise() says so (RunInterrupted)
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
-        ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
-                if ranks.processes[r].is_alive()}
+        ages = {
+            r: age
+            for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
+            if ranks.processes[r].is_alive()
+        }
         hung = {r: age for r, age in ages.items() if age > hung_after_s}
         if hung:
             ranks.kill()
@@ -383,7 +401,9 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
         except RankExited as err:
             stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
             if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
-                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
+                raise RunFailed(
+                    _hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}"
+                ) from None
             raise RunFailed(_exit_message(err, folder)) from None
 
 
@@ -411,10 +431,11 @@ def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) ->
         mine = sorted(r for r in stale if hosts.get(r, "?") == host)
         whole = mine == sorted(r for r, h in hosts.items() if h == host)
         what = f"host {host} lost" if whole else f"rank(s) on host {host} lost"
-        parts.append(f"{what}: {ranks_named(mine)} "
-                     f"(no heartbeat for {max(stale[r] for r in mine):.0f} s)")
-    return RanksLost(f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
-                     sorted(stale))
+        parts.append(f"{what}: {ranks_named(mine)} (no heartbeat for {max(stale[r] for r in mine):.0f} s)")
+    return RanksLost(
+        f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
+        sorted(stale),
+    )
 
 
 def ranks_named(ranks: list[int]) -> str:
@@ -437,8 +458,7 @@ def _stale_shared(folder: Path, rank: int, world_size: int, periods: dict[int, f
             ages[r] = mine - (folder / f"rank{r}").stat().st_mtime
         except FileNotFoundError:
             continue
-    return {r: age for r, age in ages.items()
-            if age > LOST_AFTER_BEATS * periods.get(r, SHARED_HEARTBEAT_S)}
+    return {r: age for r, age in ages.items() if age > LOST_AFTER_BEATS * periods.get(r, SHARED_HEARTBEAT_S)}
 
 
 def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
@@ -584,10 +604,13 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
     tail: list[str] = []
     killed = False
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env, start_new_session=True
+        )
         first = FirstToEnd(folder, nproc)  # mpiexec's own report may name a rank its clean-up killed
-        reader = threading.Thread(target=_pass_through, args=(proc.stdout, tail), name="mpiexec-output", daemon=True)
+        reader = threading.Thread(
+            target=_pass_through, args=(proc.stdout, tail), name="mpiexec-output", daemon=True
+        )
         reader.start()
         while proc.poll() is None:
             if not ctrl_c.started and ranks.all_started():  # their grace counts from now
@@ -596,7 +619,9 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
                 killed = True
                 ranks.kill()
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its proxy: their session is theirs alone
+                    os.killpg(
+                        proc.pid, signal.SIGKILL
+                    )  # mpiexec and its proxy: their session is theirs alone
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(HEARTBEAT_S)
         reader.join(timeout=5)
@@ -607,7 +632,12 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
         raise RunInterrupted("stopped at once by a second Ctrl-C")
     if killed:
         raise ctrl_c.killed()
-    return proc.returncode, tail[-40:], ended_first, ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None)
+    return (
+        proc.returncode,
+        tail[-40:],
+        ended_first,
+        ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None),
+    )
 
 
 def _pass_through(stream, tail: list[str]) -> None:
@@ -644,7 +674,9 @@ def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[i
     rank = signum = None
     if match := _OPENMPI_BAD.search(text):
         rank, signum = int(match.group(1)), int(match.group(2))
-    elif first and len(first) == 1 and (match := _MPICH_BAD.search(text)):  # hydra's PID may be another rank's
+    elif (
+        first and len(first) == 1 and (match := _MPICH_BAD.search(text))
+    ):  # hydra's PID may be another rank's
         rank = first[0]
         code = _MPICH_CODE.search(text)
         signum = int(code.group(1)) if code and _is_signal(int(code.group(1))) else None
@@ -682,12 +714,16 @@ def _exit_message(err, folder: Path) -> str:
         error = ""
     if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
         return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
-    if not error:  # it ended without going through its own report (which prints the traceback, then this file)
+    if (
+        not error
+    ):  # it ended without going through its own report (which prints the traceback, then this file)
         return f"rank {err.error_index} failed with exit code {err.exit_code} (it left no traceback)"
     return f"rank {err.error_index} failed with exit code {err.exit_code}: {error} (its traceback is above)"
 
 
 def _hung_message(stalled: dict[int, float], after_s: float) -> str:
     ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
-    return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
-            f"interpreter) for more than {after_s:g} s")
+    return (
+        f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
+        f"interpreter) for more than {after_s:g} s"
+    )

@@ -31,7 +31,8 @@ def target_hits(run_dirs: list[str]) -> dict[str, list[float]]:
         hit = record.first_at_target
         if hit is not None:
             found.setdefault(record.start.optimizer, {}).setdefault(int(record.start.world_size), []).append(
-                float(hit.samples))
+                float(hit.samples)
+            )
     return {opt: by_p[min(by_p)] for opt, by_p in found.items()}
 
 

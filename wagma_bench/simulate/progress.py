@@ -37,7 +37,11 @@ class Ticker:
             return
         t0, f0 = self.phase_at
         # the phase's pace so far, once it has gone far enough to have one
-        left = f", about {(now - t0) / (fraction - f0) * (1 - fraction):.0f} s more" if fraction > f0 + 0.02 else ""
+        left = (
+            f", about {(now - t0) / (fraction - f0) * (1 - fraction):.0f} s more"
+            if fraction > f0 + 0.02
+            else ""
+        )
         self._say(f"{self.what}: {phase} {100 * fraction:.0f}%{left}", now)
 
     def note(self, text: str) -> None:

@@ -25,19 +25,26 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SpreadFit:
-    sigma_rank: float   # spread of the ranks' persistent offsets (log scale)
-    sigma: float        # spread of the per-step noise around a rank's offset (log scale)
-    rho: float          # lag-1 autocorrelation of that noise
+    sigma_rank: float  # spread of the ranks' persistent offsets (log scale)
+    sigma: float  # spread of the per-step noise around a rank's offset (log scale)
+    rho: float  # lag-1 autocorrelation of that noise
     runs: int
-    ranks: int          # (run, rank) sequences used
-    steps: int          # steps used, all sequences together
+    ranks: int  # (run, rank) sequences used
+    steps: int  # steps used, all sequences together
 
     def row(self) -> dict:
         return asdict(self)
 
 
-def draw_persistent(rng: np.random.Generator, world_size: int, steps: int, step_s: float, sigma_rank: float,
-                    sigma: float, rho: float) -> np.ndarray:
+def draw_persistent(
+    rng: np.random.Generator,
+    world_size: int,
+    steps: int,
+    step_s: float,
+    sigma_rank: float,
+    sigma: float,
+    rho: float,
+) -> np.ndarray:
     """Compute times ``[rank, step]`` of the model above (vectorised over ranks)."""
     offsets = sigma_rank * rng.standard_normal(world_size)
     shocks = rng.standard_normal((world_size, steps))

@@ -63,7 +63,9 @@ class Workload(WorkloadSpec, abc.ABC):
         refuses such an algorithm for it before any rank starts."""
         if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
             return [type(batch)(pieces) for pieces in zip(*(torch.tensor_split(t, parts) for t in batch))]
-        raise TypeError(f"workload {self.name}: a batch of type {type(batch).__name__} has no split into parts")
+        raise TypeError(
+            f"workload {self.name}: a batch of type {type(batch).__name__} has no split into parts"
+        )
 
     @abc.abstractmethod
     def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:
