@@ -5,12 +5,12 @@ each step without communicating, a run is reproducible, and the simulator can us
 The trainer sleeps for the returned time before the backward pass and logs it as an injected delay, so
 reports can tell injected from real time.
 
-A rank asks :meth:`Imbalance.delay` for its own step; the simulator asks :meth:`Imbalance.delays` for every rank
-and step at once (the same numbers, a test checks). The per-(rank, step) draws come from :func:`uniform`, a
-counter-based hash that numpy evaluates for a whole world at once: a seeded generator per (rank, step) costs a
-Python call each, 33 million of them for 65,536 simulated ranks and 500 rounds. (Until 2026-12-06 the draws came
-from ``random.Random`` seeded per (rank, step): the same distributions, other values; runs recorded before keep
-their delays in their step records.)
+A rank asks :meth:`Imbalance.delay` for its own step; the simulator asks :meth:`Imbalance.delays` for every
+rank and step at once (the same numbers, a test checks). The per-(rank, step) draws come from :func:`uniform`,
+a counter-based hash that numpy evaluates for a whole world at once: a seeded generator per (rank, step) costs
+a Python call each, 33 million of them for 65,536 simulated ranks and 500 rounds. (Until 2026-12-06 the draws
+came from ``random.Random`` seeded per (rank, step): the same distributions, other values; runs recorded
+before keep their delays in their step records.)
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, setting
 if TYPE_CHECKING:
     import numpy as np
 
-# numpy is imported where it is used, not here: the config check and the launcher import this module and no numpy
-# (tests/test_config.py, tests/test_startup.py)
+# numpy is imported where it is used, not here: the config check and the launcher import this module and no
+# numpy (tests/test_config.py, tests/test_startup.py)
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive counters land far apart
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64 whose outputs pass BigCrush."""
+    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64
+    whose outputs pass BigCrush."""
     import numpy as np
 
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -162,18 +163,19 @@ class IndependentImbalance(Imbalance):
 
 class AuthorsImbalance(Imbalance):
     """The WAGMA-SGD authors' straggler rule as their code runs it, at any world size P: one random stream,
-    seeded alike on every rank; in each step each rank draws a rank from it (``np.random.randint(P)``) and sleeps
-    ``delay_s`` if the draw is its own, else draws a second time and sleeps if that one is (their ResNet-50
-    script, ``resnet_run_loop_wagma_sgd.py``, ``my_func``: ``comm.rank == randint(P) or comm.rank ==
+    seeded alike on every rank; in each step each rank draws a rank from it (``np.random.randint(P)``) and
+    sleeps ``delay_s`` if the draw is its own, else draws a second time and sleeps if that one is (their
+    ResNet-50 script, ``resnet_run_loop_wagma_sgd.py``, ``my_func``: ``comm.rank == randint(P) or comm.rank ==
     randint(P)``; the short-circuit ``or`` takes one draw on a match, two otherwise).
 
     So each rank reads the stream at its own position, one draw further after a first-draw match than after a
-    miss, and the ranks that matched the first draw a different number of times read different draws: a rank is
-    delayed with probability 1 - (1 - 1/P)^2 in every step, and a step delays 2 - 1/P ranks on average at every
-    P (1.98 at the paper's 64, 2.0 at 1,024). :class:`IndependentImbalance` keeps instead the per-rank
+    miss, and the ranks that matched the first draw a different number of times read different draws: a rank
+    is delayed with probability 1 - (1 - 1/P)^2 in every step, and a step delays 2 - 1/P ranks on average at
+    every P (1.98 at the paper's 64, 2.0 at 1,024). :class:`IndependentImbalance` keeps instead the per-rank
     probability of P = 64 at every P. The stream is :func:`uniform` at consecutive positions (not numpy's
-    Mersenne Twister: other values, the same rule); each rank's position is a function of (seed, P, rank, step),
-    computed forward from step 0 once and then step by step (a resumed run recomputes it, microseconds a step)."""
+    Mersenne Twister: other values, the same rule); each rank's position is a function of (seed, P, rank,
+    step), computed forward from step 0 once and then step by step (a resumed run recomputes it, microseconds
+    a step)."""
 
     name = "authors"
 

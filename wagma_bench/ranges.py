@@ -1,10 +1,10 @@
 """The values a numeric setting may take, declared next to its default.
 
-Every numeric field of every configuration schema (the fixed sections in ``config/schema.py``, each optimizer's,
-workload's, imbalance's and data option's ``Settings``) is declared with :func:`setting`, which keeps its
-:class:`Range` in the field's metadata; the config check (:func:`wagma_bench.config.schema.check_ranges`) reads it
-there before any rank starts, and refuses a numeric field that declares none. A leaf module, so that a schema in
-any layer can import it.
+Every numeric field of every configuration schema (the fixed sections in ``config/schema.py``, each
+optimizer's, workload's, imbalance's and data option's ``Settings``) is declared with :func:`setting`, which
+keeps its :class:`Range` in the field's metadata; the config check
+(:func:`wagma_bench.config.schema.check_ranges`) reads it there before any rank starts, and refuses a numeric
+field that declares none. A leaf module, so that a schema in any layer can import it.
 """
 
 from __future__ import annotations

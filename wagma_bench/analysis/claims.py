@@ -1,5 +1,5 @@
-"""``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the paper's
-scale, and a verdict by a written rule.
+"""``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the
+paper's scale, and a verdict by a written rule.
 
     wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
     wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
@@ -9,12 +9,13 @@ The claims are records in ``reproduce/claims.yaml`` (:class:`Claim`). The direct
 tuning directories (``tune.json``, from ``wagma-bench tune``) and simulator outputs (``predictions.json``,
 from ``wagma-bench simulate --out``); a claim names the ones it reads by their folder name.
 
-Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of each
-study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or its
-median throughput over the trials, each with the exact two-stage bootstrap distribution of
-:mod:`wagma_bench.analysis.intervals`. The claim's **speed-up** is the subject's value against the best comparator's,
-oriented so that > 1 favours the subject; its interval comes from the law of the subject against the best of
-independent draws of every comparator (the best is chosen inside the bootstrap, not fixed beforehand).
+Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of
+each study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or
+its median throughput over the trials, each with the exact two-stage bootstrap distribution of
+:mod:`wagma_bench.analysis.intervals`. The claim's **speed-up** is the subject's value against the best
+comparator's, oriented so that > 1 favours the subject; its interval comes from the law of the subject against
+the best of independent draws of every comparator (the best is chosen inside the bootstrap, not fixed
+beforehand).
 
 Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim says otherwise):
 
@@ -24,10 +25,11 @@ Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim say
 - **inconclusive** otherwise: the interval contains t, a comparator has no data, or the subject has none.
 
 A claim on a final metric may compare by difference instead (``compare: difference``: subject minus best, for
-metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its speed
-reference to the power of the tuning's fitted elasticity (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`;
-its interval carries the elasticity's sampling error), and how often the trials' order changed optimizer;
-neither decides. A prediction is shown beside the measurement and never enters the verdict.
+metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its
+speed reference to the power of the tuning's fitted elasticity (``drift_adjusted``,
+:mod:`wagma_bench.analysis.drift`; its interval carries the elasticity's sampling error), and how often the
+trials' order changed optimizer; neither decides. A prediction is shown beside the measurement and never
+enters the verdict.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ REQUIRED = ("id", "paper", "says", "condition", "metric", "subject", "comparator
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
-    """Read and check the claims file; a bad record is refused naming the claim, the key and what is allowed."""
+    """Read and check the claims file; a bad record is refused naming the claim,
+    the key and what is allowed."""
     from wagma_bench.optim import OPTIMIZERS
 
     try:
@@ -262,8 +265,8 @@ def measure(
 
 
 def drift_reference(tune_dir: Path, loaded: tuple | None = None) -> tuple[float | None, int, int]:
-    """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
-    unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
+    """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is
+    None unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
     _, _, summaries = loaded or load_trials(tune_dir)
     finished = [s for s in summaries.values() if trial_finished(s)]
     return drift.tuning_median(finished), sum(map(drift.has_reference, finished)), len(finished)
@@ -290,8 +293,9 @@ def _score(
         if not per_study:
             return math.nan, {}
         return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
-    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or a
-    # negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is negated back
+    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or
+    # a negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is
+    # negated back
     by = BY_TIME if metric == "time_to_target" else BY_METRIC
     costs = [[trial_cost(s, max_runtime_s, by) for s in study] for study in studies]
     value, dist = median_score([min(c) for c in costs]), intervals.tuned_score(costs)
@@ -403,8 +407,8 @@ def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
 
 
 def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str) -> dict:
-    """The prediction's 95% interval over its resampled inputs and what flips it, where the simulator output has
-    them (``simulate --interval``, :mod:`wagma_bench.analysis.predictions`); else says it has none."""
+    """The prediction's 95% interval over its resampled inputs and what flips it, where the simulator output
+    has them (``simulate --interval``, :mod:`wagma_bench.analysis.predictions`); else says it has none."""
     path = sim_dir / INTERVAL_FILE
     if not path.is_file():
         return {
@@ -485,12 +489,12 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
 
 
 def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
-    """The speed-up again with every trial's figures scaled by its speed reference to the power of the tuning's
-    fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it. The point
-    figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap laws at
-    :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried into the
-    interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a finished trial has
-    no reference or the elasticity cannot be fitted."""
+    """The speed-up again with every trial's figures scaled by its speed reference to the power of the
+    tuning's fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it.
+    The point figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap
+    laws at :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried
+    into the interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a
+    finished trial has no reference or the elasticity cannot be fitted."""
     loaded = load_trials(tune_dir)  # once: every value of the elasticity measures the same trials
     median, with_ref, finished = drift_reference(tune_dir, loaded)
     fit = drift_elasticity(tune_dir, loaded) if median is not None else None
@@ -610,8 +614,8 @@ def measured_cell(r: dict) -> str:
 
 
 def drift_cell(r: dict, with_elasticity: bool = True) -> str:
-    """The speed-up with every trial scaled by its speed reference to the power of the fitted elasticity e (shown
-    where it scales the figure); "no reference" where trials lack one."""
+    """The speed-up with every trial scaled by its speed reference to the power of the fitted elasticity e
+    (shown where it scales the figure); "no reference" where trials lack one."""
     d = r.get("drift_adjusted")
     if d is None:
         return "—"
@@ -693,15 +697,15 @@ def summary_table(results: list[dict]) -> str:
 
 RULE = (
     "Speed-up: the subject's tuned value against the best comparator's, > 1 favouring the subject (times and "
-    "throughputs alike); a claim with compare=difference gives subject minus best instead (+0.05: five points "
-    "above). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
+    "throughputs alike); a claim with compare=difference gives subject minus best instead (+0.05: five "
+    "points above). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
     "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
     "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
     "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
-    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's time or throughput "
-    "scaled by (its speed reference over the tuning's median)^e, e the elasticity of seconds per round to the "
-    "reference fitted within optimizers over the tuning, ± its standard error, which the interval carries): it "
-    "shows how much the machine's drift could move the raw one."
+    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's time or "
+    "throughput scaled by (its speed reference over the tuning's median)^e, e the elasticity of seconds per "
+    "round to the reference fitted within optimizers over the tuning, ± its standard error, which the "
+    "interval carries): it shows how much the machine's drift could move the raw one."
 )
 
 
@@ -793,8 +797,8 @@ def prediction_lines(p: dict | None) -> list[str]:
         if p.get("interval"):
             lo, hi = p["interval"]
             lines += [
-                f"Prediction interval (95%, {p['replicates']} replicates; resampled: {'; '.join(p['resampled'])}): "
-                f"[{times(lo)}, {times(hi)}]. Nearest flip: {p['flip']}."
+                f"Prediction interval (95%, {p['replicates']} replicates; resampled: "
+                f"{'; '.join(p['resampled'])}): [{times(lo)}, {times(hi)}]. Nearest flip: {p['flip']}."
                 + (f" The trainer's barrier: {p['with_barrier']}." if p.get("with_barrier") else ""),
                 "",
             ]
@@ -844,8 +848,8 @@ def render(results: list[dict], sources: list[str]) -> str:
     lines = [
         "# The papers' claims, tested",
         "",
-        f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['inconclusive']} inconclusive "
-        f"(of {len(results)}). Generated by `wagma-bench claims` from: "
+        f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['inconclusive']} "
+        f"inconclusive (of {len(results)}). Generated by `wagma-bench claims` from: "
         + ", ".join(f"`{s}`" for s in sources)
         + ".",
         "",
@@ -861,7 +865,7 @@ def render(results: list[dict], sources: list[str]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-# --- command line ---------------------------------------------------------------------------------------------
+# --- command line -------------------------------------------------------------------------------------------
 
 
 def make_claims(
@@ -884,8 +888,8 @@ def make_claims(
         if not allow_missing:
             raise ConfigError(
                 f"{said}; a claim measured without them would rest on fewer trials than planned: finish them "
-                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without them "
-                "(the tables then say how many trials each has)"
+                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without "
+                "them (the tables then say how many trials each has)"
             )
         print(
             f"wagma-bench claims: warning: {said}; measured without them (--allow-missing)", file=sys.stderr

@@ -55,9 +55,9 @@ def save(fig, path: Path) -> Path:
 
 def write_png(fig, f) -> None:
     """The figure as an 8-bit palette PNG, opaque: its flat colours and antialiased edges fit in 256 colours
-    (Pillow's maximum-coverage quantizer: at most 24 levels in 255 from the 32-bit render, at antialiased edges,
-    under half a level on average; tests/test_report.py), in a third of the bytes; the results committed with the
-    repository carry dozens of figures, and the repository must stay under 20 MB."""
+    (Pillow's maximum-coverage quantizer: at most 24 levels in 255 from the 32-bit render, at antialiased
+    edges, under half a level on average; tests/test_report.py), in a third of the bytes; the results
+    committed with the repository carry dozens of figures, and the repository must stay under 20 MB."""
     from PIL import Image
 
     render = io.BytesIO()

@@ -1,9 +1,9 @@
 """A paper-scale prediction's interval and the assumption that flips it, read from ``interval.json``.
 
 ``wagma-bench simulate --interval N`` (:mod:`wagma_bench.simulate.uncertainty`) writes the file beside
-``predictions.json``: N predictions with their inputs resampled, and the prediction with one assumption moved at a
-time along a grid. ``wagma-bench claims`` asks here for a claim's speed-up in each replicate (its 95% interval)
-and for where along each assumption's grid the speed-up crosses the claim's threshold.
+``predictions.json``: N predictions with their inputs resampled, and the prediction with one assumption moved
+at a time along a grid. ``wagma-bench claims`` asks here for a claim's speed-up in each replicate (its 95%
+interval) and for where along each assumption's grid the speed-up crosses the claim's threshold.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def claim_ratio(
     metric: str,
     lower_is_better: bool,
 ) -> tuple[float, str] | None:
-    """(subject against the best comparator, that comparator) in one prediction; None where either is missing."""
+    """(subject against the best comparator, that comparator) in one prediction;
+    None where either is missing."""
     subject_value = (rows.get(subject) or {}).get(metric)
     have = {o: (rows.get(o) or {}).get(metric) for o in comparators}
     have = {o: v for o, v in have.items() if v}
@@ -39,7 +40,8 @@ def claim_ratio(
 
 
 def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float] | None:
-    """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates (each against its own best)."""
+    """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates
+    (each against its own best)."""
     values = [
         r[0]
         for rep in data["predictions"]
@@ -52,10 +54,10 @@ def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float
 
 
 def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) -> list[dict]:
-    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two grid
-    points around the crossing; the one nearest the base value), with the distance from the base that takes: the
-    log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from 0 to 1), none
-    for the barrier."""
+    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two
+    grid points around the crossing; the one nearest the base value), with the distance from the base that
+    takes: the log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from
+    0 to 1), none for the barrier."""
     out = []
     by_knob: dict[str, list[dict]] = {}
     for point in data["sensitivity"]:
@@ -102,8 +104,8 @@ def nearest_flip(flips: list[dict]) -> dict | None:
 
 
 def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
-    """What ties the claim: the nearest assumption; where none within its grid does, whether the trainer's barrier
-    (the suite's AD-PSGD and WAGMA-SGD meet every 10 rounds; the papers' never) does."""
+    """What ties the claim: the nearest assumption; where none within its grid does, whether the trainer's
+    barrier (the suite's AD-PSGD and WAGMA-SGD meet every 10 rounds; the papers' never) does."""
     if flip is None:
         if barrier is not None and barrier["crossing"] is not None:
             ratio = dict(barrier["curve"]).get(10.0)
@@ -118,8 +120,8 @@ def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
 
 
 def barrier_sentence(flip: dict | None) -> str | None:
-    """The prediction with and without the trainer's barrier (the suite's runs meet every 10 rounds; the papers'
-    implementations never do), from the ``control_every`` points of the grid."""
+    """The prediction with and without the trainer's barrier (the suite's runs meet every 10 rounds; the
+    papers' implementations never do), from the ``control_every`` points of the grid."""
     if flip is None or len(flip["curve"]) < 2:
         return None
     said = {int(x): y for x, y in flip["curve"]}

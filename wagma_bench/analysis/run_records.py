@@ -1,5 +1,5 @@
-"""Run directories read as the report compares them: one :class:`RunRecord` per run, a crashed or half-written one
-included with what is missing listed (never an exception), and the runs grouped by what they were measured
+"""Run directories read as the report compares them: one :class:`RunRecord` per run, a crashed or half-written
+one included with what is missing listed (never an exception), and the runs grouped by what they were measured
 against. :mod:`wagma_bench.analysis.report` builds its tables from these records; ``simulate`` finds runs with
 :func:`find_runs`."""
 
@@ -128,8 +128,8 @@ def name_variants(runs: Sequence[RunRecord]) -> None:
 
 def variant_labels(items: Sequence[tuple[str | None, dict]]) -> list[str]:
     """Per (optimizer, its settings): the settings in which it differs from the other items of the same
-    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count: a
-    run logged before a setting existed ran at what is now its default, which its record does not say."""
+    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count:
+    a run logged before a setting existed ran at what is now its default, which its record does not say."""
     by_optimizer: dict[str | None, list[dict]] = {}
     for name, settings in items:
         by_optimizer.setdefault(name, []).append(settings)

@@ -1,8 +1,8 @@
-"""Tuned combinations (``wagma-bench tune``) ranked against each other: each combination's score as a table row
-with its ratio to tuned allreduce on the same problem (workload, data, world size, imbalance), and AlgoPerf's
-performance profile across problems. The score of one combination is :mod:`wagma_bench.analysis.tuning`'s (the
-median over studies of each study's best); this module compares those scores across optimizers, by one rule
-for the report's tuned section and its tests."""
+"""Tuned combinations (``wagma-bench tune``) ranked against each other: each combination's score as a table
+row with its ratio to tuned allreduce on the same problem (workload, data, world size, imbalance), and
+AlgoPerf's performance profile across problems. The score of one combination is
+:mod:`wagma_bench.analysis.tuning`'s (the median over studies of each study's best); this module compares
+those scores across optimizers, by one rule for the report's tuned section and its tests."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def _problem(row: dict) -> tuple:
 def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
     """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
     P, imbalance) where its score is at most tau x the best score of any optimizer there (a best metric: at
-    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and
-    the number of problems."""
+    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)}
+    and the number of problems."""
     scores: dict[tuple, dict[str, float]] = {}
     for r in rows:
         scores.setdefault(_problem(r), {})[r["optimizer"]] = figure_cost(*_figure(r))

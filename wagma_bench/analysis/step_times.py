@@ -1,6 +1,7 @@
 """A run's per-rank step-time components (compute, injected delay, communication), read from its step records
-(:mod:`wagma_bench.record.steps`, raw or compact) as tidy rows and summarised: what the report's step-time figure
-and table show, where a straggler appears as its own delay or compute and as its peers' communication."""
+(:mod:`wagma_bench.record.steps`, raw or compact) as tidy rows and summarised: what the report's step-time
+figure and table show, where a straggler appears as its own delay or compute and as its peers'
+communication."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The one writer of tables: Markdown (report, claims, simulate) and CSV, with the same cell formats everywhere."""
+"""The one writer of tables: Markdown (report, claims, simulate) and CSV, with the
+same cell formats everywhere."""
 
 from __future__ import annotations
 

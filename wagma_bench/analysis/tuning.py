@@ -1,11 +1,11 @@
-"""A tuning directory read and scored by MLCommons AlgoPerf's external tuning rule: per study the fastest trial to
-the target (training clock, as ``report``), the score the median over the studies of those bests, a study whose
-trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
-Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are scored the
-same way by their best metric, higher being better: per study the trial with the highest best metric, the score
-the median of those (AlgoPerf scores only time to target; this reading is ours). ``wagma-bench tune``
-(:mod:`wagma_bench.campaign.tune`) plans and runs the trials; ``report``, ``claims`` and ``simulate`` read them
-through this module."""
+"""A tuning directory read and scored by MLCommons AlgoPerf's external tuning rule: per study the fastest
+trial to the target (training clock, as ``report``), the score the median over the studies of those bests, a
+study whose trials all missed counting as infinite (so the score is infinite when half the studies or more
+missed). Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are
+scored the same way by their best metric, higher being better: per study the trial with the highest best
+metric, the score the median of those (AlgoPerf scores only time to target; this reading is ours).
+``wagma-bench tune`` (:mod:`wagma_bench.campaign.tune`) plans and runs the trials; ``report``, ``claims`` and
+``simulate`` read them through this module."""
 
 from __future__ import annotations
 
@@ -102,8 +102,9 @@ def median_score(bests: list[float]) -> float:
 
 
 def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
-    """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with no
-    target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing to reach)."""
+    """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with
+    no target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing
+    to reach)."""
     by = scored_by(summaries.get(t.name) for t in trials)
     counted = [t for t in trials if trial_finished(summaries.get(t.name))]  # the one rule (trial_finished)
     cost = {t.name: trial_cost(summaries.get(t.name), max_runtime_s, by) for t in counted}
@@ -161,31 +162,33 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
     }
 
 
-# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is better
-# (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's score
-# median_score over its studies' bests.
+# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is
+# better (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's
+# score median_score over its studies' bests.
 LOWER_IS_BETTER = {"time_to_target": True, "throughput": False, "final_metric": False}
 
 
 def figure_cost(value: float | None, metric: str) -> float:
-    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so that
-    a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive figure."""
+    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so
+    that a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive
+    figure."""
     if value is None or not 0 < value < INF:
         return INF
     return value if LOWER_IS_BETTER[metric] else 1.0 / value
 
 
 def favours(value: float | None, reference: float | None, metric: str) -> float | None:
-    """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time over
-    the value's; the value's throughput or metric over the reference's); None where either has no finite cost."""
+    """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time
+    over the value's; the value's throughput or metric over the reference's); None where either has no finite
+    cost."""
     cost, ref = figure_cost(value, metric), figure_cost(reference, metric)
     return ref / cost if math.isfinite(cost) and math.isfinite(ref) else None
 
 
 def trial_finished(summary: dict | None) -> bool:
-    """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed one
-    counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss, and a
-    study none of whose trials finished is left out of its combination's score."""
+    """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed
+    one counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss,
+    and a study none of whose trials finished is left out of its combination's score."""
     from wagma_bench.record.rundir import FINISHED
 
     return bool(summary) and summary.get("status") in (*FINISHED, "failed")
@@ -259,7 +262,8 @@ def _drift_adjusted(
 ) -> dict | None:
     """The combination's score with every trial scaled to the tuning's median speed reference by the fitted
     elasticity (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a
-    reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no effect)."""
+    reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no
+    effect)."""
     if median_ref is None or fit is None:
         return None
     scaled = {k: drift.adjusted(v, median_ref, cap, fit.value) if v else v for k, v in summaries.items()}
@@ -269,8 +273,8 @@ def _drift_adjusted(
 
 def optimizer_changes(tune_dir: Path, combos: dict[str, list[Trial]]) -> float | None:
     """Of the trials that started, ordered by their start, the fraction of consecutive pairs whose combination
-    differs: about 0 when each combination ran as one block, near 1 when interleaved (``tune``'s order). None with
-    fewer than two started trials or a single combination."""
+    differs: about 0 when each combination ran as one block, near 1 when interleaved (``tune``'s order). None
+    with fewer than two started trials or a single combination."""
     starts = []
     for combo, trials in combos.items():
         for t in trials:

@@ -2,9 +2,9 @@
 built with W&B's own Reports and Workspaces API (``wandb-workspaces``: ``wandb_workspaces.reports.v2`` and
 ``wandb_workspaces.workspaces``), over the W&B runs that ``logger=wandb`` logged.
 
-Panels read what the runs log (:class:`~wagma_bench.record.loggers.WandbSink`): ``eval/<metric>``, ``train_s``,
-``samples`` and ``rank<R>/{compute,delay,comm}_s`` in the history; the run summary (``time_to_target_s``,
-``throughput_samples_per_s``, ``best_metric``); the flat config keys of
+Panels read what the runs log (:class:`~wagma_bench.record.loggers.WandbSink`): ``eval/<metric>``,
+``train_s``, ``samples`` and ``rank<R>/{compute,delay,comm}_s`` in the history; the run summary
+(``time_to_target_s``, ``throughput_samples_per_s``, ``best_metric``); the flat config keys of
 :func:`~wagma_bench.record.loggers.grouping_config` (``optimizer``, ``workload``, ``data``, ``world_size``,
 ``imbalance``, ``tuning_trial``, ``study``, ``trial``, ``tuned_<key>``); and the W&B group (a tuning's).
 :func:`named_keys` lists every key a report or workspace names, so a test can check them against what the runs
@@ -12,8 +12,8 @@ logged (:func:`unlogged`).
 
 Without an API key nothing is sent: the report's and the workspace's models (their JSON specs) are written to
 ``OUT/wandb-report.json``, and ``wagma-bench report --wandb-publish OUT/wandb-report.json`` saves them later
-(:func:`publish`). A run set of a saved report names its project, which W&B looks up when the model is made: so
-the offline spec leaves the run sets' project out and :func:`publish` puts it in.
+(:func:`publish`). A run set of a saved report names its project, which W&B looks up when the model is made:
+so the offline spec leaves the run sets' project out and :func:`publish` puts it in.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ STEP_FIELDS = ("compute_s", "delay_s", "comm_s")  # WandbSink's per-rank step-ti
 
 
 def load_api():
-    """``wandb_workspaces.reports.v2``, ``wandb_workspaces.workspaces`` and ``wandb_workspaces.expr``; a missing
-    extra is one line naming its install (a ConfigError: exit 2)."""
+    """``wandb_workspaces.reports.v2``, ``wandb_workspaces.workspaces`` and ``wandb_workspaces.expr``; a
+    missing extra is one line naming its install (a ConfigError: exit 2)."""
     require("wandb", "wandb", "--wandb-report")
     require("wandb_workspaces", "wandb", "--wandb-report")
     import wandb_workspaces.reports.v2 as wr
@@ -217,7 +217,10 @@ def deliver(out: Path, report, workspace, online: bool) -> list[str]:
     path = write_spec(out, report, workspace)
     return [
         f"{why}: wrote the report's and the workspace's spec to {path}",
-        f"publish it later (after `wandb sync` of the runs' offline directories) with: {publish_command(path)}",
+        (
+            "publish it later (after `wandb sync` of the runs' offline directories) with: "
+            f"{publish_command(path)}"
+        ),
     ]
 
 

@@ -1,5 +1,5 @@
-"""The report's tables and figures logged as one W&B run (``wagma-bench report --wandb``): apart from building the
-report, which needs neither wandb nor a key."""
+"""The report's tables and figures logged as one W&B run (``wagma-bench report --wandb``): apart from building
+the report, which needs neither wandb nor a key."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def runs_target(
     runs: Sequence[RunRecord], project: str | None, entity: str | None, group: str | None
 ) -> tuple[str, str | None, str | None, str]:
     """The W&B project, entity and group of the report's run, and a line saying whence: each one given on the
-    command line; else the runs' own where they share it: the project and entity they logged into (runs that did
-    not log to W&B have no say), the group they logged into (``logger.wandb.group``, else their sweep's,
+    command line; else the runs' own where they share it: the project and entity they logged into (runs that
+    did not log to W&B have no say), the group they logged into (``logger.wandb.group``, else their sweep's,
     :func:`~wagma_bench.record.loggers.sweep_group`, which runs without W&B would have had too). Runs that
     disagree: the default project, no entity (W&B's default), no group, and the line says so."""
     from wagma_bench.record.loggers import sweep_group

@@ -27,16 +27,16 @@ simulator's network model apart, each rank's host name gathered first: ``intra``
 ranks of one host (every host that has more than one, its groups timed together: they share no link), and
 ``inter``, among one rank per host (each host's lowest rank; the other ranks wait): group sizes 2, 4, ... and
 the whole count. Alpha and beta of each level are fitted as ``wagma-bench simulate --calibrate`` fits them
-(:func:`wagma_bench.simulate.calibrate.fit_network`), printed, and written with the rows (``levels``, ``fit``).
-A run on one host measures the intra-node link only (its ``results`` are that level's rows).
+(:func:`wagma_bench.simulate.calibrate.fit_network`), printed, and written with the rows (``levels``,
+``fit``). A run on one host measures the intra-node link only (its ``results`` are that level's rows).
 
 Runs as ``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: under
-none of those launchers it forks ``--nproc`` local ranks; under ``srun`` or ``torchrun`` each process is a rank of
-the launcher's world, joined as ``wagma-bench run`` joins it (the rendezvous at the step's first host, gloo's
-interface the route to it: :func:`wagma_bench.runtime.launch.join_world`); with ``--comm mpi`` it runs under
-mpiexec (started for you when needed) or ``srun --mpi=pmi2``. ``--device cuda`` puts the buffers on the GPUs
-(NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and synchronises the
-device before a repeat's clock stops. Rank 0 prints and writes ``--out``.
+none of those launchers it forks ``--nproc`` local ranks; under ``srun`` or ``torchrun`` each process is a
+rank of the launcher's world, joined as ``wagma-bench run`` joins it (the rendezvous at the step's first host,
+gloo's interface the route to it: :func:`wagma_bench.runtime.launch.join_world`); with ``--comm mpi`` it runs
+under mpiexec (started for you when needed) or ``srun --mpi=pmi2``. ``--device cuda`` puts the buffers on the
+GPUs (NCCL with a GPU per rank, else gloo on CUDA tensors, as ``wagma-bench run`` decides) and synchronises
+the device before a repeat's clock stops. Rank 0 prints and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -58,11 +58,12 @@ from wagma_bench.record.files import write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 DEFAULT_SIZES = "4K,64K,1M,16M,100M"
-# One rank's peak resident memory, MiB, as reproduce/memory/footprint.py measures a workload's (peak VmRSS of a rank,
-# `footprint.py comm-bench --nproc N --sizes S --repeats 2`, CPU, 2026-12-06, this 2-core 23.4 GiB machine): 398 and
-# 403 with 4K messages (2 and 8 ranks), 448 with 16M, 618 and 632 with 100M (2 and 4 ranks). Torch and gloo without a
-# model or data (a workload's rank holds about 1,100), and about 2.4 copies of the largest message (the buffer, the
-# wait-avoiding engine's snapshot, gloo's scratch). Rounded up: ranks x this must fit the machine, as `run`'s ranks.
+# One rank's peak resident memory, MiB, as reproduce/memory/footprint.py measures a workload's (peak VmRSS of
+# a rank, `footprint.py comm-bench --nproc N --sizes S --repeats 2`, CPU, 2026-12-06, this 2-core 23.4 GiB
+# machine): 398 and 403 with 4K messages (2 and 8 ranks), 448 with 16M, 618 and 632 with 100M (2 and 4 ranks).
+# Torch and gloo without a model or data (a workload's rank holds about 1,100), and about 2.4 copies of the
+# largest message (the buffer, the wait-avoiding engine's snapshot, gloo's scratch). Rounded up: ranks x this
+# must fit the machine, as `run`'s ranks.
 RANK_BASE_MB = 420.0
 RANK_MESSAGE_COPIES = 2.5
 COMM_TIMEOUT_S = 300.0  # a collective that has not completed by then fails (run's comm.timeout_s default)
@@ -72,7 +73,8 @@ RENDEZVOUS_TIMEOUT_S = (
 
 
 def rank_memory_mb(sizes: list[int]) -> float:
-    """What one comm-bench rank holds at its peak with these message sizes (the figure the machine check uses)."""
+    """What one comm-bench rank holds at its peak with these message sizes (the
+    figure the machine check uses)."""
     return RANK_BASE_MB + RANK_MESSAGE_COPIES * max(sizes) / 2**20
 
 
@@ -437,9 +439,9 @@ def level_sizes(n: int) -> list[int]:
 
 
 def level_groups(hosts: list[str]) -> dict[str, dict[int, list[tuple[int, ...]]]]:
-    """Per level and group size, the groups timed together: ``intra``, the first S ranks of every host that has
-    at least S (S up to the fewest ranks any host with more than one has); ``inter``, one rank of each of the
-    first S hosts (its lowest). A level with nothing to time (one rank a host; one host) is left out."""
+    """Per level and group size, the groups timed together: ``intra``, the first S ranks of every host that
+    has at least S (S up to the fewest ranks any host with more than one has); ``inter``, one rank of each of
+    the first S hosts (its lowest). A level with nothing to time (one rank a host; one host) is left out."""
     by_host = ranks_by_host(hosts)
     shared = [ranks for ranks in by_host.values() if len(ranks) > 1]
     levels: dict[str, dict[int, list[tuple[int, ...]]]] = {}
@@ -494,7 +496,8 @@ def format_levels(levels: dict[str, list[dict]]) -> str:
             bw = r["bytes"] / r["median_s"]
             spread = f"{1e3 * r['p10_s']:.2f}-{1e3 * r['p90_s']:.2f}"
             out.append(
-                f"{level:<7}{r['group_size']:>4}{human(r['bytes']):>8}{1e3 * r['median_s']:>11.3f}{spread:>17}"
+                f"{level:<7}{r['group_size']:>4}{human(r['bytes']):>8}"
+                f"{1e3 * r['median_s']:>11.3f}{spread:>17}"
                 f"{bw / 1e9:>8.2f}{bw * bus_factor(r['group_size']) / 1e9:>8.2f}"
             )
     return "\n".join(out)
@@ -514,9 +517,9 @@ def network_fit(result: dict) -> dict | None:
         fit = report["levels"][level]
         if fit["measured"]:
             print(
-                f"comm-bench: {level}-node link ({report['algorithm']}): alpha {fit['alpha_s'] * 1e6:.1f} us, "
-                f"beta {fit['beta_s_per_byte']:.3g} s/B ({fit['bandwidth_GBps']:.3g} GB/s), relative RMS error "
-                f"{fit['rel_rms']:.2f}, {fit['rows']} rows"
+                f"comm-bench: {level}-node link ({report['algorithm']}): alpha {fit['alpha_s'] * 1e6:.1f} "
+                f"us, beta {fit['beta_s_per_byte']:.3g} s/B ({fit['bandwidth_GBps']:.3g} GB/s), relative RMS "
+                f"error {fit['rel_rms']:.2f}, {fit['rows']} rows"
             )
         else:
             print(f"comm-bench: {level}-node link {fit['note']}")
@@ -547,7 +550,8 @@ def _rank_main(index: int, nproc: int, port: int, args: dict) -> None:
 
 def _launched_rank(world, sizes: list[int], repeats: int, device: str, out: Path) -> int:
     """One rank of the launcher's world (srun, torchrun; torch.distributed under mpiexec), joined as `run`'s
-    ranks join theirs, on gloo, or with ``--device cuda`` on the plan `run` would make for this host's ranks."""
+    ranks join theirs, on gloo, or with ``--device cuda`` on the plan `run` would make for this host's
+    ranks."""
     from wagma_bench.runtime.launch import device_plan, external_master, join_world, run_identity
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world.local_world_size)))
@@ -571,8 +575,8 @@ def bench(
     nproc: int, sizes: list[int], repeats: int, comm_name: str, device: str, out: Path, argv: list[str]
 ) -> int:
     """Measure and report: under a launcher (srun, torchrun, mpiexec) as a rank of its world, under none by
-    starting ``mpiexec`` with the same ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from the
-    rank server. The arguments were checked by the command (:mod:`wagma_bench.cli.commbench`)."""
+    starting ``mpiexec`` with the same ``argv`` (``comm_name`` mpi), else ``nproc`` local ranks forked from
+    the rank server. The arguments were checked by the command (:mod:`wagma_bench.cli.commbench`)."""
     from wagma_bench.runtime.world import detect_world
 
     world = detect_world()
@@ -604,9 +608,9 @@ def bench(
 
     from wagma_bench.runtime.launch import listen_for_store, serve_store, start_rank_server
 
-    # The ranks' store is this process's, on loopback, on the port the OS gives it as it starts listening: a port
-    # picked free and bound later by rank 0 could be taken meanwhile (it was, in make test). Made before the fork
-    # server starts: the server, started by exec, inherits no thread and no socket of it.
+    # The ranks' store is this process's, on loopback, on the port the OS gives it as it starts listening: a
+    # port picked free and bound later by rank 0 could be taken meanwhile (it was, in make test). Made before
+    # the fork server starts: the server, started by exec, inherits no thread and no socket of it.
     store = serve_store(listen_for_store("127.0.0.1", 0), timeout_s=RENDEZVOUS_TIMEOUT_S)
     start_rank_server()  # the ranks are forked from it, torch imported once
     mp.start_processes(

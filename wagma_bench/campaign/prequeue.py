@@ -4,14 +4,14 @@ so that a job does not wait in SLURM's queue only to fail at its start or to spe
 - Each run's data (:func:`check_data`): the path its data option reads (``data.root``, ``data.path``,
   ``env.data_root``) exists on the submitting host, is readable and has the layout that option reads, by the
   same checks ``wagma-bench run`` makes at its start. A path that only the compute nodes see (a scratch file
-  system not mounted where the sweep is rendered) is said with ``--data-on-nodes``: it is then not checked here,
-  and the output says so.
+  system not mounted where the sweep is rendered) is said with ``--data-on-nodes``: it is then not checked
+  here, and the output says so.
 - The sweep's GPU-hours (:func:`gpu_hours`): the sum over runs of GPUs x rounds x seconds per round. Seconds
-  per round are measured ones where ``--step-times RUN_DIR...`` holds a finished run of the same workload, data,
-  optimizer and world size, else the simulator's (:func:`wagma_bench.simulate.des.simulate`, the model of
-  ``wagma-bench simulate``, with its workload preset and the cluster profile's network); rounds are the trainer's
-  plan (:class:`wagma_bench.config.plan.RunPlan`). Beside it, the bound the queue enforces: every run's GPUs x
-  ``cluster.time``.
+  per round are measured ones where ``--step-times RUN_DIR...`` holds a finished run of the same workload,
+  data, optimizer and world size, else the simulator's (:func:`wagma_bench.simulate.des.simulate`, the model
+  of ``wagma-bench simulate``, with its workload preset and the cluster profile's network); rounds are the
+  trainer's plan (:class:`wagma_bench.config.plan.RunPlan`). Beside it, the bound the queue enforces: every
+  run's GPUs x ``cluster.time``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ LAYOUTS = {
 
 
 def data_paths(cfg: RunConfig) -> list[tuple[str, str]]:
-    """(key, path) of the files a run's data option reads from outside the suite; none for the embedded data."""
+    """(key, path) of the files a run's data option reads from outside the suite;
+    none for the embedded data."""
     section = WORKLOAD_SPECS[cfg.workload.name].DATA_SECTION
     data = cfg.data
     key = {"imagenet": "root", "wmt17_en_de": "path", "habitat": "data_root"}.get(data.name)
@@ -174,7 +175,8 @@ def steps_per_epoch(cfg: RunConfig, gpus: int, measured: Measured) -> int | None
 
 
 def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
-    """The run's length in rounds by the trainer's plan; None when it depends on an unknown training-set size."""
+    """The run's length in rounds by the trainer's plan; None when it depends on
+    an unknown training-set size."""
     per_epoch = steps_per_epoch(cfg, gpus, measured)
     if per_epoch is None and cfg.train.max_rounds is None:
         return None
@@ -183,8 +185,8 @@ def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
 
 
 class Predictor:
-    """Seconds per round of a run as the simulator predicts it (one simulation per distinct optimizer settings,
-    imbalance and world size); None where no workload preset models the run."""
+    """Seconds per round of a run as the simulator predicts it (one simulation per distinct optimizer
+    settings, imbalance and world size); None where no workload preset models the run."""
 
     def __init__(self, profile: ClusterProfile):
         self.profile, self.cache, self.presets = profile, {}, set()
@@ -245,7 +247,8 @@ class Predictor:
 def gpu_hours(
     profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_times: Iterable[str] = ()
 ) -> dict:
-    """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the bound, and where each came from."""
+    """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the
+    bound, and where each came from."""
     measured = read_step_times(step_times)
     predictor = Predictor(profile)
     limit_s = time_limit_s(profile.time)
@@ -299,7 +302,8 @@ def time_limit_s(limit: str) -> float | None:
 
 
 def gpu_hour_line(est: dict, cluster: str) -> str:
-    """One line: the expected GPU-hours and where they come from, and the bound of the cluster's time limit."""
+    """One line: the expected GPU-hours and where they come from, and the bound
+    of the cluster's time limit."""
     counts = est["sources"]
     parts = []
     if counts["measured"]:
@@ -321,8 +325,9 @@ def gpu_hour_line(est: dict, cluster: str) -> str:
             f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)"
         )
     line = (
-        f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x seconds "
-        f"per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not counted)"
+        f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x "
+        f"seconds per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not "
+        "counted)"
     )
     if est["longer_than_time"]:
         line += (
@@ -342,6 +347,7 @@ def n_runs(n: int) -> str:
 
 
 def summary(manifest: dict) -> str:
-    """What a rendered sweep's manifest says was checked before the queue: a line per data path, the GPU-hours."""
+    """What a rendered sweep's manifest says was checked before the queue: a line
+    per data path, the GPU-hours."""
     checks = manifest.get("checks") or {}
     return "\n".join([*checks.get("data", []), checks["gpu_hours"]["line"]])

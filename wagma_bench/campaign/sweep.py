@@ -2,10 +2,11 @@
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50_stragglers \\
-        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
-        [--data-on-nodes] [--step-times RUN_DIR]...
-        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the compute nodes:
-                                        not checked here (else it must exist with its layout, or exit 2)
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR]
+        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]...
+        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the
+                                        compute nodes: not checked here (else it must exist with its
+                                        layout, or exit 2)
         --step-times RUN_DIR            finished runs (repeatable; a sweep's too) whose seconds per round the
                                         GPU-hour line takes, else the simulator's
     wagma-bench sweep submit DIR        submit a rendered sweep; after a cancel, submit again the runs that
@@ -23,14 +24,15 @@ Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` 
 ``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
 one with several values is a sweep axis. Arguments are read by Hydra's own override parser, so the sweep
 grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
-``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
-:func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
+``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed
+with Hydra and checked by :func:`wagma_bench.config.schema.validate` before anything is written, so a bad
+option fails at once.
 
-Checked before the queue (:mod:`wagma_bench.campaign.prequeue`, docs/slurm.md): each run's data path exists, is
-readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
-reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x seconds
-per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N`` renders each
-job array as ``--array=0-K%N``.
+Checked before the queue (:mod:`wagma_bench.campaign.prequeue`, docs/slurm.md): each run's data path exists,
+is readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
+reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x
+seconds per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N``
+renders each job array as ``--array=0-K%N``.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
@@ -215,10 +217,10 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
 
 
 def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> dict[str, RunConfig]:
-    """Compose every combination with Hydra and validate it at its GPU count (the world's rules: a slow rank that
-    exists, a group size that divides it); returns each run's checked config by its name. Seeds and GPU counts do
-    not change the composition, so each distinct set of the other overrides is composed once (about 0.05 s each)
-    and validated once per GPU count."""
+    """Compose every combination with Hydra and validate it at its GPU count (the world's rules: a slow rank
+    that exists, a group size that divides it); returns each run's checked config by its name. Seeds and GPU
+    counts do not change the composition, so each distinct set of the other overrides is composed once (about
+    0.05 s each) and validated once per GPU count."""
     from hydra import compose
     from hydra.errors import HydraException
 
@@ -314,7 +316,8 @@ def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, ar
 
 
 def array_option(tasks: int, parallelism: int | None) -> str:
-    """``--array=0-<tasks-1>``, throttled to ``cluster.array_parallelism`` tasks at a time (``%N``) when set."""
+    """``--array=0-<tasks-1>``, throttled to ``cluster.array_parallelism`` tasks
+    at a time (``%N``) when set."""
     return f"--array=0-{tasks - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
@@ -330,7 +333,10 @@ def setup_lines(profile: ClusterProfile) -> list[str]:
 
 def select_run_lines(runs: list[SweepRun], array: bool) -> list[str]:
     def assign(run: SweepRun) -> str:
-        return f"RUN_DIR={shlex.quote(run.run_dir)}; OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+        return (
+            f"RUN_DIR={shlex.quote(run.run_dir)}; "
+            f"OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+        )
 
     if not array:
         return [f"# run {runs[0].name}", assign(runs[0])]
@@ -359,7 +365,8 @@ def render_script(spec: SweepSpec, runs: list[SweepRun], script: Path, log_dir: 
         "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
         "setup_lines": "\n".join(setup_lines(profile)),
         "select_run": "\n".join(select_run_lines(runs, array)),
-        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun: without it each rank gets one core
+        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun:
+        # without it each rank gets one core
         "launcher": f'{profile.launcher[comm]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1',
         "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
     }
@@ -387,9 +394,9 @@ def render(
     data_on_nodes: bool = False,
     step_times: tuple[str, ...] = (),
 ) -> dict:
-    """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the data
-    paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts and the
-    manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
+    """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the
+    data paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts
+    and the manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
     ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
     from wagma_bench.campaign import prequeue
 

@@ -1,25 +1,25 @@
-"""A rendered sweep on SLURM, followed and controlled: submit it (and submit again what was cancelled), each run's
-state, wait for the whole sweep, cancel it.
+"""A rendered sweep on SLURM, followed and controlled: submit it (and submit again what was cancelled), each
+run's state, wait for the whole sweep, cancel it.
 
-The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.campaign.sweep`) is the record: each job's
-id, and per run the id of its own later submission (``job_id``), the ids it had before (``earlier_jobs``) and,
-while it stands cancelled, when and which job (``cancelled``). A cancelled run's directory also holds
-``cancelled.json`` (:data:`wagma_bench.record.rundir.CANCELLED`), which its ranks read before any requeue and
-``report`` reads to show it as cancelled.
+The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.campaign.sweep`) is the record: each
+job's id, and per run the id of its own later submission (``job_id``), the ids it had before
+(``earlier_jobs``) and, while it stands cancelled, when and which job (``cancelled``). A cancelled run's
+directory also holds ``cancelled.json`` (:data:`wagma_bench.record.rundir.CANCELLED`), which its ranks read
+before any requeue and ``report`` reads to show it as cancelled.
 
 Cancelling (:func:`cancel`): every run not yet ended is marked, then its job loses the right to be requeued
-(``scontrol update JobId=... Requeue=0``), then ``scancel``. Plain scancel is what we want: SLURM sends SIGTERM
-to the batch shell and to every task of the job's steps (our ranks), and SIGKILL after ``KillWait`` seconds
-(30 by default); the ranks take TERM as "save and stop" (:mod:`wagma_bench.runtime.preemption`), so each run
-ends with a checkpoint at its next synchronisation point when that comes within KillWait, else it keeps its
-last periodic one. Pending array tasks are cancelled outright. SLURM itself never requeues a cancelled job, but
-``scontrol requeue`` does bring one back (measured on the local cluster: a CANCELLED array went back to
-PENDING); rank 0 runs it after a USR1 (the time-limit warning) or USR2, so a warning caught just before the
-cancel would undo it. Two guards, each enough alone: the note in the run directory, written before the scancel,
-which the trainer checks before it requeues (it also holds where the job is not ours, under any script), and
-``Requeue=0``, under which SLURM refuses any requeue of the job ("Requested operation is presently disabled"),
-in case the note is not yet visible on the rank's node (a shared file system's attribute cache). No hold: a
-held job still counts as pending, and SLURM would keep it.
+(``scontrol update JobId=... Requeue=0``), then ``scancel``. Plain scancel is what we want: SLURM sends
+SIGTERM to the batch shell and to every task of the job's steps (our ranks), and SIGKILL after ``KillWait``
+seconds (30 by default); the ranks take TERM as "save and stop" (:mod:`wagma_bench.runtime.preemption`), so
+each run ends with a checkpoint at its next synchronisation point when that comes within KillWait, else it
+keeps its last periodic one. Pending array tasks are cancelled outright. SLURM itself never requeues a
+cancelled job, but ``scontrol requeue`` does bring one back (measured on the local cluster: a CANCELLED array
+went back to PENDING); rank 0 runs it after a USR1 (the time-limit warning) or USR2, so a warning caught just
+before the cancel would undo it. Two guards, each enough alone: the note in the run directory, written before
+the scancel, which the trainer checks before it requeues (it also holds where the job is not ours, under any
+script), and ``Requeue=0``, under which SLURM refuses any requeue of the job ("Requested operation is
+presently disabled"), in case the note is not yet visible on the rank's node (a shared file system's attribute
+cache). No hold: a held job still counts as pending, and SLURM would keep it.
 
 Resuming (:func:`submit`): the runs that stand cancelled and did not finish by their own rules go to the queue
 again, an array's as ``sbatch --array=<their indices>`` of the same script (its throttle kept), into the same
@@ -146,8 +146,8 @@ def _uncancel(sweep_dir: Path, run: dict) -> None:
 
 
 def _release_ended_lock(run_dir: Path) -> None:
-    """Remove a run directory's lock left by a SLURM job that has ended (ranks killed after KillWait on another
-    node leave theirs, which the run's own check cannot judge from a new node: another host's PID)."""
+    """Remove a run directory's lock left by a SLURM job that has ended (ranks killed after KillWait on
+    another node leave theirs, which the run's own check cannot judge from a new node: another host's PID)."""
     try:
         holder = json.loads((run_dir / LOCK).read_text())
     except (OSError, ValueError):
@@ -264,7 +264,8 @@ ENDED_WELL = ("completed", "time_limit")  # a run's own statuses that count as d
 
 
 def phase(row: dict) -> str:
-    """pending | running | done | failed | cancelled: where one submitted run stands, for the progress line."""
+    """pending | running | done | failed | cancelled: where one submitted run
+    stands, for the progress line."""
     if finished(row):
         return (
             row["status"]
@@ -296,7 +297,8 @@ def progress_line(rows: list[dict], elapsed_s: float) -> str:
 
 
 def refuse_unsubmitted(sweep_dir: Path, rows: list[dict], what: str) -> None:
-    """A sweep with no submitted job has nothing to wait for or cancel: an exit 0 at once would read as done."""
+    """A sweep with no submitted job has nothing to wait for or cancel: an exit 0
+    at once would read as done."""
     if all(r["job"] is None for r in rows):
         raise ConfigError(
             f"sweep {sweep_dir} has no submitted job, so there is nothing to {what}; submit it "

@@ -1,33 +1,37 @@
 """``wagma-bench tune``: tuned comparisons by MLCommons AlgoPerf's external tuning ruleset.
 
     wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
-        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
-    wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
-        [--data-on-nodes] [--step-times RUN_DIR]...
+        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] \\
+        --out DIR
+    wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] \\
+        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]...
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
-Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.campaign.sweep.parse_overrides`:
-``optimizer=a,b``, ``'optimizer=glob(*)'``, ``workload=...``) is tuned on its own: its optimizer's search
-space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.config.search_space`) gives S x O quasirandom points
-(``tune.studies`` x ``tune.trials``, from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint
-blocks of one sequence, so the S studies are independent tunings of O trials each. A trial is a normal
-``wagma-bench run`` into ``DIR/trials/NAME`` with the point's settings as overrides (``train.lr`` = the
-multiplier x the workload's ``train.lr``, ``train.warmup_epochs`` = the fraction x ``train.epochs``) and
-its own seed (1 + its index). ``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer
-stops it there), and a trial past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``,
-``scale``, ``choices``) or ``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in
-every tuned optimizer's space that has KEY (a whole dimension: in every space), checked as the file is.
+Every combination of the overrides (Hydra's sweep grammar, read by
+:func:`wagma_bench.campaign.sweep.parse_overrides`: ``optimizer=a,b``, ``'optimizer=glob(*)'``,
+``workload=...``) is tuned on its own: its optimizer's search space (``conf/search_space/NAME.yaml``,
+:mod:`wagma_bench.config.search_space`) gives S x O quasirandom points (``tune.studies`` x ``tune.trials``,
+from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint blocks of one sequence, so the S studies
+are independent tunings of O trials each. A trial is a normal ``wagma-bench run`` into ``DIR/trials/NAME``
+with the point's settings as overrides (``train.lr`` = the multiplier x the workload's ``train.lr``,
+``train.warmup_epochs`` = the fraction x ``train.epochs``) and its own seed (1 + its index).
+``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer stops it there), and a trial
+past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``, ``scale``, ``choices``) or
+``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in every tuned optimizer's
+space that has KEY (a whole dimension: in every space), checked as the file is.
 
 Locally the trials run one after another, interleaved across combinations (:func:`run_order`: round by round,
-each round's combinations in a seeded random order), with a progress line (each trial's output in ``DIR/logs/``);
-running the same command again skips the finished trials and resumes an interrupted one from its checkpoint
-(the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep (``DIR/manifest.json``,
-``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR`` scores them when they end.
+each round's combinations in a seeded random order), with a progress line (each trial's output in
+``DIR/logs/``); running the same command again skips the finished trials and resumes an interrupted one from
+its checkpoint (the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep
+(``DIR/manifest.json``, ``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR``
+scores them when they end.
 
-Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to the target
-(training clock, as ``report``), the score is the median over the studies of those bests, a study whose
-trials all missed counting as infinite (so the score is infinite when half the studies or more missed). With no
-target (``eval.target=null``, a fixed budget) the same rule runs on each trial's best metric, higher being better.
+Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to
+the target (training clock, as ``report``), the score is the median over the studies of those bests, a study
+whose trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
+With no target (``eval.target=null``, a fixed budget) the same rule runs on each trial's best metric, higher
+being better.
 """
 
 from __future__ import annotations
@@ -136,7 +140,8 @@ def _own_value(key: str, value: str) -> Any:
 
 
 def combinations(args: TuneArgs):
-    """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and expansion of the overrides."""
+    """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and
+    expansion of the overrides."""
     from wagma_bench.campaign import sweep
 
     for key, _ in sweep.parse_overrides(args.overrides):
@@ -158,7 +163,8 @@ def combinations(args: TuneArgs):
 
 
 def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, Any]]:
-    """The trials of every combination, and each trial's composed, checked config (a RunConfig, by trial name)."""
+    """The trials of every combination, and each trial's composed, checked config
+    (a RunConfig, by trial name)."""
     from hydra import compose
 
     from wagma_bench.config.schema import validate
@@ -314,7 +320,8 @@ def in_current_names(plan: dict) -> tuple[list | None, list | None]:
 
 def run_order(trials: list[Trial], seed: int) -> list[Trial]:
     """The order the trials run in: interleaved across combinations, so that a machine whose speed drifts (a
-    background job, thermal state) is spread over every optimizer rather than falling on one optimizer's block.
+    background job, thermal state) is spread over every optimizer rather than falling on one optimizer's
+    block.
 
     Round r holds each combination's r-th trial in plan order (study 1's trials, then study 2's, ...), the
     combinations shuffled per round by a generator seeded with ``seed`` (the same tuning, the same order, so
@@ -411,11 +418,13 @@ class TuneInterrupted(Exception):
 
 
 def run_trial(cmd: list[str], log, env: dict | None = None) -> tuple[int, bool]:
-    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and whether Ctrl-C interrupted it.
+    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and
+    whether Ctrl-C interrupted it.
 
     The trial runs in a process group of its own, so that a terminal's Ctrl-C reaches it once, through tune:
-    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second at
-    once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
+    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second
+    at once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death
+    signal)."""
     import signal
 
     proc = subprocess.Popen(

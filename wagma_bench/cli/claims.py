@@ -1,6 +1,6 @@
-"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing] [--wandb-report]``: the papers'
-claims, measured here with intervals, predicted at scale, and a verdict (:mod:`wagma_bench.analysis.claims`
-does the work)."""
+"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing] [--wandb-report]``:
+the papers' claims, measured here with intervals, predicted at scale, and a verdict
+(:mod:`wagma_bench.analysis.claims` does the work)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def _claims(argv: list[str]) -> int:
 
 
 def _wandb_report(args, results: list[dict]) -> None:
-    """The claims as a W&B Report, with a section per tuning directory among the sources (their trials' parallel
-    coordinates)."""
+    """The claims as a W&B Report, with a section per tuning directory among the sources (their trials'
+    parallel coordinates)."""
     from wagma_bench.record.loggers import resolve_mode
 
     online = resolve_mode("auto") == "online"

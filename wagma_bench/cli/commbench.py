@@ -1,5 +1,5 @@
-"""``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data plane's
-collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
+"""``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data
+plane's collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
 (:mod:`wagma_bench.campaign.commbench` does the work; its docstring says what is measured)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from wagma_bench.record.files import OUTPUT_HINT, refuse_link
 DESCRIPTION = "Time our communication backend against the raw library calls, on the same buffers."
 EPILOG = """\
 across hosts (the network that `wagma-bench simulate` models):
-  srun -N 2 --ntasks-per-node 8 wagma-bench comm-bench --out cb.json   (or torchrun --nnodes 2 ... on each node)
+  srun -N 2 --ntasks-per-node 8 wagma-bench comm-bench --out cb.json
+    (or torchrun --nnodes 2 ... on each node)
   joins the launcher's world, gathers each rank's host, and times and fits two links apart: intra-node
   (the ranks of one host) and inter-node (one rank a host); rank 0 prints alpha and beta of each and writes
   --out, which `wagma-bench simulate cluster=NAME --calibrate cb.json ...` reads in place of the profile's

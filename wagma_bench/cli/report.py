@@ -111,7 +111,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wandb_report(args, groups, tuned) -> None:
-    """The W&B Report and workspace over the runs (and tunings) reported: saved with a key, else their spec."""
+    """The W&B Report and workspace over the runs (and tunings) reported: saved
+    with a key, else their spec."""
     from wagma_bench.analysis.tuning import PLAN
     from wagma_bench.record.loggers import resolve_mode
 
@@ -124,7 +125,8 @@ def _wandb_report(args, groups, tuned) -> None:
     sections = wandb_panels.report_sections(wr, groups, tune_dirs, tuned.rows if tuned else [])
     if not sections:
         print(
-            "wagma-bench report: warning: no run here logged to W&B (logger=wandb): the W&B report has no panels",
+            "wagma-bench report: warning: no run here logged to W&B (logger=wandb): "
+            "the W&B report has no panels",
             file=sys.stderr,
             flush=True,
         )

@@ -157,15 +157,16 @@ def run_help(overrides: list[str]) -> str:
     )
 
 
-# Exit codes of `wagma-bench run` (wagma_bench/exits.py): 0 a run that ended by its rules (completed, time limit,
-# preempted), or a rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank
-# started (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss);
-# 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
+# Exit codes of `wagma-bench run` (wagma_bench/exits.py): 0 a run that ended by its rules (completed, time
+# limit, preempted), or a rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused
+# before any rank started (a bad value, a locked or inconsistent run directory); 3 the run diverged (a
+# non-finite training loss); 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
 
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
-# Hydra writes its copy of the configuration (.hydra/) into the run directory before the job is checked. For each
-# run directory this command may write: the files of its .hydra/ as they were (None: the directory did not
-# exist); a refused job puts them back (:func:`_as_found`), so a refusal never replaces the record of a run.
+# Hydra writes its copy of the configuration (.hydra/) into the run directory before the job is checked. For
+# each run directory this command may write: the files of its .hydra/ as they were (None: the directory did
+# not exist); a refused job puts them back (:func:`_as_found`), so a refusal never replaces the record of a
+# run.
 _FOUND: dict[Path, dict[str, bytes] | None] = {}
 _REFUSED: list[Path] = []
 
@@ -184,9 +185,9 @@ def _remember(run_dir: Path) -> None:
 
 
 def _as_found(run_dir: Path) -> None:
-    """After a refusal (its lock released): the run directory as this command found it. A directory that did not
-    exist, or that the job's default name made (not remembered), loses Hydra's copy and, when nothing else is in
-    it, itself; a run's earlier copy is written back."""
+    """After a refusal (its lock released): the run directory as this command found it. A directory that did
+    not exist, or that the job's default name made (not remembered), loses Hydra's copy and, when nothing else
+    is in it, itself; a run's earlier copy is written back."""
     from wagma_bench.record.files import atomic_write
 
     key = run_dir.resolve()
@@ -206,9 +207,9 @@ def _as_found(run_dir: Path) -> None:
 
 
 def _close_logs_in(folder: Path) -> None:
-    """Hydra's job log handlers that would write into ``folder`` (its log file is made by its first line): closed
-    and taken off, so that a later line of this process (a command run in-process) does not recreate the folder or
-    fail on it once removed."""
+    """Hydra's job log handlers that would write into ``folder`` (its log file is made by its first line):
+    closed and taken off, so that a later line of this process (a command run in-process) does not recreate
+    the folder or fail on it once removed."""
     import logging
 
     for logger in (
@@ -438,16 +439,17 @@ def _stopped(run_dir: Path, error: str, status: str, code: int) -> None:
 
 
 def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
-    """What every rank runs once its world is up: the trainer. Passed to the ranks by reference (this function's
-    name), so that the launching process need not import the trainer, torch with it; the rank server has."""
+    """What every rank runs once its world is up: the trainer. Passed to the ranks by reference (this
+    function's name), so that the launching process need not import the trainer, torch with it; the rank
+    server has."""
     from wagma_bench.train.trainer import train
 
     return train(cfg, comm, run_dir, local_rank)
 
 
 def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
-    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; after
-    SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
+    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130;
+    after SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
     :data:`wagma_bench.exits.DIVERGED` and one line saying where and why (under -m the line is printed and the
     sweep goes on)."""
     from hydra.core.hydra_config import HydraConfig
@@ -498,10 +500,11 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
 
 
 def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
-    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session of
-    its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole group,
-    reach the ranks from here, as from the local launcher (:class:`~wagma_bench.runtime.supervise.CtrlC`), never
-    through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
+    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session
+    of its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole
+    group, reach the ranks from here, as from the local launcher
+    (:class:`~wagma_bench.runtime.supervise.CtrlC`), never through mpiexec, whose own handling of them kills
+    the ranks before they can checkpoint."""
     import tempfile
 
     from wagma_bench.config.schema import as_recorded

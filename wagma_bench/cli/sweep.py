@@ -54,8 +54,8 @@ def _cancel(sweep_dir: Path) -> None:
         print(f"nothing to cancel: every submitted job of {sweep_dir} has ended")
         return
     print(
-        f"cancelled {len(rows)} runs: {' '.join(r['job'] for r in rows)}; each saves a checkpoint at its next "
-        f"synchronisation point, if it reaches one before SLURM kills it (KillWait)\n"
+        f"cancelled {len(rows)} runs: {' '.join(r['job'] for r in rows)}; each saves a checkpoint at its "
+        "next synchronisation point, if it reaches one before SLURM kills it (KillWait)\n"
         f"follow: wagma-bench sweep wait {sweep_dir}   resume: wagma-bench sweep submit {sweep_dir}"
     )
 

@@ -1,5 +1,6 @@
-"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset (:mod:`wagma_bench.campaign.tune`
-plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them; the usage is that module's)."""
+"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset
+(:mod:`wagma_bench.campaign.tune` plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them;
+the usage is that module's)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def _main(argv: list[str]) -> int:
     tune.run_local(args, spec, trials, configs)
     result = write_scores(args.out)
     print(
-        f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}"
+        f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report "
+        f"{args.out}"
     )
     return 0
 
@@ -63,7 +65,8 @@ def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> 
         step_times=args.step_times,
     )
     print(
-        f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}"
+        f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: "
+        f"{args.out}"
     )
     print(prequeue.summary(manifest))
     if "--submit" in args.flags:

@@ -18,8 +18,8 @@ Choices made here:
   wait does), then sleeps with a short back-off, so a rank waiting for a straggler does not burn a core that
   the computation (or another rank on the same node) needs. Measured on this machine (4 ranks, 25.6M float32)
   the polled ``Iallreduce`` is as fast as the blocking ``Allreduce``.
-* **Groups.** :meth:`MpiComm.new_groups` makes one sub-communicator per group with ``Comm.Create_group``, which
-  is collective over the group's members only; a group's ranks appear in it in sorted order.
+* **Groups.** :meth:`MpiComm.new_groups` makes one sub-communicator per group with ``Comm.Create_group``,
+  which is collective over the group's members only; a group's ranks appear in it in sorted order.
 * **Counters.** :meth:`MpiComm.store_add` uses one-sided MPI: a window on rank 0 holds an open-addressing
   table of (key hash, value) slots; a key claims its slot with ``Compare_and_swap`` and adds with
   ``Rget_accumulate``, so rank 0's main loop takes no part. (Within a node MPICH does these atomics in

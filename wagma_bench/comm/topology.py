@@ -124,8 +124,9 @@ def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]
 
 def matching_partners(world_size: int, step: int, seed: int = 0) -> np.ndarray:
     """:func:`random_matching` as an array: each rank's partner (itself when it sits out). The passives are
-    shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per exchange
-    round, at up to 65,536 ranks. (numpy is imported here: the launcher imports this module and no numpy.)"""
+    shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per
+    exchange round, at up to 65,536 ranks. (numpy is imported here: the launcher imports this module and no
+    numpy.)"""
     import numpy as np
 
     actives, passives = np.arange(0, world_size, 2), np.arange(1, world_size, 2)

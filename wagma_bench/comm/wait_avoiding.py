@@ -82,9 +82,10 @@ CONTRIBUTIONS = ("model", "gradient")
 # Where a round's time goes (seconds summed over rounds, in ``timings``): the activation messages, the
 # snapshot copy, the collective (progress thread) and the copy of a result into the caller's model.
 PHASES = ("activation", "snapshot", "collective", "hand_over")
-# The progress thread's own CPU time (its thread clock), summed over rounds, in ``progress_cpu``: blocked until
-# a round may start (it waits on a condition, so this stays near zero), choosing the buffer with its snapshot
-# copy, and posting the activations and the collective (gloo's reduction runs in gloo's threads, not here).
+# The progress thread's own CPU time (its thread clock), summed over rounds, in ``progress_cpu``: blocked
+# until a round may start (it waits on a condition, so this stays near zero), choosing the buffer with its
+# snapshot copy, and posting the activations and the collective (gloo's reduction runs in gloo's threads, not
+# here).
 PROGRESS_CPU = ("waiting", "start", "communication")
 
 
@@ -191,7 +192,8 @@ class WaitAvoidingAllreduce:
 
     def report(self) -> dict:
         """Per round this rank took part in, in ms: where its time went (wall clock, :data:`PHASES`) and the
-        progress thread's CPU (:data:`PROGRESS_CPU`); and how many rounds ran on a snapshot (passive rounds)."""
+        progress thread's CPU (:data:`PROGRESS_CPU`); and how many rounds ran on a snapshot (passive
+        rounds)."""
         per = 1e3 / max(1, self.rounds)
         return {
             "rounds": self.rounds,

@@ -1,6 +1,7 @@
 """Cluster profiles: ``conf/cluster/NAME.yaml``, how jobs are requested and started on one cluster (SLURM's
-request, the launcher per comm, the node hardware) and the network ``simulate`` models it with. Read and checked
-here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is refused with its full path."""
+request, the launcher per comm, the node hardware) and the network ``simulate`` models it with. Read and
+checked here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is refused with its full
+path."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class ClusterProfile:
     max_num_timeout: int = (
         3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
     )
-    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no throttle, as many as the queue starts
+    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no
+    # throttle, as many as the queue starts
     array_parallelism: int | None = None
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
@@ -86,10 +88,11 @@ class ClusterProfile:
 
 
 def auto_venv(env=os.environ) -> str:
-    """The Python prefix ``venv: auto`` puts on the jobs' PATH: the one running the sweep, named as the user reached
-    it: ``VIRTUAL_ENV`` (the activated path, a symbolic link or a per-user path such as ``$HOME/venv`` kept as
-    given) where it is this prefix, else ``sys.prefix`` (a console script's ``#!`` line names the prefix as pip
-    wrote it, which may be the link's target: a path that compute nodes may reach differently, or not at all)."""
+    """The Python prefix ``venv: auto`` puts on the jobs' PATH: the one running the sweep, named as the user
+    reached it: ``VIRTUAL_ENV`` (the activated path, a symbolic link or a per-user path such as ``$HOME/venv``
+    kept as given) where it is this prefix, else ``sys.prefix`` (a console script's ``#!`` line names the
+    prefix as pip wrote it, which may be the link's target: a path that compute nodes may reach differently,
+    or not at all)."""
     given = env.get("VIRTUAL_ENV")
     try:
         if given and os.path.samefile(given, sys.prefix):
@@ -104,7 +107,8 @@ def cluster_names() -> list[str]:
 
 
 def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
-    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it against :class:`ClusterProfile`."""
+    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it
+    against :class:`ClusterProfile`."""
     path = CONF_DIR / "cluster" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
@@ -135,9 +139,9 @@ def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
 
 
 def _override_values(overrides: list[str]) -> dict:
-    """``KEY=VALUE`` overrides (as the command line's Hydra grammar wrote them, escapes included) as the nested
-    values they mean: ``time=24\\:00\\:00`` is the string ``24:00:00`` (OmegaConf's dotlist would read YAML,
-    where ``24:00:00`` is a number), ``setup=[module load cuda/12.4]`` one shell line."""
+    """``KEY=VALUE`` overrides (as the command line's Hydra grammar wrote them, escapes included) as the
+    nested values they mean: ``time=24\\:00\\:00`` is the string ``24:00:00`` (OmegaConf's dotlist would read
+    YAML, where ``24:00:00`` is a number), ``setup=[module load cuda/12.4]`` one shell line."""
     if not overrides:
         return {}
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -22,11 +22,13 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def precheck(overrides: list[str], conf_dir: Path) -> Path | None:
-    """Parse and compose ``overrides``; raise :class:`ConfigError` for a parse error, an unknown key or option.
+    """Parse and compose ``overrides``; raise :class:`ConfigError` for a parse
+    error, an unknown key or option.
 
     Returns the run directory the command line names (``hydra.run.dir``, resolved), None where it names
     none, under ``-m`` (each job has its own) and where another composition error is left to Hydra's own
-    report. An unknown option of a group (``optimizer=walgma``) is a ConfigError naming the group's options."""
+    report. An unknown option of a group (``optimizer=walgma``) is a ConfigError naming the group's
+    options."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -98,14 +100,15 @@ def _compose_checked(overrides: list[str], conf_dir: Path) -> Any:
 
 
 def refuse_path_options(overrides: list[str], conf_dir: Path) -> None:
-    """Raise :class:`ConfigError` for a group option that is a path (``optimizer=../../etc/passwd``), quoting the
-    override as typed with the group's options.
+    """Raise :class:`ConfigError` for a group option that is a path (``optimizer=../../etc/passwd``), quoting
+    the override as typed with the group's options.
 
-    An option is the name of a file in the group's folder, but Hydra joins the value onto the folder: ``./wagma``
-    ran WAGMA-SGD, ``../wagma`` composed the main config as an optimizer (Hydra's own report, exit 1) and a missing
-    ``../../etc/passwd`` came back as the group ``optimizer/../../etc``, which read ``optimizer.......etc=passwd``.
-    No option here holds a ``/`` or ``..``. Asks Hydra for the groups (within a caller's ``conf_context``, else
-    its own); an override that does not parse is left to the caller's parser."""
+    An option is the name of a file in the group's folder, but Hydra joins the value onto the folder:
+    ``./wagma`` ran WAGMA-SGD, ``../wagma`` composed the main config as an optimizer (Hydra's own report, exit
+    1) and a missing ``../../etc/passwd`` came back as the group ``optimizer/../../etc``, which read
+    ``optimizer.......etc=passwd``. No option here holds a ``/`` or ``..``. Asks Hydra for the groups (within
+    a caller's ``conf_context``, else its own); an override that does not parse is left to the caller's
+    parser."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
@@ -228,8 +231,8 @@ def quoted(value: str) -> str:
 
 class CommandParser(argparse.ArgumentParser):
     """argparse for the commands that take Hydra overrides beside their own flags (``sweep``, ``tune``): a bad
-    flag or a missing value is a :class:`ConfigError` (one line, exit 2, as every refused value), not argparse's
-    own exit. Overrides never start with ``-``, so they are the positional arguments."""
+    flag or a missing value is a :class:`ConfigError` (one line, exit 2, as every refused value), not
+    argparse's own exit. Overrides never start with ``-``, so they are the positional arguments."""
 
     def __init__(self, prog: str, usage: str):
         super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)

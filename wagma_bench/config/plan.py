@@ -1,6 +1,7 @@
-"""A run's plan, fixed before its first step: its length in rounds (exactly its budget, for every optimizer: the
-last round is a synchronisation point of its own), the evaluation grid, the control-exchange period and the learning-rate schedule, all from the config; and the
-budget line rank 0 prints at the start. Pure arithmetic over the settings, so tests and readers need no run."""
+"""A run's plan, fixed before its first step: its length in rounds (exactly its budget, for every optimizer:
+the last round is a synchronisation point of its own), the evaluation grid, the control-exchange period and
+the learning-rate schedule, all from the config; and the budget line rank 0 prints at the start. Pure
+arithmetic over the settings, so tests and readers need no run."""
 
 from __future__ import annotations
 
@@ -61,23 +62,25 @@ class RunPlan:
         )
 
     def next_eval_after(self, r: int) -> int:
-        """The grid round after the evaluations made at synchronisation point r. Every optimizer is evaluated at the
-        multiples of ``eval_every``, exactly: a grid round between sync points is snapshotted by each rank there
-        and evaluated at the next sync point, dated at the grid round (``Trainer.snapshot_if_due``); so optimizers
-        of different sync periods are evaluated at the same rounds (samples)."""
+        """The grid round after the evaluations made at synchronisation point r. Every optimizer is evaluated
+        at the multiples of ``eval_every``, exactly: a grid round between sync points is snapshotted by each
+        rank there and evaluated at the next sync point, dated at the grid round
+        (``Trainer.snapshot_if_due``); so optimizers of different sync periods are evaluated at the same
+        rounds (samples)."""
         return (r // self.eval_every + 1) * self.eval_every
 
     def is_control(self, r: int, next_eval: float) -> bool:
-        """Round r is a synchronisation point where the ranks exchange control flags: the run's last round (the
-        algorithm made it a synchronisation point: ``Algorithm.end_at``), or a multiple of the sync period that
-        is due for a control exchange or an evaluation (the first at or after ``next_eval``)."""
+        """Round r is a synchronisation point where the ranks exchange control flags: the run's last round
+        (the algorithm made it a synchronisation point: ``Algorithm.end_at``), or a multiple of the sync
+        period that is due for a control exchange or an evaluation (the first at or after ``next_eval``)."""
         if r == self.total:
             return True
         return r % self.sync == 0 and (r % self.control_every == 0 or r >= next_eval)
 
     def next_control_after(self, r: int, next_eval: int) -> int:
-        """The first round after r at which the ranks exchange control flags: where a stop signal can end the run
-        with a checkpoint (the trainer's control points: every ``control_every``, the next evaluation, the end)."""
+        """The first round after r at which the ranks exchange control flags: where a stop signal can end the
+        run with a checkpoint (the trainer's control points: every ``control_every``, the next evaluation, the
+        end)."""
         due = (round_up(r + 1, self.control_every), round_up(max(next_eval, r + 1), self.sync), self.total)
         return min((c for c in due if c > r), default=self.total)
 

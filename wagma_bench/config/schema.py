@@ -66,8 +66,8 @@ ImbalanceSettings = _union(option.Settings for option in IMBALANCES.values())
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
     """Every numeric field of one section (merged onto its schema, so typed) within the range it declares
-    (:func:`wagma_bench.ranges.setting`); nested sections (``logger.wandb``) too. A numeric field that declares
-    none is refused: every number a user can set is checked before any rank starts."""
+    (:func:`wagma_bench.ranges.setting`); nested sections (``logger.wandb``) too. A numeric field that
+    declares none is refused: every number a user can set is checked before any rank starts."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
         if _is_section(value):
@@ -177,7 +177,8 @@ def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, worl
             f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
             f"must be below {world_size}"
         )
-    # imbalance=shared_draw delays num_slow ranks a step; more than the world would quietly be every rank, always
+    # imbalance=shared_draw delays num_slow ranks a step; more than the world
+    # would quietly be every rank, always
     num_slow = getattr(imbalance, "num_slow", None)
     if num_slow is not None and world_size is not None and num_slow > world_size:
         raise ConfigError(
@@ -188,8 +189,8 @@ def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, worl
 
 def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
     """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
-    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
-    that cannot fit would only swap or meet the OOM killer before its first step."""
+    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A
+    world that cannot fit would only swap or meet the OOM killer before its first step."""
     check_ranks_fit(
         "launcher.nproc",
         nproc,
@@ -202,9 +203,9 @@ def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> No
 def check_ranks_fit(
     key: str, nproc: int, per_rank_mb: float, whose: str, total_mb: float | None = None
 ) -> None:
-    """The rule of every command that starts local ranks (`run`, `comm-bench`): ``nproc`` ranks of ``per_rank_mb``
-    each (``whose``: where the figure comes from) within this machine's memory (``total_mb``: None to read it),
-    else a ConfigError naming ``key``, the value and the most that fit."""
+    """The rule of every command that starts local ranks (`run`, `comm-bench`): ``nproc`` ranks of
+    ``per_rank_mb`` each (``whose``: where the figure comes from) within this machine's memory (``total_mb``:
+    None to read it), else a ConfigError naming ``key``, the value and the most that fit."""
     total_mb = machine_memory_mb() if total_mb is None else total_mb
     if not total_mb or nproc * per_rank_mb <= total_mb:
         return
@@ -243,9 +244,9 @@ class TrainConfig:
     milestones: list[float] = setting(allowed=NON_NEGATIVE, factory=lambda: [30.0, 60.0, 80.0])
     decay: float = setting(0.1, POSITIVE)
     # The budget. A run's length is train.max_rounds when set (also beyond train.epochs: max_rounds wins, and
-    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
-    # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
-    # rank 0 says at the start which budget ends it.
+    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else
+    # train.epochs. The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of
+    # training time; rank 0 says at the start which budget ends it.
     epochs: float = setting(90.0, POSITIVE)
     max_rounds: int | None = setting(None, AT_LEAST_ONE)
     time_limit_s: float | None = setting(None, POSITIVE)
@@ -274,8 +275,9 @@ class EvalConfig:
 class CheckpointConfig:
     every_s: float = setting(600.0, NON_NEGATIVE)
     resume: bool = True
-    # null: RUN_DIR/checkpoint; else a folder (a scratch file system; relative: under the run directory) that gets
-    # one subfolder per run (wagma_bench/record/checkpoint.py), checked before any rank starts (check_folder)
+    # null: RUN_DIR/checkpoint; else a folder (a scratch file system; relative: under the run directory) that
+    # gets one subfolder per run (wagma_bench/record/checkpoint.py), checked before any rank starts
+    # (check_folder)
     dir: str | None = None
 
 
@@ -332,7 +334,8 @@ class WandbConfig:
 
 @dataclass
 class SubmissionConfig:
-    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/record/mlperf.py)."""
+    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see
+    wagma_bench/record/mlperf.py)."""
 
     org: str = "wagma-bench"  # submission_org: who ran it
     platform: str = "unknown"  # submission_platform: the system (e.g. "daint-p100x64")
@@ -420,9 +423,9 @@ class RunConfig:
 
 def as_recorded(cfg: RunConfig) -> dict:
     """The configuration of a live run as its records keep it: the resolved mapping as composed, on which its
-    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests,
-    W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s
-    typed fields."""
+    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint
+    manifests, W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from
+    ``cfg``'s typed fields."""
     return cfg.composed
 
 

@@ -4,9 +4,9 @@ tuning ruleset), and the quasirandom points drawn from them.
 Each optimizer's space is ``conf/search_space/NAME.yaml``, a sibling of its settings in ``conf/optimizer/``,
 and not a ``search_space:`` section inside that file on purpose: the optimizer file is the run's
 configuration (composed by Hydra and checked against the optimizer's ``Settings`` by
-:func:`wagma_bench.config.schema.validate`), and a run must not carry the space it was drawn from. One file per
-optimizer also lets the registry test name the exact file a new optimizer lacks. ``run`` never composes the
-folder (``cli.NOT_RUN_GROUPS``).
+:func:`wagma_bench.config.schema.validate`), and a run must not carry the space it was drawn from. One file
+per optimizer also lets the registry test name the exact file a new optimizer lacks. ``run`` never composes
+the folder (``cli.NOT_RUN_GROUPS``).
 
 A space maps a key to a dimension:
 
@@ -104,8 +104,8 @@ Override = tuple[tuple[str, str | None], Any]
 
 
 def load_space(optimizer: str, check: bool = True, overrides: tuple[Override, ...] = ()) -> SearchSpace:
-    """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides applied
-    (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
+    """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides
+    applied (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
     path = space_path(optimizer)
     where = f"search space {_shown(path)}"
     if not path.exists():
@@ -283,7 +283,8 @@ def check_against_config(space: SearchSpace, where: str) -> None:
 
 
 def draw(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` quasirandom points of ``space``: the first ``n`` of a scrambled Sobol sequence seeded by ``seed``.
+    """``n`` quasirandom points of ``space``: the first ``n`` of a scrambled
+    Sobol sequence seeded by ``seed``.
 
     ``scipy.stats.qmc`` rather than Optuna's QMC sampler: scipy is already a dependency (torchvision's
     and ours), the points are a pure function of (space, seed) with no study storage, and Optuna's sampler

@@ -1,36 +1,37 @@
-"""DropCompute (Giladi, Hoffer, Soudry & Levy, NeurIPS 2023, arXiv 2306.10598): Allreduce-SGD that drops straggling
-compute instead of waiting for it.
+"""DropCompute (Giladi, Hoffer, Soudry & Levy, NeurIPS 2023, arXiv 2306.10598): Allreduce-SGD that drops
+straggling compute instead of waiting for it.
 
-Each rank splits its batch into ``micro_batches`` parts and computes them one after another, accumulating their
-gradients; once its step's compute time passes the threshold ``threshold_s`` it stops and joins the allreduce with
-what it has. Every rank then applies the same averaged gradient to the same weights, so the models stay identical
-(Allreduce-SGD's single model; WAGMA-SGD gives up global consistency instead).
+Each rank splits its batch into ``micro_batches`` parts and computes them one after another, accumulating
+their gradients; once its step's compute time passes the threshold ``threshold_s`` it stops and joins the
+allreduce with what it has. Every rank then applies the same averaged gradient to the same weights, so the
+models stay identical (Allreduce-SGD's single model; WAGMA-SGD gives up global consistency instead).
 
 Readings, next to what the authors do (their ``deepspeed-bert/run_pretraining.py`` and ``compute_timer.py``):
 
 - *When a rank stops.* The clock starts with the step (the batch's loading included, as the trainer's
-  ``compute_s``). Before each micro-batch but the first, a rank that is past the threshold stops; a micro-batch
-  once started is finished. The authors check before each forward and again between forward and backward; we
-  check once, so a step can overrun the threshold by one micro-batch rather than by one backward pass. The
-  first micro-batch is always computed (the authors' smallest threshold candidate lies after half of them, so
-  theirs is too in practice).
-- *Normalisation* (``normalize``). ``nominal`` (default, the authors'): the gradient is the sum over the computed
-  micro-batches of their mean-loss gradients divided by the nominal count, world size x ``micro_batches``; a
-  dropped micro-batch counts as zero. ``computed``: every computed sample weighs the same, the gradient is the sum
-  of the computed samples' loss gradients over the samples computed in the world (one more allreduce of a
-  count, which ``nominal`` makes anyway for the drop rate). Either way every computed sample is counted once.
+  ``compute_s``). Before each micro-batch but the first, a rank that is past the threshold stops; a
+  micro-batch once started is finished. The authors check before each forward and again between forward and
+  backward; we check once, so a step can overrun the threshold by one micro-batch rather than by one backward
+  pass. The first micro-batch is always computed (the authors' smallest threshold candidate lies after half of
+  them, so theirs is too in practice).
+- *Normalisation* (``normalize``). ``nominal`` (default, the authors'): the gradient is the sum over the
+  computed micro-batches of their mean-loss gradients divided by the nominal count, world size x
+  ``micro_batches``; a dropped micro-batch counts as zero. ``computed``: every computed sample weighs the
+  same, the gradient is the sum of the computed samples' loss gradients over the samples computed in the world
+  (one more allreduce of a count, which ``nominal`` makes anyway for the drop rate). Either way every computed
+  sample is counted once.
 - *Injected stragglers.* The trainer spreads a rank's injected delay evenly over its micro-batches (one M-th
   before each): a slow rank is slow in every micro-batch, and what it drops it does not sleep either.
-- *The automatic threshold* (``threshold_s: auto``): for ``calibrate_steps`` steps nothing is dropped and every
-  rank records when each of its micro-batches ended; the records are gathered (every rank gets the same), and
-  :func:`~wagma_bench.optim.rules.best_threshold` (NumPy, shared with the simulator) picks, as the authors'
-  ``get_best_threshold``, the threshold among 200 evenly spaced candidates, from the earliest end of a
-  micro-batch past half of them to the latest end of a step, that maximises the effective speed-up
+- *The automatic threshold* (``threshold_s: auto``): for ``calibrate_steps`` steps nothing is dropped and
+  every rank records when each of its micro-batches ended; the records are gathered (every rank gets the
+  same), and :func:`~wagma_bench.optim.rules.best_threshold` (NumPy, shared with the simulator) picks, as the
+  authors' ``get_best_threshold``, the threshold among 200 evenly spaced candidates, from the earliest end of
+  a micro-batch past half of them to the latest end of a step, that maximises the effective speed-up
   ``mean_s[(1 - d_s)(C_s + O) / (C_s(tau) + O)] - 1``: ``C_s`` the slowest rank's compute in step s,
-  ``C_s(tau)`` the latest end of a micro-batch before tau, ``d_s`` the fraction of micro-batches that end at or
-  after tau, ``O`` the steps' mean time beyond their slowest compute (communication and the update). The authors
-  skip 5 steps and calibrate on the next 44, once; we calibrate on the first ``calibrate_steps`` (the embedded
-  runs are short), once, and never drop when no candidate beats 0.
+  ``C_s(tau)`` the latest end of a micro-batch before tau, ``d_s`` the fraction of micro-batches that end at
+  or after tau, ``O`` the steps' mean time beyond their slowest compute (communication and the update). The
+  authors skip 5 steps and calibrate on the next 44, once; we calibrate on the first ``calibrate_steps`` (the
+  embedded runs are short), once, and never drop when no candidate beats 0.
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ Readings:
   (``momentum_buffer``, or AdamW's ``exp_avg``/``exp_avg_sq``) at every averaging, the momentum variant of
   Yu, Jin & Yang (ICML 2019); it doubles (SGD) or triples (AdamW) the bytes of each averaging.
 
-Streaming DiLoCo (``fragments`` > 1, or a ``fragment_delay`` or ``fragment_alpha``, with an outer optimizer): the
-outer step fragment by fragment, each fragment's average overlapped with ``fragment_delay`` inner steps
+Streaming DiLoCo (``fragments`` > 1, or a ``fragment_delay`` or ``fragment_alpha``, with an outer optimizer):
+the outer step fragment by fragment, each fragment's average overlapped with ``fragment_delay`` inner steps
 (:mod:`wagma_bench.optim.streaming`, torchft's meaning). The models then differ at synchronisation points
-(fragments synced at different steps, and alpha keeps local steps): the trainer evaluates their global average.
+(fragments synced at different steps, and alpha keeps local steps): the trainer evaluates their global
+average.
 
 Evaluated model: at every synchronisation point all models are identical (just averaged, or identical
 throughout the warm-up), so the trainer evaluates rank 0's model as it is.
@@ -66,8 +67,8 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.streaming.restart()
 
     def averages_at(self, round_: int) -> bool:
-        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up, and
-        at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
+        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up,
+        and at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
         s = self.settings
         return local_average_at(round_, s.sync_period, s.warmup_rounds, self.final_round)
 

@@ -1,6 +1,7 @@
-"""The distributed optimizers' algorithm classes, keyed by their Hydra option name (``optimizer=NAME``), read from
-the one table of the optimizers, :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`: each spec's class is the one of
-``optim/<name>.py`` (one module per algorithm) that inherits the spec, found by inheritance, not by a name."""
+"""The distributed optimizers' algorithm classes, keyed by their Hydra option name (``optimizer=NAME``), read
+from the one table of the optimizers, :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`: each spec's class is
+the one of ``optim/<name>.py`` (one module per algorithm) that inherits the spec, found by inheritance, not by
+a name."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _found() -> tuple[dict[str, type[Algorithm]], dict[str, str]]:
     return algorithms, unfound
 
 
-# An optimizer whose algorithm is missing (a contributor's unfinished one) is left out of OPTIMIZERS and said in
-# UNFOUND (tests/test_conformance.py reports it as the file to add); asking for it names that file.
+# An optimizer whose algorithm is missing (a contributor's unfinished one) is left out of OPTIMIZERS and said
+# in UNFOUND (tests/test_conformance.py reports it as the file to add); asking for it names that file.
 OPTIMIZERS, UNFOUND = _found()
 
 

@@ -1,10 +1,11 @@
 """SGP: Stochastic Gradient Push (Assran, Loizou, Ballas & Rabbat, ICML 2019).
 
 Push-sum gossip over the time-varying directed exponential graph: at step ``t`` rank ``i`` pushes to the
-single peer ``(i + 2**k) mod P`` with ``k = t mod log2 P`` (:func:`~wagma_bench.comm.topology.exponential_peer`),
-keeping half of its numerator ``x_i`` and push-sum weight ``w_i`` and sending the other half (uniform
-column-stochastic mixing). The de-biased model ``z_i = x_i / w_i`` is what the rank computes its gradient on
-and what evaluation sees. One step (SGP Algorithm 1, with the local optimizer's update ``u(g)``):
+single peer ``(i + 2**k) mod P`` with ``k = t mod log2 P``
+(:func:`~wagma_bench.comm.topology.exponential_peer`), keeping half of its numerator ``x_i`` and push-sum
+weight ``w_i`` and sending the other half (uniform column-stochastic mixing). The de-biased model
+``z_i = x_i / w_i`` is what the rank computes its gradient on and what evaluation sees. One step (SGP
+Algorithm 1, with the local optimizer's update ``u(g)``):
 
     g = grad f_i(z_i);  x_i <- x_i - lr * u(g);  send (x_i / 2, w_i / 2) to out-peer
     x_i <- x_i / 2 + received x;  w_i <- w_i / 2 + received w;  z_i <- x_i / w_i

@@ -6,8 +6,8 @@ reason it does not), whether it computes a batch in parts, and its rules about t
 configuration check (:mod:`wagma_bench.config.schema`) reads only these, so that ``wagma-bench run`` refuses a
 bad value, and starts its ranks, without importing torch in the launching process (about 1.3 s of CPU a
 command here); the ranks import the algorithms themselves. :data:`OPTIMIZER_SPECS` is the one table of the
-optimizers: :data:`wagma_bench.optim.OPTIMIZERS` (the algorithm classes) and the simulator's models are read from
-it (``tests/test_config.py`` checks that each class inherits its spec).
+optimizers: :data:`wagma_bench.optim.OPTIMIZERS` (the algorithm classes) and the simulator's models are read
+from it (``tests/test_config.py`` checks that each class inherits its spec).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ EXACT_DEFAULT_PERIOD = 12
 
 @dataclass
 class OuterSettings:
-    """The outer optimizer's settings (:mod:`wagma_bench.optim.outer`), mixed into the Settings of every optimizer
-    whose models are averaged. The others declare only ``outer: str = "none"``, so that ``optimizer.outer=...``
-    reaches the config check, which refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
+    """The outer optimizer's settings (:mod:`wagma_bench.optim.outer`), mixed into the Settings of every
+    optimizer whose models are averaged. The others declare only ``outer: str = "none"``, so that
+    ``optimizer.outer=...`` reaches the config check, which refuses it with the reason
+    (:func:`wagma_bench.config.schema.check_outer`)."""
 
     outer: str = "none"  # none | slowmo | nesterov
     # slowmo: alpha (times the local lr); nesterov: the outer lr; null: optim/outer.py's DEFAULTS
@@ -67,27 +68,31 @@ class AlgorithmSpec:
     name: ClassVar[str]
     Settings: ClassVar[type]  # schema of the `optimizer:` section
     # Its algorithm is the class of ``optim/<name>.py`` that inherits this spec (found there by
-    # :data:`wagma_bench.optim.registry.OPTIMIZERS`), its simulation the function of :mod:`wagma_bench.simulate.des`
-    # registered with ``@simulates(name)``: neither is named by a string here, so neither can be misspelt.
-    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
-    #: globally itself and calls ``outer_round`` right after), "exact" (the base never averages globally:
-    #: ``outer_round``, called at the end of each round, takes the average first), None: it does not apply
+    # :data:`wagma_bench.optim.registry.OPTIMIZERS`), its simulation the function of
+    # :mod:`wagma_bench.simulate.des` registered with ``@simulates(name)``: neither is named by a string here,
+    # so neither can be misspelt.
+    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the
+    #: models globally itself and calls ``outer_round`` right after), "exact" (the base never averages
+    #: globally: ``outer_round``, called at the end of each round, takes the average first), None: it does not
+    #: apply
     outer_at: ClassVar[str | None] = None
     #: why an outer optimizer does not apply (outer_at None): the config check's message says it
     outer_refusal: ClassVar[str] = ""
-    #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it on a
-    #: workload whose batches do not split
+    #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it
+    #: on a workload whose batches do not split
     computes_in_parts: ClassVar[bool] = False
-    #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run ends at
-    #: exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet every round
+    #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run
+    #: ends at exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet
+    #: every round
     final_sync: ClassVar[str] = ""
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
-        """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's control
-        exchange happen only there): the one rule that the algorithm (its ``sync_period``), the trainer's plan
-        and the simulator all read. One name for every optimizer: its settings' ``sync_period`` (a setting, or
-        WAGMA-SGD's, which follows from its tau); 1 for an optimizer whose ranks meet every round."""
+        """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's
+        control exchange happen only there): the one rule that the algorithm (its ``sync_period``), the
+        trainer's plan and the simulator all read. One name for every optimizer: its settings' ``sync_period``
+        (a setting, or WAGMA-SGD's, which follows from its tau); 1 for an optimizer whose ranks meet every
+        round."""
         return getattr(settings, "sync_period", 1)
 
     @classmethod
@@ -348,8 +353,8 @@ class DropComputeSpec(AlgorithmSpec):
 
 #: option name (``optimizer=NAME``) -> spec: the one table of the optimizers, from which
 #: :data:`wagma_bench.optim.OPTIMIZERS` (the class of ``optim/NAME.py`` that inherits the spec) and
-#: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an optimizer
-#: adds one entry here.
+#: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an
+#: optimizer adds one entry here.
 OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {
     spec.name: spec
     for spec in (

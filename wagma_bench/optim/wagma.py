@@ -5,8 +5,8 @@ computed on the weights before the average, with the local optimizer: ``W <- avg
 The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any ready rank
 activates the round for the whole world, and ranks still computing take part through their progress threads
 with the model they last posted. Every ``tau`` group rounds one synchronous global allreduce bounds the
-staleness (``sync_period = tau + 1``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which
-the engine and the simulator share.
+staleness (``sync_period = tau + 1``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`,
+which the engine and the simulator share.
 
 Readings (each set against the authors' code, with its measured effect, in docs/optimizers.md, "WAGMA-SGD:
 what we implement"): a late rank's model is ``group mean + (current - contributed)``, which keeps the sum of

@@ -17,12 +17,13 @@ world size, config, every file present) and refuses a mismatch before any rank s
 checks its own file's checksum and all ranks agree with one small allgather (:meth:`Checkpointer.agree`),
 so a damaged file is a clear error on every rank, never a hang or a silent load.
 
-With ``checkpoint.dir`` set (a scratch file system) the sets go to ``DIR/<run name>-<hash of the run directory's
-path>/``: one folder per run, so that every run of a sweep can share one setting without two runs ever writing
-into one folder (the alternative, refusing a folder that holds another run's sets, would make a sweep's user
-give each run its own path). The run directory records where its sets are (``RUN_DIR/checkpoint.json``),
-so a requeue, ``report`` and the launcher's own messages find them, and a rerun whose ``checkpoint.dir`` no
-longer leads to them is refused rather than started afresh (:func:`check_folder`).
+With ``checkpoint.dir`` set (a scratch file system) the sets go to
+``DIR/<run name>-<hash of the run directory's path>/``: one folder per run, so that every run of a sweep can
+share one setting without two runs ever writing into one folder (the alternative, refusing a folder that holds
+another run's sets, would make a sweep's user give each run its own path). The run directory records where its
+sets are (``RUN_DIR/checkpoint.json``), so a requeue, ``report`` and the launcher's own messages find them,
+and a rerun whose ``checkpoint.dir`` no longer leads to them is refused rather than started afresh
+(:func:`check_folder`).
 
 torch is imported inside the ranks' methods (:class:`Checkpointer`'s), not at the top: the launching process
 makes the checks above without importing it.
@@ -80,10 +81,10 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def configured_folder(run_dir: Path, setting: str | None) -> Path:
-    """The folder ``checkpoint.dir`` (``setting``) gives the run in ``run_dir``: ``RUN_DIR/checkpoint`` when unset;
-    else ``DIR/<run name>-<8 hex of the run directory's absolute path>``, ``DIR`` relative to the run directory
-    (``~`` expanded). Absolute paths without resolving links: every rank, on any host, computes the same name
-    from the same command line, and a requeue the same one again."""
+    """The folder ``checkpoint.dir`` (``setting``) gives the run in ``run_dir``: ``RUN_DIR/checkpoint`` when
+    unset; else ``DIR/<run name>-<8 hex of the run directory's absolute path>``, ``DIR`` relative to the run
+    directory (``~`` expanded). Absolute paths without resolving links: every rank, on any host, computes the
+    same name from the same command line, and a requeue the same one again."""
     run_dir = Path(os.path.abspath(run_dir))
     if setting is None:
         return run_dir / DEFAULT
@@ -93,7 +94,8 @@ def configured_folder(run_dir: Path, setting: str | None) -> Path:
 
 
 def recorded_folder(run_dir: Path) -> Path:
-    """Where the run in ``run_dir`` keeps its sets: as ``RUN_DIR/checkpoint.json`` records, else the default."""
+    """Where the run in ``run_dir`` keeps its sets: as
+    ``RUN_DIR/checkpoint.json`` records, else the default."""
     try:
         return Path(json.loads((Path(run_dir) / WHERE).read_text())["dir"])
     except FileNotFoundError:
@@ -114,9 +116,10 @@ def record_folder(run_dir: Path, folder: Path) -> None:
 
 
 def check_folder(run_dir: Path, setting: str | None, resume: bool) -> Path:
-    """In the launching process, before any rank starts: the folder ``checkpoint.dir`` gives can be created and
-    written, holds no symbolic link the run would write through, and (on a resume) is where the run's earlier sets
-    are. Returns the folder; raises :class:`ConfigError` naming the key, the value and what is allowed."""
+    """In the launching process, before any rank starts: the folder ``checkpoint.dir`` gives can be created
+    and written, holds no symbolic link the run would write through, and (on a resume) is where the run's
+    earlier sets are. Returns the folder; raises :class:`ConfigError` naming the key, the value and what is
+    allowed."""
     folder = configured_folder(run_dir, setting)
     shown = f"checkpoint.dir={setting}"
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
@@ -256,8 +259,9 @@ def _older_hint(folder: Path) -> str:
 
 
 def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
-    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it); ``largest``:
-    with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight), for sizing."""
+    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it);
+    ``largest``: with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight),
+    for sizing."""
     import torch
 
     algo_state = algo.largest_state_dict() if largest else algo.state_dict()
@@ -354,8 +358,9 @@ class Checkpointer:
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
         return (
             f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
-            f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the last "
-            f"{KEEP} are kept, {KEEP + 1} while one is written: {human_size(per_rank * world * (KEEP + 1))} at most"
+            f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the "
+            f"last {KEEP} are kept, {KEEP + 1} while one is written: "
+            f"{human_size(per_rank * world * (KEEP + 1))} at most"
         )
 
     # --- save --------------------------------------------------------------------------------------

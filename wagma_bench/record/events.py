@@ -3,8 +3,8 @@
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl`` (:class:`wagma_bench.record.steps.StepLog`). ``summary.json`` is derived from the
-events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by the
-launcher after a failure (which also writes the ``run_stop`` rank 0 could not:
+events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by
+the launcher after a failure (which also writes the ``run_stop`` rank 0 could not:
 :func:`wagma_bench.record.rundir.record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 
@@ -68,8 +68,8 @@ class EventLog:
     """Append-only event log of rank 0 (other ranks hold a disabled one).
 
     Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
-    :mod:`wagma_bench.record.loggers`, whose :func:`~wagma_bench.record.loggers.event_log_for_run` builds the log
-    of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
+    :mod:`wagma_bench.record.loggers`, whose :func:`~wagma_bench.record.loggers.event_log_for_run` builds the
+    log of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
     (:mod:`wagma_bench.record.mlperf`).
     """
 
@@ -181,7 +181,8 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s")
         if stops and ended == "run_stop"
         else None,
-        # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per round by phase, progress-thread CPU
+        # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per
+        # round by phase, progress-thread CPU
         "engine": stops[-1]["metadata"].get("engine") if stops and ended == "run_stop" else None,
         # DropCompute's threshold and what it dropped over the world (micro-batches)
         "dropcompute": stops[-1]["metadata"].get("dropcompute") if stops and ended == "run_stop" else None,

@@ -83,7 +83,8 @@ def wandb_env(base: Path) -> dict[str, str]:
 
 
 def has_api_key(env=os.environ) -> bool:
-    """A W&B API key in ``WANDB_API_KEY`` or in the netrc entry of the W&B host (as ``wandb login`` stores it)."""
+    """A W&B API key in ``WANDB_API_KEY`` or in the netrc entry of the W&B host (as
+    ``wandb login`` stores it)."""
     if env.get("WANDB_API_KEY"):
         return True
     host = urlparse(env.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -160,7 +161,8 @@ def tuned_key(key: str) -> str:
 
 def grouping_config(run_dir: Path, start: dict) -> dict[str, Any]:
     """The flat keys of a run's W&B config: :data:`GROUP_KEYS` from its ``run_start`` metadata; for a trial of
-    a tuning (``TUNE/trials/NAME`` beside ``TUNE/tune.json``) its study, trial and tuned settings from the plan."""
+    a tuning (``TUNE/trials/NAME`` beside ``TUNE/tune.json``) its study, trial and tuned settings from the
+    plan."""
     flat = {**{k: start.get(k) for k in GROUP_KEYS}, "tuning_trial": False}
     run_dir = Path(run_dir)
     plan = run_dir.parent.parent / TUNE_PLAN
@@ -411,8 +413,8 @@ class WandbSink:
         self._thread.join(timeout=self.settings.timeout_s + 60)
         if self._thread.is_alive():
             print(
-                f"wagma-bench: W&B did not finish within {self.settings.timeout_s + 60:g} s; the run's files are in "
-                f"{self.run_dir}",
+                f"wagma-bench: W&B did not finish within {self.settings.timeout_s + 60:g} s; the run's files "
+                f"are in {self.run_dir}",
                 file=sys.stderr,
                 flush=True,
             )

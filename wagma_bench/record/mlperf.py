@@ -8,8 +8,10 @@ failure); ``wagma-bench report --mllog`` rewrites the file of existing run direc
 Which MLPerf rules a workload's log follows (the closest benchmark; the ruleset is the last one that
 has it). ``tests/test_mllog.py`` runs the official compliance checker on real runs of the first two::
 
-    python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 RUN_DIR/mllog.txt  # resnet
-    python -m mlperf_logging.compliance_checker --usage training --ruleset 0.7.0 RUN_DIR/mllog.txt  # transformer
+    # resnet
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 RUN_DIR/mllog.txt
+    # transformer
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 0.7.0 RUN_DIR/mllog.txt
 
 - ``resnet``: training 4.0.0, open division, ``resnet`` (the validation top-1 as a fraction).
 - ``transformer``: training 0.7.0, open division, ``transformer``. MLPerf logs BLEU as a fraction, so
@@ -94,7 +96,8 @@ class Record:
 
 
 def submission_settings(config: dict) -> dict:
-    """The ``logger.submission`` section of a run's resolved config, over the defaults (older runs have none)."""
+    """The ``logger.submission`` section of a run's resolved config, over the
+    defaults (older runs have none)."""
     given = setting(config, "logger.submission") or {}
     return {**SUBMISSION_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
 

@@ -53,7 +53,8 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
     reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
 
     Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
-    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field existed."""
+    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field
+    existed."""
     world = comm.world_size
     placement = _placement(comm, derived.pop("local_rank"))
     hosts = sorted({host for host, _ in placement})

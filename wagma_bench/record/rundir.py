@@ -31,9 +31,9 @@ from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, wri
 from wagma_bench.record.steps import current_record
 
 LOCK = ".lock"
-# Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
-# ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports show it
-# as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
+# Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the
+# user ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports
+# show it as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
 CANCELLED = "cancelled.json"
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
@@ -142,8 +142,8 @@ class RunDirLock:
 
 
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
-# .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS); refused under
-# every launcher alike, the local one included (whose own heartbeats live elsewhere)
+# .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS);
+# refused under every launcher alike, the local one included (whose own heartbeats live elsewhere)
 RUN_FILES = (
     EVENTS,
     SUMMARY,
@@ -173,7 +173,8 @@ def refuse_symlinks(run_dir: Path) -> None:
 
 
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
-    """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
+    """The summary of a finished run in ``run_dir`` with the same identity and
+    budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
     summary = record.saved_summary
     if summary is None or summary.get("status") not in FINISHED:
@@ -289,7 +290,8 @@ def live_holder(run_dir: Path) -> dict | None:
 
 
 def cancel_note(run_dir: Path) -> dict | None:
-    """What ``wagma-bench sweep cancel`` noted in the run directory (when, which job), or None: not cancelled."""
+    """What ``wagma-bench sweep cancel`` noted in the run directory (when, which
+    job), or None: not cancelled."""
     try:
         note = json.loads((Path(run_dir) / CANCELLED).read_text())
     except (OSError, ValueError):

@@ -1,12 +1,12 @@
 """A run's per-rank step records, read from either of their two forms.
 
-A run writes ``steps/rank<R>.jsonl`` (:class:`StepLog`: every field a workload logs, about 100-170 bytes a step
-and rank). A committed result keeps instead one compressed, columnar table, ``steps.json.xz``
+A run writes ``steps/rank<R>.jsonl`` (:class:`StepLog`: every field a workload logs, about 100-170 bytes a
+step and rank). A committed result keeps instead one compressed, columnar table, ``steps.json.xz``
 (:func:`write_step_table`): per rank, one list per field of :data:`STEP_FIELDS`, the fields that the analyses
-read (report's step-time components, the simulator's calibration): about a thirtieth of the raw logs (4.9 MB for
-the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same records
-from either form, so every analysis reads a compact result as it reads the raw one (tests/test_steps.py checks
-report's and calibration's numbers are identical).
+read (report's step-time components, the simulator's calibration): about a thirtieth of the raw logs (4.9 MB
+for the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same
+records from either form, so every analysis reads a compact result as it reads the raw one
+(tests/test_steps.py checks report's and calibration's numbers are identical).
 
 A record counts the rank's own steps as ``local_step`` and the algorithm's rounds as ``round`` (an
 asynchronous optimizer's rank may take several local steps in a round). Logs and tables written before

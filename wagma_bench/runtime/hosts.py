@@ -130,9 +130,10 @@ def check_reachable(
                 f"{prefix}/error",
                 "",
                 (
-                    f"{peer_if}: rank {peer} on host {peer_host} listens at {peer_addr}, which rank {rank} on host "
-                    f"{host} ({mine}, {addr}) cannot reach: {error}; name an interface that the other hosts reach "
-                    "in GLOO_SOCKET_IFNAME, or unset it (the interface of the route to the rendezvous host is chosen)"
+                    f"{peer_if}: rank {peer} on host {peer_host} listens at {peer_addr}, which rank {rank} "
+                    f"on host {host} ({mine}, {addr}) cannot reach: {error}; name an interface that the "
+                    "other hosts reach in GLOO_SOCKET_IFNAME, or unset it (the interface of the route to the "
+                    "rendezvous host is chosen)"
                 ),
             )
         if store.add(f"{prefix}/tried", 1) == world_size:

@@ -4,9 +4,10 @@
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
 ``launcher.nproc`` local ranks with multiprocessing, forked from a fork server that has imported torch and
 the suite once (:func:`start_rank_server`). The launching process itself never imports torch: it validates the
-configuration from the torch-free specs and binds the rendezvous store's port, which a store process forked from
-the same server serves (:func:`listen_for_store`, :func:`_serve_store`). A rank that dies, raises or hangs ends the whole run within seconds: the
-survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
+configuration from the torch-free specs and binds the rendezvous store's port, which a store process forked
+from the same server serves (:func:`listen_for_store`, :func:`_serve_store`). A rank that dies, raises or
+hangs ends the whole run within seconds: the survivors are terminated and the error names the failed rank
+(:mod:`wagma_bench.runtime.supervise`).
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 def slurm_master(env=os.environ) -> tuple[str, int]:
     """An address of the first host of the step's node list (its name, or slurmctld's NodeAddr for it where
-    the name does not resolve: :func:`wagma_bench.runtime.hosts.node_address`) and a port derived from the job id."""
+    the name does not resolve: :func:`wagma_bench.runtime.hosts.node_address`) and a port derived from the job
+    id."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     try:
         hosts = subprocess.run(
@@ -149,8 +151,8 @@ GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
 
 
 def visible_cuda_devices() -> int:
-    """``torch.cuda.device_count()``, without importing torch (1.3 s of CPU here) on a machine with no GPU device
-    node, where torch's count is 0 too."""
+    """``torch.cuda.device_count()``, without importing torch (1.3 s of CPU here) on a machine with no GPU
+    device node, where torch's count is 0 too."""
     if not any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES):
         return 0
     import torch
@@ -241,8 +243,8 @@ def join_world(
     emulate: str | None = None,
 ):
     """This rank's torch.distributed communicator in ``world``: under torchrun through its agent's store, else
-    through the run's rendezvous store at ``master`` (None: MASTER_ADDR/MASTER_PORT). Where the ranks may be on
-    several hosts, gloo's interface is chosen (the route to the rendezvous host) and every rank checked to
+    through the run's rendezvous store at ``master`` (None: MASTER_ADDR/MASTER_PORT). Where the ranks may be
+    on several hosts, gloo's interface is chosen (the route to the rendezvous host) and every rank checked to
     reach the next before gloo connects (:mod:`wagma_bench.runtime.hosts`). `run` and `comm-bench` both join
     their worlds here."""
     from wagma_bench.comm.torch_dist import TorchComm
@@ -283,8 +285,8 @@ STORE_HOSTED_ENV = (
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
-    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's run
-    id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
+    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's
+    run id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
     (mpiexec) the directory alone identifies it."""
     tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or "-"
     return f"{tag} {run_dir}"
@@ -302,10 +304,11 @@ class ForeignStore(RuntimeError):
 
 def listen_for_store(addr: str, port: int) -> socket.socket:
     """The listening socket of a local run's rendezvous store, bound by the launcher before any rank starts
-    (``port`` 0: a free one) and served by its store process (:func:`_serve_store`): of two runs racing for one
-    fixed port the second fails here, naming the run that holds it where it is one of ours, not after its ranks
-    have started. The launcher keeps its copy open until its ranks have ended, so the port stays the run's.
-    SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is free."""
+    (``port`` 0: a free one) and served by its store process (:func:`_serve_store`): of two runs racing for
+    one fixed port the second fails here, naming the run that holds it where it is one of ours, not after its
+    ranks have started. The launcher keeps its copy open until its ranks have ended, so the port stays the
+    run's. SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is
+    free."""
     try:
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -331,8 +334,8 @@ def listen_for_store(addr: str, port: int) -> socket.socket:
 
 
 def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
-    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
-    local launcher's store process does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless
+    the local launcher's store process does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
 
     A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
     another run holds) fails here, before any key of that run's world is touched, naming the port and the
@@ -373,9 +376,10 @@ def _port_note(addr: str, port: int) -> Path:
 
 
 def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
-    """Note that this launcher holds the fixed ``port`` for the run ``identity`` (a file in the temp directory,
-    removed when the run ends): a second run that cannot bind it names the holder from there, at once, where
-    asking the store itself (:func:`store_holder`) needs torch, seconds of import on a busy machine."""
+    """Note that this launcher holds the fixed ``port`` for the run ``identity`` (a file in the temp
+    directory, removed when the run ends): a second run that cannot bind it names the holder from there, at
+    once, where asking the store itself (:func:`store_holder`) needs torch, seconds of import on a busy
+    machine."""
     from wagma_bench.record.files import write_text_atomic
 
     path = _port_note(addr, port)
@@ -387,8 +391,8 @@ def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
 
 
 def noted_holder(addr: str, port: int, wait_s: float = 1.0) -> str | None:
-    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive; a run that bound the
-    port a moment ago notes it right after, so the note is awaited for ``wait_s``."""
+    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive; a run that
+    bound the port a moment ago notes it right after, so the note is awaited for ``wait_s``."""
     import time
 
     deadline = time.monotonic() + wait_s
@@ -476,8 +480,9 @@ def run_rank(
     except BaseException as err:
         if ranks_dir:
             report_error(ranks_dir, world.rank, err)
-        # end the job now (MPI) rather than let the peers wait for their timeout; not for a second Ctrl-C, which
-        # every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s later
+        # end the job now (MPI) rather than let the peers wait for their timeout; not for a second Ctrl-C,
+        # which every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s
+        # later
         if comm.abort_ends_job and not isinstance(err, KeyboardInterrupt):
             traceback.print_exc()
             try:
@@ -506,12 +511,12 @@ def record_lost(run_dir: Path, error: str) -> None:
 
 
 def _die_with_launcher(launcher_pid: int, sig: int | None = None) -> None:
-    """``sig`` (SIGTERM by default) to this process when its launcher dies (SIGKILLed, OOM), so ranks never train
-    on unsupervised: a rank's TERM handler checkpoints at the next synchronisation point and ends the run as
-    preempted (``run_suspend``), resumable; the store process, which keeps SIGTERM blocked, takes SIGKILL. A
-    rank's parent is the launcher's fork server, which outlives the launcher while any rank lives (each rank
-    holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread waits on the
-    launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
+    """``sig`` (SIGTERM by default) to this process when its launcher dies (SIGKILLed, OOM), so ranks never
+    train on unsupervised: a rank's TERM handler checkpoints at the next synchronisation point and ends the
+    run as preempted (``run_suspend``), resumable; the store process, which keeps SIGTERM blocked, takes
+    SIGKILL. A rank's parent is the launcher's fork server, which outlives the launcher while any rank lives
+    (each rank holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread
+    waits on the launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
     import select
     import signal
     import threading
@@ -533,7 +538,8 @@ def _die_with_launcher(launcher_pid: int, sig: int | None = None) -> None:
     threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
-# The fork server's preload: importing it imports what every local rank needs (torch, torch._dynamo, the suite)
+# The fork server's preload: importing it imports what every local rank needs
+# (torch, torch._dynamo, the suite)
 RANK_SERVER_PRELOAD = "wagma_bench.runtime.rank_server"
 
 
@@ -613,12 +619,12 @@ STORE_PROCESS_NAME = "wagma-store"  # the local run's store process, as ps and t
 
 
 def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, launcher_pid: int) -> None:
-    """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher imports no
-    torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for the run, until
-    the launcher kills it after its ranks have ended, or itself ends. A store that outlives every rank: a
-    rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides.
-    It keeps SIGTERM and SIGHUP blocked, as the server forked it: a signal to the whole group is the launcher's
-    to act on, and ranks still checkpointing need their store."""
+    """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher
+    imports no torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for
+    the run, until the launcher kills it after its ranks have ended, or itself ends. A store that outlives
+    every rank: a rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the
+    launcher decides. It keeps SIGTERM and SIGHUP blocked, as the server forked it: a signal to the whole
+    group is the launcher's to act on, and ranks still checkpointing need their store."""
     import signal
 
     _ignore_ctrl_c()
@@ -632,9 +638,9 @@ def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, l
 
 
 def serve_store(store_socket: socket.socket, timeout_s: float):
-    """A TCPStore served on ``store_socket`` (listening, from :func:`listen_for_store`, which it takes over): on
-    that socket's address alone, and on a port held from the moment it was chosen (given a port instead, torch's
-    libuv server listens on every interface, IPv6 included)."""
+    """A TCPStore served on ``store_socket`` (listening, from :func:`listen_for_store`, which it takes over):
+    on that socket's address alone, and on a port held from the moment it was chosen (given a port instead,
+    torch's libuv server listens on every interface, IPv6 included)."""
     from datetime import timedelta
 
     import torch
@@ -672,9 +678,9 @@ def _ignore_ctrl_c() -> None:
 def _exit_now(code: int) -> None:
     """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
     close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
-    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT. multiprocessing's
-    own finalizers run first: they release the named semaphores a library made (fairseq makes one at import),
-    which the launcher's resource tracker would otherwise report as leaked."""
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT.
+    multiprocessing's own finalizers run first: they release the named semaphores a library made (fairseq
+    makes one at import), which the launcher's resource tracker would otherwise report as leaked."""
     import logging
     from multiprocessing import util
 
@@ -694,13 +700,14 @@ def spawn_local(
     program: RankProgram,
     announce: str = "",
 ) -> int | None:
-    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
-    import by name) and wait; a rank that fails or hangs ends the others within seconds
-    (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
-    :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken Ctrl-C over,
-    so that a Ctrl-C after it always reaches the run. Returns the signal that stopped the run, or None: SIGINT
-    for a Ctrl-C (the ranks then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`), SIGTERM
-    or SIGHUP to the launcher (passed to the ranks as SIGTERM: they checkpoint and stop, preempted)."""
+    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which
+    the ranks import by name) and wait; a rank that fails or hangs ends the others within seconds
+    (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use
+    raises :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken
+    Ctrl-C over, so that a Ctrl-C after it always reaches the run. Returns the signal that stopped the run, or
+    None: SIGINT for a Ctrl-C (the ranks then stopped at a checkpoint; a second Ctrl-C raises
+    :class:`RunInterrupted`), SIGTERM or SIGHUP to the launcher (passed to the ranks as SIGTERM: they
+    checkpoint and stop, preempted)."""
     import multiprocessing
     import secrets
     import shutil

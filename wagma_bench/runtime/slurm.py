@@ -29,8 +29,8 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: sav
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # Ctrl-C: the first saves and stops the run as `interrupted` (resumable); the second stops it at once.
 INTERRUPT_SIGNALS = (signal.SIGINT,)
-# The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN), so
-# that one Ctrl-C to the whole process group counts once, not once from the terminal and once from the
+# The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN),
+# so that one Ctrl-C to the whole process group counts once, not once from the terminal and once from the
 # launcher: the launcher alone decides, and forwards each Ctrl-C as this real-time signal of our own.
 FORWARDED_INTERRUPT = signal.SIGRTMIN + 2
 

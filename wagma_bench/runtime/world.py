@@ -1,6 +1,6 @@
-"""The world a process belongs to, read from its launcher's environment (torchrun, srun, mpiexec) and nothing else:
-so light to import that `wagma-bench run` takes its signals before anything heavy is imported (a SIGTERM 0.3 s
-after the start must find the handler), and shared by the launcher, comm-bench and the ranks."""
+"""The world a process belongs to, read from its launcher's environment (torchrun, srun, mpiexec) and nothing
+else: so light to import that `wagma-bench run` takes its signals before anything heavy is imported (a SIGTERM
+0.3 s after the start must find the handler), and shared by the launcher, comm-bench and the ranks."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class World:
 def slurm_tasks_on_this_node(env) -> int:
     """Tasks of this job step on this node. srun sets SLURM_STEP_TASKS_PER_NODE (and the job's
     SLURM_TASKS_PER_NODE) in its compressed per-node form, "2(x3),1" = 2, 2, 2, 1, indexed by the node's
-    position in the step (SLURM_NODEID); SLURM_NTASKS_PER_NODE is only set when --ntasks-per-node was given."""
+    position in the step (SLURM_NODEID); SLURM_NTASKS_PER_NODE is only set when --ntasks-per-node was
+    given."""
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if spec:
         counts = []

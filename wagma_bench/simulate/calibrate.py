@@ -18,8 +18,8 @@ each collective algorithm of :mod:`.costs`; the algorithm whose model fits both 
 RMS error over their rows) is kept. Rows are weighted by ``1 / median_s`` so small (latency-bound) and large
 (bandwidth-bound) messages count alike. A comm-bench across hosts (``srun``, ``torchrun``) holds each level's
 rows apart (``levels``: ``intra``, ranks of one host; ``inter``, one rank per host); a comm-bench on one host
-(every file written before, and ``--nproc`` runs) measured the intra-node link only, in its ``results``. A level
-that was not measured takes the other's fit, and the report says so (``levels.LEVEL.note``).
+(every file written before, and ``--nproc`` runs) measured the intra-node link only, in its ``results``. A
+level that was not measured takes the other's fit, and the report says so (``levels.LEVEL.note``).
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def compare_with_runs(req: Request, out: Path) -> tuple[list[dict], Workload | N
 
 
 def run_row(run: str, fit, wl: Workload, predicted: float, traced: float) -> dict:
-    """One calibrated run's row of the validation table: its fit, and predicted against measured throughput."""
+    """One calibrated run's row of the validation table: its fit, and predicted
+    against measured throughput."""
     measured = fit.measured_throughput
     ratio = predicted / measured if measured else None
     return {
@@ -146,8 +147,8 @@ def network_lines(report: dict) -> str:
 
 
 def replay_run(fit, workload: Workload, network: Network, keep: list | None = None) -> float:
-    """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds, seed);
-    ``keep`` receives the whole result."""
+    """Simulated throughput of a calibrated run's own configuration (optimizer, world, imbalance, rounds,
+    seed); ``keep`` receives the whole result."""
     settings = typed_settings("optimizer", OPTIMIZER_SPECS, fit.settings)
     imbalance = make_imbalance(typed_settings("imbalance", IMBALANCES, fit.imbalance), fit.seed)
     if workload.compute == "trace":  # the run's own stragglers with its own compute times
@@ -155,8 +156,8 @@ def replay_run(fit, workload: Workload, network: Network, keep: list | None = No
 
         imbalance = RecordedDelays(fit.delay_trace)
         if "threshold_s" in fit.extra and getattr(settings, "threshold_s", None) == "auto":
-            # ... and DropCompute's threshold as the run set it: the rule, fed the model's micro-batch times and
-            # communication cost, lands elsewhere (a measured miss of the trace before: docs/simulator.md)
+            # ... and DropCompute's threshold as the run set it: the rule, fed the model's micro-batch times
+            # and communication cost, lands elsewhere (a measured miss of the trace before: docs/simulator.md)
             threshold = fit.extra["threshold_s"]
             settings = dataclasses.replace(
                 settings, threshold_s="inf" if threshold is None else str(threshold)

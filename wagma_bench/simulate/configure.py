@@ -70,7 +70,8 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
                     or hydra_message(err)
                 ) from None
             if not req.optimizers_chosen and not runs_on(name, str(cfg.workload.name)):
-                continue  # every optimizer by default: those that run on this workload (not DropCompute on RL)
+                # every optimizer by default: those that run on this workload (not DropCompute on RL)
+                continue
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)
@@ -152,8 +153,8 @@ def sim_config(
     seed: int | None = None,
     progress: Progress | None = None,
 ) -> SimConfig:
-    """One simulation of a composed run configuration (``seed``: another than the run's; ``progress``: told where
-    it is)."""
+    """One simulation of a composed run configuration (``seed``: another than the run's; ``progress``: told
+    where it is)."""
     return SimConfig(
         run.optimizer.name,
         world_size,

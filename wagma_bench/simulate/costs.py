@@ -89,7 +89,8 @@ LINK_RANGES = {
 
 
 def link_value(key: str, value: Any, name: str) -> float:
-    """One of a link's numbers, checked (``name``: how to call it in the refusal, e.g. the user's override)."""
+    """One of a link's numbers, checked (``name``: how to call it in the
+    refusal, e.g. the user's override)."""
     low, allowed = LINK_RANGES[key]
     try:
         v = float(value)

@@ -1,12 +1,13 @@
 """Discrete-event simulation of the training loop of every optimizer in the suite.
 
-Every optimizer runs exactly ``steps`` rounds, its last a synchronisation point (as in a run: ``Algorithm.end_at``).
-P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step, compute (forward +
-backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
-objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
-compute time)``), then the optimizer's communication, then the update; every ``control_every`` rounds
-(rounded up to the optimizer's sync period, as the trainer does) all ranks meet in the trainer's small
-control allreduce. Communication costs come from :class:`~wagma_bench.simulate.costs.Network`.
+Every optimizer runs exactly ``steps`` rounds, its last a synchronisation point (as in a run:
+``Algorithm.end_at``). P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step,
+compute (forward + backward, drawn from the workload's distribution), the injected delay of the imbalance
+model (the same objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same
+``(rank, world, local step, compute time)``), then the optimizer's communication, then the update; every
+``control_every`` rounds (rounded up to the optimizer's sync period, as the trainer does) all ranks meet in
+the trainer's small control allreduce. Communication costs come from
+:class:`~wagma_bench.simulate.costs.Network`.
 
 Events are processed round by round. Every interaction the optimizers have is ordered by rounds (a
 collective of round r needs round r-1 done on each member; a gossip of step t follows step t-1), so
@@ -14,8 +15,8 @@ processing rounds in order visits events in causal order, and all ranks of a rou
 with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs as an event simulation,
 served in batches of the requests no later event can precede.
 
-What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only their
-torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
+What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only
+their torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
 
 - ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
   the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
@@ -25,9 +26,9 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   gradient allreduces.
 - ``dpsgd``: each step a synchronous exchange with both ring neighbours
   (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
-- ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
-  without overlap a rank waits for its in-peer's and out-peer's messages; with ``overlap`` the message
-  pushed at step t is waited for at step t+1.
+- ``sgp``: push-sum to one exponential-graph peer per step
+  (:func:`~wagma_bench.comm.topology.exponential_peer`); without overlap a rank waits for its in-peer's and
+  out-peer's messages; with ``overlap`` the message pushed at step t is waited for at step t+1.
 - ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
   thread of each even (active) rank exchanges with its partner in
   :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
@@ -50,8 +51,8 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
   does; every ``sync_period``-th round, and the last, is synchronous.
 
-Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
-every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
+Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above,
+plus, every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
 workload's ``memory_GBps``) and, for the bases without a global average of their own (D-PSGD, SGP), the global
 model allreduce the outer layer takes first; the ranks leave that round together.
 
@@ -94,7 +95,8 @@ from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.spread import draw_persistent
 
 DELAY_BLOCK = 1 << 18  # rank-steps of injected delays drawn at once (delay_matrix)
-# elements of the AD-PSGD model's whole-run vector steps done at once, so that each says where it is (SimConfig.progress)
+# elements of the AD-PSGD model's whole-run vector steps done at once, so that each says
+# where it is (SimConfig.progress)
 CHUNK = 1 << 20
 CONTROL_BYTES = 7 * 8  # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
@@ -170,8 +172,9 @@ class Workload:
         return np.stack([np.resize(np.asarray(seq, dtype=float), steps) for seq in self.trace])
 
 
-#: what a simulation tells its caller as it goes: (phase, fraction of that phase done, 0 to 1), often (every round,
-#: every batch of exchanges, every chunk of a whole-run step), so that a caller can say where a long one is
+#: what a simulation tells its caller as it goes: (phase, fraction of that phase done, 0 to 1), often (every
+#: round, every batch of exchanges, every chunk of a whole-run step), so that a caller can say where a long
+#: one is
 Progress = Callable[[str, float], None]
 
 
@@ -218,8 +221,9 @@ def sync_period(cfg: SimConfig) -> int:
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
-    """Model-sized tensors the rank-local optimizer keeps (``train.state.make_local_optimizer``): SGD one momentum
-    buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them too."""
+    """Model-sized tensors the rank-local optimizer keeps (``train.state.make_local_optimizer``): SGD one
+    momentum buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them
+    too."""
     if local_optimizer == "adam":
         return 2
     return 1 if momentum else 0
@@ -264,8 +268,8 @@ def delay_matrix(
 
 
 def run_rounds(cfg: SimConfig) -> int:
-    """The rounds a simulation runs: its budget exactly, as a run does (``RunPlan.total``): the last round is a
-    synchronisation point of every optimizer, whatever its sync period (``Algorithm.end_at``)."""
+    """The rounds a simulation runs: its budget exactly, as a run does (``RunPlan.total``): the last round is
+    a synchronisation point of every optimizer, whatever its sync period (``Algorithm.end_at``)."""
     return max(1, cfg.steps)
 
 
@@ -284,8 +288,8 @@ class SimState:
         rng = np.random.default_rng(cfg.seed)
         cols = self.rounds + 1
         self.tick("compute times", 0.0)
-        # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and a
-        # column of a row-major array is a cache miss per rank once the world outgrows the caches
+        # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and
+        # a column of a row-major array is a cache miss per rank once the world outgrows the caches
         self.compute = np.asfortranarray(cfg.workload.draw(rng, self.P, cols))
         self.delay = np.asfortranarray(delay_matrix(cfg.imbalance, self.P, cols, self.compute, self.tick))
         self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
@@ -316,13 +320,14 @@ class SimState:
         )
 
 
-# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a) d,
-# x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
+# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a)
+# d, x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
 OUTER_PASSES = 14
 
 
 def outer_cost(cfg: SimConfig) -> tuple[int, float]:
-    """(rounds between outer steps, seconds of each) of the configured outer optimizer; (0, 0.0) without one."""
+    """(rounds between outer steps, seconds of each) of the configured outer
+    optimizer; (0, 0.0) without one."""
     settings = cfg.settings
     if not isinstance(settings, OuterSettings) or settings.outer == "none":
         return 0, 0.0
@@ -343,8 +348,8 @@ def _lockstep(
     else after each rank's own average."""
     run = SimState(cfg, sync_period)
     outer_every, outer_s = outer_cost(cfg)
-    # the outer layer's own global average (D-PSGD, SGP) makes its round a barrier; after the base's average (local
-    # SGD, streaming DiLoCo's fragments) each rank steps its outer optimizer when its average is done
+    # the outer layer's own global average (D-PSGD, SGP) makes its round a barrier; after the base's average
+    # (local SGD, streaming DiLoCo's fragments) each rank steps its outer optimizer when its average is done
     outer_barrier = OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact"
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
@@ -412,10 +417,11 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
 @simulates("dropcompute")
 def sim_dropcompute(cfg: SimConfig) -> SimResult:
     """DropCompute: each rank's step (compute plus its injected delay, as the trainer spreads it) in M equal
-    micro-batches; past the threshold a rank stops after the micro-batch that crossed it. ``threshold_s: auto`` is
-    the optimizer's own rule (:func:`~wagma_bench.optim.rules.best_threshold`) over the first
-    ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped (the gradients
-    are complete only after the last micro-batch). Throughput counts the computed samples only."""
+    micro-batches; past the threshold a rank stops after the micro-batch that crossed it.
+    ``threshold_s: auto`` is the optimizer's own rule (:func:`~wagma_bench.optim.rules.best_threshold`) over
+    the first ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped
+    (the gradients are complete only after the last micro-batch). Throughput counts the computed samples
+    only."""
     s, M = cfg.settings, cfg.settings.micro_batches
     cost = sum(
         cfg.network.world_allreduce(cfg.world_size, b)
@@ -574,25 +580,25 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 # --- AD-PSGD -------------------------------------------------------------------------------------------
 
 GOSSIP_ITERATIONS = 8  # rounds of (compute schedule -> exchanges -> their cost on the compute) at most
-# ... stopped once no step's charge moves by more than this share of the median compute time (each round moves it
-# about a fifth of the round before; the throughput then moves by less than 0.1%)
+# ... stopped once no step's charge moves by more than this share of the median compute time (each round moves
+# it about a fifth of the round before; the throughput then moves by less than 0.1%)
 GOSSIP_TOLERANCE = 1e-3
 
 
 @simulates("adpsgd")
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
-    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served in
-    batches (:func:`_gossip`).
+    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served
+    in batches (:func:`_gossip`).
 
     What the exchanges cost the compute (``workload.gossip_cost``, c from 0 to 1): each second a rank's gossip
-    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes takes c
-    seconds from its compute, so a step lengthens by c times the exchange time inside it -- the thread's copies,
-    averaging and transfer share the rank's host with its compute (the authors' thread copies layer by layer
-    through the CPU and spins on its locks); c = 1: the compute stops while the thread exchanges. The compute
-    schedule and the exchanges depend on each other (a slower step moves the next exchange), so both are
-    recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS`` at most). c = 0 is the
-    model of a free exchange: the compute thread's upper bound. The measured c and its interval:
-    ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
+    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes
+    takes c seconds from its compute, so a step lengthens by c times the exchange time inside it -- the
+    thread's copies, averaging and transfer share the rank's host with its compute (the authors' thread copies
+    layer by layer through the CPU and spins on its locks); c = 1: the compute stops while the thread
+    exchanges. The compute schedule and the exchanges depend on each other (a slower step moves the next
+    exchange), so both are recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS``
+    at most). c = 0 is the model of a free exchange: the compute thread's upper bound. The measured c and its
+    interval: ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
     run = SimState(cfg, sync_period(cfg))  # the run's barrier: the algorithm's own rule
     cost = float(cfg.workload.gossip_cost)
     extra = np.zeros((run.P, run.rounds))
@@ -628,8 +634,8 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
 
 
 def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the trainer's
-    sync points, each step's compute lengthened by ``extra``; and the end of the run."""
+    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the
+    trainer's sync points, each step's compute lengthened by ``extra``; and the end of the run."""
     start = np.zeros(run.P)
     starts, ends = np.zeros((run.P, run.rounds)), np.zeros((run.P, run.rounds))
     for r in range(1, run.rounds + 1):
@@ -650,9 +656,10 @@ def busy_between(
     hi: np.ndarray,
     tick: Progress = _silent,
 ) -> np.ndarray:
-    """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from its
-    exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in flight, a
-    passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
+    """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from
+    its exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in
+    flight, a passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank
+    after rank."""
     rank, began, ended = busy
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
@@ -696,10 +703,10 @@ def busy_between(
 def _by_rank_then_key(
     rank: np.ndarray, t: np.ndarray, span: float, world: int, tick: Progress = _silent
 ) -> np.ndarray:
-    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank first), a
-    block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks): a block's
-    keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements in their
-    original order, is the same order, ties included."""
+    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank
+    first), a block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536
+    ranks): a block's keys all lie below the next block's, so the blocks in rank order, each sorted stably
+    from its elements in their original order, is the same order, ties included."""
     blocks = min(world, max(1, -(-len(t) // CHUNK)))
     if blocks == 1:
         return np.argsort(rank * span + t, kind="stable")
@@ -718,18 +725,19 @@ def _gossip(
     cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
 ) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
-    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to its
-    partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive serves one
-    at a time, first come first served (in the order the actives' threads woke), from the header's arrival.
-    Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as ``(rank, begin, end)``
-    arrays: both ends of every exchange).
+    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to
+    its partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive
+    serves one at a time, first come first served (in the order the actives' threads woke), from the header's
+    arrival. Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as
+    ``(rank, begin, end)`` arrays: both ends of every exchange).
 
-    An event simulation that serves many requests at once: each active has one pending request (when its thread
-    woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake again (after its
-    pending exchange at the least, or its next step's end), so every pending request that woke before ``T`` is
-    served now, each passive's in wake order (one sort, a segmented max-plus scan). That is the order of an event
-    heap, request by request (a test replays the model on one and compares), at a cost of vector operations over
-    the actives per batch; a batch holds every active whose thread woke before the slowest could wake again."""
+    An event simulation that serves many requests at once: each active has one pending request (when its
+    thread woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake
+    again (after its pending exchange at the least, or its next step's end), so every pending request that
+    woke before ``T`` is served now, each passive's in wake order (one sort, a segmented max-plus scan). That
+    is the order of an event heap, request by request (a test replays the model on one and compares), at a
+    cost of vector operations over the actives per batch; a batch holds every active whose thread woke before
+    the slowest could wake again."""
     P, net = run.P, cfg.network
     actives = np.arange(0, P, 2)
     rounds = ends.shape[1]
@@ -783,7 +791,8 @@ def _gossip(
 
 
 def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) -> np.ndarray:
-    """Each active's partner in the ``e``-th matching, for every exchange ``e`` a run can hold: [exchange, active]."""
+    """Each active's partner in the ``e``-th matching, for every exchange ``e`` a run
+    can hold: [exchange, active]."""
     partners = np.empty((rounds + 1, len(actives)), dtype=int)
     for e in range(rounds + 1):
         run.tick("matchings", e / (rounds + 1))
@@ -836,10 +845,11 @@ def _serve(
     a: np.ndarray,
     free: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's in the
-    order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is free) is
-    moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an event heap,
-    ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues at a time."""
+    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's
+    in the order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is
+    free) is moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an
+    event heap, ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues
+    at a time."""
     order = q[np.lexsort((exchange[q], a[q], t[q], p[q]))]
     pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
     first = np.concatenate([[True], pq[1:] != pq[:-1]])
@@ -956,7 +966,8 @@ class _Staleness:
         self.cur[idx] = 0
 
     def used(self, r: int, fresh: np.ndarray) -> None:
-        """Round ``r`` took each rank's posted buffer (``fresh``) or, posted after it started, the one before."""
+        """Round ``r`` took each rank's posted buffer (``fresh``) or, posted after
+        it started, the one before."""
         self.cur[fresh & (self.cur == 0)] = r
         self.max = np.maximum(self.max, r - np.where(fresh, self.cur, self.prev))
 
@@ -1093,9 +1104,9 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     return res
 
 
-# Each optimizer's spec -> the model of its communication (``@simulates``), in OPTIMIZER_SPECS' order, the one table
-# of the optimizers. Keyed by the spec, not the algorithm class, so that the simulator imports no torch. An optimizer
-# with no model is not simulated (tests/test_conformance.py names what to add).
+# Each optimizer's spec -> the model of its communication (``@simulates``), in OPTIMIZER_SPECS' order, the one
+# table of the optimizers. Keyed by the spec, not the algorithm class, so that the simulator imports no torch.
+# An optimizer with no model is not simulated (tests/test_conformance.py names what to add).
 SIMULATIONS: dict[type[AlgorithmSpec], Callable[[SimConfig], SimResult]] = {
     spec: _MODELS[name] for name, spec in OPTIMIZER_SPECS.items() if name in _MODELS
 }

@@ -81,8 +81,8 @@ def write_interval(
 
 
 def compact_json(data: Any) -> str:
-    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x worlds x
-    optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
+    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x
+    worlds x optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
 
     def rounded(x: Any) -> Any:
         if isinstance(x, float):

@@ -1,10 +1,10 @@
 """Measured model inputs: one JSON file that ``simulate --measured FILE`` reads.
 
-Written by ``reproduce/scaling/measure_inputs.py`` (AD-PSGD's exchange cost measured in the suite's own runs on this
-machine) and by ``make gpu-check`` (``reproduce/gpu/check.py``: the same on a GPU, with the per-rank compute spread
-and the intra-node link). Each section is optional; ``measured_on`` says where the numbers come from (``cpu`` or
-``gpu``) and ``skipped`` lists what the writer could not measure there, so a CPU-measured file is never taken for
-a GPU's::
+Written by ``reproduce/scaling/measure_inputs.py`` (AD-PSGD's exchange cost measured in the suite's own runs
+on this machine) and by ``make gpu-check`` (``reproduce/gpu/check.py``: the same on a GPU, with the per-rank
+compute spread and the intra-node link). Each section is optional; ``measured_on`` says where the numbers come
+from (``cpu`` or ``gpu``) and ``skipped`` lists what the writer could not measure there, so a CPU-measured
+file is never taken for a GPU's::
 
     {"format": "wagma-bench measured inputs 1", "measured_on": "cpu", "source": "...", "skipped": [...],
      "gossip_cost": {"value": 0.06, "interval": [0.03, 0.09], "replicates": [...]},
@@ -102,7 +102,8 @@ def _number(value: Any, key: str, where: str) -> float:
 def with_measured(
     workload: Workload, network: Network, m: Measured, given: set[str]
 ) -> tuple[Workload, Network]:
-    """The workload and network with the file's numbers, except those given on the command line (``given``)."""
+    """The workload and network with the file's numbers, except those given on
+    the command line (``given``)."""
     changes: dict[str, Any] = {}
     if m.gossip_cost is not None and "gossip_cost" not in given:
         changes["gossip_cost"] = m.gossip_cost

@@ -38,10 +38,10 @@ PRESETS: dict[str, Workload] = {
         overhead_s=0.0,
         backward_fraction=0.2,
     ),
-    # Transformer on WMT17 En-De (experiment=paper_transformer: fairseq's transformer_wmt_en_de, all embeddings
-    # shared, at most 4,096 tokens per GPU). params: 6 encoder layers of 3,152,384, 6 decoder layers of
-    # 4,204,032, and a 512-wide embedding of the ~40k types of reproduce/transformer's joint BPE (40k merges):
-    # 64,618,496 with 40,000 types, as fairseq's model built over such a dictionary counts them.
+    # Transformer on WMT17 En-De (experiment=paper_transformer: fairseq's transformer_wmt_en_de, all
+    # embeddings shared, at most 4,096 tokens per GPU). params: 6 encoder layers of 3,152,384, 6 decoder
+    # layers of 4,204,032, and a 512-wide embedding of the ~40k types of reproduce/transformer's joint BPE
+    # (40k merges): 64,618,496 with 40,000 types, as fairseq's model built over such a dictionary counts them.
     # step_s (assumption): Vaswani et al. 2017 report about 0.4 s per step of the base model on 8 P100s at
     # ~3,100 tokens per GPU; scaled to 4,096 tokens. batch: tokens (a run's samples are its target tokens).
     # sigma: small GPU jitter; the sentence-length imbalance comes from --compute-from the tuned runs.

@@ -14,8 +14,8 @@ from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.simulate.des import Workload, simulated_optimizers
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
-# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this quiet
-# 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
+# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this
+# quiet 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
 MAX_GPUS = 65_536
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default

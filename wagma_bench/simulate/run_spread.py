@@ -42,8 +42,8 @@ def spread_by_run(paths: list[str]) -> list[list[float]]:
 
 def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
     """The workload with the runs' measured spread scaled to its median step time (``--compute-from``); with
-    ``compute=persistent`` the persistent model's offsets, noise and autocorrelation fitted from the runs' ranks
-    (:mod:`wagma_bench.simulate.spread`), else the pooled times drawn i.i.d."""
+    ``compute=persistent`` the persistent model's offsets, noise and autocorrelation fitted from the runs'
+    ranks (:mod:`wagma_bench.simulate.spread`), else the pooled times drawn i.i.d."""
     if workload.compute == "persistent":
         fit = measured_persistence(paths)
         return dataclasses.replace(

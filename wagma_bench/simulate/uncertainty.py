@@ -1,14 +1,16 @@
-"""How far a prediction can be trusted: an interval from its inputs' uncertainty, and the assumptions that flip it.
+"""How far a prediction can be trusted: an interval from its inputs' uncertainty,
+and the assumptions that flip it.
 
-A paper-scale prediction rests on inputs measured here with error (the compute spread of a handful of runs, the
-samples a handful of runs took to the target, what AD-PSGD's exchange costs the compute) and on assumptions that
-were never measured at that scale (the network, how much slower a straggler is, the trainer's barrier). Two
-answers, both written by ``wagma-bench simulate --interval N`` into ``interval.json`` beside ``predictions.json``:
+A paper-scale prediction rests on inputs measured here with error (the compute spread of a handful of runs,
+the samples a handful of runs took to the target, what AD-PSGD's exchange costs the compute) and on
+assumptions that were never measured at that scale (the network, how much slower a straggler is, the trainer's
+barrier). Two answers, both written by ``wagma-bench simulate --interval N`` into ``interval.json`` beside
+``predictions.json``:
 
 - **replicates**: N predictions, each with its inputs resampled -- the runs behind the compute spread and
-  behind each optimizer's samples to target drawn with replacement (a bootstrap over runs), the measured exchange
-  cost drawn from its bootstrap replicates (``--measured``), and a fresh seed for the simulation's own draws. A
-  claim's speed-up computed in each replicate gives its 95% interval
+  behind each optimizer's samples to target drawn with replacement (a bootstrap over runs), the measured
+  exchange cost drawn from its bootstrap replicates (``--measured``), and a fresh seed for the simulation's
+  own draws. A claim's speed-up computed in each replicate gives its 95% interval
   (:func:`wagma_bench.analysis.predictions.speedup_interval`).
 - **sensitivity**: the prediction with one assumption moved along a grid (:data:`KNOBS`), the others at their
   values: ``wagma-bench claims`` finds where the claim's speed-up crosses its threshold
@@ -92,11 +94,12 @@ def resample(base: Inputs, sources: Sources, b: int) -> Inputs:
     return dataclasses.replace(base, workload=workload, samples_to_target=conv, seed=base.seed + 1 + b)
 
 
-# --- the assumptions a prediction is moved along -------------------------------------------------------------
+# --- the assumptions a prediction is moved along ------------------------------------------------------------
 
 
 def _spread(inputs: Inputs, f: float) -> Inputs:
-    """The compute spread scaled: every log-deviation from the median times ``f`` (0: every step the median)."""
+    """The compute spread scaled: every log-deviation from the median times ``f``
+    (0: every step the median)."""
     wl = inputs.workload
     samples = tuple(wl.step_s * (x / wl.step_s) ** f for x in wl.samples) if wl.samples else ()
     return dataclasses.replace(
@@ -186,7 +189,7 @@ KNOBS = (
 )
 
 
-# --- producing interval.json ---------------------------------------------------------------------------------
+# --- producing interval.json --------------------------------------------------------------------------------
 
 Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
 

@@ -91,8 +91,9 @@ def make_local_optimizer(train):
 
 
 class EvalModel:
-    """Builds the model that evaluation sees: rank 0's local model, or the global average; of the current models,
-    or of snapshots the ranks took at an earlier round (an evaluation grid round between synchronisation points)."""
+    """Builds the model that evaluation sees: rank 0's local model, or the global average; of the current
+    models, or of snapshots the ranks took at an earlier round (an evaluation grid round between
+    synchronisation points)."""
 
     def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
         # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
@@ -110,9 +111,9 @@ class EvalModel:
         return torch.cat([state[k].reshape(-1) for k in self._floats()])
 
     def get(self, snapshot: torch.Tensor | None = None, mode: str | None = None):
-        """The model to evaluate (a collective unless the models are identical): of the current models, or of each
-        rank's ``snapshot`` (consumed), combined by ``mode`` (default: the run's; "identical": rank 0's, without
-        communication, for models known to be equal)."""
+        """The model to evaluate (a collective unless the models are identical): of the current models, or of
+        each rank's ``snapshot`` (consumed), combined by ``mode`` (default: the run's; "identical": rank 0's,
+        without communication, for models known to be equal)."""
         mode = mode or self.mode
         if snapshot is None:
             if (

@@ -3,8 +3,8 @@
 Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts:
 DropCompute), injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update).
 Evaluation, checkpoints, stop decisions and the exchange of control flags happen only at synchronisation
-points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where every
-rank is known to be at the same round.
+points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where
+every rank is known to be at the same round.
 The clock that every reported time is read from excludes evaluation and checkpointing (and, after a requeue,
 the time spent in the queue).
 
@@ -78,8 +78,8 @@ class Trainer:
         self.imbalance = make_imbalance(cfg.imbalance, cfg.seed)
         self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
         self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
-        # snapshots taken at grid rounds between synchronisation points are averaged (their models differ there)
-        # unless the models are identical at every round or eval.model names a mode
+        # snapshots taken at grid rounds between synchronisation points are averaged (their models differ
+        # there) unless the models are identical at every round or eval.model names a mode
         self.snapshot_mode = (
             cfg.eval.model
             if cfg.eval.model != "auto"
@@ -92,8 +92,8 @@ class Trainer:
         self.clock = Clock()
         self.checkpointer = Checkpointer(run_dir, self.rank, as_recorded(cfg))
         self.state = TrainState(next_eval=self.plan.eval_every)
-        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
-        # and the communicated models/gradients stay fp32
+        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the
+        # update and the communicated models/gradients stay fp32
         self.autocast = torch.autocast(
             comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16"
         )
@@ -262,14 +262,15 @@ class Trainer:
         if eta_s > TERM_GRACE_S:
             print(
                 f"wagma-bench: no synchronisation point within the grace: the next is at step {at}, about "
-                f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are killed; the "
-                "run will stop without a checkpoint",
+                f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are "
+                "killed; the run will stop without a checkpoint",
                 file=sys.stderr,
                 flush=True,
             )
 
     def log_startup(self) -> None:
-        """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`), once its first step is done."""
+        """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`),
+        once its first step is done."""
         startup.mark("first_step")
         self.events.emit("startup", None, **startup.phases())
         self.startup_logged = True
@@ -284,8 +285,8 @@ class Trainer:
         self.algo.set_lr(lr_at(state.local_step / self.plan.steps_per_epoch, **self.plan.lr_schedule))
         # A straggler is late with its gradient: the injected delay comes before the computation (after
         # backward it would hide behind the gradient buckets already in flight), or, for an algorithm that
-        # computes in micro-batches, is spread over them (see compute). Models relative to the compute time use
-        # the previous step's; the first step, which has none, sleeps after its own.
+        # computes in micro-batches, is spread over them (see compute). Models relative to the compute time
+        # use the previous step's; the first step, which has none, sleeps after its own.
         first = self.last_compute_s is None
         delay_s = (
             0.0
@@ -332,11 +333,11 @@ class Trainer:
 
     def compute(self, batch, delay_s: float, t0: float) -> tuple[torch.Tensor, int, dict, float]:
         """Forward and backward of ``batch``: the loss, its samples, the workload's step statistics and the
-        seconds slept. For an algorithm that ``computes_in_parts``: of its M parts one after another as long as
-        the algorithm asks for them (DropCompute stops at its threshold), the injected ``delay_s`` slept in M
-        equal parts, one before each computed part: a straggler is slow in every micro-batch, so what it does not
-        compute it does not sleep either, as with real slow compute. The loss is the sample-weighted mean over
-        the computed parts."""
+        seconds slept. For an algorithm that ``computes_in_parts``: of its M parts one after another as long
+        as the algorithm asks for them (DropCompute stops at its threshold), the injected ``delay_s`` slept in
+        M equal parts, one before each computed part: a straggler is slow in every micro-batch, so what it
+        does not compute it does not sleep either, as with real slow compute. The loss is the sample-weighted
+        mean over the computed parts."""
         if not self.algo.computes_in_parts:
             with self.autocast:
                 loss, n = self.workload.forward(self.model, batch)
@@ -397,19 +398,19 @@ class Trainer:
         rank = min(range(len(rows)), key=lambda i: (rows[i][0], i))
         step, loss = rows[rank]
         return (
-            f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite loss; "
-            f"lower train.lr, or set train.grad_clip)"
+            f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite "
+            "loss; lower train.lr, or set train.grad_clip)"
         )
 
     def should_evaluate(self, r: int) -> bool:
         return r >= self.state.next_eval or r >= self.plan.total
 
     def snapshot_if_due(self, r: int) -> None:
-        """After round r, not a synchronisation point: for each grid round up to r not yet held, keep this rank's
-        model (a local copy, off the clock), its samples and its training time; they are evaluated at the next
-        synchronisation point, dated at the grid round. No communication, no barrier: what is measured is
-        unchanged. (A rank that skipped rounds, WAGMA-SGD's catch_up=skip, keeps its first model past the grid
-        round.)"""
+        """After round r, not a synchronisation point: for each grid round up to r not yet held, keep this
+        rank's model (a local copy, off the clock), its samples and its training time; they are evaluated at
+        the next synchronisation point, dated at the grid round. No communication, no barrier: what is
+        measured is unchanged. (A rank that skipped rounds, WAGMA-SGD's catch_up=skip, keeps its first model
+        past the grid round.)"""
         start = self.snapshots[-1][0] + self.plan.eval_every if self.snapshots else self.state.next_eval
         due = range(start, r + 1, self.plan.eval_every)
         if not due:
@@ -429,10 +430,10 @@ class Trainer:
                 )
 
     def evaluate(self, r: int, meta: dict) -> None:
-        """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each dated
-        at its grid round: its samples, and the training time at which the last rank finished it), then round r
-        itself when it is a grid round or the run's end. Off the training clock; reaching the target ends the run
-        (at its first evaluation that reaches it)."""
+        """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each
+        dated at its grid round: its samples, and the training time at which the last rank finished it), then
+        round r itself when it is a grid round or the run's end. Off the training clock; reaching the target
+        ends the run (at its first evaluation that reaches it)."""
         held = {g: rest for g, *rest in self.snapshots}
         self.snapshots = []
         points = list(range(self.state.next_eval, r + 1, self.plan.eval_every))
@@ -461,8 +462,8 @@ class Trainer:
                 break
 
     def grid_stamps(self, mine: list[tuple[int, float]]) -> list[tuple[int, float]]:
-        """Per evaluated round, from every rank's (samples, training time) there: the samples of all ranks and the
-        latest training time (when the last rank finished that round). A collective."""
+        """Per evaluated round, from every rank's (samples, training time) there: the samples of all ranks and
+        the latest training time (when the last rank finished that round). A collective."""
         local = torch.tensor(mine, dtype=torch.float64, device=self.comm.device).reshape(-1)
         rows = self.comm.allgather(local).cpu().reshape(self.world, len(mine), 2)
         return [
@@ -471,8 +472,8 @@ class Trainer:
         ]
 
     def evaluate_one(self, g: int, snapshot: torch.Tensor | None, meta: dict) -> None:
-        """Evaluate the model of round g (this rank's ``snapshot`` of it, or the current model), log eval_accuracy;
-        reaching the target ends the run."""
+        """Evaluate the model of round g (this rank's ``snapshot`` of it, or the current model), log
+        eval_accuracy; reaching the target ends the run."""
         with self.clock.paused("eval"):
             t_eval = time.perf_counter()
             model = (
@@ -559,7 +560,8 @@ class Trainer:
         }
 
     def counts_at_failure(self) -> dict:
-        """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
+        """The totals without a collective (the other ranks may be gone): samples
+        as if all ranks were alike."""
         return {
             "round": self.algo.round,
             **self.clock.totals(),
@@ -571,9 +573,10 @@ class Trainer:
     ) -> dict | None:
         """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
 
-        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end writes
-        the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts it.)
-        ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its error.
+        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end
+        writes the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts
+        it.) ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its
+        error.
         """
         detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
         if reason is not None:
@@ -603,8 +606,8 @@ class Trainer:
                 if cancel_note(self.run_dir) is None:
                     raise
         print(
-            f"wagma-bench: cancelled (wagma-bench sweep cancel) at step {step}: checkpoint saved, not requeued; "
-            f"wagma-bench sweep submit resumes it in {self.run_dir}",
+            f"wagma-bench: cancelled (wagma-bench sweep cancel) at step {step}: checkpoint saved, not "
+            f"requeued; wagma-bench sweep submit resumes it in {self.run_dir}",
             flush=True,
         )
 

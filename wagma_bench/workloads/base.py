@@ -19,8 +19,8 @@ from wagma_bench.workloads.specs import WorkloadSpec, rounds_per_epoch
 
 
 def default_cache_root() -> Path:
-    """Where workloads keep data they derive once (the synthetic corpus, parsed MNIST): ``$WAGMA_BENCH_CACHE``,
-    else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
+    """Where workloads keep data they derive once (the synthetic corpus, parsed MNIST):
+    ``$WAGMA_BENCH_CACHE``, else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
     if os.environ.get("WAGMA_BENCH_CACHE"):
         return Path(os.environ["WAGMA_BENCH_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

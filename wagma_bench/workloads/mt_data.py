@@ -272,8 +272,8 @@ def import_fairseq() -> None:
     fairseq's progress bar imports wandb where it is installed (for its own W&B option, which we never use:
     our logger is ``logger=wandb``), and wandb makes two temporary folders at import that only the
     interpreter's finalization removes; a rank ends without it (``launch._exit_now``), so every rank of every
-    Transformer run left ``/tmp/tmp*wandb-media`` and ``tmp*wandb-artifacts`` behind. wandb is hidden from that
-    import (fairseq takes it as not installed) unless it is imported already.
+    Transformer run left ``/tmp/tmp*wandb-media`` and ``tmp*wandb-artifacts`` behind. wandb is hidden from
+    that import (fairseq takes it as not installed) unless it is imported already.
     """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level

@@ -4,8 +4,8 @@ Each workload class (``workloads/<name>.py``) inherits its spec from here: the `
 (``Settings``), the schemas of its data options (``DATA``, in the section ``DATA_SECTION``), its metrics and
 their ranges, the memory one rank needs, whether its batches split, and the checks of its data made before any
 rank starts (:meth:`WorkloadSpec.check`). The configuration check reads only these, so that the launching
-process of ``wagma-bench run`` imports no torch (ImageNet's folder check alone does: it reads torchvision's list of
-image extensions). :data:`WORKLOAD_SPECS` is the torch-free twin of
+process of ``wagma-bench run`` imports no torch (ImageNet's folder check alone does: it reads torchvision's
+list of image extensions). :data:`WORKLOAD_SPECS` is the torch-free twin of
 :data:`wagma_bench.workloads.WORKLOADS` (``tests/test_config.py`` checks that they name the same classes).
 """
 
@@ -39,9 +39,10 @@ class WorkloadSpec:
     DATA_SECTION: ClassVar[str] = "data"  # the config section holding the data options (ddppo: `env`)
     metric_name: ClassVar[str] = "top1"  # evaluation metric; higher is better
     # Peak resident memory of one rank on the workload's embedded default data, in MiB, measured by
-    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run; docs/run-budget-and-exit-codes.md):
-    # ranks x this must fit in the machine's memory (config.check_memory, before any rank starts). A lower
-    # bound for larger data (ImageNet, WMT), so it refuses only worlds that cannot fit.
+    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run;
+    # docs/run-budget-and-exit-codes.md): ranks x this must fit in the machine's memory (config.check_memory,
+    # before any rank starts). A lower bound for larger data (ImageNet, WMT), so it refuses only worlds that
+    # cannot fit.
     RANK_MEMORY_MB: ClassVar[float]
     # every metric's range (eval.target is checked against it before any rank starts)
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
@@ -64,8 +65,8 @@ class WorkloadSpec:
 
 def rounds_per_epoch(samples: int, batch_size: int, world_size: int) -> int:
     """Rounds of one epoch of ``samples`` at ``batch_size`` per rank (the last batch partial): the unit of
-    eval.every_epochs, train.epochs and the LR schedule, for a run (Workload.steps_per_epoch) and for an estimate
-    made before one (campaign/prequeue.py)."""
+    eval.every_epochs, train.epochs and the LR schedule, for a run (Workload.steps_per_epoch) and for an
+    estimate made before one (campaign/prequeue.py)."""
     return max(1, -(-samples // (batch_size * world_size)))
 
 
@@ -98,7 +99,8 @@ class SyntheticImageData:
 
 
 def check_arch(arch: str) -> None:
-    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth 6n+2 (resnet20, resnet32, ...)."""
+    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth
+    6n+2 (resnet20, resnet32, ...)."""
     depth = arch.removeprefix("resnet")
     if arch == "resnet50" or (arch.startswith("resnet") and depth.isdigit() and int(depth) % 6 == 2):
         return
@@ -119,8 +121,9 @@ IMAGENET_PREPARE = "reproduce/imagenet/README.md"  # the official archives into 
 
 
 def check_imagenet_root(root: str | None) -> Path:
-    """``data.root`` has ImageNet's ImageFolder layout: ``train/`` and ``val/``, each with class folders that hold
-    an image each at least (what torchvision's ImageFolder refuses inside every rank, after the world started)."""
+    """``data.root`` has ImageNet's ImageFolder layout: ``train/`` and ``val/``, each with class folders that
+    hold an image each at least (what torchvision's ImageFolder refuses inside every rank, after the world
+    started)."""
     expected = f"expected {IMAGENET_LAYOUT}, as {IMAGENET_PREPARE} prepares it"
     if not root:
         raise ConfigError(

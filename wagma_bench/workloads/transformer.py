@@ -191,7 +191,8 @@ class TransformerWorkload(TransformerSpec, Workload):
         return args
 
     def _batch_args(self) -> list[str]:
-        """What limits a training batch, as fairseq's flag: tokens or (``workload.max_sentences``) sentences."""
+        """What limits a training batch, as fairseq's flag: tokens or
+        (``workload.max_sentences``) sentences."""
         if self.cfg.workload.max_sentences is None:
             return ["--max-tokens", str(self.cfg.train.batch_size)]
         return ["--batch-size", str(self.cfg.workload.max_sentences)]
@@ -384,7 +385,8 @@ def _moses_detokenizer(lang: str):
 
 
 def _rows_of(sample: Any, rows: torch.Tensor, sentences: int) -> Any:
-    """The rows ``rows`` of every tensor of a (nested) fairseq sample whose first dimension is its sentences."""
+    """The rows ``rows`` of every tensor of a (nested) fairseq sample whose first
+    dimension is its sentences."""
     if isinstance(sample, dict):
         return {k: _rows_of(v, rows, sentences) for k, v in sample.items()}
     if isinstance(sample, torch.Tensor) and sample.dim() and sample.size(0) == sentences:

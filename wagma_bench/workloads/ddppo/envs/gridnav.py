@@ -154,7 +154,8 @@ class GridNavEnv(NavEnv):
             self.dir = (self.dir - 1) % 4
         elif action != actions.STOP:
             raise ValueError(
-                f"action {action} is not one of 0..3 (actions.STOP, actions.MOVE_FORWARD, actions.TURN_LEFT, actions.TURN_RIGHT)"
+                f"action {action} is not one of 0..3 (actions.STOP, actions.MOVE_FORWARD, actions.TURN_LEFT, "
+                "actions.TURN_RIGHT)"
             )
         distance = float(self._field(self.goal)[self.cell[1], self.cell[0]])
         reward, success = self.tracker.step(moved, distance, stopped=action == actions.STOP)

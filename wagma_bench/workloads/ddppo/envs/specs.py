@@ -1,7 +1,8 @@
-"""The navigation environments' settings (the ``env:`` section's schemas), their option names (:data:`ENVS`) and
-the check of habitat's install, without NumPy: what the configuration check (:mod:`wagma_bench.workloads.specs`)
-reads in the launching process of ``wagma-bench run``, which imports neither torch nor NumPy. The environments
-themselves (:mod:`.gridnav`, :mod:`.miniworld_nav`, :mod:`.habitat_nav`) import NumPy."""
+"""The navigation environments' settings (the ``env:`` section's schemas), their option names (:data:`ENVS`)
+and the check of habitat's install, without NumPy: what the configuration check
+(:mod:`wagma_bench.workloads.specs`) reads in the launching process of ``wagma-bench run``, which imports
+neither torch nor NumPy. The environments themselves (:mod:`.gridnav`, :mod:`.miniworld_nav`,
+:mod:`.habitat_nav`) import NumPy."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ INSTALL = (
     "and the data: the Gibson scene meshes (data/scene_datasets/gibson/*.glb, under the Gibson dataset's "
     "license agreement) and the PointNav Gibson v1 episodes (data/datasets/pointnav/gibson/v1/{train,val}/"
     "*.json.gz; see habitat-lab's DATASETS.md), or MP3D scenes and episodes for "
-    "env.config_path=benchmark/nav/pointnav/pointnav_mp3d.yaml. Set env.data_root to the folder holding data/."
+    "env.config_path=benchmark/nav/pointnav/pointnav_mp3d.yaml. "
+    "Set env.data_root to the folder holding data/."
 )
 
 
