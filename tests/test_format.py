@@ -25,8 +25,9 @@ def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 def test_long_lines_are_selected_for_every_file():
     ruff_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
     assert ruff_config["line-length"] == 110
-    assert "E501" in ruff_config["lint"]["extend-select"]
-    assert "per-file-ignores" not in ruff_config and "per-file-ignores" not in ruff_config["lint"]
+    lint = ruff_config.get("lint", {})
+    assert "E501" in lint.get("extend-select", []), f"E501 is not in [tool.ruff.lint] extend-select: {lint}"
+    assert "per-file-ignores" not in ruff_config and "per-file-ignores" not in lint
 
 
 def test_the_package_and_the_tests_are_formatted():
