@@ -78,7 +78,8 @@ test-long: $(STAMP)
 	$(VENV)/bin/pytest -q -m long
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check wagma_bench tests
+	$(VENV)/bin/ruff format --check wagma_bench tests
+	$(VENV)/bin/ruff check wagma_bench tests reproduce
 
 # On a machine with a GPU (reproduce/gpu/check.py): NCCL and shared-GPU gloo worlds for every optimizer,
 # images/s against a plain torch loop in fp32 and bf16, comm-bench; sized for 8 min. No install: this repository with

@@ -12,9 +12,9 @@ from typing import NoReturn
 from wagma_bench.errors import ConfigError, SymlinkRefused
 
 OK = 0
-FAILED = 1       # the work failed: a rank died, raised or hung; an operational error (SLURM, the disk)
-REFUSED = 2      # bad input, refused before anything started (argparse's usage errors exit 2 too)
-DIVERGED = 3     # a run's training loss became NaN or infinite (one line says where and why)
+FAILED = 1  # the work failed: a rank died, raised or hung; an operational error (SLURM, the disk)
+REFUSED = 2  # bad input, refused before anything started (argparse's usage errors exit 2 too)
+DIVERGED = 3  # a run's training loss became NaN or infinite (one line says where and why)
 INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, as shells report a program that SIGINT ended
 
 
@@ -54,8 +54,14 @@ def end(line: str, code: int) -> NoReturn:
     raise Stop(code, line, error=False)
 
 
-def run_body(command: str, body: Callable[[], int], *, also: tuple[tuple[type[BaseException], int], ...] = (),
-             interrupted: str | None = "", stopped: str = "") -> int:
+def run_body(
+    command: str,
+    body: Callable[[], int],
+    *,
+    also: tuple[tuple[type[BaseException], int], ...] = (),
+    interrupted: str | None = "",
+    stopped: str = "",
+) -> int:
     """Run a command's ``body`` and answer what it raises with the documented code and one line on stderr,
     the one mapper of every command:
 

@@ -5,12 +5,12 @@ each step without communicating, a run is reproducible, and the simulator can us
 The trainer sleeps for the returned time before the backward pass and logs it as an injected delay, so
 reports can tell injected from real time.
 
-A rank asks :meth:`Imbalance.delay` for its own step; the simulator asks :meth:`Imbalance.delays` for every rank
-and step at once (the same numbers, a test checks). The per-(rank, step) draws come from :func:`uniform`, a
-counter-based hash that numpy evaluates for a whole world at once: a seeded generator per (rank, step) costs a
-Python call each, 33 million of them for 65,536 simulated ranks and 500 rounds. (Until 2026-12-06 the draws came
-from ``random.Random`` seeded per (rank, step): the same distributions, other values; runs recorded before keep
-their delays in their step records.)
+A rank asks :meth:`Imbalance.delay` for its own step; the simulator asks :meth:`Imbalance.delays` for every
+rank and step at once (the same numbers, a test checks). The per-(rank, step) draws come from :func:`uniform`,
+a counter-based hash that numpy evaluates for a whole world at once: a seeded generator per (rank, step) costs
+a Python call each, 33 million of them for 65,536 simulated ranks and 500 rounds. (Until 2026-12-06 the draws
+came from ``random.Random`` seeded per (rank, step): the same distributions, other values; runs recorded
+before keep their delays in their step records.)
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from wagma_bench.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, setting
 if TYPE_CHECKING:
     import numpy as np
 
-# numpy is imported where it is used, not here: the config check and the launcher import this module and no numpy
-# (tests/test_config.py, tests/test_startup.py)
+# numpy is imported where it is used, not here: the config check and the launcher import this module and no
+# numpy (tests/test_config.py, tests/test_startup.py)
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive counters land far apart
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64 whose outputs pass BigCrush."""
+    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of uint64
+    whose outputs pass BigCrush."""
     import numpy as np
+
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -43,6 +45,7 @@ def uniform(seed: int, stream: int, step, rank, draw: int = 0) -> np.ndarray:
     """Uniform numbers in [0, 1), one per (step, rank) pair (numpy broadcasting), a pure function of its
     arguments: ``stream`` keeps the models' draws apart, ``draw`` numbers the draws of one (rank, step)."""
     import numpy as np
+
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
         key = _mix(np.uint64(seed % 2**64) * np.uint64(_GOLDEN) + np.uint64(stream))
         key = _mix(key ^ (np.asarray(step, dtype=np.uint64) * np.uint64(_GOLDEN)))
@@ -60,6 +63,7 @@ class Imbalance:
     def delay(self, rank: int, world_size: int, step: int, base_s: float) -> float:
         """Seconds rank ``rank`` sleeps in local step ``step``; ``base_s`` is its measured compute time."""
         import numpy as np
+
         return float(self.delays(world_size, np.full((world_size, 1), base_s), first_step=step)[rank, 0])
 
     def delays(self, world_size: int, base_s: np.ndarray, first_step: int = 0) -> np.ndarray:
@@ -80,6 +84,7 @@ class NoImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         return np.zeros(np.shape(base_s))
 
 
@@ -109,6 +114,7 @@ class SharedDrawImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         out = np.zeros(np.shape(base_s))
         for k in range(out.shape[1]):  # one draw per step (not per rank): cheap at any world size
             out[list(self.slow_ranks(world_size, first_step + k)), k] = self.settings.delay_s
@@ -141,11 +147,15 @@ class IndependentImbalance(Imbalance):
     stream = 11
 
     def delay(self, rank, world_size, step, base_s):
-        return self.settings.delay_s if float(uniform(self.seed, self.stream, step, rank)) < \
-            self.settings.probability else 0.0
+        return (
+            self.settings.delay_s
+            if float(uniform(self.seed, self.stream, step, rank)) < self.settings.probability
+            else 0.0
+        )
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         steps = first_step + np.arange(np.shape(base_s)[1])
         u = uniform(self.seed, self.stream, steps[None, :], np.arange(world_size)[:, None])
         return np.where(u < self.settings.probability, float(self.settings.delay_s), 0.0)
@@ -153,18 +163,19 @@ class IndependentImbalance(Imbalance):
 
 class AuthorsImbalance(Imbalance):
     """The WAGMA-SGD authors' straggler rule as their code runs it, at any world size P: one random stream,
-    seeded alike on every rank; in each step each rank draws a rank from it (``np.random.randint(P)``) and sleeps
-    ``delay_s`` if the draw is its own, else draws a second time and sleeps if that one is (their ResNet-50
-    script, ``resnet_run_loop_wagma_sgd.py``, ``my_func``: ``comm.rank == randint(P) or comm.rank ==
+    seeded alike on every rank; in each step each rank draws a rank from it (``np.random.randint(P)``) and
+    sleeps ``delay_s`` if the draw is its own, else draws a second time and sleeps if that one is (their
+    ResNet-50 script, ``resnet_run_loop_wagma_sgd.py``, ``my_func``: ``comm.rank == randint(P) or comm.rank ==
     randint(P)``; the short-circuit ``or`` takes one draw on a match, two otherwise).
 
     So each rank reads the stream at its own position, one draw further after a first-draw match than after a
-    miss, and the ranks that matched the first draw a different number of times read different draws: a rank is
-    delayed with probability 1 - (1 - 1/P)^2 in every step, and a step delays 2 - 1/P ranks on average at every
-    P (1.98 at the paper's 64, 2.0 at 1,024). :class:`IndependentImbalance` keeps instead the per-rank
+    miss, and the ranks that matched the first draw a different number of times read different draws: a rank
+    is delayed with probability 1 - (1 - 1/P)^2 in every step, and a step delays 2 - 1/P ranks on average at
+    every P (1.98 at the paper's 64, 2.0 at 1,024). :class:`IndependentImbalance` keeps instead the per-rank
     probability of P = 64 at every P. The stream is :func:`uniform` at consecutive positions (not numpy's
-    Mersenne Twister: other values, the same rule); each rank's position is a function of (seed, P, rank, step),
-    computed forward from step 0 once and then step by step (a resumed run recomputes it, microseconds a step)."""
+    Mersenne Twister: other values, the same rule); each rank's position is a function of (seed, P, rank,
+    step), computed forward from step 0 once and then step by step (a resumed run recomputes it, microseconds
+    a step)."""
 
     name = "authors"
 
@@ -183,12 +194,14 @@ class AuthorsImbalance(Imbalance):
     def _drawn(self, world_size: int, position: np.ndarray) -> np.ndarray:
         """The rank drawn at each stream position: randint(P) from a uniform number."""
         import numpy as np
+
         u = uniform(self.seed, self.stream, position, 0)
         return np.minimum((u * world_size).astype(np.int64), world_size - 1)
 
     def _slow(self, world_size: int, ranks: np.ndarray, first_step: int, steps: int, key) -> np.ndarray:
         """Whether each of ``ranks`` sleeps in each of the steps ``first_step ..``: ``[rank, k]``."""
         import numpy as np
+
         step, position = self._cursor.get(key, (0, np.zeros(len(ranks), dtype=np.uint64)))
         if step > first_step:  # asked for an earlier step (a resumed run, a new simulation): from step 0
             step, position = 0, np.zeros(len(ranks), dtype=np.uint64)
@@ -205,12 +218,16 @@ class AuthorsImbalance(Imbalance):
 
     def delay(self, rank, world_size, step, base_s):
         import numpy as np
+
         slow = self._slow(world_size, np.array([rank]), step, 1, (world_size, (rank,)))
         return self.settings.delay_s if bool(slow[0, 0]) else 0.0
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
-        slow = self._slow(world_size, np.arange(world_size), first_step, np.shape(base_s)[1], (world_size, None))
+
+        slow = self._slow(
+            world_size, np.arange(world_size), first_step, np.shape(base_s)[1], (world_size, None)
+        )
         return np.where(slow, float(self.settings.delay_s), 0.0)
 
 
@@ -236,6 +253,7 @@ class FixedImbalance(Imbalance):
 
     def delays(self, world_size, base_s, first_step=0):
         import numpy as np
+
         slow = np.isin(np.arange(world_size), self.settings.ranks)[:, None]
         return np.where(slow, (self.settings.factor - 1.0) * np.asarray(base_s, dtype=float), 0.0)
 
@@ -257,10 +275,12 @@ class LognormalImbalance(Imbalance):
 
     def delay(self, rank, world_size, step, base_s):
         import numpy as np
+
         return float(self.delays(world_size, np.full((1, 1), base_s), first_step=step, ranks=[rank])[0, 0])
 
     def delays(self, world_size, base_s, first_step=0, ranks=None):
         import numpy as np
+
         steps = (first_step + np.arange(np.shape(base_s)[1]))[None, :]
         ranks = np.arange(world_size)[:, None] if ranks is None else np.asarray(ranks)[:, None]
         # a standard normal by Box-Muller from two uniforms of the same (rank, step); 1 - u is in (0, 1]
@@ -274,8 +294,14 @@ class LognormalImbalance(Imbalance):
 
 IMBALANCES: dict[str, type[Imbalance]] = {
     cls.name: cls
-    for cls in (NoImbalance, SharedDrawImbalance, IndependentImbalance, AuthorsImbalance, FixedImbalance,
-                LognormalImbalance)
+    for cls in (
+        NoImbalance,
+        SharedDrawImbalance,
+        IndependentImbalance,
+        AuthorsImbalance,
+        FixedImbalance,
+        LognormalImbalance,
+    )
 }
 
 # Former option names, for run records made before a rename (a user's ``imbalance=paper`` is refused, with

@@ -1,10 +1,10 @@
 """The values a numeric setting may take, declared next to its default.
 
-Every numeric field of every configuration schema (the fixed sections in ``config/schema.py``, each optimizer's,
-workload's, imbalance's and data option's ``Settings``) is declared with :func:`setting`, which keeps its
-:class:`Range` in the field's metadata; the config check (:func:`wagma_bench.config.schema.check_ranges`) reads it
-there before any rank starts, and refuses a numeric field that declares none. A leaf module, so that a schema in
-any layer can import it.
+Every numeric field of every configuration schema (the fixed sections in ``config/schema.py``, each
+optimizer's, workload's, imbalance's and data option's ``Settings``) is declared with :func:`setting`, which
+keeps its :class:`Range` in the field's metadata; the config check
+(:func:`wagma_bench.config.schema.check_ranges`) reads it there before any rank starts, and refuses a numeric
+field that declares none. A leaf module, so that a schema in any layer can import it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Range:
 
     low: float | None = None
     high: float | None = None
-    low_open: bool = False   # low itself is excluded
+    low_open: bool = False  # low itself is excluded
     high_open: bool = False  # high itself is excluded
 
     def allows(self, value: float) -> bool:
@@ -46,16 +46,20 @@ def _number(x: float) -> str:
 POSITIVE = Range(0, low_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_ONE = Range(1)
-FRACTION = Range(0, 1)               # a probability or a share
+FRACTION = Range(0, 1)  # a probability or a share
 FRACTION_BELOW_ONE = Range(0, 1, high_open=True)
-ANY = Range()                        # any finite number
+ANY = Range()  # any finite number
 # Seeds: numpy refuses negative ones, and torch's generators take (seed * 7919 + rank) * 1_000_003 + step
 # (wagma_bench/workloads/resnet.py), which must stay below 2**64.
 SEED = Range(0, 2**31 - 1)
 
 
-def setting(default: Any = dataclasses.MISSING, allowed: Range | None = None, *,
-            factory: Callable[[], Any] | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    allowed: Range | None = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A numeric dataclass field with its default (or ``factory``, for a list) and its allowed range; a list
     setting's range applies to each element."""
     if allowed is None:

@@ -1,5 +1,5 @@
-"""``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the paper's
-scale, and a verdict by a written rule.
+"""``wagma-bench claims``: the papers' claims as data, measured here with an interval, predicted at the
+paper's scale, and a verdict by a written rule.
 
     wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
     wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
@@ -9,12 +9,13 @@ The claims are records in ``reproduce/claims.yaml`` (:class:`Claim`). The direct
 tuning directories (``tune.json``, from ``wagma-bench tune``) and simulator outputs (``predictions.json``,
 from ``wagma-bench simulate --out``); a claim names the ones it reads by their folder name.
 
-Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of each
-study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or its
-median throughput over the trials, each with the exact two-stage bootstrap distribution of
-:mod:`wagma_bench.analysis.intervals`. The claim's **speed-up** is the subject's value against the best comparator's,
-oriented so that > 1 favours the subject; its interval comes from the law of the subject against the best of
-independent draws of every comparator (the best is chosen inside the bootstrap, not fixed beforehand).
+Measured (:func:`measure`): per optimizer, its tuned score (``time_to_target``: the median over studies of
+each study's fastest time to the target; ``final_metric``: the same with the best metric, higher is better) or
+its median throughput over the trials, each with the exact two-stage bootstrap distribution of
+:mod:`wagma_bench.analysis.intervals`. The claim's **speed-up** is the subject's value against the best
+comparator's, oriented so that > 1 favours the subject; its interval comes from the law of the subject against
+the best of independent draws of every comparator (the best is chosen inside the bootstrap, not fixed
+beforehand).
 
 Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim says otherwise):
 
@@ -24,10 +25,11 @@ Verdict (:func:`decide`), with the claim's threshold t (1.0 unless the claim say
 - **inconclusive** otherwise: the interval contains t, a comparator has no data, or the subject has none.
 
 A claim on a final metric may compare by difference instead (``compare: difference``: subject minus best, for
-metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its speed
-reference to the power of the tuning's fitted elasticity (``drift_adjusted``, :mod:`wagma_bench.analysis.drift`;
-its interval carries the elasticity's sampling error), and how often the trials' order changed optimizer;
-neither decides. A prediction is shown beside the measurement and never enters the verdict.
+metrics near 0 where a ratio means little). Beside the raw speed-up: the same with each trial scaled by its
+speed reference to the power of the tuning's fitted elasticity (``drift_adjusted``,
+:mod:`wagma_bench.analysis.drift`; its interval carries the elasticity's sampling error), and how often the
+trials' order changed optimizer; neither decides. A prediction is shown beside the measurement and never
+enters the verdict.
 """
 
 from __future__ import annotations
@@ -91,11 +93,11 @@ class Claim:
     metric: str
     subject: str
     comparators: tuple[str, ...]
-    measured: dict[str, str]              # tuning (folder name), here (what runs in its place)
+    measured: dict[str, str]  # tuning (folder name), here (what runs in its place)
     figure: str | None = None
     threshold: float = 1.0
     predicted: dict[str, Any] | None = None  # simulate (folder name), world_size, assumptions
-    compare: str = "ratio"                # ratio (subject over best, > 1 favours the subject) | difference
+    compare: str = "ratio"  # ratio (subject over best, > 1 favours the subject) | difference
 
     @property
     def lower_is_better(self) -> bool:
@@ -106,7 +108,8 @@ REQUIRED = ("id", "paper", "says", "condition", "metric", "subject", "comparator
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
-    """Read and check the claims file; a bad record is refused naming the claim, the key and what is allowed."""
+    """Read and check the claims file; a bad record is refused naming the claim,
+    the key and what is allowed."""
     from wagma_bench.optim import OPTIMIZERS
 
     try:
@@ -120,22 +123,30 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
         where = f"{path}: claim {raw.get('id', i + 1)}"
         unknown = set(raw) - {f.name for f in Claim.__dataclass_fields__.values()}
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                              f"allowed: {', '.join(Claim.__dataclass_fields__)}")
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                f"allowed: {', '.join(Claim.__dataclass_fields__)}"
+            )
         missing = [k for k in REQUIRED if raw.get(k) in (None, "", [])]
         if missing:
             raise ConfigError(f"{where}: {', '.join(missing)} missing")
         if raw["metric"] not in METRICS:
-            raise ConfigError(f"{where}: metric={raw['metric']!r} is not allowed; one of {', '.join(METRICS)}")
+            raise ConfigError(
+                f"{where}: metric={raw['metric']!r} is not allowed; one of {', '.join(METRICS)}"
+            )
         for opt in [raw["subject"], *raw["comparators"]]:
             if opt not in OPTIMIZERS:
-                raise ConfigError(f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZERS)}")
+                raise ConfigError(
+                    f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZERS)}"
+                )
         compare = raw.get("compare", "ratio")
         if compare not in COMPARES:
             raise ConfigError(f"{where}: compare={compare!r} is not allowed; one of {', '.join(COMPARES)}")
         if compare == "difference" and raw["metric"] != "final_metric":
-            raise ConfigError(f"{where}: compare=difference is for metric=final_metric (a time or a throughput is "
-                              "compared as a ratio)")
+            raise ConfigError(
+                f"{where}: compare=difference is for metric=final_metric (a time or a throughput is "
+                "compared as a ratio)"
+            )
         if "tuning" not in raw["measured"]:
             raise ConfigError(f"{where}: measured.tuning missing (the tuning directory's folder name)")
         pred = raw.get("predicted")
@@ -144,17 +155,25 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
         if raw["id"] in seen:
             raise ConfigError(f"{where}: the id {raw['id']!r} is used twice")
         seen.add(raw["id"])
-        claims.append(Claim(**{**raw, "comparators": tuple(raw["comparators"]),
-                               "threshold": float(raw.get("threshold", 1.0))}))
+        claims.append(
+            Claim(
+                **{
+                    **raw,
+                    "comparators": tuple(raw["comparators"]),
+                    "threshold": float(raw.get("threshold", 1.0)),
+                }
+            )
+        )
     return claims
 
 
 # --- sources ------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Sources:
-    tunings: dict[str, Path] = field(default_factory=dict)       # folder name -> tuning directory
-    simulations: dict[str, Path] = field(default_factory=dict)   # folder name -> simulate --out directory
+    tunings: dict[str, Path] = field(default_factory=dict)  # folder name -> tuning directory
+    simulations: dict[str, Path] = field(default_factory=dict)  # folder name -> simulate --out directory
 
 
 def find_sources(dirs: list[Path]) -> Sources:
@@ -164,37 +183,48 @@ def find_sources(dirs: list[Path]) -> Sources:
     for d in dirs:
         if not d.is_dir():
             raise FileNotFoundError(f"{d}: no such directory")
-        for kind, marker, table in (("tuning", TUNE_PLAN, found.tunings), ("simulation", PREDICTIONS, found.simulations)):
+        for kind, marker, table in (
+            ("tuning", TUNE_PLAN, found.tunings),
+            ("simulation", PREDICTIONS, found.simulations),
+        ):
             for f in sorted([d / marker] if (d / marker).is_file() else d.rglob(marker)):
                 name = f.parent.name
                 if name in table and table[name] != f.parent:
-                    raise ConfigError(f"two {kind} directories named {name!r}: {table[name]} and {f.parent}; "
-                                      "give only one of them")
+                    raise ConfigError(
+                        f"two {kind} directories named {name!r}: {table[name]} and {f.parent}; "
+                        "give only one of them"
+                    )
                 table[name] = f.parent
     return found
 
 
 # --- measurements -------------------------------------------------------------------------------------
 
+
 @dataclass
 class Measurement:
     optimizer: str
-    value: float                       # the point estimate (score or median)
-    dist: intervals.Dist               # its bootstrap distribution
-    budget: tuple[int, int]            # studies with a finished trial x trials per study (planned)
-    finished: int                      # trials with a final summary
+    value: float  # the point estimate (score or median)
+    dist: intervals.Dist  # its bootstrap distribution
+    budget: tuple[int, int]  # studies with a finished trial x trials per study (planned)
+    finished: int  # trials with a final summary
     planned: int
-    reached: int | None                # trials that reached the target (time_to_target)
+    reached: int | None  # trials that reached the target (time_to_target)
     compute_imbalance: float | None
-    steps: float | None = None         # the median of the trials' rounds trained (a budget rounded to a sync period)
+    steps: float | None = None  # the median of the trials' rounds trained (a budget rounded to a sync period)
 
     @property
     def interval(self) -> tuple[float, float]:
         return intervals.interval(self.dist)
 
 
-def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elasticity: float = 1.0,
-            loaded: tuple | None = None) -> dict[str, Measurement]:
+def measure(
+    tune_dir: Path,
+    metric: str,
+    drift_median: float | None = None,
+    elasticity: float = 1.0,
+    loaded: tuple | None = None,
+) -> dict[str, Measurement]:
     """Every optimizer of a tuning directory, measured by ``metric``. Trials without a final summary (not run
     yet, or killed) are left out, not counted as misses; a study none of whose trials finished is left out.
     With ``drift_median`` (every finished trial has a speed reference), each trial's figures are first scaled
@@ -209,8 +239,10 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elas
             continue
         optimizer = summaries[done[0].name]["optimizer"]
         if optimizer in out:
-            raise ConfigError(f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
-                              "per optimizer (tune each condition into its own directory)")
+            raise ConfigError(
+                f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
+                "per optimizer (tune each condition into its own directory)"
+            )
         ran = [summaries[t.name] for t in done]
         scored = [drift.adjusted(s, drift_median, cap, elasticity) for s in ran] if drift_median else ran
         by_study: dict[int, list[dict]] = {}
@@ -219,16 +251,22 @@ def measure(tune_dir: Path, metric: str, drift_median: float | None = None, elas
         value, dist = _score(list(by_study.values()), metric, None if drift_median else cap)
         imb = [s["compute_imbalance"] for s in ran if s.get("compute_imbalance") is not None]
         out[optimizer] = Measurement(
-            optimizer, value, dist, (len(by_study), plan["trials_per_study"]), len(done), len(trials),
+            optimizer,
+            value,
+            dist,
+            (len(by_study), plan["trials_per_study"]),
+            len(done),
+            len(trials),
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None,
-            float(statistics.median(s["rounds"] for s in ran)) if all(s.get("rounds") for s in ran) else None)
+            float(statistics.median(s["rounds"] for s in ran)) if all(s.get("rounds") for s in ran) else None,
+        )
     return out
 
 
 def drift_reference(tune_dir: Path, loaded: tuple | None = None) -> tuple[float | None, int, int]:
-    """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is None
-    unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
+    """(the median speed reference, trials with one, finished trials) of a tuning directory; the median is
+    None unless every finished trial has a reference (:func:`wagma_bench.analysis.drift.tuning_median`)."""
     _, _, summaries = loaded or load_trials(tune_dir)
     finished = [s for s in summaries.values() if trial_finished(s)]
     return drift.tuning_median(finished), sum(map(drift.has_reference, finished)), len(finished)
@@ -238,20 +276,26 @@ def drift_elasticity(tune_dir: Path, loaded: tuple | None = None) -> drift.Elast
     """The elasticity of seconds per round to the speed reference, fitted over a tuning directory's finished
     trials with one intercept per combination (:func:`wagma_bench.analysis.drift.fit_elasticity`)."""
     _, combos, summaries = loaded or load_trials(tune_dir)
-    return drift.fit_elasticity([summaries[t.name] for t in trials if trial_finished(summaries[t.name])]
-                                for trials in combos.values())
+    return drift.fit_elasticity(
+        [summaries[t.name] for t in trials if trial_finished(summaries[t.name])] for trials in combos.values()
+    )
 
 
-def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) -> tuple[float, intervals.Dist]:
+def _score(
+    studies: list[list[dict]], metric: str, max_runtime_s: float | None
+) -> tuple[float, intervals.Dist]:
     if metric == "throughput":
-        per_study = [[s["throughput_samples_per_s"] for s in study if s.get("throughput_samples_per_s")]
-                     for study in studies]
+        per_study = [
+            [s["throughput_samples_per_s"] for s in study if s.get("throughput_samples_per_s")]
+            for study in studies
+        ]
         per_study = [v for v in per_study if v]
         if not per_study:
             return math.nan, {}
         return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
-    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or a
-    # negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is negated back
+    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or
+    # a negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is
+    # negated back
     by = BY_TIME if metric == "time_to_target" else BY_METRIC
     costs = [[trial_cost(s, max_runtime_s, by) for s in study] for study in studies]
     value, dist = median_score([min(c) for c in costs]), intervals.tuned_score(costs)
@@ -260,16 +304,21 @@ def _score(studies: list[list[dict]], metric: str, max_runtime_s: float | None) 
 
 # --- the speed-up and the verdict ----------------------------------------------------------------------
 
+
 @dataclass
 class Speedup:
-    value: float                  # subject against the best comparator (> 1: the subject is better)
+    value: float  # subject against the best comparator (> 1: the subject is better)
     interval: tuple[float, float]
-    best: str                     # the comparator with the best point value
-    missing: list[str]            # comparators without data
+    best: str  # the comparator with the best point value
+    missing: list[str]  # comparators without data
 
 
-def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool,
-            compare: str = "ratio") -> Speedup | None:
+def speedup(
+    subject: Measurement,
+    comparators: dict[str, Measurement | None],
+    lower_is_better: bool,
+    compare: str = "ratio",
+) -> Speedup | None:
     law = speedup_law(subject, comparators, lower_is_better, compare)
     if law is None:
         return None
@@ -278,8 +327,12 @@ def speedup(subject: Measurement, comparators: dict[str, Measurement | None], lo
     return sp
 
 
-def speedup_law(subject: Measurement, comparators: dict[str, Measurement | None], lower_is_better: bool,
-                compare: str = "ratio") -> tuple[Speedup, intervals.Dist] | None:
+def speedup_law(
+    subject: Measurement,
+    comparators: dict[str, Measurement | None],
+    lower_is_better: bool,
+    compare: str = "ratio",
+) -> tuple[Speedup, intervals.Dist] | None:
     """The speed-up (its interval not yet set) and its bootstrap law; None without a subject or comparator."""
     have = {k: m for k, m in comparators.items() if m is not None and m.dist}
     if not have or not subject.dist:
@@ -288,7 +341,10 @@ def speedup_law(subject: Measurement, comparators: dict[str, Measurement | None]
     best = pick(have.values(), key=lambda m: m.value)
     best_dist = intervals.best_of([m.dist for m in have.values()], lower_is_better)
     if compare == "difference":  # a final metric (higher is better): subject - best, > 0 favours the subject
-        dist, value = intervals.combine(subject.dist, best_dist, lambda x, y: x - y), subject.value - best.value
+        dist, value = (
+            intervals.combine(subject.dist, best_dist, lambda x, y: x - y),
+            subject.value - best.value,
+        )
     elif lower_is_better:
         dist, value = intervals.ratio(best_dist, subject.dist), intervals.divide(best.value, subject.value)
     else:
@@ -306,26 +362,35 @@ def decide(interval: tuple[float, float] | None, threshold: float, missing: list
         return "does not hold", f"the whole interval is below {threshold:g}"
     if lo > threshold:
         if missing:
-            return "inconclusive", (f"above {threshold:g} against the comparators measured, but "
-                                    f"{', '.join(missing)} not measured")
+            return "inconclusive", (
+                f"above {threshold:g} against the comparators measured, but {', '.join(missing)} not measured"
+            )
         return "holds", f"the whole interval is above {threshold:g}"
     return "inconclusive", f"the interval contains {threshold:g}"
 
 
 # --- predictions ----------------------------------------------------------------------------------------
 
+
 def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
     """The subject against the best comparator in a simulator output at the claim's world size."""
     if claim.predicted is None:
         return None
     p = int(claim.predicted["world_size"])
-    base = {"simulate": claim.predicted["simulate"], "world_size": p,
-            "assumptions": " ".join(str(claim.predicted["assumptions"]).split()), "speedup": None}
+    base = {
+        "simulate": claim.predicted["simulate"],
+        "world_size": p,
+        "assumptions": " ".join(str(claim.predicted["assumptions"]).split()),
+        "speedup": None,
+    }
     if sim_dir is None:
         return {**base, "note": f"no simulator output named {claim.predicted['simulate']!r} was given"}
     key = "time_to_target_s" if claim.metric == "time_to_target" else "throughput"
-    rows = {r["optimizer"]: r.get(key) for r in json.loads((sim_dir / PREDICTIONS).read_text())
-            if r.get("world_size") == p}
+    rows = {
+        r["optimizer"]: r.get(key)
+        for r in json.loads((sim_dir / PREDICTIONS).read_text())
+        if r.get("world_size") == p
+    }
     subject = rows.get(claim.subject)
     others = {o: rows.get(o) for o in claim.comparators}
     have = {o: v for o, v in others.items() if v}
@@ -342,23 +407,37 @@ def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
 
 
 def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str) -> dict:
-    """The prediction's 95% interval over its resampled inputs and what flips it, where the simulator output has
-    them (``simulate --interval``, :mod:`wagma_bench.analysis.predictions`); else says it has none."""
+    """The prediction's 95% interval over its resampled inputs and what flips it, where the simulator output
+    has them (``simulate --interval``, :mod:`wagma_bench.analysis.predictions`); else says it has none."""
     path = sim_dir / INTERVAL_FILE
     if not path.is_file():
-        return {"interval": None, "flip": None, "flips": [],
-                "uncertainty_note": f"no {INTERVAL_FILE} (simulate --interval N) in {sim_dir}"}
+        return {
+            "interval": None,
+            "flip": None,
+            "flips": [],
+            "uncertainty_note": f"no {INTERVAL_FILE} (simulate --interval N) in {sim_dir}",
+        }
     data = json.loads(path.read_text())
-    ask = {"subject": claim.subject, "comparators": claim.comparators, "metric": metric,
-           "lower_is_better": claim.lower_is_better}
+    ask = {
+        "subject": claim.subject,
+        "comparators": claim.comparators,
+        "metric": metric,
+        "lower_is_better": claim.lower_is_better,
+    }
     flips = flip_points(data, world, claim.threshold, **ask)
     barrier = next((f for f in flips if f["knob"] == "control_every"), None)
-    return {"interval": speedup_interval(data, world, **ask), "replicates": data["replicates"],
-            "resampled": data["resampled"], "flips": flips, "flip": flip_sentence(nearest_flip(flips), barrier),
-            "with_barrier": barrier_sentence(barrier)}
+    return {
+        "interval": speedup_interval(data, world, **ask),
+        "replicates": data["replicates"],
+        "resampled": data["resampled"],
+        "flips": flips,
+        "flip": flip_sentence(nearest_flip(flips), barrier),
+        "with_barrier": barrier_sentence(barrier),
+    }
 
 
 # --- one claim ------------------------------------------------------------------------------------------
+
 
 def evaluate(claim: Claim, sources: Sources) -> dict:
     tune_dir = sources.tunings.get(claim.measured["tuning"])
@@ -368,67 +447,104 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
     sp = speedup(subject, comparators, claim.lower_is_better, claim.compare) if subject else None
     missing = [o for o, m in comparators.items() if m is None]
     if tune_dir is None:
-        verdict, reason = "inconclusive", (f"not measured: no tuning directory named {claim.measured['tuning']!r} "
-                                           "among the sources")
+        verdict, reason = (
+            "inconclusive",
+            (f"not measured: no tuning directory named {claim.measured['tuning']!r} among the sources"),
+        )
     elif subject is None:
         verdict, reason = "inconclusive", f"no data for {claim.subject} in {tune_dir}"
     else:
         verdict, reason = decide(sp.interval if sp else None, claim.threshold, sp.missing if sp else missing)
     return {
-        "id": claim.id, "paper": claim.paper, "says": " ".join(claim.says.split()), "figure": claim.figure,
+        "id": claim.id,
+        "paper": claim.paper,
+        "says": " ".join(claim.says.split()),
+        "figure": claim.figure,
         "drift_adjusted": _drift_adjusted(claim, tune_dir) if tune_dir and subject else None,
-        "condition": claim.condition, "metric": claim.metric, "subject": claim.subject,
-        "comparators": list(claim.comparators), "threshold": claim.threshold, "compare": claim.compare,
+        "condition": claim.condition,
+        "metric": claim.metric,
+        "subject": claim.subject,
+        "comparators": list(claim.comparators),
+        "threshold": claim.threshold,
+        "compare": claim.compare,
         "measured": {
-            "tuning": claim.measured["tuning"], "source": str(tune_dir) if tune_dir else None,
+            "tuning": claim.measured["tuning"],
+            "source": str(tune_dir) if tune_dir else None,
             "here": " ".join(str(claim.measured.get("here", "")).split()),
-            "speedup": sp.value if sp else None, "interval": list(sp.interval) if sp else None,
-            "best_comparator": sp.best if sp else None, "missing": sp.missing if sp else missing,
+            "speedup": sp.value if sp else None,
+            "interval": list(sp.interval) if sp else None,
+            "best_comparator": sp.best if sp else None,
+            "missing": sp.missing if sp else missing,
             "optimizer_changes": _optimizer_changes(tune_dir) if tune_dir else None,
-            "optimizers": {o: _measurement_json(m) for o, m in measured.items()
-                           if o == claim.subject or o in claim.comparators},
+            "optimizers": {
+                o: _measurement_json(m)
+                for o, m in measured.items()
+                if o == claim.subject or o in claim.comparators
+            },
         },
         "predicted": predict(claim, sources.simulations.get((claim.predicted or {}).get("simulate"))),
-        "verdict": verdict, "reason": reason,
+        "verdict": verdict,
+        "reason": reason,
     }
 
 
 def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
-    """The speed-up again with every trial's figures scaled by its speed reference to the power of the tuning's
-    fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it. The point
-    figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap laws at
-    :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried into the
-    interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a finished trial has
-    no reference or the elasticity cannot be fitted."""
+    """The speed-up again with every trial's figures scaled by its speed reference to the power of the
+    tuning's fitted elasticity (:mod:`wagma_bench.analysis.drift`): beside the raw verdict, never deciding it.
+    The point figure is at the fitted elasticity; the interval is that of the mixture of the exact bootstrap
+    laws at :data:`~wagma_bench.analysis.drift.DRAWS` equally likely values of it (its sampling error carried
+    into the interval), and each optimizer's value at the fitted elasticity. ``speedup`` is None where a
+    finished trial has no reference or the elasticity cannot be fitted."""
     loaded = load_trials(tune_dir)  # once: every value of the elasticity measures the same trials
     median, with_ref, finished = drift_reference(tune_dir, loaded)
     fit = drift_elasticity(tune_dir, loaded) if median is not None else None
-    out = {"median_reference_s": median, "trials_with_reference": with_ref, "trials_finished": finished,
-           "elasticity": fit.value if fit else None, "elasticity_se": fit.se if fit else None,
-           "elasticity_trials": fit.trials if fit else None,
-           "speedup": None, "interval": None, "best_comparator": None}
+    out = {
+        "median_reference_s": median,
+        "trials_with_reference": with_ref,
+        "trials_finished": finished,
+        "elasticity": fit.value if fit else None,
+        "elasticity_se": fit.se if fit else None,
+        "elasticity_trials": fit.trials if fit else None,
+        "speedup": None,
+        "interval": None,
+        "best_comparator": None,
+    }
     if median is None:
         return {**out, "note": f"{finished - with_ref} of {finished} finished trials have no speed reference"}
     if fit is None:
-        return {**out, "note": "the elasticity cannot be fitted (too few trials, or no reference varying within "
-                               "an optimizer)"}
+        return {
+            **out,
+            "note": "the elasticity cannot be fitted (too few trials, or no reference varying within "
+            "an optimizer)",
+        }
     # a final metric at a fixed budget is not scaled: one law serves every value of the elasticity
     draws = [fit.value] if claim.metric == "final_metric" else drift.elasticity_draws(fit)
-    measured = {e: measure(tune_dir, claim.metric, median, e, loaded) for e in dict.fromkeys([fit.value, *draws])}
+    measured = {
+        e: measure(tune_dir, claim.metric, median, e, loaded) for e in dict.fromkeys([fit.value, *draws])
+    }
     at_fit = measured[fit.value]
     laws = [_drift_law(claim, measured[e]) for e in [fit.value, *draws]]
     if laws[0] is None:
         return {**out, "note": "no comparator measured"}
     sp = laws[0][0]
-    return {**out, "speedup": sp.value, "interval": list(intervals.interval(intervals.mixture([d for _, d in laws[1:]]))),
-            "best_comparator": sp.best,
-            "values": {o: at_fit[o].value for o in (claim.subject, *claim.comparators) if o in at_fit}}
+    return {
+        **out,
+        "speedup": sp.value,
+        "interval": list(intervals.interval(intervals.mixture([d for _, d in laws[1:]]))),
+        "best_comparator": sp.best,
+        "values": {o: at_fit[o].value for o in (claim.subject, *claim.comparators) if o in at_fit},
+    }
 
 
 def _drift_law(claim: Claim, measured: dict[str, Measurement]) -> tuple[Speedup, intervals.Dist] | None:
     subject = measured.get(claim.subject)
-    return (speedup_law(subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better,
-                        claim.compare) if subject else None)
+    return (
+        speedup_law(
+            subject, {o: measured.get(o) for o in claim.comparators}, claim.lower_is_better, claim.compare
+        )
+        if subject
+        else None
+    )
 
 
 def _optimizer_changes(tune_dir: Path) -> float | None:
@@ -438,9 +554,17 @@ def _optimizer_changes(tune_dir: Path) -> float | None:
 
 def _measurement_json(m: Measurement) -> dict:
     lo, hi = m.interval
-    return {"value": m.value, "interval": [lo, hi], "studies": m.budget[0], "trials_per_study": m.budget[1],
-            "finished": m.finished, "planned": m.planned, "reached": m.reached,
-            "compute_imbalance": m.compute_imbalance, "steps": m.steps}
+    return {
+        "value": m.value,
+        "interval": [lo, hi],
+        "studies": m.budget[0],
+        "trials_per_study": m.budget[1],
+        "finished": m.finished,
+        "planned": m.planned,
+        "reached": m.reached,
+        "compute_imbalance": m.compute_imbalance,
+        "steps": m.steps,
+    }
 
 
 # --- claims.md ----------------------------------------------------------------------------------------------
@@ -490,8 +614,8 @@ def measured_cell(r: dict) -> str:
 
 
 def drift_cell(r: dict, with_elasticity: bool = True) -> str:
-    """The speed-up with every trial scaled by its speed reference to the power of the fitted elasticity e (shown
-    where it scales the figure); "no reference" where trials lack one."""
+    """The speed-up with every trial scaled by its speed reference to the power of the fitted elasticity e
+    (shown where it scales the figure); "no reference" where trials lack one."""
     d = r.get("drift_adjusted")
     if d is None:
         return "—"
@@ -501,7 +625,8 @@ def drift_cell(r: dict, with_elasticity: bool = True) -> str:
         return f"— ({d.get('note', 'not measured')})"
     scaled = r["metric"] != "final_metric" and d.get("elasticity") is not None
     return f"{shown(r, d['speedup'])} {ends(r, d['interval'])}" + (
-        f", {elasticity_text(d)}" if scaled and with_elasticity else "")
+        f", {elasticity_text(d)}" if scaled and with_elasticity else ""
+    )
 
 
 def elasticity_text(d: dict) -> str:
@@ -542,78 +667,163 @@ def imbalance_cell(r: dict) -> str:
 
 
 def summary_table(results: list[dict]) -> str:
-    rows = [{"claim": f"`{r['id']}`", "paper": r["figure"] or "direction only",
-             "measured": measured_cell(r), "drift": drift_cell(r), "budget": budget_cell(r),
-             "imbalance": imbalance_cell(r), "predicted": predicted_cell(r),
-             "verdict": f"**{r['verdict']}**: {r['reason']}"} for r in results]
-    return markdown_table(rows, [("claim", "claim", ""), ("paper", "the paper", ""),
-                                 ("measured", "measured here: speed-up [95% interval]", ""),
-                                 ("drift", "drift-adjusted [95%], elasticity e", ""),
-                                 ("budget", "studies x trials", ""),
-                                 ("imbalance", "compute imbalance (subject / best)", ""),
-                                 ("predicted", "predicted at the paper's scale", ""), ("verdict", "verdict", "")])
+    rows = [
+        {
+            "claim": f"`{r['id']}`",
+            "paper": r["figure"] or "direction only",
+            "measured": measured_cell(r),
+            "drift": drift_cell(r),
+            "budget": budget_cell(r),
+            "imbalance": imbalance_cell(r),
+            "predicted": predicted_cell(r),
+            "verdict": f"**{r['verdict']}**: {r['reason']}",
+        }
+        for r in results
+    ]
+    return markdown_table(
+        rows,
+        [
+            ("claim", "claim", ""),
+            ("paper", "the paper", ""),
+            ("measured", "measured here: speed-up [95% interval]", ""),
+            ("drift", "drift-adjusted [95%], elasticity e", ""),
+            ("budget", "studies x trials", ""),
+            ("imbalance", "compute imbalance (subject / best)", ""),
+            ("predicted", "predicted at the paper's scale", ""),
+            ("verdict", "verdict", ""),
+        ],
+    )
 
 
 RULE = (
     "Speed-up: the subject's tuned value against the best comparator's, > 1 favouring the subject (times and "
-    "throughputs alike); a claim with compare=difference gives subject minus best instead (+0.05: five points "
-    "above). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
+    "throughputs alike); a claim with compare=difference gives subject minus best instead (+0.05: five "
+    "points above). Interval: the 95% percentile interval of the exact two-stage bootstrap (studies, then "
     "trials inside each study; the best comparator chosen inside each resample). Verdict, with the claim's "
     "threshold t (1 unless stated): **holds** when the whole interval is above t and every comparator was "
     "measured; **does not hold** when the whole interval is below t; **inconclusive** otherwise. A "
-    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's time or throughput "
-    "scaled by (its speed reference over the tuning's median)^e, e the elasticity of seconds per round to the "
-    "reference fitted within optimizers over the tuning, ± its standard error, which the interval carries): it "
-    "shows how much the machine's drift could move the raw one.")
+    "prediction never decides a verdict, nor does the drift-adjusted speed-up (each trial's time or "
+    "throughput scaled by (its speed reference over the tuning's median)^e, e the elasticity of seconds per "
+    "round to the reference fitted within optimizers over the tuning, ± its standard error, which the "
+    "interval carries): it shows how much the machine's drift could move the raw one."
+)
 
 
 def detail(r: dict) -> list[str]:
     m, unit = r["measured"], UNITS[r["metric"]]
-    lines = [f"### `{r['id']}`: {r['verdict']}", "",
-             f"- **The paper** ({r['paper']}): {r['says']}" + (f" Figure: {r['figure']}." if r["figure"] else ""),
-             f"- **Its condition**: {r['condition']}.",
-             f"- **Here**: {m['here']} (tuning `{m['tuning']}`" + (f", `{m['source']}`" if m["source"] else "") + ").",
-             f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
-             f"- **Drift-adjusted** ({drift_said(r)}): {drift_cell(r, False)}"
-             + (f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
-                if m.get("optimizer_changes") is not None else "") + ".", ""]
+    lines = [
+        f"### `{r['id']}`: {r['verdict']}",
+        "",
+        f"- **The paper** ({r['paper']}): {r['says']}" + (f" Figure: {r['figure']}." if r["figure"] else ""),
+        f"- **Its condition**: {r['condition']}.",
+        f"- **Here**: {m['here']} (tuning `{m['tuning']}`"
+        + (f", `{m['source']}`" if m["source"] else "")
+        + ").",
+        f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
+        f"- **Drift-adjusted** ({drift_said(r)}): {drift_cell(r, False)}"
+        + (
+            f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
+            if m.get("optimizer_changes") is not None
+            else ""
+        )
+        + ".",
+        "",
+    ]
+    lines += optimizer_lines(r)
+    lines += prediction_lines(r["predicted"])
+    return lines + [
+        (
+            f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
+            "ranks' mean, median over the trials, 1.00 = even)"
+        ),
+        "",
+    ]
+
+
+def optimizer_lines(r: dict) -> list[str]:
+    """The claim's table of what each optimizer measured, and what was not measured, for its detail."""
+    m = r["measured"]
+    lines: list[str] = []
     if m["optimizers"]:
-        label = {"time_to_target": "score (s)", "throughput": "median samples/s", "final_metric": "score"}[r["metric"]]
+        label = {"time_to_target": "score (s)", "throughput": "median samples/s", "final_metric": "score"}[
+            r["metric"]
+        ]
         rows = []
         for opt, x in sorted(m["optimizers"].items(), key=lambda kv: kv[0] != r["subject"]):
-            rows.append({"optimizer": opt + (" (subject)" if opt == r["subject"] else ""),
-                         "value": num(x["value"]), "interval": f"[{num(x['interval'][0])}, {num(x['interval'][1])}]",
-                         "budget": f"{x['studies']} x {x['trials_per_study']}"
-                                   + (" (below 3 x 3)" if (x["studies"], x["trials_per_study"]) < MIN_BUDGET else ""),
-                         "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
-                         "finished": f"{x['finished']}/{x['planned']}",
-                         "imbalance": num(x["compute_imbalance"]), "steps": num(x.get("steps"))})
-        lines += [markdown_table(rows, [("optimizer", "optimizer", ""), ("value", label, ""),
-                                        ("interval", "95% interval", ""), ("budget", "studies x trials", ""),
-                                        ("reached", "reached target", ""), ("finished", "trials finished", ""),
-                                        ("imbalance", "compute imbalance", ""),
-                                        ("steps", "steps trained (median)", "")]), ""]
+            rows.append(
+                {
+                    "optimizer": opt + (" (subject)" if opt == r["subject"] else ""),
+                    "value": num(x["value"]),
+                    "interval": f"[{num(x['interval'][0])}, {num(x['interval'][1])}]",
+                    "budget": f"{x['studies']} x {x['trials_per_study']}"
+                    + (" (below 3 x 3)" if (x["studies"], x["trials_per_study"]) < MIN_BUDGET else ""),
+                    "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
+                    "finished": f"{x['finished']}/{x['planned']}",
+                    "imbalance": num(x["compute_imbalance"]),
+                    "steps": num(x.get("steps")),
+                }
+            )
+        lines += [
+            markdown_table(
+                rows,
+                [
+                    ("optimizer", "optimizer", ""),
+                    ("value", label, ""),
+                    ("interval", "95% interval", ""),
+                    ("budget", "studies x trials", ""),
+                    ("reached", "reached target", ""),
+                    ("finished", "trials finished", ""),
+                    ("imbalance", "compute imbalance", ""),
+                    ("steps", "steps trained (median)", ""),
+                ],
+            ),
+            "",
+        ]
         if m["missing"]:
             lines += [f"Not measured: {', '.join(m['missing'])}.", ""]
-    p = r["predicted"]
+    return lines
+
+
+def prediction_lines(p: dict | None) -> list[str]:
+    """What the simulator predicted for the claim and how far its assumptions may move, for its detail."""
+    lines: list[str] = []
     if p is not None:
-        said = (f"{times(p['speedup'])} against {p['best']} at P={p['world_size']}" if p["speedup"] is not None
-                else p.get("note", "no prediction"))
+        said = (
+            f"{times(p['speedup'])} against {p['best']} at P={p['world_size']}"
+            if p["speedup"] is not None
+            else p.get("note", "no prediction")
+        )
         lines += [f"Predicted (`{p['simulate']}`): {said}. Assumptions: {p['assumptions']}", ""]
         if p.get("interval"):
             lo, hi = p["interval"]
-            lines += [f"Prediction interval (95%, {p['replicates']} replicates; resampled: {'; '.join(p['resampled'])}): "
-                      f"[{times(lo)}, {times(hi)}]. Nearest flip: {p['flip']}."
-                      + (f" The trainer's barrier: {p['with_barrier']}." if p.get("with_barrier") else ""), ""]
-            rows = [{"assumption": f["knob"], "crossing": "—" if f["crossing"] is None else f"{f['crossing']:.3g}",
-                     "curve": ", ".join(f"{x:g}: {y:.2f}x" for x, y in f["curve"])} for f in p["flips"]]
-            lines += [markdown_table(rows, [("assumption", "assumption moved", ""),
-                                            ("crossing", "ties at", ""), ("curve", "value: predicted speed-up", "")]),
-                      ""]
+            lines += [
+                f"Prediction interval (95%, {p['replicates']} replicates; resampled: "
+                f"{'; '.join(p['resampled'])}): [{times(lo)}, {times(hi)}]. Nearest flip: {p['flip']}."
+                + (f" The trainer's barrier: {p['with_barrier']}." if p.get("with_barrier") else ""),
+                "",
+            ]
+            rows = [
+                {
+                    "assumption": f["knob"],
+                    "crossing": "—" if f["crossing"] is None else f"{f['crossing']:.3g}",
+                    "curve": ", ".join(f"{x:g}: {y:.2f}x" for x, y in f["curve"]),
+                }
+                for f in p["flips"]
+            ]
+            lines += [
+                markdown_table(
+                    rows,
+                    [
+                        ("assumption", "assumption moved", ""),
+                        ("crossing", "ties at", ""),
+                        ("curve", "value: predicted speed-up", ""),
+                    ],
+                ),
+                "",
+            ]
         elif p.get("uncertainty_note"):
             lines += [f"No prediction interval: {p['uncertainty_note']}.", ""]
-    return lines + [(f"({unit or 'the metric'}; compute imbalance: the slowest rank's compute per step over the "
-                    "ranks' mean, median over the trials, 1.00 = even)"), ""]
+    return lines
 
 
 def drift_said(r: dict) -> str:
@@ -621,26 +831,42 @@ def drift_said(r: dict) -> str:
     d = r.get("drift_adjusted") or {}
     if d.get("elasticity") is None:
         return "each trial scaled by its speed reference to the power of the fitted elasticity"
-    fitted = (f"{elasticity_text(d)}, the elasticity of seconds per round to the reference fitted within "
-              f"optimizers over {d['elasticity_trials']} trials")
+    fitted = (
+        f"{elasticity_text(d)}, the elasticity of seconds per round to the reference fitted within "
+        f"optimizers over {d['elasticity_trials']} trials"
+    )
     if r["metric"] == "final_metric":
         return f"a final metric at a fixed budget is not scaled; {fitted}"
-    return (f"each trial scaled by (its speed reference over the median)^e, {fitted}; the interval mixes "
-            f"{drift.DRAWS} equally likely values of e")
+    return (
+        f"each trial scaled by (its speed reference over the median)^e, {fitted}; the interval mixes "
+        f"{drift.DRAWS} equally likely values of e"
+    )
 
 
 def render(results: list[dict], sources: list[str]) -> str:
     counts = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
-    lines = ["# The papers' claims, tested", "",
-             f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['inconclusive']} inconclusive "
-             f"(of {len(results)}). Generated by `wagma-bench claims` from: " + ", ".join(f"`{s}`" for s in sources)
-             + ".", "", summary_table(results), "", RULE, "", "## Each claim", ""]
+    lines = [
+        "# The papers' claims, tested",
+        "",
+        f"{counts['holds']} hold, {counts['does not hold']} do not hold, {counts['inconclusive']} "
+        f"inconclusive (of {len(results)}). Generated by `wagma-bench claims` from: "
+        + ", ".join(f"`{s}`" for s in sources)
+        + ".",
+        "",
+        summary_table(results),
+        "",
+        RULE,
+        "",
+        "## Each claim",
+        "",
+    ]
     for r in results:
         lines += detail(r)
     return "\n".join(lines).rstrip() + "\n"
 
 
-# --- command line ---------------------------------------------------------------------------------------------
+# --- command line -------------------------------------------------------------------------------------------
+
 
 def make_claims(
     dirs: list[Path],
@@ -662,8 +888,8 @@ def make_claims(
         if not allow_missing:
             raise ConfigError(
                 f"{said}; a claim measured without them would rest on fewer trials than planned: finish them "
-                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without them "
-                "(the tables then say how many trials each has)"
+                "(the same wagma-bench tune command resumes), or give --allow-missing to measure without "
+                "them (the tables then say how many trials each has)"
             )
         print(
             f"wagma-bench claims: warning: {said}; measured without them (--allow-missing)", file=sys.stderr
@@ -731,7 +957,9 @@ def check_readme(path: Path) -> str:
     except OSError as err:
         raise ConfigError(f"--readme {path}: cannot read it ({err.strerror})") from None
     if not README_BLOCK.search(text):
-        raise ConfigError(f"--readme {path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill")
+        raise ConfigError(
+            f"--readme {path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill"
+        )
     return text
 
 
@@ -739,4 +967,3 @@ def update_readme(path: Path, results: list[dict]) -> None:
     """Replace the table between ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` in ``path``."""
     new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), check_readme(path))
     atomic_write(path, lambda f: f.write(new))
-

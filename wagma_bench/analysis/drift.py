@@ -1,12 +1,13 @@
-"""Figures adjusted for the machine's drift, from each trial's speed reference, by the drift's measured effect.
+"""Figures adjusted for the machine's drift, from each trial's speed reference,
+by the drift's measured effect.
 
 ``tune`` times a fixed CPU workload before and after every trial (:mod:`wagma_bench.campaign.reference`) and
-writes the mean to the trial's ``summary.json`` as ``reference_s``. A trial that ran while the machine was slow
-has a larger reference. How much slower the trial itself ran is measured, not assumed: within each optimizer
-(each combination) of a tuning, a trial's seconds per round on the training clock (``train_s / steps``) rises
-with its reference with an elasticity e, fitted once per tuning by a pooled regression on logs
-(:func:`fit_elasticity`: log(seconds per round) = a_combination + e * log(reference_s)). Its figures are then
-scaled to the tuning's median reference by (reference_s / median)^e:
+writes the mean to the trial's ``summary.json`` as ``reference_s``. A trial that ran while the machine was
+slow has a larger reference. How much slower the trial itself ran is measured, not assumed: within each
+optimizer (each combination) of a tuning, a trial's seconds per round on the training clock
+(``train_s / steps``) rises with its reference with an elasticity e, fitted once per tuning by a pooled
+regression on logs (:func:`fit_elasticity`: log(seconds per round) = a_combination + e * log(reference_s)).
+Its figures are then scaled to the tuning's median reference by (reference_s / median)^e:
 
 - time to target: ``time_to_target_s * (median / reference_s)^e`` (a slow machine's time scaled down);
 - throughput: ``throughput * (reference_s / median)^e`` (a slow machine's samples/s scaled up);
@@ -35,9 +36,9 @@ class Elasticity:
     """The fitted elasticity of seconds per round to the speed reference, within combinations."""
 
     value: float
-    se: float               # its ordinary least-squares standard error
-    trials: int             # the trials the fit read
-    groups: int             # the combinations (one intercept each)
+    se: float  # its ordinary least-squares standard error
+    trials: int  # the trials the fit read
+    groups: int  # the combinations (one intercept each)
 
 
 def median_reference(summaries: Iterable[dict | None]) -> float | None:
@@ -57,21 +58,25 @@ def has_reference(summary: dict | None) -> bool:
 
 
 def seconds_per_round(summary: dict | None) -> float | None:
-    """A trial's training clock over its rounds: what both its throughput and its time to target scale with."""
+    """A trial's training clock over its rounds: what both its throughput and
+    its time to target scale with."""
     if not summary or not _positive(summary.get("train_s")) or not _positive(summary.get("rounds")):
         return None
     return summary["train_s"] / summary["rounds"]
 
 
 def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None:
-    """The pooled within-group regression log(seconds per round) = a_group + e * log(reference_s) over the trials
-    that have both, one intercept per group (combination) and one slope, with its OLS standard error. By
-    Frisch-Waugh-Lovell the slope is that of the deviations from each group's means. None when it cannot be
+    """The pooled within-group regression log(seconds per round) = a_group + e * log(reference_s) over the
+    trials that have both, one intercept per group (combination) and one slope, with its OLS standard error.
+    By Frisch-Waugh-Lovell the slope is that of the deviations from each group's means. None when it cannot be
     fitted: fewer than groups + 2 trials, or no reference varying within a group."""
     points = []  # per group: (log reference, log seconds per round)
     for group in groups:
-        mine = [(math.log(s[REFERENCE]), math.log(seconds_per_round(s)))
-                for s in group if has_reference(s) and seconds_per_round(s) is not None]
+        mine = [
+            (math.log(s[REFERENCE]), math.log(seconds_per_round(s)))
+            for s in group
+            if has_reference(s) and seconds_per_round(s) is not None
+        ]
         if mine:
             points.append(mine)
     n, g = sum(map(len, points)), len(points)
@@ -88,8 +93,8 @@ def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None
 
 
 def elasticity_draws(fit: Elasticity, k: int = DRAWS) -> list[float]:
-    """k equally likely values of the elasticity under its normal sampling law N(e, se^2): the medians of k slices
-    of equal probability (deterministic, so the claims' tables are the same at every run)."""
+    """k equally likely values of the elasticity under its normal sampling law N(e, se^2): the medians of k
+    slices of equal probability (deterministic, so the claims' tables are the same at every run)."""
     normal = statistics.NormalDist(fit.value, fit.se) if fit.se > 0 else None
     return [normal.inv_cdf((i + 0.5) / k) if normal else fit.value for i in range(k)]
 

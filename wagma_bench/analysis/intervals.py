@@ -1,10 +1,10 @@
 """Intervals for tuned scores and their ratios: the two-stage bootstrap, computed exactly.
 
-A tuned score (:func:`wagma_bench.analysis.tuning.median_score`) is the median over S studies of each study's fastest
-trial. Its uncertainty comes from both levels: which studies were drawn, and which trials each study drew.
-The **two-stage (hierarchical) nonparametric bootstrap** (Davison & Hinkley 1997, Sec. 3.8) resamples both:
-S studies with replacement, then inside each drawn study its O trials with replacement, and recomputes the
-score. Nothing here draws random numbers: the bootstrap distribution has a closed form.
+A tuned score (:func:`wagma_bench.analysis.tuning.median_score`) is the median over S studies of each study's
+fastest trial. Its uncertainty comes from both levels: which studies were drawn, and which trials each study
+drew. The **two-stage (hierarchical) nonparametric bootstrap** (Davison & Hinkley 1997, Sec. 3.8) resamples
+both: S studies with replacement, then inside each drawn study its O trials with replacement, and recomputes
+the score. Nothing here draws random numbers: the bootstrap distribution has a closed form.
 
 - One resampled study's best is the minimum of O draws with replacement from its O times, so
   P(best >= t_j) = (#times >= t_j / O)^O.
@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
 
-Dist = dict[float, float]   # value -> probability; finite values and math.inf
+Dist = dict[float, float]  # value -> probability; finite values and math.inf
 LEVEL = 0.95
 
 
@@ -110,7 +110,8 @@ def tuned_score(study_times: Sequence[Sequence[float]]) -> Dist:
 
 def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
     """The two-stage bootstrap law of the median over all trials (a throughput): S studies drawn with
-    replacement, each drawn study's O_s trials drawn with replacement from it, the median of every value drawn.
+    replacement, each drawn study's O_s trials drawn with replacement from it, the median of every value
+    drawn.
 
     The pooled draws are not i.i.d. (a drawn study brings O_s values from one distribution), so their order
     statistics come from counts: below any value v, each drawn study contributes Binomial(O_s, F_s(v)) values
@@ -139,11 +140,13 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
             for i, p in kth.items():
                 _add(out, values[i], p)
             continue
-        gap = _even_gap(cdf, studies, values, at_most, n, k)  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
+        gap = _even_gap(
+            cdf, studies, values, at_most, n, k
+        )  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
         for i in range(m):
             apart = 0.0
             for j in range(i + 1, m):
-                p = (gap(i, j) - gap(i - 1, j) - gap(i, j + 1) + gap(i - 1, j + 1))
+                p = gap(i, j) - gap(i - 1, j) - gap(i, j + 1) + gap(i - 1, j + 1)
                 apart += p
                 _add(out, (values[i] + values[j]) / 2, p)
             _add(out, values[i], kth[i] - apart)
@@ -162,20 +165,24 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
             if j == i + 1:
                 table = at_most[i]
             else:  # the band (v_i, v_{j-1}] must stay empty
-                table = _pooled_counts(tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies))
+                table = _pooled_counts(
+                    tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies)
+                )
             memo[i, j] = table.get((k, n), 0.0)
         return memo[i, j]
 
     return gap
 
 
-# Memoized (the tables are only read): the same empirical-CDF fractions recur across the pairs (i, j) of one law
-# and across the drift adjustment's elasticities, which re-score the same trials with other values but the
+# Memoized (the tables are only read): the same empirical-CDF fractions recur across the pairs (i, j) of one
+# law and across the drift adjustment's elasticities, which re-score the same trials with other values but the
 # same counts.
 @functools.lru_cache(maxsize=4096)
-def _pooled_counts(low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]) -> dict[tuple[int, int], float]:
-    """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement: the
-    law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
+def _pooled_counts(
+    low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]
+) -> dict[tuple[int, int], float]:
+    """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement:
+    the law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
     probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:
     the masses are of "c low, all others high" (they sum to less than 1 where a band between has mass)."""
     one: dict[tuple[int, int], float] = {}

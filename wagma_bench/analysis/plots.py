@@ -43,8 +43,11 @@ def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fmt = path.suffix.lstrip(".") or "png"
     try:  # atomically: a full disk leaves no half-written PNG, a planted link is refused (files.atomic_write)
-        atomic_write(path, lambda f: write_png(fig, f) if fmt == "png" else fig.savefig(f, format=fmt, dpi=DPI),
-                     binary=True)
+        atomic_write(
+            path,
+            lambda f: write_png(fig, f) if fmt == "png" else fig.savefig(f, format=fmt, dpi=DPI),
+            binary=True,
+        )
     finally:
         pyplot().close(fig)
     return path
@@ -52,9 +55,9 @@ def save(fig, path: Path) -> Path:
 
 def write_png(fig, f) -> None:
     """The figure as an 8-bit palette PNG, opaque: its flat colours and antialiased edges fit in 256 colours
-    (Pillow's maximum-coverage quantizer: at most 24 levels in 255 from the 32-bit render, at antialiased edges,
-    under half a level on average; tests/test_report.py), in a third of the bytes; the results committed with the
-    repository carry dozens of figures, and the repository must stay under 20 MB."""
+    (Pillow's maximum-coverage quantizer: at most 24 levels in 255 from the 32-bit render, at antialiased
+    edges, under half a level on average; tests/test_report.py), in a third of the bytes; the results
+    committed with the repository carry dozens of figures, and the repository must stay under 20 MB."""
     from PIL import Image
 
     render = io.BytesIO()
@@ -64,8 +67,9 @@ def write_png(fig, f) -> None:
     image.quantize(PALETTE_COLOURS, method=Image.Quantize.MAXCOVERAGE).save(f, format="PNG", optimize=True)
 
 
-def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: str,
-                       target: float | None = None) -> Path:
+def plot_metric_curves(
+    bands: dict[str, dict], path: Path, title: str, metric: str, target: float | None = None
+) -> Path:
     """Validation metric against training time (left) and steps (right).
 
     ``bands[label]``: ``n`` (seeds) and, for ``train_s`` and ``step``, a tuple (x, median, lo, hi) as
@@ -75,14 +79,21 @@ def plot_metric_curves(bands: dict[str, dict], path: Path, title: str, metric: s
     plt = pyplot()
     palette = colors(list(bands))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, xkey, xlabel in ((axes[0], "train_s", "training time (s, evaluation excluded)"),
-                             (axes[1], "round", "round")):
+    for ax, xkey, xlabel in (
+        (axes[0], "train_s", "training time (s, evaluation excluded)"),
+        (axes[1], "round", "round"),
+    ):
         for label, band in bands.items():
             xs, med, lo, hi = band[xkey]
             if not xs:
                 continue
-            ax.plot(xs, med, color=palette[label], label=f"{label} (n={band['n']})",
-                    marker="." if len(xs) < 30 else None)
+            ax.plot(
+                xs,
+                med,
+                color=palette[label],
+                label=f"{label} (n={band['n']})",
+                marker="." if len(xs) < 30 else None,
+            )
             if band["n"] > 1:
                 ax.fill_between(xs, lo, hi, color=palette[label], alpha=0.2, linewidth=0)
                 for sx, sy in band.get(f"{xkey}_seeds", []):
@@ -115,12 +126,21 @@ def plot_time_to_target(bars: Sequence[dict], path: Path, title: str) -> Path:
             err = [[b["median"] - b["lo"]], [b["hi"] - b["median"]]]
             ax.bar(i, b["median"], color=palette[b["color_key"]], alpha=0.8, yerr=err, capsize=4)
         ax.scatter([i] * len(b["seeds"]), b["seeds"], color="k", s=12, zorder=3)
-        ax.text(i, 0, f"{b['reached']}/{b['n']}\nreached", ha="center", va="bottom", fontsize=7,
-                color="white" if b["median"] is not None else "k")
+        ax.text(
+            i,
+            0,
+            f"{b['reached']}/{b['n']}\nreached",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="white" if b["median"] is not None else "k",
+        )
     ax.set_xticks(range(len(bars)), [b["label"] for b in bars], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("time to target (s, training clock)")
-    ax.set_title(f"{title}\nbar: median over seeds; whiskers: min-max of the seeds that reached; dots: seeds",
-                 fontsize=8)
+    ax.set_title(
+        f"{title}\nbar: median over seeds; whiskers: min-max of the seeds that reached; dots: seeds",
+        fontsize=8,
+    )
     ax.grid(axis="y", alpha=0.3)
     return save(fig, path)
 
@@ -150,16 +170,31 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
         rs = sorted(rs, key=lambda r: r["world_size"])
         xs, ys = [r["world_size"] for r in rs], [r["throughput"] for r in rs]
         measured = kind == "measured"
-        ax.plot(xs, ys, color=palette[label], marker="o" if measured else "x", linestyle="-" if measured else "--",
-                label=label if measured else f"{label} ({kind})")
+        ax.plot(
+            xs,
+            ys,
+            color=palette[label],
+            marker="o" if measured else "x",
+            linestyle="-" if measured else "--",
+            label=label if measured else f"{label} ({kind})",
+        )
         if any(r.get("lo") is not None for r in rs):
-            err = [[y - (r.get("lo") or y) for r, y in zip(rs, ys)], [(r.get("hi") or y) - y for r, y in zip(rs, ys)]]
+            err = [
+                [y - (r.get("lo") or y) for r, y in zip(rs, ys)],
+                [(r.get("hi") or y) - y for r, y in zip(rs, ys)],
+            ]
             ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=palette[label], capsize=3)
         if ideal and measured:
             p0, t0 = xs[0], ys[0]
             ideal_x = [p for p in all_sizes if p >= p0]
-            ax.plot(ideal_x, [t0 * p / p0 for p in ideal_x], color=palette[label], linestyle=":", linewidth=1,
-                    label=None if ideal_drawn else "ideal linear scaling (dotted, per optimizer)")
+            ax.plot(
+                ideal_x,
+                [t0 * p / p0 for p in ideal_x],
+                color=palette[label],
+                linestyle=":",
+                linewidth=1,
+                label=None if ideal_drawn else "ideal linear scaling (dotted, per optimizer)",
+            )
             ideal_drawn = True
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -178,12 +213,18 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     return save(fig, path)
 
 
-def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_ranks: int = MAX_RANKS_SHOWN) -> Path:
+def plot_step_times(
+    series: dict[str, list[dict]], path: Path, title: str, max_ranks: int = MAX_RANKS_SHOWN
+) -> Path:
     """Per-rank distributions (box plots) of compute, injected delay and communication time per step,
     one panel per series. ``series[label]``: rows ``rank``, ``component`` (compute | delay | comm),
     ``seconds``. Beyond ``max_ranks`` ranks only the slowest (largest mean step) are drawn."""
     plt = pyplot()
-    comps = [("compute", "tab:blue", "compute"), ("delay", "tab:red", "injected delay"), ("comm", "tab:green", "comm")]
+    comps = [
+        ("compute", "tab:blue", "compute"),
+        ("delay", "tab:red", "injected delay"),
+        ("comm", "tab:green", "comm"),
+    ]
     fig, axes = plt.subplots(len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), squeeze=False)
     for ax, (label, rows) in zip(axes[:, 0], series.items()):
         values: dict[tuple[int, str], list[float]] = {}
@@ -200,8 +241,14 @@ def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_r
         for j, (comp, color, name) in enumerate(comps):
             data = [values.get((k, comp), [0.0]) for k in ranks]
             pos = [i + (j - 1) * width for i in range(len(ranks))]
-            bp = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True,
-                            flierprops={"markersize": 2, "alpha": 0.4}, manage_ticks=False)
+            bp = ax.boxplot(
+                data,
+                positions=pos,
+                widths=width * 0.9,
+                patch_artist=True,
+                flierprops={"markersize": 2, "alpha": 0.4},
+                manage_ticks=False,
+            )
             for box in bp["boxes"]:
                 box.set_facecolor(color)
                 box.set_alpha(0.6)
@@ -216,8 +263,12 @@ def plot_step_times(series: dict[str, list[dict]], path: Path, title: str, max_r
     return save(fig, path)
 
 
-def plot_performance_profile(profiles: dict[str, tuple[list[float], list[float]]], path: Path, problems: int,
-                             title: str = "performance profile (tuned)") -> Path:
+def plot_performance_profile(
+    profiles: dict[str, tuple[list[float], list[float]]],
+    path: Path,
+    problems: int,
+    title: str = "performance profile (tuned)",
+) -> Path:
     """AlgoPerf's performance profiles: per optimizer, the fraction of workloads (``problems`` in all) on
     which its tuned score is within a factor tau of the best optimizer's, against tau (a step curve; an
     optimizer that missed a workload never reaches 1). ``profiles[label]``: (taus, fractions)."""

@@ -1,9 +1,9 @@
 """A paper-scale prediction's interval and the assumption that flips it, read from ``interval.json``.
 
 ``wagma-bench simulate --interval N`` (:mod:`wagma_bench.simulate.uncertainty`) writes the file beside
-``predictions.json``: N predictions with their inputs resampled, and the prediction with one assumption moved at a
-time along a grid. ``wagma-bench claims`` asks here for a claim's speed-up in each replicate (its 95% interval)
-and for where along each assumption's grid the speed-up crosses the claim's threshold.
+``predictions.json``: N predictions with their inputs resampled, and the prediction with one assumption moved
+at a time along a grid. ``wagma-bench claims`` asks here for a claim's speed-up in each replicate (its 95%
+interval) and for where along each assumption's grid the speed-up crosses the claim's threshold.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ import numpy as np
 INTERVAL_FILE = "interval.json"
 
 
-def claim_ratio(rows: dict[str, dict[str, float | None]], subject: str, comparators: Sequence[str], metric: str,
-                lower_is_better: bool) -> tuple[float, str] | None:
-    """(subject against the best comparator, that comparator) in one prediction; None where either is missing."""
+def claim_ratio(
+    rows: dict[str, dict[str, float | None]],
+    subject: str,
+    comparators: Sequence[str],
+    metric: str,
+    lower_is_better: bool,
+) -> tuple[float, str] | None:
+    """(subject against the best comparator, that comparator) in one prediction;
+    None where either is missing."""
     subject_value = (rows.get(subject) or {}).get(metric)
     have = {o: (rows.get(o) or {}).get(metric) for o in comparators}
     have = {o: v for o, v in have.items() if v}
@@ -34,9 +40,13 @@ def claim_ratio(rows: dict[str, dict[str, float | None]], subject: str, comparat
 
 
 def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float] | None:
-    """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates (each against its own best)."""
-    values = [r[0] for rep in data["predictions"]
-              if (r := claim_ratio(rep.get(str(world)) or rep.get(world) or {}, **claim)) is not None]
+    """The 2.5th and 97.5th percentiles of the claim's speed-up over the replicates
+    (each against its own best)."""
+    values = [
+        r[0]
+        for rep in data["predictions"]
+        if (r := claim_ratio(rep.get(str(world)) or rep.get(world) or {}, **claim)) is not None
+    ]
     if len(values) < 2:
         return None
     lo, hi = np.percentile(values, [2.5, 97.5])
@@ -44,10 +54,10 @@ def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float
 
 
 def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) -> list[dict]:
-    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two grid
-    points around the crossing; the one nearest the base value), with the distance from the base that takes: the
-    log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from 0 to 1), none
-    for the barrier."""
+    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two
+    grid points around the crossing; the one nearest the base value), with the distance from the base that
+    takes: the log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from
+    0 to 1), none for the barrier."""
     out = []
     by_knob: dict[str, list[dict]] = {}
     for point in data["sensitivity"]:
@@ -65,8 +75,15 @@ def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) ->
         for (x0, y0), (x1, y1) in itertools.pairwise(curve):
             if (y0 - threshold) * (y1 - threshold) <= 0 and y0 != y1:
                 crossings.append(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
-        entry = {"knob": name, "says": first["says"], "base": base, "factor": first["factor"],
-                 "curve": curve, "crossing": None, "distance": None}
+        entry = {
+            "knob": name,
+            "says": first["says"],
+            "base": base,
+            "factor": first["factor"],
+            "curve": curve,
+            "crossing": None,
+            "distance": None,
+        }
         if crossings:
             x = min(crossings, key=lambda c: abs(c - at))
             entry["crossing"] = x
@@ -87,13 +104,14 @@ def nearest_flip(flips: list[dict]) -> dict | None:
 
 
 def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
-    """What ties the claim: the nearest assumption; where none within its grid does, whether the trainer's barrier
-    (the suite's AD-PSGD and WAGMA-SGD meet every 10 rounds; the papers' never) does."""
+    """What ties the claim: the nearest assumption; where none within its grid does, whether the trainer's
+    barrier (the suite's AD-PSGD and WAGMA-SGD meet every 10 rounds; the papers' never) does."""
     if flip is None:
         if barrier is not None and barrier["crossing"] is not None:
             ratio = dict(barrier["curve"]).get(10.0)
-            return ("no assumption moved within its grid ties it but the trainer's barrier every 10 rounds"
-                    + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+            return "no assumption moved within its grid ties it but the trainer's barrier every 10 rounds" + (
+                f" ({ratio:.2f}x)" if ratio is not None else ""
+            )
         return "no assumption moved within its grid ties it"
     x = flip["crossing"]
     if flip["knob"] == "gossip_cost":
@@ -102,11 +120,13 @@ def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
 
 
 def barrier_sentence(flip: dict | None) -> str | None:
-    """The prediction with and without the trainer's barrier (the suite's runs meet every 10 rounds; the papers'
-    implementations never do), from the ``control_every`` points of the grid."""
+    """The prediction with and without the trainer's barrier (the suite's runs meet every 10 rounds; the
+    papers' implementations never do), from the ``control_every`` points of the grid."""
     if flip is None or len(flip["curve"]) < 2:
         return None
     said = {int(x): y for x, y in flip["curve"]}
-    parts = [f"{y:.2f}x with {'no barrier' if x == 0 else f'the barrier every {x} rounds'}"
-             for x, y in sorted(said.items())]
+    parts = [
+        f"{y:.2f}x with {'no barrier' if x == 0 else f'the barrier every {x} rounds'}"
+        for x, y in sorted(said.items())
+    ]
     return "; ".join(parts)

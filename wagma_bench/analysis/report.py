@@ -47,6 +47,7 @@ INF = math.inf
 
 # --- statistics (pure) -------------------------------------------------------------------------------
 
+
 def olympic_mean(values: Sequence[float]) -> float | None:
     """MLPerf's olympic mean: drop one fastest and one slowest value when there are >= 3, average the rest.
 
@@ -88,23 +89,36 @@ def series_rows(runs: Sequence[RunRecord]) -> list[dict]:
         finals = [r.summary["final_metric"] for r in rs if r.summary.get("final_metric") is not None]
         bests = [r.summary["best_metric"] for r in rs if r.summary.get("best_metric") is not None]
         # a diverged run trained on non-finite numbers: its throughput is no measure of the optimizer's
-        tputs = [r.summary["throughput_samples_per_s"] for r in rs
-                 if r.summary.get("throughput_samples_per_s") and r.summary.get("status") != "diverged"]
-        spreads = [r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None]
-        rows.append({
-            "optimizer": opt, "world_size": world, "imbalance": imb, "seeds": len(rs),
-            "reached": len(reached) if has_target else None,
-            "ttt_median_s": median(times) if has_target else None,
-            "ttt_olympic_s": olympic_mean(times) if has_target else None,
-            "ttt_min_s": min(reached) if reached else None, "ttt_max_s": max(reached) if reached else None,
-            "olympic_rule": ("drop fastest+slowest" if len(rs) >= 3 else "plain mean (< 3 seeds)"),
-            "final_metric": median(finals), "best_metric": median(bests),
-            "throughput": median(tputs), "throughput_min": min(tputs) if tputs else None,
-            "throughput_max": max(tputs) if tputs else None,
-            "compute_imbalance": median(spreads),
-            "partial_runs": sum(r.partial for r in rs),
-            "diverged_runs": sum(r.summary.get("status") == "diverged" for r in rs),
-        })
+        tputs = [
+            r.summary["throughput_samples_per_s"]
+            for r in rs
+            if r.summary.get("throughput_samples_per_s") and r.summary.get("status") != "diverged"
+        ]
+        spreads = [
+            r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None
+        ]
+        rows.append(
+            {
+                "optimizer": opt,
+                "world_size": world,
+                "imbalance": imb,
+                "seeds": len(rs),
+                "reached": len(reached) if has_target else None,
+                "ttt_median_s": median(times) if has_target else None,
+                "ttt_olympic_s": olympic_mean(times) if has_target else None,
+                "ttt_min_s": min(reached) if reached else None,
+                "ttt_max_s": max(reached) if reached else None,
+                "olympic_rule": ("drop fastest+slowest" if len(rs) >= 3 else "plain mean (< 3 seeds)"),
+                "final_metric": median(finals),
+                "best_metric": median(bests),
+                "throughput": median(tputs),
+                "throughput_min": min(tputs) if tputs else None,
+                "throughput_max": max(tputs) if tputs else None,
+                "compute_imbalance": median(spreads),
+                "partial_runs": sum(r.partial for r in rs),
+                "diverged_runs": sum(r.summary.get("status") == "diverged" for r in rs),
+            }
+        )
     return add_speedups(rows)
 
 
@@ -128,13 +142,27 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
     rows = []
     for r in sorted(runs, key=lambda r: (tuple(str(x) for x in r.series_key), str(r.meta.get("seed")))):
         s = r.summary
-        rows.append({"run": _rel(r.path, root), "optimizer": r.optimizer,
-                     "world_size": r.meta.get("world_size"), "imbalance": r.meta.get("imbalance"),
-                     "seed": r.meta.get("seed"), "status": s.get("status"), "reached": s.get("reached"),
-                     "time_to_target_s": s.get("time_to_target_s"), "steps": s.get("rounds"),
-                     "final_metric": s.get("final_metric"), "best_metric": s.get("best_metric"),
-                     "throughput": s.get("throughput_samples_per_s"), "train_s": s.get("train_s"),
-                     "restarts": s.get("restarts"), "compute_imbalance": s.get("compute_imbalance"), "problems": "; ".join(r.problems), "signature": r.signature})
+        rows.append(
+            {
+                "run": _rel(r.path, root),
+                "optimizer": r.optimizer,
+                "world_size": r.meta.get("world_size"),
+                "imbalance": r.meta.get("imbalance"),
+                "seed": r.meta.get("seed"),
+                "status": s.get("status"),
+                "reached": s.get("reached"),
+                "time_to_target_s": s.get("time_to_target_s"),
+                "steps": s.get("rounds"),
+                "final_metric": s.get("final_metric"),
+                "best_metric": s.get("best_metric"),
+                "throughput": s.get("throughput_samples_per_s"),
+                "train_s": s.get("train_s"),
+                "restarts": s.get("restarts"),
+                "compute_imbalance": s.get("compute_imbalance"),
+                "problems": "; ".join(r.problems),
+                "signature": r.signature,
+            }
+        )
     return rows
 
 
@@ -173,6 +201,7 @@ def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points:
 
 # --- figure data (pure): what plots.py draws ---------------------------------------------------------
 
+
 def series_label(key: tuple, vary: set[str]) -> str:
     """A series' legend label: the optimizer, plus world size / imbalance where they vary in the group."""
     opt, world, imb = key
@@ -186,7 +215,9 @@ def series_label(key: tuple, vary: set[str]) -> str:
 
 def varying(runs: Sequence[RunRecord]) -> set[str]:
     """Which of world size and imbalance take more than one value among the runs."""
-    return {name for i, name in ((1, "world_size"), (2, "imbalance")) if len({r.series_key[i] for r in runs}) > 1}
+    return {
+        name for i, name in ((1, "world_size"), (2, "imbalance")) if len({r.series_key[i] for r in runs}) > 1
+    }
 
 
 def by_label(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
@@ -219,17 +250,35 @@ def ttt_bars(rows: Sequence[dict], runs: Sequence[RunRecord]) -> list[dict]:
     for row in rows:
         label = series_label((row["optimizer"], row["world_size"], row["imbalance"]), vary)
         times = [time_to_target(r) for r in runs if series_label(r.series_key, vary) == label]
-        bars.append({"label": label, "color_key": str(row["optimizer"]), "median": row["ttt_median_s"],
-                     "lo": row["ttt_min_s"], "hi": row["ttt_max_s"], "seeds": [t for t in times if not math.isinf(t)],
-                     "reached": row["reached"], "n": row["seeds"]})
+        bars.append(
+            {
+                "label": label,
+                "color_key": str(row["optimizer"]),
+                "median": row["ttt_median_s"],
+                "lo": row["ttt_min_s"],
+                "hi": row["ttt_max_s"],
+                "seeds": [t for t in times if not math.isinf(t)],
+                "reached": row["reached"],
+                "n": row["seeds"],
+            }
+        )
     return bars
 
 
 def throughput_table(rows: Sequence[dict], imbalance_in_label: bool) -> list[dict]:
     """The comparison rows as the tidy table :func:`wagma_bench.analysis.plots.plot_throughput` takes."""
-    return [{"label": f"{r['optimizer']}" + (f" imbalance={r['imbalance']}" if imbalance_in_label else ""),
-             "world_size": r["world_size"], "throughput": r["throughput"], "lo": r["throughput_min"],
-             "hi": r["throughput_max"], "kind": "measured"} for r in rows if r["throughput"]]
+    return [
+        {
+            "label": f"{r['optimizer']}" + (f" imbalance={r['imbalance']}" if imbalance_in_label else ""),
+            "world_size": r["world_size"],
+            "throughput": r["throughput"],
+            "lo": r["throughput_min"],
+            "hi": r["throughput_max"],
+            "kind": "measured",
+        }
+        for r in rows
+        if r["throughput"]
+    ]
 
 
 def _ttt_cell(row: dict, key: str) -> str:
@@ -238,21 +287,41 @@ def _ttt_cell(row: dict, key: str) -> str:
     return "not reached" if row["reached"] is not None else "no target"
 
 
-COMPARISON_COLUMNS = [("optimizer", "optimizer", ""), ("world_size", "P", ""), ("imbalance", "imbalance", ""),
-                      ("seeds", "seeds", ""), ("reached", "reached", ""), ("ttt_median", "TTT median (s)", ""),
-                      ("ttt_olympic", "TTT olympic mean (s)", ""), ("speedup_ttt", "speed-up vs allreduce", "x"),
-                      ("final_metric", "final metric", "metric"), ("best_metric", "best metric", "metric"),
-                      ("throughput", "throughput (samples/s)", ""),
-                      ("speedup_throughput", "throughput vs allreduce", "x"),
-                      ("compute_imbalance", "compute imbalance", ""), ("partial_runs", "half-written", ""),
-                      ("diverged_runs", "diverged", "")]
+COMPARISON_COLUMNS = [
+    ("optimizer", "optimizer", ""),
+    ("world_size", "P", ""),
+    ("imbalance", "imbalance", ""),
+    ("seeds", "seeds", ""),
+    ("reached", "reached", ""),
+    ("ttt_median", "TTT median (s)", ""),
+    ("ttt_olympic", "TTT olympic mean (s)", ""),
+    ("speedup_ttt", "speed-up vs allreduce", "x"),
+    ("final_metric", "final metric", "metric"),
+    ("best_metric", "best metric", "metric"),
+    ("throughput", "throughput (samples/s)", ""),
+    ("speedup_throughput", "throughput vs allreduce", "x"),
+    ("compute_imbalance", "compute imbalance", ""),
+    ("partial_runs", "half-written", ""),
+    ("diverged_runs", "diverged", ""),
+]
 
-RUN_COLUMNS = [("run", "run", ""), ("optimizer", "optimizer", ""), ("world_size", "P", ""),
-               ("imbalance", "imbalance", ""), ("seed", "seed", ""), ("status", "status", ""),
-               ("reached", "reached", ""), ("time_to_target_s", "TTT (s)", ""), ("steps", "steps", ""),
-               ("final_metric", "final", "metric"), ("best_metric", "best", "metric"),
-               ("throughput", "samples/s", ""), ("restarts", "restarts", ""),
-               ("compute_imbalance", "compute imbalance", ""), ("problems", "marked", "")]
+RUN_COLUMNS = [
+    ("run", "run", ""),
+    ("optimizer", "optimizer", ""),
+    ("world_size", "P", ""),
+    ("imbalance", "imbalance", ""),
+    ("seed", "seed", ""),
+    ("status", "status", ""),
+    ("reached", "reached", ""),
+    ("time_to_target_s", "TTT (s)", ""),
+    ("steps", "steps", ""),
+    ("final_metric", "final", "metric"),
+    ("best_metric", "best", "metric"),
+    ("throughput", "samples/s", ""),
+    ("restarts", "restarts", ""),
+    ("compute_imbalance", "compute imbalance", ""),
+    ("problems", "marked", ""),
+]
 
 
 def group_title(key: tuple) -> str:
@@ -283,19 +352,30 @@ def build_group(key: tuple, runs: list[RunRecord], out: Path, root: Path | None)
         r["ttt_median"], r["ttt_olympic"] = _ttt_cell(r, "ttt_median_s"), _ttt_cell(r, "ttt_olympic_s")
     title, slug = group_title(key), group_slug(key)
     _, _, metric, target = key
-    figures = {"metric": plots.plot_metric_curves(metric_bands(runs), out / f"{slug}_metric.png", title,
-                                                  metric or "metric", target)}
+    figures = {
+        "metric": plots.plot_metric_curves(
+            metric_bands(runs), out / f"{slug}_metric.png", title, metric or "metric", target
+        )
+    }
     if target is not None:
-        figures["time_to_target"] = plots.plot_time_to_target(ttt_bars(rows, runs),
-                                                              out / f"{slug}_time_to_target.png", title)
-    figures["throughput"] = plots.plot_throughput(throughput_table(rows, "imbalance" in varying(runs)),
-                                                  out / f"{slug}_throughput.png", title)
+        figures["time_to_target"] = plots.plot_time_to_target(
+            ttt_bars(rows, runs), out / f"{slug}_time_to_target.png", title
+        )
+    figures["throughput"] = plots.plot_throughput(
+        throughput_table(rows, "imbalance" in varying(runs)), out / f"{slug}_throughput.png", title
+    )
     steps = {label: step_time_rows(rs) for label, rs in by_label(runs).items()}
     steps = {k: v for k, v in steps.items() if v}
     if steps:
         figures["step_times"] = plots.plot_step_times(steps, out / f"{slug}_step_times.png", title)
-    return GroupReport(key, listed, rows, run_rows(listed, root),
-                       {k: step_time_summary(v) for k, v in steps.items()}, figures)
+    return GroupReport(
+        key,
+        listed,
+        rows,
+        run_rows(listed, root),
+        {k: step_time_summary(v) for k, v in steps.items()},
+        figures,
+    )
 
 
 HOW_TO_READ = (
@@ -309,43 +389,68 @@ HOW_TO_READ = (
     "`allreduce` at the same P and imbalance. Runs marked *half-written* crashed or were cut off; "
     "they are read up to their last complete event. *Compute imbalance* is how uneven the ranks' compute "
     "was: the mean over steps of the slowest rank's compute time (injected delay included) over the ranks' "
-    "mean (1.00: even; median over seeds; — for runs recorded before it was measured).")
+    "mean (1.00: even; median over seeds; — for runs recorded before it was measured)."
+)
 
 
-def render_markdown(groups: Sequence[GroupReport], unreadable: Sequence[RunRecord], sources: Sequence[str],
-                    out: Path) -> str:
+def render_markdown(
+    groups: Sequence[GroupReport], unreadable: Sequence[RunRecord], sources: Sequence[str], out: Path
+) -> str:
     n = sum(len(g.runs) for g in groups) + len(unreadable)
-    header = (f"{n} run(s) from {', '.join(f'`{s}`' for s in sources)}; generated "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}.")
+    header = (
+        f"{n} run(s) from {', '.join(f'`{s}`' for s in sources)}; generated "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}."
+    )
     lines = ["# wagma-bench report", "", header, "", HOW_TO_READ, ""]
     for g in groups:
-        lines += [f"## {group_title(g.key)}", "", "### Comparison", "",
-                  markdown_table(g.comparison, COMPARISON_COLUMNS), ""]
+        lines += [
+            f"## {group_title(g.key)}",
+            "",
+            "### Comparison",
+            "",
+            markdown_table(g.comparison, COMPARISON_COLUMNS),
+            "",
+        ]
         rules = sorted({r["olympic_rule"] for r in g.comparison})
         lines += [f"Olympic mean: {'; '.join(rules)}.", ""]
         lines += signature_lines(g.runs)
-        captions = {"metric": "Validation metric against training time and steps (median over seeds, band "
-                              "min–max).",
-                    "time_to_target": "Time to target per series (bar: median; whiskers: min–max of the seeds "
-                                      "that reached it; dots: seeds; hatched: not reached).",
-                    "throughput": "Throughput against world size, with the ideal linear scaling from the "
-                                  "smallest measured P (dotted).",
-                    "step_times": "Per-rank step-time components: compute, injected delay and communication "
-                                  "(which includes waiting for slower ranks). A straggler shows as a high "
-                                  "delay or compute box; its peers show it as communication time."}
+        captions = {
+            "metric": "Validation metric against training time and steps (median over seeds, band min–max).",
+            "time_to_target": "Time to target per series (bar: median; whiskers: min–max of the seeds "
+            "that reached it; dots: seeds; hatched: not reached).",
+            "throughput": "Throughput against world size, with the ideal linear scaling from the "
+            "smallest measured P (dotted).",
+            "step_times": "Per-rank step-time components: compute, injected delay and communication "
+            "(which includes waiting for slower ranks). A straggler shows as a high "
+            "delay or compute box; its peers show it as communication time.",
+        }
         for name, path in g.figures.items():
             lines += [f"![{name}]({path.relative_to(out)})", "", f"*{captions[name]}*", ""]
         if g.step_times:
             st_rows = [{"series": k, **v} for k, v in g.step_times.items()]
-            lines += ["### Step time (median over ranks and steps, seconds)", "",
-                      markdown_table(st_rows, [("series", "series", ""), ("compute_median_s", "compute", "metric"),
-                                               ("delay_median_s", "injected delay", "metric"),
-                                               ("comm_median_s", "comm", "metric"),
-                                               ("slowest_rank", "slowest rank (mean)", "")]), ""]
+            lines += [
+                "### Step time (median over ranks and steps, seconds)",
+                "",
+                markdown_table(
+                    st_rows,
+                    [
+                        ("series", "series", ""),
+                        ("compute_median_s", "compute", "metric"),
+                        ("delay_median_s", "injected delay", "metric"),
+                        ("comm_median_s", "comm", "metric"),
+                        ("slowest_rank", "slowest rank (mean)", ""),
+                    ],
+                ),
+                "",
+            ]
         lines += ["### Runs", "", markdown_table(g.run_table, RUN_COLUMNS), ""]
     if unreadable:
-        lines += ["## Runs that could not be grouped", "",
-                  "These directories hold an `events.jsonl` without a readable `run_start` event.", ""]
+        lines += [
+            "## Runs that could not be grouped",
+            "",
+            "These directories hold an `events.jsonl` without a readable `run_start` event.",
+            "",
+        ]
         lines += [f"- `{r.path}`: {'; '.join(r.problems)}" for r in unreadable] + [""]
     return "\n".join(lines)
 
@@ -359,7 +464,10 @@ def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
     if len(signatures) == 1:
         return [f"BLEU: sacrebleu signature `{signatures[0]}`.", ""]
     listed = "; ".join(f"`{s}`" for s in signatures)
-    return [f"BLEU: **{len(signatures)} different sacrebleu signatures**, values are not comparable: {listed}.", ""]
+    return [
+        f"BLEU: **{len(signatures)} different sacrebleu signatures**, values are not comparable: {listed}.",
+        "",
+    ]
 
 
 def make_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupReport], TunedSection | None]:
@@ -380,7 +488,9 @@ def _write_report(paths: Sequence[Path], out: Path) -> tuple[Path, list[GroupRep
     tuned = tuned_section(tune_dirs, out) if tune_dirs else None
     run_dirs = [d for d in find_runs(paths) if not any(d.is_relative_to(t.resolve()) for t in tune_dirs)]
     if not run_dirs and tuned is None:
-        raise FileNotFoundError(f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})")
+        raise FileNotFoundError(
+            f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})"
+        )
     runs = [load_run(d) for d in run_dirs]
     name_variants(runs)
     for warning in (w for r in runs for w in r.warnings):
@@ -404,20 +514,31 @@ def _common_root(dirs: Sequence[Path]) -> Path | None:
     import os
 
     try:
-        return Path(os.path.commonpath([str(d) for d in dirs])).parent if len(dirs) == 1 else \
-            Path(os.path.commonpath([str(d) for d in dirs]))
+        return (
+            Path(os.path.commonpath([str(d) for d in dirs])).parent
+            if len(dirs) == 1
+            else Path(os.path.commonpath([str(d) for d in dirs]))
+        )
     except ValueError:
         return None
 
 
 # --- the tuned section (scoring.py ranks the combinations) ----------------------------------------
 
-TUNED_COLUMNS = [("workload", "workload", ""), ("data", "data", ""), ("optimizer", "optimizer", ""),
-                 ("world_size", "P", ""), ("imbalance", "imbalance", ""), ("score", "score", ""),
-                 ("study_bests", "per-study best", ""), ("reached", "trials reached", ""),
-                 ("vs_tuned_allreduce", "against tuned allreduce", "x"),
-                 ("settings", "winning settings", ""), ("compute_imbalance", "compute imbalance", ""),
-                 ("reference_s", "speed reference (s, median)", "")]
+TUNED_COLUMNS = [
+    ("workload", "workload", ""),
+    ("data", "data", ""),
+    ("optimizer", "optimizer", ""),
+    ("world_size", "P", ""),
+    ("imbalance", "imbalance", ""),
+    ("score", "score", ""),
+    ("study_bests", "per-study best", ""),
+    ("reached", "trials reached", ""),
+    ("vs_tuned_allreduce", "against tuned allreduce", "x"),
+    ("settings", "winning settings", ""),
+    ("compute_imbalance", "compute imbalance", ""),
+    ("reference_s", "speed reference (s, median)", ""),
+]
 
 TUNED_HOW_TO_READ = (
     "Tuned by MLCommons AlgoPerf's external tuning ruleset (`wagma-bench tune`, docs/tuning.md): each "
@@ -427,18 +548,33 @@ TUNED_HOW_TO_READ = (
     "settings are the fastest trial's. A tuning with no target (eval.target=null, a fixed budget) is scored "
     "the same way by each trial's best metric, higher being better (our reading; AlgoPerf scores time only). "
     "Against tuned allreduce: its score over the row's in seconds, the row's over its with a metric (above 1 "
-    "favours the row), at the same workload, data, P and imbalance.")
+    "favours the row), at the same workload, data, P and imbalance."
+)
 
 
 def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str:
     """The report with the tuned section after its header, the untuned tables (if any) labelled below it."""
     head, sep, rest = text.partition("\n## ")
-    lines = ["## Tuned comparisons", "", TUNED_HOW_TO_READ, "", *(f"- {p}" for p in tuned.protocol), "",
-             markdown_table(tuned.rows, TUNED_COLUMNS), ""]
+    lines = [
+        "## Tuned comparisons",
+        "",
+        TUNED_HOW_TO_READ,
+        "",
+        *(f"- {p}" for p in tuned.protocol),
+        "",
+        markdown_table(tuned.rows, TUNED_COLUMNS),
+        "",
+    ]
     for name, path in tuned.figures.items():
-        lines += [f"![{name}]({path.relative_to(out)})", "",
-                  ("*Performance profile across workloads: per optimizer, the fraction of workloads (workload, "
-                  "data, P, imbalance) on which its tuned score is within a factor τ of the best optimizer's.*"), ""]
+        lines += [
+            f"![{name}]({path.relative_to(out)})",
+            "",
+            (
+                "*Performance profile across workloads: per optimizer, the fraction of workloads (workload, "
+                "data, P, imbalance) on which its tuned score is within a factor τ of the best optimizer's.*"
+            ),
+            "",
+        ]
     if untuned:
         lines += ["# Untuned comparisons (every optimizer at the configured defaults)", ""]
     return head + "\n" + "\n".join(lines) + (sep + rest if sep else "")

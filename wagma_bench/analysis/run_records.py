@@ -1,5 +1,5 @@
-"""Run directories read as the report compares them: one :class:`RunRecord` per run, a crashed or half-written one
-included with what is missing listed (never an exception), and the runs grouped by what they were measured
+"""Run directories read as the report compares them: one :class:`RunRecord` per run, a crashed or half-written
+one included with what is missing listed (never an exception), and the runs grouped by what they were measured
 against. :mod:`wagma_bench.analysis.report` builds its tables from these records; ``simulate`` finds runs with
 :func:`find_runs`."""
 
@@ -19,16 +19,16 @@ class RunRecord:
     """One run directory, read as is (a crashed run included)."""
 
     path: Path
-    meta: dict                      # run_start metadata (empty when the run never started)
-    evals: list[dict]               # {step, train_s, wall_s, value} per evaluation
-    summary: dict                   # events.summarize() of its events; status from summary.json when present
+    meta: dict  # run_start metadata (empty when the run never started)
+    evals: list[dict]  # {step, train_s, wall_s, value} per evaluation
+    summary: dict  # events.summarize() of its events; status from summary.json when present
     problems: list[str] = field(default_factory=list)  # why the run is marked half-written
-    signature: str | None = None    # how the metric was computed (sacrebleu's signature for BLEU)
-    running: bool = False           # its lock names a live process: shown, but left out of comparisons
+    signature: str | None = None  # how the metric was computed (sacrebleu's signature for BLEU)
+    running: bool = False  # its lock names a live process: shown, but left out of comparisons
     warnings: list[str] = field(default_factory=list)  # lines the reader skipped, named by file and line
     optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
-    variant: str = ""               # what sets it apart from other runs of its optimizer (name_variants)
-    wandb: dict | None = None       # its logger.wandb section (None: it did not log to W&B)
+    variant: str = ""  # what sets it apart from other runs of its optimizer (name_variants)
+    wandb: dict | None = None  # its logger.wandb section (None: it did not log to W&B)
 
     @property
     def partial(self) -> bool:
@@ -71,8 +71,10 @@ def load_run(path: Path) -> RunRecord:
     if record.start is None:
         problems.append("no run_start event")
     if not record.stopped:
-        problems.append("no run_stop event (crashed, killed or still running)"
-                        + (" since its last resume" if "run_stop" in record.lifecycle else ""))
+        problems.append(
+            "no run_stop event (crashed, killed or still running)"
+            + (" since its last resume" if "run_stop" in record.lifecycle else "")
+        )
         summary["status"] = "incomplete"
     if record.torn:
         problems.append("torn last line in events.jsonl")
@@ -88,37 +90,57 @@ def load_run(path: Path) -> RunRecord:
     if holder is not None:
         summary["status"] = "running"
         problems = [f"running (PID {holder.get('pid')} holds its lock): not compared"]
-    warnings = [f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
-                for n in record.skipped]
+    warnings = [
+        f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
+        for n in record.skipped
+    ]
     if record.skipped:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
     meta = record.start.settings if record.start else {}
-    evals = [{"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
-             for e in record.evaluations]
+    evals = [
+        {"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
+        for e in record.evaluations
+    ]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
     wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or None
-    return RunRecord(Path(path), meta, evals, summary, problems, record.signature, holder is not None, warnings,
-                     {k: v for k, v in settings.items() if k != "name"}, wandb=wandb)
+    return RunRecord(
+        Path(path),
+        meta,
+        evals,
+        summary,
+        problems,
+        record.signature,
+        holder is not None,
+        warnings,
+        {k: v for k, v in settings.items() if k != "name"},
+        wandb=wandb,
+    )
 
 
 def name_variants(runs: Sequence[RunRecord]) -> None:
     """Set each run's ``variant`` (:func:`variant_labels`), so that different configurations of one optimizer
     are different series, never folded together as seeds."""
-    for run, label in zip(runs, variant_labels([(r.meta.get("optimizer"), r.optimizer_settings) for r in runs]),
-                          strict=True):
+    for run, label in zip(
+        runs, variant_labels([(r.meta.get("optimizer"), r.optimizer_settings) for r in runs]), strict=True
+    ):
         run.variant = label
 
 
 def variant_labels(items: Sequence[tuple[str | None, dict]]) -> list[str]:
     """Per (optimizer, its settings): the settings in which it differs from the other items of the same
-    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count: a
-    run logged before a setting existed ran at what is now its default, which its record does not say."""
+    optimizer (``outer=nesterov, period=2``); empty where they all agree. Only settings every item has count:
+    a run logged before a setting existed ran at what is now its default, which its record does not say."""
     by_optimizer: dict[str | None, list[dict]] = {}
     for name, settings in items:
         by_optimizer.setdefault(name, []).append(settings)
-    differ = {name: [k for k in sorted(set.intersection(*(set(s) for s in group)))
-                     if len({repr(s[k]) for s in group}) > 1]
-              for name, group in by_optimizer.items()}
+    differ = {
+        name: [
+            k
+            for k in sorted(set.intersection(*(set(s) for s in group)))
+            if len({repr(s[k]) for s in group}) > 1
+        ]
+        for name, group in by_optimizer.items()
+    }
     return [", ".join(f"{k}={settings.get(k)}" for k in differ[name]) for name, settings in items]
 
 

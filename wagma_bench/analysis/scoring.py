@@ -1,8 +1,8 @@
-"""Tuned combinations (``wagma-bench tune``) ranked against each other: each combination's score as a table row
-with its ratio to tuned allreduce on the same problem (workload, data, world size, imbalance), and AlgoPerf's
-performance profile across problems. The score of one combination is :mod:`wagma_bench.analysis.tuning`'s (the
-median over studies of each study's best); this module compares those scores across optimizers, by one rule
-for the report's tuned section and its tests."""
+"""Tuned combinations (``wagma-bench tune``) ranked against each other: each combination's score as a table
+row with its ratio to tuned allreduce on the same problem (workload, data, world size, imbalance), and
+AlgoPerf's performance profile across problems. The score of one combination is
+:mod:`wagma_bench.analysis.tuning`'s (the median over studies of each study's best); this module compares
+those scores across optimizers, by one rule for the report's tuned section and its tests."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ INF = math.inf
 class TunedSection:
     """What the report shows of one or more tuning directories: the ranked rows and the profile figure."""
 
-    rows: list[dict]                 # one per tuned combination
+    rows: list[dict]  # one per tuned combination
     figures: dict[str, Path]
     sources: list[str]
-    protocol: str                    # "S studies x O trials ..." per tuning directory
+    protocol: str  # "S studies x O trials ..." per tuning directory
 
 
 def tuned_rows(results: Sequence[dict]) -> list[dict]:
@@ -41,14 +41,28 @@ def tuned_rows(results: Sequence[dict]) -> list[dict]:
         win = e.get("winner") or {}
         name = f"{e.get('optimizer')} ({variant})" if variant else e.get("optimizer")
         by_metric = e.get("scored_by") == BY_METRIC
-        rows.append({"workload": e.get("workload"), "data": e.get("data"), "optimizer": name,
-                     "world_size": e.get("world_size"), "imbalance": e.get("imbalance"), "combo": e["combo"],
-                     "target": e.get("target"), "scored_by": e.get("scored_by"), "score": score_text,
-                     "score_s": e.get("score_s"), "score_metric": e.get("score_metric"), "study_bests": bests,
-                     "reached": "no target" if by_metric else f"{e['reached']}/{e['trials']}",
-                     "unfinished": e.get("unfinished"), "winner": win.get("trial"),
-                     "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
-                     "compute_imbalance": e.get("compute_imbalance"), "reference_s": e.get("reference_s")})
+        rows.append(
+            {
+                "workload": e.get("workload"),
+                "data": e.get("data"),
+                "optimizer": name,
+                "world_size": e.get("world_size"),
+                "imbalance": e.get("imbalance"),
+                "combo": e["combo"],
+                "target": e.get("target"),
+                "scored_by": e.get("scored_by"),
+                "score": score_text,
+                "score_s": e.get("score_s"),
+                "score_metric": e.get("score_metric"),
+                "study_bests": bests,
+                "reached": "no target" if by_metric else f"{e['reached']}/{e['trials']}",
+                "unfinished": e.get("unfinished"),
+                "winner": win.get("trial"),
+                "settings": ", ".join(f"{k}={v}" for k, v in (win.get("params") or {}).items()) or None,
+                "compute_imbalance": e.get("compute_imbalance"),
+                "reference_s": e.get("reference_s"),
+            }
+        )
     refs = {_problem(r): _figure(r) for r in rows if r["optimizer"] == REFERENCE}
     for r in rows:
         ref, (value, metric) = refs.get(_problem(r), (None, None)), _figure(r)
@@ -71,8 +85,8 @@ def _problem(row: dict) -> tuple:
 def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = None) -> dict:
     """AlgoPerf's performance profile: per optimizer, at each tau the fraction of problems (workload, data,
     P, imbalance) where its score is at most tau x the best score of any optimizer there (a best metric: at
-    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)} and
-    the number of problems."""
+    least 1/tau of the best); a missed (infinite) score never counts. Returns {optimizer: (taus, fractions)}
+    and the number of problems."""
     scores: dict[tuple, dict[str, float]] = {}
     for r in rows:
         scores.setdefault(_problem(r), {})[r["optimizer"]] = figure_cost(*_figure(r))
@@ -86,7 +100,9 @@ def performance_profile(rows: Sequence[dict], taus: Sequence[float] | None = Non
         top = max(finite + [1.0]) * 1.25
         taus = [1.0 + (top - 1.0) * i / 200 for i in range(201)]
     n = len(scores)
-    return {opt: (list(taus), [sum(x <= t for x in rs) / n for t in taus]) for opt, rs in sorted(ratios.items())}, n
+    return {
+        opt: (list(taus), [sum(x <= t for x in rs) / n for t in taus]) for opt, rs in sorted(ratios.items())
+    }, n
 
 
 def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
@@ -97,11 +113,15 @@ def tuned_section(tune_dirs: Sequence[Path], out: Path) -> TunedSection:
         scored = score(d)
         results += scored["results"]
         budget = f", tune.max_runtime_s={scored['max_runtime_s']:g}" if scored.get("max_runtime_s") else ""
-        protocol.append(f"`{d}`: {scored['studies']} studies × {scored['trials_per_study']} trials, "
-                        f"tune.seed={scored['seed']}{budget}")
+        protocol.append(
+            f"`{d}`: {scored['studies']} studies × {scored['trials_per_study']} trials, "
+            f"tune.seed={scored['seed']}{budget}"
+        )
     rows = tuned_rows(results)
     profiles, n = performance_profile(rows)
-    figures = {"performance_profile": plots.plot_performance_profile(profiles, out / "tuned_performance_profile.png",
-                                                                     n)}
+    figures = {
+        "performance_profile": plots.plot_performance_profile(
+            profiles, out / "tuned_performance_profile.png", n
+        )
+    }
     return TunedSection(rows, figures, [str(d) for d in tune_dirs], protocol)
-

@@ -1,6 +1,7 @@
 """A run's per-rank step-time components (compute, injected delay, communication), read from its step records
-(:mod:`wagma_bench.record.steps`, raw or compact) as tidy rows and summarised: what the report's step-time figure
-and table show, where a straggler appears as its own delay or compute and as its peers' communication."""
+(:mod:`wagma_bench.record.steps`, raw or compact) as tidy rows and summarised: what the report's step-time
+figure and table show, where a straggler appears as its own delay or compute and as its peers'
+communication."""
 
 from __future__ import annotations
 
@@ -35,7 +36,11 @@ def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
         try:
             records = load_step_records(run.path)
         except ValueError as err:  # a damaged compact table: the report goes on without this run's step times
-            print(f"wagma-bench report: warning: {err}; its step times are left out", file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench report: warning: {err}; its step times are left out",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         for rank, recs in records.items():
             for rec in recs:
@@ -55,4 +60,3 @@ def step_time_summary(rows: Sequence[dict]) -> dict:
     out = {f"{c}_median_s": statistics.median(v) for c, v in by_comp.items()}
     out["slowest_rank"] = max(per_rank, key=per_rank.get) if per_rank else None
     return out
-

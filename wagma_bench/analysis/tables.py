@@ -1,4 +1,5 @@
-"""The one writer of tables: Markdown (report, claims, simulate) and CSV, with the same cell formats everywhere."""
+"""The one writer of tables: Markdown (report, claims, simulate) and CSV, with the
+same cell formats everywhere."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]
     """Columns: (key, header, format kind)."""
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |" for r in rows]
+    body = [
+        "| " + " | ".join(fmt(r.get(k), kind).replace("|", "/") for k, _, kind in columns) + " |"
+        for r in rows
+    ]
     return "\n".join([head, sep, *body])
 
 

@@ -1,11 +1,11 @@
-"""A tuning directory read and scored by MLCommons AlgoPerf's external tuning rule: per study the fastest trial to
-the target (training clock, as ``report``), the score the median over the studies of those bests, a study whose
-trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
-Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are scored the
-same way by their best metric, higher being better: per study the trial with the highest best metric, the score
-the median of those (AlgoPerf scores only time to target; this reading is ours). ``wagma-bench tune``
-(:mod:`wagma_bench.campaign.tune`) plans and runs the trials; ``report``, ``claims`` and ``simulate`` read them
-through this module."""
+"""A tuning directory read and scored by MLCommons AlgoPerf's external tuning rule: per study the fastest
+trial to the target (training clock, as ``report``), the score the median over the studies of those bests, a
+study whose trials all missed counting as infinite (so the score is infinite when half the studies or more
+missed). Trials with no target (``eval.target=null``: a fixed budget, what a final-quality claim reads) are
+scored the same way by their best metric, higher being better: per study the trial with the highest best
+metric, the score the median of those (AlgoPerf scores only time to target; this reading is ours).
+``wagma-bench tune`` (:mod:`wagma_bench.campaign.tune`) plans and runs the trials; ``report``, ``claims`` and
+``simulate`` read them through this module."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 
-PLAN = "tune.json"          # what is tuned: the trials and their settings (written before any trial runs)
-TUNING = "tuning.json"      # the scores
+PLAN = "tune.json"  # what is tuned: the trials and their settings (written before any trial runs)
+TUNING = "tuning.json"  # the scores
 TRIALS = "trials"
 INF = math.inf
 BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's trials are scored by
@@ -33,12 +33,12 @@ BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's tri
 class Trial:
     name: str
     combo: str
-    study: int                            # 1..S
-    trial: int                            # 1..O within its study
+    study: int  # 1..S
+    trial: int  # 1..O within its study
     seed: int
-    params: dict[str, Any]                # the point: search-space key -> value
-    overrides: list[str]                  # the combination's axis values, then the trial's settings
-    gpus: int = 0                         # cluster mode: the world size
+    params: dict[str, Any]  # the point: search-space key -> value
+    overrides: list[str]  # the combination's axis values, then the trial's settings
+    gpus: int = 0  # cluster mode: the world size
 
 
 def yaml_value(value: Any) -> str:
@@ -54,8 +54,10 @@ def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
         return "not run"
     if scored_by([summary]) == BY_METRIC:
         best = summary.get("best_metric")
-        return (f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
-                f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)")
+        return (
+            f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
+            f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)"
+        )
     t = trial_time(summary, max_runtime_s)
     if math.isfinite(t):
         return f"target reached in {t:.1f} s"
@@ -100,8 +102,9 @@ def median_score(bests: list[float]) -> float:
 
 
 def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
-    """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with no
-    target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing to reach)."""
+    """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with
+    no target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing
+    to reach)."""
     by = scored_by(summaries.get(t.name) for t in trials)
     counted = [t for t in trials if trial_finished(summaries.get(t.name))]  # the one rule (trial_finished)
     cost = {t.name: trial_cost(summaries.get(t.name), max_runtime_s, by) for t in counted}
@@ -115,51 +118,77 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
         mine = [t for t in counted if t.study == s]
         planned = sum(1 for t in trials if t.study == s)
         if not mine:  # none finished: the study is left out of the score, not counted as missed
-            studies.append({"study": s, best_key: None, "trial": None, "reached": 0 if by == BY_TIME else None,
-                            "trials": planned, "finished": 0})
+            studies.append(
+                {
+                    "study": s,
+                    best_key: None,
+                    "trial": None,
+                    "reached": 0 if by == BY_TIME else None,
+                    "trials": planned,
+                    "finished": 0,
+                }
+            )
             continue
         best = min(mine, key=lambda t: (cost[t.name], t.trial))
         bests.append(cost[best.name])
-        studies.append({"study": s, best_key: value(cost[best.name]),
-                        "trial": best.name if math.isfinite(cost[best.name]) else None,
-                        "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
-                        "trials": planned, "finished": len(mine)})
+        studies.append(
+            {
+                "study": s,
+                best_key: value(cost[best.name]),
+                "trial": best.name if math.isfinite(cost[best.name]) else None,
+                "reached": sum(math.isfinite(cost[t.name]) for t in mine) if by == BY_TIME else None,
+                "trials": planned,
+                "finished": len(mine),
+            }
+        )
     score = median_score(bests)
     winner = min(counted, key=lambda t: (cost[t.name], t.study, t.trial)) if counted else None
     won = winner is not None and math.isfinite(cost[winner.name])
-    return {"scored_by": by, ("score_s" if by == BY_TIME else "score_metric"): value(score), "studies": studies,
-            "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
-            "trials": len(trials),
-            "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
-            "winner": {"trial": winner.name, ("time_s" if by == BY_TIME else "metric"): value(cost[winner.name]),
-                       "params": winner.params, "run_dir": f"{TRIALS}/{winner.name}"} if won else None}
+    return {
+        "scored_by": by,
+        ("score_s" if by == BY_TIME else "score_metric"): value(score),
+        "studies": studies,
+        "reached": sum(math.isfinite(v) for v in cost.values()) if by == BY_TIME else None,
+        "trials": len(trials),
+        "unfinished": sum(1 for t in trials if not trial_finished(summaries.get(t.name))),
+        "winner": {
+            "trial": winner.name,
+            ("time_s" if by == BY_TIME else "metric"): value(cost[winner.name]),
+            "params": winner.params,
+            "run_dir": f"{TRIALS}/{winner.name}",
+        }
+        if won
+        else None,
+    }
 
 
-# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is better
-# (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's score
-# median_score over its studies' bests.
+# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is
+# better (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's
+# score median_score over its studies' bests.
 LOWER_IS_BETTER = {"time_to_target": True, "throughput": False, "final_metric": False}
 
 
 def figure_cost(value: float | None, metric: str) -> float:
-    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so that
-    a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive figure."""
+    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so
+    that a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive
+    figure."""
     if value is None or not 0 < value < INF:
         return INF
     return value if LOWER_IS_BETTER[metric] else 1.0 / value
 
 
 def favours(value: float | None, reference: float | None, metric: str) -> float | None:
-    """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time over
-    the value's; the value's throughput or metric over the reference's); None where either has no finite cost."""
+    """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time
+    over the value's; the value's throughput or metric over the reference's); None where either has no finite
+    cost."""
     cost, ref = figure_cost(value, metric), figure_cost(reference, metric)
     return ref / cost if math.isfinite(cost) and math.isfinite(ref) else None
 
 
 def trial_finished(summary: dict | None) -> bool:
-    """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed one
-    counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss, and a
-    study none of whose trials finished is left out of its combination's score."""
+    """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed
+    one counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss,
+    and a study none of whose trials finished is left out of its combination's score."""
     from wagma_bench.record.rundir import FINISHED
 
     return bool(summary) and summary.get("status") in (*FINISHED, "failed")
@@ -179,8 +208,10 @@ def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str,
             raise KeyError(", ".join(missing))
         trials = [Trial(**t) for t in plan["trials"]]
     except (ValueError, TypeError, KeyError) as err:  # cut short, emptied, or not what tune writes
-        raise ConfigError(f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
-                          "wagma-bench tune, which rewrites it when the same command runs again") from None
+        raise ConfigError(
+            f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
+            "wagma-bench tune, which rewrites it when the same command runs again"
+        ) from None
     combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
     summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
     return plan, combos, summaries
@@ -191,28 +222,48 @@ def score(tune_dir: Path) -> dict:
     plan, combos, all_summaries = load_trials(tune_dir)
     cap = plan.get("max_runtime_s")
     median_ref = drift.tuning_median([s for s in all_summaries.values() if trial_finished(s)])
-    fit = drift.fit_elasticity([all_summaries[t.name] for t in mine if trial_finished(all_summaries[t.name])]
-                               for mine in combos.values())
+    fit = drift.fit_elasticity(
+        [all_summaries[t.name] for t in mine if trial_finished(all_summaries[t.name])]
+        for mine in combos.values()
+    )
     entries = []
     for combo, mine in combos.items():
         summaries = {t.name: all_summaries[t.name] for t in mine}
-        entry = {"combo": combo, **_key_of(summaries.values()),
-                 "optimizer_settings": _fixed_settings(Path(tune_dir), mine), **score_combo(mine, summaries, cap),
-                 "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
-                 "reference_s": _median_of(summaries.values(), drift.REFERENCE)}
+        entry = {
+            "combo": combo,
+            **_key_of(summaries.values()),
+            "optimizer_settings": _fixed_settings(Path(tune_dir), mine),
+            **score_combo(mine, summaries, cap),
+            "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
+            "reference_s": _median_of(summaries.values(), drift.REFERENCE),
+        }
         entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, fit, cap)})
-    return {"version": 1, "protocol": "AlgoPerf external tuning", "studies": plan["studies"],
-            "trials_per_study": plan["trials_per_study"], "seed": plan["seed"], "max_runtime_s": cap,
-            "command": plan.get("command"), "median_reference_s": median_ref,
-            "drift_elasticity": {"value": fit.value, "se": fit.se, "trials": fit.trials} if fit else None,
-            "optimizer_changes": optimizer_changes(tune_dir, combos), "results": entries}
+    return {
+        "version": 1,
+        "protocol": "AlgoPerf external tuning",
+        "studies": plan["studies"],
+        "trials_per_study": plan["trials_per_study"],
+        "seed": plan["seed"],
+        "max_runtime_s": cap,
+        "command": plan.get("command"),
+        "median_reference_s": median_ref,
+        "drift_elasticity": {"value": fit.value, "se": fit.se, "trials": fit.trials} if fit else None,
+        "optimizer_changes": optimizer_changes(tune_dir, combos),
+        "results": entries,
+    }
 
 
-def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | None, fit: drift.Elasticity | None,
-                    cap: float | None) -> dict | None:
+def _drift_adjusted(
+    trials: list[Trial],
+    summaries: dict,
+    median_ref: float | None,
+    fit: drift.Elasticity | None,
+    cap: float | None,
+) -> dict | None:
     """The combination's score with every trial scaled to the tuning's median speed reference by the fitted
     elasticity (:mod:`wagma_bench.analysis.drift`); None unless every finished trial of the tuning has a
-    reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no effect)."""
+    reference and the elasticity can be fitted (a few trials, or references that do not vary, measure no
+    effect)."""
     if median_ref is None or fit is None:
         return None
     scaled = {k: drift.adjusted(v, median_ref, cap, fit.value) if v else v for k, v in summaries.items()}
@@ -222,8 +273,8 @@ def _drift_adjusted(trials: list[Trial], summaries: dict, median_ref: float | No
 
 def optimizer_changes(tune_dir: Path, combos: dict[str, list[Trial]]) -> float | None:
     """Of the trials that started, ordered by their start, the fraction of consecutive pairs whose combination
-    differs: about 0 when each combination ran as one block, near 1 when interleaved (``tune``'s order). None with
-    fewer than two started trials or a single combination."""
+    differs: about 0 when each combination ran as one block, near 1 when interleaved (``tune``'s order). None
+    with fewer than two started trials or a single combination."""
     starts = []
     for combo, trials in combos.items():
         for t in trials:
@@ -245,8 +296,10 @@ def _start_ms(run_dir: Path) -> float | None:
 def _key_of(summaries) -> dict:
     """workload, data, optimizer, world size, imbalance, metric and target: from any trial that started."""
     s = next((s for s in summaries if s), {})
-    return {k: s.get(k) for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric",
-                                  "target")}
+    return {
+        k: s.get(k)
+        for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric", "target")
+    }
 
 
 def _fixed_settings(tune_dir: Path, trials: list[Trial]) -> dict:
@@ -277,8 +330,11 @@ def winning_runs(tune_dir: Path) -> list[Path]:
     """The run directory of each combination's winning trial (none for a combination that never reached
     the target, or that had none): what ``simulate --convergence`` reads from a tuning directory."""
     result = score(tune_dir)
-    return [Path(tune_dir) / e["winner"]["run_dir"] for e in result["results"]
-            if e["winner"] and e["scored_by"] == BY_TIME]
+    return [
+        Path(tune_dir) / e["winner"]["run_dir"]
+        for e in result["results"]
+        if e["winner"] and e["scored_by"] == BY_TIME
+    ]
 
 
 def format_score(entry: dict) -> tuple[str, str]:
@@ -286,14 +342,20 @@ def format_score(entry: dict) -> tuple[str, str]:
     by name (none: no trial ended with one)."""
     if entry.get("scored_by") == BY_METRIC:
         metric = entry.get("target_metric") or "metric"
-        bests = ", ".join("none" if s["best_metric"] is None else f"{s['best_metric']:.4g}" for s in entry["studies"])
+        bests = ", ".join(
+            "none" if s["best_metric"] is None else f"{s['best_metric']:.4g}" for s in entry["studies"]
+        )
         score = entry["score_metric"]
         return ("none" if score is None else f"{score:.4g} {metric}"), bests
-    bests = ", ".join("∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"])
+    bests = ", ".join(
+        "∞" if s["best_time_s"] is None else f"{s['best_time_s']:.1f}" for s in entry["studies"]
+    )
     text = "∞ (missed)" if entry["score_s"] is None else f"{entry['score_s']:.1f} s"
     adjusted = entry.get("drift_adjusted")
     if adjusted:  # the score with each trial scaled to the tuning's median speed reference
-        text += " (drift-adj. " + ("∞" if adjusted["score_s"] is None else f"{adjusted['score_s']:.1f} s") + ")"
+        text += (
+            " (drift-adj. " + ("∞" if adjusted["score_s"] is None else f"{adjusted['score_s']:.1f} s") + ")"
+        )
     return text, bests
 
 

@@ -2,9 +2,9 @@
 built with W&B's own Reports and Workspaces API (``wandb-workspaces``: ``wandb_workspaces.reports.v2`` and
 ``wandb_workspaces.workspaces``), over the W&B runs that ``logger=wandb`` logged.
 
-Panels read what the runs log (:class:`~wagma_bench.record.loggers.WandbSink`): ``eval/<metric>``, ``train_s``,
-``samples`` and ``rank<R>/{compute,delay,comm}_s`` in the history; the run summary (``time_to_target_s``,
-``throughput_samples_per_s``, ``best_metric``); the flat config keys of
+Panels read what the runs log (:class:`~wagma_bench.record.loggers.WandbSink`): ``eval/<metric>``,
+``train_s``, ``samples`` and ``rank<R>/{compute,delay,comm}_s`` in the history; the run summary
+(``time_to_target_s``, ``throughput_samples_per_s``, ``best_metric``); the flat config keys of
 :func:`~wagma_bench.record.loggers.grouping_config` (``optimizer``, ``workload``, ``data``, ``world_size``,
 ``imbalance``, ``tuning_trial``, ``study``, ``trial``, ``tuned_<key>``); and the W&B group (a tuning's).
 :func:`named_keys` lists every key a report or workspace names, so a test can check them against what the runs
@@ -12,8 +12,8 @@ logged (:func:`unlogged`).
 
 Without an API key nothing is sent: the report's and the workspace's models (their JSON specs) are written to
 ``OUT/wandb-report.json``, and ``wagma-bench report --wandb-publish OUT/wandb-report.json`` saves them later
-(:func:`publish`). A run set of a saved report names its project, which W&B looks up when the model is made: so
-the offline spec leaves the run sets' project out and :func:`publish` puts it in.
+(:func:`publish`). A run set of a saved report names its project, which W&B looks up when the model is made:
+so the offline spec leaves the run sets' project out and :func:`publish` puts it in.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ STEP_FIELDS = ("compute_s", "delay_s", "comm_s")  # WandbSink's per-rank step-ti
 
 
 def load_api():
-    """``wandb_workspaces.reports.v2``, ``wandb_workspaces.workspaces`` and ``wandb_workspaces.expr``; a missing
-    extra is one line naming its install (a ConfigError: exit 2)."""
+    """``wandb_workspaces.reports.v2``, ``wandb_workspaces.workspaces`` and ``wandb_workspaces.expr``; a
+    missing extra is one line naming its install (a ConfigError: exit 2)."""
     require("wandb", "wandb", "--wandb-report")
     require("wandb_workspaces", "wandb", "--wandb-report")
     import wandb_workspaces.reports.v2 as wr
@@ -63,6 +63,7 @@ class Section:
 
 # --- the sections -------------------------------------------------------------------------------------
 
+
 def group_sections(wr, groups: Sequence[GroupReport]) -> list[Section]:
     """Per comparison group (and per world size and imbalance where they vary in it) one section: the metric
     against training seconds and against samples by optimizer (mean, min-max band), time-to-target and
@@ -74,15 +75,23 @@ def group_sections(wr, groups: Sequence[GroupReport]) -> list[Section]:
             continue
         workload, data, metric, target = g.key
         split = varying(logged)
-        for world, imbalance in dict.fromkeys((r.meta.get("world_size"), r.meta.get("imbalance")) for r in logged):
+        for world, imbalance in dict.fromkeys(
+            (r.meta.get("world_size"), r.meta.get("imbalance")) for r in logged
+        ):
             filters = [("workload", workload), ("data", data), ("tuning_trial", False)]
             title = group_title(g.key)
             if split:
                 filters += [("world_size", world), ("imbalance", imbalance)]
                 title += f", P={world}, imbalance={imbalance}"
-            rows = [r for r in g.comparison if not split or (r["world_size"], r["imbalance"]) == (world, imbalance)]
+            rows = [
+                r
+                for r in g.comparison
+                if not split or (r["world_size"], r["imbalance"]) == (world, imbalance)
+            ]
             steps = any((r.wandb or {}).get("per_rank_step_times") for r in logged)
-            panels = metric_panels(wr, metric, target) + ([step_time_panel(wr, world)] if steps and world else [])
+            panels = metric_panels(wr, metric, target) + (
+                [step_time_panel(wr, world)] if steps and world else []
+            )
             sections.append(Section(title, filters, panels, markdown_table(rows, COMPARISON_COLUMNS)))
     return sections
 
@@ -92,20 +101,33 @@ def metric_panels(wr, metric: str | None, target: float | None) -> list:
     each grouped by optimizer: the mean of its runs with a min-max band."""
     by = {"groupby": wr.Config("optimizer"), "groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
     y = f"eval/{metric or 'metric'}"
-    panels = [wr.LinePlot(title=f"{y} against training time", x="train_s", y=[y], title_x="training seconds", **by),
-              wr.LinePlot(title=f"{y} against samples", x="samples", y=[y], title_x="samples", **by)]
+    panels = [
+        wr.LinePlot(title=f"{y} against training time", x="train_s", y=[y], title_x="training seconds", **by),
+        wr.LinePlot(title=f"{y} against samples", x="samples", y=[y], title_x="samples", **by),
+    ]
     if target is not None:
-        panels.append(wr.BarPlot(title=f"time to {metric} ≥ {target} (training s)",
-                                 metrics=[wr.SummaryMetric("time_to_target_s")], **by))
-    panels.append(wr.BarPlot(title="throughput (samples/s)", metrics=[wr.SummaryMetric("throughput_samples_per_s")],
-                             **by))
+        panels.append(
+            wr.BarPlot(
+                title=f"time to {metric} ≥ {target} (training s)",
+                metrics=[wr.SummaryMetric("time_to_target_s")],
+                **by,
+            )
+        )
+    panels.append(
+        wr.BarPlot(
+            title="throughput (samples/s)", metrics=[wr.SummaryMetric("throughput_samples_per_s")], **by
+        )
+    )
     return panels
 
 
 def step_time_panel(wr, world_size: int):
     """Each rank's mean compute, injected delay and communication per round, against training seconds."""
-    return wr.LinePlot(title="per-rank step time: compute, delay, communication (s)", x="train_s",
-                       y=[f"rank{r}/{f}" for r in range(int(world_size)) for f in STEP_FIELDS])
+    return wr.LinePlot(
+        title="per-rank step time: compute, delay, communication (s)",
+        x="train_s",
+        y=[f"rank{r}/{f}" for r in range(int(world_size)) for f in STEP_FIELDS],
+    )
 
 
 def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -> list[Section]:
@@ -123,17 +145,36 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
         by_time = any(s.get("target") is not None for s in done) or not done
         score = "time_to_target_s" if by_time else "best_metric"
         columns = [wr.ParallelCoordinatesPlotColumn(wr.Config(tuned_key(k)), display_name=k) for k in keys]
-        columns += [wr.ParallelCoordinatesPlotColumn(wr.Config("study"), display_name="study"),
-                    wr.ParallelCoordinatesPlotColumn(wr.SummaryMetric(score), display_name=score)]
-        panels = [wr.ParallelCoordinatesPlot(title=f"{tune_dir.name}: search space and scores", columns=columns,
-                                             layout=wr.Layout(w=24, h=8)),
-                  wr.BarPlot(title=f"{score} by optimizer", metrics=[wr.SummaryMetric(score)],
-                             groupby=wr.Config("optimizer"), groupby_aggfunc="median", groupby_rangefunc="minmax")]
+        columns += [
+            wr.ParallelCoordinatesPlotColumn(wr.Config("study"), display_name="study"),
+            wr.ParallelCoordinatesPlotColumn(wr.SummaryMetric(score), display_name=score),
+        ]
+        panels = [
+            wr.ParallelCoordinatesPlot(
+                title=f"{tune_dir.name}: search space and scores",
+                columns=columns,
+                layout=wr.Layout(w=24, h=8),
+            ),
+            wr.BarPlot(
+                title=f"{score} by optimizer",
+                metrics=[wr.SummaryMetric(score)],
+                groupby=wr.Config("optimizer"),
+                groupby_aggfunc="median",
+                groupby_rangefunc="minmax",
+            ),
+        ]
         table = markdown_table(list(tuned_rows), TUNED_COLUMNS) if tuned_rows else ""
         group = sweep_group(Path(tune_dir) / "trials" / trials[0].name)
-        sections.append(Section(f"Tuning {tune_dir.name} ({plan.get('studies')} studies x "
-                                f"{plan.get('trials_per_study')} trials)", [("tuning_trial", True)], panels, table,
-                                group))
+        sections.append(
+            Section(
+                f"Tuning {tune_dir.name} ({plan.get('studies')} studies x "
+                f"{plan.get('trials_per_study')} trials)",
+                [("tuning_trial", True)],
+                panels,
+                table,
+                group,
+            )
+        )
     return sections
 
 
@@ -145,12 +186,20 @@ def claims_blocks(wr, results: Sequence[dict], table: str) -> list:
         lo_hi, value = m.get("interval"), m.get("speedup")
         where = f"[{lo_hi[0]:.3g}, {lo_hi[1]:.3g}]" if lo_hi else "none (no data)"
         said = f"{value:.3g}" if isinstance(value, (int, float)) else "not measured"
-        lines.append(f"- **{c.get('id')}** ({c.get('verdict')}): speed-up {said}, interval {where}; {c.get('reason')}")
-    return [wr.H2("Claims"), wr.MarkdownBlock(table), wr.H3("Each claim's interval"), wr.MarkdownBlock("\n".join(lines))]
+        lines.append(
+            f"- **{c.get('id')}** ({c.get('verdict')}): speed-up {said}, interval {where}; {c.get('reason')}"
+        )
+    return [
+        wr.H2("Claims"),
+        wr.MarkdownBlock(table),
+        wr.H3("Each claim's interval"),
+        wr.MarkdownBlock("\n".join(lines)),
+    ]
 
 
-def report_sections(wr, groups: Sequence[GroupReport], tune_dirs: Sequence[Path],
-                    tuned_rows: Sequence[dict]) -> list[Section]:
+def report_sections(
+    wr, groups: Sequence[GroupReport], tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]
+) -> list[Section]:
     return tuning_sections(wr, tune_dirs, tuned_rows) + group_sections(wr, groups)
 
 
@@ -166,14 +215,27 @@ def deliver(out: Path, report, workspace, online: bool) -> list[str]:
             first = (str(err).strip().splitlines() or [""])[0]
             why = f"not saved to W&B ({type(err).__name__}: {first})"
     path = write_spec(out, report, workspace)
-    return [f"{why}: wrote the report's and the workspace's spec to {path}",
-            f"publish it later (after `wandb sync` of the runs' offline directories) with: {publish_command(path)}"]
+    return [
+        f"{why}: wrote the report's and the workspace's spec to {path}",
+        (
+            "publish it later (after `wandb sync` of the runs' offline directories) with: "
+            f"{publish_command(path)}"
+        ),
+    ]
 
 
 # --- the report and the workspace ---------------------------------------------------------------------
 
-def build(sections: Sequence[Section], project: str, entity: str, title: str, online: bool, head: Sequence = (),
-          description: str = ""):
+
+def build(
+    sections: Sequence[Section],
+    project: str,
+    entity: str,
+    title: str,
+    online: bool,
+    head: Sequence = (),
+    description: str = "",
+):
     """The Report (one heading and panel grid per section, its Markdown under it) and the workspace view (one
     section per report section, runs grouped by optimizer). ``online``: the run sets name the project (W&B
     looks it up as the model is made, so only with a key)."""
@@ -192,11 +254,18 @@ def build(sections: Sequence[Section], project: str, entity: str, title: str, on
         blocks += [wr.H2(s.title), *s.blocks, wr.PanelGrid(runsets=[runset], panels=list(s.panels))]
         if s.markdown:
             blocks.append(wr.MarkdownBlock(s.markdown))
-    report = wr.Report(project=project, entity=entity, title=title[:128], description=description, blocks=blocks)
-    workspace = ws.Workspace(entity=entity, project=project, name=title[:100],
-                             sections=[ws.Section(name=s.title, panels=[_copy(wr, p) for p in s.panels], is_open=True)
-                                       for s in sections],
-                             runset_settings=ws.RunsetSettings(groupby=[expr.Config("optimizer")]))
+    report = wr.Report(
+        project=project, entity=entity, title=title[:128], description=description, blocks=blocks
+    )
+    workspace = ws.Workspace(
+        entity=entity,
+        project=project,
+        name=title[:100],
+        sections=[
+            ws.Section(name=s.title, panels=[_copy(wr, p) for p in s.panels], is_open=True) for s in sections
+        ],
+        runset_settings=ws.RunsetSettings(groupby=[expr.Config("optimizer")]),
+    )
     return report, workspace
 
 
@@ -207,9 +276,11 @@ def _copy(wr, panel):
 
 def spec_of(report, workspace) -> dict:
     """The report's and the workspace's models as JSON (what W&B stores for each)."""
-    return {"version": SPEC_VERSION,
-            "report": report._to_model().model_dump(by_alias=True, exclude_none=True, mode="json"),
-            "workspace": workspace._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")}
+    return {
+        "version": SPEC_VERSION,
+        "report": report._to_model().model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "workspace": workspace._to_model().model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
 
 
 def from_spec(spec: dict):
@@ -218,8 +289,10 @@ def from_spec(spec: dict):
     from wandb_workspaces.reports.v2 import internal
     from wandb_workspaces.workspaces import internal as ws_internal
 
-    return (wr.Report._from_model(internal.ReportViewspec.model_validate(spec["report"])),
-            ws.Workspace._from_model(ws_internal.View.model_validate(spec["workspace"])))
+    return (
+        wr.Report._from_model(internal.ReportViewspec.model_validate(spec["report"])),
+        ws.Workspace._from_model(ws_internal.View.model_validate(spec["workspace"])),
+    )
 
 
 def write_spec(out: Path, report, workspace) -> Path:
@@ -246,8 +319,10 @@ def publish(path: Path) -> tuple[str, str]:
     if spec.get("version") != SPEC_VERSION:
         from wagma_bench.errors import ConfigError
 
-        raise ConfigError(f"{path}: version={spec.get('version')!r} is not allowed; a spec of version "
-                          f"{SPEC_VERSION} is (written by wagma-bench report --wandb-report)")
+        raise ConfigError(
+            f"{path}: version={spec.get('version')!r} is not allowed; a spec of version "
+            f"{SPEC_VERSION} is (written by wagma-bench report --wandb-report)"
+        )
     report, workspace = from_spec(spec)
     if not report.entity:
         import wandb
@@ -261,6 +336,7 @@ def publish(path: Path) -> tuple[str, str]:
 
 # --- the keys a report names, and which of them no run logged -------------------------------------------
 
+
 def named_keys(spec: dict) -> list[tuple[str, str, str]]:
     """Every (section, key, where) the spec's panels and run sets name: section ``history`` (a line plot's
     axes), ``summary``, ``config`` or ``run`` (a run attribute such as the group)."""
@@ -273,15 +349,21 @@ def named_keys(spec: dict) -> list[tuple[str, str, str]]:
             found += _panel_keys(p)
     section = spec["workspace"]["spec"]["section"]
     for s in section["panelBankConfig"]["sections"]:
-        found += [(k, n, f"workspace section {s['name']!r}: {w}") for p in s["panels"] for k, n, w in _panel_keys(p)]
+        found += [
+            (k, n, f"workspace section {s['name']!r}: {w}") for p in s["panels"] for k, n, w in _panel_keys(p)
+        ]
     for rs in section.get("runSets", []):
         found += _runset_keys(rs, "the workspace's run set")
     return found
 
 
 def _runset_keys(rs: dict, where: str) -> list[tuple[str, str, str]]:
-    keys = [(f["key"]["section"], f["key"]["name"], f"{where} filter") for f in _leaves(rs.get("filters") or {})]
-    keys += [(g["section"], g["name"].removesuffix(".value"), f"{where} grouping") for g in rs.get("grouping", [])]
+    keys = [
+        (f["key"]["section"], f["key"]["name"], f"{where} filter") for f in _leaves(rs.get("filters") or {})
+    ]
+    keys += [
+        (g["section"], g["name"].removesuffix(".value"), f"{where} grouping") for g in rs.get("grouping", [])
+    ]
     return keys
 
 
@@ -296,11 +378,17 @@ def _panel_keys(panel: dict) -> list[tuple[str, str, str]]:
     c, where = panel.get("config") or {}, f"panel {(panel.get('config') or {}).get('chartTitle')!r}"
     keys = []
     for m in ([c["xAxis"]] if c.get("xAxis") not in (None, "_step") else []) + list(c.get("metrics") or []):
-        keys.append(("summary", m.removeprefix("summary_metrics."), where) if m.startswith("summary_metrics.")
-                    else ("history", m, where))
+        keys.append(
+            ("summary", m.removeprefix("summary_metrics."), where)
+            if m.startswith("summary_metrics.")
+            else ("history", m, where)
+        )
     if c.get("groupBy"):
-        keys.append(("config", c["groupBy"].removesuffix(".value"), where) if c["groupBy"].endswith(".value")
-                    else ("run", c["groupBy"], where))
+        keys.append(
+            ("config", c["groupBy"].removesuffix(".value"), where)
+            if c["groupBy"].endswith(".value")
+            else ("run", c["groupBy"], where)
+        )
     for col in c.get("columns") or []:
         section, _, name = col["accessor"].partition(":")
         keys.append((section, name.removesuffix(".value"), where))
@@ -310,5 +398,8 @@ def _panel_keys(panel: dict) -> list[tuple[str, str, str]]:
 def unlogged(spec: dict, logged: dict[str, set]) -> list[str]:
     """One line for each key the spec names that no run logged (``logged``: section -> the keys the runs'
     W&B records hold: ``history``, ``summary``, ``config`` and ``run``)."""
-    return [f"{where} names {section} key {key!r}, which no run logged"
-            for section, key, where in named_keys(spec) if key not in logged.get(section, set())]
+    return [
+        f"{where} names {section} key {key!r}, which no run logged"
+        for section, key, where in named_keys(spec)
+        if key not in logged.get(section, set())
+    ]

@@ -4,14 +4,14 @@ so that a job does not wait in SLURM's queue only to fail at its start or to spe
 - Each run's data (:func:`check_data`): the path its data option reads (``data.root``, ``data.path``,
   ``env.data_root``) exists on the submitting host, is readable and has the layout that option reads, by the
   same checks ``wagma-bench run`` makes at its start. A path that only the compute nodes see (a scratch file
-  system not mounted where the sweep is rendered) is said with ``--data-on-nodes``: it is then not checked here,
-  and the output says so.
+  system not mounted where the sweep is rendered) is said with ``--data-on-nodes``: it is then not checked
+  here, and the output says so.
 - The sweep's GPU-hours (:func:`gpu_hours`): the sum over runs of GPUs x rounds x seconds per round. Seconds
-  per round are measured ones where ``--step-times RUN_DIR...`` holds a finished run of the same workload, data,
-  optimizer and world size, else the simulator's (:func:`wagma_bench.simulate.des.simulate`, the model of
-  ``wagma-bench simulate``, with its workload preset and the cluster profile's network); rounds are the trainer's
-  plan (:class:`wagma_bench.config.plan.RunPlan`). Beside it, the bound the queue enforces: every run's GPUs x
-  ``cluster.time``.
+  per round are measured ones where ``--step-times RUN_DIR...`` holds a finished run of the same workload,
+  data, optimizer and world size, else the simulator's (:func:`wagma_bench.simulate.des.simulate`, the model
+  of ``wagma-bench simulate``, with its workload preset and the cluster profile's network); rounds are the
+  trainer's plan (:class:`wagma_bench.config.plan.RunPlan`). Beside it, the bound the queue enforces: every
+  run's GPUs x ``cluster.time``.
 """
 
 from __future__ import annotations
@@ -40,14 +40,19 @@ DATA_ON_NODES = "--data-on-nodes"
 STEP_TIMES = "--step-times"
 # how each data option's files are prepared (where the data error points)
 PREPARE = {"imagenet": "reproduce/imagenet/README.md", "wmt17_en_de": "reproduce/transformer/README.md"}
-LAYOUTS = {"imagenet": IMAGENET_LAYOUT, "wmt17_en_de": "a fairseq-binarized directory (fairseq-preprocess output)",
-           "habitat": "the folder holding habitat's data/ (scene_datasets, datasets)"}
+LAYOUTS = {
+    "imagenet": IMAGENET_LAYOUT,
+    "wmt17_en_de": "a fairseq-binarized directory (fairseq-preprocess output)",
+    "habitat": "the folder holding habitat's data/ (scene_datasets, datasets)",
+}
 
 
 # --- data ---------------------------------------------------------------------------------------------------
 
+
 def data_paths(cfg: RunConfig) -> list[tuple[str, str]]:
-    """(key, path) of the files a run's data option reads from outside the suite; none for the embedded data."""
+    """(key, path) of the files a run's data option reads from outside the suite;
+    none for the embedded data."""
     section = WORKLOAD_SPECS[cfg.workload.name].DATA_SECTION
     data = cfg.data
     key = {"imagenet": "root", "wmt17_en_de": "path", "habitat": "data_root"}.get(data.name)
@@ -65,8 +70,10 @@ def check_data(configs: Iterable[RunConfig], on_nodes: bool = False) -> list[str
     lines = []
     for (key, path), cfg in paths.items():
         if on_nodes:
-            lines.append(f"{key}={path}: not checked ({DATA_ON_NODES}: only the compute nodes see it); each run "
-                         "checks it at its start")
+            lines.append(
+                f"{key}={path}: not checked ({DATA_ON_NODES}: only the compute nodes see it); each run "
+                "checks it at its start"
+            )
         else:
             check_data_path(key, path, cfg)
             lines.append(f"{key}={path}: exists, readable, {cfg.data.name} layout")
@@ -84,8 +91,9 @@ def check_data_path(key: str, path: str, cfg: RunConfig) -> None:
     if not root.is_dir():
         raise ConfigError(f"{key}={path}: not a directory; expected {LAYOUTS[name]}{prepare}")
     if not readable(root):
-        raise ConfigError(f"{key}={path}: not readable by this user (uid {os.getuid()}); expected "
-                          f"{LAYOUTS[name]}{prepare}")
+        raise ConfigError(
+            f"{key}={path}: not readable by this user (uid {os.getuid()}); expected {LAYOUTS[name]}{prepare}"
+        )
     try:
         if name == "imagenet":
             check_imagenet_root(path)
@@ -113,16 +121,18 @@ def readable(folder: Path) -> bool:
 SIM_ROUNDS = 100  # rounds simulated per (optimizer, settings, world): the mean round time settles well before
 # the training-set sizes of the data options whose size the configuration does not give; a subset folder of
 # ImageNet is smaller (the estimate is then high). Others are read from --step-times runs (their run_start).
-TRAIN_SAMPLES = {("resnet", "imagenet"): 1_281_167,  # ILSVRC-2012's training images
-                 ("resnet", "mnist5k"): 4_500}        # conf/data/mnist5k.yaml: 500 per class less 50 for validation
+TRAIN_SAMPLES = {
+    ("resnet", "imagenet"): 1_281_167,  # ILSVRC-2012's training images
+    ("resnet", "mnist5k"): 4_500,
+}  # conf/data/mnist5k.yaml: 500 per class less 50 for validation
 
 
 @dataclass
 class Measured:
     """Seconds per round and training-set sizes of finished runs (``--step-times``)."""
 
-    round_s: dict[tuple, float]         # (workload, data, optimizer, world) -> seconds per round
-    train_samples: dict[tuple, int]     # (workload, data) -> samples per epoch
+    round_s: dict[tuple, float]  # (workload, data, optimizer, world) -> seconds per round
+    train_samples: dict[tuple, int]  # (workload, data) -> samples per epoch
 
 
 def read_step_times(paths: Iterable[str]) -> Measured:
@@ -147,7 +157,9 @@ def read_step_times(paths: Iterable[str]) -> Measured:
         if start.get("train_samples"):
             out.train_samples.setdefault((start.workload, data), int(start.get("train_samples")))
     if paths and not out.round_s:
-        raise ConfigError(f"{STEP_TIMES} {' '.join(paths)}: no run that trained (events.jsonl with steps) there")
+        raise ConfigError(
+            f"{STEP_TIMES} {' '.join(paths)}: no run that trained (events.jsonl with steps) there"
+        )
     return out
 
 
@@ -163,7 +175,8 @@ def steps_per_epoch(cfg: RunConfig, gpus: int, measured: Measured) -> int | None
 
 
 def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
-    """The run's length in rounds by the trainer's plan; None when it depends on an unknown training-set size."""
+    """The run's length in rounds by the trainer's plan; None when it depends on
+    an unknown training-set size."""
     per_epoch = steps_per_epoch(cfg, gpus, measured)
     if per_epoch is None and cfg.train.max_rounds is None:
         return None
@@ -172,8 +185,8 @@ def rounds_of(cfg: RunConfig, gpus: int, measured: Measured) -> int | None:
 
 
 class Predictor:
-    """Seconds per round of a run as the simulator predicts it (one simulation per distinct optimizer settings,
-    imbalance and world size); None where no workload preset models the run."""
+    """Seconds per round of a run as the simulator predicts it (one simulation per distinct optimizer
+    settings, imbalance and world size); None where no workload preset models the run."""
 
     def __init__(self, profile: ClusterProfile):
         self.profile, self.cache, self.presets = profile, {}, set()
@@ -185,8 +198,9 @@ class Predictor:
 
         if self._network is None:
             net = self.profile.network.as_dict() if self.profile.network else {}
-            self._network = Network.from_profile(net, self.profile.gpus_per_node,
-                                                 f"conf/cluster/{self.profile.name}.yaml network")
+            self._network = Network.from_profile(
+                net, self.profile.gpus_per_node, f"conf/cluster/{self.profile.name}.yaml network"
+            )
         return self._network
 
     def round_s(self, cfg: RunConfig, gpus: int) -> float | None:
@@ -194,8 +208,15 @@ class Predictor:
         from wagma_bench.simulate.des import SimConfig, local_state_tensors, simulate
         from wagma_bench.simulate.presets import preset_for
 
-        key = (repr(cfg.optimizer), repr(cfg.imbalance), cfg.workload.name, cfg.data.name, cfg.train.local_optimizer,
-               cfg.train.momentum, gpus)
+        key = (
+            repr(cfg.optimizer),
+            repr(cfg.imbalance),
+            cfg.workload.name,
+            cfg.data.name,
+            cfg.train.local_optimizer,
+            cfg.train.momentum,
+            gpus,
+        )
         if key not in self.cache:
             try:
                 workload = preset_for(cfg.workload.name, cfg.data.name)
@@ -203,18 +224,31 @@ class Predictor:
                 self.cache[key] = None
                 return None
             self.presets.add(workload.name)
-            if cfg.train.batch_size != workload.batch:  # the preset's step time is for its own batch: said, not scaled
+            if (
+                cfg.train.batch_size != workload.batch
+            ):  # the preset's step time is for its own batch: said, not scaled
                 self.other_batch[workload.name] = workload.batch
-            sim = SimConfig(cfg.optimizer.name, gpus, workload, self.network(), make_imbalance(cfg.imbalance, cfg.seed),
-                            cfg.optimizer, SIM_ROUNDS, cfg.seed, local_state=local_state_tensors(
-                                cfg.train.local_optimizer, cfg.train.momentum))
+            sim = SimConfig(
+                cfg.optimizer.name,
+                gpus,
+                workload,
+                self.network(),
+                make_imbalance(cfg.imbalance, cfg.seed),
+                cfg.optimizer,
+                SIM_ROUNDS,
+                cfg.seed,
+                local_state=local_state_tensors(cfg.train.local_optimizer, cfg.train.momentum),
+            )
             result = simulate(sim)
             self.cache[key] = result.time_s / result.rounds
         return self.cache[key]
 
 
-def gpu_hours(profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_times: Iterable[str] = ()) -> dict:
-    """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the bound, and where each came from."""
+def gpu_hours(
+    profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_times: Iterable[str] = ()
+) -> dict:
+    """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the
+    bound, and where each came from."""
     measured = read_step_times(step_times)
     predictor = Predictor(profile)
     limit_s = time_limit_s(profile.time)
@@ -227,15 +261,24 @@ def gpu_hours(profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_t
         longer += limit_s is not None and seconds > limit_s
         expected += gpus * seconds
     total_gpus = sum(g for g, _ in runs)
-    est = {"expected": expected / 3600, "bound": total_gpus * limit_s / 3600 if limit_s else None, "runs": len(runs),
-           "gpus": total_gpus, "sources": counts, "presets": sorted(predictor.presets),
-           "preset_batch": predictor.other_batch, "cluster_time": profile.time,
-           "longer_than_time": longer}
+    est = {
+        "expected": expected / 3600,
+        "bound": total_gpus * limit_s / 3600 if limit_s else None,
+        "runs": len(runs),
+        "gpus": total_gpus,
+        "sources": counts,
+        "presets": sorted(predictor.presets),
+        "preset_batch": predictor.other_batch,
+        "cluster_time": profile.time,
+        "longer_than_time": longer,
+    }
     est["line"] = gpu_hour_line(est, profile.name)
     return est
 
 
-def run_seconds(cfg: RunConfig, gpus: int, measured: Measured, predictor: Predictor) -> tuple[float | None, str]:
+def run_seconds(
+    cfg: RunConfig, gpus: int, measured: Measured, predictor: Predictor
+) -> tuple[float | None, str]:
     """(expected training seconds of one run, where its seconds per round come from: measured | simulated)."""
     rounds = rounds_of(cfg, gpus, measured)
     round_s = measured.round_s.get((cfg.workload.name, cfg.data.name, cfg.optimizer.name, gpus))
@@ -259,30 +302,44 @@ def time_limit_s(limit: str) -> float | None:
 
 
 def gpu_hour_line(est: dict, cluster: str) -> str:
-    """One line: the expected GPU-hours and where they come from, and the bound of the cluster's time limit."""
+    """One line: the expected GPU-hours and where they come from, and the bound
+    of the cluster's time limit."""
     counts = est["sources"]
     parts = []
     if counts["measured"]:
         parts.append(f"{n_runs(counts['measured'])} measured ({STEP_TIMES})")
     if counts["simulated"]:
-        parts.append(f"{n_runs(counts['simulated'])} simulated (wagma-bench simulate's model: preset "
-                     f"{', '.join(est['presets'])}, cluster {cluster}'s network)")
+        parts.append(
+            f"{n_runs(counts['simulated'])} simulated (wagma-bench simulate's model: preset "
+            f"{', '.join(est['presets'])}, cluster {cluster}'s network)"
+        )
     if est["preset_batch"]:
         batches = ", ".join(f"{name}'s at batch {b}" for name, b in est["preset_batch"].items())
-        parts.append(f"runs of another train.batch_size take the preset's step time ({batches}): give "
-                     f"{STEP_TIMES} for theirs")
+        parts.append(
+            f"runs of another train.batch_size take the preset's step time ({batches}): give "
+            f"{STEP_TIMES} for theirs"
+        )
     if counts["unknown"]:
-        parts.append(f"{n_runs(counts['unknown'])} of unknown length or step time counted at cluster.time "
-                     f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)")
-    line = (f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x seconds "
-            f"per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not counted)")
+        parts.append(
+            f"{n_runs(counts['unknown'])} of unknown length or step time counted at cluster.time "
+            f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)"
+        )
+    line = (
+        f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x "
+        f"seconds per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not "
+        "counted)"
+    )
     if est["longer_than_time"]:
-        line += (f"; {n_runs(est['longer_than_time'])} longer than cluster.time={est['cluster_time']} (requeued "
-                 "from their checkpoints)")
+        line += (
+            f"; {n_runs(est['longer_than_time'])} longer than cluster.time={est['cluster_time']} (requeued "
+            "from their checkpoints)"
+        )
     if est["bound"] is None:
         return line + f"; no upper bound: cluster.time={est['cluster_time']}"
-    return line + (f"; bound of one allocation per run: {est['bound']:,.1f} = {n_runs(est['runs'])} x their GPUs x "
-                   f"cluster.time={est['cluster_time']}")
+    return line + (
+        f"; bound of one allocation per run: {est['bound']:,.1f} = {n_runs(est['runs'])} x their GPUs x "
+        f"cluster.time={est['cluster_time']}"
+    )
 
 
 def n_runs(n: int) -> str:
@@ -290,6 +347,7 @@ def n_runs(n: int) -> str:
 
 
 def summary(manifest: dict) -> str:
-    """What a rendered sweep's manifest says was checked before the queue: a line per data path, the GPU-hours."""
+    """What a rendered sweep's manifest says was checked before the queue: a line
+    per data path, the GPU-hours."""
     checks = manifest.get("checks") or {}
     return "\n".join([*checks.get("data", []), checks["gpu_hours"]["line"]])

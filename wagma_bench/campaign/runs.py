@@ -18,8 +18,8 @@ WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
 def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None) -> dict:
     """The summary of ``wagma-bench run OVERRIDES hydra.run.dir=RUN_DIR``, running it first unless ``run_dir``
-    already holds an ended one (finished by its own rules, or failed: as tune counts a trial); an interrupted or
-    preempted run is run again, which resumes it from its checkpoint. The command and its exit status go to
+    already holds an ended one (finished by its own rules, or failed: as tune counts a trial); an interrupted
+    or preempted run is run again, which resumes it from its checkpoint. The command and its exit status go to
     stderr. A run that ends without a summary gives ``{"status": "failed (exit N)"}``."""
     summary = Path(run_dir) / SUMMARY
     if not ended(summary):
@@ -39,4 +39,3 @@ def ended(summary: Path) -> bool:
         return trial_finished(json.loads(summary.read_text()))  # tune's rule for a trial, the same for a run
     except (OSError, ValueError, AttributeError):
         return False
-

@@ -2,10 +2,11 @@
 
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50_stragglers \\
-        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR] [--no-array]
-        [--data-on-nodes] [--step-times RUN_DIR]...
-        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the compute nodes:
-                                        not checked here (else it must exist with its layout, or exit 2)
+        data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR]
+        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]...
+        --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the
+                                        compute nodes: not checked here (else it must exist with its
+                                        layout, or exit 2)
         --step-times RUN_DIR            finished runs (repeatable; a sweep's too) whose seconds per round the
                                         GPU-hour line takes, else the simulator's
     wagma-bench sweep submit DIR        submit a rendered sweep; after a cancel, submit again the runs that
@@ -23,14 +24,15 @@ Arguments: ``cluster=NAME`` (a profile in conf/cluster/), ``cluster.KEY=VALUE`` 
 ``gpus=LIST`` (total GPUs = ranks per run), ``seeds=N`` (seed=1..N), and any ``wagma-bench run`` override;
 one with several values is a sweep axis. Arguments are read by Hydra's own override parser, so the sweep
 grammar of ``wagma-bench run -m`` works here too: ``optimizer=wagma,allreduce``, ``optimizer=glob(*)``,
-``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed with Hydra and checked by
-:func:`wagma_bench.config.schema.validate` before anything is written, so a bad option fails at once.
+``seed=range(1,4)``, ``optimizer=choice(wagma,sgp)``, ``gpus=range(8,33,8)``. Every combination is composed
+with Hydra and checked by :func:`wagma_bench.config.schema.validate` before anything is written, so a bad
+option fails at once.
 
-Checked before the queue (:mod:`wagma_bench.campaign.prequeue`, docs/slurm.md): each run's data path exists, is
-readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
-reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x seconds
-per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N`` renders each
-job array as ``--array=0-K%N``.
+Checked before the queue (:mod:`wagma_bench.campaign.prequeue`, docs/slurm.md): each run's data path exists,
+is readable and has its data option's layout (ImageNet: ``train/<class>/`` and ``val/<class>/``, prepared by
+reproduce/imagenet/), unless ``--data-on-nodes``; then a line with the sweep's GPU-hours (GPUs x rounds x
+seconds per round, measured or simulated) and the bound of ``cluster.time``. ``cluster.array_parallelism=N``
+renders each job array as ``--array=0-K%N``.
 
 The sweep directory holds ``manifest.json`` (what was rendered and submitted), ``jobs/*.sbatch`` (readable
 scripts; one job array per GPU count, or one job per run with ``--no-array``), ``logs/`` and ``runs/<name>/``
@@ -78,6 +80,7 @@ MAX_ARRAY = 1000  # SLURM's default MaxArraySize is 1001 (indices 0..1000)
 
 # --- the sweep's combinations ---------------------------------------------------------------------------
 
+
 @dataclass
 class SweepRun:
     name: str
@@ -108,14 +111,21 @@ def parse_overrides(args: list[str]) -> list[tuple[str, list[str]]]:
         overrides = OverridesParser.create().parse_overrides(renamed_overrides(args))
     except HydraException as err:
         raise ConfigError(f"cannot parse the overrides: {err}") from None
-    parsed, globs = [], [o for o in overrides if o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP"]
+    parsed, globs = (
+        [],
+        [o for o in overrides if o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP"],
+    )
     with _config_loader(bool(globs)) as loader:
         for o in overrides:
             if o.is_interval_sweep():
-                raise ConfigError(f"{o.input_line}: interval() is a continuous range for an optimizing sweeper; "
-                                  "a sweep enumerates its runs: use range(), choice() or a,b,c")
+                raise ConfigError(
+                    f"{o.input_line}: interval() is a continuous range for an optimizing sweeper; "
+                    "a sweep enumerates its runs: use range(), choice() or a,b,c"
+                )
             o.config_loader = loader
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            values = (
+                list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            )
             if not values:
                 raise ConfigError(f"{o.input_line} matches no value")
             parsed.append((o.get_key_element(), values))
@@ -154,15 +164,19 @@ def parse_spec(args: list[str]) -> SweepSpec:
                 raise ConfigError("a sweep runs on one cluster; give one cluster=NAME")
             cluster = value
         elif key.startswith("cluster."):
-            cluster_overrides.append(f"{key[len('cluster.'):]}={value}")
+            cluster_overrides.append(f"{key[len('cluster.') :]}={value}")
         elif key == "gpus":
             try:
                 gpus = [int(v) for v in values]
             except ValueError:
-                raise ConfigError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
+                raise ConfigError(
+                    f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}"
+                ) from None
         elif key == "seeds":
             if not value.isdigit() or int(value) < 1 or len(values) > 1:
-                raise ConfigError(f"seeds=N takes a positive count (runs seed=1..N); got {','.join(values)!r}")
+                raise ConfigError(
+                    f"seeds=N takes a positive count (runs seed=1..N); got {','.join(values)!r}"
+                )
             seeds = [str(s) for s in range(1, int(value) + 1)]
         elif key.startswith(("hydra.", "launcher.")):
             raise ConfigError(f"{key} is set by the sweep (run directory, SLURM world); leave it out")
@@ -203,10 +217,10 @@ def expand(spec: SweepSpec) -> list[SweepRun]:
 
 
 def check_run_configs(spec: SweepSpec, runs: list[SweepRun]) -> dict[str, RunConfig]:
-    """Compose every combination with Hydra and validate it at its GPU count (the world's rules: a slow rank that
-    exists, a group size that divides it); returns each run's checked config by its name. Seeds and GPU counts do
-    not change the composition, so each distinct set of the other overrides is composed once (about 0.05 s each)
-    and validated once per GPU count."""
+    """Compose every combination with Hydra and validate it at its GPU count (the world's rules: a slow rank
+    that exists, a group size that divides it); returns each run's checked config by its name. Seeds and GPU
+    counts do not change the composition, so each distinct set of the other overrides is composed once (about
+    0.05 s each) and validated once per GPU count."""
     from hydra import compose
     from hydra.errors import HydraException
 
@@ -249,13 +263,16 @@ def print_configs(spec: SweepSpec, runs: list[SweepRun]) -> None:
 
 # --- rendering ------------------------------------------------------------------------------------------
 
+
 def job_shape(profile: ClusterProfile, gpus: int) -> dict[str, int]:
     """Nodes and tasks for ``gpus`` ranks, one task per GPU, whole nodes beyond one node."""
     per_node = profile.gpus_per_node
     if gpus < 1:
         raise ConfigError(f"gpus must be positive, got {gpus}")
     if gpus > per_node and gpus % per_node:
-        raise ConfigError(f"gpus={gpus} is not a multiple of cluster {profile.name}'s {per_node} GPUs per node")
+        raise ConfigError(
+            f"gpus={gpus} is not a multiple of cluster {profile.name}'s {per_node} GPUs per node"
+        )
     nodes = max(1, gpus // per_node)
     return {"nodes": nodes, "ntasks": gpus, "ntasks_per_node": min(gpus, per_node)}
 
@@ -267,14 +284,31 @@ def comm_of(overrides: list[str]) -> str:
 def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, array: int | None) -> list[str]:
     shape = job_shape(profile, gpus)
     opts = [f"--job-name={job_name}"]
-    opts += [f"--{k}={v}" for k, v in (("partition", profile.partition), ("account", profile.account),
-                                      ("qos", profile.qos), ("constraint", profile.constraint)) if v]
-    opts += [f"--nodes={shape['nodes']}", f"--ntasks={shape['ntasks']}",
-             f"--ntasks-per-node={shape['ntasks_per_node']}", f"--cpus-per-task={profile.cpus_per_task}"]
+    opts += [
+        f"--{k}={v}"
+        for k, v in (
+            ("partition", profile.partition),
+            ("account", profile.account),
+            ("qos", profile.qos),
+            ("constraint", profile.constraint),
+        )
+        if v
+    ]
+    opts += [
+        f"--nodes={shape['nodes']}",
+        f"--ntasks={shape['ntasks']}",
+        f"--ntasks-per-node={shape['ntasks_per_node']}",
+        f"--cpus-per-task={profile.cpus_per_task}",
+    ]
     if profile.gres:
         opts.append(f"--gres={profile.gres}:{shape['ntasks_per_node']}")
-    opts += [f"--time={profile.time}", f"--signal={profile.signal}", "--requeue", "--open-mode=append",
-             f"--output={log}"]
+    opts += [
+        f"--time={profile.time}",
+        f"--signal={profile.signal}",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={log}",
+    ]
     if array is not None:
         opts.append(array_option(array, profile.array_parallelism))
     opts += list(profile.sbatch_extra)
@@ -282,13 +316,16 @@ def sbatch_lines(profile: ClusterProfile, gpus: int, job_name: str, log: str, ar
 
 
 def array_option(tasks: int, parallelism: int | None) -> str:
-    """``--array=0-<tasks-1>``, throttled to ``cluster.array_parallelism`` tasks at a time (``%N``) when set."""
+    """``--array=0-<tasks-1>``, throttled to ``cluster.array_parallelism`` tasks
+    at a time (``%N``) when set."""
     return f"--array=0-{tasks - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
 def setup_lines(profile: ClusterProfile) -> list[str]:
     lines = list(profile.setup)
-    prefix = auto_venv() if profile.venv == "auto" else profile.venv  # as the user reached it, links unresolved
+    prefix = (
+        auto_venv() if profile.venv == "auto" else profile.venv
+    )  # as the user reached it, links unresolved
     if prefix:
         lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
     return lines
@@ -296,7 +333,10 @@ def setup_lines(profile: ClusterProfile) -> list[str]:
 
 def select_run_lines(runs: list[SweepRun], array: bool) -> list[str]:
     def assign(run: SweepRun) -> str:
-        return f"RUN_DIR={shlex.quote(run.run_dir)}; OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+        return (
+            f"RUN_DIR={shlex.quote(run.run_dir)}; "
+            f"OVERRIDES=({' '.join(shlex.quote(o) for o in run.overrides)})"
+        )
 
     if not array:
         return [f"# run {runs[0].name}", assign(runs[0])]
@@ -313,9 +353,10 @@ def render_script(spec: SweepSpec, runs: list[SweepRun], script: Path, log_dir: 
     log = str(log_dir / ("%x_%A_%a.out" if array else "%x_%j.out"))
     comm = comm_of(spec.common + runs[0].overrides)
     if comm not in profile.launcher:
-        raise ConfigError(f"cluster {profile.name} has no launcher for comm={comm}; it has: "
-                          f"{', '.join(profile.launcher)}")
-    title = (f"{len(runs)} runs at {gpus} GPUs (job array)" if array else f"run {runs[0].name} at {gpus} GPUs")
+        raise ConfigError(
+            f"cluster {profile.name} has no launcher for comm={comm}; it has: {', '.join(profile.launcher)}"
+        )
+    title = f"{len(runs)} runs at {gpus} GPUs (job array)" if array else f"run {runs[0].name} at {gpus} GPUs"
     values = {
         "title": f"wagma-bench sweep {sweep}: {title}",
         "cluster": profile.name,
@@ -324,7 +365,8 @@ def render_script(spec: SweepSpec, runs: list[SweepRun], script: Path, log_dir: 
         "sbatch_lines": "\n".join(sbatch_lines(profile, gpus, name, log, len(runs) if array else None)),
         "setup_lines": "\n".join(setup_lines(profile)),
         "select_run": "\n".join(select_run_lines(runs, array)),
-        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun: without it each rank gets one core
+        # Slurm 22.05-23.02 do not pass sbatch's --cpus-per-task on to srun:
+        # without it each rank gets one core
         "launcher": f'{profile.launcher[comm]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1',
         "common_overrides": " ".join(shlex.quote(o) for o in spec.common + profile.run_overrides),
     }
@@ -339,22 +381,31 @@ def group_jobs(runs: list[SweepRun], array: bool) -> list[list[SweepRun]]:
     groups: dict[tuple, list[SweepRun]] = {}
     for run in runs:
         groups.setdefault((run.gpus, comm_of(run.overrides)), []).append(run)
-    return [g[i:i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
+    return [g[i : i + MAX_ARRAY] for g in groups.values() for i in range(0, len(g), MAX_ARRAY)]
 
 
-def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | None = None,
-           runs: list[SweepRun] | None = None, runs_dir: str = "runs", data_on_nodes: bool = False,
-           step_times: tuple[str, ...] = ()) -> dict:
-    """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the data
-    paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts and the
-    manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
+def render(
+    spec: SweepSpec,
+    out: Path,
+    array: bool = True,
+    command: list[str] | None = None,
+    runs: list[SweepRun] | None = None,
+    runs_dir: str = "runs",
+    data_on_nodes: bool = False,
+    step_times: tuple[str, ...] = (),
+) -> dict:
+    """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the
+    data paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts
+    and the manifest into ``out``; returns the manifest (its ``checks``: what was checked and estimated).
     ``runs``: these runs instead of the spec's combinations (``tune``'s trials), in ``out/<runs_dir>/``."""
     from wagma_bench.campaign import prequeue
 
     runs = expand(spec) if runs is None else runs
     configs = check_run_configs(spec, runs)
-    checks = {"data": prequeue.check_data(configs.values(), on_nodes=data_on_nodes),
-              "gpu_hours": prequeue.gpu_hours(spec.cluster, [(r.gpus, configs[r.name]) for r in runs], step_times)}
+    checks = {
+        "data": prequeue.check_data(configs.values(), on_nodes=data_on_nodes),
+        "gpu_hours": prequeue.gpu_hours(spec.cluster, [(r.gpus, configs[r.name]) for r in runs], step_times),
+    }
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
@@ -366,14 +417,24 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
         run_subdir(folder, OUTPUT_HINT)
     jobs = []
     for j, group in enumerate(group_jobs(runs, array)):
-        script = out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
+        script = (
+            out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
+        )
         for i, run in enumerate(group):
             run.run_dir, run.job = str(out / runs_dir / run.name), j
             run.array_index = i if array else None
         write_text_atomic(script, render_script(spec, group, script, out / "logs", array))
         script.chmod(0o755)
-        jobs.append({"script": str(script.relative_to(out)), "gpus": group[0].gpus, "array": array,
-                     "runs": len(group), "job_id": None, "submitted": None})
+        jobs.append(
+            {
+                "script": str(script.relative_to(out)),
+                "gpus": group[0].gpus,
+                "array": array,
+                "runs": len(group),
+                "job_id": None,
+                "submitted": None,
+            }
+        )
     manifest = {
         "version": 1,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -384,8 +445,17 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
         "common_overrides": spec.common,
         "jobs": jobs,
         "checks": checks,
-        "runs": [{"name": r.name, "gpus": r.gpus, "overrides": r.overrides, "run_dir": str(Path(r.run_dir).relative_to(out)),
-                  "job": r.job, "array_index": r.array_index} for r in runs],
+        "runs": [
+            {
+                "name": r.name,
+                "gpus": r.gpus,
+                "overrides": r.overrides,
+                "run_dir": str(Path(r.run_dir).relative_to(out)),
+                "job": r.job,
+                "array_index": r.array_index,
+            }
+            for r in runs
+        ],
     }
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
@@ -393,24 +463,33 @@ def render(spec: SweepSpec, out: Path, array: bool = True, command: list[str] | 
 
 # --- Hydra's submitit launcher ----------------------------------------------------------------------------
 
+
 def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
     """The same profile as ``hydra/launcher=submitit_slurm`` fields (hydra-submitit-launcher 1.2)."""
     shape = job_shape(profile, gpus)
     if profile.time in ("INFINITE", "UNLIMITED"):  # submitit's timeout_min is a number of minutes
-        raise ConfigError(f"cluster.time={profile.time} is not allowed with --submitit: the submitit launcher takes a "
-                          "time limit in minutes; give one in SLURM's format, e.g. cluster.time=24:00:00")
+        raise ConfigError(
+            f"cluster.time={profile.time} is not allowed with --submitit: the submitit launcher takes a "
+            "time limit in minutes; give one in SLURM's format, e.g. cluster.time=24:00:00"
+        )
     hours, minutes = _minutes(profile.time)
-    out = ["hydra/launcher=submitit_slurm",
-           f"hydra.launcher.nodes={shape['nodes']}",
-           f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
-           f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
-           f"hydra.launcher.timeout_min={hours * 60 + minutes}",
-           f"hydra.launcher.max_num_timeout={profile.max_num_timeout}",
-           f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
-           "+hydra.launcher.additional_parameters.requeue=true"]
-    fields = {"partition": profile.partition, "account": profile.account, "qos": profile.qos,
-              "constraint": profile.constraint,
-              "gres": f"{profile.gres}:{shape['ntasks_per_node']}" if profile.gres else None}
+    out = [
+        "hydra/launcher=submitit_slurm",
+        f"hydra.launcher.nodes={shape['nodes']}",
+        f"hydra.launcher.tasks_per_node={shape['ntasks_per_node']}",
+        f"hydra.launcher.cpus_per_task={profile.cpus_per_task}",
+        f"hydra.launcher.timeout_min={hours * 60 + minutes}",
+        f"hydra.launcher.max_num_timeout={profile.max_num_timeout}",
+        f"hydra.launcher.setup={json.dumps(setup_lines(profile))}",
+        "+hydra.launcher.additional_parameters.requeue=true",
+    ]
+    fields = {
+        "partition": profile.partition,
+        "account": profile.account,
+        "qos": profile.qos,
+        "constraint": profile.constraint,
+        "gres": f"{profile.gres}:{shape['ntasks_per_node']}" if profile.gres else None,
+    }
     out += [f"hydra.launcher.{k}={v}" for k, v in fields.items() if v]
     if profile.array_parallelism:  # submitit's own throttle of the job array (its default: 256)
         out.append(f"hydra.launcher.array_parallelism={profile.array_parallelism}")
@@ -420,7 +499,13 @@ def submitit_overrides(profile: ClusterProfile, gpus: int) -> list[str]:
 def submitit_command(spec: SweepSpec, gpus: int, sweep_dir: Path) -> list[str]:
     """``wagma-bench run -m`` over the sweep's axes at one GPU count, through Hydra's submitit launcher."""
     axes = [f"{k}={','.join(v)}" for k, v in spec.axes.items()]
-    return ["wagma-bench", "run", "-m", *submitit_overrides(spec.cluster, gpus),
-            f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
-            *spec.common, *spec.cluster.run_overrides, *axes]
-
+    return [
+        "wagma-bench",
+        "run",
+        "-m",
+        *submitit_overrides(spec.cluster, gpus),
+        f"hydra.sweep.dir={Path(sweep_dir).resolve() / 'runs' / f'{gpus:04d}gpu'}",
+        *spec.common,
+        *spec.cluster.run_overrides,
+        *axes,
+    ]

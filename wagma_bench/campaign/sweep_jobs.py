@@ -1,25 +1,25 @@
-"""A rendered sweep on SLURM, followed and controlled: submit it (and submit again what was cancelled), each run's
-state, wait for the whole sweep, cancel it.
+"""A rendered sweep on SLURM, followed and controlled: submit it (and submit again what was cancelled), each
+run's state, wait for the whole sweep, cancel it.
 
-The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.campaign.sweep`) is the record: each job's
-id, and per run the id of its own later submission (``job_id``), the ids it had before (``earlier_jobs``) and,
-while it stands cancelled, when and which job (``cancelled``). A cancelled run's directory also holds
-``cancelled.json`` (:data:`wagma_bench.record.rundir.CANCELLED`), which its ranks read before any requeue and
-``report`` reads to show it as cancelled.
+The sweep directory's ``manifest.json`` (written by :mod:`wagma_bench.campaign.sweep`) is the record: each
+job's id, and per run the id of its own later submission (``job_id``), the ids it had before
+(``earlier_jobs``) and, while it stands cancelled, when and which job (``cancelled``). A cancelled run's
+directory also holds ``cancelled.json`` (:data:`wagma_bench.record.rundir.CANCELLED`), which its ranks read
+before any requeue and ``report`` reads to show it as cancelled.
 
 Cancelling (:func:`cancel`): every run not yet ended is marked, then its job loses the right to be requeued
-(``scontrol update JobId=... Requeue=0``), then ``scancel``. Plain scancel is what we want: SLURM sends SIGTERM
-to the batch shell and to every task of the job's steps (our ranks), and SIGKILL after ``KillWait`` seconds
-(30 by default); the ranks take TERM as "save and stop" (:mod:`wagma_bench.runtime.preemption`), so each run
-ends with a checkpoint at its next synchronisation point when that comes within KillWait, else it keeps its
-last periodic one. Pending array tasks are cancelled outright. SLURM itself never requeues a cancelled job, but
-``scontrol requeue`` does bring one back (measured on the local cluster: a CANCELLED array went back to
-PENDING); rank 0 runs it after a USR1 (the time-limit warning) or USR2, so a warning caught just before the
-cancel would undo it. Two guards, each enough alone: the note in the run directory, written before the scancel,
-which the trainer checks before it requeues (it also holds where the job is not ours, under any script), and
-``Requeue=0``, under which SLURM refuses any requeue of the job ("Requested operation is presently disabled"),
-in case the note is not yet visible on the rank's node (a shared file system's attribute cache). No hold: a
-held job still counts as pending, and SLURM would keep it.
+(``scontrol update JobId=... Requeue=0``), then ``scancel``. Plain scancel is what we want: SLURM sends
+SIGTERM to the batch shell and to every task of the job's steps (our ranks), and SIGKILL after ``KillWait``
+seconds (30 by default); the ranks take TERM as "save and stop" (:mod:`wagma_bench.runtime.preemption`), so
+each run ends with a checkpoint at its next synchronisation point when that comes within KillWait, else it
+keeps its last periodic one. Pending array tasks are cancelled outright. SLURM itself never requeues a
+cancelled job, but ``scontrol requeue`` does bring one back (measured on the local cluster: a CANCELLED array
+went back to PENDING); rank 0 runs it after a USR1 (the time-limit warning) or USR2, so a warning caught just
+before the cancel would undo it. Two guards, each enough alone: the note in the run directory, written before
+the scancel, which the trainer checks before it requeues (it also holds where the job is not ours, under any
+script), and ``Requeue=0``, under which SLURM refuses any requeue of the job ("Requested operation is
+presently disabled"), in case the note is not yet visible on the rank's node (a shared file system's attribute
+cache). No hold: a held job still counts as pending, and SLURM would keep it.
 
 Resuming (:func:`submit`): the runs that stand cancelled and did not finish by their own rules go to the queue
 again, an array's as ``sbatch --array=<their indices>`` of the same script (its throttle kept), into the same
@@ -59,6 +59,7 @@ def _now() -> str:
 
 # --- submit ---------------------------------------------------------------------------------------------
 
+
 def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
     """sbatch every job not yet submitted, and again the runs that were cancelled before they finished
     (:func:`resubmit_cancelled`); records the job ids in the manifest and returns those submitted now."""
@@ -78,8 +79,13 @@ def submit(sweep_dir: Path, sbatch: str = "sbatch") -> list[str]:
 
 
 def _sbatch(sbatch: str, script: Path, options: tuple[str, ...] = ()) -> str:
-    out = subprocess.run([sbatch, "--parsable", *options, str(script)], check=False, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sbatch, "--parsable", *options, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"sbatch {script.name} failed: {out.stderr.strip()}")
     return out.stdout.strip().split(";")[0]
@@ -95,9 +101,13 @@ def resubmit_cancelled(sweep_dir: Path, manifest: dict, sbatch: str = "sbatch") 
     for run in cancelled:
         row = rows[run["name"]]
         if row["slurm"] in LIVE_STATES or row["slurm"] == "PENDING":
-            raise ConfigError(f"run {run['name']} (job {row['job']}) is still {row['slurm']} after its cancel; "
-                              f"submit it again once it has ended: wagma-bench sweep wait {sweep_dir}")
-        if row["own"] in FINISHED:  # it ended by its own rules before the cancel reached it: nothing to resume
+            raise ConfigError(
+                f"run {run['name']} (job {row['job']}) is still {row['slurm']} after its cancel; "
+                f"submit it again once it has ended: wagma-bench sweep wait {sweep_dir}"
+            )
+        if (
+            row["own"] in FINISHED
+        ):  # it ended by its own rules before the cancel reached it: nothing to resume
             _uncancel(sweep_dir, run)
         else:
             again.append(run)
@@ -107,7 +117,11 @@ def resubmit_cancelled(sweep_dir: Path, manifest: dict, sbatch: str = "sbatch") 
         if not runs:
             continue
         script = sweep_dir / job["script"]
-        options = (f"--array={','.join(str(r['array_index']) for r in runs)}{_throttle(script)}",) if job["array"] else ()
+        options = (
+            (f"--array={','.join(str(r['array_index']) for r in runs)}{_throttle(script)}",)
+            if job["array"]
+            else ()
+        )
         for run in runs:
             _release_ended_lock(sweep_dir / run["run_dir"])
         new_id = _sbatch(sbatch, script, options)
@@ -132,8 +146,8 @@ def _uncancel(sweep_dir: Path, run: dict) -> None:
 
 
 def _release_ended_lock(run_dir: Path) -> None:
-    """Remove a run directory's lock left by a SLURM job that has ended (ranks killed after KillWait on another
-    node leave theirs, which the run's own check cannot judge from a new node: another host's PID)."""
+    """Remove a run directory's lock left by a SLURM job that has ended (ranks killed after KillWait on
+    another node leave theirs, which the run's own check cannot judge from a new node: another host's PID)."""
     try:
         holder = json.loads((run_dir / LOCK).read_text())
     except (OSError, ValueError):
@@ -145,12 +159,16 @@ def _release_ended_lock(run_dir: Path) -> None:
     # holder); an array task's own id is answered under its array's name (ARRAY_TASK)
     states = job_states([str(job)]).values()
     if states and all(state in TERMINAL_STATES for state in states):
-        print(f"wagma-bench: removing the lock of {run_dir} left by SLURM job {job}, which has ended",
-              file=sys.stderr, flush=True)
+        print(
+            f"wagma-bench: removing the lock of {run_dir} left by SLURM job {job}, which has ended",
+            file=sys.stderr,
+            flush=True,
+        )
         (run_dir / LOCK).unlink(missing_ok=True)
 
 
 # --- state ----------------------------------------------------------------------------------------------
+
 
 def run_job_id(manifest: dict, run: dict) -> str | None:
     """The SLURM job (an array's id) that runs ``run`` now: its own later submission's, else its job's."""
@@ -174,12 +192,22 @@ def run_progress(run_dir: Path) -> dict:
     if s is not None and record.summary_after_events:  # else an earlier attempt's, before this one's events
         if last["metric"] is None:
             last["metric"] = s.get("final_metric")
-        return {"status": s.get("status"), "step": s.get("rounds"), **last, "restarts": s.get("restarts", 0),
-                "reached": s.get("reached")}
+        return {
+            "status": s.get("status"),
+            "step": s.get("rounds"),
+            **last,
+            "restarts": s.get("restarts", 0),
+            "reached": s.get("reached"),
+        }
     if not record.events:
         return {"status": "not started", "step": None, **last, "restarts": 0, "reached": None}
-    return {"status": "running", "step": record.last_round, **last, "restarts": record.resumes,
-            "reached": None}
+    return {
+        "status": "running",
+        "step": record.last_round,
+        **last,
+        "restarts": record.resumes,
+        "reached": None,
+    }
 
 
 def status(sweep_dir: Path, manifest: dict | None = None) -> list[dict]:
@@ -201,7 +229,9 @@ def status(sweep_dir: Path, manifest: dict | None = None) -> list[dict]:
             slurm = states.get(run_job_id(manifest, run), "unknown")
         progress = run_progress(sweep_dir / run["run_dir"])
         own = progress["status"]
-        if own not in FINISHED and (run.get("cancelled") or cancel_note(sweep_dir / run["run_dir"]) is not None):
+        if own not in FINISHED and (
+            run.get("cancelled") or cancel_note(sweep_dir / run["run_dir"]) is not None
+        ):
             progress["status"] = "cancelled"
         rows.append({"run": run["name"], "job": sid, "slurm": slurm, **progress, "own": own})
     return rows
@@ -225,17 +255,25 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def finished(row: dict) -> bool:
-    return row["slurm"] in TERMINAL_STATES or (row["slurm"] == "unknown" and row["status"] not in
-                                                 ("running", "not started", "preempted"))
+    return row["slurm"] in TERMINAL_STATES or (
+        row["slurm"] == "unknown" and row["status"] not in ("running", "not started", "preempted")
+    )
 
 
 ENDED_WELL = ("completed", "time_limit")  # a run's own statuses that count as done (else failed)
 
 
 def phase(row: dict) -> str:
-    """pending | running | done | failed | cancelled: where one submitted run stands, for the progress line."""
+    """pending | running | done | failed | cancelled: where one submitted run
+    stands, for the progress line."""
     if finished(row):
-        return row["status"] if row["status"] == "cancelled" else "done" if row["status"] in ENDED_WELL else "failed"
+        return (
+            row["status"]
+            if row["status"] == "cancelled"
+            else "done"
+            if row["status"] in ENDED_WELL
+            else "failed"
+        )
     if row["slurm"] in LIVE_STATES or row["status"] == "running":
         return "running"
     return "pending"
@@ -259,13 +297,17 @@ def progress_line(rows: list[dict], elapsed_s: float) -> str:
 
 
 def refuse_unsubmitted(sweep_dir: Path, rows: list[dict], what: str) -> None:
-    """A sweep with no submitted job has nothing to wait for or cancel: an exit 0 at once would read as done."""
+    """A sweep with no submitted job has nothing to wait for or cancel: an exit 0
+    at once would read as done."""
     if all(r["job"] is None for r in rows):
-        raise ConfigError(f"sweep {sweep_dir} has no submitted job, so there is nothing to {what}; submit it "
-                          f"first: wagma-bench sweep submit {sweep_dir}")
+        raise ConfigError(
+            f"sweep {sweep_dir} has no submitted job, so there is nothing to {what}; submit it "
+            f"first: wagma-bench sweep submit {sweep_dir}"
+        )
 
 
 # --- wait -----------------------------------------------------------------------------------------------
+
 
 def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30.0, out=None) -> list[dict]:
     """Poll SLURM once per ``interval_s`` for the whole sweep (one squeue call) until every submitted job
@@ -289,12 +331,15 @@ def wait(sweep_dir: Path, timeout_s: float | None = None, interval_s: float = 30
                 out.write("\n")
             return rows
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}")
+            raise TimeoutError(
+                f"sweep {sweep_dir} not finished after {timeout_s:.0f} s:\n{format_rows(rows)}"
+            )
         time.sleep(interval_s)
         rows = status(sweep_dir)
 
 
 # --- cancel ---------------------------------------------------------------------------------------------
+
 
 def cancel(sweep_dir: Path, scancel: str = "scancel") -> list[dict]:
     """Cancel every run of the sweep that has not ended (see the module docstring for the order and why);
@@ -303,8 +348,11 @@ def cancel(sweep_dir: Path, scancel: str = "scancel") -> list[dict]:
     manifest = load_manifest(sweep_dir)
     rows = status(sweep_dir, manifest)
     refuse_unsubmitted(sweep_dir, rows, "cancel")
-    live = [(run, row) for run, row in zip(manifest["runs"], rows, strict=True)
-            if row["job"] is not None and not finished(row)]
+    live = [
+        (run, row)
+        for run, row in zip(manifest["runs"], rows, strict=True)
+        if row["job"] is not None and not finished(row)
+    ]
     when = _now()
     for run, row in live:  # first the marks: a rank that requeues itself from now on finds its run cancelled
         note = {"cancelled": when, "job": row["job"], "by": "wagma-bench sweep cancel"}
@@ -314,9 +362,12 @@ def cancel(sweep_dir: Path, scancel: str = "scancel") -> list[dict]:
             write_json_atomic(run_dir / CANCELLED, note)
     write_json_atomic(sweep_dir / MANIFEST, manifest)
     jobs = sorted({run_job_id(manifest, run) for run, _ in live})
-    for job in jobs:  # fails for a job that ended meanwhile ("already finished"): nothing left to requeue then
-        subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=0"], check=False, capture_output=True,
-                       timeout=60)
+    for (
+        job
+    ) in jobs:  # fails for a job that ended meanwhile ("already finished"): nothing left to requeue then
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "Requeue=0"], check=False, capture_output=True, timeout=60
+        )
     if jobs:
         out = subprocess.run([scancel, *jobs], check=False, capture_output=True, text=True, timeout=120)
         if out.returncode != 0:

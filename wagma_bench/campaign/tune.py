@@ -1,33 +1,37 @@
 """``wagma-bench tune``: tuned comparisons by MLCommons AlgoPerf's external tuning ruleset.
 
     wagma-bench tune workload=resnet optimizer=allreduce,wagma tune.trials=5 tune.studies=5 \\
-        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] --out DIR
-    wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] [--no-array]
-        [--data-on-nodes] [--step-times RUN_DIR]...
+        [tune.seed=1] [tune.max_runtime_s=SECONDS] [space.lr_multiplier.high=2 ...] [any run override] \\
+        --out DIR
+    wagma-bench tune cluster=daint gpus=8,16 'optimizer=glob(*)' ... --out DIR [--dry-run | --submit] \\
+        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]...
     wagma-bench tune score DIR          (re)write DIR/tuning.json from the trials' run directories
 
-Every combination of the overrides (Hydra's sweep grammar, read by :func:`wagma_bench.campaign.sweep.parse_overrides`:
-``optimizer=a,b``, ``'optimizer=glob(*)'``, ``workload=...``) is tuned on its own: its optimizer's search
-space (``conf/search_space/NAME.yaml``, :mod:`wagma_bench.config.search_space`) gives S x O quasirandom points
-(``tune.studies`` x ``tune.trials``, from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint
-blocks of one sequence, so the S studies are independent tunings of O trials each. A trial is a normal
-``wagma-bench run`` into ``DIR/trials/NAME`` with the point's settings as overrides (``train.lr`` = the
-multiplier x the workload's ``train.lr``, ``train.warmup_epochs`` = the fraction x ``train.epochs``) and
-its own seed (1 + its index). ``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer
-stops it there), and a trial past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``,
-``scale``, ``choices``) or ``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in
-every tuned optimizer's space that has KEY (a whole dimension: in every space), checked as the file is.
+Every combination of the overrides (Hydra's sweep grammar, read by
+:func:`wagma_bench.campaign.sweep.parse_overrides`: ``optimizer=a,b``, ``'optimizer=glob(*)'``,
+``workload=...``) is tuned on its own: its optimizer's search space (``conf/search_space/NAME.yaml``,
+:mod:`wagma_bench.config.search_space`) gives S x O quasirandom points (``tune.studies`` x ``tune.trials``,
+from ``tune.seed``); study s takes points (s-1)*O .. s*O-1, disjoint blocks of one sequence, so the S studies
+are independent tunings of O trials each. A trial is a normal ``wagma-bench run`` into ``DIR/trials/NAME``
+with the point's settings as overrides (``train.lr`` = the multiplier x the workload's ``train.lr``,
+``train.warmup_epochs`` = the fraction x ``train.epochs``) and its own seed (1 + its index).
+``tune.max_runtime_s`` becomes the trial's ``train.time_limit_s`` (the trainer stops it there), and a trial
+past it counts as missing the target. ``space.KEY.FIELD=VALUE`` (``low``, ``high``, ``scale``, ``choices``) or
+``space.KEY={low: .., high: ..}`` changes the search space for this tuning only, in every tuned optimizer's
+space that has KEY (a whole dimension: in every space), checked as the file is.
 
 Locally the trials run one after another, interleaved across combinations (:func:`run_order`: round by round,
-each round's combinations in a seeded random order), with a progress line (each trial's output in ``DIR/logs/``);
-running the same command again skips the finished trials and resumes an interrupted one from its checkpoint
-(the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep (``DIR/manifest.json``,
-``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR`` scores them when they end.
+each round's combinations in a seeded random order), with a progress line (each trial's output in
+``DIR/logs/``); running the same command again skips the finished trials and resumes an interrupted one from
+its checkpoint (the run directory's own resume). With ``cluster=``/``gpus=`` the trials render into a sweep
+(``DIR/manifest.json``, ``DIR/jobs/``; ``sweep status|wait|submit DIR`` follow it) and ``tune score DIR``
+scores them when they end.
 
-Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to the target
-(training clock, as ``report``), the score is the median over the studies of those bests, a study whose
-trials all missed counting as infinite (so the score is infinite when half the studies or more missed). With no
-target (``eval.target=null``, a fixed budget) the same rule runs on each trial's best metric, higher being better.
+Scoring (:mod:`wagma_bench.analysis.tuning`, written to ``DIR/tuning.json``): per study the fastest trial to
+the target (training clock, as ``report``), the score is the median over the studies of those bests, a study
+whose trials all missed counting as infinite (so the score is infinite when half the studies or more missed).
+With no target (``eval.target=null``, a fixed budget) the same rule runs on each trial's best metric, higher
+being better.
 """
 
 from __future__ import annotations
@@ -68,20 +72,21 @@ CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array", "--data-on-nodes"}
 
 @dataclass
 class TuneArgs:
-    overrides: list[str]                  # run overrides (sweep grammar), cluster=/gpus= included
+    overrides: list[str]  # run overrides (sweep grammar), cluster=/gpus= included
     out: Path
-    trials: int = 5                       # O: trials per study
-    studies: int = 5                      # S
-    seed: int = 1                         # of the quasirandom sequence
+    trials: int = 5  # O: trials per study
+    studies: int = 5  # S
+    seed: int = 1  # of the quasirandom sequence
     max_runtime_s: float | None = None
     flags: set[str] = field(default_factory=set)
-    space: tuple = ()                     # search-space overrides (search_space.Override), from space.KEY...
-    step_times: tuple[str, ...] = ()      # --step-times: finished runs whose seconds per round the estimate takes
+    space: tuple = ()  # search-space overrides (search_space.Override), from space.KEY...
+    step_times: tuple[str, ...] = ()  # --step-times: finished runs whose seconds per round the estimate takes
 
     @property
     def cluster(self) -> bool:
-        return bool(self.flags) or any(o.split("=", 1)[0] in ("cluster", "gpus") or o.startswith("cluster.")
-                                       for o in self.overrides)
+        return bool(self.flags) or any(
+            o.split("=", 1)[0] in ("cluster", "gpus") or o.startswith("cluster.") for o in self.overrides
+        )
 
 
 def parse_args(argv: list[str]) -> TuneArgs:
@@ -103,8 +108,10 @@ def parse_args(argv: list[str]) -> TuneArgs:
     space = tuple(parse_space_override(a) for a in ns.overrides if a.startswith("space."))
     parsed = TuneArgs(runs, Path(ns.out), flags=flags, space=space, step_times=tuple(ns.step_times))
     if parsed.step_times and not parsed.cluster:
-        raise ConfigError("--step-times is for a tuning rendered for a cluster (cluster=, gpus=): it estimates the "
-                          "GPU-hours of the rendered trials")
+        raise ConfigError(
+            "--step-times is for a tuning rendered for a cluster (cluster=, gpus=): it estimates the "
+            "GPU-hours of the rendered trials"
+        )
     for a in ns.overrides:
         if a.startswith("tune."):
             key, _, value = a.removeprefix("tune.").partition("=")
@@ -123,14 +130,18 @@ def _own_value(key: str, value: str) -> Any:
     if key in ("trials", "studies") and v < 1:
         raise ConfigError(f"tune.{key}={value} is not allowed; it must be >= 1")
     if key == "max_runtime_s" and not (math.isfinite(v) and v > 0):
-        raise ConfigError(f"tune.max_runtime_s={value} is not allowed; it must be a finite number of seconds > 0")
+        raise ConfigError(
+            f"tune.max_runtime_s={value} is not allowed; it must be a finite number of seconds > 0"
+        )
     return v
 
 
 # --- the plan: combinations x studies x trials --------------------------------------------------------
 
+
 def combinations(args: TuneArgs):
-    """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and expansion of the overrides."""
+    """(spec, [(combination name, gpus, axis overrides)]): ``sweep``'s parsing and
+    expansion of the overrides."""
     from wagma_bench.campaign import sweep
 
     for key, _ in sweep.parse_overrides(args.overrides):
@@ -152,7 +163,8 @@ def combinations(args: TuneArgs):
 
 
 def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, Any]]:
-    """The trials of every combination, and each trial's composed, checked config (a RunConfig, by trial name)."""
+    """The trials of every combination, and each trial's composed, checked config
+    (a RunConfig, by trial name)."""
     from hydra import compose
 
     from wagma_bench.config.schema import validate
@@ -171,14 +183,27 @@ def make_plan(args: TuneArgs) -> tuple[Any, list[Trial], dict[str, Any]]:
             points = draw(spaces[opt], args.studies * args.trials, args.seed)
             for i, point in enumerate(points):
                 study, t = divmod(i, args.trials)
-                overrides = [*axis, f"seed={i + 1}", *point_overrides(point, base.train.lr, base.train.epochs)]
+                overrides = [
+                    *axis,
+                    f"seed={i + 1}",
+                    *point_overrides(point, base.train.lr, base.train.epochs),
+                ]
                 if args.max_runtime_s:
                     overrides.append(f"train.time_limit_s={args.max_runtime_s:g}")
-                trial = Trial(f"{name}_study{study + 1}_trial{t + 1}", name, study + 1, t + 1, i + 1, point,
-                              overrides, gpus)
+                trial = Trial(
+                    f"{name}_study{study + 1}_trial{t + 1}",
+                    name,
+                    study + 1,
+                    t + 1,
+                    i + 1,
+                    point,
+                    overrides,
+                    gpus,
+                )
                 trials.append(trial)
-                configs[trial.name] = _compose_checked(compose, validate, [*spec.common, *extra, *overrides],
-                                                       trial.name)
+                configs[trial.name] = _compose_checked(
+                    compose, validate, [*spec.common, *extra, *overrides], trial.name
+                )
     _check_overrides_taken(args.space, spaces)
     return spec, trials, configs
 
@@ -198,8 +223,10 @@ def _check_overrides_taken(overrides: tuple, spaces: dict) -> None:
     for (key, part), value in overrides:
         if key not in keys:
             name = f"space.{key}" + (f".{part}" if part else "")
-            raise ConfigError(f"{name}={value}: no tuned search space has the dimension {key}; theirs: "
-                              f"{', '.join(sorted(keys))} (a new one is given whole: space.{key}={{low: .., high: ..}})")
+            raise ConfigError(
+                f"{name}={value}: no tuned search space has the dimension {key}; theirs: "
+                f"{', '.join(sorted(keys))} (a new one is given whole: space.{key}={{low: .., high: ..}})"
+            )
 
 
 def _check_not_tuned(space, overrides: list[str]) -> None:
@@ -208,8 +235,10 @@ def _check_not_tuned(space, overrides: list[str]) -> None:
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+")
         if key in tuned:
-            raise ConfigError(f"{o}: {key} is tuned by the search space {space.path.name} of "
-                              f"optimizer={space.optimizer}; leave it out (train.lr sets the base of lr_multiplier)")
+            raise ConfigError(
+                f"{o}: {key} is tuned by the search space {space.path.name} of "
+                f"optimizer={space.optimizer}; leave it out (train.lr sets the base of lr_multiplier)"
+            )
 
 
 def _compose_checked(compose, validate, overrides: list[str], name: str):
@@ -244,14 +273,24 @@ def _short(x: float) -> float:
 
 def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) -> dict:
     """``DIR/tune.json``; a rerun must plan the same trials (else it is another tuning: refused)."""
-    plan = {"version": 1, "command": command, "seed": args.seed, "studies": args.studies, "trials_per_study":
-            args.trials, "max_runtime_s": args.max_runtime_s, "common": spec.common, "trials": [asdict(t) for t in trials]}
+    plan = {
+        "version": 1,
+        "command": command,
+        "seed": args.seed,
+        "studies": args.studies,
+        "trials_per_study": args.trials,
+        "max_runtime_s": args.max_runtime_s,
+        "common": spec.common,
+        "trials": [asdict(t) for t in trials],
+    }
     path = args.out / PLAN
     if path.exists():
         earlier = json.loads(path.read_text())
         if in_current_names(earlier) != (plan["common"], plan["trials"]):
-            raise ConfigError(f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "
-                              "command to resume it, or choose another --out")
+            raise ConfigError(
+                f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "
+                "command to resume it, or choose another --out"
+            )
         return earlier
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {**plan, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
@@ -264,17 +303,25 @@ def in_current_names(plan: dict) -> tuple[list | None, list | None]:
     same tuning as today's command plans, so a resume finds its trials."""
     trials = plan.get("trials")
     if isinstance(trials, list):
-        trials = [{**t, "overrides": renamed_overrides(t.get("overrides", []), quiet=True),
-                   "params": {new_key(k): v for k, v in (t.get("params") or {}).items()}} for t in trials]
+        trials = [
+            {
+                **t,
+                "overrides": renamed_overrides(t.get("overrides", []), quiet=True),
+                "params": {new_key(k): v for k, v in (t.get("params") or {}).items()},
+            }
+            for t in trials
+        ]
     common = plan.get("common")
     return (renamed_overrides(common, quiet=True) if isinstance(common, list) else common), trials
 
 
 # --- running ------------------------------------------------------------------------------------------
 
+
 def run_order(trials: list[Trial], seed: int) -> list[Trial]:
     """The order the trials run in: interleaved across combinations, so that a machine whose speed drifts (a
-    background job, thermal state) is spread over every optimizer rather than falling on one optimizer's block.
+    background job, thermal state) is spread over every optimizer rather than falling on one optimizer's
+    block.
 
     Round r holds each combination's r-th trial in plan order (study 1's trials, then study 2's, ...), the
     combinations shuffled per round by a generator seeded with ``seed`` (the same tuning, the same order, so
@@ -313,11 +360,22 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
         done = finished_summary(run_dir, as_recorded(configs[trial.name]))
         if done is not None:
-            print(f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped", file=out, flush=True)
+            print(
+                f"{head}: finished earlier, {outcome(done, args.max_runtime_s)}; skipped",
+                file=out,
+                flush=True,
+            )
             continue
         print(f"{head}: {describe(trial.params)} ...", file=out, flush=True)
-        cmd = [sys.executable, "-m", "wagma_bench", "run", *spec.common, *trial.overrides,
-               f"hydra.run.dir={run_dir.resolve()}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "wagma_bench",
+            "run",
+            *spec.common,
+            *trial.overrides,
+            f"hydra.run.dir={run_dir.resolve()}",
+        ]
         log = args.out / "logs" / f"{trial.name}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         # the trial's run takes the configuration checked above, and checks it no more
@@ -334,8 +392,10 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
         head = f"[tune {k}/{n} {_dt.timedelta(seconds=round(time.monotonic() - t0))}] {trial.name}"
         print(f"{head}: {result}" + (f" (exit {rc}; see {log})" if rc else ""), file=out, flush=True)
         if interrupted:
-            raise TuneInterrupted(f"interrupted in trial {trial.name} ({result}); run the same command again to go "
-                                  f"on: finished trials are kept, an interrupted one resumes from its checkpoint")
+            raise TuneInterrupted(
+                f"interrupted in trial {trial.name} ({result}); run the same command again to go "
+                f"on: finished trials are kept, an interrupted one resumes from its checkpoint"
+            )
 
 
 def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> dict:
@@ -343,8 +403,12 @@ def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> 
     ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.campaign.reference`)."""
     from wagma_bench.record.events import SUMMARY
 
-    summary = {**summary, "reference_s": (before + after) / 2, "reference_before_after_s": [before, after],
-               "reference_version": REFERENCE_VERSION}
+    summary = {
+        **summary,
+        "reference_s": (before + after) / 2,
+        "reference_before_after_s": [before, after],
+        "reference_version": REFERENCE_VERSION,
+    }
     write_json_atomic(run_dir / SUMMARY, summary)
     return summary
 
@@ -354,15 +418,23 @@ class TuneInterrupted(Exception):
 
 
 def run_trial(cmd: list[str], log, env: dict | None = None) -> tuple[int, bool]:
-    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and whether Ctrl-C interrupted it.
+    """Run one trial's ``wagma-bench run`` to its end; returns its exit code and
+    whether Ctrl-C interrupted it.
 
     The trial runs in a process group of its own, so that a terminal's Ctrl-C reaches it once, through tune:
-    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second at
-    once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death signal)."""
+    tune forwards each Ctrl-C to the trial's launcher (the first stops the trial at a checkpoint, the second
+    at once) and waits for it to end. Should tune die, the launcher gets SIGINT (Linux's parent-death
+    signal)."""
     import signal
 
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                            preexec_fn=_interrupt_when_parent_dies)  # noqa: PLW1509 - tune starts no thread
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+        preexec_fn=_interrupt_when_parent_dies,  # noqa: PLW1509 - tune starts no thread
+    )
     presses = 0
 
     def forward(signum, frame):
@@ -393,4 +465,3 @@ def _interrupt_when_parent_dies() -> None:
 # --- command line -------------------------------------------------------------------------------------
 
 USAGE = __doc__.split("\n\n")[1]
-

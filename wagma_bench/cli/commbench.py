@@ -1,5 +1,5 @@
-"""``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data plane's
-collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
+"""``wagma-bench comm-bench [--nproc N] [--sizes 4K,1M,100M] [--repeats R] [--out FILE.json]``: the data
+plane's collectives timed, on local ranks or a launcher's (srun, torchrun, mpiexec) across hosts
 (:mod:`wagma_bench.campaign.commbench` does the work; its docstring says what is measured)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from wagma_bench.record.files import OUTPUT_HINT, refuse_link
 DESCRIPTION = "Time our communication backend against the raw library calls, on the same buffers."
 EPILOG = """\
 across hosts (the network that `wagma-bench simulate` models):
-  srun -N 2 --ntasks-per-node 8 wagma-bench comm-bench --out cb.json   (or torchrun --nnodes 2 ... on each node)
+  srun -N 2 --ntasks-per-node 8 wagma-bench comm-bench --out cb.json
+    (or torchrun --nnodes 2 ... on each node)
   joins the launcher's world, gathers each rank's host, and times and fits two links apart: intra-node
   (the ranks of one host) and inter-node (one rank a host); rank 0 prints alpha and beta of each and writes
   --out, which `wagma-bench simulate cluster=NAME --calibrate cb.json ...` reads in place of the profile's
@@ -28,13 +29,25 @@ def main(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench comm-bench", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc", type=int, default=4,
-                        help="local ranks to fork (default 4); under srun, torchrun or mpiexec the launcher's ranks "
-                             "are the world and this is not used")
-    parser.add_argument("--sizes", type=commbench.parse_sizes, default=commbench.DEFAULT_SIZES,
-                        help=f"message sizes (default {commbench.DEFAULT_SIZES})")
+    parser = argparse.ArgumentParser(
+        prog="wagma-bench comm-bench",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=4,
+        help="local ranks to fork (default 4); under srun, torchrun or mpiexec the launcher's ranks "
+        "are the world and this is not used",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=commbench.parse_sizes,
+        default=commbench.DEFAULT_SIZES,
+        help=f"message sizes (default {commbench.DEFAULT_SIZES})",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (default 5)")
     parser.add_argument("--comm", choices=("torch", "mpi"), default="torch")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live")
@@ -45,7 +58,9 @@ def _bench(argv: list[str]) -> int:
     if args.device == "cuda" and (args.comm == "mpi" or not torch.cuda.is_available()):
         parser.error("--device cuda needs CUDA and --comm torch (the mpich wheel is not CUDA-aware)")
     _check_fits(args)  # before any process starts: 64 ranks on a 24 GiB machine printed nothing for minutes
-    if args.out.is_symlink():  # refused before any rank starts; the write itself refuses it too (atomic_write)
+    if (
+        args.out.is_symlink()
+    ):  # refused before any rank starts; the write itself refuses it too (atomic_write)
         raise refuse_link(args.out, OUTPUT_HINT)
     return commbench.bench(args.nproc, args.sizes, args.repeats, args.comm, args.device, args.out, argv)
 
@@ -60,5 +75,9 @@ def _check_fits(args: argparse.Namespace) -> None:
     if detect_world() is not None:
         return
     largest = commbench.human(max(args.sizes))  # argparse parses the default --sizes too
-    check_ranks_fit("--nproc", args.nproc, commbench.rank_memory_mb(args.sizes),
-                    f"comm-bench with messages up to {largest}, measured")
+    check_ranks_fit(
+        "--nproc",
+        args.nproc,
+        commbench.rank_memory_mb(args.sizes),
+        f"comm-bench with messages up to {largest}, measured",
+    )

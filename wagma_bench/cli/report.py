@@ -21,26 +21,7 @@ def main(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="wagma-bench report",
-                                     description="Time-to-accuracy tables and figures over run or sweep directories.")
-    parser.add_argument("dirs", nargs="*", type=Path,
-                        help="run directories, sweep or tuning directories (searched recursively)")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: ./report)")
-    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
-    parser.add_argument("--mllog", action="store_true",
-                        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl")
-    parser.add_argument("--wandb-report", action="store_true",
-                        help="also build a W&B Report and a saved workspace over the runs' W&B runs (wandb-workspaces): "
-                        "saved with an API key, else their spec written to OUT/wandb-report.json")
-    parser.add_argument("--wandb-publish", type=Path, default=None, metavar="SPEC",
-                        help="save a spec that --wandb-report wrote without a key (OUT/wandb-report.json); no DIRs")
-    parser.add_argument("--wandb-project", default=None,
-                        help="default: the project the runs logged into, where they share one, else wagma-bench")
-    parser.add_argument("--wandb-entity", default=None, help="default: the runs' entity, where they share one")
-    parser.add_argument("--wandb-group", default=None,
-                        help="default: the runs' group (logger.wandb.group, else their sweep's), where they share one")
-    parser.add_argument("--wandb-mode", default="auto", choices=("auto", "offline", "online"),
-                        help="auto: online with an API key, else offline")
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.wandb_publish is not None:
         return _publish(args.wandb_publish)
@@ -56,12 +37,16 @@ def _report(argv: list[str]) -> int:
         print(f"wagma-bench report: wrote {len(written)} MLPerf log(s) (RUN_DIR/mllog.txt)")
     n_runs = sum(len(g.runs) for g in groups)
     marked = sum(r.partial for g in groups for r in g.runs)
-    print(f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"
-          + (f", {marked} half-written (marked)" if marked else "")
-          + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "") + f"; wrote {report}")
+    print(
+        f"wagma-bench report: {n_runs} run(s) in {len(groups)} group(s)"
+        + (f", {marked} half-written (marked)" if marked else "")
+        + (f", {len(tuned.rows)} tuned combination(s)" if tuned else "")
+        + f"; wrote {report}"
+    )
     if args.wandb:
-        project, entity, group, said = runs_target([r for g in groups for r in g.runs], args.wandb_project,
-                                                   args.wandb_entity, args.wandb_group)
+        project, entity, group, said = runs_target(
+            [r for g in groups for r in g.runs], args.wandb_project, args.wandb_entity, args.wandb_group
+        )
         print(f"wagma-bench report: logging to {said}", flush=True)
         log_to_wandb(args.out, groups, project, entity, group, args.wandb_mode, tuned)
     if args.wandb_report:
@@ -69,23 +54,91 @@ def _report(argv: list[str]) -> int:
     return 0
 
 
+def _parser() -> argparse.ArgumentParser:
+    """``wagma-bench report``'s arguments and their ``--help``."""
+    parser = argparse.ArgumentParser(
+        prog="wagma-bench report",
+        description="Time-to-accuracy tables and figures over run or sweep directories.",
+    )
+    parser.add_argument(
+        "dirs",
+        nargs="*",
+        type=Path,
+        help="run directories, sweep or tuning directories (searched recursively)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("report"), help="output directory (default: ./report)"
+    )
+    parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
+    parser.add_argument(
+        "--mllog",
+        action="store_true",
+        help="also (re)write each run's MLPerf log RUN_DIR/mllog.txt from its events.jsonl",
+    )
+    parser.add_argument(
+        "--wandb-report",
+        action="store_true",
+        help="also build a W&B Report and a saved workspace over the runs' W&B runs (wandb-workspaces): "
+        "saved with an API key, else their spec written to OUT/wandb-report.json",
+    )
+    parser.add_argument(
+        "--wandb-publish",
+        type=Path,
+        default=None,
+        metavar="SPEC",
+        help="save a spec that --wandb-report wrote without a key (OUT/wandb-report.json); no DIRs",
+    )
+    parser.add_argument(
+        "--wandb-project",
+        default=None,
+        help="default: the project the runs logged into, where they share one, else wagma-bench",
+    )
+    parser.add_argument(
+        "--wandb-entity", default=None, help="default: the runs' entity, where they share one"
+    )
+    parser.add_argument(
+        "--wandb-group",
+        default=None,
+        help="default: the runs' group (logger.wandb.group, else their sweep's), where they share one",
+    )
+    parser.add_argument(
+        "--wandb-mode",
+        default="auto",
+        choices=("auto", "offline", "online"),
+        help="auto: online with an API key, else offline",
+    )
+    return parser
+
+
 def _wandb_report(args, groups, tuned) -> None:
-    """The W&B Report and workspace over the runs (and tunings) reported: saved with a key, else their spec."""
+    """The W&B Report and workspace over the runs (and tunings) reported: saved
+    with a key, else their spec."""
     from wagma_bench.analysis.tuning import PLAN
     from wagma_bench.record.loggers import resolve_mode
 
-    project, entity, _, said = runs_target([r for g in groups for r in g.runs], args.wandb_project,
-                                           args.wandb_entity, args.wandb_group)
+    project, entity, _, said = runs_target(
+        [r for g in groups for r in g.runs], args.wandb_project, args.wandb_entity, args.wandb_group
+    )
     online = resolve_mode(args.wandb_mode) == "online"
     wr, _, _ = wandb_panels.load_api()
     tune_dirs = [d for d in args.dirs if (d / PLAN).exists()]
     sections = wandb_panels.report_sections(wr, groups, tune_dirs, tuned.rows if tuned else [])
     if not sections:
-        print("wagma-bench report: warning: no run here logged to W&B (logger=wandb): the W&B report has no panels",
-              file=sys.stderr, flush=True)
+        print(
+            "wagma-bench report: warning: no run here logged to W&B (logger=wandb): "
+            "the W&B report has no panels",
+            file=sys.stderr,
+            flush=True,
+        )
     title = "wagma-bench report: " + ", ".join(d.name for d in args.dirs)
-    report, workspace = wandb_panels.build(sections, project, entity or "", title, online,
-                                           description=f"Generated by wagma-bench report ({said}).")
+    report, workspace = wandb_panels.build(
+        sections,
+        project,
+        entity or "",
+        title,
+        online,
+        description=f"Generated by wagma-bench report ({said}).",
+    )
     for line in wandb_panels.deliver(args.out, report, workspace, online):
         print(f"wagma-bench report: {line}", flush=True)
 
@@ -95,10 +148,14 @@ def _publish(spec: Path) -> int:
     from wagma_bench.record.loggers import has_api_key
 
     if not has_api_key():
-        raise ConfigError(f"--wandb-publish {spec} needs a W&B API key: set WANDB_API_KEY or run `wandb login`")
+        raise ConfigError(
+            f"--wandb-publish {spec} needs a W&B API key: set WANDB_API_KEY or run `wandb login`"
+        )
     if not spec.is_file():
-        raise ConfigError(f"--wandb-publish {spec}: no such file (wagma-bench report --wandb-report writes "
-                          f"OUT/{wandb_panels.SPEC})")
+        raise ConfigError(
+            f"--wandb-publish {spec}: no such file (wagma-bench report --wandb-report writes "
+            f"OUT/{wandb_panels.SPEC})"
+        )
     url, view = wandb_panels.publish(spec)
     print(f"wagma-bench report: W&B report: {url}\nwagma-bench report: W&B workspace: {view}", flush=True)
     return 0

@@ -39,8 +39,12 @@ def main(argv: list[str]) -> int:
         signals.rank_listening_later()
     else:
         signals.starting()
-    return exits.run_body("run", lambda: _run(argv, rank), interrupted=None if rank else CTRL_C_AT_START,
-                          stopped=STOPPED_AT_START)
+    return exits.run_body(
+        "run",
+        lambda: _run(argv, rank),
+        interrupted=None if rank else CTRL_C_AT_START,
+        stopped=STOPPED_AT_START,
+    )
 
 
 def _run(argv: list[str], rank: bool) -> int:
@@ -58,9 +62,15 @@ def _run(argv: list[str], rank: bool) -> int:
         if rank:
             signals.rank_done()
     late = signals.late_signal()
-    if late is not None and code == exits.OK:  # it came as the ranks ended: the record was written whole first
-        print(f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
-              f"{exits.stopped_by(late)}", file=sys.stderr, flush=True)
+    if (
+        late is not None and code == exits.OK
+    ):  # it came as the ranks ended: the record was written whole first
+        print(
+            f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
+            f"{exits.stopped_by(late)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return exits.stopped_by(late)
     return code
 
@@ -80,13 +90,19 @@ def run_command(overrides: list[str]) -> int:
 
     from wagma_bench.runtime.launch import RANK_SERVER_PRELOAD, agreed_run_dir_override, start_rank_server
 
-    if world is not None:  # a rank of torchrun's, srun's or mpiexec's world: it imports what the rank server would,
+    if (
+        world is not None
+    ):  # a rank of torchrun's, srun's or mpiexec's world: it imports what the rank server would,
         importlib.import_module(RANK_SERVER_PRELOAD)  # the same way (the collector off, then frozen)
     if world is not None and (run_dir := agreed_run_dir_override(overrides)):
         overrides = overrides + [run_dir]  # the same on every rank and restart, not each rank's clock
     if world is not None and world.rank != 0:
         # Only rank 0 keeps Hydra's config copy and log file.
-        overrides = overrides + ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        overrides = overrides + [
+            "hydra.output_subdir=null",
+            "hydra/job_logging=none",
+            "hydra/hydra_logging=none",
+        ]
     from wagma_bench.config.overrides import MULTIRUN_FLAGS, precheck
 
     if world is None and not any(o.startswith("-") and o not in MULTIRUN_FLAGS for o in overrides):
@@ -100,9 +116,11 @@ def run_command(overrides: list[str]) -> int:
     explicit = precheck(overrides, CONF_DIR) if world is None or not os.environ.get(CHECKED_ENV) else None
     chosen = any(o.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for o in overrides)
     if not chosen and not os.access(os.getcwd(), os.W_OK):  # Hydra's default directories are under it
-        exits.stop(f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
-                   "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
-                   "directory, or set hydra.run.dir")
+        exits.stop(
+            f"the current directory {os.getcwd()} cannot be written (a read-only file system, or no "
+            "permission), and the run directory (outputs/..., multirun/...) is made there; run from another "
+            "directory, or set hydra.run.dir"
+        )
     sys.argv = [sys.argv[0]] + overrides
     app = hydra.main(config_path=str(CONF_DIR), config_name="wagma", version_base="1.3")(_run_job)
     try:
@@ -130,22 +148,25 @@ def run_help(overrides: list[str]) -> str:
         loader = GlobalHydra.instance().config_loader()
         groups = [g for g in sorted(loader.list_groups("")) if g not in NOT_RUN_GROUPS]
         listing = "\n".join(f"{g}: {', '.join(loader.get_group_options(g))}" for g in groups)
-    return (f"wagma-bench run: train one configuration (Hydra overrides; -m sweeps them locally).\n\n"
-            f"== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
-            f"{listing}\n\n== Config ==\nOverride anything in the config (foo.bar=value)\n\n"
-            f"{OmegaConf.to_yaml(cfg)}\n"
-            f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...).")
+    return (
+        f"wagma-bench run: train one configuration (Hydra overrides; -m sweeps them locally).\n\n"
+        f"== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
+        f"{listing}\n\n== Config ==\nOverride anything in the config (foo.bar=value)\n\n"
+        f"{OmegaConf.to_yaml(cfg)}\n"
+        f"Use --hydra-help to view Hydra's own flags (-m, --cfg job, -cd, ...)."
+    )
 
 
-# Exit codes of `wagma-bench run` (wagma_bench/exits.py): 0 a run that ended by its rules (completed, time limit,
-# preempted), or a rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused before any rank
-# started (a bad value, a locked or inconsistent run directory); 3 the run diverged (a non-finite training loss);
-# 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
+# Exit codes of `wagma-bench run` (wagma_bench/exits.py): 0 a run that ended by its rules (completed, time
+# limit, preempted), or a rerun of a finished one; 1 a failed run (a rank died, raised or hung); 2 refused
+# before any rank started (a bad value, a locked or inconsistent run directory); 3 the run diverged (a
+# non-finite training loss); 130 Ctrl-C; 143 / 129 SIGTERM / SIGHUP to the launcher (the ranks checkpointed).
 
 _LOCKS: dict = {}  # resolved run directory -> the RunDirLock this process holds
-# Hydra writes its copy of the configuration (.hydra/) into the run directory before the job is checked. For each
-# run directory this command may write: the files of its .hydra/ as they were (None: the directory did not
-# exist); a refused job puts them back (:func:`_as_found`), so a refusal never replaces the record of a run.
+# Hydra writes its copy of the configuration (.hydra/) into the run directory before the job is checked. For
+# each run directory this command may write: the files of its .hydra/ as they were (None: the directory did
+# not exist); a refused job puts them back (:func:`_as_found`), so a refusal never replaces the record of a
+# run.
 _FOUND: dict[Path, dict[str, bytes] | None] = {}
 _REFUSED: list[Path] = []
 
@@ -154,14 +175,19 @@ def _remember(run_dir: Path) -> None:
     key = run_dir.resolve()
     if key not in _FOUND:
         copy = key / ".hydra"
-        _FOUND[key] = None if not key.exists() else \
-            {f.name: f.read_bytes() for f in copy.iterdir() if f.is_file()} if copy.is_dir() else {}
+        _FOUND[key] = (
+            None
+            if not key.exists()
+            else {f.name: f.read_bytes() for f in copy.iterdir() if f.is_file()}
+            if copy.is_dir()
+            else {}
+        )
 
 
 def _as_found(run_dir: Path) -> None:
-    """After a refusal (its lock released): the run directory as this command found it. A directory that did not
-    exist, or that the job's default name made (not remembered), loses Hydra's copy and, when nothing else is in
-    it, itself; a run's earlier copy is written back."""
+    """After a refusal (its lock released): the run directory as this command found it. A directory that did
+    not exist, or that the job's default name made (not remembered), loses Hydra's copy and, when nothing else
+    is in it, itself; a run's earlier copy is written back."""
     from wagma_bench.record.files import atomic_write
 
     key = run_dir.resolve()
@@ -181,13 +207,15 @@ def _as_found(run_dir: Path) -> None:
 
 
 def _close_logs_in(folder: Path) -> None:
-    """Hydra's job log handlers that would write into ``folder`` (its log file is made by its first line): closed
-    and taken off, so that a later line of this process (a command run in-process) does not recreate the folder or
-    fail on it once removed."""
+    """Hydra's job log handlers that would write into ``folder`` (its log file is made by its first line):
+    closed and taken off, so that a later line of this process (a command run in-process) does not recreate
+    the folder or fail on it once removed."""
     import logging
 
-    for logger in (logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                          if isinstance(lg, logging.Logger))):
+    for logger in (
+        logging.getLogger(),
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ):
         for handler in list(logger.handlers):
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(folder):
                 logger.removeHandler(handler)
@@ -213,10 +241,11 @@ def _lock_run_dir(run_dir: Path) -> None:
     except (RunDirLocked, SymlinkRefused) as err:
         exits.stop(str(err))
     except OSError as err:  # a read-only or full file system, no permission: before anything ran
-        exits.stop(f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
-                   "hydra.run.dir")
+        exits.stop(
+            f"the run directory {run_dir} cannot be written ({err.strerror or err}); choose another "
+            "hydra.run.dir"
+        )
     _LOCKS[key] = lock
-
 
 
 def _run_job(cfg) -> dict | None:
@@ -229,7 +258,9 @@ def _run_job(cfg) -> dict | None:
 
     startup.new_job()
     world = detect_world()
-    if world is None:  # a launcher's set-up again (under -m: a signal while the last job ended stops the sweep)
+    if (
+        world is None
+    ):  # a launcher's set-up again (under -m: a signal while the last job ended stops the sweep)
         from wagma_bench.runtime import signals
 
         signals.starting()
@@ -316,13 +347,19 @@ def _run_locked(run_cfg, run_dir: Path, world) -> dict | None:
         exits.stop(str(err))
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
-        print(f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_rounds, "
-              f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
-              f"{json.dumps(done, indent=2, sort_keys=True)}", flush=True)
+        print(
+            f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_rounds, "
+            f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
+            f"{json.dumps(done, indent=2, sort_keys=True)}",
+            flush=True,
+        )
         return None
     if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
-        world_size, world_from = ((world.world_size, f"the {world.source} world") if world else
-                                  (plan.nproc, f"launcher.nproc={plan.nproc}"))
+        world_size, world_from = (
+            (world.world_size, f"the {world.source} world")
+            if world
+            else (plan.nproc, f"launcher.nproc={plan.nproc}")
+        )
         try:
             if world is None or world.rank == 0:  # rank 0's node holds the event log
                 check_event_log(run_dir)
@@ -352,9 +389,15 @@ def _run_local(run_cfg, run_dir: Path, plan) -> None:
 
     note = f" ({plan.note})" if plan.note else ""
     try:
-        stopped_by = spawn_local(run_cfg, run_dir, plan.nproc, run_cfg.launcher.master_addr,
-                                  run_cfg.launcher.master_port, train_rank,
-                                  announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}")
+        stopped_by = spawn_local(
+            run_cfg,
+            run_dir,
+            plan.nproc,
+            run_cfg.launcher.master_addr,
+            run_cfg.launcher.master_port,
+            train_rank,
+            announce=f"wagma-bench: {plan.nproc} local ranks{note}, run directory {run_dir}",
+        )
     except ConfigError as err:  # a fixed port in use: before any rank started
         exits.stop(str(err))
     except RunInterrupted as err:
@@ -387,22 +430,26 @@ def _stopped(run_dir: Path, error: str, status: str, code: int) -> None:
     from wagma_bench.runtime.supervise import record_failed_run
 
     message = record_failed_run(run_dir, error, status)
-    again = (f"to resume from the last checkpoint in {run_dir}" if latest_set(run_dir) is not None else
-             f"to start it over (no checkpoint was saved in {run_dir})")
+    again = (
+        f"to resume from the last checkpoint in {run_dir}"
+        if latest_set(run_dir) is not None
+        else f"to start it over (no checkpoint was saved in {run_dir})"
+    )
     exits.end(f"wagma-bench: {message}; run the same command again {again}", code)
 
 
 def train_rank(cfg, comm, run_dir: Path, local_rank: int) -> dict | None:
-    """What every rank runs once its world is up: the trainer. Passed to the ranks by reference (this function's
-    name), so that the launching process need not import the trainer, torch with it; the rank server has."""
+    """What every rank runs once its world is up: the trainer. Passed to the ranks by reference (this
+    function's name), so that the launching process need not import the trainer, torch with it; the rank
+    server has."""
     from wagma_bench.train.trainer import train
 
     return train(cfg, comm, run_dir, local_rank)
 
 
 def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
-    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130; after
-    SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
+    """Print the summary of a run whose ranks ended; a run they stopped after a Ctrl-C: one line, exit 130;
+    after SIGTERM or SIGHUP to the launcher: one line, exit 128 + the signal; a diverged run fails with
     :data:`wagma_bench.exits.DIVERGED` and one line saying where and why (under -m the line is printed and the
     sweep goes on)."""
     from hydra.core.hydra_config import HydraConfig
@@ -412,24 +459,35 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     from wagma_bench.record.events import current_summary
 
     summary = current_summary(json.loads(text))
-    if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in ("preempted", "interrupted"):
+    if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in (
+        "preempted",
+        "interrupted",
+    ):
         from wagma_bench.record.checkpoint import latest_set
 
         at = summary.get("rounds")
         again = "run the same command again to"
-        saved = (f"at round {at}, checkpoint saved; {again} resume from" if latest_set(run_dir) is not None
-                 else f"before its first step (nothing to checkpoint); {again} start it in" if not at else
-                 f"at round {at}, no checkpoint saved; {again} start it over in")
-        exits.end(f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}",
-                  exits.stopped_by(stopped_by))
+        saved = (
+            f"at round {at}, checkpoint saved; {again} resume from"
+            if latest_set(run_dir) is not None
+            else f"before its first step (nothing to checkpoint); {again} start it in"
+            if not at
+            else f"at round {at}, no checkpoint saved; {again} start it over in"
+        )
+        exits.end(
+            f"wagma-bench: stopped by {signal.Signals(stopped_by).name} {saved} {run_dir}",
+            exits.stopped_by(stopped_by),
+        )
     if stopped_by == signal.SIGINT and summary.get("status") == "interrupted":
         from wagma_bench.record.checkpoint import latest_set
 
         at = summary.get("rounds")
-        saved = (f"at round {at}, checkpoint saved; run the same command again to resume from "
-                 f"{run_dir}" if latest_set(run_dir) is not None else
-                 f"before its first step (nothing to checkpoint); run the same command again to start it in "
-                 f"{run_dir}")
+        saved = (
+            f"at round {at}, checkpoint saved; run the same command again to resume from {run_dir}"
+            if latest_set(run_dir) is not None
+            else f"before its first step (nothing to checkpoint); run the same command again to start it in "
+            f"{run_dir}"
+        )
         exits.end(f"wagma-bench: interrupted {saved}", exits.INTERRUPTED)
     print(f"wagma-bench: summary {summary_path}\n{text}", flush=True)
     if summary.get("status") != "diverged":
@@ -442,10 +500,11 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
 
 
 def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
-    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session of
-    its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole group,
-    reach the ranks from here, as from the local launcher (:class:`~wagma_bench.runtime.supervise.CtrlC`), never
-    through mpiexec, whose own handling of them kills the ranks before they can checkpoint."""
+    """comm=mpi outside any MPI launcher: start the same command under the MPI library's mpiexec, in a session
+    of its own, and stand between it and the signals: SIGINT, SIGTERM and SIGHUP, to this process or its whole
+    group, reach the ranks from here, as from the local launcher
+    (:class:`~wagma_bench.runtime.supervise.CtrlC`), never through mpiexec, whose own handling of them kills
+    the ranks before they can checkpoint."""
     import tempfile
 
     from wagma_bench.config.schema import as_recorded
@@ -471,14 +530,28 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     )
 
     args = list(HydraConfig.get().overrides.task)
-    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "wagma_bench", "run", *args,
-           f"hydra.run.dir={quoted(str(run_dir))}"]
+    cmd = [
+        mpiexec,
+        "-n",
+        str(nproc),
+        sys.executable,
+        "-m",
+        "wagma_bench",
+        "run",
+        *args,
+        f"hydra.run.dir={quoted(str(run_dir))}",
+    ]
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
         # the ranks take the configuration checked here, and check it no more
         checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")
-        env = {**os.environ, LOCK_HELD_ENV: str(run_dir.resolve()), RANK_DIR_ENV: ranks,
-               LAUNCHER_DIR_ENV: ranks, CHECKED_ENV: str(checked)}
+        env = {
+            **os.environ,
+            LOCK_HELD_ENV: str(run_dir.resolve()),
+            RANK_DIR_ENV: ranks,
+            LAUNCHER_DIR_ENV: ranks,
+            CHECKED_ENV: str(checked),
+        }
         try:
             rc, tail, ended_first, stopped_by = supervise_mpiexec(cmd, env, Path(ranks), nproc)
         except StopOverdue as err:
@@ -490,7 +563,10 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
         finally:  # what a rank that failed left of the ranks' heartbeats (they all ran on this host)
             shutil.rmtree(run_dir / HEARTBEATS, ignore_errors=True)
         # a diverged rank 0 exits with exits.DIVERGED after writing its summary
-        if rc not in (exits.OK, exits.DIVERGED):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
+        if rc not in (
+            exits.OK,
+            exits.DIVERGED,
+        ):  # as the local launcher does: the rank named, run_stop with the steps the ranks logged
             error = record_failed_run(run_dir, mpiexec_failure(rc, tail, Path(ranks), ended_first))
             exits.stop(f"{error}. Run directory: {run_dir}", exits.FAILED)
     _report_end(run_dir, stopped_by)

@@ -1,7 +1,8 @@
 """``wagma-bench simulate``: predicted throughput and time-to-target of every optimizer against world size.
 
     wagma-bench simulate cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
-        'optimizer=glob(*)' experiment=paper_resnet50_stragglers [optimizer.tau=10 seed=1 ...] [cluster.network.inter.alpha_s=2e-6 ...] \\
+        'optimizer=glob(*)' experiment=paper_resnet50_stragglers [optimizer.tau=10 seed=1 ...] \\
+        [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_rounds=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
         [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
@@ -9,9 +10,9 @@
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
 ``optimizer=``, ``optimizer.KEY=``, ``imbalance=``, ``seed=``, anything else `run` takes), composed from
-``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.schema.validate`, so a value `run` refuses is
-refused here with the same message; each optimizer model gets its optimizer's typed ``Settings``. The
-cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
+``conf/`` with Hydra and checked by the same :func:`wagma_bench.config.schema.validate`, so a value `run`
+refuses is refused here with the same message; each optimizer model gets its optimizer's typed ``Settings``.
+The cluster is read as `sweep` reads it (``cluster=NAME``, ``cluster.KEY=VALUE``, e.g.
 ``cluster.network.inter.alpha_s=2e-6``). Arguments use Hydra's override grammar; ``gpus`` and
 ``optimizer`` take several values (``a,b``, ``'gpus=range(8,1025,8)'``, ``'optimizer=glob(*)'``); an
 ``optimizer.KEY`` applies to the selected optimizers that have that setting. `run`'s keys the simulation
@@ -20,9 +21,10 @@ batch per rank, given with its ``step_s``); ``train.epochs`` is refused (the mod
 are checked and do not change a prediction. Simulate's own keys: ``gpus``, ``control_every``,
 ``samples_to_target`` and the workload's cost model (``step_s``, ``params``, ``compute``, ``sigma``,
 ``overhead_s``, ``backward_fraction``, ``bytes_per_param``: the preset's numbers, :mod:`.presets`).
-Defaults where they differ from `run`'s: every optimizer that runs on the workload (DropCompute where batches split), ``cluster=daint`` (``local`` with
-``--calibrate``), and ``workload=resnet data=imagenet`` (the paper's ResNet-50 set-up) when neither a
-workload nor an ``experiment`` is given; a data path `run` would need (``data.root``) is not needed.
+Defaults where they differ from `run`'s: every optimizer that runs on the workload (DropCompute where batches
+split), ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet`` (the paper's
+ResNet-50 set-up) when neither a workload nor an ``experiment`` is given; a data path `run` would need
+(``data.root``) is not needed.
 
 ``--calibrate``: fits each run's compute-time distribution and overhead, and alpha/beta from comm-bench
 JSON (or takes the cluster profile's network), then simulates every calibrated run's own configuration and
@@ -49,25 +51,28 @@ optimizer alike. time_to_target(P) = samples_to_target / predicted throughput(P)
 ``--compute-from RUN_DIR...``: each rank's compute time per step is drawn from the given runs' measured
 compute times, each run's divided by its own median and scaled to the workload's ``step_s`` (the preset's or
 the one given): the spread of real runs (their natural imbalance) at the modelled machine's speed, in place of
-the preset's assumed distribution (:func:`measured_spread`). With ``compute=persistent`` it fits instead a rank
-offset plus AR(1) per-step noise from the runs' ranks (:mod:`wagma_bench.simulate.spread`): a slow rank stays slow.
+the preset's assumed distribution (:func:`measured_spread`). With ``compute=persistent`` it fits instead a
+rank offset plus AR(1) per-step noise from the runs' ranks (:mod:`wagma_bench.simulate.spread`): a slow rank
+stays slow.
 
-``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`; ``reproduce/scaling/
-measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost ``gossip_cost`` (the seconds of
-compute each second of its thread's exchange takes, 0-1), the intra-node link, the persistent spread; the command
-line wins over the file. ``--interval N``: also N predictions with their inputs resampled and the prediction with one
-assumption moved at a time (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which
-``wagma-bench claims`` takes each prediction's 95% interval and the assumption that flips it.
+``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`;
+``reproduce/scaling/measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost
+``gossip_cost`` (the seconds of compute each second of its thread's exchange takes, 0-1), the intra-node link,
+the persistent spread; the command line wins over the file. ``--interval N``: also N predictions with their
+inputs resampled and the prediction with one assumption moved at a time
+(:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which ``wagma-bench claims``
+takes each prediction's 95% interval and the assumption that flips it.
 
 The table's columns (docs/simulator.md, "Outputs"): samples/s, the predicted throughput; vs allreduce, over
-Allreduce-SGD's at the same P; efficiency, samples/s over P x batch / ``step_s`` (ranks that never communicate,
-wait or sleep); wait share, a rank's mean share of time spent waiting; staleness, in rounds, the mean largest age
-of a rank's contributions to the rounds that answer it (WAGMA-SGD, eager-SGD; at most ``tau`` for WAGMA-SGD) or
-the mean step lag of AD-PSGD's exchanging pairs; time to target (s), samples to the target over samples/s.
+Allreduce-SGD's at the same P; efficiency, samples/s over P x batch / ``step_s`` (ranks that never
+communicate, wait or sleep); wait share, a rank's mean share of time spent waiting; staleness, in rounds, the
+mean largest age of a rank's contributions to the rounds that answer it (WAGMA-SGD, eager-SGD; at most ``tau``
+for WAGMA-SGD) or the mean step lag of AD-PSGD's exchanging pairs; time to target (s), samples to the target
+over samples/s.
 
-Outputs in ``--out`` (default ``sim/``): ``predictions.csv|json``, ``throughput.png`` (``plots.plot_throughput``,
-the report's figure, predictions dashed), ``time_to_target.png``, and with ``--calibrate``
-``validation.csv|json``, ``validation.png`` and ``calibration.json``.
+Outputs in ``--out`` (default ``sim/``): ``predictions.csv|json``, ``throughput.png``
+(``plots.plot_throughput``, the report's figure, predictions dashed), ``time_to_target.png``, and with
+``--calibrate`` ``validation.csv|json``, ``validation.png`` and ``calibration.json``.
 """
 
 from __future__ import annotations
@@ -88,31 +93,64 @@ from wagma_bench.simulate.request import DEFAULT_GPUS, Request, UsageError, sort
 def main(argv: list[str]) -> int:
     # a value the model cannot take (a ValueError: --measured's file, the calibrated runs), a file that is not
     # there: refused, exit 2
-    return exits.run_body("simulate", lambda: _simulate(argv),
-                          also=((ValueError, exits.REFUSED), (FileNotFoundError, exits.REFUSED)))
+    return exits.run_body(
+        "simulate",
+        lambda: _simulate(argv),
+        also=((ValueError, exits.REFUSED), (FileNotFoundError, exits.REFUSED)),
+    )
 
 
 def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="wagma-bench simulate", description=plain(__doc__),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
-                    "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE")
-    ap.add_argument("--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON")
-    ap.add_argument("--convergence", nargs="+", default=[], metavar="RUN_DIR",
-                    help="runs that reached a target, or tuning directories (their winning trials)")
-    ap.add_argument("--compute-from", nargs="+", default=[], metavar="RUN_DIR",
-                    help="runs or tuning directories whose measured compute spread (over its median) replaces the "
-                    "preset's distribution, scaled to its step_s")
-    ap.add_argument("--interval", type=int, default=0, metavar="N",
-                    help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
-                    "interval.json, which `claims` reads for a prediction's interval and what flips it")
-    ap.add_argument("--measured", metavar="FILE", help="measured model inputs (reproduce/scaling/measure_inputs.py, "
-                    "make gpu-check): AD-PSGD's exchange cost with its bootstrap replicates, the link, the spread")
+    ap = argparse.ArgumentParser(
+        prog="wagma-bench simulate",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
+        "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE",
+    )
+    ap.add_argument(
+        "--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON"
+    )
+    ap.add_argument(
+        "--convergence",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="runs that reached a target, or tuning directories (their winning trials)",
+    )
+    ap.add_argument(
+        "--compute-from",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="runs or tuning directories whose measured compute spread (over its median) replaces the "
+        "preset's distribution, scaled to its step_s",
+    )
+    ap.add_argument(
+        "--interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
+        "interval.json, which `claims` reads for a prediction's interval and what flips it",
+    )
+    ap.add_argument(
+        "--measured",
+        metavar="FILE",
+        help="measured model inputs (reproduce/scaling/measure_inputs.py, "
+        "make gpu-check): AD-PSGD's exchange cost with its bootstrap replicates, the link, the spread",
+    )
     ap.add_argument("--out", default="sim", help="output directory (default: sim)")
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
     ns = ap.parse_args(argv)
     if ns.interval < 0:
-        raise UsageError(f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates")
+        raise UsageError(
+            f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates"
+        )
     # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
     for opt in ("calibrate", "convergence", "compute_from"):
         items = getattr(ns, opt)

@@ -24,8 +24,10 @@ def main(argv: list[str]) -> int:
 
 def _wait_command(argv: list[str]) -> int:
     """``sweep wait DIR [--interval S] [--timeout S]``: the progress line on stderr, the table at the end."""
-    parser = CommandParser("wagma-bench sweep wait",
-                           "wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]")
+    parser = CommandParser(
+        "wagma-bench sweep wait",
+        "wagma-bench sweep wait DIR [--interval SECONDS (30)] [--timeout SECONDS (none)]",
+    )
     parser.add_argument("dir", type=Path)
     parser.add_argument("--interval", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, default=None)
@@ -39,8 +41,11 @@ def _wait_command(argv: list[str]) -> int:
 
 def _submit(sweep_dir: Path) -> None:
     ids = sweep_jobs.submit(sweep_dir)
-    print("\n".join(ids) if ids else f"nothing to submit: every job of {sweep_dir} was submitted and no run stands "
-          "cancelled")
+    print(
+        "\n".join(ids)
+        if ids
+        else f"nothing to submit: every job of {sweep_dir} was submitted and no run stands cancelled"
+    )
 
 
 def _cancel(sweep_dir: Path) -> None:
@@ -48,9 +53,11 @@ def _cancel(sweep_dir: Path) -> None:
     if not rows:
         print(f"nothing to cancel: every submitted job of {sweep_dir} has ended")
         return
-    print(f"cancelled {len(rows)} runs: {' '.join(r['job'] for r in rows)}; each saves a checkpoint at its next "
-          f"synchronisation point, if it reaches one before SLURM kills it (KillWait)\n"
-          f"follow: wagma-bench sweep wait {sweep_dir}   resume: wagma-bench sweep submit {sweep_dir}")
+    print(
+        f"cancelled {len(rows)} runs: {' '.join(r['job'] for r in rows)}; each saves a checkpoint at its "
+        "next synchronisation point, if it reaches one before SLURM kills it (KillWait)\n"
+        f"follow: wagma-bench sweep wait {sweep_dir}   resume: wagma-bench sweep submit {sweep_dir}"
+    )
 
 
 def _main(argv: list[str]) -> int:
@@ -95,10 +102,18 @@ def _main(argv: list[str]) -> int:
     stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
     t0 = time.perf_counter()
-    manifest = sweep.render(spec, out_dir, array=not ns.no_array, command=["wagma-bench", "sweep", *argv],
-                            data_on_nodes=ns.data_on_nodes, step_times=tuple(ns.step_times))
-    print(f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
-          f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}")
+    manifest = sweep.render(
+        spec,
+        out_dir,
+        array=not ns.no_array,
+        command=["wagma-bench", "sweep", *argv],
+        data_on_nodes=ns.data_on_nodes,
+        step_times=tuple(ns.step_times),
+    )
+    print(
+        f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
+        f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}"
+    )
     print(prequeue.summary(manifest))
     if ns.submit:
         ids = sweep_jobs.submit(out_dir)

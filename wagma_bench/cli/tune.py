@@ -1,5 +1,6 @@
-"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset (:mod:`wagma_bench.campaign.tune`
-plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them; the usage is that module's)."""
+"""``wagma-bench tune``: tuned comparisons by AlgoPerf's external tuning ruleset
+(:mod:`wagma_bench.campaign.tune` plans and runs the trials, :mod:`wagma_bench.analysis.tuning` scores them;
+the usage is that module's)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from wagma_bench.errors import ConfigError
 def main(argv: list[str]) -> int:
     # Ctrl-C in a trial: the trial stopped at a checkpoint (TuneInterrupted names it); between trials: one
     # line; SLURM refusing a command (cluster mode) is an operational failure, one line and exit 1
-    return exits.run_body("tune", lambda: _main(argv),
-                          also=((tune.TuneInterrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED)),
-                          interrupted="wagma-bench tune: interrupted; run the same command again to go on")
+    return exits.run_body(
+        "tune",
+        lambda: _main(argv),
+        also=((tune.TuneInterrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED)),
+        interrupted="wagma-bench tune: interrupted; run the same command again to go on",
+    )
 
 
 def _main(argv: list[str]) -> int:
@@ -38,7 +42,10 @@ def _main(argv: list[str]) -> int:
         return _render(args, spec, trials, argv)
     tune.run_local(args, spec, trials, configs)
     result = write_scores(args.out)
-    print(f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report {args.out}")
+    print(
+        f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report "
+        f"{args.out}"
+    )
     return 0
 
 
@@ -47,15 +54,27 @@ def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> 
     from wagma_bench.campaign import prequeue, sweep, sweep_jobs
 
     runs = [sweep.SweepRun(t.name, t.gpus, t.overrides) for t in tune.run_order(trials, args.seed)]
-    manifest = sweep.render(spec, args.out, array="--no-array" not in args.flags,
-                            command=["wagma-bench", "tune", *argv], runs=runs, runs_dir=TRIALS,
-                            data_on_nodes="--data-on-nodes" in args.flags, step_times=args.step_times)
-    print(f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: {args.out}")
+    manifest = sweep.render(
+        spec,
+        args.out,
+        array="--no-array" not in args.flags,
+        command=["wagma-bench", "tune", *argv],
+        runs=runs,
+        runs_dir=TRIALS,
+        data_on_nodes="--data-on-nodes" in args.flags,
+        step_times=args.step_times,
+    )
+    print(
+        f"wagma-bench tune: {len(manifest['runs'])} trials in {len(manifest['jobs'])} jobs rendered: "
+        f"{args.out}"
+    )
     print(prequeue.summary(manifest))
     if "--submit" in args.flags:
         ids = sweep_jobs.submit(args.out)
-        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
-              f"then: wagma-bench tune score {args.out}")
+        print(
+            f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep wait {args.out}; "
+            f"then: wagma-bench tune score {args.out}"
+        )
     else:
         print(f"submit: wagma-bench sweep submit {args.out}; then wagma-bench tune score {args.out}")
     return 0

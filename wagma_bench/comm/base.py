@@ -43,8 +43,8 @@ class Capabilities:
     """What a communicator's point-to-point operations can do. NCCL (every GPU cluster) can do neither:
     algorithms keep any-source receives and tagged messages on :meth:`Comm.fork_control`."""
 
-    any_source: bool   # recv_any: receive from whichever rank sends first
-    tags: bool         # messages are matched by tag (without: only by sender and order)
+    any_source: bool  # recv_any: receive from whichever rank sends first
+    tags: bool  # messages are matched by tag (without: only by sender and order)
 
 
 class Comm(abc.ABC):
@@ -54,7 +54,7 @@ class Comm(abc.ABC):
     world_size: int
     device: torch.device
     backend_name: str  # "gloo", "nccl" or "mpi"
-    timeout_s: float   # no operation waits longer; a dead or hung peer fails the run after this long
+    timeout_s: float  # no operation waits longer; a dead or hung peer fails the run after this long
     capabilities: Capabilities = Capabilities(any_source=True, tags=True)
     #: abort() ends every rank of the job at once, rank 0 included (so a failing rank records the failure
     #: itself first); False: it does nothing and the launcher ends the world when a rank exits with an error
@@ -65,8 +65,9 @@ class Comm(abc.ABC):
 
     # --- collectives over the world or a created group ------------------------------------------
     @abc.abstractmethod
-    def allreduce(self, tensor: torch.Tensor, op: str = "mean", group: Ranks | None = None,
-                  async_op: bool = False) -> Handle:
+    def allreduce(
+        self, tensor: torch.Tensor, op: str = "mean", group: Ranks | None = None, async_op: bool = False
+    ) -> Handle:
         """In-place sum or mean of ``tensor`` over ``group`` (the world when None)."""
 
     @abc.abstractmethod

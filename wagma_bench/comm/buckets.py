@@ -50,9 +50,9 @@ def _make_bucket(params: list[nn.Parameter]) -> Bucket:
     offset = 0
     for p in params:
         n = p.numel()
-        data[offset:offset + n].copy_(p.data.reshape(-1))
-        p.data = data[offset:offset + n].view_as(p)
-        p.grad = grad[offset:offset + n].view_as(p)
+        data[offset : offset + n].copy_(p.data.reshape(-1))
+        p.data = data[offset : offset + n].view_as(p)
+        p.grad = grad[offset : offset + n].view_as(p)
         offset += n
     return Bucket(params, data, grad)
 
@@ -60,4 +60,3 @@ def _make_bucket(params: list[nn.Parameter]) -> Bucket:
 def zero_grads(buckets: list[Bucket]) -> None:
     for b in buckets:
         b.grad.zero_()
-

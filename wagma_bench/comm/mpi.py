@@ -18,8 +18,8 @@ Choices made here:
   wait does), then sleeps with a short back-off, so a rank waiting for a straggler does not burn a core that
   the computation (or another rank on the same node) needs. Measured on this machine (4 ranks, 25.6M float32)
   the polled ``Iallreduce`` is as fast as the blocking ``Allreduce``.
-* **Groups.** :meth:`MpiComm.new_groups` makes one sub-communicator per group with ``Comm.Create_group``, which
-  is collective over the group's members only; a group's ranks appear in it in sorted order.
+* **Groups.** :meth:`MpiComm.new_groups` makes one sub-communicator per group with ``Comm.Create_group``,
+  which is collective over the group's members only; a group's ranks appear in it in sorted order.
 * **Counters.** :meth:`MpiComm.store_add` uses one-sided MPI: a window on rank 0 holds an open-addressing
   table of (key hash, value) slots; a key claims its slot with ``Compare_and_swap`` and adds with
   ``Rget_accumulate``, so rank 0's main loop takes no part. (Within a node MPICH does these atomics in
@@ -46,8 +46,16 @@ from wagma_bench.comm.base import Comm, CommError, Done, Handle, Ranks
 _YIELD_S = 0.005  # poll with sched_yield for this long, then sleep between polls
 _MIN_PAUSE_S, _MAX_PAUSE_S = 2e-5, 5e-4
 _STORE_SLOTS = 1 << 17  # distinct store_add keys per run (keys are never deleted); 2 MiB on rank 0
-_REDUCIBLE = (torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
-              torch.int64)
+_REDUCIBLE = (
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+)
 
 
 def _poll(req: MPI.Request, what: str, timeout_s: float, status: MPI.Status | None = None) -> None:
@@ -57,8 +65,10 @@ def _poll(req: MPI.Request, what: str, timeout_s: float, status: MPI.Status | No
     while not req.Test(status):
         waited = time.monotonic() - start
         if waited > timeout_s:
-            raise CommError(f"{what} did not complete within {timeout_s:g} s "
-                            "(a peer died, hangs, or does not take part in it)")
+            raise CommError(
+                f"{what} did not complete within {timeout_s:g} s "
+                "(a peer died, hangs, or does not take part in it)"
+            )
         if waited < _YIELD_S:
             os.sched_yield()
         else:
@@ -70,8 +80,15 @@ class _Request:
     """An MPI request in flight; ``wait()`` polls it with the timeout, then runs the finishing steps
     (copy back from the staging buffer, divide for a mean). ``keep`` holds buffers alive until then."""
 
-    def __init__(self, req: MPI.Request, what: str, timeout_s: float, finish: list[Callable[[], object]],
-                 keep: object = None, is_recv: bool = False):
+    def __init__(
+        self,
+        req: MPI.Request,
+        what: str,
+        timeout_s: float,
+        finish: list[Callable[[], object]],
+        keep: object = None,
+        is_recv: bool = False,
+    ):
         self._req, self.what, self.timeout_s = req, what, timeout_s
         self._finish, self._keep, self._is_recv = finish, keep, is_recv
 
@@ -125,18 +142,24 @@ class MpiComm(Comm):
         """Join the MPI world this process was started in (a singleton world outside mpiexec)."""
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
-            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                     MPI.THREAD_SERIALIZED: "SERIALIZED"}
-            raise CommError(f"the MPI library granted MPI_THREAD_{names.get(provided, provided)}, but "
-                            "wagma-bench needs MPI_THREAD_MULTIPLE (its progress thread calls MPI concurrently); "
-                            "use an MPI built with thread support (e.g. pip install mpich). "
-                            f"Library: {MPI.Get_library_version().splitlines()[0].strip()}")
+            names = {
+                MPI.THREAD_SINGLE: "SINGLE",
+                MPI.THREAD_FUNNELED: "FUNNELED",
+                MPI.THREAD_SERIALIZED: "SERIALIZED",
+            }
+            raise CommError(
+                f"the MPI library granted MPI_THREAD_{names.get(provided, provided)}, but "
+                "wagma-bench needs MPI_THREAD_MULTIPLE (its progress thread calls MPI concurrently); "
+                "use an MPI built with thread support (e.g. pip install mpich). "
+                f"Library: {MPI.Get_library_version().splitlines()[0].strip()}"
+            )
         world = MPI.COMM_WORLD.Dup()
         return cls(world, timeout_s, device, _CounterStore(world, timeout_s))
 
     # --- buffers ------------------------------------------------------------------------------------
-    def _buffer(self, tensor: torch.Tensor, what: str, copy_in: bool = True
-                ) -> tuple[np.ndarray, list[Callable[[], object]]]:
+    def _buffer(
+        self, tensor: torch.Tensor, what: str, copy_in: bool = True
+    ) -> tuple[np.ndarray, list[Callable[[], object]]]:
         """The memory MPI works on, and the steps that bring the result back into ``tensor``."""
         tensor = _checked(tensor, what)
         if tensor.device.type == "cpu":
@@ -162,8 +185,9 @@ class MpiComm(Comm):
             raise ValueError(f"MPI tag {tag} is outside [0, {self.max_tag}] (this MPI's MPI_TAG_UB)")
         return tag
 
-    def _finish(self, req: MPI.Request, what: str, finish: list, keep: object, async_op: bool,
-                is_recv: bool = False) -> Handle:
+    def _finish(
+        self, req: MPI.Request, what: str, finish: list, keep: object, async_op: bool, is_recv: bool = False
+    ) -> Handle:
         handle = _Request(req, what, self.timeout_s, finish, keep, is_recv)
         if async_op:
             return handle
@@ -175,7 +199,9 @@ class MpiComm(Comm):
         if op not in ("mean", "sum"):
             raise ValueError(f"allreduce op must be 'mean' or 'sum', got {op!r}")
         if tensor.dtype not in _REDUCIBLE:
-            raise ValueError(f"MPI cannot reduce {tensor.dtype}; use one of {', '.join(map(str, _REDUCIBLE))}")
+            raise ValueError(
+                f"MPI cannot reduce {tensor.dtype}; use one of {', '.join(map(str, _REDUCIBLE))}"
+            )
         tensor, comm = tensor.detach(), self._comm(group)
         what = f"allreduce over {'the world' if group is None else f'group {tuple(sorted(group))}'}"
         buf, finish = self._buffer(tensor, what)
@@ -213,8 +239,14 @@ class MpiComm(Comm):
     def irecv(self, tensor, src, tag=0) -> Handle:
         what = f"receive from rank {src} (tag {tag})"
         buf, finish = self._buffer(tensor, what, copy_in=False)
-        return _Request(self._world.Irecv(buf, source=src, tag=self._tag(tag)), what, self.timeout_s, finish, buf,
-                        is_recv=True)
+        return _Request(
+            self._world.Irecv(buf, source=src, tag=self._tag(tag)),
+            what,
+            self.timeout_s,
+            finish,
+            buf,
+            is_recv=True,
+        )
 
     def recv_any(self, tensor, tag) -> int:
         what = f"receive from any rank (tag {tag})"

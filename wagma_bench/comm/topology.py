@@ -124,13 +124,15 @@ def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]
 
 def matching_partners(world_size: int, step: int, seed: int = 0) -> np.ndarray:
     """:func:`random_matching` as an array: each rank's partner (itself when it sits out). The passives are
-    shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per exchange
-    round, at up to 65,536 ranks. (numpy is imported here: the launcher imports this module and no numpy.)"""
+    shuffled by numpy's generator seeded with (seed, step), in C: the simulator asks for one matching per
+    exchange round, at up to 65,536 ranks. (numpy is imported here: the launcher imports this module and no
+    numpy.)"""
     import numpy as np
+
     actives, passives = np.arange(0, world_size, 2), np.arange(1, world_size, 2)
     shuffled = passives[np.random.default_rng([seed, step]).permutation(len(passives))]
     partners = np.arange(world_size)
-    paired = actives[:len(shuffled)]
+    paired = actives[: len(shuffled)]
     partners[paired], partners[shuffled] = shuffled, paired
     return partners
 
@@ -216,8 +218,13 @@ class WagmaSchedule(RoundSchedule):
 class FixedSchedule(RoundSchedule):
     """The same partition every round (eager-SGD: the whole world as one group)."""
 
-    def __init__(self, world_size: int, groups: tuple[Group, ...] | None = None, period: int = 0,
-                 last: int | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        groups: tuple[Group, ...] | None = None,
+        period: int = 0,
+        last: int | None = None,
+    ):
         self.world_size = world_size
         self.groups = groups or (tuple(range(world_size)),)
         self.period = period

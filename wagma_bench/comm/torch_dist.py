@@ -64,8 +64,16 @@ class TorchComm(Comm):
         self._groups: dict[Ranks, object] = {tuple(range(self.world_size)): world_pg}
 
     @classmethod
-    def init(cls, backend: str, rank: int, world_size: int, store, timeout_s: float,
-             device: torch.device, emulate: str | None = None) -> TorchComm:
+    def init(
+        cls,
+        backend: str,
+        rank: int,
+        world_size: int,
+        store,
+        timeout_s: float,
+        device: torch.device,
+        emulate: str | None = None,
+    ) -> TorchComm:
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:  # env:// (MASTER_ADDR/MASTER_PORT, or torchrun's agent store)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
@@ -98,8 +106,9 @@ class TorchComm(Comm):
         size = len(group) if group is not None else self.world_size
         fused = op == "mean" and self.averages_in_collective
         try:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG if fused else dist.ReduceOp.SUM, group=pg,
-                                   async_op=True)
+            work = dist.all_reduce(
+                tensor, op=dist.ReduceOp.AVG if fused else dist.ReduceOp.SUM, group=pg, async_op=True
+            )
         except RuntimeError as err:
             raise CommError(f"allreduce failed: {err}") from err
         handle = _Mean(work, tensor, size) if op == "mean" and not fused else _Checked(work, "allreduce")
@@ -151,8 +160,9 @@ class TorchComm(Comm):
 
     def fork_control(self, timeout_s: float | None = None) -> TorchComm:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        pg = dist.new_group(list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s),
-                            backend="gloo")
+        pg = dist.new_group(
+            list(range(self.world_size)), timeout=datetime.timedelta(seconds=timeout_s), backend="gloo"
+        )
         return TorchComm(pg, timeout_s, torch.device("cpu"))
 
     def close(self) -> None:

@@ -82,19 +82,20 @@ CONTRIBUTIONS = ("model", "gradient")
 # Where a round's time goes (seconds summed over rounds, in ``timings``): the activation messages, the
 # snapshot copy, the collective (progress thread) and the copy of a result into the caller's model.
 PHASES = ("activation", "snapshot", "collective", "hand_over")
-# The progress thread's own CPU time (its thread clock), summed over rounds, in ``progress_cpu``: blocked until
-# a round may start (it waits on a condition, so this stays near zero), choosing the buffer with its snapshot
-# copy, and posting the activations and the collective (gloo's reduction runs in gloo's threads, not here).
+# The progress thread's own CPU time (its thread clock), summed over rounds, in ``progress_cpu``: blocked
+# until a round may start (it waits on a condition, so this stays near zero), choosing the buffer with its
+# snapshot copy, and posting the activations and the collective (gloo's reduction runs in gloo's threads, not
+# here).
 PROGRESS_CPU = ("waiting", "start", "communication")
 
 
 @dataclass
 class RoundResult:
-    round: int               # the round this rank has reached
-    result: torch.Tensor     # model: the rank's model, valid until the next post() or request();
-                             # gradient: the round's mean, valid until the next request()
-    staleness: int           # largest age of this rank's contributions to the rounds handed over
-    wait_s: float            # time the caller waited
+    round: int  # the round this rank has reached
+    result: torch.Tensor  # model: the rank's model, valid until the next post() or request();
+    # gradient: the round's mean, valid until the next request()
+    staleness: int  # largest age of this rank's contributions to the rounds handed over
+    wait_s: float  # time the caller waited
 
 
 def _tag(r: int) -> int:
@@ -112,14 +113,25 @@ class WaitAvoidingAllreduce:
     ``in_place`` (model contributions): ``like`` is the caller's model; requests update it in place and
     hand it back, and posting it costs nothing."""
 
-    def __init__(self, comm: Comm, like: torch.Tensor, schedule: RoundSchedule, contribution: str = "model",
-                 in_order: bool = True, timeout_s: float = 300.0, start_round: int = 0,
-                 activator: Callable[[int], int] | None = None, in_place: bool = False):
+    def __init__(
+        self,
+        comm: Comm,
+        like: torch.Tensor,
+        schedule: RoundSchedule,
+        contribution: str = "model",
+        in_order: bool = True,
+        timeout_s: float = 300.0,
+        start_round: int = 0,
+        activator: Callable[[int], int] | None = None,
+        in_place: bool = False,
+    ):
         if contribution not in CONTRIBUTIONS:
             raise ValueError(f"contribution must be one of {', '.join(CONTRIBUTIONS)}, got {contribution!r}")
         if contribution == "gradient" and (not in_order or in_place):
-            raise ValueError("gradient contributions are handed out in order (in_order=True), from the engine's "
-                             "own buffers (in_place=False)")
+            raise ValueError(
+                "gradient contributions are handed out in order (in_order=True), from the engine's "
+                "own buffers (in_place=False)"
+            )
         self.rank, self.world_size = comm.rank, comm.world_size
         self.schedule, self.contribution, self.in_order = schedule, contribution, in_order
         self.timeout_s, self.activator = timeout_s, activator
@@ -136,38 +148,42 @@ class WaitAvoidingAllreduce:
         self._cv = threading.Condition()
         self._streams = _Streams(like.device)
         self._started = self._done = self._ready = self._answered = start_round
-        self._activated = start_round               # highest round an activation message announced
+        self._activated = start_round  # highest round an activation message announced
         # The listener's first round is fixed here, not read when its thread first runs: by then the progress
         # thread may have completed round start_round + 1, and a listener that began after it would never
         # take that round's activations (its neighbours' sends would never complete: a hang).
         self._listen_from = start_round + 1
         self._in_flight = False
         self._asking, self._target_r = False, start_round  # the caller waits in request() for round _target_r
-        self._post_round = start_round + 1          # first round that includes the latest post
-        self._send_q = start_round    # model: the answered round at the newest post in the model
-        self._oldest_q: int | None = None           # gradient: answered round at the oldest unreduced post
+        self._post_round = start_round + 1  # first round that includes the latest post
+        self._send_q = start_round  # model: the answered round at the newest post in the model
+        self._oldest_q: int | None = None  # gradient: answered round at the oldest unreduced post
         self._staleness = 0
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.progress_cpu = dict.fromkeys(PROGRESS_CPU, 0.0)
-        self.rounds = 0                             # rounds this rank took part in (the timings' count)
-        self.snapshots = 0                          # of which started while the caller computed (a copy)
+        self.rounds = 0  # rounds this rank took part in (the timings' count)
+        self.snapshots = 0  # of which started while the caller computed (a copy)
         self._error: BaseException | None = None
         self._closing = False
-        self._threads = [threading.Thread(target=self._guard(loop), daemon=True, name=f"wagma-{what}-{self.rank}")
-                         for what, loop in (("progress", self._progress_loop), ("listener", self._listen_loop))]
+        self._threads = [
+            threading.Thread(target=self._guard(loop), daemon=True, name=f"wagma-{what}-{self.rank}")
+            for what, loop in (("progress", self._progress_loop), ("listener", self._listen_loop))
+        ]
         for t in self._threads:
             t.start()
 
     def _init_buffers(self, in_place: bool) -> None:
         self._in_place = in_place
-        self._model: torch.Tensor | None = None     # model: M, the rank's model (see the module docstring)
-        self._work: torch.Tensor | None = None      # model: W, made at the first snapshot; gradient: in flight
-        self._pending = False     # model: W, not M, holds the rank's newest model (M gets it at the hand-over)
-        self._holding = True      # model: the caller may change M (until its post); no round starts meanwhile
-        self._send: torch.Tensor | None = None      # gradient: the unreduced gradients
-        self._send_empty = True                     # gradient: the send buffer holds nothing yet
-        self._free: list[torch.Tensor] = []         # gradient: recycled result buffers (fresh ones page-fault)
-        self._lent: torch.Tensor | None = None      # gradient: the result the caller holds until its next request()
+        self._model: torch.Tensor | None = None  # model: M, the rank's model (see the module docstring)
+        self._work: torch.Tensor | None = None  # model: W, made at the first snapshot; gradient: in flight
+        self._pending = False  # model: W, not M, holds the rank's newest model (M gets it at the hand-over)
+        self._holding = True  # model: the caller may change M (until its post); no round starts meanwhile
+        self._send: torch.Tensor | None = None  # gradient: the unreduced gradients
+        self._send_empty = True  # gradient: the send buffer holds nothing yet
+        self._free: list[torch.Tensor] = []  # gradient: recycled result buffers (fresh ones page-fault)
+        self._lent: torch.Tensor | None = (
+            None  # gradient: the result the caller holds until its next request()
+        )
         self._kept: deque[tuple[int, torch.Tensor, int]] = deque()  # gradient: (round, mean, age), in order
         if self.contribution == "model":
             self._model = self._like if in_place else self._like.clone()
@@ -176,11 +192,15 @@ class WaitAvoidingAllreduce:
 
     def report(self) -> dict:
         """Per round this rank took part in, in ms: where its time went (wall clock, :data:`PHASES`) and the
-        progress thread's CPU (:data:`PROGRESS_CPU`); and how many rounds ran on a snapshot (passive rounds)."""
+        progress thread's CPU (:data:`PROGRESS_CPU`); and how many rounds ran on a snapshot (passive
+        rounds)."""
         per = 1e3 / max(1, self.rounds)
-        return {"rounds": self.rounds, "snapshots": self.snapshots,
-                "wall_ms_per_round": {k: round(v * per, 4) for k, v in self.timings.items()},
-                "progress_cpu_ms_per_round": {k: round(v * per, 4) for k, v in self.progress_cpu.items()}}
+        return {
+            "rounds": self.rounds,
+            "snapshots": self.snapshots,
+            "wall_ms_per_round": {k: round(v * per, 4) for k, v in self.timings.items()},
+            "progress_cpu_ms_per_round": {k: round(v * per, 4) for k, v in self.progress_cpu.items()},
+        }
 
     def extra_buffers(self) -> tuple[int, int]:
         """Model-sized buffers the engine holds beyond the caller's model (``in_place``): count and bytes."""
@@ -206,11 +226,13 @@ class WaitAvoidingAllreduce:
                     self._oldest_q = self._answered
             else:
                 if not self._holding:
-                    raise RuntimeError("post() the model once after each request() (its change is counted once)")
+                    raise RuntimeError(
+                        "post() the model once after each request() (its change is counted once)"
+                    )
                 if not _same_storage(tensor, self._model):
                     self._model.copy_(tensor)
                 self._holding, self._send_q = False, self._answered
-                self._cv.notify_all()   # rounds may start again
+                self._cv.notify_all()  # rounds may start again
             self._post_round = self._started + 1
             self._streams.posted()
 
@@ -249,8 +271,9 @@ class WaitAvoidingAllreduce:
         while self._done < target or (self._in_flight and self._model is not None):
             self._raise_if_failed()
             if not self._cv.wait(timeout=1.0) and time.monotonic() > deadline:
-                raise CommError(f"rank {self.rank}: round {target} did not complete within "
-                                f"{2 * self.timeout_s:.0f} s")
+                raise CommError(
+                    f"rank {self.rank}: round {target} did not complete within {2 * self.timeout_s:.0f} s"
+                )
         self._raise_if_failed()
 
     def _hand_over(self, target: int) -> RoundResult:
@@ -299,11 +322,14 @@ class WaitAvoidingAllreduce:
                     if not self._closing:
                         self._error = err
                     self._cv.notify_all()
+
         return run
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise CommError(f"rank {self.rank}: wait-avoiding allreduce failed: {self._error}") from self._error
+            raise CommError(
+                f"rank {self.rank}: wait-avoiding allreduce failed: {self._error}"
+            ) from self._error
 
     def _may_start(self, r: int) -> bool:
         """Called with the lock held: round ``r`` can start on this rank now."""
@@ -343,8 +369,11 @@ class WaitAvoidingAllreduce:
             if len(group) > 1:
                 if divisor > 1 and not divided:
                     buf.div_(divisor)
-                self._data.allreduce(buf, op="sum" if divisor > 1 else "mean",
-                                     group=None if len(group) == self.world_size else group)
+                self._data.allreduce(
+                    buf,
+                    op="sum" if divisor > 1 else "mean",
+                    group=None if len(group) == self.world_size else group,
+                )
             t2 = time.perf_counter()
             for handle in sent:
                 handle.wait()
@@ -368,9 +397,13 @@ class WaitAvoidingAllreduce:
         Every member of a group decides alike, so a group never mixes divided and undivided models.
         Gradient contributions and float16 models (smallest normal 6e-5, within real weights) divide after,
         and so does nothing on NCCL, whose average is part of the collective (no pass of its own)."""
-        return (self.contribution == "model" and size > 1 and size & (size - 1) == 0
-                and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16)
-                and not self._data.averages_in_collective)
+        return (
+            self.contribution == "model"
+            and size > 1
+            and size & (size - 1) == 0
+            and self._like.dtype in (torch.float32, torch.float64, torch.bfloat16)
+            and not self._data.averages_in_collective
+        )
 
     def _start_round(self, r: int, divisor: int) -> tuple[torch.Tensor, int, bool]:
         """Choose (and fill) the buffer round ``r`` reduces, lock held; returns it, this rank's age in it and

@@ -1,6 +1,7 @@
 """Cluster profiles: ``conf/cluster/NAME.yaml``, how jobs are requested and started on one cluster (SLURM's
-request, the launcher per comm, the node hardware) and the network ``simulate`` models it with. Read and checked
-here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is refused with its full path."""
+request, the launcher per comm, the node hardware) and the network ``simulate`` models it with. Read and
+checked here for ``sweep``, ``tune`` and ``simulate`` alike: a misspelt key anywhere is refused with its full
+path."""
 
 from __future__ import annotations
 
@@ -31,19 +32,19 @@ class Hardware:
 class LinkProfile:
     """One link level of `simulate`'s alpha-beta model (wagma_bench/simulate/costs.py: ``parse_link``)."""
 
-    alpha_s: float | None = None            # latency (s)
-    bandwidth_GBps: float | None = None     # per rank and direction (GB/s)
-    beta_s_per_byte: float | None = None    # or the inverse bandwidth directly
+    alpha_s: float | None = None  # latency (s)
+    bandwidth_GBps: float | None = None  # per rank and direction (GB/s)
+    beta_s_per_byte: float | None = None  # or the inverse bandwidth directly
 
 
 @dataclass
 class NetworkProfile:
     """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
 
-    allreduce: str = "auto"                 # ring | recursive_doubling | tree | auto (the cheapest)
-    intra: LinkProfile | None = None        # a group within one node (null: as inter)
+    allreduce: str = "auto"  # ring | recursive_doubling | tree | auto (the cheapest)
+    intra: LinkProfile | None = None  # a group within one node (null: as inter)
     inter: LinkProfile | None = None
-    control_alpha_s: float | None = None    # latency of a control message (null: inter's alpha)
+    control_alpha_s: float | None = None  # latency of a control message (null: inter's alpha)
 
     def as_dict(self) -> dict[str, Any]:
         """The set keys, as ``Network.from_profile`` reads them."""
@@ -71,8 +72,11 @@ class ClusterProfile:
     qos: str | None = None
     time: str = "01:00:00"
     signal: str = "USR1@90"
-    max_num_timeout: int = 3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
-    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no throttle, as many as the queue starts
+    max_num_timeout: int = (
+        3  # --submitit: times a job that hits its time limit is requeued (submitit's default 0)
+    )
+    # job-array tasks SLURM runs at once (sbatch --array=0-N%K); null: no
+    # throttle, as many as the queue starts
     array_parallelism: int | None = None
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
@@ -84,10 +88,11 @@ class ClusterProfile:
 
 
 def auto_venv(env=os.environ) -> str:
-    """The Python prefix ``venv: auto`` puts on the jobs' PATH: the one running the sweep, named as the user reached
-    it: ``VIRTUAL_ENV`` (the activated path, a symbolic link or a per-user path such as ``$HOME/venv`` kept as
-    given) where it is this prefix, else ``sys.prefix`` (a console script's ``#!`` line names the prefix as pip
-    wrote it, which may be the link's target: a path that compute nodes may reach differently, or not at all)."""
+    """The Python prefix ``venv: auto`` puts on the jobs' PATH: the one running the sweep, named as the user
+    reached it: ``VIRTUAL_ENV`` (the activated path, a symbolic link or a per-user path such as ``$HOME/venv``
+    kept as given) where it is this prefix, else ``sys.prefix`` (a console script's ``#!`` line names the
+    prefix as pip wrote it, which may be the link's target: a path that compute nodes may reach differently,
+    or not at all)."""
     given = env.get("VIRTUAL_ENV")
     try:
         if given and os.path.samefile(given, sys.prefix):
@@ -102,33 +107,41 @@ def cluster_names() -> list[str]:
 
 
 def load_profile(name: str, overrides: list[str] = ()) -> ClusterProfile:
-    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it against :class:`ClusterProfile`."""
+    """Read conf/cluster/NAME.yaml, apply ``KEY=VALUE`` overrides, check it
+    against :class:`ClusterProfile`."""
     path = CONF_DIR / "cluster" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"cluster={name!r} is not available; choose one of: {', '.join(cluster_names())}")
     try:
-        node = OmegaConf.merge(OmegaConf.structured(ClusterProfile), OmegaConf.load(path),
-                               OmegaConf.create(_override_values(overrides)))
+        node = OmegaConf.merge(
+            OmegaConf.structured(ClusterProfile),
+            OmegaConf.load(path),
+            OmegaConf.create(_override_values(overrides)),
+        )
         profile = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         raise ConfigError(_profile_error(name, err)) from None
     check_slurm_time("cluster.time", profile.time)
     stray = sorted(set(profile.launcher) - set(LAUNCHER_KEYS))
     if stray:
-        raise ConfigError(f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
-                          f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}")
+        raise ConfigError(
+            f"cluster.launcher.{stray[0]}: unknown key (cluster {name}); valid keys of "
+            f"cluster.launcher: {', '.join(LAUNCHER_KEYS)}"
+        )
     if profile.array_parallelism is not None and profile.array_parallelism < 1:
-        raise ConfigError(f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
-                          "positive number of array tasks running at once, or null (no throttle)")
+        raise ConfigError(
+            f"cluster.array_parallelism={profile.array_parallelism} is not allowed; it must be a "
+            "positive number of array tasks running at once, or null (no throttle)"
+        )
     if profile.gpus_per_node < 1:
         raise ConfigError(f"cluster {name}: gpus_per_node must be >= 1, got {profile.gpus_per_node}")
     return profile
 
 
 def _override_values(overrides: list[str]) -> dict:
-    """``KEY=VALUE`` overrides (as the command line's Hydra grammar wrote them, escapes included) as the nested
-    values they mean: ``time=24\\:00\\:00`` is the string ``24:00:00`` (OmegaConf's dotlist would read YAML,
-    where ``24:00:00`` is a number), ``setup=[module load cuda/12.4]`` one shell line."""
+    """``KEY=VALUE`` overrides (as the command line's Hydra grammar wrote them, escapes included) as the
+    nested values they mean: ``time=24\\:00\\:00`` is the string ``24:00:00`` (OmegaConf's dotlist would read
+    YAML, where ``24:00:00`` is a number), ``setup=[module load cuda/12.4]`` one shell line."""
     if not overrides:
         return {}
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -154,8 +167,10 @@ SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|INFINITE|UNLIMITED)
 def check_slurm_time(key: str, value: str) -> None:
     """``value`` in SLURM's own time format (sbatch --time), else a ConfigError naming ``key``."""
     if not SLURM_TIME.fullmatch(str(value)):
-        raise ConfigError(f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
-                          "D-HH, D-HH:MM or D-HH:MM:SS")
+        raise ConfigError(
+            f"{key}={value} is not allowed; it must be in SLURM's time format: MM, MM:SS, HH:MM:SS, "
+            "D-HH, D-HH:MM or D-HH:MM:SS"
+        )
 
 
 def slurm_hours_minutes(limit: str) -> tuple[int, int]:
@@ -173,8 +188,13 @@ def slurm_hours_minutes(limit: str) -> tuple[int, int]:
 
 
 # A profile's nested sections by their path, for the valid keys of the section a misspelt key is in.
-PROFILE_SECTIONS: dict[str, type] = {"": ClusterProfile, "hardware": Hardware, "network": NetworkProfile,
-                                     "network.intra": LinkProfile, "network.inter": LinkProfile}
+PROFILE_SECTIONS: dict[str, type] = {
+    "": ClusterProfile,
+    "hardware": Hardware,
+    "network": NetworkProfile,
+    "network.intra": LinkProfile,
+    "network.inter": LinkProfile,
+}
 
 
 def _profile_error(name: str, err: OmegaConfBaseException) -> str:

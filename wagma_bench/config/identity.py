@@ -1,7 +1,8 @@
 """A run's two hashes, named for what they are, and the rule behind the second: ``config_hash``, the whole
-configuration (``run_start`` records it: which exact settings ran), and ``resume_hash``, the run's identity, the
-configuration less what may change when a run is resumed or extended (a checkpoint manifest records it, and a
-resume or a finished run's report must match it). Computed on the configuration as a mapping, as recorded."""
+configuration (``run_start`` records it: which exact settings ran), and ``resume_hash``, the run's identity,
+the configuration less what may change when a run is resumed or extended (a checkpoint manifest records it,
+and a resume or a finished run's report must match it). Computed on the configuration as a mapping, as
+recorded."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from wagma_bench.config.renamed import renamed_config
 RESUMABLE_SECTIONS = ("launcher", "logger", "checkpoint")
 BUDGET_KEYS = ("max_rounds", "epochs", "time_limit_s")
 
-# Keys added to the suite after runs had been recorded without them, each with the value that does what those runs
-# did: a run recorded before the key existed is the same run as one with the key at that value (its summary is
-# found, so tune skips it and run reports it; its checkpoints resume). A key added with a default that keeps
-# the old behaviour goes here (tests/test_events_record.py checks a committed tuning against today's plan).
+# Keys added to the suite after runs had been recorded without them, each with the value that does what those
+# runs did: a run recorded before the key existed is the same run as one with the key at that value (its
+# summary is found, so tune skips it and run reports it; its checkpoints resume). A key added with a default
+# that keeps the old behaviour goes here (tests/test_events_record.py checks a committed tuning against
+# today's plan).
 ADDED_KEYS = {
-    ("optimizer", "fragments"): 1,        # streaming DiLoCo (cb68197): one fragment is plain local SGD
+    ("optimizer", "fragments"): 1,  # streaming DiLoCo (cb68197): one fragment is plain local SGD
     ("optimizer", "fragment_delay"): 0,
     ("optimizer", "fragment_alpha"): 0.0,
-    ("workload", "shuffle_seed"): None,   # the batch order set apart from the seed (2026-12-05)
-    # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since budgets end exactly (2026-12-06)
+    ("workload", "shuffle_seed"): None,  # the batch order set apart from the seed (2026-12-05)
+    # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since
+    # budgets end exactly (2026-12-06)
     ("train", "allow_budget_raise"): False,
 }
 

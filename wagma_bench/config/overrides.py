@@ -22,11 +22,13 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def precheck(overrides: list[str], conf_dir: Path) -> Path | None:
-    """Parse and compose ``overrides``; raise :class:`ConfigError` for a parse error, an unknown key or option.
+    """Parse and compose ``overrides``; raise :class:`ConfigError` for a parse
+    error, an unknown key or option.
 
     Returns the run directory the command line names (``hydra.run.dir``, resolved), None where it names
     none, under ``-m`` (each job has its own) and where another composition error is left to Hydra's own
-    report. An unknown option of a group (``optimizer=walgma``) is a ConfigError naming the group's options."""
+    report. An unknown option of a group (``optimizer=walgma``) is a ConfigError naming the group's
+    options."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -68,7 +70,7 @@ def _variants(parsed: list, multirun: bool) -> list[list[str]]:
     out = []
     for i, o in enumerate(sweeps):
         for v in values[id(o)]:
-            out.append(fixed + first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1:])
+            out.append(fixed + first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1 :])
     return out
 
 
@@ -98,14 +100,15 @@ def _compose_checked(overrides: list[str], conf_dir: Path) -> Any:
 
 
 def refuse_path_options(overrides: list[str], conf_dir: Path) -> None:
-    """Raise :class:`ConfigError` for a group option that is a path (``optimizer=../../etc/passwd``), quoting the
-    override as typed with the group's options.
+    """Raise :class:`ConfigError` for a group option that is a path (``optimizer=../../etc/passwd``), quoting
+    the override as typed with the group's options.
 
-    An option is the name of a file in the group's folder, but Hydra joins the value onto the folder: ``./wagma``
-    ran WAGMA-SGD, ``../wagma`` composed the main config as an optimizer (Hydra's own report, exit 1) and a missing
-    ``../../etc/passwd`` came back as the group ``optimizer/../../etc``, which read ``optimizer.......etc=passwd``.
-    No option here holds a ``/`` or ``..``. Asks Hydra for the groups (within a caller's ``conf_context``, else
-    its own); an override that does not parse is left to the caller's parser."""
+    An option is the name of a file in the group's folder, but Hydra joins the value onto the folder:
+    ``./wagma`` ran WAGMA-SGD, ``../wagma`` composed the main config as an optimizer (Hydra's own report, exit
+    1) and a missing ``../../etc/passwd`` came back as the group ``optimizer/../../etc``, which read
+    ``optimizer.......etc=passwd``. No option here holds a ``/`` or ``..``. Asks Hydra for the groups (within
+    a caller's ``conf_context``, else its own); an override that does not parse is left to the caller's
+    parser."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
@@ -124,8 +127,10 @@ def refuse_path_options(overrides: list[str], conf_dir: Path) -> None:
             options = loader.get_group_options(o.key_or_group)
             if options:  # a group (``data.root=/x`` is a value, not an option)
                 typed = o.input_line if not o.is_sweep_override() else f"{o.key_or_group}={value}"
-                raise ConfigError(f"{typed}: no such option of {o.key_or_group.replace('/', '.')}; choose one of: "
-                                  f"{', '.join(options)} (an option is a name, not a path)")
+                raise ConfigError(
+                    f"{typed}: no such option of {o.key_or_group.replace('/', '.')}; choose one of: "
+                    f"{', '.join(options)} (an option is a name, not a path)"
+                )
 
     if GlobalHydra.instance().is_initialized():  # within a caller's conf_context (simulate, tune)
         refuse()
@@ -150,7 +155,8 @@ RENAMED_OPTIONS = {
     "imbalance=paper": (
         "renamed: imbalance=shared_draw is what `paper` was (exactly num_slow ranks, drawn with a shared "
         "seed, sleep delay_s every step); imbalance=independent is the WAGMA-SGD authors' per-rank rule "
-        "(each rank sleeps delay_s with probability `probability`, on its own)"),
+        "(each rank sleeps delay_s with probability `probability`, on its own)"
+    ),
 }
 
 
@@ -175,7 +181,11 @@ def unknown_key_message(err: BaseException, overrides: list[str], conf_dir: Path
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = err.__cause__
-    key = getattr(cause, "full_key", None) if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) else None
+    key = (
+        getattr(cause, "full_key", None)
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError))
+        else None
+    )
     return _unknown_key(str(key), overrides, conf_dir) if key else None
 
 
@@ -200,10 +210,15 @@ def _unknown_key(key: str, overrides: list[str], conf_dir: Path) -> str:
     node = OmegaConf.select(cfg, parent) if parent else cfg
     keys = [k for k in (node.keys() if OmegaConf.is_dict(node) else []) if parent or k != "hydra"]
     option = OmegaConf.select(cfg, f"{parent}.name") if parent else None
-    chosen = f"{parent}={option}; " if isinstance(option, str) and parent in ("optimizer", "workload", "imbalance",
-                                                                             "data", "env") else ""
-    return (f"{key}: unknown key ({chosen}given as {', '.join(given)}); valid keys of {parent or 'the config'}: "
-            f"{', '.join(map(str, keys))}")
+    chosen = (
+        f"{parent}={option}; "
+        if isinstance(option, str) and parent in ("optimizer", "workload", "imbalance", "data", "env")
+        else ""
+    )
+    return (
+        f"{key}: unknown key ({chosen}given as {', '.join(given)}); valid keys of {parent or 'the config'}: "
+        f"{', '.join(map(str, keys))}"
+    )
 
 
 def quoted(value: str) -> str:
@@ -216,8 +231,8 @@ def quoted(value: str) -> str:
 
 class CommandParser(argparse.ArgumentParser):
     """argparse for the commands that take Hydra overrides beside their own flags (``sweep``, ``tune``): a bad
-    flag or a missing value is a :class:`ConfigError` (one line, exit 2, as every refused value), not argparse's
-    own exit. Overrides never start with ``-``, so they are the positional arguments."""
+    flag or a missing value is a :class:`ConfigError` (one line, exit 2, as every refused value), not
+    argparse's own exit. Overrides never start with ``-``, so they are the positional arguments."""
 
     def __init__(self, prog: str, usage: str):
         super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)

@@ -1,6 +1,6 @@
-"""Where the configuration (``conf/``) and the SLURM files (``slurm/``) are: inside the package of an installed
-wheel, which carries them as ``wagma_bench/conf`` and ``wagma_bench/slurm`` (pyproject.toml), else at the top
-of the clone the package runs from (an editable install, or the checkout on ``PYTHONPATH``)."""
+"""Where the configuration (``conf/``) and the SLURM files (``slurm/``) are: inside the package of an
+installed wheel, which carries them as ``wagma_bench/conf`` and ``wagma_bench/slurm`` (pyproject.toml), else
+at the top of the clone the package runs from (an editable install, or the checkout on ``PYTHONPATH``)."""
 
 from __future__ import annotations
 

@@ -38,8 +38,10 @@ _SAID: set[str] = set()  # old keys this process has already said a line about
 def deprecation_line(old: str) -> str:
     """The one line said of an old key."""
     new = RENAMED_KEYS[old][0]
-    return (f"wagma-bench: {old} is deprecated: it is named {new} now, and is read as {new} until the next "
-            "release")
+    return (
+        f"wagma-bench: {old} is deprecated: it is named {new} now, and is read as {new} until the next "
+        "release"
+    )
 
 
 def say_deprecated(old: str, quiet: bool = False) -> None:
@@ -66,7 +68,7 @@ def renamed_override(override: str, quiet: bool = False) -> str:
         return override
     if not quiet:
         say_deprecated(bare)
-    return key[:len(key) - len(bare)] + RENAMED_KEYS[bare][0] + eq + value
+    return key[: len(key) - len(bare)] + RENAMED_KEYS[bare][0] + eq + value
 
 
 def renamed_overrides(overrides: list[str] | tuple[str, ...], quiet: bool = False) -> list[str]:

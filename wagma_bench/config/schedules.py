@@ -35,8 +35,17 @@ def peak_lr(lr: float, batch_per_rank: int, world_size: int, reference_batch: in
     return lr * batch_per_rank * world_size / reference_batch
 
 
-def lr_at(epoch: float, *, peak: float, start: float, warmup_epochs: float, schedule: str,
-          epochs: float, milestones=(), decay: float = 0.1) -> float:
+def lr_at(
+    epoch: float,
+    *,
+    peak: float,
+    start: float,
+    warmup_epochs: float,
+    schedule: str,
+    epochs: float,
+    milestones=(),
+    decay: float = 0.1,
+) -> float:
     """Learning rate at fractional ``epoch``."""
     if warmup_epochs > 0 and epoch < warmup_epochs:
         start = min(start, peak)

@@ -66,8 +66,8 @@ ImbalanceSettings = _union(option.Settings for option in IMBALANCES.values())
 
 def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
     """Every numeric field of one section (merged onto its schema, so typed) within the range it declares
-    (:func:`wagma_bench.ranges.setting`); nested sections (``logger.wandb``) too. A numeric field that declares
-    none is refused: every number a user can set is checked before any rank starts."""
+    (:func:`wagma_bench.ranges.setting`); nested sections (``logger.wandb``) too. A numeric field that
+    declares none is refused: every number a user can set is checked before any rank starts."""
     for f in dataclasses.fields(schema):
         value = merged.get(f.name)
         if _is_section(value):
@@ -80,14 +80,18 @@ def check_ranges(section: str, schema: type, merged: DictConfig) -> None:
                 continue
             allowed = range_of(f)
             if allowed is None:
-                raise ConfigError(f"{section}.{f.name} has no allowed range; {missing_range_hint(schema, f.name)}")
+                raise ConfigError(
+                    f"{section}.{f.name} has no allowed range; {missing_range_hint(schema, f.name)}"
+                )
             check_value(f"{section}.{f.name}", v, allowed, value)
 
 
 def missing_range_hint(schema: type, key: str) -> str:
     """What to write for a numeric field ``key`` of ``schema`` that declares no range."""
-    return (f"declare it in {schema.__module__}.{schema.__qualname__} as `{key}: ... = setting(DEFAULT, RANGE)` "
-            "(wagma_bench/ranges.py)")
+    return (
+        f"declare it in {schema.__module__}.{schema.__qualname__} as `{key}: ... = setting(DEFAULT, RANGE)` "
+        "(wagma_bench/ranges.py)"
+    )
 
 
 def check_value(key: str, v: float, allowed: Range, whole: Any = None) -> None:
@@ -129,8 +133,10 @@ def check_target(target: float | None, workload: WorkloadSettings, data: DataSet
     allowed = Range(*cls.METRIC_RANGES[metric])
     check_value("eval.target", target, ANY)
     if not allowed.allows(target):
-        raise ConfigError(f"eval.target={target} is not allowed with workload={workload.name}; its metric "
-                          f"({metric}) is {allowed}, so the target must be too")
+        raise ConfigError(
+            f"eval.target={target} is not allowed with workload={workload.name}; its metric "
+            f"({metric}) is {allowed}, so the target must be too"
+        )
 
 
 def check_outer(optimizer: OptimizerSettings) -> None:
@@ -138,8 +144,10 @@ def check_outer(optimizer: OptimizerSettings) -> None:
     if optimizer.outer == "none" or OPTIMIZER_SPECS[optimizer.name].outer_at is not None:
         return
     applies = ", ".join(name for name, cls in OPTIMIZER_SPECS.items() if cls.outer_at is not None)
-    raise ConfigError(f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
-                      f"{OPTIMIZER_SPECS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}")
+    raise ConfigError(
+        f"optimizer.outer={optimizer.outer} is not allowed with optimizer={optimizer.name}: "
+        f"{OPTIMIZER_SPECS[optimizer.name].outer_refusal}; an outer optimizer applies to: {applies}"
+    )
 
 
 def runs_on(optimizer: str, workload: str) -> bool:
@@ -153,8 +161,10 @@ def check_parts(optimizer: OptimizerSettings, workload: WorkloadSettings) -> Non
     if runs_on(optimizer.name, workload.name):
         return
     splittable = ", ".join(name for name, cls in WORKLOAD_SPECS.items() if cls.splittable)
-    raise ConfigError(f"optimizer={optimizer.name} is not allowed with workload={workload.name}: it computes each "
-                      f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}")
+    raise ConfigError(
+        f"optimizer={optimizer.name} is not allowed with workload={workload.name}: it computes each "
+        f"batch in micro-batches, and {workload.name}'s batches do not split; it runs on: {splittable}"
+    )
 
 
 def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, world_size: int | None) -> None:
@@ -163,34 +173,48 @@ def check_world(optimizer: OptimizerSettings, imbalance: ImbalanceSettings, worl
     OPTIMIZER_SPECS[optimizer.name].check_world(optimizer, world_size)
     ranks = getattr(imbalance, "ranks", None)  # imbalance=fixed names its slow ranks
     if ranks is not None and world_size is not None and any(r >= world_size for r in ranks):
-        raise ConfigError(f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
-                          f"must be below {world_size}")
-    # imbalance=shared_draw delays num_slow ranks a step; more than the world would quietly be every rank, always
+        raise ConfigError(
+            f"imbalance.ranks={list(ranks)} is not allowed with {world_size} ranks; every rank "
+            f"must be below {world_size}"
+        )
+    # imbalance=shared_draw delays num_slow ranks a step; more than the world
+    # would quietly be every rank, always
     num_slow = getattr(imbalance, "num_slow", None)
     if num_slow is not None and world_size is not None and num_slow > world_size:
-        raise ConfigError(f"imbalance.num_slow={num_slow} is not allowed with {world_size} ranks; it must be at "
-                          f"most {world_size}")
+        raise ConfigError(
+            f"imbalance.num_slow={num_slow} is not allowed with {world_size} ranks; it must be at "
+            f"most {world_size}"
+        )
 
 
 def check_memory(workload: str, nproc: int, total_mb: float | None = None) -> None:
     """``nproc`` local ranks within this machine's memory, estimated as ranks x the workload's measured
-    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A world
-    that cannot fit would only swap or meet the OOM killer before its first step."""
-    check_ranks_fit("launcher.nproc", nproc, WORKLOAD_SPECS[workload].RANK_MEMORY_MB,
-                    f"workload={workload}, measured", total_mb)
+    per-rank footprint (``RANK_MEMORY_MB`` of its class; ``total_mb``: the machine's, None to read it). A
+    world that cannot fit would only swap or meet the OOM killer before its first step."""
+    check_ranks_fit(
+        "launcher.nproc",
+        nproc,
+        WORKLOAD_SPECS[workload].RANK_MEMORY_MB,
+        f"workload={workload}, measured",
+        total_mb,
+    )
 
 
-def check_ranks_fit(key: str, nproc: int, per_rank_mb: float, whose: str, total_mb: float | None = None) -> None:
-    """The rule of every command that starts local ranks (`run`, `comm-bench`): ``nproc`` ranks of ``per_rank_mb``
-    each (``whose``: where the figure comes from) within this machine's memory (``total_mb``: None to read it),
-    else a ConfigError naming ``key``, the value and the most that fit."""
+def check_ranks_fit(
+    key: str, nproc: int, per_rank_mb: float, whose: str, total_mb: float | None = None
+) -> None:
+    """The rule of every command that starts local ranks (`run`, `comm-bench`): ``nproc`` ranks of
+    ``per_rank_mb`` each (``whose``: where the figure comes from) within this machine's memory (``total_mb``:
+    None to read it), else a ConfigError naming ``key``, the value and the most that fit."""
     total_mb = machine_memory_mb() if total_mb is None else total_mb
     if not total_mb or nproc * per_rank_mb <= total_mb:
         return
     most = max(1, int(total_mb // per_rank_mb))
-    raise ConfigError(f"{key}={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank_mb:.0f} "
-                      f"MiB per rank ({whose}) = {nproc * per_rank_mb / 1024:.1f} GiB, more than its "
-                      f"{total_mb / 1024:.1f} GiB of memory; it must be at most {most}")
+    raise ConfigError(
+        f"{key}={nproc} is not allowed on this machine: {nproc} ranks x about {per_rank_mb:.0f} "
+        f"MiB per rank ({whose}) = {nproc * per_rank_mb / 1024:.1f} GiB, more than its "
+        f"{total_mb / 1024:.1f} GiB of memory; it must be at most {most}"
+    )
 
 
 def machine_memory_mb() -> float | None:
@@ -206,7 +230,9 @@ class TrainConfig:
     batch_size: int = setting(32, AT_LEAST_ONE)
     local_optimizer: str = "sgd"
     lr: float = setting(0.1, POSITIVE)
-    lr_reference_batch: int | None = setting(256, AT_LEAST_ONE)  # null: no linear scaling (the peak rate is lr; RL)
+    lr_reference_batch: int | None = setting(
+        256, AT_LEAST_ONE
+    )  # null: no linear scaling (the peak rate is lr; RL)
     momentum: float = setting(0.9, FRACTION_BELOW_ONE)
     nesterov: bool = False
     weight_decay: float = setting(1e-4, NON_NEGATIVE)
@@ -218,9 +244,9 @@ class TrainConfig:
     milestones: list[float] = setting(allowed=NON_NEGATIVE, factory=lambda: [30.0, 60.0, 80.0])
     decay: float = setting(0.1, POSITIVE)
     # The budget. A run's length is train.max_rounds when set (also beyond train.epochs: max_rounds wins, and
-    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else train.epochs.
-    # The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of training time;
-    # rank 0 says at the start which budget ends it.
+    # train.epochs then only shapes the learning-rate schedule: a cosine reaches zero there), else
+    # train.epochs. The run ends earlier at eval.target (with eval.stop_at_target) or at train.time_limit_s of
+    # training time; rank 0 says at the start which budget ends it.
     epochs: float = setting(90.0, POSITIVE)
     max_rounds: int | None = setting(None, AT_LEAST_ONE)
     time_limit_s: float | None = setting(None, POSITIVE)
@@ -249,8 +275,9 @@ class EvalConfig:
 class CheckpointConfig:
     every_s: float = setting(600.0, NON_NEGATIVE)
     resume: bool = True
-    # null: RUN_DIR/checkpoint; else a folder (a scratch file system; relative: under the run directory) that gets
-    # one subfolder per run (wagma_bench/record/checkpoint.py), checked before any rank starts (check_folder)
+    # null: RUN_DIR/checkpoint; else a folder (a scratch file system; relative: under the run directory) that
+    # gets one subfolder per run (wagma_bench/record/checkpoint.py), checked before any rank starts
+    # (check_folder)
     dir: str | None = None
 
 
@@ -259,19 +286,26 @@ class CommConfig:
     name: str = "torch"
     backend: str = "auto"
     timeout_s: float = setting(300.0, POSITIVE)
-    emulate: str | None = None   # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
+    emulate: str | None = None  # nccl: a gloo world whose data plane refuses what NCCL refuses (tests, CI)
 
-    CHOICES: ClassVar[dict[str, tuple]] = {"name": ("torch", "mpi"), "backend": ("auto", "gloo", "nccl", "mpi"),
-                                           "emulate": (None, "nccl")}
+    CHOICES: ClassVar[dict[str, tuple]] = {
+        "name": ("torch", "mpi"),
+        "backend": ("auto", "gloo", "nccl", "mpi"),
+        "emulate": (None, "nccl"),
+    }
 
     def __post_init__(self):  # runs in the config check, before any rank starts
         backends = {"torch": ("auto", "gloo", "nccl"), "mpi": ("mpi",)}.get(self.name, ())
         if self.name in ("torch", "mpi") and self.backend not in backends:
-            raise ConfigError(f"comm.backend={self.backend!r} is not allowed with comm={self.name}; "
-                              f"choose one of: {', '.join(backends)}")
+            raise ConfigError(
+                f"comm.backend={self.backend!r} is not allowed with comm={self.name}; "
+                f"choose one of: {', '.join(backends)}"
+            )
         if self.emulate is not None and (self.name != "torch" or self.backend not in ("auto", "gloo")):
-            raise ConfigError(f"comm.emulate=nccl is not allowed with comm={self.name} comm.backend={self.backend}: "
-                              "it emulates NCCL on a gloo world, so it needs comm=torch with comm.backend=auto or gloo")
+            raise ConfigError(
+                f"comm.emulate=nccl is not allowed with comm={self.name} comm.backend={self.backend}: "
+                "it emulates NCCL on a gloo world, so it needs comm=torch with comm.backend=auto or gloo"
+            )
 
 
 @dataclass
@@ -288,44 +322,52 @@ class LauncherConfig:
 class WandbConfig:
     project: str = "wagma-bench"
     entity: str | None = None
-    group: str | None = None              # null: the sweep directory's name in a multirun, else none
-    mode: str = "auto"                    # auto (online with an API key, else offline) | offline | online
-    per_rank_step_times: bool = False     # also log every rank's compute / delay / comm times
-    timeout_s: float = setting(30.0, POSITIVE)  # an online start slower than this falls back to an offline run
+    group: str | None = None  # null: the sweep directory's name in a multirun, else none
+    mode: str = "auto"  # auto (online with an API key, else offline) | offline | online
+    per_rank_step_times: bool = False  # also log every rank's compute / delay / comm times
+    timeout_s: float = setting(
+        30.0, POSITIVE
+    )  # an online start slower than this falls back to an offline run
 
     CHOICES: ClassVar[dict[str, tuple]] = {"mode": ("auto", "offline", "online")}
 
 
 @dataclass
 class SubmissionConfig:
-    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see wagma_bench/record/mlperf.py)."""
+    """The ``submission_*`` keys of the MLPerf log (``RUN_DIR/mllog.txt``; see
+    wagma_bench/record/mlperf.py)."""
 
-    org: str = "wagma-bench"              # submission_org: who ran it
-    platform: str = "unknown"             # submission_platform: the system (e.g. "daint-p100x64")
-    division: str = "open"                # closed | open (our optimizers change the training: open)
-    status: str = "research"              # cloud | onprem | preview | research
-    poc_name: str = ""                    # point of contact (optional)
+    org: str = "wagma-bench"  # submission_org: who ran it
+    platform: str = "unknown"  # submission_platform: the system (e.g. "daint-p100x64")
+    division: str = "open"  # closed | open (our optimizers change the training: open)
+    status: str = "research"  # cloud | onprem | preview | research
+    poc_name: str = ""  # point of contact (optional)
     poc_email: str = ""
 
-    CHOICES: ClassVar[dict[str, tuple]] = {"division": ("closed", "open"),
-                                           "status": ("cloud", "onprem", "preview", "research")}
+    CHOICES: ClassVar[dict[str, tuple]] = {
+        "division": ("closed", "open"),
+        "status": ("cloud", "onprem", "preview", "research"),
+    }
 
     def __post_init__(self):
         for key in ("org", "platform"):
             if not getattr(self, key):
-                raise ConfigError(f"logger.submission.{key}='' is not allowed; it must name the submitter's "
-                                  f"{'organisation' if key == 'org' else 'system'}")
+                raise ConfigError(
+                    f"logger.submission.{key}='' is not allowed; it must name the submitter's "
+                    f"{'organisation' if key == 'org' else 'system'}"
+                )
 
 
 @dataclass
 class LoggerConfig:
     progress: str = "auto"
     log_every_s: float = setting(10.0, NON_NEGATIVE)
-    mllog: bool = False                # also print the MLPerf log (RUN_DIR/mllog.txt) to stdout at the end
+    mllog: bool = False  # also print the MLPerf log (RUN_DIR/mllog.txt) to stdout at the end
     submission: SubmissionConfig = field(default_factory=SubmissionConfig)
-    wandb: WandbConfig | None = None   # set by logger=wandb
+    wandb: WandbConfig | None = None  # set by logger=wandb
 
     CHOICES: ClassVar[dict[str, tuple]] = {"progress": ("auto", "bar", "lines", "off")}
+
 
 FIXED_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -368,8 +410,8 @@ class RunConfig:
     comm: CommConfig
     launcher: LauncherConfig
     logger: LoggerConfig
-    workload: WorkloadSettings     # the chosen option's schema (``workload.name``)
-    data: DataSettings             # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
+    workload: WorkloadSettings  # the chosen option's schema (``workload.name``)
+    data: DataSettings  # the workload's data option (its ``data:`` or, for RL, ``env:`` section)
     optimizer: OptimizerSettings
     imbalance: ImbalanceSettings
     # The resolved configuration as composed, values as written (``600`` where the typed field holds 600.0):
@@ -381,9 +423,9 @@ class RunConfig:
 
 def as_recorded(cfg: RunConfig) -> dict:
     """The configuration of a live run as its records keep it: the resolved mapping as composed, on which its
-    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint manifests,
-    W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from ``cfg``'s
-    typed fields."""
+    hashes are computed (:mod:`wagma_bench.config.identity`) and which ``run_start``, the checkpoint
+    manifests, W&B and the checked configuration handed to its ranks hold. Taken whole: settings are read from
+    ``cfg``'s typed fields."""
     return cfg.composed
 
 
@@ -398,8 +440,12 @@ def _typed(section: str, schema: type, node: Any) -> Any:
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
         message = str(getattr(err, "msg", err)).splitlines()[0]
         kind = next((k for pattern, k in WRONG_TYPE.items() if pattern in message), None)
-        if key and kind:  # a value of the wrong type: the key is right, so no list of keys (it reads as a typo)
-            raise ConfigError(f"{section}.{key}={getattr(err, 'value', '?')!r} is not allowed; it must be {kind}") from None
+        if (
+            key and kind
+        ):  # a value of the wrong type: the key is right, so no list of keys (it reads as a typo)
+            raise ConfigError(
+                f"{section}.{key}={getattr(err, 'value', '?')!r} is not allowed; it must be {kind}"
+            ) from None
         if isinstance(err, ConfigKeyError):
             problem = f"{section}.{key}: unknown key"
         else:
@@ -413,14 +459,19 @@ def _current_names(raw: dict) -> dict:
     file's ``train.max_steps``), its deprecation line said; an old key beside its new one at another value is
     refused."""
     for old, value, new, theirs in conflicts(raw):
-        raise ConfigError(f"{old}={value} and {new}={theirs} are both given; {old} is the old name of {new}: "
-                          f"give only {new}")
+        raise ConfigError(
+            f"{old}={value} and {new}={theirs} are both given; {old} is the old name of {new}: "
+            f"give only {new}"
+        )
     return renamed_config(raw, say=True)
 
 
 # OmegaConf's conversion errors -> what the key takes
-WRONG_TYPE = {"converted to Integer": "an integer", "converted to Float": "a number",
-              "is not a valid bool": "true or false"}
+WRONG_TYPE = {
+    "converted to Integer": "an integer",
+    "converted to Float": "a number",
+    "is not a valid bool": "true or false",
+}
 
 
 def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig:
@@ -437,30 +488,40 @@ def validate(cfg: DictConfig | dict, world_size: int | None = None) -> RunConfig
     if missing:
         raise ConfigError(f"required setting(s) not given: {', '.join(missing)} (pass e.g. {missing[0]}=...)")
     data_sections = data_section_names()
-    known = set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "optimizer", "imbalance", "experiment"}
+    known = (
+        set(FIXED_SECTIONS) | set(TOP_LEVEL_SCALARS) | {"workload", "optimizer", "imbalance", "experiment"}
+    )
     known |= set(data_sections.values())
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown top-level key(s): {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
+        )
     typed: dict[str, Any] = {k: _typed(k, schema, raw.get(k, {})) for k, schema in FIXED_SECTIONS.items()}
     for section, options in option_schemas().items():
         node = dict(raw.get(section) or {})
         name = node.get("name")
         if name not in options:
-            raise ConfigError(f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}")
+            raise ConfigError(
+                f"{section}={name!r} is not available; choose one of: {', '.join(sorted(options))}"
+            )
         typed[section] = _typed(section, options[name], node)
     # The workload's data options (an environment for RL) live in its own section; typed as `data`.
     workload = typed["workload"].name
     data_key = data_sections[workload]
     stray = sorted(k for k in set(data_sections.values()) - {data_key} if k in raw)
     if stray:
-        raise ConfigError(f"workload={workload} takes its data options from `{data_key}:`; "
-                          f"remove the section(s): {', '.join(stray)}")
+        raise ConfigError(
+            f"workload={workload} takes its data options from `{data_key}:`; "
+            f"remove the section(s): {', '.join(stray)}"
+        )
     data_options = workload_data_schemas(workload)
     data_name = (raw.get(data_key) or {}).get("name")
     if data_name not in data_options:
-        raise ConfigError(f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
-                          f"{', '.join(sorted(data_options))}")
+        raise ConfigError(
+            f"workload={workload} has no {data_key}={data_name!r}; choose one of: "
+            f"{', '.join(sorted(data_options))}"
+        )
     typed["data"] = _typed(data_key, data_options[data_name], raw[data_key])
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -489,4 +550,3 @@ def from_checked(raw: dict) -> RunConfig:
 
 def _built(schema: type, node: Any) -> Any:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
-

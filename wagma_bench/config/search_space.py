@@ -4,9 +4,9 @@ tuning ruleset), and the quasirandom points drawn from them.
 Each optimizer's space is ``conf/search_space/NAME.yaml``, a sibling of its settings in ``conf/optimizer/``,
 and not a ``search_space:`` section inside that file on purpose: the optimizer file is the run's
 configuration (composed by Hydra and checked against the optimizer's ``Settings`` by
-:func:`wagma_bench.config.schema.validate`), and a run must not carry the space it was drawn from. One file per
-optimizer also lets the registry test name the exact file a new optimizer lacks. ``run`` never composes the
-folder (``cli.NOT_RUN_GROUPS``).
+:func:`wagma_bench.config.schema.validate`), and a run must not carry the space it was drawn from. One file
+per optimizer also lets the registry test name the exact file a new optimizer lacks. ``run`` never composes
+the folder (``cli.NOT_RUN_GROUPS``).
 
 A space maps a key to a dimension:
 
@@ -63,8 +63,11 @@ class Dimension:
             lo, hi = (math.log(self.low), math.log(self.high + 1)) if self.log else (self.low, self.high + 1)
             x = lo + u * (hi - lo)
             return min(math.floor(math.exp(x) if self.log else x), int(self.high))
-        x = (math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low))) if self.log
-             else self.low + u * (self.high - self.low))
+        x = (
+            math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+            if self.log
+            else self.low + u * (self.high - self.low)
+        )
         return float(f"{x:.6g}")  # short, exact overrides; far finer than any tuning needs
 
     def bounds(self) -> list:
@@ -101,8 +104,8 @@ Override = tuple[tuple[str, str | None], Any]
 
 
 def load_space(optimizer: str, check: bool = True, overrides: tuple[Override, ...] = ()) -> SearchSpace:
-    """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides applied
-    (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
+    """Read and check ``conf/search_space/OPTIMIZER.yaml`` with the command line's ``space.`` overrides
+    applied (:func:`parse_space_override`); raises :class:`ConfigError` naming the file and the overrides."""
     path = space_path(optimizer)
     where = f"search space {_shown(path)}"
     if not path.exists():
@@ -112,14 +115,18 @@ def load_space(optimizer: str, check: bool = True, overrides: tuple[Override, ..
     except (OmegaConfBaseException, ValueError) as err:
         raise ConfigError(f"{where}: cannot be read: {err}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must map keys to dimensions, e.g. lr_multiplier: {{low: 0.25, high: 4, scale: log}}")
+        raise ConfigError(
+            f"{where}: must map keys to dimensions, e.g. lr_multiplier: {{low: 0.25, high: 4, scale: log}}"
+        )
     mine = tuple(o for o in overrides if _applies(o, raw))
     if mine:
         raw = apply_overrides(raw, mine)
         where += " with " + " ".join(f"space.{'.'.join(k for k in path_ if k)}={v}" for path_, v in mine)
     missing = [k for k in REQUIRED if k not in raw]
     if missing:
-        raise ConfigError(f"{where}: {', '.join(missing)} not given; every space tunes {' and '.join(REQUIRED)}")
+        raise ConfigError(
+            f"{where}: {', '.join(missing)} not given; every space tunes {' and '.join(REQUIRED)}"
+        )
     dims = tuple(_dimension(where, key, raw[key]) for key in sorted(raw))
     space = SearchSpace(optimizer, path, dims)
     if check:
@@ -135,9 +142,11 @@ def parse_space_override(item: str) -> Override:
 
     name, sep, text = item.partition("=")
     if not sep or not name.startswith("space.") or name == "space.":
-        raise ConfigError(f"{item}: a search-space override is space.KEY.FIELD=VALUE (FIELD: "
-                          f"{', '.join(sorted(FIELDS))}) or space.KEY={{low: .., high: ..}}")
-    key = name[len("space."):]
+        raise ConfigError(
+            f"{item}: a search-space override is space.KEY.FIELD=VALUE (FIELD: "
+            f"{', '.join(sorted(FIELDS))}) or space.KEY={{low: .., high: ..}}"
+        )
+    key = name[len("space.") :]
     head, _, last = key.rpartition(".")
     field = last if head and last in FIELDS else None
     try:
@@ -183,17 +192,25 @@ def apply_overrides(raw: dict, overrides: tuple[Override, ...]) -> dict:
 
 def _dimension(where: str, key: str, spec: Any) -> Dimension:
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: {key}={spec!r} is not allowed; it must be {{low: .., high: ..}} or {{choices: [..]}}")
+        raise ConfigError(
+            f"{where}: {key}={spec!r} is not allowed; it must be {{low: .., high: ..}} or {{choices: [..]}}"
+        )
     unknown = sorted(set(spec) - FIELDS)
     if unknown:
-        raise ConfigError(f"{where}: {key}.{unknown[0]}: unknown field; valid fields: {', '.join(sorted(FIELDS))}")
+        raise ConfigError(
+            f"{where}: {key}.{unknown[0]}: unknown field; valid fields: {', '.join(sorted(FIELDS))}"
+        )
     if "choices" in spec:
         choices = spec["choices"]
         if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
-            raise ConfigError(f"{where}: {key}.choices={choices!r} is not allowed; it must be a non-empty list, "
-                              "without low, high or scale")
+            raise ConfigError(
+                f"{where}: {key}.choices={choices!r} is not allowed; it must be a non-empty list, "
+                "without low, high or scale"
+            )
         if len({repr(c) for c in choices}) != len(choices):
-            raise ConfigError(f"{where}: {key}.choices={choices} is not allowed; the choices must be distinct")
+            raise ConfigError(
+                f"{where}: {key}.choices={choices} is not allowed; the choices must be distinct"
+            )
         return Dimension(key, choices=tuple(choices))
     low, high, scale = spec.get("low"), spec.get("high"), spec.get("scale", "linear")
     for name, v in (("low", low), ("high", high)):
@@ -206,10 +223,14 @@ def _dimension(where: str, key: str, spec: Any) -> Dimension:
     if scale == "log" and low <= 0:
         raise ConfigError(f"{where}: {key}.low={low} is not allowed with scale: log; it must be > 0")
     if key == "lr_multiplier" and (low <= 0 or scale != "log"):
-        raise ConfigError(f"{where}: lr_multiplier={{low: {low}, high: {high}, scale: {scale}}} is not allowed; "
-                          "it must be log-uniform with low > 0")
+        raise ConfigError(
+            f"{where}: lr_multiplier={{low: {low}, high: {high}, scale: {scale}}} is not allowed; "
+            "it must be log-uniform with low > 0"
+        )
     if key == "warmup_fraction" and (low < 0 or high >= 1):
-        raise ConfigError(f"{where}: warmup_fraction low={low} high={high} is not allowed; it must be in [0, 1)")
+        raise ConfigError(
+            f"{where}: warmup_fraction low={low} high={high} is not allowed; it must be in [0, 1)"
+        )
     integer = isinstance(low, int) and isinstance(high, int)
     return Dimension(key, float(low), float(high), scale == "log", integer)
 
@@ -231,8 +252,13 @@ def check_against_config(space: SearchSpace, where: str) -> None:
             continue
         allowed = settings if section == "optimizer" else train if section == "train" else set()
         if name not in allowed or d.key in SET_BY_REQUIRED:
-            valid = sorted([*REQUIRED, *(f"optimizer.{k}" for k in settings),
-                            *(f"train.{k}" for k in train if f"train.{k}" not in SET_BY_REQUIRED)])
+            valid = sorted(
+                [
+                    *REQUIRED,
+                    *(f"optimizer.{k}" for k in settings),
+                    *(f"train.{k}" for k in train if f"train.{k}" not in SET_BY_REQUIRED),
+                ]
+            )
             raise ConfigError(f"{where}: {d.key}: unknown key; valid keys: {', '.join(valid)}")
     from hydra.core.global_hydra import GlobalHydra
 
@@ -251,11 +277,14 @@ def check_against_config(space: SearchSpace, where: str) -> None:
             try:
                 validate(cfg)
             except ConfigError as err:
-                raise ConfigError(f"{where}: {d.key}={value} would be refused by the run config: {err}") from None
+                raise ConfigError(
+                    f"{where}: {d.key}={value} would be refused by the run config: {err}"
+                ) from None
 
 
 def draw(space: SearchSpace, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` quasirandom points of ``space``: the first ``n`` of a scrambled Sobol sequence seeded by ``seed``.
+    """``n`` quasirandom points of ``space``: the first ``n`` of a scrambled
+    Sobol sequence seeded by ``seed``.
 
     ``scipy.stats.qmc`` rather than Optuna's QMC sampler: scipy is already a dependency (torchvision's
     and ours), the points are a pure function of (space, seed) with no study storage, and Optuna's sampler

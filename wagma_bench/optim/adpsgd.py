@@ -80,8 +80,9 @@ class ADPSGD(ADPSGDSpec, Algorithm):
             self._rcomm = comm.fork_control()
             self._gcomm = comm.fork()
             loop = self._active_loop if self.active else self._passive_loop
-            self._thread = threading.Thread(target=self._guarded(loop), daemon=True,
-                                            name=f"adpsgd-gossip-{comm.rank}")
+            self._thread = threading.Thread(
+                target=self._guarded(loop), daemon=True, name=f"adpsgd-gossip-{comm.rank}"
+            )
             self._thread.start()
 
     # --- compute thread ---------------------------------------------------------------------------
@@ -117,7 +118,9 @@ class ADPSGD(ADPSGDSpec, Algorithm):
         timeout_s = 2 * self.comm.timeout_s
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
-            raise CommError(f"rank {self.comm.rank}: adpsgd gossip thread did not stop within {timeout_s:.0f} s")
+            raise CommError(
+                f"rank {self.comm.rank}: adpsgd gossip thread did not stop within {timeout_s:.0f} s"
+            )
         self._raise_if_failed()
 
     # --- gossip thread ----------------------------------------------------------------------------
@@ -179,9 +182,11 @@ class ADPSGD(ADPSGDSpec, Algorithm):
                 loop()
             except BaseException as err:  # noqa: BLE001 - surfaced to the compute thread by step() / close()
                 self._error = err
+
         return run
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise CommError(f"rank {self.comm.rank}: adpsgd gossip with a peer failed: {self._error}") \
-                from self._error
+            raise CommError(
+                f"rank {self.comm.rank}: adpsgd gossip with a peer failed: {self._error}"
+            ) from self._error

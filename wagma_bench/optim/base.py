@@ -40,21 +40,22 @@ may be a collective unless said otherwise; ``tests/test_algorithm_lifecycle.py``
      check refuses any other). It must restore ``round`` (the base class does) and everything ``step``
      needs to continue as if never stopped: a deterministic algorithm's resumed run ends bit-identical to
      an uninterrupted one (``tests/test_faults.py``). It should not communicate.
-   Then, on rank 0 only, **``largest_state_dict()``** once, before the first step (not a collective; nothing is in
-   flight yet): the size of a checkpoint said at the start is counted from it.
+   Then, on rank 0 only, **``largest_state_dict()``** once, before the first step (not a collective; nothing
+   is in flight yet): the size of a checkpoint said at the start is counted from it.
 3. **Steps**, repeated: ``set_lr(lr)``, ``zero_grad()``, the forward and backward pass (gradients land in
    the buckets' gradient storage), ``step()``. ``step`` returns a :class:`StepInfo` whose ``round`` is at
    least the previous one plus one. Between steps the model's parameters are this rank's current model,
    the one evaluation and checkpoints read. With ``computes_in_parts`` the batch is split into M parts and
    the forward and backward pass runs once per part, each asked for with ``start_micro_batch`` (a False
    ends the step's computation there) and reported with ``end_micro_batch``; each part's mean loss is
-   multiplied by ``loss_weight(samples)`` before its backward (M = ``micro_batches``), so that the gradients add up as the
-   algorithm normalises them. These calls are local: no communication.
+   multiplied by ``loss_weight(samples)`` before its backward (M = ``micro_batches``), so that the gradients
+   add up as the algorithm normalises them. These calls are local: no communication.
 4. **Synchronisation points**: after a ``step`` that returned a round ``r`` that is a multiple of
    ``sync_period`` (and is due for the control exchange, an evaluation or the end), or the last round
-   (``end_at``), every rank is at round ``r``. The trainer then uses ``comm`` itself: one allreduce of control flags, maybe an evaluation (a
-   broadcast or an average of the model unless ``models_identical``), maybe a checkpoint. So nothing of
-   the algorithm may use ``comm`` concurrently: background threads communicate on forked planes only.
+   (``end_at``), every rank is at round ``r``. The trainer then uses ``comm`` itself: one allreduce of control
+   flags, maybe an evaluation (a broadcast or an average of the model unless ``models_identical``), maybe a
+   checkpoint. So nothing of the algorithm may use ``comm`` concurrently: background threads communicate on
+   forked planes only.
 5. **``state_dict()``**, at a synchronisation point chosen for a checkpoint, on every rank at the same
    round (an allgather follows). It returns everything ``load_state_dict`` needs, including anything in
    flight (SGP's message with overlap); it may wait for this rank's own pending communication.
@@ -86,16 +87,16 @@ from wagma_bench.optim.specs import AlgorithmSpec
 
 @dataclass
 class StepInfo:
-    round: int              # the round this rank has completed (>= previous + 1)
-    comm_s: float = 0.0     # time the compute thread spent waiting on communication in this step
-    staleness: int = 0      # rounds this rank's model was stale in the last group average (0: fresh)
+    round: int  # the round this rank has completed (>= previous + 1)
+    comm_s: float = 0.0  # time the compute thread spent waiting on communication in this step
+    staleness: int = 0  # rounds this rank's model was stale in the last group average (0: fresh)
     extra: dict = field(default_factory=dict)  # more fields for this step's record (DropCompute's drops)
 
 
 class Algorithm(AlgorithmSpec, abc.ABC):
-    """Base class: flat parameter buckets, the local optimizer, round bookkeeping. What the configuration check
-    reads (name, Settings, outer_at, outer_refusal, computes_in_parts, check_world) each algorithm inherits from
-    its spec in :mod:`wagma_bench.optim.specs`, which imports no torch."""
+    """Base class: flat parameter buckets, the local optimizer, round bookkeeping. What the configuration
+    check reads (name, Settings, outer_at, outer_refusal, computes_in_parts, check_world) each algorithm
+    inherits from its spec in :mod:`wagma_bench.optim.specs`, which imports no torch."""
 
     #: what the tables print for it: the method and its paper
     paper: ClassVar[str]
@@ -105,16 +106,23 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     #: the broadcast of rank 0's model, unless the model has float buffers, which stay each rank's own).
     #: Every algorithm sets it.
     models_identical: ClassVar[bool]
-    #: the ranks' models are identical after every round, not only at synchronisation points (eager-SGD applies
-    #: every round's averaged gradient on every rank): an evaluation of snapshots taken between synchronisation
-    #: points then reads rank 0's instead of averaging them (the trainer's evaluation grid)
+    #: the ranks' models are identical after every round, not only at synchronisation points (eager-SGD
+    #: applies every round's averaged gradient on every rank): an evaluation of snapshots taken between
+    #: synchronisation points then reads rank 0's instead of averaging them (the trainer's evaluation grid)
     models_identical_every_round: ClassVar[bool] = False
     #: ranks that average together in a group round (WAGMA-SGD's effective S, set once the world is known);
     #: None for algorithms without groups. run_start logs it.
     group_size: int | None = None
 
-    def __init__(self, settings, model: nn.Module, local_opt_factory, comm: Comm, seed: int = 0,
-                 bucket_mb: float = float("inf")):
+    def __init__(
+        self,
+        settings,
+        model: nn.Module,
+        local_opt_factory,
+        comm: Comm,
+        seed: int = 0,
+        bucket_mb: float = float("inf"),
+    ):
         self.settings = settings
         self.model = model
         self.comm = comm
@@ -131,12 +139,14 @@ class Algorithm(AlgorithmSpec, abc.ABC):
     # rounds between global synchronisation points (eval, checkpoint and stop happen only there)
     @property
     def sync_period(self) -> int:
-        return self.sync_period_of(self.settings)  # the spec's rule (optim/specs.py), which the simulator reads too
+        return self.sync_period_of(
+            self.settings
+        )  # the spec's rule (optim/specs.py), which the simulator reads too
 
     def end_at(self, rounds: int) -> None:
         """The run ends after round ``rounds`` (its budget): a synchronisation point whatever ``sync_period``.
-        An algorithm with a periodic global average or synchronous round makes one there too (it overrides this
-        or reads ``final_round``); one that meets every round needs nothing more."""
+        An algorithm with a periodic global average or synchronous round makes one there too (it overrides
+        this or reads ``final_round``); one that meets every round needs nothing more."""
         self.final_round = rounds
 
     def is_final(self, round_: int) -> bool:
@@ -159,7 +169,8 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         """A micro-batch's backward is done, ``elapsed_s`` into this step's computation."""
 
     def loss_weight(self, samples: int) -> float:
-        """What a micro-batch's mean loss is multiplied by before its backward (with ``micro_batches`` > 1)."""
+        """What a micro-batch's mean loss is multiplied by before its backward
+        (with ``micro_batches`` > 1)."""
         return 1.0
 
     def zero_grad(self) -> None:
@@ -181,9 +192,9 @@ class Algorithm(AlgorithmSpec, abc.ABC):
             self.outer.restart([b.data for b in self.buckets])
 
     def outer_round(self, round_: int) -> None:
-        """The outer optimizer's step, where one is set and due after ``round_``: bases with ``outer_at="average"``
-        call it right after their global average of the models, ``"exact"`` ones at the end of every round
-        (then the global average is taken here: a collective)."""
+        """The outer optimizer's step, where one is set and due after ``round_``: bases with
+        ``outer_at="average"`` call it right after their global average of the models, ``"exact"`` ones at the
+        end of every round (then the global average is taken here: a collective)."""
         if self.outer is None or not self.outer.due(round_):
             return
         data = [b.data for b in self.buckets]
@@ -206,9 +217,9 @@ class Algorithm(AlgorithmSpec, abc.ABC):
         return state
 
     def largest_state_dict(self) -> dict:
-        """``state_dict()`` as a checkpoint's may be at its largest (a message in flight included): what the start
-        of a run sizes checkpoints by, never saved. Called on rank 0 before the first step, where nothing is in
-        flight: it must not communicate."""
+        """``state_dict()`` as a checkpoint's may be at its largest (a message in flight included): what the
+        start of a run sizes checkpoints by, never saved. Called on rank 0 before the first step, where
+        nothing is in flight: it must not communicate."""
         return self.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -244,7 +255,9 @@ class EngineAlgorithm(Algorithm):
         """One round through the engine plus the local update; returns the round's result."""
 
     def step(self) -> StepInfo:
-        if self.comm.world_size == 1:  # every round is a synchronous one: the outer step comes before the local step
+        if (
+            self.comm.world_size == 1
+        ):  # every round is a synchronous one: the outer step comes before the local step
             self.outer_round(self.round + 1)
             self.local_optimizer.step()
             self.round += 1

@@ -58,15 +58,23 @@ class EagerSGD(EagerSpec, EngineAlgorithm):
         if self.settings.mode == "majority":
             activator = partial(random_initiator, self.comm.world_size, seed=self.seed)
         # the budget's round is synchronous too: every gradient posted before it is reduced by the run's end
-        schedule = FixedSchedule(self.comm.world_size, period=self.settings.sync_period,
-                                 last=self.final_round)
-        return WaitAvoidingAllreduce(self.comm, self.grad, schedule, contribution="gradient", in_order=True,
-                                     start_round=self.round, timeout_s=self.comm.timeout_s,
-                                     activator=activator)
+        schedule = FixedSchedule(
+            self.comm.world_size, period=self.settings.sync_period, last=self.final_round
+        )
+        return WaitAvoidingAllreduce(
+            self.comm,
+            self.grad,
+            schedule,
+            contribution="gradient",
+            in_order=True,
+            start_round=self.round,
+            timeout_s=self.comm.timeout_s,
+            activator=activator,
+        )
 
     def _exchange(self) -> RoundResult:
-        self.engine.post(self.grad)      # the fresh gradient, reduced in the next round that starts
-        res = self.engine.request()      # this rank's next round, in order (may have run already)
+        self.engine.post(self.grad)  # the fresh gradient, reduced in the next round that starts
+        res = self.engine.request()  # this rank's next round, in order (may have run already)
         self.grad.copy_(res.result)
         self.local_optimizer.step()
         return res

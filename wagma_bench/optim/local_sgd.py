@@ -23,10 +23,11 @@ Readings:
   (``momentum_buffer``, or AdamW's ``exp_avg``/``exp_avg_sq``) at every averaging, the momentum variant of
   Yu, Jin & Yang (ICML 2019); it doubles (SGD) or triples (AdamW) the bytes of each averaging.
 
-Streaming DiLoCo (``fragments`` > 1, or a ``fragment_delay`` or ``fragment_alpha``, with an outer optimizer): the
-outer step fragment by fragment, each fragment's average overlapped with ``fragment_delay`` inner steps
+Streaming DiLoCo (``fragments`` > 1, or a ``fragment_delay`` or ``fragment_alpha``, with an outer optimizer):
+the outer step fragment by fragment, each fragment's average overlapped with ``fragment_delay`` inner steps
 (:mod:`wagma_bench.optim.streaming`, torchft's meaning). The models then differ at synchronisation points
-(fragments synced at different steps, and alpha keeps local steps): the trainer evaluates their global average.
+(fragments synced at different steps, and alpha keeps local steps): the trainer evaluates their global
+average.
 
 Evaluated model: at every synchronisation point all models are identical (just averaged, or identical
 throughout the warm-up), so the trainer evaluates rank 0's model as it is.
@@ -66,8 +67,8 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             self.streaming.restart()
 
     def averages_at(self, round_: int) -> bool:
-        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up, and
-        at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
+        """Whether models are averaged after ``round_`` (1-based): PR-SGD's ``t mod I == 0``, after warm-up,
+        and at the run's last round (the shared rule, :func:`~wagma_bench.optim.rules.local_average_at`)."""
         s = self.settings
         return local_average_at(round_, s.sync_period, s.warmup_rounds, self.final_round)
 
@@ -95,7 +96,9 @@ class LocalSGD(LocalSGDSpec, Algorithm):
             if self.settings.average_momentum:
                 self._average_optimizer_state()
             comm_s += time.perf_counter() - t0
-            self.outer_round(r)  # due at multiples of the outer period only: not at a final average between them
+            self.outer_round(
+                r
+            )  # due at multiples of the outer period only: not at a final average between them
         self.round = r
         return StepInfo(round=r, comm_s=comm_s)
 
@@ -116,14 +119,19 @@ class LocalSGD(LocalSGDSpec, Algorithm):
 
     def _average_optimizer_state(self) -> None:
         """Global mean of the local optimizer's gradient averages, in one allreduce."""
-        buffers = [state[key] for group in self.local_optimizer.param_groups for p in group["params"]
-                   for state in [self.local_optimizer.state.get(p, {})] for key in MOMENTUM_KEYS
-                   if isinstance(state.get(key), torch.Tensor)]
+        buffers = [
+            state[key]
+            for group in self.local_optimizer.param_groups
+            for p in group["params"]
+            for state in [self.local_optimizer.state.get(p, {})]
+            for key in MOMENTUM_KEYS
+            if isinstance(state.get(key), torch.Tensor)
+        ]
         if not buffers:  # plain SGD without momentum: nothing to average
             return
         flat = torch.cat([t.reshape(-1) for t in buffers])
         self.comm.allreduce(flat, op="mean")
         offset = 0
         for t in buffers:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()

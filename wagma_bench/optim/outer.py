@@ -31,8 +31,8 @@ import torch
 
 from wagma_bench.optim.specs import OuterSettings
 
-#: (outer_lr, outer_momentum) when left null: SlowMo's alpha 1 and beta 0.5 (fairscale's SlowMo defaults, within
-#: the range the paper found best), DiLoCo's outer learning rate 0.7 and Nesterov momentum 0.9
+#: (outer_lr, outer_momentum) when left null: SlowMo's alpha 1 and beta 0.5 (fairscale's SlowMo defaults,
+#: within the range the paper found best), DiLoCo's outer learning rate 0.7 and Nesterov momentum 0.9
 DEFAULTS = {"slowmo": (1.0, 0.5), "nesterov": (0.7, 0.9)}
 
 
@@ -45,8 +45,8 @@ class OuterStep:
         self.lr = lr if settings.outer_lr is None else settings.outer_lr
         self.momentum = momentum if settings.outer_momentum is None else settings.outer_momentum
         self.period = settings.effective_outer_period()
-        self.prev = [t.detach().clone() for t in tensors]   # the model after the previous outer step
-        self.u = [torch.zeros_like(t) for t in tensors]      # slowmo: u; nesterov: m
+        self.prev = [t.detach().clone() for t in tensors]  # the model after the previous outer step
+        self.u = [torch.zeros_like(t) for t in tensors]  # slowmo: u; nesterov: m
 
     def due(self, round_: int) -> bool:
         return round_ % self.period == 0
@@ -57,8 +57,8 @@ class OuterStep:
             p.copy_(t)
 
     def step(self, tensors: list[torch.Tensor], inner_lr: float) -> None:
-        """``tensors`` hold the global average of the models (the same on every rank); replace them by the outer
-        step's model. ``inner_lr``: the local optimizer's learning rate (SlowMo's gamma_t)."""
+        """``tensors`` hold the global average of the models (the same on every rank); replace them by the
+        outer step's model. ``inner_lr``: the local optimizer's learning rate (SlowMo's gamma_t)."""
         a, b = self.lr, self.momentum
         for x, p, u in zip(tensors, self.prev, self.u):
             d = p.sub_(x)  # the pseudo-gradient x_prev - x_avg, in the buffer of x_prev

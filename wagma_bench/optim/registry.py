@@ -1,6 +1,7 @@
-"""The distributed optimizers' algorithm classes, keyed by their Hydra option name (``optimizer=NAME``), read from
-the one table of the optimizers, :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`: each spec's class is the one of
-``optim/<name>.py`` (one module per algorithm) that inherits the spec, found by inheritance, not by a name."""
+"""The distributed optimizers' algorithm classes, keyed by their Hydra option name (``optimizer=NAME``), read
+from the one table of the optimizers, :data:`wagma_bench.optim.specs.OPTIMIZER_SPECS`: each spec's class is
+the one of ``optim/<name>.py`` (one module per algorithm) that inherits the spec, found by inheritance, not by
+a name."""
 
 from __future__ import annotations
 
@@ -23,13 +24,20 @@ def algorithm_of(spec: type[AlgorithmSpec]) -> type[Algorithm]:
     except ModuleNotFoundError as err:
         if err.name != f"wagma_bench.optim.{spec.name}":  # the module exists and imports something missing
             raise
-        raise ImportError(f"optimizer {spec.name}: add {module_path(spec.name)}, its algorithm (a subclass of "
-                          f"{spec.__name__} and Algorithm)") from None
-    found = [c for _, c in inspect.getmembers(module, inspect.isclass)
-             if c.__module__ == module.__name__ and issubclass(c, spec) and issubclass(c, Algorithm)]
+        raise ImportError(
+            f"optimizer {spec.name}: add {module_path(spec.name)}, its algorithm (a subclass of "
+            f"{spec.__name__} and Algorithm)"
+        ) from None
+    found = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == module.__name__ and issubclass(c, spec) and issubclass(c, Algorithm)
+    ]
     if len(found) != 1:
-        raise ImportError(f"optimizer {spec.name}: {module_path(spec.name)} must define one class that inherits "
-                          f"{spec.__name__} and Algorithm; it defines {len(found)}")
+        raise ImportError(
+            f"optimizer {spec.name}: {module_path(spec.name)} must define one class that inherits "
+            f"{spec.__name__} and Algorithm; it defines {len(found)}"
+        )
     return found[0]
 
 
@@ -43,8 +51,8 @@ def _found() -> tuple[dict[str, type[Algorithm]], dict[str, str]]:
     return algorithms, unfound
 
 
-# An optimizer whose algorithm is missing (a contributor's unfinished one) is left out of OPTIMIZERS and said in
-# UNFOUND (tests/test_conformance.py reports it as the file to add); asking for it names that file.
+# An optimizer whose algorithm is missing (a contributor's unfinished one) is left out of OPTIMIZERS and said
+# in UNFOUND (tests/test_conformance.py reports it as the file to add); asking for it names that file.
 OPTIMIZERS, UNFOUND = _found()
 
 

@@ -1,10 +1,11 @@
 """SGP: Stochastic Gradient Push (Assran, Loizou, Ballas & Rabbat, ICML 2019).
 
 Push-sum gossip over the time-varying directed exponential graph: at step ``t`` rank ``i`` pushes to the
-single peer ``(i + 2**k) mod P`` with ``k = t mod log2 P`` (:func:`~wagma_bench.comm.topology.exponential_peer`),
-keeping half of its numerator ``x_i`` and push-sum weight ``w_i`` and sending the other half (uniform
-column-stochastic mixing). The de-biased model ``z_i = x_i / w_i`` is what the rank computes its gradient on
-and what evaluation sees. One step (SGP Algorithm 1, with the local optimizer's update ``u(g)``):
+single peer ``(i + 2**k) mod P`` with ``k = t mod log2 P``
+(:func:`~wagma_bench.comm.topology.exponential_peer`), keeping half of its numerator ``x_i`` and push-sum
+weight ``w_i`` and sending the other half (uniform column-stochastic mixing). The de-biased model
+``z_i = x_i / w_i`` is what the rank computes its gradient on and what evaluation sees. One step (SGP
+Algorithm 1, with the local optimizer's update ``u(g)``):
 
     g = grad f_i(z_i);  x_i <- x_i - lr * u(g);  send (x_i / 2, w_i / 2) to out-peer
     x_i <- x_i / 2 + received x;  w_i <- w_i / 2 + received w;  z_i <- x_i / w_i
@@ -86,7 +87,9 @@ class SGP(SGPSpec, Algorithm):
         out[-1] = self._w
         self._sending[slot] = self.comm.isend(out, exponential_peer(self.comm.rank, self.comm.world_size, t))
         if not self.settings.overlap:
-            self._receiving = self.comm.irecv(self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t))
+            self._receiving = self.comm.irecv(
+                self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t)
+            )
         t0 = time.perf_counter()
         self._fold_in()
         if not self.settings.overlap:
@@ -94,7 +97,9 @@ class SGP(SGPSpec, Algorithm):
             self._sending[slot] = None
         waited += time.perf_counter() - t0
         if self.settings.overlap:  # receive this step's message while the next step computes
-            self._receiving = self.comm.irecv(self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t))
+            self._receiving = self.comm.irecv(
+                self._in, exponential_in_peer(self.comm.rank, self.comm.world_size, t)
+            )
         return waited
 
     def _collect(self) -> None:
@@ -122,7 +127,9 @@ class SGP(SGPSpec, Algorithm):
 
     def largest_state_dict(self) -> dict:
         state = self.state_dict()
-        if self.settings.overlap and state["in_flight"] is None:  # a checkpoint's may carry a message: its size
+        if (
+            self.settings.overlap and state["in_flight"] is None
+        ):  # a checkpoint's may carry a message: its size
             state["in_flight"] = self._in
         return state
 

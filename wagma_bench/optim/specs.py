@@ -6,8 +6,8 @@ reason it does not), whether it computes a batch in parts, and its rules about t
 configuration check (:mod:`wagma_bench.config.schema`) reads only these, so that ``wagma-bench run`` refuses a
 bad value, and starts its ranks, without importing torch in the launching process (about 1.3 s of CPU a
 command here); the ranks import the algorithms themselves. :data:`OPTIMIZER_SPECS` is the one table of the
-optimizers: :data:`wagma_bench.optim.OPTIMIZERS` (the algorithm classes) and the simulator's models are read from
-it (``tests/test_config.py`` checks that each class inherits its spec).
+optimizers: :data:`wagma_bench.optim.OPTIMIZERS` (the algorithm classes) and the simulator's models are read
+from it (``tests/test_config.py`` checks that each class inherits its spec).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ EXACT_DEFAULT_PERIOD = 12
 
 @dataclass
 class OuterSettings:
-    """The outer optimizer's settings (:mod:`wagma_bench.optim.outer`), mixed into the Settings of every optimizer
-    whose models are averaged. The others declare only ``outer: str = "none"``, so that ``optimizer.outer=...``
-    reaches the config check, which refuses it with the reason (:func:`wagma_bench.config.schema.check_outer`)."""
+    """The outer optimizer's settings (:mod:`wagma_bench.optim.outer`), mixed into the Settings of every
+    optimizer whose models are averaged. The others declare only ``outer: str = "none"``, so that
+    ``optimizer.outer=...`` reaches the config check, which refuses it with the reason
+    (:func:`wagma_bench.config.schema.check_outer`)."""
 
-    outer: str = "none"           # none | slowmo | nesterov
+    outer: str = "none"  # none | slowmo | nesterov
     # slowmo: alpha (times the local lr); nesterov: the outer lr; null: optim/outer.py's DEFAULTS
     outer_lr: float | None = setting(None, POSITIVE)
     # slowmo: beta; nesterov: the Nesterov momentum mu; null: optim/outer.py's DEFAULTS
@@ -55,8 +56,10 @@ class OuterSettings:
     def __post_init__(self):  # runs in the config check, before any rank starts
         every = self.averaging_period()
         if self.outer != "none" and self.outer_period is not None and self.outer_period % every:
-            raise ConfigError(f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
-                              f"it must be a multiple of {every}, the rounds between the models' global averages")
+            raise ConfigError(
+                f"optimizer.outer_period={self.outer_period} is not allowed with optimizer={self.name}; "
+                f"it must be a multiple of {every}, the rounds between the models' global averages"
+            )
 
 
 class AlgorithmSpec:
@@ -65,27 +68,31 @@ class AlgorithmSpec:
     name: ClassVar[str]
     Settings: ClassVar[type]  # schema of the `optimizer:` section
     # Its algorithm is the class of ``optim/<name>.py`` that inherits this spec (found there by
-    # :data:`wagma_bench.optim.registry.OPTIMIZERS`), its simulation the function of :mod:`wagma_bench.simulate.des`
-    # registered with ``@simulates(name)``: neither is named by a string here, so neither can be misspelt.
-    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the models
-    #: globally itself and calls ``outer_round`` right after), "exact" (the base never averages globally:
-    #: ``outer_round``, called at the end of each round, takes the average first), None: it does not apply
+    # :data:`wagma_bench.optim.registry.OPTIMIZERS`), its simulation the function of
+    # :mod:`wagma_bench.simulate.des` registered with ``@simulates(name)``: neither is named by a string here,
+    # so neither can be misspelt.
+    #: where an outer optimizer (:mod:`wagma_bench.optim.outer`) steps: "average" (the base averages the
+    #: models globally itself and calls ``outer_round`` right after), "exact" (the base never averages
+    #: globally: ``outer_round``, called at the end of each round, takes the average first), None: it does not
+    #: apply
     outer_at: ClassVar[str | None] = None
     #: why an outer optimizer does not apply (outer_at None): the config check's message says it
     outer_refusal: ClassVar[str] = ""
-    #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it on a
-    #: workload whose batches do not split
+    #: the trainer computes each batch in ``micro_batches`` parts (DropCompute); the config check refuses it
+    #: on a workload whose batches do not split
     computes_in_parts: ClassVar[bool] = False
-    #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run ends at
-    #: exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet every round
+    #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run
+    #: ends at exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet
+    #: every round
     final_sync: ClassVar[str] = ""
 
     @classmethod
     def sync_period_of(cls, settings) -> int:
-        """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's control
-        exchange happen only there): the one rule that the algorithm (its ``sync_period``), the trainer's plan
-        and the simulator all read. One name for every optimizer: its settings' ``sync_period`` (a setting, or
-        WAGMA-SGD's, which follows from its tau); 1 for an optimizer whose ranks meet every round."""
+        """Rounds between the points where every rank meets (evaluation, checkpoint, stop and the trainer's
+        control exchange happen only there): the one rule that the algorithm (its ``sync_period``), the
+        trainer's plan and the simulator all read. One name for every optimizer: its settings' ``sync_period``
+        (a setting, or WAGMA-SGD's, which follows from its tau); 1 for an optimizer whose ranks meet every
+        round."""
         return getattr(settings, "sync_period", 1)
 
     @classmethod
@@ -113,15 +120,19 @@ class AllreduceSpec(AlgorithmSpec):
 class WagmaSpec(AlgorithmSpec):
     name = "wagma"
     outer_at = "average"  # at the synchronous rounds, between the global average and the local step
-    final_sync = ("a synchronous round (the global average of the models, then the local step), as every "
-                  "(tau + 1)-th round")
+    final_sync = (
+        "a synchronous round (the global average of the models, then the local step), as every "
+        "(tau + 1)-th round"
+    )
 
     @dataclass
     class Settings(OuterSettings):
         name: str = "wagma"
-        group_size: int | None = setting(None, AT_LEAST_ONE)  # power of two; None: topology.default_group_size
+        group_size: int | None = setting(
+            None, AT_LEAST_ONE
+        )  # power of two; None: topology.default_group_size
         tau: int = setting(10, AT_LEAST_ONE)  # group rounds between synchronous global averages
-        catch_up: str = "replay"            # replay | skip: how a late rank treats rounds it joined passively
+        catch_up: str = "replay"  # replay | skip: how a late rank treats rounds it joined passively
 
         # checked with the config (wagma_bench.config.schema)
         CHOICES: ClassVar[dict[str, tuple]] = {**OuterSettings.CHOICES, "catch_up": CATCH_UP}
@@ -144,20 +155,25 @@ class WagmaSpec(AlgorithmSpec):
         if size is None:
             return
         if size < 1 or size & (size - 1):
-            raise ConfigError(f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)")
+            raise ConfigError(
+                f"optimizer.group_size={size} is not allowed; it must be a power of two (1, 2, 4, ...)"
+            )
         if world_size is None:
             return
         padded = padded_world(world_size)
         if size > padded:
-            raise ConfigError(f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
-                              f"power of two up to {padded} (the world padded to a power of two)")
+            raise ConfigError(
+                f"optimizer.group_size={size} is not allowed with {world_size} ranks; it must be a "
+                f"power of two up to {padded} (the world padded to a power of two)"
+            )
 
 
 class LocalSGDSpec(AlgorithmSpec):
     name = "local_sgd"
-    outer_at = "average"     # right after the global average (optim/outer.py)
-    final_sync = ("a global average of the models, as every sync_period-th round (streaming DiLoCo: of the "
-                  "whole model)")
+    outer_at = "average"  # right after the global average (optim/outer.py)
+    final_sync = (
+        "a global average of the models, as every sync_period-th round (streaming DiLoCo: of the whole model)"
+    )
 
     @dataclass
     class Settings(OuterSettings):
@@ -180,22 +196,45 @@ class LocalSGDSpec(AlgorithmSpec):
             if not self.streaming():
                 return
             per_fragment = self.sync_period // max(self.fragments, 1)
-            rules = [(self.outer == "none", "optimizer.outer", self.outer, ("slowmo or nesterov (streaming DiLoCo is "
-                      "an outer step taken fragment by fragment)")),
-                     (self.sync_period % self.fragments != 0, "optimizer.fragments", self.fragments,
-                      (f"a divisor of optimizer.sync_period={self.sync_period} (every fragment is synced "
-                       "once a period)")),
-                     (self.fragment_delay >= per_fragment, "optimizer.fragment_delay", self.fragment_delay,
-                      (f"below sync_period/fragments = {per_fragment} (a fragment's average must end "
-                       "before the next fragment's begins)")),
-                     (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds,
-                      "0 with fragments"),
-                     (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
-                     (self.outer_period is not None, "optimizer.outer_period", self.outer_period,
-                      "null with fragments (each fragment's outer step comes every period)")]
+            rules = [
+                (
+                    self.outer == "none",
+                    "optimizer.outer",
+                    self.outer,
+                    ("slowmo or nesterov (streaming DiLoCo is an outer step taken fragment by fragment)"),
+                ),
+                (
+                    self.sync_period % self.fragments != 0,
+                    "optimizer.fragments",
+                    self.fragments,
+                    (
+                        f"a divisor of optimizer.sync_period={self.sync_period} (every fragment is synced "
+                        "once a period)"
+                    ),
+                ),
+                (
+                    self.fragment_delay >= per_fragment,
+                    "optimizer.fragment_delay",
+                    self.fragment_delay,
+                    (
+                        f"below sync_period/fragments = {per_fragment} (a fragment's average must end "
+                        "before the next fragment's begins)"
+                    ),
+                ),
+                (self.warmup_rounds > 0, "optimizer.warmup_rounds", self.warmup_rounds, "0 with fragments"),
+                (self.average_momentum, "optimizer.average_momentum", "true", "false with fragments"),
+                (
+                    self.outer_period is not None,
+                    "optimizer.outer_period",
+                    self.outer_period,
+                    "null with fragments (each fragment's outer step comes every period)",
+                ),
+            ]
             for broken, key, value, allowed in rules:
                 if broken:
-                    raise ConfigError(f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}")
+                    raise ConfigError(
+                        f"{key}={value} is not allowed with streaming DiLoCo; it must be {allowed}"
+                    )
 
         def averaging_period(self) -> int:
             return self.sync_period
@@ -215,10 +254,14 @@ class DPSGDSpec(AlgorithmSpec):
 
 class ADPSGDSpec(AlgorithmSpec):
     name = "adpsgd"
-    outer_refusal = ("its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
-                     "models' exact average (not implemented)")
-    final_sync = ("where every rank meets, as every sync_period-th round (no global average: evaluation "
-                  "averages the models)")
+    outer_refusal = (
+        "its gossip thread keeps averaging corrections in flight at every round, so no round holds the "
+        "models' exact average (not implemented)"
+    )
+    final_sync = (
+        "where every rank meets, as every sync_period-th round (no global average: evaluation "
+        "averages the models)"
+    )
 
     @dataclass
     class Settings:
@@ -239,9 +282,11 @@ class SGPSpec(AlgorithmSpec):
         def __post_init__(self):
             super().__post_init__()
             if self.overlap and self.outer != "none":
-                raise ConfigError(f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
-                                  "push-sum mass is in flight at every round, so no round has the models' exact "
-                                  "average; use overlap=false")
+                raise ConfigError(
+                    f"optimizer.outer={self.outer} is not allowed with optimizer=sgp optimizer.overlap=true: "
+                    "push-sum mass is in flight at every round, so no round has the models' exact "
+                    "average; use overlap=false"
+                )
 
 
 EAGER_MODES = ("solo", "majority")
@@ -249,8 +294,10 @@ EAGER_MODES = ("solo", "majority")
 
 class EagerSpec(AlgorithmSpec):
     name = "eager"
-    outer_refusal = ("it averages gradients, not models: every rank applies every round's result, so the models "
-                     "stay identical and there is no model average to correct")
+    outer_refusal = (
+        "it averages gradients, not models: every rank applies every round's result, so the models "
+        "stay identical and there is no model average to correct"
+    )
     final_sync = "a synchronous allreduce of the gradients, as every sync_period-th round"
 
     @dataclass
@@ -276,8 +323,10 @@ def parse_threshold(value: str) -> float | None:
     except ValueError:
         seconds = math.nan
     if not seconds > 0:
-        raise ConfigError(f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
-                          "(inf: never drop)")
+        raise ConfigError(
+            f"optimizer.threshold_s={value} is not allowed; it must be auto or a number of seconds > 0 "
+            "(inf: never drop)"
+        )
     return seconds
 
 
@@ -304,7 +353,18 @@ class DropComputeSpec(AlgorithmSpec):
 
 #: option name (``optimizer=NAME``) -> spec: the one table of the optimizers, from which
 #: :data:`wagma_bench.optim.OPTIMIZERS` (the class of ``optim/NAME.py`` that inherits the spec) and
-#: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an optimizer
-#: adds one entry here.
-OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {spec.name: spec for spec in (
-    AllreduceSpec, WagmaSpec, LocalSGDSpec, DPSGDSpec, ADPSGDSpec, SGPSpec, EagerSpec, DropComputeSpec)}
+#: :data:`wagma_bench.simulate.des.SIMULATIONS` (``@simulates("NAME")``) are built in this order: adding an
+#: optimizer adds one entry here.
+OPTIMIZER_SPECS: dict[str, type[AlgorithmSpec]] = {
+    spec.name: spec
+    for spec in (
+        AllreduceSpec,
+        WagmaSpec,
+        LocalSGDSpec,
+        DPSGDSpec,
+        ADPSGDSpec,
+        SGPSpec,
+        EagerSpec,
+        DropComputeSpec,
+    )
+}

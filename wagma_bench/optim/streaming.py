@@ -1,20 +1,21 @@
-"""Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): local SGD's outer step taken fragment by fragment, in
-turn, each fragment's communication overlapped with ``fragment_delay`` inner steps. The same meaning as torchft's
-``DiLoCo(..., sync_every=H, fragment_sync_delay=tau, fragment_update_alpha=alpha)`` (``torchft/local_sgd.py``),
-which ``tests/test_streaming.py`` drives beside this module as the oracle.
+"""Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): local SGD's outer step taken fragment by
+fragment, in turn, each fragment's communication overlapped with ``fragment_delay`` inner steps. The same
+meaning as torchft's ``DiLoCo(..., sync_every=H, fragment_sync_delay=tau, fragment_update_alpha=alpha)``
+(``torchft/local_sgd.py``), which ``tests/test_streaming.py`` drives beside this module as the oracle.
 
-With H the period (local SGD's ``period``), F fragments and S = H / F: the k-th fragment sync (k = 1, 2, ...) is
-of fragment (k - 1) mod F; it is *prepared* after inner step k S - tau: the pseudo-gradient of that fragment,
-its global parameters at its previous sync minus the current local ones, goes into an average over the ranks
-that runs while the rank takes tau more inner steps; it is *performed* after inner step k S: the outer
-optimizer (one state per fragment) steps from the previous global parameters with the averaged pseudo-gradient,
-which gives the new global ones, and the local parameters become ``(1 - alpha) global + alpha local`` (alpha 0:
-the global ones; the tau steps since the preparation survive only through alpha). Every fragment is synced every
-H steps, staggered by S. The inner optimizer's state is never touched.
+With H the period (local SGD's ``period``), F fragments and S = H / F: the k-th fragment sync (k = 1, 2, ...)
+is of fragment (k - 1) mod F; it is *prepared* after inner step k S - tau: the pseudo-gradient of that
+fragment, its global parameters at its previous sync minus the current local ones, goes into an average over
+the ranks that runs while the rank takes tau more inner steps; it is *performed* after inner step k S: the
+outer optimizer (one state per fragment) steps from the previous global parameters with the averaged
+pseudo-gradient, which gives the new global ones, and the local parameters become
+``(1 - alpha) global + alpha local`` (alpha 0: the global ones; the tau steps since the preparation survive
+only through alpha). Every fragment is synced every H steps, staggered by S. The inner optimizer's state is
+never touched.
 
-Fragments are contiguous runs of the model's parameter tensors, in their order, balanced by element count (each
-tensor in the fragment its middle falls in); torchft takes the fragments as modules from its user (the paper
-recommends strided layers), so the oracle hands it the same runs.
+Fragments are contiguous runs of the model's parameter tensors, in their order, balanced by element count
+(each tensor in the fragment its middle falls in); torchft takes the fragments as modules from its user (the
+paper recommends strided layers), so the oracle hands it the same runs.
 """
 
 from __future__ import annotations
@@ -40,14 +41,21 @@ class StreamingOuter:
     """Each fragment's global parameters and outer state, and the one pseudo-gradient average in flight."""
 
     def __init__(self, settings, params: list[torch.Tensor], comm: Comm):
-        if settings.fragments > len(params):  # a fragment is whole tensors: more fragments than tensors are empty
-            raise ConfigError(f"optimizer.fragments={settings.fragments} is not allowed for this model: it has "
-                              f"{len(params)} parameter tensors, and a fragment is one or more whole tensors; "
-                              f"choose at most {len(params)}")
+        if settings.fragments > len(
+            params
+        ):  # a fragment is whole tensors: more fragments than tensors are empty
+            raise ConfigError(
+                f"optimizer.fragments={settings.fragments} is not allowed for this model: it has "
+                f"{len(params)} parameter tensors, and a fragment is one or more whole tensors; "
+                f"choose at most {len(params)}"
+            )
         self.settings, self.comm = settings, comm
-        self.fragments = [[params[i] for i in idx] for idx in fragments_of([p.numel() for p in params],
-                                                                           settings.fragments)]
-        self.outer = [OuterStep(settings, frag) for frag in self.fragments]  # prev: the fragment's global params
+        self.fragments = [
+            [params[i] for i in idx] for idx in fragments_of([p.numel() for p in params], settings.fragments)
+        ]
+        self.outer = [
+            OuterStep(settings, frag) for frag in self.fragments
+        ]  # prev: the fragment's global params
         self.pending: tuple[int, torch.Tensor, Handle] | None = None
 
     def restart(self) -> None:
@@ -82,16 +90,18 @@ class StreamingOuter:
         self.pending = None
         saved = [x.clone() for x in frag] if alpha else []  # the local parameters, the delayed steps included
         offset = 0
-        for x, p in zip(frag, outer.prev):  # the average the outer step starts from: global - mean(global - local)
-            x.copy_(p - delta[offset:offset + x.numel()].view_as(x))
+        for x, p in zip(
+            frag, outer.prev
+        ):  # the average the outer step starts from: global - mean(global - local)
+            x.copy_(p - delta[offset : offset + x.numel()].view_as(x))
             offset += x.numel()
         outer.step(frag, inner_lr)  # the new global parameters, in frag and in outer.prev
         for x, local in zip(frag, saved):
             x.lerp_(local, alpha)
 
     def finish(self) -> None:
-        """The run's last round (local SGD then averages the whole model): a fragment's average still in flight is
-        completed and dropped, since the whole model's average replaces its fragment."""
+        """The run's last round (local SGD then averages the whole model): a fragment's average still in
+        flight is completed and dropped, since the whole model's average replaces its fragment."""
         if self.pending is not None:
             self.pending[2].wait()
             self.pending = None

@@ -5,8 +5,8 @@ computed on the weights before the average, with the local optimizer: ``W <- avg
 The group average is the wait-avoiding group allreduce (:mod:`wagma_bench.comm.wait_avoiding`): any ready rank
 activates the round for the whole world, and ranks still computing take part through their progress threads
 with the model they last posted. Every ``tau`` group rounds one synchronous global allreduce bounds the
-staleness (``sync_period = tau + 1``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`, which
-the engine and the simulator share.
+staleness (``sync_period = tau + 1``). The schedule is :class:`~wagma_bench.comm.topology.WagmaSchedule`,
+which the engine and the simulator share.
 
 Readings (each set against the authors' code, with its measured effect, in docs/optimizers.md, "WAGMA-SGD:
 what we implement"): a late rank's model is ``group mean + (current - contributed)``, which keeps the sum of
@@ -39,16 +39,23 @@ class WagmaSGD(WagmaSpec, EngineAlgorithm):
         self.schedule.last = rounds  # the budget is a synchronous round: the global average, every rank at it
 
     def _make_engine(self) -> WaitAvoidingAllreduce:
-        return WaitAvoidingAllreduce(self.comm, self.data, self.schedule, contribution="model",
-                                     in_order=self.settings.catch_up == "replay", start_round=self.round,
-                                     timeout_s=self.comm.timeout_s, in_place=True)
+        return WaitAvoidingAllreduce(
+            self.comm,
+            self.data,
+            self.schedule,
+            contribution="model",
+            in_order=self.settings.catch_up == "replay",
+            start_round=self.round,
+            timeout_s=self.comm.timeout_s,
+            in_place=True,
+        )
 
     def _exchange(self) -> RoundResult:
         # self.data becomes, in place, the group average of the models plus this rank's own updates since
         # the model it contributed (none when on time); the engine holds at most one more model-sized buffer
         res = self.engine.request()
         if self.schedule.is_sync(res.round):  # a synchronous round: the model is the global average
-            self.outer_round(res.round)   # the outer step's change stays in the model with the local one
-        self.local_optimizer.step()             # apply g(W_old) to the average
-        self.engine.post(self.data)       # the local update is in the model, exactly once; no copy
+            self.outer_round(res.round)  # the outer step's change stays in the model with the local one
+        self.local_optimizer.step()  # apply g(W_old) to the average
+        self.engine.post(self.data)  # the local update is in the model, exactly once; no copy
         return res

@@ -17,12 +17,13 @@ world size, config, every file present) and refuses a mismatch before any rank s
 checks its own file's checksum and all ranks agree with one small allgather (:meth:`Checkpointer.agree`),
 so a damaged file is a clear error on every rank, never a hang or a silent load.
 
-With ``checkpoint.dir`` set (a scratch file system) the sets go to ``DIR/<run name>-<hash of the run directory's
-path>/``: one folder per run, so that every run of a sweep can share one setting without two runs ever writing
-into one folder (the alternative, refusing a folder that holds another run's sets, would make a sweep's user
-give each run its own path). The run directory records where its sets are (``RUN_DIR/checkpoint.json``),
-so a requeue, ``report`` and the launcher's own messages find them, and a rerun whose ``checkpoint.dir`` no
-longer leads to them is refused rather than started afresh (:func:`check_folder`).
+With ``checkpoint.dir`` set (a scratch file system) the sets go to
+``DIR/<run name>-<hash of the run directory's path>/``: one folder per run, so that every run of a sweep can
+share one setting without two runs ever writing into one folder (the alternative, refusing a folder that holds
+another run's sets, would make a sweep's user give each run its own path). The run directory records where its
+sets are (``RUN_DIR/checkpoint.json``), so a requeue, ``report`` and the launcher's own messages find them,
+and a rerun whose ``checkpoint.dir`` no longer leads to them is refused rather than started afresh
+(:func:`check_folder`).
 
 torch is imported inside the ranks' methods (:class:`Checkpointer`'s), not at the top: the launching process
 makes the checks above without importing it.
@@ -80,10 +81,10 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def configured_folder(run_dir: Path, setting: str | None) -> Path:
-    """The folder ``checkpoint.dir`` (``setting``) gives the run in ``run_dir``: ``RUN_DIR/checkpoint`` when unset;
-    else ``DIR/<run name>-<8 hex of the run directory's absolute path>``, ``DIR`` relative to the run directory
-    (``~`` expanded). Absolute paths without resolving links: every rank, on any host, computes the same name
-    from the same command line, and a requeue the same one again."""
+    """The folder ``checkpoint.dir`` (``setting``) gives the run in ``run_dir``: ``RUN_DIR/checkpoint`` when
+    unset; else ``DIR/<run name>-<8 hex of the run directory's absolute path>``, ``DIR`` relative to the run
+    directory (``~`` expanded). Absolute paths without resolving links: every rank, on any host, computes the
+    same name from the same command line, and a requeue the same one again."""
     run_dir = Path(os.path.abspath(run_dir))
     if setting is None:
         return run_dir / DEFAULT
@@ -93,14 +94,16 @@ def configured_folder(run_dir: Path, setting: str | None) -> Path:
 
 
 def recorded_folder(run_dir: Path) -> Path:
-    """Where the run in ``run_dir`` keeps its sets: as ``RUN_DIR/checkpoint.json`` records, else the default."""
+    """Where the run in ``run_dir`` keeps its sets: as
+    ``RUN_DIR/checkpoint.json`` records, else the default."""
     try:
         return Path(json.loads((Path(run_dir) / WHERE).read_text())["dir"])
     except FileNotFoundError:
         return Path(os.path.abspath(run_dir)) / DEFAULT
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{Path(run_dir) / WHERE} cannot be read ({err}); it records where the run's "
-                              f"checkpoints are") from None
+        raise CheckpointError(
+            f"{Path(run_dir) / WHERE} cannot be read ({err}); it records where the run's checkpoints are"
+        ) from None
 
 
 def record_folder(run_dir: Path, folder: Path) -> None:
@@ -113,28 +116,37 @@ def record_folder(run_dir: Path, folder: Path) -> None:
 
 
 def check_folder(run_dir: Path, setting: str | None, resume: bool) -> Path:
-    """In the launching process, before any rank starts: the folder ``checkpoint.dir`` gives can be created and
-    written, holds no symbolic link the run would write through, and (on a resume) is where the run's earlier sets
-    are. Returns the folder; raises :class:`ConfigError` naming the key, the value and what is allowed."""
+    """In the launching process, before any rank starts: the folder ``checkpoint.dir`` gives can be created
+    and written, holds no symbolic link the run would write through, and (on a resume) is where the run's
+    earlier sets are. Returns the folder; raises :class:`ConfigError` naming the key, the value and what is
+    allowed."""
     folder = configured_folder(run_dir, setting)
     shown = f"checkpoint.dir={setting}"
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
     if existing.is_file():
-        raise ConfigError(f"{shown} is not allowed: {existing} is a file; it must be a folder that the run can "
-                          f"create and write (a relative path is under the run directory)")
+        raise ConfigError(
+            f"{shown} is not allowed: {existing} is a file; it must be a folder that the run can "
+            f"create and write (a relative path is under the run directory)"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{shown} is not allowed: {existing} cannot be written by this user; it must be a "
-                          f"folder that the run can create and write (a relative path is under the run directory)")
-    if setting is not None:  # the user's DIR may be a link (as hydra.run.dir); what the run writes under it not
+        raise ConfigError(
+            f"{shown} is not allowed: {existing} cannot be written by this user; it must be a "
+            f"folder that the run can create and write (a relative path is under the run directory)"
+        )
+    if (
+        setting is not None
+    ):  # the user's DIR may be a link (as hydra.run.dir); what the run writes under it not
         inner = [folder, *(sorted(folder.rglob("*")) if folder.is_dir() and not folder.is_symlink() else [])]
         link = next((p for p in inner if p.is_symlink()), None)
         if link is not None:
             raise ConfigError(f"{shown} is not allowed: {refuse_link(link).strerror}")
     earlier = recorded_folder(run_dir)
     if resume and earlier != folder and _latest_in(earlier, quiet=True) is not None:
-        raise ConfigError(f"{shown} is not allowed on this rerun: the run's checkpoints are in {earlier} (its "
-                          f"{WHERE if earlier.name != DEFAULT else 'default folder'}), and {shown} gives {folder}; "
-                          f"set checkpoint.dir back, or start afresh with checkpoint.resume=false")
+        raise ConfigError(
+            f"{shown} is not allowed on this rerun: the run's checkpoints are in {earlier} (its "
+            f"{WHERE if earlier.name != DEFAULT else 'default folder'}), and {shown} gives {folder}; "
+            f"set checkpoint.dir back, or start afresh with checkpoint.resume=false"
+        )
     return folder
 
 
@@ -155,8 +167,9 @@ def _latest_in(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
     except (OSError, ValueError) as err:
         if quiet:
             return None
-        raise CheckpointError(f"checkpoint {root / LATEST} points to {name}, whose {MANIFEST} cannot be read "
-                              f"({err})") from None
+        raise CheckpointError(
+            f"checkpoint {root / LATEST} points to {name}, whose {MANIFEST} cannot be read ({err})"
+        ) from None
 
 
 def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str) -> None:
@@ -168,22 +181,27 @@ def check_against_run(run_dir: Path, raw: dict, world_size: int, world_from: str
     folder, manifest = found
     name = folder.name
     if manifest["world_size"] != world_size:
-        raise ConfigError(f"checkpoint {name} in {folder.parent} was written by {manifest['world_size']} ranks, "
-                          f"this run has {world_size} ({world_from}); resume with the same world size, or "
-                          f"start afresh with checkpoint.resume=false or another hydra.run.dir")
+        raise ConfigError(
+            f"checkpoint {name} in {folder.parent} was written by {manifest['world_size']} ranks, "
+            f"this run has {world_size} ({world_from}); resume with the same world size, or "
+            f"start afresh with checkpoint.resume=false or another hydra.run.dir"
+        )
     if _written_identity(manifest) != resume_hash(raw):
         before, now = _flat(identity(manifest.get("config", {}))), _flat(identity(raw))
         changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
-        raise ConfigError(f"checkpoint {name} in {folder.parent} was written with another configuration "
-                          f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
-                          f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) "
-                          f"may change on resume")
+        raise ConfigError(
+            f"checkpoint {name} in {folder.parent} was written with another configuration "
+            f"({shown or 'resume hash ' + _written_identity(manifest)}); only launcher, logger, "
+            f"checkpoint and the budget (train.max_rounds, train.epochs, train.time_limit_s) "
+            f"may change on resume"
+        )
     missing = [f for f in manifest["files"] if not (folder / f).is_file()]
     if missing:
-        raise ConfigError(f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
-                          f"({len(missing)} of {len(manifest['files'])} rank files)"
-                          + _older_hint(folder))
+        raise ConfigError(
+            f"checkpoint {name} is incomplete: {folder / missing[0]} is missing "
+            f"({len(missing)} of {len(manifest['files'])} rank files)" + _older_hint(folder)
+        )
 
 
 def _written_identity(manifest: dict) -> str:
@@ -206,11 +224,16 @@ def check_event_log(run_dir: Path) -> None:
     record = RunEvents.read(run_dir)
     if record.start is not None:
         return
-    what = (f"its event log {path} is missing" if not path.exists() else
-            f"its event log {path} has no readable run_start event")
-    raise ConfigError(f"run directory {run_dir} holds checkpoint {found[0].name} but {what}, so a resume would "
-                      f"continue a run whose record is lost; restore that file, or start afresh with "
-                      f"checkpoint.resume=false (the old checkpoints are then discarded) or another hydra.run.dir")
+    what = (
+        f"its event log {path} is missing"
+        if not path.exists()
+        else f"its event log {path} has no readable run_start event"
+    )
+    raise ConfigError(
+        f"run directory {run_dir} holds checkpoint {found[0].name} but {what}, so a resume would "
+        f"continue a run whose record is lost; restore that file, or start afresh with "
+        f"checkpoint.resume=false (the old checkpoints are then discarded) or another hydra.run.dir"
+    )
 
 
 def discard_incomplete_sets(run_dir: Path) -> None:
@@ -223,22 +246,32 @@ def discard_incomplete_sets(run_dir: Path) -> None:
 
 
 def _older_hint(folder: Path) -> str:
-    older = sorted((p for p in folder.parent.glob("round-*") if (p / MANIFEST).exists() and p != folder),
-                   key=lambda p: int(p.name.split("-")[1]))
+    older = sorted(
+        (p for p in folder.parent.glob("round-*") if (p / MANIFEST).exists() and p != folder),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
     if not older:
         return "; start afresh with checkpoint.resume=false"
-    return (f"; the previous complete set is {older[-1].name}: write its name into "
-            f"{folder.parent / LATEST} to resume from it, or start afresh with checkpoint.resume=false")
+    return (
+        f"; the previous complete set is {older[-1].name}: write its name into "
+        f"{folder.parent / LATEST} to resume from it, or start afresh with checkpoint.resume=false"
+    )
 
 
 def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
-    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it); ``largest``:
-    with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight), for sizing."""
+    """What one rank's checkpoint file holds (the one definition: :meth:`Checkpointer.save` writes it);
+    ``largest``: with the algorithm's state at its largest (its ``largest_state_dict``: a message in flight),
+    for sizing."""
     import torch
 
     algo_state = algo.largest_state_dict() if largest else algo.state_dict()
-    return {"model": model.state_dict(), "algo": algo_state, "state": dict(state),
-            "clock": (clock.train_s, clock.eval_s, clock.wall_s), "rng": torch.get_rng_state()}
+    return {
+        "model": model.state_dict(),
+        "algo": algo_state,
+        "state": dict(state),
+        "clock": (clock.train_s, clock.eval_s, clock.wall_s),
+        "rng": torch.get_rng_state(),
+    }
 
 
 class Checkpointer:
@@ -275,19 +308,25 @@ class Checkpointer:
     def _verify_own_file(self, world_size: int) -> None:
         folder, manifest = self._found
         if manifest["world_size"] != world_size:
-            raise CheckpointError(f"checkpoint {folder.name} was written by {manifest['world_size']} ranks, "
-                                  f"this run has {world_size}")
+            raise CheckpointError(
+                f"checkpoint {folder.name} was written by {manifest['world_size']} ranks, "
+                f"this run has {world_size}"
+            )
         if _written_identity(manifest) != resume_hash(self.raw):
-            raise CheckpointError(f"checkpoint {folder.name} was written with another configuration "
-                                  f"(resume hash {_written_identity(manifest)}, this run {resume_hash(self.raw)})")
+            raise CheckpointError(
+                f"checkpoint {folder.name} was written with another configuration "
+                f"(resume hash {_written_identity(manifest)}, this run {resume_hash(self.raw)})"
+            )
         name = f"rank{self.rank}.pt"
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{path} is missing" + _older_hint(folder))
         digest = _sha256(path)
         if digest != manifest["files"].get(name):
-            raise CheckpointError(f"{path} is damaged: its sha256 {digest[:12]}... differs from the manifest's "
-                                  f"{str(manifest['files'].get(name))[:12]}..." + _older_hint(folder))
+            raise CheckpointError(
+                f"{path} is damaged: its sha256 {digest[:12]}... differs from the manifest's "
+                f"{str(manifest['files'].get(name))[:12]}..." + _older_hint(folder)
+            )
 
     def load(self, model, algo) -> dict:
         import torch
@@ -317,9 +356,12 @@ class Checkpointer:
         per_rank = file_bytes(payload(model, algo, state, clock, largest=True), algo.local_optimizer)
         world = algo.comm.world_size
         when = "at every control exchange" if every_s == 0 else f"every {every_s:g} s of training"
-        return (f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
-                f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the last "
-                f"{KEEP} are kept, {KEEP + 1} while one is written: {human_size(per_rank * world * (KEEP + 1))} at most")
+        return (
+            f"checkpoints: {human_size(per_rank)} ({per_rank} bytes) per rank x {world} ranks = "
+            f"{human_size(per_rank * world)} per checkpoint, {when} and at a preemption, in {self.dir}; the "
+            f"last {KEEP} are kept, {KEEP + 1} while one is written: "
+            f"{human_size(per_rank * world * (KEEP + 1))} at most"
+        )
 
     # --- save --------------------------------------------------------------------------------------
     def save(self, model, algo, state: dict, clock) -> None:
@@ -338,16 +380,25 @@ class Checkpointer:
         if self.rank != 0:
             return
         files = {f"rank{r}.pt": bytes(row.cpu().tolist()).hex() for r, row in enumerate(digests)}
-        write_json_atomic(folder / MANIFEST, {"round": algo.round, "world_size": comm.world_size,
-                                              "resume_hash": resume_hash(self.raw),
-                                              "config": identity(self.raw), "files": files})
+        write_json_atomic(
+            folder / MANIFEST,
+            {
+                "round": algo.round,
+                "world_size": comm.world_size,
+                "resume_hash": resume_hash(self.raw),
+                "config": identity(self.raw),
+                "files": files,
+            },
+        )
         _write_atomic(self.dir / LATEST, (folder.name + "\n").encode())
         self._prune(folder)
 
     def _prune(self, newest: Path) -> None:
         """Keep the last KEEP complete sets; drop older ones and any incomplete leftover of a crash."""
-        complete = sorted((p for p in self.dir.glob("round-*") if (p / MANIFEST).exists()),
-                          key=lambda p: int(p.name.split("-")[1]))
+        complete = sorted(
+            (p for p in self.dir.glob("round-*") if (p / MANIFEST).exists()),
+            key=lambda p: int(p.name.split("-")[1]),
+        )
         keep = set(complete[-KEEP:]) | {newest}
         for p in self.dir.glob("round-*"):
             if p not in keep:

@@ -1,11 +1,12 @@
-"""The size of a checkpoint file, counted before one is written: rank 0 says at a run's start what one checkpoint
-takes (:meth:`wagma_bench.record.checkpoint.Checkpointer.size_line`), so that a cluster user can size scratch.
+"""The size of a checkpoint file, counted before one is written: rank 0 says at a run's start what one
+checkpoint takes (:meth:`wagma_bench.record.checkpoint.Checkpointer.size_line`), so that a cluster user can
+size scratch.
 
 The count serialises the state a checkpoint saves (:func:`wagma_bench.record.checkpoint.payload`) into a sink
 that keeps nothing, so storage sharing, pickle and zip records are all in; what exists only once training
-runs is added as the code that creates it would create it (the local optimizer's state, made by its own step on
-meta-device copies of the parameters; an algorithm's message in flight, its ``largest_state_dict``). torch is
-imported inside the functions: the launching process imports this module without it.
+runs is added as the code that creates it would create it (the local optimizer's state, made by its own step
+on meta-device copies of the parameters; an algorithm's message in flight, its ``largest_state_dict``). torch
+is imported inside the functions: the launching process imports this module without it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ class _Counter:
 
 
 def file_bytes(saved: dict, optimizer=None) -> int:
-    """The size of the file ``torch.save`` writes for ``saved`` (a fresh checkpoint payload), counted as it serialises,
-    so storage sharing, pickle and zip records are all in. Where ``optimizer`` (the local one) has no state yet (a
-    fresh start: SGD's momentum and Adam's moments appear at its first step), the state its first step creates is
-    counted as that optimizer creates it (:func:`_first_step_state`, on the meta device): each such tensor serialised
-    as a 1-element stand-in (its record) plus the rest of its bytes, exact within 63 bytes of alignment per tensor."""
+    """The size of the file ``torch.save`` writes for ``saved`` (a fresh checkpoint payload), counted as it
+    serialises, so storage sharing, pickle and zip records are all in. Where ``optimizer`` (the local one) has
+    no state yet (a fresh start: SGD's momentum and Adam's moments appear at its first step), the state its
+    first step creates is counted as that optimizer creates it (:func:`_first_step_state`, on the meta
+    device): each such tensor serialised as a 1-element stand-in (its record) plus the rest of its bytes,
+    exact within 63 bytes of alignment per tensor."""
     import torch
 
     extra = 0
@@ -39,7 +41,9 @@ def file_bytes(saved: dict, optimizer=None) -> int:
     state = _first_step_state(optimizer) if lazy else {}
     for entry in state.values():
         for key, t in entry.items():
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":  # a 1-element stand-in writes its record
+            if (
+                isinstance(t, torch.Tensor) and t.device.type == "meta"
+            ):  # a 1-element stand-in writes its record
                 entry[key] = torch.zeros(1, dtype=t.dtype)
                 extra += (t.numel() - 1) * t.element_size()
     if state:
@@ -50,9 +54,9 @@ def file_bytes(saved: dict, optimizer=None) -> int:
 
 
 def _first_step_state(optimizer) -> dict:
-    """The state (by parameter index) that one step of ``optimizer`` creates, made by a copy of it over meta-device
-    copies of its parameters (no memory, no data): the optimizer's own code decides what it keeps. Both local
-    optimizers of the suite (SGD, AdamW) step there; one that cannot is counted without it."""
+    """The state (by parameter index) that one step of ``optimizer`` creates, made by a copy of it over
+    meta-device copies of its parameters (no memory, no data): the optimizer's own code decides what it keeps.
+    Both local optimizers of the suite (SGD, AdamW) step there; one that cannot is counted without it."""
     try:
         return _step_on_meta(optimizer)
     except (RuntimeError, NotImplementedError, TypeError):

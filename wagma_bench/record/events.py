@@ -3,8 +3,8 @@
 Rank 0 appends MLPerf-style events to ``events.jsonl`` (one JSON object a line, flushed and fsynced at
 each event, so a crash leaves every earlier event readable). Every rank appends its per-step timings to
 ``steps/rank<R>.jsonl`` (:class:`wagma_bench.record.steps.StepLog`). ``summary.json`` is derived from the
-events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by the
-launcher after a failure (which also writes the ``run_stop`` rank 0 could not:
+events by :func:`summarize` and written atomically (temporary file, then rename), by rank 0 at the end or by
+the launcher after a failure (which also writes the ``run_stop`` rank 0 could not:
 :func:`wagma_bench.record.rundir.record_failure`); so is
 the MLPerf log ``mllog.txt`` (:mod:`wagma_bench.record.mlperf`).
 
@@ -68,8 +68,8 @@ class EventLog:
     """Append-only event log of rank 0 (other ranks hold a disabled one).
 
     Each event is written to ``events.jsonl`` first, then forwarded to the ``sinks`` (W&B; see
-    :mod:`wagma_bench.record.loggers`, whose :func:`~wagma_bench.record.loggers.event_log_for_run` builds the log
-    of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
+    :mod:`wagma_bench.record.loggers`, whose :func:`~wagma_bench.record.loggers.event_log_for_run` builds the
+    log of a run with them), which only mirror it. The MLPerf log is derived from the file at the end
     (:mod:`wagma_bench.record.mlperf`).
     """
 
@@ -130,18 +130,24 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     stops = [e for e in events if e["key"] == "run_stop"]
     progress = [e for e in events if e["key"] in ("eval_accuracy", "progress", "run_suspend", "run_stop")]
     # run_suspend: stopped to be resumed (preempted, requeued); run_stop: the one real end
-    lifecycle = [e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")]
+    lifecycle = [
+        e["key"] for e in events if e["key"] in ("run_start", "run_resume", "run_suspend", "run_stop")
+    ]
     ended = lifecycle[-1] if lifecycle else None
     last = progress[-1]["metadata"] if progress else {}
     target = meta.get("target")
     limit = _time_limit(meta.get("config"))
-    reached_at = next((e for e in evals if at_target(e["value"], e["metadata"].get("train_s"), target, limit)), None)
+    reached_at = next(
+        (e for e in evals if at_target(e["value"], e["metadata"].get("train_s"), target, limit)), None
+    )
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
     samples = last.get("samples", 0)
     suspends = [e for e in events if e["key"] == "run_suspend"]  # preempted, or interrupted (Ctrl-C)
-    by_end = {"run_stop": stops[-1]["metadata"].get("status") if stops else None,
-              "run_suspend": suspends[-1]["metadata"].get("status", "preempted") if suspends else None}
+    by_end = {
+        "run_stop": stops[-1]["metadata"].get("status") if stops else None,
+        "run_suspend": suspends[-1]["metadata"].get("status", "preempted") if suspends else None,
+    }
     final_status = status or by_end.get(ended) or "incomplete"
     return {
         "workload": meta.get("workload"),
@@ -172,8 +178,11 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "versions": meta.get("versions"),
         "hosts": meta.get("hosts"),
         # rank 0's CPU seconds by thread over the last attempt (wagma_bench.record.cpu), at the run's end
-        "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s") if stops and ended == "run_stop" else None,
-        # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per round by phase, progress-thread CPU
+        "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s")
+        if stops and ended == "run_stop"
+        else None,
+        # rank 0's wait-avoiding engine (WAGMA-SGD, eager-SGD): rounds, ms per
+        # round by phase, progress-thread CPU
         "engine": stops[-1]["metadata"].get("engine") if stops and ended == "run_stop" else None,
         # DropCompute's threshold and what it dropped over the world (micro-batches)
         "dropcompute": stops[-1]["metadata"].get("dropcompute") if stops and ended == "run_stop" else None,
@@ -195,19 +204,26 @@ class Evaluation:
     round: int | None
     epoch: float | None
     samples: int | None
-    train_s: float | None           # the training clock (time-to-target is read from it)
+    train_s: float | None  # the training clock (time-to-target is read from it)
     wall_s: float | None
-    took_s: float                   # how long the evaluation itself took
-    signature: str | None           # how the metric was computed (sacrebleu's signature for BLEU)
+    took_s: float  # how long the evaluation itself took
+    signature: str | None  # how the metric was computed (sacrebleu's signature for BLEU)
     time_ms: float | None
 
     @classmethod
     def of(cls, event: dict) -> Evaluation:
         meta = event.get("metadata") or {}
-        return cls(value=event["value"], round=meta.get("round"), epoch=meta.get("epoch"),
-                   samples=meta.get("samples"), train_s=meta.get("train_s"), wall_s=meta.get("wall_s"),
-                   took_s=meta.get("eval_took_s") or 0.0, signature=meta.get("sacrebleu_signature"),
-                   time_ms=event.get("time_ms"))
+        return cls(
+            value=event["value"],
+            round=meta.get("round"),
+            epoch=meta.get("epoch"),
+            samples=meta.get("samples"),
+            train_s=meta.get("train_s"),
+            wall_s=meta.get("wall_s"),
+            took_s=meta.get("eval_took_s") or 0.0,
+            signature=meta.get("sacrebleu_signature"),
+            time_ms=event.get("time_ms"),
+        )
 
 
 @dataclass(frozen=True)
@@ -219,7 +235,7 @@ class RunStart:
     the logged config fall back to that (``base_lr``, ``nodes``, ``ranks_per_node``), the model size does
     not (it takes the model: see ``simulate.calibrate``)."""
 
-    metadata: dict                  # as logged, the resolved config (``config``) included
+    metadata: dict  # as logged, the resolved config (``config``) included
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -279,7 +295,9 @@ class RunStart:
             return None
         from wagma_bench.config.schedules import peak_lr
 
-        return peak_lr(train["lr"], train["batch_size"], self.world_size or 1, train.get("lr_reference_batch"))
+        return peak_lr(
+            train["lr"], train["batch_size"], self.world_size or 1, train.get("lr_reference_batch")
+        )
 
     @property
     def nodes(self) -> int:
@@ -299,20 +317,29 @@ class RunEvents:
 
     path: Path
     events: list[dict]
-    torn: bool                      # the last line of events.jsonl was cut mid-write (and is skipped)
-    saved_summary: dict | None      # summary.json as written; None when absent or unreadable
-    summary_after_events: bool      # summary.json is no older than events.jsonl
-    skipped: tuple[int, ...] = ()   # numbers of the lines of events.jsonl that are not JSON (and were skipped)
+    torn: bool  # the last line of events.jsonl was cut mid-write (and is skipped)
+    saved_summary: dict | None  # summary.json as written; None when absent or unreadable
+    summary_after_events: bool  # summary.json is no older than events.jsonl
+    skipped: tuple[int, ...] = ()  # numbers of the lines of events.jsonl that are not JSON (and were skipped)
 
     @classmethod
     def read(cls, run_dir: Path) -> RunEvents:
         run_dir = Path(run_dir)
         skipped: list[int] = []
-        events = [current_event(e) for e in read_jsonl(run_dir / EVENTS, skipped)
-                  if isinstance(e, dict) and "key" in e]
+        events = [
+            current_event(e)
+            for e in read_jsonl(run_dir / EVENTS, skipped)
+            if isinstance(e, dict) and "key" in e
+        ]
         summary = current_summary(_read_json(run_dir / SUMMARY))
-        return cls(run_dir, events, torn_last_line(run_dir / EVENTS), summary,
-                   summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS), tuple(skipped))
+        return cls(
+            run_dir,
+            events,
+            torn_last_line(run_dir / EVENTS),
+            summary,
+            summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS),
+            tuple(skipped),
+        )
 
     @property
     def start(self) -> RunStart | None:
@@ -323,7 +350,11 @@ class RunEvents:
     @property
     def evaluations(self) -> list[Evaluation]:
         """Every evaluation with a value, in order (a resume's repeated ones included, as logged)."""
-        return [Evaluation.of(e) for e in self.events if e["key"] == "eval_accuracy" and e.get("value") is not None]
+        return [
+            Evaluation.of(e)
+            for e in self.events
+            if e["key"] == "eval_accuracy" and e.get("value") is not None
+        ]
 
     @property
     def lifecycle(self) -> list[str]:

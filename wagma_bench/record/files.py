@@ -41,7 +41,9 @@ def open_run_file(path: Path, mode: str, hint: str = RUN_HINT) -> IO:
     """Open a file of a run (or a command's log) for writing (``mode``: w, a, wb, ab) without following a
     symbolic link in its last component (O_NOFOLLOW; its folders are checked by :func:`run_subdir`). Raises
     :class:`SymlinkRefused`."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    flags = (
+        os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    )
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as err:

@@ -62,6 +62,7 @@ def make_sinks(cfg, run_dir: Path, rank: int) -> list[Sink]:
 
 # --- Weights & Biases ------------------------------------------------------------------------------
 
+
 def wandb_env(base: Path) -> dict[str, str]:
     """W&B's directories under ``base``, so nothing lands in the home or the current directory.
 
@@ -69,16 +70,21 @@ def wandb_env(base: Path) -> dict[str, str]:
     comes from ``WANDB_API_KEY`` or ``~/.netrc``, which stay where they are).
     """
     root = base / "wandb"
-    env = {"WANDB_DIR": str(base), "WANDB_CACHE_DIR": str(root / "cache"), "WANDB_DATA_DIR": str(root / "data"),
-           "WANDB_ARTIFACT_DIR": str(root / "artifacts"),
-           "WANDB_CONFIG_DIR": os.environ.get("WANDB_CONFIG_DIR", str(root / "config"))}
+    env = {
+        "WANDB_DIR": str(base),
+        "WANDB_CACHE_DIR": str(root / "cache"),
+        "WANDB_DATA_DIR": str(root / "data"),
+        "WANDB_ARTIFACT_DIR": str(root / "artifacts"),
+        "WANDB_CONFIG_DIR": os.environ.get("WANDB_CONFIG_DIR", str(root / "config")),
+    }
     for path in env.values():
         Path(path).mkdir(parents=True, exist_ok=True)
     return env
 
 
 def has_api_key(env=os.environ) -> bool:
-    """A W&B API key in ``WANDB_API_KEY`` or in the netrc entry of the W&B host (as ``wandb login`` stores it)."""
+    """A W&B API key in ``WANDB_API_KEY`` or in the netrc entry of the W&B host (as
+    ``wandb login`` stores it)."""
     if env.get("WANDB_API_KEY"):
         return True
     host = urlparse(env.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -103,8 +109,10 @@ def resolve_mode(mode: str, env=os.environ) -> str:
         return "online" if has_api_key(env) else "offline"
     if mode == "online" and not has_api_key(env):
         origin = "WANDB_MODE=online" if env.get("WANDB_MODE") == "online" else "logger.wandb.mode=online"
-        raise ConfigError(f"{origin} is not allowed without a W&B API key: set WANDB_API_KEY or run `wandb login` "
-                          "(or use logger.wandb.mode=auto|offline)")
+        raise ConfigError(
+            f"{origin} is not allowed without a W&B API key: set WANDB_API_KEY or run `wandb login` "
+            "(or use logger.wandb.mode=auto|offline)"
+        )
     return mode
 
 
@@ -119,7 +127,9 @@ def sweep_group(run_dir: Path) -> str | None:
     GPU counts do not split a sweep)."""
     run_dir = Path(run_dir).resolve()
     parent = run_dir.parent
-    marker = {TUNE_TRIALS: TUNE_PLAN, "runs": "manifest.json"}.get(parent.name)  # a tuning's trials, a sweep's runs
+    marker = {TUNE_TRIALS: TUNE_PLAN, "runs": "manifest.json"}.get(
+        parent.name
+    )  # a tuning's trials, a sweep's runs
     if marker and (parent.parent / marker).exists():
         root, name = parent.parent, parent.parent.name
     elif (parent / "multirun.yaml").exists() and parent.parent.name == "runs":
@@ -151,7 +161,8 @@ def tuned_key(key: str) -> str:
 
 def grouping_config(run_dir: Path, start: dict) -> dict[str, Any]:
     """The flat keys of a run's W&B config: :data:`GROUP_KEYS` from its ``run_start`` metadata; for a trial of
-    a tuning (``TUNE/trials/NAME`` beside ``TUNE/tune.json``) its study, trial and tuned settings from the plan."""
+    a tuning (``TUNE/trials/NAME`` beside ``TUNE/tune.json``) its study, trial and tuned settings from the
+    plan."""
     flat = {**{k: start.get(k) for k in GROUP_KEYS}, "tuning_trial": False}
     run_dir = Path(run_dir)
     plan = run_dir.parent.parent / TUNE_PLAN
@@ -161,8 +172,12 @@ def grouping_config(run_dir: Path, start: dict) -> dict[str, Any]:
         except (OSError, ValueError):  # a plan being rewritten: the trial is still grouped by the tuning
             trials = []
         for t in (t for t in trials if isinstance(t, dict) and t.get("name") == run_dir.name):
-            flat.update(tuning_trial=True, study=t.get("study"), trial=t.get("trial"),
-                        **{tuned_key(k): v for k, v in (t.get("params") or {}).items()})
+            flat.update(
+                tuning_trial=True,
+                study=t.get("study"),
+                trial=t.get("trial"),
+                **{tuned_key(k): v for k, v in (t.get("params") or {}).items()},
+            )
     return flat
 
 
@@ -175,12 +190,19 @@ def init_wandb(base: Path, mode: str, timeout_s: float | None = None, **init_kwa
     import wandb
 
     limit = {} if timeout_s is None else {"init_timeout": timeout_s}
-    run = wandb.init(dir=str(base), mode=resolved, settings=wandb.Settings(console="off", silent=True, **limit),
-                     **init_kwargs)
+    run = wandb.init(
+        dir=str(base),
+        mode=resolved,
+        settings=wandb.Settings(console="off", silent=True, **limit),
+        **init_kwargs,
+    )
     if resolved == "offline":
         why = "" if has_api_key() or mode == "offline" else " (no API key configured)"
-        print(f"wagma-bench: W&B run {run.id} is offline{why}; its files: {offline_dir(run)}\n"
-              f"wagma-bench: upload it later with: wandb sync {offline_dir(run)}", flush=True)
+        print(
+            f"wagma-bench: W&B run {run.id} is offline{why}; its files: {offline_dir(run)}\n"
+            f"wagma-bench: upload it later with: wandb sync {offline_dir(run)}",
+            flush=True,
+        )
     return run
 
 
@@ -236,17 +258,21 @@ class WandbSink:
                 self._emit(event)
             except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; events.jsonl has it all
                 self._failed = True
-                print(f"wagma-bench: W&B logging switched off after an error ({type(err).__name__}: {err}); "
-                      f"the run continues, its events are in {self.run_dir / EVENTS}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"wagma-bench: W&B logging switched off after an error ({type(err).__name__}: {err}); "
+                    f"the run continues, its events are in {self.run_dir / EVENTS}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self._finish()
 
     def _emit(self, event: dict) -> None:
         key, meta = event["key"], event.get("metadata") or {}
         if self.run is None:
             self._start(event)
-        row: dict[str, Any] = {k: meta[k] for k in ("round", "epoch", "samples", "train_s", "wall_s")
-                               if k in meta}
+        row: dict[str, Any] = {
+            k: meta[k] for k in ("round", "epoch", "samples", "train_s", "wall_s") if k in meta
+        }
         if key == "eval_accuracy":
             row[f"eval/{self._metric}"] = event["value"]
             if meta.get("train_s"):
@@ -271,9 +297,17 @@ class WandbSink:
         # after a requeue the first event is run_resume: the grouping keys come from the run's run_start
         start = meta if event["key"] == "run_start" else _start_metadata(self.run_dir)
         config = {**grouping_config(self.run_dir, start), "config": c}
-        kwargs = {"project": self.settings.project, "entity": self.settings.entity, "name": name, "id": run_id,
-                  "group": self.settings.group or sweep_group(self.run_dir), "resume": "allow", "config": config,
-                  "job_type": run.optimizer, "tags": [run.workload, run.optimizer, run.imbalance]}
+        kwargs = {
+            "project": self.settings.project,
+            "entity": self.settings.entity,
+            "name": name,
+            "id": run_id,
+            "group": self.settings.group or sweep_group(self.run_dir),
+            "resume": "allow",
+            "config": config,
+            "job_type": run.optimizer,
+            "tags": [run.workload, run.optimizer, run.imbalance],
+        }
         self.run = self._init(kwargs)
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
@@ -283,9 +317,22 @@ class WandbSink:
         self.run.define_metric("samples", step_metric="train_s")
         self.run.define_metric("eval/*", step_metric="train_s")
         if event["key"] == "run_start":
-            self.run.summary.update({k: meta.get(k) for k in ("world_size", "global_batch_size", "target",
-                                                              "model_params", "group_size", "sync_period",
-                                                              "git_sha", "hosts", "versions")})
+            self.run.summary.update(
+                {
+                    k: meta.get(k)
+                    for k in (
+                        "world_size",
+                        "global_batch_size",
+                        "target",
+                        "model_params",
+                        "group_size",
+                        "sync_period",
+                        "git_sha",
+                        "hosts",
+                        "versions",
+                    )
+                }
+            )
 
     def _init(self, kwargs: dict):
         """The W&B run: online within ``timeout_s``, else (no network, W&B down) offline, with a message."""
@@ -304,8 +351,10 @@ class WandbSink:
             return run
         except Exception as err:  # noqa: BLE001 -- any failure to start online: fall back to offline
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            why = (f"online start failed within logger.wandb.timeout_s={self.settings.timeout_s:g} "
-                   f"({type(err).__name__}: {first})")
+            why = (
+                f"online start failed within logger.wandb.timeout_s={self.settings.timeout_s:g} "
+                f"({type(err).__name__}: {first})"
+            )
         print(f"wagma-bench: W&B {why}; logging offline instead", file=sys.stderr, flush=True)
         import wandb
 
@@ -321,7 +370,7 @@ class WandbSink:
         for path in sorted((self.run_dir / "steps").glob("rank*.jsonl")):
             records = self._new_records(path)
             if records:
-                rank = path.stem[len("rank"):]
+                rank = path.stem[len("rank") :]
                 for field in ("compute_s", "delay_s", "comm_s"):
                     row[f"rank{rank}/{field}"] = sum(r.get(field, 0.0) for r in records) / len(records)
         return row
@@ -347,8 +396,11 @@ class WandbSink:
         per process of a requeued run; the last one holds the whole run)."""
         import wandb
 
-        artifact = wandb.Artifact(f"run-files-{self.run.id}", type="run-files",
-                                  metadata={"status": self._status, "run_dir": str(self.run_dir)})
+        artifact = wandb.Artifact(
+            f"run-files-{self.run.id}",
+            type="run-files",
+            metadata={"status": self._status, "run_dir": str(self.run_dir)},
+        )
         for name in ARTIFACT_FILES:
             if (self.run_dir / name).exists():
                 artifact.add_file(str(self.run_dir / name), name=name)
@@ -360,8 +412,12 @@ class WandbSink:
         self._queue.put(None)
         self._thread.join(timeout=self.settings.timeout_s + 60)
         if self._thread.is_alive():
-            print(f"wagma-bench: W&B did not finish within {self.settings.timeout_s + 60:g} s; the run's files are in "
-                  f"{self.run_dir}", file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench: W&B did not finish within {self.settings.timeout_s + 60:g} s; the run's files "
+                f"are in {self.run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.used and (self.run_dir / SUMMARY).exists():
             try:
                 summary = json.loads((self.run_dir / SUMMARY).read_text())
@@ -375,14 +431,21 @@ class WandbSink:
         try:
             self._log_artifact()
         except Exception as err:  # noqa: BLE001 -- a mirror must not end the run; the files are on disk
-            print(f"wagma-bench: W&B artifact not logged ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench: W&B artifact not logged ({type(err).__name__}: {err})",
+                file=sys.stderr,
+                flush=True,
+            )
         run, self.run, self._failed = self.run, None, True  # nothing more to log
         try:
             offline, where = run.settings.mode == "offline", offline_dir(run)
             run.finish(exit_code=0 if self._status not in ("failed", None) else 1)
         except Exception as err:  # noqa: BLE001 -- also called while a failed run unwinds: never mask its error
-            print(f"wagma-bench: W&B run not finished cleanly ({type(err).__name__}: {err})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"wagma-bench: W&B run not finished cleanly ({type(err).__name__}: {err})",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         if offline:
             print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)

@@ -8,8 +8,10 @@ failure); ``wagma-bench report --mllog`` rewrites the file of existing run direc
 Which MLPerf rules a workload's log follows (the closest benchmark; the ruleset is the last one that
 has it). ``tests/test_mllog.py`` runs the official compliance checker on real runs of the first two::
 
-    python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 RUN_DIR/mllog.txt  # resnet
-    python -m mlperf_logging.compliance_checker --usage training --ruleset 0.7.0 RUN_DIR/mllog.txt  # transformer
+    # resnet
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 RUN_DIR/mllog.txt
+    # transformer
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 0.7.0 RUN_DIR/mllog.txt
 
 - ``resnet``: training 4.0.0, open division, ``resnet`` (the validation top-1 as a fraction).
 - ``transformer``: training 0.7.0, open division, ``transformer``. MLPerf logs BLEU as a fraction, so
@@ -55,16 +57,31 @@ from wagma_bench.record.files import atomic_write
 MLLOG = "mllog.txt"
 
 # workload -> (MLPerf benchmark name, training ruleset whose rules the log follows)
-BENCHMARKS = {"resnet": ("resnet", "4.0.0"), "transformer": ("transformer", "0.7.0"), "ddppo": ("ddppo", "4.0.0")}
+BENCHMARKS = {
+    "resnet": ("resnet", "4.0.0"),
+    "transformer": ("transformer", "0.7.0"),
+    "ddppo": ("ddppo", "4.0.0"),
+}
 # MLPerf reports each workload's quality as a fraction; our metric divided by this gives it.
 METRIC_SCALE = {"bleu": 100.0}
 # Our events that a resume from a checkpoint rolls back when they came after that checkpoint.
 ROLLED_BACK = ("eval_accuracy", "progress", "checkpoint")
 # submission_* keys every ruleset requires (the point of contact is optional)
-_REQUIRED_SUBMISSION = ("submission_benchmark", "submission_org", "submission_platform", "submission_division",
-                        "submission_status")
-SUBMISSION_DEFAULTS = {"org": "wagma-bench", "platform": "unknown", "division": "open", "status": "research",
-                       "poc_name": "", "poc_email": ""}
+_REQUIRED_SUBMISSION = (
+    "submission_benchmark",
+    "submission_org",
+    "submission_platform",
+    "submission_division",
+    "submission_status",
+)
+SUBMISSION_DEFAULTS = {
+    "org": "wagma-bench",
+    "platform": "unknown",
+    "division": "open",
+    "status": "research",
+    "poc_name": "",
+    "poc_email": "",
+}
 
 
 @dataclass
@@ -79,7 +96,8 @@ class Record:
 
 
 def submission_settings(config: dict) -> dict:
-    """The ``logger.submission`` section of a run's resolved config, over the defaults (older runs have none)."""
+    """The ``logger.submission`` section of a run's resolved config, over the
+    defaults (older runs have none)."""
     given = setting(config, "logger.submission") or {}
     return {**SUBMISSION_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
 
@@ -148,10 +166,15 @@ class _Translation:
         self.add("start", c.INIT_START, None, t_init)
         benchmark = BENCHMARKS.get(self.start.workload, (self.start.workload, None))[0]
         sub = submission_settings(config)
-        for key, value in ((c.SUBMISSION_BENCHMARK, benchmark), (c.SUBMISSION_ORG, sub["org"]),
-                           (c.SUBMISSION_PLATFORM, sub["platform"]), (c.SUBMISSION_DIVISION, sub["division"]),
-                           (c.SUBMISSION_STATUS, sub["status"]), (c.SUBMISSION_POC_NAME, sub["poc_name"]),
-                           (c.SUBMISSION_POC_EMAIL, sub["poc_email"])):
+        for key, value in (
+            (c.SUBMISSION_BENCHMARK, benchmark),
+            (c.SUBMISSION_ORG, sub["org"]),
+            (c.SUBMISSION_PLATFORM, sub["platform"]),
+            (c.SUBMISSION_DIVISION, sub["division"]),
+            (c.SUBMISSION_STATUS, sub["status"]),
+            (c.SUBMISSION_POC_NAME, sub["poc_name"]),
+            (c.SUBMISSION_POC_EMAIL, sub["poc_email"]),
+        ):
             if value != "" or key in _REQUIRED_SUBMISSION:
                 self.add("event", key, value, t_init)
         for key, value in self._hyperparameters(config).items():
@@ -164,12 +187,18 @@ class _Translation:
         from mlperf_logging.mllog import constants as c
 
         start, train = self.start, config.get("train") or {}
-        out = {c.SEED: start.get("seed"), c.GLOBAL_BATCH_SIZE: start.get("global_batch_size"),
-               c.GRADIENT_ACCUMULATION_STEPS: 1, c.TRAIN_SAMPLES: start.get("train_samples"),
-               c.EVAL_SAMPLES: start.get("eval_samples") or 0,
-               # ours: the distributed algorithm and where it ran (MLPerf keeps these in its system description)
-               "distributed_optimizer": start.optimizer, "world_size": start.world_size or 1,
-               "number_of_nodes": start.nodes, "accelerators_per_node": start.ranks_per_node}
+        out = {
+            c.SEED: start.get("seed"),
+            c.GLOBAL_BATCH_SIZE: start.get("global_batch_size"),
+            c.GRADIENT_ACCUMULATION_STEPS: 1,
+            c.TRAIN_SAMPLES: start.get("train_samples"),
+            c.EVAL_SAMPLES: start.get("eval_samples") or 0,
+            # ours: the distributed algorithm and where it ran (MLPerf keeps these in its system description)
+            "distributed_optimizer": start.optimizer,
+            "world_size": start.world_size or 1,
+            "number_of_nodes": start.nodes,
+            "accelerators_per_node": start.ranks_per_node,
+        }
         if train:
             adam = train.get("local_optimizer") == "adam"
             out[c.OPT_NAME] = (c.ADAMW if train.get("weight_decay") else c.ADAM) if adam else c.SGD
@@ -215,14 +244,16 @@ class _Translation:
         """A block runs to the next evaluation of the same process; none is opened when there is none."""
         from mlperf_logging.mllog import constants as c
 
-        for later in self.events[start_index + 1:]:
+        for later in self.events[start_index + 1 :]:
             if later["key"] in ("run_stop", "run_suspend"):
                 return
             if later["key"] == "eval_accuracy":
                 count = later["metadata"].get("epoch", epoch) - epoch
                 if count > 0:
                     self.block_first = epoch
-                    self.add("start", c.BLOCK_START, None, t, **{c.FIRST_EPOCH_NUM: epoch, c.EPOCH_COUNT: count})
+                    self.add(
+                        "start", c.BLOCK_START, None, t, **{c.FIRST_EPOCH_NUM: epoch, c.EPOCH_COUNT: count}
+                    )
                 return
 
     def _close_block(self, t: float) -> None:
@@ -238,8 +269,15 @@ class _Translation:
         self._close_block(t)
         success = self.reached if self.target is not None else ours.get("status") == "completed"
         run_status = ours.pop("status")
-        self.add("end", c.RUN_STOP, None, t, **{c.STATUS: c.SUCCESS if success else c.ABORTED},
-                 run_status=run_status, **ours)
+        self.add(
+            "end",
+            c.RUN_STOP,
+            None,
+            t,
+            **{c.STATUS: c.SUCCESS if success else c.ABORTED},
+            run_status=run_status,
+            **ours,
+        )
 
 
 def _clock(meta: dict) -> dict:
@@ -288,6 +326,10 @@ def try_write_mllog(run_dir: Path, echo: bool = False) -> Path | None:
         return write_mllog(run_dir, echo)
     except Exception as err:  # noqa: BLE001
         (Path(run_dir) / MLLOG).unlink(missing_ok=True)  # a stale log (an earlier end's) would mislead
-        print(f"wagma-bench: {MLLOG} not written ({type(err).__name__}: {err}); the events are in "
-              f"{Path(run_dir) / EVENTS}", file=sys.stderr, flush=True)
+        print(
+            f"wagma-bench: {MLLOG} not written ({type(err).__name__}: {err}); the events are in "
+            f"{Path(run_dir) / EVENTS}",
+            file=sys.stderr,
+            flush=True,
+        )
         return None

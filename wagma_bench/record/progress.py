@@ -17,9 +17,12 @@ class Progress:
             from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                     TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
-                                     TimeElapsedColumn())
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+                TimeElapsedColumn(),
+            )
             self._task = self._bar.add_task(label, total=total, info="")
             self._bar.start()
 

@@ -21,8 +21,14 @@ from wagma_bench.config.schema import RunConfig, as_recorded
 def git_sha() -> str | None:
     """The commit of the suite's checkout, or None outside a git checkout (an installed wheel)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
         sha = out.stdout.strip()
         return sha if out.returncode == 0 and sha else None
     except (OSError, subprocess.SubprocessError):
@@ -47,23 +53,39 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
     reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
 
     Collective (the host names are gathered): every rank calls it, rank 0 logs it. Readers take these
-    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field existed."""
+    through :class:`wagma_bench.record.events.RunStart`, which also reads runs logged before a field
+    existed."""
     world = comm.world_size
     placement = _placement(comm, derived.pop("local_rank"))
     hosts = sorted({host for host, _ in placement})
     return dict(
-        workload=cfg.workload.name, data=cfg.data.name, optimizer=algo.name, imbalance=cfg.imbalance.name,
-        world_size=world, seed=cfg.seed, metric=workload.metric_name, target=cfg.eval.target,
-        global_batch_size=cfg.train.batch_size * world, train_samples=workload.train_size,
-        eval_samples=workload.eval_size, sync_period=algo.sync_period,
+        workload=cfg.workload.name,
+        data=cfg.data.name,
+        optimizer=algo.name,
+        imbalance=cfg.imbalance.name,
+        world_size=world,
+        seed=cfg.seed,
+        metric=workload.metric_name,
+        target=cfg.eval.target,
+        global_batch_size=cfg.train.batch_size * world,
+        train_samples=workload.train_size,
+        eval_samples=workload.eval_size,
+        sync_period=algo.sync_period,
         # only group-averaging optimizers (WAGMA) have a group size: the effective one, after the default rule
         group_size=algo.group_size,
-        model_params=sum(p.numel() for p in model.parameters()), nodes=len(hosts),
-        ranks_per_node=math.ceil(world / len(hosts)), **derived, config_hash=config_hash(as_recorded(cfg)),
-        git_sha=git_sha(), versions=versions(comm), hosts=hosts,
+        model_params=sum(p.numel() for p in model.parameters()),
+        nodes=len(hosts),
+        ranks_per_node=math.ceil(world / len(hosts)),
+        **derived,
+        config_hash=config_hash(as_recorded(cfg)),
+        git_sha=git_sha(),
+        versions=versions(comm),
+        hosts=hosts,
         # where each rank ran, by rank: its host and its rank on that host
-        rank_hosts=[host for host, _ in placement], local_ranks=[local for _, local in placement],
-        config=as_recorded(cfg))
+        rank_hosts=[host for host, _ in placement],
+        local_ranks=[local for _, local in placement],
+        config=as_recorded(cfg),
+    )
 
 
 def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
@@ -71,4 +93,6 @@ def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
     name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
     gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
     rows = [bytes(row.cpu().tolist()) for row in gathered]
-    return [(row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows]
+    return [
+        (row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows
+    ]

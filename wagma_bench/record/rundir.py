@@ -31,9 +31,9 @@ from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, wri
 from wagma_bench.record.steps import current_record
 
 LOCK = ".lock"
-# Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the user
-# ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports show it
-# as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
+# Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the
+# user ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports
+# show it as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
 CANCELLED = "cancelled.json"
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
@@ -76,8 +76,12 @@ class RunDirLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-              "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+        me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        }
         tmp = self.path.with_name(f"{LOCK}.{me['host']}.{me['pid']}")
         tmp.unlink(missing_ok=True)  # a leftover of an earlier process with our PID, or a planted link
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
@@ -93,11 +97,17 @@ class RunDirLock:
                     holder = self._holder()
                     why = self._stale(holder) if holder else None
                     if why is None:
-                        raise RunDirLocked(f"run directory {self.path.parent} is in use by another run "
-                                           f"({_describe(holder) if holder else 'holder unknown'}); "
-                                           f"wait for it or choose another hydra.run.dir") from None
-                    print(f"wagma-bench: taking over the stale lock of {self.path.parent} "
-                          f"({_describe(holder)}: {why})", file=sys.stderr, flush=True)
+                        raise RunDirLocked(
+                            f"run directory {self.path.parent} is in use by another run "
+                            f"({_describe(holder) if holder else 'holder unknown'}); "
+                            f"wait for it or choose another hydra.run.dir"
+                        ) from None
+                    print(
+                        f"wagma-bench: taking over the stale lock of {self.path.parent} "
+                        f"({_describe(holder)}: {why})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     with contextlib.suppress(FileNotFoundError):
                         self.path.unlink()
             raise RunDirLocked(f"could not lock run directory {self.path.parent}: other runs keep taking it")
@@ -132,10 +142,20 @@ class RunDirLock:
 
 
 # What a run writes in its directory (W&B's own folder, with its own links, aside): none may be a link.
-# .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS); refused under
-# every launcher alike, the local one included (whose own heartbeats live elsewhere)
-RUN_FILES = (EVENTS, SUMMARY, "mllog.txt", LOCK, CANCELLED, ".hydra", "steps", "checkpoint", "checkpoint.json",
-             ".heartbeats")
+# .heartbeats: the ranks of an external launcher beat there (wagma_bench.runtime.supervise.HEARTBEATS);
+# refused under every launcher alike, the local one included (whose own heartbeats live elsewhere)
+RUN_FILES = (
+    EVENTS,
+    SUMMARY,
+    "mllog.txt",
+    LOCK,
+    CANCELLED,
+    ".hydra",
+    "steps",
+    "checkpoint",
+    "checkpoint.json",
+    ".heartbeats",
+)
 
 
 def refuse_symlinks(run_dir: Path) -> None:
@@ -153,7 +173,8 @@ def refuse_symlinks(run_dir: Path) -> None:
 
 
 def finished_summary(run_dir: Path, raw: dict) -> dict | None:
-    """The summary of a finished run in ``run_dir`` with the same identity and budget as ``raw``, else None."""
+    """The summary of a finished run in ``run_dir`` with the same identity and
+    budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
     summary = record.saved_summary
     if summary is None or summary.get("status") not in FINISHED:
@@ -164,7 +185,9 @@ def finished_summary(run_dir: Path, raw: dict) -> dict | None:
     return summary
 
 
-def finalize(run_dir: Path, status: str | None = None, error: str | None = None, echo_mllog: bool = False) -> dict:
+def finalize(
+    run_dir: Path, status: str | None = None, error: str | None = None, echo_mllog: bool = False
+) -> dict:
     """Write ``summary.json`` and the MLPerf log from the run's events: by rank 0 at the end of a run, by the
     launcher after a crash (``status``, ``error``: its view of the failure). ``echo_mllog``: also print the
     MLPerf log's lines (``logger.mllog``)."""
@@ -189,13 +212,20 @@ def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
     if not lifecycle or lifecycle[-1] not in ("run_start", "run_resume"):
         return finalize(run_dir, status=status, error=error)
     progress = [e["metadata"] for e in events if e["key"] in ("eval_accuracy", "progress", "run_resume")]
-    last = {k: v for k, v in (progress[-1] if progress else {}).items()
-            if k in ("round", "epoch", "samples", "train_s", "wall_s", "eval_s")}
+    last = {
+        k: v
+        for k, v in (progress[-1] if progress else {}).items()
+        if k in ("round", "epoch", "samples", "train_s", "wall_s", "eval_s")
+    }
     logged = _progress_in_step_logs(run_dir)
     if logged.get("round", 0) > last.get("round", 0):  # rounds since the last event, as far as flushed
         last.update(logged)
-    event = {"key": "run_stop", "value": None, "time_ms": round(time.time() * 1000, 3),
-             "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"}}
+    event = {
+        "key": "run_stop",
+        "value": None,
+        "time_ms": round(time.time() * 1000, 3),
+        "metadata": {**last, "status": status, "error": error, "recorded_by": "launcher"},
+    }
     with open_run_file(path, "ab") as f:
         torn = torn_last_line(path)  # rank 0 died in the middle of a line
         f.write((b"\n" if torn else b"") + json.dumps(event, sort_keys=True).encode() + b"\n")
@@ -210,8 +240,11 @@ def _progress_in_step_logs(run_dir: Path) -> dict:
     mine = records.get(run_dir / "steps" / "rank0.jsonl")
     if not mine:
         return {}
-    return {"round": mine[-1].get("round", 0), "train_s": mine[-1].get("t", 0.0),
-            "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs)}
+    return {
+        "round": mine[-1].get("round", 0),
+        "train_s": mine[-1].get("t", 0.0),
+        "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs),
+    }
 
 
 def compute_imbalance(run_dir: Path) -> float | None:
@@ -221,10 +254,15 @@ def compute_imbalance(run_dir: Path) -> float | None:
     (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
     index, over the steps every rank logged; None without step logs."""
     # regular files only: the summary of a failed run is written whatever stands in the way of a step log
-    per_rank = [[current_record(r) for r in read_jsonl(p)]
-                for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
-    per_rank = [{r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs
-                 if "local_step" in r} for recs in per_rank]
+    per_rank = [
+        [current_record(r) for r in read_jsonl(p)]
+        for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))
+        if p.is_file()
+    ]
+    per_rank = [
+        {r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "local_step" in r}
+        for recs in per_rank
+    ]
     per_rank = [times for times in per_rank if times]
     if not per_rank:
         return None
@@ -252,7 +290,8 @@ def live_holder(run_dir: Path) -> dict | None:
 
 
 def cancel_note(run_dir: Path) -> dict | None:
-    """What ``wagma-bench sweep cancel`` noted in the run directory (when, which job), or None: not cancelled."""
+    """What ``wagma-bench sweep cancel`` noted in the run directory (when, which
+    job), or None: not cancelled."""
     try:
         note = json.loads((Path(run_dir) / CANCELLED).read_text())
     except (OSError, ValueError):

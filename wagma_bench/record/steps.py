@@ -1,12 +1,12 @@
 """A run's per-rank step records, read from either of their two forms.
 
-A run writes ``steps/rank<R>.jsonl`` (:class:`StepLog`: every field a workload logs, about 100-170 bytes a step
-and rank). A committed result keeps instead one compressed, columnar table, ``steps.json.xz``
+A run writes ``steps/rank<R>.jsonl`` (:class:`StepLog`: every field a workload logs, about 100-170 bytes a
+step and rank). A committed result keeps instead one compressed, columnar table, ``steps.json.xz``
 (:func:`write_step_table`): per rank, one list per field of :data:`STEP_FIELDS`, the fields that the analyses
-read (report's step-time components, the simulator's calibration): about a thirtieth of the raw logs (4.9 MB for
-the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same records
-from either form, so every analysis reads a compact result as it reads the raw one (tests/test_steps.py checks
-report's and calibration's numbers are identical).
+read (report's step-time components, the simulator's calibration): about a thirtieth of the raw logs (4.9 MB
+for the 150.9 MB of the 432 trials committed before 2026-12-05). :func:`read_step_records` gives the same
+records from either form, so every analysis reads a compact result as it reads the raw one
+(tests/test_steps.py checks report's and calibration's numbers are identical).
 
 A record counts the rank's own steps as ``local_step`` and the algorithm's rounds as ``round`` (an
 asynchronous optimizer's rank may take several local steps in a round). Logs and tables written before
@@ -39,8 +39,11 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
     (torn lines skipped; they win over a table beside them), else from the compact table, else none. A damaged
     table raises :class:`ValueError` naming it."""
     run_dir = Path(run_dir)
-    logs = {int(m.group(1)): p for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
-            if (m := _RANK_LOG.fullmatch(p.name))}
+    logs = {
+        int(m.group(1)): p
+        for p in sorted((run_dir / STEPS).glob("rank*.jsonl"))
+        if (m := _RANK_LOG.fullmatch(p.name))
+    }
     if logs:
         return {rank: [current_record(r) for r in read_jsonl(path)] for rank, path in sorted(logs.items())}
     table = run_dir / STEP_TABLE
@@ -50,8 +53,10 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
         ranks = json.loads(lzma.decompress(table.read_bytes()))
         return {int(rank): [current_record(r) for r in _rows(columns)] for rank, columns in ranks.items()}
     except (lzma.LZMAError, ValueError, AttributeError, TypeError) as err:  # cut short, or not what we write
-        raise ValueError(f"{table}: damaged step table ({type(err).__name__}: {err}); "
-                         f"{Path(__file__).name} writes it from the run's steps/rank*.jsonl") from None
+        raise ValueError(
+            f"{table}: damaged step table ({type(err).__name__}: {err}); "
+            f"{Path(__file__).name} writes it from the run's steps/rank*.jsonl"
+        ) from None
 
 
 def current_record(record: dict) -> dict:
@@ -87,8 +92,11 @@ class StepLog:
     def __init__(self, run_dir: Path, rank: int, resume_step: int | None = None):
         d = run_subdir(Path(run_dir) / STEPS)
         # fresh (resume_step None): empty; resumed: the steps up to the checkpoint's local step
-        self._f = open_for_attempt(d / f"rank{rank}.jsonl", resume_step,
-                                   lambda r, step: current_record(r).get("local_step", 0) <= step)
+        self._f = open_for_attempt(
+            d / f"rank{rank}.jsonl",
+            resume_step,
+            lambda r, step: current_record(r).get("local_step", 0) <= step,
+        )
         self._buf: list[str] = []
 
     def record(self, **fields: Any) -> None:

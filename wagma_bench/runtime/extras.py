@@ -13,8 +13,10 @@ from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.loggers import resolve_mode
 
-FAIRSEQ_HINT = ("pip install --no-build-isolation fairseq-fixed==0.12.3.1 (after cython, setuptools, wheel "
-                "and numpy; `make setup` does it)")
+FAIRSEQ_HINT = (
+    "pip install --no-build-isolation fairseq-fixed==0.12.3.1 (after cython, setuptools, wheel "
+    "and numpy; `make setup` does it)"
+)
 
 
 def installed(module: str) -> bool:
@@ -28,8 +30,10 @@ def installed(module: str) -> bool:
 def require(module: str, extra: str, needed_by: str) -> None:
     """Raise a :class:`ConfigError` naming the extra that installs ``module`` when it is missing."""
     if not installed(module):
-        raise ConfigError(f"{needed_by} needs the Python package {module!r}, which is not installed: "
-                          f"pip install 'wagma-bench[{extra}]'")
+        raise ConfigError(
+            f"{needed_by} needs the Python package {module!r}, which is not installed: "
+            f"pip install 'wagma-bench[{extra}]'"
+        )
 
 
 def check_extras(cfg: RunConfig) -> None:

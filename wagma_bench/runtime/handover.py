@@ -64,8 +64,9 @@ class StoreChannel:
 
         import torch.distributed as dist
 
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=WAIT_S))
+        store = dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=WAIT_S)
+        )
         attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted worker reads its own attempt's
         self.store = dist.PrefixStore(f"wagma_bench/attempt-{attempt}", store)
 
@@ -83,8 +84,7 @@ class FileChannel:
         self.path, self.launch = run_dir / CHECKED_FILE, launch
 
     def publish(self, message: dict) -> None:
-        _write(self.path, {"launch": self.launch, "run_dir": str(self.path.parent.resolve()),
-                                      **message})
+        _write(self.path, {"launch": self.launch, "run_dir": str(self.path.parent.resolve()), **message})
 
     def receive(self) -> dict:
         deadline = time.monotonic() + WAIT_S
@@ -96,8 +96,10 @@ class FileChannel:
             except (OSError, ValueError):  # not written yet (each write replaces the file whole)
                 pass
             if time.monotonic() > deadline:
-                return {"refused": f"rank 0 did not hand over the checked configuration within "
-                                   f"{WAIT_S:.0f} s ({self.path})"}
+                return {
+                    "refused": f"rank 0 did not hand over the checked configuration within "
+                    f"{WAIT_S:.0f} s ({self.path})"
+                }
             time.sleep(0.1)
 
 

@@ -43,14 +43,17 @@ def node_address(host: str) -> str:
     except socket.gaierror:
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", host], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     found = re.search(r"\bNodeAddr=(\S+)", out)
     if found is None:
-        raise NetworkError(f"the rendezvous host {host} (the job's first node) does not resolve, and scontrol "
-                           "knows no NodeAddr for it; set MASTER_ADDR to an address of that node")
+        raise NetworkError(
+            f"the rendezvous host {host} (the job's first node) does not resolve, and scontrol "
+            "knows no NodeAddr for it; set MASTER_ADDR to an address of that node"
+        )
     return found.group(1)
 
 
@@ -62,8 +65,9 @@ def interface_address(name: str) -> str:
         except OSError as err:
             have = ", ".join(n for _, n in socket.if_nameindex())
             why = "no such interface" if err.errno == 19 else f"no IPv4 address ({err.strerror})"
-            raise NetworkError(f"GLOO_SOCKET_IFNAME={name}: {why} on host {socket.gethostname()} "
-                               f"(its interfaces: {have})") from None
+            raise NetworkError(
+                f"GLOO_SOCKET_IFNAME={name}: {why} on host {socket.gethostname()} (its interfaces: {have})"
+            ) from None
     return socket.inet_ntoa(packed[20:24])
 
 
@@ -97,8 +101,14 @@ def choose_gloo_interface(master_addr: str, env) -> str | None:
     return found[0]
 
 
-def check_reachable(store, rank: int, world_size: int, interface: str | None, prefix: str = "wagma/reach",
-                    timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+def check_reachable(
+    store,
+    rank: int,
+    world_size: int,
+    interface: str | None,
+    prefix: str = "wagma/reach",
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> None:
     """Before gloo connects its full mesh: each rank listens on the address gloo will use, publishes it in
     the rendezvous store, and connects to the next rank's (a ring visits every host). Any rank that cannot
     connect records why; after all have tried, every rank raises :class:`NetworkError` with the first
@@ -116,10 +126,16 @@ def check_reachable(store, rank: int, world_size: int, interface: str | None, pr
         peer_host, peer_addr, peer_port, peer_if = store.get(f"{prefix}/{peer}").decode().split(" ", 3)
         error = _try_connect(addr, peer_addr, int(peer_port), timeout_s)
         if error:
-            store.compare_set(f"{prefix}/error", "", (
-                f"{peer_if}: rank {peer} on host {peer_host} listens at {peer_addr}, which rank {rank} on host "
-                f"{host} ({mine}, {addr}) cannot reach: {error}; name an interface that the other hosts reach "
-                "in GLOO_SOCKET_IFNAME, or unset it (the interface of the route to the rendezvous host is chosen)"))
+            store.compare_set(
+                f"{prefix}/error",
+                "",
+                (
+                    f"{peer_if}: rank {peer} on host {peer_host} listens at {peer_addr}, which rank {rank} "
+                    f"on host {host} ({mine}, {addr}) cannot reach: {error}; name an interface that the "
+                    "other hosts reach in GLOO_SOCKET_IFNAME, or unset it (the interface of the route to the "
+                    "rendezvous host is chosen)"
+                ),
+            )
         if store.add(f"{prefix}/tried", 1) == world_size:
             store.set(f"{prefix}/done", "1")
         store.wait([f"{prefix}/done"], timedelta(seconds=max(timeout_s * 4, 60)))

@@ -4,9 +4,10 @@
 srun (SLURM_PROCID/SLURM_NTASKS) or mpiexec (OMPI_COMM_WORLD_* / PMI_*); otherwise it spawns
 ``launcher.nproc`` local ranks with multiprocessing, forked from a fork server that has imported torch and
 the suite once (:func:`start_rank_server`). The launching process itself never imports torch: it validates the
-configuration from the torch-free specs and binds the rendezvous store's port, which a store process forked from
-the same server serves (:func:`listen_for_store`, :func:`_serve_store`). A rank that dies, raises or hangs ends the whole run within seconds: the
-survivors are terminated and the error names the failed rank (:mod:`wagma_bench.runtime.supervise`).
+configuration from the torch-free specs and binds the rendezvous store's port, which a store process forked
+from the same server serves (:func:`listen_for_store`, :func:`_serve_store`). A rank that dies, raises or
+hangs ends the whole run within seconds: the survivors are terminated and the error names the failed rank
+(:mod:`wagma_bench.runtime.supervise`).
 """
 
 from __future__ import annotations
@@ -81,13 +82,16 @@ def store_shared_stamp(env=os.environ, timeout_s: float = 120.0) -> str:
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
     mine = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     return store.compare_set("wagma_bench/run_stamp", "", mine).decode()
 
 
-def agreed_run_dir_override(overrides: list[str], env=os.environ, shared_stamp=store_shared_stamp) -> str | None:
+def agreed_run_dir_override(
+    overrides: list[str], env=os.environ, shared_stamp=store_shared_stamp
+) -> str | None:
     """``hydra.run.dir=...`` for a rank of an external world started without one.
 
     Hydra's default ``outputs/${now:...}`` is resolved by every rank on its own clock: ranks that start
@@ -115,11 +119,17 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 def slurm_master(env=os.environ) -> tuple[str, int]:
     """An address of the first host of the step's node list (its name, or slurmctld's NodeAddr for it where
-    the name does not resolve: :func:`wagma_bench.runtime.hosts.node_address`) and a port derived from the job id."""
+    the name does not resolve: :func:`wagma_bench.runtime.hosts.node_address`) and a port derived from the job
+    id."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     try:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                               timeout=30, check=True).stdout.split()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
         host = hosts[0] if hosts else "127.0.0.1"
     except (OSError, subprocess.SubprocessError):
         host = nodelist.split(",")[0]
@@ -141,8 +151,8 @@ GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
 
 
 def visible_cuda_devices() -> int:
-    """``torch.cuda.device_count()``, without importing torch (1.3 s of CPU here) on a machine with no GPU device
-    node, where torch's count is 0 too."""
+    """``torch.cuda.device_count()``, without importing torch (1.3 s of CPU here) on a machine with no GPU
+    device node, where torch's count is 0 too."""
     if not any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES):
         return 0
     import torch
@@ -169,16 +179,25 @@ def device_plan(cuda_devices: int, nproc: int | None, backend: str) -> DevicePla
         return DevicePlan(ranks, "mpi", cuda_devices > 0)
     if cuda_devices == 0:
         if backend == "nccl":
-            raise ConfigError("comm.backend=nccl needs CUDA and no GPU is visible; comm.backend=auto runs gloo on CPU")
+            raise ConfigError(
+                "comm.backend=nccl needs CUDA and no GPU is visible; comm.backend=auto runs gloo on CPU"
+            )
         return DevicePlan(ranks, "gloo", False)
     if ranks <= cuda_devices:
         return DevicePlan(ranks, "nccl", True)
     if backend == "nccl":
-        raise ConfigError(f"comm.backend=nccl with {ranks} ranks on {cuda_devices} GPU(s): NCCL needs a GPU of its "
-                          f"own for every rank; use launcher.nproc<={cuda_devices}, or comm.backend=auto (gloo with "
-                          "CUDA tensors)")
-    return DevicePlan(ranks, "gloo", True, f"{ranks} ranks on {cuda_devices} GPU(s): gloo with CUDA tensors "
-                                           "(NCCL needs a GPU of its own for every rank)")
+        raise ConfigError(
+            f"comm.backend=nccl with {ranks} ranks on {cuda_devices} GPU(s): NCCL needs a GPU of its "
+            f"own for every rank; use launcher.nproc<={cuda_devices}, or comm.backend=auto (gloo with "
+            "CUDA tensors)"
+        )
+    return DevicePlan(
+        ranks,
+        "gloo",
+        True,
+        f"{ranks} ranks on {cuda_devices} GPU(s): gloo with CUDA tensors "
+        "(NCCL needs a GPU of its own for every rank)",
+    )
 
 
 def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_dir: str = ""):
@@ -187,7 +206,11 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
 
     plan = device_plan(torch.cuda.device_count(), world.local_world_size, cfg.comm.backend)
     use_cuda = plan.cuda
-    device = torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}") if use_cuda else torch.device("cpu")
+    device = (
+        torch.device(f"cuda:{world.local_rank % torch.cuda.device_count()}")
+        if use_cuda
+        else torch.device("cpu")
+    )
     if use_cuda:
         torch.cuda.set_device(device)
     if cfg.comm.name == "mpi":
@@ -197,15 +220,31 @@ def make_comm(cfg: RunConfig, world: World, master: tuple[str, int] | None, run_
     backend = plan.backend
     if cfg.comm.emulate:  # NCCL's limits on a gloo world (comm.emulate=nccl)
         backend = "gloo"
-    return join_world(world, master, backend, device, cfg.comm.timeout_s, cfg.launcher.rendezvous_timeout_s,
-                      run_identity(run_dir), cfg.comm.emulate)
+    return join_world(
+        world,
+        master,
+        backend,
+        device,
+        cfg.comm.timeout_s,
+        cfg.launcher.rendezvous_timeout_s,
+        run_identity(run_dir),
+        cfg.comm.emulate,
+    )
 
 
-def join_world(world: World, master: tuple[str, int] | None, backend: str, device, timeout_s: float,
-               rendezvous_timeout_s: float, identity: str, emulate: str | None = None):
+def join_world(
+    world: World,
+    master: tuple[str, int] | None,
+    backend: str,
+    device,
+    timeout_s: float,
+    rendezvous_timeout_s: float,
+    identity: str,
+    emulate: str | None = None,
+):
     """This rank's torch.distributed communicator in ``world``: under torchrun through its agent's store, else
-    through the run's rendezvous store at ``master`` (None: MASTER_ADDR/MASTER_PORT). Where the ranks may be on
-    several hosts, gloo's interface is chosen (the route to the rendezvous host) and every rank checked to
+    through the run's rendezvous store at ``master`` (None: MASTER_ADDR/MASTER_PORT). Where the ranks may be
+    on several hosts, gloo's interface is chosen (the route to the rendezvous host) and every rank checked to
     reach the next before gloo connects (:mod:`wagma_bench.runtime.hosts`). `run` and `comm-bench` both join
     their worlds here."""
     from wagma_bench.comm.torch_dist import TorchComm
@@ -240,12 +279,14 @@ def external_master(world: World, torch_under_mpi: tuple[str, int] | None) -> tu
 RANK_DIR_ENV = "WAGMA_BENCH_RANK_DIR"  # under the re-executing launcher (comm=mpi): each rank's PID and error
 RUN_KEY = "wagma_bench/run"  # the run a rendezvous store serves: set by its host, checked by every other rank
 RUN_NONCE_ENV = "WAGMA_BENCH_RUN_NONCE"  # the local launcher's nonce for its ranks
-STORE_HOSTED_ENV = "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher's store process hosts it; rank 0 joins too
+STORE_HOSTED_ENV = (
+    "WAGMA_BENCH_STORE_HOSTED"  # "1": the local launcher's store process hosts it; rank 0 joins too
+)
 
 
 def run_identity(run_dir: str, env=os.environ) -> str:
-    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's run
-    id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
+    """Who this run is, the same on each of its ranks: the local launcher's nonce or the cluster launcher's
+    run id (two sruns of one job differ by their step), and its run directory, as ``ID DIR``; without an id
     (mpiexec) the directory alone identifies it."""
     tag = env.get(RUN_NONCE_ENV) or launcher_run_id(env) or "-"
     return f"{tag} {run_dir}"
@@ -263,10 +304,11 @@ class ForeignStore(RuntimeError):
 
 def listen_for_store(addr: str, port: int) -> socket.socket:
     """The listening socket of a local run's rendezvous store, bound by the launcher before any rank starts
-    (``port`` 0: a free one) and served by its store process (:func:`_serve_store`): of two runs racing for one
-    fixed port the second fails here, naming the run that holds it where it is one of ours, not after its ranks
-    have started. The launcher keeps its copy open until its ranks have ended, so the port stays the run's.
-    SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is free."""
+    (``port`` 0: a free one) and served by its store process (:func:`_serve_store`): of two runs racing for
+    one fixed port the second fails here, naming the run that holds it where it is one of ours, not after its
+    ranks have started. The launcher keeps its copy open until its ranks have ended, so the port stays the
+    run's. SO_REUSEADDR as the store's own server: a port whose earlier connections linger in TIME_WAIT is
+    free."""
     try:
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -278,18 +320,22 @@ def listen_for_store(addr: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if not port:
-            raise ConfigError(f"launcher.master_addr={addr} is not an address of this machine ({err.strerror})") from None
+            raise ConfigError(
+                f"launcher.master_addr={addr} is not an address of this machine ({err.strerror})"
+            ) from None
         holder = noted_holder(addr, port) or store_holder(addr, port)
         by = f"the rendezvous store of run {holder}" if holder else f"another program ({err.strerror})"
-        raise ConfigError(f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
-                          "launcher.master_port=null for a free one") from None
+        raise ConfigError(
+            f"launcher.master_port={port} is in use on {addr} by {by}; choose another port, or leave "
+            "launcher.master_port=null for a free one"
+        ) from None
     sock.listen()
     return sock
 
 
 def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: str, host: bool | None = None):
-    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless the
-    local launcher's store process does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
+    """This rank's connection to the run's rendezvous store (rank 0 hosts it and names the run in it, unless
+    the local launcher's store process does: ``host`` False, from :data:`STORE_HOSTED_ENV`).
 
     A rank that reaches a store of another run (a fixed ``launcher.master_port`` or a SLURM-derived port that
     another run holds) fails here, before any key of that run's world is touched, naming the port and the
@@ -309,13 +355,17 @@ def join_store(master: tuple[str, int], rank: int, timeout_s: float, identity: s
     try:
         store.wait([RUN_KEY])
     except RuntimeError as err:  # DistStoreError (a timeout) is a RuntimeError
-        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
-                           f"(launcher.rendezvous_timeout_s): another program's store? ({err})") from None
+        raise ForeignStore(
+            f"the rendezvous store at {master[0]}:{master[1]} named no run within {timeout_s:g} s "
+            f"(launcher.rendezvous_timeout_s): another program's store? ({err})"
+        ) from None
     theirs = store.get(RUN_KEY).decode(errors="replace")
     if not _same_run(theirs, identity):
-        raise ForeignStore(f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
-                           f"this run ({identity}) does not join it: choose another launcher.master_port, or "
-                           "leave it null for a free one")
+        raise ForeignStore(
+            f"the rendezvous store at {master[0]}:{master[1]} belongs to another run ({theirs}); "
+            f"this run ({identity}) does not join it: choose another launcher.master_port, or "
+            "leave it null for a free one"
+        )
     return store
 
 
@@ -326,9 +376,10 @@ def _port_note(addr: str, port: int) -> Path:
 
 
 def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
-    """Note that this launcher holds the fixed ``port`` for the run ``identity`` (a file in the temp directory,
-    removed when the run ends): a second run that cannot bind it names the holder from there, at once, where
-    asking the store itself (:func:`store_holder`) needs torch, seconds of import on a busy machine."""
+    """Note that this launcher holds the fixed ``port`` for the run ``identity`` (a file in the temp
+    directory, removed when the run ends): a second run that cannot bind it names the holder from there, at
+    once, where asking the store itself (:func:`store_holder`) needs torch, seconds of import on a busy
+    machine."""
     from wagma_bench.record.files import write_text_atomic
 
     path = _port_note(addr, port)
@@ -340,8 +391,8 @@ def note_port_holder(addr: str, port: int, identity: str) -> Path | None:
 
 
 def noted_holder(addr: str, port: int, wait_s: float = 1.0) -> str | None:
-    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive; a run that bound the
-    port a moment ago notes it right after, so the note is awaited for ``wait_s``."""
+    """The run noted as holding ``port`` (:func:`note_port_holder`), if its launcher is alive; a run that
+    bound the port a moment ago notes it right after, so the note is awaited for ``wait_s``."""
     import time
 
     deadline = time.monotonic() + wait_s
@@ -384,8 +435,9 @@ def torchrun_attempt_store(timeout_s: float, env=os.environ):
     return dist.PrefixStore(f"wagma_bench/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int] | None,
-             program: RankProgram) -> dict | None:
+def run_rank(
+    cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int] | None, program: RankProgram
+) -> dict | None:
     """Entry point of one rank, in a spawned process or under an external launcher: set up its world, then run
     ``program`` (the trainer's ``train``: the command passes it in, so that this layer does not import the
     one above it). ``cfg`` is the configuration the command checked once, for this world size (a spawned rank
@@ -396,8 +448,12 @@ def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int]
     watch = None
     if world.source != "local":  # no launcher of ours watches: the ranks tell which of them are gone
         listener = ReachListener(master[0] if master else os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        start_heartbeat(Path(run_dir) / HEARTBEATS, world.rank, shared_period_s(world.local_world_size),
-                        (listener.addr, listener.port))
+        start_heartbeat(
+            Path(run_dir) / HEARTBEATS,
+            world.rank,
+            shared_period_s(world.local_world_size),
+            (listener.addr, listener.port),
+        )
     ranks_dir = os.environ.get(RANK_DIR_ENV)
     if ranks_dir:  # for the launcher's message when this rank ends the job
         with open_run_file(Path(ranks_dir) / f"rank{world.rank}.pid", "w") as f:  # as report_error, beside it
@@ -405,26 +461,37 @@ def run_rank(cfg: RunConfig, run_dir: str, world: World, master: tuple[str, int]
     comm = make_comm(cfg, world, master, run_dir)
     startup.mark("world")
     if world.source != "local":
-        watch = PartitionWatch(Path(run_dir) / HEARTBEATS, world.rank, world.world_size,
-                               partial(record_lost, Path(run_dir)), slurm_controller())
+        watch = PartitionWatch(
+            Path(run_dir) / HEARTBEATS,
+            world.rank,
+            world.world_size,
+            partial(record_lost, Path(run_dir)),
+            slurm_controller(),
+        )
     try:
         return program(cfg, comm, Path(run_dir), world.local_rank)
     except RanksLost as err:
         survivors = sorted(set(range(world.world_size)) - set(err.ranks))
-        if 0 in err.ranks and survivors and world.rank == survivors[0]:  # rank 0 cannot record it: its host is gone
+        if (
+            0 in err.ranks and survivors and world.rank == survivors[0]
+        ):  # rank 0 cannot record it: its host is gone
             record_lost(Path(run_dir), str(err))
         raise
     except BaseException as err:
         if ranks_dir:
             report_error(ranks_dir, world.rank, err)
-        # end the job now (MPI) rather than let the peers wait for their timeout; not for a second Ctrl-C, which
-        # every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s later
+        # end the job now (MPI) rather than let the peers wait for their timeout; not for a second Ctrl-C,
+        # which every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s
+        # later
         if comm.abort_ends_job and not isinstance(err, KeyboardInterrupt):
             traceback.print_exc()
             try:
                 if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
-                    finalize(Path(run_dir), status="failed",
-                             error=f"rank {world.rank} failed: {type(err).__name__}: {err}")
+                    finalize(
+                        Path(run_dir),
+                        status="failed",
+                        error=f"rank {world.rank} failed: {type(err).__name__}: {err}",
+                    )
             finally:  # whatever the record met, the job ends now (the peers would wait for comm.timeout_s)
                 comm.abort(1)
         raise
@@ -444,12 +511,12 @@ def record_lost(run_dir: Path, error: str) -> None:
 
 
 def _die_with_launcher(launcher_pid: int, sig: int | None = None) -> None:
-    """``sig`` (SIGTERM by default) to this process when its launcher dies (SIGKILLed, OOM), so ranks never train
-    on unsupervised: a rank's TERM handler checkpoints at the next synchronisation point and ends the run as
-    preempted (``run_suspend``), resumable; the store process, which keeps SIGTERM blocked, takes SIGKILL. A
-    rank's parent is the launcher's fork server, which outlives the launcher while any rank lives (each rank
-    holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread waits on the
-    launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
+    """``sig`` (SIGTERM by default) to this process when its launcher dies (SIGKILLed, OOM), so ranks never
+    train on unsupervised: a rank's TERM handler checkpoints at the next synchronisation point and ends the
+    run as preempted (``run_suspend``), resumable; the store process, which keeps SIGTERM blocked, takes
+    SIGKILL. A rank's parent is the launcher's fork server, which outlives the launcher while any rank lives
+    (each rank holds the server's liveness pipe), so the parent-death signal (prctl) cannot serve: a thread
+    waits on the launcher's pidfd (Linux 5.3+), elsewhere polls it every second."""
     import select
     import signal
     import threading
@@ -471,7 +538,8 @@ def _die_with_launcher(launcher_pid: int, sig: int | None = None) -> None:
     threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
-# The fork server's preload: importing it imports what every local rank needs (torch, torch._dynamo, the suite)
+# The fork server's preload: importing it imports what every local rank needs
+# (torch, torch._dynamo, the suite)
 RANK_SERVER_PRELOAD = "wagma_bench.runtime.rank_server"
 
 
@@ -488,7 +556,9 @@ def start_rank_server() -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_SERVER_PRELOAD])
     atexit.unregister(stop_rank_server)
-    atexit.register(stop_rank_server)  # first: a Ctrl-C kept while the server starts is raised as the window closes
+    atexit.register(
+        stop_rank_server
+    )  # first: a Ctrl-C kept while the server starts is raised as the window closes
     with ranks_ignore_ctrl_c():
         forkserver.ensure_running()
 
@@ -505,9 +575,17 @@ def stop_rank_server() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _spawned_rank(index: int, program: RankProgram, cfg: RunConfig, run_dir: str, nproc: int,
-                  master: tuple[str, int], launcher_pid: int | None = None, heartbeat_dir: str | None = None,
-                  env: dict | None = None) -> None:
+def _spawned_rank(
+    index: int,
+    program: RankProgram,
+    cfg: RunConfig,
+    run_dir: str,
+    nproc: int,
+    master: tuple[str, int],
+    launcher_pid: int | None = None,
+    heartbeat_dir: str | None = None,
+    env: dict | None = None,
+) -> None:
     signals.rank_listening_later()  # a SIGTERM from now on is the trainer's to act on, once it listens
     _ignore_ctrl_c()
     os.environ.update(env or {})
@@ -520,27 +598,33 @@ def _spawned_rank(index: int, program: RankProgram, cfg: RunConfig, run_dir: str
         run_rank(cfg, run_dir, World(index, nproc, index, nproc, "local"), master, program)
         _exit_now(0)
     except BaseException as err:  # noqa: BLE001 - reported, then the process exits non-zero
-        if isinstance(err, ConfigError):  # a setting refused where only a rank can check it (the model's size)
+        if isinstance(
+            err, ConfigError
+        ):  # a setting refused where only a rank can check it (the model's size)
             sys.stderr.write(f"[rank {index}] refused: {err}\n")
             sys.stderr.flush()
-        elif not isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: the launcher says it, once for all ranks
+        elif not isinstance(
+            err, KeyboardInterrupt
+        ):  # a second Ctrl-C: the launcher says it, once for all ranks
             sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
             sys.stderr.flush()
         if heartbeat_dir is not None:
             report_error(heartbeat_dir, index, err)
-        os._exit(exits.INTERRUPTED if isinstance(err, KeyboardInterrupt) else exits.FAILED)  # not waiting for threads blocked on dead peers
+        os._exit(
+            exits.INTERRUPTED if isinstance(err, KeyboardInterrupt) else exits.FAILED
+        )  # not waiting for threads blocked on dead peers
 
 
 STORE_PROCESS_NAME = "wagma-store"  # the local run's store process, as ps and top show it
 
 
 def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, launcher_pid: int) -> None:
-    """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher imports no
-    torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for the run, until
-    the launcher kills it after its ranks have ended, or itself ends. A store that outlives every rank: a
-    rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the launcher decides.
-    It keeps SIGTERM and SIGHUP blocked, as the server forked it: a signal to the whole group is the launcher's
-    to act on, and ranks still checkpointing need their store."""
+    """The local run's rendezvous store, in a process of its own forked from the rank server (the launcher
+    imports no torch): a TCPStore served on the socket the launcher bound (``master_listen_fd``) and named for
+    the run, until the launcher kills it after its ranks have ended, or itself ends. A store that outlives
+    every rank: a rank that ends first (a Ctrl-C, a failure) does not take it from the others, whose end the
+    launcher decides. It keeps SIGTERM and SIGHUP blocked, as the server forked it: a signal to the whole
+    group is the launcher's to act on, and ranks still checkpointing need their store."""
     import signal
 
     _ignore_ctrl_c()
@@ -554,9 +638,9 @@ def _serve_store(store_socket: socket.socket, identity: str, timeout_s: float, l
 
 
 def serve_store(store_socket: socket.socket, timeout_s: float):
-    """A TCPStore served on ``store_socket`` (listening, from :func:`listen_for_store`, which it takes over): on
-    that socket's address alone, and on a port held from the moment it was chosen (given a port instead, torch's
-    libuv server listens on every interface, IPv6 included)."""
+    """A TCPStore served on ``store_socket`` (listening, from :func:`listen_for_store`, which it takes over):
+    on that socket's address alone, and on a port held from the moment it was chosen (given a port instead,
+    torch's libuv server listens on every interface, IPv6 included)."""
     from datetime import timedelta
 
     import torch
@@ -566,8 +650,15 @@ def serve_store(store_socket: socket.socket, timeout_s: float):
     # (pytorch#150215); on an older torch the legacy server does
     legacy = {} if torch.__version__ >= "2.8" else {"use_libuv": False}
     host, port = store_socket.getsockname()[:2]
-    return dist.TCPStore(host, port, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                         master_listen_fd=store_socket.detach(), **legacy)
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=store_socket.detach(),
+        **legacy,
+    )
 
 
 def _ignore_ctrl_c() -> None:
@@ -587,9 +678,9 @@ def _ignore_ctrl_c() -> None:
 def _exit_now(code: int) -> None:
     """End a local rank after its run: its files are closed and its process groups destroyed (the comm's
     close), so only the interpreter's finalization is left, and that is skipped. Finalizing while torch's and
-    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT. multiprocessing's
-    own finalizers run first: they release the named semaphores a library made (fairseq makes one at import),
-    which the launcher's resource tracker would otherwise report as leaked."""
+    gloo's native threads still exist is where a rank of a completed run could die by SIGABRT.
+    multiprocessing's own finalizers run first: they release the named semaphores a library made (fairseq
+    makes one at import), which the launcher's resource tracker would otherwise report as leaked."""
     import logging
     from multiprocessing import util
 
@@ -600,15 +691,23 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int | None,
-                program: RankProgram, announce: str = "") -> int | None:
-    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which the ranks
-    import by name) and wait; a rank that fails or hangs ends the others within seconds
-    (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use raises
-    :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken Ctrl-C over,
-    so that a Ctrl-C after it always reaches the run. Returns the signal that stopped the run, or None: SIGINT
-    for a Ctrl-C (the ranks then stopped at a checkpoint; a second Ctrl-C raises :class:`RunInterrupted`), SIGTERM
-    or SIGHUP to the launcher (passed to the ranks as SIGTERM: they checkpoint and stop, preempted)."""
+def spawn_local(
+    cfg: RunConfig,
+    run_dir: Path,
+    nproc: int,
+    addr: str,
+    port: int | None,
+    program: RankProgram,
+    announce: str = "",
+) -> int | None:
+    """Spawn ``nproc`` local ranks running ``program`` (see :func:`run_rank`; a module-level function, which
+    the ranks import by name) and wait; a rank that fails or hangs ends the others within seconds
+    (:mod:`wagma_bench.runtime.supervise`) and raises :class:`RunFailed` naming it. A fixed ``port`` in use
+    raises :class:`ConfigError` before any rank starts. ``announce`` is printed once the launcher has taken
+    Ctrl-C over, so that a Ctrl-C after it always reaches the run. Returns the signal that stopped the run, or
+    None: SIGINT for a Ctrl-C (the ranks then stopped at a checkpoint; a second Ctrl-C raises
+    :class:`RunInterrupted`), SIGTERM or SIGHUP to the launcher (passed to the ranks as SIGTERM: they
+    checkpoint and stop, preempted)."""
     import multiprocessing
     import secrets
     import shutil
@@ -616,7 +715,9 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
 
     store_socket = listen_for_store(addr, port or 0)  # names the run that holds a fixed port
     nonce = secrets.token_hex(8)
-    port_note = note_port_holder(addr, port, f"{nonce} {run_dir}") if port else None  # at once: a loser awaits it
+    port_note = (
+        note_port_holder(addr, port, f"{nonce} {run_dir}") if port else None
+    )  # at once: a loser awaits it
     master = (addr, store_socket.getsockname()[1])
     heartbeats = Path(tempfile.mkdtemp(prefix="wagma-bench-heartbeat-"))
     ctrl_c = store = None
@@ -626,16 +727,27 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
             print(announce, flush=True)
         start_rank_server()
         startup.mark("spawned")
-        env = {RUN_NONCE_ENV: nonce, startup.STARTUP_ENV: startup.for_ranks(), LAUNCHER_DIR_ENV: str(heartbeats),
-               STORE_HOSTED_ENV: "1"}
+        env = {
+            RUN_NONCE_ENV: nonce,
+            startup.STARTUP_ENV: startup.for_ranks(),
+            LAUNCHER_DIR_ENV: str(heartbeats),
+            STORE_HOSTED_ENV: "1",
+        }
         context = multiprocessing.get_context("forkserver")
-        store = context.Process(target=_serve_store, name="store", args=(
-            store_socket, f"{nonce} {run_dir}", cfg.launcher.rendezvous_timeout_s, os.getpid()))
+        store = context.Process(
+            target=_serve_store,
+            name="store",
+            args=(store_socket, f"{nonce} {run_dir}", cfg.launcher.rendezvous_timeout_s, os.getpid()),
+        )
         store.start()
-        processes = [context.Process(target=_spawned_rank, name=f"rank{index}",
-                                     args=(index, program, cfg, str(run_dir), nproc, master, os.getpid(),
-                                           str(heartbeats), env))
-                     for index in range(nproc)]
+        processes = [
+            context.Process(
+                target=_spawned_rank,
+                name=f"rank{index}",
+                args=(index, program, cfg, str(run_dir), nproc, master, os.getpid(), str(heartbeats), env),
+            )
+            for index in range(nproc)
+        ]
         for process in processes:
             process.start()
         ctrl_c.start(processes)
@@ -644,7 +756,9 @@ def spawn_local(cfg: RunConfig, run_dir: Path, nproc: int, addr: str, port: int 
         if ctrl_c is not None:
             ctrl_c.restore()
         shutil.rmtree(heartbeats, ignore_errors=True)
-        if store is not None and store.pid is not None:  # it outlives the ranks; the port is theirs till they end
+        if (
+            store is not None and store.pid is not None
+        ):  # it outlives the ranks; the port is theirs till they end
             store.kill()  # SIGKILL: it keeps SIGTERM blocked (_serve_store)
             store.join()
         if port_note is not None:

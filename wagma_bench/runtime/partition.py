@@ -130,8 +130,15 @@ class PartitionWatch:
     ``record(error)`` writes the failure record (the lowest connected rank calls it); ``exit`` ends the
     process (``os._exit``: the main thread is blocked in a collective that will not return)."""
 
-    def __init__(self, folder: Path, rank: int, world_size: int, record: Callable[[str], None],
-                 controller: tuple[str, int] | None = None, exit: Callable[[int], None] = os._exit):
+    def __init__(
+        self,
+        folder: Path,
+        rank: int,
+        world_size: int,
+        record: Callable[[str], None],
+        controller: tuple[str, int] | None = None,
+        exit: Callable[[int], None] = os._exit,
+    ):
         self.folder, self.rank, self.world_size = Path(folder), rank, world_size
         self.record, self.controller, self.exit = record, controller, exit
         self.host = socket.gethostname()
@@ -177,8 +184,10 @@ class PartitionWatch:
         stalled = time.monotonic() - _last_step
         if decide(hosts, unreachable, controller):
             lost = "; ".join(f"host {h} lost: {ranks_named(hosts[h])}" for h in sorted(unreachable))
-            error = (f"{lost} (unreachable from host {self.host} for {stalled:.0f} s without a step: its "
-                     "network link or the host is down)")
+            error = (
+                f"{lost} (unreachable from host {self.host} for {stalled:.0f} s without a step: its "
+                "network link or the host is down)"
+            )
             # the lowest rank of this side records (this rank's own host is on it)
             recorder = min(r for h, ranks in hosts.items() if h not in unreachable for r in ranks)
             if self.rank == recorder:
@@ -188,8 +197,10 @@ class PartitionWatch:
             message = f"rank {self.rank} on {self.host}: {error}"
         else:
             where = "the SLURM controller" if controller is not None else "the other hosts"
-            message = (f"rank {self.rank} on {self.host}: this host is cut off (it reaches neither "
-                       f"{where} nor hosts {', '.join(sorted(unreachable))}); the ranks on the other side "
-                       "record the failure")
+            message = (
+                f"rank {self.rank} on {self.host}: this host is cut off (it reaches neither "
+                f"{where} nor hosts {', '.join(sorted(unreachable))}); the ranks on the other side "
+                "record the failure"
+            )
         print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
         self.exit(1)

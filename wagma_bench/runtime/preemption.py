@@ -14,8 +14,8 @@ from wagma_bench.runtime.supervise import LAUNCHER_DIR_ENV, launcher_interrupts,
 
 
 class Preemption:
-    """SIGUSR1 / SIGUSR2 / SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the next synchronisation
-    point and stops.
+    """SIGUSR1 / SIGUSR2 / SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the next
+    synchronisation point and stops.
 
     After a requeue signal (USR1: our sbatch scripts' warning before the time limit; USR2: submitit's) rank 0
     then requeues the job; after TERM the run just ends (see :mod:`wagma_bench.runtime.slurm` for which signal
@@ -27,7 +27,9 @@ class Preemption:
     def __init__(self):
         self.signal: int | None = None
         self.interrupts = 0
-        self.launcher_dir = os.environ.get(LAUNCHER_DIR_ENV)  # a local launcher's: it counts its Ctrl-Cs there
+        self.launcher_dir = os.environ.get(
+            LAUNCHER_DIR_ENV
+        )  # a local launcher's: it counts its Ctrl-Cs there
         for sig in (*REQUEUE_SIGNALS, *EXIT_SIGNALS, *INTERRUPT_SIGNALS, FORWARDED_INTERRUPT):
             try:
                 if sig in INTERRUPT_SIGNALS and signal.getsignal(sig) == signal.SIG_IGN:
@@ -35,8 +37,9 @@ class Preemption:
                 signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (tests)
                 pass
-        # what came while this rank started, before it listened: signals it noted (signals.rank_listening_later),
-        # a SIGTERM or SIGHUP its launcher took before the rank existed, a Ctrl-C whose forward it ignored
+        # what came while this rank started, before it listened: signals it noted
+        # (signals.rank_listening_later), a SIGTERM or SIGHUP its launcher took before the rank existed, a
+        # Ctrl-C whose forward it ignored
         for sig in take_early():
             self._handle(sig, None)
         if launcher_stop(self.launcher_dir) is not None:

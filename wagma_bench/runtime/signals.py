@@ -17,7 +17,8 @@ moment, to the launcher alone or to the whole process group. Each process of a r
   while the rank started is acted on, not lost and not fatal.
 
 The fork server and the store process are started with these signals blocked, so that a signal to the whole
-group kills neither them nor a rank before it listens (:func:`~wagma_bench.runtime.supervise.ranks_ignore_ctrl_c`).
+group kills neither them nor a rank before it listens
+(:func:`~wagma_bench.runtime.supervise.ranks_ignore_ctrl_c`).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def starting() -> None:
 
 
 def finishing() -> None:
-    """A launcher whose ranks have ended: stop signals and Ctrl-C are noted until the run's record and report are
-    whole."""
+    """A launcher whose ranks have ended: stop signals and Ctrl-C are noted until the run's record and report
+    are whole."""
     global _phase
     _phase = "finishing"
     for sig in (*STOP_SIGNALS, *([signal.SIGINT] if _ctrl_c != signal.SIG_IGN else [])):

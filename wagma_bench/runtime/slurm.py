@@ -29,13 +29,22 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # before the time limit: sav
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # Ctrl-C: the first saves and stops the run as `interrupted` (resumable); the second stops it at once.
 INTERRUPT_SIGNALS = (signal.SIGINT,)
-# The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN), so
-# that one Ctrl-C to the whole process group counts once, not once from the terminal and once from the
+# The local launcher's Ctrl-C, forwarded to its ranks. They ignore the terminal's SIGINT (inherited SIG_IGN),
+# so that one Ctrl-C to the whole process group counts once, not once from the terminal and once from the
 # launcher: the launcher alone decides, and forwards each Ctrl-C as this real-time signal of our own.
 FORWARDED_INTERRUPT = signal.SIGRTMIN + 2
 
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                   "DEADLINE", "PREEMPTED"}
+TERMINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
 def job_id(env=os.environ) -> str | None:
@@ -51,7 +60,9 @@ def requeue_job(job: str | None = None, env=os.environ) -> bool:
     job = job or job_id(env)
     if job is None:
         return False
-    out = subprocess.run(["scontrol", "requeue", job], check=False, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["scontrol", "requeue", job], check=False, capture_output=True, text=True, timeout=60
+    )
     if out.returncode != 0:
         raise RuntimeError(f"scontrol requeue {job} failed: {out.stderr.strip() or out.stdout.strip()}")
     return True
@@ -74,13 +85,23 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     line, even while pending); one ``sacct`` call fills in older ones where accounting is enabled. Unknown
     ids are left out. (squeue exits 1 when it knows none of the ids: that is an empty answer.)
     """
-    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids)],
-                         check=False, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     states = parse_squeue(out.stdout)
     missing = [j for j in job_ids if not any(k == j or k.startswith(f"{j}_") for k in states)]
     if missing:
-        out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
-                             check=False, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if out.returncode == 0:
             states.update(parse_squeue(out.stdout))
     return states

@@ -25,8 +25,15 @@ import time
 
 STARTUP_ENV = "WAGMA_BENCH_STARTUP"
 MARKS = ("launched", "spawned", "rank", "imported", "world", "data", "ready", "first_step")
-PHASE_OF = {"spawned": "launcher", "rank": "ranks", "imported": "imports", "world": "world", "data": "data",
-            "ready": "setup", "first_step": "first_step"}
+PHASE_OF = {
+    "spawned": "launcher",
+    "rank": "ranks",
+    "imported": "imports",
+    "world": "world",
+    "data": "data",
+    "ready": "setup",
+    "first_step": "first_step",
+}
 
 _marks: dict[str, float] = {}
 

@@ -50,7 +50,8 @@ class RunFailed(RuntimeError):
 
 
 class RunInterrupted(RunFailed):
-    """A second Ctrl-C stopped the ranks at once (the first stops them at a synchronisation point, cleanly)."""
+    """A second Ctrl-C stopped the ranks at once (the first stops them at a
+    synchronisation point, cleanly)."""
 
 
 class StopOverdue(RunFailed):
@@ -58,19 +59,21 @@ class StopOverdue(RunFailed):
     killed: the run stopped as asked (``preempted``), without a new checkpoint."""
 
     def __init__(self, signum: int):
-        super().__init__(f"no synchronisation point within {TERM_GRACE_S:g} s of {signal.Signals(signum).name}: "
-                         "the ranks were killed before they could checkpoint")
+        super().__init__(
+            f"no synchronisation point within {TERM_GRACE_S:g} s of {signal.Signals(signum).name}: "
+            "the ranks were killed before they could checkpoint"
+        )
         self.signum = signum
 
 
 class CtrlC:
     """The local launcher's Ctrl-C (SIGINT, from the terminal to the process group or to the launcher alone).
 
-    The ranks ignore SIGINT (:func:`ranks_ignore_ctrl_c`); the launcher forwards each Ctrl-C to every live rank
-    as :data:`~wagma_bench.runtime.slurm.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was sent. The
-    first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``); the second
-    stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one blocked in a
-    collective never runs its handler). The launcher itself never exits while its ranks run.
+    The ranks ignore SIGINT (:func:`ranks_ignore_ctrl_c`); the launcher forwards each Ctrl-C to every live
+    rank as :data:`~wagma_bench.runtime.slurm.FORWARDED_INTERRUPT`, so one Ctrl-C counts once however it was
+    sent. The first makes every rank checkpoint at its next synchronisation point and stop (``interrupted``);
+    the second stops them at once, and after :data:`GRACE_S` the launcher kills any rank still running (one
+    blocked in a collective never runs its handler). The launcher itself never exits while its ranks run.
 
     It is installed before the ranks exist, so a Ctrl-C while they start is not lost, nor one that reaches a
     rank before its handler is in place (ranks ignore the forward until then). Before forwarding, the launcher
@@ -84,7 +87,9 @@ class CtrlC:
         self.processes, self.signal, self.folder = processes, FORWARDED_INTERRUPT, folder
         self.count = 0
         self.kill_at: float | None = None  # after the second Ctrl-C: when the launcher kills what still runs
-        self.terminated: int | None = None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
+        self.terminated: int | None = (
+            None  # SIGTERM or SIGHUP taken: the run stops, the launcher exits 128 + it
+        )
         self.started = bool(processes)  # the ranks exist (their grace after SIGTERM counts from then)
         for sig in (signal.SIGINT, *STOP_SIGNALS):
             signal.signal(sig, self._handle if sig == signal.SIGINT else self._terminate)
@@ -101,29 +106,34 @@ class CtrlC:
         self.kill_at = min(self.kill_at or math.inf, time.monotonic() + grace_s)
 
     def killed(self) -> RunFailed:
-        """Why the launcher killed the ranks still running once :meth:`overdue`: a stop signal whose grace ran out
-        before a synchronisation point (:class:`StopOverdue`), or the second Ctrl-C's wait (the caller says so)."""
+        """Why the launcher killed the ranks still running once :meth:`overdue`: a stop signal whose grace ran
+        out before a synchronisation point (:class:`StopOverdue`), or the second Ctrl-C's wait (the caller
+        says so)."""
         if self.terminated is not None and self.count < 2:
             return StopOverdue(self.terminated)
         return RunFailed("ranks still running were killed")
 
     def _terminate(self, signum, frame) -> None:
-        """SIGTERM (``timeout``, a batch system's limit) or SIGHUP (a closed terminal) to the launcher: every rank
-        gets SIGTERM, its own preemption signal (checkpoint at the next synchronisation point, ``run_suspend``),
-        and the launcher waits for them, records the stop and releases the run; a rank still running
-        :data:`TERM_GRACE_S` after the signal (or after the ranks started, if it came before) is killed. Dying
-        at once instead would leave the ranks unsupervised and the run's lock stale. The signal is noted in the
-        launcher's folder first (:func:`launcher_stop`): a rank started after it, or not yet listening, acts on
-        it as it starts."""
+        """SIGTERM (``timeout``, a batch system's limit) or SIGHUP (a closed terminal) to the launcher: every
+        rank gets SIGTERM, its own preemption signal (checkpoint at the next synchronisation point,
+        ``run_suspend``), and the launcher waits for them, records the stop and releases the run; a rank still
+        running :data:`TERM_GRACE_S` after the signal (or after the ranks started, if it came before) is
+        killed. Dying at once instead would leave the ranks unsupervised and the run's lock stale. The signal
+        is noted in the launcher's folder first (:func:`launcher_stop`): a rank started after it, or not yet
+        listening, acts on it as it starts."""
         first = self.terminated is None
         self.terminated = self.terminated or signum
         if first:
             self._note(STOP_FILE, self.terminated)
             name = signal.Signals(signum).name
-            print(f"wagma-bench: {name}: the run stops at its next synchronisation point, with a checkpoint, if the "
-                  f"ranks reach one within {TERM_GRACE_S:g} s (ranks still running then are killed)" if self.started
-                  else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
-                  file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench: {name}: the run stops at its next synchronisation point, with a checkpoint, "
+                f"if the ranks reach one within {TERM_GRACE_S:g} s (ranks still running then are killed)"
+                if self.started
+                else f"wagma-bench: {name} while the ranks start: the run stops before its first step",
+                file=sys.stderr,
+                flush=True,
+            )
             if self.started:
                 self._kill_within(TERM_GRACE_S)
         self._send(signal.SIGTERM)
@@ -141,8 +151,12 @@ class CtrlC:
         self.count += 1
         self._note(INTERRUPTS_FILE, self.count)
         if self.count == 1:
-            print("wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run stops "
-                  "(interrupted, resumable); Ctrl-C again stops it at once", file=sys.stderr, flush=True)
+            print(
+                "wagma-bench: Ctrl-C: every rank checkpoints at its next synchronisation point and the run "
+                "stops (interrupted, resumable); Ctrl-C again stops it at once",
+                file=sys.stderr,
+                flush=True,
+            )
         elif self.kill_at is None:
             self.kill_at = time.monotonic() + GRACE_S
         self._send(self.signal)
@@ -164,7 +178,9 @@ class CtrlC:
         signals.finishing()
 
 
-TERM_GRACE_S = 10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
+TERM_GRACE_S = (
+    10.0  # after SIGTERM / SIGHUP: how long the ranks get to reach a checkpoint before they are killed
+)
 INTERRUPTS_FILE = "interrupts"  # in the launcher's heartbeat folder: how many Ctrl-Cs it took
 STOP_FILE = "stop"  # there too: the SIGTERM or SIGHUP it took, which its ranks act on as SIGTERM
 LAUNCHER_DIR_ENV = "WAGMA_BENCH_LAUNCHER_DIR"  # a local rank's copy of that folder's path
@@ -181,7 +197,8 @@ def launcher_stop(folder: str | Path | None) -> int | None:
 
 
 def _launcher_note(folder: str | Path | None, name: str) -> int | None:
-    """The number the launcher noted in its file ``name`` (:meth:`CtrlC._note`); None: none, or no launcher."""
+    """The number the launcher noted in its file ``name`` (:meth:`CtrlC._note`);
+    None: none, or no launcher."""
     if not folder:
         return None
     try:
@@ -192,27 +209,27 @@ def _launcher_note(folder: str | Path | None, name: str) -> int | None:
 
 @contextlib.contextmanager
 def ranks_ignore_ctrl_c():
-    """While the ranks' fork server is started: SIGINT, the forwarded interrupt, SIGTERM and SIGHUP blocked in this
-    thread, a mask the server and every rank forked from it inherit (a Ctrl-C before a rank has installed its handlers
-    stays pending until the rank ignores it, and is dropped then, not a traceback), and a Ctrl-C to the launcher
-    itself kept, raised again once the window closes.
+    """While the ranks' fork server is started: SIGINT, the forwarded interrupt, SIGTERM and SIGHUP blocked in
+    this thread, a mask the server and every rank forked from it inherit (a Ctrl-C before a rank has installed
+    its handlers stays pending until the rank ignores it, and is dropped then, not a traceback), and a Ctrl-C
+    to the launcher itself kept, raised again once the window closes.
 
-    Blocking in this thread alone is not enough for the launcher: a signal sent to the process goes to any thread
-    that does not block it (numpy's import starts one), so the launcher's disposition here records the signal
-    rather than ignoring it (an ignored one would be dropped by whichever thread took it). A recorded handler is
-    reset to the default by the server's exec; the mask keeps it from acting there."""
+    Blocking in this thread alone is not enough for the launcher: a signal sent to the process goes to any
+    thread that does not block it (numpy's import starts one), so the launcher's disposition here records the
+    signal rather than ignoring it (an ignored one would be dropped by whichever thread took it). A recorded
+    handler is reset to the default by the server's exec; the mask keeps it from acting there."""
     from wagma_bench.runtime.slurm import FORWARDED_INTERRUPT
 
-    # SIGTERM and SIGHUP too: the server and the store process it forks keep them blocked (a signal to the whole
-    # group, as `timeout` or a batch system sends, must not kill them under the run); a rank unblocks them as
-    # it starts, noting any that come before its trainer listens (signals.rank_listening_later)
+    # SIGTERM and SIGHUP too: the server and the store process it forks keep them blocked (a signal to the
+    # whole group, as `timeout` or a batch system sends, must not kill them under the run); a rank unblocks
+    # them as it starts, noting any that come before its trainer listens (signals.rank_listening_later)
     sigs = (signal.SIGINT, FORWARDED_INTERRUPT, *STOP_SIGNALS)
     taken: list[int] = []
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     previous = {sig: signal.signal(sig, lambda signum, frame: taken.append(signum)) for sig in sigs}
     try:
-        # multiprocessing's resource tracker, which the fork server's start would start first, unblocks SIGINT and
-        # SIGTERM in this thread once it has spawned its process: started here, then blocked again
+        # multiprocessing's resource tracker, which the fork server's start would start first, unblocks SIGINT
+        # and SIGTERM in this thread once it has spawned its process: started here, then blocked again
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
         yield
@@ -225,7 +242,8 @@ def ranks_ignore_ctrl_c():
 
 
 class RanksLost(RuntimeError):
-    """Ranks of the world stopped beating (their host or process is gone); the message names hosts and ranks."""
+    """Ranks of the world stopped beating (their host or process is gone); the
+    message names hosts and ranks."""
 
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
@@ -234,14 +252,15 @@ class RanksLost(RuntimeError):
 
 def shared_period_s(local_ranks: int) -> float:
     """Period of each rank's heartbeat in the shared run directory where its host runs ``local_ranks`` ranks:
-    :data:`SHARED_HEARTBEAT_S`, longer where the host's ranks would beat more than :data:`HOST_BEATS_PER_S` times a
-    second together (8 ranks: 8 s). The readers (:func:`lost_ranks`) count each host's ranks in the heartbeat
-    files and apply the same rule, so a rank that beats slowly is never taken for a lost one."""
+    :data:`SHARED_HEARTBEAT_S`, longer where the host's ranks would beat more than :data:`HOST_BEATS_PER_S`
+    times a second together (8 ranks: 8 s). The readers (:func:`lost_ranks`) count each host's ranks in the
+    heartbeat files and apply the same rule, so a rank that beats slowly is never taken for a lost one."""
     return max(SHARED_HEARTBEAT_S, local_ranks / HOST_BEATS_PER_S)
 
 
-def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S,
-                    listener: tuple[str, int] | None = None) -> None:
+def start_heartbeat(
+    folder: str | Path, rank: int, period_s: float = HEARTBEAT_S, listener: tuple[str, int] | None = None
+) -> None:
     """Touch ``folder/rank<R>`` (which holds the rank's host name, and the address and port of its
     :class:`~wagma_bench.runtime.partition.ReachListener` where given) every ``period_s`` from a daemon
     thread, for the launcher, or (:func:`lost_ranks`) the other ranks, to read. The folder may be the run
@@ -263,7 +282,8 @@ def start_heartbeat(folder: str | Path, rank: int, period_s: float = HEARTBEAT_S
 
 
 def end_heartbeat(folder: Path, rank: int) -> None:
-    """Remove this rank's heartbeat file (its thread stops at its next beat), and the folder with the last one."""
+    """Remove this rank's heartbeat file (its thread stops at its next beat), and
+    the folder with the last one."""
     with contextlib.suppress(OSError):
         (folder / f"rank{rank}").unlink()
     with contextlib.suppress(OSError):  # not empty: another rank's, still beating or left by a failed rank
@@ -309,17 +329,17 @@ def _signal_name(number: int) -> str:
 
 class LocalRanks:
     """The local ranks' processes (``multiprocessing``, forked from the rank server), joined as
-    ``torch.multiprocessing``'s ProcessContext joins its processes, without importing torch in the launcher: once
-    one has failed the others get :data:`GRACE_S` to end on their own, then SIGTERM, then after :data:`GRACE_S`
-    more SIGKILL."""
+    ``torch.multiprocessing``'s ProcessContext joins its processes, without importing torch in the launcher:
+    once one has failed the others get :data:`GRACE_S` to end on their own, then SIGTERM, then after
+    :data:`GRACE_S` more SIGKILL."""
 
     def __init__(self, processes: list):
         self.processes = processes
         self._ended: set[int] = set()
 
     def join(self, timeout: float) -> bool:
-        """Whether every rank has ended with exit code 0, after waiting up to ``timeout`` s for one to end; raises
-        :class:`RankExited` for the first seen to fail, once every rank has ended."""
+        """Whether every rank has ended with exit code 0, after waiting up to ``timeout`` s for one to end;
+        raises :class:`RankExited` for the first seen to fail, once every rank has ended."""
         pending = {p.sentinel: i for i, p in enumerate(self.processes) if i not in self._ended}
         for sentinel in multiprocessing.connection.wait(list(pending), timeout):
             index = pending[sentinel]
@@ -354,8 +374,8 @@ class LocalRanks:
 
 
 def supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: CtrlC | None = None) -> None:
-    """Wait for the local ranks; raise :class:`RunFailed` naming the rank that failed or hung, after every rank
-    has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
+    """Wait for the local ranks; raise :class:`RunFailed` naming the rank that failed or hung, after every
+    rank has ended (:class:`RunInterrupted` after a second Ctrl-C)."""
     try:
         _supervise(ranks, folder, hung_after_s, ctrl_c)
     except RunFailed as err:
@@ -371,8 +391,11 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
             ranks.kill()
             raise ctrl_c.killed()  # after a second Ctrl-C, supervise() says so (RunInterrupted)
         # before join(), which ends the survivors; only live ranks (one that ended has no heartbeat)
-        ages = {r: age for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
-                if ranks.processes[r].is_alive()}
+        ages = {
+            r: age
+            for r, age in heartbeat_ages(folder, len(ranks.processes)).items()
+            if ranks.processes[r].is_alive()
+        }
         hung = {r: age for r, age in ages.items() if age > hung_after_s}
         if hung:
             ranks.kill()
@@ -383,7 +406,9 @@ def _supervise(ranks: LocalRanks, folder: Path, hung_after_s: float, ctrl_c: Ctr
         except RankExited as err:
             stalled = {r: age for r, age in ages.items() if r != err.error_index and age > STALE_S}
             if stalled:  # the failure is a peer's timeout: the cause is the rank that stopped first
-                raise RunFailed(_hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}") from None
+                raise RunFailed(
+                    _hung_message(stalled, STALE_S) + f"; then {_exit_message(err, folder)}"
+                ) from None
             raise RunFailed(_exit_message(err, folder)) from None
 
 
@@ -411,10 +436,11 @@ def lost_ranks(run_dir: Path, rank: int, world_size: int, err: BaseException) ->
         mine = sorted(r for r in stale if hosts.get(r, "?") == host)
         whole = mine == sorted(r for r, h in hosts.items() if h == host)
         what = f"host {host} lost" if whole else f"rank(s) on host {host} lost"
-        parts.append(f"{what}: {ranks_named(mine)} "
-                     f"(no heartbeat for {max(stale[r] for r in mine):.0f} s)")
-    return RanksLost(f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
-                     sorted(stale))
+        parts.append(f"{what}: {ranks_named(mine)} (no heartbeat for {max(stale[r] for r in mine):.0f} s)")
+    return RanksLost(
+        f"{'; '.join(parts)}; rank {rank} on {socket.gethostname()} saw: {type(err).__name__}: {err}",
+        sorted(stale),
+    )
 
 
 def ranks_named(ranks: list[int]) -> str:
@@ -423,7 +449,8 @@ def ranks_named(ranks: list[int]) -> str:
 
 
 def _shared_periods(hosts: dict[int, str]) -> dict[int, float]:
-    """Each rank's heartbeat period (:func:`shared_period_s`), from the number of ranks its host's files name."""
+    """Each rank's heartbeat period (:func:`shared_period_s`), from the number of
+    ranks its host's files name."""
     per_host = {h: sum(1 for other in hosts.values() if other == h) for h in set(hosts.values())}
     return {r: shared_period_s(per_host[h]) for r, h in hosts.items()}
 
@@ -437,8 +464,7 @@ def _stale_shared(folder: Path, rank: int, world_size: int, periods: dict[int, f
             ages[r] = mine - (folder / f"rank{r}").stat().st_mtime
         except FileNotFoundError:
             continue
-    return {r: age for r, age in ages.items()
-            if age > LOST_AFTER_BEATS * periods.get(r, SHARED_HEARTBEAT_S)}
+    return {r: age for r, age in ages.items() if age > LOST_AFTER_BEATS * periods.get(r, SHARED_HEARTBEAT_S)}
 
 
 def _hosts_of(folder: Path, world_size: int) -> dict[int, str]:
@@ -458,8 +484,8 @@ def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
     """The launcher's record of a failed run (``run_stop`` if rank 0 wrote none, ``summary.json``), after
     removing the checkpoint set the failure left incomplete (on a full disk: the room the record needs).
     Returns the message for the user: the error, and what could not be recorded. A run stopped on purpose (a
-    second Ctrl-C, a stop out of the grace's reach) before any rank began its event log gets no record: nothing
-    ran, and a summary without its events would stand for a run that never started."""
+    second Ctrl-C, a stop out of the grace's reach) before any rank began its event log gets no record:
+    nothing ran, and a summary without its events would stand for a run that never started."""
     from wagma_bench.record.checkpoint import discard_incomplete_sets
     from wagma_bench.record.events import EVENTS
     from wagma_bench.record.rundir import record_failure
@@ -482,13 +508,15 @@ def record_failed_run(run_dir: Path, error: str, status: str = "failed") -> str:
 
 
 class FirstToEnd:
-    """Which ranks of an mpiexec job ended first, watched from outside (a thread of the re-executing launcher).
+    """Which ranks of an mpiexec job ended first, watched from outside (a thread
+    of the re-executing launcher).
 
     mpiexec's own report cannot tell: once a rank dies, MPICH's hydra kills the others and names whichever
-    process it lists first (SIGKILL of the rank with PMI_RANK=2 was reported at rank 0's PID). Each rank writes
-    its PID into ``folder`` (``rank<R>.pid``) as it starts; this thread opens a pidfd for each (Linux 5.3+; it
-    polls every 50 ms elsewhere) and records the ranks whose processes had ended at its first wake-up, within
-    microseconds of the first end, well before hydra's clean-up (a round trip through its proxies) ends the rest."""
+    process it lists first (SIGKILL of the rank with PMI_RANK=2 was reported at rank 0's PID). Each rank
+    writes its PID into ``folder`` (``rank<R>.pid``) as it starts; this thread opens a pidfd for each (Linux
+    5.3+; it polls every 50 ms elsewhere) and records the ranks whose processes had ended at its first
+    wake-up, within microseconds of the first end, well before hydra's clean-up (a round trip through its
+    proxies) ends the rest."""
 
     def __init__(self, folder: Path, nproc: int):
         self.folder, self.nproc = Path(folder), nproc
@@ -571,12 +599,12 @@ class MpiRanks:
 
 
 def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
-    """Run ``cmd`` (mpiexec) in a session of its own, its output passed through, and wait for it, the signals to
-    this process passed to the ranks as the local launcher passes them (:class:`CtrlC`: mpiexec's own handling of
-    SIGINT and SIGTERM kills the ranks before they can checkpoint, and a signal to our process group would reach
-    mpiexec too). Returns mpiexec's exit code, its last lines, the ranks seen to end first (:class:`FirstToEnd`)
-    and the signal that stopped the run (None: none); raises :class:`StopOverdue` or :class:`RunInterrupted` when
-    the ranks had to be killed after one, as :func:`supervise` does."""
+    """Run ``cmd`` (mpiexec) in a session of its own, its output passed through, and wait for it, the signals
+    to this process passed to the ranks as the local launcher passes them (:class:`CtrlC`: mpiexec's own
+    handling of SIGINT and SIGTERM kills the ranks before they can checkpoint, and a signal to our process
+    group would reach mpiexec too). Returns mpiexec's exit code, its last lines, the ranks seen to end first
+    (:class:`FirstToEnd`) and the signal that stopped the run (None: none); raises :class:`StopOverdue` or
+    :class:`RunInterrupted` when the ranks had to be killed after one, as :func:`supervise` does."""
     import subprocess
 
     ranks = MpiRanks(folder, nproc)
@@ -584,10 +612,13 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
     tail: list[str] = []
     killed = False
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, text=True, errors="replace", env=env, start_new_session=True
+        )
         first = FirstToEnd(folder, nproc)  # mpiexec's own report may name a rank its clean-up killed
-        reader = threading.Thread(target=_pass_through, args=(proc.stdout, tail), name="mpiexec-output", daemon=True)
+        reader = threading.Thread(
+            target=_pass_through, args=(proc.stdout, tail), name="mpiexec-output", daemon=True
+        )
         reader.start()
         while proc.poll() is None:
             if not ctrl_c.started and ranks.all_started():  # their grace counts from now
@@ -596,7 +627,9 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
                 killed = True
                 ranks.kill()
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its proxy: their session is theirs alone
+                    os.killpg(
+                        proc.pid, signal.SIGKILL
+                    )  # mpiexec and its proxy: their session is theirs alone
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(HEARTBEAT_S)
         reader.join(timeout=5)
@@ -607,7 +640,12 @@ def supervise_mpiexec(cmd: list[str], env: dict, folder: Path, nproc: int):
         raise RunInterrupted("stopped at once by a second Ctrl-C")
     if killed:
         raise ctrl_c.killed()
-    return proc.returncode, tail[-40:], ended_first, ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None)
+    return (
+        proc.returncode,
+        tail[-40:],
+        ended_first,
+        ctrl_c.terminated or (signal.SIGINT if ctrl_c.count else None),
+    )
 
 
 def _pass_through(stream, tail: list[str]) -> None:
@@ -644,7 +682,9 @@ def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[i
     rank = signum = None
     if match := _OPENMPI_BAD.search(text):
         rank, signum = int(match.group(1)), int(match.group(2))
-    elif first and len(first) == 1 and (match := _MPICH_BAD.search(text)):  # hydra's PID may be another rank's
+    elif (
+        first and len(first) == 1 and (match := _MPICH_BAD.search(text))
+    ):  # hydra's PID may be another rank's
         rank = first[0]
         code = _MPICH_CODE.search(text)
         signum = int(code.group(1)) if code and _is_signal(int(code.group(1))) else None
@@ -682,12 +722,16 @@ def _exit_message(err, folder: Path) -> str:
         error = ""
     if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
         return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
-    if not error:  # it ended without going through its own report (which prints the traceback, then this file)
+    if (
+        not error
+    ):  # it ended without going through its own report (which prints the traceback, then this file)
         return f"rank {err.error_index} failed with exit code {err.exit_code} (it left no traceback)"
     return f"rank {err.error_index} failed with exit code {err.exit_code}: {error} (its traceback is above)"
 
 
 def _hung_message(stalled: dict[int, float], after_s: float) -> str:
     ranks = ", ".join(f"rank {r} (no heartbeat for {age:.0f} s)" for r, age in sorted(stalled.items()))
-    return (f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
-            f"interpreter) for more than {after_s:g} s")
+    return (
+        f"{ranks} hung: its process stopped (SIGSTOP, a debugger, or a native call holding the "
+        f"interpreter) for more than {after_s:g} s"
+    )

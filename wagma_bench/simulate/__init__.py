@@ -2,7 +2,7 @@
 
 The model:
 
-- :mod:`.costs`        alpha-beta cost models of the collectives (ring, recursive doubling, tree) per link level
+- :mod:`.costs`        alpha-beta costs of the collectives (ring, recursive doubling, tree) per link level
 - :mod:`.des`          the simulator: the trainer's loop and each optimizer's communication, round by round
 - :mod:`.presets`      each workload's cost model (step time, batch, parameters) as the paper's set-up has it
 - :mod:`.calibrate`    fits compute-time distributions and alpha/beta from real runs and comm-bench JSON

@@ -18,8 +18,8 @@ each collective algorithm of :mod:`.costs`; the algorithm whose model fits both 
 RMS error over their rows) is kept. Rows are weighted by ``1 / median_s`` so small (latency-bound) and large
 (bandwidth-bound) messages count alike. A comm-bench across hosts (``srun``, ``torchrun``) holds each level's
 rows apart (``levels``: ``intra``, ranks of one host; ``inter``, one rank per host); a comm-bench on one host
-(every file written before, and ``--nproc`` runs) measured the intra-node link only, in its ``results``. A level
-that was not measured takes the other's fit, and the report says so (``levels.LEVEL.note``).
+(every file written before, and ``--nproc`` runs) measured the intra-node link only, in its ``results``. A
+level that was not measured takes the other's fit, and the report says so (``levels.LEVEL.note``).
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from wagma_bench.record.steps import STEP_TABLE, read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
-SKIP_STEPS = 3          # first steps of each rank left out of the fits (start-up, allocator warm-up)
-MAX_SAMPLES = 20000     # compute times kept for the empirical distribution
+SKIP_STEPS = 3  # first steps of each rank left out of the fits (start-up, allocator warm-up)
+MAX_SAMPLES = 20000  # compute times kept for the empirical distribution
 ALLREDUCE_OPS = ("allreduce", "group_allreduce")
 
 
 # --- compute time ---------------------------------------------------------------------------------------
+
 
 def lognormal_fit(values: Sequence[float]) -> tuple[float, float]:
     """(median, sigma) of a lognormal matched to the sample's median and central 68% spread."""
@@ -64,20 +65,20 @@ class RunFit:
     path: str
     optimizer: str
     world_size: int
-    imbalance: dict                  # the run's imbalance settings (name + fields)
-    settings: dict                   # the run's optimizer settings
-    rounds: int                      # rounds the run completed
+    imbalance: dict  # the run's imbalance settings (name + fields)
+    settings: dict  # the run's optimizer settings
+    rounds: int  # rounds the run completed
     seed: int
-    samples_per_step: float          # mean samples a rank processes per step
-    compute: list[float]             # compute times (s) after warm-up, all ranks pooled
-    trace: list[list[float]]         # per rank (0..P-1), every step's compute time in step order
-    delay_trace: list[list[float]]   # per rank, every step's injected delay (slept) in step order
-    overhead_s: float                # median per-step time outside compute, delay and communication
+    samples_per_step: float  # mean samples a rank processes per step
+    compute: list[float]  # compute times (s) after warm-up, all ranks pooled
+    trace: list[list[float]]  # per rank (0..P-1), every step's compute time in step order
+    delay_trace: list[list[float]]  # per rank, every step's injected delay (slept) in step order
+    overhead_s: float  # median per-step time outside compute, delay and communication
     measured_throughput: float | None
-    params: float | None             # model parameters (None: unknown, pass params=N)
+    params: float | None  # model parameters (None: unknown, pass params=N)
     workload: str | None = None
     comm_s_mean: float = 0.0
-    local_state: int = 1             # model-sized tensors of the run's local optimizer state (des.local_state_tensors)
+    local_state: int = 1  # model-sized tensors of the run's local optimizer state (des.local_state_tensors)
     extra: dict = field(default_factory=dict)
 
     def to_workload(self, params: float | None = None, compute: str = "empirical") -> Workload:
@@ -85,10 +86,18 @@ class RunFit:
         if n is None:
             raise ValueError(f"{self.path}: model size unknown; pass params=N (number of model parameters)")
         median, sigma = lognormal_fit(self.compute)
-        return Workload(name=self.workload or "calibrated", step_s=median, batch=max(1, round(self.samples_per_step)),
-                        params=float(n), compute=compute, sigma=sigma, samples=tuple(self.compute),
-                        trace=tuple(tuple(seq) for seq in self.trace), overhead_s=self.overhead_s,
-                        source=f"calibrated from {self.path}")
+        return Workload(
+            name=self.workload or "calibrated",
+            step_s=median,
+            batch=max(1, round(self.samples_per_step)),
+            params=float(n),
+            compute=compute,
+            sigma=sigma,
+            samples=tuple(self.compute),
+            trace=tuple(tuple(seq) for seq in self.trace),
+            overhead_s=self.overhead_s,
+            source=f"calibrated from {self.path}",
+        )
 
 
 def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
@@ -107,12 +116,14 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
     delay_trace = [[float(r.get("delay_s") or 0.0) for r in recs] for recs in by_rank]
     for recs in by_rank:
-        for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1:]):
+        for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1 :]):
             compute.append(float(cur["compute_s"]))
             comm.append(float(cur.get("comm_s", 0.0)))
             samples.append(float(cur.get("samples", 0)))
             dt = float(cur["t"]) - float(prev["t"])
-            overhead.append(max(0.0, dt - cur["compute_s"] - cur.get("delay_s", 0.0) - cur.get("comm_s", 0.0)))
+            overhead.append(
+                max(0.0, dt - cur["compute_s"] - cur.get("delay_s", 0.0) - cur.get("comm_s", 0.0))
+            )
     if not compute:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
     summary = record.summary_or_saved()
@@ -122,18 +133,28 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     train = config.get("train") or {}
     stride = max(1, len(compute) // MAX_SAMPLES)
     return RunFit(
-        path=str(run_dir), optimizer=opt.get("name") or meta.get("optimizer"), world_size=int(meta["world_size"]),
-        imbalance=imbalance, settings=opt,
+        path=str(run_dir),
+        optimizer=opt.get("name") or meta.get("optimizer"),
+        world_size=int(meta["world_size"]),
+        imbalance=imbalance,
+        settings=opt,
         rounds=int(summary.get("rounds") or max(r["round"] for recs in records.values() for r in recs)),
-        seed=int(meta.get("seed") or 1), samples_per_step=float(np.mean(samples)),
-        compute=compute[::stride], trace=trace, delay_trace=delay_trace, overhead_s=float(np.median(overhead)),
+        seed=int(meta.get("seed") or 1),
+        samples_per_step=float(np.mean(samples)),
+        compute=compute[::stride],
+        trace=trace,
+        delay_trace=delay_trace,
+        overhead_s=float(np.median(overhead)),
         measured_throughput=summary.get("throughput_samples_per_s"),
         params=params if params is not None else model_params_of(start),
         workload=setting(config, "workload.arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
         # DropCompute's threshold as the run set it (its calibration steps' rule), replayed by a trace
-        extra={"threshold_s": summary["dropcompute"].get("threshold_s")} if summary.get("dropcompute") else {},
-        local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)))
+        extra={"threshold_s": summary["dropcompute"].get("threshold_s")}
+        if summary.get("dropcompute")
+        else {},
+        local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)),
+    )
 
 
 class RecordedDelays(Imbalance):
@@ -171,7 +192,7 @@ def cycle_compute_by_rank(run_dir: Path) -> dict[int, list[float]]:
     by_rank: dict[int, list[float]] = {}
     for rank, recs in sorted(records.items()):
         cycles: list[list[float]] = []
-        for r in sorted(recs, key=lambda r: r["local_step"])[SKIP_STEPS + 1:]:
+        for r in sorted(recs, key=lambda r: r["local_step"])[SKIP_STEPS + 1 :]:
             if float(r.get("samples", 1)) > 0:
                 cycles.append([])
             if cycles:  # steps before the first sample-taking one finish a cycle begun in the warm-up
@@ -205,6 +226,7 @@ def model_params_of(start: RunStart) -> float | None:
 
 # --- alpha / beta ---------------------------------------------------------------------------------------
 
+
 def fit_alpha_beta(rows: Sequence[dict], algorithm: str) -> tuple[Link, float]:
     """Least-squares (alpha, beta) of ``algorithm``'s allreduce model; returns the link and the relative RMS
     error of the fit. ``rows``: comm-bench results (``group_size``, ``bytes``, ``median_s``)."""
@@ -225,13 +247,16 @@ def fit_alpha_beta(rows: Sequence[dict], algorithm: str) -> tuple[Link, float]:
         else:
             alpha = float(np.linalg.lstsq(x[:, :1], y, rcond=None)[0][0])
     rel = x @ np.array([alpha, beta]) - y
-    return Link(float(alpha), float(beta)), float(np.sqrt(np.mean(rel ** 2)))
+    return Link(float(alpha), float(beta)), float(np.sqrt(np.mean(rel**2)))
 
 
 def bench_rows(bench: dict, impl: str = "ours") -> list[dict]:
     """The allreduce rows of a comm-bench result (our implementation's, else the raw library's)."""
-    rows = [r for r in bench.get("results", []) if r.get("op") in ALLREDUCE_OPS and r.get("median_s", 0) > 0
-            and int(r.get("group_size", 0)) > 1]
+    rows = [
+        r
+        for r in bench.get("results", [])
+        if r.get("op") in ALLREDUCE_OPS and r.get("median_s", 0) > 0 and int(r.get("group_size", 0)) > 1
+    ]
     mine = [r for r in rows if r.get("impl") == impl]
     return mine or rows
 
@@ -245,8 +270,14 @@ def level_rows(bench: dict) -> dict[str, list[dict]]:
     (``levels``); one on one host measured the intra-node link (its ``results``)."""
     if "levels" not in bench:
         return {"intra": bench_rows(bench), "inter": []}
-    return {level: [r for r in bench["levels"].get(level) or [] if r.get("median_s", 0) > 0
-                    and int(r.get("group_size", 0)) > 1] for level in LEVELS}
+    return {
+        level: [
+            r
+            for r in bench["levels"].get(level) or []
+            if r.get("median_s", 0) > 0 and int(r.get("group_size", 0)) > 1
+        ]
+        for level in LEVELS
+    }
 
 
 def bench_ranks_per_node(benches: Sequence[dict]) -> int | None:
@@ -259,13 +290,20 @@ def bench_ranks_per_node(benches: Sequence[dict]) -> int | None:
 
 
 def _level_report(link: Link, err: float, rows: list[dict]) -> dict:
-    return {"measured": True, "alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
-            "bandwidth_GBps": (1e-9 / link.beta_s_per_byte) if link.beta_s_per_byte > 0 else math.inf,
-            "rel_rms": err, "rows": len(rows), "group_sizes": sorted({int(r["group_size"]) for r in rows})}
+    return {
+        "measured": True,
+        "alpha_s": link.alpha_s,
+        "beta_s_per_byte": link.beta_s_per_byte,
+        "bandwidth_GBps": (1e-9 / link.beta_s_per_byte) if link.beta_s_per_byte > 0 else math.inf,
+        "rel_rms": err,
+        "rows": len(rows),
+        "group_sizes": sorted({int(r["group_size"]) for r in rows}),
+    }
 
 
-def fit_network(benches: Sequence[dict], gpus_per_node: int | None = None,
-                algorithm: str | None = None) -> tuple[Network, dict]:
+def fit_network(
+    benches: Sequence[dict], gpus_per_node: int | None = None, algorithm: str | None = None
+) -> tuple[Network, dict]:
     """The network of comm-bench results: each link level fitted on its own rows, with one collective
     algorithm for both (the best over their rows together); a level not measured takes the other's link.
     ``gpus_per_node`` (which ranks share a node in the simulation): the cluster profile's where one is named;
@@ -277,32 +315,50 @@ def fit_network(benches: Sequence[dict], gpus_per_node: int | None = None,
         raise ValueError("the comm-bench JSON has no allreduce/group_allreduce results with group_size > 1")
     for level in measured:
         if len(rows[level]) < 2:
-            raise ValueError(f"{level}-node link: need at least two allreduce measurements (sizes) to fit "
-                             "alpha and beta")
-    fits = {a: {level: fit_alpha_beta(rows[level], a) for level in measured}
-            for a in ([algorithm] if algorithm else ALGORITHMS)}
-    total = {a: math.sqrt(sum(len(rows[lv]) * e ** 2 for lv, (_, e) in f.items()) / sum(map(len, rows.values())))
-             for a, f in fits.items()}
+            raise ValueError(
+                f"{level}-node link: need at least two allreduce measurements (sizes) to fit alpha and beta"
+            )
+    fits = {
+        a: {level: fit_alpha_beta(rows[level], a) for level in measured}
+        for a in ([algorithm] if algorithm else ALGORITHMS)
+    }
+    total = {
+        a: math.sqrt(sum(len(rows[lv]) * e**2 for lv, (_, e) in f.items()) / sum(map(len, rows.values())))
+        for a, f in fits.items()
+    }
     best = min(total, key=total.__getitem__)
     levels = {level: _level_report(*fits[best][level], rows[level]) for level in measured}
     for missing in set(LEVELS) - set(measured):
         (other,) = measured
         why = "one rank a host" if missing == "intra" else "one host"
-        levels[missing] = {**levels[other], "measured": False, "rows": 0, "group_sizes": [], "from": other,
-                           "note": f"not measured ({why}): the {other}-node fit is used for both levels"}
+        levels[missing] = {
+            **levels[other],
+            "measured": False,
+            "rows": 0,
+            "group_sizes": [],
+            "from": other,
+            "note": f"not measured ({why}): the {other}-node fit is used for both levels",
+        }
     levels = {level: levels[level] for level in LEVELS}  # intra first, measured or not
     links = {level: Link(levels[level]["alpha_s"], levels[level]["beta_s_per_byte"]) for level in LEVELS}
     per_node = gpus_per_node or bench_ranks_per_node(benches) or ONE_HOST_RANKS
     inter = levels["inter"]
-    report = {"algorithm": best, **{k: inter[k] for k in ("alpha_s", "beta_s_per_byte", "bandwidth_GBps")},
-              "rel_rms": total[best], "rows": sum(map(len, rows.values())), "all_fits": total,
-              "backend": sorted({str(b.get("backend")) for b in benches}), "levels": levels,
-              "gpus_per_node": per_node, "notes": [f"{lv}-node link {levels[lv]['note']}" for lv in LEVELS
-                                                   if not levels[lv]["measured"]]}
+    report = {
+        "algorithm": best,
+        **{k: inter[k] for k in ("alpha_s", "beta_s_per_byte", "bandwidth_GBps")},
+        "rel_rms": total[best],
+        "rows": sum(map(len, rows.values())),
+        "all_fits": total,
+        "backend": sorted({str(b.get("backend")) for b in benches}),
+        "levels": levels,
+        "gpus_per_node": per_node,
+        "notes": [f"{lv}-node link {levels[lv]['note']}" for lv in LEVELS if not levels[lv]["measured"]],
+    }
     return Network(links["intra"], links["inter"], per_node, best), report
 
 
 # --- inputs ---------------------------------------------------------------------------------------------
+
 
 def is_comm_bench(obj: Any) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("results"), list) and "world_size" in obj
@@ -329,13 +385,17 @@ def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
                 obj = json.loads(f.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError, OSError):
                 if p.is_file():  # given by name: it must be comm-bench's
-                    raise ValueError(f"--calibrate: {f} is not comm-bench JSON (it does not parse as JSON)") from None
+                    raise ValueError(
+                        f"--calibrate: {f} is not comm-bench JSON (it does not parse as JSON)"
+                    ) from None
                 continue
             if is_comm_bench(obj):
                 benches.append(obj)
             elif p.is_file():
                 raise ValueError(f"--calibrate: {f} is not comm-bench JSON (needs world_size and results)")
     if not runs and not benches:
-        raise ValueError(f"--calibrate: no run directory (events.jsonl) and no comm-bench JSON in "
-                         f"{', '.join(map(str, paths))}")
+        raise ValueError(
+            f"--calibrate: no run directory (events.jsonl) and no comm-bench JSON in "
+            f"{', '.join(map(str, paths))}"
+        )
     return sorted(runs), benches

@@ -58,14 +58,20 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
         for name in req.optimizers:
             mine = optimizer_overrides(req, name)
             overrides = req.run_overrides + [f"optimizer={name}"] + mine
-            refuse_path_options(overrides, CONF_DIR)  # `optimizer=../x`: in the user's words, as `run` says it
+            refuse_path_options(
+                overrides, CONF_DIR
+            )  # `optimizer=../x`: in the user's words, as `run` says it
             try:
                 cfg = compose(config_name="wagma", overrides=overrides)
             except (HydraException, OmegaConfBaseException) as err:  # unknown option or key: run's message
-                raise UsageError(unknown_key_message(err, overrides, CONF_DIR) or unknown_option_message(err)
-                                 or hydra_message(err)) from None
+                raise UsageError(
+                    unknown_key_message(err, overrides, CONF_DIR)
+                    or unknown_option_message(err)
+                    or hydra_message(err)
+                ) from None
             if not req.optimizers_chosen and not runs_on(name, str(cfg.workload.name)):
-                continue  # every optimizer by default: those that run on this workload (not DropCompute on RL)
+                # every optimizer by default: those that run on this workload (not DropCompute on RL)
+                continue
             for key in OmegaConf.missing_keys(cfg):
                 if key.split(".")[0] in ("data", "env"):
                     OmegaConf.update(cfg, key, NOT_READ)
@@ -95,8 +101,10 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
     at its own batch, and the model does not guess how compute scales with the batch."""
     wl = dataclasses.replace(preset_for(run.workload.name, run.data.name))
     if "batch" in own and "step_s" not in own and int(own["batch"]) != wl.batch:
-        raise UsageError(f"train.batch_size={own['batch']}: the {wl.name} preset's step_s={wl.step_s} s is one "
-                         f"step at batch {wl.batch}; give step_s= for batch {own['batch']} too")
+        raise UsageError(
+            f"train.batch_size={own['batch']}: the {wl.name} preset's step_s={wl.step_s} s is one "
+            f"step at batch {wl.batch}; give step_s= for batch {own['batch']} too"
+        )
     for key in WORKLOAD_KEYS & set(own):
         cur = getattr(wl, key)
         if isinstance(cur, (int, float)) and not isinstance(cur, bool):
@@ -114,8 +122,9 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
     return wl
 
 
-def model_inputs(req: Request, runs: dict[str, RunConfig], pooled: Workload | None = None,
-                 network: Network | None = None) -> tuple[Workload, Network]:
+def model_inputs(
+    req: Request, runs: dict[str, RunConfig], pooled: Workload | None = None, network: Network | None = None
+) -> tuple[Workload, Network]:
     """The workload and network the predictions use: the workload pooled from the calibrated runs, else the
     preset of `run`'s workload with simulate's keys; the network calibrated, else the cluster profile's; then
     the compute spread of ``--compute-from``'s runs and ``--measured``'s inputs (the command line wins over
@@ -133,14 +142,32 @@ def model_inputs(req: Request, runs: dict[str, RunConfig], pooled: Workload | No
     return workload, network
 
 
-def sim_config(run: RunConfig, world_size: int, workload: Workload, network: Network, imbalance: Imbalance,
-               steps: int, control_every: int = CONTROL_EVERY, seed: int | None = None,
-               progress: Progress | None = None) -> SimConfig:
-    """One simulation of a composed run configuration (``seed``: another than the run's; ``progress``: told where
-    it is)."""
-    return SimConfig(run.optimizer.name, world_size, workload, network, imbalance, run.optimizer, steps,
-                     run.seed if seed is None else seed, control_every,
-                     local_state_tensors(run.train.local_optimizer, run.train.momentum), progress)
+def sim_config(
+    run: RunConfig,
+    world_size: int,
+    workload: Workload,
+    network: Network,
+    imbalance: Imbalance,
+    steps: int,
+    control_every: int = CONTROL_EVERY,
+    seed: int | None = None,
+    progress: Progress | None = None,
+) -> SimConfig:
+    """One simulation of a composed run configuration (``seed``: another than the run's; ``progress``: told
+    where it is)."""
+    return SimConfig(
+        run.optimizer.name,
+        world_size,
+        workload,
+        network,
+        imbalance,
+        run.optimizer,
+        steps,
+        run.seed if seed is None else seed,
+        control_every,
+        local_state_tensors(run.train.local_optimizer, run.train.momentum),
+        progress,
+    )
 
 
 def typed_settings(section: str, registry: dict, values: dict) -> Any:
@@ -163,10 +190,16 @@ def composed(req: Request, runs: dict[str, RunConfig], network: Network, workloa
     from omegaconf import OmegaConf
 
     first = next(iter(runs.values()))
-    job = {"gpus": req.gpus or list(DEFAULT_GPUS), "cluster": req.cluster or "daint",
-           "network": {k: v for k, v in asdict(network).items() if not k.startswith("_")},
-           "workload": asdict(workload), "imbalance": asdict(first.imbalance),
-           "optimizers": {n: asdict(r.optimizer) for n, r in runs.items()},
-           "local_state": local_state_tensors(first.train.local_optimizer, first.train.momentum),
-           "steps": req.steps, "seed": first.seed, "control_every": req.control_every}
+    job = {
+        "gpus": req.gpus or list(DEFAULT_GPUS),
+        "cluster": req.cluster or "daint",
+        "network": {k: v for k, v in asdict(network).items() if not k.startswith("_")},
+        "workload": asdict(workload),
+        "imbalance": asdict(first.imbalance),
+        "optimizers": {n: asdict(r.optimizer) for n, r in runs.items()},
+        "local_state": local_state_tensors(first.train.local_optimizer, first.train.momentum),
+        "steps": req.steps,
+        "seed": first.seed,
+        "control_every": req.control_every,
+    }
     return OmegaConf.to_yaml(OmegaConf.create(job))

@@ -44,8 +44,8 @@ ALGORITHMS = ("ring", "recursive_doubling", "tree")
 
 @dataclass(frozen=True)
 class Link:
-    alpha_s: float           # per-message latency (s)
-    beta_s_per_byte: float   # inverse bandwidth (s/byte)
+    alpha_s: float  # per-message latency (s)
+    beta_s_per_byte: float  # inverse bandwidth (s/byte)
 
     def p2p(self, nbytes: float) -> float:
         return self.alpha_s + nbytes * self.beta_s_per_byte
@@ -67,7 +67,9 @@ def allreduce_terms(algorithm: str, p: int, nbytes: float) -> tuple[float, float
     if algorithm == "tree":
         k = _log2_steps(p)
         return 2.0 * k, 2.0 * k * float(nbytes)
-    raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}, auto")
+    raise ValueError(
+        f"unknown allreduce algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}, auto"
+    )
 
 
 def allreduce_time(algorithm: str, p: int, nbytes: float, link: Link) -> float:
@@ -79,13 +81,16 @@ def allreduce_time(algorithm: str, p: int, nbytes: float, link: Link) -> float:
 
 
 # a link's numbers and what each may be: latencies and inverse bandwidths >= 0, bandwidths > 0, all finite
-LINK_RANGES = {"alpha_s": (0.0, "a finite number of seconds >= 0"),
-               "beta_s_per_byte": (0.0, "a finite number of seconds per byte >= 0"),
-               "bandwidth_GBps": (None, "a finite number of GB/s > 0")}
+LINK_RANGES = {
+    "alpha_s": (0.0, "a finite number of seconds >= 0"),
+    "beta_s_per_byte": (0.0, "a finite number of seconds per byte >= 0"),
+    "bandwidth_GBps": (None, "a finite number of GB/s > 0"),
+}
 
 
 def link_value(key: str, value: Any, name: str) -> float:
-    """One of a link's numbers, checked (``name``: how to call it in the refusal, e.g. the user's override)."""
+    """One of a link's numbers, checked (``name``: how to call it in the
+    refusal, e.g. the user's override)."""
     low, allowed = LINK_RANGES[key]
     try:
         v = float(value)
@@ -123,8 +128,10 @@ class Network:
     @classmethod
     def from_profile(cls, network: Mapping[str, Any], gpus_per_node: int, name: str = "network") -> Network:
         if not network:
-            raise ValueError(f"{name}: the cluster profile has an empty `network:` section; "
-                             "fill it (alpha/beta per link level) or pass --calibrate RUN_DIR")
+            raise ValueError(
+                f"{name}: the cluster profile has an empty `network:` section; "
+                "fill it (alpha/beta per link level) or pass --calibrate RUN_DIR"
+            )
         intra = parse_link(network.get("intra") or network["inter"], f"{name}.intra")
         inter = parse_link(network["inter"], f"{name}.inter")
         algo = network.get("allreduce", "auto")
@@ -151,7 +158,9 @@ class Network:
         spans = self.link(group) is self.inter
         key = ("ar", len(group), spans, nbytes)
         if key not in self._cache:
-            self._cache[key] = allreduce_time(self.allreduce, len(group), nbytes, self.inter if spans else self.intra)
+            self._cache[key] = allreduce_time(
+                self.allreduce, len(group), nbytes, self.inter if spans else self.intra
+            )
         return self._cache[key]
 
     def world_allreduce(self, world_size: int, nbytes: float) -> float:
@@ -172,4 +181,3 @@ class Network:
         if self.control_alpha_s is not None:
             return self.control_alpha_s
         return (self.intra if self.node(a) == self.node(b) else self.inter).alpha_s
-

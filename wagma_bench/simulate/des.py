@@ -1,12 +1,13 @@
 """Discrete-event simulation of the training loop of every optimizer in the suite.
 
-Every optimizer runs exactly ``steps`` rounds, its last a synchronisation point (as in a run: ``Algorithm.end_at``).
-P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step, compute (forward +
-backward, drawn from the workload's distribution), the injected delay of the imbalance model (the same
-objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same ``(rank, world, local step,
-compute time)``), then the optimizer's communication, then the update; every ``control_every`` rounds
-(rounded up to the optimizer's sync period, as the trainer does) all ranks meet in the trainer's small
-control allreduce. Communication costs come from :class:`~wagma_bench.simulate.costs.Network`.
+Every optimizer runs exactly ``steps`` rounds, its last a synchronisation point (as in a run:
+``Algorithm.end_at``). P workers run the trainer's loop (:mod:`wagma_bench.train.trainer`): per local step,
+compute (forward + backward, drawn from the workload's distribution), the injected delay of the imbalance
+model (the same objects as the real runs, :mod:`wagma_bench.imbalance`, asked with the same
+``(rank, world, local step, compute time)``), then the optimizer's communication, then the update; every
+``control_every`` rounds (rounded up to the optimizer's sync period, as the trainer does) all ranks meet in
+the trainer's small control allreduce. Communication costs come from
+:class:`~wagma_bench.simulate.costs.Network`.
 
 Events are processed round by round. Every interaction the optimizers have is ordered by rounds (a
 collective of round r needs round r-1 done on each member; a gossip of step t follows step t-1), so
@@ -14,8 +15,8 @@ processing rounds in order visits events in causal order, and all ranks of a rou
 with numpy. Only AD-PSGD's gossip thread, whose exchanges are not tied to rounds, runs as an event simulation,
 served in batches of the requests no later event can precede.
 
-What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only their
-torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
+What each optimizer's model is (from the real modules in :mod:`wagma_bench.optim`; the simulator reads only
+their torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_bench.optim.rules`):
 
 - ``allreduce``: gradient buckets are launched as backward fills them (the injected delay comes before
   the computation, as in the trainer); bucket b's allreduce starts once every rank has launched it and
@@ -25,9 +26,9 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   gradient allreduces.
 - ``dpsgd``: each step a synchronous exchange with both ring neighbours
   (:func:`~wagma_bench.comm.topology.ring_neighbours`): a rank waits for its neighbours to arrive.
-- ``sgp``: push-sum to one exponential-graph peer per step (:func:`~wagma_bench.comm.topology.exponential_peer`);
-  without overlap a rank waits for its in-peer's and out-peer's messages; with ``overlap`` the message
-  pushed at step t is waited for at step t+1.
+- ``sgp``: push-sum to one exponential-graph peer per step
+  (:func:`~wagma_bench.comm.topology.exponential_peer`); without overlap a rank waits for its in-peer's and
+  out-peer's messages; with ``overlap`` the message pushed at step t is waited for at step t+1.
 - ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
   thread of each even (active) rank exchanges with its partner in
   :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
@@ -50,8 +51,8 @@ torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`wagma_
   activates a round; ``majority`` -- only :func:`~wagma_bench.comm.topology.random_initiator`'s request
   does; every ``sync_period``-th round, and the last, is synchronous.
 
-Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above, plus,
-every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
+Outer optimizers (``optimizer.outer``, :mod:`wagma_bench.optim.outer`): the base's communication as above,
+plus, every outer period, the outer step's update (``OUTER_PASSES`` model-sized tensors through memory at the
 workload's ``memory_GBps``) and, for the bases without a global average of their own (D-PSGD, SGP), the global
 model allreduce the outer layer takes first; the ranks leave that round together.
 
@@ -93,17 +94,21 @@ from wagma_bench.optim.specs import (
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.spread import draw_persistent
 
-DELAY_BLOCK = 1 << 18      # rank-steps of injected delays drawn at once (delay_matrix)
-# elements of the AD-PSGD model's whole-run vector steps done at once, so that each says where it is (SimConfig.progress)
+DELAY_BLOCK = 1 << 18  # rank-steps of injected delays drawn at once (delay_matrix)
+# elements of the AD-PSGD model's whole-run vector steps done at once, so that each says
+# where it is (SimConfig.progress)
 CHUNK = 1 << 20
-CONTROL_BYTES = 7 * 8        # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
+CONTROL_BYTES = 7 * 8  # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
 
 
 # the cost model's numbers a user may set that have a range (simulate's `KEY=VALUE`): (low, high, allowed)
-WORKLOAD_RANGES = {"gossip_cost": (0.0, 1.0, "a number from 0 to 1"),
-                   "sigma": (0.0, math.inf, "a number >= 0"), "sigma_rank": (0.0, math.inf, "a number >= 0"),
-                   "rho": (-0.99, 0.99, "a number between -0.99 and 0.99")}
+WORKLOAD_RANGES = {
+    "gossip_cost": (0.0, 1.0, "a number from 0 to 1"),
+    "sigma": (0.0, math.inf, "a number >= 0"),
+    "sigma_rank": (0.0, math.inf, "a number >= 0"),
+    "rho": (-0.99, 0.99, "a number between -0.99 and 0.99"),
+}
 
 
 @dataclass
@@ -111,21 +116,23 @@ class Workload:
     """What one rank's step costs: compute-time distribution, model size, batch."""
 
     name: str = "custom"
-    step_s: float = 0.3              # median compute time (forward + backward) of one step on one rank
-    batch: int = 128                 # samples per rank and step
-    params: float = 25.6e6           # model parameters (gradients and models travel as float32)
+    step_s: float = 0.3  # median compute time (forward + backward) of one step on one rank
+    batch: int = 128  # samples per rank and step
+    params: float = 25.6e6  # model parameters (gradients and models travel as float32)
     bytes_per_param: int = 4
-    compute: str = "lognormal"       # constant | lognormal | empirical | trace | persistent
-    sigma: float = 0.0               # lognormal: spread of log(compute time); persistent: of its per-step noise
-    sigma_rank: float = 0.0          # persistent: spread of the ranks' lasting offsets (log scale; simulate.spread)
-    rho: float = 0.0                 # persistent: lag-1 autocorrelation of the per-step noise
-    samples: tuple = ()              # empirical: measured compute times to resample (from --calibrate)
-    trace: tuple = ()                # trace: per rank, its measured compute times in step order (--calibrate)
-    overhead_s: float = 0.0          # per-step time outside compute, delay and communication
+    compute: str = "lognormal"  # constant | lognormal | empirical | trace | persistent
+    sigma: float = 0.0  # lognormal: spread of log(compute time); persistent: of its per-step noise
+    sigma_rank: float = 0.0  # persistent: spread of the ranks' lasting offsets (log scale; simulate.spread)
+    rho: float = 0.0  # persistent: lag-1 autocorrelation of the per-step noise
+    samples: tuple = ()  # empirical: measured compute times to resample (from --calibrate)
+    trace: tuple = ()  # trace: per rank, its measured compute times in step order (--calibrate)
+    overhead_s: float = 0.0  # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
-    memory_GBps: float = 20.0        # memory bandwidth of a rank's elementwise updates (the outer step's cost)
-    gossip_cost: float = 0.0         # AD-PSGD: seconds of compute lost per second its thread exchanges, 0-1 (sim_adpsgd)
-    source: str = "preset"           # where the numbers come from (preset | calibrated from RUN_DIR)
+    memory_GBps: float = 20.0  # memory bandwidth of a rank's elementwise updates (the outer step's cost)
+    gossip_cost: float = (
+        0.0  # AD-PSGD: seconds of compute lost per second its thread exchanges, 0-1 (sim_adpsgd)
+    )
+    source: str = "preset"  # where the numbers come from (preset | calibrated from RUN_DIR)
 
     @property
     def model_bytes(self) -> float:
@@ -140,7 +147,9 @@ class Workload:
             return self.step_s * np.exp(self.sigma * rng.standard_normal(shape))
         if self.compute == "empirical":
             if not len(self.samples):
-                raise ValueError("compute=empirical needs measured samples (wagma-bench simulate --calibrate RUN_DIR)")
+                raise ValueError(
+                    "compute=empirical needs measured samples (wagma-bench simulate --calibrate RUN_DIR)"
+                )
             return rng.choice(np.asarray(self.samples, dtype=float), size=shape)
         if self.compute == "trace":
             return self._replay(world_size, steps)
@@ -154,15 +163,18 @@ class Workload:
         run (contention between ranks that share cores, data-dependent work) and tests only the model of
         communication and waiting."""
         if len(self.trace) != world_size:
-            raise ValueError(f"compute=trace needs one recorded sequence per rank: have {len(self.trace)}, "
-                             f"world size {world_size}")
+            raise ValueError(
+                f"compute=trace needs one recorded sequence per rank: have {len(self.trace)}, "
+                f"world size {world_size}"
+            )
         if not all(len(seq) for seq in self.trace):
             raise ValueError("compute=trace: a rank has no recorded compute times")
         return np.stack([np.resize(np.asarray(seq, dtype=float), steps) for seq in self.trace])
 
 
-#: what a simulation tells its caller as it goes: (phase, fraction of that phase done, 0 to 1), often (every round,
-#: every batch of exchanges, every chunk of a whole-run step), so that a caller can say where a long one is
+#: what a simulation tells its caller as it goes: (phase, fraction of that phase done, 0 to 1), often (every
+#: round, every batch of exchanges, every chunk of a whole-run step), so that a caller can say where a long
+#: one is
 Progress = Callable[[str, float], None]
 
 
@@ -177,23 +189,27 @@ class SimConfig:
     workload: Workload
     network: Network
     imbalance: Imbalance = field(default_factory=lambda: NoImbalance(None, 0))
-    settings: Any = None             # the optimizer's typed Settings (OPTIMIZER_SPECS[name].Settings); None: defaults
-    steps: int = 1000                # rounds to simulate, exactly (the last a synchronisation point, as in a run)
+    settings: Any = None  # the optimizer's typed Settings (OPTIMIZER_SPECS[name].Settings); None: defaults
+    steps: int = 1000  # rounds to simulate, exactly (the last a synchronisation point, as in a run)
     seed: int = 1
     control_every: int = CONTROL_EVERY  # the trainer's control allreduce period; 0: only at the end
-    local_state: int = 1             # model-sized tensors of the local optimizer's state (local_state_tensors)
+    local_state: int = 1  # model-sized tensors of the local optimizer's state (local_state_tensors)
     # told where the simulation is (`wagma-bench simulate` prints a line every few seconds of a long one)
     progress: Progress | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         spec = OPTIMIZER_SPECS.get(self.optimizer)
         if spec not in SIMULATIONS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; available: {', '.join(simulated_optimizers())}")
+            raise ValueError(
+                f"unknown optimizer {self.optimizer!r}; available: {', '.join(simulated_optimizers())}"
+            )
         if self.settings is None:
             self.settings = spec.Settings()
         elif not isinstance(self.settings, spec.Settings):
-            raise TypeError(f"optimizer {self.optimizer}: settings must be {spec.__name__}.Settings, "
-                            f"got {type(self.settings).__name__}")
+            raise TypeError(
+                f"optimizer {self.optimizer}: settings must be {spec.__name__}.Settings, "
+                f"got {type(self.settings).__name__}"
+            )
         # the check `run` makes of the same settings (one place for the allowed values: the schema's CHOICES)
         check_choices("optimizer", spec.Settings, OmegaConf.structured(self.settings))
 
@@ -205,8 +221,9 @@ def sync_period(cfg: SimConfig) -> int:
 
 
 def local_state_tensors(local_optimizer: str, momentum: float) -> int:
-    """Model-sized tensors the rank-local optimizer keeps (``train.state.make_local_optimizer``): SGD one momentum
-    buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them too."""
+    """Model-sized tensors the rank-local optimizer keeps (``train.state.make_local_optimizer``): SGD one
+    momentum buffer (none without momentum), AdamW two moments. Local SGD's ``average_momentum`` sends them
+    too."""
     if local_optimizer == "adam":
         return 2
     return 1 if momentum else 0
@@ -217,12 +234,12 @@ class SimResult:
     optimizer: str
     world_size: int
     rounds: int
-    local_steps: float               # mean local steps per rank (< rounds when ranks skip rounds)
-    time_s: float                    # simulated training clock at the end
+    local_steps: float  # mean local steps per rank (< rounds when ranks skip rounds)
+    time_s: float  # simulated training clock at the end
     samples: int
-    throughput: float                # samples / s
-    wait_frac: float                 # mean share of a rank's time spent waiting on communication
-    staleness: float = 0.0           # mean staleness (rounds) of the contributions a rank got answered
+    throughput: float  # samples / s
+    wait_frac: float  # mean share of a rank's time spent waiting on communication
+    staleness: float = 0.0  # mean staleness (rounds) of the contributions a rank got answered
     extra: dict = field(default_factory=dict)
 
     def row(self) -> dict:
@@ -233,8 +250,10 @@ class SimResult:
 
 # --- shared pieces -------------------------------------------------------------------------------------
 
-def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray,
-                 tick: Progress = _silent) -> np.ndarray:
+
+def delay_matrix(
+    imbalance: Imbalance, world_size: int, steps: int, compute: np.ndarray, tick: Progress = _silent
+) -> np.ndarray:
     """Injected delays ``[rank, local step]``, asked of the real imbalance object as the trainer does
     (before the step's computation, relative models seeing the previous step's compute time; the first
     step uses its own), for every rank and step at once (:meth:`~wagma_bench.imbalance.Imbalance.delays`)."""
@@ -244,13 +263,13 @@ def delay_matrix(imbalance: Imbalance, world_size: int, steps: int, compute: np.
     parts = []
     for k in range(0, max(1, steps), block):
         tick("injected delays", k / max(1, steps))
-        parts.append(imbalance.delays(world_size, compute[:, k:k + block], first_step=k))
+        parts.append(imbalance.delays(world_size, compute[:, k : k + block], first_step=k))
     return np.concatenate(parts, axis=1)
 
 
 def run_rounds(cfg: SimConfig) -> int:
-    """The rounds a simulation runs: its budget exactly, as a run does (``RunPlan.total``): the last round is a
-    synchronisation point of every optimizer, whatever its sync period (``Algorithm.end_at``)."""
+    """The rounds a simulation runs: its budget exactly, as a run does (``RunPlan.total``): the last round is
+    a synchronisation point of every optimizer, whatever its sync period (``Algorithm.end_at``)."""
     return max(1, cfg.steps)
 
 
@@ -269,8 +288,8 @@ class SimState:
         rng = np.random.default_rng(cfg.seed)
         cols = self.rounds + 1
         self.tick("compute times", 0.0)
-        # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and a
-        # column of a row-major array is a cache miss per rank once the world outgrows the caches
+        # [rank, local step], stored column by column: every model reads one step of all ranks at a time, and
+        # a column of a row-major array is a cache miss per rank once the world outgrows the caches
         self.compute = np.asfortranarray(cfg.workload.draw(rng, self.P, cols))
         self.delay = np.asfortranarray(delay_matrix(cfg.imbalance, self.P, cols, self.compute, self.tick))
         self.ctrl_cost = cfg.network.world_allreduce(self.P, CONTROL_BYTES)
@@ -287,36 +306,50 @@ class SimState:
 
     def result(self, end: float, steps_done: np.ndarray, staleness: float = 0.0, **extra: Any) -> SimResult:
         samples = int(steps_done.sum()) * int(self.cfg.workload.batch)
-        return SimResult(self.cfg.optimizer, self.P, self.rounds, float(steps_done.mean()), float(end), samples,
-                         samples / end if end > 0 else math.inf, float(self.wait.mean() / end) if end > 0 else 0.0,
-                         float(staleness), extra)
+        return SimResult(
+            self.cfg.optimizer,
+            self.P,
+            self.rounds,
+            float(steps_done.mean()),
+            float(end),
+            samples,
+            samples / end if end > 0 else math.inf,
+            float(self.wait.mean() / end) if end > 0 else 0.0,
+            float(staleness),
+            extra,
+        )
 
 
-# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a) d,
-# x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
+# model-sized tensors the outer step reads or writes (optim/outer.py, in place: d = x_prev - x, x += (1 - a)
+# d, x += c u, u = b u + d, x_prev = x: 3 + 3 + 3 + 3 + 2 passes)
 OUTER_PASSES = 14
 
 
 def outer_cost(cfg: SimConfig) -> tuple[int, float]:
-    """(rounds between outer steps, seconds of each) of the configured outer optimizer; (0, 0.0) without one."""
+    """(rounds between outer steps, seconds of each) of the configured outer
+    optimizer; (0, 0.0) without one."""
     settings = cfg.settings
     if not isinstance(settings, OuterSettings) or settings.outer == "none":
         return 0, 0.0
     seconds = OUTER_PASSES * cfg.workload.model_bytes / (cfg.workload.memory_GBps * 1e9)
-    if OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact":  # the outer layer's own global average of the models
+    if (
+        OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact"
+    ):  # the outer layer's own global average of the models
         seconds += cfg.network.world_allreduce(cfg.world_size, cfg.workload.model_bytes)
     return settings.effective_outer_period(), seconds
 
 
-def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]) -> SimResult:
+def _lockstep(
+    cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, np.ndarray], np.ndarray]
+) -> SimResult:
     """Optimizers whose ranks advance one round per step: ``comm(run, r, ready)`` turns the times the ranks
     are ready to communicate in round ``r`` into the times their step's communication is done; an outer
     optimizer's round adds its cost after the slowest rank's where the outer layer averages the models itself,
     else after each rank's own average."""
     run = SimState(cfg, sync_period)
     outer_every, outer_s = outer_cost(cfg)
-    # the outer layer's own global average (D-PSGD, SGP) makes its round a barrier; after the base's average (local
-    # SGD, streaming DiLoCo's fragments) each rank steps its outer optimizer when its average is done
+    # the outer layer's own global average (D-PSGD, SGP) makes its round a barrier; after the base's average
+    # (local SGD, streaming DiLoCo's fragments) each rank steps its outer optimizer when its average is done
     outer_barrier = OPTIMIZER_SPECS[cfg.optimizer].outer_at == "exact"
     start = np.zeros(run.P)
     for r in range(1, run.rounds + 1):
@@ -334,6 +367,7 @@ def _lockstep(cfg: SimConfig, sync_period: int, comm: Callable[[SimState, int, n
 
 # --- synchronous optimizers ----------------------------------------------------------------------------
 
+
 def bucket_sizes(nbytes: float, bucket_mb: float) -> list[float]:
     size = bucket_mb * 2**20
     if not size or size <= 0 or size >= nbytes or math.isinf(size):
@@ -349,12 +383,14 @@ def simulates(name: str) -> Callable:
     """Register the decorated function as the model of optimizer ``name`` (``optimizer=NAME``); a name that is
     not in OPTIMIZER_SPECS fails here, as the module is imported, naming it."""
     if name not in OPTIMIZER_SPECS:
-        raise ImportError(f"@simulates({name!r}): no optimizer {name!r} in OPTIMIZER_SPECS "
-                          f"({', '.join(OPTIMIZER_SPECS)})")
+        raise ImportError(
+            f"@simulates({name!r}): no optimizer {name!r} in OPTIMIZER_SPECS ({', '.join(OPTIMIZER_SPECS)})"
+        )
 
     def register(model: Callable[[SimConfig], SimResult]) -> Callable[[SimConfig], SimResult]:
         _MODELS[name] = model
         return model
+
     return register
 
 
@@ -381,13 +417,16 @@ def sim_allreduce(cfg: SimConfig) -> SimResult:
 @simulates("dropcompute")
 def sim_dropcompute(cfg: SimConfig) -> SimResult:
     """DropCompute: each rank's step (compute plus its injected delay, as the trainer spreads it) in M equal
-    micro-batches; past the threshold a rank stops after the micro-batch that crossed it. ``threshold_s: auto`` is
-    the optimizer's own rule (:func:`~wagma_bench.optim.rules.best_threshold`) over the first
-    ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped (the gradients
-    are complete only after the last micro-batch). Throughput counts the computed samples only."""
+    micro-batches; past the threshold a rank stops after the micro-batch that crossed it.
+    ``threshold_s: auto`` is the optimizer's own rule (:func:`~wagma_bench.optim.rules.best_threshold`) over
+    the first ``calibrate_steps`` rounds, which drop nothing. Then one allreduce of the model, not overlapped
+    (the gradients are complete only after the last micro-batch). Throughput counts the computed samples
+    only."""
     s, M = cfg.settings, cfg.settings.micro_batches
-    cost = sum(cfg.network.world_allreduce(cfg.world_size, b) for b in bucket_sizes(cfg.workload.model_bytes,
-                                                                                      s.bucket_mb))
+    cost = sum(
+        cfg.network.world_allreduce(cfg.world_size, b)
+        for b in bucket_sizes(cfg.workload.model_bytes, s.bucket_mb)
+    )
     run = SimState(cfg, 1)
     threshold = parse_threshold(s.threshold_s)
     calibration: list[np.ndarray] = []
@@ -396,13 +435,15 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
     for r in range(1, run.rounds + 1):
         run.tick("rounds", (r - 1) / run.rounds)
         step = run.compute[:, r - 1] + run.delay[:, r - 1]
-        ends = step[:, None] * parts[None, :]                       # [ranks, micro-batches], into the step
+        ends = step[:, None] * parts[None, :]  # [ranks, micro-batches], into the step
         if threshold is None:
             calibration.append(ends)
             done_parts = np.full(run.P, M)
             if len(calibration) == s.calibrate_steps:
                 stacked = np.stack(calibration, axis=1)
-                threshold = best_threshold(stacked, float(stacked[:, :, -1].max(0).mean()) + cost + run.overhead)[0]
+                threshold = best_threshold(
+                    stacked, float(stacked[:, :, -1].max(0).mean()) + cost + run.overhead
+                )[0]
         else:  # the first micro-batch always; then each one whose predecessor ended by the threshold
             done_parts = np.minimum(M, 1 + (ends[:, :-1] <= threshold).sum(axis=1))
         computed += float(done_parts.sum())
@@ -413,10 +454,16 @@ def sim_dropcompute(cfg: SimConfig) -> SimResult:
         if run.is_control(r) and run.P > 1:
             start = run.barrier(start)
     drop_rate = 1.0 - computed / (run.rounds * run.P * M)
-    result = run.result(start.max(), np.full(run.P, run.rounds), drop_rate=round(drop_rate, 5),
-                        threshold_s=None if threshold is None or math.isinf(threshold) else threshold)
+    result = run.result(
+        start.max(),
+        np.full(run.P, run.rounds),
+        drop_rate=round(drop_rate, 5),
+        threshold_s=None if threshold is None or math.isinf(threshold) else threshold,
+    )
     samples = int(result.samples * (1.0 - drop_rate))
-    return replace(result, samples=samples, throughput=samples / result.time_s if result.time_s > 0 else math.inf)
+    return replace(
+        result, samples=samples, throughput=samples / result.time_s if result.time_s > 0 else math.inf
+    )
 
 
 @simulates("local_sgd")
@@ -458,7 +505,9 @@ def _sim_streaming(cfg: SimConfig) -> SimResult:
                 started[r + s.fragment_delay] = float(ready.max())
             else:
                 out = np.maximum(ready, started.pop(r) + cost)
-        if r == run.rounds:  # the run ends with the whole model's global average (LocalSGD, StreamingOuter.finish)
+        if (
+            r == run.rounds
+        ):  # the run ends with the whole model's global average (LocalSGD, StreamingOuter.finish)
             out = np.full(run.P, max([float(out.max()), *started.values()]) + whole)
         return out
 
@@ -473,8 +522,15 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
     cols = max((len(x) for x in nbs), default=0)
     idx = np.array([list(x) + [i] * (cols - len(x)) for i, x in enumerate(nbs)], dtype=int).reshape(P, cols)
     # sends to (and receives from) both neighbours at once: one latency, the bytes of every message
-    cost = np.array([max((net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0))
-                          for j in x), default=0.0) for i, x in enumerate(nbs)])
+    cost = np.array(
+        [
+            max(
+                (net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0)) for j in x),
+                default=0.0,
+            )
+            for i, x in enumerate(nbs)
+        ]
+    )
 
     def comm(run: SimState, r: int, ready: np.ndarray) -> np.ndarray:
         return np.maximum(ready, ready[idx].max(axis=1)) + cost
@@ -524,36 +580,41 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 # --- AD-PSGD -------------------------------------------------------------------------------------------
 
 GOSSIP_ITERATIONS = 8  # rounds of (compute schedule -> exchanges -> their cost on the compute) at most
-# ... stopped once no step's charge moves by more than this share of the median compute time (each round moves it
-# about a fifth of the round before; the throughput then moves by less than 0.1%)
+# ... stopped once no step's charge moves by more than this share of the median compute time (each round moves
+# it about a fifth of the round before; the throughput then moves by less than 0.1%)
 GOSSIP_TOLERANCE = 1e-3
 
 
 @simulates("adpsgd")
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
-    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served in
-    batches (:func:`_gossip`).
+    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served
+    in batches (:func:`_gossip`).
 
     What the exchanges cost the compute (``workload.gossip_cost``, c from 0 to 1): each second a rank's gossip
-    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes takes c
-    seconds from its compute, so a step lengthens by c times the exchange time inside it -- the thread's copies,
-    averaging and transfer share the rank's host with its compute (the authors' thread copies layer by layer
-    through the CPU and spins on its locks); c = 1: the compute stops while the thread exchanges. The compute
-    schedule and the exchanges depend on each other (a slower step moves the next exchange), so both are
-    recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS`` at most). c = 0 is the
-    model of a free exchange: the compute thread's upper bound. The measured c and its interval:
-    ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
+    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes
+    takes c seconds from its compute, so a step lengthens by c times the exchange time inside it -- the
+    thread's copies, averaging and transfer share the rank's host with its compute (the authors' thread copies
+    layer by layer through the CPU and spins on its locks); c = 1: the compute stops while the thread
+    exchanges. The compute schedule and the exchanges depend on each other (a slower step moves the next
+    exchange), so both are recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS``
+    at most). c = 0 is the model of a free exchange: the compute thread's upper bound. The measured c and its
+    interval: ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
     run = SimState(cfg, sync_period(cfg))  # the run's barrier: the algorithm's own rule
     cost = float(cfg.workload.gossip_cost)
     extra = np.zeros((run.P, run.rounds))
     for _ in range(GOSSIP_ITERATIONS):
         starts, ends, end_time = _compute_schedule(run, extra)
         if run.P == 1:
-            return run.result(end_time, np.full(run.P, run.rounds), exchanges_per_step=0.0, gossip_cost_share=0.0,
-                              gossip_busy_share=0.0)
+            return run.result(
+                end_time,
+                np.full(run.P, run.rounds),
+                exchanges_per_step=0.0,
+                gossip_cost_share=0.0,
+                gossip_busy_share=0.0,
+            )
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
         run.tick("time in exchanges", 0.0)
-        windows = starts + run.compute[:, :run.rounds] + extra  # the compute part of each step
+        windows = starts + run.compute[:, : run.rounds] + extra  # the compute part of each step
         overlap = busy_between(busy, run.P, starts, windows, run.tick)
         if cost == 0:
             break
@@ -561,16 +622,20 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         if float(np.abs(new - extra).max(initial=0.0)) <= GOSSIP_TOLERANCE * float(np.median(run.compute)):
             break  # the schedule, its exchanges and the charges it was computed with agree
         extra = new
-    return run.result(end_time, np.full(run.P, run.rounds), staleness=lag,
-                      exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
-                      gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, :run.rounds].sum())),
-                      # the share of compute time during which the rank's thread exchanges (what c acts on)
-                      gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())))
+    return run.result(
+        end_time,
+        np.full(run.P, run.rounds),
+        staleness=lag,
+        exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
+        gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, : run.rounds].sum())),
+        # the share of compute time during which the rank's thread exchanges (what c acts on)
+        gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())),
+    )
 
 
 def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the trainer's
-    sync points, each step's compute lengthened by ``extra``; and the end of the run."""
+    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the
+    trainer's sync points, each step's compute lengthened by ``extra``; and the end of the run."""
     start = np.zeros(run.P)
     starts, ends = np.zeros((run.P, run.rounds)), np.zeros((run.P, run.rounds))
     for r in range(1, run.rounds + 1):
@@ -584,31 +649,42 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
     return starts, ends, float(start.max())
 
 
-def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo: np.ndarray,
-                 hi: np.ndarray, tick: Progress = _silent) -> np.ndarray:
-    """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from its
-    exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in flight, a
-    passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
+def busy_between(
+    busy: tuple[np.ndarray, np.ndarray, np.ndarray],
+    world: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    tick: Progress = _silent,
+) -> np.ndarray:
+    """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from
+    its exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in
+    flight, a passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank
+    after rank."""
     rank, began, ended = busy
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
     order = _by_rank_then_key(rank, began, span, world, tick)
     axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
-    for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
+    for k in range(
+        0, len(order), CHUNK
+    ):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
         tick("time in exchanges", 0.4 + 0.1 * k / len(order))
-        mine = order[k:k + CHUNK]
-        axis[k:k + CHUNK] = rank[mine] * span + began[mine]
-        begin[k:k + CHUNK] = began[mine]
-        length[k:k + CHUNK] = ended[mine] - began[mine]
+        mine = order[k : k + CHUNK]
+        axis[k : k + CHUNK] = rank[mine] * span + began[mine]
+        begin[k : k + CHUNK] = began[mine]
+        length[k : k + CHUNK] = ended[mine] - began[mine]
     tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
         rows = np.broadcast_to(np.arange(world)[:, None], t.shape)
-        first = np.searchsorted(axis, rows * span, side="left")      # the rank's first interval
+        first = np.searchsorted(axis, rows * span, side="left")  # the rank's first interval
         last = np.searchsorted(axis, rows * span + t, side="right")  # intervals begun by t
-        partial = np.where(last > first, np.clip(t - begin[np.maximum(last - 1, 0)], 0.0,
-                                                 length[np.maximum(last - 1, 0)]), 0.0)
+        partial = np.where(
+            last > first,
+            np.clip(t - begin[np.maximum(last - 1, 0)], 0.0, length[np.maximum(last - 1, 0)]),
+            0.0,
+        )
         return before[np.maximum(last - 1, 0)] * (last > first) - before[first] * (last > first) + partial
 
     # a few steps of all ranks at a time (each element on its own: the same numbers), saying where it is
@@ -618,16 +694,19 @@ def busy_between(busy: tuple[np.ndarray, np.ndarray, np.ndarray], world: int, lo
     for k in range(0, cols, block):
         tick("time in exchanges", 0.5 + 0.5 * k / cols)
         part = (slice(None), slice(k, k + block)) if out.ndim == 2 else slice(None)
-        out[part] = busy_until(np.broadcast_to(hi, out.shape)[part]) - busy_until(np.broadcast_to(lo, out.shape)[part])
+        out[part] = busy_until(np.broadcast_to(hi, out.shape)[part]) - busy_until(
+            np.broadcast_to(lo, out.shape)[part]
+        )
     return out
 
 
-def _by_rank_then_key(rank: np.ndarray, t: np.ndarray, span: float, world: int,
-                      tick: Progress = _silent) -> np.ndarray:
-    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank first), a
-    block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536 ranks): a block's
-    keys all lie below the next block's, so the blocks in rank order, each sorted stably from its elements in their
-    original order, is the same order, ties included."""
+def _by_rank_then_key(
+    rank: np.ndarray, t: np.ndarray, span: float, world: int, tick: Progress = _silent
+) -> np.ndarray:
+    """``np.argsort(rank * span + t, kind="stable")`` (t below half a span: the key grows with the rank
+    first), a block of ranks at a time, saying where it is (one sort of 33 million keys took 10 s at 65,536
+    ranks): a block's keys all lie below the next block's, so the blocks in rank order, each sorted stably
+    from its elements in their original order, is the same order, ties included."""
     blocks = min(world, max(1, -(-len(t) // CHUNK)))
     if blocks == 1:
         return np.argsort(rank * span + t, kind="stable")
@@ -637,51 +716,43 @@ def _by_rank_then_key(rank: np.ndarray, t: np.ndarray, span: float, world: int,
     for b in range(blocks):
         tick("time in exchanges", 0.4 * b / blocks)  # the sort is about 40% of the work
         mine = np.flatnonzero(block == b)  # the block's elements in their original order
-        order[done:done + len(mine)] = mine[np.argsort(rank[mine] * span + t[mine], kind="stable")]
+        order[done : done + len(mine)] = mine[np.argsort(rank[mine] * span + t[mine], kind="stable")]
         done += len(mine)
     return order
 
 
-def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
-            ) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _gossip(
+    cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
+) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
-    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to its
-    partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive serves one
-    at a time, first come first served (in the order the actives' threads woke), from the header's arrival.
-    Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as ``(rank, begin, end)``
-    arrays: both ends of every exchange).
+    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to
+    its partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive
+    serves one at a time, first come first served (in the order the actives' threads woke), from the header's
+    arrival. Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as
+    ``(rank, begin, end)`` arrays: both ends of every exchange).
 
-    An event simulation that serves many requests at once: each active has one pending request (when its thread
-    woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake again (after its
-    pending exchange at the least, or its next step's end), so every pending request that woke before ``T`` is
-    served now, each passive's in wake order (one sort, a segmented max-plus scan). That is the order of an event
-    heap, request by request (a test replays the model on one and compares), at a cost of vector operations over
-    the actives per batch; a batch holds every active whose thread woke before the slowest could wake again."""
+    An event simulation that serves many requests at once: each active has one pending request (when its
+    thread woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake
+    again (after its pending exchange at the least, or its next step's end), so every pending request that
+    woke before ``T`` is served now, each passive's in wake order (one sort, a segmented max-plus scan). That
+    is the order of an event heap, request by request (a test replays the model on one and compares), at a
+    cost of vector operations over the actives per batch; a batch holds every active whose thread woke before
+    the slowest could wake again."""
     P, net = run.P, cfg.network
     actives = np.arange(0, P, 2)
     rounds = ends.shape[1]
-    span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
-    flat = (np.arange(P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
-
-    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
-        found = np.empty(len(ranks), dtype=int)
-        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
-            run.tick("exchanges' step lag", k / len(ranks))
-            keys = ranks[k:k + CHUNK] * span + t[k:k + CHUNK]
-            order = np.argsort(keys, kind="stable")  # sorted queries walk the axis once (random ones miss the cache)
-            found[k + order] = np.searchsorted(flat, keys[order], side="right")
-        return found - ranks * rounds
-
-    partners = np.empty((rounds + 1, len(actives)), dtype=int)  # [exchange, active]
-    for e in range(rounds + 1):
-        run.tick("matchings", e / (rounds + 1))
-        partners[e] = matching_partners(P, e, cfg.seed)[actives]
+    partners = _matchings(cfg, run, actives, rounds)  # [exchange, active]
     nbytes = cfg.workload.model_bytes + 16
-    swap_of = {True: 2 * net.intra.p2p(nbytes), False: 2 * net.inter.p2p(nbytes)}  # both models, one after the other
-    free = np.zeros(P)                      # when each passive is free
-    wake = ends[actives, 0].copy()          # each active's pending request: when its thread woke
+    swap_of = {
+        True: 2 * net.intra.p2p(nbytes),
+        False: 2 * net.inter.p2p(nbytes),
+    }  # both models, one after the other
+    free = np.zeros(P)  # when each passive is free
+    wake = ends[actives, 0].copy()  # each active's pending request: when its thread woke
     exchange = np.zeros(len(actives), dtype=int)
-    ended = np.zeros(len(actives), dtype=int)  # each active's steps ended by its wake: only grows, so moved on
+    ended = np.zeros(
+        len(actives), dtype=int
+    )  # each active's steps ended by its wake: only grows, so moved on
     alive = wake < end_time
     out: list[tuple[np.ndarray, ...]] = []
     while alive.any():
@@ -692,19 +763,17 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
         real = p != a
         latency = net.control_latencies(a, p)
         swap = np.where(a // net.gpus_per_node == p // net.gpus_per_node, swap_of[True], swap_of[False])
-        k = ended[i]
-        while True:  # bisect_right of t in the active's step ends, from where it was (a step or two a batch)
-            more = (k < rounds) & (ends[a, np.minimum(k, rounds - 1)] <= t)
-            if not more.any():
-                break
-            k = k + more
-        ended[i] = k
+        k = ended[i] = _steps_ended_from(ends, a, t, ended[i])
         next_end = np.where(k < rounds, ends[a, np.minimum(k, rounds - 1)], math.inf)
-        earliest = np.maximum(np.where(real, t + latency + swap, t), next_end)  # an active's next wake, at least
+        earliest = np.maximum(
+            np.where(real, t + latency + swap, t), next_end
+        )  # an active's next wake, at least
         now = t < earliest.min()
         if not now.any():
             now = t == t.min()
-        i, a, t, p, real, latency, swap, k, next_end = (x[now] for x in (i, a, t, p, real, latency, swap, k, next_end))
+        i, a, t, p, real, latency, swap, k, next_end = (
+            x[now] for x in (i, a, t, p, real, latency, swap, k, next_end)
+        )
         done = t.copy()
         if real.any():
             order, begin, finish = _serve(np.nonzero(real)[0], p, t, latency, swap, exchange[i], a, free)
@@ -716,18 +785,71 @@ def _gossip(cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
     if not out:
         return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
     a, p, b, f = (np.concatenate(col) for col in zip(*out))
+    lag = _step_lag(run, ends, end_time, a, p, b)
+    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
+    return len(a), lag, busy
+
+
+def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) -> np.ndarray:
+    """Each active's partner in the ``e``-th matching, for every exchange ``e`` a run
+    can hold: [exchange, active]."""
+    partners = np.empty((rounds + 1, len(actives)), dtype=int)
+    for e in range(rounds + 1):
+        run.tick("matchings", e / (rounds + 1))
+        partners[e] = matching_partners(run.P, e, cfg.seed)[actives]
+    return partners
+
+
+def _steps_ended_from(ends: np.ndarray, a: np.ndarray, t: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """bisect_right of ``t`` in each active's step ends, from ``k``, where it was (a step or two a batch)."""
+    rounds = ends.shape[1]
+    while True:
+        more = (k < rounds) & (ends[a, np.minimum(k, rounds - 1)] <= t)
+        if not more.any():
+            return k
+        k = k + more
+
+
+def _step_lag(
+    run: SimState, ends: np.ndarray, end_time: float, a: np.ndarray, p: np.ndarray, b: np.ndarray
+) -> float:
+    """Mean step lag between the two ends of the exchanges (``a`` with ``p``, begun at ``b``): how many more
+    steps one had ended than the other when the exchange began."""
+    rounds = ends.shape[1]
+    span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
+    flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
+
+    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
+        found = np.empty(len(ranks), dtype=int)
+        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
+            run.tick("exchanges' step lag", k / len(ranks))
+            keys = ranks[k : k + CHUNK] * span + t[k : k + CHUNK]
+            order = np.argsort(
+                keys, kind="stable"
+            )  # sorted queries walk the axis once (random ones miss the cache)
+            found[k + order] = np.searchsorted(flat, keys[order], side="right")
+        return found - ranks * rounds
+
     lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
     run.tick("exchanges' step lag", 1.0)
-    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
-    return len(a), float(lag.sum()) / len(a), busy
+    return float(lag.sum()) / len(a)
 
 
-def _serve(q: np.ndarray, p: np.ndarray, t: np.ndarray, latency: np.ndarray, swap: np.ndarray, exchange: np.ndarray,
-           a: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's in the
-    order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is free) is
-    moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an event heap,
-    ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues at a time."""
+def _serve(
+    q: np.ndarray,
+    p: np.ndarray,
+    t: np.ndarray,
+    latency: np.ndarray,
+    swap: np.ndarray,
+    exchange: np.ndarray,
+    a: np.ndarray,
+    free: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's
+    in the order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is
+    free) is moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an
+    event heap, ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues
+    at a time."""
     order = q[np.lexsort((exchange[q], a[q], t[q], p[q]))]
     pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
     first = np.concatenate([[True], pq[1:] != pq[:-1]])
@@ -742,15 +864,16 @@ def _serve(q: np.ndarray, p: np.ndarray, t: np.ndarray, latency: np.ndarray, swa
 
 # --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
 
+
 @dataclass
 class Plan:
     """One round's partition, prepared for vectorised activation."""
 
-    gid: np.ndarray      # [P] group index of each rank
-    order: np.ndarray    # ranks sorted by group
+    gid: np.ndarray  # [P] group index of each rank
+    order: np.ndarray  # ranks sorted by group
     offsets: np.ndarray  # start of each group in ``order``
-    lat: np.ndarray      # [D, 2**D] control latency of the hypercube edge along dimension d (inf where none)
-    cost: np.ndarray     # [G] the group allreduce's cost
+    lat: np.ndarray  # [D, 2**D] control latency of the hypercube edge along dimension d (inf where none)
+    cost: np.ndarray  # [G] the group allreduce's cost
 
 
 def hypercube_latencies(world_size: int, net: Network) -> np.ndarray:
@@ -813,9 +936,56 @@ def activate(plan: Plan, free: np.ndarray, self_key: np.ndarray) -> np.ndarray:
     return key[:P]
 
 
-def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: RoundSchedule, world_cost: float,
-                  initiator: Callable[[int], int] | None = None, in_order: bool = False,
-                  post_at_request: bool = False) -> SimResult:
+def _checked_state(cfg: SimConfig, schedule: RoundSchedule) -> SimState:
+    """The run's state for :func:`wait_avoiding`, once the schedule is known to fit the engine and the run."""
+    if schedule.period < 1:
+        raise ValueError(
+            f"the wait-avoiding engine needs synchronous rounds (period >= 1), got {schedule.period}"
+        )
+    run = SimState(cfg, schedule.period)
+    if schedule.last != run.rounds:
+        raise ValueError(f"the schedule's last round {schedule.last} is not the simulation's {run.rounds}")
+    return run
+
+
+class _Staleness:
+    """The staleness of what each rank contributed to a round (WaitAvoidingAllreduce._staleness): how many
+    rounds ago the buffer a round took from it was first used, summed over the answered requests."""
+
+    def __init__(self, world_size: int):
+        self.cur = np.ones(world_size, dtype=int)  # first round that uses the posted buffer (0: none yet)
+        self.prev = np.ones(world_size, dtype=int)  # ... of the buffer before it
+        self.max = np.zeros(world_size, dtype=int)  # the stalest contribution since the rank's last answer
+        self.total = 0
+
+    def post(self, idx: np.ndarray) -> None:
+        """Ranks ``idx`` (indices or a mask) post a new buffer."""
+        # the buffer posted now follows the newest one a round used (a post no round used fresh keeps the
+        # one before it: 0 would date it to round 0, an age of r)
+        self.prev[idx] = np.where(self.cur[idx] == 0, self.prev[idx], self.cur[idx])
+        self.cur[idx] = 0
+
+    def used(self, r: int, fresh: np.ndarray) -> None:
+        """Round ``r`` took each rank's posted buffer (``fresh``) or, posted after
+        it started, the one before."""
+        self.cur[fresh & (self.cur == 0)] = r
+        self.max = np.maximum(self.max, r - np.where(fresh, self.cur, self.prev))
+
+    def answered(self, idx: np.ndarray) -> None:
+        """Ranks ``idx`` were answered: their stalest contribution since the last answer counts once."""
+        self.total += int(self.max[idx].sum())
+        self.max[idx] = 0
+
+
+def wait_avoiding(
+    cfg: SimConfig,
+    plan_of: Callable[[int], Plan],
+    schedule: RoundSchedule,
+    world_cost: float,
+    initiator: Callable[[int], int] | None = None,
+    in_order: bool = False,
+    post_at_request: bool = False,
+) -> SimResult:
     """The protocol of :class:`wagma_bench.comm.wait_avoiding.WaitAvoidingAllreduce`, round by round.
 
     ``initiator(r)``: the only rank whose request activates group round ``r`` (None: any member's).
@@ -825,36 +995,30 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
     else by the next round (so it skips rounds it joined passively). ``post_at_request`` (eager): the rank
     posts its fresh gradient right before asking; otherwise (WAGMA) it posts its model after the update.
     """
-    if schedule.period < 1:
-        raise ValueError(f"the wait-avoiding engine needs synchronous rounds (period >= 1), got {schedule.period}")
-    run = SimState(cfg, schedule.period)
-    if schedule.last != run.rounds:
-        raise ValueError(f"the schedule's last round {schedule.last} is not the simulation's {run.rounds}")
+    run = _checked_state(cfg, schedule)
     P, inf = run.P, math.inf
     outer_every, outer_s = outer_cost(cfg)  # WAGMA-SGD: at (a multiple of) the synchronous rounds
     if P == 1:
         return _lockstep(cfg, run.sync_period, lambda run_, r, ready: ready)
-    k = np.zeros(P, dtype=int)                 # local step of the pending request
-    t_post = np.zeros(P)                       # time of the last post
+    k = np.zeros(P, dtype=int)  # local step of the pending request
+    t_post = np.zeros(P)  # time of the last post
     t_req = run.compute[:, 0] + run.delay[:, 0]
-    resume = np.zeros(P)                       # when each compute thread continues after its last answer
-    done = np.zeros(P)                         # progress thread free (round r-1 done)
-    cur_posted = np.ones(P, dtype=int)         # first round that uses the posted buffer (0: none yet)
-    prev_posted = np.ones(P, dtype=int)        # ... of the buffer before it
-    stale_max = np.zeros(P, dtype=int)
+    resume = np.zeros(P)  # when each compute thread continues after its last answer
+    done = np.zeros(P)  # progress thread free (round r-1 done)
+    stale = _Staleness(P)
     answered = np.zeros(P, dtype=int)
-    stale_sum = passive_rounds = 0
+    passive_rounds = 0
     ranks = np.arange(P)
     for r in range(1, run.rounds + 1):
         run.tick("rounds", (r - 1) / run.rounds)
         if post_at_request:  # eager posts its fresh gradient right before asking
-            newly_posted = t_req > t_post
-            prev_posted[newly_posted] = np.where(cur_posted == 0, prev_posted, cur_posted)[newly_posted]
-            cur_posted[newly_posted] = 0
+            stale.post(t_req > t_post)
             t_post = np.maximum(t_post, t_req)
         if schedule.is_sync(r):  # every period-th round and the last (the engine's rule)
             start = np.maximum(done, t_req)
-            end = np.full(P, start.max() + world_cost + (outer_s if outer_every and r % outer_every == 0 else 0.0))
+            end = np.full(
+                P, start.max() + world_cost + (outer_s if outer_every and r % outer_every == 0 else 0.0)
+            )
             target = np.ones(P, dtype=bool)
         else:
             plan = plan_of(r)
@@ -862,27 +1026,23 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
             start = activate(plan, done, np.where(can, np.maximum(done, t_req), inf))
             end = (np.maximum.reduceat(start[plan.order], plan.offsets) + plan.cost)[plan.gid]
             active = t_req <= start
-            target = np.ones(P, dtype=bool) if in_order else \
-                active | ((start >= t_post) & (start <= t_req) & (t_req < end))
+            target = (
+                np.ones(P, dtype=bool)
+                if in_order
+                else active | ((start >= t_post) & (start <= t_req) & (t_req < end))
+            )
             passive_rounds += int((~active).sum())
-        # staleness of what each rank contributed (WaitAvoidingAllreduce._staleness)
-        fresh = start >= t_post
-        cur_posted[fresh & (cur_posted == 0)] = r
-        stale_max = np.maximum(stale_max, r - np.where(fresh, cur_posted, prev_posted))
+        stale.used(r, fresh=start >= t_post)
         done = end
         idx = np.nonzero(target)[0]
         answer = np.maximum(end, t_req)  # (WAGMA's targets never end before their request)
         run.wait[idx] += answer[idx] - t_req[idx]
         answered[idx] += 1
-        stale_sum += int(stale_max[idx].sum())
-        stale_max[idx] = 0
+        stale.answered(idx)
         resume[idx] = answer[idx] + run.overhead
         if not post_at_request:  # WAGMA posts its updated model after the update
             t_post[idx] = resume[idx]
-            # the buffer posted now follows the newest one a round used (a post no round used fresh keeps the
-            # one before it: 0 would date it to round 0, an age of r)
-            prev_posted[idx] = np.where(cur_posted[idx] == 0, prev_posted[idx], cur_posted[idx])
-            cur_posted[idx] = 0
+            stale.post(idx)
         k[idx] += 1
         if run.is_control(r):  # control rounds are synchronous rounds: every rank was answered
             resume = run.barrier(resume)
@@ -890,8 +1050,12 @@ def wait_avoiding(cfg: SimConfig, plan_of: Callable[[int], Plan], schedule: Roun
                 break
         kk = np.minimum(k[idx], run.compute.shape[1] - 1)
         t_req[idx] = resume[idx] + run.compute[idx, kk] + run.delay[idx, kk]
-    return run.result(float(resume.max()), answered, staleness=stale_sum / max(1, answered.sum()),
-                      passive_share=passive_rounds / max(1, P * run.rounds))
+    return run.result(
+        float(resume.max()),
+        answered,
+        staleness=stale.total / max(1, answered.sum()),
+        passive_share=passive_rounds / max(1, P * run.rounds),
+    )
 
 
 @simulates("wagma")
@@ -899,11 +1063,18 @@ def sim_wagma(cfg: SimConfig) -> SimResult:
     P = cfg.world_size
     schedule = WagmaSchedule(P, cfg.settings.group_size, cfg.settings.tau, last=run_rounds(cfg))
     lat = hypercube_latencies(P, cfg.network)
-    plans = [make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes, lat)
-             for k in range(schedule.stages)]
+    plans = [
+        make_plan(schedule.stage(k + 1), cfg.network, cfg.workload.model_bytes, lat)
+        for k in range(schedule.stages)
+    ]
     catch_up = cfg.settings.catch_up
-    res = wait_avoiding(cfg, lambda r: plans[schedule.stage_index(r)], schedule,
-                        cfg.network.world_allreduce(P, cfg.workload.model_bytes), in_order=catch_up == "replay")
+    res = wait_avoiding(
+        cfg,
+        lambda r: plans[schedule.stage_index(r)],
+        schedule,
+        cfg.network.world_allreduce(P, cfg.workload.model_bytes),
+        in_order=catch_up == "replay",
+    )
     res.extra["group_size"] = schedule.group_size
     return res
 
@@ -915,20 +1086,30 @@ def sim_eager(cfg: SimConfig) -> SimResult:
     plan = make_plan((tuple(range(P)),), cfg.network, cfg.workload.model_bytes)
     initiator = None
     if mode == "majority":
+
         def initiator(r: int) -> int:
             return random_initiator(P, r, seed=cfg.seed)
+
     schedule = FixedSchedule(P, period=sync_every, last=run_rounds(cfg))
-    res = wait_avoiding(cfg, lambda r: plan, schedule, cfg.network.world_allreduce(P, cfg.workload.model_bytes),
-                        initiator, in_order=True, post_at_request=True)
+    res = wait_avoiding(
+        cfg,
+        lambda r: plan,
+        schedule,
+        cfg.network.world_allreduce(P, cfg.workload.model_bytes),
+        initiator,
+        in_order=True,
+        post_at_request=True,
+    )
     res.extra["mode"] = mode
     return res
 
 
-# Each optimizer's spec -> the model of its communication (``@simulates``), in OPTIMIZER_SPECS' order, the one table
-# of the optimizers. Keyed by the spec, not the algorithm class, so that the simulator imports no torch. An optimizer
-# with no model is not simulated (tests/test_conformance.py names what to add).
+# Each optimizer's spec -> the model of its communication (``@simulates``), in OPTIMIZER_SPECS' order, the one
+# table of the optimizers. Keyed by the spec, not the algorithm class, so that the simulator imports no torch.
+# An optimizer with no model is not simulated (tests/test_conformance.py names what to add).
 SIMULATIONS: dict[type[AlgorithmSpec], Callable[[SimConfig], SimResult]] = {
-    spec: _MODELS[name] for name, spec in OPTIMIZER_SPECS.items() if name in _MODELS}
+    spec: _MODELS[name] for name, spec in OPTIMIZER_SPECS.items() if name in _MODELS
+}
 
 
 def simulated_optimizers() -> list[str]:

@@ -23,8 +23,9 @@ from wagma_bench.simulate.run_spread import ranks_by_run, spread_by_run
 from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
 
-def write_interval(req: Request, runs: dict[str, RunConfig], gpus: list[int], base: Inputs,
-                   out: Path) -> None:
+def write_interval(
+    req: Request, runs: dict[str, RunConfig], gpus: list[int], base: Inputs, out: Path
+) -> None:
     """``--interval N``: :func:`wagma_bench.simulate.uncertainty.uncertainty` over these runs' predictions."""
     sources = Sources()
     if req.compute_from:
@@ -43,28 +44,46 @@ def write_interval(req: Request, runs: dict[str, RunConfig], gpus: list[int], ba
         out_: dict[int, dict[str, dict[str, float | None]]] = {}
         for p in gpus:
             for name, run in runs.items():
-                res = simulate(sim_config(run, p, inputs.workload, inputs.network, inputs.imbalance, req.steps,
-                                          inputs.control_every, inputs.seed, ticker.simulation(f"{name} at P={p}")))
+                res = simulate(
+                    sim_config(
+                        run,
+                        p,
+                        inputs.workload,
+                        inputs.network,
+                        inputs.imbalance,
+                        req.steps,
+                        inputs.control_every,
+                        inputs.seed,
+                        ticker.simulation(f"{name} at P={p}"),
+                    )
+                )
                 stt = inputs.samples_to_target.get(name)
-                out_.setdefault(p, {})[name] = {"throughput": res.throughput,
-                                                "time_to_target_s": stt / res.throughput if stt else None}
+                out_.setdefault(p, {})[name] = {
+                    "throughput": res.throughput,
+                    "time_to_target_s": stt / res.throughput if stt else None,
+                }
         return out_
 
     start = time.perf_counter()
 
-    def progress(what: str) -> None:  # after each prediction: which one (the simulations inside tick on their own)
+    def progress(
+        what: str,
+    ) -> None:  # after each prediction: which one (the simulations inside tick on their own)
         ticker.note(what)
 
     data = uncertainty(predict_once, base, sources, req.interval, progress)
     data["took_s"] = round(time.perf_counter() - start, 1)
     write_text_atomic(out / INTERVAL_FILE, compact_json(data))
-    print(f"wrote {out / INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
-          f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s")
+    print(
+        f"wrote {out / INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
+        f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s"
+    )
 
 
 def compact_json(data: Any) -> str:
-    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x worlds x
-    optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
+    """JSON with every number to 6 significant digits, no indentation: ``interval.json`` holds (N + 25) x
+    worlds x optimizers predictions, committed for every claim (the repository stays under 20 MB)."""
+
     def rounded(x: Any) -> Any:
         if isinstance(x, float):
             return float(f"{x:.6g}")

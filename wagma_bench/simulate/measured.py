@@ -1,10 +1,10 @@
 """Measured model inputs: one JSON file that ``simulate --measured FILE`` reads.
 
-Written by ``reproduce/scaling/measure_inputs.py`` (AD-PSGD's exchange cost measured in the suite's own runs on this
-machine) and by ``make gpu-check`` (``reproduce/gpu/check.py``: the same on a GPU, with the per-rank compute spread
-and the intra-node link). Each section is optional; ``measured_on`` says where the numbers come from (``cpu`` or
-``gpu``) and ``skipped`` lists what the writer could not measure there, so a CPU-measured file is never taken for
-a GPU's::
+Written by ``reproduce/scaling/measure_inputs.py`` (AD-PSGD's exchange cost measured in the suite's own runs
+on this machine) and by ``make gpu-check`` (``reproduce/gpu/check.py``: the same on a GPU, with the per-rank
+compute spread and the intra-node link). Each section is optional; ``measured_on`` says where the numbers come
+from (``cpu`` or ``gpu``) and ``skipped`` lists what the writer could not measure there, so a CPU-measured
+file is never taken for a GPU's::
 
     {"format": "wagma-bench measured inputs 1", "measured_on": "cpu", "source": "...", "skipped": [...],
      "gossip_cost": {"value": 0.06, "interval": [0.03, 0.09], "replicates": [...]},
@@ -38,14 +38,16 @@ class Measured:
     skipped: list[str] = field(default_factory=list)
     gossip_cost: float | None = None
     gossip_replicates: list[float] = field(default_factory=list)
-    intra: Any = None                 # a costs.Link
+    intra: Any = None  # a costs.Link
     compute: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         """One line for the output: what was read and where it was measured."""
-        got = [f"gossip_cost {self.gossip_cost:.3g}" if self.gossip_cost is not None else None,
-               "intra-node link" if self.intra is not None else None,
-               "compute spread" if self.compute else None]
+        got = [
+            f"gossip_cost {self.gossip_cost:.3g}" if self.gossip_cost is not None else None,
+            "intra-node link" if self.intra is not None else None,
+            "compute spread" if self.compute else None,
+        ]
         said = ", ".join(g for g in got if g) or "nothing"
         return f"measured inputs from {self.path} ({self.measured_on.upper()}-measured): {said}"
 
@@ -56,17 +58,25 @@ def read_measured(path: str | Path) -> Measured:
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"--measured {where}: not a measured-inputs file ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"--measured {where}: not a measured-inputs file ({type(err).__name__}: {err})"
+        ) from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise ValueError(f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/measure_inputs.py or "
-                         "make gpu-check writes one)")
+        raise ValueError(
+            f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/measure_inputs.py or "
+            "make gpu-check writes one)"
+        )
     if raw.get("measured_on") not in PLACES:
-        raise ValueError(f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}")
+        raise ValueError(
+            f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}"
+        )
     m = Measured(where, raw["measured_on"], str(raw.get("source", "")), list(raw.get("skipped") or []))
     gossip = raw.get("gossip_cost")
     if gossip is not None:
         m.gossip_cost = _number(gossip.get("value"), "gossip_cost.value", where)
-        m.gossip_replicates = [_number(v, "gossip_cost.replicates", where) for v in gossip.get("replicates", [])]
+        m.gossip_replicates = [
+            _number(v, "gossip_cost.replicates", where) for v in gossip.get("replicates", [])
+        ]
     intra = (raw.get("network") or {}).get("intra")
     if intra is not None:
         m.intra = parse_link(intra, f"--measured {where}: network.intra")
@@ -89,8 +99,11 @@ def _number(value: Any, key: str, where: str) -> float:
     return v
 
 
-def with_measured(workload: Workload, network: Network, m: Measured, given: set[str]) -> tuple[Workload, Network]:
-    """The workload and network with the file's numbers, except those given on the command line (``given``)."""
+def with_measured(
+    workload: Workload, network: Network, m: Measured, given: set[str]
+) -> tuple[Workload, Network]:
+    """The workload and network with the file's numbers, except those given on
+    the command line (``given``)."""
     changes: dict[str, Any] = {}
     if m.gossip_cost is not None and "gossip_cost" not in given:
         changes["gossip_cost"] = m.gossip_cost

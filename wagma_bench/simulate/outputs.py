@@ -27,10 +27,19 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
     palette = plots.colors([r["label"] for r in rows])
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label in palette:
-        rs = sorted((r for r in rows if r["label"] == label and r.get("time_to_target_s")), key=lambda r: r["world_size"])
+        rs = sorted(
+            (r for r in rows if r["label"] == label and r.get("time_to_target_s")),
+            key=lambda r: r["world_size"],
+        )
         if rs:
-            ax.plot([r["world_size"] for r in rs], [r["time_to_target_s"] / 3600 for r in rs], color=palette[label],
-                    marker="x", linestyle="--", label=f"{label} (predicted)")
+            ax.plot(
+                [r["world_size"] for r in rs],
+                [r["time_to_target_s"] / 3600 for r in rs],
+                color=palette[label],
+                marker="x",
+                linestyle="--",
+                label=f"{label} (predicted)",
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted({r["world_size"] for r in rows})

@@ -21,8 +21,14 @@ from wagma_bench.simulate.request import DEFAULT_GPUS, Request
 from wagma_bench.simulate.uncertainty import Inputs
 
 
-def predict(req: Request, runs: dict[str, RunConfig], network: Network, workload: Workload,
-            out: Path, started: float | None = None) -> list[dict]:
+def predict(
+    req: Request,
+    runs: dict[str, RunConfig],
+    network: Network,
+    workload: Workload,
+    out: Path,
+    started: float | None = None,
+) -> list[dict]:
     """The predictions, their table and plots (``started``: when the command started, ``time.perf_counter()``;
     its progress lines count from there)."""
     gpus = req.gpus or list(DEFAULT_GPUS)
@@ -35,22 +41,43 @@ def predict(req: Request, runs: dict[str, RunConfig], network: Network, workload
     for p in gpus:
         for name, run in runs.items():
             t0 = time.perf_counter()
-            res = simulate(sim_config(run, p, workload, network, imbalance, req.steps, req.control_every,
-                                      progress=ticker.simulation(f"{name} at P={p}")))
+            res = simulate(
+                sim_config(
+                    run,
+                    p,
+                    workload,
+                    network,
+                    imbalance,
+                    req.steps,
+                    req.control_every,
+                    progress=ticker.simulation(f"{name} at P={p}"),
+                )
+            )
             rows.append(_row(res, imbalance, workload, conv.get(name), time.perf_counter() - t0))
             ticker.done(f"{rows[-1]['sim_s']:.1f} s")
     ref = {r["world_size"]: r["throughput"] for r in rows if r["optimizer"] == "allreduce"}
     for r in rows:
         r["speedup_vs_allreduce"] = r["throughput"] / ref[r["world_size"]] if r["world_size"] in ref else None
     write_table(rows, out, "predictions")
-    title = (f"predicted: {workload.name}, imbalance={imbalance.name}, cluster={req.cluster or 'daint'} "
-             f"({req.steps} rounds simulated)")
-    plots.plot_throughput([dict(r, kind="predicted") for r in rows], out / "throughput.png", title, ideal=False)
+    title = (
+        f"predicted: {workload.name}, imbalance={imbalance.name}, cluster={req.cluster or 'daint'} "
+        f"({req.steps} rounds simulated)"
+    )
+    plots.plot_throughput(
+        [dict(r, kind="predicted") for r in rows], out / "throughput.png", title, ideal=False
+    )
     if any(r.get("time_to_target_s") for r in rows):
         plot_time_to_target(rows, out / "time_to_target.png", title)
-    cols = [("optimizer", "optimizer"), ("world_size", "P"), ("throughput", "samples/s"),
-            ("speedup_vs_allreduce", "vs allreduce"), ("efficiency", "efficiency"), ("wait_frac", "wait share"),
-            ("staleness", "staleness"), ("time_to_target_s", "time to target (s)")]
+    cols = [
+        ("optimizer", "optimizer"),
+        ("world_size", "P"),
+        ("throughput", "samples/s"),
+        ("speedup_vs_allreduce", "vs allreduce"),
+        ("efficiency", "efficiency"),
+        ("wait_frac", "wait share"),
+        ("staleness", "staleness"),
+        ("time_to_target_s", "time to target (s)"),
+    ]
     print(f"## Predicted throughput ({title})\n\n{markdown(rows, cols)}\n")
     if req.interval > 0:
         base = Inputs(workload, network, imbalance, conv, req.control_every, first.seed)
@@ -60,7 +87,13 @@ def predict(req: Request, runs: dict[str, RunConfig], network: Network, workload
 
 def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, took: float) -> dict:
     r = res.row()
-    r.update(label=res.optimizer, imbalance=imbalance.name, workload=wl.name,
-             efficiency=res.throughput * wl.step_s / (res.world_size * wl.batch),
-             samples_to_target=stt, time_to_target_s=stt / res.throughput if stt else None, sim_s=round(took, 3))
+    r.update(
+        label=res.optimizer,
+        imbalance=imbalance.name,
+        workload=wl.name,
+        efficiency=res.throughput * wl.step_s / (res.world_size * wl.batch),
+        samples_to_target=stt,
+        time_to_target_s=stt / res.throughput if stt else None,
+        sim_s=round(took, 3),
+    )
     return r

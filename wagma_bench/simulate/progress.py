@@ -7,16 +7,18 @@ import time
 
 from wagma_bench.simulate.des import Progress
 
-# once the predictions have taken this long, a progress line at least this often: a line per simulation, and lines
-# from inside a long one (each says where it is as it goes: des.Progress). A module constant so that a test can shorten it.
+# once the predictions have taken this long, a progress line at least this often: a line per simulation, and
+# lines from inside a long one (each says where it is as it goes: des.Progress). A module constant so that a
+# test can shorten it.
 PROGRESS_EVERY_S = 5.0
 
 
 class Ticker:
-    """The progress lines of long predictions, on stderr: quiet for the first ``PROGRESS_EVERY_S``, then a line at
-    least that often -- one per finished simulation, and, inside a long one, where it is (its phase, how far, and
-    how long the phase has left at its pace so far). Lines used to come only between simulations: at 65,536 GPUs
-    AD-PSGD's alone takes most of a minute, and a loaded machine saw one line after 6 s, then none for 294 s."""
+    """The progress lines of long predictions, on stderr: quiet for the first ``PROGRESS_EVERY_S``, then a
+    line at least that often -- one per finished simulation, and, inside a long one, where it is (its phase,
+    how far, and how long the phase has left at its pace so far). Lines used to come only between simulations:
+    at 65,536 GPUs AD-PSGD's alone takes most of a minute, and a loaded machine saw one line after 6 s, then
+    none for 294 s."""
 
     def __init__(self, total: int, label: str = "simulate", start: float | None = None):
         self.total, self.label, self.every_s = total, label, PROGRESS_EVERY_S
@@ -37,7 +39,11 @@ class Ticker:
             return
         t0, f0 = self.phase_at
         # the phase's pace so far, once it has gone far enough to have one
-        left = f", about {(now - t0) / (fraction - f0) * (1 - fraction):.0f} s more" if fraction > f0 + 0.02 else ""
+        left = (
+            f", about {(now - t0) / (fraction - f0) * (1 - fraction):.0f} s more"
+            if fraction > f0 + 0.02
+            else ""
+        )
         self._say(f"{self.what}: {phase} {100 * fraction:.0f}%{left}", now)
 
     def note(self, text: str) -> None:

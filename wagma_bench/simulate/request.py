@@ -14,8 +14,8 @@ from wagma_bench.optim.specs import OPTIMIZER_SPECS
 from wagma_bench.simulate.des import Workload, simulated_optimizers
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
-# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this quiet
-# 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
+# the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this
+# quiet 2-core machine (2026-12-06), AD-PSGD 34 s of it, and several times that under other work
 MAX_GPUS = 65_536
 WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "samples", "trace", "source"}
 # `run`'s keys that the simulation reads, -> the name simulate uses inside: the rounds simulated (default
@@ -23,8 +23,9 @@ WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"name", "sampl
 RUN_KEYS_READ = {"train.max_rounds": "steps", "train.batch_size": "batch"}
 DEFAULT_ROUNDS = 500
 # `run`'s keys a throughput model cannot honour: refused, not ignored
-RUN_KEYS_REFUSED = {"train.epochs": "simulate counts rounds, not epochs: give train.max_rounds=N "
-                                    f"(default {DEFAULT_ROUNDS})"}
+RUN_KEYS_REFUSED = {
+    "train.epochs": f"simulate counts rounds, not epochs: give train.max_rounds=N (default {DEFAULT_ROUNDS})"
+}
 # simulate's own keys, beside `run`'s: the world sizes, the control barrier, the convergence model and the
 # workload's cost model (the preset's numbers; its batch is `run`'s train.batch_size)
 OWN_KEYS = {"gpus", "control_every", "samples_to_target"} | (WORKLOAD_KEYS - {"batch"})
@@ -81,26 +82,32 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
             try:
                 req.gpus = [int(v) for v in values]
             except ValueError:
-                raise UsageError(f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}") from None
+                raise UsageError(
+                    f"gpus must be integers, e.g. gpus=8,16,32; got {','.join(values)!r}"
+                ) from None
             for g in req.gpus:
                 if not 1 <= g <= MAX_GPUS:
-                    raise UsageError(f"gpus={g} is not allowed; it must be between 1 and {MAX_GPUS:,} (a simulation's "
-                                     "cost grows with ranks x rounds: 1,024 ranks x 500 rounds take seconds)")
+                    raise UsageError(
+                        f"gpus={g} is not allowed; it must be between 1 and {MAX_GPUS:,} (a simulation's "
+                        "cost grows with ranks x rounds: 1,024 ranks x 500 rounds take seconds)"
+                    )
         elif key == "optimizer":
             req.optimizers, req.optimizers_chosen = values, True
         elif key.startswith("optimizer."):
-            req.optimizer_overrides.append((key[len("optimizer."):], values[0]))
+            req.optimizer_overrides.append((key[len("optimizer.") :], values[0]))
         elif key == "cluster":
             req.cluster = values[0]
         elif key.startswith("cluster."):
-            req.cluster_overrides.append(f"{key[len('cluster.'):]}={values[0]}")
+            req.cluster_overrides.append(f"{key[len('cluster.') :]}={values[0]}")
         elif key in OWN_KEYS:
             req.own[key] = values[0]
         elif key in RUN_KEYS_REFUSED:
             raise UsageError(f"{key}={values[0]}: {RUN_KEYS_REFUSED[key]}")
         elif key in ("steps", "batch"):  # simulate's names before it took run's
             run_key = next(k for k, v in RUN_KEYS_READ.items() if v == key)
-            raise UsageError(f"{key}={values[0]}: simulate takes run's option names; give {run_key}={values[0]}")
+            raise UsageError(
+                f"{key}={values[0]}: simulate takes run's option names; give {run_key}={values[0]}"
+            )
         else:
             req.run_overrides.append(f"{key}={values[0]}")
             if key in RUN_KEYS_READ:  # checked by `run`'s validate with the rest, then read here
@@ -111,9 +118,12 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
 def optimizer_overrides(req: Request, name: str) -> list[str]:
     """The ``optimizer.KEY`` overrides for optimizer ``name``: those of its settings, and any KEY that no
     selected optimizer has (so that `run`'s own error names it)."""
+
     def settings(opt: str) -> set[str]:
         spec = OPTIMIZER_SPECS.get(opt)
         return {f.name for f in dataclasses.fields(spec.Settings)} if spec else set()
 
     anyone = set().union(*(settings(o) for o in req.optimizers))
-    return [f"optimizer.{k}={v}" for k, v in req.optimizer_overrides if k in settings(name) or k not in anyone]
+    return [
+        f"optimizer.{k}={v}" for k, v in req.optimizer_overrides if k in settings(name) or k not in anyone
+    ]

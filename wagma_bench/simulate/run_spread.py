@@ -42,16 +42,25 @@ def spread_by_run(paths: list[str]) -> list[list[float]]:
 
 def with_measured_spread(workload: Workload, paths: list[str]) -> Workload:
     """The workload with the runs' measured spread scaled to its median step time (``--compute-from``); with
-    ``compute=persistent`` the persistent model's offsets, noise and autocorrelation fitted from the runs' ranks
-    (:mod:`wagma_bench.simulate.spread`), else the pooled times drawn i.i.d."""
+    ``compute=persistent`` the persistent model's offsets, noise and autocorrelation fitted from the runs'
+    ranks (:mod:`wagma_bench.simulate.spread`), else the pooled times drawn i.i.d."""
     if workload.compute == "persistent":
         fit = measured_persistence(paths)
-        return dataclasses.replace(workload, sigma_rank=fit.sigma_rank, sigma=fit.sigma, rho=fit.rho,
-                                   source=f"{workload.source}; persistent spread fitted in {', '.join(paths)} "
-                                          f"(sigma_rank {fit.sigma_rank:.3g}, sigma {fit.sigma:.3g}, rho {fit.rho:.3g})")
+        return dataclasses.replace(
+            workload,
+            sigma_rank=fit.sigma_rank,
+            sigma=fit.sigma,
+            rho=fit.rho,
+            source=f"{workload.source}; persistent spread fitted in {', '.join(paths)} "
+            f"(sigma_rank {fit.sigma_rank:.3g}, sigma {fit.sigma:.3g}, rho {fit.rho:.3g})",
+        )
     shape = measured_spread(paths)
-    return dataclasses.replace(workload, compute="empirical", samples=tuple(workload.step_s * x for x in shape),
-                               source=f"{workload.source}; compute spread measured in {', '.join(paths)}")
+    return dataclasses.replace(
+        workload,
+        compute="empirical",
+        samples=tuple(workload.step_s * x for x in shape),
+        source=f"{workload.source}; compute spread measured in {', '.join(paths)}",
+    )
 
 
 def measured_persistence(paths: list[str]):

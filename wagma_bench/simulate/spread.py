@@ -1,9 +1,9 @@
 """Compute-time spread with persistence: a rank that is slow stays slow.
 
-The i.i.d. draws (``compute=lognormal``, ``compute=empirical``) give each rank and step an independent time, so
-over many steps every rank averages out and a slow rank exists only for a step. On real machines some ranks are
-slower for the whole run (a slower GPU or node, a noisy neighbour, a larger share of long sentences), and a
-barrier pays the slowest rank's *offset* every time. The model here (``compute=persistent``) draws
+The i.i.d. draws (``compute=lognormal``, ``compute=empirical``) give each rank and step an independent time,
+so over many steps every rank averages out and a slow rank exists only for a step. On real machines some ranks
+are slower for the whole run (a slower GPU or node, a noisy neighbour, a larger share of long sentences), and
+a barrier pays the slowest rank's *offset* every time. The model here (``compute=persistent``) draws
 
     log t[r, k] = log step_s + a[r] + e[r, k],   a[r] ~ N(0, sigma_rank^2),
     e[r, k] = rho e[r, k-1] + sqrt(1 - rho^2) sigma z[r, k]   (stationary AR(1), marginal spread sigma)
@@ -25,19 +25,26 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SpreadFit:
-    sigma_rank: float   # spread of the ranks' persistent offsets (log scale)
-    sigma: float        # spread of the per-step noise around a rank's offset (log scale)
-    rho: float          # lag-1 autocorrelation of that noise
+    sigma_rank: float  # spread of the ranks' persistent offsets (log scale)
+    sigma: float  # spread of the per-step noise around a rank's offset (log scale)
+    rho: float  # lag-1 autocorrelation of that noise
     runs: int
-    ranks: int          # (run, rank) sequences used
-    steps: int          # steps used, all sequences together
+    ranks: int  # (run, rank) sequences used
+    steps: int  # steps used, all sequences together
 
     def row(self) -> dict:
         return asdict(self)
 
 
-def draw_persistent(rng: np.random.Generator, world_size: int, steps: int, step_s: float, sigma_rank: float,
-                    sigma: float, rho: float) -> np.ndarray:
+def draw_persistent(
+    rng: np.random.Generator,
+    world_size: int,
+    steps: int,
+    step_s: float,
+    sigma_rank: float,
+    sigma: float,
+    rho: float,
+) -> np.ndarray:
     """Compute times ``[rank, step]`` of the model above (vectorised over ranks)."""
     offsets = sigma_rank * rng.standard_normal(world_size)
     shocks = rng.standard_normal((world_size, steps))

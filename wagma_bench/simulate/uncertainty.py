@@ -1,14 +1,16 @@
-"""How far a prediction can be trusted: an interval from its inputs' uncertainty, and the assumptions that flip it.
+"""How far a prediction can be trusted: an interval from its inputs' uncertainty,
+and the assumptions that flip it.
 
-A paper-scale prediction rests on inputs measured here with error (the compute spread of a handful of runs, the
-samples a handful of runs took to the target, what AD-PSGD's exchange costs the compute) and on assumptions that
-were never measured at that scale (the network, how much slower a straggler is, the trainer's barrier). Two
-answers, both written by ``wagma-bench simulate --interval N`` into ``interval.json`` beside ``predictions.json``:
+A paper-scale prediction rests on inputs measured here with error (the compute spread of a handful of runs,
+the samples a handful of runs took to the target, what AD-PSGD's exchange costs the compute) and on
+assumptions that were never measured at that scale (the network, how much slower a straggler is, the trainer's
+barrier). Two answers, both written by ``wagma-bench simulate --interval N`` into ``interval.json`` beside
+``predictions.json``:
 
 - **replicates**: N predictions, each with its inputs resampled -- the runs behind the compute spread and
-  behind each optimizer's samples to target drawn with replacement (a bootstrap over runs), the measured exchange
-  cost drawn from its bootstrap replicates (``--measured``), and a fresh seed for the simulation's own draws. A
-  claim's speed-up computed in each replicate gives its 95% interval
+  behind each optimizer's samples to target drawn with replacement (a bootstrap over runs), the measured
+  exchange cost drawn from its bootstrap replicates (``--measured``), and a fresh seed for the simulation's
+  own draws. A claim's speed-up computed in each replicate gives its 95% interval
   (:func:`wagma_bench.analysis.predictions.speedup_interval`).
 - **sensitivity**: the prediction with one assumption moved along a grid (:data:`KNOBS`), the others at their
   values: ``wagma-bench claims`` finds where the claim's speed-up crosses its threshold
@@ -38,7 +40,7 @@ class Inputs:
 
     workload: Workload
     network: Network
-    imbalance: Any                      # an Imbalance (imbalance.py)
+    imbalance: Any  # an Imbalance (imbalance.py)
     samples_to_target: dict[str, float]
     control_every: int
     seed: int
@@ -48,9 +50,13 @@ class Inputs:
 class Sources:
     """What the replicates resample: each a list over the runs it was measured in."""
 
-    spread_runs: list[Any] = field(default_factory=list)      # per run: its compute shape (empirical) or its ranks
-    spread_kind: str = "empirical"                             # empirical | persistent
-    hits: dict[str, list[float]] = field(default_factory=dict)  # per optimizer: samples at the first target hit
+    spread_runs: list[Any] = field(
+        default_factory=list
+    )  # per run: its compute shape (empirical) or its ranks
+    spread_kind: str = "empirical"  # empirical | persistent
+    hits: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # per optimizer: samples at the first target hit
     gossip_costs: list[float] = field(default_factory=list)  # bootstrap replicates of the measured k
 
     def said(self) -> list[str]:
@@ -69,12 +75,17 @@ def resample(base: Inputs, sources: Sources, b: int) -> Inputs:
     rng = np.random.default_rng([base.seed, 7919, b])
     workload = base.workload
     if sources.spread_runs:
-        pick = [sources.spread_runs[i] for i in rng.integers(len(sources.spread_runs), size=len(sources.spread_runs))]
+        pick = [
+            sources.spread_runs[i]
+            for i in rng.integers(len(sources.spread_runs), size=len(sources.spread_runs))
+        ]
         if sources.spread_kind == "persistent":
             fit = fit_spread(pick)
             workload = dataclasses.replace(workload, sigma_rank=fit.sigma_rank, sigma=fit.sigma, rho=fit.rho)
         else:
-            workload = dataclasses.replace(workload, samples=tuple(workload.step_s * x for run in pick for x in run))
+            workload = dataclasses.replace(
+                workload, samples=tuple(workload.step_s * x for run in pick for x in run)
+            )
     if sources.gossip_costs:
         workload = dataclasses.replace(workload, gossip_cost=float(rng.choice(sources.gossip_costs)))
     conv = dict(base.samples_to_target)
@@ -83,14 +94,18 @@ def resample(base: Inputs, sources: Sources, b: int) -> Inputs:
     return dataclasses.replace(base, workload=workload, samples_to_target=conv, seed=base.seed + 1 + b)
 
 
-# --- the assumptions a prediction is moved along -------------------------------------------------------------
+# --- the assumptions a prediction is moved along ------------------------------------------------------------
+
 
 def _spread(inputs: Inputs, f: float) -> Inputs:
-    """The compute spread scaled: every log-deviation from the median times ``f`` (0: every step the median)."""
+    """The compute spread scaled: every log-deviation from the median times ``f``
+    (0: every step the median)."""
     wl = inputs.workload
     samples = tuple(wl.step_s * (x / wl.step_s) ** f for x in wl.samples) if wl.samples else ()
-    return dataclasses.replace(inputs, workload=dataclasses.replace(
-        wl, samples=samples, sigma=wl.sigma * f, sigma_rank=wl.sigma_rank * f))
+    return dataclasses.replace(
+        inputs,
+        workload=dataclasses.replace(wl, samples=samples, sigma=wl.sigma * f, sigma_rank=wl.sigma_rank * f),
+    )
 
 
 def _bandwidth(inputs: Inputs, f: float) -> Inputs:
@@ -99,8 +114,9 @@ def _bandwidth(inputs: Inputs, f: float) -> Inputs:
     def scaled(link: Link) -> Link:
         return Link(link.alpha_s, link.beta_s_per_byte / f)
 
-    return dataclasses.replace(inputs, network=dataclasses.replace(net, intra=scaled(net.intra),
-                                                                   inter=scaled(net.inter), _cache={}))
+    return dataclasses.replace(
+        inputs, network=dataclasses.replace(net, intra=scaled(net.intra), inter=scaled(net.inter), _cache={})
+    )
 
 
 def _imbalance(inputs: Inputs, f: float) -> Inputs:
@@ -124,10 +140,10 @@ def _barrier(inputs: Inputs, every: float) -> Inputs:
 @dataclass(frozen=True)
 class Knob:
     name: str
-    says: str                                   # "ties if {says} {value}"
-    grid: tuple[float, ...]                     # values (factors of the base where ``factor``)
+    says: str  # "ties if {says} {value}"
+    grid: tuple[float, ...]  # values (factors of the base where ``factor``)
     apply: Callable[[Inputs, float], Inputs]
-    factor: bool                                # grid values multiply the base value (1 = the base)
+    factor: bool  # grid values multiply the base value (1 = the base)
     base: Callable[[Inputs], float] = lambda inputs: 1.0
 
     def applies(self, inputs: Inputs) -> bool:
@@ -137,24 +153,54 @@ class Knob:
 
 
 KNOBS = (
-    Knob("gossip_cost", "AD-PSGD's exchange took from its compute this share of its own time:",
-         (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0), _gossip, False, lambda i: i.workload.gossip_cost),
-    Knob("spread", "the compute spread (log scale) were times", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0), _spread, True),
-    Knob("bandwidth", "the network's bandwidth were times", (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0), _bandwidth, True),
-    Knob("imbalance", "the injected imbalance (delay or sigma) were times", (0.0, 0.5, 1.0, 2.0, 4.0),
-         _imbalance, True),
-    Knob("control_every", "the trainer's barrier came every N rounds (0: none), N =", (0.0, 10.0), _barrier, False,
-         lambda i: float(i.control_every)),
+    Knob(
+        "gossip_cost",
+        "AD-PSGD's exchange took from its compute this share of its own time:",
+        (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0),
+        _gossip,
+        False,
+        lambda i: i.workload.gossip_cost,
+    ),
+    Knob(
+        "spread", "the compute spread (log scale) were times", (0.0, 0.5, 1.0, 1.5, 2.0, 3.0), _spread, True
+    ),
+    Knob(
+        "bandwidth",
+        "the network's bandwidth were times",
+        (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
+        _bandwidth,
+        True,
+    ),
+    Knob(
+        "imbalance",
+        "the injected imbalance (delay or sigma) were times",
+        (0.0, 0.5, 1.0, 2.0, 4.0),
+        _imbalance,
+        True,
+    ),
+    Knob(
+        "control_every",
+        "the trainer's barrier came every N rounds (0: none), N =",
+        (0.0, 10.0),
+        _barrier,
+        False,
+        lambda i: float(i.control_every),
+    ),
 )
 
 
-# --- producing interval.json ---------------------------------------------------------------------------------
+# --- producing interval.json --------------------------------------------------------------------------------
 
 Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
 
 
-def uncertainty(predict: Predictor, base: Inputs, sources: Sources, replicates: int,
-                progress: Callable[[str], None] = lambda _: None) -> dict:
+def uncertainty(
+    predict: Predictor,
+    base: Inputs,
+    sources: Sources,
+    replicates: int,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
     """``interval.json``'s content: ``replicates`` resampled predictions and the sensitivity grid
     (``progress`` is told after each prediction)."""
     reps = []
@@ -166,7 +212,20 @@ def uncertainty(predict: Predictor, base: Inputs, sources: Sources, replicates: 
         if not knob.applies(base):
             continue
         for value in knob.grid:
-            sensitivity.append({"knob": knob.name, "says": knob.says, "value": value, "factor": knob.factor,
-                                "base": knob.base(base), "predicted": predict(knob.apply(base, value))})
+            sensitivity.append(
+                {
+                    "knob": knob.name,
+                    "says": knob.says,
+                    "value": value,
+                    "factor": knob.factor,
+                    "base": knob.base(base),
+                    "predicted": predict(knob.apply(base, value)),
+                }
+            )
             progress(f"sensitivity {knob.name}={value:g}")
-    return {"replicates": replicates, "resampled": sources.said(), "predictions": reps, "sensitivity": sensitivity}
+    return {
+        "replicates": replicates,
+        "resampled": sources.said(),
+        "predictions": reps,
+        "sensitivity": sensitivity,
+    }

@@ -37,7 +37,11 @@ class Clock:
 
     def totals(self) -> dict:
         """The three clocks as the events log them."""
-        return {"train_s": round(self.train_s, 4), "wall_s": round(self.wall_s, 4), "eval_s": round(self.eval_s, 4)}
+        return {
+            "train_s": round(self.train_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "eval_s": round(self.eval_s, 4),
+        }
 
     def paused(self, into: str | None = None):
         clock = self
@@ -55,6 +59,7 @@ class Clock:
 
         return _Pause()
 
+
 def make_local_optimizer(train):
     """Factory of the rank-local update rule. ``train.grad_clip`` clips the gradient norm right before
     every local step, i.e. after the algorithm combined gradients (the averaged gradient for
@@ -63,12 +68,19 @@ def make_local_optimizer(train):
     def build(params):
         params = list(params)
         if train.local_optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
-                                  weight_decay=train.weight_decay)
+            opt = torch.optim.SGD(
+                params,
+                lr=train.lr,
+                momentum=train.momentum,
+                nesterov=train.nesterov,
+                weight_decay=train.weight_decay,
+            )
         else:
-            opt = torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas),
-                                    weight_decay=train.weight_decay)
+            opt = torch.optim.AdamW(
+                params, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay
+            )
         if train.grad_clip:
+
             def clip(*_):
                 torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
 
@@ -77,9 +89,11 @@ def make_local_optimizer(train):
 
     return build
 
+
 class EvalModel:
-    """Builds the model that evaluation sees: rank 0's local model, or the global average; of the current models,
-    or of snapshots the ranks took at an earlier round (an evaluation grid round between synchronisation points)."""
+    """Builds the model that evaluation sees: rank 0's local model, or the global average; of the current
+    models, or of snapshots the ranks took at an earlier round (an evaluation grid round between
+    synchronisation points)."""
 
     def __init__(self, model, mode: str, models_identical: bool, comm: Comm):
         # Buffers (BatchNorm statistics) are each rank's own under every optimizer: a model with float
@@ -97,12 +111,14 @@ class EvalModel:
         return torch.cat([state[k].reshape(-1) for k in self._floats()])
 
     def get(self, snapshot: torch.Tensor | None = None, mode: str | None = None):
-        """The model to evaluate (a collective unless the models are identical): of the current models, or of each
-        rank's ``snapshot`` (consumed), combined by ``mode`` (default: the run's; "identical": rank 0's, without
-        communication, for models known to be equal)."""
+        """The model to evaluate (a collective unless the models are identical): of the current models, or of
+        each rank's ``snapshot`` (consumed), combined by ``mode`` (default: the run's; "identical": rank 0's,
+        without communication, for models known to be equal)."""
         mode = mode or self.mode
         if snapshot is None:
-            if self.identical:  # rank 0's model is every rank's, and so is their average: no copy, no collective
+            if (
+                self.identical
+            ):  # rank 0's model is every rank's, and so is their average: no copy, no collective
                 return self.model
             snapshot = self.snapshot()
         if self._copy is None:
@@ -114,19 +130,20 @@ class EvalModel:
         offset, target = 0, self._copy.state_dict()
         for k in self._floats():
             n = target[k].numel()
-            target[k].copy_(snapshot[offset:offset + n].view_as(target[k]))
+            target[k].copy_(snapshot[offset : offset + n].view_as(target[k]))
             offset += n
         return self._copy
+
 
 @dataclass
 class TrainState:
     """The loop's counters that a checkpoint carries besides the model and the algorithm (saved as a dict
     with these keys, so checkpoints written before this class existed still load)."""
 
-    local_step: int = 0          # steps this rank took (its data consumption; may trail the round count)
-    samples_local: int = 0       # samples this rank trained on
-    next_eval: int = 0           # round of the next evaluation
-    best: float | None = None    # best metric so far
+    local_step: int = 0  # steps this rank took (its data consumption; may trail the round count)
+    samples_local: int = 0  # samples this rank trained on
+    next_eval: int = 0  # round of the next evaluation
+    best: float | None = None  # best metric so far
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,18 +152,19 @@ class TrainState:
     def from_dict(cls, saved: dict) -> TrainState:
         return cls(**saved)
 
+
 @dataclass
 class ControlFlags:
     """What every rank must agree on at a synchronisation point, exchanged in one sum-allreduce: a flag is
     set when any rank set it; ``samples`` adds up to the samples of all ranks."""
 
-    diverged: bool = False           # a non-finite loss on some rank
-    preempted: bool = False          # a preemption signal (USR1 / USR2 / TERM / Ctrl-C) reached some rank
-    samples: int = 0                 # samples trained on (each rank sends its own)
-    checkpoint_due: bool = False     # rank 0: checkpoint.every_s of training time since the last one
-    over_time: bool = False          # rank 0: train.time_limit_s reached
-    requeue: bool = False            # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
-    interrupted: bool = False        # the signal is a Ctrl-C (the run ends as interrupted, not preempted)
+    diverged: bool = False  # a non-finite loss on some rank
+    preempted: bool = False  # a preemption signal (USR1 / USR2 / TERM / Ctrl-C) reached some rank
+    samples: int = 0  # samples trained on (each rank sends its own)
+    checkpoint_due: bool = False  # rank 0: checkpoint.every_s of training time since the last one
+    over_time: bool = False  # rank 0: train.time_limit_s reached
+    requeue: bool = False  # the signal asks for a requeue (USR1 / USR2), not just an end (TERM)
+    interrupted: bool = False  # the signal is a Ctrl-C (the run ends as interrupted, not preempted)
 
     def to_tensor(self, device) -> torch.Tensor:
         return torch.tensor([float(v) for v in dataclasses.astuple(self)], dtype=torch.float64, device=device)

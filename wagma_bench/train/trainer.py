@@ -3,8 +3,8 @@
 Per step: next batch, forward/backward (in micro-batches for an algorithm that computes in parts:
 DropCompute), injected straggler delay, ``algo.step()`` (combine across ranks and apply the local update).
 Evaluation, checkpoints, stop decisions and the exchange of control flags happen only at synchronisation
-points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where every
-rank is known to be at the same round.
+points (rounds that are multiples of ``algo.sync_period``, and the run's last round, ``algo.end_at``), where
+every rank is known to be at the same round.
 The clock that every reported time is read from excludes evaluation and checkpointing (and, after a requeue,
 the time spent in the queue).
 
@@ -64,21 +64,27 @@ class Trainer:
         self.rank, self.world = comm.rank, comm.world_size
         self.local_rank = self.rank if local_rank is None else local_rank
         self.preemption = Preemption()  # first: a USR1/TERM during set-up must not kill the rank
-        self.init_time_ms = round(time.time() * 1000, 3)  # MLPerf's init_start: set-up time is logged, not trained
+        self.init_time_ms = round(
+            time.time() * 1000, 3
+        )  # MLPerf's init_start: set-up time is logged, not trained
         torch.manual_seed(cfg.seed)
         self.workload = get_workload(cfg.workload.name)(cfg, self.rank, self.world, comm.device)
         startup.mark("data")
         self.workload.attach(comm)
         self.model = self.workload.build_model().to(comm.device)
-        self.algo = get_optimizer(cfg.optimizer.name)(cfg.optimizer, self.model, make_local_optimizer(cfg.train),
-                                                      comm, seed=cfg.seed)
+        self.algo = get_optimizer(cfg.optimizer.name)(
+            cfg.optimizer, self.model, make_local_optimizer(cfg.train), comm, seed=cfg.seed
+        )
         self.imbalance = make_imbalance(cfg.imbalance, cfg.seed)
         self.eval_mode = self.algo.default_eval_model if cfg.eval.model == "auto" else cfg.eval.model
         self.evaluator = EvalModel(self.model, self.eval_mode, self.algo.models_identical, comm)
-        # snapshots taken at grid rounds between synchronisation points are averaged (their models differ there)
-        # unless the models are identical at every round or eval.model names a mode
-        self.snapshot_mode = cfg.eval.model if cfg.eval.model != "auto" else (
-            "local" if self.algo.models_identical_every_round else "average")
+        # snapshots taken at grid rounds between synchronisation points are averaged (their models differ
+        # there) unless the models are identical at every round or eval.model names a mode
+        self.snapshot_mode = (
+            cfg.eval.model
+            if cfg.eval.model != "auto"
+            else ("local" if self.algo.models_identical_every_round else "average")
+        )
         # (grid round, model, samples, train_s, lr) of this rank at each grid round not yet evaluated
         self.snapshots: list[tuple[int, torch.Tensor, int, float, float]] = []
         self.plan = RunPlan.of(cfg, self.algo.sync_period, self.workload.steps_per_epoch(), self.world)
@@ -86,15 +92,21 @@ class Trainer:
         self.clock = Clock()
         self.checkpointer = Checkpointer(run_dir, self.rank, as_recorded(cfg))
         self.state = TrainState(next_eval=self.plan.eval_every)
-        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the update
-        # and the communicated models/gradients stay fp32
-        self.autocast = torch.autocast(comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16")
-        self.status: str | None = None   # why the run ends: completed, diverged, time_limit, preempted, interrupted
+        # bf16: the forward (and so its backward) in bfloat16 where autocast deems it safe; weights, the
+        # update and the communicated models/gradients stay fp32
+        self.autocast = torch.autocast(
+            comm.device.type, dtype=torch.bfloat16, enabled=cfg.train.precision == "bf16"
+        )
+        self.status: str | None = (
+            None  # why the run ends: completed, diverged, time_limit, preempted, interrupted
+        )
         self.requeue = False
-        self.diverged = False            # this rank saw a non-finite loss (shared at the next control exchange)
-        self.diverged_at: tuple[int, float] | None = None  # (local step, loss) of this rank's first non-finite loss
+        self.diverged = False  # this rank saw a non-finite loss (shared at the next control exchange)
+        self.diverged_at: tuple[int, float] | None = (
+            None  # (local step, loss) of this rank's first non-finite loss
+        )
         self.stop_detail: str | None = None  # where and why a diverged run stopped (run_stop's error)
-        self.loss = math.nan             # the last step's loss
+        self.loss = math.nan  # the last step's loss
         self.last_compute_s: float | None = None
         self.last_checkpoint_s = self.last_progress_s = 0.0
         self.startup_logged = False
@@ -123,8 +135,7 @@ class Trainer:
                 if flags.diverged:
                     self.status, self.stop_detail = "diverged", self.where_diverged()
                     break
-                meta = {"round": r, "epoch": self.epoch(r), "samples": flags.samples,
-                        "train_s": round(self.clock.train_s, 4)}
+                meta = self.round_meta(r, flags)
                 if self.should_evaluate(r):
                     self.evaluate(r, meta)
                 elif self.should_report_progress():
@@ -135,18 +146,14 @@ class Trainer:
                     if flags.preempted and self.status is None:  # stop after the checkpoint, to be resumed
                         self.status = "interrupted" if flags.interrupted else "preempted"
                         self.requeue = flags.requeue and not flags.interrupted
-            # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
-            counts = {**self.final_counts(),
-                      **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {})}
-            self.algo.close()
-            # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
-            # on any group) before any rank tears its groups down; a rank that left first would fail a late
-            # peer's last collective, or be torn down under it.
-            self.comm.barrier()
+            counts = self.close_algorithm()
         except BaseException as err:  # a second Ctrl-C ends the run as interrupted, anything else as failed
             lost = lost_ranks(self.run_dir, self.rank, self.world, err)  # which hosts went, where it can tell
-            self.finalize("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
-                          self.counts_at_failure(), error=lost or err)
+            self.finalize(
+                "interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                self.counts_at_failure(),
+                error=lost or err,
+            )
             if lost is not None:
                 raise lost from err
             raise
@@ -178,28 +185,62 @@ class Trainer:
         """Open the event and step logs, start the clock, log run_start (or run_resume), show progress."""
         cfg, algo = self.cfg, self.algo
         # Fresh: new logs; resumed: the logs cut back to the checkpoint (no step or event twice).
-        self.events = event_log_for_run(cfg, self.run_dir, self.rank, resume_step=algo.round if resumed else None)
+        self.events = event_log_for_run(
+            cfg, self.run_dir, self.rank, resume_step=algo.round if resumed else None
+        )
         self.steps = StepLog(self.run_dir, self.rank, resume_step=self.state.local_step if resumed else None)
         self.comm.barrier()
         self.clock.start()
         if resumed:
-            self.events.emit("run_resume", None, round=algo.round, epoch=self.epoch(algo.round),
-                             train_s=self.clock.train_s, init_time_ms=self.init_time_ms)
+            self.events.emit(
+                "run_resume",
+                None,
+                round=algo.round,
+                epoch=self.epoch(algo.round),
+                train_s=self.clock.train_s,
+                init_time_ms=self.init_time_ms,
+            )
         else:
             plan = self.plan
-            self.events.emit("run_start", None, **run_start_fields(
-                cfg, self.comm, self.workload, algo, self.model, local_rank=self.local_rank, eval_model=self.eval_mode,
-                init_time_ms=self.init_time_ms, steps_total=plan.total, steps_per_epoch=plan.steps_per_epoch,
-                eval_every=plan.eval_every, control_every=plan.control_every, base_lr=plan.lr_schedule["peak"],
-                ends_by=plan.ends_by))
+            self.events.emit(
+                "run_start",
+                None,
+                **run_start_fields(
+                    cfg,
+                    self.comm,
+                    self.workload,
+                    algo,
+                    self.model,
+                    local_rank=self.local_rank,
+                    eval_model=self.eval_mode,
+                    init_time_ms=self.init_time_ms,
+                    steps_total=plan.total,
+                    steps_per_epoch=plan.steps_per_epoch,
+                    eval_every=plan.eval_every,
+                    control_every=plan.control_every,
+                    base_lr=plan.lr_schedule["peak"],
+                    ends_by=plan.ends_by,
+                ),
+            )
         if self.rank == 0:
             print(f"wagma-bench: {self.plan.budget_line(cfg)}", flush=True)
-            print("wagma-bench: " + self.checkpointer.size_line(self.model, algo, self.state.to_dict(), self.clock,
-                                                                cfg.checkpoint.every_s), flush=True)
-        if self.rank == 0 and self.comm.backend_name == "mpi":  # on a cluster: the system MPI, not a pip wheel?
+            print(
+                "wagma-bench: "
+                + self.checkpointer.size_line(
+                    self.model, algo, self.state.to_dict(), self.clock, cfg.checkpoint.every_s
+                ),
+                flush=True,
+            )
+        if (
+            self.rank == 0 and self.comm.backend_name == "mpi"
+        ):  # on a cluster: the system MPI, not a pip wheel?
             print(f"wagma-bench: MPI library: {versions(self.comm)['mpi']}", flush=True)
-        self.progress = Progress(cfg.logger.progress if self.rank == 0 else "off", self.plan.total,
-                                 cfg.logger.log_every_s, f"{cfg.workload.name}/{algo.name} x{self.world}")
+        self.progress = Progress(
+            cfg.logger.progress if self.rank == 0 else "off",
+            self.plan.total,
+            cfg.logger.log_every_s,
+            f"{cfg.workload.name}/{algo.name} x{self.world}",
+        )
 
     def stop_before_training(self) -> None:
         """A Ctrl-C or a preemption signal that reached any rank while the ranks started (collective): the
@@ -219,12 +260,17 @@ class Trainer:
         at = self.plan.next_control_after(r, self.state.next_eval)
         eta_s = (at - r) * self.clock.train_s / r
         if eta_s > TERM_GRACE_S:
-            print(f"wagma-bench: no synchronisation point within the grace: the next is at step {at}, about "
-                  f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are killed; the "
-                  "run will stop without a checkpoint", file=sys.stderr, flush=True)
+            print(
+                f"wagma-bench: no synchronisation point within the grace: the next is at step {at}, about "
+                f"{eta_s:.0f} s away, and ranks still running {TERM_GRACE_S:g} s after the signal are "
+                "killed; the run will stop without a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log_startup(self) -> None:
-        """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`), once its first step is done."""
+        """Where this attempt's start went (:mod:`wagma_bench.runtime.startup`),
+        once its first step is done."""
         startup.mark("first_step")
         self.events.emit("startup", None, **startup.phases())
         self.startup_logged = True
@@ -239,10 +285,14 @@ class Trainer:
         self.algo.set_lr(lr_at(state.local_step / self.plan.steps_per_epoch, **self.plan.lr_schedule))
         # A straggler is late with its gradient: the injected delay comes before the computation (after
         # backward it would hide behind the gradient buckets already in flight), or, for an algorithm that
-        # computes in micro-batches, is spread over them (see compute). Models relative to the compute time use
-        # the previous step's; the first step, which has none, sleeps after its own.
+        # computes in micro-batches, is spread over them (see compute). Models relative to the compute time
+        # use the previous step's; the first step, which has none, sleeps after its own.
         first = self.last_compute_s is None
-        delay_s = 0.0 if first else self.imbalance.delay(self.rank, self.world, state.local_step, self.last_compute_s)
+        delay_s = (
+            0.0
+            if first
+            else self.imbalance.delay(self.rank, self.world, state.local_step, self.last_compute_s)
+        )
         spread = self.algo.computes_in_parts
         if delay_s > 0 and not spread:
             time.sleep(delay_s)
@@ -265,19 +315,29 @@ class Trainer:
         state.samples_local += n
         self.clock.tick()
         partition.stepped()  # the network carried this step's collectives (a multi-host job's watch)
-        self.steps.record(local_step=state.local_step, round=info.round, t=round(self.clock.train_s, 4),
-                          compute_s=round(compute_s, 5), compute_cpu_s=round(compute_cpu_s, 5),
-                          delay_s=round(delay_s, 5), comm_s=round(info.comm_s, 5),
-                          samples=n, loss=round(self.loss, 5), staleness=info.staleness, **stats, **info.extra)
+        self.steps.record(
+            local_step=state.local_step,
+            round=info.round,
+            t=round(self.clock.train_s, 4),
+            compute_s=round(compute_s, 5),
+            compute_cpu_s=round(compute_cpu_s, 5),
+            delay_s=round(delay_s, 5),
+            comm_s=round(info.comm_s, 5),
+            samples=n,
+            loss=round(self.loss, 5),
+            staleness=info.staleness,
+            **stats,
+            **info.extra,
+        )
         return info.round
 
     def compute(self, batch, delay_s: float, t0: float) -> tuple[torch.Tensor, int, dict, float]:
         """Forward and backward of ``batch``: the loss, its samples, the workload's step statistics and the
-        seconds slept. For an algorithm that ``computes_in_parts``: of its M parts one after another as long as
-        the algorithm asks for them (DropCompute stops at its threshold), the injected ``delay_s`` slept in M
-        equal parts, one before each computed part: a straggler is slow in every micro-batch, so what it does not
-        compute it does not sleep either, as with real slow compute. The loss is the sample-weighted mean over
-        the computed parts."""
+        seconds slept. For an algorithm that ``computes_in_parts``: of its M parts one after another as long
+        as the algorithm asks for them (DropCompute stops at its threshold), the injected ``delay_s`` slept in
+        M equal parts, one before each computed part: a straggler is slow in every micro-batch, so what it
+        does not compute it does not sleep either, as with real slow compute. The loss is the sample-weighted
+        mean over the computed parts."""
         if not self.algo.computes_in_parts:
             with self.autocast:
                 loss, n = self.workload.forward(self.model, batch)
@@ -285,7 +345,9 @@ class Trainer:
             return loss, n, self.workload.step_stats(), 0.0
         parts, total, n, stats, slept_s = self.algo.micro_batches, 0.0, 0, {}, 0.0
         for i, part in enumerate(self.workload.split(batch, parts)):
-            if i and not self.algo.start_micro_batch(time.perf_counter() - t0):  # the first part is always computed
+            if i and not self.algo.start_micro_batch(
+                time.perf_counter() - t0
+            ):  # the first part is always computed
                 break
             if delay_s > 0:
                 time.sleep(delay_s / parts)
@@ -315,32 +377,40 @@ class Trainer:
         """This rank's flags (the time-based ones are rank 0's: its clock decides for all)."""
         clock, limit = self.clock, self.cfg.train.time_limit_s
         return ControlFlags(
-            diverged=self.diverged, preempted=self.preemption.signal is not None,
+            diverged=self.diverged,
+            preempted=self.preemption.signal is not None,
             samples=self.state.samples_local,
-            checkpoint_due=self.rank == 0 and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
+            checkpoint_due=self.rank == 0
+            and clock.train_s - self.last_checkpoint_s >= self.cfg.checkpoint.every_s,
             over_time=self.rank == 0 and limit is not None and clock.train_s >= limit,
-            requeue=self.preemption.requeue, interrupted=self.preemption.interrupts > 0)
+            requeue=self.preemption.requeue,
+            interrupted=self.preemption.interrupts > 0,
+        )
 
     def where_diverged(self) -> str:
         """Where the run diverged, the same text on every rank (collective): the rank whose loss became
         non-finite at the earliest local step (the lowest such rank on a tie)."""
         step, loss = self.diverged_at or (math.inf, math.nan)
-        rows = self.comm.allgather(torch.tensor([float(step), loss], dtype=torch.float64, device=self.comm.device))
+        rows = self.comm.allgather(
+            torch.tensor([float(step), loss], dtype=torch.float64, device=self.comm.device)
+        )
         rows = rows.cpu().tolist()
         rank = min(range(len(rows)), key=lambda i: (rows[i][0], i))
         step, loss = rows[rank]
-        return (f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite loss; "
-                f"lower train.lr, or set train.grad_clip)")
+        return (
+            f"diverged: the training loss became {loss} on rank {rank} at step {int(step)} (a non-finite "
+            "loss; lower train.lr, or set train.grad_clip)"
+        )
 
     def should_evaluate(self, r: int) -> bool:
         return r >= self.state.next_eval or r >= self.plan.total
 
     def snapshot_if_due(self, r: int) -> None:
-        """After round r, not a synchronisation point: for each grid round up to r not yet held, keep this rank's
-        model (a local copy, off the clock), its samples and its training time; they are evaluated at the next
-        synchronisation point, dated at the grid round. No communication, no barrier: what is measured is
-        unchanged. (A rank that skipped rounds, WAGMA-SGD's catch_up=skip, keeps its first model past the grid
-        round.)"""
+        """After round r, not a synchronisation point: for each grid round up to r not yet held, keep this
+        rank's model (a local copy, off the clock), its samples and its training time; they are evaluated at
+        the next synchronisation point, dated at the grid round. No communication, no barrier: what is
+        measured is unchanged. (A rank that skipped rounds, WAGMA-SGD's catch_up=skip, keeps its first model
+        past the grid round.)"""
         start = self.snapshots[-1][0] + self.plan.eval_every if self.snapshots else self.state.next_eval
         due = range(start, r + 1, self.plan.eval_every)
         if not due:
@@ -349,14 +419,21 @@ class Trainer:
             model = self.evaluator.snapshot()
             train_s = self.clock.train_s  # when this rank finished round r
             for i, g in enumerate(due):
-                self.snapshots.append((g, model if i == 0 else model.clone(), self.state.samples_local, train_s,
-                                       algo_lr(self.algo)))
+                self.snapshots.append(
+                    (
+                        g,
+                        model if i == 0 else model.clone(),
+                        self.state.samples_local,
+                        train_s,
+                        algo_lr(self.algo),
+                    )
+                )
 
     def evaluate(self, r: int, meta: dict) -> None:
-        """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each dated
-        at its grid round: its samples, and the training time at which the last rank finished it), then round r
-        itself when it is a grid round or the run's end. Off the training clock; reaching the target ends the run
-        (at its first evaluation that reaches it)."""
+        """At synchronisation point r: evaluate every grid round since the last evaluation (snapshots, each
+        dated at its grid round: its samples, and the training time at which the last rank finished it), then
+        round r itself when it is a grid round or the run's end. Off the training clock; reaching the target
+        ends the run (at its first evaluation that reaches it)."""
         held = {g: rest for g, *rest in self.snapshots}
         self.snapshots = []
         points = list(range(self.state.next_eval, r + 1, self.plan.eval_every))
@@ -369,32 +446,52 @@ class Trainer:
         for g, (model, _, _, lr), (samples, train_s) in zip(points, mine, stamps, strict=True):
             if g < r and model is None:
                 model = self.evaluator.snapshot()
-            self.evaluate_one(g, model, {**meta, "round": g, "epoch": self.epoch(g), "samples": samples,
-                                         "train_s": train_s, "lr": lr})
+            self.evaluate_one(
+                g,
+                model,
+                {
+                    **meta,
+                    "round": g,
+                    "epoch": self.epoch(g),
+                    "samples": samples,
+                    "train_s": train_s,
+                    "lr": lr,
+                },
+            )
             if self.status is not None:
                 break
 
     def grid_stamps(self, mine: list[tuple[int, float]]) -> list[tuple[int, float]]:
-        """Per evaluated round, from every rank's (samples, training time) there: the samples of all ranks and the
-        latest training time (when the last rank finished that round). A collective."""
+        """Per evaluated round, from every rank's (samples, training time) there: the samples of all ranks and
+        the latest training time (when the last rank finished that round). A collective."""
         local = torch.tensor(mine, dtype=torch.float64, device=self.comm.device).reshape(-1)
         rows = self.comm.allgather(local).cpu().reshape(self.world, len(mine), 2)
-        return [(int(s), round(float(t), 4)) for s, t in zip(rows[:, :, 0].sum(0).tolist(),
-                                                             rows[:, :, 1].max(0).values.tolist(), strict=True)]
+        return [
+            (int(s), round(float(t), 4))
+            for s, t in zip(rows[:, :, 0].sum(0).tolist(), rows[:, :, 1].max(0).values.tolist(), strict=True)
+        ]
 
     def evaluate_one(self, g: int, snapshot: torch.Tensor | None, meta: dict) -> None:
-        """Evaluate the model of round g (this rank's ``snapshot`` of it, or the current model), log eval_accuracy;
-        reaching the target ends the run."""
+        """Evaluate the model of round g (this rank's ``snapshot`` of it, or the current model), log
+        eval_accuracy; reaching the target ends the run."""
         with self.clock.paused("eval"):
             t_eval = time.perf_counter()
-            model = self.evaluator.get() if snapshot is None else self.evaluator.get(snapshot, self.snapshot_mode)
+            model = (
+                self.evaluator.get() if snapshot is None else self.evaluator.get(snapshot, self.snapshot_mode)
+            )
             metric = self.workload.evaluate(model, self.comm)
             eval_took = time.perf_counter() - t_eval
         state, cfg = self.state, self.cfg
         state.best = metric if state.best is None else max(state.best, metric)
-        self.events.emit("eval_accuracy", metric, **meta, wall_s=round(self.clock.wall_s, 4),
-                         eval_s=round(self.clock.eval_s, 4), eval_took_s=round(eval_took, 4),
-                         **self.workload.eval_metadata())
+        self.events.emit(
+            "eval_accuracy",
+            metric,
+            **meta,
+            wall_s=round(self.clock.wall_s, 4),
+            eval_s=round(self.clock.eval_s, 4),
+            eval_took_s=round(eval_took, 4),
+            **self.workload.eval_metadata(),
+        )
         self.progress.update(g, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
         if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
             self.status = "completed"
@@ -403,8 +500,9 @@ class Trainer:
         return self.rank == 0 and self.clock.wall_s - self.last_progress_s >= self.cfg.logger.log_every_s
 
     def report_progress(self, r: int, meta: dict) -> None:
-        self.events.emit("progress", None, **meta, wall_s=round(self.clock.wall_s, 4),
-                         eval_s=round(self.clock.eval_s, 4))
+        self.events.emit(
+            "progress", None, **meta, wall_s=round(self.clock.wall_s, 4), eval_s=round(self.clock.eval_s, 4)
+        )
         self.last_progress_s = self.clock.wall_s
         self.progress.update(r, f"loss={self.loss:.3f}")
 
@@ -429,24 +527,56 @@ class Trainer:
     def epoch(self, r: int) -> float:
         return round(r / self.plan.steps_per_epoch, 4)
 
+    def round_meta(self, r: int, flags: ControlFlags) -> dict:
+        """Where the run stands at the synchronisation point of round ``r``, for its events and checkpoint."""
+        return {
+            "round": r,
+            "epoch": self.epoch(r),
+            "samples": flags.samples,
+            "train_s": round(self.clock.train_s, 4),
+        }
+
     # --- end -----------------------------------------------------------------------------------------
+    def close_algorithm(self) -> dict:
+        """Close the algorithm on every rank, in order; returns the run's totals for its last event."""
+        # before close(): the engine's threads end there (what rank 0's threads used, for the summary)
+        counts = {
+            **self.final_counts(),
+            **({"threads_cpu_s": thread_cpu_s(), **self.algo.report()} if self.rank == 0 else {}),
+        }
+        self.algo.close()
+        # Ordered shutdown: every rank has closed its algorithm (progress threads joined, nothing in flight
+        # on any group) before any rank tears its groups down; a rank that left first would fail a late
+        # peer's last collective, or be torn down under it.
+        self.comm.barrier()
+        return counts
+
     def final_counts(self) -> dict:
         """The run's totals for its last event (collective: the samples of all ranks)."""
-        return {"round": self.algo.round, "samples": _global_samples(self.comm, self.state.samples_local),
-                **self.clock.totals()}
+        return {
+            "round": self.algo.round,
+            "samples": _global_samples(self.comm, self.state.samples_local),
+            **self.clock.totals(),
+        }
 
     def counts_at_failure(self) -> dict:
-        """The totals without a collective (the other ranks may be gone): samples as if all ranks were alike."""
-        return {"round": self.algo.round, **self.clock.totals(),
-                "samples": self.state.samples_local * self.world}
+        """The totals without a collective (the other ranks may be gone): samples
+        as if all ranks were alike."""
+        return {
+            "round": self.algo.round,
+            **self.clock.totals(),
+            "samples": self.state.samples_local * self.world,
+        }
 
-    def finalize(self, status: str, counts: dict, error: BaseException | None = None,
-                 reason: str | None = None) -> dict | None:
+    def finalize(
+        self, status: str, counts: dict, error: BaseException | None = None, reason: str | None = None
+    ) -> dict | None:
         """The one end of every run: its last event, then (rank 0) summary.json and the MLPerf log.
 
-        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end writes
-        the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts it.)
-        ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its error.
+        A preempted or interrupted run with its checkpoint is suspended, to be resumed: only the real end
+        writes the (one) run_stop. (A second Ctrl-C, before the checkpoint, writes a run_stop: a resume cuts
+        it.) ``reason``: why a run that ended by its own rules is no success (a divergence), logged as its
+        error.
         """
         detail = {} if error is None else {"error": f"{type(error).__name__}: {error}"}
         if reason is not None:
@@ -466,14 +596,20 @@ class Trainer:
         if cancel_note(self.run_dir) is None:
             try:
                 if not requeue_job():
-                    print(f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
-                          f"requeue; run the same command again to resume from {self.run_dir}", flush=True)
+                    print(
+                        f"wagma-bench: preempted at step {step} outside SLURM: checkpoint saved, no job to "
+                        f"requeue; run the same command again to resume from {self.run_dir}",
+                        flush=True,
+                    )
                 return
             except RuntimeError:  # refused: by the cancel's Requeue=0 when its note is here now
                 if cancel_note(self.run_dir) is None:
                     raise
-        print(f"wagma-bench: cancelled (wagma-bench sweep cancel) at step {step}: checkpoint saved, not requeued; "
-              f"wagma-bench sweep submit resumes it in {self.run_dir}", flush=True)
+        print(
+            f"wagma-bench: cancelled (wagma-bench sweep cancel) at step {step}: checkpoint saved, not "
+            f"requeued; wagma-bench sweep submit resumes it in {self.run_dir}",
+            flush=True,
+        )
 
 
 def algo_lr(algo) -> float:

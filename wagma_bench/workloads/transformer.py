@@ -72,8 +72,14 @@ BLEU_ORDER = 4
 
 
 def corpus_spec(data) -> CorpusSpec:
-    return CorpusSpec(train_sentences=data.train_sentences, valid_sentences=data.valid_sentences, seed=data.seed,
-                      median_len=data.median_len, sigma=data.sigma, max_len=data.max_len)
+    return CorpusSpec(
+        train_sentences=data.train_sentences,
+        valid_sentences=data.valid_sentences,
+        seed=data.seed,
+        median_len=data.median_len,
+        sigma=data.sigma,
+        max_len=data.max_len,
+    )
 
 
 def bleu_statistics(hyps: list[str], refs: list[str], tokenized: bool = False) -> list[float]:
@@ -108,8 +114,12 @@ def bleu_from_statistics(stats: list[float]) -> float:
     stats = [round(s) for s in stats]
     if stats[2 * BLEU_ORDER] == 0:
         return 0.0
-    return BLEU.compute_bleu(correct=stats[:BLEU_ORDER], total=stats[BLEU_ORDER:2 * BLEU_ORDER],
-                             sys_len=stats[-2], ref_len=stats[-1]).score
+    return BLEU.compute_bleu(
+        correct=stats[:BLEU_ORDER],
+        total=stats[BLEU_ORDER : 2 * BLEU_ORDER],
+        sys_len=stats[-2],
+        ref_len=stats[-1],
+    ).score
 
 
 class TransformerWorkload(TransformerSpec, Workload):
@@ -126,7 +136,9 @@ class TransformerWorkload(TransformerSpec, Workload):
             self.src, self.tgt, self.eval_split = SRC, TGT, "valid"
             self.remove_bpe, self.detok = None, None
         else:
-            self.data_dir = check_binarized_dir(data.path, data.source_lang, data.target_lang, data.eval_split)
+            self.data_dir = check_binarized_dir(
+                data.path, data.source_lang, data.target_lang, data.eval_split
+            )
             self.src, self.tgt, self.eval_split = data.source_lang, data.target_lang, data.eval_split
             self.remove_bpe = data.remove_bpe
             self.detok = _moses_detokenizer(self.tgt) if data.detokenize == "moses" else None
@@ -137,26 +149,50 @@ class TransformerWorkload(TransformerSpec, Workload):
     def fairseq_args(self) -> list[str]:
         """Our settings as fairseq's command line (its own parser fills in every architecture default)."""
         w = self.cfg.workload
-        args = [str(self.data_dir), "--task", "translation", "--source-lang", self.src, "--target-lang", self.tgt,
-                "--arch", w.arch, "--criterion", "label_smoothed_cross_entropy",
-                "--label-smoothing", str(w.label_smoothing), "--dropout", str(w.dropout),
-                *self._batch_args(), "--seed", str(self.cfg.seed),
-                "--max-source-positions", str(w.max_positions), "--max-target-positions", str(w.max_positions)]
+        args = [
+            str(self.data_dir),
+            "--task",
+            "translation",
+            "--source-lang",
+            self.src,
+            "--target-lang",
+            self.tgt,
+            "--arch",
+            w.arch,
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            str(w.label_smoothing),
+            "--dropout",
+            str(w.dropout),
+            *self._batch_args(),
+            "--seed",
+            str(self.cfg.seed),
+            "--max-source-positions",
+            str(w.max_positions),
+            "--max-target-positions",
+            str(w.max_positions),
+        ]
         if self.device.type != "cuda":
             args.append("--cpu")
         if w.share_embeddings == "decoder":
             args.append("--share-decoder-input-output-embed")
         elif w.share_embeddings == "all":
             args.append("--share-all-embeddings")
-        for flag, value in (("layers", (w.encoder_layers, w.decoder_layers)), ("embed-dim", (w.embed_dim,) * 2),
-                            ("ffn-embed-dim", (w.ffn_dim,) * 2), ("attention-heads", (w.attention_heads,) * 2)):
+        for flag, value in (
+            ("layers", (w.encoder_layers, w.decoder_layers)),
+            ("embed-dim", (w.embed_dim,) * 2),
+            ("ffn-embed-dim", (w.ffn_dim,) * 2),
+            ("attention-heads", (w.attention_heads,) * 2),
+        ):
             for side, v in zip(("encoder", "decoder"), value):
                 if v is not None:
                     args += [f"--{side}-{flag}", str(v)]
         return args
 
     def _batch_args(self) -> list[str]:
-        """What limits a training batch, as fairseq's flag: tokens or (``workload.max_sentences``) sentences."""
+        """What limits a training batch, as fairseq's flag: tokens or
+        (``workload.max_sentences``) sentences."""
         if self.cfg.workload.max_sentences is None:
             return ["--max-tokens", str(self.cfg.train.batch_size)]
         return ["--batch-size", str(self.cfg.workload.max_sentences)]
@@ -180,10 +216,16 @@ class TransformerWorkload(TransformerSpec, Workload):
         self.criterion = self.task.build_criterion(self.fs_cfg.criterion)
         self.max_positions = (self.cfg.workload.max_positions, self.cfg.workload.max_positions)
         self.train_itr = self.task.get_batch_iterator(
-            dataset=self.task.dataset("train"), max_tokens=self.batch_tokens, max_sentences=self.max_sentences,
+            dataset=self.task.dataset("train"),
+            max_tokens=self.batch_tokens,
+            max_sentences=self.max_sentences,
             max_positions=self.max_positions,
-            ignore_invalid_inputs=True, seed=self.shuffle_seed, num_shards=self.world_size, shard_id=self.rank,
-            disable_iterator_cache=True)
+            ignore_invalid_inputs=True,
+            seed=self.shuffle_seed,
+            num_shards=self.world_size,
+            shard_id=self.rank,
+            disable_iterator_cache=True,
+        )
 
     def build_model(self) -> nn.Module:
         return self.task.build_model(self.fs_cfg.model)
@@ -206,8 +248,9 @@ class TransformerWorkload(TransformerSpec, Workload):
     def batches(self, start_step: int) -> Iterator[Any]:
         epoch, offset = divmod(start_step, self.steps_per_epoch())
         if start_step:
-            self.train_itr.load_state_dict({"epoch": epoch + 1, "iterations_in_epoch": offset, "shuffle": True,
-                                            "version": 2})
+            self.train_itr.load_state_dict(
+                {"epoch": epoch + 1, "iterations_in_epoch": offset, "shuffle": True, "version": 2}
+            )
         while True:
             yield from self.train_itr.next_epoch_itr(shuffle=True)
 
@@ -218,9 +261,12 @@ class TransformerWorkload(TransformerSpec, Workload):
         sample = self._to_device(batch)
         loss, sample_size, _ = self.criterion(model, sample)
         net = sample["net_input"]
-        self._stats = {"tokens": int(sample["ntokens"]), "src_tokens": int(net["src_lengths"].sum()),
-                       "sentences": int(sample["target"].size(0)),
-                       "padded_tokens": int(net["src_tokens"].numel() + sample["target"].numel())}
+        self._stats = {
+            "tokens": int(sample["ntokens"]),
+            "src_tokens": int(net["src_lengths"].sum()),
+            "sentences": int(sample["target"].size(0)),
+            "padded_tokens": int(net["src_tokens"].numel() + sample["target"].numel()),
+        }
         return loss / max(float(sample_size), 1.0), int(sample["ntokens"])
 
     def step_stats(self) -> dict:
@@ -270,12 +316,23 @@ class TransformerWorkload(TransformerSpec, Workload):
         w = self.cfg.workload
         was_training = model.training
         model.eval()
-        gen = SequenceGenerator([model], self.task.target_dictionary, beam_size=w.beam, max_len_a=w.max_len_a,
-                                max_len_b=w.max_len_b, len_penalty=w.lenpen)
+        gen = SequenceGenerator(
+            [model],
+            self.task.target_dictionary,
+            beam_size=w.beam,
+            max_len_a=w.max_len_a,
+            max_len_b=w.max_len_b,
+            len_penalty=w.lenpen,
+        )
         itr = self.task.get_batch_iterator(
-            dataset=self.task.dataset(self.eval_split), max_tokens=w.eval_max_tokens,
-            max_positions=self.max_positions, seed=1, num_shards=self.world_size, shard_id=self.rank,
-            disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+            dataset=self.task.dataset(self.eval_split),
+            max_tokens=w.eval_max_tokens,
+            max_positions=self.max_positions,
+            seed=1,
+            num_shards=self.world_size,
+            shard_id=self.rank,
+            disable_iterator_cache=True,
+        ).next_epoch_itr(shuffle=False)
         tgt_dict, hyps, refs = self.task.target_dictionary, [], []
         for sample in itr:
             if not sample:
@@ -328,7 +385,8 @@ def _moses_detokenizer(lang: str):
 
 
 def _rows_of(sample: Any, rows: torch.Tensor, sentences: int) -> Any:
-    """The rows ``rows`` of every tensor of a (nested) fairseq sample whose first dimension is its sentences."""
+    """The rows ``rows`` of every tensor of a (nested) fairseq sample whose first
+    dimension is its sentences."""
     if isinstance(sample, dict):
         return {k: _rows_of(v, rows, sentences) for k, v in sample.items()}
     if isinstance(sample, torch.Tensor) and sample.dim() and sample.size(0) == sentences:

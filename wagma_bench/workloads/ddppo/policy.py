@@ -32,10 +32,19 @@ class _Basic(nn.Module):
     def __init__(self, cin: int, planes: int, stride: int):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(cin, planes, 3, stride, 1, bias=False), nn.GroupNorm(_groups(planes), planes), nn.ReLU(True),
-            nn.Conv2d(planes, planes, 3, 1, 1, bias=False), nn.GroupNorm(_groups(planes), planes))
-        self.short = nn.Identity() if stride == 1 and cin == planes else nn.Sequential(
-            nn.Conv2d(cin, planes, 1, stride, bias=False), nn.GroupNorm(_groups(planes), planes))
+            nn.Conv2d(cin, planes, 3, stride, 1, bias=False),
+            nn.GroupNorm(_groups(planes), planes),
+            nn.ReLU(True),
+            nn.Conv2d(planes, planes, 3, 1, 1, bias=False),
+            nn.GroupNorm(_groups(planes), planes),
+        )
+        self.short = (
+            nn.Identity()
+            if stride == 1 and cin == planes
+            else nn.Sequential(
+                nn.Conv2d(cin, planes, 1, stride, bias=False), nn.GroupNorm(_groups(planes), planes)
+            )
+        )
 
     def forward(self, x):
         return F.relu(self.body(x) + self.short(x))
@@ -48,11 +57,20 @@ class _Bottleneck(nn.Module):
         super().__init__()
         out = planes * 4
         self.body = nn.Sequential(
-            nn.Conv2d(cin, planes, 1, bias=False), nn.GroupNorm(_groups(planes), planes), nn.ReLU(True),
-            nn.Conv2d(planes, planes, 3, stride, 1, bias=False), nn.GroupNorm(_groups(planes), planes), nn.ReLU(True),
-            nn.Conv2d(planes, out, 1, bias=False), nn.GroupNorm(_groups(out), out))
-        self.short = nn.Identity() if stride == 1 and cin == out else nn.Sequential(
-            nn.Conv2d(cin, out, 1, stride, bias=False), nn.GroupNorm(_groups(out), out))
+            nn.Conv2d(cin, planes, 1, bias=False),
+            nn.GroupNorm(_groups(planes), planes),
+            nn.ReLU(True),
+            nn.Conv2d(planes, planes, 3, stride, 1, bias=False),
+            nn.GroupNorm(_groups(planes), planes),
+            nn.ReLU(True),
+            nn.Conv2d(planes, out, 1, bias=False),
+            nn.GroupNorm(_groups(out), out),
+        )
+        self.short = (
+            nn.Identity()
+            if stride == 1 and cin == out
+            else nn.Sequential(nn.Conv2d(cin, out, 1, stride, bias=False), nn.GroupNorm(_groups(out), out))
+        )
 
     def forward(self, x):
         return F.relu(self.body(x) + self.short(x))
@@ -63,17 +81,35 @@ RESNETS = {"resnet18": (_Basic, (2, 2, 2, 2)), "resnet50": (_Bottleneck, (3, 4, 
 
 def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 256) -> nn.Module:
     if kind == "cnn" and min_side < 36:  # images too small for 8x8/4 kernels (gridnav): padded 3x3 convs
-        return nn.Sequential(nn.Conv2d(in_channels, 32, 3, 1, 1), nn.ReLU(True), nn.Conv2d(32, 64, 3, 2, 1),
-                             nn.ReLU(True), nn.Conv2d(64, 32, 3, 1, 1), nn.ReLU(True), nn.Flatten())
+        return nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, 1, 1),
+            nn.ReLU(True),
+            nn.Conv2d(32, 64, 3, 2, 1),
+            nn.ReLU(True),
+            nn.Conv2d(64, 32, 3, 1, 1),
+            nn.ReLU(True),
+            nn.Flatten(),
+        )
     if kind == "cnn":
-        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, 4), nn.ReLU(True), nn.Conv2d(32, 64, 4, 2),
-                             nn.ReLU(True), nn.Conv2d(64, 32, 3, 1), nn.ReLU(True), nn.Flatten())
+        return nn.Sequential(
+            nn.Conv2d(in_channels, 32, 8, 4),
+            nn.ReLU(True),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(True),
+            nn.Conv2d(64, 32, 3, 1),
+            nn.ReLU(True),
+            nn.Flatten(),
+        )
     block, depths = RESNETS[kind]
-    layers: list[nn.Module] = [nn.Conv2d(in_channels, base_planes, 7, 2, 3, bias=False),
-                               nn.GroupNorm(_groups(base_planes), base_planes), nn.ReLU(True), nn.MaxPool2d(3, 2, 1)]
+    layers: list[nn.Module] = [
+        nn.Conv2d(in_channels, base_planes, 7, 2, 3, bias=False),
+        nn.GroupNorm(_groups(base_planes), base_planes),
+        nn.ReLU(True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
     cin = base_planes
     for i, n in enumerate(depths):
-        planes = base_planes * 2 ** i
+        planes = base_planes * 2**i
         for j in range(n):
             layers.append(block(cin, planes, 2 if (j == 0 and i > 0) else 1))
             cin = planes * block.expansion
@@ -85,8 +121,16 @@ def make_encoder(kind: str, in_channels: int, base_planes: int, min_side: int = 
 class PointNavPolicy(nn.Module):
     """Actor-critic with recurrent state; ``hidden`` is ``[layers (x2 for LSTM), E, hidden_size]``."""
 
-    def __init__(self, obs_shapes: dict[str, tuple[int, ...]], num_actions: int, hidden_size: int = 512,
-                 rnn: str = "gru", rnn_layers: int = 1, backbone: str = "cnn", base_planes: int = 32):
+    def __init__(
+        self,
+        obs_shapes: dict[str, tuple[int, ...]],
+        num_actions: int,
+        hidden_size: int = 512,
+        rnn: str = "gru",
+        rnn_layers: int = 1,
+        backbone: str = "cnn",
+        base_planes: int = 32,
+    ):
         super().__init__()
         self.visual_keys = [k for k in ("depth", "rgb") if k in obs_shapes]
         if not self.visual_keys:
@@ -119,7 +163,9 @@ class PointNavPolicy(nn.Module):
         goal = obs["pointgoal_with_gps_compass"]
         goal = torch.stack([goal[:, 0], torch.cos(-goal[:, 1]), torch.sin(-goal[:, 1])], dim=-1)
         prev = (prev_actions + 1) * masks.long()  # 0 = no previous action (episode start)
-        return torch.cat([self.visual_fc(self.encoder(vis)), self.goal_embed(goal), self.action_embed(prev)], -1)
+        return torch.cat(
+            [self.visual_fc(self.encoder(vis)), self.goal_embed(goal), self.action_embed(prev)], -1
+        )
 
     def _run_rnn(self, x: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor):
         """``x`` [t, E, F] through the RNN from ``hidden``, which ``mask`` [E] resets first."""

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 import torch
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, next_value: torch.Tensor,
-        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of a ``[T, E]`` rollout.
 
     ``dones[t]`` is 1 when the episode ended with step ``t`` (so ``values[t+1]`` belongs to a new
@@ -42,9 +48,19 @@ class PPOTerms:
     clip_frac: torch.Tensor
 
 
-def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-             values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
-             clip: float, value_coef: float, entropy_coef: float, clip_value: bool = True) -> PPOTerms:
+def ppo_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    clip: float,
+    value_coef: float,
+    entropy_coef: float,
+    clip_value: bool = True,
+) -> PPOTerms:
     """The PPO objective to minimise: ``-L_clip + value_coef * L_value - entropy_coef * H``.
 
     Value-loss clipping as in OpenAI baselines / habitat-baselines: the larger of the squared errors of
@@ -67,20 +83,25 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
 class RolloutBuffer:
     """One rank's rollout: ``num_steps`` x ``num_envs`` transitions plus the recurrent state at its start."""
 
-    def __init__(self, num_steps: int, num_envs: int, obs_shapes: dict[str, tuple[int, ...]],
-                 hidden_shape: tuple[int, ...]):
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_shapes: dict[str, tuple[int, ...]],
+        hidden_shape: tuple[int, ...],
+    ):
         T, E = num_steps, num_envs
         self.num_steps, self.num_envs = T, E
         self.obs = {k: torch.zeros(T, E, *s) for k, s in obs_shapes.items()}
         self.prev_actions = torch.zeros(T, E, dtype=torch.long)
-        self.masks = torch.zeros(T, E)          # 0 where the step starts a new episode
+        self.masks = torch.zeros(T, E)  # 0 where the step starts a new episode
         self.actions = torch.zeros(T, E, dtype=torch.long)
         self.log_probs = torch.zeros(T, E)
         self.values = torch.zeros(T, E)
         self.rewards = torch.zeros(T, E)
         self.dones = torch.zeros(T, E)
         self.hidden0 = torch.zeros(*hidden_shape)  # [layers, E, H] recurrent state before step 0
-        self.length = 0                            # filled steps (< num_steps after preemption)
+        self.length = 0  # filled steps (< num_steps after preemption)
         self.advantages = torch.zeros(T, E)
         self.returns = torch.zeros(T, E)
 
@@ -112,8 +133,12 @@ class RolloutBuffer:
         for envs in perm.chunk(num_mini_batch):
             yield {
                 "obs": {k: v[:n, envs] for k, v in self.obs.items()},
-                "prev_actions": self.prev_actions[:n, envs], "masks": self.masks[:n, envs],
-                "actions": self.actions[:n, envs], "log_probs": self.log_probs[:n, envs],
-                "values": self.values[:n, envs], "returns": self.returns[:n, envs],
-                "advantages": self.advantages[:n, envs], "hidden0": self.hidden0[:, envs],
+                "prev_actions": self.prev_actions[:n, envs],
+                "masks": self.masks[:n, envs],
+                "actions": self.actions[:n, envs],
+                "log_probs": self.log_probs[:n, envs],
+                "values": self.values[:n, envs],
+                "returns": self.returns[:n, envs],
+                "advantages": self.advantages[:n, envs],
+                "hidden0": self.hidden0[:, envs],
             }

@@ -51,4 +51,3 @@ class RolloutCounter:
         if self.comm is None:
             return 1
         return (self.comm.store_add(self._key(k), 1) - 1) % self.world_size + 1
-

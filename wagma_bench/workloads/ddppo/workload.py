@@ -41,8 +41,10 @@ class DDPPOWorkload(DDPPOSpec, Workload):
         super().__init__(cfg, rank, world_size, device)
         self.settings, self.env_settings = cfg.workload, cfg.data
         self.metric_name = self.metric_of(cfg)
-        self.envs: list[NavEnv] = [make_env(self.env_settings, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
-                                   for i in range(self.env_settings.num_envs)]
+        self.envs: list[NavEnv] = [
+            make_env(self.env_settings, seed=cfg.seed + 1000 * rank + i, gpu=self._gpu())
+            for i in range(self.env_settings.num_envs)
+        ]
         self.num_envs = len(self.envs)
         self.eval_env: NavEnv | None = None
         self.eval_episodes: list[Episode] | None = None
@@ -68,8 +70,15 @@ class DDPPOWorkload(DDPPOSpec, Workload):
     # --- model ------------------------------------------------------------------------------------
     def build_model(self) -> PointNavPolicy:
         s = self.settings
-        self.model = PointNavPolicy(self.envs[0].obs_shapes, NUM_ACTIONS, s.hidden_size, s.rnn, s.rnn_layers,
-                                    s.backbone, s.base_planes)
+        self.model = PointNavPolicy(
+            self.envs[0].obs_shapes,
+            NUM_ACTIONS,
+            s.hidden_size,
+            s.rnn,
+            s.rnn_layers,
+            s.backbone,
+            s.base_planes,
+        )
         return self.model
 
     # --- data: rollouts ---------------------------------------------------------------------------
@@ -94,8 +103,10 @@ class DDPPOWorkload(DDPPOSpec, Workload):
             ep = self.envs[i].sample_episode(self.rngs[i])
             if ep.key() not in self.holdout:
                 return ep
-        raise ConfigError(f"env={self.env_settings.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
-                          "training pairs; lower workload.num_eval_episodes or enlarge the layout")
+        raise ConfigError(
+            f"env={self.env_settings.name}: the {len(self.holdout)} held-out evaluation pairs leave no "
+            "training pairs; lower workload.num_eval_episodes or enlarge the layout"
+        )
 
     def _draw_eval(self, env: NavEnv) -> list[Episode]:
         rng = np.random.default_rng(EVAL_SEED)
@@ -129,8 +140,12 @@ class DDPPOWorkload(DDPPOSpec, Workload):
         preempted = False
         for t in range(s.num_steps):
             obs = self._to_tensors(self.obs)
-            logits, values, hidden = model({k_: v.unsqueeze(0) for k_, v in obs.items()},
-                                           self.prev_actions.unsqueeze(0), self.masks.unsqueeze(0), self.hidden)
+            logits, values, hidden = model(
+                {k_: v.unsqueeze(0) for k_, v in obs.items()},
+                self.prev_actions.unsqueeze(0),
+                self.masks.unsqueeze(0),
+                self.hidden,
+            )
             actions = self._sample(logits[0], False)
             log_probs = Categorical(logits=logits[0]).log_prob(actions)
             rewards, dones = torch.zeros(self.num_envs), torch.zeros(self.num_envs)
@@ -140,23 +155,44 @@ class DDPPOWorkload(DDPPOSpec, Workload):
                     dones[i] = 1.0
                     episodes.append(info)
                     self.obs[i] = env.reset(self._episode(i))
-            buf.insert({k_: v.cpu() for k_, v in obs.items()}, self.prev_actions.cpu(), self.masks.cpu(),
-                       actions.cpu(), log_probs.cpu(), values[0].cpu(), rewards, dones)
+            buf.insert(
+                {k_: v.cpu() for k_, v in obs.items()},
+                self.prev_actions.cpu(),
+                self.masks.cpu(),
+                actions.cpu(),
+                log_probs.cpu(),
+                values[0].cpu(),
+                rewards,
+                dones,
+            )
             self.prev_actions, self.hidden = actions, hidden
             self.masks = (1.0 - dones).to(self.device)
-            if (s.preemption and self.counter is not None and t + 1 < s.num_steps
-                    and should_stop_early(t + 1, s.num_steps, self.counter.done(k), self.world_size, s.sync_frac)):
+            if (
+                s.preemption
+                and self.counter is not None
+                and t + 1 < s.num_steps
+                and should_stop_early(t + 1, s.num_steps, self.counter.done(k), self.world_size, s.sync_frac)
+            ):
                 preempted = True
                 break
         if self.counter is not None:
             self.counter.finish(k)
         obs = self._to_tensors(self.obs)
-        _, next_value, _ = model({k_: v.unsqueeze(0) for k_, v in obs.items()}, self.prev_actions.unsqueeze(0),
-                                 self.masks.unsqueeze(0), self.hidden)
+        _, next_value, _ = model(
+            {k_: v.unsqueeze(0) for k_, v in obs.items()},
+            self.prev_actions.unsqueeze(0),
+            self.masks.unsqueeze(0),
+            self.hidden,
+        )
         buf.finish(next_value[0].cpu(), s.gamma, s.gae_lambda if s.use_gae else 1.0, s.normalize_advantage)
         frames = buf.length * self.num_envs
-        self._stats = {"rollout_s": round(time.perf_counter() - t0, 5), "rollout_steps": buf.length,
-                       "preempted": preempted, "frames": frames, "episodes": len(episodes)}
+        self._stats = {
+            "rollout_s": round(time.perf_counter() - t0, 5),
+            "rollout_steps": buf.length,
+            "preempted": preempted,
+            "frames": frames,
+            "episodes": len(episodes),
+        }
         if episodes:
             self._stats["train_success"] = round(float(np.mean([e["success"] for e in episodes])), 4)
             self._stats["train_spl"] = round(float(np.mean([e["spl"] for e in episodes])), 4)
@@ -169,8 +205,11 @@ class DDPPOWorkload(DDPPOSpec, Workload):
         k, offset = divmod(start_step, self.steps_per_rollout)
         while True:
             frames = self.collect(k)
-            minibatches = [mb for _ in range(self.settings.ppo_epoch)
-                           for mb in self.buffer.minibatches(self.settings.num_mini_batch, self.gen)]
+            minibatches = [
+                mb
+                for _ in range(self.settings.ppo_epoch)
+                for mb in self.buffer.minibatches(self.settings.num_mini_batch, self.gen)
+            ]
             for i, mb in enumerate(minibatches[offset:]):
                 mb["frames"] = frames if i == 0 else 0
                 yield mb
@@ -180,19 +219,32 @@ class DDPPOWorkload(DDPPOSpec, Workload):
     def forward(self, model, batch):
         dev = self.device
         obs = {k: v.to(dev) for k, v in batch["obs"].items()}
-        logits, values, _ = model(obs, batch["prev_actions"].to(dev), batch["masks"].to(dev),
-                                  batch["hidden0"].to(dev))
+        logits, values, _ = model(
+            obs, batch["prev_actions"].to(dev), batch["masks"].to(dev), batch["hidden0"].to(dev)
+        )
         dist = Categorical(logits=logits)
-        terms = ppo_loss(dist.log_prob(batch["actions"].to(dev)), batch["log_probs"].to(dev),
-                         batch["advantages"].to(dev), values, batch["values"].to(dev), batch["returns"].to(dev),
-                         dist.entropy(), self.settings.clip, self.settings.value_loss_coef, self.settings.entropy_coef,
-                         self.settings.clip_value_loss)
-        self._loss_stats = {"value_loss": round(float(terms.value), 5), "entropy": round(float(terms.entropy), 4)}
+        terms = ppo_loss(
+            dist.log_prob(batch["actions"].to(dev)),
+            batch["log_probs"].to(dev),
+            batch["advantages"].to(dev),
+            values,
+            batch["values"].to(dev),
+            batch["returns"].to(dev),
+            dist.entropy(),
+            self.settings.clip,
+            self.settings.value_loss_coef,
+            self.settings.entropy_coef,
+            self.settings.clip_value_loss,
+        )
+        self._loss_stats = {
+            "value_loss": round(float(terms.value), 5),
+            "entropy": round(float(terms.entropy), 4),
+        }
         return terms.loss, int(batch["frames"])
 
     def step_stats(self) -> dict:
         out = dict(self._loss_stats)
-        out.update(self._stats)       # rollout timing: only on the step that collected it
+        out.update(self._stats)  # rollout timing: only on the step that collected it
         out.update(self._eval_stats)  # both evaluation metrics, on the first step after an evaluation
         self._stats, self._eval_stats = {}, {}
         return out
@@ -201,13 +253,17 @@ class DDPPOWorkload(DDPPOSpec, Workload):
     @torch.no_grad()
     def evaluate(self, model, comm: Comm) -> float:
         if self.eval_env is None:
-            self.eval_env = make_env(self.env_settings, seed=EVAL_SEED + self.rank, gpu=self._gpu(),
-                                     split=getattr(self.env_settings, "eval_split", None))
+            self.eval_env = make_env(
+                self.env_settings,
+                seed=EVAL_SEED + self.rank,
+                gpu=self._gpu(),
+                split=getattr(self.env_settings, "eval_split", None),
+            )
         if self.eval_episodes is None:
             self.eval_episodes = self._draw_eval(self.eval_env)
         gen = torch.Generator().manual_seed(EVAL_SEED + self.rank)
         totals = torch.zeros(3, dtype=torch.float64)  # successes, SPL sum, episodes
-        for ep in self.eval_episodes[self.rank::self.world_size]:
+        for ep in self.eval_episodes[self.rank :: self.world_size]:
             info = self._run_episode(model, ep, gen)
             totals += torch.tensor([info["success"], info["spl"], 1.0], dtype=torch.float64)
         totals = totals.to(comm.device)
@@ -227,7 +283,9 @@ class DDPPOWorkload(DDPPOSpec, Workload):
             if self.settings.eval_deterministic:
                 action = logits[0].argmax(-1)
             else:
-                action = torch.multinomial(torch.softmax(logits[0].float().cpu(), -1), 1, generator=gen).squeeze(-1)
+                action = torch.multinomial(
+                    torch.softmax(logits[0].float().cpu(), -1), 1, generator=gen
+                ).squeeze(-1)
             obs, _, done, info = self.eval_env.step(int(action))
             if done:
                 return info

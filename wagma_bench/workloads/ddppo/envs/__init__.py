@@ -1,7 +1,8 @@
 """Registry of navigation environments, keyed by their Hydra option name (``env=NAME``).
 
-Importing the package loads only their settings (:mod:`.specs`, no NumPy), which the configuration check reads in
-the launching process; :func:`make_env` imports the environment it builds (those and :mod:`.base` import NumPy)."""
+Importing the package loads only their settings (:mod:`.specs`, no NumPy), which the configuration check reads
+in the launching process; :func:`make_env` imports the environment it builds (those and :mod:`.base` import
+NumPy)."""
 
 from __future__ import annotations
 

@@ -74,8 +74,12 @@ class EpisodeTracker:
         return reward, success
 
     def metrics(self, success: bool) -> dict:
-        return {"success": float(success), "spl": spl(success, self.shortest, self.path_length),
-                "distance_to_goal": self.distance, "episode_length": self.steps}
+        return {
+            "success": float(success),
+            "spl": spl(success, self.shortest, self.path_length),
+            "distance_to_goal": self.distance,
+            "episode_length": self.steps,
+        }
 
 
 class NavEnv(abc.ABC):

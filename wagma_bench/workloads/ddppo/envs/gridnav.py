@@ -37,13 +37,13 @@ def make_grid(layout: str, room: int) -> np.ndarray:
     for r in range(rows):
         for c in range(cols):
             y, x = 1 + r * (room + 1), 1 + c * (room + 1)
-            free[y:y + room, x:x + room] = True
+            free[y : y + room, x : x + room] = True
     door = room // 2
     for r in range(rows):
         for c in range(cols - 1):  # doors in vertical walls
             free[1 + r * (room + 1) + door, (c + 1) * (room + 1)] = True
     for r in range(rows - 1):
-        for c in range(cols):      # doors in horizontal walls
+        for c in range(cols):  # doors in horizontal walls
             free[(r + 1) * (room + 1), 1 + c * (room + 1) + door] = True
     return free
 
@@ -64,8 +64,9 @@ def bfs_distances(free: np.ndarray, source: tuple[int, int]) -> np.ndarray:
     return dist
 
 
-def raycast_depth(free: np.ndarray, pos: np.ndarray, heading: float, width: int, height: int,
-                  max_depth: float) -> np.ndarray:
+def raycast_depth(
+    free: np.ndarray, pos: np.ndarray, heading: float, width: int, height: int, max_depth: float
+) -> np.ndarray:
     """Egocentric depth ``[height, width, 1]`` in [0, 1] (metres / max_depth), left to right."""
     angles = heading + np.linspace(FOV / 2, -FOV / 2, width)
     steps = np.arange(RAY_STEP, max_depth, RAY_STEP)
@@ -78,7 +79,7 @@ def raycast_depth(free: np.ndarray, pos: np.ndarray, heading: float, width: int,
     wall = steps[first] * np.cos(angles - heading)  # planar depth, as a depth camera reports
     focal = (width / 2) / math.tan(FOV / 2)
     v = np.abs(np.arange(height) - (height - 1) / 2) + 0.5
-    floor = 0.5 * focal / v                         # depth of the floor/ceiling seen at that row
+    floor = 0.5 * focal / v  # depth of the floor/ceiling seen at that row
     depth = np.minimum(wall[None, :], floor[:, None])
     return (np.clip(depth, 0, max_depth) / max_depth).astype(np.float32)[..., None]
 
@@ -98,29 +99,47 @@ class GridNavEnv(NavEnv):
 
     def sample_episode(self, rng: np.random.Generator) -> Episode:
         for _ in range(1000):
-            start, goal = (tuple(int(v) for v in self.cells[i]) for i in rng.integers(len(self.cells), size=2))
+            start, goal = (
+                tuple(int(v) for v in self.cells[i]) for i in rng.integers(len(self.cells), size=2)
+            )
             d = self._field(goal)[start[1], start[0]]
             if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
-                return Episode(start=start, heading=int(rng.integers(4)) * math.pi / 2, goal=goal, shortest=float(d))
+                return Episode(
+                    start=start, heading=int(rng.integers(4)) * math.pi / 2, goal=goal, shortest=float(d)
+                )
         s = self.settings
-        raise ValueError(f"gridnav: no start/goal pair with geodesic distance in [{s.min_geodesic}, "
-                         f"{s.max_geodesic}] in layout {s.layout} of room_size {s.room_size}")
+        raise ValueError(
+            f"gridnav: no start/goal pair with geodesic distance in [{s.min_geodesic}, "
+            f"{s.max_geodesic}] in layout {s.layout} of room_size {s.room_size}"
+        )
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode = episode
         self.cell = np.array(episode.start, dtype=int)
         self.dir = round(episode.heading / (math.pi / 2)) % 4
         self.goal = tuple(int(v) for v in episode.goal)
-        self.tracker = EpisodeTracker(episode.shortest, self.settings.success_distance, self.settings.success_reward,
-                                      self.settings.slack_reward)
+        self.tracker = EpisodeTracker(
+            episode.shortest,
+            self.settings.success_distance,
+            self.settings.success_reward,
+            self.settings.slack_reward,
+        )
         return self._obs()
 
     def _obs(self) -> dict[str, np.ndarray]:
         heading = self.dir * math.pi / 2
         centre = self.cell + 0.5
-        return {"depth": raycast_depth(self.free, centre, heading, self.settings.obs_width, self.settings.obs_height,
-                                       self.settings.max_depth),
-                actions.GOAL_KEY: polar_goal(centre, heading, np.asarray(self.goal) + 0.5)}
+        return {
+            "depth": raycast_depth(
+                self.free,
+                centre,
+                heading,
+                self.settings.obs_width,
+                self.settings.obs_height,
+                self.settings.max_depth,
+            ),
+            actions.GOAL_KEY: polar_goal(centre, heading, np.asarray(self.goal) + 0.5),
+        }
 
     def step(self, action: int):
         moved = 0.0
@@ -134,7 +153,10 @@ class GridNavEnv(NavEnv):
         elif action == actions.TURN_RIGHT:
             self.dir = (self.dir - 1) % 4
         elif action != actions.STOP:
-            raise ValueError(f"action {action} is not one of 0..3 (actions.STOP, actions.MOVE_FORWARD, actions.TURN_LEFT, actions.TURN_RIGHT)")
+            raise ValueError(
+                f"action {action} is not one of 0..3 (actions.STOP, actions.MOVE_FORWARD, actions.TURN_LEFT, "
+                "actions.TURN_RIGHT)"
+            )
         distance = float(self._field(self.goal)[self.cell[1], self.cell[0]])
         reward, success = self.tracker.step(moved, distance, stopped=action == actions.STOP)
         done = action == actions.STOP or self.tracker.steps >= self.settings.max_episode_steps

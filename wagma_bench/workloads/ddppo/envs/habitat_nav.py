@@ -56,20 +56,28 @@ class HabitatNavEnv(NavEnv):
     def sample_episode(self, rng: np.random.Generator) -> Episode:
         ep = self.episodes[int(rng.integers(len(self.episodes)))]
         start, goal = ep.start_position, ep.goals[0].position  # habitat: y is up
-        return Episode(start=(float(start[0]), float(-start[2])), heading=0.0,
-                       goal=(float(goal[0]), float(-goal[2])), shortest=float(ep.info["geodesic_distance"]),
-                       ref=ep)
+        return Episode(
+            start=(float(start[0]), float(-start[2])),
+            heading=0.0,
+            goal=(float(goal[0]), float(-goal[2])),
+            shortest=float(ep.info["geodesic_distance"]),
+            ref=ep,
+        )
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.env.current_episode = episode.ref
         obs = self.env.reset()
-        self.tracker = EpisodeTracker(episode.shortest, 0.0, self.settings.success_reward, self.settings.slack_reward)
+        self.tracker = EpisodeTracker(
+            episode.shortest, 0.0, self.settings.success_reward, self.settings.slack_reward
+        )
         return self._obs(obs)
 
     @staticmethod
     def _obs(obs) -> dict[str, np.ndarray]:
-        return {"depth": np.asarray(obs["depth"], dtype=np.float32),
-                GOAL_KEY: np.asarray(obs[GOAL_KEY], dtype=np.float32)}
+        return {
+            "depth": np.asarray(obs["depth"], dtype=np.float32),
+            GOAL_KEY: np.asarray(obs[GOAL_KEY], dtype=np.float32),
+        }
 
     def step(self, action: int):
         obs = self.env.step(int(action))

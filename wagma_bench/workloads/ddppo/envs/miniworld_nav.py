@@ -33,8 +33,9 @@ from wagma_bench.workloads.ddppo.envs.base import (
 from wagma_bench.workloads.ddppo.envs.specs import MiniWorldNavSettings
 
 
-def room_rects(layout: str, size: float, wall: float) -> tuple[list[tuple[float, float, float, float]],
-                                                               list[tuple[int, int]]]:
+def room_rects(
+    layout: str, size: float, wall: float
+) -> tuple[list[tuple[float, float, float, float]], list[tuple[int, int]]]:
     """Rooms as (min_x, max_x, min_z, max_z) and the pairs of neighbouring rooms to join by a door."""
     shape = {"one_room": (1, 1), "two_rooms": (1, 2), "four_rooms": (2, 2)}.get(layout)
     if shape is None:
@@ -97,8 +98,14 @@ def _make_world_class():
             params.set("forward_step", s.forward_step)
             params.set("forward_drift", 0.0)
             params.set("turn_step", s.turn_angle)
-            super().__init__(max_episode_steps=2**31, obs_width=s.obs_width, obs_height=s.obs_height,
-                             window_width=1, window_height=1, params=params)
+            super().__init__(
+                max_episode_steps=2**31,
+                obs_width=s.obs_width,
+                obs_height=s.obs_height,
+                window_width=1,
+                window_height=1,
+                params=params,
+            )
             # one sample per pixel: multisampling only smooths edges and costs software rendering time
             self.obs_fb = FrameBuffer(s.obs_width, s.obs_height, 1)
 
@@ -108,10 +115,10 @@ def _make_world_class():
             half = self.settings.door_width / 2
             for i, j in pairs:
                 a, b = rects[i], rects[j]
-                if a[2] == b[2]:   # side by side: a door in the wall between them, centred in z
+                if a[2] == b[2]:  # side by side: a door in the wall between them, centred in z
                     mid = (a[2] + a[3]) / 2
                     self.connect_rooms(rooms[i], rooms[j], min_z=mid - half, max_z=mid + half, max_y=2.2)
-                else:              # one above the other: centred in x
+                else:  # one above the other: centred in x
                     mid = (a[0] + a[1]) / 2
                     self.connect_rooms(rooms[i], rooms[j], min_x=mid - half, max_x=mid + half, max_y=2.2)
             self.place_agent()
@@ -146,8 +153,9 @@ class MiniWorldNavEnv(NavEnv):
 
     def _fits(self, p: np.ndarray) -> bool:
         pos3 = np.array([p[0], 0.0, -p[1]])
-        return any(room.point_inside(pos3) for room in self.world.rooms) and \
-            not self.world.intersect(self.world.agent, pos3, self.world.agent.radius)
+        return any(room.point_inside(pos3) for room in self.world.rooms) and not self.world.intersect(
+            self.world.agent, pos3, self.world.agent.radius
+        )
 
     def _near_cells(self, p: np.ndarray):
         res = self.settings.grid_resolution
@@ -199,18 +207,26 @@ class MiniWorldNavEnv(NavEnv):
             start, goal = self._sample_point(rng), self._sample_point(rng)
             d = self.geodesic(np.asarray(start), goal)
             if self.settings.min_geodesic <= d <= self.settings.max_geodesic:
-                return Episode(start=start, heading=float(rng.uniform(-math.pi, math.pi)), goal=goal, shortest=d)
+                return Episode(
+                    start=start, heading=float(rng.uniform(-math.pi, math.pi)), goal=goal, shortest=d
+                )
         s = self.settings
-        raise ValueError(f"miniworld_pointnav: no start/goal pair with geodesic distance in "
-                         f"[{s.min_geodesic}, {s.max_geodesic}] in layout {s.layout}")
+        raise ValueError(
+            f"miniworld_pointnav: no start/goal pair with geodesic distance in "
+            f"[{s.min_geodesic}, {s.max_geodesic}] in layout {s.layout}"
+        )
 
     def reset(self, episode: Episode) -> dict[str, np.ndarray]:
         self.episode, self.goal = episode, tuple(episode.goal)
         agent = self.world.agent
         agent.pos = np.array([episode.start[0], 0.0, -episode.start[1]])
         agent.dir = episode.heading
-        self.tracker = EpisodeTracker(episode.shortest, self.settings.success_distance, self.settings.success_reward,
-                                      self.settings.slack_reward)
+        self.tracker = EpisodeTracker(
+            episode.shortest,
+            self.settings.success_distance,
+            self.settings.success_reward,
+            self.settings.slack_reward,
+        )
         return self._obs(self.world.render_obs())
 
     def _pos(self) -> np.ndarray:
@@ -218,8 +234,12 @@ class MiniWorldNavEnv(NavEnv):
 
     def _obs(self, rgb: np.ndarray) -> dict[str, np.ndarray]:
         depth = self.world.obs_fb.get_depth_map(0.04, 100.0)  # the depth buffer of the frame just drawn
-        obs = {"depth": (np.clip(depth, 0, self.settings.max_depth) / self.settings.max_depth).astype(np.float32),
-               GOAL_KEY: polar_goal(self._pos(), self.world.agent.dir, np.asarray(self.goal))}
+        obs = {
+            "depth": (np.clip(depth, 0, self.settings.max_depth) / self.settings.max_depth).astype(
+                np.float32
+            ),
+            GOAL_KEY: polar_goal(self._pos(), self.world.agent.dir, np.asarray(self.goal)),
+        }
         if self.settings.rgb:
             obs["rgb"] = rgb.astype(np.float32) / 255.0
         return obs
@@ -230,13 +250,20 @@ class MiniWorldNavEnv(NavEnv):
         if action == STOP:
             rgb = w.render_obs()
         elif action in (MOVE_FORWARD, TURN_LEFT, TURN_RIGHT):
-            mw_action = {MOVE_FORWARD: w.actions.move_forward, TURN_LEFT: w.actions.turn_left,
-                         TURN_RIGHT: w.actions.turn_right}[action]
+            mw_action = {
+                MOVE_FORWARD: w.actions.move_forward,
+                TURN_LEFT: w.actions.turn_left,
+                TURN_RIGHT: w.actions.turn_right,
+            }[action]
             rgb = w.step(mw_action)[0]
         else:
-            raise ValueError(f"action {action} is not one of 0..3 (STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT)")
+            raise ValueError(
+                f"action {action} is not one of 0..3 (STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT)"
+            )
         moved = float(np.hypot(*(self._pos() - before)))
-        reward, success = self.tracker.step(moved, self.geodesic(self._pos(), self.goal), stopped=action == STOP)
+        reward, success = self.tracker.step(
+            moved, self.geodesic(self._pos(), self.goal), stopped=action == STOP
+        )
         done = action == STOP or self.tracker.steps >= self.settings.max_episode_steps
         return self._obs(rgb), reward, done, self.tracker.metrics(success) if done else {}
 
