@@ -201,3 +201,12 @@ def test_argparse_and_hydra_exits_go_through_unchanged():
     with pytest.raises(SystemExit) as stop:
         exits.run_body("cmd", _raises(SystemExit(2)))
     assert stop.value.code == 2 and type(stop.value) is SystemExit
+
+
+def test_the_simulate_command_holds_its_command_line_and_no_library():
+    """cli/simulate.py parses and calls simulate/: its help text, the parser and the order of the calls. The
+    prediction, comparison and output code lives under wagma_bench/simulate/ (one job a module)."""
+    source = (CLI / "simulate.py").read_text()
+    assert len(source.splitlines()) < 150, "cli/simulate.py: move a job into wagma_bench/simulate/"
+    functions = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert functions == ["main", "parse", "_simulate"], functions

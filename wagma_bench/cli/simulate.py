@@ -87,7 +87,7 @@ from wagma_bench.cli.text import plain
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
 from wagma_bench.simulate.predict import predict
-from wagma_bench.simulate.request import DEFAULT_GPUS, Request, UsageError, sort_overrides
+from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
 
 
 def main(argv: list[str]) -> int:
@@ -106,59 +106,9 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
         description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "overrides",
-        nargs="*",
-        help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
-        "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE",
-    )
-    ap.add_argument(
-        "--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON"
-    )
-    ap.add_argument(
-        "--convergence",
-        nargs="+",
-        default=[],
-        metavar="RUN_DIR",
-        help="runs that reached a target, or tuning directories (their winning trials)",
-    )
-    ap.add_argument(
-        "--compute-from",
-        nargs="+",
-        default=[],
-        metavar="RUN_DIR",
-        help="runs or tuning directories whose measured compute spread (over its median) replaces the "
-        "preset's distribution, scaled to its step_s",
-    )
-    ap.add_argument(
-        "--interval",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
-        "interval.json, which `claims` reads for a prediction's interval and what flips it",
-    )
-    ap.add_argument(
-        "--measured",
-        metavar="FILE",
-        help="measured model inputs (reproduce/scaling/measure_inputs.py, "
-        "make gpu-check): AD-PSGD's exchange cost with its bootstrap replicates, the link, the spread",
-    )
-    ap.add_argument("--out", default="sim", help="output directory (default: sim)")
-    ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
+    add_options(ap)
     ns = ap.parse_args(argv)
-    if ns.interval < 0:
-        raise UsageError(
-            f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates"
-        )
-    # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
-    for opt in ("calibrate", "convergence", "compute_from"):
-        items = getattr(ns, opt)
-        moved = [i for i in items if "=" in i and not Path(i).exists()]
-        setattr(ns, opt, [i for i in items if i not in moved])
-        ns.overrides += moved
-        if items and not getattr(ns, opt):
-            raise UsageError(f"--{opt.replace('_', '-')} needs at least one path")
+    take_paths(ns)
     req = sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
     req.measured, req.interval = ns.measured, ns.interval

@@ -5,8 +5,10 @@ interval). Which of `run`'s keys the simulation reads, which it refuses, and whi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.errors import ConfigError
@@ -127,3 +129,63 @@ def optimizer_overrides(req: Request, name: str) -> list[str]:
     return [
         f"optimizer.{k}={v}" for k, v in req.optimizer_overrides if k in settings(name) or k not in anyone
     ]
+
+
+def add_options(ap: argparse.ArgumentParser) -> None:
+    """The command's arguments: the overrides, and the options that name runs, files and replicates."""
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="`run`'s overrides (workload=, optimizer=, imbalance=, seed=, "
+        "...), cluster=NAME, cluster.KEY=VALUE, gpus=..., and simulate's own KEY=VALUE",
+    )
+    ap.add_argument(
+        "--calibrate", nargs="+", default=[], metavar="PATH", help="run directories and comm-bench JSON"
+    )
+    ap.add_argument(
+        "--convergence",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="runs that reached a target, or tuning directories (their winning trials)",
+    )
+    ap.add_argument(
+        "--compute-from",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="runs or tuning directories whose measured compute spread (over its median) replaces the "
+        "preset's distribution, scaled to its step_s",
+    )
+    ap.add_argument(
+        "--interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N predictions with their inputs resampled, and the assumptions moved one at a time: "
+        "interval.json, which `claims` reads for a prediction's interval and what flips it",
+    )
+    ap.add_argument(
+        "--measured",
+        metavar="FILE",
+        help="measured model inputs (reproduce/scaling/measure_inputs.py, "
+        "make gpu-check): AD-PSGD's exchange cost with its bootstrap replicates, the link, the spread",
+    )
+    ap.add_argument("--out", default="sim", help="output directory (default: sim)")
+    ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
+
+
+def take_paths(ns: argparse.Namespace) -> None:
+    """The options checked, and the KEY=VALUE items a path option took moved back to the overrides."""
+    if ns.interval < 0:
+        raise UsageError(
+            f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates"
+        )
+    # `--calibrate RUN params=N`: nargs="+" also took the KEY=VALUE items that follow the paths
+    for opt in ("calibrate", "convergence", "compute_from"):
+        items = getattr(ns, opt)
+        moved = [i for i in items if "=" in i and not Path(i).exists()]
+        setattr(ns, opt, [i for i in items if i not in moved])
+        ns.overrides += moved
+        if items and not getattr(ns, opt):
+            raise UsageError(f"--{opt.replace('_', '-')} needs at least one path")
