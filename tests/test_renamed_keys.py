@@ -21,7 +21,7 @@ from wagma_bench.config.schema import as_recorded, validate
 from wagma_bench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET_TUNING = ROOT / "reproduce" / "tuning" / "results-2core-20261205" / "transformer_budget"
+BUDGET_TUNING = ROOT / "reproduce" / "tuning" / "results-2core-20261206" / "transformer_budget"
 
 
 def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_naming_it(capsys, monkeypatch):
