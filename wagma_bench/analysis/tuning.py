@@ -21,10 +21,11 @@ from wagma_bench.analysis import drift
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
+from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
 
-PLAN = "tune.json"  # what is tuned: the trials and their settings (written before any trial runs)
+PLAN = TUNE_PLAN  # what is tuned: the trials and their settings (written before any trial runs)
 TUNING = "tuning.json"  # the scores
-TRIALS = "trials"
+TRIALS = TUNE_TRIALS
 INF = math.inf
 BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's trials are scored by
 

@@ -31,6 +31,7 @@ from wagma_bench.config.schema import WandbConfig, as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
+from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
 
 
 class Sink(Protocol):
@@ -143,9 +144,6 @@ def sweep_group(run_dir: Path) -> str | None:
 
 ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
 
-# A tuning's plan and its trials' folder (wagma_bench.analysis.tuning's PLAN and TRIALS: that layer is above
-# this one, so the names are repeated here; tests/test_wandb_report.py runs a real tuning through both).
-TUNE_PLAN, TUNE_TRIALS = "tune.json", "trials"
 
 # The flat W&B config keys reviewers group and filter runs by (W&B's run table, a Report's run sets); the
 # whole configuration goes beside them under ``config``. ``tuning_trial`` says whether the run is a trial of a

@@ -35,6 +35,9 @@ LOCK = ".lock"
 # user ended this run, so it must not requeue itself (a USR1 caught just before the cancel would), and reports
 # show it as cancelled, not as failed or preempted. (wagma_bench.campaign.sweep_jobs writes it.)
 CANCELLED = "cancelled.json"
+# a tuning directory (`wagma-bench tune`): its plan, written before any trial runs, and the folder of its
+# trials' run directories (read by analysis/tuning.py, and by the W&B logger to group a tuning's trials)
+TUNE_PLAN, TUNE_TRIALS = "tune.json", "trials"
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
 
