@@ -113,3 +113,12 @@ def conflicts(config: Mapping | None) -> list[tuple[str, Any, str, Any]]:
         if theirs not in (*defaults, node[old_name]):
             out.append((old, node[old_name], new, theirs))
     return out
+
+
+def renamed_fields(record: dict, names: Mapping[str, str]) -> dict:
+    """A flat record written before fields were renamed (an event's metadata, a summary, a step record) with
+    each field under today's name (``names``: old -> today's). A field already present under today's name
+    keeps its value, and the old one stays as it was. The record itself where nothing was renamed."""
+    if not any(old in record for old in names):
+        return record
+    return {names.get(k, k) if names.get(k, k) not in record else k: v for k, v in record.items()}

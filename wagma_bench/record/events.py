@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.config.recorded import recorded_config, setting
+from wagma_bench.config.renamed import renamed_fields
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
@@ -39,23 +40,17 @@ RENAMED_METADATA = {"step": "round"}
 RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}
 
 
-def _renamed(mapping: dict, names: dict[str, str]) -> dict:
-    if not any(old in mapping for old in names):
-        return mapping
-    return {names.get(k, k) if names.get(k, k) not in mapping else k: v for k, v in mapping.items()}
-
-
 def current_event(event: dict) -> dict:
     """An event with its metadata under today's names (:data:`RENAMED_METADATA`)."""
     meta = event.get("metadata")
     if not isinstance(meta, dict) or not any(old in meta for old in RENAMED_METADATA):
         return event
-    return {**event, "metadata": _renamed(meta, RENAMED_METADATA)}
+    return {**event, "metadata": renamed_fields(meta, RENAMED_METADATA)}
 
 
 def current_summary(summary: dict | None) -> dict | None:
     """A summary (``summary.json``) under today's names (:data:`RENAMED_SUMMARY`); None stays None."""
-    return _renamed(summary, RENAMED_SUMMARY) if isinstance(summary, dict) else summary
+    return renamed_fields(summary, RENAMED_SUMMARY) if isinstance(summary, dict) else summary
 
 
 def _event_before_checkpoint(event: dict, round_: int) -> bool:

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config.renamed import renamed_fields
 from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl, run_subdir, strict_json
 
 STEPS = "steps"
@@ -61,9 +62,7 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
 
 def current_record(record: dict) -> dict:
     """A step record with each field under today's name (:data:`RENAMED_FIELDS`)."""
-    if not any(old in record for old in RENAMED_FIELDS):
-        return record
-    return {RENAMED_FIELDS.get(k, k): v for k, v in record.items()}
+    return renamed_fields(record, RENAMED_FIELDS)
 
 
 def write_step_table(run_dir: Path, dest: Path) -> int:
