@@ -198,6 +198,7 @@ def finalize(
 
     summary = RunEvents.read(run_dir).summary(status)
     summary["compute_imbalance"] = compute_imbalance(run_dir)
+    summary["preempted_rollouts"] = preempted_rollouts(run_dir)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
@@ -277,6 +278,21 @@ def compute_imbalance(run_dir: Path) -> float | None:
         if mean > 0:
             ratios.append(max(values) / mean)
     return round(sum(ratios) / len(ratios), 4) if ratios else None
+
+
+def preempted_rollouts(run_dir: Path) -> dict | None:
+    """DD-PPO's straggler preemption (``workload.preemption``): the rollouts it cut short, summed over the
+    ranks, of the rollouts the ranks collected, from the step logs (the ``preempted`` flag each rank logs on a
+    rollout's first step). Preemption acts on timing (a rank stops when enough others have finished), so
+    this count is why two DD-PPO runs with one seed differ; None for a run that logs no rollouts."""
+    flags = [
+        r["preempted"]
+        for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))
+        if p.is_file()
+        for r in map(current_record, read_jsonl(p))
+        if "preempted" in r
+    ]
+    return {"cut": sum(map(bool, flags)), "rollouts": len(flags)} if flags else None
 
 
 def live_holder(run_dir: Path) -> dict | None:
