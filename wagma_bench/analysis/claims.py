@@ -725,10 +725,52 @@ def second_look_cell(r: dict) -> str:
     rb = r.get("robustness")
     if not rb:
         return "—"
+    mark = "**fragile**: " if rb["fragile"] else ""
+    return mark + removal_counts(rb) + ("; old ruler" if r["ruler"] == "old" else "")
+
+
+def removal_counts(rb: dict) -> str:
     t, s = rb["removals"]["trials"], rb["removals"]["studies"]
-    counts = f"{t['kept']}/{t['of']} trials, {s['kept']}/{s['of']} studies"
-    return (
-        ("**fragile**: " if rb["fragile"] else "") + counts + ("; old ruler" if r["ruler"] == "old" else "")
+    return f"{t['kept']}/{t['of']} trials, {s['kept']}/{s['of']} studies"
+
+
+def verdicts_table(results: list[dict]) -> str:
+    """Per claim: its verdict, whether one removal changes it, the alternatives' verdicts, its source's ruler
+    and hosts (docs/claims.md's generated block; a test compares the two)."""
+
+    def alt(rb: dict, key: str) -> str:
+        a = rb["alternatives"][key]
+        return a["verdict"] if a["applies"] else "n/a"
+
+    rows = [
+        {
+            "claim": f"`{r['id']}`",
+            "verdict": r["verdict"],
+            "fragile": "—"
+            if not r.get("robustness")
+            else "**fragile**"
+            if r["robustness"]["fragile"]
+            else "no",
+            "kept": removal_counts(r["robustness"]) if r.get("robustness") else "—",
+            "final": alt(r["robustness"], "final_evaluation") if r.get("robustness") else "—",
+            "median": alt(r["robustness"], "median_per_study") if r.get("robustness") else "—",
+            "ruler": r.get("ruler") or "—",
+            "hosts": hosts_text(r) if r.get("hosts") is not None else "—",
+        }
+        for r in results
+    ]
+    return markdown_table(
+        rows,
+        [
+            ("claim", "claim", ""),
+            ("verdict", "verdict", ""),
+            ("fragile", "fragile", ""),
+            ("kept", "single removals keeping it", ""),
+            ("final", "by final evaluation", ""),
+            ("median", "by median per study", ""),
+            ("ruler", "ruler", ""),
+            ("hosts", "ran on", ""),
+        ],
     )
 
 
