@@ -32,6 +32,7 @@ from wagma_bench.record.steps import STEP_TABLE, read_step_records, write_step_t
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "repeatability.json"
+PER_SECOND = ("throughput_samples_per_s", "time_to_target_s")  # timed: the machine's load is in them
 LOAD = "load.json"
 # workload -> (the committed tuning it reruns a trial of; that trial, WAGMA-SGD's (the claims' subject): for
 # DD-PPO and the Transformer the trials an audit repeated by hand (01ff221d), for ResNet its first; the
@@ -234,6 +235,11 @@ def render(result: dict) -> str:
         lines.append("")
         for m in x["metrics"].values():
             lines.append(f"- {w}, {m['what']}: {_compared(m)}.")
+        if any(k in PER_SECOND for k in x["metrics"]):
+            lines.append(
+                f"- {w}: {', '.join(m['what'] for k, m in x['metrics'].items() if k in PER_SECOND)}: "
+                "this load's, not comparable with the committed trials' (README.md beside the runs)."
+            )
         resumed = x["committed_trials_resumed"]
         lines.append(
             f"- {w}: {x['committed_trials'] - resumed} of the {x['committed_trials']} committed "
