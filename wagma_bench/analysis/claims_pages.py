@@ -15,6 +15,7 @@ fields shows neither.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from wagma_bench.errors import ConfigError
@@ -32,6 +33,7 @@ BLOCKS = {SUMMARY: block(SUMMARY), TABLE: block(TABLE)}
 README_BLOCK = BLOCKS[SUMMARY]
 PAGE_HINT = "wagma-bench never writes through a link: remove it, or give --readme the file itself"
 # the verdicts in the order the summary says them, each with its heading
+WIDTH = 110  # the pages' prose width: a long list of claims wraps, indented under its bullet
 HEADINGS = {"holds": "Holds", "does not hold": "Does not hold", "inconclusive": "Inconclusive"}
 
 
@@ -74,7 +76,8 @@ def verdict_summary(results: list[dict]) -> str:
         said = ", ".join(current)
         if old:
             said += f" (old ruler: {', '.join(old)})" if current else f"old ruler: {', '.join(old)}"
-        lines.append(f"- **{heading}** ({len(mine)} of {len(results)}): {said or 'none'}.")
+        line = f"- **{heading}** ({len(mine)} of {len(results)}): {said or 'none'}."
+        lines.append(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     return "\n".join(lines)
 
 
