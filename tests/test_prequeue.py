@@ -416,4 +416,4 @@ def test_the_example_in_docs_slurm_is_the_commands_output(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     first = "wagma-bench sweep: " + shown.splitlines()[0]
     assert re.sub(r"in [\d.]+ s: .*", "", printed[0]) == re.sub(r"in [\d.]+ s: .*", "", first)
-    assert shown.splitlines()[1:] == printed[1:3]
+    assert shown.splitlines()[1:] == printed[1 : len(shown.splitlines())]

@@ -108,9 +108,11 @@ def request_line(profile: ClusterProfile, tasks_per_node: list[int]) -> str:
     )
     node = profile_node(profile)
     has_mem = f"{node.mem_gb:g} GB" if node.mem_gb is not None else "memory not stated"
+    has_gpus = f"{node.gpus} GPUs" if node.gpus else "no GPUs declared as GRES"
+    tasks = f"{req.tasks} task{'s' if req.tasks > 1 else ''}"
     return (
-        f"per node: {req.tasks} tasks x cluster.cpus_per_task={req.cpus_per_task} = {req.cpus} CPUs, {gpus}, "
-        f"{mem}; {node.source}: {node.cpus} CPUs, {node.gpus} GPUs, {has_mem}"
+        f"per node: {tasks} x cluster.cpus_per_task={req.cpus_per_task} = {req.cpus} CPUs, {gpus}, "
+        f"{mem}; {node.source}: {node.cpus} CPUs, {has_gpus}, {has_mem}"
     )
 
 

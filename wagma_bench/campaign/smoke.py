@@ -149,7 +149,7 @@ def _smoke_of(manifest_path: Path) -> dict | None:
 def beside_line(out: Path, cluster: str) -> str:
     """One line: the finished smoke sweep of ``cluster`` beside ``out`` (in its folder or the one above), or
     that there is none and the command that makes one."""
-    out = out.resolve()
+    given, out = Path(out).parent, out.resolve()
     unfinished = None
     for folder in dict.fromkeys((out.parent, out.parent.parent)):
         for path in sorted(folder.glob(f"*/{MANIFEST}")):
@@ -168,6 +168,6 @@ def beside_line(out: Path, cluster: str) -> str:
             f"wagma-bench sweep status {unfinished}"
         )
     return (
-        f"no smoke sweep of cluster {cluster} beside this one (in {out.parent}): run one first, "
-        f"wagma-bench sweep --smoke cluster={cluster} --out {out.parent / f'smoke_{cluster}'} (docs/slurm.md)"
+        f"no smoke sweep of cluster {cluster} beside this one (in {given}): run one first, "
+        f"wagma-bench sweep --smoke cluster={cluster} --out {given / f'smoke_{cluster}'} (docs/slurm.md)"
     )

@@ -1,0 +1,133 @@
+"""A cluster user's first day without SLURM at hand: requests that fit the profile's node
+(wagma_bench/campaign/nodefit.py), the smoke sweep's script and the line a real sweep prints without one
+beside it (wagma_bench/campaign/smoke.py). SLURM's own answers: tests/test_slurm.py (``--check`` against a
+64-CPU stand-in) and tests/test_multinode.py (the smoke sweep on two hosts)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from wagma_bench.campaign import nodefit, smoke, sweep
+from wagma_bench.cli import sweep as sweep_cli
+from wagma_bench.config.cluster import load_profile
+from wagma_bench.config.paths import CONF_DIR
+from wagma_bench.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["cluster.hardware.cpus_per_node=64"],
+            (
+                "cluster.cpus_per_task=12 asks 8 tasks x 12 = 96 CPUs a node; cluster generic8's node "
+                "(hardware) has 64: cluster.cpus_per_task=8 fits"
+            ),
+        ),
+        (
+            ["cluster.gpus_per_node=16", "cluster.cpus_per_task=4"],
+            (
+                "cluster.gpus_per_node=16 asks 16 GPUs a node (one task per GPU); cluster generic8's node "
+                "(hardware) has 8: cluster.gpus_per_node=8 fits"
+            ),
+        ),
+        (
+            ["cluster.sbatch_extra=['--mem=3T']"],
+            "cluster.sbatch_extra asks --mem=3072G a node; cluster generic8's node (hardware) has 2048 GB",
+        ),
+    ],
+)
+def test_a_request_beyond_the_profiles_node_is_refused_before_rendering_naming_the_key(
+    tmp_path, capsys, overrides, message
+):
+    """generic8 asked for 96 cores a node without saying so; a 64-CPU site's SLURM refused it only in the
+    queue ("Requested node configuration is not available")."""
+    out = tmp_path / "s"
+    args = ["cluster=generic8", "gpus=32", "optimizer=allreduce", *overrides, "--dry-run", "--out", str(out)]
+    assert sweep_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_the_dry_run_prints_what_each_node_asks_beside_the_profiles_node(tmp_path, capsys):
+    args = ["cluster=generic8", "cluster.cpus_per_task=8", "gpus=4,16", "optimizer=allreduce", "--dry-run"]
+    assert sweep_cli.main([*args, "--out", str(tmp_path / "s")]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("per node: ")]
+    assert line == (
+        "per node: 8 tasks x cluster.cpus_per_task=8 = 64 CPUs, 8 GPUs (--gres=gpu:8), memory: SLURM's "
+        "default; cluster generic8's node (hardware): 96 CPUs, 8 GPUs, 2048 GB"
+    )
+
+
+def test_every_profile_states_its_node():
+    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
+        hw = load_profile(path.stem).hardware
+        assert hw.cpus_per_node >= 1 and hw.gpus_per_node >= 0, path
+        assert "mem_gb:" in path.read_text(), f"{path.name}: the node's memory (mem_gb) is not stated"
+        # the profile's own request fits its own node
+        nodefit.check_fits(load_profile(path.stem), [load_profile(path.stem).gpus_per_node])
+
+
+def test_sinfo_node_parses_cpus_gres_and_memory(monkeypatch):
+    class Out:
+        stdout = "64 gpu:h100:8(S:0-1) 1031000\n96 gpu:8 2000000\n"
+
+    monkeypatch.setattr(nodefit.subprocess, "run", lambda *a, **k: Out())
+    node = nodefit.sinfo_node("gpu")
+    assert (node.cpus, node.gpus, round(node.mem_gb)) == (64, 8, 1007)
+    assert node.source == "partition gpu's node (sinfo)"
+
+
+def test_smoke_renders_one_two_node_job_of_every_optimizer_and_comm_bench(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    assert sweep_cli.main(["--smoke", "cluster=generic8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    script = (out / "jobs" / "smoke.sbatch").read_text()
+    optimizers = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))
+    assert [r["name"] for r in manifest["runs"]] == [f"0016gpu_{o}" for o in optimizers]
+    assert manifest["smoke"] == {"commbench": "commbench.json"} and len(manifest["jobs"]) == 1
+    for line in ("--nodes=2", "--ntasks=16", "--ntasks-per-node=8", "--gres=gpu:8", "--time=01:00:00"):
+        assert f"#SBATCH {line}\n" in script, line
+    runs = re.findall(
+        r"^srun .* wagma-bench run experiment=smoke optimizer=(\w+) hydra.run.dir=(\S+) ",
+        script,
+        re.MULTILINE,
+    )
+    assert runs == [(o, str(out.resolve() / "runs" / f"0016gpu_{o}")) for o in optimizers]
+    (bench,) = [x for x in script.splitlines() if " wagma-bench comm-bench " in x]
+    assert bench.startswith("srun ") and f"--device cuda --out {out.resolve() / 'commbench.json'}" in bench
+    assert "upper bound, one job: 16.0 = its GPUs x cluster.time=01:00:00" in printed
+    with pytest.raises(ConfigError, match="leave gpus=, seeds= and seed= out"):
+        smoke.smoke_spec(["cluster=generic8", "gpus=8"])
+
+
+def test_a_real_sweep_says_in_one_line_when_no_smoke_sweep_lies_beside_it(tmp_path, capsys):
+    args = ["cluster=local", "gpus=2", "optimizer=allreduce", "--dry-run", "--out", str(tmp_path / "a")]
+    assert sweep_cli.main(args) == 0
+    assert [x for x in capsys.readouterr().out.splitlines() if "smoke sweep" in x] == [
+        (
+            f"no smoke sweep of cluster local beside this one (in {tmp_path}): run one first, wagma-bench "
+            f"sweep --smoke cluster=local --out {tmp_path / 'smoke_local'} (docs/slurm.md)"
+        )
+    ]
+    smoke.render(smoke.smoke_spec(["cluster=local", "optimizer=allreduce"]), tmp_path / "smoke_local")
+    assert "has no commbench.json yet" in smoke.beside_line(tmp_path / "a", "local")
+    (tmp_path / "smoke_local" / "commbench.json").write_text("{}")
+    found = smoke.beside_line(tmp_path / "a", "local")
+    assert found.startswith(f"smoke sweep: {tmp_path / 'smoke_local'} ran on cluster local"), found
+    assert smoke.beside_line(tmp_path / "deeper" / "b", "local").startswith("smoke sweep: ")  # one folder up
+    assert smoke.beside_line(tmp_path / "a", "generic4").startswith("no smoke sweep of cluster generic4")
+
+
+def test_smoke_spec_keeps_a_narrowed_optimizer_list_and_the_users_time():
+    spec = smoke.smoke_spec(
+        ["cluster=local", "cluster.gpus_per_node=1", "optimizer=allreduce,wagma", "cluster.time=5"]
+    )
+    assert spec.gpus == [2] and spec.axes == {"optimizer": ["allreduce", "wagma"]}
+    assert spec.cluster.time == "5" and spec.common[0] == "experiment=smoke"
+    assert [r.name for r in sweep.expand(spec)] == ["0002gpu_allreduce", "0002gpu_wagma"]
