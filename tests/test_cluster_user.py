@@ -76,7 +76,7 @@ def test_sinfo_node_parses_cpus_gres_and_memory(monkeypatch):
     class Out:
         stdout = "64 gpu:h100:8(S:0-1) 1031000\n96 gpu:8 2000000\n"
 
-    monkeypatch.setattr(nodefit.subprocess, "run", lambda *a, **k: Out())
+    monkeypatch.setattr(nodefit.subprocess, "run", lambda *a, **k: Out())  # sinfo's own output, as printed
     node = nodefit.sinfo_node("gpu")
     assert (node.cpus, node.gpus, round(node.mem_gb)) == (64, 8, 1007)
     assert node.source == "partition gpu's node (sinfo)"

@@ -119,15 +119,37 @@ def request_line(profile: ClusterProfile, tasks_per_node: list[int]) -> str:
 # --- SLURM's own answer ---------------------------------------------------------------------------------
 
 
-def sinfo_node(partition: str | None) -> Node | None:
-    """The smallest node of ``partition`` as ``sinfo`` reports it; None where sinfo cannot say."""
-    cmd = ["sinfo", "-h", "-o", "%c %G %m"] + (["-p", partition] if partition else [])
+def _ask(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=TEST_ONLY_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout
+
+
+def partition_node(partition: str | None) -> Node | None:
+    """The node of ``partition`` as SLURM reports it: the smallest that ``sinfo`` lists, else (nodes that
+    sinfo hides: powered-down CLOUD nodes) ``scontrol show partition``'s CPUs over its nodes; None where
+    neither can say."""
+    node = sinfo_node(partition)
+    if node is not None or not partition:
+        return node
+    fields = dict(
+        f.split("=", 1) for f in _ask(["scontrol", "-o", "show", "partition", partition]).split() if "=" in f
+    )
+    cpus, nodes = fields.get("TotalCPUs", ""), fields.get("TotalNodes", "")
+    if not (cpus.isdigit() and nodes.isdigit() and int(nodes)):
         return None
+    source = f"partition {partition}'s node (scontrol: TotalCPUs/TotalNodes)"
+    return Node(int(cpus) // int(nodes), 0, None, source)
+
+
+def sinfo_node(partition: str | None) -> Node | None:
+    """The smallest node of ``partition`` as ``sinfo`` reports it; None where sinfo cannot say."""
     nodes = []
-    for line in out.stdout.splitlines():
+    for line in _ask(
+        ["sinfo", "-h", "-o", "%c %G %m"] + (["-p", partition] if partition else [])
+    ).splitlines():
         parts = line.split()
         if len(parts) != 3 or not parts[0].rstrip("+").isdigit():
             continue
@@ -164,7 +186,7 @@ def slurm_test_only(
     answer = " ".join(out.stderr.split()) or " ".join(out.stdout.split())
     if out.returncode == 0:
         return f"--check: SLURM accepts {script.name} (sbatch --test-only): {answer}"
-    node = sinfo_node(profile.partition)
+    node = partition_node(profile.partition)
     why = misfit(node_request(profile, tasks_per_node), node) if node else None
     raise ConfigError(
         f"--check: SLURM refuses {script.name} (sbatch --test-only): {answer}" + (f"; {why}" if why else "")
