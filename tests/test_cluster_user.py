@@ -6,15 +6,25 @@ beside it (wagma_bench/campaign/smoke.py). SLURM's own answers: tests/test_slurm
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from wagma_bench.campaign import nodefit, smoke, sweep
+from wagma_bench.cli import doctor
 from wagma_bench.cli import sweep as sweep_cli
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.config.paths import CONF_DIR
 from wagma_bench.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -131,3 +141,79 @@ def test_smoke_spec_keeps_a_narrowed_optimizer_list_and_the_users_time():
     assert spec.gpus == [2] and spec.axes == {"optimizer": ["allreduce", "wagma"]}
     assert spec.cluster.time == "5" and spec.common[0] == "experiment=smoke"
     assert [r.name for r in sweep.expand(spec)] == ["0002gpu_allreduce", "0002gpu_wagma"]
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def _system_python_matches() -> bool:
+    """The system Python (which any user can run; this venv's base lies under /root, mode 700) is of this
+    Python's minor version, so that a venv of it can import the packages already installed here."""
+    if not SYSTEM_PYTHON.exists():
+        return False
+    out = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return out.stdout.strip() == str(sys.version_info[:2])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("useradd") or not _system_python_matches(),
+    reason="needs root to make a throwaway user, and a system Python of this minor version",
+)
+def test_setup_user_installs_without_root_and_doctor_names_what_is_missing_with_its_command():
+    """`make setup-user` as a throwaway non-root user, into a venv of its own that sees the packages already
+    installed here (a .pth file; a real build of fairseq takes minutes): every pip step with --dry-run
+    --no-index, so each must be satisfied by what is here without root, apt-get or a download; then doctor's
+    table. The dry run installs no console scripts, so the venv has no fairseq-preprocess (WMT's preparation
+    needs it): doctor names it with its command."""
+    user = f"wbsetup{os.getpid()}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", user], check=True)
+    home = Path(tempfile.mkdtemp(prefix="wagma-setup-user-", dir="/tmp"))
+    try:
+        home.chmod(0o755)
+        shutil.chown(home, user)
+        venv = home / "venv"
+        as_user = ["runuser", "-u", user, "--"]
+        subprocess.run([*as_user, str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((venv / "lib").glob("python3.*/site-packages"))
+        (site / "here.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        env = [f"HOME={home}", f"PATH={venv / 'bin'}:/usr/bin:/bin", f"PYTHONPATH={REPO}"]
+        out = subprocess.run(
+            [
+                *as_user,
+                "env",
+                "-i",
+                *env,
+                "make",
+                "--no-print-directory",
+                "-C",
+                str(REPO),
+                "setup-user",
+                f"VENV={venv}",
+                "PIP_FLAGS=--dry-run --no-index --no-build-isolation",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        subprocess.run(["userdel", user], check=False)
+        shutil.rmtree(home, ignore_errors=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "apt-get" not in out.stdout and "sudo" not in out.stdout
+    steps = [x for x in out.stdout.splitlines() if x.startswith(f"{venv}/bin/python -m pip install")]
+    assert any("fairseq-fixed==0.12.3.1" in s for s in steps) and any("-e '.[" in s for s in steps), steps
+    table = out.stdout[out.stdout.index("wagma-bench doctor: ") :].splitlines()
+    row = next(i for i, x in enumerate(table) if x.startswith("fairseq-preprocess (WMT)"))
+    assert "MISSING" in table[row] and f"not in {venv}/bin nor on PATH" in table[row], table
+    assert table[row + 1].strip() == f"-> {doctor.FAIRSEQ_CMD}"
+    assert doctor.FAIRSEQ_CMD.endswith("pip install --no-build-isolation fairseq-fixed==0.12.3.1")
+    assert any(x.startswith("torch with CUDA") and " ok " in x for x in table), table
+    assert re.fullmatch(r"\d+ missing: run the commands above in this venv", table[-1]), table[-1]
