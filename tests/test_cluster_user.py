@@ -217,3 +217,24 @@ def test_setup_user_installs_without_root_and_doctor_names_what_is_missing_with_
     assert doctor.FAIRSEQ_CMD.endswith("pip install --no-build-isolation fairseq-fixed==0.12.3.1")
     assert any(x.startswith("torch with CUDA") and " ok " in x for x in table), table
     assert re.fullmatch(r"\d+ missing: run the commands above in this venv", table[-1]), table[-1]
+
+
+def test_a_sweep_rendered_under_tmp_or_with_a_venv_in_dev_shm_warns_once_naming_the_paths(tmp_path, capsys):
+    """Rendered scripts pointed RUN_DIR, --output and the venv at the login node's /tmp without a word."""
+    from wagma_bench.campaign import nodepaths
+
+    out = tmp_path / "s"  # pytest's tmp_path lies under /tmp
+    args = ["cluster=generic8", "cluster.venv=/dev/shm/wb", "gpus=8", "optimizer=allreduce", "--dry-run"]
+    assert sweep_cli.main([*args, "--out", str(out)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning: ")]
+    assert line.startswith(f"warning: --out {out} (under /tmp); venv /dev/shm/wb (under /dev/shm): "), line
+    assert "export PATH=/dev/shm/wb/bin:$PATH" in (out / "jobs" / "000_0008gpu.sbatch").read_text()
+    if nodepaths.node_local(REPO) is not None:
+        pytest.skip(f"this checkout lies on a node-local path itself: {REPO}")
+    assert nodepaths.warning_line({"--out": str(REPO / "sweeps" / "x"), "venv": None}) is None
+    link = REPO / f".wb-link-{os.getpid()}"
+    try:  # a link outside /tmp that leads into it is /tmp all the same
+        link.symlink_to(tmp_path)
+        assert nodepaths.node_local(link / "s") == "under /tmp"
+    finally:
+        link.unlink(missing_ok=True)

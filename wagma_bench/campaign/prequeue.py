@@ -367,5 +367,11 @@ def summary(manifest: dict) -> str:
     """What a rendered sweep's manifest says was checked before the queue: a line
     per data path, the GPU-hours."""
     checks = manifest.get("checks") or {}
-    lines = [*checks.get("data", []), checks.get("node"), checks["gpu_hours"]["line"], checks.get("slurm")]
+    lines = [
+        *checks.get("data", []),
+        checks.get("node"),
+        checks["gpu_hours"]["line"],
+        checks.get("slurm"),
+        checks.get("paths"),
+    ]
     return "\n".join(line for line in lines if line)

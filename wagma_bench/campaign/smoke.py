@@ -16,7 +16,7 @@ import re
 import shlex
 from pathlib import Path
 
-from wagma_bench.campaign import nodefit, prequeue
+from wagma_bench.campaign import nodefit, nodepaths, prequeue
 from wagma_bench.campaign.sweep import (
     MANIFEST,
     SweepSpec,
@@ -27,6 +27,7 @@ from wagma_bench.campaign.sweep import (
     parse_spec,
     sbatch_lines,
     setup_lines,
+    venv_prefix,
 )
 from wagma_bench.config.paths import CONF_DIR, SLURM_DIR
 from wagma_bench.errors import ConfigError
@@ -98,6 +99,7 @@ def render(
         ),
         "node": nodefit.request_line(spec.cluster, [job_shape(spec.cluster, gpus)["ntasks_per_node"]]),
     }
+    checks["paths"] = nodepaths.warning_line({"--out": str(out), "venv": venv_prefix(spec.cluster)})
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")

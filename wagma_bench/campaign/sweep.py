@@ -64,7 +64,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from wagma_bench.campaign import nodefit
+from wagma_bench.campaign import nodefit, nodepaths
 from wagma_bench.config.cluster import ClusterProfile, auto_venv, load_profile
 from wagma_bench.config.cluster import slurm_hours_minutes as _minutes
 from wagma_bench.config.overrides import unknown_option_message
@@ -328,11 +328,14 @@ def array_option(tasks: int, parallelism: int | None) -> str:
     return f"--array=0-{tasks - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
+def venv_prefix(profile: ClusterProfile) -> str | None:
+    """The Python prefix the jobs put first on PATH, as the user reached it (links unresolved)."""
+    return auto_venv() if profile.venv == "auto" else profile.venv
+
+
 def setup_lines(profile: ClusterProfile) -> list[str]:
     lines = list(profile.setup)
-    prefix = (
-        auto_venv() if profile.venv == "auto" else profile.venv
-    )  # as the user reached it, links unresolved
+    prefix = venv_prefix(profile)
     if prefix:
         lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
     return lines
@@ -417,6 +420,7 @@ def render(
             spec.cluster, [job_shape(spec.cluster, g)["ntasks_per_node"] for g in spec.gpus]
         ),
     }
+    checks["paths"] = nodepaths.warning_line({"--out": str(out), "venv": venv_prefix(spec.cluster)})
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
