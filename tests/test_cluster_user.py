@@ -238,3 +238,21 @@ def test_a_sweep_rendered_under_tmp_or_with_a_venv_in_dev_shm_warns_once_naming_
         assert nodepaths.node_local(link / "s") == "under /tmp"
     finally:
         link.unlink(missing_ok=True)
+
+
+def test_transformer_cluster_script_runs_without_an_activated_venv_and_logs_to_wandb(tmp_path):
+    """reproduce/transformer/cluster.sh failed with `exec: wagma-bench: not found` outside an activated venv,
+    and its sweeps reached W&B only if the user knew to add logger=wandb."""
+    out = tmp_path / "wmt"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "GPUS": "16"}
+    env["OPTIMIZERS"] = "allreduce"  # one run: the script's own default, glob(*), composes each optimizer
+    script = REPO / "reproduce" / "transformer" / "cluster.sh"
+    args = ["bash", str(script), "/scratch/wmt17", "--data-on-nodes", "--dry-run", "--out", str(out)]
+    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "logger=wandb" in manifest["common_overrides"] and len(manifest["runs"]) == 1
+    assert "logger=wandb" in (out / manifest["jobs"][0]["script"]).read_text()
+    bad_env = {**env, "WAGMA_BENCH": str(tmp_path / "nope")}
+    bad = subprocess.run(args, env=bad_env, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "is not an executable wagma-bench" in bad.stderr, bad.stderr
