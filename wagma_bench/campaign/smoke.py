@@ -27,6 +27,7 @@ from wagma_bench.campaign.sweep import (
     parse_spec,
     sbatch_lines,
     setup_lines,
+    slurm_check_line,
     venv_prefix,
 )
 from wagma_bench.config.paths import CONF_DIR, SLURM_DIR
@@ -85,10 +86,15 @@ def run_lines(spec: SweepSpec, runs, launcher: str) -> str:
 
 
 def render(
-    spec: SweepSpec, out: Path, command: list[str] | None = None, commbench_args: tuple[str, ...] = ()
+    spec: SweepSpec,
+    out: Path,
+    command: list[str] | None = None,
+    commbench_args: tuple[str, ...] = (),
+    slurm_check: bool = False,
 ) -> dict:
     """Validate every run, then write ``out/jobs/smoke.sbatch`` (one job, every run and comm-bench) and the
-    manifest; returns the manifest. ``commbench_args``: further ``comm-bench`` options (``--sizes``)."""
+    manifest; returns the manifest. ``commbench_args``: further ``comm-bench`` options (``--sizes``);
+    ``slurm_check``: SLURM's answer on the script first (``sweep --check``)."""
     runs = expand(spec)
     configs = check_run_configs(spec, runs)
     gpus = spec.gpus[0]
@@ -103,12 +109,26 @@ def render(
     out = out.resolve()
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    for folder in ("jobs", "logs", "runs"):
-        run_subdir(out / folder, OUTPUT_HINT)
     for run in runs:
         run.run_dir, run.job = str(out / "runs" / run.name), 0
     script = out / "jobs" / "smoke.sbatch"
-    profile = spec.cluster
+    text = script_text(spec, runs, script, commbench_args)
+    if slurm_check:  # before anything is written
+        checks["slurm"] = slurm_check_line(spec, (script, runs, text))
+    for folder in ("jobs", "logs", "runs"):
+        run_subdir(out / folder, OUTPUT_HINT)
+    write_text_atomic(script, text)
+    script.chmod(0o755)
+    job = {"script": "jobs/smoke.sbatch", "gpus": gpus, "array": False, "runs": len(runs)}
+    manifest = manifest_of(spec, out, command, [{**job, "job_id": None, "submitted": None}], checks, runs)
+    manifest["smoke"] = {"commbench": COMMBENCH}
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def script_text(spec: SweepSpec, runs, script: Path, commbench_args: tuple[str, ...]) -> str:
+    """slurm/smoke.sbatch filled in: the profile's request for 2 nodes, every run in turn, comm-bench."""
+    profile, gpus, out = spec.cluster, spec.gpus[0], script.parent.parent
     launcher = f'{profile.launcher["torch"]} --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1'
     values = {
         "title": f"wagma-bench sweep --smoke {out.name}: {len(runs)} runs and comm-bench at {gpus} GPUs",
@@ -123,13 +143,7 @@ def render(
         "commbench_args": commbench_command(spec, commbench_args),
         "commbench": shlex.quote(str(out / COMMBENCH)),
     }
-    write_text_atomic(script, re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text()))
-    script.chmod(0o755)
-    job = {"script": "jobs/smoke.sbatch", "gpus": gpus, "array": False, "runs": len(runs)}
-    manifest = manifest_of(spec, out, command, [{**job, "job_id": None, "submitted": None}], checks, runs)
-    manifest["smoke"] = {"commbench": COMMBENCH}
-    write_json_atomic(out / MANIFEST, manifest)
-    return manifest
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], TEMPLATE.read_text())
 
 
 def _smoke_of(manifest_path: Path) -> dict | None:

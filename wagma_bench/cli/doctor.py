@@ -26,6 +26,11 @@ MPI4PY_CMD = (
     'module load <your MPI> && MPICC="$(which mpicc)" pip install --no-binary mpi4py --no-cache-dir mpi4py'
 )
 
+USAGE = """usage: wagma-bench doctor
+One table of what this Python has for the three workloads and the cluster: torch with CUDA, NCCL, gloo, MPI
+(mpi4py), fairseq and fairseq-preprocess, sacrebleu, MiniWorld and EGL, wandb, wagma-bench itself; the exact
+command for each missing piece. Starts no rank, needs no GPU; exit 0 whatever is missing."""
+
 Row = tuple[str, bool, str, str]  # piece, present, what was found, the command when missing
 
 
@@ -193,7 +198,7 @@ def table(found: list[Row]) -> str:
 
 def _doctor(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0])
+        print(USAGE)
         return 0
     if argv:
         print(f"wagma-bench doctor: takes no arguments, got {' '.join(argv)}", file=sys.stderr)

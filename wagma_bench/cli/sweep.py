@@ -136,11 +136,13 @@ def _main(argv: list[str]) -> int:
 
 def _smoke(ns, argv: list[str]) -> int:
     """``sweep --smoke``: one 2-node job, every optimizer and comm-bench (campaign/smoke.py)."""
-    if ns.submitit or ns.no_array or ns.step_times or ns.cfg or ns.check:
-        raise ConfigError("--smoke renders one 2-node job; it takes --out, --dry-run or --submit only")
+    if ns.submitit or ns.no_array or ns.step_times or ns.cfg:
+        raise ConfigError(
+            "--smoke renders one 2-node job; it takes --out, --check, --dry-run or --submit only"
+        )
     spec = smoke.smoke_spec(ns.overrides)
     out_dir = Path(ns.out or f"sweeps/smoke_{spec.cluster.name}")
-    manifest = smoke.render(spec, out_dir, command=["wagma-bench", "sweep", *argv])
+    manifest = smoke.render(spec, out_dir, command=["wagma-bench", "sweep", *argv], slurm_check=ns.check)
     print(
         f"wagma-bench sweep --smoke: {len(manifest['runs'])} runs and comm-bench in one job on {smoke.NODES} "
         f"nodes: {out_dir.resolve()}"
