@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from wagma_bench import exits
+from wagma_bench.errors import ConfigError
 
 FAIRSEQ = "fairseq-fixed==0.12.3.1"
 CUDA_TORCH = (
@@ -201,8 +202,7 @@ def _doctor(argv: list[str]) -> int:
         print(USAGE)
         return 0
     if argv:
-        print(f"wagma-bench doctor: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
-        return exits.REFUSED
+        raise ConfigError(f"doctor takes no arguments; got {' '.join(argv)} (--help for what it checks)")
     print(table(rows()))
     return 0
 
