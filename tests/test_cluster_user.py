@@ -64,7 +64,7 @@ def test_a_request_beyond_the_profiles_node_is_refused_before_rendering_naming_t
 
 
 def test_the_dry_run_prints_what_each_node_asks_beside_the_profiles_node(tmp_path, capsys):
-    args = ["cluster=generic8", "cluster.cpus_per_task=8", "gpus=4,16", "optimizer=allreduce", "--dry-run"]
+    args = ["cluster=generic8", "cluster.cpus_per_task=8", "gpus=16", "optimizer=allreduce", "--dry-run"]
     assert sweep_cli.main([*args, "--out", str(tmp_path / "s")]) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("per node: ")]
     assert line == (
