@@ -9,9 +9,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wagma_bench.analysis.step_figures import StepFigures, step_figures
 from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
+from wagma_bench.record.steps import read_step_records
 
 
 @dataclass
@@ -29,6 +31,7 @@ class RunRecord:
     optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
     variant: str = ""  # what sets it apart from other runs of its optimizer (name_variants)
     wandb: dict | None = None  # its logger.wandb section (None: it did not log to W&B)
+    steps: StepFigures | None = None  # what its step records say (None: it has none, or they are damaged)
 
     @property
     def partial(self) -> bool:
@@ -96,6 +99,8 @@ def load_run(path: Path) -> RunRecord:
     ]
     if record.skipped:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
+    figures = _step_figures(path, warnings)
+    summary.update(recorded_only(saved, figures))
     meta = record.start.settings if record.start else {}
     evals = [
         {"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
@@ -114,7 +119,45 @@ def load_run(path: Path) -> RunRecord:
         warnings,
         {k: v for k, v in settings.items() if k != "name"},
         wandb=wandb,
+        steps=figures,
     )
+
+
+# What only summary.json holds (written there after the events: by finalize, by tune), not the events that the
+# summary above is rebuilt from.
+RECORDED_ONLY = ("compute_imbalance", "compute_contention", "reference_s", "reference_before_after_s")
+
+
+def recorded_only(saved: dict | None, figures: StepFigures | None) -> dict:
+    """The figures ``summary.json`` holds beyond its events: from the step records where they say (so a run
+    recorded before a figure was measured has it too), else as saved; None where neither has it."""
+    saved = saved or {}
+    out = {key: saved.get(key) for key in RECORDED_ONLY}
+    if figures is not None:
+        for key, value in (
+            ("compute_imbalance", figures.compute_imbalance),
+            ("compute_contention", figures.contention),
+        ):
+            out[key] = value if value is not None else out[key]
+    return out
+
+
+def reference_readings(summary: dict) -> list[float]:
+    """A run's speed-reference readings (:mod:`wagma_bench.campaign.reference`): the ones at its start and end
+    where recorded, else their mean; none for a run that was not timed so."""
+    pair = summary.get("reference_before_after_s")
+    if isinstance(pair, list) and all(isinstance(v, (int, float)) for v in pair) and pair:
+        return [float(v) for v in pair]
+    ref = summary.get("reference_s")
+    return [float(ref)] if isinstance(ref, (int, float)) else []
+
+
+def _step_figures(path: Path, warnings: list[str]) -> StepFigures | None:
+    try:
+        return step_figures(read_step_records(path))
+    except ValueError as err:  # a damaged compact table: the run is reported without its step figures
+        warnings.append(f"{err}; its step figures are left out")
+        return None
 
 
 def name_variants(runs: Sequence[RunRecord]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.analysis.report import COMPARISON_COLUMNS, TUNED_COLUMNS, GroupReport, group_title, varying
+from wagma_bench.analysis.report import TUNED_COLUMNS, GroupReport, group_title, varying
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import load_trials
 from wagma_bench.record.files import write_json_atomic
@@ -92,7 +92,7 @@ def group_sections(wr, groups: Sequence[GroupReport]) -> list[Section]:
             panels = metric_panels(wr, metric, target) + (
                 [step_time_panel(wr, world)] if steps and world else []
             )
-            sections.append(Section(title, filters, panels, markdown_table(rows, COMPARISON_COLUMNS)))
+            sections.append(Section(title, filters, panels, markdown_table(rows, g.columns)))
     return sections
 
 

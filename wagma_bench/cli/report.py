@@ -29,7 +29,7 @@ def _report(argv: list[str]) -> int:
         parser.error("the following arguments are required: dirs (or --wandb-publish SPEC)")
     if args.wandb_report:  # a missing extra is said before anything is written
         wandb_panels.load_api()
-    report, groups, tuned = reporting.make_report(args.dirs, args.out)
+    report, groups, tuned = reporting.make_report(args.dirs, args.out, args.reference)
     if args.mllog:
         from wagma_bench.record.mlperf import write_mllog
 
@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out", type=Path, default=Path("report"), help="output directory (default: ./report)"
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="OPTIMIZER",
+        help="the optimizer speed-ups are against (default: allreduce where it ran, else each group's first "
+        "series; the report says which)",
     )
     parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
     parser.add_argument(
