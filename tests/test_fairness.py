@@ -215,3 +215,64 @@ def test_every_column_of_fresh_runs_is_filled_and_equal_to_their_summaries(fresh
             assert row[column] not in ("", "None"), column
     loaded = run_records.load_run(fresh / "loaded")
     assert loaded.steps is not None and set(loaded.steps.components) == {0, 1}
+
+
+def _tuning(root: Path, trials: dict[str, list[dict]]) -> Path:
+    """A tuning directory whose trials (per combination, their summaries) have finished."""
+    plan = []
+    for combo, summaries in trials.items():
+        for i, summary in enumerate(summaries, start=1):
+            name = f"{combo}_study1_trial{i}"
+            plan.append(
+                {
+                    "name": name,
+                    "combo": combo,
+                    "study": 1,
+                    "trial": i,
+                    "seed": i,
+                    "params": {},
+                    "overrides": [],
+                }
+            )
+            (root / "trials" / name).mkdir(parents=True)
+            (root / "trials" / name / "summary.json").write_text(
+                json.dumps({"status": "completed", **summary})
+            )
+    (root / "tune.json").write_text(json.dumps({"trials": plan, "studies": 1, "trials_per_study": 2}))
+    return root
+
+
+def test_tune_summary_flags_the_combination_that_waited_or_drifted(tmp_path):
+    """``tune``'s fairness line: wagma's trials waited for a core; local SGD's ran on a 30% slower machine
+    than Allreduce-SGD's (readings 2% apart within each); the ratios against allreduce that they touch."""
+    from wagma_bench.analysis.tuning import fairness_line
+
+    ok = {"compute_contention": 1.1}
+    tune = _tuning(
+        tmp_path / "T",
+        {
+            "allreduce": [{**ok, "optimizer": "allreduce", "reference_before_after_s": [0.1, 0.102]}] * 2,
+            "wagma": [{"optimizer": "wagma", "compute_contention": 2.2, "reference_s": 0.101}] * 2,
+            "local_sgd": [{**ok, "optimizer": "local_sgd", "reference_before_after_s": [0.13, 0.131]}] * 2,
+        },
+    )
+    assert fairness_line(tune) == (
+        "Fairness: **2 of 3 combinations flagged**: wagma: contended: wall/CPU compute 2.20x > 1.5x (2 of 2 "
+        "run(s)); local_sgd: different conditions: speed reference 0.1305 s against allreduce's 0.101 s "
+        "(1.29x, noise 5%). The ratios they touch: wagma vs allreduce, local_sgd vs allreduce."
+    )
+
+
+def test_a_claims_speedup_on_contended_trials_is_flagged():
+    from wagma_bench.analysis.claims import Measurement, claim_flags, fairness_line
+
+    def measured(name, contention, refs):
+        return Measurement(name, 1.0, {1.0: 1.0}, (1, 1), 1, 1, None, None, None, contention, refs)
+
+    subject = measured("wagma", (1.1, 1.2), (0.1, 0.1))
+    flags = claim_flags(subject, {"allreduce": measured("allreduce", (1.9,), (0.1,)), "sgp": None})
+    assert flags == ["allreduce contended: wall/CPU compute 1.90x > 1.5x (1 of 1 run(s))"]
+    assert claim_flags(subject, {"allreduce": measured("allreduce", (1.0,), (0.1,))}) == []
+    line = fairness_line([{"id": "c1", "fairness": flags}, {"id": "c2", "fairness": []}])
+    assert line.startswith("Fairness: **1 of 2 claims flagged**: c1: allreduce contended")
+    assert line.endswith("The ratios they touch: c1's speed-up.")

@@ -60,15 +60,18 @@ def different_conditions(readings: Sequence[float], reference: Sequence[float], 
     )
 
 
-def summary_line(flagged: dict[str, list[str]], total: int, touched: Sequence[str]) -> str:
-    """The one line at the top: how many of ``total`` series are flagged, which, and the ratios they touch."""
+def summary_line(
+    flagged: dict[str, list[str]], total: int, touched: Sequence[str], noun: str = "series"
+) -> str:
+    """The one line at the top: how many of ``total`` series (claims, combinations: ``noun``) are flagged,
+    which, and the ratios they touch."""
     if not flagged:
         return (
-            f"Fairness: no series flagged ({total} checked: none contended above {CONTENDED_FACTOR:g}x "
+            f"Fairness: no {noun} flagged ({total} checked: none contended above {CONTENDED_FACTOR:g}x "
             "wall/CPU compute, speed references within their noise where recorded)."
         )
     listed = "; ".join(f"{name}: {', '.join(flags)}" for name, flags in flagged.items())
-    line = f"Fairness: **{len(flagged)} of {total} series flagged**: {listed}."
+    line = f"Fairness: **{len(flagged)} of {total} {noun} flagged**: {listed}."
     if touched:
         line += f" The ratios they touch: {', '.join(touched)}."
     return line
