@@ -5,6 +5,7 @@ against. :mod:`wagma_bench.analysis.report` builds its tables from these records
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ class RunRecord:
     variant: str = ""  # what sets it apart from other runs of its optimizer (name_variants)
     wandb: dict | None = None  # its logger.wandb section (None: it did not log to W&B)
     steps: StepFigures | None = None  # what its step records say (None: it has none, or they are damaged)
+    wandb_id: str | None = None  # its W&B run's id, where it was recorded (summary.json, wandb-import's note)
 
     @property
     def partial(self) -> bool:
@@ -107,7 +109,9 @@ def load_run(path: Path) -> RunRecord:
         for e in record.evaluations
     ]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
-    wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or None
+    wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or wandb_import_note(
+        path
+    )
     return RunRecord(
         Path(path),
         meta,
@@ -120,6 +124,7 @@ def load_run(path: Path) -> RunRecord:
         {k: v for k, v in settings.items() if k != "name"},
         wandb=wandb,
         steps=figures,
+        wandb_id=wandb_run_id(saved, path),
     )
 
 
@@ -140,6 +145,31 @@ def recorded_only(saved: dict | None, figures: StepFigures | None) -> dict:
         ):
             out[key] = value if value is not None else out[key]
     return out
+
+
+def wandb_import_note(run_dir: Path) -> dict | None:
+    """Where ``wagma-bench wandb-import`` logged a run that did not log to W&B itself (its project, entity and
+    group, as a ``logger.wandb`` section reads); None where it has not, or the note is not what it writes."""
+    from wagma_bench.record.loggers import IMPORTED
+
+    try:
+        note = json.loads((Path(run_dir) / "wandb" / IMPORTED).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(note, dict) or not isinstance(note.get("project"), str):
+        return None
+    keys = ("project", "entity", "group", "id")
+    return {k: note.get(k) for k in keys if isinstance(note.get(k), (str, type(None)))}
+
+
+def wandb_run_id(saved: dict | None, run_dir: Path) -> str | None:
+    """The id of a run's W&B run: from ``summary.json``'s ``wandb`` entry (``logger=wandb``), else from
+    ``wandb-import``'s note; None for a run logged before the id was recorded, or never logged."""
+    entry = (saved or {}).get("wandb")
+    if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+        return entry["id"]
+    note = wandb_import_note(run_dir)
+    return note.get("id") if note else None
 
 
 def reference_readings(summary: dict) -> list[float]:

@@ -5,7 +5,6 @@ sweep directories (:mod:`wagma_bench.analysis.report` does the work)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from wagma_bench import exits
@@ -131,11 +130,11 @@ def _wandb_report(args, groups, tuned) -> None:
     tune_dirs = [d for d in args.dirs if (d / PLAN).exists()]
     sections = wandb_panels.report_sections(wr, groups, tune_dirs, tuned.rows if tuned else [])
     if not sections:
-        print(
-            "wagma-bench report: warning: no run here logged to W&B (logger=wandb): "
-            "the W&B report has no panels",
-            file=sys.stderr,
-            flush=True,
+        from wagma_bench.errors import ConfigError
+
+        raise ConfigError(
+            "--wandb-report: no run here logged to W&B, so the report would have no panels; log them first "
+            f"with: wagma-bench wandb-import {' '.join(map(str, args.dirs))} (or run with logger=wandb)"
         )
     title = "wagma-bench report: " + ", ".join(d.name for d in args.dirs)
     report, workspace = wandb_panels.build(
