@@ -276,3 +276,27 @@ def test_a_claims_speedup_on_contended_trials_is_flagged():
     line = fairness_line([{"id": "c1", "fairness": flags}, {"id": "c2", "fairness": []}])
     assert line.startswith("Fairness: **1 of 2 claims flagged**: c1: allreduce contended")
     assert line.endswith("The ratios they touch: c1's speed-up.")
+
+
+def test_simulate_names_each_inputs_origin_and_the_contended_runs_it_rests_on(contended_pair):
+    """``simulate --compute-from``'s line names the runs whose spread includes waiting for a core."""
+    from wagma_bench.simulate.outputs import contended_runs, missing_target_line, origins_line
+    from wagma_bench.simulate.request import Request
+
+    flagged = contended_runs([str(contended_pair)])
+    assert flagged == {"local_sgd_1": 2.0, "local_sgd_2": 2.0}
+    req = Request(compute_from=[str(contended_pair)], cluster="generic8", convergence=[str(contended_pair)])
+    assert origins_line(req, False, flagged) == (
+        "Inputs: cost model: the workload's preset (defaults); network: cluster profile generic8; compute "
+        f"spread: --compute-from {contended_pair}; contended (wall/CPU compute above 1.5x), so their spread "
+        "includes waiting for a core: local_sgd_1 (2.00x), local_sgd_2 (2.00x); samples to target: "
+        f"--convergence {contended_pair}."
+    )
+    rows = [
+        {"optimizer": "wagma", "time_to_target_s": None},
+        {"optimizer": "allreduce", "time_to_target_s": 3},
+    ]
+    assert missing_target_line(rows, req) == (
+        "Time to target: — for wagma: no run of theirs under --convergence reached its target (give runs "
+        "that did, or samples_to_target=N)."
+    )
