@@ -61,17 +61,23 @@ def different_conditions(readings: Sequence[float], reference: Sequence[float], 
 
 
 def summary_line(
-    flagged: dict[str, list[str]], total: int, touched: Sequence[str], noun: str = "series"
+    flagged: dict[str, list[str]],
+    total: int,
+    touched: Sequence[str],
+    noun: str = "series",
+    unmeasured: int = 0,
 ) -> str:
     """The one line at the top: how many of ``total`` series (claims, combinations: ``noun``) are flagged,
-    which, and the ratios they touch."""
+    which, and the ratios they touch; ``unmeasured``: how many had no CPU time recorded (runs made before
+    2026-12-02, compact results without it), which no flag can clear."""
+    unknown = f"; {unmeasured} without a CPU-time record, so not checked for contention" if unmeasured else ""
     if not flagged:
         return (
             f"Fairness: no {noun} flagged ({total} checked: none contended above {CONTENDED_FACTOR:g}x "
-            "wall/CPU compute, speed references within their noise where recorded)."
+            f"wall/CPU compute, speed references within their noise where recorded{unknown})."
         )
     listed = "; ".join(f"{name}: {', '.join(flags)}" for name, flags in flagged.items())
-    line = f"Fairness: **{len(flagged)} of {total} {noun} flagged**: {listed}."
+    line = f"Fairness: **{len(flagged)} of {total} {noun} flagged**: {listed}{unknown}."
     if touched:
         line += f" The ratios they touch: {', '.join(touched)}."
     return line

@@ -46,6 +46,7 @@ from wagma_bench.analysis.scoring import REFERENCE, TunedSection, tuned_section
 from wagma_bench.analysis.step_times import step_time_rows, step_time_summary
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
+from wagma_bench.analysis.tuning import fairness_line as tuning_fairness
 from wagma_bench.record.events import EVENTS
 from wagma_bench.record.files import staged_outputs, write_text_atomic
 from wagma_bench.workloads.specs import throughput_unit
@@ -555,7 +556,8 @@ def render_markdown(
         f"{n} run(s) from {', '.join(f'`{s}`' for s in sources)}; generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}."
     )
-    lines = ["# wagma-bench report", "", header, "", fairness_line(groups), "", HOW_TO_READ, ""]
+    lines = ["# wagma-bench report", "", header, "", *([fairness_line(groups), ""] if groups else [])]
+    lines += [HOW_TO_READ, ""]
     for g in groups:
         lines += [
             f"## {group_title(g.key)}",
@@ -642,7 +644,9 @@ def fairness_line(groups: Sequence[GroupReport]) -> str:
                 name = f"{row['optimizer']} (P={row['world_size']}, imbalance={row['imbalance']})"
                 flagged[name if len(groups) == 1 else f"{group_title(g.key)}: {name}"] = [row["flags"]]
         touched += touched_ratios(g.comparison, g.reference)
-    return fairness.summary_line(flagged, sum(len(g.comparison) for g in groups), touched)
+    rows = [row for g in groups for row in g.comparison]
+    unmeasured = sum(row["contention"] is None for row in rows)
+    return fairness.summary_line(flagged, len(rows), touched, unmeasured=unmeasured)
 
 
 def signature_lines(runs: Sequence[RunRecord]) -> list[str]:
@@ -700,7 +704,8 @@ def _write_report(
     text = render_markdown(groups, unreadable, [str(p) for p in paths], out)
     if tuned is not None:
         write_csv(tuned.rows, out / "tuned.csv")
-        text = _with_tuned(text, tuned, out, untuned=bool(groups))
+        flags = [f"`{d}`: {tuning_fairness(d)}" for d in tune_dirs]
+        text = _with_tuned(text, tuned, out, untuned=bool(groups), flags=flags)
     write_text_atomic(report, text)
     return report, groups, tuned
 
@@ -759,7 +764,7 @@ TUNED_HOW_TO_READ = (
 )
 
 
-def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str:
+def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool, flags: Sequence[str] = ()) -> str:
     """The report with the tuned section after its header, the untuned tables (if any) labelled below it."""
     head, sep, rest = text.partition("\n## ")
     lines = [
@@ -769,6 +774,8 @@ def _with_tuned(text: str, tuned: TunedSection, out: Path, untuned: bool) -> str
         "",
         *(f"- {p}" for p in tuned.protocol),
         "",
+        *(f"- {line}" for line in flags),
+        *([""] if flags else []),
         markdown_table(tuned.rows, TUNED_COLUMNS),
         "",
     ]

@@ -393,4 +393,5 @@ def fairness_line(tune_dir: Path) -> str:
         if any(flags):
             flagged[combo] = [f for f in flags if f]
     touched = [f"{c} vs {ref}" for c in done if ref and c != ref and (c in flagged or ref in flagged)]
-    return fairness.summary_line(flagged, len(done), touched, "combinations")
+    unmeasured = sum(all(s.get("compute_contention") is None for s in ss) for ss in done.values())
+    return fairness.summary_line(flagged, len(done), touched, "combinations", unmeasured)
