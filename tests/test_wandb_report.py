@@ -368,3 +368,18 @@ def test_a_wandb_report_with_nothing_logged_is_refused_in_one_line(tmp_path, cap
     assert rc == 2 and len(err) == 1, err
     assert "no run here logged to W&B" in err[0] and f"wagma-bench wandb-import {run_dir}" in err[0]
     assert not (tmp_path / "R" / "wandb-report.json").exists()
+
+
+def test_wandb_import_refuses_a_run_that_did_not_finish(tmp_path, capsys):
+    """A crashed run (no run_stop): exit 2 and one line, before W&B starts; nothing written beside it."""
+    from wagma_bench.cli import wandb_import
+
+    run_dir = write_run(tmp_path / "runs" / "a", "sgp", 1, reach_at(None)[:2], crashed=True)
+    assert wandb_import.main([str(run_dir), "--mode", "offline"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = (
+        f"wagma-bench wandb-import: error: {run_dir}: not a finished run (no run_start or no run_stop in "
+        "events.jsonl); wandb-import logs finished runs only"
+    )
+    assert err == [said]
+    assert not (run_dir / "wandb").exists()
