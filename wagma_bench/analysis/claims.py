@@ -2,8 +2,10 @@
 paper's scale, and a verdict by a written rule.
 
     wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
-    wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
-                       (the directories listed in a file; the README's table rewritten in place)
+    wagma-bench claims @reproduce/claims/sources --out reproduce/claims \\
+                       --readme README.md --readme docs/claims.md
+                       (the directories listed in a file; the README's verdicts and the docs' table rewritten
+                       in place: :mod:`wagma_bench.analysis.claims_pages`)
 
 The claims are records in ``reproduce/claims.yaml`` (:class:`Claim`). The directories given are searched for
 tuning directories (``tune.json``, from ``wagma-bench tune``) and simulator outputs (``predictions.json``,
@@ -36,9 +38,9 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from typing import Any
 import yaml
 
 from wagma_bench.analysis import drift, fairness, intervals
+from wagma_bench.analysis.claims_pages import SUMMARY, TABLE, check_page, fill_page, verdict_summary
 from wagma_bench.analysis.predictions import (
     INTERVAL_FILE,
     barrier_sentence,
@@ -73,7 +76,7 @@ from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
-from wagma_bench.record.files import atomic_write, refuse_link, staged_outputs, write_json_atomic
+from wagma_bench.record.files import atomic_write, staged_outputs, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -907,15 +910,16 @@ def make_claims(
     dirs: list[Path],
     out: Path,
     claims_file: Path = CLAIMS_FILE,
-    readme: Path | None = None,
+    pages: Sequence[Path] = (),
     allow_missing: bool = False,
 ) -> list[dict]:
     """Every claim of ``claims_file`` evaluated over the sources under ``dirs``; ``out/claims.json`` and
-    ``out/claims.md`` written, and with ``readme`` its table too. Everything is checked before anything is
-    written (the README, the sources' unfinished trials), and the outputs are built beside ``out`` and moved
+    ``out/claims.md`` written, and each of ``pages`` filled (:mod:`~wagma_bench.analysis.claims_pages`: the
+    README's verdicts, docs/claims.md's table). Everything is checked before anything is written (the pages,
+    the sources' unfinished trials), and the outputs are built beside ``out`` and moved
     in last (:func:`staged_outputs`): a refusal or a full disk leaves ``out`` as it was."""
-    if readme is not None:
-        check_readme(readme)
+    for page in pages:
+        check_page(page)
     claims = load_claims(claims_file)
     sources = find_sources(dirs)
     for tune_dir, unfinished, planned in incomplete_sources(claims, sources):
@@ -941,8 +945,9 @@ def make_claims(
     with staged_outputs(out) as stage:
         write_json_atomic(stage / "claims.json", data)
         atomic_write(stage / "claims.md", lambda f: f.write(text))
-        if readme is not None:  # before the outputs move in: a README that cannot be written leaves ``out``
-            update_readme(readme, results)
+        blocks = {SUMMARY: verdict_summary(results), TABLE: summary_table(results)}
+        for page in pages:  # before the outputs move in: a page that cannot be written leaves ``out``
+            fill_page(page, blocks)
     return results
 
 
@@ -976,29 +981,3 @@ def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, s
     named = ", ".join(f"{t.name} (study {t.study}, trial {t.trial}: {state(t)})" for t in unfinished[:shown])
     more = f" and {len(unfinished) - shown} more" if len(unfinished) > shown else ""
     return f"{tune_dir}: {len(unfinished)} of its {planned} planned trials did not finish: {named}{more}"
-
-
-README_HINT = "wagma-bench never writes through a link: remove it, or give --readme the file itself"
-README_BLOCK = re.compile(r"(<!-- claims:begin -->\n).*?(\n<!-- claims:end -->)", re.DOTALL)
-
-
-def check_readme(path: Path) -> str:
-    """The README's text, refused (before anything is written) when it has no block to fill, or is a link
-    (read through it, it used to be refused only at its write, after claims.json and claims.md)."""
-    if path.is_symlink():
-        raise refuse_link(path, README_HINT)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"--readme {path}: cannot read it ({err.strerror})") from None
-    if not README_BLOCK.search(text):
-        raise ConfigError(
-            f"--readme {path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill"
-        )
-    return text
-
-
-def update_readme(path: Path, results: list[dict]) -> None:
-    """Replace the table between ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` in ``path``."""
-    new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), check_readme(path))
-    atomic_write(path, lambda f: f.write(new))
