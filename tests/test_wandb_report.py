@@ -359,7 +359,7 @@ def test_wandb_import_of_a_committed_tuning_gives_the_report_every_key_it_names(
 
 
 def test_a_wandb_report_with_nothing_logged_is_refused_in_one_line(tmp_path, capsys):
-    """Runs that never logged to W&B: exit 2 and one line naming ``wandb-import``, no spec written."""
+    """Runs that never logged to W&B: exit 2, one line naming ``wandb-import``, before anything is written."""
     from wagma_bench.cli import report as report_cli
 
     run_dir = write_run(tmp_path / "runs" / "a", "wagma", 1, reach_at(30.0))
@@ -367,7 +367,7 @@ def test_a_wandb_report_with_nothing_logged_is_refused_in_one_line(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "no run here logged to W&B" in err[0] and f"wagma-bench wandb-import {run_dir}" in err[0]
-    assert not (tmp_path / "R" / "wandb-report.json").exists()
+    assert not (tmp_path / "R").exists()  # refused before the report is written
 
 
 def test_wandb_import_refuses_a_run_that_did_not_finish(tmp_path, capsys):

@@ -168,7 +168,7 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
     for tune_dir in tune_dirs:
         plan, combos, summaries = load_trials(tune_dir)
         trials = [t for ts in combos.values() for t in ts]
-        if not any(_logged(Path(tune_dir) / "trials" / t.name) for t in trials):
+        if not any(logged_to_wandb(Path(tune_dir) / "trials" / t.name) for t in trials):
             continue
         keys = list(dict.fromkeys(k for t in trials for k in t.params))
         done = [s for s in summaries.values() if s]
@@ -208,7 +208,7 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
     return sections
 
 
-def _logged(run_dir: Path) -> bool:
+def logged_to_wandb(run_dir: Path) -> bool:
     """The run logged to W&B: by ``logger=wandb``, or by ``wandb-import`` after it."""
     start = RunEvents.read(run_dir).start
     return bool(start and setting(start.config, "logger.wandb")) or wandb_import_note(run_dir) is not None

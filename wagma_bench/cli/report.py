@@ -26,8 +26,9 @@ def _report(argv: list[str]) -> int:
         return _publish(args.wandb_publish)
     if not args.dirs:
         parser.error("the following arguments are required: dirs (or --wandb-publish SPEC)")
-    if args.wandb_report:  # a missing extra is said before anything is written
+    if args.wandb_report:  # a missing extra, or nothing logged to W&B, is said before anything is written
         wandb_panels.load_api()
+        _refuse_without_wandb(args.dirs)
     report, groups, tuned = reporting.make_report(args.dirs, args.out, args.reference)
     if args.mllog:
         from wagma_bench.record.mlperf import write_mllog
@@ -129,13 +130,8 @@ def _wandb_report(args, groups, tuned) -> None:
     wr, _, _ = wandb_panels.load_api()
     tune_dirs = [d for d in args.dirs if (d / PLAN).exists()]
     sections = wandb_panels.report_sections(wr, groups, tune_dirs, tuned.rows if tuned else [])
-    if not sections:
-        from wagma_bench.errors import ConfigError
-
-        raise ConfigError(
-            "--wandb-report: no run here logged to W&B, so the report would have no panels; log them first "
-            f"with: wagma-bench wandb-import {' '.join(map(str, args.dirs))} (or run with logger=wandb)"
-        )
+    if not sections:  # logged runs, but none compared (still running): no panel either
+        _refuse_without_wandb([])
     title = "wagma-bench report: " + ", ".join(d.name for d in args.dirs)
     report, workspace = wandb_panels.build(
         sections,
@@ -147,6 +143,20 @@ def _wandb_report(args, groups, tuned) -> None:
     )
     for line in wandb_panels.deliver(args.out, report, workspace, online):
         print(f"wagma-bench report: {line}", flush=True)
+
+
+def _refuse_without_wandb(dirs: list[Path]) -> None:
+    """``--wandb-report`` over runs none of which logged to W&B (``logger=wandb`` or ``wandb-import``) would
+    have no panels: refused in one line naming the command that logs them (a ConfigError: exit 2)."""
+    from wagma_bench.analysis.run_records import find_runs
+    from wagma_bench.errors import ConfigError
+
+    if dirs and any(wandb_panels.logged_to_wandb(d) for d in find_runs(dirs)):
+        return
+    raise ConfigError(
+        "--wandb-report: no run here logged to W&B, so the report would have no panels; log them first "
+        f"with: wagma-bench wandb-import {' '.join(map(str, dirs)) or 'DIR...'} (or run with logger=wandb)"
+    )
 
 
 def _publish(spec: Path) -> int:
