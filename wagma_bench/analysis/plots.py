@@ -254,9 +254,11 @@ def plot_step_times(
         ax.set_ylabel("seconds per step")
         ax.set_title(label + note, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=5)
+    # above the first panel, where it covers no bar
+    axes[0, 0].legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.12), ncol=5, frameon=False)
     axes[-1, 0].set_xlabel("rank")
     fig.suptitle(f"{title}\nper-rank step time: mean per step by component (seeds averaged)", fontsize=10)
+    fig.subplots_adjust(top=1 - 1.1 / (2.6 * len(series) + 0.8), hspace=0.45)
     return save(fig, path)
 
 
