@@ -30,7 +30,7 @@ PAGES = [
     ROOT / "slurm" / "README.md",
     *sorted((ROOT / "reproduce").glob("*/README.md")),
 ]
-COMMANDS = ("run", "sweep", "tune", "simulate", "report", "claims", "comm-bench")
+COMMANDS = ("run", "sweep", "tune", "simulate", "report", "claims", "comm-bench", "wandb-import")
 # a command's own words after its name (not overrides): `sweep submit DIR`, `tune score DIR`
 SUBCOMMANDS = {"sweep": {"submit", "status", "wait", "cancel"}, "tune": {"score"}}
 _FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
