@@ -20,7 +20,7 @@ from wagma_bench.analysis import intervals, robustness
 from wagma_bench.analysis.claims import Claim, _judge, decide, load_claims
 from wagma_bench.analysis.ruler import source_record
 from wagma_bench.record.provenance import cpu_identity
-from wagma_bench.record.rundir import preempted_rollouts
+from wagma_bench.record.rundir import preempted_rollouts, step_logs
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNED = ROOT / "reproduce" / "tuning"
@@ -297,7 +297,7 @@ def test_preempted_rollouts_are_counted_over_the_ranks(tmp_path):
     rank1 = [{"local_step": 1, "preempted": True}, {"local_step": 5, "preempted": True}]
     for name, records in (("rank0.jsonl", rank0), ("rank1.jsonl", rank1)):
         (steps / name).write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert preempted_rollouts(tmp_path) == {"cut": 3, "rollouts": 4}
+    assert preempted_rollouts(step_logs(tmp_path)) == {"cut": 3, "rollouts": 4}
     (steps / "rank0.jsonl").write_text(json.dumps({"local_step": 1}) + "\n")
     (steps / "rank1.jsonl").unlink()
-    assert preempted_rollouts(tmp_path) is None  # a workload with no rollouts
+    assert preempted_rollouts(step_logs(tmp_path)) is None  # a workload with no rollouts
