@@ -527,3 +527,40 @@ def test_docs_claims_figures_are_in_their_files(index):
     else:
         problems += budget_step_problems(paragraph, claims)
     assert not problems, f"docs/claims.md: {paragraph[:70]!r}...: " + "; ".join(problems)
+
+
+# --- docs/claims.md's second look and repeatability blocks --------------------------------------------------
+
+REPEATABILITY = ROOT / "reproduce" / "repeatability" / "results-2core-20261207"
+
+
+def _doc_block(name: str) -> str:
+    block = re.search(rf"<!-- {name}:begin -->\n(.*?)\n?<!-- {name}:end -->", DOC.read_text(), re.DOTALL)
+    assert block, f"docs/claims.md has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
+    return block.group(1).rstrip("\n")
+
+
+def test_docs_verdicts_block_is_the_committed_claims():
+    """Per claim its verdict, fragile mark, removal counts, alternatives, ruler, hosts: as claims.json."""
+    from wagma_bench.analysis.claims import verdicts_table
+
+    assert _doc_block("verdicts") == verdicts_table(list(_claims().values())), (
+        "docs/claims.md's verdicts block differs from claims.verdicts_table of reproduce/claims/claims.json"
+    )
+
+
+def test_docs_repeatability_block_is_what_the_committed_runs_give():
+    """The committed repeatability.json is what `repeat.py summary` makes of the committed runs and tuning
+    trials, and docs/claims.md's block is its rendering (the spread figures and the sentences under them)."""
+    import importlib.util
+
+    from wagma_bench.record.files import strict_json
+
+    spec = importlib.util.spec_from_file_location(
+        "repeat", ROOT / "reproduce" / "repeatability" / "repeat.py"
+    )
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    committed = json.loads((REPEATABILITY / repeat.RESULTS).read_text())
+    assert json.loads(strict_json(repeat.summarize(REPEATABILITY))) == committed
+    assert _doc_block("repeatability") == repeat.render(committed)

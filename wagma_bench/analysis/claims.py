@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from wagma_bench.analysis import drift, fairness, intervals
+from wagma_bench.analysis import drift, fairness, intervals, robustness
 from wagma_bench.analysis.claims_pages import SUMMARY, TABLE, check_page, fill_page, verdict_summary
 from wagma_bench.analysis.predictions import (
     INTERVAL_FILE,
@@ -57,18 +57,15 @@ from wagma_bench.analysis.predictions import (
     nearest_flip,
     speedup_interval,
 )
+from wagma_bench.analysis.ruler import hosts_text, source_record
 from wagma_bench.analysis.run_records import reference_readings
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import (
-    BY_METRIC,
-    BY_TIME,
     LOWER_IS_BETTER,
     TRIALS,
     Trial,
     load_trials,
-    median_score,
     optimizer_changes,
-    trial_cost,
     trial_finished,
     trial_time,
 )
@@ -292,22 +289,10 @@ def drift_elasticity(tune_dir: Path, loaded: tuple | None = None) -> drift.Elast
 def _score(
     studies: list[list[dict]], metric: str, max_runtime_s: float | None
 ) -> tuple[float, intervals.Dist]:
-    if metric == "throughput":
-        per_study = [
-            [s["throughput_samples_per_s"] for s in study if s.get("throughput_samples_per_s")]
-            for study in studies
-        ]
-        per_study = [v for v in per_study if v]
-        if not per_study:
-            return math.nan, {}
-        return float(statistics.median(v for s in per_study for v in s)), intervals.pooled_median(per_study)
-    # each trial's cost by tune's own rule (tuning.trial_cost; lower is better): a time (inf for a miss), or
-    # a negated best metric (inf for a failed trial); then AlgoPerf's score over studies; a metric is
-    # negated back
-    by = BY_TIME if metric == "time_to_target" else BY_METRIC
-    costs = [[trial_cost(s, max_runtime_s, by) for s in study] for study in studies]
-    value, dist = median_score([min(c) for c in costs]), intervals.tuned_score(costs)
-    return (value, dist) if by == BY_TIME else (-value, {-v: p for v, p in dist.items()})
+    """The value and law of one optimizer (:func:`wagma_bench.analysis.robustness.score_law`, which also
+    scores the alternatives): a throughput's median over every trial, or AlgoPerf's tuned score over studies
+    of each trial's cost by tune's own rule (:func:`wagma_bench.analysis.tuning.trial_cost`)."""
+    return robustness.score_law(studies, metric, max_runtime_s)
 
 
 # --- the speed-up and the verdict ----------------------------------------------------------------------
@@ -494,7 +479,44 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
         "fairness": claim_flags(subject, comparators) if subject else [],
         "verdict": verdict,
         "reason": reason,
+        **_second_look(claim, tune_dir, verdict),
     }
+
+
+def _second_look(claim: Claim, tune_dir: Path | None, verdict: str) -> dict:
+    """The claim's ``robustness`` (:func:`wagma_bench.analysis.robustness.assess`), its source's ``ruler``
+    and the ``hosts`` its trials ran on (:func:`wagma_bench.analysis.ruler.source_record`)."""
+    if tune_dir is None:
+        return {"robustness": None, "ruler": None, "hosts": None}
+    loaded = load_trials(tune_dir)
+    reads = {claim.subject, *claim.comparators}
+    trials = {o: s for o, s in robustness.tuned_trials(tune_dir, loaded).items() if o in reads}
+    assessed = robustness.assess(trials, claim.metric, _judge(claim), loaded[0].get("max_runtime_s"))
+    if assessed.pop("verdict") != verdict:  # one rule: the removals start from the verdict the table shows
+        raise AssertionError(f"{claim.id}: robustness rescored the verdict differently from evaluate()")
+    record = source_record(tune_dir, loaded)
+    return {
+        "robustness": assessed,
+        "ruler": record["ruler"],
+        "ruler_counts": {
+            k: record[k] for k in ("evaluations", "late_evaluations", "over_budget", "unrecorded")
+        },
+        "hosts": record["hosts"],
+    }
+
+
+def _judge(claim: Claim) -> robustness.Judge:
+    """The verdict of a set of per-optimizer laws, by this module's rule (:func:`speedup`, :func:`decide`)."""
+
+    def judge(laws: dict[str, robustness.Law]) -> robustness.Judged:
+        subject = laws.get(claim.subject)
+        comparators = {o: laws.get(o) for o in claim.comparators}
+        sp = speedup(subject, comparators, claim.lower_is_better, claim.compare) if subject else None
+        missing = sp.missing if sp else [o for o, m in comparators.items() if m is None]
+        verdict, _ = decide(sp.interval if sp else None, claim.threshold, missing)
+        return robustness.Judged(verdict, sp.value if sp else None, tuple(sp.interval) if sp else None)
+
+    return judge
 
 
 def _drift_adjusted(claim: Claim, tune_dir: Path) -> dict:
@@ -702,6 +724,7 @@ def summary_table(results: list[dict]) -> str:
             "imbalance": imbalance_cell(r),
             "predicted": predicted_cell(r),
             "verdict": f"**{r['verdict']}**: {r['reason']}",
+            "second": second_look_cell(r),
         }
         for r in results
     ]
@@ -716,8 +739,105 @@ def summary_table(results: list[dict]) -> str:
             ("imbalance", "compute imbalance (subject / best)", ""),
             ("predicted", "predicted at the paper's scale", ""),
             ("verdict", "verdict", ""),
+            ("second", "single removals keeping it; ruler", ""),
         ],
     )
+
+
+def second_look_cell(r: dict) -> str:
+    """How many single-trial and single-study removals keep the verdict (**fragile** where one does not), and
+    "old ruler" where the claim's source was measured before evaluations fell on the grid."""
+    rb = r.get("robustness")
+    if not rb:
+        return "—"
+    mark = "**fragile**: " if rb["fragile"] else ""
+    return mark + removal_counts(rb) + ("; old ruler" if r["ruler"] == "old" else "")
+
+
+def removal_counts(rb: dict) -> str:
+    t, s = rb["removals"]["trials"], rb["removals"]["studies"]
+    return f"{t['kept']}/{t['of']} trials, {s['kept']}/{s['of']} studies"
+
+
+def verdicts_table(results: list[dict]) -> str:
+    """Per claim: its verdict, whether one removal changes it, the alternatives' verdicts, its source's ruler
+    and hosts (docs/claims.md's generated block; a test compares the two)."""
+
+    def alt(rb: dict, key: str) -> str:
+        a = rb["alternatives"][key]
+        return a["verdict"] if a["applies"] else "n/a"
+
+    rows = [
+        {
+            "claim": f"`{r['id']}`",
+            "verdict": r["verdict"],
+            "fragile": "—"
+            if not r.get("robustness")
+            else "**fragile**"
+            if r["robustness"]["fragile"]
+            else "no",
+            "kept": removal_counts(r["robustness"]) if r.get("robustness") else "—",
+            "final": alt(r["robustness"], "final_evaluation") if r.get("robustness") else "—",
+            "median": alt(r["robustness"], "median_per_study") if r.get("robustness") else "—",
+            "ruler": r.get("ruler") or "—",
+            "hosts": hosts_text(r) if r.get("hosts") is not None else "—",
+        }
+        for r in results
+    ]
+    return markdown_table(
+        rows,
+        [
+            ("claim", "claim", ""),
+            ("verdict", "verdict", ""),
+            ("fragile", "fragile", ""),
+            ("kept", "single removals keeping it", ""),
+            ("final", "by final evaluation", ""),
+            ("median", "by median per study", ""),
+            ("ruler", "ruler", ""),
+            ("hosts", "ran on", ""),
+        ],
+    )
+
+
+def second_look_lines(r: dict, named: int = 3) -> list[str]:
+    """The claim's bullets on its robustness, its source's ruler and hosts (:func:`_second_look`)."""
+    rb = r.get("robustness")
+    if not rb:
+        return []
+
+    def judged(j: dict) -> str:
+        return f"{j['verdict']}, {shown(r, j['speedup'])}" + (
+            f" {ends(r, j['interval'])}" if j["interval"] else ""
+        )
+
+    changed = [c for kind in ("trials", "studies") for c in rb["removals"][kind]["changed"]]
+    said = "; ".join(f"without {c['removed']}: {judged(c)}" for c in changed[:named])
+    if len(changed) > named:
+        said += f"; and {len(changed) - named} more"
+    t, s = rb["removals"]["trials"], rb["removals"]["studies"]
+    kept = (
+        f"{t['kept']} of {t['of']} single-trial and {s['kept']} of {s['of']} single-study removals keep "
+        f"the verdict ({r['verdict']})"
+    )
+    alt = rb["alternatives"]
+    scored = "; ".join(
+        f"{label}: {judged(alt[key]) if alt[key]['applies'] else 'not applicable (' + alt[key]['note'] + ')'}"
+        for key, label in (
+            ("final_evaluation", "Scored by each trial's final evaluation"),
+            ("median_per_study", "by each study's median trial"),
+        )
+    )
+    c = r["ruler_counts"]
+    ruler = (
+        f"its source is on the **{r['ruler']}** ruler ({c['late_evaluations']} of {c['evaluations']} "
+        f"evaluations off the grid, {c['over_budget']} trials past their budget"
+        + (f", {c['unrecorded']} without a recorded grid" if c["unrecorded"] else "")
+        + ")"
+    )
+    return [
+        f"- **Second look**: {'**fragile**: ' + said + '; ' if changed else 'robust: '}{kept}. {scored}.",
+        f"- **Ruler and hosts**: {ruler}; ran on {hosts_text(r)}.",
+    ]
 
 
 RULE = (
@@ -734,6 +854,18 @@ RULE = (
 )
 
 
+SECOND_LOOK = (
+    "Single removals: the verdict recomputed, by the same rule and exactly, without each finished trial in "
+    "turn (of the subject or a comparator) and without each study in turn (from every optimizer); a verdict "
+    "that one of them changes is **fragile**. Beside it, never deciding: the verdict with each trial scored "
+    "by its final evaluation instead of its best (a final metric), and with each study's median trial instead"
+    " of its best (a tuned score). Ruler: a source is on the **current** ruler when every evaluation of its "
+    "trials fell on the grid of eval_every rounds and no trial ran past its budget (read from the trials' "
+    "events); on the **old** one, periodic optimizers were evaluated up to a sync period late, which a time "
+    "to target charges them."
+)
+
+
 def detail(r: dict) -> list[str]:
     m, unit = r["measured"], UNITS[r["metric"]]
     lines = [
@@ -745,6 +877,7 @@ def detail(r: dict) -> list[str]:
         + (f", `{m['source']}`" if m["source"] else "")
         + ").",
         f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
+        *second_look_lines(r),
         *(
             [f"- **Flagged**: {'; '.join(r['fairness'])}: the speed-up rests on these trials."]
             if r.get("fairness")
@@ -894,6 +1027,8 @@ def render(results: list[dict], sources: list[str]) -> str:
         summary_table(results),
         "",
         RULE,
+        "",
+        SECOND_LOOK,
         "",
         "## Each claim",
         "",

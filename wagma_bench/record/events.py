@@ -172,6 +172,7 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "git_sha": meta.get("git_sha"),
         "versions": meta.get("versions"),
         "hosts": meta.get("hosts"),
+        "cpu": meta.get("cpu"),  # rank 0's CPU model and torch's instruction set (record.provenance)
         # rank 0's CPU seconds by thread over the last attempt (wagma_bench.record.cpu), at the run's end
         "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s")
         if stops and ended == "run_stop"

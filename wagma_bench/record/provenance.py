@@ -6,6 +6,7 @@ a reader finds what a run logs about itself next to the reader of those events
 from __future__ import annotations
 
 import math
+import platform
 import socket
 import subprocess
 from pathlib import Path
@@ -48,6 +49,23 @@ def versions(comm: Comm) -> dict:
     return out
 
 
+def cpu_identity() -> dict:
+    """Rank 0's CPU: its model (``/proc/cpuinfo``'s first ``model name``, else ``platform.processor()``) and
+    the instruction set torch's CPU kernels dispatch to on it (``torch.backends.cpu.get_cpu_capability()``:
+    ``AVX2``, ``AVX512``, ``DEFAULT``...). Two hosts that differ in either may round a float differently, so a
+    run repeated bit for bit on one host need not repeat on another (docs/claims.md, repeatability)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {
+        "model": model or platform.processor() or None,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn.Module, **derived) -> dict:
     """The ``run_start`` event's metadata: what ran, where, and every value derived from the config that a
     reader would otherwise recompute (``derived``: the trainer's schedule, as it computed it).
@@ -81,6 +99,7 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         git_sha=git_sha(),
         versions=versions(comm),
         hosts=hosts,
+        cpu=cpu_identity(),  # rank 0's host: its CPU model and the instruction set torch used there
         # where each rank ran, by rank: its host and its rank on that host
         rank_hosts=[host for host, _ in placement],
         local_ranks=[local for _, local in placement],

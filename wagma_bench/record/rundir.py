@@ -200,6 +200,7 @@ def finalize(
     records = step_logs(run_dir)
     summary["compute_imbalance"] = imbalance_of(records)
     summary["compute_contention"] = contention_of(records)
+    summary["preempted_rollouts"] = preempted_rollouts(records)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
@@ -303,6 +304,16 @@ def imbalance_of(records: list[list[dict]]) -> float | None:
         if mean > 0:
             ratios.append(max(values) / mean)
     return round(sum(ratios) / len(ratios), 4) if ratios else None
+
+
+def preempted_rollouts(records: list[list[dict]]) -> dict | None:
+    """DD-PPO's straggler preemption (``workload.preemption``): the rollouts it cut short, summed over the
+    ranks, of the rollouts the ranks collected, from their step records (:func:`step_logs`: the ``preempted``
+    flag each rank logs on a rollout's first step). Preemption acts on timing (a rank stops when enough others
+    have finished), so this count is why two DD-PPO runs with one seed differ; None for a run that logs no
+    rollouts."""
+    flags = [r["preempted"] for recs in records for r in recs if "preempted" in r]
+    return {"cut": sum(map(bool, flags)), "rollouts": len(flags)} if flags else None
 
 
 def live_holder(run_dir: Path) -> dict | None:
