@@ -595,9 +595,9 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 # not enough (on a link too slow for one exchange per step each round moves the end by about c times the move
 # of the round before: 15-20 rounds at c = 0.5)
 GOSSIP_ITERATIONS = 100
-# ... stopped once two rounds in a row move the end of the run by less than this share of the median compute
-# time. The end, not each step's charge: at c near 1 on a slow link the charges keep moving between steps (which
-# step an exchange falls in) while the end, and every figure the result gives, has settled.
+# ... stopped once a round moves the end of the run by less than this share of the median compute time. The
+# end, not each step's charge: at c near 1 on a slow link the charges keep moving between steps (which step an
+# exchange falls in) while the end, and every figure the result gives, has settled.
 GOSSIP_TOLERANCE = 1e-3
 
 
@@ -646,7 +646,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         overlap = busy_between(busy, run.P, starts, windows, run.tick)
         # a step's compute window lengthened by c times the exchange time inside it, and by the averaging
         new = averaging + cost * overlap
-        converged = settled >= 2 or not np.any(new != extra)
+        converged = settled >= 1 or not np.any(new != extra)
         if not converged:
             extra = new
     if run.P == 1:
@@ -721,10 +721,12 @@ def busy_between(
     tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
+    # each rank's first interval: one search a rank (not one an element, as the times' are)
+    first_of = np.searchsorted(axis, np.arange(world, dtype=float) * span, side="left")[:, None]
+
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
-        rows = np.broadcast_to(np.arange(world)[:, None], t.shape)
-        first = np.searchsorted(axis, rows * span, side="left")  # the rank's first interval
-        last = np.searchsorted(axis, rows * span + t, side="right")  # intervals begun by t
+        first = np.broadcast_to(first_of, t.shape)
+        last = np.searchsorted(axis, np.arange(world)[:, None] * span + t, side="right")  # begun by t
         partial = np.where(
             last > first,
             np.clip(t - begin[np.maximum(last - 1, 0)], 0.0, length[np.maximum(last - 1, 0)]),
