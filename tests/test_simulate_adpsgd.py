@@ -154,3 +154,12 @@ def test_adpsgd_averaging_takes_only_its_choices():
         UsageError, match="adpsgd_averaging=sometimes is not allowed; choose one of: per_step"
     ):
         make_workload(validate(compose("optimizer=adpsgd")), {"adpsgd_averaging": "sometimes"})
+
+
+def test_the_docs_quote_the_committed_measurements():
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    c = json.loads((ROOT / gossip_inputs.C_FILE).read_text())["gossip_cost"]
+    lo, hi = c["interval"]
+    assert f"c = {c['value']:.2f} [{lo:.2f}, {hi:.2f}]" in text and f"an interval of {hi - lo:.2f}" in text
+    averaging = json.loads((ROOT / gossip_inputs.AVERAGING_FILE).read_text())["s_per_param"]
+    assert f"{averaging * 1e9:.2f} ns a parameter, {averaging * 25.6e6 * 1e3:.0f} ms a step" in text
