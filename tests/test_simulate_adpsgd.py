@@ -17,6 +17,7 @@ from wagma_bench.config.schema import validate
 from wagma_bench.optim.specs import ADPSGDSpec
 from wagma_bench.simulate import des, gossip_inputs
 from wagma_bench.simulate.configure import make_workload
+from wagma_bench.simulate.convergence import samples_to_target
 from wagma_bench.simulate.costs import Link, Network
 from wagma_bench.simulate.des import ADPSGD_AVERAGING, SimConfig, Workload, simulate
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target, mixing_factor
@@ -135,12 +136,12 @@ def test_a_slower_network_costs_adpsgd_throughput_and_time_to_target_by_default(
     """The issue's line, with the claims' convergence input (fewer rounds, for time): by default AD-PSGD pays
     for its exchanges, so 0.1 GB/s gives a lower throughput than 9 GB/s, and its fewer exchanges a step cost
     samples, so its time to target is longer."""
-    rows = {}
+    rows, claims = {}, samples_to_target([str(CLAIMS_RESNET)])["adpsgd"]  # read once: --convergence's number
     for bandwidth in ("9", "0.1"):
         out = tmp_path / bandwidth
         link = f"cluster.network.inter.bandwidth_GBps={bandwidth}"
-        argv = ["cluster=daint", "gpus=64", "optimizer=adpsgd", link, "train.max_rounds=100",
-                "--convergence", str(CLAIMS_RESNET), "--out", str(out)]  # fmt: skip
+        argv = ["cluster=daint", "gpus=64", "optimizer=adpsgd", link, "train.max_rounds=60",
+                f"samples_to_target={claims}", "--out", str(out)]  # fmt: skip
         assert simulate_main(argv) == 0
         (rows[bandwidth],) = json.loads((out / "predictions.json").read_text())
     fast, slow = rows["9"], rows["0.1"]

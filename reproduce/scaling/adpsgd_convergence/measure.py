@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 FORMAT = "wagma-bench adpsgd mixing 1"
+BOUND = " at least (a run stopped short of the target)"
 OVERRIDES = ["workload=resnet", "optimizer=adpsgd", "eval.every_rounds=5", "logger.progress=off"]
 
 
@@ -71,21 +72,24 @@ def read_run(runs: Path, row: dict) -> dict:
     record = RunEvents.read(runs / row["dir"])
     hit = record.first_at_target
     summary = json.loads((runs / row["dir"] / "summary.json").read_text())
+    # a run stopped before the target: its last evaluation's samples, a lower bound of its samples to target
+    last = max((e.samples for e in record.evaluations), default=None) if hit is None else None
     return {**row, "samples_to_target": None if hit is None else float(hit.samples),
-            "steps": summary.get("steps")}  # fmt: skip
+            "at_least": None if last is None else float(last), "status": summary.get("status")}  # fmt: skip
 
 
 def summarise(rows: list[dict], command: str) -> dict:
     by_k: dict[int, list[float]] = {}
-    for r in rows:
-        if r["samples_to_target"] is not None:
-            by_k.setdefault(r["every"], []).append(r["samples_to_target"])
+    for r in rows:  # a run stopped short counts with its lower bound (said in the row: "bound")
+        if r["samples_to_target"] is not None or r.get("at_least") is not None:
+            by_k.setdefault(r["every"], []).append(r["samples_to_target"] or r["at_least"])
     if 1 not in by_k:
         raise SystemExit("no run with exchange_every=1 reached the target: nothing to compare with")
     base = statistics.median(by_k[1])
     table = [
         {"exchange_every": k, "exchanges_per_step": 1.0 / k, "samples_to_target": statistics.median(v),
-         "relative": statistics.median(v) / base, "runs": len(v)}
+         "relative": statistics.median(v) / base, "runs": len(v),
+         "bound": any(r["every"] == k and r["samples_to_target"] is None for r in rows)}
         for k, v in sorted(by_k.items())
     ]  # fmt: skip
     return {"format": FORMAT, "command": command, "cpus": os.cpu_count(), "overrides": OVERRIDES,
@@ -101,7 +105,7 @@ def show(data: dict) -> str:
     for r in data["table"]:
         lines.append(
             f"| {r['exchange_every']} | {r['exchanges_per_step']:.3f} | {r['samples_to_target']:.0f} "
-            f"| {r['relative']:.2f} |"
+            f"| {r['relative']:.2f}{BOUND if r.get('bound') else ''} |"
         )
     loads = [float(r["loadavg"][0].split()[0]) for r in data["runs"]]
     lines.append(f"load (1-minute average) at the runs' starts: {min(loads):.1f} to {max(loads):.1f}")
