@@ -162,5 +162,7 @@ def test_the_docs_quote_the_committed_measurements():
     c = json.loads((ROOT / gossip_inputs.C_FILE).read_text())["gossip_cost"]
     lo, hi = c["interval"]
     assert f"c = {c['value']:.2f} [{lo:.2f}, {hi:.2f}]" in text and f"an interval of {hi - lo:.2f}" in text
+    relative = [r["relative"] for r in json.loads((ROOT / gossip_inputs.MIXING_FILE).read_text())["table"]]
+    assert f"relative samples to target {', '.join(f'{x:.2f}' for x in relative)} at k = 1, 2, 4, 8" in text
     averaging = json.loads((ROOT / gossip_inputs.AVERAGING_FILE).read_text())["s_per_param"]
     assert f"{averaging * 1e9:.2f} ns a parameter, {averaging * 25.6e6 * 1e3:.0f} ms a step" in text

@@ -27,7 +27,7 @@ MIXING_FILE = "reproduce/scaling/adpsgd_convergence/mixing-2core-20261207.json"
 MEASURED_GOSSIP_COST = 0.364
 MEASURED_AVERAGING_S_PER_PARAM = 2.95e-9
 # (exchanges per local step, samples to target relative to one exchange per step)
-MEASURED_MIXING: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.5, 1.0), (0.25, 1.0), (0.125, 1.0))
+MEASURED_MIXING: tuple[tuple[float, float], ...] = ((1.0, 1.0), (0.5, 0.76), (0.25, 0.972), (0.125, 1.06))
 
 
 def mixing_factor(exchanges_per_step: float, table=MEASURED_MIXING) -> float:

@@ -107,8 +107,9 @@ def show(data: dict) -> str:
             f"| {r['exchange_every']} | {r['exchanges_per_step']:.3f} | {r['samples_to_target']:.0f} "
             f"| {r['relative']:.2f}{BOUND if r.get('bound') else ''} |"
         )
-    loads = [float(r["loadavg"][0].split()[0]) for r in data["runs"]]
-    lines.append(f"load (1-minute average) at the runs' starts: {min(loads):.1f} to {max(loads):.1f}")
+    loads = [float(x.split()[0]) for r in data["runs"] for x in r["loadavg"] if x[:1].isdigit()]
+    if loads:
+        lines.append(f"load (1-minute average) read around the runs: {min(loads):.1f} to {max(loads):.1f}")
     return "\n".join(lines)
 
 
