@@ -166,3 +166,17 @@ def test_the_docs_quote_the_committed_measurements():
     assert f"relative samples to target {', '.join(f'{x:.2f}' for x in relative)} at k = 1, 2, 4, 8" in text
     averaging = json.loads((ROOT / gossip_inputs.AVERAGING_FILE).read_text())["s_per_param"]
     assert f"{averaging * 1e9:.2f} ns a parameter, {averaging * 25.6e6 * 1e3:.0f} ms a step" in text
+
+
+def test_the_adpsgd_speed_table_is_the_bench_scripts_table_of_the_committed_run():
+    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-2core-20261207.json"
+    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(
+        json.loads(bench.read_text())
+    )
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    begin, end = "<!-- adpsgd-speed:begin -->\n", "<!-- adpsgd-speed:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == table
+    small, large = json.loads(bench.read_text())["rows"][:2]
+    said = " ".join(text.split())
+    assert f"({small['cpu_s'] / small['before_cpu_s']:.2f}x the former CPU time at 1,024 ranks" in said
+    assert f"{large['cpu_s'] / large['before_cpu_s']:.2f}x at 8,192" in said
