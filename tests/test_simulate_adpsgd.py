@@ -180,3 +180,30 @@ def test_the_adpsgd_speed_table_is_the_bench_scripts_table_of_the_committed_run(
     said = " ".join(text.split())
     assert f"({small['cpu_s'] / small['before_cpu_s']:.2f}x the former CPU time at 1,024 ranks" in said
     assert f"{large['cpu_s'] / large['before_cpu_s']:.2f}x at 8,192" in said
+
+
+def _paced(comm, every: int) -> int:
+    import time
+
+    import torch
+    from torch import nn
+
+    from tests.optim_util import make_algorithm, sgd
+
+    model = nn.Linear(4, 4)
+    algo = make_algorithm("adpsgd", comm, model, sgd(), exchange_every=every)
+    for _ in range(12):
+        model(torch.ones(1, 4)).sum().backward()
+        algo.step()
+        time.sleep(0.05)  # room for the thread's exchange before the next step
+    algo.close()
+    return algo.exchanges
+
+
+def test_the_suites_adpsgd_exchanges_once_per_exchange_every_steps_at_most():
+    """The real algorithm the convergence measurement ran (optimizer.exchange_every): over 12 steps the active
+    starts at most 12 / exchange_every exchanges, at least one, and the passive answers each."""
+    from tests.dist_util import run_world
+
+    active, passive = run_world(_paced, 2, 4, timeout_s=120)
+    assert 1 <= active <= 3 and passive == active
