@@ -37,10 +37,10 @@ from wagma_bench.imbalance import IMBALANCES, make_imbalance
 from wagma_bench.simulate.des import SimConfig, Workload, simulate
 from wagma_bench.simulate.presets import preset
 import dataclasses
-name, world, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+name, world, rounds, c = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 workload = preset("rl")
 if "gossip_cost" in {f.name for f in dataclasses.fields(Workload)}:
-    workload = dataclasses.replace(workload, gossip_cost=0.1)
+    workload = dataclasses.replace(workload, gossip_cost=c)
 imbalance = make_imbalance(IMBALANCES["lognormal"].Settings(sigma=0.5), 1)
 cfg = SimConfig(name, world, workload, load_network("daint", []), imbalance, None, steps=rounds, seed=1,
                 control_every=0)
@@ -50,10 +50,10 @@ print(json.dumps({"cpu_s": time.process_time() - t, "throughput": res.throughput
 """
 
 
-def time_one(root: Path, name: str, world: int, rounds: int) -> dict:
+def time_one(root: Path, name: str, world: int, rounds: int, gossip_cost: float = 0.1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", TIME_ONE, name, str(world), str(rounds)],
+        [sys.executable, "-c", TIME_ONE, name, str(world), str(rounds), str(gossip_cost)],
         env=env,
         cwd=root,
         capture_output=True,
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimizers", default="allreduce,wagma,local_sgd,dpsgd,adpsgd,sgp,eager,dropcompute")
     ap.add_argument("--worlds", default=",".join(map(str, WORLDS)))
     ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--gossip-cost", type=float, default=0.1, help="AD-PSGD's c (its cost model iterates)")
     ap.add_argument(
         "--before-up-to",
         type=int,
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for world in map(int, ns.worlds.split(",")):
         for name in ns.optimizers.split(","):
-            r = time_one(root, name, world, ns.rounds)
+            load = loadavg()
+            r = time_one(root, name, world, ns.rounds, ns.gossip_cost)
             row = {
                 "optimizer": name,
                 "world_size": world,
@@ -131,22 +133,36 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_s": r["cpu_s"],
                 "us_per_rank_round": r["cpu_s"] / (world * r["rounds"]) * 1e6,
                 "throughput": r["throughput"],
+                "loadavg": load,
             }
             if before_root is not None and world <= ns.before_up_to:
-                row["before_cpu_s"] = time_one(before_root, name, world, ns.rounds)["cpu_s"]
+                row["before_cpu_s"] = time_one(before_root, name, world, ns.rounds, ns.gossip_cost)["cpu_s"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {
+            if ns.out:  # each row as it comes: a long run stopped keeps what it measured
+                write_text_atomic(ns.out, json.dumps(result(ns, argv, before_rev, rows), indent=1) + "\n")
+    if ns.out:
+        write_text_atomic(ns.out, json.dumps(result(ns, argv, before_rev, rows), indent=1) + "\n")
+    print(table(result(ns, argv, before_rev, rows)))
+    return 0
+
+
+def loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def result(ns: argparse.Namespace, argv: list[str] | None, before_rev: str | None, rows: list[dict]) -> dict:
+    return {
         "command": "reproduce/scaling/bench_simulator.py " + " ".join(argv or sys.argv[1:]),
         "before": before_rev,
         "machine": f"{platform.node()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "gossip_cost": ns.gossip_cost,
         "rows": rows,
     }
-    if ns.out:
-        write_text_atomic(ns.out, json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    return 0
 
 
 if __name__ == "__main__":

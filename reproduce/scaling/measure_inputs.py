@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measured-on", choices=PLACES, default="cpu")
     ap.add_argument("--skipped", nargs="*", default=[], help="what the writer could not measure here")
     ap.add_argument("--source", default="", help="where the runs ran (the file's source line)")
+    ap.add_argument(
+        "--gossip-cost", type=Path, metavar="C_FILE", help="c measured directly (adpsgd_cost/measure_c.py)"
+    )
     ns = ap.parse_args(argv)
     if ns.show:
         print(table(json.loads(ns.show.read_text())))
@@ -145,16 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no exchange time in the pairs of {ns.gossip_dir}", file=sys.stderr)
         return 1
 
-    per_pair = gain / busy
-
-    def held(pick: np.ndarray) -> float:  # the pairs' median c, in the model's range
-        return float(min(1.0, max(0.0, np.median(per_pair[pick]))))
-
-    raw = float(gain.sum() / busy.sum())
-    rng = np.random.default_rng(1)
-    replicates = [held(rng.integers(len(rows), size=len(rows))) for _ in range(RESAMPLES)]
-    lo, hi = np.percentile(replicates, [2.5, 97.5])
-    value = held(np.arange(len(rows)))
+    pairs_c = end_to_end_c(gain, busy)
+    direct = json.loads(ns.gossip_cost.read_text()) if ns.gossip_cost else None
     data = {
         "format": FORMAT,
         "measured_on": ns.measured_on,
@@ -163,12 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             f"pairs of AD-PSGD and local SGD (period 10){'; ' + ns.source if ns.source else ''}"
         ),
         "skipped": ns.skipped,
-        "gossip_cost": {
-            "value": value,
-            "interval": [float(lo), float(hi)],
-            "ratio_of_sums": raw,
-            "replicates": [round(r, 6) for r in replicates[:200]],
-        },
+        "gossip_cost": direct_c(direct, ns.gossip_cost) if direct else pairs_c,
+        "gossip_cost_end_to_end": pairs_c,
         "network": (
             {"intra": {k: network["levels"]["intra"][k] for k in ("alpha_s", "bandwidth_GBps")}}
             if math.isfinite(network["levels"]["intra"]["bandwidth_GBps"])
@@ -184,6 +175,38 @@ def main(argv: list[str] | None = None) -> int:
     if ns.table:
         print(table(data))
     return 0
+
+
+def end_to_end_c(gain: np.ndarray, busy: np.ndarray) -> dict:
+    """c from the pairs: their median, with a bootstrap over the pairs; unmeasured (value None, the raw
+    per-pair values kept) when the median lies outside the model's range [0, 1], which a drift larger than the
+    exchange time gives: never held to 0 or 1 with an interval of zero width."""
+    per_pair = gain / busy
+    raw = [float(c) for c in per_pair]
+    median = float(np.median(per_pair))
+    section = {"raw": raw, "ratio_of_sums": float(gain.sum() / busy.sum())}
+    if not 0.0 <= median <= 1.0:
+        why = f"the pairs' median c = {median:.4g} is outside the model's range [0, 1]"
+        return {"value": None, "unmeasured": why, "interval": None, "replicates": [], **section}
+
+    def held(pick: np.ndarray) -> float:  # a resample's median, in the model's range
+        return float(min(1.0, max(0.0, np.median(per_pair[pick]))))
+
+    rng = np.random.default_rng(1)
+    replicates = [held(rng.integers(len(raw), size=len(raw))) for _ in range(RESAMPLES)]
+    lo, hi = np.percentile(replicates, [2.5, 97.5])
+    return {"value": median, "interval": [float(lo), float(hi)],
+            "replicates": [round(r, 6) for r in replicates[:200]], **section}  # fmt: skip
+
+
+def direct_c(data: dict, path: Path) -> dict:
+    """The c measured directly (reproduce/scaling/adpsgd_cost/measure_c.py's file), as this file carries
+    it."""
+    c = data.get("gossip_cost") if isinstance(data, dict) else None
+    if not isinstance(c, dict) or "value" not in c:
+        raise SystemExit(f"--gossip-cost {path}: not a file of reproduce/scaling/adpsgd_cost/measure_c.py")
+    keep = ("value", "unmeasured", "interval", "replicates", "raw", "raw_interval")
+    return {**{k: c.get(k) for k in keep}, "source": f"{path}: {data.get('source', '')}"}
 
 
 def table(data: dict) -> str:
@@ -212,11 +235,20 @@ def table(data: dict) -> str:
         ],
     )
     spread = data["compute"]
+    pairs = data.get("gossip_cost_end_to_end", c)
+    said = (
+        f"c = {pairs['value']:.2f} [{pairs['interval'][0]:.2f}, {pairs['interval'][1]:.2f}] (the pairs' "
+        "median; 95% bootstrap over the pairs, each resample held to [0, 1])"
+        if pairs["value"] is not None
+        else f"c unmeasured: {pairs['unmeasured']} (per pair: {', '.join(f'{x:.3g}' for x in pairs['raw'])})"
+    )
+    if "source" in c:  # the file's c measured directly (--gossip-cost)
+        direct = f"c = {c['value']:.2f}" if c["value"] is not None else f"c unmeasured ({c['unmeasured']})"
+        said = f"The pairs: {said}. The file's c, measured directly: {direct} ({c['source'].split(':')[0]})"
     return (
-        f"{head}\n\nc = {c['value']:.2f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] (the pairs' "
-        "median, held to [0, 1]; 95% bootstrap over the pairs); the ratio of the sums is "
-        f"{c['ratio_of_sums']:.2f}. The thread-off runs' compute spread: sigma_rank "
-        f"{spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, rho {spread['rho']:.3f}."
+        f"{head}\n\n{said}; the ratio of the sums is {pairs['ratio_of_sums']:.2f}. The thread-off runs' "
+        f"compute spread: sigma_rank {spread['sigma_rank']:.3f}, sigma {spread['sigma']:.3f}, "
+        f"rho {spread['rho']:.3f}."
     )
 
 

@@ -20,7 +20,9 @@ reads: ``train.max_rounds`` (the rounds simulated; default 500) and ``train.batc
 batch per rank, given with its ``step_s``); ``train.epochs`` is refused (the model counts rounds); the others
 are checked and do not change a prediction. Simulate's own keys: ``gpus``, ``control_every``,
 ``samples_to_target`` and the workload's cost model (``step_s``, ``params``, ``compute``, ``sigma``,
-``overhead_s``, ``backward_fraction``, ``bytes_per_param``: the preset's numbers, :mod:`.presets`).
+``overhead_s``, ``backward_fraction``, ``bytes_per_param``: the preset's numbers, :mod:`.presets`; AD-PSGD's
+``gossip_cost``, ``adpsgd_averaging`` = per_step | none and ``averaging_s_per_param``, by default the figures
+measured here, :mod:`wagma_bench.simulate.gossip_inputs`).
 Defaults where they differ from `run`'s: every optimizer that runs on the workload (DropCompute where batches
 split), ``cluster=daint`` (``local`` with ``--calibrate``), and ``workload=resnet data=imagenet`` (the paper's
 ResNet-50 set-up) when neither a workload nor an ``experiment`` is given; a data path `run` would need
@@ -57,7 +59,8 @@ stays slow.
 
 ``--measured FILE``: measured model inputs (:mod:`wagma_bench.simulate.measured`;
 ``reproduce/scaling/measure_inputs.py`` and ``make gpu-check`` write them): AD-PSGD's exchange cost
-``gossip_cost`` (the seconds of compute each second of its thread's exchange takes, 0-1), the intra-node link,
+``gossip_cost`` (the seconds of compute each second of its thread's exchange takes, 0-1; a file that says it
+is unmeasured leaves the default), the intra-node link,
 the persistent spread; the command line wins over the file. ``--interval N``: also N predictions with their
 inputs resampled and the prediction with one assumption moved at a time
 (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which ``wagma-bench claims``

@@ -19,8 +19,8 @@ correction is queued and the compute thread adds it at its next ``step`` (before
 i.e. the gradient computed on the pre-average model is applied to the averaged one, the paper's update
 ``x_i <- (x_i + x_j) / 2 - lr * g(x_hat_i)``).
 
-Pacing: an active rank starts at most one exchange per local step (the paper pairs one averaging with
-each gradient), a passive rank answers every request.
+Pacing: an active rank starts at most one exchange per ``exchange_every`` local steps (default 1: the paper
+pairs one averaging with each gradient), a passive rank answers every request.
 
 Bounded staleness (the paper's ``T``): a peer's model used in an averaging was snapshotted at most one
 exchange ago, and the two ranks' step counts differ by less than ``sync_period``, because every rank
@@ -66,7 +66,8 @@ class ADPSGD(ADPSGDSpec, Algorithm):
         self._snapshot = torch.empty_like(self.flat)  # gossip thread: own model as sent
         self._received = torch.empty_like(self.flat)  # gossip thread: the peer's model
         self._lock = threading.Lock()
-        self._stepped = threading.Event()  # a local step happened since the last exchange (actives)
+        self._stepped = threading.Event()  # exchange_every local steps happened since the last set (actives)
+        self._since = 0  # local steps since the event was last set
         self._closing = False
         self._error: BaseException | None = None
         self._staleness = 0
@@ -96,7 +97,10 @@ class ADPSGD(ADPSGDSpec, Algorithm):
             self.local_optimizer.step()
             self.round += 1
             staleness, self._staleness = self._staleness, 0
-        self._stepped.set()
+        self._since += 1
+        if self._since >= self.settings.exchange_every:
+            self._since = 0
+            self._stepped.set()
         return StepInfo(round=self.round, comm_s=wait_s, staleness=staleness)
 
     def state_dict(self) -> dict:

@@ -268,6 +268,9 @@ class ADPSGDSpec(AlgorithmSpec):
     class Settings:
         name: str = "adpsgd"
         sync_period: int = setting(10, AT_LEAST_ONE)
+        # an active's thread starts one exchange per this many local steps at most (1: the paper's pairing of
+        # one averaging with each gradient; more: fewer exchanges, measured for the convergence model)
+        exchange_every: int = setting(1, AT_LEAST_ONE)
         outer: str = "none"  # refused unless none (outer_refusal)
 
 

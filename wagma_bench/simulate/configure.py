@@ -15,7 +15,14 @@ from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.config.schema import RunConfig, check_world, runs_on, validate
 from wagma_bench.imbalance import Imbalance
 from wagma_bench.simulate.costs import Network
-from wagma_bench.simulate.des import WORKLOAD_RANGES, Progress, SimConfig, Workload, local_state_tensors
+from wagma_bench.simulate.des import (
+    ADPSGD_AVERAGING,
+    WORKLOAD_RANGES,
+    Progress,
+    SimConfig,
+    Workload,
+    local_state_tensors,
+)
 from wagma_bench.simulate.measured import read_measured, with_measured
 from wagma_bench.simulate.presets import preset_for
 from wagma_bench.simulate.request import DEFAULT_GPUS, WORKLOAD_KEYS, Request, UsageError, optimizer_overrides
@@ -117,6 +124,9 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
                 raise UsageError(f"{key}={own[key]} is not allowed; it must be {allowed}")
             setattr(wl, key, int(number) if isinstance(cur, int) else number)
         else:
+            if key == "adpsgd_averaging" and own[key] not in ADPSGD_AVERAGING:
+                allowed = ", ".join(ADPSGD_AVERAGING)
+                raise UsageError(f"adpsgd_averaging={own[key]} is not allowed; choose one of: {allowed}")
             setattr(wl, key, own[key])
         wl.source = "preset + overrides"
     return wl

@@ -29,11 +29,12 @@ their torch-free specs, :mod:`wagma_bench.optim.specs`, and shared rules, :mod:`
 - ``sgp``: push-sum to one exponential-graph peer per step
   (:func:`~wagma_bench.comm.topology.exponential_peer`); without overlap a rank waits for its in-peer's and
   out-peer's messages; with ``overlap`` the message pushed at step t is waited for at step t+1.
-- ``adpsgd``: the compute thread never waits for a peer (only at the trainer's sync points); the gossip
-  thread of each even (active) rank exchanges with its partner in
-  :func:`~wagma_bench.comm.topology.random_matching` after each local step, odd (passive) ranks serve
-  requests one at a time, first come first served; each second of exchange takes ``gossip_cost`` seconds from
-  the rank's compute.
+- ``adpsgd``: as its authors run it. The compute thread never waits for a peer (only at the trainer's sync
+  points); the gossip thread of each even (active) rank exchanges with its partner in
+  :func:`~wagma_bench.comm.topology.random_matching` after each local step (each ``exchange_every``-th), odd
+  (passive) ranks serve requests one at a time, first come first served; each second of exchange takes
+  ``gossip_cost`` seconds from the rank's compute (default the c measured here), and each step pays the
+  averaging of the model with the shared buffer (``adpsgd_averaging``); see :func:`sim_adpsgd`.
 - ``wagma``: the wait-avoiding group allreduce of :mod:`wagma_bench.comm.wait_avoiding` over
   :func:`~wagma_bench.comm.topology.butterfly_stage` groups, with its exact protocol: a group round starts
   on a rank when its progress thread is free and either its compute thread asked for it or an activation
@@ -64,6 +65,7 @@ engine: between the answer and the post, where the real update happens).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -92,6 +94,7 @@ from wagma_bench.optim.specs import (
     parse_threshold,
 )
 from wagma_bench.simulate.costs import Network
+from wagma_bench.simulate.gossip_inputs import MEASURED_AVERAGING_S_PER_PARAM, MEASURED_GOSSIP_COST
 from wagma_bench.simulate.spread import draw_persistent
 
 DELAY_BLOCK = 1 << 18  # rank-steps of injected delays drawn at once (delay_matrix)
@@ -100,11 +103,16 @@ DELAY_BLOCK = 1 << 18  # rank-steps of injected delays drawn at once (delay_matr
 CHUNK = 1 << 20
 CONTROL_BYTES = 7 * 8  # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
 COMPUTE_MODELS = ("constant", "lognormal", "empirical", "trace", "persistent")
+# AD-PSGD's per-step averaging with the shared buffer (sim_adpsgd): charged each step as the authors' code
+# runs it, or left out (the suite's AD-PSGD adds one pending correction instead); a structure the model cannot
+
+ADPSGD_AVERAGING = ("per_step", "none")
 
 
 # the cost model's numbers a user may set that have a range (simulate's `KEY=VALUE`): (low, high, allowed)
 WORKLOAD_RANGES = {
     "gossip_cost": (0.0, 1.0, "a number from 0 to 1"),
+    "averaging_s_per_param": (0.0, 1e-6, "a number of seconds per parameter from 0 to 1e-6"),
     "sigma": (0.0, math.inf, "a number >= 0"),
     "sigma_rank": (0.0, math.inf, "a number >= 0"),
     "rho": (-0.99, 0.99, "a number between -0.99 and 0.99"),
@@ -129,9 +137,13 @@ class Workload:
     overhead_s: float = 0.0  # per-step time outside compute, delay and communication
     backward_fraction: float = 2 / 3  # share of the compute spent in backward (allreduce overlaps it)
     memory_GBps: float = 20.0  # memory bandwidth of a rank's elementwise updates (the outer step's cost)
-    gossip_cost: float = (
-        0.0  # AD-PSGD: seconds of compute lost per second its thread exchanges, 0-1 (sim_adpsgd)
-    )
+    # AD-PSGD (sim_adpsgd): seconds of compute lost per second its thread exchanges, 0-1; default the figure
+    # measured here (simulate/gossip_inputs.py), 0 only when asked (gossip_cost=0)
+    gossip_cost: float = MEASURED_GOSSIP_COST
+    # AD-PSGD: per_step (default, the authors' code: every step the compute thread averages every layer with
+    # the shared buffer, at averaging_s_per_param seconds per parameter) | none (not charged)
+    adpsgd_averaging: str = "per_step"
+    averaging_s_per_param: float = MEASURED_AVERAGING_S_PER_PARAM
     source: str = "preset"  # where the numbers come from (preset | calibrated from RUN_DIR)
 
     @property
@@ -579,58 +591,91 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
 
 # --- AD-PSGD -------------------------------------------------------------------------------------------
 
-GOSSIP_ITERATIONS = 8  # rounds of (compute schedule -> exchanges -> their cost on the compute) at most
-# ... stopped once no step's charge moves by more than this share of the median compute time (each round moves
-# it about a fifth of the round before; the throughput then moves by less than 0.1%)
+# rounds of (compute schedule -> exchanges -> their cost on the compute) at most; a line says when they were
+# not enough (on a link too slow for one exchange per step each round moves the end by about c times the move
+# of the round before: 15-20 rounds at c = 0.5)
+GOSSIP_ITERATIONS = 100
+# ... stopped once a round moves the end of the run by less than this share of the median compute time. The
+# end, not each step's charge: at c near 1 on a slow link the charges keep moving between steps (which step an
+# exchange falls in) while the end, and every figure the result gives, has settled.
 GOSSIP_TOLERANCE = 1e-3
 
 
 @simulates("adpsgd")
 def sim_adpsgd(cfg: SimConfig) -> SimResult:
-    """AD-PSGD: compute never waits for a peer (only at sync points); the gossip thread's exchanges are served
-    in batches (:func:`_gossip`).
+    """AD-PSGD as its authors run it: compute never waits for a peer (only at sync points); the gossip
+    thread's exchanges are served in batches (:func:`_gossip`), at most one per
+    ``exchange_every`` local steps.
 
-    What the exchanges cost the compute (``workload.gossip_cost``, c from 0 to 1): each second a rank's gossip
-    thread spends in an exchange (an active's transfer, or a passive serving one) while the rank computes
-    takes c seconds from its compute, so a step lengthens by c times the exchange time inside it -- the
-    thread's copies, averaging and transfer share the rank's host with its compute (the authors' thread copies
-    layer by layer through the CPU and spins on its locks); c = 1: the compute stops while the thread
-    exchanges. The compute schedule and the exchanges depend on each other (a slower step moves the next
-    exchange), so both are recomputed until the schedule settles (``GOSSIP_TOLERANCE``, ``GOSSIP_ITERATIONS``
-    at most). c = 0 is the model of a free exchange: the compute thread's upper bound. The measured c and its
-    interval: ``reproduce/scaling/measure_inputs.py`` (docs/simulator.md)."""
+    What the authors' code (Lian et al.'s AD-PSGD) costs a rank besides its compute: its exchange thread runs
+    beside the compute thread, copying each layer through the CPU and spinning on locks, and every step the
+    compute thread averages every layer with the buffer that thread shares with it. Two charges model that:
+
+    - the exchanges (``workload.gossip_cost``, c from 0 to 1, default the figure measured here): each second a
+      rank's thread spends in an exchange (an active's transfer, or a passive serving one) while the rank
+      computes takes c seconds from its compute, so a step lengthens by c times the exchange time inside it
+      (c = 1: the compute stops while the thread exchanges; c = 0, only when asked: a free exchange, the
+      compute thread's upper bound);
+    - the per-step averaging (``adpsgd_averaging=per_step``, the default; ``none`` leaves it out): every step
+      of a rank with a peer lengthens by ``params x averaging_s_per_param``, measured here.
+
+    The compute schedule and the exchanges depend on each other (a slower step moves the next exchange), so
+    both are recomputed until no step's charge moves by ``GOSSIP_TOLERANCE`` of a median step (at most
+    ``GOSSIP_ITERATIONS`` rounds; a line on stderr says when that was not enough). Exchanges that do not keep
+    up with the steps are not dropped for free: ``exchanges_per_step`` (below 1 when the network cannot carry
+    one exchange per step) is what time to target reads (:func:`~wagma_bench.simulate.gossip_inputs.
+    mixing_factor`: the samples to target measured at fewer exchanges per step). docs/simulator.md says what
+    was measured and where."""
     run = SimState(cfg, sync_period(cfg))  # the run's barrier: the algorithm's own rule
-    cost = float(cfg.workload.gossip_cost)
-    extra = np.zeros((run.P, run.rounds))
-    for _ in range(GOSSIP_ITERATIONS):
+    wl, cost = cfg.workload, float(cfg.workload.gossip_cost)
+    check_choice("adpsgd_averaging", wl.adpsgd_averaging, ADPSGD_AVERAGING)
+    averaging = (
+        wl.params * wl.averaging_s_per_param if wl.adpsgd_averaging == "per_step" and run.P > 1 else 0.0
+    )
+    extra = np.full((run.P, run.rounds), averaging)
+    rounds, converged, settled, last_end = 0, run.P == 1, 0, math.inf
+    tolerance = GOSSIP_TOLERANCE * float(np.median(run.compute))
+    while not converged and rounds < GOSSIP_ITERATIONS:
+        rounds += 1
         starts, ends, end_time = _compute_schedule(run, extra)
-        if run.P == 1:
-            return run.result(
-                end_time,
-                np.full(run.P, run.rounds),
-                exchanges_per_step=0.0,
-                gossip_cost_share=0.0,
-                gossip_busy_share=0.0,
-            )
+        moved, last_end = abs(end_time - last_end), end_time
+        settled = settled + 1 if moved <= tolerance else 0
         exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
         run.tick("time in exchanges", 0.0)
         windows = starts + run.compute[:, : run.rounds] + extra  # the compute part of each step
         overlap = busy_between(busy, run.P, starts, windows, run.tick)
-        if cost == 0:
-            break
-        new = cost * overlap  # a step's compute window lengthened by c times the exchange time inside it
-        if float(np.abs(new - extra).max(initial=0.0)) <= GOSSIP_TOLERANCE * float(np.median(run.compute)):
-            break  # the schedule, its exchanges and the charges it was computed with agree
-        extra = new
+        # a step's compute window lengthened by c times the exchange time inside it, and by the averaging
+        new = averaging + cost * overlap
+        converged = settled >= 1 or not np.any(new != extra)
+        if not converged:
+            extra = new
+    if run.P == 1:
+        _, _, end_time = _compute_schedule(run, extra)
+        exchanges, lag, overlap, windows, starts = 0, 0.0, np.zeros(1), np.ones(1), np.zeros(1)
+    elif not converged:
+        print(
+            f"simulate: adpsgd at P={run.P}: the exchange cost did not settle in {GOSSIP_ITERATIONS} rounds "
+            f"(its last round moved the end by {moved:.3g} s); the throughput is that round's",
+            file=sys.stderr,
+        )
+    computed = max(1e-300, float(run.compute[:, : run.rounds].sum()))
     return run.result(
         end_time,
         np.full(run.P, run.rounds),
         staleness=lag,
         exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
-        gossip_cost_share=float(extra.sum() / max(1e-300, run.compute[:, : run.rounds].sum())),
+        gossip_cost_share=float((extra - averaging).sum() / computed),
+        averaging_share=float(averaging * extra.size / computed),
         # the share of compute time during which the rank's thread exchanges (what c acts on)
         gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())),
+        gossip_rounds=rounds,
+        gossip_converged=converged,
     )
+
+
+def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
 def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -676,10 +721,12 @@ def busy_between(
     tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
+    # each rank's first interval: one search a rank (not one an element, as the times' are)
+    first_of = np.searchsorted(axis, np.arange(world, dtype=float) * span, side="left")[:, None]
+
     def busy_until(t: np.ndarray) -> np.ndarray:  # busy time of each rank (row) before time t
-        rows = np.broadcast_to(np.arange(world)[:, None], t.shape)
-        first = np.searchsorted(axis, rows * span, side="left")  # the rank's first interval
-        last = np.searchsorted(axis, rows * span + t, side="right")  # intervals begun by t
+        first = np.broadcast_to(first_of, t.shape)
+        last = np.searchsorted(axis, np.arange(world)[:, None] * span + t, side="right")  # begun by t
         partial = np.where(
             last > first,
             np.clip(t - begin[np.maximum(last - 1, 0)], 0.0, length[np.maximum(last - 1, 0)]),
@@ -725,7 +772,8 @@ def _gossip(
     cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
 ) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
-    ended after it woke, so one exchange per local step at most; the ``e``-th exchange of every active goes to
+    ended after it woke and whose count is a multiple of ``exchange_every`` (the step that set its event), so
+    one exchange per ``exchange_every`` local steps at most; the ``e``-th exchange of every active goes to
     its partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive
     serves one at a time, first come first served (in the order the actives' threads woke), from the header's
     arrival. Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as
@@ -747,13 +795,14 @@ def _gossip(
         True: 2 * net.intra.p2p(nbytes),
         False: 2 * net.inter.p2p(nbytes),
     }  # both models, one after the other
+    every = int(getattr(cfg.settings, "exchange_every", 1))
     free = np.zeros(P)  # when each passive is free
-    wake = ends[actives, 0].copy()  # each active's pending request: when its thread woke
+    wake = ends[actives, min(every, rounds) - 1].copy()  # each active's pending request: when its thread woke
     exchange = np.zeros(len(actives), dtype=int)
     ended = np.zeros(
         len(actives), dtype=int
     )  # each active's steps ended by its wake: only grows, so moved on
-    alive = wake < end_time
+    alive = (wake < end_time) & (every <= rounds)
     out: list[tuple[np.ndarray, ...]] = []
     while alive.any():
         i = np.nonzero(alive)[0]
@@ -763,7 +812,8 @@ def _gossip(
         real = p != a
         latency = net.control_latencies(a, p)
         swap = np.where(a // net.gpus_per_node == p // net.gpus_per_node, swap_of[True], swap_of[False])
-        k = ended[i] = _steps_ended_from(ends, a, t, ended[i])
+        ended[i] = _steps_ended_from(ends, a, t, ended[i])
+        k = -(-(ended[i] + 1) // every) * every - 1  # the next step that sets the thread's event
         next_end = np.where(k < rounds, ends[a, np.minimum(k, rounds - 1)], math.inf)
         earliest = np.maximum(
             np.where(real, t + latency + swap, t), next_end

@@ -16,6 +16,7 @@ from wagma_bench.record.files import write_text_atomic
 from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.convergence import target_hits
 from wagma_bench.simulate.des import simulate
+from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.measured import read_measured
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.request import Request
@@ -58,7 +59,7 @@ def write_interval(
                         ticker.simulation(f"{name} at P={p}"),
                     )
                 )
-                stt = inputs.samples_to_target.get(name)
+                stt, _ = mixed_samples_to_target(res.row(), inputs.samples_to_target.get(name))
                 out_.setdefault(p, {})[name] = {
                     "throughput": res.throughput,
                     "time_to_target_s": stt / res.throughput if stt else None,

@@ -37,6 +37,9 @@ class Measured:
     source: str = ""
     skipped: list[str] = field(default_factory=list)
     gossip_cost: float | None = None
+    gossip_unmeasured: str | None = (
+        None  # why the file's c is not a measurement (outside [0, 1] before holding)
+    )
     gossip_replicates: list[float] = field(default_factory=list)
     intra: Any = None  # a costs.Link
     compute: dict[str, float] = field(default_factory=dict)
@@ -45,6 +48,9 @@ class Measured:
         """One line for the output: what was read and where it was measured."""
         got = [
             f"gossip_cost {self.gossip_cost:.3g}" if self.gossip_cost is not None else None,
+            f"gossip_cost unmeasured ({self.gossip_unmeasured}; the default c is used)"
+            if self.gossip_unmeasured
+            else None,
             "intra-node link" if self.intra is not None else None,
             "compute spread" if self.compute else None,
         ]
@@ -72,7 +78,9 @@ def read_measured(path: str | Path) -> Measured:
         )
     m = Measured(where, raw["measured_on"], str(raw.get("source", "")), list(raw.get("skipped") or []))
     gossip = raw.get("gossip_cost")
-    if gossip is not None:
+    if isinstance(gossip, dict) and gossip.get("value") is None and gossip.get("unmeasured"):
+        m.gossip_unmeasured = str(gossip["unmeasured"])  # said as such, never read as a measured 0
+    elif gossip is not None:
         m.gossip_cost = _number(gossip.get("value"), "gossip_cost.value", where)
         m.gossip_replicates = [
             _number(v, "gossip_cost.replicates", where) for v in gossip.get("replicates", [])

@@ -14,6 +14,7 @@ from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.convergence import samples_to_target
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import SimResult, Workload, simulate
+from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.interval import write_interval
 from wagma_bench.simulate.outputs import (
     contended_runs,
@@ -106,6 +107,10 @@ def _columns(interval: bool) -> list[tuple[str, str]]:
 
 def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, took: float) -> dict:
     r = res.row()
+    # AD-PSGD at fewer exchanges per step than the convergence runs made needs more samples (gossip_inputs)
+    stt, mixing = mixed_samples_to_target(r, stt)
+    if r["optimizer"] == "adpsgd":
+        r["mixing_factor"] = mixing
     r.update(
         label=res.optimizer,
         imbalance=imbalance.name,
