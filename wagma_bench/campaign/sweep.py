@@ -407,13 +407,13 @@ def render(
         "gpu_hours": prequeue.gpu_hours(spec.cluster, [(r.gpus, configs[r.name]) for r in runs], step_times),
     }
     out = out.resolve()
-    if (out / MANIFEST).exists():
-        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    folders = [out / d for d in ("jobs", "logs", runs_dir)]
+    folders = [out / MANIFEST, *(out / d for d in ("jobs", "logs", runs_dir))]
     for folder in folders:  # every one checked before any is made: a refusal leaves --out as it was
         if folder.is_symlink():
             raise refuse_link(folder, OUTPUT_HINT)
-    for folder in folders:  # through the one writer: SLURM writes the logs and the runs into these later
+    if (out / MANIFEST).exists():
+        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
+    for folder in folders[1:]:  # through the one writer: SLURM writes the logs and the runs into these later
         run_subdir(folder, OUTPUT_HINT)
     jobs = []
     for j, group in enumerate(group_jobs(runs, array)):
@@ -437,6 +437,7 @@ def render(
         )
     manifest = {
         "version": 1,
+        "dir": str(out),  # where its scripts write: a copy elsewhere is refused (sweep_jobs.load_manifest)
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "cluster": dataclasses.asdict(spec.cluster),

@@ -37,7 +37,6 @@ being better.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import shlex
@@ -58,6 +57,7 @@ from wagma_bench.analysis.tuning import (
 )
 from wagma_bench.campaign.reference import VERSION as REFERENCE_VERSION
 from wagma_bench.campaign.reference import reference_s
+from wagma_bench.config import readback
 from wagma_bench.config.overrides import CommandParser, refuse_path_options
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.renamed import new_key, renamed_overrides
@@ -285,7 +285,7 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
     }
     path = args.out / PLAN
     if path.exists():
-        earlier = json.loads(path.read_text())
+        earlier = readback.load(path, readback.TUNE_PLAN)
         if in_current_names(earlier) != (plan["common"], plan["trials"]):
             raise ConfigError(
                 f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 from pathlib import Path
 
+from wagma_bench.config import readback
 from wagma_bench.config.identity import identity, resume_hash
 from wagma_bench.config.recorded import setting
 from wagma_bench.errors import ConfigError
@@ -97,10 +97,10 @@ def recorded_folder(run_dir: Path) -> Path:
     """Where the run in ``run_dir`` keeps its sets: as
     ``RUN_DIR/checkpoint.json`` records, else the default."""
     try:
-        return Path(json.loads((Path(run_dir) / WHERE).read_text())["dir"])
+        return Path(readback.load(Path(run_dir) / WHERE, readback.CHECKPOINT_WHERE)["dir"])
     except FileNotFoundError:
         return Path(os.path.abspath(run_dir)) / DEFAULT
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         raise CheckpointError(
             f"{Path(run_dir) / WHERE} cannot be read ({err}); it records where the run's checkpoints are"
         ) from None
@@ -163,7 +163,7 @@ def _latest_in(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return root / name, json.loads((root / name / MANIFEST).read_text())
+        return root / name, readback.load(root / name / MANIFEST, readback.CHECKPOINT_MANIFEST)
     except (OSError, ValueError) as err:
         if quiet:
             return None

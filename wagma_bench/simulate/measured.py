@@ -17,12 +17,12 @@ What is given on simulate's command line (``gossip_cost=``, ``sigma=`` ...) wins
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config import readback
 from wagma_bench.simulate.costs import Network, parse_link
 from wagma_bench.simulate.des import WORKLOAD_RANGES, Workload
 
@@ -56,12 +56,12 @@ def read_measured(path: str | Path) -> Measured:
     """Read and check a measured-inputs file; a ``ValueError`` naming the file and the key otherwise."""
     where = str(path)
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"--measured {where}: not a measured-inputs file ({type(err).__name__}: {err})"
-        ) from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raw = readback.load(path, readback.MEASURED)  # every section of its type, else one line
+    except readback.ReadBackError as err:
+        raise readback.ReadBackError(f"--measured {err}") from None
+    except OSError as err:
+        raise ValueError(f"--measured {where}: cannot be read ({err.strerror or err})") from None
+    if raw["format"] != FORMAT:
         raise ValueError(
             f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/measure_inputs.py or "
             "make gpu-check writes one)"
@@ -70,7 +70,7 @@ def read_measured(path: str | Path) -> Measured:
         raise ValueError(
             f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}"
         )
-    m = Measured(where, raw["measured_on"], str(raw.get("source", "")), list(raw.get("skipped") or []))
+    m = Measured(where, raw["measured_on"], str(raw.get("source") or ""), list(raw.get("skipped") or []))
     gossip = raw.get("gossip_cost")
     if gossip is not None:
         m.gossip_cost = _number(gossip.get("value"), "gossip_cost.value", where)

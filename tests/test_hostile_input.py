@@ -1,0 +1,127 @@
+"""Hostile and careless input at the command line (issue 79): damaged files the suite reads back, links where it
+writes, copied sweep folders. Each command is called in this process (``wagma_bench.cli.main``) and must answer
+in one line on stderr with exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wagma_bench.cli import main
+
+VALID_MANIFEST = {
+    "version": 1,
+    "jobs": [{"script": "jobs/000_0002gpu.sbatch", "gpus": 2, "array": True, "runs": 1, "job_id": None}],
+    "runs": [
+        {
+            "name": "r0",
+            "gpus": 2,
+            "overrides": ["seed=1"],
+            "run_dir": "runs/r0",
+            "job": 0,
+            "array_index": 0,
+        }
+    ],
+}
+DAMAGED = {
+    "cut at 700 bytes": lambda text: text[:700],
+    "empty": lambda text: "",
+    "a JSON list": lambda text: "[1, 2]",
+    "jobs a string": lambda text: json.dumps({**VALID_MANIFEST, "jobs": "all"}),
+    "a run_dir outside": lambda text: json.dumps(
+        {**VALID_MANIFEST, "runs": [{**VALID_MANIFEST["runs"][0], "run_dir": "../../escaped"}]}
+    ),
+}
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("action", ["status", "cancel", "submit", "wait"])
+@pytest.mark.parametrize("damage", list(DAMAGED))
+def test_a_damaged_sweep_manifest_is_one_line(tmp_path, capsys, action, damage):
+    text = json.dumps({**VALID_MANIFEST, "runs": VALID_MANIFEST["runs"] * 8}, indent=2)
+    assert len(text) > 900
+    (tmp_path / "manifest.json").write_text(DAMAGED[damage](text))
+    rc = main(["sweep", action, str(tmp_path), *(["--timeout", "1"] if action == "wait" else [])])
+    line = one_line(capsys)
+    assert rc == 2 and "manifest.json" in line, line
+
+
+@pytest.mark.parametrize(
+    "content,said",
+    [
+        ('{"version": 1, "report": {', "not valid JSON"),
+        ("", "empty"),
+        ("[1, 2]", "must be a mapping"),
+        ('{"version": 1}', "report is missing"),
+    ],
+)
+def test_a_damaged_wandb_spec_is_one_line(tmp_path, capsys, monkeypatch, content, said):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    spec = tmp_path / "wandb-report.json"
+    spec.write_text(content)
+    rc = main(["report", "--wandb-publish", str(spec)])
+    line = one_line(capsys)
+    assert rc == 2 and str(spec) in line and said in line, line
+
+
+MEASURED_OK = {"format": "wagma-bench measured inputs 1", "measured_on": "cpu"}
+
+
+@pytest.mark.parametrize(
+    "section,value",
+    [
+        ("gossip_cost", "0.1"),
+        ("compute", [0.1]),
+        ("network", "fast"),
+        ("skipped", 3),
+        ("gossip_cost", {"value": 0.1, "replicates": 4}),
+        ("network", {"intra": "fast"}),
+    ],
+)
+def test_a_measured_file_with_a_wrongly_typed_section_is_one_line(tmp_path, capsys, section, value):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({**MEASURED_OK, section: value}))
+    rc = main(
+        ["simulate", "gpus=8", "optimizer=allreduce", "--measured", str(path), "--out", str(tmp_path / "s")]
+    )
+    line = one_line(capsys)
+    assert rc == 2 and str(path) in line and section in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def render(out: Path) -> int:
+    return main(
+        ["sweep", "cluster=local", "gpus=2", "train.max_rounds=4", "--data-on-nodes", "--out", str(out)]
+    )
+
+
+def test_a_dangling_link_at_the_manifest_is_named_and_nothing_is_left(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "manifest.json").symlink_to(tmp_path / "nowhere.json")
+    assert render(out) == 2
+    line = one_line(capsys)
+    assert f"{out / 'manifest.json'} is a symbolic link" in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+    assert not (tmp_path / "nowhere.json").exists()
+
+
+def test_a_copied_sweep_folder_is_refused_naming_the_original(tmp_path, capsys):
+    import shutil
+
+    original = tmp_path / "sweep"
+    assert render(original) == 0
+    capsys.readouterr()
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, symlinks=True)
+    rc = main(["sweep", "submit", str(copy)])
+    line = one_line(capsys)
+    assert rc == 2 and f"rendered in {original}" in line, line
+    assert json.loads((original / "manifest.json").read_text())["jobs"][0]["job_id"] is None
