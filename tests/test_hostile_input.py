@@ -1,6 +1,6 @@
-"""Hostile and careless input at the command line (issue 79): damaged files the suite reads back, links where it
-writes, copied sweep folders. Each command is called in this process (``wagma_bench.cli.main``) and must answer
-in one line on stderr with exit 2, never a traceback."""
+"""Hostile and careless input at the command line (issue 79): damaged files the suite reads back, links where
+it writes, copied sweep folders. Each command is called in this process (``wagma_bench.cli.main``) and must
+answer in one line on stderr with exit 2, never a traceback."""
 
 from __future__ import annotations
 
