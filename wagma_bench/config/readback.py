@@ -115,6 +115,8 @@ def _shape_fits(value: Any, spec: Any) -> bool:
         return isinstance(value, dict)
     if isinstance(spec, list):
         return isinstance(value, list)
+    if isinstance(spec, tuple) and not all(isinstance(s, type) for s in spec):
+        return any(_shape_fits(value, s) for s in spec)
     kinds = spec if isinstance(spec, tuple) else (spec,)
     return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
 
@@ -234,7 +236,14 @@ TUNE_PLAN = Schema(
 CLAIMS = Schema("claims file", {"claims": [dict]}, "hand (reproduce/claims.yaml)", fmt="yaml")
 PREDICTIONS = Schema(
     "simulator prediction table (predictions.json)",
-    [{"optimizer": str, "world_size": int, optional("throughput"): (*NUMBER, NONE)}],
+    [
+        {
+            "optimizer": str,
+            "world_size": int,
+            optional("throughput"): (*NUMBER, NONE),
+            optional("time_to_target_s"): (*NUMBER, NONE),
+        }
+    ],
     "wagma-bench simulate --out",
 )
 INTERVALS = Schema(
