@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.config import readback
+from wagma_bench.config.readback import RUN_SUMMARY, load
 from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.config.renamed import renamed_fields
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
@@ -418,6 +418,6 @@ def _no_older(a: Path, b: Path) -> bool:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return readback.load(path, readback.RUN_SUMMARY)
+        return load(path, RUN_SUMMARY)
     except (OSError, ValueError):  # absent, not JSON (a torn write, another file's bytes), not a summary
         return None
