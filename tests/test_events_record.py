@@ -183,7 +183,8 @@ def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
     safe file writer (which imports only the error types, a leaf), the recorded configuration's reader
     (which imports only the table of renamed keys), that table itself (a leaf) and the one reader of files
-    read back (the error types only), so no cycle (events <-> loggers, events <-> mlperf) can run through it."""
+    read back (the error types only), so no cycle (events <-> loggers, events <-> mlperf) can run through
+    it."""
     assert _imports(PACKAGE / "record" / "events.py") <= {
         "wagma_bench.config.readback",
         "wagma_bench.config.schedules",
