@@ -125,3 +125,27 @@ def test_a_copied_sweep_folder_is_refused_naming_the_original(tmp_path, capsys):
     line = one_line(capsys)
     assert rc == 2 and f"rendered in {original}" in line, line
     assert json.loads((original / "manifest.json").read_text())["jobs"][0]["job_id"] is None
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--cfg", "job"],  # before the fix: the composed configuration printed, exit 0
+        ["simulate", "gpus=8"],
+        ["sweep", "cluster=local", "gpus=2", "--dry-run"],
+        ["tune", "--dry-run", "cluster=local", "gpus=2"],
+    ],
+    ids=lambda c: c[0],
+)
+@pytest.mark.parametrize(
+    "old,new",
+    [("train.max_steps=5", "train.max_rounds=7"), ("optimizer.period=4", "optimizer.sync_period=8")],
+)
+def test_an_old_and_a_new_name_at_two_values_are_refused_naming_both(tmp_path, capsys, command, old, new):
+    optimizer = ["optimizer=local_sgd"] if old.startswith("optimizer") else []
+    rc = main(
+        [*command, *optimizer, old, new, *(["--out", str(tmp_path / "o")] if command[0] != "run" else [])]
+    )
+    line = one_line(capsys) if rc == 2 else capsys.readouterr().err
+    assert rc == 2 and old.partition("=")[0] in line and new.partition("=")[0] in line, line
+    assert not (tmp_path / "o").exists()
