@@ -5,6 +5,7 @@ answer in one line on stderr with exit 2, never a traceback."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,45 @@ def test_an_old_and_a_new_name_at_two_values_are_refused_naming_both(tmp_path, c
     line = one_line(capsys) if rc == 2 else capsys.readouterr().err
     assert rc == 2 and old.partition("=")[0] in line and new.partition("=")[0] in line, line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["gpus=65536", "train.max_rounds=1000000000"], "train.max_rounds=1000000000"),
+        (["gpus=4", "train.max_rounds=100000000"], "train.max_rounds=100000000"),
+        (["gpus=8", "--interval", "1000000000"], "--interval 1000000000"),
+        (["gpus=8", "compute=persistent", "sigma_rank=1e300"], "sigma_rank=1e+300"),
+        (["gpus=8", "step_s=inf"], "step_s=inf"),
+        (["gpus=8", "rho=0.5"], "rho=0.5"),
+    ],
+)
+def test_simulate_refuses_unbounded_work_and_magnitudes_within_a_second(tmp_path, capsys, args, named):
+    """Bounded by the work a simulation implies (ranks x rounds; replicates x that), finite inputs only, and
+    rho only with the model that reads it (compute=persistent)."""
+    import time
+
+    import wagma_bench.cli.simulate  # noqa: F401 - its imports are not the refusal's time
+
+    start = time.perf_counter()
+    rc = main(["simulate", "optimizer=allreduce", *args, "--out", str(tmp_path / "s")])
+    took = time.perf_counter() - start
+    line = one_line(capsys)
+    assert rc == 2 and named in line, line
+    assert took < 5, took  # the refusal comes before anything is simulated (1 s on a quiet machine)
+    assert not (tmp_path / "s").exists()
+
+
+def test_simulates_output_json_holds_finite_values_only(tmp_path):
+    """A NaN or an infinity (a spread that overflowed, a throughput of 0) is written as null: strict readers
+    (jq, JavaScript) refuse the bare tokens Python writes."""
+    from wagma_bench.simulate.interval import compact_json
+    from wagma_bench.simulate.outputs import write_table
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in {text[:80]}"))
+
+    rows = [{"optimizer": "wagma", "world_size": 8, "throughput": float("inf"), "time_to_target_s": math.nan}]
+    write_table(rows, tmp_path, "predictions")
+    assert strict((tmp_path / "predictions.json").read_text())[0]["throughput"] is None
+    assert strict(compact_json({"predictions": [{"8": {"wagma": {"throughput": math.nan}}}]}))

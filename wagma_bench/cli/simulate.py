@@ -87,7 +87,14 @@ from wagma_bench.cli.text import plain
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
 from wagma_bench.simulate.predict import predict
-from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
+from wagma_bench.simulate.request import (
+    DEFAULT_GPUS,
+    Request,
+    add_options,
+    check_work,
+    sort_overrides,
+    take_paths,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -112,6 +119,7 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     req = sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
     req.measured, req.interval = ns.measured, ns.interval
+    check_work(req)  # before anything is composed: within a second
     return req, ns
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from wagma_bench.config import readback
 from wagma_bench.simulate.costs import Network, parse_link
-from wagma_bench.simulate.des import WORKLOAD_RANGES, Workload
+from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.request import BOUNDS
 
 FORMAT = "wagma-bench measured inputs 1"
 PLACES = ("cpu", "gpu")
@@ -89,7 +90,7 @@ def read_measured(path: str | Path) -> Measured:
 
 def _number(value: Any, key: str, where: str) -> float:
     name = key.split(".")[-1] if key.startswith("compute.") else key.split(".")[0]
-    low, high, allowed = WORKLOAD_RANGES.get(name, (-math.inf, math.inf, "a number"))
+    low, high, allowed = BOUNDS.get(name, (-math.inf, math.inf, "a number"))
     try:
         v = float(value)
     except (TypeError, ValueError):

@@ -4,12 +4,11 @@ time-to-target figure (the throughput figure is the report's,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import markdown_table, write_csv
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import strict_json, write_text_atomic
 
 
 def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
@@ -18,7 +17,8 @@ def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
 
 def write_table(rows: list[dict], out: Path, stem: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / f"{stem}.json", json.dumps(rows, indent=2, default=float) + "\n")
+    # strict JSON: a NaN or an infinity (an overflowed spread) as null, never the bare tokens
+    write_text_atomic(out / f"{stem}.json", strict_json(rows, indent=2, default=float) + "\n")
     write_csv(rows, out / f"{stem}.csv")
 
 
