@@ -192,3 +192,48 @@ def test_simulates_output_json_holds_finite_values_only(tmp_path):
     write_table(rows, tmp_path, "predictions")
     assert strict((tmp_path / "predictions.json").read_text())[0]["throughput"] is None
     assert strict(compact_json({"predictions": [{"8": {"wagma": {"throughput": math.nan}}}]}))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system of its own (a tmpfs: mounting one needs root, as the namespace tests do)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_simulate_on_a_filling_disk_leaves_its_earlier_outputs_whole(small_disk, capsys):
+    """The tables fit, the figure does not: exit 1 in one line, --out as the earlier simulation left it (no
+    new table beside the old figure), nothing staged left; a staging folder of a killed run is removed."""
+    import shutil
+    import socket
+    import subprocess
+
+    out = small_disk / "sim"
+    args = ["simulate", "optimizer=allreduce", "train.max_rounds=20", "--out", str(out)]
+    assert main([args[0], "gpus=8", *args[1:]]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["predictions.csv", "predictions.json", "throughput.png"]
+    pid = subprocess.Popen(["true"])  # a PID that has ended: the killed run's
+    pid.wait()
+    killed = small_disk / f".sim.tmp-{socket.gethostname()}-{pid.pid}-abcdefgh"
+    killed.mkdir()
+    (killed / ".predictions.json.tmpxyz").write_bytes(b"")
+    (small_disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 3 * 4096))
+    capsys.readouterr()
+    assert main([args[0], "gpus=8,16", *args[1:]]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("wagma-bench")]
+    assert said[0] == f"wagma-bench: removed {killed}, left by a killed run (PID {pid.pid})", said
+    assert len(said) == 2 and "No space left on device" in said[1], said
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "sim"]
+    (small_disk / "filler").unlink()
+    assert main([args[0], "gpus=8,16", *args[1:]]) == 0
+    assert (out / "predictions.json").read_bytes() != before["predictions.json"]

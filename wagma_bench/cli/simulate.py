@@ -84,6 +84,7 @@ from pathlib import Path
 from wagma_bench import exits
 from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
+from wagma_bench.record.files import staged_outputs
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
 from wagma_bench.simulate.predict import predict
@@ -129,15 +130,36 @@ def _simulate(argv: list[str]) -> int:
     out = Path(ns.out)
     runs = compose_runs(req)
     check_worlds(runs, req.gpus or ([] if req.calibrate else list(DEFAULT_GPUS)))
-    pooled = network = None
-    if req.calibrate:
-        _, pooled, network = compare_with_runs(req, out)
-        if req.gpus is None:
-            return 0
-    workload, network = model_inputs(req, runs, pooled, network)
-    if ns.cfg == "job":
+    if ns.cfg == "job" and not req.calibrate:  # prints what it would simulate: --out untouched
+        workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))
         return 0
-    predict(req, runs, network, workload, out, started)
+    # built beside --out and moved in at the end, as report's and claims' outputs: a full disk or an error
+    # partway leaves --out as it was, and an earlier simulation's outputs that this one has not are removed
+    with staged_outputs(out, owned=OUTPUTS) as stage:
+        pooled = network = None
+        if req.calibrate:
+            _, pooled, network = compare_with_runs(req, stage)
+            if req.gpus is None:
+                return 0
+        workload, network = model_inputs(req, runs, pooled, network)
+        if ns.cfg == "job":
+            print(composed(req, runs, network, workload))
+            return 0
+        predict(req, runs, network, workload, stage, started)
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return 0
+
+
+# every file simulate may write into --out (predict, interval, compare)
+OUTPUTS = (
+    "predictions.csv",
+    "predictions.json",
+    "throughput.png",
+    "time_to_target.png",
+    "interval.json",
+    "validation.csv",
+    "validation.json",
+    "validation.png",
+    "calibration.json",
+)

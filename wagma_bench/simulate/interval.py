@@ -74,7 +74,7 @@ def write_interval(
     data["took_s"] = round(time.perf_counter() - start, 1)
     write_text_atomic(out / INTERVAL_FILE, compact_json(data))
     print(
-        f"wrote {out / INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
+        f"wrote {INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
         f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s"
     )
 
