@@ -507,7 +507,7 @@ def test_another_tuning_into_the_same_directory_is_refused(tmp_path):
     spec, trials, _ = tune.make_plan(other)
     # the refusal names the first setting that differs, as recorded and as asked now (tune.seed: the points)
     with pytest.raises(
-        ConfigError, match=r"holds another tuning \(tune.json: trial .*: (overrides|params)=.* there, .* now\)"
+        ConfigError, match=r"another tuning \(tune.json: trial .*: (overrides|params)=.* there, .* now\)"
     ):
         tune.write_plan(other, spec, trials, ["other"])
 
