@@ -57,6 +57,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed; the message names the file or the mismatch."""
 
 
+CHECKPOINT_HINT = "a run never writes through a link: remove it, or choose another checkpoint.dir"
+
+
 def _set_name(round_: int) -> str:
     return f"round-{round_}"
 
@@ -369,7 +372,8 @@ class Checkpointer:
         import torch
 
         comm = algo.comm
-        folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
+        # a link planted at the folder mid-run: named, with the key that chooses the folder
+        folder = run_subdir(run_subdir(self.dir, CHECKPOINT_HINT) / _set_name(algo.round), CHECKPOINT_HINT)
         buf = io.BytesIO()
         torch.save(payload(model, algo, state, clock), buf)
         data = buf.getvalue()
