@@ -87,15 +87,9 @@ from wagma_bench.cli.text import plain
 from wagma_bench.record.files import staged_outputs
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
+from wagma_bench.simulate.outputs import OUTPUTS
 from wagma_bench.simulate.predict import predict
-from wagma_bench.simulate.request import (
-    DEFAULT_GPUS,
-    Request,
-    add_options,
-    check_work,
-    sort_overrides,
-    take_paths,
-)
+from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
 
 
 def main(argv: list[str]) -> int:
@@ -120,7 +114,6 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
     req = sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
     req.measured, req.interval = ns.measured, ns.interval
-    check_work(req)  # before anything is composed: within a second
     return req, ns
 
 
@@ -134,8 +127,7 @@ def _simulate(argv: list[str]) -> int:
         workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))
         return 0
-    # built beside --out and moved in at the end, as report's and claims' outputs: a full disk or an error
-    # partway leaves --out as it was, and an earlier simulation's outputs that this one has not are removed
+    # staged as report's outputs: a full disk leaves --out as it was; an earlier run's extra outputs go
     with staged_outputs(out, owned=OUTPUTS) as stage:
         pooled = network = None
         if req.calibrate:
@@ -149,17 +141,3 @@ def _simulate(argv: list[str]) -> int:
         predict(req, runs, network, workload, stage, started)
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return 0
-
-
-# every file simulate may write into --out (predict, interval, compare)
-OUTPUTS = (
-    "predictions.csv",
-    "predictions.json",
-    "throughput.png",
-    "time_to_target.png",
-    "interval.json",
-    "validation.csv",
-    "validation.json",
-    "validation.png",
-    "calibration.json",
-)

@@ -25,6 +25,7 @@ from wagma_bench.simulate.request import (
     WORKLOAD_KEYS,
     Request,
     UsageError,
+    check_work,
     optimizer_overrides,
 )
 from wagma_bench.simulate.run_spread import with_measured_spread
@@ -54,6 +55,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     """Per optimizer, the configuration `wagma-bench run` would compose and check with these overrides.
     An ``optimizer.KEY`` goes to the selected optimizers that have that setting (to all when none has it,
     so that the error is `run`'s)."""
+    check_work(req)  # first: a request of unbounded work is refused before Hydra composes anything
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf import OmegaConf

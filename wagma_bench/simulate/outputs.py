@@ -15,6 +15,21 @@ def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return markdown_table(rows, [(key, header, "sig") for key, header in cols])
 
 
+# every file simulate may write into --out (predict, interval, compare): an earlier run's that this run did
+# not write are removed when its outputs are moved in (files.staged_outputs)
+OUTPUTS = (
+    "predictions.csv",
+    "predictions.json",
+    "throughput.png",
+    "time_to_target.png",
+    "interval.json",
+    "validation.csv",
+    "validation.json",
+    "validation.png",
+    "calibration.json",
+)
+
+
 def write_table(rows: list[dict], out: Path, stem: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     # strict JSON: a NaN or an infinity (an overflowed spread) as null, never the bare tokens
