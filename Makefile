@@ -7,7 +7,7 @@ FAIRSEQ := $(VENV)/.fairseq-0.12.3.1
 ARGS   ?= workload=resnet optimizer=wagma
 EXTRAS := dev,mpi,wandb,transformer,ddppo
 
-.PHONY: setup sysdeps run test test-long lint gpu-check gpu-wheels
+.PHONY: setup setup-user sysdeps run test test-long lint gpu-check gpu-wheels
 setup: $(STAMP)
 
 # MiniWorld (workload=ddppo's embedded 3-D rooms) renders headless through EGL with Mesa's software
@@ -40,6 +40,24 @@ $(FAIRSEQ):
 	$(PIP) install -q cython setuptools wheel numpy
 	$(PIP) install -q --no-build-isolation fairseq-fixed==0.12.3.1
 	touch $@
+
+# Without root (a cluster's login node; docs/slurm.md, "Installing without root"): no apt-get, no SLURM daemons.
+# Into $(VENV) (`make setup-user VENV=$$HOME/venvs/wb` for a path the compute nodes see): torch as pip resolves
+# it here (TORCH='torch==2.5.1 torchvision==0.20.1 --index-url https://download.pytorch.org/whl/cu124' for your
+# site's CUDA), fairseq-fixed as above (the Transformer, and WMT's fairseq-preprocess), the extras of the three
+# workloads. Not the `mpi` extra: its mpich wheel bypasses the fabric (build mpi4py against the site's MPI, as
+# `wagma-bench doctor` says). Ends with doctor's table: what is present, the command for what is missing.
+# PIP_FLAGS go to every pip call (the test runs it with --dry-run --no-index as a non-root user).
+USER_EXTRAS := wandb,transformer,ddppo
+TORCH ?= torch torchvision
+PIP_FLAGS ?=
+setup-user:
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(PIP_FLAGS) $(TORCH)
+	$(PY) -m pip install -q $(PIP_FLAGS) cython setuptools wheel numpy
+	$(PY) -m pip install -q $(PIP_FLAGS) --no-build-isolation fairseq-fixed==0.12.3.1
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[$(USER_EXTRAS)]'
+	$(PY) -m wagma_bench doctor
 
 run: $(STAMP)
 	$(VENV)/bin/wagma-bench run $(ARGS)

@@ -1,7 +1,7 @@
 """`wagma-bench claims`: the exact bootstrap against hand-computed cases and brute-force enumeration, the
 verdict rule on hand-made cases, the claims file, the command end to end on a tiny fixture, the README's
-headline table against what the command makes of the committed results, and every speed-up the README's and
-docs/claims.md's prose quotes against the committed claims.json."""
+verdicts and docs/claims.md's table against what the command makes of the committed results, and every
+speed-up the README's and docs/claims.md's prose quotes against the committed claims.json."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from tests.cli_util import load_script
 from wagma_bench.analysis import intervals
 from wagma_bench.analysis.claims import (
     CLAIMS_FILE,
-    README_BLOCK,
     decide,
     find_sources,
     load_claims,
@@ -29,6 +28,7 @@ from wagma_bench.analysis.claims import (
     measure,
     summary_table,
 )
+from wagma_bench.analysis.claims_pages import BLOCKS, README_BLOCK, TABLE, verdict_summary
 from wagma_bench.analysis.tuning import load_trials, optimizer_changes, score_combo, trial_finished
 from wagma_bench.cli.claims import main
 from wagma_bench.errors import ConfigError
@@ -469,9 +469,11 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
         )
     )
     out = tmp_path / "claims"
-    readme = tmp_path / "README.md"
-    readme.write_text("# A\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nthe rest\n")
-    args = [str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path)), "--readme", str(readme)]
+    readme, page = tmp_path / "README.md", tmp_path / "claims-page.md"
+    readme.write_text("# A\n\n<!-- claims:begin -->\nold verdicts\n<!-- claims:end -->\n\nthe rest\n")
+    page.write_text("# B\n\n<!-- claims_table:begin -->\n<!-- claims_table:end -->\n")  # not filled yet
+    args = [str(results), "--out", str(out), "--claims", str(_claims_file(tmp_path))]
+    args += ["--readme", str(readme), "--readme", str(page)]
     assert main(args) == 2  # sgp_study3_trial3 did not finish: refused unless allowed
     assert "1 of its 27 planned trials did not finish: sgp_study3_trial3" in capsys.readouterr().err
     assert main([*args, "--allow-missing"]) == 0
@@ -508,7 +510,56 @@ def test_claims_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert "| `fast` |" in text and "**holds**" in text
     assert "| 3 x 3 (sgp: 8 of 9 trials) |" in text  # the headline says what was measured, not the plan
     table = text[text.index("| claim |") : text.index("\n\n", text.index("| claim |"))]
-    assert readme.read_text() == f"# A\n\n<!-- claims:begin -->\n{table}\n<!-- claims:end -->\n\nthe rest\n"
+    assert page.read_text() == f"# B\n\n<!-- claims_table:begin -->\n{table}\n<!-- claims_table:end -->\n"
+    verdicts = (
+        "- **Holds** (1 of 4): `fast`.\n- **Does not hold** (1 of 4): `slower-than-sgp`.\n"
+        "- **Inconclusive** (2 of 4): `missing-one`, `no-data`."
+    )
+    assert (
+        readme.read_text() == f"# A\n\n<!-- claims:begin -->\n{verdicts}\n<!-- claims:end -->\n\nthe rest\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "marks, said",
+    [
+        (  # claims.json before robustness and rulers: no marks
+            {},
+            (
+                "- **Holds** (1 of 4): `a`.\n- **Does not hold** (1 of 4): `b`.\n"
+                "- **Inconclusive** (2 of 4): `c`, `d`."
+            ),
+        ),
+        (
+            {
+                "b": {"robustness": {"fragile": True, "leave_one_out": [0.1]}, "ruler": "current"},
+                "a": {"robustness": {"fragile": False}, "ruler": "current"},
+                "d": {"ruler": "old"},
+            },
+            (
+                "- **Holds** (1 of 4): `a`.\n- **Does not hold** (1 of 4): `b` (fragile).\n"
+                "- **Inconclusive** (2 of 4): `c` (old ruler: `d`)."
+            ),
+        ),
+        (
+            {
+                "a": {"ruler": "old", "robustness": {"fragile": True}},
+                "c": {"ruler": "old"},
+                "d": {"ruler": "old"},
+            },
+            (
+                "- **Holds** (1 of 4): old ruler: `a` (fragile).\n- **Does not hold** (1 of 4): `b`.\n"
+                "- **Inconclusive** (2 of 4): old ruler: `c`, `d`."
+            ),
+        ),
+    ],
+    ids=["no-marks", "fragile-and-old-ruler", "old-ruler-only"],
+)
+def test_the_readme_verdicts_mark_a_fragile_claim_and_list_the_old_rulers_apart(marks, said):
+    verdicts = {"a": "holds", "b": "does not hold", "c": "inconclusive", "d": "inconclusive"}
+    results = [{"id": cid, "verdict": v, **marks.get(cid, {})} for cid, v in verdicts.items()]
+    assert verdict_summary(results) == said
+    assert "none" in verdict_summary(results[1:]).splitlines()[0]  # no claim holds: said, not left out
 
 
 def test_two_sources_of_one_name_are_refused(tmp_path):
@@ -637,15 +688,19 @@ def committed_source_dirs() -> list[Path]:
 
 def test_readme_headline_is_what_claims_makes_of_the_committed_results(tmp_path):
     results = make_claims(committed_source_dirs(), tmp_path / "claims", CLAIMS_FILE)
-    readme = (ROOT / "README.md").read_text()
-    block = README_BLOCK.search(readme)
-    assert block, "README.md has no <!-- claims:begin --> ... <!-- claims:end --> block"
-    assert block.group(0) == README_BLOCK.sub(
-        lambda m: m.group(1) + summary_table(results) + m.group(2), block.group(0)
-    ), (
-        "README.md's claims table differs from what `wagma-bench claims` makes of the committed results: run "
-        "wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md"
-    )
+    for page, pattern, made in (
+        ("README.md", README_BLOCK, verdict_summary(results)),
+        ("docs/claims.md", BLOCKS[TABLE], summary_table(results)),
+    ):
+        block = pattern.search((ROOT / page).read_text())
+        assert block, f"{page} has no {pattern.pattern} block"
+        assert block.group(0) == pattern.sub(
+            lambda m, made=made: m.group(1) + made + "\n" + m.group(2), block.group(0)
+        ), (
+            f"{page}'s claims block differs from what `wagma-bench claims` makes of the committed results: "
+            "run wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md "
+            "--readme docs/claims.md"
+        )
     committed = (ROOT / "reproduce" / "claims" / "claims.md").read_text()
     assert summary_table(results).strip() in committed, "reproduce/claims/claims.md is stale: regenerate it"
 
@@ -679,9 +734,10 @@ PROSE = [ROOT / "README.md", ROOT / "docs" / "claims.md"]
 
 def quoted_figures(text: str) -> tuple[list[str], list[str]]:
     """The speed-ups with an interval that ``text`` quotes as current, and those it quotes as former (the part
-    of their sentence before them says so). The README's generated table is left out: its own test checks
-    it."""
-    text = README_BLOCK.sub("", text)
+    of their sentence before them says so). The generated blocks are left out: their own test checks
+    them."""
+    for pattern in BLOCKS.values():
+        text = pattern.sub("", text)
     current, former = [], []
     for m in FIGURE.finditer(text):
         start = max(
@@ -731,7 +787,10 @@ def test_every_current_figure_the_prose_quotes_is_a_committed_claims(path):
     unless its sentence says it was a former one ("Before", "was", "had", "gave", "block-tuned" ahead of
     it)."""
     current, _ = quoted_figures(path.read_text())
-    assert current, f"{path.name} quotes no figure: the pattern no longer finds them"
+    # the README's figures moved to docs/claims.md: that page must still quote some, or the pattern is broken
+    assert current or path.name == "README.md", (
+        f"{path.name} quotes no figure: the pattern no longer finds them"
+    )
     committed = committed_figures()
     stale = [f for f in current if f not in committed]
     assert not stale, (

@@ -1,12 +1,13 @@
 """No figure in prose without its file: every ratio, interval, range of optimizer values, optimizer value (in
 s, samples/s, or after the optimizer's name), "N% above X's", count of trials, rounds trained, spread-study CV
-and statement about the paired intervals that the README's claim bullets and docs/claims.md attribute to a
-measurement, checked against the committed file it comes from: reproduce/claims/claims.json (current figures),
-the committed versions of reproduce/claims/claims.md in git (former figures, "Before ... 0.94x [0.85x,
-1.01x]"), the claim's tuning folder (rounds trained, speed references, drift-adjusted scores), and the paired
-and spread tables of docs/claims.md; and each bullet's verdict against the claim's. A figure from elsewhere is
-listed in ELSEWHERE with where it comes from. Speed-ups with an interval quoted as current have their own test
-(tests/test_claims.py::test_every_current_figure_the_prose_quotes_is_a_committed_claims)."""
+and statement about the paired intervals that docs/claims.md's claim bullets and its other paragraphs
+attribute to a measurement, checked against the committed file it comes from: reproduce/claims/claims.json
+(current figures), the committed versions of reproduce/claims/claims.md in git (former figures, "Before ...
+0.94x [0.85x, 1.01x]"), the claim's tuning folder (rounds trained, speed references, drift-adjusted scores),
+and the paired and spread tables of docs/claims.md; and each bullet's verdict against the claim's. A figure
+from elsewhere is listed in ELSEWHERE with where it comes from. Speed-ups with an interval quoted as current
+have their own test (tests/test_claims.py::test_every_current_figure_the_prose_quotes_is_a_committed_claims).
+The README quotes no figure: it names each verdict's claims and links docs/claims.md."""
 
 from __future__ import annotations
 
@@ -23,7 +24,15 @@ from tests.test_claims import quoted_figures
 from wagma_bench.analysis.tuning import load_trials, trial_finished
 
 ROOT = Path(__file__).resolve().parents[1]
-README, DOC = ROOT / "README.md", ROOT / "docs" / "claims.md"
+DOC = ROOT / "docs" / "claims.md"
+# docs/claims.md's section of claim bullets (each checked against its own claim by the bullet tests below),
+# and the section after it, of measurements other than the claims (checked where they are generated:
+# tests/test_generated_docs.py)
+BULLETS_SECTION, OTHER_SECTION, AFTER = (
+    "## What the table says, claim by claim",
+    "## Other measurements",
+    "## The command",
+)
 CLAIMS_MD = "reproduce/claims/claims.md"
 NAMES = {
     "Allreduce-SGD": "allreduce",
@@ -34,7 +43,7 @@ NAMES = {
     "SGP": "sgp",
     "eager-SGD": "eager",
 }
-# the README's bullet for each claim, by its heading after the verdict
+# docs/claims.md's bullet for each claim, by its heading after the verdict
 BULLETS = {
     "WAGMA-SGD's throughput under injected stragglers": "resnet-stragglers-throughput",
     "time to accuracy under stragglers": "resnet-stragglers-time-to-accuracy",
@@ -361,17 +370,18 @@ def claim_problems(text: str, r: dict) -> list[str]:
     )
 
 
-# --- the README's bullets -----------------------------------------------------------------------------------
+# --- the claims' bullets -----------------------------------------------------------------------------------
 
 
 def readme_bullets() -> dict[str, tuple[str, str]]:
-    """Each claim's bullet in the README's headline section: (the verdict its heading gives, its text)."""
-    text = README.read_text()
-    section = text[text.index("What the table says") : text.index("Other measurements")]
+    """Each claim's bullet in docs/claims.md's section on what the table says (the README's until it became a
+    front door): (the verdict its heading gives, its text)."""
+    text = DOC.read_text()
+    section = text[text.index(BULLETS_SECTION) : text.index(OTHER_SECTION)]
     out = {}
     for bullet in section.split("\n- ")[1:]:
         m = re.match(r"\*\*([\w ]+): (.+?)\*\*", bullet)
-        assert m and m.group(2) in BULLETS, f"a README claim bullet with an unknown heading: {bullet[:80]!r}"
+        assert m and m.group(2) in BULLETS, f"a claim bullet with an unknown heading: {bullet[:80]!r}"
         out[BULLETS[m.group(2)]] = (m.group(1), bullet)
     return out
 
@@ -386,15 +396,18 @@ def test_every_claim_has_its_bullet_with_its_verdict():
 @pytest.mark.parametrize("claim", sorted(BULLETS.values()))
 def test_readme_bullet_figures_are_in_their_files(claim):
     problems = claim_problems(readme_bullets()[claim][1], _claims()[claim])
-    assert not problems, f"README.md, the bullet of {claim}: " + "; ".join(problems)
+    assert not problems, f"docs/claims.md, the bullet of {claim}: " + "; ".join(problems)
 
 
 # --- docs/claims.md -----------------------------------------------------------------------------------------
 
 
 def doc_paragraphs() -> list[str]:
-    """docs/claims.md's prose paragraphs, without its generated blocks and code."""
-    text = re.sub(r"<!-- (\w+):begin -->.*?<!-- \1:end -->", "", DOC.read_text(), flags=re.DOTALL)
+    """docs/claims.md's prose paragraphs, without its generated blocks and code, nor the claim bullets and
+    other measurements (checked by their own tests)."""
+    text = DOC.read_text()
+    text = text[: text.index(BULLETS_SECTION)] + text[text.index(AFTER) :]
+    text = re.sub(r"<!-- (\w+):begin -->.*?<!-- \1:end -->", "", text, flags=re.DOTALL)
     text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
 

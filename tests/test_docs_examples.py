@@ -30,7 +30,7 @@ PAGES = [
     ROOT / "slurm" / "README.md",
     *sorted((ROOT / "reproduce").glob("*/README.md")),
 ]
-COMMANDS = ("run", "sweep", "tune", "simulate", "report", "claims", "comm-bench")
+COMMANDS = ("run", "sweep", "tune", "simulate", "report", "claims", "comm-bench", "wandb-import")
 # a command's own words after its name (not overrides): `sweep submit DIR`, `tune score DIR`
 SUBCOMMANDS = {"sweep": {"submit", "status", "wait", "cancel"}, "tune": {"score"}}
 _FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
@@ -120,7 +120,7 @@ def help_text(command: str) -> str:
 
 def check(argv: list[str], tmp_path: Path) -> None:
     """Raises (AssertionError or the command's own ConfigError) when the example no longer parses."""
-    from wagma_bench.campaign import sweep, tune
+    from wagma_bench.campaign import smoke, sweep, tune
     from wagma_bench.config.overrides import precheck
 
     command, rest = argv[0], argv[1:]
@@ -137,7 +137,7 @@ def check(argv: list[str], tmp_path: Path) -> None:
     if command == "run" and "--help" not in rest:
         precheck([*words, *(w for w in rest if w in ("-m", "--multirun"))], CONF_DIR)
     elif command == "sweep":
-        spec = sweep.parse_spec(words)
+        spec = smoke.smoke_spec(words) if "--smoke" in rest else sweep.parse_spec(words)
         sweep.check_run_configs(spec, sweep.expand(spec))
     elif command == "tune":  # every combination and its search space; one trial of each (the rest alike)
         tune.make_plan(tune.parse_args([*words, "tune.trials=1", "tune.studies=1", "--out", str(tmp_path)]))

@@ -1,6 +1,6 @@
 """Figures in the docs that a command generates from committed results: the text must equal the command's
 output (a table changed by hand, or a new result committed without regenerating the text, fails here). The
-claims table of the README has its own test (tests/test_claims.py)."""
+claims table of docs/claims.md and the README's verdicts have their own test (tests/test_claims.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from tests.cli_util import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
+CLAIMS_PAGE = ROOT / "docs" / "claims.md"  # the claims' figures and the other measurements, once the README's
 STRAGGLERS = ROOT / "reproduce" / "imbalance" / "results-2core-20261201-divide-first-idle.json"
 
 
@@ -39,11 +40,9 @@ def test_straggler_table_is_the_bench_scripts_table_of_the_committed_run():
     assert STRAGGLERS.name in doc.read_text()
 
 
-def test_readme_straggler_figures_are_the_committed_runs():
+def test_claims_page_straggler_figures_are_the_committed_runs():
     p4 = next(r for r in json.loads(STRAGGLERS.read_text()) if (r["P"], r["k"]) == (4, 1))
-    bullet = next(
-        line for line in (ROOT / "README.md").read_text().split("\n- ") if line.startswith("**Stragglers**")
-    )
+    bullet = next(line for line in CLAIMS_PAGE.read_text().split("\n- ") if line.startswith("**Stragglers**"))
     said = " ".join(bullet.split())
     assert f"{p4['wagma_of_mean_bound']:.2f} of the mean-speed bound" in said
     assert f"{p4['wagma_over_allreduce']:.2f}x Allreduce-SGD" in said
@@ -63,12 +62,12 @@ STARTUP = [
 ]
 
 
-def test_readme_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
+def test_claims_page_startup_table_is_the_bench_scripts_table_of_the_committed_runs():
     table = load_script(ROOT / "reproduce" / "startup" / "bench.py").table(
         [json.loads(p.read_text()) for p in STARTUP]
     )
-    assert _block(ROOT / "README.md", "startup") == table, (
-        "README.md differs from `reproduce/startup/bench.py --table "
+    assert _block(CLAIMS_PAGE, "startup") == table, (
+        "docs/claims.md differs from `reproduce/startup/bench.py --table "
         + " ".join(str(p.relative_to(ROOT)) for p in STARTUP)
         + "`"
     )
@@ -209,7 +208,7 @@ def test_simulator_speed_before_and_after_is_the_committed_interleaved_run():
         assert said in text and f"WAGMA-SGD at 65,536 ranks takes {wagma['cpu_s']:.1f} s" in text
 
 
-def test_readme_simulator_figures_are_the_committed_validation_and_measurement():
+def test_claims_page_simulator_figures_are_the_committed_validation_and_measurement():
     script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
     rows = json.loads((VALIDATION / "validation.json").read_text())
     trace, resampled = script.misses(rows)
@@ -220,9 +219,7 @@ def test_readme_simulator_figures_are_the_committed_validation_and_measurement()
         if (r["optimizer"], r["world_size"]) == ("wagma", 65536)
     )
     bullet = " ".join(
-        next(
-            b for b in (ROOT / "README.md").read_text().split("\n- ") if b.startswith("**Simulator**")
-        ).split()
+        next(b for b in CLAIMS_PAGE.read_text().split("\n- ") if b.startswith("**Simulator**")).split()
     )
     assert f"trace within 5% in {len(rows) - trace} of {len(rows)}" in bullet
     assert f"resampled within 15% in {len(rows) - resampled} of {len(rows)}" in bullet
@@ -303,14 +300,14 @@ def test_the_committed_power_run_read_the_committed_sources():
     )
 
 
-def test_readme_names_the_claims_this_machine_can_decide():
-    said = " ".join((ROOT / "README.md").read_text().split())
+def test_claims_page_names_the_claims_this_machine_can_decide():
+    said = " ".join(CLAIMS_PAGE.read_text().split())
     m = re.search(
         r"at 10 x 10 studies x trials only (.+?) reach(?:es)? a probability of ([\d.]+) that (?:its|their) "
         r"interval",
         said,
     )
-    assert m, "README.md no longer says which claims 10 x 10 would decide"
+    assert m, "docs/claims.md no longer says which claims 10 x 10 would decide"
     script = _power()
     assert re.findall(r"`([\w-]+)`", m.group(1)) == script.decidable(json.loads(POWER.read_text()))
     assert float(m.group(2)) == script.DECIDES

@@ -814,3 +814,39 @@ def test_the_controller_is_read_from_slurm_conf(tmp_path):
     conf.write_text("SlurmctldHost=ctl\n")
     assert slurm_controller({"SLURM_JOB_ID": "1", "SLURM_CONF": str(conf)}) == ("ctl", SLURMCTLD_PORT)
     assert slurm_controller({"SLURM_CONF": str(conf)}) is None  # not in a SLURM job
+
+
+@pytest.mark.slow
+def test_smoke_sweep_runs_every_optimizer_and_comm_bench_across_two_hosts(cluster, tmp_path):
+    """`sweep --smoke`'s one job on the two hosts (one rank slot a node, gloo on CPU): each optimizer of the
+    script trains across both hosts, then comm-bench across them writes the file `simulate --calibrate` reads.
+    Kept small: two optimizers (tests/test_cluster_user.py checks that the script holds every one), 3 rounds
+    of the embedded data, two small message sizes."""
+    from wagma_bench.campaign import smoke, sweep_jobs
+    from wagma_bench.simulate.calibrate import find_inputs, is_comm_bench
+
+    out = tmp_path / "smoke"
+    spec = smoke.smoke_spec(
+        [
+            "cluster=local",
+            "cluster.gpus_per_node=1",
+            "optimizer=allreduce,wagma",
+            "data=mnist5k",  # the embedded data: ResNet-20 on CPU instead of ResNet-50 on synthetic tensors
+            "workload.arch=resnet20",
+            "train.max_rounds=3",
+        ]
+    )
+    manifest = smoke.render(spec, out, commbench_args=("--sizes", "4K,64K", "--repeats", "1"))
+    script = (out / "jobs" / "smoke.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    sweep_jobs.submit(out)
+    rows = sweep_jobs.wait(out, timeout_s=600, interval_s=2)
+    log = "\n".join(p.read_text() for p in (out / "logs").glob("*.out"))
+    assert [(r["slurm"], r["status"]) for r in rows] == [("COMPLETED", "completed")] * 2, (rows, log[-3000:])
+    for run in manifest["runs"]:
+        s = summary(out / run["run_dir"])
+        assert (s["world_size"], s["hosts"], s["rounds"]) == (2, HOSTS, 3), s
+    bench = json.loads((out / "commbench.json").read_text())
+    assert is_comm_bench(bench) and bench["hosts"] == HOSTS, bench.get("hosts")
+    assert find_inputs([out / "commbench.json"])[1] == [bench]
+    assert "every optimizer and comm-bench ran" in log

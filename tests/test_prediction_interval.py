@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from wagma_bench.analysis.predictions import flip_points, nearest_flip, speedup_interval
+from wagma_bench.analysis.tables import fmt
 from wagma_bench.cli.simulate import main as simulate_main
 from wagma_bench.imbalance import NoImbalance
 from wagma_bench.simulate.costs import Network
@@ -146,6 +147,22 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
     assert rows["adpsgd"]["gossip_cost_share"] > 0
     interval = speedup_interval(data, 16, **CLAIM)
     assert interval[0] <= interval[1]
+    # the printed table shows each prediction's interval; a line names every input's origin, and time to
+    # target's missing input
+    said = capsys.readouterr().out
+    assert "| samples/s 95% |" in said and "| time to target 95% |" in said
+    wagma = [
+        v["16"]["wagma"]["throughput"] for v in json.loads((out / "interval.json").read_text())["predictions"]
+    ]
+    lo, hi = np.percentile(wagma, [2.5, 97.5])
+    cells = [fmt(v, "sig") for v in (rows["wagma"]["throughput"], float(lo), float(hi))]
+    assert f"| wagma | 16 | {cells[0]} | [{cells[1]}, {cells[2]}] |" in said
+    assert (
+        "Inputs: cost model: the workload's preset (defaults); network: "
+        "cluster profile daint (default); compute spread: the preset's assumed distribution (default); "
+        f"measured inputs: {measured}." in said
+    )
+    assert "Time to target: — for every optimizer: it needs --convergence RUN_DIR|TUNE_DIR" in said
 
 
 @pytest.mark.parametrize(

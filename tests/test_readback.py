@@ -25,6 +25,7 @@ import pytest
 import wagma_bench
 from wagma_bench.config import readback
 from wagma_bench.config.readback import ReadBackError
+from wagma_bench.record.loggers import IMPORTED
 
 PACKAGE = Path(wagma_bench.__file__).parent
 
@@ -108,6 +109,18 @@ def _note(path: Path):
     return cancel_note(path.parent)
 
 
+def _wandb_note(path: Path):
+    from wagma_bench.analysis.run_records import wandb_import_note
+
+    return wandb_import_note(path.parent.parent)
+
+
+def _smoke(path: Path):
+    from wagma_bench.campaign.smoke import _smoke_of
+
+    return _smoke_of(path)
+
+
 def _steps(path: Path):
     from wagma_bench.record.steps import read_step_records
 
@@ -161,6 +174,8 @@ READERS = {
     "run summary (summary.json)": Reader("summary.json", {"status": "completed"}, _summary, tolerant=True),
     "run directory note (.lock, cancelled.json)": Reader("cancelled.json", {"by": "x"}, _note, tolerant=True),
     "step table (steps.json.xz)": Reader("steps.json.xz", {"0": {}}, _steps),
+    "W&B import note": Reader("wandb/" + IMPORTED, {"project": "p"}, _wandb_note, tolerant=True),
+    "smoke sweep's manifest": Reader("manifest.json", {"smoke": {}}, _smoke, tolerant=True),
 }
 
 

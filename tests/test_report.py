@@ -223,8 +223,8 @@ def test_report_files(sweep, tmp_path):
         assert title in md
     assert md.count("### Comparison") == 3  # never mixed in one table
     assert "not reached" in md and "no run_stop event" in md and "torn last line" in md
-    assert "| local_sgd | 4 | none | 2 | 1 | not reached | not reached |" in md
-    assert "| wagma | 4 | none | 3 | 3 | 6.00 | 6.00 | 2.17× |" in md
+    assert "| local_sgd | 4 | none | 2 | 1 | not reached | — | not reached |" in md
+    assert "| wagma | 4 | none | 3 | 3 | 6.00 | [5.00, 9.00] | 6.00 | 2.17× |" in md  # seeds: 5, 6, 9 s
     slug = "resnet_mnist5k_top1_0.9"
     for fig in ("metric", "time_to_target", "throughput", "step_times"):
         data = (out / f"{slug}_{fig}.png").read_bytes()

@@ -255,30 +255,47 @@ def test_a_budget_ends_where_it_says_and_the_budget_line_names_its_extra_synchro
     optimizer, sync
 ):
     """train.max_rounds=5 is the run's length for every optimizer, whatever its sync period (once 10,000 steps
-    under local SGD's period=10000); the budget line says the last round is an extra synchronisation point and
-    what the optimizer does there. A budget on a sync point needs no such words."""
+    under local SGD's period=10000); the budget line, one short sentence, says the last round is an extra
+    synchronisation point and the period, and names the page that says what the optimizer does there. A
+    budget on a sync point needs no such words."""
     from tests.cli_util import compose
-    from wagma_bench.config.plan import RunPlan
+    from wagma_bench.config.plan import BUDGET_DOC, RunPlan
     from wagma_bench.config.schema import validate
     from wagma_bench.optim.specs import OPTIMIZER_SPECS
 
-    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_rounds=5"))
+    cfg = validate(compose(f"optimizer={optimizer}", *sync, "train.max_rounds=5", "train.time_limit_s=60"))
     spec = OPTIMIZER_SPECS[optimizer]
     plan = RunPlan.of(cfg, spec.sync_period_of(cfg.optimizer), 100, 4)
     line = plan.budget_line(cfg)
     assert plan.total == 5 and "\n" not in line, line
-    assert line.startswith(
-        "the run ends at round 5 (train.max_rounds=5), exactly, though the optimizer "
-        f"synchronises every {plan.sync} rounds: round 5 is an extra synchronisation point, "
-        f"{spec.final_sync}"
+    assert line == (
+        f"budget: 5 rounds (train.max_rounds=5; the last an extra sync point, {optimizer} syncing every "
+        f"{plan.sync}), or until eval.target=0.97 or train.time_limit_s=60 ({BUDGET_DOC})"
     ), line
+    assert len(line.split()) <= 25, f"the budget line is no short sentence: {len(line.split())} words"
     assert spec.final_sync and "rounded" not in line
     on_sync = validate(compose(f"optimizer={optimizer}", *sync, f"train.max_rounds={plan.sync}"))
     exact = RunPlan.of(on_sync, plan.sync, 100, 4).budget_line(on_sync)
     assert (
-        exact.startswith(f"the run ends at round {plan.sync} (train.max_rounds={plan.sync}")
-        and "extra" not in exact
+        exact.startswith(f"budget: {plan.sync} rounds (train.max_rounds={plan.sync}") and "extra" not in exact
     )
+
+
+def test_the_budget_page_says_what_each_optimizer_does_at_an_extra_last_synchronisation_point():
+    """The budget line names only the period; the page it names holds, for every optimizer with an extra
+    last synchronisation point, its spec's ``final_sync``, word for word (a spec changed alone fails)."""
+    import re
+    from pathlib import Path
+
+    from wagma_bench.config.plan import BUDGET_DOC
+    from wagma_bench.optim.specs import OPTIMIZER_SPECS
+
+    page = (Path(__file__).resolve().parents[1] / BUDGET_DOC).read_text()
+    block = re.search(r"<!-- final_sync:begin -->\n(.*?)\n<!-- final_sync:end -->", page, re.DOTALL)
+    assert block, f"{BUDGET_DOC} has no final_sync block"
+    rows = ["| optimizer | at an extra last synchronisation point |", "|---|---|"]
+    rows += [f"| `{name}` | {spec.final_sync} |" for name, spec in OPTIMIZER_SPECS.items() if spec.final_sync]
+    assert block.group(1) == "\n".join(rows), f"{BUDGET_DOC}'s table differs from the specs' final_sync"
 
 
 def test_the_last_round_of_a_schedule_is_synchronous_over_the_whole_world():

@@ -222,6 +222,10 @@ def standins():
     import dataclasses
 
     confs = {c: standin_partition(dataclasses.asdict(load_profile(c))) for c in STANDIN_CLUSTERS}
+    # a site whose 8-GPU nodes have 64 cores, not generic8's 96 (the first-day user of issue 80)
+    confs["generic8_64cpu"] = standin_partition(
+        dataclasses.asdict(load_profile("generic8", ["hardware.cpus_per_node=64"]))
+    )
     with local_clusters(confs) as envs:
         yield envs
 
@@ -283,6 +287,31 @@ def test_profile_overrides_reach_the_script_as_meant_and_slurm_and_bash_accept_i
         )
         assert check.returncode == 0, check.stderr
     assert _test_only(scripts, standins["generic8"]["SLURM_CONF"]) == []
+
+
+def test_check_refuses_a_request_slurms_nodes_cannot_hold_naming_the_key_and_accepts_the_fitted_one(
+    tmp_path, standins, monkeypatch, capsys
+):
+    """generic8's default asks 8 tasks x 12 cores a node; a partition of 64-CPU nodes answers "Requested node
+    configuration is not available", which a user met only once the jobs were queued. ``--check`` asks SLURM
+    (``sbatch --test-only``) before anything is written and names the key that does not fit, from sinfo."""
+    monkeypatch.setenv("SLURM_CONF", standins["generic8_64cpu"]["SLURM_CONF"])
+    args = ["cluster=generic8", "gpus=16", "optimizer=allreduce,wagma", "--dry-run", "--check"]
+    assert sweep_cli.main([*args, "--out", str(tmp_path / "default")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--check: SLURM refuses 000_0016gpu.sbatch (sbatch --test-only): " in err
+    assert "Requested node configuration is not available" in err, err
+    assert (
+        "cluster.cpus_per_task=12 asks 8 tasks x 12 = 96 CPUs a node; partition gpu's node (scontrol: "
+        "TotalCPUs/TotalNodes) has 64: cluster.cpus_per_task=8 fits" in err
+    ), err
+    assert not (tmp_path / "default").exists()
+    assert sweep_cli.main([*args, "cluster.cpus_per_task=8", "--out", str(tmp_path / "fitted")]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("--check:")]
+    assert line.startswith("--check: SLURM accepts 000_0016gpu.sbatch (sbatch --test-only): ") and (
+        "to start at" in line
+    ), line
+    assert json.loads((tmp_path / "fitted" / "manifest.json").read_text())["checks"]["slurm"] == line
 
 
 def test_waiting_on_a_sweep_never_submitted_is_refused_in_one_line(tmp_path):

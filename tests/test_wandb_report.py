@@ -29,9 +29,15 @@ TINY = [
 ]  # a target the tiny runs reach, so time_to_target_s is in their summaries
 
 
-def _call(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+def _call(args: list[str], env: dict, cwd: Path, command: str = "") -> subprocess.CompletedProcess:
     out = subprocess.run(
-        [*RUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+        [*RUN, *([command] if command else []), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
@@ -87,7 +93,7 @@ def logged_keys(records: list[list]) -> dict[str, set]:
     for recs in records:
         for run in of_type(recs, "run"):
             logged["config"] |= {item.key for item in run.config.update}
-            logged["run"] |= {"group"} if run.run_group else set()
+            logged["run"] |= ({"group"} if run.run_group else set()) | {"name"}  # name: W&B's run id
         logged["history"] |= {
             i.key or "/".join(i.nested_key) for h in of_type(recs, "history") for i in h.item
         }
@@ -103,6 +109,7 @@ def run_values(records: list) -> dict:
     return {
         **{("config", i.key): json.loads(i.value_json) for i in run.config.update},
         ("run", "group"): run.run_group,
+        ("run", "name"): run.run_id,
     }
 
 
@@ -110,9 +117,20 @@ def selected(runset: dict, runs: list[dict]) -> list[dict]:
     from wagma_bench.analysis.wandb_panels import _leaves
 
     leaves = _leaves(runset.get("filters") or {})
-    assert all(f["op"] == "=" for f in leaves), leaves
+    assert all(f["op"] in ("=", "IN") for f in leaves), leaves
+
+    def holds(run: dict, f: dict) -> bool:
+        value = run.get((f["key"]["section"], f["key"]["name"]))
+        return value in f["value"] if f["op"] == "IN" else value == f["value"]
+
+    return [r for r in runs if all(holds(r, f) for f in leaves)]
+
+
+def planted(runs: list[dict]) -> list[dict]:
+    """Each run again as a colleague's in the same project: the same config keys, another W&B group and id."""
     return [
-        r for r in runs if all(r.get((f["key"]["section"], f["key"]["name"])) == f["value"] for f in leaves)
+        {**r, ("run", "group"): "someone-else-0a1b2c", ("run", "name"): "x" + r[("run", "name")]}
+        for r in runs
     ]
 
 
@@ -147,12 +165,14 @@ def test_report_names_only_what_the_runs_logged(reviewed):
         ("history", "rank1/comm_s"),
         ("summary", "time_to_target_s"),
         ("summary", "throughput_samples_per_s"),
+        ("summary", "ranks/comm_s_worst"),
         ("config", "optimizer"),
         ("config", "tuned_lr_multiplier"),
         ("config", "study"),
         ("run", "group"),
     } <= named
     runs = [run_values(r) for r in records]
+    runs += planted(runs)  # never selected: every run set filters on its W&B group (or its runs' ids)
     runsets = [
         rs for b in spec["report"]["spec"]["blocks"] for rs in (b.get("metadata") or {}).get("runSets", [])
     ]
@@ -298,3 +318,72 @@ def test_tuning_trials_share_the_tunings_group_and_log_its_settings(tmp_path):
     assert grouping_config(tmp_path / "run", start) == {**start, "tuning_trial": False}
     group = sweep_group(tune / "trials" / trial["name"])
     assert group.startswith("T-") and group == sweep_group(tune / "trials" / "wagma_study1_trial1")
+
+
+COMMITTED = (
+    Path(__file__).resolve().parents[1] / "reproduce/tuning/results-2core-20261202b/transformer_streaming"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.background
+def test_wandb_import_of_a_committed_tuning_gives_the_report_every_key_it_names(tmp_path):
+    """Two trials of a committed compact tuning (their files as committed), logged by ``wandb-import``
+    offline: the report over them has a section whose every named key their W&B records hold, whose run set
+    selects both trials and not a planted run of another group; their summary.json is left as committed."""
+    import shutil
+
+    from wagma_bench.analysis.wandb_panels import unlogged
+
+    tune = tmp_path / "T"
+    (tune / "trials").mkdir(parents=True)
+    shutil.copy(COMMITTED / "tune.json", tune / "tune.json")
+    names = sorted(p.name for p in (COMMITTED / "trials").iterdir())[:2]
+    for name in names:
+        shutil.copytree(COMMITTED / "trials" / name, tune / "trials" / name)
+    listener = Listener()
+    env = {**offline_env(tmp_path, listener), "WANDB_MODE": "offline"}
+    said = _call(["wandb-import", str(tune)], env, tmp_path).stdout
+    assert said.splitlines()[-1] == "wagma-bench wandb-import: 2 run(s) logged (offline)"
+    _call([str(tune), "--wandb-report", "--out", str(tmp_path / "R")], env, tmp_path, "report")
+    listener.close()
+    assert listener.connections == 0
+    records = [wandb_records(p) for p in sorted(tune.rglob("offline-run-*/run-*.wandb"))]
+    assert len(records) == 2
+    spec = json.loads((tmp_path / "R" / "wandb-report.json").read_text())
+    assert unlogged(spec, logged_keys(records)) == []
+    runs = [run_values(r) for r in records]
+    (runset,) = [
+        rs for b in spec["report"]["spec"]["blocks"] for rs in (b.get("metadata") or {}).get("runSets", [])
+    ]
+    assert selected(runset, runs + planted(runs)) == runs
+    for name in names:
+        committed = (COMMITTED / "trials" / name / "summary.json").read_bytes()
+        assert (tune / "trials" / name / "summary.json").read_bytes() == committed
+
+
+def test_a_wandb_report_with_nothing_logged_is_refused_in_one_line(tmp_path, capsys):
+    """Runs that never logged to W&B: exit 2, one line naming ``wandb-import``, before anything is written."""
+    from wagma_bench.cli import report as report_cli
+
+    run_dir = write_run(tmp_path / "runs" / "a", "wagma", 1, reach_at(30.0))
+    rc = report_cli.main([str(run_dir), "--out", str(tmp_path / "R"), "--wandb-report"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "no run here logged to W&B" in err[0] and f"wagma-bench wandb-import {run_dir}" in err[0]
+    assert not (tmp_path / "R").exists()  # refused before the report is written
+
+
+def test_wandb_import_refuses_a_run_that_did_not_finish(tmp_path, capsys):
+    """A crashed run (no run_stop): exit 2 and one line, before W&B starts; nothing written beside it."""
+    from wagma_bench.cli import wandb_import
+
+    run_dir = write_run(tmp_path / "runs" / "a", "sgp", 1, reach_at(None)[:2], crashed=True)
+    assert wandb_import.main([str(run_dir), "--mode", "offline"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = (
+        f"wagma-bench wandb-import: error: {run_dir}: not a finished run (no run_start or no run_stop in "
+        "events.jsonl); wandb-import logs finished runs only"
+    )
+    assert err == [said]
+    assert not (run_dir / "wandb").exists()

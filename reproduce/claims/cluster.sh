@@ -7,10 +7,12 @@
 # named as reproduce/claims.yaml's `measured.tuning` reads them. Budget: 3 studies x 3 trials per optimizer,
 # i.e. 63 jobs per setup; GPUS (default 64) for the tunings, the paper's ResNet-50 and Transformer scale.
 # IMAGENET (data.root) and WMT (fairseq's binarized WMT17 En-De, data.path) name the data sets on the cluster
-# (docs/workloads.md); DD-PPO needs habitat-sim there.
+# (docs/workloads.md); DD-PPO needs habitat-sim there. LOGGER (default wandb: offline where WANDB_MODE=offline;
+# sync, then `wagma-bench report --wandb`: docs/slurm.md); WAGMA_BENCH (default: the repository's .venv, else PATH).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=${WAGMA_BENCH:-.venv/bin/wagma-bench}
+source reproduce/bench_path.sh  # sets bench: WAGMA_BENCH, the repository's .venv or PATH
+bin=$bench
 cluster=${CLUSTER:?CLUSTER=NAME (conf/cluster/NAME.yaml)}
 out=${OUT:-tuned/claims-cluster}
 gpus=${GPUS:-64}
@@ -32,6 +34,7 @@ case "$mode" in
       [[ $s == ddppo* ]] && optimizers='glob(*,exclude=dropcompute)'  # DD-PPO's batches do not split
       # shellcheck disable=SC2086  # the setup string is a list of overrides
       "$bin" tune cluster="$cluster" gpus="$gpus" optimizer="$optimizers" ${setup[$s]} tune.trials=3 tune.studies=3 \
+        logger="${LOGGER:-wandb}" \
         --out "$out/$s" "--$mode"
     done ;;
   finish)

@@ -2,8 +2,10 @@
 paper's scale, and a verdict by a written rule.
 
     wagma-bench claims DIR... [--claims reproduce/claims.yaml] --out DIR [--allow-missing]
-    wagma-bench claims @reproduce/claims/sources --out reproduce/claims --readme README.md
-                       (the directories listed in a file; the README's table rewritten in place)
+    wagma-bench claims @reproduce/claims/sources --out reproduce/claims \\
+                       --readme README.md --readme docs/claims.md
+                       (the directories listed in a file; the README's verdicts and the docs' table rewritten
+                       in place: :mod:`wagma_bench.analysis.claims_pages`)
 
 The claims are records in ``reproduce/claims.yaml`` (:class:`Claim`). The directories given are searched for
 tuning directories (``tune.json``, from ``wagma-bench tune``) and simulator outputs (``predictions.json``,
@@ -35,14 +37,15 @@ enters the verdict.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.analysis import drift, intervals
+from wagma_bench.analysis import drift, fairness, intervals
+from wagma_bench.analysis.claims_pages import SUMMARY, TABLE, check_page, fill_page, verdict_summary
 from wagma_bench.analysis.predictions import (
     INTERVAL_FILE,
     barrier_sentence,
@@ -51,6 +54,7 @@ from wagma_bench.analysis.predictions import (
     nearest_flip,
     speedup_interval,
 )
+from wagma_bench.analysis.run_records import reference_readings
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import (
     BY_METRIC,
@@ -70,7 +74,7 @@ from wagma_bench.config import readback
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
-from wagma_bench.record.files import atomic_write, refuse_link, staged_outputs, write_json_atomic
+from wagma_bench.record.files import atomic_write, staged_outputs, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -205,6 +209,8 @@ class Measurement:
     reached: int | None  # trials that reached the target (time_to_target)
     compute_imbalance: float | None
     steps: float | None = None  # the median of the trials' rounds trained (a budget rounded to a sync period)
+    contention: tuple[float | None, ...] = ()  # each finished trial's wall over CPU compute
+    references: tuple[float, ...] = ()  # every speed-reference reading of its finished trials
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -253,6 +259,8 @@ def measure(
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None,
             float(statistics.median(s["rounds"] for s in ran)) if all(s.get("rounds") for s in ran) else None,
+            tuple(s.get("compute_contention") for s in ran),
+            tuple(v for s in ran for v in reference_readings(s)),
         )
     return out
 
@@ -476,6 +484,7 @@ def evaluate(claim: Claim, sources: Sources) -> dict:
             },
         },
         "predicted": predict(claim, sources.simulations.get((claim.predicted or {}).get("simulate"))),
+        "fairness": claim_flags(subject, comparators) if subject else [],
         "verdict": verdict,
         "reason": reason,
     }
@@ -543,6 +552,22 @@ def _drift_law(claim: Claim, measured: dict[str, Measurement]) -> tuple[Speedup,
 def _optimizer_changes(tune_dir: Path) -> float | None:
     _, combos, _ = load_trials(tune_dir)
     return optimizer_changes(tune_dir, combos)
+
+
+def claim_flags(subject: Measurement, comparators: dict[str, Measurement | None]) -> list[str]:
+    """What makes the claim's speed-up an unfair comparison (:mod:`~wagma_bench.analysis.fairness`): an
+    optimizer whose trials waited for a core, a comparator whose speed references differ from the subject's
+    beyond their noise; each flag names the optimizer it concerns."""
+    flags = []
+    for m in [subject, *(c for c in comparators.values() if c is not None)]:
+        said = fairness.contended(m.contention)
+        if said:
+            flags.append(f"{m.optimizer} {said}")
+        if m is not subject:
+            said = fairness.different_conditions(m.references, subject.references, subject.optimizer)
+            if said:
+                flags.append(f"{m.optimizer} {said}")
+    return flags
 
 
 def _measurement_json(m: Measurement) -> dict:
@@ -713,6 +738,11 @@ def detail(r: dict) -> list[str]:
         + (f", `{m['source']}`" if m["source"] else "")
         + ").",
         f"- **Verdict**: {r['verdict']}: {r['reason']} (threshold {r['threshold']:g}).",
+        *(
+            [f"- **Flagged**: {'; '.join(r['fairness'])}: the speed-up rests on these trials."]
+            if r.get("fairness")
+            else []
+        ),
         f"- **Drift-adjusted** ({drift_said(r)}): {drift_cell(r, False)}"
         + (
             f"; the trials' order changed optimizer {m['optimizer_changes']:.0%} of the time"
@@ -836,6 +866,12 @@ def drift_said(r: dict) -> str:
     )
 
 
+def fairness_line(results: list[dict]) -> str:
+    """One line over every claim's flags (:func:`claim_flags`): which claims' speed-ups they touch."""
+    flagged = {r["id"]: r["fairness"] for r in results if r.get("fairness")}
+    return fairness.summary_line(flagged, len(results), [f"{k}'s speed-up" for k in flagged], "claims")
+
+
 def render(results: list[dict], sources: list[str]) -> str:
     counts = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
     lines = [
@@ -845,6 +881,8 @@ def render(results: list[dict], sources: list[str]) -> str:
         f"inconclusive (of {len(results)}). Generated by `wagma-bench claims` from: "
         + ", ".join(f"`{s}`" for s in sources)
         + ".",
+        "",
+        fairness_line(results),
         "",
         summary_table(results),
         "",
@@ -865,15 +903,16 @@ def make_claims(
     dirs: list[Path],
     out: Path,
     claims_file: Path = CLAIMS_FILE,
-    readme: Path | None = None,
+    pages: Sequence[Path] = (),
     allow_missing: bool = False,
 ) -> list[dict]:
     """Every claim of ``claims_file`` evaluated over the sources under ``dirs``; ``out/claims.json`` and
-    ``out/claims.md`` written, and with ``readme`` its table too. Everything is checked before anything is
-    written (the README, the sources' unfinished trials), and the outputs are built beside ``out`` and moved
+    ``out/claims.md`` written, and each of ``pages`` filled (:mod:`~wagma_bench.analysis.claims_pages`: the
+    README's verdicts, docs/claims.md's table). Everything is checked before anything is written (the pages,
+    the sources' unfinished trials), and the outputs are built beside ``out`` and moved
     in last (:func:`staged_outputs`): a refusal or a full disk leaves ``out`` as it was."""
-    if readme is not None:
-        check_readme(readme)
+    for page in pages:
+        check_page(page)
     claims = load_claims(claims_file)
     sources = find_sources(dirs)
     for tune_dir, unfinished, planned in incomplete_sources(claims, sources):
@@ -899,8 +938,9 @@ def make_claims(
     with staged_outputs(out) as stage:
         write_json_atomic(stage / "claims.json", data)
         atomic_write(stage / "claims.md", lambda f: f.write(text))
-        if readme is not None:  # before the outputs move in: a README that cannot be written leaves ``out``
-            update_readme(readme, results)
+        blocks = {SUMMARY: verdict_summary(results), TABLE: summary_table(results)}
+        for page in pages:  # before the outputs move in: a page that cannot be written leaves ``out``
+            fill_page(page, blocks)
     return results
 
 
@@ -934,29 +974,3 @@ def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, s
     named = ", ".join(f"{t.name} (study {t.study}, trial {t.trial}: {state(t)})" for t in unfinished[:shown])
     more = f" and {len(unfinished) - shown} more" if len(unfinished) > shown else ""
     return f"{tune_dir}: {len(unfinished)} of its {planned} planned trials did not finish: {named}{more}"
-
-
-README_HINT = "wagma-bench never writes through a link: remove it, or give --readme the file itself"
-README_BLOCK = re.compile(r"(<!-- claims:begin -->\n).*?(\n<!-- claims:end -->)", re.DOTALL)
-
-
-def check_readme(path: Path) -> str:
-    """The README's text, refused (before anything is written) when it has no block to fill, or is a link
-    (read through it, it used to be refused only at its write, after claims.json and claims.md)."""
-    if path.is_symlink():
-        raise refuse_link(path, README_HINT)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"--readme {path}: cannot read it ({err.strerror})") from None
-    if not README_BLOCK.search(text):
-        raise ConfigError(
-            f"--readme {path} has no <!-- claims:begin --> ... <!-- claims:end --> block to fill"
-        )
-    return text
-
-
-def update_readme(path: Path, results: list[dict]) -> None:
-    """Replace the table between ``<!-- claims:begin -->`` and ``<!-- claims:end -->`` in ``path``."""
-    new = README_BLOCK.sub(lambda m: m.group(1) + summary_table(results) + m.group(2), check_readme(path))
-    atomic_write(path, lambda f: f.write(new))

@@ -213,53 +213,52 @@ def plot_throughput(table: Sequence[dict], path: Path, title: str, ideal: bool =
     return save(fig, path)
 
 
+STACKED = (  # the per-rank figure's components, bottom to top
+    ("compute", "tab:blue", "compute"),
+    ("delay", "tab:red", "injected delay"),
+    ("comm", "tab:green", "communication"),
+    ("wait", "tab:orange", "wait (for slower ranks)"),
+)
+
+
 def plot_step_times(
-    series: dict[str, list[dict]], path: Path, title: str, max_ranks: int = MAX_RANKS_SHOWN
+    series: dict[str, dict[int, dict[str, float]]], path: Path, title: str, max_ranks: int = MAX_RANKS_SHOWN
 ) -> Path:
-    """Per-rank distributions (box plots) of compute, injected delay and communication time per step,
-    one panel per series. ``series[label]``: rows ``rank``, ``component`` (compute | delay | comm),
-    ``seconds``. Beyond ``max_ranks`` ranks only the slowest (largest mean step) are drawn."""
+    """Per rank, its mean seconds per step stacked by component (compute, injected delay, communication,
+    wait: :mod:`wagma_bench.analysis.step_figures`), one panel per series; a thin line per bar spans the
+    rank's p10-p90 step time (the spread, drawn so that an outlier cannot dwarf the means). ``series[label]``:
+    rank -> its components and ``p10`` / ``p90``. Beyond ``max_ranks`` ranks only the slowest are drawn."""
     plt = pyplot()
-    comps = [
-        ("compute", "tab:blue", "compute"),
-        ("delay", "tab:red", "injected delay"),
-        ("comm", "tab:green", "comm"),
-    ]
     fig, axes = plt.subplots(len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), squeeze=False)
-    for ax, (label, rows) in zip(axes[:, 0], series.items()):
-        values: dict[tuple[int, str], list[float]] = {}
-        totals: dict[int, float] = {}
-        for r in rows:
-            values.setdefault((r["rank"], r["component"]), []).append(r["seconds"])
-            totals[r["rank"]] = totals.get(r["rank"], 0.0) + r["seconds"]
+    for ax, (label, per_rank) in zip(axes[:, 0], series.items()):
+        totals = {k: sum(v.get(c, 0.0) for c, _, _ in STACKED) for k, v in per_rank.items()}
         ranks = sorted(totals)
         note = ""
         if len(ranks) > max_ranks:
             ranks = sorted(sorted(ranks, key=totals.get)[-max_ranks:])
             note = f" ({max_ranks} slowest of {len(totals)} ranks)"
-        width = 0.8 / len(comps)
-        for j, (comp, color, name) in enumerate(comps):
-            data = [values.get((k, comp), [0.0]) for k in ranks]
-            pos = [i + (j - 1) * width for i in range(len(ranks))]
-            bp = ax.boxplot(
-                data,
-                positions=pos,
-                widths=width * 0.9,
-                patch_artist=True,
-                flierprops={"markersize": 2, "alpha": 0.4},
-                manage_ticks=False,
-            )
-            for box in bp["boxes"]:
-                box.set_facecolor(color)
-                box.set_alpha(0.6)
-            ax.plot([], [], color=color, linewidth=6, alpha=0.6, label=name)
+        bottom = [0.0] * len(ranks)
+        for comp, color, name in STACKED:
+            heights = [per_rank[k].get(comp, 0.0) for k in ranks]
+            ax.bar(range(len(ranks)), heights, 0.7, bottom=bottom, color=color, alpha=0.75, label=name)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.vlines(
+            range(len(ranks)),
+            [per_rank[k].get("p10", 0.0) for k in ranks],
+            [per_rank[k].get("p90", 0.0) for k in ranks],
+            color="black",
+            linewidth=0.8,
+            label="p10-p90 of step time",
+        )
         ax.set_xticks(range(len(ranks)), [str(k) for k in ranks], fontsize=7)
         ax.set_ylabel("seconds per step")
         ax.set_title(label + note, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, loc="upper right", ncol=3)
+    # above the first panel, where it covers no bar
+    axes[0, 0].legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.12), ncol=5, frameon=False)
     axes[-1, 0].set_xlabel("rank")
-    fig.suptitle(f"{title}\nper-rank step time components (all steps, seeds pooled)", fontsize=10)
+    fig.suptitle(f"{title}\nper-rank step time: mean per step by component (seeds averaged)", fontsize=10)
+    fig.subplots_adjust(top=1 - 1.1 / (2.6 * len(series) + 0.8), hspace=0.45)
     return save(fig, path)
 
 

@@ -9,9 +9,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wagma_bench.analysis.step_figures import StepFigures, step_figures
+from wagma_bench.config import readback
 from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
+from wagma_bench.record.steps import read_step_records
 
 
 @dataclass
@@ -29,6 +32,8 @@ class RunRecord:
     optimizer_settings: dict = field(default_factory=dict)  # the run's optimizer section, as resolved
     variant: str = ""  # what sets it apart from other runs of its optimizer (name_variants)
     wandb: dict | None = None  # its logger.wandb section (None: it did not log to W&B)
+    steps: StepFigures | None = None  # what its step records say (None: it has none, or they are damaged)
+    wandb_id: str | None = None  # its W&B run's id, where it was recorded (summary.json, wandb-import's note)
 
     @property
     def partial(self) -> bool:
@@ -96,13 +101,17 @@ def load_run(path: Path) -> RunRecord:
     ]
     if record.skipped:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
+    figures = _step_figures(path, warnings)
+    summary.update(recorded_only(saved, figures))
     meta = record.start.settings if record.start else {}
     evals = [
         {"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
         for e in record.evaluations
     ]
     settings = dict(record.start.config.get("optimizer") or {}) if record.start else {}
-    wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or None
+    wandb = (setting(record.start.config, "logger.wandb") if record.start else None) or wandb_import_note(
+        path
+    )
     return RunRecord(
         Path(path),
         meta,
@@ -114,7 +123,69 @@ def load_run(path: Path) -> RunRecord:
         warnings,
         {k: v for k, v in settings.items() if k != "name"},
         wandb=wandb,
+        steps=figures,
+        wandb_id=wandb_run_id(saved, path),
     )
+
+
+# What only summary.json holds (written there after the events: by finalize, by tune), not the events that the
+# summary above is rebuilt from.
+RECORDED_ONLY = ("compute_imbalance", "compute_contention", "reference_s", "reference_before_after_s")
+
+
+def recorded_only(saved: dict | None, figures: StepFigures | None) -> dict:
+    """The figures ``summary.json`` holds beyond its events: from the step records where they say (so a run
+    recorded before a figure was measured has it too), else as saved; None where neither has it."""
+    saved = saved or {}
+    out = {key: saved.get(key) for key in RECORDED_ONLY}
+    if figures is not None:
+        for key, value in (
+            ("compute_imbalance", figures.compute_imbalance),
+            ("compute_contention", figures.contention),
+        ):
+            out[key] = value if value is not None else out[key]
+    return out
+
+
+def wandb_import_note(run_dir: Path) -> dict | None:
+    """Where ``wagma-bench wandb-import`` logged a run that did not log to W&B itself (its project, entity and
+    group, as a ``logger.wandb`` section reads); None where it has not, or the note is not what it writes."""
+    from wagma_bench.record.loggers import IMPORTED
+
+    try:
+        note = readback.load(Path(run_dir) / "wandb" / IMPORTED, readback.WANDB_IMPORT_NOTE)
+    except (OSError, ValueError):
+        return None
+    keys = ("project", "entity", "group", "id")
+    return {k: note.get(k) for k in keys if isinstance(note.get(k), (str, type(None)))}
+
+
+def wandb_run_id(saved: dict | None, run_dir: Path) -> str | None:
+    """The id of a run's W&B run: from ``summary.json``'s ``wandb`` entry (``logger=wandb``), else from
+    ``wandb-import``'s note; None for a run logged before the id was recorded, or never logged."""
+    entry = (saved or {}).get("wandb")
+    if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+        return entry["id"]
+    note = wandb_import_note(run_dir)
+    return note.get("id") if note else None
+
+
+def reference_readings(summary: dict) -> list[float]:
+    """A run's speed-reference readings (:mod:`wagma_bench.campaign.reference`): the ones at its start and end
+    where recorded, else their mean; none for a run that was not timed so."""
+    pair = summary.get("reference_before_after_s")
+    if isinstance(pair, list) and all(isinstance(v, (int, float)) for v in pair) and pair:
+        return [float(v) for v in pair]
+    ref = summary.get("reference_s")
+    return [float(ref)] if isinstance(ref, (int, float)) else []
+
+
+def _step_figures(path: Path, warnings: list[str]) -> StepFigures | None:
+    try:
+        return step_figures(read_step_records(path))
+    except ValueError as err:  # a damaged compact table: the run is reported without its step figures
+        warnings.append(f"{err}; its step figures are left out")
+        return None
 
 
 def name_variants(runs: Sequence[RunRecord]) -> None:

@@ -14,7 +14,8 @@ from wagma_bench.record.files import atomic_write
 
 def fmt(value: Any, kind: str = "") -> str:
     """One table cell. ``kind``: "" (one decimal from 10 up, else two), "x" (a ratio, ``1.23×``), "metric"
-    (four decimals), "sig" (three significant digits, thousands grouped; infinite: a blank)."""
+    (four decimals), "share" (a fraction as a percentage, ``12.3%``), "sig" (three significant digits,
+    thousands grouped; infinite: a blank)."""
     if value is None or (kind == "sig" and isinstance(value, float) and not math.isfinite(value)):
         return "—"
     if isinstance(value, bool):
@@ -24,6 +25,8 @@ def fmt(value: Any, kind: str = "") -> str:
             return f"{value:.2f}×"
         if kind == "metric":
             return f"{value:.4f}"
+        if kind == "share":
+            return f"{value:.1%}"
         if kind == "sig":
             return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
         return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"

@@ -359,3 +359,30 @@ def format_scores(result: dict) -> str:
         win = describe(e["winner"]["params"]) if e["winner"] else "-"
         lines.append(f"{e['combo']:32} {score_text:>16}  {bests:29} {reached:>3}/{e['trials']:<3}  {win}")
     return "\n".join(lines)
+
+
+def fairness_line(tune_dir: Path) -> str:
+    """The tuning's fairness line (:mod:`~wagma_bench.analysis.fairness`): its combinations whose finished
+    trials waited for a core (wall over CPU compute), and those whose speed references differ from the
+    reference optimizer's combination beyond their noise; the ratios against it that they touch."""
+    from wagma_bench.analysis import fairness
+    from wagma_bench.analysis.run_records import reference_readings
+    from wagma_bench.analysis.scoring import REFERENCE
+
+    _, combos, summaries = load_trials(tune_dir)
+    done = {
+        c: [summaries[t.name] for t in ts if trial_finished(summaries[t.name])] for c, ts in combos.items()
+    }
+    done = {c: ss for c, ss in done.items() if ss}
+    readings = {c: [v for s in ss for v in reference_readings(s)] for c, ss in done.items()}
+    ref = next((c for c, ss in done.items() if ss[0].get("optimizer") == REFERENCE), None)
+    flagged: dict[str, list[str]] = {}
+    for combo, ss in done.items():
+        flags = [fairness.contended(s.get("compute_contention") for s in ss)]
+        if ref is not None and combo != ref:
+            flags.append(fairness.different_conditions(readings[combo], readings[ref], ref))
+        if any(flags):
+            flagged[combo] = [f for f in flags if f]
+    touched = [f"{c} vs {ref}" for c in done if ref and c != ref and (c in flagged or ref in flagged)]
+    unmeasured = sum(all(s.get("compute_contention") is None for s in ss) for ss in done.values())
+    return fairness.summary_line(flagged, len(done), touched, "combinations", unmeasured)

@@ -23,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wagma_bench.analysis.report import COMPARISON_COLUMNS, TUNED_COLUMNS, GroupReport, group_title, varying
+from wagma_bench.analysis.report import TUNED_COLUMNS, GroupReport, group_title, varying
+from wagma_bench.analysis.run_records import wandb_import_note
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import load_trials
 from wagma_bench.config import readback
+from wagma_bench.config.recorded import setting
+from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.loggers import sweep_group, tuned_key
 from wagma_bench.runtime.extras import require
@@ -59,15 +62,18 @@ class Section:
     markdown: str = ""
     group: str | None = None
     blocks: list = field(default_factory=list)  # shown above the grid (the tuned table)
+    ids: list[str] = field(default_factory=list)  # without a group: its runs' W&B ids, where all are known
 
 
 # --- the sections -------------------------------------------------------------------------------------
 
 
 def group_sections(wr, groups: Sequence[GroupReport]) -> list[Section]:
-    """Per comparison group (and per world size and imbalance where they vary in it) one section: the metric
-    against training seconds and against samples by optimizer (mean, min-max band), time-to-target and
-    throughput bars, the per-rank step-time components, and the report's comparison table."""
+    """Per comparison group (and per world size and imbalance where they vary in it, and per W&B group) one
+    section: the metric against training seconds and against samples by optimizer (mean, min-max band),
+    time-to-target and throughput bars, the per-rank step-time summaries, and the report's comparison table.
+    Its run set filters on the runs' W&B group as well as on their keys, so that another group's runs of the
+    same workload (a colleague's, in a shared project) are never shown."""
     sections = []
     for g in groups:
         logged = [r for r in g.runs if r.wandb is not None and not r.running]
@@ -75,28 +81,41 @@ def group_sections(wr, groups: Sequence[GroupReport]) -> list[Section]:
             continue
         workload, data, metric, target = g.key
         split = varying(logged)
-        for world, imbalance in dict.fromkeys(
-            (r.meta.get("world_size"), r.meta.get("imbalance")) for r in logged
+        wandb_groups = {r.path: r.wandb.get("group") or sweep_group(r.path) for r in logged}
+        several = len(set(wandb_groups.values())) > 1
+        for world, imbalance, wandb_group in dict.fromkeys(
+            (r.meta.get("world_size"), r.meta.get("imbalance"), wandb_groups[r.path]) for r in logged
         ):
             filters = [("workload", workload), ("data", data), ("tuning_trial", False)]
             title = group_title(g.key)
             if split:
                 filters += [("world_size", world), ("imbalance", imbalance)]
                 title += f", P={world}, imbalance={imbalance}"
+            if several:
+                title += f", W&B group {wandb_group}"
             rows = [
                 r
                 for r in g.comparison
                 if not split or (r["world_size"], r["imbalance"]) == (world, imbalance)
             ]
-            steps = any((r.wandb or {}).get("per_rank_step_times") for r in logged)
-            panels = metric_panels(wr, metric, target) + (
-                [step_time_panel(wr, world)] if steps and world else []
-            )
-            sections.append(Section(title, filters, panels, markdown_table(rows, COMPARISON_COLUMNS)))
+            series = any((r.wandb or {}).get("per_rank_step_times") for r in logged)
+            panels = metric_panels(wr, metric, target, g.unit) + [step_summary_panel(wr)]
+            panels += [step_time_panel(wr, world)] if series and world else []
+            section = Section(title, filters, panels, markdown_table(rows, g.columns), wandb_group)
+            if wandb_group is None:  # runs outside any sweep: selected by their own ids, where all are known
+                ids = [
+                    r.wandb_id for r in logged if wandb_groups[r.path] is None and _here(r, world, imbalance)
+                ]
+                section.ids = ids if all(ids) else []
+            sections.append(section)
     return sections
 
 
-def metric_panels(wr, metric: str | None, target: float | None) -> list:
+def _here(run, world, imbalance) -> bool:
+    return (run.meta.get("world_size"), run.meta.get("imbalance")) == (world, imbalance)
+
+
+def metric_panels(wr, metric: str | None, target: float | None, unit: str = "samples/s") -> list:
     """The metric's curves (against ``train_s`` and ``samples``) and the time-to-target and throughput bars,
     each grouped by optimizer: the mean of its runs with a min-max band."""
     by = {"groupby": wr.Config("optimizer"), "groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
@@ -114,11 +133,22 @@ def metric_panels(wr, metric: str | None, target: float | None) -> list:
             )
         )
     panels.append(
-        wr.BarPlot(
-            title="throughput (samples/s)", metrics=[wr.SummaryMetric("throughput_samples_per_s")], **by
-        )
+        wr.BarPlot(title=f"throughput ({unit})", metrics=[wr.SummaryMetric("throughput_samples_per_s")], **by)
     )
     return panels
+
+
+def step_summary_panel(wr):
+    """Each component's mean per step over the ranks and on the worst rank, by optimizer: the step-time
+    summaries every ``logger=wandb`` run logs (:func:`~wagma_bench.record.loggers.step_time_summaries`), six
+    bars whatever the world size."""
+    return wr.BarPlot(
+        title="step time per component: mean rank and worst rank (s)",
+        metrics=[wr.SummaryMetric(f"ranks/{f}_{s}") for f in STEP_FIELDS for s in ("mean", "worst")],
+        groupby=wr.Config("optimizer"),
+        groupby_aggfunc="mean",
+        groupby_rangefunc="minmax",
+    )
 
 
 def step_time_panel(wr, world_size: int):
@@ -138,7 +168,7 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
     for tune_dir in tune_dirs:
         plan, combos, summaries = load_trials(tune_dir)
         trials = [t for ts in combos.values() for t in ts]
-        if not trials:
+        if not any(logged_to_wandb(Path(tune_dir) / "trials" / t.name) for t in trials):
             continue
         keys = list(dict.fromkeys(k for t in trials for k in t.params))
         done = [s for s in summaries.values() if s]
@@ -176,6 +206,12 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
             )
         )
     return sections
+
+
+def logged_to_wandb(run_dir: Path) -> bool:
+    """The run logged to W&B: by ``logger=wandb``, or by ``wandb-import`` after it."""
+    start = RunEvents.read(run_dir).start
+    return bool(start and setting(start.config, "logger.wandb")) or wandb_import_note(run_dir) is not None
 
 
 def claims_blocks(wr, results: Sequence[dict], table: str) -> list:
@@ -250,6 +286,8 @@ def build(
         filters = [expr.Config(k) == v for k, v in s.filters if v is not None]
         if s.group:
             filters.append(expr.Metric("Group") == s.group)
+        elif s.ids:
+            filters.append(expr.Metric("ID").isin(s.ids))
         runset = wr.Runset(name=s.title[:60], filters=filters, groupby=["config.optimizer"], **where)
         blocks += [wr.H2(s.title), *s.blocks, wr.PanelGrid(runsets=[runset], panels=list(s.panels))]
         if s.markdown:

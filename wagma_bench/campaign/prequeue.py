@@ -245,32 +245,42 @@ class Predictor:
 
 
 def gpu_hours(
-    profile: ClusterProfile, runs: list[tuple[int, RunConfig]], step_times: Iterable[str] = ()
+    profile: ClusterProfile,
+    runs: list[tuple[int, RunConfig]],
+    step_times: Iterable[str] = (),
+    one_job: bool = False,
 ) -> dict:
     """The estimate for ``runs`` ((GPUs, config) each): expected GPU-hours, the
-    bound, and where each came from."""
+    bound, and where each came from. ``one_job``: the runs share one allocation (the smoke sweep's job), the
+    bound is its GPUs x ``cluster.time`` once."""
     measured = read_step_times(step_times)
     predictor = Predictor(profile)
     limit_s = time_limit_s(profile.time)
-    expected, counts, longer = 0.0, {"measured": 0, "simulated": 0, "unknown": 0}, 0
+    known_s, counts, longer = 0.0, {"measured": 0, "simulated": 0, "unknown": 0}, 0
     for gpus, cfg in runs:
         seconds, source = run_seconds(cfg, gpus, measured, predictor)
-        if seconds is None:  # counted at the time limit: what the queue may spend on it in one allocation
-            seconds, source = limit_s or 0.0, "unknown"
+        if seconds is None:  # no expectation: only the bound counts it
+            source = "unknown"
+        else:
+            known_s += gpus * seconds
+            longer += limit_s is not None and seconds > limit_s
         counts[source] += 1
-        longer += limit_s is not None and seconds > limit_s
-        expected += gpus * seconds
     total_gpus = sum(g for g, _ in runs)
+    known = counts["measured"] + counts["simulated"]
     est = {
-        "expected": expected / 3600,
-        "bound": total_gpus * limit_s / 3600 if limit_s else None,
+        # GPU-hours of the runs whose length and round time are known (None: none is)
+        "expected": known_s / 3600 if known else None,
+        "expected_runs": known,
+        "bound": (max(g for g, _ in runs) if one_job else total_gpus) * limit_s / 3600 if limit_s else None,
+        "one_job": one_job,
         "runs": len(runs),
         "gpus": total_gpus,
         "sources": counts,
         "presets": sorted(predictor.presets),
         "preset_batch": predictor.other_batch,
         "cluster_time": profile.time,
-        "longer_than_time": longer,
+        # runs expected to outlast cluster.time (requeued); None where some run's length is unknown
+        "longer_than_time": None if counts["unknown"] else longer,
     }
     est["line"] = gpu_hour_line(est, profile.name)
     return est
@@ -302,8 +312,8 @@ def time_limit_s(limit: str) -> float | None:
 
 
 def gpu_hour_line(est: dict, cluster: str) -> str:
-    """One line: the expected GPU-hours and where they come from, and the bound
-    of the cluster's time limit."""
+    """One line: the expected GPU-hours where the runs' lengths and round times are known (else "unknown")
+    and where they come from, then the bound of the cluster's time limit, said to be a bound."""
     counts = est["sources"]
     parts = []
     if counts["measured"]:
@@ -319,16 +329,21 @@ def gpu_hour_line(est: dict, cluster: str) -> str:
             f"runs of another train.batch_size take the preset's step time ({batches}): give "
             f"{STEP_TIMES} for theirs"
         )
-    if counts["unknown"]:
-        parts.append(
-            f"{n_runs(counts['unknown'])} of unknown length or step time counted at cluster.time "
-            f"({STEP_TIMES} RUN_DIR of a finished run of the same data tells them)"
-        )
-    line = (
-        f"GPU-hours: {est['expected']:,.1f} expected = sum over {n_runs(est['runs'])} of GPUs x rounds x "
-        f"seconds per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not "
-        "counted)"
+    unknown = counts["unknown"]
+    why_unknown = (
+        f"{n_runs(unknown)} of unknown length or round time ({STEP_TIMES} RUN_DIR of a finished run of the "
+        "same data tells them)"
     )
+    if est["expected"] is None:
+        line = f"GPU-hours: expected unknown: {why_unknown}"
+    else:
+        line = (
+            f"GPU-hours: {est['expected']:,.1f} expected for {n_runs(est['expected_runs'])} = GPUs x rounds "
+            f"x seconds per round ({'; '.join(parts)}; training only: evaluations, start-up and queueing not "
+            "counted)"
+        )
+        if unknown:
+            line += f"; unknown for the other {why_unknown}"
     if est["longer_than_time"]:
         line += (
             f"; {n_runs(est['longer_than_time'])} longer than cluster.time={est['cluster_time']} (requeued "
@@ -336,10 +351,12 @@ def gpu_hour_line(est: dict, cluster: str) -> str:
         )
     if est["bound"] is None:
         return line + f"; no upper bound: cluster.time={est['cluster_time']}"
-    return line + (
-        f"; bound of one allocation per run: {est['bound']:,.1f} = {n_runs(est['runs'])} x their GPUs x "
-        f"cluster.time={est['cluster_time']}"
+    allocations = (
+        f"one job: {est['bound']:,.1f} = its GPUs x"
+        if est.get("one_job")
+        else f"one allocation per run: {est['bound']:,.1f} = {n_runs(est['runs'])} x their GPUs x"
     )
+    return line + f"; upper bound, {allocations} cluster.time={est['cluster_time']} (requeues come on top)"
 
 
 def n_runs(n: int) -> str:
@@ -350,4 +367,11 @@ def summary(manifest: dict) -> str:
     """What a rendered sweep's manifest says was checked before the queue: a line
     per data path, the GPU-hours."""
     checks = manifest.get("checks") or {}
-    return "\n".join([*checks.get("data", []), checks["gpu_hours"]["line"]])
+    lines = [
+        *checks.get("data", []),
+        checks.get("node"),
+        checks["gpu_hours"]["line"],
+        checks.get("slurm"),
+        checks.get("paths"),
+    ]
+    return "\n".join(line for line in lines if line)

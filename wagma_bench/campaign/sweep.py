@@ -3,12 +3,18 @@
     wagma-bench sweep cluster=daint gpus=8,16,32,64,128,256,512,1024 \\
         'optimizer=glob(*)' experiment=paper_resnet50_stragglers \\
         data.root=/scratch/imagenet seeds=3 [--dry-run | --submit | --submitit | --cfg job] [--out DIR]
-        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]...
+        [--no-array] [--data-on-nodes] [--step-times RUN_DIR]... [--check]
+    wagma-bench sweep --smoke cluster=NAME [cluster.KEY=VALUE]... [optimizer=A,B] [--out DIR] [--submit]
+                                        the first day's 2-node job: every optimizer for 50 rounds
+                                        (experiment=smoke) and comm-bench across the nodes, whose fit
+                                        (DIR/commbench.json) simulate --calibrate reads
         --data-on-nodes                 data.root (data.path, env.data_root) is seen only by the
                                         compute nodes: not checked here (else it must exist with its
                                         layout, or exit 2)
         --step-times RUN_DIR            finished runs (repeatable; a sweep's too) whose seconds per round the
                                         GPU-hour line takes, else the simulator's
+        --check                         sbatch --test-only on the first script (where sbatch is on
+                                        PATH): SLURM's answer in one line; its refusal exits 2
     wagma-bench sweep submit DIR        submit a rendered sweep; after a cancel, submit again the runs that
                                         did not finish (they resume from their checkpoints)
     wagma-bench sweep status DIR        each run's SLURM state, its own status (cancelled, when cancelled),
@@ -58,6 +64,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from wagma_bench.campaign import nodefit, nodepaths
 from wagma_bench.config.cluster import ClusterProfile, auto_venv, load_profile
 from wagma_bench.config.cluster import slurm_hours_minutes as _minutes
 from wagma_bench.config.overrides import unknown_option_message
@@ -191,8 +198,8 @@ def parse_spec(args: list[str]) -> SweepSpec:
             raise ConfigError("give either seeds=N or seed=...")
         axes["seed"] = seeds
     profile = load_profile(cluster, cluster_overrides)
-    for g in gpus:
-        job_shape(profile, g)  # fail early on an impossible count
+    # fail early on an impossible count, and on a node request beyond the profile's node
+    nodefit.check_fits(profile, [job_shape(profile, g)["ntasks_per_node"] for g in gpus])
     return SweepSpec(profile, gpus, axes, common)
 
 
@@ -321,11 +328,14 @@ def array_option(tasks: int, parallelism: int | None) -> str:
     return f"--array=0-{tasks - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
+def venv_prefix(profile: ClusterProfile) -> str | None:
+    """The Python prefix the jobs put first on PATH, as the user reached it (links unresolved)."""
+    return auto_venv() if profile.venv == "auto" else profile.venv
+
+
 def setup_lines(profile: ClusterProfile) -> list[str]:
     lines = list(profile.setup)
-    prefix = (
-        auto_venv() if profile.venv == "auto" else profile.venv
-    )  # as the user reached it, links unresolved
+    prefix = venv_prefix(profile)
     if prefix:
         lines.append(f"export PATH={shlex.quote(str(Path(prefix) / 'bin'))}:$PATH  # venv: {profile.venv}")
     return lines
@@ -393,6 +403,7 @@ def render(
     runs_dir: str = "runs",
     data_on_nodes: bool = False,
     step_times: tuple[str, ...] = (),
+    slurm_check: bool = False,
 ) -> dict:
     """Validate every combination and check it before the queue (:mod:`~wagma_bench.campaign.prequeue`: the
     data paths unless ``data_on_nodes``, the GPU-hours with ``step_times``' measured runs), then write scripts
@@ -405,7 +416,11 @@ def render(
     checks = {
         "data": prequeue.check_data(configs.values(), on_nodes=data_on_nodes),
         "gpu_hours": prequeue.gpu_hours(spec.cluster, [(r.gpus, configs[r.name]) for r in runs], step_times),
+        "node": nodefit.request_line(
+            spec.cluster, [job_shape(spec.cluster, g)["ntasks_per_node"] for g in spec.gpus]
+        ),
     }
+    checks["paths"] = nodepaths.warning_line({"--out": str(out), "venv": venv_prefix(spec.cluster)})
     out = out.resolve()
     folders = [out / MANIFEST, *(out / d for d in ("jobs", "logs", runs_dir))]
     for folder in folders:  # every one checked before any is made: a refusal leaves --out as it was
@@ -413,9 +428,7 @@ def render(
             raise refuse_link(folder, OUTPUT_HINT)
     if (out / MANIFEST).exists():
         raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    for folder in folders[1:]:  # through the one writer: SLURM writes the logs and the runs into these later
-        run_subdir(folder, OUTPUT_HINT)
-    jobs = []
+    scripts = []
     for j, group in enumerate(group_jobs(runs, array)):
         script = (
             out / "jobs" / (f"{j:03d}_{group[0].gpus:04d}gpu.sbatch" if array else f"{group[0].name}.sbatch")
@@ -423,7 +436,14 @@ def render(
         for i, run in enumerate(group):
             run.run_dir, run.job = str(out / runs_dir / run.name), j
             run.array_index = i if array else None
-        write_text_atomic(script, render_script(spec, group, script, out / "logs", array))
+        scripts.append((script, group, render_script(spec, group, script, out / "logs", array)))
+    if slurm_check:  # SLURM's answer on the first script, before anything is written
+        checks["slurm"] = slurm_check_line(spec, scripts[0])
+    for folder in folders[1:]:  # through the one writer: SLURM writes the logs and the runs into these later
+        run_subdir(folder, OUTPUT_HINT)
+    jobs = []
+    for script, group, text in scripts:
+        write_text_atomic(script, text)
         script.chmod(0o755)
         jobs.append(
             {
@@ -435,7 +455,21 @@ def render(
                 "submitted": None,
             }
         )
-    manifest = {
+    manifest = manifest_of(spec, out, command, jobs, checks, runs)
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def manifest_of(
+    spec: SweepSpec,
+    out: Path,
+    command: list[str] | None,
+    jobs: list[dict],
+    checks: dict,
+    runs: list[SweepRun],
+) -> dict:
+    """manifest.json of a sweep rendered into ``out``: what was rendered, checked and (later) submitted."""
+    return {
         "version": 1,
         "dir": str(out),  # where its scripts write: a copy elsewhere is refused (sweep_jobs.load_manifest)
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -458,8 +492,21 @@ def render(
             for r in runs
         ],
     }
-    write_json_atomic(out / MANIFEST, manifest)
-    return manifest
+
+
+def slurm_check_line(spec: SweepSpec, first: tuple[Path, list[SweepRun], str]) -> str:
+    """``sbatch --test-only`` on the first script (written to a temporary file: nothing of the sweep exists
+    yet), SLURM's answer in one line; a ConfigError where SLURM refuses it. Without sbatch here, said."""
+    import tempfile
+
+    if not nodefit.sbatch_on_path():
+        return "--check: sbatch is not on PATH here: not checked against SLURM (the profile's node was)"
+    script, group, text = first
+    with tempfile.TemporaryDirectory(prefix="wagma-check-") as tmp:
+        path = Path(tmp) / script.name
+        path.write_text(text)
+        tasks = job_shape(spec.cluster, group[0].gpus)["ntasks_per_node"]
+        return nodefit.slurm_test_only(path, spec.cluster, tasks)
 
 
 # --- Hydra's submitit launcher ----------------------------------------------------------------------------

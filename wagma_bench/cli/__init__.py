@@ -1,4 +1,5 @@
-"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims.
+"""``wagma-bench`` command line: run | comm-bench | report | sweep | tune | simulate | claims | doctor |
+wandb-import.
 
 One module per command, whose ``main(argv)`` runs the command's body through the one exit mapper
 (:func:`wagma_bench.exits.run_body`: the exit codes and the one-line errors of every command); each command is
@@ -23,6 +24,8 @@ commands:
   tune        tuned comparisons by AlgoPerf's external tuning protocol (studies x trials per optimizer)
   simulate    predict throughput / time-to-target per optimizer from 8 to 1,024 GPUs (discrete-event model)
   claims      the papers' claims: measured here with intervals, predicted at scale, a verdict for each
+  doctor      what this Python has for the workloads and the cluster (CUDA, NCCL, MPI, fairseq, EGL, wandb)
+  wandb-import  log finished runs, tuning trials and committed results to W&B as logger=wandb would have
 
 `wagma-bench run --help` lists the configuration groups and their options.
 """
@@ -37,6 +40,8 @@ COMMANDS = {
     "report": "wagma_bench.cli.report",
     "simulate": "wagma_bench.cli.simulate",
     "claims": "wagma_bench.cli.claims",
+    "doctor": "wagma_bench.cli.doctor",
+    "wandb-import": "wagma_bench.cli.wandb_import",
 }
 
 

@@ -1,5 +1,5 @@
-"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE] [--allow-missing] [--wandb-report]``:
-the papers' claims, measured here with intervals, predicted at scale, and a verdict
+"""``wagma-bench claims DIR... --out DIR [--claims FILE] [--readme FILE]... [--allow-missing]
+[--wandb-report]``: the papers' claims, measured here with intervals, predicted at scale, and a verdict
 (:mod:`wagma_bench.analysis.claims` does the work)."""
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def _claims(argv: list[str]) -> int:
     parser.add_argument(
         "--readme",
         type=Path,
-        default=None,
-        help="also put the summary table between the <!-- claims:begin/end --> lines of this file",
+        action="append",
+        default=[],
+        help="also fill this page's generated blocks (repeatable): the verdicts between its <!-- "
+        "claims:begin/end --> lines, the table between its <!-- claims_table:begin/end --> lines",
     )
     parser.add_argument(
         "--allow-missing",

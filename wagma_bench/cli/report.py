@@ -5,7 +5,6 @@ sweep directories (:mod:`wagma_bench.analysis.report` does the work)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from wagma_bench import exits
@@ -27,9 +26,10 @@ def _report(argv: list[str]) -> int:
         return _publish(args.wandb_publish)
     if not args.dirs:
         parser.error("the following arguments are required: dirs (or --wandb-publish SPEC)")
-    if args.wandb_report:  # a missing extra is said before anything is written
+    if args.wandb_report:  # a missing extra, or nothing logged to W&B, is said before anything is written
         wandb_panels.load_api()
-    report, groups, tuned = reporting.make_report(args.dirs, args.out)
+        _refuse_without_wandb(args.dirs)
+    report, groups, tuned = reporting.make_report(args.dirs, args.out, args.reference)
     if args.mllog:
         from wagma_bench.record.mlperf import write_mllog
 
@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out", type=Path, default=Path("report"), help="output directory (default: ./report)"
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="OPTIMIZER",
+        help="the optimizer speed-ups are against (default: allreduce where it ran, else each group's first "
+        "series; the report says which)",
     )
     parser.add_argument("--wandb", action="store_true", help="also log the tables and figures as a W&B run")
     parser.add_argument(
@@ -123,13 +130,8 @@ def _wandb_report(args, groups, tuned) -> None:
     wr, _, _ = wandb_panels.load_api()
     tune_dirs = [d for d in args.dirs if (d / PLAN).exists()]
     sections = wandb_panels.report_sections(wr, groups, tune_dirs, tuned.rows if tuned else [])
-    if not sections:
-        print(
-            "wagma-bench report: warning: no run here logged to W&B (logger=wandb): "
-            "the W&B report has no panels",
-            file=sys.stderr,
-            flush=True,
-        )
+    if not sections:  # logged runs, but none compared (still running): no panel either
+        _refuse_without_wandb([])
     title = "wagma-bench report: " + ", ".join(d.name for d in args.dirs)
     report, workspace = wandb_panels.build(
         sections,
@@ -141,6 +143,20 @@ def _wandb_report(args, groups, tuned) -> None:
     )
     for line in wandb_panels.deliver(args.out, report, workspace, online):
         print(f"wagma-bench report: {line}", flush=True)
+
+
+def _refuse_without_wandb(dirs: list[Path]) -> None:
+    """``--wandb-report`` over runs none of which logged to W&B (``logger=wandb`` or ``wandb-import``) would
+    have no panels: refused in one line naming the command that logs them (a ConfigError: exit 2)."""
+    from wagma_bench.analysis.run_records import find_runs
+    from wagma_bench.errors import ConfigError
+
+    if dirs and any(wandb_panels.logged_to_wandb(d) for d in find_runs(dirs)):
+        return
+    raise ConfigError(
+        "--wandb-report: no run here logged to W&B, so the report would have no panels; log them first "
+        f"with: wagma-bench wandb-import {' '.join(map(str, dirs)) or 'DIR...'} (or run with logger=wandb)"
+    )
 
 
 def _publish(spec: Path) -> int:

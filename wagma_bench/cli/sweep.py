@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from wagma_bench import exits
-from wagma_bench.campaign import prequeue, sweep, sweep_jobs
+from wagma_bench.campaign import prequeue, smoke, sweep, sweep_jobs
 from wagma_bench.config.overrides import CommandParser
 from wagma_bench.errors import ConfigError
 
@@ -80,7 +80,15 @@ def _main(argv: list[str]) -> int:
     parser = CommandParser("wagma-bench sweep", USAGE)
     parser.add_argument("--out")
     parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
-    for flag in ("--dry-run", "--submit", "--no-array", "--submitit", "--data-on-nodes"):
+    for flag in (
+        "--dry-run",
+        "--submit",
+        "--no-array",
+        "--submitit",
+        "--data-on-nodes",
+        "--check",
+        "--smoke",
+    ):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--step-times", action="append", default=[], metavar="RUN_DIR")
     parser.add_argument("overrides", nargs="*")
@@ -88,6 +96,8 @@ def _main(argv: list[str]) -> int:
     if ns.dry_run and ns.submit:
         raise ConfigError("--dry-run and --submit exclude each other")
     out, show_cfg = ns.out, ns.cfg is not None
+    if ns.smoke:
+        return _smoke(ns, argv)
     spec = sweep.parse_spec(ns.overrides)
     if show_cfg:
         sweep.print_configs(spec, sweep.expand(spec))
@@ -109,15 +119,42 @@ def _main(argv: list[str]) -> int:
         command=["wagma-bench", "sweep", *argv],
         data_on_nodes=ns.data_on_nodes,
         step_times=tuple(ns.step_times),
+        slurm_check=ns.check,
     )
     print(
         f"wagma-bench sweep: {len(manifest['runs'])} runs in {len(manifest['jobs'])} jobs rendered and "
         f"validated in {time.perf_counter() - t0:.1f} s: {out_dir.resolve()}"
     )
     print(prequeue.summary(manifest))
+    print(smoke.beside_line(out_dir, spec.cluster.name))
     if ns.submit:
-        ids = sweep_jobs.submit(out_dir)
-        print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")
+        _submit_now(out_dir)
     else:
         print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
     return 0
+
+
+def _smoke(ns, argv: list[str]) -> int:
+    """``sweep --smoke``: one 2-node job, every optimizer and comm-bench (campaign/smoke.py)."""
+    if ns.submitit or ns.no_array or ns.step_times or ns.cfg:
+        raise ConfigError(
+            "--smoke renders one 2-node job; it takes --out, --check, --dry-run or --submit only"
+        )
+    spec = smoke.smoke_spec(ns.overrides)
+    out_dir = Path(ns.out or f"sweeps/smoke_{spec.cluster.name}")
+    manifest = smoke.render(spec, out_dir, command=["wagma-bench", "sweep", *argv], slurm_check=ns.check)
+    print(
+        f"wagma-bench sweep --smoke: {len(manifest['runs'])} runs and comm-bench in one job on {smoke.NODES} "
+        f"nodes: {out_dir.resolve()}"
+    )
+    print(prequeue.summary(manifest))
+    if ns.submit:
+        _submit_now(out_dir)
+    else:
+        print(f"submit: wagma-bench sweep submit {out_dir}")
+    return 0
+
+
+def _submit_now(out_dir: Path) -> None:
+    ids = sweep_jobs.submit(out_dir)
+    print(f"submitted {len(ids)} jobs: {' '.join(ids)}\nfollow: wagma-bench sweep status {out_dir}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wagma_bench import exits
-from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, format_scores, write_scores
+from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, fairness_line, format_scores, write_scores
 from wagma_bench.campaign import tune
 from wagma_bench.errors import ConfigError
 
@@ -31,7 +31,7 @@ def _main(argv: list[str]) -> int:
         if len(argv) != 2:
             raise ConfigError("usage: wagma-bench tune score DIR")
         result = write_scores(Path(argv[1]))
-        print(f"{format_scores(result)}\nwrote {Path(argv[1]) / TUNING}")
+        print(f"{format_scores(result)}\n{fairness_line(Path(argv[1]))}\nwrote {Path(argv[1]) / TUNING}")
         return 0
     args = tune.parse_args(argv)
     spec, trials, configs = tune.make_plan(args)
@@ -43,8 +43,8 @@ def _main(argv: list[str]) -> int:
     tune.run_local(args, spec, trials, configs)
     result = write_scores(args.out)
     print(
-        f"{format_scores(result)}\nwrote {args.out / TUNING}; tables and figures: wagma-bench report "
-        f"{args.out}"
+        f"{format_scores(result)}\n{fairness_line(args.out)}\nwrote {args.out / TUNING}; tables and figures: "
+        f"wagma-bench report {args.out}"
     )
     return 0
 

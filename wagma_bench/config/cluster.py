@@ -24,6 +24,7 @@ class Hardware:
     nodes: int = 1  # nodes in the partition
     cpus_per_node: int = 1
     gpus_per_node: int = 0  # GRES gpus SLURM knows per node (0: none declared)
+    mem_gb: float | None = None  # the node's memory (GB; null: not stated, a --mem request is not checked)
     features: list[str] = field(default_factory=list)
     max_time: str = "INFINITE"
 

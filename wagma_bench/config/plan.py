@@ -1,7 +1,8 @@
 """A run's plan, fixed before its first step: its length in rounds (exactly its budget, for every optimizer:
 the last round is a synchronisation point of its own), the evaluation grid, the control-exchange period and
-the learning-rate schedule, all from the config; and the budget line rank 0 prints at the start. Pure
-arithmetic over the settings, so tests and readers need no run."""
+the learning-rate schedule, all from the config; and the budget line rank 0 prints at the start (one short
+sentence; what it means is in docs/run-budget-and-exit-codes.md). Pure arithmetic over the settings, so tests
+and readers need no run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from dataclasses import dataclass
 
 from wagma_bench.config.schedules import control_period, peak_lr, round_up
 from wagma_bench.config.schema import RunConfig
-from wagma_bench.optim.specs import OPTIMIZER_SPECS
+
+BUDGET_DOC = (
+    "docs/run-budget-and-exit-codes.md"  # the rules the budget line names, and what each optimizer does
+)
+# at an extra last synchronisation point (its spec's ``final_sync``, kept in step by a test)
 
 
 @dataclass
@@ -26,7 +31,6 @@ class RunPlan:
     lr_schedule: dict  # keyword arguments of schedules.lr_at besides the epoch
     ends_by: str = "epochs"  # the budget that sets `total`: max_rounds (when set, it wins) or epochs
     epoch_steps: int = 0  # the rounds train.epochs would give
-    final_sync: str = ""  # what the optimizer does at a last round between its sync points (its spec's)
 
     @classmethod
     def of(cls, cfg: RunConfig, sync: int, steps_per_epoch: int, world: int) -> RunPlan:
@@ -48,17 +52,8 @@ class RunPlan:
             "milestones": t.milestones,
             "decay": t.decay,
         }
-        final_sync = OPTIMIZER_SPECS[cfg.optimizer.name].final_sync
         return cls(
-            sync,
-            steps_per_epoch,
-            total,
-            eval_every,
-            control_period(sync),
-            schedule,
-            ends_by,
-            epoch_steps,
-            final_sync,
+            sync, steps_per_epoch, total, eval_every, control_period(sync), schedule, ends_by, epoch_steps
         )
 
     def next_eval_after(self, r: int) -> int:
@@ -85,29 +80,22 @@ class RunPlan:
         return min((c for c in due if c > r), default=self.total)
 
     def budget_line(self, cfg: RunConfig) -> str:
-        """Which budget ends the run, said at its start: its length, then what may end it earlier."""
+        """Which budget ends the run, in one short sentence at its start: its rounds and the key that set
+        them, an extra synchronisation point where the last round is not one of the optimizer's (never
+        silently), and what may end it sooner; the rules and each optimizer's extra point: ``BUDGET_DOC``."""
         t = cfg.train
         if self.ends_by == "max_rounds":
-            length = f"round {self.total} (train.max_rounds={t.max_rounds}"
-            if self.total > self.epoch_steps:
-                length += (
-                    f", beyond train.epochs={t.epochs:g} = {self.epoch_steps} rounds: max_rounds "
-                    f"wins; the learning-rate schedule still spans train.epochs"
-                )
-            length += ")"
+            why = f"train.max_rounds={t.max_rounds}"
+            if self.total > self.epoch_steps:  # max_rounds wins; the learning-rate schedule spans the epochs
+                why += f", beyond train.epochs={t.epochs:g}"
         else:
-            length = (
-                f"round {self.total} (train.epochs={t.epochs:g} x {self.steps_per_epoch} rounds per epoch)"
-            )
-        if self.total % self.sync:  # never silently: the last round is not one of the optimizer's sync points
-            length += (
-                f", exactly, though the optimizer synchronises every {self.sync} rounds: round "
-                f"{self.total} is an extra synchronisation point, "
-                f"{self.final_sync or 'where every rank meets'}"
-            )
-        earlier = []
+            why = f"train.epochs={t.epochs:g}"
+        if self.total % self.sync:
+            why += f"; the last an extra sync point, {cfg.optimizer.name} syncing every {self.sync}"
+        sooner = []
         if cfg.eval.target is not None and cfg.eval.stop_at_target:
-            earlier.append(f"when the evaluation reaches eval.target={cfg.eval.target:g}")
+            sooner.append(f"eval.target={cfg.eval.target:g}")
         if t.time_limit_s is not None:
-            earlier.append(f"at train.time_limit_s={t.time_limit_s:g} s of training time")
-        return f"the run ends at {length}" + (f", or earlier {' or '.join(earlier)}" if earlier else "")
+            sooner.append(f"train.time_limit_s={t.time_limit_s:g}")
+        until = f", or until {' or '.join(sooner)}" if sooner else ""
+        return f"budget: {self.total} rounds ({why}){until} ({BUDGET_DOC})"

@@ -297,6 +297,19 @@ RUN_SUMMARY = Schema(
 STEP_TABLE = Schema(
     "step table (steps.json.xz)", dict, "wagma-bench from a run's steps/rank*.jsonl (record/steps.py)"
 )
+WANDB_IMPORT_NOTE = Schema(
+    "W&B import note",
+    {
+        "project": str,
+        optional("entity"): (str, NONE),
+        optional("group"): (str, NONE),
+        optional("id"): (str, NONE),
+    },
+    "wagma-bench wandb-import",
+)
+SMOKE_MANIFEST = Schema(
+    "smoke sweep's manifest", {"smoke": dict, optional("cluster"): (dict, NONE)}, "wagma-bench sweep --smoke"
+)
 RUN_NOTE = Schema(
     "run directory note (.lock, cancelled.json)",
     dict,

@@ -82,7 +82,8 @@ class AlgorithmSpec:
     #: on a workload whose batches do not split
     computes_in_parts: ClassVar[bool] = False
     #: what the algorithm does at the run's last round when it is not a multiple of its sync period (a run
-    #: ends at exactly its budget: ``Algorithm.end_at``), as the budget line says it; "" for those that meet
+    #: ends at exactly its budget: ``Algorithm.end_at``), as docs/run-budget-and-exit-codes.md's table says it
+    #: (a test keeps the two in step); "" for those that meet
     #: every round
     final_sync: ClassVar[str] = ""
 

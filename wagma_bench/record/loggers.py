@@ -33,6 +33,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
+from wagma_bench.record.steps import read_step_records
 
 
 class Sink(Protocol):
@@ -227,16 +228,21 @@ class RunLabels:
 
 class WandbSink:
     """Mirrors a run's events to W&B: eval metric and progress against ``step`` (and ``train_s``), the
-    summary at ``run_stop``. With ``per_rank_step_times`` it also logs each rank's mean compute, injected
-    delay and communication time since the previous event, read from ``steps/rank<R>.jsonl`` (the files
-    every rank flushes at synchronisation points; ranks on another node need a shared run directory)."""
+    summary at ``run_stop`` with each rank's step-time summaries (:func:`step_time_summaries`). With
+    ``per_rank_step_times`` it also logs each rank's mean compute, injected delay and communication time since
+    the previous event, read from ``steps/rank<R>.jsonl`` (the files every rank flushes at synchronisation
+    points; ranks on another node need a shared run directory). ``imported``: replayed after the run by
+    :func:`import_run`, which leaves the run's ``summary.json`` as it is."""
 
-    def __init__(self, settings, run_dir: Path, config: dict, metric: str, labels: RunLabels):
+    def __init__(
+        self, settings, run_dir: Path, config: dict, metric: str, labels: RunLabels, imported: bool = False
+    ):
         # config: the whole configuration, as W&B's run config; labels: what the run is named and tagged by
         self.settings, self.run_dir, self.config, self._metric = settings, Path(run_dir), config, metric
-        self.labels = labels
+        self.labels, self.imported = labels, imported
         self.mode = resolve_mode(settings.mode)  # checked before the ranks started (extras.check_extras)
         self.run = None
+        self.run_id: str | None = None
         self._failed = False
         self._status: str | None = None
         self._offsets: dict[Path, int] = {}
@@ -292,7 +298,7 @@ class WandbSink:
         name = f"{run.workload}_{run.optimizer}{world}_s{run.seed}"
         # A stable id per run directory and config: a resumed run continues the same W&B run.
         key = json.dumps([str(self.run_dir.resolve()), c], sort_keys=True, default=str)
-        run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
+        run_id = self.run_id = hashlib.sha256(key.encode()).hexdigest()[:16]
         # after a requeue the first event is run_resume: the grouping keys come from the run's run_start
         start = meta if event["key"] == "run_start" else _start_metadata(self.run_dir)
         config = {**grouping_config(self.run_dir, start), "config": c}
@@ -308,6 +314,7 @@ class WandbSink:
             "tags": [run.workload, run.optimizer, run.imbalance],
         }
         self.run = self._init(kwargs)
+        self.used["id"] = run_id  # summary.json's wandb entry: a report's run set can select the run by it
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
         # time to accuracy: eval/* against the training clock by default; samples is logged in the same rows,
@@ -388,6 +395,7 @@ class WandbSink:
         the trainer has written summary.json and mllog.txt, which go into the artifact)."""
         summary = RunEvents.read(self.run_dir).summary()
         self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        self.run.summary.update(step_time_summaries(self.run_dir))
         self._status = status
 
     def _log_artifact(self) -> None:
@@ -417,7 +425,7 @@ class WandbSink:
                 file=sys.stderr,
                 flush=True,
             )
-        if self.used and (self.run_dir / SUMMARY).exists():
+        if self.used and not self.imported and (self.run_dir / SUMMARY).exists():
             try:
                 summary = readback.load(self.run_dir / SUMMARY, readback.RUN_SUMMARY)
                 write_json_atomic(self.run_dir / SUMMARY, {**summary, "wandb": dict(self.used)})
@@ -448,3 +456,76 @@ class WandbSink:
             return
         if offline:
             print(f"wagma-bench: offline W&B run saved; upload it with: wandb sync {where}", flush=True)
+
+
+STEP_COMPONENTS = ("compute_s", "delay_s", "comm_s")  # the step-time components a run's W&B summary holds
+
+
+def step_time_summaries(run_dir: Path) -> dict[str, float]:
+    """Per rank and component (:data:`STEP_COMPONENTS`): the mean, p50 and p95 of its per-step seconds
+    (``rank<R>/<component>_{mean,p50,p95}``); over the ranks, each component's mean of the ranks' means and
+    the worst rank's mean (``ranks/<component>_{mean,worst}``): what a W&B panel shows at any world size. Read
+    from the step records, raw or compact; none where there are none (or a damaged table)."""
+    try:
+        records = read_step_records(run_dir)
+    except ValueError:
+        return {}
+    out: dict[str, float] = {}
+    for field in STEP_COMPONENTS:
+        means = []
+        for rank, recs in sorted(records.items()):
+            values = sorted(float(r[field]) for r in recs if isinstance(r.get(field), (int, float)))
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            means.append(mean)
+            out[f"rank{rank}/{field}_mean"] = mean
+            out[f"rank{rank}/{field}_p50"] = _percentile(values, 50)
+            out[f"rank{rank}/{field}_p95"] = _percentile(values, 95)
+        if means:
+            out[f"ranks/{field}_mean"], out[f"ranks/{field}_worst"] = sum(means) / len(means), max(means)
+    return out
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """The q-th percentile of sorted values, linear between order statistics (numpy's default)."""
+    pos = q / 100 * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+IMPORTED = "wandb-import.json"  # under RUN_DIR/wandb/: where wandb-import logged the run, read by report
+
+
+def import_run(run_dir: Path, project: str, entity: str | None, group: str | None, mode: str) -> Path:
+    """Log a finished run (a trial, a committed compact result) as the W&B run ``logger=wandb`` would have
+    made of it: its events replayed through :class:`WandbSink` (the same config keys, history and summary),
+    its W&B files under ``RUN_DIR/wandb/`` with a note of where they went (:data:`IMPORTED`). Returns that
+    folder."""
+    run_dir = Path(run_dir)
+    record = RunEvents.read(run_dir)
+    if record.start is None or not record.stopped:
+        raise ConfigError(
+            f"{run_dir}: not a finished run (no run_start or no run_stop in {EVENTS}); wandb-import logs "
+            "finished runs only"
+        )
+    start = record.start
+    config = start.config
+    settings = WandbConfig(project=project, entity=entity, group=group, mode=mode)
+    labels = RunLabels(
+        str(start.workload), str(start.optimizer), str(start.get("imbalance")), start.get("seed") or 0
+    )
+    sink = WandbSink(settings, run_dir, config, str(start.metric), labels, imported=True)
+    for event in record.events:
+        sink.emit(event)
+    sink.close()
+    note = {
+        "project": project,
+        "entity": entity,
+        "group": group or sweep_group(run_dir),
+        "mode": sink.used.get("mode"),
+        "id": sink.run_id,
+    }
+    write_json_atomic(run_dir / "wandb" / IMPORTED, note)
+    return run_dir / "wandb"

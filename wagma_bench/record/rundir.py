@@ -198,7 +198,9 @@ def finalize(
     from wagma_bench.record.mlperf import try_write_mllog  # imports mlperf_logging
 
     summary = RunEvents.read(run_dir).summary(status)
-    summary["compute_imbalance"] = compute_imbalance(run_dir)
+    records = step_logs(run_dir)
+    summary["compute_imbalance"] = imbalance_of(records)
+    summary["compute_contention"] = contention_of(records)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
     write_json_atomic(Path(run_dir) / SUMMARY, summary)
@@ -257,15 +259,39 @@ def compute_imbalance(run_dir: Path) -> float | None:
     forward + backward (``compute_s``, batch loading included) plus its injected straggler delay
     (``delay_s``: the imbalance models stand for slower compute). Steps are matched by each rank's local step
     index, over the steps every rank logged; None without step logs."""
+    return imbalance_of(step_logs(run_dir))
+
+
+def step_logs(run_dir: Path) -> list[list[dict]]:
+    """Every rank's step log, as written (``steps/rank<R>.jsonl``)."""
     # regular files only: the summary of a failed run is written whatever stands in the way of a step log
-    per_rank = [
+    return [
         [current_record(r) for r in read_jsonl(p)]
         for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))
         if p.is_file()
     ]
+
+
+def contention_of(records: list[list[dict]]) -> float | None:
+    """How long the ranks' compute waited for a core: their wall-clock compute over their CPU compute (the
+    thread's own CPU time, ``compute_cpu_s``), summed over every rank and step. About 1 on a machine whose
+    cores the ranks had to themselves; 2 when each rank got half a core (another process, too many ranks for
+    the cores). None where the records have no CPU time (logged before 2026-12-02, or a compact table without
+    it)."""
+    wall = cpu = 0.0
+    for recs in records:
+        for r in recs:
+            if r.get("compute_cpu_s") is not None and r.get("compute_s") is not None:
+                wall, cpu = wall + r["compute_s"], cpu + r["compute_cpu_s"]
+    return round(wall / cpu, 4) if cpu > 0 else None
+
+
+def imbalance_of(records: list[list[dict]]) -> float | None:
+    """:func:`compute_imbalance` of per-rank step records, however they were read (raw logs, a compact table):
+    the report recomputes it so for a run whose summary was written before it was measured."""
     per_rank = [
         {r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "local_step" in r}
-        for recs in per_rank
+        for recs in records
     ]
     per_rank = [times for times in per_rank if times]
     if not per_rank:

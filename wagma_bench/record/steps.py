@@ -27,9 +27,10 @@ from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl,
 
 STEPS = "steps"
 STEP_TABLE = "steps.json.xz"
-# What report (compute/delay/comm per rank) and simulate's calibration (the clock, compute, samples, the
-# round a step belongs to) read. A field a rank did not log is stored as null and left out when read back.
-STEP_FIELDS = ("local_step", "round", "t", "compute_s", "delay_s", "comm_s", "samples")
+# What report (compute/delay/comm per rank, wall against CPU compute) and simulate's calibration (the clock,
+# compute, samples, the round a step belongs to) read. A field a rank did not log is stored as null and left
+# out when read back.
+STEP_FIELDS = ("local_step", "round", "t", "compute_s", "compute_cpu_s", "delay_s", "comm_s", "samples")
 # fields of a step record renamed since runs were recorded: old name -> today's
 RENAMED_FIELDS = {"step": "local_step"}
 _RANK_LOG = re.compile(r"rank(\d+)\.jsonl")

@@ -24,8 +24,9 @@ from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
 def write_interval(
     req: Request, runs: dict[str, RunConfig], gpus: list[int], base: Inputs, out: Path
-) -> None:
-    """``--interval N``: :func:`wagma_bench.simulate.uncertainty.uncertainty` over these runs' predictions."""
+) -> dict:
+    """``--interval N``: :func:`wagma_bench.simulate.uncertainty.uncertainty` over these runs' predictions,
+    written to ``interval.json`` and returned."""
     sources = Sources()
     if req.compute_from:
         persistent = base.workload.compute == "persistent"
@@ -77,6 +78,7 @@ def write_interval(
         f"wrote {INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
         f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s"
     )
+    return data
 
 
 def compact_json(data: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wagma_bench.analysis import plots
-from wagma_bench.analysis.tables import markdown_table, write_csv
+from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.record.files import strict_json, write_text_atomic
 
 
@@ -65,3 +65,95 @@ def plot_time_to_target(rows: list[dict], path: Path, title: str) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return plots.save(fig, path)
+
+
+# --- what the predictions rest on -----------------------------------------------------------------------
+
+NEEDS_CONVERGENCE = "--convergence RUN_DIR|TUNE_DIR (runs that reached the target) or samples_to_target=N"
+
+
+def interval_cells(rows: list[dict], data: dict) -> None:
+    """``--interval``'s 95% interval (the 2.5th and 97.5th percentiles over the replicates, as ``claims``
+    reads them) of each row's throughput and time to target, as cells ``throughput_95`` and
+    ``time_to_target_95``."""
+    import numpy as np
+
+    for row in rows:
+        for key, cell in (("throughput", "throughput_95"), ("time_to_target_s", "time_to_target_95")):
+            values = [
+                v
+                for rep in data["predictions"]
+                if (v := ((rep.get(row["world_size"]) or {}).get(row["optimizer"]) or {}).get(key))
+                is not None
+            ]
+            if values:
+                lo, hi = np.percentile(values, [2.5, 97.5])
+                row[cell] = f"[{fmt(float(lo), 'sig')}, {fmt(float(hi), 'sig')}]"
+
+
+def origins_line(req, calibrated: bool, contended: dict[str, float]) -> str:
+    """One line naming where each input came from: the cost model and network (defaults, calibrated runs,
+    the command line), the compute spread (the preset's, or ``--compute-from``'s runs with those flagged
+    contended named), ``--measured``'s file, and time to target's convergence input."""
+    from wagma_bench.analysis.fairness import CONTENDED_FACTOR
+
+    own = sorted(k for k in req.own if k not in ("gpus", "control_every", "steps"))
+    model = "calibrated from the --calibrate runs" if calibrated else "the workload's preset (defaults)"
+    parts = [
+        f"cost model: {model}" + (f", {', '.join(own)} from the command line" if own else ""),
+        "network: "
+        + (f"cluster profile {req.cluster}" if req.cluster else "cluster profile daint (default)")
+        + (f" with {', '.join(req.cluster_overrides)}" if req.cluster_overrides else "")
+        + (" (or comm-bench JSON given to --calibrate)" if calibrated else ""),
+    ]
+    if req.compute_from:
+        flagged = ", ".join(f"{name} ({factor:.2f}x)" for name, factor in contended.items())
+        parts.append(
+            f"compute spread: --compute-from {' '.join(req.compute_from)}"
+            + (
+                f"; contended (wall/CPU compute above {CONTENDED_FACTOR:g}x), so their spread includes "
+                f"waiting for a core: {flagged}"
+                if contended
+                else "; none contended"
+            )
+        )
+    else:
+        parts.append("compute spread: the preset's assumed distribution (default)")
+    if req.measured:
+        parts.append(f"measured inputs: {req.measured}")
+    if req.convergence:
+        parts.append(f"samples to target: --convergence {' '.join(req.convergence)}")
+    elif "samples_to_target" in req.own:
+        parts.append("samples to target: samples_to_target from the command line")
+    return "Inputs: " + "; ".join(parts) + "."
+
+
+def missing_target_line(rows: list[dict], req) -> str | None:
+    """Which optimizers have no time to target and the input that would give them one; None when all have."""
+    missing = sorted({r["optimizer"] for r in rows if r.get("time_to_target_s") is None})
+    if not missing:
+        return None
+    if req.convergence:
+        return (
+            f"Time to target: — for {', '.join(missing)}: no run of theirs under --convergence reached its "
+            f"target (give runs that did, or samples_to_target=N)."
+        )
+    return f"Time to target: — for every optimizer: it needs {NEEDS_CONVERGENCE}."
+
+
+def contended_runs(paths: list[str]) -> dict[str, float]:
+    """The runs under ``paths`` whose wall over CPU compute is above the contended factor, by folder name."""
+    from wagma_bench.analysis.fairness import CONTENDED_FACTOR
+    from wagma_bench.analysis.run_records import find_runs
+    from wagma_bench.record.rundir import contention_of
+    from wagma_bench.record.steps import read_step_records
+
+    out = {}
+    for run_dir in find_runs([Path(p) for p in paths]):
+        try:
+            factor = contention_of(list(read_step_records(run_dir).values()))
+        except ValueError:  # a damaged compact table: the spread's own reader refuses it
+            continue
+        if factor is not None and factor > CONTENDED_FACTOR:
+            out[run_dir.name] = factor
+    return out

@@ -15,7 +15,15 @@ from wagma_bench.simulate.convergence import samples_to_target
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import SimResult, Workload, simulate
 from wagma_bench.simulate.interval import write_interval
-from wagma_bench.simulate.outputs import markdown, plot_time_to_target, write_table
+from wagma_bench.simulate.outputs import (
+    contended_runs,
+    interval_cells,
+    markdown,
+    missing_target_line,
+    origins_line,
+    plot_time_to_target,
+    write_table,
+)
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.request import DEFAULT_GPUS, Request
 from wagma_bench.simulate.uncertainty import Inputs
@@ -68,21 +76,32 @@ def predict(
     )
     if any(r.get("time_to_target_s") for r in rows):
         plot_time_to_target(rows, out / "time_to_target.png", title)
-    cols = [
+    if req.interval > 0:  # before the table, which shows its 95% intervals
+        base = Inputs(workload, network, imbalance, conv, req.control_every, first.seed)
+        interval_cells(rows, write_interval(req, runs, gpus, base, out))
+    print(f"## Predicted throughput ({title})\n\n{markdown(rows, _columns(req.interval > 0))}\n")
+    contended = contended_runs(req.compute_from) if req.compute_from else {}
+    print(origins_line(req, bool(req.calibrate), contended))
+    missing = missing_target_line(rows, req)
+    if missing:
+        print(missing)
+    return rows
+
+
+def _columns(interval: bool) -> list[tuple[str, str]]:
+    """The printed table's columns; with ``--interval`` each prediction's 95% interval beside it."""
+    return [
         ("optimizer", "optimizer"),
         ("world_size", "P"),
         ("throughput", "samples/s"),
+        *([("throughput_95", "samples/s 95%")] if interval else []),
         ("speedup_vs_allreduce", "vs allreduce"),
         ("efficiency", "efficiency"),
         ("wait_frac", "wait share"),
         ("staleness", "staleness"),
         ("time_to_target_s", "time to target (s)"),
+        *([("time_to_target_95", "time to target 95%")] if interval else []),
     ]
-    print(f"## Predicted throughput ({title})\n\n{markdown(rows, cols)}\n")
-    if req.interval > 0:
-        base = Inputs(workload, network, imbalance, conv, req.control_every, first.seed)
-        write_interval(req, runs, gpus, base, out)
-    return rows
 
 
 def _row(res: SimResult, imbalance: Imbalance, wl: Workload, stt: float | None, took: float) -> dict:

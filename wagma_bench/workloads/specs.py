@@ -47,6 +47,8 @@ class WorkloadSpec:
     # every metric's range (eval.target is checked against it before any rank starts)
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"top1": (0.0, 1.0)}  # a fraction
     sample_unit: ClassVar[str] = "samples"
+    #: what a run's throughput (samples over training seconds) counts, as the report's columns name it
+    throughput_unit: ClassVar[str] = "samples/s"
     #: its batches split into micro-batches (``Workload.split``), as DropCompute needs
     splittable: ClassVar[bool] = True
 
@@ -170,6 +172,7 @@ def check_imagenet_root(root: str | None) -> Path:
 class ResNetSpec(WorkloadSpec):
     name = "resnet"
     metric_name = "top1"
+    throughput_unit = "images/s"
     # peak RSS of one rank, ResNet-20 on mnist5k: 1,095 MiB (reproduce/memory/footprint.py, 2026-12-01)
     RANK_MEMORY_MB: ClassVar[float] = 1100.0
     DATA: ClassVar[dict] = {"mnist5k": Mnist5kData, "imagenet": ImageNetData, "synthetic": SyntheticImageData}
@@ -266,6 +269,7 @@ class TransformerSpec(WorkloadSpec):
     RANK_MEMORY_MB: ClassVar[float] = 1250.0
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"bleu": (0.0, 100.0)}  # sacrebleu's scale
     sample_unit = "tokens"
+    throughput_unit = "target tokens/s"  # forward's n: the batch's target tokens (fairseq's wps)
     DATA: ClassVar[dict[str, type]] = {"synthetic_mt": SyntheticMTData, "wmt17_en_de": WMT17Data}
 
     @dataclass
@@ -323,6 +327,7 @@ class DDPPOSpec(WorkloadSpec):
     # a success rate, and SPL (success weighted by path length) is at most the success
     METRIC_RANGES: ClassVar[dict[str, tuple[float, float]]] = {"success": (0.0, 1.0), "spl": (0.0, 1.0)}
     sample_unit = "frames"
+    throughput_unit = "environment frames/s"
     DATA = ENVS
     DATA_SECTION = "env"
     # a PPO mini-batch carries its recurrent state per environment: not split into micro-batches (DropCompute)
@@ -385,3 +390,9 @@ class DDPPOSpec(WorkloadSpec):
 WORKLOAD_SPECS: dict[str, type[WorkloadSpec]] = {
     spec.name: spec for spec in (ResNetSpec, DDPPOSpec, TransformerSpec)
 }
+
+
+def throughput_unit(workload: str | None) -> str:
+    """What a workload's throughput counts (``samples/s`` for a workload this version does not know)."""
+    spec = WORKLOAD_SPECS.get(workload) if isinstance(workload, str) else None
+    return spec.throughput_unit if spec else WorkloadSpec.throughput_unit
