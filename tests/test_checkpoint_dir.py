@@ -99,7 +99,8 @@ def test_a_rerun_whose_checkpoint_dir_no_longer_leads_to_the_sets_is_refused(tmp
     run_dir = tmp_path / "run"
     old = configured_folder(run_dir, str(tmp_path / "a"))
     (old / "round-4").mkdir(parents=True)
-    (old / "round-4" / "manifest.json").write_text("{}")
+    manifest = {"round": 4, "world_size": 2, "resume_hash": "h", "files": {}}  # as its schema reads it
+    (old / "round-4" / "manifest.json").write_text(json.dumps(manifest))
     (old / "latest").write_text("round-4\n")
     run_dir.mkdir()
     record_folder(run_dir, old)

@@ -168,7 +168,7 @@ def test_simulate_interval_writes_replicates_and_the_sensitivity_grid_and_claims
 @pytest.mark.parametrize(
     "content,said",
     [
-        ("not json", "not a measured-inputs file"),
+        ("not json", "not valid JSON"),
         (json.dumps({"format": "other"}), "format must be"),
         (json.dumps({"format": FORMAT, "measured_on": "tpu"}), "measured_on='tpu'"),
         (

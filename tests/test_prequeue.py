@@ -417,3 +417,70 @@ def test_the_example_in_docs_slurm_is_the_commands_output(tmp_path, capsys):
     first = "wagma-bench sweep: " + shown.splitlines()[0]
     assert re.sub(r"in [\d.]+ s: .*", "", printed[0]) == re.sub(r"in [\d.]+ s: .*", "", first)
     assert shown.splitlines()[1:] == printed[1 : len(shown.splitlines())]
+
+
+# --- issue 79: nothing written outside OUT, a split complete only when its archive is ------------------
+
+
+def test_a_label_that_is_not_a_wnid_is_refused_and_nothing_escapes(tmp_path):
+    src, root = tmp_path / "deep" / "archives", tmp_path / "deep" / "imagenet"
+    src.parent.mkdir()
+    fake_archives(src, "kaggle")
+    csv = src / "LOC_val_solution.csv"
+    csv.write_text(
+        csv.read_text().replace(
+            "ILSVRC2012_val_00000002,n01440764", "ILSVRC2012_val_00000002,../../escaped_here"
+        )
+    )
+    with pytest.raises(SystemExit, match=r"ILSVRC2012_val_00000002.*'\.\./\.\./escaped_here'.*WordNet id"):
+        prepare_module().main([str(src), str(root)])
+    assert not list(tmp_path.rglob("escaped_here*")) and not (root / "val").exists()
+
+
+@pytest.mark.parametrize("where", ["out", "train"])
+def test_an_output_root_that_is_a_link_is_refused(tmp_path, where):
+    src, target = tmp_path / "archives", tmp_path / "elsewhere"
+    fake_archives(src, "kaggle")
+    target.mkdir()
+    root = tmp_path / "imagenet"
+    if where == "out":
+        root.symlink_to(target)
+    else:
+        root.mkdir()
+        (target / "n01440764").mkdir()
+        (root / "train").symlink_to(target)
+    with pytest.raises(SystemExit, match="symbolic link"):
+        prepare_module().main([str(src), str(root)])
+    assert sorted(p.name for p in target.iterdir()) == ([] if where == "out" else ["n01440764"])
+
+
+def test_a_training_tar_cut_at_a_member_boundary_is_not_marked_complete(tmp_path):
+    import tarfile
+
+    src, root = tmp_path / "archives", tmp_path / "imagenet"
+    fake_archives(src, "kaggle")
+    tar = src / "ILSVRC2012_img_train.tar"
+    with tarfile.open(tar) as t:
+        second = t.getmembers()[1]
+    tar.write_bytes(tar.read_bytes()[: second.offset])  # the first class's tar whole, nothing after it
+    with pytest.raises(SystemExit, match=f"{tar.name}.*ends after.*cut short"):
+        prepare_module().main([str(src), str(root)])
+    assert not (root / "train").exists() and (root / "train.partial").is_dir()
+
+
+def test_the_layout_check_refuses_a_file_for_a_class_and_other_classes_in_val(tmp_path):
+    from wagma_bench.workloads.specs import check_imagenet_root
+
+    root = imagenet_tree(tmp_path / "imagenet")
+    first = min((root / "val").iterdir())
+    for f in first.iterdir():
+        f.unlink()
+    first.rmdir()
+    first.write_text("")  # a file where val's first class is: torchvision would number val's classes anew
+    with pytest.raises(ConfigError, match=f"{first} is a file.*class folders only"):
+        check_imagenet_root(str(root))
+    first.unlink()
+    (root / "val" / "n99999999").mkdir()
+    (root / "val" / "n99999999" / "a.JPEG").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=f"'val/' has not the classes of 'train/'.*{first.name}"):
+        check_imagenet_root(str(root))

@@ -34,7 +34,7 @@ def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_na
             "+eval.every_steps=1,2",
             "optimizer.warmup_steps=3",
             "optimizer.period=8",
-            "optimizer.sync_every=3",
+            "optimizer.sync_every=8",
             "train.lr=0.1",
             "-m",
         ]
@@ -44,7 +44,7 @@ def test_an_old_key_on_the_command_line_is_read_as_its_new_name_with_one_line_na
         "+eval.every_rounds=1,2",
         "optimizer.warmup_rounds=3",
         "optimizer.sync_period=8",
-        "optimizer.sync_period=3",
+        "optimizer.sync_period=8",
         "train.lr=0.1",
         "-m",
     ]

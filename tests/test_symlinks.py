@@ -298,3 +298,17 @@ def test_comm_bench_refuses_a_planted_output_before_any_rank_starts(tmp_path):
     _one_line_naming(proc.stderr, out)
     assert victim.read_text() == KEEP
     assert "comm-bench: backend" not in proc.stdout
+
+
+def test_a_link_at_the_checked_configuration_under_mpi_is_one_line(tmp_path):
+    """comm=mpi: the launching process writes the checked configuration for the ranks mpiexec starts; a link
+    there was Hydra's "Error executing job" and a traceback ending in SymlinkRefused, exit 1."""
+    victim = _victim(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checked_config.json").symlink_to(victim)
+    out = run([*QUICK, "comm=mpi", f"hydra.run.dir={run_dir}"], timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"{run_dir / 'checked_config.json'} is a symbolic link (to {victim})" in lines[-1], lines
+    assert victim.read_text() == VICTIM

@@ -292,9 +292,13 @@ def test_tuning_trials_share_the_tunings_group_and_log_its_settings(tmp_path):
         "study": 2,
         "trial": 1,
         "params": {"optimizer.tau": 4, "lr_multiplier": 2.0},
+        "combo": "wagma",
+        "seed": 4,
+        "overrides": [],
     }
     (tune / "trials").mkdir(parents=True)
-    (tune / "tune.json").write_text(json.dumps({"trials": [trial]}))
+    plan = {"version": 1, "studies": 2, "trials_per_study": 1, "trials": [trial]}  # as tune writes it
+    (tune / "tune.json").write_text(json.dumps(plan))
     start = {
         "optimizer": "wagma",
         "workload": "resnet",

@@ -17,3 +17,6 @@ class SymlinkRefused(OSError):
     system anyone who can write the run directory could otherwise make the run overwrite their choice of the
     user's files (``events.jsonl`` -> ``~/.bashrc``). Raised by :mod:`wagma_bench.record.files`; every command
     answers it as a refusal (exit 2), not as the operational failure another ``OSError`` is."""
+
+    def __str__(self) -> str:  # a refusal in words, as every other one: no "[Errno 40]" before it
+        return str(self.strerror) if self.strerror else super().__str__()

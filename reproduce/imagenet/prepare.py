@@ -13,8 +13,10 @@ Localization Challenge"); nothing is downloaded:
   wnid), or the devkit ``ILSVRC2012_devkit_t12.tar.gz`` (``data/ILSVRC2012_validation_ground_truth.txt``: one
   class index per image in image order, and ``data/meta.mat``: index -> wnid; read with scipy).
 
-Each split is written into ``OUT/<split>.partial`` and renamed to ``OUT/<split>`` when it is complete, so a
-split that exists is done: an interrupted preparation is run again and redoes only the split it was in.
+Each split is written into ``OUT/<split>.partial`` and renamed to ``OUT/<split>`` when it is complete (each
+archive read to its end-of-archive blocks, every labelled validation image found), so a split that exists is
+done: an interrupted preparation is run again and redoes only the split it was in. OUT, or a split in it, that
+is a symbolic link is refused; a validation label that is not a WordNet id too (it names a folder).
 Archive members are streamed (no inner tar lands on disk) and written under their base names only, regular
 files only. At the end the folder is checked as ``wagma-bench sweep`` and ``run`` check ``data.root`` (when
 wagma_bench is importable), and the counts are printed (the full set: 1,281,167 training and 50,000 validation
@@ -65,7 +67,25 @@ def prepare_train(tar: Path, out: Path) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=outer.extractfile(inner), mode="r|") as images:
                 count += sum(copy_member(images, m, folder) for m in images)
+                # the outer tar's header gives the inner's size: its end-of-archive blocks must follow
+                if images.offset + 2 * tarfile.BLOCKSIZE > inner.size:
+                    raise SystemExit(f"prepare.py: {tar.name}: {inner.name} {CUT}")
             print(f"train/{wnid}: {sum(1 for _ in folder.iterdir())} images ({count:,} so far)", flush=True)
+        ended = outer.offset
+    check_ended(tar, ended)
+
+
+CUT = "ends after a member without the end-of-archive blocks: it was cut short; copy it again"
+
+
+def check_ended(tar: Path, offset: int) -> None:
+    """A streamed tar that ends at a member boundary reads as complete (tarfile stops without an error); the
+    end-of-archive blocks (two of zeros, where the next header would be) say it was written to its end."""
+    with open(tar, "rb") as f:
+        f.seek(offset)
+        tail = f.read(2 * tarfile.BLOCKSIZE)
+    if len(tail) < 2 * tarfile.BLOCKSIZE or tail.strip(b"\0"):
+        raise SystemExit(f"prepare.py: {tar} {CUT}")
 
 
 def kaggle_labels(path: Path) -> dict[str, str]:
@@ -88,8 +108,15 @@ def devkit_labels(path: Path) -> dict[str, str]:
 
 
 def prepare_val(tar: Path, labels: dict[str, str], out: Path) -> None:
-    """The flat validation archive into ``val/<wnid>/`` by the labels."""
-    unlabelled = []
+    """The flat validation archive into ``val/<wnid>/`` by the labels, each a WordNet id (a folder name made
+    from a CSV stays inside ``out``); every labelled image must be in the archive."""
+    bad = next(((i, w) for i, w in labels.items() if not WNID.fullmatch(w)), None)
+    if bad is not None:
+        raise SystemExit(
+            f"prepare.py: the label of {bad[0]} is {bad[1]!r}, not a WordNet id (n and 8 digits); "
+            "are these ILSVRC-2012's validation labels?"
+        )
+    unlabelled, written = [], 0
     with tarfile.open(tar, "r|") as images:
         for member in images:
             image_id = os.path.basename(member.name).rsplit(".", 1)[0]
@@ -100,7 +127,14 @@ def prepare_val(tar: Path, labels: dict[str, str], out: Path) -> None:
                 continue
             folder = out / labels[image_id]
             folder.mkdir(parents=True, exist_ok=True)
-            copy_member(images, member, folder)
+            written += copy_member(images, member, folder)
+        ended = images.offset
+    check_ended(tar, ended)
+    if written < len(labels):
+        raise SystemExit(
+            f"prepare.py: {tar} holds {written:,} of the {len(labels):,} labelled validation images; "
+            "are the archive and the labels of the same release?"
+        )
     if unlabelled:
         raise SystemExit(
             f"prepare.py: {len(unlabelled)} validation images have no label (first: {unlabelled[0]}); "
@@ -112,11 +146,12 @@ def split_into(out: Path, split: str, write) -> None:
     """``write(folder)`` into ``OUT/<split>.partial``, then renamed to ``OUT/<split>``; an existing split is
     kept."""
     final, partial = out / split, out / f"{split}.partial"
+    link = next((p for p in (final, partial) if p.is_symlink()), None)
+    if link is not None:  # before "exists": a link to someone's folder is no finished split
+        raise SystemExit(f"prepare.py: {link} is a symbolic link; refusing to read or write through it")
     if final.is_dir():
         print(f"{final} exists: kept (remove it to prepare it again)", flush=True)
         return
-    if partial.is_symlink() or final.is_symlink():
-        raise SystemExit(f"prepare.py: {partial} or {final} is a symbolic link; refusing to write through it")
     shutil.rmtree(partial, ignore_errors=True)  # an interrupted attempt
     partial.mkdir(parents=True)
     write(partial)
@@ -169,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 "is downloaded here)"
             )
     labels = labels_from(ns.src)
+    if ns.out.is_symlink():  # its splits would land in the link's target
+        raise SystemExit(f"prepare.py: {ns.out} is a symbolic link; give the folder itself as OUT")
     ns.out.mkdir(parents=True, exist_ok=True)
     split_into(ns.out, "train", lambda folder: prepare_train(ns.src / TRAIN_TAR, folder))
     split_into(ns.out, "val", lambda folder: prepare_val(ns.src / VAL_TAR, labels(), folder))

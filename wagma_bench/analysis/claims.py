@@ -36,7 +36,6 @@ enters the verdict.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -44,8 +43,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from wagma_bench.analysis import drift, fairness, intervals, robustness
 from wagma_bench.analysis.claims_pages import SUMMARY, TABLE, check_page, fill_page, verdict_summary
@@ -70,6 +67,7 @@ from wagma_bench.analysis.tuning import (
     trial_time,
 )
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
+from wagma_bench.config import readback
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
@@ -113,14 +111,9 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
     the key and what is allowed."""
     from wagma_bench.optim import OPTIMIZERS
 
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with a list under 'claims'")
+    data = readback.load(path, readback.CLAIMS)
     claims, seen = [], set()
-    for i, raw in enumerate(data.get("claims") or []):
+    for i, raw in enumerate(data["claims"]):
         where = f"{path}: claim {raw.get('id', i + 1)}"
         unknown = set(raw) - {f.name for f in Claim.__dataclass_fields__.values()}
         if unknown:
@@ -381,7 +374,7 @@ def predict(claim: Claim, sim_dir: Path | None) -> dict | None:
     key = "time_to_target_s" if claim.metric == "time_to_target" else "throughput"
     rows = {
         r["optimizer"]: r.get(key)
-        for r in json.loads((sim_dir / PREDICTIONS).read_text())
+        for r in readback.load(sim_dir / PREDICTIONS, readback.PREDICTIONS)
         if r.get("world_size") == p
     }
     subject = rows.get(claim.subject)
@@ -410,7 +403,7 @@ def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str)
             "flips": [],
             "uncertainty_note": f"no {INTERVAL_FILE} (simulate --interval N) in {sim_dir}",
         }
-    data = json.loads(path.read_text())
+    data = readback.load(path, readback.INTERVALS)
     ask = {
         "subject": claim.subject,
         "comparators": claim.comparators,

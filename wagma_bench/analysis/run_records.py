@@ -5,12 +5,12 @@ against. :mod:`wagma_bench.analysis.report` builds its tables from these records
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from wagma_bench.analysis.step_figures import StepFigures, step_figures
+from wagma_bench.config import readback
 from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
@@ -153,10 +153,8 @@ def wandb_import_note(run_dir: Path) -> dict | None:
     from wagma_bench.record.loggers import IMPORTED
 
     try:
-        note = json.loads((Path(run_dir) / "wandb" / IMPORTED).read_text())
+        note = readback.load(Path(run_dir) / "wandb" / IMPORTED, readback.WANDB_IMPORT_NOTE)
     except (OSError, ValueError):
-        return None
-    if not isinstance(note, dict) or not isinstance(note.get("project"), str):
         return None
     keys = ("project", "entity", "group", "id")
     return {k: note.get(k) for k in keys if isinstance(note.get(k), (str, type(None)))}

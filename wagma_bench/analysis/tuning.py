@@ -10,7 +10,6 @@ metric, the score the median of those (AlgoPerf scores only time to target; this
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis import drift
+from wagma_bench.config import readback
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
@@ -202,17 +202,8 @@ def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str,
     path = tune_dir / PLAN
     if not path.exists():
         raise ConfigError(f"{tune_dir} is not a tuning directory (no {PLAN}); make one with wagma-bench tune")
-    try:
-        plan = json.loads(path.read_text())
-        missing = [k for k in ("trials", "studies", "trials_per_study") if k not in plan]
-        if missing:
-            raise KeyError(", ".join(missing))
-        trials = [Trial(**t) for t in plan["trials"]]
-    except (ValueError, TypeError, KeyError) as err:  # cut short, emptied, or not what tune writes
-        raise ConfigError(
-            f"{path}: damaged ({type(err).__name__}: {' '.join(str(err).split())}); it is written by "
-            "wagma-bench tune, which rewrites it when the same command runs again"
-        ) from None
+    plan = readback.load(path, readback.TUNE_PLAN)  # cut short, emptied, or not what tune writes: refused
+    trials = [Trial(**{k: t[k] for k in Trial.__dataclass_fields__ if k in t}) for t in plan["trials"]]
     combos = {c: [t for t in trials if t.combo == c] for c in dict.fromkeys(t.combo for t in trials)}
     summaries = {t.name: RunEvents.read(tune_dir / TRIALS / t.name).saved_summary for t in trials}
     return plan, combos, summaries

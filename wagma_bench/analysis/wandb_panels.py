@@ -18,7 +18,6 @@ so the offline spec leaves the run sets' project out and :func:`publish` puts it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from wagma_bench.analysis.report import TUNED_COLUMNS, GroupReport, group_title,
 from wagma_bench.analysis.run_records import wandb_import_note
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import load_trials
+from wagma_bench.config import readback
 from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
@@ -353,15 +353,19 @@ def save(report, workspace) -> tuple[str, str]:
 def publish(path: Path) -> tuple[str, str]:
     """Save a spec written offline: its run sets get the report's project (and the key's default entity where
     the spec has none), then both are saved; their URLs."""
-    spec = json.loads(Path(path).read_text())
-    if spec.get("version") != SPEC_VERSION:
+    spec = readback.load(path, readback.WANDB_SPEC)
+    if spec["version"] != SPEC_VERSION:
         from wagma_bench.errors import ConfigError
 
         raise ConfigError(
             f"{path}: version={spec.get('version')!r} is not allowed; a spec of version "
             f"{SPEC_VERSION} is (written by wagma-bench report --wandb-report)"
         )
-    report, workspace = from_spec(spec)
+    try:
+        report, workspace = from_spec(spec)
+    except ValueError as err:  # pydantic's ValidationError: sections of the right type, not W&B's models
+        said = " ".join(str(err).split())[:200]
+        raise readback.ReadBackError(f"{path}: report/workspace are not W&B's models ({said})") from None
     if not report.entity:
         import wandb
 

@@ -4,13 +4,13 @@ finished are read, not run again)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from wagma_bench.analysis.tuning import trial_finished
+from wagma_bench.config import readback
 from wagma_bench.record.events import SUMMARY, current_summary
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
@@ -30,12 +30,14 @@ def run_unless_done(run_dir: Path, overrides: list[str], cwd: Path | None = None
         print(f"  exit {done.returncode} after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if not summary.exists():
             return {"status": f"failed (exit {done.returncode})"}
-    return current_summary(json.loads(summary.read_text()))  # under today's names, also a run of older code
+    # under today's names, also a run of older code
+    return current_summary(readback.load(summary, readback.RUN_SUMMARY))
 
 
 def ended(summary: Path) -> bool:
     """Whether ``summary`` is a run's that ended: finished by its own stop rules, or failed."""
     try:
-        return trial_finished(json.loads(summary.read_text()))  # tune's rule for a trial, the same for a run
-    except (OSError, ValueError, AttributeError):
+        # tune's rule for a trial, the same for a run
+        return trial_finished(readback.load(summary, readback.RUN_SUMMARY))
+    except (OSError, ValueError):
         return False

@@ -11,7 +11,6 @@ that holds its ``--out``, or the one above) and says in one line when there is n
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
@@ -30,6 +29,7 @@ from wagma_bench.campaign.sweep import (
     slurm_check_line,
     venv_prefix,
 )
+from wagma_bench.config import readback
 from wagma_bench.config.paths import CONF_DIR, SLURM_DIR
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import OUTPUT_HINT, run_subdir, write_json_atomic, write_text_atomic
@@ -149,10 +149,8 @@ def script_text(spec: SweepSpec, runs, script: Path, commbench_args: tuple[str, 
 def _smoke_of(manifest_path: Path) -> dict | None:
     """The ``smoke`` entry and cluster name of a sweep's manifest, read defensively (another sweep's file)."""
     try:
-        data = json.loads(manifest_path.read_text())
+        data = readback.load(manifest_path, readback.SMOKE_MANIFEST)
     except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("smoke"), dict):
         return None
     cluster = data.get("cluster")
     name = cluster.get("name") if isinstance(cluster, dict) else None

@@ -422,12 +422,12 @@ def render(
     }
     checks["paths"] = nodepaths.warning_line({"--out": str(out), "venv": venv_prefix(spec.cluster)})
     out = out.resolve()
-    if (out / MANIFEST).exists():
-        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
-    folders = [out / d for d in ("jobs", "logs", runs_dir)]
+    folders = [out / MANIFEST, *(out / d for d in ("jobs", "logs", runs_dir))]
     for folder in folders:  # every one checked before any is made: a refusal leaves --out as it was
         if folder.is_symlink():
             raise refuse_link(folder, OUTPUT_HINT)
+    if (out / MANIFEST).exists():
+        raise ConfigError(f"{out} already holds a sweep ({MANIFEST}); choose another --out")
     scripts = []
     for j, group in enumerate(group_jobs(runs, array)):
         script = (
@@ -439,7 +439,7 @@ def render(
         scripts.append((script, group, render_script(spec, group, script, out / "logs", array)))
     if slurm_check:  # SLURM's answer on the first script, before anything is written
         checks["slurm"] = slurm_check_line(spec, scripts[0])
-    for folder in folders:  # through the one writer: SLURM writes the logs and the runs into these later
+    for folder in folders[1:]:  # through the one writer: SLURM writes the logs and the runs into these later
         run_subdir(folder, OUTPUT_HINT)
     jobs = []
     for script, group, text in scripts:
@@ -471,6 +471,7 @@ def manifest_of(
     """manifest.json of a sweep rendered into ``out``: what was rendered, checked and (later) submitted."""
     return {
         "version": 1,
+        "dir": str(out),  # where its scripts write: a copy elsewhere is refused (sweep_jobs.load_manifest)
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "cluster": dataclasses.asdict(spec.cluster),

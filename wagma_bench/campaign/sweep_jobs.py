@@ -29,7 +29,6 @@ run directories, where ``wagma-bench run`` resumes each from its checkpoint.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 from wagma_bench.campaign.sweep import MANIFEST
+from wagma_bench.config import readback
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
@@ -47,10 +47,29 @@ LIVE_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING")
 
 
 def load_manifest(sweep_dir: Path) -> dict:
+    """The sweep's manifest, checked against its schema; every path it names inside the sweep directory, and
+    the sweep where it was rendered (its scripts name that folder: a copy would write its logs and runs into
+    the original's)."""
     path = Path(sweep_dir) / MANIFEST
     if not path.exists():
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no {MANIFEST})")
-    return json.loads(path.read_text())
+    manifest = readback.load(path, readback.SWEEP_MANIFEST)
+    for i, job in enumerate(manifest["jobs"]):
+        readback.inside(sweep_dir, job["script"], str(path), f"jobs[{i}].script")
+    for i, run in enumerate(manifest["runs"]):
+        readback.inside(sweep_dir, run["run_dir"], str(path), f"runs[{i}].run_dir")
+        if not 0 <= run["job"] < len(manifest["jobs"]):
+            raise readback.ReadBackError(
+                f"{path}: runs[{i}].job={run['job']} is not allowed; it must be an index into jobs "
+                f"(0..{len(manifest['jobs']) - 1})"
+            )
+    rendered = manifest.get("dir")
+    if rendered is not None and Path(rendered) != Path(sweep_dir).resolve():
+        raise ConfigError(
+            f"{sweep_dir} is a copy of the sweep rendered in {rendered} (its scripts write their logs and "
+            f"runs there); follow that one, or render the sweep again with --out {sweep_dir}"
+        )
+    return manifest
 
 
 def _now() -> str:
@@ -149,10 +168,10 @@ def _release_ended_lock(run_dir: Path) -> None:
     """Remove a run directory's lock left by a SLURM job that has ended (ranks killed after KillWait on
     another node leave theirs, which the run's own check cannot judge from a new node: another host's PID)."""
     try:
-        holder = json.loads((run_dir / LOCK).read_text())
+        holder = readback.load(run_dir / LOCK, readback.RUN_NOTE)
     except (OSError, ValueError):
         return
-    job = holder.get("slurm_job_id") if isinstance(holder, dict) else None
+    job = holder.get("slurm_job_id")
     if not job:
         return
     # only when SLURM says it ended (no answer: it may be unreachable, and the run's own check will name the

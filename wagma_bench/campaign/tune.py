@@ -37,7 +37,6 @@ being better.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import shlex
@@ -58,6 +57,7 @@ from wagma_bench.analysis.tuning import (
 )
 from wagma_bench.campaign.reference import VERSION as REFERENCE_VERSION
 from wagma_bench.campaign.reference import reference_s
+from wagma_bench.config import readback
 from wagma_bench.config.overrides import CommandParser, refuse_path_options
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.renamed import new_key, renamed_overrides
@@ -285,16 +285,31 @@ def write_plan(args: TuneArgs, spec, trials: list[Trial], command: list[str]) ->
     }
     path = args.out / PLAN
     if path.exists():
-        earlier = json.loads(path.read_text())
+        earlier = readback.load(path, readback.TUNE_PLAN)
         if in_current_names(earlier) != (plan["common"], plan["trials"]):
+            differs = first_difference(in_current_names(earlier), (plan["common"], plan["trials"]))
             raise ConfigError(
-                f"{args.out} holds another tuning ({PLAN}: other trials or settings); run the same "
-                "command to resume it, or choose another --out"
+                f"{args.out} holds another tuning ({PLAN}: {differs}); run the same command to resume "
+                "it, or choose another --out"
             )
         return earlier
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {**plan, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
     return plan
+
+
+def first_difference(there: tuple, now: tuple) -> str:
+    """The first setting in which a recorded plan's (common overrides, trials) differ from those asked now."""
+    (common_there, trials_there), (common_now, trials_now) = there, now
+    if common_there != common_now:
+        return f"common overrides {common_there} there, {common_now} now"
+    if len(trials_there or []) != len(trials_now):
+        return f"{len(trials_there or [])} trials there, {len(trials_now)} now"
+    for a, b in zip(trials_there, trials_now, strict=True):
+        key = next((k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)), None)
+        if key is not None:
+            return f"trial {b.get('name')}: {key}={a.get(key)!r} there, {b.get(key)!r} now"
+    return "other trials or settings"
 
 
 def in_current_names(plan: dict) -> tuple[list | None, list | None]:

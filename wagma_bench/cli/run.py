@@ -455,10 +455,11 @@ def _report_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     summary_path = run_dir / "summary.json"
-    text = summary_path.read_text()
+    from wagma_bench.config import readback
     from wagma_bench.record.events import current_summary
 
-    summary = current_summary(json.loads(text))
+    text = summary_path.read_text()
+    summary = current_summary(readback.parse(text, readback.RUN_SUMMARY, str(summary_path)))
     if stopped_by in (signal.SIGTERM, signal.SIGHUP) and summary.get("status") in (
         "preempted",
         "interrupted",
@@ -508,6 +509,7 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     import tempfile
 
     from wagma_bench.config.schema import as_recorded
+    from wagma_bench.errors import SymlinkRefused
     from wagma_bench.runtime.handover import CHECKED_ENV, write_checked
     from wagma_bench.runtime.launch import RANK_DIR_ENV
 
@@ -544,7 +546,10 @@ def _reexec_under_mpiexec(run_cfg, nproc: int, run_dir: Path) -> None:
     print("wagma-bench: " + " ".join(cmd), flush=True)
     with tempfile.TemporaryDirectory(prefix="wagma-bench-ranks-") as ranks:  # each rank's PID and error
         # the ranks take the configuration checked here, and check it no more
-        checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")
+        try:  # a link planted there: one line, exit 2, as at the run's other files (Hydra's task function)
+            checked = write_checked(run_dir, as_recorded(run_cfg), f"mpiexec-{os.getpid()}")
+        except SymlinkRefused as err:
+            exits.stop(str(err))
         env = {
             **os.environ,
             LOCK_HELD_ENV: str(run_dir.resolve()),

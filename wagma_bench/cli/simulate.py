@@ -87,8 +87,10 @@ from pathlib import Path
 from wagma_bench import exits
 from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
+from wagma_bench.record.files import staged_outputs
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
+from wagma_bench.simulate.outputs import OUTPUTS
 from wagma_bench.simulate.predict import predict
 from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
 
@@ -124,15 +126,21 @@ def _simulate(argv: list[str]) -> int:
     out = Path(ns.out)
     runs = compose_runs(req)
     check_worlds(runs, req.gpus or ([] if req.calibrate else list(DEFAULT_GPUS)))
-    pooled = network = None
-    if req.calibrate:
-        _, pooled, network = compare_with_runs(req, out)
-        if req.gpus is None:
-            return 0
-    workload, network = model_inputs(req, runs, pooled, network)
-    if ns.cfg == "job":
+    if ns.cfg == "job" and not req.calibrate:  # prints what it would simulate: --out untouched
+        workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))
         return 0
-    predict(req, runs, network, workload, out, started)
+    # staged as report's outputs: a full disk leaves --out as it was; an earlier run's extra outputs go
+    with staged_outputs(out, owned=OUTPUTS) as stage:
+        pooled = network = None
+        if req.calibrate:
+            _, pooled, network = compare_with_runs(req, stage)
+            if req.gpus is None:
+                return 0
+        workload, network = model_inputs(req, runs, pooled, network)
+        if ns.cfg == "job":
+            print(composed(req, runs, network, workload))
+            return 0
+        predict(req, runs, network, workload, stage, started)
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return 0

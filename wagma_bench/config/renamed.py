@@ -9,8 +9,8 @@ optimizer that sets them (local SGD's ``period`` and AD-PSGD's and eager-SGD's `
 The old names stay accepted for one release: an override or a YAML key under an old name is read as the new
 one, with one line on stderr naming the new name; a configuration recorded under the old names (a run
 directory's ``run_start``, a checkpoint manifest, a committed tuning plan) reads as the same configuration, so
-a finished run is still found and a checkpoint still resumes. Imports nothing of the package: every layer may
-translate through it.
+a finished run is still found and a checkpoint still resumes. Imports only the error types (a leaf): every
+layer may translate through it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from wagma_bench.errors import ConfigError
 
 # old dotted key -> (new dotted key, the new key's defaults: an old key given beside its new key at a default
 # is read as the old value; given beside another value, the two disagree and the configuration is refused).
@@ -72,7 +74,21 @@ def renamed_override(override: str, quiet: bool = False) -> str:
 
 
 def renamed_overrides(overrides: list[str] | tuple[str, ...], quiet: bool = False) -> list[str]:
-    """Every override of a command line under the current names (:func:`renamed_override`)."""
+    """Every override of a command line under the current names (:func:`renamed_override`). A key given under
+    an old and another name at two values (``train.max_steps=5 train.max_rounds=7``) is refused naming both,
+    as in a YAML file (:func:`conflicts`): Hydra would silently take the last."""
+    given: dict[str, tuple[str, str]] = {}  # current key -> (the spelling given, its value)
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if not eq or bare.startswith("-"):
+            continue
+        spelling, earlier = bare, given.setdefault(new_key(bare), (bare, value))
+        if earlier[1] != value and (spelling in RENAMED_KEYS or earlier[0] in RENAMED_KEYS):
+            raise ConfigError(
+                f"{earlier[0]}={earlier[1]} and {spelling}={value} are both given; they name one setting, "
+                f"{new_key(bare)}: give only {new_key(bare)}"
+            )
     return [renamed_override(o, quiet) for o in overrides]
 
 

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 from pathlib import Path
 
+from wagma_bench.config import readback
 from wagma_bench.config.identity import identity, resume_hash
 from wagma_bench.config.recorded import setting
 from wagma_bench.errors import ConfigError
@@ -55,6 +55,9 @@ _MESSAGE_BYTES = 1024  # room for one rank's error message in the agreement
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed; the message names the file or the mismatch."""
+
+
+CHECKPOINT_HINT = "a run never writes through a link: remove it, or choose another checkpoint.dir"
 
 
 def _set_name(round_: int) -> str:
@@ -97,10 +100,10 @@ def recorded_folder(run_dir: Path) -> Path:
     """Where the run in ``run_dir`` keeps its sets: as
     ``RUN_DIR/checkpoint.json`` records, else the default."""
     try:
-        return Path(json.loads((Path(run_dir) / WHERE).read_text())["dir"])
+        return Path(readback.load(Path(run_dir) / WHERE, readback.CHECKPOINT_WHERE)["dir"])
     except FileNotFoundError:
         return Path(os.path.abspath(run_dir)) / DEFAULT
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         raise CheckpointError(
             f"{Path(run_dir) / WHERE} cannot be read ({err}); it records where the run's checkpoints are"
         ) from None
@@ -163,7 +166,7 @@ def _latest_in(root: Path, quiet: bool = False) -> tuple[Path, dict] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return root / name, json.loads((root / name / MANIFEST).read_text())
+        return root / name, readback.load(root / name / MANIFEST, readback.CHECKPOINT_MANIFEST)
     except (OSError, ValueError) as err:
         if quiet:
             return None
@@ -369,7 +372,8 @@ class Checkpointer:
         import torch
 
         comm = algo.comm
-        folder = run_subdir(run_subdir(self.dir) / _set_name(algo.round))
+        # a link planted at the folder mid-run: named, with the key that chooses the folder
+        folder = run_subdir(run_subdir(self.dir, CHECKPOINT_HINT) / _set_name(algo.round), CHECKPOINT_HINT)
         buf = io.BytesIO()
         torch.save(payload(model, algo, state, clock), buf)
         data = buf.getvalue()

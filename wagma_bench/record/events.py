@@ -20,7 +20,6 @@ names, so no reader sees the old ones.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config.readback import RUN_SUMMARY, load
 from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.config.renamed import renamed_fields
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
@@ -419,6 +419,6 @@ def _no_older(a: Path, b: Path) -> bool:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):  # absent, or not JSON (a torn write, another file's bytes)
+        return load(path, RUN_SUMMARY)
+    except (OSError, ValueError):  # absent, not JSON (a torn write, another file's bytes), not a summary
         return None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import math
 import os
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,7 +93,7 @@ def atomic_write(path: Path, write: Callable[[Any], Any], binary: bool = False) 
 
 
 @contextlib.contextmanager
-def staged_outputs(out: Path, hint: str = OUTPUT_HINT) -> Iterator[Path]:
+def staged_outputs(out: Path, hint: str = OUTPUT_HINT, owned: tuple[str, ...] = ()) -> Iterator[Path]:
     """A command's outputs (``report --out``, ``claims --out``) built in a fresh folder beside ``out``, then
     moved in: the caller writes every file into the folder yielded, and only when the block ends without
     an error is each moved to the same name under ``out`` (``os.replace``). So a refusal, a full disk or any
@@ -100,16 +103,53 @@ def staged_outputs(out: Path, hint: str = OUTPUT_HINT) -> Iterator[Path]:
     The folder (``.NAME.tmp-XXXXXXXX``, mkdtemp: fresh, private) is a sibling of ``out`` so that the moves are
     renames inside one file system: they need no room and cannot fail halfway for want of it. A symbolic link
     in ``out`` where an output goes is refused, naming it, before the first file is moved. ``out`` itself may
-    be a link (the user's own choice, followed as ``hydra.run.dir`` is)."""
+    be a link (the user's own choice, followed as ``hydra.run.dir`` is).
+
+    ``owned``: the names of every output the command may write; those this run did not write are removed from
+    ``out`` with the move (an earlier run's figure would otherwise sit beside this run's table). The folder's
+    name holds the host and PID that made it: one that a killed run left (SIGKILL runs no ``finally``) is
+    removed by the next run on its host, and one of another host is named, never touched."""
     out = Path(out)
     real = out.resolve()
     real.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=real.parent, prefix=f".{real.name}.tmp-"))
+    _clear_leftovers(real)
+    prefix = f".{real.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+    stage = Path(tempfile.mkdtemp(dir=real.parent, prefix=prefix))
     try:
         yield stage
+        stale = [out / n for n in owned if not (stage / n).exists()]  # an earlier run's, not this one's
         _move_in(stage, out, hint)
+        for path in stale:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _clear_leftovers(real: Path) -> None:
+    """Remove the staging folders beside ``real`` that a killed run of this host left; name the others."""
+    for folder in sorted(real.parent.glob(f".{glob.escape(real.name)}.tmp-*")):
+        host, _, rest = folder.name[len(real.name) + 6 :].rpartition("-")[0].rpartition("-")
+        pid = int(rest) if rest.isdigit() else None
+        if host == socket.gethostname() and pid is not None and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"wagma-bench: removed {folder}, left by a killed run (PID {pid})", file=sys.stderr)
+        elif host != socket.gethostname() or pid is None:
+            print(
+                f"wagma-bench: {folder} is left from an earlier run (of another host, or older); "
+                "remove it once no run writes there",
+                file=sys.stderr,
+            )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _move_in(stage: Path, out: Path, hint: str) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from wagma_bench.config import readback
 from wagma_bench.config.schema import WandbConfig, as_recorded
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
@@ -167,7 +168,7 @@ def grouping_config(run_dir: Path, start: dict) -> dict[str, Any]:
     plan = run_dir.parent.parent / TUNE_PLAN
     if run_dir.parent.name == TUNE_TRIALS and plan.exists():
         try:
-            trials = json.loads(plan.read_text()).get("trials", [])
+            trials = readback.load(plan, readback.TUNE_PLAN)["trials"]
         except (OSError, ValueError):  # a plan being rewritten: the trial is still grouped by the tuning
             trials = []
         for t in (t for t in trials if isinstance(t, dict) and t.get("name") == run_dir.name):
@@ -426,7 +427,7 @@ class WandbSink:
             )
         if self.used and not self.imported and (self.run_dir / SUMMARY).exists():
             try:
-                summary = json.loads((self.run_dir / SUMMARY).read_text())
+                summary = readback.load(self.run_dir / SUMMARY, readback.RUN_SUMMARY)
                 write_json_atomic(self.run_dir / SUMMARY, {**summary, "wandb": dict(self.used)})
             except (OSError, ValueError) as err:
                 print(f"wagma-bench: W&B mode not recorded in {SUMMARY} ({err})", file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from wagma_bench.config import readback
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
 from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
@@ -132,7 +133,7 @@ class RunDirLock:
 
     def _holder(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            return readback.load(self.path, readback.RUN_NOTE)
         except (OSError, ValueError):
             return None
 
@@ -320,10 +321,10 @@ def live_holder(run_dir: Path) -> dict | None:
     """The lock holder of a run still in progress: its lock names a process alive on this host (None: no
     lock, a stale one, or one of another host, which cannot be checked from here)."""
     try:
-        holder = json.loads((Path(run_dir) / LOCK).read_text())
+        holder = readback.load(Path(run_dir) / LOCK, readback.RUN_NOTE)
     except (OSError, ValueError):
         return None
-    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+    if holder.get("host") != socket.gethostname():
         return None
     pid = holder.get("pid")
     return holder if isinstance(pid, int) and pid > 0 and _pid_alive(pid) else None
@@ -333,7 +334,7 @@ def cancel_note(run_dir: Path) -> dict | None:
     """What ``wagma-bench sweep cancel`` noted in the run directory (when, which
     job), or None: not cancelled."""
     try:
-        note = json.loads((Path(run_dir) / CANCELLED).read_text())
+        note = readback.load(Path(run_dir) / CANCELLED, readback.RUN_NOTE)
     except (OSError, ValueError):
         return None
-    return note if isinstance(note, dict) else {}
+    return note

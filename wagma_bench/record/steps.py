@@ -16,12 +16,12 @@ so a reader never sees the old one.
 
 from __future__ import annotations
 
-import json
 import lzma
 import re
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config import readback
 from wagma_bench.config.renamed import renamed_fields
 from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl, run_subdir, strict_json
 
@@ -52,8 +52,10 @@ def read_step_records(run_dir: Path) -> dict[int, list[dict]]:
     if not table.is_file():
         return {}
     try:
-        ranks = json.loads(lzma.decompress(table.read_bytes()))
+        ranks = readback.parse(lzma.decompress(table.read_bytes()).decode(), readback.STEP_TABLE, str(table))
         return {int(rank): [current_record(r) for r in _rows(columns)] for rank, columns in ranks.items()}
+    except readback.ReadBackError:
+        raise
     except (lzma.LZMAError, ValueError, AttributeError, TypeError) as err:  # cut short, or not what we write
         raise ValueError(
             f"{table}: damaged step table ({type(err).__name__}: {err}); "

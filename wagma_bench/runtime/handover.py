@@ -22,6 +22,7 @@ import os
 import time
 from pathlib import Path
 
+from wagma_bench.config import readback
 from wagma_bench.record.files import write_text_atomic
 from wagma_bench.runtime.launch import launcher_run_id
 from wagma_bench.runtime.world import World
@@ -52,8 +53,8 @@ def handed(run_dir: Path, env=os.environ) -> dict | None:
     path = env.get(CHECKED_ENV)
     if not path:
         return None
-    record = json.loads(Path(path).read_text())
-    return record["config"] if record.get("run_dir") == str(run_dir.resolve()) else None
+    record = readback.load(path, readback.CHECKED_CONFIG)
+    return record.get("config") if record["run_dir"] == str(run_dir.resolve()) else None
 
 
 class StoreChannel:
@@ -90,10 +91,10 @@ class FileChannel:
         deadline = time.monotonic() + WAIT_S
         while True:
             try:
-                message = json.loads(self.path.read_text())
-                if message.get("launch") == self.launch:
+                message = readback.load(self.path, readback.CHECKED_CONFIG)
+                if message["launch"] == self.launch:
                     return message
-            except (OSError, ValueError):  # not written yet (each write replaces the file whole)
+            except (OSError, ValueError):  # not written yet (each write replaces it whole), or damaged
                 pass
             if time.monotonic() > deadline:
                 return {

@@ -4,7 +4,6 @@ and predicted against measured throughput written and drawn, with compute times 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from wagma_bench.analysis import plots
 from wagma_bench.config.cluster import load_profile
 from wagma_bench.imbalance import IMBALANCES, make_imbalance
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import strict_json, write_text_atomic
 from wagma_bench.simulate.configure import load_network, typed_settings
 from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.des import SimConfig, Workload, simulate
@@ -56,7 +55,7 @@ def compare_with_runs(req: Request, out: Path) -> tuple[list[dict], Workload | N
             | {"compute_median_s": wl.step_s, "compute_sigma": wl.sigma}
         )
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "calibration.json", json.dumps(cal, indent=2, default=float) + "\n")
+    write_text_atomic(out / "calibration.json", strict_json(cal, indent=2, default=float) + "\n")
     if rows:
         write_validation(rows, out, compute)
     pooled = None

@@ -15,17 +15,19 @@ from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.config.schema import RunConfig, check_world, runs_on, validate
 from wagma_bench.imbalance import Imbalance
 from wagma_bench.simulate.costs import Network
-from wagma_bench.simulate.des import (
-    ADPSGD_AVERAGING,
-    WORKLOAD_RANGES,
-    Progress,
-    SimConfig,
-    Workload,
-    local_state_tensors,
-)
+from wagma_bench.simulate.des import ADPSGD_AVERAGING, Progress, SimConfig, Workload, local_state_tensors
 from wagma_bench.simulate.measured import read_measured, with_measured
 from wagma_bench.simulate.presets import preset_for
-from wagma_bench.simulate.request import DEFAULT_GPUS, WORKLOAD_KEYS, Request, UsageError, optimizer_overrides
+from wagma_bench.simulate.request import (
+    BOUNDS,
+    DEFAULT_GPUS,
+    PERSISTENT_ONLY,
+    WORKLOAD_KEYS,
+    Request,
+    UsageError,
+    check_work,
+    optimizer_overrides,
+)
 from wagma_bench.simulate.run_spread import with_measured_spread
 
 # a missing data path (data.root=???) does not change a prediction: filled with this before `validate`
@@ -53,6 +55,7 @@ def compose_runs(req: Request) -> dict[str, RunConfig]:
     """Per optimizer, the configuration `wagma-bench run` would compose and check with these overrides.
     An ``optimizer.KEY`` goes to the selected optimizers that have that setting (to all when none has it,
     so that the error is `run`'s)."""
+    check_work(req)  # first: a request of unbounded work is refused before Hydra composes anything
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -119,8 +122,8 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
                 number = float(own[key])
             except ValueError:
                 raise UsageError(f"{key}={own[key]!r} is not a number") from None
-            low, high, allowed = WORKLOAD_RANGES.get(key, (-math.inf, math.inf, ""))
-            if not low <= number <= high:
+            low, high, allowed = BOUNDS.get(key, (-math.inf, math.inf, "a finite number"))
+            if not (math.isfinite(number) and low <= number <= high):
                 raise UsageError(f"{key}={own[key]} is not allowed; it must be {allowed}")
             setattr(wl, key, int(number) if isinstance(cur, int) else number)
         else:
@@ -129,6 +132,12 @@ def make_workload(run: RunConfig, own: dict[str, str]) -> Workload:
                 raise UsageError(f"adpsgd_averaging={own[key]} is not allowed; choose one of: {allowed}")
             setattr(wl, key, own[key])
         wl.source = "preset + overrides"
+    ignored = next((k for k in PERSISTENT_ONLY if k in own and wl.compute != "persistent"), None)
+    if ignored is not None:
+        raise UsageError(
+            f"{ignored}={own[ignored]} is not allowed with compute={wl.compute}: only compute=persistent "
+            f"reads it; give compute=persistent too, or leave {ignored} out"
+        )
     return wl
 
 

@@ -5,14 +5,13 @@ flips it."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from wagma_bench.analysis.predictions import INTERVAL_FILE
 from wagma_bench.config.schema import RunConfig
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import strict_json, write_text_atomic
 from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.convergence import target_hits
 from wagma_bench.simulate.des import simulate
@@ -77,7 +76,7 @@ def write_interval(
     data["took_s"] = round(time.perf_counter() - start, 1)
     write_text_atomic(out / INTERVAL_FILE, compact_json(data))
     print(
-        f"wrote {out / INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
+        f"wrote {INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "
         f"and {len(data['sensitivity'])} sensitivity points in {data['took_s']} s"
     )
     return data
@@ -96,4 +95,4 @@ def compact_json(data: Any) -> str:
             return [rounded(v) for v in x]
         return x
 
-    return json.dumps(rounded(data), separators=(",", ":"), default=float) + "\n"
+    return strict_json(rounded(data), separators=(",", ":"), default=float) + "\n"  # NaN, inf: null

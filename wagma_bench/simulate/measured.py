@@ -17,14 +17,15 @@ What is given on simulate's command line (``gossip_cost=``, ``sigma=`` ...) wins
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wagma_bench.config import readback
 from wagma_bench.simulate.costs import Network, parse_link
-from wagma_bench.simulate.des import WORKLOAD_RANGES, Workload
+from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.request import BOUNDS
 
 FORMAT = "wagma-bench measured inputs 1"
 PLACES = ("cpu", "gpu")
@@ -62,12 +63,12 @@ def read_measured(path: str | Path) -> Measured:
     """Read and check a measured-inputs file; a ``ValueError`` naming the file and the key otherwise."""
     where = str(path)
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"--measured {where}: not a measured-inputs file ({type(err).__name__}: {err})"
-        ) from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raw = readback.load(path, readback.MEASURED)  # every section of its type, else one line
+    except readback.ReadBackError as err:
+        raise readback.ReadBackError(f"--measured {err}") from None
+    except OSError as err:
+        raise ValueError(f"--measured {where}: cannot be read ({err.strerror or err})") from None
+    if raw["format"] != FORMAT:
         raise ValueError(
             f"--measured {where}: format must be {FORMAT!r} (reproduce/scaling/measure_inputs.py or "
             "make gpu-check writes one)"
@@ -76,7 +77,7 @@ def read_measured(path: str | Path) -> Measured:
         raise ValueError(
             f"--measured {where}: measured_on={raw.get('measured_on')!r}; it must be one of {PLACES}"
         )
-    m = Measured(where, raw["measured_on"], str(raw.get("source", "")), list(raw.get("skipped") or []))
+    m = Measured(where, raw["measured_on"], str(raw.get("source") or ""), list(raw.get("skipped") or []))
     gossip = raw.get("gossip_cost")
     if isinstance(gossip, dict) and gossip.get("value") is None and gossip.get("unmeasured"):
         m.gossip_unmeasured = str(gossip["unmeasured"])  # said as such, never read as a measured 0
@@ -97,7 +98,7 @@ def read_measured(path: str | Path) -> Measured:
 
 def _number(value: Any, key: str, where: str) -> float:
     name = key.split(".")[-1] if key.startswith("compute.") else key.split(".")[0]
-    low, high, allowed = WORKLOAD_RANGES.get(name, (-math.inf, math.inf, "a number"))
+    low, high, allowed = BOUNDS.get(name, (-math.inf, math.inf, "a number"))
     try:
         v = float(value)
     except (TypeError, ValueError):

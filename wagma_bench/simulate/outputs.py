@@ -4,21 +4,36 @@ time-to-target figure (the throughput figure is the report's,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import strict_json, write_text_atomic
 
 
 def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return markdown_table(rows, [(key, header, "sig") for key, header in cols])
 
 
+# every file simulate may write into --out (predict, interval, compare): an earlier run's that this run did
+# not write are removed when its outputs are moved in (files.staged_outputs)
+OUTPUTS = (
+    "predictions.csv",
+    "predictions.json",
+    "throughput.png",
+    "time_to_target.png",
+    "interval.json",
+    "validation.csv",
+    "validation.json",
+    "validation.png",
+    "calibration.json",
+)
+
+
 def write_table(rows: list[dict], out: Path, stem: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / f"{stem}.json", json.dumps(rows, indent=2, default=float) + "\n")
+    # strict JSON: a NaN or an infinity (an overflowed spread) as null, never the bare tokens
+    write_text_atomic(out / f"{stem}.json", strict_json(rows, indent=2, default=float) + "\n")
     write_csv(rows, out / f"{stem}.csv")
 
 

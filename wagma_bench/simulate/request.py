@@ -13,7 +13,7 @@ from pathlib import Path
 from wagma_bench.config.schedules import CONTROL_EVERY
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
-from wagma_bench.simulate.des import Workload, simulated_optimizers
+from wagma_bench.simulate.des import WORKLOAD_RANGES, Workload, simulated_optimizers
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 # the largest world simulated (the biggest GPU systems): all eight optimizers at 500 rounds took 54 s on this
@@ -32,6 +32,21 @@ RUN_KEYS_REFUSED = {
 # workload's cost model (the preset's numbers; its batch is `run`'s train.batch_size)
 OWN_KEYS = {"gpus", "control_every", "samples_to_target"} | (WORKLOAD_KEYS - {"batch"})
 SWEPT_KEYS = ("gpus", "optimizer")  # the keys that take several values (a,b / range() / glob())
+# The work one simulation may imply, ranks x rounds: the largest world at the default rounds (65,536 x 500,
+# all eight optimizers in 54 s here); a bigger product would run for hours or fail allocating its arrays.
+MAX_RANK_ROUNDS = MAX_GPUS * DEFAULT_ROUNDS
+# --interval's replicates x the work of one prediction (every world size): twenty of the largest simulations
+# (the committed claims take 100 replicates of the default worlds, 1,024 GPUs at most: a fifth of it)
+MAX_INTERVAL_WORK = 20 * MAX_RANK_ROUNDS
+# the log-scale compute spreads beyond which exp() of a draw leaves float range (a throughput of 0, NaN in
+# predictions.json): sigma 3 already makes one rank in six 20 times slower than the median
+SPREAD_MAX = 3.0
+BOUNDS = {
+    **WORKLOAD_RANGES,
+    "sigma": (0.0, SPREAD_MAX, f"a number from 0 to {SPREAD_MAX:g}"),
+    "sigma_rank": (0.0, SPREAD_MAX, f"a number from 0 to {SPREAD_MAX:g}"),
+}
+PERSISTENT_ONLY = ("sigma_rank", "rho")  # the persistent model's own: ignored by every other compute model
 
 
 class UsageError(ConfigError):
@@ -115,6 +130,30 @@ def sort_overrides(parsed: list[tuple[str, list[str]]]) -> Request:
             if key in RUN_KEYS_READ:  # checked by `run`'s validate with the rest, then read here
                 req.own[RUN_KEYS_READ[key]] = values[0]
     return req
+
+
+def check_work(req: Request) -> None:
+    """Refuse, before anything is composed or simulated, a request whose work (ranks x rounds, and
+    ``--interval``'s replicates x that over every world size) would run for hours or exhaust memory."""
+    try:
+        rounds = req.steps
+    except ValueError:  # not a number: run's own check names it
+        return
+    gpus = req.gpus or list(DEFAULT_GPUS)
+    biggest = max(gpus)
+    if biggest * rounds > MAX_RANK_ROUNDS:
+        raise UsageError(
+            f"train.max_rounds={rounds} is not allowed at gpus={biggest}: a simulation of ranks x rounds "
+            f"= {biggest * rounds:,} exceeds {MAX_RANK_ROUNDS:,} (65,536 ranks x {DEFAULT_ROUNDS} rounds); "
+            f"give at most {MAX_RANK_ROUNDS // biggest:,} rounds"
+        )
+    work = sum(gpus) * rounds
+    if req.interval * work > MAX_INTERVAL_WORK:
+        raise UsageError(
+            f"--interval {req.interval} is not allowed here: replicates x ranks x rounds (summed over the "
+            f"world sizes) = {req.interval * work:,} exceeds {MAX_INTERVAL_WORK:,}; give at most "
+            f"{max(1, MAX_INTERVAL_WORK // work):,} replicates"
+        )
 
 
 def optimizer_overrides(req: Request, name: str) -> list[str]:

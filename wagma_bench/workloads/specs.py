@@ -132,14 +132,21 @@ def check_imagenet_root(root: str | None) -> Path:
             f"data=imagenet needs data.root=PATH with the layout {IMAGENET_LAYOUT} ({IMAGENET_PREPARE})"
         )
     path = Path(root).expanduser()
+    names = {}
     for split in ("train", "val"):
         d = path / split
         if not d.is_dir():
             raise ConfigError(f"data.root={root}: no '{split}/' folder in {path}; {expected}")
         try:
-            classes = sorted(c for c in d.iterdir() if c.is_dir())
+            entries = sorted(d.iterdir())
         except OSError as err:
             raise ConfigError(f"data.root={root}: cannot read {d} ({err.strerror}); {expected}") from None
+        stray = next((e for e in entries if not e.is_dir()), None)
+        if stray is not None:  # ImageFolder skips it: the classes after it would be numbered differently
+            raise ConfigError(
+                f"data.root={root}: {stray} is a file where '{split}/' holds class folders only; {expected}"
+            )
+        classes, names[split] = entries, [e.name for e in entries]
         if not classes:
             raise ConfigError(
                 f"data.root={root}: {d} holds no class sub-folders ({split}/<class>/); {expected}"
@@ -151,6 +158,14 @@ def check_imagenet_root(root: str | None) -> Path:
                 f"({len(empty)} of {len(classes)} '{split}/' class folders are empty); "
                 f"every class needs at least one image: {expected}"
             )
+    if names["train"] != names["val"]:  # ImageFolder numbers each split's classes by their sorted names
+        first = next(iter(sorted(set(names["train"]) ^ set(names["val"]))))
+        where = "only in 'train/'" if first in names["train"] else "only in 'val/'"
+        raise ConfigError(
+            f"data.root={root}: 'val/' has not the classes of 'train/' ({first} is {where}; "
+            f"{len(names['train'])} and {len(names['val'])} classes): a label would name another class "
+            f"in each; {expected}"
+        )
     return path
 
 
