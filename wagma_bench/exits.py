@@ -43,6 +43,34 @@ class Stop(SystemExit):
         self.text, self.error = text, error
 
 
+# How a run ended (``runtime/run.py``'s RunOutcome.status) -> its exit code; ``stopped``: 128 + its signal
+OUTCOME_CODES = {"completed": OK, "failed": FAILED, "diverged": DIVERGED, "interrupted": INTERRUPTED}
+
+
+def outcome_code(status: str, signum: int | None = None) -> int:
+    """The exit code of a run that ended with ``status`` (``stopped``: by ``signum``)."""
+    return stopped_by(signum) if status == "stopped" else OUTCOME_CODES[status]
+
+
+def answer(outcome) -> None:
+    """End the command as a run's outcome says (``runtime/run.py``'s RunOutcome): nothing for a completed
+    run; else its code and line, ``error:`` for a failed or diverged run."""
+    code = outcome_code(outcome.status, outcome.signal)
+    if code != OK:
+        raise Stop(code, outcome.line, error=outcome.status in ("failed", "diverged"))
+
+
+def stop_for(err: BaseException) -> Stop | None:
+    """The :class:`Stop` that :func:`run_body` would answer ``err`` with, where only a SystemExit gets through
+    (inside Hydra's task function): a refused value or a planted link (2), another ``OSError`` (1); None for
+    what passes Hydra anyway (Ctrl-C, :class:`Stopped`, a Stop) and for a defect (its traceback)."""
+    if isinstance(err, (ConfigError, SymlinkRefused)):
+        return Stop(REFUSED, str(err), error=True)
+    if isinstance(err, OSError):
+        return Stop(FAILED, str(err), error=True)
+    return None
+
+
 def stop(message: str, code: int = REFUSED) -> NoReturn:
     """End the command with ``code`` and the line ``wagma-bench COMMAND: error: MESSAGE``."""
     raise Stop(code, message, error=True)
