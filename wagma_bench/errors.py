@@ -17,3 +17,13 @@ class SymlinkRefused(OSError):
     system anyone who can write the run directory could otherwise make the run overwrite their choice of the
     user's files (``events.jsonl`` -> ``~/.bashrc``). Raised by :mod:`wagma_bench.record.files`; every command
     answers it as a refusal (exit 2), not as the operational failure another ``OSError`` is."""
+
+
+class OperationFailed(RuntimeError):
+    """An outside system refused the work (SLURM's ``sbatch`` or ``scancel``): an operational failure (exit
+    1)."""
+
+
+class Interrupted(Exception):
+    """A command's own interruption, its line saying where (a tuning trial stopped at a checkpoint): exit 130,
+    the line said without ``error:``."""
