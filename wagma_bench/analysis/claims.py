@@ -71,12 +71,13 @@ from wagma_bench.analysis.tuning import (
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.errors import ConfigError
+from wagma_bench.metric import Metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import atomic_write, refuse_link, staged_outputs, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
-METRICS = LOWER_IS_BETTER  # metric -> lower is better (the one policy, analysis.tuning)
+METRICS = LOWER_IS_BETTER  # metric -> lower is better (the one registry, wagma_bench/metric.py)
 VERDICTS = ("holds", "does not hold", "inconclusive")
 # how the subject is set against the best comparator: a ratio (> 1 favours the subject), or for a final metric
 # whose values may lie near 0 (a success rate after a short budget) the difference subject - best
@@ -337,13 +338,13 @@ def speedup_law(
     have = {k: m for k, m in comparators.items() if m is not None and m.dist}
     if not have or not subject.dist:
         return None
-    pick = min if lower_is_better else max
-    best = pick(have.values(), key=lambda m: m.value)
+    key = Metric("compared", lower_is_better).key  # the better value first
+    best = min(have.values(), key=lambda m: key(m.value))
     best_dist = intervals.best_of([m.dist for m in have.values()], lower_is_better)
-    if compare == "difference":  # a final metric (higher is better): subject - best, > 0 favours the subject
+    if compare == "difference":  # subject against best in the better direction: > 0 favours the subject
         dist, value = (
-            intervals.combine(subject.dist, best_dist, lambda x, y: x - y),
-            subject.value - best.value,
+            intervals.combine(subject.dist, best_dist, lambda x, y: key(y) - key(x)),
+            key(best.value) - key(subject.value),
         )
     elif lower_is_better:
         dist, value = intervals.ratio(best_dist, subject.dist), intervals.divide(best.value, subject.value)

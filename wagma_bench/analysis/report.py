@@ -39,6 +39,7 @@ from wagma_bench.analysis.scoring import REFERENCE, TunedSection, tuned_section
 from wagma_bench.analysis.step_times import step_time_rows, step_time_summary
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
+from wagma_bench.metric import METRICS
 from wagma_bench.record.events import EVENTS
 from wagma_bench.record.files import staged_outputs, write_text_atomic
 
@@ -128,13 +129,13 @@ def add_speedups(rows: list[dict], reference: str = REFERENCE) -> list[dict]:
     refs = {(r["world_size"], r["imbalance"]): r for r in rows if r["optimizer"] == reference}
     for row in rows:
         ref = refs.get((row["world_size"], row["imbalance"]))
-        row["speedup_ttt"] = _ratio(ref and ref["ttt_olympic_s"], row["ttt_olympic_s"])
-        row["speedup_throughput"] = _ratio(row["throughput"], ref and ref["throughput"])
+        row["speedup_ttt"] = _speedup("time_to_target", row["ttt_olympic_s"], ref and ref["ttt_olympic_s"])
+        row["speedup_throughput"] = _speedup("throughput", row["throughput"], ref and ref["throughput"])
     return rows
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
+def _speedup(figure: str, value: float | None, reference: float | None) -> float | None:
+    return METRICS[figure].ratio(value, reference)
 
 
 def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
