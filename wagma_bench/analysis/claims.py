@@ -70,6 +70,7 @@ from wagma_bench.analysis.tuning import (
 )
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.config.paths import CHECKOUT
+from wagma_bench.config.renamed import RENAMED_CLAIM_FIELDS, renamed_fields
 from wagma_bench.errors import ConfigError
 from wagma_bench.metric import Metric
 from wagma_bench.record.events import RunEvents
@@ -212,7 +213,9 @@ class Measurement:
     planned: int
     reached: int | None  # trials that reached the target (time_to_target)
     compute_imbalance: float | None
-    steps: float | None = None  # the median of the trials' rounds trained (a budget rounded to a sync period)
+    rounds: float | None = (
+        None  # the median of the trials' rounds trained (a budget rounded to a sync period)
+    )
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -564,7 +567,7 @@ def _measurement_json(m: Measurement) -> dict:
         "planned": m.planned,
         "reached": m.reached,
         "compute_imbalance": m.compute_imbalance,
-        "steps": m.steps,
+        "rounds": m.rounds,
     }
 
 
@@ -751,6 +754,9 @@ def optimizer_lines(r: dict) -> list[str]:
         ]
         rows = []
         for opt, x in sorted(m["optimizers"].items(), key=lambda kv: kv[0] != r["subject"]):
+            x = renamed_fields(
+                x, RENAMED_CLAIM_FIELDS
+            )  # a claims.json written before "rounds" reads the same
             rows.append(
                 {
                     "optimizer": opt + (" (subject)" if opt == r["subject"] else ""),
@@ -761,7 +767,7 @@ def optimizer_lines(r: dict) -> list[str]:
                     "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
                     "finished": f"{x['finished']}/{x['planned']}",
                     "imbalance": num(x["compute_imbalance"]),
-                    "steps": num(x.get("steps")),
+                    "rounds": num(x.get("rounds")),
                 }
             )
         lines += [
@@ -775,7 +781,7 @@ def optimizer_lines(r: dict) -> list[str]:
                     ("reached", "reached target", ""),
                     ("finished", "trials finished", ""),
                     ("imbalance", "compute imbalance", ""),
-                    ("steps", "steps trained (median)", ""),
+                    ("rounds", "rounds trained (median)", ""),
                 ],
             ),
             "",

@@ -30,15 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.config.recorded import recorded_config, setting
-from wagma_bench.config.renamed import renamed_fields
+from wagma_bench.config.renamed import RENAMED_METADATA, RENAMED_SUMMARY, renamed_fields
 from wagma_bench.metric import Metric, metric
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
-# names renamed since runs were recorded: an event's metadata, a summary's keys (old -> today's)
-RENAMED_METADATA = {"step": "round"}
-RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}
 
 
 def current_event(event: dict) -> dict:
