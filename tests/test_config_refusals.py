@@ -35,7 +35,6 @@ REFUSED_AT_ONCE = [
         "imbalance=slow",
         "choose one of: authors, fixed, independent, lognormal, none, shared_draw",
     ),
-    ("imbalance=paper", "imbalance=paper: renamed", "imbalance=shared_draw is what `paper` was"),
     # a world beyond the machine's memory (docs/failure-behaviour.md)
     (
         "launcher.nproc=512",
@@ -195,18 +194,21 @@ def test_failed_override_parse_creates_nothing(tmp_path):
     assert not run_dir.exists()
 
 
-def test_the_former_imbalance_paper_is_refused_naming_both_new_options():
-    """`paper` was renamed `shared_draw` (it is not the authors' rule); `independent` is the authors' rule. A
-    command line that still says `paper` is refused before anything is composed, naming both."""
+def test_the_former_imbalance_paper_is_read_as_shared_draw_with_one_line_naming_both(capsys, monkeypatch):
+    """One policy for every old name (config/renamed.py): `paper` was renamed `shared_draw` (it is not the
+    authors' rule) and, as an old key is, is read under its new name with one line that names it and the
+    authors' rule, `independent`; a sweep's list is read item by item, and the result composes."""
+    from wagma_bench.config import renamed
     from wagma_bench.config.overrides import precheck
+    from wagma_bench.config.renamed import renamed_overrides
 
-    for overrides in (["imbalance=paper"], ["-m", "imbalance=none,paper"]):
-        with pytest.raises(ConfigError) as err:
-            precheck(overrides, CONF)
-        message = str(err.value)
-        assert "\n" not in message and message.startswith("imbalance=paper: renamed"), message
-        assert "imbalance=shared_draw is what `paper` was" in message, message
-        assert "imbalance=independent is the WAGMA-SGD authors' per-rank rule" in message, message
+    monkeypatch.setattr(renamed, "_SAID", set())  # as in a fresh process
+    assert renamed_overrides(["imbalance=paper"]) == ["imbalance=shared_draw"]
+    assert renamed_overrides(["-m", "imbalance=none,paper"]) == ["-m", "imbalance=none,shared_draw"]
+    said = capsys.readouterr().err.splitlines()
+    assert said == [renamed.deprecation_line("imbalance=paper")], said
+    assert "is read as imbalance=shared_draw" in said[0] and "rule is imbalance=independent" in said[0]
+    precheck(renamed_overrides(["imbalance=paper"]), CONF)
 
 
 SWEEP_ARGS = ["cluster=local", "gpus=4", "--dry-run", "--out", "OUT"]
@@ -216,19 +218,13 @@ SWEEP_ARGS = ["cluster=local", "gpus=4", "--dry-run", "--out", "OUT"]
     "command,args", [("simulate", []), ("tune", ["--out", "OUT"]), ("sweep", SWEEP_ARGS)]
 )
 def test_an_unknown_option_of_a_group_is_one_line_naming_the_options_elsewhere(tmp_path, command, args):
-    """simulate, tune and sweep refuse an unknown option, and the former imbalance=paper, as `run` does."""
+    """simulate, tune and sweep refuse an unknown option as `run` does."""
     args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
     out = run(["optimizer=walgma", *args], command=command, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"wagma-bench {command}: error:"), out.stderr[-2000:]
     assert "optimizer=walgma: no such option of optimizer; choose one of: adpsgd, allreduce," in lines[0]
-    assert not (tmp_path / "out").exists()
-    out = run(["imbalance=paper", *args], command=command, timeout=120)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
-    assert "imbalance=paper: renamed: imbalance=shared_draw" in lines[0], lines[0]
-    assert "imbalance=independent" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
 
 

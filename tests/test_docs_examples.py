@@ -168,7 +168,7 @@ def test_every_documented_command_parses(argv, tmp_path):
             "wagma-bench run -m optimizer=allreduce,wagma experiment=paper_resnet50_stragler",
             "paper_resnet50_stragler",
         ),
-        ("wagma-bench sweep cluster=local gpus=4 'optimizer=glob(*)' imbalance=paper --dry-run", "paper"),
+        ("wagma-bench sweep cluster=local gpus=4 'optimizer=glob(*)' imbalance=papr --dry-run", "papr"),
         ("wagma-bench tune workload=resnet optimizer=wagma tune.trails=2 --out x", "trails"),
         ("wagma-bench simulate gpus=64 optimizer=wagma optimizer.tua=3", "tua"),
         ("wagma-bench comm-bench --nprocs 4", "--nprocs"),

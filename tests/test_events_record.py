@@ -96,6 +96,7 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
         "status": "running",
         "step": 10,
         "metric": 0.5,
+        "metric_name": "top1",
         "eval_step": 10,
         "restarts": 0,
         "reached": None,
@@ -182,10 +183,12 @@ def _imports(path: Path) -> set[str]:
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
     safe file writer (which imports only the error types, a leaf), the recorded configuration's reader
-    (which imports only the table of renamed keys), that table itself (a leaf) and the one reader of files
-    read back (the error types only), so no cycle (events <-> loggers, events <-> mlperf) can run through
-    it."""
+    (which imports only the table of renamed keys), that table itself and the one metric rule (leaves), and
+    the one reader of files read back (the error types only), so no cycle (events <-> loggers, events <->
+    mlperf) can run through it."""
+    assert _imports(PACKAGE / "metric.py") == set()
     assert _imports(PACKAGE / "record" / "events.py") <= {
+        "wagma_bench.metric",
         "wagma_bench.config.readback",
         "wagma_bench.config.schedules",
         "wagma_bench.record.files",

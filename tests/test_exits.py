@@ -46,28 +46,137 @@ def _ends_the_process(node: ast.AST) -> str | None:
     return None
 
 
-def test_no_command_module_ends_the_process_itself():
-    """A command that exits by itself bypasses the one mapper: its code and line would be its own."""
-    found = [
-        f"{path.name}:{node.lineno}: {what}"
-        for path in sorted(CLI.glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if (what := _ends_the_process(node)) is not None
+PACKAGE = CLI.parent
+# where ending the process by itself is the job: the one table, the program's entry point (which hands the
+# table's code to the interpreter), and a local rank's entry point, which ends its process without the
+# interpreter's finalization (runtime/launch.py)
+ALLOWED = {"exits.py": None, "__main__.py": None, "runtime/launch.py": {"_spawned_rank", "_exit_now"}}
+CODE_NAMES = {"rc", "code", "returncode", "exitcode", "exit_code"}
+ENDERS = {"exit", "_exit", "Stop", "stop", "end", "die_now", "stopped_by"}
+
+
+def _int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _code_literal(node: ast.AST) -> str | None:
+    """What ``node`` is, if it writes an exit code as a number: one passed to something that ends a command
+    or a process, or compared with a variable that holds an exit code (``rc == 3``; 0, any program's success,
+    may be compared)."""
+    if isinstance(node, ast.Call) and _name(node.func) in ENDERS:
+        literal = any(_int(a) for a in [*node.args, *(k.value for k in node.keywords)])
+        return f"{_name(node.func)}(<int>)" if literal else None
+    if not isinstance(node, ast.Compare):
+        return None
+    sides = [node.left, *node.comparators]
+    literals = [c for s in sides for c in (s.elts if isinstance(s, (ast.Tuple, ast.List, ast.Set)) else [s])]
+    if any(_name(s) in CODE_NAMES for s in sides) and any(_int(c) and c.value != 0 for c in literals):
+        return "an exit code compared with a number"
+    return None
+
+
+def _returned_literals(tree: ast.AST, names: set[str] | None = None) -> list[ast.AST]:
+    """``return <int>`` in the functions ``names`` of ``tree`` (None: every function)."""
+    return [
+        r
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef) and (names is None or f.name in names)
+        for r in ast.walk(f)
+        if isinstance(r, ast.Return) and r.value is not None and _int(r.value)
     ]
-    assert not found, found
 
 
-def test_the_check_finds_each_way_of_ending_the_process():
-    """The check above, on code that ends the process each way it looks for (it would pass on nothing
-    otherwise)."""
-    code = (
-        "import sys, os\nfrom sys import exit\nsys.exit(2)\nos._exit(1)\nexit(3)\nraise SystemExit(2)\n"
-        "raise SystemExit\n"
-    )
-    found = [w for node in ast.walk(ast.parse(code)) if (w := _ends_the_process(node))]
-    assert sorted(found) == sorted(
-        ["sys.exit()", "os._exit()", "exit()", "raise SystemExit", "raise SystemExit", "from sys import exit"]
-    )
+def _called_libraries(tree: ast.AST) -> dict[str, set[str]]:
+    """The package modules a command returns a call of (``return commbench.bench(...)``): module -> names."""
+    modules = {
+        a.asname or a.name: f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("wagma_bench")
+        for a in n.names
+    }
+    called: dict[str, set[str]] = {}
+    for r in ast.walk(tree):
+        if isinstance(r, ast.Return) and isinstance(r.value, ast.Call):
+            f = r.value.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+                called.setdefault(modules[f.value.id], set()).add(f.attr)
+    return called
+
+
+def exit_breaches(root: Path) -> list[str]:
+    """Every place under ``root`` (a package like wagma_bench/) that ends a command or a process without the
+    one table (:mod:`wagma_bench.exits`), or writes an exit code as a number: the process-ending calls of
+    :func:`_ends_the_process` (a reference to ``sys.exit`` or ``os._exit`` too), a code as a literal, and
+    ``return <int>`` from a command's body or from the library function it returns the result of."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text())
+        allowed = ALLOWED.get(rel, set())
+        exempt = (
+            set()
+            if allowed is None
+            else {id(n) for f in ast.walk(tree) if getattr(f, "name", None) in allowed for n in ast.walk(f)}
+        )
+        if allowed is None:
+            continue
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        for node in ast.walk(tree):
+            what = _ends_the_process(node) or _code_literal(node)
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and (node.value.id, node.attr) in (("sys", "exit"), ("os", "_exit"))
+                and id(node) not in called
+            ):
+                what = f"{node.value.id}.{node.attr} (a reference)"
+            if what is not None and id(node) not in exempt:
+                found.append(f"{rel}:{node.lineno}: {what}")
+        if rel.startswith("cli/"):
+            found += [f"{rel}:{r.lineno}: return <int>" for r in _returned_literals(tree)]
+            for module, names in _called_libraries(tree).items():
+                lib = root / (module.removeprefix("wagma_bench.").replace(".", "/") + ".py")
+                if lib.is_file():
+                    found += [
+                        f"{lib.relative_to(root).as_posix()}:{r.lineno}: return <int>"
+                        for r in _returned_literals(ast.parse(lib.read_text()), names)
+                    ]
+    return sorted(set(found))
+
+
+def test_nothing_outside_the_exit_table_ends_a_command_or_writes_an_exit_code():
+    """A module that exits by itself, or writes a code as a number, bypasses the one table: its code and line
+    would be its own. Only exits.py and a local rank's entry point end a process themselves."""
+    assert not exit_breaches(PACKAGE), exit_breaches(PACKAGE)
+
+
+def test_the_exit_check_fails_on_each_planted_breach(tmp_path):
+    """The package's files with one breach planted at a time: each is found, named by file and line (the
+    command comm-bench returns what campaign/commbench.py's ``bench`` returns)."""
+    copy = tmp_path / "wagma_bench"
+    planted = {
+        "runtime/supervise.py": "import sys\nsys.exit(2)\n",
+        "runtime/partition.py": "import os\nEXIT = os._exit\n",
+        "campaign/sweep_jobs.py": "def rc_of(rc):\n    return rc == 3\n",
+        "record/events.py": "from wagma_bench import exits\nexits.stop('no', 2)\n",
+        "cli/claims.py": "def extra():\n    return 1\n",
+        "campaign/commbench.py": "def bench():\n    return 0\n",
+    }
+    for rel in [*planted, "cli/commbench.py"]:
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_text((PACKAGE / rel).read_text())
+    for rel, code in planted.items():
+        target = copy / rel
+        before = target.read_text()
+        target.write_text(before + "\n\n" + code)
+        breaches = exit_breaches(copy)
+        target.write_text(before)
+        assert len(breaches) == 1 and breaches[0].startswith(rel + ":"), (rel, breaches)
+    assert not exit_breaches(copy)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -156,29 +265,30 @@ def test_stop_and_end_raise_what_the_mapper_answers(capsys):
 
 
 def test_a_commands_own_kinds_and_words(capsys):
-    """``also`` maps a command's own exceptions (an interruption's line has no ``error:``); ``interrupted``
-    and ``stopped`` are a command's own words for Ctrl-C and a stop signal (None: no line)."""
+    """A command raises typed errors, or declares which of its libraries' errors are which (``exits.typed``),
+    and the one table answers them (an interruption's line has no ``error:``); ``interrupted`` and
+    ``stopped`` are a command's own words for Ctrl-C and a stop signal (None: no line)."""
+    from wagma_bench.errors import Interrupted, OperationFailed
 
-    class Interrupted(Exception):
-        pass
-
-    also = (
-        (Interrupted, exits.INTERRUPTED),
-        (RuntimeError, exits.FAILED),
-        (FileNotFoundError, exits.REFUSED),
-    )
-    assert _answer(capsys, _raises(Interrupted("interrupted in trial t1")), also=also) == (
+    assert _answer(capsys, _raises(Interrupted("interrupted in trial t1"))) == (
         exits.INTERRUPTED,
         ["wagma-bench cmd: interrupted in trial t1"],
     )
-    assert _answer(capsys, _raises(RuntimeError("sbatch failed")), also=also) == (
+    assert _answer(capsys, _raises(OperationFailed("sbatch failed"))) == (
         exits.FAILED,
         ["wagma-bench cmd: error: sbatch failed"],
     )
-    assert _answer(capsys, _raises(FileNotFoundError("no such dir")), also=also) == (
-        exits.REFUSED,
-        ["wagma-bench cmd: error: no such dir"],
-    )
+    kinds = {FileNotFoundError: ConfigError, RuntimeError: OperationFailed}
+    for err, code in (
+        (FileNotFoundError("no such dir"), exits.REFUSED),
+        (RuntimeError("no such dir"), exits.FAILED),
+    ):
+        assert _answer(capsys, lambda err=err: exits.typed(kinds, _raises(err))) == (
+            code,
+            ["wagma-bench cmd: error: no such dir"],
+        )
+    # a typed error passes exits.typed as it is
+    assert _answer(capsys, lambda: exits.typed(kinds, _raises(SymlinkRefused(40, "a link"))))[0] == 2
     ctrl_c = "wagma-bench: interrupted; nothing ran"
     assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=ctrl_c) == (exits.INTERRUPTED, [ctrl_c])
     assert _answer(capsys, _raises(KeyboardInterrupt()), interrupted=None) == (exits.INTERRUPTED, [])

@@ -220,3 +220,32 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     assert finished_summary(RECORDED, today) == current_summary(summary)  # read under today's names
     assert report_main([str(RECORDED), "--out", str(tmp_path / "report")]) == 0
     assert "local_sgd" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_scripts_old_flag_is_read_under_its_new_spelling_with_one_line(capsys, monkeypatch):
+    """compare.py (reproduce/optimizers/) takes --max-rounds; --max-steps is read as it (the one policy)."""
+    monkeypatch.setattr(renamed, "_SAID", set())
+    assert renamed.renamed_flags(["--max-steps", "8", "--max-steps=9", "--seeds", "1"]) == [
+        "--max-rounds",
+        "8",
+        "--max-rounds=9",
+        "--seeds",
+        "1",
+    ]
+    assert capsys.readouterr().err.splitlines() == [deprecation_line("--max-steps")]
+    assert "--max-rounds now" in deprecation_line("--max-steps")
+
+
+def test_a_claims_json_written_before_rounds_reads_unchanged():
+    """An optimizer's ``steps`` in a claims.json written before the rename is its ``rounds``: the committed
+    table's lines are the same from either spelling."""
+    from wagma_bench.analysis.claims import optimizer_lines
+
+    claims = json.loads((ROOT / "reproduce" / "claims" / "claims.json").read_text())["claims"]
+    measured = [c for c in claims if c["measured"]["optimizers"]]
+    assert measured
+    for claim in measured:
+        old = json.loads(json.dumps(claim).replace('"rounds":', '"steps":'))
+        assert '"rounds":' not in json.dumps(old)
+        assert optimizer_lines(old) == optimizer_lines(claim)
+        assert "rounds trained (median)" in "\n".join(optimizer_lines(claim))

@@ -20,3 +20,13 @@ class SymlinkRefused(OSError):
 
     def __str__(self) -> str:  # a refusal in words, as every other one: no "[Errno 40]" before it
         return str(self.strerror) if self.strerror else super().__str__()
+
+
+class OperationFailed(RuntimeError):
+    """An outside system refused the work (SLURM's ``sbatch`` or ``scancel``): an operational failure (exit
+    1)."""
+
+
+class Interrupted(Exception):
+    """A command's own interruption, its line saying where (a tuning trial stopped at a checkpoint): exit 130,
+    the line said without ``error:``."""

@@ -4,12 +4,13 @@ command, docs/running.md). It imports only :mod:`wagma_bench.errors`, below it."
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from wagma_bench.errors import ConfigError, SymlinkRefused
+from wagma_bench.errors import ConfigError, Interrupted, OperationFailed, SymlinkRefused
 
 OK = 0
 FAILED = 1  # the work failed: a rank died, raised or hung; an operational error (SLURM, the disk)
@@ -43,6 +44,31 @@ class Stop(SystemExit):
         self.text, self.error = text, error
 
 
+# How a run ended (``runtime/run.py``'s RunOutcome.status) -> its exit code; ``stopped``: 128 + its signal
+OUTCOME_CODES = {"completed": OK, "failed": FAILED, "diverged": DIVERGED, "interrupted": INTERRUPTED}
+
+
+def outcome_code(status: str, signum: int | None = None) -> int:
+    """The exit code of a run that ended with ``status`` (``stopped``: by ``signum``)."""
+    return stopped_by(signum) if status == "stopped" else OUTCOME_CODES[status]
+
+
+def answer(outcome) -> None:
+    """End the command as a run's outcome says (``runtime/run.py``'s RunOutcome): nothing for a completed
+    run; else its code and line, ``error:`` for a failed or diverged run."""
+    code = outcome_code(outcome.status, outcome.signal)
+    if code != OK:
+        raise Stop(code, outcome.line, error=outcome.status in ("failed", "diverged"))
+
+
+def stop_for(err: BaseException) -> Stop | None:
+    """The :class:`Stop` that :func:`run_body` would answer ``err`` with, where only a SystemExit gets through
+    (inside Hydra's task function): a kind of :data:`RAISED`; None for what passes Hydra anyway (Ctrl-C,
+    :class:`Stopped`, a Stop) and for a defect (its traceback)."""
+    code = code_of(err) if isinstance(err, Exception) else None
+    return None if code is None else Stop(code, str(err), error=code != INTERRUPTED)
+
+
 def stop(message: str, code: int = REFUSED) -> NoReturn:
     """End the command with ``code`` and the line ``wagma-bench COMMAND: error: MESSAGE``."""
     raise Stop(code, message, error=True)
@@ -54,23 +80,37 @@ def end(line: str, code: int) -> NoReturn:
     raise Stop(code, line, error=False)
 
 
+# What a command's body raises -> its exit code: the one table of every command (the first kind that matches).
+# Commands raise these typed errors; a refusal of a value inside Hydra's task function goes through the same
+# table (:func:`stop_for`).
+RAISED: tuple[tuple[type[BaseException], int], ...] = (
+    (ConfigError, REFUSED),  # a refused value: key, value, what is allowed
+    (SymlinkRefused, REFUSED),  # a planted link (an OSError, yet a refusal)
+    (OperationFailed, FAILED),  # an outside system refused the work (sbatch, scancel)
+    (Interrupted, INTERRUPTED),  # a command's own interruption, its line saying where
+    (OSError, FAILED),  # a full or read-only disk, no permission
+)
+
+
+def code_of(err: BaseException) -> int | None:
+    """``err``'s exit code by :data:`RAISED` (None: not a kind of the table)."""
+    return next((code for kind, code in RAISED if isinstance(err, kind)), None)
+
+
 def run_body(
     command: str,
     body: Callable[[], int],
     *,
-    also: tuple[tuple[type[BaseException], int], ...] = (),
     interrupted: str | None = "",
     stopped: str = "",
 ) -> int:
     """Run a command's ``body`` and answer what it raises with the documented code and one line on stderr,
     the one mapper of every command:
 
-    - :class:`Stop` (:func:`stop`, :func:`end`): its own code and line;
-    - a refused value (:class:`~wagma_bench.errors.ConfigError`) or a planted link (``SymlinkRefused``):
-      exit 2, ``wagma-bench COMMAND: error: ...``;
-    - a command's own kinds, ``also`` (kind, code): that code, the same line (an interruption's without
-      ``error:``);
-    - any other ``OSError`` (a full or read-only disk, no permission): exit 1, the same line;
+    - :class:`Stop` (:func:`stop`, :func:`end`, :func:`answer`): its own code and line;
+    - a kind of :data:`RAISED` (a refused value, a planted link: 2; an outside system's
+      refusal, another ``OSError``: 1; a command's own interruption: 130): its code, ``wagma-bench COMMAND:
+      error: ...`` (an interruption's line without ``error:``);
     - Ctrl-C (``KeyboardInterrupt``): exit 130 and ``interrupted`` (default ``wagma-bench COMMAND:
       interrupted``; None: no line, someone else says it);
     - SIGTERM or SIGHUP before the command handed them on (:class:`Stopped`): 128 + the signal and
@@ -85,16 +125,6 @@ def run_body(
     except Stop as done:
         _say(command, done.text, done.error)
         return int(done.code)
-    except (ConfigError, SymlinkRefused) as err:
-        _say(command, str(err))
-        return REFUSED
-    except tuple(kind for kind, _ in also) as err:
-        code = next(code for kind, code in also if isinstance(err, kind))
-        _say(command, str(err), error=code in (REFUSED, FAILED))
-        return code
-    except OSError as err:
-        _say(command, str(err))
-        return FAILED
     except KeyboardInterrupt:
         if interrupted is not None:
             _say(command, interrupted or f"wagma-bench {command}: interrupted", error=False)
@@ -103,12 +133,39 @@ def run_body(
         line = stopped or f"wagma-bench {command}: stopped by {{signal}}"
         _say(command, line.format(signal=err), error=False)
         return stopped_by(err.signum)
-    except Exception as err:  # noqa: BLE001 - a defect: its traceback says where
+    except Exception as err:  # noqa: BLE001 - a kind of the table, or a defect: its traceback says where
+        code = code_of(err)
+        if code is not None:
+            _say(command, str(err), error=code != INTERRUPTED)
+            return code
         import traceback
 
         traceback.print_exc()
         _say(command, f"unexpected {type(err).__name__}: {err}")
         return FAILED
+
+
+# the table's own kinds, raised as they are
+TYPED = (ConfigError, SymlinkRefused, OperationFailed, Interrupted)
+
+
+def typed(kinds: dict[type[Exception], type[Exception]], body: Callable[[], int]) -> int:
+    """Run ``body``, whose libraries' errors of ``kinds`` are, for this command, the typed errors they map to
+    (the simulator's ``ValueError``, a value its model cannot take read from the command's input: a
+    ConfigError; SLURM's ``RuntimeError``: an OperationFailed). The table (:data:`RAISED`) gives the code."""
+    try:
+        return body()
+    except TYPED:
+        raise
+    except tuple(kinds) as err:
+        kind = next(to for of, to in kinds.items() if isinstance(err, of))
+        raise kind(str(err)) from err
+
+
+def die_now(code: int) -> NoReturn:
+    """End this process at once with ``code``, unwinding nothing: a rank whose main thread is blocked in a
+    collective that will never return (:class:`~wagma_bench.runtime.partition.PartitionWatch`)."""
+    os._exit(code)
 
 
 def _say(command: str, text: str, error: bool = True) -> None:

@@ -304,10 +304,6 @@ IMBALANCES: dict[str, type[Imbalance]] = {
     )
 }
 
-# Former option names, for run records made before a rename (a user's ``imbalance=paper`` is refused, with
-# the new names: config/overrides.py).
-RENAMED = {"paper": SharedDrawImbalance.name}
-
 
 def make_imbalance(settings, seed: int) -> Imbalance:
     return IMBALANCES[settings.name](settings, seed)

@@ -10,9 +10,10 @@ where it stopped. Measure on a quiet machine: every rank shares the CPU.
 
     .venv/bin/python reproduce/optimizers/compare.py [--out DIR] [--optimizers a,b]
                                                      [--imbalances none,shared_draw] [--seeds 1,2,3]
-                                                     [--max-steps N] [-- more overrides]
+                                                     [--max-rounds N] [-- more overrides]
 
-`--max-steps 8` checks the pipeline in a minute (the target is then not reached).
+`--max-rounds 8` checks the pipeline in a minute (the target is then not reached). `--max-steps`, its old
+spelling, is read as `--max-rounds` with one line, as every old name (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from omegaconf import OmegaConf
 
 from wagma_bench.analysis.report import median, olympic_mean
 from wagma_bench.campaign.runs import run_unless_done
+from wagma_bench.config.renamed import renamed_flags
 from wagma_bench.optim import OPTIMIZERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,14 +93,14 @@ def main() -> None:
     ap.add_argument("--imbalances", default="none,shared_draw")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument(
-        "--max-steps", type=int, default=None, help="cap every run (a quick check of the pipeline)"
+        "--max-rounds", type=int, default=None, help="cap every run (a quick check of the pipeline)"
     )
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run (after --)")
-    args = ap.parse_args()
+    args = ap.parse_args(renamed_flags(sys.argv[1:]))
     unknown = sorted(set(args.optimizers.split(",")) - set(OPTIMIZERS))
     if unknown:
         ap.error(f"--optimizers: unknown {', '.join(unknown)}; choose from: {', '.join(OPTIMIZERS)}")
-    extra = list(args.overrides) + ([f"train.max_rounds={args.max_steps}"] if args.max_steps else [])
+    extra = list(args.overrides) + ([f"train.max_rounds={args.max_rounds}"] if args.max_rounds else [])
     seeds = [int(v) for v in args.seeds.split(",")]
     rows = [
         (o, i, aggregate([run(args.out, o, i, seed, extra) for seed in seeds]))

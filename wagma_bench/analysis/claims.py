@@ -69,13 +69,15 @@ from wagma_bench.analysis.tuning import (
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.config import readback
 from wagma_bench.config.paths import CHECKOUT
+from wagma_bench.config.renamed import RENAMED_CLAIM_FIELDS, renamed_fields
 from wagma_bench.errors import ConfigError
+from wagma_bench.metric import Metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import atomic_write, staged_outputs, write_json_atomic
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
-METRICS = LOWER_IS_BETTER  # metric -> lower is better (the one policy, analysis.tuning)
+METRICS = LOWER_IS_BETTER  # metric -> lower is better (the one registry, wagma_bench/metric.py)
 VERDICTS = ("holds", "does not hold", "inconclusive")
 # how the subject is set against the best comparator: a ratio (> 1 favours the subject), or for a final metric
 # whose values may lie near 0 (a success rate after a short budget) the difference subject - best
@@ -205,7 +207,9 @@ class Measurement:
     planned: int
     reached: int | None  # trials that reached the target (time_to_target)
     compute_imbalance: float | None
-    steps: float | None = None  # the median of the trials' rounds trained (a budget rounded to a sync period)
+    rounds: float | None = (
+        None  # the median of the trials' rounds trained (a budget rounded to a sync period)
+    )
     contention: tuple[float | None, ...] = ()  # each finished trial's wall over CPU compute
     references: tuple[float, ...] = ()  # every speed-reference reading of its finished trials
 
@@ -323,13 +327,13 @@ def speedup_law(
     have = {k: m for k, m in comparators.items() if m is not None and m.dist}
     if not have or not subject.dist:
         return None
-    pick = min if lower_is_better else max
-    best = pick(have.values(), key=lambda m: m.value)
+    key = Metric("compared", lower_is_better).key  # the better value first
+    best = min(have.values(), key=lambda m: key(m.value))
     best_dist = intervals.best_of([m.dist for m in have.values()], lower_is_better)
-    if compare == "difference":  # a final metric (higher is better): subject - best, > 0 favours the subject
+    if compare == "difference":  # subject against best in the better direction: > 0 favours the subject
         dist, value = (
-            intervals.combine(subject.dist, best_dist, lambda x, y: x - y),
-            subject.value - best.value,
+            intervals.combine(subject.dist, best_dist, lambda x, y: key(y) - key(x)),
+            key(best.value) - key(subject.value),
         )
     elif lower_is_better:
         dist, value = intervals.ratio(best_dist, subject.dist), intervals.divide(best.value, subject.value)
@@ -603,7 +607,7 @@ def _measurement_json(m: Measurement) -> dict:
         "planned": m.planned,
         "reached": m.reached,
         "compute_imbalance": m.compute_imbalance,
-        "steps": m.steps,
+        "rounds": m.rounds,
     }
 
 
@@ -906,6 +910,9 @@ def optimizer_lines(r: dict) -> list[str]:
         ]
         rows = []
         for opt, x in sorted(m["optimizers"].items(), key=lambda kv: kv[0] != r["subject"]):
+            x = renamed_fields(
+                x, RENAMED_CLAIM_FIELDS
+            )  # a claims.json written before "rounds" reads the same
             rows.append(
                 {
                     "optimizer": opt + (" (subject)" if opt == r["subject"] else ""),
@@ -916,7 +923,7 @@ def optimizer_lines(r: dict) -> list[str]:
                     "reached": "—" if x["reached"] is None else f"{x['reached']}/{x['finished']}",
                     "finished": f"{x['finished']}/{x['planned']}",
                     "imbalance": num(x["compute_imbalance"]),
-                    "steps": num(x.get("steps")),
+                    "rounds": num(x.get("rounds")),
                 }
             )
         lines += [
@@ -930,7 +937,7 @@ def optimizer_lines(r: dict) -> list[str]:
                     ("reached", "reached target", ""),
                     ("finished", "trials finished", ""),
                     ("imbalance", "compute imbalance", ""),
-                    ("steps", "steps trained (median)", ""),
+                    ("rounds", "rounds trained (median)", ""),
                 ],
             ),
             "",

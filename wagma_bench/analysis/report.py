@@ -47,6 +47,7 @@ from wagma_bench.analysis.step_times import step_time_rows, step_time_summary
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import fairness_line as tuning_fairness
+from wagma_bench.metric import METRICS
 from wagma_bench.record.events import EVENTS
 from wagma_bench.record.files import staged_outputs, write_text_atomic
 from wagma_bench.workloads.specs import throughput_unit
@@ -177,8 +178,8 @@ def add_speedups(rows: list[dict], reference: str | None = REFERENCE) -> list[di
             refs.setdefault((r["world_size"], r["imbalance"]), r)
     for row in rows:
         ref = refs.get((row["world_size"], row["imbalance"]))
-        row["speedup_ttt"] = _ratio(ref and ref["ttt_olympic_s"], row["ttt_olympic_s"])
-        row["speedup_throughput"] = _ratio(row["throughput"], ref and ref["throughput"])
+        row["speedup_ttt"] = _speedup("time_to_target", row["ttt_olympic_s"], ref and ref["ttt_olympic_s"])
+        row["speedup_throughput"] = _speedup("throughput", row["throughput"], ref and ref["throughput"])
     return rows
 
 
@@ -219,8 +220,8 @@ def touched_ratios(rows: Sequence[dict], reference: str | None) -> list[str]:
     return touched
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
+def _speedup(figure: str, value: float | None, reference: float | None) -> float | None:
+    return METRICS[figure].ratio(value, reference)
 
 
 def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
@@ -238,7 +239,7 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
                 "status": s.get("status"),
                 "reached": s.get("reached"),
                 "time_to_target_s": s.get("time_to_target_s"),
-                "steps": s.get("rounds"),
+                "rounds": s.get("rounds"),
                 "final_metric": s.get("final_metric"),
                 "best_metric": s.get("best_metric"),
                 "throughput": s.get("throughput_samples_per_s"),
@@ -418,7 +419,7 @@ def run_columns(unit: str = "samples/s") -> list[tuple]:
         ("status", "status", ""),
         ("reached", "reached", ""),
         ("time_to_target_s", "TTT (s)", ""),
-        ("steps", "steps", ""),
+        ("rounds", "rounds", ""),
         ("final_metric", "final", "metric"),
         ("best_metric", "best", "metric"),
         ("throughput", unit, ""),

@@ -19,6 +19,7 @@ from typing import Any
 from wagma_bench.analysis import drift
 from wagma_bench.config import readback
 from wagma_bench.errors import ConfigError
+from wagma_bench.metric import METRICS
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
@@ -91,7 +92,11 @@ def trial_cost(summary: dict | None, max_runtime_s: float | None, by: str) -> fl
 
     best = (summary or {}).get("best_metric")
     ended = bool(summary) and summary.get("status") in FINISHED
-    return -float(best) if ended and best is not None and math.isfinite(best) else INF
+    return (
+        METRICS["final_metric"].key(float(best))
+        if ended and best is not None and math.isfinite(best)
+        else INF
+    )
 
 
 def median_score(bests: list[float]) -> float:
@@ -163,27 +168,23 @@ def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runt
     }
 
 
-# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each metric is
-# better (favours), and which trials count (trial_finished); a trial's cost is trial_cost, a combination's
-# score median_score over its studies' bests.
-LOWER_IS_BETTER = {"time_to_target": True, "throughput": False, "final_metric": False}
+# The one scoring policy of tune, report, claims and reproduce/claims/paired.py: which way each figure is
+# better is its Metric's (wagma_bench/metric.py: favours, figure_cost), and which trials count
+# (trial_finished); a trial's cost is trial_cost, a combination's score median_score over its studies' bests.
+SCORED = ("time_to_target", "throughput", "final_metric")
+LOWER_IS_BETTER = {name: METRICS[name].lower_is_better for name in SCORED}  # read from the one registry
 
 
 def figure_cost(value: float | None, metric: str) -> float:
-    """A figure as a cost, lower being better: a time as it is, a throughput or a metric as its reciprocal (so
-    that a ratio of costs is the figure's ratio upside down); inf for a missing, infinite or non-positive
-    figure."""
-    if value is None or not 0 < value < INF:
-        return INF
-    return value if LOWER_IS_BETTER[metric] else 1.0 / value
+    """A figure as a cost, lower being better (:meth:`wagma_bench.metric.Metric.cost`)."""
+    return METRICS[metric].cost(value)
 
 
 def favours(value: float | None, reference: float | None, metric: str) -> float | None:
     """``value`` against ``reference`` as a ratio above 1 when ``value`` is the better (the reference's time
     over the value's; the value's throughput or metric over the reference's); None where either has no finite
-    cost."""
-    cost, ref = figure_cost(value, metric), figure_cost(reference, metric)
-    return ref / cost if math.isfinite(cost) and math.isfinite(ref) else None
+    cost (:meth:`wagma_bench.metric.Metric.factor`)."""
+    return METRICS[metric].factor(value, reference)
 
 
 def trial_finished(summary: dict | None) -> bool:

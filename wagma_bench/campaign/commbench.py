@@ -54,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from wagma_bench import exits
 from wagma_bench.record.files import write_text_atomic
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -568,7 +569,7 @@ def _launched_rank(world, sizes: list[int], repeats: int, device: str, out: Path
         run_and_report(comm, sizes, repeats, out)
     finally:
         comm.close()
-    return 0
+    return exits.OK
 
 
 def bench(
@@ -603,7 +604,7 @@ def bench(
             run_and_report(comm, sizes, repeats, out)
         finally:
             comm.close()
-        return 0
+        return exits.OK
     import torch.multiprocessing as mp
 
     from wagma_bench.runtime.launch import listen_for_store, serve_store, start_rank_server
@@ -619,4 +620,4 @@ def bench(
         nprocs=nproc,
         start_method="forkserver",
     )
-    return 0
+    return exits.OK

@@ -38,6 +38,7 @@ from pathlib import Path
 from wagma_bench.campaign.sweep import MANIFEST
 from wagma_bench.config import readback
 from wagma_bench.errors import ConfigError
+from wagma_bench.metric import metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import CANCELLED, FINISHED, LOCK, cancel_note
@@ -207,6 +208,7 @@ def run_progress(run_dir: Path) -> dict:
     record = RunEvents.read(run_dir)
     evals = record.evaluations
     last = {"metric": evals[-1].value if evals else None, "eval_step": evals[-1].round if evals else None}
+    last["metric_name"] = record.start.metric if record.start else None  # which way it is better
     s = record.saved_summary
     if s is not None and record.summary_after_events:  # else an earlier attempt's, before this one's events
         if last["metric"] is None:
@@ -300,7 +302,7 @@ def phase(row: dict) -> str:
 
 def progress_line(rows: list[dict], elapsed_s: float) -> str:
     """One line for the whole sweep: counts by phase (cancelled only when some are) and the best metric so
-    far (higher is better)."""
+    far (in its Metric's direction)."""
     submitted = [r for r in rows if r["job"] is not None]
     counts = {p: 0 for p in ("pending", "running", "done", "failed", "cancelled")}
     for row in submitted:
@@ -310,7 +312,8 @@ def progress_line(rows: list[dict], elapsed_s: float) -> str:
         line += f" ({len(rows) - len(submitted)} unsubmitted)"
     scored = [r for r in rows if r["metric"] is not None]
     if scored:
-        best = max(scored, key=lambda r: r["metric"])
+        key = metric(scored[0].get("metric_name")).key
+        best = min(scored, key=lambda r: key(r["metric"]))
         line += f"; best metric {best['metric']:.4f} ({best['run']})"
     return f"[{_dt.timedelta(seconds=round(elapsed_s))}] {line}"
 

@@ -62,7 +62,7 @@ from wagma_bench.config.overrides import CommandParser, refuse_path_options
 from wagma_bench.config.paths import CONF_DIR, conf_context
 from wagma_bench.config.renamed import new_key, renamed_overrides
 from wagma_bench.config.search_space import draw, load_space, parse_space_override
-from wagma_bench.errors import ConfigError
+from wagma_bench.errors import ConfigError, Interrupted
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import OUTPUT_HINT, open_run_file, run_subdir, write_json_atomic
 
@@ -428,7 +428,7 @@ def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> 
     return summary
 
 
-class TuneInterrupted(Exception):
+class TuneInterrupted(Interrupted):
     pass
 
 

@@ -49,12 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
-        return 0
+        return exits.OK
     if argv[0] in ("-V", "--version"):
         from wagma_bench import __version__
 
         print(f"wagma-bench {__version__}")
-        return 0
+        return exits.OK
     command, rest = argv[0], argv[1:]
     if command in COMMANDS:
         return importlib.import_module(COMMANDS[command]).main(rest)

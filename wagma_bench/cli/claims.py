@@ -9,12 +9,14 @@ from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.analysis import claims, wandb_panels
+from wagma_bench.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
     # bad input (a source or claims file that is not there, too): exit 2, as in every command; a full or
     # read-only disk: an operational failure, exit 1 (files.atomic_write left no half file)
-    return exits.run_body("claims", lambda: _claims(argv), also=((FileNotFoundError, exits.REFUSED),))
+    missing = {FileNotFoundError: ConfigError}
+    return exits.run_body("claims", lambda: exits.typed(missing, lambda: _claims(argv)))
 
 
 def _claims(argv: list[str]) -> int:
@@ -66,7 +68,7 @@ def _claims(argv: list[str]) -> int:
     print(f"wagma-bench claims: {len(results)} claims ({counts}); wrote {args.out}/claims.md, claims.json")
     if args.wandb_report:
         _wandb_report(args, results)
-    return 0
+    return exits.OK
 
 
 def _wandb_report(args, results: list[dict]) -> None:

@@ -200,11 +200,11 @@ def table(found: list[Row]) -> str:
 def _doctor(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0
+        return exits.OK
     if argv:
         raise ConfigError(f"doctor takes no arguments; got {' '.join(argv)} (--help for what it checks)")
     print(table(rows()))
-    return 0
+    return exits.OK
 
 
 def main(argv: list[str]) -> int:

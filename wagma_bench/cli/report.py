@@ -11,12 +11,14 @@ from wagma_bench import exits
 from wagma_bench.analysis import report as reporting
 from wagma_bench.analysis import wandb_panels
 from wagma_bench.analysis.wandb_report import log_to_wandb, runs_target
+from wagma_bench.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
     # a directory that is not there is bad input (exit 2), as a planted link is; another OSError (a full or
     # read-only disk) an operational failure (exit 1): nothing half-written is left (files.atomic_write)
-    return exits.run_body("report", lambda: _report(argv), also=((FileNotFoundError, exits.REFUSED),))
+    missing = {FileNotFoundError: ConfigError}
+    return exits.run_body("report", lambda: exits.typed(missing, lambda: _report(argv)))
 
 
 def _report(argv: list[str]) -> int:
@@ -51,7 +53,7 @@ def _report(argv: list[str]) -> int:
         log_to_wandb(args.out, groups, project, entity, group, args.wandb_mode, tuned)
     if args.wandb_report:
         _wandb_report(args, groups, tuned)
-    return 0
+    return exits.OK
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -174,4 +176,4 @@ def _publish(spec: Path) -> int:
         )
     url, view = wandb_panels.publish(spec)
     print(f"wagma-bench report: W&B report: {url}\nwagma-bench report: W&B workspace: {view}", flush=True)
-    return 0
+    return exits.OK

@@ -87,6 +87,7 @@ from pathlib import Path
 from wagma_bench import exits
 from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
+from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import staged_outputs
 from wagma_bench.simulate.compare import compare_with_runs
 from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
@@ -98,11 +99,8 @@ from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sor
 def main(argv: list[str]) -> int:
     # a value the model cannot take (a ValueError: --measured's file, the calibrated runs), a file that is not
     # there: refused, exit 2
-    return exits.run_body(
-        "simulate",
-        lambda: _simulate(argv),
-        also=((ValueError, exits.REFUSED), (FileNotFoundError, exits.REFUSED)),
-    )
+    refused = {ValueError: ConfigError, FileNotFoundError: ConfigError}
+    return exits.run_body("simulate", lambda: exits.typed(refused, lambda: _simulate(argv)))
 
 
 def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
@@ -129,18 +127,18 @@ def _simulate(argv: list[str]) -> int:
     if ns.cfg == "job" and not req.calibrate:  # prints what it would simulate: --out untouched
         workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))
-        return 0
+        return exits.OK
     # staged as report's outputs: a full disk leaves --out as it was; an earlier run's extra outputs go
     with staged_outputs(out, owned=OUTPUTS) as stage:
         pooled = network = None
         if req.calibrate:
             _, pooled, network = compare_with_runs(req, stage)
             if req.gpus is None:
-                return 0
+                return exits.OK
         workload, network = model_inputs(req, runs, pooled, network)
         if ns.cfg == "job":
             print(composed(req, runs, network, workload))
-            return 0
+            return exits.OK
         predict(req, runs, network, workload, stage, started)
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
-    return 0
+    return exits.OK

@@ -12,14 +12,14 @@ from pathlib import Path
 from wagma_bench import exits
 from wagma_bench.campaign import prequeue, smoke, sweep, sweep_jobs
 from wagma_bench.config.overrides import CommandParser
-from wagma_bench.errors import ConfigError
+from wagma_bench.errors import ConfigError, OperationFailed
 
 USAGE = sweep.__doc__.split("\n\n")[1]
 
 
 def main(argv: list[str]) -> int:
-    # SLURM refusing a command (sbatch, scancel) is an operational failure, one line and exit 1, as a disk's
-    return exits.run_body("sweep", lambda: _main(argv), also=((RuntimeError, exits.FAILED),))
+    # SLURM refusing a command (sbatch, scancel) is an operational failure, exit 1, as a disk's
+    return exits.run_body("sweep", lambda: exits.typed({RuntimeError: OperationFailed}, lambda: _main(argv)))
 
 
 def _wait_command(argv: list[str]) -> int:
@@ -36,7 +36,7 @@ def _wait_command(argv: list[str]) -> int:
         raise ConfigError(f"--interval={ns.interval:g} is not allowed; it must be a number of seconds > 0")
     rows = sweep_jobs.wait(ns.dir, timeout_s=ns.timeout, interval_s=ns.interval, out=sys.stderr)
     print(sweep_jobs.format_rows(rows))
-    return 0
+    return exits.OK
 
 
 def _submit(sweep_dir: Path) -> None:
@@ -63,7 +63,7 @@ def _cancel(sweep_dir: Path) -> None:
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0
+        return exits.OK
     if argv[0] == "wait":
         return _wait_command(argv[1:])
     if argv[0] in ("submit", "status", "cancel"):
@@ -76,7 +76,7 @@ def _main(argv: list[str]) -> int:
             _cancel(sweep_dir)
         else:
             print(sweep_jobs.format_rows(sweep_jobs.status(sweep_dir)))
-        return 0
+        return exits.OK
     parser = CommandParser("wagma-bench sweep", USAGE)
     parser.add_argument("--out")
     parser.add_argument("--cfg", choices=["job"], help="print what each run composes, render nothing")
@@ -101,14 +101,14 @@ def _main(argv: list[str]) -> int:
     spec = sweep.parse_spec(ns.overrides)
     if show_cfg:
         sweep.print_configs(spec, sweep.expand(spec))
-        return 0
+        return exits.OK
     if ns.submitit:
         configs = sweep.check_run_configs(spec, sweep.expand(spec))
         for line in prequeue.check_data(configs.values(), on_nodes=ns.data_on_nodes):
             print(f"# {line}")
         for gpus in spec.gpus:
             print(shlex.join(sweep.submitit_command(spec, gpus, Path(out or "sweeps/submitit"))))
-        return 0
+        return exits.OK
     stamp = _dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     out_dir = Path(out or f"sweeps/{stamp}_{spec.cluster.name}")
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def _main(argv: list[str]) -> int:
         _submit_now(out_dir)
     else:
         print(f"submit: wagma-bench sweep submit {out_dir}   (or sbatch each of {out_dir}/jobs/*.sbatch)")
-    return 0
+    return exits.OK
 
 
 def _smoke(ns, argv: list[str]) -> int:
@@ -152,7 +152,7 @@ def _smoke(ns, argv: list[str]) -> int:
         _submit_now(out_dir)
     else:
         print(f"submit: wagma-bench sweep submit {out_dir}")
-    return 0
+    return exits.OK
 
 
 def _submit_now(out_dir: Path) -> None:

@@ -9,16 +9,15 @@ from pathlib import Path
 from wagma_bench import exits
 from wagma_bench.analysis.tuning import TRIALS, TUNING, Trial, fairness_line, format_scores, write_scores
 from wagma_bench.campaign import tune
-from wagma_bench.errors import ConfigError
+from wagma_bench.errors import ConfigError, OperationFailed
 
 
 def main(argv: list[str]) -> int:
     # Ctrl-C in a trial: the trial stopped at a checkpoint (TuneInterrupted names it); between trials: one
-    # line; SLURM refusing a command (cluster mode) is an operational failure, one line and exit 1
+    # line; SLURM refusing a command (cluster mode) is an operational failure (OperationFailed), exit 1
     return exits.run_body(
         "tune",
-        lambda: _main(argv),
-        also=((tune.TuneInterrupted, exits.INTERRUPTED), (RuntimeError, exits.FAILED)),
+        lambda: exits.typed({RuntimeError: OperationFailed}, lambda: _main(argv)),
         interrupted="wagma-bench tune: interrupted; run the same command again to go on",
     )
 
@@ -26,13 +25,13 @@ def main(argv: list[str]) -> int:
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(tune.USAGE)
-        return 0
+        return exits.OK
     if argv[0] == "score":
         if len(argv) != 2:
             raise ConfigError("usage: wagma-bench tune score DIR")
         result = write_scores(Path(argv[1]))
         print(f"{format_scores(result)}\n{fairness_line(Path(argv[1]))}\nwrote {Path(argv[1]) / TUNING}")
-        return 0
+        return exits.OK
     args = tune.parse_args(argv)
     spec, trials, configs = tune.make_plan(args)
     if args.cluster:  # before tune.json: a tuning refused for its data is not half-made in --out
@@ -46,7 +45,7 @@ def _main(argv: list[str]) -> int:
         f"{format_scores(result)}\n{fairness_line(args.out)}\nwrote {args.out / TUNING}; tables and figures: "
         f"wagma-bench report {args.out}"
     )
-    return 0
+    return exits.OK
 
 
 def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> int:
@@ -77,4 +76,4 @@ def _render(args: tune.TuneArgs, spec, trials: list[Trial], argv: list[str]) -> 
         )
     else:
         print(f"submit: wagma-bench sweep submit {args.out}; then wagma-bench tune score {args.out}")
-    return 0
+    return exits.OK

@@ -10,10 +10,13 @@ import argparse
 from pathlib import Path
 
 from wagma_bench import exits
+from wagma_bench.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
-    return exits.run_body("wandb-import", lambda: _import(argv), also=((FileNotFoundError, exits.REFUSED),))
+    # a run directory that is not there is bad input (exit 2), as in report
+    missing = {FileNotFoundError: ConfigError}
+    return exits.run_body("wandb-import", lambda: exits.typed(missing, lambda: _import(argv)))
 
 
 def _import(argv: list[str]) -> int:
@@ -31,7 +34,7 @@ def _import(argv: list[str]) -> int:
         where = import_run(run_dir, args.project, args.entity, args.group, mode)
         print(f"wagma-bench wandb-import: {run_dir} -> {where}", flush=True)
     print(f"wagma-bench wandb-import: {len(runs)} run(s) logged ({mode})", flush=True)
-    return 0
+    return exits.OK
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -150,28 +150,15 @@ def _string_values(override: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-# Options renamed: what the refusal of the old name says instead of "no such option".
-RENAMED_OPTIONS = {
-    "imbalance=paper": (
-        "renamed: imbalance=shared_draw is what `paper` was (exactly num_slow ranks, drawn with a shared "
-        "seed, sleep delay_s every step); imbalance=independent is the WAGMA-SGD authors' per-rank rule "
-        "(each rank sleeps delay_s with probability `probability`, on its own)"
-    ),
-}
-
-
 def unknown_option_message(err: BaseException) -> str | None:
     """For Hydra's missing config of a group (``optimizer=walgma``): one line with the group's options, as a
-    value refused elsewhere reads (Hydra's own report spans lines and exits 1); a renamed option's line names
-    its successors. None for any other error."""
+    value refused elsewhere reads (Hydra's own report spans lines and exits 1; a renamed option was read under
+    its new name before: config/renamed.py). None for any other error."""
     group, _, name = str(getattr(err, "missing_cfg_file", None) or "").rpartition("/")
     options = getattr(err, "options", None)
     if not group or not options:
         return None
     key = group.replace("/", ".")
-    renamed = RENAMED_OPTIONS.get(f"{key}={name}")
-    if renamed:
-        return f"{key}={name}: {renamed}"
     return f"{key}={name}: no such option of {key}; choose one of: {', '.join(options)}"
 
 

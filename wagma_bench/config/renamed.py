@@ -1,16 +1,19 @@
-"""Settings renamed, and the one translation of their old names: on a command line, in a YAML file and in a
-recorded configuration.
+"""Names renamed, and the one translation of their old names under one policy: settings and options on a
+command line, in a YAML file and in a recorded configuration; the fields of a run's records (events,
+``summary.json``, step records, ``claims.json``).
 
 A setting that counts rounds is named for rounds (``train.max_rounds``, ``eval.every_rounds``,
 ``optimizer.warmup_rounds``); until 2026-12-06 they were named for steps, which in an asynchronous optimizer
 are another count. The rounds between an optimizer's sync points are ``optimizer.sync_period`` for every
 optimizer that sets them (local SGD's ``period`` and AD-PSGD's and eager-SGD's ``sync_every`` before).
 
-The old names stay accepted for one release: an override or a YAML key under an old name is read as the new
-one, with one line on stderr naming the new name; a configuration recorded under the old names (a run
-directory's ``run_start``, a checkpoint manifest, a committed tuning plan) reads as the same configuration, so
-a finished run is still found and a checkpoint still resumes. Imports only the error types (a leaf): every
-layer may translate through it.
+The one policy, for every old name: the old names stay accepted for one release. An override or a YAML key
+under an old name (``train.max_steps=5``), and an option under its old name (``imbalance=paper``, now
+``shared_draw``), is read as the new one, with one line on stderr naming the new name; a configuration or a
+record written under the old names (a run directory's ``run_start``, its ``summary.json``, a checkpoint
+manifest, a committed tuning plan or ``claims.json``) reads as the same, silently, so a finished run is still
+found and a checkpoint still resumes (docs/configuration.md). An old and a new name at two values are refused,
+naming both. Imports only the error types (a leaf): every layer from config/ up translates through it.
 """
 
 from __future__ import annotations
@@ -34,15 +37,37 @@ RENAMED_KEYS: dict[str, tuple[str, tuple]] = {
     "optimizer.sync_every": ("optimizer.sync_period", (10,)),
 }
 
+# a script's flag (reproduce/) -> its new spelling
+RENAMED_FLAGS = {"--max-steps": "--max-rounds"}
+# group -> {old option: new option}; what the line adds where the old name could mislead
+RENAMED_OPTIONS: dict[str, dict[str, str]] = {"imbalance": {"paper": "shared_draw"}}
+NOTES = {
+    "imbalance=paper": " (exactly num_slow ranks delayed every step; the WAGMA-SGD authors' per-rank rule is "
+    "imbalance=independent)"
+}
+
+# Fields of a run's records renamed since runs were recorded (old -> today's), read under today's names:
+RENAMED_METADATA = {"step": "round"}  # an event's metadata
+RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}  # summary.json
+RENAMED_STEP_FIELDS = {"step": "local_step"}  # a step record (steps/rank<R>.jsonl)
+RENAMED_CLAIM_FIELDS = {"steps": "rounds"}  # an optimizer's measurement in claims.json
+
 _SAID: set[str] = set()  # old keys this process has already said a line about
 
 
 def deprecation_line(old: str) -> str:
-    """The one line said of an old key."""
-    new = RENAMED_KEYS[old][0]
+    """The one line said of an old key, or of an old option (``group=option``)."""
+    group, eq, option = old.partition("=")
+    new = (
+        RENAMED_FLAGS[old]
+        if old in RENAMED_FLAGS
+        else f"{group}={RENAMED_OPTIONS[group][option]}"
+        if eq
+        else RENAMED_KEYS[old][0]
+    )
     return (
         f"wagma-bench: {old} is deprecated: it is named {new} now, and is read as {new} until the next "
-        "release"
+        f"release{NOTES.get(old, '')}"
     )
 
 
@@ -66,11 +91,36 @@ def renamed_override(override: str, quiet: bool = False) -> str:
     unchanged."""
     key, eq, value = override.partition("=")
     bare = key.lstrip("+~")
+    if eq and bare in RENAMED_OPTIONS:  # an option, or a sweep's list of them (imbalance=none,paper)
+        return key + eq + ",".join(renamed_option(bare, v, quiet) for v in value.split(","))
     if not eq and not key.startswith("~") or bare not in RENAMED_KEYS:
         return override
     if not quiet:
         say_deprecated(bare)
     return key[: len(key) - len(bare)] + RENAMED_KEYS[bare][0] + eq + value
+
+
+def renamed_option(group: str, option: str, quiet: bool = False) -> str:
+    """``option`` of ``group`` under its current name, the deprecation line said where it was an old one
+    (``quiet``: not said, as for a record read back)."""
+    new = RENAMED_OPTIONS.get(group, {}).get(option)
+    if new is None:
+        return option
+    say_deprecated(f"{group}={option}", quiet)
+    return new
+
+
+def renamed_flags(argv: list[str], quiet: bool = False) -> list[str]:
+    """A script's arguments with each old flag (``--max-steps 8``, ``--max-steps=8``) under its new
+    spelling, the deprecation line said."""
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in RENAMED_FLAGS:
+            say_deprecated(flag, quiet)
+            arg = RENAMED_FLAGS[flag] + eq + value
+        out.append(arg)
+    return out
 
 
 def renamed_overrides(overrides: list[str] | tuple[str, ...], quiet: bool = False) -> list[str]:

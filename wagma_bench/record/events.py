@@ -30,14 +30,12 @@ from typing import Any
 
 from wagma_bench.config.readback import RUN_SUMMARY, load
 from wagma_bench.config.recorded import recorded_config, setting
-from wagma_bench.config.renamed import renamed_fields
+from wagma_bench.config.renamed import RENAMED_METADATA, RENAMED_SUMMARY, renamed_fields
+from wagma_bench.metric import Metric, metric
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
-# names renamed since runs were recorded: an event's metadata, a summary's keys (old -> today's)
-RENAMED_METADATA = {"step": "round"}
-RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}
 
 
 def current_event(event: dict) -> dict:
@@ -99,13 +97,10 @@ def _first(events: Iterable[dict], key: str) -> dict | None:
     return next((e for e in events if e["key"] == key), None)
 
 
-def at_target(value: float, train_s: float | None, target: float | None, time_limit_s: float | None) -> bool:
-    """An evaluation reached the target: at or above it, within ``train.time_limit_s`` of training time (the
-    trainer stops a run at its first synchronisation point past the limit, and an evaluation there comes too
-    late to count: a tuning scores that trial as a miss)."""
-    if target is None or value < target:
-        return False
-    return time_limit_s is None or train_s is None or train_s <= time_limit_s
+def run_metric(meta: dict) -> Metric:
+    """The run's metric and its target, as ``run_start`` recorded them (the one rule of "reached":
+    :meth:`wagma_bench.metric.Metric.reached`, the time limit honoured)."""
+    return metric(meta.get("metric"), meta.get("target"))
 
 
 def _time_limit(config: dict | None) -> float | None:
@@ -130,10 +125,10 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
     ]
     ended = lifecycle[-1] if lifecycle else None
     last = progress[-1]["metadata"] if progress else {}
-    target = meta.get("target")
+    target, goal = meta.get("target"), run_metric(meta)
     limit = _time_limit(meta.get("config"))
     reached_at = next(
-        (e for e in evals if at_target(e["value"], e["metadata"].get("train_s"), target, limit)), None
+        (e for e in evals if goal.reached(e["value"], e["metadata"].get("train_s"), limit)), None
     )
     values = [e["value"] for e in evals]
     train_s = last.get("train_s", 0.0)
@@ -157,7 +152,7 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "time_to_target_s": reached_at["metadata"]["train_s"] if reached_at else None,
         "rounds_to_target": reached_at["metadata"]["round"] if reached_at else None,
         "final_metric": values[-1] if values else None,
-        "best_metric": max(values) if values else None,
+        "best_metric": goal.best(values),
         "eval_model": meta.get("eval_model"),
         "rounds": last.get("round", 0),
         "samples": samples,
@@ -376,11 +371,10 @@ class RunEvents:
     @property
     def first_at_target(self) -> Evaluation | None:
         """The first evaluation at or above the target (None: no target, or not reached)."""
-        target = self.start.target if self.start else None
-        if target is None:
+        if self.start is None or self.start.target is None:
             return None
-        limit = _time_limit(self.start.config)
-        return next((e for e in self.evaluations if at_target(e.value, e.train_s, target, limit)), None)
+        goal, limit = run_metric(self.start.metadata), _time_limit(self.start.config)
+        return next((e for e in self.evaluations if goal.reached(e.value, e.train_s, limit)), None)
 
     @property
     def signature(self) -> str | None:

@@ -51,7 +51,7 @@ from typing import IO, Any
 
 from wagma_bench.config.paths import CHECKOUT
 from wagma_bench.config.recorded import setting
-from wagma_bench.record.events import EVENTS, RunEvents, RunStart, current_event
+from wagma_bench.record.events import EVENTS, RunEvents, RunStart, current_event, run_metric
 from wagma_bench.record.files import atomic_write
 
 MLLOG = "mllog.txt"
@@ -143,6 +143,10 @@ class _Translation:
         self.start = RunStart(start["metadata"])
         self.scale = METRIC_SCALE.get(self.start.metric, 1.0)
         self.target = self.start.target
+        self.goal, self.time_limit_s = (
+            run_metric(self.start.metadata),
+            setting(self.start.config, "train.time_limit_s"),
+        )
         self.reached = False
         self.block_first: float | None = None  # first epoch of the open block; None: no block open
         self.epoch = 0.0
@@ -236,7 +240,7 @@ class _Translation:
         self.add("start", c.EVAL_START, None, t_begin, **where)
         self.add("event", c.EVAL_ACCURACY, value / self.scale, t_end, **where, **ours)
         self.add("end", c.EVAL_STOP, None, t_end, **where)
-        if self.target is not None and value >= self.target:
+        if self.goal.reached(value, meta.get("train_s"), self.time_limit_s):
             self.reached = True
         self._open_block(t_end, self.epoch, start_index=i)
 

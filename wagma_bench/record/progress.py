@@ -26,14 +26,15 @@ class Progress:
             self._task = self._bar.add_task(label, total=total, info="")
             self._bar.start()
 
-    def update(self, step: int, info: str, force: bool = False) -> None:
+    def update(self, r: int, info: str, force: bool = False) -> None:
+        """Round ``r`` of ``total`` (a line says ``round r/total``: the budget counts rounds)."""
         if self._bar is not None:
-            self._bar.update(self._task, completed=min(step, self.total), info=info)
+            self._bar.update(self._task, completed=min(r, self.total), info=info)
         elif self.mode == "lines":
             now = time.monotonic()
             if force or now - self._last >= self.every_s:
                 self._last = now
-                print(f"[{self.label}] step {step}/{self.total} {info}", flush=True)
+                print(f"[{self.label}] round {r}/{self.total} {info}", flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

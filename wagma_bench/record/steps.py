@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from wagma_bench.config import readback
-from wagma_bench.config.renamed import renamed_fields
+from wagma_bench.config.renamed import RENAMED_STEP_FIELDS, renamed_fields
 from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl, run_subdir, strict_json
 
 STEPS = "steps"
@@ -31,8 +31,8 @@ STEP_TABLE = "steps.json.xz"
 # compute, samples, the round a step belongs to) read. A field a rank did not log is stored as null and left
 # out when read back.
 STEP_FIELDS = ("local_step", "round", "t", "compute_s", "compute_cpu_s", "delay_s", "comm_s", "samples")
-# fields of a step record renamed since runs were recorded: old name -> today's
-RENAMED_FIELDS = {"step": "local_step"}
+# fields of a step record renamed since runs were recorded (config/renamed.py)
+RENAMED_FIELDS = RENAMED_STEP_FIELDS
 _RANK_LOG = re.compile(r"rank(\d+)\.jsonl")
 
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from wagma_bench import exits
 from wagma_bench.runtime.hosts import route_interface
 from wagma_bench.runtime.supervise import ranks_named
 
@@ -128,7 +129,7 @@ class PartitionWatch:
     """Watch this rank's steps; on a stall, probe the other hosts and act on a partition (module docstring).
 
     ``record(error)`` writes the failure record (the lowest connected rank calls it); ``exit`` ends the
-    process (``os._exit``: the main thread is blocked in a collective that will not return)."""
+    process (``exits.die_now``: the main thread is blocked in a collective that will not return)."""
 
     def __init__(
         self,
@@ -137,7 +138,7 @@ class PartitionWatch:
         world_size: int,
         record: Callable[[str], None],
         controller: tuple[str, int] | None = None,
-        exit: Callable[[int], None] = os._exit,
+        exit: Callable[[int], None] = exits.die_now,
     ):
         self.folder, self.rank, self.world_size = Path(folder), rank, world_size
         self.record, self.controller, self.exit = record, controller, exit
@@ -203,4 +204,4 @@ class PartitionWatch:
                 "record the failure"
             )
         print(f"wagma-bench run: error: {message}", file=sys.stderr, flush=True)
-        self.exit(1)
+        self.exit(exits.FAILED)

@@ -10,7 +10,7 @@ that forks without exec: the imports make no garbage cycles worth a collection (
 server's objects.
 
 The local launcher only names it (importing it there would import torch); a rank of an external launcher's
-world (torchrun, srun, mpiexec) imports it first thing (``wagma_bench.cli.run``).
+world (torchrun, srun, mpiexec) imports it first thing (``wagma-bench run``).
 """
 
 import gc
@@ -24,7 +24,7 @@ RANK_MODULES = (
     "wagma_bench.comm.torch_dist",
     "wagma_bench.optim.registry",
     "wagma_bench.workloads.resnet",
-    "wagma_bench.cli.run",
+    "wagma_bench.train.rank",
 )
 
 gc.disable()

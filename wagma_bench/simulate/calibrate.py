@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from wagma_bench.config.recorded import setting
-from wagma_bench.imbalance import RENAMED, Imbalance
+from wagma_bench.config.renamed import renamed_option
+from wagma_bench.imbalance import Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
@@ -134,7 +135,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
     imbalance = dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"})
-    imbalance["name"] = RENAMED.get(imbalance["name"], imbalance["name"])  # a run recorded before a rename
+    imbalance["name"] = renamed_option("imbalance", imbalance["name"], quiet=True)  # recorded before a rename
     train = config.get("train") or {}
     stride = max(1, len(compute) // MAX_SAMPLES)
     return RunFit(

@@ -32,6 +32,7 @@ from wagma_bench.config.plan import RunPlan
 from wagma_bench.config.schedules import lr_at
 from wagma_bench.config.schema import RunConfig, as_recorded
 from wagma_bench.imbalance import make_imbalance
+from wagma_bench.metric import metric
 from wagma_bench.optim import get_optimizer
 from wagma_bench.record.checkpoint import Checkpointer
 from wagma_bench.record.cpu import thread_cpu_s
@@ -69,6 +70,7 @@ class Trainer:
         )  # MLPerf's init_start: set-up time is logged, not trained
         torch.manual_seed(cfg.seed)
         self.workload = get_workload(cfg.workload.name)(cfg, self.rank, self.world, comm.device)
+        self.goal = metric(self.workload.metric_name, cfg.eval.target)  # which way is better; reached
         startup.mark("data")
         self.workload.attach(comm)
         self.model = self.workload.build_model().to(comm.device)
@@ -482,7 +484,8 @@ class Trainer:
             metric = self.workload.evaluate(model, self.comm)
             eval_took = time.perf_counter() - t_eval
         state, cfg = self.state, self.cfg
-        state.best = metric if state.best is None else max(state.best, metric)
+        if self.goal.better(metric, state.best):
+            state.best = metric
         self.events.emit(
             "eval_accuracy",
             metric,
@@ -493,7 +496,7 @@ class Trainer:
             **self.workload.eval_metadata(),
         )
         self.progress.update(g, f"{self.workload.metric_name}={metric:.4f} loss={self.loss:.3f}", force=True)
-        if cfg.eval.target is not None and metric >= cfg.eval.target and cfg.eval.stop_at_target:
+        if cfg.eval.stop_at_target and self.goal.reached(metric, meta.get("train_s"), cfg.train.time_limit_s):
             self.status = "completed"
 
     def should_report_progress(self) -> bool:
