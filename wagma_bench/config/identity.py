@@ -29,6 +29,7 @@ ADDED_KEYS = {
     # a 100-fold rounded-up budget refused unless set (2026-12-06); gone since
     # budgets end exactly (2026-12-06)
     ("train", "allow_budget_raise"): False,
+    ("optimizer", "exchange_every"): 1,  # AD-PSGD's exchanges every k steps (2026-12-07): 1 is the paper's
 }
 
 
