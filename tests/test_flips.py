@@ -5,14 +5,18 @@ at each crossing it states; and the structural range a claim carries (wagma_benc
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from wagma_bench.analysis.claims import structure_said
-from wagma_bench.analysis.predictions import flip_points, structural_range, undetermined
-from wagma_bench.imbalance import NoImbalance
-from wagma_bench.simulate.configure import load_network
+from wagma_bench.analysis.predictions import claim_ratio, flip_points, structural_range, undetermined
+from wagma_bench.cli.simulate import parse
+from wagma_bench.imbalance import NoImbalance, make_imbalance
+from wagma_bench.simulate.configure import compose_runs, load_network, model_inputs, sim_config
+from wagma_bench.simulate.convergence import samples_to_target
 from wagma_bench.simulate.des import SimConfig, simulate
 from wagma_bench.simulate.flips import crossings
 from wagma_bench.simulate.presets import preset
@@ -119,3 +123,49 @@ def test_claims_read_the_root_found_crossings_and_the_structural_range(small):
     assert lo < 1 < hi and undetermined(sr) and sr["structures"] == ["barrier: none | every 10"]
     assert "undetermined at the paper's scale" in structure_said(sr, 1.0)
     assert structural_range({"sensitivity": sensitivity}, 16, **ask) is None
+
+
+@pytest.mark.long
+def test_every_flip_stated_for_the_committed_resnet50_claims_ties_when_run(monkeypatch):
+    """The claims' own flips (reproduce/claims/paper-scale/resnet50, P = 64): each crossing in its
+    interval.json, run again from the folder's command with that one assumption moved, ties within 0.01."""
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "reproduce" / "claims" / "paper-scale" / "resnet50"
+    tuned = "reproduce/tuning/results-2core-20261205/resnet_independent"
+    monkeypatch.chdir(root)
+    req, _ = parse(
+        [
+            "cluster=daint", "workload=resnet", "data=imagenet", "gpus=64",
+            "optimizer=glob(*,exclude=dropcompute)", "imbalance=independent",
+            "train.max_rounds=500", "control_every=0",
+            "--measured", "reproduce/scaling/results-2core-20261206/measured-cpu.json",
+            "--convergence", tuned, "--compute-from", tuned, "--out", "unused",
+        ]
+    )  # fmt: skip
+    runs = compose_runs(req)
+    workload, network = model_inputs(req, runs, None, None)
+    first = next(iter(runs.values()))
+    imbalance = make_imbalance(first.imbalance, first.seed)
+    base = Inputs(workload, network, imbalance, samples_to_target(req.convergence), 0, first.seed)
+    data = json.loads((folder / "interval.json").read_text())
+    stated = [f for f in data["flips"] if int(f["world"]) == 64 and f["crossings"]]
+    assert "flips" in data
+    for flip in stated:
+        knob = next(k for k in KNOBS if k.name == flip["knob"])
+        for x in flip["crossings"]:
+            inputs = knob.apply(base, x)
+            rows = {}
+            for name, run in runs.items():
+                res = simulate(
+                    sim_config(
+                        run, 64, inputs.workload, inputs.network, inputs.imbalance, req.steps, 0, inputs.seed
+                    )
+                )
+                stt = inputs.samples_to_target.get(name)
+                rows[name] = {
+                    "throughput": res.throughput,
+                    "time_to_target_s": stt / res.throughput if stt else None,
+                }
+            lower = flip["metric"] == "time_to_target_s"
+            ratio = claim_ratio(rows, flip["subject"], flip["comparators"], flip["metric"], lower)[0]
+            assert ratio == pytest.approx(1.0, abs=0.01), (flip["knob"], flip["metric"], x)
