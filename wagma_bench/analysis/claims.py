@@ -53,6 +53,8 @@ from wagma_bench.analysis.predictions import (
     flip_sentence,
     nearest_flip,
     speedup_interval,
+    structural_range,
+    undetermined,
 )
 from wagma_bench.analysis.ruler import hosts_text, source_record
 from wagma_bench.analysis.run_records import reference_readings
@@ -423,6 +425,7 @@ def prediction_uncertainty(claim: Claim, sim_dir: Path, world: int, metric: str)
         "flips": flips,
         "flip": flip_sentence(nearest_flip(flips), barrier),
         "with_barrier": barrier_sentence(barrier),
+        "structural_range": structural_range(data, world, **ask),
     }
 
 
@@ -685,7 +688,25 @@ def predicted_cell(r: dict) -> str:
         return f"— (P={p['world_size']})"
     interval = p.get("interval")
     said = f"{times(p['speedup'])}" + (f" [{times(interval[0])}, {times(interval[1])}]" if interval else "")
-    return f"{said} vs {p['best']} at P={p['world_size']}" + (f"; {p['flip']}" if p.get("flip") else "")
+    return (
+        f"{said} vs {p['best']} at P={p['world_size']}"
+        + structure_said(p.get("structural_range"), r["threshold"])
+        + (f"; {p['flip']}" if p.get("flip") else "")
+    )
+
+
+def structure_said(structural: dict | None, threshold: float) -> str:
+    """The speed-up's range over the structures the model cannot decide, and "undetermined at the paper's
+    scale" where that range spans the threshold."""
+    if structural is None:
+        return ""
+    lo, hi = structural["range"]
+    span = f"structures [{times(lo)}, {times(hi)}]"
+    return (
+        f"; undetermined at the paper's scale ({span})"
+        if undetermined(structural, threshold)
+        else f"; {span}"
+    )
 
 
 def budget_cell(r: dict) -> str:
@@ -965,6 +986,14 @@ def prediction_lines(p: dict | None) -> list[str]:
                 + (f" The trainer's barrier: {p['with_barrier']}." if p.get("with_barrier") else ""),
                 "",
             ]
+            if p.get("structural_range"):
+                sr = p["structural_range"]
+                lines += [
+                    f"Over the structures the model cannot decide ({sr['combinations']} combinations of "
+                    f"{'; '.join(sr['structures'])}): [{times(sr['range'][0])}, {times(sr['range'][1])}]"
+                    + (", undetermined at the paper's scale." if undetermined(sr, 1.0) else "."),
+                    "",
+                ]
             rows = [
                 {
                     "assumption": f["knob"],

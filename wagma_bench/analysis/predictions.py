@@ -53,11 +53,31 @@ def speedup_interval(data: dict, world: int, **claim: Any) -> tuple[float, float
     return float(lo), float(hi)
 
 
+def _found(data: dict, knob: str, world: int, claim: dict, present: set[str]) -> dict | None:
+    """The root-found crossings ``simulate --interval`` wrote for this assumption, world and claim (its
+    subject, its comparators among the optimizers ``present`` in the prediction, its metric), if it wrote them
+    (files before the root finding have none)."""
+    metric = claim["metric"]  # throughput | time_to_target_s
+    comparators = set(claim["comparators"]) & present
+    for entry in data.get("flips", []):
+        if (
+            entry["knob"] == knob
+            and int(entry["world"]) == int(world)
+            and entry["metric"] == metric
+            and entry["subject"] == claim["subject"]
+            and set(entry["comparators"]) == comparators
+        ):
+            return entry
+    return None
+
+
 def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) -> list[dict]:
-    """Per assumption, where the claim's speed-up crosses ``threshold`` along its grid (linear between the two
-    grid points around the crossing; the one nearest the base value), with the distance from the base that
-    takes: the log of the factor for a scaling, the difference of the shares for AD-PSGD's exchange cost (from
-    0 to 1), none for the barrier."""
+    """Per assumption, every value where the claim's speed-up crosses ``threshold``: the simulator's own
+    crossings, found by root finding on each monotone piece of the grid (``simulate --interval``,
+    :func:`wagma_bench.simulate.uncertainty.find_flips`), where the file has them for this claim; else linear
+    between the grid points around each sign change (older files). ``crossing`` is the one nearest the base
+    value, with the distance from the base that takes: the log of the factor for a scaling, the difference of
+    the shares for AD-PSGD's exchange cost (from 0 to 1), none for the barrier."""
     out = []
     by_knob: dict[str, list[dict]] = {}
     for point in data["sensitivity"]:
@@ -71,16 +91,23 @@ def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) ->
         first = points[0]
         base = first["base"]
         at = 1.0 if first["factor"] else base
-        crossings = []
-        for (x0, y0), (x1, y1) in itertools.pairwise(curve):
-            if (y0 - threshold) * (y1 - threshold) <= 0 and y0 != y1:
-                crossings.append(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
+        present = set(first["predicted"].get(str(world)) or first["predicted"].get(world) or {})
+        found = _found(data, name, world, claim, present) if threshold == 1.0 else None
+        if found is not None:
+            crossings, how = [float(x) for x in found["crossings"]], "root finding"
+        else:
+            crossings, how = [], "grid interpolation"
+            for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+                if (y0 - threshold) * (y1 - threshold) <= 0 and y0 != y1:
+                    crossings.append(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
         entry = {
             "knob": name,
             "says": first["says"],
             "base": base,
             "factor": first["factor"],
             "curve": curve,
+            "crossings": crossings,
+            "found_by": how,
             "crossing": None,
             "distance": None,
         }
@@ -95,6 +122,35 @@ def flip_points(data: dict, world: int, threshold: float = 1.0, **claim: Any) ->
                 entry["distance"] = math.inf
         out.append(entry)
     return out
+
+
+def structural_range(data: dict, world: int, **claim: Any) -> dict | None:
+    """The claim's speed-up over every combination of the structures the model cannot decide (barrier or
+    none, flat or hierarchical allreduce, AD-PSGD's exchange cost at the ends of its interval:
+    :mod:`wagma_bench.simulate.structures`): ``{"range": [low, high], "structures": [...]}``, None where the
+    file has no structures (older files) or no combination predicts the claim."""
+    block = data.get("structures")
+    if not block:
+        return None
+    values = [
+        r[0]
+        for combo in block["predictions"]
+        if (
+            r := claim_ratio(
+                combo["predicted"].get(str(world)) or combo["predicted"].get(world) or {}, **claim
+            )
+        )
+        is not None
+    ]
+    if not values:
+        return None
+    said = [f"{s['name']}: {' | '.join(s['alternatives'])}" for s in block["evaluated"]]
+    return {"range": [min(values), max(values)], "structures": said, "combinations": len(values)}
+
+
+def undetermined(structural: dict | None, threshold: float = 1.0) -> bool:
+    """Whether the structural range spans the threshold: no structure the model cannot decide decides it."""
+    return structural is not None and structural["range"][0] < threshold < structural["range"][1]
 
 
 def nearest_flip(flips: list[dict]) -> dict | None:
@@ -114,9 +170,11 @@ def flip_sentence(flip: dict | None, barrier: dict | None = None) -> str:
             )
         return "no assumption moved within its grid ties it"
     x = flip["crossing"]
+    others = [c for c in flip.get("crossings", []) if c != x]
+    also = f" (also at {', '.join(f'{c:.3g}' for c in others)})" if others else ""
     if flip["knob"] == "gossip_cost":
-        return f"ties if {flip['says']} {x:.2f} (here {flip['base']:.2f})"
-    return f"ties if {flip['says']} {x:.2g}"
+        return f"ties if {flip['says']} {x:.3f} (here {flip['base']:.2f}){also}"
+    return f"ties if {flip['says']} {x:.3g}{also}"
 
 
 def barrier_sentence(flip: dict | None) -> str | None:

@@ -42,9 +42,12 @@ class LinkProfile:
 class NetworkProfile:
     """The ``network:`` section of a profile, typed so that a misspelt key anywhere in it is refused."""
 
-    allreduce: str = "auto"  # ring | recursive_doubling | tree | auto (the cheapest)
+    allreduce: str = "auto"  # ring | recursive_doubling | tree | hierarchical | auto (the cheapest)
     intra: LinkProfile | None = None  # a group within one node (null: as inter)
     inter: LinkProfile | None = None
+    injection_GBps: float | None = (
+        None  # a node's NIC bandwidth per direction, shared by its flows; null: none
+    )
     control_alpha_s: float | None = None  # latency of a control message (null: inter's alpha)
 
     def as_dict(self) -> dict[str, Any]:

@@ -533,11 +533,19 @@ def sim_dpsgd(cfg: SimConfig) -> SimResult:
     nbs = [ring_neighbours(i, P) for i in range(P)]
     cols = max((len(x) for x in nbs), default=0)
     idx = np.array([list(x) + [i] * (cols - len(x)) for i, x in enumerate(nbs)], dtype=int).reshape(P, cols)
-    # sends to (and receives from) both neighbours at once: one latency, the bytes of every message
+    # sends to (and receives from) both neighbours at once: one latency, the bytes of every message; the
+    # messages that leave one node at once share its injection bandwidth
+    src = np.array([i for i, x in enumerate(nbs) for _ in x], dtype=int)
+    dst = np.array([j for x in nbs for j in x], dtype=int)
+    flows = dict(zip(zip(src.tolist(), dst.tolist()), net.node_flows(src, dst).tolist()))
     cost = np.array(
         [
             max(
-                (net.p2p(i, j, n) + (len(x) - 1) * (net.p2p(i, j, n) - net.p2p(i, j, 0)) for j in x),
+                (
+                    net.p2p(i, j, n, f) + (len(x) - 1) * (net.p2p(i, j, n, f) - net.p2p(i, j, 0, f))
+                    for j in x
+                    for f in [flows[(i, j)]]
+                ),
                 default=0.0,
             )
             for i, x in enumerate(nbs)
@@ -561,7 +569,8 @@ def sim_sgp(cfg: SimConfig) -> SimResult:
         tick("exponential graph", t / hops)
         out = np.array([exponential_peer(i, P, t) for i in range(P)])
         inn = np.array([exponential_in_peer(i, P, t) for i in range(P)])
-        cost = np.array([net.p2p(j, i, n) for i, j in enumerate(inn)])
+        flows = net.node_flows(np.arange(P), out)  # every rank pushes at once: a node's pushes share its NIC
+        cost = np.array([net.p2p(j, i, n, int(flows[j])) for i, j in enumerate(inn)])
         peers[t] = (out, inn, cost)
     hops = len(peers)
     state = {"arrival": None, "sent_arrival": [None, None]}
@@ -951,7 +960,7 @@ def make_plan(groups, net: Network, nbytes: float, lat: np.ndarray | None = None
     gid = np.empty(P, dtype=int)
     gid[order] = np.repeat(np.arange(len(groups)), sizes)
     offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(int)
-    cost = np.array([net.group_allreduce(g, nbytes) if len(g) > 1 else 0.0 for g in groups])
+    cost = net.groups_allreduce(groups, nbytes)  # the round's groups run at once: they share nodes' NICs
     return Plan(gid, order, offsets, hypercube_latencies(P, net) if lat is None else lat, cost)
 
 

@@ -22,6 +22,7 @@ Both only re-run the simulator (its cost: docs/simulator.md); neither decides a 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,9 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from wagma_bench.analysis.predictions import claim_ratio
 from wagma_bench.simulate.costs import Link, Network
 from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.flips import crossings
 from wagma_bench.simulate.spread import fit_spread
+from wagma_bench.simulate.structures import combinations
 
 
 @dataclass
@@ -191,6 +195,21 @@ KNOBS = (
 
 # --- producing interval.json --------------------------------------------------------------------------------
 
+FLIP_SUBJECT = "wagma"  # the claims' subject: its speed-up over the best other optimizer is what flips
+METRICS = (("throughput", False), ("time_to_target_s", True))  # (metric, lower is better)
+
+
+def comparator_sets(others: set[str]) -> list[list[str]]:
+    """The comparator sets a claim takes the best of: every other optimizer, or the decentralized ones
+    (without Allreduce-SGD), each with and without DropCompute (no baseline of the papers)."""
+    sets = []
+    for drop in ((), ("dropcompute",), ("allreduce",), ("allreduce", "dropcompute")):
+        s = sorted(others - set(drop))
+        if s and s not in sets:
+            sets.append(s)
+    return sets
+
+
 Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
 
 
@@ -200,8 +219,11 @@ def uncertainty(
     sources: Sources,
     replicates: int,
     progress: Callable[[str], None] = lambda _: None,
+    subject: str = FLIP_SUBJECT,
 ) -> dict:
-    """``interval.json``'s content: ``replicates`` resampled predictions and the sensitivity grid
+    """``interval.json``'s content: ``replicates`` resampled predictions, the sensitivity grid, every crossing
+    of 1 along each assumption of ``subject`` against the best other optimizer (:func:`find_flips`), and the
+    predictions over the structures the model cannot decide (:mod:`wagma_bench.simulate.structures`)
     (``progress`` is told after each prediction)."""
     reps = []
     for b in range(replicates):
@@ -223,9 +245,71 @@ def uncertainty(
                 }
             )
             progress(f"sensitivity {knob.name}={value:g}")
+    evaluated, combos = combinations(base, sources)
+    structural = []
+    for choice, inputs in combos:
+        structural.append({"choice": choice, "predicted": predict(inputs)})
+        progress("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()))
     return {
         "replicates": replicates,
         "resampled": sources.said(),
         "predictions": reps,
         "sensitivity": sensitivity,
+        "flips": find_flips(predict, base, sensitivity, subject, progress),
+        "structures": {"evaluated": evaluated, "predictions": structural},
     }
+
+
+# --- every crossing of 1 along each assumption, by root finding ---------------------------------------------
+
+
+def find_flips(
+    predict: Predictor,
+    base: Inputs,
+    sensitivity: list[dict],
+    subject: str,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
+    """Per numeric assumption, world size and metric: every value where ``subject``'s speed-up over the best
+    other optimizer crosses 1 (:func:`wagma_bench.simulate.flips.crossings` over the grid's points, each new
+    point one more prediction, shared by every world and metric)."""
+    out = []
+    for knob in KNOBS:
+        points = [p for p in sensitivity if p["knob"] == knob.name]
+        if not points or knob.name == "control_every":  # the barrier is yes or no: its two points say it
+            continue
+        cache = {float(p["value"]): p["predicted"] for p in points}
+
+        def at(x: float, knob=knob, cache=cache) -> dict:
+            if x not in cache:
+                cache[x] = predict(knob.apply(base, x))
+                progress(f"flip search {knob.name}={x:.4g}")
+            return cache[x]
+
+        first = next(iter(cache.values()))
+        for world in first:
+            names = set(first[world])
+            if subject not in names:
+                continue
+            for others, metric_lower in itertools.product(comparator_sets(names - {subject}), METRICS):
+                metric, lower = metric_lower
+                if not (first[world].get(subject) or {}).get(metric):
+                    continue
+
+                def ratio(x: float, world=world, metric=metric, lower=lower, others=others) -> float | None:
+                    r = claim_ratio(at(x)[world], subject, others, metric, lower)
+                    return None if r is None else r[0]
+
+                found = crossings(ratio, [float(p["value"]) for p in points], 1.0, log=knob.factor)
+                out.append(
+                    {
+                        "knob": knob.name,
+                        "world": world,
+                        "metric": metric,
+                        "subject": subject,
+                        "comparators": others,
+                        "crossings": found,
+                        "ratios": [float(ratio(x)) for x in found],
+                    }
+                )
+    return out
