@@ -4,16 +4,14 @@ A replicate interval (:mod:`wagma_bench.simulate.uncertainty`) moves the measure
 structure. Some structural choices move a prediction more than every measured input together: whether the
 ranks meet at a barrier every 10 rounds (the suite's runs) or never (the papers' implementations), whether
 the allreduce is the flat ring or the hierarchical one, what AD-PSGD's exchange costs its compute anywhere in
-its measured interval. ``simulate --interval`` predicts every combination of the alternatives below and
+its measured interval, whether its authors' per-step averaging with the shared buffer is charged.
+``simulate --interval`` predicts every combination of the alternatives below and
 writes them to ``interval.json`` (``structures``); ``wagma-bench claims`` gives each claim the range of its
 speed-up over them (:func:`wagma_bench.analysis.predictions.structural_range`) and says "undetermined at the
 paper's scale" where that range spans the threshold.
 
 A structure is one entry of :data:`STRUCTURES`: a name and a function from the base inputs (and what the
-interval resamples) to its alternatives, each a label and the inputs it changes. The authors' per-step
-averaging of AD-PSGD (every layer with the shared buffer, every step) belongs here as one more entry, in or
-out, once the model has that knob (issue 76 item 3, another change); until then it is not evaluated, and the
-list of structures written beside each range says so by its absence.
+interval resamples) to its alternatives, each a label and the inputs it changes.
 """
 
 from __future__ import annotations
@@ -64,11 +62,23 @@ def _gossip_cost(inputs, sources):
     return [(f"c = {lo:.2f}", use(lo)), (f"c = {hi:.2f}", use(hi))]
 
 
+def _averaging(inputs, sources):
+    """The authors' per-step averaging of every layer with the shared buffer (``adpsgd_averaging``): charged
+    (their code) or not (a fused or overlapped averaging)."""
+
+    def use(mode):
+        return lambda i: dataclasses.replace(
+            i, workload=dataclasses.replace(i.workload, adpsgd_averaging=mode)
+        )
+
+    return [("in", use("per_step")), ("out", use("none"))]
+
+
 STRUCTURES = (
     Structure("barrier", _barrier),
     Structure("allreduce", _allreduce),
     Structure("AD-PSGD exchange cost c", _gossip_cost),
-    # Structure("AD-PSGD per-step averaging", ...): in / out, once sim_adpsgd has the authors' averaging pass
+    Structure("AD-PSGD per-step averaging", _averaging),
 )
 
 
