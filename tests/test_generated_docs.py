@@ -224,7 +224,7 @@ def test_claims_page_simulator_figures_are_the_committed_validation_and_measurem
     )
     assert f"trace within 5% in {len(rows) - trace} of {len(rows)}" in bullet
     assert f"resampled within 15% in {len(rows) - resampled} of {len(rows)}" in bullet
-    assert f"c = {c['value']:.2f}, interval [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]" in bullet
+    assert f"c = {c['value']:.2f}, 95% interval {c['interval'][0]:.2f} to {c['interval'][1]:.2f}" in bullet
     assert f"65,536 ranks simulates in {wagma['cpu_s']:.1f} s" in bullet
 
 
