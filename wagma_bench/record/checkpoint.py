@@ -243,6 +243,8 @@ def discard_incomplete_sets(run_dir: Path) -> None:
     """After a failed run (in the launcher, once every rank has ended): remove the sets without a manifest,
     which no resume can use; after a failure on a full disk this is the space the summary needs."""
     root = recorded_folder(run_dir)
+    if root.is_symlink():  # planted while the run ran (which failed on it): nothing removed through it
+        return
     for p in root.glob("round-*"):
         if not (p / MANIFEST).exists():
             shutil.rmtree(p, ignore_errors=True)

@@ -722,6 +722,8 @@ def _exit_message(err, folder: Path) -> str:
         error = ""
     if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
         return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
+    if error.startswith("SymlinkRefused: "):  # a link planted while the run ran: named, no traceback printed
+        return f"rank {err.error_index} failed: {error.removeprefix('SymlinkRefused: ')}"
     if (
         not error
     ):  # it ended without going through its own report (which prints the traceback, then this file)
