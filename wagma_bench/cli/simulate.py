@@ -89,11 +89,18 @@ from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import staged_outputs
-from wagma_bench.simulate.compare import compare_with_runs
-from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
-from wagma_bench.simulate.outputs import OUTPUTS
-from wagma_bench.simulate.predict import predict
-from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
+from wagma_bench.simulate.request import (
+    DEFAULT_GPUS,
+    Request,
+    add_options,
+    check_work,
+    sort_overrides,
+    take_paths,
+)
+
+# The simulator, its statistics (scipy) and its figures (matplotlib) are imported in _simulate, after the
+# request's bounds are checked: a refused request says so at once (tests/test_simulate_scale.py checks that
+# the refusal imports none of them).
 
 
 def main(argv: list[str]) -> int:
@@ -121,6 +128,12 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
 def _simulate(argv: list[str]) -> int:
     started = time.perf_counter()
     req, ns = parse(argv)
+    check_work(req)  # before the heavy imports below: an unbounded request is refused in well under a second
+    from wagma_bench.simulate.compare import compare_with_runs
+    from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
+    from wagma_bench.simulate.outputs import OUTPUTS
+    from wagma_bench.simulate.predict import predict
+
     out = Path(ns.out)
     runs = compose_runs(req)
     check_worlds(runs, req.gpus or ([] if req.calibrate else list(DEFAULT_GPUS)))
