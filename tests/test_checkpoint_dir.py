@@ -147,8 +147,8 @@ def test_a_link_planted_at_the_checkpoint_folder_mid_run_fails_the_run_in_one_li
     folder.symlink_to(victim)
     _, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 1, err[-3000:]
-    assert "Traceback" not in err and "[rank" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    last = err.strip()
     assert last.startswith("wagma-bench run: error: rank "), err[-3000:]
     assert f"{folder} is a symbolic link (to {victim})" in last and "checkpoint.dir" in last, last
     assert sorted(victim.rglob("*")) == [victim / "round-99"]

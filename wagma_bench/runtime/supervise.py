@@ -701,7 +701,9 @@ def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[i
     if rank is None:
         return f"mpiexec exited with code {rc}"
     try:
-        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text()
+        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text().removeprefix(
+            "SymlinkRefused: "
+        )
     except OSError:
         pass
     if signum is not None:
