@@ -484,7 +484,9 @@ def run_rank(
         # which every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s
         # later
         if comm.abort_ends_job and not isinstance(err, KeyboardInterrupt):
-            if not isinstance(err, SymlinkRefused):  # a link planted mid-run: its line says it all
+            if isinstance(err, SymlinkRefused):  # a link planted mid-run: its one line says it all
+                sys.stderr.write(f"[rank {world.rank}] failed: {err}\n")
+            else:
                 traceback.print_exc()
             try:
                 if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure

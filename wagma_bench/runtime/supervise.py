@@ -698,8 +698,14 @@ def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[i
         rank = pids.get(int(match.group(1)))
         code = _MPICH_CODE.search(text)
         signum = int(code.group(1)) if code and rank is not None and _is_signal(int(code.group(1))) else None
-    if rank is None:
-        return f"mpiexec exited with code {rc}"
+    if rank is None:  # an MPI_Abort names nobody: the rank that reported an error, if one did
+        reported = sorted(
+            (p for p in folder.glob("rank*.error") if p.stem.removeprefix("rank").isdigit()),
+            key=lambda p: int(p.stem.removeprefix("rank")),
+        )
+        if not reported:
+            return f"mpiexec exited with code {rc}"
+        rank = int(reported[0].stem.removeprefix("rank"))
     try:
         return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text().removeprefix(
             "SymlinkRefused: "
