@@ -155,3 +155,20 @@ def test_a_link_planted_at_the_checkpoint_folder_mid_run_fails_the_run_in_one_li
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and f"{folder} is a symbolic link" in summary["error"], summary
     assert keys(run_dir)[-1] == "run_stop"
+
+
+def test_an_mpi_abort_that_names_no_rank_is_told_by_the_rank_that_reported_its_error(tmp_path):
+    """Under comm=mpi a rank that meets the planted link aborts the job, and MPICH's abort line names no
+    rank the launcher can read: its line names the lowest rank that left an error (it said only 'mpiexec
+    exited with code 1'), the error's type name dropped as the local launcher drops it."""
+    from wagma_bench.runtime.supervise import mpiexec_failure
+
+    said = "D/checkpoint is a symbolic link (to T); a run never writes through a link: remove it, or ..."
+    (tmp_path / "rank1.error").write_text(f"SymlinkRefused: {said}")
+    (tmp_path / "rank0.pid").write_text("1")
+    tail = [
+        "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1\n"
+    ]
+    assert mpiexec_failure(1, tail, tmp_path) == f"rank 1 failed: {said}"
+    (tmp_path / "rank1.error").unlink()
+    assert mpiexec_failure(1, tail, tmp_path) == "mpiexec exited with code 1"
