@@ -118,3 +118,57 @@ def test_a_file_as_checkpoint_dir_exits_2_before_any_rank_starts(tmp_path):
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"checkpoint.dir={a_file} is not allowed: {a_file} is a file" in out.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_link_planted_at_the_checkpoint_folder_mid_run_fails_the_run_in_one_line(tmp_path):
+    """A link put at the checkpoint folder once the first set is written (the folder moved away): the next
+    save refuses it on every rank. The run fails (exit 1) in one line naming the link and checkpoint.dir, no
+    rank prints a traceback, nothing is written or removed through the link (not even the incomplete set the
+    launcher discards after a failure), and the record says why."""
+    import subprocess
+    import time
+
+    from tests.cli_util import BIN
+
+    run_dir, victim = tmp_path / "run", tmp_path / "victim"
+    (victim / "round-99").mkdir(parents=True)  # an incomplete set: a failed run's clean-up removes those
+    launcher = subprocess.Popen(
+        [str(BIN), "run", *ARGS, "train.max_rounds=400", f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    folder, deadline = run_dir / "checkpoint", time.monotonic() + 240
+    while not (folder / "latest").exists():  # planted between two saves (a save every 4 rounds)
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+        time.sleep(0.005)
+    folder.rename(tmp_path / "moved")
+    folder.symlink_to(victim)
+    _, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    last = err.strip()
+    assert last.startswith("wagma-bench run: error: rank "), err[-3000:]
+    assert f"{folder} is a symbolic link (to {victim})" in last and "checkpoint.dir" in last, last
+    assert sorted(victim.rglob("*")) == [victim / "round-99"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and f"{folder} is a symbolic link" in summary["error"], summary
+    assert keys(run_dir)[-1] == "run_stop"
+
+
+def test_an_mpi_abort_that_names_no_rank_is_told_by_the_rank_that_reported_its_error(tmp_path):
+    """Under comm=mpi a rank that meets the planted link aborts the job, and MPICH's abort line names no
+    rank the launcher can read: its line names the lowest rank that left an error (it said only 'mpiexec
+    exited with code 1'), the error's type name dropped as the local launcher drops it."""
+    from wagma_bench.runtime.supervise import mpiexec_failure
+
+    said = "D/checkpoint is a symbolic link (to T); a run never writes through a link: remove it, or ..."
+    (tmp_path / "rank1.error").write_text(f"SymlinkRefused: {said}")
+    (tmp_path / "rank0.pid").write_text("1")
+    tail = [
+        "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1\n"
+    ]
+    assert mpiexec_failure(1, tail, tmp_path) == f"rank 1 failed: {said}"
+    (tmp_path / "rank1.error").unlink()
+    assert mpiexec_failure(1, tail, tmp_path) == "mpiexec exited with code 1"

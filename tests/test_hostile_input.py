@@ -179,6 +179,20 @@ def test_simulate_refuses_unbounded_work_and_magnitudes_within_a_second(tmp_path
     assert not (tmp_path / "s").exists()
 
 
+def test_a_simulation_refused_for_its_size_imports_neither_the_simulator_nor_scipy_nor_matplotlib():
+    """The bounds are checked before the modules that simulate, fit and draw are imported (they took 1.3 s
+    of a 1.0-1.2 s refusal here at load 9): the refusal of `simulate gpus=65536 train.max_rounds=1000000000`
+    comes at once. A fresh interpreter, so that what this session imported does not count."""
+    from tests.proc_util import heavy_modules_after
+
+    code = (
+        "from wagma_bench.cli import simulate\n"
+        "assert simulate.main(['gpus=65536', 'train.max_rounds=1000000000']) == 2"
+    )
+    heavy = ("scipy", "matplotlib", "torch", "wagma_bench.simulate.predict", "wagma_bench.simulate.configure")
+    assert heavy_modules_after(code, heavy) == []
+
+
 def test_simulates_output_json_holds_finite_values_only(tmp_path):
     """A NaN or an infinity (a spread that overflowed, a throughput of 0) is written as null: strict readers
     (jq, JavaScript) refuse the bare tokens Python writes."""

@@ -89,11 +89,7 @@ from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.files import staged_outputs
-from wagma_bench.simulate.compare import compare_with_runs
-from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
-from wagma_bench.simulate.outputs import OUTPUTS
-from wagma_bench.simulate.predict import predict
-from wagma_bench.simulate.request import DEFAULT_GPUS, Request, add_options, sort_overrides, take_paths
+from wagma_bench.simulate import request  # the simulator itself is imported in _simulate, once this passes
 
 
 def main(argv: list[str]) -> int:
@@ -103,16 +99,16 @@ def main(argv: list[str]) -> int:
     return exits.run_body("simulate", lambda: exits.typed(refused, lambda: _simulate(argv)))
 
 
-def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
+def parse(argv: list[str]) -> tuple[request.Request, argparse.Namespace]:
     ap = argparse.ArgumentParser(
         prog="wagma-bench simulate",
         description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(ap)
+    request.add_options(ap)
     ns = ap.parse_args(argv)
-    take_paths(ns)
-    req = sort_overrides(parse_overrides(ns.overrides))
+    request.take_paths(ns)
+    req = request.sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
     req.measured, req.interval = ns.measured, ns.interval
     return req, ns
@@ -121,9 +117,15 @@ def parse(argv: list[str]) -> tuple[Request, argparse.Namespace]:
 def _simulate(argv: list[str]) -> int:
     started = time.perf_counter()
     req, ns = parse(argv)
+    request.check_work(req)  # before the simulator, scipy and matplotlib are imported: refused at once
+    from wagma_bench.simulate.compare import compare_with_runs
+    from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
+    from wagma_bench.simulate.outputs import OUTPUTS
+    from wagma_bench.simulate.predict import predict
+
     out = Path(ns.out)
     runs = compose_runs(req)
-    check_worlds(runs, req.gpus or ([] if req.calibrate else list(DEFAULT_GPUS)))
+    check_worlds(runs, req.gpus or ([] if req.calibrate else list(request.DEFAULT_GPUS)))
     if ns.cfg == "job" and not req.calibrate:  # prints what it would simulate: --out untouched
         workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))

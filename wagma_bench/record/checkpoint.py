@@ -68,6 +68,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data), binary=True)  # no temporary file left on a full disk
 
 
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -243,6 +251,8 @@ def discard_incomplete_sets(run_dir: Path) -> None:
     """After a failed run (in the launcher, once every rank has ended): remove the sets without a manifest,
     which no resume can use; after a failure on a full disk this is the space the summary needs."""
     root = recorded_folder(run_dir)
+    if root.is_symlink():  # planted while the run ran (which failed on it): nothing removed through it
+        return
     for p in root.glob("round-*"):
         if not (p / MANIFEST).exists():
             shutil.rmtree(p, ignore_errors=True)
@@ -398,12 +408,23 @@ class Checkpointer:
         self._prune(folder)
 
     def _prune(self, newest: Path) -> None:
-        """Keep the last KEEP complete sets; drop older ones and any incomplete leftover of a crash."""
-        complete = sorted(
-            (p for p in self.dir.glob("round-*") if (p / MANIFEST).exists()),
-            key=lambda p: int(p.name.split("-")[1]),
-        )
-        keep = set(complete[-KEEP:]) | {newest}
-        for p in self.dir.glob("round-*"):
-            if p not in keep:
-                shutil.rmtree(p, ignore_errors=True)
+        """Keep the last KEEP complete sets; drop older ones and any incomplete leftover of a crash. The
+        folder is opened once without following a link (O_NOFOLLOW) and every name is removed relative to
+        it: a link planted at the folder while this runs is neither listed nor removed through (the next
+        save refuses it, naming it)."""
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # a link planted since the save (or the folder gone): nothing to prune here
+            return
+        try:
+            sets = [n for n in os.listdir(fd) if n.startswith("round-")]
+            complete = sorted(
+                (n for n in sets if n[6:].isdigit() and _exists(f"{n}/{MANIFEST}", fd)),
+                key=lambda n: int(n[6:]),
+            )
+            keep = set(complete[-KEEP:]) | {newest.name}
+            for name in sets:
+                if name not in keep:
+                    shutil.rmtree(name, ignore_errors=True, dir_fd=fd)
+        finally:
+            os.close(fd)

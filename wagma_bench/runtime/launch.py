@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from wagma_bench import exits
 from wagma_bench.config.schema import RunConfig
-from wagma_bench.errors import ConfigError
+from wagma_bench.errors import ConfigError, SymlinkRefused
 from wagma_bench.record.files import open_run_file
 from wagma_bench.record.rundir import LOCK, finalize
 from wagma_bench.runtime import signals, startup
@@ -484,7 +484,10 @@ def run_rank(
         # which every rank took (the trainer recorded it) and whose launcher kills a rank still running 2 s
         # later
         if comm.abort_ends_job and not isinstance(err, KeyboardInterrupt):
-            traceback.print_exc()
+            if isinstance(err, SymlinkRefused):  # a link planted mid-run: its one line says it all
+                sys.stderr.write(f"[rank {world.rank}] failed: {err}\n")
+            else:
+                traceback.print_exc()
             try:
                 if world.rank != 0:  # the abort kills rank 0 too, before it can record the failure
                     finalize(
@@ -603,9 +606,9 @@ def _spawned_rank(
         ):  # a setting refused where only a rank can check it (the model's size)
             sys.stderr.write(f"[rank {index}] refused: {err}\n")
             sys.stderr.flush()
-        elif not isinstance(
-            err, KeyboardInterrupt
-        ):  # a second Ctrl-C: the launcher says it, once for all ranks
+        elif not isinstance(err, (KeyboardInterrupt, SymlinkRefused)):
+            # a second Ctrl-C, or a link planted mid-run (every rank meets it at its next write): the launcher
+            # says it, once for all ranks, in one line naming the link
             sys.stderr.write(f"[rank {index}] failed:\n{traceback.format_exc()}")
             sys.stderr.flush()
         if heartbeat_dir is not None:

@@ -698,10 +698,18 @@ def mpiexec_failure(rc: int, output_tail: list[str], folder: Path, first: list[i
         rank = pids.get(int(match.group(1)))
         code = _MPICH_CODE.search(text)
         signum = int(code.group(1)) if code and rank is not None and _is_signal(int(code.group(1))) else None
-    if rank is None:
-        return f"mpiexec exited with code {rc}"
+    if rank is None:  # an MPI_Abort names nobody: the rank that reported an error, if one did
+        reported = sorted(
+            (p for p in folder.glob("rank*.error") if p.stem.removeprefix("rank").isdigit()),
+            key=lambda p: int(p.stem.removeprefix("rank")),
+        )
+        if not reported:
+            return f"mpiexec exited with code {rc}"
+        rank = int(reported[0].stem.removeprefix("rank"))
     try:
-        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text()
+        return f"rank {rank} failed: " + (folder / f"rank{rank}.error").read_text().removeprefix(
+            "SymlinkRefused: "
+        )
     except OSError:
         pass
     if signum is not None:
@@ -722,6 +730,8 @@ def _exit_message(err, folder: Path) -> str:
         error = ""
     if error.startswith("ConfigError: "):  # a setting only a rank could check: refused, not a crash
         return f"rank {err.error_index} refused the run: {error.removeprefix('ConfigError: ')}"
+    if error.startswith("SymlinkRefused: "):  # a link planted while the run ran: named, no traceback printed
+        return f"rank {err.error_index} failed: {error.removeprefix('SymlinkRefused: ')}"
     if (
         not error
     ):  # it ended without going through its own report (which prints the traceback, then this file)
