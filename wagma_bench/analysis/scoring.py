@@ -13,9 +13,8 @@ from pathlib import Path
 
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.run_records import variant_labels
-from wagma_bench.analysis.tuning import BY_METRIC, favours, figure_cost, format_score, score
+from wagma_bench.analysis.tuning import BY_METRIC, REFERENCE, favours, figure_cost, format_score, score
 
-REFERENCE = "allreduce"  # the optimizer every other is compared against (speed-ups, tuned ratios)
 INF = math.inf
 
 

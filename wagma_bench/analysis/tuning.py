@@ -28,6 +28,7 @@ PLAN = TUNE_PLAN  # what is tuned: the trials and their settings (written before
 TUNING = "tuning.json"  # the scores
 TRIALS = TUNE_TRIALS
 INF = math.inf
+REFERENCE = "allreduce"  # the optimizer every other is compared against (speed-ups, tuned ratios)
 BY_TIME, BY_METRIC = "time_to_target", "best_metric"  # what a combination's trials are scored by
 
 
@@ -368,7 +369,6 @@ def fairness_line(tune_dir: Path) -> str:
     reference optimizer's combination beyond their noise; the ratios against it that they touch."""
     from wagma_bench.analysis import fairness
     from wagma_bench.analysis.run_records import reference_readings
-    from wagma_bench.analysis.scoring import REFERENCE
 
     _, combos, summaries = load_trials(tune_dir)
     done = {
