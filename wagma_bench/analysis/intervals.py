@@ -33,6 +33,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
 
+import numpy as np
+
 Dist = dict[float, float]  # value -> probability; finite values and math.inf
 LEVEL = 0.95
 
@@ -57,11 +59,14 @@ def mixture(dists: Sequence[Dist]) -> Dist:
 
 
 def _cdf_steps(dist: Dist) -> tuple[list[float], list[float]]:
-    values = sorted(dist)
-    cdf, acc = [], 0.0
-    for v in values:
-        acc += dist[v]
-        cdf.append(min(acc, 1.0))
+    values, cdf = _cdf_arrays(dist)
+    return values.tolist(), cdf.tolist()
+
+
+def _cdf_arrays(dist: Dist) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted values and the CDF at each (the masses added in that order, capped at 1, the last 1)."""
+    values = np.sort(np.fromiter(dist.keys(), float, len(dist)))
+    cdf = np.minimum(np.cumsum([dist[v] for v in values.tolist()]), 1.0)  # cumsum adds in order, as a loop
     cdf[-1] = 1.0
     return values, cdf
 
@@ -166,7 +171,7 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
                 table = at_most[i]
             else:  # the band (v_i, v_{j-1}] must stay empty
                 table = _pooled_counts(
-                    tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies)
+                    tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies), (k, n)
                 )
             memo[i, j] = table.get((k, n), 0.0)
         return memo[i, j]
@@ -179,35 +184,95 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
 # same counts.
 @functools.lru_cache(maxsize=4096)
 def _pooled_counts(
-    low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...]
+    low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...], only: tuple[int, int] | None = None
 ) -> dict[tuple[int, int], float]:
     """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement:
     the law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
     probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:
-    the masses are of "c low, all others high" (they sum to less than 1 where a band between has mass)."""
+    the masses are of "c low, all others high" (they sum to less than 1 where a band between has mass).
+
+    With ``only=(c, n)`` the table holds that entry alone (and what was on the way to it): each draw only
+    adds to both counts, so a partial sum that can no longer end at (c, n) is not carried. What is carried is
+    summed from the same products in the same order as in the full table: the entry is bitwise the same."""
     one: dict[tuple[int, int], float] = {}
     for (low, high), o in zip(low_high, sizes, strict=True):
         for c in range(o + 1):
             p = comb(o, c) * low**c * high ** (o - c) / len(sizes)
             if p:
                 one[c, o] = one.get((c, o), 0.0) + p
+    steps = list(one.items())
+    big = (len(sizes) + 1) * (max(sizes) + 1)  # more than any count: no bound where the whole table is wanted
+    want_c, want_n = only or (big, big)
+    most_c = max((c for c, _ in one), default=0)
+    least_n, most_n = min(sizes), max(sizes)
     total: dict[tuple[int, int], float] = {(0, 0): 1.0}
-    for _ in sizes:
+    for left in range(len(sizes) - 1, -1, -1):  # draws still to come after this one
         nxt: dict[tuple[int, int], float] = {}
+        get = nxt.get
         for (c1, n1), p in total.items():
-            for (c2, n2), q in one.items():
-                nxt[c1 + c2, n1 + n2] = nxt.get((c1 + c2, n1 + n2), 0.0) + p * q
+            for (c2, n2), q in steps:
+                c, n = c1 + c2, n1 + n2
+                if only and (
+                    c > want_c
+                    or c + left * most_c < want_c
+                    or n + left * least_n > want_n
+                    or n + left * most_n < want_n
+                ):
+                    continue
+                nxt[c, n] = get((c, n), 0.0) + p * q
         total = nxt
     return total
 
 
 def combine(a: Dist, b: Dist, op: Callable[[float, float], float]) -> Dist:
     """The law of op(X, Y) for independent X ~ a, Y ~ b."""
-    out: Dist = {}
+    fast = _ARRAY_OPS.get(op)
+    if fast is not None and a and b:
+        out = _combine_arrays(a, b, fast)
+        if out is not None:
+            return out
+    out = {}
     for x, p in a.items():
         for y, q in b.items():
             _add(out, op(x, y), p * q)
     return _clean(out)
+
+
+def _combine_arrays(a: Dist, b: Dist, op: Callable) -> Dist | None:
+    """:func:`combine` over every pair at once, bit for bit the loop's result: the same IEEE minima, maxima
+    and quotients, each value's mass summed from 0.0 in the loop's order (``np.bincount`` adds in index
+    order), and the values kept in the order the loop first meets them (a later combine sums in that order).
+    None (the loop decides) where a NaN or a signed zero could make the two differ."""
+    xs, ps = np.fromiter(a.keys(), float, len(a)), np.fromiter(a.values(), float, len(a))
+    ys, qs = np.fromiter(b.keys(), float, len(b)), np.fromiter(b.values(), float, len(b))
+    if op is not _divide_arrays and (not xs.all() or not ys.all()):  # min(0.0, -0.0) is not np.minimum's
+        return None
+    keys = op(xs[:, None], ys[None, :]).ravel()
+    if np.isnan(keys).any():
+        return None
+    return _clean(_grouped_sums(keys, (ps[:, None] * qs[None, :]).ravel()))
+
+
+def _grouped_sums(keys: np.ndarray, masses: np.ndarray) -> Dist:
+    """{key: the sum of its masses}, as a dict filled in array order builds it: each sum from 0.0 in array
+    order, keys in the order first met, -0.0 and 0.0 one key under the first met (a stable sort)."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.concatenate(([True], ordered[1:] != ordered[:-1]))
+    group = np.empty(len(keys), dtype=np.intp)
+    group[order] = np.cumsum(starts) - 1
+    sums = np.bincount(group, weights=masses)
+    first = order[starts]  # each key's first position: equal keys keep their array order
+    met = np.argsort(first, kind="stable")
+    return dict(zip(keys[first[met]].tolist(), sums[met].tolist(), strict=True))
+
+
+def _divide_arrays(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`divide` elementwise (the same IEEE quotients and the same two exceptions)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = x / y
+    out = np.where(np.isinf(x) & np.isinf(y), 1.0, out)
+    return np.where(y == 0, math.inf, out)
 
 
 def ratio(num: Dist, den: Dist) -> Dist:
@@ -223,6 +288,10 @@ def divide(x: float, y: float) -> float:
     return x / y
 
 
+# The operations :func:`combine` runs over arrays (bit for bit the same values; see _combine_arrays).
+_ARRAY_OPS: dict[Callable, Callable] = {min: np.minimum, max: np.maximum, divide: _divide_arrays}
+
+
 def best_of(dists: Iterable[Dist], lower_is_better: bool) -> Dist:
     """The law of the best of independent draws, one from each (min for times, max for throughputs)."""
     pick = min if lower_is_better else max
@@ -236,17 +305,19 @@ def best_of(dists: Iterable[Dist], lower_is_better: bool) -> Dist:
 
 def quantile(dist: Dist, q: float) -> float:
     """The smallest value whose CDF reaches q."""
-    values, cdf = _cdf_steps(dist)
-    for v, f in zip(values, cdf, strict=True):
-        if f >= q - 1e-12:
-            return v
-    return values[-1]
+    return _quantile(*_cdf_arrays(dist), q)
+
+
+def _quantile(values: np.ndarray, cdf: np.ndarray, q: float) -> float:
+    reached = np.flatnonzero(cdf >= q - 1e-12)
+    return float(values[reached[0]] if len(reached) else values[-1])
 
 
 def interval(dist: Dist, level: float = LEVEL) -> tuple[float, float]:
     """The percentile interval: the (1 - level)/2 and (1 + level)/2 quantiles."""
     tail = (1 - level) / 2
-    return quantile(dist, tail), quantile(dist, 1 - tail)
+    steps = _cdf_arrays(dist)
+    return _quantile(*steps, tail), _quantile(*steps, 1 - tail)
 
 
 def _add(out: Dist, v: float, p: float) -> None:
