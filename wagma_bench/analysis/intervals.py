@@ -136,6 +136,7 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
     at_most = {i: _pooled_counts(tuple((c[i], 1 - c[i]) for c in cdf), drawn) for i in range(m)}
     at_most[-1] = _pooled_counts(((0.0, 1.0),) * len(studies), drawn)
     sizes = sorted({n for (_, n) in at_most[-1]})
+    gaps = _even_gaps(cdf, studies, values, at_most, tuple((n // 2, n) for n in sizes if n % 2 == 0))
     out: Dist = {}
     for n in sizes:
         k = (n + 1) // 2 if n % 2 else n // 2
@@ -145,9 +146,7 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
             for i, p in kth.items():
                 _add(out, values[i], p)
             continue
-        gap = _even_gap(
-            cdf, studies, values, at_most, n, k
-        )  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
+        gap = functools.partial(gaps, n)  # (i, j) -> P(X_(k) <= v_i, X_(k+1) >= v_j, N = n)
         for i in range(m):
             apart = 0.0
             for j in range(i + 1, m):
@@ -158,23 +157,22 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
     return _clean(out)
 
 
-def _even_gap(cdf, studies, values, at_most, n: int, k: int):
-    """P(X_(k) <= v_i and X_(k+1) >= v_j, pool size n) for i < j: exactly k pooled values at or below v_i and
-    none in (v_i, v_j); 0 outside the table (no value below v_0, none at or above v_m)."""
+def _even_gaps(cdf, studies, values, at_most, wanted: tuple[tuple[int, int], ...]):
+    """(n, i, j) -> P(X_(k) <= v_i and X_(k+1) >= v_j, pool size n) for i < j and k = n / 2: exactly k pooled
+    values at or below v_i and none in (v_i, v_j); 0 outside the table (no value below v_0, none at or above
+    v_m). ``wanted``: every even pool's (k, n), read from one table per band."""
     m, memo = len(values), {}
+    drawn = tuple(len(s) for s in studies)
 
-    def gap(i: int, j: int) -> float:
+    def gap(n: int, i: int, j: int) -> float:
         if i < 0 or j >= m:
             return 0.0
         if (i, j) not in memo:
             if j == i + 1:
-                table = at_most[i]
+                memo[i, j] = at_most[i]
             else:  # the band (v_i, v_{j-1}] must stay empty
-                table = _pooled_counts(
-                    tuple((c[i], 1 - c[j - 1]) for c in cdf), tuple(len(s) for s in studies), (k, n)
-                )
-            memo[i, j] = table.get((k, n), 0.0)
-        return memo[i, j]
+                memo[i, j] = _pooled_counts(tuple((c[i], 1 - c[j - 1]) for c in cdf), drawn, wanted)
+        return memo[i, j].get((n // 2, n), 0.0)
 
     return gap
 
@@ -184,16 +182,19 @@ def _even_gap(cdf, studies, values, at_most, n: int, k: int):
 # same counts.
 @functools.lru_cache(maxsize=4096)
 def _pooled_counts(
-    low_high: tuple[tuple[float, float], ...], sizes: tuple[int, ...], only: tuple[int, int] | None = None
+    low_high: tuple[tuple[float, float], ...],
+    sizes: tuple[int, ...],
+    only: tuple[tuple[int, int], ...] | None = None,
 ) -> dict[tuple[int, int], float]:
     """For S studies drawn uniformly with replacement, each bringing its O_s values drawn with replacement:
     the law of (how many drawn values fall low, how many were drawn), where a value of study s falls low with
     probability low_high[s][0], high with low_high[s][1], and in between (the rest) never, as a constraint:
     the masses are of "c low, all others high" (they sum to less than 1 where a band between has mass).
 
-    With ``only=(c, n)`` the table holds that entry alone (and what was on the way to it): each draw only
-    adds to both counts, so a partial sum that can no longer end at (c, n) is not carried. What is carried is
-    summed from the same products in the same order as in the full table: the entry is bitwise the same."""
+    With ``only``, a tuple of entries (c, n), the table holds those alone (and what was on the way to them):
+    each draw only adds to both counts, so a partial sum that can no longer end at one of them is not carried.
+    What is carried is summed from the same products in the same order as in the full table: the entries are
+    bitwise the same."""
     one: dict[tuple[int, int], float] = {}
     for (low, high), o in zip(low_high, sizes, strict=True):
         for c in range(o + 1):
@@ -201,27 +202,36 @@ def _pooled_counts(
             if p:
                 one[c, o] = one.get((c, o), 0.0) + p
     steps = list(one.items())
-    big = (len(sizes) + 1) * (max(sizes) + 1)  # more than any count: no bound where the whole table is wanted
-    want_c, want_n = only or (big, big)
-    most_c = max((c for c, _ in one), default=0)
-    least_n, most_n = min(sizes), max(sizes)
     total: dict[tuple[int, int], float] = {(0, 0): 1.0}
     for left in range(len(sizes) - 1, -1, -1):  # draws still to come after this one
         nxt: dict[tuple[int, int], float] = {}
         get = nxt.get
-        for (c1, n1), p in total.items():
-            for (c2, n2), q in steps:
-                c, n = c1 + c2, n1 + n2
-                if only and (
-                    c > want_c
-                    or c + left * most_c < want_c
-                    or n + left * least_n > want_n
-                    or n + left * most_n < want_n
-                ):
-                    continue
-                nxt[c, n] = get((c, n), 0.0) + p * q
+        if only is None:
+            for (c1, n1), p in total.items():
+                for (c2, n2), q in steps:
+                    nxt[c1 + c2, n1 + n2] = get((c1 + c2, n1 + n2), 0.0) + p * q
+        else:
+            alive = _on_the_way(sizes, only, left)
+            for (c1, n1), p in total.items():
+                for (c2, n2), q in steps:
+                    if (c1 + c2, n1 + n2) in alive:
+                        nxt[c1 + c2, n1 + n2] = get((c1 + c2, n1 + n2), 0.0) + p * q
         total = nxt
     return total
+
+
+@functools.lru_cache(maxsize=1024)
+def _on_the_way(sizes: tuple[int, ...], only: tuple[tuple[int, int], ...], left: int) -> frozenset:
+    """The counts (c, n) from which ``left`` more draws (each adding 0 to O_s to c and O_s to n, O_s one of
+    ``sizes``) can still end at one of ``only``."""
+    least, most = min(sizes), max(sizes)
+    return frozenset(
+        (c, n)
+        for want_c, want_n in only
+        for c in range(want_c + 1)
+        for n in range(want_n + 1)
+        if c + left * most >= want_c and n + left * least <= want_n <= n + left * most
+    )
 
 
 def combine(a: Dist, b: Dist, op: Callable[[float, float], float]) -> Dist:
