@@ -28,6 +28,7 @@ other, and so give a narrower interval than the one the docs declare whenever th
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -65,8 +66,11 @@ def _cdf_steps(dist: Dist) -> tuple[list[float], list[float]]:
 
 def _cdf_arrays(dist: Dist) -> tuple[np.ndarray, np.ndarray]:
     """The sorted values and the CDF at each (the masses added in that order, capped at 1, the last 1)."""
-    values = np.sort(np.fromiter(dist.keys(), float, len(dist)))
-    cdf = np.minimum(np.cumsum([dist[v] for v in values.tolist()]), 1.0)  # cumsum adds in order, as a loop
+    values = np.fromiter(dist.keys(), float, len(dist))
+    order = np.argsort(values)
+    values = values[order]
+    masses = np.fromiter(dist.values(), float, len(dist))[order]
+    cdf = np.minimum(np.cumsum(masses), 1.0)  # cumsum adds in order, as a loop does
     cdf[-1] = 1.0
     return values, cdf
 
@@ -130,7 +134,7 @@ def pooled_median(study_values: Sequence[Sequence[float]]) -> Dist:
         raise ValueError("a pooled median needs at least one study, each with at least one value")
     values = sorted({v for s in studies for v in s})
     m = len(values)
-    cdf = [[sum(v <= x for v in s) / len(s) for x in values] for s in studies]  # cdf[s][i] = F_s(v_i)
+    cdf = [[bisect.bisect_right(s, x) / len(s) for x in values] for s in studies]  # cdf[s][i] = F_s(v_i)
     # at_most[i][(c, n)]: c of the n pooled values are <= v_i (i = -1: below every value)
     drawn = tuple(len(s) for s in studies)
     at_most = {i: _pooled_counts(tuple((c[i], 1 - c[i]) for c in cdf), drawn) for i in range(m)}
@@ -260,12 +264,13 @@ def _combine_arrays(a: Dist, b: Dist, op: Callable) -> Dist | None:
     keys = op(xs[:, None], ys[None, :]).ravel()
     if np.isnan(keys).any():
         return None
-    return _clean(_grouped_sums(keys, (ps[:, None] * qs[None, :]).ravel()))
+    return _grouped_sums(keys, (ps[:, None] * qs[None, :]).ravel())
 
 
 def _grouped_sums(keys: np.ndarray, masses: np.ndarray) -> Dist:
     """{key: the sum of its masses}, as a dict filled in array order builds it: each sum from 0.0 in array
-    order, keys in the order first met, -0.0 and 0.0 one key under the first met (a stable sort)."""
+    order, keys in the order first met, -0.0 and 0.0 one key under the first met (a stable sort); cleaned
+    (:func:`_clean`)."""
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
     starts = np.concatenate(([True], ordered[1:] != ordered[:-1]))
@@ -274,7 +279,9 @@ def _grouped_sums(keys: np.ndarray, masses: np.ndarray) -> Dist:
     sums = np.bincount(group, weights=masses)
     first = order[starts]  # each key's first position: equal keys keep their array order
     met = np.argsort(first, kind="stable")
-    return dict(zip(keys[first[met]].tolist(), sums[met].tolist(), strict=True))
+    sums, first = sums[met], first[met]
+    kept = sums > 1e-15  # what _clean keeps
+    return dict(zip(keys[first[kept]].tolist(), sums[kept].tolist(), strict=True))
 
 
 def _divide_arrays(x: np.ndarray, y: np.ndarray) -> np.ndarray:
