@@ -205,32 +205,29 @@ def _pooled_counts(
             p = comb(o, c) * low**c * high ** (o - c) / len(sizes)
             if p:
                 one[c, o] = one.get((c, o), 0.0) + p
-    steps = list(one.items())
-    total: dict[tuple[int, int], float] = {(0, 0): 1.0}
+    # (c, n) as the one int c * wide + n (n < wide): the same sums, in the same order, with cheaper keys
+    wide = sum(sizes) + 1
+    steps = [(c * wide + n, q) for (c, n), q in one.items()]
+    total: dict[int, float] = {0: 1.0}
     for left in range(len(sizes) - 1, -1, -1):  # draws still to come after this one
-        nxt: dict[tuple[int, int], float] = {}
+        nxt: dict[int, float] = {}
         get = nxt.get
-        if only is None:
-            for (c1, n1), p in total.items():
-                for (c2, n2), q in steps:
-                    nxt[c1 + c2, n1 + n2] = get((c1 + c2, n1 + n2), 0.0) + p * q
-        else:
-            alive = _on_the_way(sizes, only, left)
-            for (c1, n1), p in total.items():
-                for (c2, n2), q in steps:
-                    if (c1 + c2, n1 + n2) in alive:
-                        nxt[c1 + c2, n1 + n2] = get((c1 + c2, n1 + n2), 0.0) + p * q
+        alive = None if only is None else _on_the_way(sizes, only, left, wide)
+        for key, p in total.items():
+            for step, q in steps:
+                if alive is None or key + step in alive:
+                    nxt[key + step] = get(key + step, 0.0) + p * q
         total = nxt
-    return total
+    return {divmod(key, wide): p for key, p in total.items()}
 
 
 @functools.lru_cache(maxsize=1024)
-def _on_the_way(sizes: tuple[int, ...], only: tuple[tuple[int, int], ...], left: int) -> frozenset:
-    """The counts (c, n) from which ``left`` more draws (each adding 0 to O_s to c and O_s to n, O_s one of
-    ``sizes``) can still end at one of ``only``."""
+def _on_the_way(sizes: tuple[int, ...], only: tuple[tuple[int, int], ...], left: int, wide: int) -> frozenset:
+    """The counts (c, n), as c * wide + n, from which ``left`` more draws (each adding 0 to O_s to c and O_s
+    to n, O_s one of ``sizes``) can still end at one of ``only``."""
     least, most = min(sizes), max(sizes)
     return frozenset(
-        (c, n)
+        c * wide + n
         for want_c, want_n in only
         for c in range(want_c + 1)
         for n in range(want_n + 1)
