@@ -206,7 +206,7 @@ def _pooled_counts(
             if p:
                 one[c, o] = one.get((c, o), 0.0) + p
     # (c, n) as the one int c * wide + n (n < wide): the same sums, in the same order, with cheaper keys
-    wide = sum(sizes) + 1
+    wide = len(sizes) * max(sizes) + 1  # S draws of at most max(sizes) values each
     steps = [(c * wide + n, q) for (c, n), q in one.items()]
     total: dict[int, float] = {0: 1.0}
     for left in range(len(sizes) - 1, -1, -1):  # draws still to come after this one
