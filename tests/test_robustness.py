@@ -262,6 +262,24 @@ def _quantile_by_loop(dist: dict, q: float) -> float:
     return values[-1]
 
 
+def _pooled_counts_by_loop(low_high: tuple, sizes: tuple) -> dict:
+    """intervals._pooled_counts as it was written before: (c, n) tuples as keys, every partial sum kept."""
+    one: dict[tuple[int, int], float] = {}
+    for (low, high), o in zip(low_high, sizes, strict=True):
+        for c in range(o + 1):
+            p = math.comb(o, c) * low**c * high ** (o - c) / len(sizes)
+            if p:
+                one[c, o] = one.get((c, o), 0.0) + p
+    total = {(0, 0): 1.0}
+    for _ in sizes:
+        nxt: dict[tuple[int, int], float] = {}
+        for (c1, n1), p in total.items():
+            for (c2, n2), q in one.items():
+                nxt[c1 + c2, n1 + n2] = nxt.get((c1 + c2, n1 + n2), 0.0) + p * q
+        total = nxt
+    return total
+
+
 def _bits(dist: dict) -> list[tuple[str, str]]:
     """A law as its values and masses, each exactly (hex keeps -0.0 and the last bit), in its order."""
     return [(float(v).hex(), float(p).hex()) for v, p in dist.items()]
@@ -272,7 +290,8 @@ def test_the_array_paths_are_bitwise_the_loops(seed):
     """The claims' exactness rests on these laws being the same floats in the same order whatever path
     computes them (a later combine sums in a law's order): combine's numpy path against the loop it replaced
     (ties, inf, inf / inf, division by 0.0 and signed zeros included), the quantiles against a loop over
-    the sorted law, and a pooled-count table read for some entries only against the whole table."""
+    the sorted law, the pooled-count table against the loop it replaced, and one read for some entries only
+    against the whole table."""
     rng = random.Random(seed)
     pool = [0.0, -0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 0.1 + 0.2, 1 / 3, INF]
 
@@ -290,6 +309,9 @@ def test_the_array_paths_are_bitwise_the_loops(seed):
         sizes = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 4)))
         low_high = tuple((low, rng.uniform(0, 1 - low)) for low in (rng.random() for _ in sizes))
         whole = intervals._pooled_counts.__wrapped__(low_high, sizes)
+        assert [(e, p.hex()) for e, p in whole.items()] == [
+            (e, p.hex()) for e, p in _pooled_counts_by_loop(low_high, sizes).items()
+        ]
         wanted = tuple(rng.sample(sorted(whole), min(3, len(whole))))
         some = intervals._pooled_counts.__wrapped__(low_high, sizes, wanted)
         assert [(e, p.hex()) for e, p in some.items()] == [
