@@ -243,6 +243,82 @@ def test_the_median_per_study_law_by_hand():
 # --- the committed DD-PPO claim against the audit ---------------------------------------------------------
 
 
+def _combine_by_loop(a: dict, b: dict, op) -> dict:
+    """intervals.combine as it was written before its array path: a dict filled pair by pair."""
+    out: dict[float, float] = {}
+    for x, p in a.items():
+        for y, q in b.items():
+            out[op(x, y)] = out.get(op(x, y), 0.0) + p * q
+    return {v: p for v, p in out.items() if p > 1e-15}
+
+
+def _quantile_by_loop(dist: dict, q: float) -> float:
+    acc = 0.0
+    values = sorted(dist)
+    for i, v in enumerate(values):
+        acc += dist[v]
+        if (1.0 if i == len(values) - 1 else min(acc, 1.0)) >= q - 1e-12:
+            return v
+    return values[-1]
+
+
+def _pooled_counts_by_loop(low_high: tuple, sizes: tuple) -> dict:
+    """intervals._pooled_counts as it was written before: (c, n) tuples as keys, every partial sum kept."""
+    one: dict[tuple[int, int], float] = {}
+    for (low, high), o in zip(low_high, sizes, strict=True):
+        for c in range(o + 1):
+            p = math.comb(o, c) * low**c * high ** (o - c) / len(sizes)
+            if p:
+                one[c, o] = one.get((c, o), 0.0) + p
+    total = {(0, 0): 1.0}
+    for _ in sizes:
+        nxt: dict[tuple[int, int], float] = {}
+        for (c1, n1), p in total.items():
+            for (c2, n2), q in one.items():
+                nxt[c1 + c2, n1 + n2] = nxt.get((c1 + c2, n1 + n2), 0.0) + p * q
+        total = nxt
+    return total
+
+
+def _bits(dist: dict) -> list[tuple[str, str]]:
+    """A law as its values and masses, each exactly (hex keeps -0.0 and the last bit), in its order."""
+    return [(float(v).hex(), float(p).hex()) for v, p in dist.items()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_array_paths_are_bitwise_the_loops(seed):
+    """The claims' exactness rests on these laws being the same floats in the same order whatever path
+    computes them (a later combine sums in a law's order): combine's numpy path against the loop it replaced
+    (ties, inf, inf / inf, division by 0.0 and signed zeros included), the quantiles against a loop over
+    the sorted law, the pooled-count table against the loop it replaced, and one read for some entries only
+    against the whole table."""
+    rng = random.Random(seed)
+    pool = [0.0, -0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 0.1 + 0.2, 1 / 3, INF]
+
+    def law() -> dict:
+        raw = {rng.choice(pool) * rng.choice((1, 1, 7.25)): rng.random() for _ in range(rng.randint(1, 9))}
+        return {v: p / sum(raw.values()) for v, p in raw.items()}
+
+    for _ in range(40):
+        a, b = law(), law()
+        for op in (min, max, intervals.divide):
+            assert _bits(intervals.combine(a, b, op)) == _bits(_combine_by_loop(a, b, op)), (a, b, op)
+        for q in (0.0, 0.025, 0.5, 0.975, 1.0):
+            assert intervals.quantile(a, q).hex() == _quantile_by_loop(a, q).hex()
+    for _ in range(20):
+        sizes = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 4)))
+        low_high = tuple((low, rng.uniform(0, 1 - low)) for low in (rng.random() for _ in sizes))
+        whole = intervals._pooled_counts.__wrapped__(low_high, sizes)
+        assert [(e, p.hex()) for e, p in whole.items()] == [
+            (e, p.hex()) for e, p in _pooled_counts_by_loop(low_high, sizes).items()
+        ]
+        wanted = tuple(rng.sample(sorted(whole), min(3, len(whole))))
+        some = intervals._pooled_counts.__wrapped__(low_high, sizes, wanted)
+        assert [(e, p.hex()) for e, p in some.items()] == [
+            (e, p.hex()) for e, p in whole.items() if e in wanted
+        ]
+
+
 def test_rl_final_quality_reads_as_the_independent_audit_found():
     """The audit (issue 81, its own code and a 10^6-resample Monte Carlo): without allreduce_study2_trial1
     -0.109 [-0.328, 0.000], inconclusive; without study 3 -0.148 [-0.367, -0.047], inconclusive (threshold
