@@ -39,7 +39,6 @@ CANCELLED = "cancelled.json"
 # a tuning directory (`wagma-bench tune`): its plan, written before any trial runs, and the folder of its
 # trials' run directories (read by analysis/tuning.py, and by the W&B logger to group a tuning's trials)
 TUNE_PLAN, TUNE_TRIALS = "tune.json", "trials"
-FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
 
 class RunDirLocked(RuntimeError):
