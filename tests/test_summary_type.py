@@ -35,7 +35,9 @@ def _key_read(node: ast.AST, aliases: set[str]) -> bool:
     """``<summary>["key"]`` read (not written), or ``<summary>.get("key", ...)``."""
     if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
         key = node.slice
-        return isinstance(key, ast.Constant) and isinstance(key.value, str) and _summaryish(node.value, aliases)
+        return (
+            isinstance(key, ast.Constant) and isinstance(key.value, str) and _summaryish(node.value, aliases)
+        )
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
         first = node.args[0] if node.args else None
         return (
@@ -93,9 +95,17 @@ def test_a_planted_key_read_is_caught():
 
 
 def test_old_names_read_as_today_and_unknown_fields_kept():
-    s = RunSummary.from_json({"status": "completed", "steps": 12, "steps_to_target": 8, "train_s": 6.0, "x": 1})
+    s = RunSummary.from_json(
+        {"status": "completed", "steps": 12, "steps_to_target": 8, "train_s": 6.0, "x": 1}
+    )
     assert (s.rounds, s.rounds_to_target, s.round_s, s.finished) == (12, 8, 0.5, True)
-    assert s.extra == {"x": 1} and s.to_json()["x"] == 1 and "steps" not in s.to_json()
+    assert s.extra == {"x": 1} and list(s.to_json()) == [
+        "status",
+        "rounds",
+        "rounds_to_target",
+        "train_s",
+        "x",
+    ]
     assert run_summary(None) is None and run_summary(s) is s and RunSummary.from_json({}).restarts == 0
 
 
@@ -104,7 +114,6 @@ def test_every_committed_summary_reads_back_whole():
     paths = sorted((ROOT / "reproduce").rglob("summary.json"))[:40]
     assert paths
     for path in paths:
-        raw, s = json.loads(path.read_text()), RunSummary.load(path)
-        back = s.to_json()
-        renamed = {"steps": "rounds", "steps_to_target": "rounds_to_target"}
-        assert all(back[renamed.get(k, k)] == v for k, v in raw.items() if renamed.get(k, k) not in raw), path
+        raw = json.loads(path.read_text())
+        if not {"steps", "steps_to_target"} & raw.keys():  # an old one reads under today's names (above)
+            assert json.dumps(RunSummary.load(path).to_json()) == json.dumps(raw), path

@@ -30,6 +30,7 @@ from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
 from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
 from wagma_bench.record.steps import current_record
+from wagma_bench.record.summary import FINISHED, RunSummary, run_summary  # noqa: F401 (FINISHED: its old home)
 
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the
@@ -175,12 +176,12 @@ def refuse_symlinks(run_dir: Path) -> None:
                     raise refuse_link(inner)
 
 
-def finished_summary(run_dir: Path, raw: dict) -> dict | None:
+def finished_summary(run_dir: Path, raw: dict) -> RunSummary | None:
     """The summary of a finished run in ``run_dir`` with the same identity and
     budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
-    summary = record.saved_summary
-    if summary is None or summary.get("status") not in FINISHED:
+    summary = run_summary(record.saved_summary)
+    if summary is None or not summary.finished:
         return None
     earlier = record.start.config if record.start else None
     if not earlier or resume_hash(earlier) != resume_hash(raw) or budget(earlier) != budget(raw):

@@ -1,13 +1,16 @@
-"""A run's summary (``summary.json``) as a type: :class:`RunSummary`, the one place its fields are read by name.
+"""A run's summary (``summary.json``) as a type: :class:`RunSummary`, the one place its fields are read by
+name.
 
-Rank 0 writes the summary at its end (or the launcher after a failure: :func:`wagma_bench.record.rundir.finalize`)
-from :func:`wagma_bench.record.events.summarize`; every reader takes it through :meth:`RunSummary.from_json` (a
-mapping already read: a computed summary, or one read back through :data:`wagma_bench.config.readback.RUN_SUMMARY`)
-or :meth:`RunSummary.load` (a file), so the names renamed since runs were recorded (``steps`` -> ``rounds``:
-:data:`wagma_bench.config.renamed.RENAMED_SUMMARY`) are translated in one place, and a reader names a field as
-an attribute a type checker follows. Older and newer summaries carry different fields: the ones the type does
-not name stay in :attr:`RunSummary.extra`, so reading a summary loses nothing, and what is written stays the
-mapping :func:`summarize` made (the committed summaries under reproduce/ are read byte for byte).
+Rank 0 writes the summary at its end (or the launcher after a failure:
+:func:`wagma_bench.record.rundir.finalize`) from :func:`wagma_bench.record.events.summarize`; every reader
+takes it through :meth:`RunSummary.from_json` (a mapping already read: a computed summary, or one read back
+through :data:`wagma_bench.config.readback.RUN_SUMMARY`) or :meth:`RunSummary.load` (a file), so the names
+renamed since runs were recorded (``steps`` -> ``rounds``: :data:`wagma_bench.config.renamed.RENAMED_SUMMARY`)
+are translated in one place, and a reader names a field as an attribute a type checker follows. Older and
+newer summaries carry different fields: the ones the type does not name stay in :attr:`RunSummary.extra`, so
+reading a summary loses nothing, and what is written stays the mapping :func:`summarize` made (the committed
+summaries under reproduce/ are read byte for byte; :meth:`RunSummary.to_json` gives back the fields read, in
+their order).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class RunSummary:
     reference_s: float | None = None  # the speed reference's reading (campaign.reference)
     reference_before_after_s: list | None = None  # its readings at the run's start and end
     extra: Mapping[str, Any] = field(default_factory=dict)  # every field the type does not name
+    keys: tuple[str, ...] = field(default=(), repr=False)  # the fields read, in their order (to_json)
 
     @classmethod
     def from_json(cls, mapping: Mapping[str, Any]) -> RunSummary:
@@ -61,7 +65,8 @@ class RunSummary:
         named = {k: v for k, v in current.items() if k in _NAMED}
         if named.get("restarts") is None:
             named.pop("restarts", None)
-        return cls(**named, extra={k: v for k, v in current.items() if k not in _NAMED})
+        extra = {k: v for k, v in current.items() if k not in _NAMED}
+        return cls(**named, extra=extra, keys=tuple(current))
 
     @classmethod
     def load(cls, path: Path | str) -> RunSummary:
@@ -80,14 +85,20 @@ class RunSummary:
         ok = all(isinstance(v, (int, float)) and v > 0 for v in (self.train_s, self.rounds))
         return self.train_s / self.rounds if ok else None
 
+    def given(self, name: str) -> bool:
+        """Whether the summary holds ``name`` (today's name), at None or not: ``target: null`` is a run with
+        no target, its absence a summary written before targets were recorded."""
+        return name in (self.keys or self.to_json())
+
     def to_json(self) -> dict[str, Any]:
-        """The summary as a mapping under today's names (named fields first, then the others)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return {**out, **self.extra}
+        """The summary as a mapping under today's names: the fields it was read from, in their order (one
+        built here: every named field, then the others)."""
+        keys = self.keys or (*(f.name for f in dataclasses.fields(self) if f.name in _NAMED), *self.extra)
+        return {k: getattr(self, k) if k in _NAMED else self.extra[k] for k in keys}
 
 
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
-_NAMED = frozenset(f.name for f in dataclasses.fields(RunSummary)) - {"extra"}
+_NAMED = frozenset(f.name for f in dataclasses.fields(RunSummary)) - {"extra", "keys"}
 
 
 def run_summary(mapping: Mapping[str, Any] | RunSummary | None) -> RunSummary | None:
