@@ -24,6 +24,8 @@ ALLOWED = {
 def _summaryish(node: ast.AST, aliases: set[str]) -> bool:
     """An expression that is a run summary by its name: ``summary``, ``saved``, ``r.summary``,
     ``record.saved_summary``, ``record.summary_or_saved()``, or a local name bound to one."""
+    if isinstance(node, ast.BoolOp):  # (summary or {}).get("status")
+        return any(_summaryish(v, aliases) for v in node.values)
     if isinstance(node, ast.Call):
         node = node.func
     if isinstance(node, ast.Name):
@@ -88,10 +90,11 @@ def test_a_planted_key_read_is_caught():
         "    b = record.saved_summary.get('status')\n"
         "    c = s.get('reached')\n"
         "    d = record.summary_or_saved()['train_s']\n"
+        "    e = (summary or {}).get('wandb')\n"
         "    summary['error'] = 'x'\n"  # a write: the writer's own business, not a read
         "    return other['rounds'], other.get('status')\n"
     )
-    assert [line for _, line in summary_key_reads(planted)] == [3, 4, 5, 6]
+    assert [line for _, line in summary_key_reads(planted)] == [3, 4, 5, 6, 7]
 
 
 def test_old_names_read_as_today_and_unknown_fields_kept():

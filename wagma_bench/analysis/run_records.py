@@ -164,10 +164,11 @@ def wandb_import_note(run_dir: Path) -> dict | None:
     return {k: note.get(k) for k in keys if isinstance(note.get(k), (str, type(None)))}
 
 
-def wandb_run_id(saved: dict | None, run_dir: Path) -> str | None:
+def wandb_run_id(saved: RunSummary | dict | None, run_dir: Path) -> str | None:
     """The id of a run's W&B run: from ``summary.json``'s ``wandb`` entry (``logger=wandb``), else from
     ``wandb-import``'s note; None for a run logged before the id was recorded, or never logged."""
-    entry = (saved or {}).get("wandb")
+    s = run_summary(saved or None)
+    entry = s.wandb if s is not None else None
     if isinstance(entry, dict) and isinstance(entry.get("id"), str):
         return entry["id"]
     note = wandb_import_note(run_dir)

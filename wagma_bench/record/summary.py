@@ -55,6 +55,7 @@ class RunSummary:
     dropcompute: dict | None = None  # DropCompute's threshold and drops, where it ran
     reference_s: float | None = None  # the speed reference's reading (campaign.reference)
     reference_before_after_s: list | None = None  # its readings at the run's start and end
+    wandb: dict | None = None  # logger=wandb: the mode W&B ran in, why, and the W&B run's id
     extra: Mapping[str, Any] = field(default_factory=dict)  # every field the type does not name
     keys: tuple[str, ...] = field(default=(), repr=False)  # the fields read, in their order (to_json)
 
