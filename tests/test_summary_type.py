@@ -68,6 +68,40 @@ def summary_key_reads(source: str) -> list[tuple[str, int]]:
     return [(name, line) for line, name in sorted(out.items())]
 
 
+def summary_writes(source: str) -> list[int]:
+    """Lines of ``source`` that write a file named by ``SUMMARY`` or ``"summary.json"`` (a call whose name
+    says write, given such a path)."""
+
+    def names_summary(arg: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Name)
+            and n.id == "SUMMARY"
+            or isinstance(n, ast.Constant)
+            and n.value == "summary.json"
+            for n in ast.walk(arg)
+        )
+
+    return [
+        n.lineno
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call)
+        and "write" in ast.unparse(n.func).lower()
+        and any(names_summary(a) for a in n.args[:1])
+    ]
+
+
+def test_summary_json_is_written_in_one_place():
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if str(path.relative_to(ROOT)) != HOME
+        for line in summary_writes(path.read_text())
+    ]
+    assert not found, "write summary.json through record/summary.py's write_summary:\n" + "\n".join(found)
+    planted = "def f(d):\n    write_json_atomic(d / SUMMARY, {})\n    atomic_write(d / 'summary.json', b'')\n"
+    assert summary_writes(planted) == [2, 3]
+
+
 def test_no_summary_is_read_by_key_outside_its_type():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -28,9 +28,9 @@ from pathlib import Path
 from wagma_bench.config import readback
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
-from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
+from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link
 from wagma_bench.record.steps import current_record
-from wagma_bench.record.summary import FINISHED, RunSummary, run_summary  # noqa: F401 (FINISHED: its old home)
+from wagma_bench.record.summary import FINISHED, RunSummary, run_summary, write_summary  # noqa: F401 (FINISHED: its old home)
 
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the
@@ -204,7 +204,7 @@ def finalize(
     summary["preempted_rollouts"] = preempted_rollouts(records)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
         summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
-    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+    write_summary(run_dir, summary)
     try_write_mllog(run_dir, echo=echo_mllog)
     return summary
 

@@ -23,6 +23,8 @@ from typing import Any
 
 from wagma_bench.config import readback
 from wagma_bench.config.renamed import RENAMED_SUMMARY, renamed_fields
+from wagma_bench.record.events import SUMMARY
+from wagma_bench.record.files import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,20 @@ class RunSummary:
 
 FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 _NAMED = frozenset(f.name for f in dataclasses.fields(RunSummary)) - {"extra", "keys"}
+
+
+def write_summary(run_dir: Path | str, fields: Mapping[str, Any]) -> None:
+    """Write ``run_dir``'s ``summary.json`` (atomically, never through a link): the one writer. ``fields`` are
+    written as given, so what a run records is :func:`summarize`'s mapping and its order."""
+    write_json_atomic(Path(run_dir) / SUMMARY, dict(fields))
+
+
+def add_to_summary(run_dir: Path | str, added: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_dir``'s ``summary.json`` as written (read back against its schema), with ``added`` set, written
+    again; what was written. A ValueError or OSError where the summary cannot be read back."""
+    fields = {**readback.load(Path(run_dir) / SUMMARY, readback.RUN_SUMMARY), **added}
+    write_summary(run_dir, fields)
+    return fields
 
 
 def run_summary(mapping: Mapping[str, Any] | RunSummary | None) -> RunSummary | None:
