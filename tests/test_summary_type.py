@@ -6,6 +6,7 @@ read, and a planted one is caught."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from wagma_bench.record.summary import RunSummary, run_summary
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "wagma_bench"
 HOME = "wagma_bench/record/summary.py"
+_parse = functools.cache(ast.parse)  # each module parsed once for both walks
 
 # Sites still reading a summary mapping by key, each with why (module path, function name).
 ALLOWED = {
@@ -53,7 +55,7 @@ def _key_read(node: ast.AST, aliases: set[str]) -> bool:
 def summary_key_reads(source: str) -> list[tuple[str, int]]:
     """(function, line) of every string-key read of a run summary in ``source``."""
     out: dict[int, str] = {}  # line -> the innermost function holding it (ast.walk reaches it last)
-    for fn in ast.walk(ast.parse(source)):
+    for fn in ast.walk(_parse(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         aliases = {  # a name bound to a summary (s = r.summary), followed within the function
@@ -83,7 +85,7 @@ def summary_writes(source: str) -> list[int]:
 
     return [
         n.lineno
-        for n in ast.walk(ast.parse(source))
+        for n in ast.walk(_parse(source))
         if isinstance(n, ast.Call)
         and "write" in ast.unparse(n.func).lower()
         and any(names_summary(a) for a in n.args[:1])
