@@ -203,7 +203,8 @@ def finalize(
     summary["compute_contention"] = contention_of(records)
     summary["preempted_rollouts"] = preempted_rollouts(records)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
-        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
+        seen = RunSummary.from_json(summary).error
+        summary["error"] = error + (f" (rank 0: {seen})" if seen else "")
     write_summary(run_dir, summary)
     try_write_mllog(run_dir, echo=echo_mllog)
     return summary
