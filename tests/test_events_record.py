@@ -91,7 +91,7 @@ def test_torn_last_line_is_skipped_and_the_run_is_marked(tmp_path):
     assert not record.stopped and record.saved_summary is None and record.last_round == 10
     assert [(e.round, e.value, e.took_s) for e in record.evaluations] == [(10, 0.5, 0.5)]
     run = run_records.load_run(d)
-    assert "torn last line in events.jsonl" in run.problems and run.summary["status"] == "incomplete"
+    assert "torn last line in events.jsonl" in run.problems and run.summary.status == "incomplete"
     assert sweep_jobs.run_progress(d) == {
         "status": "running",
         "step": 10,
@@ -223,7 +223,8 @@ def test_a_run_recorded_before_a_key_was_added_with_a_null_default_keeps_its_ide
     start = {"key": "run_start", "value": None, "time_ms": 0, "metadata": {"config": old, "world_size": 4}}
     (run_dir / "events.jsonl").write_text(json.dumps(start) + "\n")
     write_json_atomic(run_dir / "summary.json", {"status": "completed", "steps": 100})
-    assert finished_summary(run_dir, new) == {"status": "completed", "rounds": 100}  # read under today's name
+    # read under today's name
+    assert finished_summary(run_dir, new).to_json() == {"status": "completed", "rounds": 100}
     changed = {**new, "workload": {**new["workload"], "shuffle_seed": 7}}
     assert finished_summary(run_dir, changed) is None
     folder = run_dir / "checkpoint" / "round-50"

@@ -205,7 +205,7 @@ def test_time_to_target_table_exact(sweep):
 
 def test_crashed_run_is_read_and_marked(sweep):
     run = run_records.load_run(next(sweep.glob("*_sgp_crashed")))
-    assert run.partial and run.summary["status"] == "incomplete"
+    assert run.partial and run.summary.status == "incomplete"
     assert any("torn" in p for p in run.problems) and any("summary.json" in p for p in run.problems)
     assert any("run_stop" in p for p in run.problems)
     assert len(run.evals) == 2 and run.meta["optimizer"] == "sgp"
@@ -511,7 +511,7 @@ def test_failed_and_resumed_runs_status(tmp_path):
     failed = write_run(tmp_path / "failed", "wagma", 1, reach_at(None)[:1], crashed=True)
     write_json_atomic(failed / "summary.json", {"status": "failed", "error": "rank 2 exited with code 1"})
     run = run_records.load_run(failed)
-    assert run.summary["status"] == "failed" and run.summary["error"] == "rank 2 exited with code 1"
+    assert run.summary.status == "failed" and run.summary.error == "rank 2 exited with code 1"
     assert run.partial and not any("summary.json" in p for p in run.problems)
     resumed = write_run(tmp_path / "resumed", "wagma", 1, reach_at(None))
     with open(resumed / "events.jsonl", "a") as f:
@@ -520,7 +520,7 @@ def test_failed_and_resumed_runs_status(tmp_path):
             + "\n"
         )
     run = run_records.load_run(resumed)
-    assert run.summary["status"] == "incomplete" and "since its last resume" in run.problems[0]
+    assert run.summary.status == "incomplete" and "since its last resume" in run.problems[0]
 
 
 def test_bleu_under_two_sacrebleu_signatures_is_flagged():

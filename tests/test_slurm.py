@@ -645,7 +645,7 @@ def test_sweep_cancel_ends_the_array_marks_its_runs_and_submit_resumes_them(tmp_
         checkpoints = []
         for d, row in zip(runs, rows, strict=True):
             assert json.loads((d / "cancelled.json").read_text())["job"] == row["job"]
-            assert load_run(d).summary["status"] == "cancelled"
+            assert load_run(d).summary.status == "cancelled"
             checkpoints.append(_events(d, "checkpoint")[-1]["metadata"]["round"])
             assert checkpoints[-1] > 0 and (d / "checkpoint" / f"round-{checkpoints[-1]}").is_dir()
         assert sweep_cli.main(["cancel", str(out)]) == 0  # nothing left to cancel: said, not an error

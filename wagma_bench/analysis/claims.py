@@ -76,6 +76,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.metric import Metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import atomic_write, staged_outputs, write_json_atomic
+from wagma_bench.record.summary import run_summary
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -1139,8 +1140,8 @@ def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, s
         folder = tune_dir / TRIALS / t.name
         if not folder.is_dir():
             return f"{folder} is missing"
-        summary = RunEvents.read(folder).saved_summary
-        return f"{folder} has no summary" if summary is None else f"{folder} ended {summary.get('status')}"
+        summary = run_summary(RunEvents.read(folder).saved_summary)
+        return f"{folder} has no summary" if summary is None else f"{folder} ended {summary.status}"
 
     named = ", ".join(f"{t.name} (study {t.study}, trial {t.trial}: {state(t)})" for t in unfinished[:shown])
     more = f" and {len(unfinished) - shown} more" if len(unfinished) > shown else ""

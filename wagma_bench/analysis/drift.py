@@ -27,6 +27,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from wagma_bench.record.summary import RunSummary, run_summary
+
 REFERENCE = "reference_s"
 DRAWS = 9  # equally likely values of the elasticity mixed into a drift-adjusted interval
 
@@ -53,16 +55,18 @@ def tuning_median(finished: list[dict]) -> float | None:
     return median_reference(finished) if finished and all(map(has_reference, finished)) else None
 
 
-def has_reference(summary: dict | None) -> bool:
-    return bool(summary) and _positive(summary.get(REFERENCE))
+def has_reference(summary: RunSummary | dict | None) -> bool:
+    s = run_summary(summary or None)
+    return s is not None and _positive(s.reference_s)
 
 
-def seconds_per_round(summary: dict | None) -> float | None:
+def seconds_per_round(summary: RunSummary | dict | None) -> float | None:
     """A trial's training clock over its rounds: what both its throughput and
     its time to target scale with."""
-    if not summary or not _positive(summary.get("train_s")) or not _positive(summary.get("rounds")):
+    s = run_summary(summary or None)
+    if s is None or not _positive(s.train_s) or not _positive(s.rounds):
         return None
-    return summary["train_s"] / summary["rounds"]
+    return s.train_s / s.rounds
 
 
 def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None:
@@ -102,7 +106,7 @@ def elasticity_draws(fit: Elasticity, k: int = DRAWS) -> list[float]:
 def adjusted(summary: dict, median: float, max_runtime_s: float | None, elasticity: float = 1.0) -> dict:
     """A copy of ``summary`` with its time to target and throughput scaled to the median reference by
     (reference_s / median)^elasticity; a trial past ``max_runtime_s`` (raw) stays a miss."""
-    factor = (summary[REFERENCE] / median) ** elasticity
+    factor = (run_summary(summary).reference_s / median) ** elasticity
     out = dict(summary)
     if out.get("throughput_samples_per_s"):
         out["throughput_samples_per_s"] = out["throughput_samples_per_s"] * factor

@@ -82,7 +82,7 @@ def median(values: Sequence[float]) -> float | None:
 
 def time_to_target(run: RunRecord) -> float:
     """Training time at the first evaluation at or above the target; inf when never reached."""
-    t = run.summary.get("time_to_target_s")
+    t = run.summary.time_to_target_s
     return INF if t is None else float(t)
 
 
@@ -105,15 +105,15 @@ def _series_row(key: tuple, rs: list[RunRecord], has_target: bool) -> dict:
     opt, world, imb = key
     times = [time_to_target(r) for r in rs]
     reached = [t for t in times if not math.isinf(t)]
-    finals = [r.summary["final_metric"] for r in rs if r.summary.get("final_metric") is not None]
-    bests = [r.summary["best_metric"] for r in rs if r.summary.get("best_metric") is not None]
+    finals = [r.summary.final_metric for r in rs if r.summary.final_metric is not None]
+    bests = [r.summary.best_metric for r in rs if r.summary.best_metric is not None]
     # a diverged run trained on non-finite numbers: its throughput is no measure of the optimizer's
     tputs = [
-        r.summary["throughput_samples_per_s"]
+        r.summary.throughput_samples_per_s
         for r in rs
-        if r.summary.get("throughput_samples_per_s") and r.summary.get("status") != "diverged"
+        if r.summary.throughput_samples_per_s and r.summary.status != "diverged"
     ]
-    spreads = [r.summary["compute_imbalance"] for r in rs if r.summary.get("compute_imbalance") is not None]
+    spreads = [r.summary.compute_imbalance for r in rs if r.summary.compute_imbalance is not None]
     steps = [r.steps for r in rs if r.steps is not None and r.steps.wait_shares]
     return {
         "optimizer": opt,
@@ -135,11 +135,9 @@ def _series_row(key: tuple, rs: list[RunRecord], has_target: bool) -> dict:
         "compute_imbalance": median(spreads),
         "wait_share": median([s.wait_share_mean for s in steps]),
         "wait_share_worst": max((s.wait_share_max for s in steps), default=None),
-        "contention": max(
-            (c for r in rs if (c := r.summary.get("compute_contention")) is not None), default=None
-        ),
+        "contention": max((c for r in rs if (c := r.summary.compute_contention) is not None), default=None),
         "partial_runs": sum(r.partial for r in rs),
-        "diverged_runs": sum(r.summary.get("status") == "diverged" for r in rs),
+        "diverged_runs": sum(r.summary.status == "diverged" for r in rs),
     }
 
 
@@ -193,7 +191,7 @@ def add_flags(rows: list[dict], series: dict[tuple, list[RunRecord]], reference:
         if reference is not None and is_series_of(r["optimizer"], reference)
     }
     for row, (key, rs) in zip(rows, series.items(), strict=True):
-        flags = [fairness.contended(r.summary.get("compute_contention") for r in rs)]
+        flags = [fairness.contended(r.summary.compute_contention for r in rs)]
         ref = refs.get((row["world_size"], row["imbalance"]))
         if ref is not None and ref is not row:
             ref_key = (ref["optimizer"], ref["world_size"], ref["imbalance"])
@@ -236,20 +234,20 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
                 "world_size": r.meta.get("world_size"),
                 "imbalance": r.meta.get("imbalance"),
                 "seed": r.meta.get("seed"),
-                "status": s.get("status"),
-                "reached": s.get("reached"),
-                "time_to_target_s": s.get("time_to_target_s"),
-                "rounds": s.get("rounds"),
-                "final_metric": s.get("final_metric"),
-                "best_metric": s.get("best_metric"),
-                "throughput": s.get("throughput_samples_per_s"),
-                "train_s": s.get("train_s"),
-                "restarts": s.get("restarts"),
-                "compute_imbalance": s.get("compute_imbalance"),
+                "status": s.status,
+                "reached": s.reached,
+                "time_to_target_s": s.time_to_target_s,
+                "rounds": s.rounds,
+                "final_metric": s.final_metric,
+                "best_metric": s.best_metric,
+                "throughput": s.throughput_samples_per_s,
+                "train_s": s.train_s,
+                "restarts": s.restarts,
+                "compute_imbalance": s.compute_imbalance,
                 "wait_share": r.steps.wait_share_mean if r.steps else None,
                 "wait_share_worst": r.steps.wait_share_max if r.steps else None,
-                "contention": s.get("compute_contention"),
-                "flags": fairness.contended([s.get("compute_contention")]) or "",
+                "contention": s.compute_contention,
+                "flags": fairness.contended([s.compute_contention]) or "",
                 "problems": "; ".join(r.problems),
                 "signature": r.signature,
             }

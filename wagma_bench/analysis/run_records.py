@@ -15,6 +15,7 @@ from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import EVENTS, RunEvents
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
 from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.summary import RunSummary, run_summary
 
 
 @dataclass
@@ -24,7 +25,7 @@ class RunRecord:
     path: Path
     meta: dict  # run_start metadata (empty when the run never started)
     evals: list[dict]  # {step, train_s, wall_s, value} per evaluation
-    summary: dict  # events.summarize() of its events; status from summary.json when present
+    summary: RunSummary  # events.summarize() of its events; status from summary.json when present
     problems: list[str] = field(default_factory=list)  # why the run is marked half-written
     signature: str | None = None  # how the metric was computed (sacrebleu's signature for BLEU)
     running: bool = False  # its lock names a live process: shown, but left out of comparisons
@@ -34,6 +35,9 @@ class RunRecord:
     wandb: dict | None = None  # its logger.wandb section (None: it did not log to W&B)
     steps: StepFigures | None = None  # what its step records say (None: it has none, or they are damaged)
     wandb_id: str | None = None  # its W&B run's id, where it was recorded (summary.json, wandb-import's note)
+
+    def __post_init__(self) -> None:
+        self.summary = run_summary(self.summary)  # a mapping given (as written, or computed) read as the type
 
     @property
     def partial(self) -> bool:
@@ -83,13 +87,13 @@ def load_run(path: Path) -> RunRecord:
         summary["status"] = "incomplete"
     if record.torn:
         problems.append("torn last line in events.jsonl")
-    saved = record.saved_summary
+    saved = run_summary(record.saved_summary)
     if saved is None:
         problems.append("no summary.json")
-    elif not record.stopped and saved.get("status") and record.summary_after_events:
+    elif not record.stopped and saved.status and record.summary_after_events:
         # written by the launcher's finalize() after the ranks died: it knows the failure the events miss
-        summary["status"], summary["error"] = saved["status"], saved.get("error") or summary["error"]
-    if summary["status"] not in (*FINISHED, "running") and cancel_note(path) is not None:
+        summary["status"], summary["error"] = saved.status, saved.error or RunSummary.from_json(summary).error
+    if RunSummary.from_json(summary).status not in (*FINISHED, "running") and cancel_note(path) is not None:
         summary["status"] = "cancelled"  # by `wagma-bench sweep cancel`: not a failure, and resumable
     holder = live_holder(path) if not record.stopped else None
     if holder is not None:
@@ -102,7 +106,7 @@ def load_run(path: Path) -> RunRecord:
     if record.skipped:
         problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
     figures = _step_figures(path, warnings)
-    summary.update(recorded_only(saved, figures))
+    summary.update(recorded_only(record.saved_summary, figures))
     meta = record.start.settings if record.start else {}
     evals = [
         {"round": e.round, "train_s": e.train_s, "wall_s": e.wall_s, "value": e.value}
@@ -116,7 +120,7 @@ def load_run(path: Path) -> RunRecord:
         Path(path),
         meta,
         evals,
-        summary,
+        RunSummary.from_json(summary),
         problems,
         record.signature,
         holder is not None,
@@ -160,23 +164,25 @@ def wandb_import_note(run_dir: Path) -> dict | None:
     return {k: note.get(k) for k in keys if isinstance(note.get(k), (str, type(None)))}
 
 
-def wandb_run_id(saved: dict | None, run_dir: Path) -> str | None:
+def wandb_run_id(saved: RunSummary | dict | None, run_dir: Path) -> str | None:
     """The id of a run's W&B run: from ``summary.json``'s ``wandb`` entry (``logger=wandb``), else from
     ``wandb-import``'s note; None for a run logged before the id was recorded, or never logged."""
-    entry = (saved or {}).get("wandb")
+    s = run_summary(saved or None)
+    entry = s.wandb if s is not None else None
     if isinstance(entry, dict) and isinstance(entry.get("id"), str):
         return entry["id"]
     note = wandb_import_note(run_dir)
     return note.get("id") if note else None
 
 
-def reference_readings(summary: dict) -> list[float]:
+def reference_readings(summary: RunSummary | dict) -> list[float]:
     """A run's speed-reference readings (:mod:`wagma_bench.campaign.reference`): the ones at its start and end
     where recorded, else their mean; none for a run that was not timed so."""
-    pair = summary.get("reference_before_after_s")
+    s = run_summary(summary)
+    pair = s.reference_before_after_s
     if isinstance(pair, list) and all(isinstance(v, (int, float)) for v in pair) and pair:
         return [float(v) for v in pair]
-    ref = summary.get("reference_s")
+    ref = s.reference_s
     return [float(ref)] if isinstance(ref, (int, float)) else []
 
 

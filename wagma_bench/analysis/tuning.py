@@ -23,6 +23,7 @@ from wagma_bench.metric import METRICS
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
+from wagma_bench.record.summary import RunSummary, run_summary
 
 PLAN = TUNE_PLAN  # what is tuned: the trials and their settings (written before any trial runs)
 TUNING = "tuning.json"  # the scores
@@ -52,47 +53,48 @@ def describe(params: dict[str, Any]) -> str:
     return ", ".join(f"{k.removeprefix('optimizer.')}={yaml_value(v)}" for k, v in params.items())
 
 
-def outcome(summary: dict | None, max_runtime_s: float | None) -> str:
-    if summary is None:
+def outcome(summary: RunSummary | dict | None, max_runtime_s: float | None) -> str:
+    s = run_summary(summary)
+    if s is None:
         return "not run"
-    if scored_by([summary]) == BY_METRIC:
-        best = summary.get("best_metric")
+    if scored_by([s]) == BY_METRIC:
+        best = s.best_metric
         return (
-            f"{summary.get('status')}, best {summary.get('target_metric') or 'metric'} "
+            f"{s.status}, best {s.target_metric or 'metric'} "
             f"{'none' if best is None else f'{best:.4g}'} (no target: scored by the best metric)"
         )
-    t = trial_time(summary, max_runtime_s)
+    t = trial_time(s, max_runtime_s)
     if math.isfinite(t):
         return f"target reached in {t:.1f} s"
-    late = summary.get("reached") and not math.isfinite(t)
-    return f"{summary.get('status')}, target {'reached after tune.max_runtime_s' if late else 'missed'}"
+    late = s.reached and not math.isfinite(t)
+    return f"{s.status}, target {'reached after tune.max_runtime_s' if late else 'missed'}"
 
 
 def scored_by(summaries) -> str:
     """:data:`BY_METRIC` when the trials that started ran with no target (``eval.target=null``), else
     :data:`BY_TIME` (also when none has started)."""
-    started = [s for s in summaries if s]
-    return BY_METRIC if started and all("target" in s and s["target"] is None for s in started) else BY_TIME
+    started = [run_summary(s) for s in summaries if s]
+    return BY_METRIC if started and all(s.given("target") and s.target is None for s in started) else BY_TIME
 
 
-def trial_time(summary: dict | None, max_runtime_s: float | None = None) -> float:
+def trial_time(summary: RunSummary | dict | None, max_runtime_s: float | None = None) -> float:
     """A trial's time to target (training clock); inf when it missed it, did not finish, or took longer
     than ``max_runtime_s``."""
-    if not summary or not summary.get("reached") or summary.get("time_to_target_s") is None:
+    s = run_summary(summary or None)
+    if s is None or not s.reached or s.time_to_target_s is None:
         return INF
-    t = float(summary["time_to_target_s"])
+    t = float(s.time_to_target_s)
     return INF if max_runtime_s is not None and t > max_runtime_s else t
 
 
-def trial_cost(summary: dict | None, max_runtime_s: float | None, by: str) -> float:
+def trial_cost(summary: RunSummary | dict | None, max_runtime_s: float | None, by: str) -> float:
     """What a study minimises: the time to target, or the negated best metric of a trial that ended by its own
     rules (inf for one that failed or has not ended)."""
     if by == BY_TIME:
         return trial_time(summary, max_runtime_s)
-    from wagma_bench.record.rundir import FINISHED
-
-    best = (summary or {}).get("best_metric")
-    ended = bool(summary) and summary.get("status") in FINISHED
+    s = run_summary(summary or None)
+    best = s.best_metric if s is not None else None
+    ended = s is not None and s.finished
     return (
         METRICS["final_metric"].key(float(best))
         if ended and best is not None and math.isfinite(best)
@@ -188,13 +190,12 @@ def favours(value: float | None, reference: float | None, metric: str) -> float 
     return METRICS[metric].factor(value, reference)
 
 
-def trial_finished(summary: dict | None) -> bool:
+def trial_finished(summary: RunSummary | dict | None) -> bool:
     """Whether a trial counts in a score: it has a final summary, ended by its own rules or failed (a failed
     one counts as a miss). A trial without one (not run yet, or killed) is left out, not counted as a miss,
     and a study none of whose trials finished is left out of its combination's score."""
-    from wagma_bench.record.rundir import FINISHED
-
-    return bool(summary) and summary.get("status") in (*FINISHED, "failed")
+    s = run_summary(summary or None)
+    return s is not None and (s.finished or s.status == "failed")
 
 
 def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, dict | None]]:

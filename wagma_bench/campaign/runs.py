@@ -12,6 +12,7 @@ from pathlib import Path
 from wagma_bench.analysis.tuning import trial_finished
 from wagma_bench.config import readback
 from wagma_bench.record.events import SUMMARY, current_summary
+from wagma_bench.record.summary import RunSummary
 
 WAGMA_BENCH = Path(sys.executable).parent / "wagma-bench"
 
@@ -38,6 +39,6 @@ def ended(summary: Path) -> bool:
     """Whether ``summary`` is a run's that ended: finished by its own stop rules, or failed."""
     try:
         # tune's rule for a trial, the same for a run
-        return trial_finished(readback.load(summary, readback.RUN_SUMMARY))
+        return trial_finished(RunSummary.load(summary))
     except (OSError, ValueError):
         return False

@@ -416,7 +416,7 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
 def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> dict:
     """The trial's speed reference, timed just before it started and just after it ended, added to its
     ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.campaign.reference`)."""
-    from wagma_bench.record.events import SUMMARY
+    from wagma_bench.record.summary import write_summary
 
     summary = {
         **summary,
@@ -424,7 +424,7 @@ def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> 
         "reference_before_after_s": [before, after],
         "reference_version": REFERENCE_VERSION,
     }
-    write_json_atomic(run_dir / SUMMARY, summary)
+    write_summary(run_dir, summary)
     return summary
 
 

@@ -35,7 +35,7 @@ from wagma_bench.metric import Metric, metric
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
 
 EVENTS = "events.jsonl"
-SUMMARY = "summary.json"
+SUMMARY = "summary.json"  # written by record.summary.write_summary, read through RunSummary
 
 
 def current_event(event: dict) -> dict:

@@ -34,6 +34,7 @@ from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
 from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.summary import add_to_summary
 
 
 class Sink(Protocol):
@@ -427,8 +428,7 @@ class WandbSink:
             )
         if self.used and not self.imported and (self.run_dir / SUMMARY).exists():
             try:
-                summary = readback.load(self.run_dir / SUMMARY, readback.RUN_SUMMARY)
-                write_json_atomic(self.run_dir / SUMMARY, {**summary, "wandb": dict(self.used)})
+                add_to_summary(self.run_dir, {"wandb": dict(self.used)})
             except (OSError, ValueError) as err:
                 print(f"wagma-bench: W&B mode not recorded in {SUMMARY} ({err})", file=sys.stderr, flush=True)
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from wagma_bench.config import readback
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
-from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link, write_json_atomic
+from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link
 from wagma_bench.record.steps import current_record
+from wagma_bench.record.summary import FINISHED, RunSummary, run_summary, write_summary  # noqa: F401 (FINISHED: its old home)
 
 LOCK = ".lock"
 # Written by `wagma-bench sweep cancel` before its scancel, removed when the sweep submits the run again: the
@@ -39,7 +40,6 @@ CANCELLED = "cancelled.json"
 # a tuning directory (`wagma-bench tune`): its plan, written before any trial runs, and the folder of its
 # trials' run directories (read by analysis/tuning.py, and by the W&B logger to group a tuning's trials)
 TUNE_PLAN, TUNE_TRIALS = "tune.json", "trials"
-FINISHED = ("completed", "time_limit", "diverged")  # ended by the run's own stop rules
 
 
 class RunDirLocked(RuntimeError):
@@ -176,12 +176,12 @@ def refuse_symlinks(run_dir: Path) -> None:
                     raise refuse_link(inner)
 
 
-def finished_summary(run_dir: Path, raw: dict) -> dict | None:
+def finished_summary(run_dir: Path, raw: dict) -> RunSummary | None:
     """The summary of a finished run in ``run_dir`` with the same identity and
     budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
-    summary = record.saved_summary
-    if summary is None or summary.get("status") not in FINISHED:
+    summary = run_summary(record.saved_summary)
+    if summary is None or not summary.finished:
         return None
     earlier = record.start.config if record.start else None
     if not earlier or resume_hash(earlier) != resume_hash(raw) or budget(earlier) != budget(raw):
@@ -203,8 +203,9 @@ def finalize(
     summary["compute_contention"] = contention_of(records)
     summary["preempted_rollouts"] = preempted_rollouts(records)
     if error:  # the launcher's view (which rank failed) first, then what rank 0 saw
-        summary["error"] = error + (f" (rank 0: {summary['error']})" if summary.get("error") else "")
-    write_json_atomic(Path(run_dir) / SUMMARY, summary)
+        seen = RunSummary.from_json(summary).error
+        summary["error"] = error + (f" (rank 0: {seen})" if seen else "")
+    write_summary(run_dir, summary)
     try_write_mllog(run_dir, echo=echo_mllog)
     return summary
 

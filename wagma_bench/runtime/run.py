@@ -23,6 +23,7 @@ from pathlib import Path
 
 from wagma_bench import exits
 from wagma_bench.errors import ConfigError
+from wagma_bench.record.summary import RunSummary, run_summary
 
 # completed: the run ended by its own rules (its budget, a time limit, a preemption it checkpointed for), or
 # it had already finished; failed: a rank died, raised or hung; interrupted: a Ctrl-C; stopped: SIGTERM or
@@ -38,7 +39,7 @@ class RunOutcome:
 
     status: str
     run_dir: Path
-    summary: dict | None = None
+    summary: RunSummary | None = None
     signal: int | None = None
     report: str = ""
     line: str = ""
@@ -280,9 +281,9 @@ def _launch_locked(run_cfg, run_dir: Path, world, program, task_overrides: list[
     done = finished_summary(run_dir, raw) if run_cfg.checkpoint.resume else None
     if done is not None:  # every rank reads the same summary, so all of them stop here
         report = (
-            f"wagma-bench: {run_dir} already holds this run, {done['status']} (raise train.max_rounds, "
+            f"wagma-bench: {run_dir} already holds this run, {done.status} (raise train.max_rounds, "
             f"train.epochs or train.time_limit_s to continue it); summary {run_dir / 'summary.json'}\n"
-            f"{json.dumps(done, indent=2, sort_keys=True)}"
+            f"{json.dumps(done.to_json(), indent=2, sort_keys=True)}"
         )
         return RunOutcome("completed", run_dir, done, report=report)
     if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
@@ -311,9 +312,9 @@ def _as_rank(run_cfg, run_dir: Path, world, program) -> RunOutcome:
 
     torch_under_mpi = (run_cfg.launcher.master_addr, run_cfg.launcher.master_port or 29500)
     master = external_master(world, torch_under_mpi if run_cfg.comm.name == "torch" else None)
-    summary = run_rank(run_cfg, str(run_dir), world, master, program)
-    if summary is not None and summary.get("status") == "diverged":
-        line = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
+    summary = run_summary(run_rank(run_cfg, str(run_dir), world, master, program))
+    if summary is not None and summary.status == "diverged":
+        line = f"{summary.error or 'diverged'}. Run directory: {run_dir}"
         return RunOutcome("diverged", run_dir, summary, line=line)
     return RunOutcome("completed", run_dir, summary)
 
@@ -370,12 +371,11 @@ def _read_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> RunOutco
     on; a diverged run, with the line that says where and why; else completed. Its text is the report."""
     from wagma_bench.config import readback
     from wagma_bench.record.checkpoint import latest_set
-    from wagma_bench.record.events import current_summary
 
     summary_path = run_dir / "summary.json"
     text = summary_path.read_text()
-    summary = current_summary(readback.parse(text, readback.RUN_SUMMARY, str(summary_path)))
-    status, at = summary.get("status"), summary.get("rounds")
+    summary = RunSummary.from_json(readback.parse(text, readback.RUN_SUMMARY, str(summary_path)))
+    status, at = summary.status, summary.rounds
     again = "run the same command again to"
     if stopped_by in (signal.SIGTERM, signal.SIGHUP) and status in ("preempted", "interrupted"):
         saved = (
@@ -398,7 +398,7 @@ def _read_end(run_dir: Path, stopped_by: int | None = signal.SIGINT) -> RunOutco
         )
     report = f"wagma-bench: summary {summary_path}\n{text}"
     if status == "diverged":
-        line = f"{summary.get('error') or 'diverged'}. Run directory: {run_dir}"
+        line = f"{summary.error or 'diverged'}. Run directory: {run_dir}"
         return RunOutcome("diverged", run_dir, summary, report=report, line=line)
     return RunOutcome("completed", run_dir, summary, report=report)
 

@@ -38,6 +38,7 @@ from wagma_bench.config.renamed import renamed_option
 from wagma_bench.imbalance import Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
+from wagma_bench.record.summary import RunSummary
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -132,7 +133,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
             )
     if not compute:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
-    summary = record.summary_or_saved()
+    summary = RunSummary.from_json(record.summary_or_saved())
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
     imbalance = dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"})
     imbalance["name"] = renamed_option("imbalance", imbalance["name"], quiet=True)  # recorded before a rename
@@ -144,21 +145,19 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         world_size=int(meta["world_size"]),
         imbalance=imbalance,
         settings=opt,
-        rounds=int(summary.get("rounds") or max(r["round"] for recs in records.values() for r in recs)),
+        rounds=int(summary.rounds or max(r["round"] for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1),
         samples_per_step=float(np.mean(samples)),
         compute=compute[::stride],
         trace=trace,
         delay_trace=delay_trace,
         overhead_s=float(np.median(overhead)),
-        measured_throughput=summary.get("throughput_samples_per_s"),
+        measured_throughput=summary.throughput_samples_per_s,
         params=params if params is not None else model_params_of(start),
         workload=setting(config, "workload.arch") or meta.get("workload"),
         comm_s_mean=float(np.mean(comm)),
         # DropCompute's threshold as the run set it (its calibration steps' rule), replayed by a trace
-        extra={"threshold_s": summary["dropcompute"].get("threshold_s")}
-        if summary.get("dropcompute")
-        else {},
+        extra={"threshold_s": summary.dropcompute.get("threshold_s")} if summary.dropcompute else {},
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)),
     )
 
