@@ -238,7 +238,8 @@ def _tuning(root: Path, trials: dict[str, list[dict]]) -> Path:
             (root / "trials" / name / "summary.json").write_text(
                 json.dumps({"status": "completed", **summary})
             )
-    (root / "tune.json").write_text(json.dumps({"trials": plan, "studies": 1, "trials_per_study": 2}))
+    plan_file = {"version": 1, "trials": plan, "studies": 1, "trials_per_study": 2}  # as tune writes it
+    (root / "tune.json").write_text(json.dumps(plan_file))
     return root
 
 
