@@ -721,7 +721,7 @@ def busy_between(
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
     order = _by_rank(rank, world)
-    axis, begin, length = _on_one_axis(rank, began, ended, span, order, tick)
+    axis, begin, length = _on_one_axis(rank, began, ended, span, order, _silent)  # (a sort may follow)
     if not _sorted_by_rank_then_key(axis, rank, order):  # not each rank's in time order: sort by the key
         axis, begin, length = _on_one_axis(
             rank, began, ended, span, _by_rank_then_key(rank, began, span, world, tick), tick
