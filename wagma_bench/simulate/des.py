@@ -721,10 +721,11 @@ def busy_between(
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
     order = _by_rank(rank, world)
-    axis, begin, length = _on_one_axis(rank, began, ended, span, order, _silent)  # (a sort may follow)
+    axis, begin, length = _on_one_axis(rank, began, ended, span, order, tick)
     if not _sorted_by_rank_then_key(axis, rank, order):  # not each rank's in time order: sort by the key
+        later = lambda phase, fraction: tick(phase, max(0.5, fraction))  # said in order
         axis, begin, length = _on_one_axis(
-            rank, began, ended, span, _by_rank_then_key(rank, began, span, world, tick), tick
+            rank, began, ended, span, _by_rank_then_key(rank, began, span, world, later), later
         )
     tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
