@@ -182,6 +182,22 @@ def test_the_adpsgd_speed_table_is_the_bench_scripts_table_of_the_committed_run(
     assert f"{large['cpu_s'] / large['before_cpu_s']:.2f}x at 8,192" in said
 
 
+def test_the_adpsgd_speed_now_is_the_bench_scripts_table_of_its_committed_run():
+    """The second speed table (the same-output speed-ups against 44fcc99e) and the ratios the text says."""
+    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-speed-2core-20261207.json"
+    result = json.loads(bench.read_text())
+    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(result)
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    begin, end = "<!-- adpsgd-speed-now:begin -->\n", "<!-- adpsgd-speed-now:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == table
+    said = " ".join(text.split())
+    rows = {r["world_size"]: r for r in result["rows"]}
+    for world in (1024, 8192):
+        assert f"{rows[world]['cpu_s'] / rows[world]['before_cpu_s']:.2f}x at {world:,} ranks" in said
+    if 65536 in rows:
+        assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks" in said
+
+
 def _paced(comm, every: int) -> int:
     import time
 

@@ -644,12 +644,14 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     extra = np.full((run.P, run.rounds), averaging)
     rounds, converged, settled, last_end = 0, run.P == 1, 0, math.inf
     tolerance = GOSSIP_TOLERANCE * float(np.median(run.compute))
+    pairing = _pairing(cfg, run) if run.P > 1 else None
     while not converged and rounds < GOSSIP_ITERATIONS:
         rounds += 1
         starts, ends, end_time = _compute_schedule(run, extra)
         moved, last_end = abs(end_time - last_end), end_time
         settled = settled + 1 if moved <= tolerance else 0
-        exchanges, lag, busy = _gossip(cfg, run, ends, end_time)
+        exchanges, pairs, busy = _gossip(cfg, run, ends, end_time, pairing)
+        lag_of = (ends, end_time, pairs)  # the step lag of the round that is kept, measured once at the end
         run.tick("time in exchanges", 0.0)
         windows = starts + run.compute[:, : run.rounds] + extra  # the compute part of each step
         overlap = busy_between(busy, run.P, starts, windows, run.tick)
@@ -658,6 +660,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         converged = settled >= 1 or not np.any(new != extra)
         if not converged:
             extra = new
+    lag = _step_lag(run, *lag_of) if run.P > 1 else 0.0
     if run.P == 1:
         _, _, end_time = _compute_schedule(run, extra)
         exchanges, lag, overlap, windows, starts = 0, 0.0, np.zeros(1), np.ones(1), np.zeros(1)
@@ -717,16 +720,13 @@ def busy_between(
     rank, began, ended = busy
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
-    order = _by_rank_then_key(rank, began, span, world, tick)
-    axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
-    for k in range(
-        0, len(order), CHUNK
-    ):  # gathers in a random order: seconds at 65,536 ranks, so in chunks too
-        tick("time in exchanges", 0.4 + 0.1 * k / len(order))
-        mine = order[k : k + CHUNK]
-        axis[k : k + CHUNK] = rank[mine] * span + began[mine]
-        begin[k : k + CHUNK] = began[mine]
-        length[k : k + CHUNK] = ended[mine] - began[mine]
+    order = _by_rank(rank, world)
+    axis, begin, length = _on_one_axis(rank, began, ended, span, order, tick)
+    if not _sorted_by_rank_then_key(axis, rank, order):  # not each rank's in time order: sort by the key
+        later = lambda phase, fraction: tick(phase, max(0.5, fraction))  # said in order
+        axis, begin, length = _on_one_axis(
+            rank, began, ended, span, _by_rank_then_key(rank, began, span, world, later), later
+        )
     tick("time in exchanges", 0.5)
     before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
 
@@ -756,6 +756,44 @@ def busy_between(
     return out
 
 
+def _on_one_axis(
+    rank: np.ndarray, began: np.ndarray, ended: np.ndarray, span: float, order: np.ndarray, tick: Progress
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The intervals in ``order``: their keys ``rank * span + began`` on one axis, begin and length."""
+    axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
+    for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks
+        tick("time in exchanges", 0.4 + 0.1 * k / len(order))
+        mine = order[k : k + CHUNK]
+        begin[k : k + CHUNK] = began[mine]
+        length[k : k + CHUNK] = ended[mine]
+        axis[k : k + CHUNK] = rank[mine]
+    np.subtract(length, begin, out=length)  # the same numbers as gathered pairs, in one pass each
+    np.multiply(axis, span, out=axis)
+    np.add(axis, begin, out=axis)
+    return axis, begin, length
+
+
+def _by_rank(rank: np.ndarray, world: int) -> np.ndarray:
+    """``np.argsort(rank, kind="stable")``: with ranks that fit 16 bits, one pass of numpy's radix sort
+    (a tenth of the time of sorting the float keys, :func:`_by_rank_then_key`)."""
+    if world <= 1 << 16:
+        return np.argsort(rank.astype(np.uint16), kind="stable")
+    return np.argsort(rank.astype(np.int64), kind="stable")
+
+
+def _sorted_by_rank_then_key(axis: np.ndarray, rank: np.ndarray, order: np.ndarray) -> bool:
+    """Whether the keys ``axis`` in ``order`` (by rank, each rank's in their original order) are already
+    the stable sort of the keys: they never fall, and an equal pair is of one rank (so in original order).
+    The gossip gives each rank's exchanges in time order (an active's follow one another, a passive serves its
+    queue in order), so this holds and the stable sort by rank is the same permutation as the sort by key, to
+    the element; when it does not, the caller sorts by key."""
+    step = np.diff(axis)
+    if not np.all(step >= 0):
+        return False
+    tied = np.flatnonzero(step == 0)
+    return bool(np.all(rank[order[tied]] == rank[order[tied + 1]]))
+
+
 def _by_rank_then_key(
     rank: np.ndarray, t: np.ndarray, span: float, world: int, tick: Progress = _silent
 ) -> np.ndarray:
@@ -778,15 +816,17 @@ def _by_rank_then_key(
 
 
 def _gossip(
-    cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float
-) -> tuple[int, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float, pairing: tuple | None = None
+) -> tuple[int, tuple[np.ndarray, ...] | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
     ended after it woke and whose count is a multiple of ``exchange_every`` (the step that set its event), so
     one exchange per ``exchange_every`` local steps at most; the ``e``-th exchange of every active goes to
     its partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive
     serves one at a time, first come first served (in the order the actives' threads woke), from the header's
-    arrival. Returns (exchanges, mean step lag between the pair, and each rank's time in exchanges as
-    ``(rank, begin, end)`` arrays: both ends of every exchange).
+    arrival. Returns (exchanges, the pairs ``(active, passive, begin)`` for :func:`_step_lag`, None when
+    none, and each rank's time in exchanges as ``(rank, begin, end)`` arrays: both ends of every exchange).
+    The lag is measured by the caller once, for the fixed point's last round only (a sort of every exchange:
+    a sixth of the time at 8,192 ranks when it was measured each round).
 
     An event simulation that serves many requests at once: each active has one pending request (when its
     thread woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake
@@ -795,15 +835,10 @@ def _gossip(
     is the order of an event heap, request by request (a test replays the model on one and compares), at a
     cost of vector operations over the actives per batch; a batch holds every active whose thread woke before
     the slowest could wake again."""
-    P, net = run.P, cfg.network
+    P = run.P
     actives = np.arange(0, P, 2)
     rounds = ends.shape[1]
-    partners = _matchings(cfg, run, actives, rounds)  # [exchange, active]
-    nbytes = cfg.workload.model_bytes + 16
-    swap_of = {
-        True: 2 * net.intra.p2p(nbytes),
-        False: 2 * net.inter.p2p(nbytes),
-    }  # both models, one after the other
+    partners, latencies, swaps = pairing or _pairing(cfg, run)  # [exchange, active] each
     every = int(getattr(cfg.settings, "exchange_every", 1))
     free = np.zeros(P)  # when each passive is free
     wake = ends[actives, min(every, rounds) - 1].copy()  # each active's pending request: when its thread woke
@@ -817,10 +852,8 @@ def _gossip(
         i = np.nonzero(alive)[0]
         a, t = actives[i], wake[i]
         run.tick("exchanges", float(t.min()) / end_time)  # the simulated clock the exchanges have reached
-        p = partners[exchange[i], i]
+        p, latency, swap = partners[exchange[i], i], latencies[exchange[i], i], swaps[exchange[i], i]
         real = p != a
-        latency = net.control_latencies(a, p)
-        swap = np.where(a // net.gpus_per_node == p // net.gpus_per_node, swap_of[True], swap_of[False])
         ended[i] = _steps_ended_from(ends, a, t, ended[i])
         k = -(-(ended[i] + 1) // every) * every - 1  # the next step that sets the thread's event
         next_end = np.where(k < rounds, ends[a, np.minimum(k, rounds - 1)], math.inf)
@@ -835,18 +868,30 @@ def _gossip(
         )
         done = t.copy()
         if real.any():
-            order, begin, finish = _serve(np.nonzero(real)[0], p, t, latency, swap, exchange[i], a, free)
+            order, begin, finish = _serve(np.nonzero(real)[0], p, t, latency, swap, a, free)
             done[order] = finish
             out.append((a[order], p[order], begin, finish))
         wake[i] = np.maximum(done, next_end)
         exchange[i] += 1
         alive[i] = (k < rounds) & (wake[i] < end_time)
     if not out:
-        return 0, 0.0, (np.zeros(0), np.zeros(0), np.zeros(0))
+        return 0, None, (np.zeros(0), np.zeros(0), np.zeros(0))
     a, p, b, f = (np.concatenate(col) for col in zip(*out))
-    lag = _step_lag(run, ends, end_time, a, p, b)
     busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
-    return len(a), lag, busy
+    return len(a), (a, p, b), busy
+
+
+def _pairing(cfg: SimConfig, run: SimState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each active's partner in every exchange a run can hold (:func:`_matchings`), the control latency to
+    it and the time of their swap (both models, one after the other): ``[exchange, active]`` each, the same
+    in every round of the fixed point, so made once."""
+    net, actives = cfg.network, np.arange(0, run.P, 2)
+    partners = _matchings(cfg, run, actives, run.rounds)
+    nbytes = cfg.workload.model_bytes + 16
+    swap_intra, swap_inter = 2 * net.intra.p2p(nbytes), 2 * net.inter.p2p(nbytes)
+    same_node = actives // net.gpus_per_node == partners // net.gpus_per_node
+    latencies = net.control_latencies(np.broadcast_to(actives, partners.shape), partners)
+    return partners, latencies, np.where(same_node, swap_intra, swap_inter)
 
 
 def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) -> np.ndarray:
@@ -870,10 +915,14 @@ def _steps_ended_from(ends: np.ndarray, a: np.ndarray, t: np.ndarray, k: np.ndar
 
 
 def _step_lag(
-    run: SimState, ends: np.ndarray, end_time: float, a: np.ndarray, p: np.ndarray, b: np.ndarray
+    run: SimState, ends: np.ndarray, end_time: float, pairs: tuple[np.ndarray, ...] | None
 ) -> float:
-    """Mean step lag between the two ends of the exchanges (``a`` with ``p``, begun at ``b``): how many more
-    steps one had ended than the other when the exchange began."""
+    """Mean step lag between the two ends of the exchanges (``pairs = (a, p, b)``: ``a`` with ``p``, begun
+    at ``b``; None when there was none): how many more steps one had ended than the other when the exchange
+    began."""
+    if pairs is None:
+        return 0.0
+    a, p, b = pairs
     rounds = ends.shape[1]
     span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
     flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
@@ -900,7 +949,6 @@ def _serve(
     t: np.ndarray,
     latency: np.ndarray,
     swap: np.ndarray,
-    exchange: np.ndarray,
     a: np.ndarray,
     free: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -909,13 +957,17 @@ def _serve(
     free) is moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an
     event heap, ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues
     at a time."""
-    order = q[np.lexsort((exchange[q], a[q], t[q], p[q]))]
+    # (a batch holds each active once, so its rank breaks every tie, as an event heap's (wake, active,
+    # exchange) key does: the exchange count never decides)
+    order = q[np.lexsort((a[q], t[q], p[q]))]
     pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
     first = np.concatenate([[True], pq[1:] != pq[:-1]])
     position = np.arange(len(pq)) - np.maximum.accumulate(np.where(first, np.arange(len(pq)), 0))
     begin, finish = np.empty(len(pq)), np.empty(len(pq))
-    for j in range(int(position.max()) + 1):  # a passive's requests one after the other (few a batch)
-        at = np.nonzero(position == j)[0]
+    by_position = np.argsort(position.astype(np.uint16) if len(pq) <= 1 << 16 else position, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
+    for j in range(len(bounds) - 1):  # a passive's requests one after the other (few a batch)
+        at = by_position[bounds[j] : bounds[j + 1]]
         begin[at] = np.maximum(arrive[at], free[pq[at]])
         finish[at] = free[pq[at]] = begin[at] + cost[at]
     return order, begin, finish
