@@ -161,7 +161,7 @@ def test_unknown_nested_cluster_key_is_refused_by_simulate(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert "cluster.network.alpah_s: unknown key" in err
-    assert "valid keys of cluster.network: allreduce, intra, inter, control_alpha_s" in err
+    assert "valid keys of cluster.network: allreduce, intra, inter, injection_GBps, control_alpha_s" in err
     assert not (tmp_path / "sim").exists()
 
 

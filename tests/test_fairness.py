@@ -196,7 +196,7 @@ def test_every_column_of_fresh_runs_is_filled_and_equal_to_their_summaries(fresh
         "status": "status",
         "reached": "reached",
         "time_to_target_s": "time_to_target_s",
-        "steps": "rounds",
+        "rounds": "rounds",
         "final_metric": "final_metric",
         "best_metric": "best_metric",
         "throughput": "throughput_samples_per_s",

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wagma_bench.analysis.tuning import TRIALS, load_trials, trial_finished
+from wagma_bench.config.recorded import setting
 from wagma_bench.record.events import RunEvents
 
 RULERS = ("current", "old")
@@ -38,7 +39,7 @@ def source_record(tune_dir: Path, loaded: tuple | None = None) -> dict:
             start = record.start
             meta = start.metadata if start else {}
             every = meta.get("eval_every")
-            budget = ((start.config if start else {}).get("train") or {}).get("max_rounds")  # today's key
+            budget = setting(start.config if start else None, "train.max_rounds")  # under today's name
             rounds = [_round(e) for e in record.events if e["key"] == "eval_accuracy"]
             rounds = [r for r in rounds if r is not None]
             last = max(rounds, default=0)
