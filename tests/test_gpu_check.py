@@ -56,7 +56,14 @@ def test_make_gpu_check_without_cuda_names_what_it_skipped_and_writes_cpu_measur
     (path,) = tmp_path.glob("measured-*-cpu.json")
     data = json.loads(path.read_text())
     assert data["measured_on"] == "cpu" and "comm-bench on CUDA tensors" in data["skipped"]
-    assert len(data["pairs"]) == 2 and data["gossip_cost"]["replicates"]
+    assert len(data["pairs"]) == 2
+    cost = data["gossip_cost"]
+    # two pairs on a busy machine can put c outside [0, 1]: then it is said unmeasured, with the raw values,
+    # never 0 with a zero-width interval; measured, it carries its bootstrap replicates
+    if cost.get("unmeasured"):
+        assert cost["value"] is None and cost["raw"] is not None, cost
+    else:
+        assert cost["replicates"] and 0 <= cost["value"] <= 1, cost
     assert data["network"]["intra"]["alpha_s"] >= 0 and data["compute"]["sigma"] > 0
     sim = subprocess.run(
         [
