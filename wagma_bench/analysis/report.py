@@ -376,6 +376,17 @@ def _ttt_cell(row: dict, key: str) -> str:
     return "not reached" if row["reached"] is not None else "no target"
 
 
+# what a row's step records say of its runs (compute imbalance, waits, contention) and its fairness flags: the
+# same columns in the comparison and the run tables
+FAIRNESS_COLUMNS = [
+    ("compute_imbalance", "compute imbalance", ""),
+    ("wait_share", "wait share (mean rank)", "share"),
+    ("wait_share_worst", "wait share (worst rank)", "share"),
+    ("contention", "wall/CPU compute", "x"),
+    ("flags", "flags", ""),
+]
+
+
 def comparison_columns(unit: str = "samples/s", reference: str | None = REFERENCE) -> list[tuple]:
     """The comparison table's columns: throughput in the workload's unit, speed-ups against ``reference``."""
     versus = f"vs {reference}" if reference else "vs (no reference)"
@@ -393,11 +404,7 @@ def comparison_columns(unit: str = "samples/s", reference: str | None = REFERENC
         ("best_metric", "best metric", "metric"),
         ("throughput", f"throughput ({unit})", ""),
         ("speedup_throughput", f"throughput {versus}", "x"),
-        ("compute_imbalance", "compute imbalance", ""),
-        ("wait_share", "wait share (mean rank)", "share"),
-        ("wait_share_worst", "wait share (worst rank)", "share"),
-        ("contention", "wall/CPU compute", "x"),
-        ("flags", "flags", ""),
+        *FAIRNESS_COLUMNS,
         ("partial_runs", "half-written", ""),
         ("diverged_runs", "diverged", ""),
     ]
@@ -422,11 +429,7 @@ def run_columns(unit: str = "samples/s") -> list[tuple]:
         ("best_metric", "best", "metric"),
         ("throughput", unit, ""),
         ("restarts", "restarts", ""),
-        ("compute_imbalance", "compute imbalance", ""),
-        ("wait_share", "wait share (mean rank)", "share"),
-        ("wait_share_worst", "wait share (worst rank)", "share"),
-        ("contention", "wall/CPU compute", "x"),
-        ("flags", "flags", ""),
+        *FAIRNESS_COLUMNS,
         ("problems", "marked", ""),
     ]
 
