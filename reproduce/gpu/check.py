@@ -18,7 +18,8 @@ Prints a table and writes reproduce/gpu/check-<host>-<time>.json (GPU_CHECK_OUT=
 Without CUDA it says in one line which GPU measurements it skips and measures step 5 on the CPU instead (the
 embedded ResNet-20, 2 ranks, gloo): measured-<host>-<time>-cpu.json, labelled cpu in the file. GPU_CHECK_DRY=1
 runs steps 1-4's code paths on the CPU with 2 steps, tiny images, 2 optimizers and 2 ranks (the test suite
-runs it, so the script cannot rot).
+runs it, so the script cannot rot). GPU_CHECK_CPU_BATCH=N sets the per-rank batch of the CPU's step 5 (the
+workload's 32 by default; the test suite's 8: the same runs, pairs and files, a quarter of the compute).
 
 The machine's own Python and torch (>= 2.3, with torchvision and numpy) run it from this repository; Hydra and
 OmegaConf come from the machine or, offline, from the wheels that `make gpu-wheels` put in
@@ -371,6 +372,8 @@ def model_inputs(
         ] + (["comm.backend=nccl"] if gpus >= 2 else [])
     else:
         common = ["workload=resnet", f"train.max_rounds={CPU_INPUT_STEPS}"]
+        if batch := os.environ.get("GPU_CHECK_CPU_BATCH"):  # the test suite's: the same path, less compute
+            common.append(f"train.batch_size={int(batch)}")
     common += [
         f"launcher.nproc={ranks}",
         "imbalance=none",
