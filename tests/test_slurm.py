@@ -525,34 +525,13 @@ def test_requeue_mid_run_resumes_and_reaches_target(tmp_path, slurm, sig):
     assert "Restarts=1" in job
 
 
-@pytest.mark.slow
-def test_srun_ranks_name_the_run_directory_after_the_job(tmp_path, slurm):
-    """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
-    after a requeue), not one per rank's clock."""
-    cmd = [
-        "srun",
-        "-n",
-        "2",
-        "--kill-on-bad-exit=1",
-        str(Path(sys.executable).parent / "wagma-bench"),
-        "run",
-        "train.max_rounds=4",
-        "eval.every_rounds=4",
-        "logger.progress=off",
-    ]
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (run_dir,) = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
-    assert re.fullmatch(r"slurm-\d+\.0_resnet_allreduce", run_dir.name), run_dir
-    assert summary(run_dir)["world_size"] == 2 and (run_dir / "steps" / "rank1.jsonl").exists()
-
-
-@pytest.mark.slow
-def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp_path, slurm):
-    """``srun`` starts every rank, as the rendered sbatch scripts do: rank 0 checks the configuration and
-    hands it to the other ranks through the run directory; ``schema.validate`` runs once in all the run's
-    processes."""
-    env, log = counting_env(tmp_path)
+@pytest.fixture(scope="module")
+def srun_world(tmp_path_factory, slurm) -> tuple[Path, Path]:
+    """One `srun -n 2 wagma-bench run` without hydra.run.dir, every Python process of it counting its calls of
+    ``schema.validate``: the run directory the ranks name and the validation count, asserted by the two tests
+    below (one srun world, each task importing torch itself, serves both). Its folder and the count's log."""
+    tmp = tmp_path_factory.mktemp("srun_world")
+    env, log = counting_env(tmp)
     cmd = [
         "srun",
         "-n",
@@ -561,11 +540,30 @@ def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(tmp
         str(Path(sys.executable).parent / "wagma-bench"),
         "run",
         *COUNT_TINY,
-        f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert summary(tmp_path / "run")["world_size"] == 2
+    return tmp, log
+
+
+@pytest.mark.slow
+def test_srun_ranks_name_the_run_directory_after_the_job(srun_world):
+    """`srun wagma-bench run` without hydra.run.dir: one directory named after the job and step (the same
+    after a requeue), not one per rank's clock."""
+    tmp, _ = srun_world
+    (run_dir,) = {p.parent.parent for p in (tmp / "outputs").rglob("steps/rank*.jsonl")}
+    assert re.fullmatch(r"slurm-\d+\.0_resnet_allreduce", run_dir.name), run_dir
+    assert summary(run_dir)["world_size"] == 2 and (run_dir / "steps" / "rank1.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_an_srun_world_validates_its_configuration_once_in_all_its_processes(srun_world):
+    """``srun`` starts every rank, as the rendered sbatch scripts do: rank 0 checks the configuration and
+    hands it to the other ranks through the run directory; ``schema.validate`` runs once in all the run's
+    processes."""
+    tmp, log = srun_world
+    (run_dir,) = {p.parent.parent for p in (tmp / "outputs").rglob("steps/rank*.jsonl")}
+    assert summary(run_dir)["world_size"] == 2
     validated_once(log, 2)
 
 
