@@ -1,19 +1,18 @@
 """The configuration is checked once per run and carried typed: one process of a run validates it, on every
-launcher (a local run, run's own mpiexec, a user's mpiexec, torchrun; srun in tests/test_slurm.py), the other
-processes take the checked configuration from it (wagma_bench/runtime/handover.py); RunConfig's sections are
-typed; nothing outside config/ reads the composed configuration by a section's name, or takes a live run's
-composed mapping but whole through config.schema.as_recorded."""
+launcher (a local run here; run's own mpiexec and a user's mpiexec in tests/test_mpi.py, whose worlds run by
+themselves, torchrun in tests/test_launch_conventions.py, srun in tests/test_slurm.py: each a world that file
+runs anyway), the other processes take the checked configuration from it (wagma_bench/runtime/handover.py);
+RunConfig's sections are typed; nothing outside config/ reads the composed configuration by a section's name,
+or takes a live run's composed mapping but whole through config.schema.as_recorded."""
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_util import BIN, run
+from tests.cli_util import run
 from tests.validate_count import TINY, counting_env, validated_once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,59 +25,6 @@ def test_a_local_run_validates_its_configuration_once_in_all_its_processes(tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
     validated_once(log, 3)  # the command and its two ranks at least
-
-
-@pytest.mark.slow
-@pytest.mark.serial
-@pytest.mark.alone  # MPICH's ranks busy-poll (as in tests/test_mpi.py)
-@pytest.mark.parametrize("launcher", ["run", "mpiexec"])
-def test_a_run_under_mpiexec_validates_its_configuration_once_in_all_its_processes(tmp_path, launcher):
-    """comm=mpi: the command starts its ranks under mpiexec, and they run the checked configuration it wrote;
-    under a user's mpiexec rank 0 checks it and broadcasts it to the other ranks."""
-    env, log = counting_env(tmp_path)
-    args = ["comm=mpi", *TINY, f"hydra.run.dir={tmp_path / 'run'}"]
-    if launcher == "run":
-        out = run(["launcher.nproc=2", *args], env=env)
-    else:
-        out = subprocess.run(
-            [str(BIN.parent / "mpiexec"), "-n", "2", str(BIN), "run", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "run" / "summary.json").is_file()
-    validated_once(log, 3 if launcher == "run" else 2)
-
-
-@pytest.mark.slow
-def test_a_torchrun_world_validates_its_configuration_once_in_all_its_processes(tmp_path):
-    """torchrun starts every rank: rank 0 checks the configuration and hands it to the others."""
-    from wagma_bench.runtime.launch import free_port
-
-    env, log = counting_env(tmp_path)
-    torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [
-        str(torchrun),
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "--no-python",
-        str(BIN),
-        "run",
-        *TINY,
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "run" / "summary.json").is_file()
-    validated_once(log, 2)
 
 
 def test_a_rank_takes_only_its_own_launchs_check_from_the_run_directory(tmp_path):

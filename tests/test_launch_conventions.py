@@ -15,6 +15,7 @@ import pytest
 
 from tests.cli_util import BIN, keys
 from tests.proc_util import rank_pids
+from tests.validate_count import counting_env, validated_once
 from wagma_bench.record.checkpoint import latest_set
 from wagma_bench.record.files import read_jsonl
 
@@ -65,7 +66,9 @@ def test_usr2_checkpoints_and_stops_preempted(tmp_path):
     assert latest_set(tmp_path) is not None
 
 
-def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) -> subprocess.CompletedProcess:
+def _torchrun_with_late_rank(
+    cwd: Path, rdzv_id: str | None, args: list[str], env: dict | None = None
+) -> subprocess.CompletedProcess:
     """A 2-rank torchrun world (c10d rendezvous, id ``rdzv_id``; None: torchrun's default static rendezvous)
     whose local rank 1 starts 3 s late, as ranks on different nodes do; no hydra.run.dir, so the run
     directory is whatever the ranks agree on."""
@@ -95,12 +98,16 @@ def _torchrun_with_late_rank(cwd: Path, rdzv_id: str | None, args: list[str]) ->
         "checkpoint.every_s=0",
         *args,
     ]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_path):
-    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=6", "eval.every_rounds=6"])
+    """Also the configuration checked once in a torchrun world (tests/test_config_once.py's check on the other
+    launchers; the first of these worlds serves both): rank 0 checks it and hands it to the others."""
+    env, log = counting_env(tmp_path)
+    first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=6", "eval.every_rounds=6"], env)
     assert first.returncode == 0, first.stderr[-3000:]
+    validated_once(log, 2)
     run_dirs = {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")}
     assert len(run_dirs) == 1, run_dirs  # one directory, not one per rank's clock
     (run_dir,) = run_dirs

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_util import BIN, QUICK, wait_started
+from tests.validate_count import counting_env, validated_once
 from wagma_bench.record.files import read_jsonl
 
 # MPICH's ranks busy-poll (they would slow a test beside them and starve make test's idle-priority tests), and
@@ -23,8 +24,8 @@ MPIEXEC = str(BIN.parent / "mpiexec")
 ORACLE = Path(__file__).with_name("mpi_oracle.py")
 
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     assert out.returncode == 0, (
         f"{' '.join(cmd)} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     )
@@ -45,7 +46,10 @@ def _summary(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 def test_run_under_mpiexec(tmp_path: Path) -> None:
-    # WAGMA-SGD: the progress and listener threads issue MPI calls beside the main thread's
+    """WAGMA-SGD under a user's mpiexec: the progress and listener threads issue MPI calls beside the main
+    thread's. Rank 0 checks the configuration and broadcasts it: ``schema.validate`` runs once in all the
+    ranks (tests/test_config_once.py's check on the other launchers; this world serves both)."""
+    env, log = counting_env(tmp_path)
     _run(
         [
             MPIEXEC,
@@ -58,18 +62,24 @@ def test_run_under_mpiexec(tmp_path: Path) -> None:
             "train.max_rounds=11",
             "eval.every_rounds=11",
             "logger.progress=off",
-            f"hydra.run.dir={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
         ],
         timeout=300,
+        env=env,
     )
-    summary = _summary(tmp_path)
+    validated_once(log, 4)
+    summary = _summary(tmp_path / "run")
     assert summary["status"] == "completed" and summary["rounds"] == 11 and summary["optimizer"] == "wagma"
     assert summary["world_size"] == 4 and summary["versions"]["comm"] == "mpi"
 
 
 @pytest.mark.slow
 def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
-    """``comm=mpi`` outside any launcher: the CLI starts itself under mpiexec with launcher.nproc ranks."""
+    """``comm=mpi`` outside any launcher: the CLI starts itself under mpiexec with launcher.nproc ranks, which
+    run the checked configuration it wrote: ``schema.validate`` runs once in the command and its ranks
+    (tests/test_config_once.py's check on the other launchers; this run serves both)."""
+    env, log = counting_env(tmp_path)
+    run_dir = tmp_path / "run"
     out = _run(
         [
             str(BIN),
@@ -79,17 +89,19 @@ def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
             "train.max_rounds=10",
             "eval.every_rounds=5",
             "logger.progress=off",
-            f"hydra.run.dir={tmp_path}",
+            f"hydra.run.dir={run_dir}",
         ],
         timeout=300,
+        env=env,
     )
     assert "mpiexec -n 2" in out.stdout
-    summary = _summary(tmp_path)
+    validated_once(log, 3)  # the command and its two ranks at least
+    summary = _summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
     # which MPI library the ranks loaded (on a cluster: the system MPI, not the wheel), printed and recorded
     assert f"wagma-bench: MPI library: {summary['versions']['mpi']}" in out.stdout
     assert "MPICH" in summary["versions"]["mpi"]  # here: the mpich wheel of the [mpi] extra
-    assert not (tmp_path / ".heartbeats").exists()  # the ranks' heartbeats end with the run
+    assert not (run_dir / ".heartbeats").exists()  # the ranks' heartbeats end with the run
 
 
 @pytest.mark.slow

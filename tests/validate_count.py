@@ -1,6 +1,6 @@
 """Counting ``schema.validate`` calls in every Python process of a run (the command, its rank server and
-store, each rank, whoever started them): a test-only helper of tests/test_config_once.py and
-tests/test_slurm.py."""
+store, each rank, whoever started them): a test-only helper of tests/test_config_once.py,
+tests/test_mpi.py, tests/test_launch_conventions.py and tests/test_slurm.py."""
 
 from __future__ import annotations
 
