@@ -264,8 +264,32 @@ def _pipeline_checks(comm, raw: dict):
     }
 
 
-def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(cache):
-    res = run_world(_pipeline_checks, 1, tiny_raw(cache), **PAUSABLE)[0]
+SENTENCES = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
+
+
+def _one_rank_checks(comm, pipeline: dict, sentences: list[dict], shuffles: list[dict]) -> dict:
+    """The three pipeline checks below in one rank's process (one fairseq import, not three)."""
+    return {
+        "pipeline": _pipeline_checks(comm, pipeline),
+        "sentences": _epoch_batches(comm, sentences, 2),
+        "shuffle": _epoch_batches(comm, shuffles, 1),
+    }
+
+
+@pytest.fixture(scope="module")
+def one_rank(cache) -> dict:
+    """The batches, loss and padding of one config; the token and the sentence batches of 2 shards; the batch
+    order under seeds 1 and 2 and under seed 2 with shuffle_seed 1: each test below asserts its part."""
+    sentences = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={SENTENCES}")]
+    shuffles = [
+        compose_raw(*_tiny_overrides(cache), *extra)
+        for extra in (["seed=1"], ["seed=2"], ["seed=2", "workload.shuffle_seed=1"])
+    ]
+    return run_world(_one_rank_checks, 1, tiny_raw(cache), sentences, shuffles, **PAUSABLE)[0]
+
+
+def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(one_rank):
+    res = one_rank["pipeline"]
     spe, first = res["spe"], res["first"]
     assert res["resumed"] == [first[1], first[spe - 1], first[spe + 2]]  # resume mid-epoch and after
     assert first[:3] != first[spe : spe + 3]  # reshuffled each epoch
@@ -293,14 +317,11 @@ def _epoch_batches(comm, raws: list[dict], world: int):
     return modes
 
 
-def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
+def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(one_rank):
     """``workload.max_sentences=N``: every batch of every shard holds N sentences, but one (the epoch's
     remainder); their token counts spread far more than token batches' (the paper's imbalance)."""
-    n = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
-    raws = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={n}")]
-    (tok_shards, tok_args, size), (sent_shards, sent_args, _) = run_world(
-        _epoch_batches, 1, raws, 2, **PAUSABLE
-    )[0]
+    n = SENTENCES
+    (tok_shards, tok_args, size), (sent_shards, sent_args, _) = one_rank["sentences"]
     assert "--max-tokens" in tok_args and "--batch-size" not in tok_args
     assert sent_args[sent_args.index("--batch-size") + 1] == str(n) and "--max-tokens" not in sent_args
     sentences = [s for shard in sent_shards for s, _ in shard if s]
@@ -321,14 +342,10 @@ def test_max_sentences_batches_fixed_sentences_of_uneven_tokens(cache):
     assert cv_sent > 2 * cv_tok, (cv_tok, cv_sent)
 
 
-def test_shuffle_seed_sets_the_batches_order_apart_from_the_seed(cache):
+def test_shuffle_seed_sets_the_batches_order_apart_from_the_seed(one_rank):
     """``workload.shuffle_seed=K``: the order of an epoch's batches follows K whatever the run's seed; null
     follows the seed (the spread study tells the two apart, reproduce/transformer/spread.py)."""
-    raws = [
-        compose_raw(*_tiny_overrides(cache), *extra)
-        for extra in (["seed=1"], ["seed=2"], ["seed=2", "workload.shuffle_seed=1"])
-    ]
-    orders = [shards for shards, _, _ in run_world(_epoch_batches, 1, raws, 1, **PAUSABLE)[0]]
+    orders = [shards for shards, _, _ in one_rank["shuffle"]]
     assert orders[0] == orders[2]  # the seed changed, the order did not
     assert orders[0] != orders[1]  # the order follows the seed when shuffle_seed is null
     assert sorted(orders[0][0]) == sorted(orders[1][0])  # the same batches, in another order
