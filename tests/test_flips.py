@@ -38,6 +38,22 @@ def test_every_crossing_of_a_non_monotone_curve_is_found():
     assert crossings(lambda x: 2.0, GRID) == []
 
 
+def test_a_bracket_end_whose_log_does_not_round_trip_is_the_grid_value_the_bracket_was_chosen_by():
+    """exp(log(0.1)) is 0.10000000000000002: the root finder must meet the bracket's ends as the values that
+    chose it, not the simulator run again a hair away, where a ratio that is not continuous (a fixed point
+    stopped at its cap) may lie on the other side; it raised "f(a) and f(b) must have different signs" after
+    a paper-scale prediction's 17 minutes of work."""
+    assert math.exp(math.log(0.1)) != 0.1
+
+    def step(
+        x: float,
+    ) -> float:  # below 1 only at exactly 0.1: the one crossing lies between 0.1 and the midpoint
+        return 0.5 if x == 0.1 else 1.5
+
+    (root,) = crossings(step, [0.1, 1.0])
+    assert 0.1 <= root <= math.sqrt(0.1)
+
+
 @pytest.fixture(scope="module")
 def small():
     """WAGMA-SGD against Allreduce-SGD at P = 16, a log-normal spread of 0.3: cheap, and it crosses 1."""

@@ -70,9 +70,16 @@ def crossings(
             found.append(a)
         elif ga * gb < 0:
             u_log = log and a > 0  # a factor's axis is its log, but a bracket that starts at 0 is linear
-            g = lambda u, lg=u_log: (at(_from_axis(u, lg)) or threshold) - threshold
-            u = brentq(g, _to_axis(a, u_log), _to_axis(b, u_log), xtol=XTOL)
-            found.append(_from_axis(u, u_log))
+            ua, ub = _to_axis(a, u_log), _to_axis(b, u_log)
+
+            # the bracket's ends are the points that chose it, never re-run a hair away (exp(log(0.1)) is not
+            # 0.1): a ratio that is not continuous (a fixed point stopped at its cap) could lie on the other
+            # side there, and Brent's method refuses a bracket whose ends do not differ in sign
+            def g(u, lg=u_log, ends={ua: a, ub: b}):  # noqa: B006 (the bracket's own ends, read only)
+                return (at(ends.get(u, _from_axis(u, lg))) or threshold) - threshold
+
+            u = brentq(g, ua, ub, xtol=XTOL)
+            found.append(a if u == ua else b if u == ub else _from_axis(u, u_log))
     if pts and at(pts[-1]) - threshold == 0:
         found.append(pts[-1])
     return sorted(set(found))
