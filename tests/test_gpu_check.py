@@ -44,8 +44,14 @@ def test_make_gpu_check_without_cuda_names_what_it_skipped_and_writes_cpu_measur
         text=True,
         timeout=600,
         check=False,
-        # a batch of 8 images a rank, not 32: the same runs, pairs, files and checks, a quarter of the compute
-        env={**os.environ, "GPU_CHECK_OUT": str(tmp_path), "GPU_CHECK_CPU_BATCH": "8"},
+        # a batch of 8 images a rank, not 32, and 20 rounds a run, not 40: the same runs, pairs, files and
+        # checks, an eighth of the training compute
+        env={
+            **os.environ,
+            "GPU_CHECK_OUT": str(tmp_path),
+            "GPU_CHECK_CPU_BATCH": "8",
+            "GPU_CHECK_CPU_ROUNDS": "20",
+        },
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (said,) = [line for line in out.stdout.splitlines() if "no CUDA GPU" in line]

@@ -60,6 +60,7 @@ def test_run_under_mpiexec(tmp_path: Path) -> None:
             "comm=mpi",
             "optimizer=wagma",
             "train.max_rounds=11",
+            "train.batch_size=8",  # the workload's 32 a rank is compute the MPI calls do not need
             "eval.every_rounds=11",
             "logger.progress=off",
             f"hydra.run.dir={tmp_path / 'run'}",
@@ -87,6 +88,7 @@ def test_run_reexecs_under_mpiexec(tmp_path: Path) -> None:
             "comm=mpi",
             "launcher.nproc=2",
             "train.max_rounds=10",
+            "train.batch_size=8",
             "eval.every_rounds=5",
             "logger.progress=off",
             f"hydra.run.dir={run_dir}",

@@ -68,6 +68,7 @@ def test_every_optimizer_runs_to_its_budget_under_emulated_nccl_from_the_command
         "comm.emulate=nccl",
         "launcher.nproc=2",
         "train.max_rounds=10",
+        "train.batch_size=8",  # a quarter of the workload's compute a round: the same collectives
         "eval.every_rounds=1000",
         "logger.progress=off",
         f"hydra.sweep.dir={tmp_path}",

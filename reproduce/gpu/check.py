@@ -19,7 +19,8 @@ Without CUDA it says in one line which GPU measurements it skips and measures st
 embedded ResNet-20, 2 ranks, gloo): measured-<host>-<time>-cpu.json, labelled cpu in the file. GPU_CHECK_DRY=1
 runs steps 1-4's code paths on the CPU with 2 steps, tiny images, 2 optimizers and 2 ranks (the test suite
 runs it, so the script cannot rot). GPU_CHECK_CPU_BATCH=N sets the per-rank batch of the CPU's step 5 (the
-workload's 32 by default; the test suite's 8: the same runs, pairs and files, a quarter of the compute).
+workload's 32 by default; the test suite's 8: the same runs, pairs and files, a quarter of the compute), and
+GPU_CHECK_CPU_ROUNDS=N the rounds of each of its runs (40 by default; the test suite's 20).
 
 The machine's own Python and torch (>= 2.3, with torchvision and numpy) run it from this repository; Hydra and
 OmegaConf come from the machine or, offline, from the wheels that `make gpu-wheels` put in
@@ -371,7 +372,8 @@ def model_inputs(
             f"train.max_rounds={INPUT_STEPS}",
         ] + (["comm.backend=nccl"] if gpus >= 2 else [])
     else:
-        common = ["workload=resnet", f"train.max_rounds={CPU_INPUT_STEPS}"]
+        rounds = int(os.environ.get("GPU_CHECK_CPU_ROUNDS") or CPU_INPUT_STEPS)
+        common = ["workload=resnet", f"train.max_rounds={rounds}"]
         if batch := os.environ.get("GPU_CHECK_CPU_BATCH"):  # the test suite's: the same path, less compute
             common.append(f"train.batch_size={int(batch)}")
     common += [
