@@ -192,7 +192,7 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     from wagma_bench.cli.report import main as report_main
     from wagma_bench.record.events import RunEvents, current_summary
     from wagma_bench.record.rundir import compute_imbalance, finished_summary
-    from wagma_bench.record.steps import read_step_records
+    from wagma_bench.record.steps import StepRecord, read_step_records
     from wagma_bench.simulate.calibrate import fit_run
 
     raw = {
@@ -201,9 +201,13 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     }
     assert all("step" in r for recs in raw.values() for r in recs)  # the fixture is of the old format
     records = read_step_records(RECORDED)
-    assert records == {
+    today = {
         rank: [{("local_step" if k == "step" else k): v for k, v in r.items()} for r in recs]
         for rank, recs in raw.items()
+    }
+    assert records == {
+        rank: [StepRecord(**{k: v for k, v in r.items() if k in StepRecord._fields}) for r in recs]
+        for rank, recs in today.items()
     }
     summary = json.loads((RECORDED / "summary.json").read_text())
     events = [json.loads(line) for line in (RECORDED / "events.jsonl").read_text().splitlines()]

@@ -107,7 +107,7 @@ def _finished(tune_dir: Path, optimizer: str) -> list[tuple[Path, dict]]:
 
 
 def _comm_ms(run_dir: Path) -> float:
-    waits = [rec["comm_s"] for recs in read_step_records(run_dir).values() for rec in recs]
+    waits = [rec.comm_s for recs in read_step_records(run_dir).values() for rec in recs]
     return 1e3 * statistics.median(waits)
 
 
