@@ -219,7 +219,7 @@ def test_a_run_directory_written_before_the_renames_reads_under_todays_names(tmp
     assert [e["metadata"]["step"] for e in events if "step" in e["metadata"]] == [3, 6, 6]
     record = RunEvents.read(RECORDED)
     assert [e.round for e in record.evaluations] == [3, 6] and record.last_round == 6
-    assert record.saved_summary["rounds"] == 6 and "steps" not in record.saved_summary
+    assert record.saved_summary.rounds == 6 and "steps" not in record.saved_summary.to_json()
     assert compute_imbalance(RECORDED) == summary["compute_imbalance"]
     assert [len(t) for t in fit_run(RECORDED, params=1000).trace] == [6, 6]
     today = as_recorded(

@@ -180,7 +180,7 @@ def finished_summary(run_dir: Path, raw: dict) -> RunSummary | None:
     """The summary of a finished run in ``run_dir`` with the same identity and
     budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
-    summary = run_summary(record.saved_summary)
+    summary = record.saved_summary
     if summary is None or not summary.finished:
         return None
     earlier = record.start.config if record.start else None

@@ -38,7 +38,6 @@ from wagma_bench.config.renamed import renamed_option
 from wagma_bench.imbalance import Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
-from wagma_bench.record.summary import RunSummary
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -132,7 +131,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
             overhead.append(max(0.0, dt - cur.compute_s - delay_s - comm_s))
     if not compute:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
-    summary = RunSummary.from_json(record.summary_or_saved())
+    summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
     imbalance = dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"})
     imbalance["name"] = renamed_option("imbalance", imbalance["name"], quiet=True)  # recorded before a rename
