@@ -256,7 +256,7 @@ def test_committed_sources_follow_the_protocol():
         plan, combos, summaries = load_trials(tune_dir)
         assert len(combos) >= 2 and optimizer_changes(tune_dir, combos) >= 0.5, f"{tune_dir}: not interleaved"
         assert all(trial_finished(s) for s in summaries.values()), f"{tune_dir}: a trial did not finish"
-        assert all(s.get("reference_s", 0) > 0 for s in summaries.values()), (
+        assert all((s.reference_s or 0) > 0 for s in summaries.values()), (
             f"{tune_dir}: a trial lacks a reference"
         )
         if plan["studies"] >= 5 and plan["trials_per_study"] >= 5:

@@ -181,8 +181,8 @@ def steps(r: dict) -> dict[str, list[int]]:
     for trials in combos.values():
         for t in trials:
             s = summaries[t.name]
-            if trial_finished(s) and s.get("rounds"):
-                out.setdefault(s["optimizer"], []).append(int(s["rounds"]))
+            if trial_finished(s) and s.rounds:
+                out.setdefault(s.optimizer, []).append(int(s.rounds))
     return out
 
 
@@ -287,8 +287,8 @@ def optimizer_values(claim: str) -> tuple[float, ...]:
         _, _, summaries = load_trials(source)
         refs: dict[str, list[float]] = {}
         for s in summaries.values():
-            if trial_finished(s) and s.get("reference_s"):
-                refs.setdefault(s["optimizer"], []).append(s["reference_s"])
+            if trial_finished(s) and s.reference_s:
+                refs.setdefault(s.optimizer, []).append(s.reference_s)
         values += [statistics.median(v) for v in refs.values()]
     return tuple(values)
 

@@ -77,14 +77,13 @@ def test_an_elasticity_of_one_is_the_proportional_adjustment_it_replaced():
         "throughput_samples_per_s": s["throughput_samples_per_s"] * 0.09 / 0.08,
         "time_to_target_s": s["time_to_target_s"] * 0.08 / 0.09,
     }  # the rule before 2026-12-06
-    assert (
-        drift.adjusted(s, median, None, 1.0) == pytest.approx(old) and drift.adjusted(s, median, None) == old
-    )
-    assert drift.adjusted(s, median, None, 0.0) == s  # no measured effect: nothing scaled
+    assert drift.adjusted(s, median, None, 1.0).to_json() == pytest.approx(old)
+    assert drift.adjusted(s, median, None).to_json() == old
+    assert drift.adjusted(s, median, None, 0.0).to_json() == s  # no measured effect: nothing scaled
     half = drift.adjusted(s, median, None, 0.5)
-    assert half["time_to_target_s"] == pytest.approx(s["time_to_target_s"] * math.sqrt(0.08 / 0.09))
+    assert half.time_to_target_s == pytest.approx(s["time_to_target_s"] * math.sqrt(0.08 / 0.09))
     late = drift.adjusted(s, median, max_runtime_s=100.0, elasticity=0.5)  # 150 s raw: past the cap, a miss
-    assert late["reached"] is False and late["time_to_target_s"] == s["time_to_target_s"]
+    assert late.reached is False and late.time_to_target_s == s["time_to_target_s"]
 
 
 def test_no_elasticity_without_enough_trials_or_a_reference_varying_within_an_optimizer():

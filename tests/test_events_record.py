@@ -112,7 +112,7 @@ def test_resumed_run_reads_as_one_run(tmp_path):
     assert record.stopped and record.resumes == 1 and not record.torn
     # the first evaluation at or above the target, as logged (the rolled-back one at step 20 included)
     assert (record.first_at_target.round, record.first_at_target.samples) == (20, 20 * 128)
-    assert record.summary() == record.saved_summary == summarize(events)
+    assert record.summary() == record.saved_summary.to_json() == summarize(events)
     assert record.summary()["restarts"] == 1 and record.summary()["status"] == "completed"
     assert samples_to_target([str(tmp_path)]) == {"wagma": 20 * 128.0}
     assert sweep_jobs.run_progress(d)["restarts"] == 1
@@ -183,9 +183,9 @@ def _imports(path: Path) -> set[str]:
 def test_the_event_log_imports_none_of_its_readers():
     """events is the leaf every reader and sink imports; it imports no other module of the package but the
     safe file writer (which imports only the error types, a leaf), the recorded configuration's reader
-    (which imports only the table of renamed keys), that table itself and the one metric rule (leaves), and
-    the one reader of files read back (the error types only), so no cycle (events <-> loggers, events <->
-    mlperf) can run through it."""
+    (which imports only the table of renamed keys), that table itself and the one metric rule (leaves), the
+    one reader of files read back (the error types only), and the summary's type (which imports only those),
+    so no cycle (events <-> loggers, events <-> mlperf, events <-> summary) can run through it."""
     assert _imports(PACKAGE / "metric.py") == set()
     assert _imports(PACKAGE / "record" / "events.py") <= {
         "wagma_bench.metric",
@@ -194,6 +194,12 @@ def test_the_event_log_imports_none_of_its_readers():
         "wagma_bench.record.files",
         "wagma_bench.config.recorded",
         "wagma_bench.config.renamed",
+        "wagma_bench.record.summary",
+    }
+    assert _imports(PACKAGE / "record" / "summary.py") == {
+        "wagma_bench.config",  # its readback module
+        "wagma_bench.config.renamed",
+        "wagma_bench.record.files",
     }
     assert _imports(PACKAGE / "record" / "files.py") == {"wagma_bench.errors"}
     assert _imports(PACKAGE / "errors.py") == set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import os
 import signal
 from pathlib import Path
 
@@ -53,6 +54,25 @@ PACKAGE = CLI.parent
 ALLOWED = {"exits.py": None, "__main__.py": None, "runtime/launch.py": {"_spawned_rank", "_exit_now"}}
 CODE_NAMES = {"rc", "code", "returncode", "exitcode", "exit_code"}
 ENDERS = {"exit", "_exit", "Stop", "stop", "end", "die_now", "stopped_by"}
+
+
+# what computes an exit code: exits.py's own helpers and tables, which only it and the outcome's mapping
+# (exits.outcome_code, exits.answer) may use; a code computed elsewhere (``exits.stopped_by(late)``, ``128 +
+# sig``) is a run's end reaching the exit code outside its RunOutcome
+COMPUTERS = {"stopped_by", "code_of", "OUTCOME_CODES", "RAISED"}
+
+
+def _computed_code(node: ast.AST) -> str | None:
+    """What ``node`` is, if it computes an exit code outside the table: ``exits.stopped_by`` (or another of
+    :data:`COMPUTERS`) used, ``stopped_by(...)`` called, or ``128 +`` a signal."""
+    if isinstance(node, ast.Attribute) and _name(node.value) == "exits" and node.attr in COMPUTERS:
+        return f"exits.{node.attr} outside the table"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in COMPUTERS:
+        return f"{node.func.id}() outside the table"
+    sides = (node.left, node.right) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) else ()
+    if any(isinstance(s, ast.Constant) and s.value == 128 for s in sides):
+        return "128 + a signal outside the table"
+    return None
 
 
 def _int(node: ast.AST) -> bool:
@@ -126,7 +146,7 @@ def exit_breaches(root: Path) -> list[str]:
             continue
         called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         for node in ast.walk(tree):
-            what = _ends_the_process(node) or _code_literal(node)
+            what = _ends_the_process(node) or _code_literal(node) or _computed_code(node)
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name)
@@ -149,8 +169,10 @@ def exit_breaches(root: Path) -> list[str]:
 
 
 def test_nothing_outside_the_exit_table_ends_a_command_or_writes_an_exit_code():
-    """A module that exits by itself, or writes a code as a number, bypasses the one table: its code and line
-    would be its own. Only exits.py and a local rank's entry point end a process themselves."""
+    """A module that exits by itself, writes a code as a number, or computes one (``128 + sig``,
+    ``exits.stopped_by``) bypasses the one table: its code and line would be its own. Only exits.py and a
+    local rank's entry point end a process themselves, and a run's end becomes a code only from its
+    RunOutcome (``exits.outcome_code``, ``exits.answer``)."""
     assert not exit_breaches(PACKAGE), exit_breaches(PACKAGE)
 
 
@@ -165,6 +187,10 @@ def test_the_exit_check_fails_on_each_planted_breach(tmp_path):
         "record/events.py": "from wagma_bench import exits\nexits.stop('no', 2)\n",
         "cli/claims.py": "def extra():\n    return 1\n",
         "campaign/commbench.py": "def bench():\n    return 0\n",
+        # a run's end reaching the exit code outside its RunOutcome (as cli/run.py did with a late signal)
+        "cli/run.py": "def late(sig):\n    print(exits.stopped_by(sig))\n",
+        "runtime/run.py": "def code(sig):\n    print(128 + sig)\n",
+        "record/rundir.py": "from wagma_bench import exits\nCODE = exits.OUTCOME_CODES['failed']\n",
     }
     for rel in [*planted, "cli/commbench.py"]:
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -320,3 +346,34 @@ def test_the_simulate_command_holds_its_command_line_and_no_library():
     assert len(source.splitlines()) < 150, "cli/simulate.py: move a job into wagma_bench/simulate/"
     functions = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
     assert functions == ["main", "parse", "_simulate"], functions
+
+
+def test_a_signal_as_the_ranks_end_reaches_the_exit_code_through_the_outcome(tmp_path):
+    """A stop signal that the launcher takes while it writes a run's record (its ranks ended, the phase
+    ``finishing``) is folded into the run's outcome by the launch: a completed run stays completed, carries
+    the signal, and the table answers it with 128 + it and one line; a failed run keeps its code; the signal
+    stays noted, so a next job of ``-m`` does not start. Driven here on the signal state (the window in a
+    real run is milliseconds)."""
+    from wagma_bench.runtime import signals
+    from wagma_bench.runtime.run import RunOutcome, signalled_as_it_ended
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    completed, failed = RunOutcome("completed", tmp_path), RunOutcome("failed", tmp_path, line="rank 1 died")
+    try:
+        signals.finishing()
+        assert signalled_as_it_ended(completed) is completed and exits.outcome_code(completed) == exits.OK
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, not fatal: the record is being written
+        ended = signalled_as_it_ended(completed)
+        assert (ended.status, ended.signal, exits.outcome_code(ended)) == ("completed", signal.SIGTERM, 143)
+        with pytest.raises(exits.Stop) as stop:
+            exits.answer(ended)
+        line = "wagma-bench: SIGTERM as the run ended: its record is whole (above); exit 143"
+        assert (stop.value.code, stop.value.text, stop.value.error) == (143, line, False)
+        assert signalled_as_it_ended(failed) is failed and exits.outcome_code(failed) == exits.FAILED
+        with pytest.raises(exits.Stopped):  # under -m: the next job's start ends the sweep
+            signals.starting()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signals._early.clear()
+        signals._phase, signals._ctrl_c = "none", None

@@ -17,6 +17,7 @@ from tests.test_report import reach_at, write_run
 from wagma_bench.analysis import fairness, report, run_records
 from wagma_bench.analysis.step_figures import step_figures
 from wagma_bench.cli import report as report_cli
+from wagma_bench.record.steps import StepRecord
 
 
 def _steps(d: Path, per_rank: dict[int, dict]) -> None:
@@ -32,8 +33,8 @@ def test_wait_is_communication_beyond_the_least_rank_of_the_step():
     """Rank 1 spends 0.1 s a step longer in communication than rank 0: that is its wait; rank 0 waited for
     nobody. The share is the wait over the rank's training clock."""
     recs = {
-        0: [{"local_step": s, "t": 0.2 * s, "compute_s": 0.15, "comm_s": 0.05} for s in range(1, 11)],
-        1: [{"local_step": s, "t": 0.2 * s, "compute_s": 0.05, "comm_s": 0.15} for s in range(1, 11)],
+        0: [StepRecord(local_step=s, t=0.2 * s, compute_s=0.15, comm_s=0.05) for s in range(1, 11)],
+        1: [StepRecord(local_step=s, t=0.2 * s, compute_s=0.05, comm_s=0.15) for s in range(1, 11)],
     }
     fig = step_figures(recs)
     assert fig.wait_shares == pytest.approx({0: 0.0, 1: 1.0 / 2.0})  # 10 x 0.1 s of 2.0 s

@@ -12,7 +12,7 @@ from pathlib import Path
 from wagma_bench.analysis.step_times import load_step_records, step_time_rows, step_time_summary
 from wagma_bench.record.events import EVENTS, SUMMARY
 from wagma_bench.record.files import read_jsonl
-from wagma_bench.record.steps import STEP_FIELDS, STEP_TABLE, read_step_records, write_step_table
+from wagma_bench.record.steps import STEP_FIELDS, STEP_TABLE, StepRecord, read_step_records, write_step_table
 from wagma_bench.simulate.calibrate import cycle_compute, fit_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,10 @@ def test_the_compact_table_gives_every_analysis_the_raw_logs_numbers(checkpointe
     compact = _compact_copy(checkpointed, tmp_path / "compact")
     raw = {int(p.stem[4:]): read_jsonl(p) for p in sorted((checkpointed / "steps").glob("rank*.jsonl"))}
     assert sorted(raw) == [0, 1] and all(len(r) >= 12 for r in raw.values())
-    kept = {rank: [{f: r[f] for f in STEP_FIELDS if f in r} for r in recs] for rank, recs in raw.items()}
+    kept = {
+        rank: [StepRecord(**{f: r[f] for f in STEP_FIELDS if f in r}) for r in recs]
+        for rank, recs in raw.items()
+    }
     assert read_step_records(compact) == kept  # the independent reading: the raw lines
     assert load_step_records(compact) == kept
     rows = [type("Run", (), {"path": d})() for d in (checkpointed, compact)]

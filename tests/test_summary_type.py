@@ -22,15 +22,40 @@ ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _summaryish(node: ast.AST, aliases: set[str]) -> bool:
-    """An expression that is a run summary by its name: ``summary``, ``saved``, ``r.summary``,
-    ``record.saved_summary``, ``record.summary_or_saved()``, or a local name bound to one."""
+    """An expression that is a run summary (or a collection of them) by its name: ``summary``, ``saved``,
+    ``r.summary``, ``record.saved_summary``, ``record.summary_or_saved()``, ``summaries[t.name]``,
+    ``summaries.values()``, or a local name bound to one."""
     if isinstance(node, ast.BoolOp):  # (summary or {}).get("status")
         return any(_summaryish(v, aliases) for v in node.values)
+    if isinstance(node, ast.Subscript):  # summaries[t.name]: one of a collection of summaries
+        return _summaryish(node.value, aliases)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.DictComp)):  # [summaries[t] for t in done]
+        return _summaryish(node.value if isinstance(node, ast.DictComp) else node.elt, aliases)
     if isinstance(node, ast.Call):
         node = node.func
     if isinstance(node, ast.Name):
-        return "summary" in node.id or node.id in aliases
-    return isinstance(node, ast.Attribute) and "summary" in node.attr and node.attr != "summary_after_events"
+        return any(word in node.id for word in ("summary", "summaries")) or node.id in aliases
+    if isinstance(node, ast.Attribute) and node.attr in ("values", "items"):  # summaries.values()
+        return _summaryish(node.value, aliases)
+    return isinstance(node, ast.Attribute) and (
+        "summary" in node.attr and node.attr != "summary_after_events" or "summaries" in node.attr
+    )
+
+
+def _aliases(fn: ast.AST) -> set[str]:
+    """Names bound to a summary within ``fn`` (``s = r.summary``, ``s = summaries[t.name]``, ``for s in
+    summaries.values()``, ``[... for n, s in summaries.items()]``), followed until nothing new."""
+    names: set[str] = set()
+    while True:
+        found = set()
+        for a in ast.walk(fn):
+            if isinstance(a, ast.Assign) and _summaryish(a.value, names):
+                found |= {t.id for t in a.targets if isinstance(t, ast.Name)}
+            elif isinstance(a, (ast.For, ast.comprehension)) and _summaryish(a.iter, names):
+                found |= {n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)}
+        if found <= names:
+            return names
+        names |= found
 
 
 def _key_read(node: ast.AST, aliases: set[str]) -> bool:
@@ -56,13 +81,7 @@ def summary_key_reads(source: str) -> list[tuple[str, int]]:
     for fn in ast.walk(_parse(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
-        aliases = {  # a name bound to a summary (s = r.summary), followed within the function
-            t.id
-            for a in ast.walk(fn)
-            if isinstance(a, ast.Assign) and _summaryish(a.value, set())
-            for t in a.targets
-            if isinstance(t, ast.Name)
-        }
+        aliases = _aliases(fn)  # a name bound to a summary (s = r.summary), followed within the function
         name = getattr(fn, "name", "<lambda>")
         out.update((n.lineno, name) for n in ast.walk(fn) if _key_read(n, aliases))
     return [(name, line) for line, name in sorted(out.items())]
@@ -126,9 +145,16 @@ def test_a_planted_key_read_is_caught():
         "    d = record.summary_or_saved()['train_s']\n"
         "    e = (summary or {}).get('wandb')\n"
         "    summary['error'] = 'x'\n"  # a write: the writer's own business, not a read
+        "    t = summaries[name]\n"
+        "    f = t['optimizer']\n"  # one of a collection of summaries, by its binding
+        "    g = [x.get('reference_s') for x in summaries.values()]\n"
+        "    for n, y in summaries.items():\n"
+        "        h = y['rounds']\n"
+        "    ran = [summaries[n] for n in names]\n"
+        "    i = [r.get('compute_imbalance') for r in ran]\n"  # a list of them, by its element
         "    return other['rounds'], other.get('status')\n"
     )
-    assert [line for _, line in summary_key_reads(planted)] == [3, 4, 5, 6, 7]
+    assert [line for _, line in summary_key_reads(planted)] == [3, 4, 5, 6, 7, 10, 11, 13, 15]
 
 
 def test_old_names_read_as_today_and_unknown_fields_kept():

@@ -44,19 +44,24 @@ class Stop(SystemExit):
         self.text, self.error = text, error
 
 
-# How a run ended (``runtime/run.py``'s RunOutcome.status) -> its exit code; ``stopped``: 128 + its signal
+# How a run ended (``runtime/run.py``'s RunOutcome.status) -> its exit code. An outcome that carries a stop
+# signal (``stopped``; ``completed`` when the signal came as its ranks ended, its record whole) exits 128 +
+# the signal.
 OUTCOME_CODES = {"completed": OK, "failed": FAILED, "diverged": DIVERGED, "interrupted": INTERRUPTED}
 
 
-def outcome_code(status: str, signum: int | None = None) -> int:
-    """The exit code of a run that ended with ``status`` (``stopped``: by ``signum``)."""
-    return stopped_by(signum) if status == "stopped" else OUTCOME_CODES[status]
+def outcome_code(outcome) -> int:
+    """The exit code of a run's end, ``runtime/run.py``'s RunOutcome (its ``status`` and ``signal``): the one
+    way a run's end becomes a code."""
+    if outcome.status in ("stopped", "completed") and outcome.signal is not None:
+        return stopped_by(outcome.signal)
+    return OUTCOME_CODES[outcome.status]
 
 
 def answer(outcome) -> None:
     """End the command as a run's outcome says (``runtime/run.py``'s RunOutcome): nothing for a completed
     run; else its code and line, ``error:`` for a failed or diverged run."""
-    code = outcome_code(outcome.status, outcome.signal)
+    code = outcome_code(outcome)
     if code != OK:
         raise Stop(code, outcome.line, error=outcome.status in ("failed", "diverged"))
 

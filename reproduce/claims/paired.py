@@ -44,7 +44,7 @@ def costs(tune_dir: Path, metric: str) -> dict[str, dict[tuple[int, int], float]
         for t in trials:
             s = summaries[t.name]
             if trial_finished(s):
-                out.setdefault(s["optimizer"], {})[(t.study, t.trial)] = trial_cost(
+                out.setdefault(s.optimizer, {})[(t.study, t.trial)] = trial_cost(
                     s, plan.get("max_runtime_s"), by
                 )
     return out

@@ -50,14 +50,14 @@ def trials(tune_dir: Path, metric: str) -> dict[str, list[list[float]]]:
             if not trial_finished(s):
                 continue
             if metric == "throughput":
-                if not s.get("throughput_samples_per_s"):
+                if not s.throughput_samples_per_s:
                     continue
-                value = float(s["throughput_samples_per_s"])
+                value = float(s.throughput_samples_per_s)
             elif metric == "time_to_target":
                 value = trial_cost(s, plan.get("max_runtime_s"), BY_TIME)
             else:
                 value = -trial_cost(s, plan.get("max_runtime_s"), BY_METRIC)
-            out.setdefault(s["optimizer"], {}).setdefault(t.study, []).append(value)
+            out.setdefault(s.optimizer, {}).setdefault(t.study, []).append(value)
     return {o: [by_study[k] for k in sorted(by_study)] for o, by_study in out.items()}
 
 

@@ -55,16 +55,16 @@ def one_run(run_dir: Path, workload: str, optimizer: str, nproc: int, steps: int
     )
     summary = current_summary(json.loads((run_dir / "summary.json").read_text()))
     records = [r for recs in read_step_records(run_dir).values() for r in recs]
-    kept = [r for r in records if r["local_step"] > WARMUP]
+    kept = [r for r in records if r.local_step > WARMUP]
     per_step = {
         name: round(seconds / summary["rounds"] * 1e3, 3)
         for name, seconds in (summary.get("threads_cpu_s") or {}).items()
     }
-    tokens = sum(r.get("tokens", 0) for r in records)
+    tokens = sum(r.tokens or 0 for r in records)
     return {
-        "compute_ms": 1e3 * statistics.median(r["compute_s"] for r in kept),
-        "compute_cpu_ms": 1e3 * statistics.median(r["compute_cpu_s"] for r in kept),
-        "comm_ms": 1e3 * statistics.median(r["comm_s"] for r in kept),
+        "compute_ms": 1e3 * statistics.median(r.compute_s for r in kept),
+        "compute_cpu_ms": 1e3 * statistics.median(r.compute_cpu_s for r in kept),
+        "comm_ms": 1e3 * statistics.median(r.comm_s for r in kept),
         "throughput": (tokens if tokens else summary["samples"]) / summary["train_s"],
         "unit": "tokens/s" if tokens else "samples/s",
         "thread_cpu_ms_per_step": per_step,

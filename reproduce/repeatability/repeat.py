@@ -142,7 +142,8 @@ def summarize(out: Path) -> dict:
             continue
         summaries = [json.loads(p.read_text()) for p in runs]
         loads = [json.loads((p.parent / LOAD).read_text()) for p in runs]
-        _, _, committed = load_trials(ROOT / source)
+        # the committed trials' summaries as written (under today's names), as the runs' own are read above
+        committed = {n: s and s.to_json() for n, s in load_trials(ROOT / source)[2].items()}
         mine = committed[name]
         same = {
             n: s for n, s in committed.items() if trial_finished(s) and s["optimizer"] == mine["optimizer"]

@@ -107,7 +107,7 @@ def delayed_compute(run: Path) -> tuple[float, float]:
     records = read_step_records(run)
     for rank_records in records.values():
         for r in rank_records[4:]:  # the calibration's warm-up left out
-            by_step.setdefault(r["local_step"], []).append((r.get("delay_s") or 0.0, r["compute_s"]))
+            by_step.setdefault(r.local_step, []).append((r.delay_s or 0.0, r.compute_s))
     most, others = [], []
     for step in by_step.values():
         if len(step) == len(records):

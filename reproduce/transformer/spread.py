@@ -32,6 +32,7 @@ from wagma_bench.campaign.runs import ended, run_unless_done
 from wagma_bench.campaign.tune import add_reference
 from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import write_json_atomic
+from wagma_bench.record.summary import RunSummary
 
 LR, WARMUP_EPOCHS, SEED = 0.00404411, 0.686998, 4
 BASE = [
@@ -80,7 +81,7 @@ def run(out: Path) -> list[dict]:
         print(f"[spread {n}/{len(LEVELS) * 5}] {run_dir.name}", file=sys.stderr, flush=True)
         summary = run_unless_done(run_dir, overrides(LEVELS[source][k]))
         if before is not None and ended(run_dir / SUMMARY):
-            summary = add_reference(run_dir, summary, before, reference_s())
+            summary = add_reference(run_dir, RunSummary.from_json(summary), before, reference_s()).to_json()
         rows.append(row(source, k, summary))
     write_json_atomic(
         out / RESULT, {"version": 1, "base": BASE, "lr": LR, "seed": SEED, "levels": LEVELS, "runs": rows}

@@ -34,6 +34,7 @@ from wagma_bench.analysis.claims import measure, num, speedup, times
 from wagma_bench.analysis.tables import markdown_table
 from wagma_bench.analysis.tuning import load_trials, trial_finished
 from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 T = Path("reproduce/tuning")
@@ -95,19 +96,19 @@ PREDICTED: dict[str, Methods] = {
 }
 
 
-def _finished(tune_dir: Path, optimizer: str) -> list[tuple[Path, dict]]:
+def _finished(tune_dir: Path, optimizer: str) -> list[tuple[Path, RunSummary]]:
     """The finished trials of ``optimizer`` in a tuning directory: (run directory, summary)."""
     _, combos, summaries = load_trials(tune_dir)
     return [
         (tune_dir / "trials" / t.name, summaries[t.name])
         for trials in combos.values()
         for t in trials
-        if trial_finished(summaries[t.name]) and summaries[t.name]["optimizer"] == optimizer
+        if trial_finished(summaries[t.name]) and summaries[t.name].optimizer == optimizer
     ]
 
 
 def _comm_ms(run_dir: Path) -> float:
-    waits = [rec["comm_s"] for recs in read_step_records(run_dir).values() for rec in recs]
+    waits = [rec.comm_s for recs in read_step_records(run_dir).values() for rec in recs]
     return 1e3 * statistics.median(waits)
 
 
@@ -131,7 +132,7 @@ def rows_of(methods: Methods, root: Path = ROOT) -> list[dict]:
         m = measured[name]
         sp = speedup(m, {k: v for k, v in measured.items() if k != name}, lower_is_better=True)
         trials = _finished(root / d, opt)
-        drops = [s["dropcompute"]["drop_rate"] for _, s in trials if s.get("dropcompute")]
+        drops = [s.dropcompute["drop_rate"] for _, s in trials if s.dropcompute]
         lo, hi = sp.interval
         rows.append(
             {

@@ -76,7 +76,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.metric import Metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import atomic_write, staged_outputs, write_json_atomic
-from wagma_bench.record.summary import run_summary
+from wagma_bench.record.summary import RunSummary
 
 CLAIMS_FILE = CHECKOUT / "reproduce" / "claims.yaml"
 PREDICTIONS = "predictions.json"
@@ -240,7 +240,7 @@ def measure(
         done = [t for t in trials if trial_finished(summaries[t.name])]
         if not done:
             continue
-        optimizer = summaries[done[0].name]["optimizer"]
+        optimizer = summaries[done[0].name].optimizer
         if optimizer in out:
             raise ConfigError(
                 f"{tune_dir}: optimizer {optimizer} is tuned in two combinations; a claim reads one "
@@ -248,11 +248,11 @@ def measure(
             )
         ran = [summaries[t.name] for t in done]
         scored = [drift.adjusted(s, drift_median, cap, elasticity) for s in ran] if drift_median else ran
-        by_study: dict[int, list[dict]] = {}
+        by_study: dict[int, list[RunSummary]] = {}
         for t, s in zip(done, scored, strict=True):
             by_study.setdefault(t.study, []).append(s)
         value, dist = _score(list(by_study.values()), metric, None if drift_median else cap)
-        imb = [s["compute_imbalance"] for s in ran if s.get("compute_imbalance") is not None]
+        imb = [s.compute_imbalance for s in ran if s.compute_imbalance is not None]
         out[optimizer] = Measurement(
             optimizer,
             value,
@@ -262,8 +262,8 @@ def measure(
             len(trials),
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None,
-            float(statistics.median(s["rounds"] for s in ran)) if all(s.get("rounds") for s in ran) else None,
-            tuple(s.get("compute_contention") for s in ran),
+            float(statistics.median(s.rounds for s in ran)) if all(s.rounds for s in ran) else None,
+            tuple(s.compute_contention for s in ran),
             tuple(v for s in ran for v in reference_readings(s)),
         )
     return out
@@ -287,7 +287,7 @@ def drift_elasticity(tune_dir: Path, loaded: tuple | None = None) -> drift.Elast
 
 
 def _score(
-    studies: list[list[dict]], metric: str, max_runtime_s: float | None
+    studies: list[list[RunSummary]], metric: str, max_runtime_s: float | None
 ) -> tuple[float, intervals.Dist]:
     """The value and law of one optimizer (:func:`wagma_bench.analysis.robustness.score_law`, which also
     scores the alternatives): a throughput's median over every trial, or AlgoPerf's tuned score over studies
@@ -1140,7 +1140,7 @@ def unfinished_sentence(tune_dir: Path, unfinished: list[Trial], planned: int, s
         folder = tune_dir / TRIALS / t.name
         if not folder.is_dir():
             return f"{folder} is missing"
-        summary = run_summary(RunEvents.read(folder).saved_summary)
+        summary = RunEvents.read(folder).saved_summary
         return f"{folder} has no summary" if summary is None else f"{folder} ended {summary.status}"
 
     named = ", ".join(f"{t.name} (study {t.study}, trial {t.trial}: {state(t)})" for t in unfinished[:shown])

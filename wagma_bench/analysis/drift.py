@@ -22,9 +22,10 @@ stays on the raw figures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from wagma_bench.record.summary import RunSummary, run_summary
@@ -43,24 +44,24 @@ class Elasticity:
     groups: int  # the combinations (one intercept each)
 
 
-def median_reference(summaries: Iterable[dict | None]) -> float | None:
+def median_reference(summaries: Iterable[RunSummary | Mapping | None]) -> float | None:
     """The median reference of the trials that have one (None: none has)."""
-    refs = [s[REFERENCE] for s in summaries if s and _positive(s.get(REFERENCE))]
+    refs = [s.reference_s for s in map(run_summary, summaries) if s and _positive(s.reference_s)]
     return float(statistics.median(refs)) if refs else None
 
 
-def tuning_median(finished: list[dict]) -> float | None:
+def tuning_median(finished: list[RunSummary | Mapping]) -> float | None:
     """The median reference of a tuning's finished trials, or None unless every one of them has a reference (a
     drift adjustment of some trials only would mix two scales)."""
     return median_reference(finished) if finished and all(map(has_reference, finished)) else None
 
 
-def has_reference(summary: RunSummary | dict | None) -> bool:
+def has_reference(summary: RunSummary | Mapping | None) -> bool:
     s = run_summary(summary or None)
     return s is not None and _positive(s.reference_s)
 
 
-def seconds_per_round(summary: RunSummary | dict | None) -> float | None:
+def seconds_per_round(summary: RunSummary | Mapping | None) -> float | None:
     """A trial's training clock over its rounds: what both its throughput and
     its time to target scale with."""
     s = run_summary(summary or None)
@@ -69,7 +70,7 @@ def seconds_per_round(summary: RunSummary | dict | None) -> float | None:
     return s.train_s / s.rounds
 
 
-def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None:
+def fit_elasticity(groups: Iterable[Iterable[RunSummary | Mapping | None]]) -> Elasticity | None:
     """The pooled within-group regression log(seconds per round) = a_group + e * log(reference_s) over the
     trials that have both, one intercept per group (combination) and one slope, with its OLS standard error.
     By Frisch-Waugh-Lovell the slope is that of the deviations from each group's means. None when it cannot be
@@ -77,8 +78,8 @@ def fit_elasticity(groups: Iterable[Iterable[dict | None]]) -> Elasticity | None
     points = []  # per group: (log reference, log seconds per round)
     for group in groups:
         mine = [
-            (math.log(s[REFERENCE]), math.log(seconds_per_round(s)))
-            for s in group
+            (math.log(s.reference_s), math.log(seconds_per_round(s)))
+            for s in map(run_summary, group)
             if has_reference(s) and seconds_per_round(s) is not None
         ]
         if mine:
@@ -103,19 +104,21 @@ def elasticity_draws(fit: Elasticity, k: int = DRAWS) -> list[float]:
     return [normal.inv_cdf((i + 0.5) / k) if normal else fit.value for i in range(k)]
 
 
-def adjusted(summary: dict, median: float, max_runtime_s: float | None, elasticity: float = 1.0) -> dict:
+def adjusted(
+    summary: RunSummary | Mapping, median: float, max_runtime_s: float | None, elasticity: float = 1.0
+) -> RunSummary:
     """A copy of ``summary`` with its time to target and throughput scaled to the median reference by
     (reference_s / median)^elasticity; a trial past ``max_runtime_s`` (raw) stays a miss."""
-    factor = (run_summary(summary).reference_s / median) ** elasticity
-    out = dict(summary)
-    if out.get("throughput_samples_per_s"):
-        out["throughput_samples_per_s"] = out["throughput_samples_per_s"] * factor
-    t = out.get("time_to_target_s")
-    if out.get("reached") and t is not None:
+    out = run_summary(summary)
+    factor = (out.reference_s / median) ** elasticity
+    if out.throughput_samples_per_s:
+        out = dataclasses.replace(out, throughput_samples_per_s=out.throughput_samples_per_s * factor)
+    t = out.time_to_target_s
+    if out.reached and t is not None:
         if max_runtime_s is not None and t > max_runtime_s:
-            out["reached"] = False
+            out = dataclasses.replace(out, reached=False)
         else:
-            out["time_to_target_s"] = t / factor
+            out = dataclasses.replace(out, time_to_target_s=t / factor)
     return out
 
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wagma_bench.analysis import intervals
 from wagma_bench.analysis.tuning import BY_METRIC, BY_TIME, load_trials, trial_cost, trial_finished
+from wagma_bench.record.summary import RunSummary, run_summary
 
 SCORINGS = ("best", "final", "median")  # per study: its best trial (the claim's own), by final eval, median
 
@@ -54,7 +55,7 @@ class Judged:
 
 Judge = Callable[[dict[str, Law]], Judged]
 # optimizer -> its studies (by study number) -> that study's finished trials as (trial name, summary)
-Tuned = dict[str, dict[int, list[tuple[str, dict]]]]
+Tuned = dict[str, dict[int, list[tuple[str, RunSummary]]]]
 
 
 def tuned_trials(tune_dir: Path, loaded: tuple | None = None) -> Tuned:
@@ -65,24 +66,27 @@ def tuned_trials(tune_dir: Path, loaded: tuple | None = None) -> Tuned:
         for t in trials:
             s = summaries[t.name]
             if trial_finished(s):
-                out.setdefault(s["optimizer"], {}).setdefault(t.study, []).append((t.name, s))
+                out.setdefault(s.optimizer, {}).setdefault(t.study, []).append((t.name, s))
     return out
 
 
-def trial_costs(summaries: list[dict], metric: str, scoring: str, cap: float | None) -> list[float]:
+def trial_costs(
+    summaries: list[RunSummary | Mapping], metric: str, scoring: str, cap: float | None
+) -> list[float]:
     """Each trial's cost (lower is better) under ``scoring``: a time to target (inf: missed), a negated best
     or final metric (inf: failed), or a throughput as it is (``metric=throughput``: higher is better)."""
+    summaries = [run_summary(s) for s in summaries]
     if metric == "throughput":
-        return [s["throughput_samples_per_s"] for s in summaries if s.get("throughput_samples_per_s")]
+        return [s.throughput_samples_per_s for s in summaries if s.throughput_samples_per_s]
     if metric == "time_to_target":
         return [trial_cost(s, cap, BY_TIME) for s in summaries]
     if scoring == "final":  # the same rule as the best metric's (tuning.trial_cost), on the last evaluation
-        return [trial_cost({**s, "best_metric": s.get("final_metric")}, None, BY_METRIC) for s in summaries]
+        return [trial_cost(replace(s, best_metric=s.final_metric), None, BY_METRIC) for s in summaries]
     return [trial_cost(s, None, BY_METRIC) for s in summaries]
 
 
 def score_law(
-    studies: list[list[dict]], metric: str, cap: float | None = None, scoring: str = "best"
+    studies: list[list[RunSummary]], metric: str, cap: float | None = None, scoring: str = "best"
 ) -> tuple[float, intervals.Dist]:
     """One optimizer's value and its exact two-stage bootstrap law, from its studies' finished trials: a
     throughput's median over every trial, or a tuned score (the median over studies of each study's best
@@ -123,7 +127,7 @@ def _laws(trials: Tuned, metric: str, cap: float | None, scoring: str) -> dict[s
     return out
 
 
-def _flat(studies: dict[int, list[tuple[str, dict]]]) -> list[tuple[int, list[dict]]]:
+def _flat(studies: dict[int, list[tuple[str, RunSummary]]]) -> list[tuple[int, list[RunSummary]]]:
     return [(n, [s for _, s in trials]) for n, trials in sorted(studies.items()) if trials]
 
 

@@ -49,7 +49,7 @@ def source_record(tune_dir: Path, loaded: tuple | None = None) -> dict:
             else:
                 # a run that missed its target may evaluate once more where it stopped (its budget, or its
                 # time limit); a run that reached it stopped at that evaluation, which must be on the grid
-                end = last if not summaries[t.name].get("reached") else None
+                end = last if not summaries[t.name].reached else None
                 late += sum(1 for r in rounds if r % every and r != end)
             over += bool(budget) and last > budget
             cpu = meta.get("cpu") or {}

@@ -87,7 +87,7 @@ def load_run(path: Path) -> RunRecord:
         summary["status"] = "incomplete"
     if record.torn:
         problems.append("torn last line in events.jsonl")
-    saved = run_summary(record.saved_summary)
+    saved = record.saved_summary
     if saved is None:
         problems.append("no summary.json")
     elif not record.stopped and saved.status and record.summary_after_events:
@@ -137,11 +137,10 @@ def load_run(path: Path) -> RunRecord:
 RECORDED_ONLY = ("compute_imbalance", "compute_contention", "reference_s", "reference_before_after_s")
 
 
-def recorded_only(saved: dict | None, figures: StepFigures | None) -> dict:
+def recorded_only(saved: RunSummary | None, figures: StepFigures | None) -> dict:
     """The figures ``summary.json`` holds beyond its events: from the step records where they say (so a run
     recorded before a figure was measured has it too), else as saved; None where neither has it."""
-    saved = saved or {}
-    out = {key: saved.get(key) for key in RECORDED_ONLY}
+    out = {key: getattr(saved, key) if saved else None for key in RECORDED_ONLY}
     if figures is not None:
         for key, value in (
             ("compute_imbalance", figures.compute_imbalance),

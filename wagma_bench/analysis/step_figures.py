@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from wagma_bench.record.rundir import contention_of, imbalance_of
+from wagma_bench.record.steps import StepRecord
 
 COMPONENTS = ("compute", "delay", "comm", "wait")  # comm: the transfer; wait: waiting for slower ranks
 
@@ -43,7 +44,7 @@ class StepFigures:
         return max(self.wait_shares.values()) if self.wait_shares else None
 
 
-def step_figures(records: Mapping[int, list[dict]]) -> StepFigures | None:
+def step_figures(records: Mapping[int, list[StepRecord]]) -> StepFigures | None:
     """The figures of one run's per-rank step records; None without records."""
     ranks = {rank: recs for rank, recs in records.items() if recs}
     if not ranks:
@@ -52,39 +53,38 @@ def step_figures(records: Mapping[int, list[dict]]) -> StepFigures | None:
     shares, components = {}, {}
     for rank, recs in ranks.items():
         wait = waits[rank]
-        comm = [float(r.get("comm_s") or 0.0) for r in recs]
+        comm = [float(r.comm_s or 0.0) for r in recs]
         parts = {
-            "compute": [float(r.get("compute_s") or 0.0) for r in recs],
-            "delay": [float(r.get("delay_s") or 0.0) for r in recs],
+            "compute": [float(r.compute_s or 0.0) for r in recs],
+            "delay": [float(r.delay_s or 0.0) for r in recs],
             "comm": [c - w for c, w in zip(comm, wait, strict=True)],
             "wait": wait,
         }
         totals = sorted(sum(vals) for vals in zip(*parts.values(), strict=True))
         components[rank] = {c: statistics.fmean(v) for c, v in parts.items()}
         components[rank].update(p10=_quantile(totals, 0.1), p90=_quantile(totals, 0.9))
-        clock = recs[-1].get("t") or sum(totals)
+        clock = recs[-1].t or sum(totals)
         shares[rank] = sum(wait) / clock if clock > 0 else 0.0
     return StepFigures(
         imbalance_of(list(ranks.values())), contention_of(list(ranks.values())), shares, components
     )
 
 
-def wait_times(records: Mapping[int, list[dict]]) -> dict[int, list[float]]:
+def wait_times(records: Mapping[int, list[StepRecord]]) -> dict[int, list[float]]:
     """Per rank, per record: its communication time beyond the least of any rank at the same local step (0
     where not every rank logged the step)."""
     least: dict[int, float] = {}
     logged: dict[int, int] = {}
     for recs in records.values():
         for r in recs:
-            step, comm = r.get("local_step"), float(r.get("comm_s") or 0.0)
+            step, comm = r.local_step, float(r.comm_s or 0.0)
             if step is not None:
                 least[step] = min(least.get(step, comm), comm)
                 logged[step] = logged.get(step, 0) + 1
     everyone = {s for s, n in logged.items() if n == len(records)}
     return {
         rank: [
-            float(r.get("comm_s") or 0.0) - least[r["local_step"]] if r.get("local_step") in everyone else 0.0
-            for r in recs
+            float(r.comm_s or 0.0) - least[r.local_step] if r.local_step in everyone else 0.0 for r in recs
         ]
         for rank, recs in records.items()
     }

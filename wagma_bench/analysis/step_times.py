@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from wagma_bench.analysis.run_records import RunRecord
-from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.steps import StepRecord, read_step_records
 
 MAX_STEPS_PER_RANK = 5000  # step records read per rank file (evenly thinned beyond)
 
 
-def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[int, list[dict]]:
+def load_step_records(run_dir: Path, limit: int = MAX_STEPS_PER_RANK) -> dict[int, list[StepRecord]]:
     """Per-rank step records of a run, raw or compact (:mod:`~wagma_bench.record.steps`), evenly thinned to
     ``limit`` per rank."""
     out = {}
@@ -44,9 +44,13 @@ def step_time_rows(runs: Sequence[RunRecord]) -> list[dict]:
             continue
         for rank, recs in records.items():
             for rec in recs:
-                for comp in ("compute", "delay", "comm"):
-                    if f"{comp}_s" in rec:
-                        rows.append({"rank": rank, "component": comp, "seconds": float(rec[f"{comp}_s"])})
+                for comp, seconds in (
+                    ("compute", rec.compute_s),
+                    ("delay", rec.delay_s),
+                    ("comm", rec.comm_s),
+                ):
+                    if seconds is not None:
+                        rows.append({"rank": rank, "component": comp, "seconds": float(seconds)})
     return rows
 
 

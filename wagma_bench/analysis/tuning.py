@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,9 @@ def median_score(bests: list[float]) -> float:
     return float(statistics.median(bests))
 
 
-def score_combo(trials: list[Trial], summaries: dict[str, dict | None], max_runtime_s: float | None) -> dict:
+def score_combo(
+    trials: list[Trial], summaries: dict[str, RunSummary | None], max_runtime_s: float | None
+) -> dict:
     """One combination's entry of ``tuning.json``: by time, ``score_s`` and each study's ``best_time_s``; with
     no target, ``score_metric`` and each study's ``best_metric`` (``reached`` is then None: there is nothing
     to reach)."""
@@ -198,7 +201,7 @@ def trial_finished(summary: RunSummary | dict | None) -> bool:
     return s is not None and (s.finished or s.status == "failed")
 
 
-def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, dict | None]]:
+def load_trials(tune_dir: Path) -> tuple[dict, dict[str, list[Trial]], dict[str, RunSummary | None]]:
     """A tuning directory's plan, its trials by combination (in plan order) and each trial's saved summary
     (None where the trial has not finished a summary)."""
     tune_dir = Path(tune_dir)
@@ -229,8 +232,8 @@ def score(tune_dir: Path) -> dict:
             **_key_of(summaries.values()),
             "optimizer_settings": _fixed_settings(Path(tune_dir), mine),
             **score_combo(mine, summaries, cap),
-            "compute_imbalance": _median_of(summaries.values(), "compute_imbalance"),
-            "reference_s": _median_of(summaries.values(), drift.REFERENCE),
+            "compute_imbalance": _median_of([s.compute_imbalance for s in summaries.values() if s]),
+            "reference_s": _median_of([s.reference_s for s in summaries.values() if s]),
         }
         entries.append({**entry, "drift_adjusted": _drift_adjusted(mine, summaries, median_ref, fit, cap)})
     return {
@@ -288,12 +291,17 @@ def _start_ms(run_dir: Path) -> float | None:
     return event.get("time_ms") if event else None
 
 
-def _key_of(summaries) -> dict:
+def _key_of(summaries: Iterable[RunSummary | None]) -> dict:
     """workload, data, optimizer, world size, imbalance, metric and target: from any trial that started."""
-    s = next((s for s in summaries if s), {})
+    s = next((s for s in summaries if s), RunSummary())
     return {
-        k: s.get(k)
-        for k in ("workload", "data", "optimizer", "world_size", "imbalance", "target_metric", "target")
+        "workload": s.workload,
+        "data": s.data,
+        "optimizer": s.optimizer,
+        "world_size": s.world_size,
+        "imbalance": s.imbalance,
+        "target_metric": s.target_metric,
+        "target": s.target,
     }
 
 
@@ -310,8 +318,8 @@ def _fixed_settings(tune_dir: Path, trials: list[Trial]) -> dict:
     return {k: v for k, v in sections[0].items() if k != "name" and all(s.get(k) == v for s in sections[1:])}
 
 
-def _median_of(summaries, key: str) -> float | None:
-    values = [s[key] for s in summaries if s and s.get(key) is not None]
+def _median_of(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
     return float(statistics.median(values)) if values else None
 
 
@@ -377,14 +385,14 @@ def fairness_line(tune_dir: Path) -> str:
     }
     done = {c: ss for c, ss in done.items() if ss}
     readings = {c: [v for s in ss for v in reference_readings(s)] for c, ss in done.items()}
-    ref = next((c for c, ss in done.items() if ss[0].get("optimizer") == REFERENCE), None)
+    ref = next((c for c, ss in done.items() if ss[0].optimizer == REFERENCE), None)
     flagged: dict[str, list[str]] = {}
     for combo, ss in done.items():
-        flags = [fairness.contended(s.get("compute_contention") for s in ss)]
+        flags = [fairness.contended(s.compute_contention for s in ss)]
         if ref is not None and combo != ref:
             flags.append(fairness.different_conditions(readings[combo], readings[ref], ref))
         if any(flags):
             flagged[combo] = [f for f in flags if f]
     touched = [f"{c} vs {ref}" for c in done if ref and c != ref and (c in flagged or ref in flagged)]
-    unmeasured = sum(all(s.get("compute_contention") is None for s in ss) for ss in done.values())
+    unmeasured = sum(all(s.compute_contention is None for s in ss) for ss in done.values())
     return fairness.summary_line(flagged, len(done), touched, "combinations", unmeasured)

@@ -172,7 +172,7 @@ def tuning_sections(wr, tune_dirs: Sequence[Path], tuned_rows: Sequence[dict]) -
             continue
         keys = list(dict.fromkeys(k for t in trials for k in t.params))
         done = [s for s in summaries.values() if s]
-        by_time = any(s.get("target") is not None for s in done) or not done
+        by_time = any(s.target is not None for s in done) or not done
         score = "time_to_target_s" if by_time else "best_metric"
         columns = [wr.ParallelCoordinatesPlotColumn(wr.Config(tuned_key(k)), display_name=k) for k in keys]
         columns += [

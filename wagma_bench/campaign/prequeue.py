@@ -27,7 +27,6 @@ from wagma_bench.config.recorded import setting
 from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import ConfigError
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
-from wagma_bench.record.summary import RunSummary
 from wagma_bench.workloads.specs import (
     IMAGENET_LAYOUT,
     WORKLOAD_SPECS,
@@ -149,7 +148,7 @@ def read_step_times(paths: Iterable[str]) -> Measured:
         raise ConfigError(f"{STEP_TIMES}: {err}") from None
     for d in dirs:
         record = RunEvents.read(d)
-        start, summary = record.start, RunSummary.from_json(record.summary_or_saved())
+        start, summary = record.start, record.summary_or_saved()
         if start is None or not summary.rounds or not summary.train_s:
             continue
         data = setting(start.config, "data.name") or summary.data

@@ -42,7 +42,6 @@ from wagma_bench.metric import metric
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import CANCELLED, FINISHED, LOCK, cancel_note
-from wagma_bench.record.summary import run_summary
 from wagma_bench.runtime.slurm import TERMINAL_STATES, job_states
 
 LIVE_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING")
@@ -210,7 +209,7 @@ def run_progress(run_dir: Path) -> dict:
     evals = record.evaluations
     last = {"metric": evals[-1].value if evals else None, "eval_step": evals[-1].round if evals else None}
     last["metric_name"] = record.start.metric if record.start else None  # which way it is better
-    s = run_summary(record.saved_summary)
+    s = record.saved_summary
     if s is not None and record.summary_after_events:  # else an earlier attempt's, before this one's events
         if last["metric"] is None:
             last["metric"] = s.final_metric

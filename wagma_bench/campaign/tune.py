@@ -65,6 +65,7 @@ from wagma_bench.config.search_space import draw, load_space, parse_space_overri
 from wagma_bench.errors import ConfigError, Interrupted
 from wagma_bench.record.events import RunEvents
 from wagma_bench.record.files import OUTPUT_HINT, open_run_file, run_subdir, write_json_atomic
+from wagma_bench.record.summary import RunSummary
 
 OWN_KEYS = ("trials", "studies", "seed", "max_runtime_s")
 CLUSTER_FLAGS = {"--dry-run", "--submit", "--no-array", "--data-on-nodes"}
@@ -413,19 +414,19 @@ def run_local(args: TuneArgs, spec, trials: list[Trial], configs: dict[str, Any]
             )
 
 
-def add_reference(run_dir: Path, summary: dict, before: float, after: float) -> dict:
+def add_reference(run_dir: Path, summary: RunSummary, before: float, after: float) -> RunSummary:
     """The trial's speed reference, timed just before it started and just after it ended, added to its
     ``summary.json`` (``reference_s``: their mean; :mod:`wagma_bench.campaign.reference`)."""
     from wagma_bench.record.summary import write_summary
 
-    summary = {
-        **summary,
+    fields = {
+        **summary.to_json(),
         "reference_s": (before + after) / 2,
         "reference_before_after_s": [before, after],
         "reference_version": REFERENCE_VERSION,
     }
-    write_summary(run_dir, summary)
-    return summary
+    write_summary(run_dir, fields)
+    return RunSummary.from_json(fields)
 
 
 class TuneInterrupted(Interrupted):

@@ -6,7 +6,6 @@ traceback, an end is raised as :class:`~wagma_bench.exits.Stop`."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
@@ -44,11 +43,12 @@ def main(argv: list[str]) -> int:
 
 
 def _run(argv: list[str], rank: bool) -> int:
-    """The command, and a stop signal noted as its ranks ended: acted on once the record is whole."""
+    """The command; a stop signal that a library turned into an error of its own while the launcher set up is
+    answered as that signal (a run's end, a signal as its ranks ended included, is its RunOutcome's)."""
     from wagma_bench.runtime import signals
 
     try:
-        code = run_command(argv)
+        return run_command(argv)
     except (Exception, SystemExit) as err:  # a stop signal that a library turned into its own error
         stopped = None if rank or isinstance(err, exits.Stop) else signals.stopped_in_setup()
         if stopped is None:
@@ -57,18 +57,6 @@ def _run(argv: list[str], rank: bool) -> int:
     finally:
         if rank:
             signals.rank_done()
-    late = signals.late_signal()
-    if (
-        late is not None and code == exits.OK
-    ):  # it came as the ranks ended: the record was written whole first
-        print(
-            f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
-            f"{exits.stopped_by(late)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return exits.stopped_by(late)
-    return code
 
 
 def run_command(overrides: list[str]) -> int:
@@ -121,7 +109,8 @@ _SWEPT: list[int] = []  # under -m: the codes of the jobs that failed or diverge
 def _run_job(cfg) -> None:
     """One Hydra job: run it (:func:`wagma_bench.runtime.run.launch`) and answer its outcome. Under ``-m``, a
     job that failed or diverged is said in one line and the sweep goes on, under every launcher; the command
-    then ends with the first such job's code. An interruption or a stop signal ends the sweep."""
+    then ends with the first such job's code. An interruption or a stop signal (one as a job ended included)
+    ends the sweep."""
     from hydra.core.hydra_config import HydraConfig
 
     from wagma_bench.runtime import signals
@@ -146,6 +135,6 @@ def _run_job(cfg) -> None:
         print(outcome.report, flush=True)
     if hydra.mode.name == "MULTIRUN" and outcome.status in ("failed", "diverged"):
         print(f"wagma-bench run: error: {outcome.line}", file=sys.stderr, flush=True)
-        _SWEPT.append(exits.outcome_code(outcome.status))
+        _SWEPT.append(exits.outcome_code(outcome))
         return
     exits.answer(outcome)

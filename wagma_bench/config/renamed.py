@@ -10,8 +10,9 @@ optimizer that sets them (local SGD's ``period`` and AD-PSGD's and eager-SGD's `
 The one policy, for every old name: the old names stay accepted for one release. An override or a YAML key
 under an old name (``train.max_steps=5``), and an option under its old name (``imbalance=paper``, now
 ``shared_draw``), is read as the new one, with one line on stderr naming the new name; a configuration or a
-record written under the old names (a run directory's ``run_start``, its ``summary.json``, a checkpoint
-manifest, a committed tuning plan or ``claims.json``) reads as the same, silently, so a finished run is still
+record written under the old names (a run directory's ``run_start``, its ``summary.json``, its step records, a
+checkpoint manifest or an algorithm's checkpointed state, a committed tuning plan or ``claims.json``) reads as
+the same, silently, so a finished run is still
 found and a checkpoint still resumes (docs/configuration.md). An old and a new name at two values are refused,
 naming both. Imports only the error types (a leaf): every layer from config/ up translates through it.
 """
@@ -51,6 +52,9 @@ RENAMED_METADATA = {"step": "round"}  # an event's metadata
 RENAMED_SUMMARY = {"steps": "rounds", "steps_to_target": "rounds_to_target"}  # summary.json
 RENAMED_STEP_FIELDS = {"step": "local_step"}  # a step record (steps/rank<R>.jsonl)
 RENAMED_CLAIM_FIELDS = {"steps": "rounds"}  # an optimizer's measurement in claims.json
+# an algorithm's state in a checkpoint (optim/base.py's state_dict): the rank's torch optimizer, ``optimizer``
+# before 2026-12-06; the checkpoint's reader (record/checkpoint.py) hands the algorithm today's names
+RENAMED_ALGORITHM_STATE = {"optimizer": "local_optimizer"}
 
 _SAID: set[str] = set()  # old keys this process has already said a line about
 

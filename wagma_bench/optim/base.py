@@ -224,9 +224,8 @@ class Algorithm(AlgorithmSpec, abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.round = state["round"]
-        # a checkpoint written before 2026-12-06 names the local optimizer's state "optimizer"
-        key = "local_optimizer" if "local_optimizer" in state else "optimizer"
-        self.local_optimizer.load_state_dict(state[key])
+        # under today's names: the checkpoint's reader translated an older one's (config/renamed.py)
+        self.local_optimizer.load_state_dict(state["local_optimizer"])
         if self.outer is not None:
             self.outer.load_state_dict(state["outer"])
 

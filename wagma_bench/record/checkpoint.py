@@ -40,6 +40,7 @@ from pathlib import Path
 from wagma_bench.config import readback
 from wagma_bench.config.identity import identity, resume_hash
 from wagma_bench.config.recorded import setting
+from wagma_bench.config.renamed import RENAMED_ALGORITHM_STATE, renamed_fields
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.checkpoint_size import file_bytes, human_size
 from wagma_bench.record.events import EVENTS, RunEvents
@@ -287,6 +288,12 @@ def payload(model, algo, state: dict, clock, largest: bool = False) -> dict:
     }
 
 
+def algorithm_state(saved: dict) -> dict:
+    """The algorithm's state in a rank's checkpoint file (:func:`payload`'s ``algo``) under today's names: one
+    written before a rename reads as the same (config/renamed.py, its one table and policy)."""
+    return renamed_fields(saved["algo"], RENAMED_ALGORITHM_STATE)
+
+
 class Checkpointer:
     """One rank's side of the run's checkpoint sets."""
 
@@ -348,7 +355,7 @@ class Checkpointer:
         # our own files, verified against the manifest's checksum: full unpickling is safe here
         saved = torch.load(folder / f"rank{self.rank}.pt", map_location=algo.comm.device, weights_only=False)
         model.load_state_dict(saved["model"])
-        algo.load_state_dict(saved["algo"])
+        algo.load_state_dict(algorithm_state(saved))
         torch.set_rng_state(saved["rng"])
         return saved
 

@@ -33,9 +33,9 @@ from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.config.renamed import RENAMED_METADATA, RENAMED_SUMMARY, renamed_fields
 from wagma_bench.metric import Metric, metric
 from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
+from wagma_bench.record.summary import SUMMARY, RunSummary
 
 EVENTS = "events.jsonl"
-SUMMARY = "summary.json"  # written by record.summary.write_summary, read through RunSummary
 
 
 def current_event(event: dict) -> dict:
@@ -309,7 +309,7 @@ class RunEvents:
     path: Path
     events: list[dict]
     torn: bool  # the last line of events.jsonl was cut mid-write (and is skipped)
-    saved_summary: dict | None  # summary.json as written; None when absent or unreadable
+    saved_summary: RunSummary | None  # summary.json as written, under today's names; None: absent, unreadable
     summary_after_events: bool  # summary.json is no older than events.jsonl
     skipped: tuple[int, ...] = ()  # numbers of the lines of events.jsonl that are not JSON (and were skipped)
 
@@ -322,7 +322,8 @@ class RunEvents:
             for e in read_jsonl(run_dir / EVENTS, skipped)
             if isinstance(e, dict) and "key" in e
         ]
-        summary = current_summary(_read_json(run_dir / SUMMARY))
+        saved = _read_json(run_dir / SUMMARY)
+        summary = None if saved is None else RunSummary.from_json(saved)
         return cls(
             run_dir,
             events,
@@ -386,9 +387,9 @@ class RunEvents:
         summary.json."""
         return summarize(self.events, status)
 
-    def summary_or_saved(self) -> dict:
+    def summary_or_saved(self) -> RunSummary:
         """summary.json when it was written and is readable, else the summary computed from the events."""
-        return self.saved_summary if self.saved_summary is not None else self.summary()
+        return self.saved_summary if self.saved_summary is not None else RunSummary.from_json(self.summary())
 
 
 def torn_last_line(path: Path) -> bool:

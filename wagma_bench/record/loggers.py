@@ -33,7 +33,7 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
-from wagma_bench.record.steps import read_step_records
+from wagma_bench.record.steps import StepRecord, read_step_records
 from wagma_bench.record.summary import add_to_summary
 
 
@@ -378,18 +378,18 @@ class WandbSink:
             records = self._new_records(path)
             if records:
                 rank = path.stem[len("rank") :]
-                for field in ("compute_s", "delay_s", "comm_s"):
-                    row[f"rank{rank}/{field}"] = sum(r.get(field, 0.0) for r in records) / len(records)
+                for field in STEP_COMPONENTS:
+                    row[f"rank{rank}/{field}"] = sum(getattr(r, field) or 0.0 for r in records) / len(records)
         return row
 
-    def _new_records(self, path: Path) -> list[dict]:
+    def _new_records(self, path: Path) -> list[StepRecord]:
         """Complete lines appended since the last read (a line still being written is left for later)."""
         with open(path, "rb") as f:
             f.seek(self._offsets.get(path, 0))
             data = f.read()
         end = data.rfind(b"\n") + 1
         self._offsets[path] = self._offsets.get(path, 0) + end
-        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        return [StepRecord.from_json(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
 
     def _summarize(self, status: str | None) -> None:
         """At run_stop: the run's summary as W&B's run summary (the run is finished by :meth:`close`, once
@@ -474,7 +474,7 @@ def step_time_summaries(run_dir: Path) -> dict[str, float]:
     for field in STEP_COMPONENTS:
         means = []
         for rank, recs in sorted(records.items()):
-            values = sorted(float(r[field]) for r in recs if isinstance(r.get(field), (int, float)))
+            values = sorted(float(v) for r in recs if isinstance(v := getattr(r, field), (int, float)))
             if not values:
                 continue
             mean = sum(values) / len(values)

@@ -28,8 +28,8 @@ from pathlib import Path
 from wagma_bench.config import readback
 from wagma_bench.config.identity import budget, resume_hash
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, torn_last_line
-from wagma_bench.record.files import open_run_file, read_jsonl, refuse_link
-from wagma_bench.record.steps import current_record
+from wagma_bench.record.files import open_run_file, refuse_link
+from wagma_bench.record.steps import StepRecord, read_step_log
 from wagma_bench.record.summary import FINISHED, RunSummary, run_summary, write_summary  # noqa: F401 (FINISHED: its old home)
 
 LOCK = ".lock"
@@ -180,7 +180,7 @@ def finished_summary(run_dir: Path, raw: dict) -> RunSummary | None:
     """The summary of a finished run in ``run_dir`` with the same identity and
     budget as ``raw``, else None."""
     record = RunEvents.read(run_dir)
-    summary = run_summary(record.saved_summary)
+    summary = record.saved_summary
     if summary is None or not summary.finished:
         return None
     earlier = record.start.config if record.start else None
@@ -244,14 +244,15 @@ def record_failure(run_dir: Path, error: str, status: str = "failed") -> dict:
 
 def _progress_in_step_logs(run_dir: Path) -> dict:
     """Rank 0's last logged round and training time, and the samples of every rank's logged steps."""
-    records = {p: read_jsonl(p) for p in sorted((run_dir / "steps").glob("rank*.jsonl"))}
+    records = {p: read_step_log(p) for p in sorted((run_dir / "steps").glob("rank*.jsonl"))}
     mine = records.get(run_dir / "steps" / "rank0.jsonl")
     if not mine:
         return {}
+    last = mine[-1]
     return {
-        "round": mine[-1].get("round", 0),
-        "train_s": mine[-1].get("t", 0.0),
-        "samples": sum(r.get("samples", 0) for recs in records.values() for r in recs),
+        "round": 0 if last.round is None else last.round,
+        "train_s": 0.0 if last.t is None else last.t,
+        "samples": sum(r.samples for recs in records.values() for r in recs if r.samples is not None),
     }
 
 
@@ -264,17 +265,13 @@ def compute_imbalance(run_dir: Path) -> float | None:
     return imbalance_of(step_logs(run_dir))
 
 
-def step_logs(run_dir: Path) -> list[list[dict]]:
+def step_logs(run_dir: Path) -> list[list[StepRecord]]:
     """Every rank's step log, as written (``steps/rank<R>.jsonl``)."""
     # regular files only: the summary of a failed run is written whatever stands in the way of a step log
-    return [
-        [current_record(r) for r in read_jsonl(p)]
-        for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl"))
-        if p.is_file()
-    ]
+    return [read_step_log(p) for p in sorted((Path(run_dir) / "steps").glob("rank*.jsonl")) if p.is_file()]
 
 
-def contention_of(records: list[list[dict]]) -> float | None:
+def contention_of(records: list[list[StepRecord]]) -> float | None:
     """How long the ranks' compute waited for a core: their wall-clock compute over their CPU compute (the
     thread's own CPU time, ``compute_cpu_s``), summed over every rank and step. About 1 on a machine whose
     cores the ranks had to themselves; 2 when each rank got half a core (another process, too many ranks for
@@ -283,16 +280,16 @@ def contention_of(records: list[list[dict]]) -> float | None:
     wall = cpu = 0.0
     for recs in records:
         for r in recs:
-            if r.get("compute_cpu_s") is not None and r.get("compute_s") is not None:
-                wall, cpu = wall + r["compute_s"], cpu + r["compute_cpu_s"]
+            if r.compute_cpu_s is not None and r.compute_s is not None:
+                wall, cpu = wall + r.compute_s, cpu + r.compute_cpu_s
     return round(wall / cpu, 4) if cpu > 0 else None
 
 
-def imbalance_of(records: list[list[dict]]) -> float | None:
+def imbalance_of(records: list[list[StepRecord]]) -> float | None:
     """:func:`compute_imbalance` of per-rank step records, however they were read (raw logs, a compact table):
     the report recomputes it so for a run whose summary was written before it was measured."""
     per_rank = [
-        {r["local_step"]: r.get("compute_s", 0.0) + r.get("delay_s", 0.0) for r in recs if "local_step" in r}
+        {r.local_step: _or_0(r.compute_s) + _or_0(r.delay_s) for r in recs if r.local_step is not None}
         for recs in records
     ]
     per_rank = [times for times in per_rank if times]
@@ -308,13 +305,17 @@ def imbalance_of(records: list[list[dict]]) -> float | None:
     return round(sum(ratios) / len(ratios), 4) if ratios else None
 
 
-def preempted_rollouts(records: list[list[dict]]) -> dict | None:
+def _or_0(seconds: float | None) -> float:
+    return 0.0 if seconds is None else seconds
+
+
+def preempted_rollouts(records: list[list[StepRecord]]) -> dict | None:
     """DD-PPO's straggler preemption (``workload.preemption``): the rollouts it cut short, summed over the
     ranks, of the rollouts the ranks collected, from their step records (:func:`step_logs`: the ``preempted``
     flag each rank logs on a rollout's first step). Preemption acts on timing (a rank stops when enough others
     have finished), so this count is why two DD-PPO runs with one seed differ; None for a run that logs no
     rollouts."""
-    flags = [r["preempted"] for recs in records for r in recs if "preempted" in r]
+    flags = [r.preempted for recs in records for r in recs if r.preempted is not None]
     return {"cut": sum(map(bool, flags)), "rollouts": len(flags)} if flags else None
 
 

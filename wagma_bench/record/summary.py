@@ -23,8 +23,9 @@ from typing import Any
 
 from wagma_bench.config import readback
 from wagma_bench.config.renamed import RENAMED_SUMMARY, renamed_fields
-from wagma_bench.record.events import SUMMARY
 from wagma_bench.record.files import write_json_atomic
+
+SUMMARY = "summary.json"  # written by write_summary, read through RunSummary (also named by record.events)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class RunSummary:
     workload: str | None = None
     data: str | None = None
     optimizer: str | None = None
+    imbalance: str | None = None  # the imbalance model's name, as the run started
     world_size: int | None = None
     seed: int | None = None
     target_metric: str | None = None  # the metric's name

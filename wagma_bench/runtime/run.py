@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wagma_bench import exits
@@ -26,16 +26,18 @@ from wagma_bench.errors import ConfigError
 from wagma_bench.record.summary import RunSummary, run_summary
 
 # completed: the run ended by its own rules (its budget, a time limit, a preemption it checkpointed for), or
-# it had already finished; failed: a rank died, raised or hung; interrupted: a Ctrl-C; stopped: SIGTERM or
-# SIGHUP to the launcher (``signal``); diverged: a non-finite training loss
+# it had already finished (with a ``signal``: one came as its ranks ended, after they had completed it);
+# failed: a rank died, raised or hung; interrupted: a Ctrl-C; stopped: SIGTERM or SIGHUP to the launcher
+# (``signal``); diverged: a non-finite training loss
 STATUSES = ("completed", "failed", "interrupted", "stopped", "diverged")
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     """How one run ended: its status (:data:`STATUSES`), its run directory, its summary (None on a rank other
-    than 0, or where the launcher recorded the end), the signal that stopped it (SIGINT, SIGTERM, SIGHUP;
-    None), what to print on stdout (the summary) and the one line that says an end other than completed."""
+    than 0, or where the launcher recorded the end), the signal that stopped it or that came as its ranks
+    ended (SIGINT, SIGTERM, SIGHUP; None), what to print on stdout (the summary) and the one line that says an
+    end with an exit code other than 0 (:func:`wagma_bench.exits.outcome_code`)."""
 
     status: str
     run_dir: Path
@@ -210,7 +212,7 @@ def launch(cfg, run_dir: Path, world, program, task_overrides: list[str] = ()) -
         if world is None or world.rank == 0:
             lock_run_dir(run_dir)
         try:
-            return _launch_locked(run_cfg, run_dir, world, program, list(task_overrides))
+            outcome = _launch_locked(run_cfg, run_dir, world, program, list(task_overrides))
         finally:
             lock = _LOCKS.pop(run_dir.resolve(), None)
             if lock is not None:
@@ -219,6 +221,29 @@ def launch(cfg, run_dir: Path, world, program, task_overrides: list[str] = ()) -
         if world is None or world.rank == 0:  # (rank 0 wrote it)
             _REFUSED.append(run_dir)
         raise
+    return signalled_as_it_ended(outcome)
+
+
+def signalled_as_it_ended(outcome: RunOutcome) -> RunOutcome:
+    """``outcome``, with the stop signal (SIGTERM, SIGHUP, a Ctrl-C) that the launcher took as its ranks
+    ended, while it wrote the run's record (:func:`~wagma_bench.runtime.signals.late_signal`), where the run
+    completed: still ``completed`` (its record is whole), with the signal, which the exit table answers with
+    128 + it, and the line that says so. A run that failed, diverged or was stopped keeps its own code. The
+    signal stays noted: under ``-m`` the next job does not start
+    (:func:`~wagma_bench.runtime.signals.starting` raises it), and a completed job's signal ends the sweep
+    with its code. A signal after this point (while the report is printed) is noted and acts on a next job
+    only: the command is ending."""
+    from wagma_bench.runtime import signals
+
+    late = signals.late_signal()
+    if late is None or outcome.status != "completed" or outcome.signal is not None:
+        return outcome
+    ended = replace(outcome, signal=late)
+    line = (
+        f"wagma-bench: {signal.Signals(late).name} as the run ended: its record is whole (above); exit "
+        f"{exits.outcome_code(ended)}"
+    )
+    return replace(ended, line=line)
 
 
 def _checked(cfg, world, run_dir: Path):

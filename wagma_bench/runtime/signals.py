@@ -11,7 +11,9 @@ moment, to the launcher alone or to the whole process group. Each process of a r
   each in its folder so that a rank that did not exist yet, or did not listen yet, acts on it as it starts
   (:func:`~wagma_bench.runtime.supervise.launcher_stop`).
 - ``finishing`` (the launcher after its ranks have ended, writing the run's record and report): a signal is
-  noted and acted on once the record is whole (:func:`late_signal`); it never cuts a record in two.
+  noted and acted on once the record is whole (:func:`late_signal`); it never cuts a record in two. The
+  launch folds it into the run's outcome (:func:`wagma_bench.runtime.run.signalled_as_it_ended`), and under
+  ``-m`` the next job's ``starting`` ends the sweep on it.
 - a rank, before the trainer's :class:`~wagma_bench.runtime.preemption.Preemption` listens: every stop signal
   is noted (:func:`take_early`) and handed to the trainer's handler as it is installed, so a signal that came
   while the rank started is acted on, not lost and not fatal.
@@ -88,7 +90,8 @@ def finishing() -> None:
 
 
 def late_signal() -> int | None:
-    """The first stop signal a launcher noted while finishing (None: none), for its exit code."""
+    """The first stop signal a launcher noted while finishing (None: none), for the run's outcome; it stays
+    noted (a next job of ``-m`` does not start)."""
     return _early[0] if _phase == "finishing" and _early else None
 
 

@@ -38,7 +38,6 @@ from wagma_bench.config.renamed import renamed_option
 from wagma_bench.imbalance import Imbalance
 from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
-from wagma_bench.record.summary import RunSummary
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
 
@@ -119,21 +118,20 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
     if not records:
         raise ValueError(f"{run_dir}: no step records (steps/rank*.jsonl or {STEP_TABLE})")
     compute, overhead, samples, comm = [], [], [], []
-    by_rank = [sorted(records[k], key=lambda r: r["local_step"]) for k in sorted(records)]
-    trace = [[float(r["compute_s"]) for r in recs] for recs in by_rank]
-    delay_trace = [[float(r.get("delay_s") or 0.0) for r in recs] for recs in by_rank]
+    by_rank = [sorted(records[k], key=lambda r: r.local_step) for k in sorted(records)]
+    trace = [[float(r.compute_s) for r in recs] for recs in by_rank]
+    delay_trace = [[float(r.delay_s or 0.0) for r in recs] for recs in by_rank]
     for recs in by_rank:
         for prev, cur in zip(recs[SKIP_STEPS:], recs[SKIP_STEPS + 1 :]):
-            compute.append(float(cur["compute_s"]))
-            comm.append(float(cur.get("comm_s", 0.0)))
-            samples.append(float(cur.get("samples", 0)))
-            dt = float(cur["t"]) - float(prev["t"])
-            overhead.append(
-                max(0.0, dt - cur["compute_s"] - cur.get("delay_s", 0.0) - cur.get("comm_s", 0.0))
-            )
+            delay_s, comm_s = _or(cur.delay_s, 0.0), _or(cur.comm_s, 0.0)
+            compute.append(float(cur.compute_s))
+            comm.append(float(comm_s))
+            samples.append(float(_or(cur.samples, 0)))
+            dt = float(cur.t) - float(prev.t)
+            overhead.append(max(0.0, dt - cur.compute_s - delay_s - comm_s))
     if not compute:
         raise ValueError(f"{run_dir}: too few steps to calibrate (need more than {SKIP_STEPS + 1} per rank)")
-    summary = RunSummary.from_json(record.summary_or_saved())
+    summary = record.summary_or_saved()
     opt = dict(config.get("optimizer") or {"name": meta.get("optimizer")})
     imbalance = dict(config.get("imbalance") or {"name": meta.get("imbalance") or "none"})
     imbalance["name"] = renamed_option("imbalance", imbalance["name"], quiet=True)  # recorded before a rename
@@ -145,7 +143,7 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         world_size=int(meta["world_size"]),
         imbalance=imbalance,
         settings=opt,
-        rounds=int(summary.rounds or max(r["round"] for recs in records.values() for r in recs)),
+        rounds=int(summary.rounds or max(r.round for recs in records.values() for r in recs)),
         seed=int(meta.get("seed") or 1),
         samples_per_step=float(np.mean(samples)),
         compute=compute[::stride],
@@ -160,6 +158,11 @@ def fit_run(run_dir: Path, params: float | None = None) -> RunFit:
         extra={"threshold_s": summary.dropcompute.get("threshold_s")} if summary.dropcompute else {},
         local_state=local_state_tensors(train.get("local_optimizer", "sgd"), train.get("momentum", 0.9)),
     )
+
+
+def _or(value, default):
+    """A step record's field, ``default`` where the rank did not log it."""
+    return default if value is None else value
 
 
 class RecordedDelays(Imbalance):
@@ -197,11 +200,11 @@ def cycle_compute_by_rank(run_dir: Path) -> dict[int, list[float]]:
     by_rank: dict[int, list[float]] = {}
     for rank, recs in sorted(records.items()):
         cycles: list[list[float]] = []
-        for r in sorted(recs, key=lambda r: r["local_step"])[SKIP_STEPS + 1 :]:
-            if float(r.get("samples", 1)) > 0:
+        for r in sorted(recs, key=lambda r: r.local_step)[SKIP_STEPS + 1 :]:
+            if float(_or(r.samples, 1)) > 0:
                 cycles.append([])
             if cycles:  # steps before the first sample-taking one finish a cycle begun in the warm-up
-                cycles[-1].append(float(r["compute_s"]))
+                cycles[-1].append(float(r.compute_s))
         if cycles and len(cycles[-1]) < max(map(len, cycles)):
             cycles.pop()  # the run ended inside this cycle
         if cycles:
