@@ -155,9 +155,10 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
 
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
-    """At 65,536 ranks the busy time is computed a few steps at a time and its intervals sorted a block of
-    ranks at a time (des.CHUNK), each saying where it is: the same numbers as one pass over the whole arrays,
-    ties included (intervals shuffled, times rounded so that keys tie), saying where it is in order."""
+    """At 65,536 ranks the busy time is searched a block of ranks at a time (des.SEARCH_BLOCK, each block in
+    its own stretch of the axis) and its intervals sorted a block of ranks at a time (des.CHUNK), each saying
+    where it is: the same numbers as one pass over the whole arrays, ties included (intervals shuffled, times
+    rounded so that keys tie), saying where it is in order."""
     from wagma_bench.simulate import des
 
     rng = np.random.default_rng(chunk)
@@ -169,6 +170,7 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     hi = lo + rng.uniform(0, 2, (world, 11))
     whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
     monkeypatch.setattr(des, "CHUNK", chunk)
+    monkeypatch.setattr(des, "SEARCH_BLOCK", chunk)
     told: list[float] = []
     assert np.array_equal(
         des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin, kind="stable")
