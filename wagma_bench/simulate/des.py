@@ -724,14 +724,15 @@ def busy_between(
     span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
     tick("time in exchanges", 0.0)
     order = _by_rank(rank, world)
-    axis, begin, length = _on_one_axis(rank, began, ended, span, order, tick)
-    if not _sorted_by_rank_then_key(axis, rank, order):  # not each rank's in time order: sort by the key
+    counts = np.bincount(rank.astype(np.intp), minlength=world)  # (ranks are whole numbers below world)
+    axis, begin, length, in_order = _on_one_axis(rank, began, ended, span, order, counts, tick)
+    if not in_order:  # not each rank's in time order: sort by the key
         later = lambda phase, fraction: tick(phase, max(0.5, fraction))  # said in order
-        axis, begin, length = _on_one_axis(
-            rank, began, ended, span, _by_rank_then_key(rank, began, span, world, later), later
-        )
+        by_key = _by_rank_then_key(rank, began, span, world, later)
+        axis, begin, length, _ = _on_one_axis(rank, began, ended, span, by_key, counts, later)
     tick("time in exchanges", 0.5)
-    before = np.concatenate([[0.0], np.cumsum(length)])  # busy time of the intervals before each one
+    before = np.zeros(len(length) + 1)  # busy time of the intervals before each one
+    np.cumsum(length, out=before[1:])
     # where each rank's intervals begin on the axis (one search a rank, not one an element), and end
     first_of = np.append(np.searchsorted(axis, np.arange(world, dtype=float) * span, side="left"), len(axis))
     shape = np.broadcast_shapes(lo.shape, hi.shape)
@@ -752,21 +753,18 @@ def busy_between(
 class _RankBlock:
     """The busy time before a time of ranks ``block`` (:func:`busy_between`): their queries land in their
     own stretch of the axis (each rank's keys lie in ``[rank * span, rank * span + span / 2)``), searched
-    alone, so that the search stays in the caches (the whole axis holds 33 million keys at 65,536 ranks); the
-    indices, and so the numbers, are the search of the whole axis's."""
+    alone (:func:`_search_right`), so that the search stays in the caches (the whole axis holds 33 million
+    keys at 65,536 ranks)."""
 
     def __init__(self, axis, begin, length, before, first_of, span, block: slice):
-        self.begin, self.length, self.before = begin, length, before
-        self.offset, self.end = int(first_of[block.start]), int(first_of[block.stop])
-        self.stretch, self.span = axis[self.offset : self.end], span
-        self.first = first_of[block][:, None]
+        self.axis, self.begin, self.length, self.before = axis, begin, length, before
+        self.first, self.span = first_of[block][:, None], span
         self.ranks = np.arange(block.start, block.stop)
 
     def busy_until(self, t: np.ndarray) -> np.ndarray:
         """Busy time of each rank (row) before time ``t`` (its columns)."""
         t = t.reshape(len(self.ranks), -1)
-        keys = self.ranks[:, None] * self.span + t
-        last = self.offset + np.searchsorted(self.stretch, keys, side="right")  # begun by t
+        last = _search_right(self.axis, self.ranks[:, None] * self.span + t)  # begun by t
         first = np.broadcast_to(self.first, t.shape)
         partial = np.where(
             last > first,
@@ -778,20 +776,37 @@ class _RankBlock:
 
 
 def _on_one_axis(
-    rank: np.ndarray, began: np.ndarray, ended: np.ndarray, span: float, order: np.ndarray, tick: Progress
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The intervals in ``order``: their keys ``rank * span + began`` on one axis, begin and length."""
-    axis, begin, length = np.empty(len(order)), np.empty(len(order)), np.empty(len(order))
-    for k in range(0, len(order), CHUNK):  # gathers in a random order: seconds at 65,536 ranks, so in chunks
-        tick("time in exchanges", 0.4 + 0.1 * k / len(order))
-        mine = order[k : k + CHUNK]
-        begin[k : k + CHUNK] = began[mine]
-        length[k : k + CHUNK] = ended[mine]
-        axis[k : k + CHUNK] = rank[mine]
-    np.subtract(length, begin, out=length)  # the same numbers as gathered pairs, in one pass each
-    np.multiply(axis, span, out=axis)
-    np.add(axis, begin, out=axis)
-    return axis, begin, length
+    rank: np.ndarray,
+    began: np.ndarray,
+    ended: np.ndarray,
+    span: float,
+    order: np.ndarray,
+    counts: np.ndarray,
+    tick: Progress,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The intervals in ``order`` (rank after rank, ``counts`` of each): their keys ``rank * span + began`` on
+    one axis, begin and length; and whether those keys are already the stable sort of the keys: they never
+    fall, and an equal pair is of one rank (so in ``order``, each rank's in their original order). The gossip
+    gives each rank's exchanges in time order (an active's follow one another, a passive serves its queue in
+    order), so this holds and the stable sort by rank is the same permutation as the sort by key, to the
+    element; when it does not, the caller sorts by key."""
+    n = len(order)
+    both = np.stack([began, ended], axis=1)  # one gather in a random order reads both ends of an interval
+    ranks = np.repeat(np.arange(len(counts), dtype=float), counts)  # rank[order], without a gather
+    axis, begin, length = np.empty(n), np.empty(n), np.empty(n)
+    in_order = True
+    for k in range(0, n, CHUNK):  # a chunk at a time (seconds at 65,536 ranks), saying where it is
+        tick("time in exchanges", 0.4 + 0.1 * k / n)
+        part = slice(k, k + CHUNK)
+        got = both.take(order[part], axis=0)
+        begin[part] = got[:, 0]
+        np.subtract(got[:, 1], begin[part], out=length[part])
+        np.add(ranks[part] * span, begin[part], out=axis[part])
+        seen = slice(max(0, k - 1), k + CHUNK)  # with the chunk before's last key
+        step = np.diff(axis[seen])
+        tied = np.flatnonzero(step == 0) + seen.start
+        in_order = in_order and bool(np.all(step >= 0) and np.all(ranks[tied] == ranks[tied + 1]))
+    return axis, begin, length, in_order
 
 
 def _by_rank(rank: np.ndarray, world: int) -> np.ndarray:
@@ -800,19 +815,6 @@ def _by_rank(rank: np.ndarray, world: int) -> np.ndarray:
     if world <= 1 << 16:
         return np.argsort(rank.astype(np.uint16), kind="stable")
     return np.argsort(rank.astype(np.int64), kind="stable")
-
-
-def _sorted_by_rank_then_key(axis: np.ndarray, rank: np.ndarray, order: np.ndarray) -> bool:
-    """Whether the keys ``axis`` in ``order`` (by rank, each rank's in their original order) are already
-    the stable sort of the keys: they never fall, and an equal pair is of one rank (so in original order).
-    The gossip gives each rank's exchanges in time order (an active's follow one another, a passive serves its
-    queue in order), so this holds and the stable sort by rank is the same permutation as the sort by key, to
-    the element; when it does not, the caller sorts by key."""
-    step = np.diff(axis)
-    if not np.all(step >= 0):
-        return False
-    tied = np.flatnonzero(step == 0)
-    return bool(np.all(rank[order[tied]] == rank[order[tied + 1]]))
 
 
 def _by_rank_then_key(
@@ -982,21 +984,30 @@ def _step_lag(
     rounds = ends.shape[1]
     span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
     flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
-
-    def steps_ended(ranks: np.ndarray, t: np.ndarray) -> np.ndarray:  # bisect_right of t in each rank's ends
-        found = np.empty(len(ranks), dtype=int)
-        for k in range(0, len(ranks), CHUNK):  # a chunk at a time (each query on its own), saying where it is
-            run.tick("exchanges' step lag", k / len(ranks))
-            keys = ranks[k : k + CHUNK] * span + t[k : k + CHUNK]
-            order = np.argsort(
-                keys, kind="stable"
-            )  # sorted queries walk the axis once (random ones miss the cache)
-            found[k + order] = np.searchsorted(flat, keys[order], side="right")
-        return found - ranks * rounds
-
-    lag = np.abs(steps_ended(a, b) - steps_ended(p, b))
+    # both ends' queries put in rank order (a radix sort; each rank's in the order the exchanges began), so
+    # that a block of them searches a short stretch of the axis (random ones miss the cache)
+    ranks, t = np.concatenate([a, p]), np.concatenate([b, b])
+    order = _by_rank(ranks, run.P)
+    found = np.empty(len(ranks), dtype=np.intp)
+    for k in range(0, len(order), SEARCH_BLOCK):  # a block at a time, saying where it is
+        run.tick("exchanges' step lag", k / len(order))
+        mine = order[k : k + SEARCH_BLOCK]
+        found[mine] = _search_right(flat, ranks[mine] * span + t[mine])
+    ended = found - ranks * rounds  # bisect_right of each begin in its rank's step ends
+    lag = np.abs(ended[: len(a)] - ended[len(a) :])
     run.tick("exchanges' step lag", 1.0)
     return float(lag.sum()) / len(a)
+
+
+def _search_right(axis: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(axis, keys, side="right")``, searched only in the stretch of the axis between the
+    keys' least and greatest (what lies before it is below every key, what lies after above): the same
+    indices, for any keys, and a stretch that stays in the caches when the keys lie close together."""
+    if not keys.size:
+        return np.zeros(keys.shape, dtype=np.intp)
+    lo = int(np.searchsorted(axis, keys.min(), side="left"))
+    hi = int(np.searchsorted(axis, keys.max(), side="right"))
+    return lo + np.searchsorted(axis[lo:hi], keys, side="right")
 
 
 def _serve(
