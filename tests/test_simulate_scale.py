@@ -179,6 +179,22 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
 
 
+def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element():
+    """The gossip's cheaper sorts (des._service_order) are np.lexsort's order, wakes tied or not, actives in
+    order or not; a search in the keys' stretch of the axis (des._search_right) is np.searchsorted's."""
+    from wagma_bench.simulate import des
+
+    rng = np.random.default_rng(5)
+    for n, tie in [(0, False), (1, False), (50, False), (400, True), (400, False)]:
+        p = rng.integers(0, 40, n)
+        t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
+        for a in (np.arange(n) * 2, rng.permutation(n) * 2):
+            assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))
+    axis = np.sort(np.round(rng.uniform(0, 100, 500), 0))
+    for keys in (np.round(rng.uniform(20, 30, (7, 9)), 0), rng.uniform(-5, 105, 40), np.zeros(0)):
+        assert np.array_equal(des._search_right(axis, keys), np.searchsorted(axis, keys, side="right"))
+
+
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():
     """c = 0 (and the per-step averaging left out): the compute thread never waits but at the sync points, so
     the clock is the compute schedule's
