@@ -198,6 +198,24 @@ def test_the_adpsgd_speed_now_is_the_bench_scripts_table_of_its_committed_run():
         assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks" in said
 
 
+def test_the_incremental_gossips_speed_is_the_bench_scripts_table_of_its_committed_loaded_run():
+    """The third speed table (the gossip worked out request by request, against 860d2ab4, under load) and the
+    ratios and figures the text says."""
+    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-incremental-2core-loaded-20261207.json"
+    result = json.loads(bench.read_text())
+    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    begin, end = "<!-- adpsgd-speed-incremental:begin -->\n", "<!-- adpsgd-speed-incremental:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == script.table(result)
+    said = " ".join(text.split())
+    rows = {r["world_size"]: r for r in result["rows"] if r.get("case") != "interval"}
+    for world, row in rows.items():
+        if row.get("before_cpu_s"):
+            assert f"{row['cpu_s'] / row['before_cpu_s']:.2f}x the former CPU time at {world:,} ranks" in said
+    if 65536 in rows:
+        assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks under a load of" in said
+
+
 def _paced(comm, every: int) -> int:
     import time
 

@@ -155,9 +155,10 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
 
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
-    """At 65,536 ranks the busy time is computed a few steps at a time and its intervals sorted a block of
-    ranks at a time (des.CHUNK), each saying where it is: the same numbers as one pass over the whole arrays,
-    ties included (intervals shuffled, times rounded so that keys tie), saying where it is in order."""
+    """At 65,536 ranks the busy time is searched a block of ranks at a time (des.SEARCH_BLOCK, each block in
+    its own stretch of the axis) and its intervals sorted a block of ranks at a time (des.CHUNK), each saying
+    where it is: the same numbers as one pass over the whole arrays, ties included (intervals shuffled, times
+    rounded so that keys tie), saying where it is in order."""
     from wagma_bench.simulate import des
 
     rng = np.random.default_rng(chunk)
@@ -169,12 +170,29 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     hi = lo + rng.uniform(0, 2, (world, 11))
     whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
     monkeypatch.setattr(des, "CHUNK", chunk)
+    monkeypatch.setattr(des, "SEARCH_BLOCK", chunk)
     told: list[float] = []
     assert np.array_equal(
         des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin, kind="stable")
     )
     assert np.array_equal(busy_between(busy, world, lo, hi, lambda _, f: told.append(f)), whole)
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
+
+
+def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element():
+    """The gossip's cheaper sorts (des._service_order) are np.lexsort's order, wakes tied or not, actives in
+    order or not; a search in the keys' stretch of the axis (des._search_right) is np.searchsorted's."""
+    from wagma_bench.simulate import des
+
+    rng = np.random.default_rng(5)
+    for n, tie in [(0, False), (1, False), (50, False), (400, True), (400, False)]:
+        p = rng.integers(0, 40, n)
+        t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
+        for a in (np.arange(n) * 2, rng.permutation(n) * 2):
+            assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))
+    axis = np.sort(np.round(rng.uniform(0, 100, 500), 0))
+    for keys in (np.round(rng.uniform(20, 30, (7, 9)), 0), rng.uniform(-5, 105, 40), np.zeros(0)):
+        assert np.array_equal(des._search_right(axis, keys), np.searchsorted(axis, keys, side="right"))
 
 
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():

@@ -5,6 +5,7 @@ per world size, CPU seconds of this process (``time.process_time``) over ranks x
         --out reproduce/scaling/bench-simulator-2core-DATE.json
     .venv/bin/python reproduce/scaling/bench_simulator.py --table FILE.json  # the Markdown table of a result
     BEFORE=REV .venv/bin/python reproduce/scaling/bench_simulator.py ...  # also the code of REV, interleaved
+    .venv/bin/python reproduce/scaling/bench_simulator.py --worlds '' --interval 50  # only the interval case
 
 The set-up of the RL claim's prediction: Piz Daint's network (conf/cluster/daint.yaml), the ``rl`` preset (28M
 parameters, 1 s steps), ``imbalance=lognormal`` with sigma 0.5, no barrier but the optimizers' own
@@ -12,6 +13,11 @@ parameters, 1 s steps), ``imbalance=lognormal`` with sigma 0.5, no barrier but t
 DropCompute is timed like the others. With ``BEFORE=REV`` a worktree of that revision is timed in a subprocess
 right after each measurement here (same optimizer, same P; up to ``--before-up-to`` ranks): the machine's
 speed drifts.
+
+``--interval N`` also times one prediction with its interval (``wagma-bench simulate ... --interval N``) at
+``--interval-world`` ranks (default 1,024): the RL claim's (reproduce/claims/paper-scale/README.md: DD-PPO's
+preset on Daint, every optimizer but DropCompute, the compute spread of the committed tuned runs, AD-PSGD's
+measured inputs), CPU seconds of the command (its process and children) and wall seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -63,8 +70,58 @@ def time_one(root: Path, name: str, world: int, rounds: int, gossip_cost: float 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# the RL claim's prediction with its interval (reproduce/claims/paper-scale/README.md, `rl`), at one world
+INTERVAL_COMMAND = [
+    "simulate",
+    "cluster=daint",
+    "workload=ddppo",
+    "optimizer=glob(*,exclude=dropcompute)",
+    "imbalance=none",
+    "train.max_rounds=500",
+    "control_every=0",
+    "--measured",
+    "reproduce/scaling/results-2core-20261206/measured-cpu.json",
+    "--compute-from",
+    "reproduce/tuning/results-2core-20261205/ddppo_throughput",
+]
+
+
+def time_interval(root: Path, world: int, replicates: int, out: Path) -> dict:
+    """CPU seconds (the command's process and its children) and wall seconds of one `simulate --interval`."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    argv = [*INTERVAL_COMMAND, f"gpus={world}", "--interval", str(replicates), "--out", str(out)]
+    before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "wagma_bench", *argv],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - wall
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"cpu_s": cpu, "wall_s": wall, "command": "wagma-bench " + " ".join(argv)}
+
+
+def interval_line(result: dict) -> str:
+    """The interval case of a result, in one sentence (empty when it has none)."""
+    out = []
+    for r in result["rows"]:
+        if r.get("case") != "interval":
+            continue
+        line = (
+            f"`--interval {r['replicates']}` at P={r['world_size']:,}: {r['cpu_s']:.1f} CPU s "
+            f"({r['wall_s']:.1f} s wall)"
+        )
+        if r.get("before_cpu_s") is not None:
+            line += f"; before {r['before_cpu_s']:.1f} CPU s"
+        out.append(line)
+    return "\n".join(out)
+
+
 def table(result: dict) -> str:
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r.get("case") != "interval"]
     worlds = sorted({r["world_size"] for r in rows})
     names = list(dict.fromkeys(r["optimizer"] for r in rows))
     before = any("before_cpu_s" in r for r in rows)
@@ -99,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default=",".join(map(str, WORLDS)))
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--gossip-cost", type=float, default=0.1, help="AD-PSGD's c (its cost model iterates)")
+    ap.add_argument("--interval", type=int, default=0, help="also time simulate --interval N (0: not)")
+    ap.add_argument("--interval-world", type=int, default=1024, help="the world of the interval case")
     ap.add_argument(
         "--before-up-to",
         type=int,
@@ -122,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 capture_output=True,
             )
     rows = []
-    for world in map(int, ns.worlds.split(",")):
+    for world in (int(w) for w in ns.worlds.split(",") if w):
         for name in ns.optimizers.split(","):
             load = loadavg()
             r = time_one(root, name, world, ns.rounds, ns.gossip_cost)
@@ -141,10 +200,36 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             if ns.out:  # each row as it comes: a long run stopped keeps what it measured
                 write_text_atomic(ns.out, json.dumps(result(ns, argv, before_rev, rows), indent=1) + "\n")
+    if ns.interval:
+        rows.append(interval_row(ns, root, before_root))
+        print(json.dumps(rows[-1]), flush=True)
     if ns.out:
         write_text_atomic(ns.out, json.dumps(result(ns, argv, before_rev, rows), indent=1) + "\n")
-    print(table(result(ns, argv, before_rev, rows)))
+    if any(r.get("case") != "interval" for r in rows):
+        print(table(result(ns, argv, before_rev, rows)))
+    print(interval_line(result(ns, argv, before_rev, rows)))
     return 0
+
+
+def interval_row(ns: argparse.Namespace, root: Path, before_root: Path | None) -> dict:
+    import tempfile
+
+    load = loadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        r = time_interval(root, ns.interval_world, ns.interval, Path(tmp) / "now")
+        row = {
+            "case": "interval",
+            "world_size": ns.interval_world,
+            "replicates": ns.interval,
+            "cpu_s": r["cpu_s"],
+            "wall_s": r["wall_s"],
+            "command": r["command"],
+            "loadavg": load,
+        }
+        if before_root is not None and ns.interval_world <= ns.before_up_to:
+            then = time_interval(before_root, ns.interval_world, ns.interval, Path(tmp) / "before")
+            row["before_cpu_s"], row["before_wall_s"] = then["cpu_s"], then["wall_s"]
+    return row
 
 
 def loadavg() -> str:
