@@ -125,6 +125,8 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     assert [s["local_step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
 
 
+# make test: torchrun's default id in the restart test below, rank 1 3 s late in its restarted attempt
+@pytest.mark.long
 def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
     out = _torchrun_with_late_rank(tmp_path, None, ["train.max_rounds=2", "eval.every_rounds=2"])
     assert out.returncode == 0, out.stderr[-3000:]
@@ -228,12 +230,23 @@ def _checkpointed(run_dir: Path) -> bool:
     return "checkpoint" in keys(run_dir)
 
 
+def _run_dir_under(root: Path) -> Path | None:
+    """The one run directory the ranks agreed on under ``root`` (torchrun's default id: the first rank's
+    clock, ``outputs/DATE/TIME_resnet_allreduce``); None before a rank has made it."""
+    found = {p.parent for p in (root / "outputs").glob("*/*/events.jsonl")}
+    assert len(found) <= 1, found  # one directory, not one per rank's clock
+    return found.pop() if found else None
+
+
 def torchrun_kill_and_restart(tmp_path: Path) -> None:
     """A 2-rank run under ``torchrun --max-restarts 1``; local rank 1 is SIGKILLed after the first checkpoint
     (round 10 of 30: the kill has 20 rounds to land before the run ends, on a busy machine too).
     In the restarted attempt rank 1 starts 3 s late, so rank 0 reads rank 1's store keys before rank 1 has
     written them: the previous attempt's keys (gloo's address of the killed worker), where the agent's store
-    still serves them under the same names."""
+    still serves them under the same names.
+    No hydra.run.dir and torchrun's default id (``none``): every rank of both attempts names the run directory
+    by the first rank's clock, shared through the agent's store, so the restarted ranks, rank 1 3 s late, find
+    the first attempt's directory and resume there (before that sharing each rank took its own clock)."""
     from wagma_bench.runtime.launch import free_port
 
     wrapper = tmp_path / "late_rank1_on_restart.sh"
@@ -242,7 +255,6 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
         f'exec {sys.executable} -m wagma_bench run "$@"\n'
     )
     wrapper.chmod(0o755)
-    run_dir = tmp_path / "run"
     torchrun = Path(sys.executable).parent / "torchrun"
     agent = subprocess.Popen(
         [
@@ -260,8 +272,8 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
             "checkpoint.every_s=0",
             "train.max_rounds=30",
             "eval.every_rounds=1000",
-            f"hydra.run.dir={run_dir}",
         ],
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -269,7 +281,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 240
-        while not _checkpointed(run_dir):
+        while (run_dir := _run_dir_under(tmp_path)) is None or not _checkpointed(run_dir):
             assert agent.poll() is None, agent.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no checkpoint"
             time.sleep(0.1)
@@ -281,6 +293,8 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
             agent.communicate()
     assert agent.returncode == 0, err[-3000:]
     assert "connectFullMesh" not in err
+    assert _run_dir_under(tmp_path) == run_dir and run_dir.name.endswith("_resnet_allreduce"), run_dir
+    assert (run_dir / "steps" / "rank1.jsonl").exists()
     k = keys(run_dir)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
     summary = json.loads((run_dir / "summary.json").read_text())
