@@ -311,8 +311,14 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
 
 
 def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
-    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
-    args = QUICK[:1] + ["eval.every_rounds=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop.
+    (Batches of 8 images a rank: the rounds before the signal's checkpoint cost a quarter.)"""
+    args = QUICK[:1] + [
+        "train.batch_size=8",
+        "eval.every_rounds=1000",
+        "logger.progress=off",
+        f"hydra.run.dir={tmp_path}",
+    ]
     first = start(args + ["train.max_rounds=400"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
