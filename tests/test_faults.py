@@ -311,8 +311,14 @@ def test_resume_cuts_step_logs_and_events_back_to_the_checkpoint(tmp_path):
 
 
 def test_preempted_run_is_suspended_and_its_resume_ends_with_one_run_stop(tmp_path):
-    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop."""
-    args = QUICK[:1] + ["eval.every_rounds=1000", "logger.progress=off", f"hydra.run.dir={tmp_path}"]
+    """A run stopped to be resumed (SIGTERM / SLURM's USR1) writes run_suspend, not a second run_stop.
+    (Batches of 8 images a rank: the rounds before the signal's checkpoint cost a quarter.)"""
+    args = QUICK[:1] + [
+        "train.batch_size=8",
+        "eval.every_rounds=1000",
+        "logger.progress=off",
+        f"hydra.run.dir={tmp_path}",
+    ]
     first = start(args + ["train.max_rounds=400"])
     try:
         wait_for(lambda: (tmp_path / "steps" / "rank0.jsonl").exists() and logged_steps(tmp_path, 0), "steps")
@@ -736,9 +742,11 @@ def test_unreachable_wandb_falls_back_to_offline_off_the_training_clock(tmp_path
 def _continued(tmp_path: Path, optimizer: str, *extra: str) -> tuple[Path, list[str]]:
     """A run of 10 rounds continued to 20 from its last checkpoint (a resume loads the same state whether
     the first process completed or was killed after that checkpoint), and its arguments. Each run ends at
-    exactly its budget (its last round a synchronisation point)."""
+    exactly its budget (its last round a synchronisation point). Batches of 8 images a rank, not 32: what a
+    resume must restore is the same at any batch size, and the rounds cost a quarter."""
     args = QUICK[:1] + [
         f"optimizer={optimizer}",
+        "train.batch_size=8",
         "eval.every_rounds=10",
         "checkpoint.every_s=0",
         "logger.progress=off",
@@ -755,9 +763,11 @@ def _cut_and_whole(tmp_path: Path, optimizer: str, *extra: str, cut_at: int = 10
     """A run of ``cut_at`` rounds continued to 20 from its last checkpoint, and the same 20 rounds at once.
     The first run and the whole 20 are one multirun (one launcher, one fork server); then the continuation.
     The cut is a multiple of the sync period: a budget between sync points ends with a synchronisation of its
-    own (local SGD's global average), which a continuation keeps and a run of 20 at once does not make."""
+    own (local SGD's global average), which a continuation keeps and a run of 20 at once does not make.
+    Batches of 8 images a rank, as in :func:`_continued`."""
     args = QUICK[:1] + [
         f"optimizer={optimizer}",
+        "train.batch_size=8",
         "eval.every_rounds=10",
         "checkpoint.every_s=0",
         "logger.progress=off",

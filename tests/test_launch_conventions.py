@@ -31,12 +31,14 @@ def _wait_for_steps(run_dir: Path, ranks: int, proc: subprocess.Popen, timeout_s
 
 
 def test_usr2_checkpoints_and_stops_preempted(tmp_path):
-    """submitit's USR2 reaches every rank (as SLURM's USR1 does): checkpoint at the next sync point, stop."""
+    """submitit's USR2 reaches every rank (as SLURM's USR1 does): checkpoint at the next sync point, stop.
+    (Batches of 8 images a rank: the rounds until the signal's checkpoint cost a quarter.)"""
     proc = subprocess.Popen(
         [
             str(BIN),
             "run",
             "launcher.nproc=2",
+            "train.batch_size=8",
             "train.max_rounds=100000",
             "eval.every_rounds=100000",
             "checkpoint.every_s=1e9",
@@ -103,7 +105,13 @@ def _torchrun_with_late_rank(
 
 def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_path):
     """Also the configuration checked once in a torchrun world (tests/test_config_once.py's check on the other
-    launchers; the first of these worlds serves both): rank 0 checks it and hands it to the others."""
+    launchers; this world serves both): rank 0 checks it and hands it to the others. A resubmitted job (the
+    same rendezvous id) names the same directory: asserted on the name every rank computes from the id
+    (``agreed_run_dir_override``); that restarted ranks resume in an agreed directory is asserted end to end
+    by torchrun's restart below (test_torchrun_restart_after_a_killed_worker_resumes), which had a second
+    world of its own here."""
+    from wagma_bench.runtime.launch import agreed_run_dir_override
+
     env, log = counting_env(tmp_path)
     first = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=6", "eval.every_rounds=6"], env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -116,15 +124,15 @@ def test_torchrun_ranks_agree_on_the_run_directory_and_a_restart_finds_it(tmp_pa
     assert found is not None, "no complete checkpoint set"
     for rank in (0, 1):
         assert (run_dir / "steps" / f"rank{rank}.jsonl").exists() and (found[0] / f"rank{rank}.pt").exists()
-    # a restart under the same rendezvous id (a resubmitted job) resumes there
-    second = _torchrun_with_late_rank(tmp_path, "job42", ["train.max_rounds=12", "eval.every_rounds=6"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert {p.parent.parent for p in (tmp_path / "outputs").rglob("steps/rank*.jsonl")} == {run_dir}
-    keys = [e["key"] for e in read_jsonl(run_dir / "events.jsonl")]
-    assert keys.count("run_start") == 1 and keys.count("run_resume") == 1 and keys[-1] == "run_stop"
-    assert [s["local_step"] for s in read_jsonl(run_dir / "steps" / "rank1.jsonl")] == list(range(1, 13))
+    # a restart under the same rendezvous id (a resubmitted job, its ranks' clocks later) names it again
+    again = agreed_run_dir_override(
+        ["train.max_rounds=12"], {"TORCHELASTIC_RUN_ID": "job42", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    )
+    assert again == "hydra.run.dir=outputs/torchrun-job42_${workload.name}_${optimizer.name}"
 
 
+# make test: torchrun's default id in the restart test below, rank 1 3 s late in its restarted attempt
+@pytest.mark.long
 def test_torchrun_without_rdzv_id_ranks_share_the_first_ranks_clock(tmp_path):
     out = _torchrun_with_late_rank(tmp_path, None, ["train.max_rounds=2", "eval.every_rounds=2"])
     assert out.returncode == 0, out.stderr[-3000:]
@@ -228,12 +236,23 @@ def _checkpointed(run_dir: Path) -> bool:
     return "checkpoint" in keys(run_dir)
 
 
+def _run_dir_under(root: Path) -> Path | None:
+    """The one run directory the ranks agreed on under ``root`` (torchrun's default id: the first rank's
+    clock, ``outputs/DATE/TIME_resnet_allreduce``); None before a rank has made it."""
+    found = {p.parent for p in (root / "outputs").glob("*/*/events.jsonl")}
+    assert len(found) <= 1, found  # one directory, not one per rank's clock
+    return found.pop() if found else None
+
+
 def torchrun_kill_and_restart(tmp_path: Path) -> None:
     """A 2-rank run under ``torchrun --max-restarts 1``; local rank 1 is SIGKILLed after the first checkpoint
     (round 10 of 30: the kill has 20 rounds to land before the run ends, on a busy machine too).
     In the restarted attempt rank 1 starts 3 s late, so rank 0 reads rank 1's store keys before rank 1 has
     written them: the previous attempt's keys (gloo's address of the killed worker), where the agent's store
-    still serves them under the same names."""
+    still serves them under the same names.
+    No hydra.run.dir and torchrun's default id (``none``): every rank of both attempts names the run directory
+    by the first rank's clock, shared through the agent's store, so the restarted ranks, rank 1 3 s late, find
+    the first attempt's directory and resume there (before that sharing each rank took its own clock)."""
     from wagma_bench.runtime.launch import free_port
 
     wrapper = tmp_path / "late_rank1_on_restart.sh"
@@ -242,7 +261,6 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
         f'exec {sys.executable} -m wagma_bench run "$@"\n'
     )
     wrapper.chmod(0o755)
-    run_dir = tmp_path / "run"
     torchrun = Path(sys.executable).parent / "torchrun"
     agent = subprocess.Popen(
         [
@@ -260,8 +278,8 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
             "checkpoint.every_s=0",
             "train.max_rounds=30",
             "eval.every_rounds=1000",
-            f"hydra.run.dir={run_dir}",
         ],
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -269,7 +287,7 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 240
-        while not _checkpointed(run_dir):
+        while (run_dir := _run_dir_under(tmp_path)) is None or not _checkpointed(run_dir):
             assert agent.poll() is None, agent.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no checkpoint"
             time.sleep(0.1)
@@ -281,6 +299,8 @@ def torchrun_kill_and_restart(tmp_path: Path) -> None:
             agent.communicate()
     assert agent.returncode == 0, err[-3000:]
     assert "connectFullMesh" not in err
+    assert _run_dir_under(tmp_path) == run_dir and run_dir.name.endswith("_resnet_allreduce"), run_dir
+    assert (run_dir / "steps" / "rank1.jsonl").exists()
     k = keys(run_dir)
     assert (k.count("run_start"), k.count("run_resume"), k.count("run_stop"), k[-1]) == (1, 1, 1, "run_stop")
     summary = json.loads((run_dir / "summary.json").read_text())

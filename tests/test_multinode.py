@@ -124,11 +124,12 @@ def test_gloo_interface_is_the_route_to_the_rendezvous_host(cluster):
         interface_address("nosuch0")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # make test: the smoke sweep's runs below, the same srun -N 2 --ntasks-per-node 1 world
 def test_srun_one_rank_on_each_host(cluster, tmp_path):
-    """The short cross-host run of `make test`: rendezvous at wagma-n1's NodeAddr, gloo over the hosts'
-    eth0, the run directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous
-    timeout.)"""
+    """The short cross-host run: rendezvous at wagma-n1's NodeAddr, gloo over the hosts' eth0, the run
+    directory agreed, both hosts recorded. (Before the fix: 120 s, then a rendezvous timeout.) In make
+    test-long: the smoke sweep's runs (`srun -N 2 --ntasks-per-node 1 wagma-bench run` in its job) assert the
+    same in make test."""
     out = srun(
         [
             "-N",
@@ -843,9 +844,11 @@ def test_smoke_sweep_runs_every_optimizer_and_comm_bench_across_two_hosts(cluste
     rows = sweep_jobs.wait(out, timeout_s=600, interval_s=2)
     log = "\n".join(p.read_text() for p in (out / "logs").glob("*.out"))
     assert [(r["slurm"], r["status"]) for r in rows] == [("COMPLETED", "completed")] * 2, (rows, log[-3000:])
-    for run in manifest["runs"]:
+    for run in manifest["runs"]:  # rendezvous at wagma-n1's NodeAddr, gloo over eth0, both hosts recorded
         s = summary(out / run["run_dir"])
         assert (s["world_size"], s["hosts"], s["rounds"]) == (2, HOSTS, 3), s
+        meta = first_event(out / run["run_dir"], "run_start")["metadata"]
+        assert (meta["rank_hosts"], meta["local_ranks"]) == (HOSTS, [0, 0]), meta
     bench = json.loads((out / "commbench.json").read_text())
     assert is_comm_bench(bench) and bench["hosts"] == HOSTS, bench.get("hosts")
     assert find_inputs([out / "commbench.json"])[1] == [bench]

@@ -733,6 +733,7 @@ def test_ctrl_c_on_tune_stops_its_trial_at_a_checkpoint_and_exits_130_in_one_lin
     args = [
         "workload=resnet",
         "launcher.nproc=2",
+        "train.batch_size=8",  # the rounds until the signal's checkpoint cost a quarter of 32's
         "train.max_rounds=100000",
         "eval.every_rounds=100000",
         "logger.progress=off",
