@@ -346,16 +346,23 @@ def test_rl_final_quality_reads_as_the_independent_audit_found():
 
 
 @pytest.mark.parametrize(
-    "source,ruler",
-    [("results-2core-20261206/ddppo_budget", "current"), ("results-2core-20261205/resnet_none", "old")],
+    "source,ruler,cpu",
+    [
+        ("results-2core-20261207/resnet_none", "current", ("AMD EPYC", "AVX512")),
+        ("results-2core-20261205/ddppo_throughput", "old", (None, None)),
+    ],
 )
-def test_the_ruler_is_read_from_the_trials_evaluations(source, ruler):
-    """ddppo_budget was re-tuned on the exact grid (every evaluation at a multiple of 10 rounds, 130 rounds
-    each); resnet_none before it: local SGD evaluated at round 20 for a grid of 18, and so on."""
+def test_the_ruler_is_read_from_the_trials_evaluations(source, ruler, cpu):
+    """resnet_none was re-tuned on the exact grid (every evaluation at a multiple of its eval_every rounds,
+    the run ending at its target's evaluation), recording its CPU; ddppo_throughput before the fix and
+    before the CPU was recorded: WAGMA-SGD evaluated at its next synchronous round, after the grid's."""
     record = source_record(TUNED / source)
     assert record["ruler"] == ruler
     assert (record["late_evaluations"] == 0) == (ruler == "current") and record["evaluations"] > 0
-    assert record["hosts"] == [{"hosts": ["vm"], "cpu_model": None, "cpu_capability": None, "trials": 50}]
+    trials = sum(1 for _ in (TUNED / source / "trials").iterdir())
+    assert record["hosts"] == [
+        {"hosts": ["vm"], "cpu_model": cpu[0], "cpu_capability": cpu[1], "trials": trials}
+    ]
 
 
 def test_a_run_records_its_cpu_and_the_instruction_set_torch_used():
