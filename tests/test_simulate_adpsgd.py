@@ -216,6 +216,23 @@ def test_the_incremental_gossips_speed_is_the_bench_scripts_table_of_its_committ
         assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks under a load of" in said
 
 
+def test_the_idle_speed_is_the_bench_scripts_table_of_its_committed_idle_run():
+    """The idle-machine figures of item 8's goals: the table, and both CPU figures the text says."""
+    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-speed-2core-idle-20261207.json"
+    result = json.loads(bench.read_text())
+    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    begin, end = "<!-- adpsgd-speed-idle:begin -->\n", "<!-- adpsgd-speed-idle:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == script.table(result)
+    said = " ".join(text.split())
+    rows = {r["world_size"]: r for r in result["rows"] if r.get("case") != "interval"}
+    (interval,) = [r for r in result["rows"] if r.get("case") == "interval"]
+    assert f"at 65,536 ranks takes {rows[65536]['cpu_s']:.0f} CPU seconds idle" in said
+    assert (
+        f"at 1,024 ranks takes {interval['cpu_s']:.0f} CPU seconds ({interval['wall_s']:.0f} s wall" in said
+    )
+
+
 def _paced(comm, every: int) -> int:
     import time
 
