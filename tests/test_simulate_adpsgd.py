@@ -198,17 +198,24 @@ def test_the_adpsgd_speed_now_is_the_bench_scripts_table_of_its_committed_run():
         assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks" in said
 
 
+def _bench_in_docs(bench_name: str, block: str) -> tuple[list[dict], str]:
+    """A committed bench output's rows, and docs/simulator.md's text on one line, once its ``block`` is
+    checked to be the bench script's table of that output."""
+    result = json.loads((ROOT / "reproduce" / "scaling" / bench_name).read_text())
+    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    begin, end = f"<!-- {block}:begin -->\n", f"<!-- {block}:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == script.table(result)
+    return result["rows"], " ".join(text.split())
+
+
 def test_the_incremental_gossips_speed_is_the_bench_scripts_table_of_its_committed_loaded_run():
     """The third speed table (the gossip worked out request by request, against 860d2ab4, under load) and the
     ratios and figures the text says."""
-    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-incremental-2core-loaded-20261207.json"
-    result = json.loads(bench.read_text())
-    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
-    text = (ROOT / "docs" / "simulator.md").read_text()
-    begin, end = "<!-- adpsgd-speed-incremental:begin -->\n", "<!-- adpsgd-speed-incremental:end -->"
-    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == script.table(result)
-    said = " ".join(text.split())
-    rows = {r["world_size"]: r for r in result["rows"] if r.get("case") != "interval"}
+    found, said = _bench_in_docs(
+        "bench-adpsgd-incremental-2core-loaded-20261207.json", "adpsgd-speed-incremental"
+    )
+    rows = {r["world_size"]: r for r in found if r.get("case") != "interval"}
     for world, row in rows.items():
         if row.get("before_cpu_s"):
             assert f"{row['cpu_s'] / row['before_cpu_s']:.2f}x the former CPU time at {world:,} ranks" in said
@@ -218,15 +225,9 @@ def test_the_incremental_gossips_speed_is_the_bench_scripts_table_of_its_committ
 
 def test_the_idle_speed_is_the_bench_scripts_table_of_its_committed_idle_run():
     """The idle-machine figures of item 8's goals: the table, and both CPU figures the text says."""
-    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-speed-2core-idle-20261207.json"
-    result = json.loads(bench.read_text())
-    script = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py")
-    text = (ROOT / "docs" / "simulator.md").read_text()
-    begin, end = "<!-- adpsgd-speed-idle:begin -->\n", "<!-- adpsgd-speed-idle:end -->"
-    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == script.table(result)
-    said = " ".join(text.split())
-    rows = {r["world_size"]: r for r in result["rows"] if r.get("case") != "interval"}
-    (interval,) = [r for r in result["rows"] if r.get("case") == "interval"]
+    found, said = _bench_in_docs("bench-adpsgd-speed-2core-idle-20261207.json", "adpsgd-speed-idle")
+    rows = {r["world_size"]: r for r in found if r.get("case") != "interval"}
+    (interval,) = [r for r in found if r.get("case") == "interval"]
     assert f"at 65,536 ranks takes {rows[65536]['cpu_s']:.0f} CPU seconds idle" in said
     assert (
         f"at 1,024 ranks takes {interval['cpu_s']:.0f} CPU seconds ({interval['wall_s']:.0f} s wall" in said
