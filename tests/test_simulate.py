@@ -946,3 +946,21 @@ def test_a_long_simulate_prints_progress_at_least_every_period(tmp_path, monkeyp
     assert any(
         line.startswith("[simulate 2/2 ") and "dropcompute at P=16384: " in line for _, line in lines
     ), text
+
+
+def test_interval_progress_lines_say_the_last_stage_done(monkeypatch, capsys):
+    """simulate --interval's lines come mostly from inside its simulations: each also says the last replicate
+    (or sensitivity point, structure, flip search) finished, so a user sees how far the whole command is."""
+    from wagma_bench.simulate import progress
+
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    ticker = progress.Ticker(0, "simulate --interval")
+    tick = ticker.simulation("adpsgd at P=64")
+    tick("exchanges", 0.5)
+    ticker.note("replicate 37/100")
+    tick("exchanges", 0.75)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("adpsgd at P=64: exchanges 50%")
+    assert lines[1].endswith("] replicate 37/100")
+    assert lines[2].split("] ", 1)[1].startswith("adpsgd at P=64: exchanges 75%")
+    assert lines[2].endswith(" (done: replicate 37/100)")

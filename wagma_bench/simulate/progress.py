@@ -25,6 +25,9 @@ class Ticker:
         # from the command's start (composing eight optimizers' configs took 7 s on a loaded machine)
         self.start = self.last = time.perf_counter() if start is None else start
         self.current, self.what, self.phase, self.phase_at = 0, "", "", (0.0, 0.0)
+        # ``simulate --interval``: the last stage its caller finished (``replicate 37/100``), said on every
+        # line, which its simulations' own lines would otherwise crowd out
+        self.stage = ""
 
     def simulation(self, what: str) -> Progress:
         """The next simulation (``what``: its optimizer and world): the hook to give it."""
@@ -47,7 +50,9 @@ class Ticker:
         self._say(f"{self.what}: {phase} {100 * fraction:.0f}%{left}", now)
 
     def note(self, text: str) -> None:
-        """A line saying ``text``, unless one was said within ``PROGRESS_EVERY_S``."""
+        """A stage finished (``text``): said now unless a line was said within ``PROGRESS_EVERY_S``, and on
+        every line after it until the next."""
+        self.stage = text
         now = time.perf_counter()
         if now - self.last >= self.every_s:
             self._say(text, now)
@@ -61,4 +66,5 @@ class Ticker:
     def _say(self, text: str, now: float) -> None:
         self.last = now
         count = f" {self.current}/{self.total}" if self.total else ""
-        print(f"[{self.label}{count} {now - self.start:.0f} s] {text}", file=sys.stderr, flush=True)
+        done = f" (done: {self.stage})" if self.stage and text != self.stage else ""
+        print(f"[{self.label}{count} {now - self.start:.0f} s] {text}{done}", file=sys.stderr, flush=True)
