@@ -484,3 +484,24 @@ def test_the_layout_check_refuses_a_file_for_a_class_and_other_classes_in_val(tm
     (root / "val" / "n99999999" / "a.JPEG").write_bytes(b"x")
     with pytest.raises(ConfigError, match=f"'val/' has not the classes of 'train/'.*{first.name}"):
         check_imagenet_root(str(root))
+
+
+def test_the_layout_check_knows_torchvisions_image_extensions_and_refuses_without_importing_torch(tmp_path):
+    """The check spells out ImageFolder's extensions so that a refusal comes before torch is imported (5
+    CPU-seconds): the list must stay torchvision's, and a refusal must leave torch unimported."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from wagma_bench.workloads.specs import IMAGE_EXTENSIONS
+
+    assert IMAGE_EXTENSIONS == IMG_EXTENSIONS
+    root = imagenet_tree(tmp_path / "imagenet")
+    for f in (root / "val" / min(p.name for p in (root / "val").iterdir())).iterdir():
+        f.unlink()
+    probe = (
+        "import sys\nfrom wagma_bench.errors import ConfigError\n"
+        "from wagma_bench.workloads.specs import check_imagenet_root\n"
+        f"try:\n    check_imagenet_root({str(root)!r})\nexcept ConfigError as err:\n    print(err)\n"
+        "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "holds no images" in out and out.strip().endswith("[]"), out

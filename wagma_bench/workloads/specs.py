@@ -4,8 +4,8 @@ Each workload class (``workloads/<name>.py``) inherits its spec from here: the `
 (``Settings``), the schemas of its data options (``DATA``, in the section ``DATA_SECTION``), its metrics and
 their ranges, the memory one rank needs, whether its batches split, and the checks of its data made before any
 rank starts (:meth:`WorkloadSpec.check`). The configuration check reads only these, so that the launching
-process of ``wagma-bench run`` imports no torch (ImageNet's folder check alone does: it reads torchvision's
-list of image extensions). :data:`WORKLOAD_SPECS` is the torch-free twin of
+process of ``wagma-bench run`` imports no torch, and a refusal comes before anything heavy is imported.
+:data:`WORKLOAD_SPECS` is the torch-free twin of
 :data:`wagma_bench.workloads.WORKLOADS` (``tests/test_config.py`` checks that they name the same classes).
 """
 
@@ -112,10 +112,14 @@ def check_arch(arch: str) -> None:
     )
 
 
-def _has_image(folder: Path) -> bool:  # the extensions ImageFolder accepts (torch comes with torchvision)
-    from torchvision.datasets.folder import IMG_EXTENSIONS
+# The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS), spelled out:
+# importing torchvision for them imports torch, 5 CPU-seconds before a refusal could be said
+# (tests/test_prequeue.py holds them equal to torchvision's).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
-    return any(f.suffix.lower() in IMG_EXTENSIONS for f in folder.rglob("*") if f.is_file())
+
+def _has_image(folder: Path) -> bool:
+    return any(f.suffix.lower() in IMAGE_EXTENSIONS for f in folder.rglob("*") if f.is_file())
 
 
 IMAGENET_LAYOUT = "ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG (torchvision ImageFolder)"
