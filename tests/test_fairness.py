@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +47,20 @@ def test_wait_is_communication_beyond_the_least_rank_of_the_step():
 
 
 def test_flags_say_their_factor_and_their_noise():
-    assert fairness.contended([1.1, None]) is None
-    assert fairness.contended([1.1, 2.4]) == "contended: wall/CPU compute 2.40x > 1.5x (1 of 2 run(s))"
+    assert fairness.contended([(1.1, None), (None, None)]) is None
+    assert (
+        fairness.contended([(1.1, None), (2.4, None)])
+        == "contended: wall/CPU compute 2.40x > 1.5x (1 of 2 run(s))"
+    )
+    # four ranks on two cores wait about 2x by design: judged against that, not against a core each
+    assert fairness.contended([(2.1, 2.0), (2.9, 2.0)]) is None
+    assert fairness.contended([(2.1, 2.0), (3.2, 2.0)]) == (
+        "contended: wall/CPU compute 3.20x at 2 ranks per CPU, 1.60x what that placement explains > 1.5x "
+        "(1 of 2 run(s))"
+    )
+    # more CPUs than ranks explains nothing: judged as a core each; a run without its CPUs recorded likewise
+    assert fairness.contended([(1.6, 0.5)]) == "contended: wall/CPU compute 1.60x > 1.5x (1 of 1 run(s))"
+    assert fairness.contended([(2.1, None)]) == "contended: wall/CPU compute 2.10x > 1.5x (1 of 1 run(s))"
     # 30% apart, each series' own readings within 2%: measured under different conditions
     said = fairness.different_conditions([0.13, 0.131], [0.1, 0.102], "allreduce")
     assert (
@@ -216,6 +229,9 @@ def test_every_column_of_fresh_runs_is_filled_and_equal_to_their_summaries(fresh
             assert row[column] not in ("", "None"), column
     loaded = run_records.load_run(fresh / "loaded")
     assert loaded.steps is not None and set(loaded.steps.components) == {0, 1}
+    # its placement: two ranks on the CPUs this process may use (the launcher binds no rank)
+    summary = json.loads((fresh / "alone" / "summary.json").read_text())
+    assert summary["ranks_per_cpu"] == round(2 / len(os.sched_getaffinity(0)), 4)
 
 
 def _tuning(root: Path, trials: dict[str, list[dict]]) -> Path:
@@ -265,16 +281,58 @@ def test_tune_summary_flags_the_combination_that_waited_or_drifted(tmp_path):
     )
 
 
+def test_a_tuning_of_more_ranks_than_cores_is_judged_against_its_placement(tmp_path):
+    """Four ranks on two cores read about 2x by themselves: a tuning whose trials recorded that placement is
+    not flagged for it; one whose trials waited 1.7x more than it explains is, and says both figures."""
+    from wagma_bench.analysis.tuning import fairness_line
+
+    placed = {"ranks_per_cpu": 2.0, "reference_s": 0.1}
+    tune = _tuning(
+        tmp_path,
+        {
+            "allreduce": [{**placed, "optimizer": "allreduce", "compute_contention": 2.1}] * 2,
+            "wagma": [{**placed, "optimizer": "wagma", "compute_contention": 3.4}] * 2,
+        },
+    )
+    assert fairness_line(tune) == (
+        "Fairness: **1 of 2 combinations flagged**: wagma: contended: wall/CPU compute 3.40x at 2 ranks per "
+        "CPU, 1.70x what that placement explains > 1.5x (2 of 2 run(s)). The ratios they touch: wagma vs "
+        "allreduce."
+    )
+
+
+def test_ranks_per_cpu_is_the_most_ranks_a_usable_cpu_of_any_host_was_given():
+    from wagma_bench.record.events import ranks_per_cpu
+    from wagma_bench.record.provenance import _host_cpus
+
+    # two hosts: a's four ranks may use CPUs 0-1 between them (bound two and two), b's two ranks CPU 3 only
+    placement = [
+        ("a", 0, 0b01),
+        ("a", 1, 0b01),
+        ("a", 2, 0b10),
+        ("a", 3, 0b10),
+        ("b", 0, 0b1000),
+        ("b", 1, 0b1000),
+    ]
+    cpus = _host_cpus(placement)
+    assert cpus == {"a": 2, "b": 1}
+    assert ranks_per_cpu({"rank_hosts": [h for h, _, _ in placement], "host_cpus": cpus}) == 2.0
+    assert ranks_per_cpu({"rank_hosts": ["a", "a"], "host_cpus": {"a": 16}}) == 0.125
+    assert ranks_per_cpu({"rank_hosts": ["a"]}) is None  # logged before the CPUs were recorded
+
+
 def test_a_claims_speedup_on_contended_trials_is_flagged():
     from wagma_bench.analysis.claims import Measurement, claim_flags, fairness_line
 
     def measured(name, contention, refs):
         return Measurement(name, 1.0, {1.0: 1.0}, (1, 1), 1, 1, None, None, None, contention, refs)
 
-    subject = measured("wagma", (1.1, 1.2), (0.1, 0.1))
-    flags = claim_flags(subject, {"allreduce": measured("allreduce", (1.9,), (0.1,)), "sgp": None})
+    subject = measured("wagma", ((1.1, None), (1.2, None)), (0.1, 0.1))
+    flags = claim_flags(subject, {"allreduce": measured("allreduce", ((1.9, None),), (0.1,)), "sgp": None})
     assert flags == ["allreduce contended: wall/CPU compute 1.90x > 1.5x (1 of 1 run(s))"]
-    assert claim_flags(subject, {"allreduce": measured("allreduce", (1.0,), (0.1,))}) == []
+    assert claim_flags(subject, {"allreduce": measured("allreduce", ((1.0, None),), (0.1,))}) == []
+    # trials of four ranks on two cores that waited no more than that placement explains: no flag
+    assert claim_flags(subject, {"allreduce": measured("allreduce", ((2.1, 2.0),), (0.1,))}) == []
     line = fairness_line([{"id": "c1", "fairness": flags}, {"id": "c2", "fairness": []}])
     assert line.startswith("Fairness: **1 of 2 claims flagged**: c1: allreduce contended")
     assert line.endswith("The ratios they touch: c1's speed-up.")

@@ -213,7 +213,8 @@ class Measurement:
     rounds: float | None = (
         None  # the median of the trials' rounds trained (a budget rounded to a sync period)
     )
-    contention: tuple[float | None, ...] = ()  # each finished trial's wall over CPU compute
+    # each finished trial's wall over CPU compute, and the ranks per CPU it was given (None: not recorded)
+    contention: tuple[tuple[float | None, float | None], ...] = ()
     references: tuple[float, ...] = ()  # every speed-reference reading of its finished trials
 
     @property
@@ -263,7 +264,7 @@ def measure(
             sum(math.isfinite(trial_time(s, cap)) for s in ran) if metric == "time_to_target" else None,
             float(statistics.median(imb)) if imb else None,
             float(statistics.median(s.rounds for s in ran)) if all(s.rounds for s in ran) else None,
-            tuple(s.compute_contention for s in ran),
+            tuple((s.compute_contention, s.ranks_per_cpu) for s in ran),
             tuple(v for s in ran for v in reference_readings(s)),
         )
     return out

@@ -2,10 +2,12 @@
 print beside a figure and in one line at the top, as pyperf and hyperfine warn of an unstable measurement
 rather than print it silently.
 
-- **contended**: a run whose ranks' wall-clock compute exceeds their CPU compute by more than
-  :data:`CONTENDED_FACTOR` (:func:`wagma_bench.record.rundir.contention_of`) waited for a core: another
-  process ran beside it, or more ranks than cores. Its throughput and times measure the machine as much as the
-  optimizer.
+- **contended**: a run whose ranks' wall-clock compute exceeds their CPU compute
+  (:func:`wagma_bench.record.rundir.contention_of`) by more than :data:`CONTENDED_FACTOR` times what its own
+  placement explains (its ranks per usable CPU, :func:`wagma_bench.record.events.ranks_per_cpu`: four ranks
+  on two cores wait about 2x by design) waited for a core because of another process beside it. Its
+  throughput and times measure the machine as much as the optimizer. Runs that did not record their CPUs
+  (before 2026-12-07) are judged as if each rank had a core: more ranks than cores flags them too.
 - **different conditions**: two series whose speed references (``reference_s``, the fixed CPU workload timed
   at each trial's start and end, :mod:`wagma_bench.campaign.reference`) differ by more than their noise ran on
   a machine of different speed. The noise is the larger relative spread (max / min - 1) of either series' own
@@ -27,14 +29,26 @@ CONTENDED_FACTOR = 1.5
 REFERENCE_NOISE_FLOOR = 0.05  # speed references closer than this (relative) never count as different
 
 
-def contended(factors: Iterable[float | None], factor: float = CONTENDED_FACTOR) -> str | None:
-    """The flag of a series whose runs have these wall / CPU compute factors: None when none is above
-    ``factor``."""
-    values = [f for f in factors if f is not None]
-    over = [f for f in values if f > factor]
+def contended(
+    runs: Iterable[tuple[float | None, float | None]], factor: float = CONTENDED_FACTOR
+) -> str | None:
+    """The flag of a series whose runs have these (wall / CPU compute factor, ranks per CPU) pairs: None when
+    no run waited for a core more than ``factor`` times what its own placement makes it wait. Four ranks on
+    two cores wait about 2x by design (``ranks_per_cpu`` 2): that alone is not flagged, 2x more beside other
+    work is. A run that did not record its CPUs (``ranks_per_cpu`` None, before 2026-12-07) is judged by its
+    raw factor, as if each rank had a core."""
+    judged = [(c / max(1.0, r or 1.0), c, r) for c, r in runs if c is not None]
+    over = [j for j in judged if j[0] > factor]
     if not over:
         return None
-    return f"contended: wall/CPU compute {max(over):.2f}x > {factor:g}x ({len(over)} of {len(values)} run(s))"
+    excess, raw, per_cpu = max(over)
+    tail = f"({len(over)} of {len(judged)} run(s))"
+    if per_cpu is None or per_cpu <= 1:
+        return f"contended: wall/CPU compute {raw:.2f}x > {factor:g}x {tail}"
+    return (
+        f"contended: wall/CPU compute {raw:.2f}x at {per_cpu:g} ranks per CPU, {excess:.2f}x what that "
+        f"placement explains > {factor:g}x {tail}"
+    )
 
 
 def reference_noise(*series: Sequence[float]) -> float:

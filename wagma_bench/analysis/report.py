@@ -191,7 +191,7 @@ def add_flags(rows: list[dict], series: dict[tuple, list[RunRecord]], reference:
         if reference is not None and is_series_of(r["optimizer"], reference)
     }
     for row, (key, rs) in zip(rows, series.items(), strict=True):
-        flags = [fairness.contended(r.summary.compute_contention for r in rs)]
+        flags = [fairness.contended((r.summary.compute_contention, r.summary.ranks_per_cpu) for r in rs)]
         ref = refs.get((row["world_size"], row["imbalance"]))
         if ref is not None and ref is not row:
             ref_key = (ref["optimizer"], ref["world_size"], ref["imbalance"])
@@ -247,7 +247,7 @@ def run_rows(runs: Sequence[RunRecord], root: Path | None = None) -> list[dict]:
                 "wait_share": r.steps.wait_share_mean if r.steps else None,
                 "wait_share_worst": r.steps.wait_share_max if r.steps else None,
                 "contention": s.compute_contention,
-                "flags": fairness.contended([s.compute_contention]) or "",
+                "flags": fairness.contended([(s.compute_contention, s.ranks_per_cpu)]) or "",
                 "problems": "; ".join(r.problems),
                 "signature": r.signature,
             }

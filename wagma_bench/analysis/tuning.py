@@ -388,7 +388,7 @@ def fairness_line(tune_dir: Path) -> str:
     ref = next((c for c, ss in done.items() if ss[0].optimizer == REFERENCE), None)
     flagged: dict[str, list[str]] = {}
     for combo, ss in done.items():
-        flags = [fairness.contended(s.compute_contention for s in ss)]
+        flags = [fairness.contended((s.compute_contention, s.ranks_per_cpu) for s in ss)]
         if ref is not None and combo != ref:
             flags.append(fairness.different_conditions(readings[combo], readings[ref], ref))
         if any(flags):

@@ -291,7 +291,12 @@ CHECKPOINT_MANIFEST = Schema(
 )
 RUN_SUMMARY = Schema(
     "run summary (summary.json)",
-    {optional("status"): (str, NONE), optional("rounds"): (int, NONE)},
+    {
+        optional("status"): (str, NONE),
+        optional("rounds"): (int, NONE),
+        optional("compute_contention"): (*NUMBER, NONE),
+        optional("ranks_per_cpu"): (*NUMBER, NONE),
+    },
     "rank 0 of the run, at its end",
 )
 STEP_TABLE = Schema(

@@ -168,6 +168,7 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         "versions": meta.get("versions"),
         "hosts": meta.get("hosts"),
         "cpu": meta.get("cpu"),  # rank 0's CPU model and torch's instruction set (record.provenance)
+        "ranks_per_cpu": ranks_per_cpu(meta),
         # rank 0's CPU seconds by thread over the last attempt (wagma_bench.record.cpu), at the run's end
         "threads_cpu_s": stops[-1]["metadata"].get("threads_cpu_s")
         if stops and ended == "run_stop"
@@ -180,6 +181,18 @@ def summarize(events: list[dict], status: str | None = None) -> dict:
         # where the last attempt's start went (wagma_bench.runtime.startup), seconds per phase
         "startup": next((e["metadata"] for e in reversed(events) if e["key"] == "startup"), None),
     }
+
+
+def ranks_per_cpu(meta: dict) -> float | None:
+    """The most ranks a usable CPU was given on any of the run's hosts (``run_start``'s ``rank_hosts`` and
+    ``host_cpus``): 2 for four ranks on two cores. What the ranks' compute is expected to wait by design
+    (:mod:`wagma_bench.analysis.fairness`); None for runs logged before 2026-12-07, which did not record
+    their CPUs."""
+    cpus, hosts = meta.get("host_cpus"), meta.get("rank_hosts")
+    if not isinstance(cpus, dict) or not isinstance(hosts, list):
+        return None
+    shares = [hosts.count(h) / n for h, n in cpus.items() if isinstance(n, int) and n > 0]
+    return round(max(shares), 4) if shares else None
 
 
 # --- reading a run directory ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ a reader finds what a run logs about itself next to the reader of those events
 from __future__ import annotations
 
 import math
+import os
 import platform
 import socket
 import subprocess
@@ -75,7 +76,7 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
     existed."""
     world = comm.world_size
     placement = _placement(comm, derived.pop("local_rank"))
-    hosts = sorted({host for host, _ in placement})
+    hosts = sorted({host for host, _, _ in placement})
     return dict(
         workload=cfg.workload.name,
         data=cfg.data.name,
@@ -101,17 +102,52 @@ def run_start_fields(cfg: RunConfig, comm: Comm, workload, algo, model: torch.nn
         hosts=hosts,
         cpu=cpu_identity(),  # rank 0's host: its CPU model and the instruction set torch used there
         # where each rank ran, by rank: its host and its rank on that host
-        rank_hosts=[host for host, _ in placement],
-        local_ranks=[local for _, local in placement],
+        rank_hosts=[host for host, _, _ in placement],
+        local_ranks=[local for _, local, _ in placement],
+        # the CPUs the run's ranks may use on each host: with rank_hosts, how many ranks each core was given
+        # by design (record.events.ranks_per_cpu), against which their measured contention is judged
+        host_cpus=_host_cpus(placement),
         config=as_recorded(cfg),
     )
 
 
-def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int]]:
-    """Every rank's (host name, rank on its host), by rank (collective)."""
+def _placement(comm: Comm, local_rank: int) -> list[tuple[str, int, int]]:
+    """Every rank's (host name, rank on its host, the CPUs it may run on as a bit mask), by rank
+    (collective)."""
     name = socket.gethostname().encode()[:64].ljust(64, b"\0") + local_rank.to_bytes(2, "little")
-    gathered = comm.allgather(torch.tensor(list(name), dtype=torch.uint8, device=comm.device))
-    rows = [bytes(row.cpu().tolist()) for row in gathered]
+    row = name + _affinity_mask().to_bytes(AFFINITY_BITS // 8, "little")
+    gathered = comm.allgather(torch.tensor(list(row), dtype=torch.uint8, device=comm.device))
+    rows = [bytes(r.cpu().tolist()) for r in gathered]
     return [
-        (row[:64].rstrip(b"\0").decode(errors="replace"), int.from_bytes(row[64:], "little")) for row in rows
+        (
+            r[:64].rstrip(b"\0").decode(errors="replace"),
+            int.from_bytes(r[64:66], "little"),
+            int.from_bytes(r[66:], "little"),
+        )
+        for r in rows
     ]
+
+
+# CPUs 0 to 1,023 are told apart; one numbered higher counts as CPU 1,023 (a host with more CPUs then reads
+# fewer, so more ranks per CPU: its runs are judged more leniently, never flagged for it).
+AFFINITY_BITS = 1024
+
+
+def _affinity_mask() -> int:
+    """The CPUs this process may run on (its affinity: a launcher's binding, a cgroup's cpuset), as bits."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # no affinity call (macOS): every CPU
+        cpus = range(os.cpu_count() or 1)
+    mask = 0
+    for cpu in cpus:
+        mask |= 1 << min(cpu, AFFINITY_BITS - 1)
+    return mask
+
+
+def _host_cpus(placement: list[tuple[str, int, int]]) -> dict[str, int]:
+    """Per host, how many CPUs its ranks may use between them (the union of their affinities)."""
+    masks: dict[str, int] = {}
+    for host, _, mask in placement:
+        masks[host] = masks.get(host, 0) | mask
+    return {host: mask.bit_count() for host, mask in sorted(masks.items())}

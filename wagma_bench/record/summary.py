@@ -56,6 +56,7 @@ class RunSummary:
     restarts: int = 0
     compute_imbalance: float | None = None  # record.rundir.finalize, from the step records
     compute_contention: float | None = None
+    ranks_per_cpu: float | None = None  # record.events.ranks_per_cpu: the ranks each core was given by design
     dropcompute: dict | None = None  # DropCompute's threshold and drops, where it ran
     reference_s: float | None = None  # the speed reference's reading (campaign.reference)
     reference_before_after_s: list | None = None  # its readings at the run's start and end
