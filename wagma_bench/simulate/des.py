@@ -644,7 +644,8 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     averaging = (
         wl.params * wl.averaging_s_per_param if wl.adpsgd_averaging == "per_step" and run.P > 1 else 0.0
     )
-    extra = np.full((run.P, run.rounds), averaging)
+    # [rank, step] stored step by step, as the compute schedule reads and writes them (_compute_schedule)
+    extra = np.full((run.P, run.rounds), averaging, order="F")
     rounds, converged, settled, last_end = 0, run.P == 1, 0, math.inf
     tolerance = GOSSIP_TOLERANCE * float(np.median(run.compute))
     pairing = _pairing(cfg, run) if run.P > 1 else None
@@ -674,15 +675,17 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
             file=sys.stderr,
         )
     computed = max(1e-300, float(run.compute[:, : run.rounds].sum()))
+    # the sums rank by rank (row-major), as they always were: a sum's rounding depends on its order
+    rowwise = np.ascontiguousarray
     return run.result(
         end_time,
         np.full(run.P, run.rounds),
         staleness=lag,
         exchanges_per_step=exchanges / max(1, (run.P // 2) * run.rounds),
-        gossip_cost_share=float((extra - averaging).sum() / computed),
+        gossip_cost_share=float(rowwise(extra - averaging).sum() / computed),
         averaging_share=float(averaging * extra.size / computed),
         # the share of compute time during which the rank's thread exchanges (what c acts on)
-        gossip_busy_share=float(overlap.sum() / max(1e-300, (windows - starts).sum())),
+        gossip_busy_share=float(rowwise(overlap).sum() / max(1e-300, rowwise(windows - starts).sum())),
         gossip_rounds=rounds,
         gossip_converged=converged,
     )
@@ -695,18 +698,22 @@ def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the
-    trainer's sync points, each step's compute lengthened by ``extra``; and the end of the run."""
+    trainer's sync points, each step's compute lengthened by ``extra``; and the end of the run. Both stored
+    step by step (column by column, as ``extra`` is best given): a round writes one step of every rank, and
+    a column of a row-major array is a cache miss per rank (a tenth of the fixed point's time at 8,192
+    ranks)."""
     start = np.zeros(run.P)
-    starts, ends = np.zeros((run.P, run.rounds)), np.zeros((run.P, run.rounds))
+    starts, ends = np.empty((run.rounds, run.P)), np.empty((run.rounds, run.P))
+    compute, delay, extra = run.compute.T, run.delay.T, extra.T  # [step, rank] views
     for r in range(1, run.rounds + 1):
         run.tick("compute schedule", (r - 1) / run.rounds)
-        starts[:, r - 1] = start
-        done = start + run.compute[:, r - 1] + extra[:, r - 1] + run.delay[:, r - 1]
-        ends[:, r - 1] = done
+        starts[r - 1] = start
+        done = start + compute[r - 1] + extra[r - 1] + delay[r - 1]
+        ends[r - 1] = done
         start = done + run.overhead
         if run.is_control(r) and run.P > 1:
             start = run.barrier(start)
-    return starts, ends, float(start.max())
+    return starts.T, ends.T, float(start.max())
 
 
 def busy_between(
@@ -737,7 +744,7 @@ def busy_between(
     first_of = np.append(np.searchsorted(axis, np.arange(world, dtype=float) * span, side="left"), len(axis))
     shape = np.broadcast_shapes(lo.shape, hi.shape)
     lo, hi = np.broadcast_to(lo, shape), np.broadcast_to(hi, shape)
-    out = np.empty(shape)
+    out = np.empty(shape, order="F")  # step by step, as the fixed point's other arrays (_compute_schedule)
     cols = shape[1] if len(shape) == 2 else 1
     ranks = max(1, SEARCH_BLOCK // cols)
     for r in range(0, world, ranks):  # a block of ranks at a time, saying where it is
@@ -896,13 +903,14 @@ class _Pending:
     """Each active's pending request (:func:`_gossip`): when its thread woke, its exchange's partner, latency
     and swap time, the step whose end sets its next event, and the earliest it could wake again; inf for an
     active that makes no more requests, so that the batch's passes run over plain arrays. The step ends and
-    the pairings are read flat (``ends[a * rounds + k]``, ``partners[e * actives + i]``): a gather of one
-    index array, not of two."""
+    the pairings are read flat (``ends[k * world + a]``, ``partners[e * actives + i]``): a gather of one
+    index array, not of two, step by step (a batch's actives are at nearby steps: their ends lie close)."""
 
     def __init__(self, ends: np.ndarray, actives: np.ndarray, pairing: tuple, every: int):
         n = len(actives)
         self.rounds, self.n, self.actives, self.every = ends.shape[1], n, actives, every
-        self.ends = np.ravel(ends)
+        self.world = ends.shape[0]
+        self.ends = np.ravel(ends.T)  # [step, rank]: a view of the compute schedule's (_compute_schedule)
         self.partners, self.latencies, self.swaps = (np.ravel(x) for x in pairing)  # [exchange, active]
         self.wake, self.earliest = np.full(n, math.inf), np.full(n, math.inf)
         self.exchange = np.zeros(n, dtype=int)
@@ -919,13 +927,13 @@ class _Pending:
         self.wake[gone] = self.earliest[gone] = math.inf
         i, t, rounds = i[alive], wake[alive], self.rounds
         a = self.actives[i]
-        row, at = a * rounds, self.exchange[i] * self.n + i
+        at = self.exchange[i] * self.n + i
         p, latency, swap = self.partners.take(at), self.latencies.take(at), self.swaps.take(at)
         real = p != a
-        ended = _steps_ended_from(self.ends, rounds, row, t, ended[alive])
+        ended = _steps_ended_from(self.ends, rounds, self.world, a, t, ended[alive])
         # the next step that sets the thread's event
         k = ended if self.every == 1 else -(-(ended + 1) // self.every) * self.every - 1
-        next_end = np.where(k < rounds, self.ends.take(row + np.minimum(k, rounds - 1)), math.inf)
+        next_end = np.where(k < rounds, self.ends.take(np.minimum(k, rounds - 1) * self.world + a), math.inf)
         self.wake[i], self.k[i], self.next_end[i] = t, k, next_end
         self.p[i], self.latency[i], self.swap[i], self.real[i] = p, latency, swap, real
         # its next wake, at least
@@ -961,12 +969,12 @@ def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) 
 
 
 def _steps_ended_from(
-    ends: np.ndarray, rounds: int, row: np.ndarray, t: np.ndarray, k: np.ndarray
+    ends: np.ndarray, rounds: int, world: int, a: np.ndarray, t: np.ndarray, k: np.ndarray
 ) -> np.ndarray:
-    """bisect_right of ``t`` in each active's step ends (``ends`` flat, the active's from ``row``), from its
-    ``k`` on, where it was (a step or two a batch)."""
+    """bisect_right of ``t`` in each active ``a``'s step ends (``ends`` flat, step by step: ``[k * world +
+    a]``), from its ``k`` on, where it was (a step or two a batch)."""
     while True:
-        more = (k < rounds) & (ends.take(row + np.minimum(k, rounds - 1)) <= t)
+        more = (k < rounds) & (ends.take(np.minimum(k, rounds - 1) * world + a) <= t)
         if not more.any():
             return k
         k = k + more
