@@ -392,18 +392,17 @@ def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
     )
     run = SimState(cfg, 10)
     _, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
-    count, pairs, (rank, begin, end) = _gossip(cfg, run, ends, end_time)
-    lag = _step_lag(run, ends, end_time, pairs)
+    made = _gossip(cfg, run, ends, end_time)
+    lag = _step_lag(run, ends, end_time, made)
     want = sorted(event_heap_gossip(cfg, ends, end_time))
-    got = sorted(
-        zip(
-            rank[:count].astype(int).tolist(),
-            rank[count:].astype(int).tolist(),
-            begin[:count].tolist(),
-            end[:count].tolist(),
-        )
-    )
-    assert count == len(want) > 0 and got == want  # the same exchanges at the same times, to the bit
+    a, p, begin, end = made.pairs()
+    got = sorted(zip(a.tolist(), p.tolist(), begin.tolist(), end.tolist()))
+    assert made.count == len(want) > 0 and got == want  # the same exchanges at the same times, to the bit
+    # stored by rank: every rank's intervals rank after rank, each rank's in time order (busy_between's axis)
+    rank, begin, end = np.concatenate([a, p]), np.concatenate([begin, begin]), np.concatenate([end, end])
+    counts, both = made.by_rank()
+    assert np.array_equal(counts, np.bincount(rank, minlength=world))
+    assert np.array_equal(both, np.stack([begin, end])[:, np.lexsort((begin, rank))])
     lags = [
         abs(bisect.bisect(ends[a].tolist(), b) - bisect.bisect(ends[p].tolist(), b)) for a, p, b, _ in want
     ]

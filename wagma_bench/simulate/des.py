@@ -94,6 +94,7 @@ from wagma_bench.optim.specs import (
     parse_threshold,
 )
 from wagma_bench.simulate.costs import Network
+from wagma_bench.simulate.exchanges import Exchanges
 from wagma_bench.simulate.gossip_inputs import MEASURED_AVERAGING_S_PER_PARAM, MEASURED_GOSSIP_COST
 from wagma_bench.simulate.spread import draw_persistent
 
@@ -649,22 +650,24 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     rounds, converged, settled, last_end = 0, run.P == 1, 0, math.inf
     tolerance = GOSSIP_TOLERANCE * float(np.median(run.compute))
     pairing = _pairing(cfg, run) if run.P > 1 else None
+    made = None  # every pass's exchanges, in one store (_gossip)
     while not converged and rounds < GOSSIP_ITERATIONS:
         rounds += 1
         starts, ends, end_time = _compute_schedule(run, extra)
         moved, last_end = abs(end_time - last_end), end_time
         settled = settled + 1 if moved <= tolerance else 0
-        exchanges, pairs, busy = _gossip(cfg, run, ends, end_time, pairing)
-        lag_of = (ends, end_time, pairs)  # the step lag of the round that is kept, measured once at the end
+        made = _gossip(cfg, run, ends, end_time, pairing, made)
+        lag_of = (ends, end_time, made)  # the step lag of the round that is kept, measured once at the end
         run.tick("time in exchanges", 0.0)
         windows = starts + run.compute[:, : run.rounds] + extra  # the compute part of each step
-        overlap = busy_between(busy, run.P, starts, windows, run.tick)
+        overlap = busy_between(made.by_rank(), run.P, starts, windows, run.tick)
         # a step's compute window lengthened by c times the exchange time inside it, and by the averaging
         new = averaging + cost * overlap
         converged = settled >= 1 or not np.any(new != extra)
         if not converged:
             extra = new
     lag = _step_lag(run, *lag_of) if run.P > 1 else 0.0
+    exchanges = made.count if run.P > 1 else 0
     if run.P == 1:
         _, _, end_time = _compute_schedule(run, extra)
         exchanges, lag, overlap, windows, starts = 0, 0.0, np.zeros(1), np.ones(1), np.zeros(1)
@@ -717,26 +720,26 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def busy_between(
-    busy: tuple[np.ndarray, np.ndarray, np.ndarray],
+    busy: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray],
     world: int,
     lo: np.ndarray,
     hi: np.ndarray,
     tick: Progress = _silent,
 ) -> np.ndarray:
     """Seconds each rank's gossip thread spends exchanging inside ``[lo, hi]`` (arrays ``[rank, k]``), from
-    its exchanges ``busy = (rank, begin, end)`` (a rank's exchanges never overlap: an active has one in
-    flight, a passive serves one at a time). All ranks at once: the intervals are sorted on one axis, rank
-    after rank."""
-    rank, began, ended = busy
-    span = 2.0 * max(float(hi.max(initial=0.0)), float(ended.max(initial=0.0))) + 1.0
+    its exchanges ``busy = (rank, begin, end)`` in any order, or already rank after rank as ``(each rank's
+    count, [begin or end, interval])`` (:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`, each
+    rank's in their original order): a rank's exchanges never overlap (an active has one in flight, a passive
+    serves one at a time). All ranks at once: the intervals are sorted on one axis, rank after rank."""
     tick("time in exchanges", 0.0)
-    order = _by_rank(rank, world)
-    counts = np.bincount(rank.astype(np.intp), minlength=world)  # (ranks are whole numbers below world)
-    axis, begin, length, in_order = _on_one_axis(rank, began, ended, span, order, counts, tick)
+    counts, both = busy if len(busy) == 2 else _by_rank_intervals(*busy, world, tick)
+    span = 2.0 * max(float(hi.max(initial=0.0)), float(both[1].max(initial=0.0))) + 1.0
+    ranks = np.repeat(np.arange(world, dtype=float), counts)  # each interval's rank
+    axis, begin, length, in_order = _on_one_axis(both, ranks, span, tick)
     if not in_order:  # not each rank's in time order: sort by the key
         later = lambda phase, fraction: tick(phase, max(0.5, fraction))  # said in order
-        by_key = _by_rank_then_key(rank, began, span, world, later)
-        axis, begin, length, _ = _on_one_axis(rank, began, ended, span, by_key, counts, later)
+        both = both[:, _by_rank_then_key(ranks, both[0], span, world, later)]
+        axis, begin, length, _ = _on_one_axis(both, ranks, span, later)
     tick("time in exchanges", 0.5)
     before = np.zeros(len(length) + 1)  # busy time of the intervals before each one
     np.cumsum(length, out=before[1:])
@@ -755,6 +758,23 @@ def busy_between(
             out[block].shape
         )
     return out
+
+
+def _by_rank_intervals(
+    rank: np.ndarray, began: np.ndarray, ended: np.ndarray, world: int, tick: Progress = _silent
+) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals ``(rank, begin, end)`` in any order as :func:`busy_between` reads them: (each rank's count,
+    ``[begin or end, interval]`` rank after rank, each rank's in their original order)."""
+    order = _by_rank(rank, world)
+    counts = np.bincount(rank.astype(np.intp), minlength=world)  # (ranks are whole numbers below world)
+    out = np.empty((2, len(order)))
+    for k in range(0, len(order), CHUNK):  # a chunk at a time (seconds at 65,536 ranks), saying where it is
+        tick("time in exchanges", 0.4 * k / max(1, len(order)))
+        out[0, k : k + CHUNK], out[1, k : k + CHUNK] = (
+            began[order[k : k + CHUNK]],
+            ended[order[k : k + CHUNK]],
+        )
+    return counts, out
 
 
 class _RankBlock:
@@ -783,31 +803,22 @@ class _RankBlock:
 
 
 def _on_one_axis(
-    rank: np.ndarray,
-    began: np.ndarray,
-    ended: np.ndarray,
-    span: float,
-    order: np.ndarray,
-    counts: np.ndarray,
-    tick: Progress,
+    both: np.ndarray, ranks: np.ndarray, span: float, tick: Progress
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """The intervals in ``order`` (rank after rank, ``counts`` of each): their keys ``rank * span + began`` on
-    one axis, begin and length; and whether those keys are already the stable sort of the keys: they never
-    fall, and an equal pair is of one rank (so in ``order``, each rank's in their original order). The gossip
-    gives each rank's exchanges in time order (an active's follow one another, a passive serves its queue in
-    order), so this holds and the stable sort by rank is the same permutation as the sort by key, to the
-    element; when it does not, the caller sorts by key."""
-    n = len(order)
-    both = np.stack([began, ended], axis=1)  # one gather in a random order reads both ends of an interval
-    ranks = np.repeat(np.arange(len(counts), dtype=float), counts)  # rank[order], without a gather
+    """The intervals ``both = [begin or end, interval]`` of ranks ``ranks``, rank after rank: their keys
+    ``rank * span + begin`` on one axis, begin and length; and whether those keys are already the stable sort
+    of the keys: they never fall, and an equal pair is of one rank (so in their order, each rank's in their
+    original order). The gossip gives each rank's exchanges in time order (an active's follow one another, a
+    passive serves its queue in order), so this holds and the stable sort by rank is the same permutation as
+    the sort by key, to the element; when it does not, the caller sorts by key."""
+    n = both.shape[1]
     axis, begin, length = np.empty(n), np.empty(n), np.empty(n)
     in_order = True
     for k in range(0, n, CHUNK):  # a chunk at a time (seconds at 65,536 ranks), saying where it is
         tick("time in exchanges", 0.4 + 0.1 * k / n)
         part = slice(k, k + CHUNK)
-        got = both.take(order[part], axis=0)
-        begin[part] = got[:, 0]
-        np.subtract(got[:, 1], begin[part], out=length[part])
+        begin[part] = both[0, part]
+        np.subtract(both[1, part], begin[part], out=length[part])
         np.add(ranks[part] * span, begin[part], out=axis[part])
         seen = slice(max(0, k - 1), k + CHUNK)  # with the chunk before's last key
         step = np.diff(axis[seen])
@@ -846,17 +857,23 @@ def _by_rank_then_key(
 
 
 def _gossip(
-    cfg: SimConfig, run: SimState, ends: np.ndarray, end_time: float, pairing: tuple | None = None
-) -> tuple[int, tuple[np.ndarray, ...] | None, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    cfg: SimConfig,
+    run: SimState,
+    ends: np.ndarray,
+    end_time: float,
+    pairing: tuple | None = None,
+    made: Exchanges | None = None,
+) -> Exchanges:
     """Exchanges of the active ranks' gossip threads: after each exchange a thread waits for a local step that
     ended after it woke and whose count is a multiple of ``exchange_every`` (the step that set its event), so
     one exchange per ``exchange_every`` local steps at most; the ``e``-th exchange of every active goes to
     its partner in the ``e``-th matching (:func:`~wagma_bench.comm.topology.matching_partners`); a passive
     serves one at a time, first come first served (in the order the actives' threads woke), from the header's
-    arrival. Returns (exchanges, the pairs ``(active, passive, begin)`` for :func:`_step_lag`, None when
-    none, and each rank's time in exchanges as ``(rank, begin, end)`` arrays: both ends of every exchange).
-    The lag is measured by the caller once, for the fixed point's last round only (a sort of every exchange:
-    a sixth of the time at 8,192 ranks when it was measured each round).
+    arrival. Returns every exchange, stored by the ranks that made it in ``made`` (cleared) or a new store
+    (:class:`~wagma_bench.simulate.exchanges.Exchanges`: each rank's time in exchanges, rank after rank, for
+    :func:`busy_between`, and the pairs for :func:`_step_lag`). The lag is measured by the caller once, for
+    the fixed point's last round only (a sort of every exchange: a sixth of the time at 8,192 ranks when it
+    was measured each round).
 
     An event simulation that serves many requests at once: each active has one pending request (when its
     thread woke, to whom). No request can come earlier than ``T``, the earliest time any active could wake
@@ -869,14 +886,14 @@ def _gossip(
     P = run.P
     actives = np.arange(0, P, 2)
     rounds = ends.shape[1]
-    pending = _Pending(
-        ends, actives, pairing or _pairing(cfg, run), int(getattr(cfg.settings, "exchange_every", 1))
-    )
+    pairing = pairing or _pairing(cfg, run)
+    pending = _Pending(ends, actives, pairing, int(getattr(cfg.settings, "exchange_every", 1)))
+    made = made or Exchanges(P, pairing[0])
+    made.clear()
     free = np.zeros(P)  # when each passive is free
     wake = ends[actives, min(pending.every, rounds) - 1].copy()  # each active's request: when its thread woke
     everyone = np.arange(len(actives))
     pending.request(everyone, wake, (wake < end_time) & (pending.every <= rounds), np.zeros_like(everyone))
-    out: list[tuple[np.ndarray, ...]] = []
     while pending.alive:
         i = pending.batch()
         a, t = actives[i], pending.wake[i]
@@ -884,19 +901,16 @@ def _gossip(
         p, latency, swap, real = pending.p[i], pending.latency[i], pending.swap[i], pending.real[i]
         done = t.copy()
         if real.any():
-            order, begin, finish = _serve(np.flatnonzero(real), p, t, latency, swap, a, free)
+            order, begin, finish, position = _serve(np.flatnonzero(real), p, t, latency, swap, a, free)
             done[order] = finish
-            out.append((a[order], p[order], begin, finish))
+            served = i[order]
+            made.add(served, pending.exchange[served], p[order], position, begin, finish)
         k, next_end = pending.k[i], pending.next_end[i]
         wake = np.maximum(done, next_end)
         pending.exchange[i] += 1
         # (woken after step k's end, each has ended k + 1 steps at least)
         pending.request(i, wake, (k < rounds) & (wake < end_time), k + 1)
-    if not out:
-        return 0, None, (np.zeros(0), np.zeros(0), np.zeros(0))
-    a, p, b, f = (np.concatenate(col) for col in zip(*out))
-    busy = (np.concatenate([a, p]).astype(float), np.concatenate([b, b]), np.concatenate([f, f]))
-    return len(a), (a, p, b), busy
+    return made
 
 
 class _Pending:
@@ -951,6 +965,9 @@ def _pairing(cfg: SimConfig, run: SimState) -> tuple[np.ndarray, np.ndarray, np.
     in every round of the fixed point, so made once."""
     net, actives = cfg.network, np.arange(0, run.P, 2)
     partners = _matchings(cfg, run, actives, run.rounds)
+    paired = partners != actives
+    if not np.all(paired == paired[:1]):  # (Exchanges stores an active's e-th exchange in its slot e)
+        raise AssertionError("an active is paired in some matchings and not in others")
     nbytes = cfg.workload.model_bytes + 16
     swap_intra, swap_inter = 2 * net.intra.p2p(nbytes), 2 * net.inter.p2p(nbytes)
     same_node = actives // net.gpus_per_node == partners // net.gpus_per_node
@@ -980,15 +997,12 @@ def _steps_ended_from(
         k = k + more
 
 
-def _step_lag(
-    run: SimState, ends: np.ndarray, end_time: float, pairs: tuple[np.ndarray, ...] | None
-) -> float:
-    """Mean step lag between the two ends of the exchanges (``pairs = (a, p, b)``: ``a`` with ``p``, begun
-    at ``b``; None when there was none): how many more steps one had ended than the other when the exchange
-    began."""
-    if pairs is None:
+def _step_lag(run: SimState, ends: np.ndarray, end_time: float, made: Exchanges) -> float:
+    """Mean step lag between the two ends of the exchanges (``a`` with ``p``, begun at ``b``): how many more
+    steps one had ended than the other when the exchange began."""
+    if not made.count:
         return 0.0
-    a, p, b = pairs
+    a, p, b, _ = made.pairs()
     rounds = ends.shape[1]
     span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
     flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
@@ -1026,12 +1040,12 @@ def _serve(
     swap: np.ndarray,
     a: np.ndarray,
     free: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's
     in the order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is
-    free) is moved on. Returns (the requests in service order, their begin, their end): the arithmetic of an
-    event heap, ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues
-    at a time."""
+    free) is moved on. Returns (the requests in service order, their begin, their end, their place in their
+    passive's queue): the arithmetic of an event heap, ``begin = max(wake + latency, free)``, ``free = end =
+    begin + swap``, one place in the queues at a time."""
     # (a batch holds each active once, so its rank breaks every tie, as an event heap's (wake, active,
     # exchange) key does: the exchange count never decides)
     order = q[_service_order(p[q], t[q], a[q])]
@@ -1045,7 +1059,7 @@ def _serve(
         at = by_position[bounds[j] : bounds[j + 1]]
         begin[at] = np.maximum(arrive[at], free[pq[at]])
         finish[at] = free[pq[at]] = begin[at] + cost[at]
-    return order, begin, finish
+    return order, begin, finish, position
 
 
 def _service_order(p: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
