@@ -792,14 +792,9 @@ class _RankBlock:
         """Busy time of each rank (row) before time ``t`` (its columns)."""
         t = t.reshape(len(self.ranks), -1)
         last = _search_right(self.axis, self.ranks[:, None] * self.span + t)  # begun by t
-        first = np.broadcast_to(self.first, t.shape)
-        partial = np.where(
-            last > first,
-            np.clip(t - self.begin[np.maximum(last - 1, 0)], 0.0, self.length[np.maximum(last - 1, 0)]),
-            0.0,
-        )
-        some = last > first
-        return self.before[np.maximum(last - 1, 0)] * some - self.before[first] * some + partial
+        some, at = last > self.first, np.maximum(last - 1, 0)  # some begun; the last begun
+        partial = np.where(some, np.clip(t - self.begin[at], 0.0, self.length[at]), 0.0)
+        return self.before[at] * some - self.before[self.first] * some + partial
 
 
 def _on_one_axis(
@@ -812,12 +807,11 @@ def _on_one_axis(
     passive serves its queue in order), so this holds and the stable sort by rank is the same permutation as
     the sort by key, to the element; when it does not, the caller sorts by key."""
     n = both.shape[1]
-    axis, begin, length = np.empty(n), np.empty(n), np.empty(n)
+    begin, axis, length = both[0], np.empty(n), np.empty(n)
     in_order = True
     for k in range(0, n, CHUNK):  # a chunk at a time (seconds at 65,536 ranks), saying where it is
         tick("time in exchanges", 0.4 + 0.1 * k / n)
         part = slice(k, k + CHUNK)
-        begin[part] = both[0, part]
         np.subtract(both[1, part], begin[part], out=length[part])
         np.add(ranks[part] * span, begin[part], out=axis[part])
         seen = slice(max(0, k - 1), k + CHUNK)  # with the chunk before's last key
@@ -999,26 +993,26 @@ def _steps_ended_from(
 
 def _step_lag(run: SimState, ends: np.ndarray, end_time: float, made: Exchanges) -> float:
     """Mean step lag between the two ends of the exchanges (``a`` with ``p``, begun at ``b``): how many more
-    steps one had ended than the other when the exchange began."""
+    steps one had ended than the other when the exchange began. Each rank's exchanges are searched in its
+    step ends rank after rank (:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`: keys in order, a
+    block of them in a short stretch of the axis), then paired (``in_by_rank``)."""
     if not made.count:
         return 0.0
-    a, p, b, _ = made.pairs()
     rounds = ends.shape[1]
     span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
     flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
-    # both ends' queries put in rank order (a radix sort; each rank's in the order the exchanges began), so
-    # that a block of them searches a short stretch of the axis (random ones miss the cache)
-    ranks, t = np.concatenate([a, p]), np.concatenate([b, b])
-    order = _by_rank(ranks, run.P)
+    counts, both = made.by_rank()
+    ranks = np.repeat(np.arange(run.P), counts)
     found = np.empty(len(ranks), dtype=np.intp)
-    for k in range(0, len(order), SEARCH_BLOCK):  # a block at a time, saying where it is
-        run.tick("exchanges' step lag", k / len(order))
-        mine = order[k : k + SEARCH_BLOCK]
-        found[mine] = _search_right(flat, ranks[mine] * span + t[mine])
+    for k in range(0, len(ranks), SEARCH_BLOCK):  # a block at a time, saying where it is
+        run.tick("exchanges' step lag", k / len(ranks))
+        mine = slice(k, k + SEARCH_BLOCK)
+        found[mine] = _search_right(flat, ranks[mine] * span + both[0, mine])
     ended = found - ranks * rounds  # bisect_right of each begin in its rank's step ends
-    lag = np.abs(ended[: len(a)] - ended[len(a) :])
+    active, passive = made.in_by_rank()
+    lag = np.abs(ended[active] - ended[passive])
     run.tick("exchanges' step lag", 1.0)
-    return float(lag.sum()) / len(a)
+    return float(lag.sum()) / len(lag)
 
 
 def _search_right(axis: np.ndarray, keys: np.ndarray) -> np.ndarray:

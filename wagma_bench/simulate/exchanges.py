@@ -33,6 +33,7 @@ class Exchanges:
         # this size costs a page fault every 4 KB as it is first written
         self.active = np.empty((2, slots, actives))  # [begin or end, e, active]
         self.passive = np.empty((2, slots, world // 2))  # [begin or end, j, passive]
+        self.served_as = np.empty((slots, actives), dtype=np.intp)  # [e, active]: j, its passive's slot
         self.active_count = np.zeros(actives, dtype=np.intp)
         self.passive_count = np.zeros(world // 2, dtype=np.intp)
         self._by_rank = np.empty((2, 0))
@@ -67,6 +68,7 @@ class Exchanges:
             grown[:, : self.passive.shape[1]] = self.passive
             self.passive = grown
         _put(self.passive, j * self.passive.shape[2] + q, begin, end)
+        self.served_as.reshape(-1)[e * self.active.shape[2] + i] = j
         last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
         self.passive_count[q[last]] = j[last] + 1
 
@@ -76,13 +78,30 @@ class Exchanges:
         e, i = np.nonzero(made)
         return 2 * i, self.partners[e, i], self.active[0][made], self.active[1][made]
 
+    def in_by_rank(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each exchange lies in :meth:`by_rank`'s order, at its active and at its passive (exchange
+        after exchange, as :meth:`pairs`)."""
+        made = np.arange(self.active.shape[1])[:, None] < self.active_count[None, :]
+        e, i = np.nonzero(made)
+        offsets = self._offsets()
+        return offsets[2 * i] + e, offsets[self.partners[made]] + self.served_as[made]
+
+    def _offsets(self) -> np.ndarray:
+        """Where each rank's intervals begin in :meth:`by_rank`'s order (and, last, their number)."""
+        offsets = np.zeros(self.world + 1, dtype=np.intp)
+        np.cumsum(self.counts(), out=offsets[1:])
+        return offsets
+
+    def counts(self) -> np.ndarray:
+        """Each rank's number of exchanges."""
+        counts = np.empty(self.world, dtype=np.intp)
+        counts[0::2], counts[1::2] = self.active_count, self.passive_count
+        return counts
+
     def by_rank(self) -> tuple[np.ndarray, np.ndarray]:
         """(each rank's number of intervals, ``[begin or end, interval]`` rank after rank, each rank's in the
         order it made them)."""
-        counts = np.empty(self.world, dtype=np.intp)
-        counts[0::2], counts[1::2] = self.active_count, self.passive_count
-        offsets = np.zeros(self.world + 1, dtype=np.intp)
-        np.cumsum(counts, out=offsets[1:])
+        counts, offsets = self.counts(), self._offsets()
         if self._by_rank.shape[1] < offsets[-1]:
             self._by_rank = np.empty((2, int(offsets[-1]) + int(offsets[-1]) // 8))
         both = self._by_rank[:, : offsets[-1]]  # (the last pass's intervals, written over)
@@ -92,14 +111,14 @@ class Exchanges:
             slots = int(c.max(initial=0))
             if not slots:
                 continue
-            keep = np.arange(slots)[None, :] < c[:, None]
+            keep = (np.arange(slots)[None, :] < c[:, None]).ravel()  # (a flat mask: numpy's fast path)
             rows = np.empty((r1 - r0, slots))
             mine, theirs = rows[0::2], rows[1::2]  # actives' rows, passives' rows
             some = min(slots, self.active.shape[1])  # (the columns past a rank's count are never read)
             for side in (0, 1):
                 mine[:, :some] = self.active[side, :some, r0 // 2 : r0 // 2 + len(mine)].T
                 theirs[:] = self.passive[side, :slots, r0 // 2 : r0 // 2 + len(theirs)].T
-                both[side, offsets[r0] : offsets[r1]] = rows[keep]
+                both[side, offsets[r0] : offsets[r1]] = rows.ravel()[keep]
         return counts, both
 
 
