@@ -793,8 +793,9 @@ class _RankBlock:
         t = t.reshape(len(self.ranks), -1)
         last = _search_right(self.axis, self.ranks[:, None] * self.span + t)  # begun by t
         some, at = last > self.first, np.maximum(last - 1, 0)  # some begun; the last begun
-        partial = np.where(some, np.clip(t - self.begin[at], 0.0, self.length[at]), 0.0)
-        return self.before[at] * some - self.before[self.first] * some + partial
+        # (the busy time before the last begun, and of it until t; none where none had begun)
+        partial = np.clip(t - self.begin[at], 0.0, self.length[at])
+        return np.where(some, self.before[at] - self.before[self.first] + partial, 0.0)
 
 
 def _on_one_axis(
