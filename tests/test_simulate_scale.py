@@ -370,6 +370,39 @@ def event_heap_gossip(
     return out
 
 
+def test_exchanges_stored_by_slot_come_out_rank_after_rank_as_the_sort_by_rank_puts_them():
+    """simulate/exchanges.py: batches of exchanges (each active once a batch, a passive's requests in its
+    queue's order) stored by slot come out as the stable sort of every interval by rank, each rank's in the
+    order it made them, also when a passive serves more often than there are slots (the store grows), in an
+    odd world whose last active sits out; each exchange is found at both its ends."""
+    from wagma_bench.simulate.exchanges import Exchanges
+
+    world, slots = 7, 3
+    partners = np.array([[1, 1, 5, 6], [1, 3, 1, 6], [1, 1, 1, 6]])  # [e, active]; active 3 (rank 6) sits out
+    made, rows, clock = Exchanges(world, partners), [], 0.0
+    for batch in ([0, 1, 2], [0, 2], [1], [0, 1, 2]):
+        i = np.array(batch)
+        e = made.active_count[i].copy()
+        p = partners[e, i]
+        order = np.lexsort((i, p))  # by passive, then active: each passive's queue
+        i, e, p = i[order], e[order], p[order]
+        position = np.concatenate([np.arange(n) for n in np.unique(p, return_counts=True)[1]])
+        begin = clock + np.arange(len(i), dtype=float)
+        clock += len(i)
+        made.add(i, e, p, position, begin, begin + 0.5)
+        rows += [(2 * a, q, b) for a, q, b in zip(i.tolist(), p.tolist(), begin.tolist())]
+    rank = np.array([r for a, q, _ in rows for r in (a, q)])
+    begin = np.array([b for *_, b in rows for _ in (0, 1)])
+    counts, both = made.by_rank()
+    assert made.count == len(rows) == 9 and made.passive.shape[1] > slots  # rank 1 served 7 times
+    assert np.array_equal(counts, np.bincount(rank, minlength=world))
+    assert np.array_equal(both, np.stack([begin, begin + 0.5])[:, np.argsort(rank, kind="stable")])
+    a, p, b, f = made.pairs()
+    assert sorted(zip(a.tolist(), p.tolist(), b.tolist())) == sorted(rows) and np.array_equal(f, b + 0.5)
+    at_active, at_passive = made.in_by_rank()
+    assert np.array_equal(both[0, at_active], b) and np.array_equal(both[0, at_passive], b)
+
+
 @pytest.mark.parametrize(
     "world,bandwidth_GBps,gpus_per_node,control_every",
     [(2, 9.0, 1, 10), (7, 9.0, 2, 10), (16, 1.0, 4, 0), (64, 0.1, 4, 0), (64, 0.05, 1, 10), (130, 0.3, 8, 0)],
