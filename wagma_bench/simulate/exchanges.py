@@ -33,7 +33,7 @@ class Exchanges:
         # this size costs a page fault every 4 KB as it is first written
         self.active = np.empty((2, slots, actives))  # [begin or end, e, active]
         self.passive = np.empty((2, slots, world // 2))  # [begin or end, j, passive]
-        self.served_as = np.empty((slots, actives), dtype=np.intp)  # [e, active]: j, its passive's slot
+        self.served_as = np.empty((slots, actives), dtype=np.int32)  # [e, active]: j, its passive's slot
         self.active_count = np.zeros(actives, dtype=np.intp)
         self.passive_count = np.zeros(world // 2, dtype=np.intp)
         self._by_rank = np.empty((2, 0))
