@@ -424,7 +424,7 @@ def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
         control_every=control_every,
     )
     run = SimState(cfg, 10)
-    _, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
+    *_, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
     made = _gossip(cfg, run, ends, end_time)
     lag = _step_lag(run, ends, end_time, made)
     want = sorted(event_heap_gossip(cfg, ends, end_time))

@@ -653,13 +653,12 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     made = None  # every pass's exchanges, in one store (_gossip)
     while not converged and rounds < GOSSIP_ITERATIONS:
         rounds += 1
-        starts, ends, end_time = _compute_schedule(run, extra)
+        starts, windows, ends, end_time = _compute_schedule(run, extra)  # windows: each step's compute
         moved, last_end = abs(end_time - last_end), end_time
         settled = settled + 1 if moved <= tolerance else 0
         made = _gossip(cfg, run, ends, end_time, pairing, made)
         lag_of = (ends, end_time, made)  # the step lag of the round that is kept, measured once at the end
         run.tick("time in exchanges", 0.0)
-        windows = starts + run.compute[:, : run.rounds] + extra  # the compute part of each step
         overlap = busy_between(made.by_rank(), run.P, starts, windows, run.tick)
         # a step's compute window lengthened by c times the exchange time inside it, and by the averaging
         new = averaging + cost * overlap
@@ -669,7 +668,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
     lag = _step_lag(run, *lag_of) if run.P > 1 else 0.0
     exchanges = made.count if run.P > 1 else 0
     if run.P == 1:
-        _, _, end_time = _compute_schedule(run, extra)
+        *_, end_time = _compute_schedule(run, extra)
         exchanges, lag, overlap, windows, starts = 0, 0.0, np.zeros(1), np.ones(1), np.zeros(1)
     elif not converged:
         print(
@@ -699,24 +698,25 @@ def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
-def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Start and end of every rank's local steps ``[rank, step]`` when compute never waits but at the
-    trainer's sync points, each step's compute lengthened by ``extra``; and the end of the run. Both stored
-    step by step (column by column, as ``extra`` is best given): a round writes one step of every rank, and
-    a column of a row-major array is a cache miss per rank (a tenth of the fixed point's time at 8,192
-    ranks)."""
+def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Start, end of the compute and end of every rank's local steps ``[rank, step]`` when compute never
+    waits but at the trainer's sync points, each step's compute lengthened by ``extra`` (before its injected
+    delay); and the end of the run. All stored step by step (column by column, as ``extra`` is best given): a
+    round writes one step of every rank, and a column of a row-major array is a cache miss per rank (a tenth
+    of the fixed point's time at 8,192 ranks)."""
     start = np.zeros(run.P)
-    starts, ends = np.empty((run.rounds, run.P)), np.empty((run.rounds, run.P))
+    starts, windows, ends = (np.empty((run.rounds, run.P)) for _ in range(3))
     compute, delay, extra = run.compute.T, run.delay.T, extra.T  # [step, rank] views
     for r in range(1, run.rounds + 1):
         run.tick("compute schedule", (r - 1) / run.rounds)
         starts[r - 1] = start
-        done = start + compute[r - 1] + extra[r - 1] + delay[r - 1]
+        np.add(start + compute[r - 1], extra[r - 1], out=windows[r - 1])
+        done = windows[r - 1] + delay[r - 1]
         ends[r - 1] = done
         start = done + run.overhead
         if run.is_control(r) and run.P > 1:
             start = run.barrier(start)
-    return starts.T, ends.T, float(start.max())
+    return starts.T, windows.T, ends.T, float(start.max())
 
 
 def busy_between(
