@@ -939,10 +939,12 @@ class _Pending:
         at = self.exchange[i] * self.n + i
         p, latency, swap = self.partners.take(at), self.latencies.take(at), self.swaps.take(at)
         real = p != a
-        ended = _steps_ended_from(self.ends, rounds, self.world, a, t, ended[alive])
+        ended, end_of = _steps_ended_from(self.ends, rounds, self.world, a, t, ended[alive])
         # the next step that sets the thread's event
         k = ended if self.every == 1 else -(-(ended + 1) // self.every) * self.every - 1
-        next_end = np.where(k < rounds, self.ends.take(np.minimum(k, rounds - 1) * self.world + a), math.inf)
+        if self.every > 1:
+            end_of = self.ends.take(np.minimum(k, rounds - 1) * self.world + a)
+        next_end = np.where(k < rounds, end_of, math.inf)
         self.wake[i], self.k[i], self.next_end[i] = t, k, next_end
         self.p[i], self.latency[i], self.swap[i], self.real[i] = p, latency, swap, real
         # its next wake, at least
@@ -982,13 +984,15 @@ def _matchings(cfg: SimConfig, run: SimState, actives: np.ndarray, rounds: int) 
 
 def _steps_ended_from(
     ends: np.ndarray, rounds: int, world: int, a: np.ndarray, t: np.ndarray, k: np.ndarray
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """bisect_right of ``t`` in each active ``a``'s step ends (``ends`` flat, step by step: ``[k * world +
-    a]``), from its ``k`` on, where it was (a step or two a batch)."""
+    a]``), from its ``k`` on, where it was (a step or two a batch); and the end of the step found (of the
+    last step past the last)."""
     while True:
-        more = (k < rounds) & (ends.take(np.minimum(k, rounds - 1) * world + a) <= t)
+        end_of = ends.take(np.minimum(k, rounds - 1) * world + a)
+        more = (k < rounds) & (end_of <= t)
         if not more.any():
-            return k
+            return k, end_of
         k = k + more
 
 
