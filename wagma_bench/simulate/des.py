@@ -1056,8 +1056,9 @@ def _serve(
     bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
     for j in range(len(bounds) - 1):  # a passive's requests one after the other (few a batch)
         at = by_position[bounds[j] : bounds[j + 1]]
-        begin[at] = np.maximum(arrive[at], free[pq[at]])
-        finish[at] = free[pq[at]] = begin[at] + cost[at]
+        to = pq[at]
+        begin[at] = began = np.maximum(arrive[at], free[to])
+        finish[at] = free[to] = began + cost[at]
     return order, begin, finish, position
 
 
