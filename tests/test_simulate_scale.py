@@ -185,8 +185,8 @@ def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_elemen
     from wagma_bench.simulate import des
 
     rng = np.random.default_rng(5)
-    for n, tie in [(0, False), (1, False), (50, False), (400, True), (400, False)]:
-        p = rng.integers(0, 40, n)
+    for n, tie, passives in [(0, 0, 40), (1, 0, 40), (50, 0, 40), (400, 1, 40), (400, 0, 40), (400, 1, 500)]:
+        p = rng.integers(0, passives, n)  # (500: most passives asked once or twice, as in a batch)
         t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
         for a in (np.arange(n) * 2, rng.permutation(n) * 2):
             assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))

@@ -1063,18 +1063,34 @@ def _serve(
 
 
 def _service_order(p: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """``np.lexsort((a, t, p))``: by passive, then wake, then active; for a batch in the actives' order (as
-    :func:`_gossip` makes them) by two cheaper sorts, a third of the time: by wake (a quicksort, or where
-    two wakes tie a stable sort, which keeps them in the actives' order), then stably by passive (a radix
-    sort where the ranks fit 16 bits)."""
+    """``np.lexsort((a, t, p))``: by passive, then wake, then active. For a batch in the actives' order (as
+    :func:`_gossip` makes them), by passive first (a radix sort where the ranks fit 16 bits, stable: each
+    passive's requests in the actives' order), then only where a passive has several: two by wake swapped
+    where the second woke first, three or more (a few percent of the requests) by wake (stably) and by
+    passive again; a quicksort of every wake took three quarters of the time at 22,000 requests a batch."""
     if len(a) < 2 or not np.all(a[1:] > a[:-1]):
         return np.lexsort((a, t, p))
-    by_wake = np.argsort(t)
-    woke = t[by_wake]
-    if np.any(woke[1:] == woke[:-1]):
-        by_wake = np.argsort(t, kind="stable")
-    to = p[by_wake]
-    return by_wake[np.argsort(to.astype(np.uint16) if to.max() < 1 << 16 else to, kind="stable")]
+    order = _stable_by(p)
+    to, woke = p[order], t[order]
+    first = np.empty(len(to), dtype=bool)
+    first[0] = True
+    np.not_equal(to[1:], to[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, len(to)))
+    two = starts[sizes == 2]
+    swap = two[woke[two + 1] < woke[two]]  # (a tie keeps the actives' order)
+    order[swap], order[swap + 1] = order[swap + 1], order[swap]
+    more = np.flatnonzero(np.repeat(sizes > 2, sizes))  # the places of the passives with three or more
+    if len(more):
+        queued = order[more]  # by passive, each passive's in the actives' order
+        by_wake = queued[np.argsort(t[queued], kind="stable")]
+        order[more] = by_wake[_stable_by(p[by_wake])]
+    return order
+
+
+def _stable_by(rank: np.ndarray) -> np.ndarray:
+    """``np.argsort(rank, kind="stable")``: a radix sort where the ranks fit 16 bits."""
+    return np.argsort(rank.astype(np.uint16) if rank.max() < 1 << 16 else rank, kind="stable")
 
 
 # --- the wait-avoiding engine (WAGMA, eager-SGD) -------------------------------------------------------
