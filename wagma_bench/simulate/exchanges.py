@@ -59,7 +59,8 @@ class Exchanges:
         """Actives ``i`` (each once) had their ``e``-th exchange with passive ranks ``p``, ``position``-th in
         ``p``'s queue of this batch, from ``begin`` to ``end``; the requests in service order (a passive's
         in its queue's order)."""
-        _put(self.active, e * self.active.shape[2] + i, begin, end)
+        slot = e * self.active.shape[2] + i
+        _put(self.active, slot, begin, end)
         self.active_count[i] = e + 1
         q = p // 2
         j = self.passive_count[q] + position
@@ -68,7 +69,7 @@ class Exchanges:
             grown[:, : self.passive.shape[1]] = self.passive
             self.passive = grown
         _put(self.passive, j * self.passive.shape[2] + q, begin, end)
-        self.served_as.reshape(-1)[e * self.active.shape[2] + i] = j
+        self.served_as.reshape(-1)[slot] = j
         last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
         self.passive_count[q[last]] = j[last] + 1
 
