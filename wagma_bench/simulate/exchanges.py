@@ -4,11 +4,12 @@ passive]``, each ``(begin, end)``.
 
 The busy time (:func:`~wagma_bench.simulate.des.busy_between`) needs every rank's intervals rank after rank,
 each rank's in time order. The gossip makes them batch by batch, in time order; a sort of every interval by
-its rank and a gather in that order put them rank after rank at a cache and TLB miss an interval (4.6 s a
-pass of the fixed point at 65,536 ranks, measured alone under load). Stored by slot, a batch writes a few
-neighbouring rows (its actives are at nearby exchanges), and the intervals come out rank after rank by
-turning a block of ranks' slots around at a time (:meth:`Exchanges.by_rank`): the same intervals in the same
-order as the stable sort by rank, since each rank's slots are in the order it made them.
+its rank and a gather in that order put them rank after rank at a cache and TLB miss an interval (4.6 CPU s
+a pass of the fixed point at 65,536 ranks, in a reproduction of that sort and gather alone, under load).
+Stored by slot, a batch writes a few neighbouring rows (its actives are at nearby exchanges), and the
+intervals come out rank after rank by turning a block of ranks' slots around at a time
+(:meth:`Exchanges.by_rank`): the same intervals in the same order as the stable sort by rank, since each
+rank's slots are in the order it made them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Exchanges:
     def __init__(self, world: int, partners: np.ndarray):
         self.world, self.partners = world, partners
         slots, actives = partners.shape
-        # made once a simulation and written again by each pass of the fixed point (clear): fresh memory of
-        # this size costs a page fault every 4 KB as it is first written
+        # made once a simulation and written again by each pass of the fixed point (clear): fresh memory costs
+        # a page fault a page as it is first written
         self.active = np.empty((2, slots, actives))  # [begin or end, e, active]
         self.passive = np.empty((2, slots, world // 2))  # [begin or end, j, passive]
         self.served_as = np.empty((slots, actives), dtype=np.int32)  # [e, active]: j, its passive's slot
