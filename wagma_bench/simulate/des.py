@@ -931,15 +931,17 @@ class _Pending:
     def request(self, i: np.ndarray, wake: np.ndarray, alive: np.ndarray, ended: np.ndarray) -> None:
         """Actives ``i`` woke at ``wake``, having ended at least ``ended`` steps by then; those not ``alive``
         make no more requests."""
-        gone = i[~alive]
-        self.alive -= len(gone)
-        self.wake[gone] = self.earliest[gone] = math.inf
-        i, t, rounds = i[alive], wake[alive], self.rounds
+        if not alive.all():  # (most batches: every one of them goes on)
+            gone = i[~alive]
+            self.alive -= len(gone)
+            self.wake[gone] = self.earliest[gone] = math.inf
+            i, wake, ended = i[alive], wake[alive], ended[alive]
+        t, rounds = wake, self.rounds
         a = self.actives[i]
         at = self.exchange[i] * self.n + i
         p, latency, swap = self.partners.take(at), self.latencies.take(at), self.swaps.take(at)
         real = p != a
-        ended, end_of = _steps_ended_from(self.ends, rounds, self.world, a, t, ended[alive])
+        ended, end_of = _steps_ended_from(self.ends, rounds, self.world, a, t, ended)
         # the next step that sets the thread's event
         k = ended if self.every == 1 else -(-(ended + 1) // self.every) * self.every - 1
         if self.every > 1:
