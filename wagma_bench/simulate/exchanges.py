@@ -37,12 +37,16 @@ class Exchanges:
         self.served_as = np.empty((slots, actives), dtype=np.int32)  # [e, active]: j, its passive's slot
         self.active_count = np.zeros(actives, dtype=np.intp)
         self.passive_count = np.zeros(world // 2, dtype=np.intp)
-        self._by_rank = np.empty((2, 0))
+        self._by_rank, self._ordered = (
+            np.empty((2, 0)),
+            None,
+        )  # by_rank's buffer; its answer since the last add
 
     def clear(self) -> None:
         """No exchange made yet (the slots are kept, to be written again)."""
         self.active_count[:] = 0
         self.passive_count[:] = 0
+        self._ordered = None
 
     @property
     def count(self) -> int:
@@ -60,6 +64,7 @@ class Exchanges:
         """Actives ``i`` (each once) had their ``e``-th exchange with passive ranks ``p``, ``position``-th in
         ``p``'s queue of this batch, from ``begin`` to ``end``; the requests in service order (a passive's
         in its queue's order)."""
+        self._ordered = None
         slot = e * self.active.shape[2] + i
         _put(self.active, slot, begin, end)
         self.active_count[i] = e + 1
@@ -103,6 +108,11 @@ class Exchanges:
     def by_rank(self) -> tuple[np.ndarray, np.ndarray]:
         """(each rank's number of intervals, ``[begin or end, interval]`` rank after rank, each rank's in the
         order it made them)."""
+        if self._ordered is None:
+            self._ordered = self._by_rank_anew()
+        return self._ordered
+
+    def _by_rank_anew(self) -> tuple[np.ndarray, np.ndarray]:
         counts, offsets = self.counts(), self._offsets()
         if self._by_rank.shape[1] < offsets[-1]:
             self._by_rank = np.empty((2, int(offsets[-1]) + int(offsets[-1]) // 8))
