@@ -153,6 +153,24 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
     assert np.allclose(busy_between(busy, world, lo, hi), direct, rtol=0, atol=1e-12)
 
 
+def test_a_window_that_starts_where_the_one_before_ended_reads_its_busy_time_to_the_bit(monkeypatch):
+    """Half the windows begin where the one before ended (no delay, no overhead): their busy time at the start
+    is read from the end before: the same numbers as searched anew."""
+    from wagma_bench.simulate import des
+
+    rng = np.random.default_rng(4)
+    world, n, cols = 6, 300, 9
+    rank = rng.integers(0, world, n).astype(float)
+    begin = rng.uniform(0, 20, n)
+    busy = (rank, begin, begin + rng.uniform(0, 0.05, n))  # (overlaps within a rank do not matter here)
+    hi = np.cumsum(rng.uniform(0.5, 2.5, (world, cols)), axis=1)
+    lo = hi - rng.uniform(0.2, 0.5, (world, cols))
+    lo[:, 1:] = np.where(rng.random((world, cols - 1)) < 0.5, hi[:, :-1], lo[:, 1:])
+    got = busy_between(busy, world, lo, hi)
+    monkeypatch.setattr(des._RankBlock, "busy_at_starts", lambda self, lo, hi, _: self.busy_until(lo))
+    assert np.array_equal(got, busy_between(busy, world, lo, hi))
+
+
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
     """At 65,536 ranks the busy time is searched a block of ranks at a time (des.SEARCH_BLOCK, each block in

@@ -754,9 +754,9 @@ def busy_between(
         tick("time in exchanges", 0.5 + 0.5 * r / world)
         block = slice(r, min(world, r + ranks))
         searched = _RankBlock(axis, begin, length, before, first_of, span, block)
-        out[block] = (searched.busy_until(hi[block]) - searched.busy_until(lo[block])).reshape(
-            out[block].shape
-        )
+        until_hi = searched.busy_until(hi[block])
+        until_lo = searched.busy_at_starts(lo[block], hi[block], until_hi)
+        out[block] = (until_hi - until_lo).reshape(out[block].shape)
     return out
 
 
@@ -788,14 +788,33 @@ class _RankBlock:
         self.first, self.span = first_of[block][:, None], span
         self.ranks = np.arange(block.start, block.stop)
 
-    def busy_until(self, t: np.ndarray) -> np.ndarray:
-        """Busy time of each rank (row) before time ``t`` (its columns)."""
-        t = t.reshape(len(self.ranks), -1)
-        last = _search_right(self.axis, self.ranks[:, None] * self.span + t)  # begun by t
-        some, at = last > self.first, np.maximum(last - 1, 0)  # some begun; the last begun
+    def busy_until(self, t: np.ndarray, row: np.ndarray | None = None) -> np.ndarray:
+        """Busy time of each rank (row) before time ``t`` (its columns); with ``row``, of each rank ``row``
+        (in the block) before the time ``t`` of the same place."""
+        if row is None:
+            t = t.reshape(len(self.ranks), -1)
+            rank, first = self.ranks[:, None], self.first
+        else:
+            rank, first = self.ranks[row], self.first[row, 0]
+        last = _search_right(self.axis, rank * self.span + t)  # begun by t
+        some, at = last > first, np.maximum(last - 1, 0)  # some begun; the last begun
         # (the busy time before the last begun, and of it until t; none where none had begun)
         partial = np.clip(t - self.begin[at], 0.0, self.length[at])
-        return np.where(some, self.before[at] - self.before[self.first] + partial, 0.0)
+        return np.where(some, self.before[at] - self.before[first] + partial, 0.0)
+
+    def busy_at_starts(self, lo: np.ndarray, hi: np.ndarray, until_hi: np.ndarray) -> np.ndarray:
+        """``busy_until(lo)``, given ``busy_until(hi) = until_hi``: where a window begins at the time the one
+        before it ended (a step with neither injected delay nor overhead after it: half the steps of the
+        lognormal imbalance, every step without one), the busy time then, the same function of the same
+        rank and time; searched only elsewhere."""
+        lo, hi = lo.reshape(until_hi.shape), hi.reshape(until_hi.shape)
+        again = np.ones(lo.shape, dtype=bool)
+        np.not_equal(lo[:, 1:], hi[:, :-1], out=again[:, 1:])
+        out = np.empty(lo.shape)
+        out[:, 1:] = until_hi[:, :-1]
+        row, col = np.nonzero(again)
+        out[row, col] = self.busy_until(lo[row, col], row)
+        return out
 
 
 def _on_one_axis(
