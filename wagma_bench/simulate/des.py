@@ -702,8 +702,8 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
     """Start, end of the compute and end of every rank's local steps ``[rank, step]`` when compute never
     waits but at the trainer's sync points, each step's compute lengthened by ``extra`` (before its injected
     delay); and the end of the run. All stored step by step (column by column, as ``extra`` is best given): a
-    round writes one step of every rank, and a column of a row-major array is a cache miss per rank (a tenth
-    of the fixed point's time at 8,192 ranks)."""
+    round writes one step of every rank, and a column of a row-major array is a cache and TLB miss per rank
+    (1.0 against 0.17 CPU s a pass at 65,536 ranks, measured alone under load)."""
     start = np.zeros(run.P)
     starts, windows, ends = (np.empty((run.rounds, run.P)) for _ in range(3))
     compute, delay, extra = run.compute.T, run.delay.T, extra.T  # [step, rank] views
