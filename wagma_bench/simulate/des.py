@@ -678,7 +678,7 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         )
     computed = max(1e-300, float(run.compute[:, : run.rounds].sum()))
     # the sums rank by rank (row-major), as they always were: a sum's rounding depends on its order
-    rowwise = np.ascontiguousarray
+    rowwise = _row_major
     return run.result(
         end_time,
         np.full(run.P, run.rounds),
@@ -691,6 +691,18 @@ def sim_adpsgd(cfg: SimConfig) -> SimResult:
         gossip_rounds=rounds,
         gossip_converged=converged,
     )
+
+
+def _row_major(x: np.ndarray) -> np.ndarray:
+    """``np.ascontiguousarray(x)``, a block of rows at a time: a whole copy of a column-major [rank, step]
+    array reads each rank's next step a column away (a TLB miss an element at 65,536 ranks)."""
+    if x.ndim != 2 or x.flags.c_contiguous:
+        return np.ascontiguousarray(x)
+    out = np.empty(x.shape)
+    rows = max(1, SEARCH_BLOCK // max(1, x.shape[1]))
+    for r in range(0, x.shape[0], rows):
+        out[r : r + rows] = np.asfortranarray(x[r : r + rows])  # (read in x's order, turned in the caches)
+    return out
 
 
 def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -754,9 +766,12 @@ def busy_between(
         tick("time in exchanges", 0.5 + 0.5 * r / world)
         block = slice(r, min(world, r + ranks))
         searched = _RankBlock(axis, begin, length, before, first_of, span, block)
-        until_hi = searched.busy_until(hi[block])
-        until_lo = searched.busy_at_starts(lo[block], hi[block], until_hi)
-        out[block] = (until_hi - until_lo).reshape(out[block].shape)
+        # the block's windows read once in the arrays' order and kept rank after rank, and its answer written
+        # back in the arrays' order: a rank's next step lies a whole column away (a TLB miss an element)
+        lo_b, hi_b = (np.ascontiguousarray(np.asfortranarray(x[block])) for x in (lo, hi))
+        until_hi = searched.busy_until(hi_b)
+        until_lo = searched.busy_at_starts(lo_b, hi_b, until_hi)
+        out[block] = np.asfortranarray((until_hi - until_lo).reshape(out[block].shape))
     return out
 
 
@@ -812,8 +827,8 @@ class _RankBlock:
         np.not_equal(lo[:, 1:], hi[:, :-1], out=again[:, 1:])
         out = np.empty(lo.shape)
         out[:, 1:] = until_hi[:, :-1]
-        row, col = np.nonzero(again)
-        out[row, col] = self.busy_until(lo[row, col], row)
+        at = np.flatnonzero(again)  # (flat places: numpy's pairs of indices cost what the search saves)
+        out.reshape(-1)[at] = self.busy_until(lo.reshape(-1)[at], at // lo.shape[1])
         return out
 
 
@@ -1026,7 +1041,7 @@ def _step_lag(run: SimState, ends: np.ndarray, end_time: float, made: Exchanges)
         return 0.0
     rounds = ends.shape[1]
     span = 2.0 * max(float(ends.max(initial=0.0)), end_time) + 1.0
-    flat = (np.arange(run.P)[:, None] * span + ends).ravel()  # every rank's step ends on one sorted axis
+    flat = (np.arange(run.P)[:, None] * span + _row_major(ends)).ravel()  # every rank's ends on one axis
     counts, both = made.by_rank()
     ranks = np.repeat(np.arange(run.P), counts)
     found = np.empty(len(ranks), dtype=np.intp)
