@@ -35,6 +35,7 @@ class Exchanges:
         self.active = np.empty((2, slots, actives))  # [begin or end, e, active]
         self.passive = np.empty((2, slots, world // 2))  # [begin or end, j, passive]
         self.served_as = np.empty((slots, actives), dtype=np.int32)  # [e, active]: j, its passive's slot
+        self._flat = _flat(self.active), _flat(self.passive), self.served_as.reshape(-1)  # (views, made once)
         self.active_count = np.zeros(actives, dtype=np.intp)
         self.passive_count = np.zeros(world // 2, dtype=np.intp)
         self._by_rank, self._ordered = (
@@ -65,8 +66,9 @@ class Exchanges:
         ``p``'s queue of this batch, from ``begin`` to ``end``; the requests in service order (a passive's
         in its queue's order)."""
         self._ordered = None
+        (active_begin, active_end), _, served_as = self._flat
         slot = e * self.active.shape[2] + i
-        _put(self.active, slot, begin, end)
+        active_begin[slot], active_end[slot] = begin, end
         self.active_count[i] = e + 1
         q = p // 2
         j = self.passive_count[q] + position
@@ -74,8 +76,11 @@ class Exchanges:
             grown = np.empty((2, int(j.max()) + 1 + self.passive.shape[1] // 4, self.passive.shape[2]))
             grown[:, : self.passive.shape[1]] = self.passive
             self.passive = grown
-        _put(self.passive, j * self.passive.shape[2] + q, begin, end)
-        self.served_as.reshape(-1)[slot] = j
+            self._flat = self._flat[0], _flat(self.passive), served_as
+        passive_begin, passive_end = self._flat[1]
+        at = j * self.passive.shape[2] + q
+        passive_begin[at], passive_end[at] = begin, end
+        served_as[slot] = j
         last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
         self.passive_count[q[last]] = j[last] + 1
 
@@ -134,7 +139,6 @@ class Exchanges:
         return counts, both
 
 
-def _put(slots: np.ndarray, at: np.ndarray, begin: np.ndarray, end: np.ndarray) -> None:
-    """``slots[0].flat[at] = begin``, ``slots[1].flat[at] = end``."""
-    slots[0].reshape(-1)[at] = begin
-    slots[1].reshape(-1)[at] = end
+def _flat(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat views of the begins and the ends of ``slots`` ``[begin or end, slot, rank]``."""
+    return slots[0].reshape(-1), slots[1].reshape(-1)
