@@ -168,34 +168,7 @@ def test_the_docs_quote_the_committed_measurements():
     assert f"{averaging * 1e9:.2f} ns a parameter, {averaging * 25.6e6 * 1e3:.0f} ms a step" in text
 
 
-def test_the_adpsgd_speed_table_is_the_bench_scripts_table_of_the_committed_run():
-    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-2core-20261207.json"
-    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(
-        json.loads(bench.read_text())
-    )
-    text = (ROOT / "docs" / "simulator.md").read_text()
-    begin, end = "<!-- adpsgd-speed:begin -->\n", "<!-- adpsgd-speed:end -->"
-    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == table
-    small, large = json.loads(bench.read_text())["rows"][:2]
-    said = " ".join(text.split())
-    assert f"({small['cpu_s'] / small['before_cpu_s']:.2f}x the former CPU time at 1,024 ranks" in said
-    assert f"{large['cpu_s'] / large['before_cpu_s']:.2f}x at 8,192" in said
-
-
-def test_the_adpsgd_speed_now_is_the_bench_scripts_table_of_its_committed_run():
-    """The second speed table (the same-output speed-ups against 44fcc99e) and the ratios the text says."""
-    bench = ROOT / "reproduce" / "scaling" / "bench-adpsgd-speed-2core-20261207.json"
-    result = json.loads(bench.read_text())
-    table = load_script(ROOT / "reproduce" / "scaling" / "bench_simulator.py").table(result)
-    text = (ROOT / "docs" / "simulator.md").read_text()
-    begin, end = "<!-- adpsgd-speed-now:begin -->\n", "<!-- adpsgd-speed-now:end -->"
-    assert text[text.index(begin) + len(begin) : text.index(end)].strip() == table
-    said = " ".join(text.split())
-    rows = {r["world_size"]: r for r in result["rows"]}
-    for world in (1024, 8192):
-        assert f"{rows[world]['cpu_s'] / rows[world]['before_cpu_s']:.2f}x at {world:,} ranks" in said
-    if 65536 in rows:
-        assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks" in said
+ADPSGD_SPEED = "bench-adpsgd-by-rank-2core-loaded-20261207.json"
 
 
 def _bench_in_docs(bench_name: str, block: str) -> tuple[list[dict], str]:
@@ -209,18 +182,20 @@ def _bench_in_docs(bench_name: str, block: str) -> tuple[list[dict], str]:
     return result["rows"], " ".join(text.split())
 
 
-def test_the_incremental_gossips_speed_is_the_bench_scripts_table_of_its_committed_loaded_run():
-    """The third speed table (the gossip worked out request by request, against 860d2ab4, under load) and the
-    ratios and figures the text says."""
-    found, said = _bench_in_docs(
-        "bench-adpsgd-incremental-2core-loaded-20261207.json", "adpsgd-speed-incremental"
-    )
-    rows = {r["world_size"]: r for r in found if r.get("case") != "interval"}
+def test_the_adpsgd_speed_is_the_bench_scripts_table_of_its_committed_loaded_run():
+    """The AD-PSGD speed table (the memory changes against the code before them, interleaved, under load) and
+    the ratios and figures the text says."""
+    found, said = _bench_in_docs(ADPSGD_SPEED, "adpsgd-speed")
+    rows = {r["world_size"]: r for r in found}
     for world, row in rows.items():
-        if row.get("before_cpu_s"):
-            assert f"{row['cpu_s'] / row['before_cpu_s']:.2f}x the former CPU time at {world:,} ranks" in said
-    if 65536 in rows:
-        assert f"{rows[65536]['cpu_s']:.0f} CPU seconds at 65,536 ranks under a load of" in said
+        assert f"{row['cpu_s'] / row['before_cpu_s']:.2f}x the former CPU time at {world:,} ranks" in said
+        assert row["throughput"] == row["before_throughput"]  # (same_outputs.py compares every figure)
+    big = rows[65536]
+    assert (
+        f"{big['cpu_s']:.0f} CPU seconds ({big['wall_s']:.0f} s wall, {big['max_rss_mb'] / 1024:.1f} GiB) at "
+        f"65,536 ranks, where the former code took {big['before_cpu_s']:.0f} ({big['before_wall_s']:.0f} s "
+        f"wall, {big['before_max_rss_mb'] / 1024:.1f} GiB)"
+    ) in said
 
 
 def test_the_idle_speed_is_the_bench_scripts_table_of_its_committed_idle_run():

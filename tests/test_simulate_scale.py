@@ -153,6 +153,24 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
     assert np.allclose(busy_between(busy, world, lo, hi), direct, rtol=0, atol=1e-12)
 
 
+def test_a_window_that_starts_where_the_one_before_ended_reads_its_busy_time_to_the_bit(monkeypatch):
+    """Half the windows begin where the one before ended (no delay, no overhead): their busy time at the start
+    is read from the end before: the same numbers as searched anew."""
+    from wagma_bench.simulate import des
+
+    rng = np.random.default_rng(4)
+    world, n, cols = 6, 300, 9
+    rank = rng.integers(0, world, n).astype(float)
+    begin = rng.uniform(0, 20, n)
+    busy = (rank, begin, begin + rng.uniform(0, 0.05, n))  # (overlaps within a rank do not matter here)
+    hi = np.cumsum(rng.uniform(0.5, 2.5, (world, cols)), axis=1)
+    lo = hi - rng.uniform(0.2, 0.5, (world, cols))
+    lo[:, 1:] = np.where(rng.random((world, cols - 1)) < 0.5, hi[:, :-1], lo[:, 1:])
+    got = busy_between(busy, world, lo, hi)
+    monkeypatch.setattr(des._RankBlock, "busy_at_starts", lambda self, lo, hi, _: self.busy_until(lo))
+    assert np.array_equal(got, busy_between(busy, world, lo, hi))
+
+
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
     """At 65,536 ranks the busy time is searched a block of ranks at a time (des.SEARCH_BLOCK, each block in
@@ -185,8 +203,8 @@ def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_elemen
     from wagma_bench.simulate import des
 
     rng = np.random.default_rng(5)
-    for n, tie in [(0, False), (1, False), (50, False), (400, True), (400, False)]:
-        p = rng.integers(0, 40, n)
+    for n, tie, passives in [(0, 0, 40), (1, 0, 40), (50, 0, 40), (400, 1, 40), (400, 0, 40), (400, 1, 500)]:
+        p = rng.integers(0, passives, n)  # (500: most passives asked once or twice, as in a batch)
         t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
         for a in (np.arange(n) * 2, rng.permutation(n) * 2):
             assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))
@@ -370,6 +388,39 @@ def event_heap_gossip(
     return out
 
 
+def test_exchanges_stored_by_slot_come_out_rank_after_rank_as_the_sort_by_rank_puts_them():
+    """simulate/exchanges.py: batches of exchanges (each active once a batch, a passive's requests in its
+    queue's order) stored by slot come out as the stable sort of every interval by rank, each rank's in the
+    order it made them, also when a passive serves more often than there are slots (the store grows), in an
+    odd world whose last active sits out; each exchange is found at both its ends."""
+    from wagma_bench.simulate.exchanges import Exchanges
+
+    world, slots = 7, 3
+    partners = np.array([[1, 1, 5, 6], [1, 3, 1, 6], [1, 1, 1, 6]])  # [e, active]; active 3 (rank 6) sits out
+    made, rows, clock = Exchanges(world, partners), [], 0.0
+    for batch in ([0, 1, 2], [0, 2], [1], [0, 1, 2]):
+        i = np.array(batch)
+        e = made.active_count[i].copy()
+        p = partners[e, i]
+        order = np.lexsort((i, p))  # by passive, then active: each passive's queue
+        i, e, p = i[order], e[order], p[order]
+        position = np.concatenate([np.arange(n) for n in np.unique(p, return_counts=True)[1]])
+        begin = clock + np.arange(len(i), dtype=float)
+        clock += len(i)
+        made.add(i, e, p, position, begin, begin + 0.5)
+        rows += [(2 * a, q, b) for a, q, b in zip(i.tolist(), p.tolist(), begin.tolist())]
+    rank = np.array([r for a, q, _ in rows for r in (a, q)])
+    begin = np.array([b for *_, b in rows for _ in (0, 1)])
+    counts, both = made.by_rank()
+    assert made.count == len(rows) == 9 and made.passive.shape[1] > slots  # rank 1 served 7 times
+    assert np.array_equal(counts, np.bincount(rank, minlength=world))
+    assert np.array_equal(both, np.stack([begin, begin + 0.5])[:, np.argsort(rank, kind="stable")])
+    a, p, b, f = made.pairs()
+    assert sorted(zip(a.tolist(), p.tolist(), b.tolist())) == sorted(rows) and np.array_equal(f, b + 0.5)
+    at_active, at_passive = made.in_by_rank()
+    assert np.array_equal(both[0, at_active], b) and np.array_equal(both[0, at_passive], b)
+
+
 @pytest.mark.parametrize(
     "world,bandwidth_GBps,gpus_per_node,control_every",
     [(2, 9.0, 1, 10), (7, 9.0, 2, 10), (16, 1.0, 4, 0), (64, 0.1, 4, 0), (64, 0.05, 1, 10), (130, 0.3, 8, 0)],
@@ -391,19 +442,18 @@ def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
         control_every=control_every,
     )
     run = SimState(cfg, 10)
-    _, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
-    count, pairs, (rank, begin, end) = _gossip(cfg, run, ends, end_time)
-    lag = _step_lag(run, ends, end_time, pairs)
+    *_, ends, end_time = _compute_schedule(run, np.zeros((world, run.rounds)))
+    made = _gossip(cfg, run, ends, end_time)
+    lag = _step_lag(run, ends, end_time, made)
     want = sorted(event_heap_gossip(cfg, ends, end_time))
-    got = sorted(
-        zip(
-            rank[:count].astype(int).tolist(),
-            rank[count:].astype(int).tolist(),
-            begin[:count].tolist(),
-            end[:count].tolist(),
-        )
-    )
-    assert count == len(want) > 0 and got == want  # the same exchanges at the same times, to the bit
+    a, p, begin, end = made.pairs()
+    got = sorted(zip(a.tolist(), p.tolist(), begin.tolist(), end.tolist()))
+    assert made.count == len(want) > 0 and got == want  # the same exchanges at the same times, to the bit
+    # stored by rank: every rank's intervals rank after rank, each rank's in time order (busy_between's axis)
+    rank, begin, end = np.concatenate([a, p]), np.concatenate([begin, begin]), np.concatenate([end, end])
+    counts, both = made.by_rank()
+    assert np.array_equal(counts, np.bincount(rank, minlength=world))
+    assert np.array_equal(both, np.stack([begin, end])[:, np.lexsort((begin, rank))])
     lags = [
         abs(bisect.bisect(ends[a].tolist(), b) - bisect.bisect(ends[p].tolist(), b)) for a, p, b, _ in want
     ]

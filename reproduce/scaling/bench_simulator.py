@@ -1,5 +1,6 @@
 """The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once
-per world size, CPU seconds of this process (``time.process_time``) over ranks x rounds.
+per world size, CPU seconds of its process (``time.process_time``) over ranks x rounds; each row also keeps
+the wall seconds and the peak memory of that process.
 
     .venv/bin/python reproduce/scaling/bench_simulator.py \\
         --out reproduce/scaling/bench-simulator-2core-DATE.json
@@ -38,7 +39,7 @@ WORLDS = (1024, 8192, 65536)
 ROUNDS = 500
 
 TIME_ONE = """
-import json, sys, time
+import json, resource, sys, time
 from wagma_bench.simulate.configure import load_network
 from wagma_bench.imbalance import IMBALANCES, make_imbalance
 from wagma_bench.simulate.des import SimConfig, Workload, simulate
@@ -51,9 +52,12 @@ if "gossip_cost" in {f.name for f in dataclasses.fields(Workload)}:
 imbalance = make_imbalance(IMBALANCES["lognormal"].Settings(sigma=0.5), 1)
 cfg = SimConfig(name, world, workload, load_network("daint", []), imbalance, None, steps=rounds, seed=1,
                 control_every=0)
-t = time.process_time()
+t, wall = time.process_time(), time.perf_counter()
 res = simulate(cfg)
-print(json.dumps({"cpu_s": time.process_time() - t, "throughput": res.throughput, "rounds": res.rounds}))
+cpu, wall = time.process_time() - t, time.perf_counter() - wall
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux gives KiB)
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "max_rss_mb": peak, "throughput": res.throughput,
+                  "rounds": res.rounds}))
 """
 
 
@@ -191,11 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                 "rounds": r["rounds"],
                 "cpu_s": r["cpu_s"],
                 "us_per_rank_round": r["cpu_s"] / (world * r["rounds"]) * 1e6,
+                "wall_s": r["wall_s"],
+                "max_rss_mb": r["max_rss_mb"],
                 "throughput": r["throughput"],
                 "loadavg": load,
             }
             if before_root is not None and world <= ns.before_up_to:
-                row["before_cpu_s"] = time_one(before_root, name, world, ns.rounds, ns.gossip_cost)["cpu_s"]
+                then = time_one(before_root, name, world, ns.rounds, ns.gossip_cost)
+                row["before_cpu_s"], row["before_wall_s"] = then["cpu_s"], then["wall_s"]
+                row["before_max_rss_mb"], row["before_throughput"] = then["max_rss_mb"], then["throughput"]
             rows.append(row)
             print(json.dumps(row), flush=True)
             if ns.out:  # each row as it comes: a long run stopped keeps what it measured
