@@ -5,7 +5,7 @@
         [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_rounds=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
-        [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
+        [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N [--jobs N]]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
@@ -64,7 +64,9 @@ is unmeasured leaves the default), the intra-node link,
 the persistent spread; the command line wins over the file. ``--interval N``: also N predictions with their
 inputs resampled and the prediction with one assumption moved at a time
 (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which ``wagma-bench claims``
-takes each prediction's 95% interval and the assumption that flips it.
+takes each prediction's 95% interval and the assumption that flips it; ``--jobs N`` runs its simulations in N
+processes (default: the CPUs this process may use; :mod:`wagma_bench.simulate.pool`), each once, the results
+the same for any N.
 
 The table's columns (docs/simulator.md, "Outputs"): samples/s, the predicted throughput; vs allreduce, over
 Allreduce-SGD's at the same P; efficiency, samples/s over P x batch / ``step_s`` (ranks that never
@@ -110,7 +112,7 @@ def parse(argv: list[str]) -> tuple[request.Request, argparse.Namespace]:
     request.take_paths(ns)
     req = request.sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
-    req.measured, req.interval = ns.measured, ns.interval
+    req.measured, req.interval, req.jobs = ns.measured, ns.interval, ns.jobs
     return req, ns
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,6 +212,8 @@ def comparator_sets(others: set[str]) -> list[list[str]]:
 
 
 Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
+# the predictions of several inputs, yielded in their order (a pool hands all of their simulations out first)
+ManyPredictor = Callable[[list[Inputs]], Iterable[dict[int, dict[str, dict[str, float | None]]]]]
 
 
 def uncertainty(
@@ -220,42 +223,51 @@ def uncertainty(
     replicates: int,
     progress: Callable[[str], None] = lambda _: None,
     subject: str = FLIP_SUBJECT,
+    many: ManyPredictor | None = None,
+    threads: int = 1,
 ) -> dict:
     """``interval.json``'s content: ``replicates`` resampled predictions, the sensitivity grid, every crossing
     of 1 along each assumption of ``subject`` against the best other optimizer (:func:`find_flips`), and the
     predictions over the structures the model cannot decide (:mod:`wagma_bench.simulate.structures`)
-    (``progress`` is told after each prediction)."""
-    reps = []
-    for b in range(replicates):
-        reps.append(predict(resample(base, sources, b)))
-        progress(f"replicate {b + 1}/{replicates}")
-    sensitivity = []
-    for knob in KNOBS:
-        if not knob.applies(base):
-            continue
-        for value in knob.grid:
-            sensitivity.append(
-                {
-                    "knob": knob.name,
-                    "says": knob.says,
-                    "value": value,
-                    "factor": knob.factor,
-                    "base": knob.base(base),
-                    "predicted": predict(knob.apply(base, value)),
-                }
-            )
-            progress(f"sensitivity {knob.name}={value:g}")
+    (``progress`` is told after each prediction). ``many``: ``predict`` over a list at once (the replicates,
+    sensitivity points and structures are one batch); ``threads``: the flip searches run at once
+    (:func:`find_flips`). Neither changes a result."""
+    many = many or (lambda inputs: (predict(i) for i in inputs))
+    points = [(knob, value) for knob in KNOBS if knob.applies(base) for value in knob.grid]
     evaluated, combos = combinations(base, sources)
-    structural = []
-    for choice, inputs in combos:
-        structural.append({"choice": choice, "predicted": predict(inputs)})
-        progress("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()))
+    batch = [
+        *((f"replicate {b + 1}/{replicates}", resample(base, sources, b)) for b in range(replicates)),
+        *((f"sensitivity {knob.name}={value:g}", knob.apply(base, value)) for knob, value in points),
+        *(("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()), i) for choice, i in combos),
+    ]
+    predicted = []
+    for (label, _), prediction in zip(batch, many([inputs for _, inputs in batch]), strict=True):
+        predicted.append(prediction)
+        progress(label)
+    reps = predicted[:replicates]
+    sensitivity = [
+        {
+            "knob": knob.name,
+            "says": knob.says,
+            "value": value,
+            "factor": knob.factor,
+            "base": knob.base(base),
+            "predicted": prediction,
+        }
+        for (knob, value), prediction in zip(
+            points, predicted[replicates : replicates + len(points)], strict=True
+        )
+    ]
+    structural = [
+        {"choice": choice, "predicted": prediction}
+        for (choice, _), prediction in zip(combos, predicted[replicates + len(points) :], strict=True)
+    ]
     return {
         "replicates": replicates,
         "resampled": sources.said(),
         "predictions": reps,
         "sensitivity": sensitivity,
-        "flips": find_flips(predict, base, sensitivity, subject, progress),
+        "flips": find_flips(predict, base, sensitivity, subject, progress, threads),
         "structures": {"evaluated": evaluated, "predictions": structural},
     }
 
@@ -269,11 +281,14 @@ def find_flips(
     sensitivity: list[dict],
     subject: str,
     progress: Callable[[str], None] = lambda _: None,
+    threads: int = 1,
 ) -> list[dict]:
     """Per numeric assumption, world size and metric: every value where ``subject``'s speed-up over the best
     other optimizer crosses 1 (:func:`wagma_bench.simulate.flips.crossings` over the grid's points, each new
-    point one more prediction, shared by every world and metric)."""
-    out = []
+    point one more prediction, shared by every world and metric). ``threads`` > 1: the searches run at once,
+    each in a thread that waits for its predictions (a pool's processes simulate them; ``predict`` must be
+    safe to call from threads); each search's points are its own, so the result is the same."""
+    searches = []
     for knob in KNOBS:
         points = [p for p in sensitivity if p["knob"] == knob.name]
         if not points or knob.name == "control_every":  # the barrier is yes or no: its two points say it
@@ -296,20 +311,22 @@ def find_flips(
                 if not (first[world].get(subject) or {}).get(metric):
                     continue
 
-                def ratio(x: float, world=world, metric=metric, lower=lower, others=others) -> float | None:
+                def ratio(
+                    x: float, world=world, metric=metric, lower=lower, others=others, at=at
+                ) -> float | None:
                     r = claim_ratio(at(x)[world], subject, others, metric, lower)
                     return None if r is None else r[0]
 
-                found = crossings(ratio, [float(p["value"]) for p in points], 1.0, log=knob.factor)
-                out.append(
-                    {
-                        "knob": knob.name,
-                        "world": world,
-                        "metric": metric,
-                        "subject": subject,
-                        "comparators": others,
-                        "crossings": found,
-                        "ratios": [float(ratio(x)) for x in found],
-                    }
-                )
-    return out
+                grid = [float(p["value"]) for p in points]
+                head = {"knob": knob.name, "world": world, "metric": metric, "subject": subject}
+                searches.append((dict(head, comparators=others), ratio, grid, knob.factor))
+
+    def search(item: tuple) -> dict:
+        head, ratio, grid, log = item
+        found = crossings(ratio, grid, 1.0, log=log)
+        return dict(head, crossings=found, ratios=[float(ratio(x)) for x in found])
+
+    if threads <= 1 or len(searches) <= 1:
+        return [search(s) for s in searches]
+    with ThreadPoolExecutor(len(searches)) as pool:  # results in the searches' order
+        return list(pool.map(search, searches))

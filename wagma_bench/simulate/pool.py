@@ -1,0 +1,232 @@
+"""The simulations of ``simulate --interval``: each run once, in ``jobs`` processes.
+
+Every prediction of an interval (its replicates, sensitivity points, structures and flip search) simulates
+every optimizer at every world size, and many of those simulations repeat another's: a sensitivity point at
+the base value is the base prediction, and AD-PSGD's exchange cost and per-step averaging (the
+``gossip_cost`` points and their flip search, and the structures of c and of the averaging) leave every other
+optimizer's simulation as it was. A simulation is a pure function of its configuration (its seed is in it),
+so each is memoised by exactly the inputs it reads (:func:`sim_key`) and run once, in one of ``jobs`` worker
+processes (forked from this one: the command has no thread of its own when the first is made); a prediction
+gathers its simulations in its own order, so what it returns does not depend on the number of processes or
+on which finished first (``tests/test_interval_pool.py`` compares 1 and 2 processes and the unmemoised
+predictions to the bit).
+
+A worker's error reaches the command as it would have in one process (a ValueError a refusal, a defect its
+traceback); a worker that dies, or no simulation finishing for :data:`STALL_S`, ends the command with one line
+naming the stage; either way no worker is left running."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Self
+
+import numpy as np
+
+from wagma_bench.config.schema import RunConfig
+from wagma_bench.errors import OperationFailed
+from wagma_bench.simulate.configure import sim_config
+from wagma_bench.simulate.des import simulate
+from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
+from wagma_bench.simulate.progress import Ticker
+
+# the workload's keys that only AD-PSGD's model reads (des.sim_adpsgd): left out of every other optimizer's
+# key, so that moving them leaves those simulations memoised (tests/test_interval_pool.py checks that every
+# other optimizer's result is the same to the bit when they move)
+ADPSGD_ONLY = ("gossip_cost", "adpsgd_averaging", "averaging_s_per_param")
+# no simulation finished for this long while some were pending: a worker is taken to hang and the command
+# ends (AD-PSGD at 65,536 ranks, the longest simulation, took 400 s on a loaded 2-core machine). A module
+# constant so that a test can shorten it.
+STALL_S = 3600.0
+_POLL_S = 0.5  # how often a wait looks at the clock and at the workers
+
+Prediction = dict[int, dict[str, dict[str, float | None]]]  # {P: {optimizer: {metric: value}}}
+
+
+def frozen(x: Any, skip: tuple[str, ...] = ()) -> Any:
+    """``x`` as a hashable value that is equal only for inputs a simulation cannot tell apart: floats by
+    their bits and type (0.0 and -0.0 differ), arrays by dtype, shape and bytes, dataclasses field by field
+    (``skip``'s fields and caches, named ``_...``, left out), other objects by their attributes. A type it
+    does not know is refused, never guessed."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        fields = [f.name for f in dataclasses.fields(x) if f.name not in skip and not f.name.startswith("_")]
+        return (type(x).__qualname__, tuple((name, frozen(getattr(x, name))) for name in fields))
+    if isinstance(x, float):
+        return (type(x).__name__, float(x).hex())
+    if x is None or isinstance(x, (bool, int, str)):
+        return (type(x).__name__, x)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return ("numpy", x.dtype.str, np.shape(x), np.ascontiguousarray(x).tobytes())
+    if isinstance(x, (tuple, list)):
+        if x and all(type(v) is float for v in x):  # measured samples: thousands of floats, read at once
+            return (type(x).__name__, "floats", np.asarray(x, dtype=np.float64).tobytes())
+        return (type(x).__name__, tuple(frozen(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((frozen(k), frozen(v)) for k, v in x.items()))
+    if hasattr(x, "__dict__") and not callable(x):  # an Imbalance: its settings and seed
+        return (type(x).__qualname__, frozen(vars(x)))
+    raise TypeError(f"simulate --interval: no memo key for a {type(x).__name__}")
+
+
+def sim_key(name: str, world: int, inputs: Any, workload: Any | None = None) -> tuple:
+    """What optimizer ``name``'s simulation at ``world`` ranks reads of a prediction's ``inputs`` (a
+    :class:`~wagma_bench.simulate.uncertainty.Inputs`; its samples to target are applied afterwards, not
+    simulated), as a key (``workload``: ``frozen(inputs.workload)``, made once per prediction)."""
+    wl = frozen(inputs.workload) if workload is None else workload
+    if name != "adpsgd":
+        wl = (wl[0], tuple(item for item in wl[1] if item[0] not in ADPSGD_ONLY))
+    return (
+        name,
+        world,
+        wl,
+        frozen(inputs.network),
+        frozen(inputs.imbalance),
+        frozen(inputs.control_every),
+        frozen(inputs.seed),
+    )
+
+
+def _simulate_row(run: RunConfig, world: int, inputs: Any, steps: int, ticker: Ticker) -> dict:
+    """One simulation's result row (:meth:`~wagma_bench.simulate.des.SimResult.row`)."""
+    res = simulate(
+        sim_config(
+            run,
+            world,
+            inputs.workload,
+            inputs.network,
+            inputs.imbalance,
+            steps,
+            inputs.control_every,
+            inputs.seed,
+            ticker.simulation(f"{run.optimizer.name} at P={world}"),
+        )
+    )
+    return res.row()
+
+
+_WORKER: dict[str, Any] = {}  # a worker process's runs, rounds and progress lines (set once, at its start)
+
+
+def _start_worker(runs: dict[str, RunConfig], steps: int, start: float) -> None:
+    _WORKER.update(runs=runs, steps=steps, ticker=Ticker(0, "simulate --interval", start))
+
+
+def _simulate_in_worker(name: str, world: int, inputs: Any) -> dict:
+    return _simulate_row(_WORKER["runs"][name], world, inputs, _WORKER["steps"], _WORKER["ticker"])
+
+
+class SimulationPool:
+    """Every simulation the predictions of an interval ask for, run once (memoised by :func:`sim_key`), in
+    ``jobs`` worker processes (1: in this process). A context manager: leaving it stops the workers, at once
+    when it is left by an error. ``stage``: what the command is doing, named when a worker fails."""
+
+    def __init__(self, runs: dict[str, RunConfig], gpus: list[int], steps: int, jobs: int, ticker: Ticker):
+        self.runs, self.gpus, self.steps, self.jobs, self.ticker = runs, gpus, steps, jobs, ticker
+        self.stage = "the first prediction"
+        self._memo: dict[tuple, Future] = {}
+        self._lock = threading.Lock()  # the flip search asks from several threads
+        self._last_done = time.monotonic()
+        self._executor = None
+        if jobs > 1:
+            self._executor = ProcessPoolExecutor(
+                jobs,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=_start_worker,
+                initargs=(runs, steps, ticker.start),
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        self.close(failed=kind is not None)
+
+    def close(self, failed: bool = False) -> None:
+        """Stop the workers: after the last result, or at once (``failed``), pending simulations dropped."""
+        if self._executor is None:
+            return
+        executor, self._executor = self._executor, None
+        if not failed:
+            executor.shutdown(wait=True)
+            return
+        processes = list((getattr(executor, "_processes", None) or {}).values())  # 3.11: no terminate_workers
+        executor.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+        for proc in processes:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    # --- predictions ----------------------------------------------------------------------------------------
+
+    def predict(self, inputs: Any) -> Prediction:
+        """Every optimizer at every world size with ``inputs``: ``{P: {optimizer: {metric: value}}}``."""
+        return self._gather(inputs, self._submit(inputs))
+
+    def predict_many(self, many: Iterable[Any]) -> Iterator[Prediction]:
+        """:meth:`predict` of each of ``many``, in order; all of their simulations are handed to the workers
+        first, so that the processes stay busy across predictions."""
+        pending = [(inputs, self._submit(inputs)) for inputs in many]
+        for inputs, futures in pending:
+            yield self._gather(inputs, futures)
+
+    def _submit(self, inputs: Any) -> list[tuple[int, str, Future]]:
+        workload = frozen(inputs.workload)
+        out = []
+        for p in self.gpus:
+            for name in self.runs:
+                out.append((p, name, self._simulation(name, p, inputs, sim_key(name, p, inputs, workload))))
+        return out
+
+    def _simulation(self, name: str, world: int, inputs: Any, key: tuple) -> Future:
+        with self._lock:
+            future = self._memo.get(key)
+            if future is not None:
+                return future
+            if self._executor is None:  # one process: simulated here and now, an error raised as it is
+                future = Future()
+                future.set_result(_simulate_row(self.runs[name], world, inputs, self.steps, self.ticker))
+            else:
+                future = self._executor.submit(_simulate_in_worker, name, world, inputs)
+                future.add_done_callback(self._done)
+            self._memo[key] = future
+            return future
+
+    def _done(self, _: Future) -> None:
+        self._last_done = time.monotonic()
+
+    def _gather(self, inputs: Any, futures: list[tuple[int, str, Future]]) -> Prediction:
+        out: Prediction = {}
+        for p, name, future in futures:
+            row = self._result(future)
+            stt, _ = mixed_samples_to_target(row, inputs.samples_to_target.get(name))
+            out.setdefault(p, {})[name] = {
+                "throughput": row["throughput"],
+                "time_to_target_s": stt / row["throughput"] if stt else None,
+            }
+        return out
+
+    def _result(self, future: Future) -> dict:
+        """The simulation's row; a worker that died or no simulation finishing for :data:`STALL_S` ends the
+        command (:class:`~wagma_bench.errors.OperationFailed`, one line naming the stage)."""
+        while True:
+            try:
+                return future.result(timeout=_POLL_S)
+            except TimeoutError:
+                if time.monotonic() - self._last_done > STALL_S:
+                    raise OperationFailed(
+                        f"simulate --interval: no simulation finished in {STALL_S:g} s during {self.stage} "
+                        f"(a worker hangs?); its {self.jobs} worker processes were stopped"
+                    ) from None
+            except BrokenProcessPool:
+                raise OperationFailed(
+                    f"simulate --interval: a worker process died during {self.stage} (killed, or out of "
+                    f"memory?); the other worker processes were stopped"
+                ) from None
