@@ -129,6 +129,7 @@ class SimulationPool:
         self.runs, self.gpus, self.steps, self.jobs, self.ticker = runs, gpus, steps, jobs, ticker
         self.stage = "the first prediction"
         self._memo: dict[tuple, Future] = {}
+        self.asked = 0  # simulations asked for (the memo holds those run)
         self._lock = threading.Lock()  # the flip search asks from several threads
         self._last_done = time.monotonic()
         self._executor = None
@@ -187,6 +188,7 @@ class SimulationPool:
 
     def _simulation(self, name: str, world: int, inputs: Any, key: tuple) -> Future:
         with self._lock:
+            self.asked += 1
             future = self._memo.get(key)
             if future is not None:
                 return future

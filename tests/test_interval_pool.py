@@ -1,0 +1,141 @@
+"""``simulate --interval``'s simulations memoised and run in worker processes (simulate/pool.py): the same
+interval to the bit as every prediction simulated afresh in one process, whatever the number of processes; a
+worker's failure ends the command in one line and leaves no process running."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from wagma_bench.cli.simulate import parse
+from wagma_bench.errors import OperationFailed
+from wagma_bench.imbalance import make_imbalance
+from wagma_bench.simulate import pool as pool_module
+from wagma_bench.simulate.configure import compose_runs, load_network, model_inputs, sim_config
+from wagma_bench.simulate.des import SimConfig, Workload, simulate, simulated_optimizers
+from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
+from wagma_bench.simulate.pool import ADPSGD_ONLY, SimulationPool, sim_key
+from wagma_bench.simulate.progress import Ticker
+from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
+
+GPUS, STEPS = [4], 12
+
+
+@pytest.fixture(scope="module")
+def case():
+    """Three optimizers at 4 ranks, an injected imbalance, a measured spread and c resampled, samples
+    to target (AD-PSGD's mixed with its exchanges per step): every knob, structure and metric."""
+    req, _ = parse(["gpus=4", "optimizer=wagma,adpsgd,allreduce", "imbalance=independent", "control_every=0"])
+    runs = compose_runs(req)
+    workload, network = model_inputs(req, runs)
+    workload = dataclasses.replace(workload, compute="empirical", samples=(0.3, 0.33, 0.36, 0.5))
+    first = next(iter(runs.values()))
+    conv = {"wagma": 4e5, "adpsgd": 3e5, "allreduce": 5e5}
+    base = Inputs(workload, network, make_imbalance(first.imbalance, first.seed), conv, 0, first.seed)
+    sources = Sources([[0.9, 1.0, 1.3], [1.0, 1.1], [0.8, 1.0, 2.0]], "empirical", {}, [0.2, 0.35, 0.5])
+    return runs, base, sources
+
+
+def plain(runs, base):
+    """Every optimizer simulated afresh for every prediction, in this process (the code before the pool)."""
+
+    def predict(inputs):
+        out = {}
+        for p in GPUS:
+            for name, run in runs.items():
+                res = simulate(
+                    sim_config(
+                        run,
+                        p,
+                        inputs.workload,
+                        inputs.network,
+                        inputs.imbalance,
+                        STEPS,
+                        inputs.control_every,
+                        inputs.seed,
+                    )
+                )
+                stt, _ = mixed_samples_to_target(res.row(), inputs.samples_to_target.get(name))
+                out.setdefault(p, {})[name] = {
+                    "throughput": res.throughput,
+                    "time_to_target_s": stt / res.throughput if stt else None,
+                }
+        return out
+
+    return predict
+
+
+def test_memoised_pooled_intervals_equal_the_plain_one_to_the_bit_for_one_and_two_processes(case):
+    runs, base, sources = case
+    expected = repr(uncertainty(plain(runs, base), base, sources, 2))  # repr: every float to the bit
+    assert "'crossings': [0." in expected or "'crossings': [1" in expected, "the case must find a flip"
+    for jobs in (1, 2):
+        with SimulationPool(runs, GPUS, STEPS, jobs, Ticker(0)) as pool:
+            got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many, threads=jobs)
+            asked, simulated = pool.asked, len(pool._memo)
+        assert repr(got) == expected, jobs
+        assert simulated < asked, (simulated, asked)  # the memo is used
+
+
+def test_the_keys_only_adpsgd_reads_leave_every_other_optimizer_the_same_to_the_bit():
+    """The memo's claim (pool.ADPSGD_ONLY): moving them changes no other optimizer's simulation."""
+    wl = Workload(step_s=0.3, sigma=0.3, params=1e6)
+    moved = dataclasses.replace(wl, gossip_cost=0.9, adpsgd_averaging="none", averaging_s_per_param=1e-8)
+    assert {f.name for f in dataclasses.fields(Workload)} >= set(ADPSGD_ONLY)
+    for name in simulated_optimizers():
+        rows = [
+            simulate(SimConfig(name, 4, w, daint(), steps=12, control_every=0)).row() for w in (wl, moved)
+        ]
+        assert (repr(rows[0]) == repr(rows[1])) == (name != "adpsgd"), name
+        inputs = [Inputs(w, daint(), None, {}, 0, 1) for w in (wl, moved)]
+        assert (sim_key(name, 4, inputs[0]) == sim_key(name, 4, inputs[1])) == (name != "adpsgd"), name
+
+
+def daint():
+    return load_network("daint", [])
+
+
+def _fails(how):
+    """A stand-in for one simulation in a worker: AD-PSGD's fails as ``how`` says, the others' end."""
+
+    def run(run, world, inputs, steps, ticker):
+        if run.optimizer.name != "adpsgd":
+            return {"optimizer": run.optimizer.name, "world_size": world, "throughput": 1.0}
+        if how == "raise":
+            raise ValueError("adpsgd: a value the model cannot take")
+        if how == "die":
+            os._exit(9)
+        time.sleep(60)  # hangs
+
+    return run
+
+
+def forked_alive():
+    return [p for p in multiprocessing.active_children() if p.name.startswith("ForkProcess")]
+
+
+@pytest.mark.parametrize(
+    "how,said",
+    [
+        ("raise", "adpsgd: a value the model cannot take"),
+        ("die", "simulate --interval: a worker process died during the first prediction"),
+        ("hang", "simulate --interval: no simulation finished in 0.5 s during the first prediction"),
+    ],
+)
+def test_a_failing_worker_ends_the_predictions_in_one_line_and_leaves_nothing_running(
+    case, monkeypatch, how, said
+):
+    runs, base, _ = case
+    monkeypatch.setattr(pool_module, "_simulate_row", _fails(how))
+    monkeypatch.setattr(pool_module, "STALL_S", 0.5)
+    started = time.monotonic()
+    pool = SimulationPool(runs, GPUS, STEPS, 2, Ticker(0))
+    with pytest.raises((ValueError, OperationFailed)) as err, pool:
+        list(pool.predict_many([base, base]))
+    assert said in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, ValueError if how == "raise" else OperationFailed)
+    assert time.monotonic() - started < 10 and not forked_alive()
