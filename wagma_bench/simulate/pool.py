@@ -172,11 +172,11 @@ class SimulationPool:
         return self._gather(inputs, self._submit(inputs))
 
     def predict_many(self, many: Iterable[Any]) -> Iterator[Prediction]:
-        """:meth:`predict` of each of ``many``, in order; all of their simulations are handed to the workers
-        first, so that the processes stay busy across predictions."""
+        """:meth:`predict` of each of ``many``, in order. Every simulation is handed to the workers now, so
+        that the processes stay busy across predictions; the predictions are gathered as the iterator is
+        read (one not read stays memoised: a later :meth:`predict` of the same inputs waits for it)."""
         pending = [(inputs, self._submit(inputs)) for inputs in many]
-        for inputs, futures in pending:
-            yield self._gather(inputs, futures)
+        return (self._gather(inputs, futures) for inputs, futures in pending)
 
     def _submit(self, inputs: Any) -> list[tuple[int, str, Future]]:
         workload = frozen(inputs.workload)

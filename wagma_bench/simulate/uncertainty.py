@@ -267,7 +267,7 @@ def uncertainty(
         "resampled": sources.said(),
         "predictions": reps,
         "sensitivity": sensitivity,
-        "flips": find_flips(predict, base, sensitivity, subject, progress, threads),
+        "flips": find_flips(predict, base, sensitivity, subject, progress, threads, many),
         "structures": {"evaluated": evaluated, "predictions": structural},
     }
 
@@ -282,12 +282,14 @@ def find_flips(
     subject: str,
     progress: Callable[[str], None] = lambda _: None,
     threads: int = 1,
+    many: ManyPredictor | None = None,
 ) -> list[dict]:
     """Per numeric assumption, world size and metric: every value where ``subject``'s speed-up over the best
     other optimizer crosses 1 (:func:`wagma_bench.simulate.flips.crossings` over the grid's points, each new
     point one more prediction, shared by every world and metric). ``threads`` > 1: the searches run at once,
     each in a thread that waits for its predictions (a pool's processes simulate them; ``predict`` must be
-    safe to call from threads); each search's points are its own, so the result is the same."""
+    safe to call from threads); each search's points are its own, so the result is the same. ``many``: a
+    pool's ``predict_many``, told the points a search is about to read (``crossings``' ``ahead``)."""
     searches = []
     for knob in KNOBS:
         points = [p for p in sensitivity if p["knob"] == knob.name]
@@ -317,13 +319,17 @@ def find_flips(
                     r = claim_ratio(at(x)[world], subject, others, metric, lower)
                     return None if r is None else r[0]
 
+                def ahead(xs: list[float], knob=knob, cache=cache) -> None:  # handed out, not waited for
+                    if many is not None:
+                        many([knob.apply(base, x) for x in xs if x not in cache])
+
                 grid = [float(p["value"]) for p in points]
                 head = {"knob": knob.name, "world": world, "metric": metric, "subject": subject}
-                searches.append((dict(head, comparators=others), ratio, grid, knob.factor))
+                searches.append((dict(head, comparators=others), ratio, grid, knob.factor, ahead))
 
     def search(item: tuple) -> dict:
-        head, ratio, grid, log = item
-        found = crossings(ratio, grid, 1.0, log=log)
+        head, ratio, grid, log, ahead = item
+        found = crossings(ratio, grid, 1.0, log=log, ahead=ahead)
         return dict(head, crossings=found, ratios=[float(ratio(x)) for x in found])
 
     if threads <= 1 or len(searches) <= 1:
