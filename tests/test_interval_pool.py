@@ -1,10 +1,12 @@
 """``simulate --interval``'s simulations memoised and run in worker processes (simulate/pool.py): the same
 interval to the bit as every prediction simulated afresh in one process, whatever the number of processes; a
-worker's failure ends the command in one line and leaves no process running."""
+worker's failure ends the command in one line and leaves no process running; a rerun after a failure
+simulates only what the failed run had not (simulate/resume.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import time
@@ -20,6 +22,7 @@ from wagma_bench.simulate.des import SimConfig, Workload, simulate, simulated_op
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.pool import ADPSGD_ONLY, SimulationPool, sim_key
 from wagma_bench.simulate.progress import Ticker
+from wagma_bench.simulate.resume import fingerprint
 from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
 GPUS, STEPS = [4], 12
@@ -69,16 +72,51 @@ def plain(runs, base):
     return predict
 
 
-def test_memoised_pooled_intervals_equal_the_plain_one_to_the_bit_for_one_and_two_processes(case):
+@pytest.fixture(scope="module")
+def expected(case):
+    """The interval with every prediction simulated afresh in one process, as JSON (every float to the
+    bit: its shortest exact repr)."""
     runs, base, sources = case
-    expected = repr(uncertainty(plain(runs, base), base, sources, 2))  # repr: every float to the bit
-    assert "'crossings': [0." in expected or "'crossings': [1" in expected, "the case must find a flip"
-    for jobs in (1, 2):
-        with SimulationPool(runs, GPUS, STEPS, jobs, Ticker(0)) as pool:
-            got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many, threads=jobs)
-            asked, simulated = pool.asked, len(pool._memo)
-        assert repr(got) == expected, jobs
-        assert simulated < asked, (simulated, asked)  # the memo is used
+    text = json.dumps(uncertainty(plain(runs, base), base, sources, 2))
+    assert '"crossings": [0.' in text or '"crossings": [1' in text, "the case must find a flip"
+    return text
+
+
+def test_memoised_pooled_interval_in_two_processes_equals_the_plain_one_to_the_bit(case, expected):
+    runs, base, sources = case
+    with SimulationPool(runs, GPUS, STEPS, 2, Ticker(0)) as pool:
+        got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many, threads=2)
+        asked, simulated = pool.asked, len(pool._memo)
+    assert json.dumps(got) == expected
+    assert simulated < asked, (simulated, asked)  # the memo is used
+
+
+def test_a_rerun_after_a_late_failure_simulates_only_the_rest_and_gives_the_same_interval(
+    case, expected, tmp_path, monkeypatch
+):
+    runs, base, sources = case
+    keep, command = tmp_path / ".sim.interval-resume.json", fingerprint(runs, STEPS)
+    real, calls = pool_module._simulate_row, []
+
+    def fails_late(*args):
+        calls.append(args)
+        if len(calls) > 100:
+            raise RuntimeError("a late failure")
+        return real(*args)
+
+    monkeypatch.setattr(pool_module, "_simulate_row", fails_late)
+    first = SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, command)
+    with pytest.raises(RuntimeError, match="a late failure"), first:
+        uncertainty(first.predict, base, sources, 2, many=first.predict_many)
+    monkeypatch.setattr(pool_module, "_simulate_row", real)
+    with SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, command) as pool:
+        got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many)
+        assert pool.resumed == 100 and len(pool._memo) > 100
+    assert json.dumps(got) == expected
+    # another command's file (other rounds: another fingerprint) is not used
+    with SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, fingerprint(runs, STEPS + 1)) as pool:
+        pool.predict(base)
+        assert pool.resumed == 0
 
 
 def test_the_keys_only_adpsgd_reads_leave_every_other_optimizer_the_same_to_the_bit():

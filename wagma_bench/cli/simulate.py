@@ -112,7 +112,7 @@ def parse(argv: list[str]) -> tuple[request.Request, argparse.Namespace]:
     request.take_paths(ns)
     req = request.sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
-    req.measured, req.interval, req.jobs = ns.measured, ns.interval, ns.jobs
+    req.measured, req.interval, req.jobs, req.out = ns.measured, ns.interval, ns.jobs, Path(ns.out)
     return req, ns
 
 
@@ -124,6 +124,7 @@ def _simulate(argv: list[str]) -> int:
     from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
     from wagma_bench.simulate.outputs import OUTPUTS
     from wagma_bench.simulate.predict import predict
+    from wagma_bench.simulate.resume import forget
 
     out = Path(ns.out)
     runs = compose_runs(req)
@@ -144,5 +145,6 @@ def _simulate(argv: list[str]) -> int:
             print(composed(req, runs, network, workload))
             return exits.OK
         predict(req, runs, network, workload, stage, started)
+    forget(out)  # --interval's simulations, kept until --out was written
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return exits.OK

@@ -17,6 +17,7 @@ from wagma_bench.simulate.measured import read_measured
 from wagma_bench.simulate.pool import SimulationPool
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.request import Request
+from wagma_bench.simulate.resume import fingerprint, resume_path
 from wagma_bench.simulate.run_spread import ranks_by_run, spread_by_run
 from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
@@ -39,7 +40,9 @@ def write_interval(
 
     ticker = Ticker(0, "simulate --interval")  # every prediction's simulations say where they are, too
     start = time.perf_counter()
-    with SimulationPool(runs, gpus, req.steps, req.jobs, ticker) as pool:
+    keep = resume_path(req.out) if req.out is not None else None  # what is done survives a failure
+    command = fingerprint(runs, req.steps) if keep is not None else ""
+    with SimulationPool(runs, gpus, req.steps, req.jobs, ticker, keep, command) as pool:
 
         def progress(
             what: str,

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
@@ -34,6 +36,7 @@ from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.des import simulate
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.progress import Ticker
+from wagma_bench.simulate.resume import SAVE_EVERY_S, key_digest, load, save
 
 # the workload's keys that only AD-PSGD's model reads (des.sim_adpsgd): left out of every other optimizer's
 # key, so that moving them leaves those simulations memoised (tests/test_interval_pool.py checks that every
@@ -123,13 +126,31 @@ def _simulate_in_worker(name: str, world: int, inputs: Any) -> dict:
 class SimulationPool:
     """Every simulation the predictions of an interval ask for, run once (memoised by :func:`sim_key`), in
     ``jobs`` worker processes (1: in this process). A context manager: leaving it stops the workers, at once
-    when it is left by an error. ``stage``: what the command is doing, named when a worker fails."""
+    when it is left by an error. ``stage``: what the command is doing, named when a worker fails.
+    ``resume``: the file (:mod:`wagma_bench.simulate.resume`) that keeps the simulations done, every
+    ``SAVE_EVERY_S`` and on an error, under ``command``'s fingerprint; those it already holds are not run
+    again."""
 
-    def __init__(self, runs: dict[str, RunConfig], gpus: list[int], steps: int, jobs: int, ticker: Ticker):
+    def __init__(
+        self,
+        runs: dict[str, RunConfig],
+        gpus: list[int],
+        steps: int,
+        jobs: int,
+        ticker: Ticker,
+        resume: Path | None = None,
+        command: str = "",
+    ):
         self.runs, self.gpus, self.steps, self.jobs, self.ticker = runs, gpus, steps, jobs, ticker
         self.stage = "the first prediction"
         self._memo: dict[tuple, Future] = {}
         self.asked = 0  # simulations asked for (the memo holds those run)
+        self._resume, self._command = resume, command
+        self._before = load(resume, command) if resume is not None else {}  # digest -> row, done before
+        self.resumed = 0  # simulations taken from the file
+        self._digests: dict[tuple, str] = {}
+        self._last_save = time.monotonic()
+        self._failure: BaseException | None = None  # the first, which every other wait raises at once
         self._lock = threading.Lock()  # the flip search asks from several threads
         self._last_done = time.monotonic()
         self._executor = None
@@ -148,7 +169,10 @@ class SimulationPool:
         self.close(failed=kind is not None)
 
     def close(self, failed: bool = False) -> None:
-        """Stop the workers: after the last result, or at once (``failed``), pending simulations dropped."""
+        """Stop the workers: after the last result, or at once (``failed``: what is done kept first, pending
+        simulations dropped)."""
+        if failed:
+            self._save(force=True)
         if self._executor is None:
             return
         executor, self._executor = self._executor, None
@@ -192,7 +216,14 @@ class SimulationPool:
             future = self._memo.get(key)
             if future is not None:
                 return future
-            if self._executor is None:  # one process: simulated here and now, an error raised as it is
+            if self._resume is not None:
+                self._digests[key] = key_digest(key)
+            row = self._before.get(self._digests.get(key, ""))
+            if row is not None:  # done by an earlier run of the command
+                future = Future()
+                future.set_result(row)
+                self.resumed += 1
+            elif self._executor is None:  # one process: simulated here and now, an error raised as it is
                 future = Future()
                 future.set_result(_simulate_row(self.runs[name], world, inputs, self.steps, self.ticker))
             else:
@@ -217,8 +248,20 @@ class SimulationPool:
 
     def _result(self, future: Future) -> dict:
         """The simulation's row; a worker that died or no simulation finishing for :data:`STALL_S` ends the
-        command (:class:`~wagma_bench.errors.OperationFailed`, one line naming the stage)."""
+        command (:class:`~wagma_bench.errors.OperationFailed`, one line naming the stage). A failure in one
+        thread of the flip search ends every other's wait too, with the same error."""
+        try:
+            row = self._wait(future)
+        except BaseException as err:
+            self._failure = self._failure or err
+            raise
+        self._save()
+        return row
+
+    def _wait(self, future: Future) -> dict:
         while True:
+            if self._failure is not None:
+                raise self._failure
             try:
                 return future.result(timeout=_POLL_S)
             except TimeoutError:
@@ -232,3 +275,23 @@ class SimulationPool:
                     f"simulate --interval: a worker process died during {self.stage} (killed, or out of "
                     f"memory?); the other worker processes were stopped"
                 ) from None
+
+    def _save(self, force: bool = False) -> None:
+        """Keep the simulations done (the resume file), at most every ``SAVE_EVERY_S`` unless ``force``."""
+        if self._resume is None or (not force and time.monotonic() - self._last_save < SAVE_EVERY_S):
+            return
+        with self._lock:
+            done = {
+                self._digests[key]: future.result()
+                for key, future in self._memo.items()
+                if future.done() and not future.cancelled() and future.exception() is None
+            }
+            try:
+                save(self._resume, self._command, done)
+            except OSError as err:  # a full disk: the command goes on (or fails as it was failing)
+                print(
+                    f"simulate --interval: could not keep its simulations in {self._resume}: {err}",
+                    file=sys.stderr,
+                )
+            self._last_save = time.monotonic()
+        self._failure: BaseException | None = None  # the first, which every other wait raises at once

@@ -75,6 +75,7 @@ class Request:
     measured: str | None = None
     interval: int = 0
     jobs: int = 1  # --jobs: the processes that run --interval's simulations
+    out: Path | None = None  # --out (--interval keeps what it simulated beside it until it is written)
 
     @property
     def steps(self) -> int:
