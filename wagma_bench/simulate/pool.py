@@ -120,6 +120,7 @@ def _start_worker(runs: dict[str, RunConfig], steps: int, start: float) -> None:
 
 
 def _simulate_in_worker(name: str, world: int, inputs: Any) -> dict:
+    _WORKER["ticker"].hush()
     return _simulate_row(_WORKER["runs"][name], world, inputs, _WORKER["steps"], _WORKER["ticker"])
 
 
