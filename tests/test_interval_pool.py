@@ -177,3 +177,46 @@ def test_a_failing_worker_ends_the_predictions_in_one_line_and_leaves_nothing_ru
     assert said in str(err.value) and "\n" not in str(err.value)
     assert isinstance(err.value, ValueError if how == "raise" else OperationFailed)
     assert time.monotonic() - started < 10 and not forked_alive()
+
+
+KILLED_COMMAND = """
+import sys, time
+from types import SimpleNamespace
+from wagma_bench.simulate import pool
+from wagma_bench.simulate.costs import Network
+from wagma_bench.simulate.des import Workload
+from wagma_bench.simulate.progress import Ticker
+from wagma_bench.simulate.uncertainty import Inputs
+
+pool._simulate_row = lambda *args: time.sleep(600)  # a long simulation
+runs = {"x": SimpleNamespace(optimizer=SimpleNamespace(name="x"))}
+p = pool.SimulationPool(runs, [4, 8], 10, 2, Ticker(0))
+pending = p.predict_many([Inputs(Workload(), Network.free(), None, {}, 0, 1)])
+print(" ".join(str(pid) for pid in p._executor._processes), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_end_with_a_command_killed_before_it_could_stop_them():
+    """SIGKILL runs no ``finally``: the workers end by themselves (PR_SET_PDEATHSIG), never left running."""
+    import signal
+    import subprocess
+    import sys
+
+    command = subprocess.Popen([sys.executable, "-c", KILLED_COMMAND], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in command.stdout.readline().split()]
+    assert len(workers) == 2
+    command.send_signal(signal.SIGKILL)
+    command.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in workers), workers
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has ended (its parent, init, reaps it)
+    except FileNotFoundError:
+        return False

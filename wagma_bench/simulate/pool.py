@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
+import signal
 import sys
 import threading
 import time
@@ -115,8 +117,26 @@ def _simulate_row(run: RunConfig, world: int, inputs: Any, steps: int, ticker: T
 _WORKER: dict[str, Any] = {}  # a worker process's runs, rounds and progress lines (set once, at its start)
 
 
-def _start_worker(runs: dict[str, RunConfig], steps: int, start: float) -> None:
+def _start_worker(runs: dict[str, RunConfig], steps: int, start: float, parent: int) -> None:
+    """A worker's start: it ends with the command, whatever ends that (SIGKILL included), and leaves Ctrl-C
+    to the command, which stops it (one line, not a traceback per process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with_parent(parent)
     _WORKER.update(runs=runs, steps=steps, ticker=Ticker(0, "simulate --interval", start))
+
+
+def _end_with_parent(parent: int) -> None:
+    """Linux: SIGTERM to this process when its parent dies (prctl's PR_SET_PDEATHSIG), so that a worker never
+    outlives a command killed before it could stop its workers; elsewhere a worker ends when its queue
+    closes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl: nobody will send it
+        os._exit(1)
 
 
 def _simulate_in_worker(name: str, world: int, inputs: Any) -> dict:
@@ -160,7 +180,7 @@ class SimulationPool:
                 jobs,
                 mp_context=multiprocessing.get_context("fork"),
                 initializer=_start_worker,
-                initargs=(runs, steps, ticker.start),
+                initargs=(runs, steps, ticker.start, os.getpid()),
             )
 
     def __enter__(self) -> Self:
