@@ -86,7 +86,7 @@ def test_memoised_pooled_interval_in_two_processes_equals_the_plain_one_to_the_b
     runs, base, sources = case
     with SimulationPool(runs, GPUS, STEPS, 2, Ticker(0)) as pool:
         got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many, threads=2)
-        asked, simulated = pool.asked, len(pool._memo)
+        asked, simulated = pool.asked, pool.simulated
     assert json.dumps(got) == expected
     assert simulated < asked, (simulated, asked)  # the memo is used
 
@@ -111,7 +111,7 @@ def test_a_rerun_after_a_late_failure_simulates_only_the_rest_and_gives_the_same
     monkeypatch.setattr(pool_module, "_simulate_row", real)
     with SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, command) as pool:
         got = uncertainty(pool.predict, base, sources, 2, many=pool.predict_many)
-        assert pool.resumed == 100 and len(pool._memo) > 100
+        assert pool.resumed == 100 and pool.simulated > 100
     assert json.dumps(got) == expected
     # another command's file (other rounds: another fingerprint) is not used
     with SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, fingerprint(runs, STEPS + 1)) as pool:

@@ -5,6 +5,7 @@ flips it."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,12 @@ def write_interval(
             pool.predict, base, sources, req.interval, progress, many=pool.predict_many, threads=pool.jobs
         )
     data["took_s"] = round(time.perf_counter() - start, 1)
+    resumed = f", {pool.resumed} of them read back from an earlier run" if pool.resumed else ""
+    print(
+        f"simulate --interval: {pool.simulated} simulations for the {pool.asked} its predictions asked "
+        f"for (the others' inputs the same as one of those){resumed}, in {pool.jobs} processes",
+        file=sys.stderr,
+    )
     write_text_atomic(out / INTERVAL_FILE, compact_json(data))
     print(
         f"wrote {INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "

@@ -210,6 +210,11 @@ class SimulationPool:
                 proc.kill()
                 proc.join()
 
+    @property
+    def simulated(self) -> int:
+        """Simulations run (or read back): the memo's size."""
+        return len(self._memo)
+
     # --- predictions ----------------------------------------------------------------------------------------
 
     def predict(self, inputs: Any) -> Prediction:
