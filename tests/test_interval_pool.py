@@ -14,7 +14,7 @@ import time
 import pytest
 
 from wagma_bench.cli.simulate import parse
-from wagma_bench.errors import OperationFailed
+from wagma_bench.errors import OperationFailed, SymlinkRefused
 from wagma_bench.imbalance import make_imbalance
 from wagma_bench.simulate import pool as pool_module
 from wagma_bench.simulate.configure import compose_runs, load_network, model_inputs, sim_config
@@ -117,6 +117,10 @@ def test_a_rerun_after_a_late_failure_simulates_only_the_rest_and_gives_the_same
     with SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, fingerprint(runs, STEPS + 1)) as pool:
         pool.predict(base)
         assert pool.resumed == 0
+    keep.unlink()  # a link planted there is refused, never read or written through
+    keep.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(SymlinkRefused, match="symbolic link"):
+        SimulationPool(runs, GPUS, STEPS, 1, Ticker(0), keep, command)
 
 
 def test_the_keys_only_adpsgd_reads_leave_every_other_optimizer_the_same_to_the_bit():

@@ -27,7 +27,7 @@ import numpy as np
 
 import wagma_bench
 from wagma_bench.config import readback
-from wagma_bench.record.files import write_text_atomic
+from wagma_bench.record.files import OUTPUT_HINT, refuse_link, write_text_atomic
 
 FORMAT = "wagma-bench interval resume 1"
 SAVE_EVERY_S = (
@@ -61,7 +61,10 @@ def key_digest(key: tuple) -> str:
 
 def load(path: Path, command: str) -> dict[str, dict]:
     """The rows a run of the same command saved at ``path`` (digest -> row); none when there is no file or it
-    is another command's (said in a line). A damaged file is refused in one line (ReadBackError)."""
+    is another command's (said in a line). A damaged file is refused in one line (ReadBackError), and so is a
+    symbolic link there (never written through)."""
+    if path.is_symlink():
+        raise refuse_link(path, OUTPUT_HINT)
     try:
         data = readback.load(path, readback.INTERVAL_RESUME)
     except FileNotFoundError:
