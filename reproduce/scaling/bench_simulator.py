@@ -18,7 +18,8 @@ speed drifts.
 ``--interval-world`` ranks (default 1,024): the RL claim's (reproduce/claims/paper-scale/README.md: DD-PPO's
 preset on Daint, every optimizer but DropCompute, the compute spread of the committed tuned runs, AD-PSGD's
 measured inputs), CPU seconds of the command (its process and children: the processes of its ``--jobs``, by
-default the CPUs it may use, ``jobs`` in the row) and wall seconds.
+default the CPUs it may use, ``jobs`` in the row) and wall seconds; ``--interval-out DIR`` keeps its outputs
+(``DIR/now``, ``DIR/before``) to compare them.
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=int, default=0, help="also time simulate --interval N (0: not)")
     ap.add_argument("--interval-world", type=int, default=1024, help="the world of the interval case")
     ap.add_argument(
+        "--interval-out",
+        type=Path,
+        help="keep the interval case's outputs in DIR/now (and DIR/before) to compare (default: not kept)",
+    )
+    ap.add_argument(
         "--before-up-to",
         type=int,
         default=8192,
@@ -216,7 +222,8 @@ def interval_row(ns: argparse.Namespace, root: Path, before_root: Path | None) -
     import tempfile
 
     load = loadavg()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as temporary:
+        tmp = ns.interval_out or Path(temporary)
         r = time_interval(root, ns.interval_world, ns.interval, Path(tmp) / "now")
         after = loadavg()  # its 1-minute figure covers most of the command
         row = {
