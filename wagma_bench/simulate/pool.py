@@ -182,6 +182,10 @@ class SimulationPool:
                 initializer=_start_worker,
                 initargs=(runs, steps, ticker.start, os.getpid()),
             )
+            # the workers forked now, from this thread: the first simulation may be asked for by a thread of
+            # the flip search (a rerun that read every earlier one back), and forking beside threads can
+            # deadlock the child on a lock one of them held
+            self._executor.submit(os.getpid)
 
     def __enter__(self) -> Self:
         return self
