@@ -224,3 +224,38 @@ def alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has ended (its parent, init, reaps it)
     except FileNotFoundError:
         return False
+
+
+def test_simulate_interval_keeps_its_simulations_beside_out_on_a_failure_and_a_rerun_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    from wagma_bench.cli.simulate import main as simulate_main
+    from wagma_bench.simulate.resume import resume_path
+
+    out = tmp_path / "sim"
+    args = [
+        "gpus=4",
+        "optimizer=wagma,allreduce",
+        "train.max_rounds=10",
+        "control_every=0",
+        "--interval",
+        "1",
+    ]
+    args += ["--jobs", "1", "--out", str(out)]
+    real, calls = pool_module._simulate_row, []
+
+    def disk_fails(*a):
+        calls.append(a)
+        if len(calls) > 20:
+            raise OSError(28, "No space left on device")
+        return real(*a)
+
+    monkeypatch.setattr(pool_module, "_simulate_row", disk_fails)
+    assert simulate_main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "wagma-bench simulate: error: [Errno 28] No space left on device"
+    assert resume_path(out).exists() and not out.exists()
+    monkeypatch.setattr(pool_module, "_simulate_row", real)
+    assert simulate_main(args) == 0
+    assert "resuming: 20 simulations done before" in capsys.readouterr().err
+    assert (out / "interval.json").exists() and not resume_path(out).exists()
