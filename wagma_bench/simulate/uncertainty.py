@@ -290,7 +290,7 @@ def find_flips(
     each in a thread that waits for its predictions (a pool's processes simulate them; ``predict`` must be
     safe to call from threads); each search's points are its own, so the result is the same. ``many``: a
     pool's ``predict_many``, told the points a search is about to read (``crossings``' ``ahead``)."""
-    searches = []
+    searches, failed = [], []  # failed: the first error of a search, which ends every other at its next point
     for knob in KNOBS:
         points = [p for p in sensitivity if p["knob"] == knob.name]
         if not points or knob.name == "control_every":  # the barrier is yes or no: its two points say it
@@ -298,6 +298,8 @@ def find_flips(
         cache = {float(p["value"]): p["predicted"] for p in points}
 
         def at(x: float, knob=knob, cache=cache) -> dict:
+            if failed:
+                raise failed[0]
             if x not in cache:
                 cache[x] = predict(knob.apply(base, x))
                 progress(f"flip search {knob.name}={x:.4g}")
@@ -329,7 +331,11 @@ def find_flips(
 
     def search(item: tuple) -> dict:
         head, ratio, grid, log, ahead = item
-        found = crossings(ratio, grid, 1.0, log=log, ahead=ahead)
+        try:
+            found = crossings(ratio, grid, 1.0, log=log, ahead=ahead)
+        except BaseException as err:
+            failed.append(err)
+            raise
         return dict(head, crossings=found, ratios=[float(ratio(x)) for x in found])
 
     if threads <= 1 or len(searches) <= 1:
