@@ -174,7 +174,7 @@ class SimulationPool:
         self._failure: BaseException | None = None  # the first, which every other wait raises at once
         self._lock = threading.Lock()  # the flip search asks from several threads
         self._last_done = time.monotonic()
-        self._executor = None
+        self._executor, self._processes = None, []
         if jobs > 1:
             self._executor = ProcessPoolExecutor(
                 jobs,
@@ -186,6 +186,9 @@ class SimulationPool:
             # the flip search (a rerun that read every earlier one back), and forking beside threads can
             # deadlock the child on a lock one of them held
             self._executor.submit(os.getpid)
+            # its processes, to stop them on an error (3.11 has no terminate_workers(); a broken pool's own
+            # thread forgets them before they have ended)
+            self._processes = list(self._executor._processes.values())
 
     def __enter__(self) -> Self:
         return self
@@ -204,7 +207,7 @@ class SimulationPool:
         if not failed:
             executor.shutdown(wait=True)
             return
-        processes = list((getattr(executor, "_processes", None) or {}).values())  # 3.11: no terminate_workers
+        processes = self._processes
         executor.shutdown(wait=False, cancel_futures=True)
         for proc in processes:
             proc.terminate()
