@@ -237,6 +237,19 @@ def test_the_interval_cost_quoted_is_the_committed_timing():
     ) in text
 
 
+def test_the_pooled_interval_cost_quoted_is_the_committed_bench_row():
+    """simulate --interval in processes (docs/simulator.md): the committed bench row's wall and CPU seconds,
+    and those of the code before, timed right after it."""
+    bench = ROOT / "reproduce" / "scaling" / "bench-interval-pool-2core-20261207.json"
+    (row,) = [r for r in json.loads(bench.read_text())["rows"] if r.get("case") == "interval"]
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    assert (
+        f"took {row['wall_s']:.0f} s wall and {row['cpu_s']:.0f} CPU s in {row['jobs']} processes, where the "
+        f"code before took {row['before_wall_s']:.0f} s wall ({row['before_cpu_s']:.0f} CPU s)"
+    ) in text
+    assert f"bought {row['before_wall_s'] / row['wall_s']:.2f}x in wall time" in text
+
+
 def test_the_resampled_miss_quotes_the_delayed_ranks_compute_of_the_committed_runs():
     script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
     text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
