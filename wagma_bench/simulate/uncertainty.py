@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
+import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,19 +292,30 @@ def find_flips(
     safe to call from threads); each search's points are its own, so the result is the same. ``many``: a
     pool's ``predict_many``, told the points a search is about to read (``crossings``' ``ahead``)."""
     searches, failed = [], []  # failed: the first error of a search, which ends every other at its next point
+    lock = threading.Lock()
     for knob in KNOBS:
         points = [p for p in sensitivity if p["knob"] == knob.name]
         if not points or knob.name == "control_every":  # the barrier is yes or no: its two points say it
             continue
         cache = {float(p["value"]): p["predicted"] for p in points}
+        sent = set(cache)  # the points handed out ahead (a spread point's inputs take 40 ms to make)
 
         def at(x: float, knob=knob, cache=cache) -> dict:
             if failed:
                 raise failed[0]
-            if x not in cache:
-                cache[x] = predict(knob.apply(base, x))
+            with lock:  # one thread makes a point's prediction, the others wait for it (its inputs cost time)
+                got = cache.get(x)
+                mine = got is None
+                if mine:
+                    got = cache[x] = Future()
+            if mine:
+                try:
+                    got.set_result(predict(knob.apply(base, x)))
+                except BaseException as err:
+                    got.set_exception(err)
+                    raise
                 progress(f"flip search {knob.name}={x:.4g}")
-            return cache[x]
+            return got.result() if isinstance(got, Future) else got
 
         first = next(iter(cache.values()))
         for world in first:
@@ -321,9 +333,11 @@ def find_flips(
                     r = claim_ratio(at(x)[world], subject, others, metric, lower)
                     return None if r is None else r[0]
 
-                def ahead(xs: list[float], knob=knob, cache=cache) -> None:  # handed out, not waited for
-                    if many is not None:
-                        many([knob.apply(base, x) for x in xs if x not in cache])
+                def ahead(xs: list[float], knob=knob, sent=sent) -> None:  # handed out, not waited for
+                    new = [x for x in xs if x not in sent]  # once a knob: its searches share their points
+                    sent.update(new)
+                    if many is not None and new:
+                        many([knob.apply(base, x) for x in new])
 
                 grid = [float(p["value"]) for p in points]
                 head = {"knob": knob.name, "world": world, "metric": metric, "subject": subject}
