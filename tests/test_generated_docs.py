@@ -239,6 +239,29 @@ def test_the_interval_cost_quoted_is_the_committed_timing():
     ) in text
 
 
+def test_the_pooled_interval_cost_quoted_is_the_committed_bench_row():
+    """simulate --interval in processes (docs/simulator.md): the committed bench row's wall and CPU seconds,
+    and those of the code before, timed right after it."""
+    bench = ROOT / "reproduce" / "scaling" / "bench-interval-pool-2core-20261207.json"
+    (row,) = [r for r in json.loads(bench.read_text())["rows"] if r.get("case") == "interval"]
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    assert (
+        f"took {row['wall_s']:.0f} s wall and {row['cpu_s']:.0f} CPU s in {row['jobs']} processes, where the "
+        f"code before took {row['before_wall_s']:.0f} s wall ({row['before_cpu_s']:.0f} CPU s)"
+    ) in text
+    assert f"bought {row['before_wall_s'] / row['wall_s']:.2f}x in wall time" in text
+    idle = json.loads(bench.with_name("bench-interval-pool-2core-idle-20261207.json").read_text())["rows"][0]
+    before = json.loads(bench.with_name("bench-adpsgd-speed-2core-idle-20261207.json").read_text())["rows"][
+        -1
+    ]
+    assert before["case"] == idle["case"] == "interval"
+    assert (
+        f"it took {idle['wall_s']:.0f} s wall and {idle['cpu_s']:.0f} CPU s" in text
+        and f"{before['wall_s'] / idle['wall_s']:.2f}x faster than the code before's {before['wall_s']:.0f} s"
+        in text
+    )
+
+
 def test_the_resampled_miss_quotes_the_delayed_ranks_compute_of_the_committed_runs():
     script = load_script(ROOT / "reproduce" / "scaling" / "validation_table.py")
     text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())

@@ -54,6 +54,12 @@ def _intervals(path: Path):
     return prediction_uncertainty(_claim(), path.parent, 16, "throughput")
 
 
+def _interval_resume(path: Path):
+    from wagma_bench.simulate.resume import load
+
+    return load(path, "c")
+
+
 def _manifest(path: Path):
     from wagma_bench.campaign.sweep_jobs import load_manifest
 
@@ -157,6 +163,11 @@ READERS = {
     ),
     "simulator interval file (interval.json)": Reader(
         "interval.json", {"predictions": [], "sensitivity": []}, _intervals
+    ),
+    "simulate --interval's resume file": Reader(
+        ".sim.interval-resume.json",
+        {"format": "wagma-bench interval resume 1", "command": "c", "simulations": []},
+        _interval_resume,
     ),
     "W&B report spec": Reader("w.json", {"version": 1, "report": {}, "workspace": {}}, _wandb_spec),
     "measured-inputs file": Reader(

@@ -18,7 +18,9 @@ speed drifts.
 ``--interval N`` also times one prediction with its interval (``wagma-bench simulate ... --interval N``) at
 ``--interval-world`` ranks (default 1,024): the RL claim's (reproduce/claims/paper-scale/README.md: DD-PPO's
 preset on Daint, every optimizer but DropCompute, the compute spread of the committed tuned runs, AD-PSGD's
-measured inputs), CPU seconds of the command (its process and children) and wall seconds.
+measured inputs), CPU seconds of the command (its process and children: the processes of its ``--jobs``, by
+default the CPUs it may use, ``jobs`` in the row) and wall seconds; ``--interval-out DIR`` keeps its outputs
+(``DIR/now``, ``DIR/before``) to compare them.
 """
 
 from __future__ import annotations
@@ -163,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=int, default=0, help="also time simulate --interval N (0: not)")
     ap.add_argument("--interval-world", type=int, default=1024, help="the world of the interval case")
     ap.add_argument(
+        "--interval-out",
+        type=Path,
+        help="keep the interval case's outputs in DIR/now (and DIR/before) to compare (default: not kept)",
+    )
+    ap.add_argument(
         "--before-up-to",
         type=int,
         default=8192,
@@ -223,8 +230,10 @@ def interval_row(ns: argparse.Namespace, root: Path, before_root: Path | None) -
     import tempfile
 
     load = loadavg()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as temporary:
+        tmp = ns.interval_out or Path(temporary)
         r = time_interval(root, ns.interval_world, ns.interval, Path(tmp) / "now")
+        after = loadavg()  # its 1-minute figure covers most of the command
         row = {
             "case": "interval",
             "world_size": ns.interval_world,
@@ -232,7 +241,9 @@ def interval_row(ns: argparse.Namespace, root: Path, before_root: Path | None) -
             "cpu_s": r["cpu_s"],
             "wall_s": r["wall_s"],
             "command": r["command"],
+            "jobs": len(os.sched_getaffinity(0)),  # the command's default --jobs here
             "loadavg": load,
+            "loadavg_after": after,
         }
         if before_root is not None and ns.interval_world <= ns.before_up_to:
             then = time_interval(before_root, ns.interval_world, ns.interval, Path(tmp) / "before")

@@ -5,7 +5,7 @@
         [cluster.network.inter.alpha_s=2e-6 ...] \\
         [train.max_rounds=500 control_every=10] [step_s=0.32 train.batch_size=128 params=25.6e6 sigma=0.02] \\
         [samples_to_target=N] [--convergence RUN_DIR|TUNE_DIR...] [--out DIR]
-        [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N]
+        [--compute-from RUN_DIR|TUNE_DIR...] [compute=persistent] [--measured FILE] [--interval N [--jobs N]]
     wagma-bench simulate --calibrate RUN_DIR... [COMM_BENCH.json...] [--out DIR]     (validation)
 
 One configuration for every subcommand: the overrides are `wagma-bench run`'s (``workload=``, ``data=``,
@@ -64,7 +64,9 @@ is unmeasured leaves the default), the intra-node link,
 the persistent spread; the command line wins over the file. ``--interval N``: also N predictions with their
 inputs resampled and the prediction with one assumption moved at a time
 (:mod:`wagma_bench.simulate.uncertainty`), written to ``interval.json``, from which ``wagma-bench claims``
-takes each prediction's 95% interval and the assumption that flips it.
+takes each prediction's 95% interval and the assumption that flips it; ``--jobs N`` runs its simulations in N
+processes (default: the CPUs this process may use; :mod:`wagma_bench.simulate.pool`), each once, the results
+the same for any N.
 
 The table's columns (docs/simulator.md, "Outputs"): samples/s, the predicted throughput; vs allreduce, over
 Allreduce-SGD's at the same P; efficiency, samples/s over P x batch / ``step_s`` (ranks that never
@@ -110,7 +112,7 @@ def parse(argv: list[str]) -> tuple[request.Request, argparse.Namespace]:
     request.take_paths(ns)
     req = request.sort_overrides(parse_overrides(ns.overrides))
     req.calibrate, req.convergence, req.compute_from = ns.calibrate, ns.convergence, ns.compute_from
-    req.measured, req.interval = ns.measured, ns.interval
+    req.measured, req.interval, req.jobs, req.out = ns.measured, ns.interval, ns.jobs, Path(ns.out)
     return req, ns
 
 
@@ -122,6 +124,7 @@ def _simulate(argv: list[str]) -> int:
     from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
     from wagma_bench.simulate.outputs import OUTPUTS
     from wagma_bench.simulate.predict import predict
+    from wagma_bench.simulate.resume import forget
 
     out = Path(ns.out)
     runs = compose_runs(req)
@@ -142,5 +145,6 @@ def _simulate(argv: list[str]) -> int:
             print(composed(req, runs, network, workload))
             return exits.OK
         predict(req, runs, network, workload, stage, started)
+    forget(out)  # --interval's simulations, kept until --out was written
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return exits.OK

@@ -251,6 +251,11 @@ INTERVALS = Schema(
     {"predictions": [dict], "sensitivity": [dict]},
     "wagma-bench simulate --interval N --out",
 )
+INTERVAL_RESUME = Schema(
+    "simulate --interval's resume file",
+    {"format": str, "command": str, "simulations": [{"key": str, "row": dict}]},
+    "wagma-bench simulate --interval N --out OUT (beside OUT, while it runs)",
+)
 WANDB_SPEC = Schema(
     "W&B report spec",
     {"version": int, "report": dict, "workspace": dict},

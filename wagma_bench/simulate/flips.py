@@ -37,11 +37,17 @@ def _mid(a: float, b: float, log: bool) -> float:
 
 
 def crossings(
-    f: Callable[[float], float | None], grid: list[float], threshold: float = 1.0, log: bool = True
+    f: Callable[[float], float | None],
+    grid: list[float],
+    threshold: float = 1.0,
+    log: bool = True,
+    ahead: Callable[[list[float]], None] = lambda xs: None,
 ) -> list[float]:
     """Every ``x`` within ``grid``'s range where ``f(x)`` crosses ``threshold``, ascending. ``f`` is the
     prediction's ratio at ``x`` (None where it has none); it is called on the grid, on midpoints that cut it
-    into monotone pieces, and by the root finder. ``log``: ``x`` is a factor (searched as its log)."""
+    into monotone pieces, and by the root finder. ``log``: ``x`` is a factor (searched as its log).
+    ``ahead(xs)`` is told the points about to be read one by one (the grid and midpoints, a halving's
+    points), so that a pool can simulate them at once; it changes no result."""
     cache: dict[float, float | None] = {}
 
     def at(x: float) -> float | None:
@@ -53,6 +59,7 @@ def crossings(
     pts = xs[:1]
     for a, b in itertools.pairwise(xs):  # halve every interval once: a piece's interior is seen at least once
         pts += [_mid(a, b, log), b]
+    ahead(pts)
     pts = [x for x in pts if at(x) is not None]
     for _ in range(REFINE):  # halve again around each interior local extremum that stays on one side
         extra = []
@@ -62,6 +69,7 @@ def crossings(
                 extra += [_mid(pts[i - 1], pts[i], log), _mid(pts[i], pts[i + 1], log)]
         if not extra:
             break
+        ahead(extra)
         pts = sorted(set(pts) | {x for x in extra if at(x) is not None})
     found = []
     for a, b in itertools.pairwise(pts):

@@ -5,6 +5,7 @@ flips it."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,13 +13,12 @@ from typing import Any
 from wagma_bench.analysis.predictions import INTERVAL_FILE
 from wagma_bench.config.schema import RunConfig
 from wagma_bench.record.files import strict_json, write_text_atomic
-from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.convergence import target_hits
-from wagma_bench.simulate.des import simulate
-from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.measured import read_measured
+from wagma_bench.simulate.pool import SimulationPool
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.request import Request
+from wagma_bench.simulate.resume import fingerprint, resume_path
 from wagma_bench.simulate.run_spread import ranks_by_run, spread_by_run
 from wagma_bench.simulate.uncertainty import Inputs, Sources, uncertainty
 
@@ -40,40 +40,27 @@ def write_interval(
         sources.gossip_costs = read_measured(req.measured).gossip_replicates
 
     ticker = Ticker(0, "simulate --interval")  # every prediction's simulations say where they are, too
-
-    def predict_once(inputs: Inputs) -> dict[int, dict[str, dict[str, float | None]]]:
-        out_: dict[int, dict[str, dict[str, float | None]]] = {}
-        for p in gpus:
-            for name, run in runs.items():
-                res = simulate(
-                    sim_config(
-                        run,
-                        p,
-                        inputs.workload,
-                        inputs.network,
-                        inputs.imbalance,
-                        req.steps,
-                        inputs.control_every,
-                        inputs.seed,
-                        ticker.simulation(f"{name} at P={p}"),
-                    )
-                )
-                stt, _ = mixed_samples_to_target(res.row(), inputs.samples_to_target.get(name))
-                out_.setdefault(p, {})[name] = {
-                    "throughput": res.throughput,
-                    "time_to_target_s": stt / res.throughput if stt else None,
-                }
-        return out_
-
     start = time.perf_counter()
+    keep = resume_path(req.out) if req.out is not None else None  # what is done survives a failure
+    command = fingerprint(runs, req.steps) if keep is not None else ""
+    with SimulationPool(runs, gpus, req.steps, req.jobs, ticker, keep, command) as pool:
 
-    def progress(
-        what: str,
-    ) -> None:  # after each prediction: which one (the simulations inside tick on their own)
-        ticker.note(what)
+        def progress(
+            what: str,
+        ) -> None:  # after each prediction: which one (the simulations tick on their own)
+            pool.stage = f"the predictions after {what}"  # named if a worker fails
+            ticker.note(what)
 
-    data = uncertainty(predict_once, base, sources, req.interval, progress)
+        data = uncertainty(
+            pool.predict, base, sources, req.interval, progress, many=pool.predict_many, threads=pool.jobs
+        )
     data["took_s"] = round(time.perf_counter() - start, 1)
+    resumed = f", {pool.resumed} of them read back from an earlier run" if pool.resumed else ""
+    print(
+        f"simulate --interval: {pool.simulated} simulations for the {pool.asked} its predictions asked "
+        f"for (the others' inputs the same as one of those){resumed}, in {pool.jobs} processes",
+        file=sys.stderr,
+    )
     write_text_atomic(out / INTERVAL_FILE, compact_json(data))
     print(
         f"wrote {INTERVAL_FILE}: {req.interval} replicates (resampled: {'; '.join(data['resampled'])}) "

@@ -34,6 +34,11 @@ class Ticker:
         self.current, self.what, self.phase = self.current + 1, what, ""
         return self.tick
 
+    def hush(self) -> None:
+        """No line for ``PROGRESS_EVERY_S`` from now: a worker process of ``simulate --interval`` before each
+        simulation, so that only a long one says where it is (the command's own lines say the stages)."""
+        self.last = time.perf_counter()
+
     def tick(self, phase: str, fraction: float) -> None:
         now = time.perf_counter()
         if phase != self.phase:  # a phase's pace is measured from its start

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class Request:
     compute_from: list[str] = field(default_factory=list)
     measured: str | None = None
     interval: int = 0
+    jobs: int = 1  # --jobs: the processes that run --interval's simulations
+    out: Path | None = None  # --out (--interval keeps what it simulated beside it until it is written)
 
     @property
     def steps(self) -> int:
@@ -205,6 +208,14 @@ def add_options(ap: argparse.ArgumentParser) -> None:
         "interval.json, which `claims` reads for a prediction's interval and what flips it",
     )
     ap.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        metavar="N",
+        help="processes that run --interval's simulations (default: the CPUs this process may use, "
+        f"here {default_jobs()}); the results are the same for any N",
+    )
+    ap.add_argument(
         "--measured",
         metavar="FILE",
         help="measured model inputs (reproduce/scaling/measure_inputs.py, "
@@ -214,8 +225,19 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cfg", choices=("job",), help="print what each simulation would use, simulate nothing")
 
 
+def default_jobs() -> int:
+    """--jobs' default: the CPUs this process may run on (its affinity, which a SLURM step or taskset
+    narrows), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity
+        return os.cpu_count() or 1
+
+
 def take_paths(ns: argparse.Namespace) -> None:
     """The options checked, and the KEY=VALUE items a path option took moved back to the overrides."""
+    if ns.jobs < 1:
+        raise UsageError(f"--jobs {ns.jobs} is not allowed; it must be a number of processes, 1 or more")
     if ns.interval < 0:
         raise UsageError(
             f"--interval {ns.interval} is not allowed; it must be 0 (none) or a number of replicates"

@@ -24,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,6 +213,8 @@ def comparator_sets(others: set[str]) -> list[list[str]]:
 
 
 Predictor = Callable[[Inputs], dict[int, dict[str, dict[str, float | None]]]]  # {P: {optimizer: {metric: v}}}
+# the predictions of several inputs, yielded in their order (a pool hands all of their simulations out first)
+ManyPredictor = Callable[[list[Inputs]], Iterable[dict[int, dict[str, dict[str, float | None]]]]]
 
 
 def uncertainty(
@@ -220,42 +224,51 @@ def uncertainty(
     replicates: int,
     progress: Callable[[str], None] = lambda _: None,
     subject: str = FLIP_SUBJECT,
+    many: ManyPredictor | None = None,
+    threads: int = 1,
 ) -> dict:
     """``interval.json``'s content: ``replicates`` resampled predictions, the sensitivity grid, every crossing
     of 1 along each assumption of ``subject`` against the best other optimizer (:func:`find_flips`), and the
     predictions over the structures the model cannot decide (:mod:`wagma_bench.simulate.structures`)
-    (``progress`` is told after each prediction)."""
-    reps = []
-    for b in range(replicates):
-        reps.append(predict(resample(base, sources, b)))
-        progress(f"replicate {b + 1}/{replicates}")
-    sensitivity = []
-    for knob in KNOBS:
-        if not knob.applies(base):
-            continue
-        for value in knob.grid:
-            sensitivity.append(
-                {
-                    "knob": knob.name,
-                    "says": knob.says,
-                    "value": value,
-                    "factor": knob.factor,
-                    "base": knob.base(base),
-                    "predicted": predict(knob.apply(base, value)),
-                }
-            )
-            progress(f"sensitivity {knob.name}={value:g}")
+    (``progress`` is told after each prediction). ``many``: ``predict`` over a list at once (the replicates,
+    sensitivity points and structures are one batch); ``threads``: the flip searches run at once
+    (:func:`find_flips`). Neither changes a result."""
+    many = many or (lambda inputs: (predict(i) for i in inputs))
+    points = [(knob, value) for knob in KNOBS if knob.applies(base) for value in knob.grid]
     evaluated, combos = combinations(base, sources)
-    structural = []
-    for choice, inputs in combos:
-        structural.append({"choice": choice, "predicted": predict(inputs)})
-        progress("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()))
+    batch = [
+        *((f"replicate {b + 1}/{replicates}", resample(base, sources, b)) for b in range(replicates)),
+        *((f"sensitivity {knob.name}={value:g}", knob.apply(base, value)) for knob, value in points),
+        *(("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()), i) for choice, i in combos),
+    ]
+    predicted = []
+    for (label, _), prediction in zip(batch, many([inputs for _, inputs in batch]), strict=True):
+        predicted.append(prediction)
+        progress(label)
+    reps = predicted[:replicates]
+    sensitivity = [
+        {
+            "knob": knob.name,
+            "says": knob.says,
+            "value": value,
+            "factor": knob.factor,
+            "base": knob.base(base),
+            "predicted": prediction,
+        }
+        for (knob, value), prediction in zip(
+            points, predicted[replicates : replicates + len(points)], strict=True
+        )
+    ]
+    structural = [
+        {"choice": choice, "predicted": prediction}
+        for (choice, _), prediction in zip(combos, predicted[replicates + len(points) :], strict=True)
+    ]
     return {
         "replicates": replicates,
         "resampled": sources.said(),
         "predictions": reps,
         "sensitivity": sensitivity,
-        "flips": find_flips(predict, base, sensitivity, subject, progress),
+        "flips": find_flips(predict, base, sensitivity, subject, progress, threads, many),
         "structures": {"evaluated": evaluated, "predictions": structural},
     }
 
@@ -269,22 +282,40 @@ def find_flips(
     sensitivity: list[dict],
     subject: str,
     progress: Callable[[str], None] = lambda _: None,
+    threads: int = 1,
+    many: ManyPredictor | None = None,
 ) -> list[dict]:
     """Per numeric assumption, world size and metric: every value where ``subject``'s speed-up over the best
     other optimizer crosses 1 (:func:`wagma_bench.simulate.flips.crossings` over the grid's points, each new
-    point one more prediction, shared by every world and metric)."""
-    out = []
+    point one more prediction, shared by every world and metric). ``threads`` > 1: the searches run at once,
+    each in a thread that waits for its predictions (a pool's processes simulate them; ``predict`` must be
+    safe to call from threads); each search's points are its own, so the result is the same. ``many``: a
+    pool's ``predict_many``, told the points a search is about to read (``crossings``' ``ahead``)."""
+    searches, failed = [], []  # failed: the first error of a search, which ends every other at its next point
+    lock = threading.Lock()
     for knob in KNOBS:
         points = [p for p in sensitivity if p["knob"] == knob.name]
         if not points or knob.name == "control_every":  # the barrier is yes or no: its two points say it
             continue
         cache = {float(p["value"]): p["predicted"] for p in points}
+        sent = set(cache)  # the points handed out ahead (a spread point's inputs take 40 ms to make)
 
         def at(x: float, knob=knob, cache=cache) -> dict:
-            if x not in cache:
-                cache[x] = predict(knob.apply(base, x))
+            if failed:
+                raise failed[0]
+            with lock:  # one thread makes a point's prediction, the others wait for it (its inputs cost time)
+                got = cache.get(x)
+                mine = got is None
+                if mine:
+                    got = cache[x] = Future()
+            if mine:
+                try:
+                    got.set_result(predict(knob.apply(base, x)))
+                except BaseException as err:
+                    got.set_exception(err)
+                    raise
                 progress(f"flip search {knob.name}={x:.4g}")
-            return cache[x]
+            return got.result() if isinstance(got, Future) else got
 
         first = next(iter(cache.values()))
         for world in first:
@@ -296,20 +327,32 @@ def find_flips(
                 if not (first[world].get(subject) or {}).get(metric):
                     continue
 
-                def ratio(x: float, world=world, metric=metric, lower=lower, others=others) -> float | None:
+                def ratio(
+                    x: float, world=world, metric=metric, lower=lower, others=others, at=at
+                ) -> float | None:
                     r = claim_ratio(at(x)[world], subject, others, metric, lower)
                     return None if r is None else r[0]
 
-                found = crossings(ratio, [float(p["value"]) for p in points], 1.0, log=knob.factor)
-                out.append(
-                    {
-                        "knob": knob.name,
-                        "world": world,
-                        "metric": metric,
-                        "subject": subject,
-                        "comparators": others,
-                        "crossings": found,
-                        "ratios": [float(ratio(x)) for x in found],
-                    }
-                )
-    return out
+                def ahead(xs: list[float], knob=knob, sent=sent) -> None:  # handed out, not waited for
+                    new = [x for x in xs if x not in sent]  # once a knob: its searches share their points
+                    sent.update(new)
+                    if many is not None and new:
+                        many([knob.apply(base, x) for x in new])
+
+                grid = [float(p["value"]) for p in points]
+                head = {"knob": knob.name, "world": world, "metric": metric, "subject": subject}
+                searches.append((dict(head, comparators=others), ratio, grid, knob.factor, ahead))
+
+    def search(item: tuple) -> dict:
+        head, ratio, grid, log, ahead = item
+        try:
+            found = crossings(ratio, grid, 1.0, log=log, ahead=ahead)
+        except BaseException as err:
+            failed.append(err)
+            raise
+        return dict(head, crossings=found, ratios=[float(ratio(x)) for x in found])
+
+    if threads <= 1 or len(searches) <= 1:
+        return [search(s) for s in searches]
+    with ThreadPoolExecutor(len(searches)) as pool:  # results in the searches' order
+        return list(pool.map(search, searches))
