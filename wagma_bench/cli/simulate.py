@@ -90,7 +90,6 @@ from wagma_bench import exits
 from wagma_bench.campaign.sweep import parse_overrides
 from wagma_bench.cli.text import plain
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.files import staged_outputs
 from wagma_bench.simulate import request  # the simulator itself is imported in _simulate, once this passes
 
 
@@ -122,9 +121,8 @@ def _simulate(argv: list[str]) -> int:
     request.check_work(req)  # before the simulator, scipy and matplotlib are imported: refused at once
     from wagma_bench.simulate.compare import compare_with_runs
     from wagma_bench.simulate.configure import check_worlds, compose_runs, composed, model_inputs
-    from wagma_bench.simulate.outputs import OUTPUTS
+    from wagma_bench.simulate.outputs import staged_prediction
     from wagma_bench.simulate.predict import predict
-    from wagma_bench.simulate.resume import forget
 
     out = Path(ns.out)
     runs = compose_runs(req)
@@ -133,8 +131,8 @@ def _simulate(argv: list[str]) -> int:
         workload, network = model_inputs(req, runs)
         print(composed(req, runs, network, workload))
         return exits.OK
-    # staged as report's outputs: a full disk leaves --out as it was; an earlier run's extra outputs go
-    with staged_outputs(out, owned=OUTPUTS) as stage:
+    # --out written whole at the end (a full disk leaves it as it was), then --interval's resume file removed
+    with staged_prediction(out) as stage:
         pooled = network = None
         if req.calibrate:
             _, pooled, network = compare_with_runs(req, stage)
@@ -145,6 +143,5 @@ def _simulate(argv: list[str]) -> int:
             print(composed(req, runs, network, workload))
             return exits.OK
         predict(req, runs, network, workload, stage, started)
-    forget(out)  # --interval's simulations, kept until --out was written
     print(f"wrote {out}/predictions.csv, predictions.json, throughput.png")
     return exits.OK

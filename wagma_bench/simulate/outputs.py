@@ -4,11 +4,13 @@ time-to-target figure (the throughput figure is the report's,
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from wagma_bench.analysis import plots
 from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
-from wagma_bench.record.files import strict_json, write_text_atomic
+from wagma_bench.record.files import staged_outputs, strict_json, write_text_atomic
 
 
 def markdown(rows: list[dict], cols: list[tuple[str, str]]) -> str:
@@ -28,6 +30,19 @@ OUTPUTS = (
     "validation.png",
     "calibration.json",
 )
+
+
+@contextlib.contextmanager
+def staged_prediction(out: Path) -> Iterator[Path]:
+    """A folder to write ``simulate``'s outputs into, moved into ``out`` at the end as report's are
+    (:func:`~wagma_bench.record.files.staged_outputs`: a full disk leaves ``out`` as it was; an earlier run's
+    outputs this run did not write go); only then is what ``--interval`` kept to resume from removed
+    (:func:`~wagma_bench.simulate.resume.forget`), never before ``out`` is whole."""
+    from wagma_bench.simulate.resume import forget
+
+    with staged_outputs(out, owned=OUTPUTS) as stage:
+        yield stage
+    forget(out)
 
 
 def write_table(rows: list[dict], out: Path, stem: str) -> None:

@@ -142,8 +142,8 @@ def _end_with_parent(parent: int) -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl: nobody will send it
-        os._exit(1)
+    if os.getppid() != parent:  # the parent died before prctl: nobody will send it, so send it ourselves
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _shipped(inputs: Any, samples: np.ndarray | None) -> Any:
