@@ -30,9 +30,8 @@ from wagma_bench.config import readback
 from wagma_bench.record.files import OUTPUT_HINT, refuse_link, write_text_atomic
 
 FORMAT = "wagma-bench interval resume 1"
-SAVE_EVERY_S = (
-    30.0  # between two writes of the file while the command runs (a module constant: tests shorten it)
-)
+# between two writes of the file while the command runs (a module constant: tests shorten it)
+SAVE_EVERY_S = 30.0
 
 
 def resume_path(out: Path) -> Path:
