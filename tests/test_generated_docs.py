@@ -5,6 +5,7 @@ claims table of docs/claims.md and the README's verdicts have their own test (te
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -302,6 +303,17 @@ def test_power_table_is_the_scripts_table_of_the_committed_run():
     assert _block(ROOT / "docs" / "claims.md", "power") == _power().table(json.loads(POWER.read_text())), (
         "docs/claims.md differs from `.venv/bin/python reproduce/claims/power.py table`"
     )
+
+
+def test_the_power_tables_spread_is_the_interquartile_range_however_many_trials_missed():
+    """A miss (inf) beyond the upper quartile leaves the quartiles finite: numpy's linear interpolation gives
+    nan there (0 x inf), which read as a spread of inf and reached power.json as null."""
+    spread = _power().spread
+    inf = math.inf
+    assert spread([1, 2, 3, 4, 5, 6, 7, inf, inf], difference=False) == (7 - 3) / 5  # q3 at the 7th of 9
+    assert spread([1, 2, 3, 4, 5, 6, 7, inf, inf], difference=True) == 4
+    assert spread([1, 2, 3, 4, 5, 6, inf, inf, inf], difference=False) == inf  # the upper quartile a miss
+    assert spread([1, 2, 3, 4], difference=True) == 3.25 - 1.75  # between two trials: interpolated
 
 
 def test_the_committed_power_run_read_the_committed_sources():

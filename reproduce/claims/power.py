@@ -70,10 +70,19 @@ def point(studies: list[list[float]], metric: str) -> float:
     return float(statistics.median(best(s) for s in studies))
 
 
+def quartile(values: list[float], q: float) -> float:
+    """numpy's default (linear) quantile, but a quantile that falls on a trial is that trial even where the
+    next is a miss: numpy interpolates there too and gets 0 x inf, nan."""
+    v = sorted(values)
+    h = (len(v) - 1) * q
+    lo = math.floor(h)
+    return v[lo] if h == lo else v[lo] + (h - lo) * (v[lo + 1] - v[lo])
+
+
 def spread(values: list[float], difference: bool) -> float:
     """The trials' interquartile range, over their median for a ratio claim (inf where a quartile is a
     miss)."""
-    q1, med, q3 = np.quantile(np.asarray(values, dtype=float), [0.25, 0.5, 0.75])
+    q1, med, q3 = (quartile(values, q) for q in (0.25, 0.5, 0.75))
     width = abs(q3 - q1) if math.isfinite(q1) and math.isfinite(q3) else math.inf
     return width if difference else width / abs(med) if med else math.inf
 
