@@ -130,10 +130,12 @@ def history_rows() -> dict[str, list[str]]:
 
 def current_ratios(r: dict) -> list[float]:
     """Every speed-up figure claims.json holds for a claim: measured and drift-adjusted with their intervals,
-    the prediction with its interval and the curves of its flip conditions, and the paper's own figure."""
+    the prediction with its interval, its range over the structures and the curves of its flip conditions, and
+    the paper's own figure."""
     out = []
     for part in (r["measured"], r.get("predicted") or {}):
         out += [part.get("speedup"), *(part.get("interval") or [])]
+    out += ((r.get("predicted") or {}).get("structural_range") or {}).get("range", [])
     out += speedups(r.get("drift_adjusted") or {})
     for flip in (r.get("predicted") or {}).get("flips", []):
         if flip["knob"] == "control_every":  # "with the suite's barrier every 10 rounds ... (1.04x)"
@@ -430,6 +432,15 @@ WIDTH = re.compile(
     r"independent ones? or wider|wider than the independent ones?|narrower than the independent ones?)"
 )
 
+LOWER = re.compile(r"the (first|first two|last|last two|three) rows?'s? paired lower ends? (?:is|are) higher")
+_ROWS = {  # the rows a statement names, of the table's rows in order
+    "first": lambda rows: rows[:1],
+    "first two": lambda rows: rows[:2],
+    "last": lambda rows: rows[-1:],
+    "last two": lambda rows: rows[-2:],
+    "three": lambda rows: rows,
+}
+
 
 def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]:
     """A sentence comparing the paired intervals' widths with the independent ones' must hold row by row
@@ -438,13 +449,7 @@ def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]
     order = list(rows)
     out = []
     for m in WIDTH.finditer(text):
-        which = {
-            "first": order[:1],
-            "first two": order[:2],
-            "last": order[-1:],
-            "last two": order[-2:],
-            "three": order,
-        }[m.group(1)]
+        which = _ROWS[m.group(1)](order)
         for cid in which:
             lo, hi = rows[cid]["paired"]
             exact = claims[cid]["measured"]["interval"]
@@ -455,11 +460,13 @@ def interval_statement_problems(text: str, claims: dict[str, dict]) -> list[str]
                     f"{cid}: paired [{lo}, {hi}] is {'wider' if wider else 'narrower'} than the exact "
                     f'independent [{exact[0]:.3f}, {exact[1]:.3f}], not "{m.group(2)}"'
                 )
-    if "lower ends higher" in text:
+    lower = [("lower ends higher", order)] if "lower ends higher" in text else []
+    lower += [(m.group(0), _ROWS[m.group(1)](order)) for m in LOWER.finditer(text)]
+    for said, which in lower:
         out += [
-            f"{cid}: the paired lower end {row['paired'][0]} is not above the exact one"
-            for cid, row in rows.items()
-            if not row["paired"][0] > claims[cid]["measured"]["interval"][0]
+            f'{cid}: the paired lower end {rows[cid]["paired"][0]} is not above the exact one ("{said}")'
+            for cid in which
+            if not rows[cid]["paired"][0] > claims[cid]["measured"]["interval"][0]
         ]
     if "narrows none of the three intervals to a decision" in text:
         out += [
@@ -490,6 +497,13 @@ def test_the_checks_find_a_wrong_figure_of_each_kind():
     statement = "the first two rows' paired intervals are narrower than the independent ones"
     wrong = interval_statement_problems(statement, _claims())
     assert len(wrong) == 1 and "transformer-time-to-solution" in wrong[0]
+    assert interval_statement_problems("the last two rows' paired lower ends are higher", _claims()) == []
+    for statement in (
+        "the first row's paired lower end is higher",
+        "the paired ones have their lower ends higher",
+    ):
+        wrong = interval_statement_problems(statement, _claims())
+        assert len(wrong) == 1 and "transformer-time-to-solution" in wrong[0], statement
 
 
 def budget_step_problems(text: str, claims: dict[str, dict]) -> list[str]:
