@@ -97,7 +97,7 @@ def sim_key(name: str, world: int, inputs: Any, workload: Any | None = None) -> 
         name,
         world,
         wl,
-        frozen(inputs.network),
+        frozen(inputs.network.as_costed()),  # (hierarchical is the ring with one rank a node)
         frozen(inputs.imbalance),
         frozen(inputs.control_every),
         frozen(inputs.seed),
