@@ -98,7 +98,7 @@ from wagma_bench.simulate.costs import Network
 from wagma_bench.simulate.exchanges import Exchanges
 from wagma_bench.simulate.gossip_inputs import MEASURED_AVERAGING_S_PER_PARAM, MEASURED_GOSSIP_COST
 from wagma_bench.simulate.spread import draw_persistent
-from wagma_bench.simulate.threads import in_blocks
+from wagma_bench.simulate.threads import in_blocks, split
 
 DELAY_BLOCK = 1 << 18  # rank-steps of injected delays drawn at once (delay_matrix)
 CONTROL_BYTES = 7 * 8  # the trainer's control tensor: ControlFlags' seven fields as float64 (a test checks)
@@ -703,15 +703,28 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
     start = np.zeros(run.P)
     starts, windows, ends = (np.empty((run.rounds, run.P)) for _ in range(3))
     compute, delay, extra = run.compute.T, run.delay.T, extra.T  # [step, rank] views
-    for r in range(1, run.rounds + 1):
-        run.tick("compute schedule", (r - 1) / run.rounds)
-        starts[r - 1] = start
-        np.add(start + compute[r - 1], extra[r - 1], out=windows[r - 1])
-        done = windows[r - 1] + delay[r - 1]
-        ends[r - 1] = done
-        start = done + run.overhead
-        if run.is_control(r) and run.P > 1:
+    parts = split(run.P, run.P * run.rounds)  # ranks in threads (simulate/threads.py) up to each barrier
+
+    def steps(ranks: slice, first: int, last: int) -> None:  # steps first .. last of some ranks
+        at = start[ranks]
+        for r in range(first, last + 1):
+            starts[r - 1, ranks] = at
+            np.add(at + compute[r - 1, ranks], extra[r - 1, ranks], out=windows[r - 1, ranks])
+            done = windows[r - 1, ranks] + delay[r - 1, ranks]
+            ends[r - 1, ranks] = done
+            at = done + run.overhead
+        start[ranks] = at
+
+    first = 1
+    while first <= run.rounds:
+        run.tick("compute schedule", (first - 1) / run.rounds)
+        last = first  # up to the next barrier, a few dozen steps at most (saying where it is)
+        while last < min(run.rounds, first + 63) and not (run.is_control(last) and run.P > 1):
+            last += 1
+        in_blocks(lambda ranks, a=first, b=last: steps(ranks, a, b), parts, run.P * run.rounds)
+        if run.is_control(last) and run.P > 1:
             start = run.barrier(start)
+        first = last + 1
     return starts.T, windows.T, ends.T, float(start.max())
 
 

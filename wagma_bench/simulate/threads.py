@@ -2,7 +2,8 @@
 
 At 65,536 ranks most of AD-PSGD's time outside its gossip is numpy over one block of ranks at a time: the
 busy time's searches (:mod:`wagma_bench.simulate.busy`), the exchanges turned rank after rank
-(:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`), the step lag's searches, the compute schedule.
+(:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`), the step lag's searches, the compute schedule (its
+ranks in parts, up to each barrier).
 numpy releases the GIL in those kernels (``searchsorted``, ``take``, the ufuncs, copies), so threads over
 disjoint blocks use more than one core where the work is one process. Each block's arithmetic is its own and
 is written to its own place: the result is the same to the bit for any number of threads
@@ -17,6 +18,7 @@ call, so that a process forked later (``simulate --interval``'s workers) inherit
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +52,14 @@ def threads() -> int:
     except AttributeError:  # (not Linux)
         cpus = os.cpu_count() or 1
     return max(1, min(MAX_THREADS, cpus))
+
+
+def split(n: int, size: int) -> list[slice]:
+    """``range(n)`` in as many contiguous parts as :func:`in_blocks` would use threads for work of ``size``
+    elements (one part below :data:`THREADED_FROM`)."""
+    k = min(n, threads() if size >= THREADED_FROM else 1)
+    bounds = [n * j // max(1, k) for j in range(max(1, k) + 1)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def in_blocks(
