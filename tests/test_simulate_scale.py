@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import json
 import math
 from pathlib import Path
@@ -209,16 +210,20 @@ def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_elemen
         p = rng.integers(0, passives, n)  # (500: most passives asked once or twice, as in a batch)
         t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
         for a in (np.arange(n) * 2, rng.permutation(n) * 2):
-            assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))
+            order, to, starts, sizes = des._service_order(p, t, a)
+            assert np.array_equal(order, np.lexsort((a, t, p)))
+            assert np.array_equal(to, p[order]) and sizes.sum() == n and np.all(sizes > 0)
+            assert np.array_equal(np.repeat(to[starts], sizes), to) and len(set(to[starts])) == len(starts)
     axis = np.sort(np.round(rng.uniform(0, 100, 500), 0))
     for keys in (np.round(rng.uniform(20, 30, (7, 9)), 0), rng.uniform(-5, 105, 40), np.zeros(0)):
         assert np.array_equal(busy_module.search_right(axis, keys), np.searchsorted(axis, keys, side="right"))
 
 
 def test_adpsgd_in_threads_is_the_same_to_the_bit(monkeypatch):
-    """The blocks of ranks that run in threads at 8,192 ranks and more (simulate/threads.py: the busy time, the
-    exchanges turned rank after rank, the step lag, the row-major sums) give every figure of the result to the
-    bit as one thread does: small blocks in 3 threads from the first element, against one thread."""
+    """The blocks of ranks that run in threads at 8,192 ranks and more (simulate/threads.py: the busy time,
+    the exchanges turned rank after rank, the step lag, the row-major sums, the compute schedule's parts) give
+    every figure of the result to the bit as one thread does: small blocks in 3 threads from the first
+    element, against one thread."""
     from wagma_bench.simulate import busy as busy_module
     from wagma_bench.simulate import exchanges, threads
 
@@ -236,7 +241,9 @@ def test_adpsgd_in_threads_is_the_same_to_the_bit(monkeypatch):
     told: list[float] = []
     cfg.progress = lambda phase, f: told.append(f) if phase == "time in exchanges" else None
     assert {k: repr(v) for k, v in simulate(cfg).row().items()} == {k: repr(v) for k, v in alone.items()}
-    assert told and all(b >= a for a, b in zip(told, told[1:]) if b != 0.0)  # said in order, pass by pass
+    assert told and all(
+        b >= a for a, b in itertools.pairwise(told) if b != 0.0
+    )  # said in order, pass by pass
 
 
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():

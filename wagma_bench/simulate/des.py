@@ -772,11 +772,13 @@ def _gossip(
         run.tick("exchanges", float(t.min()) / end_time)  # the simulated clock the exchanges have reached
         p, latency, swap, real = pending.p[i], pending.latency[i], pending.swap[i], pending.real[i]
         done = t.copy()
-        if real.any():
-            order, begin, finish, position = _serve(np.flatnonzero(real), p, t, latency, swap, a, free)
+        some = np.count_nonzero(real)
+        if some:  # (every request real but an odd world's last active's: no index array to go through)
+            q = None if some == len(real) else np.flatnonzero(real)
+            order, to, begin, finish, position = _serve(q, p, t, latency, swap, a, free)
             done[order] = finish
             served = i[order]
-            made.add(served, pending.exchange[served], p[order], position, begin, finish)
+            made.add(served, pending.exchange[served], to, position, begin, finish)
         k, next_end = pending.k[i], pending.next_end[i]
         wake = np.maximum(done, next_end)
         pending.exchange[i] += 1
@@ -903,25 +905,29 @@ def _step_lag(run: SimState, ends: np.ndarray, end_time: float, made: Exchanges)
 
 
 def _serve(
-    q: np.ndarray,
+    q: np.ndarray | None,
     p: np.ndarray,
     t: np.ndarray,
     latency: np.ndarray,
     swap: np.ndarray,
     a: np.ndarray,
     free: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One batch's requests ``q`` (indices into the batch's arrays) served at their passives, each passive's
-    in the order the actives' threads woke (ties as an event heap pops them); ``free`` (when each passive is
-    free) is moved on. Returns (the requests in service order, their begin, their end, their place in their
-    passive's queue): the arithmetic of an event heap, ``begin = max(wake + latency, free)``, ``free = end =
-    begin + swap``, one place in the queues at a time."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One batch's requests ``q`` (indices into the batch's arrays, in the actives' order; None: all) served
+    at their passives, each passive's in the order the actives' threads woke (ties as an event heap pops
+    them); ``free`` (when each passive is free) is moved on. Returns (the requests in service order, their
+    passives, their begin, their end, their place in their passive's queue): the arithmetic of an event heap,
+    ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues at a
+    time."""
     # (a batch holds each active once, so its rank breaks every tie, as an event heap's (wake, active,
     # exchange) key does: the exchange count never decides)
-    order = q[_service_order(p[q], t[q], a[q])]
-    pq, arrive, cost = p[order], t[order] + latency[order], swap[order]
-    first = np.concatenate([[True], pq[1:] != pq[:-1]])
-    position = np.arange(len(pq)) - np.maximum.accumulate(np.where(first, np.arange(len(pq)), 0))
+    if q is None:
+        order, pq, starts, sizes = _service_order(p, t, a, in_order=True)
+    else:
+        order, pq, starts, sizes = _service_order(p[q], t[q], a[q], in_order=True)
+        order = q[order]
+    arrive, cost = t[order] + latency[order], swap[order]
+    position = np.arange(len(pq)) - np.repeat(starts, sizes)  # (each passive's requests lie together)
     begin, finish = np.empty(len(pq)), np.empty(len(pq))
     by_position = np.argsort(position.astype(np.uint16) if len(pq) <= 1 << 16 else position, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
@@ -930,24 +936,32 @@ def _serve(
         to = pq[at]
         begin[at] = began = np.maximum(arrive[at], free[to])
         finish[at] = free[to] = began + cost[at]
-    return order, begin, finish, position
+    return order, pq, begin, finish, position
 
 
-def _service_order(p: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """``np.lexsort((a, t, p))``: by passive, then wake, then active. For a batch in the actives' order (as
-    :func:`_gossip` makes them), by passive first (a radix sort where the ranks fit 16 bits, stable: each
-    passive's requests in the actives' order), then only where a passive has several: two by wake swapped
-    where the second woke first, three or more (a few percent of the requests) by wake (stably) and by
-    passive again; a quicksort of every wake took three quarters of the time at 22,000 requests a batch."""
-    if len(a) < 2 or not np.all(a[1:] > a[:-1]):
-        return np.lexsort((a, t, p))
-    order = _stable_by(p)
-    to, woke = p[order], t[order]
+def _service_order(
+    p: np.ndarray, t: np.ndarray, a: np.ndarray, in_order: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``np.lexsort((a, t, p))``: by passive, then wake, then active; with the passives in that order and
+    where each passive's requests begin and how many they are. For a batch in the actives' order (as
+    :func:`_gossip` makes them; ``in_order``: the caller says so, not checked), by passive first (a radix sort
+    where the ranks fit 16 bits, stable: each passive's requests in the actives' order), then only where a
+    passive has several: two by wake swapped where the second woke first, three or more (a few percent of the
+    requests) by wake (stably) and by passive again; a quicksort of every wake took three quarters of the time
+    at 22,000 requests a batch. Neither moves a request to another passive's places."""
+    if len(a) < 2 or not (in_order or np.all(a[1:] > a[:-1])):
+        order = np.lexsort((a, t, p))
+        to, woke = p[order], None
+    else:
+        order = _stable_by(p)
+        to, woke = p[order], t[order]
     first = np.empty(len(to), dtype=bool)
-    first[0] = True
+    first[:1] = True
     np.not_equal(to[1:], to[:-1], out=first[1:])
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, len(to)))
+    if woke is None:
+        return order, to, starts, sizes
     two = starts[sizes == 2]
     swap = two[woke[two + 1] < woke[two]]  # (a tie keeps the actives' order)
     order[swap], order[swap + 1] = order[swap + 1], order[swap]
@@ -956,7 +970,7 @@ def _service_order(p: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
         queued = order[more]  # by passive, each passive's in the actives' order
         by_wake = queued[np.argsort(t[queued], kind="stable")]
         order[more] = by_wake[_stable_by(p[by_wake])]
-    return order
+    return order, to, starts, sizes
 
 
 def _stable_by(rank: np.ndarray) -> np.ndarray:

@@ -2,12 +2,11 @@
 
 At 65,536 ranks most of AD-PSGD's time outside its gossip is numpy over one block of ranks at a time: the
 busy time's searches (:mod:`wagma_bench.simulate.busy`), the exchanges turned rank after rank
-(:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`), the step lag's searches, the compute schedule (its
-ranks in parts, up to each barrier).
-numpy releases the GIL in those kernels (``searchsorted``, ``take``, the ufuncs, copies), so threads over
-disjoint blocks use more than one core where the work is one process. Each block's arithmetic is its own and
-is written to its own place: the result is the same to the bit for any number of threads
-(``tests/test_simulate_scale.py`` compares 1 and 3).
+(:meth:`~wagma_bench.simulate.exchanges.Exchanges.by_rank`), the step lag's searches, the compute schedule
+(its ranks in parts, up to each barrier). numpy releases the GIL in those kernels (``searchsorted``,
+``take``, the ufuncs, copies), so threads over disjoint blocks use more than one core where the work is one
+process. Each block's arithmetic is its own and is written to its own place: the result is the same to the
+bit for any number of threads (``tests/test_simulate_scale.py`` compares 1 and 3).
 
 The number of threads: the CPUs this process may use, at most :data:`MAX_THREADS`; 1 in ``simulate
 --interval``'s worker processes, which already fill the CPUs (:func:`set_threads`, from
