@@ -765,25 +765,31 @@ def _gossip(
     free = np.zeros(P)  # when each passive is free
     wake = ends[actives, min(pending.every, rounds) - 1].copy()  # each active's request: when its thread woke
     everyone = np.arange(len(actives))
-    pending.request(everyone, wake, (wake < end_time) & (pending.every <= rounds), np.zeros_like(everyone))
+    first = np.zeros_like(everyone)
+    pending.request(everyone, wake, (wake < end_time) & (pending.every <= rounds), first, first)
+    batches = 0
     while pending.alive:
         i = pending.batch()
-        a, t = actives[i], pending.wake[i]
-        run.tick("exchanges", float(t.min()) / end_time)  # the simulated clock the exchanges have reached
-        p, latency, swap, real = pending.p[i], pending.latency[i], pending.swap[i], pending.real[i]
+        t = pending.wake[i]
+        if batches % 8 == 0:  # the simulated clock the exchanges have reached (every few batches)
+            run.tick("exchanges", float(t.min()) / end_time)
+        batches += 1
+        p, latency, swap, e = pending.p[i], pending.latency[i], pending.swap[i], pending.exchange[i]
         done = t.copy()
-        some = np.count_nonzero(real)
-        if some:  # (every request real but an odd world's last active's: no index array to go through)
-            q = None if some == len(real) else np.flatnonzero(real)
-            order, to, begin, finish, position = _serve(q, p, t, latency, swap, a, free)
+        q = None  # (every request real but an odd world's last active's: no index array to go through)
+        if not pending.all_real:
+            real = pending.real[i]
+            q = None if real.all() else np.flatnonzero(real)
+        if q is None or len(q):
+            order, to, begin, finish, position = _serve(q, p, t, latency, swap, free)
             done[order] = finish
-            served = i[order]
-            made.add(served, pending.exchange[served], to, position, begin, finish)
+            made.add(i[order], e[order], to, position, begin, finish)
         k, next_end = pending.k[i], pending.next_end[i]
         wake = np.maximum(done, next_end)
-        pending.exchange[i] += 1
+        e += 1
+        pending.exchange[i] = e
         # (woken after step k's end, each has ended k + 1 steps at least)
-        pending.request(i, wake, (k < rounds) & (wake < end_time), k + 1)
+        pending.request(i, wake, (k < rounds) & (wake < end_time), k + 1, e)
     return made
 
 
@@ -806,20 +812,23 @@ class _Pending:
         self.p, self.real = np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
         self.latency, self.swap = np.zeros(n), np.zeros(n)
         self.alive = n  # actives still making requests
+        # an active is paired in every matching or in none (_pairing): where all are, no request goes nowhere
+        self.all_real = bool(np.all(self.partners[:n] != actives))
 
-    def request(self, i: np.ndarray, wake: np.ndarray, alive: np.ndarray, ended: np.ndarray) -> None:
-        """Actives ``i`` woke at ``wake``, having ended at least ``ended`` steps by then; those not ``alive``
-        make no more requests."""
+    def request(
+        self, i: np.ndarray, wake: np.ndarray, alive: np.ndarray, ended: np.ndarray, exchange: np.ndarray
+    ) -> None:
+        """Actives ``i`` woke at ``wake``, having ended at least ``ended`` steps by then, to make their
+        ``exchange``-th exchange; those not ``alive`` make no more requests."""
         if not alive.all():  # (most batches: every one of them goes on)
             gone = i[~alive]
             self.alive -= len(gone)
             self.wake[gone] = self.earliest[gone] = math.inf
-            i, wake, ended = i[alive], wake[alive], ended[alive]
+            i, wake, ended, exchange = i[alive], wake[alive], ended[alive], exchange[alive]
         t, rounds = wake, self.rounds
         a = self.actives[i]
-        at = self.exchange[i] * self.n + i
+        at = exchange * self.n + i
         p, latency, swap = self.partners.take(at), self.latencies.take(at), self.swaps.take(at)
-        real = p != a
         ended, end_of = _steps_ended_from(self.ends, rounds, self.world, a, t, ended)
         # the next step that sets the thread's event
         k = ended if self.every == 1 else -(-(ended + 1) // self.every) * self.every - 1
@@ -827,9 +836,13 @@ class _Pending:
             end_of = self.ends.take(np.minimum(k, rounds - 1) * self.world + a)
         next_end = np.where(k < rounds, end_of, math.inf)
         self.wake[i], self.k[i], self.next_end[i] = t, k, next_end
-        self.p[i], self.latency[i], self.swap[i], self.real[i] = p, latency, swap, real
+        self.p[i], self.latency[i], self.swap[i] = p, latency, swap
         # its next wake, at least
-        self.earliest[i] = np.maximum(np.where(real, t + latency + swap, t), next_end)
+        if self.all_real:
+            self.earliest[i] = np.maximum(t + latency + swap, next_end)
+        else:
+            self.real[i] = real = p != a
+            self.earliest[i] = np.maximum(np.where(real, t + latency + swap, t), next_end)
 
     def batch(self) -> np.ndarray:
         """The requests that woke before any active could wake again (in active order), at least the first."""
@@ -910,7 +923,6 @@ def _serve(
     t: np.ndarray,
     latency: np.ndarray,
     swap: np.ndarray,
-    a: np.ndarray,
     free: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One batch's requests ``q`` (indices into the batch's arrays, in the actives' order; None: all) served
@@ -922,9 +934,9 @@ def _serve(
     # (a batch holds each active once, so its rank breaks every tie, as an event heap's (wake, active,
     # exchange) key does: the exchange count never decides)
     if q is None:
-        order, pq, starts, sizes = _service_order(p, t, a, in_order=True)
+        order, pq, starts, sizes = _service_order(p, t)
     else:
-        order, pq, starts, sizes = _service_order(p[q], t[q], a[q], in_order=True)
+        order, pq, starts, sizes = _service_order(p[q], t[q])
         order = q[order]
     arrive, cost = t[order] + latency[order], swap[order]
     position = np.arange(len(pq)) - np.repeat(starts, sizes)  # (each passive's requests lie together)
@@ -940,21 +952,23 @@ def _serve(
 
 
 def _service_order(
-    p: np.ndarray, t: np.ndarray, a: np.ndarray, in_order: bool = False
+    p: np.ndarray, t: np.ndarray, a: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``np.lexsort((a, t, p))``: by passive, then wake, then active; with the passives in that order and
     where each passive's requests begin and how many they are. For a batch in the actives' order (as
-    :func:`_gossip` makes them; ``in_order``: the caller says so, not checked), by passive first (a radix sort
+    :func:`_gossip` makes them; ``a`` None: the caller says so), by passive first (a radix sort
     where the ranks fit 16 bits, stable: each passive's requests in the actives' order), then only where a
     passive has several: two by wake swapped where the second woke first, three or more (a few percent of the
     requests) by wake (stably) and by passive again; a quicksort of every wake took three quarters of the time
     at 22,000 requests a batch. Neither moves a request to another passive's places."""
-    if len(a) < 2 or not (in_order or np.all(a[1:] > a[:-1])):
-        order = np.lexsort((a, t, p))
-        to, woke = p[order], None
-    else:
+    if len(p) < 2:
+        order, woke = np.arange(len(p)), None
+    elif a is None or np.all(a[1:] > a[:-1]):
         order = _stable_by(p)
-        to, woke = p[order], t[order]
+        woke = t[order]
+    else:
+        order, woke = np.lexsort((a, t, p)), None
+    to = p[order]
     first = np.empty(len(to), dtype=bool)
     first[:1] = True
     np.not_equal(to[1:], to[:-1], out=first[1:])
