@@ -199,19 +199,22 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
 
 
-def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element():
+@pytest.mark.parametrize("lexsort_up_to", [0, 1024])
+def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element(monkeypatch, lexsort_up_to):
     """The gossip's cheaper sorts (des._service_order) are np.lexsort's order, wakes tied or not, actives in
     order or not; a search in the keys' stretch of the axis (busy.search_right) is np.searchsorted's."""
     from wagma_bench.simulate import busy as busy_module
     from wagma_bench.simulate import des
 
+    monkeypatch.setattr(des, "LEXSORT_UP_TO", lexsort_up_to)  # (the radix sort and fixes, or one lexsort)
     rng = np.random.default_rng(5)
     for n, tie, passives in [(0, 0, 40), (1, 0, 40), (50, 0, 40), (400, 1, 40), (400, 0, 40), (400, 1, 500)]:
         p = rng.integers(0, passives, n)  # (500: most passives asked once or twice, as in a batch)
         t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
         for a in (np.arange(n) * 2, rng.permutation(n) * 2):
-            order, to, starts, sizes = des._service_order(p, t, a)
-            assert np.array_equal(order, np.lexsort((a, t, p)))
+            for given in (a, None) if np.all(a[1:] > a[:-1]) else (a,):  # (None: the actives in order)
+                order, to, starts, sizes = des._service_order(p, t, given)
+                assert np.array_equal(order, np.lexsort((a, t, p)))
             assert np.array_equal(to, p[order]) and sizes.sum() == n and np.all(sizes > 0)
             assert np.array_equal(np.repeat(to[starts], sizes), to) and len(set(to[starts])) == len(starts)
     axis = np.sort(np.round(rng.uniform(0, 100, 500), 0))

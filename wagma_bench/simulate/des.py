@@ -951,6 +951,11 @@ def _serve(
     return order, pq, begin, finish, position
 
 
+# a batch's requests from which its service order is a radix sort by passive and fixes, not one lexsort
+# (_service_order): measured alone, the lexsort took 8 us against 31 at 368 requests, 163 against 100 at 2,800
+LEXSORT_UP_TO = 1024
+
+
 def _service_order(
     p: np.ndarray, t: np.ndarray, a: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -960,14 +965,18 @@ def _service_order(
     where the ranks fit 16 bits, stable: each passive's requests in the actives' order), then only where a
     passive has several: two by wake swapped where the second woke first, three or more (a few percent of the
     requests) by wake (stably) and by passive again; a quicksort of every wake took three quarters of the time
-    at 22,000 requests a batch. Neither moves a request to another passive's places."""
+    at 22,000 requests a batch. Neither moves a request to another passive's places. Up to
+    :data:`LEXSORT_UP_TO` requests (a batch at 1,024 ranks holds some 370) one ``np.lexsort`` by wake and
+    passive costs less than the radix sort's two dozen numpy calls (8 against 31 us at 368 requests)."""
     if len(p) < 2:
         order, woke = np.arange(len(p)), None
-    elif a is None or np.all(a[1:] > a[:-1]):
+    elif a is not None and not np.all(a[1:] > a[:-1]):
+        order, woke = np.lexsort((a, t, p)), None
+    elif len(p) <= LEXSORT_UP_TO:  # (in the actives' order: a stable sort's ties keep it)
+        order, woke = np.lexsort((t, p)), None
+    else:
         order = _stable_by(p)
         woke = t[order]
-    else:
-        order, woke = np.lexsort((a, t, p)), None
     to = p[order]
     first = np.empty(len(to), dtype=bool)
     first[:1] = True
