@@ -64,6 +64,7 @@ engine: between the answer and the post, where the real update happens).
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -938,16 +939,19 @@ def _serve(
     else:
         order, pq, starts, sizes = _service_order(p[q], t[q])
         order = q[order]
-    arrive, cost = t[order] + latency[order], swap[order]
     position = np.arange(len(pq)) - np.repeat(starts, sizes)  # (each passive's requests lie together)
-    begin, finish = np.empty(len(pq)), np.empty(len(pq))
+    # the requests by their place in their queue (every passive's first, then every second, ...), read once
     by_position = np.argsort(position.astype(np.uint16) if len(pq) <= 1 << 16 else position, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(position))])
-    for j in range(len(bounds) - 1):  # a passive's requests one after the other (few a batch)
-        at = by_position[bounds[j] : bounds[j + 1]]
-        to = pq[at]
-        begin[at] = began = np.maximum(arrive[at], free[to])
-        finish[at] = free[to] = began + cost[at]
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(position))]).tolist()
+    served = order[by_position]
+    to, arrive, cost = pq[by_position], t[served] + latency[served], swap[served]
+    began, ended = np.empty(len(pq)), np.empty(len(pq))
+    for lo, hi in itertools.pairwise(bounds):  # a passive's requests one after the other (few a batch)
+        np.maximum(arrive[lo:hi], free[to[lo:hi]], out=began[lo:hi])
+        np.add(began[lo:hi], cost[lo:hi], out=ended[lo:hi])
+        free[to[lo:hi]] = ended[lo:hi]
+    begin, finish = np.empty(len(pq)), np.empty(len(pq))
+    begin[by_position], finish[by_position] = began, ended  # (in service order again)
     return order, pq, begin, finish, position
 
 
