@@ -782,9 +782,9 @@ def _gossip(
             real = pending.real[i]
             q = None if real.all() else np.flatnonzero(real)
         if q is None or len(q):
-            order, to, begin, finish, position = _serve(q, p, t, latency, swap, free)
+            order, to, begin, finish, position, sizes = _serve(q, p, t, latency, swap, free)
             done[order] = finish
-            made.add(i[order], e[order], to, position, begin, finish)
+            made.add(i[order], e[order], to, position, begin, finish, sizes)
         k, next_end = pending.k[i], pending.next_end[i]
         wake = np.maximum(done, next_end)
         e += 1
@@ -925,13 +925,13 @@ def _serve(
     latency: np.ndarray,
     swap: np.ndarray,
     free: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One batch's requests ``q`` (indices into the batch's arrays, in the actives' order; None: all) served
     at their passives, each passive's in the order the actives' threads woke (ties as an event heap pops
     them); ``free`` (when each passive is free) is moved on. Returns (the requests in service order, their
-    passives, their begin, their end, their place in their passive's queue): the arithmetic of an event heap,
-    ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one place in the queues at a
-    time."""
+    passives, their begin, their end, their place in their passive's queue, each queue's length): the
+    arithmetic of an event heap, ``begin = max(wake + latency, free)``, ``free = end = begin + swap``, one
+    place in the queues at a time."""
     # (a batch holds each active once, so its rank breaks every tie, as an event heap's (wake, active,
     # exchange) key does: the exchange count never decides)
     if q is None:
@@ -952,7 +952,7 @@ def _serve(
         free[to[lo:hi]] = ended[lo:hi]
     begin, finish = np.empty(len(pq)), np.empty(len(pq))
     begin[by_position], finish[by_position] = began, ended  # (in service order again)
-    return order, pq, begin, finish, position
+    return order, pq, begin, finish, position, sizes
 
 
 # a batch's requests from which its service order is a radix sort by passive and fixes, not one lexsort
@@ -982,11 +982,10 @@ def _service_order(
         order = _stable_by(p)
         woke = t[order]
     to = p[order]
-    first = np.empty(len(to), dtype=bool)
-    first[:1] = True
-    np.not_equal(to[1:], to[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    sizes = np.diff(np.append(starts, len(to)))
+    edge = np.ones(len(to) + 1, dtype=bool)  # where a passive's queue begins, and the end
+    np.not_equal(to[1:], to[:-1], out=edge[1:-1])
+    edges = np.flatnonzero(edge)
+    starts, sizes = edges[:-1], edges[1:] - edges[:-1]
     if woke is None:
         return order, to, starts, sizes
     two = starts[sizes == 2]

@@ -63,10 +63,11 @@ class Exchanges:
         position: np.ndarray,
         begin: np.ndarray,
         end: np.ndarray,
+        queues: np.ndarray | None = None,
     ) -> None:
         """Actives ``i`` (each once) had their ``e``-th exchange with passive ranks ``p``, ``position``-th in
         ``p``'s queue of this batch, from ``begin`` to ``end``; the requests in service order (a passive's
-        in its queue's order)."""
+        in its queue's order; ``queues``: each queue's length in that order, if the caller has them)."""
         self._ordered = None
         (active_begin, active_end), _, served_as = self._flat
         slot = e * self.active.shape[2] + i
@@ -83,8 +84,11 @@ class Exchanges:
         at = j * self.passive.shape[2] + q
         passive_begin[at], passive_end[at] = begin, end
         served_as[slot] = j
-        last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
-        self.passive_count[q[last]] = j[last] + 1
+        if queues is None:
+            last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
+            self.passive_count[q[last]] = j[last] + 1
+        else:  # (each passive once: its first request's place)
+            self.passive_count[q[position == 0]] += queues
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every exchange as ``(active rank, passive rank, begin, end)`` arrays, exchange after exchange."""
