@@ -771,11 +771,11 @@ def _gossip(
     batches = 0
     while pending.alive:
         i = pending.batch()
-        t = pending.wake[i]
+        t, next_end, latency, swap = pending.floats[:, i]  # (one gather each of the batch's floats and ints)
+        p, k, e = pending.ints[:, i]
         if batches % 8 == 0:  # the simulated clock the exchanges have reached (every few batches)
             run.tick("exchanges", float(t.min()) / end_time)
         batches += 1
-        p, latency, swap, e = pending.p[i], pending.latency[i], pending.swap[i], pending.exchange[i]
         done = t.copy()
         q = None  # (every request real but an odd world's last active's: no index array to go through)
         if not pending.all_real:
@@ -785,7 +785,6 @@ def _gossip(
             order, to, begin, finish, position, sizes = _serve(q, p, t, latency, swap, free)
             done[order] = finish
             made.add(i[order], e[order], to, position, begin, finish, sizes)
-        k, next_end = pending.k[i], pending.next_end[i]
         wake = np.maximum(done, next_end)
         e += 1
         pending.exchange[i] = e
@@ -807,11 +806,13 @@ class _Pending:
         self.world = ends.shape[0]
         self.ends = np.ravel(ends.T)  # [step, rank]: a view of the compute schedule's (_compute_schedule)
         self.partners, self.latencies, self.swaps = (np.ravel(x) for x in pairing)  # [exchange, active]
-        self.wake, self.earliest = np.full(n, math.inf), np.full(n, math.inf)
-        self.exchange = np.zeros(n, dtype=int)
-        self.k, self.next_end = np.zeros(n, dtype=int), np.full(n, math.inf)
-        self.p, self.real = np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
-        self.latency, self.swap = np.zeros(n), np.zeros(n)
+        # each active's request, a row a field: a batch gathers each array's columns at once
+        self.floats = np.zeros((4, n))
+        self.floats[:2] = math.inf
+        self.wake, self.next_end, self.latency, self.swap = self.floats  # (views of its rows)
+        self.ints = np.zeros((3, n), dtype=int)
+        self.p, self.k, self.exchange = self.ints
+        self.earliest, self.real = np.full(n, math.inf), np.zeros(n, dtype=bool)
         self.alive = n  # actives still making requests
         # an active is paired in every matching or in none (_pairing): where all are, no request goes nowhere
         self.all_real = bool(np.all(self.partners[:n] != actives))
