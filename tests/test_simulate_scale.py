@@ -241,12 +241,13 @@ def test_adpsgd_in_threads_is_the_same_to_the_bit(monkeypatch):
         monkeypatch.setattr(module, name, size)
     monkeypatch.setattr(exchanges, "TRANSPOSE_BLOCK", 2)
     monkeypatch.setattr("wagma_bench.simulate.des.SEARCH_BLOCK", 50)
-    told: list[float] = []
-    cfg.progress = lambda phase, f: told.append(f) if phase == "time in exchanges" else None
+    said: list[tuple[str, float]] = []
+    cfg.progress = lambda phase, f: said.append((phase, f))
     assert {k: repr(v) for k, v in simulate(cfg).row().items()} == {k: repr(v) for k, v in alone.items()}
-    assert told and all(
-        b >= a for a, b in itertools.pairwise(told) if b != 0.0
-    )  # said in order, pass by pass
+    told = [f for phase, f in said if phase == "time in exchanges"]  # said in order, pass by pass
+    assert told and all(b >= a for a, b in itertools.pairwise(told) if b != 0.0)
+    schedule = [f for phase, f in said if phase == "compute schedule"]  # every round, by one thread
+    assert len(schedule) == 40 * alone["gossip_rounds"] and schedule[:40] == sorted(schedule[:40])
 
 
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():

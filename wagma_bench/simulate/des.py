@@ -709,6 +709,8 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
     def steps(ranks: slice, first: int, last: int) -> None:  # steps first .. last of some ranks
         at = start[ranks]
         for r in range(first, last + 1):
+            if ranks is parts[0]:  # (one thread says where it is, every round)
+                run.tick("compute schedule", (r - 1) / run.rounds)
             starts[r - 1, ranks] = at
             np.add(at + compute[r - 1, ranks], extra[r - 1, ranks], out=windows[r - 1, ranks])
             done = windows[r - 1, ranks] + delay[r - 1, ranks]
@@ -718,7 +720,6 @@ def _compute_schedule(run: SimState, extra: np.ndarray) -> tuple[np.ndarray, np.
 
     first = 1
     while first <= run.rounds:
-        run.tick("compute schedule", (first - 1) / run.rounds)
         last = first  # up to the next barrier, a few dozen steps at most (saying where it is)
         while last < min(run.rounds, first + 63) and not (run.is_control(last) and run.P > 1):
             last += 1
