@@ -258,3 +258,23 @@ def test_simulate_interval_keeps_its_simulations_beside_out_on_a_failure_and_a_r
     assert simulate_main(args) == 0
     assert "resuming: 20 simulations done before" in capsys.readouterr().err
     assert (out / "interval.json").exists() and not resume_path(out).exists()
+
+
+def test_a_hierarchical_allreduce_on_one_rank_a_node_is_the_rings_simulation():
+    """Piz Daint has one GPU a node: its structures' hierarchical allreduce (simulate/structures.py) is the
+    flat ring's simulation to the bit, so the memo keys them as one (Network.as_costed); four a node, not."""
+    ring = dataclasses.replace(daint(), allreduce="ring", _cache={})
+    hier = dataclasses.replace(ring, allreduce="hierarchical", _cache={})
+    assert ring.gpus_per_node == 1
+    for name in ("allreduce", "wagma", "adpsgd"):
+        rows = [
+            simulate(SimConfig(name, 6, Workload(sigma=0.3, params=1e6), net, steps=8, control_every=3)).row()
+            for net in (ring, hier)
+        ]
+        assert repr(rows[0]) == repr(rows[1]), name
+        keys = [sim_key(name, 6, Inputs(Workload(), net, None, {}, 0, 1)) for net in (ring, hier)]
+        assert keys[0] == keys[1], name
+    four = [dataclasses.replace(net, gpus_per_node=4, _cache={}) for net in (ring, hier)]
+    assert sim_key("allreduce", 8, Inputs(Workload(), four[0], None, {}, 0, 1)) != sim_key(
+        "allreduce", 8, Inputs(Workload(), four[1], None, {}, 0, 1)
+    )

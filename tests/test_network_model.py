@@ -69,6 +69,22 @@ def test_hierarchical_allreduce_is_the_ring_with_one_rank_per_node_and_pays_the_
     )
 
 
+def test_with_one_rank_per_node_hierarchical_costs_what_the_ring_costs_to_the_bit():
+    """Network.as_costed (simulate --interval's memo key): one rank a node, the hierarchical allreduce is the
+    ring to the bit, for any group, size and sharing of the NIC; with several ranks a node it is kept."""
+    for injection in (NIC, None):
+        hier, flat = _net(1, "hierarchical", injection), _net(1, "ring", injection)
+        assert hier.as_costed() == flat and hier.as_costed().allreduce == "ring"
+        for p in (1, 2, 3, 7, 64, 1000):
+            for n in (4.0, 1e6 + 0.3, 1.1e8):
+                assert hier.world_allreduce(p, n).hex() == flat.world_allreduce(p, n).hex(), (p, n)
+                for sharing in (1, 3):
+                    got = hier.group_allreduce(range(1, p + 1), n, sharing)
+                    assert got.hex() == flat.group_allreduce(range(1, p + 1), n, sharing).hex(), (p, n)
+    several = _net(4, "hierarchical")
+    assert several.as_costed() is several and _net(1, "auto").as_costed().allreduce == "auto"
+
+
 def test_groups_that_share_a_node_share_its_nic():
     """WAGMA's later stages: eight groups, one member on each of eight nodes: every node sends eight flows."""
     net, n = _net(8, "ring"), 100e6

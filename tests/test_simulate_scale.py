@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ from wagma_bench.config.plan import RunPlan
 from wagma_bench.config.schema import validate
 from wagma_bench.imbalance import IMBALANCES, make_imbalance
 from wagma_bench.optim.specs import OPTIMIZER_SPECS
+from wagma_bench.simulate.busy import busy_between
 from wagma_bench.simulate.costs import Link, Network
 from wagma_bench.simulate.des import (
     SimConfig,
@@ -28,7 +30,6 @@ from wagma_bench.simulate.des import (
     _gossip,
     _step_lag,
     activate,
-    busy_between,
     hypercube_latencies,
     make_plan,
     simulate,
@@ -156,7 +157,7 @@ def test_busy_time_inside_windows_matches_a_direct_sum():
 def test_a_window_that_starts_where_the_one_before_ended_reads_its_busy_time_to_the_bit(monkeypatch):
     """Half the windows begin where the one before ended (no delay, no overhead): their busy time at the start
     is read from the end before: the same numbers as searched anew."""
-    from wagma_bench.simulate import des
+    from wagma_bench.simulate import busy as busy_module
 
     rng = np.random.default_rng(4)
     world, n, cols = 6, 300, 9
@@ -167,17 +168,17 @@ def test_a_window_that_starts_where_the_one_before_ended_reads_its_busy_time_to_
     lo = hi - rng.uniform(0.2, 0.5, (world, cols))
     lo[:, 1:] = np.where(rng.random((world, cols - 1)) < 0.5, hi[:, :-1], lo[:, 1:])
     got = busy_between(busy, world, lo, hi)
-    monkeypatch.setattr(des._RankBlock, "busy_at_starts", lambda self, lo, hi, _: self.busy_until(lo))
+    monkeypatch.setattr(busy_module._RankBlock, "busy_at_starts", lambda self, lo, hi, _: self.busy_until(lo))
     assert np.array_equal(got, busy_between(busy, world, lo, hi))
 
 
 @pytest.mark.parametrize("chunk", [3, 200, 1 << 21])
 def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bit(monkeypatch, chunk):
-    """At 65,536 ranks the busy time is searched a block of ranks at a time (des.SEARCH_BLOCK, each block in
-    its own stretch of the axis) and its intervals sorted a block of ranks at a time (des.CHUNK), each saying
+    """At 65,536 ranks the busy time is searched a block of ranks at a time (busy.SEARCH_BLOCK, each block in
+    its own stretch of the axis) and its intervals sorted a block of ranks at a time (busy.CHUNK), each saying
     where it is: the same numbers as one pass over the whole arrays, ties included (intervals shuffled, times
     rounded so that keys tie), saying where it is in order."""
-    from wagma_bench.simulate import des
+    from wagma_bench.simulate import busy as busy_module
 
     rng = np.random.default_rng(chunk)
     world, n = 40, 2000
@@ -187,30 +188,66 @@ def test_busy_time_and_its_sort_a_chunk_at_a_time_are_the_whole_arrays_to_the_bi
     lo = np.round(rng.uniform(0, 5, (world, 11)), 1)
     hi = lo + rng.uniform(0, 2, (world, 11))
     whole = busy_between(busy, world, lo, hi)  # CHUNK as shipped: one block, one chunk at this size
-    monkeypatch.setattr(des, "CHUNK", chunk)
-    monkeypatch.setattr(des, "SEARCH_BLOCK", chunk)
+    monkeypatch.setattr(busy_module, "CHUNK", chunk)
+    monkeypatch.setattr(busy_module, "SEARCH_BLOCK", chunk)
     told: list[float] = []
     assert np.array_equal(
-        des._by_rank_then_key(rank, begin, 13.0, world), np.argsort(rank * 13.0 + begin, kind="stable")
+        busy_module._by_rank_then_key(rank, begin, 13.0, world),
+        np.argsort(rank * 13.0 + begin, kind="stable"),
     )
     assert np.array_equal(busy_between(busy, world, lo, hi, lambda _, f: told.append(f)), whole)
     assert told == sorted(told) and told[0] == 0.0 and (chunk > n or len(told) > 2), told
 
 
-def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element():
+@pytest.mark.parametrize("lexsort_up_to", [0, 1024])
+def test_the_batch_service_order_and_the_stretch_search_are_numpys_to_the_element(monkeypatch, lexsort_up_to):
     """The gossip's cheaper sorts (des._service_order) are np.lexsort's order, wakes tied or not, actives in
-    order or not; a search in the keys' stretch of the axis (des._search_right) is np.searchsorted's."""
+    order or not; a search in the keys' stretch of the axis (busy.search_right) is np.searchsorted's."""
+    from wagma_bench.simulate import busy as busy_module
     from wagma_bench.simulate import des
 
+    monkeypatch.setattr(des, "LEXSORT_UP_TO", lexsort_up_to)  # (the radix sort and fixes, or one lexsort)
     rng = np.random.default_rng(5)
     for n, tie, passives in [(0, 0, 40), (1, 0, 40), (50, 0, 40), (400, 1, 40), (400, 0, 40), (400, 1, 500)]:
         p = rng.integers(0, passives, n)  # (500: most passives asked once or twice, as in a batch)
         t = np.round(rng.uniform(0, 3, n), 1) if tie else rng.uniform(0, 3, n)
         for a in (np.arange(n) * 2, rng.permutation(n) * 2):
-            assert np.array_equal(des._service_order(p, t, a), np.lexsort((a, t, p)))
+            for given in (a, None) if np.all(a[1:] > a[:-1]) else (a,):  # (None: the actives in order)
+                order, to, starts, sizes = des._service_order(p, t, given)
+                assert np.array_equal(order, np.lexsort((a, t, p)))
+            assert np.array_equal(to, p[order]) and sizes.sum() == n and np.all(sizes > 0)
+            assert np.array_equal(np.repeat(to[starts], sizes), to) and len(set(to[starts])) == len(starts)
     axis = np.sort(np.round(rng.uniform(0, 100, 500), 0))
     for keys in (np.round(rng.uniform(20, 30, (7, 9)), 0), rng.uniform(-5, 105, 40), np.zeros(0)):
-        assert np.array_equal(des._search_right(axis, keys), np.searchsorted(axis, keys, side="right"))
+        assert np.array_equal(busy_module.search_right(axis, keys), np.searchsorted(axis, keys, side="right"))
+
+
+def test_adpsgd_in_threads_is_the_same_to_the_bit(monkeypatch):
+    """The blocks of ranks that run in threads from 4,096 ranks at 500 rounds (simulate/threads.py: the busy
+    time, the exchanges turned rank after rank, the step lag, the row-major sums, the compute schedule's
+    parts) give every figure of the result to the bit as one thread does: small blocks in 3 threads from the
+    first element, against one thread."""
+    from wagma_bench.simulate import busy as busy_module
+    from wagma_bench.simulate import exchanges, threads
+
+    imbalance = make_imbalance(IMBALANCES["lognormal"].Settings(sigma=0.5), 1)
+    wl = Workload(step_s=0.3, sigma=0.2, params=2e7, gossip_cost=0.5)
+    cfg = SimConfig("adpsgd", 37, wl, NET, imbalance, steps=40, seed=3, control_every=10)
+    monkeypatch.setattr(threads, "_threads", 1)
+    alone = simulate(cfg).row()
+    monkeypatch.setattr(threads, "THREADED_FROM", 0)
+    monkeypatch.setattr(threads, "_threads", 3)
+    for module, name, size in ((busy_module, "SEARCH_BLOCK", 50), (busy_module, "CHUNK", 64)):
+        monkeypatch.setattr(module, name, size)
+    monkeypatch.setattr(exchanges, "TRANSPOSE_BLOCK", 2)
+    monkeypatch.setattr("wagma_bench.simulate.des.SEARCH_BLOCK", 50)
+    said: list[tuple[str, float]] = []
+    cfg.progress = lambda phase, f: said.append((phase, f))
+    assert {k: repr(v) for k, v in simulate(cfg).row().items()} == {k: repr(v) for k, v in alone.items()}
+    told = [f for phase, f in said if phase == "time in exchanges"]  # said in order, pass by pass
+    assert told and all(b >= a for a, b in itertools.pairwise(told) if b != 0.0)
+    schedule = [f for phase, f in said if phase == "compute schedule"]  # every round, by one thread
+    assert len(schedule) == 40 * alone["gossip_rounds"] and schedule[:40] == sorted(schedule[:40])
 
 
 def test_adpsgd_with_a_free_exchange_runs_at_its_compute_schedule():

@@ -1,6 +1,6 @@
 """The simulator's cost per rank-round at P = 1,024, 8,192 and 65,536: each optimizer's model simulated once
-per world size, CPU seconds of its process (``time.process_time``) over ranks x rounds; each row also keeps
-the wall seconds and the peak memory of that process.
+per world size, CPU seconds of its process (``time.process_time``: all its threads, simulate/threads.py) over
+ranks x rounds; each row also keeps the wall seconds and the peak memory of that process.
 
     .venv/bin/python reproduce/scaling/bench_simulator.py \\
         --out reproduce/scaling/bench-simulator-2core-DATE.json

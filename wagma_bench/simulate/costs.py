@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -192,6 +192,18 @@ class Network:
         """Zero-cost communication (the tests' ideal machine)."""
         zero = Link(0.0, 0.0)
         return cls(zero, zero, 1, "ring", 0.0)
+
+    def as_costed(self) -> Network:
+        """This network in the form its costs read it: with one rank per node the hierarchical allreduce is
+        the flat ring term for term (:func:`hierarchical_time` with one member a node: no part inside a node,
+        0.0 added to the ring between the nodes on the whole model, the same products in the same order;
+        inside one node it is the ring by definition), so ``allreduce: hierarchical`` is written ``ring``
+        there. ``simulate --interval`` keys its memo with it (:func:`~wagma_bench.simulate.pool.sim_key`):
+        on Piz Daint (one GPU a node) half of the structures (:mod:`~wagma_bench.simulate.structures`) are
+        the other half's simulations (``tests/test_costs.py`` checks every collective's cost to the bit)."""
+        if self.allreduce == HIERARCHICAL and self.gpus_per_node == 1:
+            return replace(self, allreduce="ring", _cache={})
+        return self
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node

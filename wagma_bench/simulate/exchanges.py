@@ -2,7 +2,7 @@
 rank that made it: an active's ``e``-th exchange at ``[e, active]``, a passive's ``j``-th service at ``[j,
 passive]``, each ``(begin, end)``.
 
-The busy time (:func:`~wagma_bench.simulate.des.busy_between`) needs every rank's intervals rank after rank,
+The busy time (:func:`~wagma_bench.simulate.busy.busy_between`) needs every rank's intervals rank after rank,
 each rank's in time order. The gossip makes them batch by batch, in time order; a sort of every interval by
 its rank and a gather in that order put them rank after rank at a cache and TLB miss an interval (4.6 CPU s
 a pass of the fixed point at 65,536 ranks, in a reproduction of that sort and gather alone, under load).
@@ -15,6 +15,8 @@ rank's slots are in the order it made them.
 from __future__ import annotations
 
 import numpy as np
+
+from wagma_bench.simulate.threads import in_blocks
 
 # ranks whose slots are turned around at once (Exchanges.by_rank): a block of a few megabytes
 TRANSPOSE_BLOCK = 256
@@ -61,10 +63,11 @@ class Exchanges:
         position: np.ndarray,
         begin: np.ndarray,
         end: np.ndarray,
+        queues: np.ndarray | None = None,
     ) -> None:
         """Actives ``i`` (each once) had their ``e``-th exchange with passive ranks ``p``, ``position``-th in
         ``p``'s queue of this batch, from ``begin`` to ``end``; the requests in service order (a passive's
-        in its queue's order)."""
+        in its queue's order; ``queues``: each queue's length in that order, if the caller has them)."""
         self._ordered = None
         (active_begin, active_end), _, served_as = self._flat
         slot = e * self.active.shape[2] + i
@@ -81,8 +84,11 @@ class Exchanges:
         at = j * self.passive.shape[2] + q
         passive_begin[at], passive_end[at] = begin, end
         served_as[slot] = j
-        last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
-        self.passive_count[q[last]] = j[last] + 1
+        if queues is None:
+            last = np.append(q[1:] != q[:-1], True)  # each passive's last request: its queue's length
+            self.passive_count[q[last]] = j[last] + 1
+        else:  # (each passive once: its first request's place)
+            self.passive_count[q[position == 0]] += queues
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every exchange as ``(active rank, passive rank, begin, end)`` arrays, exchange after exchange."""
@@ -122,12 +128,13 @@ class Exchanges:
         if self._by_rank.shape[1] < offsets[-1]:
             self._by_rank = np.empty((2, int(offsets[-1]) + int(offsets[-1]) // 8))
         both = self._by_rank[:, : offsets[-1]]  # (the last pass's intervals, written over)
-        for r0 in range(0, self.world, 2 * TRANSPOSE_BLOCK):  # ranks r0 .. r1 - 1, actives first
+
+        def turn(r0: int) -> None:  # ranks r0 .. r1 - 1, actives first (in threads: simulate/threads.py)
             r1 = min(self.world, r0 + 2 * TRANSPOSE_BLOCK)
             c = counts[r0:r1]
             slots = int(c.max(initial=0))
             if not slots:
-                continue
+                return
             keep = (np.arange(slots)[None, :] < c[:, None]).ravel()  # (a flat mask: numpy's fast path)
             rows = np.empty((r1 - r0, slots))
             mine, theirs = rows[0::2], rows[1::2]  # actives' rows, passives' rows
@@ -136,6 +143,8 @@ class Exchanges:
                 mine[:, :some] = self.active[side, :some, r0 // 2 : r0 // 2 + len(mine)].T
                 theirs[:] = self.passive[side, :slots, r0 // 2 : r0 // 2 + len(theirs)].T
                 both[side, offsets[r0] : offsets[r1]] = rows.ravel()[keep]
+
+        in_blocks(turn, range(0, self.world, 2 * TRANSPOSE_BLOCK), int(offsets[-1]))
         return counts, both
 
 

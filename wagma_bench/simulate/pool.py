@@ -40,6 +40,7 @@ from wagma_bench.simulate.des import simulate
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.resume import SAVE_EVERY_S, key_digest, load, save
+from wagma_bench.simulate.threads import set_threads
 
 # the workload's keys that only AD-PSGD's model reads (des.sim_adpsgd): left out of every other optimizer's
 # key, so that moving them leaves those simulations memoised (tests/test_interval_pool.py checks that every
@@ -96,7 +97,7 @@ def sim_key(name: str, world: int, inputs: Any, workload: Any | None = None) -> 
         name,
         world,
         wl,
-        frozen(inputs.network),
+        frozen(inputs.network.as_costed()),  # (hierarchical is the ring with one rank a node)
         frozen(inputs.imbalance),
         frozen(inputs.control_every),
         frozen(inputs.seed),
@@ -126,9 +127,11 @@ _WORKER: dict[str, Any] = {}  # a worker process's runs, rounds and progress lin
 
 def _start_worker(runs: dict[str, RunConfig], steps: int, start: float, parent: int) -> None:
     """A worker's start: it ends with the command, whatever ends that (SIGKILL included), and leaves Ctrl-C
-    to the command, which stops it (one line, not a traceback per process)."""
+    to the command, which stops it (one line, not a traceback per process); its simulations in one thread
+    each (the workers already fill the CPUs: simulate/threads.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _end_with_parent(parent)
+    set_threads(1)
     _WORKER.update(runs=runs, steps=steps, ticker=Ticker(0, "simulate --interval", start))
 
 
