@@ -435,12 +435,14 @@ def test_changed_configuration_is_refused_naming_the_key(checkpointed, tmp_path)
 
 def test_sgp_overlap_checkpoint_keeps_the_message_in_flight(tmp_path):
     """Push-sum conserves mass: the weights of all ranks plus the messages in flight sum to the world
-    size. A checkpoint without the in-flight message loses that mass on resume."""
+    size. A checkpoint without the in-flight message loses that mass on resume. (Batches of 8 images a rank:
+    the message in flight is the model's, whatever the batch.)"""
     out = run(
         QUICK[:1]
         + [
             "optimizer=sgp",
             "optimizer.overlap=true",
+            "train.batch_size=8",
             "train.max_rounds=10",
             "eval.every_rounds=10",
             "logger.progress=off",
