@@ -19,8 +19,16 @@ import torch
 from torch import nn
 
 # This module is preloaded too: importing it builds one torch optimizer, whose first construction
-# imports torch._dynamo (5-20 s), so that the ranks forked from the server do not each pay for it.
-_PRELOAD = ["torch", "torch.distributed", "wagma_bench.comm.torch_dist", "wagma_bench.optim", __name__]
+# imports torch._dynamo (5-20 s), so that the ranks forked from the server do not each pay for it; then what
+# the preload made is frozen (tests/server_freeze.py).
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "wagma_bench.comm.torch_dist",
+    "wagma_bench.optim",
+    __name__,
+    "tests.server_freeze",
+]
 torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
 
 

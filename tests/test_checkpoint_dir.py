@@ -19,20 +19,37 @@ ARGS = ["launcher.nproc=2", "eval.every_rounds=4", "checkpoint.every_s=0", "logg
 def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(tmp_path):
     """The sets go to OTHER/<run>-<hash>/, none to RUN_DIR/checkpoint; the run directory records where they
     are; the rerun with a larger budget resumes from them. The size said at the start is the size of the rank
-    files written (within a record's alignment, 64 bytes, per tensor of the file)."""
+    files written (within a record's alignment, 64 bytes, per tensor of the file). The run and its rerun are
+    one multirun (one launcher, one fork server): its second job reruns the first's directory with the larger
+    budget, in rank processes of its own."""
     run_dir, other = tmp_path / "run", tmp_path / "scratch"
-    args = ARGS + [f"checkpoint.dir={other}", f"hydra.run.dir={run_dir}"]
-    first = run(args + ["train.max_rounds=4"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    out = run(
+        [
+            "-m",
+            *ARGS,
+            f"checkpoint.dir={other}",
+            "train.max_rounds=4,8",
+            f"hydra.sweep.dir={tmp_path}",
+            f"hydra.sweep.subdir={run_dir.name}",
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
     folder = configured_folder(run_dir, str(other))
     assert folder.parent == other and not (run_dir / "checkpoint").exists()
     assert json.loads((run_dir / WHERE).read_text()) == {"dir": str(folder)}
-    found = latest_set(run_dir)
-    assert found is not None and found[0] == folder / "round-4"
-    said = re.search(
-        r"checkpoints: \S+ \S+ \((\d+) bytes\) per rank x 2 ranks = .* in (\S+); the last 2", first.stdout
+    said = re.findall(
+        r"checkpoints: \S+ \S+ \((\d+) bytes\) per rank x 2 ranks = .* in (\S+); the last 2", out.stdout
     )
-    assert said and said.group(2) == str(folder), first.stdout[-2000:]
+    assert len(said) == 2 and all(where == str(folder) for _, where in said), out.stdout[-2000:]
+    assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
+    resume = [
+        e
+        for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+        if e["key"] == "run_resume"
+    ]
+    assert resume[0]["metadata"]["round"] == 4  # the first job's last set, found in checkpoint.dir
+    found = latest_set(run_dir)
+    assert found is not None and found[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
     import torch
 
     for rank_file in sorted(found[0].glob("rank*.pt")):
@@ -40,21 +57,10 @@ def test_a_run_checkpoints_into_checkpoint_dir_and_its_rerun_resumes_from_there(
         tensors = len(saved["model"]) + sum(
             len(v) for v in saved["algo"]["local_optimizer"]["state"].values()
         )
-        assert abs(rank_file.stat().st_size - int(said.group(1))) <= 64 * tensors, (
+        assert abs(rank_file.stat().st_size - int(said[0][0])) <= 64 * tensors, (
             rank_file.stat().st_size,
             said[0],
         )
-
-    second = run(args + ["train.max_rounds=8"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert keys(run_dir).count("run_resume") == 1 and keys(run_dir)[-1] == "run_stop"
-    resume = [
-        e
-        for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
-        if e["key"] == "run_resume"
-    ]
-    assert resume[0]["metadata"]["round"] == 4
-    assert latest_set(run_dir)[0] == folder / "round-8" and not (run_dir / "checkpoint").exists()
 
 
 def test_each_run_gets_its_own_folder_and_a_relative_dir_is_under_the_run_directory(tmp_path):

@@ -271,6 +271,22 @@ def test_committed_sources_follow_the_protocol():
         assert math.isfinite(drift["elasticity"]) and drift["elasticity_se"] > 0, r["id"]
 
 
+def test_reading_the_claims_imports_no_torch():
+    """``wagma-bench claims`` checks the claims' optimizers against the torch-free specs (the launcher's own
+    check): reading the claims file imported torch for a list of names (2.2 of its 2.8 CPU-seconds)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom wagma_bench.analysis.claims import load_claims\n"
+        "load_claims()\nprint('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     "change,message",
     [

@@ -203,18 +203,23 @@ def _train(comm, raw: dict, run_dir: str):
 
 
 # 1 rank (no padding) and 3 (two full shards and a short one); 2 ranks' shards take the same path (one short
-# shard, one padding batch an epoch) in every optimizer's 2-rank world below, which asserts its padding
+# shard, one padding batch an epoch) in every optimizer's 2-rank world below, which asserts its padding. The
+# 1-rank run trains in the rank process of the 1-rank checks (the fixture `one_rank`: one fairseq import).
 @pytest.mark.parametrize("world", [1, 3])
-def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path):
-    raw = tiny_raw(cache, max_rounds=14, lr=1e-3, warmup_epochs=0.2)
-    results = run_world(_train, world, raw, str(tmp_path), **PAUSABLE)
-    summary, n_batches, spe = results[0]
+def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path, request):
+    if world == 1:
+        one_rank = request.getfixturevalue("one_rank")
+        run_dir, (summary, n_batches, spe) = one_rank["uneven_dir"], one_rank["uneven"]
+    else:
+        run_dir = tmp_path
+        results = run_world(_train, world, _uneven_raw(cache), str(run_dir), **PAUSABLE)
+        summary, n_batches, spe = results[0]
     assert n_batches % 2 and n_batches % 3  # the uneven case is exercised
     assert spe == math.ceil(n_batches / world) and spe < 14  # crosses an epoch boundary
     assert summary["status"] == "completed" and summary["rounds"] == 14
     assert 0.0 <= summary["final_metric"] <= 100.0
     steps = [
-        [json.loads(line) for line in (tmp_path / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
+        [json.loads(line) for line in (run_dir / "steps" / f"rank{r}.jsonl").read_text().splitlines()]
         for r in range(world)
     ]
     assert all(len(s) == 14 for s in steps)
@@ -225,6 +230,10 @@ def test_trains_and_evaluates_on_ranks_with_uneven_shards(world, cache, tmp_path
     assert all(t > 0 for ts in tokens for t in ts[: spe - 1])
     assert all({"src_tokens", "sentences", "padded_tokens"} <= set(rec) for s in steps for rec in s)
     assert summary["samples"] == sum(map(sum, tokens))  # n = target tokens
+
+
+def _uneven_raw(cache: Path) -> dict:
+    return tiny_raw(cache, max_rounds=14, lr=1e-3, warmup_epochs=0.2)
 
 
 def _pipeline_checks(comm, raw: dict):
@@ -269,25 +278,49 @@ def _pipeline_checks(comm, raw: dict):
 SENTENCES = 14  # 150 sentences: 10 batches of 14 and one of 10, about as many as the 11 token batches
 
 
-def _one_rank_checks(comm, pipeline: dict, sentences: list[dict], shuffles: list[dict]) -> dict:
-    """The three pipeline checks below in one rank's process (one fairseq import, not three)."""
+def _one_rank_checks(
+    comm, scratch: str, pipeline: dict, sentences: list[dict], shuffles: list[dict], uneven: tuple
+) -> dict:
+    """The 1-rank checks below in one rank's process (one fairseq import, not five): fairseq imported with
+    ``scratch`` as the temporary folder (the rank then ends without the interpreter's finalization, as every
+    rank does: ``os._exit``), the pipeline checks, and the 1-rank uneven-shard run."""
+    import tempfile
+
+    from wagma_bench.workloads.mt_data import import_fairseq
+
+    before, os.environ["TMPDIR"] = os.environ.get("TMPDIR"), scratch
+    tempfile.tempdir = None
+    import_fairseq()
+    from fairseq.logging import progress_bar
+
+    imported = {"progress_bar.wandb": progress_bar.wandb, "wandb imported": "wandb" in sys.modules}
+    os.environ["TMPDIR"] = before if before is not None else tempfile.gettempdir()
+    tempfile.tempdir = None
     return {
+        "imported": imported,
         "pipeline": _pipeline_checks(comm, pipeline),
         "sentences": _epoch_batches(comm, sentences, 2),
         "shuffle": _epoch_batches(comm, shuffles, 1),
+        "uneven": _train(comm, *uneven),
     }
 
 
 @pytest.fixture(scope="module")
-def one_rank(cache) -> dict:
+def one_rank(cache, tmp_path_factory) -> dict:
     """The batches, loss and padding of one config; the token and the sentence batches of 2 shards; the batch
-    order under seeds 1 and 2 and under seed 2 with shuffle_seed 1: each test below asserts its part."""
+    order under seeds 1 and 2 and under seed 2 with shuffle_seed 1; what fairseq's import left in a temporary
+    folder of its own; the 1-rank uneven-shard run: each test below asserts its part."""
     sentences = [tiny_raw(cache), compose_raw(*_tiny_overrides(cache), f"workload.max_sentences={SENTENCES}")]
     shuffles = [
         compose_raw(*_tiny_overrides(cache), *extra)
         for extra in (["seed=1"], ["seed=2"], ["seed=2", "workload.shuffle_seed=1"])
     ]
-    return run_world(_one_rank_checks, 1, tiny_raw(cache), sentences, shuffles, **PAUSABLE)[0]
+    scratch, uneven_dir = tmp_path_factory.mktemp("fairseq_tmp"), tmp_path_factory.mktemp("uneven1")
+    uneven = (_uneven_raw(cache), str(uneven_dir))
+    res = run_world(
+        _one_rank_checks, 1, str(scratch), tiny_raw(cache), sentences, shuffles, uneven, **PAUSABLE
+    )[0]
+    return {**res, "scratch": scratch, "uneven_dir": uneven_dir}
 
 
 def test_batches_resume_loss_is_per_token_and_empty_batches_give_zero_gradients(one_rank):
@@ -451,25 +484,10 @@ def test_default_reaches_bleu_target(optimizer, tmp_path):
     assert summary["best_metric"] >= summary["target"]
 
 
-def test_importing_fairseq_leaves_no_temporary_folder_behind_a_rank_that_skips_finalization(tmp_path):
+def test_importing_fairseq_leaves_no_temporary_folder_behind_a_rank_that_skips_finalization(one_rank):
     """fairseq imports wandb, which makes two temporary folders that only the interpreter's finalization
-    removes; a rank ends with os._exit (launch._exit_now). Before: every rank of every Transformer run left
-    `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp folder. wandb still imports afterwards
-    (logger=wandb)."""
-    code = (
-        "import os, sys\nfrom wagma_bench.workloads.mt_data import import_fairseq\nimport_fairseq()\n"
-        "from fairseq.logging import progress_bar\nassert progress_bar.wandb is None\n"
-        "assert 'wandb' not in sys.modules\nos._exit(0)\n"
-    )
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "TMPDIR": str(scratch)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert sorted(p.name for p in scratch.iterdir()) == []
+    removes; a rank ends with os._exit (launch._exit_now; the 1-rank checks' rank too, tests/dist_util.py).
+    Before: every rank of every Transformer run left `tmp*wandb-media` and `tmp*wandb-artifacts` in the temp
+    folder. wandb still imports afterwards (logger=wandb)."""
+    assert one_rank["imported"] == {"progress_bar.wandb": None, "wandb imported": False}
+    assert sorted(p.name for p in one_rank["scratch"].iterdir()) == []

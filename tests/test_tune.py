@@ -485,6 +485,32 @@ def test_tiny_tune_then_report_then_rerun_trains_nothing(tmp_path, capsys):
     assert set(conv) == {"allreduce", "wagma"} and all(v > 0 for v in conv.values())
 
 
+def test_a_trials_configuration_is_its_whole_composition(tmp_path, monkeypatch):
+    """make_plan composes each combination once and applies a trial's seed and point to a copy, as Hydra
+    applies a command line's values after composing: every trial's checked configuration is the one Hydra
+    composes from all its overrides (a group in a point, or an unknown key, is composed whole)."""
+    argv = [
+        "optimizer=allreduce,wagma",
+        "launcher.nproc=2",
+        "train.batch_size=8",
+        "tune.trials=2",
+        "tune.studies=1",
+        "tune.max_runtime_s=30",
+        "space.lr_multiplier.high=3",
+        "--out",
+        str(tmp_path),
+    ]
+    spec, trials, configs = tune.make_plan(tune.parse_args(argv))
+    whole = tune._composed
+    monkeypatch.setattr(
+        tune, "_composed", lambda compose, overrides, name, *_: whole(compose, overrides, name)
+    )
+    assert tune.make_plan(tune.parse_args(argv)) == (spec, trials, configs) and len(configs) == 4
+    assert {c.seed for c in configs.values()} == {1, 2} and {
+        c.train.time_limit_s for c in configs.values()
+    } == {30}
+
+
 def test_another_tuning_into_the_same_directory_is_refused(tmp_path):
     out = str(tmp_path / "tune")
     args = tune.parse_args(

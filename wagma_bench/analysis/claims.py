@@ -114,7 +114,7 @@ REQUIRED = ("id", "paper", "says", "condition", "metric", "subject", "comparator
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
     """Read and check the claims file; a bad record is refused naming the claim,
     the key and what is allowed."""
-    from wagma_bench.optim import OPTIMIZERS
+    from wagma_bench.optim.specs import OPTIMIZER_SPECS  # the registry's names, without importing torch
 
     data = readback.load(path, readback.CLAIMS)
     claims, seen = [], set()
@@ -134,9 +134,9 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
                 f"{where}: metric={raw['metric']!r} is not allowed; one of {', '.join(METRICS)}"
             )
         for opt in [raw["subject"], *raw["comparators"]]:
-            if opt not in OPTIMIZERS:
+            if opt not in OPTIMIZER_SPECS:
                 raise ConfigError(
-                    f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZERS)}"
+                    f"{where}: optimizer {opt!r} is not registered; one of {', '.join(OPTIMIZER_SPECS)}"
                 )
         compare = raw.get("compare", "ratio")
         if compare not in COMPARES:
