@@ -200,7 +200,8 @@ class Network:
         inside one node it is the ring by definition), so ``allreduce: hierarchical`` is written ``ring``
         there. ``simulate --interval`` keys its memo with it (:func:`~wagma_bench.simulate.pool.sim_key`):
         on Piz Daint (one GPU a node) half of the structures (:mod:`~wagma_bench.simulate.structures`) are
-        the other half's simulations (``tests/test_costs.py`` checks every collective's cost to the bit)."""
+        the other half's simulations (``tests/test_network_model.py`` checks every collective's cost to the
+        bit)."""
         if self.allreduce == HIERARCHICAL and self.gpus_per_node == 1:
             return replace(self, allreduce="ring", _cache={})
         return self
