@@ -235,6 +235,34 @@ def test_the_idle_speed_now_is_the_bench_scripts_table_of_its_committed_idle_run
     assert big["wall_s"] < 60 < interval["wall_s"]
 
 
+def test_the_threads_interleaved_figures_are_their_committed_loaded_runs():
+    """The threads' and the gossip's changes against the code before them, each row right after the other:
+    every figure the text says, from the two committed outputs."""
+    text = " ".join((ROOT / "docs" / "simulator.md").read_text().split())
+    scaling = ROOT / "reproduce" / "scaling"
+    (big,) = [
+        r
+        for r in json.loads((scaling / "bench-adpsgd-simspeed-2core-loaded-20261207.json").read_text())[
+            "rows"
+        ]
+        if r["world_size"] == 65536
+    ]
+    (interval,) = json.loads((scaling / "bench-interval-simspeed-2core-loaded-20261207.json").read_text())[
+        "rows"
+    ]
+    assert big["throughput"] == big["before_throughput"]
+    assert (
+        f"at 65,536 ranks {big['wall_s']:.1f} s wall against {big['before_wall_s']:.1f} s "
+        f"({big['wall_s'] / big['before_wall_s']:.2f}x), {big['cpu_s']:.0f} CPU s against "
+        f"{big['before_cpu_s']:.0f}"
+    ) in text
+    assert (
+        f"at 1,024 ranks {interval['wall_s']:.0f} s wall against {interval['before_wall_s']:.0f} s "
+        f"({interval['wall_s'] / interval['before_wall_s']:.2f}x), {interval['cpu_s']:.0f} CPU s against "
+        f"{interval['before_cpu_s']:.0f}"
+    ) in text
+
+
 def _paced(comm, every: int) -> int:
     import time
 
