@@ -495,3 +495,16 @@ def test_the_batched_gossip_serves_every_exchange_as_the_event_heap_does(
         abs(bisect.bisect(ends[a].tolist(), b) - bisect.bisect(ends[p].tolist(), b)) for a, p, b, _ in want
     ]
     assert lag == pytest.approx(sum(lags) / len(lags), rel=1e-12)
+
+
+def test_row_major_is_ascontiguousarray_of_any_dtype_in_threads():
+    """busy.row_major turns a column-major [rank, step] array a block of rows at a time, in threads from
+    THREADED_FROM elements: the same values and dtype as np.ascontiguousarray (it made float64 of any
+    array)."""
+    from wagma_bench.simulate import threads
+    from wagma_bench.simulate.busy import row_major
+
+    rows = threads.THREADED_FROM // 500 + 1
+    for x in (np.arange(rows * 500).reshape(rows, 500), np.random.default_rng(0).random((rows, 500))):
+        turned = row_major(np.asfortranarray(x))
+        assert turned.dtype == x.dtype and turned.flags.c_contiguous and np.array_equal(turned, x)

@@ -37,7 +37,7 @@ def row_major(x: np.ndarray) -> np.ndarray:
     TLB miss an element at 65,536 ranks)."""
     if x.ndim != 2 or x.flags.c_contiguous:
         return np.ascontiguousarray(x)
-    out = np.empty(x.shape)
+    out = np.empty(x.shape, dtype=x.dtype)
     rows = max(1, SEARCH_BLOCK // max(1, x.shape[1]))
 
     def turn(r: int) -> None:  # (read in x's order, turned in the caches)
