@@ -263,3 +263,81 @@ def test_a_checkpoint_manifest_names_its_hash_for_what_it_is_and_the_old_name_st
     assert resume_hash(raw) == resume_hash(extended) and config_hash(raw) != config_hash(extended)
     assert _written_identity({"resume_hash": "a1"}) == "a1" == _written_identity({"config_hash": "a1"})
     assert _written_identity({"resume_hash": "x", "config": raw}) == resume_hash(raw)
+
+
+def _read_as_reports_do(d: Path) -> tuple:
+    """What the readers make of a run directory, its own path and its log's name left out."""
+    record = RunEvents.read(d)
+    run = run_records.load_run(d)
+    said = json.dumps([run.problems, run.warnings]).replace(str(d), "RUN").replace(".jsonl.xz", ".jsonl")
+    return (
+        (record.events, record.torn, record.skipped, record.saved_summary),
+        (run.summary, run.evals, said),
+        sweep_jobs.run_progress(d),
+    )
+
+
+def test_a_compacted_event_log_reads_as_the_live_one_and_the_same_log_gives_the_same_bytes(tmp_path):
+    """A committed result keeps ``events.jsonl.xz`` (reproduce/tuning/compact.py): every reader gets what the
+    live log gave, a finished run and a torn one alike; both logs in one folder are refused, naming it."""
+    from wagma_bench.record.events import EVENTS, EVENTS_XZ, compact_events, event_log
+
+    finished = write_events(tmp_path / "live" / "done", resumed_events())
+    write_json_atomic(finished / "summary.json", summarize(resumed_events()))
+    torn = write_events(tmp_path / "live" / "torn", resumed_events()[:3], tail='{"key": "progr')
+    (torn / EVENTS).write_text(f"not json\n{(torn / EVENTS).read_text()}")
+    for live in (finished, torn):
+        compact = tmp_path / "compact" / live.name
+        compact.mkdir(parents=True)
+        for f in live.glob("summary.json"):
+            (compact / f.name).write_bytes(f.read_bytes())
+        compact_events(live, compact / EVENTS_XZ)
+        assert event_log(compact) == compact / EVENTS_XZ and not (compact / EVENTS).exists()
+        assert _read_as_reports_do(compact) == _read_as_reports_do(live)
+        compact_events(live, tmp_path / "again.xz")
+        assert (tmp_path / "again.xz").read_bytes() == (compact / EVENTS_XZ).read_bytes()
+    assert RunEvents.read(torn).torn and RunEvents.read(torn).skipped == (1, 5)
+    assert run_records.find_runs([tmp_path / "compact"]) == sorted((tmp_path / "compact").iterdir())
+    compact_events(finished, finished / EVENTS_XZ)  # beside the live log: which is the record?
+    with pytest.raises(ValueError, match=f"{finished} holds both {EVENTS} .* and {EVENTS_XZ}"):
+        RunEvents.read(finished)
+
+
+def test_a_damaged_compacted_event_log_is_named_and_a_compacted_run_is_not_run_into(tmp_path):
+    """Cut short, or not xz: one error naming the file, not a bare decoder error. A compacted folder is a
+    read-only record: ``run`` into it is refused before any rank starts, saying so (exit 2)."""
+    from tests.cli_util import QUICK, run
+    from wagma_bench.record.events import EVENTS, EVENTS_XZ, compact_events
+
+    live = write_events(tmp_path / "live", resumed_events())
+    compact_events(live, tmp_path / EVENTS_XZ)
+    data = (tmp_path / EVENTS_XZ).read_bytes()
+    for damaged in (data[: len(data) // 2], b"not xz"):
+        (tmp_path / EVENTS_XZ).write_bytes(damaged)
+        with pytest.raises(ValueError, match=rf"{tmp_path / EVENTS_XZ}: damaged event log \(LZMAError"):
+            RunEvents.read(tmp_path)
+    (live / EVENTS).unlink()
+    (live / EVENTS_XZ).write_bytes(data)
+    refused = run([*QUICK, f"hydra.run.dir={live}"], timeout=120)
+    said = (
+        f"wagma-bench run: error: run directory {live} holds {EVENTS_XZ}: a committed result, a read-only "
+        "record that no run resumes or appends to; choose another hydra.run.dir (or, for a tuning, another "
+        "--out)"
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [said]
+    assert sorted(p.name for p in live.iterdir()) == [EVENTS_XZ]
+
+
+def test_committed_folders_are_compacted_in_place_each_run_read_back_the_same(tmp_path):
+    """reproduce/tuning/compact.py --events-only: the plain logs of a committed folder become
+    ``events.jsonl.xz``, each run reading as before; run again, nothing is left to do."""
+    from tests.cli_util import load_script
+    from wagma_bench.record.events import EVENTS, EVENTS_XZ
+
+    compact = load_script(PACKAGE.parent / "reproduce" / "tuning" / "compact.py")
+    runs = [write_events(tmp_path / "trials" / name, resumed_events()) for name in ("a", "b")]
+    before = [_read_as_reports_do(d) for d in runs]
+    assert compact.compact_events_in_place(tmp_path) == 2
+    assert [_read_as_reports_do(d) for d in runs] == before
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [EVENTS_XZ, EVENTS_XZ]
+    assert not any(tmp_path.rglob(EVENTS)) and compact.compact_events_in_place(tmp_path) == 0

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from wagma_bench.analysis.tuning import TRIALS as TUNE_TRIALS
 from wagma_bench.analysis.tuning import load_trials, trial_finished
-from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents
+from wagma_bench.record.events import EVENTS, EVENTS_XZ, SUMMARY, RunEvents, compact_events
 from wagma_bench.record.files import OUTPUT_HINT, atomic_write, run_subdir, write_json_atomic
 from wagma_bench.record.steps import STEP_TABLE, read_step_records, write_step_table
 
@@ -108,10 +108,11 @@ def run(workloads: list[str], runs: int, out: Path, raw_root: Path, bin_: str) -
             code = subprocess.run(cmd, check=False).returncode
             load = {"before": before, "after": loadavg(), "wall_s": round(time.time() - t0, 1), "exit": code}
             run_subdir(dest, OUTPUT_HINT)
-            for f in (SUMMARY, EVENTS):
-                if (raw / f).is_file():
-                    data = (raw / f).read_bytes()
-                    atomic_write(dest / f, lambda fh, data=data: fh.write(data), binary=True)
+            if (raw / SUMMARY).is_file():
+                data = (raw / SUMMARY).read_bytes()
+                atomic_write(dest / SUMMARY, lambda fh, data=data: fh.write(data), binary=True)
+            if (raw / EVENTS).is_file():
+                compact_events(raw, dest / EVENTS_XZ)
             if read_step_records(raw):
                 write_step_table(raw, dest / STEP_TABLE)
             write_json_atomic(dest / LOAD, load)

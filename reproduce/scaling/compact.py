@@ -4,8 +4,9 @@
     .venv/bin/python reproduce/scaling/compact.py OUT DEST
 
 OUT is `validate.sh`'s output folder. Kept: `comm_bench.json`, and per run directory under `runs/` and
-`gossip/` that completed, its `summary.json`, `events.jsonl` and `steps.json.xz` (the per-rank step records as
-one compressed columnar table: wagma_bench/record/steps.py). Left out: the raw step logs, checkpoints, logs,
+`gossip/` that completed, its `summary.json`, `events.jsonl.xz` (its event log, xz-compressed:
+wagma_bench/record/events.py) and `steps.json.xz` (the per-rank step records as one compressed columnar table:
+wagma_bench/record/steps.py). Left out: the raw step logs, checkpoints, logs,
 `.hydra/`.
 """
 
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from wagma_bench.record.events import EVENTS, SUMMARY
+from wagma_bench.record.events import EVENTS_XZ, SUMMARY, compact_events
 from wagma_bench.record.files import OUTPUT_HINT, atomic_write, run_subdir
 from wagma_bench.record.steps import STEP_TABLE, write_step_table
 
@@ -37,8 +38,8 @@ def compact(out: Path, dest: Path) -> int:
                 continue
             target = dest / group / run.name
             run_subdir(target, OUTPUT_HINT)
-            for name in (SUMMARY, EVENTS):
-                copy(run / name, target / name)
+            copy(run / SUMMARY, target / SUMMARY)
+            compact_events(run, target / EVENTS_XZ)
             write_step_table(run, target / STEP_TABLE)
             copied += 1
     return copied

@@ -48,7 +48,7 @@ from wagma_bench.analysis.tables import fmt, markdown_table, write_csv
 from wagma_bench.analysis.tuning import PLAN as TUNE_PLAN
 from wagma_bench.analysis.tuning import fairness_line as tuning_fairness
 from wagma_bench.metric import METRICS
-from wagma_bench.record.events import EVENTS
+from wagma_bench.record.events import EVENTS, EVENTS_XZ
 from wagma_bench.record.files import staged_outputs, write_text_atomic
 from wagma_bench.workloads.specs import throughput_unit
 
@@ -614,7 +614,7 @@ def render_markdown(
         lines += [
             "## Runs that could not be grouped",
             "",
-            "These directories hold an `events.jsonl` without a readable `run_start` event.",
+            "These directories hold an event log without a readable `run_start` event.",
             "",
         ]
         lines += [f"- `{r.path}`: {'; '.join(r.problems)}" for r in unreadable] + [""]
@@ -689,7 +689,7 @@ def _write_report(
     run_dirs = [d for d in find_runs(paths) if not any(d.is_relative_to(t.resolve()) for t in tune_dirs)]
     if not run_dirs and tuned is None:
         raise FileNotFoundError(
-            f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS})"
+            f"no run found under {', '.join(map(str, paths))} (a run directory holds {EVENTS} or {EVENTS_XZ})"
         )
     runs = [load_run(d) for d in run_dirs]
     name_variants(runs)

@@ -12,7 +12,7 @@ from pathlib import Path
 from wagma_bench.analysis.step_figures import StepFigures, step_figures
 from wagma_bench.config import readback
 from wagma_bench.config.recorded import setting
-from wagma_bench.record.events import EVENTS, RunEvents
+from wagma_bench.record.events import EVENTS, RunEvents, find_run_dirs, is_run_dir
 from wagma_bench.record.rundir import FINISHED, cancel_note, live_holder
 from wagma_bench.record.steps import read_step_records
 from wagma_bench.record.summary import RunSummary, run_summary
@@ -61,14 +61,15 @@ class RunRecord:
 
 
 def find_runs(paths: Iterable[Path]) -> list[Path]:
-    """Every run directory (one holding ``events.jsonl``) at or below the given paths, sorted."""
+    """Every run directory (one holding ``events.jsonl``, or a committed result's ``events.jsonl.xz``) at or
+    below the given paths, sorted."""
     found: set[Path] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {p}")
-        if (p / EVENTS).exists():
+        if is_run_dir(p):
             found.add(p.resolve())
-        found.update(e.parent.resolve() for e in p.rglob(EVENTS) if "wandb" not in e.parts)
+        found.update(d.resolve() for d in find_run_dirs(p))
     return sorted(found)
 
 
@@ -85,8 +86,9 @@ def load_run(path: Path) -> RunRecord:
             + (" since its last resume" if "run_stop" in record.lifecycle else "")
         )
         summary["status"] = "incomplete"
+    log = record.log or Path(path) / EVENTS  # the file read, live or compacted
     if record.torn:
-        problems.append("torn last line in events.jsonl")
+        problems.append(f"torn last line in {log.name}")
     saved = record.saved_summary
     if saved is None:
         problems.append("no summary.json")
@@ -100,11 +102,10 @@ def load_run(path: Path) -> RunRecord:
         summary["status"] = "running"
         problems = [f"running (PID {holder.get('pid')} holds its lock): not compared"]
     warnings = [
-        f"{Path(path) / EVENTS} line {n}: not JSON, skipped (its event is missing from the report)"
-        for n in record.skipped
+        f"{log} line {n}: not JSON, skipped (its event is missing from the report)" for n in record.skipped
     ]
     if record.skipped:
-        problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of events.jsonl skipped")
+        problems.append(f"unreadable line(s) {', '.join(map(str, record.skipped))} of {log.name} skipped")
     figures = _step_figures(path, warnings)
     summary.update(recorded_only(record.saved_summary, figures))
     meta = record.start.settings if record.start else {}

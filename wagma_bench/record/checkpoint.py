@@ -43,7 +43,7 @@ from wagma_bench.config.recorded import setting
 from wagma_bench.config.renamed import RENAMED_ALGORITHM_STATE, renamed_fields
 from wagma_bench.errors import ConfigError
 from wagma_bench.record.checkpoint_size import file_bytes, human_size
-from wagma_bench.record.events import EVENTS, RunEvents
+from wagma_bench.record.events import EVENTS, EVENTS_XZ, RunEvents
 from wagma_bench.record.files import atomic_write, refuse_link, run_subdir, write_json_atomic
 
 LATEST = "latest"
@@ -246,6 +246,17 @@ def check_event_log(run_dir: Path) -> None:
         f"continue a run whose record is lost; restore that file, or start afresh with "
         f"checkpoint.resume=false (the old checkpoints are then discarded) or another hydra.run.dir"
     )
+
+
+def refuse_compacted(run_dir: Path) -> None:
+    """A committed result (its events compacted to ``events.jsonl.xz``) is a read-only record: a run neither
+    resumes nor appends to it (its checkpoints and raw logs are gone, and a live ``events.jsonl`` beside it
+    would make two records of one run); refused before any rank starts."""
+    if (Path(run_dir) / EVENTS_XZ).exists():
+        raise ConfigError(
+            f"run directory {run_dir} holds {EVENTS_XZ}: a committed result, a read-only record that no run "
+            f"resumes or appends to; choose another hydra.run.dir (or, for a tuning, another --out)"
+        )
 
 
 def discard_incomplete_sets(run_dir: Path) -> None:

@@ -12,6 +12,12 @@ Every reader of a run directory (report, sweep status, calibration, samples-to-t
 W&B mirror) reads it through :class:`RunEvents`, so a rule such as "which run_start, which evaluation
 reached the target, did the run end" is written once, here.
 
+A committed result keeps its event log compacted, ``events.jsonl.xz`` (:func:`compact_events`: the live log's
+bytes, xz-compressed: about a quarter of its size), as it keeps its step records as one table
+(:mod:`wagma_bench.record.steps`). :func:`event_log` is the one place that decides which log a folder holds
+(both: refused), :func:`is_run_dir` and :func:`find_run_dirs` what is a run directory; a compacted folder is a
+read-only record that no run resumes or appends to (``checkpoint.refuse_compacted``).
+
 An event says where in the run it happened in rounds (``metadata.round``), a summary how many rounds the run
 trained (``rounds``, ``rounds_to_target``). Events and summaries written before 2026-12-06 say ``step`` and
 ``steps``: :class:`RunEvents` (and :func:`current_event`, :func:`current_summary`) read them under today's
@@ -20,6 +26,8 @@ names, so no reader sees the old ones.
 
 from __future__ import annotations
 
+import io
+import lzma
 import math
 import os
 import time
@@ -32,10 +40,20 @@ from wagma_bench.config.readback import RUN_SUMMARY, load
 from wagma_bench.config.recorded import recorded_config, setting
 from wagma_bench.config.renamed import RENAMED_METADATA, RENAMED_SUMMARY, renamed_fields
 from wagma_bench.metric import Metric, metric
-from wagma_bench.record.files import open_for_attempt, read_jsonl, strict_json
+from wagma_bench.record.files import (
+    XZ_PRESET,
+    atomic_write,
+    open_for_attempt,
+    parse_jsonl,
+    read_jsonl,
+    strict_json,
+)
 from wagma_bench.record.summary import SUMMARY, RunSummary
 
-EVENTS = "events.jsonl"
+EVENTS = "events.jsonl"  # a run's live event log: rank 0 appends to it, a resume cuts it back
+# a committed result's event log: the live log's bytes as they were, xz-compressed (:func:`compact_events`); a
+# read-only record, which no run appends to or resumes (wagma_bench.runtime.run refuses it)
+EVENTS_XZ = "events.jsonl.xz"
 
 
 def current_event(event: dict) -> dict:
@@ -315,9 +333,9 @@ class RunStart:
 
 @dataclass
 class RunEvents:
-    """One run directory read once: its events (``events.jsonl``, a torn last line skipped) and the
-    ``summary.json`` written from them. A half-written run (crashed, killed, still running) reads too; its
-    properties say what is missing rather than failing."""
+    """One run directory read once: its events (``events.jsonl``, or a committed result's ``events.jsonl.xz``:
+    :func:`event_log`; a torn last line skipped) and the ``summary.json`` written from them. A half-written
+    run (crashed, killed, still running) reads too; its properties say what is missing rather than failing."""
 
     path: Path
     events: list[dict]
@@ -325,26 +343,21 @@ class RunEvents:
     saved_summary: RunSummary | None  # summary.json as written, under today's names; None: absent, unreadable
     summary_after_events: bool  # summary.json is no older than events.jsonl
     skipped: tuple[int, ...] = ()  # numbers of the lines of events.jsonl that are not JSON (and were skipped)
+    log: Path | None = None  # the event log read: events.jsonl, or events.jsonl.xz (event_log); None: neither
 
     @classmethod
     def read(cls, run_dir: Path) -> RunEvents:
         run_dir = Path(run_dir)
         skipped: list[int] = []
-        events = [
-            current_event(e)
-            for e in read_jsonl(run_dir / EVENTS, skipped)
-            if isinstance(e, dict) and "key" in e
-        ]
+        log = event_log(run_dir)
+        rows, torn = _read_log(log, skipped) if log is not None else ([], False)
+        events = [current_event(e) for e in rows if isinstance(e, dict) and "key" in e]
         saved = _read_json(run_dir / SUMMARY)
         summary = None if saved is None else RunSummary.from_json(saved)
-        return cls(
-            run_dir,
-            events,
-            torn_last_line(run_dir / EVENTS),
-            summary,
-            summary is not None and _no_older(run_dir / SUMMARY, run_dir / EVENTS),
-            tuple(skipped),
-        )
+        # a compacted log was written after the run ended, its summary beside it: that summary is the run's
+        compacted = log is not None and log.name == EVENTS_XZ
+        after = summary is not None and (compacted or _no_older(run_dir / SUMMARY, run_dir / EVENTS))
+        return cls(run_dir, events, torn, summary, after, tuple(skipped), log)
 
     @property
     def start(self) -> RunStart | None:
@@ -403,6 +416,57 @@ class RunEvents:
     def summary_or_saved(self) -> RunSummary:
         """summary.json when it was written and is readable, else the summary computed from the events."""
         return self.saved_summary if self.saved_summary is not None else RunSummary.from_json(self.summary())
+
+
+def event_log(run_dir: Path) -> Path | None:
+    """Where a run directory's events are: the live ``events.jsonl``, or a committed result's
+    ``events.jsonl.xz``; None: neither (not a run directory). The one place that decides; both present is
+    refused (:class:`ValueError` naming the folder): which of them is the run's record cannot be told."""
+    live, compacted = Path(run_dir) / EVENTS, Path(run_dir) / EVENTS_XZ
+    if live.exists() and compacted.exists():
+        raise ValueError(
+            f"{run_dir} holds both {EVENTS} (a run's live log) and {EVENTS_XZ} (a committed result's): "
+            f"remove the one that is not this run's record"
+        )
+    return live if live.exists() else compacted if compacted.exists() else None
+
+
+def is_run_dir(path: Path) -> bool:
+    """The folder holds a run's event log, live or compacted."""
+    return (Path(path) / EVENTS).exists() or (Path(path) / EVENTS_XZ).exists()
+
+
+def find_run_dirs(root: Path) -> set[Path]:
+    """Every run directory at or below ``root``, live or compacted, W&B's own folders aside."""
+    return {
+        e.parent for name in (EVENTS, EVENTS_XZ) for e in Path(root).rglob(name) if "wandb" not in e.parts
+    }
+
+
+def compact_events(run_dir: Path, dest: Path) -> None:
+    """Write ``run_dir``'s event log as ``dest`` (an ``events.jsonl.xz``), atomically: the live log's bytes,
+    xz-compressed with the step table's settings (no time stamp: the same log gives the same bytes; a log
+    compacted already is copied as it is)."""
+    log = event_log(run_dir)
+    if log is None:
+        raise FileNotFoundError(f"{run_dir}: no {EVENTS} to compact")
+    data = log.read_bytes()
+    data = data if log.name == EVENTS_XZ else lzma.compress(data, preset=XZ_PRESET)
+    atomic_write(Path(dest), lambda f: f.write(data), binary=True)
+
+
+def _read_log(path: Path, skipped: list[int]) -> tuple[list, bool]:
+    """A log's lines read as JSON (those that are not, skipped and numbered) and whether its last is torn."""
+    if path.name == EVENTS:
+        return read_jsonl(path, skipped), torn_last_line(path)
+    try:
+        text = lzma.decompress(path.read_bytes()).decode()
+    except (lzma.LZMAError, UnicodeDecodeError) as err:  # cut short, or not what compact_events writes
+        raise ValueError(
+            f"{path}: damaged event log ({type(err).__name__}: {err}); "
+            f"{Path(__file__).name} compact_events writes it from the run's {EVENTS}"
+        ) from None
+    return parse_jsonl(io.StringIO(text, newline=None), skipped), bool(text) and not text.endswith("\n")
 
 
 def torn_last_line(path: Path) -> bool:

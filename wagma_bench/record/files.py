@@ -11,13 +11,14 @@ import contextlib
 import errno
 import glob
 import json
+import lzma
 import math
 import os
 import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +27,9 @@ from wagma_bench.errors import SymlinkRefused
 
 RUN_HINT = "a run never writes through a link: remove it, or choose another hydra.run.dir"
 OUTPUT_HINT = "wagma-bench never writes through a link: remove it, or choose another output directory"
+# xz settings of a committed result's compressed files (the step table, the event log): the smallest xz makes,
+# and its header has no time stamp, so the same content gives the same bytes
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
 
 def refuse_link(path: Path, hint: str = RUN_HINT) -> SymlinkRefused:
@@ -203,17 +207,22 @@ def rewrite_jsonl(path: Path, records: list[dict]) -> None:
 def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
     """Every complete line of a JSONL file; a torn last line (crash mid-write) is skipped, and so is any other
     line that is not JSON (``skipped``, when given, receives their 1-based numbers, for a warning)."""
-    out = []
     try:
         with open(path) as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    if skipped is not None:
-                        skipped.append(number)
+            return parse_jsonl(f, skipped)
     except FileNotFoundError:
-        pass
+        return []
+
+
+def parse_jsonl(lines: Iterable[str], skipped: list[int] | None = None) -> list[dict]:
+    """:func:`read_jsonl`'s reading of lines already in memory (a decompressed log), the same rules."""
+    out = []
+    for number, line in enumerate(lines, 1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if skipped is not None:
+                skipped.append(number)
     return out
 
 

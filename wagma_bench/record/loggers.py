@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 from wagma_bench.config import readback
 from wagma_bench.config.schema import WandbConfig, as_recorded
 from wagma_bench.errors import ConfigError
-from wagma_bench.record.events import EVENTS, SUMMARY, EventLog, RunEvents
+from wagma_bench.record.events import EVENTS, EVENTS_XZ, SUMMARY, EventLog, RunEvents
 from wagma_bench.record.files import write_json_atomic
 from wagma_bench.record.rundir import TUNE_PLAN, TUNE_TRIALS
 from wagma_bench.record.steps import StepRecord, read_step_records
@@ -145,7 +145,7 @@ def sweep_group(run_dir: Path) -> str | None:
     return f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:6]}"
 
 
-ARTIFACT_FILES = (EVENTS, "summary.json", "mllog.txt")
+ARTIFACT_FILES = (EVENTS, EVENTS_XZ, "summary.json", "mllog.txt")  # the event log live or compacted
 
 
 # The flat W&B config keys reviewers group and filter runs by (W&B's run table, a Report's run sets); the

@@ -25,7 +25,14 @@ from typing import Any, NamedTuple
 
 from wagma_bench.config import readback
 from wagma_bench.config.renamed import RENAMED_STEP_FIELDS, renamed_fields
-from wagma_bench.record.files import atomic_write, open_for_attempt, read_jsonl, run_subdir, strict_json
+from wagma_bench.record.files import (
+    XZ_PRESET,
+    atomic_write,
+    open_for_attempt,
+    read_jsonl,
+    run_subdir,
+    strict_json,
+)
 
 STEPS = "steps"
 STEP_TABLE = "steps.json.xz"
@@ -105,7 +112,7 @@ def write_step_table(run_dir: Path, dest: Path) -> int:
     table = {
         str(rank): {f: [getattr(r, f) for r in recs] for f in STEP_FIELDS} for rank, recs in records.items()
     }
-    data = lzma.compress(strict_json(table, separators=(",", ":")).encode(), preset=9 | lzma.PRESET_EXTREME)
+    data = lzma.compress(strict_json(table, separators=(",", ":")).encode(), preset=XZ_PRESET)
     atomic_write(Path(dest), lambda f: f.write(data), binary=True)
     return sum(map(len, records.values()))
 

@@ -288,6 +288,7 @@ def _launch_locked(run_cfg, run_dir: Path, world, program, task_overrides: list[
         check_against_run,
         check_event_log,
         check_folder,
+        refuse_compacted,
     )
     from wagma_bench.record.rundir import finished_summary
     from wagma_bench.runtime.launch import device_plan, visible_cuda_devices
@@ -311,6 +312,7 @@ def _launch_locked(run_cfg, run_dir: Path, world, program, task_overrides: list[
             f"{json.dumps(done.to_json(), indent=2, sort_keys=True)}"
         )
         return RunOutcome("completed", run_dir, done, report=report)
+    refuse_compacted(run_dir)
     if run_cfg.checkpoint.resume:  # a checkpoint of another world or config: refused before any rank starts
         world_size, world_from = (
             (world.world_size, f"the {world.source} world")

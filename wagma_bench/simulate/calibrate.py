@@ -1,6 +1,7 @@
 """Calibration of the simulator from real runs and ``wagma-bench comm-bench`` results.
 
-From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json``):
+From a run directory (``events.jsonl``, ``steps/rank<R>.jsonl``, ``summary.json``; a committed result's
+``events.jsonl.xz`` and ``steps.json.xz`` read the same):
 
 - the compute-time distribution: every rank's ``compute_s`` (forward + backward as the trainer timed it),
   the first ``SKIP_STEPS`` steps of each rank dropped (warm-up); kept as an empirical sample and
@@ -36,7 +37,7 @@ import numpy as np
 from wagma_bench.config.recorded import setting
 from wagma_bench.config.renamed import renamed_option
 from wagma_bench.imbalance import Imbalance
-from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart
+from wagma_bench.record.events import EVENTS, SUMMARY, RunEvents, RunStart, find_run_dirs
 from wagma_bench.record.steps import STEP_TABLE, read_step_records
 from wagma_bench.simulate.costs import ALGORITHMS, Link, Network, allreduce_terms
 from wagma_bench.simulate.des import Workload, local_state_tensors
@@ -373,8 +374,8 @@ def is_comm_bench(obj: Any) -> bool:
 
 
 def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
-    """Run directories (holding events.jsonl, searched recursively) and comm-bench JSON objects (files given
-    directly, or ``*.json`` files beside the runs that have the comm-bench format)."""
+    """Run directories (holding events.jsonl or events.jsonl.xz, searched recursively) and comm-bench JSON
+    objects (files given directly, or ``*.json`` files beside the runs that have the comm-bench format)."""
     paths = list(paths)
     runs: set[Path] = set()
     benches: list[dict] = []
@@ -384,7 +385,7 @@ def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
             raise FileNotFoundError(f"--calibrate: no such file or directory: {p}")
         candidates = [p] if p.is_file() else [*p.rglob("*.json")]
         if p.is_dir():
-            runs.update(e.parent for e in p.rglob(EVENTS) if "wandb" not in e.parts)
+            runs.update(find_run_dirs(p))
         for f in candidates:
             if f.suffix != ".json" or f.resolve() in seen or f.name == SUMMARY:
                 continue
@@ -403,7 +404,6 @@ def find_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[dict]]:
                 raise ValueError(f"--calibrate: {f} is not comm-bench JSON (needs world_size and results)")
     if not runs and not benches:
         raise ValueError(
-            f"--calibrate: no run directory (events.jsonl) and no comm-bench JSON in "
-            f"{', '.join(map(str, paths))}"
+            f"--calibrate: no run directory ({EVENTS}) and no comm-bench JSON in {', '.join(map(str, paths))}"
         )
     return sorted(runs), benches
