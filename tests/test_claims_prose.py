@@ -63,7 +63,7 @@ ELSEWHERE = {
     (
         "resnet-stragglers-time-to-accuracy",
         "0.95-0.96",
-    ): "the trials' evaluations (events.jsonl), not checked",
+    ): "the trials' evaluations (their event logs), not checked",
     ("resnet-stragglers-throughput", "0.32"): "the condition: the authors' injected sleep, not a measurement",
     (
         "resnet-stragglers-throughput",

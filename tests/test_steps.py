@@ -56,11 +56,13 @@ def test_a_run_without_step_records_reads_as_none(tmp_path):
 
 
 def test_committed_results_are_compact():
-    """Tuning folders keep summary.json, events.jsonl and steps.json.xz per trial, no raw step logs, and the
-    tracked files stay under 20 MB (a clone that carries no raw logs)."""
+    """Tuning folders keep summary.json, events.jsonl.xz and steps.json.xz per trial, no raw step logs and no
+    plain event logs, and the tracked files stay under 20 MB (a clone that carries no raw logs)."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     paths = [p for p in tracked.decode().split("\0") if p]
-    raw = [p for p in paths if p.startswith("reproduce/") and "/steps/rank" in p]
+    raw = [
+        p for p in paths if p.startswith("reproduce/") and ("/steps/rank" in p or p.endswith(f"/{EVENTS}"))
+    ]
     assert raw == [], raw[:5]
     total = sum((ROOT / p).stat().st_size for p in paths if (ROOT / p).is_file())
     assert total < 20 * 2**20, f"{total / 2**20:.1f} MB tracked"
