@@ -46,8 +46,8 @@ COST_AT_1024 = {
 
 def expected_cost(name: str, world: int, inputs: Any) -> float:
     """A simulation's expected CPU seconds, roughly (proportional to the world). AD-PSGD's fixed point takes
-    more rounds the longer an exchange takes against a step (3 rounds at Piz Daint's bandwidth, 48 to 66 at a
-    thirtieth to a hundredth of it in the same interval), so its cost grows with that ratio."""
+    more rounds the longer an exchange takes against a step (3 rounds at Piz Daint's bandwidth, up to 66 on
+    the slower networks of the same interval's bandwidth points), so its cost grows with that ratio."""
     cost = COST_AT_1024.get(name, 0.1) * world / 1024
     if name == "adpsgd":
         net, wl = inputs.network, inputs.workload
