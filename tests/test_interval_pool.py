@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -18,6 +19,7 @@ from wagma_bench.imbalance import make_imbalance
 from wagma_bench.simulate import pool as pool_module
 from wagma_bench.simulate.configure import compose_runs, load_network, model_inputs, sim_config
 from wagma_bench.simulate.des import SimConfig, Workload, simulate, simulated_optimizers
+from wagma_bench.simulate.feed import LATER, URGENT, Feed
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.pool import ADPSGD_ONLY, SimulationPool, sim_key
 from wagma_bench.simulate.progress import Ticker
@@ -278,3 +280,34 @@ def test_a_hierarchical_allreduce_on_one_rank_a_node_is_the_rings_simulation():
     assert sim_key("allreduce", 8, Inputs(Workload(), four[0], None, {}, 0, 1)) != sim_key(
         "allreduce", 8, Inputs(Workload(), four[1], None, {}, 0, 1)
     )
+
+
+class _Recording:
+    """An executor that runs each simulation at once and records the order it was handed them."""
+
+    def __init__(self):
+        self.order = []
+
+    def submit(self, fn, *args):
+        self.order.append(args[0])
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+
+def test_the_queue_hands_out_what_is_waited_for_first_then_the_longest_expected_first():
+    executor = _Recording()
+    feed = Feed(executor, 1, lambda name, world, inputs: name, lambda: None)
+    with feed.held():  # a batch queued whole: nothing handed out before its end
+        bulk = [feed.put(LATER, cost, name, 4, None) for name, cost in (("a", 1.0), ("b", 3.0), ("c", 2.0))]
+        urgent = [feed.put(URGENT, cost, name, 4, None) for name, cost in (("d", 0.1), ("e", 0.5))]
+        feed.hurry(bulk[0], URGENT)  # a point something now waits for, queued for later before
+        assert executor.order == []
+    assert [f.result(timeout=5) for f in bulk + urgent] == ["a", "b", "c", "d", "e"]
+    assert executor.order == ["a", "e", "d", "b", "c"]
+    late = feed.put(LATER, 1.0, "f", 4, None)
+    assert late.result(timeout=5) == "f"
+    with feed.held():
+        left = feed.put(LATER, 1.0, "g", 4, None)
+        feed.close()
+    assert left.cancelled() and executor.order[-1] == "f"

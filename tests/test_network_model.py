@@ -15,6 +15,7 @@ from wagma_bench.simulate.costs import (
     concurrent_p2p_time,
     hierarchical_time,
 )
+from wagma_bench.simulate.des import p2p_each
 
 NIC = 3.125e9  # 25 Gbit/s, bytes/s
 LINK = Link(2e-6, 1 / NIC)  # one flow alone can fill the NIC
@@ -107,3 +108,16 @@ def test_the_profile_keys_are_read_and_checked():
         Network.from_profile({"inter": {"alpha_s": 0, "bandwidth_GBps": 1}, "injection_GBps": -1}, 4)
     with pytest.raises(ValueError, match="hierarchical"):
         Network.from_profile({"inter": {"alpha_s": 0, "bandwidth_GBps": 1}, "allreduce": "butterfly"}, 4)
+
+
+def test_p2p_each_is_each_message_s_p2p_to_the_bit():
+    """The simulator's costs of many messages at once (des.p2p_each: once per kind of message) are each
+    message's own, float for float, inside and between nodes, with and without a NIC limit."""
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 40, 300), rng.integers(0, 40, 300)
+    for injection in (None, 3e9):
+        net = Network(Link(1e-6, 1 / 20e9), Link(5e-6, 1 / 9e9), 4, injection_Bps=injection)
+        flows = net.node_flows(src, dst)
+        for nbytes in (0, 112e6):
+            want = [net.p2p(int(a), int(b), nbytes, int(f)) for a, b, f in zip(src, dst, flows)]
+            assert p2p_each(net, src, dst, nbytes, flows).tolist() == want

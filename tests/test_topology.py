@@ -130,3 +130,11 @@ def test_random_matching_pairs_actives_with_passives(p):
         for a, b in m.items():
             assert m[b] == a
             assert a == b or (a % 2) != (b % 2)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 7, 8, 130])
+def test_exponential_peers_are_every_rank_s_peers(p):
+    for step in range(10):
+        out, inn = t.exponential_peers(p, step)
+        assert out.tolist() == [t.exponential_peer(r, p, step) for r in range(p)]
+        assert inn.tolist() == [t.exponential_in_peer(r, p, step) for r in range(p)]

@@ -112,6 +112,18 @@ def exponential_in_peer(rank: int, world_size: int, step: int) -> int:
     return (rank - (1 << (step % hops))) % world_size
 
 
+def exponential_peers(world_size: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's :func:`exponential_peer` and :func:`exponential_in_peer` at ``step``, as two arrays: the
+    simulator asks for a whole world's each hop (a Python call a rank took most of SGP's simulation time)."""
+    import numpy as np
+
+    ranks = np.arange(world_size)
+    if world_size == 1:
+        return ranks, ranks.copy()
+    hop = 1 << (step % max(1, math.ceil(math.log2(world_size))))
+    return (ranks + hop) % world_size, (ranks - hop) % world_size
+
+
 # --- AD-PSGD: random perfect matchings over a bipartite active/passive split -------------------------
 def random_matching(world_size: int, step: int, seed: int = 0) -> dict[int, int]:
     """A random pairing of even (active) with odd (passive) ranks, the same on every rank for (step, seed).

@@ -52,7 +52,14 @@ def write_interval(
             ticker.note(what)
 
         data = uncertainty(
-            pool.predict, base, sources, req.interval, progress, many=pool.predict_many, threads=pool.jobs
+            pool.predict,
+            base,
+            sources,
+            req.interval,
+            progress,
+            many=pool.predict_many,
+            threads=pool.jobs,
+            bulk=lambda inputs: pool.predict_many(inputs, later=True),
         )
     data["took_s"] = round(time.perf_counter() - start, 1)
     resumed = f", {pool.resumed} of them read back from an earlier run" if pool.resumed else ""

@@ -6,10 +6,11 @@ the base value is the base prediction, and AD-PSGD's exchange cost and per-step 
 ``gossip_cost`` points and their flip search, and the structures of c and of the averaging) leave every other
 optimizer's simulation as it was. A simulation is a pure function of its configuration (its seed is in it),
 so each is memoised by exactly the inputs it reads (:func:`sim_key`) and run once, in one of ``jobs`` worker
-processes (forked from this one: the command has no thread of its own when the first is made); a prediction
-gathers its simulations in its own order, so what it returns does not depend on the number of processes or
-on which finished first (``tests/test_interval_pool.py`` compares 1 and 2 processes and the unmemoised
-predictions to the bit).
+processes (forked from this one: the command has no thread of its own when the first is made), in the order of
+:mod:`~wagma_bench.simulate.feed` (what something waits for first, the longest expected first); a prediction
+gathers its simulations in its own order, so what it returns does not depend on the number of processes, on
+the order they were handed out or on which finished first (``tests/test_interval_pool.py`` compares 1 and 2
+processes and the unmemoised predictions to the bit).
 
 A worker's error reaches the command as it would have in one process (a ValueError a refusal, a defect its
 traceback); a worker that dies, or no simulation finishing for :data:`STALL_S`, ends the command with one line
@@ -17,6 +18,7 @@ naming the stage; either way no worker is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import multiprocessing
@@ -37,6 +39,7 @@ from wagma_bench.config.schema import RunConfig
 from wagma_bench.errors import OperationFailed
 from wagma_bench.simulate.configure import sim_config
 from wagma_bench.simulate.des import simulate
+from wagma_bench.simulate.feed import LATER, URGENT, Feed, expected_cost
 from wagma_bench.simulate.gossip_inputs import mixed_samples_to_target
 from wagma_bench.simulate.progress import Ticker
 from wagma_bench.simulate.resume import SAVE_EVERY_S, key_digest, load, save
@@ -203,7 +206,7 @@ class SimulationPool:
         self._failure: BaseException | None = None  # the first, which every other wait raises at once
         self._lock = threading.Lock()  # the flip search asks from several threads
         self._last_done = time.monotonic()
-        self._executor, self._processes = None, []
+        self._executor, self._processes, self._queue = None, [], None
         if jobs > 1:
             self._executor = ProcessPoolExecutor(
                 jobs,
@@ -218,6 +221,7 @@ class SimulationPool:
             # its processes, to stop them on an error (3.11 has no terminate_workers(); a broken pool's own
             # thread forgets them before they have ended)
             self._processes = list(self._executor._processes.values())
+            self._queue = Feed(self._executor, jobs, _simulate_in_worker, self._done)
 
     def __enter__(self) -> Self:
         return self
@@ -233,6 +237,7 @@ class SimulationPool:
         if self._executor is None:
             return
         executor, self._executor = self._executor, None
+        self._queue.close()  # (every simulation it still holds cancelled)
         if not failed:
             executor.shutdown(wait=True)
             return
@@ -254,22 +259,31 @@ class SimulationPool:
     # --- predictions ----------------------------------------------------------------------------------------
 
     def predict(self, inputs: Any) -> Prediction:
-        """Every optimizer at every world size with ``inputs``: ``{P: {optimizer: {metric: value}}}``."""
-        return self._gather(inputs, self._submit(inputs))
+        """Every optimizer at every world size with ``inputs``: ``{P: {optimizer: {metric: value}}}``; its
+        simulations go to the workers before every one queued by :meth:`predict_many` ``(later=True)``."""
+        return self._gather(inputs, self._submit(inputs, URGENT))
 
-    def predict_many(self, many: Iterable[Any]) -> Iterator[Prediction]:
-        """:meth:`predict` of each of ``many``, in order. Every simulation is handed to the workers now, so
-        that the processes stay busy across predictions; the predictions are gathered as the iterator is
-        read (one not read stays memoised: a later :meth:`predict` of the same inputs waits for it)."""
-        pending = [(inputs, self._submit(inputs)) for inputs in many]
+    def predict_many(self, many: Iterable[Any], later: bool = False) -> Iterator[Prediction]:
+        """:meth:`predict` of each of ``many``, in order. Every simulation is queued now, so that the
+        processes stay busy across predictions; the predictions are gathered as the iterator is read (one
+        not read stays memoised: a later :meth:`predict` of the same inputs waits for it). ``later``: the
+        bulk (the replicates), simulated once nothing else waits, so that a search that waits for its
+        points (the flip search) goes on beside it."""
+        with self._batch():  # queued whole, then handed out in the queue's order
+            pending = [(inputs, self._submit(inputs, LATER if later else URGENT)) for inputs in many]
         return (self._gather(inputs, futures) for inputs, futures in pending)
 
-    def _submit(self, inputs: Any) -> list[tuple[int, str, Future]]:
+    def _batch(self) -> contextlib.AbstractContextManager:
+        return self._queue.held() if self._queue is not None else contextlib.nullcontext()
+
+    def _submit(self, inputs: Any, rank: int) -> list[tuple[int, str, Future]]:
         workload = self._frozen_workload(inputs.workload)
         out = []
-        for p in self.gpus:
-            for name in self.runs:
-                out.append((p, name, self._simulation(name, p, inputs, sim_key(name, p, inputs, workload))))
+        with self._batch():
+            for p in self.gpus:
+                for name in self.runs:
+                    key = sim_key(name, p, inputs, workload)
+                    out.append((p, name, self._simulation(name, p, inputs, key, rank)))
         return out
 
     def _frozen_workload(self, workload: Any) -> tuple:
@@ -290,11 +304,13 @@ class SimulationPool:
                 self._workloads[id(workload)] = known
         return known
 
-    def _simulation(self, name: str, world: int, inputs: Any, key: tuple) -> Future:
+    def _simulation(self, name: str, world: int, inputs: Any, key: tuple, rank: int = URGENT) -> Future:
         with self._lock:
             self.asked += 1
             future = self._memo.get(key)
             if future is not None:
+                if self._queue is not None:  # (one still queued for later goes now, if this one is urgent)
+                    self._queue.hurry(future, rank)
                 return future
             if self._resume is not None:
                 self._digests[key] = key_digest(key)
@@ -306,14 +322,13 @@ class SimulationPool:
             elif self._executor is None:  # one process: simulated here and now, an error raised as it is
                 future = Future()
                 future.set_result(_simulate_row(self.runs[name], world, inputs, self.steps, self.ticker))
-            else:
+            else:  # queued: the workers take the most urgent, longest expected first (feed.py)
                 shipped = _shipped(inputs, self._workloads[id(inputs.workload)][2])
-                future = self._executor.submit(_simulate_in_worker, name, world, shipped)
-                future.add_done_callback(self._done)
+                future = self._queue.put(rank, expected_cost(name, world, inputs), name, world, shipped)
             self._memo[key] = future
             return future
 
-    def _done(self, _: Future) -> None:
+    def _done(self) -> None:
         self._last_done = time.monotonic()
 
     def _gather(self, inputs: Any, futures: list[tuple[int, str, Future]]) -> Prediction:

@@ -226,49 +226,54 @@ def uncertainty(
     subject: str = FLIP_SUBJECT,
     many: ManyPredictor | None = None,
     threads: int = 1,
+    bulk: ManyPredictor | None = None,
 ) -> dict:
     """``interval.json``'s content: ``replicates`` resampled predictions, the sensitivity grid, every crossing
     of 1 along each assumption of ``subject`` against the best other optimizer (:func:`find_flips`), and the
     predictions over the structures the model cannot decide (:mod:`wagma_bench.simulate.structures`)
-    (``progress`` is told after each prediction). ``many``: ``predict`` over a list at once (the replicates,
-    sensitivity points and structures are one batch); ``threads``: the flip searches run at once
-    (:func:`find_flips`). Neither changes a result."""
+    (``progress`` is told after each prediction). ``many``: ``predict`` over a list at once (the sensitivity
+    points and the flip search's); ``bulk``: the same for the replicates and structures, which a pool
+    simulates while the flip search waits for its points (default ``many``); ``threads``: the flip searches
+    run at once (:func:`find_flips`). None of them changes a result."""
     many = many or (lambda inputs: (predict(i) for i in inputs))
     points = [(knob, value) for knob in KNOBS if knob.applies(base) for value in knob.grid]
     evaluated, combos = combinations(base, sources)
-    batch = [
+    rest = [
         *((f"replicate {b + 1}/{replicates}", resample(base, sources, b)) for b in range(replicates)),
-        *((f"sensitivity {knob.name}={value:g}", knob.apply(base, value)) for knob, value in points),
         *(("structure " + ", ".join(f"{k}: {v}" for k, v in choice.items()), i) for choice, i in combos),
     ]
+    # the sensitivity points first (the flip search starts from them), then the rest queued behind them
+    at_points = many([knob.apply(base, value) for knob, value in points])
+    at_rest = (bulk or many)([inputs for _, inputs in rest])
+    sensitivity = []
+    for (knob, value), prediction in zip(points, at_points, strict=True):
+        sensitivity.append(
+            {
+                "knob": knob.name,
+                "says": knob.says,
+                "value": value,
+                "factor": knob.factor,
+                "base": knob.base(base),
+                "predicted": prediction,
+            }
+        )
+        progress(f"sensitivity {knob.name}={value:g}")
+    flips = find_flips(predict, base, sensitivity, subject, progress, threads, many)
     predicted = []
-    for (label, _), prediction in zip(batch, many([inputs for _, inputs in batch]), strict=True):
+    for (label, _), prediction in zip(rest, at_rest, strict=True):
         predicted.append(prediction)
         progress(label)
     reps = predicted[:replicates]
-    sensitivity = [
-        {
-            "knob": knob.name,
-            "says": knob.says,
-            "value": value,
-            "factor": knob.factor,
-            "base": knob.base(base),
-            "predicted": prediction,
-        }
-        for (knob, value), prediction in zip(
-            points, predicted[replicates : replicates + len(points)], strict=True
-        )
-    ]
     structural = [
         {"choice": choice, "predicted": prediction}
-        for (choice, _), prediction in zip(combos, predicted[replicates + len(points) :], strict=True)
+        for (choice, _), prediction in zip(combos, predicted[replicates:], strict=True)
     ]
     return {
         "replicates": replicates,
         "resampled": sources.said(),
         "predictions": reps,
         "sensitivity": sensitivity,
-        "flips": find_flips(predict, base, sensitivity, subject, progress, threads, many),
+        "flips": flips,
         "structures": {"evaluated": evaluated, "predictions": structural},
     }
 
