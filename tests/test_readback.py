@@ -252,7 +252,10 @@ def test_a_valid_file_passes_every_reader(tmp_path):
 # where the text parsed is not a file read back: why
 NOT_FILES = {
     ("config/readback.py", "parse"): "the one reader",
-    ("record/files.py", "read_jsonl"): "JSONL logs: a torn last line skipped by design, each line a record",
+    (
+        "record/files.py",
+        "parse_jsonl",
+    ): "JSONL logs (read_jsonl, a compacted event log): a torn last line skipped by design, each line a record",
     ("record/loggers.py", "_new_records"): "the lines of a JSONL log appended since the last read",
     ("runtime/handover.py", "receive"): "a message from torchrun's store, not a file",
     ("runtime/startup.py", "inherit"): "an environment variable set by our own launcher",
