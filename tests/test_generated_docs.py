@@ -316,6 +316,27 @@ def test_the_power_tables_spread_is_the_interquartile_range_however_many_trials_
     assert spread([1, 2, 3, 4], difference=True) == 3.25 - 1.75  # between two trials: interpolated
 
 
+def test_an_infinite_spread_reads_back_from_power_json_as_infinite():
+    """A spread of inf (a quartile on a miss) is written as null (strict JSON has no infinity) and the table
+    read back from power.json prints it as ∞: the re-tuned sentence-batch folder (3 of 9 WAGMA-SGD trials
+    missed) stopped `power.py table` with a TypeError on None."""
+    from wagma_bench.record.files import strict_json
+
+    script = _power()
+    row = {
+        "claim": "c",
+        "design": [3, 3],
+        "best_comparator": "allreduce",
+        "spread": {"subject": math.inf, "best": 0.5},
+        "power": {k: [0.0, 0.1] for k in ("3x3", "5x5", "10x10")},
+    }
+    read_back = json.loads(strict_json({"claims": [row]}))
+    assert read_back["claims"][0]["spread"]["subject"] is None
+    assert script.table(read_back).splitlines()[-1] == (
+        "| `c` | 3 x 3 | ∞ / 0.50 (allreduce) | 0.00 / 0.10 | 0.00 / 0.10 | 0.00 / 0.10 |"
+    )
+
+
 def test_the_committed_power_run_read_the_committed_sources():
     """The trials each row was simulated from are the claim's committed trials now (a re-tuned source, or a
     claim switched to another folder, makes power.json stale: `power.py run` again)."""

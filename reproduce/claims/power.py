@@ -172,8 +172,9 @@ def _shares(p: list[float]) -> str:
     return f"{p[0]:.2f} / {p[1]:.2f}"
 
 
-def _spread(v: float) -> str:
-    return "∞" if math.isinf(v) else f"{v:.2f}"
+def _spread(v: float | None) -> str:
+    # None: an infinite spread (a quartile on a miss) as power.json holds it; strict JSON has no infinity
+    return "∞" if v is None or math.isinf(v) else f"{v:.2f}"
 
 
 def table(result: dict) -> str:
