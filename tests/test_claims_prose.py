@@ -224,8 +224,10 @@ def former_interval_problems(text: str, claim: str) -> list[str]:
     ]
 
 
-def _missed_last(v: float | None) -> float:
-    return math.inf if v is None else v  # claims.json holds a miss (inf) as null
+def _listed(values: list) -> str:
+    """Optimizers' values in order, a miss (inf, which claims.json holds as null) last as ∞."""
+    ordered = sorted(values, key=lambda v: math.inf if v is None else v)
+    return ", ".join("∞" if v is None else f"{v:.2f}" for v in ordered)
 
 
 def range_problems(text: str, r: dict) -> list[str]:
@@ -242,7 +244,7 @@ def range_problems(text: str, r: dict) -> list[str]:
         if bad:
             out.append(
                 f"{m.group(0)}: {', '.join(bad)} is no {'trial' if pool is rounds else 'optimizer'} value "
-                f"of {r['id']} (optimizers: {', '.join('∞' if v is None else f'{v:.2f}' for v in sorted(values, key=_missed_last))})"
+                f"of {r['id']} (optimizers: {_listed(values)})"
             )
     return out
 
