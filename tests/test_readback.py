@@ -255,7 +255,7 @@ NOT_FILES = {
     (
         "record/files.py",
         "parse_jsonl",
-    ): "JSONL logs (read_jsonl, a compacted event log): a torn last line skipped by design, each line a record",
+    ): "JSONL logs (read_jsonl, a compacted event log): a torn last line skipped by design, a line a record",
     ("record/loggers.py", "_new_records"): "the lines of a JSONL log appended since the last read",
     ("runtime/handover.py", "receive"): "a message from torchrun's store, not a file",
     ("runtime/startup.py", "inherit"): "an environment variable set by our own launcher",
